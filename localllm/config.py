@@ -1,0 +1,4 @@
+"""Config file → typed declarations, with every load-time check.
+
+DECLS-PLACEHOLDER
+"""

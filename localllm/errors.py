@@ -1,0 +1,208 @@
+"""The one exception hierarchy of localllm.
+
+Every error localllm raises on purpose is a ``LocalLLMError``; the CLI maps each to a
+one-line message, a hint and an exit code. Leaves also subclass the matching builtin so
+callers may catch either.
+
+    LocalLLMError
+    ├── ConfigError (ValueError)              load-time problems, all collected
+    ├── AgentError                            call-time failure with a contract §7 kind
+    ├── SchemaError (ValueError)              a schema file that cannot be loaded
+    ├── TraceError
+    │   ├── TraceCorrupted (ValueError)       read-time rejection (spec §7 messages)
+    │   ├── TraceWriteRejected (ValueError)   write-time rule broken; file untouched
+    │   ├── TraceLocked (BlockingIOError)     another writer holds the lock
+    │   └── TraceReplaced                     the file was replaced under the writer
+    ├── FetchError
+    │   ├── PinNotConfigured                  no sha256 for the artifact: never fetch unverified
+    │   ├── UnsupportedPlatform               no pin for this OS/arch
+    │   ├── ChecksumMismatch (ValueError)     expected, actual, path, url
+    │   ├── DownloadFailed (ConnectionError)  network/HTTP failure after retries
+    │   ├── OfflineArtifactMissing            LOCALLLM_OFFLINE=1 and not cached
+    │   ├── InsufficientSpace (OSError)       not enough free disk for the download
+    │   ├── UnsafeArchive (ValueError)        a member would land outside its directory
+    │   └── BuildError                        source build failed or a tool is missing
+    ├── SidecarError
+    │   ├── SidecarExited                     the process exited (argv, returncode, stderr_tail)
+    │   └── SidecarStartTimeout (TimeoutError)
+    └── EmbedError
+        ├── InputTooLong (ValueError)
+        ├── DimensionMismatch (ValueError)
+        └── StoreCorrupt
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+_DETAIL_LIMIT = 256
+
+
+class LocalLLMError(Exception):
+    """Base class of every error localllm raises on purpose."""
+
+    hint: str = ""
+
+
+@dataclass(frozen=True)
+class ConfigProblem:
+    """One load-time problem: where it is, what is wrong, and how to fix it."""
+
+    file: str
+    key: str
+    message: str
+    hint: str = ""
+
+    def __str__(self) -> str:
+        where = f"{self.file}: {self.key}: " if self.key else f"{self.file}: "
+        text = where + self.message
+        return f"{text} (hint: {self.hint})" if self.hint else text
+
+
+class ConfigError(LocalLLMError, ValueError):
+    """The config file has one or more problems; ``problems`` lists every one."""
+
+    hint = "fix the listed keys and run `localllm check CONFIG` again"
+
+    def __init__(self, problems: Sequence[ConfigProblem]) -> None:
+        self.problems = list(problems)
+        lines = [str(p) for p in self.problems]
+        super().__init__("\n".join(lines) if lines else "invalid config")
+
+
+class ErrorKind(str, enum.Enum):
+    """The error kinds of the agent plugin contract §7 (plus ``plugin_unsupported``)."""
+
+    SCHEMA_INVALID = "schema_invalid"
+    PLUGIN_CRASH = "plugin_crash"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    SUB_EVENT_NAMESPACE_VIOLATION = "sub_event_namespace_violation"
+    SUB_EVENT_CALL_ID_MISMATCH = "sub_event_call_id_mismatch"
+    TRANSPORT_ERROR = "transport_error"
+    PLUGIN_UNSUPPORTED = "plugin_unsupported"
+
+
+def truncate_detail(text: str, limit: int = _DETAIL_LIMIT) -> str:
+    """Cut ``text`` to ``limit`` UTF-8 bytes plus ``...`` (for quoted bodies)."""
+    raw = text.encode("utf-8")
+    if len(raw) <= limit:
+        return text
+    return raw[:limit].decode("utf-8", errors="ignore") + "..."
+
+
+class AgentError(LocalLLMError):
+    """A failed agent call: ``agent: <kind>: <detail>``."""
+
+    def __init__(self, kind: ErrorKind | str, detail: str) -> None:
+        self.kind = ErrorKind(kind)
+        self.detail = detail
+        super().__init__(f"agent: {self.kind.value}: {detail}")
+
+
+class SchemaError(LocalLLMError, ValueError):
+    """A JSON Schema file that cannot be read, parsed or resolved."""
+
+
+class TraceError(LocalLLMError):
+    """Base of every trace read or write failure."""
+
+
+class TraceCorrupted(TraceError, ValueError):
+    """The trace file breaks a read-time rule; the message is the spec's."""
+
+
+class TraceWriteRejected(TraceError, ValueError):
+    """An event breaks a write-time rule; nothing was written."""
+
+
+class TraceLocked(TraceError, BlockingIOError):
+    """Another writer holds the trace file's lock."""
+
+
+class TraceReplaced(TraceError):
+    """The trace file was replaced (inode changed) under the writer."""
+
+
+class FetchError(LocalLLMError):
+    """Base of artifact acquisition failures."""
+
+
+class PinNotConfigured(FetchError):
+    """The artifact has no sha256 pin; localllm never downloads unverified bytes."""
+
+
+class UnsupportedPlatform(FetchError):
+    """No prebuilt pin for this platform."""
+
+    hint = "use endpoint mode, or build with `localllm fetch server --from-source`"
+
+
+class ChecksumMismatch(FetchError, ValueError):
+    """Downloaded bytes do not hash to the pin; the cache was left untouched."""
+
+    def __init__(self, *, expected: str, actual: str, path: str, url: str) -> None:
+        self.expected = expected
+        self.actual = actual
+        self.path = path
+        self.url = url
+        super().__init__(
+            f"sha256 mismatch for {path} from {url}: expected {expected}, got {actual}"
+        )
+
+
+class DownloadFailed(FetchError, ConnectionError):
+    """The download failed after bounded retries."""
+
+
+class OfflineArtifactMissing(FetchError):
+    """LOCALLLM_OFFLINE=1 and the artifact is not in the cache."""
+
+
+class InsufficientSpace(FetchError, OSError):
+    """Not enough free disk space for the download."""
+
+
+class UnsafeArchive(FetchError, ValueError):
+    """An archive member would land outside the extraction directory."""
+
+
+class BuildError(FetchError):
+    """Building llama-server from source failed, or a build tool is missing."""
+
+
+class SidecarError(LocalLLMError):
+    """Base of llama-server sidecar failures."""
+
+
+class SidecarExited(SidecarError):
+    """The sidecar process exited; carries argv, return code and the stderr tail."""
+
+    def __init__(self, *, argv: Sequence[str], returncode: int | None, stderr_tail: str) -> None:
+        self.argv = list(argv)
+        self.returncode = returncode
+        self.stderr_tail = stderr_tail
+        super().__init__(
+            f"llama-server exited with code {returncode}; last stderr lines:\n{stderr_tail}"
+        )
+
+
+class SidecarStartTimeout(SidecarError, TimeoutError):
+    """The sidecar did not become healthy before its deadline."""
+
+
+class EmbedError(LocalLLMError):
+    """Base of embedding and search failures."""
+
+
+class InputTooLong(EmbedError, ValueError):
+    """An input exceeds the embedding model's context and truncation is off."""
+
+
+class DimensionMismatch(EmbedError, ValueError):
+    """Vectors of different dimensions were mixed."""
+
+
+class StoreCorrupt(EmbedError):
+    """An embedding store is corrupt or partial; it is rebuilt, never trusted."""

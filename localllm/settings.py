@@ -1,0 +1,68 @@
+"""Every environment variable localllm reads, read here and only here.
+
+Values are read at call time (not import time) so tests can patch the environment.
+
+| variable | meaning |
+|---|---|
+| LOCALLLM_CACHE_DIR | cache root (default: platformdirs user cache, e.g. ~/.cache/localllm) |
+| LOCALLLM_MIRROR | directories or base URLs tried before pinned URLs (comma-separated) |
+| LOCALLLM_OFFLINE | 1/true: never open a socket for artifacts |
+| LOCALLLM_CLAUDE_BIN | the claude executable (default: `claude` on PATH) |
+| LOCALLLM_SERVER_BIN | a llama-server to use instead of the cached one |
+| LOCALLLM_DEBUG | 1/true: the CLI prints tracebacks |
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_TRUE = {"1", "true", "yes", "on"}
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in _TRUE
+
+
+def _text(name: str) -> str | None:
+    value = os.environ.get(name, "").strip()
+    return value or None
+
+
+def cache_dir() -> Path:
+    """The cache root: ``LOCALLLM_CACHE_DIR`` or the platform's user cache dir."""
+    override = _text("LOCALLLM_CACHE_DIR")
+    if override:
+        return Path(override).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("localllm", appauthor=False))
+
+
+def mirrors() -> list[str]:
+    """Mirrors from ``LOCALLLM_MIRROR`` (directories or base URLs), in order."""
+    value = _text("LOCALLLM_MIRROR")
+    if not value:
+        return []
+    return [p.strip() for p in value.split(",") if p.strip()]
+
+
+def offline() -> bool:
+    return _flag("LOCALLLM_OFFLINE")
+
+
+def claude_bin() -> str | None:
+    return _text("LOCALLLM_CLAUDE_BIN")
+
+
+def server_bin() -> str | None:
+    return _text("LOCALLLM_SERVER_BIN")
+
+
+def debug() -> bool:
+    return _flag("LOCALLLM_DEBUG")
+
+
+def env_value(name: str) -> str | None:
+    """An arbitrary variable (for ``${VAR}`` interpolation and ``api_key_env``)."""
+    return os.environ.get(name)

@@ -1,0 +1,143 @@
+"""Wire types of the agent plugin contract (§3): AskRequest, AskResponse, CallResult.
+
+``AskResponse.submission`` is the agent's answer as raw JSON *text* (the contract's
+"JSON bytes"): the runtime parses and validates it, so a malformed answer is reported
+as ``schema_invalid`` rather than lost inside a transport.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from localllm.errors import AgentError, ErrorKind
+
+__all__ = [
+    "AgentError",
+    "AskRequest",
+    "AskResponse",
+    "CallResult",
+    "ErrorKind",
+    "Transcript",
+    "VERBS",
+]
+
+VERBS = ("ask", "decide", "extract", "task", "converse")
+
+
+@dataclass(frozen=True)
+class AskRequest:
+    """What the runtime sends to a plugin."""
+
+    session_id: str
+    turn: int
+    state_path: str
+    verb: str
+    prompt: str
+    call_id: str
+    deadline: str
+    schema: dict[str, Any] | None = None
+    with_: dict[str, Any] | None = None
+    world: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "session_id": self.session_id,
+            "turn": self.turn,
+            "state_path": self.state_path,
+            "verb": self.verb,
+            "prompt": self.prompt,
+            "schema": self.schema,
+            "with": self.with_,
+            "world": self.world,
+            "deadline": self.deadline,
+            "call_id": self.call_id,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> AskRequest:
+        return cls(
+            session_id=str(data["session_id"]),
+            turn=int(data["turn"]),
+            state_path=str(data["state_path"]),
+            verb=str(data["verb"]),
+            prompt=str(data["prompt"]),
+            call_id=str(data["call_id"]),
+            deadline=str(data["deadline"]),
+            schema=data.get("schema"),
+            with_=data.get("with"),
+            world=dict(data.get("world") or {}),
+        )
+
+
+@dataclass(frozen=True)
+class Transcript:
+    """A backend-native event stream for the transcript sidecar.
+
+    ``lines`` are byte-verbatim JSON lines (no trailing newline); ``offsets_ms`` holds the
+    capture-time offset of each line, for the ``.timings`` file.
+    """
+
+    format: str
+    lines: list[str]
+    offsets_ms: list[int]
+
+
+@dataclass(frozen=True)
+class AskResponse:
+    """What a plugin returns."""
+
+    submission: str | None
+    meta: dict[str, Any] | None = None
+    sub_events: list[dict[str, Any]] = field(default_factory=list)
+    transcript: Transcript | None = None
+
+    @classmethod
+    def of(cls, value: Any, meta: dict[str, Any] | None = None) -> AskResponse:
+        """Build a response from a Python value (serialised as JSON text)."""
+        return cls(submission=json.dumps(value, ensure_ascii=False), meta=meta)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON-RPC/MCP form: ``submission`` as a JSON value when it parses."""
+        submission: Any = None
+        if self.submission is not None:
+            try:
+                submission = json.loads(self.submission)
+            except ValueError:
+                submission = self.submission
+        return {"submission": submission, "meta": self.meta, "sub_events": self.sub_events}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> AskResponse:
+        """Inverse of :meth:`to_json`; a string submission is kept as raw text."""
+        raw = data.get("submission")
+        if raw is None:
+            text = None
+        elif isinstance(raw, str):
+            text = raw
+        else:
+            text = json.dumps(raw, ensure_ascii=False)
+        meta = data.get("meta")
+        subs = data.get("sub_events") or []
+        if meta is not None and not isinstance(meta, dict):
+            raise AgentError(ErrorKind.TRANSPORT_ERROR, "AskResponse.meta is not an object")
+        if not isinstance(subs, list) or not all(isinstance(e, dict) for e in subs):
+            raise AgentError(ErrorKind.TRANSPORT_ERROR, "AskResponse.sub_events is not a list of objects")
+        return cls(submission=text, meta=meta, sub_events=list(subs))
+
+
+@dataclass(frozen=True)
+class CallResult:
+    """The validated outcome of one agent call."""
+
+    submission: Any
+    meta: dict[str, Any]
+    call_id: str
+    ok: bool = True
+    exit_code: int = 0
+
+    @property
+    def submitted(self) -> Any:
+        """Alias of ``submission`` (contract §2 bind source)."""
+        return self.submission
