@@ -1,0 +1,5 @@
+"""`python -m localllm`."""
+
+from localllm.cli import run
+
+run()
