@@ -1,0 +1,206 @@
+"""JSON Schema loading (file ``$ref``s rooted at the config directory) and validation.
+
+Schemas are loaded and compiled once per ``SchemaSet`` (one per Config). File ``$ref``s
+resolve relative to the referring schema's file and must stay inside the root directory;
+an absolute, remote or escaping ref is a load-time problem (:func:`ref_problems`), never a
+call-time surprise. Validation failures become ``AgentError(schema_invalid)`` with the
+JSON path of the offending value and the failed constraint.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urldefrag, urlparse
+
+from localllm.errors import AgentError, ErrorKind, SchemaError, truncate_detail
+
+_MISSING = object()
+
+
+def read_schema_file(path: Path) -> dict[str, Any]:
+    """Read one schema file; ``SchemaError`` names the file and the problem."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise SchemaError(f"{path}: schema file not found") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SchemaError(f"{path}: cannot read schema file: {exc}") from exc
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise SchemaError(f"{path}: not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise SchemaError(f"{path}: a schema must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _iter_refs(node: Any, pointer: str = "$") -> Iterator[tuple[str, str]]:
+    """Yield (json-path, ref) for every ``$ref`` string in ``node``."""
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            yield pointer, ref
+        for key in sorted(node):
+            if key in ("const", "enum", "default", "examples"):
+                continue  # data, not subschemas
+            yield from _iter_refs(node[key], f"{pointer}.{key}")
+    elif isinstance(node, list):
+        for i, item in enumerate(node):
+            yield from _iter_refs(item, f"{pointer}[{i}]")
+
+
+def _resolve_pointer(doc: Any, fragment: str) -> Any:
+    if fragment in ("", "/"):
+        return doc
+    if not fragment.startswith("/"):
+        return _MISSING  # anchors are not supported
+    node = doc
+    for raw in fragment[1:].split("/"):
+        part = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return _MISSING
+    return node
+
+
+def ref_problems(schema_path: Path, root: Path) -> list[str]:
+    """Every unresolvable or out-of-tree ``$ref`` reachable from ``schema_path``.
+
+    Returns messages like ``$.properties.a: $ref "../x.json" points outside <root>``;
+    an empty list means every reference resolves inside ``root``.
+    """
+    root = root.resolve()
+    problems: list[str] = []
+    seen: set[Path] = set()
+    pending = [schema_path.resolve()]
+    while pending:
+        path = pending.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        try:
+            doc = read_schema_file(path)
+        except SchemaError as exc:
+            problems.append(str(exc))
+            continue
+        where = path.relative_to(root) if path.is_relative_to(root) else path
+        for pointer, ref in _iter_refs(doc):
+            target_doc: Any = doc
+            url, fragment = urldefrag(ref)
+            if url:
+                parsed = urlparse(url)
+                if parsed.scheme or url.startswith("/"):
+                    problems.append(
+                        f"{where}: {pointer}: $ref {ref!r} is absolute or remote; "
+                        "use a path relative to the schema file inside the config directory"
+                    )
+                    continue
+                target = (path.parent / url).resolve()
+                if not target.is_relative_to(root):
+                    problems.append(
+                        f"{where}: {pointer}: $ref {ref!r} points outside the config directory {root}"
+                    )
+                    continue
+                if not target.is_file():
+                    problems.append(f"{where}: {pointer}: $ref {ref!r}: file {target} not found")
+                    continue
+                pending.append(target)
+                try:
+                    target_doc = read_schema_file(target)
+                except SchemaError as exc:
+                    problems.append(str(exc))
+                    continue
+            if fragment and _resolve_pointer(target_doc, fragment) is _MISSING:
+                problems.append(f"{where}: {pointer}: $ref {ref!r} does not resolve")
+    return problems
+
+
+class SchemaSet:
+    """Schemas of one config, loaded and compiled once, with file refs rooted at ``root``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+        self._lock = threading.Lock()
+        self._docs: dict[Path, dict[str, Any]] = {}
+        self._validators: dict[str, Any] = {}
+
+    def load(self, path: Path) -> dict[str, Any]:
+        """The parsed schema at ``path`` (relative paths resolve against the root)."""
+        full = (self.root / path).resolve() if not path.is_absolute() else path.resolve()
+        with self._lock:
+            doc = self._docs.get(full)
+            if doc is None:
+                doc = read_schema_file(full)
+                self._docs[full] = doc
+            return doc
+
+    def _registry(self, base: Path) -> Any:
+        from referencing import Registry, Resource
+        from referencing.exceptions import NoSuchResource
+
+        root = self.root
+
+        def retrieve(uri: str) -> Resource[Any]:
+            parsed = urlparse(uri)
+            if parsed.scheme != "file":
+                raise NoSuchResource(ref=uri)
+            target = Path(parsed.path).resolve()
+            if not target.is_relative_to(root):
+                raise NoSuchResource(ref=uri)
+            return Resource.from_contents(self.load(target))
+
+        return Registry(retrieve=retrieve)  # type: ignore[call-arg]
+
+    def validator(self, schema: dict[str, Any], *, base: Path | None = None) -> Any:
+        """A compiled validator for ``schema`` (cached by content and base)."""
+        from jsonschema.validators import validator_for
+
+        base = base or self.root / "schema.json"
+        key = f"{base}\0{json.dumps(schema, sort_keys=True)}"
+        with self._lock:
+            cached = self._validators.get(key)
+        if cached is not None:
+            return cached
+        doc = dict(schema)
+        doc.setdefault("$id", base.resolve().as_uri())
+        cls = validator_for(doc)
+        validator = cls(doc, registry=self._registry(base))
+        with self._lock:
+            self._validators[key] = validator
+        return validator
+
+    def validate(self, submission: str | None, schema: dict[str, Any], *, base: Path | None = None) -> Any:
+        """Parse and validate a raw submission; return the parsed value.
+
+        Raises ``AgentError(schema_invalid)``: absent (``None``) and JSON ``null`` get
+        different details; a parse error quotes the head of the text.
+        """
+        if submission is None:
+            raise AgentError(ErrorKind.SCHEMA_INVALID, "no submission: the agent returned nothing")
+        try:
+            value = json.loads(submission)
+        except ValueError as exc:
+            raise AgentError(
+                ErrorKind.SCHEMA_INVALID,
+                f"submission is not valid JSON ({exc}): {truncate_detail(submission)}",
+            ) from exc
+        validator = self.validator(schema, base=base)
+        errors = sorted(validator.iter_errors(value), key=lambda e: (list(e.absolute_path), e.validator))
+        if errors:
+            first = errors[0]
+            path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first.absolute_path)
+            got = "null" if value is None and not first.absolute_path else None
+            detail = f"{path}: {first.validator} constraint failed: {first.message}"
+            if got:
+                detail = f"{path}: submission is JSON null: {first.message}"
+            if len(errors) > 1:
+                detail += f" (and {len(errors) - 1} more)"
+            raise AgentError(ErrorKind.SCHEMA_INVALID, truncate_detail(detail, 512))
+        return value
