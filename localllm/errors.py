@@ -15,12 +15,14 @@ callers may catch either.
     │   └── TraceReplaced                     the file was replaced under the writer
     ├── FetchError
     │   ├── PinNotConfigured                  no sha256 for the artifact: never fetch unverified
+    │   ├── UnknownModel (LookupError)        a model id with no pin; the known ids are listed
     │   ├── UnsupportedPlatform               no pin for this OS/arch
     │   ├── ChecksumMismatch (ValueError)     expected, actual, path, url
     │   ├── DownloadFailed (ConnectionError)  network/HTTP failure after retries
     │   ├── OfflineArtifactMissing            LOCALLLM_OFFLINE=1 and not cached
     │   ├── InsufficientSpace (OSError)       not enough free disk for the download
     │   ├── UnsafeArchive (ValueError)        a member would land outside its directory
+    │   ├── LibstdcxxTooOld                   the host (and shim) lack the GLIBCXX the server needs
     │   └── BuildError                        source build failed or a tool is missing
     ├── SidecarError
     │   ├── SidecarExited                     the process exited (argv, returncode, stderr_tail)
@@ -133,6 +135,10 @@ class PinNotConfigured(FetchError):
     """The artifact has no sha256 pin; localllm never downloads unverified bytes."""
 
 
+class UnknownModel(FetchError, LookupError):
+    """A model id that has no pin."""
+
+
 class UnsupportedPlatform(FetchError):
     """No prebuilt pin for this platform."""
 
@@ -166,6 +172,16 @@ class InsufficientSpace(FetchError, OSError):
 
 class UnsafeArchive(FetchError, ValueError):
     """An archive member would land outside the extraction directory."""
+
+
+class LibstdcxxTooOld(FetchError):
+    """llama-server needs ``GLIBCXX_3.4.<required>``; the host has ``<system>``, the shim ``<shim>``."""
+
+    def __init__(self, message: str, *, required: int, system: int | None, shim: int | None) -> None:
+        self.required = required
+        self.system = system
+        self.shim = shim
+        super().__init__(message)
 
 
 class BuildError(FetchError):
