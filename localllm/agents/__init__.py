@@ -1,1 +1,48 @@
-"""agents."""
+"""Agent transports, one module each; :func:`build_agent` maps a declaration to one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from localllm.agents.base import Agent
+from localllm.config import (
+    AgentDecl,
+    ClaudeCliDecl,
+    InprocessDecl,
+    LocalLLMDecl,
+    McpHttpDecl,
+    McpStdioDecl,
+    SubprocessDecl,
+)
+from localllm.errors import AgentError, ErrorKind
+
+__all__ = ["Agent", "build_agent"]
+
+
+def build_agent(decl: AgentDecl, *, base_dir: Path) -> Agent:
+    """Construct (never start) the agent for a declaration; transports import lazily."""
+    if isinstance(decl, ClaudeCliDecl):
+        from localllm.agents.claude_cli import ClaudeCliAgent
+
+        return ClaudeCliAgent(decl)
+    if isinstance(decl, InprocessDecl):
+        from localllm.agents.inprocess import UnregisteredInprocessAgent
+
+        return UnregisteredInprocessAgent(decl.alias)
+    if isinstance(decl, SubprocessDecl):
+        from localllm.agents.subprocess import SubprocessAgent
+
+        return SubprocessAgent(decl)
+    if isinstance(decl, McpHttpDecl):
+        from localllm.agents.mcp_http import McpHttpAgent
+
+        return McpHttpAgent(decl)
+    if isinstance(decl, McpStdioDecl):
+        from localllm.agents.mcp_stdio import McpStdioAgent
+
+        return McpStdioAgent(decl)
+    if isinstance(decl, LocalLLMDecl):
+        from localllm.agents.local_llm import LocalLLMAgent
+
+        return LocalLLMAgent(decl)
+    raise AgentError(ErrorKind.PLUGIN_UNSUPPORTED, f"{decl.alias}: plugin {decl.plugin} has no transport")

@@ -21,7 +21,7 @@ class Agent(abc.ABC):
 
     plugin: ClassVar[str]
     #: a local model backend: its ``schema_invalid`` answers fall back to agent.claude
-    is_local_model: ClassVar[bool] = False
+    is_local_model: bool = False
 
     def __init__(self, alias: str) -> None:
         self.alias = alias
