@@ -246,7 +246,7 @@ class Runtime:
                                   schema_path, args))
         if leg.error is not None:
             raise leg.error
-        return CallResult(submission=leg.value, meta=meta, call_id=call_id)
+        return CallResult(submission=leg.value, meta=meta, call_id=call_id, agent=leg.alias)
 
     def run_gate(self, name: str, args: Mapping[str, Any] | None = None,
                  world: Mapping[str, Any] | None = None) -> CallResult:

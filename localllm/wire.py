@@ -136,6 +136,8 @@ class CallResult:
     call_id: str
     ok: bool = True
     exit_code: int = 0
+    #: the alias that produced the answer (``agent.claude`` after a fallback)
+    agent: str = ""
 
     @property
     def submitted(self) -> Any:
