@@ -1,0 +1,441 @@
+"""``builtin.claude_cli``: answer a call by running the ``claude`` CLI non-interactively.
+
+One call is one process: ``claude -p --output-format json [--model M] [extra_args…]`` with
+the prompt on stdin. When the request carries a schema, the prompt gets the schema
+appended (pretty-printed in a ```json fence) and an instruction to answer with only the
+JSON. The CLI prints one result envelope::
+
+    {"type": "result", "subtype": "success", "is_error": false, "result": "<text>",
+     "usage": {...}, "total_cost_usd": 0.01, "modelUsage": {...}, "session_id": "..."}
+
+The answer is taken out of ``result`` (see :func:`extract_json`). The envelope line is kept
+verbatim as a one-line transcript of format ``claude-json`` (``--output-format json`` has
+no event stream, so this is not ``claude-stream-json``).
+
+Binary: ``claude_bin:`` of the declaration, else ``LOCALLLM_CLAUDE_BIN``, else ``claude``
+on PATH. It is looked up per call, so declaring (or injecting) ``agent.claude`` never
+fails on a machine without the CLI; a missing binary is a ``transport_error`` naming the
+three ways to set it. The child inherits the parent's environment (the CLI needs HOME
+and its own auth); nothing from it is logged.
+
+Errors: non-zero exit → ``plugin_crash`` with the stderr tail; ``is_error: true`` →
+``plugin_crash`` with the envelope's result text; stdout that is not an envelope →
+``plugin_crash`` quoting its head; deadline or :meth:`ClaudeCliAgent.cancel` → the whole
+process group is killed and ``deadline_exceeded`` raised.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from localllm import settings
+from localllm.agents.base import Agent
+from localllm.errors import AgentError, ErrorKind, truncate_detail
+from localllm.wire import AskRequest, AskResponse, Transcript
+
+if TYPE_CHECKING:
+    from localllm.config import ClaudeCliDecl
+
+__all__ = ["TRANSCRIPT_FORMAT", "ClaudeCliAgent", "extract_json", "schema_instruction"]
+
+#: ``Transcript.format`` of the one-line envelope transcript
+TRANSCRIPT_FORMAT = "claude-json"
+
+#: SIGTERM → SIGKILL grace when a call is cut (kept short: the deadline has passed)
+_KILL_GRACE = 0.25
+#: how long to wait for pipes to drain after the group was killed
+_REAP_TIMEOUT = 2.0
+_STDERR_TAIL_LINES = 10
+_STDERR_TAIL_BYTES = 1024
+_USAGE_CACHE_READ = "cache_read_input_tokens"
+_USAGE_CACHE_CREATION = "cache_creation_input_tokens"
+
+
+def schema_instruction(schema: dict[str, Any]) -> str:
+    """The text appended to a prompt that carries a schema."""
+    pretty = json.dumps(schema, indent=2, ensure_ascii=False, sort_keys=False)
+    return (
+        "\n\n---\n"
+        "Your answer must be a single JSON value that validates against this JSON Schema:\n"
+        f"```json\n{pretty}\n```\n"
+        "Reply with only that JSON: no prose before or after it, no code fence, no explanation."
+    )
+
+
+def _strip_fence(text: str) -> str | None:
+    """The body of a text that is exactly one fenced block (```json or ```), else None."""
+    if not (text.startswith("```") and text.endswith("```") and len(text) >= 6):
+        return None
+    first_nl = text.find("\n")
+    if first_nl < 0:
+        return None
+    info = text[3:first_nl].strip().lower()
+    if info not in ("", "json"):
+        return None
+    return text[first_nl + 1 : -3].strip()
+
+
+def _parses(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _embedded_values(text: str, opener: str) -> list[str]:
+    """Every top-level JSON value starting with ``opener`` found by scanning ``text``."""
+    decoder = json.JSONDecoder()
+    found: list[str] = []
+    pos = text.find(opener)
+    while pos >= 0:
+        try:
+            _, end = decoder.raw_decode(text, pos)
+        except ValueError:
+            pos = text.find(opener, pos + 1)
+            continue
+        found.append(text[pos:end])
+        pos = text.find(opener, end)
+    return found
+
+
+def extract_json(text: str, schema: dict[str, Any] | None = None) -> str | None:
+    """The JSON answer inside a result text, or None when there is no unambiguous one.
+
+    The rule, in order: the stripped text if it parses as JSON; the body of a text that
+    is one ```json / ``` fenced block, if it parses; otherwise exactly one JSON object
+    embedded in prose (an array instead when the schema's top-level type is ``array``).
+    Zero or several candidates give None: the caller then passes the raw text on, so the
+    runtime reports ``schema_invalid`` with the parse error.
+    """
+    stripped = text.strip()
+    if _parses(stripped):
+        return stripped
+    body = _strip_fence(stripped)
+    if body is not None and _parses(body):
+        return body
+    opener = "[" if schema is not None and schema.get("type") == "array" else "{"
+    candidates = _embedded_values(stripped, opener)
+    if len(candidates) == 1:
+        return candidates[0]
+    return None
+
+
+def _tail(text: str) -> str:
+    """The last lines of ``text`` (stderr), bounded in lines and bytes."""
+    lines = text.strip().splitlines()[-_STDERR_TAIL_LINES:]
+    tail = "\n".join(lines)
+    raw = tail.encode("utf-8")
+    if len(raw) > _STDERR_TAIL_BYTES:
+        tail = "..." + raw[-_STDERR_TAIL_BYTES:].decode("utf-8", errors="ignore")
+    return tail
+
+
+def _meta(envelope: dict[str, Any], decl_model: str | None) -> dict[str, Any]:
+    """Trace meta of a result envelope: usage, cache view, cost, model, session."""
+    meta: dict[str, Any] = {}
+    usage = envelope.get("usage")
+    if isinstance(usage, dict):
+        # Keep the integer counters only (drop nested breakdowns and tier strings).
+        counters = {
+            k: v for k, v in usage.items() if isinstance(v, int) and not isinstance(v, bool)
+        }
+        meta["usage"] = counters
+        if _USAGE_CACHE_READ in counters or _USAGE_CACHE_CREATION in counters:
+            read = counters.get(_USAGE_CACHE_READ, 0)
+            meta["cache"] = {
+                "read_tokens": read,
+                "creation_tokens": counters.get(_USAGE_CACHE_CREATION, 0),
+                "hit": read > 0,
+            }
+    # Older CLIs named it cost_usd; current ones total_cost_usd.
+    for key in ("total_cost_usd", "cost_usd"):
+        cost = envelope.get(key)
+        if isinstance(cost, (int, float)) and not isinstance(cost, bool):
+            meta["cost_usd"] = float(cost)
+            break
+    model = _model_of(envelope) or decl_model
+    if model:
+        meta["model"] = model
+    for key in ("session_id", "num_turns"):
+        if key in envelope and isinstance(envelope[key], (str, int)):
+            meta[key] = envelope[key]
+    return meta
+
+
+def _model_of(envelope: dict[str, Any]) -> str | None:
+    """The model that produced most output, from ``modelUsage`` (the CLI may use several)."""
+    usage = envelope.get("modelUsage")
+    if not isinstance(usage, dict) or not usage:
+        return None
+
+    def output_tokens(name: str) -> int:
+        entry = usage.get(name)
+        value = entry.get("outputTokens", 0) if isinstance(entry, dict) else 0
+        return value if isinstance(value, int) else 0
+
+    return str(max(sorted(usage), key=output_tokens))
+
+
+@dataclass
+class _Call:
+    """One in-flight call: its process once spawned, and whether it was cancelled."""
+
+    proc: subprocess.Popen[str] | None = None
+    cancelled: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class ClaudeCliAgent(Agent):
+    """Run the ``claude`` CLI for each call. Thread-safe; one child process per call."""
+
+    plugin: ClassVar[str] = "builtin.claude_cli"
+
+    def __init__(self, decl: ClaudeCliDecl) -> None:
+        super().__init__(decl.alias)
+        self.decl = decl
+        self._lock = threading.Lock()
+        self._calls: dict[str, list[_Call]] = {}
+        self._closed = False
+
+    # -- binary ---------------------------------------------------------------------
+
+    def resolve_bin(self) -> str:
+        """The claude executable to run; ``transport_error`` naming the fixes if none."""
+        how = (
+            f"set `claude_bin:` under agent_plugins.{self.alias} in the config, "
+            "set LOCALLLM_CLAUDE_BIN, or put `claude` on PATH"
+        )
+        for source, value in (
+            (f"agent_plugins.{self.alias}.claude_bin", self.decl.claude_bin),
+            ("LOCALLLM_CLAUDE_BIN", settings.claude_bin()),
+        ):
+            if not value:
+                continue
+            found = shutil.which(value) if os.sep not in value else value
+            if found and os.path.isfile(found) and os.access(found, os.X_OK):
+                return found
+            raise AgentError(
+                ErrorKind.TRANSPORT_ERROR,
+                f"claude CLI not found: {source} is {value!r}, which is not an executable file; "
+                f"fix it or unset it ({how})",
+            )
+        found = shutil.which("claude")
+        if found:
+            return found
+        raise AgentError(ErrorKind.TRANSPORT_ERROR, f"claude CLI not found on PATH; {how}")
+
+    def argv(self, binary: str) -> list[str]:
+        """The command line of one call."""
+        argv = [binary, "-p", "--output-format", "json"]
+        if self.decl.model:
+            argv += ["--model", self.decl.model]
+        argv += list(self.decl.extra_args)
+        return argv
+
+    @staticmethod
+    def render_prompt(request: AskRequest) -> str:
+        """The stdin text: the prompt, plus the schema statement when there is a schema."""
+        if request.schema is None:
+            return request.prompt
+        return request.prompt + schema_instruction(request.schema)
+
+    # -- calls ----------------------------------------------------------------------
+
+    def ask(self, request: AskRequest, *, deadline: float) -> AskResponse:
+        if self.remaining(deadline) <= 0:
+            raise AgentError(ErrorKind.DEADLINE_EXCEEDED, f"{self.alias}: deadline passed before start")
+        argv = self.argv(self.resolve_bin())
+        call = self._register(request.call_id)
+        try:
+            stdout, stderr, returncode, elapsed_ms = self._run(call, argv, request, deadline)
+        finally:
+            self._unregister(request.call_id, call)
+        return self._response(request, stdout, stderr, returncode, elapsed_ms)
+
+    def _register(self, call_id: str) -> _Call:
+        call = _Call()
+        with self._lock:
+            if self._closed:
+                raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias} is closed")
+            self._calls.setdefault(call_id, []).append(call)
+        return call
+
+    def _unregister(self, call_id: str, call: _Call) -> None:
+        with self._lock:
+            calls = self._calls.get(call_id, [])
+            if call in calls:
+                calls.remove(call)
+            if not calls:
+                self._calls.pop(call_id, None)
+
+    def _run(
+        self, call: _Call, argv: list[str], request: AskRequest, deadline: float
+    ) -> tuple[str, str, int, int]:
+        started = time.monotonic()
+        with call.lock:
+            if call.cancelled:
+                raise AgentError(ErrorKind.DEADLINE_EXCEEDED, f"{self.alias}: call cancelled")
+            try:
+                # A new session makes the child a process-group leader, so a cut kills
+                # everything it started (node workers, MCP servers) too.
+                call.proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    encoding="utf-8",
+                    errors="replace",
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise AgentError(
+                    ErrorKind.TRANSPORT_ERROR, f"cannot run claude CLI {argv[0]!r}: {exc}"
+                ) from exc
+        proc = call.proc
+        try:
+            stdout, stderr = proc.communicate(
+                self.render_prompt(request), timeout=self.remaining(deadline)
+            )
+        except subprocess.TimeoutExpired as exc:
+            _kill_group(proc)
+            _reap(proc)
+            raise AgentError(
+                ErrorKind.DEADLINE_EXCEEDED,
+                f"{self.alias}: claude CLI still running at the deadline; process group killed",
+            ) from exc
+        except BaseException:
+            # Never leave the child behind, whatever interrupted us.
+            _kill_group(proc)
+            _reap(proc)
+            raise
+        if call.cancelled:
+            raise AgentError(
+                ErrorKind.DEADLINE_EXCEEDED,
+                f"{self.alias}: cancelled at the hard deadline; process group killed",
+            )
+        elapsed_ms = int((time.monotonic() - started) * 1000)
+        return stdout, stderr, proc.returncode, elapsed_ms
+
+    def _response(
+        self, request: AskRequest, stdout: str, stderr: str, returncode: int, elapsed_ms: int
+    ) -> AskResponse:
+        envelope = _parse_envelope(stdout)
+        if returncode != 0:
+            detail = f"claude CLI exited with code {returncode}"
+            tail = _tail(stderr)
+            if tail:
+                detail += f"; stderr: {tail}"
+            elif envelope is not None and isinstance(envelope.get("result"), str):
+                detail += f"; result: {truncate_detail(envelope['result'])}"
+            raise AgentError(ErrorKind.PLUGIN_CRASH, detail)
+        if envelope is None:
+            head = stdout.strip() or "(empty)"
+            raise AgentError(
+                ErrorKind.PLUGIN_CRASH,
+                f"claude CLI printed no result envelope; stdout: {truncate_detail(head)}",
+            )
+        result = envelope.get("result")
+        if envelope.get("is_error") is True or envelope.get("subtype", "success") != "success":
+            text = result if isinstance(result, str) and result else str(envelope.get("subtype"))
+            raise AgentError(ErrorKind.PLUGIN_CRASH, f"claude CLI reported an error: {truncate_detail(text)}")
+        if not isinstance(result, str):
+            raise AgentError(
+                ErrorKind.PLUGIN_CRASH,
+                f"claude CLI result envelope has no result text: {truncate_detail(stdout.strip())}",
+            )
+        submission = _submission(result, request.schema)
+        meta = _meta(envelope, self.decl.model)
+        line = stdout.strip()
+        if "\n" in line:
+            # The transcript holds one JSON value per line; a pretty-printed envelope is
+            # re-serialised compactly (key order and literals kept by json.loads/dumps).
+            line = json.dumps(envelope, ensure_ascii=False, separators=(",", ":"))
+        transcript = Transcript(format=TRANSCRIPT_FORMAT, lines=[line], offsets_ms=[elapsed_ms])
+        return AskResponse(submission=submission, meta=meta or None, transcript=transcript)
+
+    def cancel(self, call_id: str) -> None:
+        with self._lock:
+            calls = list(self._calls.get(call_id, []))
+        for call in calls:
+            with call.lock:
+                call.cancelled = True
+                proc = call.proc
+            if proc is not None:
+                _kill_group(proc)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            calls = [c for group in self._calls.values() for c in group]
+        for call in calls:
+            with call.lock:
+                call.cancelled = True
+                proc = call.proc
+            if proc is not None:
+                _kill_group(proc)
+
+
+def _submission(result: str, schema: dict[str, Any] | None) -> str:
+    """Submission text from the result text (see :func:`extract_json`).
+
+    Without a schema a non-JSON answer becomes a JSON string, so free-text verbs still
+    bind their text; with a schema it is passed on raw for the runtime to reject.
+    """
+    found = extract_json(result, schema)
+    if found is not None:
+        return found
+    if schema is None:
+        return json.dumps(result, ensure_ascii=False)
+    return result
+
+
+def _parse_envelope(stdout: str) -> dict[str, Any] | None:
+    """The result envelope: the whole stdout, else its last line that is a result object."""
+    text = stdout.strip()
+    if not text:
+        return None
+    candidates = [text, *reversed(text.splitlines())]
+    for candidate in candidates:
+        try:
+            value = json.loads(candidate)
+        except ValueError:
+            continue
+        if isinstance(value, dict) and value.get("type") == "result":
+            return value
+    return None
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM the child's process group, SIGKILL it after a short grace."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=_KILL_GRACE)
+    # Kill the group even when the leader is gone: its children may still hold the pipes.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _reap(proc: subprocess.Popen[str]) -> None:
+    """Collect the killed child so no zombie stays; never wait unboundedly on pipes."""
+    try:
+        proc.communicate(timeout=_REAP_TIMEOUT)
+    except (subprocess.TimeoutExpired, ValueError, OSError):
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=_REAP_TIMEOUT)
