@@ -360,11 +360,9 @@ def _local_llm_decl(common: dict[str, Any], key: str, vals: dict[str, Any], prob
     if not model and not endpoint:
         problems.add(key, "builtin.local_llm plugin requires model: or endpoint:",
                      "model: gemma-3-270m (managed) or endpoint: http://127.0.0.1:8080 (attach)")
-    elif model and endpoint:
-        problems.add(key, "builtin.local_llm takes model: (managed) or endpoint: (attach), not both")
     if endpoint and not str(endpoint).startswith(("http://", "https://")):
         problems.add(f"{key}.endpoint", f"must be an http(s) URL, got {endpoint!r}")
-    if model:
+    if model and not endpoint:  # beside endpoint:, model is just the name sent in the body
         known = _known_models()
         if known is not None and model not in known:
             problems.add(f"{key}.model", f'unknown model "{model}"', f"known models: {', '.join(known)}")

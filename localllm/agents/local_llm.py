@@ -1,0 +1,253 @@
+"""``builtin.local_llm``: a llama.cpp server (managed sidecar or attached endpoint) over OpenAI HTTP.
+
+Managed mode (``model:``) fetches the pinned llama-server and GGUF on the first call
+(never before), spawns one sidecar shared by all calls, and stops it on ``close()``.
+Endpoint mode (``endpoint:``) attaches to a running OpenAI-compatible server and never
+fetches, spawns or kills anything; ``model:`` beside ``endpoint:`` is only the model name
+sent in the body.
+
+Constrained decoding: with a schema, ``response_format: json_schema`` is sent when
+``json_schema: true`` (always — the endpoint enforces it natively), or when
+``grammar: true`` and the schema is inside llama.cpp's grammar subset
+(:func:`localllm.grammar.check_subset` finds no error). ``meta.grammar`` /
+``meta.json_schema`` record what was actually applied. llama-server does not put the
+schema in the prompt, so unless ``schema_in_prompt: false`` the prompt gets a short
+statement of the required JSON shape. The runtime validates every answer regardless.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from localllm import settings
+from localllm.agents.base import Agent
+from localllm.config import LocalLLMDecl
+from localllm.errors import AgentError, ErrorKind, FetchError, SidecarError, truncate_detail
+from localllm.wire import AskRequest, AskResponse, Transcript
+
+_FENCE = re.compile(r"^\s*```(?:json)?\s*\n?(.*?)\n?\s*```\s*$", re.DOTALL)
+_CONNECT_TIMEOUT = 5.0
+
+
+def normalize_endpoint(url: str) -> str:
+    """``http://h:p``, ``http://h:p/``, ``http://h:p/v1/`` → ``http://h:p/v1``."""
+    base = url.rstrip("/")
+    return base if base.endswith("/v1") else base + "/v1"
+
+
+def strip_fence(text: str) -> str:
+    """Remove a leading ```json / ``` fence around the whole answer."""
+    match = _FENCE.match(text)
+    return match.group(1).strip() if match else text.strip()
+
+
+def shape_statement(schema: dict[str, Any]) -> str:
+    """The concise JSON-shape instruction appended to the prompt."""
+    compact = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+    return f"\n\nAnswer with only a JSON value that matches this JSON Schema (no prose, no code fence):\n{compact}"
+
+
+class LocalLLMAgent(Agent):
+    """A local model behind the Ask contract; its schema_invalid answers fall back to claude."""
+
+    plugin = "builtin.local_llm"
+    is_local_model = True
+
+    def __init__(self, decl: LocalLLMDecl) -> None:
+        super().__init__(decl.alias)
+        self.decl = decl
+        self._lock = threading.Lock()
+        self._sidecar: Any = None
+        self._client: Any = None
+        self._subset_cache: dict[str, bool] = {}
+        self._closed = False
+
+    # ------------------------------------------------------------------ server
+
+    @property
+    def managed(self) -> bool:
+        return self.decl.endpoint is None
+
+    def _http(self) -> Any:
+        import httpx
+
+        with self._lock:
+            if self._client is None:
+                self._client = httpx.Client(
+                    limits=httpx.Limits(max_connections=max(4, self.decl.parallel * 2)),
+                    headers={"Accept-Encoding": "identity"},
+                    trust_env=False,
+                )
+            return self._client
+
+    def _ensure_sidecar(self) -> Any:
+        """Fetch (first use only) and build the sidecar object; not yet started."""
+        with self._lock:
+            if self._closed:
+                raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias} is closed")
+            if self._sidecar is not None:
+                return self._sidecar
+            from localllm.managed import ensure_model, ensure_server, server_env
+            from localllm.managed.sidecar import Sidecar
+
+            if self.decl.server_bin:
+                binary = Path(self.decl.server_bin).expanduser()
+                env = server_env(binary.parent)
+            else:
+                install = ensure_server()
+                binary, env = install.binary, server_env(install.release_dir)
+            model_id = self.decl.model or ""
+            model_path = Path(model_id).expanduser()
+            model = model_path if model_id.endswith(".gguf") and model_path.is_file() else ensure_model(model_id)
+            self._sidecar = Sidecar(
+                binary, model, args=self.decl.extra_args, parallel=self.decl.parallel,
+                ctx_per_slot=self.decl.ctx_size, threads=self.decl.threads, port=self.decl.port, env=env,
+                health_timeout=self.decl.health_timeout, name=self.alias,
+            )
+            return self._sidecar
+
+    def base_url(self) -> str:
+        """The ``…/v1`` base URL; in managed mode this fetches and starts the sidecar."""
+        if not self.managed:
+            assert self.decl.endpoint is not None
+            return normalize_endpoint(self.decl.endpoint)
+        try:
+            sidecar = self._ensure_sidecar()
+            return normalize_endpoint(str(sidecar.ensure_ready()))
+        except (FetchError, SidecarError) as exc:
+            hint = getattr(exc, "hint", "")
+            raise AgentError(ErrorKind.TRANSPORT_ERROR,
+                             f"{self.alias}: cannot start llama-server: {exc}" + (f" ({hint})" if hint else "")) from exc
+
+    # ------------------------------------------------------------------ request
+
+    def _in_subset(self, schema: dict[str, Any]) -> bool:
+        key = json.dumps(schema, sort_keys=True)
+        cached = self._subset_cache.get(key)
+        if cached is None:
+            from localllm.grammar import check_subset
+
+            cached = not any(v.severity == "error" for v in check_subset(schema))
+            self._subset_cache[key] = cached
+        return cached
+
+    def build_body(self, request: AskRequest) -> tuple[dict[str, Any], bool, bool]:
+        """The chat-completions body, and whether grammar / json_schema were applied."""
+        schema = request.schema
+        native = schema is not None and self.decl.json_schema
+        grammar = schema is not None and not native and self.decl.grammar and self._in_subset(schema)
+        content = request.prompt
+        if schema is not None and self.decl.schema_in_prompt:
+            content += shape_statement(schema)
+        body: dict[str, Any] = {
+            "model": self.decl.model or "local",
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": self.decl.max_tokens,
+        }
+        temperature = self.decl.temperature
+        if temperature is None and request.verb == "decide":
+            temperature = 0.0
+        if temperature is not None:
+            body["temperature"] = temperature
+        if native or grammar:
+            assert schema is not None
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "submission", "strict": True, "schema": schema},
+            }
+        return body, grammar, native
+
+    def _headers(self) -> dict[str, str]:
+        name = self.decl.api_key_env
+        if not name:
+            return {}
+        key = settings.env_value(name)
+        if not key:
+            raise AgentError(ErrorKind.TRANSPORT_ERROR,
+                             f"{self.alias}: api_key_env {name} is not set; export {name}=<key> (no request was made)")
+        return {"Authorization": f"Bearer {key}"}
+
+    def ask(self, request: AskRequest, *, deadline: float) -> AskResponse:
+        import httpx
+
+        headers = self._headers()
+        body, grammar, native = self.build_body(request)
+        base = self.base_url()
+        remaining = self.remaining(deadline)
+        if remaining <= 0:
+            raise AgentError(ErrorKind.DEADLINE_EXCEEDED, f"{self.alias}: deadline passed before the request")
+        timeout = httpx.Timeout(remaining, connect=min(_CONNECT_TIMEOUT, remaining))
+        started = time.monotonic()
+        try:
+            reply = self._http().post(f"{base}/chat/completions", json=body, headers=headers, timeout=timeout)
+        except httpx.TimeoutException as exc:
+            raise AgentError(ErrorKind.DEADLINE_EXCEEDED, f"{self.alias}: no answer from {base} in time") from exc
+        except httpx.HTTPError as exc:
+            raise AgentError(ErrorKind.TRANSPORT_ERROR, self._connection_detail(base, exc)) from exc
+        elapsed_ms = int((time.monotonic() - started) * 1000)
+        if reply.status_code >= 400:
+            raise AgentError(ErrorKind.TRANSPORT_ERROR,
+                             f"{self.alias}: HTTP {reply.status_code} from {base}/chat/completions: "
+                             f"{truncate_detail(reply.text)}")
+        try:
+            data = reply.json()
+            content = data["choices"][0]["message"]["content"]
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise AgentError(ErrorKind.TRANSPORT_ERROR,
+                             f"{self.alias}: unusable response (no choices[0].message.content): "
+                             f"{truncate_detail(reply.text)}") from exc
+        if not isinstance(content, str):
+            raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias}: choices[0].message.content is not text")
+        usage = data.get("usage") or {}
+        meta: dict[str, Any] = {
+            "model": data.get("model") or body["model"],
+            "prompt_tokens": usage.get("prompt_tokens"),
+            "completion_tokens": usage.get("completion_tokens"),
+            "grammar": grammar,
+            "json_schema": native,
+        }
+        if isinstance(data.get("timings"), dict):
+            meta["timings"] = data["timings"]
+        transcript = self._transcript(body, content, usage, elapsed_ms)
+        return AskResponse(submission=strip_fence(content), meta=meta, transcript=transcript)
+
+    def _connection_detail(self, base: str, exc: Exception) -> str:
+        detail = f"{self.alias}: request to {base} failed: {type(exc).__name__}: {exc}"
+        sidecar = self._sidecar
+        if self.managed and sidecar is not None and not sidecar.is_alive():
+            detail += f"; llama-server died ({sidecar.crash_detail()}); it is respawned on the next call"
+        return detail
+
+    @staticmethod
+    def _transcript(body: dict[str, Any], content: str, usage: dict[str, Any], elapsed_ms: int) -> Transcript:
+        """The ``openai-chat`` transcript: request, assistant message, result (REFERENCE-NOTES)."""
+
+        def line(obj: dict[str, Any]) -> str:
+            return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+        prompt = body["messages"][-1]["content"]
+        lines = [
+            line({"message": {"content": prompt, "role": "user"}, "model": body["model"], "type": "request"}),
+            line({"message": {"content": content, "role": "assistant"}, "type": "assistant"}),
+            line({"result": content, "type": "result",
+                  "usage": {"input_tokens": usage.get("prompt_tokens", 0),
+                            "output_tokens": usage.get("completion_tokens", 0)}}),
+        ]
+        return Transcript(format="openai-chat", lines=lines, offsets_ms=[0, elapsed_ms, elapsed_ms])
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            sidecar, self._sidecar = self._sidecar, None
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
+        if sidecar is not None:
+            sidecar.stop()
