@@ -66,3 +66,8 @@ def debug() -> bool:
 def env_value(name: str) -> str | None:
     """An arbitrary variable (for ``${VAR}`` interpolation and ``api_key_env``)."""
     return os.environ.get(name)
+
+
+def environ() -> dict[str, str]:
+    """A copy of the whole environment (the base a child process's environment starts from)."""
+    return dict(os.environ)
