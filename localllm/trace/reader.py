@@ -1,0 +1,237 @@
+"""Read a trace file, enforcing every read-time rule (trace-format §7).
+
+Rejections raise ``TraceCorrupted`` with the spec's message (plus a hint naming the file):
+
+    trace corrupted: missing trailing newline at EOF     (torn last line; see ``allow_torn``)
+    trace corrupted: CRLF line ending at line N
+    trace corrupted: NUL byte in line N
+    trace corrupted: byte order mark at start of file    (the spec leaves this one's text open)
+    trace corrupted: invalid UTF-8 in line N
+    trace missing session.header on line 1
+    duplicate session.header at line N
+    schema_version N on disk exceeds highest supported 1
+    duplicate (turn,seq) at line N
+    out-of-order (turn,seq) at line N
+    gap in seq within turn T at line N
+
+plus ``trace corrupted: line N …`` for lines that are not JSON objects or lack a required
+field. Line numbers are 1-based; the header is line 1. The first problem in file order wins.
+
+Sequence rule. ``seq`` is dense per turn: each turn's events carry 0, 1, 2, … in file
+order. Turns may interleave (concurrent calls in different turns, off-path batches with
+``parent_turn``, ``session.story`` at turn 0) — only each turn's own numbering is checked.
+For the event at line N with turn T, where the next expected seq of T is E:
+
+- seq < E: that (turn,seq) is already in the file → ``duplicate (turn,seq) at line N``;
+- seq > E and (T,E) appears later in the file → ``out-of-order (turn,seq) at line N``;
+- seq > E and (T,E) appears nowhere → ``gap in seq within turn T at line N``.
+
+Unknown kinds and unknown fields are carried through: ``Trace.raw_lines`` keeps every event
+line byte-for-byte, parallel to ``Trace.events``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+from localllm.errors import TraceCorrupted
+from localllm.trace.event import HEADER_KIND, SCHEMA_VERSION, Event, is_rfc3339_utc
+
+__all__ = [
+    "BOM",
+    "Trace",
+    "event_problem",
+    "line_text",
+    "load_object",
+    "parse_json_line",
+    "parse_trace",
+    "read_trace",
+]
+
+BOM = b"\xef\xbb\xbf"
+_REQUIRED = ("turn", "seq", "ts", "kind", "payload")
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A parsed trace: the header, the events, their raw lines, and a torn tail if allowed."""
+
+    header: dict[str, Any]
+    events: tuple[Event, ...]
+    raw_lines: tuple[bytes, ...]
+    """Each event's line exactly as on disk, without the ``\\n``; parallel to ``events``."""
+    torn_tail: bytes | None = None
+    """Bytes after the last ``\\n`` (a torn last line), only with ``allow_torn=True``."""
+    header_line: bytes = b""
+    """Line 1 exactly as on disk, without the ``\\n``."""
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+
+def read_trace(path: str | Path, *, allow_torn: bool = False) -> Trace:
+    """Read and validate the trace at ``path``.
+
+    Strict by default: a torn last line (no trailing newline) is ``TraceCorrupted``. With
+    ``allow_torn=True`` the torn bytes are returned in ``Trace.torn_tail`` instead, and the
+    complete lines before them are validated as usual. OS errors (missing file,
+    permissions) propagate unchanged.
+    """
+    p = Path(path)
+    with open(p, "rb") as fh:
+        data = fh.read()
+    return parse_trace(data, allow_torn=allow_torn, path=p)
+
+
+def parse_trace(data: bytes, *, allow_torn: bool = False, path: str | Path | None = None) -> Trace:
+    """Validate trace bytes (see :func:`read_trace`); ``path`` only names the file in hints."""
+    where = str(path) if path is not None else None
+    if data.startswith(BOM):
+        _corrupt("trace corrupted: byte order mark at start of file", where)
+    cut = data.rfind(b"\n") + 1
+    body, tail = data[:cut], data[cut:]
+    if tail and not allow_torn:
+        _corrupt("trace corrupted: missing trailing newline at EOF", where, torn=True)
+    if not body:
+        _corrupt("trace missing session.header on line 1", where)
+    lines = body.split(b"\n")
+    lines.pop()  # the empty string after the final newline
+
+    header = _parse_header(lines[0], where)
+    events: list[Event] = []
+    first_error: TraceCorrupted | None = None
+    for lineno, raw in enumerate(lines[1:], start=2):
+        try:
+            obj = parse_json_line(raw, lineno, where)
+            if obj.get("kind") == HEADER_KIND:
+                _corrupt(f"duplicate session.header at line {lineno}", where)
+            problem = event_problem(obj)
+            if problem:
+                _corrupt(f"trace corrupted: line {lineno}: {problem}", where)
+        except TraceCorrupted as exc:
+            # A sequence error on an earlier line still wins, so check those first.
+            first_error = exc
+            break
+        events.append(Event.from_json(obj))
+    _check_sequence(events, where)
+    if first_error is not None:
+        raise first_error
+    return Trace(
+        header=header,
+        events=tuple(events),
+        raw_lines=tuple(lines[1 : 1 + len(events)]),
+        torn_tail=tail or None,
+        header_line=lines[0],
+    )
+
+
+def parse_json_line(raw: bytes, lineno: int, where: str | None = None) -> dict[str, Any]:
+    """Byte-level checks and JSON parsing of one line; returns the JSON object."""
+    obj, problem = load_object(line_text(raw, lineno, where))
+    if obj is None:
+        _corrupt(f"trace corrupted: line {lineno} {problem}", where)
+    return obj
+
+
+def line_text(raw: bytes, lineno: int, where: str | None = None) -> str:
+    """The line decoded, after the CRLF, NUL and UTF-8 checks."""
+    if raw.endswith(b"\r"):
+        _corrupt(f"trace corrupted: CRLF line ending at line {lineno}", where)
+    if b"\x00" in raw:
+        _corrupt(f"trace corrupted: NUL byte in line {lineno}", where)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        _corrupt(f"trace corrupted: invalid UTF-8 in line {lineno}", where)
+
+
+def load_object(text: str) -> tuple[dict[str, Any] | None, str]:
+    """``(object, "")``, or ``(None, problem)`` when ``text`` is not one JSON object."""
+    try:
+        obj = json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        return None, "is not valid JSON: nested too deeply"
+    except json.JSONDecodeError as exc:
+        return None, f"is not valid JSON: {exc.msg} at column {exc.colno}"
+    except ValueError as exc:  # NaN/Infinity, or an integer beyond Python's digit limit
+        return None, f"is not valid JSON: {exc}"
+    if not isinstance(obj, dict):
+        return None, "is not a JSON object"
+    return obj, ""
+
+
+def event_problem(obj: dict[str, Any]) -> str | None:
+    """What is wrong with an event object's fields, or ``None`` (shared with the writer)."""
+    for name in _REQUIRED:
+        if name not in obj:
+            return f'missing required field "{name}"'
+    for name in ("turn", "seq"):
+        if not _is_count(obj[name]):
+            return f'field "{name}" must be a non-negative integer'
+    if not is_rfc3339_utc(obj["ts"]):
+        return 'field "ts" must be an RFC3339 UTC timestamp ending in Z'
+    if not isinstance(obj["kind"], str) or not obj["kind"]:
+        return 'field "kind" must be a non-empty string'
+    if not isinstance(obj["payload"], dict):
+        return 'field "payload" must be a JSON object'
+    for name in ("state_path", "call_id", "episode_id"):
+        if obj.get(name) is not None and not isinstance(obj[name], str):
+            return f'field "{name}" must be a string'
+    for name in ("parent_turn", "match_idx"):
+        if obj.get(name) is not None and not _is_count(obj[name]):
+            return f'field "{name}" must be a non-negative integer'
+    return None
+
+
+def _parse_header(raw: bytes, where: str | None) -> dict[str, Any]:
+    obj, _ = load_object(line_text(raw, 1, where))
+    if obj is None or obj.get("kind") != HEADER_KIND:
+        _corrupt("trace missing session.header on line 1", where)
+    version = obj.get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        _corrupt("trace corrupted: session.header schema_version must be a positive integer", where)
+    if version > SCHEMA_VERSION:
+        _corrupt(f"schema_version {version} on disk exceeds highest supported {SCHEMA_VERSION}", where)
+    if not is_rfc3339_utc(obj.get("written_at")):
+        _corrupt("trace corrupted: session.header written_at must be an RFC3339 UTC timestamp", where)
+    return obj
+
+
+def _check_sequence(events: list[Event], where: str | None) -> None:
+    present = {(ev.turn, ev.seq) for ev in events}
+    expected: dict[int, int] = {}
+    for index, ev in enumerate(events):
+        lineno = index + 2
+        want = expected.get(ev.turn, 0)
+        if ev.seq == want:
+            expected[ev.turn] = want + 1
+        elif ev.seq < want:
+            _corrupt(f"duplicate (turn,seq) at line {lineno}", where)
+        elif (ev.turn, want) in present:
+            _corrupt(f"out-of-order (turn,seq) at line {lineno}", where)
+        else:
+            _corrupt(f"gap in seq within turn {ev.turn} at line {lineno}", where)
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _no_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _corrupt(message: str, where: str | None, *, torn: bool = False) -> NoReturn:
+    exc = TraceCorrupted(message)
+    if where is not None:
+        if torn:
+            exc.hint = (
+                f"the last line of {where} is torn (a writer stopped mid-line); opening it for "
+                f"append moves the torn bytes to {where}.torn"
+            )
+        else:
+            exc.hint = f"in {where}; the file was not modified (`localllm trace verify {where}` checks it)"
+    raise exc

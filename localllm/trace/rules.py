@@ -1,0 +1,105 @@
+"""Write-time line constraints (trace-format §6), checked before a single byte is written.
+
+Every string (object keys and values, at any depth) must be valid UTF-8 text, free of NUL,
+free of CRLF and NFC-normalised; numbers must be finite and integers fit in 64 bits; only
+JSON types are accepted. A violation raises ``TraceWriteRejected`` naming the field path
+(``payload.meta.usage[0].x``) and the fix; the file is left unmodified.
+
+A lone ``\\r`` is allowed: the spec rejects CRLF, and JSON escapes a bare CR so it can
+never end a line.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import unicodedata
+from collections.abc import Mapping
+from typing import Any
+
+from localllm.errors import TraceWriteRejected
+
+__all__ = ["MAX_DEPTH", "check_string", "check_value", "field_path", "reject"]
+
+MAX_DEPTH = 500
+"""Deepest nesting of arrays/objects accepted in an event (also keeps the reader's parser safe)."""
+
+_INT_MIN = -(2**63)
+_INT_LIMIT = 2**64  # exclusive: signed int64 or unsigned uint64
+_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+
+
+def reject(path: str, problem: str) -> TraceWriteRejected:
+    """The exception for a broken rule at ``path``."""
+    return TraceWriteRejected(f"trace event rejected: {path}: {problem}")
+
+
+def field_path(parent: str, key: str | int) -> str:
+    """``payload`` + ``a`` → ``payload.a``; odd keys are quoted: ``payload["a.b"]``; ``[3]`` for items."""
+    if isinstance(key, int):
+        return f"{parent}[{key}]"
+    if _PLAIN_KEY.fullmatch(key):
+        return f"{parent}.{key}"
+    quoted = key.encode("ascii", "backslashreplace").decode("ascii").replace('"', '\\"')
+    return f'{parent}["{quoted}"]'
+
+
+def check_string(value: str, path: str) -> None:
+    """Raise ``TraceWriteRejected`` unless ``value`` may be written to a trace line."""
+    if "\x00" in value:
+        raise reject(path, "string contains a NUL byte (base64-encode binary data or move it to a sidecar file)")
+    if "\r\n" in value:
+        raise reject(path, "string contains CRLF; trace text uses LF only (normalise line endings)")
+    if value.isascii():
+        return
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise reject(path, "string contains a lone surrogate and is not valid UTF-8") from None
+    if not unicodedata.is_normalized("NFC", value):
+        raise reject(path, 'string is not NFC-normalised (apply unicodedata.normalize("NFC", ...) first)')
+
+
+def check_value(value: Any, path: str) -> Any:
+    """Validate ``value`` as trace JSON and return a private copy (tuples become lists)."""
+    return _check(value, path, 0, set())
+
+
+def _check(value: Any, path: str, depth: int, active: set[int]) -> Any:
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        check_string(value, path)
+        return str(value)
+    if isinstance(value, int):
+        if not _INT_MIN <= value < _INT_LIMIT:
+            raise reject(path, f"integer {value} does not fit in 64 bits")
+        return int(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            raise reject(path, "NaN is not valid JSON")
+        if math.isinf(value):
+            raise reject(path, "Infinity is not valid JSON")
+        return float(value)
+    if isinstance(value, (Mapping, list, tuple)):
+        if depth >= MAX_DEPTH:
+            raise reject(path, f"nested deeper than {MAX_DEPTH} levels")
+        if id(value) in active:
+            raise reject(path, "contains a reference cycle")
+        active.add(id(value))
+        try:
+            if isinstance(value, Mapping):
+                out: dict[str, Any] = {}
+                for key, item in value.items():
+                    if not isinstance(key, str):
+                        raise reject(path, f"object key {key!r} is not a string")
+                    sub = field_path(path, key)
+                    check_string(key, sub + " (key)")
+                    out[key] = _check(item, sub, depth + 1, active)
+                return out
+            return [_check(item, field_path(path, i), depth + 1, active) for i, item in enumerate(value)]
+        finally:
+            active.discard(id(value))
+    raise reject(
+        path, f"value of type {type(value).__name__} is not a JSON type (use dict, list, str, int, float, bool or None)"
+    )

@@ -1,0 +1,168 @@
+"""Sidecar files beside a trace: large prompts/responses and per-call transcripts.
+
+Layout under the trace's directory (paths in events are relative to it, POSIX style)::
+
+    agent-prompts/<call_id><suffix>.txt             the rendered prompt, UTF-8, verbatim
+    agent-prompts/<call_id><suffix>-response.json   the response value as compact JSON + "\\n"
+    transcripts/<call_id><suffix>.jsonl             backend-native events, one verbatim line each
+    transcripts/<call_id><suffix>.timings           "<index> <ms-offset>" per line
+
+Every file is written atomically: a temp file beside the destination, fsync, rename, then
+fsync of the directory — a reader never sees half a sidecar. Sidecar content is not bound by
+the trace's line rules (that is what they are for). ``suffix`` (``""`` by default) keeps a
+second attempt under the same call_id (a fallback) from overwriting the first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from localllm.errors import TraceError, TraceWriteRejected
+from localllm.trace import rules
+from localllm.trace.event import dumps
+
+if TYPE_CHECKING:
+    from localllm.wire import Transcript
+
+__all__ = [
+    "PROMPTS_DIR",
+    "SIDECAR_THRESHOLD",
+    "TRANSCRIPTS_DIR",
+    "TRANSCRIPT_SCHEMA_VERSION",
+    "atomic_write",
+    "needs_sidecar",
+    "write_prompt",
+    "write_response",
+    "write_transcript",
+]
+
+SIDECAR_THRESHOLD = 1024
+"""Prompts/responses larger than this many UTF-8 bytes go to a sidecar file."""
+PROMPTS_DIR = "agent-prompts"
+TRANSCRIPTS_DIR = "transcripts"
+TRANSCRIPT_SCHEMA_VERSION = 1
+
+_CALL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_SUFFIX = re.compile(r"[A-Za-z0-9._-]{0,64}")
+
+
+def needs_sidecar(value: Any) -> bool:
+    """True when ``value`` (prompt text or a response value) should go to a sidecar file.
+
+    That is when it is over :data:`SIDECAR_THRESHOLD` bytes (UTF-8 text, or its JSON form
+    for other values), or when it cannot be inlined in a trace line at all (CRLF, NUL,
+    non-NFC text, NaN, non-JSON types) — a sidecar holds such content verbatim.
+    """
+    if isinstance(value, str):
+        size = len(value.encode("utf-8", "surrogatepass"))
+    else:
+        try:
+            size = len(dumps(value).encode("utf-8", "surrogatepass"))
+        except (TypeError, ValueError, RecursionError):
+            return True
+    if size > SIDECAR_THRESHOLD:
+        return True
+    try:
+        rules.check_value(value, "value")
+    except TraceWriteRejected:
+        return True
+    return False
+
+
+def write_prompt(trace_dir: str | os.PathLike[str], call_id: str, text: str, *, suffix: str = "") -> str:
+    """Write the prompt sidecar; returns its path relative to ``trace_dir`` (for ``prompt_file``)."""
+    rel = f"{PROMPTS_DIR}/{_stem(call_id, suffix)}.txt"
+    atomic_write(Path(trace_dir) / rel, _utf8(text, "prompt"))
+    return rel
+
+
+def write_response(trace_dir: str | os.PathLike[str], call_id: str, value: Any, *, suffix: str = "") -> str:
+    """Write the response sidecar as JSON; returns its relative path (for ``response_file``)."""
+    rel = f"{PROMPTS_DIR}/{_stem(call_id, suffix)}-response.json"
+    try:
+        text = dumps(value)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise rules.reject("response", f"is not JSON-serialisable: {exc}") from None
+    atomic_write(Path(trace_dir) / rel, _utf8(text + "\n", "response"))
+    return rel
+
+
+def write_transcript(
+    trace_dir: str | os.PathLike[str], call_id: str, transcript: Transcript, *, suffix: str = ""
+) -> dict[str, Any]:
+    """Write ``transcripts/<call_id><suffix>.jsonl`` and ``.timings``; returns the ``transcript_ref``."""
+    stem = _stem(call_id, suffix)
+    lines = list(transcript.lines)
+    offsets = list(transcript.offsets_ms)
+    if len(offsets) != len(lines):
+        raise rules.reject(
+            "transcript", f"has {len(lines)} lines but {len(offsets)} offsets_ms (one offset per line)"
+        )
+    for index, line in enumerate(lines):
+        if not isinstance(line, str) or "\n" in line:
+            raise rules.reject(f"transcript.lines[{index}]", "must be one line of text (no newline)")
+    for index, offset in enumerate(offsets):
+        if not isinstance(offset, int) or isinstance(offset, bool):
+            raise rules.reject(f"transcript.offsets_ms[{index}]", f"must be an integer, got {offset!r}")
+    rel = f"{TRANSCRIPTS_DIR}/{stem}.jsonl"
+    base = Path(trace_dir)
+    atomic_write(base / rel, _utf8("".join(line + "\n" for line in lines), "transcript"))
+    timings = "".join(f"{index} {offset}\n" for index, offset in enumerate(offsets))
+    atomic_write(base / TRANSCRIPTS_DIR / f"{stem}.timings", timings.encode("ascii"))
+    return {
+        "format": transcript.format,
+        "path": rel,
+        "events": len(lines),
+        "schema_version": TRANSCRIPT_SCHEMA_VERSION,
+    }
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via temp file + fsync + rename (+ directory fsync)."""
+    tmp = path.with_name(f".{path.name}.{os.urandom(6).hex()}.tmp")
+    done = False
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        done = True
+        dfd = os.open(path.parent, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError as exc:
+        err = TraceError(f"cannot write sidecar {path}: {exc.strerror or exc}")
+        err.hint = "check that the trace directory is writable and the disk has space"
+        raise err from exc
+    finally:
+        if not done:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def _stem(call_id: str, suffix: str) -> str:
+    # call_id becomes a file name: refuse anything that could leave the sidecar directory.
+    if not isinstance(call_id, str) or not _CALL_ID.fullmatch(call_id):
+        raise rules.reject("call_id", f"{call_id!r} is not a safe file name (use letters, digits, '.', '_', '-')")
+    if not isinstance(suffix, str) or not _SUFFIX.fullmatch(suffix):
+        raise rules.reject("suffix", f"{suffix!r} is not a safe file name suffix (use letters, digits, '.', '_', '-')")
+    return call_id + suffix
+
+
+def _utf8(text: str, what: str) -> bytes:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise rules.reject(what, "contains a lone surrogate and is not valid UTF-8") from None

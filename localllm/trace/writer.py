@@ -1,0 +1,413 @@
+"""``TraceWriter``: the one writer of a trace file (trace-format §8, ``JSONLSink``).
+
+- ``open`` creates the file with its ``session.header`` (parent directories too), or
+  validates an existing file with the reader's rules and continues its per-turn ``seq``.
+- An exclusive ``flock`` is held while open; a second writer, in this process or another,
+  gets ``TraceLocked`` at once.
+- ``append`` assigns ``ts`` (now, never going backwards) and the dense per-turn ``seq``,
+  checks every write-time rule before touching the file, writes one line and fsyncs it.
+- Before each write the open file is compared (device, inode) with what the path names
+  now; a replaced or deleted file raises ``TraceReplaced``.
+- A torn last line found at open (a crash mid-write) is moved to ``<trace>.torn``
+  (appended, one fragment per line), cut from the trace, and logged — never dropped.
+
+Appending is serialised by a lock, so one writer may be shared between threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from localllm.errors import TraceCorrupted, TraceError, TraceLocked, TraceReplaced
+from localllm.trace import rules
+from localllm.trace.event import HEADER_KIND, SCHEMA_VERSION, Event, format_ts, header_line, is_rfc3339_utc
+from localllm.trace.reader import event_problem, load_object, parse_trace
+
+__all__ = ["TORN_SUFFIX", "TraceWriter"]
+
+TORN_SUFFIX = ".torn"
+_INT63 = 2**63
+_log = logging.getLogger("localllm.trace")
+
+
+class TraceWriter:
+    """Append-only writer of one JSONL trace file. Use :meth:`open`, not the constructor."""
+
+    def __init__(self, path: Path, fd: int, size: int, events: list[Event], lines: list[bytes]) -> None:
+        self._path = path
+        self._fd: int | None = fd
+        self._size = size
+        self._events = events
+        self._lines = lines
+        self._next_seq: dict[int, int] = {}
+        for ev in events:
+            self._next_seq[ev.turn] = ev.seq + 1
+        self._last_ns = 0
+        self._lock = threading.Lock()
+
+    # ----------------------------------------------------------------- opening
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], *, header: bytes | None = None) -> TraceWriter:
+        """Create or reopen the trace at ``path`` for appending.
+
+        ``header`` is the line 1 to write when the file is created (without the newline;
+        default: a fresh ``session.header``) — pass ``Trace.header_line`` to copy a trace
+        byte for byte. It is ignored when the file already has content.
+
+        Raises ``TraceLocked`` when another writer holds the file, ``TraceCorrupted`` when
+        the existing file breaks a read-time rule (the file is left as it was), and
+        ``TraceError`` when the file cannot be opened.
+        """
+        p = Path(os.path.abspath(os.fspath(path)))
+        if header is not None:
+            _check_header(header)
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(p, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise _os_error("cannot open trace", p, exc) from exc
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                exc2 = TraceLocked("trace file is locked by another writer")
+                exc2.hint = f"{p} is open in another localllm process or writer; close it or use another path"
+                raise exc2 from None
+            _check_same_file(fd, p)
+            return cls._load(p, fd, header)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @classmethod
+    def _load(cls, path: Path, fd: int, header: bytes | None) -> TraceWriter:
+        try:
+            data = _read_all(fd)
+            if not data or _is_torn_header(data):
+                if data:
+                    _move_torn(path, fd, data, keep=0)
+                line = header if header is not None else header_line()
+                _write_all(fd, line + b"\n")
+                os.fsync(fd)
+                _fsync_dir(path.parent)
+                return cls(path, fd, len(line) + 1, [], [])
+            trace = parse_trace(data, allow_torn=True, path=path)
+            size = len(data)
+            if trace.torn_tail is not None:
+                size -= len(trace.torn_tail)
+                _move_torn(path, fd, trace.torn_tail, keep=size)
+        except OSError as exc:
+            raise _os_error("cannot read trace", path, exc) from exc
+        return cls(path, fd, size, list(trace.events), list(trace.raw_lines))
+
+    # ----------------------------------------------------------------- appending
+
+    def append(
+        self,
+        kind: str,
+        payload: dict[str, Any] | None = None,
+        *,
+        turn: int,
+        state_path: str | None = None,
+        parent_turn: int | None = None,
+        call_id: str | None = None,
+        episode_id: str | None = None,
+        match_idx: int | None = None,
+    ) -> Event:
+        """Append one event; the writer assigns ``ts`` (now) and ``seq``. Returns the event written.
+
+        Raises ``TraceWriteRejected`` (naming the field) when a write-time rule is broken,
+        leaving the file unmodified.
+        """
+        fields = _check_fields(
+            kind=kind,
+            payload=payload,
+            turn=turn,
+            state_path=state_path,
+            parent_turn=parent_turn,
+            call_id=call_id,
+            episode_id=episode_id,
+            match_idx=match_idx,
+        )
+        with self._lock:
+            fd = self._require_open()
+            ev = Event(seq=self._next_seq.get(turn, 0), ts=self._now(), **fields)
+            return self._write(fd, ev, ev.to_line())
+
+    def append_event(self, event: Event) -> Event:
+        """Re-emit ``event`` keeping its ``ts``; ``seq`` is reassigned (dense per turn).
+
+        A trace written by this writer and re-emitted event by event is byte-identical.
+        """
+        if not is_rfc3339_utc(event.ts):
+            raise rules.reject("ts", f"{event.ts!r} is not an RFC3339 UTC timestamp ending in Z")
+        fields = _check_fields(
+            kind=event.kind,
+            payload=event.payload,
+            turn=event.turn,
+            state_path=event.state_path,
+            parent_turn=event.parent_turn,
+            call_id=event.call_id,
+            episode_id=event.episode_id,
+            match_idx=event.match_idx,
+        )
+        with self._lock:
+            fd = self._require_open()
+            ev = Event(seq=self._next_seq.get(event.turn, 0), ts=event.ts, **fields)
+            return self._write(fd, ev, ev.to_line())
+
+    def append_raw(self, line: bytes | str) -> Event:
+        """Append an event line verbatim (e.g. ``Trace.raw_lines[i]``: unknown kinds/fields kept).
+
+        The line must be one JSON object obeying every read-time and write-time rule, and
+        its ``(turn, seq)`` must be the next of its turn. Returns the parsed event.
+        """
+        raw = line.encode("utf-8") if isinstance(line, str) else bytes(line)
+        if b"\n" in raw:
+            raise rules.reject("line", "contains a newline; pass exactly one line")
+        if raw.endswith(b"\r"):
+            raise rules.reject("line", "ends with CR (CRLF line ending)")
+        if b"\x00" in raw:
+            raise rules.reject("line", "contains a NUL byte")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise rules.reject("line", "is not valid UTF-8") from None
+        obj, problem = load_object(text)
+        if obj is None:
+            raise rules.reject("line", problem)
+        bad = event_problem(obj)
+        if bad:
+            raise rules.reject("line", bad)
+        if obj["kind"] == HEADER_KIND:
+            raise rules.reject("kind", f'"{HEADER_KIND}" is reserved for line 1')
+        for key, value in obj.items():
+            rules.check_string(key, rules.field_path("line", key) + " (key)")
+            rules.check_value(value, key)
+        ev = Event.from_json(obj)
+        with self._lock:
+            fd = self._require_open()
+            want = self._next_seq.get(ev.turn, 0)
+            if ev.seq != want:
+                raise rules.reject("seq", f"{ev.seq} is not the next seq of turn {ev.turn} (expected {want})")
+            return self._write(fd, ev, raw)
+
+    def next_seq(self, turn: int) -> int:
+        """The seq the next event of ``turn`` will get (a peek; another thread may take it)."""
+        with self._lock:
+            return self._next_seq.get(turn, 0)
+
+    # ----------------------------------------------------------------- reading back
+
+    @property
+    def path(self) -> Path:
+        """The trace file (absolute)."""
+        return self._path
+
+    @property
+    def dir(self) -> Path:
+        """The trace's directory: sidecar paths in events are relative to it."""
+        return self._path.parent
+
+    @property
+    def closed(self) -> bool:
+        return self._fd is None
+
+    def history(self) -> list[Event]:
+        """Every event of the file: those found at open, then those appended (a copy)."""
+        with self._lock:
+            return list(self._events)
+
+    def lines(self) -> list[bytes]:
+        """The raw bytes of each event line (no ``\\n``), parallel to :meth:`history`."""
+        with self._lock:
+            return list(self._lines)
+
+    # ----------------------------------------------------------------- closing
+
+    def close(self) -> None:
+        """Release the lock and close the file (idempotent)."""
+        with self._lock:
+            if self._fd is not None:
+                fd, self._fd = self._fd, None
+                os.close(fd)  # closing the descriptor releases the flock
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._fd is None else f"{len(self._events)} events"
+        return f"<TraceWriter {self._path} ({state})>"
+
+    # ----------------------------------------------------------------- internals
+
+    def _require_open(self) -> int:
+        if self._fd is None:
+            raise TraceError(f"trace writer for {self._path} is closed")
+        return self._fd
+
+    def _now(self) -> str:
+        # Wall-clock stamps, but never earlier than the previous one, so ts order follows
+        # file order even if the clock steps back.
+        self._last_ns = max(time.time_ns(), self._last_ns)
+        return format_ts(self._last_ns)
+
+    def _write(self, fd: int, ev: Event, raw: bytes) -> Event:
+        _check_same_file(fd, self._path)
+        data = raw + b"\n"
+        try:
+            _write_all(fd, data)
+            os.fsync(fd)
+        except OSError as exc:
+            # Never leave half a line behind: cut back to the last complete event.
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, self._size)
+            raise _os_error("cannot write trace", self._path, exc) from exc
+        self._size += len(data)
+        self._next_seq[ev.turn] = ev.seq + 1
+        self._events.append(ev)
+        self._lines.append(raw)
+        return ev
+
+
+def _check_fields(
+    *,
+    kind: object,
+    payload: object,
+    turn: object,
+    state_path: object,
+    parent_turn: object,
+    call_id: object,
+    episode_id: object,
+    match_idx: object,
+) -> dict[str, Any]:
+    """Validate every field of an event-to-be; returns Event kwargs (without seq/ts)."""
+    if not isinstance(kind, str) or not kind:
+        raise rules.reject("kind", "must be a non-empty string")
+    rules.check_string(kind, "kind")
+    if kind == HEADER_KIND:
+        raise rules.reject("kind", f'"{HEADER_KIND}" is reserved for line 1')
+    _check_count("turn", turn)
+    if payload is None:
+        payload = {}
+    if not isinstance(payload, dict):
+        raise rules.reject("payload", f"must be a JSON object (dict), got {type(payload).__name__}")
+    clean = rules.check_value(payload, "payload")
+    for name, value in (("state_path", state_path), ("call_id", call_id), ("episode_id", episode_id)):
+        if value is not None:
+            if not isinstance(value, str):
+                raise rules.reject(name, f"must be a string, got {type(value).__name__}")
+            rules.check_string(value, name)
+    for name, value in (("parent_turn", parent_turn), ("match_idx", match_idx)):
+        if value is not None:
+            _check_count(name, value)
+    return {
+        "turn": turn,
+        "kind": kind,
+        "payload": clean,
+        "state_path": state_path,
+        "parent_turn": parent_turn,
+        "call_id": call_id,
+        "episode_id": episode_id,
+        "match_idx": match_idx,
+    }
+
+
+def _check_count(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < _INT63:
+        raise rules.reject(name, f"must be a non-negative 64-bit integer, got {value!r}")
+
+
+def _check_header(line: bytes) -> None:
+    try:
+        trace = parse_trace(line + b"\n")
+    except TraceCorrupted as exc:
+        raise rules.reject("header", str(exc)) from None
+    if trace.header.get("schema_version") != SCHEMA_VERSION:
+        raise rules.reject("header", f"schema_version must be {SCHEMA_VERSION}")
+    for key, value in trace.header.items():
+        rules.check_string(key, rules.field_path("header", key) + " (key)")
+        rules.check_value(value, rules.field_path("header", key))
+
+
+def _check_same_file(fd: int, path: Path) -> None:
+    """Raise ``TraceReplaced`` unless ``path`` still names the open file."""
+    mine = os.fstat(fd)
+    try:
+        now = os.stat(path)
+    except OSError:
+        now = None
+    if now is None or (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino):
+        exc = TraceReplaced("trace file replaced under us")
+        exc.hint = f"{path} was replaced or deleted while open; nothing was written to it"
+        raise exc
+
+
+def _is_torn_header(data: bytes) -> bool:
+    """A file whose only content is the start of a header line (a crash while creating it)."""
+    if b"\n" in data:
+        return False
+    prefix = b'{"kind":"session.header"'
+    return data.startswith(prefix) or prefix.startswith(data)
+
+
+def _move_torn(path: Path, fd: int, torn: bytes, *, keep: int) -> None:
+    """Append ``torn`` (+ newline) to ``<path>.torn``, fsync it, then cut the trace to ``keep`` bytes."""
+    side = path.with_name(path.name + TORN_SUFFIX)
+    sfd = os.open(side, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+    try:
+        _write_all(sfd, torn + b"\n")
+        os.fsync(sfd)
+    finally:
+        os.close(sfd)
+    # Only after the bytes are safe in .torn is the trace cut.
+    os.ftruncate(fd, keep)
+    os.fsync(fd)
+    _log.warning("trace %s: torn last line (%d bytes) moved to %s", path, len(torn), side)
+
+
+def _read_all(fd: int) -> bytes:
+    chunks: list[bytes] = []
+    offset = 0
+    while True:
+        chunk = os.pread(fd, 1 << 20, offset)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        offset += len(chunk)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _fsync_dir(directory: Path) -> None:
+    dfd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def _os_error(what: str, path: Path, exc: OSError) -> TraceError:
+    err = TraceError(f"{what} {path}: {exc.strerror or exc}")
+    err.hint = "check the path and its permissions"
+    return err
+
