@@ -27,9 +27,13 @@ callers may catch either.
     ├── SidecarError
     │   ├── SidecarExited                     the process exited (argv, returncode, stderr_tail)
     │   └── SidecarStartTimeout (TimeoutError)
+    ├── PluginError                           an Agent Plugins directory cannot be used as declared
+    │   ├── PluginPathEscape (PermissionError)  command/cwd resolves outside its root at spawn
+    │   └── PluginSpawnError (OSError)        command or cwd missing, PLUGIN_DATA unwritable
     └── EmbedError
         ├── InputTooLong (ValueError)
         ├── DimensionMismatch (ValueError)
+        ├── EmbedServerError                  the embedding server failed or answered badly
         └── StoreCorrupt
 """
 
@@ -208,6 +212,42 @@ class SidecarStartTimeout(SidecarError, TimeoutError):
     """The sidecar did not become healthy before its deadline."""
 
 
+class PluginError(LocalLLMError):
+    """Base of Agent Plugins directory failures that surface as exceptions (at spawn)."""
+
+
+class PluginPathEscape(PluginError, PermissionError):
+    """A server's command or cwd resolves outside the plugin root (or data dir) right before spawn.
+
+    Agent Plugins §4.1: that one server is invalid; the plugin and its other servers are not.
+    """
+
+    hint = "keep the plugin's executables and working directories inside the plugin directory"
+
+    def __init__(self, *, plugin: str, server: str, field: str, path: str, resolved: str, root: str) -> None:
+        self.plugin = plugin
+        self.server = server
+        self.field = field
+        self.path = path
+        self.resolved = resolved
+        self.root = root
+        super().__init__(
+            f"plugin {plugin!r} server {server!r}: {field} {path} resolves to {resolved}, outside {root}"
+        )
+
+
+class PluginSpawnError(PluginError, OSError):
+    """A stdio server cannot be launched: command or cwd missing, or PLUGIN_DATA not writable."""
+
+    def __init__(self, message: str, *, plugin: str, server: str, field: str, hint: str = "") -> None:
+        self.plugin = plugin
+        self.server = server
+        self.field = field
+        if hint:
+            self.hint = hint
+        super().__init__(f"plugin {plugin!r} server {server!r}: {message}")
+
+
 class EmbedError(LocalLLMError):
     """Base of embedding and search failures."""
 
@@ -218,6 +258,10 @@ class InputTooLong(EmbedError, ValueError):
 
 class DimensionMismatch(EmbedError, ValueError):
     """Vectors of different dimensions were mixed."""
+
+
+class EmbedServerError(EmbedError):
+    """The embedding server was unreachable, returned an error, or an invalid answer."""
 
 
 class StoreCorrupt(EmbedError):

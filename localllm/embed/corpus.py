@@ -1,0 +1,287 @@
+"""Corpus search: globs → files → chunks → (stored) vectors → Index → ranked chunks.
+
+Paths. A relative glob is resolved against ``base_dir``: the current directory for
+``localllm search --corpus``, the config file's directory for globs written in a config.
+Absolute globs are used as they are. ``**`` is recursive; a directory stands for every
+file under it. Like the shell, ``*`` and ``**`` skip dot-files and dot-directories.
+
+Chunking. ``.md``/``.markdown`` files are split before every heading line (``#`` … ``######``,
+outside fenced code); other files, and sections longer than the window, into windows of
+``window`` bytes overlapping by ``overlap`` bytes (never splitting a UTF-8 character).
+Whitespace-only chunks are dropped. Files over ``max_file_bytes`` or with a NUL byte in
+their first 512 bytes are skipped and reported. Chunk ids are ``<relpath>#<n>``, ``n``
+counting from 0 within the file; ``relpath`` is relative to ``base_dir`` (absolute for a
+file outside it), with ``/`` separators.
+"""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from localllm.embed.store import Store, content_hash
+from localllm.errors import EmbedError
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+
+    from localllm.embed.embedder import Embedder
+
+DEFAULT_TOP_K = 5
+DEFAULT_MIN_SCORE = 0.0
+_BINARY_PROBE = 512
+_MARKDOWN = (".md", ".markdown")
+_HEADING = re.compile(rb"^ {0,3}#{1,6}(\s|$)")
+_FENCE = re.compile(rb"^ {0,3}(```|~~~)")
+
+
+@dataclass(frozen=True)
+class Chunking:
+    """How files become chunks (part of the store key)."""
+
+    window: int = 2000
+    overlap: int = 200
+    max_file_bytes: int = 1 << 20
+    markdown_headings: bool = True
+
+    def __post_init__(self) -> None:
+        if self.window <= 0 or not 0 <= self.overlap < self.window:
+            raise EmbedError(f"chunking needs 0 <= overlap < window, got window={self.window} "
+                             f"overlap={self.overlap}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A piece of one file: ``id`` is ``<relpath>#<n>``; ``start``/``end`` are byte offsets."""
+
+    path: str
+    n: int
+    text: str
+    start: int
+    end: int
+
+    @property
+    def id(self) -> str:
+        return f"{self.path}#{self.n}"
+
+    @property
+    def hash(self) -> str:
+        return content_hash(self.text)
+
+
+@dataclass(frozen=True)
+class Skipped:
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Corpus:
+    chunks: tuple[Chunk, ...]
+    files: tuple[str, ...]
+    skipped: tuple[Skipped, ...] = ()
+    #: patterns that matched no file
+    unmatched: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    id: str
+    path: str
+    chunk: int
+    score: float
+    text: str
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class SearchReport:
+    query: str
+    hits: tuple[SearchHit, ...]
+    files: int
+    chunks: int
+    #: chunk texts embedded by this search (0 when the store had them all)
+    embedded: int
+    skipped: tuple[Skipped, ...] = ()
+    unmatched: tuple[str, ...] = ()
+    store: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def expand_globs(patterns: Sequence[str], base_dir: Path) -> tuple[list[Path], list[str]]:
+    """Files matched by ``patterns`` (sorted, de-duplicated) and the patterns matching none."""
+    found: dict[Path, None] = {}
+    unmatched: list[str] = []
+    for pattern in patterns:
+        expanded = os.path.expanduser(pattern)
+        absolute = os.path.isabs(expanded)
+        full = expanded if absolute else os.path.join(str(base_dir), expanded)
+        if os.path.isdir(full):
+            full = os.path.join(full, "**", "*")
+        matches = sorted(glob.glob(full, recursive=True))
+        files = [Path(m) for m in matches if os.path.isfile(m)]
+        if not files:
+            unmatched.append(pattern)
+        for f in files:
+            found.setdefault(f.resolve(), None)
+    return sorted(found), unmatched
+
+
+def display_path(path: Path, base_dir: Path) -> str:
+    try:
+        return path.relative_to(base_dir.resolve()).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+def chunk_bytes(data: bytes, *, markdown: bool, chunking: Chunking) -> list[tuple[int, int]]:
+    """Byte ranges of the chunks of ``data`` (before dropping whitespace-only ones)."""
+    if not markdown:
+        return _windows(data, 0, len(data), chunking)
+    out: list[tuple[int, int]] = []
+    for start, end in _sections(data):
+        out.extend(_windows(data, start, end, chunking))
+    return out
+
+
+def _sections(data: bytes) -> list[tuple[int, int]]:
+    cuts = [0]
+    offset = 0
+    fenced = False
+    for line in data.splitlines(keepends=True):
+        if _FENCE.match(line):
+            fenced = not fenced
+        elif not fenced and offset and _HEADING.match(line):
+            cuts.append(offset)
+        offset += len(line)
+    cuts.append(len(data))
+    return [(a, b) for a, b in itertools.pairwise(cuts) if b > a]
+
+
+def _char_start(data: bytes, pos: int) -> int:
+    """``pos`` moved back to the first byte of the UTF-8 character it falls in."""
+    while 0 < pos < len(data) and data[pos] & 0xC0 == 0x80:
+        pos -= 1
+    return pos
+
+
+def _windows(data: bytes, start: int, end: int, c: Chunking) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    pos = start
+    while pos < end:
+        stop = end if end - pos <= c.window else max(_char_start(data, pos + c.window), pos + 1)
+        out.append((pos, stop))
+        if stop >= end:
+            break
+        nxt = _char_start(data, stop - c.overlap)
+        pos = nxt if nxt > pos else stop
+    return out
+
+
+def load_corpus(patterns: Sequence[str], base_dir: Path | None = None,
+                chunking: Chunking | None = None) -> Corpus:
+    """Read and chunk every file matched by ``patterns``."""
+    base = Path(base_dir) if base_dir is not None else Path.cwd()
+    c = chunking or Chunking()
+    paths, unmatched = expand_globs(patterns, base)
+    chunks: list[Chunk] = []
+    files: list[str] = []
+    skipped: list[Skipped] = []
+    for path in paths:
+        shown = display_path(path, base)
+        try:
+            size = path.stat().st_size
+            if size > c.max_file_bytes:
+                skipped.append(Skipped(shown, f"larger than {c.max_file_bytes} bytes"))
+                continue
+            data = path.read_bytes()
+        except OSError as exc:
+            skipped.append(Skipped(shown, f"unreadable: {exc.strerror or exc}"))
+            continue
+        if b"\0" in data[:_BINARY_PROBE]:
+            skipped.append(Skipped(shown, "binary (NUL byte in the first 512 bytes)"))
+            continue
+        markdown = c.markdown_headings and path.suffix.lower() in _MARKDOWN
+        files.append(shown)
+        n = 0
+        for start, end in chunk_bytes(data, markdown=markdown, chunking=c):
+            text = data[start:end].decode("utf-8", errors="replace")
+            if not text.strip():
+                continue
+            chunks.append(Chunk(shown, n, text, start, end))
+            n += 1
+    return Corpus(tuple(chunks), tuple(files), tuple(skipped), tuple(unmatched))
+
+
+def search(
+    query: str,
+    embedder: Embedder,
+    patterns: Sequence[str],
+    *,
+    base_dir: Path | None = None,
+    top_k: int = DEFAULT_TOP_K,
+    min_score: float = DEFAULT_MIN_SCORE,
+    chunking: Chunking | None = None,
+    store: Store | bool = True,
+    store_root: Path | None = None,
+) -> SearchReport:
+    """Rank the chunks of the files matched by ``patterns`` against ``query``.
+
+    ``store=True`` keeps vectors in the default :class:`Store` (only new or changed
+    chunks are embedded); ``False`` embeds everything in memory; or pass a Store.
+    """
+    import numpy as np
+
+    from localllm.embed.index import Index
+
+    c = chunking or Chunking()
+    corpus = load_corpus(patterns, base_dir, c)
+    # the query first: an unknown model's dims are then known before the store is keyed
+    qvec = embedder.embed([query], "query")
+    embedded = 0
+
+    def embed_documents(texts: Sequence[str]) -> NDArray[np.float32]:
+        nonlocal embedded
+        embedded += len(texts)
+        return embedder.embed(texts, "document")
+
+    texts = {ch.hash: ch.text for ch in corpus.chunks}
+    where: str | None = None
+    if isinstance(store, Store):
+        vectors = store.vectors(texts, embed_documents)
+        where = str(store.path)
+    elif store:
+        st = Store(embedder.identity, c.as_dict(), root=store_root)
+        vectors = st.vectors(texts, embed_documents)
+        where = str(st.path)
+    else:
+        keys = list(texts)
+        matrix = embed_documents([texts[k] for k in keys]) if keys else np.zeros((0, qvec.shape[1]))
+        vectors = dict(zip(keys, matrix, strict=True))
+    hits: tuple[SearchHit, ...] = ()
+    if corpus.chunks:
+        matrix = np.stack([vectors[ch.hash] for ch in corpus.chunks]).astype(np.float32, copy=False)
+        index = Index.from_matrix([ch.id for ch in corpus.chunks], matrix)
+        found = index.search(qvec[0], top_k=top_k, min_score=min_score)  # dims checked here
+        hits = tuple(
+            SearchHit(h.id, corpus.chunks[h.position].path, corpus.chunks[h.position].n, h.score,
+                      corpus.chunks[h.position].text, corpus.chunks[h.position].start,
+                      corpus.chunks[h.position].end)
+            for h in found
+        )
+    return SearchReport(query, hits, len(corpus.files), len(corpus.chunks), embedded,
+                        corpus.skipped, corpus.unmatched, where)

@@ -1,0 +1,414 @@
+"""LocalEmbedder: the Embedder over a llama-server ``/v1/embeddings`` endpoint.
+
+What it guarantees, whatever the server is:
+
+* the registry's role prefix is applied (and only that);
+* requests stay within server limits: at most ``batch_size`` inputs and about
+  ``batch_tokens`` tokens per request;
+* an input longer than ``max_input_tokens`` never reaches the server as text (llama-server
+  would answer HTTP 500): by default it is **truncated** to its first tokens, keeping the
+  model's special tokens (counted with ``/tokenize``, sent as token ids) and logged as a
+  warning; with ``on_too_long="error"`` it raises :class:`InputTooLong` instead;
+* rows come back in input order (by ``index``), the count and dims are checked;
+* vectors are unit length: Matryoshka output dims are truncated and re-normalised here,
+  otherwise the server's L2 normalisation is checked (never silently redone).
+
+``base_url`` may be a callable returning the URL: a managed sidecar is then started on the
+first embed call, and after a connection failure the callable is asked again (which may
+respawn the sidecar) and the request retried once.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import httpx
+
+from localllm.embed.embedder import EmbedderIdentity
+from localllm.embed.registry import ROLES, ModelInfo, Role, lookup
+from localllm.errors import DimensionMismatch, EmbedError, EmbedServerError, InputTooLong, truncate_detail
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+
+    from localllm.config import EmbedderDecl
+
+log = logging.getLogger(__name__)
+
+OnTooLong = Literal["truncate", "error"]
+
+#: a token covers at least one UTF-8 byte; this allows for the special tokens and a
+#: SentencePiece leading-space token, so shorter texts need no ``/tokenize`` round trip
+_SPECIAL_HEADROOM = 4
+_NORM_TOLERANCE = 1e-3
+_DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=120.0, write=30.0, pool=10.0)
+
+
+class LocalEmbedder:
+    """Embed through llama-server (``--embeddings``) at ``base_url``.
+
+    ``model`` names the registry entry (prefixes, dims, context); ``dims`` below the
+    native size selects a Matryoshka size. ``max_input_tokens`` defaults to the registry
+    value (512 for unknown models).
+    """
+
+    def __init__(
+        self,
+        base_url: str | Callable[[], str],
+        model: str,
+        *,
+        api_key: str | None = None,
+        dims: int | None = None,
+        model_info: ModelInfo | None = None,
+        on_too_long: OnTooLong = "truncate",
+        max_input_tokens: int | None = None,
+        batch_size: int = 64,
+        batch_tokens: int = 16384,
+        timeout: float | httpx.Timeout | None = None,
+        transport: httpx.BaseTransport | None = None,
+        on_close: Callable[[], object] | None = None,
+    ) -> None:
+        if on_too_long not in ("truncate", "error"):
+            raise ValueError(f"on_too_long must be 'truncate' or 'error', not {on_too_long!r}")
+        if batch_size < 1 or batch_tokens < 1:
+            raise ValueError("batch_size and batch_tokens must be positive")
+        self.model = model
+        self.info = model_info if model_info is not None else lookup(model)
+        self.out_dims = self.info.output_dims(dims)
+        self.on_too_long: OnTooLong = on_too_long
+        self.max_input_tokens = max_input_tokens or self.info.max_input_tokens
+        self.batch_size = batch_size
+        self.batch_tokens = batch_tokens
+        #: inputs truncated so far (each also logged as a warning)
+        self.truncated = 0
+        #: POSTs to /v1/embeddings so far
+        self.requests = 0
+        self._base_url = base_url
+        self._resolved: str | None = base_url if isinstance(base_url, str) else None
+        self._api_key = api_key
+        self._timeout = timeout if timeout is not None else _DEFAULT_TIMEOUT
+        self._transport = transport
+        self._client: httpx.Client | None = None
+        self._specials: tuple[list[int], list[int]] | None = None
+        self._native_dims: int | None = self.info.dims
+        self._on_close = on_close
+
+    def __repr__(self) -> str:  # no api key here, ever
+        return f"LocalEmbedder(model={self.model!r}, dims={self.out_dims!r}, url={self._resolved!r})"
+
+    def __enter__(self) -> LocalEmbedder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the HTTP client (and stop a managed sidecar this embedder owns)."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        if self._on_close is not None:
+            self._on_close()
+
+    @property
+    def identity(self) -> EmbedderIdentity:
+        return EmbedderIdentity(
+            model=self.info.id if self.info.known else self.model,
+            dims=self.out_dims if self.out_dims is not None else self._native_dims,
+            pooling=self.info.pooling,
+            query_prefix=self.info.query_prefix,
+            document_prefix=self.info.document_prefix,
+            normalized=True,
+        )
+
+    # ------------------------------------------------------------------ public
+
+    def embed(self, texts: Sequence[str], role: Role) -> NDArray[np.float32]:
+        """Embed ``texts`` as ``role``; float32 ``(len(texts), dims)``, unit rows, input order."""
+        import numpy as np
+
+        if isinstance(texts, str):
+            raise TypeError("embed() takes a sequence of texts, not one string")
+        if role not in ROLES:
+            raise ValueError(f"role must be 'query' or 'document', not {role!r}")
+        prefix = self.info.prefix(role)
+        inputs: list[str | list[int]] = []
+        costs: list[int] = []
+        for i, text in enumerate(texts):
+            item, cost = self._fit(i, prefix + text)
+            inputs.append(item)
+            costs.append(cost)
+        parts = [self._post(inputs[a:b]) for a, b in self._batches(costs)]
+        if not parts:
+            width = self.out_dims or self._native_dims or 0
+            return np.zeros((0, width), dtype=np.float32)
+        return self._finish(np.concatenate(parts, axis=0))
+
+    def tokenize(self, text: str, *, add_special: bool = False) -> list[int]:
+        """Token ids of ``text`` as the server's tokenizer sees it (``POST /tokenize``)."""
+        body = {"content": text, "add_special": add_special, "parse_special": True}
+        data = self._request("/tokenize", body)
+        tokens = data.get("tokens") if isinstance(data, dict) else None
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            raise EmbedServerError(f"/tokenize answered without a token list: {truncate_detail(str(data))}")
+        return tokens
+
+    # ------------------------------------------------------------------ limits
+
+    def _special_tokens(self) -> tuple[list[int], list[int]]:
+        """The tokens the server adds around every input (e.g. [CLS] … [SEP]), found once."""
+        if self._specials is None:
+            probe = "a"
+            plain = self.tokenize(probe)
+            full = self.tokenize(probe, add_special=True)
+            for start in range(len(full) - len(plain) + 1):
+                if full[start : start + len(plain)] == plain:
+                    self._specials = (full[:start], full[start + len(plain) :])
+                    break
+            else:
+                self._specials = ([], [])
+        return self._specials
+
+    def _fit(self, index: int, text: str) -> tuple[str | list[int], int]:
+        """The input to send for ``text`` and its token cost (exact or an upper bound)."""
+        limit = self.max_input_tokens
+        bound = len(text.encode("utf-8")) + _SPECIAL_HEADROOM
+        if bound <= limit:
+            return text, bound
+        head, tail = self._special_tokens()
+        ids = self.tokenize(text)
+        total = len(head) + len(ids) + len(tail)
+        if total <= limit:
+            return text, total
+        if self.on_too_long == "error":
+            raise InputTooLong(
+                f"input {index} has {total} tokens; the model {self.model!r} takes at most {limit} "
+                f"(shorten it, or use on_too_long='truncate')"
+            )
+        keep = max(limit - len(head) - len(tail), 0)
+        self.truncated += 1
+        log.warning("embedding input %d truncated from %d to %d tokens (model %s)", index, total, limit,
+                    self.model)
+        return head + ids[:keep] + tail, limit
+
+    def _batches(self, costs: Sequence[int]) -> list[tuple[int, int]]:
+        out: list[tuple[int, int]] = []
+        start, used = 0, 0
+        for i, cost in enumerate(costs):
+            if i > start and (i - start >= self.batch_size or used + cost > self.batch_tokens):
+                out.append((start, i))
+                start, used = i, 0
+            used += cost
+        if start < len(costs):
+            out.append((start, len(costs)))
+        return out
+
+    # ------------------------------------------------------------------ wire
+
+    def _post(self, batch: Sequence[str | list[int]]) -> NDArray[np.float32]:
+        import numpy as np
+
+        body = {"input": list(batch), "model": self.model, "encoding_format": "base64"}
+        self.requests += 1
+        data = self._request("/v1/embeddings", body)
+        items = data.get("data") if isinstance(data, dict) else None
+        if not isinstance(items, list) or len(items) != len(batch):
+            got = len(items) if isinstance(items, list) else "no"
+            raise EmbedServerError(f"the embedding server returned {got} vectors for {len(batch)} inputs")
+        rows: list[Any] = [None] * len(batch)
+        for item in items:
+            idx = item.get("index") if isinstance(item, dict) else None
+            if not isinstance(idx, int) or not 0 <= idx < len(batch) or rows[idx] is not None:
+                raise EmbedServerError(f"the embedding server returned a bad or repeated index {idx!r}")
+            rows[idx] = self._decode(item.get("embedding"))
+        width = {len(r) for r in rows}
+        if len(width) != 1:
+            raise DimensionMismatch(f"the embedding server returned vectors of mixed sizes {sorted(width)}")
+        (dims,) = width
+        if self._native_dims is None:
+            self._native_dims = dims
+        elif dims != self._native_dims:
+            raise DimensionMismatch(
+                f"model {self.model!r} should give {self._native_dims}-dimension vectors, the server "
+                f"returned {dims}: is the server running a different GGUF?"
+            )
+        return np.stack(rows).astype(np.float32, copy=False)
+
+    @staticmethod
+    def _decode(value: Any) -> NDArray[np.float32]:
+        import numpy as np
+
+        if isinstance(value, str):
+            raw = base64.b64decode(value)
+            if len(raw) % 4:
+                raise EmbedServerError("the embedding server returned a base64 vector of odd length")
+            return np.frombuffer(raw, dtype="<f4").astype(np.float32)
+        if isinstance(value, list) and value and isinstance(value[0], list):
+            value = value[0]  # pooling none answers per-token rows; the first row is all we use
+        if isinstance(value, list):
+            return np.asarray(value, dtype=np.float32)
+        raise EmbedServerError("the embedding server returned an item without an embedding")
+
+    def _finish(self, matrix: NDArray[np.float32]) -> NDArray[np.float32]:
+        import numpy as np
+
+        native = matrix.shape[1]
+        want = self.out_dims
+        if want is not None and want > native:
+            raise DimensionMismatch(f"dims {want} requested but model {self.model!r} gives {native}")
+        if want is not None and want < native:
+            if self.info.matryoshka_layer_norm:
+                centred = matrix - matrix.mean(axis=1, keepdims=True)
+                matrix = centred / np.sqrt((centred**2).mean(axis=1, keepdims=True) + 1e-5)
+            matrix = np.ascontiguousarray(matrix[:, :want])
+            norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+            return (matrix / np.where(norms == 0, 1, norms)).astype(np.float32, copy=False)
+        norms = np.linalg.norm(matrix, axis=1)
+        bad = np.flatnonzero(np.abs(norms - 1.0) > _NORM_TOLERANCE)
+        if bad.size:
+            raise EmbedServerError(
+                f"the embedding server returned a vector with L2 norm {float(norms[bad[0]]):.6f}, not 1: "
+                "start llama-server with a pooling type and without --embd-normalize (its default, 2, "
+                "is Euclidean normalisation)"
+            )
+        return matrix
+
+    def _url(self, *, refresh: bool = False) -> str:
+        if callable(self._base_url) and (refresh or self._resolved is None):
+            self._resolved = self._base_url()
+        assert self._resolved is not None
+        return server_root(self._resolved)
+
+    def _http(self) -> httpx.Client:
+        if self._client is None:
+            headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+            self._client = httpx.Client(timeout=self._timeout, headers=headers, transport=self._transport,
+                                        trust_env=False)
+        return self._client
+
+    def _request(self, path: str, body: dict[str, Any]) -> Any:
+        """POST ``body`` to ``path``: the one place httpx errors become EmbedErrors."""
+        retried = False
+        while True:
+            url = self._url(refresh=retried) + path
+            try:
+                response = self._http().post(url, json=body)
+            except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
+                if callable(self._base_url) and not retried:
+                    retried = True  # the sidecar may have died: ask for it again, retry once
+                    continue
+                raise EmbedServerError(f"cannot reach the embedding server at {url}: {exc}") from exc
+            except httpx.TimeoutException as exc:
+                raise EmbedServerError(f"the embedding server at {url} timed out: {exc}") from exc
+            except httpx.HTTPError as exc:
+                raise EmbedServerError(f"request to the embedding server at {url} failed: {exc}") from exc
+            break
+        if response.status_code >= 400:
+            detail = truncate_detail(response.text)
+            if response.status_code == 501:
+                detail += " (start llama-server with --embeddings)"
+            raise EmbedServerError(f"embedding server {url} answered HTTP {response.status_code}: {detail}")
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise EmbedServerError(f"embedding server {url} answered non-JSON: "
+                                   f"{truncate_detail(response.text)}") from exc
+
+
+def server_root(url: str) -> str:
+    """``http://host:port`` from a base URL that may end in ``/`` or ``/v1``."""
+    root = url.rstrip("/")
+    return root[: -len("/v1")] if root.endswith("/v1") else root
+
+
+def embedding_server_args(model_info: ModelInfo, parallel: int = 1, *, with_ctx: bool = False) -> list[str]:
+    """llama-server arguments for an embedding sidecar of ``model_info``.
+
+    The micro-batch (and batch: ``--embeddings`` forces ``-b`` = ``-ub``) is the model's
+    context so that one input always fits. ``parallel`` must divide the micro-batch: BERT
+    models abort at load otherwise. With a :class:`~localllm.managed.sidecar.Sidecar` pass
+    ``ctx_per_slot=model_info.context`` and ``parallel`` to it (it owns ``-c`` and
+    ``--parallel``); ``with_ctx=True`` adds ``-c context×parallel`` for a bare command line.
+    """
+    if parallel < 1:
+        raise EmbedError(f"parallel must be at least 1, got {parallel}")
+    ubatch = model_info.context
+    if ubatch % parallel:
+        divisors = [d for d in range(1, min(ubatch, 16) + 1) if ubatch % d == 0]
+        raise EmbedError(
+            f"parallel {parallel} does not divide the micro-batch {ubatch} of {model_info.id!r} "
+            f"(llama-server aborts BERT models at load); use one of {divisors}"
+        )
+    args = ["--embeddings", "--pooling", model_info.pooling, "-ub", str(ubatch), "-b", str(ubatch)]
+    if with_ctx:
+        args += ["-c", str(ubatch * parallel)]
+    return args
+
+
+def embedder_from_decl(decl: EmbedderDecl, *, base_dir: Path | None = None, **options: Any) -> LocalEmbedder:
+    """A LocalEmbedder for an ``embedders:`` declaration.
+
+    Endpoint mode attaches to ``endpoint``. Managed mode resolves ``model`` (a registry id
+    fetched through the pins, or a path to a GGUF, relative to ``base_dir``) and starts an
+    embedding sidecar lazily on the first embed call; ``close()`` stops it. ``options`` go
+    to :class:`LocalEmbedder` (e.g. ``on_too_long``).
+    """
+    from localllm import settings
+
+    where = f"embedders.{decl.name}"
+    api_key: str | None = None
+    if decl.api_key_env:
+        api_key = settings.env_value(decl.api_key_env)
+        if not api_key:
+            raise EmbedError(f"{where}.api_key_env: environment variable {decl.api_key_env} is not set; "
+                             "export it or remove api_key_env")
+    if decl.endpoint:
+        model = decl.model or decl.name
+        return LocalEmbedder(decl.endpoint, model, api_key=api_key, dims=decl.dims, **options)
+    if not decl.model:
+        raise EmbedError(f"{where}: needs model: or endpoint:")
+    import importlib
+
+    managed: Any = importlib.import_module("localllm.managed")
+    sidecar_mod: Any = importlib.import_module("localllm.managed.sidecar")
+    model_name: str = decl.model
+    is_file = model_name.endswith(".gguf")
+    given = Path(model_name).expanduser()
+    if is_file and not given.is_absolute() and base_dir is not None:
+        given = base_dir / given
+    info = lookup(given.name if is_file else model_name)
+    args = [*embedding_server_args(info, decl.parallel), *decl.extra_args]
+    state: dict[str, Any] = {}
+
+    def start() -> str:
+        # fetch and spawn only on the first embed call (and respawn after a crash)
+        sidecar = state.get("sidecar")
+        if sidecar is None:
+            if decl.server_bin:
+                binary = Path(decl.server_bin).expanduser()
+                env = managed.server_env(binary.parent)
+            elif settings.server_bin():
+                binary = Path(str(settings.server_bin()))
+                env = managed.server_env(binary.parent)
+            else:
+                install = managed.ensure_server()
+                binary, env = install.binary, managed.server_env(install.release_dir)
+            gguf = given if is_file else managed.ensure_model(model_name)
+            sidecar = sidecar_mod.Sidecar(
+                binary, gguf, args=args, parallel=decl.parallel, ctx_per_slot=info.context, port=decl.port,
+                env=env, health_timeout=decl.health_timeout, name=f"embed:{decl.name}",
+            )
+            state["sidecar"] = sidecar
+        return str(sidecar.ensure_ready())
+
+    def stop() -> None:
+        sidecar = state.pop("sidecar", None)
+        if sidecar is not None:
+            sidecar.stop()
+
+    return LocalEmbedder(start, decl.model, model_info=info, dims=decl.dims, on_close=stop, **options)
