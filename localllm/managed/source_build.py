@@ -1,0 +1,304 @@
+"""Build llama-server from the llama.cpp tree vendored in the pinned llama-cpp-python sdist.
+
+Opt-in (``localllm fetch server --from-source``): for platforms without a prebuilt pin and
+for offline CI. Every step is idempotent so a re-run is an incremental no-op:
+
+1. the sdist: the cached file verified by sha256, else a mirror, else
+   ``python -m pip download --no-deps --no-binary :all: <package>==<version>`` into a
+   temporary directory, verified against the same pin before it enters the cache;
+2. extracted (safely) once to ``build/<package>-<version>/<sdist-name>/``;
+3. ``cmake -S …/vendor/llama.cpp -B …/cmake-build`` with :data:`CMAKE_FLAGS` (skipped when
+   the existing CMakeCache.txt already has them), then ``cmake --build … --target
+   llama-server``; both append to ``build.log`` with an ``EXIT <code>`` line;
+4. ``bin/llama-server`` and the shared libraries beside it (SONAME links kept) are copied
+   into a staging directory, ``--version`` must run from there, then it is renamed to
+   ``bin/llama-source-<version>-<platform>/``: the same layout as a prebuilt release.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+
+from localllm.errors import BuildError, ChecksumMismatch, DownloadFailed
+from localllm.managed import platforms, verify
+from localllm.managed.cache import SERVER_BINARY, CacheLayout, installed, write_marker
+from localllm.managed.pins import Pins, SourcePin
+
+CMAKE_FLAGS: tuple[str, ...] = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DBUILD_SHARED_LIBS=ON",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_SERVER=ON",
+    "-DCMAKE_INSTALL_RPATH=$ORIGIN",
+    "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
+)
+BUILD_TIMEOUT = 4 * 3600.0
+PIP_TIMEOUT = 1800.0
+INSTALL_HINT = (
+    "install the build tools: Debian/Ubuntu `sudo apt-get install cmake build-essential`; "
+    "RHEL/Rocky/Fedora `sudo dnf install cmake gcc gcc-c++ make`; macOS `xcode-select "
+    "--install && brew install cmake`"
+)
+_LIB = re.compile(r"^lib.+\.(so(\.\d+)*|dylib)$")
+
+Log = Callable[[str], None]
+
+
+def build_tools() -> dict[str, str | None]:
+    """The tools a source build needs, each mapped to its path or ``None``."""
+    def first(*names: str) -> str | None:
+        return next((p for p in map(shutil.which, names) if p), None)
+
+    return {
+        "cmake": first("cmake"),
+        "make": first("make", "gmake", "ninja"),
+        "C compiler": first("cc", "gcc", "clang"),
+        "C++ compiler": first("c++", "g++", "clang++"),
+    }
+
+
+def check_tools() -> str:
+    """The cmake path, or :class:`BuildError` naming every missing tool and the packages."""
+    tools = build_tools()
+    missing = [name for name, path in tools.items() if path is None]
+    if missing:
+        exc = BuildError(f"cannot build llama-server from source: missing {', '.join(missing)}")
+        exc.hint = INSTALL_HINT
+        raise exc
+    cmake = tools["cmake"]
+    assert cmake is not None
+    return cmake
+
+
+def source_paths(layout: CacheLayout, source: SourcePin) -> dict[str, Path]:
+    """sdist, extracted tree, llama.cpp dir, cmake build dir and log of the pinned source."""
+    root = layout.source_tree(source)
+    name = source.artifact.file
+    for suffix in (".tar.gz", ".tgz", ".zip"):
+        name = name.removesuffix(suffix)
+    src = root / name
+    return {
+        "sdist": layout.sdist_path(source),
+        "root": root,
+        "src": src,
+        "llama_cpp": src / source.llama_cpp_subdir,
+        "build": root / "cmake-build",
+        "log": root / "build.log",
+    }
+
+
+def build_from_source(
+    *,
+    pins: Pins,
+    layout: CacheLayout,
+    mirrors: Sequence[str],
+    offline: bool,
+    log: Log,
+    jobs: int | None = None,
+) -> Path:
+    """Build (incrementally) and install llama-server from source; the release dir."""
+    from localllm.managed.fetch import artifact_lock
+
+    plat = platforms.current()
+    source = pins.source
+    dest = layout.source_release_dir(source.version, plat.slug)
+    if installed(dest):
+        return dest
+    with artifact_lock(layout.lock_path(f"source-build-{source.version}"),
+                       f"the {source.package} {source.version} source build", log):
+        if installed(dest):
+            return dest
+        cmake = check_tools()
+        paths = source_paths(layout, source)
+        sdist = acquire_sdist(source, layout=layout, mirrors=mirrors, offline=offline, log=log)
+        _ensure_extracted(sdist, paths["src"], paths["llama_cpp"], log)
+        paths["root"].mkdir(parents=True, exist_ok=True)
+        if not _configured(paths["build"], paths["llama_cpp"]):
+            log(f"configuring llama.cpp (log: {paths['log']})")
+            _run_logged([cmake, "-S", str(paths["llama_cpp"]), "-B", str(paths["build"]), *CMAKE_FLAGS],
+                         paths["log"], cwd=paths["root"])
+        log(f"building llama-server from source; first build takes ~15 min on 2 cores "
+            f"(log: {paths['log']})")
+        n = jobs or os.cpu_count() or 2
+        _run_logged([cmake, "--build", str(paths["build"]), "--target", SERVER_BINARY, "-j", str(n)],
+                    paths["log"], cwd=paths["root"])
+        _install(paths["build"] / "bin", dest, source=source, plat=plat, layout=layout)
+    log(f"installed llama-server built from {source.package} {source.version} in {dest}")
+    return dest
+
+
+def acquire_sdist(
+    source: SourcePin, *, layout: CacheLayout, mirrors: Sequence[str], offline: bool, log: Log
+) -> Path:
+    """The verified sdist in the cache: cached → mirror → ``pip download``."""
+    from localllm.managed.fetch import artifact_lock, fetch_artifact
+
+    art = source.artifact
+    sha = art.require_sha256()
+    dest = layout.sdist_path(source)
+    lock = layout.lock_path(f"sdist-{sha[:16]}")
+    prewarm = "localllm fetch server --from-source"
+    try:
+        return fetch_artifact(art, dest, lock_path=lock, mirrors=mirrors, offline=offline,
+                              prewarm=prewarm, log=log)
+    except (DownloadFailed, ChecksumMismatch) as exc:
+        if offline:
+            raise
+        log(f"{art.file} not on a mirror ({exc}); using pip download")
+    with artifact_lock(lock, art.name, log):
+        if verify.is_verified(dest, sha):
+            return dest
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".pip-download-", dir=dest.parent))
+        try:
+            argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                    "--dest", str(tmp), f"{source.package}=={source.version}"]
+            log(f"downloading {art.name} with pip")
+            try:
+                proc = subprocess.run(argv, capture_output=True, text=True, timeout=PIP_TIMEOUT,
+                                      check=False, stdin=subprocess.DEVNULL)
+            except (OSError, subprocess.SubprocessError) as exc:
+                raise DownloadFailed(f"`{' '.join(argv)}` failed to run: {exc}") from exc
+            got = tmp / art.file
+            if proc.returncode != 0 or not got.is_file():
+                tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-10:])
+                exc2 = DownloadFailed(f"pip download of {source.package}=={source.version} failed "
+                                      f"(exit {proc.returncode}):\n{tail}")
+                exc2.hint = f"put {art.file} in a directory and pass --mirror DIR"
+                raise exc2
+            actual = verify.sha256_file(got)
+            if actual != sha:
+                raise ChecksumMismatch(expected=sha, actual=actual, path=str(dest), url="pip download")
+            os.replace(got, dest)
+            verify.fsync_dir(dest.parent)
+            verify.write_stamp(dest, sha)
+            return dest
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _ensure_extracted(sdist: Path, src: Path, llama_cpp: Path, log: Log) -> None:
+    from localllm.managed.extract import extract_archive, install_dir, staging_dir
+
+    if (llama_cpp / "CMakeLists.txt").is_file():
+        return
+    log(f"extracting {sdist.name}")
+    with staging_dir(src.parent, src.name) as staging:
+        extract_archive(sdist, staging, flatten=True)
+        install_dir(staging, src)
+    if not (llama_cpp / "CMakeLists.txt").is_file():
+        raise BuildError(f"{sdist.name} has no llama.cpp tree at {llama_cpp}")
+
+
+def _cmake_cache(build: Path) -> dict[str, str]:
+    values: dict[str, str] = {}
+    try:
+        text = (build / "CMakeCache.txt").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return values
+    for line in text.splitlines():
+        if line.startswith(("#", "//")) or "=" not in line:
+            continue
+        key, _, value = line.partition("=")
+        values[key.split(":", 1)[0]] = value
+    return values
+
+
+def _configured(build: Path, llama_cpp: Path) -> bool:
+    """Whether ``build`` was configured from ``llama_cpp`` with exactly :data:`CMAKE_FLAGS`."""
+    cache = _cmake_cache(build)
+    if not cache or Path(cache.get("CMAKE_HOME_DIRECTORY", "")) != llama_cpp:
+        return False
+    for flag in CMAKE_FLAGS:
+        key, _, value = flag[2:].partition("=")
+        if cache.get(key) != value:
+            return False
+    return True
+
+
+def _run_logged(argv: list[str], log_path: Path, *, cwd: Path, timeout: float = BUILD_TIMEOUT) -> None:
+    """Run ``argv`` appending its output to ``log_path``; BuildError with the tail on failure.
+
+    The child gets its own process group so a timeout or Ctrl-C stops the whole build.
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    with log_path.open("a", encoding="utf-8") as fh:
+        fh.write(f"\n== localllm {stamp}: {' '.join(argv)}\n")
+        fh.flush()
+        try:
+            proc = subprocess.Popen(argv, cwd=cwd, stdout=fh, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        except OSError as exc:
+            raise BuildError(f"cannot run {argv[0]}: {exc}") from exc
+        deadline = time.monotonic() + timeout
+        try:
+            rc = proc.wait(timeout=max(deadline - time.monotonic(), 0))
+        except (subprocess.TimeoutExpired, KeyboardInterrupt) as exc:
+            _kill_group(proc)
+            fh.write("EXIT killed\n")
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            raise BuildError(f"`{' '.join(argv)}` timed out after {timeout:.0f}s; log: {log_path}") from exc
+        fh.write(f"EXIT {rc}\n")
+    if rc != 0:
+        lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+        tail = "\n".join(lines[-25:])
+        exc2 = BuildError(f"`{' '.join(argv)}` failed with exit code {rc}; log: {log_path}\n{tail}")
+        exc2.hint = f"read {log_path}; missing tools? {INSTALL_HINT}"
+        raise exc2
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    except ProcessLookupError:
+        pass
+
+
+def _install(bin_dir: Path, dest: Path, *, source: SourcePin, plat: platforms.Platform,
+             layout: CacheLayout) -> None:
+    """Copy the binary and its shared libraries into a staging dir, smoke-test, rename."""
+    from localllm.managed.acquire import smoke_version
+    from localllm.managed.extract import install_dir, staging_dir
+
+    binary = bin_dir / SERVER_BINARY
+    if not binary.is_file():
+        raise BuildError(f"the build finished but {binary} does not exist")
+    with staging_dir(layout.bin_dir, dest.name) as staging:
+        for path in sorted(bin_dir.iterdir()):
+            if path.name != SERVER_BINARY and not _LIB.match(path.name):
+                continue
+            target = staging / path.name
+            if path.is_symlink():
+                link = os.readlink(path)
+                if "/" in link:  # SONAME links are siblings; anything else is not ours to copy
+                    continue
+                os.symlink(link, target)
+            elif path.is_file():
+                shutil.copy2(path, target)
+        version = smoke_version(staging, error=BuildError)
+        write_marker(staging, {
+            "kind": "source", "release": f"source-{source.version}", "platform": plat.key,
+            "archive": source.artifact.file, "sha256": source.artifact.sha256,
+            "url": f"pip download {source.package}=={source.version}",
+            "libstdcxx_shim": False, "version": version.splitlines()[0] if version else "",
+            "installed": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        })
+        install_dir(staging, dest)

@@ -1,0 +1,83 @@
+"""sha256 of files, and the size+mtime stamp that makes re-verifying a cached file cheap.
+
+A verified file ``X`` gets a sibling ``X.verified`` holding its sha256, size and
+``mtime_ns``. If the stat still matches the stamp the file is trusted without re-hashing;
+anything else (no stamp, touched file, other pin) means a full hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+CHUNK = 1 << 20
+STAMP_SUFFIX = ".verified"
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while block := fh.read(CHUNK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def stamp_path(path: Path) -> Path:
+    return path.with_name(path.name + STAMP_SUFFIX)
+
+
+def write_stamp(path: Path, sha256: str) -> None:
+    """Record that ``path`` (as it is now) hashes to ``sha256``."""
+    st = path.stat()
+    data = {"sha256": sha256, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    tmp = stamp_path(path).with_name(f".{path.name}{STAMP_SUFFIX}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data) + "\n", encoding="utf-8")
+    os.replace(tmp, stamp_path(path))
+
+
+def stamp_matches(path: Path, sha256: str) -> bool:
+    """True when the stamp says ``path`` is unchanged since it hashed to ``sha256``."""
+    try:
+        data = json.loads(stamp_path(path).read_text(encoding="utf-8"))
+        st = path.stat()
+    except (OSError, ValueError):
+        return False
+    return (
+        isinstance(data, dict)
+        and data.get("sha256") == sha256
+        and data.get("size") == st.st_size
+        and data.get("mtime_ns") == st.st_mtime_ns
+    )
+
+
+def is_verified(path: Path, sha256: str, *, full: bool = False) -> bool:
+    """Whether ``path`` exists and hashes to ``sha256`` (stamp first unless ``full``).
+
+    A successful full hash refreshes the stamp; a failed one removes it.
+    """
+    if not path.is_file():
+        return False
+    if not full and stamp_matches(path, sha256):
+        return True
+    if sha256_file(path) == sha256:
+        write_stamp(path, sha256)
+        return True
+    stamp_path(path).unlink(missing_ok=True)
+    return False
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename in ``path`` durable (no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
