@@ -1,0 +1,360 @@
+"""A child process that speaks newline-delimited JSON over its stdin and stdout.
+
+Shared by the ``subprocess`` (JSON-RPC ``agent.ask``) and ``mcp_stdio`` transports; the
+protocol on top of the lines is theirs, the process lifecycle and framing are here.
+
+Framing: a stdout line whose first non-blank byte is ``{`` is a frame and must parse as a
+JSON object, otherwise the stream is desynchronised (``plugin_crash``). Any other non-empty
+line is *noise* (a stray ``print``): it is logged, kept for error details, and skipped.
+
+Every wait is bounded by a ``time.monotonic()`` deadline (``select`` on non-blocking pipes,
+no reader thread on stdout); stderr is drained by one thread so a chatty child never blocks
+on a full pipe, and its tail goes into ``plugin_crash`` details. The child runs in its own
+process group so that kill and stop reach any grandchildren holding the pipes open.
+
+Thread model: one owner thread at a time reads, writes and cleans up (the transports hold a
+call lock); :meth:`LineChild.signal_kill` is the only method safe to call from another
+thread, and it never touches file descriptors (closing an fd another thread is blocked on
+could hand its number to an unrelated file).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import enum
+import json
+import logging
+import os
+import select
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from localllm.errors import AgentError, ErrorKind
+
+logger = logging.getLogger(__name__)
+
+#: bytes of stderr kept for error details
+_STDERR_KEEP = 16 * 1024
+#: noise lines kept for error details
+_NOISE_KEEP = 8
+#: a frame larger than this without a newline is treated as a broken stream
+_MAX_FRAME = 64 * 1024 * 1024
+#: bytes of stderr/noise quoted in an error detail (the *end* is kept: the last lines matter)
+_TAIL_LIMIT = 256
+_READ_CHUNK = 65536
+
+
+class ChildState(enum.Enum):
+    """Lifecycle of one spawned process."""
+
+    CREATED = "created"
+    RUNNING = "running"
+    STOPPED = "stopped"
+
+
+class DeadlineReached(Exception):
+    """Internal: a wait on the child ran out of time (the owner decides what to do)."""
+
+
+def tail_text(text: str, limit: int = _TAIL_LIMIT) -> str:
+    """The last ``limit`` UTF-8 bytes of ``text``, prefixed with ``...`` when cut."""
+    raw = text.encode("utf-8")
+    if len(raw) <= limit:
+        return text
+    return "..." + raw[-limit:].decode("utf-8", errors="ignore")
+
+
+class Redactor:
+    """Replaces secret values (resolved ``env``/``headers``) with ``***`` in any text."""
+
+    def __init__(self, secrets: Sequence[str]) -> None:
+        # Longest first so a secret containing another is replaced whole; very short
+        # values are skipped because replacing them would shred unrelated text.
+        self._secrets = sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True)
+
+    def __call__(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+
+class LineChild:
+    """One spawned process with JSON lines on stdin/stdout; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        label: str,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cwd: Path | None,
+        redact: Redactor,
+    ) -> None:
+        self.label = label
+        self._argv = list(argv)
+        self._env = dict(env)
+        self._cwd = cwd
+        self._redact = redact
+        self.state = ChildState.CREATED
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._buf = bytearray()
+        self._stderr: collections.deque[bytes] = collections.deque()
+        self._stderr_size = 0
+        self._stderr_lock = threading.Lock()
+        self._stderr_thread: threading.Thread | None = None
+        self.noise: collections.deque[str] = collections.deque(maxlen=_NOISE_KEEP)
+
+    def __repr__(self) -> str:
+        # argv may carry secrets interpolated into args; show the program only.
+        program = self._argv[0] if self._argv else "?"
+        return f"<LineChild {self.label} {program!r} {self.state.value}>"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Spawn the process; a missing or unexecutable command is a ``plugin_crash``."""
+        env = dict(os.environ)
+        env.update(self._env)
+        try:
+            proc = subprocess.Popen(
+                self._argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                cwd=self._cwd,
+                bufsize=0,
+                close_fds=True,
+                # Own process group: kill/stop reach grandchildren that inherited the pipes.
+                start_new_session=True,
+            )
+        except OSError as exc:
+            where = f" in {self._cwd}" if self._cwd else ""
+            raise AgentError(
+                ErrorKind.PLUGIN_CRASH,
+                f"{self.label}: cannot start {self._argv[0]!r}{where}: {exc.strerror or exc} "
+                f"(check agent_plugins.{self.label}.command and cwd)",
+            ) from exc
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        os.set_blocking(proc.stdin.fileno(), False)
+        os.set_blocking(proc.stdout.fileno(), False)
+        self._proc = proc
+        self._buf.clear()
+        self.noise.clear()
+        with self._stderr_lock:
+            self._stderr.clear()
+            self._stderr_size = 0
+        self._stderr_thread = threading.Thread(
+            target=self._drain_stderr, args=(proc.stderr.fileno(),), name=f"{self.label}-stderr", daemon=True
+        )
+        self._stderr_thread.start()
+        self.state = ChildState.RUNNING
+        logger.debug("%s: started pid %d", self.label, proc.pid)
+
+    def signal_kill(self) -> None:
+        """SIGKILL the process group; safe from any thread (touches no file descriptor)."""
+        proc = self._proc
+        if proc is None or proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    def kill(self) -> None:
+        """Kill now and release everything (owner thread)."""
+        self.signal_kill()
+        self._reap(grace=5.0)
+
+    def stop(self, *, stdin_grace: float = 0.5, term_grace: float = 2.0) -> None:
+        """Close stdin, wait; SIGTERM the group, wait; SIGKILL; reap; release fds."""
+        proc = self._proc
+        if proc is None:
+            self.state = ChildState.STOPPED
+            return
+        if proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+        if not self._wait(proc, stdin_grace):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            if not self._wait(proc, term_grace):
+                self.signal_kill()
+        self._reap(grace=5.0)
+
+    @staticmethod
+    def _wait(proc: subprocess.Popen[bytes], timeout: float) -> bool:
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def _reap(self, *, grace: float) -> None:
+        proc = self._proc
+        if proc is None:
+            return
+        if not self._wait(proc, grace):
+            self.signal_kill()
+            proc.wait()
+        # The group may outlive its leader (a grandchild); make sure nothing keeps the pipes.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        thread = self._stderr_thread
+        if thread is not None:
+            thread.join(timeout=grace)
+        for stream in (proc.stdin, proc.stdout):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
+        if proc.stderr is not None:
+            if thread is not None and thread.is_alive():
+                # Something outside our process group still holds stderr open; closing the
+                # fd under the blocked reader is unsafe, so leave it to the daemon thread.
+                logger.warning("%s: stderr still open after the process exited", self.label)
+            else:
+                with contextlib.suppress(OSError):
+                    proc.stderr.close()
+        self._stderr_thread = None
+        self.state = ChildState.STOPPED
+
+    @property
+    def alive(self) -> bool:
+        return self.state is ChildState.RUNNING and self._proc is not None and self._proc.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.returncode if self._proc is not None else None
+
+    # -- stderr ----------------------------------------------------------------------
+
+    def _drain_stderr(self, fd: int) -> None:
+        while True:
+            try:
+                chunk = os.read(fd, _READ_CHUNK)
+            except OSError:
+                return
+            if not chunk:
+                return
+            with self._stderr_lock:
+                self._stderr.append(chunk)
+                self._stderr_size += len(chunk)
+                while self._stderr_size > _STDERR_KEEP and len(self._stderr) > 1:
+                    self._stderr_size -= len(self._stderr.popleft())
+            if logger.isEnabledFor(logging.DEBUG):
+                logger.debug("%s stderr: %s", self.label, self._redact(chunk.decode("utf-8", "replace")).rstrip())
+
+    def stderr_tail(self) -> str:
+        """The last stderr bytes (redacted), stripped."""
+        with self._stderr_lock:
+            raw = b"".join(self._stderr)
+        return self._redact(raw.decode("utf-8", errors="replace")).strip()
+
+    def crash_detail(self, what: str, *, exit_code: bool = True) -> str:
+        """``what`` plus exit code, stderr tail and stdout noise, for a ``plugin_crash``."""
+        parts = [f"{self.label}: {what}"]
+        code = self.returncode
+        if exit_code and code is not None:
+            parts.append(f"exit code {code}" if code >= 0 else f"killed by signal {-code}")
+        tail = self.stderr_tail()
+        if tail:
+            parts.append(f"stderr: {tail_text(tail)}")
+        if self.noise:
+            parts.append(f"stdout noise: {tail_text(' | '.join(self.noise))}")
+        return "; ".join(parts)
+
+    def crash(self, what: str) -> AgentError:
+        """Kill and reap the child, then build the ``plugin_crash`` error for ``what``."""
+        # An exit code we caused by killing a live process says nothing about the plugin.
+        exited_on_its_own = self._proc is not None and self._proc.poll() is not None
+        self.kill()
+        what = what if exited_on_its_own else f"{what}; process killed"
+        detail = self.crash_detail(what, exit_code=exited_on_its_own)
+        return AgentError(ErrorKind.PLUGIN_CRASH, detail)
+
+    # -- frames ----------------------------------------------------------------------
+
+    def send(self, message: Mapping[str, Any], *, deadline: float) -> None:
+        """Write one frame; a closed pipe is a ``plugin_crash`` (the child is reaped)."""
+        proc = self._proc
+        assert proc is not None and proc.stdin is not None
+        data = json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
+        fd = proc.stdin.fileno()
+        view = memoryview(data)
+        while view:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise DeadlineReached
+            try:
+                _, writable, _ = select.select([], [fd], [], remaining)
+                if not writable:
+                    continue
+                written = os.write(fd, view)
+            except BlockingIOError:
+                continue
+            except (BrokenPipeError, ConnectionResetError, ValueError, OSError) as exc:
+                self._wait(proc, 1.0)
+                raise self.crash("process closed its stdin before reading the request") from exc
+            view = view[written:]
+
+    def read_frame(self, *, deadline: float) -> dict[str, Any]:
+        """The next frame as a JSON object; noise is skipped, EOF and garbage crash."""
+        proc = self._proc
+        assert proc is not None and proc.stdout is not None
+        fd = proc.stdout.fileno()
+        while True:
+            newline = self._buf.find(b"\n")
+            if newline >= 0:
+                line = bytes(self._buf[:newline]).strip()
+                del self._buf[: newline + 1]
+                if not line:
+                    continue
+                if not line.startswith(b"{"):
+                    self._note_noise(line)
+                    continue
+                return self._parse(line)
+            if len(self._buf) > _MAX_FRAME:
+                raise self.crash(f"frame larger than {_MAX_FRAME} bytes without a newline")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise DeadlineReached
+            try:
+                readable, _, _ = select.select([fd], [], [], remaining)
+                if not readable:
+                    continue
+                chunk = os.read(fd, _READ_CHUNK)
+            except BlockingIOError:
+                continue
+            except (ValueError, OSError) as exc:
+                raise self.crash(f"cannot read stdout: {exc}") from exc
+            if not chunk:
+                # EOF: the child exited (or closed stdout). Reap it for its exit code.
+                self._wait(proc, 1.0)
+                if self._buf.strip():
+                    partial = self._redact(bytes(self._buf).decode("utf-8", "replace"))
+                    raise self.crash(f"partial frame at end of output: {tail_text(partial)!r}")
+                raise self.crash("process exited before answering")
+            self._buf.extend(chunk)
+
+    def _note_noise(self, line: bytes) -> None:
+        text = self._redact(line.decode("utf-8", errors="replace"))
+        self.noise.append(tail_text(text, 120))
+        logger.warning("%s: ignoring non-frame stdout line: %s", self.label, tail_text(text, 200))
+
+    def _parse(self, line: bytes) -> dict[str, Any]:
+        try:
+            value = json.loads(line)
+        except ValueError as exc:
+            text = self._redact(line.decode("utf-8", errors="replace"))
+            raise self.crash(f"malformed frame {tail_text(text)!r}: {exc}") from exc
+        if not isinstance(value, dict):
+            raise self.crash("frame is not a JSON object")
+        return value

@@ -1,0 +1,151 @@
+"""The MCP client protocol shared by ``mcp_http`` and ``mcp_stdio`` (transport-free).
+
+What a localllm agent call is in MCP terms: ``initialize`` (we offer :data:`LATEST` and
+accept any version the server answers from the transport's supported list), the
+``notifications/initialized`` notification, then one ``tools/call`` per agent call with
+``name`` = the declared tool and ``arguments`` = the AskRequest JSON.
+
+How a tool result becomes an AskResponse (:func:`answer_from_tool_result`):
+
+1. ``isError: true`` → ``transport_error`` quoting the tool's text.
+2. ``structuredContent`` when present, else the first ``text`` content item parsed as JSON.
+3. That value is an *AskResponse envelope* when it is an object that has a ``submission``
+   key and no keys besides ``submission``, ``meta`` and ``sub_events``; anything else is
+   the *bare submission*. A plain MCP tool (``return {"answer": 42}``) and a tool that
+   returns a whole AskResponse both work. The one ambiguous case — a submission whose
+   schema is exactly ``{"submission": …}`` — is read as an envelope; wrap it in one.
+4. A text item that is not JSON is passed through as the raw submission text, so the
+   runtime reports it as ``schema_invalid`` with the parse error (contract §5) instead of
+   the transport hiding it. No structured content and no text item → ``transport_error``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from localllm import __version__
+from localllm.errors import AgentError, ErrorKind, truncate_detail
+from localllm.wire import AskRequest, AskResponse
+
+#: newest first; streamable HTTP exists since 2025-03-26
+HTTP_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26")
+#: stdio has been the same since the first revision
+STDIO_VERSIONS = (*HTTP_VERSIONS, "2024-11-05")
+LATEST = HTTP_VERSIONS[0]
+
+_ENVELOPE_KEYS = frozenset({"submission", "meta", "sub_events"})
+# JSON-RPC "method not found", for server→client requests we do not serve
+_METHOD_NOT_FOUND = -32601
+
+
+def request(req_id: int, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+    message: dict[str, Any] = {"jsonrpc": "2.0", "id": req_id, "method": method}
+    if params is not None:
+        message["params"] = params
+    return message
+
+
+def notification(method: str) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "method": method}
+
+
+def initialize_request(req_id: int) -> dict[str, Any]:
+    """``initialize`` offering :data:`LATEST`; we declare no client capabilities."""
+    return request(
+        req_id,
+        "initialize",
+        {"protocolVersion": LATEST, "capabilities": {}, "clientInfo": {"name": "localllm", "version": __version__}},
+    )
+
+
+def initialized_notification() -> dict[str, Any]:
+    return notification("notifications/initialized")
+
+
+def tools_call_request(req_id: int, tool: str, ask: AskRequest) -> dict[str, Any]:
+    return request(req_id, "tools/call", {"name": tool, "arguments": ask.to_json()})
+
+
+def is_response(message: dict[str, Any]) -> bool:
+    """A response (``result`` or ``error``) rather than a request or notification."""
+    return "method" not in message and ("result" in message or "error" in message)
+
+
+def reply_to_server_request(message: dict[str, Any]) -> dict[str, Any] | None:
+    """Our answer to a server→client message: ``{}`` for ``ping``, an error for other
+    requests (we declare no capabilities), ``None`` for notifications."""
+    if "method" not in message or "id" not in message:
+        return None
+    if message["method"] == "ping":
+        return {"jsonrpc": "2.0", "id": message["id"], "result": {}}
+    return {
+        "jsonrpc": "2.0",
+        "id": message["id"],
+        "error": {"code": _METHOD_NOT_FOUND, "message": f"localllm does not serve {message['method']}"},
+    }
+
+
+def result_of(message: dict[str, Any], *, label: str, what: str) -> Any:
+    """The ``result`` of a response, or ``transport_error`` for a JSON-RPC error object."""
+    if message.get("jsonrpc") != "2.0":
+        raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{label}: {what}: response is not JSON-RPC 2.0")
+    if "error" in message:
+        error = message["error"]
+        if isinstance(error, dict):
+            text = f"JSON-RPC error {error.get('code')!r}: {error.get('message')!s}"
+        else:
+            text = f"JSON-RPC error {error!r}"
+        raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{label}: {what} failed: {truncate_detail(text)}")
+    return message.get("result")
+
+
+def negotiated_version(result: Any, *, supported: tuple[str, ...], label: str) -> str:
+    """The protocol version the server chose; ``transport_error`` if we do not speak it."""
+    if not isinstance(result, dict):
+        raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{label}: initialize result is not an object")
+    version = result.get("protocolVersion")
+    if version not in supported:
+        raise AgentError(
+            ErrorKind.TRANSPORT_ERROR,
+            f"{label}: MCP server speaks protocol version {version!r}; localllm supports "
+            f"{', '.join(supported)} (upgrade the server or its SDK)",
+        )
+    return str(version)
+
+
+def _first_text(content: Any) -> str | None:
+    if not isinstance(content, list):
+        return None
+    for item in content:
+        if isinstance(item, dict) and item.get("type") == "text" and isinstance(item.get("text"), str):
+            return str(item["text"])
+    return None
+
+
+def _from_value(value: Any, raw: str | None) -> AskResponse:
+    if isinstance(value, dict) and "submission" in value and set(value) <= _ENVELOPE_KEYS:
+        return AskResponse.from_json(value)
+    return AskResponse(submission=raw if raw is not None else json.dumps(value, ensure_ascii=False))
+
+
+def answer_from_tool_result(result: Any, *, label: str, tool: str) -> AskResponse:
+    """Turn a ``tools/call`` result into an AskResponse (rules in the module docstring)."""
+    if not isinstance(result, dict):
+        raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{label}: tools/call result is not an object")
+    text = _first_text(result.get("content"))
+    if result.get("isError") is True:
+        message = text if text is not None else "(no message)"
+        raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{label}: tool {tool!r} failed: {truncate_detail(message)}")
+    structured = result.get("structuredContent")
+    if structured is not None:
+        return _from_value(structured, None)
+    if text is None:
+        raise AgentError(
+            ErrorKind.TRANSPORT_ERROR, f"{label}: tool {tool!r} returned no structuredContent and no text content"
+        )
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return AskResponse(submission=text)
+    return _from_value(value, text)

@@ -1,0 +1,348 @@
+"""``mcp_http``: an MCP server over streamable HTTP whose ``tool`` answers agent calls.
+
+A small synchronous MCP client on httpx, not the ``mcp`` SDK's client: the SDK client is
+asyncio/anyio-only, so a synchronous runtime would need an event loop thread per agent
+and would cancel through anyio scopes, while the protocol we need is four messages. A
+plain ``httpx.Client`` gives finite per-phase timeouts bounded by the call's monotonic
+deadline, thread-safe concurrent calls on one session, and no runtime dependency on the
+SDK (it is a dev dependency: the tests run against a real SDK server).
+
+Protocol (MCP streamable HTTP, 2025-03-26 to 2025-11-25): every message is a POST to
+``endpoint`` with ``Accept: application/json, text/event-stream``; the answer is either
+one JSON body or an SSE stream in which we wait for the response whose ``id`` is ours
+(notifications and server requests in the stream are skipped). Once per agent instance:
+``initialize`` offering the newest version we speak (the server's answer must be in our
+supported list, else ``transport_error``), then ``notifications/initialized``; the
+``Mcp-Session-Id`` the server assigns and ``MCP-Protocol-Version`` are sent on every later
+request. Each call is one ``tools/call`` (result rules in :mod:`localllm.agents._mcp`).
+If the server answers 404 for our session it has forgotten it (a restart): we
+re-initialise once and resend the call — a 404 means it never ran. ``close()`` sends a
+best-effort ``DELETE`` for the session.
+
+Errors: ``isError``, JSON-RPC errors, HTTP statuses, connection/TLS failures, bodies that
+do not parse, and protocol violations are ``transport_error`` (bodies quoted truncated);
+a passed deadline is ``deadline_exceeded``. ``headers`` values are secrets: they are sent,
+never logged, and replaced by ``***`` in any error text; ``repr`` shows header names only.
+
+Cancellation: every read is bounded by the call's deadline, so a call ends by itself at
+the deadline; ``cancel`` marks the call so that it stops at the next event and reports
+``deadline_exceeded``. Closing a socket under a thread blocked on it is not something
+httpx supports, so ``cancel`` does not try.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any, ClassVar
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+
+from localllm.agents import _mcp
+from localllm.agents._child import Redactor
+from localllm.agents.base import Agent
+from localllm.config import McpHttpDecl
+from localllm.errors import AgentError, ErrorKind, truncate_detail
+from localllm.wire import AskRequest, AskResponse
+
+logger = logging.getLogger(__name__)
+
+#: cap on the connect phase (a dead host should not eat a 300 s deadline)
+_CONNECT_TIMEOUT = 10.0
+#: DELETE of the session on close
+_CLOSE_TIMEOUT = 2.0
+#: largest JSON body or SSE event we accept
+_MAX_BODY = 64 * 1024 * 1024
+_ACCEPT = "application/json, text/event-stream"
+
+
+def safe_url(url: str) -> str:
+    """``url`` without userinfo, query or fragment (where tokens hide)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+class _SessionExpired(Exception):
+    """Internal: the server answered 404 for our ``Mcp-Session-Id``."""
+
+
+class McpHttpAgent(Agent):
+    """An ``mcp_http`` agent plugin; see the module docstring for the protocol."""
+
+    plugin: ClassVar[str] = "mcp_http"
+
+    def __init__(self, decl: McpHttpDecl, *, transport: httpx.BaseTransport | None = None) -> None:
+        super().__init__(decl.alias)
+        self.decl = decl
+        self._url = safe_url(decl.endpoint)
+        self._redact = Redactor(list(decl.headers.values()))
+        self._client = httpx.Client(transport=transport, follow_redirects=False)
+        self._ids = itertools.count(1)
+        self._session_lock = threading.Lock()
+        self._generation = 0
+        self._initialized = False
+        self.session_id: str | None = None
+        self.protocol_version: str | None = None
+        self._cancelled: set[str] = set()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<McpHttpAgent {self.alias} endpoint={self._url!r} header_keys={sorted(self.decl.headers)}>"
+
+    # -- the call --------------------------------------------------------------------
+
+    def ask(self, request: AskRequest, *, deadline: float) -> AskResponse:
+        if self._closed:
+            raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias}: agent is closed")
+        call_id = request.call_id
+        try:
+            generation = self._ensure_session(deadline, call_id)
+            message = self._tools_call(request, deadline, call_id, generation)
+        finally:
+            self._cancelled.discard(call_id)
+        result = _mcp.result_of(message, label=self.alias, what=f"tools/call {self.decl.tool!r}")
+        return _mcp.answer_from_tool_result(result, label=self.alias, tool=self.decl.tool)
+
+    def _tools_call(self, request: AskRequest, deadline: float, call_id: str, generation: int) -> dict[str, Any]:
+        for attempt in (1, 2):
+            message = _mcp.tools_call_request(next(self._ids), self.decl.tool, request)
+            try:
+                reply = self._post(message, deadline, call_id)
+            except _SessionExpired:
+                if attempt == 2:
+                    raise AgentError(
+                        ErrorKind.TRANSPORT_ERROR,
+                        f"{self.alias}: {self._url} answered 404 for a freshly initialised session",
+                    ) from None
+                logger.info("%s: MCP session expired on the server; re-initialising", self.alias)
+                generation = self._reinitialize(generation, deadline, call_id)
+                continue
+            assert reply is not None
+            return reply
+        raise AssertionError("unreachable")
+
+    # -- session ---------------------------------------------------------------------
+
+    def _ensure_session(self, deadline: float, call_id: str) -> int:
+        if self._initialized:
+            return self._generation
+        return self._reinitialize(self._generation, deadline, call_id)
+
+    def _reinitialize(self, stale: int, deadline: float, call_id: str) -> int:
+        # Waiting for another thread's handshake is bounded by our own deadline too.
+        if not self._session_lock.acquire(timeout=self.remaining(deadline)):
+            raise AgentError(
+                ErrorKind.DEADLINE_EXCEEDED, f"{self.alias}: deadline passed waiting for the MCP handshake"
+            )
+        try:
+            # Concurrent calls all see the 404 (or the missing session); only the first
+            # one (re-)initialises, the others reuse its session.
+            if self._generation == stale or not self._initialized:
+                self._initialized = False
+                self.session_id = None
+                self.protocol_version = None
+                self._initialize(deadline, call_id)
+            return self._generation
+        finally:
+            self._session_lock.release()
+
+    def _initialize(self, deadline: float, call_id: str) -> None:
+        """Handshake (``_session_lock`` held)."""
+        try:
+            reply = self._post(_mcp.initialize_request(next(self._ids)), deadline, call_id, handshake=True)
+        except _SessionExpired as exc:  # no session yet: cannot happen, but be explicit
+            raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias}: {self._url} answered 404") from exc
+        assert reply is not None
+        result = _mcp.result_of(reply, label=self.alias, what="initialize")
+        version = _mcp.negotiated_version(result, supported=_mcp.HTTP_VERSIONS, label=self.alias)
+        self.protocol_version = version
+        self._post(_mcp.initialized_notification(), deadline, call_id)
+        self._initialized = True
+        self._generation += 1
+        logger.debug("%s: MCP session initialised (protocol %s)", self.alias, version)
+
+    # -- HTTP ------------------------------------------------------------------------
+
+    def _headers(self) -> dict[str, str]:
+        headers = dict(self.decl.headers)
+        headers["Accept"] = _ACCEPT
+        headers["Content-Type"] = "application/json"
+        if self.session_id is not None:
+            headers["Mcp-Session-Id"] = self.session_id
+        if self.protocol_version is not None:
+            headers["MCP-Protocol-Version"] = self.protocol_version
+        return headers
+
+    def _timeout(self, deadline: float, call_id: str) -> httpx.Timeout:
+        remaining = self.remaining(deadline)
+        if remaining <= 0 or call_id in self._cancelled:
+            raise AgentError(ErrorKind.DEADLINE_EXCEEDED, f"{self.alias}: deadline passed before the request")
+        return httpx.Timeout(remaining, connect=min(remaining, _CONNECT_TIMEOUT))
+
+    def _post(
+        self, message: dict[str, Any], deadline: float, call_id: str, *, handshake: bool = False
+    ) -> dict[str, Any] | None:
+        """POST one message; the matching response, or ``None`` for a notification.
+
+        The one place httpx exceptions become AgentErrors.
+        """
+        method = str(message.get("method"))
+        sent_session = self.session_id
+        body = json.dumps(message, ensure_ascii=False).encode("utf-8")
+        try:
+            with self._client.stream(
+                "POST", self.decl.endpoint, content=body, headers=self._headers(),
+                timeout=self._timeout(deadline, call_id),
+            ) as response:
+                if response.status_code == 404 and sent_session is not None:
+                    raise _SessionExpired
+                if response.status_code >= 300:
+                    text = self._read_text(response, deadline, call_id)
+                    raise AgentError(
+                        ErrorKind.TRANSPORT_ERROR,
+                        f"{self.alias}: {method}: HTTP {response.status_code} from {self._url}: "
+                        f"{truncate_detail(self._redact(text))}",
+                    )
+                if handshake:
+                    self.session_id = response.headers.get("mcp-session-id")
+                if "id" not in message:
+                    return None  # a notification: 202 Accepted, no body to wait for
+                return self._read_response(response, message["id"], method, deadline, call_id)
+        except httpx.TimeoutException as exc:
+            if self.remaining(deadline) <= 0 or call_id in self._cancelled:
+                raise self._deadline_error(method) from exc
+            raise AgentError(
+                ErrorKind.TRANSPORT_ERROR, f"{self.alias}: {method}: {type(exc).__name__} talking to {self._url}"
+            ) from exc
+        except httpx.ConnectError as exc:
+            raise AgentError(
+                ErrorKind.TRANSPORT_ERROR,
+                f"{self.alias}: cannot connect to {self._url}: {self._redact(str(exc))} "
+                f"(is the MCP server running? check agent_plugins.{self.alias}.endpoint)",
+            ) from exc
+        except httpx.HTTPError as exc:
+            raise AgentError(
+                ErrorKind.TRANSPORT_ERROR,
+                f"{self.alias}: {method}: {type(exc).__name__} from {self._url}: {self._redact(str(exc))}",
+            ) from exc
+
+    def _check_time(self, deadline: float, call_id: str, method: str) -> None:
+        if time.monotonic() >= deadline or call_id in self._cancelled:
+            raise self._deadline_error(method)
+
+    def _deadline_error(self, method: str) -> AgentError:
+        return AgentError(
+            ErrorKind.DEADLINE_EXCEEDED, f"{self.alias}: {method}: no answer from {self._url} before the deadline"
+        )
+
+    def _read_text(self, response: httpx.Response, deadline: float, call_id: str) -> str:
+        data = bytearray()
+        for chunk in response.iter_bytes():
+            data.extend(chunk)
+            self._check_time(deadline, call_id, "read")
+            if len(data) > _MAX_BODY:
+                raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias}: body from {self._url} is too large")
+        return data.decode("utf-8", errors="replace")
+
+    def _read_response(
+        self, response: httpx.Response, req_id: int, method: str, deadline: float, call_id: str
+    ) -> dict[str, Any]:
+        ctype = response.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype == "application/json":
+            text = self._read_text(response, deadline, call_id)
+            try:
+                value = json.loads(text)
+            except ValueError as exc:
+                raise AgentError(
+                    ErrorKind.TRANSPORT_ERROR,
+                    f"{self.alias}: {method}: unparseable JSON from {self._url}: {truncate_detail(self._redact(text))}",
+                ) from exc
+            messages = value if isinstance(value, list) else [value]
+            for candidate in messages:
+                if isinstance(candidate, dict) and _mcp.is_response(candidate) and candidate.get("id") == req_id:
+                    return candidate
+            raise AgentError(
+                ErrorKind.TRANSPORT_ERROR,
+                f"{self.alias}: {method}: no response with id {req_id} in the body: "
+                f"{truncate_detail(self._redact(text))}",
+            )
+        if ctype == "text/event-stream":
+            for data in self._sse_data(response, deadline, call_id, method):
+                try:
+                    candidate = json.loads(data)
+                except ValueError as exc:
+                    raise AgentError(
+                        ErrorKind.TRANSPORT_ERROR,
+                        f"{self.alias}: {method}: unparseable SSE event from {self._url}: "
+                        f"{truncate_detail(self._redact(data))}",
+                    ) from exc
+                if not isinstance(candidate, dict):
+                    continue
+                if _mcp.is_response(candidate) and candidate.get("id") == req_id:
+                    return candidate
+                logger.debug("%s: skipping SSE message %s", self.alias, candidate.get("method", "response"))
+            raise AgentError(
+                ErrorKind.TRANSPORT_ERROR,
+                f"{self.alias}: {method}: SSE stream from {self._url} ended without a response",
+            )
+        raise AgentError(
+            ErrorKind.TRANSPORT_ERROR,
+            f"{self.alias}: {method}: unexpected content-type {ctype or '(none)'!r} from {self._url} "
+            f"(HTTP {response.status_code})",
+        )
+
+    def _sse_data(self, response: httpx.Response, deadline: float, call_id: str, method: str) -> Iterator[str]:
+        """The ``data`` of each ``message`` event (SSE framing per the WHATWG spec)."""
+        data: list[str] = []
+        size = 0
+        event = ""
+        for line in response.iter_lines():
+            self._check_time(deadline, call_id, method)
+            if not line:
+                if data and event in ("", "message"):
+                    yield "\n".join(data)
+                data, size, event = [], 0, ""
+                continue
+            if line.startswith(":"):
+                continue  # comment / keep-alive
+            field, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            if field == "data":
+                data.append(value)
+                size += len(value)
+                if size > _MAX_BODY:
+                    raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias}: SSE event from {self._url} too large")
+            elif field == "event":
+                event = value
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def cancel(self, call_id: str) -> None:
+        """Mark ``call_id`` cancelled: it stops at its next event with ``deadline_exceeded``."""
+        self._cancelled.add(call_id)
+
+    def close(self) -> None:
+        """DELETE the session (best effort) and close the HTTP client. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        session = self.session_id
+        if session is not None:
+            headers = {**self.decl.headers, "Mcp-Session-Id": session}
+            if self.protocol_version is not None:
+                headers["MCP-Protocol-Version"] = self.protocol_version
+            try:
+                self._client.delete(self.decl.endpoint, headers=headers, timeout=_CLOSE_TIMEOUT)
+            except httpx.HTTPError as exc:
+                # The server may be gone already; the session dies with it.
+                logger.debug("%s: DELETE of the MCP session failed: %s", self.alias, type(exc).__name__)
+        self.session_id = None
+        self._client.close()
