@@ -1,0 +1,480 @@
+"""Cassette replay: answer calls from a YAML file of recorded episodes, deterministically.
+
+A cassette is not declarable under ``agent_plugins:``; it is registered in code
+(``Runtime.register_agent(alias, CassetteAgent(path))``) or with
+``localllm call … --cassette FILE``, replacing the named agent. The file::
+
+    kind: host_cassette
+    episodes:
+      - id: ep-01
+        match:                       # every key must equal (see "Matching")
+          handler: agent.fixer
+          schema_name: verdict
+          repo: localllm             # any other key is a call arg
+        agent:
+          verb: decide               # informational (validated, not matched)
+          response: '{"verdict": "approve"}'   # JSON text, or a YAML mapping/list/scalar
+          # error: {kind: plugin_crash, detail: "boom"}   (instead of response)
+          # meta: {...}              # recorded meta, merged under the cassette's own keys
+          # sub_events: [{kind: agent.fixer.tool, payload: {...}}]
+          # transcript: {format: claude-stream-json, lines: ['{"type":"result"}'], offsets_ms: [12]}
+        replay: any                  # optional: replay for ever (default: once)
+        delay: 0.5                   # optional: seconds to wait before answering
+
+Matching. The runtime puts ``{"handler": <alias routed>, "schema_name": <schema file
+stem | schema title | "inline" | null>, "args": {...}}`` in ``AskRequest.with_``. Match key
+``handler`` is compared with ``with_["handler"]`` (the cassette's alias when absent),
+``schema_name`` with ``with_["schema_name"]`` (the schema's ``title`` when absent), and
+every other key with ``with_["args"][key]`` (an absent arg never matches). Values are
+compared as JSON; a string also equals a scalar whose JSON text it is (``"3"`` matches
+``3``, ``"true"`` matches ``true``) because CLI ``--arg K=V`` values are strings.
+
+The first episode, in file order, whose keys all match and that is unplayed (or has
+``replay: any``) wins; it counts as played from the moment it is chosen, even if its
+delay then overruns the deadline. ``match_idx`` is how many times that episode was
+played before (0-based), so the runtime derives the call_id from ``episode_id:match_idx``.
+A miss is ``transport_error`` listing every episode. A replayed sub-event without a
+``call_id`` gets the request's. An episode with no ``agent:`` but a ``response:`` is a
+host (non-agent) episode of a shared host cassette: it is kept out of matching.
+
+Loading collects every problem into one :class:`~localllm.errors.ConfigError`, each
+naming the file and the key path (``episodes[2].agent.error.kind``).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from localllm.agents.base import Agent
+from localllm.errors import AgentError, ConfigError, ConfigProblem, ErrorKind, truncate_detail
+from localllm.wire import VERBS, AskRequest, AskResponse, Transcript
+
+__all__ = [
+    "CASSETTE_KIND",
+    "Cassette",
+    "CassetteAgent",
+    "Episode",
+    "ReplayedAgentError",
+    "load_cassette",
+]
+
+CASSETTE_KIND = "host_cassette"
+_TOP_KEYS = ("kind", "episodes", "name", "description", "version")
+_EPISODE_KEYS = ("id", "match", "agent", "replay", "delay", "response")
+_AGENT_KEYS = ("verb", "response", "error", "meta", "sub_events", "transcript")
+_REPLAY_MODES = ("once", "any")
+_MISS_LISTED = 20
+
+
+class ReplayedAgentError(AgentError):
+    """An ``agent.error`` episode replayed; ``meta`` carries episode_id and match_idx."""
+
+    def __init__(self, kind: ErrorKind | str, detail: str, *, meta: dict[str, Any]) -> None:
+        super().__init__(kind, detail)
+        self.meta = meta
+
+
+@dataclass(frozen=True)
+class Episode:
+    """One recorded agent exchange."""
+
+    id: str
+    match: dict[str, Any]
+    verb: str | None = None
+    #: submission text (``None`` when the episode replays an error)
+    response: str | None = None
+    error_kind: ErrorKind | None = None
+    error_detail: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+    sub_events: list[dict[str, Any]] = field(default_factory=list)
+    transcript: Transcript | None = None
+    replay_any: bool = False
+    delay: float = 0.0
+
+
+@dataclass(frozen=True)
+class Cassette:
+    """A loaded cassette: its file and its agent episodes in file order."""
+
+    path: Path
+    episodes: tuple[Episode, ...]
+
+
+# -- loading ------------------------------------------------------------------------------
+
+
+def _unknown_hint(key: Any, known: tuple[str, ...]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(str(key), known, n=1)
+    prefix = f"did you mean {close[0]!r}? " if close else ""
+    return f"{prefix}known keys: {', '.join(known)}"
+
+
+class _Problems:
+    """Collects ConfigProblems for one file."""
+
+    def __init__(self, path: Path) -> None:
+        self.file = str(path)
+        self.items: list[ConfigProblem] = []
+
+    def add(self, key: str, message: str, hint: str = "") -> None:
+        self.items.append(ConfigProblem(self.file, key, message, hint))
+
+
+def _json_text(value: Any) -> str | None:
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError):
+        return None
+
+
+def load_cassette(path: str | Path) -> Cassette:
+    """Read and check a cassette file; raise ConfigError listing every problem."""
+    import yaml
+
+    path = Path(path)
+    problems = _Problems(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        problems.add("", f"cannot read cassette: {reason}", "pass the path of a kind: host_cassette YAML file")
+        raise ConfigError(problems.items) from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        reason = getattr(exc, "problem", None) or str(exc)
+        problems.add("", f"YAML syntax error{where}: {reason}", "fix the YAML syntax")
+        raise ConfigError(problems.items) from exc
+    if not isinstance(data, dict):
+        problems.add(
+            "", "the top level must be a mapping", "start the file with kind: host_cassette and episodes:"
+        )
+        raise ConfigError(problems.items)
+    for key in data:
+        if key not in _TOP_KEYS:
+            problems.add(str(key), "unknown key", _unknown_hint(key, _TOP_KEYS))
+    kind = data.get("kind")
+    if kind is None:
+        problems.add("kind", "missing", f"add kind: {CASSETTE_KIND}")
+    elif kind != CASSETTE_KIND:
+        problems.add("kind", f"{kind!r} is not {CASSETTE_KIND!r}", f"set kind: {CASSETTE_KIND}")
+    raw_episodes = data.get("episodes")
+    episodes: list[Episode] = []
+    if raw_episodes is None:
+        problems.add("episodes", "missing", "add a list of episodes {id, match, agent}")
+    elif not isinstance(raw_episodes, list) or not raw_episodes:
+        problems.add("episodes", "must be a non-empty list", "add a list of episodes {id, match, agent}")
+    else:
+        seen: dict[str, int] = {}
+        for i, raw in enumerate(raw_episodes):
+            episode = _episode(problems, f"episodes[{i}]", raw)
+            if episode is None:
+                continue
+            if episode.id in seen:
+                problems.add(
+                    f"episodes[{i}].id",
+                    f'duplicate episode id "{episode.id}" (also episodes[{seen[episode.id]}])',
+                    "give every episode a unique id: call_ids derive from it",
+                )
+                continue
+            seen[episode.id] = i
+            episodes.append(episode)
+        if not episodes and not problems.items:
+            problems.add("episodes", "has no agent episodes", "give an episode an agent: block")
+    if problems.items:
+        raise ConfigError(problems.items)
+    return Cassette(path=path, episodes=tuple(episodes))
+
+
+def _episode(problems: _Problems, where: str, raw: Any) -> Episode | None:
+    """One checked episode, or None (problem recorded, or a host-only episode)."""
+    if not isinstance(raw, dict):
+        problems.add(where, "must be a mapping", "give {id, match, agent}")
+        return None
+    before = len(problems.items)
+    for key in raw:
+        if key not in _EPISODE_KEYS:
+            problems.add(f"{where}.{key}", "unknown key", _unknown_hint(key, _EPISODE_KEYS))
+    if "agent" not in raw and "response" in raw:
+        return None  # a host (non-agent) episode of a shared host cassette
+    episode_id = raw.get("id")
+    if isinstance(episode_id, bool) or not isinstance(episode_id, (str, int)) or str(episode_id) == "":
+        problems.add(f"{where}.id", "missing or not a string", "give the episode an id such as ep-01")
+    match = raw.get("match")
+    if not isinstance(match, dict):
+        problems.add(
+            f"{where}.match",
+            "missing or not a mapping",
+            "give match: {handler: agent.x, schema_name: ..., <arg>: ...}",
+        )
+    else:
+        for key, value in match.items():
+            if not isinstance(key, str):
+                problems.add(f"{where}.match", f"key {key!r} is not a string")
+            elif _json_text(value) is None:
+                problems.add(f"{where}.match.{key}", "is not a JSON value", "quote it")
+        handler = match.get("handler")
+        if handler is not None and not isinstance(handler, str):
+            problems.add(f"{where}.match.handler", "must be an agent alias string", "e.g. handler: agent.fixer")
+    replay = raw.get("replay", "once")
+    if replay not in _REPLAY_MODES:
+        problems.add(f"{where}.replay", f"{replay!r} is not one of {', '.join(_REPLAY_MODES)}",
+                     "use replay: any to replay for ever, or omit it")
+    delay = raw.get("delay", 0)
+    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or delay < 0:
+        problems.add(f"{where}.delay", f"{delay!r} is not a number of seconds >= 0", "e.g. delay: 0.5")
+    agent = _agent_block(problems, f"{where}.agent", raw.get("agent"))
+    if len(problems.items) > before or agent is None:
+        return None
+    assert isinstance(match, dict)
+    return Episode(
+        id=str(episode_id),
+        match=dict(match),
+        replay_any=replay == "any",
+        delay=float(delay),
+        **agent,
+    )
+
+
+def _agent_block(problems: _Problems, where: str, raw: Any) -> dict[str, Any] | None:
+    if raw is None:
+        problems.add(where, "missing", "give agent: {verb, response} or agent: {verb, error: {kind, detail}}")
+        return None
+    if not isinstance(raw, dict):
+        problems.add(where, "must be a mapping", "give agent: {verb, response}")
+        return None
+    out: dict[str, Any] = {}
+    for key in raw:
+        if key not in _AGENT_KEYS:
+            problems.add(f"{where}.{key}", "unknown key", _unknown_hint(key, _AGENT_KEYS))
+    verb = raw.get("verb")
+    if verb is not None and verb not in VERBS:
+        problems.add(f"{where}.verb", f"unknown verb {verb!r}", f"use one of {', '.join(VERBS)}")
+    out["verb"] = verb
+    has_response, has_error = "response" in raw, "error" in raw
+    if has_response == has_error:
+        problems.add(where, "needs exactly one of response: or error:",
+                     "response: is the submission (JSON text or YAML); error: {kind, detail} replays a failure")
+    elif has_response:
+        response = raw["response"]
+        if response is None:
+            problems.add(f"{where}.response", "is null", "give JSON text in quotes, or a YAML mapping")
+        elif isinstance(response, str):
+            out["response"] = response  # verbatim: invalid JSON replays as schema_invalid
+        else:
+            text = _json_text(response)
+            if text is None:
+                problems.add(f"{where}.response", "is not representable as JSON",
+                             "quote dates and other YAML-only values")
+            out["response"] = text
+    else:
+        _error_block(problems, f"{where}.error", raw["error"], out)
+    meta = raw.get("meta", {})
+    if not isinstance(meta, dict) or _json_text(meta) is None:
+        problems.add(f"{where}.meta", "must be a JSON mapping", "e.g. meta: {model: claude-sonnet}")
+    else:
+        out["meta"] = dict(meta)
+    sub_events = raw.get("sub_events", [])
+    if not isinstance(sub_events, list) or not all(isinstance(e, dict) for e in sub_events) \
+            or _json_text(sub_events) is None:
+        problems.add(f"{where}.sub_events", "must be a list of JSON mappings",
+                     "e.g. sub_events: [{kind: agent.x.tool, payload: {}}]")
+    else:
+        out["sub_events"] = [dict(e) for e in sub_events]
+    if "transcript" in raw:
+        out["transcript"] = _transcript(problems, f"{where}.transcript", raw["transcript"])
+    return out
+
+
+def _error_block(problems: _Problems, where: str, raw: Any, out: dict[str, Any]) -> None:
+    kinds = ", ".join(k.value for k in ErrorKind)
+    if not isinstance(raw, dict):
+        problems.add(where, "must be a mapping {kind, detail}", f"kind is one of {kinds}")
+        return
+    for key in raw:
+        if key not in ("kind", "detail"):
+            problems.add(f"{where}.{key}", "unknown key", _unknown_hint(key, ("kind", "detail")))
+    kind = raw.get("kind")
+    try:
+        out["error_kind"] = ErrorKind(kind)
+    except ValueError:
+        problems.add(f"{where}.kind", f"{kind!r} is not an error kind", f"use one of {kinds}")
+    detail = raw.get("detail", "")
+    if not isinstance(detail, str):
+        problems.add(f"{where}.detail", "must be a string", "quote it")
+    else:
+        out["error_detail"] = detail
+
+
+def _transcript(problems: _Problems, where: str, raw: Any) -> Transcript | None:
+    hint = "give transcript: {format: claude-stream-json, lines: ['{...}', ...], offsets_ms: [...]}"
+    if not isinstance(raw, dict) or not isinstance(raw.get("format"), str) \
+            or not isinstance(raw.get("lines"), list):
+        problems.add(where, "must be a mapping with format: and lines:", hint)
+        return None
+    lines: list[str] = []
+    for i, line in enumerate(raw["lines"]):
+        text = line if isinstance(line, str) else None
+        if isinstance(line, dict):
+            dumped = _json_text(line)
+            text = None if dumped is None else json.dumps(line, ensure_ascii=False, separators=(",", ":"))
+        if text is None or "\n" in text or "\r" in text:
+            problems.add(f"{where}.lines[{i}]", "must be one JSON line (a string) or a mapping", hint)
+            continue
+        lines.append(text)
+    offsets = raw.get("offsets_ms", [0] * len(raw["lines"]))
+    if not isinstance(offsets, list) or len(offsets) != len(raw["lines"]) \
+            or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets):
+        problems.add(f"{where}.offsets_ms", "must list one integer >= 0 per line", hint)
+        return None
+    return Transcript(format=raw["format"], lines=lines, offsets_ms=list(offsets))
+
+
+# -- matching -----------------------------------------------------------------------------
+
+
+def _same(expected: Any, actual: Any) -> bool:
+    """JSON equality, with a string equal to a scalar whose JSON text it is."""
+    want = json.dumps(expected, sort_keys=True, ensure_ascii=False, default=str)
+    got = json.dumps(actual, sort_keys=True, ensure_ascii=False, default=str)
+    if want == got:
+        return True
+    scalars = (str, int, float, bool, type(None))
+    if isinstance(expected, str) and isinstance(actual, scalars) and not isinstance(actual, str):
+        return expected == got
+    if isinstance(actual, str) and isinstance(expected, scalars) and not isinstance(expected, str):
+        return actual == want
+    return False
+
+
+class CassetteAgent(Agent):
+    """Replay a cassette's episodes. Thread-safe; no external process."""
+
+    plugin: ClassVar[str] = "cassette"
+
+    def __init__(self, path: str | Path, *, alias: str = "agent.cassette") -> None:
+        super().__init__(alias)
+        self.cassette = load_cassette(path)
+        self._lock = threading.Lock()
+        self._plays: dict[str, int] = {}
+        self._waits: dict[str, list[threading.Event]] = {}
+        self._closed = False
+
+    def _facts(self, request: AskRequest) -> dict[str, Any]:
+        """What the request offers to match against (see the module docstring)."""
+        given = request.with_ or {}
+        facts: dict[str, Any] = {"handler": given.get("handler", self.alias)}
+        if "schema_name" in given:
+            facts["schema_name"] = given["schema_name"]
+        else:
+            facts["schema_name"] = (request.schema or {}).get("title")
+        args = given.get("args")
+        facts["args"] = dict(args) if isinstance(args, Mapping) else {}
+        return facts
+
+    @staticmethod
+    def _matches(episode: Episode, facts: dict[str, Any]) -> bool:
+        for key, expected in episode.match.items():
+            if key in ("handler", "schema_name"):
+                actual = facts[key]
+            elif key in facts["args"]:
+                actual = facts["args"][key]
+            else:
+                return False
+            if not _same(expected, actual):
+                return False
+        return True
+
+    def _select(self, facts: dict[str, Any]) -> tuple[Episode, int]:
+        with self._lock:
+            if self._closed:
+                raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias} is closed")
+            for episode in self.cassette.episodes:
+                plays = self._plays.get(episode.id, 0)
+                if (episode.replay_any or plays == 0) and self._matches(episode, facts):
+                    self._plays[episode.id] = plays + 1
+                    return episode, plays
+            listing = self._listing()
+        asked = {"handler": facts["handler"], "schema_name": facts["schema_name"], **facts["args"]}
+        raise AgentError(
+            ErrorKind.TRANSPORT_ERROR,
+            f"no unplayed episode in cassette {self.cassette.path} matches "
+            f"{truncate_detail(_json_text(asked) or str(asked))}; episodes: {listing}",
+        )
+
+    def _listing(self) -> str:
+        parts = []
+        for episode in self.cassette.episodes[:_MISS_LISTED]:
+            state = "replay: any" if episode.replay_any else (
+                "played" if self._plays.get(episode.id) else "unplayed")
+            match = _json_text(episode.match) or str(episode.match)
+            parts.append(f"{episode.id} {match} ({state})")
+        more = len(self.cassette.episodes) - _MISS_LISTED
+        if more > 0:
+            parts.append(f"... {more} more")
+        return "; ".join(parts)
+
+    def unplayed(self) -> list[str]:
+        """Ids of play-once episodes not yet played (for "every episode was used" checks)."""
+        with self._lock:
+            return [e.id for e in self.cassette.episodes if not e.replay_any and not self._plays.get(e.id)]
+
+    def ask(self, request: AskRequest, *, deadline: float) -> AskResponse:
+        # Registered before anything else, so a cancel() at any point of the call is seen.
+        cancelled = threading.Event()
+        with self._lock:
+            self._waits.setdefault(request.call_id, []).append(cancelled)
+        try:
+            episode, match_idx = self._select(self._facts(request))
+            meta = {**episode.meta, "transport": "cassette", "episode_id": episode.id, "match_idx": match_idx}
+            if episode.delay > 0:
+                self._sleep(cancelled, episode, deadline)
+        finally:
+            with self._lock:
+                waits = self._waits.get(request.call_id, [])
+                if cancelled in waits:
+                    waits.remove(cancelled)
+                if not waits:
+                    self._waits.pop(request.call_id, None)
+        if episode.error_kind is not None:
+            raise ReplayedAgentError(episode.error_kind, episode.error_detail, meta=meta)
+        sub_events = [
+            {**event, "call_id": event.get("call_id", request.call_id)} for event in episode.sub_events
+        ]
+        return AskResponse(
+            submission=episode.response, meta=meta, sub_events=sub_events, transcript=episode.transcript
+        )
+
+    def _sleep(self, cancelled: threading.Event, episode: Episode, deadline: float) -> None:
+        """Wait the episode's delay, cut by the deadline or by :meth:`cancel`."""
+        until = time.monotonic() + episode.delay
+        if cancelled.wait(max(0.0, min(until, deadline) - time.monotonic())):
+            raise AgentError(ErrorKind.DEADLINE_EXCEEDED, f"{self.alias}: episode {episode.id} cancelled")
+        if until > deadline:
+            raise AgentError(
+                ErrorKind.DEADLINE_EXCEEDED,
+                f"{self.alias}: episode {episode.id} delay {episode.delay:g}s overran the deadline",
+            )
+
+    def cancel(self, call_id: str) -> None:
+        with self._lock:
+            waits = list(self._waits.get(call_id, []))
+        for event in waits:
+            event.set()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            waits = [e for group in self._waits.values() for e in group]
+        for event in waits:
+            event.set()
