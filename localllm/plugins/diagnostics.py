@@ -1,0 +1,68 @@
+"""Diagnostics: what the plugin loader found wrong, where, and how much it cost.
+
+Every problem the loader meets becomes one :class:`Diagnostic`; the loader never raises.
+``severity`` says what happened to the thing it names:
+
+- ``error``   — that thing was dropped (the plugin, the MCP component, one skill,
+  one server entry, one flow);
+- ``warning`` — it was loaded, but something about it is wrong (an unknown manifest
+  field ignored, a credential embedded in ``env``/``headers``);
+- ``info``    — nothing is wrong per the spec, but you may be surprised (``${VAR}`` text
+  that stays literal).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Severity = Literal["error", "warning", "info"]
+
+#: the sections a diagnostic can belong to, in the order the loader reports them
+SECTIONS = ("plugin", "manifest", "skills", "mcp", "secrets", "flows")
+
+SEVERITIES: tuple[Severity, ...] = ("error", "warning", "info")
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """One loader finding.
+
+    ``section`` is the component it belongs to (``plugin``, ``manifest``, ``skills``,
+    ``mcp``, ``secrets``, ``flows``); ``rule`` a stable identifier such as
+    ``server-entry-invalid``; ``origin`` the file, with a JSON pointer after ``#`` where
+    the key is known (``/p/acme/mcp.json#/mcpServers/db/cwd``); ``clause`` the Agent
+    Plugins 1.0.0 section the rule comes from (``7.2.2``), empty for host extensions.
+    Messages never contain a secret value.
+    """
+
+    section: str
+    rule: str
+    origin: str
+    message: str
+    severity: Severity = "error"
+    clause: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.severity}: {self.section}/{self.rule}: {self.origin}: {self.message}"
+
+    def to_json(self) -> dict[str, str]:
+        """The diagnostic as a JSON object (``plugins check --json``)."""
+        return {
+            "section": self.section,
+            "rule": self.rule,
+            "origin": self.origin,
+            "message": self.message,
+            "severity": self.severity,
+            "clause": self.clause,
+        }
+
+
+def json_pointer(*parts: str | int) -> str:
+    """RFC 6901 pointer for ``parts`` (``~`` and ``/`` escaped): ``/mcpServers/a~1b``."""
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
+
+
+def origin_of(path: str, *pointer: str | int) -> str:
+    """``path#/pointer`` (or just ``path`` without pointer parts)."""
+    return f"{path}#{json_pointer(*pointer)}" if pointer else path
