@@ -1,0 +1,664 @@
+"""A llama-server child process: spawn, wait until healthy, respawn after a crash, stop.
+
+Lifecycle (``SidecarState``)::
+
+    CREATED ─ensure_ready()→ STARTING ─/health 200→ READY ─stop()→ STOPPING → STOPPED
+                                │                     │
+                                └─exit/timeout→ FAILED ←─process died─┘   (next ensure_ready respawns)
+
+Nothing is spawned before the first ``ensure_ready()``. Ports never race: the server is
+started with ``--port 0`` and the bound port is read from its ``listening on`` log line
+(or, before that line, from the process's listening socket); a build that cannot report
+it falls back to a freshly allocated port, retried on a bind failure. Every spawn also
+arms a watchdog process (``_watchdog.py``) so that no server outlives this process, even
+when it is SIGKILLed.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from localllm.errors import SidecarError, SidecarExited, SidecarStartTimeout
+
+if TYPE_CHECKING:
+    import httpx
+
+__all__ = ["MANAGED_FLAGS", "Sidecar", "SidecarState"]
+
+HOST = "127.0.0.1"
+
+#: Flags the sidecar sets itself; ``args`` must not repeat them (the last one would win
+#: inside llama-server and silently break port discovery or slot sizing).
+MANAGED_FLAGS = frozenset(
+    {"-m", "--model", "--host", "--port", "-np", "--parallel", "-c", "--ctx-size", "-t", "--threads"}
+)
+
+_TAIL_LINES = 200  # stderr lines kept per process
+_MAX_LINE = 64 * 1024  # a longer line is split rather than buffered whole
+_POLL = 0.1  # health poll interval, seconds
+_BIND_RETRIES = 3  # fresh ports tried when --port 0 is unsupported
+_SECRET_FLAGS = frozenset({"--api-key", "--hf-token", "-hft"})
+
+# New builds: "srv  llama_server: listening on http://127.0.0.1:PORT"; older ones:
+# "main: server is listening on http://127.0.0.1:PORT - starting the main loop" and
+# "main: HTTP server is listening, hostname: 127.0.0.1, port: PORT, http threads: N".
+_LISTEN_PATTERNS = (
+    re.compile(r"listening on https?://(?:\[[^\]]*\]|[^\s:/]+):(\d+)"),
+    re.compile(r"HTTP server is listening, hostname: \S+, port: (\d+)"),
+)
+_BIND_FAILED = "couldn't bind"
+
+
+class SidecarState(str, enum.Enum):
+    """Where a sidecar is in its lifecycle."""
+
+    CREATED = "created"
+    STARTING = "starting"
+    READY = "ready"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+class _PortNotReported(Exception):
+    """The build echoed port 0 and its socket cannot be inspected: use a fixed port."""
+
+
+def _redact(argv: Sequence[str]) -> list[str]:
+    """argv with secret values replaced, safe for errors, logs and reprs."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append("***")
+            hide_next = False
+            continue
+        flag, eq, _ = arg.partition("=")
+        if flag in _SECRET_FLAGS:
+            if eq:
+                out.append(f"{flag}=***")
+            else:
+                out.append(arg)
+                hide_next = True
+            continue
+        out.append(arg)
+    return out
+
+
+def _describe_exit(returncode: int | None) -> str:
+    if returncode is not None and returncode < 0:
+        try:
+            return f"was killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"was killed by signal {-returncode}"
+    return f"exited with code {returncode}"
+
+
+def _free_port() -> int:
+    """A port that was free a moment ago (racy by nature: callers retry on bind failure)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _child_env(binary: Path, overrides: Mapping[str, str] | None) -> dict[str, str]:
+    """The server's environment, built on purpose rather than inherited wholesale.
+
+    The binary's directory goes first on LD_LIBRARY_PATH: it holds the bundled
+    ``libllama``/``libggml*`` (and, for portable builds, the libstdc++ shim), and the
+    loader searches LD_LIBRARY_PATH before the binary's RUNPATH, so a stale inherited value
+    would otherwise load someone else's libraries. Inherited ``LLAMA_*`` variables are
+    dropped: llama-server reads ``LLAMA_ARG_*``/``LLAMA_API_KEY``/``LLAMA_LOG_*`` as flags,
+    and a user's shell settings for their own server must not reshape ours.
+    """
+    # Passing the environment through is not configuration; settings.py reads localllm's own.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_")}
+    inherited = env.get("LD_LIBRARY_PATH", "")
+    libdir = str(binary.resolve().parent)
+    env["LD_LIBRARY_PATH"] = libdir + (os.pathsep + inherited if inherited else "")
+    if overrides:
+        env.update(overrides)
+    return env
+
+
+def _launch_error(binary: Path, exc: OSError) -> SidecarError:
+    err = SidecarError(f"cannot run llama-server {binary}: {exc.strerror or exc}")
+    err.hint = (
+        "check that the file exists and is executable; `localllm fetch server` installs one, or set LOCALLLM_SERVER_BIN"
+    )
+    return err
+
+
+class _Process:
+    """One spawned llama-server: its stderr drain, its watchdog, and how to stop it."""
+
+    def __init__(self, argv: list[str], env: Mapping[str, str], requested_port: int) -> None:
+        self.argv = argv
+        self.requested_port = requested_port
+        self.reported_port: int | None = None
+        self.bound_port: int | None = None  # set once /health answered 200 on it
+        self.wake = threading.Event()  # set on a listening line and on stderr EOF
+        self._tail: deque[str] = deque(maxlen=_TAIL_LINES)
+        self._tail_lock = threading.Lock()
+        self._discovered: int | None = None
+        # A new session keeps the terminal's Ctrl-C away from the server: the runtime
+        # shuts it down in order (SIGTERM, grace, SIGKILL) instead of racing it.
+        self.popen = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=dict(env),
+            start_new_session=True,
+        )
+        self.pid = self.popen.pid
+        self._reader = threading.Thread(target=self._drain, name=f"llama-server-{self.pid}-stderr", daemon=True)
+        self._reader.start()
+        try:
+            self._watchdog: subprocess.Popen[bytes] | None = self._arm_watchdog()
+        except OSError:
+            self._kill_now()
+            raise
+
+    # -- stderr -------------------------------------------------------------------
+    def _drain(self) -> None:
+        """Read stderr to EOF so the server never blocks on a full pipe; keep the tail."""
+        stream = self.popen.stderr
+        assert stream is not None
+        try:
+            while raw := stream.readline(_MAX_LINE):
+                line = raw.decode("utf-8", "replace").rstrip("\r\n")
+                with self._tail_lock:
+                    self._tail.append(line)
+                if self.reported_port is None:
+                    for pattern in _LISTEN_PATTERNS:
+                        match = pattern.search(line)
+                        if match:
+                            self.reported_port = int(match.group(1))
+                            self.wake.set()
+                            break
+        except (OSError, ValueError):
+            pass  # the pipe was closed under us during shutdown; nothing left to read
+        finally:
+            stream.close()
+            self.wake.set()
+
+    def tail(self, n: int) -> str:
+        with self._tail_lock:
+            lines = list(self._tail)
+        return "\n".join(lines[-n:] if n > 0 else [])
+
+    def settle_stderr(self, timeout: float = 1.0) -> None:
+        """Give the drain thread a moment to collect the last lines of an exited process."""
+        self._reader.join(timeout)
+
+    # -- port ---------------------------------------------------------------------
+    def port(self) -> int | None:
+        """The bound port, once known. Raises ``_PortNotReported`` for a build that can't tell."""
+        if self.requested_port:
+            return self.requested_port
+        reported = self.reported_port
+        if reported:
+            return reported
+        if self._discovered is None:
+            self._discovered = self._listening_socket()
+        if self._discovered:
+            return self._discovered
+        if reported == 0:
+            raise _PortNotReported
+        return None
+
+    def _listening_socket(self) -> int | None:
+        # The server binds before it loads the model but logs the port only after; its
+        # socket reveals the port early, so /health can be polled during the load.
+        import psutil
+
+        try:
+            conns = psutil.Process(self.pid).net_connections(kind="tcp")
+        except (psutil.Error, OSError):
+            return None
+        for conn in conns:
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.ip == HOST:
+                port: int = conn.laddr.port
+                return port
+        return None
+
+    # -- watchdog -----------------------------------------------------------------
+    def _arm_watchdog(self) -> subprocess.Popen[bytes]:
+        pidfd: int | None = None
+        if hasattr(os, "pidfd_open"):
+            try:
+                # Opened while the server is our unreaped child, so it cannot name a
+                # recycled pid later.
+                pidfd = os.pidfd_open(self.pid)
+            except OSError:
+                pidfd = None
+        script = Path(__file__).with_name("_watchdog.py")
+        argv = [sys.executable, "-I", "-S", str(script), str(self.pid)]
+        if pidfd is not None:
+            argv.append(str(pidfd))
+        try:
+            return subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                pass_fds=(pidfd,) if pidfd is not None else (),
+                start_new_session=True,
+            )
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
+
+    def _disarm_watchdog(self) -> None:
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is None:
+            return
+        stdin = watchdog.stdin
+        assert stdin is not None
+        try:
+            stdin.write(b"x")  # one byte then EOF: we stopped the server ourselves
+            stdin.close()
+        except OSError:
+            pass  # the watchdog is already gone; reaping below is all that is left
+        try:
+            watchdog.wait(2.0)
+        except subprocess.TimeoutExpired:
+            watchdog.kill()
+            watchdog.wait()
+
+    # -- stopping -----------------------------------------------------------------
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def _kill_now(self) -> None:
+        self.popen.kill()
+        self.popen.wait()
+        self.settle_stderr()
+
+    def stop(self, grace: float) -> int | None:
+        """SIGTERM, wait ``grace`` seconds, then SIGKILL; reap; disarm the watchdog."""
+        if self.popen.poll() is None:
+            # llama-server shuts down cleanly on the first SIGTERM (exit 0); during model
+            # load it dies at once. A second SIGTERM would make it exit 1, so send one.
+            self.popen.terminate()
+            try:
+                self.popen.wait(max(grace, 0.0))
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        self._disarm_watchdog()
+        self.settle_stderr()
+        return self.popen.returncode
+
+
+class Sidecar:
+    """A managed ``llama-server`` for one GGUF, started on first use.
+
+    ``ensure_ready()`` is safe from many threads: the first caller spawns, the others wait
+    and share the result. A server that dies after READY is respawned on the next call.
+    ``args`` are extra flags appended verbatim (not any of ``MANAGED_FLAGS``). The context
+    is ``ctx_per_slot × parallel`` because llama-server splits ``-c`` evenly across slots;
+    ``ctx_per_slot=None`` leaves ``-c`` to the server (the model's training context).
+    ``threads=None`` lets llama-server size its threads to the machine. ``api_key`` is
+    passed through the environment (``LLAMA_API_KEY``), never on the command line.
+    """
+
+    def __init__(
+        self,
+        binary: Path,
+        model: Path,
+        *,
+        args: Sequence[str] = (),
+        parallel: int = 4,
+        ctx_per_slot: int | None = 2048,
+        threads: int | None = None,
+        port: int | None = None,
+        env: Mapping[str, str] | None = None,
+        health_timeout: float = 180.0,
+        name: str = "chat",
+        api_key: str | None = None,
+    ) -> None:
+        if isinstance(args, str):
+            raise TypeError("args must be a sequence of strings, not one string")
+        clashing = sorted({a.partition("=")[0] for a in args} & MANAGED_FLAGS)
+        if clashing:
+            raise ValueError(
+                f"sidecar {name!r}: extra args must not set {', '.join(clashing)}; "
+                "use the sidecar's own settings (port, parallel, ctx_size, threads)"
+            )
+        if parallel < 1:
+            raise ValueError(f"sidecar {name!r}: parallel must be >= 1, got {parallel}")
+        if ctx_per_slot is not None and ctx_per_slot < 1:
+            raise ValueError(f"sidecar {name!r}: ctx_per_slot must be >= 1, got {ctx_per_slot}")
+        if threads is not None and threads < 1:
+            raise ValueError(f"sidecar {name!r}: threads must be >= 1, got {threads}")
+        if port is not None and not 0 <= port <= 65535:
+            raise ValueError(f"sidecar {name!r}: port must be 0-65535, got {port}")
+        if not health_timeout > 0:
+            raise ValueError(f"sidecar {name!r}: health_timeout must be > 0, got {health_timeout}")
+        self.binary = Path(binary)
+        self.model = Path(model)
+        self.name = name
+        self.parallel = parallel
+        self.ctx_per_slot = ctx_per_slot
+        self.threads = threads
+        self.health_timeout = health_timeout
+        self._args = list(args)
+        self._port = port or None  # 0 means "pick one", the same as None
+        self._env = dict(env) if env else {}
+        if api_key is not None:
+            self._env["LLAMA_API_KEY"] = api_key
+        self._lock = threading.Lock()
+        self._stop_requested = threading.Event()
+        self._state = SidecarState.CREATED
+        self._proc: _Process | None = None
+        self._finalizer: weakref.finalize[[float], Sidecar] | None = None
+        self._ui_flag: str | None = None  # probed once: "--no-webui", "--no-ui" or ""
+        self._port_zero = True  # False once this binary proved it can't report --port 0
+        self._crashes: deque[tuple[int, str]] = deque(maxlen=8)
+        self._returncode: int | None = None
+
+    # -- public surface -------------------------------------------------------------
+    @property
+    def state(self) -> SidecarState:
+        return self._state
+
+    @property
+    def pid(self) -> int | None:
+        """The current server's pid (None before the first spawn)."""
+        proc = self._proc
+        return proc.pid if proc is not None else None
+
+    @property
+    def base_url(self) -> str | None:
+        """``http://127.0.0.1:PORT`` of the READY server, else None."""
+        proc = self._proc
+        if self._state is not SidecarState.READY or proc is None:
+            return None
+        return f"http://{HOST}:{proc.bound_port}" if proc.bound_port else None
+
+    @property
+    def returncode(self) -> int | None:
+        """Exit code of the last stopped or crashed server (negative: killed by that signal)."""
+        return self._returncode
+
+    def is_alive(self) -> bool:
+        proc = self._proc
+        return proc is not None and proc.alive()
+
+    def stderr_tail(self, n: int = 20) -> str:
+        """The last ``n`` stderr lines of the current (or last) server process."""
+        proc = self._proc
+        return proc.tail(n) if proc is not None else ""
+
+    def argv(self) -> list[str]:
+        """The argv of the current (or last) spawn, secrets redacted."""
+        proc = self._proc
+        return _redact(proc.argv) if proc is not None else []
+
+    def ensure_ready(self) -> str:
+        """Start the server if needed (or respawn a dead one); return its base URL.
+
+        Raises ``SidecarExited`` at once if the process exits during start-up, and
+        ``SidecarStartTimeout`` if /health is not 200 within ``health_timeout``.
+        """
+        proc = self._proc
+        if self._state is SidecarState.READY and proc is not None and proc.alive():
+            url = self.base_url
+            if url is not None:
+                return url
+        with self._lock:
+            proc = self._proc
+            if self._state is SidecarState.READY and proc is not None:
+                if proc.alive():
+                    url = self.base_url
+                    assert url is not None
+                    return url
+                self._record_crash(proc)
+            return self._start_locked()
+
+    def crash_detail(self, pid: int | None = None) -> str | None:
+        """Why the server went away, for a request that found it dead; None if it didn't.
+
+        Without ``pid``: the current server, if it has exited unexpectedly. With ``pid``
+        (read from ``.pid`` when the request was made): that process's exit, even if a
+        respawn has happened since.
+        """
+        if pid is not None:
+            for crashed_pid, detail in reversed(self._crashes):
+                if crashed_pid == pid:
+                    return detail
+        with self._lock:
+            proc = self._proc
+            if proc is None or (pid is not None and proc.pid != pid) or proc.alive():
+                return None
+            if self._state is SidecarState.READY:
+                return self._record_crash(proc)
+            for crashed_pid, detail in reversed(self._crashes):
+                if crashed_pid == proc.pid:
+                    return detail
+            return None
+
+    def stop(self, grace: float = 2.0) -> int | None:
+        """Stop the server: SIGTERM, up to ``grace`` s, then SIGKILL. Idempotent.
+
+        Returns the exit code (0 for a clean shutdown, -9 when it had to be killed).
+        A later ``ensure_ready()`` starts a fresh server.
+        """
+        self._stop_requested.set()  # aborts a start in progress on another thread
+        try:
+            with self._lock:
+                proc = self._proc
+                if proc is not None and self._finalizer is not None and self._finalizer.alive:
+                    self._state = SidecarState.STOPPING
+                    self._finalizer.detach()
+                    self._finalizer = None
+                    self._returncode = proc.stop(grace)
+                self._state = SidecarState.STOPPED
+                return self._returncode
+        finally:
+            self._stop_requested.clear()
+
+    def close(self) -> None:
+        self.stop()
+
+    def __enter__(self) -> Sidecar:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return (
+            f"Sidecar(name={self.name!r}, model={str(self.model)!r}, state={self._state.value}, "
+            f"pid={self.pid}, url={self.base_url})"
+        )
+
+    # -- internals --------------------------------------------------------------------
+    def _record_crash(self, proc: _Process) -> str:
+        """Mark a READY server that exited as FAILED, reap it, and remember why."""
+        self._state = SidecarState.FAILED
+        self._release(proc, grace=0.0)
+        detail = (
+            f"llama-server {self.name!r} (pid {proc.pid}) {_describe_exit(proc.popen.returncode)}; "
+            f"last stderr lines:\n{proc.tail(20)}"
+        )
+        self._crashes.append((proc.pid, detail))
+        return detail
+
+    def _release(self, proc: _Process, grace: float) -> None:
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
+        self._returncode = proc.stop(grace)
+
+    def _build_argv(self, port: int) -> list[str]:
+        argv = [
+            str(self.binary),
+            "-m",
+            str(self.model),
+            "--host",
+            HOST,
+            "--port",
+            str(port),
+            "--parallel",
+            str(self.parallel),
+        ]
+        if self.ctx_per_slot is not None:
+            argv += ["-c", str(self.ctx_per_slot * self.parallel)]
+        if self.threads is not None:
+            argv += ["-t", str(self.threads)]
+        ui_flag = self._probe_ui_flag()
+        if ui_flag:
+            argv.append(ui_flag)
+        return argv + self._args
+
+    def _probe_ui_flag(self) -> str:
+        """``--no-webui`` (or its newer name ``--no-ui``) if this binary knows it."""
+        if self._ui_flag is None:
+            try:
+                result = subprocess.run(
+                    [str(self.binary), "--help"],
+                    stdin=subprocess.DEVNULL,
+                    capture_output=True,
+                    env=_child_env(self.binary, self._env),
+                    timeout=30.0,
+                    check=False,
+                )
+                text = (result.stdout + result.stderr).decode("utf-8", "replace")
+            except subprocess.TimeoutExpired:
+                text = ""  # a binary that hangs on --help gets no optional flags
+            except OSError as exc:
+                raise _launch_error(self.binary, exc) from exc
+            if re.search(r"(?<![\w-])--no-webui(?![\w-])", text):
+                self._ui_flag = "--no-webui"
+            elif re.search(r"(?<![\w-])--no-ui(?![\w-])", text):
+                self._ui_flag = "--no-ui"
+            else:
+                self._ui_flag = ""
+        return self._ui_flag
+
+    def _start_locked(self) -> str:
+        self._state = SidecarState.STARTING
+        deadline = time.monotonic() + self.health_timeout
+        try:
+            url = self._spawn_until_ready(deadline)
+        except BaseException:
+            self._state = SidecarState.FAILED
+            raise
+        self._state = SidecarState.READY
+        return url
+
+    def _spawn_until_ready(self, deadline: float) -> str:
+        bind_failures = 0
+        while True:
+            if self._port is not None:
+                port = self._port
+            elif self._port_zero:
+                port = 0
+            else:
+                port = _free_port()
+            proc = self._spawn(port)
+            try:
+                return self._await_ready(proc, deadline)
+            except _PortNotReported:
+                self._release(proc, grace=0.0)
+                self._port_zero = False
+            except SidecarExited as exc:
+                # Only a port we picked ourselves is retried: someone took it in between.
+                if self._port is None and port and _BIND_FAILED in exc.stderr_tail:
+                    bind_failures += 1
+                    if bind_failures < _BIND_RETRIES and time.monotonic() < deadline:
+                        continue
+                raise
+
+    def _spawn(self, port: int) -> _Process:
+        argv = self._build_argv(port)
+        env = _child_env(self.binary, self._env)
+        try:
+            proc = _Process(argv, env, port)
+        except OSError as exc:
+            raise _launch_error(self.binary, exc) from exc
+        self._proc = proc
+        self._returncode = None
+        # Stops the server at interpreter exit or if this Sidecar is garbage-collected;
+        # holds the process, not the Sidecar, so it never keeps the Sidecar alive.
+        self._finalizer = weakref.finalize(self, proc.stop, 2.0)
+        return proc
+
+    def _await_ready(self, proc: _Process, deadline: float) -> str:
+        import httpx
+
+        with httpx.Client(trust_env=False) as client:
+            while True:
+                if self._stop_requested.is_set():
+                    self._release(proc, grace=0.0)
+                    raise SidecarError(f"sidecar {self.name!r} was stopped while starting")
+                if not proc.alive():
+                    self._release(proc, grace=0.0)
+                    raise self._exited(proc)
+                port = proc.port()
+                if port and self._healthy(client, port, deadline):
+                    proc.bound_port = port
+                    return f"http://{HOST}:{port}"
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self._release(proc, grace=0.0)
+                    raise self._timed_out(proc)
+                proc.wake.wait(min(_POLL, remaining))
+                proc.wake.clear()
+
+    @staticmethod
+    def _healthy(client: httpx.Client, port: int, deadline: float) -> bool:
+        import httpx
+
+        budget = max(0.05, min(2.0, deadline - time.monotonic()))
+        try:
+            response = client.get(
+                f"http://{HOST}:{port}/health", timeout=httpx.Timeout(budget, connect=min(budget, 1.0))
+            )
+        except httpx.TransportError:
+            return False  # not listening yet, or busy loading: poll again
+        return response.status_code == 200
+
+    def _exited(self, proc: _Process) -> SidecarExited:
+        proc.settle_stderr()
+        tail = proc.tail(20)
+        err = SidecarExited(argv=_redact(proc.argv), returncode=proc.popen.returncode, stderr_tail=tail)
+        if proc.requested_port and _BIND_FAILED in tail:
+            err.hint = (
+                f"port {proc.requested_port} is already in use: choose another port, "
+                "or leave it unset so llama-server picks a free one"
+            )
+        else:
+            err.hint = f"run it by hand to see the whole log: {' '.join(_redact(proc.argv))}"
+        return err
+
+    def _timed_out(self, proc: _Process) -> SidecarStartTimeout:
+        err = SidecarStartTimeout(
+            f"llama-server {self.name!r} ({self.model}) was not healthy within "
+            f"{self.health_timeout:g} s; last stderr lines:\n{proc.tail(20)}"
+        )
+        err.hint = "raise health_timeout for a large model or a slow disk, or check the log above"
+        return err

@@ -1,0 +1,477 @@
+"""Sidecar lifecycle against a fake llama-server *process* (tests/unit/fakes/fake_llama_server.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from localllm.errors import SidecarError, SidecarExited, SidecarStartTimeout
+from localllm.managed import sidecar as sidecar_mod
+from localllm.managed.sidecar import Sidecar, SidecarState
+
+FAKE = Path(__file__).resolve().parent / "fakes" / "fake_llama_server.py"
+
+
+@pytest.fixture
+def server_bin(tmp_path: Path) -> Path:
+    """An executable ``llama-server`` in its own dir that execs the fake (same pid)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    path = bindir / "llama-server"
+    path.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"GGUF fake")
+    return path
+
+
+@pytest.fixture
+def spawn_log(tmp_path: Path) -> Path:
+    return tmp_path / "spawn.jsonl"
+
+
+def events(log: Path, kind: str | None = None) -> list[dict[str, Any]]:
+    if not log.exists():
+        return []
+    rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    return [r for r in rows if kind is None or r["event"] == kind]
+
+
+def make(server_bin: Path, model: Path, spawn_log: Path, *, fake: dict[str, str] | None = None, **kw: Any) -> Sidecar:
+    env = {"FAKE_LLAMA_SPAWN_LOG": str(spawn_log), **(fake or {})}
+    kw.setdefault("health_timeout", 30.0)
+    return Sidecar(server_bin, model, env=env, **kw)
+
+
+def gone(pid: int, within: float) -> bool:
+    """True once ``pid`` no longer runs (a zombie awaiting its reaper counts as gone)."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def cleanup() -> Any:
+    made: list[Sidecar] = []
+    yield made.append
+    for sc in made:
+        sc.stop(grace=0.5)
+
+
+# -- readiness -----------------------------------------------------------------------------
+def test_ready_only_after_health_turns_200(
+    server_bin: Path, model: Path, spawn_log: Path, tmp_path: Path, cleanup: Any
+) -> None:
+    requests = tmp_path / "requests.jsonl"
+    sc = make(
+        server_bin,
+        model,
+        spawn_log,
+        fake={"FAKE_LLAMA_LOAD_DELAY": "1.0", "FAKE_LLAMA_REQUEST_LOG": str(requests)},
+    )
+    cleanup(sc)
+    assert sc.state is SidecarState.CREATED and sc.pid is None  # nothing spawned yet
+    url = sc.ensure_ready()
+    assert sc.state is SidecarState.READY
+    assert url == sc.base_url
+    assert url == f"http://127.0.0.1:{events(spawn_log, 'ready')[0]['port']}"
+    health = [json.loads(line)["status"] for line in requests.read_text().splitlines()]
+    # The socket was found while the model loaded: polled through 503s, ready on 200.
+    assert 503 in health
+    assert health[-1] == 200
+    assert httpx.get(url + "/health", trust_env=False).json() == {"status": "ok"}
+
+
+def test_argv_and_environment_are_deliberate(
+    server_bin: Path, model: Path, spawn_log: Path, monkeypatch: pytest.MonkeyPatch, cleanup: Any
+) -> None:
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/stale/lib")
+    monkeypatch.setenv("LLAMA_ARG_EMBEDDINGS", "1")  # a user's setting for their own server
+    sc = make(
+        server_bin,
+        model,
+        spawn_log,
+        parallel=2,
+        ctx_per_slot=1024,
+        threads=3,
+        args=["--embeddings", "--pooling", "mean"],
+        api_key="s3cret-key",
+    )
+    cleanup(sc)
+    sc.ensure_ready()
+    start = events(spawn_log, "start")[0]
+    assert start["argv"] == [
+        "-m", str(model), "--host", "127.0.0.1", "--port", "0", "--parallel", "2",
+        "-c", "2048", "-t", "3", "--no-webui", "--embeddings", "--pooling", "mean",
+    ]  # fmt: skip
+    assert start["ld_library_path"] == f"{server_bin.parent}{os.pathsep}/stale/lib"
+    assert start["api_key_set"] is True  # through LLAMA_API_KEY, not argv
+    assert "s3cret-key" not in repr(sc) and "s3cret-key" not in " ".join(sc.argv())
+    proc_env = psutil.Process(sc.pid).environ()
+    assert "LLAMA_ARG_EMBEDDINGS" not in proc_env
+    assert proc_env["LLAMA_API_KEY"] == "s3cret-key"
+
+
+def test_no_webui_only_when_the_binary_has_it(
+    server_bin: Path, model: Path, spawn_log: Path, monkeypatch: pytest.MonkeyPatch, cleanup: Any
+) -> None:
+    monkeypatch.setenv("FAKE_LLAMA_HELP", "none")  # --help also sees the sidecar's env
+    sc = make(server_bin, model, spawn_log, ctx_per_slot=None)
+    cleanup(sc)
+    sc.ensure_ready()
+    argv = events(spawn_log, "start")[0]["argv"]
+    assert "--no-webui" not in argv and "--no-ui" not in argv
+    assert "-c" not in argv
+
+
+def test_extra_args_may_not_override_managed_flags(server_bin: Path, model: Path) -> None:
+    with pytest.raises(ValueError, match="--port"):
+        Sidecar(server_bin, model, args=["--port", "8080"])
+    with pytest.raises(ValueError, match="parallel"):
+        Sidecar(server_bin, model, parallel=0)
+
+
+def test_stderr_flood_does_not_stall_start(server_bin: Path, model: Path, spawn_log: Path, cleanup: Any) -> None:
+    sc = make(server_bin, model, spawn_log, fake={"FAKE_LLAMA_STDERR_FLOOD": str(3 * 1024 * 1024)})
+    cleanup(sc)
+    sc.ensure_ready()
+    tail = sc.stderr_tail(5)
+    assert "listening on http://127.0.0.1:" in tail
+    assert len(tail.splitlines()) == 5
+    assert len(sc.stderr_tail(1000).splitlines()) == 200  # only a bounded tail is kept
+
+
+# -- start-up failures ------------------------------------------------------------------
+def test_exit_during_start_fails_at_once_with_code_and_tail(server_bin: Path, model: Path, spawn_log: Path) -> None:
+    sc = make(
+        server_bin,
+        model,
+        spawn_log,
+        health_timeout=120.0,
+        args=["--api-key", "hunter2"],
+        fake={"FAKE_LLAMA_MODE": "exit_during_start", "FAKE_LLAMA_EXIT_CODE": "3"},
+    )
+    started = time.monotonic()
+    with pytest.raises(SidecarExited) as info:
+        sc.ensure_ready()
+    assert time.monotonic() - started < 60  # did not sit out the 120 s health timeout
+    err = info.value
+    assert err.returncode == 3
+    assert "exiting due to model loading error" in err.stderr_tail
+    assert "exiting due to model loading error" in str(err)
+    assert err.argv[-2:] == ["--api-key", "***"]
+    assert "hunter2" not in str(err) and "hunter2" not in err.hint
+    assert sc.state is SidecarState.FAILED
+    assert not sc.is_alive()
+
+
+def test_missing_binary_is_a_sidecar_error(tmp_path: Path, model: Path) -> None:
+    sc = Sidecar(tmp_path / "nope" / "llama-server", model)
+    with pytest.raises(SidecarError, match="nope/llama-server") as info:
+        sc.ensure_ready()
+    assert "LOCALLLM_SERVER_BIN" in info.value.hint
+
+
+def test_hang_times_out_and_the_process_is_gone(server_bin: Path, model: Path, spawn_log: Path) -> None:
+    sc = make(server_bin, model, spawn_log, health_timeout=1.5, fake={"FAKE_LLAMA_MODE": "hang_start"})
+    with pytest.raises(SidecarStartTimeout) as info:
+        sc.ensure_ready()
+    assert isinstance(info.value, TimeoutError)
+    assert "loading model" in str(info.value)  # the stderr tail rides along
+    pid = events(spawn_log, "start")[0]["pid"]
+    assert sc.pid == pid
+    assert gone(pid, within=0.0)
+    assert sc.state is SidecarState.FAILED
+
+
+def test_configured_busy_port_is_a_clear_exit(server_bin: Path, model: Path, spawn_log: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        sc = make(server_bin, model, spawn_log, port=port)
+        with pytest.raises(SidecarExited) as info:
+            sc.ensure_ready()
+    assert info.value.returncode == 1
+    assert "couldn't bind" in info.value.stderr_tail
+    assert f"port {port} is already in use" in info.value.hint
+    assert len(events(spawn_log, "start")) == 1  # a configured port is not retried
+
+
+def test_build_without_port_zero_falls_back_to_allocated_ports(
+    server_bin: Path, model: Path, spawn_log: Path, monkeypatch: pytest.MonkeyPatch, cleanup: Any
+) -> None:
+    # An old build echoes "port: 0" and (here) its socket cannot be inspected.
+    monkeypatch.setattr(sidecar_mod._Process, "_listening_socket", lambda self: None)
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    busy_port = busy.getsockname()[1]
+    ports = iter([busy_port])
+    real_free_port = sidecar_mod._free_port
+    monkeypatch.setattr(sidecar_mod, "_free_port", lambda: next(ports, None) or real_free_port())
+    sc = make(server_bin, model, spawn_log, fake={"FAKE_LLAMA_LOG": "zero"})
+    cleanup(sc)
+    try:
+        url = sc.ensure_ready()
+    finally:
+        busy.close()
+    starts = [e["argv"][e["argv"].index("--port") + 1] for e in events(spawn_log, "start")]
+    assert starts[0] == "0"  # tried --port 0 first
+    assert starts[1] == str(busy_port)
+    assert len(starts) == 3  # then a port someone else took (bind failed), then a free one
+    assert url == f"http://127.0.0.1:{starts[2]}"
+    sc.stop()
+    sc.ensure_ready()  # the verdict is cached: no second --port 0 attempt
+    assert [e["argv"][e["argv"].index("--port") + 1] for e in events(spawn_log, "start")][3] != "0"
+
+
+def test_old_log_format_is_understood(server_bin: Path, model: Path, spawn_log: Path, cleanup: Any) -> None:
+    sc = make(server_bin, model, spawn_log, fake={"FAKE_LLAMA_LOG": "old"})
+    cleanup(sc)
+    assert sc.ensure_ready() == f"http://127.0.0.1:{events(spawn_log, 'ready')[0]['port']}"
+
+
+# -- concurrency ---------------------------------------------------------------------------
+def test_stampede_of_sixteen_threads_spawns_once(server_bin: Path, model: Path, spawn_log: Path, cleanup: Any) -> None:
+    sc = make(server_bin, model, spawn_log, fake={"FAKE_LLAMA_LOAD_DELAY": "0.5"})
+    cleanup(sc)
+    barrier = threading.Barrier(16)
+    urls: list[str] = []
+    errors: list[BaseException] = []
+
+    def call() -> None:
+        barrier.wait()
+        try:
+            urls.append(sc.ensure_ready())
+        except BaseException as exc:  # collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    assert len(urls) == 16 and len(set(urls)) == 1
+    assert len(events(spawn_log, "start")) == 1
+
+
+def test_stop_while_starting_aborts_the_start(server_bin: Path, model: Path, spawn_log: Path) -> None:
+    sc = make(server_bin, model, spawn_log, fake={"FAKE_LLAMA_MODE": "hang_start"})
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            sc.ensure_ready()
+        except BaseException as exc:  # asserted below
+            errors.append(exc)
+
+    t = threading.Thread(target=start)
+    t.start()
+    deadline = time.monotonic() + 20
+    while not events(spawn_log, "start") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    sc.stop()
+    t.join(20)
+    assert len(errors) == 1 and isinstance(errors[0], SidecarError)
+    assert "stopped while starting" in str(errors[0])
+    assert sc.state is SidecarState.STOPPED
+    assert gone(events(spawn_log, "start")[0]["pid"], within=0.0)
+
+
+# -- crashes -------------------------------------------------------------------------------
+def test_crash_after_ready_is_detected_and_respawned(
+    server_bin: Path, model: Path, spawn_log: Path, cleanup: Any
+) -> None:
+    sc = make(
+        server_bin,
+        model,
+        spawn_log,
+        fake={"FAKE_LLAMA_MODE": "crash_after_ready", "FAKE_LLAMA_CRASH_AFTER": "0.3"},
+    )
+    cleanup(sc)
+    sc.ensure_ready()
+    first = sc.pid
+    assert first is not None
+    deadline = time.monotonic() + 20
+    while sc.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    detail = sc.crash_detail()
+    assert detail is not None
+    assert "exited with code 134" in detail and "simulated crash" in detail
+    assert sc.state is SidecarState.FAILED
+    sc.ensure_ready()
+    assert sc.pid != first
+    assert len(events(spawn_log, "start")) == 2
+    assert sc.crash_detail(pid=first) == detail  # still there for the request that hit it
+
+
+def test_server_killed_with_sigkill_is_respawned(server_bin: Path, model: Path, spawn_log: Path, cleanup: Any) -> None:
+    sc = make(server_bin, model, spawn_log)
+    cleanup(sc)
+    url = sc.ensure_ready()
+    first = sc.pid
+    assert first is not None and sc.crash_detail() is None
+    os.kill(first, signal.SIGKILL)
+    with pytest.raises(httpx.TransportError):
+        # A request to the dead server fails at the transport; the agent asks why.
+        for _ in range(200):
+            httpx.get(url + "/health", trust_env=False, timeout=2.0)
+            time.sleep(0.02)
+    assert "killed by SIGKILL" in (sc.crash_detail(pid=first) or "")
+    new_url = sc.ensure_ready()
+    assert sc.pid != first and sc.state is SidecarState.READY
+    assert httpx.get(new_url + "/health", trust_env=False).status_code == 200
+    assert len(events(spawn_log, "start")) == 2
+
+
+# -- stopping ------------------------------------------------------------------------------
+def test_well_behaved_server_gets_only_sigterm(server_bin: Path, model: Path, spawn_log: Path) -> None:
+    sc = make(server_bin, model, spawn_log)
+    sc.ensure_ready()
+    pid = sc.pid
+    assert sc.stop() == 0
+    assert sc.state is SidecarState.STOPPED
+    assert [e["signal"] for e in events(spawn_log, "signal")] == ["SIGTERM"]
+    assert events(spawn_log, "exit") == [{"event": "exit", "pid": pid, "code": 0}]
+    assert sc.stop() == 0  # idempotent
+    assert sc.state is SidecarState.STOPPED and not sc.is_alive()
+
+
+def test_wedged_server_gets_sigkill_after_grace(server_bin: Path, model: Path, spawn_log: Path) -> None:
+    sc = make(server_bin, model, spawn_log, fake={"FAKE_LLAMA_MODE": "ignore_sigterm"})
+    sc.ensure_ready()
+    assert sc.stop(grace=0.5) == -signal.SIGKILL
+    assert [e["signal"] for e in events(spawn_log, "signal")] == ["SIGTERM"]
+    assert events(spawn_log, "exit") == []  # it never got to exit on its own
+
+
+def test_context_manager_stops_and_a_stopped_sidecar_can_start_again(
+    server_bin: Path, model: Path, spawn_log: Path
+) -> None:
+    with make(server_bin, model, spawn_log) as sc:
+        sc.ensure_ready()
+        pid = sc.pid
+        assert pid is not None
+    assert sc.state is SidecarState.STOPPED and gone(pid, within=0.0)
+    with sc:
+        sc.ensure_ready()
+        assert sc.pid != pid
+    assert len(events(spawn_log, "start")) == 2
+
+
+_CHILD = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from localllm.managed.sidecar import Sidecar
+
+    sc = Sidecar(Path(sys.argv[1]), Path(sys.argv[2]), env={"FAKE_LLAMA_SPAWN_LOG": sys.argv[3]})
+    sc.ensure_ready()
+    print(sc.pid, flush=True)
+    if sys.argv[4] == "hang":
+        time.sleep(600)
+    # "exit": leave without stop(); the exit-time finalizer must stop the server.
+    """
+)
+
+
+def _run_child(
+    tmp_path: Path, server_bin: Path, model: Path, spawn_log: Path, how: str
+) -> tuple[subprocess.Popen[str], int]:
+    script = tmp_path / "child.py"
+    script.write_text(_CHILD)
+    child = subprocess.Popen(
+        [sys.executable, str(script), str(server_bin), str(model), str(spawn_log), how],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None
+    line = child.stdout.readline()
+    child.stdout.close()
+    return child, int(line)
+
+
+def test_sigkilled_parent_leaves_no_orphan(tmp_path: Path, server_bin: Path, model: Path, spawn_log: Path) -> None:
+    child, server_pid = _run_child(tmp_path, server_bin, model, spawn_log, "hang")
+    assert psutil.Process(server_pid).is_running()
+    child.kill()
+    child.wait()
+    assert gone(server_pid, within=2.0)
+    assert [e["signal"] for e in events(spawn_log, "signal")] == ["SIGTERM"]  # from the watchdog
+
+
+def test_parent_exiting_without_stop_stops_the_server(
+    tmp_path: Path, server_bin: Path, model: Path, spawn_log: Path
+) -> None:
+    child, server_pid = _run_child(tmp_path, server_bin, model, spawn_log, "exit")
+    assert child.wait(30) == 0
+    assert gone(server_pid, within=2.0)
+    assert events(spawn_log, "exit") == [{"event": "exit", "pid": server_pid, "code": 0}]
+
+
+# -- the fake itself (other suites rely on it) -----------------------------------------
+def test_fake_speaks_the_api_with_key_enforcement(server_bin: Path, model: Path, spawn_log: Path, cleanup: Any) -> None:
+    sc = make(server_bin, model, spawn_log, api_key="k1", parallel=2)
+    cleanup(sc)
+    url = sc.ensure_ready()
+    auth = {"Authorization": "Bearer k1"}
+    with httpx.Client(trust_env=False, timeout=10.0) as client:
+        assert client.get(url + "/v1/models").status_code == 401
+        assert client.get(url + "/health").status_code == 200
+        assert client.get(url + "/props", headers={"X-Api-Key": "k1"}).json()["total_slots"] == 2
+        schema = {
+            "type": "object",
+            "properties": {"verdict": {"enum": ["yes", "no"]}, "score": {"type": "number", "minimum": 2}},
+            "required": ["verdict", "score"],
+        }
+        body = {
+            "messages": [{"role": "user", "content": "Is it?"}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}},
+        }
+        answer = client.post(url + "/v1/chat/completions", json=body, headers=auth).json()
+        assert json.loads(answer["choices"][0]["message"]["content"]) == {"verdict": "yes", "score": 2.0}
+        assert answer["usage"]["prompt_tokens"] == 3 and "timings" in answer
+        emb = client.post(url + "/v1/embeddings", json={"input": ["a"]}, headers=auth)
+        assert emb.status_code == 501  # started without --embeddings, like the real one
+
+
+def test_fake_embeddings_are_deterministic_and_normalised(
+    server_bin: Path, model: Path, spawn_log: Path, cleanup: Any
+) -> None:
+    sc = make(server_bin, model, spawn_log, parallel=1, args=["--embeddings"], fake={"FAKE_LLAMA_EMBD_DIM": "8"})
+    cleanup(sc)
+    url = sc.ensure_ready()
+    with httpx.Client(trust_env=False, timeout=10.0) as client:
+        data = client.post(url + "/v1/embeddings", json={"input": ["apple", "pear", "apple"]}).json()["data"]
+        assert [d["index"] for d in data] == [0, 1, 2]
+        assert data[0]["embedding"] == data[2]["embedding"] != data[1]["embedding"]
+        assert abs(sum(x * x for x in data[1]["embedding"]) - 1.0) < 1e-9
+        too_long = client.post(url + "/v1/embeddings", json={"input": "w " * 600})
+        assert too_long.status_code == 500 and "too large to process" in too_long.text
