@@ -1,0 +1,830 @@
+"""Will the pinned llama-server enforce every structural constraint of a JSON Schema?
+
+:func:`check_subset` walks a schema the way llama.cpp's converter does
+(``common/json-schema.cpp`` builds a typed tree, ``common/json-schema-to-grammar.cpp``
+turns it into GBNF) and reports each place where the server would refuse the schema,
+silently ignore a constraint that validation still enforces, or fall back to "any
+string". Findings are ``error`` (out of the subset: the request fails, or the grammar
+lets through answers validation rejects) or ``warning`` (a value-level constraint the
+grammar ignores, e.g. a number bound; validation catches it).
+
+How the converter reads a schema object, and so how this module does:
+
+1. ``$ref`` wins: every keyword beside it is ignored. Only ``#/…`` pointers into the
+   same document resolve (no ``~``/``%`` unescaping); ``#``, remote and unresolvable refs
+   fail the request, and a ref cycle that consumes no input is left recursion (fails).
+2. ``oneOf`` (else ``anyOf``) wins next: every sibling keyword is ignored; ``oneOf`` is
+   generated as ``anyOf``.
+3. ``type`` as a list is expanded into alternatives; then ``const``, then ``enum`` win,
+   ignoring their siblings.
+4. The type (or, without one, the structural keywords in the order properties →
+   allOf → items → string keywords) picks one kind; keywords the kind does not read are
+   ignored.
+
+Paths are JSON paths from ``$`` (``$.properties.a.items``), siblings are visited in
+sorted order, and findings inside a ``$ref`` target are reported once, at the target.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Severity = Literal["error", "warning"]
+
+SUBSET = "is outside the llama.cpp grammar subset"
+_REJECTS = "(llama.cpp rejects the request)"
+
+# Keywords a JSON Schema validator enforces (draft 2020-12 plus earlier drafts' names).
+# Anything else (title, description, $defs, x-…) constrains nothing and is never a finding.
+_OBJECT_KW = frozenset({
+    "properties", "patternProperties", "additionalProperties", "propertyNames", "required",
+    "dependentRequired", "dependentSchemas", "dependencies", "minProperties", "maxProperties",
+    "unevaluatedProperties",
+})
+_ARRAY_KW = frozenset({
+    "items", "prefixItems", "contains", "minContains", "maxContains", "minItems", "maxItems",
+    "uniqueItems", "unevaluatedItems",
+})
+_STRING_KW = frozenset({"pattern", "minLength", "maxLength", "format"})
+_NUMBER_KW = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
+_ANY_KW = frozenset({
+    "allOf", "anyOf", "oneOf", "not", "if", "enum", "const", "type", "$ref", "$dynamicRef",
+    "$recursiveRef",
+})
+ASSERTION_KEYWORDS = _OBJECT_KW | _ARRAY_KW | _STRING_KW | _NUMBER_KW | _ANY_KW
+
+# Ignored but value-level: validation still rejects a bad answer, the shape is right.
+_WARNING_KW = _NUMBER_KW | {"minProperties", "maxProperties", "format"}
+
+_RELEVANT: dict[str, frozenset[str]] = {
+    "object": _OBJECT_KW | _ANY_KW,
+    "array": _ARRAY_KW | _ANY_KW,
+    "string": _STRING_KW | _ANY_KW,
+    "integer": _NUMBER_KW | _ANY_KW,
+    "number": _NUMBER_KW | _ANY_KW,
+    "boolean": _ANY_KW,
+    "null": _ANY_KW,
+    "any": ASSERTION_KEYWORDS,
+}
+_TYPES = frozenset({"object", "array", "string", "integer", "number", "boolean", "null"})
+_KNOWN_FORMATS = frozenset({"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5"})
+
+_IDENT = re.compile(r"^[A-Za-z_$][A-Za-z0-9_$-]*$")
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One finding: where (JSON path of the schema object), what keyword, why, how bad."""
+
+    path: str
+    construct: str
+    message: str
+    severity: Severity = "error"
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def format_violation(v: Violation, alias: str, schema_file: str) -> str:
+    """The load-time message for a ``grammar: true`` local_llm decide gate."""
+    return (
+        f'agent "{alias}" is builtin.local_llm with grammar: true but its decide schema '
+        f'"{schema_file}" {SUBSET}: {v.message}'
+    )
+
+
+def check_subset(schema: Mapping[str, Any] | Any, *, where: str = "") -> list[Violation]:
+    """Every finding for ``schema``, in a stable order (depth first, keys sorted).
+
+    ``where`` optionally labels the schema (e.g. its file); messages then start with it.
+    """
+    checker = _Checker(schema)
+    checker.visit(schema, "$", owner="$")
+    checker.check_left_recursion()
+    out: list[Violation] = []
+    seen: set[tuple[str, str, str]] = set()
+    for v in checker.findings:
+        key = (v.path, v.construct, v.message)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(Violation(v.path, v.construct, f"{where}: {v.message}", v.severity) if where else v)
+    return out
+
+
+def child_path(path: str, key: str | int) -> str:
+    """``$.a`` + ``b`` → ``$.a.b``; odd keys and indexes use brackets."""
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    if _IDENT.match(key):
+        return f"{path}.{key}"
+    return f"{path}[{json.dumps(key, ensure_ascii=False)}]"
+
+
+def parse_path(path: str) -> list[str | int]:
+    """Inverse of :func:`child_path`: ``$.a["b c"][0]`` → ``["a", "b c", 0]``."""
+    if not path.startswith("$"):
+        raise ValueError(f"not a JSON path: {path!r}")
+    tokens: list[str | int] = []
+    i = 1
+    while i < len(path):
+        if path[i] == ".":
+            m = re.compile(r"[A-Za-z_$][A-Za-z0-9_$-]*").match(path, i + 1)
+            if not m:
+                raise ValueError(f"bad JSON path {path!r} at {i}")
+            tokens.append(m.group(0))
+            i = m.end()
+        elif path.startswith("[", i):
+            if path.startswith('["', i):
+                decoder = json.JSONDecoder()
+                key, end = decoder.raw_decode(path, i + 1)
+                tokens.append(str(key))
+                i = end + 1
+            else:
+                end = path.index("]", i)
+                tokens.append(int(path[i + 1:end]))
+                i = end + 1
+        else:
+            raise ValueError(f"bad JSON path {path!r} at {i}")
+    return tokens
+
+
+def _q(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def unsupported(path: str, key: str, why: str = "") -> str:
+    """The reference message shape for a keyword llama.cpp does not enforce."""
+    text = f'{path}: unsupported construct "{key}" {SUBSET}'
+    return f"{text} ({why})" if why else text
+
+
+class _Checker:
+    """One walk over one schema document; owns its findings and ref bookkeeping."""
+
+    def __init__(self, root: Any) -> None:
+        self.root = root
+        self.findings: list[Violation] = []
+        self.followed: set[str] = set()
+        # Refs reachable from each ref target (or "$") without consuming input: a cycle
+        # here is a left-recursive grammar, which llama.cpp refuses to parse.
+        self.bare_edges: dict[str, list[tuple[str, str]]] = {}
+
+    # ------------------------------------------------------------------ helpers
+
+    def error(self, path: str, construct: str, message: str) -> None:
+        self.findings.append(Violation(path, construct, message, "error"))
+
+    def warn(self, path: str, construct: str, message: str) -> None:
+        self.findings.append(Violation(path, construct, message, "warning"))
+
+    def ignored(self, path: str, key: str, why: str = "") -> None:
+        if key in _WARNING_KW:
+            reason = f" ({why})" if why else ""
+            self.warn(path, key, f'{path}: "{key}" is not enforced by the llama.cpp grammar{reason}; '
+                                 "validation still checks it")
+        else:
+            self.error(path, key, unsupported(path, key, why))
+
+    def resolve(self, ref: str) -> tuple[Any, str] | None:
+        """Resolve ``#/a/b`` exactly as llama.cpp does (split on ``/``, no unescaping)."""
+        target = self.root
+        path = "$"
+        for token in ref[1:].split("/")[1:]:
+            if isinstance(target, dict) and token in target:
+                target = target[token]
+                path = child_path(path, token)
+            elif isinstance(target, list) and token.isdigit() and int(token) < len(target):
+                target = target[int(token)]
+                path = child_path(path, int(token))
+            else:
+                return None
+        return target, path
+
+    # ------------------------------------------------------------------ walk
+
+    def visit(self, node: Any, path: str, *, owner: str | None) -> None:
+        """Check one subschema. ``owner`` is the ref (or "$") whose input is not yet consumed."""
+        if isinstance(node, bool):
+            self.error(path, "boolean schema",
+                       f"{path}: boolean subschema {_q(node)} {SUBSET} (llama.cpp rejects the request; "
+                       + ("use {} instead" if node else "remove the keyword or use a schema that says what is allowed")
+                       + ")")
+            return
+        if not isinstance(node, dict):
+            self.error(path, "schema", f"{path}: a schema must be a JSON object, got {_q(node)}")
+            return
+        if "$ref" in node:
+            self.visit_ref(node, path, owner=owner)
+            return
+        if "oneOf" in node or "anyOf" in node:
+            self.visit_alternatives(node, path, owner=owner)
+            return
+        if "const" in node:
+            self.check_literals(node, path, "const", [node["const"]])
+            return
+        if "enum" in node:
+            values = node["enum"]
+            if not isinstance(values, list) or not values:
+                self.error(path, "enum", f'{path}: "enum" must be a non-empty array {_REJECTS}')
+                return
+            self.check_literals(node, path, "enum", values)
+            return
+        type_ = node.get("type")
+        if isinstance(type_, list):
+            if not type_:
+                self.error(path, "type", f'{path}: "type" must not be an empty array {_REJECTS}')
+            for t in type_:
+                self.visit_typed(node, path, t, owner=owner)
+            return
+        self.visit_typed(node, path, type_, owner=owner)
+
+    def visit_ref(self, node: dict[str, Any], path: str, *, owner: str | None) -> None:
+        for key in sorted(node):
+            if key != "$ref" and _asserts(node, key):
+                self.error(path, key, unsupported(
+                    path, key, 'llama.cpp ignores every keyword beside "$ref"; move it into the referenced schema'))
+        ref = node["$ref"]
+        if not isinstance(ref, str):
+            self.error(path, "$ref", f'{path}: "$ref" must be a string, got {_q(ref)}')
+            return
+        if ref == "#":
+            self.error(path, "$ref", f'{path}: "$ref": "#" (the whole document) {SUBSET}; '
+                                     'move the recursive part into "$defs" and reference "#/$defs/<name>"')
+            return
+        if not ref.startswith("#/"):
+            self.error(path, "$ref", f"{path}: \"$ref\": {_q(ref)} {SUBSET}; only local "
+                                     '"#/..." references into the same document are supported')
+            return
+        resolved = self.resolve(ref)
+        if resolved is None:
+            self.error(path, "$ref", f"{path}: \"$ref\": {_q(ref)} cannot be resolved in this document "
+                                     "(llama.cpp resolves #/ pointers literally, without ~0/~1 or % unescaping)")
+            return
+        target, target_path = resolved
+        if owner is not None:
+            self.bare_edges.setdefault(owner, []).append((ref, path))
+        if ref in self.followed:
+            return
+        self.followed.add(ref)
+        self.visit(target, target_path, owner=ref)
+
+    def visit_alternatives(self, node: dict[str, Any], path: str, *, owner: str | None) -> None:
+        key = "oneOf" if "oneOf" in node else "anyOf"
+        if key == "oneOf" and "anyOf" in node:
+            why = 'llama.cpp uses "oneOf" and ignores "anyOf" beside it'
+            self.error(path, "anyOf", unsupported(path, "anyOf", why))
+        siblings = [k for k in sorted(node) if _asserts(node, k) and k not in ("anyOf", "oneOf")]
+        if siblings:
+            if "properties" in siblings or "type" in siblings:
+                self.error(path, key, f'{path}: "{key}" alongside sibling properties/type {SUBSET}')
+            else:
+                names = ", ".join(f'"{k}"' for k in siblings)
+                self.error(path, key, f'{path}: "{key}" alongside sibling {names} {SUBSET} '
+                                      f'(llama.cpp ignores every keyword beside "{key}")')
+        alts = node[key]
+        if not isinstance(alts, list) or not alts:
+            self.error(
+                path, key, f'{path}: "{key}" must be a non-empty array of schemas {_REJECTS}')
+            return
+        if key == "oneOf" and not self.disjoint(alts):
+            self.warn(path, "oneOf", f'{path}: "oneOf" is enforced as "anyOf" by the llama.cpp grammar '
+                                     "(exclusivity is not enforced); validation still checks it")
+        for i, alt in enumerate(alts):
+            self.visit(alt, child_path(child_path(path, key), i), owner=owner)
+
+    def visit_typed(self, node: dict[str, Any], path: str, type_: Any, *, owner: str | None) -> None:
+        if type_ is not None and (not isinstance(type_, str) or type_ not in _TYPES):
+            self.error(
+                path, "type", f'{path}: "type" {_q(type_)} is not a JSON Schema type {_REJECTS}')
+            return
+        has_props = _has_properties(node)
+        kind: str
+        if type_ is None:
+            if has_props:
+                kind = "object"
+            elif "allOf" in node:
+                kind = "allOf"
+            elif "items" in node or "prefixItems" in node:
+                kind = "array"
+            elif ("pattern" in node or "minLength" in node or "maxLength" in node
+                  or (isinstance(node.get("format"), str) and node["format"] in _KNOWN_FORMATS)):
+                kind = "string"
+            else:
+                kind = "any"
+        elif type_ == "object":
+            kind = "allOf" if not has_props and "allOf" in node else "object"
+        elif type_ == "string" and "allOf" in node:
+            self.error(path, "allOf", f'{path}: "allOf" under type "string" {SUBSET} '
+                                      '(llama.cpp\'s converter turns it into an object rule that accepts only "{}")')
+            return
+        else:
+            kind = str(type_)
+        handler = {
+            "object": self.visit_object, "array": self.visit_array, "string": self.visit_string,
+            "integer": self.visit_integer, "allOf": self.visit_all_of,
+        }.get(kind)
+        handled = handler(node, path) if handler is not None else frozenset()
+        relevant = _RELEVANT["object" if kind == "allOf" else kind]
+        for key in sorted(node):
+            if key in relevant and key not in handled and key != "type" and _asserts(node, key):
+                if key == "if":
+                    self.ignored(path, key, 'llama.cpp ignores "if"/"then"/"else"')
+                else:
+                    self.ignored(path, key)
+
+    # ------------------------------------------------------------------ kinds
+
+    def visit_object(self, node: dict[str, Any], path: str) -> frozenset[str]:
+        props = node.get("properties", {})
+        if not isinstance(props, dict):
+            self.error(path, "properties", f'{path}: "properties" must be an object {_REJECTS}')
+            props = {}
+        for name in sorted(props):
+            self.visit(props[name], child_path(child_path(path, "properties"), name), owner=None)
+        if "additionalProperties" in node:
+            extra = node["additionalProperties"]
+            if isinstance(extra, dict):
+                self.visit(extra, child_path(path, "additionalProperties"), owner=None)
+            elif not isinstance(extra, bool):
+                self.error(path, "additionalProperties",
+                           f'{path}: "additionalProperties" must be a boolean or a schema {_REJECTS}')
+        self.check_required(node, path, set(props) if "properties" in node else set())
+        return frozenset({"properties", "additionalProperties", "required"})
+
+    def check_required(self, node: dict[str, Any], path: str, known: set[str]) -> None:
+        required = node.get("required")
+        if not isinstance(required, list):
+            return
+        missing = sorted({r for r in required if isinstance(r, str) and r not in known})
+        if missing:
+            names = ", ".join(_q(m) for m in missing)
+            self.error(path, "required",
+                       f'{path}: "required" {names} without a schema in "properties" {SUBSET}: '
+                       "llama.cpp only generates listed properties, so it cannot enforce it")
+
+    def visit_array(self, node: dict[str, Any], path: str) -> frozenset[str]:
+        for bound in ("minItems", "maxItems"):
+            if bound in node and not _count(node[bound]):
+                self.error(path, bound, f'{path}: "{bound}" must be a non-negative integer {_REJECTS}')
+        key: str | None = "items" if "items" in node else "prefixItems" if "prefixItems" in node else None
+        if key == "items" and "prefixItems" in node:
+            self.error(path, "prefixItems", unsupported(
+                path, "prefixItems", 'llama.cpp uses "items" for every element and ignores "prefixItems" beside it'))
+        if key is None:
+            return frozenset({"minItems", "maxItems"})
+        items = node[key]
+        if isinstance(items, list):
+            for i, item in enumerate(items):
+                self.visit(item, child_path(child_path(path, key), i), owner=None)
+            self.check_tuple_bounds(node, path, len(items))
+            return frozenset({key, "minItems", "maxItems"})
+        self.visit(items, child_path(path, key), owner=None)
+        return frozenset({key, "minItems", "maxItems"})
+
+    def check_tuple_bounds(self, node: dict[str, Any], path: str, n: int) -> None:
+        # A tuple is generated with exactly n elements; the converter ignores min/maxItems.
+        lo: Any = node.get("minItems")
+        hi: Any = node.get("maxItems")
+        too_few = _count(lo) and int(lo) > n
+        too_many = _count(hi) and int(hi) < n
+        for key, bad in (("minItems", too_few), ("maxItems", too_many)):
+            if bad:
+                self.error(path, key, unsupported(
+                    path, key, f"llama.cpp ignores it on a tuple and always generates exactly {n} element(s)"))
+
+    def visit_string(self, node: dict[str, Any], path: str) -> frozenset[str]:
+        fmt = node.get("format")
+        if "format" in node and not isinstance(fmt, str):
+            self.error(path, "format", f'{path}: "format" must be a string {_REJECTS}')
+        for key in ("minLength", "maxLength"):
+            if key in node and not _count(node[key]):
+                self.error(path, key, f'{path}: "{key}" must be a non-negative integer {_REJECTS}')
+        if "pattern" in node:
+            self.check_pattern(node["pattern"], path)
+            for key in ("format", "maxLength", "minLength"):
+                if key in node:
+                    self.ignored(path, key, 'llama.cpp ignores it beside "pattern"; fold it into the pattern')
+            return frozenset(_STRING_KW)
+        if isinstance(fmt, str) and fmt in _KNOWN_FORMATS:
+            for key in ("maxLength", "minLength"):
+                if key in node:
+                    self.ignored(path, key, f'llama.cpp ignores it beside "format": {_q(fmt)}')
+            return frozenset(_STRING_KW)
+        if "format" in node and isinstance(fmt, str):
+            self.ignored(path, "format", "llama.cpp only knows the formats date, date-time, time and uuid")
+        return frozenset(_STRING_KW)
+
+    def visit_integer(self, node: dict[str, Any], path: str) -> frozenset[str]:
+        handled = set()
+        for plain, exclusive in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
+            used = plain if plain in node else exclusive if exclusive in node else None
+            if used is None:
+                continue
+            value = node[used]
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                self.error(path, used, f'{path}: "{used}" must be a number {_REJECTS}, '
+                                       f"got {_q(value)}")
+            handled.add(used)
+            if used == plain and exclusive in node:
+                self.ignored(path, exclusive, f'llama.cpp reads only "{plain}" when both are present')
+                handled.add(exclusive)
+        return frozenset(handled)
+
+    def visit_all_of(self, node: dict[str, Any], path: str) -> frozenset[str]:
+        # The converter merges allOf components by hand: only object components' properties
+        # (all made required, object closed) or, when every component is an enum, the
+        # intersection of the enums. Anything else in a component is dropped.
+        comps = node["allOf"]
+        if not isinstance(comps, list) or not comps:
+            self.error(
+                path, "allOf", f'{path}: "allOf" must be a non-empty array of schemas {_REJECTS}')
+            return frozenset({"allOf"})
+        resolved: list[tuple[Any, str]] = []
+        for i, comp in enumerate(comps):
+            cpath = child_path(child_path(path, "allOf"), i)
+            target = self.follow_component(comp, cpath)
+            if target is not None:
+                resolved.append(target)
+        if not resolved:
+            return frozenset({"allOf"})
+        if all(isinstance(c, dict) and "enum" in c and "$ref" not in c for c, _ in resolved) \
+                and len(resolved) == len(comps):
+            common = {_q(v) for v in resolved[0][0]["enum"]} if isinstance(resolved[0][0]["enum"], list) else set()
+            for comp, _ in resolved[1:]:
+                common &= {_q(v) for v in comp["enum"]} if isinstance(comp["enum"], list) else set()
+            if not common:
+                self.error(path, "allOf", f'{path}: "allOf" of enums with no common value {SUBSET}')
+            return frozenset({"allOf"})
+        seen: dict[str, str] = {}
+        for comp, cpath in resolved:
+            self.visit_all_of_component(comp, cpath, seen)
+        self.check_required(node, path, set(seen))
+        return frozenset({"allOf", "required"})
+
+    def follow_component(self, comp: Any, cpath: str) -> tuple[Any, str] | None:
+        chain: set[str] = set()
+        while isinstance(comp, dict) and "$ref" in comp:
+            ref = comp["$ref"]
+            if not isinstance(ref, str) or not ref.startswith("#/") or ref in chain:
+                self.visit(comp, cpath, owner=None)  # reports the bad ref
+                return None
+            for key in sorted(comp):
+                if key != "$ref" and _asserts(comp, key):
+                    self.error(cpath, key, unsupported(cpath, key, 'llama.cpp ignores every keyword beside "$ref"'))
+            chain.add(ref)
+            resolved = self.resolve(ref)
+            if resolved is None:
+                self.visit(comp, cpath, owner=None)
+                return None
+            comp, cpath = resolved
+        if isinstance(comp, dict) and ("anyOf" in comp or "oneOf" in comp):
+            key = "oneOf" if "oneOf" in comp else "anyOf"
+            why = "inside allOf, llama.cpp merges the alternatives into one object with every property optional"
+            self.error(cpath, key, unsupported(cpath, key, why))
+            return None
+        if not isinstance(comp, dict):
+            self.visit(comp, cpath, owner=None)
+            return None
+        return comp, cpath
+
+    def visit_all_of_component(self, comp: dict[str, Any], cpath: str, seen: dict[str, str]) -> None:
+        type_ = comp.get("type")
+        has_props = _has_properties(comp)
+        is_object = "enum" not in comp and "const" not in comp and (has_props or type_ == "object") \
+            and not (type_ is not None and type_ != "object")
+        if not is_object:
+            for key in sorted(comp):
+                if _asserts(comp, key):
+                    self.error(cpath, key, unsupported(
+                        cpath, key, "llama.cpp keeps only the properties of object components of an allOf"))
+            return
+        props = comp.get("properties", {})
+        if isinstance(props, dict):
+            for name in sorted(props):
+                ppath = child_path(child_path(cpath, "properties"), name)
+                if name in seen:
+                    self.error(ppath, "allOf", f'{ppath}: property {_q(name)} in more than one "allOf" component '
+                                               f"(also {seen[name]}) {SUBSET}: llama.cpp emits the key twice")
+                    continue
+                seen[name] = ppath
+                self.visit(props[name], ppath, owner=None)
+        for key in sorted(comp):
+            if _asserts(comp, key) and key not in ("properties", "required", "type"):
+                why = ("llama.cpp closes the merged object and ignores it; it rejects other components' properties"
+                       if key == "additionalProperties" else
+                       "llama.cpp keeps only the properties of object components of an allOf")
+                self.ignored(cpath, key, why)
+
+    # ------------------------------------------------------------------ literals, patterns
+
+    def check_literals(self, node: dict[str, Any], path: str, key: str, values: Sequence[Any]) -> None:
+        """``const``/``enum`` win over their siblings; they must all satisfy what is ignored."""
+        rest = {k: v for k, v in node.items() if k != key and _asserts(node, k)}
+        if not rest:
+            return
+        import jsonschema
+        from referencing.exceptions import Unresolvable
+
+        doc = dict(self.root) if isinstance(self.root, dict) else {}
+        doc.update(rest)
+        for drop in ASSERTION_KEYWORDS - set(rest):
+            doc.pop(drop, None)
+        try:
+            validator = jsonschema.validators.validator_for(doc)(doc)
+            bad = [v for v in values if not validator.is_valid(v)]
+        except (jsonschema.exceptions.SchemaError, Unresolvable):
+            bad = list(values)
+        if bad:
+            keys = ", ".join(f'"{k}"' for k in sorted(rest))
+            shown = ", ".join(_q(b) for b in bad)
+            self.error(path, key, f'{path}: "{key}" beside {keys} {SUBSET}: llama.cpp ignores them, '
+                                  f"and {shown} does not satisfy them")
+
+    def check_pattern(self, pattern: Any, path: str) -> None:
+        if not isinstance(pattern, str):
+            self.error(path, "pattern", f'{path}: "pattern" must be a string {_REJECTS}')
+            return
+        problem = pattern_problem(pattern)
+        if problem is None:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                problem = f"is not a valid regular expression ({exc})"
+        if problem is not None:
+            self.error(path, "pattern", f"{path}.pattern: {_q(pattern)} {problem}")
+
+    # ------------------------------------------------------------------ oneOf, recursion
+
+    def disjoint(self, alts: Sequence[Any]) -> bool:
+        """True when the alternatives provably cannot both match (so anyOf == oneOf)."""
+        targets = []
+        for alt in alts:
+            node: Any = alt
+            seen: set[str] = set()
+            while isinstance(node, dict) and isinstance(node.get("$ref"), str) and node["$ref"] not in seen:
+                seen.add(node["$ref"])
+                resolved = self.resolve(node["$ref"])
+                node = resolved[0] if resolved else None
+            if not isinstance(node, dict):
+                return False
+            targets.append(node)
+        literal_sets = [_literals(t) for t in targets]
+        if all(s is not None for s in literal_sets) and _pairwise_disjoint([s for s in literal_sets if s is not None]):
+            return True
+        types = [t.get("type") for t in targets]
+        if all(isinstance(t, str) and t in _TYPES for t in types) and len(set(types)) == len(types) \
+                and not {"integer", "number"} <= set(types):
+            return True
+        # A discriminated union: one required property with disjoint literal values.
+        shared: set[str] | None = None
+        for t in targets:
+            req = set(t.get("required", [])) if isinstance(t.get("required"), list) else set()
+            props: dict[str, Any] = t["properties"] if isinstance(t.get("properties"), dict) else {}
+            names = {n for n in req if isinstance(props.get(n), dict) and _literals(props[n]) is not None}
+            shared = names if shared is None else shared & names
+        for name in sorted(shared or ()):
+            sets = [_literals(t["properties"][name]) for t in targets]
+            if _pairwise_disjoint([s for s in sets if s is not None]):
+                return True
+        return False
+
+    def check_left_recursion(self) -> None:
+        state: dict[str, int] = {}  # 1 = on the stack, 2 = done
+
+        def walk(ref: str) -> None:
+            state[ref] = 1
+            for nxt, where in self.bare_edges.get(ref, []):
+                if state.get(nxt) == 1:
+                    self.error(where, "$ref", f'{where}: "$ref": {_q(nxt)} recursing without consuming input '
+                                              f"(left recursion) {SUBSET}: llama.cpp cannot build the grammar")
+                elif nxt not in state:
+                    walk(nxt)
+            state[ref] = 2
+
+        for start in ["$", *sorted(self.bare_edges)]:
+            if start not in state:
+                walk(start)
+
+
+def _has_properties(node: Mapping[str, Any]) -> bool:
+    """The converter's test for "this is an object schema" when no type says so."""
+    return "properties" in node or ("additionalProperties" in node and node["additionalProperties"] is not True)
+
+
+_TRUE_IS_NOOP = frozenset({
+    "additionalProperties", "items", "unevaluatedProperties", "unevaluatedItems", "propertyNames",
+})
+_EMPTY_IS_NOOP = frozenset({"required", "properties", "patternProperties", "dependentSchemas", "dependentRequired"})
+
+
+def _asserts(node: Mapping[str, Any], key: str) -> bool:
+    """Does ``key`` constrain anything in ``node`` (as far as validation is concerned)?"""
+    if key not in ASSERTION_KEYWORDS:
+        return False
+    value = node[key]
+    if value is True and key in _TRUE_IS_NOOP:
+        return False
+    if key in _EMPTY_IS_NOOP and value in ([], {}):
+        return False
+    if key == "uniqueItems" and value is False:
+        return False
+    return not (key in ("minItems", "minLength", "minProperties") and value == 0 and not isinstance(value, bool))
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _literals(node: dict[str, Any]) -> set[str] | None:
+    if "const" in node:
+        return {_q(node["const"])}
+    if isinstance(node.get("enum"), list):
+        return {_q(v) for v in node["enum"]}
+    return None
+
+
+def _pairwise_disjoint(sets: Iterable[set[str]]) -> bool:
+    union: set[str] = set()
+    for s in sets:
+        if union & s:
+            return False
+        union |= s
+    return True
+
+
+# ---------------------------------------------------------------------------- patterns
+# A port of the scanner in llama.cpp's _pattern_to_rule: it decides which patterns the
+# converter turns into grammar and which it degrades to "any string" (or rejects).
+
+_NON_LITERAL = frozenset("|.()[]{}*+?^$")
+_ESCAPED_LITERALS = frozenset("^$.[]()|{}*+?")
+_HINTS = {
+    "d": "use [0-9]",
+    "w": "use [A-Za-z0-9_]",
+    "s": "use an explicit class such as [ \\t]",
+    "b": "remove it (word boundaries have no grammar equivalent)",
+    "D": "use [^0-9]",
+    "W": "use [^A-Za-z0-9_]",
+    "S": "use an explicit class",
+    "B": "remove it",
+}
+
+
+class _Unsupported(Exception):
+    def __init__(self, what: str, hint: str = "") -> None:
+        super().__init__(what)
+        self.what = what
+        self.hint = hint
+
+
+class _Invalid(Exception):
+    pass
+
+
+def _escape_length(s: str, pos: int) -> int:
+    if pos + 1 >= len(s) or s[pos] != "\\":
+        return 0
+    nxt = s[pos + 1]
+    n_hex = {"x": 2, "u": 4, "U": 8}.get(nxt)
+    if n_hex is None:
+        return 2 if nxt in 'trn\\"[]-' else 0
+    digits = s[pos + 2:pos + 2 + n_hex]
+    if len(digits) != n_hex or not all(c in "0123456789abcdefABCDEF" for c in digits):
+        return 0
+    return 2 + n_hex
+
+
+def _escape_problem(s: str, pos: int, in_class: bool) -> _Unsupported:
+    esc = s[pos:pos + 2]
+    hint = _HINTS.get(esc[1:], 'write the character unescaped or as \\xHH' if not in_class
+                      else "inside [...] only \\t \\r \\n \\\\ \\\" \\[ \\] \\- \\xHH \\uHHHH are understood")
+    where = " inside [...]" if in_class else ""
+    return _Unsupported(f'uses "{esc}"{where}', hint)
+
+
+def _group_problem(rest: str) -> _Unsupported:
+    if rest.startswith(("?=", "?!")):
+        what = "a lookahead"
+    elif rest.startswith(("?<=", "?<!")):
+        what = "a lookbehind"
+    elif rest.startswith(("?<", "?P<", "?'")):
+        what = "a named group"
+    elif re.match(r"\?[a-zA-Z-]+[:)]", rest):
+        what = "inline flags"
+    else:
+        what = "an extended group"
+    return _Unsupported(f'uses {what} "({rest[:3]}..."', "use plain or (?:...) groups")
+
+
+def pattern_problem(pattern: str) -> str | None:
+    """Why llama.cpp would not enforce ``pattern`` (message tail), or None if it would."""
+    if len(pattern) < 2 or pattern[0] != "^" or pattern[-1] != "$":
+        return "is not anchored (^...$): llama.cpp ignores the pattern and accepts any string; anchor it as \"^...$\""
+    s = pattern[1:-1]
+    n = len(s)
+    pos = 0
+    depth = 0
+
+    def transform() -> None:
+        nonlocal pos, depth
+        seq = 0
+        while pos < n:
+            c = s[pos]
+            if c == ".":
+                seq += 1
+                pos += 1
+            elif c == "(":
+                pos += 1
+                if pos < n and s[pos] == "?":
+                    if pos + 1 < n and s[pos + 1] == ":":
+                        pos += 2
+                    else:
+                        raise _group_problem(s[pos:pos + 4])
+                depth += 1
+                if depth > 100:
+                    raise _Unsupported("nests groups deeper than 100 levels")
+                transform()
+                seq += 1
+            elif c == ")":
+                pos += 1
+                if depth == 0:
+                    raise _Invalid("unbalanced parentheses")
+                depth -= 1
+                return
+            elif c in "^$":
+                raise _Unsupported(f'uses "{c}" inside the pattern', "anchor only the whole pattern")
+            elif c == "[":
+                pos += 1
+                while pos < n and s[pos] != "]":
+                    if s[pos] == "\\":
+                        length = _escape_length(s, pos)
+                        if length == 0:
+                            raise _escape_problem(s, pos, in_class=True)
+                        pos += length
+                    else:
+                        pos += 1
+                if pos >= n:
+                    raise _Invalid("unterminated character class")
+                pos += 1
+                seq += 1
+            elif c == "|":
+                seq += 1
+                pos += 1
+            elif c in "*+?":
+                if seq == 0:
+                    raise _Invalid("nothing to repeat")
+                pos += 1
+            elif c == "{":
+                end = s.find("}", pos + 1)
+                if end < 0:
+                    raise _Unsupported("has an unterminated {...}")
+                nums = s[pos + 1:end].split(",")
+                pos = end + 1
+                if len(nums) not in (1, 2):
+                    raise _Unsupported("has a {...} repetition llama.cpp cannot read", "use {n}, {n,} or {n,m}")
+                wanted = nums if len(nums) == 1 else [x for x in nums if x]
+                if not all(re.match(r"\s*[+-]?\d", x) for x in wanted):
+                    raise _Unsupported("has a {...} repetition llama.cpp cannot read", "use {n}, {n,} or {n,m}")
+                if seq == 0:
+                    raise _Invalid("nothing to repeat")
+            else:
+                consumed = 0
+                while pos < n:
+                    ch = s[pos]
+                    if ch == "\\":
+                        if pos == n - 1:
+                            raise _Invalid("trailing backslash")
+                        if s[pos + 1] in _ESCAPED_LITERALS:
+                            pos += 2
+                        else:
+                            length = _escape_length(s, pos)
+                            if length == 0:
+                                raise _escape_problem(s, pos, in_class=False)
+                            pos += length
+                        consumed += 1
+                    elif ch == '"' or (ch not in _NON_LITERAL and (
+                        pos == n - 1 or consumed == 0 or s[pos + 1] == "." or s[pos + 1] not in _NON_LITERAL
+                    )):
+                        pos += 1
+                        consumed += 1
+                    else:
+                        break
+                if consumed == 0:
+                    raise _Unsupported(f'has a stray "{c}"', f"escape it as \\{c}")
+                seq += 1
+
+    try:
+        transform()
+        if depth != 0:
+            raise _Invalid("unbalanced parentheses")
+    except _Unsupported as exc:
+        tail = f"; {exc.hint}" if exc.hint else ""
+        return f"{exc.what}, which llama.cpp cannot turn into grammar (it accepts any string instead){tail}"
+    except _Invalid as exc:
+        return f"is not a valid pattern for llama.cpp ({exc}); the request fails"
+    return None
