@@ -1,0 +1,312 @@
+"""What is in the cache, checked against the pins: ``cache list``, ``verify`` and ``prune``.
+
+Every entry is *referenced* (the current pins point at it) or *stale* (an old release, a
+model whose pin changed, an unknown file). ``verify`` re-hashes every file in full and
+re-fetches a corrupted referenced one (a release is re-installed from its cached archive
+or build tree); ``prune`` removes stale entries and leftovers of interrupted runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from localllm.errors import FetchError
+from localllm.managed import verify
+from localllm.managed.cache import CacheLayout, read_marker, release_manifest
+from localllm.managed.pins import Artifact, Pins
+
+# A temp file or staging dir untouched this long belongs to no running fetch
+# (an active download rewrites its .part file continuously).
+TEMP_GRACE_SECONDS = 15 * 60
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One cache entry: ``kind`` release/model/download/sdist/build/temp, and its state."""
+
+    kind: str
+    name: str
+    path: Path
+    size: int
+    status: str
+    detail: str = ""
+
+    def to_json(self) -> dict[str, object]:
+        return {"kind": self.kind, "name": self.name, "path": str(self.path), "size": self.size,
+                "status": self.status, "detail": self.detail}
+
+
+def _size(path: Path) -> int:
+    if path.is_symlink():
+        return 0
+    if path.is_file():
+        return path.stat().st_size
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            p = Path(root, name)
+            if not p.is_symlink():
+                with contextlib.suppress(OSError):
+                    total += p.stat().st_size
+    return total
+
+
+def _is_temp(name: str) -> bool:
+    return (name.endswith(".part") or name.startswith((".staging-", ".old-", ".pip-download-"))
+            or name.endswith(".tmp"))
+
+
+def _children(path: Path) -> list[Path]:
+    return sorted(path.iterdir()) if path.is_dir() else []
+
+
+def _referenced_releases(pins: Pins) -> tuple[str, ...]:
+    return (f"llama-{pins.release}-", f"llama-source-{pins.source.version}-")
+
+
+def _download_artifacts(pins: Pins) -> list[Artifact]:
+    return [*pins.prebuilt.values(), *(s.artifact for s in pins.shims.values())]
+
+
+def _file_status(path: Path, sha: str | None) -> str:
+    if sha is None:
+        return "stale"
+    return "ok" if verify.stamp_matches(path, sha) else "unverified"
+
+
+def list_cache(layout: CacheLayout, pins: Pins) -> list[Entry]:
+    """Every entry of the cache (no hashing: stamps decide ok/unverified)."""
+    return list(_walk(layout, pins))
+
+
+def _walk(layout: CacheLayout, pins: Pins) -> Iterator[Entry]:
+    for path in _children(layout.bin_dir):
+        if _is_temp(path.name):
+            yield Entry("temp", path.name, path, _size(path), "temp")
+            continue
+        marker = read_marker(path)
+        if marker is None:
+            status = "incomplete"
+        else:
+            status = "ok" if path.name.startswith(_referenced_releases(pins)) else "stale"
+        detail = str(marker.get("version", "")) if marker else "no release marker"
+        yield Entry("release", path.name, path, _size(path), status, detail)
+    for model_dir in _children(layout.models_dir):
+        pin = pins.models.get(model_dir.name)
+        for key_dir in _children(model_dir):
+            for path in _children(key_dir):
+                if path.name.endswith(verify.STAMP_SUFFIX):
+                    continue
+                name = f"{model_dir.name}/{key_dir.name}/{path.name}"
+                if _is_temp(path.name):
+                    yield Entry("temp", name, path, _size(path), "temp")
+                    continue
+                sha = pin.artifact.sha256 if pin else None
+                current = bool(sha and sha[:16] == key_dir.name and path.name == pin.artifact.file) if pin else False
+                status = _file_status(path, sha) if current else "stale"
+                yield Entry("model", model_dir.name, path, _size(path), status, name)
+    wanted = {(a.sha256[:16], a.file): a for a in _download_artifacts(pins) if a.sha256}
+    for key_dir in _children(layout.downloads_dir):
+        for path in _children(key_dir):
+            if path.name.endswith(verify.STAMP_SUFFIX):
+                continue
+            if _is_temp(path.name):
+                yield Entry("temp", path.name, path, _size(path), "temp")
+                continue
+            art = wanted.get((key_dir.name, path.name))
+            status = _file_status(path, art.sha256) if art else "stale"
+            yield Entry("download", path.name, path, _size(path), status, art.name if art else "")
+    sdist_dir = layout.build_dir / "sdist"
+    for path in _children(sdist_dir):
+        if path.name.endswith(verify.STAMP_SUFFIX):
+            continue
+        if _is_temp(path.name):
+            yield Entry("temp", path.name, path, _size(path), "temp")
+            continue
+        current = path.name == pins.source.artifact.file
+        status = _file_status(path, pins.source.artifact.sha256) if current else "stale"
+        yield Entry("sdist", path.name, path, _size(path), status)
+    for path in _children(layout.build_dir):
+        if path.name == "sdist":
+            continue
+        current = path == layout.source_tree(pins.source)
+        yield Entry("build", path.name, path, _size(path), "ok" if current else "stale",
+                    "cmake tree + build.log")
+
+
+def verify_cache(
+    layout: CacheLayout,
+    pins: Pins,
+    *,
+    refetch: bool,
+    mirrors: Sequence[str],
+    log: Log,
+) -> list[Entry]:
+    """Re-hash everything; re-fetch corrupted referenced files when ``refetch``."""
+    out: list[Entry] = []
+    for entry in list_cache(layout, pins):
+        if entry.kind in ("temp", "build"):
+            continue
+        if entry.kind == "release":
+            out.append(_verify_release(entry, layout, pins, refetch=refetch, mirrors=mirrors, log=log))
+        else:
+            out.append(_verify_file(entry, layout, pins, refetch=refetch, mirrors=mirrors, log=log))
+    return out
+
+
+def _expected_sha(entry: Entry, pins: Pins) -> str | None:
+    if entry.kind == "model":
+        pin = pins.models.get(entry.name)
+        return pin.artifact.sha256 if pin else None
+    if entry.kind == "sdist":
+        return pins.source.artifact.sha256
+    for art in _download_artifacts(pins):
+        if art.sha256 and art.file == entry.path.name and art.sha256[:16] == entry.path.parent.name:
+            return art.sha256
+    return None
+
+
+def _verify_file(entry: Entry, layout: CacheLayout, pins: Pins, *, refetch: bool,
+                 mirrors: Sequence[str], log: Log) -> Entry:
+    if entry.status == "stale":
+        # Keyed by a hash prefix: a stale file can still be checked against its own key.
+        actual = verify.sha256_file(entry.path)
+        key = entry.path.parent.name
+        ok = entry.kind in ("model", "download") and actual.startswith(key)
+        return Entry(entry.kind, entry.name, entry.path, entry.size, "stale" if ok else "corrupt",
+                     "not referenced by the pins; `localllm cache prune` removes it")
+    sha = _expected_sha(entry, pins)
+    assert sha is not None
+    if verify.is_verified(entry.path, sha, full=True):
+        return Entry(entry.kind, entry.name, entry.path, entry.size, "ok", "sha256 matches the pin")
+    actual = verify.sha256_file(entry.path)
+    detail = f"sha256 {actual}, pin {sha}"
+    log(f"corrupt: {entry.path}: {detail}")
+    if not refetch:
+        return Entry(entry.kind, entry.name, entry.path, entry.size, "corrupt", detail)
+    entry.path.unlink(missing_ok=True)
+    verify.stamp_path(entry.path).unlink(missing_ok=True)
+    try:
+        _refetch_file(entry, layout, pins, mirrors=mirrors, log=log)
+    except FetchError as exc:
+        return Entry(entry.kind, entry.name, entry.path, 0, "corrupt",
+                     f"{detail}; removed, re-fetch failed: {exc}")
+    return Entry(entry.kind, entry.name, entry.path, entry.path.stat().st_size, "refetched", detail)
+
+
+def _refetch_file(entry: Entry, layout: CacheLayout, pins: Pins, *, mirrors: Sequence[str],
+                  log: Log) -> None:
+    from localllm import settings
+    from localllm.managed.acquire import ensure_model
+    from localllm.managed.fetch import fetch_artifact
+    from localllm.managed.source_build import acquire_sdist
+
+    if entry.kind == "model":
+        ensure_model(entry.name, pins=pins, layout=layout, mirror=None)
+        return
+    if entry.kind == "sdist":
+        acquire_sdist(pins.source, layout=layout, mirrors=mirrors, offline=settings.offline(), log=log)
+        return
+    for art in _download_artifacts(pins):
+        if art.sha256 and layout.download_path(art) == entry.path:
+            fetch_artifact(art, entry.path, lock_path=layout.lock_path(f"download-{art.sha256[:16]}"),
+                           mirrors=mirrors, offline=settings.offline(),
+                           prewarm="localllm fetch server", log=log)
+            return
+
+
+def _verify_release(entry: Entry, layout: CacheLayout, pins: Pins, *, refetch: bool,
+                    mirrors: Sequence[str], log: Log) -> Entry:
+    marker = read_marker(entry.path)
+    if marker is None:
+        return Entry("release", entry.name, entry.path, entry.size, "corrupt",
+                     "no release marker (interrupted install?); `localllm cache prune` removes it")
+    files, links = release_manifest(entry.path)
+    bad = sorted(
+        {n for n in set(files) | set(marker.get("files", {})) if files.get(n) != marker["files"].get(n)}
+        | {n for n in set(links) | set(marker.get("links", {})) if links.get(n) != marker["links"].get(n)}
+    )
+    if not bad:
+        return Entry("release", entry.name, entry.path, entry.size, entry.status,
+                     f"{len(files)} files match the release manifest")
+    detail = f"changed since install: {', '.join(bad)}"
+    log(f"corrupt: {entry.path}: {detail}")
+    if not refetch or entry.status == "stale":
+        return Entry("release", entry.name, entry.path, entry.size, "corrupt", detail)
+    aside = entry.path.with_name(f".old-{entry.name}-verify")
+    shutil.rmtree(aside, ignore_errors=True)
+    os.replace(entry.path, aside)
+    try:
+        _reinstall(marker, layout, pins, mirrors=mirrors, log=log)
+    except FetchError as exc:
+        os.replace(aside, entry.path)
+        return Entry("release", entry.name, entry.path, entry.size, "corrupt",
+                     f"{detail}; re-install failed: {exc}")
+    shutil.rmtree(aside, ignore_errors=True)
+    return Entry("release", entry.name, entry.path, _size(entry.path), "refetched", detail)
+
+
+def _reinstall(marker: dict[str, object], layout: CacheLayout, pins: Pins, *,
+               mirrors: Sequence[str], log: Log) -> None:
+    from localllm import settings
+    from localllm.managed import platforms
+    from localllm.managed.acquire import install_prebuilt
+    from localllm.managed.source_build import build_from_source
+
+    if marker.get("kind") == "source":
+        build_from_source(pins=pins, layout=layout, mirrors=mirrors, offline=settings.offline(), log=log)
+    else:
+        install_prebuilt(pins.server_for(platforms.current().key), pins=pins, layout=layout,
+                         mirrors=mirrors, offline=settings.offline())
+
+
+def prune_cache(layout: CacheLayout, pins: Pins, *, dry_run: bool,
+                now: float | None = None) -> list[Entry]:
+    """Remove stale entries and old temp files; return what was (or would be) removed."""
+    now = time.time() if now is None else now
+    removed: list[Entry] = []
+    for entry in list_cache(layout, pins):
+        if entry.kind == "temp":
+            try:
+                age = now - entry.path.lstat().st_mtime
+            except OSError:
+                continue
+            if age < TEMP_GRACE_SECONDS:
+                continue
+        elif entry.status not in ("stale", "incomplete"):
+            continue
+        removed.append(Entry(entry.kind, entry.name, entry.path, entry.size,
+                             "would remove" if dry_run else "removed", entry.detail))
+        if dry_run:
+            continue
+        if entry.path.is_dir() and not entry.path.is_symlink():
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            entry.path.unlink(missing_ok=True)
+            verify.stamp_path(entry.path).unlink(missing_ok=True)
+    if not dry_run:
+        _remove_empty_dirs([layout.models_dir, layout.downloads_dir])
+    return removed
+
+
+def _remove_empty_dirs(roots: list[Path]) -> None:
+    for root in roots:
+        if not root.is_dir():
+            continue
+        for dirpath, _dirs, _files in sorted(os.walk(root), key=lambda t: -len(t[0])):
+            p = Path(dirpath)
+            if p == root:
+                continue
+            for stamp in p.glob("*" + verify.STAMP_SUFFIX):
+                if not stamp.with_name(stamp.name[: -len(verify.STAMP_SUFFIX)]).exists():
+                    stamp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                p.rmdir()
