@@ -308,7 +308,7 @@ def _agent_decl(alias: str, raw: Any, base_dir: Path, problems: _Problems) -> Ag
         problems.add(key, 'plugin "cassette" cannot be declared in agent_plugins:',
                      "replay a cassette with `localllm call … --cassette FILE` or Runtime.register_agent")
         return None
-    if plugin not in _PLUGIN_KEYS:
+    if not isinstance(plugin, str) or plugin not in _PLUGIN_KEYS:
         problems.add(key, f'unknown plugin "{plugin}" (supported: {", ".join(PLUGIN_TYPES)})')
         return None
     allowed = {**_COMMON, **_PLUGIN_KEYS[plugin]}
@@ -342,6 +342,9 @@ def _agent_decl(alias: str, raw: Any, base_dir: Path, problems: _Problems) -> Ag
             problems.add(key, "subprocess plugin requires command:", "command: /path/to/agent")
         env = _string_map(raw.get("env"), "env", alias, problems)
         cwd = vals.get("cwd")
+        if cwd is not None and "\x00" in cwd:
+            problems.add(f"{key}.cwd", "must be a directory path")
+            cwd = None
         return SubprocessDecl(**common, command=vals.get("command", ""), args=vals.get("args", ()), env=env,
                               cwd=(base_dir / cwd) if cwd else None)
     if plugin == "mcp_http":
@@ -387,7 +390,7 @@ def _resolve_prompt(raw: Any, key: str, base_dir: Path, problems: _Problems) -> 
     if not isinstance(raw, str) or not raw.strip():
         problems.add(key, "prompt is required: inline text or a path to a prompt file")
         return "", None
-    looks_like_path = "\n" not in raw and "{{" not in raw and len(raw) < 512
+    looks_like_path = "\n" not in raw and "{{" not in raw and "\x00" not in raw and len(raw) < 512
     if looks_like_path:
         candidate = (base_dir / raw).resolve()
         if candidate.is_file():
@@ -407,7 +410,7 @@ def _schema_path(raw: Any, key: str, base_dir: Path, problems: _Problems) -> Pat
 
     if raw is None:
         return None
-    if not isinstance(raw, str) or not raw:
+    if not isinstance(raw, str) or not raw or "\x00" in raw:
         problems.add(key, "must be a path to a JSON Schema file relative to the config file")
         return None
     path = (base_dir / raw).resolve()
@@ -430,7 +433,7 @@ def _gate(name: str, raw: Any, cfg: _Partial, problems: _Problems) -> Gate | Non
     if not isinstance(raw, dict):
         problems.add(key, "must be a mapping with invoke:, agent: and with:")
         return None
-    for extra in sorted(set(raw) - {"invoke", "agent", "with", "timeout"}):
+    for extra in sorted(set(map(str, raw)) - {"invoke", "agent", "with", "timeout"}):
         problems.add(f"{key}.{extra}", "unknown key", "allowed keys: agent, invoke, timeout, with")
     invoke = raw.get("invoke")
     verb = ""
@@ -449,7 +452,7 @@ def _gate(name: str, raw: Any, cfg: _Partial, problems: _Problems) -> Gate | Non
     if not isinstance(with_, dict):
         problems.add(f"{key}.with", "must be a mapping with prompt: (and optionally schema:, args:)")
         with_ = {}
-    for extra in sorted(set(with_) - {"prompt", "schema", "args"}):
+    for extra in sorted(set(map(str, with_)) - {"prompt", "schema", "args"}):
         problems.add(f"{key}.with.{extra}", "unknown key", "allowed keys: args, prompt, schema")
     prompt, prompt_file = _resolve_prompt(with_.get("prompt"), f"{key}.with.prompt", cfg.base_dir, problems)
     schema = _schema_path(with_.get("schema"), f"{key}.with.schema", cfg.base_dir, problems)
@@ -534,14 +537,19 @@ def _router(raw: Any, agents: Mapping[str, AgentDecl], embedders: Mapping[str, E
     if not isinstance(raw, dict):
         problems.add("router", "must be a mapping (embedder:, agent:, confident:, margin:)")
         return None
-    for extra in sorted(set(raw) - {"embedder", "agent", "confident", "margin"}):
+    for extra in sorted(set(map(str, raw)) - {"embedder", "agent", "confident", "margin"}):
         problems.add(f"router.{extra}", "unknown key", "allowed keys: agent, confident, embedder, margin")
     embedder, agent = raw.get("embedder"), raw.get("agent")
+    for name, value in (("embedder", embedder), ("agent", agent)):
+        if value is not None and not isinstance(value, str):
+            problems.add(f"router.{name}", f"must be a name, got {value!r}")
+    embedder = embedder if isinstance(embedder, str) else None
+    agent = agent if isinstance(agent, str) else None
     if embedder is not None and embedder not in embedders:
         problems.add("router.embedder", f'embedder "{embedder}" is not declared under embedders:')
     if agent is not None and agent not in agents:
         problems.add("router.agent", f'agent "{agent}" is not declared in agent_plugins:')
-    if embedder is None and agent is None:
+    if embedder is None and agent is None and "embedder" not in raw and "agent" not in raw:
         problems.add("router", "needs embedder:, agent:, or both")
     bars: dict[str, float] = {}
     for name, default in (("confident", 0.82), ("margin", 0.08)):
@@ -599,7 +607,7 @@ def load_config(path: str | os.PathLike[str]) -> Config:
 
     plugin_dirs: list[Path] = []
     raw_dirs = data.get("plugin_dirs") or []
-    if not isinstance(raw_dirs, list) or not all(isinstance(d, str) for d in raw_dirs):
+    if not isinstance(raw_dirs, list) or not all(isinstance(d, str) and "\x00" not in d for d in raw_dirs):
         problems.add("plugin_dirs", "must be a list of directory paths")
         raw_dirs = []
     for i, rel in enumerate(raw_dirs):
