@@ -1,0 +1,270 @@
+"""LocalEmbedder client logic over httpx.MockTransport: prefixes, batching, order, limits, norms."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from localllm.embed.embedder import fake_vector
+from localllm.embed.local import LocalEmbedder
+from localllm.embed.registry import ModelInfo, lookup
+from localllm.errors import DimensionMismatch, EmbedServerError, InputTooLong
+
+CLS, SEP = 101, 102
+
+
+class FakeServer:
+    """Enough of llama-server: whitespace tokens, [CLS]/[SEP] specials, fake vectors."""
+
+    def __init__(self, dims: int = 8, *, shuffle: bool = True, ubatch: int = 64) -> None:
+        self.dims = dims
+        self.shuffle = shuffle
+        self.ubatch = ubatch
+        self.requests: list[dict[str, Any]] = []
+        self.tokenize_calls = 0
+        self.vocab: dict[str, int] = {}
+        self.mutate: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+        self.status = 200
+
+    def ids(self, text: str) -> list[int]:
+        return [self.vocab.setdefault(w, 1000 + len(self.vocab)) for w in text.split()]
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        if request.url.path == "/tokenize":
+            self.tokenize_calls += 1
+            ids = self.ids(body["content"])
+            return httpx.Response(200, json={"tokens": [CLS, *ids, SEP] if body.get("add_special") else ids})
+        assert request.url.path == "/v1/embeddings"
+        self.requests.append(body)
+        if self.status != 200:
+            return httpx.Response(self.status, json={"error": {"message": "boom"}})
+        data = []
+        for i, item in enumerate(body["input"]):
+            n = len(item) if isinstance(item, list) else len(self.ids(item)) + 2
+            if n > self.ubatch:
+                return httpx.Response(500, json={"error": {"message": f"input ({n} tokens) is too large"}})
+            vec = np.asarray(fake_vector(json.dumps(item), self.dims), dtype="<f4")
+            value: Any = base64.b64encode(vec.tobytes()).decode() if body.get("encoding_format") == "base64" \
+                else vec.tolist()
+            data.append({"index": i, "embedding": value, "object": "embedding"})
+        if self.shuffle:
+            data.reverse()
+        out = {"data": data, "model": body.get("model")}
+        return httpx.Response(200, json=self.mutate(out) if self.mutate else out)
+
+
+def _info(**kw: Any) -> ModelInfo:
+    base: dict[str, Any] = dict(id="t", dims=8, context=64, max_input_tokens=64, query_prefix="q: ",
+                                document_prefix="d: ")
+    base.update(kw)
+    return ModelInfo(**base)
+
+
+def _embedder(server: FakeServer, **kw: Any) -> LocalEmbedder:
+    kw.setdefault("model_info", _info(dims=server.dims))
+    return LocalEmbedder("http://embed.test", "t", transport=httpx.MockTransport(server.handler), **kw)
+
+
+def test_prefixes_order_and_shape() -> None:
+    server = FakeServer()
+    emb = _embedder(server)
+    out = emb.embed(["alpha", "beta", "gamma"], "query")
+    assert out.dtype == np.float32 and out.shape == (3, 8)
+    assert server.requests[0]["input"] == ["q: alpha", "q: beta", "q: gamma"]
+    # the server answered in reverse; rows are back in input order
+    for row, text in zip(out, ["q: alpha", "q: beta", "q: gamma"], strict=True):
+        assert row.tolist() == pytest.approx(fake_vector(json.dumps(text), 8), abs=1e-6)
+    emb.embed(["alpha"], "document")
+    assert server.requests[1]["input"] == ["d: alpha"]
+
+
+def test_batches_respect_count_and_token_budgets() -> None:
+    server = FakeServer()
+    emb = _embedder(server, batch_size=4, batch_tokens=40)
+    texts = [f"t{i}" for i in range(10)]  # each costs len("q: tN")+4 ≤ 10 bytes-bound tokens
+    out = emb.embed(texts, "query")
+    assert out.shape == (10, 8)
+    sizes = [len(r["input"]) for r in server.requests]
+    assert sum(sizes) == 10 and max(sizes) <= 4
+    assert server.tokenize_calls == 0  # short texts never need a /tokenize round trip
+    server.requests.clear()
+    emb2 = _embedder(server, batch_size=100, batch_tokens=25)
+    emb2.embed(texts, "query")
+    assert all(len(r["input"]) <= 2 for r in server.requests)
+
+
+def test_long_input_is_truncated_by_tokens_keeping_specials(caplog: pytest.LogCaptureFixture) -> None:
+    server = FakeServer(ubatch=64)
+    emb = _embedder(server, model_info=_info(max_input_tokens=10, query_prefix="", document_prefix=""))
+    words = " ".join(f"w{i}" for i in range(30))
+    with caplog.at_level(logging.WARNING):
+        out = emb.embed(["short", words], "document")
+    assert out.shape == (2, 8)
+    sent = server.requests[0]["input"]
+    assert sent[0] == "short"
+    assert sent[1] == [CLS, *server.ids(" ".join(f"w{i}" for i in range(8))), SEP]
+    assert emb.truncated == 1 and "truncated from 32 to 10 tokens" in caplog.text
+
+
+def test_long_input_rejected_when_asked() -> None:
+    server = FakeServer()
+    emb = _embedder(server, model_info=_info(max_input_tokens=10), on_too_long="error")
+    with pytest.raises(InputTooLong, match="input 1 has 33 tokens.*at most 10"):
+        emb.embed(["ok", " ".join(["w"] * 30)], "document")
+    assert server.requests == []  # nothing was sent, no 500 possible
+
+
+def test_text_over_the_byte_bound_but_within_tokens_is_sent_as_text() -> None:
+    server = FakeServer()
+    emb = _embedder(server, model_info=_info(max_input_tokens=10, document_prefix=""))
+    emb.embed(["aaaaaaaaaaaaaaaaaaaa bbbbbbbbbbbbb"], "document")  # 34 bytes, 4 tokens
+    assert server.requests[0]["input"] == ["aaaaaaaaaaaaaaaaaaaa bbbbbbbbbbbbb"]
+    assert server.tokenize_calls == 3  # the specials probe (2) and the text (1)
+
+
+def test_count_and_index_checks() -> None:
+    server = FakeServer()
+    emb = _embedder(server)
+    server.mutate = lambda out: {**out, "data": out["data"][:-1]}
+    with pytest.raises(EmbedServerError, match="returned 1 vectors for 2 inputs"):
+        emb.embed(["a", "b"], "query")
+    server.mutate = lambda out: {**out, "data": [{**d, "index": 0} for d in out["data"]]}
+    with pytest.raises(EmbedServerError, match="repeated index"):
+        emb.embed(["a", "b"], "query")
+
+
+def test_dims_mismatch_with_the_registry_is_an_error() -> None:
+    server = FakeServer(dims=8)
+    emb = _embedder(server, model_info=_info(dims=16))
+    with pytest.raises(DimensionMismatch, match="should give 16-dimension vectors"):
+        emb.embed(["a"], "query")
+
+
+def test_unnormalised_server_output_is_refused() -> None:
+    server = FakeServer()
+    emb = _embedder(server)
+
+    def scale(out: dict[str, Any]) -> dict[str, Any]:
+        for d in out["data"]:
+            v = np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") * 3
+            d["embedding"] = base64.b64encode(v.astype("<f4").tobytes()).decode()
+        return out
+
+    server.mutate = scale
+    with pytest.raises(EmbedServerError, match="L2 norm 3.0"):
+        emb.embed(["a"], "query")
+
+
+def test_float_encoding_is_accepted() -> None:
+    server = FakeServer()
+
+    def as_float(out: dict[str, Any]) -> dict[str, Any]:
+        for d in out["data"]:
+            d["embedding"] = np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4").tolist()
+        return out
+
+    server.mutate = as_float
+    assert _embedder(server).embed(["a"], "query").shape == (1, 8)
+
+
+def test_matryoshka_truncates_and_renormalises() -> None:
+    server = FakeServer(dims=16)
+    info = _info(dims=16, matryoshka_dims=(16, 8, 4))
+    full = _embedder(server, model_info=info).embed(["x"], "query")[0]
+    small = _embedder(server, model_info=info, dims=4).embed(["x"], "query")[0]
+    assert small.shape == (4,)
+    assert np.linalg.norm(small) == pytest.approx(1.0, abs=1e-6)
+    assert small.tolist() == pytest.approx((full[:4] / np.linalg.norm(full[:4])).tolist(), abs=1e-6)
+    assert _embedder(server, model_info=info, dims=4).identity.dims == 4
+
+
+def test_matryoshka_layer_norm_recipe() -> None:
+    server = FakeServer(dims=16)
+    info = _info(dims=16, matryoshka_dims=(16, 8), matryoshka_layer_norm=True)
+    full = _embedder(server, model_info=info).embed(["x"], "query")[0].astype(np.float64)
+    small = _embedder(server, model_info=info, dims=8).embed(["x"], "query")[0]
+    ln = (full - full.mean()) / np.sqrt(full.var() + 1e-5)
+    assert small.tolist() == pytest.approx((ln[:8] / np.linalg.norm(ln[:8])).tolist(), abs=1e-5)
+
+
+def test_server_errors_become_embed_server_errors_not_tracebacks() -> None:
+    server = FakeServer()
+    server.status = 500
+    with pytest.raises(EmbedServerError, match="HTTP 500"):
+        _embedder(server).embed(["a"], "query")
+    server.status = 501
+    with pytest.raises(EmbedServerError, match="--embeddings"):
+        _embedder(server).embed(["a"], "query")
+
+
+def test_callable_base_url_is_resolved_lazily_and_again_after_a_connection_failure() -> None:
+    server = FakeServer()
+    urls: list[str] = []
+    state = {"fail": True}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "dead.test":
+            raise httpx.ConnectError("refused", request=request)
+        return server.handler(request)
+
+    def base_url() -> str:
+        urls.append("x")
+        if state.pop("fail", False):
+            return "http://dead.test/v1"
+        return "http://alive.test/v1"
+
+    emb = LocalEmbedder(base_url, "t", model_info=_info(), transport=httpx.MockTransport(handler))
+    assert urls == []  # nothing started at construction
+    assert emb.embed(["a"], "query").shape == (1, 8)
+    assert len(urls) == 2  # the retry asked for the sidecar again (a respawn)
+    emb.embed(["b"], "query")
+    assert len(urls) == 2
+
+
+def test_connection_failure_with_a_fixed_url() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    emb = LocalEmbedder("http://dead.test", "t", model_info=_info(), transport=httpx.MockTransport(handler))
+    with pytest.raises(EmbedServerError, match="cannot reach"):
+        emb.embed(["a"], "query")
+
+
+def test_api_key_is_sent_but_never_shown() -> None:
+    seen: list[str] = []
+    server = FakeServer()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("authorization", ""))
+        return server.handler(request)
+
+    emb = LocalEmbedder("http://e.test", "t", model_info=_info(), api_key="sekrit",
+                        transport=httpx.MockTransport(handler))
+    emb.embed(["a"], "query")
+    assert seen == ["Bearer sekrit"]
+    assert "sekrit" not in repr(emb)
+
+
+def test_empty_input_and_bad_role() -> None:
+    server = FakeServer()
+    emb = _embedder(server)
+    assert emb.embed([], "query").shape == (0, 8)
+    assert server.requests == []
+    with pytest.raises(ValueError, match="role"):
+        emb.embed(["a"], "passage")  # type: ignore[arg-type]
+
+
+def test_identity_carries_the_registry_facts() -> None:
+    emb = LocalEmbedder("http://e.test", "nomic-ai/nomic-embed-text-v1.5", dims=256)
+    ident = emb.identity
+    assert (ident.model, ident.dims, ident.pooling) == ("nomic-embed-text-v1.5", 256, "mean")
+    assert ident.document_prefix == "search_document: " and ident.query_prefix == "search_query: "
+    assert lookup("all-minilm-l6-v2").max_input_tokens == LocalEmbedder("http://e", "all-minilm-l6-v2").max_input_tokens

@@ -1,0 +1,188 @@
+"""Store: zero re-embedding, per-file re-embedding, corruption detection, two processes at once."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from localllm.embed.corpus import Chunking, load_corpus, search
+from localllm.embed.embedder import EmbedderIdentity, FakeEmbedder
+from localllm.embed.store import Store, content_hash, store_key
+from localllm.errors import DimensionMismatch, StoreCorrupt
+from tests.conftest import REPO
+
+
+def _corpus(root: Path) -> None:
+    (root / "docs" / "deep").mkdir(parents=True)
+    (root / "docs" / "a.md").write_text("# Alpha\nabout apples\n\n## Beta\nabout bananas\n")
+    (root / "docs" / "deep" / "b.txt").write_text("cherries " * 400)  # several windows
+    (root / "docs" / "c.md").write_text("# Gamma\ngrapes\n")
+
+
+class CountingFake(FakeEmbedder):
+    def __init__(self) -> None:
+        super().__init__(16)
+        self.documents = 0
+
+    def embed(self, texts, role):  # type: ignore[no-untyped-def]
+        if role == "document":
+            self.documents += len(texts)
+        return super().embed(texts, role)
+
+
+def _search(root: Path, emb: FakeEmbedder, query: str = "about apples") -> tuple[int, list[str]]:
+    report = search(query, emb, ["docs/**/*"], base_dir=root, store_root=root / "store", top_k=3)
+    return report.embedded, [h.id for h in report.hits]
+
+
+def test_second_search_makes_zero_embedding_calls(tmp_path: Path) -> None:
+    _corpus(tmp_path)
+    first = CountingFake()
+    n_embedded, hits = _search(tmp_path, first)
+    chunks = len(load_corpus(["docs/**/*"], tmp_path).chunks)
+    assert n_embedded == first.documents == chunks > 4
+    second = CountingFake()  # a new process would start from nothing but the store
+    again, hits2 = _search(tmp_path, second)
+    assert again == 0 and second.documents == 0
+    assert second.calls == 1  # the query only
+    assert hits2 == hits
+
+
+def test_editing_one_file_re_embeds_only_its_chunks(tmp_path: Path) -> None:
+    _corpus(tmp_path)
+    _search(tmp_path, CountingFake())
+    (tmp_path / "docs" / "a.md").write_text("# Alpha\nabout apricots\n\n## Beta\nabout bananas\n")
+    emb = CountingFake()
+    n, hits = _search(tmp_path, emb, "# Alpha\nabout apricots\n\n")
+    assert n == emb.documents == 1  # the "Alpha" section changed; "Beta" and the other files did not
+    assert hits[0] == "docs/a.md#0"
+
+
+def test_truncated_store_file_is_detected_and_rebuilt(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    _corpus(tmp_path)
+    _search(tmp_path, CountingFake())
+    (db,) = (tmp_path / "store").glob("*.sqlite")
+    size = db.stat().st_size
+    with db.open("r+b") as fh:
+        fh.truncate(size // 2)
+    emb = CountingFake()
+    n, hits = _search(tmp_path, emb)
+    chunks = len(load_corpus(["docs/**/*"], tmp_path).chunks)
+    assert n == emb.documents == chunks  # everything re-embedded, nothing trusted
+    assert "corrupt" in caplog.text
+    assert (db.parent / (db.name + ".corrupt")).exists()
+    assert _search(tmp_path, CountingFake())[0] == 0  # and the rebuilt store is good
+
+
+def test_a_flipped_vector_byte_is_caught_by_the_checksum(tmp_path: Path) -> None:
+    ident = FakeEmbedder(4).identity
+    store = Store(ident, {"w": 1}, root=tmp_path)
+    emb = FakeEmbedder(4)
+    texts = {content_hash(t): t for t in ("one", "two")}
+    good = store.vectors(texts, lambda ts: emb.embed(ts, "document"))
+    conn = sqlite3.connect(store.path)
+    with conn:
+        blob = bytearray(conn.execute("SELECT vector FROM vectors LIMIT 1").fetchone()[0])
+        blob[0] ^= 0xFF
+        conn.execute("UPDATE vectors SET vector = ? WHERE rowid = 1", (bytes(blob),))
+    conn.close()
+    with pytest.raises(StoreCorrupt, match="checksum"):
+        store.verify()
+    again = store.vectors(texts, lambda ts: emb.embed(ts, "document"))
+    assert store.rebuilds == 1
+    assert all(np.array_equal(good[h], again[h]) for h in texts)
+
+
+def test_garbage_file_and_wrong_key_are_rebuilt(tmp_path: Path) -> None:
+    ident = FakeEmbedder(4).identity
+    store = Store(ident, root=tmp_path)
+    store.path.parent.mkdir(parents=True, exist_ok=True)
+    store.path.write_bytes(b"not a database at all" * 100)
+    emb = FakeEmbedder(4)
+    store.vectors({content_hash("x"): "x"}, lambda ts: emb.embed(ts, "document"))
+    assert store.rebuilds == 1 and store.count() == 1
+    other = Store(ident, {"window": 5}, root=tmp_path)
+    other.path.parent.mkdir(exist_ok=True)
+    other.path.write_bytes(store.path.read_bytes())  # a store written for another key
+    other.vectors({content_hash("x"): "x"}, lambda ts: emb.embed(ts, "document"))
+    assert other.rebuilds == 1
+
+
+def test_store_is_keyed_by_identity_and_chunking() -> None:
+    a = EmbedderIdentity("m", 384, "mean", "", "")
+    assert store_key(a, {"window": 2000}) != store_key(a, {"window": 1000})
+    assert store_key(a) != store_key(EmbedderIdentity("m", 256, "mean", "", ""))
+    assert store_key(a) != store_key(EmbedderIdentity("m", 384, "mean", "q: ", ""))
+    assert store_key(a) != store_key(EmbedderIdentity("m", 384, "cls", "", ""))
+    assert store_key(a, {"window": 2000}) == store_key(a, {"window": 2000})
+    assert Store(a, Chunking().as_dict()).key != Store(a, Chunking(window=1000).as_dict()).key
+
+
+def test_wrong_dims_from_the_embedder_are_refused(tmp_path: Path) -> None:
+    store = Store(FakeEmbedder(4).identity, root=tmp_path)
+    with pytest.raises(DimensionMismatch):
+        store.vectors({content_hash("x"): "x"}, lambda ts: FakeEmbedder(8).embed(ts, "document"))
+    assert store.count() == 0
+
+
+def test_prune_keeps_only_the_given_hashes(tmp_path: Path) -> None:
+    store = Store(FakeEmbedder(4).identity, root=tmp_path)
+    emb = FakeEmbedder(4)
+    texts = {content_hash(t): t for t in ("a", "b", "c")}
+    store.vectors(texts, lambda ts: emb.embed(ts, "document"))
+    assert store.prune({content_hash("a")}) == 2
+    assert store.count() == 1
+
+
+_WORKER = textwrap.dedent("""
+    import json, sys, time
+    from pathlib import Path
+    from localllm.embed.corpus import search
+    from localllm.embed.embedder import FakeEmbedder
+
+    class Slow(FakeEmbedder):
+        def embed(self, texts, role):
+            if role == "document":
+                time.sleep(0.05 * len(texts))
+            return super().embed(texts, role)
+
+    root = Path(sys.argv[1])
+    Path(sys.argv[2]).touch()
+    while not all((root / f"ready{i}").exists() for i in (0, 1)):
+        time.sleep(0.01)
+    r = search("apples", Slow(16), ["docs/**/*"], base_dir=root, store_root=root / "store")
+    print(json.dumps({"embedded": r.embedded, "hits": [h.id for h in r.hits]}))
+""")
+
+
+def test_two_processes_indexing_at_once_share_one_consistent_store(tmp_path: Path) -> None:
+    _corpus(tmp_path)
+    for i in range(5):
+        (tmp_path / "docs" / f"extra{i}.txt").write_text(f"extra document number {i}\n" * 50)
+    script = tmp_path / "worker.py"
+    script.write_text(_WORKER)
+    procs = [
+        subprocess.Popen([sys.executable, str(script), str(tmp_path), str(tmp_path / f"ready{i}")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO))
+        for i in range(2)
+    ]
+    results = []
+    for p in procs:
+        out, errs = p.communicate(timeout=120)
+        assert p.returncode == 0, errs
+        results.append(json.loads(out))
+    chunks = load_corpus(["docs/**/*"], tmp_path).chunks
+    unique = {c.hash for c in chunks}
+    # one process embedded everything, the other waited for the lock and embedded nothing
+    assert sorted(r["embedded"] for r in results) == [0, len(unique)]
+    assert results[0]["hits"] == results[1]["hits"]
+    store = Store(FakeEmbedder(16).identity, Chunking().as_dict(), root=tmp_path / "store")
+    store.verify()
+    assert store.count() == len(unique)
