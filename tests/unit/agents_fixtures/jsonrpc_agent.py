@@ -16,15 +16,18 @@ next (the ``command:`` of a test declaration is ``sys.executable`` + this file):
     garbage               write a line that starts like a frame but is not JSON
     env:<NAME>            answer {"value": os.environ.get(NAME), "cwd": os.getcwd()}
     hang                  never answer
+    leak:<NAME>           print $NAME to stderr and stdout (noise), then exit 5
 
 ``--crash-on-start`` exits 2 at once with a stderr message; ``--banner`` prints a
-non-frame line before reading anything.
+non-frame line before reading anything; ``--linger`` keeps running after stdin closes
+(so close() must SIGTERM); ``--ignore-term`` also ignores SIGTERM (close() must SIGKILL).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 
@@ -38,6 +41,8 @@ def main() -> int:
     if "--crash-on-start" in sys.argv:
         sys.stderr.write("fatal: cannot load model weights\n")
         return 2
+    if "--ignore-term" in sys.argv:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if "--banner" in sys.argv:
         print("jsonrpc_agent ready", flush=True)
     calls = 0
@@ -92,7 +97,15 @@ def main() -> int:
             result = {"submission": {"value": os.environ.get(name), "cwd": os.getcwd()}}
         elif prompt == "hang":
             time.sleep(3600)
+        elif prompt.startswith("leak:"):
+            value = os.environ.get(prompt.split(":", 1)[1], "")
+            print(f"token is {value}", flush=True)
+            sys.stderr.write(f"auth failed with token {value}\n")
+            sys.stderr.flush()
+            os._exit(5)
         send({"jsonrpc": "2.0", "id": rid, "result": result})
+    if "--linger" in sys.argv or "--ignore-term" in sys.argv:
+        time.sleep(60)
     return 0
 
 

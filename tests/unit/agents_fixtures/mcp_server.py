@@ -1,7 +1,10 @@
 """Reference MCP server (official ``mcp`` SDK, MCPServer) with an ``ask`` tool.
 
     python mcp_server.py stdio
-    python mcp_server.py http PORT
+    python mcp_server.py http [PORT]     (0 or absent: any free port)
+
+Over HTTP the server binds 127.0.0.1 itself and prints ``listening <port>`` on stdout
+once the socket is bound (no listen-then-close race).
 
 The ``ask`` tool takes the AskRequest as arguments; the prompt picks the behaviour:
 
@@ -25,6 +28,7 @@ Over HTTP the SDK app is wrapped by a small ASGI router:
     /fault/500            every request: HTTP 500 with a body
     /fault/badjson        every request: 200 application/json that is not JSON
     /fault/version        initialize answers protocolVersion "1999-01-01"
+    /fault/echoauth       403 whose body quotes the Authorization header back
     /fault/call500/mcp    the SDK server, but tools/call answers HTTP 500
     /fault/callbadjson/mcp  the SDK server, but tools/call answers unparseable JSON
 """
@@ -119,6 +123,9 @@ def http_app(port: int) -> Any:
             response = PlainTextResponse("internal error: database on fire", status_code=500)
         elif path == "/fault/badjson":
             response = Response(b'{"jsonrpc": "2.0", "id": 1, "res', media_type="application/json")
+        elif path == "/fault/echoauth":
+            auth = dict(scope["headers"]).get(b"authorization", b"").decode()
+            response = PlainTextResponse(f"rejected credentials {auth}", status_code=403)
         elif path == "/fault/version":
             req = json.loads(await read_body(receive))
             if req.get("method") == "initialize":
@@ -165,10 +172,18 @@ def main() -> int:
     if mode == "stdio":
         build_server().run("stdio")
         return 0
+    import socket
+
     import uvicorn
 
-    port = int(sys.argv[2])
-    uvicorn.run(http_app(port), host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    port = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    port = sock.getsockname()[1]
+    print(f"listening {port}", flush=True)
+    config = uvicorn.Config(http_app(port), log_level="warning", lifespan="on")
+    uvicorn.Server(config).run(sockets=[sock])
     return 0
 
 
