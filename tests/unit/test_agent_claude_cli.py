@@ -383,3 +383,32 @@ def test_concurrent_calls_each_get_their_answer(fake_claude: Path, monkeypatch: 
     for t in threads:
         t.join(timeout=60)
     assert results == {i: {"n": i} for i in range(4)}
+
+
+# -- through the runtime: a valid trace with the transcript sidecar ------------------------
+
+
+def test_runtime_call_lands_in_a_valid_trace(fake_claude: Path, tmp_path: Path) -> None:
+    from localllm.cli import main
+    from localllm.config import load_config
+    from localllm.runtime import Runtime
+    from localllm.trace import read_trace
+
+    (tmp_path / "verdict.json").write_text(json.dumps(SCHEMA))
+    config = tmp_path / "app.yaml"
+    config.write_text("app_id: demo\n")  # agent.claude is injected
+    trace = tmp_path / "run" / "trace.jsonl"
+    trace.parent.mkdir()
+    with Runtime(load_config(config), trace=trace) as runtime:
+        result = runtime.call("decide", agent="agent.claude", prompt="merge?", schema="verdict.json")
+    assert result.submission == EXPECTED
+    assert result.meta["cost_usd"] == 0.0123
+    assert main(["trace", "verify", str(trace)]) == 0
+    events = read_trace(trace).events
+    complete = next(e for e in events if e.kind == "agent.call.complete")
+    payload: dict[str, Any] = dict(complete.payload)
+    assert payload["meta"]["cache"] == {"read_tokens": 2048, "creation_tokens": 0, "hit": True}
+    ref = payload["transcript_ref"]
+    assert ref["format"] == "claude-json" and ref["events"] == 1
+    [line] = (trace.parent / ref["path"]).read_text().splitlines()
+    assert json.loads(line)["total_cost_usd"] == 0.0123
