@@ -19,7 +19,6 @@ a call's trace events are written as one contiguous group.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import threading
@@ -36,6 +35,7 @@ from localllm.agents.base import Agent
 from localllm.config import VERBS, AgentDecl, Config, InprocessDecl
 from localllm.errors import AgentError, ConfigError, ConfigProblem, ErrorKind
 from localllm.schema import SchemaSet
+from localllm.trace.callid import cassette_call_key, derive_call_id, live_call_key
 from localllm.wire import AskRequest, AskResponse, CallResult
 
 if TYPE_CHECKING:
@@ -46,11 +46,6 @@ FALLBACK_ALIAS = "agent.claude"
 _CANCEL_GRACE = 0.5
 _TEMPLATE = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
 _TEMPLATE_REF = re.compile(r"^(args|world)\.([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)$")
-
-
-def make_call_id(app_id: str, key: str) -> str:
-    """The deterministic 16-hex call id of trace-format §5."""
-    return hashlib.sha256(f"agent-call:{app_id}:{key}".encode()).hexdigest()[:16]
 
 
 def render_prompt(template: str, args: Mapping[str, Any], world: Mapping[str, Any], *, source: str = "prompt") -> str:
@@ -211,7 +206,7 @@ class Runtime:
         with self._lock:
             seq = self._seq.get((self.turn, state), 0)
             self._seq[(self.turn, state)] = seq + 1
-        call_id = make_call_id(self.config.app_id, f"{self.turn}:{state}:{seq}")
+        call_id = derive_call_id(self.config.app_id, live_call_key(self.turn, state, seq))
         hard = self._timeout(agent, timeout)
         schema_name = None
         if schema_path is not None:
@@ -336,7 +331,8 @@ class Runtime:
 
     def _cassette_call_id(self, meta: Mapping[str, Any]) -> str | None:
         if meta.get("transport") == "cassette" and "episode_id" in meta and "match_idx" in meta:
-            return make_call_id(self.config.app_id, f"{meta['episode_id']}:{meta['match_idx']}")
+            key = cassette_call_key(str(meta["episode_id"]), int(meta["match_idx"]))
+            return derive_call_id(self.config.app_id, key)
         return None
 
     def _record(self, out: _Outcome) -> None:
