@@ -117,7 +117,7 @@ def test_long_input_is_truncated_by_tokens_keeping_specials(caplog: pytest.LogCa
 def test_long_input_rejected_when_asked() -> None:
     server = FakeServer()
     emb = _embedder(server, model_info=_info(max_input_tokens=10), on_too_long="error")
-    with pytest.raises(InputTooLong, match="input 1 has 33 tokens.*at most 10"):
+    with pytest.raises(InputTooLong, match=r"input 1 has 33 tokens.*at most 10"):
         emb.embed(["ok", " ".join(["w"] * 30)], "document")
     assert server.requests == []  # nothing was sent, no 500 possible
 
@@ -159,7 +159,7 @@ def test_unnormalised_server_output_is_refused() -> None:
         return out
 
     server.mutate = scale
-    with pytest.raises(EmbedServerError, match="L2 norm 3.0"):
+    with pytest.raises(EmbedServerError, match=r"L2 norm 3\.0"):
         emb.embed(["a"], "query")
 
 

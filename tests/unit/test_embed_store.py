@@ -73,7 +73,7 @@ def test_truncated_store_file_is_detected_and_rebuilt(tmp_path: Path, caplog: py
     with db.open("r+b") as fh:
         fh.truncate(size // 2)
     emb = CountingFake()
-    n, hits = _search(tmp_path, emb)
+    n, _ = _search(tmp_path, emb)
     chunks = len(load_corpus(["docs/**/*"], tmp_path).chunks)
     assert n == emb.documents == chunks  # everything re-embedded, nothing trusted
     assert "corrupt" in caplog.text
