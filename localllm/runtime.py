@@ -230,7 +230,8 @@ class Runtime:
             leg = self._attempt(fallback, FALLBACK_ALIAS, request, schema=schema_doc, schema_path=schema_path,
                                 timeout=self._timeout(FALLBACK_ALIAS, timeout))
         duration_ms = int((time.monotonic() - started) * 1000)
-        meta = dict((leg.response.meta if leg.response else None) or {})
+        # a replayed error (cassette) carries meta too: its episode decides the call_id
+        meta = dict((leg.response.meta if leg.response else getattr(leg.error, "meta", None)) or {})
         substitution = None
         if original is not None:
             substitution = {"reason": "schema_invalid", "original_plugin": agent, "fallback_plugin": FALLBACK_ALIAS}

@@ -1,0 +1,282 @@
+"""builtin.local_llm against the fake llama-server process: managed and endpoint modes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localllm.agents.local_llm import normalize_endpoint, shape_statement, strip_fence
+from localllm.config import Config, load_config
+from localllm.errors import AgentError, ErrorKind
+from localllm.runtime import Runtime
+from localllm.trace import read_trace
+from localllm.wire import AskRequest
+
+FAKE = Path(__file__).resolve().parent / "fakes" / "fake_llama_server.py"
+DECIDE = {
+    "type": "object",
+    "properties": {"route": {"enum": ["billing", "support"]}, "confidence": {"type": "number"}},
+    "required": ["route", "confidence"],
+}
+UNIQUE = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"},
+                                                    "uniqueItems": True}}, "required": ["tags"]}
+
+
+@pytest.fixture
+def server_bin(tmp_path: Path) -> Path:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    path = bindir / "llama-server"
+    path.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture
+def logs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
+    paths = {"spawn": tmp_path / "spawn.jsonl", "requests": tmp_path / "requests.jsonl"}
+    monkeypatch.setenv("FAKE_LLAMA_SPAWN_LOG", str(paths["spawn"]))
+    monkeypatch.setenv("FAKE_LLAMA_REQUEST_LOG", str(paths["requests"]))
+    return paths
+
+
+def rows(path: Path, event: str | None = None) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    found = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in found if event is None or r.get("event") == event]
+
+
+def chat_requests(path: Path) -> list[dict[str, Any]]:
+    return [r for r in rows(path) if r.get("path", "").endswith("/chat/completions")]
+
+
+def managed_config(tmp_path: Path, server_bin: Path, extra: str = "") -> Config:
+    model = tmp_path / "tiny.gguf"
+    model.write_bytes(b"GGUF fake weights")
+    (tmp_path / "app.yaml").write_text(
+        "app_id: t\nagent_plugins:\n"
+        f"  agent.local: {{plugin: builtin.local_llm, model: '{model}', server_bin: '{server_bin}', "
+        f"parallel: 2, ctx_size: 512, health_timeout: 30{extra}}}\n"
+        "  agent.claude: {plugin: builtin.inprocess}\n"
+    )
+    return load_config(tmp_path / "app.yaml")
+
+
+def test_helpers() -> None:
+    assert normalize_endpoint("http://h:1") == "http://h:1/v1"
+    assert normalize_endpoint("http://h:1/v1/") == "http://h:1/v1"
+    assert strip_fence('```json\n{"a": 1}\n```') == '{"a": 1}'
+    assert strip_fence('```\n[1]\n```') == "[1]"
+    assert strip_fence(' {"a": 1} ') == '{"a": 1}'
+    assert shape_statement({"type": "object"}).endswith('{"type":"object"}')
+
+
+def test_nothing_spawned_before_first_call(tmp_path: Path, server_bin: Path, logs: dict[str, Path]) -> None:
+    config = managed_config(tmp_path, server_bin)
+    with Runtime(config) as rt:
+        rt.agent("agent.local")
+        assert rows(logs["spawn"]) == []
+
+
+def test_managed_decide_with_grammar(tmp_path: Path, server_bin: Path, logs: dict[str, Path]) -> None:
+    config = managed_config(tmp_path, server_bin)
+    trace = tmp_path / "trace.jsonl"
+    with Runtime(config, trace=trace) as rt:
+        result = rt.call("decide", agent="agent.local", prompt="Route: my invoice is wrong", schema=DECIDE)
+        pid = rows(logs["spawn"], "start")[0]["pid"]
+    assert result.submission == {"route": "billing", "confidence": 0}
+    assert result.meta["grammar"] is True and result.meta["json_schema"] is False
+    assert result.meta["prompt_tokens"] > 0 and "timings" in result.meta
+    start = rows(logs["spawn"], "start")
+    assert len(start) == 1
+    argv = start[0]["argv"]
+    assert argv[argv.index("--parallel") + 1] == "2" and argv[argv.index("-c") + 1] == "1024"
+    assert argv[argv.index("--host") + 1] == "127.0.0.1"
+    body = chat_requests(logs["requests"])[0]["body"]
+    assert body["response_format"] == {"type": "json_schema",
+                                       "json_schema": {"name": "submission", "strict": True, "schema": DECIDE}}
+    assert body["temperature"] == 0.0 and body["max_tokens"] == 512
+    assert "Answer with only a JSON value" in body["messages"][0]["content"]
+    # stopped on close: SIGTERM, clean exit
+    assert any(r["pid"] == pid and r["code"] == 0 for r in rows(logs["spawn"], "exit"))
+    done = read_trace(trace).events[-1]
+    ref = done.payload["transcript_ref"]
+    assert ref["format"] == "openai-chat" and ref["events"] == 3
+    lines = (tmp_path / ref["path"]).read_text().splitlines()
+    assert json.loads(lines[0])["type"] == "request" and json.loads(lines[2])["usage"]["output_tokens"] >= 1
+    assert (tmp_path / ref["path"]).with_suffix(".timings").read_text().splitlines()[0] == "0 0"
+
+
+def test_schema_in_prompt_can_be_disabled(tmp_path: Path, server_bin: Path, logs: dict[str, Path]) -> None:
+    config = managed_config(tmp_path, server_bin, ", schema_in_prompt: false, temperature: 0.7, max_tokens: 64")
+    with Runtime(config) as rt:
+        rt.call("decide", agent="agent.local", prompt="Route it", schema=DECIDE)
+    body = chat_requests(logs["requests"])[0]["body"]
+    assert body["messages"][0]["content"] == "Route it"
+    assert (body["temperature"], body["max_tokens"]) == (0.7, 64)
+
+
+def test_out_of_subset_schema_is_sent_unconstrained_and_falls_back(
+    tmp_path: Path, server_bin: Path, logs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_LLAMA_CONTENT", "not json at all")
+    config = managed_config(tmp_path, server_bin)
+    trace = tmp_path / "t.jsonl"
+    with Runtime(config, trace=trace) as rt:
+        rt.register_inprocess("agent.claude", lambda _: {"tags": ["a"]})
+        result = rt.call("extract", agent="agent.local", prompt="tags?", schema=UNIQUE)
+    assert "response_format" not in chat_requests(logs["requests"])[0]["body"]
+    assert result.agent == "agent.claude" and result.meta["fallback_of"] == "agent.local"
+    done = read_trace(trace).events[-1].payload
+    assert done["original_transcript_ref"]["format"] == "openai-chat"
+
+
+def test_json_schema_wins_over_grammar(tmp_path: Path, server_bin: Path, logs: dict[str, Path]) -> None:
+    config = managed_config(tmp_path, server_bin, ", json_schema: true")
+    with Runtime(config) as rt:
+        result = rt.call("extract", agent="agent.local", prompt="tags?", schema=UNIQUE)
+    assert result.meta["json_schema"] is True and result.meta["grammar"] is False
+    assert chat_requests(logs["requests"])[0]["body"]["response_format"]["json_schema"]["schema"] == UNIQUE
+
+
+def test_fenced_answer_is_stripped(tmp_path: Path, server_bin: Path, logs: dict[str, Path],
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_LLAMA_CONTENT", '```json\n{"route": "support", "confidence": 0.9}\n```')
+    with Runtime(managed_config(tmp_path, server_bin)) as rt:
+        assert rt.call("decide", agent="agent.local", prompt="p", schema=DECIDE).submission["route"] == "support"
+
+
+def test_http_error_is_transport_error_with_status_and_body(tmp_path: Path, server_bin: Path, logs: dict[str, Path],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    behaviour = tmp_path / "b.json"
+    behaviour.write_text(json.dumps({"responses": [{"status": 500, "message": "kv cache full"}]}))
+    monkeypatch.setenv("FAKE_LLAMA_BEHAVIOUR", str(behaviour))
+    calls: list[int] = []
+    with Runtime(managed_config(tmp_path, server_bin)) as rt:
+        rt.register_inprocess("agent.claude", lambda _: calls.append(1))
+        with pytest.raises(AgentError) as info:
+            rt.call("decide", agent="agent.local", prompt="p", schema=DECIDE)
+    assert info.value.kind is ErrorKind.TRANSPORT_ERROR
+    assert "HTTP 500" in info.value.detail and "kv cache full" in info.value.detail
+    assert calls == []  # never a fallback for transport errors
+
+
+def test_slow_server_hits_deadline(tmp_path: Path, server_bin: Path, logs: dict[str, Path],
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_LLAMA_DELAY", "5")
+    with Runtime(managed_config(tmp_path, server_bin)) as rt:
+        rt.call("ask", agent="agent.local", prompt="warm up", timeout=30)  # start-up outside the deadline
+        monkeypatch.setenv("FAKE_LLAMA_DELAY", "5")
+        started = time.monotonic()
+        with pytest.raises(AgentError) as info:
+            rt.call("ask", agent="agent.local", prompt="p", timeout=1)
+        assert time.monotonic() - started < 2.5
+    assert info.value.kind is ErrorKind.DEADLINE_EXCEEDED
+
+
+def test_crashed_sidecar_is_respawned(tmp_path: Path, server_bin: Path, logs: dict[str, Path]) -> None:
+    with Runtime(managed_config(tmp_path, server_bin)) as rt:
+        assert rt.call("decide", agent="agent.local", prompt="p", schema=DECIDE).ok
+        first = rows(logs["spawn"], "start")[0]["pid"]
+        os.kill(first, signal.SIGKILL)
+        time.sleep(0.2)
+        assert rt.call("decide", agent="agent.local", prompt="p", schema=DECIDE).ok
+        starts = rows(logs["spawn"], "start")
+    assert len(starts) == 2 and starts[1]["pid"] != first
+
+
+def test_server_that_fails_to_start_is_transport_error(tmp_path: Path, server_bin: Path, logs: dict[str, Path],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_LLAMA_MODE", "exit_during_start")
+    with Runtime(managed_config(tmp_path, server_bin)) as rt, pytest.raises(AgentError) as info:
+        rt.call("ask", agent="agent.local", prompt="p")
+    assert info.value.kind is ErrorKind.TRANSPORT_ERROR
+    assert "cannot start llama-server" in info.value.detail and "code 1" in info.value.detail
+
+
+@pytest.fixture
+def keyed_server(tmp_path: Path, server_bin: Path, logs: dict[str, Path]) -> Iterator[str]:
+    """A fake llama-server started by hand with --api-key (endpoint mode attaches to it)."""
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    proc = subprocess.Popen([str(server_bin), "-m", str(model), "--port", "0", "--host", "127.0.0.1",
+                             "--api-key", "sekret-123"], stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    port = None
+    deadline = time.monotonic() + 20
+    while port is None and time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if "listening on http://127.0.0.1:" in line:
+            port = int(line.rsplit(":", 1)[1].split()[0])
+    assert port is not None
+    yield f"http://127.0.0.1:{port}/"
+    proc.terminate()
+    proc.wait(10)
+    proc.stderr.close()
+
+
+def endpoint_config(tmp_path: Path, url: str) -> Config:
+    (tmp_path / "ep.yaml").write_text(
+        f"agent_plugins:\n  agent.glm: {{plugin: builtin.local_llm, endpoint: '{url}', api_key_env: GLM_KEY, "
+        "model: glm-test}\n")
+    return load_config(tmp_path / "ep.yaml")
+
+
+def test_endpoint_with_bearer_key(tmp_path: Path, keyed_server: str, logs: dict[str, Path],
+                                  monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("GLM_KEY", "sekret-123")
+    trace = tmp_path / "t.jsonl"
+    with Runtime(endpoint_config(tmp_path, keyed_server), trace=trace) as rt:
+        result = rt.call("decide", agent="agent.glm", prompt="p", schema=DECIDE)
+    assert result.submission["route"] == "billing"
+    request = chat_requests(logs["requests"])[0]
+    assert request["status"] == 200 and request["body"]["model"] == "glm-test"
+    assert "sekret-123" not in trace.read_text()
+    written = [trace, *(tmp_path / "transcripts").iterdir()]
+    assert len(written) == 3 and all("sekret-123" not in p.read_text() for p in written)
+
+
+def test_endpoint_wrong_key_is_transport_error(tmp_path: Path, keyed_server: str, logs: dict[str, Path],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GLM_KEY", "wrong")
+    with Runtime(endpoint_config(tmp_path, keyed_server)) as rt, pytest.raises(AgentError) as info:
+        rt.call("decide", agent="agent.glm", prompt="p", schema=DECIDE)
+    assert info.value.kind is ErrorKind.TRANSPORT_ERROR and "HTTP 401" in info.value.detail
+    assert "wrong" not in info.value.detail
+
+
+def test_endpoint_unset_key_makes_no_request(tmp_path: Path, keyed_server: str, logs: dict[str, Path]) -> None:
+    with Runtime(endpoint_config(tmp_path, keyed_server)) as rt, pytest.raises(AgentError) as info:
+        rt.call("decide", agent="agent.glm", prompt="p", schema=DECIDE)
+    assert info.value.kind is ErrorKind.TRANSPORT_ERROR
+    assert "api_key_env GLM_KEY is not set" in info.value.detail
+    assert chat_requests(logs["requests"]) == []
+
+
+def test_endpoint_unreachable(tmp_path: Path) -> None:
+    (tmp_path / "ep.yaml").write_text("agent_plugins:\n  agent.x: {plugin: builtin.local_llm, "
+                                      "endpoint: 'http://127.0.0.1:9'}\n")
+    with Runtime(load_config(tmp_path / "ep.yaml")) as rt, pytest.raises(AgentError) as info:
+        rt.call("ask", agent="agent.x", prompt="p")
+    assert info.value.kind is ErrorKind.TRANSPORT_ERROR and "ConnectError" in info.value.detail
+
+
+def test_build_body_request_shape(tmp_path: Path, server_bin: Path) -> None:
+    config = managed_config(tmp_path, server_bin)
+    with Runtime(config) as rt:
+        agent = rt.agent("agent.local")
+        request = AskRequest(session_id="s", turn=1, state_path="x", verb="ask", prompt="p", call_id="c",
+                             deadline="2030-01-01T00:00:00.000000000Z")
+        body, grammar, native = agent.build_body(request)  # type: ignore[attr-defined]
+    assert "response_format" not in body and "temperature" not in body
+    assert (grammar, native) == (False, False)
