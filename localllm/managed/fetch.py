@@ -362,7 +362,9 @@ def _download(
                             log(f"downloading {artifact.name} ({human_size(total)}) from {url}")
                             bar = _bar(total, artifact.file, progress, initial=offset)
                             announced = True
-                        for block in resp.iter_raw(CHUNK):
+                        # No chunk_size: httpx would buffer up to it and lose the partial
+                        # block when the connection drops, so resume would start short.
+                        for block in resp.iter_raw():
                             fh.write(block)
                             digest.update(block)
                             offset += len(block)
