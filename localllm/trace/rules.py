@@ -11,6 +11,7 @@ never end a line.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import unicodedata
@@ -21,7 +22,7 @@ from localllm.errors import TraceWriteRejected
 
 __all__ = ["MAX_DEPTH", "check_string", "check_value", "field_path", "reject"]
 
-MAX_DEPTH = 500
+MAX_DEPTH = 100
 """Deepest nesting of arrays/objects accepted in an event (also keeps the reader's parser safe)."""
 
 _INT_MIN = -(2**63)
@@ -40,8 +41,7 @@ def field_path(parent: str, key: str | int) -> str:
         return f"{parent}[{key}]"
     if _PLAIN_KEY.fullmatch(key):
         return f"{parent}.{key}"
-    quoted = key.encode("ascii", "backslashreplace").decode("ascii").replace('"', '\\"')
-    return f'{parent}["{quoted}"]'
+    return f"{parent}[{json.dumps(key)}]"  # ASCII-escaped, so control characters stay visible
 
 
 def check_string(value: str, path: str) -> None:
@@ -62,7 +62,10 @@ def check_string(value: str, path: str) -> None:
 
 def check_value(value: Any, path: str) -> Any:
     """Validate ``value`` as trace JSON and return a private copy (tuples become lists)."""
-    return _check(value, path, 0, set())
+    try:
+        return _check(value, path, 0, set())
+    except RecursionError:  # only when the caller's own stack is already nearly exhausted
+        raise reject(path, "nested too deeply to check") from None
 
 
 def _check(value: Any, path: str, depth: int, active: set[int]) -> Any:
