@@ -1,11 +1,14 @@
 """localllm: small local models as a dependable part of an agent runtime.
 
-Importing this package is cheap: nothing heavy is imported and nothing runs.
+Importing this package is cheap: only the standard library and localllm's own light
+modules are imported (httpx, numpy, jsonschema and YAML load when first used).
 """
 
 from __future__ import annotations
 
+from localllm.config import Config, load_config
 from localllm.errors import AgentError, ConfigError, ErrorKind, LocalLLMError
+from localllm.runtime import Runtime
 from localllm.wire import AskRequest, AskResponse, CallResult
 
 __version__ = "0.1.0"
@@ -15,8 +18,11 @@ __all__ = [
     "AskRequest",
     "AskResponse",
     "CallResult",
+    "Config",
     "ConfigError",
     "ErrorKind",
     "LocalLLMError",
+    "Runtime",
     "__version__",
+    "load_config",
 ]
