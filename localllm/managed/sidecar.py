@@ -50,6 +50,7 @@ MANAGED_FLAGS = frozenset(
 _TAIL_LINES = 200  # stderr lines kept per process
 _MAX_LINE = 64 * 1024  # a longer line is split rather than buffered whole
 _POLL = 0.1  # health poll interval, seconds
+_ABORT_GRACE = 0.5  # SIGTERM grace for a start that is abandoned (timeout or stop)
 _BIND_RETRIES = 3  # fresh ports tried when --port 0 is unsupported
 _SECRET_FLAGS = frozenset({"--api-key", "--hf-token", "-hft"})
 
@@ -152,6 +153,7 @@ class _Process:
         self.requested_port = requested_port
         self.reported_port: int | None = None
         self.bound_port: int | None = None  # set once /health answered 200 on it
+        self.stop_requested = False  # an exit after this is ours, not a crash
         self.wake = threading.Event()  # set on a listening line and on stderr EOF
         self._tail: deque[str] = deque(maxlen=_TAIL_LINES)
         self._tail_lock = threading.Lock()
@@ -293,6 +295,7 @@ class _Process:
 
     def stop(self, grace: float) -> int | None:
         """SIGTERM, wait ``grace`` seconds, then SIGKILL; reap; disarm the watchdog."""
+        self.stop_requested = True
         if self.popen.poll() is None:
             # llama-server shuts down cleanly on the first SIGTERM (exit 0); during model
             # load it dies at once. A second SIGTERM would make it exit 1, so send one.
@@ -371,13 +374,18 @@ class Sidecar:
         self._finalizer: weakref.finalize[[float], Sidecar] | None = None
         self._ui_flag: str | None = None  # probed once: "--no-webui", "--no-ui" or ""
         self._port_zero = True  # False once this binary proved it can't report --port 0
-        self._crashes: deque[tuple[int, str]] = deque(maxlen=8)
+        self._crashes: deque[tuple[int, str]] = deque(maxlen=8)  # (pid, detail), newest last
+        self._crash_lock = threading.Lock()
         self._returncode: int | None = None
 
     # -- public surface -------------------------------------------------------------
     @property
     def state(self) -> SidecarState:
-        return self._state
+        """The lifecycle state; a READY server found dead reads as FAILED."""
+        state, proc = self._state, self._proc
+        if state is SidecarState.READY and proc is not None and not proc.alive():
+            return SidecarState.FAILED
+        return state
 
     @property
     def pid(self) -> int | None:
@@ -436,24 +444,19 @@ class Sidecar:
     def crash_detail(self, pid: int | None = None) -> str | None:
         """Why the server went away, for a request that found it dead; None if it didn't.
 
-        Without ``pid``: the current server, if it has exited unexpectedly. With ``pid``
-        (read from ``.pid`` when the request was made): that process's exit, even if a
-        respawn has happened since.
+        Without ``pid``: the current server, if it exited without being stopped. With
+        ``pid`` (read from ``.pid`` when the request was made): that process's exit, even
+        if a respawn has happened since. Never blocks on a start in progress.
         """
         if pid is not None:
-            for crashed_pid, detail in reversed(self._crashes):
-                if crashed_pid == pid:
-                    return detail
-        with self._lock:
-            proc = self._proc
-            if proc is None or (pid is not None and proc.pid != pid) or proc.alive():
-                return None
-            if self._state is SidecarState.READY:
-                return self._record_crash(proc)
-            for crashed_pid, detail in reversed(self._crashes):
-                if crashed_pid == proc.pid:
-                    return detail
+            with self._crash_lock:
+                for crashed_pid, detail in reversed(self._crashes):
+                    if crashed_pid == pid:
+                        return detail
+        proc = self._proc
+        if proc is None or (pid is not None and proc.pid != pid) or proc.alive() or proc.stop_requested:
             return None
+        return self._crash_text(proc)
 
     def stop(self, grace: float = 2.0) -> int | None:
         """Stop the server: SIGTERM, up to ``grace`` s, then SIGKILL. Idempotent.
@@ -500,12 +503,17 @@ class Sidecar:
         """Mark a READY server that exited as FAILED, reap it, and remember why."""
         self._state = SidecarState.FAILED
         self._release(proc, grace=0.0)
-        detail = (
+        detail = self._crash_text(proc)
+        with self._crash_lock:
+            self._crashes.append((proc.pid, detail))
+        return detail
+
+    def _crash_text(self, proc: _Process) -> str:
+        proc.settle_stderr(0.5)
+        return (
             f"llama-server {self.name!r} (pid {proc.pid}) {_describe_exit(proc.popen.returncode)}; "
             f"last stderr lines:\n{proc.tail(20)}"
         )
-        self._crashes.append((proc.pid, detail))
-        return detail
 
     def _release(self, proc: _Process, grace: float) -> None:
         if self._finalizer is not None:
@@ -573,6 +581,8 @@ class Sidecar:
     def _spawn_until_ready(self, deadline: float) -> str:
         bind_failures = 0
         while True:
+            if self._stop_requested.is_set():
+                raise SidecarError(f"sidecar {self.name!r} was stopped while starting")
             if self._port is not None:
                 port = self._port
             elif self._port_zero:
@@ -613,7 +623,7 @@ class Sidecar:
         with httpx.Client(trust_env=False) as client:
             while True:
                 if self._stop_requested.is_set():
-                    self._release(proc, grace=0.0)
+                    self._release(proc, grace=_ABORT_GRACE)
                     raise SidecarError(f"sidecar {self.name!r} was stopped while starting")
                 if not proc.alive():
                     self._release(proc, grace=0.0)
@@ -624,7 +634,7 @@ class Sidecar:
                     return f"http://{HOST}:{port}"
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    self._release(proc, grace=0.0)
+                    self._release(proc, grace=_ABORT_GRACE)
                     raise self._timed_out(proc)
                 proc.wake.wait(min(_POLL, remaining))
                 proc.wake.clear()

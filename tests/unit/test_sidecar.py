@@ -345,6 +345,7 @@ def test_server_killed_with_sigkill_is_respawned(server_bin: Path, model: Path, 
             httpx.get(url + "/health", trust_env=False, timeout=2.0)
             time.sleep(0.02)
     assert "killed by SIGKILL" in (sc.crash_detail(pid=first) or "")
+    assert sc.state is SidecarState.FAILED
     new_url = sc.ensure_ready()
     assert sc.pid != first and sc.state is SidecarState.READY
     assert httpx.get(new_url + "/health", trust_env=False).status_code == 200
@@ -358,6 +359,7 @@ def test_well_behaved_server_gets_only_sigterm(server_bin: Path, model: Path, sp
     pid = sc.pid
     assert sc.stop() == 0
     assert sc.state is SidecarState.STOPPED
+    assert sc.crash_detail() is None  # an exit we asked for is not a crash
     assert [e["signal"] for e in events(spawn_log, "signal")] == ["SIGTERM"]
     assert events(spawn_log, "exit") == [{"event": "exit", "pid": pid, "code": 0}]
     assert sc.stop() == 0  # idempotent
