@@ -407,6 +407,7 @@ class Sidecar:
         return self._returncode
 
     def is_alive(self) -> bool:
+        """True while the current server process runs (reaps it if it has exited)."""
         proc = self._proc
         return proc is not None and proc.alive()
 
@@ -479,6 +480,7 @@ class Sidecar:
             self._stop_requested.clear()
 
     def close(self) -> None:
+        """Same as ``stop()``."""
         self.stop()
 
     def __enter__(self) -> Sidecar:
