@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -42,7 +43,9 @@ def agent() -> Iterator[SubprocessAgent]:
     a.close()
 
 
-def answer(agent: SubprocessAgent, prompt: str, call_id: str = "0123456789abcdef", seconds: float = 20.0) -> dict:
+def answer(
+    agent: SubprocessAgent, prompt: str, call_id: str = "0123456789abcdef", seconds: float = 20.0
+) -> dict[str, Any]:
     response = agent.ask(ask_request(prompt, call_id), deadline=deadline(seconds))
     assert response.submission is not None
     value = json.loads(response.submission)

@@ -23,7 +23,9 @@ MCP_SERVER = FIXTURES / "mcp_server.py"
 MCP_STDIO_FAKE = FIXTURES / "mcp_stdio_fake.py"
 
 
-def ask_request(prompt: str, call_id: str = "0123456789abcdef", *, schema: dict[str, object] | None = None) -> AskRequest:
+def ask_request(
+    prompt: str, call_id: str = "0123456789abcdef", *, schema: dict[str, object] | None = None
+) -> AskRequest:
     return AskRequest(
         session_id="sess-1",
         turn=1,
@@ -133,10 +135,12 @@ class McpHttpServer:
 
     def kill(self) -> None:
         """SIGKILL (a crash): sessions vanish without goodbye."""
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-        self.stop()
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
 
     def restart(self) -> None:
         """Stop and start again on the same port (every session is forgotten)."""

@@ -63,7 +63,7 @@ def main() -> int:
             sys.stderr.flush()
             os._exit(3)
         elif prompt == "partial":
-            sys.stdout.write('{"jsonrpc": "2.0", "id": %d, "resu' % rid)
+            sys.stdout.write(f'{{"jsonrpc": "2.0", "id": {rid}, "resu')
             sys.stdout.flush()
             os._exit(0)
         elif prompt.startswith("slow:"):

@@ -39,7 +39,6 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -98,7 +97,7 @@ def http_app(port: int) -> Any:
         body = b""
         while True:
             message = await receive()
-            body += message.get("body", b"")
+            body += bytes(message.get("body", b""))
             if not message.get("more_body"):
                 return body
 
@@ -144,7 +143,15 @@ def http_app(port: int) -> Any:
             elif method == "tools/call":
                 response = Response(b"<html>proxy error</html>{", media_type="application/json")
             else:
+                replayed = False
+
                 async def replay() -> dict[str, Any]:
+                    # The body we consumed, once; then the real channel (disconnects).
+                    nonlocal replayed
+                    if replayed:
+                        message: dict[str, Any] = await receive()
+                        return message
+                    replayed = True
                     return {"type": "http.request", "body": body, "more_body": False}
 
                 await sse_app(dict(scope, path="/mcp", raw_path=b"/mcp"), replay, send)
@@ -182,7 +189,7 @@ def main() -> int:
     sock.bind(("127.0.0.1", port))
     port = sock.getsockname()[1]
     print(f"listening {port}", flush=True)
-    config = uvicorn.Config(http_app(port), log_level="warning", lifespan="on")
+    config = uvicorn.Config(http_app(port), log_level="warning", lifespan="on", timeout_graceful_shutdown=1)
     uvicorn.Server(config).run(sockets=[sock])
     return 0
 
