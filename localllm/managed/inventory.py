@@ -205,12 +205,15 @@ def _verify_file(entry: Entry, layout: CacheLayout, pins: Pins, *, refetch: bool
 def _refetch_file(entry: Entry, layout: CacheLayout, pins: Pins, *, mirrors: Sequence[str],
                   log: Log) -> None:
     from localllm import settings
-    from localllm.managed.acquire import ensure_model
     from localllm.managed.fetch import fetch_artifact
     from localllm.managed.source_build import acquire_sdist
 
     if entry.kind == "model":
-        ensure_model(entry.name, pins=pins, layout=layout, mirror=None)
+        pin = pins.model(entry.name)
+        sha = pin.artifact.require_sha256()
+        fetch_artifact(pin.artifact, layout.model_path(pin),
+                       lock_path=layout.lock_path(f"model-{pin.id}-{sha[:16]}"), mirrors=mirrors,
+                       offline=settings.offline(), prewarm=f"localllm fetch model {pin.id}", log=log)
         return
     if entry.kind == "sdist":
         acquire_sdist(pins.source, layout=layout, mirrors=mirrors, offline=settings.offline(), log=log)

@@ -6,10 +6,10 @@ import os
 from pathlib import Path
 
 import pytest
-from tests.unit.fakes.release_archives import LINKS, make_tar, make_zip, release_members
 
 from localllm.errors import UnsafeArchive
 from localllm.managed.extract import extract_archive, extract_member, install_dir, staging_dir
+from tests.unit.fakes.release_archives import LINKS, make_tar, make_zip, release_members
 
 
 def _check_release(dest: Path) -> None:

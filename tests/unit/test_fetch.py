@@ -12,8 +12,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from tests.unit.fakes.http_server import ArchiveServer
-from tests.unit.fakes.release_archives import make_tar, release_members
 
 from localllm.errors import (
     ChecksumMismatch,
@@ -26,6 +24,8 @@ from localllm.managed import fetch as fetch_mod
 from localllm.managed import verify
 from localllm.managed.fetch import fetch_artifact
 from localllm.managed.pins import Artifact
+from tests.unit.fakes.http_server import ArchiveServer
+from tests.unit.fakes.release_archives import make_tar, release_members
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -73,7 +73,7 @@ def test_happy_path_downloads_verifies_and_stamps(tmp_path: Path, archive_bytes:
         assert _fetch(art, dest, log) == dest
         assert dest.read_bytes() == archive_bytes
         assert verify.stamp_matches(dest, art.sha256 or "")
-        assert f"downloading llama-server test (" in log.text()
+        assert "downloading llama-server test (" in log.text()
         assert f"from {srv.url('llama-test.tar.gz')}" in log.text()
         # Cached: no second request, no second announcement.
         _fetch(art, dest, log)
@@ -248,9 +248,9 @@ def test_free_space_is_checked_against_content_length(tmp_path: Path, archive_by
     real = shutil.disk_usage
     monkeypatch.setattr(fetch_mod.shutil, "disk_usage",
                         lambda p: real(p)._replace(free=len(archive_bytes) // 2))
-    with ArchiveServer({"llama-test.tar.gz": archive_bytes}) as srv:
-        with pytest.raises(InsufficientSpace, match="not enough free space"):
-            _fetch(_artifact(archive_bytes, srv.url("llama-test.tar.gz")), tmp_path / "l.tar.gz", Log())
+    with ArchiveServer({"llama-test.tar.gz": archive_bytes}) as srv, \
+            pytest.raises(InsufficientSpace, match="not enough free space"):
+        _fetch(_artifact(archive_bytes, srv.url("llama-test.tar.gz")), tmp_path / "l.tar.gz", Log())
     assert _leftovers(tmp_path) == []
     assert not (tmp_path / "l.tar.gz").exists()
 
