@@ -246,12 +246,13 @@ def _check_command(ctx: _Context, command: str, notes: list[Diagnostic], origin:
         if path == ctx.root:
             raise _EntryInvalid("server-entry-invalid", f"command {command!r} names the plugin root, not a file",
                                 ("command",))
-        if os.path.lexists(path):
-            if not resolves_within(path, ctx.root):
-                raise _EntryInvalid("path-escapes-plugin-root",
-                                    f"command {command!r} resolves to {os.path.realpath(path)}, outside the "
-                                    "plugin root (a symlink leaves the plugin)", ("command",), clause="4.1")
-        else:
+        # realpath is not strict: for a path that does not exist yet it still resolves the
+        # existing prefix, so a symlinked parent directory is caught too.
+        if not resolves_within(path, ctx.root):
+            raise _EntryInvalid("path-escapes-plugin-root",
+                                f"command {command!r} resolves to {os.path.realpath(path)}, outside the "
+                                "plugin root (a symlink leaves the plugin)", ("command",), clause="4.1")
+        if not os.path.lexists(path):
             notes.append(Diagnostic(SECTION, "command-not-found", origin_of(origin, "command"),
                                     f"command {command!r} does not exist yet; the server will fail to start "
                                     "until it does", severity="warning", clause="7.2.1"))
@@ -306,7 +307,7 @@ def _check_cwd(
         raise _EntryInvalid("path-escapes-plugin-root", f"cwd {cwd!r} leaves the {root_name}", ("cwd",),
                             clause="7.2.1")
     if form == "plugin":
-        if os.path.lexists(resolved) and not resolves_within(resolved, ctx.root):
+        if not resolves_within(resolved, ctx.root):
             raise _EntryInvalid("path-escapes-plugin-root",
                                 f"cwd {cwd!r} resolves to {os.path.realpath(resolved)}, outside the plugin root",
                                 ("cwd",), clause="4.1")

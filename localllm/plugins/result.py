@@ -62,7 +62,7 @@ class McpServerConfig:
     the declared token and ``command_path`` the plugin-relative command resolved
     against the plugin root (``None`` for a bare name resolved through ``PATH`` at
     spawn). ``cwd_root`` says which root ``cwd`` must stay in. ``env`` and ``headers``
-    values may be credentials: they are left out of ``repr`` and never printed.
+    values (and ``url``, whose query may hold a token) stay out of ``repr`` and are never printed.
     """
 
     name: str
@@ -75,7 +75,8 @@ class McpServerConfig:
     env: Mapping[str, str] = field(default_factory=lambda: _EMPTY, repr=False)
     cwd: Path | None = None
     cwd_root: Literal["plugin", "data"] = "plugin"
-    url: str = ""
+    #: not in repr either: a query string can carry a token
+    url: str = field(default="", repr=False)
     headers: Mapping[str, str] = field(default_factory=lambda: _EMPTY, repr=False)
 
 
