@@ -38,6 +38,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, ClassVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -74,6 +75,16 @@ class _SessionExpired(Exception):
     """Internal: the server answered 404 for our ``Mcp-Session-Id``."""
 
 
+@dataclass(frozen=True, eq=False)
+class _Session:
+    """One initialised MCP session; replaced whole (compared by identity), so a call never
+    sees a half-updated one."""
+
+    #: ``None`` when the server is stateless and assigned no id
+    session_id: str | None
+    protocol_version: str
+
+
 class McpHttpAgent(Agent):
     """An ``mcp_http`` agent plugin; see the module docstring for the protocol."""
 
@@ -87,15 +98,24 @@ class McpHttpAgent(Agent):
         self._client = httpx.Client(transport=transport, follow_redirects=False)
         self._ids = itertools.count(1)
         self._session_lock = threading.Lock()
-        self._generation = 0
-        self._initialized = False
-        self.session_id: str | None = None
-        self.protocol_version: str | None = None
+        self._session: _Session | None = None
         self._cancelled: set[str] = set()
         self._closed = False
 
     def __repr__(self) -> str:
         return f"<McpHttpAgent {self.alias} endpoint={self._url!r} header_keys={sorted(self.decl.headers)}>"
+
+    @property
+    def session_id(self) -> str | None:
+        """The server-assigned ``Mcp-Session-Id`` (``None`` before the first call)."""
+        session = self._session
+        return session.session_id if session is not None else None
+
+    @property
+    def protocol_version(self) -> str | None:
+        """The negotiated MCP protocol version (``None`` before the first call)."""
+        session = self._session
+        return session.protocol_version if session is not None else None
 
     # -- the call --------------------------------------------------------------------
 
@@ -104,81 +124,78 @@ class McpHttpAgent(Agent):
             raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias}: agent is closed")
         call_id = request.call_id
         try:
-            generation = self._ensure_session(deadline, call_id)
-            message = self._tools_call(request, deadline, call_id, generation)
+            message = self._tools_call(request, deadline, call_id)
         finally:
             self._cancelled.discard(call_id)
         result = _mcp.result_of(message, label=self.alias, what=f"tools/call {self.decl.tool!r}")
         return _mcp.answer_from_tool_result(result, label=self.alias, tool=self.decl.tool)
 
-    def _tools_call(self, request: AskRequest, deadline: float, call_id: str, generation: int) -> dict[str, Any]:
-        for attempt in (1, 2):
-            message = _mcp.tools_call_request(next(self._ids), self.decl.tool, request)
+    def _tools_call(self, request: AskRequest, deadline: float, call_id: str) -> dict[str, Any]:
+        session = self._session or self._new_session(None, deadline, call_id)
+        message = _mcp.tools_call_request(next(self._ids), self.decl.tool, request)
+        try:
+            reply = self._post(message, session, deadline, call_id)
+        except _SessionExpired:
+            # The server forgot the session (a restart); a 404 means the call never ran.
+            logger.info("%s: MCP session expired on the server; re-initialising", self.alias)
+            session = self._new_session(session, deadline, call_id)
             try:
-                reply = self._post(message, deadline, call_id)
+                reply = self._post(message, session, deadline, call_id)
             except _SessionExpired:
-                if attempt == 2:
-                    raise AgentError(
-                        ErrorKind.TRANSPORT_ERROR,
-                        f"{self.alias}: {self._url} answered 404 for a freshly initialised session",
-                    ) from None
-                logger.info("%s: MCP session expired on the server; re-initialising", self.alias)
-                generation = self._reinitialize(generation, deadline, call_id)
-                continue
-            assert reply is not None
-            return reply
-        raise AssertionError("unreachable")
+                raise AgentError(
+                    ErrorKind.TRANSPORT_ERROR,
+                    f"{self.alias}: {self._url} answered 404 for a freshly initialised session",
+                ) from None
+        assert reply is not None
+        return reply
 
     # -- session ---------------------------------------------------------------------
 
-    def _ensure_session(self, deadline: float, call_id: str) -> int:
-        if self._initialized:
-            return self._generation
-        return self._reinitialize(self._generation, deadline, call_id)
-
-    def _reinitialize(self, stale: int, deadline: float, call_id: str) -> int:
+    def _new_session(self, stale: _Session | None, deadline: float, call_id: str) -> _Session:
+        """Initialise a session unless another thread already replaced ``stale``."""
         # Waiting for another thread's handshake is bounded by our own deadline too.
         if not self._session_lock.acquire(timeout=self.remaining(deadline)):
             raise AgentError(
                 ErrorKind.DEADLINE_EXCEEDED, f"{self.alias}: deadline passed waiting for the MCP handshake"
             )
         try:
-            # Concurrent calls all see the 404 (or the missing session); only the first
-            # one (re-)initialises, the others reuse its session.
-            if self._generation == stale or not self._initialized:
-                self._initialized = False
-                self.session_id = None
-                self.protocol_version = None
-                self._initialize(deadline, call_id)
-            return self._generation
+            current = self._session
+            if current is not None and current is not stale:
+                return current  # concurrent calls saw the same 404: one handshake serves all
+            session = self._initialize(deadline, call_id)
+            self._session = session
+            return session
         finally:
             self._session_lock.release()
 
-    def _initialize(self, deadline: float, call_id: str) -> None:
-        """Handshake (``_session_lock`` held)."""
+    def _initialize(self, deadline: float, call_id: str) -> _Session:
+        """``initialize`` + ``notifications/initialized``; the new session."""
+        message = _mcp.initialize_request(next(self._ids))
         try:
-            reply = self._post(_mcp.initialize_request(next(self._ids)), deadline, call_id, handshake=True)
-        except _SessionExpired as exc:  # no session yet: cannot happen, but be explicit
-            raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias}: {self._url} answered 404") from exc
-        assert reply is not None
-        result = _mcp.result_of(reply, label=self.alias, what="initialize")
-        version = _mcp.negotiated_version(result, supported=_mcp.HTTP_VERSIONS, label=self.alias)
-        self.protocol_version = version
-        self._post(_mcp.initialized_notification(), deadline, call_id)
-        self._initialized = True
-        self._generation += 1
+            assigned: list[str | None] = []
+            reply = self._post(message, None, deadline, call_id, session_header=assigned)
+            assert reply is not None
+            result = _mcp.result_of(reply, label=self.alias, what="initialize")
+            version = _mcp.negotiated_version(result, supported=_mcp.HTTP_VERSIONS, label=self.alias)
+            session = _Session(assigned[0] if assigned else None, version)
+            self._post(_mcp.initialized_notification(), session, deadline, call_id)
+        except _SessionExpired as exc:
+            raise AgentError(
+                ErrorKind.TRANSPORT_ERROR, f"{self.alias}: {self._url} answered 404 during the MCP handshake"
+            ) from exc
         logger.debug("%s: MCP session initialised (protocol %s)", self.alias, version)
+        return session
 
     # -- HTTP ------------------------------------------------------------------------
 
-    def _headers(self) -> dict[str, str]:
+    def _headers(self, session: _Session | None) -> dict[str, str]:
         headers = dict(self.decl.headers)
         headers["Accept"] = _ACCEPT
         headers["Content-Type"] = "application/json"
-        if self.session_id is not None:
-            headers["Mcp-Session-Id"] = self.session_id
-        if self.protocol_version is not None:
-            headers["MCP-Protocol-Version"] = self.protocol_version
+        if session is not None:
+            if session.session_id is not None:
+                headers["Mcp-Session-Id"] = session.session_id
+            headers["MCP-Protocol-Version"] = session.protocol_version
         return headers
 
     def _timeout(self, deadline: float, call_id: str) -> httpx.Timeout:
@@ -188,21 +205,27 @@ class McpHttpAgent(Agent):
         return httpx.Timeout(remaining, connect=min(remaining, _CONNECT_TIMEOUT))
 
     def _post(
-        self, message: dict[str, Any], deadline: float, call_id: str, *, handshake: bool = False
+        self,
+        message: dict[str, Any],
+        session: _Session | None,
+        deadline: float,
+        call_id: str,
+        *,
+        session_header: list[str | None] | None = None,
     ) -> dict[str, Any] | None:
         """POST one message; the matching response, or ``None`` for a notification.
 
-        The one place httpx exceptions become AgentErrors.
+        The one place httpx exceptions become AgentErrors. ``session_header`` receives the
+        ``Mcp-Session-Id`` the server assigns (the handshake).
         """
         method = str(message.get("method"))
-        sent_session = self.session_id
         body = json.dumps(message, ensure_ascii=False).encode("utf-8")
         try:
             with self._client.stream(
-                "POST", self.decl.endpoint, content=body, headers=self._headers(),
+                "POST", self.decl.endpoint, content=body, headers=self._headers(session),
                 timeout=self._timeout(deadline, call_id),
             ) as response:
-                if response.status_code == 404 and sent_session is not None:
+                if response.status_code == 404 and session is not None and session.session_id is not None:
                     raise _SessionExpired
                 if response.status_code >= 300:
                     text = self._read_text(response, deadline, call_id)
@@ -211,8 +234,8 @@ class McpHttpAgent(Agent):
                         f"{self.alias}: {method}: HTTP {response.status_code} from {self._url}: "
                         f"{truncate_detail(self._redact(text))}",
                     )
-                if handshake:
-                    self.session_id = response.headers.get("mcp-session-id")
+                if session_header is not None:
+                    session_header.append(response.headers.get("mcp-session-id"))
                 if "id" not in message:
                     return None  # a notification: 202 Accepted, no body to wait for
                 return self._read_response(response, message["id"], method, deadline, call_id)
@@ -334,15 +357,12 @@ class McpHttpAgent(Agent):
         if self._closed:
             return
         self._closed = True
-        session = self.session_id
-        if session is not None:
-            headers = {**self.decl.headers, "Mcp-Session-Id": session}
-            if self.protocol_version is not None:
-                headers["MCP-Protocol-Version"] = self.protocol_version
+        session, self._session = self._session, None
+        if session is not None and session.session_id is not None:
+            headers = self._headers(session)
             try:
                 self._client.delete(self.decl.endpoint, headers=headers, timeout=_CLOSE_TIMEOUT)
             except httpx.HTTPError as exc:
                 # The server may be gone already; the session dies with it.
                 logger.debug("%s: DELETE of the MCP session failed: %s", self.alias, type(exc).__name__)
-        self.session_id = None
         self._client.close()
