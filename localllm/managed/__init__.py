@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from localllm.managed.acquire import ServerInstall, ensure_model, ensure_server, server_env
 from localllm.managed.cache import CacheLayout, cache_layout
+from localllm.managed.sidecar import MANAGED_FLAGS, Sidecar, SidecarState
 
 __all__ = [
+    "MANAGED_FLAGS",
     "CacheLayout",
     "ServerInstall",
+    "Sidecar",
+    "SidecarState",
     "cache_layout",
     "ensure_model",
     "ensure_server",

@@ -1,0 +1,146 @@
+"""builtin.local_llm end to end: the real source-built llama-server and the real gemma-3-270m GGUF."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from localllm.cli import main
+from localllm.config import load_config
+from localllm.errors import AgentError, ErrorKind
+from localllm.managed.sidecar import Sidecar
+from localllm.runtime import Runtime
+from localllm.trace import read_trace
+from tests.conftest import REPO
+from tests.unit.fakes.fake_claude import install
+
+pytestmark = pytest.mark.e2e
+
+DEMO = REPO / "examples" / "demo"
+
+
+@pytest.fixture
+def demo(tmp_path: Path, managed_env: Path) -> Path:
+    """A copy of the demo config (managed gemma-3-270m through the mirror)."""
+    target = tmp_path / "demo"
+    shutil.copytree(DEMO, target, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    return target / "config.yaml"
+
+
+def sidecar_pids() -> list[int]:
+    return [p.pid for p in psutil.Process().children(recursive=True) if p.name().startswith("llama-server")]
+
+
+def test_decide_gate_is_schema_valid_and_grammar_constrained(demo: Path, tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    with Runtime(load_config(demo), trace=trace) as rt:
+        result = rt.run_gate("triage", {"ticket": "The app crashes when I click save."})
+    assert result.submission["queue"] in ("billing", "bug", "feature", "other")
+    assert 1 <= result.submission["priority"] <= 5
+    assert 1 <= len(result.submission["summary"]) <= 80
+    assert result.meta["grammar"] is True and result.agent == "agent.local"
+    assert result.meta["completion_tokens"] > 0
+    assert main(["trace", "verify", str(trace)]) == 0
+    done = read_trace(trace).events[-1]
+    transcript = tmp_path / done.payload["transcript_ref"]["path"]
+    lines = [json.loads(line) for line in transcript.read_text().splitlines()]
+    assert [line["type"] for line in lines] == ["request", "assistant", "result"]
+    assert json.loads(lines[2]["result"]) == result.submission
+    assert sidecar_pids() == []  # the sidecar is stopped with the runtime
+
+
+def test_check_rejects_out_of_subset_gate_naming_the_construct(demo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    schema = demo.parent / "schemas" / "tags.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {
+        "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}}}))
+    text = demo.read_text().replace("schema: schemas/triage.json", "schema: schemas/tags.json")
+    demo.write_text(text)
+    assert main(["check", str(demo)]) == 2
+    err = capsys.readouterr().err
+    assert 'agent "agent.local" is builtin.local_llm with grammar: true' in err
+    assert '"uniqueItems"' in err and "$.properties.tags" in err
+
+
+def test_forced_validation_failure_falls_back_to_claude(demo: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Number bounds are outside what the grammar enforces: the answer fails validation.
+
+    minimum + multipleOf, so that copying a number out of the schema statement fails too.
+    """
+    claude = install(tmp_path / "bin")
+    monkeypatch.setenv("LOCALLLM_CLAUDE_BIN", str(claude))
+    monkeypatch.setenv("FAKE_CLAUDE_RESULT", '{"amount": 10003}')
+    schema = {"type": "object", "properties": {"amount": {"type": "number", "minimum": 10000.5, "multipleOf": 7}},
+              "required": ["amount"]}
+    trace = tmp_path / "trace.jsonl"
+    with Runtime(load_config(demo), trace=trace) as rt:
+        result = rt.call("decide", agent="agent.local", schema=schema,
+                         prompt="How many apples are in a bag of 7 apples? Answer with the number 7.")
+    assert result.agent == "agent.claude"
+    assert result.submission == {"amount": 10003}
+    assert result.meta["fallback_of"] == "agent.local"
+    events = read_trace(trace).events
+    assert [e.kind for e in events] == ["agent.call.start", "agent.call.complete"]
+    done = events[1].payload
+    assert done["substitution"] == {"reason": "schema_invalid", "original_plugin": "agent.local",
+                                    "fallback_plugin": "agent.claude"}
+    assert done["original_transcript_ref"]["format"] == "openai-chat"
+    assert done["transcript_ref"]["format"] == "claude-json"
+    assert main(["trace", "verify", str(trace)]) == 0
+
+
+def test_killed_sidecar_is_respawned_between_calls(demo: Path) -> None:
+    with Runtime(load_config(demo)) as rt:
+        assert rt.run_gate("triage", {"ticket": "Please add dark mode."}).ok
+        [pid] = sidecar_pids()
+        psutil.Process(pid).kill()
+        psutil.Process(pid).wait(5)
+        result = rt.run_gate("triage", {"ticket": "Please add dark mode."})
+        assert result.ok
+        assert sidecar_pids() not in ([], [pid])
+
+
+@pytest.fixture
+def keyed_endpoint(server_bin: Path, chat_gguf: Path) -> Iterator[str]:
+    sidecar = Sidecar(server_bin, chat_gguf, parallel=1, ctx_per_slot=1024, api_key="e2e-key-42", name="keyed")
+    try:
+        yield sidecar.ensure_ready()
+    finally:
+        sidecar.stop()
+
+
+def endpoint_config(tmp_path: Path, url: str) -> Path:
+    path = tmp_path / "endpoint.yaml"
+    path.write_text(f"agent_plugins:\n  agent.remote: {{plugin: builtin.local_llm, endpoint: '{url}', "
+                    "api_key_env: E2E_KEY, max_tokens: 48}\n")
+    return path
+
+
+def test_endpoint_mode_with_api_key(tmp_path: Path, keyed_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    monkeypatch.setenv("E2E_KEY", "e2e-key-42")
+    with Runtime(load_config(endpoint_config(tmp_path, keyed_endpoint))) as rt:
+        result = rt.call("decide", agent="agent.remote", prompt="Is water wet?", schema=schema)
+    assert isinstance(result.submission["ok"], bool)
+    assert result.meta["grammar"] is True
+
+
+def test_endpoint_mode_fails_cleanly_without_key(tmp_path: Path, keyed_endpoint: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    config = load_config(endpoint_config(tmp_path, keyed_endpoint))
+    with Runtime(config) as rt:
+        with pytest.raises(AgentError) as info:
+            rt.call("ask", agent="agent.remote", prompt="hi")
+        assert info.value.kind is ErrorKind.TRANSPORT_ERROR and "E2E_KEY is not set" in info.value.detail
+        monkeypatch.setenv("E2E_KEY", "not-the-key")
+        started = time.monotonic()
+        with pytest.raises(AgentError) as info:
+            rt.call("ask", agent="agent.remote", prompt="hi")
+    assert "HTTP 401" in info.value.detail and "not-the-key" not in info.value.detail
+    assert time.monotonic() - started < 30
