@@ -7,7 +7,7 @@ Framing: a stdout line whose first non-blank byte is ``{`` is a frame and must p
 JSON object, otherwise the stream is desynchronised (``plugin_crash``). Any other non-empty
 line is *noise* (a stray ``print``): it is logged, kept for error details, and skipped.
 
-Every wait is bounded by a ``time.monotonic()`` deadline (``select`` on non-blocking pipes,
+Every wait is bounded by a ``time.monotonic()`` deadline (``poll`` on non-blocking pipes,
 no reader thread on stdout); stderr is drained by one thread so a chatty child never blocks
 on a full pipe, and its tail goes into ``plugin_crash`` details. The child runs in its own
 process group so that kill and stop reach any grandchildren holding the pipes open.
@@ -68,6 +68,14 @@ def tail_text(text: str, limit: int = _TAIL_LIMIT) -> str:
     if len(raw) <= limit:
         return text
     return "..." + raw[-limit:].decode("utf-8", errors="ignore")
+
+
+def _ready(fd: int, events: int, timeout: float) -> bool:
+    """Wait until ``fd`` is ready (or hung up) for ``events``; ``poll``, not ``select``,
+    so descriptors above FD_SETSIZE work in a busy runtime."""
+    poller = select.poll()
+    poller.register(fd, events)
+    return bool(poller.poll(max(0, int(timeout * 1000) + 1)))
 
 
 class Redactor:
@@ -294,8 +302,7 @@ class LineChild:
             if remaining <= 0:
                 raise DeadlineReached
             try:
-                _, writable, _ = select.select([], [fd], [], remaining)
-                if not writable:
+                if not _ready(fd, select.POLLOUT, remaining):
                     continue
                 written = os.write(fd, view)
             except BlockingIOError:
@@ -327,8 +334,7 @@ class LineChild:
             if remaining <= 0:
                 raise DeadlineReached
             try:
-                readable, _, _ = select.select([fd], [], [], remaining)
-                if not readable:
+                if not _ready(fd, select.POLLIN, remaining):
                     continue
                 chunk = os.read(fd, _READ_CHUNK)
             except BlockingIOError:
