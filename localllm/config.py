@@ -29,11 +29,15 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localllm import settings
 from localllm.errors import ConfigError, ConfigProblem, SchemaError
+
+if TYPE_CHECKING:
+    from localllm.plugins import SpawnSpec
 
 #: plugin types declarable under ``agent_plugins:`` (contract §1), in the spec's order
 PLUGIN_TYPES = ("builtin.claude_cli", "builtin.inprocess", "subprocess", "mcp_http", "builtin.local_llm")
@@ -90,6 +94,8 @@ class McpStdioDecl(AgentDecl):
     env: dict[str, str] = field(default_factory=dict)
     cwd: Path | None = None
     tool: str = "ask"
+    #: re-checks containment and prepares PLUGIN_DATA right before each spawn (plugin dirs)
+    spawn: Callable[[], SpawnSpec] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -652,7 +658,7 @@ def load_config(path: str | os.PathLike[str]) -> Config:
 def _plugin_agents(plugin_dir: Path, key: str, agents: dict[str, AgentDecl], problems: _Problems) -> None:
     """Declare ``agent.<plugin>.<server>`` for each MCP server of an Agent Plugins directory."""
     try:
-        from localllm.plugins import load_agent_plugin, mcp_agent_decls
+        from localllm.plugins import load_agent_plugin, mcp_agent_decls, prepare_spawn
     except ImportError:
         problems.add(key, "Agent Plugins directories are not supported by this build")
         return
@@ -661,8 +667,14 @@ def _plugin_agents(plugin_dir: Path, key: str, agents: dict[str, AgentDecl], pro
         for diag in result.diagnostics:
             problems.add(key, f"plugin rejected: {diag.message}", f"run `localllm plugins check {plugin_dir}`")
         return
-    for alias, decl in mcp_agent_decls(result):
+    for alias, server in mcp_agent_decls(result):
         if alias in agents:
             problems.add(key, f'MCP server alias "{alias}" collides with a declared agent')
             continue
-        agents[alias] = decl
+        if server.transport == "http":
+            agents[alias] = McpHttpDecl(alias=alias, plugin="mcp_http", endpoint=server.url,
+                                        headers=dict(server.headers))
+        else:
+            agents[alias] = McpStdioDecl(alias=alias, plugin="mcp_stdio", command=server.command,
+                                         args=server.args, env=dict(server.env), cwd=server.cwd,
+                                         spawn=partial(prepare_spawn, server, result))

@@ -150,10 +150,10 @@ class SchemaSet:
         def retrieve(uri: str) -> Resource[Any]:
             parsed = urlparse(uri)
             if parsed.scheme != "file":
-                raise NoSuchResource(ref=uri)
+                raise NoSuchResource(ref=uri)  # type: ignore[call-arg]
             target = Path(parsed.path).resolve()
             if not target.is_relative_to(root):
-                raise NoSuchResource(ref=uri)
+                raise NoSuchResource(ref=uri)  # type: ignore[call-arg]
             return Resource.from_contents(self.load(target))
 
         return Registry(retrieve=retrieve)  # type: ignore[call-arg]
