@@ -14,13 +14,13 @@ from typing import Any
 from localllm.errors import AgentError, ErrorKind
 
 __all__ = [
+    "VERBS",
     "AgentError",
     "AskRequest",
     "AskResponse",
     "CallResult",
     "ErrorKind",
     "Transcript",
-    "VERBS",
 ]
 
 VERBS = ("ask", "decide", "extract", "task", "converse")

@@ -120,9 +120,9 @@ class LocalLLMAgent(Agent):
             sidecar = self._ensure_sidecar()
             return normalize_endpoint(str(sidecar.ensure_ready()))
         except (FetchError, SidecarError) as exc:
-            hint = getattr(exc, "hint", "")
-            raise AgentError(ErrorKind.TRANSPORT_ERROR,
-                             f"{self.alias}: cannot start llama-server: {exc}" + (f" ({hint})" if hint else "")) from exc
+            hint = f" ({exc.hint})" if exc.hint else ""
+            detail = f"{self.alias}: cannot start llama-server: {exc}{hint}"
+            raise AgentError(ErrorKind.TRANSPORT_ERROR, detail) from exc
 
     # ------------------------------------------------------------------ request
 

@@ -106,7 +106,7 @@ def test_schema_path_relative_to_config(config: Config) -> None:
 
 
 def test_undeclared_alias_is_config_error(config: Config) -> None:
-    with Runtime(config) as rt, pytest.raises(ConfigError, match='agent "agent.typo" is not declared'):
+    with Runtime(config) as rt, pytest.raises(ConfigError, match=r'agent "agent\.typo" is not declared'):
         rt.call("ask", agent="agent.typo", prompt="p")
 
 
@@ -122,7 +122,7 @@ def test_agent_exception_is_plugin_crash(config: Config) -> None:
 
     with Runtime(config) as rt:
         rt.register_inprocess("agent.local", boom)
-        with pytest.raises(AgentError, match="agent: plugin_crash: agent.local raised RuntimeError: kaput"):
+        with pytest.raises(AgentError, match=r"agent: plugin_crash: agent\.local raised RuntimeError: kaput"):
             rt.call("ask", agent="agent.local", prompt="p")
 
 
@@ -329,7 +329,7 @@ def test_concurrent_calls_are_safe_and_traced(config: Config, tmp_path: Path) ->
     events = read_trace(trace).events
     assert len(events) == 80
     assert [e.seq for e in events] == list(range(80))
-    for start, done in zip(events[::2], events[1::2]):  # each call's events are contiguous
+    for start, done in zip(events[::2], events[1::2], strict=True):  # each call's events are contiguous
         assert (start.kind, done.kind, start.call_id) == ("agent.call.start", "agent.call.complete", done.call_id)
 
 
