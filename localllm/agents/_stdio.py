@@ -67,6 +67,10 @@ class ChildAgent(Agent):
     def _on_spawn(self, child: LineChild, deadline: float) -> None:
         """Per-process handshake, run once after each spawn. Default: nothing."""
 
+    def _launch_spec(self) -> tuple[list[str], dict[str, str], Path | None]:
+        """argv, environment overrides and cwd for the next spawn."""
+        return self._argv, self._env, self._cwd
+
     def ask(self, request: AskRequest, *, deadline: float) -> AskResponse:
         if not self._lock.acquire(timeout=self.remaining(deadline)):
             raise AgentError(
@@ -106,7 +110,8 @@ class ChildAgent(Agent):
             # Died between calls: reap it before spawning its replacement.
             logger.info("%s: process exited (code %s); respawning", self.alias, child.returncode)
             child.kill()
-        child = LineChild(label=self.alias, argv=self._argv, env=self._env, cwd=self._cwd, redact=self.redact)
+        argv, env, cwd = self._launch_spec()
+        child = LineChild(label=self.alias, argv=argv, env=env, cwd=cwd, redact=self.redact)
         self._child = child
         child.start()
         self._on_spawn(child, deadline)

@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import itertools
 import logging
+from pathlib import Path
 from typing import Any, ClassVar
 
 from localllm.agents import _mcp
 from localllm.agents._child import LineChild
 from localllm.agents._stdio import ChildAgent
 from localllm.config import McpStdioDecl
-from localllm.errors import AgentError
+from localllm.errors import AgentError, ErrorKind, PluginError
 from localllm.wire import AskRequest, AskResponse
 
 logger = logging.getLogger(__name__)
@@ -49,6 +50,17 @@ class McpStdioAgent(ChildAgent):
         self._ids = itertools.count(1)
         #: the protocol version negotiated with the current process
         self.protocol_version: str | None = None
+
+    def _launch_spec(self) -> tuple[list[str], dict[str, str], Path | None]:
+        """A plugin-directory server is re-checked (realpath containment) and its
+        PLUGIN_DATA prepared right before every spawn."""
+        if self.decl.spawn is None:
+            return super()._launch_spec()
+        try:
+            spec = self.decl.spawn()
+        except (PluginError, OSError) as exc:
+            raise AgentError(ErrorKind.PLUGIN_CRASH, f"{self.alias}: cannot spawn: {exc}") from exc
+        return list(spec.argv), dict(spec.env), spec.cwd
 
     def _on_spawn(self, child: LineChild, deadline: float) -> None:
         self.protocol_version = None

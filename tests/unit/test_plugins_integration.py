@@ -89,3 +89,50 @@ def test_stdio_and_http_plugin_servers_answer_calls(tmp_path: Path, http_server:
         assert answer(http, "over http")["echo"] == "over http"
     finally:
         http.close()
+
+
+def test_plugin_dir_servers_answer_localllm_call(tmp_path: Path, http_server: McpHttpServer,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """config `plugin_dirs:` → agent.<plugin>.<server> aliases → validated answers via `localllm call`."""
+    from localllm.cli import main
+    from localllm.trace import read_trace
+
+    plugin = make_plugin(tmp_path, f"{http_server.base}/mcp")
+    (tmp_path / "echo.json").write_text(json.dumps(
+        {"type": "object", "properties": {"echo": {"type": "string"}}, "required": ["echo"]}))
+    config = tmp_path / "app.yaml"
+    config.write_text(f"plugin_dirs: ['{plugin.root}']\n")
+    trace = tmp_path / "t.jsonl"
+    for alias in ("agent.fixer.helper", "agent.fixer.remote"):
+        code = main(["call", "ask", "--config", str(config), "--agent", alias, "--prompt", f"via {alias}",
+                     "--schema", str(tmp_path / "echo.json"), "--trace", str(trace), "--json"])
+        out = json.loads(capsys.readouterr().out)
+        assert code == 0
+        assert out["submission"]["echo"] == f"via {alias}"
+        assert out["agent"] == alias
+    assert [e.payload["agent"] for e in read_trace(trace).events if e.kind == "agent.call.complete"] == [
+        "agent.fixer.helper", "agent.fixer.remote"]
+    assert main(["trace", "verify", str(trace)]) == 0
+
+
+def test_plugin_dir_command_symlinked_out_fails_that_alias_only(tmp_path: Path, http_server: McpHttpServer) -> None:
+    """The realpath containment re-check runs right before spawn, through the config path."""
+    from localllm.config import load_config
+    from localllm.errors import AgentError, ErrorKind
+    from localllm.runtime import Runtime
+
+    plugin = make_plugin(tmp_path, f"{http_server.base}/mcp")
+    config = tmp_path / "app.yaml"
+    config.write_text(f"plugin_dirs: ['{plugin.root}']\n")
+    loaded = load_config(config)
+    launcher = plugin.root / "bin" / "mcp-server"
+    outside = tmp_path / "outside-server"
+    outside.write_text(launcher.read_text())
+    outside.chmod(0o755)
+    launcher.unlink()
+    launcher.symlink_to(outside)  # swapped after load: must be caught at spawn
+    with Runtime(loaded) as rt:
+        with pytest.raises(AgentError) as info:
+            rt.call("ask", agent="agent.fixer.helper", prompt="x")
+        assert info.value.kind is ErrorKind.PLUGIN_CRASH and "cannot spawn" in info.value.detail
+        assert rt.call("ask", agent="agent.fixer.remote", prompt="still fine").submission["echo"] == "still fine"
