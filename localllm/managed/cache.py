@@ -1,32 +1,4 @@
-"""Where managed artifacts live.
-
-The cache root is ``settings.cache_dir()``: ``LOCALLLM_CACHE_DIR`` if set, else the
-platform's user cache (``~/.cache/localllm`` on Linux, ``~/Library/Caches/localllm`` on
-macOS)::
-
-    <root>/
-    ├── bin/                                     one directory per installed llama-server
-    │   ├── llama-b9444-linux-x86_64/            prebuilt release, extracted flat:
-    │   │   ├── llama-server, llama-*            executables
-    │   │   ├── libllama.so → libllama.so.0 → libllama.so.0.x.y   SONAME links kept
-    │   │   ├── libstdc++.so.6                   only when the host's libstdc++ is too old
-    │   │   └── .localllm-release.json           written last: origin + sha256 of every file
-    │   └── llama-source-0.3.36-linux-x86_64/    built from the pinned sdist; same layout
-    ├── models/<id>/<sha256[:16]>/<file>.gguf    keyed by the pinned hash, so a changed pin
-    │                 └── <file>.gguf.verified   never reuses a stale file; size+mtime stamp
-    ├── downloads/<sha256[:16]>/<file>           verified archives (server, libstdc++ shim)
-    ├── build/                                   `localllm fetch server --from-source`
-    │   ├── sdist/llama_cpp_python-0.3.36.tar.gz
-    │   └── llama-cpp-python-0.3.36/
-    │       ├── llama_cpp_python-0.3.36/         the extracted sdist (vendor/llama.cpp)
-    │       ├── cmake-build/                     incremental cmake tree (bin/llama-server)
-    │       └── build.log                        every configure/build run, appended
-    └── locks/<artifact>.lock                    one cross-process lock per artifact
-
-Transient names, removed on failure and by ``localllm cache prune``:
-``.<file>.<pid>.<rand>.part`` beside a download, ``.staging-<name>-<rand>/`` and
-``.old-<name>-<rand>/`` beside a release directory.
-"""
+"""Where managed artifacts live: the layout is drawn in :func:`cache_layout`."""
 
 from __future__ import annotations
 
@@ -94,7 +66,35 @@ class CacheLayout:
 
 
 def cache_layout(root: Path | None = None) -> CacheLayout:
-    """The cache layout at ``root`` (default ``settings.cache_dir()``); see this module's docstring."""
+    """The cache at ``root`` (default ``settings.cache_dir()``), laid out like this.
+
+    The cache root is ``settings.cache_dir()``: ``LOCALLLM_CACHE_DIR`` if set, else the
+    platform's user cache (``~/.cache/localllm`` on Linux, ``~/Library/Caches/localllm`` on
+    macOS)::
+
+        <root>/
+        ├── bin/                                     one directory per installed llama-server
+        │   ├── llama-b9444-linux-x86_64/            prebuilt release, extracted flat:
+        │   │   ├── llama-server, llama-*            executables
+        │   │   ├── libllama.so → libllama.so.0 → libllama.so.0.x.y   SONAME links kept
+        │   │   ├── libstdc++.so.6                   only when the host's libstdc++ is too old
+        │   │   └── .localllm-release.json           written last: origin + sha256 of every file
+        │   └── llama-source-0.3.36-linux-x86_64/    built from the pinned sdist; same layout
+        ├── models/<id>/<sha256[:16]>/<file>.gguf    keyed by the pinned hash, so a changed pin
+        │                 └── <file>.gguf.verified   never reuses a stale file; size+mtime stamp
+        ├── downloads/<sha256[:16]>/<file>           verified archives (server, libstdc++ shim)
+        ├── build/                                   `localllm fetch server --from-source`
+        │   ├── sdist/llama_cpp_python-0.3.36.tar.gz
+        │   └── llama-cpp-python-0.3.36/
+        │       ├── llama_cpp_python-0.3.36/         the extracted sdist (vendor/llama.cpp)
+        │       ├── cmake-build/                     incremental cmake tree (bin/llama-server)
+        │       └── build.log                        every configure/build run, appended
+        └── locks/<artifact>.lock                    one cross-process lock per artifact
+
+    Transient names, removed on failure and by ``localllm cache prune``:
+    ``.<file>.<pid>.<rand>.part`` beside a download, ``.staging-<name>-<rand>/`` and
+    ``.old-<name>-<rand>/`` beside a release directory.
+    """
     return CacheLayout(root if root is not None else settings.cache_dir())
 
 

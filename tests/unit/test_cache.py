@@ -54,9 +54,9 @@ def test_layout_follows_the_cache_dir_setting(tmp_path: Path, monkeypatch: pytes
 
 
 def test_cache_doc_draws_every_directory() -> None:
-    import localllm.managed.cache as c
+    from localllm.managed import cache_layout as documented
 
-    doc = c.__doc__ or ""
+    doc = documented.__doc__ or ""
     for part in ("bin/", "models/<id>/<sha256[:16]>/", "downloads/", "build/", "locks/", "cmake-build/",
                  "build.log", ".staging-", ".part", MARKER):
         assert part in doc, part
