@@ -12,6 +12,7 @@ from __future__ import annotations
 from localllm.trace.callid import cassette_call_key, derive_call_id, live_call_key
 from localllm.trace.event import HEADER_KIND, SCHEMA_VERSION, Event, format_ts
 from localllm.trace.reader import Trace, parse_trace, read_trace
+from localllm.trace.rules import clean_text
 from localllm.trace.sidecars import (
     SIDECAR_THRESHOLD,
     needs_sidecar,
@@ -29,6 +30,7 @@ __all__ = [
     "Trace",
     "TraceWriter",
     "cassette_call_key",
+    "clean_text",
     "derive_call_id",
     "format_ts",
     "live_call_key",

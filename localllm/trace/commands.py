@@ -121,7 +121,10 @@ def _sidecar_refs(payload: dict[str, Any]) -> list[tuple[str, object]]:
 
 def _transcript_problems(ref: dict[str, Any], target: Path, where: str) -> list[str]:
     problems: list[str] = []
-    data = target.read_bytes()
+    try:
+        data = target.read_bytes()
+    except OSError as exc:
+        return [f"{where}: cannot read {target.name}: {exc.strerror or exc}"]
     count = data.count(b"\n") + (0 if data.endswith(b"\n") or not data else 1)
     events = ref.get("events")
     if events != count:

@@ -151,7 +151,7 @@ def line_text(raw: bytes, lineno: int, where: str | None = None) -> str:
 def load_object(text: str) -> tuple[dict[str, Any] | None, str]:
     """``(object, "")``, or ``(None, problem)`` when ``text`` is not one JSON object."""
     try:
-        obj = json.loads(text, parse_constant=_no_constant)
+        obj = _DECODER.decode(text)
     except RecursionError:
         return None, "is not valid JSON: nested too deeply"
     except json.JSONDecodeError as exc:
@@ -222,6 +222,9 @@ def _is_count(value: object) -> bool:
 
 def _no_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not valid JSON")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)  # one decoder: building it per line is costly
 
 
 def _corrupt(message: str, where: str | None, *, torn: bool = False) -> NoReturn:

@@ -20,13 +20,14 @@ from typing import Any
 
 from localllm.errors import TraceWriteRejected
 
-__all__ = ["MAX_DEPTH", "check_string", "check_value", "field_path", "reject"]
+__all__ = ["MAX_DEPTH", "check_string", "check_value", "clean_text", "field_path", "reject"]
 
 MAX_DEPTH = 100
 """Deepest nesting of arrays/objects accepted in an event (also keeps the reader's parser safe)."""
 
 _INT_MIN = -(2**63)
 _INT_LIMIT = 2**64  # exclusive: signed int64 or unsigned uint64
+_CRS_LF = re.compile(r"\r+\n")
 _PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 
 
@@ -58,6 +59,19 @@ def check_string(value: str, path: str) -> None:
         raise reject(path, "string contains a lone surrogate and is not valid UTF-8") from None
     if not unicodedata.is_normalized("NFC", value):
         raise reject(path, 'string is not NFC-normalised (apply unicodedata.normalize("NFC", ...) first)')
+
+
+def clean_text(value: str) -> str:
+    """``value`` made writable inline: CRLF → LF, NUL and lone surrogates → U+FFFD, NFC.
+
+    For free text the caller does not need byte-exact (error messages, stderr tails);
+    anything that must stay verbatim belongs in a sidecar file instead.
+    """
+    text = _CRS_LF.sub("\n", value).replace("\x00", "\ufffd")
+    if not text.isascii():
+        text = text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+        text = unicodedata.normalize("NFC", text)
+    return text
 
 
 def check_value(value: Any, path: str) -> Any:

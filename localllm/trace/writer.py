@@ -249,6 +249,13 @@ class TraceWriter:
     ) -> None:
         self.close()
 
+    def __del__(self) -> None:
+        # A forgotten writer must not keep the lock for the life of the process.
+        fd = getattr(self, "_fd", None)
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
     def __repr__(self) -> str:
         state = "closed" if self._fd is None else f"{len(self._events)} events"
         return f"<TraceWriter {self._path} ({state})>"

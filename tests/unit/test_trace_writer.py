@@ -667,3 +667,32 @@ def test_append_is_durable_per_event(tmp_path: Path, monkeypatch: pytest.MonkeyP
         w.append("a.b", turn=1)
         w.append("a.b", turn=1)
     assert len(synced) == 2
+
+
+@pytest.mark.parametrize(
+    ("raw", "clean"),
+    [
+        ("a\r\nb", "a\nb"),
+        ("a\r\r\nb", "a\nb"),
+        ("nul\x00", "nul\ufffd"),
+        ("e\u0301", "\u00e9"),
+        ("x\ud800y", "x\ufffd\ufffd\ufffdy"),
+        ("lone\r", "lone\r"),
+        ("plain", "plain"),
+    ],
+)
+def test_clean_text_makes_free_text_writable(tmp_path: Path, raw: str, clean: str) -> None:
+    assert localllm.trace.clean_text(raw) == clean
+    with TraceWriter.open(tmp_path / "t.jsonl") as w:
+        w.append("agent.call.error", {"error": localllm.trace.clean_text(raw)}, turn=1)
+
+
+def test_forgotten_writer_releases_lock_when_collected(tmp_path: Path) -> None:
+    import gc
+
+    path = tmp_path / "t.jsonl"
+    w = TraceWriter.open(path)
+    del w
+    gc.collect()
+    with TraceWriter.open(path) as again:
+        assert again.append("a.b", turn=1).seq == 0
