@@ -2,6 +2,8 @@
 
 - ``open`` creates the file with its ``session.header`` (parent directories too), or
   validates an existing file with the reader's rules and continues its per-turn ``seq``.
+- ``seq`` is dense per turn and continues across reopenings; turns may interleave (see
+  ``localllm.trace.reader`` for the exact ordering rule the reader enforces).
 - An exclusive ``flock`` is held while open; a second writer, in this process or another,
   gets ``TraceLocked`` at once.
 - ``append`` assigns ``ts`` (now, never going backwards) and the dense per-turn ``seq``,
