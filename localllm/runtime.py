@@ -20,6 +20,7 @@ a call's trace events are written as one contiguous group.
 from __future__ import annotations
 
 import json
+import math
 import re
 import threading
 import time
@@ -74,6 +75,28 @@ def render_prompt(template: str, args: Mapping[str, Any], world: Mapping[str, An
     if problems:
         raise ConfigError(problems)
     return text
+
+
+def _scrub(value: Any) -> Any:
+    """Plugin-supplied data made writable inline in the trace (CRLF, NUL, non-NFC, NaN).
+
+    The trace refuses such values outright; for audit fields (meta, args, error text,
+    sub-event payloads) a faithful-but-normalised copy is better than losing the call's
+    events. Byte-exact prompts and responses go to sidecar files instead.
+    """
+    from localllm.trace.rules import clean_text
+
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {clean_text(str(k)): _scrub(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_scrub(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    return clean_text(str(value))
 
 
 def _rfc3339(moment: datetime) -> str:
@@ -347,19 +370,19 @@ class Runtime:
         trace_dir = trace.dir
         start: dict[str, Any] = {"verb": request.verb, "agent": alias}
         if meta.get("model"):
-            start["model"] = meta["model"]
+            start["model"] = _scrub(meta["model"])
         if needs_sidecar(request.prompt):
             start["prompt_file"] = write_prompt(trace_dir, call_id, request.prompt)
         else:
             start["prompt"] = request.prompt
-        start["input"] = {"schema_path": str(schema_path) if schema_path else None, "args": dict(args)}
+        start["input"] = _scrub({"schema_path": str(schema_path) if schema_path else None, "args": dict(args)})
         ids: dict[str, Any] = {"call_id": call_id}
         if meta.get("transport") == "cassette":
             ids["episode_id"] = meta.get("episode_id")
             ids["match_idx"] = meta.get("match_idx")
         end: dict[str, Any] = {"verb": request.verb, "agent": alias}
         if meta.get("model"):
-            end["model"] = meta["model"]
+            end["model"] = _scrub(meta["model"])
         end["duration_ms"] = duration_ms
         refs: dict[str, Any] = {}
         if leg.response is not None and leg.response.transcript is not None:
@@ -373,23 +396,23 @@ class Runtime:
             if leg.error is None:
                 assert leg.response is not None
                 for event in leg.response.sub_events:
-                    trace.append(str(event["kind"]), dict(event.get("payload") or {}), turn=turn, state_path=state,
-                                 call_id=call_id)
+                    trace.append(_scrub(str(event["kind"])), _scrub(dict(event.get("payload") or {})), turn=turn,
+                                 state_path=state, call_id=call_id)
                 if needs_sidecar(leg.value):
                     end["response_file"] = write_response(trace_dir, call_id, leg.value)
                 else:
                     end["response"] = leg.value
                 if meta:
-                    end["meta"] = meta
+                    end["meta"] = _scrub(meta)
                 if substitution is not None:
                     end["substitution"] = substitution
                 end.update(refs)
                 trace.append("agent.call.complete", end, turn=turn, state_path=state, call_id=call_id)
             else:
-                end["error"] = str(leg.error)
+                end["error"] = _scrub(str(leg.error))
                 end["kind"] = leg.error.kind.value
                 if original is not None and original.error is not None:
-                    end["original_error"] = str(original.error)
+                    end["original_error"] = _scrub(str(original.error))
                 if substitution is not None:
                     end["substitution"] = substitution
                 end.update(refs)

@@ -361,3 +361,28 @@ def test_cli_check_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert "3 problem(s) in config" in err
     assert "agent_plugins.agent.x: subprocess plugin requires command:" in err
     assert "Traceback" not in err
+
+
+def test_hostile_plugin_text_never_breaks_the_trace(config: Config, tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+
+    def nasty(request: AskRequest) -> AskResponse:
+        event = {"kind": "agent.local.x", "call_id": request.call_id,
+                 "payload": {"out": "a\r\nb\x00c", "nfd": "e\u0301", "bad": float("nan")}}
+        return AskResponse(submission='{"t": "x\\r\\ny"}', meta={"model": "m\x00", "note": "cr\r\nlf"},
+                           sub_events=[event])
+
+    def crash(_: AskRequest) -> None:
+        raise AgentError(ErrorKind.PLUGIN_CRASH, "stderr:\r\nboom\x00")
+
+    with Runtime(config, trace=trace) as rt:
+        rt.register_inprocess("agent.local", nasty)
+        assert rt.call("ask", agent="agent.local", prompt="p\r\n", args={"k": "v\r\n"}).submission == {"t": "x\r\ny"}
+        rt.register_inprocess("agent.local", crash)
+        with pytest.raises(AgentError):
+            rt.call("ask", agent="agent.local", prompt="p")
+    kinds = [e.kind for e in read_trace(trace).events]
+    assert kinds == ["agent.call.start", "agent.local.x", "agent.call.complete", "agent.call.start", "agent.call.error"]
+    sub = read_trace(trace).events[1].payload
+    assert sub == {"out": "a\nb\ufffdc", "nfd": "\u00e9", "bad": None}
+    assert main(["trace", "verify", str(trace)]) == 0
