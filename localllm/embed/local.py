@@ -46,6 +46,8 @@ OnTooLong = Literal["truncate", "error"]
 #: SentencePiece leading-space token, so shorter texts need no ``/tokenize`` round trip
 _SPECIAL_HEADROOM = 4
 _NORM_TOLERANCE = 1e-3
+#: flags embedding_server_args owns
+_EMBED_FLAGS = frozenset({"--embeddings", "--embedding", "--pooling", "-ub", "--ubatch-size", "-b", "--batch-size"})
 _DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=120.0, write=30.0, pool=10.0)
 
 
@@ -372,10 +374,13 @@ def embedder_from_decl(decl: EmbedderDecl, *, base_dir: Path | None = None, **op
         return LocalEmbedder(decl.endpoint, model, api_key=api_key, dims=decl.dims, **options)
     if not decl.model:
         raise EmbedError(f"{where}: needs model: or endpoint:")
-    import importlib
+    from localllm.managed import ensure_model, ensure_server, server_env
+    from localllm.managed.sidecar import MANAGED_FLAGS, Sidecar
 
-    managed: Any = importlib.import_module("localllm.managed")
-    sidecar_mod: Any = importlib.import_module("localllm.managed.sidecar")
+    clashing = sorted({a.partition("=")[0] for a in decl.extra_args} & (MANAGED_FLAGS | _EMBED_FLAGS))
+    if clashing:
+        raise EmbedError(f"{where}.extra_args: must not set {', '.join(clashing)}; localllm sets them "
+                         "(use port:, parallel: and the model registry instead)")
     model_name: str = decl.model
     is_file = model_name.endswith(".gguf")
     given = Path(model_name).expanduser()
@@ -383,7 +388,7 @@ def embedder_from_decl(decl: EmbedderDecl, *, base_dir: Path | None = None, **op
         given = base_dir / given
     info = lookup(given.name if is_file else model_name)
     args = [*embedding_server_args(info, decl.parallel), *decl.extra_args]
-    state: dict[str, Any] = {}
+    state: dict[str, Sidecar] = {}
 
     def start() -> str:
         # fetch and spawn only on the first embed call (and respawn after a crash)
@@ -391,15 +396,12 @@ def embedder_from_decl(decl: EmbedderDecl, *, base_dir: Path | None = None, **op
         if sidecar is None:
             if decl.server_bin:
                 binary = Path(decl.server_bin).expanduser()
-                env = managed.server_env(binary.parent)
-            elif settings.server_bin():
-                binary = Path(str(settings.server_bin()))
-                env = managed.server_env(binary.parent)
-            else:
-                install = managed.ensure_server()
-                binary, env = install.binary, managed.server_env(install.release_dir)
-            gguf = given if is_file else managed.ensure_model(model_name)
-            sidecar = sidecar_mod.Sidecar(
+                env = server_env(binary.parent)
+            else:  # honours LOCALLLM_SERVER_BIN
+                install = ensure_server()
+                binary, env = install.binary, server_env(install.release_dir)
+            gguf = given if is_file else ensure_model(model_name)
+            sidecar = Sidecar(
                 binary, gguf, args=args, parallel=decl.parallel, ctx_per_slot=info.context, port=decl.port,
                 env=env, health_timeout=decl.health_timeout, name=f"embed:{decl.name}",
             )

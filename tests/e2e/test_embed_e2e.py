@@ -124,3 +124,17 @@ def test_paraphrases_route_by_the_embedding_tier_and_ambiguity_reaches_decide(si
         verdict = router.route("tell me about the weather and play a song")
     assert asked and asked[0][1] == ["weather", "music", "timer", "cancel"]
     assert (verdict.intent, verdict.routed_by) == ("music", "llm")
+
+
+def test_managed_embedder_fetches_through_the_mirror_and_stops(
+    managed_env: Path, reference: tuple[list[str], np.ndarray]
+) -> None:
+    from localllm.config import EmbedderDecl
+    from localllm.embed.local import embedder_from_decl
+
+    texts, ref = reference
+    emb = embedder_from_decl(EmbedderDecl(name="docs", model="all-minilm-l6-v2", parallel=2))
+    with emb:
+        got = emb.embed(texts[:8], "query")
+        assert ((got * ref[:8]).sum(axis=1) >= 0.9999).all()
+    assert list(managed_env.rglob("*.gguf"))  # the GGUF landed in the cache, verified

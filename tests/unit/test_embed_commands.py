@@ -119,3 +119,39 @@ def test_unreachable_endpoint_is_one_line_not_a_traceback(tmp_path: Path, capsys
     assert main(["embed", "--config", str(cfg), "--embedder", "docs", "x"]) == 1
     err = capsys.readouterr().err
     assert "cannot reach the embedding server" in err and "Traceback" not in err
+
+
+def test_decl_errors_name_the_key_and_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    from localllm.config import EmbedderDecl
+    from localllm.embed.local import embedder_from_decl
+    from localllm.errors import EmbedError
+
+    with pytest.raises(EmbedError, match=r"embedders\.e\.api_key_env: environment variable EMB_KEY is not set"):
+        embedder_from_decl(EmbedderDecl(name="e", endpoint="http://127.0.0.1:9", api_key_env="EMB_KEY"))
+    monkeypatch.setenv("EMB_KEY", "k")
+    emb = embedder_from_decl(EmbedderDecl(name="e", endpoint="http://127.0.0.1:9/v1", model="all-minilm-l6-v2",
+                                          api_key_env="EMB_KEY"))
+    assert "k" not in repr(emb).replace("all-minilm", "")
+    with pytest.raises(EmbedError, match=r"embedders\.m\.extra_args: must not set --pooling, -ub"):
+        embedder_from_decl(EmbedderDecl(name="m", model="all-minilm-l6-v2", extra_args=("-ub", "64", "--pooling")))
+    with pytest.raises(EmbedError, match="parallel 3 does not divide"):
+        embedder_from_decl(EmbedderDecl(name="m", model="all-minilm-l6-v2", parallel=3))
+
+
+def test_managed_decl_starts_nothing_until_the_first_embed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from localllm.config import EmbedderDecl
+    from localllm.embed.local import embedder_from_decl
+
+    log = tmp_path / "spawn.jsonl"
+    gguf = tmp_path / "all-minilm-l6-v2-f16.gguf"
+    gguf.write_bytes(b"GGUF")
+    decl = EmbedderDecl(name="m", model=str(gguf), server_bin=str(_wrapper(tmp_path)), parallel=2,
+                        health_timeout=30)
+    monkeypatch.setenv("FAKE_LLAMA_SPAWN_LOG", str(log))
+    with embedder_from_decl(decl) as emb:
+        assert not log.exists()
+        assert emb.embed(["a", "b"], "document").shape == (2, 384)
+        starts = [json.loads(x) for x in log.read_text().splitlines() if '"start"' in x]
+        argv = starts[-1]["argv"]
+        assert argv[argv.index("-ub") + 1] == "512" and argv[argv.index("--parallel") + 1] == "2"
+        assert "--embeddings" in argv and argv[argv.index("--pooling") + 1] == "mean"
