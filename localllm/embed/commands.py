@@ -33,6 +33,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    help="files to search: globs (** recursive) or directories, relative to the current directory")
     p.add_argument("--top-k", type=int, default=5)
     p.add_argument("--min-score", type=float, default=0.0)
+    p.add_argument("--window", type=int, default=2000, help="chunk window in bytes (default 2000)")
+    p.add_argument("--overlap", type=int, default=200, help="overlap of consecutive windows in bytes (default 200)")
     p.add_argument("--no-store", action="store_true", help="embed in memory; do not read or write the store")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=_search)
@@ -80,14 +82,17 @@ def _embed(args: argparse.Namespace) -> int:
 
 def _search(args: argparse.Namespace) -> int:
     from localllm.cli import UsageError, emit_json, err
-    from localllm.embed.corpus import search
+    from localllm.embed.corpus import Chunking, search
 
     if args.top_k < 1:
         raise UsageError(f"--top-k must be at least 1, got {args.top_k}")
+    if args.window < 1 or not 0 <= args.overlap < args.window:
+        raise UsageError(f"need 0 <= --overlap < --window, got --window {args.window} --overlap {args.overlap}")
     config = _load(args.config)
     with _embedder(config, args.embedder) as embedder:
         report = search(args.query, embedder, args.corpus, base_dir=Path.cwd(), top_k=args.top_k,
-                        min_score=args.min_score, store=not args.no_store)
+                        min_score=args.min_score, store=not args.no_store,
+                        chunking=Chunking(window=args.window, overlap=args.overlap))
     for pattern in report.unmatched:
         err(f"localllm: warning: --corpus {pattern!r} matched no files")
     for skipped in report.skipped:

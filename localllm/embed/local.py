@@ -99,6 +99,7 @@ class LocalEmbedder:
         self._specials: tuple[list[int], list[int]] | None = None
         self._native_dims: int | None = self.info.dims
         self._on_close = on_close
+        self._cut: list[int] = []
 
     def __repr__(self) -> str:  # no api key here, ever
         return f"LocalEmbedder(model={self.model!r}, dims={self.out_dims!r}, url={self._resolved!r})"
@@ -141,10 +142,15 @@ class LocalEmbedder:
         prefix = self.info.prefix(role)
         inputs: list[str | list[int]] = []
         costs: list[int] = []
+        self._cut = []
         for i, text in enumerate(texts):
             item, cost = self._fit(i, prefix + text)
             inputs.append(item)
             costs.append(cost)
+        if self._cut:  # one line per call, not per input: a corpus can truncate hundreds
+            log.warning("%d of %d embedding inputs truncated to %d tokens (longest %d) for model %s",
+                        len(self._cut), len(texts), self.max_input_tokens, max(self._cut),
+                        self.info.id if self.info.known else self.model)
         parts = [self._post(inputs[a:b]) for a, b in self._batches(costs)]
         if not parts:
             width = self.out_dims or self._native_dims or 0
@@ -194,8 +200,7 @@ class LocalEmbedder:
             )
         keep = max(limit - len(head) - len(tail), 0)
         self.truncated += 1
-        log.warning("embedding input %d truncated from %d to %d tokens (model %s)", index, total, limit,
-                    self.model)
+        self._cut.append(total)
         return head + ids[:keep] + tail, limit
 
     def _batches(self, costs: Sequence[int]) -> list[tuple[int, int]]:

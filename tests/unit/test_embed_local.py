@@ -111,7 +111,7 @@ def test_long_input_is_truncated_by_tokens_keeping_specials(caplog: pytest.LogCa
     sent = server.requests[0]["input"]
     assert sent[0] == "short"
     assert sent[1] == [CLS, *server.ids(" ".join(f"w{i}" for i in range(8))), SEP]
-    assert emb.truncated == 1 and "truncated from 32 to 10 tokens" in caplog.text
+    assert emb.truncated == 1 and "1 of 2 embedding inputs truncated to 10 tokens (longest 32)" in caplog.text
 
 
 def test_long_input_rejected_when_asked() -> None:
