@@ -105,12 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for section in _SECTIONS:
-        try:
-            section(sub)
-        except ImportError as exc:  # a section under construction must not break the rest
-            if settings.debug():
-                raise
-            err(f"localllm: warning: commands of {section.__name__[5:]} unavailable: {exc}")
+        section(sub)
     return parser
 
 
