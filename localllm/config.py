@@ -136,6 +136,8 @@ class EmbedderDecl:
     parallel: int = 1
     health_timeout: float = 180.0
     extra_args: tuple[str, ...] = ()
+    #: ``None``: llama.cpp sizes its threads to the machine
+    threads: int | None = None
 
 
 @dataclass(frozen=True)
@@ -196,7 +198,7 @@ _PLUGIN_KEYS: dict[str, dict[str, Any]] = {
 }
 _EMBEDDER_KEYS: dict[str, Any] = {
     "model": str, "endpoint": str, "api_key_env": str, "dims": int, "port": int, "server_bin": str,
-    "parallel": int, "health_timeout": float, "extra_args": list,
+    "parallel": int, "health_timeout": float, "extra_args": list, "threads": int,
 }
 _TYPE_NAMES = {str: "a string", float: "a number", int: "an integer", bool: "true or false",
                list: "a list", dict: "a mapping"}

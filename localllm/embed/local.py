@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -394,9 +395,15 @@ def embedder_from_decl(decl: EmbedderDecl, *, base_dir: Path | None = None, **op
     info = lookup(given.name if is_file else model_name)
     args = [*embedding_server_args(info, decl.parallel), *decl.extra_args]
     state: dict[str, Sidecar] = {}
+    lock = threading.Lock()
 
     def start() -> str:
         # fetch and spawn only on the first embed call (and respawn after a crash)
+        with lock:
+            sidecar = _sidecar()
+        return str(sidecar.ensure_ready())
+
+    def _sidecar() -> Sidecar:
         sidecar = state.get("sidecar")
         if sidecar is None:
             if decl.server_bin:
@@ -408,13 +415,14 @@ def embedder_from_decl(decl: EmbedderDecl, *, base_dir: Path | None = None, **op
             gguf = given if is_file else ensure_model(model_name)
             sidecar = Sidecar(
                 binary, gguf, args=args, parallel=decl.parallel, ctx_per_slot=info.context, port=decl.port,
-                env=env, health_timeout=decl.health_timeout, name=f"embed:{decl.name}",
+                threads=decl.threads, env=env, health_timeout=decl.health_timeout, name=f"embed:{decl.name}",
             )
             state["sidecar"] = sidecar
-        return str(sidecar.ensure_ready())
+        return sidecar
 
     def stop() -> None:
-        sidecar = state.pop("sidecar", None)
+        with lock:
+            sidecar = state.pop("sidecar", None)
         if sidecar is not None:
             sidecar.stop()
 
