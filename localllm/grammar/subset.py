@@ -377,14 +377,15 @@ class _Checker:
                 path, "prefixItems", 'llama.cpp uses "items" for every element and ignores "prefixItems" beside it'))
         if key is None:
             return frozenset({"minItems", "maxItems"})
+        handled = frozenset({"items", "prefixItems", "minItems", "maxItems"})
         items = node[key]
         if isinstance(items, list):
             for i, item in enumerate(items):
                 self.visit(item, child_path(child_path(path, key), i), owner=None)
             self.check_tuple_bounds(node, path, len(items))
-            return frozenset({key, "minItems", "maxItems"})
+            return handled
         self.visit(items, child_path(path, key), owner=None)
-        return frozenset({key, "minItems", "maxItems"})
+        return handled
 
     def check_tuple_bounds(self, node: dict[str, Any], path: str, n: int) -> None:
         # A tuple is generated with exactly n elements; the converter ignores min/maxItems.
@@ -562,6 +563,8 @@ class _Checker:
 
     def disjoint(self, alts: Sequence[Any]) -> bool:
         """True when the alternatives provably cannot both match (so anyOf == oneOf)."""
+        if len(alts) == 1:
+            return True
         targets = []
         for alt in alts:
             node: Any = alt

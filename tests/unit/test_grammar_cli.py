@@ -1,0 +1,80 @@
+"""``localllm grammar check``: verdicts, findings, exit codes 0/1/2, --json."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localllm.cli import main
+
+
+def write(tmp_path: Path, name: str, schema: Any) -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(schema) if not isinstance(schema, str) else schema)
+    return path
+
+
+OK = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["a"]}
+WARN = {"type": "object", "properties": {"s": {"type": "number", "maximum": 1}}, "required": ["s"]}
+BAD = {"type": "object", "properties": {"t": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}}}
+
+
+def test_all_in_subset_exits_0_and_prints_each_verdict(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ok, warn = write(tmp_path, "ok.json", OK), write(tmp_path, "warn.json", WARN)
+    assert main(["grammar", "check", str(ok), str(warn)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"{ok}: ok"
+    assert out[1] == f"{warn}: warning-only (0 error(s), 1 warning(s))"
+    assert out[2].split() [:3] == ["warning", "$.properties.s", "[maximum]"]
+    assert '"maximum" is not enforced' in out[2]
+
+
+def test_any_error_exits_1_and_names_path_and_construct(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ok, bad = write(tmp_path, "ok.json", OK), write(tmp_path, "bad.json", BAD)
+    assert main(["grammar", "check", str(ok), str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert f"{bad}: error (1 error(s), 0 warning(s))" in out
+    assert ('error   $.properties.t  [uniqueItems]  $.properties.t: unsupported construct "uniqueItems" '
+            "is outside the llama.cpp grammar subset") in out
+
+
+def test_json_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    warn, bad = write(tmp_path, "warn.json", WARN), write(tmp_path, "bad.json", BAD)
+    assert main(["grammar", "check", "--json", str(warn), str(bad)]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert [d["verdict"] for d in data] == ["warning-only", "error"]
+    assert data[1]["file"] == str(bad)
+    assert data[1]["findings"] == [{
+        "path": "$.properties.t", "construct": "uniqueItems", "severity": "error",
+        "message": '$.properties.t: unsupported construct "uniqueItems" is outside the llama.cpp grammar subset'}]
+
+
+@pytest.mark.parametrize(("content", "needle"), [
+    ("{not json", "not valid JSON"),
+    ("[1, 2]", "must be a JSON object"),
+    (None, "not found"),
+])
+def test_unreadable_schema_exits_2_naming_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str | None, needle: str
+) -> None:
+    ok = write(tmp_path, "ok.json", OK)
+    broken = tmp_path / "broken.json"
+    if content is not None:
+        broken.write_text(content)
+    assert main(["grammar", "check", str(ok), str(broken)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # nothing is judged when an input cannot be read
+    assert str(broken) in captured.err and needle in captured.err
+
+
+def test_runs_as_a_real_command(tmp_path: Path) -> None:
+    bad = write(tmp_path, "bad.json", {"type": "string", "pattern": "^\\d{3}$"})
+    proc = subprocess.run([sys.executable, "-m", "localllm", "grammar", "check", str(bad)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 1
+    assert '$.pattern: "^\\\\d{3}$" uses "\\d"' in proc.stdout
