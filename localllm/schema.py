@@ -10,6 +10,7 @@ JSON path of the offending value and the failed constraint.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -171,7 +172,9 @@ class SchemaSet:
         doc = dict(schema)
         doc.setdefault("$id", base.resolve().as_uri())
         cls = validator_for(doc)
-        validator = cls(doc, registry=self._registry(base))
+        # formats (date, time, date-time, uuid, email, …) are asserted, not just annotated:
+        # the grammar enforces some of them and a demanding caller expects the rest checked
+        validator = cls(doc, registry=self._registry(base), format_checker=cls.FORMAT_CHECKER)
         with self._lock:
             self._validators[key] = validator
         return validator
@@ -192,7 +195,11 @@ class SchemaSet:
                 f"submission is not valid JSON ({exc}): {truncate_detail(submission)}",
             ) from exc
         validator = self.validator(schema, base=base)
-        errors = sorted(validator.iter_errors(value), key=lambda e: (list(e.absolute_path), e.validator))
+        try:
+            errors = sorted(validator.iter_errors(value), key=lambda e: (list(e.absolute_path), e.validator))
+        except re.error as exc:  # an ECMA-only pattern (named groups, inline flags) Python cannot compile
+            detail = f"the schema's pattern cannot be checked ({exc}); rewrite it without ECMA-only syntax"
+            raise AgentError(ErrorKind.SCHEMA_INVALID, detail) from exc
         if errors:
             first = errors[0]
             path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first.absolute_path)

@@ -386,3 +386,17 @@ def test_hostile_plugin_text_never_breaks_the_trace(config: Config, tmp_path: Pa
     sub = read_trace(trace).events[1].payload
     assert sub == {"out": "a\nb\ufffdc", "nfd": "\u00e9", "bad": None}
     assert main(["trace", "verify", str(trace)]) == 0
+
+
+def test_formats_are_asserted_and_ecma_patterns_do_not_crash(config: Config) -> None:
+    answers = iter([{"when": "not a date"}, {"when": "2026-11-29"}, {"code": "x"}])
+    with Runtime(config) as rt:
+        rt.register_inprocess("agent.other", lambda _: next(answers))
+        schema = {"type": "object", "properties": {"when": {"type": "string", "format": "date"}}}
+        with pytest.raises(AgentError, match=r"\$\.when: format constraint failed"):
+            rt.call("extract", agent="agent.other", prompt="p", schema=schema)
+        assert rt.call("extract", agent="agent.other", prompt="p", schema=schema).submission == {"when": "2026-11-29"}
+        ecma = {"type": "object", "properties": {"code": {"type": "string", "pattern": "^(?<x>a)$"}}}
+        with pytest.raises(AgentError) as info:
+            rt.call("extract", agent="agent.other", prompt="p", schema=ecma)
+    assert info.value.kind is ErrorKind.SCHEMA_INVALID and "cannot be checked" in info.value.detail
