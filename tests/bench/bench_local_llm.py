@@ -13,14 +13,18 @@ temperature 0, the same ticket every time):
     from the model's run-to-run noise.
 (b) 4 concurrent decides (threads, 4 different tickets) through the Runtime at ``--parallel 4``
     vs ``--parallel 1``: two sidecars, one after the other; median wall time per round.
-(c) cold start, warm cache: a fresh Python process times ``Runtime(config)`` → first
-    ``run_gate`` answer (sidecar spawn, /health, first decide), split at ``base_url()``; against
-    the server's own time: the same argv spawned here with a fixed port, /health polled every
-    10 ms, plus a raw first decide. Rounds alternate which goes first.
+(c) cold start, warm cache: a fresh Python process (localllm imported, nothing else) times
+    ``Runtime(config)`` → first ``run_gate`` answer (cache check, sidecar spawn, /health, first
+    decide), split at ``base_url()``; against the server's own time: the same argv spawned here
+    with a fixed port, /health polled every 10 ms, plus a raw first decide. Rounds alternate
+    which goes first. The server's start-up varies ±100 ms run to run, so a second figure
+    subtracts what the server itself reports (its log clock at "listening on", its decide
+    timings) from each wall time and compares what is left.
 (d) tokens per decide (completion_tokens mean/min/max) and tokens/s (server decode rate and
     end to end), from (a).
 
-Prints one table and writes ``tests/bench/results/local_llm.json``. Not a test: no asserts on
+Prints one table and writes ``tests/bench/results/local_llm.json`` (``--quick``: ``local_llm.quick.json``,
+so a smoke run never overwrites the published figures). Not a test: no asserts on
 speed. Uses the real user cache (the model is found through ``~/.cache/localllm-e2e/mirror``
 like ``examples/demo/run_demo.py``; nothing is downloaded).
 """
@@ -32,6 +36,7 @@ import dataclasses
 import json
 import os
 import platform
+import re
 import socket
 import statistics
 import subprocess
@@ -69,7 +74,10 @@ TICKETS = (
     "How do I change the email address on my account?",
 )
 HEALTH_POLL = 0.010
+#: llama.cpp log prefix: minutes.seconds.millis.micros since the server process started
+_LOG_TS = re.compile(r"^(\d+)\.(\d+)\.(\d+)\.(\d+) ")
 CONCURRENT = 4
+_TAIL = 1000
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -116,6 +124,17 @@ def other_servers() -> int:
         if proc.info["pid"] not in mine and (proc.info["name"] or "").startswith("llama-server"):
             count += 1
     return count
+
+
+def listening_ms(log: str) -> float | None:
+    """When the server logged "listening on", by its own clock (ms since it started)."""
+    for line in log.splitlines():
+        if "listening on" in line:
+            match = _LOG_TS.match(line.strip())
+            if match:
+                mins, secs, millis, micros = (int(g) for g in match.groups())
+                return (mins * 60 + secs) * 1000 + millis + micros / 1000
+    return None
 
 
 def free_port() -> int:
@@ -211,15 +230,21 @@ def summarize_arms(records: dict[str, list[dict[str, Any]]], baseline: str) -> d
     base = records[baseline]
     base_p50 = pct([r["s"] for r in base], 50)
     base_p95 = pct([r["s"] for r in base], 95)
-    for name, recs in records.items():
+    for name, recs in sorted(records.items(), key=lambda item: item[0] != baseline):
         secs = [r["s"] for r in recs]
         entry = stats_ms(secs)
+        beyond = [r["s"] - _server_s(r["meta"]) for r in recs if (r["meta"].get("timings") or {}).get("predicted_ms")]
+        if beyond:
+            # wall time minus the server's own prompt+decode time: immune to the model's jitter
+            entry["beyond_server_p50_ms"] = pct(beyond, 50) * 1000
         if name != baseline:
             paired = [(a["s"] - b["s"]) * 1000 for a, b in zip(recs, base, strict=True)]
             entry["overhead_p50_pct"] = (pct(secs, 50) / base_p50 - 1) * 100
             entry["overhead_p95_pct"] = (pct(secs, 95) / base_p95 - 1) * 100
             entry["paired_delta_median_ms"] = statistics.median(paired)
             entry["paired_delta_mean_ms"] = statistics.fmean(paired)
+            if beyond and "beyond_server_p50_ms" in out.get(baseline, {}):
+                entry["overhead_net_of_server_ms"] = entry["beyond_server_p50_ms"] - out[baseline]["beyond_server_p50_ms"]
         out[name] = entry
     return out
 
@@ -317,7 +342,6 @@ def bench_stub(config: Config, n: int, tmp: Path) -> dict[str, Any]:
             "role": "assistant",
             "content": '{"queue":"billing","priority":1,"summary":"Customer was charged twice; wants a refund."}'}}],
         "usage": {"prompt_tokens": 165, "completion_tokens": 40, "total_tokens": 205},
-        "timings": {"prompt_ms": 10.0, "predicted_ms": 900.0, "predicted_per_second": 44.4, "cache_n": 164},
     }
     handler = type("Handler", (_StubHandler,), {"answer": json.dumps(answer).encode()})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -391,54 +415,57 @@ def bench_concurrency(config: Config, rounds: int) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- (c)
 
 
-def cold_child(tmp: str) -> int:
-    """Run in a fresh interpreter: time the first call through a fresh Runtime."""
-    t_start = time.perf_counter()
-    from localllm import Runtime as FreshRuntime
-    from localllm import load_config as fresh_load
-
-    t_import = time.perf_counter()
-    config = fresh_load(CONFIG)
-    t_config = time.perf_counter()
-    with FreshRuntime(config, trace=Path(tmp) / "cold-trace.jsonl") as runtime:
-        t0 = time.perf_counter()
-        agent = runtime.agent(ALIAS)
-        agent.base_url()  # type: ignore[attr-defined]  # what the first ask does first: fetch check, spawn, /health
-        t1 = time.perf_counter()
-        result = runtime.run_gate(GATE, {"ticket": TICKET})
-        t2 = time.perf_counter()
-        argv = agent._sidecar.argv()  # type: ignore[attr-defined]
-    print(json.dumps({
-        "import_ms": (t_import - t_start) * 1000,
-        "load_config_ms": (t_config - t_import) * 1000,
-        "ready_ms": (t1 - t0) * 1000,
-        "first_decide_ms": (t2 - t1) * 1000,
-        "first_call_ms": (t2 - t0) * 1000,
-        "completion_tokens": result.meta.get("completion_tokens"),
-        "argv": argv,
-    }))
-    return 0
+#: The cold-start child: a fresh interpreter that has imported nothing of localllm (nor httpx,
+#: jsonschema, …) before the clock starts, so first-call imports count as they would for a user.
+COLD_CHILD = r"""
+import json, sys, time
+t_start = time.perf_counter()
+from localllm import Runtime, load_config
+t_import = time.perf_counter()
+config = load_config(sys.argv[1])
+t_config = time.perf_counter()
+with Runtime(config, trace=sys.argv[2] + "/cold-trace.jsonl") as runtime:
+    t0 = time.perf_counter()
+    agent = runtime.agent(sys.argv[3])
+    agent.base_url()  # what the first ask does first: cache check, spawn, /health
+    t1 = time.perf_counter()
+    log = agent._sidecar.stderr_tail(int(sys.argv[6]))
+    result = runtime.run_gate(sys.argv[4], {"ticket": sys.argv[5]})
+    t2 = time.perf_counter()
+    argv = agent._sidecar.argv()
+print(json.dumps({
+    "import_ms": (t_import - t_start) * 1000, "load_config_ms": (t_config - t_import) * 1000,
+    "ready_ms": (t1 - t0) * 1000, "first_decide_ms": (t2 - t1) * 1000, "first_call_ms": (t2 - t0) * 1000,
+    "meta": result.meta, "log": log, "argv": argv,
+}))
+"""
 
 
 def run_cold_child(tmp: Path) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--cold-child", str(tmp)],
-                          capture_output=True, text=True, timeout=600, check=False)
+    """Time ``Runtime(config)`` → first answer in a fresh interpreter (split at ``base_url()``)."""
+    cmd = [sys.executable, "-c", COLD_CHILD, str(CONFIG), str(tmp), ALIAS, GATE, TICKET, str(_TAIL)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False, cwd=tmp)
     if proc.returncode != 0:
         raise SystemExit(f"bench: cold-start child failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
     data: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    meta, log = data.pop("meta"), data.pop("log")
+    data["server_listening_ms"] = listening_ms(log)
+    data["first_decide_server_ms"] = _server_s(meta) * 1000
+    data["completion_tokens"] = meta.get("completion_tokens")
     return data
 
 
-def raw_cold(argv: list[str], env: dict[str, str], payload: bytes) -> dict[str, Any]:
+def raw_cold(argv: list[str], env: dict[str, str], payload: bytes, tmp: Path) -> dict[str, Any]:
     """The server's own time: spawn, /health 200 (polled every 10 ms), then one raw decide."""
     port = free_port()
     argv = list(argv)
     argv[argv.index("--port") + 1] = str(port)
     base = f"http://127.0.0.1:{port}"
-    with httpx.Client(trust_env=False) as client:
+    log_path = tmp / "raw-server.log"
+    with httpx.Client(trust_env=False) as client, log_path.open("wb") as log:
         t0 = time.perf_counter()
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+                                stderr=log, env=env, start_new_session=True)
         try:
             while True:
                 if proc.poll() is not None:
@@ -462,6 +489,8 @@ def raw_cold(argv: list[str], env: dict[str, str], payload: bytes) -> dict[str, 
                 proc.kill()
                 proc.wait()
     return {"ready_ms": (t1 - t0) * 1000, "first_decide_ms": (t2 - t1) * 1000, "total_ms": (t2 - t0) * 1000,
+            "server_listening_ms": listening_ms(log_path.read_text(encoding="utf-8", errors="replace")),
+            "first_decide_server_ms": _server_s({"timings": data.get("timings")}) * 1000,
             "completion_tokens": (data.get("usage") or {}).get("completion_tokens")}
 
 
@@ -481,20 +510,28 @@ def bench_cold(install: Any, payload: bytes, rounds: int, tmp: Path) -> dict[str
                 if argv is None:  # the raw side needs the argv the sidecar uses
                     ours.append(run_cold_child(tmp))
                     argv = ours[-1]["argv"]
-                raw.append(raw_cold(argv, env, payload))
+                raw.append(raw_cold(argv, env, payload, tmp))
 
     def med(rows: list[dict[str, Any]], key: str) -> float:
         return statistics.median(float(row[key]) for row in rows)
 
     ours_first, raw_total = med(ours, "first_call_ms"), med(raw, "total_ms")
+    for row in ours + raw:
+        # Wall time not spent by the server itself: before/after its clock (spawn, detection of
+        # readiness) and around the first decide (client work, first-call imports, trace).
+        row["beyond_server_ms"] = (row["ready_ms"] - (row["server_listening_ms"] or 0.0)
+                                   + row["first_decide_ms"] - row["first_decide_server_ms"])
     return {
         "rounds": rounds,
         "localllm": {k: med(ours, k) for k in ("first_call_ms", "ready_ms", "first_decide_ms", "import_ms",
-                                                 "load_config_ms")},
-        "server_own": {k: med(raw, k) for k in ("total_ms", "ready_ms", "first_decide_ms")},
+                                                 "load_config_ms", "server_listening_ms", "first_decide_server_ms")},
+        "server_own": {k: med(raw, k) for k in ("total_ms", "ready_ms", "first_decide_ms", "server_listening_ms",
+                                                 "first_decide_server_ms")},
         "overhead_ms": ours_first - raw_total,
         "overhead_ready_ms": med(ours, "ready_ms") - med(raw, "ready_ms"),
         "overhead_first_decide_ms": med(ours, "first_decide_ms") - med(raw, "first_decide_ms"),
+        "beyond_server_ms": {"localllm": med(ours, "beyond_server_ms"), "raw": med(raw, "beyond_server_ms")},
+        "overhead_net_of_server_noise_ms": med(ours, "beyond_server_ms") - med(raw, "beyond_server_ms"),
         "runs_localllm": [{k: v for k, v in row.items() if k != "argv"} for row in ours],
         "runs_server_own": raw,
         "argv": argv,
@@ -510,11 +547,14 @@ def table(res: dict[str, Any]) -> str:
             f"(load avg before {res['loadavg_before']}, after {res['loadavg_after']}; other llama-servers running "
             f"before/after: {res['other_llama_servers_before']}/{res['other_llama_servers_after']})", ""]
     rows.append(f"(a) warm decide, N={a['raw_httpx']['n']} per arm, interleaved   p50 ms    p95 ms   "
-                "p50 ovh   paired Δ median")
+                "p50 ovh   paired Δ median   beyond server p50 (Δ)")
     for name in ("raw_httpx", "runtime_traced", "runtime_untraced"):
         e = a[name]
-        extra = "" if name == "raw_httpx" else (f"{e['overhead_p50_pct']:+7.2f} %   {e['paired_delta_median_ms']:+8.1f} ms")
-        rows.append(f"    {name:<44}{e['p50_ms']:9.1f} {e['p95_ms']:9.1f}   {extra}")
+        extra = f"{'':24}" if name == "raw_httpx" else (
+            f"{e['overhead_p50_pct']:+7.2f} %   {e['paired_delta_median_ms']:+8.1f} ms     ")
+        net = f"{e['beyond_server_p50_ms']:7.1f} ms" + (
+            f" ({e['overhead_net_of_server_ms']:+.1f})" if "overhead_net_of_server_ms" in e else "")
+        rows.append(f"    {name:<44}{e['p50_ms']:9.1f} {e['p95_ms']:9.1f}   {extra}{net}")
     rows.append(f"    (server-reported prompt+decode time: p50 {a['server_ms']['p50_ms']:.1f} ms; "
                 f"body {a['body_bytes']} bytes, byte-identical)")
     rows.append(f"    client-side cost vs an instant stub, N={stub['raw_httpx']['n']}:  raw "
@@ -536,6 +576,9 @@ def table(res: dict[str, Any]) -> str:
              f"   {so['total_ms']:8.1f}",
              f"    localllm overhead                            {c['overhead_ready_ms']:+8.1f}   "
              f"{c['overhead_first_decide_ms']:+13.1f}   {c['overhead_ms']:+8.1f}",
+             f"    net of the server's own run-to-run noise (wall − server's log clock to 'listening' − server "
+             f"decide time): localllm {c['beyond_server_ms']['localllm']:.1f} ms, raw "
+             f"{c['beyond_server_ms']['raw']:.1f} ms → overhead {c['overhead_net_of_server_noise_ms']:+.1f} ms",
              f"    (not in the figures: import localllm {lo['import_ms']:.0f} ms, load_config {lo['load_config_ms']:.0f} ms)"]
     ct, dec, e2e = d["completion_tokens"], d["decode_tokens_per_s_server"], d["tokens_per_s_end_to_end"]
     rows += ["", f"(d) tokens per decide over {d['decides']} decides: completion mean {ct['mean']:.1f} "
@@ -550,17 +593,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: small N, one round each")
     parser.add_argument("--n", type=int, default=None, help="timed decides per arm in (a) (default 20; quick 3)")
-    parser.add_argument("--json", type=Path, default=RESULTS)
-    parser.add_argument("--cold-child", metavar="DIR", help=argparse.SUPPRESS)
+    parser.add_argument("--json", type=Path, default=None,
+                        help=f"output (default {RESULTS.relative_to(REPO)}; --quick: local_llm.quick.json)")
     args = parser.parse_args(argv)
-    if args.cold_child:
-        return cold_child(args.cold_child)
     n = args.n or (3 if args.quick else 20)
     warmup = 1 if args.quick else 2
     b_rounds = 1 if args.quick else 3
-    c_rounds = 1 if args.quick else 3
+    c_rounds = 1 if args.quick else 5
     stub_n = 30 if args.quick else 300
 
+    out = args.json or (RESULTS.with_name("local_llm.quick.json") if args.quick else RESULTS)
     started = time.perf_counter()
     config, install, model = prepare()
     res: dict[str, Any] = {
@@ -589,10 +631,10 @@ def main(argv: list[str] | None = None) -> int:
     res["loadavg_after"] = loadavg()
     res["other_llama_servers_after"] = other_servers()
     res["bench_seconds"] = time.perf_counter() - started
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")
     print(table(res))
-    print(f"\nwrote {args.json} ({res['bench_seconds']:.0f} s)")
+    print(f"\nwrote {out} ({res['bench_seconds']:.0f} s)")
     return 0
 
 
