@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localllm.cli import EXIT_OK, UsageError, emit_json, err, parse_kv
-from localllm.config import VERBS, load_config
-from localllm.errors import AgentError
+from localllm.config import VERBS, Config, load_config
 from localllm.wire import CallResult
+
+if TYPE_CHECKING:
+    from localllm.runtime import Runtime
 
 
 def add_foundation(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -83,8 +86,6 @@ def _print_result(result: CallResult, as_json: bool) -> None:
 
 
 def _call(args: argparse.Namespace) -> int:
-    from localllm.runtime import Runtime
-
     config = load_config(args.config)
     if args.prompt_file is not None:
         try:
@@ -96,37 +97,31 @@ def _call(args: argparse.Namespace) -> int:
     schema = args.schema.resolve() if args.schema is not None else None
     if schema is not None and not schema.is_file():
         raise UsageError(f"--schema {args.schema}: file not found")
-    with Runtime(config, trace=args.trace) as runtime:
+    def ask(runtime: Runtime) -> CallResult:
         if args.cassette is not None:
             from localllm.agents.cassette import CassetteAgent
 
             runtime.register_agent(args.agent, CassetteAgent(args.cassette, alias=args.agent))
-        try:
-            result = runtime.call(args.verb, agent=args.agent, prompt=prompt, schema=schema,
-                                  args=parse_kv(args.arg), timeout=args.timeout)
-        except AgentError:
-            _note_trace(args.trace)
-            raise
-    _print_result(result, args.json)
-    _note_trace(args.trace)
-    return EXIT_OK
+        return runtime.call(args.verb, agent=args.agent, prompt=prompt, schema=schema, args=parse_kv(args.arg),
+                            timeout=args.timeout)
+
+    return _run_and_print(config, args, ask)
 
 
 def _run(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    return _run_and_print(config, args, lambda runtime: runtime.run_gate(args.gate, parse_kv(args.arg)))
+
+
+def _run_and_print(config: Config, args: argparse.Namespace, work: Callable[[Runtime], CallResult]) -> int:
+    """Run one call in a fresh Runtime, print the result; the trace path is named either way."""
     from localllm.runtime import Runtime
 
-    config = load_config(args.config)
-    with Runtime(config, trace=args.trace) as runtime:
-        try:
-            result = runtime.run_gate(args.gate, parse_kv(args.arg))
-        except AgentError:
-            _note_trace(args.trace)
-            raise
+    try:
+        with Runtime(config, trace=args.trace) as runtime:
+            result = work(runtime)
+    finally:
+        if args.trace is not None:
+            sys.stderr.write(f"trace: {args.trace}\n")
     _print_result(result, args.json)
-    _note_trace(args.trace)
     return EXIT_OK
-
-
-def _note_trace(path: Path | None) -> None:
-    if path is not None:
-        sys.stderr.write(f"trace: {path}\n")

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from localllm import settings
-from localllm.errors import ConfigError, ConfigProblem, SchemaError
+from localllm.errors import ConfigError, ConfigProblem, ProblemList, SchemaError
 
 if TYPE_CHECKING:
     from localllm.plugins import SpawnSpec
@@ -219,18 +219,7 @@ class Config:
     plugin_dirs: tuple[Path, ...] = ()
 
 
-class _Problems:
-    """Collects problems for one file, in the order they are found."""
-
-    def __init__(self, file: Path) -> None:
-        self.file = str(file)
-        self.items: list[ConfigProblem] = []
-
-    def add(self, key: str, message: str, hint: str = "") -> None:
-        self.items.append(ConfigProblem(self.file, key, message, hint))
-
-
-def _typed(value: Any, kind: Any, key: str, problems: _Problems) -> Any:
+def _typed(value: Any, kind: Any, key: str, problems: ProblemList) -> Any:
     """``value`` if it has type ``kind`` (ints accepted as floats), else a problem and None."""
     ok = isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool))
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
@@ -268,7 +257,7 @@ def interpolate(value: str, lookup: Callable[[str], str | None]) -> tuple[str, l
     return "".join(out), problems
 
 
-def _string_map(raw: Any, key: str, alias: str, problems: _Problems) -> dict[str, str]:
+def _string_map(raw: Any, key: str, alias: str, problems: ProblemList) -> dict[str, str]:
     """``env:``/``headers:`` → interpolated str→str map (values are secrets: never echoed)."""
     if raw is None:
         return {}
@@ -304,7 +293,7 @@ def _known_models() -> tuple[str, ...] | None:
     return tuple(known()) if callable(known) else None
 
 
-def _agent_decl(alias: str, raw: Any, base_dir: Path, problems: _Problems) -> AgentDecl | None:
+def _agent_decl(alias: str, raw: Any, base_dir: Path, problems: ProblemList) -> AgentDecl | None:
     key = f"agent_plugins.{alias}"
     if not alias.startswith("agent.") or alias == "agent.":
         problems.add(key, f'alias "{alias}" must start with "agent."', f'rename it to "agent.{alias}"')
@@ -366,7 +355,7 @@ def _agent_decl(alias: str, raw: Any, base_dir: Path, problems: _Problems) -> Ag
     return _local_llm_decl(common, key, vals, problems)
 
 
-def _local_llm_decl(common: dict[str, Any], key: str, vals: dict[str, Any], problems: _Problems) -> LocalLLMDecl:
+def _local_llm_decl(common: dict[str, Any], key: str, vals: dict[str, Any], problems: ProblemList) -> LocalLLMDecl:
     model, endpoint = vals.get("model"), vals.get("endpoint")
     if not model and not endpoint:
         problems.add(key, "builtin.local_llm plugin requires model: or endpoint:",
@@ -393,7 +382,7 @@ def _local_llm_decl(common: dict[str, Any], key: str, vals: dict[str, Any], prob
     return LocalLLMDecl(**common, **fields)
 
 
-def _resolve_prompt(raw: Any, key: str, base_dir: Path, problems: _Problems) -> tuple[str, Path | None]:
+def _resolve_prompt(raw: Any, key: str, base_dir: Path, problems: ProblemList) -> tuple[str, Path | None]:
     """A prompt value is a file path (relative to the config) when one exists, else inline text."""
     if not isinstance(raw, str) or not raw.strip():
         problems.add(key, "prompt is required: inline text or a path to a prompt file")
@@ -413,7 +402,7 @@ def _resolve_prompt(raw: Any, key: str, base_dir: Path, problems: _Problems) -> 
     return raw, None
 
 
-def _schema_path(raw: Any, key: str, base_dir: Path, problems: _Problems) -> Path | None:
+def _schema_path(raw: Any, key: str, base_dir: Path, problems: ProblemList) -> Path | None:
     from localllm.schema import read_schema_file, ref_problems
 
     if raw is None:
@@ -436,7 +425,7 @@ def _schema_path(raw: Any, key: str, base_dir: Path, problems: _Problems) -> Pat
     return path
 
 
-def _gate(name: str, raw: Any, cfg: _Partial, problems: _Problems) -> Gate | None:
+def _gate(name: str, raw: Any, cfg: _Partial, problems: ProblemList) -> Gate | None:
     key = f"gates.{name}"
     if not isinstance(raw, dict):
         problems.add(key, "must be a mapping with invoke:, agent: and with:")
@@ -482,7 +471,7 @@ def _gate(name: str, raw: Any, cfg: _Partial, problems: _Problems) -> Gate | Non
     return gate
 
 
-def _check_grammar(gate: Gate, schema_path: Path, problems: _Problems) -> None:
+def _check_grammar(gate: Gate, schema_path: Path, problems: ProblemList) -> None:
     from localllm.grammar import check_subset, format_violation
     from localllm.schema import read_schema_file
 
@@ -499,7 +488,7 @@ class _Partial:
     agents: dict[str, AgentDecl]
 
 
-def _embedder(name: str, raw: Any, problems: _Problems) -> EmbedderDecl | None:
+def _embedder(name: str, raw: Any, problems: ProblemList) -> EmbedderDecl | None:
     key = f"embedders.{name}"
     if not isinstance(raw, dict):
         problems.add(key, "must be a mapping with model: or endpoint:")
@@ -519,7 +508,7 @@ def _embedder(name: str, raw: Any, problems: _Problems) -> EmbedderDecl | None:
     return EmbedderDecl(name=name, **vals)
 
 
-def _intents(raw: Any, problems: _Problems) -> dict[str, Intent]:
+def _intents(raw: Any, problems: ProblemList) -> dict[str, Intent]:
     if raw is None:
         return {}
     if not isinstance(raw, dict):
@@ -539,7 +528,7 @@ def _intents(raw: Any, problems: _Problems) -> dict[str, Intent]:
 
 
 def _router(raw: Any, agents: Mapping[str, AgentDecl], embedders: Mapping[str, EmbedderDecl],
-            problems: _Problems) -> RouterDecl | None:
+            problems: ProblemList) -> RouterDecl | None:
     if raw is None:
         return None
     if not isinstance(raw, dict):
@@ -573,7 +562,7 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     import yaml
 
     file = Path(path)
-    problems = _Problems(file)
+    problems = ProblemList(file)
     try:
         text = file.read_text(encoding="utf-8")
     except FileNotFoundError as exc:
@@ -657,7 +646,7 @@ def load_config(path: str | os.PathLike[str]) -> Config:
                   embedders=embedders, intents=intents, router=router, plugin_dirs=tuple(plugin_dirs))
 
 
-def _plugin_agents(plugin_dir: Path, key: str, agents: dict[str, AgentDecl], problems: _Problems) -> None:
+def _plugin_agents(plugin_dir: Path, key: str, agents: dict[str, AgentDecl], problems: ProblemList) -> None:
     """Declare ``agent.<plugin>.<server>`` for each MCP server of an Agent Plugins directory."""
     try:
         from localllm.plugins import load_agent_plugin, mcp_agent_decls, prepare_spawn

@@ -67,6 +67,17 @@ class ConfigProblem:
         return f"{text} (hint: {self.hint})" if self.hint else text
 
 
+class ProblemList:
+    """Collects ConfigProblems for one file, in the order they are found."""
+
+    def __init__(self, file: object) -> None:
+        self.file = str(file)
+        self.items: list[ConfigProblem] = []
+
+    def add(self, key: str, message: str, hint: str = "") -> None:
+        self.items.append(ConfigProblem(self.file, key, message, hint))
+
+
 class ConfigError(LocalLLMError, ValueError):
     """The config file has one or more problems; ``problems`` lists every one."""
 

@@ -79,25 +79,34 @@ def ref_problems(schema_path: Path, root: Path) -> list[str]:
     """
     root = root.resolve()
     problems: list[str] = []
-    seen: set[Path] = set()
+    docs: dict[Path, Any] = {}
+
+    def load(path: Path) -> Any:
+        """The parsed file (each read once); ``_MISSING`` after recording why not."""
+        if path not in docs:
+            try:
+                docs[path] = read_schema_file(path)
+            except SchemaError as exc:
+                problems.append(str(exc))
+                docs[path] = _MISSING
+        return docs[path]
+
     pending = [schema_path.resolve()]
+    checked: set[Path] = set()
     while pending:
         path = pending.pop()
-        if path in seen:
+        if path in checked:
             continue
-        seen.add(path)
-        try:
-            doc = read_schema_file(path)
-        except SchemaError as exc:
-            problems.append(str(exc))
+        checked.add(path)
+        doc = load(path)
+        if doc is _MISSING:
             continue
         where = path.relative_to(root) if path.is_relative_to(root) else path
         for pointer, ref in _iter_refs(doc):
-            target_doc: Any = doc
             url, fragment = urldefrag(ref)
+            target_doc = doc
             if url:
-                parsed = urlparse(url)
-                if parsed.scheme or url.startswith("/"):
+                if urlparse(url).scheme or url.startswith("/"):
                     problems.append(
                         f"{where}: {pointer}: $ref {ref!r} is absolute or remote; "
                         "use a path relative to the schema file inside the config directory"
@@ -113,10 +122,8 @@ def ref_problems(schema_path: Path, root: Path) -> list[str]:
                     problems.append(f"{where}: {pointer}: $ref {ref!r}: file {target} not found")
                     continue
                 pending.append(target)
-                try:
-                    target_doc = read_schema_file(target)
-                except SchemaError as exc:
-                    problems.append(str(exc))
+                target_doc = load(target)
+                if target_doc is _MISSING:
                     continue
             if fragment and _resolve_pointer(target_doc, fragment) is _MISSING:
                 problems.append(f"{where}: {pointer}: $ref {ref!r} does not resolve")

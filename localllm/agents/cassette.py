@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from localllm.agents.base import Agent
-from localllm.errors import AgentError, ConfigError, ConfigProblem, ErrorKind, truncate_detail
+from localllm.errors import AgentError, ConfigError, ErrorKind, ProblemList, truncate_detail
 from localllm.wire import VERBS, AskRequest, AskResponse, Transcript
 
 __all__ = [
@@ -117,17 +117,6 @@ def _unknown_hint(key: Any, known: tuple[str, ...]) -> str:
     return f"{prefix}known keys: {', '.join(known)}"
 
 
-class _Problems:
-    """Collects ConfigProblems for one file."""
-
-    def __init__(self, path: Path) -> None:
-        self.file = str(path)
-        self.items: list[ConfigProblem] = []
-
-    def add(self, key: str, message: str, hint: str = "") -> None:
-        self.items.append(ConfigProblem(self.file, key, message, hint))
-
-
 def _json_text(value: Any) -> str | None:
     try:
         return json.dumps(value, ensure_ascii=False, allow_nan=False)
@@ -140,7 +129,7 @@ def load_cassette(path: str | Path) -> Cassette:
     import yaml
 
     path = Path(path)
-    problems = _Problems(path)
+    problems = ProblemList(path)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -196,7 +185,7 @@ def load_cassette(path: str | Path) -> Cassette:
     return Cassette(path=path, episodes=tuple(episodes))
 
 
-def _episode(problems: _Problems, where: str, raw: Any) -> Episode | None:
+def _episode(problems: ProblemList, where: str, raw: Any) -> Episode | None:
     """One checked episode, or None (problem recorded, or a host-only episode)."""
     if not isinstance(raw, dict):
         problems.add(where, "must be a mapping", "give {id, match, agent}")
@@ -246,7 +235,7 @@ def _episode(problems: _Problems, where: str, raw: Any) -> Episode | None:
     )
 
 
-def _agent_block(problems: _Problems, where: str, raw: Any) -> dict[str, Any] | None:
+def _agent_block(problems: ProblemList, where: str, raw: Any) -> dict[str, Any] | None:
     if raw is None:
         problems.add(where, "missing", "give agent: {verb, response} or agent: {verb, error: {kind, detail}}")
         return None
@@ -296,7 +285,7 @@ def _agent_block(problems: _Problems, where: str, raw: Any) -> dict[str, Any] | 
     return out
 
 
-def _error_block(problems: _Problems, where: str, raw: Any, out: dict[str, Any]) -> None:
+def _error_block(problems: ProblemList, where: str, raw: Any, out: dict[str, Any]) -> None:
     kinds = ", ".join(k.value for k in ErrorKind)
     if not isinstance(raw, dict):
         problems.add(where, "must be a mapping {kind, detail}", f"kind is one of {kinds}")
@@ -316,7 +305,7 @@ def _error_block(problems: _Problems, where: str, raw: Any, out: dict[str, Any])
         out["error_detail"] = detail
 
 
-def _transcript(problems: _Problems, where: str, raw: Any) -> Transcript | None:
+def _transcript(problems: ProblemList, where: str, raw: Any) -> Transcript | None:
     hint = "give transcript: {format: claude-stream-json, lines: ['{...}', ...], offsets_ms: [...]}"
     if not isinstance(raw, dict) or not isinstance(raw.get("format"), str) \
             or not isinstance(raw.get("lines"), list):

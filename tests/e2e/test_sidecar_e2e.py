@@ -18,23 +18,11 @@ import psutil
 import pytest
 
 from localllm.managed.sidecar import Sidecar, SidecarState
+from tests.conftest import pid_gone
 
 pytestmark = pytest.mark.e2e
 
 EMBED_ARGS = ["--embeddings", "--pooling", "mean"]
-
-
-def _gone(pid: int, within: float) -> bool:
-    deadline = time.monotonic() + within
-    while True:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.02)
 
 
 def _embed(client: httpx.Client, url: str, text: str) -> list[float]:
@@ -67,7 +55,7 @@ def test_embedding_sidecar_port_zero_request_and_clean_stop(server_bin: Path, em
     finally:
         code = sc.stop()
     assert code == 0  # the first SIGTERM was enough: a clean shutdown
-    assert sc.state is SidecarState.STOPPED and _gone(pid, within=0.0)
+    assert sc.state is SidecarState.STOPPED and pid_gone(pid, within=0.0)
 
 
 def test_killed_real_server_is_respawned_on_next_call(server_bin: Path, embed_gguf: Path) -> None:
@@ -148,4 +136,4 @@ def test_sigkilled_parent_leaves_no_real_server(tmp_path: Path, server_bin: Path
     assert psutil.Process(server_pid).name().startswith("llama-server")
     child.kill()
     child.wait()
-    assert _gone(server_pid, within=2.0)
+    assert pid_gone(server_pid, within=2.0)

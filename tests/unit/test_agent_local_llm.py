@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,16 +28,6 @@ DECIDE = {
 }
 UNIQUE = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"},
                                                     "uniqueItems": True}}, "required": ["tags"]}
-
-
-@pytest.fixture
-def server_bin(tmp_path: Path) -> Path:
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    path = bindir / "llama-server"
-    path.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
-    path.chmod(0o755)
-    return path
 
 
 @pytest.fixture

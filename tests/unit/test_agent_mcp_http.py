@@ -20,14 +20,6 @@ from tests.unit.agents_fixtures.helpers import McpHttpServer, Resources, ask_req
 TOKEN = "s3cret-token"
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[McpHttpServer]:
-    srv = McpHttpServer()
-    srv.start()
-    yield srv
-    srv.stop()
-
-
 def make_agent(endpoint: str, *, headers: dict[str, str] | None = None, tool: str = "ask",
                transport: httpx.BaseTransport | None = None) -> McpHttpAgent:
     decl = McpHttpDecl(alias="agent.remote", plugin="mcp_http", endpoint=endpoint, tool=tool, headers=headers or {})
@@ -35,8 +27,8 @@ def make_agent(endpoint: str, *, headers: dict[str, str] | None = None, tool: st
 
 
 @pytest.fixture
-def agent(server: McpHttpServer) -> Iterator[McpHttpAgent]:
-    a = make_agent(f"{server.base}/mcp")
+def agent(mcp_http_server: McpHttpServer) -> Iterator[McpHttpAgent]:
+    a = make_agent(f"{mcp_http_server.base}/mcp")
     yield a
     a.close()
 
@@ -57,8 +49,8 @@ def failure(agent: McpHttpAgent, prompt: str = "hello", seconds: float = 20.0) -
 
 
 @pytest.mark.parametrize("path", ["/mcp", "/json/mcp"], ids=["sse", "json"])
-def test_handshake_session_and_structured_content(server: McpHttpServer, path: str) -> None:
-    a = make_agent(server.base + path)
+def test_handshake_session_and_structured_content(mcp_http_server: McpHttpServer, path: str) -> None:
+    a = make_agent(mcp_http_server.base + path)
     try:
         assert a.session_id is None  # nothing happens before the first call
         value = submission(a, "hello", "abcdefabcdefabcd")
@@ -81,15 +73,15 @@ def test_text_envelope_bare_and_raw_text(agent: McpHttpAgent) -> None:
     assert agent.ask(ask_request("rawtext"), deadline=deadline()).submission == "not json at all"
 
 
-def test_close_deletes_the_session(server: McpHttpServer) -> None:
-    a = make_agent(f"{server.base}/mcp")
+def test_close_deletes_the_session(mcp_http_server: McpHttpServer) -> None:
+    a = make_agent(f"{mcp_http_server.base}/mcp")
     submission(a, "hello")
     session, version = a.session_id, a.protocol_version
     assert session and version
     a.close()
     a.close()  # idempotent
     probe = httpx.post(
-        f"{server.base}/mcp",
+        f"{mcp_http_server.base}/mcp",
         json={"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "ask", "arguments": {}}},
         headers={"Accept": "application/json, text/event-stream", "Mcp-Session-Id": session,
                  "MCP-Protocol-Version": version},
@@ -99,14 +91,14 @@ def test_close_deletes_the_session(server: McpHttpServer) -> None:
     assert failure(a).kind is ErrorKind.TRANSPORT_ERROR
 
 
-def test_headers_are_sent_and_never_leak(server: McpHttpServer) -> None:
-    a = make_agent(f"{server.base}/auth/mcp", headers={"Authorization": f"Bearer {TOKEN}"})
+def test_headers_are_sent_and_never_leak(mcp_http_server: McpHttpServer) -> None:
+    a = make_agent(f"{mcp_http_server.base}/auth/mcp", headers={"Authorization": f"Bearer {TOKEN}"})
     try:
         assert submission(a, "hello")["echo"] == "hello"
         assert TOKEN not in repr(a) and "Authorization" in repr(a)
     finally:
         a.close()
-    leaky = make_agent(f"{server.base}/fault/echoauth", headers={"Authorization": f"Bearer {TOKEN}"})
+    leaky = make_agent(f"{mcp_http_server.base}/fault/echoauth", headers={"Authorization": f"Bearer {TOKEN}"})
     try:
         err = failure(leaky)
         assert err.kind is ErrorKind.TRANSPORT_ERROR and "HTTP 403" in err.detail
@@ -142,8 +134,8 @@ def test_is_error_is_transport_error(agent: McpHttpAgent) -> None:
     assert submission(agent, "still fine")["echo"] == "still fine"
 
 
-def test_unknown_tool_is_transport_error(server: McpHttpServer) -> None:
-    a = make_agent(f"{server.base}/mcp", tool="nope")
+def test_unknown_tool_is_transport_error(mcp_http_server: McpHttpServer) -> None:
+    a = make_agent(f"{mcp_http_server.base}/mcp", tool="nope")
     try:
         err = failure(a)
         assert err.kind is ErrorKind.TRANSPORT_ERROR and "nope" in err.detail
@@ -163,8 +155,8 @@ def test_unknown_tool_is_transport_error(server: McpHttpServer) -> None:
         ("/no/such/path", "HTTP 404"),
     ],
 )
-def test_http_and_protocol_failures_are_transport_error(server: McpHttpServer, path: str, expected: str) -> None:
-    a = make_agent(server.base + path)
+def test_http_and_protocol_failures_are_transport_error(mcp_http_server: McpHttpServer, path: str, expected: str) -> None:
+    a = make_agent(mcp_http_server.base + path)
     try:
         err = failure(a)
         assert err.kind is ErrorKind.TRANSPORT_ERROR
@@ -173,8 +165,8 @@ def test_http_and_protocol_failures_are_transport_error(server: McpHttpServer, p
         a.close()
 
 
-def test_500_body_is_quoted_truncated(server: McpHttpServer) -> None:
-    a = make_agent(f"{server.base}/fault/call500/mcp")
+def test_500_body_is_quoted_truncated(mcp_http_server: McpHttpServer) -> None:
+    a = make_agent(f"{mcp_http_server.base}/fault/call500/mcp")
     try:
         err = failure(a)
         assert "tool backend unavailable" in err.detail
@@ -222,9 +214,9 @@ def test_cancelled_call_reports_deadline_exceeded(agent: McpHttpAgent) -> None:
 # -- reliability -----------------------------------------------------------------------------------
 
 
-def test_200_sequential_and_32_concurrent_calls_then_no_leaks(server: McpHttpServer) -> None:
+def test_200_sequential_and_32_concurrent_calls_then_no_leaks(mcp_http_server: McpHttpServer) -> None:
     before = Resources.now()
-    a = make_agent(f"{server.base}/mcp")
+    a = make_agent(f"{mcp_http_server.base}/mcp")
     try:
         for i in range(200):
             assert submission(a, f"seq {i}", f"{i:016x}")["echo"] == f"seq {i}"
@@ -237,8 +229,8 @@ def test_200_sequential_and_32_concurrent_calls_then_no_leaks(server: McpHttpSer
     assert_no_leaks(before)
 
 
-def test_concurrent_first_calls_share_one_handshake(server: McpHttpServer) -> None:
-    a = make_agent(f"{server.base}/mcp")
+def test_concurrent_first_calls_share_one_handshake(mcp_http_server: McpHttpServer) -> None:
+    a = make_agent(f"{mcp_http_server.base}/mcp")
     try:
         sessions: set[str | None] = set()
 

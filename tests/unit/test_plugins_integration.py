@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +22,6 @@ from tests.unit.agents_fixtures.helpers import MCP_SERVER, McpHttpServer, ask_re
 
 PLUGIN_SCHEMA = "https://agent-plugins.org/schemas/1.0.0/plugin.schema.json"
 MCP_SCHEMA = "https://agent-plugins.org/schemas/1.0.0/mcp.schema.json"
-
-
-@pytest.fixture(scope="module")
-def http_server() -> Iterator[McpHttpServer]:
-    server = McpHttpServer()
-    server.start()
-    yield server
-    server.stop()
 
 
 def make_plugin(tmp_path: Path, url: str) -> PluginLoaded:
@@ -61,8 +52,8 @@ def answer(agent: Any, prompt: str) -> Any:
     return json.loads(response.submission)
 
 
-def test_stdio_and_http_plugin_servers_answer_calls(tmp_path: Path, http_server: McpHttpServer) -> None:
-    plugin = make_plugin(tmp_path, f"{http_server.base}/mcp")
+def test_stdio_and_http_plugin_servers_answer_calls(tmp_path: Path, mcp_http_server: McpHttpServer) -> None:
+    plugin = make_plugin(tmp_path, f"{mcp_http_server.base}/mcp")
     decls = dict(mcp_agent_decls(plugin))
     assert sorted(decls) == ["agent.fixer.helper", "agent.fixer.remote"]
 
@@ -91,13 +82,13 @@ def test_stdio_and_http_plugin_servers_answer_calls(tmp_path: Path, http_server:
         http.close()
 
 
-def test_plugin_dir_servers_answer_localllm_call(tmp_path: Path, http_server: McpHttpServer,
+def test_plugin_dir_servers_answer_localllm_call(tmp_path: Path, mcp_http_server: McpHttpServer,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     """config `plugin_dirs:` → agent.<plugin>.<server> aliases → validated answers via `localllm call`."""
     from localllm.cli import main
     from localllm.trace import read_trace
 
-    plugin = make_plugin(tmp_path, f"{http_server.base}/mcp")
+    plugin = make_plugin(tmp_path, f"{mcp_http_server.base}/mcp")
     (tmp_path / "echo.json").write_text(json.dumps(
         {"type": "object", "properties": {"echo": {"type": "string"}}, "required": ["echo"]}))
     config = tmp_path / "app.yaml"
@@ -115,13 +106,13 @@ def test_plugin_dir_servers_answer_localllm_call(tmp_path: Path, http_server: Mc
     assert main(["trace", "verify", str(trace)]) == 0
 
 
-def test_plugin_dir_command_symlinked_out_fails_that_alias_only(tmp_path: Path, http_server: McpHttpServer) -> None:
+def test_plugin_dir_command_symlinked_out_fails_that_alias_only(tmp_path: Path, mcp_http_server: McpHttpServer) -> None:
     """The realpath containment re-check runs right before spawn, through the config path."""
     from localllm.config import load_config
     from localllm.errors import AgentError, ErrorKind
     from localllm.runtime import Runtime
 
-    plugin = make_plugin(tmp_path, f"{http_server.base}/mcp")
+    plugin = make_plugin(tmp_path, f"{mcp_http_server.base}/mcp")
     config = tmp_path / "app.yaml"
     config.write_text(f"plugin_dirs: ['{plugin.root}']\n")
     loaded = load_config(config)

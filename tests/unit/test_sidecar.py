@@ -21,19 +21,9 @@ import pytest
 from localllm.errors import SidecarError, SidecarExited, SidecarStartTimeout
 from localllm.managed import sidecar as sidecar_mod
 from localllm.managed.sidecar import Sidecar, SidecarState
+from tests.conftest import pid_gone
 
 FAKE = Path(__file__).resolve().parent / "fakes" / "fake_llama_server.py"
-
-
-@pytest.fixture
-def server_bin(tmp_path: Path) -> Path:
-    """An executable ``llama-server`` in its own dir that execs the fake (same pid)."""
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    path = bindir / "llama-server"
-    path.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
-    path.chmod(0o755)
-    return path
 
 
 @pytest.fixture
@@ -59,20 +49,6 @@ def make(server_bin: Path, model: Path, spawn_log: Path, *, fake: dict[str, str]
     env = {"FAKE_LLAMA_SPAWN_LOG": str(spawn_log), **(fake or {})}
     kw.setdefault("health_timeout", 30.0)
     return Sidecar(server_bin, model, env=env, **kw)
-
-
-def gone(pid: int, within: float) -> bool:
-    """True once ``pid`` no longer runs (a zombie awaiting its reaper counts as gone)."""
-    deadline = time.monotonic() + within
-    while True:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.02)
 
 
 @pytest.fixture
@@ -205,7 +181,7 @@ def test_hang_times_out_and_the_process_is_gone(server_bin: Path, model: Path, s
     assert "loading model" in str(info.value)  # the stderr tail rides along
     pid = events(spawn_log, "start")[0]["pid"]
     assert sc.pid == pid
-    assert gone(pid, within=0.0)
+    assert pid_gone(pid, within=0.0)
     assert sc.state is SidecarState.FAILED
 
 
@@ -302,7 +278,7 @@ def test_stop_while_starting_aborts_the_start(server_bin: Path, model: Path, spa
     assert len(errors) == 1 and isinstance(errors[0], SidecarError)
     assert "stopped while starting" in str(errors[0])
     assert sc.state is SidecarState.STOPPED
-    assert gone(events(spawn_log, "start")[0]["pid"], within=0.0)
+    assert pid_gone(events(spawn_log, "start")[0]["pid"], within=0.0)
 
 
 # -- crashes -------------------------------------------------------------------------------
@@ -381,7 +357,7 @@ def test_context_manager_stops_and_a_stopped_sidecar_can_start_again(
         sc.ensure_ready()
         pid = sc.pid
         assert pid is not None
-    assert sc.state is SidecarState.STOPPED and gone(pid, within=0.0)
+    assert sc.state is SidecarState.STOPPED and pid_gone(pid, within=0.0)
     with sc:
         sc.ensure_ready()
         assert sc.pid != pid
@@ -425,7 +401,7 @@ def test_sigkilled_parent_leaves_no_orphan(tmp_path: Path, server_bin: Path, mod
     assert psutil.Process(server_pid).is_running()
     child.kill()
     child.wait()
-    assert gone(server_pid, within=2.0)
+    assert pid_gone(server_pid, within=2.0)
     assert [e["signal"] for e in events(spawn_log, "signal")] == ["SIGTERM"]  # from the watchdog
 
 
@@ -434,7 +410,7 @@ def test_parent_exiting_without_stop_stops_the_server(
 ) -> None:
     child, server_pid = _run_child(tmp_path, server_bin, model, spawn_log, "exit")
     assert child.wait(30) == 0
-    assert gone(server_pid, within=2.0)
+    assert pid_gone(server_pid, within=2.0)
     assert events(spawn_log, "exit") == [{"event": "exit", "pid": server_pid, "code": 0}]
 
 

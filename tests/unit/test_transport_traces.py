@@ -4,7 +4,6 @@ leaves a trace that `localllm trace verify` accepts (and the next call still suc
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,20 +16,12 @@ from localllm.trace import read_trace
 from tests.unit.agents_fixtures.helpers import JSONRPC_AGENT, McpHttpServer
 
 
-@pytest.fixture(scope="module")
-def http_server() -> Iterator[McpHttpServer]:
-    server = McpHttpServer()
-    server.start()
-    yield server
-    server.stop()
-
-
-def test_error_kinds_leave_valid_traces(tmp_path: Path, http_server: McpHttpServer) -> None:
+def test_error_kinds_leave_valid_traces(tmp_path: Path, mcp_http_server: McpHttpServer) -> None:
     config = tmp_path / "app.yaml"
     config.write_text(
         "agent_plugins:\n"
         f"  agent.sub: {{plugin: subprocess, command: '{sys.executable}', args: ['{JSONRPC_AGENT}'], timeout: 2}}\n"
-        f"  agent.mcp: {{plugin: mcp_http, endpoint: '{http_server.base}/mcp', timeout: 5}}\n"
+        f"  agent.mcp: {{plugin: mcp_http, endpoint: '{mcp_http_server.base}/mcp', timeout: 5}}\n"
         "  agent.dead: {plugin: mcp_http, endpoint: 'http://127.0.0.1:9/mcp'}\n"
     )
     trace = tmp_path / "t.jsonl"

@@ -1,0 +1,33 @@
+"""Fixtures shared by the unit tests: the fake llama-server binary and a loopback MCP server."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.unit.agents_fixtures.helpers import McpHttpServer
+
+FAKE_LLAMA_SERVER = Path(__file__).resolve().parent / "fakes" / "fake_llama_server.py"
+
+
+@pytest.fixture
+def server_bin(tmp_path: Path) -> Path:
+    """An executable ``llama-server`` in its own dir that execs the fake (same pid)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    path = bindir / "llama-server"
+    path.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE_LLAMA_SERVER}" "$@"\n')
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture(scope="module")
+def mcp_http_server() -> Iterator[McpHttpServer]:
+    """The reference MCP server (official SDK) over streamable HTTP on loopback, per module."""
+    server = McpHttpServer()
+    server.start()
+    yield server
+    server.stop()
