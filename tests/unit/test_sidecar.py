@@ -453,3 +453,13 @@ def test_fake_embeddings_are_deterministic_and_normalised(
         assert abs(sum(x * x for x in data[1]["embedding"]) - 1.0) < 1e-9
         too_long = client.post(url + "/v1/embeddings", json={"input": "w " * 600})
         assert too_long.status_code == 500 and "too large to process" in too_long.text
+
+
+def test_openmp_spin_is_short_unless_the_user_chose(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    binary = tmp_path / "llama-server"
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert sidecar_mod._child_env(binary, None)["GOMP_SPINCOUNT"] == "100"
+    assert "GOMP_SPINCOUNT" not in sidecar_mod._child_env(binary, {"OMP_WAIT_POLICY": "ACTIVE"})
+    monkeypatch.setenv("GOMP_SPINCOUNT", "5000")
+    assert sidecar_mod._child_env(binary, None)["GOMP_SPINCOUNT"] == "5000"
