@@ -32,6 +32,8 @@ from localllm.wire import AskRequest, AskResponse, Transcript
 
 _FENCE = re.compile(r"^\s*```(?:json)?\s*\n?(.*?)\n?\s*```\s*$", re.DOTALL)
 _CONNECT_TIMEOUT = 5.0
+#: how long a failed request waits for a dying managed server to exit, to report why
+_EXIT_SETTLE = 1.0
 
 
 def normalize_endpoint(url: str) -> str:
@@ -178,6 +180,8 @@ class LocalLLMAgent(Agent):
         headers = self._headers()
         body, grammar, native = self.build_body(request)
         base = self.base_url()
+        sidecar = self._sidecar
+        pid = sidecar.pid if sidecar is not None else None  # to explain this request's failure later
         remaining = self.remaining(deadline)
         if remaining <= 0:
             raise AgentError(ErrorKind.DEADLINE_EXCEEDED, f"{self.alias}: deadline passed before the request")
@@ -188,7 +192,7 @@ class LocalLLMAgent(Agent):
         except httpx.TimeoutException as exc:
             raise AgentError(ErrorKind.DEADLINE_EXCEEDED, f"{self.alias}: no answer from {base} in time") from exc
         except httpx.HTTPError as exc:
-            raise AgentError(ErrorKind.TRANSPORT_ERROR, self._connection_detail(base, exc)) from exc
+            raise AgentError(ErrorKind.TRANSPORT_ERROR, self._connection_detail(base, exc, pid)) from exc
         elapsed_ms = int((time.monotonic() - started) * 1000)
         if reply.status_code >= 400:
             raise AgentError(ErrorKind.TRANSPORT_ERROR,
@@ -216,11 +220,19 @@ class LocalLLMAgent(Agent):
         transcript = self._transcript(body, content, usage, elapsed_ms)
         return AskResponse(submission=strip_fence(content), meta=meta, transcript=transcript)
 
-    def _connection_detail(self, base: str, exc: Exception) -> str:
+    def _connection_detail(self, base: str, exc: Exception, pid: int | None) -> str:
         detail = f"{self.alias}: request to {base} failed: {type(exc).__name__}: {exc}"
         sidecar = self._sidecar
-        if self.managed and sidecar is not None and not sidecar.is_alive():
-            detail += f"; llama-server died ({sidecar.crash_detail()}); it is respawned on the next call"
+        if sidecar is None:
+            return detail
+        # A dying server drops its sockets a moment before it is reaped: wait (bounded) for
+        # its exit so the caller learns why, not just that the connection broke.
+        settle = time.monotonic() + _EXIT_SETTLE
+        while sidecar.is_alive() and time.monotonic() < settle:
+            time.sleep(0.02)
+        crash = sidecar.crash_detail(pid=pid)
+        if crash:
+            detail += f"; llama-server died ({crash}); it is respawned on the next call"
         return detail
 
     @staticmethod

@@ -269,3 +269,16 @@ def test_build_body_request_shape(tmp_path: Path, server_bin: Path) -> None:
         body, grammar, native = agent.build_body(request)  # type: ignore[attr-defined]
     assert "response_format" not in body and "temperature" not in body
     assert (grammar, native) == (False, False)
+
+
+def test_call_that_hits_a_dying_server_gets_its_exit_and_stderr(tmp_path: Path, server_bin: Path,
+                                                                logs: dict[str, Path],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_LLAMA_MODE", "crash_after_ready")
+    monkeypatch.setenv("FAKE_LLAMA_CRASH_AFTER", "1.0")
+    monkeypatch.setenv("FAKE_LLAMA_DELAY", "3")  # the answer would come after the crash
+    with Runtime(managed_config(tmp_path, server_bin)) as rt:
+        with pytest.raises(AgentError) as info:
+            rt.call("ask", agent="agent.local", prompt="p", timeout=20)
+        assert info.value.kind is ErrorKind.TRANSPORT_ERROR
+        assert "llama-server died" in info.value.detail and "respawned on the next call" in info.value.detail
