@@ -86,16 +86,19 @@ def reply_to_server_request(message: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
+def jsonrpc_error_text(error: Any) -> str:
+    """A JSON-RPC error object as one line: ``JSON-RPC error <code>: <message>``."""
+    if isinstance(error, dict):
+        return f"JSON-RPC error {error.get('code')!r}: {error.get('message')!s}"
+    return f"JSON-RPC error {error!r}"
+
+
 def result_of(message: dict[str, Any], *, label: str, what: str) -> Any:
     """The ``result`` of a response, or ``transport_error`` for a JSON-RPC error object."""
     if message.get("jsonrpc") != "2.0":
         raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{label}: {what}: response is not JSON-RPC 2.0")
     if "error" in message:
-        error = message["error"]
-        if isinstance(error, dict):
-            text = f"JSON-RPC error {error.get('code')!r}: {error.get('message')!s}"
-        else:
-            text = f"JSON-RPC error {error!r}"
+        text = jsonrpc_error_text(message["error"])
         raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{label}: {what} failed: {truncate_detail(text)}")
     return message.get("result")
 

@@ -39,6 +39,7 @@ import itertools
 from typing import Any, ClassVar
 
 from localllm.agents._child import LineChild
+from localllm.agents._mcp import jsonrpc_error_text
 from localllm.agents._stdio import ChildAgent
 from localllm.config import SubprocessDecl
 from localllm.errors import AgentError, ErrorKind, truncate_detail
@@ -71,11 +72,7 @@ class SubprocessAgent(ChildAgent):
         if type(got) is not int or got != req_id:
             raise child.crash(f"stray frame: response id {got!r} does not match request id {req_id}")
         if "error" in reply:
-            error = reply["error"]
-            if isinstance(error, dict):
-                text = f"JSON-RPC error {error.get('code')!r}: {error.get('message')!s}"
-            else:
-                text = f"JSON-RPC error {error!r}"
+            text = jsonrpc_error_text(reply["error"])
             raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias}: {truncate_detail(self.redact(text))}")
         result = reply.get("result")
         if not isinstance(result, dict):

@@ -6,7 +6,6 @@ import json
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import httpx
 import pytest
@@ -15,7 +14,14 @@ from localllm.agents import _mcp
 from localllm.agents.mcp_http import McpHttpAgent, safe_url
 from localllm.config import McpHttpDecl
 from localllm.errors import AgentError, ErrorKind
-from tests.unit.agents_fixtures.helpers import McpHttpServer, Resources, ask_request, assert_no_leaks, deadline
+from tests.unit.agents_fixtures.helpers import (
+    McpHttpServer,
+    Resources,
+    ask_request,
+    assert_no_leaks,
+    deadline,
+    submission_of,
+)
 
 TOKEN = "s3cret-token"
 
@@ -33,10 +39,6 @@ def agent(mcp_http_server: McpHttpServer) -> Iterator[McpHttpAgent]:
     a.close()
 
 
-def submission(agent: McpHttpAgent, prompt: str, call_id: str = "0123456789abcdef", seconds: float = 20.0) -> Any:
-    response = agent.ask(ask_request(prompt, call_id), deadline=deadline(seconds))
-    assert response.submission is not None
-    return json.loads(response.submission)
 
 
 def failure(agent: McpHttpAgent, prompt: str = "hello", seconds: float = 20.0) -> AgentError:
@@ -53,12 +55,12 @@ def test_handshake_session_and_structured_content(mcp_http_server: McpHttpServer
     a = make_agent(mcp_http_server.base + path)
     try:
         assert a.session_id is None  # nothing happens before the first call
-        value = submission(a, "hello", "abcdefabcdefabcd")
+        value = submission_of(a, "hello", "abcdefabcdefabcd")
         assert value["echo"] == "hello" and value["call_id"] == "abcdefabcdefabcd"
         assert a.protocol_version == _mcp.LATEST
         session = a.session_id
         assert session
-        submission(a, "again")
+        submission_of(a, "again")
         assert a.session_id == session  # one session per agent
     finally:
         a.close()
@@ -75,7 +77,7 @@ def test_text_envelope_bare_and_raw_text(agent: McpHttpAgent) -> None:
 
 def test_close_deletes_the_session(mcp_http_server: McpHttpServer) -> None:
     a = make_agent(f"{mcp_http_server.base}/mcp")
-    submission(a, "hello")
+    submission_of(a, "hello")
     session, version = a.session_id, a.protocol_version
     assert session and version
     a.close()
@@ -94,7 +96,7 @@ def test_close_deletes_the_session(mcp_http_server: McpHttpServer) -> None:
 def test_headers_are_sent_and_never_leak(mcp_http_server: McpHttpServer) -> None:
     a = make_agent(f"{mcp_http_server.base}/auth/mcp", headers={"Authorization": f"Bearer {TOKEN}"})
     try:
-        assert submission(a, "hello")["echo"] == "hello"
+        assert submission_of(a, "hello")["echo"] == "hello"
         assert TOKEN not in repr(a) and "Authorization" in repr(a)
     finally:
         a.close()
@@ -112,10 +114,10 @@ def test_session_reinitialised_after_server_restart() -> None:
     srv.start()
     a = make_agent(f"{srv.base}/mcp")
     try:
-        first = submission(a, "before")
+        first = submission_of(a, "before")
         old_session = a.session_id
         srv.restart()  # same port, every session forgotten: the server answers 404
-        second = submission(a, "after")
+        second = submission_of(a, "after")
         assert second["echo"] == "after" and second["pid"] != first["pid"]
         assert a.session_id and a.session_id != old_session
     finally:
@@ -131,7 +133,7 @@ def test_is_error_is_transport_error(agent: McpHttpAgent) -> None:
     assert err.kind is ErrorKind.TRANSPORT_ERROR and "the tool exploded" in err.detail
     err = failure(agent, "empty")
     assert err.kind is ErrorKind.TRANSPORT_ERROR and "no structuredContent" in err.detail
-    assert submission(agent, "still fine")["echo"] == "still fine"
+    assert submission_of(agent, "still fine")["echo"] == "still fine"
 
 
 def test_unknown_tool_is_transport_error(mcp_http_server: McpHttpServer) -> None:
@@ -194,21 +196,21 @@ def test_connection_refused_is_transport_error() -> None:
 
 
 def test_slow_tool_is_deadline_exceeded_and_session_survives(agent: McpHttpAgent) -> None:
-    assert submission(agent, "warm")["echo"] == "warm"
+    assert submission_of(agent, "warm")["echo"] == "warm"
     err = failure(agent, "slow:30", seconds=0.7)
     assert err.kind is ErrorKind.DEADLINE_EXCEEDED
-    assert submission(agent, "next")["echo"] == "next"
+    assert submission_of(agent, "next")["echo"] == "next"
 
 
 def test_cancelled_call_reports_deadline_exceeded(agent: McpHttpAgent) -> None:
-    submission(agent, "warm")
+    submission_of(agent, "warm")
     timer = threading.Timer(0.2, agent.cancel, args=("2222222222222222",))
     timer.start()
     with pytest.raises(AgentError) as info:
         agent.ask(ask_request("slow:1", "2222222222222222"), deadline=deadline(30))
     timer.join()
     assert info.value.kind is ErrorKind.DEADLINE_EXCEEDED
-    assert submission(agent, "next", "2222222222222222")["echo"] == "next"  # the mark was cleared
+    assert submission_of(agent, "next", "2222222222222222")["echo"] == "next"  # the mark was cleared
 
 
 # -- reliability -----------------------------------------------------------------------------------
@@ -219,9 +221,9 @@ def test_200_sequential_and_32_concurrent_calls_then_no_leaks(mcp_http_server: M
     a = make_agent(f"{mcp_http_server.base}/mcp")
     try:
         for i in range(200):
-            assert submission(a, f"seq {i}", f"{i:016x}")["echo"] == f"seq {i}"
+            assert submission_of(a, f"seq {i}", f"{i:016x}")["echo"] == f"seq {i}"
         with ThreadPoolExecutor(max_workers=32) as pool:
-            results = list(pool.map(lambda i: submission(a, f"par {i}", f"{i:016x}"), range(32)))
+            results = list(pool.map(lambda i: submission_of(a, f"par {i}", f"{i:016x}"), range(32)))
         assert all(r["echo"] == f"par {int(r['call_id'], 16)}" for r in results)
         assert len({r["call_id"] for r in results}) == 32
     finally:
@@ -235,7 +237,7 @@ def test_concurrent_first_calls_share_one_handshake(mcp_http_server: McpHttpServ
         sessions: set[str | None] = set()
 
         def call(i: int) -> None:
-            submission(a, f"first {i}", f"{i:016x}")
+            submission_of(a, f"first {i}", f"{i:016x}")
             sessions.add(a.session_id)
 
         with ThreadPoolExecutor(max_workers=8) as pool:
@@ -251,19 +253,19 @@ def test_server_killed_mid_call_costs_one_error_then_recovers() -> None:
     before = Resources.now()
     a = make_agent(f"{srv.base}/mcp")
     try:
-        submission(a, "warm")
+        submission_of(a, "warm")
         killer = threading.Timer(0.3, srv.kill)
         killer.start()
         outcomes: list[str] = []
         try:
-            submission(a, "slow:2")
+            submission_of(a, "slow:2")
             outcomes.append("ok")
         except AgentError as exc:
             outcomes.append(exc.kind.value)
         killer.join()
         srv.start()  # back on the same port, sessions forgotten
         for i in range(3):
-            submission(a, f"after {i}")
+            submission_of(a, f"after {i}")
             outcomes.append("ok")
         assert outcomes == ["transport_error", "ok", "ok", "ok"]
     finally:

@@ -10,7 +10,6 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
@@ -26,6 +25,7 @@ from tests.unit.agents_fixtures.helpers import (
     ask_request,
     assert_no_leaks,
     deadline,
+    submission_of,
 )
 
 
@@ -51,10 +51,6 @@ def shared() -> Iterator[McpStdioAgent]:
     a.close()
 
 
-def submission(agent: McpStdioAgent, prompt: str, call_id: str = "0123456789abcdef", seconds: float = 20.0) -> Any:
-    response = agent.ask(ask_request(prompt, call_id), deadline=deadline(seconds))
-    assert response.submission is not None
-    return json.loads(response.submission)
 
 
 def failure(agent: McpStdioAgent, prompt: str, seconds: float = 20.0) -> AgentError:
@@ -67,10 +63,10 @@ def failure(agent: McpStdioAgent, prompt: str, seconds: float = 20.0) -> AgentEr
 
 
 def test_handshake_then_structured_content_is_the_submission(shared: McpStdioAgent) -> None:
-    value = submission(shared, "hello", "abcdefabcdefabcd")
+    value = submission_of(shared, "hello", "abcdefabcdefabcd")
     assert value["echo"] == "hello" and value["call_id"] == "abcdefabcdefabcd"
     assert shared.protocol_version == _mcp.LATEST
-    assert submission(shared, "again")["pid"] == value["pid"]  # one process, reused
+    assert submission_of(shared, "again")["pid"] == value["pid"]  # one process, reused
 
 
 def test_text_envelope_bare_and_raw_text(shared: McpStdioAgent) -> None:
@@ -106,7 +102,7 @@ def test_unknown_tool_is_transport_error() -> None:
 def test_env_and_cwd(tmp_path: Path) -> None:
     a = make_agent(env={"PLUGIN_DATA": "/data/x"}, cwd=tmp_path)
     try:
-        assert submission(a, "env:PLUGIN_DATA") == {"value": "/data/x", "cwd": str(tmp_path)}
+        assert submission_of(a, "env:PLUGIN_DATA") == {"value": "/data/x", "cwd": str(tmp_path)}
     finally:
         a.close()
 
@@ -114,7 +110,7 @@ def test_env_and_cwd(tmp_path: Path) -> None:
 def test_ping_answered_and_notifications_skipped() -> None:
     a = make_agent(script=MCP_STDIO_FAKE, args=())
     try:
-        assert submission(a, "hello") == {"ping_answered": True}
+        assert submission_of(a, "hello") == {"ping_answered": True}
     finally:
         a.close()
 
@@ -133,7 +129,7 @@ def test_unsupported_protocol_version_is_transport_error() -> None:
 def test_older_supported_version_is_accepted() -> None:
     a = make_agent(script=MCP_STDIO_FAKE, args=("--version", "2024-11-05"))
     try:
-        assert submission(a, "hello") == {"ping_answered": True}
+        assert submission_of(a, "hello") == {"ping_answered": True}
         assert a.protocol_version == "2024-11-05"
     finally:
         a.close()
@@ -167,11 +163,11 @@ def test_stray_response_id_is_plugin_crash() -> None:
 def test_crash_is_plugin_crash_then_respawn_and_reinitialise() -> None:
     a = make_agent()
     try:
-        old = submission(a, "warm")["pid"]
+        old = submission_of(a, "warm")["pid"]
         err = failure(a, "crash")
         assert err.kind is ErrorKind.PLUGIN_CRASH
         assert "exit code 4" in err.detail and "crashing on purpose" in err.detail
-        assert submission(a, "next")["pid"] != old
+        assert submission_of(a, "next")["pid"] != old
     finally:
         a.close()
 
@@ -188,17 +184,17 @@ def test_missing_command_is_plugin_crash(tmp_path: Path) -> None:
 def test_slow_tool_is_deadline_exceeded_and_killed() -> None:
     a = make_agent()
     try:
-        pid = submission(a, "warm")["pid"]
+        pid = submission_of(a, "warm")["pid"]
         err = failure(a, "slow:30", seconds=1.0)
         assert err.kind is ErrorKind.DEADLINE_EXCEEDED
         assert not psutil.pid_exists(pid)
-        assert submission(a, "next")["pid"] != pid
+        assert submission_of(a, "next")["pid"] != pid
     finally:
         a.close()
 
 
 def test_stderr_chatter_is_drained(shared: McpStdioAgent) -> None:
-    assert submission(shared, "stderr:512")["echo"] == "stderr:512"
+    assert submission_of(shared, "stderr:512")["echo"] == "stderr:512"
 
 
 # -- reliability -----------------------------------------------------------------------------
@@ -208,10 +204,10 @@ def test_200_sequential_and_32_concurrent_calls_then_no_leaks() -> None:
     before = Resources.now()
     a = make_agent()
     try:
-        pids = {submission(a, f"seq {i}", f"{i:016x}")["pid"] for i in range(200)}
+        pids = {submission_of(a, f"seq {i}", f"{i:016x}")["pid"] for i in range(200)}
         assert len(pids) == 1
         with ThreadPoolExecutor(max_workers=32) as pool:
-            results = list(pool.map(lambda i: submission(a, f"par {i}", f"{i:016x}"), range(32)))
+            results = list(pool.map(lambda i: submission_of(a, f"par {i}", f"{i:016x}"), range(32)))
         assert all(r["echo"] == f"par {int(r['call_id'], 16)}" for r in results)
         assert len({r["call_id"] for r in results}) == 32
     finally:
@@ -223,12 +219,12 @@ def test_server_killed_mid_call_costs_exactly_one_plugin_crash() -> None:
     before = Resources.now()
     a = make_agent()
     try:
-        pid = submission(a, "warm")["pid"]
+        pid = submission_of(a, "warm")["pid"]
         threading.Timer(0.3, os.kill, args=(pid, signal.SIGKILL)).start()
         outcomes: list[str] = []
         for i in range(4):
             try:
-                submission(a, "slow:2" if i == 0 else f"after {i}")
+                submission_of(a, "slow:2" if i == 0 else f"after {i}")
                 outcomes.append("ok")
             except AgentError as exc:
                 outcomes.append(exc.kind.value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import signal
@@ -11,6 +12,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -146,3 +148,10 @@ class McpHttpServer:
         """Stop and start again on the same port (every session is forgotten)."""
         self.stop()
         self.start()
+
+
+def submission_of(agent: Any, prompt: str, call_id: str = "0123456789abcdef", seconds: float = 20.0) -> Any:
+    """Ask ``agent`` and return its submission parsed."""
+    response = agent.ask(ask_request(prompt, call_id), deadline=deadline(seconds))
+    assert response.submission is not None
+    return json.loads(response.submission)
