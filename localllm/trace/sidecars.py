@@ -110,7 +110,7 @@ def write_transcript(
             raise rules.reject(f"transcript.offsets_ms[{index}]", f"must be an integer, got {offset!r}")
     rel = f"{TRANSCRIPTS_DIR}/{stem}.jsonl"
     base = Path(trace_dir)
-    atomic_write(base / rel, _utf8("".join(line + "\n" for line in lines), "transcript"))
+    atomic_write(base / rel, _utf8("".join(line + "\n" for line in lines), "transcript"), sync_dir=False)
     timings = "".join(f"{index} {offset}\n" for index, offset in enumerate(offsets))
     atomic_write(base / TRANSCRIPTS_DIR / f"{stem}.timings", timings.encode("ascii"))
     return {
@@ -121,8 +121,12 @@ def write_transcript(
     }
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via temp file + fsync + rename (+ directory fsync)."""
+def atomic_write(path: Path, data: bytes, *, sync_dir: bool = True) -> None:
+    """Write ``data`` to ``path`` via temp file + fsync + rename (+ directory fsync).
+
+    ``sync_dir=False`` skips the directory fsync when the caller's next write to the same
+    directory does it (one directory fsync makes every earlier rename there durable).
+    """
     tmp = path.with_name(f".{path.name}.{os.urandom(6).hex()}.tmp")
     done = False
     try:
@@ -137,11 +141,12 @@ def atomic_write(path: Path, data: bytes) -> None:
             os.close(fd)
         os.replace(tmp, path)
         done = True
-        dfd = os.open(path.parent, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        if sync_dir:
+            dfd = os.open(path.parent, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
     except OSError as exc:
         err = TraceError(f"cannot write sidecar {path}: {exc.strerror or exc}")
         err.hint = "check that the trace directory is writable and the disk has space"
