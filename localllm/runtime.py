@@ -301,8 +301,14 @@ class Runtime:
     def _attempt(self, agent: Agent, alias: str, request: AskRequest, *, schema: dict[str, Any] | None,
                  schema_path: Path | None, timeout: float) -> _Leg:
         deadline = time.monotonic() + timeout
+
+        def prime() -> None:
+            # compile the validator (first use imports jsonschema) while the agent works
+            if schema is not None:
+                self.schemas.validator(schema, base=schema_path)
+
         try:
-            response = self._ask(agent, alias, request, deadline, timeout)
+            response = self._ask(agent, alias, request, deadline=deadline, timeout=timeout, prime=prime)
         except AgentError as exc:
             return _Leg(alias, None, exc)
         leg = _Leg(alias, response, None)
@@ -316,7 +322,8 @@ class Runtime:
             leg.error = exc
         return leg
 
-    def _ask(self, agent: Agent, alias: str, request: AskRequest, deadline: float, timeout: float) -> AskResponse:
+    def _ask(self, agent: Agent, alias: str, request: AskRequest, *, deadline: float, timeout: float,
+             prime: Callable[[], None]) -> AskResponse:
         box: dict[str, Any] = {}
         done = threading.Event()
 
@@ -330,6 +337,7 @@ class Runtime:
 
         worker = threading.Thread(target=work, name=f"localllm-{alias}-{request.call_id}", daemon=True)
         worker.start()
+        prime()
         if not done.wait(max(0.0, deadline - time.monotonic())):
             agent.cancel(request.call_id)
             worker.join(_CANCEL_GRACE)
