@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from localllm import settings
 from localllm.errors import AgentError, ErrorKind
 
 logger = logging.getLogger(__name__)
@@ -131,7 +132,7 @@ class LineChild:
 
     def start(self) -> None:
         """Spawn the process; a missing or unexecutable command is a ``plugin_crash``."""
-        env = dict(os.environ)
+        env = settings.environ()
         env.update(self._env)
         try:
             proc = subprocess.Popen(

@@ -32,6 +32,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from localllm import settings
 from localllm.errors import SidecarError, SidecarExited, SidecarStartTimeout
 
 if TYPE_CHECKING:
@@ -133,8 +134,7 @@ def _child_env(binary: Path, overrides: Mapping[str, str] | None) -> dict[str, s
     gemma-3-270m decoding while a MiniLM sidecar embeds: a decide took 86 s with the
     default spin and 1.26 s with 100, while an uncontended decide stayed 0.89 s vs 0.90 s.
     """
-    # Passing the environment through is not configuration; settings.py reads localllm's own.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_")}
+    env = {k: v for k, v in settings.environ().items() if not k.startswith("LLAMA_")}
     inherited = env.get("LD_LIBRARY_PATH", "")
     libdir = str(binary.resolve().parent)
     env["LD_LIBRARY_PATH"] = libdir + (os.pathsep + inherited if inherited else "")
