@@ -284,13 +284,10 @@ def _string_map(raw: Any, key: str, alias: str, problems: ProblemList) -> dict[s
     return out
 
 
-def _known_models() -> tuple[str, ...] | None:
-    try:
-        from localllm.managed import pins
-    except ImportError:
-        return None
-    known = getattr(pins, "model_ids", None)
-    return tuple(known()) if callable(known) else None
+def _known_models() -> tuple[str, ...]:
+    from localllm.managed.pins import load_pins
+
+    return tuple(sorted(load_pins().models))
 
 
 def _agent_decl(alias: str, raw: Any, base_dir: Path, problems: ProblemList) -> AgentDecl | None:
@@ -363,8 +360,8 @@ def _local_llm_decl(common: dict[str, Any], key: str, vals: dict[str, Any], prob
     if endpoint and not str(endpoint).startswith(("http://", "https://")):
         problems.add(f"{key}.endpoint", f"must be an http(s) URL, got {endpoint!r}")
     if model and not endpoint:  # beside endpoint:, model is just the name sent in the body
-        known = _known_models()
-        if known is not None and model not in known:
+        known = () if model.endswith(".gguf") else _known_models()
+        if known and model not in known:
             problems.add(f"{key}.model", f'unknown model "{model}"', f"known models: {', '.join(known)}")
     env_name = vals.get("api_key_env")
     if env_name is not None and not _ENV_NAME.match(env_name):

@@ -44,5 +44,5 @@ def build_agent(decl: AgentDecl, *, base_dir: Path) -> Agent:
     if isinstance(decl, LocalLLMDecl):
         from localllm.agents.local_llm import LocalLLMAgent
 
-        return LocalLLMAgent(decl)
+        return LocalLLMAgent(decl, base_dir=base_dir)
     raise AgentError(ErrorKind.PLUGIN_UNSUPPORTED, f"{decl.alias}: plugin {decl.plugin} has no transport")

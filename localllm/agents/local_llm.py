@@ -60,9 +60,11 @@ class LocalLLMAgent(Agent):
     plugin = "builtin.local_llm"
     is_local_model = True
 
-    def __init__(self, decl: LocalLLMDecl) -> None:
+    def __init__(self, decl: LocalLLMDecl, *, base_dir: Path | None = None) -> None:
         super().__init__(decl.alias)
         self.decl = decl
+        #: relative ``*.gguf`` model paths resolve against the config's directory
+        self.base_dir = base_dir
         self._lock = threading.Lock()
         self._sidecar: Any = None
         self._client: Any = None
@@ -94,21 +96,13 @@ class LocalLLMAgent(Agent):
                 raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias} is closed")
             if self._sidecar is not None:
                 return self._sidecar
-            from localllm.managed import ensure_model, ensure_server, server_env
-            from localllm.managed.sidecar import Sidecar
+            from localllm.managed import Sidecar, resolve_model, resolve_server_binary
 
-            if self.decl.server_bin:
-                binary = Path(self.decl.server_bin).expanduser()
-                env = server_env(binary.parent)
-            else:
-                install = ensure_server()
-                binary, env = install.binary, server_env(install.release_dir)
-            model_id = self.decl.model or ""
-            model_path = Path(model_id).expanduser()
-            model = model_path if model_id.endswith(".gguf") and model_path.is_file() else ensure_model(model_id)
+            binary = resolve_server_binary(self.decl.server_bin)
+            model = resolve_model(self.decl.model or "", base_dir=self.base_dir)
             self._sidecar = Sidecar(
                 binary, model, args=self.decl.extra_args, parallel=self.decl.parallel,
-                ctx_per_slot=self.decl.ctx_size, threads=self.decl.threads, port=self.decl.port, env=env,
+                ctx_per_slot=self.decl.ctx_size, threads=self.decl.threads, port=self.decl.port,
                 health_timeout=self.decl.health_timeout, name=self.alias,
             )
             return self._sidecar

@@ -380,7 +380,7 @@ def embedder_from_decl(decl: EmbedderDecl, *, base_dir: Path | None = None, **op
         return LocalEmbedder(decl.endpoint, model, api_key=api_key, dims=decl.dims, **options)
     if not decl.model:
         raise EmbedError(f"{where}: needs model: or endpoint:")
-    from localllm.managed import ensure_model, ensure_server, server_env
+    from localllm.managed import resolve_model, resolve_server_binary
     from localllm.managed.sidecar import MANAGED_FLAGS, Sidecar
 
     clashing = sorted({a.partition("=")[0] for a in decl.extra_args} & (MANAGED_FLAGS | _EMBED_FLAGS))
@@ -388,11 +388,7 @@ def embedder_from_decl(decl: EmbedderDecl, *, base_dir: Path | None = None, **op
         raise EmbedError(f"{where}.extra_args: must not set {', '.join(clashing)}; localllm sets them "
                          "(use port:, parallel: and the model registry instead)")
     model_name: str = decl.model
-    is_file = model_name.endswith(".gguf")
-    given = Path(model_name).expanduser()
-    if is_file and not given.is_absolute() and base_dir is not None:
-        given = base_dir / given
-    info = lookup(given.name if is_file else model_name)
+    info = lookup(Path(model_name).name if model_name.endswith(".gguf") else model_name)
     args = [*embedding_server_args(info, decl.parallel), *decl.extra_args]
     state: dict[str, Sidecar] = {}
     lock = threading.Lock()
@@ -406,16 +402,10 @@ def embedder_from_decl(decl: EmbedderDecl, *, base_dir: Path | None = None, **op
     def _sidecar() -> Sidecar:
         sidecar = state.get("sidecar")
         if sidecar is None:
-            if decl.server_bin:
-                binary = Path(decl.server_bin).expanduser()
-                env = server_env(binary.parent)
-            else:  # honours LOCALLLM_SERVER_BIN
-                install = ensure_server()
-                binary, env = install.binary, server_env(install.release_dir)
-            gguf = given if is_file else ensure_model(model_name)
             sidecar = Sidecar(
-                binary, gguf, args=args, parallel=decl.parallel, ctx_per_slot=info.context, port=decl.port,
-                threads=decl.threads, env=env, health_timeout=decl.health_timeout, name=f"embed:{decl.name}",
+                resolve_server_binary(decl.server_bin), resolve_model(model_name, base_dir=base_dir), args=args,
+                parallel=decl.parallel, ctx_per_slot=info.context, port=decl.port, threads=decl.threads,
+                health_timeout=decl.health_timeout, name=f"embed:{decl.name}",
             )
             state["sidecar"] = sidecar
         return sidecar

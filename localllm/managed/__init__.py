@@ -7,7 +7,14 @@ that server in; ``cache_layout()`` documents and returns where everything lives.
 
 from __future__ import annotations
 
-from localllm.managed.acquire import ServerInstall, ensure_model, ensure_server, server_env
+from localllm.managed.acquire import (
+    ServerInstall,
+    ensure_model,
+    ensure_server,
+    resolve_model,
+    resolve_server_binary,
+    server_env,
+)
 from localllm.managed.cache import CacheLayout, cache_layout
 from localllm.managed.sidecar import MANAGED_FLAGS, Sidecar, SidecarState
 
@@ -20,5 +27,7 @@ __all__ = [
     "cache_layout",
     "ensure_model",
     "ensure_server",
+    "resolve_model",
+    "resolve_server_binary",
     "server_env",
 ]

@@ -61,6 +61,27 @@ def server_env(release_dir: Path | str) -> dict[str, str]:
     return env
 
 
+def resolve_server_binary(server_bin: str | None = None) -> Path:
+    """A declaration's ``server_bin`` when set, else :func:`ensure_server` (which honours
+    ``LOCALLLM_SERVER_BIN``, then the cache, then fetches the pin)."""
+    return Path(server_bin).expanduser() if server_bin else ensure_server().binary
+
+
+def resolve_model(model: str, *, base_dir: Path | None = None) -> Path:
+    """A ``model:`` value as a GGUF path: a ``*.gguf`` path (relative to ``base_dir``) is used
+    as given and must exist; anything else is a pinned id fetched by :func:`ensure_model`."""
+    if not model.endswith(".gguf"):
+        return ensure_model(model)
+    path = Path(model).expanduser()
+    if not path.is_absolute() and base_dir is not None:
+        path = base_dir / path
+    if not path.is_file():
+        exc = FetchError(f"model file {path} not found")
+        exc.hint = "fix the model: path (relative to the config file), or use a pinned model id"
+        raise exc
+    return path
+
+
 def smoke_version(release_dir: Path, *, error: type[FetchError] = FetchError) -> str:
     """Run ``llama-server --version`` from ``release_dir``; its output, or ``error``."""
     argv = [str(release_dir / SERVER_BINARY), "--version"]

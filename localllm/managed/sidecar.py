@@ -32,7 +32,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from localllm import settings
 from localllm.errors import SidecarError, SidecarExited, SidecarStartTimeout
 
 if TYPE_CHECKING:
@@ -134,10 +133,9 @@ def _child_env(binary: Path, overrides: Mapping[str, str] | None) -> dict[str, s
     gemma-3-270m decoding while a MiniLM sidecar embeds: a decide took 86 s with the
     default spin and 1.26 s with 100, while an uncontended decide stayed 0.89 s vs 0.90 s.
     """
-    env = {k: v for k, v in settings.environ().items() if not k.startswith("LLAMA_")}
-    inherited = env.get("LD_LIBRARY_PATH", "")
-    libdir = str(binary.resolve().parent)
-    env["LD_LIBRARY_PATH"] = libdir + (os.pathsep + inherited if inherited else "")
+    from localllm.managed.acquire import server_env
+
+    env = {k: v for k, v in server_env(binary.resolve().parent).items() if not k.startswith("LLAMA_")}
     if overrides:
         env.update(overrides)
     if "GOMP_SPINCOUNT" not in env and "OMP_WAIT_POLICY" not in env:

@@ -282,3 +282,13 @@ def test_call_that_hits_a_dying_server_gets_its_exit_and_stderr(tmp_path: Path, 
             rt.call("ask", agent="agent.local", prompt="p", timeout=20)
         assert info.value.kind is ErrorKind.TRANSPORT_ERROR
         assert "llama-server died" in info.value.detail and "respawned on the next call" in info.value.detail
+
+
+def test_missing_model_file_is_a_clear_transport_error(tmp_path: Path, server_bin: Path, logs: dict[str, Path]) -> None:
+    (tmp_path / "m.yaml").write_text(
+        f"agent_plugins:\n  agent.local: {{plugin: builtin.local_llm, model: models/none.gguf, server_bin: '{server_bin}'}}\n")
+    with Runtime(load_config(tmp_path / "m.yaml")) as rt, pytest.raises(AgentError) as info:
+        rt.call("ask", agent="agent.local", prompt="p")
+    assert info.value.kind is ErrorKind.TRANSPORT_ERROR
+    assert f"model file {tmp_path / 'models' / 'none.gguf'} not found" in info.value.detail
+    assert rows(logs["spawn"]) == []

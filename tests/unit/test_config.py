@@ -330,3 +330,10 @@ def test_property_malformed_configs_only_raise_config_error(tmp_path: Path, data
         load_config(path)
     except ConfigError as exc:
         assert exc.problems  # every ConfigError lists at least one problem
+
+
+def test_unknown_managed_model_is_a_load_time_error(tmp_path: Path) -> None:
+    found = problems(tmp_path, "agent_plugins:\n  agent.l: {plugin: builtin.local_llm, model: gemma-4-9000}\n")
+    assert found == ['agent_plugins.agent.l.model: unknown model "gemma-4-9000"']
+    ok = "agent_plugins:\n  agent.l: {plugin: builtin.local_llm, model: models/own.gguf}\n"
+    assert load_config(write(tmp_path, ok)).agents["agent.l"]  # a .gguf path is a file, not a pin id
