@@ -33,7 +33,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from localllm.agents.base import Agent
-from localllm.config import VERBS, AgentDecl, Config, InprocessDecl
+from localllm.config import DEFAULT_TIMEOUT, VERBS, AgentDecl, Config, InprocessDecl
 from localllm.errors import AgentError, ConfigError, ConfigProblem, ErrorKind
 from localllm.schema import SchemaSet
 from localllm.trace.callid import cassette_call_key, derive_call_id, live_call_key
@@ -204,7 +204,7 @@ class Runtime:
         if explicit is not None:
             return explicit
         decl: AgentDecl | None = self.config.agents.get(alias)
-        return decl.timeout if decl is not None else 300.0
+        return decl.timeout if decl is not None else DEFAULT_TIMEOUT
 
     # ------------------------------------------------------------------ calls
 
