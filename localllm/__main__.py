@@ -1,5 +1,10 @@
-"""`python -m localllm`."""
+"""``python -m localllm``: the same as the ``localllm`` command."""
 
-from localllm.cli import run
+from __future__ import annotations
 
-run()
+import sys
+
+from localllm.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

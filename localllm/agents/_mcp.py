@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from localllm import __version__
+from localllm._version import __version__
 from localllm.errors import AgentError, ErrorKind, truncate_detail
 from localllm.wire import AskRequest, AskResponse
 

@@ -15,20 +15,23 @@ schema is ``{"intent": {"enum": candidates}}`` — picks one candidate (``routed
 verdict, with its candidates and the best score as confidence.
 
 Every verdict renders the ``turn.start`` payload of trace-format §3 with
-:meth:`Verdict.turn_start_payload`.
+:meth:`Verdict.turn_start_payload`; :func:`route_turn` routes one input as one turn of a
+trace, writing ``turn.start`` before the decide tier's ``agent.call.*`` events.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from localllm.errors import EmbedError
 
 if TYPE_CHECKING:
     from localllm.config import Intent
     from localllm.embed.embedder import Embedder
+    from localllm.trace.writer import TraceWriter
+    from localllm.wire import CallResult
 
 Decide = Callable[[str, list[str]], "str | None"]
 Outcome = Literal["route", "tie", "miss"]
@@ -114,7 +117,15 @@ class Router:
 
     def route(self, text: str) -> Verdict:
         """The verdict for ``text``: embedding tier, then the decide tier if needed."""
+        first = self.semantic(text)
+        return self.settle(first) if self.needs_decide(first) else first
 
+    def needs_decide(self, verdict: Verdict) -> bool:
+        """Whether the embedding tier's ``verdict`` goes on to the decide tier."""
+        return verdict.outcome != "route" and self.decide is not None
+
+    def semantic(self, text: str) -> Verdict:
+        """The embedding tier alone: a route, or a tie/miss with its candidates."""
         best: dict[str, tuple[float, str]] = {}
         if self._examples:
             q = self.embedder.embed([text], "query")[0]
@@ -136,13 +147,36 @@ class Router:
         else:
             outcome = "miss"
             candidates = list(self.names)
-        if self.decide is None:
-            return Verdict(text, outcome, None, "semantic", None, s1 if top else None,
-                           tuple(candidates), scores)
+        return Verdict(text, outcome, None, "semantic", None, s1 if top else None, tuple(candidates), scores)
+
+    def settle(self, verdict: Verdict) -> Verdict:
+        """The decide tier over a tie or miss's candidates (``verdict`` unchanged without one)."""
+        if self.decide is None or verdict.outcome == "route":
+            return verdict
+        text, candidates, scores = verdict.text, list(verdict.candidates), verdict.scores
         choice = self.decide(text, candidates)
         if choice is not None and choice in candidates:
             return Verdict(text, "route", choice, "llm", "decide", None, tuple(candidates), scores)
-        return Verdict(text, outcome, None, "llm", "decide", None, tuple(candidates), scores)
+        return Verdict(text, verdict.outcome, None, "llm", "decide", None, tuple(candidates), scores)
+
+
+def route_turn(router: Router, text: str, trace: TraceWriter | None, *, turn: int,
+               state_path: str = "route") -> Verdict:
+    """Route ``text`` as one turn of ``trace``: ``turn.start`` first, then the decide tier's calls.
+
+    A semantic route's ``turn.start`` carries the whole provenance (``direct``, match,
+    confidence); when the decide tier runs, ``turn.start`` says ``routed_by: llm`` and the
+    chosen intent is in the decide call's ``agent.call.complete`` that follows it.
+    """
+    first = router.semantic(text)
+    if not router.needs_decide(first):
+        if trace is not None:
+            trace.append("turn.start", first.turn_start_payload(), turn=turn, state_path=state_path)
+        return first
+    if trace is not None:
+        pending = {"input": text, "intent": "", "routed_by": "llm", "match_type": "decide"}
+        trace.append("turn.start", pending, turn=turn, state_path=state_path)
+    return router.settle(first)
 
 
 def decide_schema(candidates: Sequence[str]) -> dict[str, Any]:
@@ -169,7 +203,13 @@ def decide_prompt(text: str, intents: Sequence[Intent], candidates: Sequence[str
     return "\n".join(lines)
 
 
-def runtime_decide(runtime: Any, agent: str, intents: Sequence[Intent]) -> Decide:
+class Caller(Protocol):
+    """What the decide tier needs of a :class:`localllm.Runtime`: its ``call``."""
+
+    def call(self, verb: str, *, agent: str, prompt: str, schema: dict[str, Any] | None = None) -> CallResult: ...
+
+
+def runtime_decide(runtime: Caller, agent: str, intents: Sequence[Intent]) -> Decide:
     """A decide-tier callable backed by ``runtime.call("decide", agent=…)`` (a localllm Runtime)."""
 
     def decide(text: str, candidates: list[str]) -> str | None:

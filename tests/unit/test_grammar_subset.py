@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from localllm.cli.grammar import verdict
 from localllm.grammar import Violation, check_subset, format_violation
-from localllm.grammar.commands import verdict
 from localllm.grammar.subset import child_path, parse_path, pattern_problem
 from localllm.resources import data_path
 from tests.conftest import REPO

@@ -10,6 +10,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from localllm.cli.plugins import render_text, result_to_json
 from localllm.plugins import (
     ALIAS_PATTERN,
     PluginLoaded,
@@ -17,7 +18,6 @@ from localllm.plugins import (
     load_agent_plugin,
     mcp_agent_decls,
 )
-from localllm.plugins.commands import render_text, result_to_json
 from localllm.plugins.diagnostics import SECTIONS, SEVERITIES
 
 PLUGIN_SCHEMA = "https://agent-plugins.org/schemas/1.0.0/plugin.schema.json"

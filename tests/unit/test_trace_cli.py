@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -11,20 +10,15 @@ import pytest
 
 from localllm import cli
 from localllm.trace import TraceWriter, write_prompt, write_response, write_transcript
-from localllm.trace.commands import add_commands, percentile
+from localllm.trace.stats import percentile
 from localllm.wire import Transcript
 
 Run = Callable[..., tuple[int, str, str]]
 
 
 @pytest.fixture
-def run(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Run:
-    """Run cli.main with only the trace section, so other sections under construction don't matter."""
-
-    def section(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-        add_commands(sub)
-
-    monkeypatch.setattr(cli, "_SECTIONS", (section,))
+def run(capsys: pytest.CaptureFixture[str]) -> Run:
+    """Run cli.main; returns (exit code, stdout, stderr)."""
 
     def invoke(*argv: str) -> tuple[int, str, str]:
         code = cli.main(list(argv))

@@ -3,54 +3,59 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
-from localllm.managed.fetch import human_size
+from localllm.cli.output import EXIT_FAILED, EXIT_OK, emit_json, err, out
+
+_MIRROR_HELP = "directory or base URL tried before the pinned URL"
 
 
-def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``fetch``, ``cache`` and ``doctor``."""
-    fetch = sub.add_parser("fetch", help="pre-warm the cache: llama-server or a model's GGUF")
-    fsub = fetch.add_subparsers(dest="fetch_what", metavar="WHAT")
+def _setup_fetch(parser: argparse.ArgumentParser) -> None:
+    fsub = parser.add_subparsers(dest="fetch_what", metavar="WHAT", required=True)
     server = fsub.add_parser("server", help="fetch (or build) llama-server; print its path")
     server.add_argument("--from-source", action="store_true",
                         help="build from the pinned llama.cpp source (~15 min the first time)")
-    server.add_argument("--mirror", metavar="M", help="directory or base URL tried before the pinned URL")
+    server.add_argument("--mirror", metavar="M", help=_MIRROR_HELP)
     server.add_argument("--json", action="store_true", help="print JSON")
     server.set_defaults(handler=_fetch_server)
     model = fsub.add_parser("model", help="fetch a model's GGUF; print its path")
-    model.add_argument("id", nargs="?", metavar="ID", help="model id (default: the default chat model)")
-    model.add_argument("--mirror", metavar="M", help="directory or base URL tried before the pinned URL")
+    model.add_argument("id", metavar="ID", help="a pinned model id (`localllm doctor` lists them)")
+    model.add_argument("--mirror", metavar="M", help=_MIRROR_HELP)
     model.add_argument("--json", action="store_true", help="print JSON")
     model.set_defaults(handler=_fetch_model)
 
-    cache = sub.add_parser("cache", help="list, verify or prune the artifact cache")
-    csub = cache.add_subparsers(dest="cache_what", metavar="ACTION")
+
+def _setup_cache(parser: argparse.ArgumentParser) -> None:
+    csub = parser.add_subparsers(dest="cache_what", metavar="ACTION", required=True)
     lst = csub.add_parser("list", help="what is cached")
-    lst.add_argument("--json", action="store_true")
+    lst.add_argument("--json", action="store_true", help="print JSON")
     lst.set_defaults(handler=_cache_list)
     ver = csub.add_parser("verify", help="re-hash everything; re-fetch corrupted files")
     ver.add_argument("--no-refetch", action="store_true", help="only report corrupted files")
-    ver.add_argument("--mirror", metavar="M")
-    ver.add_argument("--json", action="store_true")
+    ver.add_argument("--mirror", metavar="M", help=_MIRROR_HELP)
+    ver.add_argument("--json", action="store_true", help="print JSON")
     ver.set_defaults(handler=_cache_verify)
     prune = csub.add_parser("prune", help="remove stale entries and leftover temp files")
     prune.add_argument("--dry-run", action="store_true", help="only show what would be removed")
-    prune.add_argument("--json", action="store_true")
+    prune.add_argument("--json", action="store_true", help="print JSON")
     prune.set_defaults(handler=_cache_prune)
 
-    doctor = sub.add_parser("doctor", help="platform, glibc/GLIBCXX, pins, cache, build tools")
-    doctor.add_argument("--json", action="store_true")
-    doctor.set_defaults(handler=_doctor)
+
+def _setup_doctor(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.set_defaults(handler=_doctor)
 
 
-def _out(line: str) -> None:
-    sys.stdout.write(line + "\n")
+SETUP = {"fetch": _setup_fetch, "cache": _setup_cache, "doctor": _setup_doctor}
+
+
+def _size(n: int) -> str:
+    from localllm.managed.fetch import human_size
+
+    return human_size(n)
 
 
 def _fetch_server(args: argparse.Namespace) -> int:
-    from localllm.cli import emit_json
     from localllm.managed.acquire import ensure_server
 
     install = ensure_server(from_source=args.from_source, mirror=args.mirror)
@@ -58,34 +63,31 @@ def _fetch_server(args: argparse.Namespace) -> int:
         emit_json({"binary": str(install.binary), "release_dir": str(install.release_dir),
                    "release": install.release, "source": install.source})
     else:
-        _out(str(install.binary))
-    return 0
+        out(str(install.binary))
+    return EXIT_OK
 
 
 def _fetch_model(args: argparse.Namespace) -> int:
-    from localllm.cli import emit_json
     from localllm.managed.acquire import ensure_model
     from localllm.managed.pins import load_pins
 
     pins = load_pins()
-    model_id = args.id or pins.default_chat
-    path = ensure_model(model_id, mirror=args.mirror, pins=pins)
+    path = ensure_model(args.id, mirror=args.mirror, pins=pins)
     if args.json:
-        emit_json({"id": model_id, "path": str(path), "sha256": pins.models[model_id].artifact.sha256,
+        emit_json({"id": args.id, "path": str(path), "sha256": pins.models[args.id].artifact.sha256,
                    "size": path.stat().st_size})
     else:
-        _out(str(path))
-    return 0
+        out(str(path))
+    return EXIT_OK
 
 
 def _table(entries: list[Any]) -> None:
     for e in entries:
-        _out(f"{e.status:<12} {e.kind:<9} {human_size(e.size):>10}  {e.path}"
-             + (f"  ({e.detail})" if e.detail else ""))
+        out(f"{e.status:<12} {e.kind:<9} {_size(e.size):>10}  {e.path}"
+            + (f"  ({e.detail})" if e.detail else ""))
 
 
 def _cache_list(args: argparse.Namespace) -> int:
-    from localllm.cli import emit_json
     from localllm.managed.cache import cache_layout
     from localllm.managed.inventory import list_cache
     from localllm.managed.pins import load_pins
@@ -95,13 +97,12 @@ def _cache_list(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"cache_dir": str(layout.root), "entries": [e.to_json() for e in entries]})
     else:
-        _out(f"cache: {layout.root}")
+        out(f"cache: {layout.root}")
         _table(entries)
-    return 0
+    return EXIT_OK
 
 
 def _cache_verify(args: argparse.Namespace) -> int:
-    from localllm.cli import emit_json, err
     from localllm.managed.acquire import mirrors_with
     from localllm.managed.cache import cache_layout
     from localllm.managed.inventory import verify_cache
@@ -116,12 +117,11 @@ def _cache_verify(args: argparse.Namespace) -> int:
         _table(entries)
     if bad:
         err(f"localllm: error: {len(bad)} corrupted cache entr{'y' if len(bad) == 1 else 'ies'} remain")
-        return 1
-    return 0
+        return EXIT_FAILED
+    return EXIT_OK
 
 
 def _cache_prune(args: argparse.Namespace) -> int:
-    from localllm.cli import emit_json
     from localllm.managed.cache import cache_layout
     from localllm.managed.inventory import prune_cache
     from localllm.managed.pins import load_pins
@@ -133,12 +133,11 @@ def _cache_prune(args: argparse.Namespace) -> int:
     else:
         _table(removed)
         verb = "would free" if args.dry_run else "freed"
-        _out(f"{len(removed)} entries, {verb} {human_size(sum(e.size for e in removed))}")
-    return 0
+        out(f"{len(removed)} entries, {verb} {_size(sum(e.size for e in removed))}")
+    return EXIT_OK
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from localllm.cli import emit_json
     from localllm.managed.cache import cache_layout
     from localllm.managed.doctor import report
     from localllm.managed.pins import load_pins
@@ -146,29 +145,29 @@ def _doctor(args: argparse.Namespace) -> int:
     data = report(load_pins(), cache_layout())
     if args.json:
         emit_json(data)
-        return 0
-    _out(f"platform      {data['platform']}  ({data['os']}, python {data['python']})")
-    _out(f"glibc         {data['glibc'] or '-'}")
+        return EXIT_OK
+    out(f"platform      {data['platform']}  ({data['os']}, python {data['python']})")
+    out(f"glibc         {data['glibc'] or '-'}")
     cxx = data["libstdcxx"]
     if cxx:
         need = "shim needed" if cxx["shim_needed"] else "no shim needed"
-        _out(f"libstdc++     {cxx['path'] or 'not found'}: {cxx['highest']}; prebuilt needs "
+        out(f"libstdc++     {cxx['path'] or 'not found'}: {cxx['highest']}; prebuilt needs "
              f"{cxx['server_needs']} ({need}; shim pin {cxx['shim_pin'] or 'none'})")
     p = data["pins"]
-    _out(f"pins          {p['file']}")
-    _out(f"  server      {p['server_release']}: prebuilt for this platform: "
+    out(f"pins          {p['file']}")
+    out(f"  server      {p['server_release']}: prebuilt for this platform: "
          f"{p['prebuilt_for_platform'] or 'none (use --from-source or endpoint mode)'}; source {p['source']}")
     for mid, m in p["models"].items():
         default = " (default chat)" if mid == p["default_chat"] else ""
-        _out(f"  model       {mid}{default}: {m['role']}, {m['pin']}, {'cached' if m['cached'] else 'not cached'}")
+        out(f"  model       {mid}{default}: {m['role']}, {m['pin']}, {'cached' if m['cached'] else 'not cached'}")
     s = data["settings"]
-    _out(f"cache         {s['cache_dir']}")
-    _out(f"mirrors       {', '.join(s['mirrors']) or '-'}; offline {s['offline']}; "
+    out(f"cache         {s['cache_dir']}")
+    out(f"mirrors       {', '.join(s['mirrors']) or '-'}; offline {s['offline']}; "
          f"LOCALLLM_SERVER_BIN {s['server_bin'] or '-'}")
     srv = data["server"]
-    _out(f"llama-server  {srv['binary'] + ' (' + srv['source'] + ')' if srv else 'not cached'}")
+    out(f"llama-server  {srv['binary'] + ' (' + srv['source'] + ')' if srv else 'not cached'}")
     for e in data["cache"]:
-        _out(f"  cached      {e['status']:<10} {e['kind']:<9} {human_size(e['size']):>10}  {e['path']}")
+        out(f"  cached      {e['status']:<10} {e['kind']:<9} {_size(e['size']):>10}  {e['path']}")
     for name, tool in data["build_tools"].items():
-        _out(f"{name:<13} {tool['path'] + ' (' + (tool['version'] or '?') + ')' if tool else 'missing'}")
-    return 0
+        out(f"{name:<13} {tool['path'] + ' (' + (tool['version'] or '?') + ')' if tool else 'missing'}")
+    return EXIT_OK

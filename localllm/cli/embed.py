@@ -6,51 +6,51 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from localllm.errors import ConfigError, ConfigProblem
+from localllm.cli.foundation import add_config_option, load
+from localllm.cli.output import EXIT_FAILED, EXIT_OK, UsageError, emit_json, err, out, warn
 
 if TYPE_CHECKING:
     from localllm.config import Config
     from localllm.embed.local import LocalEmbedder
 
 
-def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("embed", help="embed texts with a declared embedder; one JSON vector per line")
+def _setup_embed(p: argparse.ArgumentParser) -> None:
     p.add_argument("texts", nargs="+", metavar="TEXT")
-    p.add_argument("--config", required=True, type=Path)
-    p.add_argument("--embedder", required=True, help="a name under embedders:")
+    add_config_option(p)
+    p.add_argument("--embedder", required=True, metavar="NAME", help="a name under embedders:")
     p.add_argument("--role", choices=("query", "document"), default="document",
                    help="which prefix the model gets (default: document)")
     p.add_argument("--json", action="store_true", help="one JSON document with model, dims and vectors")
     p.set_defaults(handler=_embed)
 
-    p = sub.add_parser("search", help="semantic search over files; prints score, path#chunk and a snippet")
+
+def _setup_search(p: argparse.ArgumentParser) -> None:
     p.add_argument("query", metavar="QUERY")
-    p.add_argument("--config", required=True, type=Path)
-    p.add_argument("--embedder", required=True, help="a name under embedders:")
+    add_config_option(p)
+    p.add_argument("--embedder", required=True, metavar="NAME", help="a name under embedders:")
     p.add_argument("--corpus", required=True, nargs="+", metavar="GLOB",
                    help="files to search: globs (** recursive) or directories, relative to the current directory")
-    p.add_argument("--top-k", type=int, default=5)
-    p.add_argument("--min-score", type=float, default=0.0)
-    p.add_argument("--window", type=int, default=2000, help="chunk window in bytes (default 2000)")
-    p.add_argument("--overlap", type=int, default=200, help="overlap of consecutive windows in bytes (default 200)")
+    p.add_argument("--top-k", type=int, default=5, metavar="N", help="how many hits (default 5)")
+    p.add_argument("--min-score", type=float, default=0.0, metavar="S", help="drop hits below this cosine")
+    p.add_argument("--window", type=int, default=2000, metavar="B", help="chunk window in bytes (default 2000)")
+    p.add_argument("--overlap", type=int, default=200, metavar="B",
+                   help="overlap of consecutive windows in bytes (default 200)")
     p.add_argument("--no-store", action="store_true", help="embed in memory; do not read or write the store")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the hits as JSON")
     p.set_defaults(handler=_search)
 
-    p = sub.add_parser("route", help="route TEXT to one of the config's intents: (embedding tier, then decide)")
+
+def _setup_route(p: argparse.ArgumentParser) -> None:
     p.add_argument("text", metavar="TEXT")
-    p.add_argument("--config", required=True, type=Path)
-    p.add_argument("--trace", type=Path, help="append the turn.start event (routing provenance) to this trace")
-    p.add_argument("--json", action="store_true")
+    add_config_option(p)
+    p.add_argument("--trace", type=Path, metavar="F", help="append the turn (turn.start, decide call) to this trace")
+    p.add_argument("--json", action="store_true", help="print the verdict as JSON")
     p.set_defaults(handler=_route)
 
 
-def _load(path: Path) -> Config:
-    from localllm.config import load_config
-
-    return load_config(path)
+SETUP = {"embed": _setup_embed, "search": _setup_search, "route": _setup_route}
 
 
 def _embedder(config: Config, name: str) -> LocalEmbedder:
@@ -58,6 +58,8 @@ def _embedder(config: Config, name: str) -> LocalEmbedder:
 
     decl = config.embedders.get(name)
     if decl is None:
+        from localllm.errors import ConfigError, ConfigProblem
+
         known = ", ".join(sorted(config.embedders)) or "none declared"
         raise ConfigError([ConfigProblem(str(config.path), f"embedders.{name}", "is not declared",
                                          f"declared embedders: {known}")])
@@ -65,9 +67,7 @@ def _embedder(config: Config, name: str) -> LocalEmbedder:
 
 
 def _embed(args: argparse.Namespace) -> int:
-    from localllm.cli import emit_json
-
-    config = _load(args.config)
+    config = load(args.config)
     with _embedder(config, args.embedder) as embedder:
         vectors = embedder.embed(list(args.texts), args.role)
         identity = embedder.identity
@@ -77,24 +77,23 @@ def _embed(args: argparse.Namespace) -> int:
     else:
         for row in vectors.tolist():
             sys.stdout.write(json.dumps(row) + "\n")
-    return 0
+    return EXIT_OK
 
 
 def _search(args: argparse.Namespace) -> int:
-    from localllm.cli import UsageError, emit_json, err
     from localllm.embed.corpus import Chunking, search
 
     if args.top_k < 1:
         raise UsageError(f"--top-k must be at least 1, got {args.top_k}")
     if args.window < 1 or not 0 <= args.overlap < args.window:
         raise UsageError(f"need 0 <= --overlap < --window, got --window {args.window} --overlap {args.overlap}")
-    config = _load(args.config)
+    config = load(args.config)
     with _embedder(config, args.embedder) as embedder:
         report = search(args.query, embedder, args.corpus, base_dir=Path.cwd(), top_k=args.top_k,
                         min_score=args.min_score, store=not args.no_store,
                         chunking=Chunking(window=args.window, overlap=args.overlap))
     for pattern in report.unmatched:
-        err(f"localllm: warning: --corpus {pattern!r} matched no files")
+        warn(f"--corpus {pattern!r} matched no files")
     for skipped in report.skipped:
         err(f"localllm: skipped {skipped.path}: {skipped.reason}")
     err(f"localllm: {report.files} files, {report.chunks} chunks, {report.embedded} embedded now")
@@ -110,15 +109,15 @@ def _search(args: argparse.Namespace) -> int:
         for h in report.hits:
             snippet = " ".join(h.text.split())[:100]
             sys.stdout.write(f"{h.score:.4f}  {h.id}  {snippet}\n")
-    return 0
+    return EXIT_OK
 
 
 def _route(args: argparse.Namespace) -> int:
-    from localllm.cli import emit_json
-    from localllm.embed.router import Router, runtime_decide
+    from localllm.embed.router import Router, route_turn, runtime_decide
+    from localllm.errors import ConfigError, ConfigProblem
     from localllm.runtime import Runtime
 
-    config = _load(args.config)
+    config = load(args.config)
     where = str(config.path)
     if not config.intents:
         raise ConfigError([ConfigProblem(where, "intents", "no intents declared", "add intents: with examples:")])
@@ -130,15 +129,11 @@ def _route(args: argparse.Namespace) -> int:
         intents = list(config.intents.values())
         decide = runtime_decide(runtime, decl.agent, intents) if decl.agent else None
         router = Router(intents, embedder, confident=decl.confident, margin=decl.margin, decide=decide)
-        verdict = router.route(args.text)
-        payload = verdict.turn_start_payload()
-        if runtime.trace is not None:
-            runtime.trace.append("turn.start", payload, turn=runtime.turn, state_path="route")
-    out: dict[str, Any] = {**verdict.as_dict(), "turn_start": payload}
+        verdict = route_turn(router, args.text, runtime.trace, turn=runtime.turn)
     if args.json:
-        emit_json(out)
+        emit_json({**verdict.as_dict(), "turn_start": verdict.turn_start_payload()})
     else:
         conf = f"{verdict.confidence:.4f}" if verdict.confidence is not None else "-"
-        sys.stdout.write(f"{verdict.intent or '-'}\t{verdict.outcome}\trouted_by={verdict.routed_by}\t"
-                         f"match_type={verdict.match_type or '-'}\tconfidence={conf}\n")
-    return 0 if verdict.intent is not None else 1
+        out(f"{verdict.intent or '-'}\t{verdict.outcome}\trouted_by={verdict.routed_by}\t"
+            f"match_type={verdict.match_type or '-'}\tconfidence={conf}")
+    return EXIT_OK if verdict.intent is not None else EXIT_FAILED

@@ -9,17 +9,16 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from localllm.plugins.aliases import mcp_agent_decls
-from localllm.plugins.loader import load_agent_plugin
-from localllm.plugins.result import McpServerConfig, PluginLoaded, PluginLoadResult
+from localllm.cli.output import EXIT_FAILED, EXIT_OK, emit_json
+
+if TYPE_CHECKING:
+    from localllm.plugins.result import McpServerConfig, PluginLoadResult
 
 
-def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``plugins check``."""
-    plugins = sub.add_parser("plugins", help="Agent Plugins directories (plugin.json, skills/, mcp.json, flows/)")
-    psub = plugins.add_subparsers(dest="plugins_command", metavar="SUBCOMMAND")
+def _setup(parser: argparse.ArgumentParser) -> None:
+    psub = parser.add_subparsers(dest="plugins_command", metavar="SUBCOMMAND", required=True)
     check = psub.add_parser(
         "check",
         help="load a plugin directory and print what loaded and every diagnostic",
@@ -27,36 +26,36 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "1 if it is rejected.",
     )
     check.add_argument("dir", metavar="DIR", type=Path, help="the plugin root (the directory with plugin.json)")
-    check.add_argument("--data-root", type=Path, default=None,
+    check.add_argument("--data-root", type=Path, default=None, metavar="D",
                        help="parent of PLUGIN_DATA directories (default: DIR/../data)")
     check.add_argument("--json", action="store_true", help="print the result as JSON")
     check.set_defaults(handler=_check)
-    plugins.set_defaults(handler=lambda _args: _usage(plugins))
 
 
-def _usage(parser: argparse.ArgumentParser) -> int:
-    parser.print_help(sys.stderr)
-    return 2
+SETUP = {"plugins": _setup}
 
 
 def _check(args: argparse.Namespace) -> int:
+    from localllm.plugins.loader import load_agent_plugin
+
     result = load_agent_plugin(args.dir, data_root=args.data_root)
     if args.json:
-        from localllm.cli import emit_json
-
         emit_json(result_to_json(result))
     else:
         sys.stdout.write(render_text(result))
-    return 0 if result.ok else 1
+    return EXIT_OK if result.ok else EXIT_FAILED
 
 
 def result_to_json(result: PluginLoadResult) -> dict[str, Any]:
     """The load result as a JSON object; secret values are omitted."""
-    out: dict[str, Any] = {"ok": result.ok, "root": str(result.root)}
+    from localllm.plugins.aliases import mcp_agent_decls
+    from localllm.plugins.result import PluginLoaded
+
+    doc: dict[str, Any] = {"ok": result.ok, "root": str(result.root)}
     if isinstance(result, PluginLoaded):
         m = result.manifest
         aliases = {id(server): alias for alias, server in mcp_agent_decls(result)}
-        out.update({
+        doc.update({
             "data_dir": str(result.data_dir),
             "manifest": {"name": m.name, "version": m.version, "description": m.description},
             "skills": [{"name": s.name, "description": s.description, "path": str(s.path)} for s in result.skills],
@@ -64,8 +63,8 @@ def result_to_json(result: PluginLoadResult) -> dict[str, Any]:
             "flows": [{"name": f.name, "start": f.start, "nodes": len(f.node_ids), "origin": f.origin}
                       for f in result.flows],
         })
-    out["diagnostics"] = [d.to_json() for d in result.diagnostics]
-    return out
+    doc["diagnostics"] = [d.to_json() for d in result.diagnostics]
+    return doc
 
 
 def _server_json(server: McpServerConfig, alias: str) -> dict[str, Any]:
@@ -84,6 +83,9 @@ def _server_json(server: McpServerConfig, alias: str) -> dict[str, Any]:
 
 def render_text(result: PluginLoadResult) -> str:
     """The human-readable report of ``plugins check``."""
+    from localllm.plugins.aliases import mcp_agent_decls
+    from localllm.plugins.result import PluginLoaded
+
     lines: list[str] = []
     if isinstance(result, PluginLoaded):
         m = result.manifest

@@ -1,0 +1,189 @@
+"""``localllm …``: the command table, the parser, and the one error → exit-code wrapper.
+
+The table names each command's module and summary (pip's ``CommandInfo``); only the
+module of the command being run is imported, so ``localllm --help`` and
+``localllm --version`` import no subsystem. Each command module exposes ``SETUP``:
+command name → a function that adds the command's arguments and sets ``handler``.
+
+Exit codes: 0 success, 1 the operation failed, 2 bad usage or bad config, 130 interrupted.
+A known error is one line plus a hint (or, with ``--json``, one JSON object on stdout);
+a traceback only with ``LOCALLLM_DEBUG=1``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import re
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from localllm import settings
+from localllm._version import __version__
+from localllm.cli.output import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PREFIX, UsageError, emit_json, err, warn
+from localllm.errors import AgentError, ConfigError, LocalLLMError, SchemaError
+
+Handler = Callable[[argparse.Namespace], int]
+Setup = Callable[[argparse.ArgumentParser], None]
+
+
+@dataclass(frozen=True)
+class CommandInfo:
+    """Where a command lives and the one line ``--help`` shows for it."""
+
+    module: str
+    summary: str
+
+
+COMMANDS: dict[str, CommandInfo] = {
+    "check": CommandInfo("localllm.cli.foundation", "run every load-time check on a config file"),
+    "call": CommandInfo("localllm.cli.foundation", "ask an agent a verb and print the validated submission"),
+    "run": CommandInfo("localllm.cli.foundation", "run a named gate from the config"),
+    "fetch": CommandInfo("localllm.cli.artifacts", "pre-warm the cache: llama-server or a model's GGUF"),
+    "cache": CommandInfo("localllm.cli.artifacts", "list, verify or prune the artifact cache"),
+    "doctor": CommandInfo("localllm.cli.artifacts", "platform, glibc/GLIBCXX, pins, cache, build tools"),
+    "grammar": CommandInfo("localllm.cli.grammar", "the llama.cpp grammar subset: check schema files"),
+    "embed": CommandInfo("localllm.cli.embed", "embed texts with a declared embedder; one JSON vector per line"),
+    "search": CommandInfo("localllm.cli.embed", "semantic search over files: score, path#chunk, snippet"),
+    "route": CommandInfo("localllm.cli.embed", "route TEXT to one of the config's intents (embeddings, then decide)"),
+    "plugins": CommandInfo("localllm.cli.plugins", "Agent Plugins directories: load one and show what survived"),
+    "trace": CommandInfo("localllm.cli.trace", "verify, show or summarise a JSONL trace"),
+}
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are ``UsageError`` (so ``--json`` can report them)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message, hint=f"see `{self.prog} --help`", usage=self.format_usage())
+
+
+def build_parser(command: str | None = None) -> Parser:
+    """The parser; only ``command``'s module is imported and its arguments added."""
+    parser = Parser(prog="localllm", description="Small local models as a dependable part of an agent runtime.")
+    parser.add_argument("--version", action="version", version=f"localllm {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    for name, info in COMMANDS.items():
+        child = sub.add_parser(name, help=info.summary, description=info.summary)
+        if name == command:
+            setup: Setup = importlib.import_module(info.module).SETUP[name]
+            setup(child)
+    return parser
+
+
+def _command_of(argv: Sequence[str]) -> str | None:
+    # the top-level parser takes no option with a value, so the first bare word is the command
+    for token in argv:
+        if token == "--":
+            return None
+        if not token.startswith("-"):
+            return token if token in COMMANDS else None
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns the exit code (the console script exits with it)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    as_json = "--json" in argv
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning
+        try:
+            args = _parse(argv)
+            if isinstance(args, int):
+                return args
+            as_json = bool(getattr(args, "json", False))
+            handler: Handler | None = getattr(args, "handler", None)
+            if handler is None:
+                build_parser().print_help(sys.stderr)
+                return EXIT_USAGE
+            return handler(args)
+        except LocalLLMError as exc:
+            if settings.debug():
+                raise
+            return report_error(exc, as_json=as_json)
+        except KeyboardInterrupt:
+            err(f"{PREFIX}interrupted")
+            return 130
+        except BrokenPipeError:
+            return EXIT_OK
+        except Exception as exc:
+            # The library's last boundary is Runtime; anything here is a localllm bug.
+            if settings.debug():
+                raise
+            return report_error(exc, as_json=as_json)
+
+
+def _parse(argv: list[str]) -> argparse.Namespace | int:
+    """The parsed arguments, or the exit code of ``--help`` / ``--version``."""
+    try:
+        return build_parser(_command_of(argv)).parse_args(argv)
+    except SystemExit as exc:  # argparse's own exits: --help and --version print, then exit 0
+        return exc.code if isinstance(exc.code, int) else EXIT_OK
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def kind_of(exc: BaseException) -> str:
+    """``schema_invalid`` … for an AgentError; else the class name in snake case (``config_error``)."""
+    if isinstance(exc, AgentError):
+        return exc.kind.value
+    if not isinstance(exc, LocalLLMError):
+        return "internal_error"
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", type(exc).__name__).lower()
+
+
+def exit_code_of(exc: BaseException) -> int:
+    """2 for bad usage or bad config, 1 for everything else."""
+    return EXIT_USAGE if isinstance(exc, (ConfigError, SchemaError, UsageError)) else EXIT_FAILED
+
+
+def error_document(exc: BaseException) -> dict[str, Any]:
+    """The ``--json`` form of a failure: ``{"ok": false, "kind", "detail", "hint"}`` (+ ``problems``)."""
+    if isinstance(exc, AgentError):
+        detail = exc.detail
+    elif isinstance(exc, LocalLLMError):
+        detail = str(exc)
+    else:
+        detail = f"{type(exc).__name__}: {exc}"
+    doc: dict[str, Any] = {"ok": False, "kind": kind_of(exc), "detail": detail, "hint": _hint(exc)}
+    if isinstance(exc, ConfigError):
+        doc["problems"] = [{"file": p.file, "key": p.key, "message": p.message, "hint": p.hint}
+                           for p in exc.problems]
+    return doc
+
+
+def _hint(exc: BaseException) -> str:
+    if isinstance(exc, LocalLLMError):
+        return exc.hint
+    return "this is a bug in localllm; run again with LOCALLLM_DEBUG=1 for the traceback and report it"
+
+
+def report_error(exc: BaseException, *, as_json: bool) -> int:
+    """Print ``exc`` once — JSON on stdout with ``--json``, else a line and a hint on stderr."""
+    code = exit_code_of(exc)
+    if as_json:
+        emit_json(error_document(exc))
+        return code
+    if isinstance(exc, UsageError) and exc.usage:
+        sys.stderr.write(exc.usage)
+    if isinstance(exc, ConfigError):
+        err(f"{PREFIX}error: {len(exc.problems)} problem(s) in config:")
+        for problem in exc.problems:
+            err(f"  {problem}")
+        return code
+    detail = error_document(exc)["detail"]
+    err(f"{PREFIX}error: {exc if isinstance(exc, AgentError) else detail}")
+    hint = _hint(exc)
+    if hint:
+        err(f"hint: {hint}")
+    return code
+
+
+def _show_warning(message: Warning | str, *_where: Any, **_kw: Any) -> None:
+    # warnings.showwarning's signature; a warning is news for the user, not a source
+    # location: one line, without file:lineno or the warning's class.
+    warn(" ".join(str(message).split()))

@@ -1,0 +1,158 @@
+"""``localllm check | call | run``: load a config, then ask an agent or run a gate."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from localllm.cli.output import EXIT_OK, UsageError, emit_json, err, out, parse_kv
+
+if TYPE_CHECKING:
+    from localllm.config import Config
+    from localllm.runtime import Runtime
+    from localllm.wire import CallResult
+
+
+
+def add_config_option(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
+    """``-c/--config FILE``: the one spelling every command that reads a config accepts."""
+    parser.add_argument("-c", "--config", type=Path, required=required, metavar="FILE",
+                        help="the config file (localllm.yaml)")
+
+
+def _setup_check(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config_file", nargs="?", type=Path, metavar="CONFIG", help="the config file")
+    add_config_option(parser, required=False)
+    parser.add_argument("--json", action="store_true", help="print the loaded summary as JSON")
+    parser.set_defaults(handler=_check)
+
+
+def _setup_call(parser: argparse.ArgumentParser) -> None:
+    from localllm.wire import VERBS
+
+    parser.add_argument("verb", choices=VERBS)
+    add_config_option(parser)
+    parser.add_argument("--agent", required=True, help="agent alias, e.g. agent.local")
+    prompt = parser.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", help="prompt text ({{ args.NAME }} / {{ world.NAME }} templates allowed)")
+    prompt.add_argument("--prompt-file", type=Path, metavar="F", help="read the prompt from this file")
+    parser.add_argument("--schema", type=Path, metavar="F", help="JSON Schema file the answer must satisfy")
+    parser.add_argument("--timeout", type=float, metavar="S", help="hard cap in seconds")
+    _common_call_args(parser)
+    parser.set_defaults(handler=_call)
+
+
+def _setup_run(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("gate")
+    add_config_option(parser)
+    _common_call_args(parser)
+    parser.set_defaults(handler=_run)
+
+
+def _common_call_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--arg", action="append", metavar="K=V", help="template argument (repeatable)")
+    parser.add_argument("--world", action="append", metavar="K=V", help="world value for {{ world.K }} (repeatable)")
+    parser.add_argument("--cassette", type=Path, metavar="F", help="replay this cassette instead of the agent")
+    parser.add_argument("--trace", type=Path, metavar="F", help="append the call's events to this JSONL trace")
+    parser.add_argument("--json", action="store_true", help="print submission, meta and call_id as JSON")
+
+
+SETUP = {"check": _setup_check, "call": _setup_call, "run": _setup_run}
+
+
+def load(path: Path) -> Config:
+    """``load_config`` (ConfigError lists every problem; the CLI exits 2)."""
+    from localllm.config import load_config
+
+    return load_config(path)
+
+
+def _check(args: argparse.Namespace) -> int:
+    given = {p for p in (args.config_file, args.config) if p is not None}
+    if len(given) != 1:
+        raise UsageError("check needs exactly one config file" if not given else
+                         f"two different configs given: {args.config_file} and {args.config}",
+                         hint="localllm check CONFIG  (or: localllm check -c CONFIG)")
+    config = load(given.pop())
+    summary: dict[str, Any] = {
+        "config": str(config.path),
+        "app_id": config.app_id,
+        "agents": {alias: decl.plugin for alias, decl in config.agents.items()},
+        "gates": {name: {"verb": g.verb, "agent": g.agent} for name, g in config.gates.items()},
+        "embedders": sorted(config.embedders),
+        "intents": sorted(config.intents),
+    }
+    if args.json:
+        emit_json(summary)
+    else:
+        out(f"{config.path}: ok ({len(config.agents)} agents, {len(config.gates)} gates, "
+            f"{len(config.embedders)} embedders)")
+    return EXIT_OK
+
+
+def _call(args: argparse.Namespace) -> int:
+    config = load(args.config)
+    if args.prompt_file is not None:
+        try:
+            prompt = args.prompt_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"cannot read --prompt-file {args.prompt_file}: {exc}") from exc
+    else:
+        prompt = args.prompt
+    schema = args.schema.resolve() if args.schema is not None else None
+    if schema is not None and not schema.is_file():
+        raise UsageError(f"--schema {args.schema}: file not found")
+    call_args, world = parse_kv(args.arg), parse_kv(args.world, flag="--world")
+
+    def ask(runtime: Runtime) -> CallResult:
+        return runtime.call(args.verb, agent=args.agent, prompt=prompt, schema=schema, args=call_args,
+                            world=world, timeout=args.timeout)
+
+    return _run_and_print(config, args, args.agent, ask)
+
+
+def _run(args: argparse.Namespace) -> int:
+    config = load(args.config)
+    gate = config.gates.get(args.gate)
+    alias = gate.agent if gate is not None else None  # an unknown gate is run_gate's error to report
+    call_args, world = parse_kv(args.arg), parse_kv(args.world, flag="--world")
+    return _run_and_print(config, args, alias, lambda runtime: runtime.run_gate(args.gate, call_args, world))
+
+
+def _run_and_print(config: Config, args: argparse.Namespace, alias: str | None,
+                   work: Callable[[Runtime], CallResult]) -> int:
+    """Run one call in a fresh Runtime (``--cassette`` replaces ``alias``), print the result.
+
+    The trace path is named on stderr either way: a failed call's events are in it too.
+    """
+    from localllm.runtime import Runtime
+
+    try:
+        with Runtime(config, trace=args.trace) as runtime:
+            if args.cassette is not None and alias is not None:
+                from localllm.agents.cassette import CassetteAgent
+
+                runtime.register_agent(alias, CassetteAgent(args.cassette, alias=alias))
+            result = work(runtime)
+    finally:
+        if args.trace is not None:
+            sys.stderr.write(f"trace: {args.trace}\n")
+    _print_result(result, args.json)
+    return EXIT_OK
+
+
+def _print_result(result: CallResult, as_json: bool) -> None:
+    if as_json:
+        emit_json({"ok": result.ok, "submission": result.submission, "meta": result.meta,
+                   "call_id": result.call_id, "agent": result.agent, "exit_code": result.exit_code})
+        return
+    value = result.submission
+    if isinstance(value, str):
+        out(value)
+    else:
+        emit_json(value)
+    original = result.meta.get("fallback_of")
+    err(f"answered by: {result.agent}" + (f" (fallback from {original})" if original else ""))

@@ -1,0 +1,88 @@
+"""``localllm grammar check SCHEMA...``: the subset verdict for each schema file.
+
+A grammar corpus entry (``{"description", "schema", "verdict", ...}``, see grammar/README.md)
+is recognised: its inner ``schema`` is checked and the recorded verdict is shown beside ours.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from localllm.cli.output import EXIT_FAILED, EXIT_OK, emit_json, out
+
+if TYPE_CHECKING:
+    from localllm.grammar.subset import Violation
+
+
+def _setup(parser: argparse.ArgumentParser) -> None:
+    gsub = parser.add_subparsers(dest="grammar_command", metavar="COMMAND", required=True)
+    check = gsub.add_parser(
+        "check",
+        help="will llama-server enforce every structural constraint of these schemas?",
+        description="Print the verdict (ok, warning-only, error) of each schema file and every "
+        "finding. A grammar corpus entry is checked by its inner schema. Exit 0 when all are in the "
+        "subset (warnings allowed), 1 when any has an error, 2 when a file cannot be read or is not "
+        "a JSON Schema object.",
+    )
+    check.add_argument("schemas", nargs="+", type=Path, metavar="SCHEMA")
+    check.add_argument("--json", action="store_true", help="print the results as JSON")
+    check.set_defaults(handler=_check)
+
+
+SETUP = {"grammar": _setup}
+
+
+def verdict(findings: list[Violation]) -> str:
+    """``error`` if any finding is an error, ``warning-only`` if all are warnings, else ``ok``."""
+    if any(v.severity == "error" for v in findings):
+        return "error"
+    return "warning-only" if findings else "ok"
+
+
+def unwrap_corpus_entry(path: Path, doc: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """``(schema, recorded verdict)``: a corpus entry's inner schema, or ``(doc, None)`` for a plain schema.
+
+    An entry has both ``schema`` and ``verdict`` at the top (neither is a JSON Schema
+    keyword); one whose ``schema`` is not an object is refused (``SchemaError``).
+    """
+    from localllm.errors import SchemaError
+
+    if "schema" not in doc or "verdict" not in doc:
+        return doc, None
+    inner, recorded = doc["schema"], doc["verdict"]
+    if not isinstance(inner, dict):
+        raise SchemaError(f"{path}: looks like a grammar corpus entry (has \"schema\" and \"verdict\"), "
+                          f"but its \"schema\" is a {type(inner).__name__}, not a JSON Schema object")
+    return inner, recorded if isinstance(recorded, str) else repr(recorded)
+
+
+def _check(args: argparse.Namespace) -> int:
+    from localllm.grammar.subset import check_subset
+    from localllm.schema import read_schema_file
+
+    # Read everything first: an unreadable file is a usage error (exit 2) before any verdict.
+    loaded = [(path, *unwrap_corpus_entry(path, read_schema_file(path))) for path in args.schemas]
+    results: list[dict[str, Any]] = []
+    for path, schema, recorded in loaded:
+        findings = check_subset(schema)
+        result: dict[str, Any] = {"file": str(path), "verdict": verdict(findings),
+                                  "findings": [asdict(v) for v in findings]}
+        if recorded is not None:
+            result["corpus_verdict"] = recorded
+        results.append(result)
+    if args.json:
+        emit_json(results)
+    else:
+        for result in results:
+            findings = result["findings"]
+            errors = sum(1 for f in findings if f["severity"] == "error")
+            counts = f" ({errors} error(s), {len(findings) - errors} warning(s))" if findings else ""
+            recorded = result.get("corpus_verdict")
+            entry = f"  [corpus entry; recorded verdict: {recorded}]" if recorded is not None else ""
+            out(f"{result['file']}: {result['verdict']}{counts}{entry}")
+            for f in findings:
+                out(f"  {f['severity']:<7} {f['path']}  [{f['construct']}]  {f['message']}")
+    return EXIT_FAILED if any(r["verdict"] == "error" for r in results) else EXIT_OK

@@ -1,0 +1,121 @@
+"""``localllm trace verify | show | stats F``: read-only commands over a trace file."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from localllm.cli.output import EXIT_FAILED, EXIT_OK, emit_json, out, warn
+
+if TYPE_CHECKING:
+    from localllm.trace.reader import Trace
+
+
+def _setup(parser: argparse.ArgumentParser) -> None:
+    tsub = parser.add_subparsers(dest="trace_command", metavar="SUBCOMMAND", required=True)
+
+    verify = tsub.add_parser("verify", help="check every read-time rule and the sidecar files")
+    verify.add_argument("file", type=Path, metavar="F")
+    verify.add_argument("--json", action="store_true", help="print the verdict as JSON")
+    verify.set_defaults(handler=_verify)
+
+    show = tsub.add_parser("show", help="list the events (line, turn, seq, ts, kind, call_id)")
+    show.add_argument("file", type=Path, metavar="F")
+    show.add_argument("--json", action="store_true", help="print the events as JSON")
+    show.add_argument("--kind", action="append", metavar="K", help="only kind K or kinds under K. (repeatable)")
+    show.set_defaults(handler=_show)
+
+    stats = tsub.add_parser("stats", help="counts per kind, agent calls, fallbacks, durations")
+    stats.add_argument("file", type=Path, metavar="F")
+    stats.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    stats.set_defaults(handler=_stats)
+
+
+SETUP = {"trace": _setup}
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from localllm.trace.verify import verify_trace
+
+    report = verify_trace(args.file)
+    if args.json:
+        emit_json(report.to_json())
+    elif report.problems:
+        for problem in report.problems:
+            out(f"{args.file}: {problem}")
+    else:
+        assert report.trace is not None
+        turns = len({ev.turn for ev in report.trace.events})
+        out(f"{args.file}: ok ({len(report.trace.events)} events in {turns} turns)")
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def _show(args: argparse.Namespace) -> int:
+    from localllm.trace.reader import load_object
+
+    trace = _load(args.file)
+    kinds: list[str] = args.kind or []
+    rows = [
+        (index + 2, ev, raw)
+        for index, (ev, raw) in enumerate(zip(trace.events, trace.raw_lines, strict=True))
+        if not kinds or any(ev.kind == k or ev.kind.startswith(k.rstrip(".") + ".") for k in kinds)
+    ]
+    if args.json:
+        emit_json([load_object(raw.decode("utf-8"))[0] for _, _, raw in rows])
+        return EXIT_OK
+    table = [("LINE", "TURN", "SEQ", "TS", "KIND", "CALL_ID")]
+    table += [(str(n), str(ev.turn), str(ev.seq), ev.ts, ev.kind, ev.call_id or "") for n, ev, _ in rows]
+    _print_table(table)
+    return EXIT_OK
+
+
+def _stats(args: argparse.Namespace) -> int:
+    from localllm.trace.stats import trace_stats
+
+    stats = trace_stats(_load(args.file).events)
+    if args.json:
+        emit_json(stats)
+        return EXIT_OK
+    out(f"{args.file}: {stats['events']} events in {stats['turns']} turns")
+    out("")
+    width = max([len(k) for k in stats["kinds"]] + [4])
+    out(f"{'KIND'.ljust(width)}  COUNT")
+    for kind, count in stats["kinds"].items():
+        out(f"{kind.ljust(width)}  {count}")
+    calls = stats["calls"]
+    out("")
+    out(f"agent calls: {calls['total']} (ok {calls['ok']}, error {calls['error']}, "
+        f"fallbacks {calls['fallbacks']}); duration p50 {_ms(calls['p50_ms'])}, p95 {_ms(calls['p95_ms'])}")
+    if stats["agents"]:
+        table = [("AGENT", "CALLS", "OK", "ERROR", "FALLBACKS", "P50_MS", "P95_MS")]
+        table += [(name, str(a["total"]), str(a["ok"]), str(a["error"]), str(a["fallbacks"]),
+                   _ms(a["p50_ms"]), _ms(a["p95_ms"])) for name, a in stats["agents"].items()]
+        out("")
+        _print_table(table)
+    return EXIT_OK
+
+
+def _load(path: Path) -> Trace:
+    """Read for display: a torn last line is a warning on stderr, not fatal."""
+    from localllm.trace.reader import read_trace
+    from localllm.trace.verify import unreadable
+
+    try:
+        trace = read_trace(path, allow_torn=True)
+    except OSError as exc:
+        raise unreadable(path, exc) from exc
+    if trace.torn_tail is not None:
+        warn(f"{path}: torn last line ({len(trace.torn_tail)} bytes) ignored")
+    return trace
+
+
+def _print_table(rows: Sequence[tuple[str, ...]]) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        out("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
