@@ -155,3 +155,73 @@ def test_managed_decl_starts_nothing_until_the_first_embed(tmp_path: Path, monke
         argv = starts[-1]["argv"]
         assert argv[argv.index("-ub") + 1] == "512" and argv[argv.index("--parallel") + 1] == "2"
         assert "--embeddings" in argv and argv[argv.index("--pooling") + 1] == "mean"
+
+
+@pytest.mark.parametrize(("text", "kinds"), [
+    # the decide tier runs: turn.start opens the turn, the decide call's events follow it
+    ("zzz qqq", ["turn.start", "agent.call.start", "agent.call.complete"]),
+    # a semantic route: the turn is turn.start alone, with the whole provenance
+    ("goodbye now", ["turn.start"]),
+])
+def test_route_turn_writes_turn_start_before_the_decide_call(tmp_path: Path, text: str, kinds: list[str]) -> None:
+    from localllm.config import Intent, load_config
+    from localllm.embed.embedder import FakeEmbedder
+    from localllm.embed.router import Router, route_turn, runtime_decide
+    from localllm.runtime import Runtime
+    from localllm.trace import read_trace
+
+    cfg = tmp_path / "app.yaml"
+    cfg.write_text("agent_plugins:\n  agent.decider: {plugin: builtin.inprocess}\n")
+    intents = [Intent("greet", ("hello there",)), Intent("leave", ("goodbye now",))]
+    trace = tmp_path / "route.jsonl"
+    with Runtime(load_config(cfg), trace=trace) as runtime:
+        runtime.register_inprocess("agent.decider", lambda _request: {"intent": "leave"})
+        router = Router(intents, FakeEmbedder(64), decide=runtime_decide(runtime, "agent.decider", intents))
+        verdict = route_turn(router, text, runtime.trace, turn=runtime.turn)
+    assert verdict.intent == "leave"
+    events = read_trace(trace).events
+    assert [e.kind for e in events] == kinds
+    assert [e.seq for e in events] == list(range(len(kinds)))
+    start = events[0].payload
+    assert start["input"] == text
+    if len(kinds) > 1:
+        assert (start["intent"], start["routed_by"], start["match_type"]) == ("", "llm", "decide")
+        assert "direct" not in start
+    else:
+        assert (start["intent"], start["routed_by"], start["direct"]) == ("leave", "semantic", True)
+
+
+def test_route_without_a_trace_records_nothing(tmp_path: Path) -> None:
+    from localllm.config import Intent
+    from localllm.embed.embedder import FakeEmbedder
+    from localllm.embed.router import Router, route_turn
+
+    asked: list[list[str]] = []
+    router = Router([Intent("a", ("alpha",)), Intent("b", ("beta",))], FakeEmbedder(64),
+                    decide=lambda _t, c: asked.append(c) or "b")
+    assert route_turn(router, "zzz", None, turn=1).intent == "b"
+    assert asked == [["a", "b"]]
+
+
+def test_cli_route_opens_the_turn_before_the_decide_call(tmp_path: Path, endpoint: str,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.unit.agents_fixtures.helpers import JSONRPC_AGENT
+
+    cfg = _config(tmp_path, endpoint).with_name("route.yaml")
+    # the decide agent echoes (not an intent): the call fails schema validation, the turn still opens first
+    cfg.write_text(
+        "agent_plugins:\n"
+        f"  agent.decider: {{plugin: subprocess, command: '{sys.executable}', args: ['{JSONRPC_AGENT}']}}\n"
+        "embedders:\n"
+        f"  docs: {{endpoint: '{endpoint}', model: all-minilm-l6-v2}}\n"
+        "intents:\n"
+        "  greet: {examples: ['hello there']}\n"
+        "  leave: {examples: ['goodbye now']}\n"
+        "router: {embedder: docs, agent: agent.decider}\n"
+    )
+    trace = tmp_path / "route.jsonl"
+    assert main(["route", "zzz qqq", "-c", str(cfg), "--trace", str(trace), "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["kind"] == "schema_invalid"
+    events = [json.loads(x) for x in trace.read_text().splitlines()[1:]]
+    assert [e["kind"] for e in events] == ["turn.start", "agent.call.start", "agent.call.error"]
+    assert events[0]["payload"] == {"input": "zzz qqq", "intent": "", "routed_by": "llm", "match_type": "decide"}

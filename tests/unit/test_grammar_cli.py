@@ -78,3 +78,35 @@ def test_runs_as_a_real_command(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 1
     assert '$.pattern: "^\\\\d{3}$" uses "\\d"' in proc.stdout
+
+
+def test_a_corpus_entry_is_checked_by_its_inner_schema(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The wrapper itself is an object with no JSON Schema keywords: checked as-is it would be "ok".
+    entry = write(tmp_path, "entry.json", {"description": "unique tags", "schema": BAD, "verdict": "error",
+                                           "findings": [], "llama": "ignores"})
+    assert main(["grammar", "check", "--json", str(entry)]) == 1
+    [result] = json.loads(capsys.readouterr().out)
+    assert (result["verdict"], result["corpus_verdict"]) == ("error", "error")
+    assert [f["construct"] for f in result["findings"]] == ["uniqueItems"]
+    assert main(["grammar", "check", str(entry)]) == 1
+    assert capsys.readouterr().out.splitlines()[0] == (
+        f"{entry}: error (1 error(s), 0 warning(s))  [corpus entry; recorded verdict: error]")
+
+
+def test_the_shipped_corpus_gets_its_recorded_verdicts(capsys: pytest.CaptureFixture[str]) -> None:
+    corpus = sorted((Path(__file__).resolve().parents[2] / "grammar" / "corpus").glob("*.json"))
+    assert len(corpus) > 10
+    main(["grammar", "check", "--json", *map(str, corpus)])
+    results = json.loads(capsys.readouterr().out)
+    assert [r["verdict"] for r in results] == [r["corpus_verdict"] for r in results]
+    assert {r["verdict"] for r in results} == {"ok", "warning-only", "error"}
+
+
+def test_a_corpus_entry_whose_schema_is_not_an_object_is_refused(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    entry = write(tmp_path, "entry.json", {"description": "broken", "schema": ["not", "a", "schema"],
+                                           "verdict": "ok"})
+    assert main(["grammar", "check", "--json", str(entry)]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["ok"], doc["kind"]) == (False, "schema_error")
+    assert str(entry) in doc["detail"]
