@@ -37,3 +37,28 @@ def test_import_is_cheap_and_has_no_side_effects(tmp_path: object) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
     assert out.stderr == ""
+
+
+def test_import_loads_no_subsystem_until_a_name_is_used() -> None:
+    code = ("import sys, localllm\n"
+            "before = sorted(m for m in sys.modules if m.startswith('localllm'))\n"
+            "from localllm import Runtime, load_config\n"
+            "after = {'localllm.runtime', 'localllm.config'} <= set(sys.modules)\n"
+            "print(','.join(before), after, Runtime.__module__, load_config.__module__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["localllm,localllm._version", "True", "localllm.runtime", "localllm.config"]
+
+
+def test_unknown_attribute_is_an_attribute_error() -> None:
+    import localllm
+
+    with pytest.raises(AttributeError, match="no_such_name"):
+        _ = localllm.no_such_name  # type: ignore[attr-defined]
+    assert set(localllm.__all__) <= set(dir(localllm))
+
+
+def test_version_comes_from_the_leaf_module() -> None:
+    import localllm
+    from localllm._version import __version__
+
+    assert localllm.__version__ == __version__
