@@ -33,11 +33,12 @@ def _setup_check(parser: argparse.ArgumentParser) -> None:
 def _setup_call(parser: argparse.ArgumentParser) -> None:
     from localllm.wire import VERBS
 
-    parser.add_argument("verb", choices=VERBS)
+    parser.add_argument("verb", choices=VERBS, metavar="VERB", help=f"one of {', '.join(VERBS)}")
     add_config_option(parser)
-    parser.add_argument("--agent", required=True, help="agent alias, e.g. agent.local")
+    parser.add_argument("--agent", required=True, metavar="ALIAS", help="agent alias, e.g. agent.local")
     prompt = parser.add_mutually_exclusive_group(required=True)
-    prompt.add_argument("--prompt", help="prompt text ({{ args.NAME }} / {{ world.NAME }} templates allowed)")
+    prompt.add_argument("--prompt", metavar="TEXT",
+                        help="prompt text ({{ args.NAME }} / {{ world.NAME }} templates allowed)")
     prompt.add_argument("--prompt-file", type=Path, metavar="F", help="read the prompt from this file")
     parser.add_argument("--schema", type=Path, metavar="F", help="JSON Schema file the answer must satisfy")
     parser.add_argument("--timeout", type=float, metavar="S", help="hard cap in seconds")
@@ -46,7 +47,7 @@ def _setup_call(parser: argparse.ArgumentParser) -> None:
 
 
 def _setup_run(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("gate")
+    parser.add_argument("gate", metavar="GATE", help="a name under gates:")
     add_config_option(parser)
     _common_call_args(parser)
     parser.set_defaults(handler=_run)

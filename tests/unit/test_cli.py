@@ -286,3 +286,66 @@ def test_warnings_in_a_real_process_are_one_line(tmp_path: Path) -> None:
             "raise SystemExit(main(['trace', 'x']))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert (done.returncode, done.stderr) == (0, "localllm: warning: careful\n")
+
+
+# --------------------------------------------------------------------------- README
+
+
+def _parsers() -> list[tuple[str, Any]]:
+    """(command words, parser) for every command and subcommand."""
+    import argparse
+
+    found: list[tuple[str, Any]] = []
+
+    def walk(words: str, parser: argparse.ArgumentParser) -> None:
+        found.append((words, parser))
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, child in action.choices.items():
+                    walk(f"{words} {name}", child)
+
+    for name in app.COMMANDS:
+        top = app.build_parser(name)
+        [sub] = [a for a in top._actions if isinstance(a, argparse._SubParsersAction)]
+        walk(f"localllm {name}", sub.choices[name])
+    return found
+
+
+def _cli_reference() -> str:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## CLI reference", 1)[1]
+    return section.split("\n## ", 1)[0]
+
+
+def _synopses() -> dict[str, str]:
+    """Each synopsis of the README's CLI block (a ``localllm …`` line and its indented continuations)."""
+    block = _cli_reference().split("```", 2)[1]
+    entries: list[str] = []
+    for line in block.splitlines():
+        if line.startswith("localllm "):
+            entries.append(line)
+        elif line.startswith(" ") and entries:
+            entries[-1] += " " + line.strip()
+    return {" ".join(e.split()[:3]): e for e in entries}
+
+
+def test_readme_cli_reference_lists_every_command_and_flag() -> None:
+    import re
+
+    synopses = list(_synopses().values())
+    missing = []
+    for words, parser in _parsers():
+        if any(a.__class__.__name__ == "_SubParsersAction" for a in parser._actions):
+            continue  # a noun: its subcommands are checked
+        mine = [s for s in synopses if re.match(rf"{re.escape(words)}(?![\w-])", s)]
+        if not mine:
+            missing.append(words)
+            continue
+        for action in parser._actions:
+            flags = [f for f in action.option_strings if f not in ("-h", "--help")]
+            # one spelling of each option is enough (-c for -c/--config; the prose names both)
+            if flags and not any(re.search(rf"(?<![\w-]){re.escape(f)}(?![\w-])", s) for f in flags for s in mine):
+                missing.append(f"{words} {'/'.join(flags)}")
+    assert missing == []
+    assert "`-c/--config FILE`" in _cli_reference()
+    assert "--version" in synopses[0] and "--help" in synopses[0]
