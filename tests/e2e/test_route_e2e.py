@@ -51,7 +51,8 @@ def test_paraphrase_by_embeddings_and_ambiguity_by_decide(tmp_path: Path, manage
     first = [e.kind for e in read_trace(trace).events]
     assert first == ["turn.start"]  # the embedding tier answered: no agent call
     events = read_trace(trace2).events
-    assert [e.kind for e in events] == ["agent.call.start", "agent.call.complete", "turn.start"]
-    assert events[1].payload["meta"]["grammar"] is True
-    assert events[2].payload["routed_by"] == "llm"
+    # turn.start opens the turn; the decide call's events follow it
+    assert [e.kind for e in events] == ["turn.start", "agent.call.start", "agent.call.complete"]
+    assert events[0].payload["routed_by"] == "llm" and events[0].payload["match_type"] == "decide"
+    assert events[2].payload["meta"]["grammar"] is True
     assert main(["trace", "verify", str(trace2)]) == 0
