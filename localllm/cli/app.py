@@ -100,17 +100,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 build_parser().print_help(sys.stderr)
                 return EXIT_USAGE
             return handler(args)
-        except LocalLLMError as exc:
-            if settings.debug():
-                raise
-            return report_error(exc, as_json=as_json)
         except KeyboardInterrupt:
             err(f"{PREFIX}interrupted")
             return 130
-        except BrokenPipeError:
+        except BrokenPipeError:  # `localllm … | head`: the reader has what it wanted
             return EXIT_OK
         except Exception as exc:
-            # The library's last boundary is Runtime; anything here is a localllm bug.
+            # A LocalLLMError is expected; anything else is a localllm bug (Runtime is the
+            # library's last boundary) and still gets one line, not a traceback.
             if settings.debug():
                 raise
             return report_error(exc, as_json=as_json)
@@ -143,44 +140,39 @@ def exit_code_of(exc: BaseException) -> int:
 
 def error_document(exc: BaseException) -> dict[str, Any]:
     """The ``--json`` form of a failure: ``{"ok": false, "kind", "detail", "hint"}`` (+ ``problems``)."""
-    if isinstance(exc, AgentError):
-        detail = exc.detail
-    elif isinstance(exc, LocalLLMError):
-        detail = str(exc)
-    else:
-        detail = f"{type(exc).__name__}: {exc}"
-    doc: dict[str, Any] = {"ok": False, "kind": kind_of(exc), "detail": detail, "hint": _hint(exc)}
+    doc: dict[str, Any] = {"ok": False, "kind": kind_of(exc),
+                           "detail": exc.detail if isinstance(exc, AgentError) else _text(exc), "hint": _hint(exc)}
     if isinstance(exc, ConfigError):
         doc["problems"] = [{"file": p.file, "key": p.key, "message": p.message, "hint": p.hint}
                            for p in exc.problems]
     return doc
 
 
+def report_error(exc: BaseException, *, as_json: bool) -> int:
+    """Print ``exc`` once — JSON on stdout with ``--json``, else a line and a hint on stderr."""
+    if as_json:
+        emit_json(error_document(exc))
+    elif isinstance(exc, ConfigError):
+        err(f"{PREFIX}error: {len(exc.problems)} problem(s) in config:")
+        for problem in exc.problems:
+            err(f"  {problem}")
+    else:
+        if isinstance(exc, UsageError) and exc.usage:
+            sys.stderr.write(exc.usage)
+        err(f"{PREFIX}error: {_text(exc)}")
+        if _hint(exc):
+            err(f"hint: {_hint(exc)}")
+    return exit_code_of(exc)
+
+
+def _text(exc: BaseException) -> str:
+    return str(exc) if isinstance(exc, LocalLLMError) else f"{type(exc).__name__}: {exc}"
+
+
 def _hint(exc: BaseException) -> str:
     if isinstance(exc, LocalLLMError):
         return exc.hint
     return "this is a bug in localllm; run again with LOCALLLM_DEBUG=1 for the traceback and report it"
-
-
-def report_error(exc: BaseException, *, as_json: bool) -> int:
-    """Print ``exc`` once — JSON on stdout with ``--json``, else a line and a hint on stderr."""
-    code = exit_code_of(exc)
-    if as_json:
-        emit_json(error_document(exc))
-        return code
-    if isinstance(exc, UsageError) and exc.usage:
-        sys.stderr.write(exc.usage)
-    if isinstance(exc, ConfigError):
-        err(f"{PREFIX}error: {len(exc.problems)} problem(s) in config:")
-        for problem in exc.problems:
-            err(f"  {problem}")
-        return code
-    detail = error_document(exc)["detail"]
-    err(f"{PREFIX}error: {exc if isinstance(exc, AgentError) else detail}")
-    hint = _hint(exc)
-    if hint:
-        err(f"hint: {hint}")
-    return code
 
 
 def _show_warning(message: Warning | str, *_where: Any, **_kw: Any) -> None:
