@@ -22,8 +22,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "localllm"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # leaf helpers: standard library (and their one foreign library) only
     ("leaf", ("localllm._version", "localllm._fs", "localllm._process", "localllm._http", "localllm._lock",
-              "localllm.redact")),
-    ("core", ("localllm.errors", "localllm.wire", "localllm.settings", "localllm.resources")),
+              "localllm.redact", "localllm.resources")),
+    ("core", ("localllm.errors", "localllm.wire", "localllm.settings")),
     # the JSONL sink and reader, call_id, sidecar files, verify/stats: low-level, used by
     # agents (transcripts), the runtime and the CLI; they know nothing of calls or config
     ("trace", ("localllm.trace",)),
@@ -33,6 +33,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("managed", ("localllm.managed",)),
     # Agent Plugins directories: parsed into declarations the transports then run
     ("plugins", ("localllm.plugins",)),
+    # load_config: the data-only config plus the checks that need schema, grammar and plugins
+    ("loading", ("localllm.loading",)),
     ("agents", ("localllm.agents", "localllm.embed")),
     # the recorder observes calls for the runtime, which owns and notifies it: just below it
     ("recorder", ("localllm.trace.recorder",)),
