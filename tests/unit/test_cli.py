@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from localllm._version import __version__
-from localllm.cli import app, main
+from localllm.cli import UsageError, app, main
 from localllm.errors import AgentError, ErrorKind, TraceCorrupted
 
 SCHEMA = {"type": "object", "properties": {"verdict": {"enum": ["yes", "no"]}}, "required": ["verdict"]}
@@ -226,7 +226,7 @@ def test_fetch_model_without_an_id_downloads_nothing(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("exc", "kind", "code"), [
     (AgentError(ErrorKind.TRANSPORT_ERROR, "down"), "transport_error", 1),
     (TraceCorrupted("trace corrupted: bad line"), "trace_corrupted", 1),
-    (app.UsageError("no"), "usage_error", 2),
+    (UsageError("no"), "usage_error", 2),
     (KeyError("surprise"), "internal_error", 1),
 ])
 def test_error_kinds_and_exit_codes(exc: Exception, kind: str, code: int, monkeypatch: pytest.MonkeyPatch,

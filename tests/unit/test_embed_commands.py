@@ -197,8 +197,12 @@ def test_route_without_a_trace_records_nothing(tmp_path: Path) -> None:
     from localllm.embed.router import Router, route_turn
 
     asked: list[list[str]] = []
-    router = Router([Intent("a", ("alpha",)), Intent("b", ("beta",))], FakeEmbedder(64),
-                    decide=lambda _t, c: asked.append(c) or "b")
+
+    def decide(_text: str, candidates: list[str]) -> str:
+        asked.append(candidates)
+        return "b"
+
+    router = Router([Intent("a", ("alpha",)), Intent("b", ("beta",))], FakeEmbedder(64), decide=decide)
     assert route_turn(router, "zzz", None, turn=1).intent == "b"
     assert asked == [["a", "b"]]
 
