@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -76,7 +75,7 @@ def _embed(args: argparse.Namespace) -> int:
                    "vectors": vectors.tolist()})
     else:
         for row in vectors.tolist():
-            sys.stdout.write(json.dumps(row) + "\n")
+            out(json.dumps(row))
     return EXIT_OK
 
 
@@ -108,7 +107,7 @@ def _search(args: argparse.Namespace) -> int:
     else:
         for h in report.hits:
             snippet = " ".join(h.text.split())[:100]
-            sys.stdout.write(f"{h.score:.4f}  {h.id}  {snippet}\n")
+            out(f"{h.score:.4f}  {h.id}  {snippet}")
     return EXIT_OK
 
 

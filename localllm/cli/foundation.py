@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -140,7 +139,7 @@ def _run_and_print(config: Config, args: argparse.Namespace, alias: str | None,
             result = work(runtime)
     finally:
         if args.trace is not None:
-            sys.stderr.write(f"trace: {args.trace}\n")
+            err(f"trace: {args.trace}")
     _print_result(result, args.json)
     return EXIT_OK
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TextIO
 
 from localllm.errors import LocalLLMError
 
@@ -31,18 +31,33 @@ class UsageError(LocalLLMError):
 
 
 def emit_json(data: Any) -> None:
-    """Write one JSON document to stdout."""
-    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    """Write one JSON document to stdout.
+
+    Text the stream cannot encode (a lone surrogate from a hostile file, or a non-UTF-8
+    terminal) is written as JSON ``\\uXXXX`` escapes: still the same document.
+    """
+    try:
+        sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    except UnicodeEncodeError:  # nothing was written: the encoder fails before the write
+        sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=True) + "\n")
 
 
 def out(line: str) -> None:
-    """One line of data on stdout."""
-    sys.stdout.write(line + "\n")
+    """One line of data on stdout; what the stream cannot encode is backslash-escaped."""
+    _write(sys.stdout, line + "\n")
 
 
 def err(message: str) -> None:
-    """One message on stderr."""
-    sys.stderr.write(message + "\n")
+    """One message on stderr; what the stream cannot encode is backslash-escaped."""
+    _write(sys.stderr, message + "\n")
+
+
+def _write(stream: TextIO, text: str) -> None:
+    try:
+        stream.write(text)
+    except UnicodeEncodeError:
+        encoding = getattr(stream, "encoding", None) or "utf-8"
+        stream.write(text.encode(encoding, "backslashreplace").decode(encoding))
 
 
 def warn(message: str) -> None:

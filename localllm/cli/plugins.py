@@ -7,11 +7,10 @@ Credentials never reach the output: ``env`` and ``headers`` are shown by name on
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from localllm.cli.output import EXIT_FAILED, EXIT_OK, emit_json
+from localllm.cli.output import EXIT_FAILED, EXIT_OK, emit_json, out
 
 if TYPE_CHECKING:
     from localllm.plugins.result import McpServerConfig, PluginLoadResult
@@ -42,7 +41,7 @@ def _check(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(result_to_json(result))
     else:
-        sys.stdout.write(render_text(result))
+        out(render_text(result).removesuffix("\n"))
     return EXIT_OK if result.ok else EXIT_FAILED
 
 

@@ -350,3 +350,36 @@ def test_readme_cli_reference_lists_every_command_and_flag() -> None:
     assert missing == []
     assert "`-c/--config FILE`" in _cli_reference()
     assert "--version" in synopses[0] and "--help" in synopses[0]
+
+
+def test_text_the_terminal_cannot_encode_is_escaped_not_a_crash(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    # a lone surrogate in a plugin's description (JSON "\ud800" is legal) reaches the output
+    plugin = tmp_path / "p"
+    plugin.mkdir()
+    (plugin / "plugin.json").write_text(
+        '{"$schema": "https://agent-plugins.org/schemas/1.0.0/plugin.schema.json", "name": "p", '
+        '"version": "1.0.0", "description": "bad \\ud800 desc"}')
+    code = main(["plugins", "check", str(plugin), "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert doc.get("kind") != "internal_error"
+    assert code == (0 if doc["ok"] else 1)
+    assert doc["manifest"]["description"] == "bad \ud800 desc"  # the same document, escaped
+    assert main(["plugins", "check", str(plugin)]) == code
+    out = capsys.readouterr().out
+    assert out.startswith("ok: p 1.0.0")
+
+
+def test_output_helpers_escape_what_the_stream_cannot_encode(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from localllm.cli.output import emit_json, out
+
+    raw = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding="ascii", write_through=True))
+    out("caf\xe9 \ud800")
+    emit_json({"k": "caf\xe9 \ud800"})
+    text = raw.getvalue().decode("ascii")
+    line, document = text.split("\n", 1)
+    assert line == "caf\\xe9 \\ud800"
+    assert json.loads(document) == {"k": "caf\xe9 \ud800"}
