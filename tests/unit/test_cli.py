@@ -383,3 +383,39 @@ def test_output_helpers_escape_what_the_stream_cannot_encode(monkeypatch: pytest
     line, document = text.split("\n", 1)
     assert line == "caf\\xe9 \\ud800"
     assert json.loads(document) == {"k": "caf\xe9 \ud800"}
+
+
+def test_generated_command_lines_never_crash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any argv built from the real commands and flags: exit 0/1/2, one message, never an internal error."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    monkeypatch.setenv("LOCALLLM_OFFLINE", "1")  # fetch/cache verify must not open a socket
+    monkeypatch.chdir(tmp_path)
+    commands = [(words.split()[1:], parser) for words, parser in _parsers()
+                if not any(a.__class__.__name__ == "_SubParsersAction" for a in parser._actions)]
+    flags = sorted({f for _, p in commands for a in p._actions for f in a.option_strings if f not in ("-h", "--help")})
+    values = st.one_of(st.sampled_from(flags), st.sampled_from(["1", "-1", "0.5", "k=v", "=", "", ".", "x.json",
+                                                                "ask", "decide"]),
+                       st.text(max_size=12))
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(st.sampled_from([words for words, _ in commands]), st.lists(values, max_size=6), st.booleans())
+    def check(words: list[str], rest: list[str], as_json: bool) -> None:
+        import contextlib
+        import io
+
+        stdout, stderr = io.StringIO(), io.StringIO()
+        argv = [*words, *rest, *(["--json"] if as_json else [])]
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            code = main(argv)
+        assert code in (0, 1, 2), argv
+        assert "Traceback" not in stderr.getvalue()
+        assert "internal_error" not in stdout.getvalue() and "a bug in localllm" not in stderr.getvalue(), \
+            (argv, stdout.getvalue(), stderr.getvalue())
+        if as_json and code and stdout.getvalue().lstrip().startswith("{"):
+            doc = json.loads(stdout.getvalue())
+            if doc.get("ok") is False and "kind" in doc:
+                assert {"detail", "hint"} <= set(doc)
+
+    check()
