@@ -59,7 +59,8 @@ class McpStdioAgent(ChildAgent):
         try:
             spec = self.decl.spawn()
         except (PluginError, OSError) as exc:
-            raise AgentError(ErrorKind.PLUGIN_CRASH, f"{self.alias}: cannot spawn: {exc}") from exc
+            hint = exc.hint if isinstance(exc, PluginError) else ""
+            raise AgentError(ErrorKind.PLUGIN_CRASH, f"cannot spawn: {exc}", alias=self.alias, hint=hint) from exc
         return list(spec.argv), dict(spec.env), spec.cwd
 
     def _on_spawn(self, child: LineChild, deadline: float) -> None:
