@@ -47,7 +47,7 @@ from localllm.agents.base import Agent
 from localllm.config import DEFAULT_TIMEOUT, VERBS, AgentDecl, Config, InprocessDecl
 from localllm.errors import AgentError, CallError, ErrorKind, LocalLLMError, SchemaError
 from localllm.redact import Redactor
-from localllm.schema import SchemaSet
+from localllm.schema import SchemaSet, loads_json
 from localllm.trace.callid import cassette_call_key, derive_call_id, live_call_key
 from localllm.wire import AskRequest, AskResponse, CallResult
 
@@ -445,10 +445,10 @@ def _explain_cut(exc: AgentError, response: AskResponse) -> AgentError:
 
 
 def _parse_loose(submission: str | None) -> Any:
-    """No schema: bind the parsed JSON when it parses, else the raw text."""
+    """No schema: bind the parsed JSON when it parses (NaN is not JSON), else the raw text."""
     if submission is None:
         return None
     try:
-        return json.loads(submission)
+        return loads_json(submission)
     except ValueError:
         return submission
