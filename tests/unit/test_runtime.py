@@ -270,7 +270,7 @@ def test_fallback_failure_records_substitution(config: Config, tmp_path: Path) -
     assert info.value.original.detail.startswith("$: required constraint failed")
     error = read_trace(trace).events[-1].payload
     assert error["substitution"]["fallback_plugin"] == "agent.claude"
-    assert (error["kind"], error["original_meta"] if "original_meta" in error else None) == ("schema_invalid", None)
+    assert (error["kind"], error.get("original_meta")) == ("schema_invalid", None)  # the local leg had no meta
     assert error["original_error"].startswith("agent: schema_invalid: agent.local: $: required")
 
 
