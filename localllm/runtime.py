@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from localllm import settings
 from localllm.agents.base import Agent
@@ -121,6 +121,34 @@ class _Leg:
     response: AskResponse | None
     error: AgentError | None
     value: Any = None
+
+
+class _Record(Protocol):
+    """What the runtime tells the trace about one call (``localllm.trace.recorder.CallRecord``)."""
+
+    def leg_finished(self, alias: str, response: AskResponse | None, error: AgentError | None,
+                     value: Any) -> None: ...
+
+    def fallback(self, *, reason: str, original_plugin: str, fallback_plugin: str) -> None: ...
+
+    def finished(self, *, call_id: str, duration_ms: int, meta: Mapping[str, Any]) -> None: ...
+
+
+class _Unrecorded:
+    """The record of a call made without a trace: every notification is dropped."""
+
+    def leg_finished(self, alias: str, response: AskResponse | None, error: AgentError | None,
+                     value: Any) -> None:
+        return None
+
+    def fallback(self, *, reason: str, original_plugin: str, fallback_plugin: str) -> None:
+        return None
+
+    def finished(self, *, call_id: str, duration_ms: int, meta: Mapping[str, Any]) -> None:
+        return None
+
+
+_UNRECORDED = _Unrecorded()
 
 
 class Runtime:
@@ -232,57 +260,67 @@ class Runtime:
         schema_doc, schema_path = self._schema(schema)
         rendered = render_prompt(prompt, args, world)
         target = self.agent(agent)
-        state = state_path or verb
-        with self._lock:
-            seq = self._seq.get((self.turn, state), 0)
-            self._seq[(self.turn, state)] = seq + 1
-        call_id = derive_call_id(self.config.app_id, live_call_key(self.turn, state, seq))
         hard = self._timeout(agent, timeout)
-        schema_name = None
-        if schema_path is not None:
-            schema_name = schema_path.stem
-        elif schema_doc is not None:
-            schema_name = str(schema_doc.get("title") or "inline")
-        request = AskRequest(
-            session_id=self.session_id, turn=self.turn, state_path=state, verb=verb, prompt=rendered,
-            call_id=call_id, deadline=_rfc3339(datetime.now(timezone.utc) + timedelta(seconds=hard)),
-            schema=schema_doc, world=world,
-            with_={"handler": agent, "schema_name": schema_name, "args": args,
-                   "schema": str(schema_path) if schema_path else None},
-        )
-        record = self._recorder.call_started(request, alias=agent, schema_path=schema_path, args=args) \
-            if self._recorder is not None else None
+        request = self._request(verb, agent, rendered, state=state_path or verb, hard=hard, schema=schema_doc,
+                                schema_path=schema_path, args=args, world=world)
+        record: _Record = _UNRECORDED if self._recorder is None else \
+            self._recorder.call_started(request, alias=agent, schema_path=schema_path, args=args)
         started = time.monotonic()
         leg = self._attempt(target, agent, request, schema=schema_doc, schema_path=schema_path, timeout=hard)
-        if record is not None:
-            record.leg_finished(leg.alias, leg.response, leg.error, leg.value)
-        original: _Leg | None = None
+        record.leg_finished(leg.alias, leg.response, leg.error, leg.value)
+        fallback_of: str | None = None
         if (leg.error is not None and leg.error.kind is ErrorKind.SCHEMA_INVALID and target.is_local_model
                 and agent != FALLBACK_ALIAS and FALLBACK_ALIAS in self.config.agents):
-            original = leg
-            if record is not None:
-                record.fallback(reason="schema_invalid", original_plugin=agent, fallback_plugin=FALLBACK_ALIAS)
+            fallback_of = agent
+            record.fallback(reason="schema_invalid", original_plugin=agent, fallback_plugin=FALLBACK_ALIAS)
+            local_error = leg.error
             leg = self._attempt(self.agent(FALLBACK_ALIAS), FALLBACK_ALIAS, request, schema=schema_doc,
                                 schema_path=schema_path, timeout=self._timeout(FALLBACK_ALIAS, timeout))
             if leg.error is not None:
                 # the caller learns why the local answer was refused, not only why the fallback failed
-                leg.error = leg.error.replace(original=original.error)
-            if record is not None:
-                record.leg_finished(leg.alias, leg.response, leg.error, leg.value)
-        duration_ms = int((time.monotonic() - started) * 1000)
-        raw_meta = leg.response.meta if leg.response is not None else (leg.error.meta if leg.error else None)
-        meta: dict[str, Any] = self.redact.value(dict(raw_meta or {}))
-        if original is not None:
-            meta["fallback_of"] = agent
-        # a replayed answer (or replayed error) names its episode: that decides the call_id
-        replay = leg.response if leg.response is not None else leg.error
-        if replay is not None and replay.episode_id is not None and replay.match_idx is not None:
-            call_id = derive_call_id(self.config.app_id, cassette_call_key(replay.episode_id, replay.match_idx))
-        if record is not None:
-            record.finished(call_id=call_id, duration_ms=duration_ms, meta=meta)
+                leg.error = leg.error.replace(original=local_error)
+            record.leg_finished(leg.alias, leg.response, leg.error, leg.value)
+        meta = self._meta(leg, fallback_of)
+        call_id = self._replay_call_id(leg) or request.call_id
+        record.finished(call_id=call_id, duration_ms=int((time.monotonic() - started) * 1000), meta=meta)
         if leg.error is not None:
             raise leg.error
         return CallResult(submission=leg.value, meta=meta, call_id=call_id, agent=leg.alias)
+
+    def _request(self, verb: str, agent: str, prompt: str, *, state: str, hard: float,
+                 schema: dict[str, Any] | None, schema_path: Path | None, args: dict[str, Any],
+                 world: dict[str, Any]) -> AskRequest:
+        """The AskRequest of a live call, with the next ``turn:state_path:seq`` call_id."""
+        with self._lock:
+            seq = self._seq.get((self.turn, state), 0)
+            self._seq[(self.turn, state)] = seq + 1
+        schema_name = None
+        if schema_path is not None:
+            schema_name = schema_path.stem
+        elif schema is not None:
+            schema_name = str(schema.get("title") or "inline")
+        return AskRequest(
+            session_id=self.session_id, turn=self.turn, state_path=state, verb=verb, prompt=prompt,
+            call_id=derive_call_id(self.config.app_id, live_call_key(self.turn, state, seq)),
+            deadline=_rfc3339(datetime.now(timezone.utc) + timedelta(seconds=hard)), schema=schema, world=world,
+            with_={"handler": agent, "schema_name": schema_name, "args": args,
+                   "schema": str(schema_path) if schema_path else None},
+        )
+
+    def _meta(self, leg: _Leg, fallback_of: str | None) -> dict[str, Any]:
+        """The call's meta: the answering leg's (a replayed error carries one too), redacted."""
+        raw = leg.response.meta if leg.response is not None else (leg.error.meta if leg.error else None)
+        meta: dict[str, Any] = self.redact.value(dict(raw or {}))
+        if fallback_of is not None:
+            meta["fallback_of"] = fallback_of
+        return meta
+
+    def _replay_call_id(self, leg: _Leg) -> str | None:
+        """A replayed answer (or replayed error) names its episode: that decides the call_id."""
+        replay = leg.response if leg.response is not None else leg.error
+        if replay is None or replay.episode_id is None or replay.match_idx is None:
+            return None
+        return derive_call_id(self.config.app_id, cassette_call_key(replay.episode_id, replay.match_idx))
 
     def run_gate(self, name: str, args: Mapping[str, Any] | None = None,
                  world: Mapping[str, Any] | None = None) -> CallResult:

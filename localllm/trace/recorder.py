@@ -69,6 +69,16 @@ class _Leg:
     value: Any
 
 
+@dataclass(frozen=True)
+class _Files:
+    """Where one call's sidecar files go; ``enabled`` is false once writing them failed."""
+
+    dir: Path
+    call_id: str
+    suffix: str
+    enabled: bool
+
+
 @dataclass
 class CallRecord:
     """One call in flight: what the runtime has reported so far."""
@@ -143,66 +153,75 @@ class TraceRecorder:
 
     def _events(self, record: CallRecord, call_id: str, duration_ms: int, meta: dict[str, Any], *, suffix: str,
                 failure: TraceError | None = None) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
-        request, leg = record.request, record.legs[-1]
+        """The call's group as (kind, payload, ids), sidecar files written; none with ``failure``."""
+        leg = record.legs[-1]
         original = record.legs[0] if len(record.legs) > 1 else None
-        trace_dir = self.writer.dir
-        sidecar_ok = failure is None
-        common: dict[str, Any] = {"verb": request.verb, "agent": record.alias}
+        files = _Files(self.writer.dir, call_id, suffix, enabled=failure is None)
+        common: dict[str, Any] = {"verb": record.request.verb, "agent": record.alias}
         if meta.get("model"):
             common["model"] = self._clean(meta["model"])
-
-        start = dict(common)
-        prompt = self._redact(request.prompt)
-        if sidecars.needs_sidecar(prompt):
-            if sidecar_ok:
-                start["prompt_file"] = sidecars.write_prompt(trace_dir, call_id, prompt, suffix=suffix)
-        else:
-            start["prompt"] = prompt
-        start["input"] = self._clean({"schema_path": str(record.schema_path) if record.schema_path else None,
-                                      "args": record.args})
         ids: dict[str, Any] = {"call_id": call_id}
         replay = leg.response if leg.response is not None else leg.error
         if replay is not None and replay.episode_id is not None and replay.match_idx is not None:
             ids.update(episode_id=replay.episode_id, match_idx=replay.match_idx)
-        events: list[tuple[str, dict[str, Any], dict[str, Any]]] = [("agent.call.start", start, ids)]
-
-        end = dict(common)
-        end["duration_ms"] = duration_ms
-        refs: dict[str, Any] = {}
-        if sidecar_ok:
-            for key, part, extra in (("transcript_ref", leg, ""), ("original_transcript_ref", original, "-original")):
-                if part is not None and part.response is not None and part.response.transcript is not None:
-                    transcript = self._redacted_transcript(part.response.transcript)
-                    refs[key] = sidecars.write_transcript(trace_dir, call_id, transcript, suffix=suffix + extra)
+        events = [("agent.call.start", {**common, **self._start(record, files)}, ids)]
+        end: dict[str, Any] = {**common, "duration_ms": duration_ms}
         if original is not None and original.response is not None and original.response.meta:
             end["original_meta"] = self._clean(original.response.meta)
         if leg.error is None:
-            assert leg.response is not None
-            for event in leg.response.sub_events:
-                payload = self._clean(dict(event.get("payload") or {}))
-                events.append((self._clean(str(event["kind"])), payload, {"call_id": call_id}))
-            value = self._redact.value(leg.value)
-            if sidecars.needs_sidecar(value):
-                if sidecar_ok:
-                    end["response_file"] = sidecars.write_response(trace_dir, call_id, value, suffix=suffix)
-            else:
-                end["response"] = value
-            if meta:
-                end["meta"] = self._clean(meta)
+            events.extend(self._sub_events(leg, call_id))
+            end.update(self._complete(leg, meta, files))
             kind = "agent.call.complete"
         else:
-            end["error"] = self._clean(str(leg.error))
-            end["kind"] = leg.error.kind.value
+            end.update(error=self._clean(str(leg.error)), kind=leg.error.kind.value)
             if original is not None and original.error is not None:
                 end["original_error"] = self._clean(str(original.error))
             kind = "agent.call.error"
         if record.substitution is not None:
             end["substitution"] = record.substitution
-        end.update(refs)
+        end.update(self._transcripts(leg, original, files))
         if failure is not None:
             end["trace_error"] = self._clean(str(failure))
         events.append((kind, end, {"call_id": call_id}))
         return events
+
+    def _start(self, record: CallRecord, files: _Files) -> dict[str, Any]:
+        start: dict[str, Any] = {}
+        prompt = self._redact(record.request.prompt)
+        if not sidecars.needs_sidecar(prompt):
+            start["prompt"] = prompt
+        elif files.enabled:
+            start["prompt_file"] = sidecars.write_prompt(files.dir, files.call_id, prompt, suffix=files.suffix)
+        start["input"] = self._clean({"schema_path": str(record.schema_path) if record.schema_path else None,
+                                      "args": record.args})
+        return start
+
+    def _sub_events(self, leg: _Leg, call_id: str) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+        assert leg.response is not None
+        return [(self._clean(str(event["kind"])), self._clean(dict(event.get("payload") or {})), {"call_id": call_id})
+                for event in leg.response.sub_events]
+
+    def _complete(self, leg: _Leg, meta: dict[str, Any], files: _Files) -> dict[str, Any]:
+        fields: dict[str, Any] = {}
+        value = self._redact.value(leg.value)
+        if not sidecars.needs_sidecar(value):
+            fields["response"] = value
+        elif files.enabled:
+            fields["response_file"] = sidecars.write_response(files.dir, files.call_id, value, suffix=files.suffix)
+        if meta:
+            fields["meta"] = self._clean(meta)
+        return fields
+
+    def _transcripts(self, leg: _Leg, original: _Leg | None, files: _Files) -> dict[str, Any]:
+        refs: dict[str, Any] = {}
+        if not files.enabled:
+            return refs
+        for key, part, extra in (("transcript_ref", leg, ""), ("original_transcript_ref", original, "-original")):
+            if part is not None and part.response is not None and part.response.transcript is not None:
+                transcript = self._redacted_transcript(part.response.transcript)
+                refs[key] = sidecars.write_transcript(files.dir, files.call_id, transcript,
+                                                      suffix=files.suffix + extra)
+        return refs
 
     def _redacted_transcript(self, transcript: Transcript) -> Transcript:
         if not self._redact:
