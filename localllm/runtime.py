@@ -278,7 +278,8 @@ class Runtime:
                                 schema_path=schema_path, timeout=self._timeout(FALLBACK_ALIAS, timeout))
             if leg.error is not None:
                 # the caller learns why the local answer was refused, not only why the fallback failed
-                leg.error = leg.error.replace(original=local_error)
+                hint = "; ".join(h for h in (leg.error.hint, local_error.hint) if h)
+                leg.error = leg.error.replace(original=local_error, hint=hint)
             record.leg_finished(leg.alias, leg.response, leg.error, leg.value)
         meta = self._meta(leg, fallback_of)
         call_id = self._replay_call_id(leg) or request.call_id

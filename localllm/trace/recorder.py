@@ -173,7 +173,8 @@ class TraceRecorder:
             end.update(self._complete(leg, meta, files))
             kind = "agent.call.complete"
         else:
-            end.update(error=self._clean(str(leg.error)), kind=leg.error.kind.value)
+            # this leg's own error; the local leg's is original_error
+            end.update(error=self._clean(str(leg.error.replace(original=None))), kind=leg.error.kind.value)
             if original is not None and original.error is not None:
                 end["original_error"] = self._clean(str(original.error))
             kind = "agent.call.error"

@@ -566,6 +566,7 @@ def test_failed_fallback_names_both_legs_and_the_token_limit(config: Config, tmp
     assert (error.original.kind, error.original.alias) == (ErrorKind.SCHEMA_INVALID, "agent.local")
     assert "hit max_tokens=8" in error.original.detail
     assert error.original.hint.startswith("hit max_tokens=8; raise max_tokens or bound the schema's strings")
+    assert "raise max_tokens" in error.hint  # the CLI prints the hint: the local leg's advice is in it
     text = str(error)  # what the user sees names both legs
     assert "claude CLI not found" in text and "schema_invalid" in text and "max_tokens=8" in text
     end = read_trace(trace).events[-1].payload
