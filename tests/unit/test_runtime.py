@@ -371,6 +371,13 @@ def test_cli_call_and_trace_verify(config: Config, tmp_path: Path, capsys: pytes
     events = read_trace(trace).events
     assert events[0].episode_id == "ep-01" and events[0].match_idx == 0
     assert main(["trace", "verify", str(trace)]) == 0
+    # a second run appending to the same trace continues the episode's counter
+    capsys.readouterr()
+    assert main(["call", "decide", "--config", str(config.path), "--agent", "agent.local", "--prompt", "hi",
+                 "--cassette", str(cassette), "--trace", str(trace), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["call_id"] == "edcfdead886d7713"  # ep-01, match 1
+    starts = [e for e in read_trace(trace).events if e.kind == "agent.call.start"]
+    assert [(e.turn, e.match_idx) for e in starts] == [(1, 0), (2, 1)]
 
 
 def test_cli_check_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
