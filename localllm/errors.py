@@ -249,14 +249,12 @@ class UnsupportedPlatform(FetchError):
 class ChecksumMismatch(FetchError, ValueError):
     """Downloaded bytes do not hash to the pin; the cache was left untouched."""
 
-    def __init__(self, *, expected: str, actual: str, path: str, url: str) -> None:
+    def __init__(self, *, expected: str, actual: str, path: str, url: str, hint: str = "") -> None:
         self.expected = expected
         self.actual = actual
         self.path = path
         self.url = url
-        super().__init__(
-            f"sha256 mismatch for {path} from {url}: expected {expected}, got {actual}"
-        )
+        super().__init__(f"sha256 mismatch for {path} from {url}: expected {expected}, got {actual}", hint=hint)
 
 
 class DownloadFailed(FetchError, ConnectionError):
@@ -278,11 +276,12 @@ class UnsafeArchive(FetchError, ValueError):
 class LibstdcxxTooOld(FetchError):
     """llama-server needs ``GLIBCXX_3.4.<required>``; the host has ``<system>``, the shim ``<shim>``."""
 
-    def __init__(self, message: str, *, required: int, system: int | None, shim: int | None) -> None:
+    def __init__(self, message: str, *, required: int, system: int | None, shim: int | None,
+                 hint: str = "") -> None:
         self.required = required
         self.system = system
         self.shim = shim
-        super().__init__(message)
+        super().__init__(message, hint=hint)
 
 
 class BuildError(FetchError):
@@ -296,13 +295,11 @@ class SidecarError(LocalLLMError):
 class SidecarExited(SidecarError):
     """The sidecar process exited; carries argv, return code and the stderr tail."""
 
-    def __init__(self, *, argv: Sequence[str], returncode: int | None, stderr_tail: str) -> None:
+    def __init__(self, *, argv: Sequence[str], returncode: int | None, stderr_tail: str, hint: str = "") -> None:
         self.argv = list(argv)
         self.returncode = returncode
         self.stderr_tail = stderr_tail
-        super().__init__(
-            f"llama-server exited with code {returncode}; last stderr lines:\n{stderr_tail}"
-        )
+        super().__init__(f"llama-server exited with code {returncode}; last stderr lines:\n{stderr_tail}", hint=hint)
 
 
 class SidecarStartTimeout(SidecarError, TimeoutError):
@@ -321,7 +318,8 @@ class PluginPathEscape(PluginError, PermissionError):
 
     hint = "keep the plugin's executables and working directories inside the plugin directory"
 
-    def __init__(self, *, plugin: str, server: str, field: str, path: str, resolved: str, root: str) -> None:
+    def __init__(self, *, plugin: str, server: str, field: str, path: str, resolved: str, root: str,
+                 hint: str = "") -> None:
         self.plugin = plugin
         self.server = server
         self.field = field
@@ -329,7 +327,7 @@ class PluginPathEscape(PluginError, PermissionError):
         self.resolved = resolved
         self.root = root
         super().__init__(
-            f"plugin {plugin!r} server {server!r}: {field} {path} resolves to {resolved}, outside {root}"
+            f"plugin {plugin!r} server {server!r}: {field} {path} resolves to {resolved}, outside {root}", hint=hint
         )
 
 

@@ -16,6 +16,7 @@ from localllm.agents.base import Agent
 from localllm.cli import main
 from localllm.config import Config, load_config
 from localllm.errors import AgentError, CallError, ConfigError, ErrorKind
+from localllm.redact import Redactor
 from localllm.runtime import Runtime, render_prompt
 from localllm.trace import derive_call_id, read_trace
 from localllm.wire import AskRequest, AskResponse, Transcript
@@ -774,3 +775,44 @@ def test_ref_to_a_plain_schema_file_uses_the_referring_dialect(config: Config, t
         with pytest.raises(AgentError) as info:
             rt.call("extract", agent="agent.other", prompt="p", schema="schemas/whole.json")
     assert info.value.kind is ErrorKind.SCHEMA_INVALID and info.value.detail.startswith("$.p: maxLength")
+
+
+# -- errors are data ---------------------------------------------------------------------------
+
+
+def test_errors_take_message_hint_and_data_in_the_constructor() -> None:
+    from localllm.errors import ConfigProblem, TraceError, UnsupportedPlatform
+
+    assert (TraceError("x", hint="do y").message, TraceError("x", hint="do y").hint) == ("x", "do y")
+    assert UnsupportedPlatform("no pin").hint.startswith("use endpoint mode")  # the class default stays
+    assert ConfigError([ConfigProblem("f", "k", "m")]).hint  # ConfigError keeps its own constructor
+    error = AgentError(ErrorKind.TRANSPORT_ERROR, "refused", alias="agent.x", hint="start it")
+    assert (str(error), error.hint, error.alias) == ("agent: transport_error: agent.x: refused", "start it", "agent.x")
+    # a transport that still prefixes by hand is not prefixed twice
+    assert str(AgentError("plugin_crash", "agent.x: boom", alias="agent.x")) == "agent: plugin_crash: agent.x: boom"
+
+
+def test_agent_error_replace_and_redact_keep_class_cause_and_data() -> None:
+    from localllm.agents.cassette import ReplayedAgentError
+
+    cause = OSError("disk")
+    try:
+        try:
+            raise cause
+        except OSError as exc:
+            raise ReplayedAgentError("plugin_crash", "key sk-SECRET-1 leaked", episode_id="ep", match_idx=2,
+                                     hint="rotate sk-SECRET-1") from exc
+    except ReplayedAgentError as caught:
+        error = caught
+    clean = error.redacted(Redactor(["sk-SECRET-1"])).replace(alias="agent.r")
+    assert type(clean) is ReplayedAgentError and clean.__cause__ is cause
+    assert (clean.detail, clean.hint, clean.episode_id, clean.match_idx) == ("key *** leaked", "rotate ***", "ep", 2)
+    assert str(clean) == "agent: plugin_crash: agent.r: key *** leaked"
+
+
+def test_redactor_covers_escaped_forms_and_nested_values() -> None:
+    redact = Redactor(["p\"w/\u00e9-long", "abc", ""])  # short values are not secrets worth shredding text for
+    assert redact('body {"k": "p\\"w/\\u00e9-long"}') == 'body {"k": "***"}'
+    assert redact('raw p"w/\u00e9-long and abc') == "raw *** and abc"
+    assert redact.value({"p\"w/\u00e9-long": ["x p\"w/\u00e9-long", 3, None]}) == {"***": ["x ***", 3, None]}
+    assert not Redactor([]) and Redactor([]).value({"a": "b"}) == {"a": "b"}
