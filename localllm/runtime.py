@@ -219,7 +219,8 @@ class Runtime:
         """The agent for ``alias``, constructed on first use (nothing is spawned here)."""
         with self._lock:
             if self._closed:
-                raise RuntimeError("Runtime is closed")
+                raise CallError("the Runtime is closed", key="runtime",
+                                hint="make calls before close() (inside `with Runtime(...)`)")
             found = self._overrides.get(alias) or self._agents.get(alias)
             if found is not None:
                 return found

@@ -816,3 +816,11 @@ def test_redactor_covers_escaped_forms_and_nested_values() -> None:
     assert redact('raw p"w/\u00e9-long and abc') == "raw *** and abc"
     assert redact.value({"p\"w/\u00e9-long": ["x p\"w/\u00e9-long", 3, None]}) == {"***": ["x ***", 3, None]}
     assert not Redactor([]) and Redactor([]).value({"a": "b"}) == {"a": "b"}
+
+
+def test_a_call_on_a_closed_runtime_is_a_call_error(config: Config) -> None:
+    rt = Runtime(config)
+    rt.close()
+    with pytest.raises(CallError) as info:
+        rt.call("ask", agent="agent.local", prompt="p")
+    assert info.value.key == "runtime"
