@@ -45,10 +45,10 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from localllm.agents import _mcp
-from localllm.agents._child import Redactor
 from localllm.agents.base import Agent
 from localllm.config import McpHttpDecl
 from localllm.errors import AgentError, ErrorKind, truncate_detail
+from localllm.redact import Redactor
 from localllm.wire import AskRequest, AskResponse
 
 logger = logging.getLogger(__name__)
