@@ -185,8 +185,10 @@ class Runtime:
                 self.trace = trace
             self._recorder = TraceRecorder(self.trace, redact=self.redact)
         self.turn = turn if turn is not None else (self._recorder.next_turn() if self._recorder else 1)
-        #: episode_id → matches already in the continued trace (cassettes carry on from there)
-        self._episode_plays = self._recorder.episode_plays() if self._recorder else {}
+
+    def _episode_plays(self) -> dict[str, int]:
+        """episode_id → matches the trace already holds (a replaying agent counts on from there)."""
+        return self._recorder.episode_plays() if self._recorder is not None else {}
 
     # ------------------------------------------------------------------ registry
 
@@ -208,7 +210,7 @@ class Runtime:
 
     def register_agent(self, alias: str, agent: Agent) -> None:
         """Route ``alias`` to ``agent`` (e.g. a cassette), replacing any declaration."""
-        agent.continue_session(self._episode_plays)
+        agent.continue_session(self._episode_plays())
         with self._lock:
             old = self._agents.pop(alias, None)
             self._overrides[alias] = agent
@@ -232,7 +234,7 @@ class Runtime:
             from localllm.agents import build_agent
 
             built = build_agent(decl, base_dir=self.config.base_dir)
-            built.continue_session(self._episode_plays)
+            built.continue_session(self._episode_plays())
             self._agents[alias] = built
             return built
 

@@ -646,9 +646,13 @@ def test_replay_any_match_idx_continues_across_runtimes(config: Config, tmp_path
         with Runtime(config, trace=trace) as rt:
             rt.register_agent("agent.local", CassetteAgent(tmp_path / "c.yaml", alias="agent.local"))
             ids.append(rt.call("decide", agent="agent.local", prompt="p", schema=SCHEMA).call_id)
-    assert ids == [derive_call_id("my-app", "ep-01:0"), derive_call_id("my-app", "ep-01:1")]
+    with Runtime(config, trace=trace) as rt:  # a cassette registered again mid-session counts on too
+        for _ in range(2):
+            rt.register_agent("agent.local", CassetteAgent(tmp_path / "c.yaml", alias="agent.local"))
+            ids.append(rt.call("decide", agent="agent.local", prompt="p", schema=SCHEMA).call_id)
+    assert ids == [derive_call_id("my-app", f"ep-01:{n}") for n in range(4)]
     starts = [e for e in read_trace(trace).events if e.kind == "agent.call.start"]
-    assert [(e.episode_id, e.match_idx) for e in starts] == [("ep-01", 0), ("ep-01", 1)]
+    assert [(e.episode_id, e.match_idx) for e in starts] == [("ep-01", n) for n in range(4)]
 
 
 def test_trace_lock_says_what_to_do_and_can_wait(config: Config, tmp_path: Path) -> None:
