@@ -47,7 +47,7 @@ from localllm.agents.base import Agent
 from localllm.config import DEFAULT_TIMEOUT, VERBS, AgentDecl, Config, InprocessDecl
 from localllm.errors import AgentError, CallError, ErrorKind, LocalLLMError, SchemaError
 from localllm.redact import Redactor
-from localllm.schema import SchemaSet, loads_json
+from localllm.schema import SchemaSet, loads_json, unreadable
 from localllm.trace.callid import cassette_call_key, derive_call_id, live_call_key
 from localllm.wire import AskRequest, AskResponse, CallResult
 
@@ -355,7 +355,12 @@ class Runtime:
             return dict(schema), None
         path = Path(schema)
         full = path if path.is_absolute() else (self.config.base_dir / path)
-        return self.schemas.load(full), full.resolve()
+        try:
+            return self.schemas.load(full), full.resolve()
+        except SchemaError:
+            raise
+        except (OSError, ValueError) as exc:  # a NUL or a lone surrogate in the path
+            raise unreadable(full, exc) from exc
 
     def _attempt(self, agent: Agent, alias: str, request: AskRequest, *, schema: dict[str, Any] | None,
                  schema_path: Path | None, timeout: float) -> _Leg:

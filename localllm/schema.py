@@ -32,14 +32,20 @@ def loads_json(text: str) -> Any:
     return json.loads(text, parse_constant=_no_constant)
 
 
+def unreadable(path: Path, exc: Exception) -> SchemaError:
+    """The SchemaError for a path that cannot be opened (printable even for a surrogate in it)."""
+    text = f"{str(path)[:300]}: cannot read schema file: {exc}".encode("utf-8", "backslashreplace").decode("utf-8")
+    return SchemaError(text, hint="pass the path of a JSON Schema file inside the config directory")
+
+
 def read_schema_file(path: Path) -> dict[str, Any]:
     """Read one schema file; ``SchemaError`` names the file and the problem."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError as exc:
         raise SchemaError(f"{path}: schema file not found") from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SchemaError(f"{path}: cannot read schema file: {exc}") from exc
+    except (OSError, UnicodeError, ValueError) as exc:  # ValueError: a NUL in the path; UnicodeError: a surrogate
+        raise unreadable(path, exc) from exc
     try:
         data = json.loads(text)
     except ValueError as exc:

@@ -828,3 +828,14 @@ def test_a_call_on_a_closed_runtime_is_a_call_error(config: Config) -> None:
     with pytest.raises(CallError) as info:
         rt.call("ask", agent="agent.local", prompt="p")
     assert info.value.key == "runtime"
+
+
+@pytest.mark.parametrize("name", ["bad\ud800.json", "nul\x00.json", "missing.json"])
+def test_unreadable_schema_paths_are_schema_errors(config: Config, name: str) -> None:
+    from localllm.errors import SchemaError
+
+    with Runtime(config) as rt:
+        rt.register_inprocess("agent.local", good)
+        with pytest.raises(SchemaError) as info:
+            rt.call("decide", agent="agent.local", prompt="p", schema=name)
+    str(info.value).encode("utf-8")  # printable as UTF-8: no lone surrogate in the message
