@@ -82,7 +82,14 @@ def render_prompt(template: str, args: Mapping[str, Any], world: Mapping[str, An
                 problems.append((f"{scope}.{name}", f"{{{{ {expr} }}}} has no value", f"pass {flag} {name}=…"))
                 return match.group(0)
             node = node[part]
-        return node if isinstance(node, str) else json.dumps(node, ensure_ascii=False)
+        if isinstance(node, str):
+            return node
+        try:
+            return json.dumps(node, ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError):
+            problems.append((f"{scope}.{path}", f"{{{{ {expr} }}}} is not a JSON value ({type(node).__name__})",
+                             "pass strings, numbers, booleans, lists or mappings"))
+            return match.group(0)
 
     text = _TEMPLATE.sub(lookup, template)
     if problems:
@@ -276,13 +283,7 @@ class Runtime:
                 and agent != FALLBACK_ALIAS and FALLBACK_ALIAS in self.config.agents):
             fallback_of = agent
             record.fallback(reason="schema_invalid", original_plugin=agent, fallback_plugin=FALLBACK_ALIAS)
-            local_error = leg.error
-            leg = self._attempt(self.agent(FALLBACK_ALIAS), FALLBACK_ALIAS, request, schema=schema_doc,
-                                schema_path=schema_path, timeout=self._timeout(FALLBACK_ALIAS, timeout))
-            if leg.error is not None:
-                # the caller learns why the local answer was refused, not only why the fallback failed
-                hint = "; ".join(h for h in (leg.error.hint, local_error.hint) if h)
-                leg.error = leg.error.replace(original=local_error, hint=hint)
+            leg = self._fallback(request, leg.error, schema=schema_doc, schema_path=schema_path, timeout=timeout)
             record.leg_finished(leg.alias, leg.response, leg.error, leg.value)
         meta = self._meta(leg, fallback_of)
         call_id = self._replay_call_id(leg) or request.call_id
@@ -290,6 +291,17 @@ class Runtime:
         if leg.error is not None:
             raise leg.error
         return CallResult(submission=leg.value, meta=meta, call_id=call_id, agent=leg.alias)
+
+    def _fallback(self, request: AskRequest, local_error: AgentError, *, schema: dict[str, Any] | None,
+                  schema_path: Path | None, timeout: float | None) -> _Leg:
+        """agent.claude's leg after the local answer failed validation."""
+        leg = self._attempt(self.agent(FALLBACK_ALIAS), FALLBACK_ALIAS, request, schema=schema,
+                            schema_path=schema_path, timeout=self._timeout(FALLBACK_ALIAS, timeout))
+        if leg.error is not None:
+            # the caller learns why the local answer was refused, not only why the fallback failed
+            hint = "; ".join(h for h in (leg.error.hint, local_error.hint) if h)
+            leg.error = leg.error.replace(original=local_error, hint=hint)
+        return leg
 
     def _request(self, verb: str, agent: str, prompt: str, *, state: str, hard: float,
                  schema: dict[str, Any] | None, schema_path: Path | None, args: dict[str, Any],

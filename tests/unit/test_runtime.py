@@ -152,6 +152,9 @@ def test_render_prompt() -> None:
     with pytest.raises(CallError) as info:
         render_prompt("{{ os.system }}", {}, {}, source="gates.g.with.prompt")
     assert info.value.key == "gates.g.with.prompt"
+    with pytest.raises(CallError) as info:
+        render_prompt("{{ args.s }}", {"s": {1, 2}}, {})
+    assert info.value.key == "args.s"
 
 
 def test_hard_deadline_cuts_hanging_agent(config: Config) -> None:
