@@ -20,6 +20,7 @@ from localllm.redact import Redactor
 from localllm.runtime import Runtime, render_prompt
 from localllm.trace import derive_call_id, read_trace
 from localllm.wire import AskRequest, AskResponse, Transcript
+from tests.unit.agents_fixtures.helpers import McpHttpServer
 
 SCHEMA = {
     "type": "object",
@@ -700,7 +701,8 @@ class _EchoAuth(BaseHTTPRequestHandler):
         pass
 
 
-def test_secret_canary_never_reaches_errors_or_the_trace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_secret_canary_never_reaches_errors_or_the_trace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         mcp_http_server: McpHttpServer) -> None:
     from tests.unit.agents_fixtures.helpers import JSONRPC_AGENT
 
     monkeypatch.setenv("CANARY_KEY", CANARY)
@@ -714,6 +716,8 @@ def test_secret_canary_never_reaches_errors_or_the_trace(tmp_path: Path, monkeyp
             " env: {TOKEN: '${CANARY_KEY}'}}\n"
             f"  agent.ep: {{plugin: builtin.local_llm, endpoint: 'http://127.0.0.1:{server.server_port}',"
             " api_key_env: CANARY_KEY}\n"
+            f"  agent.mcp: {{plugin: mcp_http, endpoint: '{mcp_http_server.base}/fault/echoauth',"
+            " headers: {Authorization: 'Bearer ${CANARY_KEY}'}}\n"
         )
         trace = tmp_path / "traces" / "t.jsonl"
         echoes = iter([
@@ -736,7 +740,7 @@ def test_secret_canary_never_reaches_errors_or_the_trace(tmp_path: Path, monkeyp
             result = rt.call("ask", agent="agent.local", prompt=("x" * 2000) + CANARY, args={"k": CANARY})
             assert result.submission == {"echo": CANARY}  # the caller's own answer is untouched
             for alias, prompt in [("agent.local", "p"), ("agent.local", "p"), ("agent.sub", "leak:TOKEN"),
-                                  ("agent.ep", "p")]:
+                                  ("agent.ep", "p"), ("agent.mcp", "p")]:
                 with pytest.raises(AgentError) as info:
                     rt.call("ask", agent=alias, prompt=prompt)
                 errors.append(info.value)
@@ -744,8 +748,8 @@ def test_secret_canary_never_reaches_errors_or_the_trace(tmp_path: Path, monkeyp
         server.shutdown()
         server.server_close()
     assert [e.kind for e in errors] == [ErrorKind.TRANSPORT_ERROR, ErrorKind.PLUGIN_CRASH, ErrorKind.PLUGIN_CRASH,
-                                        ErrorKind.TRANSPORT_ERROR]
-    assert "***" in errors[0].detail and "***" in errors[3].detail
+                                        ErrorKind.TRANSPORT_ERROR, ErrorKind.TRANSPORT_ERROR]
+    assert all("***" in errors[i].detail for i in (0, 3, 4))  # the echoed key was there, and was masked
     for error in errors:
         assert CANARY not in str(error) and CANARY not in error.hint, error
     files = [p for p in (tmp_path / "traces").rglob("*") if p.is_file()]
