@@ -6,6 +6,7 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -281,8 +282,13 @@ def test_fallback_failure_records_substitution(config: Config, tmp_path: Path) -
 
 def test_no_fallback_for_non_local_or_transport_errors(config: Config) -> None:
     calls: list[str] = []
+
+    def claude(_: AskRequest) -> dict[str, Any]:
+        calls.append("claude")
+        return {"verdict": "yes", "score": 1}
+
     with Runtime(config) as rt:
-        rt.register_inprocess("agent.claude", lambda _: calls.append("claude") or {"verdict": "yes", "score": 1})
+        rt.register_inprocess("agent.claude", claude)
         rt.register_inprocess("agent.other", lambda _: {"verdict": "maybe"})  # not a local model
         with pytest.raises(AgentError):
             rt.call("decide", agent="agent.other", prompt="p", schema=SCHEMA)
@@ -337,8 +343,12 @@ def test_unknown_gate(config: Config) -> None:
 
 def test_concurrent_calls_are_safe_and_traced(config: Config, tmp_path: Path) -> None:
     trace = tmp_path / "t.jsonl"
+    def slow(_: AskRequest) -> dict[str, Any]:
+        time.sleep(0.01)
+        return {"verdict": "yes", "score": 1}
+
     with Runtime(config, trace=trace) as rt:
-        rt.register_inprocess("agent.local", lambda _: (time.sleep(0.01), {"verdict": "yes", "score": 1})[1])
+        rt.register_inprocess("agent.local", slow)
         results: list[str] = []
         lock = threading.Lock()
 
@@ -720,7 +730,7 @@ def test_secret_canary_never_reaches_errors_or_the_trace(tmp_path: Path, monkeyp
             " headers: {Authorization: 'Bearer ${CANARY_KEY}'}}\n"
         )
         trace = tmp_path / "traces" / "t.jsonl"
-        echoes = iter([
+        echoes: Iterator[AskResponse | BaseException] = iter([
             AskResponse(submission=json.dumps({"echo": CANARY}), meta={"auth": f"Bearer {CANARY}"},
                         sub_events=[], transcript=Transcript("openai-chat", [json.dumps({"key": CANARY})], [0])),
             AgentError(ErrorKind.TRANSPORT_ERROR, f"server said: token {CANARY} rejected", hint=f"not {CANARY}"),
