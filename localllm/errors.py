@@ -6,6 +6,7 @@ callers may catch either.
 
     LocalLLMError
     ├── ConfigError (ValueError)              load-time problems, all collected
+    ├── CallError (ValueError)                a call asked for something it cannot (verb, alias, gate, arg)
     ├── AgentError                            call-time failure with a contract §7 kind
     ├── SchemaError (ValueError)              a schema file that cannot be loaded
     ├── TraceError
@@ -40,16 +41,28 @@ callers may catch either.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 _DETAIL_LIMIT = 256
 
 
 class LocalLLMError(Exception):
-    """Base class of every error localllm raises on purpose."""
+    """Base class of every error localllm raises on purpose.
+
+    Built from data (pip's ``DiagnosticPipError``): ``message`` says what happened,
+    ``hint`` what to do next; subclasses add their values as attributes. The CLI formats
+    them at the edge. A class-level ``hint`` is the default when none is given.
+    """
 
     hint: str = ""
+
+    def __init__(self, message: str = "", *, hint: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        if hint:
+            self.hint = hint
 
 
 @dataclass(frozen=True)
@@ -89,6 +102,18 @@ class ConfigError(LocalLLMError, ValueError):
         super().__init__("\n".join(lines) if lines else "invalid config")
 
 
+class CallError(LocalLLMError, ValueError):
+    """A call that cannot be made as asked: an unknown verb, alias or gate, a missing
+    template value. ``key`` names what is wrong (``verb``, ``agent``, ``gates.NAME``,
+    ``args.NAME``), ``value`` the offending value. Exit code 2 at the CLI, like ConfigError.
+    """
+
+    def __init__(self, message: str, *, key: str, value: object = None, hint: str = "") -> None:
+        super().__init__(message, hint=hint)
+        self.key = key
+        self.value = value
+
+
 class ErrorKind(str, enum.Enum):
     """The error kinds of the agent plugin contract §7 (plus ``plugin_unsupported``)."""
 
@@ -110,12 +135,68 @@ def truncate_detail(text: str, limit: int = _DETAIL_LIMIT) -> str:
 
 
 class AgentError(LocalLLMError):
-    """A failed agent call: ``agent: <kind>: <detail>``."""
+    """A failed agent call: ``agent: <kind>: <alias>: <detail>``.
 
-    def __init__(self, kind: ErrorKind | str, detail: str) -> None:
+    ``kind`` is a contract §7 kind and ``detail`` the transport's words without the alias;
+    ``alias`` (the agent that failed) is prefixed here, in one place — the runtime fills it
+    in for errors raised without one. Call-key data rides along typed: ``episode_id`` /
+    ``match_idx`` for a replayed cassette error, ``meta`` for the agent's own metadata.
+    ``original`` is the first leg's error when this one is a fallback's.
+    """
+
+    def __init__(
+        self,
+        kind: ErrorKind | str,
+        detail: str,
+        *,
+        hint: str = "",
+        alias: str | None = None,
+        meta: dict[str, Any] | None = None,
+        episode_id: str | None = None,
+        match_idx: int | None = None,
+        original: AgentError | None = None,
+    ) -> None:
         self.kind = ErrorKind(kind)
         self.detail = detail
-        super().__init__(f"agent: {self.kind.value}: {detail}")
+        self.alias = alias
+        self.meta = meta
+        self.episode_id = episode_id
+        self.match_idx = match_idx
+        self.original = original
+        super().__init__(self._format(), hint=hint)
+
+    def _format(self) -> str:
+        detail = self.detail
+        # Transports not yet passing ``alias=`` prefix it by hand: never say it twice.
+        if self.alias and not detail.startswith(f"{self.alias}: ") and detail != self.alias:
+            detail = f"{self.alias}: {detail}"
+        text = f"agent: {self.kind.value}: {detail}"
+        if self.original is not None:
+            text += f" (after the fallback from {self.original.alias or 'the local agent'}, whose answer failed: " \
+                    f"{self.original.kind.value}: {self.original.detail})"
+        return text
+
+    def __str__(self) -> str:
+        return self._format()
+
+    def replace(self, **changes: object) -> AgentError:
+        """A copy with ``changes`` applied (same class, cause and traceback kept)."""
+        fields: dict[str, object] = {
+            "kind": self.kind, "detail": self.detail, "hint": self.hint, "alias": self.alias, "meta": self.meta,
+            "episode_id": self.episode_id, "match_idx": self.match_idx, "original": self.original,
+        }
+        fields.update(changes)
+        clone = AgentError.__new__(type(self))
+        AgentError.__init__(clone, **fields)  # type: ignore[arg-type]
+        clone.__cause__ = self.__cause__
+        clone.__context__ = self.__context__
+        clone.__traceback__ = self.__traceback__
+        return clone
+
+    def redacted(self, redact: Callable[[str], str]) -> AgentError:
+        """A copy with every secret replaced in detail, hint and the original leg's error."""
+        original = self.original.redacted(redact) if self.original is not None else None
+        return self.replace(detail=redact(self.detail), hint=redact(self.hint), original=original)
 
 
 class SchemaError(LocalLLMError, ValueError):
@@ -135,7 +216,12 @@ class TraceWriteRejected(TraceError, ValueError):
 
 
 class TraceLocked(TraceError, BlockingIOError):
-    """Another writer holds the trace file's lock."""
+    """Another writer holds the trace file's lock (``path``; ``waited`` seconds for it)."""
+
+    def __init__(self, message: str, *, path: str = "", waited: float = 0.0, hint: str = "") -> None:
+        super().__init__(message, hint=hint)
+        self.path = path
+        self.waited = waited
 
 
 class TraceReplaced(TraceError):
@@ -163,14 +249,12 @@ class UnsupportedPlatform(FetchError):
 class ChecksumMismatch(FetchError, ValueError):
     """Downloaded bytes do not hash to the pin; the cache was left untouched."""
 
-    def __init__(self, *, expected: str, actual: str, path: str, url: str) -> None:
+    def __init__(self, *, expected: str, actual: str, path: str, url: str, hint: str = "") -> None:
         self.expected = expected
         self.actual = actual
         self.path = path
         self.url = url
-        super().__init__(
-            f"sha256 mismatch for {path} from {url}: expected {expected}, got {actual}"
-        )
+        super().__init__(f"sha256 mismatch for {path} from {url}: expected {expected}, got {actual}", hint=hint)
 
 
 class DownloadFailed(FetchError, ConnectionError):
@@ -192,11 +276,12 @@ class UnsafeArchive(FetchError, ValueError):
 class LibstdcxxTooOld(FetchError):
     """llama-server needs ``GLIBCXX_3.4.<required>``; the host has ``<system>``, the shim ``<shim>``."""
 
-    def __init__(self, message: str, *, required: int, system: int | None, shim: int | None) -> None:
+    def __init__(self, message: str, *, required: int, system: int | None, shim: int | None,
+                 hint: str = "") -> None:
         self.required = required
         self.system = system
         self.shim = shim
-        super().__init__(message)
+        super().__init__(message, hint=hint)
 
 
 class BuildError(FetchError):
@@ -210,13 +295,11 @@ class SidecarError(LocalLLMError):
 class SidecarExited(SidecarError):
     """The sidecar process exited; carries argv, return code and the stderr tail."""
 
-    def __init__(self, *, argv: Sequence[str], returncode: int | None, stderr_tail: str) -> None:
+    def __init__(self, *, argv: Sequence[str], returncode: int | None, stderr_tail: str, hint: str = "") -> None:
         self.argv = list(argv)
         self.returncode = returncode
         self.stderr_tail = stderr_tail
-        super().__init__(
-            f"llama-server exited with code {returncode}; last stderr lines:\n{stderr_tail}"
-        )
+        super().__init__(f"llama-server exited with code {returncode}; last stderr lines:\n{stderr_tail}", hint=hint)
 
 
 class SidecarStartTimeout(SidecarError, TimeoutError):
@@ -235,7 +318,8 @@ class PluginPathEscape(PluginError, PermissionError):
 
     hint = "keep the plugin's executables and working directories inside the plugin directory"
 
-    def __init__(self, *, plugin: str, server: str, field: str, path: str, resolved: str, root: str) -> None:
+    def __init__(self, *, plugin: str, server: str, field: str, path: str, resolved: str, root: str,
+                 hint: str = "") -> None:
         self.plugin = plugin
         self.server = server
         self.field = field
@@ -243,7 +327,7 @@ class PluginPathEscape(PluginError, PermissionError):
         self.resolved = resolved
         self.root = root
         super().__init__(
-            f"plugin {plugin!r} server {server!r}: {field} {path} resolves to {resolved}, outside {root}"
+            f"plugin {plugin!r} server {server!r}: {field} {path} resolves to {resolved}, outside {root}", hint=hint
         )
 
 
@@ -254,9 +338,7 @@ class PluginSpawnError(PluginError, OSError):
         self.plugin = plugin
         self.server = server
         self.field = field
-        if hint:
-            self.hint = hint
-        super().__init__(f"plugin {plugin!r} server {server!r}: {message}")
+        super().__init__(f"plugin {plugin!r} server {server!r}: {message}", hint=hint)
 
 
 class EmbedError(LocalLLMError):

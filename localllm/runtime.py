@@ -6,12 +6,22 @@ One call::
       → Agent.ask in a worker thread, cut at the hard deadline (deadline_exceeded)
       → sub-event checks → validate the submission against the schema
       → schema_invalid from a local model → agent.claude exactly once (same call_id)
-      → trace: agent.call.start, sub-events, agent.call.complete | agent.call.error
+      → the trace recorder is told each step and writes agent.call.start, sub-events,
+        agent.call.complete | agent.call.error (localllm.trace.recorder)
 
 call_id is ``sha256("agent-call:" + app_id + ":" + key)[:16 hex]`` with key
 ``turn:state_path:seq`` for live calls — ``state_path`` is the gate name (or the verb for a
 direct call) and ``seq`` counts the calls made with that (turn, state_path) by this
 Runtime — and ``episode_id:match_idx`` for cassette-backed calls.
+
+A Runtime opened on an existing trace continues its session: the turn after the last
+one recorded (so live call_ids never repeat) and each replayed episode's match counter.
+
+Errors: ``_attempt`` is the last boundary. Whatever an agent raises leaves ``call`` as an
+AgentError naming the alias (foreign exceptions chained as the cause), with every secret
+the config knows redacted; a failed fallback's error carries the local leg's as
+``original``. Misuse of the call itself (unknown verb, alias, gate, a missing template
+value) is a CallError.
 
 Concurrency: ``call`` is thread-safe. Each call runs its agent in its own worker thread;
 a call's trace events are written as one contiguous group.
@@ -19,8 +29,8 @@ a call's trace events are written as one contiguous group.
 
 from __future__ import annotations
 
+import contextlib
 import json
-import math
 import re
 import threading
 import time
@@ -30,17 +40,20 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from localllm import settings
 from localllm.agents.base import Agent
 from localllm.config import DEFAULT_TIMEOUT, VERBS, AgentDecl, Config, InprocessDecl
-from localllm.errors import AgentError, ConfigError, ConfigProblem, ErrorKind
-from localllm.schema import SchemaSet
+from localllm.errors import AgentError, CallError, ErrorKind, LocalLLMError, SchemaError
+from localllm.redact import Redactor
+from localllm.schema import SchemaSet, loads_json, unreadable
 from localllm.trace.callid import cassette_call_key, derive_call_id, live_call_key
 from localllm.wire import AskRequest, AskResponse, CallResult
 
 if TYPE_CHECKING:
-    from localllm.trace import TraceWriter
+    from localllm.trace.recorder import TraceRecorder
+    from localllm.trace.writer import TraceWriter
 
 FALLBACK_ALIAS = "agent.claude"
 #: how long a cancelled worker may take to wind down after the hard deadline
@@ -50,57 +63,61 @@ _TEMPLATE_REF = re.compile(r"^(args|world)\.([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_
 
 
 def render_prompt(template: str, args: Mapping[str, Any], world: Mapping[str, Any], *, source: str = "prompt") -> str:
-    """Render ``{{ args.NAME }}`` / ``{{ world.NAME }}``; a missing value is a ConfigError."""
-    problems: list[ConfigProblem] = []
+    """Render ``{{ args.NAME }}`` / ``{{ world.NAME }}``; a missing value is a CallError (key ``args.NAME``)."""
+    problems: list[tuple[str, str, str]] = []
 
     def lookup(match: re.Match[str]) -> str:
         expr = match.group(1)
         ref = _TEMPLATE_REF.match(expr)
         if ref is None:
-            problems.append(ConfigProblem(source, "prompt", f"unsupported template {{{{ {expr} }}}}",
-                                          "use {{ args.NAME }} or {{ world.NAME }}"))
+            problems.append((source, f"unsupported template {{{{ {expr} }}}}",
+                             "use {{ args.NAME }} or {{ world.NAME }}"))
             return match.group(0)
         scope, path = ref.groups()
         node: Any = args if scope == "args" else world
         for part in path.split("."):
             if not isinstance(node, Mapping) or part not in node:
+                name = path.split(".")[0]
                 flag = "--arg" if scope == "args" else "world"
-                problems.append(ConfigProblem(source, "prompt", f"{{{{ {expr} }}}} has no value",
-                                              f"pass {flag} {path.split('.')[0]}=…"))
+                problems.append((f"{scope}.{name}", f"{{{{ {expr} }}}} has no value", f"pass {flag} {name}=…"))
                 return match.group(0)
             node = node[part]
-        return node if isinstance(node, str) else json.dumps(node, ensure_ascii=False)
+        if isinstance(node, str):
+            return node
+        try:
+            return json.dumps(node, ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError):
+            problems.append((f"{scope}.{path}", f"{{{{ {expr} }}}} is not a JSON value ({type(node).__name__})",
+                             "pass strings, numbers, booleans, lists or mappings"))
+            return match.group(0)
 
     text = _TEMPLATE.sub(lookup, template)
     if problems:
-        raise ConfigError(problems)
+        key, _, hint = problems[0]
+        raise CallError(f"{source}: " + "; ".join(message for _, message, _ in problems), key=key, hint=hint)
     return text
-
-
-def _scrub(value: Any) -> Any:
-    """Plugin-supplied data made writable inline in the trace (CRLF, NUL, non-NFC, NaN).
-
-    The trace refuses such values outright; for audit fields (meta, args, error text,
-    sub-event payloads) a faithful-but-normalised copy is better than losing the call's
-    events. Byte-exact prompts and responses go to sidecar files instead.
-    """
-    from localllm.trace.rules import clean_text
-
-    if isinstance(value, str):
-        return clean_text(value)
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, Mapping):
-        return {clean_text(str(k)): _scrub(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_scrub(v) for v in value]
-    if value is None or isinstance(value, (bool, int, float)):
-        return value
-    return clean_text(str(value))
 
 
 def _rfc3339(moment: datetime) -> str:
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f") + "000Z"
+
+
+def config_secrets(config: Config) -> list[str]:
+    """Every secret value the config knows: resolved ``env``/``headers`` values and the
+    keys named by ``api_key_env`` (read now, through settings)."""
+    secrets: list[str] = []
+    decls: list[Any] = [*config.agents.values(), *config.embedders.values()]
+    for decl in decls:
+        for name in ("env", "headers"):
+            values = getattr(decl, name, None)
+            if isinstance(values, Mapping):
+                secrets.extend(str(v) for v in values.values())
+        key_env = getattr(decl, "api_key_env", None)
+        if key_env:
+            key = settings.env_value(key_env)
+            if key:
+                secrets.append(key)
+    return secrets
 
 
 @dataclass
@@ -113,46 +130,72 @@ class _Leg:
     value: Any = None
 
 
-@dataclass(frozen=True)
-class _Outcome:
-    """Everything the trace records about one finished call."""
+class _Record(Protocol):
+    """What the runtime tells the trace about one call (``localllm.trace.recorder.CallRecord``)."""
 
-    request: AskRequest
-    alias: str
-    leg: _Leg
-    original: _Leg | None
-    meta: dict[str, Any]
-    substitution: dict[str, Any] | None
-    duration_ms: int
-    call_id: str
-    schema_path: Path | None
-    args: dict[str, Any]
+    def leg_finished(self, alias: str, response: AskResponse | None, error: AgentError | None,
+                     value: Any) -> None: ...
+
+    def fallback(self, *, reason: str, original_plugin: str, fallback_plugin: str) -> None: ...
+
+    def finished(self, *, call_id: str, duration_ms: int, meta: Mapping[str, Any]) -> None: ...
+
+
+class _Unrecorded:
+    """The record of a call made without a trace: every notification is dropped."""
+
+    def leg_finished(self, alias: str, response: AskResponse | None, error: AgentError | None,
+                     value: Any) -> None:
+        return None
+
+    def fallback(self, *, reason: str, original_plugin: str, fallback_plugin: str) -> None:
+        return None
+
+    def finished(self, *, call_id: str, duration_ms: int, meta: Mapping[str, Any]) -> None:
+        return None
+
+
+_UNRECORDED = _Unrecorded()
 
 
 class Runtime:
-    """Dispatches agent calls for one config; a context manager (``close`` stops sidecars)."""
+    """Dispatches agent calls for one config; a context manager (``close`` stops sidecars).
+
+    ``trace`` is a path (opened, or continued when it exists: the next turn, seq and
+    cassette match counters carry on) or an open TraceWriter. ``trace_wait`` is how long to
+    wait for another process's lock on the trace file. ``turn`` defaults to 1 for a new
+    trace and to one past the last recorded turn for a continued one.
+    """
 
     def __init__(self, config: Config, *, trace: str | Path | TraceWriter | None = None,
-                 session_id: str | None = None, turn: int = 1) -> None:
+                 session_id: str | None = None, turn: int | None = None, trace_wait: float = 0.0) -> None:
         self.config = config
         self.session_id = session_id or uuid.uuid4().hex
-        self.turn = turn
         self.schemas = SchemaSet(config.base_dir)
+        self.redact = Redactor(config_secrets(config))
         self._lock = threading.Lock()
-        self._trace_lock = threading.Lock()
         self._agents: dict[str, Agent] = {}
         self._overrides: dict[str, Agent] = {}
         self._seq: dict[tuple[int, str], int] = {}
         self._closed = False
         self._owns_trace = False
         self.trace: TraceWriter | None = None
-        if isinstance(trace, (str, Path)):
-            from localllm.trace import TraceWriter
+        self._recorder: TraceRecorder | None = None
+        if trace is not None:
+            from localllm.trace.recorder import TraceRecorder
+            from localllm.trace.writer import TraceWriter
 
-            self.trace = TraceWriter.open(Path(trace))
-            self._owns_trace = True
-        else:
-            self.trace = trace
+            if isinstance(trace, (str, Path)):
+                self.trace = TraceWriter.open(Path(trace), wait=trace_wait)
+                self._owns_trace = True
+            else:
+                self.trace = trace
+            self._recorder = TraceRecorder(self.trace, redact=self.redact)
+        self.turn = turn if turn is not None else (self._recorder.next_turn() if self._recorder else 1)
+
+    def _episode_plays(self) -> dict[str, int]:
+        """episode_id → matches the trace already holds (a replaying agent counts on from there)."""
+        return self._recorder.episode_plays() if self._recorder is not None else {}
 
     # ------------------------------------------------------------------ registry
 
@@ -165,15 +208,16 @@ class Runtime:
         """
         decl = self.config.agents.get(alias)
         if not isinstance(decl, InprocessDecl):
-            raise ConfigError([ConfigProblem(str(self.config.path), f"agent_plugins.{alias}",
-                                             "is not declared with plugin: builtin.inprocess",
-                                             f"declare {alias}: {{plugin: builtin.inprocess}}")])
+            raise CallError(f"{self.config.path}: agent_plugins.{alias} is not declared with plugin: builtin.inprocess",
+                            key=f"agent_plugins.{alias}", value=alias,
+                            hint=f"declare {alias}: {{plugin: builtin.inprocess}}")
         from localllm.agents.inprocess import InprocessAgent
 
         self.register_agent(alias, InprocessAgent(alias, fn, local_model=local_model))
 
     def register_agent(self, alias: str, agent: Agent) -> None:
         """Route ``alias`` to ``agent`` (e.g. a cassette), replacing any declaration."""
+        agent.continue_session(self._episode_plays())
         with self._lock:
             old = self._agents.pop(alias, None)
             self._overrides[alias] = agent
@@ -184,19 +228,20 @@ class Runtime:
         """The agent for ``alias``, constructed on first use (nothing is spawned here)."""
         with self._lock:
             if self._closed:
-                raise RuntimeError("Runtime is closed")
+                raise CallError("the Runtime is closed", key="runtime",
+                                hint="make calls before close() (inside `with Runtime(...)`)")
             found = self._overrides.get(alias) or self._agents.get(alias)
             if found is not None:
                 return found
             decl = self.config.agents.get(alias)
             if decl is None:
                 declared = ", ".join(sorted(self.config.agents))
-                raise ConfigError([ConfigProblem(str(self.config.path), "agent",
-                                                 f'agent "{alias}" is not declared (declared: {declared})',
-                                                 "declare it under agent_plugins:")])
+                raise CallError(f'agent "{alias}" is not declared (declared: {declared})', key="agent", value=alias,
+                                hint=f"declare it under agent_plugins: in {self.config.path}")
             from localllm.agents import build_agent
 
             built = build_agent(decl, base_dir=self.config.base_dir)
+            built.continue_session(self._episode_plays())
             self._agents[alias] = built
             return built
 
@@ -215,57 +260,83 @@ class Runtime:
 
         ``schema`` is a schema object or a path relative to the config file. ``prompt`` may
         use ``{{ args.NAME }}`` / ``{{ world.NAME }}``. ``timeout`` is the hard cap in
-        seconds (default: the agent's ``timeout``).
+        seconds (default: the agent's ``timeout``). Nothing but a LocalLLMError leaves a
+        call; every error text and trace payload has the config's secrets redacted.
         """
         if verb not in VERBS:
-            raise ConfigError([ConfigProblem("call", "verb", f'unknown verb "{verb}"',
-                                             f"use one of {', '.join(VERBS)}")])
+            raise CallError(f'unknown verb "{verb}"', key="verb", value=verb, hint=f"use one of {', '.join(VERBS)}")
         args = dict(args or {})
         world = dict(world or {})
         schema_doc, schema_path = self._schema(schema)
         rendered = render_prompt(prompt, args, world)
         target = self.agent(agent)
-        state = state_path or verb
-        with self._lock:
-            seq = self._seq.get((self.turn, state), 0)
-            self._seq[(self.turn, state)] = seq + 1
-        call_id = derive_call_id(self.config.app_id, live_call_key(self.turn, state, seq))
         hard = self._timeout(agent, timeout)
-        schema_name = None
-        if schema_path is not None:
-            schema_name = schema_path.stem
-        elif schema_doc is not None:
-            schema_name = str(schema_doc.get("title") or "inline")
-        request = AskRequest(
-            session_id=self.session_id, turn=self.turn, state_path=state, verb=verb, prompt=rendered,
-            call_id=call_id, deadline=_rfc3339(datetime.now(timezone.utc) + timedelta(seconds=hard)),
-            schema=schema_doc, world=world,
-            with_={"handler": agent, "schema_name": schema_name, "args": args,
-                   "schema": str(schema_path) if schema_path else None},
-        )
+        request = self._request(verb, agent, rendered, state=state_path or verb, hard=hard, schema=schema_doc,
+                                schema_path=schema_path, args=args, world=world)
+        record: _Record = _UNRECORDED if self._recorder is None else \
+            self._recorder.call_started(request, alias=agent, schema_path=schema_path, args=args)
         started = time.monotonic()
         leg = self._attempt(target, agent, request, schema=schema_doc, schema_path=schema_path, timeout=hard)
-        original: _Leg | None = None
+        record.leg_finished(leg.alias, leg.response, leg.error, leg.value)
+        fallback_of: str | None = None
         if (leg.error is not None and leg.error.kind is ErrorKind.SCHEMA_INVALID and target.is_local_model
                 and agent != FALLBACK_ALIAS and FALLBACK_ALIAS in self.config.agents):
-            original = leg
-            fallback = self.agent(FALLBACK_ALIAS)
-            leg = self._attempt(fallback, FALLBACK_ALIAS, request, schema=schema_doc, schema_path=schema_path,
-                                timeout=self._timeout(FALLBACK_ALIAS, timeout))
-        duration_ms = int((time.monotonic() - started) * 1000)
-        # a replayed error (cassette) carries meta too: its episode decides the call_id
-        meta = dict((leg.response.meta if leg.response else getattr(leg.error, "meta", None)) or {})
-        substitution = None
-        if original is not None:
-            substitution = {"reason": "schema_invalid", "original_plugin": agent, "fallback_plugin": FALLBACK_ALIAS}
-            meta["fallback_of"] = agent
-        call_id = self._cassette_call_id(meta) or call_id
-        if self.trace is not None:
-            self._record(_Outcome(request, agent, leg, original, meta, substitution, duration_ms, call_id,
-                                  schema_path, args))
+            fallback_of = agent
+            record.fallback(reason="schema_invalid", original_plugin=agent, fallback_plugin=FALLBACK_ALIAS)
+            leg = self._fallback(request, leg.error, schema=schema_doc, schema_path=schema_path, timeout=timeout)
+            record.leg_finished(leg.alias, leg.response, leg.error, leg.value)
+        meta = self._meta(leg, fallback_of)
+        call_id = self._replay_call_id(leg) or request.call_id
+        record.finished(call_id=call_id, duration_ms=int((time.monotonic() - started) * 1000), meta=meta)
         if leg.error is not None:
             raise leg.error
         return CallResult(submission=leg.value, meta=meta, call_id=call_id, agent=leg.alias)
+
+    def _fallback(self, request: AskRequest, local_error: AgentError, *, schema: dict[str, Any] | None,
+                  schema_path: Path | None, timeout: float | None) -> _Leg:
+        """agent.claude's leg after the local answer failed validation."""
+        leg = self._attempt(self.agent(FALLBACK_ALIAS), FALLBACK_ALIAS, request, schema=schema,
+                            schema_path=schema_path, timeout=self._timeout(FALLBACK_ALIAS, timeout))
+        if leg.error is not None:
+            # the caller learns why the local answer was refused, not only why the fallback failed
+            hint = "; ".join(h for h in (leg.error.hint, local_error.hint) if h)
+            leg.error = leg.error.replace(original=local_error, hint=hint)
+        return leg
+
+    def _request(self, verb: str, agent: str, prompt: str, *, state: str, hard: float,
+                 schema: dict[str, Any] | None, schema_path: Path | None, args: dict[str, Any],
+                 world: dict[str, Any]) -> AskRequest:
+        """The AskRequest of a live call, with the next ``turn:state_path:seq`` call_id."""
+        with self._lock:
+            seq = self._seq.get((self.turn, state), 0)
+            self._seq[(self.turn, state)] = seq + 1
+        schema_name = None
+        if schema_path is not None:
+            schema_name = schema_path.stem
+        elif schema is not None:
+            schema_name = str(schema.get("title") or "inline")
+        return AskRequest(
+            session_id=self.session_id, turn=self.turn, state_path=state, verb=verb, prompt=prompt,
+            call_id=derive_call_id(self.config.app_id, live_call_key(self.turn, state, seq)),
+            deadline=_rfc3339(datetime.now(timezone.utc) + timedelta(seconds=hard)), schema=schema, world=world,
+            with_={"handler": agent, "schema_name": schema_name, "args": args,
+                   "schema": str(schema_path) if schema_path else None},
+        )
+
+    def _meta(self, leg: _Leg, fallback_of: str | None) -> dict[str, Any]:
+        """The call's meta: the answering leg's (a replayed error carries one too), redacted."""
+        raw = leg.response.meta if leg.response is not None else (leg.error.meta if leg.error else None)
+        meta: dict[str, Any] = self.redact.value(dict(raw or {}))
+        if fallback_of is not None:
+            meta["fallback_of"] = fallback_of
+        return meta
+
+    def _replay_call_id(self, leg: _Leg) -> str | None:
+        """A replayed answer (or replayed error) names its episode: that decides the call_id."""
+        replay = leg.response if leg.response is not None else leg.error
+        if replay is None or replay.episode_id is None or replay.match_idx is None:
+            return None
+        return derive_call_id(self.config.app_id, cassette_call_key(replay.episode_id, replay.match_idx))
 
     def run_gate(self, name: str, args: Mapping[str, Any] | None = None,
                  world: Mapping[str, Any] | None = None) -> CallResult:
@@ -274,8 +345,8 @@ class Runtime:
         gate = self.config.gates.get(name)
         if gate is None:
             known = ", ".join(self.config.gates) or "none"
-            raise ConfigError([ConfigProblem(str(self.config.path), "gates",
-                                             f'no gate named "{name}" (gates: {known})')])
+            raise CallError(f'no gate named "{name}" (gates: {known})', key="gates", value=name,
+                            hint=f"declare it under gates: in {self.config.path}")
         given = dict(args or {})
         world = dict(world or {})
         merged: dict[str, Any] = {}
@@ -296,21 +367,32 @@ class Runtime:
             return dict(schema), None
         path = Path(schema)
         full = path if path.is_absolute() else (self.config.base_dir / path)
-        return self.schemas.load(full), full.resolve()
+        try:
+            return self.schemas.load(full), full.resolve()
+        except SchemaError:
+            raise
+        except (OSError, ValueError) as exc:  # a NUL or a lone surrogate in the path
+            raise unreadable(full, exc) from exc
 
     def _attempt(self, agent: Agent, alias: str, request: AskRequest, *, schema: dict[str, Any] | None,
                  schema_path: Path | None, timeout: float) -> _Leg:
+        """One agent's leg of a call: ask, check sub-events, validate. The last boundary:
+        whatever the agent raises comes back as an AgentError naming ``alias``, redacted."""
         deadline = time.monotonic() + timeout
 
         def prime() -> None:
-            # compile the validator (first use imports jsonschema) while the agent works
+            # compile the validator (first use imports jsonschema) while the agent works;
+            # a schema that cannot compile is reported by the validation below
             if schema is not None:
-                self.schemas.validator(schema, base=schema_path)
+                with contextlib.suppress(SchemaError):
+                    self.schemas.validator(schema, base=schema_path)
 
         try:
             response = self._ask(agent, alias, request, deadline=deadline, timeout=timeout, prime=prime)
         except AgentError as exc:
-            return _Leg(alias, None, exc)
+            return _Leg(alias, None, self._own(exc, alias))
+        except Exception as exc:  # the last boundary: a foreign failure becomes data, its cause chained
+            return _Leg(alias, None, self._own(_foreign(exc), alias))
         leg = _Leg(alias, response, None)
         try:
             self._check_sub_events(alias, request.call_id, response)
@@ -319,8 +401,14 @@ class Runtime:
             else:
                 leg.value = _parse_loose(response.submission)
         except AgentError as exc:
-            leg.error = exc
+            leg.error = self._own(_explain_cut(exc, response), alias)
         return leg
+
+    def _own(self, exc: AgentError, alias: str) -> AgentError:
+        """``exc`` naming ``alias`` (when it named no agent) with the config's secrets redacted."""
+        if exc.alias is None:
+            exc = exc.replace(alias=alias)
+        return exc.redacted(self.redact) if self.redact else exc
 
     def _ask(self, agent: Agent, alias: str, request: AskRequest, *, deadline: float, timeout: float,
              prime: Callable[[], None]) -> AskResponse:
@@ -342,11 +430,14 @@ class Runtime:
             agent.cancel(request.call_id)
             worker.join(_CANCEL_GRACE)
             raise AgentError(ErrorKind.DEADLINE_EXCEEDED,
-                             f"{alias} did not answer within {timeout:g}s; the late answer is discarded")
+                             f"did not answer within {timeout:g}s; the late answer is discarded", alias=alias)
         worker.join()
         if "error" in box:
             raise box["error"]
-        response: AskResponse = box["response"]
+        response = box["response"]
+        if not isinstance(response, AskResponse):
+            raise AgentError(ErrorKind.PLUGIN_CRASH, f"ask() returned {type(response).__name__}, not an AskResponse",
+                             alias=alias)
         return response
 
     @staticmethod
@@ -360,71 +451,6 @@ class Runtime:
             if event.get("call_id") != call_id:
                 raise AgentError(ErrorKind.SUB_EVENT_CALL_ID_MISMATCH,
                                  f"sub_events[{i}].call_id {event.get('call_id')!r} != parent call_id {call_id!r}")
-
-    def _cassette_call_id(self, meta: Mapping[str, Any]) -> str | None:
-        if meta.get("transport") == "cassette" and "episode_id" in meta and "match_idx" in meta:
-            key = cassette_call_key(str(meta["episode_id"]), int(meta["match_idx"]))
-            return derive_call_id(self.config.app_id, key)
-        return None
-
-    def _record(self, out: _Outcome) -> None:
-        from localllm.trace import needs_sidecar, write_prompt, write_response, write_transcript
-
-        assert self.trace is not None
-        request, alias, leg, original, meta = out.request, out.alias, out.leg, out.original, out.meta
-        substitution, duration_ms, call_id, schema_path, args = (
-            out.substitution, out.duration_ms, out.call_id, out.schema_path, out.args)
-        trace = self.trace
-        trace_dir = trace.dir
-        start: dict[str, Any] = {"verb": request.verb, "agent": alias}
-        if meta.get("model"):
-            start["model"] = _scrub(meta["model"])
-        if needs_sidecar(request.prompt):
-            start["prompt_file"] = write_prompt(trace_dir, call_id, request.prompt)
-        else:
-            start["prompt"] = request.prompt
-        start["input"] = _scrub({"schema_path": str(schema_path) if schema_path else None, "args": dict(args)})
-        ids: dict[str, Any] = {"call_id": call_id}
-        if meta.get("transport") == "cassette":
-            ids["episode_id"] = meta.get("episode_id")
-            ids["match_idx"] = meta.get("match_idx")
-        end: dict[str, Any] = {"verb": request.verb, "agent": alias}
-        if meta.get("model"):
-            end["model"] = _scrub(meta["model"])
-        end["duration_ms"] = duration_ms
-        refs: dict[str, Any] = {}
-        if leg.response is not None and leg.response.transcript is not None:
-            refs["transcript_ref"] = write_transcript(trace_dir, call_id, leg.response.transcript)
-        if original is not None and original.response is not None and original.response.transcript is not None:
-            refs["original_transcript_ref"] = write_transcript(trace_dir, call_id, original.response.transcript,
-                                                               suffix="-original")
-        turn, state = request.turn, request.state_path
-        with self._trace_lock:
-            trace.append("agent.call.start", start, turn=turn, state_path=state, **ids)
-            if leg.error is None:
-                assert leg.response is not None
-                for event in leg.response.sub_events:
-                    trace.append(_scrub(str(event["kind"])), _scrub(dict(event.get("payload") or {})), turn=turn,
-                                 state_path=state, call_id=call_id)
-                if needs_sidecar(leg.value):
-                    end["response_file"] = write_response(trace_dir, call_id, leg.value)
-                else:
-                    end["response"] = leg.value
-                if meta:
-                    end["meta"] = _scrub(meta)
-                if substitution is not None:
-                    end["substitution"] = substitution
-                end.update(refs)
-                trace.append("agent.call.complete", end, turn=turn, state_path=state, call_id=call_id)
-            else:
-                end["error"] = _scrub(str(leg.error))
-                end["kind"] = leg.error.kind.value
-                if original is not None and original.error is not None:
-                    end["original_error"] = _scrub(str(original.error))
-                if substitution is not None:
-                    end["substitution"] = substitution
-                end.update(refs)
-                trace.append("agent.call.error", end, turn=turn, state_path=state, call_id=call_id)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -450,11 +476,38 @@ class Runtime:
         self.close()
 
 
+def _foreign(exc: Exception) -> AgentError:
+    """An exception that is not an AgentError, as one: I/O failures (OSError) and localllm's
+    own errors (a fetch, a sidecar) are ``transport_error``, anything else ``plugin_crash``."""
+    if isinstance(exc, LocalLLMError):
+        error = AgentError(ErrorKind.TRANSPORT_ERROR, str(exc), hint=exc.hint)
+    elif isinstance(exc, OSError):
+        where = f" ({exc.filename})" if exc.filename else ""
+        error = AgentError(ErrorKind.TRANSPORT_ERROR, f"{type(exc).__name__}: {exc.strerror or exc}{where}",
+                           hint="check the paths named (LOCALLLM_CACHE_DIR, the config's command, cwd and model)")
+    else:
+        error = AgentError(ErrorKind.PLUGIN_CRASH, f"raised {type(exc).__name__}: {exc}",
+                           hint="a bug in the agent or its transport; LOCALLLM_DEBUG=1 shows the traceback")
+    error.__cause__ = exc
+    return error
+
+
+def _explain_cut(exc: AgentError, response: AskResponse) -> AgentError:
+    """A schema_invalid answer that stopped at the token limit says so, and what to change."""
+    meta = response.meta or {}
+    if exc.kind is not ErrorKind.SCHEMA_INVALID or meta.get("finish_reason") != "length":
+        return exc
+    limit = meta.get("max_tokens")
+    cut = f"hit max_tokens={limit}" if limit is not None else "hit the token limit"
+    return exc.replace(detail=f"{exc.detail} (the answer was cut: it {cut})",
+                       hint=f"{cut}; raise max_tokens or bound the schema's strings (maxLength, maxItems, enum)")
+
+
 def _parse_loose(submission: str | None) -> Any:
-    """No schema: bind the parsed JSON when it parses, else the raw text."""
+    """No schema: bind the parsed JSON when it parses (NaN is not JSON), else the raw text."""
     if submission is None:
         return None
     try:
-        return json.loads(submission)
+        return loads_json(submission)
     except ValueError:
         return submission

@@ -22,14 +22,30 @@ from localllm.errors import AgentError, ErrorKind, SchemaError, truncate_detail
 _MISSING = object()
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number (RFC 8259 has no NaN or Infinity)")
+
+
+def loads_json(text: str) -> Any:
+    """``json.loads`` that refuses ``NaN``/``Infinity``/``-Infinity`` (Python accepts them;
+    JSON, the trace and every other reader do not)."""
+    return json.loads(text, parse_constant=_no_constant)
+
+
+def unreadable(path: Path, exc: Exception) -> SchemaError:
+    """The SchemaError for a path that cannot be opened (printable even for a surrogate in it)."""
+    text = f"{str(path)[:300]}: cannot read schema file: {exc}".encode("utf-8", "backslashreplace").decode("utf-8")
+    return SchemaError(text, hint="pass the path of a JSON Schema file inside the config directory")
+
+
 def read_schema_file(path: Path) -> dict[str, Any]:
     """Read one schema file; ``SchemaError`` names the file and the problem."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError as exc:
         raise SchemaError(f"{path}: schema file not found") from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SchemaError(f"{path}: cannot read schema file: {exc}") from exc
+    except (OSError, UnicodeError, ValueError) as exc:  # ValueError: a NUL in the path; UnicodeError: a surrogate
+        raise unreadable(path, exc) from exc
     try:
         data = json.loads(text)
     except ValueError as exc:
@@ -149,7 +165,9 @@ class SchemaSet:
                 self._docs[full] = doc
             return doc
 
-    def _registry(self, base: Path) -> Any:
+    def _registry(self, dialect: Any) -> Any:
+        """A registry serving files under the root; a file without ``$schema`` (the common
+        case) is read in ``dialect``, the referring schema's."""
         from referencing import Registry, Resource
         from referencing.exceptions import NoSuchResource
 
@@ -162,7 +180,7 @@ class SchemaSet:
             target = Path(parsed.path).resolve()
             if not target.is_relative_to(root):
                 raise NoSuchResource(ref=uri)  # type: ignore[call-arg]
-            return Resource.from_contents(self.load(target))
+            return Resource.from_contents(self.load(target), default_specification=dialect)
 
         return Registry(retrieve=retrieve)  # type: ignore[call-arg]
 
@@ -179,9 +197,12 @@ class SchemaSet:
         doc = dict(schema)
         doc.setdefault("$id", base.resolve().as_uri())
         cls = validator_for(doc)
+        from referencing.jsonschema import specification_with
+
+        dialect = specification_with(str(cls.META_SCHEMA.get("$schema") or cls.META_SCHEMA.get("$id")))
         # formats (date, time, date-time, uuid, email, …) are asserted, not just annotated:
         # the grammar enforces some of them and a demanding caller expects the rest checked
-        validator = cls(doc, registry=self._registry(base), format_checker=cls.FORMAT_CHECKER)
+        validator = cls(doc, registry=self._registry(dialect), format_checker=cls.FORMAT_CHECKER)
         with self._lock:
             self._validators[key] = validator
         return validator
@@ -195,18 +216,24 @@ class SchemaSet:
         if submission is None:
             raise AgentError(ErrorKind.SCHEMA_INVALID, "no submission: the agent returned nothing")
         try:
-            value = json.loads(submission)
+            value = loads_json(submission)
         except ValueError as exc:
             raise AgentError(
                 ErrorKind.SCHEMA_INVALID,
                 f"submission is not valid JSON ({exc}): {truncate_detail(submission)}",
             ) from exc
+        from referencing.exceptions import Unresolvable
+
         validator = self.validator(schema, base=base)
         try:
             errors = sorted(validator.iter_errors(value), key=lambda e: (list(e.absolute_path), e.validator))
         except re.error as exc:  # an ECMA-only pattern (named groups, inline flags) Python cannot compile
             detail = f"the schema's pattern cannot be checked ({exc}); rewrite it without ECMA-only syntax"
             raise AgentError(ErrorKind.SCHEMA_INVALID, detail) from exc
+        except Unresolvable as exc:  # the schema's fault, not the answer's
+            where = base or "the schema"
+            raise SchemaError(f"{where}: a $ref cannot be resolved: {exc}",
+                              hint="keep $ref targets as files inside the config directory") from exc
         if errors:
             first = errors[0]
             path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first.absolute_path)

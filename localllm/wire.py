@@ -86,12 +86,18 @@ class Transcript:
 
 @dataclass(frozen=True)
 class AskResponse:
-    """What a plugin returns."""
+    """What a plugin returns.
+
+    ``episode_id`` / ``match_idx`` are set by a replaying transport (a cassette): the call's
+    id then derives from ``episode_id:match_idx`` instead of the live key (trace-format §5).
+    """
 
     submission: str | None
     meta: dict[str, Any] | None = None
     sub_events: list[dict[str, Any]] = field(default_factory=list)
     transcript: Transcript | None = None
+    episode_id: str | None = None
+    match_idx: int | None = None
 
     @classmethod
     def of(cls, value: Any, meta: dict[str, Any] | None = None) -> AskResponse:

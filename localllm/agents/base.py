@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import time
+from collections.abc import Mapping
 from typing import ClassVar
 
 from localllm.wire import AskRequest, AskResponse
@@ -29,6 +30,10 @@ class Agent(abc.ABC):
     @abc.abstractmethod
     def ask(self, request: AskRequest, *, deadline: float) -> AskResponse:
         """Answer one request or raise AgentError."""
+
+    def continue_session(self, plays: Mapping[str, int]) -> None:  # noqa: B027 - optional hook
+        """The trace being continued already holds ``plays[episode_id]`` replays of each
+        episode; a replaying agent counts on from there. Default: nothing."""
 
     def cancel(self, call_id: str) -> None:  # noqa: B027 - optional hook
         """Abort the in-flight call ``call_id`` (hard deadline passed). Default: nothing."""

@@ -32,7 +32,11 @@ compared as JSON; a string also equals a scalar whose JSON text it is (``"3"`` m
 The first episode, in file order, whose keys all match and that is unplayed (or has
 ``replay: any``) wins; it counts as played from the moment it is chosen, even if its
 delay then overruns the deadline. ``match_idx`` is how many times that episode was
-played before (0-based), so the runtime derives the call_id from ``episode_id:match_idx``.
+played before (0-based), so the runtime derives the call_id from ``episode_id:match_idx``
+(set on the AskResponse or error, and in ``meta``). When the runtime continues a trace the
+counters start from the matches it already holds (:meth:`CassetteAgent.continue_session`):
+``replay: any`` numbering carries on across processes and a played ``once`` episode stays
+played, so call_ids stay unique within the trace.
 A miss is ``transport_error`` listing every episode. A replayed sub-event without a
 ``call_id`` gets the request's. An episode with no ``agent:`` but a ``response:`` is a
 host (non-agent) episode of a shared host cassette: it is kept out of matching.
@@ -73,11 +77,7 @@ _MISS_LISTED = 20
 
 
 class ReplayedAgentError(AgentError):
-    """An ``agent.error`` episode replayed; ``meta`` carries episode_id and match_idx."""
-
-    def __init__(self, kind: ErrorKind | str, detail: str, *, meta: dict[str, Any]) -> None:
-        super().__init__(kind, detail)
-        self.meta = meta
+    """An ``agent.error`` episode replayed; ``episode_id`` and ``match_idx`` are set."""
 
 
 @dataclass(frozen=True)
@@ -387,7 +387,7 @@ class CassetteAgent(Agent):
     def _select(self, facts: dict[str, Any]) -> tuple[Episode, int]:
         with self._lock:
             if self._closed:
-                raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias} is closed")
+                raise AgentError(ErrorKind.TRANSPORT_ERROR, "is closed", alias=self.alias)
             for episode in self.cassette.episodes:
                 plays = self._plays.get(episode.id, 0)
                 if (episode.replay_any or plays == 0) and self._matches(episode, facts):
@@ -399,6 +399,8 @@ class CassetteAgent(Agent):
             ErrorKind.TRANSPORT_ERROR,
             f"no unplayed episode in cassette {self.cassette.path} matches "
             f"{truncate_detail(_json_text(asked) or str(asked))}; episodes: {listing}",
+            alias=self.alias,
+            hint="add an episode whose match: keys equal the call's, or mark a reused one replay: any",
         )
 
     def _listing(self) -> str:
@@ -412,6 +414,12 @@ class CassetteAgent(Agent):
         if more > 0:
             parts.append(f"... {more} more")
         return "; ".join(parts)
+
+    def continue_session(self, plays: Mapping[str, int]) -> None:
+        """Count on from the matches of each episode the continued trace already holds."""
+        with self._lock:
+            for episode in self.cassette.episodes:
+                self._plays[episode.id] = max(self._plays.get(episode.id, 0), int(plays.get(episode.id, 0)))
 
     def unplayed(self) -> list[str]:
         """Ids of play-once episodes not yet played (for "every episode was used" checks)."""
@@ -436,23 +444,26 @@ class CassetteAgent(Agent):
                 if not waits:
                     self._waits.pop(request.call_id, None)
         if episode.error_kind is not None:
-            raise ReplayedAgentError(episode.error_kind, episode.error_detail, meta=meta)
+            raise ReplayedAgentError(episode.error_kind, episode.error_detail, meta=meta, episode_id=episode.id,
+                                     match_idx=match_idx)
         sub_events = [
             {**event, "call_id": event.get("call_id", request.call_id)} for event in episode.sub_events
         ]
         return AskResponse(
-            submission=episode.response, meta=meta, sub_events=sub_events, transcript=episode.transcript
+            submission=episode.response, meta=meta, sub_events=sub_events, transcript=episode.transcript,
+            episode_id=episode.id, match_idx=match_idx,
         )
 
     def _sleep(self, cancelled: threading.Event, episode: Episode, deadline: float) -> None:
         """Wait the episode's delay, cut by the deadline or by :meth:`cancel`."""
         until = time.monotonic() + episode.delay
         if cancelled.wait(max(0.0, min(until, deadline) - time.monotonic())):
-            raise AgentError(ErrorKind.DEADLINE_EXCEEDED, f"{self.alias}: episode {episode.id} cancelled")
+            raise AgentError(ErrorKind.DEADLINE_EXCEEDED, f"episode {episode.id} cancelled", alias=self.alias)
         if until > deadline:
             raise AgentError(
                 ErrorKind.DEADLINE_EXCEEDED,
-                f"{self.alias}: episode {episode.id} delay {episode.delay:g}s overran the deadline",
+                f"episode {episode.id} delay {episode.delay:g}s overran the deadline",
+                alias=self.alias,
             )
 
     def cancel(self, call_id: str) -> None:

@@ -31,7 +31,7 @@ class InprocessAgent(Agent):
         except AgentError:
             raise
         except Exception as exc:  # the boundary where a plugin's own bug becomes plugin_crash
-            raise AgentError(ErrorKind.PLUGIN_CRASH, f"{self.alias} raised {type(exc).__name__}: {exc}") from exc
+            raise AgentError(ErrorKind.PLUGIN_CRASH, f"raised {type(exc).__name__}: {exc}", alias=self.alias) from exc
         return result if isinstance(result, AskResponse) else AskResponse.of(result)
 
 
@@ -41,6 +41,5 @@ class UnregisteredInprocessAgent(Agent):
     plugin = "builtin.inprocess"
 
     def ask(self, request: AskRequest, *, deadline: float) -> AskResponse:
-        raise AgentError(ErrorKind.PLUGIN_UNSUPPORTED,
-                         f"{self.alias} is builtin.inprocess but no callable is registered; "
-                         "call Runtime.register_inprocess(alias, fn) first")
+        raise AgentError(ErrorKind.PLUGIN_UNSUPPORTED, "is builtin.inprocess but no callable is registered",
+                         alias=self.alias, hint=f"call Runtime.register_inprocess({self.alias!r}, fn) first")

@@ -17,6 +17,7 @@ statement of the required JSON shape. The runtime validates every answer regardl
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import threading
@@ -69,6 +70,7 @@ class LocalLLMAgent(Agent):
         self._sidecar: Any = None
         self._client: Any = None
         self._subset_cache: dict[str, bool] = {}
+        self._pinned_meta: dict[str, Any] | None = None
         self._closed = False
 
     # ------------------------------------------------------------------ server
@@ -202,10 +204,13 @@ class LocalLLMAgent(Agent):
         if not isinstance(content, str):
             raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias}: choices[0].message.content is not text")
         usage = data.get("usage") or {}
+        choice = data["choices"][0]
         meta: dict[str, Any] = {
-            "model": data.get("model") or body["model"],
+            **self._model_meta(data),
             "prompt_tokens": usage.get("prompt_tokens"),
             "completion_tokens": usage.get("completion_tokens"),
+            "finish_reason": choice.get("finish_reason") if isinstance(choice, dict) else None,
+            "max_tokens": body["max_tokens"],
             "grammar": grammar,
             "json_schema": native,
         }
@@ -213,6 +218,22 @@ class LocalLLMAgent(Agent):
             meta["timings"] = data["timings"]
         transcript = self._transcript(body, content, usage, elapsed_ms)
         return AskResponse(submission=strip_fence(content), meta=meta, transcript=transcript)
+
+    def _model_meta(self, data: dict[str, Any]) -> dict[str, Any]:
+        """``model`` as an id (a managed server reports its GGUF path), plus the pinned GGUF's sha256."""
+        if not self.managed:
+            return {"model": data.get("model") or self.decl.model or "local"}
+        if self._pinned_meta is None:
+            model = self.decl.model or "local"
+            self._pinned_meta = {"model": Path(model).name if model.endswith(".gguf") else model}
+            if not model.endswith(".gguf"):
+                from localllm.managed.pins import load_pins
+
+                with contextlib.suppress(FetchError):
+                    sha256 = load_pins().model(model).artifact.sha256
+                    if sha256:
+                        self._pinned_meta["model_sha256"] = sha256
+        return dict(self._pinned_meta)
 
     def _connection_detail(self, base: str, exc: Exception, pid: int | None) -> str:
         detail = f"{self.alias}: request to {base} failed: {type(exc).__name__}: {exc}"

@@ -45,10 +45,10 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from localllm.agents import _mcp
-from localllm.agents._child import Redactor
 from localllm.agents.base import Agent
 from localllm.config import McpHttpDecl
 from localllm.errors import AgentError, ErrorKind, truncate_detail
+from localllm.redact import Redactor
 from localllm.wire import AskRequest, AskResponse
 
 logger = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ class McpHttpAgent(Agent):
 
     def ask(self, request: AskRequest, *, deadline: float) -> AskResponse:
         if self._closed:
-            raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias}: agent is closed")
+            raise AgentError(ErrorKind.TRANSPORT_ERROR, "agent is closed", alias=self.alias)
         call_id = request.call_id
         try:
             message = self._tools_call(request, deadline, call_id)
@@ -144,7 +144,7 @@ class McpHttpAgent(Agent):
             except _SessionExpired:
                 raise AgentError(
                     ErrorKind.TRANSPORT_ERROR,
-                    f"{self.alias}: {self._url} answered 404 for a freshly initialised session",
+                    f"{self._url} answered 404 for a freshly initialised session", alias=self.alias,
                 ) from None
         assert reply is not None
         return reply
@@ -156,7 +156,7 @@ class McpHttpAgent(Agent):
         # Waiting for another thread's handshake is bounded by our own deadline too.
         if not self._session_lock.acquire(timeout=self.remaining(deadline)):
             raise AgentError(
-                ErrorKind.DEADLINE_EXCEEDED, f"{self.alias}: deadline passed waiting for the MCP handshake"
+                ErrorKind.DEADLINE_EXCEEDED, "deadline passed waiting for the MCP handshake", alias=self.alias
             )
         try:
             current = self._session
@@ -181,7 +181,7 @@ class McpHttpAgent(Agent):
             self._post(_mcp.initialized_notification(), session, deadline, call_id)
         except _SessionExpired as exc:
             raise AgentError(
-                ErrorKind.TRANSPORT_ERROR, f"{self.alias}: {self._url} answered 404 during the MCP handshake"
+                ErrorKind.TRANSPORT_ERROR, f"{self._url} answered 404 during the MCP handshake", alias=self.alias
             ) from exc
         logger.debug("%s: MCP session initialised (protocol %s)", self.alias, version)
         return session
@@ -201,7 +201,7 @@ class McpHttpAgent(Agent):
     def _timeout(self, deadline: float, call_id: str) -> httpx.Timeout:
         remaining = self.remaining(deadline)
         if remaining <= 0 or call_id in self._cancelled:
-            raise AgentError(ErrorKind.DEADLINE_EXCEEDED, f"{self.alias}: deadline passed before the request")
+            raise AgentError(ErrorKind.DEADLINE_EXCEEDED, "deadline passed before the request", alias=self.alias)
         return httpx.Timeout(remaining, connect=min(remaining, _CONNECT_TIMEOUT))
 
     def _post(
@@ -231,8 +231,8 @@ class McpHttpAgent(Agent):
                     text = self._read_text(response, deadline, call_id)
                     raise AgentError(
                         ErrorKind.TRANSPORT_ERROR,
-                        f"{self.alias}: {method}: HTTP {response.status_code} from {self._url}: "
-                        f"{truncate_detail(self._redact(text))}",
+                        f"{method}: HTTP {response.status_code} from {self._url}: "
+                        f"{truncate_detail(self._redact(text))}", alias=self.alias,
                     )
                 if session_header is not None:
                     session_header.append(response.headers.get("mcp-session-id"))
@@ -243,18 +243,20 @@ class McpHttpAgent(Agent):
             if self.remaining(deadline) <= 0 or call_id in self._cancelled:
                 raise self._deadline_error(method) from exc
             raise AgentError(
-                ErrorKind.TRANSPORT_ERROR, f"{self.alias}: {method}: {type(exc).__name__} talking to {self._url}"
+                ErrorKind.TRANSPORT_ERROR, f"{method}: {type(exc).__name__} talking to {self._url}", alias=self.alias
             ) from exc
         except httpx.ConnectError as exc:
             raise AgentError(
                 ErrorKind.TRANSPORT_ERROR,
-                f"{self.alias}: cannot connect to {self._url}: {self._redact(str(exc))} "
+                f"cannot connect to {self._url}: {self._redact(str(exc))} "
                 f"(is the MCP server running? check agent_plugins.{self.alias}.endpoint)",
+                alias=self.alias,
             ) from exc
         except httpx.HTTPError as exc:
             raise AgentError(
                 ErrorKind.TRANSPORT_ERROR,
-                f"{self.alias}: {method}: {type(exc).__name__} from {self._url}: {self._redact(str(exc))}",
+                f"{method}: {type(exc).__name__} from {self._url}: {self._redact(str(exc))}",
+                alias=self.alias,
             ) from exc
 
     def _check_time(self, deadline: float, call_id: str, method: str) -> None:
@@ -263,7 +265,7 @@ class McpHttpAgent(Agent):
 
     def _deadline_error(self, method: str) -> AgentError:
         return AgentError(
-            ErrorKind.DEADLINE_EXCEEDED, f"{self.alias}: {method}: no answer from {self._url} before the deadline"
+            ErrorKind.DEADLINE_EXCEEDED, f"{method}: no answer from {self._url} before the deadline", alias=self.alias
         )
 
     def _read_text(self, response: httpx.Response, deadline: float, call_id: str) -> str:
@@ -272,7 +274,7 @@ class McpHttpAgent(Agent):
             data.extend(chunk)
             self._check_time(deadline, call_id, "read")
             if len(data) > _MAX_BODY:
-                raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias}: body from {self._url} is too large")
+                raise AgentError(ErrorKind.TRANSPORT_ERROR, f"body from {self._url} is too large", alias=self.alias)
         return data.decode("utf-8", errors="replace")
 
     def _read_response(
@@ -286,7 +288,8 @@ class McpHttpAgent(Agent):
             except ValueError as exc:
                 raise AgentError(
                     ErrorKind.TRANSPORT_ERROR,
-                    f"{self.alias}: {method}: unparseable JSON from {self._url}: {truncate_detail(self._redact(text))}",
+                    f"{method}: unparseable JSON from {self._url}: {truncate_detail(self._redact(text))}",
+                    alias=self.alias,
                 ) from exc
             messages = value if isinstance(value, list) else [value]
             for candidate in messages:
@@ -294,8 +297,8 @@ class McpHttpAgent(Agent):
                     return candidate
             raise AgentError(
                 ErrorKind.TRANSPORT_ERROR,
-                f"{self.alias}: {method}: no response with id {req_id} in the body: "
-                f"{truncate_detail(self._redact(text))}",
+                f"{method}: no response with id {req_id} in the body: "
+                f"{truncate_detail(self._redact(text))}", alias=self.alias,
             )
         if ctype == "text/event-stream":
             for data in self._sse_data(response, deadline, call_id, method):
@@ -304,8 +307,8 @@ class McpHttpAgent(Agent):
                 except ValueError as exc:
                     raise AgentError(
                         ErrorKind.TRANSPORT_ERROR,
-                        f"{self.alias}: {method}: unparseable SSE event from {self._url}: "
-                        f"{truncate_detail(self._redact(data))}",
+                        f"{method}: unparseable SSE event from {self._url}: "
+                        f"{truncate_detail(self._redact(data))}", alias=self.alias,
                     ) from exc
                 if not isinstance(candidate, dict):
                     continue
@@ -314,12 +317,12 @@ class McpHttpAgent(Agent):
                 logger.debug("%s: skipping SSE message %s", self.alias, candidate.get("method", "response"))
             raise AgentError(
                 ErrorKind.TRANSPORT_ERROR,
-                f"{self.alias}: {method}: SSE stream from {self._url} ended without a response",
+                f"{method}: SSE stream from {self._url} ended without a response", alias=self.alias,
             )
         raise AgentError(
             ErrorKind.TRANSPORT_ERROR,
-            f"{self.alias}: {method}: unexpected content-type {ctype or '(none)'!r} from {self._url} "
-            f"(HTTP {response.status_code})",
+            f"{method}: unexpected content-type {ctype or '(none)'!r} from {self._url} "
+            f"(HTTP {response.status_code})", alias=self.alias,
         )
 
     def _sse_data(self, response: httpx.Response, deadline: float, call_id: str, method: str) -> Iterator[str]:
@@ -342,7 +345,9 @@ class McpHttpAgent(Agent):
                 data.append(value)
                 size += len(value)
                 if size > _MAX_BODY:
-                    raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias}: SSE event from {self._url} too large")
+                    raise AgentError(
+                        ErrorKind.TRANSPORT_ERROR, f"SSE event from {self._url} too large", alias=self.alias
+                    )
             elif field == "event":
                 event = value
 

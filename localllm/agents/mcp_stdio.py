@@ -33,7 +33,7 @@ from localllm.agents import _mcp
 from localllm.agents._child import LineChild
 from localllm.agents._stdio import ChildAgent
 from localllm.config import McpStdioDecl
-from localllm.errors import AgentError, ErrorKind, PluginError
+from localllm.errors import AgentError, ErrorKind, PluginError, truncate_detail
 from localllm.wire import AskRequest, AskResponse
 
 logger = logging.getLogger(__name__)
@@ -59,7 +59,8 @@ class McpStdioAgent(ChildAgent):
         try:
             spec = self.decl.spawn()
         except (PluginError, OSError) as exc:
-            raise AgentError(ErrorKind.PLUGIN_CRASH, f"{self.alias}: cannot spawn: {exc}") from exc
+            hint = exc.hint if isinstance(exc, PluginError) else ""
+            raise AgentError(ErrorKind.PLUGIN_CRASH, f"cannot spawn: {exc}", alias=self.alias, hint=hint) from exc
         return list(spec.argv), dict(spec.env), spec.cwd
 
     def _on_spawn(self, child: LineChild, deadline: float) -> None:
@@ -91,7 +92,8 @@ class McpStdioAgent(ChildAgent):
             if _mcp.is_response(message):
                 got = message.get("id")
                 if type(got) is not int or got != req_id:
-                    raise child.crash(f"stray frame: response id {got!r} does not match request id {req_id}")
+                    raise child.crash(f"stray frame: response id {truncate_detail(self.redact(repr(got)))} "
+                                      f"does not match request id {req_id}")
                 return message
             reply = _mcp.reply_to_server_request(message)
             if reply is not None:

@@ -70,17 +70,19 @@ class SubprocessAgent(ChildAgent):
             raise child.crash(f"frame is not JSON-RPC 2.0: {truncate_detail(self.redact(str(reply)))}")
         got = reply.get("id")
         if type(got) is not int or got != req_id:
-            raise child.crash(f"stray frame: response id {got!r} does not match request id {req_id}")
+            raise child.crash(f"stray frame: response id {truncate_detail(self.redact(repr(got)))} "
+                              f"does not match request id {req_id}")
         if "error" in reply:
             text = jsonrpc_error_text(reply["error"])
-            raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias}: {truncate_detail(self.redact(text))}")
+            raise AgentError(ErrorKind.TRANSPORT_ERROR, truncate_detail(self.redact(text)), alias=self.alias)
         result = reply.get("result")
         if not isinstance(result, dict):
             raise AgentError(
                 ErrorKind.TRANSPORT_ERROR,
-                f"{self.alias}: result is not an AskResponse object: {truncate_detail(self.redact(repr(result)))}",
+                f"result is not an AskResponse object: {truncate_detail(self.redact(repr(result)))}",
+                alias=self.alias,
             )
         try:
             return AskResponse.from_json(result)
         except AgentError as exc:
-            raise AgentError(exc.kind, f"{self.alias}: {exc.detail}") from exc
+            raise exc.replace(alias=self.alias) from exc

@@ -5,7 +5,7 @@
 - ``seq`` is dense per turn and continues across reopenings; turns may interleave (see
   ``localllm.trace.reader`` for the exact ordering rule the reader enforces).
 - An exclusive ``flock`` is held while open; a second writer, in this process or another,
-  gets ``TraceLocked`` at once.
+  gets ``TraceLocked`` at once, or after waiting up to ``wait`` seconds for the lock.
 - ``append`` assigns ``ts`` (now, never going backwards) and the dense per-turn ``seq``,
   checks every write-time rule before touching the file, writes one line and fsyncs it.
 - Before each write the open file is compared (device, inode) with what the path names
@@ -37,6 +37,8 @@ __all__ = ["TORN_SUFFIX", "TraceWriter"]
 
 TORN_SUFFIX = ".torn"
 _INT63 = 2**63
+#: how often a waiting open retries the lock
+_LOCK_POLL = 0.05
 _log = logging.getLogger("localllm.trace")
 
 
@@ -58,14 +60,15 @@ class TraceWriter:
     # ----------------------------------------------------------------- opening
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], *, header: bytes | None = None) -> TraceWriter:
+    def open(cls, path: str | os.PathLike[str], *, header: bytes | None = None, wait: float = 0.0) -> TraceWriter:
         """Create or reopen the trace at ``path`` for appending.
 
         ``header`` is the line 1 to write when the file is created (without the newline;
         default: a fresh ``session.header``) — pass ``Trace.header_line`` to copy a trace
-        byte for byte. It is ignored when the file already has content.
+        byte for byte. It is ignored when the file already has content. ``wait`` is how many
+        seconds to wait for another writer to let go of the file (default: not at all).
 
-        Raises ``TraceLocked`` when another writer holds the file, ``TraceCorrupted`` when
+        Raises ``TraceLocked`` when another writer holds the file (past ``wait``), ``TraceCorrupted`` when
         the existing file breaks a read-time rule (the file is left as it was), and
         ``TraceError`` when the file cannot be opened.
         """
@@ -78,12 +81,7 @@ class TraceWriter:
         except OSError as exc:
             raise _os_error("cannot open trace", p, exc) from exc
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                exc2 = TraceLocked("trace file is locked by another writer")
-                exc2.hint = f"{p} is open in another localllm process or writer; close it or use another path"
-                raise exc2 from None
+            _lock(fd, p, wait)
             _check_same_file(fd, p)
             return cls._load(p, fd, header)
         except BaseException:
@@ -353,6 +351,32 @@ def _check_header(line: bytes) -> None:
         rules.check_value(value, rules.field_path("header", key))
 
 
+def _lock(fd: int, path: Path, wait: float) -> None:
+    """Take the exclusive lock, polling for up to ``wait`` seconds; ``TraceLocked`` after."""
+    deadline = time.monotonic() + max(0.0, wait)
+    announced = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                break
+            if not announced:
+                _log.info("trace %s is locked by another writer; waiting up to %gs", path, wait)
+                announced = True
+            time.sleep(min(_LOCK_POLL, max(0.0, deadline - time.monotonic())))
+    # The message is the spec's (trace-format §7); what to do goes in the hint.
+    waited = f"still locked after waiting {wait:g}s; " if wait > 0 else ""
+    raise TraceLocked(
+        "trace file is locked by another writer",
+        path=str(path),
+        waited=wait,
+        hint=f"{waited}{path} is open in another localllm process or writer: give each process its own "
+        "trace file, or wait for the lock (Runtime(..., trace_wait=SECONDS), `--trace-wait SECONDS`)",
+    )
+
+
 def _check_same_file(fd: int, path: Path) -> None:
     """Raise ``TraceReplaced`` unless ``path`` still names the open file."""
     mine = os.fstat(fd)
@@ -361,9 +385,9 @@ def _check_same_file(fd: int, path: Path) -> None:
     except OSError:
         now = None
     if now is None or (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino):
-        exc = TraceReplaced("trace file replaced under us")
-        exc.hint = f"{path} was replaced or deleted while open; nothing was written to it"
-        raise exc
+        raise TraceReplaced(
+            "trace file replaced under us", hint=f"{path} was replaced or deleted while open; nothing was written to it"
+        )
 
 
 def _is_torn_header(data: bytes) -> bool:
@@ -416,7 +440,5 @@ def _fsync_dir(directory: Path) -> None:
 
 
 def _os_error(what: str, path: Path, exc: OSError) -> TraceError:
-    err = TraceError(f"{what} {path}: {exc.strerror or exc}")
-    err.hint = "check the path and its permissions"
-    return err
+    return TraceError(f"{what} {path}: {exc.strerror or exc}", hint="check the path and its permissions")
 

@@ -104,13 +104,23 @@ def test_replay_any_counts_match_idx() -> None:
     assert answer(agent, request(handler="agent.router"))[0] == {"intent": "search"}
 
 
+def test_continue_session_counts_on_from_the_trace() -> None:
+    agent = CassetteAgent(JUDGE)
+    assert "ep-crash" in agent.unplayed()
+    agent.continue_session({"ep-route": 5, "ep-crash": 1, "not-in-cassette": 9})
+    resp = agent.ask(request(handler="agent.router", schema_name=None), deadline=soon())
+    assert (resp.episode_id, resp.match_idx) == ("ep-route", 5)
+    assert "ep-crash" not in agent.unplayed()  # played in the trace being continued
+
+
 def test_miss_lists_every_episode_and_what_was_asked() -> None:
     agent = CassetteAgent(JUDGE)
     answer(agent, request())
     with pytest.raises(AgentError) as info:
         agent.ask(request(handler="agent.nobody", args={"x": 1}), deadline=soon())
     detail = info.value.detail
-    assert info.value.kind is ErrorKind.TRANSPORT_ERROR
+    assert (info.value.kind, info.value.alias) == (ErrorKind.TRANSPORT_ERROR, agent.alias)
+    assert "replay: any" in info.value.hint
     assert str(JUDGE) in detail
     assert '"handler": "agent.nobody"' in detail and '"x": 1' in detail
     for episode in ("ep-approve", "ep-reject", "ep-pr42", "ep-route", "ep-crash", "ep-tools"):
@@ -161,6 +171,7 @@ def test_error_episode_raises_agent_error_with_meta() -> None:
     assert info.value.detail == "fixer exited with code 3"
     assert str(info.value) == "agent: plugin_crash: fixer exited with code 3"
     assert info.value.meta == {"transport": "cassette", "episode_id": "ep-crash", "match_idx": 0}
+    assert (info.value.episode_id, info.value.match_idx) == ("ep-crash", 0)
     assert isinstance(info.value, AgentError)
 
 
@@ -198,8 +209,7 @@ def test_delay_past_deadline_is_deadline_exceeded() -> None:
     agent = CassetteAgent(JUDGE)
     with pytest.raises(AgentError) as info:
         agent.ask(request(handler="agent.slow"), deadline=time.monotonic() + 0.3)
-    assert info.value.kind is ErrorKind.DEADLINE_EXCEEDED
-    assert "ep-slow" in info.value.detail
+    assert (info.value.kind, info.value.alias) == (ErrorKind.DEADLINE_EXCEEDED, agent.alias)
     # The episode was consumed when chosen.
     assert "ep-slow" not in agent.unplayed()
 
@@ -224,8 +234,8 @@ def test_cancel_cuts_a_delay() -> None:
     thread.join(timeout=10)
     assert not thread.is_alive()
     [error] = errors
-    assert error.kind is ErrorKind.DEADLINE_EXCEEDED
-    assert "ep-slow cancelled" in error.detail
+    assert (error.kind, error.alias) == (ErrorKind.DEADLINE_EXCEEDED, agent.alias)
+    assert error.detail == "episode ep-slow cancelled"
 
 
 def test_closed_cassette_refuses_calls() -> None:

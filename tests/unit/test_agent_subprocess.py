@@ -192,15 +192,15 @@ def test_secrets_from_env_are_redacted_in_details() -> None:
 def test_jsonrpc_error_object_is_transport_error_and_keeps_process(agent: SubprocessAgent) -> None:
     pid = answer(agent, "warm")["pid"]
     err = failure(agent, "rpcerror")
-    assert err.kind is ErrorKind.TRANSPORT_ERROR
+    assert (err.kind, err.alias) == (ErrorKind.TRANSPORT_ERROR, "agent.fixer")
     assert "-32000" in err.detail and "agent refused the task" in err.detail
     assert answer(agent, "next")["pid"] == pid
 
 
 def test_non_object_result_is_transport_error(agent: SubprocessAgent) -> None:
     err = failure(agent, "badresult")
-    assert err.kind is ErrorKind.TRANSPORT_ERROR
-    assert "not an AskResponse object" in err.detail
+    assert (err.kind, err.alias) == (ErrorKind.TRANSPORT_ERROR, "agent.fixer")
+    assert str(err).startswith("agent: transport_error: agent.fixer: result is not an AskResponse object")
 
 
 # -- deadline_exceeded ---------------------------------------------------------------------

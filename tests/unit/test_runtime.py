@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from localllm.agents.base import Agent
 from localllm.cli import main
 from localllm.config import Config, load_config
-from localllm.errors import AgentError, ConfigError, ErrorKind
+from localllm.errors import AgentError, CallError, ConfigError, ErrorKind
+from localllm.redact import Redactor
 from localllm.runtime import Runtime, render_prompt
 from localllm.trace import derive_call_id, read_trace
 from localllm.wire import AskRequest, AskResponse, Transcript
+from tests.unit.agents_fixtures.helpers import McpHttpServer
 
 SCHEMA = {
     "type": "object",
@@ -102,12 +108,22 @@ def test_no_schema_binds_raw(config: Config) -> None:
 def test_schema_path_relative_to_config(config: Config) -> None:
     with Runtime(config) as rt:
         rt.register_inprocess("agent.local", good)
-        assert rt.call("decide", agent="agent.local", prompt="p", schema="schemas/verdict.json").ok
+        result = rt.call("decide", agent="agent.local", prompt="p", schema="schemas/verdict.json")
+    assert (result.ok, result.exit_code, result.submission) == (True, 0, {"verdict": "yes", "score": 0.5})
 
 
-def test_undeclared_alias_is_config_error(config: Config) -> None:
-    with Runtime(config) as rt, pytest.raises(ConfigError, match=r'agent "agent\.typo" is not declared'):
+def test_undeclared_alias_is_a_call_error(config: Config) -> None:
+    with Runtime(config) as rt, pytest.raises(CallError) as info:
         rt.call("ask", agent="agent.typo", prompt="p")
+    assert (info.value.key, info.value.value) == ("agent", "agent.typo")
+    assert not isinstance(info.value, ConfigError)  # a call-time problem, not the config's
+
+
+def test_unknown_verb_is_a_call_error(config: Config) -> None:
+    with Runtime(config) as rt, pytest.raises(CallError) as info:
+        rt.call("ponder", agent="agent.local", prompt="p")
+    assert (info.value.key, info.value.value) == ("verb", "ponder")
+    assert "decide" in info.value.hint
 
 
 def test_unregistered_inprocess_is_plugin_unsupported(config: Config) -> None:
@@ -122,17 +138,25 @@ def test_agent_exception_is_plugin_crash(config: Config) -> None:
 
     with Runtime(config) as rt:
         rt.register_inprocess("agent.local", boom)
-        with pytest.raises(AgentError, match=r"agent: plugin_crash: agent\.local raised RuntimeError: kaput"):
+        with pytest.raises(AgentError) as info:
             rt.call("ask", agent="agent.local", prompt="p")
+    assert (info.value.kind, info.value.alias) == (ErrorKind.PLUGIN_CRASH, "agent.local")
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert str(info.value) == "agent: plugin_crash: agent.local: raised RuntimeError: kaput"  # the format under test
 
 
 def test_render_prompt() -> None:
     assert render_prompt("a {{ args.x }} {{world.u.name}} {{ args.n }}", {"x": "X", "n": [1]}, {"u": {"name": "N"}}) \
         == "a X N [1]"
-    with pytest.raises(ConfigError, match=r"\{\{ args.y \}\} has no value"):
+    with pytest.raises(CallError) as info:
         render_prompt("{{ args.y }}", {}, {})
-    with pytest.raises(ConfigError, match="unsupported template"):
-        render_prompt("{{ os.system }}", {}, {})
+    assert (info.value.key, info.value.hint) == ("args.y", "pass --arg y=…")
+    with pytest.raises(CallError) as info:
+        render_prompt("{{ os.system }}", {}, {}, source="gates.g.with.prompt")
+    assert info.value.key == "gates.g.with.prompt"
+    with pytest.raises(CallError) as info:
+        render_prompt("{{ args.s }}", {"s": {1, 2}}, {})
+    assert info.value.key == "args.s"
 
 
 def test_hard_deadline_cuts_hanging_agent(config: Config) -> None:
@@ -149,18 +173,19 @@ def test_hard_deadline_cuts_hanging_agent(config: Config) -> None:
             rt.call("ask", agent="agent.local", prompt="p", timeout=0.5)
         elapsed = time.monotonic() - started
     release.set()
-    assert info.value.kind is ErrorKind.DEADLINE_EXCEEDED
-    assert "late answer is discarded" in info.value.detail
+    assert (info.value.kind, info.value.alias) == (ErrorKind.DEADLINE_EXCEEDED, "agent.local")
     assert 0.5 <= elapsed < 1.5  # cut at the hard deadline + at most 1 s
 
 
 def test_declared_timeout_applies(config: Config) -> None:
     with Runtime(config) as rt:
         rt.register_inprocess("agent.other", lambda _: time.sleep(3))
+        started = time.monotonic()
         with pytest.raises(AgentError) as info:
             rt.call("ask", agent="agent.other", prompt="p")
-    assert info.value.kind is ErrorKind.DEADLINE_EXCEEDED
-    assert "within 1s" in info.value.detail
+        elapsed = time.monotonic() - started
+    assert (info.value.kind, info.value.alias) == (ErrorKind.DEADLINE_EXCEEDED, "agent.other")
+    assert 1.0 <= elapsed < 2.5  # agent.other declares timeout: 1
 
 
 def sub_events_agent(kind: str, call_id: str | None = None) -> Any:
@@ -246,16 +271,24 @@ def test_fallback_failure_records_substitution(config: Config, tmp_path: Path) -
         rt.register_inprocess("agent.claude", lambda _: {"verdict": "perhaps"})
         with pytest.raises(AgentError) as info:
             rt.call("decide", agent="agent.local", prompt="p", schema=SCHEMA)
-    assert info.value.kind is ErrorKind.SCHEMA_INVALID
+    assert (info.value.kind, info.value.alias) == (ErrorKind.SCHEMA_INVALID, "agent.claude")
+    assert info.value.original is not None and info.value.original.alias == "agent.local"
+    assert info.value.original.detail.startswith("$: required constraint failed")
     error = read_trace(trace).events[-1].payload
     assert error["substitution"]["fallback_plugin"] == "agent.claude"
-    assert "original_error" in error
+    assert (error["kind"], error.get("original_meta")) == ("schema_invalid", None)  # the local leg had no meta
+    assert error["original_error"].startswith("agent: schema_invalid: agent.local: $: required")
 
 
 def test_no_fallback_for_non_local_or_transport_errors(config: Config) -> None:
     calls: list[str] = []
+
+    def claude(_: AskRequest) -> dict[str, Any]:
+        calls.append("claude")
+        return {"verdict": "yes", "score": 1}
+
     with Runtime(config) as rt:
-        rt.register_inprocess("agent.claude", lambda _: calls.append("claude") or {"verdict": "yes", "score": 1})
+        rt.register_inprocess("agent.claude", claude)
         rt.register_inprocess("agent.other", lambda _: {"verdict": "maybe"})  # not a local model
         with pytest.raises(AgentError):
             rt.call("decide", agent="agent.other", prompt="p", schema=SCHEMA)
@@ -303,14 +336,19 @@ def test_run_gate_renders_args_and_world(config: Config) -> None:
 
 
 def test_unknown_gate(config: Config) -> None:
-    with Runtime(config) as rt, pytest.raises(ConfigError, match='no gate named "nope"'):
+    with Runtime(config) as rt, pytest.raises(CallError) as info:
         rt.run_gate("nope")
+    assert (info.value.key, info.value.value) == ("gates", "nope")
 
 
 def test_concurrent_calls_are_safe_and_traced(config: Config, tmp_path: Path) -> None:
     trace = tmp_path / "t.jsonl"
+    def slow(_: AskRequest) -> dict[str, Any]:
+        time.sleep(0.01)
+        return {"verdict": "yes", "score": 1}
+
     with Runtime(config, trace=trace) as rt:
-        rt.register_inprocess("agent.local", lambda _: (time.sleep(0.01), {"verdict": "yes", "score": 1})[1])
+        rt.register_inprocess("agent.local", slow)
         results: list[str] = []
         lock = threading.Lock()
 
@@ -348,6 +386,13 @@ def test_cli_call_and_trace_verify(config: Config, tmp_path: Path, capsys: pytes
     events = read_trace(trace).events
     assert events[0].episode_id == "ep-01" and events[0].match_idx == 0
     assert main(["trace", "verify", str(trace)]) == 0
+    # a second run appending to the same trace continues the episode's counter
+    capsys.readouterr()
+    assert main(["call", "decide", "--config", str(config.path), "--agent", "agent.local", "--prompt", "hi",
+                 "--cassette", str(cassette), "--trace", str(trace), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["call_id"] == "edcfdead886d7713"  # ep-01, match 1
+    starts = [e for e in read_trace(trace).events if e.kind == "agent.call.start"]
+    assert [(e.turn, e.match_idx) for e in starts] == [(1, 0), (2, 1)]
 
 
 def test_cli_check_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -400,3 +445,414 @@ def test_formats_are_asserted_and_ecma_patterns_do_not_crash(config: Config) -> 
         with pytest.raises(AgentError) as info:
             rt.call("extract", agent="agent.other", prompt="p", schema=ecma)
     assert info.value.kind is ErrorKind.SCHEMA_INVALID and "cannot be checked" in info.value.detail
+
+
+# -- the last boundary: nothing but a LocalLLMError leaves a call -------------------------
+
+
+def test_cache_dir_under_a_regular_file_is_a_transport_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a regular file")
+    monkeypatch.setenv("LOCALLLM_CACHE_DIR", str(blocker / "cache"))
+    (tmp_path / "app.yaml").write_text("agent_plugins:\n  agent.local: {plugin: builtin.local_llm, model: gemma-3-270m}\n")
+    with Runtime(load_config(tmp_path / "app.yaml")) as rt, pytest.raises(AgentError) as info:
+        rt.call("ask", agent="agent.local", prompt="hi")
+    error = info.value
+    assert (error.kind, error.alias) == (ErrorKind.TRANSPORT_ERROR, "agent.local")
+    causes = []
+    cause: BaseException | None = error
+    while cause is not None:
+        causes.append(cause)
+        cause = cause.__cause__
+    assert any(isinstance(c, NotADirectoryError) for c in causes)
+    assert "Traceback" not in str(error)
+
+
+def test_lone_surrogate_in_mcp_args_is_an_agent_error(config: Config) -> None:
+    from localllm.agents.mcp_stdio import McpStdioAgent
+    from localllm.config import McpStdioDecl
+
+    decl = McpStdioDecl(alias="agent.local", plugin="mcp_stdio", command=sys.executable, args=("\ud800",))
+    with Runtime(config) as rt:
+        rt.register_agent("agent.local", McpStdioAgent(decl))
+        with pytest.raises(AgentError) as info:
+            rt.call("ask", agent="agent.local", prompt="hi")
+    assert (info.value.kind, info.value.alias) == (ErrorKind.PLUGIN_CRASH, "agent.local")
+    assert isinstance(info.value.__cause__, UnicodeEncodeError)
+    assert "\ud800" not in str(info.value)  # printable: the surrogate is quoted, not embedded
+
+
+def test_an_agent_returning_no_askresponse_is_plugin_crash(config: Config) -> None:
+    class Broken(Agent):
+        plugin = "test"
+
+        def ask(self, request: AskRequest, *, deadline: float) -> AskResponse:
+            return {"not": "a response"}  # type: ignore[return-value]
+
+    with Runtime(config) as rt:
+        rt.register_agent("agent.local", Broken("agent.local"))
+        with pytest.raises(AgentError) as info:
+            rt.call("ask", agent="agent.local", prompt="p")
+    assert (info.value.kind, info.value.alias) == (ErrorKind.PLUGIN_CRASH, "agent.local")
+
+
+def test_foreign_exception_classes_map_to_kinds(config: Config) -> None:
+    raised: list[BaseException] = [PermissionError(13, "denied", "/x"), KeyError("k"), UnicodeEncodeError(
+        "utf-8", "\ud800", 0, 1, "surrogates not allowed")]
+
+    class Raiser(Agent):
+        plugin = "test"
+
+        def ask(self, request: AskRequest, *, deadline: float) -> AskResponse:
+            raise raised.pop(0)
+
+    kinds = []
+    with Runtime(config) as rt:
+        rt.register_agent("agent.local", Raiser("agent.local"))
+        for _ in range(3):
+            with pytest.raises(AgentError) as info:
+                rt.call("ask", agent="agent.local", prompt="p")
+            kinds.append((info.value.kind, type(info.value.__cause__).__name__, bool(info.value.hint)))
+    assert kinds == [(ErrorKind.TRANSPORT_ERROR, "PermissionError", True), (ErrorKind.PLUGIN_CRASH, "KeyError", True),
+                     (ErrorKind.PLUGIN_CRASH, "UnicodeEncodeError", True)]
+
+
+# -- non-JSON numbers; a call always ends its trace group -----------------------------------
+
+NAN_AGENT = """
+import json, sys
+for line in sys.stdin:
+    req = json.loads(line)
+    sys.stdout.write('{"jsonrpc": "2.0", "id": %d, "result": {"submission": {"verdict": "yes", "score": NaN}}}\\n'
+                     % req["id"])
+    sys.stdout.flush()
+"""
+
+
+@pytest.mark.parametrize("schema", [SCHEMA, None])
+def test_subprocess_nan_answer_is_schema_invalid_and_the_group_ends(tmp_path: Path, schema: Any) -> None:
+    script = tmp_path / "nan_agent.py"
+    script.write_text(NAN_AGENT)
+    (tmp_path / "app.yaml").write_text(
+        f"agent_plugins:\n  agent.sub: {{plugin: subprocess, command: '{sys.executable}', args: ['{script}']}}\n")
+    trace = tmp_path / "t.jsonl"
+    with Runtime(load_config(tmp_path / "app.yaml"), trace=trace) as rt:
+        if schema is None:
+            result = rt.call("ask", agent="agent.sub", prompt="p")
+            assert result.submission == '{"verdict": "yes", "score": NaN}'  # not JSON: bound as raw text
+        else:
+            with pytest.raises(AgentError) as info:
+                rt.call("decide", agent="agent.sub", prompt="p", schema=schema)
+            assert info.value.kind is ErrorKind.SCHEMA_INVALID
+    kinds = [e.kind for e in read_trace(trace).events]
+    assert kinds == ["agent.call.start", "agent.call.complete" if schema is None else "agent.call.error"]
+    assert main(["trace", "verify", str(trace)]) == 0
+
+
+def test_an_unwritable_response_still_ends_the_group(config: Config, tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    with Runtime(config, trace=trace) as rt:
+        # a value no trace line and no sidecar can hold (a lone surrogate in a key)
+        rt.register_inprocess("agent.local", lambda _: AskResponse(submission='{"\\ud800": 1}'))
+        result = rt.call("ask", agent="agent.local", prompt="p")
+    assert result.submission == {"\ud800": 1}
+    events = read_trace(trace).events
+    assert [e.kind for e in events] == ["agent.call.start", "agent.call.complete"]
+    assert "trace_error" in events[1].payload and "response" not in events[1].payload
+    assert main(["trace", "verify", str(trace)]) == 0
+
+
+# -- fallback: both legs told, the local leg's meta kept -------------------------------------
+
+LOCAL_META = {"model": "gemma-3-270m", "grammar": True, "json_schema": False, "prompt_tokens": 40,
+              "completion_tokens": 8, "finish_reason": "length", "max_tokens": 8, "timings": {"predicted_ms": 12.5}}
+
+
+def test_failed_fallback_names_both_legs_and_the_token_limit(config: Config, tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+
+    def cut(_: AskRequest) -> AskResponse:
+        return AskResponse(submission='{"verdict": "ye', meta=dict(LOCAL_META))
+
+    def no_claude(_: AskRequest) -> None:
+        raise AgentError(ErrorKind.TRANSPORT_ERROR, "claude CLI not found on PATH")
+
+    with Runtime(config, trace=trace) as rt:
+        rt.register_inprocess("agent.local", cut, local_model=True)
+        rt.register_inprocess("agent.claude", no_claude)
+        with pytest.raises(AgentError) as info:
+            rt.call("decide", agent="agent.local", prompt="p", schema=SCHEMA)
+    error = info.value
+    assert (error.kind, error.alias) == (ErrorKind.TRANSPORT_ERROR, "agent.claude")
+    assert error.original is not None
+    assert (error.original.kind, error.original.alias) == (ErrorKind.SCHEMA_INVALID, "agent.local")
+    assert "hit max_tokens=8" in error.original.detail
+    assert error.original.hint.startswith("hit max_tokens=8; raise max_tokens or bound the schema's strings")
+    assert "raise max_tokens" in error.hint  # the CLI prints the hint: the local leg's advice is in it
+    text = str(error)  # what the user sees names both legs
+    assert "claude CLI not found" in text and "schema_invalid" in text and "max_tokens=8" in text
+    end = read_trace(trace).events[-1].payload
+    assert end["original_meta"] == LOCAL_META
+    assert end["substitution"]["original_plugin"] == "agent.local"
+
+
+def test_successful_fallback_keeps_the_local_legs_meta(config: Config, tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    with Runtime(config, trace=trace) as rt:
+        rt.register_inprocess("agent.local", lambda _: AskResponse(submission="{}", meta=dict(LOCAL_META)),
+                              local_model=True)
+        rt.register_inprocess("agent.claude", lambda _: AskResponse.of({"verdict": "no", "score": 0},
+                                                                       meta={"model": "claude-x"}))
+        result = rt.call("decide", agent="agent.local", prompt="p", schema=SCHEMA)
+    assert (result.agent, result.meta["model"], result.meta["fallback_of"]) == ("agent.claude", "claude-x",
+                                                                                "agent.local")
+    end = read_trace(trace).events[-1].payload
+    assert end["original_meta"] == LOCAL_META
+    assert end["meta"]["model"] == "claude-x"
+    assert end["model"] == "claude-x"
+
+
+# -- a trace is a session -------------------------------------------------------------------
+
+
+def test_reopened_trace_continues_the_session(config: Config, tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    big = "y" * 3000
+    ids = []
+    for run in range(2):
+        with Runtime(config, trace=trace) as rt:
+            rt.register_inprocess("agent.local", lambda r: AskResponse(
+                submission='{"ok": true}', transcript=Transcript("openai-chat", [json.dumps({"p": r.prompt})], [0])))
+            assert rt.turn == run + 1
+            ids.append(rt.call("ask", agent="agent.local", prompt=big + str(run)).call_id)
+    assert ids[0] != ids[1]
+    assert ids == [derive_call_id("my-app", "1:ask:0"), derive_call_id("my-app", "2:ask:0")]
+    events = read_trace(trace).events
+    assert [(e.turn, e.seq) for e in events] == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    for run, start in enumerate(e for e in events if e.kind == "agent.call.start"):
+        assert (tmp_path / start.payload["prompt_file"]).read_text() == big + str(run)
+    assert main(["trace", "verify", str(trace)]) == 0
+
+
+def test_sidecar_files_are_never_overwritten(config: Config, tmp_path: Path) -> None:
+    big = "z" * 3000
+    files = []
+    for name in ("a.jsonl", "b.jsonl"):  # two sessions, one directory: same call_id on turn 1
+        with Runtime(config, trace=tmp_path / name) as rt:
+            rt.register_inprocess("agent.local", lambda r: {"n": r.prompt[-1]})
+            rt.call("ask", agent="agent.local", prompt=big + name[0])
+        files.append(read_trace(tmp_path / name).events[0].payload["prompt_file"])
+    assert files[0] != files[1]
+    assert [(tmp_path / f).read_text()[-1] for f in files] == ["a", "b"]
+
+
+CASSETTE = ("kind: host_cassette\nepisodes:\n  - id: ep-01\n    match: {handler: agent.local}\n    replay: any\n"
+            "    agent: {verb: decide, response: '{\"verdict\": \"yes\", \"score\": 1}'}\n")
+
+
+def test_replay_any_match_idx_continues_across_runtimes(config: Config, tmp_path: Path) -> None:
+    from localllm.agents.cassette import CassetteAgent
+
+    (tmp_path / "c.yaml").write_text(CASSETTE)
+    trace = tmp_path / "t.jsonl"
+    ids = []
+    for _ in range(2):
+        with Runtime(config, trace=trace) as rt:
+            rt.register_agent("agent.local", CassetteAgent(tmp_path / "c.yaml", alias="agent.local"))
+            ids.append(rt.call("decide", agent="agent.local", prompt="p", schema=SCHEMA).call_id)
+    with Runtime(config, trace=trace) as rt:  # a cassette registered again mid-session counts on too
+        for _ in range(2):
+            rt.register_agent("agent.local", CassetteAgent(tmp_path / "c.yaml", alias="agent.local"))
+            ids.append(rt.call("decide", agent="agent.local", prompt="p", schema=SCHEMA).call_id)
+    assert ids == [derive_call_id("my-app", f"ep-01:{n}") for n in range(4)]
+    starts = [e for e in read_trace(trace).events if e.kind == "agent.call.start"]
+    assert [(e.episode_id, e.match_idx) for e in starts] == [("ep-01", n) for n in range(4)]
+
+
+def test_trace_lock_says_what_to_do_and_can_wait(config: Config, tmp_path: Path) -> None:
+    from localllm.errors import TraceLocked
+    from localllm.trace import TraceWriter
+
+    trace = tmp_path / "t.jsonl"
+    holder = TraceWriter.open(trace)
+    with pytest.raises(TraceLocked) as info:
+        Runtime(config, trace=trace)
+    assert info.value.path == str(trace) and "trace_wait" in info.value.hint
+    with pytest.raises(TraceLocked) as info:
+        Runtime(config, trace=trace, trace_wait=0.2)
+    assert info.value.waited == 0.2
+    timer = threading.Timer(0.3, holder.close)
+    timer.start()
+    started = time.monotonic()
+    with Runtime(config, trace=trace, trace_wait=10) as rt:
+        assert rt.trace is not None and not rt.trace.closed
+    assert 0.25 <= time.monotonic() - started < 5
+    timer.join()
+
+
+# -- secrets: one redaction where errors and trace payloads are built ------------------------
+
+CANARY = "canary-5f1d9e0c-key"
+
+
+class _EchoAuth(BaseHTTPRequestHandler):
+    """An OpenAI-ish endpoint that quotes the Authorization header back in a 401."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        body = json.dumps({"error": f"invalid key: {self.headers.get('authorization')}"}).encode()
+        self.send_response(401)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_secret_canary_never_reaches_errors_or_the_trace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         mcp_http_server: McpHttpServer) -> None:
+    from tests.unit.agents_fixtures.helpers import JSONRPC_AGENT
+
+    monkeypatch.setenv("CANARY_KEY", CANARY)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _EchoAuth)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        (tmp_path / "app.yaml").write_text(
+            "agent_plugins:\n"
+            "  agent.local: {plugin: builtin.inprocess}\n"
+            f"  agent.sub: {{plugin: subprocess, command: '{sys.executable}', args: ['{JSONRPC_AGENT}'],"
+            " env: {TOKEN: '${CANARY_KEY}'}}\n"
+            f"  agent.ep: {{plugin: builtin.local_llm, endpoint: 'http://127.0.0.1:{server.server_port}',"
+            " api_key_env: CANARY_KEY}\n"
+            f"  agent.mcp: {{plugin: mcp_http, endpoint: '{mcp_http_server.base}/fault/echoauth',"
+            " headers: {Authorization: 'Bearer ${CANARY_KEY}'}}\n"
+        )
+        trace = tmp_path / "traces" / "t.jsonl"
+        echoes: Iterator[AskResponse | BaseException] = iter([
+            AskResponse(submission=json.dumps({"echo": CANARY}), meta={"auth": f"Bearer {CANARY}"},
+                        sub_events=[], transcript=Transcript("openai-chat", [json.dumps({"key": CANARY})], [0])),
+            AgentError(ErrorKind.TRANSPORT_ERROR, f"server said: token {CANARY} rejected", hint=f"not {CANARY}"),
+            RuntimeError(f"boom {CANARY}"),
+        ])
+
+        def leaky(request: AskRequest) -> AskResponse:
+            item = next(echoes)
+            if isinstance(item, BaseException):
+                raise item
+            sub = {"kind": "agent.local.tool", "call_id": request.call_id, "payload": {CANARY: CANARY}}
+            return AskResponse(item.submission, item.meta, [sub], item.transcript)
+
+        errors: list[AgentError] = []
+        with Runtime(load_config(tmp_path / "app.yaml"), trace=trace) as rt:
+            rt.register_inprocess("agent.local", leaky)
+            result = rt.call("ask", agent="agent.local", prompt=("x" * 2000) + CANARY, args={"k": CANARY})
+            assert result.submission == {"echo": CANARY}  # the caller's own answer is untouched
+            for alias, prompt in [("agent.local", "p"), ("agent.local", "p"), ("agent.sub", "leak:TOKEN"),
+                                  ("agent.ep", "p"), ("agent.mcp", "p")]:
+                with pytest.raises(AgentError) as info:
+                    rt.call("ask", agent=alias, prompt=prompt)
+                errors.append(info.value)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert [e.kind for e in errors] == [ErrorKind.TRANSPORT_ERROR, ErrorKind.PLUGIN_CRASH, ErrorKind.PLUGIN_CRASH,
+                                        ErrorKind.TRANSPORT_ERROR, ErrorKind.TRANSPORT_ERROR]
+    assert all("***" in errors[i].detail for i in (0, 3, 4))  # the echoed key was there, and was masked
+    for error in errors:
+        assert CANARY not in str(error) and CANARY not in error.hint, error
+    files = [p for p in (tmp_path / "traces").rglob("*") if p.is_file()]
+    assert {p.parent.name for p in files} >= {"traces", "agent-prompts", "transcripts"}
+    hits = [p for p in files if CANARY.encode() in p.read_bytes()]
+    assert hits == []
+    assert main(["trace", "verify", str(trace)]) == 0
+
+
+def test_managed_local_meta_names_the_model_not_its_path(tmp_path: Path, server_bin: Path) -> None:
+    model = tmp_path / "weights" / "tiny.gguf"
+    model.parent.mkdir()
+    model.write_bytes(b"GGUF fake weights")
+    (tmp_path / "app.yaml").write_text(
+        "agent_plugins:\n"
+        f"  agent.local: {{plugin: builtin.local_llm, model: '{model}', server_bin: '{server_bin}', max_tokens: 64,"
+        " health_timeout: 30}\n"
+    )
+    with Runtime(load_config(tmp_path / "app.yaml")) as rt:
+        meta = rt.call("decide", agent="agent.local", prompt="p", schema=SCHEMA).meta
+    assert meta["model"] == "tiny.gguf"
+    assert (meta["max_tokens"], meta["finish_reason"]) == (64, "stop")
+
+
+def test_ref_to_a_plain_schema_file_uses_the_referring_dialect(config: Config, tmp_path: Path) -> None:
+    (tmp_path / "schemas" / "part.json").write_text(json.dumps({"type": "string", "maxLength": 3}))  # no $schema
+    (tmp_path / "schemas" / "whole.json").write_text(json.dumps(
+        {"type": "object", "properties": {"p": {"$ref": "part.json"}}, "required": ["p"]}))
+    answers = iter([{"p": "abc"}, {"p": "abcd"}])
+    with Runtime(config) as rt:
+        rt.register_inprocess("agent.other", lambda _: next(answers))
+        assert rt.call("extract", agent="agent.other", prompt="p", schema="schemas/whole.json").submission == {
+            "p": "abc"}
+        with pytest.raises(AgentError) as info:
+            rt.call("extract", agent="agent.other", prompt="p", schema="schemas/whole.json")
+    assert info.value.kind is ErrorKind.SCHEMA_INVALID and info.value.detail.startswith("$.p: maxLength")
+
+
+# -- errors are data ---------------------------------------------------------------------------
+
+
+def test_errors_take_message_hint_and_data_in_the_constructor() -> None:
+    from localllm.errors import ConfigProblem, TraceError, UnsupportedPlatform
+
+    assert (TraceError("x", hint="do y").message, TraceError("x", hint="do y").hint) == ("x", "do y")
+    assert UnsupportedPlatform("no pin").hint.startswith("use endpoint mode")  # the class default stays
+    assert ConfigError([ConfigProblem("f", "k", "m")]).hint  # ConfigError keeps its own constructor
+    error = AgentError(ErrorKind.TRANSPORT_ERROR, "refused", alias="agent.x", hint="start it")
+    assert (str(error), error.hint, error.alias) == ("agent: transport_error: agent.x: refused", "start it", "agent.x")
+    # a transport that still prefixes by hand is not prefixed twice
+    assert str(AgentError("plugin_crash", "agent.x: boom", alias="agent.x")) == "agent: plugin_crash: agent.x: boom"
+
+
+def test_agent_error_replace_and_redact_keep_class_cause_and_data() -> None:
+    from localllm.agents.cassette import ReplayedAgentError
+
+    cause = OSError("disk")
+    try:
+        try:
+            raise cause
+        except OSError as exc:
+            raise ReplayedAgentError("plugin_crash", "key sk-SECRET-1 leaked", episode_id="ep", match_idx=2,
+                                     hint="rotate sk-SECRET-1") from exc
+    except ReplayedAgentError as caught:
+        error = caught
+    clean = error.redacted(Redactor(["sk-SECRET-1"])).replace(alias="agent.r")
+    assert type(clean) is ReplayedAgentError and clean.__cause__ is cause
+    assert (clean.detail, clean.hint, clean.episode_id, clean.match_idx) == ("key *** leaked", "rotate ***", "ep", 2)
+    assert str(clean) == "agent: plugin_crash: agent.r: key *** leaked"
+
+
+def test_redactor_covers_escaped_forms_and_nested_values() -> None:
+    redact = Redactor(["p\"w/\u00e9-long", "abc", ""])  # short values are not secrets worth shredding text for
+    assert redact('body {"k": "p\\"w/\\u00e9-long"}') == 'body {"k": "***"}'
+    assert redact('raw p"w/\u00e9-long and abc') == "raw *** and abc"
+    assert redact.value({"p\"w/\u00e9-long": ["x p\"w/\u00e9-long", 3, None]}) == {"***": ["x ***", 3, None]}
+    assert not Redactor([]) and Redactor([]).value({"a": "b"}) == {"a": "b"}
+
+
+def test_a_call_on_a_closed_runtime_is_a_call_error(config: Config) -> None:
+    rt = Runtime(config)
+    rt.close()
+    with pytest.raises(CallError) as info:
+        rt.call("ask", agent="agent.local", prompt="p")
+    assert info.value.key == "runtime"
+
+
+@pytest.mark.parametrize("name", ["bad\ud800.json", "nul\x00.json", "missing.json"])
+def test_unreadable_schema_paths_are_schema_errors(config: Config, name: str) -> None:
+    from localllm.errors import SchemaError
+
+    with Runtime(config) as rt:
+        rt.register_inprocess("agent.local", good)
+        with pytest.raises(SchemaError) as info:
+            rt.call("decide", agent="agent.local", prompt="p", schema=name)
+    str(info.value).encode("utf-8")  # printable as UTF-8: no lone surrogate in the message

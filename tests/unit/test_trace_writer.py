@@ -696,3 +696,21 @@ def test_forgotten_writer_releases_lock_when_collected(tmp_path: Path) -> None:
     gc.collect()
     with TraceWriter.open(path) as again:
         assert again.append("a.b", turn=1).seq == 0
+
+
+def test_open_waits_a_bounded_time_for_the_lock(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    holder = TraceWriter.open(path)
+    started = time.monotonic()
+    with pytest.raises(TraceLocked) as info:
+        TraceWriter.open(path, wait=0.2)
+    assert 0.2 <= time.monotonic() - started < 2
+    assert (info.value.path, info.value.waited) == (str(path), 0.2)
+    assert str(info.value) == "trace file is locked by another writer"  # the spec's message
+    timer = threading.Timer(0.3, holder.close)
+    timer.start()
+    started = time.monotonic()
+    with TraceWriter.open(path, wait=10) as second:
+        assert second.append("a.b", turn=1).seq == 0
+    assert 0.25 <= time.monotonic() - started < 5
+    timer.join()

@@ -37,8 +37,9 @@ def test_error_kinds_leave_valid_traces(tmp_path: Path, mcp_http_server: McpHttp
         for alias, prompt, kind in cases:
             with pytest.raises(AgentError) as info:
                 rt.call("ask", agent=alias, prompt=prompt)
-            assert info.value.kind is kind, (alias, prompt, info.value)
-            assert rt.call("ask", agent=alias if alias != "agent.dead" else "agent.mcp", prompt="echo").ok
+            assert (info.value.kind, info.value.alias) == (kind, alias), (prompt, info.value)
+            after = rt.call("ask", agent=alias if alias != "agent.dead" else "agent.mcp", prompt="echo")
+            assert (after.submission["echo"], after.ok, after.exit_code) == ("echo", True, 0)
         schema = {"type": "object", "required": ["missing"]}
         with pytest.raises(AgentError) as info:
             rt.call("decide", agent="agent.mcp", prompt="hi", schema=schema)
