@@ -6,8 +6,9 @@ modules are imported (httpx, numpy, jsonschema and YAML load when first used).
 
 from __future__ import annotations
 
-from localllm.config import Config, load_config
+from localllm.config import Config
 from localllm.errors import AgentError, ConfigError, ErrorKind, LocalLLMError
+from localllm.loading import load_config
 from localllm.runtime import Runtime
 from localllm.wire import AskRequest, AskResponse, CallResult
 

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from localllm.cli import EXIT_OK, UsageError, emit_json, err, parse_kv
-from localllm.config import VERBS, Config, load_config
+from localllm.config import VERBS, Config
+from localllm.loading import load_config
 from localllm.wire import CallResult
 
 if TYPE_CHECKING:

@@ -54,10 +54,12 @@ class McpStdioAgent(ChildAgent):
     def _launch_spec(self) -> tuple[list[str], dict[str, str], Path | None]:
         """A plugin-directory server is re-checked (realpath containment) and its
         PLUGIN_DATA prepared right before every spawn."""
-        if self.decl.spawn is None:
+        if self.decl.plugin_dir is None:
             return super()._launch_spec()
+        from localllm.plugins.spawn import spawn_server
+
         try:
-            spec = self.decl.spawn()
+            spec = spawn_server(self.decl.plugin_dir, self.decl.server)
         except (PluginError, OSError) as exc:
             raise AgentError(ErrorKind.PLUGIN_CRASH, f"{self.alias}: cannot spawn: {exc}") from exc
         return list(spec.argv), dict(spec.env), spec.cwd

@@ -48,7 +48,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 
 def _load(path: Path) -> Config:
-    from localllm.config import load_config
+    from localllm.loading import load_config
 
     return load_config(path)
 

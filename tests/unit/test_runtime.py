@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from localllm.cli import main
-from localllm.config import Config, load_config
+from localllm.config import Config
 from localllm.errors import AgentError, ConfigError, ErrorKind
+from localllm.loading import load_config
 from localllm.runtime import Runtime, render_prompt
 from localllm.trace import derive_call_id, read_trace
 from localllm.wire import AskRequest, AskResponse, Transcript
