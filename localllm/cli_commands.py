@@ -60,7 +60,8 @@ def _check(args: argparse.Namespace) -> int:
         "config": str(config.path),
         "app_id": config.app_id,
         "agents": {alias: decl.plugin for alias, decl in config.agents.items()},
-        "gates": {name: {"verb": g.verb, "agent": g.agent} for name, g in config.gates.items()},
+        "gates": {name: {"verb": g.verb, "agent": g.agent, "fallback": config.fallback_for(g.agent, name)}
+                  for name, g in config.gates.items()},
         "embedders": sorted(config.embedders),
         "intents": sorted(config.intents),
     }
@@ -69,6 +70,8 @@ def _check(args: argparse.Namespace) -> int:
     else:
         print(f"{config.path}: ok ({len(config.agents)} agents, {len(config.gates)} gates, "
               f"{len(config.embedders)} embedders)")
+        for name, target in config.fallbacks().items():
+            print(f"  gate {name}: {'falls back to ' + target if target else 'no fallback'}")
     return EXIT_OK
 
 

@@ -156,7 +156,7 @@ class LocalLLMDecl(AgentDecl):
 
     REQUIRED = (("model", "endpoint"),)
 
-    model: str | None = setting(None, "managed: a pinned chat model id or a *.gguf path; beside endpoint: the name "
+    model: str | None = setting(None, "managed: a pinned chat model id or a `*.gguf` path; beside endpoint: the name "
                                 "sent in the body", example="model: gemma-3-270m (managed)")
     endpoint: str | None = setting(None, "attach to an OpenAI-compatible server (never fetch/spawn/kill)",
                                    check="url", example="endpoint: http://127.0.0.1:8080 (attach)")
@@ -200,7 +200,7 @@ class EmbedderDecl:
     REQUIRED: ClassVar[tuple[tuple[str, ...], ...]] = (("model", "endpoint"),)
 
     name: str
-    model: str | None = setting(None, "managed: a pinned embedding model id or a *.gguf path; beside endpoint: the "
+    model: str | None = setting(None, "managed: a pinned embedding model id or a `*.gguf` path; beside endpoint: the "
                                 "name sent", example="model: all-minilm-l6-v2")
     endpoint: str | None = setting(None, "attach to an OpenAI-compatible /v1/embeddings", check="url")
     api_key_env: str | None = setting(None, "NAME of the env var with a bearer token; \"\" disables auth",

@@ -428,8 +428,11 @@ def reference_table(sections: Mapping[str, type]) -> str:
             if spec.key.low is not None or spec.key.high is not None:
                 low, high = spec.key.low, spec.key.high
                 kind += f" {low:g}–{high:g}" if isinstance(low, float) else f" {low}–{high}"
+            if spec.key.check == "positive":
+                kind += " > 0"
             required = " **required**" if groups == {spec.name} else (" **one of** " + "/".join(
                 sorted(groups)) if spec.name in groups else "")
-            rows.append(f"| {section} | `{spec.name}` | {kind} | {_default_text(spec)} | "
-                        f"{spec.key.doc}{required} |")
+            choices = f" ({', '.join(spec.key.choices)})" if spec.key.choices else ""
+            default = "—" if spec.name in groups else _default_text(spec)
+            rows.append(f"| {section} | `{spec.name}` | {kind} | {default} | {spec.key.doc}{choices}{required} |")
     return "\n".join(rows) + "\n"

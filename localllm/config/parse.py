@@ -34,7 +34,7 @@ from localllm.config.decls import (
 from localllm.config.fields import Context, closest, parse_decl, path_issue, show, text_issue
 from localllm.config.files import gguf_issue, resolve_prompt, schema_file
 from localllm.config.model import Config
-from localllm.config.source import read_yaml
+from localllm.config.source import printable, read_yaml
 from localllm.errors import ConfigError, ConfigProblem, ProblemList
 
 TOP_KEYS = ("app_id", "agent_plugins", "gates", "embedders", "intents", "router", "plugin_dirs")
@@ -70,7 +70,7 @@ class Draft:
     def config(self) -> Config:
         """The checked ``Config``; ``ConfigError`` (in file order) if any problem was found."""
         if self.problems.items:
-            raise ConfigError(in_file_order(self.problems.items, self.data))
+            raise ConfigError([printable(p) for p in in_file_order(self.problems.items, self.data)])
         return Config(path=self.file, base_dir=self.ctx.base_dir, app_id=self.app_id, agents=self.agents,
                       gates=self.gates, embedders=self.embedders, intents=self.intents, router=self.router,
                       plugin_dirs=tuple(self.plugin_dirs.values()), secrets=tuple(sorted(self.ctx.secrets)))

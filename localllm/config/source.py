@@ -24,7 +24,18 @@ MAX_BYTES = 4 << 20
 
 
 def _fail(file: Path, message: str, hint: str = "fix the YAML") -> ConfigError:
-    return ConfigError([ConfigProblem(str(file), "", message, hint)])
+    return ConfigError([printable(ConfigProblem(str(file), "", message, hint))])
+
+
+def printable(problem: ConfigProblem) -> ConfigProblem:
+    """``problem`` with lone surrogates and control characters escaped, so it can be printed
+    (and written as JSON) anywhere; names and values from the file may hold either."""
+
+    def clean(text: str) -> str:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+        return "".join(ch if ch >= " " or ch in "\n\t" else f"\\x{ord(ch):02x}" for ch in text)
+
+    return ConfigProblem(clean(problem.file), clean(problem.key), clean(problem.message), clean(problem.hint))
 
 
 def read_yaml(file: Path) -> Any:
