@@ -41,6 +41,7 @@ from localllm.config.decls import (
     ClaudeCliDecl,
     EmbedderDecl,
     Gate,
+    GateKeys,
     InprocessDecl,
     Intent,
     LocalLLMDecl,
@@ -67,6 +68,7 @@ __all__ = [
     "Config",
     "EmbedderDecl",
     "Gate",
+    "GateKeys",
     "InprocessDecl",
     "Intent",
     "LocalLLMDecl",
@@ -85,5 +87,6 @@ REFERENCE_SECTIONS: dict[str, type] = {
     **{k: v for k, v in PLUGINS.items()},
     "embedders.NAME": EmbedderDecl,
     "router": RouterDecl,
+    "gates.NAME": GateKeys,
     "gates.NAME.selection": Selection,
 }

@@ -30,6 +30,7 @@ __all__ = [
     "AgentDecl",
     "ClaudeCliDecl",
     "EmbedderDecl",
+    "GateKeys",
     "InprocessDecl",
     "Intent",
     "Key",
@@ -243,6 +244,14 @@ class Selection:
     policy: str | None = setting(None, "how to pick an agent from the evidence", choices=("cheapest-passing",))
     min_accuracy: float | None = setting(None, "evidence passes at this accuracy or better", low=0.0, high=1.0)
     max_fallback_rate: float | None = setting(None, "… and this fallback rate or lower", low=0.0, high=1.0)
+
+
+@dataclass(frozen=True)
+class GateKeys:
+    """A gate's plain keys; ``invoke``, ``agent``, ``with`` and ``selection`` are read apart."""
+
+    timeout: float | None = setting(None, "hard cap, seconds (default: the agent's timeout)", check="positive")
+    fallback: str | None = setting(None, "overrides the agent's fallback: an alias or none", check="fallback")
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ put in file order (:func:`in_file_order`).
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from localllm.config.decls import (
     ClaudeCliDecl,
     EmbedderDecl,
     Gate,
+    GateKeys,
     InprocessDecl,
     Intent,
     LocalLLMDecl,
@@ -38,7 +38,6 @@ from localllm.config.source import printable, read_yaml
 from localllm.errors import ConfigError, ConfigProblem, ProblemList
 
 TOP_KEYS = ("app_id", "agent_plugins", "gates", "embedders", "intents", "router", "plugin_dirs")
-GATE_KEYS = ("agent", "fallback", "invoke", "selection", "timeout", "with")
 WITH_KEYS = ("agent", "args", "prompt", "schema")
 _NAME_MAX = 200
 
@@ -245,7 +244,7 @@ def _gate(draft: Draft, raw_name: Any, raw: Any) -> None:
     if not isinstance(raw, dict):
         problems.add(key, "must be a mapping with invoke:, agent: and with:")
         return
-    _unknown(raw, GATE_KEYS, key, problems)
+    plain = parse_decl(GateKeys, raw, key, ctx, skip=("agent", "invoke", "selection", "with"), what="gate")
     verb = _verb(raw.get("invoke"), f"{key}.invoke", problems)
     with_ = raw.get("with")
     if with_ is None:
@@ -267,11 +266,6 @@ def _gate(draft: Draft, raw_name: Any, raw: Any) -> None:
         problems.add(f"{key}.with.args", "must be a mapping")
         args = {}
     given = _json_data(with_, f"{key}.with", problems)
-    timeout = _gate_timeout(raw.get("timeout"), f"{key}.timeout", ctx)
-    fallback = raw.get("fallback")
-    if fallback is not None and (not isinstance(fallback, str) or not fallback or text_issue(fallback)):
-        problems.add(f"{key}.fallback", f'must be an agent alias or "none", got {show(fallback)}')
-        fallback = None
     selection = None
     if raw.get("selection") is not None:
         if isinstance(raw["selection"], dict):
@@ -280,8 +274,8 @@ def _gate(draft: Draft, raw_name: Any, raw: Any) -> None:
         else:
             problems.add(f"{key}.selection", f"must be a mapping, got {type(raw['selection']).__name__}")
     draft.gates[name] = Gate(name=name, verb=verb, agent=agent or "", prompt=prompt, prompt_file=prompt_file,
-                             schema_path=schema_path, args=dict(args) if given is not None else {}, timeout=timeout,
-                             schema=schema if isinstance(schema, str) else None, fallback=fallback,
+                             schema_path=schema_path, args=dict(args) if given is not None else {},
+                             schema=schema if isinstance(schema, str) else None, **plain,
                              selection=selection, with_=given or {})
 
 
@@ -314,22 +308,6 @@ def _gate_agent(raw: Mapping[str, Any], with_: Mapping[str, Any], key: str, prob
         return None
     chosen = outer if outer is not None else inner
     return str(chosen) if chosen is not None else "agent.claude"
-
-
-def _gate_timeout(raw: Any, key: str, ctx: Context) -> float | None:
-    if raw is None:
-        return None
-    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
-        ctx.problems.add(key, f"must be a number, got {show(raw)}")
-        return None
-    try:
-        value = float(raw)
-    except OverflowError:
-        value = math.inf
-    if not math.isfinite(value) or value <= 0:
-        ctx.problems.add(key, f"must be a finite number of seconds > 0, got {show(raw)}")
-        return None
-    return value
 
 
 def _json_data(value: Any, key: str, problems: ProblemList) -> Any:
@@ -417,7 +395,8 @@ def check_references(draft: Draft) -> None:
     router = draft.router
     if router is None:
         return
-    if router.embedder is not None and router.embedder not in draft.embedders:
+    if router.embedder is not None and router.embedder not in draft.embedders \
+            and f"embedder:{router.embedder}" not in draft.broken:
         problems.add("router.embedder", f'embedder "{router.embedder}" is not declared under embedders:'
                      f"{closest(router.embedder, list(draft.embedders))}")
     if router.agent is not None:

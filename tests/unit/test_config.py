@@ -662,3 +662,22 @@ def test_mcp_stdio_decl_from_plugin_dir_is_data(tmp_path: Path) -> None:
     assert (decl.plugin_dir, decl.server) == (root.resolve(), "s")
     assert decl == dataclasses.replace(decl)  # plain values: equal to a copy
     assert os.fspath(root) in repr(decl)
+
+
+def test_templated_schema_gate_validates_each_call_against_its_file(tmp_path: Path) -> None:
+    from localllm import Runtime
+    from localllm.errors import AgentError, ErrorKind
+
+    (tmp_path / "schemas").mkdir()
+    (tmp_path / "schemas" / "bug.json").write_text(json.dumps(
+        {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}))
+    text = ("agent_plugins:\n  agent.i: {plugin: builtin.inprocess}\n"
+            "gates:\n  g: {invoke: host.agent.ask, agent: agent.i, with: {prompt: hi, schema: 'schemas/{{ args.kind }}.json'}}\n")
+    with Runtime(load_config(write(tmp_path, text))) as rt:
+        rt.register_inprocess("agent.i", lambda request: {"ok": "not a boolean"})
+        with pytest.raises(AgentError) as info:
+            rt.run_gate("g", args={"kind": "bug"})
+        assert info.value.kind is ErrorKind.SCHEMA_INVALID
+        with pytest.raises(ConfigError) as bad:
+            rt.run_gate("g", args={"kind": "../../etc/passwd"})
+        assert [p.key for p in bad.value.problems] == ["gates.g.with.schema"]
