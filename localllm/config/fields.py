@@ -109,6 +109,15 @@ def path_issue(value: str) -> str:
     return ""
 
 
+def expand(value: str, base_dir: Path) -> Path | None:
+    """``value`` as a path: ``~`` expanded, relative to ``base_dir``; ``None`` for ``~nosuchuser``."""
+    try:
+        path = Path(value).expanduser()
+    except RuntimeError:
+        return None
+    return path if path.is_absolute() else base_dir / path
+
+
 def _base(hint: Any) -> tuple[type, bool]:
     """(base type, optional) of an annotation like ``int | None`` or ``tuple[str, ...]``."""
     optional = False
@@ -303,8 +312,10 @@ def _program(value: str, where: str, ctx: Context, *, must_exist: bool) -> Any:
                 return BAD
             return value
         return found
-    path = Path(value).expanduser()
-    full = path if path.is_absolute() else ctx.base_dir / path
+    full = expand(value, ctx.base_dir)
+    if full is None:
+        ctx.problems.add(where, f"cannot expand {show(value)}: no such user")
+        return BAD
     try:
         ok = full.is_file() and os.access(full, os.X_OK)
         exists = full.exists()
@@ -323,7 +334,10 @@ def _path(spec: KeySpec, value: str, where: str, ctx: Context) -> Any:
     if issue or not value:
         ctx.problems.add(where, issue or "must not be empty")
         return BAD
-    full = ctx.base_dir / Path(value).expanduser()
+    full = expand(value, ctx.base_dir)
+    if full is None:
+        ctx.problems.add(where, f"cannot expand {show(value)}: no such user")
+        return BAD
     if spec.key.check != "json_file":
         return full
     from localllm.config.files import read_json_under

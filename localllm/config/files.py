@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from localllm.config.fields import BAD, path_issue, show
+from localllm.config.fields import BAD, expand, path_issue, show
 
 if TYPE_CHECKING:
     from localllm.config.fields import Context
@@ -93,7 +93,7 @@ def schema_file(raw: Any, key: str, ctx: Context) -> Path | None:
 def _glob(base_dir: Path, pattern: str) -> bool:
     try:
         return any(p.is_file() for p in base_dir.glob(pattern))
-    except (OSError, ValueError):
+    except (OSError, ValueError, NotImplementedError):
         return False
 
 
@@ -119,8 +119,9 @@ def gguf_issue(model: str, base_dir: Path) -> tuple[Path | None, str]:
     issue = path_issue(model)
     if issue:
         return None, issue
-    path = Path(model).expanduser()
-    full = path if path.is_absolute() else base_dir / path
+    full = expand(model, base_dir)
+    if full is None:
+        return None, f"cannot expand {show(model)}: no such user"
     try:
         found = full.is_file()
     except (OSError, ValueError) as exc:

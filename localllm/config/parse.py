@@ -116,10 +116,9 @@ def parse(path: Path) -> Draft:
             problems.add(str(key), f"unknown top-level key{closest(str(key), TOP_KEYS)}",
                          f"allowed keys: {', '.join(TOP_KEYS)}")
     app_id = data.get("app_id", file.stem)
-    if not isinstance(app_id, str) or not app_id or text_issue(app_id):
-        problems.add("app_id", f"must be a non-empty string of valid Unicode, got {show(app_id)}")
-        app_id = file.stem
-    draft.app_id = app_id
+    if not isinstance(app_id, str):
+        problems.add("app_id", f"must be a string, got {show(app_id)}")
+    draft.app_id = (_name(app_id, "app_id", problems) if isinstance(app_id, str) else None) or file.stem
     for alias, raw in _section(data, "agent_plugins", problems, "agent alias → declaration").items():
         _agent(draft, alias, raw)
     draft.agents.setdefault("agent.claude", ClaudeCliDecl(alias="agent.claude", plugin="builtin.claude_cli"))

@@ -526,6 +526,9 @@ def test_no_cascading_errors(tmp_path: Path) -> None:
     "agent_plugins:\n  agent.x: {plugin: builtin.local_llm, model: " + "d" * 300 + ".gguf}\n",
     "agent_plugins:\n  agent.x: {plugin: builtin.local_llm, endpoint: 'http://h', timeout: !!int " + "9" * 400 + "}\n",
     "app_id: &a [*a]\n",
+    "agent_plugins:\n  agent.x: {plugin: subprocess, command: a, cwd: ~nosuchuser-x/w}\n",
+    "agent_plugins:\n  agent.x: {plugin: builtin.local_llm, model: ~nosuchuser-x/m.gguf}\n",
+    "agent_plugins:\n  agent.x: {plugin: builtin.local_llm, endpoint: 'http://h', server_bin: ~nosuchuser-x/s}\n",
     "app_id: *nowhere\n",
 ])
 def test_fuzz_found_inputs_are_config_errors(tmp_path: Path, text: str) -> None:

@@ -26,7 +26,7 @@ _TOKENS = [
     "!!omap [{a: 1}]", "!!str 1", "!!int 12", "!!float 1e400", "!!python/name:os.system", "!!bool yes",
     '"http://[::1/mcp"', '"http://127.0.0.1:99999/x"', '"http://127.0.0.1:8080"', '"localhost:1"',
     '"${X}"', '"${}"', '"${NOPE_VAR_1}"', '"Bearer ${HOME}"', "agent.claude", "agent.x", "host.agent.decide",
-    "host.agent.nope", "gemma-3-270m", "all-minilm-l6-v2", "model.gguf", "./llama-server", "none",
+    "host.agent.nope", "gemma-3-270m", "all-minilm-l6-v2", "model.gguf", "./llama-server", "~nosuchuser-x/m.gguf", "none",
     "schemas/{{ args.kind }}.json", "'{{ env.X }}'", "prompts/p.md", '"' + "n" * 300 + '.json"',
     "cheapest-passing", *[f'"{t}"' for t in PLUGIN_TYPES], "cassette", "mcp_stdio",
 ]
