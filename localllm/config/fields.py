@@ -371,35 +371,40 @@ def _secret_map(check: str, raw: Any, where: str, ctx: Context) -> Any:
         ctx.problems.add(where, f"must be a mapping of names to strings, got {type(raw).__name__}")
         return BAD
     out: dict[str, str] = {}
-    section = where.rsplit(".", 1)[-1]
-    owner = where.rsplit(".", 1)[0]
     for raw_name, val in raw.items():
         name = str(raw_name)
-        key = f"{where}.{name}"
         name_ok = ENV_NAME.match(name) if check == "env" else _HEADER_NAME.match(name)
-        if not name_ok or text_issue(name):
-            ctx.problems.add(key, f"is not a valid {'environment variable' if check == 'env' else 'header'} name")
-            continue
-        if isinstance(val, bool) or not isinstance(val, (str, int, float)):
-            ctx.problems.add(key, "must be a string")
-            continue
-        text, issues, used = interpolate(val if isinstance(val, str) else show(val), ctx.lookup)
-        for issue in issues:
-            if issue.startswith("env var "):
-                var = issue.split()[2]
-                ctx.problems.add(owner, f"env var {var} referenced in {section}.{name} not set",
-                                 f"export {var}=… before loading, or remove the reference")
-            else:
-                ctx.problems.add(key, issue, "write ${NAME} with a variable name")
-        problem = text_issue(text) or (_header_value_issue(text) if check == "headers" else "")
-        if problem:  # never quote the value: it may be a secret
-            ctx.problems.add(key, f"value {problem}")
-            continue
-        ctx.secrets.update(v for v in (text, *used) if v)
-        if check == "headers" and " " in text:
-            ctx.secrets.add(text.split(" ", 1)[1])  # the token of "Bearer <token>"
-        out[name] = text
+        if not name_ok:
+            ctx.problems.add(f"{where}.{name}",
+                             f"is not a valid {'environment variable' if check == 'env' else 'header'} name")
+        elif isinstance(val, bool) or not isinstance(val, (str, int, float)):
+            ctx.problems.add(f"{where}.{name}", "must be a string")
+        else:
+            text = _secret_value(check, name, val if isinstance(val, str) else show(val), where, ctx)
+            if text is not None:
+                out[name] = text
     return out
+
+
+def _secret_value(check: str, name: str, value: str, where: str, ctx: Context) -> str | None:
+    """One interpolated value, remembered as a secret; ``None`` after a problem."""
+    owner, section = where.rsplit(".", 1)
+    text, issues, used = interpolate(value, ctx.lookup)
+    for issue in issues:
+        if issue.startswith("env var "):
+            var = issue.split()[2]
+            ctx.problems.add(owner, f"env var {var} referenced in {section}.{name} not set",
+                             f"export {var}=… before loading, or remove the reference")
+        else:
+            ctx.problems.add(f"{where}.{name}", issue, "write ${NAME} with a variable name")
+    problem = text_issue(text) or (_header_value_issue(text) if check == "headers" else "")
+    if problem:  # never quote the value: it may be a secret
+        ctx.problems.add(f"{where}.{name}", f"value {problem}")
+        return None
+    ctx.secrets.update(v for v in (text, *used) if v)
+    if check == "headers" and " " in text:
+        ctx.secrets.add(text.split(" ", 1)[1])  # the token of "Bearer <token>"
+    return text
 
 
 def _header_value_issue(text: str) -> str:

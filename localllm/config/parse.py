@@ -75,16 +75,6 @@ class Draft:
                       plugin_dirs=tuple(self.plugin_dirs.values()), secrets=tuple(sorted(self.ctx.secrets)))
 
 
-def _section(data: Mapping[Any, Any], key: str, problems: ProblemList, what: str) -> dict[Any, Any]:
-    raw = data.get(key)
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        problems.add(key, f"must be a mapping of {what}, got {type(raw).__name__}")
-        return {}
-    return raw
-
-
 def _name(raw: Any, key: str, problems: ProblemList) -> str | None:
     """A declared name (alias, gate, embedder, intent) that is safe in a trace and a path."""
     name = raw if isinstance(raw, str) else show(raw)
@@ -119,13 +109,13 @@ def parse(path: Path) -> Draft:
     if not isinstance(app_id, str):
         problems.add("app_id", f"must be a string, got {show(app_id)}")
     draft.app_id = (_name(app_id, "app_id", problems) if isinstance(app_id, str) else None) or file.stem
-    for alias, raw in _section(data, "agent_plugins", problems, "agent alias → declaration").items():
+    for alias, raw in _mapping(data.get("agent_plugins"), "agent_plugins", problems, "of alias → declaration").items():
         _agent(draft, alias, raw)
     draft.agents.setdefault("agent.claude", ClaudeCliDecl(alias="agent.claude", plugin="builtin.claude_cli"))
     _plugin_dirs(draft)
-    for name, raw in _section(data, "embedders", problems, "name → {model: | endpoint:}").items():
+    for name, raw in _mapping(data.get("embedders"), "embedders", problems, "of name → {model: | endpoint:}").items():
         _embedder(draft, name, raw)
-    for name, raw in _section(data, "gates", problems, "gate name → gate").items():
+    for name, raw in _mapping(data.get("gates"), "gates", problems, "of gate name → gate").items():
         _gate(draft, name, raw)
     _intents(draft, data.get("intents"))
     _router(draft, data.get("router"))
@@ -245,12 +235,7 @@ def _gate(draft: Draft, raw_name: Any, raw: Any) -> None:
         return
     plain = parse_decl(GateKeys, raw, key, ctx, skip=("agent", "invoke", "selection", "with"), what="gate")
     verb = _verb(raw.get("invoke"), f"{key}.invoke", problems)
-    with_ = raw.get("with")
-    if with_ is None:
-        with_ = {}
-    if not isinstance(with_, dict):
-        problems.add(f"{key}.with", "must be a mapping with prompt: (and optionally schema:, args:, agent:)")
-        with_ = {}
+    with_ = _mapping(raw.get("with"), f"{key}.with", problems, "with prompt: (and optionally schema:, args:, agent:)")
     _unknown(with_, WITH_KEYS, f"{key}.with", problems)
     agent = _gate_agent(raw, with_, key, problems)
     inner = raw.get("agent") is None and "agent" in with_
@@ -258,24 +243,23 @@ def _gate(draft: Draft, raw_name: Any, raw: Any) -> None:
     prompt, prompt_file = resolve_prompt(with_.get("prompt"), f"{key}.with.prompt", ctx)
     schema = with_.get("schema")
     schema_path = schema_file(schema, f"{key}.with.schema", ctx) if schema is not None else None
-    args = with_.get("args")
-    if args is None:
-        args = {}
-    if not isinstance(args, dict):
-        problems.add(f"{key}.with.args", "must be a mapping")
-        args = {}
+    args = _mapping(with_.get("args"), f"{key}.with.args", problems, "of argument names to values")
     given = _json_data(with_, f"{key}.with", problems)
-    selection = None
-    if raw.get("selection") is not None:
-        if isinstance(raw["selection"], dict):
-            selection = Selection(**parse_decl(Selection, raw["selection"], f"{key}.selection", ctx,
-                                               what="selection"))
-        else:
-            problems.add(f"{key}.selection", f"must be a mapping, got {type(raw['selection']).__name__}")
+    raw_selection = _mapping(raw.get("selection"), f"{key}.selection", problems, "of selection keys")
+    selection = Selection(**parse_decl(Selection, raw_selection, f"{key}.selection", ctx, what="selection")) \
+        if raw_selection else None
     draft.gates[name] = Gate(name=name, verb=verb, agent=agent or "", prompt=prompt, prompt_file=prompt_file,
                              schema_path=schema_path, args=dict(args) if given is not None else {},
                              schema=schema if isinstance(schema, str) else None, **plain,
                              selection=selection, with_=given or {})
+
+
+def _mapping(raw: Any, key: str, problems: ProblemList, what: str) -> dict[Any, Any]:
+    """``raw`` if it is a mapping, ``{}`` for null; otherwise a problem and ``{}``."""
+    if raw is None or isinstance(raw, dict):
+        return raw or {}
+    problems.add(key, f"must be a mapping {what}, got {type(raw).__name__}")
+    return {}
 
 
 def _unknown(raw: Mapping[Any, Any], allowed: tuple[str, ...], key: str, problems: ProblemList) -> None:
