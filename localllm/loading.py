@@ -43,7 +43,8 @@ def _plugin_agents(draft: Draft, key: str, plugin_dir: Path) -> None:
         if alias in draft.agents:
             draft.problems.add(key, f'MCP server alias "{alias}" collides with a declared agent')
             continue
-        values = (*server.env.values(), *server.headers.values())
+        query = server.url.partition("?")[2]  # a query string can carry a token (plugins keeps url out of repr)
+        values = (*server.env.values(), *server.headers.values(), query, server.url if query else "")
         draft.ctx.secrets.update(v for v in values if v)
         if server.transport == "http":
             draft.agents[alias] = McpHttpDecl(alias=alias, plugin="mcp_http", endpoint=server.url,

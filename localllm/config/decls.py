@@ -127,7 +127,9 @@ class McpHttpDecl(AgentDecl):
 
     REQUIRED = (("endpoint",),)
 
-    endpoint: str = setting("", "the MCP endpoint URL", check="url", example="endpoint: http://127.0.0.1:7301/mcp")
+    #: not in repr: a query string can carry a token
+    endpoint: str = field(default="", repr=False, metadata=key("the MCP endpoint URL", check="url",
+                                                              example="endpoint: http://127.0.0.1:7301/mcp"))
     tool: str = setting("ask", "the tool that answers")
     #: already interpolated; values are secrets
     headers: dict[str, str] = field(default_factory=dict, repr=False,

@@ -684,3 +684,16 @@ def test_templated_schema_gate_validates_each_call_against_its_file(tmp_path: Pa
         with pytest.raises(ConfigError) as bad:
             rt.run_gate("g", args={"kind": "../../etc/passwd"})
         assert [p.key for p in bad.value.problems] == ["gates.g.with.schema"]
+
+
+def test_plugin_server_secrets_are_listed(tmp_path: Path) -> None:
+    root = tmp_path / "plug"
+    root.mkdir()
+    (root / "plugin.json").write_text(json.dumps(
+        {"$schema": "https://agent-plugins.org/schemas/1.0.0/plugin.schema.json", "name": "plug"}))
+    (root / "mcp.json").write_text(json.dumps({"$schema": "https://agent-plugins.org/schemas/1.0.0/mcp.schema.json",
+                                               "mcpServers": {"r": {"type": "streamable-http",
+                                                                    "url": "http://127.0.0.1:9/mcp?token=tok-canary-99"}}}))
+    config = load_config(write(tmp_path, "plugin_dirs: [plug]\n"))
+    assert "tok-canary-99" not in repr(config)
+    assert "token=tok-canary-99" in config.secret_values()
