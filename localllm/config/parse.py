@@ -141,9 +141,12 @@ def _agent(draft: Draft, raw_alias: Any, raw: Any) -> None:
         return
     cls = PLUGINS.get(plugin) if isinstance(plugin, str) else None
     if cls is None:
-        hint = closest(plugin, PLUGIN_TYPES) if isinstance(plugin, str) else ""
-        problems.add(f"{key}.plugin" if "plugin" in raw else key,
-                     f'unknown plugin {show(plugin)}{hint} (supported: {", ".join(PLUGIN_TYPES)})')
+        supported = f'(supported: {", ".join(PLUGIN_TYPES)})'
+        if plugin is None:
+            problems.add(key, f"plugin: is required {supported}", "plugin: builtin.local_llm")
+        else:
+            hint = closest(plugin, PLUGIN_TYPES) if isinstance(plugin, str) else ""
+            problems.add(f"{key}.plugin", f"unknown plugin {show(plugin)}{hint} {supported}")
         return
     values = parse_decl(cls, raw, key, draft.ctx, skip=("plugin",), what=f"{plugin} plugin")
     decl = cls(alias=alias, plugin=str(plugin), **values)
@@ -358,8 +361,11 @@ def check_references(draft: Draft) -> None:
         return False
 
     for alias, decl in agents.items():
-        if isinstance(decl, LocalLLMDecl) and decl.fallback not in ("none", alias):
-            known(decl.fallback, f"agent_plugins.{alias}.fallback", 'declare it, or write fallback: none')
+        if isinstance(decl, LocalLLMDecl) and decl.fallback == alias:
+            problems.add(f"agent_plugins.{alias}.fallback", "an agent cannot be its own fallback",
+                         "write fallback: none")
+        elif isinstance(decl, LocalLLMDecl) and decl.fallback != "none":
+            known(decl.fallback, f"agent_plugins.{alias}.fallback", "declare it, or write fallback: none")
     for name, gate in draft.gates.items():
         key = f"gates.{name}"
         if not gate.agent:

@@ -354,12 +354,13 @@ def test_fallback_errors(tmp_path: Path) -> None:
     text = ("agent_plugins:\n"
             "  agent.a: {plugin: builtin.local_llm, endpoint: 'http://h:1', fallback: agent.nope}\n"
             "  agent.s: {plugin: subprocess, command: /bin/true}\n"
+            "  agent.t: {plugin: builtin.local_llm, endpoint: 'http://h:1', fallback: agent.t}\n"
             "gates:\n"
             "  g1: {invoke: host.agent.ask, agent: agent.s, fallback: agent.claude, with: {prompt: hi}}\n"
             "  g2: {invoke: host.agent.ask, agent: agent.a, fallback: agent.a, with: {prompt: hi}}\n"
             "  g3: {invoke: host.agent.ask, agent: agent.a, fallback: 7, with: {prompt: hi}}\n")
-    assert keys(tmp_path, text) == ["agent_plugins.agent.a.fallback", "gates.g1.fallback", "gates.g2.fallback",
-                                    "gates.g3.fallback"]
+    assert keys(tmp_path, text) == ["agent_plugins.agent.a.fallback", "agent_plugins.agent.t.fallback",
+                                    "gates.g1.fallback", "gates.g2.fallback", "gates.g3.fallback"]
 
 
 def selection_config(tmp_path: Path, selection: str) -> str:
