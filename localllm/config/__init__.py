@@ -36,7 +36,6 @@ from localllm.config.decls import (
     PLUGINS,
     ROUTER_CONFIDENT,
     ROUTER_MARGIN,
-    VERBS,
     AgentDecl,
     ClaudeCliDecl,
     EmbedderDecl,
@@ -53,6 +52,7 @@ from localllm.config.decls import (
 )
 from localllm.config.fields import interpolate, reference_table
 from localllm.config.model import Config
+from localllm.wire import VERBS
 
 __all__ = [
     "DEFAULT_FALLBACK",

@@ -17,31 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from localllm.wire import VERBS
-
-__all__ = [
-    "DEFAULT_FALLBACK",
-    "DEFAULT_TIMEOUT",
-    "PLUGINS",
-    "PLUGIN_TYPES",
-    "ROUTER_CONFIDENT",
-    "ROUTER_MARGIN",
-    "VERBS",
-    "AgentDecl",
-    "ClaudeCliDecl",
-    "EmbedderDecl",
-    "GateKeys",
-    "InprocessDecl",
-    "Intent",
-    "Key",
-    "LocalLLMDecl",
-    "McpHttpDecl",
-    "McpStdioDecl",
-    "RouterDecl",
-    "Selection",
-    "SubprocessDecl",
-]
-
 #: hard deadline (seconds) when neither the call nor the declaration sets ``timeout``
 DEFAULT_TIMEOUT = 300.0
 #: where a local model's schema_invalid answer goes (contract §9); ``none`` disables it

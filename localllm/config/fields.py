@@ -27,19 +27,6 @@ from localllm import settings
 from localllm.config.decls import Key
 from localllm.errors import ProblemList
 
-__all__ = [
-    "Context",
-    "KeySpec",
-    "closest",
-    "declared_keys",
-    "interpolate",
-    "parse_decl",
-    "path_issue",
-    "reference_table",
-    "show",
-    "text_issue",
-]
-
 _VAR = re.compile(r"\$\{([^}]*)\}")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")

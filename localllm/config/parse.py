@@ -19,7 +19,6 @@ from typing import Any
 from localllm.config.decls import (
     PLUGIN_TYPES,
     PLUGINS,
-    VERBS,
     AgentDecl,
     ClaudeCliDecl,
     EmbedderDecl,
@@ -36,6 +35,7 @@ from localllm.config.files import gguf_issue, resolve_prompt, schema_file
 from localllm.config.model import Config
 from localllm.config.source import printable, read_yaml
 from localllm.errors import ConfigError, ConfigProblem, ProblemList
+from localllm.wire import VERBS
 
 TOP_KEYS = ("app_id", "agent_plugins", "gates", "embedders", "intents", "router", "plugin_dirs")
 WITH_KEYS = ("agent", "args", "prompt", "schema")
