@@ -30,9 +30,11 @@ ROUTER_MARGIN = 0.08
 class Key:
     """How one config key is checked and documented.
 
-    ``check`` names a value rule beyond the type: ``positive``, ``env_name``, ``url``,
-    ``executable``, ``env`` / ``headers`` (``${VAR}``-interpolated secret maps),
-    ``fallback`` (an alias or ``none``), ``name`` (a reference to another declaration).
+    ``check`` names a value rule beyond the type: ``positive``, ``env_name`` (``""``
+    means none), ``url``, ``executable`` (must exist now) / ``program`` (a path resolved
+    against the config directory), ``json_file`` (under the config directory, parses),
+    ``env`` / ``headers`` (``${VAR}``-interpolated secret maps), ``fallback`` (an alias or
+    ``none``), ``name`` (a reference to another declaration, checked across sections).
     """
 
     doc: str

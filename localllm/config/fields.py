@@ -17,7 +17,7 @@ import re
 import shutil
 import types
 import typing
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,7 +68,7 @@ def show(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def closest(word: str, candidates: Iterator[str] | tuple[str, ...] | list[str]) -> str:
+def closest(word: str, candidates: Iterable[str]) -> str:
     """`` (did you mean "x"?)`` for the closest candidate, or ``""``."""
     found = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
     return f' (did you mean "{found[0]}"?)' if found else ""
