@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any
 from localllm._version import __version__
 
 if TYPE_CHECKING:
-    from localllm.config import Config, load_config
+    from localllm.config import Config
     from localllm.errors import AgentError, ConfigError, ErrorKind, LocalLLMError
+    from localllm.loading import load_config
     from localllm.runtime import Runtime
     from localllm.wire import AskRequest, AskResponse, CallResult
 
@@ -43,7 +44,7 @@ _HOME = {
     "ErrorKind": "localllm.errors",
     "LocalLLMError": "localllm.errors",
     "Runtime": "localllm.runtime",
-    "load_config": "localllm.config",
+    "load_config": "localllm.loading",
 }
 
 

@@ -355,7 +355,8 @@ class Runtime:
                 if isinstance(value, str) else value
         for key, value in given.items():
             merged.setdefault(key, value)
-        return self.call(gate.verb, agent=gate.agent, prompt=gate.prompt, schema=gate.schema_path, args=merged,
+        schema = self.config.schema_for(gate, lambda text: render_prompt(text, merged, world, source=f"gates.{name}"))
+        return self.call(gate.verb, agent=gate.agent, prompt=gate.prompt, schema=schema, args=merged,
                          world=world, timeout=gate.timeout, state_path=name)
 
     # ------------------------------------------------------------------ internals

@@ -54,10 +54,12 @@ class McpStdioAgent(ChildAgent):
     def _launch_spec(self) -> tuple[list[str], dict[str, str], Path | None]:
         """A plugin-directory server is re-checked (realpath containment) and its
         PLUGIN_DATA prepared right before every spawn."""
-        if self.decl.spawn is None:
+        if self.decl.plugin_dir is None:
             return super()._launch_spec()
+        from localllm.plugins.spawn import spawn_server
+
         try:
-            spec = self.decl.spawn()
+            spec = spawn_server(self.decl.plugin_dir, self.decl.server)
         except (PluginError, OSError) as exc:
             hint = exc.hint if isinstance(exc, PluginError) else ""
             raise AgentError(ErrorKind.PLUGIN_CRASH, f"cannot spawn: {exc}", alias=self.alias, hint=hint) from exc

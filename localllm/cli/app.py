@@ -24,7 +24,7 @@ from typing import Any, NoReturn
 from localllm import settings
 from localllm._version import __version__
 from localllm.cli.output import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PREFIX, UsageError, emit_json, err, warn
-from localllm.errors import AgentError, ConfigError, LocalLLMError, SchemaError
+from localllm.errors import AgentError, CallError, ConfigError, LocalLLMError, SchemaError
 
 Handler = Callable[[argparse.Namespace], int]
 Setup = Callable[[argparse.ArgumentParser], None]
@@ -135,7 +135,7 @@ def kind_of(exc: BaseException) -> str:
 
 def exit_code_of(exc: BaseException) -> int:
     """2 for bad usage or bad config, 1 for everything else."""
-    return EXIT_USAGE if isinstance(exc, (ConfigError, SchemaError, UsageError)) else EXIT_FAILED
+    return EXIT_USAGE if isinstance(exc, (CallError, ConfigError, SchemaError, UsageError)) else EXIT_FAILED
 
 
 def error_document(exc: BaseException) -> dict[str, Any]:

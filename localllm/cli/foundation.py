@@ -65,7 +65,7 @@ SETUP = {"check": _setup_check, "call": _setup_call, "run": _setup_run}
 
 def load(path: Path) -> Config:
     """``load_config`` (ConfigError lists every problem; the CLI exits 2)."""
-    from localllm.config import load_config
+    from localllm.loading import load_config
 
     return load_config(path)
 
@@ -81,7 +81,8 @@ def _check(args: argparse.Namespace) -> int:
         "config": str(config.path),
         "app_id": config.app_id,
         "agents": {alias: decl.plugin for alias, decl in config.agents.items()},
-        "gates": {name: {"verb": g.verb, "agent": g.agent} for name, g in config.gates.items()},
+        "gates": {name: {"verb": g.verb, "agent": g.agent, "fallback": config.fallback_for(g.agent, name)}
+                  for name, g in config.gates.items()},
         "embedders": sorted(config.embedders),
         "intents": sorted(config.intents),
     }
@@ -90,6 +91,8 @@ def _check(args: argparse.Namespace) -> int:
     else:
         out(f"{config.path}: ok ({len(config.agents)} agents, {len(config.gates)} gates, "
             f"{len(config.embedders)} embedders)")
+        for name, target in config.fallbacks().items():
+            out(f"  gate {name}: {'falls back to ' + target if target else 'no fallback'}")
     return EXIT_OK
 
 

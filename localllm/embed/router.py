@@ -25,6 +25,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from localllm.config.decls import ROUTER_CONFIDENT as DEFAULT_CONFIDENT
+from localllm.config.decls import ROUTER_MARGIN as DEFAULT_MARGIN
 from localllm.errors import EmbedError
 
 if TYPE_CHECKING:
@@ -35,9 +37,6 @@ if TYPE_CHECKING:
 
 Decide = Callable[[str, list[str]], "str | None"]
 Outcome = Literal["route", "tie", "miss"]
-
-DEFAULT_CONFIDENT = 0.82
-DEFAULT_MARGIN = 0.08
 
 
 @dataclass(frozen=True)

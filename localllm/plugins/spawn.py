@@ -148,3 +148,18 @@ def _resolve_cwd(server: McpServerConfig, plugin: PluginLoaded, root_real: str, 
         raise PluginSpawnError(f"cwd {cwd} is not a directory", plugin=plugin.name, server=server.name,
                                field="cwd", hint="create the directory inside the plugin, or drop cwd")
     return Path(real)
+
+
+def spawn_server(root: Path, server: str) -> SpawnSpec:
+    """:func:`prepare_spawn` for server ``server`` of the plugin directory ``root``, re-loaded
+    now: a declaration stays plain data, and a directory that changed since the config
+    was loaded is judged as it is."""
+    from localllm.plugins.loader import load_agent_plugin
+
+    plugin = load_agent_plugin(root)
+    found = next((s for s in plugin.mcp_servers if s.name == server), None) if plugin.ok else None
+    if not plugin.ok or found is None:
+        why = "; ".join(d.message for d in plugin.diagnostics) or "it is no longer in mcp.json"
+        raise PluginSpawnError(f"no longer loads from {root}: {why}", plugin=root.name, server=server,
+                               field="mcpServers", hint=f"run `localllm plugins check {root}`")
+    return prepare_spawn(found, plugin)

@@ -12,8 +12,8 @@ import psutil
 import pytest
 
 from localllm.cli import main
-from localllm.config import load_config
 from localllm.errors import AgentError, ErrorKind
+from localllm.loading import load_config
 from localllm.managed.sidecar import Sidecar
 from localllm.runtime import Runtime
 from localllm.trace import read_trace

@@ -251,7 +251,7 @@ def test_closed_cassette_refuses_calls() -> None:
 
 
 def test_runtime_call_ids_follow_the_reference_vectors(tmp_path: Path) -> None:
-    from localllm.config import load_config
+    from localllm.loading import load_config
     from localllm.runtime import Runtime
 
     (tmp_path / "verdict.json").write_text(json.dumps({

@@ -390,7 +390,7 @@ def test_concurrent_calls_each_get_their_answer(fake_claude: Path, monkeypatch: 
 
 def test_runtime_call_lands_in_a_valid_trace(fake_claude: Path, tmp_path: Path) -> None:
     from localllm.cli import main
-    from localllm.config import load_config
+    from localllm.loading import load_config
     from localllm.runtime import Runtime
     from localllm.trace import read_trace
 

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from localllm.agents.local_llm import normalize_endpoint, shape_statement, strip_fence
-from localllm.config import Config, load_config
+from localllm.config import Config
 from localllm.errors import AgentError, ErrorKind
+from localllm.loading import load_config
 from localllm.runtime import Runtime
 from localllm.trace import read_trace
 from localllm.wire import AskRequest
@@ -287,7 +288,11 @@ def test_call_that_hits_a_dying_server_gets_its_exit_and_stderr(tmp_path: Path, 
 def test_missing_model_file_is_a_clear_transport_error(tmp_path: Path, server_bin: Path, logs: dict[str, Path]) -> None:
     (tmp_path / "m.yaml").write_text(
         f"agent_plugins:\n  agent.local: {{plugin: builtin.local_llm, model: models/none.gguf, server_bin: '{server_bin}'}}\n")
-    with Runtime(load_config(tmp_path / "m.yaml")) as rt, pytest.raises(AgentError) as info:
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "none.gguf").write_bytes(b"")
+    config = load_config(tmp_path / "m.yaml")  # checked at load (tests/unit/test_config.py), gone by the call
+    (tmp_path / "models" / "none.gguf").unlink()
+    with Runtime(config) as rt, pytest.raises(AgentError) as info:
         rt.call("ask", agent="agent.local", prompt="p")
     assert info.value.kind is ErrorKind.TRANSPORT_ERROR
     assert f"model file {tmp_path / 'models' / 'none.gguf'} not found" in info.value.detail

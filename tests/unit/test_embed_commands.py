@@ -164,9 +164,10 @@ def test_managed_decl_starts_nothing_until_the_first_embed(tmp_path: Path, monke
     ("goodbye now", ["turn.start"]),
 ])
 def test_route_turn_writes_turn_start_before_the_decide_call(tmp_path: Path, text: str, kinds: list[str]) -> None:
-    from localllm.config import Intent, load_config
+    from localllm.config import Intent
     from localllm.embed.embedder import FakeEmbedder
     from localllm.embed.router import Router, route_turn, runtime_decide
+    from localllm.loading import load_config
     from localllm.runtime import Runtime
     from localllm.trace import read_trace
 

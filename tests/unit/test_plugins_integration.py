@@ -108,8 +108,8 @@ def test_plugin_dir_servers_answer_localllm_call(tmp_path: Path, mcp_http_server
 
 def test_plugin_dir_command_symlinked_out_fails_that_alias_only(tmp_path: Path, mcp_http_server: McpHttpServer) -> None:
     """The realpath containment re-check runs right before spawn, through the config path."""
-    from localllm.config import load_config
     from localllm.errors import AgentError, ErrorKind
+    from localllm.loading import load_config
     from localllm.runtime import Runtime
 
     plugin = make_plugin(tmp_path, f"{mcp_http_server.base}/mcp")

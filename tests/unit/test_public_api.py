@@ -46,7 +46,7 @@ def test_import_loads_no_subsystem_until_a_name_is_used() -> None:
             "after = {'localllm.runtime', 'localllm.config'} <= set(sys.modules)\n"
             "print(','.join(before), after, Runtime.__module__, load_config.__module__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["localllm,localllm._version", "True", "localllm.runtime", "localllm.config"]
+    assert out.stdout.split() == ["localllm,localllm._version", "True", "localllm.runtime", "localllm.loading"]
 
 
 def test_unknown_attribute_is_an_attribute_error() -> None:

@@ -15,8 +15,9 @@ import pytest
 
 from localllm.agents.base import Agent
 from localllm.cli import main
-from localllm.config import Config, load_config
+from localllm.config import Config
 from localllm.errors import AgentError, CallError, ConfigError, ErrorKind
+from localllm.loading import load_config
 from localllm.redact import Redactor
 from localllm.runtime import Runtime, render_prompt
 from localllm.trace import derive_call_id, read_trace

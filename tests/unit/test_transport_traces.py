@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from localllm.cli import main
-from localllm.config import load_config
 from localllm.errors import AgentError, ErrorKind
+from localllm.loading import load_config
 from localllm.runtime import Runtime
 from localllm.trace import read_trace
 from tests.unit.agents_fixtures.helpers import JSONRPC_AGENT, McpHttpServer

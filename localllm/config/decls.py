@@ -1,0 +1,269 @@
+"""The declarations: one frozen dataclass per plugin type (and per section), data only.
+
+A field that the config file may set carries a :class:`Key` in its metadata: its doc
+line, its range, the check its value gets. The YAML key is the field name. Parsing,
+unknown-key errors (with "did you mean"), required keys and the README's configuration
+table all come from these classes (:mod:`localllm.config.fields`); fields without a
+``Key`` (``alias``, ``name``) are filled by the loader. ``null`` for any key means "the
+default".
+
+Adding a transport: a declaration class here plus its line in :data:`PLUGINS` (and its
+agent module under ``localllm/agents/``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+#: hard deadline (seconds) when neither the call nor the declaration sets ``timeout``
+DEFAULT_TIMEOUT = 300.0
+#: where a local model's schema_invalid answer goes (contract §9); ``none`` disables it
+DEFAULT_FALLBACK = "agent.claude"
+#: router bars: route when the best intent scores ≥ confident and leads by ≥ margin
+ROUTER_CONFIDENT = 0.82
+ROUTER_MARGIN = 0.08
+
+
+@dataclass(frozen=True)
+class Key:
+    """How one config key is checked and documented.
+
+    ``check`` names a value rule beyond the type: ``positive``, ``env_name`` (``""``
+    means none), ``url``, ``executable`` (must exist now) / ``program`` (a path resolved
+    against the config directory), ``json_file`` (under the config directory, parses),
+    ``env`` / ``headers`` (``${VAR}``-interpolated secret maps), ``fallback`` (an alias or
+    ``none``), ``name`` (a reference to another declaration, checked across sections).
+    """
+
+    doc: str
+    low: float | None = None
+    high: float | None = None
+    check: str = ""
+    choices: tuple[str, ...] = ()
+    #: shown in the hint when a required key is missing
+    example: str = ""
+
+
+def setting(default: Any, doc: str, **rules: Any) -> Any:
+    """A dataclass field that is a config key (``default`` must be immutable)."""
+    return field(default=default, metadata=key(doc, **rules))
+
+
+def key(doc: str, **rules: Any) -> dict[str, Key]:
+    """Field metadata marking a config key (for fields that need ``field()`` itself)."""
+    return {"key": Key(doc, **rules)}
+
+
+@dataclass(frozen=True)
+class AgentDecl:
+    """Fields every agent declaration has."""
+
+    #: at least one key of each group must be set
+    REQUIRED: ClassVar[tuple[tuple[str, ...], ...]] = ()
+
+    alias: str
+    plugin: str
+    timeout: float = setting(DEFAULT_TIMEOUT, "hard cap per call, seconds (deadline_exceeded after it)",
+                             check="positive")
+
+
+@dataclass(frozen=True)
+class ClaudeCliDecl(AgentDecl):
+    """``builtin.claude_cli``: the local ``claude`` binary."""
+
+    claude_bin: str | None = setting(None, "the claude executable (default: LOCALLLM_CLAUDE_BIN, then PATH)",
+                                     check="program")
+    model: str | None = setting(None, "passed as --model")
+    extra_args: tuple[str, ...] = setting((), "extra claude flags")
+
+
+@dataclass(frozen=True)
+class InprocessDecl(AgentDecl):
+    """``builtin.inprocess``: a Python callable bound with ``Runtime.register_inprocess``."""
+
+
+@dataclass(frozen=True)
+class SubprocessDecl(AgentDecl):
+    """``subprocess``: a child process speaking JSON-RPC 2.0 over stdio."""
+
+    REQUIRED = (("command",),)
+
+    command: str = setting("", "the executable (argv[0])", example="command: /path/to/agent")
+    args: tuple[str, ...] = setting((), "its arguments")
+    #: already interpolated (``${VAR}`` resolved at load); values are secrets
+    env: dict[str, str] = field(default_factory=dict, repr=False,
+                                metadata=key("added to the parent environment; ${VAR} interpolated", check="env"))
+    cwd: Path | None = field(default=None, metadata=key("working directory, relative to the config file"))
+
+
+@dataclass(frozen=True)
+class McpHttpDecl(AgentDecl):
+    """``mcp_http``: an MCP server over streamable HTTP."""
+
+    REQUIRED = (("endpoint",),)
+
+    #: not in repr: a query string can carry a token
+    endpoint: str = field(default="", repr=False, metadata=key("the MCP endpoint URL", check="url",
+                                                              example="endpoint: http://127.0.0.1:7301/mcp"))
+    tool: str = setting("ask", "the tool that answers")
+    #: already interpolated; values are secrets
+    headers: dict[str, str] = field(default_factory=dict, repr=False,
+                                    metadata=key("sent with every request; ${VAR} interpolated", check="headers"))
+
+
+@dataclass(frozen=True)
+class McpStdioDecl(AgentDecl):
+    """An MCP server over stdio, from an Agent Plugins directory (not declarable by hand).
+
+    ``plugin_dir`` and ``server`` name where it came from: the spawn re-loads that
+    directory and re-checks containment right before each start.
+    """
+
+    command: str = ""
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict, repr=False)
+    cwd: Path | None = None
+    tool: str = "ask"
+    plugin_dir: Path | None = None
+    server: str = ""
+
+
+@dataclass(frozen=True)
+class LocalLLMDecl(AgentDecl):
+    """``builtin.local_llm``: managed (``model``) or endpoint (``endpoint``) mode."""
+
+    REQUIRED = (("model", "endpoint"),)
+
+    model: str | None = setting(None, "managed: a pinned chat model id or a `*.gguf` path; beside endpoint: the name "
+                                "sent in the body", example="model: gemma-3-270m (managed)")
+    endpoint: str | None = setting(None, "attach to an OpenAI-compatible server (never fetch/spawn/kill)",
+                                   check="url", example="endpoint: http://127.0.0.1:8080 (attach)")
+    grammar: bool = setting(True, "constrain decoding when the schema is in the grammar subset")
+    json_schema: bool = setting(False, "always send response_format json_schema (wins over grammar)")
+    api_key_env: str | None = setting(None, "NAME of the env var with a bearer token, read per call; \"\" disables "
+                                      "auth", check="env_name")
+    fallback: str = setting(DEFAULT_FALLBACK, "who answers after a schema_invalid local answer: an alias or none",
+                            check="fallback")
+    port: int | None = setting(None, "default: --port 0 (the bound port is read from the log)", low=1, high=65535)
+    server_bin: str | None = setting(None, "a llama-server to use instead of the cached one (relative to the config)",
+                                     check="executable")
+    parallel: int = setting(4, "--parallel N slots", low=1, high=256)
+    ctx_size: int = setting(2048, "context tokens per slot; the server gets ctx_size × parallel", low=64,
+                            high=1 << 20)
+    max_tokens: int = setting(512, "answer length cap", low=1, high=1 << 20)
+    temperature: float | None = setting(None, "default: 0 for decide, the server's default otherwise", low=0.0,
+                                        high=2.0)
+    extra_args: tuple[str, ...] = setting((), "extra llama-server flags (not the managed ones)")
+    health_timeout: float = setting(180.0, "seconds for /health to turn 200", check="positive")
+    schema_in_prompt: bool = setting(True, "state the JSON shape in the prompt (llama.cpp does not)")
+    threads: int | None = setting(None, "default: llama.cpp sizes its threads to the machine", low=1, high=1024)
+
+
+#: plugin type → declaration, in the spec's order (contract §1); ``mcp_stdio`` comes only
+#: from ``plugin_dirs:`` and ``cassette`` only from code
+PLUGINS: dict[str, type[AgentDecl]] = {
+    "builtin.claude_cli": ClaudeCliDecl,
+    "builtin.inprocess": InprocessDecl,
+    "subprocess": SubprocessDecl,
+    "mcp_http": McpHttpDecl,
+    "builtin.local_llm": LocalLLMDecl,
+}
+PLUGIN_TYPES = tuple(PLUGINS)
+
+
+@dataclass(frozen=True)
+class EmbedderDecl:
+    """An embedding sidecar under ``embedders:``."""
+
+    REQUIRED: ClassVar[tuple[tuple[str, ...], ...]] = (("model", "endpoint"),)
+
+    name: str
+    model: str | None = setting(None, "managed: a pinned embedding model id or a `*.gguf` path; beside endpoint: the "
+                                "name sent", example="model: all-minilm-l6-v2")
+    endpoint: str | None = setting(None, "attach to an OpenAI-compatible /v1/embeddings", check="url")
+    api_key_env: str | None = setting(None, "NAME of the env var with a bearer token; \"\" disables auth",
+                                      check="env_name")
+    dims: int | None = setting(None, "output dims (Matryoshka truncation below the native dims)", low=1,
+                               high=1 << 16)
+    port: int | None = setting(None, "default: a free port", low=1, high=65535)
+    server_bin: str | None = setting(None, "a llama-server to use instead of the cached one", check="executable")
+    parallel: int = setting(1, "--parallel N slots", low=1, high=256)
+    health_timeout: float = setting(180.0, "seconds for /health to turn 200", check="positive")
+    extra_args: tuple[str, ...] = setting((), "extra llama-server flags")
+    threads: int | None = setting(None, "default: llama.cpp sizes its threads to the machine", low=1, high=1024)
+
+
+@dataclass(frozen=True)
+class RouterDecl:
+    """``router:`` — the routing tiers over ``intents:``."""
+
+    REQUIRED: ClassVar[tuple[tuple[str, ...], ...]] = (("embedder", "agent"),)
+
+    embedder: str | None = setting(None, "the semantic tier: an embedder name", check="name",
+                                   example="embedder: docs")
+    agent: str | None = setting(None, "the decide tier: an agent alias", check="name", example="agent: agent.local")
+    confident: float = setting(ROUTER_CONFIDENT, "route when the best score is at least this", low=0.0, high=1.0)
+    margin: float = setting(ROUTER_MARGIN, "… and leads the runner-up by at least this", low=0.0, high=1.0)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A gate's ``selection:`` (contract §2 "Evidence-backed task selection"), validated."""
+
+    REQUIRED: ClassVar[tuple[tuple[str, ...], ...]] = ()
+
+    profile: str | None = setting(None, "the harness profile meant to answer")
+    model: str | None = setting(None, "the model meant to answer")
+    effort: str | None = setting(None, "the effort meant (low, medium, …)")
+    evidence: Path | None = field(default=None, metadata=key("an eval report (JSON) under the config directory",
+                                                             check="json_file"))
+    fallback_profile: str | None = setting(None, "the profile used when the evidence does not pass")
+    policy: str | None = setting(None, "how to pick an agent from the evidence", choices=("cheapest-passing",))
+    min_accuracy: float | None = setting(None, "evidence passes at this accuracy or better", low=0.0, high=1.0)
+    max_fallback_rate: float | None = setting(None, "… and this fallback rate or lower", low=0.0, high=1.0)
+
+
+@dataclass(frozen=True)
+class GateKeys:
+    """A gate's plain keys; ``invoke``, ``agent``, ``with`` and ``selection`` are read apart."""
+
+    timeout: float | None = setting(None, "hard cap, seconds (default: the agent's timeout)", check="positive")
+    fallback: str | None = setting(None, "overrides the agent's fallback: an alias or none", check="fallback")
+
+
+@dataclass(frozen=True)
+class Intent:
+    """A routing intent with example phrases (``intents:``)."""
+
+    name: str
+    examples: tuple[str, ...]
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Gate:
+    """A named, reusable agent call under ``gates:``."""
+
+    name: str
+    verb: str
+    agent: str
+    #: inline prompt text or the contents of the prompt file
+    prompt: str
+    prompt_file: Path | None = None
+    #: the schema file when ``with.schema`` names one statically (``None`` when templated)
+    schema_path: Path | None = None
+    args: dict[str, Any] = field(default_factory=dict)
+    timeout: float | None = None
+    #: ``with.schema`` as written; a ``{{ … }}`` template is resolved per call (``Config.schema_for``)
+    schema: str | None = None
+    #: as written: ``None`` inherits the agent's, ``"none"`` disables, else an alias
+    fallback: str | None = None
+    selection: Selection | None = None
+    #: the gate's ``with:`` block as written (JSON data, no host paths): ``AskRequest.with``
+    with_: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def templated_schema(self) -> bool:
+        return self.schema is not None and self.schema_path is None and "{{" in self.schema

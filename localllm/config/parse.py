@@ -1,0 +1,426 @@
+"""The config file → a :class:`Draft` of declarations, then cross-references → ``Config``.
+
+Two passes, so that nothing cascades: :func:`parse` reads every section on its own
+(types, keys, ranges, required keys, files); :func:`check_references` then checks names
+across sections (gate → agent, fallback → agent, router → embedder/agent) once every
+declaration is known — including those a loader added from ``plugin_dirs:`` — and stays
+silent about a name whose declaration was itself reported broken. Problems are finally
+put in file order (:func:`in_file_order`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from localllm.config.decls import (
+    PLUGIN_TYPES,
+    PLUGINS,
+    AgentDecl,
+    ClaudeCliDecl,
+    EmbedderDecl,
+    Gate,
+    GateKeys,
+    InprocessDecl,
+    Intent,
+    LocalLLMDecl,
+    RouterDecl,
+    Selection,
+)
+from localllm.config.fields import Context, closest, parse_decl, path_issue, show, text_issue
+from localllm.config.files import gguf_issue, resolve_prompt, schema_file
+from localllm.config.model import Config
+from localllm.config.source import printable, read_yaml
+from localllm.errors import ConfigError, ConfigProblem, ProblemList
+from localllm.wire import VERBS
+
+TOP_KEYS = ("app_id", "agent_plugins", "gates", "embedders", "intents", "router", "plugin_dirs")
+WITH_KEYS = ("agent", "args", "prompt", "schema")
+_NAME_MAX = 200
+
+
+@dataclass
+class Draft:
+    """Declarations read from one file, before names are checked across sections."""
+
+    file: Path
+    data: dict[Any, Any]
+    ctx: Context
+    app_id: str = ""
+    agents: dict[str, AgentDecl] = field(default_factory=dict)
+    embedders: dict[str, EmbedderDecl] = field(default_factory=dict)
+    gates: dict[str, Gate] = field(default_factory=dict)
+    intents: dict[str, Intent] = field(default_factory=dict)
+    router: RouterDecl | None = None
+    #: ``plugin_dirs[i]`` key → the resolved directory
+    plugin_dirs: dict[str, Path] = field(default_factory=dict)
+    #: names declared but reported broken: referencing them is not a second problem
+    broken: set[str] = field(default_factory=set)
+    #: gate name → the key its agent was named at (``agent`` or ``with.agent``)
+    agent_keys: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def problems(self) -> ProblemList:
+        return self.ctx.problems
+
+    def config(self) -> Config:
+        """The checked ``Config``; ``ConfigError`` (in file order) if any problem was found."""
+        if self.problems.items:
+            raise ConfigError([printable(p) for p in in_file_order(self.problems.items, self.data)])
+        return Config(path=self.file, base_dir=self.ctx.base_dir, app_id=self.app_id, agents=self.agents,
+                      gates=self.gates, embedders=self.embedders, intents=self.intents, router=self.router,
+                      plugin_dirs=tuple(self.plugin_dirs.values()), secrets=tuple(sorted(self.ctx.secrets)))
+
+
+def _name(raw: Any, key: str, problems: ProblemList) -> str | None:
+    """A declared name (alias, gate, embedder, intent) that is safe in a trace and a path."""
+    name = raw if isinstance(raw, str) else show(raw)
+    issue = text_issue(name) or ("is too long" if len(name) > _NAME_MAX else "") or (
+        "must not contain control characters" if any(ord(c) < 32 for c in name) else "")
+    if issue or not name:
+        problems.add(key, f"name {show(name)} {issue or 'must not be empty'}")
+        return None
+    return name
+
+
+def parse(path: Path) -> Draft:
+    """Read and check each section of the file on its own; ``ConfigError`` if unreadable."""
+    file = Path(path)
+    data = read_yaml(file)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError([ConfigProblem(str(file), "", f"the top level must be a mapping, got {type(data).__name__}",
+                                         "start the file with keys such as agent_plugins:")])
+    try:
+        base_dir = file.resolve().parent
+    except (OSError, RuntimeError) as exc:
+        raise ConfigError([ConfigProblem(str(file), "", f"cannot resolve the config path: {exc}")]) from exc
+    draft = Draft(file=file, data=data, ctx=Context(base_dir=base_dir, problems=ProblemList(file)))
+    problems = draft.problems
+    for key in data:
+        if key not in TOP_KEYS:
+            problems.add(str(key), f"unknown top-level key{closest(str(key), TOP_KEYS)}",
+                         f"allowed keys: {', '.join(TOP_KEYS)}")
+    app_id = data.get("app_id", file.stem)
+    if not isinstance(app_id, str):
+        problems.add("app_id", f"must be a string, got {show(app_id)}")
+    draft.app_id = (_name(app_id, "app_id", problems) if isinstance(app_id, str) else None) or file.stem
+    for alias, raw in _mapping(data.get("agent_plugins"), "agent_plugins", problems, "of alias → declaration").items():
+        _agent(draft, alias, raw)
+    draft.agents.setdefault("agent.claude", ClaudeCliDecl(alias="agent.claude", plugin="builtin.claude_cli"))
+    _plugin_dirs(draft)
+    for name, raw in _mapping(data.get("embedders"), "embedders", problems, "of name → {model: | endpoint:}").items():
+        _embedder(draft, name, raw)
+    for name, raw in _mapping(data.get("gates"), "gates", problems, "of gate name → gate").items():
+        _gate(draft, name, raw)
+    _intents(draft, data.get("intents"))
+    _router(draft, data.get("router"))
+    return draft
+
+
+def _agent(draft: Draft, raw_alias: Any, raw: Any) -> None:
+    problems = draft.problems
+    key = f"agent_plugins.{raw_alias}"
+    alias = _name(raw_alias, key, problems)
+    if alias is None:
+        return
+    if not alias.startswith("agent.") or alias == "agent.":
+        problems.add(key, f'alias "{alias}" must start with "agent."', f'rename it to "agent.{alias}"')
+    draft.broken.add(alias)  # until it parses
+    if not isinstance(raw, dict):
+        problems.add(key, "must be a mapping with at least plugin:")
+        return
+    plugin = raw.get("plugin")
+    if plugin == "cassette":
+        problems.add(key, 'plugin "cassette" cannot be declared in agent_plugins:',
+                     "replay a cassette with `localllm call … --cassette FILE` or Runtime.register_agent")
+        return
+    cls = PLUGINS.get(plugin) if isinstance(plugin, str) else None
+    if cls is None:
+        supported = f'(supported: {", ".join(PLUGIN_TYPES)})'
+        if plugin is None:
+            problems.add(key, f"plugin: is required {supported}", "plugin: builtin.local_llm")
+        else:
+            hint = closest(plugin, PLUGIN_TYPES) if isinstance(plugin, str) else ""
+            problems.add(f"{key}.plugin", f"unknown plugin {show(plugin)}{hint} {supported}")
+        return
+    values = parse_decl(cls, raw, key, draft.ctx, skip=("plugin",), what=f"{plugin} plugin")
+    decl = cls(alias=alias, plugin=str(plugin), **values)
+    if isinstance(decl, LocalLLMDecl) and decl.model and not decl.endpoint:
+        _model(draft, decl.model, f"{key}.model", "chat")
+    draft.agents[alias] = decl
+    draft.broken.discard(alias)
+
+
+def _model(draft: Draft, model: str, key: str, role: str) -> None:
+    """A managed ``model:``: an existing ``*.gguf`` file, or a pinned id of the right role."""
+    if model.endswith(".gguf"):
+        _, issue = gguf_issue(model, draft.ctx.base_dir)
+        if issue:
+            draft.problems.add(key, issue, "fix the path (relative to the config file), or use a pinned model id")
+        return
+    from localllm.errors import FetchError
+    from localllm.managed.pins import load_pins
+
+    try:
+        models = load_pins().models
+    except FetchError as exc:
+        draft.problems.add(key, f"cannot check the model id: {exc}")
+        return
+    pin = models.get(model)
+    of_role = sorted(m for m, p in models.items() if p.role == role)
+    if pin is None:
+        draft.problems.add(key, f"unknown model {show(model)}{closest(model, of_role)}",
+                           f"known {role} models: {', '.join(of_role)} (or a path to a .gguf)")
+    elif pin.role != role:
+        use = "an embedders: entry" if pin.role == "embedding" else "a builtin.local_llm agent"
+        draft.problems.add(key, f'"{model}" is {_a(pin.role)} model, not {_a(role)} model',
+                           f"use one of {', '.join(of_role)} here; {model} belongs in {use}")
+
+
+def _a(word: str) -> str:
+    return f"an {word}" if word[:1] in "aeiou" else f"a {word}"
+
+
+def _plugin_dirs(draft: Draft) -> None:
+    raw = draft.data.get("plugin_dirs")
+    if raw is None:
+        return
+    if not isinstance(raw, list):
+        draft.problems.add("plugin_dirs", f"must be a list of directory paths, got {type(raw).__name__}")
+        return
+    for i, rel in enumerate(raw):
+        key = f"plugin_dirs[{i}]"
+        issue = path_issue(rel) if isinstance(rel, str) else "must be a directory path"
+        if issue:
+            draft.problems.add(key, issue)
+            continue
+        try:
+            found = (draft.ctx.base_dir / rel).resolve()
+            is_dir = found.is_dir()
+        except (OSError, RuntimeError) as exc:
+            draft.problems.add(key, f"cannot check {rel!r}: {exc}")
+            continue
+        if not is_dir:
+            draft.problems.add(key, f"directory {found} not found")
+            continue
+        draft.plugin_dirs[key] = found
+
+
+def _embedder(draft: Draft, raw_name: Any, raw: Any) -> None:
+    key = f"embedders.{raw_name}"
+    name = _name(raw_name, key, draft.problems)
+    if name is None:
+        return
+    if not isinstance(raw, dict):
+        draft.problems.add(key, "must be a mapping with model: or endpoint:")
+        draft.broken.add(f"embedder:{name}")
+        return
+    values = parse_decl(EmbedderDecl, raw, key, draft.ctx, what="embedder")
+    decl = EmbedderDecl(name=name, **values)
+    if decl.model and not decl.endpoint:
+        _model(draft, decl.model, f"{key}.model", "embedding")
+    draft.embedders[name] = decl
+
+
+def _gate(draft: Draft, raw_name: Any, raw: Any) -> None:
+    problems, ctx = draft.problems, draft.ctx
+    key = f"gates.{raw_name}"
+    name = _name(raw_name, key, problems)
+    if name is None:
+        return
+    if not isinstance(raw, dict):
+        problems.add(key, "must be a mapping with invoke:, agent: and with:")
+        return
+    plain = parse_decl(GateKeys, raw, key, ctx, skip=("agent", "invoke", "selection", "with"), what="gate")
+    verb = _verb(raw.get("invoke"), f"{key}.invoke", problems)
+    with_ = _mapping(raw.get("with"), f"{key}.with", problems, "with prompt: (and optionally schema:, args:, agent:)")
+    _unknown(with_, WITH_KEYS, f"{key}.with", problems)
+    agent = _gate_agent(raw, with_, key, problems)
+    inner = raw.get("agent") is None and "agent" in with_
+    draft.agent_keys[name] = f"{key}.with.agent" if inner else f"{key}.agent"
+    prompt, prompt_file = resolve_prompt(with_.get("prompt"), f"{key}.with.prompt", ctx)
+    schema = with_.get("schema")
+    schema_path = schema_file(schema, f"{key}.with.schema", ctx) if schema is not None else None
+    args = _mapping(with_.get("args"), f"{key}.with.args", problems, "of argument names to values")
+    given = _json_data(with_, f"{key}.with", problems)
+    raw_selection = _mapping(raw.get("selection"), f"{key}.selection", problems, "of selection keys")
+    selection = Selection(**parse_decl(Selection, raw_selection, f"{key}.selection", ctx, what="selection")) \
+        if raw_selection else None
+    draft.gates[name] = Gate(name=name, verb=verb, agent=agent or "", prompt=prompt, prompt_file=prompt_file,
+                             schema_path=schema_path, args=dict(args) if given is not None else {},
+                             schema=schema if isinstance(schema, str) else None, **plain,
+                             selection=selection, with_=given or {})
+
+
+def _mapping(raw: Any, key: str, problems: ProblemList, what: str) -> dict[Any, Any]:
+    """``raw`` if it is a mapping, ``{}`` for null; otherwise a problem and ``{}``."""
+    if raw is None or isinstance(raw, dict):
+        return raw or {}
+    problems.add(key, f"must be a mapping {what}, got {type(raw).__name__}")
+    return {}
+
+
+def _unknown(raw: Mapping[Any, Any], allowed: tuple[str, ...], key: str, problems: ProblemList) -> None:
+    for extra in [str(k) for k in raw if str(k) not in allowed]:
+        problems.add(f"{key}.{extra}", f"unknown key{closest(extra, allowed)}", f"allowed keys: {', '.join(allowed)}")
+
+
+def _verb(invoke: Any, key: str, problems: ProblemList) -> str:
+    if not isinstance(invoke, str) or not invoke.startswith("host.agent."):
+        problems.add(key, f"must be host.agent.<verb> ({', '.join(VERBS)}), got {show(invoke)}")
+        return ""
+    verb = invoke.removeprefix("host.agent.")
+    if verb not in VERBS:
+        problems.add(key, f'unknown verb {show(verb)}{closest(verb, VERBS)} (verbs: {", ".join(VERBS)})')
+        return ""
+    return verb
+
+
+def _gate_agent(raw: Mapping[str, Any], with_: Mapping[str, Any], key: str, problems: ProblemList) -> str | None:
+    """``agent:`` or ``with.agent:`` (the spec's selection example); both must agree."""
+    outer, inner = raw.get("agent"), with_.get("agent")
+    for where, value in ((f"{key}.agent", outer), (f"{key}.with.agent", inner)):
+        if value is not None and (not isinstance(value, str) or not value or text_issue(value)):
+            problems.add(where, f"must be an agent alias, got {show(value)}")
+            return None
+    if outer is not None and inner is not None and outer != inner:
+        problems.add(f"{key}.with.agent", f'"{inner}" disagrees with {key}.agent "{outer}"',
+                     "name the agent once: agent: or with.agent:")
+        return None
+    chosen = outer if outer is not None else inner
+    return str(chosen) if chosen is not None else "agent.claude"
+
+
+def _json_data(value: Any, key: str, problems: ProblemList) -> Any:
+    """``value`` if it is JSON data a plugin can be sent (else a problem and ``None``)."""
+    try:
+        json.dumps(value, allow_nan=False, ensure_ascii=False).encode("utf-8")
+    except (TypeError, ValueError, UnicodeError) as exc:
+        problems.add(key, f"must be plain JSON data (strings, numbers, lists, mappings): {show(str(exc), 100)}",
+                     "quote timestamps and binary values")
+        return None
+    return value
+
+
+def _intents(draft: Draft, raw: Any) -> None:
+    problems = draft.problems
+    if raw is None:
+        return
+    if not isinstance(raw, dict):
+        problems.add("intents", "must be a mapping of intent name → {examples: [...]}")
+        return
+    for raw_name, given in raw.items():
+        key = f"intents.{raw_name}"
+        name = _name(raw_name, key, problems)
+        if name is None:
+            continue
+        body = {"examples": given} if isinstance(given, list) else given
+        if not isinstance(body, dict) or not isinstance(body.get("examples"), list) or not body["examples"]:
+            problems.add(key, "needs examples: a non-empty list of phrases")
+            continue
+        _unknown(body, ("description", "examples"), key, problems)
+        examples = body["examples"]
+        if not all(isinstance(e, str) and e.strip() and not text_issue(e) for e in examples):
+            problems.add(f"{key}.examples", "every example must be a non-empty string of valid Unicode")
+            continue
+        description = body.get("description") or ""
+        if not isinstance(description, str) or text_issue(description):
+            problems.add(f"{key}.description", "must be a string")
+            description = ""
+        draft.intents[name] = Intent(name, tuple(examples), description)
+
+
+def _router(draft: Draft, raw: Any) -> None:
+    if raw is None:
+        return
+    if not isinstance(raw, dict):
+        draft.problems.add("router", "must be a mapping (embedder:, agent:, confident:, margin:)")
+        return
+    draft.router = RouterDecl(**parse_decl(RouterDecl, raw, "router", draft.ctx, what="router"))
+
+
+# ----------------------------------------------------------------------------- references
+
+
+def check_references(draft: Draft) -> None:
+    """Names across sections; a broken declaration is not reported again where it is used."""
+    problems, agents = draft.problems, draft.agents
+    declared = ", ".join(sorted(agents)) or "none"
+
+    def known(alias: str, key: str, hint: str = "declare it under agent_plugins: or fix the alias") -> bool:
+        if alias in agents:
+            return True
+        if alias not in draft.broken:
+            problems.add(key, f'agent "{alias}" is not declared in agent_plugins:{closest(alias, list(agents))} '
+                         f"(declared: {declared})", hint)
+        return False
+
+    for alias, decl in agents.items():
+        if isinstance(decl, LocalLLMDecl) and decl.fallback == alias:
+            problems.add(f"agent_plugins.{alias}.fallback", "an agent cannot be its own fallback",
+                         "write fallback: none")
+        elif isinstance(decl, LocalLLMDecl) and decl.fallback != "none":
+            known(decl.fallback, f"agent_plugins.{alias}.fallback", "declare it, or write fallback: none")
+    for name, gate in draft.gates.items():
+        key = f"gates.{name}"
+        if not gate.agent:
+            continue
+        if not known(gate.agent, draft.agent_keys.get(name, f"{key}.agent")):
+            continue
+        if gate.fallback not in (None, "none"):
+            decl = agents[gate.agent]
+            if not isinstance(decl, (LocalLLMDecl, InprocessDecl)):
+                problems.add(f"{key}.fallback", f"agent {gate.agent} is {decl.plugin}: only a local model "
+                             "(builtin.local_llm) falls back", "remove fallback:")
+            elif gate.fallback == gate.agent:
+                problems.add(f"{key}.fallback", "an agent cannot be its own fallback", "write fallback: none")
+            else:
+                known(gate.fallback, f"{key}.fallback", 'declare it, or write fallback: none')
+    router = draft.router
+    if router is None:
+        return
+    if router.embedder is not None and router.embedder not in draft.embedders \
+            and f"embedder:{router.embedder}" not in draft.broken:
+        problems.add("router.embedder", f'embedder "{router.embedder}" is not declared under embedders:'
+                     f"{closest(router.embedder, list(draft.embedders))}")
+    if router.agent is not None:
+        known(router.agent, "router.agent")
+    if not draft.intents and "intents" not in draft.data:
+        problems.add("router", "a router needs intents:")
+
+
+def in_file_order(items: list[ConfigProblem], data: Mapping[Any, Any]) -> list[ConfigProblem]:
+    """Problems sorted by where their key first appears in the document (stable)."""
+    order: dict[str, int] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if len(order) > 20_000:
+            return
+        if isinstance(node, dict):
+            for k, v in node.items():
+                path = f"{prefix}.{k}" if prefix else str(k)
+                order.setdefault(path, len(order))
+                walk(v, path)
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                path = f"{prefix}[{i}]"
+                order.setdefault(path, len(order))
+                walk(v, path)
+
+    walk(data, "")
+
+    def position(problem: ConfigProblem) -> int:
+        key = problem.key
+        while key:
+            if key in order:
+                return order[key] + 1
+            cut = max(key.rfind("."), key.rfind("["))
+            key = key[:cut] if cut > 0 else ""
+        return 0
+
+    return sorted(items, key=position)
