@@ -313,7 +313,13 @@ class ClaudeCliAgent(Agent):
             stdout, stderr = _communicate(proc, self.render_prompt(request), deadline)
         except _OutputTooLarge as exc:
             _kill_group(proc)
-            _reap(proc)
+            # Not communicate(): whatever still holds the pipe could flood it; just let go.
+            for stream in (proc.stdin, proc.stdout, proc.stderr):
+                if stream is not None:
+                    with contextlib.suppress(OSError):
+                        stream.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=_REAP_TIMEOUT)
             raise AgentError(
                 ErrorKind.PLUGIN_CRASH,
                 f"{self.alias}: claude CLI printed more than {_MAX_STDOUT} bytes on stdout; "

@@ -309,11 +309,14 @@ class Store:
         self.rebuilds += 1
         aside = self.path.with_name(self.path.name + ".corrupt")
         log.warning("embedding store %s is corrupt (%s); rebuilding it", self.path, cause)
-        for suffix in ("-journal", "-wal", "-shm"):
+        try:
+            for suffix in ("-journal", "-wal", "-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(str(self.path) + suffix)
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(str(self.path) + suffix)
-        with contextlib.suppress(FileNotFoundError):
-            os.replace(self.path, aside)
+                os.replace(self.path, aside)
+        except OSError as exc:
+            raise _unavailable(self.path, "cannot open", f"cannot move the corrupt store aside: {exc}") from exc
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
