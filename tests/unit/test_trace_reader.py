@@ -431,3 +431,21 @@ def test_64_bit_edges_are_kept() -> None:
     payload = b'{"a":18446744073709551615,"b":-9223372036854775808,"c":1.7976931348623157e308}'
     trace = parse_trace(trace_bytes(ev(1, 0).replace(b'"payload":{}', b'"payload":' + payload)))
     assert trace.events[0].payload == {"a": 2**64 - 1, "b": -(2**63), "c": 1.7976931348623157e308}
+
+
+@pytest.mark.parametrize("command", ["verify", "show", "stats"])
+@pytest.mark.parametrize(
+    "payload",
+    [b'{"prompt_file":"\\ud800"}', b'{"prompt_file":"' + b"p" * 300 + b'"}', b'{"duration_ms":1e400}'],
+    ids=["surrogate", "enametoolong", "overflow"],
+)
+def test_trace_commands_report_hostile_files_without_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, payload: bytes
+) -> None:
+    from localllm.cli import main
+
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(trace_bytes(ev(1, 0, kind="agent.call.complete").replace(b'"payload":{}', b'"payload":' + payload)))
+    assert main(["trace", command, str(path), "--json"]) == 1
+    captured = capsys.readouterr()
+    assert "trace corrupted: line 2" in captured.out + captured.err
