@@ -154,6 +154,11 @@ def parse_json(text: str, path: Path, *, section: str, rule: str, clause: str = 
     return ParsedJson(value, warnings)
 
 
+def utf8_name(name: str) -> bool:
+    """False for a file name the OS gave as undecodable bytes (``os.fsdecode`` surrogates)."""
+    return _SURROGATE.search(name) is None
+
+
 def surrogate_pointer(value: Any) -> tuple[str | int, ...] | None:
     """The key path of the first string (or key) holding a lone surrogate, else ``None``.
 

@@ -54,6 +54,10 @@ def load_flows(root: Path, shown_root: Path) -> tuple[list[Flow], list[Diagnosti
         if name.startswith("."):
             continue
         shown = shown_root / FLOWS_DIR / name
+        if not files.utf8_name(name):
+            diagnostics.append(Diagnostic(SECTION, "flow-file-name-invalid", str(shown),
+                                          "the file name is not UTF-8; rename it to load this flow"))
+            continue
         if not name.endswith(FLOW_SUFFIXES):
             if os.path.isfile(root / FLOWS_DIR / name):
                 diagnostics.append(Diagnostic(SECTION, "not-a-flow-file", str(shown),

@@ -360,7 +360,9 @@ def plugin_input(rng: random.Random, root: Path) -> None:
         flows.mkdir()
         flow_yaml = ("name: f1\nstart: a\nnodes:\n  - {id: a, kind: reply}\nextra: " + rng.choice(YAML_HOSTILE)
                      + "\n" + (yaml_bomb(rng) if rng.random() < 0.4 else ""))
-        (flows / "f1.flow.yaml").write_bytes(flow_yaml.encode("utf-8"))
+        flow_name = b"f1.flow.yaml" if rng.random() < 0.9 else b"f\xe91.flow.yaml"
+        with open(os.fsencode(flows) + b"/" + flow_name, "wb") as fh:
+            fh.write(flow_yaml.encode("utf-8"))
         (flows / "f2.flow.json").write_bytes(json_doc(rng, '{"name":"f2","start":"a","nodes":[{"id":"a","kind":"X"}]}'))
 
 

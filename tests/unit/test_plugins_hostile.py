@@ -79,13 +79,16 @@ def test_undecodable_file_names_give_printable_diagnostics(tmp_path: Path) -> No
     os.mkdir(weird)
     with open(weird + b"/SKILL.md", "w", encoding="utf-8") as fh:
         fh.write("---\nname: cafe\ndescription: x\n---\n")
+    with open(os.fsencode(root / "flows") + b"/caf\xe9.flow.yaml", "w", encoding="utf-8") as fh:
+        fh.write("name: cafe\nstart: a\nnodes:\n  - {id: a, kind: reply}\n")
     result = loaded(load_agent_plugin(root))
-    assert rules(result) == ["skill-name-invalid"] or rules(result) == ["skill-name-mismatch"]
+    assert rules(result) == ["skill-name-mismatch", "flow-file-name-invalid"]
+    assert sorted(f.name for f in result.flows) == ["greet", "refund"]
     for d in result.diagnostics:
         str(d).encode("utf-8")
         assert "\\udce9" in d.origin
     code, out = check_json(root)
-    assert code == 0 and len(out["diagnostics"]) == 1
+    assert code == 0 and len(out["diagnostics"]) == 2
 
 
 # --------------------------------------------------------------------------- reference-validator fields
