@@ -29,6 +29,7 @@ or not at all. ``flatten`` strips the directory prefix every member shares
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
@@ -325,8 +326,9 @@ def _extract(archive: Path, members: list[_Member], dest: Path, flatten: bool) -
             _real_dir(archive, dest, parts, m.raw, made)
             continue
         path = _real_dir(archive, dest, parts[:-1], m.raw, made) / parts[-1]
-        if os.path.lexists(path) and not os.path.isdir(path):
-            os.unlink(path)  # a leftover name is replaced, never written through
+        with contextlib.suppress(FileNotFoundError):
+            if not stat.S_ISDIR(os.lstat(path).st_mode):
+                os.unlink(path)  # a leftover name (or link) is replaced, never written through
         if m.kind == SYMLINK:
             os.symlink(m.target or "", path)
         else:
