@@ -95,9 +95,11 @@ class _Budget:
                              f"(more than {MAX_RATIO}x)", size=size, limit=MAX_RATIO * max(compressed, 1))
 
 
-def _too_large(archive: Path, raw: str, why: str, *, size: int, limit: int) -> ArchiveTooLarge:
-    exc = ArchiveTooLarge(f"{archive.name}: refusing member {raw!r}: {why}; nothing more was "
-                          "extracted", member=raw, size=size, limit=limit)
+def _too_large(archive: Path, raw: str, why: str, *, size: int, limit: int,
+               writing: bool = False) -> ArchiveTooLarge:
+    done = "extraction stopped there" if writing else "nothing was extracted"
+    exc = ArchiveTooLarge(f"{archive.name}: refusing member {raw!r}: {why}; {done}",
+                          member=raw, size=size, limit=limit)
     exc.hint = "the archive is not the pinned one, or pass a larger max_bytes if it really is"
     return exc
 
@@ -312,7 +314,7 @@ def _copy(src: IO[bytes], path: Path, mode: int, *, archive: Path, raw: str, lim
             written += len(chunk)
             if written > limit:
                 raise _too_large(archive, raw, f"more than the declared {limit} bytes",
-                                 size=written, limit=limit)
+                                 size=written, limit=limit, writing=True)
             out.write(chunk)
 
 
