@@ -174,14 +174,14 @@ def install_prebuilt(
 
     plat = platforms.current()
     dest = layout.prebuilt_release_dir(pins.release, plat.slug)
-    with artifact_lock(layout.lock_path(f"release-{dest.name}"), f"llama-server {pins.release}", _log):
+    with artifact_lock(layout.lock_path("release", dest.name), f"llama-server {pins.release}", _log):
         if installed(dest):
             return dest
 
         def fetch(art: Artifact) -> Path:
             sha = art.require_sha256()
             return fetch_artifact(
-                art, layout.download_path(art), lock_path=layout.lock_path(f"download-{sha[:16]}"),
+                art, layout.download_path(art), lock_path=layout.lock_path("download", sha[:16]),
                 mirrors=mirrors, offline=offline, prewarm="localllm fetch server", log=_log,
             )
 
@@ -231,7 +231,7 @@ def ensure_model(
     sha = pin.artifact.require_sha256(str(pins.path))
     return fetch_artifact(
         pin.artifact, layout.model_path(pin),
-        lock_path=layout.lock_path(f"model-{model_id}-{sha[:16]}"),
+        lock_path=layout.lock_path("model", f"{model_id}-{sha[:16]}"),
         mirrors=mirrors_with(mirror), offline=settings.offline(),
         prewarm=f"localllm fetch model {model_id}", log=_log,
     )
