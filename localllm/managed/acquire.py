@@ -8,7 +8,6 @@ never builds from source unless asked (``from_source=True``: ~15 minutes on 2 co
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
 
-from localllm import settings
+from localllm import _process, settings
 from localllm.errors import FetchError, UnsupportedPlatform
 from localllm.managed import platforms
 from localllm.managed.cache import SERVER_BINARY, CacheLayout, cache_layout, installed, read_marker
@@ -86,13 +85,12 @@ def smoke_version(release_dir: Path, *, error: type[FetchError] = FetchError) ->
     """Run ``llama-server --version`` from ``release_dir``; its output, or ``error``."""
     argv = [str(release_dir / SERVER_BINARY), "--version"]
     try:
-        proc = subprocess.run(
-            argv, env=server_env(release_dir), capture_output=True, text=True,
-            timeout=60, check=False, stdin=subprocess.DEVNULL,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
+        proc = _process.run_probe(argv, env=server_env(release_dir), timeout=60)
+    except OSError as exc:
         raise error(f"cannot run {argv[0]} --version: {exc}") from exc
-    output = (proc.stdout + proc.stderr).strip()
+    output = proc.output.strip()
+    if proc.timed_out:
+        raise error(f"{argv[0]} --version did not finish within 60 s")
     if proc.returncode != 0:
         tail = "\n".join(output.splitlines()[-15:])
         raise error(f"{argv[0]} --version exited with code {proc.returncode}:\n{tail}")
