@@ -349,23 +349,23 @@ class ClaudeCliAgent(Agent):
     def cancel(self, call_id: str) -> None:
         with self._lock:
             calls = list(self._calls.get(call_id, []))
-        for call in calls:
-            with call.lock:
-                call.cancelled = True
-                proc = call.proc
-            if proc is not None:
-                _kill_group(proc)
+        _cut(calls)
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
             calls = [c for group in self._calls.values() for c in group]
-        for call in calls:
-            with call.lock:
-                call.cancelled = True
-                proc = call.proc
-            if proc is not None:
-                _kill_group(proc)
+        _cut(calls)
+
+
+def _cut(calls: list[_Call]) -> None:
+    """Mark ``calls`` cancelled and kill the process group of each that has started."""
+    for call in calls:
+        with call.lock:
+            call.cancelled = True
+            proc = call.proc
+        if proc is not None:
+            _kill_group(proc)
 
 
 def _submission(result: str, schema: dict[str, Any] | None) -> str:
