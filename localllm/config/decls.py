@@ -111,6 +111,9 @@ class McpHttpDecl(AgentDecl):
     #: already interpolated; values are secrets
     headers: dict[str, str] = field(default_factory=dict, repr=False,
                                     metadata=key("sent with every request; ${VAR} interpolated", check="headers"))
+    elicitation: str = setting("decline", "answer to the server's elicitation/create: decline, or defaults "
+                               "(accept a form whose every required field has a default)",
+                               choices=("decline", "defaults"))
 
 
 @dataclass(frozen=True)
