@@ -154,6 +154,10 @@ class McpHttpAgent(Agent):
         self._listener: threading.Thread | None = None
         self._inflight: set[httpx.Response] = set()
         self._inflight_lock = threading.Lock()
+        #: request id → its response once it arrived on another stream (``None``: awaited)
+        self._pending: dict[int, dict[str, Any] | None] = {}
+        #: request id → the SSE stream its call is reading now (woken when it arrives elsewhere)
+        self._reading_for: dict[int, httpx.Response] = {}
 
     def __repr__(self) -> str:
         return f"<McpHttpAgent {self.alias} endpoint={self._url!r} header_keys={sorted(self.decl.headers)}>"
@@ -457,12 +461,18 @@ class McpHttpAgent(Agent):
             )
         if ctype == _SSE:
             resume = _Resume()
-            found = self._scan_sse(response, req_id, method, session=session, resume=resume,
-                                   deadline=deadline, call_id=call_id)
-            if found is None:
-                found = self._resume(req_id, method, session=session, resume=resume, deadline=deadline,
-                                     call_id=call_id)
-            return found
+            with self._inflight_lock:
+                self._pending[req_id] = None
+            try:
+                found = self._scan_sse(response, req_id, method, session=session, resume=resume,
+                                       deadline=deadline, call_id=call_id)
+                if found is None:
+                    found = self._resume(req_id, method, session=session, resume=resume, deadline=deadline,
+                                         call_id=call_id)
+                return found
+            finally:
+                with self._inflight_lock:
+                    self._pending.pop(req_id, None)
         raise AgentError(
             ErrorKind.TRANSPORT_ERROR,
             f"{method}: unexpected content-type {ctype or '(none)'!r} from {self._url} "
@@ -492,6 +502,8 @@ class McpHttpAgent(Agent):
                 raise self._deadline_error(method)
             self._stop.wait(resume.retry)  # set by close(): the check below reports it
             self._check_time(deadline, call_id, method)
+            if (found := self._arrived(req_id)) is not None:
+                return found
             headers = self._headers(session, accept=_SSE, last_event_id=seen)
             with self._open("GET", headers, deadline, call_id) as stream:
                 if stream.status_code != 200 or self._content_type(stream) != _SSE:
@@ -513,7 +525,47 @@ class McpHttpAgent(Agent):
         resume: _Resume, deadline: float, call_id: str,
     ) -> dict[str, Any] | None:
         """Read one SSE stream: our response, or ``None`` when the stream ends first.
-        Server requests met on the way are answered, notifications skipped."""
+        Server requests met on the way are answered, notifications skipped. A response
+        for another call waiting in this agent is handed over to it (a server may answer
+        on whichever stream is open), and that call's stream woken."""
+        if req_id is None:
+            return self._scan_events(response, None, method, session=session, resume=resume,
+                                     deadline=deadline, call_id=call_id)
+        with self._inflight_lock:
+            self._reading_for[req_id] = response
+        try:
+            return self._scan_events(response, req_id, method, session=session, resume=resume,
+                                     deadline=deadline, call_id=call_id)
+        except Exception:
+            if (found := self._arrived(req_id)) is not None:
+                return found  # woken: our response came on another stream
+            raise
+        finally:
+            with self._inflight_lock:
+                self._reading_for.pop(req_id, None)
+
+    def _arrived(self, req_id: int) -> dict[str, Any] | None:
+        with self._inflight_lock:
+            return self._pending.get(req_id)
+
+    def _hand_over(self, message: dict[str, Any]) -> bool:
+        """Give a response for another waiting call to it; whether one was waiting."""
+        with self._inflight_lock:
+            req_id = message.get("id")
+            if not isinstance(req_id, int) or req_id not in self._pending:
+                return False
+            self._pending[req_id] = message
+            stream = self._reading_for.get(req_id)
+        if stream is not None:
+            self._shutdown(stream)
+        return True
+
+    def _scan_events(
+        self, response: httpx.Response, req_id: int | None, method: str, *, session: _Session | None,
+        resume: _Resume, deadline: float, call_id: str,
+    ) -> dict[str, Any] | None:
+        if req_id is not None and (found := self._arrived(req_id)) is not None:
+            return found
         for data in self._sse_data(response, deadline, call_id, method, resume):
             try:
                 candidate = json.loads(data)
@@ -528,6 +580,8 @@ class McpHttpAgent(Agent):
             if _mcp.is_response(candidate):
                 if req_id is not None and candidate.get("id") == req_id:
                     return candidate
+                if self._hand_over(candidate):
+                    continue
                 logger.debug("%s: skipping SSE response for id %r", self.alias, candidate.get("id"))
                 continue
             self._answer(candidate, session, deadline, call_id)
@@ -611,11 +665,15 @@ class McpHttpAgent(Agent):
         with self._inflight_lock:
             responses = list(self._inflight)
         for response in responses:
-            stream = response.extensions.get("network_stream")
-            sock = stream.get_extra_info("socket") if stream is not None else None
-            if isinstance(sock, socket.socket):
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
+            self._shutdown(response)
+
+    @staticmethod
+    def _shutdown(response: httpx.Response) -> None:
+        stream = response.extensions.get("network_stream")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if isinstance(sock, socket.socket):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
     # -- lifecycle -------------------------------------------------------------------
 
