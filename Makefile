@@ -6,7 +6,7 @@ MODEL  ?= qwen2.5-1.5b-instruct
 E2E    := $(HOME)/.cache/localllm-e2e
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: install lint unit e2e test bench demo fetch-llama-server fetch-models e2e-models clean
+.PHONY: install lint unit e2e test bench demo fetch-llama-server fetch-models e2e-models e2e-interop clean
 
 install: $(VENV)/.installed
 
@@ -38,7 +38,12 @@ e2e-models: install
 	@test -f $(E2E)/gemma-3-270m-q4_k_m.gguf || mv $(E2E)/gemma-3-270m-q4_k_m.gguf.partial $(E2E)/gemma-3-270m-q4_k_m.gguf
 	@ln -sf $(E2E)/gemma-3-270m-q4_k_m.gguf $(E2E)/mirror/gemma-3-270m-q4_k_m.gguf
 
-e2e: install fetch-llama-server e2e-models
+# Third-party MCP servers and the conformance suite, pinned, once into the user cache
+# (npm and PyPI registries; never at test time): see tests/e2e/mcp_interop.py.
+e2e-interop: install
+	$(BIN)/python -m tests.e2e.mcp_interop
+
+e2e: install fetch-llama-server e2e-models e2e-interop
 	$(BIN)/pytest tests/e2e -q -p no:cacheprovider
 
 test: lint unit e2e

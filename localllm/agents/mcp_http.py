@@ -90,6 +90,8 @@ _DEFAULT_RETRY = 1.0
 _MAX_RESUMES = 5
 #: the standalone GET stream: consecutive failures before the listener gives up
 _LISTEN_FAILURES = 3
+#: how long the handshake waits for the GET stream to open
+_LISTEN_WAIT = 2.0
 _LISTENER = "(listener)"
 
 
@@ -223,9 +225,13 @@ class McpHttpAgent(Agent):
             session = self._initialize(deadline, call_id)
             self._session = session
             if session.session_id is not None and not self._closed:
-                self._listener = threading.Thread(target=self._listen, args=(session,), daemon=True,
+                # Wait (briefly) until the GET stream is open or refused: a server sends the
+                # requests it does not tie to a call there, and drops them when none is open.
+                opened = threading.Event()
+                self._listener = threading.Thread(target=self._listen, args=(session, opened), daemon=True,
                                                   name=f"mcp-listen-{self.alias}")
                 self._listener.start()
+                opened.wait(min(self.remaining(deadline), _LISTEN_WAIT))
             return session
         finally:
             self._session_lock.release()
@@ -250,7 +256,7 @@ class McpHttpAgent(Agent):
         logger.debug("%s: MCP session initialised (protocol %s)", self.alias, version)
         return session
 
-    def _listen(self, session: _Session) -> None:
+    def _listen(self, session: _Session, opened: threading.Event) -> None:
         """The standalone GET stream of ``session``: answer the server's requests sent
         there (the Python SDK sends ``ping`` this way), resume it when it ends, stop when
         the server does not offer one (405 or any other refusal), after repeated failures,
@@ -261,6 +267,7 @@ class McpHttpAgent(Agent):
             try:
                 with self._open("GET", self._headers(session, accept=_SSE, last_event_id=resume.last_event_id),
                                 time.monotonic() + 86400.0, _LISTENER, idle=True) as stream:
+                    opened.set()
                     if stream.status_code != 200 or self._content_type(stream) != _SSE:
                         logger.debug("%s: no standalone SSE stream (HTTP %d)", self.alias, stream.status_code)
                         return
@@ -268,6 +275,7 @@ class McpHttpAgent(Agent):
                     self._scan_sse(stream, None, "GET", session=session, resume=resume,
                                    deadline=time.monotonic() + 86400.0, call_id=_LISTENER)
             except Exception as exc:  # a background thread must never die loudly
+                opened.set()
                 failures += 1
                 logger.debug("%s: standalone SSE stream failed: %s", self.alias, type(exc).__name__)
                 if failures >= _LISTEN_FAILURES:
