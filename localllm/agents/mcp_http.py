@@ -90,8 +90,9 @@ _DEFAULT_RETRY = 1.0
 _MAX_RESUMES = 5
 #: the standalone GET stream: consecutive failures before the listener gives up
 _LISTEN_FAILURES = 3
-#: how long the handshake waits for the GET stream to open
+#: how long the handshake waits for the GET stream to open; how long one may stay silent
 _LISTEN_WAIT = 2.0
+_LISTEN_SPAN = 86400.0
 _LISTENER = "(listener)"
 
 
@@ -266,14 +267,14 @@ class McpHttpAgent(Agent):
         while not self._closed and self._session is session:
             try:
                 with self._open("GET", self._headers(session, accept=_SSE, last_event_id=resume.last_event_id),
-                                time.monotonic() + 86400.0, _LISTENER, idle=True) as stream:
+                                time.monotonic() + _LISTEN_SPAN, _LISTENER, idle=True) as stream:
                     opened.set()
                     if stream.status_code != 200 or self._content_type(stream) != _SSE:
                         logger.debug("%s: no standalone SSE stream (HTTP %d)", self.alias, stream.status_code)
                         return
                     failures = 0
                     self._scan_sse(stream, None, "GET", session=session, resume=resume,
-                                   deadline=time.monotonic() + 86400.0, call_id=_LISTENER)
+                                   deadline=time.monotonic() + _LISTEN_SPAN, call_id=_LISTENER)
             except Exception as exc:  # a background thread must never die loudly
                 opened.set()
                 failures += 1
