@@ -25,7 +25,9 @@ most :data:`_MAX_RESUMES` times without a new event. Server→client requests, o
 stream, a resumed stream or the standalone ``GET`` stream a background thread keeps open
 per session, are answered with a POST: ``ping`` → ``{}``, ``elicitation/create`` →
 decline (or the form's defaults with ``elicitation: defaults``), others → "method not
-found" (:func:`localllm.agents._mcp.reply_to_server_request`).
+found" (:func:`localllm.agents._mcp.reply_to_server_request`). A response that arrives
+on another of the agent's streams (some servers answer on whichever is open) is handed to
+the call waiting for it, whose own stream is woken.
 
 Sessions: a 404, or a 400, for our ``Mcp-Session-Id`` means the server forgot it (a
 restart; servers disagree on the status): we re-initialise once and resend the call — the
