@@ -23,6 +23,7 @@ import os
 import secrets
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -35,6 +36,7 @@ import httpx
 
 from localllm.errors import (
     ChecksumMismatch,
+    DownloadCancelled,
     DownloadFailed,
     FetchError,
     InsufficientSpace,
@@ -140,8 +142,12 @@ def fetch_artifact(
     progress: bool | None = None,
     log: Log = _stderr,
     transport: httpx.BaseTransport | None = None,
+    cancel: threading.Event | None = None,
 ) -> Path:
     """Make ``dest`` a verified copy of ``artifact`` and return it.
+
+    ``cancel``, set from another thread, stops the copy or download at the next block
+    with ``DownloadCancelled``; its temp file is removed as on every failure.
 
     ``retries`` bounds consecutive failed attempts without progress; ``progress`` forces
     the tqdm bar on or off (default: only when stderr is a TTY). ``prewarm`` is the command
@@ -159,7 +165,7 @@ def fetch_artifact(
         return _from_sources(
             artifact, dest, sha, sources,
             offline=offline, prewarm=prewarm, retries=retries, backoff=backoff,
-            timeout=timeout, progress=progress, log=log, transport=transport,
+            timeout=timeout, progress=progress, log=log, transport=transport, cancel=cancel,
         )
 
 
@@ -177,6 +183,7 @@ def _from_sources(
     progress: bool | None,
     log: Log,
     transport: httpx.BaseTransport | None,
+    cancel: threading.Event | None,
 ) -> Path:
     last: FetchError | None = None
     client: httpx.Client | None = None
@@ -188,8 +195,11 @@ def _from_sources(
                     tried.append(f"{source.location} (not there)")
                     continue
                 try:
-                    _copy_verified(Path(source.location), dest, sha=sha, artifact=artifact, log=log, progress=progress)
+                    _copy_verified(Path(source.location), dest, sha=sha, artifact=artifact, log=log,
+                                   progress=progress, cancel=cancel)
                     return dest
+                except DownloadCancelled:
+                    raise
                 except FetchError as exc:
                     last = exc
                     tried.append(f"{source.location} ({exc})")
@@ -200,9 +210,11 @@ def _from_sources(
             try:
                 _download(
                     client, source.location, dest, sha, artifact,
-                    retries=retries, backoff=backoff, progress=progress, log=log,
+                    retries=retries, backoff=backoff, progress=progress, log=log, cancel=cancel,
                 )
                 return dest
+            except DownloadCancelled:
+                raise
             except FetchError as exc:
                 last = exc
                 tried.append(f"{source.location} ({exc})")
@@ -273,8 +285,14 @@ def _bar(total: int | None, name: str, progress: bool | None, initial: int = 0) 
                 desc=name, file=sys.stderr, leave=False)
 
 
+def _check_cancel(cancel: threading.Event | None, artifact: Artifact) -> None:
+    if cancel is not None and cancel.is_set():
+        raise DownloadCancelled(f"download of {artifact.name} ({artifact.file}) cancelled")
+
+
 def _copy_verified(
-    src: Path, dest: Path, *, sha: str, artifact: Artifact, log: Log, progress: bool | None
+    src: Path, dest: Path, *, sha: str, artifact: Artifact, log: Log, progress: bool | None,
+    cancel: threading.Event | None,
 ) -> None:
     size = src.stat().st_size
     _check_space(dest.parent, size, artifact.name)
@@ -285,6 +303,7 @@ def _copy_verified(
         digest = hashlib.sha256()
         with src.open("rb") as inp, tmp.open("wb") as out:
             while block := inp.read(CHUNK):
+                _check_cancel(cancel, artifact)
                 digest.update(block)
                 out.write(block)
                 if bar is not None:
@@ -319,6 +338,7 @@ def _download(
     backoff: float,
     progress: bool | None,
     log: Log,
+    cancel: threading.Event | None,
 ) -> None:
     tmp = _tmp_path(dest)
     bar: Any = None
@@ -329,6 +349,7 @@ def _download(
             failures = 0
             announced = False
             for _attempt in range(MAX_ATTEMPTS):
+                _check_cancel(cancel, artifact)
                 start = offset
                 headers = {"Accept-Encoding": "identity"}
                 if offset:
@@ -365,6 +386,7 @@ def _download(
                         # No chunk_size: httpx would buffer up to it and lose the partial
                         # block when the connection drops, so resume would start short.
                         for block in resp.iter_raw():
+                            _check_cancel(cancel, artifact)
                             fh.write(block)
                             digest.update(block)
                             offset += len(block)
