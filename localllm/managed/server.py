@@ -44,6 +44,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
+from localllm._process import StderrTail, run_probe, spawn, stop_group
 from localllm.errors import FetchError, SidecarError, SidecarExited, SidecarStartTimeout
 
 if TYPE_CHECKING:
@@ -59,8 +60,7 @@ MANAGED_FLAGS = frozenset(
     {"-m", "--model", "--host", "--port", "-np", "--parallel", "-c", "--ctx-size", "-t", "--threads"}
 )
 
-_TAIL_LINES = 200  # stderr lines kept per process
-_MAX_LINE = 64 * 1024  # a longer line is split rather than buffered whole
+_TAIL_BYTES = 32 * 1024  # stderr kept per process, for errors
 _POLL = 0.1  # health poll interval, seconds
 _ABORT_GRACE = 0.5  # SIGTERM grace for a start that is abandoned (timeout or stop)
 _BIND_RETRIES = 3  # fresh ports tried when --port 0 is unsupported
@@ -171,7 +171,7 @@ def _launch_error(binary: Path, exc: OSError) -> SidecarError:
 
 
 class _Process:
-    """One spawned llama-server: its stderr drain, its watchdog, and how to stop it."""
+    """One spawned llama-server: its stderr tail, its watchdog, and how to stop it."""
 
     def __init__(self, argv: list[str], env: Mapping[str, str], requested_port: int) -> None:
         self.argv = argv
@@ -179,60 +179,40 @@ class _Process:
         self.reported_port: int | None = None
         self.bound_port: int | None = None  # set once /health answered 200 on it
         self.stop_requested = False  # an exit after this is ours, not a crash
-        self.wake = threading.Event()  # set on a listening line and on stderr EOF
-        self._tail: deque[str] = deque(maxlen=_TAIL_LINES)
-        self._tail_lock = threading.Lock()
+        self.wake = threading.Event()  # set on a listening line
         self._discovered: int | None = None
-        # A new session keeps the terminal's Ctrl-C away from the server: the runtime
-        # shuts it down in order (SIGTERM, grace, SIGKILL) instead of racing it.
-        self.popen = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            env=dict(env),
-            start_new_session=True,
-        )
+        self._returncode: int | None = None
+        self._stopped = False
+        # Its own session and process group (_process.spawn): the terminal's Ctrl-C never
+        # reaches it, and stopping it stops whatever it started.
+        self.popen = spawn(argv, stderr=subprocess.PIPE, env=env)
         self.pid = self.popen.pid
-        self._reader = threading.Thread(target=self._drain, name=f"llama-server-{self.pid}-stderr", daemon=True)
-        self._reader.start()
+        assert self.popen.stderr is not None
+        self._stderr = StderrTail(self.popen.stderr, name=f"llama-server-{self.pid}-stderr",
+                                  limit=_TAIL_BYTES, on_line=self._on_line)
         try:
             self._watchdog: subprocess.Popen[bytes] | None = self._arm_watchdog()
         except OSError:
-            self._kill_now()
+            stop_group(self.popen, grace=0.0)
+            self._stderr.join(1.0)
             raise
 
     # -- stderr -------------------------------------------------------------------
-    def _drain(self) -> None:
-        """Read stderr to EOF so the server never blocks on a full pipe; keep the tail."""
-        stream = self.popen.stderr
-        assert stream is not None
-        try:
-            while raw := stream.readline(_MAX_LINE):
-                line = raw.decode("utf-8", "replace").rstrip("\r\n")
-                with self._tail_lock:
-                    self._tail.append(line)
-                if self.reported_port is None:
-                    for pattern in _LISTEN_PATTERNS:
-                        match = pattern.search(line)
-                        if match:
-                            self.reported_port = int(match.group(1))
-                            self.wake.set()
-                            break
-        except (OSError, ValueError):
-            pass  # the pipe was closed under us during shutdown; nothing left to read
-        finally:
-            stream.close()
-            self.wake.set()
+    def _on_line(self, line: str) -> None:
+        if self.reported_port is None:
+            for pattern in _LISTEN_PATTERNS:
+                match = pattern.search(line)
+                if match:
+                    self.reported_port = int(match.group(1))
+                    self.wake.set()
+                    break
 
     def tail(self, n: int) -> str:
-        with self._tail_lock:
-            lines = list(self._tail)
-        return "\n".join(lines[-n:] if n > 0 else [])
+        return self._stderr.lines(n)
 
     def settle_stderr(self, timeout: float = 1.0) -> None:
         """Give the drain thread a moment to collect the last lines of an exited process."""
-        self._reader.join(timeout)
+        self._stderr.join(timeout)
 
     # -- port ---------------------------------------------------------------------
     def port(self) -> int | None:
@@ -280,14 +260,7 @@ class _Process:
         if pidfd is not None:
             argv.append(str(pidfd))
         try:
-            return subprocess.Popen(
-                argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                pass_fds=(pidfd,) if pidfd is not None else (),
-                start_new_session=True,
-            )
+            return spawn(argv, stdin=subprocess.PIPE, pass_fds=(pidfd,) if pidfd is not None else ())
         finally:
             if pidfd is not None:
                 os.close(pidfd)
@@ -313,26 +286,19 @@ class _Process:
     def alive(self) -> bool:
         return self.popen.poll() is None
 
-    def _kill_now(self) -> None:
-        self.popen.kill()
-        self.popen.wait()
-        self.settle_stderr()
-
     def stop(self, grace: float) -> int | None:
-        """SIGTERM, wait ``grace`` seconds, then SIGKILL; reap; disarm the watchdog."""
+        """SIGTERM the group, wait ``grace`` seconds, then SIGKILL; reap; disarm the watchdog.
+
+        llama-server shuts down cleanly on the first SIGTERM (exit 0); during model load it
+        dies at once. A second SIGTERM would make it exit 1, so one is sent. Idempotent.
+        """
         self.stop_requested = True
-        if self.popen.poll() is None:
-            # llama-server shuts down cleanly on the first SIGTERM (exit 0); during model
-            # load it dies at once. A second SIGTERM would make it exit 1, so send one.
-            self.popen.terminate()
-            try:
-                self.popen.wait(max(grace, 0.0))
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
-        self._disarm_watchdog()
-        self.settle_stderr()
-        return self.popen.returncode
+        if not self._stopped:
+            self._stopped = True
+            self._returncode = stop_group(self.popen, grace=grace)
+            self._disarm_watchdog()
+            self.settle_stderr()
+        return self._returncode
 
 
 class ServerKey(NamedTuple):
@@ -685,19 +651,10 @@ class ManagedServer:
         """``--no-webui`` (or its newer name ``--no-ui``) if this binary knows it."""
         if self._ui_flag is None:
             try:
-                result = subprocess.run(
-                    [str(binary), "--help"],
-                    stdin=subprocess.DEVNULL,
-                    capture_output=True,
-                    env=_child_env(binary, self._env),
-                    timeout=30.0,
-                    check=False,
-                )
-                text = (result.stdout + result.stderr).decode("utf-8", "replace")
-            except subprocess.TimeoutExpired:
-                text = ""  # a binary that hangs on --help gets no optional flags
+                probe = run_probe([str(binary), "--help"], timeout=30.0, env=_child_env(binary, self._env))
             except OSError as exc:
                 raise _launch_error(binary, exc) from exc
+            text = "" if probe.timed_out else probe.output  # a hung --help gets no optional flags
             if re.search(r"(?<![\w-])--no-webui(?![\w-])", text):
                 self._ui_flag = "--no-webui"
             elif re.search(r"(?<![\w-])--no-ui(?![\w-])", text):
