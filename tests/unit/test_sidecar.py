@@ -18,10 +18,11 @@ import httpx
 import psutil
 import pytest
 
-from localllm.errors import SidecarError, SidecarExited, SidecarStartTimeout
+from localllm.errors import DownloadCancelled, FetchError, SidecarError, SidecarExited, SidecarStartTimeout
 from localllm.managed import server as server_mod
 from localllm.managed.server import ManagedServer, ServerState
 from tests.conftest import pid_gone
+from tests.unit.fakes.slow_model import MODEL_ID, SlowModel, slow_model
 
 FAKE = Path(__file__).resolve().parent / "fakes" / "fake_llama_server.py"
 
@@ -45,7 +46,7 @@ def events(log: Path, kind: str | None = None) -> list[dict[str, Any]]:
     return [r for r in rows if kind is None or r["event"] == kind]
 
 
-def make(server_bin: Path, model: Path, spawn_log: Path, *, fake: dict[str, str] | None = None, **kw: Any) -> ManagedServer:
+def make(server_bin: Path, model: Path | str, spawn_log: Path, *, fake: dict[str, str] | None = None, **kw: Any) -> ManagedServer:
     env = {"FAKE_LLAMA_SPAWN_LOG": str(spawn_log), **(fake or {})}
     kw.setdefault("health_timeout", 30.0)
     return ManagedServer(server_bin, model, env=env, **kw)
@@ -281,6 +282,112 @@ def test_stop_while_starting_aborts_the_start(server_bin: Path, model: Path, spa
     assert "stopped while starting" in str(errors[0])
     assert sc.state is ServerState.STOPPED
     assert pid_gone(events(spawn_log, "start")[0]["pid"], within=0.0)
+
+
+# -- fetching: states, sharing, cancelling ------------------------------------------------
+def _cache_root() -> Path:
+    return Path(os.environ["LOCALLLM_CACHE_DIR"])
+
+
+def test_states_go_created_fetching_starting_ready_stopped(
+    server_bin: Path, spawn_log: Path, monkeypatch: pytest.MonkeyPatch, cleanup: Any
+) -> None:
+    with slow_model(monkeypatch, size=4096, bytes_per_tick=1024, tick=0.2) as slow:  # ~0.8 s
+        sc = make(server_bin, MODEL_ID, spawn_log, fake={"FAKE_LLAMA_LOAD_DELAY": "0.8"})
+        cleanup(sc)
+        seen = [sc.state]
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.is_set():
+                if (state := sc.state) is not seen[-1]:
+                    seen.append(state)
+                time.sleep(0.005)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            sc.ensure_ready()
+        finally:
+            done.set()
+            watcher.join()
+    if sc.state is not seen[-1]:
+        seen.append(sc.state)
+    assert seen == [ServerState.CREATED, ServerState.FETCHING, ServerState.STARTING, ServerState.READY]
+    assert sc.model is not None and sc.model.read_bytes() == slow.data
+    assert sc.stop() == 0 and sc.state is ServerState.STOPPED
+
+
+def test_failed_fetch_is_failed_and_the_next_call_fetches_again(
+    server_bin: Path, tmp_path: Path, spawn_log: Path, cleanup: Any
+) -> None:
+    later = tmp_path / "later.gguf"
+    sc = make(server_bin, later, spawn_log)
+    cleanup(sc)
+    with pytest.raises(FetchError) as info:
+        sc.ensure_ready()
+    assert str(later) in str(info.value)
+    assert sc.state is ServerState.FAILED and events(spawn_log) == []
+    later.write_bytes(b"GGUF")
+    sc.ensure_ready()
+    assert sc.state is ServerState.READY and sc.model == later
+
+
+def test_stampede_during_a_first_use_download_fetches_and_spawns_once(
+    server_bin: Path, spawn_log: Path, monkeypatch: pytest.MonkeyPatch, cleanup: Any
+) -> None:
+    with slow_model(monkeypatch, size=4096, bytes_per_tick=1024, tick=0.1) as slow:
+        sc = make(server_bin, MODEL_ID, spawn_log)
+        cleanup(sc)
+        barrier = threading.Barrier(16)
+        urls: list[str] = []
+        errors: list[BaseException] = []
+
+        def call() -> None:
+            barrier.wait()
+            try:
+                urls.append(sc.ensure_ready())
+            except BaseException as exc:  # collected and asserted below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=call) for _ in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert slow.gets() == 1
+    assert errors == []
+    assert len(urls) == 16 and len(set(urls)) == 1
+    assert len(events(spawn_log, "start")) == 1
+
+
+def test_stop_during_a_first_use_download_cancels_it_within_a_second(
+    server_bin: Path, spawn_log: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with slow_model(monkeypatch, size=1 << 20) as slow:  # 4 KiB/s: minutes to finish
+        sc = make(server_bin, MODEL_ID, spawn_log)
+        errors: list[BaseException] = []
+
+        def start() -> None:
+            try:
+                sc.ensure_ready()
+            except BaseException as exc:  # asserted below
+                errors.append(exc)
+
+        t = threading.Thread(target=start)
+        t.start()
+        slow.wait_for_partial(_cache_root())
+        assert sc.state is ServerState.FETCHING
+        started = time.monotonic()
+        sc.stop()
+        elapsed = time.monotonic() - started
+        t.join(5)
+    assert elapsed < 1.0
+    assert not t.is_alive() and len(errors) == 1
+    assert isinstance(errors[0], SidecarError) and isinstance(errors[0].__cause__, DownloadCancelled)
+    assert SlowModel.partial_files(_cache_root()) == []
+    assert not list((_cache_root() / "models").rglob("*.gguf"))
+    assert sc.state is ServerState.STOPPED and events(spawn_log) == []
 
 
 # -- crashes -------------------------------------------------------------------------------
