@@ -305,20 +305,24 @@ class LocalEmbedder:
 
     def _request(self, path: str, body: dict[str, Any]) -> Any:
         """POST ``body`` to ``path``: the one place httpx errors become EmbedErrors."""
+        from localllm._http import map_httpx_errors
+
         retried = False
         while True:
             url = self._url(refresh=retried) + path
+
+            def unreachable(reason: str, exc: BaseException, url: str = url) -> EmbedServerError:
+                return EmbedServerError(f"cannot reach the embedding server at {url}: {reason} ({exc})")
+
             try:
-                response = self._http().post(url, json=body)
-            except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
-                if callable(self._base_url) and not retried:
-                    retried = True  # the sidecar may have died: ask for it again, retry once
+                with map_httpx_errors(unreachable):
+                    response = self._http().post(url, json=body)
+            except EmbedServerError as exc:
+                lost = isinstance(exc.__cause__, (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError))
+                if lost and callable(self._base_url) and not retried:
+                    retried = True  # the server may have died: ask for it again (a respawn), retry once
                     continue
-                raise EmbedServerError(f"cannot reach the embedding server at {url}: {exc}") from exc
-            except httpx.TimeoutException as exc:
-                raise EmbedServerError(f"the embedding server at {url} timed out: {exc}") from exc
-            except httpx.HTTPError as exc:
-                raise EmbedServerError(f"request to the embedding server at {url} failed: {exc}") from exc
+                raise
             break
         if response.status_code >= 400:
             detail = truncate_detail(response.text)
