@@ -192,7 +192,8 @@ class LocalLLMAgent(Agent):
 
         def failed(reason: str, exc: BaseException) -> AgentError:
             if isinstance(exc, httpx.TimeoutException):
-                return AgentError(ErrorKind.DEADLINE_EXCEEDED, f"{self.alias}: no answer from {base} in time")
+                detail = f"{self.alias}: no answer from {base} in time ({reason})"
+                return AgentError(ErrorKind.DEADLINE_EXCEEDED, detail)
             return AgentError(ErrorKind.TRANSPORT_ERROR, self._connection_detail(base, reason, exc, pid))
 
         with map_httpx_errors(failed):

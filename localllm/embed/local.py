@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 
+from localllm._http import map_httpx_errors
 from localllm.embed.embedder import EmbedderIdentity
 from localllm.embed.registry import ROLES, ModelInfo, Role, lookup
 from localllm.errors import DimensionMismatch, EmbedError, EmbedServerError, InputTooLong, truncate_detail
@@ -305,24 +306,21 @@ class LocalEmbedder:
 
     def _request(self, path: str, body: dict[str, Any]) -> Any:
         """POST ``body`` to ``path``: the one place httpx errors become EmbedErrors."""
-        from localllm._http import map_httpx_errors
-
         retried = False
         while True:
             url = self._url(refresh=retried) + path
 
-            def unreachable(reason: str, exc: BaseException, url: str = url) -> EmbedServerError:
+            def failed(reason: str, exc: BaseException, url: str = url) -> EmbedServerError:
                 return EmbedServerError(f"cannot reach the embedding server at {url}: {reason} ({exc})")
 
-            try:
-                with map_httpx_errors(unreachable):
+            with map_httpx_errors(failed):
+                try:
                     response = self._http().post(url, json=body)
-            except EmbedServerError as exc:
-                lost = isinstance(exc.__cause__, (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError))
-                if lost and callable(self._base_url) and not retried:
-                    retried = True  # the server may have died: ask for it again (a respawn), retry once
-                    continue
-                raise
+                except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError):
+                    if callable(self._base_url) and not retried:
+                        retried = True  # the server may have died: ask for it again (a respawn), retry once
+                        continue
+                    raise
             break
         if response.status_code >= 400:
             detail = truncate_detail(response.text)

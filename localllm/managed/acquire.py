@@ -148,7 +148,7 @@ def ensure_model(
     with _cache_usable(layout):
         return fetch_artifact(
             pin.artifact, layout.model_path(pin),
-            lock_path=layout.lock_path(f"model-{model_id}-{sha[:16]}"),
+            lock_path=layout.lock_path("model", f"{model_id}-{sha[:16]}"),
             mirrors=mirrors_with(mirror), offline=settings.offline(),
             prewarm=f"localllm fetch model {model_id}", log=log_stderr, cancel=cancel,
         )

@@ -110,14 +110,15 @@ def install_prebuilt(
 
     plat = platforms.current()
     dest = layout.prebuilt_release_dir(pins.release, plat.slug)
-    with artifact_lock(layout.lock_path(f"release-{dest.name}"), f"llama-server {pins.release}", log_stderr):
+    with artifact_lock(layout.lock_path("release", dest.name), f"llama-server {pins.release}", log_stderr,
+                       cancel=cancel):
         if installed(dest):
             return dest
 
         def fetch(art: Artifact) -> Path:
             sha = art.require_sha256()
             return fetch_artifact(
-                art, layout.download_path(art), lock_path=layout.lock_path(f"download-{sha[:16]}"),
+                art, layout.download_path(art), lock_path=layout.lock_path("download", sha[:16]),
                 mirrors=mirrors, offline=offline, prewarm="localllm fetch server", log=log_stderr,
                 cancel=cancel,
             )

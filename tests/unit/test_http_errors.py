@@ -104,3 +104,37 @@ def test_read_timeout_is_named() -> None:
         for sock in accepted:
             sock.close()
         server.close()
+
+
+def _instance(cls: type[BaseException], request: httpx.Request) -> BaseException:
+    if cls is httpx.StreamError:
+        return cls("stream")
+    if issubclass(cls, httpx.StreamError):
+        return cls()
+    if cls is httpx.HTTPStatusError:
+        return cls("bad", request=request, response=httpx.Response(500, request=request))
+    if issubclass(cls, httpx.RequestError):
+        return cls("boom", request=request)
+    return cls("boom")
+
+
+@pytest.mark.parametrize("cls", _exported_exceptions(), ids=lambda c: c.__name__)
+def test_every_httpx_exception_from_an_embedding_server_is_an_embed_error(cls: type[BaseException]) -> None:
+    from localllm.embed.local import LocalEmbedder
+    from localllm.embed.registry import lookup
+    from localllm.errors import EmbedServerError
+
+    raised: list[BaseException] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        exc = _instance(cls, request)
+        raised.append(exc)
+        raise exc
+
+    info = lookup("all-minilm-l6-v2")
+    assert info is not None
+    emb = LocalEmbedder("http://127.0.0.1:9", "m", model_info=info, transport=httpx.MockTransport(handler))
+    with pytest.raises(EmbedServerError) as err:
+        emb.embed(["a"], "query")
+    assert err.value.__cause__ is raised[-1]
+    assert _http.reason_for(raised[-1]) in str(err.value)
