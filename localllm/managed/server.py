@@ -444,6 +444,18 @@ class ManagedServer:
         proc = self._proc
         return proc is not None and proc.alive()
 
+    def rss(self) -> int | None:
+        """Resident memory of the running server in bytes (None when it is not running)."""
+        proc = self._proc
+        if proc is None or not proc.alive():
+            return None
+        import psutil
+
+        try:
+            return int(psutil.Process(proc.pid).memory_info().rss)
+        except psutil.Error:
+            return None
+
     def stderr_tail(self, n: int = 20) -> str:
         """The last ``n`` stderr lines of the current (or last) server process."""
         proc = self._proc

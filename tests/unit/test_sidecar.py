@@ -442,7 +442,9 @@ def test_well_behaved_server_gets_only_sigterm(server_bin: Path, model: Path, sp
     sc = make(server_bin, model, spawn_log)
     sc.ensure_ready()
     pid = sc.pid
+    assert (sc.rss() or 0) > 1 << 20  # a live process, measured
     assert sc.stop() == 0
+    assert sc.rss() is None
     assert sc.state is ServerState.STOPPED
     assert sc.crash_detail() is None  # an exit we asked for is not a crash
     assert [e["signal"] for e in events(spawn_log, "signal")] == ["SIGTERM"]
