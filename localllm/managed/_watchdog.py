@@ -87,10 +87,10 @@ def main(argv: list[str]) -> int:
         disarmed = False
     if disarmed:
         return 0
+    # One SIGTERM, to the group (the server included): llama-server exits 1 on a second.
     deadline = time.monotonic() + _GRACE
-    leader = _send(pid, pidfd, signal.SIGTERM)
     _signal_group(pid, signal.SIGTERM)
-    if leader and not _gone(pid, pidfd, _GRACE):
+    if not _gone(pid, pidfd, _GRACE):
         _send(pid, pidfd, signal.SIGKILL)
     while _signal_group(pid, 0) and time.monotonic() < deadline:
         time.sleep(0.02)

@@ -45,7 +45,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from localllm._process import StderrTail, run_probe, spawn, stop_group
-from localllm.errors import FetchError, SidecarError, SidecarExited, SidecarStartTimeout
+from localllm.errors import SidecarError, SidecarExited, SidecarStartTimeout
 
 if TYPE_CHECKING:
     import httpx
@@ -92,6 +92,10 @@ class ServerState(str, enum.Enum):
     STOPPING = "stopping"
     STOPPED = "stopped"
     FAILED = "failed"
+
+
+class _Cancelled(Exception):
+    """stop() cancelled the start attempt (never leaves this module)."""
 
 
 class _PortNotReported(Exception):
@@ -585,15 +589,19 @@ class ManagedServer:
                 if not start.cancel.is_set():
                     self._state = ServerState.STARTING
             url = self._spawn_until_ready(start, time.monotonic() + self.health_timeout)
-        except BaseException as exc:
-            error: BaseException = exc
-            if start.cancel.is_set() and not isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                error = SidecarError(f"server {self.name!r} was stopped while starting")
-                error.__cause__ = exc
-            self._finish(start, error)
-            if error is exc:
+            if start.cancel.is_set():  # healthy just as stop() came: stop() takes it down
+                raise _Cancelled
+        except Exception as exc:
+            if not start.cancel.is_set():
+                self._finish(start, exc)
                 raise
-            raise error from exc
+            stopped = SidecarError(f"server {self.name!r} was stopped while starting")
+            stopped.__cause__ = None if isinstance(exc, _Cancelled) else exc  # e.g. DownloadCancelled
+            self._finish(start, stopped)
+            raise stopped from stopped.__cause__
+        except BaseException as exc:  # KeyboardInterrupt, SystemExit: waiters get a SidecarError
+            self._finish(start, exc)
+            raise
         self._finish(start, None)
         return url
 
@@ -614,7 +622,7 @@ class ManagedServer:
         binary = resolve_server_binary(self._binary_spec, cancel=cancel)
         model = resolve_model(self._model_spec, base_dir=self._base_dir, cancel=cancel)
         if cancel.is_set():
-            raise FetchError(f"server {self.name!r}: fetch cancelled")
+            raise _Cancelled
         self.binary, self.model = binary, model
 
     def _record_crash(self, proc: _Process) -> None:
@@ -679,7 +687,7 @@ class ManagedServer:
         bind_failures = 0
         while True:
             if start.cancel.is_set():
-                raise SidecarError(f"server {self.name!r} was stopped while starting")
+                raise _Cancelled
             if self._port is not None:
                 port = self._port
             elif self._port_zero:
@@ -723,7 +731,7 @@ class ManagedServer:
             while True:
                 if start.cancel.is_set():
                     self._release(proc, grace=_ABORT_GRACE)
-                    raise SidecarError(f"server {self.name!r} was stopped while starting")
+                    raise _Cancelled
                 if not proc.alive():
                     self._release(proc, grace=0.0)
                     raise self._exited(proc)
