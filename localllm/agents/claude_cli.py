@@ -30,14 +30,13 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from localllm import settings
+from localllm import _process, settings
 from localllm.agents.base import Agent
 from localllm.errors import AgentError, ErrorKind, truncate_detail
 from localllm.wire import AskRequest, AskResponse, Transcript
@@ -130,16 +129,6 @@ def extract_json(text: str, schema: dict[str, Any] | None = None) -> str | None:
     return None
 
 
-def _tail(text: str) -> str:
-    """The last lines of ``text`` (stderr), bounded in lines and bytes."""
-    lines = text.strip().splitlines()[-_STDERR_TAIL_LINES:]
-    tail = "\n".join(lines)
-    raw = tail.encode("utf-8")
-    if len(raw) > _STDERR_TAIL_BYTES:
-        tail = "..." + raw[-_STDERR_TAIL_BYTES:].decode("utf-8", errors="ignore")
-    return tail
-
-
 def _meta(envelope: dict[str, Any], decl_model: str | None) -> dict[str, Any]:
     """Trace meta of a result envelope: usage, cache view, cost, model, session."""
     meta: dict[str, Any] = {}
@@ -190,7 +179,7 @@ def _model_of(envelope: dict[str, Any]) -> str | None:
 class _Call:
     """One in-flight call: its process once spawned, and whether it was cancelled."""
 
-    proc: subprocess.Popen[str] | None = None
+    proc: subprocess.Popen[bytes] | None = None
     cancelled: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -288,15 +277,8 @@ class ClaudeCliAgent(Agent):
             try:
                 # A new session makes the child a process-group leader, so a cut kills
                 # everything it started (node workers, MCP servers) too.
-                call.proc = subprocess.Popen(
-                    argv,
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                    encoding="utf-8",
-                    errors="replace",
-                    start_new_session=True,
+                call.proc = _process.spawn(
+                    argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=None
                 )
             except OSError as exc:
                 raise AgentError(
@@ -304,8 +286,8 @@ class ClaudeCliAgent(Agent):
                 ) from exc
         proc = call.proc
         try:
-            stdout, stderr = proc.communicate(
-                self.render_prompt(request), timeout=self.remaining(deadline)
+            out, err = proc.communicate(
+                self.render_prompt(request).encode("utf-8", "replace"), timeout=self.remaining(deadline)
             )
         except subprocess.TimeoutExpired as exc:
             _kill_group(proc)
@@ -325,7 +307,7 @@ class ClaudeCliAgent(Agent):
                 f"{self.alias}: cancelled at the hard deadline; process group killed",
             )
         elapsed_ms = int((time.monotonic() - started) * 1000)
-        return stdout, stderr, proc.returncode, elapsed_ms
+        return out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), proc.returncode, elapsed_ms
 
     def _response(
         self, request: AskRequest, stdout: str, stderr: str, returncode: int, elapsed_ms: int
@@ -333,7 +315,7 @@ class ClaudeCliAgent(Agent):
         envelope = _parse_envelope(stdout)
         if returncode != 0:
             detail = f"claude CLI exited with code {returncode}"
-            tail = _tail(stderr)
+            tail = _process.tail(stderr.strip(), limit=_STDERR_TAIL_BYTES, lines=_STDERR_TAIL_LINES)
             if tail:
                 detail += f"; stderr: {tail}"
             elif envelope is not None and isinstance(envelope.get("result"), str):
@@ -416,19 +398,12 @@ def _parse_envelope(stdout: str) -> dict[str, Any] | None:
     return None
 
 
-def _kill_group(proc: subprocess.Popen[str]) -> None:
-    """SIGTERM the child's process group, SIGKILL it after a short grace."""
-    if proc.returncode is None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=_KILL_GRACE)
-    # Kill the group even when the leader is gone: its children may still hold the pipes.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the child's process group, SIGKILL what is left after a short grace."""
+    _process.stop_group(proc, grace=_KILL_GRACE)
 
 
-def _reap(proc: subprocess.Popen[str]) -> None:
+def _reap(proc: subprocess.Popen[bytes]) -> None:
     """Collect the killed child so no zombie stays; never wait unboundedly on pipes."""
     try:
         proc.communicate(timeout=_REAP_TIMEOUT)

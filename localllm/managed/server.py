@@ -60,7 +60,8 @@ MANAGED_FLAGS = frozenset(
     {"-m", "--model", "--host", "--port", "-np", "--parallel", "-c", "--ctx-size", "-t", "--threads"}
 )
 
-_TAIL_BYTES = 32 * 1024  # stderr kept per process, for errors
+_TAIL_BYTES = 64 * 1024  # stderr kept per process, for errors
+_PROBE_TIMEOUT = 30.0  # the most a `--help` probe may take, within the start's deadline
 _POLL = 0.1  # health poll interval, seconds
 _ABORT_GRACE = 0.5  # SIGTERM grace for a start that is abandoned (timeout or stop)
 _BIND_RETRIES = 3  # fresh ports tried when --port 0 is unsupported
@@ -646,7 +647,7 @@ class ManagedServer:
             finalizer.detach()
         self._returncode = proc.stop(grace)
 
-    def _build_argv(self, binary: Path, model: Path, port: int) -> list[str]:
+    def _build_argv(self, binary: Path, model: Path, port: int, deadline: float) -> list[str]:
         argv = [
             str(binary),
             "-m",
@@ -662,22 +663,29 @@ class ManagedServer:
             argv += ["-c", str(self.ctx_per_slot * self.parallel)]
         if self.threads is not None:
             argv += ["-t", str(self.threads)]
-        ui_flag = self._probe_ui_flag(binary)
+        ui_flag = self._probe_ui_flag(binary, deadline)
         if ui_flag:
             argv.append(ui_flag)
         return argv + self._args
 
-    def _probe_ui_flag(self, binary: Path) -> str:
-        """``--no-webui`` (or its newer name ``--no-ui``) if this binary knows it."""
+    def _probe_ui_flag(self, binary: Path, deadline: float) -> str:
+        """``--no-webui`` (or its newer name ``--no-ui``) if this binary knows it.
+
+        The probe is bounded by the start's deadline — it may use half of what is left, so
+        the server itself still gets a chance — and a binary that hangs on ``--help`` gets
+        no optional flags (not cached: the next start, with a fresh deadline, asks again).
+        """
         if self._ui_flag is None:
+            budget = min(_PROBE_TIMEOUT, max(deadline - time.monotonic(), 0.0) / 2)
             try:
-                probe = run_probe([str(binary), "--help"], timeout=30.0, env=_child_env(binary, self._env))
+                probe = run_probe([str(binary), "--help"], timeout=budget, env=_child_env(binary, self._env))
             except OSError as exc:
                 raise _launch_error(binary, exc) from exc
-            text = "" if probe.timed_out else probe.output  # a hung --help gets no optional flags
-            if re.search(r"(?<![\w-])--no-webui(?![\w-])", text):
+            if probe.timed_out:
+                return ""
+            if re.search(r"(?<![\w-])--no-webui(?![\w-])", probe.output):
                 self._ui_flag = "--no-webui"
-            elif re.search(r"(?<![\w-])--no-ui(?![\w-])", text):
+            elif re.search(r"(?<![\w-])--no-ui(?![\w-])", probe.output):
                 self._ui_flag = "--no-ui"
             else:
                 self._ui_flag = ""
@@ -694,7 +702,7 @@ class ManagedServer:
                 port = 0
             else:
                 port = _free_port()
-            proc = self._spawn(port)
+            proc = self._spawn(port, deadline)
             try:
                 return self._await_ready(proc, start, deadline)
             except _PortNotReported:
@@ -708,9 +716,9 @@ class ManagedServer:
                         continue
                 raise
 
-    def _spawn(self, port: int) -> _Process:
+    def _spawn(self, port: int, deadline: float) -> _Process:
         assert self.binary is not None and self.model is not None
-        argv = self._build_argv(self.binary, self.model, port)
+        argv = self._build_argv(self.binary, self.model, port, deadline)
         env = _child_env(self.binary, self._env)
         try:
             proc = _Process(argv, env, port)
