@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from localllm._process import StderrTail, run_probe, spawn, stop_group
 from localllm.errors import SidecarError, SidecarExited, SidecarStartTimeout
+from localllm.managed.release import server_env
 
 if TYPE_CHECKING:
     import httpx
@@ -157,8 +158,6 @@ def _child_env(binary: Path, overrides: Mapping[str, str] | None) -> dict[str, s
     gemma-3-270m decoding while a MiniLM sidecar embeds: a decide took 86 s with the
     default spin and 1.26 s with 100, while an uncontended decide stayed 0.89 s vs 0.90 s.
     """
-    from localllm.managed.release import server_env
-
     env = {k: v for k, v in server_env(binary.resolve().parent).items() if not k.startswith("LLAMA_")}
     if overrides:
         env.update(overrides)
@@ -648,17 +647,7 @@ class ManagedServer:
         self._returncode = proc.stop(grace)
 
     def _build_argv(self, binary: Path, model: Path, port: int, deadline: float) -> list[str]:
-        argv = [
-            str(binary),
-            "-m",
-            str(model),
-            "--host",
-            HOST,
-            "--port",
-            str(port),
-            "--parallel",
-            str(self.parallel),
-        ]
+        argv = [str(binary), "-m", str(model), "--host", HOST, "--port", str(port), "--parallel", str(self.parallel)]
         if self.ctx_per_slot is not None:
             argv += ["-c", str(self.ctx_per_slot * self.parallel)]
         if self.threads is not None:
