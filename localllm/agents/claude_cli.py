@@ -179,7 +179,7 @@ def _model_of(envelope: dict[str, Any]) -> str | None:
 class _Call:
     """One in-flight call: its process once spawned, and whether it was cancelled."""
 
-    proc: subprocess.Popen[bytes] | None = None
+    proc: subprocess.Popen[str] | None = None
     cancelled: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -277,8 +277,15 @@ class ClaudeCliAgent(Agent):
             try:
                 # A new session makes the child a process-group leader, so a cut kills
                 # everything it started (node workers, MCP servers) too.
-                call.proc = _process.spawn(
-                    argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=None
+                call.proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    encoding="utf-8",
+                    errors="replace",
+                    start_new_session=True,
                 )
             except OSError as exc:
                 raise AgentError(
@@ -286,8 +293,8 @@ class ClaudeCliAgent(Agent):
                 ) from exc
         proc = call.proc
         try:
-            out, err = proc.communicate(
-                self.render_prompt(request).encode("utf-8", "replace"), timeout=self.remaining(deadline)
+            stdout, stderr = proc.communicate(
+                self.render_prompt(request), timeout=self.remaining(deadline)
             )
         except subprocess.TimeoutExpired as exc:
             _kill_group(proc)
@@ -307,7 +314,7 @@ class ClaudeCliAgent(Agent):
                 f"{self.alias}: cancelled at the hard deadline; process group killed",
             )
         elapsed_ms = int((time.monotonic() - started) * 1000)
-        return out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), proc.returncode, elapsed_ms
+        return stdout, stderr, proc.returncode, elapsed_ms
 
     def _response(
         self, request: AskRequest, stdout: str, stderr: str, returncode: int, elapsed_ms: int
@@ -349,23 +356,23 @@ class ClaudeCliAgent(Agent):
     def cancel(self, call_id: str) -> None:
         with self._lock:
             calls = list(self._calls.get(call_id, []))
-        for call in calls:
-            with call.lock:
-                call.cancelled = True
-                proc = call.proc
-            if proc is not None:
-                _kill_group(proc)
+        _cut(calls)
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
             calls = [c for group in self._calls.values() for c in group]
-        for call in calls:
-            with call.lock:
-                call.cancelled = True
-                proc = call.proc
-            if proc is not None:
-                _kill_group(proc)
+        _cut(calls)
+
+
+def _cut(calls: list[_Call]) -> None:
+    """Mark ``calls`` cancelled and kill the process group of each that has started."""
+    for call in calls:
+        with call.lock:
+            call.cancelled = True
+            proc = call.proc
+        if proc is not None:
+            _kill_group(proc)
 
 
 def _submission(result: str, schema: dict[str, Any] | None) -> str:
@@ -398,12 +405,13 @@ def _parse_envelope(stdout: str) -> dict[str, Any] | None:
     return None
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the child's process group, SIGKILL what is left after a short grace."""
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM the child's process group, SIGKILL it after a short grace."""
+    # Kill the group even when the leader is gone: its children may still hold the pipes.
     _process.stop_group(proc, grace=_KILL_GRACE)
 
 
-def _reap(proc: subprocess.Popen[bytes]) -> None:
+def _reap(proc: subprocess.Popen[str]) -> None:
     """Collect the killed child so no zombie stays; never wait unboundedly on pipes."""
     try:
         proc.communicate(timeout=_REAP_TIMEOUT)
