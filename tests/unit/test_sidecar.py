@@ -361,10 +361,11 @@ def test_stampede_during_a_first_use_download_fetches_and_spawns_once(
     assert len(events(spawn_log, "start")) == 1
 
 
+@pytest.mark.parametrize("tick", [0.25, 30.0], ids=["trickling", "stalled"])
 def test_stop_during_a_first_use_download_cancels_it_within_a_second(
-    server_bin: Path, spawn_log: Path, monkeypatch: pytest.MonkeyPatch
+    server_bin: Path, spawn_log: Path, monkeypatch: pytest.MonkeyPatch, tick: float
 ) -> None:
-    with slow_model(monkeypatch, size=1 << 20) as slow:  # 4 KiB/s: minutes to finish
+    with slow_model(monkeypatch, size=1 << 20, tick=tick) as slow:  # 1 KiB per tick: minutes to finish
         sc = make(server_bin, MODEL_ID, spawn_log)
         errors: list[BaseException] = []
 
