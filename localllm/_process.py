@@ -15,7 +15,6 @@ A leaf module: it imports nothing from localllm and raises only ``OSError``.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import os
 import select
@@ -74,8 +73,7 @@ class StderrTail:
         self._stream = stream
         self._limit = limit
         self._on_line = on_line
-        self._chunks: collections.deque[bytes] = collections.deque()
-        self._size = 0
+        self._kept = bytearray()
         self._lock = threading.Lock()
         self._partial = bytearray()
         #: set when the stream reached EOF (the child and every holder of the pipe are gone)
@@ -88,17 +86,9 @@ class StderrTail:
             fd = self._stream.fileno()
             while chunk := os.read(fd, _READ_CHUNK):
                 with self._lock:
-                    self._chunks.append(chunk)
-                    self._size += len(chunk)
-                    # Trim from the oldest end down to ``limit`` bytes: dropping whole
-                    # chunks could leave only the last few lines after a large read.
-                    while self._size > self._limit and len(self._chunks) > 1:
-                        excess = self._size - self._limit
-                        if len(self._chunks[0]) > excess:
-                            self._chunks[0] = self._chunks[0][excess:]
-                            self._size -= excess
-                            break
-                        self._size -= len(self._chunks.popleft())
+                    self._kept += chunk
+                    if len(self._kept) > self._limit:
+                        del self._kept[: len(self._kept) - self._limit]
                 if self._on_line is not None:
                     self._lines(chunk)
         except (OSError, ValueError):
@@ -133,9 +123,9 @@ class StderrTail:
         return not self._thread.is_alive()
 
     def text(self) -> str:
-        """Everything kept (the last ``limit`` bytes, cut at a chunk boundary), decoded."""
+        """Everything kept (the last ``limit`` bytes), decoded."""
         with self._lock:
-            raw = b"".join(self._chunks)
+            raw = bytes(self._kept)
         return raw.decode("utf-8", errors="replace")
 
     def lines(self, n: int) -> str:

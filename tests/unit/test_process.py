@@ -60,6 +60,17 @@ def test_stderr_tail_is_bounded_and_never_blocks_the_child() -> None:
     assert len(buf.lines(3).splitlines()) == 3
 
 
+def test_stderr_tail_keeps_the_full_limit_after_a_big_chunk_and_a_small_one() -> None:
+    code = "import os, time\nos.write(2, b'x' * 200_000)\ntime.sleep(0.2)\nos.write(2, b'\\nend\\n')\n"
+    proc = _process.spawn([sys.executable, "-c", code], stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    buf = _process.StderrTail(proc.stderr, name="t", limit=4096)
+    proc.wait(timeout=10)
+    assert buf.join(5)
+    text = buf.text()
+    assert len(text) == 4096 and text.endswith("x\nend\n")
+
+
 def test_stderr_tail_hands_every_line_to_on_line() -> None:
     seen: list[str] = []
     proc = _process.spawn([sys.executable, "-c", "import sys; sys.stderr.write('a\\r\\nb\\nlast-no-newline')"],

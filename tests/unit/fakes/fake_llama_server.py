@@ -42,7 +42,7 @@ FAKE_LLAMA_MODE         ok (default) | exit_during_start | hang_start | crash_af
                         ready; slow: every chat/embedding answer waits FAKE_LLAMA_DELAY
                         (default 2 s); ignore_sigterm: log SIGTERM and carry on.
 FAKE_LLAMA_LOAD_DELAY   seconds of 503 "Loading model" before ready (default 0)
-FAKE_LLAMA_EXIT_CODE    exit code for exit_during_start (1) and crash_after_ready (134)
+FAKE_LLAMA_EXIT_CODE    exit code for exit_during_start (1; -N: die of signal N) and crash_after_ready (134)
 FAKE_LLAMA_CRASH_AFTER  seconds after ready before crash_after_ready exits (default 0.3)
 FAKE_LLAMA_DELAY        seconds each chat/embedding request waits before answering
 FAKE_LLAMA_CONTENT      fixed chat ``content`` string
@@ -585,6 +585,10 @@ def main(argv: list[str]) -> int:
         log("E", "llama_server", "exiting due to model loading error")
         code = int(env_float("FAKE_LLAMA_EXIT_CODE", 1))
         event("exit", code=code)
+        if code < 0:  # die of that signal, as a server built for another CPU dies of SIGILL
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            signal.signal(-code, signal.SIG_DFL)
+            os.kill(os.getpid(), -code)
         return code
     if opts["embeddings"] and state.ubatch % state.parallel:
         sys.stderr.write("GGML_ASSERT(n_ubatch % n_seq == 0) failed\n")
