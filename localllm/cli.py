@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from localllm import settings
 from localllm.errors import AgentError, ConfigError, LocalLLMError, SchemaError
+
+#: ``localllm/cli/`` holds per-noun command modules (``localllm.cli.service``)
+__path__ = [os.path.join(os.path.dirname(__file__), "cli")]
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -95,7 +99,13 @@ def _add_plugins(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     commands.add_commands(sub)
 
 
-_SECTIONS = (_add_foundation, _add_artifacts, _add_grammar, _add_embed, _add_plugins)
+def _add_service(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from localllm.cli import service  # localllm/cli/service.py, found through __path__
+
+    service.add_commands(sub)
+
+
+_SECTIONS = (_add_foundation, _add_artifacts, _add_grammar, _add_embed, _add_plugins, _add_service)
 
 
 def build_parser() -> argparse.ArgumentParser:

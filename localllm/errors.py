@@ -30,11 +30,14 @@ callers may catch either.
     ├── PluginError                           an Agent Plugins directory cannot be used as declared
     │   ├── PluginPathEscape (PermissionError)  command/cwd resolves outside its root at spawn
     │   └── PluginSpawnError (OSError)        command or cwd missing, PLUGIN_DATA unwritable
-    └── EmbedError
-        ├── InputTooLong (ValueError)
-        ├── DimensionMismatch (ValueError)
-        ├── EmbedServerError                  the embedding server failed or answered badly
-        └── StoreCorrupt
+    ├── EmbedError
+    │   ├── InputTooLong (ValueError)
+    │   ├── DimensionMismatch (ValueError)
+    │   ├── EmbedServerError                  the embedding server failed or answered badly
+    │   └── StoreCorrupt
+    └── ServiceError                          `localllm serve` and attaching to it
+        ├── ServiceRunning                    another service owns this cache (pid, port)
+        └── ServiceUnavailable (ConnectionError)  no usable service (``service: required``)
 """
 
 from __future__ import annotations
@@ -277,3 +280,30 @@ class EmbedServerError(EmbedError):
 
 class StoreCorrupt(EmbedError):
     """An embedding store is corrupt or partial; it is rebuilt, never trusted."""
+
+
+class ServiceError(LocalLLMError):
+    """Base of failures of the machine-wide service (``localllm serve``, ps, stop, attach)."""
+
+    def __init__(self, message: str, *, hint: str = "") -> None:
+        if hint:
+            self.hint = hint
+        super().__init__(message)
+
+
+class ServiceRunning(ServiceError):
+    """A service already runs for this cache; ``pid`` and ``port`` name it."""
+
+    def __init__(self, *, cache: str, pid: int | None, port: int | None) -> None:
+        self.cache = cache
+        self.pid = pid
+        self.port = port
+        where = f"pid {pid}, port {port}" if pid else "its discovery file is being written"
+        super().__init__(
+            f"a localllm service is already running for cache {cache} ({where})",
+            hint="use it (`localllm ps`), or stop it first with `localllm stop --all`",
+        )
+
+
+class ServiceUnavailable(ServiceError, ConnectionError):
+    """No service answers for this cache (or it does not serve the model)."""

@@ -1,0 +1,176 @@
+"""Talking to a running service: ``ps``, ``stop``, ``serve --detach``, and attaching to it.
+
+:func:`attach` is the one function a managed agent or embedder calls before spawning its
+own sidecar: with ``service: never`` it returns None at once; otherwise it looks for a
+verified service of the same cache that serves the same llama-server build and model
+(``auto``: None when there is none; ``required``: :class:`ServiceUnavailable`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from localllm.errors import LocalLLMError, ServiceError, ServiceUnavailable
+from localllm.service import discovery
+
+__all__ = ["POLICIES", "attach", "connect", "detach", "ps", "stop"]
+
+POLICIES = ("auto", "required", "never")
+_TIMEOUT = 10.0
+
+
+def _cache(cache_root: Path | None) -> Path:
+    from localllm import settings
+
+    return Path(cache_root) if cache_root is not None else settings.cache_dir()
+
+
+def connect(cache_root: Path | None = None) -> tuple[discovery.Discovery, str | None]:
+    """The verified service of this cache and its token, or :class:`ServiceUnavailable`."""
+    root = _cache(cache_root)
+    found = discovery.read_discovery(root)
+    token = discovery.read_token(found.token_file) if found else None
+    if found is None or (found.token_file and token is None) or not discovery.verify(found, token):
+        raise ServiceUnavailable(f"no localllm service is running for cache {root}",
+                                 hint="start one with `localllm serve` (or `localllm serve --detach`)")
+    return found, token
+
+
+def _call(method: str, path: str, cache_root: Path | None, body: dict[str, Any] | None = None) -> Any:
+    import http.client
+
+    found, token = connect(cache_root)
+    host = "127.0.0.1" if found.host in ("0.0.0.0", "::", "") else found.host
+    conn = http.client.HTTPConnection(host, found.port, timeout=_TIMEOUT)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    payload = None
+    if body is not None:
+        payload = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    try:
+        conn.request(method, path, body=payload, headers=headers)
+        response = conn.getresponse()
+        raw = response.read()
+    except (OSError, http.client.HTTPException) as exc:
+        raise ServiceUnavailable(f"the service at {found.url} did not answer {method} {path}: {exc}") from exc
+    finally:
+        conn.close()
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise ServiceError(f"the service at {found.url} answered {method} {path} with non-JSON") from exc
+    if response.status != 200:
+        message = data.get("error", {}).get("message") if isinstance(data, dict) else None
+        raise ServiceError(f"the service at {found.url} answered HTTP {response.status}: {message or raw[:200]!r}")
+    return data
+
+
+def ps(cache_root: Path | None = None) -> dict[str, Any]:
+    """``{"service": {...}, "models": [loaded model rows]}`` from the running service."""
+    data: dict[str, Any] = _call("GET", "/localllm/ps", cache_root)
+    return data
+
+
+def stop(model: str | None = None, *, cache_root: Path | None = None, wait: float = 15.0) -> dict[str, Any]:
+    """Unload ``model``, or (``model=None``) stop the service and wait until its process is gone."""
+    if model is not None:
+        result: dict[str, Any] = _call("POST", "/localllm/stop", cache_root, {"model": model})
+        return result
+    found, _ = connect(cache_root)
+    _call("POST", "/localllm/stop", cache_root, {"all": True})
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        try:
+            os.kill(found.pid, 0)
+        except ProcessLookupError:
+            return {"stopped": True, "pid": found.pid}
+        time.sleep(0.05)
+    raise ServiceError(f"the service (pid {found.pid}) did not stop within {wait:g} s",
+                       hint=f"kill it with `kill {found.pid}` (its llama-servers follow it)")
+
+
+def detach(
+    serve_argv: Sequence[str], *, cache_root: Path | None = None, wait: float = 120.0
+) -> tuple[discovery.Discovery, Path]:
+    """Start ``localllm serve`` + ``serve_argv`` in the background, logging to ``<cache>/run/service.log``;
+    return its discovery (once it answers) and the log path."""
+    root = _cache(cache_root)
+    run = discovery.run_dir(root)
+    run.mkdir(mode=0o700, parents=True, exist_ok=True)
+    log_path = run / discovery.LOG_FILE
+    with open(log_path, "ab") as log:
+        os.chmod(log_path, 0o600)
+        child = subprocess.Popen(
+            [sys.executable, "-m", "localllm", "serve", *serve_argv], stdin=subprocess.DEVNULL, stdout=log,
+            stderr=log, start_new_session=True, env={**os.environ, "LOCALLLM_CACHE_DIR": str(root)},
+        )
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        code = child.poll()
+        if code is not None:
+            tail = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-10:]
+            raise ServiceError(f"localllm serve exited with code {code}; last log lines:\n" + "\n".join(tail),
+                               hint=f"the whole log is {log_path}")
+        found = discovery.read_discovery(root)
+        if found is not None and found.pid == child.pid:
+            token = discovery.read_token(found.token_file)
+            if discovery.verify(found, token):
+                return found, log_path
+        time.sleep(0.1)
+    child.terminate()
+    raise ServiceError(f"localllm serve did not come up within {wait:g} s", hint=f"see {log_path}")
+
+
+def attach(
+    model: str,
+    *,
+    policy: str = "auto",
+    server_bin: str | None = None,
+    base_dir: Path | None = None,
+    cache_root: Path | None = None,
+) -> discovery.Attachment | None:
+    """The running service to use for ``model`` (a pinned id or a GGUF path), or None.
+
+    Cheap when no service runs (one failed file read). The server build is compared by
+    the sha256 of the llama-server binary this process would run, the model by its sha256
+    (the pin's, or the file's).
+    """
+    if policy == "never":
+        return None
+    root = _cache(cache_root)
+    found = None if discovery.read_discovery(root) is None else _match(model, server_bin, base_dir, root)
+    if found is None and policy == "required":
+        raise ServiceUnavailable(
+            f"service: required, but no localllm service for cache {root} serves {model!r} on this server build",
+            hint="start one with `localllm serve` (same LOCALLLM_CACHE_DIR), or set service: auto",
+        )
+    return found
+
+
+def _match(model: str, server_bin: str | None, base_dir: Path | None, root: Path) -> discovery.Attachment | None:
+    from localllm.managed.acquire import resolve_server_binary
+
+    try:
+        build = discovery.file_sha256(resolve_server_binary(server_bin))
+        model_sha = _model_sha(model, base_dir)
+    except (LocalLLMError, OSError):
+        return None  # this process could not run the model itself either; its own path reports why
+    return discovery.discover(root, build, model_sha)
+
+
+def _model_sha(model: str, base_dir: Path | None) -> str:
+    if model.endswith(".gguf"):
+        path = Path(model).expanduser()
+        if not path.is_absolute() and base_dir is not None:
+            path = base_dir / path
+        return discovery.file_sha256(path)
+    from localllm.managed.pins import load_pins
+
+    return load_pins().model(model).artifact.require_sha256()
