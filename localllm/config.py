@@ -119,6 +119,8 @@ class LocalLLMDecl(AgentDecl):
     health_timeout: float = 180.0
     schema_in_prompt: bool = True
     threads: int | None = None
+    #: use a running `localllm serve` for the model: auto | required | never
+    service: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,8 @@ class EmbedderDecl:
     extra_args: tuple[str, ...] = ()
     #: ``None``: llama.cpp sizes its threads to the machine
     threads: int | None = None
+    #: use a running `localllm serve` for the model: auto | required | never
+    service: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -193,12 +197,12 @@ _PLUGIN_KEYS: dict[str, dict[str, Any]] = {
         "model": str, "endpoint": str, "grammar": bool, "json_schema": bool, "api_key_env": str,
         "port": int, "server_bin": str, "parallel": int, "ctx_size": int, "max_tokens": int,
         "temperature": float, "extra_args": list, "health_timeout": float, "schema_in_prompt": bool,
-        "threads": int,
+        "threads": int, "service": str,
     },
 }
 _EMBEDDER_KEYS: dict[str, Any] = {
     "model": str, "endpoint": str, "api_key_env": str, "dims": int, "port": int, "server_bin": str,
-    "parallel": int, "health_timeout": float, "extra_args": list, "threads": int,
+    "parallel": int, "health_timeout": float, "extra_args": list, "threads": int, "service": str,
 }
 _TYPE_NAMES = {str: "a string", float: "a number", int: "an integer", bool: "true or false",
                list: "a list", dict: "a mapping"}
@@ -375,6 +379,7 @@ def _local_llm_decl(common: dict[str, Any], key: str, vals: dict[str, Any], prob
         problems.add(f"{key}.temperature", f"must be between 0 and 2, got {vals['temperature']}")
     if "health_timeout" in vals and vals["health_timeout"] <= 0:
         problems.add(f"{key}.health_timeout", "must be > 0 seconds")
+    _check_service(vals, key, problems)
     fields = {k: v for k, v in vals.items() if k not in ("plugin", "timeout")}
     return LocalLLMDecl(**common, **fields)
 
@@ -502,7 +507,13 @@ def _embedder(name: str, raw: Any, problems: ProblemList) -> EmbedderDecl | None
         problems.add(key, "embedder requires model: or endpoint:", "model: all-minilm-l6-v2")
     if "dims" in vals and vals["dims"] < 1:
         problems.add(f"{key}.dims", "must be a positive integer")
+    _check_service(vals, key, problems)
     return EmbedderDecl(name=name, **vals)
+
+
+def _check_service(vals: dict[str, Any], key: str, problems: ProblemList) -> None:
+    if vals.get("service", "auto") not in ("auto", "required", "never"):
+        problems.add(f"{key}.service", f"must be auto, required or never, got {vals['service']!r}")
 
 
 def _intents(raw: Any, problems: ProblemList) -> dict[str, Intent]:

@@ -27,7 +27,7 @@ from typing import Any
 from localllm import settings
 from localllm.agents.base import Agent
 from localllm.config import LocalLLMDecl
-from localllm.errors import AgentError, ErrorKind, FetchError, SidecarError, truncate_detail
+from localllm.errors import AgentError, ErrorKind, FetchError, ServiceError, SidecarError, truncate_detail
 from localllm.wire import AskRequest, AskResponse, Transcript
 
 _FENCE = re.compile(r"^\s*```(?:json)?\s*\n?(.*?)\n?\s*```\s*$", re.DOTALL)
@@ -67,6 +67,7 @@ class LocalLLMAgent(Agent):
         self.base_dir = base_dir
         self._lock = threading.Lock()
         self._sidecar: Any = None
+        self._attached: Any = None  # a running `localllm serve` we use instead of a sidecar
         self._client: Any = None
         self._subset_cache: dict[str, bool] = {}
         self._closed = False
@@ -113,9 +114,16 @@ class LocalLLMAgent(Agent):
             assert self.decl.endpoint is not None
             return normalize_endpoint(self.decl.endpoint)
         try:
+            if self._sidecar is None and self._attached is None:
+                from localllm.service import attach
+
+                self._attached = attach(self.decl.model or "", policy=self.decl.service,
+                                        server_bin=self.decl.server_bin, base_dir=self.base_dir)
+            if self._attached is not None:
+                return str(self._attached.base_url)
             sidecar = self._ensure_sidecar()
             return normalize_endpoint(str(sidecar.ensure_ready()))
-        except (FetchError, SidecarError) as exc:
+        except (FetchError, SidecarError, ServiceError) as exc:
             hint = f" ({exc.hint})" if exc.hint else ""
             detail = f"{self.alias}: cannot start llama-server: {exc}{hint}"
             raise AgentError(ErrorKind.TRANSPORT_ERROR, detail) from exc
@@ -174,6 +182,9 @@ class LocalLLMAgent(Agent):
         headers = self._headers()
         body, grammar, native = self.build_body(request)
         base = self.base_url()
+        attached = self._attached
+        if attached is not None:
+            headers, body["model"] = {**headers, **attached.headers()}, attached.model
         sidecar = self._sidecar
         pid = sidecar.pid if sidecar is not None else None  # to explain this request's failure later
         remaining = self.remaining(deadline)
@@ -186,6 +197,10 @@ class LocalLLMAgent(Agent):
         except httpx.TimeoutException as exc:
             raise AgentError(ErrorKind.DEADLINE_EXCEEDED, f"{self.alias}: no answer from {base} in time") from exc
         except httpx.HTTPError as exc:
+            if attached is not None:  # the service went away: the next call looks again, then spawns
+                self._attached = None
+                raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias}: the localllm service (pid "
+                                 f"{attached.pid}) failed mid-call: {type(exc).__name__}: {exc}") from exc
             raise AgentError(ErrorKind.TRANSPORT_ERROR, self._connection_detail(base, exc, pid)) from exc
         elapsed_ms = int((time.monotonic() - started) * 1000)
         if reply.status_code >= 400:
@@ -209,6 +224,8 @@ class LocalLLMAgent(Agent):
             "grammar": grammar,
             "json_schema": native,
         }
+        if self.managed:
+            meta["served_by"] = "service" if attached is not None else "sidecar"
         if isinstance(data.get("timings"), dict):
             meta["timings"] = data["timings"]
         transcript = self._transcript(body, content, usage, elapsed_ms)

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
     from localllm.config import EmbedderDecl
+    from localllm.service.discovery import Attachment
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,9 @@ class LocalEmbedder:
         self._native_dims: int | None = self.info.dims
         self._on_close = on_close
         self._cut: list[int] = []
+        #: the ``model`` sent in request bodies; ``served_by``: "service" or "sidecar" once managed
+        self.request_model = model
+        self.served_by: str | None = None
 
     def __repr__(self) -> str:  # no api key here, ever
         return f"LocalEmbedder(model={self.model!r}, dims={self.out_dims!r}, url={self._resolved!r})"
@@ -160,7 +164,7 @@ class LocalEmbedder:
 
     def tokenize(self, text: str, *, add_special: bool = False) -> list[int]:
         """Token ids of ``text`` as the server's tokenizer sees it (``POST /tokenize``)."""
-        body = {"content": text, "add_special": add_special, "parse_special": True}
+        body = {"content": text, "add_special": add_special, "parse_special": True, "model": self.request_model}
         data = self._request("/tokenize", body)
         tokens = data.get("tokens") if isinstance(data, dict) else None
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
@@ -221,7 +225,7 @@ class LocalEmbedder:
     def _post(self, batch: Sequence[str | list[int]]) -> NDArray[np.float32]:
         import numpy as np
 
-        body = {"input": list(batch), "model": self.model, "encoding_format": "base64"}
+        body = {"input": list(batch), "model": self.request_model, "encoding_format": "base64"}
         self.requests += 1
         data = self._request("/v1/embeddings", body)
         items = data.get("data") if isinstance(data, dict) else None
@@ -285,6 +289,13 @@ class LocalEmbedder:
                 "is Euclidean normalisation)"
             )
         return matrix
+
+    def use_service(self, attachment: Attachment) -> None:
+        """Send every request through a running ``localllm serve`` (its token, its model id)."""
+        self._api_key, self.request_model, self.served_by = attachment.token, attachment.model, "service"
+        if self._client is not None:
+            self._client.close()
+            self._client = None
 
     def _url(self, *, refresh: bool = False) -> str:
         if callable(self._base_url) and (refresh or self._resolved is None):
@@ -396,7 +407,15 @@ def embedder_from_decl(decl: EmbedderDecl, *, base_dir: Path | None = None, **op
     def start() -> str:
         # fetch and spawn only on the first embed call (and respawn after a crash)
         with lock:
+            if "sidecar" not in state:
+                from localllm.service import attach
+
+                found = attach(model_name, policy=decl.service, server_bin=decl.server_bin, base_dir=base_dir)
+                if found is not None:
+                    embedder.use_service(found)
+                    return found.url
             sidecar = _sidecar()
+        embedder.served_by = "sidecar"
         return str(sidecar.ensure_ready())
 
     def _sidecar() -> Sidecar:
@@ -416,4 +435,5 @@ def embedder_from_decl(decl: EmbedderDecl, *, base_dir: Path | None = None, **op
         if sidecar is not None:
             sidecar.stop()
 
-    return LocalEmbedder(start, decl.model, model_info=info, dims=decl.dims, on_close=stop, **options)
+    embedder = LocalEmbedder(start, decl.model, model_info=info, dims=decl.dims, on_close=stop, **options)
+    return embedder
