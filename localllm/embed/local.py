@@ -164,7 +164,7 @@ class LocalEmbedder:
 
     def tokenize(self, text: str, *, add_special: bool = False) -> list[int]:
         """Token ids of ``text`` as the server's tokenizer sees it (``POST /tokenize``)."""
-        body = {"content": text, "add_special": add_special, "parse_special": True, "model": self.request_model}
+        body = {"content": text, "add_special": add_special, "parse_special": True}
         data = self._request("/tokenize", body)
         tokens = data.get("tokens") if isinstance(data, dict) else None
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
@@ -225,7 +225,7 @@ class LocalEmbedder:
     def _post(self, batch: Sequence[str | list[int]]) -> NDArray[np.float32]:
         import numpy as np
 
-        body = {"input": list(batch), "model": self.request_model, "encoding_format": "base64"}
+        body: dict[str, Any] = {"input": list(batch), "encoding_format": "base64"}
         self.requests += 1
         data = self._request("/v1/embeddings", body)
         items = data.get("data") if isinstance(data, dict) else None
@@ -315,6 +315,7 @@ class LocalEmbedder:
         retried = False
         while True:
             url = self._url(refresh=retried) + path
+            body["model"] = self.request_model  # settled with the URL: a service names it its way
             try:
                 response = self._http().post(url, json=body)
             except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:

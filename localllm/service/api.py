@@ -98,6 +98,24 @@ class ServiceApp:
     info: Callable[[], dict[str, Any]]
     metrics: Metrics = field(default_factory=Metrics)
     load_wait: float = 300.0
+    _connections: set[socket.socket] = field(default_factory=set)
+    _conn_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def track(self, conn: socket.socket, *, open_: bool) -> None:
+        with self._conn_lock:
+            if open_:
+                self._connections.add(conn)
+            else:
+                self._connections.discard(conn)
+
+    def drop_connections(self) -> None:
+        """Close every client connection (keep-alive ones would otherwise outlive the service)."""
+        with self._conn_lock:
+            conns = list(self._connections)
+            self._connections.clear()
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
 
     def authorized(self, header: str | None, api_key: str | None) -> bool:
         if self.token is None:
@@ -142,6 +160,14 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         pass  # one line per request is written by _log_request, never the raw request line
 
+    def setup(self) -> None:
+        super().setup()
+        self.app.track(self.connection, open_=True)
+
+    def finish(self) -> None:
+        self.app.track(self.connection, open_=False)
+        super().finish()
+
     # ------------------------------------------------------------------ plumbing
 
     def _send(self, status: int, payload: Any, content_type: str = "application/json") -> None:
@@ -149,6 +175,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(body)
 
@@ -237,7 +265,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._log_request(None, 404, started)
 
     def _unauthorized(self, started: float) -> None:
+        self.close_connection = True  # the unread body must not be parsed as the next request
         self.send_response(401)
+        self.send_header("Connection", "close")
         body = json.dumps(_error("missing or wrong bearer token", "authentication_error", "invalid_api_key")).encode()
         self.send_header("WWW-Authenticate", 'Bearer realm="localllm"')
         self.send_header("Content-Type", "application/json")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -85,15 +85,20 @@ def stop(model: str | None = None, *, cache_root: Path | None = None, wait: floa
         return result
     found, _ = connect(cache_root)
     _call("POST", "/localllm/stop", cache_root, {"all": True})
+    import psutil
+
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         try:
-            os.kill(found.pid, 0)
-        except ProcessLookupError:
-            return {"stopped": True, "pid": found.pid}
+            if psutil.Process(found.pid).status() == psutil.STATUS_ZOMBIE:
+                break  # exited; its parent has not reaped it yet
+        except psutil.NoSuchProcess:
+            break
         time.sleep(0.05)
-    raise ServiceError(f"the service (pid {found.pid}) did not stop within {wait:g} s",
-                       hint=f"kill it with `kill {found.pid}` (its llama-servers follow it)")
+    else:
+        raise ServiceError(f"the service (pid {found.pid}) did not stop within {wait:g} s",
+                           hint=f"kill it with `kill {found.pid}` (its llama-servers follow it)")
+    return {"stopped": True, "pid": found.pid}
 
 
 def detach(
@@ -105,26 +110,32 @@ def detach(
     run = discovery.run_dir(root)
     run.mkdir(mode=0o700, parents=True, exist_ok=True)
     log_path = run / discovery.LOG_FILE
-    with open(log_path, "ab") as log:
-        os.chmod(log_path, 0o600)
-        child = subprocess.Popen(
-            [sys.executable, "-m", "localllm", "serve", *serve_argv], stdin=subprocess.DEVNULL, stdout=log,
-            stderr=log, start_new_session=True, env={**os.environ, "LOCALLLM_CACHE_DIR": str(root)},
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        # posix_spawn in a new session: no Popen object to outlive, no terminal to follow
+        pid = os.posix_spawn(
+            sys.executable, [sys.executable, "-m", "localllm", "serve", *serve_argv],
+            {**os.environ, "LOCALLLM_CACHE_DIR": str(root)},
+            file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                          (os.POSIX_SPAWN_DUP2, log_fd, 1), (os.POSIX_SPAWN_DUP2, log_fd, 2)],
+            setsid=True,
         )
+    finally:
+        os.close(log_fd)
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
-        code = child.poll()
-        if code is not None:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
             tail = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-10:]
-            raise ServiceError(f"localllm serve exited with code {code}; last log lines:\n" + "\n".join(tail),
-                               hint=f"the whole log is {log_path}")
+            raise ServiceError(f"localllm serve exited with code {os.waitstatus_to_exitcode(status)}; "
+                               "last log lines:\n" + "\n".join(tail), hint=f"the whole log is {log_path}")
         found = discovery.read_discovery(root)
-        if found is not None and found.pid == child.pid:
+        if found is not None and found.pid == pid:
             token = discovery.read_token(found.token_file)
             if discovery.verify(found, token):
                 return found, log_path
         time.sleep(0.1)
-    child.terminate()
+    os.kill(pid, signal.SIGTERM)
     raise ServiceError(f"localllm serve did not come up within {wait:g} s", hint=f"see {log_path}")
 
 

@@ -313,6 +313,8 @@ class Service:
             if self._thread is not None:
                 self._server.shutdown()
             self._server.server_close()
+        if self.app is not None:
+            self.app.drop_connections()
         if self.pool is not None:
             self.pool.close()
         if self.app is not None:

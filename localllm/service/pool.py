@@ -134,10 +134,10 @@ class ModelPool:
             known = ", ".join(self.catalog) or "none"
             raise UnknownServedModel(f"model {model!r} is not served here", hint=f"served models: {known}")
         deadline = time.monotonic() + wait
-        victims: list[_Entry] = []
         loader = False
-        with self._cond:
-            while True:
+        while True:
+            victim: _Entry | None = None
+            with self._cond:
                 if self._closed:
                     raise ServiceError("the service is shutting down")
                 entry = self._entries.get(model)
@@ -153,17 +153,16 @@ class ModelPool:
                 if victim is not None:
                     del self._entries[victim.spec.id]
                     self._stopping += 1
-                    victims.append(victim)
-                    continue
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise PoolBusy(
-                        f"no room to load {model!r}: every loaded model stayed busy for {wait:g} s",
-                        hint="raise --max-models or --memory-budget, or retry later",
-                    )
-                self._cond.wait(remaining)
-        for victim in victims:
-            self._stop_entry(victim, "evict")
+                else:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise PoolBusy(
+                            f"no room to load {model!r}: every loaded model stayed busy for {wait:g} s",
+                            hint="raise --max-models or --memory-budget, or retry later",
+                        )
+                    self._cond.wait(remaining)
+            if victim is not None:
+                self._stop_entry(victim, "evict")  # outside the lock; then look again
         try:
             if loader:
                 return entry, self._load(entry)
