@@ -44,6 +44,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from localllm._http import map_httpx_errors
 from localllm.agents import _mcp
 from localllm.agents._child import Redactor
 from localllm.agents.base import Agent
@@ -220,42 +221,39 @@ class McpHttpAgent(Agent):
         """
         method = str(message.get("method"))
         body = json.dumps(message, ensure_ascii=False).encode("utf-8")
-        try:
-            with self._client.stream(
-                "POST", self.decl.endpoint, content=body, headers=self._headers(session),
-                timeout=self._timeout(deadline, call_id),
-            ) as response:
-                if response.status_code == 404 and session is not None and session.session_id is not None:
-                    raise _SessionExpired
-                if response.status_code >= 300:
-                    text = self._read_text(response, deadline, call_id)
-                    raise AgentError(
-                        ErrorKind.TRANSPORT_ERROR,
-                        f"{self.alias}: {method}: HTTP {response.status_code} from {self._url}: "
-                        f"{truncate_detail(self._redact(text))}",
-                    )
-                if session_header is not None:
-                    session_header.append(response.headers.get("mcp-session-id"))
-                if "id" not in message:
-                    return None  # a notification: 202 Accepted, no body to wait for
-                return self._read_response(response, message["id"], method, deadline, call_id)
-        except httpx.TimeoutException as exc:
-            if self.remaining(deadline) <= 0 or call_id in self._cancelled:
-                raise self._deadline_error(method) from exc
-            raise AgentError(
-                ErrorKind.TRANSPORT_ERROR, f"{self.alias}: {method}: {type(exc).__name__} talking to {self._url}"
-            ) from exc
-        except httpx.ConnectError as exc:
-            raise AgentError(
-                ErrorKind.TRANSPORT_ERROR,
-                f"{self.alias}: cannot connect to {self._url}: {self._redact(str(exc))} "
-                f"(is the MCP server running? check agent_plugins.{self.alias}.endpoint)",
-            ) from exc
-        except httpx.HTTPError as exc:
-            raise AgentError(
-                ErrorKind.TRANSPORT_ERROR,
-                f"{self.alias}: {method}: {type(exc).__name__} from {self._url}: {self._redact(str(exc))}",
-            ) from exc
+
+        def failed(reason: str, exc: BaseException) -> AgentError:
+            if isinstance(exc, httpx.TimeoutException) and (
+                self.remaining(deadline) <= 0 or call_id in self._cancelled
+            ):
+                return self._deadline_error(method)
+            cause = f"{reason} ({type(exc).__name__}: {self._redact(str(exc))})"
+            if isinstance(exc, httpx.ConnectError):
+                return AgentError(
+                    ErrorKind.TRANSPORT_ERROR,
+                    f"{self.alias}: cannot connect to {self._url}: {cause} "
+                    f"(is the MCP server running? check agent_plugins.{self.alias}.endpoint)",
+                )
+            return AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias}: {method}: {cause} talking to {self._url}")
+
+        with map_httpx_errors(failed), self._client.stream(
+            "POST", self.decl.endpoint, content=body, headers=self._headers(session),
+            timeout=self._timeout(deadline, call_id),
+        ) as response:
+            if response.status_code == 404 and session is not None and session.session_id is not None:
+                raise _SessionExpired
+            if response.status_code >= 300:
+                text = self._read_text(response, deadline, call_id)
+                raise AgentError(
+                    ErrorKind.TRANSPORT_ERROR,
+                    f"{self.alias}: {method}: HTTP {response.status_code} from {self._url}: "
+                    f"{truncate_detail(self._redact(text))}",
+                )
+            if session_header is not None:
+                session_header.append(response.headers.get("mcp-session-id"))
+            if "id" not in message:
+                return None  # a notification: 202 Accepted, no body to wait for
+            return self._read_response(response, message["id"], method, deadline, call_id)
 
     def _check_time(self, deadline: float, call_id: str, method: str) -> None:
         if time.monotonic() >= deadline or call_id in self._cancelled:

@@ -6,8 +6,9 @@ end only the spawning process holds. When that process exits — cleanly, by an 
 or by SIGKILL — the kernel closes the write end and ``read`` returns EOF:
 
 * EOF after the parent wrote a byte: the parent stopped the sidecar itself (disarmed);
-* EOF with nothing read: the parent died; SIGTERM the sidecar, then SIGKILL after a
-  short grace.
+* EOF with nothing read: the parent died; SIGTERM the server and its process group
+  (a ``server_bin`` wrapper that does not ``exec`` has the real server as its child),
+  then SIGKILL whatever is left after a short grace.
 
 Why not ``prctl(PR_SET_PDEATHSIG)``: the signal fires when the *thread* that forked the
 child exits, not the process, and sidecars are spawned from runtime worker threads that
@@ -37,6 +38,19 @@ def _send(pid: int, pidfd: int | None, sig: int) -> bool:
             signal.pidfd_send_signal(pidfd, sig)
         else:
             os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Deliver ``sig`` to the server's process group; False when the group is empty.
+
+    The group id is the server's pid (it leads its own session) and stays reserved while
+    any member lives, so this cannot reach another process's group.
+    """
+    try:
+        os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         return False
     return True
@@ -73,8 +87,14 @@ def main(argv: list[str]) -> int:
         disarmed = False
     if disarmed:
         return 0
-    if _send(pid, pidfd, signal.SIGTERM) and not _gone(pid, pidfd, _GRACE):
+    deadline = time.monotonic() + _GRACE
+    leader = _send(pid, pidfd, signal.SIGTERM)
+    _signal_group(pid, signal.SIGTERM)
+    if leader and not _gone(pid, pidfd, _GRACE):
         _send(pid, pidfd, signal.SIGKILL)
+    while _signal_group(pid, 0) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    _signal_group(pid, signal.SIGKILL)
     return 0
 
 

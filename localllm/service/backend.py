@@ -1,9 +1,10 @@
-"""The one thing the service needs from a managed llama-server, and its implementation.
+"""The one thing the service needs from a managed llama-server, and how it is built.
 
-:class:`Backend` is deliberately narrow — start (fetch → verify → spawn → health, or
-respawn) returning the base URL, stop, state, pid, RSS — so the pool never depends on how a
-server is resolved or spawned. :class:`SidecarBackend` implements it with the managed
-artifacts and :class:`~localllm.managed.sidecar.Sidecar`.
+:class:`Backend` is deliberately narrow — ``ensure_ready()`` (fetch → verify → spawn →
+health, or respawn) returning the base URL, ``stop()``, ``pid``, ``base_url``, ``rss()`` —
+so the pool never depends on how a server is resolved or spawned.
+:class:`~localllm.managed.server.ManagedServer` is one; :func:`managed_server` builds it
+for a catalog entry.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from localllm.managed.sidecar import Sidecar
+    from localllm.managed.server import ManagedServer
     from localllm.service.catalog import ModelSpec
 
-__all__ = ["Backend", "BackendFactory", "SidecarBackend"]
+__all__ = ["Backend", "BackendFactory", "managed_server"]
 
 
 class Backend(Protocol):
@@ -25,18 +26,15 @@ class Backend(Protocol):
     def pid(self) -> int | None: ...
 
     @property
-    def state(self) -> str: ...
-
-    @property
-    def url(self) -> str | None:
+    def base_url(self) -> str | None:
         """``http://127.0.0.1:PORT`` while ready, else None."""
         ...
 
-    def start(self) -> str:
+    def ensure_ready(self) -> str:
         """Fetch, verify, spawn and wait for health if needed (respawn a dead one); the base URL."""
         ...
 
-    def stop(self) -> None: ...
+    def stop(self, grace: float = 2.0) -> int | None: ...
 
     def rss(self) -> int | None:
         """Resident memory of the server process in bytes (None when not running)."""
@@ -47,51 +45,12 @@ class Backend(Protocol):
 BackendFactory = Callable[["ModelSpec", str], Backend]
 
 
-class SidecarBackend:
-    """:class:`Backend` over a :class:`Sidecar`; artifacts are resolved on the first start."""
+def managed_server(spec: ModelSpec, api_key: str) -> ManagedServer:
+    """The ManagedServer of a catalog entry (nothing fetched or spawned yet)."""
+    from localllm.managed.server import ManagedServer
 
-    def __init__(self, spec: ModelSpec, api_key: str) -> None:
-        self.spec = spec
-        self._api_key = api_key
-        self._sidecar: Sidecar | None = None
-
-    @property
-    def pid(self) -> int | None:
-        return self._sidecar.pid if self._sidecar is not None and self._sidecar.is_alive() else None
-
-    @property
-    def state(self) -> str:
-        return self._sidecar.state.value if self._sidecar is not None else "created"
-
-    @property
-    def url(self) -> str | None:
-        return self._sidecar.base_url if self._sidecar is not None else None
-
-    def start(self) -> str:
-        if self._sidecar is None:
-            from localllm.managed import Sidecar, resolve_model, resolve_server_binary
-
-            spec = self.spec
-            binary = resolve_server_binary(spec.server_bin)
-            model = resolve_model(spec.source, base_dir=spec.base_dir)
-            self._sidecar = Sidecar(
-                binary, model, args=spec.args, parallel=spec.parallel, ctx_per_slot=spec.ctx_per_slot,
-                threads=spec.threads, health_timeout=spec.health_timeout, name=spec.id, api_key=self._api_key,
-            )
-        return self._sidecar.ensure_ready()
-
-    def stop(self) -> None:
-        if self._sidecar is not None:
-            self._sidecar.stop()
-
-    def rss(self) -> int | None:
-        pid = self.pid
-        if pid is None:
-            return None
-        import psutil
-
-        try:
-            rss: int = psutil.Process(pid).memory_info().rss
-        except psutil.Error:
-            return None
-        return rss
+    return ManagedServer(
+        spec.server_bin, spec.source, role=spec.role, base_dir=spec.base_dir, args=spec.args,
+        parallel=spec.parallel, ctx_per_slot=spec.ctx_per_slot, threads=spec.threads,
+        health_timeout=spec.health_timeout, name=spec.id, api_key=api_key,
+    )

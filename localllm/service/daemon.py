@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from localllm.errors import ServiceError, ServiceRunning
 from localllm.service import discovery
-from localllm.service.backend import BackendFactory, SidecarBackend
+from localllm.service.backend import BackendFactory, managed_server
 from localllm.service.catalog import CHAT_PARALLEL, ModelSpec, build_catalog, is_cached
 
 if TYPE_CHECKING:
@@ -99,7 +99,7 @@ class Service:
         config: Config | None = None,
         cache_root: Path | None = None,
         pins: Pins | None = None,
-        factory: BackendFactory = SidecarBackend,
+        factory: BackendFactory = managed_server,
     ) -> None:
         from localllm import settings
 

@@ -170,14 +170,14 @@ class ModelPool:
                 raise PoolBusy(f"{model!r} is still loading after {wait:g} s", hint="retry later")
             if entry.error is not None:
                 raise entry.error
-            return entry, entry.backend.start()  # cheap when alive; respawns a crashed server
+            return entry, entry.backend.ensure_ready()  # cheap when alive; respawns a crashed server
         except BaseException:
             self._release(entry, served=False)
             raise
 
     def _load(self, entry: _Entry) -> str:
         try:
-            url = entry.backend.start()
+            url = entry.backend.ensure_ready()
         except BaseException as exc:
             failed = exc if isinstance(exc, LocalLLMError) else ServiceError(f"loading {entry.spec.id} failed: {exc}")
             entry.error = failed
@@ -257,7 +257,7 @@ class ModelPool:
             entries = list(self._entries.values())
         rows = []
         for e in entries:
-            url = e.backend.url if e.state is EntryState.READY else None
+            url = e.backend.base_url if e.state is EntryState.READY else None
             port = int(url.rsplit(":", 1)[-1]) if url else None
             rows.append(LoadedModel(
                 id=e.spec.id, role=e.spec.role, state=e.state.value, pid=e.backend.pid, port=port, busy=e.busy,

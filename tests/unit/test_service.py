@@ -390,7 +390,7 @@ def test_managed_agent_attaches_to_a_running_service(make_service: Factory, env:
     assert first.meta["served_by"] == "service" and second.meta["served_by"] == "service"
     assert first.submission == "Hello from the fake llama-server."
     assert len(rows(env["spawn"], "start")) == 1  # the service's server, none of the agent's own
-    assert agent._sidecar is None
+    assert agent._server is None
 
 
 def test_service_never_and_required(make_service: Factory, env: dict[str, Path]) -> None:
