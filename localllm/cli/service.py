@@ -147,6 +147,9 @@ def _ps(args: argparse.Namespace) -> int:
         rows.append((m["id"], m["role"], m["state"], str(m["pid"] or "-"), str(m["port"] or "-"),
                      f"{m['slots_busy']}/{m['slots_total']}", str(m["requests_served"]),
                      _human_seconds(m["idle_s"]), _human_bytes(m["rss_bytes"])))
+    if not data["models"]:
+        err("no models loaded")
+        return EXIT_OK
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())

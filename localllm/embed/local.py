@@ -429,7 +429,8 @@ def embedder_from_decl(decl: EmbedderDecl, *, base_dir: Path | None = None, **op
         if server.pid is None:  # until it has a server of its own, a running service is used
             from localllm.service import attach
 
-            found = attach(model, policy=decl.service, server_bin=decl.server_bin, base_dir=base_dir)
+            found = attach(model, policy=decl.service, role="embedding", server_bin=decl.server_bin,
+                           base_dir=base_dir)
             if found is not None:
                 embedder.use_service(found)
                 return found.url

@@ -143,11 +143,12 @@ def attach(
     model: str,
     *,
     policy: str = "auto",
+    role: str = "chat",
     server_bin: str | None = None,
     base_dir: Path | None = None,
     cache_root: Path | None = None,
 ) -> discovery.Attachment | None:
-    """The running service to use for ``model`` (a pinned id or a GGUF path), or None.
+    """The running service to use for ``model`` (a pinned id or a GGUF path) as ``role``, or None.
 
     Cheap when no service runs (one failed file read). The server build is compared by
     the sha256 of the llama-server binary this process would run, the model by its sha256
@@ -156,7 +157,7 @@ def attach(
     if policy == "never":
         return None
     root = _cache(cache_root)
-    found = None if discovery.read_discovery(root) is None else _match(model, server_bin, base_dir, root)
+    found = None if discovery.read_discovery(root) is None else _match(model, role, server_bin, base_dir, root)
     if found is None and policy == "required":
         raise ServiceUnavailable(
             f"service: required, but no localllm service for cache {root} serves {model!r} on this server build",
@@ -165,7 +166,9 @@ def attach(
     return found
 
 
-def _match(model: str, server_bin: str | None, base_dir: Path | None, root: Path) -> discovery.Attachment | None:
+def _match(
+    model: str, role: str, server_bin: str | None, base_dir: Path | None, root: Path
+) -> discovery.Attachment | None:
     from localllm.managed.acquire import resolve_server_binary
 
     try:
@@ -173,7 +176,7 @@ def _match(model: str, server_bin: str | None, base_dir: Path | None, root: Path
         model_sha = _model_sha(model, base_dir)
     except (LocalLLMError, OSError):
         return None  # this process could not run the model itself either; its own path reports why
-    return discovery.discover(root, build, model_sha)
+    return discovery.discover(root, build, model_sha, role)
 
 
 def _model_sha(model: str, base_dir: Path | None) -> str:

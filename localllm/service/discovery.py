@@ -94,10 +94,11 @@ class Discovery:
         except (KeyError, TypeError, ValueError):
             return None
 
-    def model_for(self, sha256: str, build_sha256: str) -> str | None:
-        """The id this service serves the artifact ``sha256`` under with that build, if any."""
+    def model_for(self, sha256: str, build_sha256: str, role: str) -> str | None:
+        """The id this service serves the artifact ``sha256`` under, with that build and role."""
         for model_id, info in sorted(self.models.items()):
-            if info.get("sha256") == sha256 and info.get("build_sha256", self.build_sha256) == build_sha256:
+            if (info.get("sha256") == sha256 and info.get("role") == role
+                    and info.get("build_sha256", self.build_sha256) == build_sha256):
                 return model_id
         return None
 
@@ -226,12 +227,13 @@ def verify(discovery: Discovery, token: str | None, timeout: float = _VERIFY_TIM
     return isinstance(data, dict) and data.get("instance") == discovery.instance
 
 
-def discover(cache_root: Path, build_sha256: str, model_sha256: str) -> Attachment | None:
-    """A running, verified service for ``cache_root`` that serves this build and model, else None."""
+def discover(cache_root: Path, build_sha256: str, model_sha256: str, role: str = "chat") -> Attachment | None:
+    """A running, verified service for ``cache_root`` that serves this build and model
+    (as a ``chat`` or ``embedding`` server), else None."""
     found = read_discovery(cache_root)
     if found is None:
         return None
-    model = found.model_for(model_sha256, build_sha256)
+    model = found.model_for(model_sha256, build_sha256, role)
     if model is None:
         return None
     token = read_token(found.token_file)

@@ -120,10 +120,19 @@ def test_no_auth_is_loopback_only(make_service: Factory) -> None:
 
 
 def test_api_key_env_token_is_used(env: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MY_KEY", "k-" + "x" * 30)
-    code = main(["serve", "--port", "0", "--api-key-env", "UNSET_KEY"])
-    assert code == 2  # the variable is not set: bad usage, nothing started
+    assert main(["serve", "--port", "0", "--api-key-env", "UNSET_KEY"]) == 2  # bad usage, nothing started
     assert not (env["cache"] / "run" / "service.json").exists()
+    key = "k-" + "x" * 30
+    monkeypatch.setenv("MY_KEY", key)
+    proc, found = _serve_process(env, "--api-key-env", "MY_KEY")
+    try:
+        assert discovery.read_token(found.token_file) == key  # attachers read it from the 0600 file
+        with httpx.Client(base_url=found.url, trust_env=False) as http:
+            assert http.get("/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code == 200
+            assert http.get("/v1/models").status_code == 401
+    finally:
+        proc.terminate()
+        proc.wait(15)
 
 
 # -- models and routing -----------------------------------------------------------------
@@ -340,6 +349,9 @@ def test_discovery_file_is_private_and_verified(make_service: Factory, env: dict
     assert service.token not in repr(attached)
     assert discovery.discover(env["cache"], "0" * 64, discovery.file_sha256(env["chat"])) is None  # other build
     assert discovery.discover(env["cache"], build, "0" * 64) is None  # a model it does not serve
+    minilm = discovery.file_sha256(env["all-minilm-l6-v2-f16"])
+    assert discovery.discover(env["cache"], build, minilm) is None  # served, but as an embedding server
+    assert discovery.discover(env["cache"], build, minilm, "embedding") is not None
     service.close()
     assert not (run / "service.json").exists() and not (run / "token").exists()
     assert discovery.discover(env["cache"], build, discovery.file_sha256(env["chat"])) is None
