@@ -146,7 +146,11 @@ class ModelPool:
                     break
                 room, victim = self._room_for(spec)
                 if room:
-                    entry = _Entry(spec=spec, backend=self._factory(spec, self._api_key), busy=1)
+                    try:
+                        backend = self._factory(spec, self._api_key)  # builds, does no I/O
+                    except ValueError as exc:  # flags that clash with the server's own
+                        raise ServiceError(f"model {model!r} cannot be served: {exc}") from exc
+                    entry = _Entry(spec=spec, backend=backend, busy=1)
                     self._entries[model] = entry
                     loader = True
                     break
