@@ -181,10 +181,11 @@ def signal_group(proc: subprocess.Popen[Any], sig: int) -> bool:
 
 
 def group_alive(pgid: int) -> bool:
-    """Whether any process is left in group ``pgid``.
+    """Whether any running (not zombie) process is left in group ``pgid``.
 
     The group id cannot be reused while a member lives (the kernel keeps the number), so
-    probing it after the leader was reaped is safe.
+    probing it after the leader was reaped is safe. Zombies do not count: an orphan that
+    exited waits for init to reap it, and some container inits never do.
     """
     try:
         os.killpg(pgid, 0)
@@ -192,7 +193,28 @@ def group_alive(pgid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    return _running_member(pgid)
+
+
+def _running_member(pgid: int) -> bool:
+    """Linux: scan /proc for a member of ``pgid`` that is not a zombie (elsewhere: assume one)."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return True
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp ...; comm may contain spaces and parentheses.
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) >= 3 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            return True
+    return False
 
 
 def _wait(proc: subprocess.Popen[Any], timeout: float) -> bool:

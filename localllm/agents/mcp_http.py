@@ -236,24 +236,28 @@ class McpHttpAgent(Agent):
                 )
             return AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias}: {method}: {cause} talking to {self._url}")
 
-        with map_httpx_errors(failed), self._client.stream(
-            "POST", self.decl.endpoint, content=body, headers=self._headers(session),
-            timeout=self._timeout(deadline, call_id),
-        ) as response:
-            if response.status_code == 404 and session is not None and session.session_id is not None:
-                raise _SessionExpired
-            if response.status_code >= 300:
-                text = self._read_text(response, deadline, call_id)
-                raise AgentError(
-                    ErrorKind.TRANSPORT_ERROR,
-                    f"{self.alias}: {method}: HTTP {response.status_code} from {self._url}: "
-                    f"{truncate_detail(self._redact(text))}",
-                )
-            if session_header is not None:
-                session_header.append(response.headers.get("mcp-session-id"))
-            if "id" not in message:
-                return None  # a notification: 202 Accepted, no body to wait for
-            return self._read_response(response, message["id"], method, deadline, call_id)
+        try:
+            with self._client.stream(
+                "POST", self.decl.endpoint, content=body, headers=self._headers(session),
+                timeout=self._timeout(deadline, call_id),
+            ) as response:
+                if response.status_code == 404 and session is not None and session.session_id is not None:
+                    raise _SessionExpired
+                if response.status_code >= 300:
+                    text = self._read_text(response, deadline, call_id)
+                    raise AgentError(
+                        ErrorKind.TRANSPORT_ERROR,
+                        f"{self.alias}: {method}: HTTP {response.status_code} from {self._url}: "
+                        f"{truncate_detail(self._redact(text))}",
+                    )
+                if session_header is not None:
+                    session_header.append(response.headers.get("mcp-session-id"))
+                if "id" not in message:
+                    return None  # a notification: 202 Accepted, no body to wait for
+                return self._read_response(response, message["id"], method, deadline, call_id)
+        except Exception:
+            with map_httpx_errors(failed):  # httpx's exceptions become AgentErrors; others pass
+                raise
 
     def _check_time(self, deadline: float, call_id: str, method: str) -> None:
         if time.monotonic() >= deadline or call_id in self._cancelled:

@@ -87,7 +87,7 @@ def cache_layout(root: Path | None = None) -> CacheLayout:
         │       ├── llama_cpp_python-0.3.36/         the extracted sdist (vendor/llama.cpp)
         │       ├── cmake-build/                     incremental cmake tree (bin/llama-server)
         │       └── build.log                        every configure/build run, appended
-        └── locks/<artifact>.lock                    one cross-process lock per artifact
+        └── locks/<kind>-<name>.lock                 one cross-process lock per artifact (localllm._lock)
 
     Transient names, removed on failure and by ``localllm cache prune``:
     ``.<file>.<pid>.<rand>.part`` beside a download, ``.staging-<name>-<rand>/`` and

@@ -263,6 +263,6 @@ def install_dir(staging: Path, dest: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(staging, dest)
-    from localllm._fs import fsync_dir
+    from localllm.managed.verify import fsync_dir
 
     fsync_dir(dest.parent)

@@ -412,7 +412,8 @@ class _FileDownload:
         """Attempts until the body is complete; retries bounded by attempts without progress."""
         policy = self.policy
         failures = 0
-        for _attempt in range(MAX_ATTEMPTS):
+        attempts = 0
+        while attempts < MAX_ATTEMPTS:
             if policy.is_cancelled():
                 raise _cancelled(self.artifact)
             start = self.offset
@@ -424,7 +425,8 @@ class _FileDownload:
                 if exc.restart:
                     self.reset_file()
                 if not exc.counts:
-                    continue
+                    continue  # a quiet read: bounded by the stall rule, not by attempts
+                attempts += 1
                 failures = 0 if self.offset > start else failures + 1
                 if failures > policy.retries:
                     raise DownloadFailed(

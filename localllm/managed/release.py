@@ -11,7 +11,6 @@ the inventory, the doctor and the server can use it without reaching up.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import threading
 from collections.abc import Sequence
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Literal
 
 from localllm import settings
+from localllm._process import run_probe
 from localllm.errors import FetchError
 from localllm.managed import platforms
 from localllm.managed.cache import SERVER_BINARY, CacheLayout, installed, write_marker
@@ -60,13 +60,12 @@ def smoke_version(release_dir: Path, *, error: type[FetchError] = FetchError) ->
     """Run ``llama-server --version`` from ``release_dir``; its output, or ``error``."""
     argv = [str(release_dir / SERVER_BINARY), "--version"]
     try:
-        proc = subprocess.run(
-            argv, env=server_env(release_dir), capture_output=True, text=True,
-            timeout=60, check=False, stdin=subprocess.DEVNULL,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
+        proc = run_probe(argv, env=server_env(release_dir), timeout=60)
+    except OSError as exc:
         raise error(f"cannot run {argv[0]} --version: {exc}") from exc
-    output = (proc.stdout + proc.stderr).strip()
+    output = proc.output.strip()
+    if proc.timed_out:
+        raise error(f"{argv[0]} --version did not finish within 60 s")
     if proc.returncode != 0:
         tail = "\n".join(output.splitlines()[-15:])
         raise error(f"{argv[0]} --version exited with code {proc.returncode}:\n{tail}")

@@ -45,7 +45,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from localllm._process import StderrTail, run_probe, spawn, stop_group
-from localllm.errors import FetchError, SidecarError, SidecarExited, SidecarStartTimeout
+from localllm.errors import SidecarError, SidecarExited, SidecarStartTimeout
+from localllm.managed.release import server_env
 
 if TYPE_CHECKING:
     import httpx
@@ -60,7 +61,8 @@ MANAGED_FLAGS = frozenset(
     {"-m", "--model", "--host", "--port", "-np", "--parallel", "-c", "--ctx-size", "-t", "--threads"}
 )
 
-_TAIL_BYTES = 32 * 1024  # stderr kept per process, for errors
+_TAIL_BYTES = 64 * 1024  # stderr kept per process, for errors
+_PROBE_TIMEOUT = 30.0  # the most a `--help` probe may take, within the start's deadline
 _POLL = 0.1  # health poll interval, seconds
 _ABORT_GRACE = 0.5  # SIGTERM grace for a start that is abandoned (timeout or stop)
 _BIND_RETRIES = 3  # fresh ports tried when --port 0 is unsupported
@@ -92,6 +94,10 @@ class ServerState(str, enum.Enum):
     STOPPING = "stopping"
     STOPPED = "stopped"
     FAILED = "failed"
+
+
+class _Cancelled(Exception):
+    """stop() cancelled the start attempt (never leaves this module)."""
 
 
 class _PortNotReported(Exception):
@@ -152,8 +158,6 @@ def _child_env(binary: Path, overrides: Mapping[str, str] | None) -> dict[str, s
     gemma-3-270m decoding while a MiniLM sidecar embeds: a decide took 86 s with the
     default spin and 1.26 s with 100, while an uncontended decide stayed 0.89 s vs 0.90 s.
     """
-    from localllm.managed.release import server_env
-
     env = {k: v for k, v in server_env(binary.resolve().parent).items() if not k.startswith("LLAMA_")}
     if overrides:
         env.update(overrides)
@@ -585,15 +589,19 @@ class ManagedServer:
                 if not start.cancel.is_set():
                     self._state = ServerState.STARTING
             url = self._spawn_until_ready(start, time.monotonic() + self.health_timeout)
-        except BaseException as exc:
-            error: BaseException = exc
-            if start.cancel.is_set() and not isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                error = SidecarError(f"server {self.name!r} was stopped while starting")
-                error.__cause__ = exc
-            self._finish(start, error)
-            if error is exc:
+            if start.cancel.is_set():  # healthy just as stop() came: stop() takes it down
+                raise _Cancelled
+        except Exception as exc:
+            if not start.cancel.is_set():
+                self._finish(start, exc)
                 raise
-            raise error from exc
+            stopped = SidecarError(f"server {self.name!r} was stopped while starting")
+            stopped.__cause__ = None if isinstance(exc, _Cancelled) else exc  # e.g. DownloadCancelled
+            self._finish(start, stopped)
+            raise stopped from stopped.__cause__
+        except BaseException as exc:  # KeyboardInterrupt, SystemExit: waiters get a SidecarError
+            self._finish(start, exc)
+            raise
         self._finish(start, None)
         return url
 
@@ -614,7 +622,7 @@ class ManagedServer:
         binary = resolve_server_binary(self._binary_spec, cancel=cancel)
         model = resolve_model(self._model_spec, base_dir=self._base_dir, cancel=cancel)
         if cancel.is_set():
-            raise FetchError(f"server {self.name!r}: fetch cancelled")
+            raise _Cancelled
         self.binary, self.model = binary, model
 
     def _record_crash(self, proc: _Process) -> None:
@@ -638,38 +646,35 @@ class ManagedServer:
             finalizer.detach()
         self._returncode = proc.stop(grace)
 
-    def _build_argv(self, binary: Path, model: Path, port: int) -> list[str]:
-        argv = [
-            str(binary),
-            "-m",
-            str(model),
-            "--host",
-            HOST,
-            "--port",
-            str(port),
-            "--parallel",
-            str(self.parallel),
-        ]
+    def _build_argv(self, binary: Path, model: Path, port: int, deadline: float) -> list[str]:
+        argv = [str(binary), "-m", str(model), "--host", HOST, "--port", str(port), "--parallel", str(self.parallel)]
         if self.ctx_per_slot is not None:
             argv += ["-c", str(self.ctx_per_slot * self.parallel)]
         if self.threads is not None:
             argv += ["-t", str(self.threads)]
-        ui_flag = self._probe_ui_flag(binary)
+        ui_flag = self._probe_ui_flag(binary, deadline)
         if ui_flag:
             argv.append(ui_flag)
         return argv + self._args
 
-    def _probe_ui_flag(self, binary: Path) -> str:
-        """``--no-webui`` (or its newer name ``--no-ui``) if this binary knows it."""
+    def _probe_ui_flag(self, binary: Path, deadline: float) -> str:
+        """``--no-webui`` (or its newer name ``--no-ui``) if this binary knows it.
+
+        The probe is bounded by the start's deadline — it may use half of what is left, so
+        the server itself still gets a chance — and a binary that hangs on ``--help`` gets
+        no optional flags (not cached: the next start, with a fresh deadline, asks again).
+        """
         if self._ui_flag is None:
+            budget = min(_PROBE_TIMEOUT, max(deadline - time.monotonic(), 0.0) / 2)
             try:
-                probe = run_probe([str(binary), "--help"], timeout=30.0, env=_child_env(binary, self._env))
+                probe = run_probe([str(binary), "--help"], timeout=budget, env=_child_env(binary, self._env))
             except OSError as exc:
                 raise _launch_error(binary, exc) from exc
-            text = "" if probe.timed_out else probe.output  # a hung --help gets no optional flags
-            if re.search(r"(?<![\w-])--no-webui(?![\w-])", text):
+            if probe.timed_out:
+                return ""
+            if re.search(r"(?<![\w-])--no-webui(?![\w-])", probe.output):
                 self._ui_flag = "--no-webui"
-            elif re.search(r"(?<![\w-])--no-ui(?![\w-])", text):
+            elif re.search(r"(?<![\w-])--no-ui(?![\w-])", probe.output):
                 self._ui_flag = "--no-ui"
             else:
                 self._ui_flag = ""
@@ -679,14 +684,14 @@ class ManagedServer:
         bind_failures = 0
         while True:
             if start.cancel.is_set():
-                raise SidecarError(f"server {self.name!r} was stopped while starting")
+                raise _Cancelled
             if self._port is not None:
                 port = self._port
             elif self._port_zero:
                 port = 0
             else:
                 port = _free_port()
-            proc = self._spawn(port)
+            proc = self._spawn(port, deadline)
             try:
                 return self._await_ready(proc, start, deadline)
             except _PortNotReported:
@@ -700,9 +705,9 @@ class ManagedServer:
                         continue
                 raise
 
-    def _spawn(self, port: int) -> _Process:
+    def _spawn(self, port: int, deadline: float) -> _Process:
         assert self.binary is not None and self.model is not None
-        argv = self._build_argv(self.binary, self.model, port)
+        argv = self._build_argv(self.binary, self.model, port, deadline)
         env = _child_env(self.binary, self._env)
         try:
             proc = _Process(argv, env, port)
@@ -723,7 +728,7 @@ class ManagedServer:
             while True:
                 if start.cancel.is_set():
                     self._release(proc, grace=_ABORT_GRACE)
-                    raise SidecarError(f"server {self.name!r} was stopped while starting")
+                    raise _Cancelled
                 if not proc.alive():
                     self._release(proc, grace=0.0)
                     raise self._exited(proc)

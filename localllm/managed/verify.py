@@ -11,7 +11,10 @@ import hashlib
 import json
 from pathlib import Path
 
-from localllm._fs import atomic_write
+from localllm._fs import atomic_write, fsync_dir
+
+# fsync_dir is the durable-rename helper of localllm._fs, kept here for extract.py.
+__all__ = ["fsync_dir", "is_verified", "sha256_file", "stamp_matches", "stamp_path", "write_stamp"]
 
 CHUNK = 1 << 20
 STAMP_SUFFIX = ".verified"

@@ -343,3 +343,13 @@ def test_cache_dir_under_a_regular_file_is_a_clear_transport_error(
     assert isinstance(cause, FetchError) and isinstance(cause.__cause__, NotADirectoryError)
     assert f"{blocker} is a regular file" in info.value.detail and "LOCALLLM_CACHE_DIR" in cause.hint
     assert rows(logs["spawn"]) == []
+
+
+def test_extra_args_that_set_a_managed_flag_are_a_transport_error_not_a_value_error(
+    tmp_path: Path, server_bin: Path, logs: dict[str, Path]
+) -> None:
+    config = managed_config(tmp_path, server_bin, ", extra_args: ['--port', '8080']")
+    with Runtime(config) as rt, pytest.raises(AgentError) as info:
+        rt.call("ask", agent="agent.local", prompt="p")
+    assert info.value.kind is ErrorKind.TRANSPORT_ERROR and isinstance(info.value.__cause__, ValueError)
+    assert "--port" in info.value.detail and rows(logs["spawn"]) == []

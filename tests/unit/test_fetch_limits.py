@@ -200,3 +200,36 @@ def test_cancel_interrupts_the_wait_for_another_process_lock(cache: Path) -> Non
         assert any("waiting for lock" in line for line in log.lines)
     finally:
         lock.release()
+
+
+def test_cli_fetch_model_through_a_redirect_loop_is_a_one_line_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from localllm import cli
+
+    repo = Path(__file__).resolve().parents[2]
+    data = json.loads((repo / "pins" / "artifacts.json").read_text())
+    with ArchiveServer({NAME: DATA}, misbehave="redirect-loop") as loop:
+        data["models"]["entries"]["tiny"] = {
+            "role": "chat", "file": NAME, "url": None,
+            "sha256": hashlib.sha256(DATA).hexdigest(), "size": len(DATA),
+        }
+        custom = tmp_path / "pins.json"
+        custom.write_text(json.dumps(data))
+        monkeypatch.setattr("localllm.managed.pins.default_pins_path", lambda: custom)
+        code = cli.main(["fetch", "model", "tiny", "--mirror", loop.base_url])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "too many redirects" in err and "Traceback" not in err
+
+
+def test_with_a_cancel_hook_pauses_longer_than_a_tick_resume_and_finish(cache: Path) -> None:
+    # Pauses of 0.4 s exceed the 0.25 s read tick: each quiet read reconnects with Range,
+    # none counts as a failure, and the file completes.
+    with ArchiveServer({NAME: DATA}, delay=0.4) as paused:
+        dest = _fetch(_art(paused.url(NAME)), cache / NAME, cancel=threading.Event(), retries=0)
+        ranges = [r.range for r in paused.gets(NAME)]
+    assert dest.read_bytes() == DATA
+    assert len(ranges) > 1 and ranges[0] is None and all(r and r.startswith("bytes=") for r in ranges[1:])

@@ -45,8 +45,8 @@ def test_fsyncs_the_file_before_the_rename_and_the_directory_after(
         order.append("replace")
         real_replace(src, dst)
 
-    monkeypatch.setattr(_fs.os, "fsync", fsync)
-    monkeypatch.setattr(_fs.os, "replace", replace)
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
     _fs.atomic_write(dest, b"x")
     assert order == ["fsync-file", "replace", "fsync-dir"]
 
@@ -54,7 +54,12 @@ def test_fsyncs_the_file_before_the_rename_and_the_directory_after(
 def test_sync_dir_false_skips_only_the_directory_fsync(d: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
     real = os.fsync
-    monkeypatch.setattr(_fs.os, "fsync", lambda fd: (calls.append(fd), real(fd))[1])
+
+    def fsync(fd: int) -> None:
+        calls.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
     _fs.atomic_write(d / "f", b"x", sync_dir=False)
     assert len(calls) == 1
 
