@@ -549,3 +549,21 @@ def test_durations_and_sizes() -> None:
         with pytest.raises(ValueError):
             parse_duration(bad)
     assert main(["serve", "--keep-alive", "soon"]) == 2
+
+
+def test_a_busy_port_is_a_clear_error_foreground_and_detached(
+    env: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        assert main(["serve", "--port", port]) == 1
+        assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+        assert not (env["cache"] / "run" / "service.json").exists()
+        assert main(["serve", "--detach", "--port", port]) == 1
+        message = capsys.readouterr().err
+        assert "localllm serve exited with code 1" in message and "cannot listen" in message
+    assert main(["serve", "--no-auth", "--host", "0.0.0.0", "--port", "0"]) == 2
