@@ -116,9 +116,11 @@ def test_openai_client_chat_stream_json_schema_embeddings_models(serve: Callable
 
     import jsonschema
 
-    structured = client.chat.completions.create(
-        model=CHAT, temperature=0, max_tokens=64,
-        messages=[{"role": "user", "content": "My invoice is wrong. Route this ticket."}],
+    from localllm.agents.local_llm import shape_statement
+
+    structured = client.chat.completions.create(  # the prompt the builtin agent would send
+        model=CHAT, temperature=0, max_tokens=128,
+        messages=[{"role": "user", "content": "My invoice is wrong. Route this ticket." + shape_statement(DECIDE)}],
         response_format={"type": "json_schema", "json_schema": {"name": "decide", "strict": True, "schema": DECIDE}},
     )
     jsonschema.validate(json.loads(structured.choices[0].message.content or ""), DECIDE)
