@@ -162,6 +162,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
+        # headers and body go out in separate writes: without this, Nagle holds the body
+        # back until the client's delayed ACK, adding ~40 ms to every answer
+        with contextlib.suppress(OSError):
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.app.track(self.connection, open_=True)
 
     def finish(self) -> None:
