@@ -567,3 +567,17 @@ def test_a_busy_port_is_a_clear_error_foreground_and_detached(
         message = capsys.readouterr().err
         assert "localllm serve exited with code 1" in message and "cannot listen" in message
     assert main(["serve", "--no-auth", "--host", "0.0.0.0", "--port", "0"]) == 2
+
+
+def test_answers_are_not_held_back_by_nagle(make_service: Factory) -> None:
+    # headers and body leave in two writes; without TCP_NODELAY the body waits ~40 ms for
+    # the client's delayed ACK on every keep-alive request
+    service = make_service()
+    with client(service) as http:
+        http.get("/v1/models")
+        times = []
+        for _ in range(10):
+            started = time.perf_counter()
+            assert http.get("/v1/models").status_code == 200
+            times.append(time.perf_counter() - started)
+    assert sorted(times)[5] < 0.02
