@@ -10,14 +10,18 @@ from typing import Any
 
 from localllm.cli import EXIT_OK, UsageError, emit_json, err
 
-__all__ = ["add_commands"]
+__all__ = ["SETUP", "add_commands"]
+
+_HELP = {
+    "serve": "run the OpenAI-compatible service that owns this cache's models",
+    "ps": "list the models the running service has loaded",
+    "stop": "unload a model from the running service, or stop the service",
+}
 
 
-def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``serve``, ``ps`` and ``stop``."""
+def _setup_serve(serve: argparse.ArgumentParser) -> None:
     from localllm.service.daemon import DEFAULT_PORT
 
-    serve = sub.add_parser("serve", help="run the OpenAI-compatible service that owns this cache's models")
     serve.add_argument("--config", "-c", type=Path, help="also serve this config's managed models, with its settings")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = any free)")
@@ -33,14 +37,26 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     serve.add_argument("--detach", action="store_true", help="run in the background (log: <cache>/run/service.log)")
     serve.set_defaults(handler=_serve)
 
-    ps = sub.add_parser("ps", help="list the models the running service has loaded")
+
+def _setup_ps(ps: argparse.ArgumentParser) -> None:
     ps.add_argument("--json", action="store_true", help="print the service and its models as JSON")
     ps.set_defaults(handler=_ps)
 
-    stop = sub.add_parser("stop", help="unload a model from the running service, or stop the service")
+
+def _setup_stop(stop: argparse.ArgumentParser) -> None:
     stop.add_argument("model", nargs="?", help="the model id to unload")
     stop.add_argument("--all", action="store_true", help="stop the service and every model it runs")
     stop.set_defaults(handler=_stop)
+
+
+#: command name → adds its arguments and handler (the lazy command table's convention)
+SETUP = {"serve": _setup_serve, "ps": _setup_ps, "stop": _setup_stop}
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``serve``, ``ps`` and ``stop`` on a subparsers object."""
+    for name, setup in SETUP.items():
+        setup(sub.add_parser(name, help=_HELP[name]))
 
 
 def _options(args: argparse.Namespace) -> Any:
