@@ -68,7 +68,7 @@ class Metrics:
         with self._lock:
             return self._counters.get((name, tuple(sorted(labels.items()))), 0)
 
-    def render(self, gauges: Mapping[str, float] = {}) -> str:
+    def render(self, gauges: Mapping[str, float] | None = None) -> str:
         with self._lock:
             items = sorted(self._counters.items())
         lines: list[str] = []
@@ -79,7 +79,7 @@ class Metrics:
                 seen.add(name)
             text = ",".join(f'{k}="{v}"' for k, v in labels)
             lines.append(f"{name}{{{text}}} {value:g}" if text else f"{name} {value:g}")
-        for name, value in sorted(gauges.items()):
+        for name, value in sorted((gauges or {}).items()):
             lines += [f"# TYPE {name} gauge", f"{name} {value:g}"]
         return "\n".join(lines) + "\n"
 

@@ -188,11 +188,15 @@ class Service:
         self.build_path = os.path.realpath(binary)
         self.build_sha256 = discovery.file_sha256(binary)
         for model_id, spec in self.catalog.items():
-            build = self.build_sha256 if not spec.server_bin else discovery.file_sha256(Path(spec.server_bin))
-            sha = spec.sha256
-            path = spec.gguf_path()
-            if sha is None and path is not None and path.is_file():
-                sha = discovery.file_sha256(path)
+            # what attachers compare: a model whose files cannot be read now is still served
+            # (its load reports why) but is not offered for attach
+            try:
+                build = self.build_sha256 if not spec.server_bin else discovery.file_sha256(
+                    Path(spec.server_bin).expanduser())
+                path = spec.gguf_path()
+                sha = spec.sha256 or (discovery.file_sha256(path) if path is not None else None)
+            except OSError:
+                continue
             if sha is not None:
                 self._model_shas[model_id] = {"sha256": sha, "role": spec.role, "build_sha256": build}
 

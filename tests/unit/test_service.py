@@ -581,3 +581,19 @@ def test_answers_are_not_held_back_by_nagle(make_service: Factory) -> None:
             assert http.get("/v1/models").status_code == 200
             times.append(time.perf_counter() - started)
     assert sorted(times)[5] < 0.02
+
+
+def test_missing_files_do_not_stop_the_service_starting(make_service: Factory, env: dict[str, Path]) -> None:
+    env["third"].unlink()
+    (env["chat"].parent / "own.gguf").write_bytes(b"GGUF own")
+    text = env["config"].read_text()  # an agent with a server_bin that is not there (yet)
+    env["config"].write_text(text.replace("embedders:", "  agent.own: {plugin: builtin.local_llm, model: own.gguf, "
+                                                        "server_bin: /nonexistent/llama-server}\nembedders:"))
+    service = make_service()
+    found = discovery.read_discovery(env["cache"])
+    assert found is not None and "chat" in found.models
+    assert "third" not in found.models and "own" not in found.models  # not offered for attach
+    with client(service) as http:
+        listed = {m["id"]: m for m in http.get("/v1/models").json()["data"]}
+        assert listed["third"]["cached"] is False
+        assert chat(http, "third").json()["error"]["code"] == "model_load_failed"
