@@ -63,11 +63,6 @@ class DeadlineReached(Exception):
     """Internal: a wait on the child ran out of time (the owner decides what to do)."""
 
 
-def tail_text(text: str, limit: int = _TAIL_LIMIT) -> str:
-    """The last ``limit`` UTF-8 bytes of ``text``, prefixed with ``...`` when cut."""
-    return _process.tail(text, limit=limit)
-
-
 def _ready(fd: int, events: int, timeout: float) -> bool:
     """Wait until ``fd`` is ready (or hung up) for ``events``; ``poll``, not ``select``,
     so descriptors above FD_SETSIZE work in a busy runtime."""
@@ -232,9 +227,9 @@ class LineChild:
             parts.append(f"exit code {code}" if code >= 0 else f"killed by signal {-code}")
         tail = self.stderr_tail()
         if tail:
-            parts.append(f"stderr: {tail_text(tail)}")
+            parts.append(f"stderr: {_process.tail(tail, limit=_TAIL_LIMIT)}")
         if self.noise:
-            parts.append(f"stdout noise: {tail_text(' | '.join(self.noise))}")
+            parts.append(f"stdout noise: {_process.tail(' | '.join(self.noise), limit=_TAIL_LIMIT)}")
         return "; ".join(parts)
 
     def crash(self, what: str) -> AgentError:
@@ -304,21 +299,21 @@ class LineChild:
                 self._wait(proc, 1.0)
                 if self._buf.strip():
                     partial = self._redact(bytes(self._buf).decode("utf-8", "replace"))
-                    raise self.crash(f"partial frame at end of output: {tail_text(partial)!r}")
+                    raise self.crash(f"partial frame at end of output: {_process.tail(partial, limit=_TAIL_LIMIT)!r}")
                 raise self.crash("process exited before answering")
             self._buf.extend(chunk)
 
     def _note_noise(self, line: bytes) -> None:
         text = self._redact(line.decode("utf-8", errors="replace"))
-        self.noise.append(tail_text(text, 120))
-        logger.warning("%s: ignoring non-frame stdout line: %s", self.label, tail_text(text, 200))
+        self.noise.append(_process.tail(text, limit=120))
+        logger.warning("%s: ignoring non-frame stdout line: %s", self.label, _process.tail(text, limit=200))
 
     def _parse(self, line: bytes) -> dict[str, Any]:
         try:
             value = json.loads(line)
         except ValueError as exc:
             text = self._redact(line.decode("utf-8", errors="replace"))
-            raise self.crash(f"malformed frame {tail_text(text)!r}: {exc}") from exc
+            raise self.crash(f"malformed frame {_process.tail(text, limit=_TAIL_LIMIT)!r}: {exc}") from exc
         if not isinstance(value, dict):
             raise self.crash("frame is not a JSON object")
         return value

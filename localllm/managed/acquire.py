@@ -111,19 +111,19 @@ def ensure_server(
     if found is not None:
         return found
     plat = platforms.current()
-    try:
-        artifact = pins.server_for(plat.key)
-        with _cache_usable(layout):
+    with _cache_usable(layout):  # outside: a broken cache dir is not fixed by a source build
+        try:
+            artifact = pins.server_for(plat.key)
             release_dir = install_prebuilt(
                 artifact, pins=pins, layout=layout, mirrors=mirrors, offline=settings.offline(),
                 cancel=cancel,
             )
-    except UnsupportedPlatform:
-        raise
-    except FetchError as exc:
-        if cancel is None or not cancel.is_set():  # a cancelled fetch needs no advice
-            exc.hint = f"{exc.hint}; or {FROM_SOURCE_HINT}" if exc.hint else FROM_SOURCE_HINT
-        raise
+        except UnsupportedPlatform:
+            raise
+        except FetchError as exc:
+            if cancel is None or not cancel.is_set():  # a cancelled fetch needs no advice
+                exc.hint = f"{exc.hint}; or {FROM_SOURCE_HINT}" if exc.hint else FROM_SOURCE_HINT
+            raise
     return install_for(release_dir, pins.release, "prebuilt")
 
 

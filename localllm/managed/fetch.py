@@ -326,6 +326,8 @@ def _bar(total: int | None, name: str, progress: bool | None, initial: int = 0) 
 
 def _copy_verified(src: Path, dest: Path, *, sha: str, artifact: Artifact, policy: _Policy) -> None:
     size = src.stat().st_size
+    if artifact.size is not None and size != artifact.size:
+        raise DownloadFailed(f"{src} has {size} bytes but {artifact.file} is pinned at {artifact.size}; skipping it")
     _check_space(dest.parent, size, artifact.name)
     policy.log(f"downloading {artifact.name} ({human_size(size)}) from {src}")
     bar = _bar(size, artifact.file, policy.progress)

@@ -233,3 +233,15 @@ def test_with_a_cancel_hook_pauses_longer_than_a_tick_resume_and_finish(cache: P
         ranges = [r.range for r in paused.gets(NAME)]
     assert dest.read_bytes() == DATA
     assert len(ranges) > 1 and ranges[0] is None and all(r and r.startswith("bytes=") for r in ranges[1:])
+
+
+def test_a_directory_mirror_with_the_wrong_size_is_skipped_without_copying(cache: Path, tmp_path: Path) -> None:
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    (mirror / NAME).write_bytes(DATA * 3)
+    with ArchiveServer({NAME: DATA}) as good:
+        log = Log()
+        dest = _fetch(_art(good.url(NAME)), cache / NAME, log, mirrors=[str(mirror)])
+        assert dest.read_bytes() == DATA
+    assert any("pinned at 200000" in line for line in log.lines)
+    assert not any(f"from {mirror}" in line for line in log.lines if line.startswith("downloading"))

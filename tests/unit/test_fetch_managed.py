@@ -244,7 +244,7 @@ def test_cache_dir_under_a_regular_file_names_it_and_the_fix(
             fetch()
         assert isinstance(info.value.__cause__, NotADirectoryError)
         assert f"{blocker} is a regular file" in str(info.value)
-        assert "LOCALLLM_CACHE_DIR" in info.value.hint
+        assert "LOCALLLM_CACHE_DIR" in info.value.hint and "--from-source" not in info.value.hint
 
 
 def test_cancelled_model_fetch_stops_promptly_and_leaves_no_partial_file(monkeypatch: pytest.MonkeyPatch) -> None:
