@@ -348,6 +348,8 @@ class _Handler(BaseHTTPRequestHandler):
         return reply.status_code, tokens
 
     def _relay_stream(self, url: str, body: bytes) -> tuple[int, tuple[Any, Any]]:
+        import httpx
+
         tail = b""
         with self.app.client.stream("POST", url, content=body, headers=self._upstream_headers()) as reply:
             self.send_response(reply.status_code)
@@ -355,12 +357,18 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Cache-Control", "no-cache")
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
-            for chunk in reply.iter_raw():
-                if not chunk:
-                    continue
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-                self.wfile.flush()
-                tail = (tail + chunk)[-_TAIL:]
+            try:
+                for chunk in reply.iter_raw():
+                    if not chunk:
+                        continue
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                    self.wfile.flush()
+                    tail = (tail + chunk)[-_TAIL:]
+            except httpx.HTTPError:
+                # the server died mid-answer and the status line is already out: end the
+                # connection without the last chunk, so the client sees a broken stream
+                self.close_connection = True
+                return 502, _stream_usage(tail)
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
             return reply.status_code, _stream_usage(tail)

@@ -597,3 +597,22 @@ def test_missing_files_do_not_stop_the_service_starting(make_service: Factory, e
         listed = {m["id"]: m for m in http.get("/v1/models").json()["data"]}
         assert listed["third"]["cached"] is False
         assert chat(http, "third").json()["error"]["code"] == "model_load_failed"
+
+
+def test_a_server_dying_mid_stream_breaks_the_stream_then_respawns(
+    make_service: Factory, env: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_LLAMA_MODE", "crash_after_ready")
+    monkeypatch.setenv("FAKE_LLAMA_CRASH_AFTER", "1.0")
+    monkeypatch.setenv("FAKE_LLAMA_STREAM_DELAY", "0.4")
+    service = make_service()
+    received: list[str] = []
+    with client(service) as http:
+        with pytest.raises(httpx.RemoteProtocolError), http.stream("POST", "/v1/chat/completions", json={
+                "model": "chat", "stream": True, "messages": [{"role": "user", "content": "hi"}]}) as reply:
+            assert reply.status_code == 200
+            received.extend(line for line in reply.iter_lines() if line.startswith("data: "))
+        assert 0 < len(received) < 7 and "data: [DONE]" not in received  # cut off, not a tidy end
+        again = chat(http, "chat")
+    assert again.status_code == 200
+    assert len(rows(env["spawn"], "start")) == 2  # respawned for the next request

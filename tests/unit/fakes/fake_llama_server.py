@@ -47,6 +47,7 @@ FAKE_LLAMA_EXIT_CODE    exit code for exit_during_start (1) and crash_after_read
 FAKE_LLAMA_CRASH_AFTER  seconds after ready before crash_after_ready exits (default 0.3)
 FAKE_LLAMA_DELAY        seconds each chat/embedding request waits before answering
 FAKE_LLAMA_CONTENT      fixed chat ``content`` string
+FAKE_LLAMA_STREAM_DELAY seconds between the events of a streamed answer (default 0)
 FAKE_LLAMA_BEHAVIOUR    JSON file ``{"responses": [{"content": str} | {"status": int,
                         "message": str}, optional "delay": s], ...}`` served in order, the
                         last one repeating
@@ -490,8 +491,10 @@ class Handler(BaseHTTPRequestHandler):
         pieces = re.findall(r"\s*\S+", content) or [content]
         send(json.dumps({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": None},
                                                "finish_reason": None}]}))
+        pause = env_float("FAKE_LLAMA_STREAM_DELAY", 0.0)
         for piece in pieces:
             send(json.dumps({**base, "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}))
+            time.sleep(pause)
         final = {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
                  "timings": {"prompt_n": n_prompt, "predicted_n": n_out}}
         if (body.get("stream_options") or {}).get("include_usage"):
