@@ -30,10 +30,19 @@ from localllm import settings
 from localllm._http import map_httpx_errors
 from localllm.agents.base import Agent
 from localllm.config import LocalLLMDecl
-from localllm.errors import AgentError, ErrorKind, FetchError, LocalLLMError, SidecarError, truncate_detail
+from localllm.errors import (
+    AgentError,
+    ErrorKind,
+    FetchError,
+    LocalLLMError,
+    ServiceError,
+    SidecarError,
+    truncate_detail,
+)
 from localllm.wire import AskRequest, AskResponse, Transcript
 
 if TYPE_CHECKING:
+    from localllm.managed.discovery import Attachment
     from localllm.managed.server import ManagedServer
 
 _FENCE = re.compile(r"^\s*```(?:json)?\s*\n?(.*?)\n?\s*```\s*$", re.DOTALL)
@@ -73,6 +82,7 @@ class LocalLLMAgent(Agent):
         self.base_dir = base_dir
         self._lock = threading.Lock()
         self._server: ManagedServer | None = None
+        self._attached: Attachment | None = None  # a running `localllm serve` used instead
         self._client: Any = None
         self._subset_cache: dict[str, bool] = {}
         self._pinned_meta: dict[str, Any] | None = None
@@ -122,8 +132,15 @@ class LocalLLMAgent(Agent):
             assert self.decl.endpoint is not None
             return normalize_endpoint(self.decl.endpoint)
         try:
+            if self._server is None and self._attached is None:
+                from localllm.managed.attach import attach
+
+                self._attached = attach(self.decl.model or "", policy=self.decl.service,
+                                        server_bin=self.decl.server_bin, base_dir=self.base_dir)
+            if self._attached is not None:
+                return self._attached.base_url
             return normalize_endpoint(self._managed_server().ensure_ready())
-        except (FetchError, SidecarError, ValueError) as exc:
+        except (FetchError, SidecarError, ServiceError, ValueError) as exc:
             if self._closed:
                 raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias} was closed while starting") from exc
             hint = f" ({exc.hint})" if isinstance(exc, LocalLLMError) and exc.hint else ""
@@ -184,6 +201,9 @@ class LocalLLMAgent(Agent):
         headers = self._headers()
         body, grammar, native = self.build_body(request)
         base = self.base_url()
+        attached = self._attached
+        if attached is not None:
+            headers, body["model"] = {**headers, **attached.headers()}, attached.model
         server = self._server
         pid = server.pid if server is not None else None  # to explain this request's failure later
         remaining = self.remaining(deadline)
@@ -196,6 +216,10 @@ class LocalLLMAgent(Agent):
             if isinstance(exc, httpx.TimeoutException):
                 detail = f"{self.alias}: no answer from {base} in time ({reason})"
                 return AgentError(ErrorKind.DEADLINE_EXCEEDED, detail)
+            if attached is not None:  # the service went away: the next call looks again, then spawns
+                self._attached = None
+                return AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias}: the localllm service (pid "
+                                  f"{attached.pid}) failed mid-call: {reason} ({type(exc).__name__}: {exc})")
             return AgentError(ErrorKind.TRANSPORT_ERROR, self._connection_detail(base, reason, exc, pid))
 
         with map_httpx_errors(failed):
@@ -225,6 +249,8 @@ class LocalLLMAgent(Agent):
             "grammar": grammar,
             "json_schema": native,
         }
+        if self.managed:
+            meta["served_by"] = "service" if attached is not None else "sidecar"
         if isinstance(data.get("timings"), dict):
             meta["timings"] = data["timings"]
         transcript = self._transcript(body, content, usage, elapsed_ms)

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
     from localllm.config import EmbedderDecl
+    from localllm.managed.discovery import Attachment
     from localllm.managed.server import ManagedServer
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,9 @@ class LocalEmbedder:
         self._specials: tuple[list[int], list[int]] | None = None
         self._native_dims: int | None = self.info.dims
         self._cut: list[int] = []
+        #: the ``model`` sent in request bodies; ``served_by``: "service" or "sidecar" once managed
+        self.request_model = model
+        self.served_by: str | None = None
 
     def __repr__(self) -> str:  # no api key here, ever
         return f"LocalEmbedder(model={self.model!r}, dims={self.out_dims!r}, url={self._resolved!r})"
@@ -226,7 +230,7 @@ class LocalEmbedder:
     def _post(self, batch: Sequence[str | list[int]]) -> NDArray[np.float32]:
         import numpy as np
 
-        body = {"input": list(batch), "model": self.model, "encoding_format": "base64"}
+        body: dict[str, Any] = {"input": list(batch), "encoding_format": "base64"}
         self.requests += 1
         data = self._request("/v1/embeddings", body)
         items = data.get("data") if isinstance(data, dict) else None
@@ -291,6 +295,13 @@ class LocalEmbedder:
             )
         return matrix
 
+    def use_service(self, attachment: Attachment) -> None:
+        """Send every request through a running ``localllm serve`` (its token, its model id)."""
+        self._api_key, self.request_model, self.served_by = attachment.token, attachment.model, "service"
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
     def _url(self, *, refresh: bool = False) -> str:
         if callable(self._base_url) and (refresh or self._resolved is None):
             self._resolved = self._base_url()
@@ -309,6 +320,7 @@ class LocalEmbedder:
         retried = False
         while True:
             url = self._url(refresh=retried) + path
+            body["model"] = self.request_model  # settled with the URL: a service names it its way
 
             def failed(reason: str, exc: BaseException, url: str = url) -> EmbedServerError:
                 return EmbedServerError(f"cannot reach the embedding server at {url}: {reason} ({exc})")
@@ -412,7 +424,22 @@ def embedder_from_decl(decl: EmbedderDecl, *, base_dir: Path | None = None, **op
         return LocalEmbedder(decl.endpoint, model, api_key=api_key, dims=decl.dims, **options)
     server = embedding_server(decl, base_dir=base_dir)
     model = decl.model or ""
-    return LocalEmbedder(server, model, model_info=_model_info(model), dims=decl.dims, **options)
+
+    def url() -> str:
+        if server.pid is None:  # until it has a server of its own, a running service is used
+            from localllm.managed.attach import attach
+
+            found = attach(model, policy=decl.service, role="embedding", server_bin=decl.server_bin,
+                           base_dir=base_dir)
+            if found is not None:
+                embedder.use_service(found)
+                return found.url
+        embedder.served_by = "sidecar"
+        return server.ensure_ready()
+
+    embedder = LocalEmbedder(url, model, model_info=_model_info(model), dims=decl.dims, **options)
+    embedder.server = server
+    return embedder
 
 
 def _model_info(model: str) -> ModelInfo:
