@@ -377,8 +377,8 @@ class McpHttpAgent(Agent):
             if isinstance(exc, httpx.ConnectError):
                 return AgentError(
                     ErrorKind.TRANSPORT_ERROR,
-                    f"cannot connect to {self._url}: {cause} "
-                    f"(is the MCP server running? check agent_plugins.{self.alias}.endpoint)",
+                    f"cannot connect to {self._url}: {cause}",
+                    hint=f"is the MCP server running? check agent_plugins.{self.alias}.endpoint",
                     alias=self.alias,
                 )
             return AgentError(ErrorKind.TRANSPORT_ERROR, f"{method}: {cause} talking to {self._url}", alias=self.alias)
@@ -599,8 +599,8 @@ class McpHttpAgent(Agent):
         return None
 
     def _too_large(self, what: str) -> AgentError:
-        return AgentError(ErrorKind.TRANSPORT_ERROR,
-                          f"{what} from {self._url} is larger than {_MAX_BODY} bytes", alias=self.alias)
+        return AgentError(ErrorKind.TRANSPORT_ERROR, f"{what} from {self._url} is larger than {_MAX_BODY} bytes",
+                          alias=self.alias)
 
     def _sse_lines(self, response: httpx.Response, deadline: float, call_id: str, method: str) -> Iterator[str]:
         """The stream's lines (ended by CRLF, LF or CR), checked against the deadline and

@@ -51,6 +51,9 @@ COMMANDS: dict[str, CommandInfo] = {
     "route": CommandInfo("localllm.cli.embed", "route TEXT to one of the config's intents (embeddings, then decide)"),
     "plugins": CommandInfo("localllm.cli.plugins", "Agent Plugins directories: load one and show what survived"),
     "trace": CommandInfo("localllm.cli.trace", "verify, show or summarise a JSONL trace"),
+    "serve": CommandInfo("localllm.cli.service", "run the machine-wide OpenAI-compatible service"),
+    "ps": CommandInfo("localllm.cli.service", "the service's loaded models"),
+    "stop": CommandInfo("localllm.cli.service", "unload a model from the service, or stop it"),
 }
 
 

@@ -18,6 +18,7 @@ for offline CI. Every step is idempotent so a re-run is an incremental no-op:
 from __future__ import annotations
 
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -43,6 +44,12 @@ CMAKE_FLAGS: tuple[str, ...] = (
     "-DCMAKE_INSTALL_RPATH=$ORIGIN",
     "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
 )
+#: x86-64 builds are -march=native but never AMX: a CPU may report AMX while the VM it runs
+#: in does not enable the tile state, and the server then dies of SIGILL on its first matmul.
+#: GCC and Clang give explicit -mno-* flags precedence over -march, whatever their order.
+_NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+if platform.machine().lower() in ("x86_64", "amd64"):
+    CMAKE_FLAGS += (f"-DCMAKE_C_FLAGS={_NO_AMX}", f"-DCMAKE_CXX_FLAGS={_NO_AMX}")
 BUILD_TIMEOUT = 4 * 3600.0
 PIP_TIMEOUT = 1800.0
 INSTALL_HINT = (
@@ -260,8 +267,8 @@ def _run_logged(argv: list[str], log_path: Path, *, cwd: Path, timeout: float = 
 def _install(bin_dir: Path, dest: Path, *, source: SourcePin, plat: platforms.Platform,
              layout: CacheLayout) -> None:
     """Copy the binary and its shared libraries into a staging dir, smoke-test, rename."""
-    from localllm.managed.acquire import smoke_version
     from localllm.managed.extract import install_dir, staging_dir
+    from localllm.managed.release import smoke_version
 
     binary = bin_dir / SERVER_BINARY
     if not binary.is_file():

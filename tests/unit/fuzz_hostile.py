@@ -221,15 +221,8 @@ def run_traces(trials: int, seed: int, work: Path) -> dict[str, Any]:
     from localllm.errors import TraceError
     from localllm.trace import read_trace
     from localllm.trace.reader import load_object
-
-    try:  # the CLI split moves the verifier's library half here
-        from localllm.trace.verify import sidecar_problems  # type: ignore[import-not-found]
-    except ImportError:
-        from localllm.trace.commands import sidecar_problems
-    try:
-        from localllm.trace.stats import trace_stats  # type: ignore[import-not-found]
-    except ImportError:
-        from localllm.trace.commands import trace_stats
+    from localllm.trace.stats import trace_stats
+    from localllm.trace.verify import sidecar_problems
 
     _trace_dir(work)
     path = work / "t.jsonl"
