@@ -196,17 +196,24 @@ def build_report(config: Config, gate: Gate, cases: Sequence[Case], runs: Sequen
     calls = recorded_calls(trace_path)
     enums = enum_fields(gate.schema_path)
     agents, rows = agent_rows(runs, calls, cases, enums, repeat)
+
+    def shown(path: Path) -> str:
+        """Paths under the config's directory relative to it (a report can be committed)."""
+        full = path.resolve()
+        return str(full.relative_to(config.base_dir.resolve())) if full.is_relative_to(config.base_dir.resolve()) \
+            else str(full)
+
     return {
         "kind": REPORT_KIND,
         "version": REPORT_VERSION,
         "gate": gate.name,
         "created": created,
-        "config": str(config.path),
-        "cases_file": str(cases_path),
+        "config": shown(config.path),
+        "cases_file": shown(cases_path),
         "cases": len(cases),
         "unlabelled_cases": sum(1 for c in cases if not c.labelled),
         "repeat": repeat,
-        "trace": str(trace_path),
+        "trace": shown(trace_path),
         "fingerprint": fingerprint(config, gate, [run.alias for run in runs]),
         "machine": machine(),
         "agents": agents,

@@ -80,8 +80,13 @@ def app(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def ticket_of(request: AskRequest) -> str:
+    assert request.with_ is not None
+    return str(request.with_["args"]["ticket"])
+
+
 def truth(request: AskRequest) -> dict[str, Any]:
-    ticket = request.with_["args"]["ticket"]
+    ticket = ticket_of(request)
     for text, queue, priority in TICKETS.values():
         if text == ticket:
             return {"queue": queue, "priority": priority, "summary": text[:20]}
@@ -91,9 +96,9 @@ def truth(request: AskRequest) -> dict[str, Any]:
 def small(request: AskRequest) -> Any:
     """Right on most; calls every crash a feature; answers refunds outside the schema."""
     answer = truth(request)
-    if "crash" in answer["summary"].lower() or "crash" in request.with_["args"]["ticket"]:
+    if "crash" in answer["summary"].lower() or "crash" in ticket_of(request):
         answer["queue"] = "feature"
-    if "refund" in request.with_["args"]["ticket"]:
+    if "refund" in ticket_of(request):
         return {"queue": "money", "priority": 9, "summary": "x"}
     return answer
 
@@ -195,7 +200,7 @@ def recount(trace_path: Path, case_of_call: dict[str, str]) -> dict[str, dict[st
             continue
         row["valid_first"] += not fell_back
         row["cost"] += ev.payload.get("meta", {}).get("cost_usd", 0.0)
-        _, queue, priority = TICKETS[case_of_call[ev.call_id]]
+        _, queue, priority = TICKETS[case_of_call[str(ev.call_id)]]
         got = ev.payload["response"]
         row["queue_ok"] += got["queue"] == queue
         row["correct"] += got["queue"] == queue and abs(got["priority"] - priority) <= 1
@@ -277,7 +282,7 @@ def test_reproducibility_counts_cases_whose_repeats_differ(app: Path) -> None:
         with lock:
             seen[answer["summary"]] += 1
             second = seen[answer["summary"]] == 2
-        if second and "dark mode" in request.with_["args"]["ticket"]:
+        if second and "dark mode" in ticket_of(request):
             answer["priority"] = 5
         return answer
 
@@ -424,3 +429,20 @@ def test_cli_eval_prints_the_table_and_fails_under_the_bar(app: Path, capsys: py
     doc = json.loads(capsys.readouterr().out)
     assert doc["agents"]["agent.small"]["errors"] == {"schema_invalid": 1}
     assert main(["eval", "triage", "-c", str(app / "app.yaml"), "--repeat", "0"]) == 2
+
+
+def test_a_failed_call_names_its_call_id_and_an_explicit_agent_bypasses_selection(app: Path) -> None:
+    evaluate(load_config(app / "app.yaml"), "triage", agents=["agent.local"], prepare=prepare)
+    config = with_selection(app)
+    trace = app / "run.jsonl"
+    with Runtime(config, trace=trace) as runtime:
+        runtime.register_inprocess("agent.small", small)  # no fallback: the refund answer fails
+        with pytest.raises(AgentError) as caught:
+            runtime.run_gate("triage", {"ticket": TICKETS["t1"][0]}, agent="agent.small")
+        runtime.register_inprocess("agent.local", truth)
+        chosen = runtime.run_gate("triage", {"ticket": TICKETS["t3"][0]})
+    errors = [ev for ev in read_trace(trace).events if ev.kind == "agent.call.error"]
+    assert [ev.call_id for ev in errors] == [caught.value.call_id] and caught.value.call_id is not None
+    assert chosen.agent == "agent.local" and chosen.meta["selected_by"]["passed"] is True
+    complete = [ev for ev in read_trace(trace).events if ev.kind == "agent.call.complete"]
+    assert "selected_by" in complete[0].payload["meta"]
