@@ -95,13 +95,13 @@ def _ms(value: Any) -> str:
 def table_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
     """The printed table (also what EVAL-README shows): one row per agent."""
     rows: list[tuple[str, ...]] = [("AGENT", "CALLS", "ACCURACY", "VALID_1ST", "FALLBACK", "ERRORS", "P50_MS",
-                                    "P95_MS", "TOKENS", "COST_USD", "REPRO")]
+                                    "P95_MS", "TOKENS", "COST_USD", "REPRO", "REPRO_LABELS")]
     for alias, r in report["agents"].items():
         errors = ",".join(f"{k}:{v}" for k, v in r["errors"].items()) or "0"
         rows.append((alias, str(r["calls"]), _pct(r["accuracy"]), _pct(r["schema_valid_first_try"]),
                      _pct(r["fallback_rate"]), errors, _ms(r["latency_ms"]["p50"]), _ms(r["latency_ms"]["p95"]),
                      f"{r['tokens']['prompt']}/{r['tokens']['completion']}", f"{r['cost_usd']['total']:.4f}",
-                     _pct(r["reproducibility"])))
+                     _pct(r["reproducibility"]), _pct(r.get("reproducibility_labels"))))
     return rows
 
 

@@ -72,7 +72,7 @@ def _scatter(agents: Mapping[str, Any]) -> str:
 
 def _summary(agents: Mapping[str, Any]) -> str:
     head = ("agent", "calls", "accuracy", "first try valid", "fallback", "errors", "p50 ms", "p95 ms",
-            "tokens in/out", "cost $", "repro")
+            "tokens in/out", "cost $", "repro", "repro (labels)")
     rows = ["<table><caption>Per agent</caption><tr>" + "".join(
         f'<th class="{"l" if i == 0 else ""}">{h}</th>' for i, h in enumerate(head)) + "</tr>"]
     for alias, row in agents.items():
@@ -80,7 +80,8 @@ def _summary(agents: Mapping[str, Any]) -> str:
         cells = (escape(alias), row["calls"], _pct(row["accuracy"]), _pct(row["schema_valid_first_try"]),
                  _pct(row["fallback_rate"]), escape(errors), _ms(row["latency_ms"]["p50"]),
                  _ms(row["latency_ms"]["p95"]), f'{row["tokens"]["prompt"]}/{row["tokens"]["completion"]}',
-                 f'{row["cost_usd"]["total"]:.4f}', _pct(row["reproducibility"]))
+                 f'{row["cost_usd"]["total"]:.4f}', _pct(row["reproducibility"]),
+                 _pct(row.get("reproducibility_labels")))
         rows.append("<tr>" + "".join(f'<td class="{"l" if i == 0 else ""}">{c}</td>' for i, c in enumerate(cells))
                     + "</tr>")
     fields = sorted({name for row in agents.values() for name in row["fields"]})
@@ -103,8 +104,8 @@ def _confusion(alias: str, name: str, table: Mapping[str, Mapping[str, int]]) ->
         parts.append(f'<tr><th class="l">{escape(want)}</th>')
         for got in answers:
             count = row.get(got, 0)
-            shade = int(255 - 155 * count / peak)
-            colour = f"rgb({shade},{255 if got == want else shade},{shade})" if count else "#fff"
+            shade = int(235 - 135 * count / peak)  # right answers green, wrong ones red
+            colour = (f"rgb({shade},235,{shade})" if got == want else f"rgb(245,{shade},{shade})") if count else "#fff"
             parts.append(f'<td style="background:{colour}">{count or ""}</td>')
         parts.append("</tr>")
     parts.append("</table>")

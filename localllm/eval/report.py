@@ -13,6 +13,8 @@ Per agent (a call is one case asked once; ``repeat`` asks each case again):
   claude's ``usage.input_tokens``/``output_tokens``; ``cost_usd``).
 - ``reproducibility``: with ``repeat`` > 1, the share of cases whose repeats all ended the
   same (same submission, or the same error kind); ``null`` otherwise.
+  ``reproducibility_labels``: the same over the fields with one expected value only (free
+  text such as a summary left out).
 - ``confusion``: for each enum field of the schema, expected label → answered value → count.
 """
 
@@ -77,11 +79,14 @@ def _cost(meta: Mapping[str, Any]) -> float:
     return 0.0
 
 
-def _outcome(call: RecordedCall | None, unrecorded: str | None) -> str:
+def _outcome(call: RecordedCall | None, unrecorded: str | None, fields: Sequence[str] | None = None) -> str:
+    """How a call ended: its error kind, or its submission (only ``fields`` of it, when given)."""
     if call is None:
         return f"error:{unrecorded or 'unrecorded'}"
     if not call.ok:
         return f"error:{call.kind}"
+    if fields is not None and isinstance(call.response, dict):
+        return json.dumps({name: call.response.get(name) for name in fields}, sort_keys=True)
     return json.dumps(call.response, sort_keys=True)
 
 
@@ -107,6 +112,7 @@ def agent_rows(runs: Sequence[AgentRun], calls: Sequence[RecordedCall], cases: S
         cost = 0.0
         confusion: dict[str, dict[str, Counter[str]]] = {name: {} for name in enums}
         outcomes: dict[str, set[str]] = {}
+        labelled: dict[str, set[str]] = {}
         for ref in run.calls:
             call = by_id.get(ref.call_id) if ref.call_id else None
             if ref.call_id is not None and call is None:
@@ -144,6 +150,7 @@ def agent_rows(runs: Sequence[AgentRun], calls: Sequence[RecordedCall], cases: S
                     got = MISSING_LABEL
                 confusion[name].setdefault(_label(labels[name]), Counter())[got] += 1
             outcomes.setdefault(ref.case, set()).add(_outcome(call, ref.unrecorded))
+            labelled.setdefault(ref.case, set()).add(_outcome(call, ref.unrecorded, sorted(labels)))
             rows.append({"agent": run.alias, "case": ref.case, "repeat": ref.repeat, "call_id": ref.call_id,
                          "correct": ok, "fields": per, "fallback": fell_back,
                          "answered_by": call.answered_by if call is not None else None,
@@ -172,6 +179,8 @@ def agent_rows(runs: Sequence[AgentRun], calls: Sequence[RecordedCall], cases: S
             "cost_usd": {"total": round(cost, 6), "mean": round(cost / n, 6) if n else None},
             "reproducibility": (rate(sum(1 for o in outcomes.values() if len(o) == 1), len(outcomes))
                                 if repeat > 1 else None),
+            "reproducibility_labels": (rate(sum(1 for o in labelled.values() if len(o) == 1), len(labelled))
+                                       if repeat > 1 else None),
             "confusion": {name: {want: dict(sorted(got.items())) for want, got in sorted(table.items())}
                           for name, table in confusion.items()},
             "workers": run.workers,
