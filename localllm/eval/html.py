@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from html import escape
 from typing import Any
 
-__all__ = ["render_html"]
+__all__ = ["render_html", "render_svg"]
 
 _W, _H, _PAD = 640, 360, 56
 _COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
@@ -43,6 +43,7 @@ def _scatter(agents: Mapping[str, Any]) -> str:
 
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{_H}" role="img" '
              f'aria-label="accuracy vs latency per agent">',
+             f'<rect width="{_W}" height="{_H}" fill="#fff"/>',
              f'<rect x="{_PAD}" y="{_PAD}" width="{inner_w}" height="{inner_h}" fill="none" stroke="#999"/>']
     for tick in range(0, 11, 2):
         acc = tick / 10
@@ -110,6 +111,11 @@ def _confusion(alias: str, name: str, table: Mapping[str, Mapping[str, int]]) ->
         parts.append("</tr>")
     parts.append("</table>")
     return "".join(parts)
+
+
+def render_svg(report: Mapping[str, Any]) -> str:
+    """The accuracy-vs-latency picture alone, as an SVG document (for a README)."""
+    return _scatter(report["agents"]) + "\n"
 
 
 def render_html(report: Mapping[str, Any]) -> str:

@@ -231,15 +231,17 @@ def build_report(config: Config, gate: Gate, cases: Sequence[Case], runs: Sequen
 
 
 def write_report(report: Mapping[str, Any], out_dir: Path, stamp: str) -> dict[str, Path]:
-    """``<stamp>.json``, ``latest.json``, ``<stamp>.html`` and ``latest.html`` under ``out_dir``
-    (each written whole: temp file, fsync, rename)."""
-    from localllm.eval.html import render_html
+    """``<stamp>.json``, ``latest.json``, the same as ``.html`` and the picture alone as
+    ``latest.svg``, under ``out_dir`` (each written whole: temp file, fsync, rename)."""
+    from localllm.eval.html import render_html, render_svg
     from localllm.trace.sidecars import atomic_write
 
     data = (json.dumps(report, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
     page = render_html(report).encode("utf-8")
-    paths = {"json": out_dir / f"{stamp}.json", "latest": out_dir / "latest.json",
-             "html": out_dir / f"{stamp}.html", "latest_html": out_dir / "latest.html"}
-    for key, path in paths.items():
-        atomic_write(path, page if key.endswith("html") else data)
-    return paths
+    picture = render_svg(report).encode("utf-8")
+    files = {"json": (out_dir / f"{stamp}.json", data), "latest": (out_dir / "latest.json", data),
+             "html": (out_dir / f"{stamp}.html", page), "latest_html": (out_dir / "latest.html", page),
+             "svg": (out_dir / "latest.svg", picture)}
+    for path, content in files.values():
+        atomic_write(path, content)
+    return {key: path for key, (path, _) in files.items()}

@@ -133,16 +133,25 @@ def test_eval_two_local_agents_and_a_cassette_claude(tmp_path: Path, managed_env
     assert report["agents"]["agent.local"]["workers"] == 2
     assert (tmp_path / "evals" / "reports" / "triage" / "latest.html").read_text().count("<circle") == 3
 
-    # selection on this evidence: the demo model does not pass 0.9, so claude (the cassette) is chosen
+    for alias, row in report["agents"].items():  # shown with -s, and on failure
+        print(f"{alias}: accuracy {row['accuracy']} first-try {row['first_try_accuracy']} "
+              f"valid-1st {row['schema_valid_first_try']} fallback {row['fallback_rate']} errors {row['errors']} "
+              f"p50 {row['latency_ms']['p50']} p95 {row['latency_ms']['p95']} confusion {row['confusion']}")
+
+    # selection on this evidence: a local agent only when it passes both bars, else claude (the cassette)
     text = CONFIG + ("    selection: {policy: cheapest-passing, evidence: evals/reports/triage/latest.json, "
-                     "min_accuracy: 0.9, fallback_profile: agent.claude}\n")
+                     "min_accuracy: 0.9, max_fallback_rate: 0.1, fallback_profile: agent.claude}\n")
     (tmp_path / "app.yaml").write_text(text)
     config = load_config(tmp_path / "app.yaml")
-    local_passes = report["agents"]["agent.local"]["accuracy"] >= 0.9
+    passing = [a for a in ("agent.local", "agent.free")
+               if report["agents"][a]["accuracy"] >= 0.9 and report["agents"][a]["fallback_rate"] <= 0.1]
     with Runtime(config, trace=tmp_path / "selected.jsonl") as runtime:
         from localllm.agents.cassette import CassetteAgent
 
         runtime.register_agent("agent.claude", CassetteAgent(tmp_path / "claude.yaml", alias="agent.claude"))
         result = runtime.run_gate("triage", {"ticket": cases[0]["args"]["ticket"]})
-    assert result.meta["selected_by"]["agent"] == result.agent
-    assert result.agent == ("agent.local" if local_passes else "agent.claude")
+    [start] = [ev for ev in read_trace(tmp_path / "selected.jsonl").events if ev.kind == "agent.call.start"]
+    chosen = result.meta["selected_by"]
+    cheapest = min(passing, key=lambda a: (report["agents"][a]["latency_ms"]["p50"], a)) if passing else None
+    assert start.payload["agent"] == chosen["agent"] == (cheapest or "agent.claude")
+    assert set(chosen["refused"]) == {"agent.local", "agent.free"} - set(passing)
