@@ -446,3 +446,40 @@ def test_a_failed_call_names_its_call_id_and_an_explicit_agent_bypasses_selectio
     assert chosen.agent == "agent.local" and chosen.meta["selected_by"]["passed"] is True
     complete = [ev for ev in read_trace(trace).events if ev.kind == "agent.call.complete"]
     assert "selected_by" in complete[0].payload["meta"]
+
+
+def test_staleness_names_a_changed_server_build_and_model(app: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from localllm.selection import REPORT_KIND, fingerprint, staleness
+
+    first, second = app / "server-a", app / "server-b"
+    first.write_bytes(b"build a")
+    second.write_bytes(b"build b")
+    (app / "tiny.gguf").write_bytes(b"GGUF one")
+    text = CONFIG.replace("  agent.claude: {plugin: builtin.inprocess}\n",
+                          "  agent.claude: {plugin: builtin.inprocess}\n"
+                          "  agent.gem: {plugin: builtin.local_llm, model: tiny.gguf}\n")
+    (app / "app.yaml").write_text(text)
+    monkeypatch.setenv("LOCALLLM_SERVER_BIN", str(first))
+    config = load_config(app / "app.yaml")
+    gate = config.gates["triage"]
+    report = {"kind": REPORT_KIND, "gate": "triage", "fingerprint": fingerprint(config, gate, ["agent.gem"])}
+    assert report["fingerprint"]["agents"]["agent.gem"]["model_sha256"] is not None
+    assert staleness(config, gate, report) == {"": [], "agent.gem": []}
+    monkeypatch.setenv("LOCALLLM_SERVER_BIN", str(second))
+    assert staleness(config, gate, report) == {"": [], "agent.gem": ["the llama-server build changed"]}
+    (app / "tiny.gguf").write_bytes(b"GGUF two")
+    assert staleness(config, gate, report)["agent.gem"] == ["the model changed", "the llama-server build changed"]
+    (app / "app.yaml").write_text(text.replace("model: tiny.gguf}", "model: tiny.gguf, max_tokens: 7}"))
+    assert "its declaration changed" in staleness(load_config(app / "app.yaml"), gate, report)["agent.gem"]
+
+
+def test_trace_cassette_of_claude_keeps_the_fallback_answers(app: Path) -> None:
+    from localllm.eval.fromtrace import cassette_from_calls, recorded_calls
+
+    result = evaluate(load_config(app / "app.yaml"), "triage", agents=["agent.small"], prepare=prepare)
+    doc = cassette_from_calls(recorded_calls(result.trace), agent="agent.claude")
+    assert [e["match"]["ticket"] for e in doc["episodes"]] == [TICKETS["t1"][0]]  # the refund fell back
+    assert json.loads(doc["episodes"][0]["agent"]["response"])["queue"] == "billing"
+    assert "handler" not in doc["episodes"][0]["match"]  # so it also answers the next fallback
+    small_only = cassette_from_calls(recorded_calls(result.trace), agent="agent.small")
+    assert len(small_only["episodes"]) == 5
