@@ -462,7 +462,7 @@ def test_staleness_names_a_changed_server_build_and_model(app: Path, monkeypatch
     monkeypatch.setenv("LOCALLLM_SERVER_BIN", str(first))
     config = load_config(app / "app.yaml")
     gate = config.gates["triage"]
-    report = {"kind": REPORT_KIND, "gate": "triage", "fingerprint": fingerprint(config, gate, ["agent.gem"])}
+    report: dict[str, Any] = {"kind": REPORT_KIND, "gate": "triage", "fingerprint": fingerprint(config, gate, ["agent.gem"])}
     assert report["fingerprint"]["agents"]["agent.gem"]["model_sha256"] is not None
     assert staleness(config, gate, report) == {"": [], "agent.gem": []}
     monkeypatch.setenv("LOCALLLM_SERVER_BIN", str(second))
