@@ -43,7 +43,7 @@ def _cassettes(pairs: list[str] | None) -> dict[str, Path]:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from localllm.eval import evaluate
+    from localllm.eval import default_cases_path, evaluate, load_cases
 
     if args.repeat < 1:
         raise UsageError(f"--repeat {args.repeat} must be at least 1")
@@ -54,15 +54,21 @@ def _eval(args: argparse.Namespace) -> int:
     agents = [a.strip() for a in args.agents.split(",") if a.strip()] if args.agents else None
     config = load(args.config)
     cassettes = _cassettes(args.cassette)
+    gate = config.gates.get(args.gate)
+    cases = cases_path = None
+    if gate is not None:  # an unknown gate is evaluate's error to report
+        cases_path = args.cases or default_cases_path(config, args.gate)
+        cases = load_cases(cases_path)
     bar: Any = None
     progress = None
-    if sys.stderr.isatty() and not args.json:
+    if sys.stderr.isatty() and not args.json and cases is not None:
         from tqdm import tqdm
 
-        bar = tqdm(unit="call", desc=f"eval {args.gate}", file=sys.stderr, leave=False)
+        total = len(cases) * args.repeat * len(agents or [gate.agent if gate else ""])
+        bar = tqdm(total=total, unit="call", desc=f"eval {args.gate}", file=sys.stderr, leave=False)
         progress = bar.update
     try:
-        result = evaluate(config, args.gate, agents=agents, cases_path=args.cases, repeat=args.repeat,
+        result = evaluate(config, args.gate, agents=agents, cases_path=cases_path, cases=cases, repeat=args.repeat,
                           out_dir=args.out, cassettes=cassettes, workers=args.workers, progress=progress)
     finally:
         if bar is not None:

@@ -483,3 +483,22 @@ def test_trace_cassette_of_claude_keeps_the_fallback_answers(app: Path) -> None:
     assert "handler" not in doc["episodes"][0]["match"]  # so it also answers the next fallback
     small_only = cassette_from_calls(recorded_calls(result.trace), agent="agent.small")
     assert len(small_only["episodes"]) == 5
+
+
+def test_the_progress_bar_is_drawn_only_on_a_tty(app: Path, capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    with Runtime(load_config(app / "app.yaml"), trace=app / "rec.jsonl") as runtime:
+        runtime.register_inprocess("agent.claude", claude)
+        for ticket, _, _ in TICKETS.values():
+            runtime.run_gate("triage", {"ticket": ticket}, agent="agent.claude")
+    assert main(["trace", "cassette", str(app / "rec.jsonl"), "-o", str(app / "c.yaml")]) == 0
+    argv = ["eval", "triage", "-c", str(app / "app.yaml"), "--agents", "agent.claude",
+            "--cassette", f"agent.claude={app / 'c.yaml'}", "--repeat", "2"]
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert "/12 [" not in capsys.readouterr().err
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert main(argv) == 0
+    assert "0/12 [" in capsys.readouterr().err  # the bar knows the total: cases x repeat x agents
