@@ -20,9 +20,11 @@ callers may catch either.
     │   ├── UnsupportedPlatform               no pin for this OS/arch
     │   ├── ChecksumMismatch (ValueError)     expected, actual, path, url
     │   ├── DownloadFailed (ConnectionError)  network/HTTP failure after retries
+    │   ├── DownloadCancelled                 the caller cancelled the download; no partial file kept
     │   ├── OfflineArtifactMissing            LOCALLLM_OFFLINE=1 and not cached
     │   ├── InsufficientSpace (OSError)       not enough free disk for the download
     │   ├── UnsafeArchive (ValueError)        a member would land outside its directory
+    │   │   └── ArchiveTooLarge               members add up past the size, ratio or count cap
     │   ├── LibstdcxxTooOld                   the host (and shim) lack the GLIBCXX the server needs
     │   └── BuildError                        source build failed or a tool is missing
     ├── SidecarError
@@ -31,11 +33,15 @@ callers may catch either.
     ├── PluginError                           an Agent Plugins directory cannot be used as declared
     │   ├── PluginPathEscape (PermissionError)  command/cwd resolves outside its root at spawn
     │   └── PluginSpawnError (OSError)        command or cwd missing, PLUGIN_DATA unwritable
-    └── EmbedError
-        ├── InputTooLong (ValueError)
-        ├── DimensionMismatch (ValueError)
-        ├── EmbedServerError                  the embedding server failed or answered badly
-        └── StoreCorrupt
+    ├── EmbedError
+    │   ├── InputTooLong (ValueError)
+    │   ├── DimensionMismatch (ValueError)
+    │   ├── EmbedServerError                  the embedding server failed or answered badly
+    │   ├── StoreCorrupt
+    │   └── StoreUnavailable (OSError)        disk full, locked or I/O error; nothing was lost
+    └── ServiceError                          `localllm serve` and attaching to it
+        ├── ServiceRunning                    another service owns this cache (pid, port)
+        └── ServiceUnavailable (ConnectionError)  no usable service (``service: required``)
 """
 
 from __future__ import annotations
@@ -265,6 +271,10 @@ class DownloadFailed(FetchError, ConnectionError):
     """The download failed after bounded retries."""
 
 
+class DownloadCancelled(FetchError):
+    """The caller cancelled the download (``cancel`` was set); the partial file was removed."""
+
+
 class OfflineArtifactMissing(FetchError):
     """LOCALLLM_OFFLINE=1 and the artifact is not in the cache."""
 
@@ -275,6 +285,16 @@ class InsufficientSpace(FetchError, OSError):
 
 class UnsafeArchive(FetchError, ValueError):
     """An archive member would land outside the extraction directory."""
+
+
+class ArchiveTooLarge(UnsafeArchive):
+    """Extraction would pass a cap: ``member``, what was counted (``size``) and the ``limit``."""
+
+    def __init__(self, message: str, *, member: str, size: int, limit: int) -> None:
+        self.member = member
+        self.size = size
+        self.limit = limit
+        super().__init__(message)
 
 
 class LibstdcxxTooOld(FetchError):
@@ -363,3 +383,37 @@ class EmbedServerError(EmbedError):
 
 class StoreCorrupt(EmbedError):
     """An embedding store is corrupt or partial; it is rebuilt, never trusted."""
+
+
+class StoreUnavailable(EmbedError, OSError):
+    """The store cannot be read or written right now (disk full, locked, I/O error).
+
+    Nothing already stored was changed; retry once the cause is gone.
+    """
+
+    def __init__(self, message: str, *, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(message)
+
+
+class ServiceError(LocalLLMError):
+    """Base of failures of the machine-wide service (``localllm serve``, ps, stop, attach)."""
+
+
+class ServiceRunning(ServiceError):
+    """A service already runs for this cache; ``pid`` and ``port`` name it."""
+
+    def __init__(self, *, cache: str, pid: int | None, port: int | None) -> None:
+        self.cache = cache
+        self.pid = pid
+        self.port = port
+        where = f"pid {pid}, port {port}" if pid else "its discovery file is being written"
+        super().__init__(
+            f"a localllm service is already running for cache {cache} ({where})",
+            hint="use it (`localllm ps`), or stop it first with `localllm stop --all`",
+        )
+
+
+class ServiceUnavailable(ServiceError, ConnectionError):
+    """No service answers for this cache (or it does not serve the model)."""

@@ -1,7 +1,8 @@
 """``builtin.local_llm``: a llama.cpp server (managed sidecar or attached endpoint) over OpenAI HTTP.
 
-Managed mode (``model:``) fetches the pinned llama-server and GGUF on the first call
-(never before), spawns one sidecar shared by all calls, and stops it on ``close()``.
+Managed mode (``model:``) owns a :class:`~localllm.managed.server.ManagedServer`: the pinned
+llama-server and GGUF are fetched on the first call (never before), one server is shared by
+all calls, and ``close()`` stops it (cancelling a first-use download).
 Endpoint mode (``endpoint:``) attaches to a running OpenAI-compatible server and never
 fetches, spawns or kills anything; ``model:`` beside ``endpoint:`` is only the model name
 sent in the body.
@@ -23,13 +24,26 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localllm import settings
+from localllm._http import map_httpx_errors
 from localllm.agents.base import Agent
 from localllm.config import LocalLLMDecl
-from localllm.errors import AgentError, ErrorKind, FetchError, SidecarError, truncate_detail
+from localllm.errors import (
+    AgentError,
+    ErrorKind,
+    FetchError,
+    LocalLLMError,
+    ServiceError,
+    SidecarError,
+    truncate_detail,
+)
 from localllm.wire import AskRequest, AskResponse, Transcript
+
+if TYPE_CHECKING:
+    from localllm.managed.discovery import Attachment
+    from localllm.managed.server import ManagedServer
 
 _FENCE = re.compile(r"^\s*```(?:json)?\s*\n?(.*?)\n?\s*```\s*$", re.DOTALL)
 _CONNECT_TIMEOUT = 5.0
@@ -67,7 +81,8 @@ class LocalLLMAgent(Agent):
         #: relative ``*.gguf`` model paths resolve against the config's directory
         self.base_dir = base_dir
         self._lock = threading.Lock()
-        self._sidecar: Any = None
+        self._server: ManagedServer | None = None
+        self._attached: Attachment | None = None  # a running `localllm serve` used instead
         self._client: Any = None
         self._subset_cache: dict[str, bool] = {}
         self._pinned_meta: dict[str, Any] | None = None
@@ -91,34 +106,44 @@ class LocalLLMAgent(Agent):
                 )
             return self._client
 
-    def _ensure_sidecar(self) -> Any:
-        """Fetch (first use only) and build the sidecar object; not yet started."""
+    def _managed_server(self) -> ManagedServer:
+        """The agent's ManagedServer (built on first use; building it does no I/O)."""
+        from localllm.managed.server import ManagedServer
+
         with self._lock:
             if self._closed:
                 raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias} is closed")
-            if self._sidecar is not None:
-                return self._sidecar
-            from localllm.managed import Sidecar, resolve_model, resolve_server_binary
-
-            binary = resolve_server_binary(self.decl.server_bin)
-            model = resolve_model(self.decl.model or "", base_dir=self.base_dir)
-            self._sidecar = Sidecar(
-                binary, model, args=self.decl.extra_args, parallel=self.decl.parallel,
-                ctx_per_slot=self.decl.ctx_size, threads=self.decl.threads, port=self.decl.port,
-                health_timeout=self.decl.health_timeout, name=self.alias,
-            )
-            return self._sidecar
+            if self._server is None:
+                decl = self.decl
+                self._server = ManagedServer(
+                    decl.server_bin, decl.model or "", role="chat", base_dir=self.base_dir,
+                    args=decl.extra_args, parallel=decl.parallel, ctx_per_slot=decl.ctx_size,
+                    threads=decl.threads, port=decl.port, health_timeout=decl.health_timeout, name=self.alias,
+                )
+            return self._server
 
     def base_url(self) -> str:
-        """The ``…/v1`` base URL; in managed mode this fetches and starts the sidecar."""
+        """The ``…/v1`` base URL; in managed mode this fetches and starts the server.
+
+        The fetch and start run without the agent's lock, so ``close()`` from another
+        thread cancels a first-use download instead of waiting for it.
+        """
         if not self.managed:
             assert self.decl.endpoint is not None
             return normalize_endpoint(self.decl.endpoint)
         try:
-            sidecar = self._ensure_sidecar()
-            return normalize_endpoint(str(sidecar.ensure_ready()))
-        except (FetchError, SidecarError) as exc:
-            hint = f" ({exc.hint})" if exc.hint else ""
+            if self._server is None and self._attached is None:
+                from localllm.managed.attach import attach
+
+                self._attached = attach(self.decl.model or "", policy=self.decl.service,
+                                        server_bin=self.decl.server_bin, base_dir=self.base_dir)
+            if self._attached is not None:
+                return self._attached.base_url
+            return normalize_endpoint(self._managed_server().ensure_ready())
+        except (FetchError, SidecarError, ServiceError, ValueError) as exc:
+            if self._closed:
+                raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias} was closed while starting") from exc
+            hint = f" ({exc.hint})" if isinstance(exc, LocalLLMError) and exc.hint else ""
             detail = f"{self.alias}: cannot start llama-server: {exc}{hint}"
             raise AgentError(ErrorKind.TRANSPORT_ERROR, detail) from exc
 
@@ -176,19 +201,29 @@ class LocalLLMAgent(Agent):
         headers = self._headers()
         body, grammar, native = self.build_body(request)
         base = self.base_url()
-        sidecar = self._sidecar
-        pid = sidecar.pid if sidecar is not None else None  # to explain this request's failure later
+        attached = self._attached
+        if attached is not None:
+            headers, body["model"] = {**headers, **attached.headers()}, attached.model
+        server = self._server
+        pid = server.pid if server is not None else None  # to explain this request's failure later
         remaining = self.remaining(deadline)
         if remaining <= 0:
             raise AgentError(ErrorKind.DEADLINE_EXCEEDED, f"{self.alias}: deadline passed before the request")
         timeout = httpx.Timeout(remaining, connect=min(_CONNECT_TIMEOUT, remaining))
         started = time.monotonic()
-        try:
+
+        def failed(reason: str, exc: BaseException) -> AgentError:
+            if isinstance(exc, httpx.TimeoutException):
+                detail = f"{self.alias}: no answer from {base} in time ({reason})"
+                return AgentError(ErrorKind.DEADLINE_EXCEEDED, detail)
+            if attached is not None:  # the service went away: the next call looks again, then spawns
+                self._attached = None
+                return AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias}: the localllm service (pid "
+                                  f"{attached.pid}) failed mid-call: {reason} ({type(exc).__name__}: {exc})")
+            return AgentError(ErrorKind.TRANSPORT_ERROR, self._connection_detail(base, reason, exc, pid))
+
+        with map_httpx_errors(failed):
             reply = self._http().post(f"{base}/chat/completions", json=body, headers=headers, timeout=timeout)
-        except httpx.TimeoutException as exc:
-            raise AgentError(ErrorKind.DEADLINE_EXCEEDED, f"{self.alias}: no answer from {base} in time") from exc
-        except httpx.HTTPError as exc:
-            raise AgentError(ErrorKind.TRANSPORT_ERROR, self._connection_detail(base, exc, pid)) from exc
         elapsed_ms = int((time.monotonic() - started) * 1000)
         if reply.status_code >= 400:
             raise AgentError(ErrorKind.TRANSPORT_ERROR,
@@ -214,6 +249,8 @@ class LocalLLMAgent(Agent):
             "grammar": grammar,
             "json_schema": native,
         }
+        if self.managed:
+            meta["served_by"] = "service" if attached is not None else "sidecar"
         if isinstance(data.get("timings"), dict):
             meta["timings"] = data["timings"]
         transcript = self._transcript(body, content, usage, elapsed_ms)
@@ -235,17 +272,17 @@ class LocalLLMAgent(Agent):
                         self._pinned_meta["model_sha256"] = sha256
         return dict(self._pinned_meta)
 
-    def _connection_detail(self, base: str, exc: Exception, pid: int | None) -> str:
-        detail = f"{self.alias}: request to {base} failed: {type(exc).__name__}: {exc}"
-        sidecar = self._sidecar
-        if sidecar is None:
+    def _connection_detail(self, base: str, reason: str, exc: BaseException, pid: int | None) -> str:
+        detail = f"{self.alias}: request to {base} failed: {reason} ({type(exc).__name__}: {exc})"
+        server = self._server
+        if server is None:
             return detail
         # A dying server drops its sockets a moment before it is reaped: wait (bounded) for
         # its exit so the caller learns why, not just that the connection broke.
         settle = time.monotonic() + _EXIT_SETTLE
-        while sidecar.is_alive() and time.monotonic() < settle:
+        while server.is_alive() and time.monotonic() < settle:
             time.sleep(0.02)
-        crash = sidecar.crash_detail(pid=pid)
+        crash = server.crash_detail(pid=pid)
         if crash:
             detail += f"; llama-server died ({crash}); it is respawned on the next call"
         return detail
@@ -270,11 +307,12 @@ class LocalLLMAgent(Agent):
     # ------------------------------------------------------------------ lifecycle
 
     def close(self) -> None:
+        """Stop the managed server; a first-use download in progress is cancelled."""
         with self._lock:
             self._closed = True
-            sidecar, self._sidecar = self._sidecar, None
+            server = self._server
             client, self._client = self._client, None
         if client is not None:
             client.close()
-        if sidecar is not None:
-            sidecar.stop()
+        if server is not None:
+            server.stop()

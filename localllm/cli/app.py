@@ -52,6 +52,9 @@ COMMANDS: dict[str, CommandInfo] = {
     "plugins": CommandInfo("localllm.cli.plugins", "Agent Plugins directories: load one and show what survived"),
     "trace": CommandInfo("localllm.cli.trace", "verify, show, summarise a trace; turn it into cases or a cassette"),
     "eval": CommandInfo("localllm.cli.eval", "measure agents on a gate's cases; write the evidence for selection:"),
+    "serve": CommandInfo("localllm.cli.service", "run the machine-wide OpenAI-compatible service"),
+    "ps": CommandInfo("localllm.cli.service", "the service's loaded models"),
+    "stop": CommandInfo("localllm.cli.service", "unload a model from the service, or stop it"),
 }
 
 

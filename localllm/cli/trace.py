@@ -145,9 +145,14 @@ def _write(text: str, target: Path | None) -> None:
     if target is None:
         sys.stdout.write(text)
         return
-    from localllm.trace.sidecars import atomic_write
+    from localllm._fs import atomic_write
+    from localllm.errors import TraceError
 
-    atomic_write(target, text.encode("utf-8"))
+    try:
+        atomic_write(target, text)
+    except OSError as exc:
+        raise TraceError(f"cannot write {target}: {exc.strerror or exc}",
+                         hint="check that the directory is writable and has space") from exc
     err(f"wrote {target}")
 
 

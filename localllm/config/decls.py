@@ -159,6 +159,7 @@ class LocalLLMDecl(AgentDecl):
     health_timeout: float = setting(180.0, "seconds for /health to turn 200", check="positive")
     schema_in_prompt: bool = setting(True, "state the JSON shape in the prompt (llama.cpp does not)")
     threads: int | None = setting(None, "default: llama.cpp sizes its threads to the machine", low=1, high=1024)
+    service: str = setting("auto", "use a running `localllm serve`", choices=("auto", "required", "never"))
 
 
 #: plugin type → declaration, in the spec's order (contract §1); ``mcp_stdio`` comes only
@@ -193,6 +194,7 @@ class EmbedderDecl:
     health_timeout: float = setting(180.0, "seconds for /health to turn 200", check="positive")
     extra_args: tuple[str, ...] = setting((), "extra llama-server flags")
     threads: int | None = setting(None, "default: llama.cpp sizes its threads to the machine", low=1, high=1024)
+    service: str = setting("auto", "use a running `localllm serve`", choices=("auto", "required", "never"))
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,13 @@ def evaluate(config: Config, gate: str, *, agents: Sequence[str] | None = None, 
     now = datetime.now(timezone.utc)
     stamp = now.strftime("%Y%m%dT%H%M%S%fZ")
     target = (out_dir or default_out_dir(config)) / gate
-    target.mkdir(parents=True, exist_ok=True)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        from localllm.selection import EvidenceError
+
+        raise EvidenceError(target, f"cannot create the reports directory: {exc.strerror or exc}",
+                            hint="pass a writable --out DIR") from exc
     trace_path = target / f"{stamp}.trace.jsonl"
     with TraceWriter.open(trace_path) as writer:
         runs = run_cases(config, gate, loaded, aliases, trace=writer, repeat=repeat, cassettes=cassettes,

@@ -233,8 +233,9 @@ def build_report(config: Config, gate: Gate, cases: Sequence[Case], runs: Sequen
 def write_report(report: Mapping[str, Any], out_dir: Path, stamp: str) -> dict[str, Path]:
     """``<stamp>.json``, ``latest.json``, the same as ``.html`` and the picture alone as
     ``latest.svg``, under ``out_dir`` (each written whole: temp file, fsync, rename)."""
+    from localllm._fs import atomic_write
     from localllm.eval.html import render_html, render_svg
-    from localllm.trace.sidecars import atomic_write
+    from localllm.selection import EvidenceError
 
     data = (json.dumps(report, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
     page = render_html(report).encode("utf-8")
@@ -243,5 +244,9 @@ def write_report(report: Mapping[str, Any], out_dir: Path, stamp: str) -> dict[s
              "html": (out_dir / f"{stamp}.html", page), "latest_html": (out_dir / "latest.html", page),
              "svg": (out_dir / "latest.svg", picture)}
     for path, content in files.values():
-        atomic_write(path, content)
+        try:
+            atomic_write(path, content)
+        except OSError as exc:
+            raise EvidenceError(path, f"cannot write the report: {exc.strerror or exc}",
+                                hint="check that the reports directory (--out) is writable and has space") from exc
     return {key: path for key, (path, _) in files.items()}

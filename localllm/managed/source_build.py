@@ -18,17 +18,17 @@ for offline CI. Every step is idempotent so a re-run is an incremental no-op:
 from __future__ import annotations
 
 import os
+import platform
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
+from localllm import _fs, _process
 from localllm.errors import BuildError, ChecksumMismatch, DownloadFailed
 from localllm.managed import platforms, verify
 from localllm.managed.cache import SERVER_BINARY, CacheLayout, installed, write_marker
@@ -44,6 +44,12 @@ CMAKE_FLAGS: tuple[str, ...] = (
     "-DCMAKE_INSTALL_RPATH=$ORIGIN",
     "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
 )
+#: x86-64 builds are -march=native but never AMX: a CPU may report AMX while the VM it runs
+#: in does not enable the tile state, and the server then dies of SIGILL on its first matmul.
+#: GCC and Clang give explicit -mno-* flags precedence over -march, whatever their order.
+_NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+if platform.machine().lower() in ("x86_64", "amd64"):
+    CMAKE_FLAGS += (f"-DCMAKE_C_FLAGS={_NO_AMX}", f"-DCMAKE_CXX_FLAGS={_NO_AMX}")
 BUILD_TIMEOUT = 4 * 3600.0
 PIP_TIMEOUT = 1800.0
 INSTALL_HINT = (
@@ -116,7 +122,7 @@ def build_from_source(
     dest = layout.source_release_dir(source.version, plat.slug)
     if installed(dest):
         return dest
-    with artifact_lock(layout.lock_path(f"source-build-{source.version}"),
+    with artifact_lock(layout.lock_path("source-build", source.version),
                        f"the {source.package} {source.version} source build", log):
         if installed(dest):
             return dest
@@ -148,7 +154,7 @@ def acquire_sdist(
     art = source.artifact
     sha = art.require_sha256()
     dest = layout.sdist_path(source)
-    lock = layout.lock_path(f"sdist-{sha[:16]}")
+    lock = layout.lock_path("sdist", sha[:16])
     prewarm = "localllm fetch server --from-source"
     try:
         return fetch_artifact(art, dest, lock_path=lock, mirrors=mirrors, offline=offline,
@@ -167,22 +173,21 @@ def acquire_sdist(
                     "--dest", str(tmp), f"{source.package}=={source.version}"]
             log(f"downloading {art.name} with pip")
             try:
-                proc = subprocess.run(argv, capture_output=True, text=True, timeout=PIP_TIMEOUT,
-                                      check=False, stdin=subprocess.DEVNULL)
-            except (OSError, subprocess.SubprocessError) as exc:
+                proc = _process.run_probe(argv, timeout=PIP_TIMEOUT)
+            except OSError as exc:
                 raise DownloadFailed(f"`{' '.join(argv)}` failed to run: {exc}") from exc
             got = tmp / art.file
             if proc.returncode != 0 or not got.is_file():
-                tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-10:])
+                tail = _process.tail(proc.output.strip(), limit=4096, lines=10)
+                status = f"timed out after {PIP_TIMEOUT:.0f}s" if proc.timed_out else f"exit {proc.returncode}"
                 exc2 = DownloadFailed(f"pip download of {source.package}=={source.version} failed "
-                                      f"(exit {proc.returncode}):\n{tail}")
+                                      f"({status}):\n{tail}")
                 exc2.hint = f"put {art.file} in a directory and pass --mirror DIR"
                 raise exc2
             actual = verify.sha256_file(got)
             if actual != sha:
                 raise ChecksumMismatch(expected=sha, actual=actual, path=str(dest), url="pip download")
-            os.replace(got, dest)
-            verify.fsync_dir(dest.parent)
+            _fs.replace_durably(got, dest)
             verify.write_stamp(dest, sha)
             return dest
         finally:
@@ -239,15 +244,13 @@ def _run_logged(argv: list[str], log_path: Path, *, cwd: Path, timeout: float = 
         fh.write(f"\n== localllm {stamp}: {' '.join(argv)}\n")
         fh.flush()
         try:
-            proc = subprocess.Popen(argv, cwd=cwd, stdout=fh, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = _process.spawn(argv, cwd=cwd, stdout=fh, stderr=subprocess.STDOUT)
         except OSError as exc:
             raise BuildError(f"cannot run {argv[0]}: {exc}") from exc
-        deadline = time.monotonic() + timeout
         try:
-            rc = proc.wait(timeout=max(deadline - time.monotonic(), 0))
+            rc = proc.wait(timeout=timeout)
         except (subprocess.TimeoutExpired, KeyboardInterrupt) as exc:
-            _kill_group(proc)
+            _process.stop_group(proc, grace=10.0)
             fh.write("EXIT killed\n")
             if isinstance(exc, KeyboardInterrupt):
                 raise
@@ -261,22 +264,11 @@ def _run_logged(argv: list[str], log_path: Path, *, cwd: Path, timeout: float = 
         raise exc2
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-    except ProcessLookupError:
-        pass
-
-
 def _install(bin_dir: Path, dest: Path, *, source: SourcePin, plat: platforms.Platform,
              layout: CacheLayout) -> None:
     """Copy the binary and its shared libraries into a staging dir, smoke-test, rename."""
-    from localllm.managed.acquire import smoke_version
     from localllm.managed.extract import install_dir, staging_dir
+    from localllm.managed.release import smoke_version
 
     binary = bin_dir / SERVER_BINARY
     if not binary.is_file():

@@ -15,12 +15,12 @@ second attempt under the same call_id (a fallback) from overwriting the first.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from localllm import _fs
 from localllm.errors import TraceError, TraceWriteRejected
 from localllm.trace import rules
 from localllm.trace.event import dumps
@@ -29,12 +29,16 @@ if TYPE_CHECKING:
     from localllm.wire import Transcript
 
 __all__ = [
+    "NAME_MAX",
+    "PATH_MAX",
     "PROMPTS_DIR",
     "SIDECAR_THRESHOLD",
     "TRANSCRIPTS_DIR",
     "TRANSCRIPT_SCHEMA_VERSION",
     "atomic_write",
+    "name_problem",
     "needs_sidecar",
+    "sidecar_refs",
     "write_prompt",
     "write_response",
     "write_transcript",
@@ -45,6 +49,11 @@ SIDECAR_THRESHOLD = 1024
 PROMPTS_DIR = "agent-prompts"
 TRANSCRIPTS_DIR = "transcripts"
 TRANSCRIPT_SCHEMA_VERSION = 1
+
+NAME_MAX = 255
+"""Longest file name component, in bytes, a sidecar reference may have (POSIX NAME_MAX)."""
+PATH_MAX = 4095
+"""Longest sidecar reference, in bytes."""
 
 _CALL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _SUFFIX = re.compile(r"[A-Za-z0-9._-]{0,64}")
@@ -71,6 +80,34 @@ def needs_sidecar(value: Any) -> bool:
     except TraceWriteRejected:
         return True
     return False
+
+
+def sidecar_refs(payload: dict[str, Any]) -> list[tuple[str, object]]:
+    """``(key, relative path)`` of every sidecar an event payload refers to: ``prompt_file``,
+    ``response_file`` and the ``path`` of each ``*transcript_ref`` (``None`` when not a dict)."""
+    refs: list[tuple[str, object]] = [(key, payload[key]) for key in ("prompt_file", "response_file")
+                                      if key in payload]
+    for key, value in payload.items():
+        if key.endswith("transcript_ref"):
+            refs.append((key, value.get("path") if isinstance(value, dict) else None))
+    return refs
+
+
+def name_problem(rel: str) -> str | None:
+    """Why the string ``rel`` can never name a file (NUL, too long), or ``None``.
+
+    Checked without touching the file system, so a hostile trace cannot make a reader's
+    ``stat`` fail with ENAMETOOLONG; whether the file exists is the verifier's question.
+    """
+    if "\x00" in rel:
+        return "contains a NUL character"
+    raw = rel.encode("utf-8", "surrogatepass")
+    if len(raw) > PATH_MAX:
+        return f"is {len(raw)} bytes long (at most {PATH_MAX})"
+    longest = max(len(part) for part in raw.split(b"/"))
+    if longest > NAME_MAX:
+        return f"has a file name of {longest} bytes (at most {NAME_MAX})"
+    return None
 
 
 def write_prompt(trace_dir: str | os.PathLike[str], call_id: str, text: str, *, suffix: str = "") -> str:
@@ -122,39 +159,17 @@ def write_transcript(
 
 
 def atomic_write(path: Path, data: bytes, *, sync_dir: bool = True) -> None:
-    """Write ``data`` to ``path`` via temp file + fsync + rename (+ directory fsync).
+    """Write ``data`` to ``path`` durably (see :mod:`localllm._fs`); a ``TraceError`` on failure.
 
     ``sync_dir=False`` skips the directory fsync when the caller's next write to the same
     directory does it (one directory fsync makes every earlier rename there durable).
     """
-    tmp = path.with_name(f".{path.name}.{os.urandom(6).hex()}.tmp")
-    done = False
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        done = True
-        if sync_dir:
-            dfd = os.open(path.parent, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+        _fs.atomic_write(path, data, sync_dir=sync_dir)
     except OSError as exc:
         err = TraceError(f"cannot write sidecar {path}: {exc.strerror or exc}")
         err.hint = "check that the trace directory is writable and the disk has space"
         raise err from exc
-    finally:
-        if not done:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
 
 
 def _stem(call_id: str, suffix: str) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 
 from localllm.errors import TraceCorrupted, TraceError
 from localllm.trace.reader import Trace, read_trace
+from localllm.trace.sidecars import sidecar_refs
 from localllm.trace.writer import TORN_SUFFIX
 
 __all__ = ["TraceReport", "sidecar_problems", "unreadable", "verify_trace"]
@@ -64,9 +65,7 @@ def verify_trace(path: Path) -> TraceReport:
 
 def unreadable(path: Path, exc: OSError) -> TraceError:
     """The error for a trace file that cannot be opened or read."""
-    error = TraceError(f"cannot read trace {path}: {exc.strerror or exc}")
-    error.hint = "check the path"
-    return error
+    return TraceError(f"cannot read trace {path}: {exc.strerror or exc}", hint="check the path")
 
 
 def sidecar_problems(trace: Trace, trace_dir: Path) -> list[str]:
@@ -74,7 +73,7 @@ def sidecar_problems(trace: Trace, trace_dir: Path) -> list[str]:
     problems: list[str] = []
     for index, ev in enumerate(trace.events):
         lineno = index + 2
-        for key, rel in _sidecar_refs(ev.payload):
+        for key, rel in sidecar_refs(ev.payload):
             where = f"line {lineno}: payload.{key}"
             if not isinstance(rel, str) or not rel:
                 problems.append(f"{where} must be a relative path string")
@@ -84,23 +83,17 @@ def sidecar_problems(trace: Trace, trace_dir: Path) -> list[str]:
                 problems.append(f"{where} {rel!r} points outside the trace directory")
                 continue
             target = trace_dir / pure
-            if not target.is_file():
+            try:
+                present = target.is_file()
+            except OSError:  # EACCES on a parent: pathlib re-raises it
+                present = False
+            if not present:
                 problems.append(f"{where}: sidecar file {rel} is missing")
                 continue
             if key.endswith("transcript_ref"):
                 problems.extend(_transcript_problems(ev.payload[key], target, where))
     return problems
 
-
-def _sidecar_refs(payload: dict[str, Any]) -> list[tuple[str, object]]:
-    refs: list[tuple[str, object]] = []
-    for key in ("prompt_file", "response_file"):
-        if key in payload:
-            refs.append((key, payload[key]))
-    for key, value in payload.items():
-        if key.endswith("transcript_ref"):
-            refs.append((key, value.get("path") if isinstance(value, dict) else None))
-    return refs
 
 
 def _transcript_problems(ref: dict[str, Any], target: Path, where: str) -> list[str]:

@@ -502,3 +502,10 @@ def test_the_progress_bar_is_drawn_only_on_a_tty(app: Path, capsys: pytest.Captu
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     assert main(argv) == 0
     assert "0/12 [" in capsys.readouterr().err  # the bar knows the total: cases x repeat x agents
+
+
+def test_an_unwritable_reports_directory_is_a_clear_error(app: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (app / "blocked").write_text("a file, not a directory")
+    assert main(["eval", "triage", "-c", str(app / "app.yaml"), "--out", str(app / "blocked"), "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["kind"] == "evidence_error" and "blocked" in doc["detail"]

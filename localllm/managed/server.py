@@ -1,0 +1,790 @@
+"""ManagedServer: the one owner of a managed llama-server, for chat and for embeddings.
+
+One object per (server build, model, role, flags): it resolves the binary and the GGUF
+(fetching and verifying pinned ones through :mod:`localllm.managed.acquire`), spawns the
+server, gates on ``/health``, respawns it after a crash and stops it. A process may hold
+several (an agent's chat model, an embedder's model, a service's whole set).
+
+Lifecycle (``ServerState``)::
+
+    CREATED ─ensure_ready()→ FETCHING ─paths ready→ STARTING ─/health 200→ READY
+                                │                       │                  │
+                                └───error───→ FAILED ←──exit/timeout───────┘ process died
+                                             (the next ensure_ready() starts again)
+    any state ─stop()→ STOPPING → STOPPED    (a later ensure_ready() starts a fresh server)
+
+Nothing is fetched or spawned before the first ``ensure_ready()``. The fetch and the start
+run in the calling thread with no lock held that ``stop()`` needs: ``stop()`` sets the
+attempt's cancel flag, which aborts a download between chunks (its partial file removed)
+or a health wait between polls, and returns once the attempt has let go. Concurrent
+callers share one attempt and its outcome, so a stampede spawns one server.
+
+Ports never race: the server is started with ``--port 0`` and the bound port is read from
+its ``listening on`` log line (or, before that line, from the process's listening socket);
+a build that cannot report it falls back to a freshly allocated port, retried on a bind
+failure. Every spawn also arms a watchdog process (``_watchdog.py``) so that no server
+outlives this process, even when it is SIGKILLed.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Literal, NamedTuple
+
+from localllm._process import StderrTail, run_probe, spawn, stop_group
+from localllm.errors import SidecarError, SidecarExited, SidecarStartTimeout
+from localllm.managed.release import server_env
+
+if TYPE_CHECKING:
+    import httpx
+
+__all__ = ["MANAGED_FLAGS", "ManagedServer", "Role", "ServerKey", "ServerState"]
+
+HOST = "127.0.0.1"
+
+#: Flags the server owner sets itself; ``args`` must not repeat them (the last one would win
+#: inside llama-server and silently break port discovery or slot sizing).
+MANAGED_FLAGS = frozenset(
+    {"-m", "--model", "--host", "--port", "-np", "--parallel", "-c", "--ctx-size", "-t", "--threads"}
+)
+
+_TAIL_BYTES = 64 * 1024  # stderr kept per process, for errors
+_PROBE_TIMEOUT = 30.0  # the most a `--help` probe may take, within the start's deadline
+_POLL = 0.1  # health poll interval, seconds
+_ABORT_GRACE = 0.5  # SIGTERM grace for a start that is abandoned (timeout or stop)
+_BIND_RETRIES = 3  # fresh ports tried when --port 0 is unsupported
+_SECRET_FLAGS = frozenset({"--api-key", "--hf-token", "-hft"})
+
+# New builds: "srv  llama_server: listening on http://127.0.0.1:PORT"; older ones:
+# "main: server is listening on http://127.0.0.1:PORT - starting the main loop" and
+# "main: HTTP server is listening, hostname: 127.0.0.1, port: PORT, http threads: N".
+_LISTEN_PATTERNS = (
+    re.compile(r"listening on https?://(?:\[[^\]]*\]|[^\s:/]+):(\d+)"),
+    re.compile(r"HTTP server is listening, hostname: \S+, port: (\d+)"),
+)
+_BIND_FAILED = "couldn't bind"
+
+
+#: how long ``stop()`` waits for a cancelled fetch or start to let go
+_CANCEL_WAIT = 10.0
+
+Role = Literal["chat", "embedding"]
+
+
+class ServerState(str, enum.Enum):
+    """Where a managed server is in its lifecycle."""
+
+    CREATED = "created"
+    FETCHING = "fetching"
+    STARTING = "starting"
+    READY = "ready"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+class _Cancelled(Exception):
+    """stop() cancelled the start attempt (never leaves this module)."""
+
+
+class _PortNotReported(Exception):
+    """The build echoed port 0 and its socket cannot be inspected: use a fixed port."""
+
+
+def _redact(argv: Sequence[str]) -> list[str]:
+    """argv with secret values replaced, safe for errors, logs and reprs."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append("***")
+            hide_next = False
+            continue
+        flag, eq, _ = arg.partition("=")
+        if flag in _SECRET_FLAGS:
+            if eq:
+                out.append(f"{flag}=***")
+            else:
+                out.append(arg)
+                hide_next = True
+            continue
+        out.append(arg)
+    return out
+
+
+#: Why a server dies of SIGILL: it was built for instructions this CPU (or its hypervisor)
+#: does not run — seen with AMX tile kernels under -march=native in a VM that hides AMX.
+_SIGILL_ADVICE = (
+    "the binary uses CPU instructions this machine cannot run: rebuild it here "
+    "(`localllm cache rm` the release, then `localllm fetch server --from-source`)"
+)
+
+
+def _describe_exit(returncode: int | None) -> str:
+    if returncode is not None and returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            return f"was killed by signal {-returncode}"
+        advice = f" ({_SIGILL_ADVICE})" if -returncode == signal.SIGILL else ""
+        return f"was killed by {name}{advice}"
+    return f"exited with code {returncode}"
+
+
+def _free_port() -> int:
+    """A port that was free a moment ago (racy by nature: callers retry on bind failure)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _child_env(binary: Path, overrides: Mapping[str, str] | None) -> dict[str, str]:
+    """The server's environment, built on purpose rather than inherited wholesale.
+
+    The binary's directory goes first on LD_LIBRARY_PATH: it holds the bundled
+    ``libllama``/``libggml*`` (and, for portable builds, the libstdc++ shim), and the
+    loader searches LD_LIBRARY_PATH before the binary's RUNPATH, so a stale inherited value
+    would otherwise load someone else's libraries. Inherited ``LLAMA_*`` variables are
+    dropped: llama-server reads ``LLAMA_ARG_*``/``LLAMA_API_KEY``/``LLAMA_LOG_*`` as flags,
+    and a user's shell settings for their own server must not reshape ours.
+
+    ``GOMP_SPINCOUNT=100`` (unless the caller set an OpenMP wait policy): GNU OpenMP's
+    worker threads otherwise spin for a long time at every barrier, and two sidecars on a
+    small machine (chat + embeddings) then starve each other. Measured on 2 cores with
+    gemma-3-270m decoding while a MiniLM sidecar embeds: a decide took 86 s with the
+    default spin and 1.26 s with 100, while an uncontended decide stayed 0.89 s vs 0.90 s.
+    """
+    env = {k: v for k, v in server_env(binary.resolve().parent).items() if not k.startswith("LLAMA_")}
+    if overrides:
+        env.update(overrides)
+    if "GOMP_SPINCOUNT" not in env and "OMP_WAIT_POLICY" not in env:
+        env["GOMP_SPINCOUNT"] = "100"
+    return env
+
+
+def _launch_error(binary: Path, exc: OSError) -> SidecarError:
+    err = SidecarError(f"cannot run llama-server {binary}: {exc.strerror or exc}")
+    err.hint = (
+        "check that the file exists and is executable; `localllm fetch server` installs one, or set LOCALLLM_SERVER_BIN"
+    )
+    return err
+
+
+class _Process:
+    """One spawned llama-server: its stderr tail, its watchdog, and how to stop it."""
+
+    def __init__(self, argv: list[str], env: Mapping[str, str], requested_port: int) -> None:
+        self.argv = argv
+        self.requested_port = requested_port
+        self.reported_port: int | None = None
+        self.bound_port: int | None = None  # set once /health answered 200 on it
+        self.stop_requested = False  # an exit after this is ours, not a crash
+        self.wake = threading.Event()  # set on a listening line
+        self._discovered: int | None = None
+        self._returncode: int | None = None
+        self._stopped = False
+        # Its own session and process group (_process.spawn): the terminal's Ctrl-C never
+        # reaches it, and stopping it stops whatever it started.
+        self.popen = spawn(argv, stderr=subprocess.PIPE, env=env)
+        self.pid = self.popen.pid
+        assert self.popen.stderr is not None
+        self._stderr = StderrTail(self.popen.stderr, name=f"llama-server-{self.pid}-stderr",
+                                  limit=_TAIL_BYTES, on_line=self._on_line)
+        try:
+            self._watchdog: subprocess.Popen[bytes] | None = self._arm_watchdog()
+        except OSError:
+            stop_group(self.popen, grace=0.0)
+            self._stderr.join(1.0)
+            raise
+
+    # -- stderr -------------------------------------------------------------------
+    def _on_line(self, line: str) -> None:
+        if self.reported_port is None:
+            for pattern in _LISTEN_PATTERNS:
+                match = pattern.search(line)
+                if match:
+                    self.reported_port = int(match.group(1))
+                    self.wake.set()
+                    break
+
+    def tail(self, n: int) -> str:
+        return self._stderr.lines(n)
+
+    def settle_stderr(self, timeout: float = 1.0) -> None:
+        """Give the drain thread a moment to collect the last lines of an exited process."""
+        self._stderr.join(timeout)
+
+    # -- port ---------------------------------------------------------------------
+    def port(self) -> int | None:
+        """The bound port, once known. Raises ``_PortNotReported`` for a build that can't tell."""
+        if self.requested_port:
+            return self.requested_port
+        reported = self.reported_port
+        if reported:
+            return reported
+        if self._discovered is None:
+            self._discovered = self._listening_socket()
+        if self._discovered:
+            return self._discovered
+        if reported == 0:
+            raise _PortNotReported
+        return None
+
+    def _listening_socket(self) -> int | None:
+        # The server binds before it loads the model but logs the port only after; its
+        # socket reveals the port early, so /health can be polled during the load.
+        import psutil
+
+        try:
+            conns = psutil.Process(self.pid).net_connections(kind="tcp")
+        except (psutil.Error, OSError):
+            return None
+        for conn in conns:
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.ip == HOST:
+                port: int = conn.laddr.port
+                return port
+        return None
+
+    # -- watchdog -----------------------------------------------------------------
+    def _arm_watchdog(self) -> subprocess.Popen[bytes]:
+        pidfd: int | None = None
+        if hasattr(os, "pidfd_open"):
+            try:
+                # Opened while the server is our unreaped child, so it cannot name a
+                # recycled pid later.
+                pidfd = os.pidfd_open(self.pid)
+            except OSError:
+                pidfd = None
+        script = Path(__file__).with_name("_watchdog.py")
+        argv = [sys.executable, "-I", "-S", str(script), str(self.pid)]
+        if pidfd is not None:
+            argv.append(str(pidfd))
+        try:
+            return spawn(argv, stdin=subprocess.PIPE, pass_fds=(pidfd,) if pidfd is not None else ())
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
+
+    def _disarm_watchdog(self) -> None:
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is None:
+            return
+        stdin = watchdog.stdin
+        assert stdin is not None
+        try:
+            stdin.write(b"x")  # one byte then EOF: we stopped the server ourselves
+            stdin.close()
+        except OSError:
+            pass  # the watchdog is already gone; reaping below is all that is left
+        try:
+            watchdog.wait(2.0)
+        except subprocess.TimeoutExpired:
+            watchdog.kill()
+            watchdog.wait()
+
+    # -- stopping -----------------------------------------------------------------
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, grace: float) -> int | None:
+        """SIGTERM the group, wait ``grace`` seconds, then SIGKILL; reap; disarm the watchdog.
+
+        llama-server shuts down cleanly on the first SIGTERM (exit 0); during model load it
+        dies at once. A second SIGTERM would make it exit 1, so one is sent. Idempotent.
+        """
+        self.stop_requested = True
+        if not self._stopped:
+            self._stopped = True
+            self._returncode = stop_group(self.popen, grace=grace)
+            self._disarm_watchdog()
+            self.settle_stderr()
+        return self._returncode
+
+
+class ServerKey(NamedTuple):
+    """What makes two managed servers the same: a service keeps one server per key."""
+
+    binary: str
+    model: str
+    role: Role
+    flags: tuple[str, ...]
+
+
+class _Start:
+    """One start attempt: its cancel flag and its outcome, shared by every waiting caller."""
+
+    def __init__(self) -> None:
+        self.cancel = threading.Event()
+        self.done = False
+        self.error: BaseException | None = None
+
+
+class ManagedServer:
+    """A managed ``llama-server`` for one GGUF, fetched and started on first use.
+
+    ``binary``: a path to run, or ``None`` for the pinned build (``LOCALLLM_SERVER_BIN``,
+    then the cache, then a verified download). ``model``: a :class:`~pathlib.Path` or a
+    ``*.gguf`` string (relative to ``base_dir``), or a pinned model id fetched on first use.
+    ``role`` says what the server is for (an embedding server gets its flags, from the
+    model registry, in ``args``).
+
+    ``ensure_ready()`` is safe from many threads: the first caller fetches and spawns, the
+    others wait and share the result. A server that dies after READY is respawned on the
+    next call. ``args`` are extra flags appended verbatim (not any of ``MANAGED_FLAGS``).
+    The context is ``ctx_per_slot × parallel`` because llama-server splits ``-c`` evenly
+    across slots; ``ctx_per_slot=None`` leaves ``-c`` to the server (the model's training
+    context). ``threads=None`` lets llama-server size its threads to the machine.
+    ``api_key`` is passed through the environment (``LLAMA_API_KEY``), never on the
+    command line.
+    """
+
+    def __init__(
+        self,
+        binary: str | Path | None,
+        model: str | Path,
+        *,
+        role: Role = "chat",
+        base_dir: Path | None = None,
+        args: Sequence[str] = (),
+        parallel: int = 4,
+        ctx_per_slot: int | None = 2048,
+        threads: int | None = None,
+        port: int | None = None,
+        env: Mapping[str, str] | None = None,
+        health_timeout: float = 180.0,
+        name: str | None = None,
+        api_key: str | None = None,
+    ) -> None:
+        name = name or role
+        if isinstance(args, str):
+            raise TypeError("args must be a sequence of strings, not one string")
+        clashing = sorted({a.partition("=")[0] for a in args} & MANAGED_FLAGS)
+        if clashing:
+            raise ValueError(
+                f"server {name!r}: extra args must not set {', '.join(clashing)}; "
+                "use the server's own settings (port, parallel, ctx_size, threads)"
+            )
+        if parallel < 1:
+            raise ValueError(f"server {name!r}: parallel must be >= 1, got {parallel}")
+        if ctx_per_slot is not None and ctx_per_slot < 1:
+            raise ValueError(f"server {name!r}: ctx_per_slot must be >= 1, got {ctx_per_slot}")
+        if threads is not None and threads < 1:
+            raise ValueError(f"server {name!r}: threads must be >= 1, got {threads}")
+        if port is not None and not 0 <= port <= 65535:
+            raise ValueError(f"server {name!r}: port must be 0-65535, got {port}")
+        if not health_timeout > 0:
+            raise ValueError(f"server {name!r}: health_timeout must be > 0, got {health_timeout}")
+        self.name = name
+        self.role: Role = role
+        self.parallel = parallel
+        self.ctx_per_slot = ctx_per_slot
+        self.threads = threads
+        self.health_timeout = health_timeout
+        #: the resolved binary and GGUF (None until the first fetch)
+        self.binary: Path | None = None
+        self.model: Path | None = None
+        self._binary_spec = binary
+        self._model_spec = model
+        self._base_dir = base_dir
+        self._args = list(args)
+        self._port = port or None  # 0 means "pick one", the same as None
+        self._env = dict(env) if env else {}
+        if api_key is not None:
+            self._env["LLAMA_API_KEY"] = api_key
+        # _cond guards _state, _proc, _start and _stopping; it is never held across a
+        # fetch, a spawn or a health poll.
+        self._cond = threading.Condition()
+        self._stop_lock = threading.Lock()  # one stop() at a time
+        self._state = ServerState.CREATED
+        self._start: _Start | None = None
+        self._stopping = False
+        self._proc: _Process | None = None
+        self._finalizer: weakref.finalize[[float], ManagedServer] | None = None
+        self._ui_flag: str | None = None  # probed once: "--no-webui", "--no-ui" or ""
+        self._port_zero = True  # False once this binary proved it can't report --port 0
+        self._crashes: deque[tuple[int, str]] = deque(maxlen=8)  # (pid, detail), newest last
+        self._returncode: int | None = None
+
+    # -- public surface -------------------------------------------------------------
+    @property
+    def key(self) -> ServerKey:
+        """The identity of this server: build, model, role and every flag but the port."""
+        flags = [f"--parallel={self.parallel}", f"-c={self.ctx_per_slot}", f"-t={self.threads}", *self._args]
+        return ServerKey(str(self._binary_spec or ""), str(self._model_spec), self.role, tuple(flags))
+
+    @property
+    def state(self) -> ServerState:
+        """The lifecycle state; a READY server found dead reads as FAILED."""
+        state, proc = self._state, self._proc
+        if state is ServerState.READY and proc is not None and not proc.alive():
+            return ServerState.FAILED
+        return state
+
+    @property
+    def pid(self) -> int | None:
+        """The current server's pid (None before the first spawn)."""
+        proc = self._proc
+        return proc.pid if proc is not None else None
+
+    @property
+    def base_url(self) -> str | None:
+        """``http://127.0.0.1:PORT`` of the READY server, else None."""
+        proc = self._proc
+        if self._state is not ServerState.READY or proc is None or not proc.bound_port:
+            return None
+        return f"http://{HOST}:{proc.bound_port}"
+
+    @property
+    def returncode(self) -> int | None:
+        """Exit code of the last stopped or crashed server (negative: killed by that signal)."""
+        return self._returncode
+
+    def is_alive(self) -> bool:
+        """True while the current server process runs (reaps it if it has exited)."""
+        proc = self._proc
+        return proc is not None and proc.alive()
+
+    def rss(self) -> int | None:
+        """Resident memory of the running server in bytes (None when it is not running)."""
+        proc = self._proc
+        if proc is None or not proc.alive():
+            return None
+        import psutil
+
+        try:
+            return int(psutil.Process(proc.pid).memory_info().rss)
+        except psutil.Error:
+            return None
+
+    def stderr_tail(self, n: int = 20) -> str:
+        """The last ``n`` stderr lines of the current (or last) server process."""
+        proc = self._proc
+        return proc.tail(n) if proc is not None else ""
+
+    def argv(self) -> list[str]:
+        """The argv of the current (or last) spawn, secrets redacted."""
+        proc = self._proc
+        return _redact(proc.argv) if proc is not None else []
+
+    def ensure_ready(self) -> str:
+        """Fetch and start the server if needed (or respawn a dead one); return its base URL.
+
+        Raises ``FetchError`` when the binary or model cannot be had, ``SidecarExited`` at
+        once if the process exits during start-up, ``SidecarStartTimeout`` if /health is
+        not 200 within ``health_timeout``, and ``SidecarError`` if ``stop()`` ran meanwhile.
+        """
+        url = self._live_url()
+        if url is not None:
+            return url
+        with self._cond:
+            while True:
+                start = self._start
+                if start is not None:  # another caller is fetching or starting: share it
+                    while not start.done:
+                        self._cond.wait()
+                    if isinstance(start.error, Exception):
+                        raise start.error
+                    if start.error is not None:  # the starting thread was interrupted
+                        raise SidecarError(f"server {self.name!r}: start interrupted") from start.error
+                elif self._stopping:
+                    self._cond.wait()
+                else:
+                    url = self._live_url()
+                    if url is not None:
+                        return url
+                    crashed = self._proc if self._state is ServerState.READY else None
+                    start = self._start = _Start()
+                    self._state = ServerState.FETCHING
+                    break
+        return self._run(start, crashed)
+
+    def crash_detail(self, pid: int | None = None) -> str | None:
+        """Why the server went away, for a request that found it dead; None if it didn't.
+
+        Without ``pid``: the current server, if it exited without being stopped. With
+        ``pid`` (read from ``.pid`` when the request was made): that process's exit, even
+        if a respawn has happened since. Never blocks on a start in progress.
+        """
+        if pid is not None:
+            for crashed_pid, detail in reversed(list(self._crashes)):
+                if crashed_pid == pid:
+                    return detail
+        proc = self._proc
+        if proc is None or (pid is not None and proc.pid != pid) or proc.alive() or proc.stop_requested:
+            return None
+        return self._crash_text(proc)
+
+    def stop(self, grace: float = 2.0) -> int | None:
+        """Stop the server: cancel a fetch or start in progress, else SIGTERM, up to
+        ``grace`` s, then SIGKILL. Idempotent.
+
+        Returns the exit code (0 for a clean shutdown, -9 when it had to be killed).
+        A later ``ensure_ready()`` fetches nothing again and starts a fresh server.
+        """
+        with self._stop_lock:
+            with self._cond:
+                self._stopping = True
+                start = self._start
+                if start is not None:
+                    start.cancel.set()
+                    self._state = ServerState.STOPPING
+                    deadline = time.monotonic() + _CANCEL_WAIT
+                    while not start.done and (left := deadline - time.monotonic()) > 0:
+                        self._cond.wait(left)
+                proc = self._proc
+                finalizer, self._finalizer = self._finalizer, None
+                if proc is not None and finalizer is not None and finalizer.alive:
+                    self._state = ServerState.STOPPING
+                    finalizer.detach()
+                else:
+                    proc = None
+            try:
+                if proc is not None:
+                    self._returncode = proc.stop(grace)
+            finally:
+                with self._cond:
+                    self._state = ServerState.STOPPED
+                    self._stopping = False
+                    self._cond.notify_all()
+            return self._returncode
+
+    def close(self) -> None:
+        """Same as ``stop()``."""
+        self.stop()
+
+    def __enter__(self) -> ManagedServer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return (
+            f"ManagedServer(name={self.name!r}, role={self.role}, model={str(self._model_spec)!r}, "
+            f"state={self._state.value}, pid={self.pid}, url={self.base_url})"
+        )
+
+    # -- the start attempt (runs in the caller's thread, no lock held) -----------------
+    def _live_url(self) -> str | None:
+        proc = self._proc
+        if self._state is ServerState.READY and proc is not None and proc.alive():
+            return self.base_url
+        return None
+
+    def _run(self, start: _Start, crashed: _Process | None) -> str:
+        try:
+            if crashed is not None:
+                self._record_crash(crashed)
+            self._fetch(start)
+            with self._cond:
+                if not start.cancel.is_set():
+                    self._state = ServerState.STARTING
+            url = self._spawn_until_ready(start, time.monotonic() + self.health_timeout)
+            if start.cancel.is_set():  # healthy just as stop() came: stop() takes it down
+                raise _Cancelled
+        except Exception as exc:
+            if not start.cancel.is_set():
+                self._finish(start, exc)
+                raise
+            stopped = SidecarError(f"server {self.name!r} was stopped while starting")
+            stopped.__cause__ = None if isinstance(exc, _Cancelled) else exc  # e.g. DownloadCancelled
+            self._finish(start, stopped)
+            raise stopped from stopped.__cause__
+        except BaseException as exc:  # KeyboardInterrupt, SystemExit: waiters get a SidecarError
+            self._finish(start, exc)
+            raise
+        self._finish(start, None)
+        return url
+
+    def _finish(self, start: _Start, error: BaseException | None) -> None:
+        with self._cond:
+            if not start.cancel.is_set():  # a cancelled attempt leaves the state to stop()
+                self._state = ServerState.FAILED if error is not None else ServerState.READY
+            start.error = error
+            start.done = True
+            self._start = None
+            self._cond.notify_all()
+
+    def _fetch(self, start: _Start) -> None:
+        """Resolve (and on first use fetch and verify) the binary and the model."""
+        from localllm.managed.acquire import resolve_model, resolve_server_binary
+
+        cancel = start.cancel
+        binary = resolve_server_binary(self._binary_spec, cancel=cancel)
+        model = resolve_model(self._model_spec, base_dir=self._base_dir, cancel=cancel)
+        if cancel.is_set():
+            raise _Cancelled
+        self.binary, self.model = binary, model
+
+    def _record_crash(self, proc: _Process) -> None:
+        """Reap a READY server that exited and remember why, for the request that hit it."""
+        self._release(proc, grace=0.0)
+        self._crashes.append((proc.pid, self._crash_text(proc)))
+
+    def _crash_text(self, proc: _Process) -> str:
+        proc.settle_stderr(0.5)
+        return (
+            f"llama-server {self.name!r} (pid {proc.pid}) {_describe_exit(proc.popen.returncode)}; "
+            f"last stderr lines:\n{proc.tail(20)}"
+        )
+
+    def _release(self, proc: _Process, grace: float) -> None:
+        with self._cond:
+            finalizer = self._finalizer if self._proc is proc else None
+            if finalizer is not None:
+                self._finalizer = None
+        if finalizer is not None:
+            finalizer.detach()
+        self._returncode = proc.stop(grace)
+
+    def _build_argv(self, binary: Path, model: Path, port: int, deadline: float) -> list[str]:
+        argv = [str(binary), "-m", str(model), "--host", HOST, "--port", str(port), "--parallel", str(self.parallel)]
+        if self.ctx_per_slot is not None:
+            argv += ["-c", str(self.ctx_per_slot * self.parallel)]
+        if self.threads is not None:
+            argv += ["-t", str(self.threads)]
+        ui_flag = self._probe_ui_flag(binary, deadline)
+        if ui_flag:
+            argv.append(ui_flag)
+        return argv + self._args
+
+    def _probe_ui_flag(self, binary: Path, deadline: float) -> str:
+        """``--no-webui`` (or its newer name ``--no-ui``) if this binary knows it.
+
+        The probe is bounded by the start's deadline — it may use half of what is left, so
+        the server itself still gets a chance — and a binary that hangs on ``--help`` gets
+        no optional flags (not cached: the next start, with a fresh deadline, asks again).
+        """
+        if self._ui_flag is None:
+            budget = min(_PROBE_TIMEOUT, max(deadline - time.monotonic(), 0.0) / 2)
+            try:
+                probe = run_probe([str(binary), "--help"], timeout=budget, env=_child_env(binary, self._env))
+            except OSError as exc:
+                raise _launch_error(binary, exc) from exc
+            if probe.timed_out:
+                return ""
+            if re.search(r"(?<![\w-])--no-webui(?![\w-])", probe.output):
+                self._ui_flag = "--no-webui"
+            elif re.search(r"(?<![\w-])--no-ui(?![\w-])", probe.output):
+                self._ui_flag = "--no-ui"
+            else:
+                self._ui_flag = ""
+        return self._ui_flag
+
+    def _spawn_until_ready(self, start: _Start, deadline: float) -> str:
+        bind_failures = 0
+        while True:
+            if start.cancel.is_set():
+                raise _Cancelled
+            if self._port is not None:
+                port = self._port
+            elif self._port_zero:
+                port = 0
+            else:
+                port = _free_port()
+            proc = self._spawn(port, deadline)
+            try:
+                return self._await_ready(proc, start, deadline)
+            except _PortNotReported:
+                self._release(proc, grace=0.0)
+                self._port_zero = False
+            except SidecarExited as exc:
+                # Only a port we picked ourselves is retried: someone took it in between.
+                if self._port is None and port and _BIND_FAILED in exc.stderr_tail:
+                    bind_failures += 1
+                    if bind_failures < _BIND_RETRIES and time.monotonic() < deadline:
+                        continue
+                raise
+
+    def _spawn(self, port: int, deadline: float) -> _Process:
+        assert self.binary is not None and self.model is not None
+        argv = self._build_argv(self.binary, self.model, port, deadline)
+        env = _child_env(self.binary, self._env)
+        try:
+            proc = _Process(argv, env, port)
+        except OSError as exc:
+            raise _launch_error(self.binary, exc) from exc
+        with self._cond:
+            self._proc = proc
+            self._returncode = None
+            # Stops the server at interpreter exit or if this object is garbage-collected;
+            # holds the process, not the server object, so it never keeps that alive.
+            self._finalizer = weakref.finalize(self, proc.stop, 2.0)
+        return proc
+
+    def _await_ready(self, proc: _Process, start: _Start, deadline: float) -> str:
+        import httpx
+
+        with httpx.Client(trust_env=False) as client:
+            while True:
+                if start.cancel.is_set():
+                    self._release(proc, grace=_ABORT_GRACE)
+                    raise _Cancelled
+                if not proc.alive():
+                    self._release(proc, grace=0.0)
+                    raise self._exited(proc)
+                port = proc.port()
+                if port and self._healthy(client, port, deadline):
+                    proc.bound_port = port
+                    return f"http://{HOST}:{port}"
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self._release(proc, grace=_ABORT_GRACE)
+                    raise self._timed_out(proc)
+                proc.wake.wait(min(_POLL, remaining))
+                proc.wake.clear()
+
+    @staticmethod
+    def _healthy(client: httpx.Client, port: int, deadline: float) -> bool:
+        import httpx
+
+        budget = max(0.05, min(2.0, deadline - time.monotonic()))
+        try:
+            response = client.get(
+                f"http://{HOST}:{port}/health", timeout=httpx.Timeout(budget, connect=min(budget, 1.0))
+            )
+        except httpx.TransportError:
+            return False  # not listening yet, or busy loading: poll again
+        return response.status_code == 200
+
+    def _exited(self, proc: _Process) -> SidecarExited:
+        proc.settle_stderr()
+        tail = proc.tail(20)
+        err = SidecarExited(argv=_redact(proc.argv), returncode=proc.popen.returncode, stderr_tail=tail)
+        if proc.requested_port and _BIND_FAILED in tail:
+            err.hint = (
+                f"port {proc.requested_port} is already in use: choose another port, "
+                "or leave it unset so llama-server picks a free one"
+            )
+        elif proc.popen.returncode == -signal.SIGILL:
+            err.hint = _SIGILL_ADVICE
+        else:
+            err.hint = f"run it by hand to see the whole log: {' '.join(_redact(proc.argv))}"
+        return err
+
+    def _timed_out(self, proc: _Process) -> SidecarStartTimeout:
+        err = SidecarStartTimeout(
+            f"llama-server {self.name!r} ({self.model}) was not healthy within "
+            f"{self.health_timeout:g} s; last stderr lines:\n{proc.tail(20)}"
+        )
+        err.hint = "raise health_timeout for a large model or a slow disk, or check the log above"
+        return err
