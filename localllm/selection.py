@@ -84,9 +84,15 @@ def _file_sha256(path: Path) -> str | None:
 
 
 def _decl_data(decl: AgentDecl) -> dict[str, Any]:
+    """The declaration's fields that differ from their defaults (a key added to a plugin type
+    later, at its default, leaves every recorded fingerprint valid)."""
     data: dict[str, Any] = {}
     for f in dataclasses.fields(decl):
         value = getattr(decl, f.name)
+        if f.default is not dataclasses.MISSING and value == f.default:
+            continue
+        if f.default_factory is not dataclasses.MISSING and value == f.default_factory():
+            continue
         if f.name in _SECRET_FIELDS and isinstance(value, Mapping):
             value = sorted(str(k) for k in value)
         data[f.name] = value

@@ -509,3 +509,20 @@ def test_an_unwritable_reports_directory_is_a_clear_error(app: Path, capsys: pyt
     assert main(["eval", "triage", "-c", str(app / "app.yaml"), "--out", str(app / "blocked"), "--json"]) == 1
     doc = json.loads(capsys.readouterr().out)
     assert doc["kind"] == "evidence_error" and "blocked" in doc["detail"]
+
+
+def test_a_key_added_to_a_plugin_type_later_at_its_default_keeps_fingerprints_valid() -> None:
+    import dataclasses
+
+    from localllm.config import LocalLLMDecl
+    from localllm.selection import _decl_data, canonical_sha256
+
+    @dataclasses.dataclass(frozen=True)
+    class Later(LocalLLMDecl):
+        newkey: int = 3
+
+    now = LocalLLMDecl(alias="agent.gem", plugin="builtin.local_llm", model="gemma-3-270m", max_tokens=96)
+    later = Later(**{f.name: getattr(now, f.name) for f in dataclasses.fields(now)})
+    assert canonical_sha256(_decl_data(later)) == canonical_sha256(_decl_data(now))
+    changed = dataclasses.replace(later, newkey=4)
+    assert canonical_sha256(_decl_data(changed)) != canonical_sha256(_decl_data(now))
