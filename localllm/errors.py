@@ -161,8 +161,11 @@ class AgentError(LocalLLMError):
         episode_id: str | None = None,
         match_idx: int | None = None,
         original: AgentError | None = None,
+        call_id: str | None = None,
     ) -> None:
         self.kind = ErrorKind(kind)
+        #: the failed call's call_id (set by the runtime), to find its events in the trace
+        self.call_id = call_id
         self.detail = detail
         self.alias = alias
         self.meta = meta
@@ -190,6 +193,7 @@ class AgentError(LocalLLMError):
         fields: dict[str, object] = {
             "kind": self.kind, "detail": self.detail, "hint": self.hint, "alias": self.alias, "meta": self.meta,
             "episode_id": self.episode_id, "match_idx": self.match_idx, "original": self.original,
+            "call_id": self.call_id,
         }
         fields.update(changes)
         clone = AgentError.__new__(type(self))

@@ -34,7 +34,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # Agent Plugins directories: parsed into declarations the transports then run
     ("plugins", ("localllm.plugins",)),
     # load_config: the data-only config plus the checks that need schema, grammar and plugins
-    ("loading", ("localllm.loading",)),
+    # selection: evidence fingerprints and the choice, read by load_config, check and the runtime
+    ("loading", ("localllm.loading", "localllm.selection")),
     ("agents", ("localllm.agents", "localllm.embed")),
     # the recorder observes calls for the runtime, which owns and notifies it: just below it
     ("recorder", ("localllm.trace.recorder",)),
