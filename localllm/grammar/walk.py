@@ -138,6 +138,14 @@ class Grammar:
         walk.gen(("ref", self.root), 0)
         return "".join(walk.out)
 
+    def first(self, *, max_depth: int = 12) -> str:
+        """The deterministic walk: first alternatives, fewest repeats, lowest characters."""
+        if self._rule_heights is None:
+            self._rule_heights = self._heights()
+        walk = _Walk(self, None, max_depth, 0, self._rule_heights, self._candidates)
+        walk.gen(("ref", self.root), 0)
+        return "".join(walk.out)
+
     def _heights(self) -> dict[str, int]:
         heights = {name: 10 ** 9 for name in self.rules}
         changed = True
@@ -201,7 +209,8 @@ class _Walk:
     """One random walk: the choices it makes and the text it writes."""
 
     grammar: Grammar
-    rng: random.Random
+    #: None: the deterministic walk of :meth:`Grammar.first`
+    rng: random.Random | None
     max_depth: int
     max_repeat: int
     heights: dict[str, int]
@@ -221,9 +230,9 @@ class _Walk:
         if kind == "lit":
             out.append(node[1])
         elif kind == "cls":
-            out.append(_pick(node, rng, self.candidates))
+            out.append(_pick(node, rng, self.candidates) if rng else _lowest(node, self.candidates))
         elif kind == "any":
-            out.append(rng.choice(_POOL))
+            out.append(rng.choice(_POOL) if rng else "a")
         elif kind == "ref":
             self.gen(self.grammar.rules[node[1]], depth + 1)
         elif kind == "seq":
@@ -234,10 +243,10 @@ class _Walk:
             if depth >= self.max_depth:
                 hs = [self.height(o) for o in options]
                 options = [o for o, h in zip(options, hs, strict=True) if h == min(hs)]
-            self.gen(rng.choice(options), depth)
+            self.gen(rng.choice(options) if rng else options[0], depth)
         elif kind == "rep":
             _, inner, lo, hi = node
-            if depth >= self.max_depth:
+            if depth >= self.max_depth or rng is None:
                 count = lo
             elif hi is not None and hi - lo <= 50 and rng.random() < 0.2:
                 count = hi
@@ -327,6 +336,17 @@ def _in_class(node: Node, c: str) -> bool:
     cp = ord(c)
     hit = any(lo <= cp <= hi for lo, hi in node[2])
     return hit is not bool(node[1])
+
+
+def _lowest(node: Node, cache: dict[int, list[str]]) -> str:
+    if not node[1]:
+        return chr(min(lo for lo, _ in node[2]))
+    candidates = cache.get(id(node))
+    if candidates is None:
+        candidates = cache[id(node)] = [c for c in _POOL if _in_class(node, c)]
+    if not candidates:
+        raise GrammarSyntaxError("empty character class")
+    return candidates[0]
 
 
 def _pick(node: Node, rng: random.Random, cache: dict[int, list[str]]) -> str:
