@@ -172,6 +172,41 @@ def compile_schema(schema: Mapping[str, Any] | bool, *, space: bool = False) -> 
         return CompiledGrammar(None, [Refusal("$", "depth", "$: the schema nests too deeply to compile")])
 
 
+def schema_problem(schema: Any) -> tuple[str, str] | None:
+    """Why ``schema`` is not a valid JSON Schema for its draft — (JSON path, reason) — or None."""
+    import jsonschema
+
+    if _nesting(schema) > 4 * MAX_DEPTH:
+        return "$", f"it nests more than {4 * MAX_DEPTH} levels deep"
+    if isinstance(schema, dict) and "$schema" in schema and not isinstance(schema["$schema"], str):
+        return "$", '"$schema" must be a URI string'
+    cls = validator_class(schema)
+    try:
+        cls.check_schema(schema)
+    except jsonschema.exceptions.SchemaError as exc:
+        where = "$"
+        for p in exc.absolute_path:
+            where = child(where, p)
+        return where, exc.message
+    except _validation_failures() as exc:
+        return "$", f"the validator cannot read it ({type(exc).__name__})"
+    return None
+
+
+def validator_class(schema: Any) -> Any:
+    """The jsonschema validator class for ``schema``'s ``$schema`` (2020-12 when absent or unknown)."""
+    import warnings
+
+    import jsonschema
+
+    if not isinstance(schema, dict) or not isinstance(schema.get("$schema", ""), str):
+        return jsonschema.Draft202012Validator
+    with warnings.catch_warnings():
+        # an unknown $schema: jsonschema warns and uses its latest draft, as we do
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+
+
 def _nesting(value: Any) -> int:
     """How deep ``value`` nests, without recursion (a 10,000-deep input is fine)."""
     deepest = 0
@@ -340,10 +375,9 @@ class _Compiler:
         self.refs: dict[str, str] = {}
         self.in_progress: set[str] = set()
         self.notes: list[str] = []
-        if isinstance(root, dict):
-            cls = jsonschema.validators.validator_for(root, default=jsonschema.Draft202012Validator)
-        else:
-            cls = jsonschema.Draft202012Validator
+        if isinstance(root, dict) and "$schema" in root and not isinstance(root["$schema"], str):
+            raise _Refuse("$", "$schema", f'"$schema" must be a URI string, got {_q(root["$schema"])}')
+        cls = validator_class(root)
         self.draft = {
             "Draft3Validator": 3, "Draft4Validator": 4, "Draft6Validator": 6, "Draft7Validator": 7,
             "Draft201909Validator": 2019,
@@ -359,6 +393,16 @@ class _Compiler:
             raise _Refuse(where, "schema", f"not a valid schema: {exc.message}") from None
         self.validator = cls(root, format_checker=cls.FORMAT_CHECKER)
         self.root_id = root.get("$id") or root.get("id") if isinstance(root, dict) else None
+        self.failures = _validation_failures()
+
+    def valid(self, schema: Any, value: Any, path: str, construct: str) -> bool:
+        """Does ``value`` validate against ``schema`` (a subschema of the root)? A schema the
+        validator cannot evaluate is a refusal."""
+        try:
+            return bool(self.validator.evolve(schema=schema).is_valid(value))
+        except self.failures as exc:
+            why = f"the validator cannot evaluate this schema ({type(exc).__name__})"
+            raise _Refuse(path, construct, why) from None
 
     # ------------------------------------------------------------------ rules
 
@@ -475,15 +519,13 @@ class _Compiler:
         values = [node["const"]] if "const" in node else node["enum"]
         if not isinstance(values, list):
             raise _Refuse(path, "enum", '"enum" must be an array')
-        checker = self.validator.evolve(schema=node)
         kept = []
         for value in values:
             try:
                 text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-                ok = checker.is_valid(value)
-            except (ValueError, TypeError, RecursionError, re.error) as exc:
-                raise _Refuse(path, "enum", f"cannot check the value {value!r}: {exc}") from None
-            if ok:
+            except (ValueError, TypeError, RecursionError) as exc:
+                raise _Refuse(path, "enum", f"a listed value is not finite JSON ({exc})") from None
+            if self.valid(node, value, path, "enum"):
                 kept.append(gbnf_literal(text))
         if not kept:
             raise _Unsatisfiable(path, "const" if "const" in node else "enum",
@@ -548,11 +590,7 @@ class _Compiler:
             return False
         lits = _literal_values(a)
         if lits is not None:
-            checker = self.validator.evolve(schema=b)
-            try:
-                return not any(checker.is_valid(v) for v in lits)
-            except (ValueError, TypeError, RecursionError, re.error):
-                return False
+            return not any(self.valid(b, v, "$", "oneOf") for v in lits)
         ka, kb = _schema_kinds(a), _schema_kinds(b)
         if ka is not None and kb is not None and not ka & kb:
             return True
@@ -777,11 +815,7 @@ class _Compiler:
             elif matching:
                 declared[i] = (name, {"allOf": [sub, *matching]}, ppath)
         if names is not True and names != {}:
-            checker = self.validator.evolve(schema=names)
-            try:
-                bad = {n for n, _, _ in declared if not checker.is_valid(n)}
-            except (ValueError, TypeError, RecursionError, re.error):
-                raise _Refuse(path, "propertyNames", '"propertyNames" cannot be checked') from None
+            bad = {n for n, _, _ in declared if not self.valid(names, n, path, "propertyNames")}
             for n in sorted(bad & required_set):
                 raise _Unsatisfiable(path, "propertyNames", f"required property {_q(n)} breaks propertyNames")
             declared = [d for d in declared if d[0] not in bad]
@@ -1060,6 +1094,16 @@ class _Compiler:
             if tighter or (c.value == best.value and c.exclusive):
                 best = c
         return best
+
+
+def _validation_failures() -> tuple[type[BaseException], ...]:
+    """What jsonschema may raise while evaluating a schema it accepted (bad refs, odd values)."""
+    import jsonschema
+    from referencing.exceptions import Unresolvable
+
+    return (Unresolvable, jsonschema.exceptions.UnknownType, jsonschema.exceptions.FormatError,
+            jsonschema.exceptions.SchemaError, ValueError, TypeError, LookupError, AttributeError,
+            RecursionError, OverflowError, re.error)
 
 
 def _int_at_least(b: _Bound) -> int:

@@ -12,7 +12,7 @@ from typing import Any
 
 import jsonschema
 
-from localllm.grammar.compile import CompiledGrammar, compile_schema
+from localllm.grammar.compile import CompiledGrammar, compile_schema, validator_class
 from localllm.grammar.walk import Grammar
 from tests.conftest import REPO
 
@@ -41,8 +41,7 @@ def _time(value: object) -> bool:
 
 def validator(schema: Any) -> Any:
     """The jsonschema validator for the schema's draft, formats asserted (date-time and time strictly)."""
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator) \
-        if isinstance(schema, dict) else jsonschema.Draft202012Validator
+    cls = validator_class(schema)
     checker = jsonschema.FormatChecker(list(cls.FORMAT_CHECKER.checkers))
     checker.checks("date-time")(_date_time)
     checker.checks("time")(_time)
