@@ -285,6 +285,9 @@ class _Checker:
             return all(_json_type(v) in wanted or (_json_type(v) == "integer" and "number" in wanted)
                        for v in literals)
         own = alt.get("type")
+        if own is None:  # the converter's kind inference without a type
+            own = "object" if _has_properties(alt) else "array" if ("items" in alt or "prefixItems" in alt) \
+                else "string" if any(k in alt for k in ("pattern", "minLength", "maxLength")) else None
         names = {own} if isinstance(own, str) else set(own) if isinstance(own, list) and own else None
         return names is not None and all(isinstance(n, str) for n in names) and names <= wanted
 
@@ -880,6 +883,7 @@ def _pattern_hole(s: str) -> str | None:
     an escape of a quote/backslash/control character, or a literal ``"``."""
     i = 0
     in_class = False
+    after_range = False  # in [0-9-_] the second "-" is a literal, not a range
     while i < len(s):
         c = s[i]
         if c == "\\" and i + 1 < len(s):
@@ -905,11 +909,17 @@ def _pattern_hole(s: str) -> str | None:
         if in_class:
             if c == "]":
                 in_class = False
-            elif c == "-" and i > 0 and s[i - 1] not in "[\\" and i + 1 < len(s) and s[i + 1] not in "]\\":
+            elif c == "-" and not after_range and s[i - 1] not in "[\\" and i + 1 < len(s) \
+                    and s[i + 1] not in "]\\":
                 lo, hi = ord(s[i - 1]), ord(s[i + 1])
                 if lo <= 0x22 <= hi or lo <= 0x5C <= hi or lo < 0x20:
                     return f'the range "{s[i - 1]}-{s[i + 1]}" (it spans a quote, backslash or control character)'
+                after_range = True
+                i += 2
+                continue
+            after_range = False
         elif c == "[":
+            after_range = False
             in_class = True
             if s.startswith("^", i + 1):
                 return "a negated class [^...]"

@@ -18,7 +18,7 @@ _TOKEN = re.compile(
     r'\s*(?:(?P<def>::=)|(?P<name>[A-Za-z0-9-]+)|(?P<lit>"(?:[^"\\]|\\.)*")|(?P<cls>\[(?:[^\]\\]|\\.)*\])'
     r"|(?P<rep>\{\d+(?:,\d*)?\})|(?P<op>[()|*+?.])|(?P<comment>#[^\n]*))"
 )
-_ESCAPES = {"t": "\t", "r": "\r", "n": "\n", "\\": "\\", '"': '"', "[": "[", "]": "]"}
+_ESCAPES = {"t": "\t", "r": "\r", "n": "\n", "\\": "\\", '"': '"', "[": "[", "]": "]", "-": "-"}
 # characters worth trying for negated classes: ASCII, JSON specials, multi-byte code points
 _POOL = [chr(c) for c in range(0x20, 0x7F)] + list("\t\n\r\x00\x1f\x7fé中😀\u2028")
 _MAX_CP = 0x10FFFF

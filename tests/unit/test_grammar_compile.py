@@ -230,6 +230,11 @@ def test_non_ascii_and_escaped_keys_survive() -> None:
     assert g.matches(json.dumps({'qu"o\\te': "é\n", "中": None}, ensure_ascii=False, separators=(",", ":")))
 
 
+def test_walker_reads_llama_cpp_escapes() -> None:
+    g = Grammar.parse('root ::= [a\\-z]+ "\\-" space\nspace ::= | " " | "\\n"{1,2} [ \\t]{0,20}\n')
+    assert g.matches("a-z-") and g.matches("z-\n\t ") and not g.matches("b-")
+
+
 def test_walker_rejects_grammar_it_cannot_read() -> None:
     with pytest.raises(GrammarSyntaxError):
         Grammar.parse('root ::= "a" undefined\n')

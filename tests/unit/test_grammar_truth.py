@@ -46,7 +46,8 @@ def test_patterns_that_emit_raw_quote_backslash_or_control_are_a_hole(pattern: s
     assert errors({"type": "string", "pattern": pattern}) == [("$", "pattern")]
 
 
-@pytest.mark.parametrize("pattern", ["^[a-z]+$", "^[A-Z]{2}-[0-9]{3}$", "^\\.$", "^[.+-]$", "^(a|b)+$"])
+@pytest.mark.parametrize("pattern", ["^[a-z]+$", "^[A-Z]{2}-[0-9]{3}$", "^\\.$", "^[.+-]$", "^(a|b)+$",
+                                     "^iglu:[a-zA-Z0-9-_.]+$"])
 def test_plain_patterns_are_enforced(pattern: str) -> None:
     assert errors({"type": "string", "pattern": pattern}) == []
 
@@ -77,6 +78,7 @@ def test_dates_are_value_level_warnings() -> None:
 @pytest.mark.parametrize("schema", [
     {"type": "object", "anyOf": [{"type": "object", "properties": OBJ}, {"type": "object", "properties": {}}]},
     {"type": "string", "oneOf": [{"const": "a"}, {"enum": ["b", "c"]}]},
+    {"type": "string", "anyOf": [{"maxLength": 2}, {"minLength": 4}]},
     {"$defs": {"o": {"type": "object", "properties": OBJ}}, "type": "object", "$ref": "#/$defs/o"},
     {"type": "string", "format": "date", "minLength": 10},
     {"type": "string", "format": "uuid", "minLength": 1, "maxLength": 36},
