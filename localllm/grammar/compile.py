@@ -245,6 +245,8 @@ def _gbnf_char(c: str, *, in_class: bool) -> str:
     cp = ord(c)
     if c.isascii() and (c.isalnum() or (not in_class and c in " !#$%&'()*+,-./:;<=>?@^_`{|}~")):
         return c
+    if not in_class and c in '"\\':
+        return "\\" + c
     if cp < 0x100:
         return f"\\x{cp:02X}"
     if cp < 0x10000:

@@ -141,6 +141,18 @@ _CHECK_FAILURES: tuple[type[BaseException], ...] = (
 )
 
 
+def unenforced(schema: Any, *, compiled: bool = True) -> list[Violation]:
+    """The errors that leave ``schema`` unenforced on the path ``builtin.local_llm`` takes:
+    none when localllm's compiler expresses it exactly (``compiled``, i.e. ``grammar: true``),
+    else those of llama.cpp's converter (the fallback, and ``grammar: server``)."""
+    if compiled:
+        from localllm.grammar.compile import compile_schema
+
+        if compile_schema(schema).exact:
+            return []
+    return [v for v in check_subset(schema) if v.severity == "error"]
+
+
 def child_path(path: str, key: str | int) -> str:
     """``$.a`` + ``b`` → ``$.a.b``; odd keys and indexes use brackets."""
     if isinstance(key, int):

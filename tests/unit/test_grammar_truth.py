@@ -129,3 +129,13 @@ def test_deep_nesting_is_a_finding() -> None:
 def test_valid_schemas_have_no_schema_problem() -> None:
     assert schema_problem({"type": "object", "properties": OBJ}) is None
     assert schema_problem(True) is None
+
+
+def test_unenforced_is_empty_when_the_schema_compiles() -> None:
+    from localllm.grammar import unenforced
+
+    one_sided = {"type": "integer", "maximum": -5}  # a converter hole, exact when compiled
+    assert unenforced(one_sided) == []
+    assert [v.construct for v in unenforced(one_sided, compiled=False)] == ["maximum"]
+    unique = {"type": "array", "items": {"type": "string"}, "uniqueItems": True}
+    assert [v.construct for v in unenforced(unique)] == ["uniqueItems"]
