@@ -574,7 +574,7 @@ class _Compiler:
         targets = [self.flat(a, path) for a in alts]
         for i, a in enumerate(targets):
             for j, b in enumerate(targets):
-                if i != j and not self.excludes(a, b):
+                if i != j and not self.excludes(a, b, rest):
                     raise _Refuse(child(child(path, "oneOf"), j), "oneOf",
                                   f'"oneOf" branches {i} and {j} may both match; only provably disjoint '
                                   'branches are compiled (use "anyOf" if overlap is fine)')
@@ -586,14 +586,14 @@ class _Compiler:
             node = self.resolve(node["$ref"], path)[0]
         return node
 
-    def excludes(self, a: Any, b: Any) -> bool:
-        """True when no value valid against ``a`` is valid against ``b``."""
+    def excludes(self, a: Any, b: Any, rest: dict[str, Any] | None = None) -> bool:
+        """True when no value generated for ``a`` (beside ``rest``) is valid against ``b``."""
         if not isinstance(a, dict) or not isinstance(b, dict):
             return False
         lits = _literal_values(a)
         if lits is not None:
             return not any(self.valid(b, v, "$", "oneOf") for v in lits)
-        ka, kb = _schema_kinds(a), _schema_kinds(b)
+        ka, kb = _schema_kinds(a) or _generated_kinds({**(rest or {}), **a}), _schema_kinds(b)
         if ka is not None and kb is not None and not ka & kb:
             return True
         if ka == {"object"}:
@@ -1163,6 +1163,15 @@ def _schema_kinds(node: dict[str, Any]) -> set[str] | None:
     if types is None:
         return None
     return {"number" if t == "integer" else t for t in types}
+
+
+def _generated_kinds(node: dict[str, Any]) -> set[str] | None:
+    """The kinds :meth:`_Compiler.typed` generates for ``node`` when it has no ``type``: those
+    whose keywords it holds (None when something else decides: refs, combinators, literals)."""
+    if _schema_kinds(node) is not None or any(k in node for k in ("$ref", "allOf", "anyOf", "oneOf")):
+        return _schema_kinds(node)
+    kinds = {k for k, kws in _KIND_KW.items() if any(_asserts(node, kw) for kw in kws)}
+    return kinds or None
 
 
 def _kind(value: Any) -> str:
