@@ -92,9 +92,8 @@ def _check_schemas(draft: Draft) -> None:
         if issues or gate.verb != "decide" or not isinstance(decl, LocalLLMDecl) or not decl.grammar \
                 or decl.json_schema:
             continue
-        from localllm.grammar import check_subset, format_violation
+        from localllm.grammar import format_violation, unenforced
 
-        for violation in check_subset(schema):
-            if violation.severity == "error":
-                draft.problems.add(key, format_violation(violation, gate.agent, str(gate.schema_path)),
-                                   "simplify the schema, set json_schema: true, or route the gate to another agent")
+        for violation in unenforced(schema, compiled=decl.grammar is True):
+            draft.problems.add(key, format_violation(violation, gate.agent, str(gate.schema_path)),
+                               "simplify the schema, set json_schema: true, or route the gate to another agent")

@@ -143,7 +143,9 @@ class LocalLLMDecl(AgentDecl):
                                 "sent in the body", example="model: gemma-3-270m (managed)")
     endpoint: str | None = setting(None, "attach to an OpenAI-compatible server (never fetch/spawn/kill)",
                                    check="url", example="endpoint: http://127.0.0.1:8080 (attach)")
-    grammar: bool = setting(True, "constrain decoding when the schema is in the grammar subset")
+    grammar: bool | str = setting(True, "true: localllm's exact compiled grammar (llama.cpp's converter for a "
+                                  "schema it cannot compile); server: llama.cpp's converter; false: none",
+                                  choices=("server",))
     json_schema: bool = setting(False, "always send response_format json_schema (wins over grammar)")
     api_key_env: str | None = setting(None, "NAME of the env var with a bearer token, read per call; \"\" disables "
                                       "auth", check="env_name")
