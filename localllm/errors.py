@@ -24,6 +24,7 @@ callers may catch either.
     │   ├── OfflineArtifactMissing            LOCALLLM_OFFLINE=1 and not cached
     │   ├── InsufficientSpace (OSError)       not enough free disk for the download
     │   ├── UnsafeArchive (ValueError)        a member would land outside its directory
+    │   │   └── ArchiveTooLarge               members add up past the size, ratio or count cap
     │   ├── LibstdcxxTooOld                   the host (and shim) lack the GLIBCXX the server needs
     │   └── BuildError                        source build failed or a tool is missing
     ├── SidecarError
@@ -36,7 +37,8 @@ callers may catch either.
         ├── InputTooLong (ValueError)
         ├── DimensionMismatch (ValueError)
         ├── EmbedServerError                  the embedding server failed or answered badly
-        └── StoreCorrupt
+        ├── StoreCorrupt
+        └── StoreUnavailable (OSError)        disk full, locked or I/O error; nothing was lost
 """
 
 from __future__ import annotations
@@ -278,6 +280,16 @@ class UnsafeArchive(FetchError, ValueError):
     """An archive member would land outside the extraction directory."""
 
 
+class ArchiveTooLarge(UnsafeArchive):
+    """Extraction would pass a cap: ``member``, what was counted (``size``) and the ``limit``."""
+
+    def __init__(self, message: str, *, member: str, size: int, limit: int) -> None:
+        self.member = member
+        self.size = size
+        self.limit = limit
+        super().__init__(message)
+
+
 class LibstdcxxTooOld(FetchError):
     """llama-server needs ``GLIBCXX_3.4.<required>``; the host has ``<system>``, the shim ``<shim>``."""
 
@@ -364,3 +376,15 @@ class EmbedServerError(EmbedError):
 
 class StoreCorrupt(EmbedError):
     """An embedding store is corrupt or partial; it is rebuilt, never trusted."""
+
+
+class StoreUnavailable(EmbedError, OSError):
+    """The store cannot be read or written right now (disk full, locked, I/O error).
+
+    Nothing already stored was changed; retry once the cause is gone.
+    """
+
+    def __init__(self, message: str, *, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(message)

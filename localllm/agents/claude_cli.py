@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import selectors
 import shutil
 import subprocess
 import threading
@@ -53,6 +54,11 @@ TRANSCRIPT_FORMAT = "claude-json"
 _KILL_GRACE = 0.25
 #: how long to wait for pipes to drain after the group was killed
 _REAP_TIMEOUT = 2.0
+#: largest stdout accepted from one run (an envelope is kilobytes; a runaway CLI is cut here)
+_MAX_STDOUT = 64 * 1024 * 1024
+#: bytes of stderr kept (its tail goes into errors)
+_STDERR_KEEP = 64 * 1024
+_PIPE_CHUNK = 65536
 _STDERR_TAIL_LINES = 10
 _STDERR_TAIL_BYTES = 1024
 _USAGE_CACHE_READ = "cache_read_input_tokens"
@@ -293,9 +299,21 @@ class ClaudeCliAgent(Agent):
                 ) from exc
         proc = call.proc
         try:
-            stdout, stderr = proc.communicate(
-                self.render_prompt(request), timeout=self.remaining(deadline)
-            )
+            stdout, stderr = _communicate(proc, self.render_prompt(request), deadline)
+        except _OutputTooLarge as exc:
+            _kill_group(proc)
+            # Not communicate(): whatever still holds the pipe could flood it; just let go.
+            for stream in (proc.stdin, proc.stdout, proc.stderr):
+                if stream is not None:
+                    with contextlib.suppress(OSError):
+                        stream.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=_REAP_TIMEOUT)
+            raise AgentError(
+                ErrorKind.PLUGIN_CRASH,
+                f"{self.alias}: claude CLI printed more than {_MAX_STDOUT} bytes on stdout; "
+                "process group killed",
+            ) from exc
         except subprocess.TimeoutExpired as exc:
             _kill_group(proc)
             _reap(proc)
@@ -403,6 +421,59 @@ def _parse_envelope(stdout: str) -> dict[str, Any] | None:
         if isinstance(value, dict) and value.get("type") == "result":
             return value
     return None
+
+
+class _OutputTooLarge(Exception):
+    """Internal: stdout passed :data:`_MAX_STDOUT`."""
+
+
+def _communicate(proc: subprocess.Popen[str], prompt: str, deadline: float) -> tuple[str, str]:
+    """``communicate()`` with limits, on the raw pipes: the prompt is written while stdout
+    and stderr are read, stdout stops at :data:`_MAX_STDOUT` bytes (:class:`_OutputTooLarge`,
+    checked while reading, so the cap plus one chunk is all ever held), only the last
+    :data:`_STDERR_KEEP` bytes of stderr are kept, and every wait ends at ``deadline``
+    (``subprocess.TimeoutExpired``)."""
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    stdin_fd, stdout_fd = proc.stdin.fileno(), proc.stdout.fileno()
+    data = memoryview(prompt.encode("utf-8"))
+    out, err = bytearray(), bytearray()
+    with selectors.DefaultSelector() as sel:
+        if data:
+            os.set_blocking(stdin_fd, False)
+            sel.register(stdin_fd, selectors.EVENT_WRITE)
+        else:
+            proc.stdin.close()
+        sel.register(stdout_fd, selectors.EVENT_READ)
+        sel.register(proc.stderr.fileno(), selectors.EVENT_READ)
+        while sel.get_map():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise subprocess.TimeoutExpired(proc.args, 0)
+            for key, _ in sel.select(remaining):
+                if key.fd == stdin_fd:
+                    try:
+                        data = data[os.write(stdin_fd, data[:_PIPE_CHUNK]):]
+                    except BrokenPipeError:
+                        data = data[:0]  # the child stopped reading its prompt
+                    if not data:
+                        sel.unregister(stdin_fd)
+                        with contextlib.suppress(OSError):
+                            proc.stdin.close()
+                    continue
+                chunk = os.read(key.fd, _PIPE_CHUNK)
+                if not chunk:
+                    sel.unregister(key.fd)
+                elif key.fd == stdout_fd:
+                    out += chunk
+                    if len(out) > _MAX_STDOUT:
+                        raise _OutputTooLarge
+                else:
+                    err += chunk
+                    del err[:-_STDERR_KEEP]
+    proc.stdout.close()
+    proc.stderr.close()
+    proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    return out.decode("utf-8", errors="replace"), err.decode("utf-8", errors="replace")
 
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:

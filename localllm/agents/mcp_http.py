@@ -32,9 +32,12 @@ httpx supports, so ``cancel`` does not try.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
+import re
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -61,6 +64,7 @@ _CLOSE_TIMEOUT = 2.0
 #: largest JSON body or SSE event we accept
 _MAX_BODY = 64 * 1024 * 1024
 _ACCEPT = "application/json, text/event-stream"
+_EOL = re.compile(rb"\r\n|\r|\n")
 
 
 def safe_url(url: str) -> str:
@@ -102,6 +106,8 @@ class McpHttpAgent(Agent):
         self._session: _Session | None = None
         self._cancelled: set[str] = set()
         self._closed = False
+        self._inflight: set[httpx.Response] = set()
+        self._inflight_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"<McpHttpAgent {self.alias} endpoint={self._url!r} header_keys={sorted(self.decl.headers)}>"
@@ -240,7 +246,7 @@ class McpHttpAgent(Agent):
             with self._client.stream(
                 "POST", self.decl.endpoint, content=body, headers=self._headers(session),
                 timeout=self._timeout(deadline, call_id),
-            ) as response:
+            ) as response, self._reading(response):
                 if response.status_code == 404 and session is not None and session.session_id is not None:
                     raise _SessionExpired
                 if response.status_code >= 300:
@@ -260,6 +266,8 @@ class McpHttpAgent(Agent):
                 raise
 
     def _check_time(self, deadline: float, call_id: str, method: str) -> None:
+        if self._closed:
+            raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias}: {method}: agent was closed mid-call")
         if time.monotonic() >= deadline or call_id in self._cancelled:
             raise self._deadline_error(method)
 
@@ -274,7 +282,7 @@ class McpHttpAgent(Agent):
             data.extend(chunk)
             self._check_time(deadline, call_id, "read")
             if len(data) > _MAX_BODY:
-                raise AgentError(ErrorKind.TRANSPORT_ERROR, f"body from {self._url} is too large", alias=self.alias)
+                raise self._too_large("the body")
         return data.decode("utf-8", errors="replace")
 
     def _read_response(
@@ -325,12 +333,41 @@ class McpHttpAgent(Agent):
             f"(HTTP {response.status_code})", alias=self.alias,
         )
 
+    def _too_large(self, what: str) -> AgentError:
+        return AgentError(ErrorKind.TRANSPORT_ERROR,
+                          f"{self.alias}: {what} from {self._url} is larger than {_MAX_BODY} bytes")
+
+    def _sse_lines(self, response: httpx.Response, deadline: float, call_id: str, method: str) -> Iterator[str]:
+        """The stream's lines (ended by CRLF, LF or CR), checked against the deadline and
+        the size cap after every chunk: a stream that trickles bytes and never ends a line
+        stops at the deadline, and no more than the cap plus one chunk is ever buffered."""
+        pending = bytearray()
+        scan = 0  # bytes of ``pending`` already searched for a line end
+        for chunk in response.iter_bytes():
+            self._check_time(deadline, call_id, method)
+            pending += chunk
+            start = 0
+            while (match := _EOL.search(pending, scan)) is not None:
+                if match.end() == len(pending) and match.group() == b"\r":
+                    scan = match.start()  # maybe the first half of a CRLF: wait for more
+                    break
+                yield pending[start : match.start()].decode("utf-8", errors="replace")
+                start = scan = match.end()
+            else:
+                scan = len(pending)
+            del pending[:start]
+            scan -= start
+            if len(pending) > _MAX_BODY:
+                raise self._too_large("an SSE line")
+        if pending:  # the last line, or a CR that turned out to end one
+            yield pending.removesuffix(b"\r").decode("utf-8", errors="replace")
+
     def _sse_data(self, response: httpx.Response, deadline: float, call_id: str, method: str) -> Iterator[str]:
         """The ``data`` of each ``message`` event (SSE framing per the WHATWG spec)."""
         data: list[str] = []
         size = 0
         event = ""
-        for line in response.iter_lines():
+        for line in self._sse_lines(response, deadline, call_id, method):
             self._check_time(deadline, call_id, method)
             if not line:
                 if data and event in ("", "message"):
@@ -342,14 +379,35 @@ class McpHttpAgent(Agent):
             field, _, value = line.partition(":")
             value = value.removeprefix(" ")
             if field == "data":
-                data.append(value)
-                size += len(value)
+                size += len(value) + 1
                 if size > _MAX_BODY:
-                    raise AgentError(
-                        ErrorKind.TRANSPORT_ERROR, f"SSE event from {self._url} too large", alias=self.alias
-                    )
+                    raise self._too_large("an SSE event")
+                data.append(value)
             elif field == "event":
                 event = value
+
+    @contextlib.contextmanager
+    def _reading(self, response: httpx.Response) -> Iterator[None]:
+        """Track ``response`` while a thread reads it, so :meth:`close` can wake that thread."""
+        with self._inflight_lock:
+            self._inflight.add(response)
+        try:
+            yield
+        finally:
+            with self._inflight_lock:
+                self._inflight.discard(response)
+
+    def _wake_readers(self) -> None:
+        """Shut down (never close: the fd stays the reader's) the sockets being read, so a
+        thread blocked on a stalled stream returns now instead of at its deadline."""
+        with self._inflight_lock:
+            responses = list(self._inflight)
+        for response in responses:
+            stream = response.extensions.get("network_stream")
+            sock = stream.get_extra_info("socket") if stream is not None else None
+            if isinstance(sock, socket.socket):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -362,6 +420,7 @@ class McpHttpAgent(Agent):
         if self._closed:
             return
         self._closed = True
+        self._wake_readers()
         session, self._session = self._session, None
         if session is not None and session.session_id is not None:
             headers = self._headers(session)

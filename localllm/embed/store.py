@@ -18,7 +18,11 @@ chunks. The checksum (sha256 over key, hash and vector bytes) is verified on eve
 Never trusted: a database that fails ``PRAGMA quick_check``, is not a database, has the
 wrong key or format, or holds a row whose checksum or size is wrong raises
 :class:`StoreCorrupt` internally and is moved aside and rebuilt (the vectors are then
-re-embedded). Writers hold a cross-process file lock (``<db>.lock``) for the whole
+re-embedded). Never thrown away: a store that cannot be used *right now* — disk full,
+locked by another program past the busy timeout, an I/O error, a read-only or unopenable
+file — raises :class:`StoreUnavailable` (``reason`` says which) and is left exactly as it
+was; rows committed before the error stay. SQLite's result code decides which is which,
+never the message text. Writers hold a cross-process file lock (``<db>.lock``) for the whole
 look-up-embed-insert step, so two processes indexing the same corpus at once embed it
 once and both finish with the same, consistent store.
 """
@@ -37,7 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from localllm.embed.embedder import EmbedderIdentity
-from localllm.errors import EmbedError, StoreCorrupt
+from localllm.errors import EmbedError, StoreCorrupt, StoreUnavailable
 
 if TYPE_CHECKING:
     import numpy as np
@@ -49,6 +53,20 @@ FORMAT_VERSION = 1
 _LOCK_TIMEOUT = 900.0
 _SELECT_CHUNK = 500
 _INSERT_BATCH = 256
+_BUSY_TIMEOUT = 30.0
+
+# SQLite primary result codes (sqlite3.SQLITE_* exists only from Python 3.11).
+_CORRUPT_CODES = {1: "schema", 11: "corrupt", 24: "format", 26: "not a database"}
+_UNAVAILABLE_CODES = {
+    3: "permission denied", 5: "locked", 6: "locked", 7: "out of memory", 8: "read-only",
+    9: "interrupted", 10: "io error", 13: "disk full", 14: "cannot open", 15: "locked",
+}
+_HINTS = {
+    "disk full": "free disk space under the cache directory and run again",
+    "locked": "another program holds the database; close it or run again later",
+    "read-only": "make the cache directory writable",
+    "permission denied": "make the cache directory writable",
+}
 
 
 def content_hash(text: str) -> str:
@@ -75,9 +93,34 @@ def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        conn.execute("ROLLBACK")
+        # After SQLITE_FULL or an I/O error SQLite may have rolled back already; a failing
+        # ROLLBACK must not replace the error that explains what happened.
+        if conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
+
+
+def _classify(path: Path, exc: sqlite3.Error) -> StoreCorrupt | StoreUnavailable:
+    """Corruption (rebuild) or a temporary failure (raise, keep the file) by SQLite's code."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is None:  # Python 3.10: the class is all there is
+        corrupt = not isinstance(exc, sqlite3.OperationalError)
+        reason = "corrupt" if corrupt else "unavailable"
+    else:
+        corrupt = (code & 0xFF) in _CORRUPT_CODES
+        reason = _UNAVAILABLE_CODES.get(code & 0xFF, "error")
+    if corrupt:
+        return StoreCorrupt(f"{path}: {exc}")
+    return _unavailable(path, reason, str(exc))
+
+
+def _unavailable(path: Path, reason: str, detail: str) -> StoreUnavailable:
+    err = StoreUnavailable(f"embedding store {path} cannot be used now ({detail}); the rows "
+                           "already stored are kept", path=str(path), reason=reason)
+    err.hint = _HINTS.get(reason, "run again once the cause is gone")
+    return err
 
 
 class Store:
@@ -90,6 +133,7 @@ class Store:
         *,
         root: Path | None = None,
         lock_timeout: float = _LOCK_TIMEOUT,
+        busy_timeout: float = _BUSY_TIMEOUT,
     ) -> None:
         if root is None:
             from localllm import settings
@@ -101,6 +145,7 @@ class Store:
         self.path = Path(root) / f"{_slug(identity.model)}-{self.key}.sqlite"
         self.lock_path = self.path.with_name(self.path.name + ".lock")
         self.lock_timeout = lock_timeout
+        self.busy_timeout = busy_timeout
         #: times this store was found corrupt and rebuilt (by this object)
         self.rebuilds = 0
 
@@ -186,8 +231,8 @@ class Store:
             try:
                 rows = conn.execute(f"SELECT hash, vector, checksum FROM vectors WHERE hash IN ({marks})",
                                     part).fetchall()
-            except sqlite3.DatabaseError as exc:
-                raise StoreCorrupt(f"{self.path}: {exc}") from exc
+            except sqlite3.Error as exc:
+                raise _classify(self.path, exc) from exc
             for h, blob, checksum in rows:
                 self._check_row(h, blob, checksum)
                 out[h] = np.frombuffer(blob, dtype="<f4").astype(np.float32)
@@ -213,13 +258,19 @@ class Store:
 
     @contextlib.contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
-        """An open, verified connection; StoreCorrupt if the file cannot be trusted."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fresh = not self.path.exists() or self.path.stat().st_size == 0
+        """An open, verified connection.
+
+        StoreCorrupt if the file cannot be trusted, StoreUnavailable if it cannot be used now.
+        """
         try:
-            conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fresh = not self.path.exists() or self.path.stat().st_size == 0
+        except OSError as exc:
+            raise _unavailable(self.path, "cannot open", str(exc)) from exc
+        try:
+            conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None)
         except sqlite3.Error as exc:
-            raise StoreCorrupt(f"{self.path}: {exc}") from exc
+            raise _classify(self.path, exc) from exc
         try:
             conn.execute("PRAGMA synchronous = FULL")
             if fresh:
@@ -227,8 +278,8 @@ class Store:
             else:
                 self._validate(conn)
             yield conn
-        except sqlite3.DatabaseError as exc:
-            raise StoreCorrupt(f"{self.path}: {exc}") from exc
+        except sqlite3.Error as exc:
+            raise _classify(self.path, exc) from exc
         finally:
             conn.close()
 
@@ -258,32 +309,44 @@ class Store:
         self.rebuilds += 1
         aside = self.path.with_name(self.path.name + ".corrupt")
         log.warning("embedding store %s is corrupt (%s); rebuilding it", self.path, cause)
-        for suffix in ("-journal", "-wal", "-shm"):
+        try:
+            for suffix in ("-journal", "-wal", "-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(str(self.path) + suffix)
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(str(self.path) + suffix)
-        with contextlib.suppress(FileNotFoundError):
-            os.replace(self.path, aside)
+                os.replace(self.path, aside)
+        except OSError as exc:
+            raise _unavailable(self.path, "cannot open", f"cannot move the corrupt store aside: {exc}") from exc
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        from filelock import FileLock, Timeout
+        from filelock import FileLock
 
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         lock = FileLock(str(self.lock_path))
         try:
-            lock.acquire(timeout=0)
-        except Timeout:
-            log.warning("waiting for the embedding store lock %s (another process is indexing)",
-                        self.lock_path)
-            started = time.monotonic()
-            try:
-                lock.acquire(timeout=self.lock_timeout)
-            except Timeout as exc:
-                raise EmbedError(
-                    f"gave up after {time.monotonic() - started:.0f}s waiting for {self.lock_path}; "
-                    "another localllm process is indexing — wait for it or remove the lock if it died"
-                ) from exc
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._acquire(lock)
+        except OSError as exc:
+            raise _unavailable(self.path, "cannot open", f"lock {self.lock_path}: {exc}") from exc
         try:
             yield
         finally:
             lock.release()
+
+    def _acquire(self, lock: Any) -> None:
+        from filelock import Timeout
+
+        try:
+            lock.acquire(timeout=0)
+            return
+        except Timeout:
+            log.warning("waiting for the embedding store lock %s (another process is indexing)",
+                        self.lock_path)
+        started = time.monotonic()
+        try:
+            lock.acquire(timeout=self.lock_timeout)
+        except Timeout as exc:
+            raise EmbedError(
+                f"gave up after {time.monotonic() - started:.0f}s waiting for {self.lock_path}; "
+                "another localllm process is indexing — wait for it or remove the lock if it died"
+            ) from exc

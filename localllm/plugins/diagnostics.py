@@ -33,7 +33,8 @@ class Diagnostic:
     ``server-entry-invalid``; ``origin`` the file, with a JSON pointer after ``#`` where
     the key is known (``/p/acme/mcp.json#/mcpServers/db/cwd``); ``clause`` the Agent
     Plugins 1.0.0 section the rule comes from (``7.2.2``), empty for host extensions.
-    Messages never contain a secret value.
+    Messages never contain a secret value, and every field is encodable text: a lone
+    surrogate (from a file name that is not UTF-8) is kept as its escape (``\\udcff``).
     """
 
     section: str
@@ -42,6 +43,12 @@ class Diagnostic:
     message: str
     severity: Severity = "error"
     clause: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("origin", "message"):
+            text = getattr(self, name)
+            if not text.isascii():
+                object.__setattr__(self, name, text.encode("utf-8", "backslashreplace").decode("utf-8"))
 
     def __str__(self) -> str:
         return f"{self.severity}: {self.section}/{self.rule}: {self.origin}: {self.message}"

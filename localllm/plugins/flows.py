@@ -54,6 +54,10 @@ def load_flows(root: Path, shown_root: Path) -> tuple[list[Flow], list[Diagnosti
         if name.startswith("."):
             continue
         shown = shown_root / FLOWS_DIR / name
+        if not files.utf8_name(name):
+            diagnostics.append(Diagnostic(SECTION, "flow-file-name-invalid", str(shown),
+                                          "the file name is not UTF-8; rename it to load this flow"))
+            continue
         if not name.endswith(FLOW_SUFFIXES):
             if os.path.isfile(root / FLOWS_DIR / name):
                 diagnostics.append(Diagnostic(SECTION, "not-a-flow-file", str(shown),
@@ -89,25 +93,11 @@ def _load_one(root: Path, path: Path, shown: Path) -> Flow | Diagnostic:
             return parsed
         data = parsed.value
     else:
-        loaded = _parse_yaml(text, where)
+        loaded = files.parse_yaml(text, where, section=SECTION, rule="flow-invalid-yaml")
         if isinstance(loaded, Diagnostic):
             return loaded
         data = loaded
     return _check_envelope(data, where)
-
-
-def _parse_yaml(text: str, where: str) -> Any:
-    import yaml
-
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark is not None else ""
-        return Diagnostic(SECTION, "flow-invalid-yaml", where,
-                          f"not valid YAML{at}: {getattr(exc, 'problem', None) or 'cannot be parsed'}")
-    except (ValueError, TypeError, RecursionError) as exc:
-        return Diagnostic(SECTION, "flow-invalid-yaml", where, f"not valid YAML: {type(exc).__name__}")
 
 
 def _check_envelope(data: Any, where: str) -> Flow | Diagnostic:

@@ -3,12 +3,19 @@
 A skill must follow the Agent Skills format: YAML front matter between ``---`` lines
 with ``name`` (1-64 of a-z, 0-9 and single hyphens, equal to the directory name) and
 ``description`` (1-1024 characters); optional ``license``, ``compatibility`` (≤ 500),
-``metadata`` (string → string) and ``allowed-tools``. A skill that breaks a rule is
-skipped with a diagnostic; the others load. Deeper directories are never searched.
+``metadata`` and ``allowed-tools``. A skill that breaks a rule is skipped with a
+diagnostic; the others load. Deeper directories are never searched.
+
+As the Agent Skills reference validator (``skills-ref``) does: ``allowed-tools`` may be a
+string or a YAML list of strings (kept space-delimited, ``Bash Read``), and ``metadata``
+is any mapping whose values are kept as text — strings as written, other scalars and
+nested values as their JSON text (``1.0`` → ``"1.0"``, ``{a: b}`` → ``'{"a": "b"}'``).
 """
 
 from __future__ import annotations
 
+import datetime
+import json
 import os
 import re
 from pathlib import Path
@@ -84,7 +91,8 @@ def _load_one(root: Path, directory: Path, shown: Path) -> tuple[Skill | None, l
     problem = _check_fields(front, directory.name, where)
     if problem is not None:
         return None, [problem]
-    metadata = front.get("metadata") or {}
+    metadata = {_as_text(k): _as_text(v) for k, v in (front.get("metadata") or {}).items()}
+    tools = front.get("allowed-tools")
     return Skill(
         name=front["name"],
         description=front["description"],
@@ -92,8 +100,8 @@ def _load_one(root: Path, directory: Path, shown: Path) -> tuple[Skill | None, l
         body=body,
         license=front.get("license"),
         compatibility=front.get("compatibility"),
-        metadata=MappingProxyType(dict(metadata)),
-        allowed_tools=front.get("allowed-tools"),
+        metadata=MappingProxyType(metadata),
+        allowed_tools=" ".join(tools) if isinstance(tools, list) else tools,
     ), []
 
 
@@ -107,19 +115,10 @@ def _front_matter(text: str, where: str) -> tuple[dict[str, Any], str] | Diagnos
     if end is None:
         return Diagnostic(SECTION, "skill-frontmatter-unterminated", where,
                           "the YAML front matter is never closed by a '---' line", clause="7.1")
-    import yaml
-
-    try:
-        front = yaml.safe_load("".join(lines[1:end]))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 2}" if mark is not None else ""
-        reason = getattr(exc, "problem", None) or "cannot be parsed"
-        return Diagnostic(SECTION, "skill-frontmatter-invalid-yaml", where,
-                          f"front matter is not valid YAML{at}: {reason}", clause="7.1")
-    except (ValueError, TypeError, RecursionError) as exc:  # e.g. an impossible date, deep nesting
-        return Diagnostic(SECTION, "skill-frontmatter-invalid-yaml", where,
-                          f"front matter is not valid YAML: {type(exc).__name__}", clause="7.1")
+    front = files.parse_yaml("".join(lines[1:end]), where, section=SECTION,
+                             rule="skill-frontmatter-invalid-yaml", clause="7.1", first_line=2)
+    if isinstance(front, Diagnostic):
+        return front
     if not isinstance(front, dict):
         return Diagnostic(SECTION, "skill-frontmatter-not-mapping", where,
                           "front matter must be a YAML mapping with name and description", clause="7.1")
@@ -143,21 +142,32 @@ def _check_fields(front: dict[Any, Any], dirname: str, where: str) -> Diagnostic
     if not isinstance(description, str) or not description.strip() or len(description) > 1024:
         return Diagnostic(SECTION, "skill-description-invalid", where,
                           "\"description\" must be a non-empty string of at most 1024 characters", clause="7.1")
-    for key in ("license", "allowed-tools"):
-        if key in front and not isinstance(front[key], str):
-            return Diagnostic(SECTION, "skill-field-invalid", where, f"{key!r} must be a string", clause="7.1")
+    if "license" in front and not isinstance(front["license"], str):
+        return Diagnostic(SECTION, "skill-field-invalid", where, "'license' must be a string", clause="7.1")
+    tools = front.get("allowed-tools")
+    if tools is not None and not isinstance(tools, str) and not (
+        isinstance(tools, list) and all(isinstance(t, str) for t in tools)
+    ):
+        return Diagnostic(SECTION, "skill-field-invalid", where,
+                          "'allowed-tools' must be a string or a list of strings", clause="7.1")
     compat = front.get("compatibility")
     if compat is not None and (not isinstance(compat, str) or len(compat) > 500):
         return Diagnostic(SECTION, "skill-field-invalid", where,
                           "\"compatibility\" must be a string of at most 500 characters", clause="7.1")
     meta = front.get("metadata")
-    if meta is not None and (
-        not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items())
-    ):
+    if meta is not None and not isinstance(meta, dict):
         return Diagnostic(SECTION, "skill-field-invalid", where,
-                          "\"metadata\" must map strings to strings; quote values such as version: \"1.0\"",
-                          clause="7.1")
+                          "\"metadata\" must be a mapping of names to values", clause="7.1")
     return None
+
+
+def _as_text(value: Any) -> str:
+    """A metadata key or value as text: strings as written, anything else as JSON."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (datetime.date, datetime.datetime)):
+        return value.isoformat()
+    return json.dumps(value, ensure_ascii=False, default=str)
 
 
 def _shown(d: Diagnostic, where: Path) -> Diagnostic:

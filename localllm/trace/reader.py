@@ -15,7 +15,12 @@ Rejections raise ``TraceCorrupted`` with the spec's message (plus a hint naming 
     gap in seq within turn T at line N
 
 plus ``trace corrupted: line N …`` for lines that are not JSON objects or lack a required
-field. Line numbers are 1-based; the header is line 1. The first problem in file order wins.
+field, and for what no writer obeying the write-time rules (§6) can produce: a string with
+a lone surrogate (``"\\ud800"``: not UTF-8 text), an integer outside 64 bits, a number
+that overflows to infinity (``1e400``), a sidecar reference (``prompt_file``,
+``response_file``, ``transcript_ref.path``) that can never name a file (NUL, a name over
+255 bytes). So everything a reader returns can be printed, encoded and stat-ed. Line
+numbers are 1-based; the header is line 1. The first problem in file order wins.
 
 Sequence rule. ``seq`` is dense per turn: each turn's events carry 0, 1, 2, … in file
 order. Turns may interleave (concurrent calls in different turns, off-path batches with
@@ -33,12 +38,16 @@ line byte-for-byte, parallel to ``Trace.events``.
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 from localllm.errors import TraceCorrupted
+from localllm.trace import rules
 from localllm.trace.event import HEADER_KIND, SCHEMA_VERSION, Event, is_rfc3339_utc
+from localllm.trace.sidecars import name_problem, sidecar_refs
 
 __all__ = [
     "BOM",
@@ -53,6 +62,8 @@ __all__ = [
 
 BOM = b"\xef\xbb\xbf"
 _REQUIRED = ("turn", "seq", "ts", "kind", "payload")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -160,7 +171,28 @@ def load_object(text: str) -> tuple[dict[str, Any] | None, str]:
         return None, f"is not valid JSON: {exc}"
     if not isinstance(obj, dict):
         return None, "is not a JSON object"
+    if _SURROGATE_ESCAPE.search(text):  # the only way a lone surrogate gets into the object
+        where = _surrogate_in(obj)
+        if where is not None:
+            return None, f"has a lone surrogate escape in {where} (trace text must be valid UTF-8)"
     return obj, ""
+
+
+def _surrogate_in(obj: dict[str, Any]) -> str | None:
+    """The field path of the first key or string holding a lone surrogate (iterative)."""
+    stack: list[tuple[str, Any]] = [(rules.field_path("", key).lstrip("."), value) for key, value in obj.items()]
+    stack += [(f"key {rules.field_path('', key).lstrip('.')}", key) for key in obj]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                return path
+        elif isinstance(value, dict):
+            stack += [(rules.field_path(path, k), v) for k, v in value.items()]
+            stack += [(f"key {rules.field_path(path, k)}", k) for k in value]
+        elif isinstance(value, list):
+            stack += [(rules.field_path(path, i), v) for i, v in enumerate(value)]
+    return None
 
 
 def event_problem(obj: dict[str, Any]) -> str | None:
@@ -183,6 +215,10 @@ def event_problem(obj: dict[str, Any]) -> str | None:
     for name in ("parent_turn", "match_idx"):
         if obj.get(name) is not None and not _is_count(obj[name]):
             return f'field "{name}" must be a non-negative integer'
+    for key, rel in sidecar_refs(obj["payload"]):
+        problem = name_problem(rel) if isinstance(rel, str) else None
+        if problem:
+            return f"payload.{key} {problem}"
     return None
 
 
@@ -224,7 +260,22 @@ def _no_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not valid JSON")
 
 
-_DECODER = json.JSONDecoder(parse_constant=_no_constant)  # one decoder: building it per line is costly
+def _int64(text: str) -> int:
+    value = int(text)  # ValueError past Python's digit limit
+    if len(text) > 18 and not rules.INT_MIN <= value < rules.INT_LIMIT:
+        raise ValueError(f"integer {text[:24]}... does not fit in 64 bits")
+    return value
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"number {text[:24]} overflows a 64-bit float")
+    return value
+
+
+# One decoder: building it per line is costly.
+_DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_int=_int64, parse_float=_finite)
 
 
 def _corrupt(message: str, where: str | None, *, torn: bool = False) -> NoReturn:

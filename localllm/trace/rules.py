@@ -20,13 +20,13 @@ from typing import Any
 
 from localllm.errors import TraceWriteRejected
 
-__all__ = ["MAX_DEPTH", "check_string", "check_value", "clean_text", "field_path", "reject"]
+__all__ = ["INT_LIMIT", "INT_MIN", "MAX_DEPTH", "check_string", "check_value", "clean_text", "field_path", "reject"]
 
 MAX_DEPTH = 100
 """Deepest nesting of arrays/objects accepted in an event (also keeps the reader's parser safe)."""
 
-_INT_MIN = -(2**63)
-_INT_LIMIT = 2**64  # exclusive: signed int64 or unsigned uint64
+INT_MIN = -(2**63)
+INT_LIMIT = 2**64  # exclusive: signed int64 or unsigned uint64
 _CRS_LF = re.compile(r"\r+\n")
 _PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 
@@ -89,7 +89,7 @@ def _check(value: Any, path: str, depth: int, active: set[int]) -> Any:
         check_string(value, path)
         return str(value)
     if isinstance(value, int):
-        if not _INT_MIN <= value < _INT_LIMIT:
+        if not INT_MIN <= value < INT_LIMIT:
             raise reject(path, f"integer {value} does not fit in 64 bits")
         return int(value)
     if isinstance(value, float):

@@ -29,12 +29,16 @@ if TYPE_CHECKING:
     from localllm.wire import Transcript
 
 __all__ = [
+    "NAME_MAX",
+    "PATH_MAX",
     "PROMPTS_DIR",
     "SIDECAR_THRESHOLD",
     "TRANSCRIPTS_DIR",
     "TRANSCRIPT_SCHEMA_VERSION",
     "atomic_write",
+    "name_problem",
     "needs_sidecar",
+    "sidecar_refs",
     "write_prompt",
     "write_response",
     "write_transcript",
@@ -45,6 +49,11 @@ SIDECAR_THRESHOLD = 1024
 PROMPTS_DIR = "agent-prompts"
 TRANSCRIPTS_DIR = "transcripts"
 TRANSCRIPT_SCHEMA_VERSION = 1
+
+NAME_MAX = 255
+"""Longest file name component, in bytes, a sidecar reference may have (POSIX NAME_MAX)."""
+PATH_MAX = 4095
+"""Longest sidecar reference, in bytes."""
 
 _CALL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _SUFFIX = re.compile(r"[A-Za-z0-9._-]{0,64}")
@@ -71,6 +80,34 @@ def needs_sidecar(value: Any) -> bool:
     except TraceWriteRejected:
         return True
     return False
+
+
+def sidecar_refs(payload: dict[str, Any]) -> list[tuple[str, object]]:
+    """``(key, relative path)`` of every sidecar an event payload refers to: ``prompt_file``,
+    ``response_file`` and the ``path`` of each ``*transcript_ref`` (``None`` when not a dict)."""
+    refs: list[tuple[str, object]] = [(key, payload[key]) for key in ("prompt_file", "response_file")
+                                      if key in payload]
+    for key, value in payload.items():
+        if key.endswith("transcript_ref"):
+            refs.append((key, value.get("path") if isinstance(value, dict) else None))
+    return refs
+
+
+def name_problem(rel: str) -> str | None:
+    """Why the string ``rel`` can never name a file (NUL, too long), or ``None``.
+
+    Checked without touching the file system, so a hostile trace cannot make a reader's
+    ``stat`` fail with ENAMETOOLONG; whether the file exists is the verifier's question.
+    """
+    if "\x00" in rel:
+        return "contains a NUL character"
+    raw = rel.encode("utf-8", "surrogatepass")
+    if len(raw) > PATH_MAX:
+        return f"is {len(raw)} bytes long (at most {PATH_MAX})"
+    longest = max(len(part) for part in raw.split(b"/"))
+    if longest > NAME_MAX:
+        return f"has a file name of {longest} bytes (at most {NAME_MAX})"
+    return None
 
 
 def write_prompt(trace_dir: str | os.PathLike[str], call_id: str, text: str, *, suffix: str = "") -> str:

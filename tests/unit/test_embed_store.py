@@ -15,7 +15,7 @@ import pytest
 from localllm.embed.corpus import Chunking, load_corpus, search
 from localllm.embed.embedder import EmbedderIdentity, FakeEmbedder
 from localllm.embed.store import Store, content_hash, store_key
-from localllm.errors import DimensionMismatch, StoreCorrupt
+from localllm.errors import DimensionMismatch, EmbedError, StoreCorrupt, StoreUnavailable
 from tests.conftest import REPO
 
 
@@ -186,3 +186,115 @@ def test_two_processes_indexing_at_once_share_one_consistent_store(tmp_path: Pat
     store = Store(FakeEmbedder(16).identity, Chunking().as_dict(), root=tmp_path / "store")
     store.verify()
     assert store.count() == len(unique)
+
+
+# --- temporary errors are errors, never corruption (issue 11 item 18) --------------------
+
+def _filled(tmp_path: Path, n: int = 300, **kw: float) -> tuple[Store, FakeEmbedder]:
+    emb = FakeEmbedder(32)
+    store = Store(emb.identity, root=tmp_path / "store", **kw)
+    store.vectors({content_hash(f"t{i}"): f"t{i}" for i in range(n)}, lambda ts: emb.embed(ts, "document"))
+    assert store.count() == n
+    return store, emb
+
+
+def _more(n: int = 400) -> dict[str, str]:
+    return {content_hash(f"u{i}"): f"u{i}" for i in range(n)}
+
+
+def _no_rebuild(store: Store) -> None:
+    assert store.rebuilds == 0
+    assert sorted(p.name for p in store.path.parent.iterdir()) == [store.path.name, store.lock_path.name]
+
+
+def test_disk_full_raises_and_keeps_every_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store, emb = _filled(tmp_path)
+    real_connect = sqlite3.connect
+
+    def full_disk(*args, **kwargs):  # type: ignore[no-untyped-def]
+        conn = real_connect(*args, **kwargs)
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        conn.execute(f"PRAGMA max_page_count = {max(pages, 1)}")  # SQLITE_FULL on the next page
+        return conn
+
+    monkeypatch.setattr(sqlite3, "connect", full_disk)
+    with pytest.raises(StoreUnavailable) as info:
+        store.vectors(_more(), lambda ts: emb.embed(ts, "document"), batch=100)
+    assert info.value.reason == "disk full"
+    assert isinstance(info.value, EmbedError) and isinstance(info.value, OSError)
+    monkeypatch.undo()
+    _no_rebuild(store)
+    assert store.count() == 300
+    store.verify()
+    counter = CountingFake()
+    counter_store = Store(emb.identity, root=tmp_path / "store")
+    counter_store.vectors({content_hash(f"t{i}"): f"t{i}" for i in range(300)},
+                          lambda ts: counter.embed(ts, "document"))
+    assert counter.documents == 0  # nothing needed re-embedding
+
+
+def test_database_locked_past_the_busy_timeout_raises_and_keeps_every_row(tmp_path: Path) -> None:
+    store, emb = _filled(tmp_path)
+    other = sqlite3.connect(store.path, isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")  # another program (sqlite3 shell, backup tool) holds it
+    try:
+        impatient = Store(emb.identity, root=tmp_path / "store", busy_timeout=0.2)
+        with pytest.raises(StoreUnavailable) as info:
+            impatient.vectors(_more(), lambda ts: emb.embed(ts, "document"))
+        assert info.value.reason == "locked"
+        with pytest.raises(StoreUnavailable):
+            impatient.count()
+        assert impatient.rebuilds == 0
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    _no_rebuild(store)
+    assert store.count() == 300
+    store.vectors(_more(), lambda ts: emb.embed(ts, "document"))
+    assert store.count() == 700
+
+
+_FSIZE_WORKER = textwrap.dedent("""
+    import json, resource, signal, sys
+    from pathlib import Path
+    from localllm.embed.embedder import FakeEmbedder
+    from localllm.embed.store import Store, content_hash
+    from localllm.errors import StoreUnavailable
+    emb = FakeEmbedder(64)
+    store = Store(emb.identity, root=Path(sys.argv[1]))
+    store.vectors({content_hash(f"t{i}"): f"t{i}" for i in range(300)}, lambda ts: emb.embed(ts, "document"))
+    before = store.count()
+    size = store.path.stat().st_size
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG), like ENOSPC
+    hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size + 4096, hard))
+    reason = None
+    try:
+        store.vectors({content_hash(f"u{i}"): f"u{i}" for i in range(400)},
+                      lambda ts: emb.embed(ts, "document"), batch=100)
+    except StoreUnavailable as exc:
+        reason = exc.reason
+    resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
+    print(json.dumps({"before": before, "after": store.count(), "reason": reason,
+                      "rebuilds": store.rebuilds, "files": sorted(p.name for p in Path(sys.argv[1]).iterdir())}))
+""")
+
+
+def test_a_write_error_from_the_os_raises_and_keeps_every_row(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-c", _FSIZE_WORKER, str(tmp_path / "store")], cwd=str(REPO),
+                         capture_output=True, text=True, timeout=60, check=True)
+    result = json.loads(out.stdout)
+    assert result["reason"] in ("io error", "disk full")
+    assert result["before"] == 300 and result["after"] >= 300  # batches committed before the error stay
+    assert result["rebuilds"] == 0
+    assert not any(name.endswith(".corrupt") for name in result["files"])
+
+
+def test_unopenable_store_directory_is_unavailable_not_corrupt(tmp_path: Path) -> None:
+    (tmp_path / "store").write_text("a file where the directory should be")
+    emb = FakeEmbedder(4)
+    store = Store(emb.identity, root=tmp_path / "store")
+    with pytest.raises(StoreUnavailable) as info:
+        store.vectors({content_hash("x"): "x"}, lambda ts: emb.embed(ts, "document"))
+    assert info.value.reason == "cannot open"
+    assert (tmp_path / "store").read_text() == "a file where the directory should be"

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import io
 import os
+import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
 
-from localllm.errors import UnsafeArchive
-from localllm.managed.extract import extract_archive, extract_member, install_dir, staging_dir
+from localllm.errors import ArchiveTooLarge, UnsafeArchive
+from localllm.managed.extract import (
+    MIN_MAX_BYTES,
+    extract_archive,
+    extract_member,
+    install_dir,
+    staging_dir,
+)
 from tests.unit.fakes.release_archives import LINKS, make_tar, make_zip, release_members
 
 
@@ -136,3 +145,165 @@ def test_extract_member_copies_one_regular_file(tmp_path: Path) -> None:
     assert target.read_bytes() == b"\x7fELF GLIBCXX_3.4.30"
     with pytest.raises(Exception, match="not a regular file"):
         extract_member(archive, "lib/libstdc++.so.6", tmp_path / "x")
+
+
+# --- link chains (issue 11 item 5) -------------------------------------------------------
+
+CHAINS = {
+    # d/up → .. is inside alone; e1 → d/up/.. then names the parent of the extraction dir.
+    "updir-chain": [("llama-b1/d/", "dir", b"", 0o755), ("llama-b1/d/up", "symlink", "..", 0o777),
+                    ("llama-b1/e1", "symlink", "d/up/..", 0o777)],
+    "chain-of-three": [("llama-b1/a", "symlink", ".", 0o777), ("llama-b1/b", "symlink", "a/a/a", 0o777),
+                       ("llama-b1/e1", "symlink", "b/../..", 0o777)],
+    "through-dir-link": [("llama-b1/lib/", "dir", b"", 0o755), ("llama-b1/lib/l", "symlink", "..", 0o777),
+                         ("llama-b1/e1", "symlink", "lib/l/lib/l/..", 0o777)],
+    "loop": [("llama-b1/e1", "symlink", "e2", 0o777), ("llama-b1/e2", "symlink", "e1", 0o777)],
+}
+
+
+@pytest.mark.parametrize("fmt", ["tar.gz", "zip"])
+@pytest.mark.parametrize("case", sorted(CHAINS))
+def test_symlink_chains_that_resolve_outside_are_refused(tmp_path: Path, case: str, fmt: str) -> None:
+    members = [*release_members("llama-b1"), *CHAINS[case]]
+    archive = tmp_path / f"chain.{fmt}"
+    make_zip(archive, members) if fmt == "zip" else make_tar(archive, members)
+    with staging_dir(tmp_path / "bin", "llama-b1") as staging:
+        with pytest.raises(UnsafeArchive) as info:
+            extract_archive(archive, staging)
+        assert repr("llama-b1/e1") in str(info.value)
+        assert list(staging.iterdir()) == []
+    assert list((tmp_path / "bin").iterdir()) == []
+
+
+def test_shim_install_through_a_link_chain_writes_nothing_outside(tmp_path: Path) -> None:
+    """The attack of item 5: release links aim ``libstdc++.so.6`` above the cache root."""
+    members = [*release_members("llama-b1"), *CHAINS["updir-chain"],
+               ("llama-b1/libstdc++.so.6", "symlink", "e1/escaped", 0o777)]
+    release = make_tar(tmp_path / "release.tar.gz", members)
+    shim = make_tar(tmp_path / "shim.tar.bz2", [("lib/libstdc++.so.6.0.30", "file", b"\x7fELF shim", 0o644)],
+                    mode="w:bz2")
+    bindir = tmp_path / "bin"
+    with staging_dir(bindir, "llama-b1") as staging, pytest.raises(UnsafeArchive):
+        extract_archive(release, staging)
+        extract_member(shim, "lib/libstdc++.so.6.0.30", staging / "libstdc++.so.6")
+    assert not (bindir / "escaped").exists()
+    assert list(bindir.iterdir()) == []
+
+
+def test_extract_member_replaces_a_link_instead_of_writing_through_it(tmp_path: Path) -> None:
+    outside = _outside_sentinel(tmp_path)
+    victim = outside / "victim"
+    victim.write_bytes(b"keep")
+    release = tmp_path / "release"
+    release.mkdir()
+    (release / "libstdc++.so.6").symlink_to(victim)
+    shim = make_tar(tmp_path / "shim.tar.bz2", [("lib/libstdc++.so.6.0.30", "file", b"\x7fELF shim", 0o644)],
+                    mode="w:bz2")
+    extract_member(shim, "lib/libstdc++.so.6.0.30", release / "libstdc++.so.6")
+    assert victim.read_bytes() == b"keep"
+    assert not (release / "libstdc++.so.6").is_symlink()
+    assert (release / "libstdc++.so.6").read_bytes() == b"\x7fELF shim"
+    assert sorted(p.name for p in release.iterdir()) == ["libstdc++.so.6"]
+
+
+def test_a_member_below_a_link_is_refused(tmp_path: Path) -> None:
+    members = [*release_members("llama-b1"), ("llama-b1/d", "symlink", ".", 0o777),
+               ("llama-b1/d/x", "file", b"x", 0o644)]
+    archive = make_tar(tmp_path / "below.tar.gz", members)
+    with pytest.raises(UnsafeArchive) as info:
+        extract_archive(archive, tmp_path / "out")
+    assert repr("llama-b1/d/x") in str(info.value)
+    assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
+
+
+def test_inside_chains_are_kept(tmp_path: Path) -> None:
+    members = [*release_members("llama-b1"), ("llama-b1/lib/", "dir", b"", 0o755),
+               ("llama-b1/lib/up", "symlink", "..", 0o777),
+               ("llama-b1/lib/server", "symlink", "up/llama-server", 0o777)]
+    dest = tmp_path / "out"
+    extract_archive(make_tar(tmp_path / "ok.tar.gz", members), dest)
+    assert (dest / "lib" / "server").resolve() == (dest / "llama-server").resolve()
+
+
+# --- zipfile.writestr members (item 6) ---------------------------------------------------
+
+def test_zip_from_writestr_without_type_bits_is_regular_files(tmp_path: Path) -> None:
+    archive = tmp_path / "plain.zip"
+    with zipfile.ZipFile(archive, "w") as zf:  # external_attr = 0o600 << 16, no S_IFREG
+        zf.writestr("llama-b1/llama-server", b"#!/bin/sh\n")
+        zf.writestr("llama-b1/LICENSE", "MIT\n")
+        info = zipfile.ZipInfo("llama-b1/other")
+        info.external_attr = 0o755 << 16
+        zf.writestr(info, b"x")
+        dos = zipfile.ZipInfo("llama-b1/dos.txt")
+        dos.create_system = 0
+        dos.external_attr = 0x20  # MS-DOS archive bit only
+        zf.writestr(dos, b"d")
+    dest = tmp_path / "out"
+    assert sorted(extract_archive(archive, dest)) == ["LICENSE", "dos.txt", "llama-server", "other"]
+    assert (dest / "llama-server").read_bytes() == b"#!/bin/sh\n"
+    assert os.access(dest / "other", os.X_OK)
+
+
+# --- size caps (item 7) ------------------------------------------------------------------
+
+def _zip_of(path: Path, members: list[tuple[str, int]]) -> Path:
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("llama-b1/llama-server", b"#!/bin/sh\n")
+        for name, size in members:
+            zf.writestr(name, bytes(size))
+    return path
+
+
+def test_zip_bomb_member_ratio_is_refused_before_writing(tmp_path: Path) -> None:
+    archive = _zip_of(tmp_path / "bomb.zip", [("llama-b1/bomb", 16 << 20)])
+    assert archive.stat().st_size < 100_000
+    with staging_dir(tmp_path / "bin", "llama-b1") as staging:
+        with pytest.raises(ArchiveTooLarge) as info:
+            extract_archive(archive, staging)
+        assert info.value.member == "llama-b1/bomb"
+        assert info.value.size == 16 << 20
+        assert list(staging.iterdir()) == []
+    assert list((tmp_path / "bin").iterdir()) == []
+
+
+def test_many_small_members_stop_at_the_total_cap(tmp_path: Path) -> None:
+    members = [(f"llama-b1/part{i:03d}", 1023 << 10) for i in range(80)]  # 80 MiB, under the ratio floor
+    archive = _zip_of(tmp_path / "many.zip", members)
+    with staging_dir(tmp_path / "bin", "llama-b1") as staging:
+        with pytest.raises(ArchiveTooLarge) as info:
+            extract_archive(archive, staging)
+        assert info.value.limit == MIN_MAX_BYTES
+        assert info.value.member == f"llama-b1/part{MIN_MAX_BYTES // (1023 << 10):03d}"
+        assert list(staging.iterdir()) == []
+    assert list((tmp_path / "bin").iterdir()) == []
+
+
+def test_tar_bomb_fails_at_its_header(tmp_path: Path) -> None:
+    archive = tmp_path / "bomb.tar.gz"
+    with tarfile.open(archive, "w:gz", compresslevel=1) as tf:
+        info = tarfile.TarInfo("llama-b1/bomb")
+        info.size = 80 << 20
+        tf.addfile(info, io.BytesIO(bytes(info.size)))
+    with staging_dir(tmp_path / "bin", "llama-b1") as staging:
+        with pytest.raises(ArchiveTooLarge) as info_exc:
+            extract_archive(archive, staging)
+        assert info_exc.value.member == "llama-b1/bomb"
+        assert list(staging.iterdir()) == []
+    assert list((tmp_path / "bin").iterdir()) == []
+
+
+def test_explicit_cap_applies_and_an_honest_archive_fits(tmp_path: Path) -> None:
+    archive = make_tar(tmp_path / "a.tar.gz", release_members())
+    total = sum(len(d) for _, k, d, _ in release_members() if k == "file")
+    extract_archive(archive, tmp_path / "ok", max_bytes=total)
+    with pytest.raises(ArchiveTooLarge) as info:
+        extract_archive(archive, tmp_path / "no", max_bytes=total - 1)
+    assert info.value.limit == total - 1
+
+
+def test_extract_member_is_capped(tmp_path: Path) -> None:
+    archive = _zip_of(tmp_path / "shim.zip", [("lib/libstdc++.so.6", 4 << 20)])
+    with pytest.raises(ArchiveTooLarge):
+        extract_member(archive, "lib/libstdc++.so.6", tmp_path / "libstdc++.so.6")
+    assert not (tmp_path / "libstdc++.so.6").exists()

@@ -372,3 +372,80 @@ def test_fuzzed_files_reopen_or_raise_only_trace_errors() -> None:
 
         check()
     assert count >= 250
+
+
+# --------------------------------------------------------------------------- hostile values (issue 11 item 17)
+
+
+@pytest.mark.parametrize(
+    ("line", "where"),
+    [
+        (ev(1, 0, extra="").replace(b'"payload":{}', b'"payload":{"prompt_file":"\\ud800"}'), "payload.prompt_file"),
+        (ev(1, 0, kind="x\\ud800"), "kind"),
+        (ev(1, 0, kind="x\\uDFFF"), "kind"),
+        (ev(1, 0).replace(b'"payload":{}', b'"payload":{"a":[{"\\udc00":1}]}'), 'key payload.a[0]["\\udc00"]'),
+        (ev(1, 0).replace(b'"payload":{}', b'"payload":{"deep":' + b"[" * 50 + b'"\\ud83d"' + b"]" * 50 + b"}"),
+         "payload.deep" + "[0]" * 50),
+    ],
+    ids=["prompt_file", "kind", "kind-upper", "key", "deep"],
+)
+def test_lone_surrogate_escapes_are_corruption_naming_the_field(line: bytes, where: str) -> None:
+    message = corrupted(trace_bytes(line))
+    assert message.startswith("trace corrupted: line 2 has a lone surrogate escape in ")
+    assert where in message
+    message.encode("utf-8")  # the error itself is always printable
+
+
+def test_surrogate_pairs_and_escaped_backslashes_are_fine() -> None:
+    line = ev(1, 0).replace(b'"payload":{}', b'"payload":{"emoji":"\\ud83d\\ude00","text":"\\\\ud800"}')
+    trace = parse_trace(trace_bytes(line))
+    assert trace.events[0].payload == {"emoji": "\U0001f600", "text": "\\ud800"}
+
+
+@pytest.mark.parametrize(
+    ("payload", "problem"),
+    [
+        (b'{"prompt_file":"agent-prompts/' + b"a" * 300 + b'.txt"}', "payload.prompt_file has a file name of 304 bytes"),
+        (b'{"response_file":"' + b"a/" * 2100 + b'x"}', "payload.response_file is 4201 bytes long"),
+        (b'{"prompt_file":"a\\u0000b"}', "payload.prompt_file contains a NUL character"),
+        (b'{"transcript_ref":{"path":"' + b"t" * 256 + b'"}}', "payload.transcript_ref has a file name of 256 bytes"),
+    ],
+    ids=["long-name", "long-path", "nul", "transcript"],
+)
+def test_sidecar_refs_that_can_never_name_a_file_are_corruption(payload: bytes, problem: str) -> None:
+    message = corrupted(trace_bytes(ev(1, 0).replace(b'"payload":{}', b'"payload":' + payload)))
+    assert message.startswith(f"trace corrupted: line 2: {problem}")
+
+
+@pytest.mark.parametrize(
+    ("number", "problem"),
+    [(b"1e400", "overflows a 64-bit float"), (b"-1e999", "overflows a 64-bit float"),
+     (b"1" + b"0" * 25, "does not fit in 64 bits"), (b"-" + b"9" * 19, "does not fit in 64 bits")],
+)
+def test_numbers_no_writer_can_write_are_corruption(number: bytes, problem: str) -> None:
+    message = corrupted(trace_bytes(ev(1, 0).replace(b'"payload":{}', b'"payload":{"duration_ms":' + number + b"}")))
+    assert message.startswith("trace corrupted: line 2 is not valid JSON: ") and problem in message
+
+
+def test_64_bit_edges_are_kept() -> None:
+    payload = b'{"a":18446744073709551615,"b":-9223372036854775808,"c":1.7976931348623157e308}'
+    trace = parse_trace(trace_bytes(ev(1, 0).replace(b'"payload":{}', b'"payload":' + payload)))
+    assert trace.events[0].payload == {"a": 2**64 - 1, "b": -(2**63), "c": 1.7976931348623157e308}
+
+
+@pytest.mark.parametrize("command", ["verify", "show", "stats"])
+@pytest.mark.parametrize(
+    "payload",
+    [b'{"prompt_file":"\\ud800"}', b'{"prompt_file":"' + b"p" * 300 + b'"}', b'{"duration_ms":1e400}'],
+    ids=["surrogate", "enametoolong", "overflow"],
+)
+def test_trace_commands_report_hostile_files_without_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, payload: bytes
+) -> None:
+    from localllm.cli import main
+
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(trace_bytes(ev(1, 0, kind="agent.call.complete").replace(b'"payload":{}', b'"payload":' + payload)))
+    assert main(["trace", command, str(path), "--json"]) == 1
+    captured = capsys.readouterr()
+    assert "trace corrupted: line 2" in captured.out + captured.err
