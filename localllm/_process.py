@@ -90,7 +90,14 @@ class StderrTail:
                 with self._lock:
                     self._chunks.append(chunk)
                     self._size += len(chunk)
+                    # Trim from the oldest end down to ``limit`` bytes: dropping whole
+                    # chunks could leave only the last few lines after a large read.
                     while self._size > self._limit and len(self._chunks) > 1:
+                        excess = self._size - self._limit
+                        if len(self._chunks[0]) > excess:
+                            self._chunks[0] = self._chunks[0][excess:]
+                            self._size -= excess
+                            break
                         self._size -= len(self._chunks.popleft())
                 if self._on_line is not None:
                     self._lines(chunk)
