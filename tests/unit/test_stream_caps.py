@@ -20,8 +20,8 @@ from localllm.agents import mcp_http
 from localllm.agents.claude_cli import ClaudeCliAgent
 from localllm.agents.mcp_http import McpHttpAgent
 from localllm.config import ClaudeCliDecl, McpHttpDecl
-from localllm.loading import load_config
 from localllm.errors import AgentError, ErrorKind
+from localllm.loading import load_config
 from localllm.runtime import Runtime
 from tests.unit.agents_fixtures.helpers import Resources, ask_request, assert_no_leaks, deadline
 
