@@ -381,15 +381,17 @@ class Runtime:
         whatever the agent raises comes back as an AgentError naming ``alias``, redacted."""
         deadline = time.monotonic() + timeout
 
-        def prime() -> None:
-            # compile the validator (first use imports jsonschema) while the agent works;
-            # a schema that cannot compile is reported by the validation below
-            if schema is not None:
-                with contextlib.suppress(SchemaError):
-                    self.schemas.validator(schema, base=schema_path)
+        # Compile the validator before the agent's thread starts: its first use imports
+        # jsonschema, which the agent may import too (the grammar subset check), and two
+        # threads importing one package at once can see it half-initialised. A schema that
+        # cannot compile is reported by the validation below.
+        import jsonschema.validators  # noqa: F401  (even without a schema: the agent's thread may need it)
 
+        if schema is not None:
+            with contextlib.suppress(SchemaError):
+                self.schemas.validator(schema, base=schema_path)
         try:
-            response = self._ask(agent, alias, request, deadline=deadline, timeout=timeout, prime=prime)
+            response = self._ask(agent, alias, request, deadline=deadline, timeout=timeout)
         except AgentError as exc:
             return _Leg(alias, None, self._own(exc, alias))
         except Exception as exc:  # the last boundary: a foreign failure becomes data, its cause chained
@@ -411,8 +413,7 @@ class Runtime:
             exc = exc.replace(alias=alias)
         return exc.redacted(self.redact) if self.redact else exc
 
-    def _ask(self, agent: Agent, alias: str, request: AskRequest, *, deadline: float, timeout: float,
-             prime: Callable[[], None]) -> AskResponse:
+    def _ask(self, agent: Agent, alias: str, request: AskRequest, *, deadline: float, timeout: float) -> AskResponse:
         box: dict[str, Any] = {}
         done = threading.Event()
 
@@ -426,7 +427,6 @@ class Runtime:
 
         worker = threading.Thread(target=work, name=f"localllm-{alias}-{request.call_id}", daemon=True)
         worker.start()
-        prime()
         if not done.wait(max(0.0, deadline - time.monotonic())):
             agent.cancel(request.call_id)
             worker.join(_CANCEL_GRACE)
