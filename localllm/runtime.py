@@ -5,9 +5,15 @@ One call::
     resolve alias → render prompt → AskRequest (deterministic call_id)
       → Agent.ask in a worker thread, cut at the hard deadline (deadline_exceeded)
       → sub-event checks → validate the submission against the schema
-      → schema_invalid from a local model → agent.claude exactly once (same call_id)
+      → schema_invalid from a local model → its fallback exactly once (same call_id):
+        ``Config.fallback_for(alias, gate)`` — the gate's or agent's ``fallback:``, default
+        agent.claude, ``none`` for no fallback
       → the trace recorder is told each step and writes agent.call.start, sub-events,
         agent.call.complete | agent.call.error (localllm.trace.recorder)
+
+``AskRequest.with`` is the gate's ``with:`` block as written (prompt, schema path as
+given, …) with ``args`` the call's arguments (the gate's, rendered, plus the caller's);
+for a direct call it is ``{prompt, schema (when a path), args}``; never a host path.
 
 call_id is ``sha256("agent-call:" + app_id + ":" + key)[:16 hex]`` with key
 ``turn:state_path:seq`` for live calls — ``state_path`` is the gate name (or the verb for a
@@ -55,7 +61,6 @@ if TYPE_CHECKING:
     from localllm.trace.recorder import TraceRecorder
     from localllm.trace.writer import TraceWriter
 
-FALLBACK_ALIAS = "agent.claude"
 #: how long a cancelled worker may take to wind down after the hard deadline
 _CANCEL_GRACE = 0.5
 _TEMPLATE = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
@@ -263,6 +268,17 @@ class Runtime:
         seconds (default: the agent's ``timeout``). Nothing but a LocalLLMError leaves a
         call; every error text and trace payload has the config's secrets redacted.
         """
+        given: dict[str, Any] = {"prompt": prompt, "args": dict(args or {})}
+        if isinstance(schema, (str, Path)):
+            given["schema"] = str(schema)
+        return self._call(verb, agent=agent, prompt=prompt, schema=schema, args=args, world=world, timeout=timeout,
+                          state_path=state_path, gate=None, with_=given)
+
+    def _call(self, verb: str, *, agent: str, prompt: str, schema: Mapping[str, Any] | str | Path | None,
+              args: Mapping[str, Any] | None, world: Mapping[str, Any] | None, timeout: float | None,
+              state_path: str | None, gate: str | None, with_: dict[str, Any]) -> CallResult:
+        """One call; ``gate`` decides the fallback (``Config.fallback_for``), ``with_`` is
+        the ``with:`` block sent as ``AskRequest.with`` (as written, never a host path)."""
         if verb not in VERBS:
             raise CallError(f'unknown verb "{verb}"', key="verb", value=verb, hint=f"use one of {', '.join(VERBS)}")
         args = dict(args or {})
@@ -271,19 +287,19 @@ class Runtime:
         rendered = render_prompt(prompt, args, world)
         target = self.agent(agent)
         hard = self._timeout(agent, timeout)
-        request = self._request(verb, agent, rendered, state=state_path or verb, hard=hard, schema=schema_doc,
-                                schema_path=schema_path, args=args, world=world)
+        request = self._request(verb, rendered, state=state_path or verb, hard=hard, schema=schema_doc,
+                                world=world, with_={**with_, "args": args})
         record: _Record = _UNRECORDED if self._recorder is None else \
             self._recorder.call_started(request, alias=agent, schema_path=schema_path, args=args)
         started = time.monotonic()
         leg = self._attempt(target, agent, request, schema=schema_doc, schema_path=schema_path, timeout=hard)
         record.leg_finished(leg.alias, leg.response, leg.error, leg.value)
         fallback_of: str | None = None
-        if (leg.error is not None and leg.error.kind is ErrorKind.SCHEMA_INVALID and target.is_local_model
-                and agent != FALLBACK_ALIAS and FALLBACK_ALIAS in self.config.agents):
+        to = self.config.fallback_for(agent, gate) if target.is_local_model else None
+        if leg.error is not None and leg.error.kind is ErrorKind.SCHEMA_INVALID and to is not None:
             fallback_of = agent
-            record.fallback(reason="schema_invalid", original_plugin=agent, fallback_plugin=FALLBACK_ALIAS)
-            leg = self._fallback(request, leg.error, schema=schema_doc, schema_path=schema_path, timeout=timeout)
+            record.fallback(reason="schema_invalid", original_plugin=agent, fallback_plugin=to)
+            leg = self._fallback(to, request, leg.error, schema=schema_doc, schema_path=schema_path, timeout=timeout)
             record.leg_finished(leg.alias, leg.response, leg.error, leg.value)
         meta = self._meta(leg, fallback_of)
         call_id = self._replay_call_id(leg) or request.call_id
@@ -292,35 +308,28 @@ class Runtime:
             raise leg.error
         return CallResult(submission=leg.value, meta=meta, call_id=call_id, agent=leg.alias)
 
-    def _fallback(self, request: AskRequest, local_error: AgentError, *, schema: dict[str, Any] | None,
+    def _fallback(self, alias: str, request: AskRequest, local_error: AgentError, *, schema: dict[str, Any] | None,
                   schema_path: Path | None, timeout: float | None) -> _Leg:
-        """agent.claude's leg after the local answer failed validation."""
-        leg = self._attempt(self.agent(FALLBACK_ALIAS), FALLBACK_ALIAS, request, schema=schema,
-                            schema_path=schema_path, timeout=self._timeout(FALLBACK_ALIAS, timeout))
+        """The fallback agent's leg after the local answer failed validation."""
+        leg = self._attempt(self.agent(alias), alias, request, schema=schema,
+                            schema_path=schema_path, timeout=self._timeout(alias, timeout))
         if leg.error is not None:
             # the caller learns why the local answer was refused, not only why the fallback failed
             hint = "; ".join(h for h in (leg.error.hint, local_error.hint) if h)
             leg.error = leg.error.replace(original=local_error, hint=hint)
         return leg
 
-    def _request(self, verb: str, agent: str, prompt: str, *, state: str, hard: float,
-                 schema: dict[str, Any] | None, schema_path: Path | None, args: dict[str, Any],
-                 world: dict[str, Any]) -> AskRequest:
+    def _request(self, verb: str, prompt: str, *, state: str, hard: float, schema: dict[str, Any] | None,
+                 world: dict[str, Any], with_: dict[str, Any]) -> AskRequest:
         """The AskRequest of a live call, with the next ``turn:state_path:seq`` call_id."""
         with self._lock:
             seq = self._seq.get((self.turn, state), 0)
             self._seq[(self.turn, state)] = seq + 1
-        schema_name = None
-        if schema_path is not None:
-            schema_name = schema_path.stem
-        elif schema is not None:
-            schema_name = str(schema.get("title") or "inline")
         return AskRequest(
             session_id=self.session_id, turn=self.turn, state_path=state, verb=verb, prompt=prompt,
             call_id=derive_call_id(self.config.app_id, live_call_key(self.turn, state, seq)),
             deadline=_rfc3339(datetime.now(timezone.utc) + timedelta(seconds=hard)), schema=schema, world=world,
-            with_={"handler": agent, "schema_name": schema_name, "args": args,
-                   "schema": str(schema_path) if schema_path else None},
+            with_=with_,
         )
 
     def _meta(self, leg: _Leg, fallback_of: str | None) -> dict[str, Any]:
@@ -356,8 +365,8 @@ class Runtime:
         for key, value in given.items():
             merged.setdefault(key, value)
         schema = self.config.schema_for(gate, lambda text: render_prompt(text, merged, world, source=f"gates.{name}"))
-        return self.call(gate.verb, agent=gate.agent, prompt=gate.prompt, schema=schema, args=merged,
-                         world=world, timeout=gate.timeout, state_path=name)
+        return self._call(gate.verb, agent=gate.agent, prompt=gate.prompt, schema=schema, args=merged,
+                          world=world, timeout=gate.timeout, state_path=name, gate=name, with_=dict(gate.with_))
 
     # ------------------------------------------------------------------ internals
 
