@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from localllm.cli.output import EXIT_OK, UsageError, emit_json, err, out, parse_kv
+from localllm.cli.output import EXIT_OK, UsageError, emit_json, err, out, parse_kv, warn
 
 if TYPE_CHECKING:
     from localllm.config import Config
@@ -85,6 +85,7 @@ def _check(args: argparse.Namespace) -> int:
                   for name, g in config.gates.items()},
         "embedders": sorted(config.embedders),
         "intents": sorted(config.intents),
+        "warnings": _template_warnings(config),
     }
     if args.json:
         emit_json(summary)
@@ -93,7 +94,23 @@ def _check(args: argparse.Namespace) -> int:
             f"{len(config.embedders)} embedders)")
         for name, target in config.fallbacks().items():
             out(f"  gate {name}: {'falls back to ' + target if target else 'no fallback'}")
+        for line in summary["warnings"]:
+            warn(line)
     return EXIT_OK
+
+
+def _template_warnings(config: Config) -> list[str]:
+    """Managed chat agents whose GGUF has no chat template and none is configured."""
+    from localllm.config import LocalLLMDecl
+    from localllm.managed.gguf import template_warning
+
+    found = []
+    for alias, decl in config.agents.items():
+        if isinstance(decl, LocalLLMDecl) and decl.endpoint is None and decl.model:
+            why = template_warning(decl.model, base_dir=config.base_dir, extra_args=decl.extra_args)
+            if why:
+                found.append(f"agent_plugins.{alias}.model: {why}")
+    return found
 
 
 def _call(args: argparse.Namespace) -> int:

@@ -96,3 +96,34 @@ def chat_template(path: Path) -> str | None:
     """The GGUF's ``tokenizer.chat_template``, or ``None`` when it carries none."""
     value = read_metadata(path).get(CHAT_TEMPLATE_KEY)
     return value if isinstance(value, str) and value.strip() else None
+
+
+def template_warning(model: str, *, base_dir: Path, extra_args: tuple[str, ...] | list[str] = ()) -> str | None:
+    """Why a managed chat ``model:`` will be prompted through llama-server's ChatML
+    fallback — its GGUF has no ``tokenizer.chat_template`` and neither its pin nor
+    ``extra_args`` set one — or ``None``. A pinned model not cached yet is not read."""
+    from localllm.managed.cache import cache_layout
+    from localllm.managed.pins import TEMPLATE_FLAGS, load_pins
+
+    if any(a.partition("=")[0] in TEMPLATE_FLAGS for a in extra_args):
+        return None
+    pin = load_pins().model_for(model)
+    if pin is not None and pin.chat_format_args():
+        return None
+    if model.endswith(".gguf"):
+        path = Path(model).expanduser()
+        path = path if path.is_absolute() else base_dir / path
+    elif pin is not None and pin.artifact.sha256:
+        path = cache_layout().model_path(pin)
+    else:
+        return None
+    if not path.is_file():
+        return None
+    try:
+        if chat_template(path) is not None:
+            return None
+    except GGUFError as exc:
+        return str(exc)
+    return (f"{path.name} has no chat template ({CHAT_TEMPLATE_KEY}) and none is configured: llama-server "
+            "falls back to ChatML, which a model not trained on it answers with raw <|im_start|> markers; "
+            "set extra_args: [--chat-template, NAME] (or pin chat_template for the model)")
