@@ -221,7 +221,9 @@ class Runtime:
         self.register_agent(alias, InprocessAgent(alias, fn, local_model=local_model))
 
     def register_agent(self, alias: str, agent: Agent) -> None:
-        """Route ``alias`` to ``agent`` (e.g. a cassette), replacing any declaration."""
+        """Route ``alias`` to ``agent`` (e.g. a cassette), replacing any declaration; the
+        agent answers as ``alias`` (its errors name it, a cassette matches ``handler`` to it)."""
+        agent.alias = alias
         agent.continue_session(self._episode_plays())
         with self._lock:
             old = self._agents.pop(alias, None)

@@ -120,3 +120,15 @@ class _Capture(Agent):
     def ask(self, request: AskRequest, *, deadline: float) -> AskResponse:
         self.seen.append(request)
         return AskResponse(submission='{"n": 1}')
+
+
+def test_a_cassette_matches_the_alias_it_is_registered_under_and_the_written_schema(tmp_path: Path) -> None:
+    from localllm.agents.cassette import CassetteAgent
+
+    cassette = tmp_path / "c.yaml"
+    cassette.write_text("kind: host_cassette\nepisodes:\n"
+                        "  - id: ep-1\n    match: {handler: agent.local, schema_name: n, what: sheep}\n"
+                        "    agent: {verb: decide, response: '{\"n\": 3}'}\n")
+    with Runtime(load_config(_config(tmp_path))) as rt:
+        rt.register_agent("agent.local", CassetteAgent(cassette))  # no alias given: it answers as agent.local
+        assert rt.run_gate("count", {"thing": "sheep"}).submission == {"n": 3}
