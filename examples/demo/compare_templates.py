@@ -38,7 +38,7 @@ TICKETS: list[tuple[str, str, int]] = [
     ("Where is your company headquartered?", "other", 5),
     ("Just wanted to say thanks, the new dashboard is great!", "other", 5),
 ]
-FREE_TEXT = ["Say hello in one short sentence.", "Name three colours.", "What is 2 + 2?"]
+FREE_TEXT = ["Say hello in one short sentence.", "Name three colours."]
 MARKERS = ("<|im_start|>", "<|im_end|>", "<start_of_turn>", "<end_of_turn>", "<bos>", "<eos>")
 
 PLAIN = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
@@ -50,12 +50,12 @@ TEMPLATES: dict[str, list[str]] = {
 
 
 def run(name: str, extra: list[str], prompt: Path, schema_in_prompt: bool, work: Path,
-        server: Path, model: Path) -> dict[str, Any]:
+        server: Path, model: Path, schemas: Path) -> dict[str, Any]:
     from localllm import Runtime, load_config
     from localllm.errors import LocalLLMError
 
     cfg = work / "app.yaml"
-    shutil.copytree(HERE / "schemas", work / "schemas", dirs_exist_ok=True)
+    shutil.copytree(schemas, work / "schemas", dirs_exist_ok=True)
     cfg.write_text(json.dumps({
         "app_id": "compare",
         "agent_plugins": {"agent.local": {
@@ -103,6 +103,7 @@ def main() -> int:
     parser.add_argument("--prompts", nargs="*", type=Path, default=[HERE / "prompts" / "triage.md"])
     parser.add_argument("--templates", nargs="*", default=list(TEMPLATES))
     parser.add_argument("--schema-in-prompt", choices=["true", "false", "both"], default="true")
+    parser.add_argument("--schemas", type=Path, default=HERE / "schemas", help="directory holding triage.json")
     ns = parser.parse_args()
     results = []
     shapes = {"true": [True], "false": [False], "both": [True, False]}[ns.schema_in_prompt]
@@ -111,7 +112,8 @@ def main() -> int:
             for name in ns.templates:
                 work = ns.out / f"{prompt.stem}-{schema_in_prompt}-{name.split()[0]}"
                 work.mkdir(parents=True, exist_ok=True)
-                result = run(name, TEMPLATES[name], prompt.resolve(), schema_in_prompt, work, ns.server, ns.model)
+                result = run(name, TEMPLATES[name], prompt.resolve(), schema_in_prompt, work, ns.server, ns.model,
+                             ns.schemas.resolve())
                 results.append(result)
                 print(json.dumps({k: v for k, v in result.items() if k not in ("answers",)}), flush=True)
     (ns.out / f"results-{ns.schema_in_prompt}.json").write_text(json.dumps(results, indent=2))

@@ -184,6 +184,7 @@ def _model_pin(mid: str, raw: Mapping[str, Any], where: Path) -> ModelPin:
     key = f"models.entries.{mid}"
     if not _SAFE_FILE.match(mid):
         raise FetchError(f"{where}: models.entries: model id {mid!r} is not path-safe")
+    artifact = _artifact(raw, f"model {mid}", key, where)
     role = raw.get("role")
     if role not in _ROLES:
         raise FetchError(f"{where}: {key}.role must be one of {', '.join(_ROLES)}, got {role!r}")
@@ -199,7 +200,7 @@ def _model_pin(mid: str, raw: Mapping[str, Any], where: Path) -> ModelPin:
         template_file = where.parent / file
         if not template_file.is_file():
             raise FetchError(f"{where}: {key}.chat_template_file: {template_file} not found")
-    return ModelPin(id=mid, role=str(role), artifact=_artifact(raw, f"model {mid}", key, where),
+    return ModelPin(id=mid, role=str(role), artifact=artifact,
                     chat_template=template, chat_template_file=template_file, pins_file=where)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,7 +14,7 @@ from localllm.managed.cache import cache_layout
 from localllm.managed.pins import load_pins, user_pins_path
 
 
-def _json(capsys: pytest.CaptureFixture[str]) -> dict:  # type: ignore[type-arg]
+def _json(capsys: pytest.CaptureFixture[str]) -> Any:
     return json.loads(capsys.readouterr().out)
 
 
