@@ -46,7 +46,7 @@ def report(pins: Pins, layout: CacheLayout) -> dict[str, Any]:
             "mirror only" if not art.url else "pinned")
         cached_model = any(e.kind == "model" and e.name == mid and e.status != "stale" for e in entries)
         models[mid] = {"role": pin.role, "file": art.file, "pin": state, "cached": cached_model,
-                       "chat_format": pin.chat_format_args() or None,
+                       "chat_format": pin.chat_template or (pin.chat_template_file and pin.chat_template_file.name),
                        "template_warning": _template_warning(mid) if cached_model and pin.role == "chat" else None}
     needs_shim = None
     if probe is not None:

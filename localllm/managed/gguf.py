@@ -108,7 +108,7 @@ def template_warning(model: str, *, base_dir: Path, extra_args: tuple[str, ...] 
     if any(a.partition("=")[0] in TEMPLATE_FLAGS for a in extra_args):
         return None
     pin = load_pins().model_for(model)
-    if pin is not None and pin.chat_format_args():
+    if pin is not None and (pin.chat_template or pin.chat_template_file):
         return None
     if model.endswith(".gguf"):
         path = Path(model).expanduser()

@@ -87,6 +87,9 @@ class ModelPin:
     def chat_format_args(self) -> list[str]:
         """The llama-server flags of this pin's prompt format (empty: the GGUF's own)."""
         if self.chat_template_file is not None:
+            if not self.chat_template_file.is_file():
+                raise FetchError(f"{self.pins_file}: models.entries.{self.id}.chat_template_file: "
+                                 f"{self.chat_template_file} not found")
             return ["--jinja", "--chat-template-file", str(self.chat_template_file)]
         if self.chat_template:
             return ["--chat-template", self.chat_template]
@@ -197,9 +200,7 @@ def _model_pin(mid: str, raw: Mapping[str, Any], where: Path) -> ModelPin:
         if not isinstance(file, str) or not all(_SAFE_FILE.match(part) for part in file.split("/")):
             raise FetchError(f"{where}: {key}.chat_template_file must be a relative path inside "
                              f"{where.parent}, got {file!r}")
-        template_file = where.parent / file
-        if not template_file.is_file():
-            raise FetchError(f"{where}: {key}.chat_template_file: {template_file} not found")
+        template_file = where.parent / file  # checked when a server needs it
     return ModelPin(id=mid, role=str(role), artifact=artifact,
                     chat_template=template, chat_template_file=template_file, pins_file=where)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -81,7 +80,6 @@ def test_malformed_pins_name_the_key(tmp_path: Path, path: tuple[str, ...], valu
     node[path[-1]] = value
     bad = tmp_path / "pins.json"
     bad.write_text(json.dumps(data))
-    shutil.copytree(REPO / "pins" / "templates", tmp_path / "templates")
     with pytest.raises(FetchError, match=r"pins\.json") as info:
         load_pins(bad)
     assert needle in str(info.value)
