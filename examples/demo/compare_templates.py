@@ -43,13 +43,14 @@ MARKERS = ("<|im_start|>", "<|im_end|>", "<start_of_turn>", "<end_of_turn>", "<b
 
 PLAIN = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
 TEMPLATES: dict[str, list[str]] = {
-    "none (server default: chatml)": [],
+    # what llama-server does for a GGUF without a template (named, so a pinned format is not applied)
+    "none (server default: chatml)": ["--chat-template", "chatml"],
     "gemma": ["--chat-template", "gemma"],
     "plain completion": ["--jinja", "--chat-template-file", "{plain}"],
 }
 
 
-def run(name: str, extra: list[str], prompt: Path, schema_in_prompt: bool, work: Path,
+def run(name: str, extra: list[str], prompt: Path, *, schema_in_prompt: bool, work: Path,
         server: Path, model: Path, schemas: Path) -> dict[str, Any]:
     from localllm import Runtime, load_config
     from localllm.errors import LocalLLMError
@@ -102,7 +103,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path.cwd() / ".compare")
     parser.add_argument("--prompts", nargs="*", type=Path, default=[HERE / "prompts" / "triage.md"])
     parser.add_argument("--templates", nargs="*", default=list(TEMPLATES))
-    parser.add_argument("--schema-in-prompt", choices=["true", "false", "both"], default="true")
+    parser.add_argument("--schema-in-prompt", choices=["true", "false", "both"], default="false")
     parser.add_argument("--schemas", type=Path, default=HERE / "schemas", help="directory holding triage.json")
     ns = parser.parse_args()
     results = []
@@ -112,8 +113,8 @@ def main() -> int:
             for name in ns.templates:
                 work = ns.out / f"{prompt.stem}-{schema_in_prompt}-{name.split()[0]}"
                 work.mkdir(parents=True, exist_ok=True)
-                result = run(name, TEMPLATES[name], prompt.resolve(), schema_in_prompt, work, ns.server, ns.model,
-                             ns.schemas.resolve())
+                result = run(name, TEMPLATES[name], prompt.resolve(), schema_in_prompt=schema_in_prompt, work=work,
+                             server=ns.server, model=ns.model, schemas=ns.schemas.resolve())
                 results.append(result)
                 print(json.dumps({k: v for k, v in result.items() if k not in ("answers",)}), flush=True)
     (ns.out / f"results-{ns.schema_in_prompt}.json").write_text(json.dumps(results, indent=2))

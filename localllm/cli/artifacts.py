@@ -26,7 +26,7 @@ def _setup_fetch(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--role", choices=["chat", "embedding"], default="chat", help="what the model is for")
     model.add_argument("--mirror", metavar="M", help=_MIRROR_HELP)
     model.add_argument("--json", action="store_true", help="print JSON")
-    model.set_defaults(handler=_fetch_model)
+    model.set_defaults(handler=_fetch_model, usage=model.format_usage())
 
 
 def _setup_cache(parser: argparse.ArgumentParser) -> None:
@@ -86,11 +86,14 @@ def _fetch_model(args: argparse.Namespace) -> int:
 
     model_id = args.new_id or args.id
     if model_id is None:
-        raise UsageError("fetch model needs a model id", hint="localllm models lists them; localllm fetch model ID")
+        raise UsageError("the following arguments are required: ID (or --id NAME)",
+                         hint="localllm models lists them; localllm fetch model ID",
+                         usage=args.usage)
     if args.new_id and args.id and args.new_id != args.id:
-        raise UsageError(f"two ids given: {args.id} and --id {args.new_id}", hint="give one of them")
+        raise UsageError(f"two ids given: {args.id} and --id {args.new_id}", hint="give one of them", usage=args.usage)
     if (args.url is None) != (args.sha256 is None):
-        raise UsageError("--url and --sha256 go together", hint="localllm fetch model --url U --sha256 H --id NAME")
+        raise UsageError("--url and --sha256 go together", hint="localllm fetch model --url U --sha256 H --id NAME",
+                         usage=args.usage)
     if args.url is not None:
         pin = add_user_model(model_id, url=args.url, sha256=args.sha256, role=args.role)
         err(f"localllm: pinned {model_id} in {pin.pins_file}")
