@@ -42,8 +42,8 @@ FREE_TEXT = ["Say hello in one short sentence.", "Name three colours."]
 MARKERS = ("<|im_start|>", "<|im_end|>", "<start_of_turn>", "<end_of_turn>", "<bos>", "<eos>")
 
 PLAIN = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
-DIALOGUE = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}User: {% elif m['role'] == 'assistant' %}"
-            "Assistant: {% endif %}{{ m['content'] }}\n{% endfor %}Assistant:")
+DIALOGUE = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}User: "
+            "{% elif m['role'] == 'assistant' %}Assistant: {% endif %}{{ m['content'] }}\n{% endfor %}Assistant:")
 TEMPLATES: dict[str, list[str]] = {
     # what llama-server does for a GGUF without a template (named, so a pinned format is not applied)
     "none (server default: chatml)": ["--chat-template", "chatml"],
@@ -66,8 +66,8 @@ def run(name: str, extra: list[str], prompt: Path, *, schema_in_prompt: bool, wo
             "plugin": "builtin.local_llm", "model": str(model), "server_bin": str(server), "parallel": 1,
             "ctx_size": 2048, "max_tokens": 96, "timeout": 120, "fallback": "none",
             "schema_in_prompt": schema_in_prompt,
-            "extra_args": [a.replace("{plain}", str(work / "plain.jinja")).replace("{dialogue}", str(work / "dialogue.jinja"))
-                           for a in extra]}},
+            "extra_args": [a.replace("{plain}", str(work / "plain.jinja"))
+                           .replace("{dialogue}", str(work / "dialogue.jinja")) for a in extra]}},
         "gates": {"triage": {"invoke": "host.agent.decide", "agent": "agent.local",
                              "with": {"prompt": str(prompt), "schema": "schemas/triage.json",
                                       "args": {"ticket": "{{ args.ticket }}"}}}},
