@@ -31,7 +31,7 @@ import httpx
 
 from localllm._http import map_httpx_errors
 from localllm.embed.embedder import EmbedderIdentity
-from localllm.embed.registry import ROLES, ModelInfo, Role, lookup
+from localllm.embed.registry import ROLES, ModelInfo, Role, default_model, lookup
 from localllm.errors import DimensionMismatch, EmbedError, EmbedServerError, InputTooLong, truncate_detail
 
 if TYPE_CHECKING:
@@ -385,16 +385,15 @@ def embedding_server(decl: EmbedderDecl, *, base_dir: Path | None = None) -> Man
     from localllm.managed.server import MANAGED_FLAGS, ManagedServer
 
     where = f"embedders.{decl.name}"
-    if not decl.model:
-        raise EmbedError(f"{where}: needs model: or endpoint:")
+    model = decl.model or default_model()
     clashing = sorted({a.partition("=")[0] for a in decl.extra_args} & (MANAGED_FLAGS | _EMBED_FLAGS))
     if clashing:
         raise EmbedError(f"{where}.extra_args: must not set {', '.join(clashing)}; localllm sets them "
                          "(use port:, parallel: and the model registry instead)")
-    info = _model_info(decl.model)
+    info = _model_info(model)
     try:
         return ManagedServer(
-            decl.server_bin, decl.model, role="embedding", base_dir=base_dir,
+            decl.server_bin, model, role="embedding", base_dir=base_dir,
             args=[*embedding_server_args(info, decl.parallel), *decl.extra_args], parallel=decl.parallel,
             ctx_per_slot=info.context, port=decl.port, threads=decl.threads,
             health_timeout=decl.health_timeout, name=f"embed:{decl.name}",
@@ -423,7 +422,7 @@ def embedder_from_decl(decl: EmbedderDecl, *, base_dir: Path | None = None, **op
         model = decl.model or decl.name
         return LocalEmbedder(decl.endpoint, model, api_key=api_key, dims=decl.dims, **options)
     server = embedding_server(decl, base_dir=base_dir)
-    model = decl.model or ""
+    model = decl.model or default_model()
 
     def url() -> str:
         if server.pid is None:  # until it has a server of its own, a running service is used
