@@ -122,9 +122,7 @@ class LocalEmbedder:
 
     def close(self) -> None:
         """Close the HTTP client (and stop the managed server this embedder owns)."""
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        self._drop_client()
         if self.server is not None:
             self.server.stop()
 
@@ -298,15 +296,18 @@ class LocalEmbedder:
     def use_service(self, attachment: Attachment) -> None:
         """Send every request through a running ``localllm serve`` (its token, its model id)."""
         self._api_key, self.request_model, self.served_by = attachment.token, attachment.model, "service"
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        self._drop_client()
 
     def _url(self, *, refresh: bool = False) -> str:
         if callable(self._base_url) and (refresh or self._resolved is None):
             self._resolved = self._base_url()
         assert self._resolved is not None
         return server_root(self._resolved)
+
+    def _drop_client(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
 
     def _http(self) -> httpx.Client:
         if self._client is None:
@@ -331,6 +332,9 @@ class LocalEmbedder:
                 except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError):
                     if callable(self._base_url) and not retried:
                         retried = True  # the server may have died: ask for it again (a respawn), retry once
+                        # on fresh connections: the pool's other keep-alive sockets died with the old
+                        # server, and a respawn may even bind the same port
+                        self._drop_client()
                         continue
                     raise
             break
