@@ -76,6 +76,8 @@ _LISTEN_PATTERNS = (
     re.compile(r"HTTP server is listening, hostname: \S+, port: (\d+)"),
 )
 _BIND_FAILED = "couldn't bind"
+#: flags a managed server gets only when its build lists them in ``--help``
+_OPTIONAL_FLAGS = ("--no-webui", "--no-ui", "--swa-full")
 
 
 #: how long ``stop()`` waits for a cancelled fetch or start to let go
@@ -415,7 +417,7 @@ class ManagedServer:
         self._stopping = False
         self._proc: _Process | None = None
         self._finalizer: weakref.finalize[[float], ManagedServer] | None = None
-        self._ui_flag: str | None = None  # probed once: "--no-webui", "--no-ui" or ""
+        self._optional: frozenset[str] | None = None  # of _OPTIONAL_FLAGS, probed once from --help
         self._port_zero = True  # False once this binary proved it can't report --port 0
         self._crashes: deque[tuple[int, str]] = deque(maxlen=8)  # (pid, detail), newest last
         self._returncode: int | None = None
@@ -669,30 +671,37 @@ class ManagedServer:
         ui_flag = self._probe_ui_flag(binary, deadline)
         if ui_flag:
             argv.append(ui_flag)
+        if self.role == "chat" and "--swa-full" in self._known_flags(binary, deadline):
+            # sliding-window models (gemma 2/3) keep a window-sized KV cache by default, and
+            # llama-server then cannot reuse a cached prompt prefix: every call re-evaluated
+            # the whole prompt (cache_n 1 of 440 on the demo gate; 6–8 tokens with the flag).
+            # Models without SWA ignore it.
+            argv.append("--swa-full")
         return argv + self._format_args + self._args  # a pinned prompt format, then the caller's flags
 
     def _probe_ui_flag(self, binary: Path, deadline: float) -> str:
-        """``--no-webui`` (or its newer name ``--no-ui``) if this binary knows it.
+        """``--no-webui`` (or its newer name ``--no-ui``) if this binary knows it."""
+        known = self._known_flags(binary, deadline)
+        return next((flag for flag in ("--no-webui", "--no-ui") if flag in known), "")
+
+    def _known_flags(self, binary: Path, deadline: float) -> frozenset[str]:
+        """Which of the optional flags (:data:`_OPTIONAL_FLAGS`) this binary's ``--help`` lists.
 
         The probe is bounded by the start's deadline — it may use half of what is left, so
         the server itself still gets a chance — and a binary that hangs on ``--help`` gets
         no optional flags (not cached: the next start, with a fresh deadline, asks again).
         """
-        if self._ui_flag is None:
+        if self._optional is None:
             budget = min(_PROBE_TIMEOUT, max(deadline - time.monotonic(), 0.0) / 2)
             try:
                 probe = run_probe([str(binary), "--help"], timeout=budget, env=_child_env(binary, self._env))
             except OSError as exc:
                 raise _launch_error(binary, exc) from exc
             if probe.timed_out:
-                return ""
-            if re.search(r"(?<![\w-])--no-webui(?![\w-])", probe.output):
-                self._ui_flag = "--no-webui"
-            elif re.search(r"(?<![\w-])--no-ui(?![\w-])", probe.output):
-                self._ui_flag = "--no-ui"
-            else:
-                self._ui_flag = ""
-        return self._ui_flag
+                return frozenset()
+            self._optional = frozenset(flag for flag in _OPTIONAL_FLAGS
+                                       if re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", probe.output))
+        return self._optional
 
     def _spawn_until_ready(self, start: _Start, deadline: float) -> str:
         bind_failures = 0

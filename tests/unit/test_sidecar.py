@@ -116,7 +116,7 @@ def test_argv_and_environment_are_deliberate(
     start = events(spawn_log, "start")[0]
     assert start["argv"] == [
         "-m", str(model), "--host", "127.0.0.1", "--port", "0", "--parallel", "2",
-        "-c", "2048", "-t", "3", "--no-webui", "--embeddings", "--pooling", "mean",
+        "-c", "2048", "-t", "3", "--no-webui", "--swa-full", "--embeddings", "--pooling", "mean",
     ]  # fmt: skip
     assert start["ld_library_path"] == f"{server_bin.parent}{os.pathsep}/stale/lib"
     assert start["api_key_set"] is True  # through LLAMA_API_KEY, not argv
@@ -134,8 +134,23 @@ def test_no_webui_only_when_the_binary_has_it(
     cleanup(sc)
     sc.ensure_ready()
     argv = events(spawn_log, "start")[0]["argv"]
-    assert "--no-webui" not in argv and "--no-ui" not in argv
+    assert "--no-webui" not in argv and "--no-ui" not in argv and "--swa-full" not in argv
     assert "-c" not in argv
+
+
+def test_chat_servers_keep_a_full_swa_cache_so_prompt_prefixes_are_reused(
+    server_bin: Path, model: Path, spawn_log: Path, cleanup: Any
+) -> None:
+    # gemma-3's sliding-window cache made llama-server re-evaluate the whole prompt on every
+    # call (cache_n 1 of 440 tokens on the demo gate); --swa-full lets it reuse the prefix
+    chat = make(server_bin, model, spawn_log)
+    embedding = make(server_bin, model, spawn_log, role="embedding", args=["--embeddings"])
+    cleanup(chat)
+    cleanup(embedding)
+    chat.ensure_ready()
+    embedding.ensure_ready()
+    starts = events(spawn_log, "start")
+    assert ["--swa-full" in s["argv"] for s in starts] == [True, False]
 
 
 def test_extra_args_may_not_override_managed_flags(server_bin: Path, model: Path) -> None:

@@ -57,7 +57,7 @@ FAKE_LLAMA_LOG          new (default; the format above) | old ("main: server is 
                         on http://H:P - starting the main loop", plus an early "HTTP server
                         is listening, hostname: H, port: P" line) | zero (old build that
                         echoes port 0) | none (no listening line at all)
-FAKE_LLAMA_HELP         full (default: --help lists --no-webui) | none (an old build without it)
+FAKE_LLAMA_HELP         full (default: --help lists --no-webui, --swa-full) | none (an old build without them)
 FAKE_LLAMA_STDERR_FLOOD bytes of filler written to stderr while loading (pipe-stall test)
 FAKE_LLAMA_SPAWN_LOG    file appended with one JSON line per event: {"event": "start", "pid",
                         "argv", "ld_library_path", "api_key_set"}, {"event": "ready", "pid",
@@ -135,6 +135,7 @@ _BOOL_FLAGS = {
     "--no-ui": "no_ui",
     "--embedding": "embeddings",
     "--embeddings": "embeddings",
+    "--swa-full": "swa_full",
 }
 
 HELP = """usage: llama-server [options]
@@ -147,7 +148,9 @@ HELP = """usage: llama-server [options]
 --embedding, --embeddings               restrict to only support embedding use case
 --api-key KEY                           API key to use for authentication
 """
-HELP_UI = "--ui,  --webui, --no-ui, --no-webui     whether to enable the Web UI (default: enabled)\n"
+#: what a newer build's --help adds (FAKE_LLAMA_HELP=none: an old build without these)
+HELP_UI = ("--ui,  --webui, --no-ui, --no-webui     whether to enable the Web UI (default: enabled)\n"
+           "--swa-full                              use full-size SWA cache (default: false)\n")
 
 
 def parse_args(argv: list[str]) -> dict[str, Any]:
