@@ -308,13 +308,7 @@ class ClaudeCliAgent(Agent):
             output = _communicate(proc, self.render_prompt(request), deadline, started)
         except _OutputTooLarge as exc:
             _kill_group(proc)
-            # Not communicate(): whatever still holds the pipe could flood it; just let go.
-            for stream in (proc.stdin, proc.stdout, proc.stderr):
-                if stream is not None:
-                    with contextlib.suppress(OSError):
-                        stream.close()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=_REAP_TIMEOUT)
+            _let_go(proc)  # not communicate(): whatever still holds the pipe could flood it
             raise AgentError(
                 ErrorKind.PLUGIN_CRASH,
                 f"{self.alias}: claude CLI printed more than {_MAX_STDOUT} bytes on stdout; "
@@ -527,9 +521,14 @@ def _reap(proc: subprocess.Popen[str]) -> None:
     try:
         proc.communicate(timeout=_REAP_TIMEOUT)
     except (subprocess.TimeoutExpired, ValueError, OSError):
-        for stream in (proc.stdin, proc.stdout, proc.stderr):
-            if stream is not None:
-                with contextlib.suppress(OSError):
-                    stream.close()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=_REAP_TIMEOUT)
+        _let_go(proc)
+
+
+def _let_go(proc: subprocess.Popen[str]) -> None:
+    """Close our ends of the pipes and reap the child, waiting a bounded time."""
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream is not None:
+            with contextlib.suppress(OSError):
+                stream.close()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=_REAP_TIMEOUT)

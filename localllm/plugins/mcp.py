@@ -377,7 +377,7 @@ def _check_url(ctx: _Context, name: str, url: str) -> list[Diagnostic]:
                             "configured by the client, not the plugin", ptr)
     if "#" in url:
         raise _EntryInvalid("server-entry-invalid", f"\"url\" {shown!r} must not contain a fragment", ptr)
-    if scheme == "http" and not _loopback(parts.hostname):
+    if scheme == "http" and not is_loopback(parts.hostname):
         raise _EntryInvalid("server-entry-invalid",
                             f"\"url\" {shown!r} uses plain http to a non-loopback host; use https "
                             "(http is allowed only for localhost and loopback addresses)", ptr)
@@ -389,7 +389,8 @@ def _check_url(ctx: _Context, name: str, url: str) -> list[Diagnostic]:
     return found
 
 
-def _loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """``localhost`` or a loopback IP address."""
     if host == "localhost":
         return True
     try:

@@ -13,7 +13,6 @@ readers (dead pid) and replaced by the next service.
 from __future__ import annotations
 
 import fcntl
-import ipaddress
 import os
 import re
 import secrets
@@ -27,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from localllm.errors import ServiceError, ServiceRunning
 from localllm.managed import discovery
+from localllm.plugins.mcp import is_loopback
 from localllm.service.backend import BackendFactory, managed_server
 from localllm.service.catalog import CHAT_PARALLEL, ModelSpec, build_catalog, is_cached
 
@@ -64,14 +64,6 @@ def parse_size(text: str) -> int:
     scale = 1 << 20 if unit.startswith("m") else 1 << 30
     return int(float(match.group(1)) * scale)
 
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 @dataclass(frozen=True)
