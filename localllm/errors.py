@@ -20,6 +20,7 @@ callers may catch either.
     │   ├── UnsupportedPlatform               no pin for this OS/arch
     │   ├── ChecksumMismatch (ValueError)     expected, actual, path, url
     │   ├── DownloadFailed (ConnectionError)  network/HTTP failure after retries
+    │   ├── DownloadCancelled                 the caller cancelled the download; no partial file kept
     │   ├── OfflineArtifactMissing            LOCALLLM_OFFLINE=1 and not cached
     │   ├── InsufficientSpace (OSError)       not enough free disk for the download
     │   ├── UnsafeArchive (ValueError)        a member would land outside its directory
@@ -261,6 +262,10 @@ class ChecksumMismatch(FetchError, ValueError):
 
 class DownloadFailed(FetchError, ConnectionError):
     """The download failed after bounded retries."""
+
+
+class DownloadCancelled(FetchError):
+    """The caller cancelled the download (``cancel`` was set); the partial file was removed."""
 
 
 class OfflineArtifactMissing(FetchError):

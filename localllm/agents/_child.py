@@ -8,9 +8,10 @@ JSON object, otherwise the stream is desynchronised (``plugin_crash``). Any othe
 line is *noise* (a stray ``print``): it is logged, kept for error details, and skipped.
 
 Every wait is bounded by a ``time.monotonic()`` deadline (``poll`` on non-blocking pipes,
-no reader thread on stdout); stderr is drained by one thread so a chatty child never blocks
-on a full pipe, and its tail goes into ``plugin_crash`` details. The child runs in its own
-process group so that kill and stop reach any grandchildren holding the pipes open.
+no reader thread on stdout); stderr is drained by a :class:`~localllm._process.StderrTail`
+so a chatty child never blocks on a full pipe, and its tail goes into ``plugin_crash``
+details. The child runs in its own process group so that kill and stop reach any
+grandchildren holding the pipes open.
 
 Thread model: one owner thread at a time reads, writes and cleans up (the transports hold a
 call lock); :meth:`LineChild.signal_kill` is the only method safe to call from another
@@ -29,13 +30,12 @@ import os
 import select
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from localllm import settings
+from localllm import _process, settings
 from localllm.errors import AgentError, ErrorKind
 
 logger = logging.getLogger(__name__)
@@ -61,14 +61,6 @@ class ChildState(enum.Enum):
 
 class DeadlineReached(Exception):
     """Internal: a wait on the child ran out of time (the owner decides what to do)."""
-
-
-def tail_text(text: str, limit: int = _TAIL_LIMIT) -> str:
-    """The last ``limit`` UTF-8 bytes of ``text``, prefixed with ``...`` when cut."""
-    raw = text.encode("utf-8")
-    if len(raw) <= limit:
-        return text
-    return "..." + raw[-limit:].decode("utf-8", errors="ignore")
 
 
 def _ready(fd: int, events: int, timeout: float) -> bool:
@@ -113,10 +105,7 @@ class LineChild:
         self.state = ChildState.CREATED
         self._proc: subprocess.Popen[bytes] | None = None
         self._buf = bytearray()
-        self._stderr: collections.deque[bytes] = collections.deque()
-        self._stderr_size = 0
-        self._stderr_lock = threading.Lock()
-        self._stderr_thread: threading.Thread | None = None
+        self._stderr: _process.StderrTail | None = None
         self.noise: collections.deque[str] = collections.deque(maxlen=_NOISE_KEEP)
 
     def __repr__(self) -> str:
@@ -135,17 +124,10 @@ class LineChild:
         env = settings.environ()
         env.update(self._env)
         try:
-            proc = subprocess.Popen(
-                self._argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=env,
-                cwd=self._cwd,
-                bufsize=0,
-                close_fds=True,
-                # Own process group: kill/stop reach grandchildren that inherited the pipes.
-                start_new_session=True,
+            # Own process group: kill/stop reach grandchildren that inherited the pipes.
+            proc = _process.spawn(
+                self._argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                env=env, cwd=self._cwd,
             )
         except OSError as exc:
             where = f" in {self._cwd}" if self._cwd else ""
@@ -160,13 +142,9 @@ class LineChild:
         self._proc = proc
         self._buf.clear()
         self.noise.clear()
-        with self._stderr_lock:
-            self._stderr.clear()
-            self._stderr_size = 0
-        self._stderr_thread = threading.Thread(
-            target=self._drain_stderr, args=(proc.stderr.fileno(),), name=f"{self.label}-stderr", daemon=True
-        )
-        self._stderr_thread.start()
+        on_line = self._log_stderr if logger.isEnabledFor(logging.DEBUG) else None
+        self._stderr = _process.StderrTail(proc.stderr, name=f"{self.label}-stderr", limit=_STDERR_KEEP,
+                                           on_line=on_line)
         self.state = ChildState.RUNNING
         logger.debug("%s: started pid %d", self.label, proc.pid)
 
@@ -175,8 +153,7 @@ class LineChild:
         proc = self._proc
         if proc is None or proc.returncode is not None:
             return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        _process.signal_group(proc, signal.SIGKILL)
 
     def kill(self) -> None:
         """Kill now and release everything (owner thread)."""
@@ -193,10 +170,7 @@ class LineChild:
             with contextlib.suppress(OSError):
                 proc.stdin.close()
         if not self._wait(proc, stdin_grace):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            if not self._wait(proc, term_grace):
-                self.signal_kill()
+            _process.stop_group(proc, grace=term_grace)
         self._reap(grace=5.0)
 
     @staticmethod
@@ -215,24 +189,16 @@ class LineChild:
             self.signal_kill()
             proc.wait()
         # The group may outlive its leader (a grandchild); make sure nothing keeps the pipes.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        thread = self._stderr_thread
-        if thread is not None:
-            thread.join(timeout=grace)
+        _process.stop_group(proc, grace=0.0)
+        stderr = self._stderr
+        if stderr is not None and not stderr.join(grace):
+            # Something outside our process group still holds stderr open; the drain
+            # thread closes it at EOF (closing it under the blocked reader is unsafe).
+            logger.warning("%s: stderr still open after the process exited", self.label)
         for stream in (proc.stdin, proc.stdout):
             if stream is not None:
                 with contextlib.suppress(OSError):
                     stream.close()
-        if proc.stderr is not None:
-            if thread is not None and thread.is_alive():
-                # Something outside our process group still holds stderr open; closing the
-                # fd under the blocked reader is unsafe, so leave it to the daemon thread.
-                logger.warning("%s: stderr still open after the process exited", self.label)
-            else:
-                with contextlib.suppress(OSError):
-                    proc.stderr.close()
-        self._stderr_thread = None
         self.state = ChildState.STOPPED
 
     @property
@@ -245,27 +211,13 @@ class LineChild:
 
     # -- stderr ----------------------------------------------------------------------
 
-    def _drain_stderr(self, fd: int) -> None:
-        while True:
-            try:
-                chunk = os.read(fd, _READ_CHUNK)
-            except OSError:
-                return
-            if not chunk:
-                return
-            with self._stderr_lock:
-                self._stderr.append(chunk)
-                self._stderr_size += len(chunk)
-                while self._stderr_size > _STDERR_KEEP and len(self._stderr) > 1:
-                    self._stderr_size -= len(self._stderr.popleft())
-            if logger.isEnabledFor(logging.DEBUG):
-                logger.debug("%s stderr: %s", self.label, self._redact(chunk.decode("utf-8", "replace")).rstrip())
+    def _log_stderr(self, line: str) -> None:
+        logger.debug("%s stderr: %s", self.label, self._redact(line).rstrip())
 
     def stderr_tail(self) -> str:
         """The last stderr bytes (redacted), stripped."""
-        with self._stderr_lock:
-            raw = b"".join(self._stderr)
-        return self._redact(raw.decode("utf-8", errors="replace")).strip()
+        stderr = self._stderr
+        return self._redact(stderr.text()).strip() if stderr is not None else ""
 
     def crash_detail(self, what: str, *, exit_code: bool = True) -> str:
         """``what`` plus exit code, stderr tail and stdout noise, for a ``plugin_crash``."""
@@ -275,9 +227,9 @@ class LineChild:
             parts.append(f"exit code {code}" if code >= 0 else f"killed by signal {-code}")
         tail = self.stderr_tail()
         if tail:
-            parts.append(f"stderr: {tail_text(tail)}")
+            parts.append(f"stderr: {_process.tail(tail, limit=_TAIL_LIMIT)}")
         if self.noise:
-            parts.append(f"stdout noise: {tail_text(' | '.join(self.noise))}")
+            parts.append(f"stdout noise: {_process.tail(' | '.join(self.noise), limit=_TAIL_LIMIT)}")
         return "; ".join(parts)
 
     def crash(self, what: str) -> AgentError:
@@ -347,21 +299,21 @@ class LineChild:
                 self._wait(proc, 1.0)
                 if self._buf.strip():
                     partial = self._redact(bytes(self._buf).decode("utf-8", "replace"))
-                    raise self.crash(f"partial frame at end of output: {tail_text(partial)!r}")
+                    raise self.crash(f"partial frame at end of output: {_process.tail(partial, limit=_TAIL_LIMIT)!r}")
                 raise self.crash("process exited before answering")
             self._buf.extend(chunk)
 
     def _note_noise(self, line: bytes) -> None:
         text = self._redact(line.decode("utf-8", errors="replace"))
-        self.noise.append(tail_text(text, 120))
-        logger.warning("%s: ignoring non-frame stdout line: %s", self.label, tail_text(text, 200))
+        self.noise.append(_process.tail(text, limit=120))
+        logger.warning("%s: ignoring non-frame stdout line: %s", self.label, _process.tail(text, limit=200))
 
     def _parse(self, line: bytes) -> dict[str, Any]:
         try:
             value = json.loads(line)
         except ValueError as exc:
             text = self._redact(line.decode("utf-8", errors="replace"))
-            raise self.crash(f"malformed frame {tail_text(text)!r}: {exc}") from exc
+            raise self.crash(f"malformed frame {_process.tail(text, limit=_TAIL_LIMIT)!r}: {exc}") from exc
         if not isinstance(value, dict):
             raise self.crash("frame is not a JSON object")
         return value

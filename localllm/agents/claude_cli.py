@@ -31,14 +31,13 @@ import json
 import os
 import selectors
 import shutil
-import signal
 import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from localllm import settings
+from localllm import _process, settings
 from localllm.agents.base import Agent
 from localllm.errors import AgentError, ErrorKind, truncate_detail
 from localllm.wire import AskRequest, AskResponse, Transcript
@@ -134,16 +133,6 @@ def extract_json(text: str, schema: dict[str, Any] | None = None) -> str | None:
     if len(candidates) == 1:
         return candidates[0]
     return None
-
-
-def _tail(text: str) -> str:
-    """The last lines of ``text`` (stderr), bounded in lines and bytes."""
-    lines = text.strip().splitlines()[-_STDERR_TAIL_LINES:]
-    tail = "\n".join(lines)
-    raw = tail.encode("utf-8")
-    if len(raw) > _STDERR_TAIL_BYTES:
-        tail = "..." + raw[-_STDERR_TAIL_BYTES:].decode("utf-8", errors="ignore")
-    return tail
 
 
 def _meta(envelope: dict[str, Any], decl_model: str | None) -> dict[str, Any]:
@@ -351,7 +340,7 @@ class ClaudeCliAgent(Agent):
         envelope = _parse_envelope(stdout)
         if returncode != 0:
             detail = f"claude CLI exited with code {returncode}"
-            tail = _tail(stderr)
+            tail = _process.tail(stderr.strip(), limit=_STDERR_TAIL_BYTES, lines=_STDERR_TAIL_LINES)
             if tail:
                 detail += f"; stderr: {tail}"
             elif envelope is not None and isinstance(envelope.get("result"), str):
@@ -385,23 +374,23 @@ class ClaudeCliAgent(Agent):
     def cancel(self, call_id: str) -> None:
         with self._lock:
             calls = list(self._calls.get(call_id, []))
-        for call in calls:
-            with call.lock:
-                call.cancelled = True
-                proc = call.proc
-            if proc is not None:
-                _kill_group(proc)
+        _cut(calls)
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
             calls = [c for group in self._calls.values() for c in group]
-        for call in calls:
-            with call.lock:
-                call.cancelled = True
-                proc = call.proc
-            if proc is not None:
-                _kill_group(proc)
+        _cut(calls)
+
+
+def _cut(calls: list[_Call]) -> None:
+    """Mark ``calls`` cancelled and kill the process group of each that has started."""
+    for call in calls:
+        with call.lock:
+            call.cancelled = True
+            proc = call.proc
+        if proc is not None:
+            _kill_group(proc)
 
 
 def _submission(result: str, schema: dict[str, Any] | None) -> str:
@@ -489,14 +478,8 @@ def _communicate(proc: subprocess.Popen[str], prompt: str, deadline: float) -> t
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:
     """SIGTERM the child's process group, SIGKILL it after a short grace."""
-    if proc.returncode is None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=_KILL_GRACE)
     # Kill the group even when the leader is gone: its children may still hold the pipes.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+    _process.stop_group(proc, grace=_KILL_GRACE)
 
 
 def _reap(proc: subprocess.Popen[str]) -> None:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from localllm import settings
+from localllm._http import map_httpx_errors
 from localllm.agents.base import Agent
 from localllm.config import LocalLLMDecl
 from localllm.errors import AgentError, ErrorKind, FetchError, SidecarError, truncate_detail
@@ -183,12 +184,15 @@ class LocalLLMAgent(Agent):
             raise AgentError(ErrorKind.DEADLINE_EXCEEDED, f"{self.alias}: deadline passed before the request")
         timeout = httpx.Timeout(remaining, connect=min(_CONNECT_TIMEOUT, remaining))
         started = time.monotonic()
-        try:
+
+        def failed(reason: str, exc: BaseException) -> AgentError:
+            if isinstance(exc, httpx.TimeoutException):
+                detail = f"{self.alias}: no answer from {base} in time ({reason})"
+                return AgentError(ErrorKind.DEADLINE_EXCEEDED, detail)
+            return AgentError(ErrorKind.TRANSPORT_ERROR, self._connection_detail(base, reason, exc, pid))
+
+        with map_httpx_errors(failed):
             reply = self._http().post(f"{base}/chat/completions", json=body, headers=headers, timeout=timeout)
-        except httpx.TimeoutException as exc:
-            raise AgentError(ErrorKind.DEADLINE_EXCEEDED, f"{self.alias}: no answer from {base} in time") from exc
-        except httpx.HTTPError as exc:
-            raise AgentError(ErrorKind.TRANSPORT_ERROR, self._connection_detail(base, exc, pid)) from exc
         elapsed_ms = int((time.monotonic() - started) * 1000)
         if reply.status_code >= 400:
             raise AgentError(ErrorKind.TRANSPORT_ERROR,
@@ -235,8 +239,8 @@ class LocalLLMAgent(Agent):
                         self._pinned_meta["model_sha256"] = sha256
         return dict(self._pinned_meta)
 
-    def _connection_detail(self, base: str, exc: Exception, pid: int | None) -> str:
-        detail = f"{self.alias}: request to {base} failed: {type(exc).__name__}: {exc}"
+    def _connection_detail(self, base: str, reason: str, exc: BaseException, pid: int | None) -> str:
+        detail = f"{self.alias}: request to {base} failed: {reason} ({type(exc).__name__}: {exc})"
         sidecar = self._sidecar
         if sidecar is None:
             return detail

@@ -47,6 +47,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from localllm._http import map_httpx_errors
 from localllm.agents import _mcp
 from localllm.agents.base import Agent
 from localllm.config import McpHttpDecl
@@ -226,6 +227,21 @@ class McpHttpAgent(Agent):
         """
         method = str(message.get("method"))
         body = json.dumps(message, ensure_ascii=False).encode("utf-8")
+
+        def failed(reason: str, exc: BaseException) -> AgentError:
+            if isinstance(exc, httpx.TimeoutException) and (
+                self.remaining(deadline) <= 0 or call_id in self._cancelled
+            ):
+                return self._deadline_error(method)
+            cause = f"{reason} ({type(exc).__name__}: {self._redact(str(exc))})"
+            if isinstance(exc, httpx.ConnectError):
+                return AgentError(
+                    ErrorKind.TRANSPORT_ERROR,
+                    f"{self.alias}: cannot connect to {self._url}: {cause} "
+                    f"(is the MCP server running? check agent_plugins.{self.alias}.endpoint)",
+                )
+            return AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias}: {method}: {cause} talking to {self._url}")
+
         try:
             with self._client.stream(
                 "POST", self.decl.endpoint, content=body, headers=self._headers(session),
@@ -245,25 +261,9 @@ class McpHttpAgent(Agent):
                 if "id" not in message:
                     return None  # a notification: 202 Accepted, no body to wait for
                 return self._read_response(response, message["id"], method, deadline, call_id)
-        except httpx.TimeoutException as exc:
-            if self.remaining(deadline) <= 0 or call_id in self._cancelled:
-                raise self._deadline_error(method) from exc
-            raise AgentError(
-                ErrorKind.TRANSPORT_ERROR, f"{method}: {type(exc).__name__} talking to {self._url}", alias=self.alias
-            ) from exc
-        except httpx.ConnectError as exc:
-            raise AgentError(
-                ErrorKind.TRANSPORT_ERROR,
-                f"cannot connect to {self._url}: {self._redact(str(exc))} "
-                f"(is the MCP server running? check agent_plugins.{self.alias}.endpoint)",
-                alias=self.alias,
-            ) from exc
-        except httpx.HTTPError as exc:
-            raise AgentError(
-                ErrorKind.TRANSPORT_ERROR,
-                f"{method}: {type(exc).__name__} from {self._url}: {self._redact(str(exc))}",
-                alias=self.alias,
-            ) from exc
+        except Exception:
+            with map_httpx_errors(failed):  # httpx's exceptions become AgentErrors; others pass
+                raise
 
     def _check_time(self, deadline: float, call_id: str, method: str) -> None:
         if self._closed:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 
+from localllm._http import map_httpx_errors
 from localllm.embed.embedder import EmbedderIdentity
 from localllm.embed.registry import ROLES, ModelInfo, Role, lookup
 from localllm.errors import DimensionMismatch, EmbedError, EmbedServerError, InputTooLong, truncate_detail
@@ -304,17 +305,18 @@ class LocalEmbedder:
         retried = False
         while True:
             url = self._url(refresh=retried) + path
-            try:
-                response = self._http().post(url, json=body)
-            except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
-                if callable(self._base_url) and not retried:
-                    retried = True  # the sidecar may have died: ask for it again, retry once
-                    continue
-                raise EmbedServerError(f"cannot reach the embedding server at {url}: {exc}") from exc
-            except httpx.TimeoutException as exc:
-                raise EmbedServerError(f"the embedding server at {url} timed out: {exc}") from exc
-            except httpx.HTTPError as exc:
-                raise EmbedServerError(f"request to the embedding server at {url} failed: {exc}") from exc
+
+            def failed(reason: str, exc: BaseException, url: str = url) -> EmbedServerError:
+                return EmbedServerError(f"cannot reach the embedding server at {url}: {reason} ({exc})")
+
+            with map_httpx_errors(failed):
+                try:
+                    response = self._http().post(url, json=body)
+                except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError):
+                    if callable(self._base_url) and not retried:
+                        retried = True  # the sidecar may have died: ask for it again, retry once
+                        continue
+                    raise
             break
         if response.status_code >= 400:
             detail = truncate_detail(response.text)

@@ -6,8 +6,9 @@ end only the spawning process holds. When that process exits — cleanly, by an 
 or by SIGKILL — the kernel closes the write end and ``read`` returns EOF:
 
 * EOF after the parent wrote a byte: the parent stopped the sidecar itself (disarmed);
-* EOF with nothing read: the parent died; SIGTERM the sidecar, then SIGKILL after a
-  short grace.
+* EOF with nothing read: the parent died; SIGTERM the sidecar's process group (the
+  sidecar leads its own session: a wrapper script and the server it started alike), then
+  SIGKILL whatever is left after a short grace.
 
 Why not ``prctl(PR_SET_PDEATHSIG)``: the signal fires when the *thread* that forked the
 child exits, not the process, and sidecars are spawned from runtime worker threads that
@@ -16,13 +17,14 @@ A pipe closes exactly when the last holder of its write end is gone, which is th
 process, on Linux and macOS alike.
 
 On Linux the parent passes a pidfd opened while the sidecar was still its unreaped
-child, so the signal can never hit a recycled pid. Elsewhere the pid is used.
+child: while it shows the leader alive, its pid is certainly still the group's id. Once
+the leader is gone the group id stays reserved as long as any member lives, so
+signalling the group stays safe; an empty group simply answers ESRCH.
 """
 
 from __future__ import annotations
 
 import os
-import select
 import signal
 import sys
 import time
@@ -31,7 +33,13 @@ _GRACE = 0.5  # seconds between SIGTERM and SIGKILL; an orphan serves nobody
 
 
 def _send(pid: int, pidfd: int | None, sig: int) -> bool:
-    """Deliver ``sig``; False when the target is already gone."""
+    """Deliver ``sig`` to the sidecar's process group; False when nothing is left."""
+    try:
+        os.killpg(pid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        pass
+    # Not a group leader after all (or the group is gone): the leader alone, by pidfd.
     try:
         if pidfd is not None:
             signal.pidfd_send_signal(pidfd, sig)
@@ -42,22 +50,19 @@ def _send(pid: int, pidfd: int | None, sig: int) -> bool:
     return True
 
 
-def _gone(pid: int, pidfd: int | None, timeout: float) -> bool:
-    """Wait up to ``timeout`` for the target to exit (it is not our child: no waitpid)."""
-    if pidfd is not None:
-        # A pidfd becomes readable when the process exits.
-        readable, _, _ = select.select([pidfd], [], [], timeout)
-        return bool(readable)
+def _group_gone(pid: int, timeout: float) -> bool:
+    """Wait up to ``timeout`` for the whole group to exit (not our children: no waitpid)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:
         try:
-            os.kill(pid, 0)
+            os.killpg(pid, 0)
         except ProcessLookupError:
             return True
         except PermissionError:
             return False
+        if time.monotonic() >= deadline:
+            return False
         time.sleep(0.02)
-    return False
 
 
 def main(argv: list[str]) -> int:
@@ -73,7 +78,7 @@ def main(argv: list[str]) -> int:
         disarmed = False
     if disarmed:
         return 0
-    if _send(pid, pidfd, signal.SIGTERM) and not _gone(pid, pidfd, _GRACE):
+    if _send(pid, pidfd, signal.SIGTERM) and not _group_gone(pid, _GRACE):
         _send(pid, pidfd, signal.SIGKILL)
     return 0
 

@@ -8,7 +8,6 @@ never builds from source unless asked (``from_source=True``: ~15 minutes on 2 co
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
 
-from localllm import settings
+from localllm import _process, settings
 from localllm.errors import FetchError, UnsupportedPlatform
 from localllm.managed import platforms
 from localllm.managed.cache import SERVER_BINARY, CacheLayout, cache_layout, installed, read_marker
@@ -86,13 +85,12 @@ def smoke_version(release_dir: Path, *, error: type[FetchError] = FetchError) ->
     """Run ``llama-server --version`` from ``release_dir``; its output, or ``error``."""
     argv = [str(release_dir / SERVER_BINARY), "--version"]
     try:
-        proc = subprocess.run(
-            argv, env=server_env(release_dir), capture_output=True, text=True,
-            timeout=60, check=False, stdin=subprocess.DEVNULL,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
+        proc = _process.run_probe(argv, env=server_env(release_dir), timeout=60)
+    except OSError as exc:
         raise error(f"cannot run {argv[0]} --version: {exc}") from exc
-    output = (proc.stdout + proc.stderr).strip()
+    output = proc.output.strip()
+    if proc.timed_out:
+        raise error(f"{argv[0]} --version did not finish within 60 s")
     if proc.returncode != 0:
         tail = "\n".join(output.splitlines()[-15:])
         raise error(f"{argv[0]} --version exited with code {proc.returncode}:\n{tail}")
@@ -174,14 +172,14 @@ def install_prebuilt(
 
     plat = platforms.current()
     dest = layout.prebuilt_release_dir(pins.release, plat.slug)
-    with artifact_lock(layout.lock_path(f"release-{dest.name}"), f"llama-server {pins.release}", _log):
+    with artifact_lock(layout.lock_path("release", dest.name), f"llama-server {pins.release}", _log):
         if installed(dest):
             return dest
 
         def fetch(art: Artifact) -> Path:
             sha = art.require_sha256()
             return fetch_artifact(
-                art, layout.download_path(art), lock_path=layout.lock_path(f"download-{sha[:16]}"),
+                art, layout.download_path(art), lock_path=layout.lock_path("download", sha[:16]),
                 mirrors=mirrors, offline=offline, prewarm="localllm fetch server", log=_log,
             )
 
@@ -231,7 +229,7 @@ def ensure_model(
     sha = pin.artifact.require_sha256(str(pins.path))
     return fetch_artifact(
         pin.artifact, layout.model_path(pin),
-        lock_path=layout.lock_path(f"model-{model_id}-{sha[:16]}"),
+        lock_path=layout.lock_path("model", f"{model_id}-{sha[:16]}"),
         mirrors=mirrors_with(mirror), offline=settings.offline(),
         prewarm=f"localllm fetch model {model_id}", log=_log,
     )

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from localllm import settings
+from localllm import _lock, settings
+from localllm._fs import atomic_write
 from localllm.managed.pins import Artifact, ModelPin, SourcePin
 
 MARKER = ".localllm-release.json"
@@ -37,10 +38,6 @@ class CacheLayout:
     def build_dir(self) -> Path:
         return self.root / "build"
 
-    @property
-    def locks_dir(self) -> Path:
-        return self.root / "locks"
-
     def prebuilt_release_dir(self, release: str, slug: str) -> Path:
         return self.bin_dir / f"llama-{release}-{slug}"
 
@@ -61,8 +58,9 @@ class CacheLayout:
     def source_tree(self, source: SourcePin) -> Path:
         return self.build_dir / f"{source.package}-{source.version}"
 
-    def lock_path(self, key: str) -> Path:
-        return self.locks_dir / f"{key}.lock"
+    def lock_path(self, kind: str, name: str) -> Path:
+        """The cross-process lock of one artifact (see :func:`localllm._lock.lock_path`)."""
+        return _lock.lock_path(self.root, kind, name)
 
 
 def cache_layout(root: Path | None = None) -> CacheLayout:
@@ -89,7 +87,7 @@ def cache_layout(root: Path | None = None) -> CacheLayout:
         │       ├── llama_cpp_python-0.3.36/         the extracted sdist (vendor/llama.cpp)
         │       ├── cmake-build/                     incremental cmake tree (bin/llama-server)
         │       └── build.log                        every configure/build run, appended
-        └── locks/<artifact>.lock                    one cross-process lock per artifact
+        └── locks/<kind>-<name>.lock                 one cross-process lock per artifact (localllm._lock)
 
     Transient names, removed on failure and by ``localllm cache prune``:
     ``.<file>.<pid>.<rand>.part`` beside a download, ``.staging-<name>-<rand>/`` and
@@ -118,7 +116,7 @@ def write_marker(release_dir: Path, info: dict[str, Any]) -> None:
     """Write the release marker (last step before the staging dir is renamed)."""
     files, links = release_manifest(release_dir)
     data = {**info, "files": files, "links": links}
-    (release_dir / MARKER).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    atomic_write(release_dir / MARKER, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def read_marker(release_dir: Path) -> dict[str, Any] | None:

@@ -10,31 +10,39 @@ The protocol, in the order it matters:
 * bytes stream into a unique temp file beside the destination while sha256 is computed
   over exactly those bytes (``Accept-Encoding: identity``, raw body); the temp file is
   fsynced and renamed over the destination only when the hash matches the pin, and
-  unlinked in ``finally`` on every other path, so the cache never holds unverified bytes;
+  removed on every other path, so the cache never holds unverified bytes;
 * a cut connection resumes with ``Range: bytes=<offset>-``; a server that answers 200
   instead of 206 restarts from zero (the hash restarts with it); transient failures are
-  retried with exponential backoff, bounded by consecutive attempts without progress.
+  retried with exponential backoff, bounded by consecutive attempts without progress;
+* a source is abandoned at once — the next one is tried — when retrying cannot help: the
+  pin's size is a hard cap (a larger ``Content-Length`` or the first byte past it), a
+  name that does not resolve, a redirect loop, or a stall (less than ``min_rate`` bytes/s
+  over ``stall_window`` seconds, silence included);
+* ``cancel`` (a ``threading.Event``) is checked between chunks and during every wait:
+  the download stops with :class:`~localllm.errors.DownloadCancelled` and leaves no
+  partial file.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
-import secrets
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, BinaryIO
 from urllib.parse import quote, unquote, urlparse
 
 import httpx
 
+from localllm import _fs, _http
 from localllm.errors import (
     ChecksumMismatch,
+    DownloadCancelled,
     DownloadFailed,
     FetchError,
     InsufficientSpace,
@@ -50,6 +58,11 @@ TRANSIENT_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 DEFAULT_TIMEOUT = httpx.Timeout(connect=15.0, read=60.0, write=30.0, pool=15.0)
 LOCK_TIMEOUT = 6 * 3600.0
 MAX_ATTEMPTS = 100
+#: a source slower than this (bytes/s, averaged over STALL_WINDOW seconds) is abandoned
+MIN_RATE = 1024.0
+STALL_WINDOW = 10.0
+#: with a ``cancel`` event, no single wait (socket read, lock, backoff) is longer than this
+CANCEL_TICK = 0.25
 
 Log = Callable[[str], None]
 
@@ -103,8 +116,19 @@ def sources_for(artifact: Artifact, mirrors: Sequence[str], *, offline: bool) ->
     return out
 
 
+def _cancelled(artifact: Artifact) -> DownloadCancelled:
+    return DownloadCancelled(f"download of {artifact.name} ({artifact.file}) was cancelled; no partial file kept")
+
+
 @contextmanager
-def artifact_lock(lock_path: Path, name: str, log: Log, timeout: float = LOCK_TIMEOUT) -> Iterator[None]:
+def artifact_lock(
+    lock_path: Path,
+    name: str,
+    log: Log,
+    timeout: float = LOCK_TIMEOUT,
+    *,
+    cancel: threading.Event | None = None,
+) -> Iterator[None]:
     """Hold the cross-process lock of one artifact, saying so when another process has it."""
     import filelock
 
@@ -114,16 +138,57 @@ def artifact_lock(lock_path: Path, name: str, log: Log, timeout: float = LOCK_TI
         lock.acquire(timeout=0)
     except filelock.Timeout:
         log(f"waiting for lock on {name} (another process is fetching it): {lock_path}")
-        try:
-            lock.acquire(timeout=timeout)
-        except filelock.Timeout as exc:
-            raise DownloadFailed(
-                f"gave up waiting {timeout:.0f}s for the lock on {name}: {lock_path}"
-            ) from exc
+        deadline = time.monotonic() + timeout
+        while True:
+            if cancel is not None and cancel.is_set():
+                raise DownloadCancelled(f"cancelled while waiting for the lock on {name}: {lock_path}") from None
+            remaining = deadline - time.monotonic()
+            try:
+                lock.acquire(timeout=max(0.0, min(remaining, CANCEL_TICK if cancel is not None else remaining)))
+                break
+            except filelock.Timeout as exc:
+                if remaining <= 0:
+                    raise DownloadFailed(
+                        f"gave up waiting {timeout:.0f}s for the lock on {name}: {lock_path}"
+                    ) from exc
     try:
         yield
     finally:
         lock.release()
+
+
+@dataclass(frozen=True)
+class _Policy:
+    """How hard one source is tried: retries, backoff, timeouts, the stall rule, cancel."""
+
+    retries: int
+    backoff: float
+    timeout: httpx.Timeout
+    min_rate: float
+    stall_window: float
+    cancel: threading.Event | None
+    progress: bool | None
+    log: Log
+
+    def is_cancelled(self) -> bool:
+        return self.cancel is not None and self.cancel.is_set()
+
+    def sleep(self, delay: float) -> bool:
+        """Back off for ``delay`` s; True when cancelled meanwhile."""
+        if self.cancel is None:
+            time.sleep(delay)
+            return False
+        return self.cancel.wait(delay)
+
+    def stream_timeout(self) -> httpx.Timeout:
+        # A silent server is a stall: no read waits longer than the stall window, and with
+        # a cancel hook no longer than a tick (the next attempt resumes where this one was).
+        read = min(self.timeout.read or self.stall_window, self.stall_window)
+        if self.cancel is not None:
+            read = min(read, CANCEL_TICK)
+        return httpx.Timeout(
+            connect=self.timeout.connect, read=read, write=self.timeout.write, pool=self.timeout.pool
+        )
 
 
 def fetch_artifact(
@@ -137,30 +202,34 @@ def fetch_artifact(
     retries: int = 5,
     backoff: float = 0.5,
     timeout: httpx.Timeout = DEFAULT_TIMEOUT,
+    min_rate: float = MIN_RATE,
+    stall_window: float = STALL_WINDOW,
+    cancel: threading.Event | None = None,
     progress: bool | None = None,
     log: Log = _stderr,
     transport: httpx.BaseTransport | None = None,
 ) -> Path:
     """Make ``dest`` a verified copy of ``artifact`` and return it.
 
-    ``retries`` bounds consecutive failed attempts without progress; ``progress`` forces
-    the tqdm bar on or off (default: only when stderr is a TTY). ``prewarm`` is the command
-    named when ``offline`` and nothing is cached.
+    ``retries`` bounds consecutive failed attempts without progress; a source delivering
+    less than ``min_rate`` bytes/s over ``stall_window`` s is abandoned for the next one.
+    Setting ``cancel`` stops the fetch promptly with ``DownloadCancelled`` (no partial file
+    is left). ``progress`` forces the tqdm bar on or off (default: only when stderr is a
+    TTY). ``prewarm`` is the command named when ``offline`` and nothing is cached.
     """
     sha = artifact.require_sha256()
     if verify.stamp_matches(dest, sha) and dest.is_file():
         return dest
-    with artifact_lock(lock_path, artifact.name, log):
+    policy = _Policy(retries=retries, backoff=backoff, timeout=timeout, min_rate=min_rate,
+                     stall_window=stall_window, cancel=cancel, progress=progress, log=log)
+    with artifact_lock(lock_path, artifact.name, log, cancel=cancel):
         # Another process may have finished it while we waited; a full hash decides.
         if verify.is_verified(dest, sha):
             return dest
         dest.parent.mkdir(parents=True, exist_ok=True)
         sources = sources_for(artifact, mirrors, offline=offline)
-        return _from_sources(
-            artifact, dest, sha, sources,
-            offline=offline, prewarm=prewarm, retries=retries, backoff=backoff,
-            timeout=timeout, progress=progress, log=log, transport=transport,
-        )
+        return _from_sources(artifact, dest, sha, sources, offline=offline, prewarm=prewarm,
+                             policy=policy, transport=transport)
 
 
 def _from_sources(
@@ -171,38 +240,30 @@ def _from_sources(
     *,
     offline: bool,
     prewarm: str,
-    retries: int,
-    backoff: float,
-    timeout: httpx.Timeout,
-    progress: bool | None,
-    log: Log,
+    policy: _Policy,
     transport: httpx.BaseTransport | None,
 ) -> Path:
     last: FetchError | None = None
     client: httpx.Client | None = None
     tried: list[str] = []
+    log = policy.log
     try:
         for source in sources:
-            if source.is_local:
-                if not Path(source.location).is_file():
-                    tried.append(f"{source.location} (not there)")
-                    continue
-                try:
-                    _copy_verified(Path(source.location), dest, sha=sha, artifact=artifact, log=log, progress=progress)
-                    return dest
-                except FetchError as exc:
-                    last = exc
-                    tried.append(f"{source.location} ({exc})")
-                    log(f"mirror {source.location} failed: {exc}")
-                    continue
-            if client is None:
-                client = httpx.Client(follow_redirects=True, timeout=timeout, transport=transport)
+            if policy.is_cancelled():
+                raise _cancelled(artifact)
+            if source.is_local and not Path(source.location).is_file():
+                tried.append(f"{source.location} (not there)")
+                continue
             try:
-                _download(
-                    client, source.location, dest, sha, artifact,
-                    retries=retries, backoff=backoff, progress=progress, log=log,
-                )
+                if source.is_local:
+                    _copy_verified(Path(source.location), dest, sha=sha, artifact=artifact, policy=policy)
+                else:
+                    if client is None:
+                        client = httpx.Client(follow_redirects=True, timeout=policy.timeout, transport=transport)
+                    _FileDownload.run(client, source.location, dest, sha=sha, artifact=artifact, policy=policy)
                 return dest
+            except DownloadCancelled:
+                raise
             except FetchError as exc:
                 last = exc
                 tried.append(f"{source.location} ({exc})")
@@ -231,8 +292,6 @@ def _from_sources(
         )
         no_url.hint = f"put {artifact.file} in a directory and pass --mirror DIR or set LOCALLLM_MIRROR"
         raise no_url
-    if isinstance(last, ChecksumMismatch) and len(tried) == 1:
-        raise last
     raise DownloadFailed(f"could not fetch {artifact.name} ({artifact.file}); tried: {where}") from last
 
 
@@ -247,19 +306,11 @@ def _check_space(directory: Path, needed: int | None, what: str) -> None:
         )
 
 
-def _tmp_path(dest: Path) -> Path:
-    return dest.parent / f".{dest.name}.{os.getpid()}.{secrets.token_hex(4)}.part"
-
-
-def _commit(tmp: Path, fh: IO[bytes], dest: Path, *, sha: str, actual: str, origin: str) -> None:
-    """fsync, compare, rename: the only way bytes enter the cache."""
-    fh.flush()
-    os.fsync(fh.fileno())
-    fh.close()
+def _commit(fh: BinaryIO, dest: Path, *, sha: str, actual: str, origin: str) -> None:
+    """Compare, then fsync and rename: the only way bytes enter the cache."""
     if actual != sha:
         raise ChecksumMismatch(expected=sha, actual=actual, path=str(dest), url=origin)
-    os.replace(tmp, dest)
-    verify.fsync_dir(dest.parent)
+    _fs.replace_durably(fh, dest)
     verify.write_stamp(dest, sha)
 
 
@@ -273,137 +324,212 @@ def _bar(total: int | None, name: str, progress: bool | None, initial: int = 0) 
                 desc=name, file=sys.stderr, leave=False)
 
 
-def _copy_verified(
-    src: Path, dest: Path, *, sha: str, artifact: Artifact, log: Log, progress: bool | None
-) -> None:
+def _copy_verified(src: Path, dest: Path, *, sha: str, artifact: Artifact, policy: _Policy) -> None:
     size = src.stat().st_size
+    if artifact.size is not None and size != artifact.size:
+        raise DownloadFailed(f"{src} has {size} bytes but {artifact.file} is pinned at {artifact.size}; skipping it")
     _check_space(dest.parent, size, artifact.name)
-    log(f"downloading {artifact.name} ({human_size(size)}) from {src}")
-    tmp = _tmp_path(dest)
-    bar = _bar(size, artifact.file, progress)
+    policy.log(f"downloading {artifact.name} ({human_size(size)}) from {src}")
+    bar = _bar(size, artifact.file, policy.progress)
     try:
-        digest = hashlib.sha256()
-        with src.open("rb") as inp, tmp.open("wb") as out:
+        with _fs.adjacent_tmp(dest, suffix=".part") as out, src.open("rb") as inp:
+            digest = hashlib.sha256()
             while block := inp.read(CHUNK):
+                if policy.is_cancelled():
+                    raise _cancelled(artifact)
                 digest.update(block)
                 out.write(block)
                 if bar is not None:
                     bar.update(len(block))
-            _commit(tmp, out, dest, sha=sha, actual=digest.hexdigest(), origin=str(src))
+            _commit(out, dest, sha=sha, actual=digest.hexdigest(), origin=str(src))
     except OSError as exc:
-        if isinstance(exc, FetchError):
-            raise
         raise DownloadFailed(f"cannot copy {src}: {exc}") from exc
     finally:
         if bar is not None:
             bar.close()
-        tmp.unlink(missing_ok=True)
 
 
 class _Retry(Exception):
-    """A transient failure of one attempt (HTTP status or short body)."""
+    """A transient failure of one attempt; ``counts`` False for a wait that only polled."""
+
+    def __init__(self, reason: str, *, restart: bool = False, counts: bool = True) -> None:
+        super().__init__(reason)
+        self.restart = restart  # the partial file cannot be resumed: start from zero
+        self.counts = counts
 
 
-class _Restart(_Retry):
-    """The partial file cannot be resumed; the next attempt starts from zero."""
+class _FileDownload:
+    """One artifact streamed from one URL into one temp file beside its destination.
 
+    It owns the temp file, the running sha256 and the offset, and :meth:`reset_file` is
+    the one way back to zero (a server that ignores Range, a resume offset it rejects).
+    ``received`` counts every byte from this source, resets included: the stall rule
+    measures the source, not the file.
+    """
 
-def _download(
-    client: httpx.Client,
-    url: str,
-    dest: Path,
-    sha: str,
-    artifact: Artifact,
-    *,
-    retries: int,
-    backoff: float,
-    progress: bool | None,
-    log: Log,
-) -> None:
-    tmp = _tmp_path(dest)
-    bar: Any = None
-    try:
-        with tmp.open("wb") as fh:
-            digest = hashlib.sha256()
-            offset = 0
-            failures = 0
-            announced = False
-            for _attempt in range(MAX_ATTEMPTS):
-                start = offset
-                headers = {"Accept-Encoding": "identity"}
-                if offset:
-                    headers["Range"] = f"bytes={offset}-"
+    def __init__(self, fh: BinaryIO, url: str, artifact: Artifact, policy: _Policy) -> None:
+        self.fh = fh
+        self.url = url
+        self.artifact = artifact
+        self.policy = policy
+        self.cap = artifact.size  # the pin's size is a hard cap, when the pin has one
+        self.digest = hashlib.sha256()
+        self.offset = 0
+        self.received = 0
+        self._bar: Any = None
+        self._announced = False
+        self._mark = (time.monotonic(), 0)  # (when, received) at the start of the stall window
+
+    @classmethod
+    def run(
+        cls, client: httpx.Client, url: str, dest: Path, *, sha: str, artifact: Artifact, policy: _Policy
+    ) -> None:
+        """Download ``url`` into ``dest`` (verified) or raise a ``FetchError``; never leaves a ``.part``."""
+        try:
+            with _fs.adjacent_tmp(dest, suffix=".part") as fh:
+                download = cls(fh, url, artifact, policy)
                 try:
-                    with client.stream("GET", url, headers=headers) as resp:
-                        status = resp.status_code
-                        if status in TRANSIENT_STATUS:
-                            raise _Retry(f"HTTP {status}")
-                        if status == 416 and offset:
-                            # Our offset is past what the server has: start over.
-                            raise _Restart("HTTP 416 for the resume offset")
-                        if status >= 400:
-                            raise DownloadFailed(f"HTTP {status} from {url}")
-                        if offset and status == 206 and not _range_starts_at(resp, offset):
-                            raise _Retry("Content-Range does not start at the resume offset")
-                        if offset and status != 206:
-                            # Server ignored Range: the body is the whole file again.
-                            log(f"{url} ignored the Range request; restarting {artifact.file} from zero")
-                            fh.seek(0)
-                            fh.truncate()
-                            digest = hashlib.sha256()
-                            offset = start = 0
-                            if bar is not None:
-                                bar.reset()
-                        length = _content_length(resp)
-                        total = offset + length if length is not None else artifact.size
-                        if not announced:
-                            _check_space(dest.parent, None if total is None else total - offset,
-                                         artifact.name)
-                            log(f"downloading {artifact.name} ({human_size(total)}) from {url}")
-                            bar = _bar(total, artifact.file, progress, initial=offset)
-                            announced = True
-                        # No chunk_size: httpx would buffer up to it and lose the partial
-                        # block when the connection drops, so resume would start short.
-                        for block in resp.iter_raw():
-                            fh.write(block)
-                            digest.update(block)
-                            offset += len(block)
-                            if bar is not None:
-                                bar.update(len(block))
-                        if length is not None and offset != total:
-                            raise _Retry(f"short body: {offset} of {total} bytes")
-                    break
-                except (httpx.TransportError, _Retry) as exc:
-                    if isinstance(exc, _Restart):
-                        fh.seek(0)
-                        fh.truncate()
-                        digest = hashlib.sha256()
-                        offset = 0
-                    failures = 0 if offset > start else failures + 1
-                    if failures > retries:
-                        raise DownloadFailed(
-                            f"download of {artifact.file} from {url} failed after {failures} "
-                            f"attempts without progress: {_describe(exc)}"
-                        ) from exc
-                    delay = min(backoff * (2 ** max(failures - 1, 0)), 30.0)
-                    log(f"{artifact.file}: {_describe(exc)}; retrying from byte {offset} in {delay:.1f}s")
-                    time.sleep(delay)
-            else:
-                raise DownloadFailed(f"download of {artifact.file} from {url}: too many attempts")
-            _commit(tmp, fh, dest, sha=sha, actual=digest.hexdigest(), origin=url)
-    except OSError as exc:
-        if isinstance(exc, FetchError):
-            raise
-        raise DownloadFailed(f"cannot write {tmp}: {exc}") from exc
-    finally:
-        if bar is not None:
-            bar.close()
-        tmp.unlink(missing_ok=True)
+                    download.fetch(client, dest)
+                finally:
+                    if download._bar is not None:
+                        download._bar.close()
+                _commit(fh, dest, sha=sha, actual=download.digest.hexdigest(), origin=url)
+        except OSError as exc:
+            if isinstance(exc, FetchError):
+                raise
+            raise DownloadFailed(f"cannot write the download of {artifact.file} beside {dest}: {exc}") from exc
 
+    def reset_file(self) -> None:
+        """Back to byte zero: empty file, fresh hash, bar rewound."""
+        self.fh.seek(0)
+        self.fh.truncate()
+        self.digest = hashlib.sha256()
+        self.offset = 0
+        if self._bar is not None:
+            self._bar.reset()
 
-def _describe(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return f"{type(exc).__name__}: {text}" if isinstance(exc, httpx.TransportError) else text
+    # -- attempts ----------------------------------------------------------------------
+
+    def fetch(self, client: httpx.Client, dest: Path) -> None:
+        """Attempts until the body is complete; retries bounded by attempts without progress."""
+        policy = self.policy
+        failures = 0
+        attempts = 0
+        while attempts < MAX_ATTEMPTS:
+            if policy.is_cancelled():
+                raise _cancelled(self.artifact)
+            start = self.offset
+            try:
+                with _http.map_httpx_errors(self._failure):
+                    self._attempt(client, dest)
+                return
+            except _Retry as exc:
+                if exc.restart:
+                    self.reset_file()
+                if not exc.counts:
+                    continue  # a quiet read: bounded by the stall rule, not by attempts
+                attempts += 1
+                failures = 0 if self.offset > start else failures + 1
+                if failures > policy.retries:
+                    raise DownloadFailed(
+                        f"download of {self.artifact.file} from {self.url} failed after {failures} "
+                        f"attempts without progress: {exc}"
+                    ) from exc
+                delay = min(policy.backoff * (2 ** max(failures - 1, 0)), 30.0)
+                policy.log(f"{self.artifact.file}: {exc}; retrying from byte {self.offset} in {delay:.1f}s")
+                if policy.sleep(delay):
+                    raise _cancelled(self.artifact) from None
+        raise DownloadFailed(f"download of {self.artifact.file} from {self.url}: too many attempts")
+
+    def _failure(self, reason: str, exc: BaseException) -> Exception:
+        """What an httpx exception means for this source (the mapper raises it)."""
+        if self.policy.is_cancelled():
+            return _cancelled(self.artifact)
+        what = f"{reason} ({type(exc).__name__})"
+        if _http.is_permanent(exc):
+            # No retry can fix these: an unknown host, a redirect loop, a malformed URL.
+            return DownloadFailed(f"download of {self.artifact.file} from {self.url}: {what}")
+        if isinstance(exc, httpx.ReadTimeout):
+            self._check_rate()  # a silence longer than the window is a stall
+            return _Retry(what, counts=False)
+        return _Retry(what)
+
+    def _attempt(self, client: httpx.Client, dest: Path) -> None:
+        headers = {"Accept-Encoding": "identity"}
+        if self.offset:
+            headers["Range"] = f"bytes={self.offset}-"
+        with client.stream("GET", self.url, headers=headers, timeout=self.policy.stream_timeout()) as resp:
+            total = self._check_response(resp)
+            if not self._announced:
+                self._announce(dest, total)
+            # No chunk_size: httpx would buffer up to it and lose the partial block when
+            # the connection drops, so resume would start short.
+            for block in resp.iter_raw():
+                self._write(block)
+            if total is not None and self.offset != total:
+                raise _Retry(f"short body: {self.offset} of {total} bytes")
+
+    def _check_response(self, resp: httpx.Response) -> int | None:
+        """Status and length of one response; the expected total size, if known."""
+        status = resp.status_code
+        if status in TRANSIENT_STATUS:
+            raise _Retry(f"HTTP {status}")
+        if status == 416 and self.offset:
+            # Our offset is past what the server has: start over.
+            raise _Retry("HTTP 416 for the resume offset", restart=True)
+        if status >= 400:
+            raise DownloadFailed(f"HTTP {status} from {self.url}")
+        if self.offset and status == 206 and not _range_starts_at(resp, self.offset):
+            raise _Retry("Content-Range does not start at the resume offset")
+        if self.offset and status != 206:
+            # Server ignored Range: the body is the whole file again.
+            self.policy.log(f"{self.url} ignored the Range request; restarting {self.artifact.file} from zero")
+            self.reset_file()
+        length = _content_length(resp)
+        total = self.offset + length if length is not None else self.cap
+        if self.cap is not None and total is not None and total > self.cap:
+            raise DownloadFailed(
+                f"{self.url} offers {human_size(total)} ({total} bytes) but {self.artifact.file} is "
+                f"pinned at {self.cap} bytes; refusing this source"
+            )
+        return total
+
+    def _announce(self, dest: Path, total: int | None) -> None:
+        _check_space(dest.parent, None if total is None else total - self.offset, self.artifact.name)
+        self.policy.log(f"downloading {self.artifact.name} ({human_size(total)}) from {self.url}")
+        self._bar = _bar(total, self.artifact.file, self.policy.progress, initial=self.offset)
+        self._announced = True
+
+    def _write(self, block: bytes) -> None:
+        if self.policy.is_cancelled():
+            raise _cancelled(self.artifact)
+        if self.cap is not None and self.offset + len(block) > self.cap:
+            raise DownloadFailed(
+                f"{self.url} sent more than the {self.cap} bytes {self.artifact.file} is pinned at; "
+                "refusing this source"
+            )
+        self.fh.write(block)
+        self.digest.update(block)
+        self.offset += len(block)
+        self.received += len(block)
+        if self._bar is not None:
+            self._bar.update(len(block))
+        self._check_rate()
+
+    def _check_rate(self) -> None:
+        """Abandon the source when the last window brought less than ``min_rate`` bytes/s."""
+        now = time.monotonic()
+        since, received = self._mark
+        window = self.policy.stall_window
+        if now - since < window:
+            return
+        rate = (self.received - received) / (now - since)
+        if rate < self.policy.min_rate:
+            raise DownloadFailed(
+                f"download of {self.artifact.file} from {self.url} stalled: {rate:.0f} B/s over the "
+                f"last {now - since:.1f} s (minimum {self.policy.min_rate:.0f} B/s); trying the next source"
+            )
+        self._mark = (now, self.received)
 
 
 def _content_length(resp: httpx.Response) -> int | None:

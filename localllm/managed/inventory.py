@@ -212,7 +212,7 @@ def _refetch_file(entry: Entry, layout: CacheLayout, pins: Pins, *, mirrors: Seq
         pin = pins.model(entry.name)
         sha = pin.artifact.require_sha256()
         fetch_artifact(pin.artifact, layout.model_path(pin),
-                       lock_path=layout.lock_path(f"model-{pin.id}-{sha[:16]}"), mirrors=mirrors,
+                       lock_path=layout.lock_path("model", f"{pin.id}-{sha[:16]}"), mirrors=mirrors,
                        offline=settings.offline(), prewarm=f"localllm fetch model {pin.id}", log=log)
         return
     if entry.kind == "sdist":
@@ -220,7 +220,7 @@ def _refetch_file(entry: Entry, layout: CacheLayout, pins: Pins, *, mirrors: Seq
         return
     for art in _download_artifacts(pins):
         if art.sha256 and layout.download_path(art) == entry.path:
-            fetch_artifact(art, entry.path, lock_path=layout.lock_path(f"download-{art.sha256[:16]}"),
+            fetch_artifact(art, entry.path, lock_path=layout.lock_path("download", art.sha256[:16]),
                            mirrors=mirrors, offline=settings.offline(),
                            prewarm="localllm fetch server", log=log)
             return

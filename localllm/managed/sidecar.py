@@ -32,6 +32,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from localllm import _process
 from localllm.errors import SidecarError, SidecarExited, SidecarStartTimeout
 
 if TYPE_CHECKING:
@@ -47,9 +48,10 @@ MANAGED_FLAGS = frozenset(
     {"-m", "--model", "--host", "--port", "-np", "--parallel", "-c", "--ctx-size", "-t", "--threads"}
 )
 
-_TAIL_LINES = 200  # stderr lines kept per process
-_MAX_LINE = 64 * 1024  # a longer line is split rather than buffered whole
+_TAIL_LINES = 200  # stderr lines a tail may quote
+_TAIL_BYTES = 64 * 1024  # stderr bytes kept per process
 _POLL = 0.1  # health poll interval, seconds
+_PROBE_TIMEOUT = 30.0  # the most a `--help` probe may take, within the start's deadline
 _ABORT_GRACE = 0.5  # SIGTERM grace for a start that is abandoned (timeout or stop)
 _BIND_RETRIES = 3  # fresh ports tried when --port 0 is unsupported
 _SECRET_FLAGS = frozenset({"--api-key", "--hf-token", "-hft"})
@@ -160,23 +162,17 @@ class _Process:
         self.reported_port: int | None = None
         self.bound_port: int | None = None  # set once /health answered 200 on it
         self.stop_requested = False  # an exit after this is ours, not a crash
-        self.wake = threading.Event()  # set on a listening line and on stderr EOF
-        self._tail: deque[str] = deque(maxlen=_TAIL_LINES)
-        self._tail_lock = threading.Lock()
+        self.wake = threading.Event()  # set on a listening line
         self._discovered: int | None = None
-        # A new session keeps the terminal's Ctrl-C away from the server: the runtime
-        # shuts it down in order (SIGTERM, grace, SIGKILL) instead of racing it.
-        self.popen = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            env=dict(env),
-            start_new_session=True,
-        )
+        # A new session keeps the terminal's Ctrl-C away from the server (the runtime
+        # shuts it down in order) and makes its process group the unit that is stopped,
+        # so a server_bin wrapper without `exec` leaves nothing behind.
+        self.popen = _process.spawn(argv, stderr=subprocess.PIPE, env=env)
         self.pid = self.popen.pid
-        self._reader = threading.Thread(target=self._drain, name=f"llama-server-{self.pid}-stderr", daemon=True)
-        self._reader.start()
+        assert self.popen.stderr is not None
+        self._stderr = _process.StderrTail(
+            self.popen.stderr, name=f"llama-server-{self.pid}-stderr", limit=_TAIL_BYTES, on_line=self._on_line
+        )
         try:
             self._watchdog: subprocess.Popen[bytes] | None = self._arm_watchdog()
         except OSError:
@@ -184,36 +180,21 @@ class _Process:
             raise
 
     # -- stderr -------------------------------------------------------------------
-    def _drain(self) -> None:
-        """Read stderr to EOF so the server never blocks on a full pipe; keep the tail."""
-        stream = self.popen.stderr
-        assert stream is not None
-        try:
-            while raw := stream.readline(_MAX_LINE):
-                line = raw.decode("utf-8", "replace").rstrip("\r\n")
-                with self._tail_lock:
-                    self._tail.append(line)
-                if self.reported_port is None:
-                    for pattern in _LISTEN_PATTERNS:
-                        match = pattern.search(line)
-                        if match:
-                            self.reported_port = int(match.group(1))
-                            self.wake.set()
-                            break
-        except (OSError, ValueError):
-            pass  # the pipe was closed under us during shutdown; nothing left to read
-        finally:
-            stream.close()
-            self.wake.set()
+    def _on_line(self, line: str) -> None:
+        if self.reported_port is None:
+            for pattern in _LISTEN_PATTERNS:
+                match = pattern.search(line)
+                if match:
+                    self.reported_port = int(match.group(1))
+                    self.wake.set()
+                    break
 
     def tail(self, n: int) -> str:
-        with self._tail_lock:
-            lines = list(self._tail)
-        return "\n".join(lines[-n:] if n > 0 else [])
+        return self._stderr.lines(min(n, _TAIL_LINES))
 
     def settle_stderr(self, timeout: float = 1.0) -> None:
         """Give the drain thread a moment to collect the last lines of an exited process."""
-        self._reader.join(timeout)
+        self._stderr.join(timeout)
 
     # -- port ---------------------------------------------------------------------
     def port(self) -> int | None:
@@ -261,14 +242,7 @@ class _Process:
         if pidfd is not None:
             argv.append(str(pidfd))
         try:
-            return subprocess.Popen(
-                argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                pass_fds=(pidfd,) if pidfd is not None else (),
-                start_new_session=True,
-            )
+            return _process.spawn(argv, stdin=subprocess.PIPE, pass_fds=(pidfd,) if pidfd is not None else ())
         finally:
             if pidfd is not None:
                 os.close(pidfd)
@@ -295,22 +269,15 @@ class _Process:
         return self.popen.poll() is None
 
     def _kill_now(self) -> None:
-        self.popen.kill()
-        self.popen.wait()
+        _process.stop_group(self.popen, grace=0.0)
         self.settle_stderr()
 
     def stop(self, grace: float) -> int | None:
-        """SIGTERM, wait ``grace`` seconds, then SIGKILL; reap; disarm the watchdog."""
+        """SIGTERM the group, wait ``grace`` seconds, then SIGKILL; reap; disarm the watchdog."""
         self.stop_requested = True
-        if self.popen.poll() is None:
-            # llama-server shuts down cleanly on the first SIGTERM (exit 0); during model
-            # load it dies at once. A second SIGTERM would make it exit 1, so send one.
-            self.popen.terminate()
-            try:
-                self.popen.wait(max(grace, 0.0))
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
+        # llama-server shuts down cleanly on the first SIGTERM (exit 0); during model load
+        # it dies at once. A second SIGTERM would make it exit 1: stop_group sends one.
+        _process.stop_group(self.popen, grace=grace)
         self._disarm_watchdog()
         self.settle_stderr()
         return self.popen.returncode
@@ -529,7 +496,7 @@ class Sidecar:
             self._finalizer = None
         self._returncode = proc.stop(grace)
 
-    def _build_argv(self, port: int) -> list[str]:
+    def _build_argv(self, port: int, deadline: float) -> list[str]:
         argv = [
             str(self.binary),
             "-m",
@@ -545,28 +512,29 @@ class Sidecar:
             argv += ["-c", str(self.ctx_per_slot * self.parallel)]
         if self.threads is not None:
             argv += ["-t", str(self.threads)]
-        ui_flag = self._probe_ui_flag()
+        ui_flag = self._probe_ui_flag(deadline)
         if ui_flag:
             argv.append(ui_flag)
         return argv + self._args
 
-    def _probe_ui_flag(self) -> str:
-        """``--no-webui`` (or its newer name ``--no-ui``) if this binary knows it."""
+    def _probe_ui_flag(self, deadline: float) -> str:
+        """``--no-webui`` (or its newer name ``--no-ui``) if this binary knows it.
+
+        The probe is bounded by the start's deadline — it may use half of what is left, so
+        the server itself still gets a chance — and a binary that hangs on ``--help`` gets
+        no optional flags.
+        """
         if self._ui_flag is None:
+            budget = min(_PROBE_TIMEOUT, max(deadline - time.monotonic(), 0.0) / 2)
             try:
-                result = subprocess.run(
-                    [str(self.binary), "--help"],
-                    stdin=subprocess.DEVNULL,
-                    capture_output=True,
-                    env=_child_env(self.binary, self._env),
-                    timeout=30.0,
-                    check=False,
+                result = _process.run_probe(
+                    [str(self.binary), "--help"], timeout=budget, env=_child_env(self.binary, self._env)
                 )
-                text = (result.stdout + result.stderr).decode("utf-8", "replace")
-            except subprocess.TimeoutExpired:
-                text = ""  # a binary that hangs on --help gets no optional flags
             except OSError as exc:
                 raise _launch_error(self.binary, exc) from exc
+            if result.timed_out:
+                return ""  # not cached: the next start, with a fresh deadline, asks again
+            text = result.output
             if re.search(r"(?<![\w-])--no-webui(?![\w-])", text):
                 self._ui_flag = "--no-webui"
             elif re.search(r"(?<![\w-])--no-ui(?![\w-])", text):
@@ -597,7 +565,7 @@ class Sidecar:
                 port = 0
             else:
                 port = _free_port()
-            proc = self._spawn(port)
+            proc = self._spawn(port, deadline)
             try:
                 return self._await_ready(proc, deadline)
             except _PortNotReported:
@@ -611,8 +579,8 @@ class Sidecar:
                         continue
                 raise
 
-    def _spawn(self, port: int) -> _Process:
-        argv = self._build_argv(port)
+    def _spawn(self, port: int, deadline: float) -> _Process:
+        argv = self._build_argv(port, deadline)
         env = _child_env(self.binary, self._env)
         try:
             proc = _Process(argv, env, port)

@@ -20,15 +20,14 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
+from localllm import _fs, _process
 from localllm.errors import BuildError, ChecksumMismatch, DownloadFailed
 from localllm.managed import platforms, verify
 from localllm.managed.cache import SERVER_BINARY, CacheLayout, installed, write_marker
@@ -116,7 +115,7 @@ def build_from_source(
     dest = layout.source_release_dir(source.version, plat.slug)
     if installed(dest):
         return dest
-    with artifact_lock(layout.lock_path(f"source-build-{source.version}"),
+    with artifact_lock(layout.lock_path("source-build", source.version),
                        f"the {source.package} {source.version} source build", log):
         if installed(dest):
             return dest
@@ -148,7 +147,7 @@ def acquire_sdist(
     art = source.artifact
     sha = art.require_sha256()
     dest = layout.sdist_path(source)
-    lock = layout.lock_path(f"sdist-{sha[:16]}")
+    lock = layout.lock_path("sdist", sha[:16])
     prewarm = "localllm fetch server --from-source"
     try:
         return fetch_artifact(art, dest, lock_path=lock, mirrors=mirrors, offline=offline,
@@ -167,22 +166,21 @@ def acquire_sdist(
                     "--dest", str(tmp), f"{source.package}=={source.version}"]
             log(f"downloading {art.name} with pip")
             try:
-                proc = subprocess.run(argv, capture_output=True, text=True, timeout=PIP_TIMEOUT,
-                                      check=False, stdin=subprocess.DEVNULL)
-            except (OSError, subprocess.SubprocessError) as exc:
+                proc = _process.run_probe(argv, timeout=PIP_TIMEOUT)
+            except OSError as exc:
                 raise DownloadFailed(f"`{' '.join(argv)}` failed to run: {exc}") from exc
             got = tmp / art.file
             if proc.returncode != 0 or not got.is_file():
-                tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-10:])
+                tail = _process.tail(proc.output.strip(), limit=4096, lines=10)
+                status = f"timed out after {PIP_TIMEOUT:.0f}s" if proc.timed_out else f"exit {proc.returncode}"
                 exc2 = DownloadFailed(f"pip download of {source.package}=={source.version} failed "
-                                      f"(exit {proc.returncode}):\n{tail}")
+                                      f"({status}):\n{tail}")
                 exc2.hint = f"put {art.file} in a directory and pass --mirror DIR"
                 raise exc2
             actual = verify.sha256_file(got)
             if actual != sha:
                 raise ChecksumMismatch(expected=sha, actual=actual, path=str(dest), url="pip download")
-            os.replace(got, dest)
-            verify.fsync_dir(dest.parent)
+            _fs.replace_durably(got, dest)
             verify.write_stamp(dest, sha)
             return dest
         finally:
@@ -239,15 +237,13 @@ def _run_logged(argv: list[str], log_path: Path, *, cwd: Path, timeout: float = 
         fh.write(f"\n== localllm {stamp}: {' '.join(argv)}\n")
         fh.flush()
         try:
-            proc = subprocess.Popen(argv, cwd=cwd, stdout=fh, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = _process.spawn(argv, cwd=cwd, stdout=fh, stderr=subprocess.STDOUT)
         except OSError as exc:
             raise BuildError(f"cannot run {argv[0]}: {exc}") from exc
-        deadline = time.monotonic() + timeout
         try:
-            rc = proc.wait(timeout=max(deadline - time.monotonic(), 0))
+            rc = proc.wait(timeout=timeout)
         except (subprocess.TimeoutExpired, KeyboardInterrupt) as exc:
-            _kill_group(proc)
+            _process.stop_group(proc, grace=10.0)
             fh.write("EXIT killed\n")
             if isinstance(exc, KeyboardInterrupt):
                 raise
@@ -259,17 +255,6 @@ def _run_logged(argv: list[str], log_path: Path, *, cwd: Path, timeout: float = 
         exc2 = BuildError(f"`{' '.join(argv)}` failed with exit code {rc}; log: {log_path}\n{tail}")
         exc2.hint = f"read {log_path}; missing tools? {INSTALL_HINT}"
         raise exc2
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-    except ProcessLookupError:
-        pass
 
 
 def _install(bin_dir: Path, dest: Path, *, source: SourcePin, plat: platforms.Platform,

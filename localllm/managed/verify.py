@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
+
+from localllm._fs import atomic_write, fsync_dir
+
+# fsync_dir is the durable-rename helper of localllm._fs, kept here for extract.py.
+__all__ = ["fsync_dir", "is_verified", "sha256_file", "stamp_matches", "stamp_path", "write_stamp"]
 
 CHUNK = 1 << 20
 STAMP_SUFFIX = ".verified"
@@ -33,9 +37,7 @@ def write_stamp(path: Path, sha256: str) -> None:
     """Record that ``path`` (as it is now) hashes to ``sha256``."""
     st = path.stat()
     data = {"sha256": sha256, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-    tmp = stamp_path(path).with_name(f".{path.name}{STAMP_SUFFIX}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data) + "\n", encoding="utf-8")
-    os.replace(tmp, stamp_path(path))
+    atomic_write(stamp_path(path), json.dumps(data) + "\n")
 
 
 def stamp_matches(path: Path, sha256: str) -> bool:
@@ -68,16 +70,3 @@ def is_verified(path: Path, sha256: str, *, full: bool = False) -> bool:
     stamp_path(path).unlink(missing_ok=True)
     return False
 
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename in ``path`` durable (no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

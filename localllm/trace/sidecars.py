@@ -15,12 +15,12 @@ second attempt under the same call_id (a fallback) from overwriting the first.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from localllm import _fs
 from localllm.errors import TraceError, TraceWriteRejected
 from localllm.trace import rules
 from localllm.trace.event import dumps
@@ -159,39 +159,17 @@ def write_transcript(
 
 
 def atomic_write(path: Path, data: bytes, *, sync_dir: bool = True) -> None:
-    """Write ``data`` to ``path`` via temp file + fsync + rename (+ directory fsync).
+    """Write ``data`` to ``path`` durably (see :mod:`localllm._fs`); a ``TraceError`` on failure.
 
     ``sync_dir=False`` skips the directory fsync when the caller's next write to the same
     directory does it (one directory fsync makes every earlier rename there durable).
     """
-    tmp = path.with_name(f".{path.name}.{os.urandom(6).hex()}.tmp")
-    done = False
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        done = True
-        if sync_dir:
-            dfd = os.open(path.parent, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+        _fs.atomic_write(path, data, sync_dir=sync_dir)
     except OSError as exc:
         err = TraceError(f"cannot write sidecar {path}: {exc.strerror or exc}")
         err.hint = "check that the trace directory is writable and the disk has space"
         raise err from exc
-    finally:
-        if not done:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
 
 
 def _stem(call_id: str, suffix: str) -> str:

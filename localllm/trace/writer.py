@@ -28,6 +28,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from localllm import _fs
 from localllm.errors import TraceCorrupted, TraceError, TraceLocked, TraceReplaced
 from localllm.trace import rules
 from localllm.trace.event import HEADER_KIND, SCHEMA_VERSION, Event, format_ts, header_line, is_rfc3339_utc
@@ -98,7 +99,7 @@ class TraceWriter:
                 line = header if header is not None else header_line()
                 _write_all(fd, line + b"\n")
                 os.fsync(fd)
-                _fsync_dir(path.parent)
+                _fs.fsync_dir(path.parent)
                 return cls(path, fd, len(line) + 1, [], [])
             trace = parse_trace(data, allow_torn=True, path=path)
             size = len(data)
@@ -429,14 +430,6 @@ def _write_all(fd: int, data: bytes) -> None:
     while view:
         written = os.write(fd, view)
         view = view[written:]
-
-
-def _fsync_dir(directory: Path) -> None:
-    dfd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 def _os_error(what: str, path: Path, exc: OSError) -> TraceError:

@@ -106,6 +106,7 @@ def test_cli_prints_expected_and_actual_hash(tmp_path: Path, archive_bytes: byte
     pins = json.loads((REPO / "pins" / "artifacts.json").read_text())
     wrong = "ab" * 32
     pins["models"]["entries"]["gemma-3-270m"]["sha256"] = wrong
+    pins["models"]["entries"]["gemma-3-270m"]["size"] = len(archive_bytes)  # right size, wrong bytes
     custom = tmp_path / "pins.json"
     custom.write_text(json.dumps(pins))
     monkeypatch.setattr("localllm.managed.pins.default_pins_path", lambda: custom)

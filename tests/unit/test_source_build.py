@@ -6,13 +6,12 @@ import dataclasses
 import hashlib
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from localllm import cli
+from localllm import _process, cli
 from localllm.errors import BuildError, ChecksumMismatch, OfflineArtifactMissing
 from localllm.managed import cache_layout, platforms
 from localllm.managed import source_build as sb
@@ -150,13 +149,13 @@ def test_sdist_falls_back_to_pip_download_and_is_verified(
     good = (mirror / f"{TOP}.tar.gz").read_bytes()
     seen: list[list[str]] = []
 
-    def fake_run(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+    def fake_run(argv: list[str], **kw: object) -> _process.ProbeResult:
         seen.append(argv)
         dest = Path(argv[argv.index("--dest") + 1])
         (dest / f"{TOP}.tar.gz").write_bytes(payload)
-        return subprocess.CompletedProcess(argv, 0, "Saved", "")
+        return _process.ProbeResult(returncode=0, output="Saved")
 
-    monkeypatch.setattr(sb.subprocess, "run", fake_run)
+    monkeypatch.setattr(sb._process, "run_probe", fake_run)
     layout = cache_layout()
     payload = b"tampered"
     with pytest.raises(ChecksumMismatch):
@@ -175,7 +174,7 @@ def test_sdist_falls_back_to_pip_download_and_is_verified(
 def test_offline_source_build_without_sdist_names_the_prewarm(
         sdist: tuple[Path, Pins], monkeypatch: pytest.MonkeyPatch) -> None:
     _mirror, pins = sdist
-    monkeypatch.setattr(sb.subprocess, "run", lambda *a, **k: pytest.fail("pip must not run offline"))
+    monkeypatch.setattr(sb._process, "run_probe", lambda *a, **k: pytest.fail("pip must not run offline"))
     with pytest.raises(OfflineArtifactMissing) as info:
         sb.acquire_sdist(pins.source, layout=cache_layout(), mirrors=[], offline=True, log=lambda m: None)
     assert "localllm fetch server --from-source" in info.value.hint
@@ -211,3 +210,17 @@ def test_configured_reads_the_cmake_cache(tmp_path: Path) -> None:
     assert not sb._configured(build, tmp_path / "other")
     (build / "CMakeCache.txt").write_text("\n".join(lines).replace("LLAMA_CURL:BOOL=OFF", "LLAMA_CURL:BOOL=ON"))
     assert not sb._configured(build, src)
+
+
+def test_a_build_step_past_its_timeout_is_stopped_with_everything_it_started(tmp_path: Path) -> None:
+    from tests.conftest import pid_gone
+
+    pidfile = tmp_path / "pids"
+    step = tmp_path / "make"
+    step.write_text(f"#!/bin/sh\nsleep 60 &\necho $! > {pidfile}\nsleep 60\n")
+    step.chmod(0o755)
+    log_path = tmp_path / "build.log"
+    with pytest.raises(BuildError, match="timed out"):
+        sb._run_logged([str(step)], log_path, cwd=tmp_path, timeout=0.5)
+    assert pid_gone(int(pidfile.read_text()), within=2.0)
+    assert log_path.read_text().rstrip().endswith("EXIT killed")

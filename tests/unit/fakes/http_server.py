@@ -10,6 +10,9 @@ Behaviour, per GET ``/<name>`` (or ``/<prefix>/<name>``; only the last segment c
   N body bytes, then close the connection mid-body;
 - ``fail_first=K``: the first K requests get 503;
 - ``delay``: seconds to sleep between 64 KiB chunks (to make concurrent fetches overlap);
+- ``misbehave``: ``"redirect-loop"`` (302 to itself), ``"overlong"`` (Content-Length 1000x
+  the file), ``"endless"`` (no Content-Length, the file's bytes repeated forever),
+  ``"trickle"`` (one byte every ``delay`` s), ``"silent"`` (headers, then nothing);
 - every request is recorded in ``requests`` (name, Range header, status) for assertions.
 Standard library only.
 """
@@ -55,6 +58,7 @@ class ArchiveServer:
         ignore_range: bool = False,
         fail_first: int = 0,
         delay: float = 0.0,
+        misbehave: str | None = None,
         port: int = 0,
     ) -> None:
         self.files = dict(files or {})
@@ -64,6 +68,9 @@ class ArchiveServer:
         self.ignore_range = ignore_range
         self.fail_first = fail_first
         self.delay = delay
+        self.misbehave = misbehave
+        self.sent = 0  # body bytes written, over all requests
+        self.stopping = threading.Event()
         self.requests: list[Request] = []
         self._lock = threading.Lock()
         state = self
@@ -96,6 +103,7 @@ class ArchiveServer:
         return self
 
     def stop(self) -> None:
+        self.stopping.set()
         self._httpd.shutdown()
         self._httpd.server_close()
         if self._thread is not None:
@@ -143,6 +151,9 @@ class ArchiveServer:
                     self.cuts_left -= 1
                     cut = self.cut_after
             self.requests.append(Request(name, rng, status))
+        if self.misbehave is not None and found is not None and status == 200:
+            self._misbehave(h, found[1] if isinstance(found[1], bytes) else found[1].read_bytes())
+            return
         if status in (404, 503):
             h.send_response(status)
             h.send_header("Content-Length", "0")
@@ -178,6 +189,42 @@ class ArchiveServer:
             h.close_connection = True
             with contextlib.suppress(OSError):
                 h.connection.shutdown(socket.SHUT_RDWR)
+
+    def _misbehave(self, h: _Handler, data: bytes) -> None:
+        mode = self.misbehave
+        if mode == "redirect-loop":
+            h.send_response(302)
+            h.send_header("Location", h.path)
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            return
+        h.send_response(200)
+        h.send_header("Content-Type", "application/octet-stream")
+        if mode == "overlong":
+            h.send_header("Content-Length", str(len(data) * 1000))
+        elif mode in ("trickle", "silent"):
+            h.send_header("Content-Length", str(len(data)))
+        else:
+            h.send_header("Connection", "close")
+            h.close_connection = True
+        h.end_headers()
+        h.wfile.flush()
+        try:
+            if mode in {"endless", "overlong"}:
+                while not self.stopping.is_set():
+                    h.wfile.write(data)
+                    self.sent += len(data)
+            elif mode == "trickle":
+                for i in range(len(data)):
+                    if self.stopping.wait(self.delay):
+                        return
+                    h.wfile.write(data[i:i + 1])
+                    h.wfile.flush()
+                    self.sent += 1
+            elif mode == "silent":
+                self.stopping.wait(60)
+        except (BrokenPipeError, ConnectionResetError):
+            h.close_connection = True
 
     def _send_body(self, h: _Handler, source: Path | bytes, start: int, count: int) -> None:
         if isinstance(source, bytes):

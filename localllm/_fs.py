@@ -1,0 +1,96 @@
+"""Durable file writes: a temp file beside the target, fsync, rename, fsync the directory.
+
+The one way localllm replaces a file. A reader sees the old file or the new one, never
+half of either, and after a power cut the rename is either on disk or not at all:
+
+* the temp file lives in the destination's directory (a rename across file systems is a
+  copy, not atomic) under a hidden name ``.<name>.<pid>.<random><suffix>``;
+* its bytes are fsynced *before* the rename (otherwise the rename can reach the disk before
+  the data and a crash leaves an empty file under the final name);
+* the directory is fsynced *after* the rename, which is what makes the rename itself
+  durable;
+* the temp file is removed on every path that does not end in the rename.
+
+A leaf module: it imports nothing from localllm and raises only ``OSError``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+__all__ = ["adjacent_tmp", "atomic_write", "fsync_dir", "replace_durably", "tmp_name"]
+
+
+def tmp_name(dest: Path, suffix: str = ".tmp") -> Path:
+    """A unique hidden name beside ``dest``: ``.<name>.<pid>.<random><suffix>``."""
+    return dest.with_name(f".{dest.name}.{os.getpid()}.{secrets.token_hex(4)}{suffix}")
+
+
+def fsync_dir(path: Path) -> None:
+    """Make the renames in directory ``path`` durable (no-op where a directory cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems refuse fsync on directories; the rename is all we can do
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def adjacent_tmp(dest: Path, *, suffix: str = ".tmp") -> Iterator[BinaryIO]:
+    """An open, new binary temp file beside ``dest``; it is gone when the block ends.
+
+    Hand it to :func:`replace_durably` inside the block to make it ``dest``; on every other
+    way out (an exception, a return, a failed check) the temp file is closed and removed.
+    """
+    path = tmp_name(dest, suffix)
+    fh = path.open("x+b")  # O_EXCL: never write into someone else's file
+    try:
+        yield fh
+    finally:
+        fh.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def replace_durably(tmp: BinaryIO | Path, dest: Path, *, sync_dir: bool = True) -> None:
+    """fsync ``tmp``, rename it over ``dest``, fsync the directory.
+
+    ``tmp`` is an open file from :func:`adjacent_tmp` (flushed, fsynced and closed here) or
+    the path of a finished file beside ``dest``. ``sync_dir=False`` leaves the directory
+    fsync to the caller's next replace in the same directory (one directory fsync makes
+    every earlier rename there durable).
+    """
+    if isinstance(tmp, Path):
+        path = tmp
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    else:
+        path = Path(os.fsdecode(tmp.name))
+        tmp.flush()
+        os.fsync(tmp.fileno())
+        tmp.close()
+    os.replace(path, dest)
+    if sync_dir:
+        fsync_dir(dest.parent)
+
+
+def atomic_write(dest: Path, data: bytes | str, *, sync_dir: bool = True) -> None:
+    """Replace ``dest`` with ``data`` (``str`` is written as UTF-8) durably; parents are created."""
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with adjacent_tmp(dest) as fh:
+        fh.write(raw)
+        replace_durably(fh, dest, sync_dir=sync_dir)

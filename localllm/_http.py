@@ -1,0 +1,125 @@
+"""The one translation of httpx exceptions: a short reason per class, most specific first.
+
+Every HTTP client in localllm wraps its requests in :func:`map_httpx_errors`, passing a
+``make(reason, exc)`` that builds its own subsystem's error (an ``AgentError``, an
+``EmbedServerError``, a ``DownloadFailed``); the mapper raises it ``from`` the httpx
+exception. A unit test enumerates every exception class httpx exports and proves each
+has its own entry in :data:`REASONS` (none falls through to a parent's).
+
+A leaf module: it imports nothing from localllm; httpx is imported on first use.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import socket
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TypeVar
+
+__all__ = [
+    "CONNECTION_REFUSED",
+    "NAME_NOT_RESOLVED",
+    "is_permanent",
+    "map_httpx_errors",
+    "reason_for",
+    "reasons",
+]
+
+E = TypeVar("E", bound=BaseException)
+
+#: refinements of ``httpx.ConnectError``, read from the OS error it was raised from
+CONNECTION_REFUSED = "connection refused"
+NAME_NOT_RESOLVED = "host name not resolved"
+
+
+@functools.cache
+def reasons() -> tuple[tuple[type[BaseException], str], ...]:
+    """(httpx exception class, reason), most specific first: the first ``isinstance`` wins."""
+    import httpx
+
+    return (
+        (httpx.ConnectTimeout, "timed out connecting"),
+        (httpx.ReadTimeout, "timed out reading"),
+        (httpx.WriteTimeout, "timed out writing"),
+        (httpx.PoolTimeout, "timed out waiting for a free connection"),
+        (httpx.TimeoutException, "timed out"),
+        (httpx.ConnectError, "cannot connect"),
+        (httpx.ReadError, "connection lost while reading"),
+        (httpx.WriteError, "connection lost while writing"),
+        (httpx.CloseError, "error closing the connection"),
+        (httpx.NetworkError, "network error"),
+        (httpx.RemoteProtocolError, "remote protocol error"),
+        (httpx.LocalProtocolError, "local protocol error"),
+        (httpx.ProtocolError, "protocol error"),
+        (httpx.ProxyError, "proxy error"),
+        (httpx.UnsupportedProtocol, "unsupported URL scheme"),
+        (httpx.TransportError, "transport error"),
+        (httpx.DecodingError, "cannot decode the response body"),
+        (httpx.TooManyRedirects, "too many redirects"),
+        (httpx.RequestError, "request failed"),
+        (httpx.HTTPStatusError, "error status"),
+        (httpx.HTTPError, "HTTP error"),
+        (httpx.InvalidURL, "invalid URL"),
+        (httpx.CookieConflict, "conflicting cookies"),
+        (httpx.RequestNotRead, "request body not read"),
+        (httpx.ResponseNotRead, "response body not read"),
+        (httpx.StreamClosed, "stream already closed"),
+        (httpx.StreamConsumed, "stream already consumed"),
+        (httpx.StreamError, "stream error"),
+    )
+
+
+@functools.cache
+def _classes() -> tuple[type[BaseException], ...]:
+    return tuple(cls for cls, _ in reasons())
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """The OS error an httpx exception was raised from (httpx → httpcore → OSError)."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, OSError):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
+def reason_for(exc: BaseException) -> str:
+    """A short reason for an httpx exception (``"timed out reading"``, ``"too many redirects"``)."""
+    import httpx
+
+    if isinstance(exc, httpx.ConnectError):
+        cause = _os_error(exc)
+        if isinstance(cause, socket.gaierror):
+            return NAME_NOT_RESOLVED
+        if isinstance(cause, ConnectionRefusedError) or (cause is not None and cause.errno == errno.ECONNREFUSED):
+            return CONNECTION_REFUSED
+    for cls, reason in reasons():
+        if isinstance(exc, cls):
+            return reason
+    return type(exc).__name__
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """Whether retrying the same request cannot help (bad URL, unknown host, redirect loop)."""
+    import httpx
+
+    if isinstance(exc, (httpx.InvalidURL, httpx.UnsupportedProtocol, httpx.TooManyRedirects,
+                        httpx.LocalProtocolError, httpx.CookieConflict, httpx.StreamError)):
+        return True
+    return isinstance(exc, httpx.ConnectError) and reason_for(exc) == NAME_NOT_RESOLVED
+
+
+@contextmanager
+def map_httpx_errors(make: Callable[[str, BaseException], E]) -> Iterator[None]:
+    """Turn any httpx exception raised in the block into ``make(reason, exc)``, chained."""
+    try:
+        yield
+    except Exception as exc:
+        if not isinstance(exc, _classes()):
+            raise
+        raise make(reason_for(exc), exc) from exc

@@ -1,0 +1,306 @@
+"""Child processes: one process group per child, one stderr tail, one way to stop, bounded probes.
+
+Every child localllm starts runs in its own session (``start_new_session=True``), so it
+leads a process group holding everything it starts. Stopping signals the *group*: a
+``server_bin`` that is a shell wrapper without ``exec``, a CLI that forks workers, a build
+driving compilers — none of their descendants survives the stop.
+
+:class:`StderrTail` drains a child's stream on a daemon thread (a chatty child never blocks
+on a full pipe) and keeps the last bytes for error details; :func:`tail` cuts a text for a
+message. :func:`run_probe` runs ``--help``/``--version`` style probes within the caller's
+deadline.
+
+A leaf module: it imports nothing from localllm and raises only ``OSError``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = [
+    "ProbeResult",
+    "StderrTail",
+    "group_alive",
+    "run_probe",
+    "signal_group",
+    "spawn",
+    "stop_group",
+    "tail",
+]
+
+_READ_CHUNK = 65536
+#: a line longer than this is handed to ``on_line`` in pieces rather than buffered whole
+_MAX_LINE = 64 * 1024
+_POLL = 0.02
+
+
+def tail(text: str, *, limit: int = 256, lines: int | None = None) -> str:
+    """The end of ``text``: at most ``lines`` lines and ``limit`` UTF-8 bytes, ``...`` when cut."""
+    if lines is not None:
+        text = "\n".join(text.splitlines()[-lines:]) if lines > 0 else ""
+    raw = text.encode("utf-8", errors="surrogatepass")
+    if len(raw) <= limit:
+        return text
+    return "..." + raw[-limit:].decode("utf-8", errors="ignore")
+
+
+class StderrTail:
+    """The last ``limit`` bytes of a child's stream, read to EOF by a daemon thread.
+
+    ``on_line`` (optional) sees every decoded line as it arrives (the sidecar reads its
+    port from one). The thread closes the stream at EOF and nobody else does: closing a
+    descriptor another thread is blocked on could hand its number to an unrelated file.
+    """
+
+    def __init__(
+        self,
+        stream: IO[bytes],
+        *,
+        name: str,
+        limit: int = 16 * 1024,
+        on_line: Callable[[str], None] | None = None,
+    ) -> None:
+        self._stream = stream
+        self._limit = limit
+        self._on_line = on_line
+        self._kept = bytearray()
+        self._lock = threading.Lock()
+        self._partial = bytearray()
+        #: set when the stream reached EOF (the child and every holder of the pipe are gone)
+        self.eof = threading.Event()
+        self._thread = threading.Thread(target=self._drain, name=name, daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        try:
+            fd = self._stream.fileno()
+            while chunk := os.read(fd, _READ_CHUNK):
+                with self._lock:
+                    self._kept += chunk
+                    if len(self._kept) > self._limit:
+                        del self._kept[: len(self._kept) - self._limit]
+                if self._on_line is not None:
+                    self._lines(chunk)
+        except (OSError, ValueError):
+            pass  # the stream went away under us: nothing more to read
+        finally:
+            if self._on_line is not None and self._partial:
+                self._emit(bytes(self._partial))
+            with contextlib.suppress(OSError):
+                self._stream.close()
+            self.eof.set()
+
+    def _lines(self, chunk: bytes) -> None:
+        self._partial.extend(chunk)
+        while True:
+            newline = self._partial.find(b"\n")
+            if newline < 0:
+                if len(self._partial) > _MAX_LINE:
+                    self._emit(bytes(self._partial[:_MAX_LINE]))
+                    del self._partial[:_MAX_LINE]
+                    continue
+                return
+            self._emit(bytes(self._partial[:newline]))
+            del self._partial[: newline + 1]
+
+    def _emit(self, line: bytes) -> None:
+        assert self._on_line is not None
+        self._on_line(line.decode("utf-8", "replace").rstrip("\r"))
+
+    def join(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for EOF; True when everything was read."""
+        self._thread.join(max(timeout, 0.0))
+        return not self._thread.is_alive()
+
+    def text(self) -> str:
+        """Everything kept (the last ``limit`` bytes), decoded."""
+        with self._lock:
+            raw = bytes(self._kept)
+        return raw.decode("utf-8", errors="replace")
+
+    def lines(self, n: int) -> str:
+        """The last ``n`` lines kept."""
+        return tail(self.text().rstrip("\n"), limit=self._limit, lines=n)
+
+
+def spawn(
+    argv: Sequence[str],
+    *,
+    stdin: int | IO[Any] | None = subprocess.DEVNULL,
+    stdout: int | IO[Any] | None = subprocess.DEVNULL,
+    stderr: int | IO[Any] | None = subprocess.DEVNULL,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    pass_fds: Sequence[int] = (),
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` (a list, never a shell string) as the leader of a new session.
+
+    The new session keeps the terminal's Ctrl-C away from the child (its owner stops it in
+    order) and makes its process group the unit :func:`stop_group` signals.
+    """
+    return subprocess.Popen(
+        list(argv),
+        stdin=stdin,
+        stdout=stdout,
+        stderr=stderr,
+        env=dict(env) if env is not None else None,
+        cwd=cwd,
+        close_fds=True,
+        pass_fds=tuple(pass_fds),
+        start_new_session=True,
+    )
+
+
+def signal_group(proc: subprocess.Popen[Any], sig: int) -> bool:
+    """Send ``sig`` to the child's process group; False when the group is gone."""
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any running (not zombie) process is left in group ``pgid``.
+
+    The group id cannot be reused while a member lives (the kernel keeps the number), so
+    probing it after the leader was reaped is safe. Zombies do not count: an orphan that
+    exited waits for init to reap it, and some container inits never do.
+    """
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return _running_member(pgid)
+
+
+def _running_member(pgid: int) -> bool:
+    """Linux: scan /proc for a member of ``pgid`` that is not a zombie (elsewhere: assume one)."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return True
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp ...; comm may contain spaces and parentheses.
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) >= 3 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            return True
+    return False
+
+
+def _wait(proc: subprocess.Popen[Any], timeout: float) -> bool:
+    try:
+        proc.wait(timeout=max(timeout, 0.0))
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
+def stop_group(proc: subprocess.Popen[Any], *, grace: float) -> int | None:
+    """Stop the child and everything in its group: SIGTERM, ``grace`` s, SIGKILL; reap.
+
+    One SIGTERM only (llama-server exits 1 on a second one). The grace covers the whole
+    group: a wrapper shell dies at once, the server it started gets the rest of the grace
+    to shut down cleanly. Whatever is left then — leader or stragglers — is SIGKILLed.
+    Returns the leader's exit code (negative: killed by that signal).
+    """
+    deadline = time.monotonic() + max(grace, 0.0)
+    # Sent even when the leader has exited: its descendants may still run in the group.
+    signal_group(proc, signal.SIGTERM)
+    if not _wait(proc, deadline - time.monotonic()):
+        signal_group(proc, signal.SIGKILL)
+        proc.wait()
+    while group_alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(_POLL)
+    signal_group(proc, signal.SIGKILL)
+    return proc.returncode
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What a probe printed (stdout and stderr merged) and how it ended."""
+
+    returncode: int | None  # None: still running at the deadline, killed
+    output: str
+
+    @property
+    def timed_out(self) -> bool:
+        return self.returncode is None
+
+
+def run_probe(
+    argv: Sequence[str],
+    *,
+    timeout: float,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    limit: int = 1 << 20,
+) -> ProbeResult:
+    """Run a short probe (``--help``, ``--version``) for at most ``timeout`` seconds.
+
+    stdin is closed, stdout and stderr are merged and the first ``limit`` bytes kept. The
+    probe is over when its process exits — a descendant holding the pipe open does not
+    extend it — or at ``timeout``, when the whole group is killed and ``returncode`` is
+    ``None``. Raises ``OSError`` when ``argv[0]`` cannot be run.
+    """
+    deadline = time.monotonic() + max(timeout, 0.0)
+    proc = spawn(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    os.set_blocking(fd, False)
+    out = bytearray()
+    exited = False
+    try:
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            ready = poller.poll(max(1, int(min(remaining, 0.1) * 1000)))
+            if ready and not _read_into(fd, out, limit):
+                exited = _wait(proc, max(deadline - time.monotonic(), 0.0))
+                break
+            if proc.poll() is not None:
+                _read_into(fd, out, limit)  # whatever it wrote just before exiting
+                exited = True
+                break
+    finally:
+        code = proc.returncode if exited else None
+        stop_group(proc, grace=0.0)
+        proc.stdout.close()
+    return ProbeResult(returncode=code, output=out.decode("utf-8", "replace"))
+
+
+def _read_into(fd: int, out: bytearray, limit: int) -> bool:
+    """Read what is available; False at EOF."""
+    while True:
+        try:
+            chunk = os.read(fd, _READ_CHUNK)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        if not chunk:
+            return False
+        if len(out) < limit:
+            out.extend(chunk[: limit - len(out)])

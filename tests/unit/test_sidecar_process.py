@@ -1,0 +1,130 @@
+"""The sidecar's process group: wrappers without ``exec``, the watchdog, bounded probes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from localllm.errors import SidecarStartTimeout
+from localllm.managed.sidecar import Sidecar
+from tests.conftest import pid_gone
+
+FAKE = Path(__file__).resolve().parent / "fakes" / "fake_llama_server.py"
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"GGUF fake")
+    return path
+
+
+def _wrapper(tmp_path: Path, pidfile: Path) -> Path:
+    """A ``server_bin`` that is a shell wrapper *without* exec: the server is its child."""
+    path = tmp_path / "wrapped" / "llama-server"
+    path.parent.mkdir()
+    path.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        sleep 300 &
+        echo $! >> {pidfile}
+        "{sys.executable}" "{FAKE}" "$@"
+    """))
+    path.chmod(0o755)
+    return path
+
+
+def _descendants(pid: int) -> list[int]:
+    return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+
+
+def test_a_wrapper_without_exec_leaves_no_orphan_on_stop(tmp_path: Path, model: Path) -> None:
+    pidfile = tmp_path / "sleepers"
+    sc = Sidecar(_wrapper(tmp_path, pidfile), model, health_timeout=30)
+    try:
+        sc.ensure_ready()
+        assert sc.pid is not None
+        pids = [sc.pid, *_descendants(sc.pid)]
+        assert len(pids) >= 3  # the shell, the sleeper, the server
+    finally:
+        sc.stop(grace=2.0)
+    for pid in pids:
+        assert pid_gone(pid, within=3.0), f"pid {pid} outlived Sidecar.stop()"
+
+
+_PARENT = textwrap.dedent("""
+    import sys, time, psutil
+    from pathlib import Path
+    from localllm.managed.sidecar import Sidecar
+    sc = Sidecar(Path(sys.argv[1]), Path(sys.argv[2]), health_timeout=30)
+    sc.ensure_ready()
+    pids = [sc.pid] + [p.pid for p in psutil.Process(sc.pid).children(recursive=True)]
+    print(" ".join(map(str, pids)), flush=True)
+    time.sleep(300)
+""")
+
+
+def test_the_watchdog_stops_the_whole_group_when_the_parent_is_killed(tmp_path: Path, model: Path) -> None:
+    pidfile = tmp_path / "sleepers"
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _PARENT, str(_wrapper(tmp_path, pidfile)), str(model)],
+        stdout=subprocess.PIPE, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        assert parent.stdout is not None
+        pids = [int(x) for x in parent.stdout.readline().split()]
+        assert len(pids) >= 3
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        for pid in pids:
+            assert pid_gone(pid, within=5.0), f"pid {pid} outlived its SIGKILLed parent"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+        if parent.stdout is not None:
+            parent.stdout.close()
+
+
+def _hangs_on_help(tmp_path: Path) -> Path:
+    path = tmp_path / "hang" / "llama-server"
+    path.parent.mkdir()
+    path.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        case "$1" in --help) sleep 300 ;; esac
+        exec "{sys.executable}" "{FAKE}" "$@"
+    """))
+    path.chmod(0o755)
+    return path
+
+
+def test_a_binary_hanging_on_help_still_starts_within_the_health_timeout(tmp_path: Path, model: Path) -> None:
+    sc = Sidecar(_hangs_on_help(tmp_path), model, health_timeout=4)
+    try:
+        started = time.monotonic()
+        url = sc.ensure_ready()
+        elapsed = time.monotonic() - started
+        assert url.startswith("http://127.0.0.1:")
+        assert elapsed < 4.0
+        assert "--no-webui" not in sc.argv() and "--no-ui" not in sc.argv()
+    finally:
+        sc.stop(grace=1.0)
+
+
+def test_a_hanging_help_with_a_server_that_never_gets_ready_reports_on_time(tmp_path: Path, model: Path) -> None:
+    sc = Sidecar(_hangs_on_help(tmp_path), model, health_timeout=2, env={"FAKE_LLAMA_LOAD_DELAY": "60"})
+    try:
+        started = time.monotonic()
+        with pytest.raises(SidecarStartTimeout):
+            sc.ensure_ready()
+        assert time.monotonic() - started < 3.5  # was 30 s: the --help probe had its own timeout
+    finally:
+        sc.stop(grace=0.5)
