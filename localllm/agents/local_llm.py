@@ -1,7 +1,8 @@
 """``builtin.local_llm``: a llama.cpp server (managed sidecar or attached endpoint) over OpenAI HTTP.
 
-Managed mode (``model:``) fetches the pinned llama-server and GGUF on the first call
-(never before), spawns one sidecar shared by all calls, and stops it on ``close()``.
+Managed mode (``model:``) owns a :class:`~localllm.managed.server.ManagedServer`: the pinned
+llama-server and GGUF are fetched on the first call (never before), one server is shared by
+all calls, and ``close()`` stops it (cancelling a first-use download).
 Endpoint mode (``endpoint:``) attaches to a running OpenAI-compatible server and never
 fetches, spawns or kills anything; ``model:`` beside ``endpoint:`` is only the model name
 sent in the body.
@@ -23,14 +24,17 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localllm import settings
 from localllm._http import map_httpx_errors
 from localllm.agents.base import Agent
 from localllm.config import LocalLLMDecl
-from localllm.errors import AgentError, ErrorKind, FetchError, SidecarError, truncate_detail
+from localllm.errors import AgentError, ErrorKind, FetchError, LocalLLMError, SidecarError, truncate_detail
 from localllm.wire import AskRequest, AskResponse, Transcript
+
+if TYPE_CHECKING:
+    from localllm.managed.server import ManagedServer
 
 _FENCE = re.compile(r"^\s*```(?:json)?\s*\n?(.*?)\n?\s*```\s*$", re.DOTALL)
 _CONNECT_TIMEOUT = 5.0
@@ -68,7 +72,7 @@ class LocalLLMAgent(Agent):
         #: relative ``*.gguf`` model paths resolve against the config's directory
         self.base_dir = base_dir
         self._lock = threading.Lock()
-        self._sidecar: Any = None
+        self._server: ManagedServer | None = None
         self._client: Any = None
         self._subset_cache: dict[str, bool] = {}
         self._pinned_meta: dict[str, Any] | None = None
@@ -92,34 +96,37 @@ class LocalLLMAgent(Agent):
                 )
             return self._client
 
-    def _ensure_sidecar(self) -> Any:
-        """Fetch (first use only) and build the sidecar object; not yet started."""
+    def _managed_server(self) -> ManagedServer:
+        """The agent's ManagedServer (built on first use; building it does no I/O)."""
+        from localllm.managed.server import ManagedServer
+
         with self._lock:
             if self._closed:
                 raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias} is closed")
-            if self._sidecar is not None:
-                return self._sidecar
-            from localllm.managed import Sidecar, resolve_model, resolve_server_binary
-
-            binary = resolve_server_binary(self.decl.server_bin)
-            model = resolve_model(self.decl.model or "", base_dir=self.base_dir)
-            self._sidecar = Sidecar(
-                binary, model, args=self.decl.extra_args, parallel=self.decl.parallel,
-                ctx_per_slot=self.decl.ctx_size, threads=self.decl.threads, port=self.decl.port,
-                health_timeout=self.decl.health_timeout, name=self.alias,
-            )
-            return self._sidecar
+            if self._server is None:
+                decl = self.decl
+                self._server = ManagedServer(
+                    decl.server_bin, decl.model or "", role="chat", base_dir=self.base_dir,
+                    args=decl.extra_args, parallel=decl.parallel, ctx_per_slot=decl.ctx_size,
+                    threads=decl.threads, port=decl.port, health_timeout=decl.health_timeout, name=self.alias,
+                )
+            return self._server
 
     def base_url(self) -> str:
-        """The ``…/v1`` base URL; in managed mode this fetches and starts the sidecar."""
+        """The ``…/v1`` base URL; in managed mode this fetches and starts the server.
+
+        The fetch and start run without the agent's lock, so ``close()`` from another
+        thread cancels a first-use download instead of waiting for it.
+        """
         if not self.managed:
             assert self.decl.endpoint is not None
             return normalize_endpoint(self.decl.endpoint)
         try:
-            sidecar = self._ensure_sidecar()
-            return normalize_endpoint(str(sidecar.ensure_ready()))
-        except (FetchError, SidecarError) as exc:
-            hint = f" ({exc.hint})" if exc.hint else ""
+            return normalize_endpoint(self._managed_server().ensure_ready())
+        except (FetchError, SidecarError, ValueError) as exc:
+            if self._closed:
+                raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias} was closed while starting") from exc
+            hint = f" ({exc.hint})" if isinstance(exc, LocalLLMError) and exc.hint else ""
             detail = f"{self.alias}: cannot start llama-server: {exc}{hint}"
             raise AgentError(ErrorKind.TRANSPORT_ERROR, detail) from exc
 
@@ -177,8 +184,8 @@ class LocalLLMAgent(Agent):
         headers = self._headers()
         body, grammar, native = self.build_body(request)
         base = self.base_url()
-        sidecar = self._sidecar
-        pid = sidecar.pid if sidecar is not None else None  # to explain this request's failure later
+        server = self._server
+        pid = server.pid if server is not None else None  # to explain this request's failure later
         remaining = self.remaining(deadline)
         if remaining <= 0:
             raise AgentError(ErrorKind.DEADLINE_EXCEEDED, f"{self.alias}: deadline passed before the request")
@@ -241,15 +248,15 @@ class LocalLLMAgent(Agent):
 
     def _connection_detail(self, base: str, reason: str, exc: BaseException, pid: int | None) -> str:
         detail = f"{self.alias}: request to {base} failed: {reason} ({type(exc).__name__}: {exc})"
-        sidecar = self._sidecar
-        if sidecar is None:
+        server = self._server
+        if server is None:
             return detail
         # A dying server drops its sockets a moment before it is reaped: wait (bounded) for
         # its exit so the caller learns why, not just that the connection broke.
         settle = time.monotonic() + _EXIT_SETTLE
-        while sidecar.is_alive() and time.monotonic() < settle:
+        while server.is_alive() and time.monotonic() < settle:
             time.sleep(0.02)
-        crash = sidecar.crash_detail(pid=pid)
+        crash = server.crash_detail(pid=pid)
         if crash:
             detail += f"; llama-server died ({crash}); it is respawned on the next call"
         return detail
@@ -274,11 +281,12 @@ class LocalLLMAgent(Agent):
     # ------------------------------------------------------------------ lifecycle
 
     def close(self) -> None:
+        """Stop the managed server; a first-use download in progress is cancelled."""
         with self._lock:
             self._closed = True
-            sidecar, self._sidecar = self._sidecar, None
+            server = self._server
             client, self._client = self._client, None
         if client is not None:
             client.close()
-        if sidecar is not None:
-            sidecar.stop()
+        if server is not None:
+            server.stop()

@@ -13,16 +13,16 @@ What it guarantees, whatever the server is:
 * vectors are unit length: Matryoshka output dims are truncated and re-normalised here,
   otherwise the server's L2 normalisation is checked (never silently redone).
 
-``base_url`` may be a callable returning the URL: a managed sidecar is then started on the
-first embed call, and after a connection failure the callable is asked again (which may
-respawn the sidecar) and the request retried once.
+``base_url`` may be a :class:`~localllm.managed.server.ManagedServer` (or any callable
+returning the URL): the server is then fetched and started on the first embed call, after a
+connection failure it is asked again (which respawns a crashed server) and the request
+retried once, and ``close()`` stops it.
 """
 
 from __future__ import annotations
 
 import base64
 import logging
-import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
     from localllm.config import EmbedderDecl
+    from localllm.managed.server import ManagedServer
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ class LocalEmbedder:
 
     def __init__(
         self,
-        base_url: str | Callable[[], str],
+        base_url: str | Callable[[], str] | ManagedServer,
         model: str,
         *,
         api_key: str | None = None,
@@ -75,7 +76,6 @@ class LocalEmbedder:
         batch_tokens: int = 16384,
         timeout: float | httpx.Timeout | None = None,
         transport: httpx.BaseTransport | None = None,
-        on_close: Callable[[], object] | None = None,
     ) -> None:
         if on_too_long not in ("truncate", "error"):
             raise ValueError(f"on_too_long must be 'truncate' or 'error', not {on_too_long!r}")
@@ -92,7 +92,12 @@ class LocalEmbedder:
         self.truncated = 0
         #: POSTs to /v1/embeddings so far
         self.requests = 0
-        self._base_url = base_url
+        #: the managed server this embedder owns (stopped by ``close()``), if any
+        self.server: ManagedServer | None = None
+        if not isinstance(base_url, str) and not callable(base_url):
+            self.server = base_url
+            base_url = base_url.ensure_ready
+        self._base_url: str | Callable[[], str] = base_url
         self._resolved: str | None = base_url if isinstance(base_url, str) else None
         self._api_key = api_key
         self._timeout = timeout if timeout is not None else _DEFAULT_TIMEOUT
@@ -100,7 +105,6 @@ class LocalEmbedder:
         self._client: httpx.Client | None = None
         self._specials: tuple[list[int], list[int]] | None = None
         self._native_dims: int | None = self.info.dims
-        self._on_close = on_close
         self._cut: list[int] = []
 
     def __repr__(self) -> str:  # no api key here, ever
@@ -113,12 +117,12 @@ class LocalEmbedder:
         self.close()
 
     def close(self) -> None:
-        """Close the HTTP client (and stop a managed sidecar this embedder owns)."""
+        """Close the HTTP client (and stop the managed server this embedder owns)."""
         if self._client is not None:
             self._client.close()
             self._client = None
-        if self._on_close is not None:
-            self._on_close()
+        if self.server is not None:
+            self.server.stop()
 
     @property
     def identity(self) -> EmbedderIdentity:
@@ -314,7 +318,7 @@ class LocalEmbedder:
                     response = self._http().post(url, json=body)
                 except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError):
                     if callable(self._base_url) and not retried:
-                        retried = True  # the sidecar may have died: ask for it again, retry once
+                        retried = True  # the server may have died: ask for it again (a respawn), retry once
                         continue
                     raise
             break
@@ -341,8 +345,8 @@ def embedding_server_args(model_info: ModelInfo, parallel: int = 1, *, with_ctx:
 
     The micro-batch (and batch: ``--embeddings`` forces ``-b`` = ``-ub``) is the model's
     context so that one input always fits. ``parallel`` must divide the micro-batch: BERT
-    models abort at load otherwise. With a :class:`~localllm.managed.sidecar.Sidecar` pass
-    ``ctx_per_slot=model_info.context`` and ``parallel`` to it (it owns ``-c`` and
+    models abort at load otherwise. With a :class:`~localllm.managed.server.ManagedServer`
+    pass ``ctx_per_slot=model_info.context`` and ``parallel`` to it (it owns ``-c`` and
     ``--parallel``); ``with_ctx=True`` adds ``-c context×parallel`` for a bare command line.
     """
     if parallel < 1:
@@ -360,13 +364,39 @@ def embedding_server_args(model_info: ModelInfo, parallel: int = 1, *, with_ctx:
     return args
 
 
+def embedding_server(decl: EmbedderDecl, *, base_dir: Path | None = None) -> ManagedServer:
+    """The ManagedServer of a managed ``embedders:`` declaration (nothing fetched yet).
+
+    ``model`` is a registry id fetched through the pins, or a path to a GGUF (relative to
+    ``base_dir``); the embedding flags and the per-slot context come from the registry.
+    """
+    from localllm.managed.server import MANAGED_FLAGS, ManagedServer
+
+    where = f"embedders.{decl.name}"
+    if not decl.model:
+        raise EmbedError(f"{where}: needs model: or endpoint:")
+    clashing = sorted({a.partition("=")[0] for a in decl.extra_args} & (MANAGED_FLAGS | _EMBED_FLAGS))
+    if clashing:
+        raise EmbedError(f"{where}.extra_args: must not set {', '.join(clashing)}; localllm sets them "
+                         "(use port:, parallel: and the model registry instead)")
+    info = _model_info(decl.model)
+    try:
+        return ManagedServer(
+            decl.server_bin, decl.model, role="embedding", base_dir=base_dir,
+            args=[*embedding_server_args(info, decl.parallel), *decl.extra_args], parallel=decl.parallel,
+            ctx_per_slot=info.context, port=decl.port, threads=decl.threads,
+            health_timeout=decl.health_timeout, name=f"embed:{decl.name}",
+        )
+    except ValueError as exc:
+        raise EmbedError(f"{where}: {exc}") from exc
+
+
 def embedder_from_decl(decl: EmbedderDecl, *, base_dir: Path | None = None, **options: Any) -> LocalEmbedder:
     """A LocalEmbedder for an ``embedders:`` declaration.
 
-    Endpoint mode attaches to ``endpoint``. Managed mode resolves ``model`` (a registry id
-    fetched through the pins, or a path to a GGUF, relative to ``base_dir``) and starts an
-    embedding sidecar lazily on the first embed call; ``close()`` stops it. ``options`` go
-    to :class:`LocalEmbedder` (e.g. ``on_too_long``).
+    Endpoint mode attaches to ``endpoint``. Managed mode owns an :func:`embedding_server`,
+    started lazily on the first embed call; ``close()`` stops it. ``options`` go to
+    :class:`LocalEmbedder` (e.g. ``on_too_long``).
     """
     from localllm import settings
 
@@ -380,42 +410,11 @@ def embedder_from_decl(decl: EmbedderDecl, *, base_dir: Path | None = None, **op
     if decl.endpoint:
         model = decl.model or decl.name
         return LocalEmbedder(decl.endpoint, model, api_key=api_key, dims=decl.dims, **options)
-    if not decl.model:
-        raise EmbedError(f"{where}: needs model: or endpoint:")
-    from localllm.managed import resolve_model, resolve_server_binary
-    from localllm.managed.sidecar import MANAGED_FLAGS, Sidecar
+    server = embedding_server(decl, base_dir=base_dir)
+    model = decl.model or ""
+    return LocalEmbedder(server, model, model_info=_model_info(model), dims=decl.dims, **options)
 
-    clashing = sorted({a.partition("=")[0] for a in decl.extra_args} & (MANAGED_FLAGS | _EMBED_FLAGS))
-    if clashing:
-        raise EmbedError(f"{where}.extra_args: must not set {', '.join(clashing)}; localllm sets them "
-                         "(use port:, parallel: and the model registry instead)")
-    model_name: str = decl.model
-    info = lookup(Path(model_name).name if model_name.endswith(".gguf") else model_name)
-    args = [*embedding_server_args(info, decl.parallel), *decl.extra_args]
-    state: dict[str, Sidecar] = {}
-    lock = threading.Lock()
 
-    def start() -> str:
-        # fetch and spawn only on the first embed call (and respawn after a crash)
-        with lock:
-            sidecar = _sidecar()
-        return str(sidecar.ensure_ready())
-
-    def _sidecar() -> Sidecar:
-        sidecar = state.get("sidecar")
-        if sidecar is None:
-            sidecar = Sidecar(
-                resolve_server_binary(decl.server_bin), resolve_model(model_name, base_dir=base_dir), args=args,
-                parallel=decl.parallel, ctx_per_slot=info.context, port=decl.port, threads=decl.threads,
-                health_timeout=decl.health_timeout, name=f"embed:{decl.name}",
-            )
-            state["sidecar"] = sidecar
-        return sidecar
-
-    def stop() -> None:
-        with lock:
-            sidecar = state.pop("sidecar", None)
-        if sidecar is not None:
-            sidecar.stop()
-
-    return LocalEmbedder(start, decl.model, model_info=info, dims=decl.dims, on_close=stop, **options)
+def _model_info(model: str) -> ModelInfo:
+    """The registry entry of a model id, or of a GGUF path by its file name."""
+    return lookup(Path(model).name if model.endswith(".gguf") else model)

@@ -27,9 +27,9 @@ def _tool_version(path: str | None) -> str | None:
 
 def report(pins: Pins, layout: CacheLayout) -> dict[str, Any]:
     """The doctor report as data (the CLI prints it as text or JSON)."""
-    from localllm.managed.acquire import cached_server
     from localllm.managed.cxxshim import fmt, probe_system
     from localllm.managed.inventory import list_cache
+    from localllm.managed.release import cached_server
     from localllm.managed.source_build import build_tools
 
     plat = platforms.current()

@@ -261,7 +261,7 @@ def _reinstall(marker: dict[str, object], layout: CacheLayout, pins: Pins, *,
                mirrors: Sequence[str], log: Log) -> None:
     from localllm import settings
     from localllm.managed import platforms
-    from localllm.managed.acquire import install_prebuilt
+    from localllm.managed.release import install_prebuilt
     from localllm.managed.source_build import build_from_source
 
     if marker.get("kind") == "source":

@@ -260,8 +260,8 @@ def _run_logged(argv: list[str], log_path: Path, *, cwd: Path, timeout: float = 
 def _install(bin_dir: Path, dest: Path, *, source: SourcePin, plat: platforms.Platform,
              layout: CacheLayout) -> None:
     """Copy the binary and its shared libraries into a staging dir, smoke-test, rename."""
-    from localllm.managed.acquire import smoke_version
     from localllm.managed.extract import install_dir, staging_dir
+    from localllm.managed.release import smoke_version
 
     binary = bin_dir / SERVER_BINARY
     if not binary.is_file():

@@ -65,12 +65,12 @@ def _one_by_one(client: httpx.Client, url: str, texts: list[str]) -> np.ndarray:
 
 
 def bench_throughput(server_bin: Path, *, copies: int, rounds: int, threads: int | None) -> dict[str, Any]:
-    from localllm.managed.sidecar import Sidecar
+    from localllm.managed.server import ManagedServer
 
     info = lookup("all-minilm-l6-v2")
     texts = _texts(copies)
     times: dict[str, list[float]] = {"localembedder": [], "raw_batched": [], "one_per_text": []}
-    with Sidecar(server_bin, GGUF, args=embedding_server_args(info, PARALLEL), parallel=PARALLEL,
+    with ManagedServer(server_bin, GGUF, args=embedding_server_args(info, PARALLEL), parallel=PARALLEL,
                  ctx_per_slot=info.context, threads=threads, name="embed-bench", health_timeout=120) as sidecar:
         url = sidecar.ensure_ready()
         client = httpx.Client(timeout=httpx.Timeout(120.0, connect=5.0), trust_env=False)

@@ -25,10 +25,10 @@ PARALLEL = 2
 
 @pytest.fixture(scope="module")
 def sidecar_url(server_bin: Path, embed_gguf: Path) -> Iterator[str]:
-    from localllm.managed.sidecar import Sidecar
+    from localllm.managed.server import ManagedServer
 
     info = lookup("all-minilm-l6-v2")
-    with Sidecar(server_bin, embed_gguf, args=embedding_server_args(info, PARALLEL), parallel=PARALLEL,
+    with ManagedServer(server_bin, embed_gguf, args=embedding_server_args(info, PARALLEL), parallel=PARALLEL,
                  ctx_per_slot=info.context, name="embed-e2e", health_timeout=120) as sidecar:
         yield sidecar.ensure_ready()
 

@@ -14,7 +14,7 @@ import pytest
 from localllm.cli import main
 from localllm.errors import AgentError, ErrorKind
 from localllm.loading import load_config
-from localllm.managed.sidecar import Sidecar
+from localllm.managed.server import ManagedServer
 from localllm.runtime import Runtime
 from localllm.trace import read_trace
 from tests.conftest import REPO
@@ -108,7 +108,7 @@ def test_killed_sidecar_is_respawned_between_calls(demo: Path) -> None:
 
 @pytest.fixture
 def keyed_endpoint(server_bin: Path, chat_gguf: Path) -> Iterator[str]:
-    sidecar = Sidecar(server_bin, chat_gguf, parallel=1, ctx_per_slot=1024, api_key="e2e-key-42", name="keyed")
+    sidecar = ManagedServer(server_bin, chat_gguf, parallel=1, ctx_per_slot=1024, api_key="e2e-key-42", name="keyed")
     try:
         yield sidecar.ensure_ready()
     finally:

@@ -17,7 +17,7 @@ import httpx
 import psutil
 import pytest
 
-from localllm.managed.sidecar import Sidecar, SidecarState
+from localllm.managed.server import ManagedServer, ServerState
 from tests.conftest import pid_gone
 
 pytestmark = pytest.mark.e2e
@@ -33,10 +33,10 @@ def _embed(client: httpx.Client, url: str, text: str) -> list[float]:
 
 
 def test_embedding_sidecar_port_zero_request_and_clean_stop(server_bin: Path, embed_gguf: Path) -> None:
-    sc = Sidecar(server_bin, embed_gguf, args=EMBED_ARGS, parallel=1, ctx_per_slot=512, name="embed")
+    sc = ManagedServer(server_bin, embed_gguf, args=EMBED_ARGS, parallel=1, ctx_per_slot=512, name="embed")
     try:
         url = sc.ensure_ready()
-        assert sc.state is SidecarState.READY
+        assert sc.state is ServerState.READY
         argv = sc.argv()
         assert argv[argv.index("--port") + 1] == "0"
         assert "--no-webui" in argv  # this build lists it in --help
@@ -55,11 +55,11 @@ def test_embedding_sidecar_port_zero_request_and_clean_stop(server_bin: Path, em
     finally:
         code = sc.stop()
     assert code == 0  # the first SIGTERM was enough: a clean shutdown
-    assert sc.state is SidecarState.STOPPED and pid_gone(pid, within=0.0)
+    assert sc.state is ServerState.STOPPED and pid_gone(pid, within=0.0)
 
 
 def test_killed_real_server_is_respawned_on_next_call(server_bin: Path, embed_gguf: Path) -> None:
-    sc = Sidecar(server_bin, embed_gguf, args=EMBED_ARGS, parallel=1, ctx_per_slot=512, name="embed")
+    sc = ManagedServer(server_bin, embed_gguf, args=EMBED_ARGS, parallel=1, ctx_per_slot=512, name="embed")
     try:
         sc.ensure_ready()
         first = sc.pid
@@ -71,7 +71,7 @@ def test_killed_real_server_is_respawned_on_next_call(server_bin: Path, embed_gg
         detail = sc.crash_detail()
         assert detail is not None and "killed by SIGKILL" in detail
         url = sc.ensure_ready()
-        assert sc.pid != first and sc.state is SidecarState.READY
+        assert sc.pid != first and sc.state is ServerState.READY
         with httpx.Client(trust_env=False, timeout=30.0) as client:
             assert len(_embed(client, url, "after the respawn")) == 384
     finally:
@@ -79,7 +79,7 @@ def test_killed_real_server_is_respawned_on_next_call(server_bin: Path, embed_gg
 
 
 def test_chat_sidecar_answers_with_parallel_slots(server_bin: Path, chat_gguf: Path) -> None:
-    with Sidecar(server_bin, chat_gguf, parallel=2, ctx_per_slot=1024, threads=2) as sc:
+    with ManagedServer(server_bin, chat_gguf, parallel=2, ctx_per_slot=1024, threads=2) as sc:
         url = sc.ensure_ready()
         with httpx.Client(trust_env=False, timeout=httpx.Timeout(10.0, read=120.0)) as client:
             props = client.get(url + "/props").json()
@@ -106,16 +106,16 @@ def test_chat_sidecar_answers_with_parallel_slots(server_bin: Path, chat_gguf: P
             answer = client.post(url + "/v1/chat/completions", json=body).json()
             assert answer["usage"]["completion_tokens"] >= 1
             assert json.loads(answer["choices"][0]["message"]["content"]) in ({"answer": "yes"}, {"answer": "no"})
-    assert sc.state is SidecarState.STOPPED and sc.returncode == 0
+    assert sc.state is ServerState.STOPPED and sc.returncode == 0
 
 
 _CHILD = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from localllm.managed.sidecar import Sidecar
+    from localllm.managed.server import ManagedServer
 
-    sc = Sidecar(Path(sys.argv[1]), Path(sys.argv[2]), args=["--embeddings", "--pooling", "mean"],
+    sc = ManagedServer(Path(sys.argv[1]), Path(sys.argv[2]), args=["--embeddings", "--pooling", "mean"],
                  parallel=1, ctx_per_slot=512)
     sc.ensure_ready()
     print(sc.pid, flush=True)

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,11 +16,12 @@ import pytest
 
 from localllm.agents.local_llm import normalize_endpoint, shape_statement, strip_fence
 from localllm.config import Config
-from localllm.errors import AgentError, ErrorKind
+from localllm.errors import AgentError, ErrorKind, FetchError
 from localllm.loading import load_config
 from localllm.runtime import Runtime
 from localllm.trace import read_trace
 from localllm.wire import AskRequest
+from tests.unit.fakes.slow_model import MODEL_ID, SlowModel, slow_model
 
 FAKE = Path(__file__).resolve().parent / "fakes" / "fake_llama_server.py"
 DECIDE = {
@@ -297,3 +299,62 @@ def test_missing_model_file_is_a_clear_transport_error(tmp_path: Path, server_bi
     assert info.value.kind is ErrorKind.TRANSPORT_ERROR
     assert f"model file {tmp_path / 'models' / 'none.gguf'} not found" in info.value.detail
     assert rows(logs["spawn"]) == []
+
+
+def _pinned_config(tmp_path: Path, server_bin: Path, model: str) -> Config:
+    (tmp_path / "pinned.yaml").write_text(
+        f"agent_plugins:\n  agent.local: {{plugin: builtin.local_llm, model: {model}, server_bin: '{server_bin}'}}\n")
+    return load_config(tmp_path / "pinned.yaml")
+
+
+def test_runtime_close_during_a_first_use_download_returns_within_a_second(
+    tmp_path: Path, server_bin: Path, logs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = Path(os.environ["LOCALLLM_CACHE_DIR"])
+    with slow_model(monkeypatch, size=1 << 20) as slow:  # 4 KiB/s: minutes to finish
+        rt = Runtime(_pinned_config(tmp_path, server_bin, MODEL_ID))
+        errors: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                rt.call("ask", agent="agent.local", prompt="p", timeout=120)
+            except BaseException as exc:  # asserted below
+                errors.append(exc)
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        slow.wait_for_partial(cache)
+        started = time.monotonic()
+        rt.close()
+        elapsed = time.monotonic() - started
+        caller.join(5)
+    assert elapsed < 1.0
+    assert not caller.is_alive() and len(errors) == 1
+    assert isinstance(errors[0], AgentError) and errors[0].kind is ErrorKind.TRANSPORT_ERROR
+    assert SlowModel.partial_files(cache) == []
+    assert rows(logs["spawn"]) == []  # nothing was started after the cancel
+
+
+def test_cache_dir_under_a_regular_file_is_a_clear_transport_error(
+    tmp_path: Path, server_bin: Path, logs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("LOCALLLM_CACHE_DIR", str(blocker / "cache"))
+    with Runtime(_pinned_config(tmp_path, server_bin, "gemma-3-270m")) as rt, pytest.raises(AgentError) as info:
+        rt.call("ask", agent="agent.local", prompt="p")
+    assert info.value.kind is ErrorKind.TRANSPORT_ERROR
+    cause = info.value.__cause__
+    assert isinstance(cause, FetchError) and isinstance(cause.__cause__, NotADirectoryError)
+    assert f"{blocker} is a regular file" in info.value.detail and "LOCALLLM_CACHE_DIR" in cause.hint
+    assert rows(logs["spawn"]) == []
+
+
+def test_extra_args_that_set_a_managed_flag_are_a_transport_error_not_a_value_error(
+    tmp_path: Path, server_bin: Path, logs: dict[str, Path]
+) -> None:
+    config = managed_config(tmp_path, server_bin, ", extra_args: ['--port', '8080']")
+    with Runtime(config) as rt, pytest.raises(AgentError) as info:
+        rt.call("ask", agent="agent.local", prompt="p")
+    assert info.value.kind is ErrorKind.TRANSPORT_ERROR and isinstance(info.value.__cause__, ValueError)
+    assert "--port" in info.value.detail and rows(logs["spawn"]) == []

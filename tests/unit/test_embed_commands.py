@@ -27,12 +27,12 @@ def _wrapper(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def endpoint(tmp_path: Path) -> Iterator[str]:
-    from localllm.managed.sidecar import Sidecar
+    from localllm.managed.server import ManagedServer
 
     gguf = tmp_path / "all-minilm-l6-v2-f16.gguf"
     gguf.write_bytes(b"GGUF")
     info = lookup("all-minilm-l6-v2")
-    with Sidecar(_wrapper(tmp_path), gguf, args=embedding_server_args(info, 2), parallel=2,
+    with ManagedServer(_wrapper(tmp_path), gguf, args=embedding_server_args(info, 2), parallel=2,
                  ctx_per_slot=info.context, name="embed-test", health_timeout=30) as sidecar:
         yield sidecar.ensure_ready()
 

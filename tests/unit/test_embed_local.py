@@ -5,17 +5,23 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import os
+import signal
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 
+from localllm.config import EmbedderDecl
 from localllm.embed.embedder import fake_vector
-from localllm.embed.local import LocalEmbedder
+from localllm.embed.local import LocalEmbedder, embedder_from_decl
 from localllm.embed.registry import ModelInfo, lookup
-from localllm.errors import DimensionMismatch, EmbedServerError, InputTooLong
+from localllm.errors import DimensionMismatch, EmbedServerError, FetchError, InputTooLong
+from localllm.managed.server import ServerState
+from tests.conftest import pid_gone
 
 CLS, SEP = 101, 102
 
@@ -234,8 +240,9 @@ def test_connection_failure_with_a_fixed_url() -> None:
         raise httpx.ConnectError("refused", request=request)
 
     emb = LocalEmbedder("http://dead.test", "t", model_info=_info(), transport=httpx.MockTransport(handler))
-    with pytest.raises(EmbedServerError, match="cannot reach"):
+    with pytest.raises(EmbedServerError) as info:
         emb.embed(["a"], "query")
+    assert isinstance(info.value.__cause__, httpx.ConnectError)
 
 
 def test_api_key_is_sent_but_never_shown() -> None:
@@ -268,3 +275,38 @@ def test_identity_carries_the_registry_facts() -> None:
     assert (ident.model, ident.dims, ident.pooling) == ("nomic-embed-text-v1.5", 256, "mean")
     assert ident.document_prefix == "search_document: " and ident.query_prefix == "search_query: "
     assert lookup("all-minilm-l6-v2").max_input_tokens == LocalEmbedder("http://e", "all-minilm-l6-v2").max_input_tokens
+
+
+def test_managed_embedder_owns_one_server_respawned_after_a_crash_and_stopped_on_close(
+    tmp_path: Path, server_bin: Path
+) -> None:
+    gguf = tmp_path / "all-minilm-l6-v2-f16.gguf"
+    gguf.write_bytes(b"GGUF")
+    decl = EmbedderDecl(name="docs", model=str(gguf), server_bin=str(server_bin), parallel=2, health_timeout=30)
+    emb = embedder_from_decl(decl)
+    server = emb.server
+    assert server is not None and server.state is ServerState.CREATED  # nothing started yet
+    assert server.role == "embedding" and "--embeddings" in server.key.flags
+    first = emb.embed(["apple", "pear"], "document")
+    pid = server.pid
+    assert pid is not None and first.shape == (2, 384)
+    os.kill(pid, signal.SIGKILL)
+    assert pid_gone(pid, within=5.0)
+    again = emb.embed(["apple", "pear"], "document")  # connection refused → respawn → retried
+    assert server.pid != pid and np.array_equal(first, again)
+    emb.close()
+    assert server.state is ServerState.STOPPED and not server.is_alive()
+
+
+def test_managed_embedder_with_the_cache_dir_under_a_file_is_a_fetch_error(
+    tmp_path: Path, server_bin: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("LOCALLLM_CACHE_DIR", str(blocker / "cache"))
+    emb = embedder_from_decl(EmbedderDecl(name="docs", model="all-minilm-l6-v2", server_bin=str(server_bin)))
+    with pytest.raises(FetchError) as info:
+        emb.embed(["a"], "query")
+    assert isinstance(info.value.__cause__, NotADirectoryError)
+    assert f"{blocker} is a regular file" in str(info.value) and "LOCALLLM_CACHE_DIR" in info.value.hint
+    emb.close()

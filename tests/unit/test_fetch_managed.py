@@ -6,11 +6,14 @@ import dataclasses
 import hashlib
 import json
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from localllm.errors import (
+    DownloadCancelled,
     FetchError,
     LibstdcxxTooOld,
     OfflineArtifactMissing,
@@ -24,6 +27,7 @@ from localllm.managed.cxxshim import CxxProbe
 from localllm.managed.pins import Artifact, ModelPin, Pins, ShimPin, load_pins
 from tests.unit.fakes.http_server import ArchiveServer
 from tests.unit.fakes.release_archives import make_tar, release_members
+from tests.unit.fakes.slow_model import MODEL_ID, SlowModel, slow_model
 
 PLAT = platforms.current()
 
@@ -226,3 +230,41 @@ def test_all_minilm_is_mirror_only(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(FetchError, match="mirror only") as info:
         ensure_model("all-minilm-l6-v2")
     assert "--mirror" in info.value.hint
+
+
+def test_cache_dir_under_a_regular_file_names_it_and_the_fix(
+        tmp_path: Path, release_archive: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("LOCALLLM_CACHE_DIR", str(blocker / "nested" / "cache"))
+    data = os.urandom(100)
+    for fetch in (lambda: ensure_model("tiny", pins=_model_pins(data)),
+                  lambda: ensure_server(pins=_pins(release_archive))):
+        with pytest.raises(FetchError) as info:
+            fetch()
+        assert isinstance(info.value.__cause__, NotADirectoryError)
+        assert f"{blocker} is a regular file" in str(info.value)
+        assert "LOCALLLM_CACHE_DIR" in info.value.hint and "--from-source" not in info.value.hint
+
+
+def test_cancelled_model_fetch_stops_promptly_and_leaves_no_partial_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    cancel = threading.Event()
+    errors: list[BaseException] = []
+    root = cache_layout().root
+
+    def fetch() -> None:
+        try:
+            ensure_model(MODEL_ID, cancel=cancel)
+        except BaseException as exc:  # asserted below
+            errors.append(exc)
+
+    with slow_model(monkeypatch, size=1 << 20) as slow:
+        t = threading.Thread(target=fetch)
+        t.start()
+        slow.wait_for_partial(root)
+        started = time.monotonic()
+        cancel.set()
+        t.join(5)
+        elapsed = time.monotonic() - started
+    assert elapsed < 1.0 and len(errors) == 1 and isinstance(errors[0], DownloadCancelled)
+    assert SlowModel.partial_files(root) == [] and not list(root.rglob("*.gguf"))

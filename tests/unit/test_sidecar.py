@@ -18,10 +18,11 @@ import httpx
 import psutil
 import pytest
 
-from localllm.errors import SidecarError, SidecarExited, SidecarStartTimeout
-from localllm.managed import sidecar as sidecar_mod
-from localllm.managed.sidecar import Sidecar, SidecarState
+from localllm.errors import DownloadCancelled, FetchError, SidecarError, SidecarExited, SidecarStartTimeout
+from localllm.managed import server as server_mod
+from localllm.managed.server import ManagedServer, ServerState
 from tests.conftest import pid_gone
+from tests.unit.fakes.slow_model import MODEL_ID, SlowModel, slow_model
 
 FAKE = Path(__file__).resolve().parent / "fakes" / "fake_llama_server.py"
 
@@ -45,15 +46,15 @@ def events(log: Path, kind: str | None = None) -> list[dict[str, Any]]:
     return [r for r in rows if kind is None or r["event"] == kind]
 
 
-def make(server_bin: Path, model: Path, spawn_log: Path, *, fake: dict[str, str] | None = None, **kw: Any) -> Sidecar:
+def make(server_bin: Path, model: Path | str, spawn_log: Path, *, fake: dict[str, str] | None = None, **kw: Any) -> ManagedServer:
     env = {"FAKE_LLAMA_SPAWN_LOG": str(spawn_log), **(fake or {})}
     kw.setdefault("health_timeout", 30.0)
-    return Sidecar(server_bin, model, env=env, **kw)
+    return ManagedServer(server_bin, model, env=env, **kw)
 
 
 @pytest.fixture
 def cleanup() -> Any:
-    made: list[Sidecar] = []
+    made: list[ManagedServer] = []
     yield made.append
     for sc in made:
         sc.stop(grace=0.5)
@@ -71,9 +72,9 @@ def test_ready_only_after_health_turns_200(
         fake={"FAKE_LLAMA_LOAD_DELAY": "1.0", "FAKE_LLAMA_REQUEST_LOG": str(requests)},
     )
     cleanup(sc)
-    assert sc.state is SidecarState.CREATED and sc.pid is None  # nothing spawned yet
+    assert sc.state is ServerState.CREATED and sc.pid is None  # nothing spawned yet
     url = sc.ensure_ready()
-    assert sc.state is SidecarState.READY
+    assert sc.state is ServerState.READY
     assert url == sc.base_url
     assert url == f"http://127.0.0.1:{events(spawn_log, 'ready')[0]['port']}"
     health = [json.loads(line)["status"] for line in requests.read_text().splitlines()]
@@ -127,9 +128,9 @@ def test_no_webui_only_when_the_binary_has_it(
 
 def test_extra_args_may_not_override_managed_flags(server_bin: Path, model: Path) -> None:
     with pytest.raises(ValueError, match="--port"):
-        Sidecar(server_bin, model, args=["--port", "8080"])
+        ManagedServer(server_bin, model, args=["--port", "8080"])
     with pytest.raises(ValueError, match="parallel"):
-        Sidecar(server_bin, model, parallel=0)
+        ManagedServer(server_bin, model, parallel=0)
 
 
 def test_stderr_flood_does_not_stall_start(server_bin: Path, model: Path, spawn_log: Path, cleanup: Any) -> None:
@@ -139,7 +140,9 @@ def test_stderr_flood_does_not_stall_start(server_bin: Path, model: Path, spawn_
     tail = sc.stderr_tail(5)
     assert "listening on http://127.0.0.1:" in tail
     assert len(tail.splitlines()) == 5
-    assert len(sc.stderr_tail(1000).splitlines()) == 200  # only a bounded tail is kept
+    kept = sc.stderr_tail(1000)
+    assert 100 < len(kept.splitlines()) < 1000  # only a bounded tail is kept:
+    assert len(kept.encode()) <= server_mod._TAIL_BYTES + 3  # its bytes, "..." when cut
 
 
 # -- start-up failures ------------------------------------------------------------------
@@ -162,12 +165,12 @@ def test_exit_during_start_fails_at_once_with_code_and_tail(server_bin: Path, mo
     assert "exiting due to model loading error" in str(err)
     assert err.argv[-2:] == ["--api-key", "***"]
     assert "hunter2" not in str(err) and "hunter2" not in err.hint
-    assert sc.state is SidecarState.FAILED
+    assert sc.state is ServerState.FAILED
     assert not sc.is_alive()
 
 
 def test_missing_binary_is_a_sidecar_error(tmp_path: Path, model: Path) -> None:
-    sc = Sidecar(tmp_path / "nope" / "llama-server", model)
+    sc = ManagedServer(tmp_path / "nope" / "llama-server", model)
     with pytest.raises(SidecarError, match="nope/llama-server") as info:
         sc.ensure_ready()
     assert "LOCALLLM_SERVER_BIN" in info.value.hint
@@ -182,7 +185,7 @@ def test_hang_times_out_and_the_process_is_gone(server_bin: Path, model: Path, s
     pid = events(spawn_log, "start")[0]["pid"]
     assert sc.pid == pid
     assert pid_gone(pid, within=0.0)
-    assert sc.state is SidecarState.FAILED
+    assert sc.state is ServerState.FAILED
 
 
 def test_configured_busy_port_is_a_clear_exit(server_bin: Path, model: Path, spawn_log: Path) -> None:
@@ -203,14 +206,14 @@ def test_build_without_port_zero_falls_back_to_allocated_ports(
     server_bin: Path, model: Path, spawn_log: Path, monkeypatch: pytest.MonkeyPatch, cleanup: Any
 ) -> None:
     # An old build echoes "port: 0" and (here) its socket cannot be inspected.
-    monkeypatch.setattr(sidecar_mod._Process, "_listening_socket", lambda self: None)
+    monkeypatch.setattr(server_mod._Process, "_listening_socket", lambda self: None)
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen()
     busy_port = busy.getsockname()[1]
     ports = iter([busy_port])
-    real_free_port = sidecar_mod._free_port
-    monkeypatch.setattr(sidecar_mod, "_free_port", lambda: next(ports, None) or real_free_port())
+    real_free_port = server_mod._free_port
+    monkeypatch.setattr(server_mod, "_free_port", lambda: next(ports, None) or real_free_port())
     sc = make(server_bin, model, spawn_log, fake={"FAKE_LLAMA_LOG": "zero"})
     cleanup(sc)
     try:
@@ -277,8 +280,115 @@ def test_stop_while_starting_aborts_the_start(server_bin: Path, model: Path, spa
     t.join(20)
     assert len(errors) == 1 and isinstance(errors[0], SidecarError)
     assert "stopped while starting" in str(errors[0])
-    assert sc.state is SidecarState.STOPPED
+    assert sc.state is ServerState.STOPPED
     assert pid_gone(events(spawn_log, "start")[0]["pid"], within=0.0)
+
+
+# -- fetching: states, sharing, cancelling ------------------------------------------------
+def _cache_root() -> Path:
+    return Path(os.environ["LOCALLLM_CACHE_DIR"])
+
+
+def test_states_go_created_fetching_starting_ready_stopped(
+    server_bin: Path, spawn_log: Path, monkeypatch: pytest.MonkeyPatch, cleanup: Any
+) -> None:
+    with slow_model(monkeypatch, size=4096, bytes_per_tick=1024, tick=0.2) as slow:  # ~0.8 s
+        sc = make(server_bin, MODEL_ID, spawn_log, fake={"FAKE_LLAMA_LOAD_DELAY": "0.8"})
+        cleanup(sc)
+        seen = [sc.state]
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.is_set():
+                if (state := sc.state) is not seen[-1]:
+                    seen.append(state)
+                time.sleep(0.005)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            sc.ensure_ready()
+        finally:
+            done.set()
+            watcher.join()
+    if sc.state is not seen[-1]:
+        seen.append(sc.state)
+    assert seen == [ServerState.CREATED, ServerState.FETCHING, ServerState.STARTING, ServerState.READY]
+    assert sc.model is not None and sc.model.read_bytes() == slow.data
+    assert sc.stop() == 0 and sc.state is ServerState.STOPPED
+
+
+def test_failed_fetch_is_failed_and_the_next_call_fetches_again(
+    server_bin: Path, tmp_path: Path, spawn_log: Path, cleanup: Any
+) -> None:
+    later = tmp_path / "later.gguf"
+    sc = make(server_bin, later, spawn_log)
+    cleanup(sc)
+    with pytest.raises(FetchError) as info:
+        sc.ensure_ready()
+    assert str(later) in str(info.value)
+    assert sc.state is ServerState.FAILED and events(spawn_log) == []
+    later.write_bytes(b"GGUF")
+    sc.ensure_ready()
+    assert sc.state is ServerState.READY and sc.model == later
+
+
+def test_stampede_during_a_first_use_download_fetches_and_spawns_once(
+    server_bin: Path, spawn_log: Path, monkeypatch: pytest.MonkeyPatch, cleanup: Any
+) -> None:
+    with slow_model(monkeypatch, size=4096, bytes_per_tick=1024, tick=0.1) as slow:
+        sc = make(server_bin, MODEL_ID, spawn_log)
+        cleanup(sc)
+        barrier = threading.Barrier(16)
+        urls: list[str] = []
+        errors: list[BaseException] = []
+
+        def call() -> None:
+            barrier.wait()
+            try:
+                urls.append(sc.ensure_ready())
+            except BaseException as exc:  # collected and asserted below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=call) for _ in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert slow.gets() == 1
+    assert errors == []
+    assert len(urls) == 16 and len(set(urls)) == 1
+    assert len(events(spawn_log, "start")) == 1
+
+
+@pytest.mark.parametrize("tick", [0.25, 30.0], ids=["trickling", "stalled"])
+def test_stop_during_a_first_use_download_cancels_it_within_a_second(
+    server_bin: Path, spawn_log: Path, monkeypatch: pytest.MonkeyPatch, tick: float
+) -> None:
+    with slow_model(monkeypatch, size=1 << 20, tick=tick) as slow:  # 1 KiB per tick: minutes to finish
+        sc = make(server_bin, MODEL_ID, spawn_log)
+        errors: list[BaseException] = []
+
+        def start() -> None:
+            try:
+                sc.ensure_ready()
+            except BaseException as exc:  # asserted below
+                errors.append(exc)
+
+        t = threading.Thread(target=start)
+        t.start()
+        slow.wait_for_partial(_cache_root())
+        assert sc.state is ServerState.FETCHING
+        started = time.monotonic()
+        sc.stop()
+        elapsed = time.monotonic() - started
+        t.join(5)
+    assert elapsed < 1.0
+    assert not t.is_alive() and len(errors) == 1
+    assert isinstance(errors[0], SidecarError) and isinstance(errors[0].__cause__, DownloadCancelled)
+    assert SlowModel.partial_files(_cache_root()) == []
+    assert not list((_cache_root() / "models").rglob("*.gguf"))
+    assert sc.state is ServerState.STOPPED and events(spawn_log) == []
 
 
 # -- crashes -------------------------------------------------------------------------------
@@ -301,7 +411,7 @@ def test_crash_after_ready_is_detected_and_respawned(
     detail = sc.crash_detail()
     assert detail is not None
     assert "exited with code 134" in detail and "simulated crash" in detail
-    assert sc.state is SidecarState.FAILED
+    assert sc.state is ServerState.FAILED
     sc.ensure_ready()
     assert sc.pid != first
     assert len(events(spawn_log, "start")) == 2
@@ -321,9 +431,9 @@ def test_server_killed_with_sigkill_is_respawned(server_bin: Path, model: Path, 
             httpx.get(url + "/health", trust_env=False, timeout=2.0)
             time.sleep(0.02)
     assert "killed by SIGKILL" in (sc.crash_detail(pid=first) or "")
-    assert sc.state is SidecarState.FAILED
+    assert sc.state is ServerState.FAILED
     new_url = sc.ensure_ready()
-    assert sc.pid != first and sc.state is SidecarState.READY
+    assert sc.pid != first and sc.state is ServerState.READY
     assert httpx.get(new_url + "/health", trust_env=False).status_code == 200
     assert len(events(spawn_log, "start")) == 2
 
@@ -333,13 +443,15 @@ def test_well_behaved_server_gets_only_sigterm(server_bin: Path, model: Path, sp
     sc = make(server_bin, model, spawn_log)
     sc.ensure_ready()
     pid = sc.pid
+    assert (sc.rss() or 0) > 1 << 20  # a live process, measured
     assert sc.stop() == 0
-    assert sc.state is SidecarState.STOPPED
+    assert sc.rss() is None
+    assert sc.state is ServerState.STOPPED
     assert sc.crash_detail() is None  # an exit we asked for is not a crash
     assert [e["signal"] for e in events(spawn_log, "signal")] == ["SIGTERM"]
     assert events(spawn_log, "exit") == [{"event": "exit", "pid": pid, "code": 0}]
     assert sc.stop() == 0  # idempotent
-    assert sc.state is SidecarState.STOPPED and not sc.is_alive()
+    assert sc.state is ServerState.STOPPED and not sc.is_alive()
 
 
 def test_wedged_server_gets_sigkill_after_grace(server_bin: Path, model: Path, spawn_log: Path) -> None:
@@ -357,7 +469,7 @@ def test_context_manager_stops_and_a_stopped_sidecar_can_start_again(
         sc.ensure_ready()
         pid = sc.pid
         assert pid is not None
-    assert sc.state is SidecarState.STOPPED and pid_gone(pid, within=0.0)
+    assert sc.state is ServerState.STOPPED and pid_gone(pid, within=0.0)
     with sc:
         sc.ensure_ready()
         assert sc.pid != pid
@@ -368,9 +480,9 @@ _CHILD = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from localllm.managed.sidecar import Sidecar
+    from localllm.managed.server import ManagedServer
 
-    sc = Sidecar(Path(sys.argv[1]), Path(sys.argv[2]), env={"FAKE_LLAMA_SPAWN_LOG": sys.argv[3]})
+    sc = ManagedServer(Path(sys.argv[1]), Path(sys.argv[2]), env={"FAKE_LLAMA_SPAWN_LOG": sys.argv[3]})
     sc.ensure_ready()
     print(sc.pid, flush=True)
     if sys.argv[4] == "hang":
@@ -459,7 +571,7 @@ def test_openmp_spin_is_short_unless_the_user_chose(tmp_path: Path, monkeypatch:
     binary = tmp_path / "llama-server"
     monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    assert sidecar_mod._child_env(binary, None)["GOMP_SPINCOUNT"] == "100"
-    assert "GOMP_SPINCOUNT" not in sidecar_mod._child_env(binary, {"OMP_WAIT_POLICY": "ACTIVE"})
+    assert server_mod._child_env(binary, None)["GOMP_SPINCOUNT"] == "100"
+    assert "GOMP_SPINCOUNT" not in server_mod._child_env(binary, {"OMP_WAIT_POLICY": "ACTIVE"})
     monkeypatch.setenv("GOMP_SPINCOUNT", "5000")
-    assert sidecar_mod._child_env(binary, None)["GOMP_SPINCOUNT"] == "5000"
+    assert server_mod._child_env(binary, None)["GOMP_SPINCOUNT"] == "5000"

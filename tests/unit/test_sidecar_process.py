@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from localllm.errors import SidecarStartTimeout
-from localllm.managed.sidecar import Sidecar
+from localllm.managed.server import ManagedServer
 from tests.conftest import pid_gone
 
 FAKE = Path(__file__).resolve().parent / "fakes" / "fake_llama_server.py"
@@ -48,7 +48,7 @@ def _descendants(pid: int) -> list[int]:
 
 def test_a_wrapper_without_exec_leaves_no_orphan_on_stop(tmp_path: Path, model: Path) -> None:
     pidfile = tmp_path / "sleepers"
-    sc = Sidecar(_wrapper(tmp_path, pidfile), model, health_timeout=30)
+    sc = ManagedServer(_wrapper(tmp_path, pidfile), model, health_timeout=30)
     try:
         sc.ensure_ready()
         assert sc.pid is not None
@@ -57,14 +57,14 @@ def test_a_wrapper_without_exec_leaves_no_orphan_on_stop(tmp_path: Path, model: 
     finally:
         sc.stop(grace=2.0)
     for pid in pids:
-        assert pid_gone(pid, within=3.0), f"pid {pid} outlived Sidecar.stop()"
+        assert pid_gone(pid, within=3.0), f"pid {pid} outlived ManagedServer.stop()"
 
 
 _PARENT = textwrap.dedent("""
     import sys, time, psutil
     from pathlib import Path
-    from localllm.managed.sidecar import Sidecar
-    sc = Sidecar(Path(sys.argv[1]), Path(sys.argv[2]), health_timeout=30)
+    from localllm.managed.server import ManagedServer
+    sc = ManagedServer(Path(sys.argv[1]), Path(sys.argv[2]), health_timeout=30)
     sc.ensure_ready()
     pids = [sc.pid] + [p.pid for p in psutil.Process(sc.pid).children(recursive=True)]
     print(" ".join(map(str, pids)), flush=True)
@@ -107,7 +107,7 @@ def _hangs_on_help(tmp_path: Path) -> Path:
 
 
 def test_a_binary_hanging_on_help_still_starts_within_the_health_timeout(tmp_path: Path, model: Path) -> None:
-    sc = Sidecar(_hangs_on_help(tmp_path), model, health_timeout=4)
+    sc = ManagedServer(_hangs_on_help(tmp_path), model, health_timeout=4)
     try:
         started = time.monotonic()
         url = sc.ensure_ready()
@@ -120,7 +120,7 @@ def test_a_binary_hanging_on_help_still_starts_within_the_health_timeout(tmp_pat
 
 
 def test_a_hanging_help_with_a_server_that_never_gets_ready_reports_on_time(tmp_path: Path, model: Path) -> None:
-    sc = Sidecar(_hangs_on_help(tmp_path), model, health_timeout=2, env={"FAKE_LLAMA_LOAD_DELAY": "60"})
+    sc = ManagedServer(_hangs_on_help(tmp_path), model, health_timeout=2, env={"FAKE_LLAMA_LOAD_DELAY": "60"})
     try:
         started = time.monotonic()
         with pytest.raises(SidecarStartTimeout):

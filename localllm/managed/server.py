@@ -1,17 +1,29 @@
-"""A llama-server child process: spawn, wait until healthy, respawn after a crash, stop.
+"""ManagedServer: the one owner of a managed llama-server, for chat and for embeddings.
 
-Lifecycle (``SidecarState``)::
+One object per (server build, model, role, flags): it resolves the binary and the GGUF
+(fetching and verifying pinned ones through :mod:`localllm.managed.acquire`), spawns the
+server, gates on ``/health``, respawns it after a crash and stops it. A process may hold
+several (an agent's chat model, an embedder's model, a service's whole set).
 
-    CREATED ─ensure_ready()→ STARTING ─/health 200→ READY ─stop()→ STOPPING → STOPPED
-                                │                     │
-                                └─exit/timeout→ FAILED ←─process died─┘   (next ensure_ready respawns)
+Lifecycle (``ServerState``)::
 
-Nothing is spawned before the first ``ensure_ready()``. Ports never race: the server is
-started with ``--port 0`` and the bound port is read from its ``listening on`` log line
-(or, before that line, from the process's listening socket); a build that cannot report
-it falls back to a freshly allocated port, retried on a bind failure. Every spawn also
-arms a watchdog process (``_watchdog.py``) so that no server outlives this process, even
-when it is SIGKILLed.
+    CREATED ─ensure_ready()→ FETCHING ─paths ready→ STARTING ─/health 200→ READY
+                                │                       │                  │
+                                └───error───→ FAILED ←──exit/timeout───────┘ process died
+                                             (the next ensure_ready() starts again)
+    any state ─stop()→ STOPPING → STOPPED    (a later ensure_ready() starts a fresh server)
+
+Nothing is fetched or spawned before the first ``ensure_ready()``. The fetch and the start
+run in the calling thread with no lock held that ``stop()`` needs: ``stop()`` sets the
+attempt's cancel flag, which aborts a download between chunks (its partial file removed)
+or a health wait between polls, and returns once the attempt has let go. Concurrent
+callers share one attempt and its outcome, so a stampede spawns one server.
+
+Ports never race: the server is started with ``--port 0`` and the bound port is read from
+its ``listening on`` log line (or, before that line, from the process's listening socket);
+a build that cannot report it falls back to a freshly allocated port, retried on a bind
+failure. Every spawn also arms a watchdog process (``_watchdog.py``) so that no server
+outlives this process, even when it is SIGKILLed.
 """
 
 from __future__ import annotations
@@ -30,28 +42,28 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
-from localllm import _process
+from localllm._process import StderrTail, run_probe, spawn, stop_group
 from localllm.errors import SidecarError, SidecarExited, SidecarStartTimeout
+from localllm.managed.release import server_env
 
 if TYPE_CHECKING:
     import httpx
 
-__all__ = ["MANAGED_FLAGS", "Sidecar", "SidecarState"]
+__all__ = ["MANAGED_FLAGS", "ManagedServer", "Role", "ServerKey", "ServerState"]
 
 HOST = "127.0.0.1"
 
-#: Flags the sidecar sets itself; ``args`` must not repeat them (the last one would win
+#: Flags the server owner sets itself; ``args`` must not repeat them (the last one would win
 #: inside llama-server and silently break port discovery or slot sizing).
 MANAGED_FLAGS = frozenset(
     {"-m", "--model", "--host", "--port", "-np", "--parallel", "-c", "--ctx-size", "-t", "--threads"}
 )
 
-_TAIL_LINES = 200  # stderr lines a tail may quote
-_TAIL_BYTES = 64 * 1024  # stderr bytes kept per process
-_POLL = 0.1  # health poll interval, seconds
+_TAIL_BYTES = 64 * 1024  # stderr kept per process, for errors
 _PROBE_TIMEOUT = 30.0  # the most a `--help` probe may take, within the start's deadline
+_POLL = 0.1  # health poll interval, seconds
 _ABORT_GRACE = 0.5  # SIGTERM grace for a start that is abandoned (timeout or stop)
 _BIND_RETRIES = 3  # fresh ports tried when --port 0 is unsupported
 _SECRET_FLAGS = frozenset({"--api-key", "--hf-token", "-hft"})
@@ -66,15 +78,26 @@ _LISTEN_PATTERNS = (
 _BIND_FAILED = "couldn't bind"
 
 
-class SidecarState(str, enum.Enum):
-    """Where a sidecar is in its lifecycle."""
+#: how long ``stop()`` waits for a cancelled fetch or start to let go
+_CANCEL_WAIT = 10.0
+
+Role = Literal["chat", "embedding"]
+
+
+class ServerState(str, enum.Enum):
+    """Where a managed server is in its lifecycle."""
 
     CREATED = "created"
+    FETCHING = "fetching"
     STARTING = "starting"
     READY = "ready"
     STOPPING = "stopping"
     STOPPED = "stopped"
     FAILED = "failed"
+
+
+class _Cancelled(Exception):
+    """stop() cancelled the start attempt (never leaves this module)."""
 
 
 class _PortNotReported(Exception):
@@ -135,8 +158,6 @@ def _child_env(binary: Path, overrides: Mapping[str, str] | None) -> dict[str, s
     gemma-3-270m decoding while a MiniLM sidecar embeds: a decide took 86 s with the
     default spin and 1.26 s with 100, while an uncontended decide stayed 0.89 s vs 0.90 s.
     """
-    from localllm.managed.acquire import server_env
-
     env = {k: v for k, v in server_env(binary.resolve().parent).items() if not k.startswith("LLAMA_")}
     if overrides:
         env.update(overrides)
@@ -154,7 +175,7 @@ def _launch_error(binary: Path, exc: OSError) -> SidecarError:
 
 
 class _Process:
-    """One spawned llama-server: its stderr drain, its watchdog, and how to stop it."""
+    """One spawned llama-server: its stderr tail, its watchdog, and how to stop it."""
 
     def __init__(self, argv: list[str], env: Mapping[str, str], requested_port: int) -> None:
         self.argv = argv
@@ -164,19 +185,20 @@ class _Process:
         self.stop_requested = False  # an exit after this is ours, not a crash
         self.wake = threading.Event()  # set on a listening line
         self._discovered: int | None = None
-        # A new session keeps the terminal's Ctrl-C away from the server (the runtime
-        # shuts it down in order) and makes its process group the unit that is stopped,
-        # so a server_bin wrapper without `exec` leaves nothing behind.
-        self.popen = _process.spawn(argv, stderr=subprocess.PIPE, env=env)
+        self._returncode: int | None = None
+        self._stopped = False
+        # Its own session and process group (_process.spawn): the terminal's Ctrl-C never
+        # reaches it, and stopping it stops whatever it started.
+        self.popen = spawn(argv, stderr=subprocess.PIPE, env=env)
         self.pid = self.popen.pid
         assert self.popen.stderr is not None
-        self._stderr = _process.StderrTail(
-            self.popen.stderr, name=f"llama-server-{self.pid}-stderr", limit=_TAIL_BYTES, on_line=self._on_line
-        )
+        self._stderr = StderrTail(self.popen.stderr, name=f"llama-server-{self.pid}-stderr",
+                                  limit=_TAIL_BYTES, on_line=self._on_line)
         try:
             self._watchdog: subprocess.Popen[bytes] | None = self._arm_watchdog()
         except OSError:
-            self._kill_now()
+            stop_group(self.popen, grace=0.0)
+            self._stderr.join(1.0)
             raise
 
     # -- stderr -------------------------------------------------------------------
@@ -190,7 +212,7 @@ class _Process:
                     break
 
     def tail(self, n: int) -> str:
-        return self._stderr.lines(min(n, _TAIL_LINES))
+        return self._stderr.lines(n)
 
     def settle_stderr(self, timeout: float = 1.0) -> None:
         """Give the drain thread a moment to collect the last lines of an exited process."""
@@ -242,7 +264,7 @@ class _Process:
         if pidfd is not None:
             argv.append(str(pidfd))
         try:
-            return _process.spawn(argv, stdin=subprocess.PIPE, pass_fds=(pidfd,) if pidfd is not None else ())
+            return spawn(argv, stdin=subprocess.PIPE, pass_fds=(pidfd,) if pidfd is not None else ())
         finally:
             if pidfd is not None:
                 os.close(pidfd)
@@ -268,38 +290,65 @@ class _Process:
     def alive(self) -> bool:
         return self.popen.poll() is None
 
-    def _kill_now(self) -> None:
-        _process.stop_group(self.popen, grace=0.0)
-        self.settle_stderr()
-
     def stop(self, grace: float) -> int | None:
-        """SIGTERM the group, wait ``grace`` seconds, then SIGKILL; reap; disarm the watchdog."""
+        """SIGTERM the group, wait ``grace`` seconds, then SIGKILL; reap; disarm the watchdog.
+
+        llama-server shuts down cleanly on the first SIGTERM (exit 0); during model load it
+        dies at once. A second SIGTERM would make it exit 1, so one is sent. Idempotent.
+        """
         self.stop_requested = True
-        # llama-server shuts down cleanly on the first SIGTERM (exit 0); during model load
-        # it dies at once. A second SIGTERM would make it exit 1: stop_group sends one.
-        _process.stop_group(self.popen, grace=grace)
-        self._disarm_watchdog()
-        self.settle_stderr()
-        return self.popen.returncode
+        if not self._stopped:
+            self._stopped = True
+            self._returncode = stop_group(self.popen, grace=grace)
+            self._disarm_watchdog()
+            self.settle_stderr()
+        return self._returncode
 
 
-class Sidecar:
-    """A managed ``llama-server`` for one GGUF, started on first use.
+class ServerKey(NamedTuple):
+    """What makes two managed servers the same: a service keeps one server per key."""
 
-    ``ensure_ready()`` is safe from many threads: the first caller spawns, the others wait
-    and share the result. A server that dies after READY is respawned on the next call.
-    ``args`` are extra flags appended verbatim (not any of ``MANAGED_FLAGS``). The context
-    is ``ctx_per_slot × parallel`` because llama-server splits ``-c`` evenly across slots;
-    ``ctx_per_slot=None`` leaves ``-c`` to the server (the model's training context).
-    ``threads=None`` lets llama-server size its threads to the machine. ``api_key`` is
-    passed through the environment (``LLAMA_API_KEY``), never on the command line.
+    binary: str
+    model: str
+    role: Role
+    flags: tuple[str, ...]
+
+
+class _Start:
+    """One start attempt: its cancel flag and its outcome, shared by every waiting caller."""
+
+    def __init__(self) -> None:
+        self.cancel = threading.Event()
+        self.done = False
+        self.error: BaseException | None = None
+
+
+class ManagedServer:
+    """A managed ``llama-server`` for one GGUF, fetched and started on first use.
+
+    ``binary``: a path to run, or ``None`` for the pinned build (``LOCALLLM_SERVER_BIN``,
+    then the cache, then a verified download). ``model``: a :class:`~pathlib.Path` or a
+    ``*.gguf`` string (relative to ``base_dir``), or a pinned model id fetched on first use.
+    ``role`` says what the server is for (an embedding server gets its flags, from the
+    model registry, in ``args``).
+
+    ``ensure_ready()`` is safe from many threads: the first caller fetches and spawns, the
+    others wait and share the result. A server that dies after READY is respawned on the
+    next call. ``args`` are extra flags appended verbatim (not any of ``MANAGED_FLAGS``).
+    The context is ``ctx_per_slot × parallel`` because llama-server splits ``-c`` evenly
+    across slots; ``ctx_per_slot=None`` leaves ``-c`` to the server (the model's training
+    context). ``threads=None`` lets llama-server size its threads to the machine.
+    ``api_key`` is passed through the environment (``LLAMA_API_KEY``), never on the
+    command line.
     """
 
     def __init__(
         self,
-        binary: Path,
-        model: Path,
+        binary: str | Path | None,
+        model: str | Path,
         *,
+        role: Role = "chat",
+        base_dir: Path | None = None,
         args: Sequence[str] = (),
         parallel: int = 4,
         ctx_per_slot: int | None = 2048,
@@ -307,57 +356,72 @@ class Sidecar:
         port: int | None = None,
         env: Mapping[str, str] | None = None,
         health_timeout: float = 180.0,
-        name: str = "chat",
+        name: str | None = None,
         api_key: str | None = None,
     ) -> None:
+        name = name or role
         if isinstance(args, str):
             raise TypeError("args must be a sequence of strings, not one string")
         clashing = sorted({a.partition("=")[0] for a in args} & MANAGED_FLAGS)
         if clashing:
             raise ValueError(
-                f"sidecar {name!r}: extra args must not set {', '.join(clashing)}; "
-                "use the sidecar's own settings (port, parallel, ctx_size, threads)"
+                f"server {name!r}: extra args must not set {', '.join(clashing)}; "
+                "use the server's own settings (port, parallel, ctx_size, threads)"
             )
         if parallel < 1:
-            raise ValueError(f"sidecar {name!r}: parallel must be >= 1, got {parallel}")
+            raise ValueError(f"server {name!r}: parallel must be >= 1, got {parallel}")
         if ctx_per_slot is not None and ctx_per_slot < 1:
-            raise ValueError(f"sidecar {name!r}: ctx_per_slot must be >= 1, got {ctx_per_slot}")
+            raise ValueError(f"server {name!r}: ctx_per_slot must be >= 1, got {ctx_per_slot}")
         if threads is not None and threads < 1:
-            raise ValueError(f"sidecar {name!r}: threads must be >= 1, got {threads}")
+            raise ValueError(f"server {name!r}: threads must be >= 1, got {threads}")
         if port is not None and not 0 <= port <= 65535:
-            raise ValueError(f"sidecar {name!r}: port must be 0-65535, got {port}")
+            raise ValueError(f"server {name!r}: port must be 0-65535, got {port}")
         if not health_timeout > 0:
-            raise ValueError(f"sidecar {name!r}: health_timeout must be > 0, got {health_timeout}")
-        self.binary = Path(binary)
-        self.model = Path(model)
+            raise ValueError(f"server {name!r}: health_timeout must be > 0, got {health_timeout}")
         self.name = name
+        self.role: Role = role
         self.parallel = parallel
         self.ctx_per_slot = ctx_per_slot
         self.threads = threads
         self.health_timeout = health_timeout
+        #: the resolved binary and GGUF (None until the first fetch)
+        self.binary: Path | None = None
+        self.model: Path | None = None
+        self._binary_spec = binary
+        self._model_spec = model
+        self._base_dir = base_dir
         self._args = list(args)
         self._port = port or None  # 0 means "pick one", the same as None
         self._env = dict(env) if env else {}
         if api_key is not None:
             self._env["LLAMA_API_KEY"] = api_key
-        self._lock = threading.Lock()
-        self._stop_requested = threading.Event()
-        self._state = SidecarState.CREATED
+        # _cond guards _state, _proc, _start and _stopping; it is never held across a
+        # fetch, a spawn or a health poll.
+        self._cond = threading.Condition()
+        self._stop_lock = threading.Lock()  # one stop() at a time
+        self._state = ServerState.CREATED
+        self._start: _Start | None = None
+        self._stopping = False
         self._proc: _Process | None = None
-        self._finalizer: weakref.finalize[[float], Sidecar] | None = None
+        self._finalizer: weakref.finalize[[float], ManagedServer] | None = None
         self._ui_flag: str | None = None  # probed once: "--no-webui", "--no-ui" or ""
         self._port_zero = True  # False once this binary proved it can't report --port 0
         self._crashes: deque[tuple[int, str]] = deque(maxlen=8)  # (pid, detail), newest last
-        self._crash_lock = threading.Lock()
         self._returncode: int | None = None
 
     # -- public surface -------------------------------------------------------------
     @property
-    def state(self) -> SidecarState:
+    def key(self) -> ServerKey:
+        """The identity of this server: build, model, role and every flag but the port."""
+        flags = [f"--parallel={self.parallel}", f"-c={self.ctx_per_slot}", f"-t={self.threads}", *self._args]
+        return ServerKey(str(self._binary_spec or ""), str(self._model_spec), self.role, tuple(flags))
+
+    @property
+    def state(self) -> ServerState:
         """The lifecycle state; a READY server found dead reads as FAILED."""
         state, proc = self._state, self._proc
-        if state is SidecarState.READY and proc is not None and not proc.alive():
-            return SidecarState.FAILED
+        if state is ServerState.READY and proc is not None and not proc.alive():
+            return ServerState.FAILED
         return state
 
     @property
@@ -370,9 +434,9 @@ class Sidecar:
     def base_url(self) -> str | None:
         """``http://127.0.0.1:PORT`` of the READY server, else None."""
         proc = self._proc
-        if self._state is not SidecarState.READY or proc is None:
+        if self._state is not ServerState.READY or proc is None or not proc.bound_port:
             return None
-        return f"http://{HOST}:{proc.bound_port}" if proc.bound_port else None
+        return f"http://{HOST}:{proc.bound_port}"
 
     @property
     def returncode(self) -> int | None:
@@ -383,6 +447,18 @@ class Sidecar:
         """True while the current server process runs (reaps it if it has exited)."""
         proc = self._proc
         return proc is not None and proc.alive()
+
+    def rss(self) -> int | None:
+        """Resident memory of the running server in bytes (None when it is not running)."""
+        proc = self._proc
+        if proc is None or not proc.alive():
+            return None
+        import psutil
+
+        try:
+            return int(psutil.Process(proc.pid).memory_info().rss)
+        except psutil.Error:
+            return None
 
     def stderr_tail(self, n: int = 20) -> str:
         """The last ``n`` stderr lines of the current (or last) server process."""
@@ -395,25 +471,36 @@ class Sidecar:
         return _redact(proc.argv) if proc is not None else []
 
     def ensure_ready(self) -> str:
-        """Start the server if needed (or respawn a dead one); return its base URL.
+        """Fetch and start the server if needed (or respawn a dead one); return its base URL.
 
-        Raises ``SidecarExited`` at once if the process exits during start-up, and
-        ``SidecarStartTimeout`` if /health is not 200 within ``health_timeout``.
+        Raises ``FetchError`` when the binary or model cannot be had, ``SidecarExited`` at
+        once if the process exits during start-up, ``SidecarStartTimeout`` if /health is
+        not 200 within ``health_timeout``, and ``SidecarError`` if ``stop()`` ran meanwhile.
         """
-        proc = self._proc
-        if self._state is SidecarState.READY and proc is not None and proc.alive():
-            url = self.base_url
-            if url is not None:
-                return url
-        with self._lock:
-            proc = self._proc
-            if self._state is SidecarState.READY and proc is not None:
-                if proc.alive():
-                    url = self.base_url
-                    assert url is not None
-                    return url
-                self._record_crash(proc)
-            return self._start_locked()
+        url = self._live_url()
+        if url is not None:
+            return url
+        with self._cond:
+            while True:
+                start = self._start
+                if start is not None:  # another caller is fetching or starting: share it
+                    while not start.done:
+                        self._cond.wait()
+                    if isinstance(start.error, Exception):
+                        raise start.error
+                    if start.error is not None:  # the starting thread was interrupted
+                        raise SidecarError(f"server {self.name!r}: start interrupted") from start.error
+                elif self._stopping:
+                    self._cond.wait()
+                else:
+                    url = self._live_url()
+                    if url is not None:
+                        return url
+                    crashed = self._proc if self._state is ServerState.READY else None
+                    start = self._start = _Start()
+                    self._state = ServerState.FETCHING
+                    break
+        return self._run(start, crashed)
 
     def crash_detail(self, pid: int | None = None) -> str | None:
         """Why the server went away, for a request that found it dead; None if it didn't.
@@ -423,40 +510,53 @@ class Sidecar:
         if a respawn has happened since. Never blocks on a start in progress.
         """
         if pid is not None:
-            with self._crash_lock:
-                for crashed_pid, detail in reversed(self._crashes):
-                    if crashed_pid == pid:
-                        return detail
+            for crashed_pid, detail in reversed(list(self._crashes)):
+                if crashed_pid == pid:
+                    return detail
         proc = self._proc
         if proc is None or (pid is not None and proc.pid != pid) or proc.alive() or proc.stop_requested:
             return None
         return self._crash_text(proc)
 
     def stop(self, grace: float = 2.0) -> int | None:
-        """Stop the server: SIGTERM, up to ``grace`` s, then SIGKILL. Idempotent.
+        """Stop the server: cancel a fetch or start in progress, else SIGTERM, up to
+        ``grace`` s, then SIGKILL. Idempotent.
 
         Returns the exit code (0 for a clean shutdown, -9 when it had to be killed).
-        A later ``ensure_ready()`` starts a fresh server.
+        A later ``ensure_ready()`` fetches nothing again and starts a fresh server.
         """
-        self._stop_requested.set()  # aborts a start in progress on another thread
-        try:
-            with self._lock:
+        with self._stop_lock:
+            with self._cond:
+                self._stopping = True
+                start = self._start
+                if start is not None:
+                    start.cancel.set()
+                    self._state = ServerState.STOPPING
+                    deadline = time.monotonic() + _CANCEL_WAIT
+                    while not start.done and (left := deadline - time.monotonic()) > 0:
+                        self._cond.wait(left)
                 proc = self._proc
-                if proc is not None and self._finalizer is not None and self._finalizer.alive:
-                    self._state = SidecarState.STOPPING
-                    self._finalizer.detach()
-                    self._finalizer = None
+                finalizer, self._finalizer = self._finalizer, None
+                if proc is not None and finalizer is not None and finalizer.alive:
+                    self._state = ServerState.STOPPING
+                    finalizer.detach()
+                else:
+                    proc = None
+            try:
+                if proc is not None:
                     self._returncode = proc.stop(grace)
-                self._state = SidecarState.STOPPED
-                return self._returncode
-        finally:
-            self._stop_requested.clear()
+            finally:
+                with self._cond:
+                    self._state = ServerState.STOPPED
+                    self._stopping = False
+                    self._cond.notify_all()
+            return self._returncode
 
     def close(self) -> None:
         """Same as ``stop()``."""
         self.stop()
 
-    def __enter__(self) -> Sidecar:
+    def __enter__(self) -> ManagedServer:
         return self
 
     def __exit__(
@@ -469,19 +569,66 @@ class Sidecar:
 
     def __repr__(self) -> str:
         return (
-            f"Sidecar(name={self.name!r}, model={str(self.model)!r}, state={self._state.value}, "
-            f"pid={self.pid}, url={self.base_url})"
+            f"ManagedServer(name={self.name!r}, role={self.role}, model={str(self._model_spec)!r}, "
+            f"state={self._state.value}, pid={self.pid}, url={self.base_url})"
         )
 
-    # -- internals --------------------------------------------------------------------
-    def _record_crash(self, proc: _Process) -> str:
-        """Mark a READY server that exited as FAILED, reap it, and remember why."""
-        self._state = SidecarState.FAILED
+    # -- the start attempt (runs in the caller's thread, no lock held) -----------------
+    def _live_url(self) -> str | None:
+        proc = self._proc
+        if self._state is ServerState.READY and proc is not None and proc.alive():
+            return self.base_url
+        return None
+
+    def _run(self, start: _Start, crashed: _Process | None) -> str:
+        try:
+            if crashed is not None:
+                self._record_crash(crashed)
+            self._fetch(start)
+            with self._cond:
+                if not start.cancel.is_set():
+                    self._state = ServerState.STARTING
+            url = self._spawn_until_ready(start, time.monotonic() + self.health_timeout)
+            if start.cancel.is_set():  # healthy just as stop() came: stop() takes it down
+                raise _Cancelled
+        except Exception as exc:
+            if not start.cancel.is_set():
+                self._finish(start, exc)
+                raise
+            stopped = SidecarError(f"server {self.name!r} was stopped while starting")
+            stopped.__cause__ = None if isinstance(exc, _Cancelled) else exc  # e.g. DownloadCancelled
+            self._finish(start, stopped)
+            raise stopped from stopped.__cause__
+        except BaseException as exc:  # KeyboardInterrupt, SystemExit: waiters get a SidecarError
+            self._finish(start, exc)
+            raise
+        self._finish(start, None)
+        return url
+
+    def _finish(self, start: _Start, error: BaseException | None) -> None:
+        with self._cond:
+            if not start.cancel.is_set():  # a cancelled attempt leaves the state to stop()
+                self._state = ServerState.FAILED if error is not None else ServerState.READY
+            start.error = error
+            start.done = True
+            self._start = None
+            self._cond.notify_all()
+
+    def _fetch(self, start: _Start) -> None:
+        """Resolve (and on first use fetch and verify) the binary and the model."""
+        from localllm.managed.acquire import resolve_model, resolve_server_binary
+
+        cancel = start.cancel
+        binary = resolve_server_binary(self._binary_spec, cancel=cancel)
+        model = resolve_model(self._model_spec, base_dir=self._base_dir, cancel=cancel)
+        if cancel.is_set():
+            raise _Cancelled
+        self.binary, self.model = binary, model
+
+    def _record_crash(self, proc: _Process) -> None:
+        """Reap a READY server that exited and remember why, for the request that hit it."""
         self._release(proc, grace=0.0)
-        detail = self._crash_text(proc)
-        with self._crash_lock:
-            self._crashes.append((proc.pid, detail))
-        return detail
+        self._crashes.append((proc.pid, self._crash_text(proc)))
 
     def _crash_text(self, proc: _Process) -> str:
         proc.settle_stderr(0.5)
@@ -491,74 +638,53 @@ class Sidecar:
         )
 
     def _release(self, proc: _Process, grace: float) -> None:
-        if self._finalizer is not None:
-            self._finalizer.detach()
-            self._finalizer = None
+        with self._cond:
+            finalizer = self._finalizer if self._proc is proc else None
+            if finalizer is not None:
+                self._finalizer = None
+        if finalizer is not None:
+            finalizer.detach()
         self._returncode = proc.stop(grace)
 
-    def _build_argv(self, port: int, deadline: float) -> list[str]:
-        argv = [
-            str(self.binary),
-            "-m",
-            str(self.model),
-            "--host",
-            HOST,
-            "--port",
-            str(port),
-            "--parallel",
-            str(self.parallel),
-        ]
+    def _build_argv(self, binary: Path, model: Path, port: int, deadline: float) -> list[str]:
+        argv = [str(binary), "-m", str(model), "--host", HOST, "--port", str(port), "--parallel", str(self.parallel)]
         if self.ctx_per_slot is not None:
             argv += ["-c", str(self.ctx_per_slot * self.parallel)]
         if self.threads is not None:
             argv += ["-t", str(self.threads)]
-        ui_flag = self._probe_ui_flag(deadline)
+        ui_flag = self._probe_ui_flag(binary, deadline)
         if ui_flag:
             argv.append(ui_flag)
         return argv + self._args
 
-    def _probe_ui_flag(self, deadline: float) -> str:
+    def _probe_ui_flag(self, binary: Path, deadline: float) -> str:
         """``--no-webui`` (or its newer name ``--no-ui``) if this binary knows it.
 
         The probe is bounded by the start's deadline — it may use half of what is left, so
         the server itself still gets a chance — and a binary that hangs on ``--help`` gets
-        no optional flags.
+        no optional flags (not cached: the next start, with a fresh deadline, asks again).
         """
         if self._ui_flag is None:
             budget = min(_PROBE_TIMEOUT, max(deadline - time.monotonic(), 0.0) / 2)
             try:
-                result = _process.run_probe(
-                    [str(self.binary), "--help"], timeout=budget, env=_child_env(self.binary, self._env)
-                )
+                probe = run_probe([str(binary), "--help"], timeout=budget, env=_child_env(binary, self._env))
             except OSError as exc:
-                raise _launch_error(self.binary, exc) from exc
-            if result.timed_out:
-                return ""  # not cached: the next start, with a fresh deadline, asks again
-            text = result.output
-            if re.search(r"(?<![\w-])--no-webui(?![\w-])", text):
+                raise _launch_error(binary, exc) from exc
+            if probe.timed_out:
+                return ""
+            if re.search(r"(?<![\w-])--no-webui(?![\w-])", probe.output):
                 self._ui_flag = "--no-webui"
-            elif re.search(r"(?<![\w-])--no-ui(?![\w-])", text):
+            elif re.search(r"(?<![\w-])--no-ui(?![\w-])", probe.output):
                 self._ui_flag = "--no-ui"
             else:
                 self._ui_flag = ""
         return self._ui_flag
 
-    def _start_locked(self) -> str:
-        self._state = SidecarState.STARTING
-        deadline = time.monotonic() + self.health_timeout
-        try:
-            url = self._spawn_until_ready(deadline)
-        except BaseException:
-            self._state = SidecarState.FAILED
-            raise
-        self._state = SidecarState.READY
-        return url
-
-    def _spawn_until_ready(self, deadline: float) -> str:
+    def _spawn_until_ready(self, start: _Start, deadline: float) -> str:
         bind_failures = 0
         while True:
-            if self._stop_requested.is_set():
-                raise SidecarError(f"sidecar {self.name!r} was stopped while starting")
+            if start.cancel.is_set():
+                raise _Cancelled
             if self._port is not None:
                 port = self._port
             elif self._port_zero:
@@ -567,7 +693,7 @@ class Sidecar:
                 port = _free_port()
             proc = self._spawn(port, deadline)
             try:
-                return self._await_ready(proc, deadline)
+                return self._await_ready(proc, start, deadline)
             except _PortNotReported:
                 self._release(proc, grace=0.0)
                 self._port_zero = False
@@ -580,27 +706,29 @@ class Sidecar:
                 raise
 
     def _spawn(self, port: int, deadline: float) -> _Process:
-        argv = self._build_argv(port, deadline)
+        assert self.binary is not None and self.model is not None
+        argv = self._build_argv(self.binary, self.model, port, deadline)
         env = _child_env(self.binary, self._env)
         try:
             proc = _Process(argv, env, port)
         except OSError as exc:
             raise _launch_error(self.binary, exc) from exc
-        self._proc = proc
-        self._returncode = None
-        # Stops the server at interpreter exit or if this Sidecar is garbage-collected;
-        # holds the process, not the Sidecar, so it never keeps the Sidecar alive.
-        self._finalizer = weakref.finalize(self, proc.stop, 2.0)
+        with self._cond:
+            self._proc = proc
+            self._returncode = None
+            # Stops the server at interpreter exit or if this object is garbage-collected;
+            # holds the process, not the server object, so it never keeps that alive.
+            self._finalizer = weakref.finalize(self, proc.stop, 2.0)
         return proc
 
-    def _await_ready(self, proc: _Process, deadline: float) -> str:
+    def _await_ready(self, proc: _Process, start: _Start, deadline: float) -> str:
         import httpx
 
         with httpx.Client(trust_env=False) as client:
             while True:
-                if self._stop_requested.is_set():
+                if start.cancel.is_set():
                     self._release(proc, grace=_ABORT_GRACE)
-                    raise SidecarError(f"sidecar {self.name!r} was stopped while starting")
+                    raise _Cancelled
                 if not proc.alive():
                     self._release(proc, grace=0.0)
                     raise self._exited(proc)
