@@ -7,11 +7,14 @@ Endpoint mode (``endpoint:``) attaches to a running OpenAI-compatible server and
 fetches, spawns or kills anything; ``model:`` beside ``endpoint:`` is only the model name
 sent in the body.
 
-Constrained decoding: with a schema, ``response_format: json_schema`` is sent when
-``json_schema: true`` (always — the endpoint enforces it natively), or when
-``grammar: true`` and the schema is inside llama.cpp's grammar subset
-(:func:`localllm.grammar.check_subset` finds no error). ``meta.grammar`` /
-``meta.json_schema`` record what was actually applied. llama-server does not put the
+Constrained decoding (:meth:`LocalLLMAgent.constraint`): with a schema and ``grammar:
+true``, localllm's own exact, compact GBNF (:func:`localllm.grammar.compile_schema`) is sent
+as the request's ``grammar``; a schema it cannot compile exactly, or ``grammar: server``,
+gets ``response_format: json_schema`` (llama.cpp's converter) when the schema is inside
+its subset (:func:`localllm.grammar.check_subset` finds no error), else no constraint.
+``json_schema: true`` always sends ``response_format`` (the endpoint enforces it natively).
+``meta.grammar`` is ``compiled | server | none``, ``meta.json_schema`` whether
+``json_schema: true`` applied. llama-server does not put the
 schema in the prompt, so unless ``schema_in_prompt: false`` the prompt gets a short
 statement of the required JSON shape. The runtime validates every answer regardless.
 """
@@ -76,6 +79,12 @@ class LocalLLMAgent(Agent):
         self._client: Any = None
         self._subset_cache: dict[str, bool] = {}
         self._pinned_meta: dict[str, Any] | None = None
+        self._grammar_cache: dict[str, str | None] = {}
+        if decl.grammar:
+            # compile_schema needs jsonschema inside ask(), on the runtime's worker thread,
+            # while the calling thread imports it to prime the validator: racing lazy
+            # imports deadlock, so it is imported here, before any thread starts.
+            import jsonschema  # noqa: F401
         self._closed = False
 
     # ------------------------------------------------------------------ server
@@ -142,11 +151,33 @@ class LocalLLMAgent(Agent):
             self._subset_cache[key] = cached
         return cached
 
-    def build_body(self, request: AskRequest) -> tuple[dict[str, Any], bool, bool]:
-        """The chat-completions body, and whether grammar / json_schema were applied."""
+    def constraint(self, schema: dict[str, Any] | None) -> tuple[dict[str, Any], str]:
+        """The body fields that constrain decoding, and ``meta.grammar``: compiled | server | none."""
+        if schema is None:
+            return {}, "none"
+        server = {"response_format": {
+            "type": "json_schema", "json_schema": {"name": "submission", "strict": True, "schema": schema}}}
+        mode: Any = self.decl.grammar  # True, False, or "server" (llama.cpp's own converter)
+        if self.decl.json_schema:
+            return server, "server"
+        if mode is True:
+            key = json.dumps(schema, sort_keys=True)
+            if key not in self._grammar_cache:
+                from localllm.grammar import compile_schema
+
+                self._grammar_cache[key] = compile_schema(schema).grammar
+            compiled = self._grammar_cache[key]
+            if compiled is not None:
+                return {"grammar": compiled}, "compiled"
+        if mode in (True, "server") and self._in_subset(schema):
+            return server, "server"
+        return {}, "none"
+
+    def build_body(self, request: AskRequest) -> tuple[dict[str, Any], str, bool]:
+        """The chat-completions body, ``meta.grammar`` and whether json_schema applied."""
         schema = request.schema
         native = schema is not None and self.decl.json_schema
-        grammar = schema is not None and not native and self.decl.grammar and self._in_subset(schema)
+        constraint, grammar = self.constraint(schema)
         content = request.prompt
         if schema is not None and self.decl.schema_in_prompt:
             content += shape_statement(schema)
@@ -160,12 +191,7 @@ class LocalLLMAgent(Agent):
             temperature = 0.0
         if temperature is not None:
             body["temperature"] = temperature
-        if native or grammar:
-            assert schema is not None
-            body["response_format"] = {
-                "type": "json_schema",
-                "json_schema": {"name": "submission", "strict": True, "schema": schema},
-            }
+        body.update(constraint)
         return body, grammar, native
 
     def _headers(self) -> dict[str, str]:

@@ -73,6 +73,9 @@ _RELEVANT: dict[str, frozenset[str]] = {
 _TYPES = frozenset({"object", "array", "string", "integer", "number", "boolean", "null"})
 _KNOWN_FORMATS = frozenset({"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5"})
 
+#: formats whose strings all have one length (a min/maxLength that allows it is implied)
+_FIXED_LENGTH = {"date": 10, "uuid": 36, "uuid1": 36, "uuid2": 36, "uuid3": 36, "uuid4": 36, "uuid5": 36}
+
 _IDENT = re.compile(r"^[A-Za-z_$][A-Za-z0-9_$-]*$")
 
 
@@ -102,9 +105,26 @@ def check_subset(schema: Mapping[str, Any] | Any, *, where: str = "") -> list[Vi
 
     ``where`` optionally labels the schema (e.g. its file); messages then start with it.
     """
+    from localllm.grammar.compile import MAX_DEPTH, _nesting, schema_problem
+
+    depth = _nesting(schema)
     checker = _Checker(schema)
-    checker.visit(schema, "$", owner="$")
-    checker.check_left_recursion()
+    if depth > 4 * MAX_DEPTH:
+        checker.error("$", "depth", f"$: the schema nests {depth} levels deep (at most {4 * MAX_DEPTH}); "
+                                    "flatten it or move repeated parts into $defs")
+    else:
+        try:
+            checker.visit(schema, "$", owner="$")
+            checker.check_left_recursion()
+        except _CHECK_FAILURES as exc:
+            checker.findings = [v for v in checker.findings if v.severity == "error"][:1]
+            problem = schema_problem(schema)
+            where, why = problem if problem else ("$", f"cannot be analysed ({type(exc).__name__}: {exc})")
+            checker.error(where, "schema", f"{where}: not a valid JSON Schema: {why} {_REJECTS}")
+        if not any(v.severity == "error" for v in checker.findings):
+            problem = schema_problem(schema)
+            if problem:
+                checker.error(problem[0], "schema", f"{problem[0]}: not a valid JSON Schema: {problem[1]} {_REJECTS}")
     out: list[Violation] = []
     seen: set[tuple[str, str, str]] = set()
     for v in checker.findings:
@@ -114,6 +134,23 @@ def check_subset(schema: Mapping[str, Any] | Any, *, where: str = "") -> list[Vi
         seen.add(key)
         out.append(Violation(v.path, v.construct, f"{where}: {v.message}", v.severity) if where else v)
     return out
+
+
+_CHECK_FAILURES: tuple[type[BaseException], ...] = (
+    TypeError, AttributeError, ValueError, LookupError, RecursionError, re.error,
+)
+
+
+def unenforced(schema: Any, *, compiled: bool = True) -> list[Violation]:
+    """The errors that leave ``schema`` unenforced on the path ``builtin.local_llm`` takes:
+    none when localllm's compiler expresses it exactly (``compiled``, i.e. ``grammar: true``),
+    else those of llama.cpp's converter (the fallback, and ``grammar: server``)."""
+    if compiled:
+        from localllm.grammar.compile import compile_schema
+
+        if compile_schema(schema).exact:
+            return []
+    return [v for v in check_subset(schema) if v.severity == "error"]
 
 
 def child_path(path: str, key: str | int) -> str:
@@ -243,8 +280,33 @@ class _Checker:
             return
         self.visit_typed(node, path, type_, owner=owner)
 
+    def implies_type(self, alt: Any, type_: Any) -> bool:
+        """Does every value valid against ``alt`` have JSON type ``type_`` (a name or a list)?"""
+        wanted = {type_} if isinstance(type_, str) else set(type_) if isinstance(type_, list) else set()
+        if "number" in wanted:
+            wanted.add("integer")
+        seen: set[str] = set()
+        while isinstance(alt, dict) and isinstance(alt.get("$ref"), str) and alt["$ref"] not in seen:
+            seen.add(alt["$ref"])
+            resolved = self.resolve(alt["$ref"])
+            alt = resolved[0] if resolved else None
+        if not isinstance(alt, dict):
+            return False
+        literals = [alt["const"]] if "const" in alt else alt.get("enum") if isinstance(alt.get("enum"), list) else None
+        if literals is not None:
+            return all(_json_type(v) in wanted or (_json_type(v) == "integer" and "number" in wanted)
+                       for v in literals)
+        own = alt.get("type")
+        if own is None:  # the converter's kind inference without a type
+            own = "object" if _has_properties(alt) else "array" if ("items" in alt or "prefixItems" in alt) \
+                else "string" if any(k in alt for k in ("pattern", "minLength", "maxLength")) else None
+        names = {own} if isinstance(own, str) else set(own) if isinstance(own, list) and own else None
+        return names is not None and all(isinstance(n, str) for n in names) and names <= wanted
+
     def visit_ref(self, node: dict[str, Any], path: str, *, owner: str | None) -> None:
         for key in sorted(node):
+            if key == "type" and self.implies_type({"$ref": node["$ref"]}, node["type"]):
+                continue
             if key != "$ref" and _asserts(node, key):
                 self.error(path, key, unsupported(
                     path, key, 'llama.cpp ignores every keyword beside "$ref"; move it into the referenced schema'))
@@ -279,6 +341,9 @@ class _Checker:
             why = 'llama.cpp uses "oneOf" and ignores "anyOf" beside it'
             self.error(path, "anyOf", unsupported(path, "anyOf", why))
         siblings = [k for k in sorted(node) if _asserts(node, k) and k not in ("anyOf", "oneOf")]
+        if siblings == ["type"] and isinstance(node[key], list) and node[key] \
+                and all(self.implies_type(alt, node["type"]) for alt in node[key]):
+            siblings = []
         if siblings:
             if "properties" in siblings or "type" in siblings:
                 self.error(path, key, f'{path}: "{key}" alongside sibling properties/type {SUBSET}')
@@ -329,10 +394,15 @@ class _Checker:
             "integer": self.visit_integer, "allOf": self.visit_all_of,
         }.get(kind)
         handled = handler(node, path) if handler is not None else frozenset()
+        if kind == "object" and "patternProperties" in node and self.pattern_properties_unused(node):
+            handled = handled | {"patternProperties"}
         relevant = _RELEVANT["object" if kind == "allOf" else kind]
         for key in sorted(node):
             if key in relevant and key not in handled and key != "type" and _asserts(node, key):
-                if key == "if":
+                if kind in ("integer", "number") and key in ("allOf", "if") and _only_number_keywords(node, key):
+                    self.warn(path, key, f'{path}: "{key}" under type {_q(kind)} holds only number bounds, which '
+                                         "the llama.cpp grammar does not enforce; validation still checks them")
+                elif key == "if":
                     self.ignored(path, key, 'llama.cpp ignores "if"/"then"/"else"')
                 else:
                     self.ignored(path, key)
@@ -353,8 +423,27 @@ class _Checker:
             elif not isinstance(extra, bool):
                 self.error(path, "additionalProperties",
                            f'{path}: "additionalProperties" must be a boolean or a schema {_REJECTS}')
+            if extra is not False and props:
+                self.error(path, "additionalProperties", (
+                    f'{path}: "additionalProperties" {_q(extra)} beside "properties" {SUBSET}: llama.cpp\'s '
+                    'extra-key rule starts with [^"...], which admits a backslash and raw control characters '
+                    '(e.g. {"\\q": 1}, not JSON); set it to false or drop "properties"'))
         self.check_required(node, path, set(props) if "properties" in node else set())
         return frozenset({"properties", "additionalProperties", "required"})
+
+    @staticmethod
+    def pattern_properties_unused(node: dict[str, Any]) -> bool:
+        """On a closed object (llama.cpp generates only declared names) whose declared names
+        match none of the patterns, patternProperties constrains nothing that is generated."""
+        props, patterns = node.get("properties"), node["patternProperties"]
+        if not isinstance(props, dict) or not props or not isinstance(patterns, dict):
+            return False
+        if node.get("additionalProperties", False) is not False:
+            return False
+        try:
+            return not any(re.search(p, name) for p in patterns for name in props)
+        except re.error:
+            return False
 
     def check_required(self, node: dict[str, Any], path: str, known: set[str]) -> None:
         required = node.get("required")
@@ -412,9 +501,18 @@ class _Checker:
                     self.ignored(path, key, 'llama.cpp ignores it beside "pattern"; fold it into the pattern')
             return frozenset(_STRING_KW)
         if isinstance(fmt, str) and fmt in _KNOWN_FORMATS:
+            fixed = _FIXED_LENGTH.get(fmt)
             for key in ("maxLength", "minLength"):
                 if key in node:
-                    self.ignored(path, key, f'llama.cpp ignores it beside "format": {_q(fmt)}')
+                    bound = node[key]
+                    implied = fixed is not None and _count(bound) and (
+                        bound <= fixed if key == "minLength" else bound >= fixed)
+                    if not implied:
+                        self.ignored(path, key, f'llama.cpp ignores it beside "format": {_q(fmt)}')
+            if fmt in ("date", "date-time"):
+                self.warn(path, "format", f'{path}: "format": {_q(fmt)} is enforced by llama.cpp\'s grammar only '
+                                          "as digits in place (it admits 0000-01-01 and 2023-02-31); validation "
+                                          "still checks the date")
             return frozenset(_STRING_KW)
         if "format" in node and isinstance(fmt, str):
             self.ignored(path, "format", "llama.cpp only knows the formats date, date-time, time and uuid")
@@ -434,6 +532,18 @@ class _Checker:
             if used == plain and exclusive in node:
                 self.ignored(path, exclusive, f'llama.cpp reads only "{plain}" when both are present')
                 handled.add(exclusive)
+        lower = next((k for k in ("minimum", "exclusiveMinimum") if k in node), None)
+        upper = next((k for k in ("maximum", "exclusiveMaximum") if k in node), None)
+        if (lower is None) != (upper is None):
+            key = lower or upper
+            assert key is not None
+            value = node[key]
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value == int(value) \
+                    and not _one_sided_exact(int(value), lower is not None, key.startswith("exclusive")):
+                self.error(path, key, (
+                    f'{path}: "{key}": {_q(value)} without the other bound {SUBSET}: llama.cpp\'s one-sided '
+                    "integer range is not exact for it (maximum -5 admits -01, minimum 100 admits 10-19); "
+                    "give both bounds"))
         return frozenset(handled)
 
     def visit_all_of(self, node: dict[str, Any], path: str) -> frozenset[str]:
@@ -485,6 +595,12 @@ class _Checker:
             comp, cpath = resolved
         if isinstance(comp, dict) and ("anyOf" in comp or "oneOf" in comp):
             key = "oneOf" if "oneOf" in comp else "anyOf"
+            alts = comp[key]
+            if isinstance(alts, list) and alts and all(_optional_object(a) for a in alts):
+                # merged as optional properties: every such object is valid against some alternative
+                for i, alt in enumerate(alts):
+                    self.visit(alt, child_path(child_path(cpath, key), i), owner=None)
+                return None
             why = "inside allOf, llama.cpp merges the alternatives into one object with every property optional"
             self.error(cpath, key, unsupported(cpath, key, why))
             return None
@@ -535,10 +651,12 @@ class _Checker:
         doc.update(rest)
         for drop in ASSERTION_KEYWORDS - set(rest):
             doc.pop(drop, None)
+        from localllm.grammar.compile import _validation_failures, validator_class
+
         try:
-            validator = jsonschema.validators.validator_for(doc)(doc)
+            validator = validator_class(doc)(doc)
             bad = [v for v in values if not validator.is_valid(v)]
-        except (jsonschema.exceptions.SchemaError, Unresolvable):
+        except (jsonschema.exceptions.SchemaError, Unresolvable, *_validation_failures()):
             bad = list(values)
         if bad:
             keys = ", ".join(f'"{k}"' for k in sorted(rest))
@@ -614,6 +732,39 @@ class _Checker:
                 walk(start)
 
 
+def _optional_object(alt: Any) -> bool:
+    """An object schema with only optional properties that admits extra keys."""
+    return (isinstance(alt, dict) and isinstance(alt.get("properties"), dict) and alt.get("type", "object") == "object"
+            and not alt.get("required") and alt.get("additionalProperties", True) is not False
+            and all(k in ("properties", "type") or not _asserts(alt, k) for k in alt))
+
+
+def _only_number_keywords(node: Mapping[str, Any], key: str) -> bool:
+    parts = node[key] if key == "allOf" else [node.get(k) for k in ("if", "then", "else") if k in node]
+    if not isinstance(parts, list):
+        return False
+    return all(isinstance(p, dict) and all(k in _NUMBER_KW or not _asserts(p, k) for k in p) for p in parts)
+
+
+def _one_sided_exact(bound: int, is_min: bool, exclusive: bool) -> bool:
+    """Is llama.cpp's grammar for an integer with only this bound exact?
+
+    Its digit-by-digit construction recurses on the digits after the first as a number, so
+    a zero among the inner digits loses a digit position (minimum 100 admits 10-19,
+    minimum 1024 admits 124); below zero, an upper bound is built as a lower bound on the
+    magnitude without the leading-digit guard (maximum -5 admits -01), unless the
+    magnitude starts with 1 and has at least two digits.
+    """
+    if exclusive:
+        bound = bound + 1 if is_min else bound - 1
+    if is_min:
+        return bound <= 9 or "0" not in str(bound)[1:-1]
+    if bound >= 0:
+        return True
+    digits = str(-bound)
+    return len(digits) >= 2 and digits[0] == "1" and "0" not in digits[1:-1]
+
+
 def _has_properties(node: Mapping[str, Any]) -> bool:
     """The converter's test for "this is an object schema" when no type says so."""
     return "properties" in node or ("additionalProperties" in node and node["additionalProperties"] is not True)
@@ -637,6 +788,20 @@ def _asserts(node: Mapping[str, Any], key: str) -> bool:
     if key == "uniqueItems" and value is False:
         return False
     return not (key in ("minItems", "minLength", "minProperties") and value == 0 and not isinstance(value, bool))
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
 
 
 def _count(value: Any) -> bool:
@@ -722,6 +887,60 @@ def _group_problem(rest: str) -> _Unsupported:
     else:
         what = "an extended group"
     return _Unsupported(f'uses {what} "({rest[:3]}..."', "use plain or (?:...) groups")
+
+
+def _pattern_hole(s: str) -> str | None:
+    """The first construct of an (otherwise supported) pattern body whose characters llama.cpp
+    would emit raw where JSON needs an escape: ``.``, a negated class, ``\\\\``, ``\\t``/``\\n``/``\\r``,
+    an escape of a quote/backslash/control character, or a literal ``"``."""
+    i = 0
+    in_class = False
+    after_range = False  # in [0-9-_] the second "-" is a literal, not a range
+    while i < len(s):
+        c = s[i]
+        if c == "\\" and i + 1 < len(s):
+            nxt = s[i + 1]
+            if nxt == "\\":
+                return 'an escaped backslash "\\\\"'
+            if nxt in "tnr":
+                return f'"\\{nxt}" (a raw control character)'
+            if nxt == '"':
+                return 'a literal "'
+            if nxt in "xu":
+                digits = s[i + 2:i + 4] if nxt == "x" else s[i + 2:i + 6]
+                try:
+                    cp = int(digits, 16)
+                except ValueError:
+                    cp = -1
+                if cp >= 0 and (cp < 0x20 or cp in (0x22, 0x5C, 0x7F)):
+                    return f'"\\{nxt}{digits}" (a quote, backslash or control character)'
+            i += 2
+            continue
+        if c == '"':
+            return 'a literal "'
+        if in_class:
+            if c == "]":
+                in_class = False
+            elif c == "-" and not after_range and s[i - 1] not in "[\\" and i + 1 < len(s) \
+                    and s[i + 1] not in "]\\":
+                lo, hi = ord(s[i - 1]), ord(s[i + 1])
+                if lo <= 0x22 <= hi or lo <= 0x5C <= hi or lo < 0x20:
+                    return f'the range "{s[i - 1]}-{s[i + 1]}" (it spans a quote, backslash or control character)'
+                after_range = True
+                i += 2
+                continue
+            after_range = False
+        elif c == "[":
+            after_range = False
+            in_class = True
+            if s.startswith("^", i + 1):
+                return "a negated class [^...]"
+            if s.startswith("]", i + 1):
+                i += 1
+        elif c == ".":
+            return '"." (any character)'
+        i += 1
+    return None
 
 
 def pattern_problem(pattern: str) -> str | None:
@@ -825,6 +1044,11 @@ def pattern_problem(pattern: str) -> str | None:
         transform()
         if depth != 0:
             raise _Invalid("unbalanced parentheses")
+        hole = _pattern_hole(s)
+        if hole:
+            return (f"uses {hole}: llama.cpp copies pattern characters raw into the JSON string, so the "
+                    'answer can hold a raw " or \\ or control character (e.g. "^.+$" admits "a"b", not JSON); '
+                    "list the allowed characters explicitly, without quote, backslash or control characters")
     except _Unsupported as exc:
         tail = f"; {exc.hint}" if exc.hint else ""
         return f"{exc.what}, which llama.cpp cannot turn into grammar (it accepts any string instead){tail}"

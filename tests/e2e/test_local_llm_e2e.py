@@ -44,7 +44,7 @@ def test_decide_gate_is_schema_valid_and_grammar_constrained(demo: Path, tmp_pat
     assert result.submission["queue"] in ("billing", "bug", "feature", "other")
     assert 1 <= result.submission["priority"] <= 5
     assert 1 <= len(result.submission["summary"]) <= 80
-    assert result.meta["grammar"] is True and result.agent == "agent.local"
+    assert result.meta["grammar"] == "compiled" and result.agent == "agent.local"
     assert result.meta["completion_tokens"] > 0
     assert main(["trace", "verify", str(trace)]) == 0
     done = read_trace(trace).events[-1]
@@ -128,7 +128,7 @@ def test_endpoint_mode_with_api_key(tmp_path: Path, keyed_endpoint: str, monkeyp
     with Runtime(load_config(endpoint_config(tmp_path, keyed_endpoint))) as rt:
         result = rt.call("decide", agent="agent.remote", prompt="Is water wet?", schema=schema)
     assert isinstance(result.submission["ok"], bool)
-    assert result.meta["grammar"] is True
+    assert result.meta["grammar"] == "compiled"
 
 
 def test_endpoint_mode_fails_cleanly_without_key(tmp_path: Path, keyed_endpoint: str,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ import pytest
 from localllm.agents.local_llm import normalize_endpoint, shape_statement, strip_fence
 from localllm.config import Config
 from localllm.errors import AgentError, ErrorKind, FetchError
+from localllm.grammar import compile_schema
 from localllm.loading import load_config
 from localllm.runtime import Runtime
 from localllm.trace import read_trace
@@ -87,7 +89,7 @@ def test_managed_decide_with_grammar(tmp_path: Path, server_bin: Path, logs: dic
         result = rt.call("decide", agent="agent.local", prompt="Route: my invoice is wrong", schema=DECIDE)
         pid = rows(logs["spawn"], "start")[0]["pid"]
     assert result.submission == {"route": "billing", "confidence": 0}
-    assert result.meta["grammar"] is True and result.meta["json_schema"] is False
+    assert result.meta["grammar"] == "compiled" and result.meta["json_schema"] is False
     assert result.meta["prompt_tokens"] > 0 and "timings" in result.meta
     start = rows(logs["spawn"], "start")
     assert len(start) == 1
@@ -95,8 +97,7 @@ def test_managed_decide_with_grammar(tmp_path: Path, server_bin: Path, logs: dic
     assert argv[argv.index("--parallel") + 1] == "2" and argv[argv.index("-c") + 1] == "1024"
     assert argv[argv.index("--host") + 1] == "127.0.0.1"
     body = chat_requests(logs["requests"])[0]["body"]
-    assert body["response_format"] == {"type": "json_schema",
-                                       "json_schema": {"name": "submission", "strict": True, "schema": DECIDE}}
+    assert body["grammar"] == compile_schema(DECIDE).grammar and "response_format" not in body
     assert body["temperature"] == 0.0 and body["max_tokens"] == 512
     assert "Answer with only a JSON value" in body["messages"][0]["content"]
     # stopped on close: SIGTERM, clean exit
@@ -127,7 +128,8 @@ def test_out_of_subset_schema_is_sent_unconstrained_and_falls_back(
     with Runtime(config, trace=trace) as rt:
         rt.register_inprocess("agent.claude", lambda _: {"tags": ["a"]})
         result = rt.call("extract", agent="agent.local", prompt="tags?", schema=UNIQUE)
-    assert "response_format" not in chat_requests(logs["requests"])[0]["body"]
+    body = chat_requests(logs["requests"])[0]["body"]
+    assert "response_format" not in body and "grammar" not in body
     assert result.agent == "agent.claude" and result.meta["fallback_of"] == "agent.local"
     done = read_trace(trace).events[-1].payload
     assert done["original_transcript_ref"]["format"] == "openai-chat"
@@ -137,7 +139,7 @@ def test_json_schema_wins_over_grammar(tmp_path: Path, server_bin: Path, logs: d
     config = managed_config(tmp_path, server_bin, ", json_schema: true")
     with Runtime(config) as rt:
         result = rt.call("extract", agent="agent.local", prompt="tags?", schema=UNIQUE)
-    assert result.meta["json_schema"] is True and result.meta["grammar"] is False
+    assert result.meta["json_schema"] is True and result.meta["grammar"] == "server"
     assert chat_requests(logs["requests"])[0]["body"]["response_format"]["json_schema"]["schema"] == UNIQUE
 
 
@@ -255,6 +257,32 @@ def test_endpoint_unset_key_makes_no_request(tmp_path: Path, keyed_server: str, 
     assert chat_requests(logs["requests"]) == []
 
 
+def test_schema_the_compiler_refuses_falls_back_to_the_server_converter(
+    tmp_path: Path, server_bin: Path, logs: dict[str, Path]
+) -> None:
+    # oneOf with overlapping branches: no exact grammar, but llama.cpp's converter is in its
+    # subset for it (a warning only), so response_format is sent.
+    schema = {"oneOf": [{"type": "string", "minLength": 5}, {"type": "string", "maxLength": 3}]}
+    assert not compile_schema(schema).exact
+    config = managed_config(tmp_path, server_bin)
+    with Runtime(config) as rt:
+        result = rt.call("ask", agent="agent.local", prompt="p", schema=schema)
+    body = chat_requests(logs["requests"])[0]["body"]
+    assert result.meta["grammar"] == "server" and "grammar" not in body
+    assert body["response_format"]["json_schema"]["schema"] == schema
+
+
+def test_grammar_server_mode_uses_the_converter(tmp_path: Path, server_bin: Path) -> None:
+    config = managed_config(tmp_path, server_bin)
+    with Runtime(config) as rt:
+        agent = rt.agent("agent.local")
+        agent.decl = dataclasses.replace(agent.decl, grammar="server")  # type: ignore[attr-defined]
+        request = AskRequest(session_id="s", turn=1, state_path="x", verb="decide", prompt="p", call_id="c",
+                             deadline="2030-01-01T00:00:00.000000000Z", schema=DECIDE)
+        body, grammar, _ = agent.build_body(request)  # type: ignore[attr-defined]
+    assert grammar == "server" and "grammar" not in body and body["response_format"]["type"] == "json_schema"
+
+
 def test_endpoint_unreachable(tmp_path: Path) -> None:
     (tmp_path / "ep.yaml").write_text("agent_plugins:\n  agent.x: {plugin: builtin.local_llm, "
                                       "endpoint: 'http://127.0.0.1:9'}\n")
@@ -271,7 +299,7 @@ def test_build_body_request_shape(tmp_path: Path, server_bin: Path) -> None:
                              deadline="2030-01-01T00:00:00.000000000Z")
         body, grammar, native = agent.build_body(request)  # type: ignore[attr-defined]
     assert "response_format" not in body and "temperature" not in body
-    assert (grammar, native) == (False, False)
+    assert (grammar, native) == ("none", False)
 
 
 def test_call_that_hits_a_dying_server_gets_its_exit_and_stderr(tmp_path: Path, server_bin: Path,

@@ -27,7 +27,8 @@ is the real 500 ``input (N tokens) is too large to process``), ``/tokenize``.
 Tokens are ``\\w+`` runs and single punctuation marks, ids from a hash.
 
 Chat answers, first match wins: the next entry of ``FAKE_LLAMA_BEHAVIOUR``; else
-``FAKE_LLAMA_CONTENT``; else, given ``response_format`` json_schema, the smallest JSON
+``FAKE_LLAMA_CONTENT``; else, given a GBNF ``grammar``, its first walk (400 if it does
+not parse); else, given ``response_format`` json_schema, the smallest JSON
 instance of the schema (first enum/const/anyOf branch, every property, minimum lengths
 and bounds); else ``"Hello from the fake llama-server."``. Every answer carries ``usage``
 and ``timings``.
@@ -435,6 +436,15 @@ class Handler(BaseHTTPRequestHandler):
             content = str(item["content"])
         elif "FAKE_LLAMA_CONTENT" in os.environ:
             content = os.environ["FAKE_LLAMA_CONTENT"]
+        elif isinstance(body.get("grammar"), str):
+            # like llama-server: an unparsable grammar is a 400; else the grammar's first walk
+            from localllm.grammar.walk import Grammar, GrammarSyntaxError
+
+            try:
+                content = Grammar.parse(body["grammar"]).first()
+            except GrammarSyntaxError as exc:
+                self.error(400, f"failed to parse grammar: {exc}", "invalid_request_error")
+                return
         else:
             rf = body.get("response_format") or {}
             schema = (rf.get("json_schema") or {}).get("schema") if isinstance(rf, dict) else None

@@ -1,0 +1,1523 @@
+"""Compile a JSON Schema into an exact, compact llama.cpp GBNF grammar — or say why not.
+
+:func:`compile_schema` returns a :class:`CompiledGrammar`: the grammar text when every
+answer the grammar admits is valid against the schema (``grammar`` is set, ``refusals``
+empty), else ``grammar is None`` and a :class:`Refusal` names the schema path and the
+construct it cannot express exactly. "Exact" means *sound*: the grammar may admit fewer
+answers than the schema (properties in declared order, no free whitespace, integers for
+``number`` bounds' edges, no extra keys beside declared ones), never more.
+
+How the schema is read (the semantics of the ``jsonschema`` validator for the schema's
+draft): ``$ref`` overrides its siblings up to draft 7 and combines with them from
+2019-09; ``allOf`` components are merged into one schema; ``anyOf``/``oneOf`` distribute
+their siblings into each branch, and ``oneOf`` is compiled only when its branches are
+provably disjoint; ``const``/``enum`` keep the values that validate against the whole
+schema object. Malformed schemas and constructs without a grammar equivalent (``not``,
+``if``, ``uniqueItems``, ``dependentRequired``, most ``patternProperties`` …) are refused,
+never raised.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+from urllib.parse import unquote
+
+MAX_DEPTH = 64
+#: llama.cpp expands ``x{m,n}`` into n rules: refuse bounds beyond this
+MAX_REPEAT = 10_000
+MAX_BRANCHES = 64
+MAX_GRAMMAR_CHARS = 2_000_000
+#: integer bounds with more digits than this are refused (grammar size grows with them)
+MAX_BOUND_DIGITS = 40
+
+_TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
+
+# Keywords that assert something (a validator enforces them), by the kind they apply to.
+_OBJECT_KW = frozenset({
+    "properties", "patternProperties", "additionalProperties", "propertyNames", "required",
+    "dependentRequired", "dependentSchemas", "dependencies", "minProperties", "maxProperties",
+    "unevaluatedProperties",
+})
+_ARRAY_KW = frozenset({
+    "items", "prefixItems", "additionalItems", "contains", "minContains", "maxContains",
+    "minItems", "maxItems", "uniqueItems", "unevaluatedItems",
+})
+_STRING_KW = frozenset({"pattern", "minLength", "maxLength", "format", "contentEncoding", "contentMediaType"})
+_NUMBER_KW = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "divisibleBy"})
+_ANY_KW = frozenset({
+    "allOf", "anyOf", "oneOf", "not", "if", "then", "else", "enum", "const", "type", "$ref",
+    "$dynamicRef", "$recursiveRef", "extends", "disallow",
+})
+ASSERTING = _OBJECT_KW | _ARRAY_KW | _STRING_KW | _NUMBER_KW | _ANY_KW
+_KIND_KW = {"object": _OBJECT_KW, "array": _ARRAY_KW, "string": _STRING_KW, "number": _NUMBER_KW}
+# contentEncoding/contentMediaType are annotations for the jsonschema validator
+_ANNOTATION_ONLY = frozenset({"contentEncoding", "contentMediaType", "then", "else"})
+
+# Standard formats we generate exactly; other standard formats a validator may check are
+# refused; unknown formats are annotations (a validator ignores them).
+_FORMATS = ("date", "time", "date-time", "uuid", "ipv4", "email", "idn-email", "hostname", "uri",
+            "uri-reference", "iri", "iri-reference")
+_CHECKED_FORMATS = frozenset({
+    "ipv6", "idn-hostname", "uri-template", "json-pointer", "relative-json-pointer", "regex", "duration", "color",
+})
+#: (shortest, longest) string each format grammar generates
+_FORMAT_LENGTHS: dict[str, tuple[int, int]] = {
+    "date": (10, 10), "time": (9, 24), "date-time": (20, 35), "uuid": (36, 36), "ipv4": (7, 15),
+    "hostname": (1, 131), "email": (3, 164), "idn-email": (3, 164), "uri": (9, 223), "uri-reference": (9, 223),
+    "iri": (9, 223), "iri-reference": (9, 223),
+}
+
+_PRIMITIVES = {
+    "char": r'[^"\\\x7F\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" hex-cp )',
+    # \u escapes of anything but a surrogate: one escape is one code point
+    "hex-cp": "[0-9a-cA-CefEF] [0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2}",
+    "string": '"\\"" char* "\\""',
+    "integer": '"0" | "-"? [1-9] [0-9]*',
+    "number": '"-"? ( "0" | [1-9] [0-9]* ) ( "." [0-9]+ )? ( [eE] [-+]? [0-9]{1,2} )?',
+    "boolean": '"true" | "false"',
+    "null": '"null"',
+    "value": 'object | array | string | number | boolean | null',
+    "object": '"{" ( string COLON value ( COMMA string COLON value )* )? "}"',
+    "array": '"[" ( value ( COMMA value )* )? "]"',
+    "year": "[0-9]{3} [1-9] | [0-9]{2} [1-9] [0-9] | [0-9] [1-9] [0-9]{2} | [1-9] [0-9]{3}",
+    "leap-year": '[0-9]{2} leap-yy | leap-yy "00"',
+    "leap-yy": '"0" [48] | [2468] [048] | [13579] [26]',
+    "month-day": ('( "0" [13578] | "1" [02] ) "-" ( "0" [1-9] | [12] [0-9] | "3" [01] ) '
+                  '| ( "0" [469] | "11" ) "-" ( "0" [1-9] | [12] [0-9] | "30" ) '
+                  '| "02-" ( "0" [1-9] | "1" [0-9] | "2" [0-8] )'),
+    "date": 'year "-" month-day | leap-year "-02-29"',
+    "hh": '[01] [0-9] | "2" [0-3]',
+    "time": 'hh ":" [0-5] [0-9] ":" [0-5] [0-9] ( "." [0-9]{1,9} )? ( "Z" | [+-] hh ":" [0-5] [0-9] )',
+    "date-time": 'date "T" time',
+    "hex": "[0-9a-fA-F]",
+    "uuid": 'hex{8} "-" hex{4} "-" hex{4} "-" hex{4} "-" hex{12}',
+    "octet": '"25" [0-5] | "2" [0-4] [0-9] | "1" [0-9] [0-9] | [1-9] [0-9] | [0-9]',
+    "ipv4": 'octet "." octet "." octet "." octet',
+    "label": "[a-z0-9] ( [a-z0-9-]{0,30} [a-z0-9] )?",
+    "hostname": 'label ( "." label ){0,3}',
+    "email": '[A-Za-z0-9._+-]{1,32} "@" hostname',
+    "idn-email": "email",
+    "uri": '"https://" hostname ( "/" [A-Za-z0-9._~-]{0,20} ){0,4}',
+    "uri-reference": "uri",
+    "iri": "uri",
+    "iri-reference": "uri",
+}
+_PRIMITIVE_DEPS = {
+    "char": ("hex-cp",), "string": ("char",), "value": ("object", "array", "string", "number", "boolean", "null"),
+    "object": ("string", "value"), "array": ("value",), "leap-year": ("leap-yy",),
+    "date": ("year", "month-day", "leap-year"), "time": ("hh",), "date-time": ("date", "time"),
+    "uuid": ("hex",), "ipv4": ("octet",), "hostname": ("label",), "email": ("hostname",),
+    "idn-email": ("email",), "uri": ("hostname",), "uri-reference": ("uri",), "iri": ("uri",),
+    "iri-reference": ("uri",),
+}
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a schema has no exact grammar: where (JSON path), which keyword, and why."""
+
+    path: str
+    construct: str
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass(frozen=True)
+class CompiledGrammar:
+    """The GBNF text (root rule ``root``), or ``None`` with the refusals that explain why."""
+
+    grammar: str | None
+    refusals: list[Refusal] = field(default_factory=list)
+    #: facts about the compilation a user may want to know (e.g. oneOf read as anyOf)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def exact(self) -> bool:
+        return self.grammar is not None
+
+
+class _Refuse(Exception):
+    def __init__(self, path: str, construct: str, why: str) -> None:
+        super().__init__(why)
+        self.refusal = Refusal(path, construct, f"{path}: {why}")
+
+
+class _Unsatisfiable(_Refuse):
+    """No value satisfies this (sub)schema: an anyOf branch may be dropped for it."""
+
+
+def compile_schema(schema: Mapping[str, Any] | bool, *, space: bool = False) -> CompiledGrammar:
+    """An exact GBNF grammar for ``schema``, or the refusal saying which construct prevents one.
+
+    ``space=True`` allows one space after ``:`` and ``,``; by default there is no free
+    whitespace anywhere. Never raises for any JSON-like input.
+    """
+    try:
+        depth = _nesting(schema)
+        if depth > 4 * MAX_DEPTH:
+            raise _Refuse("$", "depth", f"the schema nests {depth} levels deep (at most {4 * MAX_DEPTH})")
+        compiler = _Compiler(schema, space=space)
+        return compiler.run()
+    except _Refuse as exc:
+        return CompiledGrammar(None, [exc.refusal])
+    except RecursionError:
+        return CompiledGrammar(None, [Refusal("$", "depth", "$: the schema nests too deeply to compile")])
+
+
+def schema_problem(schema: Any) -> tuple[str, str] | None:
+    """Why ``schema`` is not a valid JSON Schema for its draft — (JSON path, reason) — or None."""
+    import jsonschema
+
+    if _nesting(schema) > 4 * MAX_DEPTH:
+        return "$", f"it nests more than {4 * MAX_DEPTH} levels deep"
+    if isinstance(schema, dict) and "$schema" in schema and not isinstance(schema["$schema"], str):
+        return "$", '"$schema" must be a URI string'
+    cls = validator_class(schema)
+    try:
+        cls.check_schema(schema)
+    except jsonschema.exceptions.SchemaError as exc:
+        where = "$"
+        for p in exc.absolute_path:
+            where = child(where, p)
+        return where, exc.message
+    except _validation_failures() as exc:
+        return "$", f"the validator cannot read it ({type(exc).__name__})"
+    return None
+
+
+def validator_class(schema: Any) -> Any:
+    """The jsonschema validator class for ``schema``'s ``$schema`` (2020-12 when absent or unknown)."""
+    import warnings
+
+    import jsonschema
+
+    if not isinstance(schema, dict) or not isinstance(schema.get("$schema", ""), str):
+        return jsonschema.Draft202012Validator
+    with warnings.catch_warnings():
+        # an unknown $schema: jsonschema warns and uses its latest draft, as we do
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+
+
+def _nesting(value: Any) -> int:
+    """How deep ``value`` nests, without recursion (a 10,000-deep input is fine)."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if depth > 4 * MAX_DEPTH:
+            return depth
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
+    return deepest
+
+
+def child(path: str, key: str | int) -> str:
+    from localllm.grammar.subset import child_path
+
+    return child_path(path, key)
+
+
+def _q(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+# ---------------------------------------------------------------------------- GBNF text
+
+
+def gbnf_literal(text: str) -> str:
+    """``text`` as a GBNF string literal (every non-alphanumeric character escaped)."""
+    return '"' + "".join(_gbnf_char(c, in_class=False) for c in text) + '"'
+
+
+def _gbnf_char(c: str, *, in_class: bool) -> str:
+    cp = ord(c)
+    if c.isascii() and (c.isalnum() or (not in_class and c in " !#$%&'()*+,-./:;<=>?@^_`{|}~")):
+        return c
+    if not in_class and c in '"\\':
+        return "\\" + c
+    if cp < 0x100:
+        return f"\\x{cp:02X}"
+    if cp < 0x10000:
+        return f"\\u{cp:04X}"
+    return f"\\U{cp:08X}"
+
+
+def gbnf_class(ranges: Sequence[tuple[int, int]]) -> str:
+    parts = []
+    for lo, hi in ranges:
+        a = _gbnf_char(chr(lo), in_class=True)
+        parts.append(a if lo == hi else f"{a}-{_gbnf_char(chr(hi), in_class=True)}")
+    return "[" + "".join(parts) + "]"
+
+
+def _repeat(expr: str, lo: int, hi: int | None) -> str:
+    """``expr`` repeated lo..hi times (hi None: unbounded), as compact GBNF."""
+    atom = expr if _is_atom(expr) else f"( {expr} )"
+    if hi is None:
+        return {0: f"{atom}*", 1: f"{atom}+"}.get(lo, f"{atom}{{{lo},}}")
+    if hi == 0:
+        return '""'
+    if (lo, hi) == (0, 1):
+        return f"{atom}?"
+    if (lo, hi) == (1, 1):
+        return expr
+    return f"{atom}{{{lo}}}" if lo == hi else f"{atom}{{{lo},{hi}}}"
+
+
+_ATOM = re.compile(r'^(?:[A-Za-z0-9-]+|"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\])$')
+
+
+def _is_atom(expr: str) -> bool:
+    if _ATOM.match(expr):
+        return True
+    if expr.startswith("(") and expr.endswith(")"):
+        depth = 0
+        for i, c in enumerate(expr):
+            depth += (c == "(") - (c == ")")
+            if depth == 0 and i < len(expr) - 1:
+                return False
+        return True
+    return False
+
+
+def _alt(parts: Sequence[str]) -> str:
+    unique = list(dict.fromkeys(parts))
+    if len(unique) == 1:
+        return unique[0]
+    return "( " + " | ".join(unique) + " )"
+
+
+# ---------------------------------------------------------------------------- integers
+
+
+def _same_length(a: str, b: str) -> str:
+    """Digit strings of equal length between ``a`` and ``b`` (inclusive)."""
+    if not a:
+        return '""'
+    if a == b:
+        return gbnf_literal(a)
+    if a[0] == b[0]:
+        return f"{gbnf_literal(a[0])} {_same_length(a[1:], b[1:])}"
+    n = len(a) - 1
+    zeros, nines = "0" * n, "9" * n
+    tail = f" [0-9]{{{n}}}" if n > 1 else (" [0-9]" if n == 1 else "")
+    parts = []
+    start, end = int(a[0]), int(b[0])
+    if a[1:] != zeros:
+        parts.append(f"{gbnf_literal(a[0])} {_same_length(a[1:], nines)}")
+        start += 1
+    high = None
+    if b[1:] != nines:
+        high = f"{gbnf_literal(b[0])} {_same_length(zeros, b[1:])}"
+        end -= 1
+    if start <= end:
+        head = gbnf_literal(str(start)) if start == end else f"[{start}-{end}]"
+        parts.append(head + tail)
+    if high:
+        parts.append(high)
+    return _alt(parts)
+
+
+def _nonneg_range(lo: int, hi: int | None) -> str:
+    """Decimal integers in [lo, hi] without leading zeros (hi None: unbounded)."""
+    lo_len = len(str(lo))
+    parts = []
+    if hi is None:
+        parts.append(_same_length(str(lo), "9" * lo_len))
+        parts.append(f"[1-9] [0-9]{{{lo_len},}}")
+    else:
+        for length in range(lo_len, len(str(hi)) + 1):
+            a = max(lo, 10 ** (length - 1) if length > 1 else 0)
+            b = min(hi, 10 ** length - 1)
+            parts.append(_same_length(str(a), str(b)))
+    return _alt(parts)
+
+
+def integer_range(lo: int | None, hi: int | None) -> str:
+    """Canonical JSON integers in [lo, hi]; either side may be open; never ``-0``."""
+    parts = []
+    if hi is None or hi >= 0:
+        parts.append(_nonneg_range(max(lo, 0) if lo is not None else 0, hi))
+    if lo is None or lo < 0:
+        mag_lo = 1 if hi is None or hi >= 0 else -hi
+        parts.append('"-" ' + _nonneg_range(mag_lo, None if lo is None else -lo))
+    return _alt(parts)
+
+
+# ---------------------------------------------------------------------------- the compiler
+
+
+@dataclass
+class _Bound:
+    value: Fraction
+    exclusive: bool
+
+
+class _Compiler:
+    def __init__(self, root: Any, *, space: bool) -> None:
+        import jsonschema
+
+        self.root = root
+        self.colon = '":" " "?' if space else '":"'
+        self.comma = '"," " "?' if space else '","'
+        self.rules: dict[str, str] = {}
+        self.bodies: dict[str, str] = {}
+        self.refs: dict[str, str] = {}
+        self.in_progress: set[str] = set()
+        self.notes: list[str] = []
+        if isinstance(root, dict) and "$schema" in root and not isinstance(root["$schema"], str):
+            raise _Refuse("$", "$schema", f'"$schema" must be a URI string, got {_q(root["$schema"])}')
+        cls = validator_class(root)
+        self.draft = {
+            "Draft3Validator": 3, "Draft4Validator": 4, "Draft6Validator": 6, "Draft7Validator": 7,
+            "Draft201909Validator": 2019,
+        }.get(cls.__name__, 2020)
+        if self.draft == 3:
+            raise _Refuse("$", "$schema", "draft 3 schemas are not compiled (their keywords differ)")
+        try:
+            cls.check_schema(root)
+        except jsonschema.exceptions.SchemaError as exc:
+            where = "$"
+            for p in exc.absolute_path:
+                where = child(where, p)
+            raise _Refuse(where, "schema", f"not a valid schema: {exc.message}") from None
+        self.validator = cls(root, format_checker=cls.FORMAT_CHECKER)
+        self.root_id = root.get("$id") or root.get("id") if isinstance(root, dict) else None
+        self.failures = _validation_failures()
+
+    def valid(self, schema: Any, value: Any, path: str, construct: str) -> bool:
+        """Does ``value`` validate against ``schema`` (a subschema of the root)? A schema the
+        validator cannot evaluate is a refusal."""
+        try:
+            return bool(self.validator.evolve(schema=schema).is_valid(value))
+        except self.failures as exc:
+            why = f"the validator cannot evaluate this schema ({type(exc).__name__})"
+            raise _Refuse(path, construct, why) from None
+
+    # ------------------------------------------------------------------ rules
+
+    def run(self) -> CompiledGrammar:
+        expr = self.gen(self.root, "$", 0, frozenset())
+        self.rules = {"root": expr, **self.rules}
+        lines = [f"{name} ::= {body}" for name, body in self.rules.items()]
+        text = "\n".join(lines).replace("COLON", self.colon).replace("COMMA", self.comma) + "\n"
+        if len(text) > MAX_GRAMMAR_CHARS:
+            raise _Refuse("$", "size", f"the grammar would be {len(text)} characters (at most {MAX_GRAMMAR_CHARS})")
+        return CompiledGrammar(text, [], self.notes)
+
+    def save(self) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+        """The rule tables, to undo a branch that turned out unsatisfiable."""
+        return dict(self.rules), dict(self.bodies), dict(self.refs)
+
+    def restore(self, saved: tuple[dict[str, str], dict[str, str], dict[str, str]]) -> None:
+        self.rules, self.bodies, self.refs = (dict(t) for t in saved)
+
+    def primitive(self, name: str) -> str:
+        if name not in self.rules:
+            self.rules[name] = _PRIMITIVES[name]
+            for dep in _PRIMITIVE_DEPS.get(name, ()):
+                self.primitive(dep)
+        return name
+
+    def rule(self, hint: str, body: str) -> str:
+        """A named rule for ``body`` (one rule per distinct body)."""
+        if _is_atom(body) and not body.startswith("("):
+            return body
+        known = self.bodies.get(body)
+        if known:
+            return known
+        base = re.sub(r"[^A-Za-z0-9]+", "-", hint).strip("-").lower()[:40] or "r"
+        name, n = base, 1
+        while name in self.rules or name in _PRIMITIVES or name == "root":
+            n += 1
+            name = f"{base}-{n}"
+        self.rules[name] = body
+        self.bodies[body] = name
+        return name
+
+    # ------------------------------------------------------------------ schema objects
+
+    def gen(self, node: Any, path: str, depth: int, bare: frozenset[str]) -> str:
+        """The GBNF expression for ``node``; ``bare`` = refs entered without consuming input."""
+        if depth > MAX_DEPTH:
+            raise _Refuse(path, "depth", f"nested deeper than {MAX_DEPTH} schema levels")
+        if node is True:
+            return self.primitive("value")
+        if node is False:
+            raise _Unsatisfiable(path, "false", "the schema false admits no value")
+        if not isinstance(node, dict):
+            raise _Refuse(path, "schema", f"a schema must be an object or a boolean, got {_q(node)}")
+        if path != "$" and any(isinstance(node.get(k), str) and not node[k].startswith("#")
+                               for k in ("$id", "id" if self.draft == 4 else "$id")):
+            raise _Refuse(path, "$id", "a nested $id changes how refs resolve; not compiled")
+        if "$ref" in node:
+            siblings = {k: v for k, v in node.items() if k != "$ref" and _asserts(node, k)}
+            if self.draft <= 7 or not siblings:
+                return self.ref(node["$ref"], path, depth, bare)
+            node = {"allOf": [{"$ref": node["$ref"]}, siblings]}
+        for key in ("$dynamicRef", "$recursiveRef", "not", "if", "extends", "disallow", "dependentSchemas"):
+            if key in node and _asserts(node, key):
+                raise _Refuse(path, key, f'"{key}" has no exact grammar equivalent')
+        if "const" in node or "enum" in node:
+            return self.literals(node, path)
+        if "allOf" in node and _asserts(node, "allOf"):
+            merged, inlined = self.merge_all(node, path, depth, bare)
+            return self.gen(merged, path, depth + 1, bare | inlined)
+        if ("anyOf" in node and _asserts(node, "anyOf")) or ("oneOf" in node and _asserts(node, "oneOf")):
+            return self.alternatives(node, path, depth, bare)
+        return self.typed(node, path, depth)
+
+    def ref(self, ref: Any, path: str, depth: int, bare: frozenset[str]) -> str:
+        if not isinstance(ref, str):
+            raise _Refuse(path, "$ref", f'"$ref" must be a string, got {_q(ref)}')
+        target, target_path = self.resolve(ref, path)
+        if ref in bare:
+            raise _Refuse(path, "$ref", f'"$ref": {_q(ref)} recurses without consuming input (left recursion)')
+        name = self.refs.get(ref)
+        if name is not None:
+            return name
+        name = self.rule(f"ref-{ref.split('/')[-1] or 'root'}", f"@pending {ref}")
+        self.refs[ref] = name
+        self.rules[name] = self.gen(target, target_path, depth + 1, bare | {ref})
+        return name
+
+    def resolve(self, ref: str, path: str) -> tuple[Any, str]:
+        fragment = ref
+        if isinstance(self.root_id, str) and "#" in ref and ref.split("#", 1)[0] == self.root_id.split("#", 1)[0]:
+            fragment = "#" + ref.split("#", 1)[1]
+        if fragment in ("#", ""):
+            return self.root, "$"
+        if not fragment.startswith("#/"):
+            raise _Refuse(path, "$ref", f'"$ref": {_q(ref)} is not a local "#/..." reference')
+        target: Any = self.root
+        target_path = "$"
+        for raw in fragment[2:].split("/"):
+            token = unquote(raw).replace("~1", "/").replace("~0", "~")
+            if isinstance(target, dict) and token in target:
+                target = target[token]
+                target_path = child(target_path, token)
+            elif isinstance(target, list) and token.isdigit() and int(token) < len(target):
+                target = target[int(token)]
+                target_path = child(target_path, int(token))
+            else:
+                raise _Refuse(path, "$ref", f'"$ref": {_q(ref)} does not resolve in this document')
+        return target, target_path
+
+    # ------------------------------------------------------------------ literals
+
+    def literals(self, node: dict[str, Any], path: str) -> str:
+        values = [node["const"]] if "const" in node else node["enum"]
+        if not isinstance(values, list):
+            raise _Refuse(path, "enum", '"enum" must be an array')
+        kept = []
+        for value in values:
+            try:
+                text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+            except (ValueError, TypeError, RecursionError) as exc:
+                raise _Refuse(path, "enum", f"a listed value is not finite JSON ({exc})") from None
+            if self.valid(node, value, path, "enum"):
+                kept.append(gbnf_literal(text))
+        if not kept:
+            raise _Unsatisfiable(path, "const" if "const" in node else "enum",
+                                 "no listed value satisfies the schema around it")
+        return _alt(kept)
+
+    # ------------------------------------------------------------------ anyOf / oneOf
+
+    def alternatives(self, node: dict[str, Any], path: str, depth: int, bare: frozenset[str]) -> str:
+        rest = {k: v for k, v in node.items() if k not in ("anyOf", "oneOf")}
+        groups: list[tuple[str, list[Any]]] = []
+        for key in ("anyOf", "oneOf"):
+            if key in node:
+                alts = node[key]
+                if not isinstance(alts, list) or not alts:
+                    raise _Refuse(path, key, f'"{key}" must be a non-empty array')
+                groups.append((key, alts))
+        branches: list[Any] = [rest] if any(_asserts(rest, k) for k in rest) else [{}]
+        for key, alts in groups:
+            if key == "oneOf":
+                self.check_disjoint(alts, rest, path)
+            combined = []
+            for b in branches:
+                for a in alts:
+                    combined.append({"allOf": [b, a]} if b else a)
+            if len(combined) > MAX_BRANCHES:
+                raise _Refuse(path, key, f"more than {MAX_BRANCHES} alternatives after distributing siblings")
+            branches = combined
+        exprs = []
+        first: _Refuse | None = None
+        for i, branch in enumerate(branches):
+            saved = self.save()
+            try:
+                exprs.append(self.gen(branch, child(path, i) if len(branches) > 1 else path, depth + 1, bare))
+            except _Unsatisfiable as exc:
+                self.restore(saved)
+                first = first or exc
+        if not exprs:
+            assert first is not None
+            raise first
+        return _alt(exprs)
+
+    def check_disjoint(self, alts: list[Any], rest: dict[str, Any], path: str) -> None:
+        targets = [self.flat(a, path) for a in alts]
+        for i, a in enumerate(targets):
+            for j, b in enumerate(targets):
+                if i != j and not self.excludes(a, b, rest):
+                    raise _Refuse(child(child(path, "oneOf"), j), "oneOf",
+                                  f'"oneOf" branches {i} and {j} may both match; only provably disjoint '
+                                  'branches are compiled (use "anyOf" if overlap is fine)')
+
+    def flat(self, node: Any, path: str) -> Any:
+        seen: set[str] = set()
+        while isinstance(node, dict) and isinstance(node.get("$ref"), str) and node["$ref"] not in seen:
+            seen.add(node["$ref"])
+            node = self.resolve(node["$ref"], path)[0]
+        return node
+
+    def excludes(self, a: Any, b: Any, rest: dict[str, Any] | None = None) -> bool:
+        """True when no value generated for ``a`` (beside ``rest``) is valid against ``b``."""
+        if not isinstance(a, dict) or not isinstance(b, dict):
+            return False
+        lits = _literal_values(a)
+        if lits is not None:
+            return not any(self.valid(b, v, "$", "oneOf") for v in lits)
+        ka, kb = _schema_kinds(a) or _generated_kinds({**(rest or {}), **a}), _schema_kinds(b)
+        if ka is not None and kb is not None and not ka & kb:
+            return True
+        if ka == {"object"}:
+            req: list[Any] = a["required"] if isinstance(a.get("required"), list) else []
+            pa: dict[str, Any] = a["properties"] if isinstance(a.get("properties"), dict) else {}
+            pb: dict[str, Any] = b["properties"] if isinstance(b.get("properties"), dict) else {}
+            for name in req:
+                if isinstance(name, str) and name in pa and name in pb:
+                    la = _literal_values(self.flat(pa[name], "$"))
+                    if la is not None and self.excludes({"enum": la}, self.flat(pb[name], "$")):
+                        return True
+        return False
+
+    # ------------------------------------------------------------------ allOf
+
+    def merge_all(self, node: dict[str, Any], path: str, depth: int,
+                  bare: frozenset[str]) -> tuple[dict[str, Any], frozenset[str]]:
+        """``node``'s allOf merged into one schema, and the refs inlined on the way."""
+        comps = node["allOf"]
+        if not isinstance(comps, list) or not comps:
+            raise _Refuse(path, "allOf", '"allOf" must be a non-empty array')
+        merged: dict[str, Any] = {k: v for k, v in node.items() if k != "allOf"}
+        chain = set(bare)
+        for comp in self.flatten(comps, path, depth, chain):
+            merged = self.merge(merged, comp, path)
+        return merged, frozenset(chain)
+
+    def flatten(self, comps: list[Any], path: str, depth: int, chain: set[str]) -> Iterator[dict[str, Any]]:
+        if depth > MAX_DEPTH:
+            raise _Refuse(path, "allOf", f"allOf nested deeper than {MAX_DEPTH}")
+        for given in comps:
+            if given is True:
+                continue
+            if given is False:
+                raise _Unsatisfiable(path, "allOf", "an allOf component is false")
+            if not isinstance(given, dict):
+                raise _Refuse(path, "allOf", f"an allOf component must be a schema, got {_q(given)}")
+            comp = dict(given)
+            if "$ref" in comp:
+                ref = comp.pop("$ref")
+                if not isinstance(ref, str):
+                    raise _Refuse(path, "$ref", '"$ref" must be a string')
+                if ref in chain:
+                    raise _Refuse(path, "$ref", f"allOf reaches {_q(ref)} again without consuming input")
+                chain.add(ref)
+                target = self.resolve(ref, path)[0]
+                if self.draft <= 7:
+                    comp.clear()
+                yield from self.flatten([target], path, depth + 1, chain)
+            if "allOf" in comp:
+                inner = comp.pop("allOf")
+                if not isinstance(inner, list):
+                    raise _Refuse(path, "allOf", '"allOf" must be an array')
+                yield from self.flatten(inner, path, depth + 1, chain)
+            if "oneOf" in comp:
+                alts = comp.pop("oneOf")
+                if not isinstance(alts, list) or not alts:
+                    raise _Refuse(path, "oneOf", '"oneOf" must be a non-empty array')
+                self.check_disjoint(alts, comp, path)
+                comp["anyOf"] = alts if "anyOf" not in comp else [{"allOf": [x, {"anyOf": comp["anyOf"]}]}
+                                                                    for x in alts]
+            yield comp
+
+    def merge(self, a: dict[str, Any], b: dict[str, Any], path: str) -> dict[str, Any]:
+        out = dict(a)
+        shape = ("properties", "additionalProperties", "patternProperties")
+        if any(k in b for k in shape) and any(k in a for k in shape):
+            out.update(self.merge_properties(a, b, path))
+        literal_merge = ("const" in b or "enum" in b) and ("const" in out or "enum" in out)
+        if literal_merge:
+            mine = _literal_values(out)
+            other = _literal_values(b)
+            if mine is None or other is None:
+                raise _Refuse(path, "enum", '"enum" must be an array')
+            keys = {_canon(v) for v in other}
+            out.pop("const", None)
+            out["enum"] = [v for v in mine if _canon(v) in keys]
+        for key, value in b.items():
+            if key in ("const", "enum") and literal_merge:
+                continue
+            if key in shape and any(k in a for k in shape):
+                continue
+            if key not in out:
+                out[key] = value
+                continue
+            if not _asserts(b, key) or _canon(out[key]) == _canon(value):
+                continue
+            out[key] = self.merge_keyword(key, out[key], value, path)
+        return out
+
+    def merge_keyword(self, key: str, mine: Any, other: Any, path: str) -> Any:
+        if key == "type":
+            ta, tb = _type_set(mine), _type_set(other)
+            if ta is None or tb is None:
+                raise _Refuse(path, "type", '"type" must be a type name or a list of them')
+            both = {t for t in ta if t in tb or (t == "integer" and "number" in tb)}
+            both |= {t for t in tb if t == "integer" and "number" in ta}
+            if not both:
+                raise _Unsatisfiable(path, "type", f"allOf requires types {sorted(ta)} and {sorted(tb)} at once")
+            return sorted(both)
+        if key == "required" and isinstance(mine, list) and isinstance(other, list):
+            return list(dict.fromkeys([*mine, *other]))
+        if key in ("minimum", "minLength", "minItems", "minProperties") and _num(mine) and _num(other):
+            return max(mine, other)
+        if key in ("maximum", "maxLength", "maxItems", "maxProperties") and _num(mine) and _num(other):
+            return min(mine, other)
+        if key in ("exclusiveMinimum", "exclusiveMaximum") and self.draft > 4 and _num(mine) and _num(other):
+            return max(mine, other) if key == "exclusiveMinimum" else min(mine, other)
+        if key in ("uniqueItems", "exclusiveMinimum", "exclusiveMaximum") and isinstance(mine, bool) \
+                and isinstance(other, bool):
+            return mine or other
+        if key in ("items", "additionalItems", "propertyNames", "contains") and isinstance(mine, (dict, bool)) \
+                and isinstance(other, (dict, bool)):
+            return {"allOf": [mine, other]}
+        if key == "anyOf" and isinstance(mine, list) and isinstance(other, list):
+            product = [{"allOf": [x, y]} for x in mine for y in other]
+            if len(product) > MAX_BRANCHES:
+                raise _Refuse(path, "anyOf", f"allOf of anyOf gives more than {MAX_BRANCHES} alternatives")
+            return product
+        raise _Refuse(path, key, f'allOf components disagree on "{key}" ({_q(mine)} vs {_q(other)}); '
+                                 "not merged")
+
+    def merge_properties(self, a: dict[str, Any], b: dict[str, Any], path: str) -> dict[str, Any]:
+        if "patternProperties" in a or "patternProperties" in b:
+            raise _Refuse(path, "patternProperties", 'allOf with "patternProperties" is not merged')
+        pa = a.get("properties", {})
+        pb = b.get("properties", {})
+        if not isinstance(pa, dict) or not isinstance(pb, dict):
+            raise _Refuse(path, "properties", '"properties" must be an object')
+        ap_a = a.get("additionalProperties", True)
+        ap_b = b.get("additionalProperties", True)
+        props: dict[str, Any] = {}
+        for name in list(dict.fromkeys([*pa, *pb])):
+            props[name] = _both(pa.get(name, ap_a), pb.get(name, ap_b))
+        out: dict[str, Any] = {"properties": props}
+        ap = _both(ap_a, ap_b)
+        if ap is not True:
+            out["additionalProperties"] = ap
+        return out
+
+    # ------------------------------------------------------------------ types
+
+    def typed(self, node: dict[str, Any], path: str, depth: int) -> str:
+        declared = node.get("type")
+        types = _type_set(declared) if declared is not None else None
+        if declared is not None and types is None:
+            raise _Refuse(path, "type", f'"type" {_q(declared)} is not a type name or a list of them')
+        if types is None:
+            inferred = [k for k, kws in _KIND_KW.items() if any(_asserts(node, kw) for kw in kws)]
+            types = inferred or list(_TYPES)
+        if "number" in types and "integer" in types:
+            types = [t for t in types if t != "integer"]
+        if not types:
+            raise _Unsatisfiable(path, "type", '"type" is an empty list')
+        exprs = []
+        first: _Refuse | None = None
+        for t in types:
+            saved = self.save()
+            try:
+                exprs.append(self.one_type(t, node, path, depth))
+            except _Unsatisfiable as exc:
+                self.restore(saved)
+                first = first or exc
+        if not exprs:
+            assert first is not None
+            raise first
+        handled = {"type", "anyOf", "oneOf", "allOf", "$ref", "enum", "const", "then", "else",
+                   "contentEncoding", "contentMediaType"}
+        for t in types:
+            handled |= _KIND_KW.get("number" if t == "integer" else t, frozenset())
+        leftover = [k for k in sorted(node) if k in ASSERTING and k not in handled and _asserts(node, k)]
+        if leftover and declared is None:
+            raise _Refuse(path, leftover[0], f'"{leftover[0]}" has no exact grammar equivalent')
+        return _alt(exprs)
+
+    def one_type(self, t: str, node: dict[str, Any], path: str, depth: int) -> str:
+        if t == "object":
+            return self.gen_object(node, path, depth)
+        if t == "array":
+            return self.gen_array(node, path, depth)
+        if t == "string":
+            return self.gen_string(node, path)
+        if t in ("integer", "number"):
+            return self.gen_number(node, path, integer=t == "integer")
+        return self.primitive(t)
+
+    # ------------------------------------------------------------------ objects
+
+    def gen_object(self, node: dict[str, Any], path: str, depth: int) -> str:
+        for key in ("dependentRequired", "dependencies", "unevaluatedProperties", "dependentSchemas"):
+            if key in node and _asserts(node, key):
+                raise _Refuse(path, key, f'"{key}" has no exact grammar equivalent')
+        props = node.get("properties", {})
+        if not isinstance(props, dict):
+            raise _Refuse(path, "properties", '"properties" must be an object')
+        required = node.get("required", [])
+        if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+            raise _Refuse(path, "required", '"required" must be an array of names')
+        extra = node.get("additionalProperties", True)
+        patterns = node.get("patternProperties", {})
+        if not isinstance(patterns, dict):
+            raise _Refuse(path, "patternProperties", '"patternProperties" must be an object')
+        names = node.get("propertyNames", True)
+        declared: list[tuple[str, Any, str]] = [(n, s, child(child(path, "properties"), n)) for n, s in props.items()]
+        declared += [(r, None, child(path, "additionalProperties")) for r in dict.fromkeys(required)
+                     if r not in props]
+        required_set = set(required)
+        # A declared name must satisfy its property schema and every patternProperties schema
+        # whose pattern it matches; an undeclared required name, those patterns or else
+        # additionalProperties.
+        for i, (name, sub, ppath) in enumerate(declared):
+            matching = []
+            for pattern, pschema in patterns.items():
+                try:
+                    if re.search(pattern, name) is not None:
+                        matching.append(pschema)
+                except re.error:
+                    raise _Refuse(path, "patternProperties", f"pattern {_q(pattern)} is not a valid regex") from None
+            if sub is None:
+                declared[i] = (name, {"allOf": matching} if matching else extra, ppath)
+            elif matching:
+                declared[i] = (name, {"allOf": [sub, *matching]}, ppath)
+        if names is not True and names != {}:
+            bad = {n for n, _, _ in declared if not self.valid(names, n, path, "propertyNames")}
+            for n in sorted(bad & required_set):
+                raise _Unsatisfiable(path, "propertyNames", f"required property {_q(n)} breaks propertyNames")
+            declared = [d for d in declared if d[0] not in bad]
+        lo, hi = _counts(node, path, "minProperties", "maxProperties")
+        items: list[tuple[str, bool]] = []
+        for name, sub, ppath in declared:
+            is_required = name in required_set
+            saved = self.save()
+            try:
+                value = self.gen(sub, ppath, depth + 1, frozenset())
+            except _Unsatisfiable:
+                if is_required:
+                    raise
+                self.restore(saved)
+                continue
+            key = gbnf_literal(json.dumps(name, ensure_ascii=False))
+            items.append((self.rule(f"{path}-{name}-kv", f"{key} COLON {value}"), is_required))
+        open_extra = not declared and extra is not False and not (patterns or (names is not True and names != {}))
+        if open_extra:
+            if lo > 1:
+                raise _Refuse(path, "minProperties", "minProperties > 1 on an open object (keys could repeat)")
+            value = self.gen(extra, child(path, "additionalProperties"), depth + 1, frozenset())
+            kv = self.rule(f"{path}-extra-kv", f"{self.primitive('string')} COLON {value}")
+            if hi == 0:
+                return gbnf_literal("{}")
+            body = f"{kv} {_repeat(f'COMMA {kv}', 0, None if hi is None else hi - 1)}"
+            return self.rule(f"{path}-object", f'"{{" {body if lo else _repeat(body, 0, 1)} "}}"')
+        n_required = sum(1 for _, r in items if r)
+        nonempty = lo == 1 and n_required == 0
+        if lo > n_required and not nonempty:
+            raise _Refuse(path, "minProperties", f"minProperties {lo} exceeds the {n_required} required properties")
+        if nonempty and not items:
+            raise _Unsatisfiable(path, "minProperties", "minProperties 1 on an object that admits no property")
+        if hi is not None and hi < len(items):
+            raise _Refuse(path, "maxProperties", f"maxProperties {hi} is below the {len(items)} declared properties")
+        if missing := [r for r in required_set if r not in {d[0] for d in declared}]:
+            raise _Unsatisfiable(path, "required", f"required {_q(sorted(missing))} can never be present")
+        return self.rule(f"{path}-object", f'"{{" {self.ordered(items, path, nonempty=nonempty)} "}}"')
+
+    def ordered(self, items: list[tuple[str, bool]], path: str, *, nonempty: bool = False) -> str:
+        """Properties in declared order: required ones always, optional ones optionally
+        (``nonempty``: at least one of them)."""
+        if not items:
+            return '""'
+        tails: list[str] = [""] * (len(items) + 1)
+        for i in range(len(items) - 1, -1, -1):
+            kv, req = items[i]
+            step = f"COMMA {kv}" if req else f"( COMMA {kv} )?"
+            tails[i] = f"{step} {tails[i + 1]}".strip()
+        head = ""
+        for i in range(len(items) - 1, -1, -1):
+            kv, req = items[i]
+            with_it = f"{kv} {tails[i + 1]}".strip()
+            if req:
+                head = with_it
+            elif not head:
+                head = with_it if nonempty else f"( {with_it} )?"
+            else:
+                head = f"( {with_it} | {head} )"
+        return self.rule(f"{path}-props", head)
+
+    # ------------------------------------------------------------------ arrays
+
+    def gen_array(self, node: dict[str, Any], path: str, depth: int) -> str:
+        for key in ("contains", "unevaluatedItems"):
+            if key in node and _asserts(node, key):
+                raise _Refuse(path, key, f'"{key}" has no exact grammar equivalent')
+        lo, hi = _counts(node, path, "minItems", "maxItems")
+        if node.get("uniqueItems") is True and (hi is None or hi > 1):
+            raise _Refuse(path, "uniqueItems", '"uniqueItems" has no exact grammar equivalent')
+        if self.draft >= 2020:
+            prefix = node.get("prefixItems", [])
+            rest: Any = node.get("items", True)
+            rest_path = child(path, "items")
+        else:
+            items = node.get("items", True)
+            prefix, rest = (items, node.get("additionalItems", True)) if isinstance(items, list) else ([], items)
+            rest_path = child(path, "additionalItems" if isinstance(items, list) else "items")
+        if not isinstance(prefix, list):
+            raise _Refuse(path, "prefixItems", '"prefixItems" must be an array')
+        elements: list[str | None] = []
+        for i, sub in enumerate(prefix):
+            if hi is not None and i >= hi:
+                break
+            saved = self.save()
+            try:
+                elements.append(self.gen(sub, child(child(path, "prefixItems" if self.draft >= 2020 else "items"), i),
+                                         depth + 1, frozenset()))
+            except _Unsatisfiable:
+                self.restore(saved)
+                elements.append(None)
+                break
+        saved = self.save()
+        try:
+            rest_expr: str | None = self.gen(rest, rest_path, depth + 1, frozenset())
+        except _Unsatisfiable:
+            self.restore(saved)
+            rest_expr = None
+        # elements[i] None: no array reaches length i+1
+        usable = len(elements) if None not in elements else elements.index(None)
+        max_len = hi
+        if usable < len(prefix) or rest_expr is None:
+            max_len = usable if hi is None else min(hi, usable)
+        if max_len is not None and lo > max_len:
+            raise _Unsatisfiable(path, "minItems", f"minItems {lo} cannot be met")
+        known = [e for e in elements[:usable] if e is not None]
+
+        def seq(i: int) -> str:
+            # positions i.. (0-based), i elements already written
+            if max_len is not None and i >= max_len:
+                return ""
+            if i >= len(known):
+                if rest_expr is None:
+                    return ""
+                more_lo = max(0, lo - i)
+                more_hi = None if max_len is None else max_len - i
+                first = "" if i == 0 else "COMMA "
+                if i == 0:
+                    more = _repeat(f"COMMA {rest_expr}", max(0, more_lo - 1), None if more_hi is None else more_hi - 1)
+                    body = f"{rest_expr} {more}"
+                    return body if more_lo >= 1 else _repeat(body, 0, 1)
+                return _repeat(f"{first}{rest_expr}", more_lo, more_hi)
+            step = f"{'' if i == 0 else 'COMMA '}{known[i]} {seq(i + 1)}".strip()
+            return step if i < lo else _repeat(step, 0, 1)
+
+        inner = seq(0)
+        return self.rule(f"{path}-array", f'"[" {inner} "]"' if inner else '"[]"')
+
+    # ------------------------------------------------------------------ strings
+
+    def gen_string(self, node: dict[str, Any], path: str) -> str:
+        lo, hi = _counts(node, path, "minLength", "maxLength")
+        fmt = node.get("format")
+        pattern = node.get("pattern")
+        if isinstance(fmt, str) and fmt in _FORMATS:
+            if "pattern" in node:
+                raise _Refuse(path, "pattern", f'"pattern" beside "format": {_q(fmt)} is not intersected')
+            flo, fhi = _FORMAT_LENGTHS[fmt]
+            if lo > flo or (hi is not None and hi < fhi):
+                raise _Refuse(path, "minLength" if lo > flo else "maxLength",
+                              f'length bounds beside "format": {_q(fmt)} are not intersected')
+            return f'"\\"" {self.primitive(fmt)} "\\""'
+        if isinstance(fmt, str) and fmt in _CHECKED_FORMATS:
+            raise _Refuse(path, "format", f'"format": {_q(fmt)} has no grammar here')
+        if pattern is not None:
+            if not isinstance(pattern, str):
+                raise _Refuse(path, "pattern", '"pattern" must be a string')
+            expr, plo, phi = self.pattern(pattern, path)
+            if plo < lo or (hi is not None and (phi is None or phi > hi)):
+                raise _Refuse(path, "minLength" if plo < lo else "maxLength",
+                              "length bounds beside a pattern whose lengths exceed them are not intersected")
+            return self.rule(f"{path}-pattern", f'"\\"" {expr} "\\""')
+        if lo == 0 and hi is None:
+            return self.primitive("string")
+        return self.rule(f"{path}-string", f'"\\"" {_repeat(self.primitive("char"), lo, hi)} "\\""')
+
+    def pattern(self, pattern: str, path: str) -> tuple[str, int, int | None]:
+        try:
+            re.compile(pattern)
+        except (re.error, OverflowError, RecursionError) as exc:
+            raise _Refuse(path, "pattern", f"pattern {_q(pattern)} is not a valid regex: {exc}") from None
+        try:
+            tree = _RegexParser(pattern).parse()
+        except _RegexUnsupported as exc:
+            raise _Refuse(path, "pattern", f"pattern {_q(pattern)} {exc}") from None
+        branches = tree[1] if tree[0] == "alt" else [tree]
+        exprs = []
+        lo_all: int | None = None
+        hi_all: int | None = 0
+        for branch in branches:
+            items = list(branch[1]) if branch[0] == "cat" else [branch]
+            start = bool(items) and items[0][0] == "bol"
+            if start:
+                items = items[1:]
+            end = bool(items) and items[-1][0] == "eol"
+            if end:
+                items = items[:-1]
+            body = ("cat", items)
+            if _has_anchor(body):
+                raise _Refuse(path, "pattern", f"pattern {_q(pattern)} has ^ or $ inside; not compiled")
+            try:
+                parts = [self.primitive("char") + "*"] if not start else []
+                parts.append(self.regex_expr(body))
+                if not end:
+                    parts.append(self.primitive("char") + "*")
+            except _RegexUnsupported as exc:
+                raise _Refuse(path, "pattern", f"pattern {_q(pattern)} {exc}") from None
+            exprs.append(" ".join(p for p in parts if p) or '""')
+            blo, bhi = _regex_lengths(body)
+            bhi = bhi if start and end else None
+            lo_all = blo if lo_all is None else min(lo_all, blo)
+            hi_all = None if hi_all is None or bhi is None else max(hi_all, bhi)
+        return _alt(exprs), lo_all or 0, hi_all
+
+    def regex_expr(self, node: tuple[Any, ...]) -> str:
+        kind = node[0]
+        if kind == "set":
+            return _json_char_set(node[1])
+        if kind == "cat":
+            parts = [self.regex_expr(n) for n in node[1]]
+            return " ".join(p for p in parts if p != '""') or '""'
+        if kind == "alt":
+            return _alt([self.regex_expr(n) for n in node[1]])
+        if kind == "rep":
+            _, inner, lo, hi = node
+            if lo > MAX_REPEAT or (hi is not None and hi > MAX_REPEAT):
+                raise _RegexUnsupported(f"repeats more than {MAX_REPEAT} times")
+            return _repeat(self.regex_expr(inner), lo, hi)
+        raise _RegexUnsupported("has an anchor where it cannot be compiled")
+
+    # ------------------------------------------------------------------ numbers
+
+    def gen_number(self, node: dict[str, Any], path: str, *, integer: bool) -> str:
+        for key in ("multipleOf", "divisibleBy"):
+            if key in node:
+                if not (_num(node[key]) and node[key] == 1):
+                    raise _Refuse(path, key, f'"{key}" has no exact grammar equivalent')
+                integer = True
+        lo = self.bound(node, path, "minimum", "exclusiveMinimum")
+        hi = self.bound(node, path, "maximum", "exclusiveMaximum")
+        if lo is None and hi is None:
+            return self.primitive("integer" if integer else "number")
+        ilo = None if lo is None else _int_at_least(lo)
+        ihi = None if hi is None else _int_at_most(hi)
+        for b in (ilo, ihi):
+            if b is not None and len(str(abs(b))) > MAX_BOUND_DIGITS:
+                raise _Refuse(path, "minimum" if b == ilo else "maximum", "bound too large to compile")
+        parts = []
+        if ilo is None or ihi is None or ilo <= ihi:
+            parts.append(integer_range(ilo, ihi))
+        if not integer:
+            parts.extend(self.fractions(lo, hi))
+        if not parts:
+            raise _Refuse(path, "minimum", "no integer and no number with up to 6 decimals meets the bounds")
+        return self.rule(f"{path}-{'integer' if integer else 'number'}", _alt(parts))
+
+    def fractions(self, lo: _Bound | None, hi: _Bound | None) -> list[str]:
+        """Numbers with a fraction part ``k.ddd`` (|k| < 10^9, 1-6 digits: no rounding onto a bound)."""
+        frac = '"." [0-9]{1,6}'
+        cap = 10 ** 9 - 1
+        parts = []
+        # non-negative: k.ddd ∈ [k, k+1): needs k to satisfy lo and k+1 <= hi
+        k_lo = max(0, _int_at_least(lo)) if lo is not None else 0
+        k_hi = min(cap, math.floor(hi.value) - 1) if hi is not None else cap
+        if k_lo <= k_hi:
+            parts.append(f"{_nonneg_range(k_lo, k_hi)} {frac}")
+        # negative: -k.ddd ∈ (-(k+1), -k]: needs -k to satisfy hi and -(k+1) >= lo
+        if lo is None or lo.value < 0:
+            m_lo = 0
+            if hi is not None:
+                m_lo = max(0, -_int_at_most(hi))
+            m_hi = min(cap, math.floor(-lo.value) - 1) if lo is not None else cap
+            if m_lo <= m_hi:
+                parts.append(f'"-" {_nonneg_range(m_lo, m_hi)} {frac}')
+        return parts
+
+    def bound(self, node: dict[str, Any], path: str, plain: str, exclusive: str) -> _Bound | None:
+        best: _Bound | None = None
+        candidates: list[_Bound] = []
+        if plain in node:
+            value = node[plain]
+            if not _num(value) or not math.isfinite(value):
+                raise _Refuse(path, plain, f'"{plain}" must be a finite number')
+            candidates.append(_Bound(Fraction(value), self.draft == 4 and node.get(exclusive) is True))
+        if exclusive in node and self.draft > 4:
+            value = node[exclusive]
+            if not _num(value) or not math.isfinite(value):
+                raise _Refuse(path, exclusive, f'"{exclusive}" must be a finite number')
+            candidates.append(_Bound(Fraction(value), True))
+        lower = plain == "minimum"
+        for c in candidates:
+            if best is None:
+                best = c
+                continue
+            tighter = c.value > best.value if lower else c.value < best.value
+            if tighter or (c.value == best.value and c.exclusive):
+                best = c
+        return best
+
+
+def _validation_failures() -> tuple[type[BaseException], ...]:
+    """What jsonschema may raise while evaluating a schema it accepted (bad refs, odd values)."""
+    import jsonschema
+    from referencing.exceptions import Unresolvable
+
+    return (Unresolvable, jsonschema.exceptions.UnknownType, jsonschema.exceptions.FormatError,
+            jsonschema.exceptions.SchemaError, ValueError, TypeError, LookupError, AttributeError,
+            RecursionError, OverflowError, re.error)
+
+
+def _int_at_least(b: _Bound) -> int:
+    n = math.ceil(b.value)
+    return n + 1 if b.exclusive and n == b.value else n
+
+
+def _int_at_most(b: _Bound) -> int:
+    n = math.floor(b.value)
+    return n - 1 if b.exclusive and n == b.value else n
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _num(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _count(value: Any) -> bool:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _counts(node: dict[str, Any], path: str, low: str, high: str) -> tuple[int, int | None]:
+    """``node``'s (low, high) count keywords as ints; a high bound above MAX_REPEAT is lowered to it
+    (fewer answers, all still valid)."""
+    lo = node.get(low, 0)
+    hi = node.get(high)
+    if not _count(lo) or (hi is not None and not _count(hi)):
+        raise _Refuse(path, low if not _count(lo) else high, f"{low}/{high} must be non-negative integers")
+    lo_i = int(lo)
+    hi_i = None if hi is None else min(int(hi), MAX_REPEAT)
+    if lo_i > MAX_REPEAT:
+        raise _Refuse(path, low, f"{low} above {MAX_REPEAT}")
+    if hi_i is not None and lo_i > hi_i:
+        raise _Unsatisfiable(path, low, f"{low} exceeds {high}")
+    return lo_i, hi_i
+
+
+def _type_set(value: Any) -> list[str] | None:
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or not all(isinstance(n, str) and n in _TYPES for n in names):
+        return None
+    return list(dict.fromkeys(names))
+
+
+def _schema_kinds(node: dict[str, Any]) -> set[str] | None:
+    """The JSON kinds ``node`` admits at most (integer counts as number), if it says."""
+    lits = _literal_values(node)
+    if lits is not None:
+        return {_kind(v) for v in lits}
+    types = _type_set(node.get("type"))
+    if types is None:
+        return None
+    return {"number" if t == "integer" else t for t in types}
+
+
+def _generated_kinds(node: dict[str, Any]) -> set[str] | None:
+    """The kinds :meth:`_Compiler.typed` generates for ``node`` when it has no ``type``: those
+    whose keywords it holds (None when something else decides: refs, combinators, literals)."""
+    if _schema_kinds(node) is not None or any(k in node for k in ("$ref", "allOf", "anyOf", "oneOf")):
+        return _schema_kinds(node)
+    kinds = {k for k, kws in _KIND_KW.items() if any(_asserts(node, kw) for kw in kws)}
+    return kinds or None
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
+
+
+def _literal_values(node: Any) -> list[Any] | None:
+    if not isinstance(node, dict):
+        return None
+    if "const" in node:
+        return [node["const"]]
+    if isinstance(node.get("enum"), list):
+        return list(node["enum"])
+    return None
+
+
+def _canon(value: Any) -> str:
+    def norm(v: Any) -> Any:
+        if isinstance(v, float) and v.is_integer():
+            return int(v)
+        if isinstance(v, dict):
+            return {k: norm(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [norm(x) for x in v]
+        return v
+
+    try:
+        return json.dumps(norm(value), sort_keys=True)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def _both(a: Any, b: Any) -> Any:
+    if a is True or a == {}:
+        return b
+    if b is True or b == {}:
+        return a
+    if a is False or b is False:
+        return False
+    return {"allOf": [a, b]}
+
+
+_TRUE_IS_NOOP = frozenset({"additionalProperties", "items", "unevaluatedProperties", "unevaluatedItems",
+                           "propertyNames", "additionalItems"})
+_EMPTY_IS_NOOP = frozenset({"required", "properties", "patternProperties", "dependentSchemas", "dependentRequired",
+                            "dependencies"})
+
+
+def _asserts(node: Mapping[str, Any], key: str) -> bool:
+    if key not in node or key not in ASSERTING or key in _ANNOTATION_ONLY:
+        return False
+    value = node[key]
+    if key in _TRUE_IS_NOOP and (value is True or value == {}):
+        return False
+    if key in _EMPTY_IS_NOOP and value in ([], {}):
+        return False
+    if key == "uniqueItems" and value is False:
+        return False
+    if key in ("allOf", "anyOf", "oneOf") and isinstance(value, list) and value and all(v is True or v == {}
+                                                                                         for v in value):
+        return False
+    return not (key in ("minItems", "minLength", "minProperties") and value == 0 and not isinstance(value, bool))
+
+
+# ---------------------------------------------------------------------------- regular expressions
+
+_MAX_CP = 0x10FFFF
+_DIGITS = [(0x30, 0x39)]
+_WORD = [(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)]
+_SPACE = [(0x09, 0x0D), (0x1C, 0x20)]
+_ASCII = [(0, 0x7F)]
+_JSON_ESCAPES = {0x22: '\\"', 0x5C: "\\\\", 0x08: "\\b", 0x0C: "\\f", 0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t"}
+# what may appear raw inside a JSON string: no quote, backslash, control, DEL or surrogate
+_RAW_OK = [(0x20, 0x21), (0x23, 0x5B), (0x5D, 0x7E), (0x80, 0xD7FF), (0xE000, _MAX_CP)]
+
+
+class _RegexUnsupported(Exception):
+    pass
+
+
+def _normalize(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def _intersect(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out = []
+    for lo1, hi1 in a:
+        for lo2, hi2 in b:
+            lo, hi = max(lo1, lo2), min(hi1, hi2)
+            if lo <= hi:
+                out.append((lo, hi))
+    return _normalize(out)
+
+
+def _complement(a: list[tuple[int, int]], universe: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out = []
+    for ulo, uhi in universe:
+        cur = ulo
+        for lo, hi in _normalize(a):
+            if hi < cur or lo > uhi:
+                continue
+            if lo > cur:
+                out.append((cur, lo - 1))
+            cur = max(cur, hi + 1)
+        if cur <= uhi:
+            out.append((cur, uhi))
+    return _normalize(out)
+
+
+def _json_char_set(ranges: list[tuple[int, int]]) -> str:
+    """One JSON-string character whose decoded code point is in ``ranges``."""
+    raw = _intersect(ranges, _RAW_OK)
+    parts = [gbnf_class(raw)] if raw else []
+    for cp, esc in _JSON_ESCAPES.items():
+        if any(lo <= cp <= hi for lo, hi in ranges):
+            parts.append(gbnf_literal(esc))
+    if not parts:
+        raise _RegexUnsupported("has a character class with no character a JSON string can hold here")
+    return _alt(parts)
+
+
+def _has_anchor(node: tuple[Any, ...]) -> bool:
+    kind = node[0]
+    if kind in ("bol", "eol"):
+        return True
+    if kind in ("cat", "alt"):
+        return any(_has_anchor(n) for n in node[1])
+    if kind == "rep":
+        return _has_anchor(node[1])
+    return False
+
+
+def _regex_lengths(node: tuple[Any, ...]) -> tuple[int, int | None]:
+    kind = node[0]
+    if kind == "set":
+        return 1, 1
+    if kind == "cat":
+        lo = 0
+        hi_sum: int | None = 0
+        for n in node[1]:
+            a, b = _regex_lengths(n)
+            lo += a
+            hi_sum = None if hi_sum is None or b is None else hi_sum + b
+        return lo, hi_sum
+    if kind == "alt":
+        pairs = [_regex_lengths(n) for n in node[1]]
+        highs = [b for _, b in pairs]
+        return min(a for a, _ in pairs), None if None in highs else max(b for b in highs if b is not None)
+    if kind == "rep":
+        a, b = _regex_lengths(node[1])
+        return a * node[2], None if node[3] is None or b is None else b * node[3]
+    return 0, 0
+
+
+class _RegexParser:
+    """Python ``re`` syntax (what jsonschema's pattern check uses) → a small AST.
+
+    Nodes: ("set", ranges) one character; ("cat", [..]); ("alt", [..]); ("rep", n, lo, hi);
+    ("bol",), ("eol",). Classes that depend on Unicode tables (\\d \\w \\s) are read as their
+    ASCII part; their negations are limited to ASCII, so the grammar never admits a
+    character the validator's regex rejects.
+    """
+
+    def __init__(self, pattern: str) -> None:
+        self.s = pattern
+        self.pos = 0
+
+    def parse(self) -> tuple[Any, ...]:
+        node = self.alternation(0)
+        if self.pos != len(self.s):
+            raise _RegexUnsupported("has an unbalanced )")
+        return node
+
+    def peek(self) -> str:
+        return self.s[self.pos] if self.pos < len(self.s) else ""
+
+    def alternation(self, depth: int) -> tuple[Any, ...]:
+        if depth > 50:
+            raise _RegexUnsupported("nests groups too deeply")
+        branches = [self.sequence(depth)]
+        while self.peek() == "|":
+            self.pos += 1
+            branches.append(self.sequence(depth))
+        return branches[0] if len(branches) == 1 else ("alt", branches)
+
+    def sequence(self, depth: int) -> tuple[Any, ...]:
+        items: list[tuple[Any, ...]] = []
+        while self.pos < len(self.s) and self.peek() not in "|)":
+            atom = self.atom(depth)
+            items.append(self.quantified(atom))
+        return items[0] if len(items) == 1 else ("cat", items)
+
+    def quantified(self, atom: tuple[Any, ...]) -> tuple[Any, ...]:
+        while True:
+            c = self.peek()
+            if c in ("*", "+", "?"):
+                lo, hi = {"*": (0, None), "+": (1, None), "?": (0, 1)}[c]
+                self.pos += 1
+            elif c == "{":
+                m = re.compile(r"\{(\d*)(,?)(\d*)\}").match(self.s, self.pos)
+                if not m or (not m.group(1) and not m.group(2)) or (not m.group(1) and not m.group(3) and m.group(2)):
+                    if m and m.group(2) and not m.group(1) and not m.group(3):
+                        return atom  # "{,}" is a literal in Python; handled by atom()
+                    return atom
+                lo = int(m.group(1) or 0)
+                hi = lo if not m.group(2) else (int(m.group(3)) if m.group(3) else None)
+                self.pos = m.end()
+            else:
+                return atom
+            if atom[0] in ("bol", "eol"):
+                raise _RegexUnsupported("repeats an anchor")
+            if self.peek() == "?":
+                self.pos += 1  # lazy: same language
+            elif self.peek() == "+":
+                raise _RegexUnsupported("uses a possessive quantifier")
+            atom = ("rep", atom, lo, hi)
+
+    def atom(self, depth: int) -> tuple[Any, ...]:
+        c = self.s[self.pos]
+        self.pos += 1
+        if c == "(":
+            if self.s.startswith("?:", self.pos):
+                self.pos += 2
+            elif self.s.startswith("?P<", self.pos) or (self.s.startswith("?<", self.pos)
+                                                       and not self.s.startswith(("?<=", "?<!"), self.pos)):
+                end = self.s.find(">", self.pos)
+                if end < 0:
+                    raise _RegexUnsupported("has an unterminated group name")
+                self.pos = end + 1
+            elif self.peek() == "?":
+                raise _RegexUnsupported("uses lookaround, backreferences or inline flags")
+            node = self.alternation(depth + 1)
+            if self.peek() != ")":
+                raise _RegexUnsupported("has an unbalanced (")
+            self.pos += 1
+            return node
+        if c == "[":
+            return ("set", self.char_class())
+        if c == ".":
+            return ("set", _complement([(0x0A, 0x0A)], [(0, _MAX_CP)]))
+        if c == "^":
+            return ("bol",)
+        if c == "$":
+            return ("eol",)
+        if c == "\\":
+            return self.escape(in_class=False)
+        if c in "*+?":
+            raise _RegexUnsupported("has nothing to repeat")
+        return ("set", [(ord(c), ord(c))])
+
+    def escape(self, *, in_class: bool) -> tuple[Any, ...]:
+        if self.pos >= len(self.s):
+            raise _RegexUnsupported("ends with a backslash")
+        c = self.s[self.pos]
+        self.pos += 1
+        classes = {"d": _DIGITS, "w": _WORD, "s": _SPACE}
+        if c in classes:
+            return ("set", classes[c])
+        if c.lower() in classes:
+            return ("set", _complement(classes[c.lower()], _ASCII))
+        simple = {"n": 0x0A, "t": 0x09, "r": 0x0D, "f": 0x0C, "v": 0x0B, "a": 0x07}
+        if c in simple:
+            return ("set", [(simple[c], simple[c])])
+        if c == "b" and in_class:
+            return ("set", [(0x08, 0x08)])
+        if c in "xuU":
+            n = {"x": 2, "u": 4, "U": 8}[c]
+            digits = self.s[self.pos:self.pos + n]
+            if len(digits) != n or not all(d in "0123456789abcdefABCDEF" for d in digits):
+                raise _RegexUnsupported(f"has a malformed \\{c} escape")
+            self.pos += n
+            cp = int(digits, 16)
+            if cp > _MAX_CP:
+                raise _RegexUnsupported("has an escape beyond Unicode")
+            return ("set", [(cp, cp)])
+        if c == "A" and not in_class:
+            return ("bol",)
+        if c == "Z" and not in_class:
+            return ("eol",)
+        if c == "0":
+            return ("set", [(0, 0)])
+        if c.isalnum():
+            raise _RegexUnsupported(f'uses "\\{c}", which has no grammar equivalent here')
+        return ("set", [(ord(c), ord(c))])
+
+    def char_class(self) -> list[tuple[int, int]]:
+        negate = self.peek() == "^"
+        if negate:
+            self.pos += 1
+        ranges: list[tuple[int, int]] = []
+        unicode_dependent = False
+        first = True
+        while True:
+            if self.pos >= len(self.s):
+                raise _RegexUnsupported("has an unterminated [")
+            c = self.s[self.pos]
+            if c == "]" and not first:
+                self.pos += 1
+                break
+            first = False
+            if c == "[" and self.s.startswith("[:", self.pos):
+                raise _RegexUnsupported("uses a POSIX class")
+            self.pos += 1
+            if c == "\\":
+                esc = self.s[self.pos] if self.pos < len(self.s) else ""
+                node = self.escape(in_class=True)
+                if esc.lower() in "dws":
+                    unicode_dependent = True
+                    ranges.extend(node[1])
+                    continue
+                lo = node[1][0][0] if len(node[1]) == 1 and node[1][0][0] == node[1][0][1] else None
+                if lo is None:
+                    ranges.extend(node[1])
+                    continue
+            else:
+                lo = ord(c)
+            if self.peek() == "-" and self.pos + 1 < len(self.s) and self.s[self.pos + 1] != "]":
+                self.pos += 1
+                d = self.s[self.pos]
+                self.pos += 1
+                if d == "\\":
+                    node = self.escape(in_class=True)
+                    if len(node[1]) != 1 or node[1][0][0] != node[1][0][1]:
+                        raise _RegexUnsupported("has a range ending in a class")
+                    hi = node[1][0][0]
+                else:
+                    hi = ord(d)
+                if hi < lo:
+                    raise _RegexUnsupported("has a reversed range")
+                ranges.append((lo, hi))
+            else:
+                ranges.append((lo, lo))
+        if negate:
+            return _complement(ranges, _ASCII if unicode_dependent else [(0, _MAX_CP)])
+        return _normalize(ranges)

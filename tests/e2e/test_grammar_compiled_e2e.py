@@ -1,0 +1,138 @@
+"""Both corpora against the real llama-server: our compiled grammar, and the truth about its converter.
+
+One llama-server (gemma-3-270m) serves the module (the ``server`` fixture of
+``test_grammar_corpus_e2e``).
+
+- **Compiled grammars**: every schema that compiles exactly is sent as the request's
+  ``grammar``; the server must accept it (our GBNF parses in the real engine), and every
+  answer that ends with ``stop`` must be schema-valid. Answers cut by ``max_tokens`` are
+  counted, not validated.
+- **The checker vs llama.cpp's converter**: for every schema, the server's own grammar (the
+  ``generation_settings.grammar`` that ``/completion`` with ``json_schema`` reports) is
+  walked 200 times and validated: the truth is "enforced" when no walk is invalid
+  (against the structural part for a warning-only verdict) and "not enforced" when a walk
+  is invalid or the request is refused. The checker must have no false accepts; the
+  confusion matrix is printed.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+from typing import Any
+
+import httpx
+import pytest
+
+from localllm.cli.grammar import verdict
+from localllm.grammar import Violation, check_subset, compile_schema
+from localllm.grammar.compile import _validation_failures
+from localllm.grammar.subset import parse_path
+from localllm.grammar.walk import Grammar
+from tests.e2e.test_grammar_corpus_e2e import Server, server  # noqa: F401  (module-scoped llama-server)
+from tests.unit.grammar_harness import corpus, realworld, validator
+
+pytestmark = pytest.mark.e2e
+
+ENTRIES = list(corpus()) + list(realworld())
+MAX_TOKENS = 192
+WALKS = 200
+
+
+def _post(srv: Server, path: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(srv.base + path, json=body, timeout=httpx.Timeout(10.0, read=120.0))
+
+
+@pytest.mark.timeout(3600)
+def test_compiled_grammars_are_accepted_and_answers_validate(server: Server) -> None:  # noqa: F811
+    refused: dict[str, str] = {}
+    invalid: dict[str, str] = {}
+    finished = truncated = 0
+    for name, schema in ENTRIES:
+        compiled = compile_schema(schema)
+        if compiled.grammar is None:
+            continue
+        prompt = ("Reply with a JSON value matching this JSON Schema:\n"
+                  + json.dumps(schema, separators=(",", ":"))[:4000])
+        reply = _post(server, "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": prompt}], "max_tokens": MAX_TOKENS,
+            "temperature": 0, "grammar": compiled.grammar})
+        if reply.status_code != 200:
+            refused[name] = reply.text[:200]
+            continue
+        choice = reply.json()["choices"][0]
+        if choice["finish_reason"] != "stop":
+            truncated += 1
+            continue
+        finished += 1
+        content = choice["message"]["content"]
+        try:
+            ok = validator(schema).is_valid(json.loads(content))
+        except ValueError:
+            ok = False
+        if not ok:
+            invalid[name] = content[:200]
+    print(f"\ncompiled grammars on llama-server: {finished} finished, {truncated} cut at max_tokens, "
+          f"{len(refused)} refused, {len(invalid)} invalid")
+    assert refused == {}
+    assert invalid == {}
+    assert finished > truncated
+
+
+def _structural(schema: Any, findings: list[Violation]) -> Any:
+    out = copy.deepcopy(schema)
+    for f in findings:
+        if f.severity != "warning":
+            continue
+        node: Any = out
+        for token in parse_path(f.path):
+            node = node[token]
+        if f.construct == "oneOf":
+            node["anyOf"] = node.pop("oneOf")
+        else:
+            node.pop(f.construct, None)
+    return out
+
+
+def _walks_hold(grammar: Grammar, schema: Any, rng: random.Random) -> bool:
+    check = validator(schema)
+    for _ in range(WALKS):
+        try:
+            value = json.loads(grammar.sample(rng))
+        except ValueError:
+            return False
+        if not check.is_valid(value):
+            return False
+    return True
+
+
+@pytest.mark.timeout(1800)
+def test_checker_matches_the_server_converter(server: Server) -> None:  # noqa: F811
+    matrix = {"accept/enforced": 0, "accept/not": 0, "reject/not": 0, "reject/enforced": 0}
+    false_accepts: list[str] = []
+    false_rejects: list[str] = []
+    for name, schema in ENTRIES:
+        findings = check_subset(schema)
+        accepts = verdict(findings) != "error"
+        reply = _post(server, "/completion", {"prompt": "x", "n_predict": 1, "json_schema": schema})
+        if reply.status_code != 200:
+            enforced = False
+        else:
+            grammar = Grammar.parse(reply.json()["generation_settings"]["grammar"])
+            target = _structural(schema, findings) if accepts else schema
+            try:
+                enforced = _walks_hold(grammar, target, random.Random(1))
+            except _validation_failures():  # a schema jsonschema itself cannot evaluate
+                enforced = False
+        key = f"{'accept' if accepts else 'reject'}/{'enforced' if enforced else 'not'}"
+        matrix[key] += 1
+        if accepts and not enforced:
+            false_accepts.append(name)
+        if not accepts and enforced:
+            false_rejects.append(name)
+    total = sum(matrix.values())
+    agree = matrix["accept/enforced"] + matrix["reject/not"]
+    print(f"\nchecker vs llama.cpp's converter on {total} schemas: {matrix}; agreement {agree / total:.1%}; "
+          f"false rejects: {false_rejects}")
+    assert false_accepts == []
