@@ -202,6 +202,8 @@ def _coerce(spec: KeySpec, value: Any, where: str, ctx: Context) -> Any:
     elif kind in (int, float):
         return _number(spec, value, where, ctx)
     elif kind is str:
+        if isinstance(value, bool) and str(value).lower() in spec.key.choices:
+            value = str(value).lower()  # a choice spelled true/false (YAML reads it as a bool)
         if isinstance(value, str):
             return _string(spec, value, where, ctx)
     elif kind is tuple:
