@@ -14,7 +14,7 @@ Servers disagree on the field. The styles, as ``response_format:`` names them:
 
 ``auto`` on an attached endpoint sends one probe at the first call that has a schema
 (:func:`probe`: ``max_tokens`` 16, a one-property schema whose only valid answer is
-``{"v":"7"}``) and reads the outcome: answered with exactly that → ``json_schema`` is
+``{"v":"7"}``) and reads the outcome: answered with that (or its start, when cut) → ``json_schema`` is
 honoured (``grammar`` when the reply carries llama.cpp's ``timings`` and the agent compiles
 grammars); answered with something else → the field was ignored → ``none``; rejected
 (any non-auth 4xx/5xx) → ``json_object`` with ``schema``, *unverified*: if the first real
@@ -91,7 +91,10 @@ def read_probe(status: int, data: Any, *, compiles: bool) -> Negotiated | None:
     except (KeyError, IndexError, TypeError):
         return Negotiated("none", "no choices[0].message.content in the probe's answer")
     answer = "".join(content.split()) if isinstance(content, str) else ""
-    if answer != _PROBE_ANSWER:
+    # cut by max_tokens (a pretty-printing server spends tokens on whitespace): a prefix
+    # past the property name is still only reachable under the constraint
+    cut = len(answer) >= len('{"v":') and _PROBE_ANSWER.startswith(answer)
+    if answer != _PROBE_ANSWER and not cut:
         return Negotiated("none", "json_schema ignored (the probe's answer was not constrained)")
     llama_cpp = isinstance(data, dict) and isinstance(data.get("timings"), dict)
     if llama_cpp and compiles:

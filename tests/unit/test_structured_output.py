@@ -232,6 +232,10 @@ def test_read_probe_verdicts() -> None:
     assert structured.read_probe(200, {**ok, "timings": {}}, compiles=True).style == "grammar"  # type: ignore[union-attr]
     assert structured.read_probe(200, {**ok, "timings": {}}, compiles=False).style == "json_schema"  # type: ignore[union-attr]
     assert structured.read_probe(200, ok, compiles=True).style == "json_schema"  # type: ignore[union-attr]
+    cut = {"choices": [{"message": {"content": '{\n    "v": "'}, "finish_reason": "length"}]}
+    assert structured.read_probe(200, cut, compiles=False).style == "json_schema"  # type: ignore[union-attr]
+    prose = {"choices": [{"message": {"content": "{"}}]}
+    assert structured.read_probe(200, prose, compiles=False).style == "none"  # type: ignore[union-attr]
     rejected = structured.read_probe(422, None, compiles=True)
     assert rejected is not None and rejected.style == "json_object" and not rejected.verified
     assert structured.read_probe(401, None, compiles=True) is None
