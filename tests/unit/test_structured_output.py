@@ -258,3 +258,24 @@ def test_read_probe_verdicts() -> None:
 def test_read_error(status: int, text: str, message: str, auth: bool) -> None:
     found = read_error(status, text)
     assert (found.message, found.auth) == (message, auth)
+
+
+@pytest.mark.parametrize(("written", "loaded"), [("true", "true"), ("false", "false"), ("auto", "auto"),
+                                                 ("'true'", "true")])
+def test_normalize_takes_yaml_booleans_and_auto(tmp_path: Path, written: str, loaded: str) -> None:
+    (tmp_path / "app.yaml").write_text(f"embedders:\n  e: {{endpoint: 'http://127.0.0.1:9', normalize: {written}}}\n",
+                                       encoding="utf-8")
+    assert load_config(tmp_path / "app.yaml").embedders["e"].normalize == loaded
+
+
+def test_bad_normalize_and_response_format_name_the_key(tmp_path: Path) -> None:
+    from localllm.errors import ConfigError
+
+    (tmp_path / "app.yaml").write_text(
+        "embedders:\n  e: {endpoint: 'http://127.0.0.1:9', normalize: yes please}\n"
+        "agent_plugins:\n  agent.x: {plugin: builtin.local_llm, endpoint: 'http://127.0.0.1:9', "
+        "response_format: json}\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "app.yaml")
+    text = str(info.value)
+    assert "embedders.e.normalize" in text and "agent_plugins.agent.x.response_format" in text
