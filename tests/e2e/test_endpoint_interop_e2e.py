@@ -69,7 +69,8 @@ class Proc:
         began = time.monotonic()
         with self.log.open("ab") as out:
             self.popen = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          env={**os.environ, **self.env}, start_new_session=True)
+                                          env={**{k: v for k, v in os.environ.items() if k != "DATABASE_URL"},
+                                               **self.env}, start_new_session=True)
         url = f"http://127.0.0.1:{self.port}{self.health}"
         while time.monotonic() - began < timeout:
             code = self.popen.poll()
@@ -144,7 +145,7 @@ def _llcp(tmp: Path, chat_gguf: Path, embed_gguf: Path) -> tuple[Proc, Proc]:
                                      "--n_ctx", "2048", "--model_alias", "gemma"],
                 chat_port, "/v1/models", tmp / "llcp.log", headers=auth)
     embed = Proc("llama-cpp-python --embedding", [*base, "--model", str(embed_gguf), "--port", str(embed_port),
-                                                  "--embedding", "true", "--model_alias", "minilm"],
+                                                  "--embedding", "true", "--model_alias", "all-minilm-l6-v2"],
                  embed_port, "/v1/models", tmp / "llcp-embed.log", headers=auth)
     return chat, embed
 
@@ -158,14 +159,14 @@ def _litellm(tmp: Path, chat: Proc, embed: Proc) -> Proc:
         "model_list": [
             {"model_name": "gemma", "litellm_params": {"model": "openai/gemma", "api_key": KEY,
                                                        "api_base": f"http://127.0.0.1:{chat.port}/v1"}},
-            {"model_name": "minilm", "litellm_params": {"model": "openai/minilm", "api_key": KEY,
+            {"model_name": "all-minilm-l6-v2", "litellm_params": {"model": "openai/all-minilm-l6-v2", "api_key": KEY,
                                                         "api_base": f"http://127.0.0.1:{embed.port}/v1"}},
         ],
         "general_settings": {"master_key": GATEWAY_KEY},
     }), encoding="utf-8")
     port = free_port()
     env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY": "False", "NO_PROXY": "*",
-           "DATABASE_URL": "", "HOME": str(tmp)}
+           "HOME": str(tmp)}
     return Proc("litellm", [str(binary), "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
                             "--num_workers", "1"], port, "/health/liveliness", tmp / "litellm.log", env=env)
 
@@ -188,10 +189,11 @@ class Backends:
         else:
             chat, embed = _llcp(self.tmp, self.chat_gguf, self.embed_gguf)
             if kind == "llama-cpp-python":
-                backend = Backend(kind, chat, embed, KEY, [chat, embed], "gemma", "minilm")
+                backend = Backend(kind, chat, embed, KEY, [chat, embed], "gemma", "all-minilm-l6-v2")
             else:
                 gateway = _litellm(self.tmp, chat, embed)
-                backend = Backend(kind, gateway, gateway, GATEWAY_KEY, [chat, embed, gateway], "gemma", "minilm")
+                backend = Backend(kind, gateway, gateway, GATEWAY_KEY, [chat, embed, gateway], "gemma",
+                                  "all-minilm-l6-v2")
         self.current = backend
         for proc in backend.procs:
             proc.start()
