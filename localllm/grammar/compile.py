@@ -29,8 +29,9 @@ from typing import Any
 from urllib.parse import unquote
 
 MAX_DEPTH = 64
-#: llama.cpp expands ``x{m,n}`` into n rules: refuse bounds beyond this
-MAX_REPEAT = 10_000
+#: llama.cpp expands ``x{m,n}`` into n nested rules and advances all of them per token: a
+#: larger maximum is lowered to this (sound: fewer answers), a larger minimum refused
+MAX_REPEAT = 1_000
 MAX_BRANCHES = 64
 MAX_GRAMMAR_CHARS = 2_000_000
 #: integer bounds with more digits than this are refused (grammar size grows with them)
