@@ -6,7 +6,7 @@ MODEL  ?= qwen2.5-1.5b-instruct
 E2E    := $(HOME)/.cache/localllm-e2e
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: install lint unit e2e test bench demo fetch-llama-server fetch-models e2e-models e2e-interop clean
+.PHONY: install lint unit e2e test bench demo fetch-llama-server fetch-models e2e-models e2e-interop e2e-endpoints clean
 
 install: $(VENV)/.installed
 
@@ -38,6 +38,11 @@ e2e-models: install
 	@test -f $(E2E)/gemma-3-270m-q4_k_m.gguf || mv $(E2E)/gemma-3-270m-q4_k_m.gguf.partial $(E2E)/gemma-3-270m-q4_k_m.gguf
 	@ln -sf $(E2E)/gemma-3-270m-q4_k_m.gguf $(E2E)/mirror/gemma-3-270m-q4_k_m.gguf
 
+# Third-party MCP servers and the conformance suite, pinned, once into the user cache
+# (npm and PyPI registries; never at test time): see tests/e2e/mcp_interop.py.
+e2e-interop: install
+	$(BIN)/python -m tests.e2e.mcp_interop
+
 # Third-party servers for tests/e2e/test_endpoint_interop_e2e.py, each in its own venv in
 # the user cache (never the project venv). llama-cpp-python compiles llama.cpp (~10 min on
 # 2 cores): its wheel is built once, keyed by version, without AMX (its kernels crash on
@@ -49,7 +54,7 @@ LLCP_WHEELS     := $(E2E)/wheels/llama-cpp-python-$(LLCP_VERSION)-noamx
 LLCP_VENV       := $(E2E)/venvs/llama-cpp-python-$(LLCP_VERSION)-noamx
 LITELLM_VENV    := $(E2E)/venvs/litellm-$(LITELLM_VERSION)
 
-e2e-interop: $(LLCP_VENV)/.installed $(LITELLM_VENV)/.installed
+e2e-endpoints: $(LLCP_VENV)/.installed $(LITELLM_VENV)/.installed
 
 $(LLCP_WHEELS)/.built:
 	rm -rf $(LLCP_WHEELS).partial && mkdir -p $(LLCP_WHEELS).partial
@@ -69,7 +74,7 @@ $(LITELLM_VENV)/.installed:
 	$(LITELLM_VENV)/bin/python -m pip install -q 'litellm[proxy]==$(LITELLM_VERSION)'
 	touch $@
 
-e2e: install fetch-llama-server e2e-models e2e-interop
+e2e: install fetch-llama-server e2e-models e2e-interop e2e-endpoints
 	$(BIN)/pytest tests/e2e -q -p no:cacheprovider
 
 test: lint unit e2e

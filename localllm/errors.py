@@ -33,12 +33,15 @@ callers may catch either.
     ├── PluginError                           an Agent Plugins directory cannot be used as declared
     │   ├── PluginPathEscape (PermissionError)  command/cwd resolves outside its root at spawn
     │   └── PluginSpawnError (OSError)        command or cwd missing, PLUGIN_DATA unwritable
-    └── EmbedError
-        ├── InputTooLong (ValueError)
-        ├── DimensionMismatch (ValueError)
-        ├── EmbedServerError                  the embedding server failed or answered badly
-        ├── StoreCorrupt
-        └── StoreUnavailable (OSError)        disk full, locked or I/O error; nothing was lost
+    ├── EmbedError
+    │   ├── InputTooLong (ValueError)
+    │   ├── DimensionMismatch (ValueError)
+    │   ├── EmbedServerError                  the embedding server failed or answered badly
+    │   ├── StoreCorrupt
+    │   └── StoreUnavailable (OSError)        disk full, locked or I/O error; nothing was lost
+    └── ServiceError                          `localllm serve` and attaching to it
+        ├── ServiceRunning                    another service owns this cache (pid, port)
+        └── ServiceUnavailable (ConnectionError)  no usable service (``service: required``)
 """
 
 from __future__ import annotations
@@ -158,8 +161,11 @@ class AgentError(LocalLLMError):
         episode_id: str | None = None,
         match_idx: int | None = None,
         original: AgentError | None = None,
+        call_id: str | None = None,
     ) -> None:
         self.kind = ErrorKind(kind)
+        #: the failed call's call_id (set by the runtime), to find its events in the trace
+        self.call_id = call_id
         self.detail = detail
         self.alias = alias
         self.meta = meta
@@ -187,6 +193,7 @@ class AgentError(LocalLLMError):
         fields: dict[str, object] = {
             "kind": self.kind, "detail": self.detail, "hint": self.hint, "alias": self.alias, "meta": self.meta,
             "episode_id": self.episode_id, "match_idx": self.match_idx, "original": self.original,
+            "call_id": self.call_id,
         }
         fields.update(changes)
         clone = AgentError.__new__(type(self))
@@ -388,3 +395,25 @@ class StoreUnavailable(EmbedError, OSError):
         self.path = path
         self.reason = reason
         super().__init__(message)
+
+
+class ServiceError(LocalLLMError):
+    """Base of failures of the machine-wide service (``localllm serve``, ps, stop, attach)."""
+
+
+class ServiceRunning(ServiceError):
+    """A service already runs for this cache; ``pid`` and ``port`` name it."""
+
+    def __init__(self, *, cache: str, pid: int | None, port: int | None) -> None:
+        self.cache = cache
+        self.pid = pid
+        self.port = port
+        where = f"pid {pid}, port {port}" if pid else "its discovery file is being written"
+        super().__init__(
+            f"a localllm service is already running for cache {cache} ({where})",
+            hint="use it (`localllm ps`), or stop it first with `localllm stop --all`",
+        )
+
+
+class ServiceUnavailable(ServiceError, ConnectionError):
+    """No service answers for this cache (or it does not serve the model)."""

@@ -27,7 +27,19 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         _plugin_agents(draft, key, plugin_dir)
     check_references(draft)
     _check_schemas(draft)
+    _check_evidence(draft)
     return draft.config()
+
+
+def _check_evidence(draft: Draft) -> None:
+    """A gate's ``selection.evidence`` is an eval report of that gate (staleness is `check`'s warning)."""
+    from localllm.selection import gate_problems
+
+    for gate in draft.gates.values():
+        if gate.selection is not None and gate.selection.evidence is not None:
+            for problem in gate_problems(gate, gate.selection.evidence):
+                draft.problems.add(f"gates.{gate.name}.selection.evidence", f"{gate.selection.evidence} {problem}",
+                                   f"run `localllm eval {gate.name} -c {draft.file}` to write it, or fix the path")
 
 
 def _plugin_agents(draft: Draft, key: str, plugin_dir: Path) -> None:
@@ -80,9 +92,8 @@ def _check_schemas(draft: Draft) -> None:
         if issues or gate.verb != "decide" or not isinstance(decl, LocalLLMDecl) or not decl.grammar \
                 or decl.json_schema:
             continue
-        from localllm.grammar import check_subset, format_violation
+        from localllm.grammar import format_violation, unenforced
 
-        for violation in check_subset(schema):
-            if violation.severity == "error":
-                draft.problems.add(key, format_violation(violation, gate.agent, str(gate.schema_path)),
-                                   "simplify the schema, set json_schema: true, or route the gate to another agent")
+        for violation in unenforced(schema, compiled=decl.grammar is True):
+            draft.problems.add(key, format_violation(violation, gate.agent, str(gate.schema_path)),
+                               "simplify the schema, set json_schema: true, or route the gate to another agent")

@@ -52,6 +52,7 @@ from localllm.trace.callid import cassette_call_key, derive_call_id, live_call_k
 from localllm.wire import AskRequest, AskResponse, CallResult
 
 if TYPE_CHECKING:
+    from localllm.selection import Choice
     from localllm.trace.recorder import TraceRecorder
     from localllm.trace.writer import TraceWriter
 
@@ -179,6 +180,7 @@ class Runtime:
         #: structured-output styles negotiated per endpoint URL (agents/structured.py), built on first use
         self._styles: Any = None
         self._seq: dict[tuple[int, str], int] = {}
+        self._choices: dict[str, Choice | None] = {}
         self._closed = False
         self._owns_trace = False
         self.trace: TraceWriter | None = None
@@ -260,7 +262,8 @@ class Runtime:
 
     def call(self, verb: str, *, agent: str, prompt: str, schema: Mapping[str, Any] | str | Path | None = None,
              args: Mapping[str, Any] | None = None, world: Mapping[str, Any] | None = None,
-             timeout: float | None = None, state_path: str | None = None) -> CallResult:
+             timeout: float | None = None, state_path: str | None = None,
+             selected_by: Mapping[str, Any] | None = None) -> CallResult:
         """Ask ``agent`` a verb and return the validated submission, or raise AgentError.
 
         ``schema`` is a schema object or a path relative to the config file. ``prompt`` may
@@ -291,10 +294,12 @@ class Runtime:
             leg = self._fallback(request, leg.error, schema=schema_doc, schema_path=schema_path, timeout=timeout)
             record.leg_finished(leg.alias, leg.response, leg.error, leg.value)
         meta = self._meta(leg, fallback_of)
+        if selected_by is not None:
+            meta["selected_by"] = dict(selected_by)
         call_id = self._replay_call_id(leg) or request.call_id
         record.finished(call_id=call_id, duration_ms=int((time.monotonic() - started) * 1000), meta=meta)
         if leg.error is not None:
-            raise leg.error
+            raise leg.error.replace(call_id=call_id)
         return CallResult(submission=leg.value, meta=meta, call_id=call_id, agent=leg.alias)
 
     def _fallback(self, request: AskRequest, local_error: AgentError, *, schema: dict[str, Any] | None,
@@ -344,14 +349,23 @@ class Runtime:
         return derive_call_id(self.config.app_id, cassette_call_key(replay.episode_id, replay.match_idx))
 
     def run_gate(self, name: str, args: Mapping[str, Any] | None = None,
-                 world: Mapping[str, Any] | None = None) -> CallResult:
+                 world: Mapping[str, Any] | None = None, *, agent: str | None = None) -> CallResult:
         """Run the named gate. Gate ``args`` are rendered against the call's args/world,
-        then call args the gate does not define are added."""
+        then call args the gate does not define are added.
+
+        ``agent`` routes the gate to another declared alias. Without it, a gate with
+        ``selection: {policy: cheapest-passing}`` asks its evidence (once per Runtime, see
+        :mod:`localllm.selection`) and records the choice as ``meta.selected_by``."""
         gate = self.config.gates.get(name)
         if gate is None:
             known = ", ".join(self.config.gates) or "none"
             raise CallError(f'no gate named "{name}" (gates: {known})', key="gates", value=name,
                             hint=f"declare it under gates: in {self.config.path}")
+        selected_by: dict[str, Any] | None = None
+        if agent is None:
+            choice = self._selection(name)
+            agent = choice.alias if choice is not None else gate.agent
+            selected_by = choice.selected_by if choice is not None else None
         given = dict(args or {})
         world = dict(world or {})
         merged: dict[str, Any] = {}
@@ -361,8 +375,19 @@ class Runtime:
         for key, value in given.items():
             merged.setdefault(key, value)
         schema = self.config.schema_for(gate, lambda text: render_prompt(text, merged, world, source=f"gates.{name}"))
-        return self.call(gate.verb, agent=gate.agent, prompt=gate.prompt, schema=schema, args=merged,
-                         world=world, timeout=gate.timeout, state_path=name)
+        return self.call(gate.verb, agent=agent, prompt=gate.prompt, schema=schema, args=merged,
+                         world=world, timeout=gate.timeout, state_path=name, selected_by=selected_by)
+
+    def _selection(self, name: str) -> Choice | None:
+        """The gate's evidence-backed choice, decided on first use and kept for this Runtime."""
+        with self._lock:
+            if name in self._choices:
+                return self._choices[name]
+        from localllm.selection import choose
+
+        choice = choose(self.config, self.config.gates[name])
+        with self._lock:
+            return self._choices.setdefault(name, choice)
 
     # ------------------------------------------------------------------ internals
 

@@ -51,11 +51,14 @@ def notification(method: str) -> dict[str, Any]:
 
 
 def initialize_request(req_id: int) -> dict[str, Any]:
-    """``initialize`` offering :data:`LATEST`; we declare no client capabilities."""
+    """``initialize`` offering :data:`LATEST`. The one capability we declare is
+    ``elicitation`` (form): a server may ask, and gets a clean decline rather than an error
+    (see :func:`reply_to_server_request`)."""
     return request(
         req_id,
         "initialize",
-        {"protocolVersion": LATEST, "capabilities": {}, "clientInfo": {"name": "localllm", "version": __version__}},
+        {"protocolVersion": LATEST, "capabilities": {"elicitation": {}},
+         "clientInfo": {"name": "localllm", "version": __version__}},
     )
 
 
@@ -72,18 +75,46 @@ def is_response(message: dict[str, Any]) -> bool:
     return "method" not in message and ("result" in message or "error" in message)
 
 
-def reply_to_server_request(message: dict[str, Any]) -> dict[str, Any] | None:
-    """Our answer to a server→client message: ``{}`` for ``ping``, an error for other
-    requests (we declare no capabilities), ``None`` for notifications."""
+def reply_to_server_request(message: dict[str, Any], *, elicitation: str = "decline") -> dict[str, Any] | None:
+    """Our answer to a server→client message (``None`` for a notification).
+
+    ``ping`` → ``{}`` (MUST be answered). ``elicitation/create`` → ``{"action": "decline"}``;
+    with ``elicitation="defaults"`` a form whose every required field has a ``default`` is
+    accepted with the defaults (the form submitted as pre-filled, SEP-1034), any other
+    request declined. Anything else (sampling, roots, ...) → JSON-RPC "method not found":
+    we declare no such capability.
+    """
     if "method" not in message or "id" not in message:
         return None
-    if message["method"] == "ping":
+    method = message["method"]
+    if method == "ping":
         return {"jsonrpc": "2.0", "id": message["id"], "result": {}}
+    if method == "elicitation/create":
+        params = message.get("params")
+        content = _form_defaults(params) if elicitation == "defaults" and isinstance(params, dict) else None
+        result: dict[str, Any] = {"action": "decline"} if content is None else {"action": "accept", "content": content}
+        return {"jsonrpc": "2.0", "id": message["id"], "result": result}
     return {
         "jsonrpc": "2.0",
         "id": message["id"],
-        "error": {"code": _METHOD_NOT_FOUND, "message": f"localllm does not serve {message['method']}"},
+        "error": {"code": _METHOD_NOT_FOUND, "message": f"localllm does not serve {method}"},
     }
+
+
+def _form_defaults(params: dict[str, Any]) -> dict[str, Any] | None:
+    """The defaults of a form elicitation, or ``None`` if a required field has none."""
+    if params.get("mode", "form") != "form":
+        return None
+    schema = params.get("requestedSchema")
+    properties = schema.get("properties") if isinstance(schema, dict) else None
+    if not isinstance(properties, dict):
+        return None
+    content = {name: spec["default"] for name, spec in properties.items()
+               if isinstance(spec, dict) and "default" in spec}
+    required = schema.get("required") if isinstance(schema, dict) else None
+    if isinstance(required, list) and any(name not in content for name in required):
+        return None
+    return content
 
 
 def jsonrpc_error_text(error: Any) -> str:

@@ -38,10 +38,19 @@ from localllm._upstream import UpstreamError, read_error
 from localllm.agents import structured
 from localllm.agents.base import Agent
 from localllm.config import LocalLLMDecl
-from localllm.errors import AgentError, ErrorKind, FetchError, LocalLLMError, SidecarError, truncate_detail
+from localllm.errors import (
+    AgentError,
+    ErrorKind,
+    FetchError,
+    LocalLLMError,
+    ServiceError,
+    SidecarError,
+    truncate_detail,
+)
 from localllm.wire import AskRequest, AskResponse, Transcript
 
 if TYPE_CHECKING:
+    from localllm.managed.discovery import Attachment
     from localllm.managed.server import ManagedServer
 
 _FENCE = re.compile(r"^\s*```(?:json)?\s*\n?(.*?)\n?\s*```\s*$", re.DOTALL)
@@ -84,6 +93,7 @@ class LocalLLMAgent(Agent):
         self.base_dir = base_dir
         self._lock = threading.Lock()
         self._server: ManagedServer | None = None
+        self._attached: Attachment | None = None  # a running `localllm serve` used instead
         self._client: Any = None
         self._subset_cache: dict[str, bool] = {}
         self._pinned_meta: dict[str, Any] | None = None
@@ -139,8 +149,15 @@ class LocalLLMAgent(Agent):
             assert self.decl.endpoint is not None
             return normalize_endpoint(self.decl.endpoint)
         try:
+            if self._server is None and self._attached is None:
+                from localllm.managed.attach import attach
+
+                self._attached = attach(self.decl.model or "", policy=self.decl.service,
+                                        server_bin=self.decl.server_bin, base_dir=self.base_dir)
+            if self._attached is not None:
+                return self._attached.base_url
             return normalize_endpoint(self._managed_server().ensure_ready())
-        except (FetchError, SidecarError, ValueError) as exc:
+        except (FetchError, SidecarError, ServiceError, ValueError) as exc:
             if self._closed:
                 raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias} was closed while starting") from exc
             hint = f" ({exc.hint})" if isinstance(exc, LocalLLMError) and exc.hint else ""
@@ -192,7 +209,8 @@ class LocalLLMAgent(Agent):
             return server, "server", "json_schema"
         return {}, "none", "none"
 
-    def build_body(self, request: AskRequest, style: str | None = None) -> tuple[dict[str, Any], str, bool, str]:
+    def build_body(self, request: AskRequest, style: str | None = None,
+                   attached: Any = None) -> tuple[dict[str, Any], str, bool, str]:
         """The chat-completions body, ``meta.grammar``, whether json_schema applied and the style run."""
         schema = request.schema
         native = schema is not None and self.decl.json_schema
@@ -211,6 +229,8 @@ class LocalLLMAgent(Agent):
         if temperature is not None:
             body["temperature"] = temperature
         body.update(constraint)
+        if attached is not None:
+            body["model"] = attached.model
         return body, grammar, native, ran
 
     def _headers(self) -> dict[str, str]:
@@ -228,6 +248,9 @@ class LocalLLMAgent(Agent):
 
         headers = self._headers()
         base = self.base_url()
+        attached = self._attached  # managed mode served by a running `localllm serve`
+        if attached is not None:
+            headers = {**headers, **attached.headers()}
         server = self._server
         pid = server.pid if server is not None else None  # to explain this request's failure later
 
@@ -235,6 +258,10 @@ class LocalLLMAgent(Agent):
             if isinstance(exc, httpx.TimeoutException):
                 detail = f"{self.alias}: no answer from {base} in time ({reason})"
                 return AgentError(ErrorKind.DEADLINE_EXCEEDED, detail)
+            if attached is not None:  # the service went away: the next call looks again, then spawns
+                self._attached = None
+                return AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias}: the localllm service (pid "
+                                  f"{attached.pid}) failed mid-call: {reason} ({type(exc).__name__}: {exc})")
             return AgentError(ErrorKind.TRANSPORT_ERROR, self._connection_detail(base, reason, exc, pid))
 
         def post(body: dict[str, Any]) -> Any:
@@ -262,7 +289,7 @@ class LocalLLMAgent(Agent):
         if style is None and request.schema is not None:
             negotiated, probed = self.styles.get(base, probe, compiles=self.decl.grammar is True)
             style = negotiated.style
-        body, grammar, native, ran = self.build_body(request, style)
+        body, grammar, native, ran = self.build_body(request, style, attached)
         started = time.monotonic()
         reply = post(body)
         if reply.status_code >= 400 and negotiated is not None and not negotiated.verified:
@@ -270,7 +297,7 @@ class LocalLLMAgent(Agent):
             if not upstream.auth and reply.status_code not in (429, 502, 503, 504):
                 # the guessed style (json_object after a rejected probe) is rejected too: unconstrained
                 negotiated = self.styles.demote(base, reply.status_code)
-                body, grammar, native, ran = self.build_body(request, negotiated.style)
+                body, grammar, native, ran = self.build_body(request, negotiated.style, attached)
                 reply = post(body)
         elif reply.status_code < 400 and negotiated is not None and not negotiated.verified:
             self.styles.confirm(base)
@@ -300,6 +327,8 @@ class LocalLLMAgent(Agent):
         }
         if probed and negotiated is not None:
             meta["structured_probe"] = negotiated.as_meta()
+        if self.managed:
+            meta["served_by"] = "service" if attached is not None else "sidecar"
         if isinstance(data.get("timings"), dict):
             meta["timings"] = data["timings"]
         transcript = self._transcript(body, content, usage, elapsed_ms)

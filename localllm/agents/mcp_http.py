@@ -9,15 +9,32 @@ SDK (it is a dev dependency: the tests run against a real SDK server).
 
 Protocol (MCP streamable HTTP, 2025-03-26 to 2025-11-25): every message is a POST to
 ``endpoint`` with ``Accept: application/json, text/event-stream``; the answer is either
-one JSON body or an SSE stream in which we wait for the response whose ``id`` is ours
-(notifications and server requests in the stream are skipped). Once per agent instance:
-``initialize`` offering the newest version we speak (the server's answer must be in our
-supported list, else ``transport_error``), then ``notifications/initialized``; the
-``Mcp-Session-Id`` the server assigns and ``MCP-Protocol-Version`` are sent on every later
-request. Each call is one ``tools/call`` (result rules in :mod:`localllm.agents._mcp`).
-If the server answers 404 for our session it has forgotten it (a restart): we
-re-initialise once and resend the call — a 404 means it never ran. ``close()`` sends a
-best-effort ``DELETE`` for the session.
+one JSON body or an SSE stream in which we wait for the response whose ``id`` is ours.
+Once per agent instance: ``initialize`` offering the newest version we speak (the
+server's answer must be in our supported list, else ``transport_error``), then
+``notifications/initialized``; the ``Mcp-Session-Id`` the server assigns and
+``MCP-Protocol-Version`` are sent on every later request, and win over configured
+``headers`` of the same name (as do ``Accept`` and ``Content-Type``; case-insensitive).
+Each call is one ``tools/call`` (result rules in :mod:`localllm.agents._mcp`).
+
+SSE (WHATWG framing): events without data (the priming event of 2025-11-25
+resumability) are skipped; ``id`` and ``retry`` are remembered. A stream that ends before
+our response, after the server gave an event id, is resumed: wait ``retry`` (1 s if none
+was given), ``GET`` with ``Last-Event-ID``, keep reading — within the call's deadline, at
+most :data:`_MAX_RESUMES` times without a new event. Server→client requests, on the POST
+stream, a resumed stream or the standalone ``GET`` stream a background thread keeps open
+per session, are answered with a POST: ``ping`` → ``{}``, ``elicitation/create`` →
+decline (or the form's defaults with ``elicitation: defaults``), others → "method not
+found" (:func:`localllm.agents._mcp.reply_to_server_request`). A response that arrives
+on another of the agent's streams (some servers answer on whichever is open) is handed to
+the call waiting for it, whose own stream is woken.
+
+Sessions: a 404, or a 400, for our ``Mcp-Session-Id`` means the server forgot it (a
+restart; servers disagree on the status): we re-initialise once and resend the call — the
+request was refused, so it never ran. ``close()`` sends a best-effort ``DELETE``.
+Redirects: 307/308 to the same origin (scheme, host, port) are followed, at most
+:data:`_MAX_REDIRECTS`, body and headers kept; any other redirect is an error naming the
+target (headers carry secrets, and 301–303 would turn the POST into a GET).
 
 Errors: ``isError``, JSON-RPC errors, HTTP statuses, connection/TLS failures, bodies that
 do not parse, and protocol violations are ``transport_error`` (bodies quoted truncated);
@@ -59,12 +76,26 @@ logger = logging.getLogger(__name__)
 
 #: cap on the connect phase (a dead host should not eat a 300 s deadline)
 _CONNECT_TIMEOUT = 10.0
-#: DELETE of the session on close
+#: DELETE of the session on close; a POST answering a server request from the listener
 _CLOSE_TIMEOUT = 2.0
+_ANSWER_TIMEOUT = 10.0
 #: largest JSON body or SSE event we accept
 _MAX_BODY = 64 * 1024 * 1024
 _ACCEPT = "application/json, text/event-stream"
+_SSE = "text/event-stream"
 _EOL = re.compile(rb"\r\n|\r|\n")
+#: headers the client owns: a configured header of the same name (any case) is dropped
+_PROTOCOL_HEADERS = frozenset({"accept", "content-type", "mcp-session-id", "mcp-protocol-version", "last-event-id"})
+_MAX_REDIRECTS = 3
+#: reconnect delay when the server sent no ``retry``; resumes in a row without a new event
+_DEFAULT_RETRY = 1.0
+_MAX_RESUMES = 5
+#: the standalone GET stream: consecutive failures before the listener gives up
+_LISTEN_FAILURES = 3
+#: how long the handshake waits for the GET stream to open; how long one may stay silent
+_LISTEN_WAIT = 2.0
+_LISTEN_SPAN = 86400.0
+_LISTENER = "(listener)"
 
 
 def safe_url(url: str) -> str:
@@ -76,8 +107,18 @@ def safe_url(url: str) -> str:
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
+def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
+    default = {"http": 80, "https": 443}.get(url.scheme)
+    return url.scheme, url.host.lower(), url.port or default
+
+
 class _SessionExpired(Exception):
-    """Internal: the server answered 404 for our ``Mcp-Session-Id``."""
+    """Internal: the server answered 404 or 400 for our ``Mcp-Session-Id``."""
+
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(status)
+        self.status = status
+        self.text = text
 
 
 @dataclass(frozen=True, eq=False)
@@ -88,6 +129,14 @@ class _Session:
     #: ``None`` when the server is stateless and assigned no id
     session_id: str | None
     protocol_version: str
+
+
+@dataclass
+class _Resume:
+    """What one logical SSE stream told us for resuming it: last event id, retry delay."""
+
+    last_event_id: str | None = None
+    retry: float = _DEFAULT_RETRY
 
 
 class McpHttpAgent(Agent):
@@ -106,8 +155,14 @@ class McpHttpAgent(Agent):
         self._session: _Session | None = None
         self._cancelled: set[str] = set()
         self._closed = False
+        self._stop = threading.Event()
+        self._listener: threading.Thread | None = None
         self._inflight: set[httpx.Response] = set()
         self._inflight_lock = threading.Lock()
+        #: request id → its response once it arrived on another stream (``None``: awaited)
+        self._pending: dict[int, dict[str, Any] | None] = {}
+        #: request id → the SSE stream its call is reading now (woken when it arrives elsewhere)
+        self._reading_for: dict[int, httpx.Response] = {}
 
     def __repr__(self) -> str:
         return f"<McpHttpAgent {self.alias} endpoint={self._url!r} header_keys={sorted(self.decl.headers)}>"
@@ -142,16 +197,17 @@ class McpHttpAgent(Agent):
         message = _mcp.tools_call_request(next(self._ids), self.decl.tool, request)
         try:
             reply = self._post(message, session, deadline, call_id)
-        except _SessionExpired:
-            # The server forgot the session (a restart); a 404 means the call never ran.
-            logger.info("%s: MCP session expired on the server; re-initialising", self.alias)
+        except _SessionExpired as first:
+            # The server forgot the session (a restart); the request was refused, never ran.
+            logger.info("%s: MCP session unknown to the server (HTTP %d); re-initialising", self.alias, first.status)
             session = self._new_session(session, deadline, call_id)
             try:
                 reply = self._post(message, session, deadline, call_id)
-            except _SessionExpired:
+            except _SessionExpired as again:
                 raise AgentError(
                     ErrorKind.TRANSPORT_ERROR,
-                    f"{self._url} answered 404 for a freshly initialised session", alias=self.alias,
+                    f"tools/call: HTTP {again.status} from {self._url} for a freshly initialised session: "
+                    f"{truncate_detail(self._redact(again.text))}", alias=self.alias,
                 ) from None
         assert reply is not None
         return reply
@@ -171,6 +227,14 @@ class McpHttpAgent(Agent):
                 return current  # concurrent calls saw the same 404: one handshake serves all
             session = self._initialize(deadline, call_id)
             self._session = session
+            if session.session_id is not None and not self._closed:
+                # Wait (briefly) until the GET stream is open or refused: a server sends the
+                # requests it does not tie to a call there, and drops them when none is open.
+                opened = threading.Event()
+                self._listener = threading.Thread(target=self._listen, args=(session, opened), daemon=True,
+                                                  name=f"mcp-listen-{self.alias}")
+                self._listener.start()
+                opened.wait(min(self.remaining(deadline), _LISTEN_WAIT))
             return session
         finally:
             self._session_lock.release()
@@ -188,28 +252,104 @@ class McpHttpAgent(Agent):
             self._post(_mcp.initialized_notification(), session, deadline, call_id)
         except _SessionExpired as exc:
             raise AgentError(
-                ErrorKind.TRANSPORT_ERROR, f"{self._url} answered 404 during the MCP handshake", alias=self.alias
-            ) from exc
+                ErrorKind.TRANSPORT_ERROR,
+                f"HTTP {exc.status} from {self._url} during the MCP handshake: "
+                f"{truncate_detail(self._redact(exc.text))}", alias=self.alias,
+            ) from None
         logger.debug("%s: MCP session initialised (protocol %s)", self.alias, version)
         return session
 
+    def _listen(self, session: _Session, opened: threading.Event) -> None:
+        """The standalone GET stream of ``session``: answer the server's requests sent
+        there (the Python SDK sends ``ping`` this way), resume it when it ends, stop when
+        the server does not offer one (405 or any other refusal), after repeated failures,
+        or when the session is replaced or the agent closed."""
+        resume = _Resume()
+        failures = 0
+        while not self._closed and self._session is session:
+            try:
+                with self._open("GET", self._headers(session, accept=_SSE, last_event_id=resume.last_event_id),
+                                time.monotonic() + _LISTEN_SPAN, _LISTENER, idle=True) as stream:
+                    opened.set()
+                    if stream.status_code != 200 or self._content_type(stream) != _SSE:
+                        logger.debug("%s: no standalone SSE stream (HTTP %d)", self.alias, stream.status_code)
+                        return
+                    failures = 0
+                    self._scan_sse(stream, None, "GET", session=session, resume=resume,
+                                   deadline=time.monotonic() + _LISTEN_SPAN, call_id=_LISTENER)
+            except Exception as exc:  # a background thread must never die loudly
+                opened.set()
+                failures += 1
+                logger.debug("%s: standalone SSE stream failed: %s", self.alias, type(exc).__name__)
+                if failures >= _LISTEN_FAILURES:
+                    return
+            if self._stop.wait(resume.retry):
+                return
+
     # -- HTTP ------------------------------------------------------------------------
 
-    def _headers(self, session: _Session | None) -> dict[str, str]:
-        headers = dict(self.decl.headers)
-        headers["Accept"] = _ACCEPT
-        headers["Content-Type"] = "application/json"
+    def _headers(
+        self, session: _Session | None, *, accept: str = _ACCEPT, last_event_id: str | None = None
+    ) -> dict[str, str]:
+        """Configured headers, then ours: a configured one that names a protocol header
+        in any case is dropped, so exactly one of each is sent and it is the client's."""
+        headers = {name: value for name, value in self.decl.headers.items() if name.lower() not in _PROTOCOL_HEADERS}
+        headers["Accept"] = accept
+        if accept == _ACCEPT:
+            headers["Content-Type"] = "application/json"
         if session is not None:
             if session.session_id is not None:
                 headers["Mcp-Session-Id"] = session.session_id
             headers["MCP-Protocol-Version"] = session.protocol_version
+        if last_event_id is not None:
+            headers["Last-Event-ID"] = last_event_id
         return headers
 
-    def _timeout(self, deadline: float, call_id: str) -> httpx.Timeout:
+    def _timeout(self, deadline: float, call_id: str, *, idle: bool = False) -> httpx.Timeout:
         remaining = self.remaining(deadline)
         if remaining <= 0 or call_id in self._cancelled:
             raise AgentError(ErrorKind.DEADLINE_EXCEEDED, "deadline passed before the request", alias=self.alias)
-        return httpx.Timeout(remaining, connect=min(remaining, _CONNECT_TIMEOUT))
+        connect = min(remaining, _CONNECT_TIMEOUT)
+        if idle:  # the standalone stream may stay silent for hours; close() wakes it
+            return httpx.Timeout(connect, read=None)
+        return httpx.Timeout(remaining, connect=connect)
+
+    @contextlib.contextmanager
+    def _open(
+        self, verb: str, headers: dict[str, str], deadline: float, call_id: str,
+        *, content: bytes | None = None, idle: bool = False,
+    ) -> Iterator[httpx.Response]:
+        """Send one request, following same-origin 307/308 redirects; the final response,
+        streamed and tracked for :meth:`close`."""
+        url = httpx.URL(self.decl.endpoint)
+        origin = _origin(url)
+        for hop in itertools.count():
+            request = self._client.build_request(verb, url, content=content, headers=headers,
+                                                 timeout=self._timeout(deadline, call_id, idle=idle))
+            response = self._client.send(request, stream=True)
+            try:
+                location = response.headers.get("location")
+                if response.status_code in (307, 308) and location:
+                    target = url.join(location)
+                    if _origin(target) != origin:
+                        raise AgentError(
+                            ErrorKind.TRANSPORT_ERROR,
+                            f"{verb}: HTTP {response.status_code} redirect from {self._url} to another origin "
+                            f"({safe_url(str(target))}) not followed", alias=self.alias,
+                            hint=f"set agent_plugins.{self.alias}.endpoint to the URL you trust",
+                        )
+                    if hop >= _MAX_REDIRECTS:
+                        raise AgentError(
+                            ErrorKind.TRANSPORT_ERROR,
+                            f"{verb}: more than {_MAX_REDIRECTS} redirects from {self._url}", alias=self.alias,
+                        )
+                    url = target
+                    continue
+                with self._reading(response):
+                    yield response
+                return
+            finally:
+                response.close()
 
     def _post(
         self,
@@ -225,7 +365,7 @@ class McpHttpAgent(Agent):
         The one place httpx exceptions become AgentErrors. ``session_header`` receives the
         ``Mcp-Session-Id`` the server assigns (the handshake).
         """
-        method = str(message.get("method"))
+        method = str(message.get("method", "response"))
         body = json.dumps(message, ensure_ascii=False).encode("utf-8")
 
         def failed(reason: str, exc: BaseException) -> AgentError:
@@ -237,33 +377,50 @@ class McpHttpAgent(Agent):
             if isinstance(exc, httpx.ConnectError):
                 return AgentError(
                     ErrorKind.TRANSPORT_ERROR,
-                    f"{self.alias}: cannot connect to {self._url}: {cause} "
-                    f"(is the MCP server running? check agent_plugins.{self.alias}.endpoint)",
+                    f"cannot connect to {self._url}: {cause}",
+                    hint=f"is the MCP server running? check agent_plugins.{self.alias}.endpoint",
+                    alias=self.alias,
                 )
-            return AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias}: {method}: {cause} talking to {self._url}")
+            return AgentError(ErrorKind.TRANSPORT_ERROR, f"{method}: {cause} talking to {self._url}", alias=self.alias)
 
         try:
-            with self._client.stream(
-                "POST", self.decl.endpoint, content=body, headers=self._headers(session),
-                timeout=self._timeout(deadline, call_id),
-            ) as response, self._reading(response):
-                if response.status_code == 404 and session is not None and session.session_id is not None:
-                    raise _SessionExpired
-                if response.status_code >= 300:
+            with self._open("POST", self._headers(session), deadline, call_id, content=body) as response:
+                status = response.status_code
+                if status in (400, 404) and session is not None and session.session_id is not None:
+                    raise _SessionExpired(status, self._read_text(response, deadline, call_id))
+                if status >= 300:
                     text = self._read_text(response, deadline, call_id)
+                    where = response.headers.get("location")
+                    moved = f" (redirect to {safe_url(where)} not followed: only same-origin 307/308 are)" \
+                        if where and 300 <= status < 400 else ""
                     raise AgentError(
                         ErrorKind.TRANSPORT_ERROR,
-                        f"{method}: HTTP {response.status_code} from {self._url}: "
+                        f"{method}: HTTP {status} from {self._url}{moved}: "
                         f"{truncate_detail(self._redact(text))}", alias=self.alias,
                     )
                 if session_header is not None:
                     session_header.append(response.headers.get("mcp-session-id"))
-                if "id" not in message:
-                    return None  # a notification: 202 Accepted, no body to wait for
-                return self._read_response(response, message["id"], method, deadline, call_id)
+                if "id" not in message or "method" not in message:
+                    return None  # a notification or our answer: 202 Accepted, no body to wait for
+                return self._read_response(response, message["id"], method, session=session,
+                                           deadline=deadline, call_id=call_id)
         except Exception:
             with map_httpx_errors(failed):  # httpx's exceptions become AgentErrors; others pass
                 raise
+
+    def _answer(self, message: dict[str, Any], session: _Session | None, deadline: float, call_id: str) -> None:
+        """Answer a server→client request (POSTed, as every client message is)."""
+        reply = _mcp.reply_to_server_request(message, elicitation=self.decl.elicitation)
+        if reply is None:
+            logger.debug("%s: server notification %s", self.alias, message.get("method"))
+            return
+        logger.debug("%s: answering server request %s", self.alias, message.get("method"))
+        if call_id == _LISTENER:
+            deadline = time.monotonic() + _ANSWER_TIMEOUT
+        try:
+            self._post(reply, session, deadline, call_id)
+        except _SessionExpired as exc:
+            logger.debug("%s: answer to %s refused (HTTP %d)", self.alias, message.get("method"), exc.status)
 
     def _check_time(self, deadline: float, call_id: str, method: str) -> None:
         if self._closed:
@@ -285,10 +442,15 @@ class McpHttpAgent(Agent):
                 raise self._too_large("the body")
         return data.decode("utf-8", errors="replace")
 
+    @staticmethod
+    def _content_type(response: httpx.Response) -> str:
+        return str(response.headers.get("content-type", "")).split(";")[0].strip().lower()
+
     def _read_response(
-        self, response: httpx.Response, req_id: int, method: str, deadline: float, call_id: str
+        self, response: httpx.Response, req_id: int, method: str, *, session: _Session | None,
+        deadline: float, call_id: str,
     ) -> dict[str, Any]:
-        ctype = response.headers.get("content-type", "").split(";")[0].strip().lower()
+        ctype = self._content_type(response)
         if ctype == "application/json":
             text = self._read_text(response, deadline, call_id)
             try:
@@ -308,30 +470,133 @@ class McpHttpAgent(Agent):
                 f"{method}: no response with id {req_id} in the body: "
                 f"{truncate_detail(self._redact(text))}", alias=self.alias,
             )
-        if ctype == "text/event-stream":
-            for data in self._sse_data(response, deadline, call_id, method):
-                try:
-                    candidate = json.loads(data)
-                except ValueError as exc:
-                    raise AgentError(
-                        ErrorKind.TRANSPORT_ERROR,
-                        f"{method}: unparseable SSE event from {self._url}: "
-                        f"{truncate_detail(self._redact(data))}", alias=self.alias,
-                    ) from exc
-                if not isinstance(candidate, dict):
-                    continue
-                if _mcp.is_response(candidate) and candidate.get("id") == req_id:
-                    return candidate
-                logger.debug("%s: skipping SSE message %s", self.alias, candidate.get("method", "response"))
-            raise AgentError(
-                ErrorKind.TRANSPORT_ERROR,
-                f"{method}: SSE stream from {self._url} ended without a response", alias=self.alias,
-            )
+        if ctype == _SSE:
+            resume = _Resume()
+            with self._inflight_lock:
+                self._pending[req_id] = None
+            try:
+                found = self._scan_sse(response, req_id, method, session=session, resume=resume,
+                                       deadline=deadline, call_id=call_id)
+                if found is None:
+                    found = self._resume(req_id, method, session=session, resume=resume, deadline=deadline,
+                                         call_id=call_id)
+                return found
+            finally:
+                with self._inflight_lock:
+                    self._pending.pop(req_id, None)
         raise AgentError(
             ErrorKind.TRANSPORT_ERROR,
             f"{method}: unexpected content-type {ctype or '(none)'!r} from {self._url} "
             f"(HTTP {response.status_code})", alias=self.alias,
         )
+
+    def _resume(
+        self, req_id: int, method: str, *, session: _Session | None, resume: _Resume, deadline: float, call_id: str
+    ) -> dict[str, Any]:
+        """Reconnect a stream that ended before our response (GET + ``Last-Event-ID``)."""
+        resumes = 0
+        while True:
+            seen = resume.last_event_id
+            if seen is None or session is None:
+                raise AgentError(
+                    ErrorKind.TRANSPORT_ERROR,
+                    f"{method}: SSE stream from {self._url} ended without a response", alias=self.alias,
+                )
+            resumes += 1
+            if resumes > _MAX_RESUMES:
+                raise AgentError(
+                    ErrorKind.TRANSPORT_ERROR,
+                    f"{method}: SSE stream from {self._url} resumed {_MAX_RESUMES} times without a new event",
+                    alias=self.alias,
+                )
+            if self.remaining(deadline) <= resume.retry:
+                raise self._deadline_error(method)
+            self._stop.wait(resume.retry)  # set by close(): the check below reports it
+            self._check_time(deadline, call_id, method)
+            if (found := self._arrived(req_id)) is not None:
+                return found
+            headers = self._headers(session, accept=_SSE, last_event_id=seen)
+            with self._open("GET", headers, deadline, call_id) as stream:
+                if stream.status_code != 200 or self._content_type(stream) != _SSE:
+                    text = self._read_text(stream, deadline, call_id)
+                    raise AgentError(
+                        ErrorKind.TRANSPORT_ERROR,
+                        f"{method}: resuming the SSE stream from {self._url} failed: HTTP {stream.status_code}: "
+                        f"{truncate_detail(self._redact(text))}", alias=self.alias,
+                    )
+                found = self._scan_sse(stream, req_id, method, session=session, resume=resume,
+                                       deadline=deadline, call_id=call_id)
+            if found is not None:
+                return found
+            if resume.last_event_id != seen:
+                resumes = 0  # progress: the stream moved on
+
+    def _scan_sse(
+        self, response: httpx.Response, req_id: int | None, method: str, *, session: _Session | None,
+        resume: _Resume, deadline: float, call_id: str,
+    ) -> dict[str, Any] | None:
+        """Read one SSE stream: our response, or ``None`` when the stream ends first.
+        Server requests met on the way are answered, notifications skipped. A response
+        for another call waiting in this agent is handed over to it (a server may answer
+        on whichever stream is open), and that call's stream woken."""
+        if req_id is None:
+            return self._scan_events(response, None, method, session=session, resume=resume,
+                                     deadline=deadline, call_id=call_id)
+        with self._inflight_lock:
+            self._reading_for[req_id] = response
+        try:
+            return self._scan_events(response, req_id, method, session=session, resume=resume,
+                                     deadline=deadline, call_id=call_id)
+        except Exception:
+            if (found := self._arrived(req_id)) is not None:
+                return found  # woken: our response came on another stream
+            raise
+        finally:
+            with self._inflight_lock:
+                self._reading_for.pop(req_id, None)
+
+    def _arrived(self, req_id: int) -> dict[str, Any] | None:
+        with self._inflight_lock:
+            return self._pending.get(req_id)
+
+    def _hand_over(self, message: dict[str, Any]) -> bool:
+        """Give a response for another waiting call to it; whether one was waiting."""
+        with self._inflight_lock:
+            req_id = message.get("id")
+            if not isinstance(req_id, int) or req_id not in self._pending:
+                return False
+            self._pending[req_id] = message
+            stream = self._reading_for.get(req_id)
+        if stream is not None:
+            self._shutdown(stream)
+        return True
+
+    def _scan_events(
+        self, response: httpx.Response, req_id: int | None, method: str, *, session: _Session | None,
+        resume: _Resume, deadline: float, call_id: str,
+    ) -> dict[str, Any] | None:
+        if req_id is not None and (found := self._arrived(req_id)) is not None:
+            return found
+        for data in self._sse_data(response, deadline, call_id, method, resume):
+            try:
+                candidate = json.loads(data)
+            except ValueError as exc:
+                raise AgentError(
+                    ErrorKind.TRANSPORT_ERROR,
+                    f"{method}: unparseable SSE event from {self._url}: "
+                    f"{truncate_detail(self._redact(data))}", alias=self.alias,
+                ) from exc
+            if not isinstance(candidate, dict):
+                continue
+            if _mcp.is_response(candidate):
+                if req_id is not None and candidate.get("id") == req_id:
+                    return candidate
+                if self._hand_over(candidate):
+                    continue
+                logger.debug("%s: skipping SSE response for id %r", self.alias, candidate.get("id"))
+                continue
+            self._answer(candidate, session, deadline, call_id)
+        return None
 
     def _too_large(self, what: str) -> AgentError:
         return AgentError(ErrorKind.TRANSPORT_ERROR, f"{what} from {self._url} is larger than {_MAX_BODY} bytes",
@@ -362,16 +627,20 @@ class McpHttpAgent(Agent):
         if pending:  # the last line, or a CR that turned out to end one
             yield pending.removesuffix(b"\r").decode("utf-8", errors="replace")
 
-    def _sse_data(self, response: httpx.Response, deadline: float, call_id: str, method: str) -> Iterator[str]:
-        """The ``data`` of each ``message`` event (SSE framing per the WHATWG spec)."""
+    def _sse_data(
+        self, response: httpx.Response, deadline: float, call_id: str, method: str, resume: _Resume
+    ) -> Iterator[str]:
+        """The ``data`` of each ``message`` event that has data (SSE framing per the WHATWG
+        spec); ``id`` and ``retry`` fields are recorded in ``resume``."""
         data: list[str] = []
         size = 0
         event = ""
         for line in self._sse_lines(response, deadline, call_id, method):
             self._check_time(deadline, call_id, method)
             if not line:
-                if data and event in ("", "message"):
-                    yield "\n".join(data)
+                joined = "\n".join(data)
+                if joined.strip() and event in ("", "message"):
+                    yield joined  # an event without data (a priming event) is not a message
                 data, size, event = [], 0, ""
                 continue
             if line.startswith(":"):
@@ -385,6 +654,10 @@ class McpHttpAgent(Agent):
                 data.append(value)
             elif field == "event":
                 event = value
+            elif field == "id" and "\0" not in value:
+                resume.last_event_id = value or None
+            elif field == "retry" and value.isascii() and value.isdigit():
+                resume.retry = int(value) / 1000
 
     @contextlib.contextmanager
     def _reading(self, response: httpx.Response) -> Iterator[None]:
@@ -403,11 +676,15 @@ class McpHttpAgent(Agent):
         with self._inflight_lock:
             responses = list(self._inflight)
         for response in responses:
-            stream = response.extensions.get("network_stream")
-            sock = stream.get_extra_info("socket") if stream is not None else None
-            if isinstance(sock, socket.socket):
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
+            self._shutdown(response)
+
+    @staticmethod
+    def _shutdown(response: httpx.Response) -> None:
+        stream = response.extensions.get("network_stream")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if isinstance(sock, socket.socket):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -420,13 +697,18 @@ class McpHttpAgent(Agent):
         if self._closed:
             return
         self._closed = True
+        self._stop.set()
         self._wake_readers()
         session, self._session = self._session, None
         if session is not None and session.session_id is not None:
-            headers = self._headers(session)
+            headers = self._headers(session, accept=_SSE)
             try:
-                self._client.delete(self.decl.endpoint, headers=headers, timeout=_CLOSE_TIMEOUT)
-            except httpx.HTTPError as exc:
+                with self._open("DELETE", headers, time.monotonic() + _CLOSE_TIMEOUT, ""):
+                    pass
+            except (AgentError, httpx.HTTPError) as exc:
                 # The server may be gone already; the session dies with it.
                 logger.debug("%s: DELETE of the MCP session failed: %s", self.alias, type(exc).__name__)
+        listener = self._listener
+        if listener is not None and listener is not threading.current_thread():
+            listener.join(_CLOSE_TIMEOUT)
         self._client.close()

@@ -7,8 +7,10 @@ AskRequest as arguments. Result rules (structuredContent, text, envelope or bare
 submission) are :func:`localllm.agents._mcp.answer_from_tool_result`.
 
 While waiting for its response the client skips server notifications (logging,
-progress), answers ``ping``, and refuses other server requests (we declare no client
-capabilities). Lines that do not start with ``{`` are noise: logged, skipped.
+progress), answers ``ping`` with ``{}``, declines ``elicitation/create`` and refuses other
+server requests ("method not found": sampling and roots are not declared), as
+:func:`localllm.agents._mcp.reply_to_server_request` says.
+Lines that do not start with ``{`` are noise: logged, skipped.
 
 Lifecycle and errors as for ``subprocess`` (spawned lazily, reused, env = parent + the
 declaration's ``env``, ``cwd``; stdin close, SIGTERM, grace, SIGKILL on close):

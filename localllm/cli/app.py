@@ -50,7 +50,11 @@ COMMANDS: dict[str, CommandInfo] = {
     "search": CommandInfo("localllm.cli.embed", "semantic search over files: score, path#chunk, snippet"),
     "route": CommandInfo("localllm.cli.embed", "route TEXT to one of the config's intents (embeddings, then decide)"),
     "plugins": CommandInfo("localllm.cli.plugins", "Agent Plugins directories: load one and show what survived"),
-    "trace": CommandInfo("localllm.cli.trace", "verify, show or summarise a JSONL trace"),
+    "trace": CommandInfo("localllm.cli.trace", "verify, show, summarise a trace; turn it into cases or a cassette"),
+    "eval": CommandInfo("localllm.cli.eval", "measure agents on a gate's cases; write the evidence for selection:"),
+    "serve": CommandInfo("localllm.cli.service", "run the machine-wide OpenAI-compatible service"),
+    "ps": CommandInfo("localllm.cli.service", "the service's loaded models"),
+    "stop": CommandInfo("localllm.cli.service", "unload a model from the service, or stop it"),
 }
 
 

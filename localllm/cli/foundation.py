@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from localllm.cli.output import EXIT_OK, UsageError, emit_json, err, out, parse_kv
+from localllm.cli.output import EXIT_OK, UsageError, emit_json, err, out, parse_kv, warn
 
 if TYPE_CHECKING:
     from localllm.config import Config
@@ -86,6 +86,9 @@ def _check(args: argparse.Namespace) -> int:
         "embedders": sorted(config.embedders),
         "intents": sorted(config.intents),
     }
+    stale = _stale_evidence(config)
+    if stale:
+        summary["stale_evidence"] = stale
     if args.json:
         emit_json(summary)
     else:
@@ -93,7 +96,26 @@ def _check(args: argparse.Namespace) -> int:
             f"{len(config.embedders)} embedders)")
         for name, target in config.fallbacks().items():
             out(f"  gate {name}: {'falls back to ' + target if target else 'no fallback'}")
+        for name, reasons in stale.items():
+            for who, why in reasons.items():
+                warn(f"gate {name}: evidence is stale{' for ' + who if who else ''}: {'; '.join(why)} "
+                     f"(re-run `localllm eval {name} -c {config.path}`)")
     return EXIT_OK
+
+
+def _stale_evidence(config: Config) -> dict[str, dict[str, list[str]]]:
+    """gate → {"" (gate-wide) | alias → what changed since its ``selection.evidence`` was measured}."""
+    from localllm.selection import read_evidence, staleness
+
+    found: dict[str, dict[str, list[str]]] = {}
+    for name, gate in config.gates.items():
+        if gate.selection is None or gate.selection.evidence is None:
+            continue
+        reasons = staleness(config, gate, read_evidence(gate.selection.evidence))
+        reasons = {who: why for who, why in reasons.items() if why}
+        if reasons:
+            found[name] = reasons
+    return found
 
 
 def _call(args: argparse.Namespace) -> int:

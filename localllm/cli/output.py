@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, TextIO
 
 from localllm.errors import LocalLLMError
@@ -74,3 +75,12 @@ def parse_kv(pairs: Sequence[str] | None, *, flag: str = "--arg") -> dict[str, s
             raise UsageError(f"{flag} {pair!r} is not K=V", hint=f"write {flag} NAME=VALUE")
         values[key] = value
     return values
+
+
+def path_arg(text: str) -> Path:
+    """An argparse ``type=`` for paths: a NUL byte (no file name can hold one) is a usage error."""
+    import argparse
+
+    if "\x00" in text:
+        raise argparse.ArgumentTypeError(f"{text!r} contains a NUL byte")
+    return Path(text)

@@ -1,13 +1,18 @@
-"""``localllm trace verify | show | stats F``: read-only commands over a trace file."""
+"""``localllm trace verify | show | stats | cases | cassette F``: commands over a trace file.
+
+``cases`` and ``cassette`` turn recorded calls into eval cases and a replayable cassette
+(:mod:`localllm.eval.fromtrace`); they write to stdout or, with ``-o``, a file written whole.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from localllm.cli.output import EXIT_FAILED, EXIT_OK, emit_json, out, warn
+from localllm.cli.output import EXIT_FAILED, EXIT_OK, UsageError, emit_json, err, out, path_arg, warn
 
 if TYPE_CHECKING:
     from localllm.trace.reader import Trace
@@ -17,20 +22,36 @@ def _setup(parser: argparse.ArgumentParser) -> None:
     tsub = parser.add_subparsers(dest="trace_command", metavar="SUBCOMMAND", required=True)
 
     verify = tsub.add_parser("verify", help="check every read-time rule and the sidecar files")
-    verify.add_argument("file", type=Path, metavar="F")
+    verify.add_argument("file", type=path_arg, metavar="F")
     verify.add_argument("--json", action="store_true", help="print the verdict as JSON")
     verify.set_defaults(handler=_verify)
 
     show = tsub.add_parser("show", help="list the events (line, turn, seq, ts, kind, call_id)")
-    show.add_argument("file", type=Path, metavar="F")
+    show.add_argument("file", type=path_arg, metavar="F")
     show.add_argument("--json", action="store_true", help="print the events as JSON")
     show.add_argument("--kind", action="append", metavar="K", help="only kind K or kinds under K. (repeatable)")
     show.set_defaults(handler=_show)
 
     stats = tsub.add_parser("stats", help="counts per kind, agent calls, fallbacks, durations")
-    stats.add_argument("file", type=Path, metavar="F")
+    stats.add_argument("file", type=path_arg, metavar="F")
     stats.add_argument("--json", action="store_true", help="print the statistics as JSON")
     stats.set_defaults(handler=_stats)
+
+    cases = tsub.add_parser("cases", help="turn a gate's recorded calls into eval cases (unlabelled)")
+    cases.add_argument("file", type=path_arg, metavar="F")
+    cases.add_argument("--gate", required=True, metavar="G", help="the gate whose calls become cases")
+    cases.add_argument("--exact", action="store_true", help="expect the exact recorded submission")
+    cases.add_argument("-o", "--output", type=path_arg, metavar="OUT", help="write the JSONL here (default: stdout)")
+    cases.set_defaults(handler=_cases)
+
+    cassette = tsub.add_parser("cassette", help="turn recorded calls into a replayable cassette (YAML)")
+    cassette.add_argument("file", type=path_arg, metavar="F")
+    cassette.add_argument("--agent", metavar="ALIAS", help="only the answers of this agent (e.g. agent.claude)")
+    cassette.add_argument("--replay-any", action="store_true", help="let every episode replay for ever")
+    cassette.add_argument("--match-handler", action="store_true",
+                          help="match the routed alias too (default: schema and args only)")
+    cassette.add_argument("-o", "--output", type=path_arg, metavar="OUT", help="write the YAML here (default: stdout)")
+    cassette.set_defaults(handler=_cassette)
 
 
 SETUP = {"trace": _setup}
@@ -95,6 +116,44 @@ def _stats(args: argparse.Namespace) -> int:
         out("")
         _print_table(table)
     return EXIT_OK
+
+
+def _cases(args: argparse.Namespace) -> int:
+    from localllm.eval.fromtrace import cases_from_calls, recorded_calls
+
+    lines = cases_from_calls(recorded_calls(args.file), args.gate, exact=args.exact)
+    if not lines:
+        raise UsageError(f"{args.file}: no successful call of gate {args.gate!r}",
+                         hint="check the gate name (`localllm trace show F --kind agent.call`)")
+    _write("".join(line + "\n" for line in lines), args.output)
+    warn(f"{len(lines)} cases written unlabelled: check each expect, then set \"labelled\": true")
+    return EXIT_OK
+
+
+def _cassette(args: argparse.Namespace) -> int:
+    import yaml
+
+    from localllm.eval.fromtrace import cassette_from_calls, recorded_calls
+
+    doc = cassette_from_calls(recorded_calls(args.file), agent=args.agent, replay_any=args.replay_any,
+                              match_handler=args.match_handler)
+    _write(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=120), args.output)
+    return EXIT_OK
+
+
+def _write(text: str, target: Path | None) -> None:
+    if target is None:
+        sys.stdout.write(text)
+        return
+    from localllm._fs import atomic_write
+    from localllm.errors import TraceError
+
+    try:
+        atomic_write(target, text)
+    except OSError as exc:
+        raise TraceError(f"cannot write {target}: {exc.strerror or exc}",
+                         hint="check that the directory is writable and has space") from exc
+    err(f"wrote {target}")
 
 
 def _load(path: Path) -> Trace:

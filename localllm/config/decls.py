@@ -113,6 +113,9 @@ class McpHttpDecl(AgentDecl):
     #: already interpolated; values are secrets
     headers: dict[str, str] = field(default_factory=dict, repr=False,
                                     metadata=key("sent with every request; ${VAR} interpolated", check="headers"))
+    elicitation: str = setting("decline", "answer to the server's elicitation/create: decline, or defaults "
+                               "(accept a form whose every required field has a default)",
+                               choices=("decline", "defaults"))
 
 
 @dataclass(frozen=True)
@@ -142,7 +145,9 @@ class LocalLLMDecl(AgentDecl):
                                 "sent in the body", example="model: gemma-3-270m (managed)")
     endpoint: str | None = setting(None, "attach to an OpenAI-compatible server (never fetch/spawn/kill)",
                                    check="url", example="endpoint: http://127.0.0.1:8080 (attach)")
-    grammar: bool = setting(True, "constrain decoding when the schema is in the grammar subset")
+    grammar: bool | str = setting(True, "true: localllm's exact compiled grammar (llama.cpp's converter for a "
+                                  "schema it cannot compile); server: llama.cpp's converter; false: none",
+                                  choices=("server",))
     json_schema: bool = setting(False, "always send the server's own schema field (wins over grammar)")
     response_format: str = setting("auto", "how the schema is sent; auto: endpoint mode probes once, managed mode "
                                    "follows grammar/json_schema", choices=RESPONSE_FORMATS)
@@ -163,6 +168,7 @@ class LocalLLMDecl(AgentDecl):
     health_timeout: float = setting(180.0, "seconds for /health to turn 200", check="positive")
     schema_in_prompt: bool = setting(True, "state the JSON shape in the prompt (llama.cpp does not)")
     threads: int | None = setting(None, "default: llama.cpp sizes its threads to the machine", low=1, high=1024)
+    service: str = setting("auto", "use a running `localllm serve`", choices=("auto", "required", "never"))
 
 
 #: plugin type → declaration, in the spec's order (contract §1); ``mcp_stdio`` comes only
@@ -191,14 +197,15 @@ class EmbedderDecl:
                                       check="env_name")
     dims: int | None = setting(None, "output dims (Matryoshka truncation below the native dims)", low=1,
                                high=1 << 16)
-    normalize: str = setting("auto", "L2-normalise client-side: auto (when the server's vectors are not unit), "
-                             "true, false (refuse non-unit vectors)", choices=("auto", "true", "false"))
+    normalize: bool | str = setting("auto", "L2-normalise here: auto (when the server's vectors are not unit), "
+                                    "true (always), false (refuse non-unit vectors)", choices=("auto",))
     port: int | None = setting(None, "default: a free port", low=1, high=65535)
     server_bin: str | None = setting(None, "a llama-server to use instead of the cached one", check="executable")
     parallel: int = setting(1, "--parallel N slots", low=1, high=256)
     health_timeout: float = setting(180.0, "seconds for /health to turn 200", check="positive")
     extra_args: tuple[str, ...] = setting((), "extra llama-server flags")
     threads: int | None = setting(None, "default: llama.cpp sizes its threads to the machine", low=1, high=1024)
+    service: str = setting("auto", "use a running `localllm serve`", choices=("auto", "required", "never"))
 
 
 @dataclass(frozen=True)

@@ -197,13 +197,11 @@ def parse_decl(cls: type, raw: Mapping[Any, Any], where: str, ctx: Context, *,
 def _coerce(spec: KeySpec, value: Any, where: str, ctx: Context) -> Any:
     kind = spec.type
     if kind is bool:
-        if isinstance(value, bool):
-            return value
+        if isinstance(value, bool) or (isinstance(value, str) and value in spec.key.choices):
+            return value  # a bool key's choices are the words it takes besides true/false
     elif kind in (int, float):
         return _number(spec, value, where, ctx)
     elif kind is str:
-        if isinstance(value, bool) and str(value).lower() in spec.key.choices:
-            value = str(value).lower()  # a choice spelled true/false (YAML reads it as a bool)
         if isinstance(value, str):
             return _string(spec, value, where, ctx)
     elif kind is tuple:
@@ -440,9 +438,12 @@ def reference_table(sections: Mapping[str, type]) -> str:
             required = " **required**" if groups == {spec.name} else (" **one of** " + "/".join(
                 sorted(groups)) if spec.name in groups else "")
             choices = f" ({', '.join(spec.key.choices)})" if spec.key.choices else ""
+            if spec.type is bool and spec.key.choices:  # the words a bool key takes besides true/false
+                kind, choices = " or ".join((kind, *spec.key.choices)), ""
             default = "—" if spec.name in groups else _default_text(spec)
             rows.append(f"| {section} | `{spec.name}` | {kind} | {default} | {spec.key.doc}{choices}{required} |")
     return "\n".join(rows) + "\n"
+
 
 def inside(base_dir: Path, value: str) -> Path | None:
     """``value`` resolved under ``base_dir``, or ``None`` when it is absolute or escapes."""

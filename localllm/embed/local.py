@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
     from localllm.config import EmbedderDecl
+    from localllm.managed.discovery import Attachment
     from localllm.managed.server import ManagedServer
 
 log = logging.getLogger(__name__)
@@ -79,11 +80,11 @@ class LocalEmbedder:
         batch_tokens: int = 16384,
         timeout: float | httpx.Timeout | None = None,
         transport: httpx.BaseTransport | None = None,
-        normalize: Literal["auto", "true", "false"] = "auto",
+        normalize: bool | Literal["auto"] = "auto",
         api_key_env: str | None = None,
     ) -> None:
-        if normalize not in ("auto", "true", "false"):
-            raise ValueError(f"normalize must be 'auto', 'true' or 'false', not {normalize!r}")
+        if normalize not in ("auto", True, False):
+            raise ValueError(f"normalize must be 'auto', True or False, not {normalize!r}")
         if on_too_long not in ("truncate", "error"):
             raise ValueError(f"on_too_long must be 'truncate' or 'error', not {on_too_long!r}")
         if batch_size < 1 or batch_tokens < 1:
@@ -118,6 +119,9 @@ class LocalEmbedder:
         self.normalized_here = False
         #: named in the hint when the server refuses the key
         self.api_key_env = api_key_env
+        #: the ``model`` sent in request bodies; ``served_by``: "service" or "sidecar" once managed
+        self.request_model = model
+        self.served_by: str | None = None
 
     def __repr__(self) -> str:  # no api key here, ever
         return f"LocalEmbedder(model={self.model!r}, dims={self.out_dims!r}, url={self._resolved!r})"
@@ -238,7 +242,7 @@ class LocalEmbedder:
     def _post(self, batch: Sequence[str | list[int]]) -> NDArray[np.float32]:
         import numpy as np
 
-        body = {"input": list(batch), "model": self.model, "encoding_format": "base64"}
+        body: dict[str, Any] = {"input": list(batch), "encoding_format": "base64"}
         self.requests += 1
         data = self._request("/v1/embeddings", body)
         items = data.get("data") if isinstance(data, dict) else None
@@ -295,7 +299,7 @@ class LocalEmbedder:
             return (matrix / np.where(norms == 0, 1, norms)).astype(np.float32, copy=False)
         norms = np.linalg.norm(matrix, axis=1)
         bad = np.flatnonzero(np.abs(norms - 1.0) > _NORM_TOLERANCE)
-        if self.normalize == "true" or (bad.size and self.normalize == "auto"):
+        if self.normalize is True or (bad.size and self.normalize == "auto"):
             if bad.size and not self.normalized_here and self.normalize == "auto":
                 self.normalized_here = True
                 log.info("embedder %s: the server's vectors are not unit (L2 norm %.6f); normalising them here",
@@ -308,6 +312,13 @@ class LocalEmbedder:
             raise EmbedServerError(
                 f"the embedding server returned a vector with L2 norm {float(norms[bad[0]]):.6f}, not 1: {fix}")
         return matrix
+
+    def use_service(self, attachment: Attachment) -> None:
+        """Send every request through a running ``localllm serve`` (its token, its model id)."""
+        self._api_key, self.request_model, self.served_by = attachment.token, attachment.model, "service"
+        if self._client is not None:
+            self._client.close()
+            self._client = None
 
     def _url(self, *, refresh: bool = False) -> str:
         if callable(self._base_url) and (refresh or self._resolved is None):
@@ -327,6 +338,7 @@ class LocalEmbedder:
         retried = False
         while True:
             url = self._url(refresh=retried) + path
+            body["model"] = self.request_model  # settled with the URL: a service names it its way
 
             def failed(reason: str, exc: BaseException, url: str = url) -> EmbedServerError:
                 return EmbedServerError(f"cannot reach the embedding server at {url}: {reason} ({exc})")
@@ -433,8 +445,23 @@ def embedder_from_decl(decl: EmbedderDecl, *, base_dir: Path | None = None, **op
                              normalize=normalize, **options)
     server = embedding_server(decl, base_dir=base_dir)
     model = decl.model or ""
-    return LocalEmbedder(server, model, model_info=_model_info(model), dims=decl.dims, normalize=normalize,
-                         **options)
+
+    def url() -> str:
+        if server.pid is None:  # until it has a server of its own, a running service is used
+            from localllm.managed.attach import attach
+
+            found = attach(model, policy=decl.service, role="embedding", server_bin=decl.server_bin,
+                           base_dir=base_dir)
+            if found is not None:
+                embedder.use_service(found)
+                return found.url
+        embedder.served_by = "sidecar"
+        return server.ensure_ready()
+
+    embedder = LocalEmbedder(url, model, model_info=_model_info(model), dims=decl.dims, normalize=normalize,
+                             **options)
+    embedder.server = server
+    return embedder
 
 
 def _model_info(model: str) -> ModelInfo:

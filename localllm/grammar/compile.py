@@ -225,7 +225,7 @@ def _nesting(value: Any) -> int:
 
 
 def child(path: str, key: str | int) -> str:
-    from localllm.grammar.subset import child_path
+    from localllm.grammar.paths import child_path
 
     return child_path(path, key)
 

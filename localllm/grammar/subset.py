@@ -33,6 +33,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from localllm.grammar.paths import child_path
+
 Severity = Literal["error", "warning"]
 
 SUBSET = "is outside the llama.cpp grammar subset"
@@ -76,7 +78,6 @@ _KNOWN_FORMATS = frozenset({"date", "time", "date-time", "uuid", "uuid1", "uuid2
 #: formats whose strings all have one length (a min/maxLength that allows it is implied)
 _FIXED_LENGTH = {"date": 10, "uuid": 36, "uuid1": 36, "uuid2": 36, "uuid3": 36, "uuid4": 36, "uuid5": 36}
 
-_IDENT = re.compile(r"^[A-Za-z_$][A-Za-z0-9_$-]*$")
 
 
 @dataclass(frozen=True)
@@ -151,43 +152,6 @@ def unenforced(schema: Any, *, compiled: bool = True) -> list[Violation]:
         if compile_schema(schema).exact:
             return []
     return [v for v in check_subset(schema) if v.severity == "error"]
-
-
-def child_path(path: str, key: str | int) -> str:
-    """``$.a`` + ``b`` → ``$.a.b``; odd keys and indexes use brackets."""
-    if isinstance(key, int):
-        return f"{path}[{key}]"
-    if _IDENT.match(key):
-        return f"{path}.{key}"
-    return f"{path}[{json.dumps(key, ensure_ascii=False)}]"
-
-
-def parse_path(path: str) -> list[str | int]:
-    """Inverse of :func:`child_path`: ``$.a["b c"][0]`` → ``["a", "b c", 0]``."""
-    if not path.startswith("$"):
-        raise ValueError(f"not a JSON path: {path!r}")
-    tokens: list[str | int] = []
-    i = 1
-    while i < len(path):
-        if path[i] == ".":
-            m = re.compile(r"[A-Za-z_$][A-Za-z0-9_$-]*").match(path, i + 1)
-            if not m:
-                raise ValueError(f"bad JSON path {path!r} at {i}")
-            tokens.append(m.group(0))
-            i = m.end()
-        elif path.startswith("[", i):
-            if path.startswith('["', i):
-                decoder = json.JSONDecoder()
-                key, end = decoder.raw_decode(path, i + 1)
-                tokens.append(str(key))
-                i = end + 1
-            else:
-                end = path.index("]", i)
-                tokens.append(int(path[i + 1:end]))
-                i = end + 1
-        else:
-            raise ValueError(f"bad JSON path {path!r} at {i}")
-    return tokens
 
 
 def _q(value: Any) -> str:

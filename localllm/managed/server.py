@@ -125,12 +125,22 @@ def _redact(argv: Sequence[str]) -> list[str]:
     return out
 
 
+#: Why a server dies of SIGILL: it was built for instructions this CPU (or its hypervisor)
+#: does not run — seen with AMX tile kernels under -march=native in a VM that hides AMX.
+_SIGILL_ADVICE = (
+    "the binary uses CPU instructions this machine cannot run: rebuild it here "
+    "(`localllm cache rm` the release, then `localllm fetch server --from-source`)"
+)
+
+
 def _describe_exit(returncode: int | None) -> str:
     if returncode is not None and returncode < 0:
         try:
-            return f"was killed by {signal.Signals(-returncode).name}"
+            name = signal.Signals(-returncode).name
         except ValueError:
             return f"was killed by signal {-returncode}"
+        advice = f" ({_SIGILL_ADVICE})" if -returncode == signal.SIGILL else ""
+        return f"was killed by {name}{advice}"
     return f"exited with code {returncode}"
 
 
@@ -765,6 +775,8 @@ class ManagedServer:
                 f"port {proc.requested_port} is already in use: choose another port, "
                 "or leave it unset so llama-server picks a free one"
             )
+        elif proc.popen.returncode == -signal.SIGILL:
+            err.hint = _SIGILL_ADVICE
         else:
             err.hint = f"run it by hand to see the whole log: {' '.join(_redact(proc.argv))}"
         return err

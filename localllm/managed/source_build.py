@@ -18,6 +18,7 @@ for offline CI. Every step is idempotent so a re-run is an incremental no-op:
 from __future__ import annotations
 
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -43,6 +44,12 @@ CMAKE_FLAGS: tuple[str, ...] = (
     "-DCMAKE_INSTALL_RPATH=$ORIGIN",
     "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
 )
+#: x86-64 builds are -march=native but never AMX: a CPU may report AMX while the VM it runs
+#: in does not enable the tile state, and the server then dies of SIGILL on its first matmul.
+#: GCC and Clang give explicit -mno-* flags precedence over -march, whatever their order.
+_NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+if platform.machine().lower() in ("x86_64", "amd64"):
+    CMAKE_FLAGS += (f"-DCMAKE_C_FLAGS={_NO_AMX}", f"-DCMAKE_CXX_FLAGS={_NO_AMX}")
 BUILD_TIMEOUT = 4 * 3600.0
 PIP_TIMEOUT = 1800.0
 INSTALL_HINT = (

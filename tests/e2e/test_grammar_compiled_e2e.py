@@ -28,7 +28,7 @@ import pytest
 from localllm.cli.grammar import verdict
 from localllm.grammar import Violation, check_subset, compile_schema
 from localllm.grammar.compile import _validation_failures
-from localllm.grammar.subset import parse_path
+from localllm.grammar.paths import parse_path
 from localllm.grammar.walk import Grammar
 from tests.e2e.test_grammar_corpus_e2e import Server, server  # noqa: F401  (module-scoped llama-server)
 from tests.unit.grammar_harness import corpus, realworld, validator

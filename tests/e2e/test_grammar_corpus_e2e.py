@@ -38,7 +38,7 @@ from typing import Any
 import httpx
 import pytest
 
-from localllm.grammar.subset import parse_path
+from localllm.grammar.paths import parse_path
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.e2e

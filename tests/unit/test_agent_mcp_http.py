@@ -188,7 +188,7 @@ def test_connection_refused_is_transport_error() -> None:
         finally:
             a.close()
     assert err.kind is ErrorKind.TRANSPORT_ERROR
-    assert "cannot connect" in err.detail and "agent_plugins.agent.remote.endpoint" in err.detail
+    assert "cannot connect" in err.detail and "agent_plugins.agent.remote.endpoint" in err.hint
     assert "pw" not in err.detail and "token=abc" not in err.detail
 
 

@@ -115,6 +115,17 @@ def test_ping_answered_and_notifications_skipped() -> None:
         a.close()
 
 
+def test_elicitation_declined_sampling_and_roots_refused() -> None:
+    a = make_agent(script=MCP_STDIO_FAKE, args=("--requests",))
+    try:
+        replies = submission_of(a, "hello")["replies"]
+        assert [r["id"] for r in replies] == ["srv-0", "srv-1", "srv-2"]
+        assert replies[0]["result"] == {"action": "decline"}  # even though every field has a default
+        assert [r["error"]["code"] for r in replies[1:]] == [-32601, -32601]
+    finally:
+        a.close()
+
+
 def test_unsupported_protocol_version_is_transport_error() -> None:
     a = make_agent(script=MCP_STDIO_FAKE, args=("--version", "1999-01-01"))
     try:

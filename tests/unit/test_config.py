@@ -370,7 +370,8 @@ def selection_config(tmp_path: Path, selection: str) -> str:
 
 def test_selection_accepted_and_validated(tmp_path: Path) -> None:
     (tmp_path / "evals").mkdir()
-    (tmp_path / "evals" / "latest.json").write_text('{"accuracy": 0.9}')
+    (tmp_path / "evals" / "latest.json").write_text(
+        '{"kind": "localllm_eval_report", "version": 1, "gate": "g", "fingerprint": {}, "agents": {}}')
     text = selection_config(tmp_path, "{profile: synthetic-codex, model: 'syn:small:text', effort: low, "
                                       "evidence: evals/latest.json, fallback_profile: claude, "
                                       "policy: cheapest-passing, min_accuracy: 0.9, max_fallback_rate: 0.1}")
@@ -382,8 +383,10 @@ def test_selection_accepted_and_validated(tmp_path: Path) -> None:
 
 def test_selection_errors(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{nope")
+    (tmp_path / "plain.json").write_text('{"accuracy": 0.9}')
     (tmp_path.parent / "outside.json").write_text("{}")
     cases = {
+        "{evidence: plain.json}": "gates.g.selection.evidence",
         "{evidence: missing.json}": "gates.g.selection.evidence",
         "{evidence: bad.json}": "gates.g.selection.evidence",
         "{evidence: ../outside.json}": "gates.g.selection.evidence",

@@ -43,7 +43,8 @@ def test_readme_configuration_reference_loads_as_written(tmp_path: Path, monkeyp
     shutil.copytree(demo / "prompts", tmp_path / "prompts")
     shutil.copytree(demo / "schemas", tmp_path / "schemas")
     (tmp_path / "evals" / "reports" / "triage").mkdir(parents=True)
-    (tmp_path / "evals" / "reports" / "triage" / "latest.json").write_text('{"cases": []}')
+    (tmp_path / "evals" / "reports" / "triage" / "latest.json").write_text(
+        '{"kind": "localllm_eval_report", "version": 1, "gate": "triage", "fingerprint": {}, "agents": {}}')
     plugin = tmp_path / "plugins" / "fixer"
     plugin.mkdir(parents=True)
     (plugin / "plugin.json").write_text(json.dumps({"$schema": PLUGIN_SCHEMA, "name": "fixer"}))

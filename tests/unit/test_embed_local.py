@@ -163,7 +163,7 @@ def _scale(out: dict[str, Any]) -> dict[str, Any]:
 
 def test_unnormalised_server_output_is_refused_with_normalize_false() -> None:
     server = FakeServer()
-    emb = _embedder(server, normalize="false")
+    emb = _embedder(server, normalize=False)
     server.mutate = _scale
     with pytest.raises(EmbedServerError, match=r"L2 norm 3\.0") as info:
         emb.embed(["a"], "query")
@@ -188,7 +188,7 @@ def test_unnormalised_server_output_is_normalised_here_by_default_and_noted_once
 
 def test_normalize_true_normalises_even_unit_answers_and_says_nothing() -> None:
     server = FakeServer()
-    emb = _embedder(server, normalize="true")
+    emb = _embedder(server, normalize=True)
     out = emb.embed(["a"], "query")
     assert np.linalg.norm(out[0]) == pytest.approx(1.0, abs=1e-6)
     assert emb.normalized_here is False

@@ -11,7 +11,8 @@ import pytest
 
 from localllm.cli.grammar import verdict
 from localllm.grammar import Violation, check_subset, format_violation
-from localllm.grammar.subset import child_path, parse_path, pattern_problem
+from localllm.grammar.paths import child_path, parse_path
+from localllm.grammar.subset import pattern_problem
 from localllm.resources import data_path
 from tests.conftest import REPO
 

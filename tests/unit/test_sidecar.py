@@ -60,6 +60,18 @@ def cleanup() -> Any:
         sc.stop(grace=0.5)
 
 
+def test_a_server_killed_by_sigill_says_to_rebuild_it_here(
+    server_bin: Path, model: Path, spawn_log: Path, cleanup: Any
+) -> None:
+    sc = make(server_bin, model, spawn_log, fake={"FAKE_LLAMA_MODE": "exit_during_start", "FAKE_LLAMA_EXIT_CODE": "-4"})
+    cleanup(sc)
+    with pytest.raises(SidecarExited) as info:
+        sc.ensure_ready()
+    assert info.value.returncode == -signal.SIGILL
+    assert info.value.hint == server_mod._SIGILL_ADVICE
+    assert server_mod._describe_exit(-signal.SIGILL).endswith(f"({server_mod._SIGILL_ADVICE})")
+
+
 # -- readiness -----------------------------------------------------------------------------
 def test_ready_only_after_health_turns_200(
     server_bin: Path, model: Path, spawn_log: Path, tmp_path: Path, cleanup: Any

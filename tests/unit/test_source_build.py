@@ -224,3 +224,18 @@ def test_a_build_step_past_its_timeout_is_stopped_with_everything_it_started(tmp
         sb._run_logged([str(step)], log_path, cwd=tmp_path, timeout=0.5)
     assert pid_gone(int(pidfile.read_text()), within=2.0)
     assert log_path.read_text().rstrip().endswith("EXIT killed")
+
+
+def test_x86_builds_never_use_amx() -> None:
+    # -march=native on a CPU that reports AMX inside a VM that does not enable it built a
+    # server that died of SIGILL on its first matmul; the flags keep AMX out of every build.
+    import platform
+
+    from localllm.managed import source_build
+
+    flags = dict(f[2:].partition("=")[::2] for f in source_build.CMAKE_FLAGS)
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        for key in ("CMAKE_C_FLAGS", "CMAKE_CXX_FLAGS"):
+            assert set(flags[key].split()) >= {"-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16"}
+    else:
+        assert "CMAKE_C_FLAGS" not in flags

@@ -260,9 +260,8 @@ def test_read_error(status: int, text: str, message: str, auth: bool) -> None:
     assert (found.message, found.auth) == (message, auth)
 
 
-@pytest.mark.parametrize(("written", "loaded"), [("true", "true"), ("false", "false"), ("auto", "auto"),
-                                                 ("'true'", "true")])
-def test_normalize_takes_yaml_booleans_and_auto(tmp_path: Path, written: str, loaded: str) -> None:
+@pytest.mark.parametrize(("written", "loaded"), [("true", True), ("false", False), ("auto", "auto")])
+def test_normalize_takes_yaml_booleans_and_auto(tmp_path: Path, written: str, loaded: object) -> None:
     (tmp_path / "app.yaml").write_text(f"embedders:\n  e: {{endpoint: 'http://127.0.0.1:9', normalize: {written}}}\n",
                                        encoding="utf-8")
     assert load_config(tmp_path / "app.yaml").embedders["e"].normalize == loaded

@@ -3,6 +3,8 @@
     --version V     answer initialize with protocolVersion V (default: the client's)
     --stray         answer tools/call with the wrong id
     --rpc-error     answer tools/call with a JSON-RPC error object
+    --requests      tools/call sends elicitation/create, sampling/createMessage and
+                    roots/list, then answers structuredContent {"replies": [each reply]}
 
 By default tools/call first sends a log notification and a ``ping`` request, checks the
 client's reply to the ping, then answers structuredContent {"ping_answered": bool}.
@@ -39,6 +41,15 @@ def main() -> int:
                 continue
             if "--rpc-error" in args:
                 send({"jsonrpc": "2.0", "id": rid, "error": {"code": -32602, "message": "Unknown tool: ask"}})
+                continue
+            if "--requests" in args:
+                replies = []
+                for n, asked in enumerate(("elicitation/create", "sampling/createMessage", "roots/list")):
+                    send({"jsonrpc": "2.0", "id": f"srv-{n}", "method": asked, "params": {
+                        "message": "Your name?", "requestedSchema": {
+                            "type": "object", "properties": {"name": {"type": "string", "default": "x"}}}}})
+                    replies.append(json.loads(sys.stdin.readline()))
+                send({"jsonrpc": "2.0", "id": rid, "result": {"content": [], "structuredContent": {"replies": replies}}})
                 continue
             send({"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "hi"}})
             send({"jsonrpc": "2.0", "id": "srv-1", "method": "ping"})

@@ -20,7 +20,8 @@ Signals: SIGTERM/SIGINT while loading kill at once (-15); after loading the firs
 exits 0 cleanly, a second exits 1.
 
 Endpoints: ``GET /health``, ``/v1/health``, ``/v1/models``, ``/models``, ``/props``;
-``POST /v1/chat/completions`` (also ``/chat/completions``), ``/v1/embeddings`` (also
+``POST /v1/chat/completions`` (also ``/chat/completions``; ``"stream": true`` answers
+server-sent events, one delta per word), ``/v1/embeddings`` (also
 ``/embeddings``; 501 without ``--embeddings``; vectors deterministic per input text,
 L2-normalised, ``encoding_format`` float or base64; an input longer than ``-ub`` tokens
 is the real 500 ``input (N tokens) is too large to process``), ``/tokenize``.
@@ -43,10 +44,11 @@ FAKE_LLAMA_MODE         ok (default) | exit_during_start | hang_start | crash_af
                         ready; slow: every chat/embedding answer waits FAKE_LLAMA_DELAY
                         (default 2 s); ignore_sigterm: log SIGTERM and carry on.
 FAKE_LLAMA_LOAD_DELAY   seconds of 503 "Loading model" before ready (default 0)
-FAKE_LLAMA_EXIT_CODE    exit code for exit_during_start (1) and crash_after_ready (134)
+FAKE_LLAMA_EXIT_CODE    exit code for exit_during_start (1; -N: die of signal N) and crash_after_ready (134)
 FAKE_LLAMA_CRASH_AFTER  seconds after ready before crash_after_ready exits (default 0.3)
 FAKE_LLAMA_DELAY        seconds each chat/embedding request waits before answering
 FAKE_LLAMA_CONTENT      fixed chat ``content`` string
+FAKE_LLAMA_STREAM_DELAY seconds between the events of a streamed answer (default 0)
 FAKE_LLAMA_BEHAVIOUR    JSON file ``{"responses": [{"content": str} | {"status": int,
                         "message": str}, optional "delay": s], ...}`` served in order, the
                         last one repeating
@@ -422,9 +424,6 @@ class Handler(BaseHTTPRequestHandler):
                 501, "This server does not support completions. Start it without `--embeddings`", "not_supported_error"
             )
             return
-        if body.get("stream"):
-            self.error(400, "the fake llama-server does not stream", "invalid_request_error")
-            return
         item = st.behaviour.next() or {}
         delay = float(item.get("delay", st.delay))
         if delay:
@@ -454,6 +453,9 @@ class Handler(BaseHTTPRequestHandler):
                 content = "Hello from the fake llama-server."
         prompt = " ".join(str(m.get("content", "")) for m in body.get("messages", []) if isinstance(m, dict))
         n_prompt, n_out = len(tokens(prompt)), max(len(tokens(content)), 1)
+        if body.get("stream"):
+            self.stream(body, content, n_prompt, n_out)
+            return
         self.send_json(
             200,
             {
@@ -479,6 +481,39 @@ class Handler(BaseHTTPRequestHandler):
                 },
             },
         )
+
+    def stream(self, body: dict[str, Any], content: str, n_prompt: int, n_out: int) -> None:
+        """Server-sent events like llama-server's: a role delta, one delta per token, a final
+        chunk with finish_reason and timings (and usage), then ``data: [DONE]``."""
+        self.status = 200
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        base = {"id": f"chatcmpl-fake-{os.getpid()}", "object": "chat.completion.chunk", "created": int(time.time()),
+                "model": body.get("model") or self.state.model_id}
+
+        def send(payload: str) -> None:
+            data = f"data: {payload}\n\n".encode()
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+
+        pieces = re.findall(r"\s*\S+", content) or [content]
+        send(json.dumps({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": None},
+                                               "finish_reason": None}]}))
+        pause = env_float("FAKE_LLAMA_STREAM_DELAY", 0.0)
+        for piece in pieces:
+            send(json.dumps({**base, "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}))
+            time.sleep(pause)
+        final = {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                 "timings": {"prompt_n": n_prompt, "predicted_n": n_out}}
+        if (body.get("stream_options") or {}).get("include_usage"):
+            final["usage"] = {"prompt_tokens": n_prompt, "completion_tokens": n_out,
+                              "total_tokens": n_prompt + n_out}
+        send(json.dumps(final))
+        send("[DONE]")
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
 
     def embeddings(self, body: dict[str, Any]) -> None:
         st = self.state
@@ -595,6 +630,10 @@ def main(argv: list[str]) -> int:
         log("E", "llama_server", "exiting due to model loading error")
         code = int(env_float("FAKE_LLAMA_EXIT_CODE", 1))
         event("exit", code=code)
+        if code < 0:  # die of that signal, as a server built for another CPU dies of SIGILL
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            signal.signal(-code, signal.SIG_DFL)
+            os.kill(os.getpid(), -code)
         return code
     if opts["embeddings"] and state.ubatch % state.parallel:
         sys.stderr.write("GGML_ASSERT(n_ubatch % n_seq == 0) failed\n")

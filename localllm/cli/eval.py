@@ -1,0 +1,130 @@
+"""``localllm eval GATE -c C``: run the gate's cases against candidate agents, write the evidence."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from localllm.cli.foundation import add_config_option, load
+from localllm.cli.output import EXIT_FAILED, EXIT_OK, UsageError, emit_json, err, out, path_arg
+
+
+def _setup(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("gate", metavar="GATE", help="a name under gates:")
+    add_config_option(parser)
+    parser.add_argument("--agents", metavar="A,B",
+                        help="candidate aliases, comma-separated (default: the gate's agent)")
+    parser.add_argument("--repeat", type=int, default=1, metavar="N", help="ask each case N times (reproducibility)")
+    parser.add_argument("--cases", type=path_arg, metavar="F", help="cases JSONL (default: evals/GATE/cases.jsonl)")
+    parser.add_argument("--out", type=path_arg, metavar="DIR", help="reports directory (default: evals/reports)")
+    parser.add_argument("--cassette", action="append", metavar="ALIAS=FILE",
+                        help="replay FILE instead of calling ALIAS, e.g. agent.claude=claude.yaml (repeatable)")
+    parser.add_argument("--workers", type=int, metavar="N",
+                        help="concurrent calls per agent (default: a local model's parallel slots, else 1)")
+    parser.add_argument("--fail-under", type=float, metavar="X",
+                        help="exit 1 when an evaluated agent's accuracy is below X (0..1)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.set_defaults(handler=_eval)
+
+
+SETUP = {"eval": _setup}
+
+
+def _cassettes(pairs: list[str] | None) -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for pair in pairs or []:
+        alias, sep, file = pair.partition("=")
+        if not sep or not alias or not file or "\x00" in file:
+            raise UsageError(f"--cassette {pair!r} is not ALIAS=FILE", hint="e.g. --cassette agent.claude=claude.yaml")
+        found[alias] = Path(file)
+    return found
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from localllm.eval import default_cases_path, evaluate, load_cases
+
+    if args.repeat < 1:
+        raise UsageError(f"--repeat {args.repeat} must be at least 1")
+    if args.workers is not None and args.workers < 1:
+        raise UsageError(f"--workers {args.workers} must be at least 1")
+    if args.fail_under is not None and not 0 <= args.fail_under <= 1:
+        raise UsageError(f"--fail-under {args.fail_under} must be between 0 and 1", hint="e.g. --fail-under 0.9")
+    agents = [a.strip() for a in args.agents.split(",") if a.strip()] if args.agents else None
+    config = load(args.config)
+    cassettes = _cassettes(args.cassette)
+    gate = config.gates.get(args.gate)
+    cases = cases_path = None
+    if gate is not None:  # an unknown gate is evaluate's error to report
+        cases_path = args.cases or default_cases_path(config, args.gate)
+        cases = load_cases(cases_path)
+    bar: Any = None
+    progress = None
+    if sys.stderr.isatty() and not args.json and cases is not None:
+        from tqdm import tqdm
+
+        total = len(cases) * args.repeat * len(agents or [gate.agent if gate else ""])
+        bar = tqdm(total=total, unit="call", desc=f"eval {args.gate}", file=sys.stderr, leave=False)
+        progress = bar.update
+    try:
+        result = evaluate(config, args.gate, agents=agents, cases_path=cases_path, cases=cases, repeat=args.repeat,
+                          out_dir=args.out, cassettes=cassettes, workers=args.workers, progress=progress)
+    finally:
+        if bar is not None:
+            bar.close()
+    report = result.report
+    if args.json:
+        emit_json({k: v for k, v in report.items() if k != "calls"})
+    else:
+        _print_table(report)
+    err(f"report: {result.paths['json']} (latest: {result.paths['latest']}); html: {result.paths['html']}")
+    err(f"trace: {result.trace}")
+    if args.fail_under is not None:
+        below = {a: r["accuracy"] for a, r in report["agents"].items()
+                 if r["accuracy"] is None or r["accuracy"] < args.fail_under}
+        if below:
+            err("localllm: eval: accuracy below --fail-under "
+                f"{args.fail_under:g}: " + ", ".join(f"{a} {v}" for a, v in below.items()))
+            return EXIT_FAILED
+    return EXIT_OK
+
+
+def _pct(value: Any) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _ms(value: Any) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+def table_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
+    """The printed table (also what EVAL-README shows): one row per agent."""
+    rows: list[tuple[str, ...]] = [("AGENT", "CALLS", "ACCURACY", "VALID_1ST", "FALLBACK", "ERRORS", "P50_MS",
+                                    "P95_MS", "TOKENS", "COST_USD", "REPRO", "REPRO_LABELS")]
+    for alias, r in report["agents"].items():
+        errors = ",".join(f"{k}:{v}" for k, v in r["errors"].items()) or "0"
+        rows.append((alias, str(r["calls"]), _pct(r["accuracy"]), _pct(r["schema_valid_first_try"]),
+                     _pct(r["fallback_rate"]), errors, _ms(r["latency_ms"]["p50"]), _ms(r["latency_ms"]["p95"]),
+                     f"{r['tokens']['prompt']}/{r['tokens']['completion']}", f"{r['cost_usd']['total']:.4f}",
+                     _pct(r["reproducibility"]), _pct(r.get("reproducibility_labels"))))
+    return rows
+
+
+def _print_table(report: dict[str, Any]) -> None:
+    out(f"gate {report['gate']}: {report['cases']} cases x {report['repeat']} repeat(s)")
+    for block in (table_rows(report), _field_rows(report)):
+        if len(block) < 2:
+            continue
+        widths = [max(len(row[i]) for row in block) for i in range(len(block[0]))]
+        out("")
+        for row in block:
+            out("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _field_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
+    fields = sorted({f for r in report["agents"].values() for f in r["fields"]})
+    rows: list[tuple[str, ...]] = [("AGENT", *(f.upper() for f in fields))]
+    for alias, r in report["agents"].items():
+        rows.append((alias, *(_pct(r["fields"].get(f, {}).get("accuracy")) for f in fields)))
+    return rows if fields else []

@@ -1,0 +1,181 @@
+"""``localllm serve``, ``localllm ps`` and ``localllm stop``: the machine-wide service."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from localllm.cli.output import EXIT_OK, UsageError, emit_json, err, out
+
+__all__ = ["SETUP"]
+
+_HELP = {
+    "serve": "run the OpenAI-compatible service that owns this cache's models",
+    "ps": "list the models the running service has loaded",
+    "stop": "unload a model from the running service, or stop the service",
+}
+
+
+def _setup_serve(serve: argparse.ArgumentParser) -> None:
+    from localllm.service.daemon import DEFAULT_PORT
+
+    serve.add_argument("--config", "-c", type=Path, help="also serve this config's managed models, with its settings")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = any free)")
+    serve.add_argument("--keep-alive", default="5m", metavar="DURATION",
+                       help="unload a model idle this long (30s, 5m, 1h; 0 = at once, -1 = never; default 5m)")
+    serve.add_argument("--max-models", type=int, metavar="N", help="at most N models loaded (LRU idle one unloads)")
+    serve.add_argument("--memory-budget", metavar="GiB", help="keep loaded models within this RSS (e.g. 6 or 512MiB)")
+    serve.add_argument("--parallel", type=int, default=None, metavar="N",
+                       help="slots of a pinned chat model's server (default 4)")
+    auth = serve.add_mutually_exclusive_group()
+    auth.add_argument("--api-key-env", metavar="NAME", help="take the bearer token from this variable")
+    auth.add_argument("--no-auth", action="store_true", help="accept requests without a token (loopback only)")
+    serve.add_argument("--detach", action="store_true", help="run in the background (log: <cache>/run/service.log)")
+    serve.set_defaults(handler=_serve)
+
+
+def _setup_ps(ps: argparse.ArgumentParser) -> None:
+    ps.add_argument("--json", action="store_true", help="print the service and its models as JSON")
+    ps.set_defaults(handler=_ps)
+
+
+def _setup_stop(stop: argparse.ArgumentParser) -> None:
+    stop.add_argument("model", nargs="?", help="the model id to unload")
+    stop.add_argument("--all", action="store_true", help="stop the service and every model it runs")
+    stop.set_defaults(handler=_stop)
+
+
+#: command name → adds its arguments and handler (the lazy command table's convention)
+SETUP = {"serve": _setup_serve, "ps": _setup_ps, "stop": _setup_stop}
+
+
+
+def _options(args: argparse.Namespace) -> Any:
+    from localllm import settings
+    from localllm.service.daemon import ServeOptions, is_loopback, parse_duration, parse_size
+
+    try:
+        keep_alive = parse_duration(args.keep_alive)
+        budget = parse_size(args.memory_budget) if args.memory_budget else None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    if args.max_models is not None and args.max_models < 1:
+        raise UsageError(f"--max-models must be at least 1, got {args.max_models}")
+    if args.parallel is not None and args.parallel < 1:
+        raise UsageError(f"--parallel must be at least 1, got {args.parallel}")
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be 0-65535, got {args.port}")
+    if args.no_auth and not is_loopback(args.host):
+        raise UsageError(f"--no-auth cannot be used with --host {args.host}: a non-loopback address needs a token")
+    token = None
+    if args.api_key_env:
+        token = settings.env_value(args.api_key_env)
+        if not token:
+            raise UsageError(f"--api-key-env {args.api_key_env}: the variable is not set; export it first")
+    return ServeOptions(host=args.host, port=args.port, keep_alive=keep_alive, max_models=args.max_models,
+                        memory_budget=budget, token=token, no_auth=args.no_auth,
+                        chat_parallel=args.parallel or 4)
+
+
+def _child_argv(args: argparse.Namespace) -> list[str]:
+    out = ["--host", args.host, "--port", str(args.port), "--keep-alive", args.keep_alive]
+    if args.config is not None:
+        out += ["--config", str(args.config.resolve())]
+    for flag, value in (("--max-models", args.max_models), ("--memory-budget", args.memory_budget),
+                        ("--parallel", args.parallel), ("--api-key-env", args.api_key_env)):
+        if value is not None:
+            out += [flag, str(value)]
+    if args.no_auth:
+        out.append("--no-auth")
+    return out
+
+
+def _announce(pid: int, url: str, token_file: str | None, log_file: Path | None = None) -> None:
+    token = f"token file {token_file}" if token_file else "no auth"
+    where = f", log {log_file}" if log_file else ""
+    sys.stdout.write(f"localllm service pid {pid} at {url}/v1 ({token}{where})\n")
+    sys.stdout.flush()
+
+
+def _serve(args: argparse.Namespace) -> int:
+    options = _options(args)
+    config = None
+    if args.config is not None:
+        from localllm.cli.foundation import load
+
+        config = load(args.config)
+    if args.detach:
+        from localllm.service import control
+
+        found, log_file = control.detach(_child_argv(args))
+        _announce(found.pid, found.url, found.token_file, log_file)
+        return EXIT_OK
+    import logging
+
+    from localllm.service.daemon import Service
+
+    logger = logging.getLogger("localllm.service")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+    service = Service(options, config=config).start()
+    _announce(os.getpid(), service.url, str(service.token_path) if service.token else None)
+    service.wait()
+    return EXIT_OK
+
+
+def _human_bytes(value: Any) -> str:
+    if not isinstance(value, int):
+        return "-"
+    return f"{value / (1 << 30):.1f} GiB" if value >= 1 << 30 else f"{value / (1 << 20):.0f} MiB"
+
+
+def _human_seconds(value: Any) -> str:
+    if not isinstance(value, (int, float)):
+        return "-"
+    if value < 60:
+        return f"{value:.0f}s"
+    return f"{value / 60:.0f}m" if value < 3600 else f"{value / 3600:.1f}h"
+
+
+def _ps(args: argparse.Namespace) -> int:
+    from localllm.service import control
+
+    data = control.ps()
+    if args.json:
+        emit_json(data)
+        return EXIT_OK
+    service = data["service"]
+    err(f"service pid {service['pid']} at {service['url']} (keep-alive {_human_seconds(service['keep_alive_s'])})")
+    rows = [("MODEL", "ROLE", "STATE", "PID", "PORT", "SLOTS", "SERVED", "IDLE", "RSS")]
+    for m in data["models"]:
+        rows.append((m["id"], m["role"], m["state"], str(m["pid"] or "-"), str(m["port"] or "-"),
+                     f"{m['slots_busy']}/{m['slots_total']}", str(m["requests_served"]),
+                     _human_seconds(m["idle_s"]), _human_bytes(m["rss_bytes"])))
+    if not data["models"]:
+        err("no models loaded")
+        return EXIT_OK
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        out("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    return EXIT_OK
+
+
+def _stop(args: argparse.Namespace) -> int:
+    from localllm.service import control
+
+    if args.all == (args.model is not None):
+        raise UsageError("give a MODEL to unload, or --all to stop the service")
+    if args.all:
+        result = control.stop()
+        out(f"stopped the service (pid {result['pid']})")
+        return EXIT_OK
+    result = control.stop(args.model)
+    out(f"unloaded {args.model}" if result["unloaded"] else f"{args.model} was not loaded")
+    return EXIT_OK

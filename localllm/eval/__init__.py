@@ -1,0 +1,88 @@
+"""``localllm eval``: measure each candidate agent on a gate's cases, write the evidence.
+
+    result = evaluate(config, "triage", agents=["agent.local", "agent.claude"],
+                      cassettes={"agent.claude": Path("claude.cassette.yaml")})
+    result.report["agents"]["agent.local"]["accuracy"]
+
+Writes ``<out>/<gate>/<stamp>.json`` (+ ``latest.json``, the same as HTML) and the eval's
+trace ``<stamp>.trace.jsonl`` beside them; ``selection:`` reads ``latest.json`` as evidence
+(:mod:`localllm.selection`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from localllm.errors import CallError
+from localllm.eval.cases import Case, Expect, Matcher, load_cases
+from localllm.eval.report import build_report, write_report
+from localllm.eval.run import check_cases, run_cases
+
+if TYPE_CHECKING:
+    from localllm.config import Config
+    from localllm.runtime import Runtime
+
+__all__ = ["Case", "EvalResult", "Expect", "Matcher", "default_cases_path", "default_out_dir", "evaluate",
+           "load_cases"]
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """The report document and where it (and the eval's trace) were written."""
+
+    report: dict[str, Any]
+    paths: dict[str, Path]
+    trace: Path
+
+
+def default_cases_path(config: Config, gate: str) -> Path:
+    return config.base_dir / "evals" / gate / "cases.jsonl"
+
+
+def default_out_dir(config: Config) -> Path:
+    return config.base_dir / "evals" / "reports"
+
+
+def evaluate(config: Config, gate: str, *, agents: Sequence[str] | None = None, cases_path: Path | None = None,
+             repeat: int = 1, out_dir: Path | None = None, cassettes: Mapping[str, Path] | None = None,
+             prepare: Callable[[Runtime], None] | None = None, workers: int | None = None,
+             progress: Callable[[int], None] | None = None, cases: Sequence[Case] | None = None) -> EvalResult:
+    """Run the gate's cases against ``agents`` (default: the gate's own) and write the report."""
+    from localllm.trace.writer import TraceWriter
+
+    found = config.gates.get(gate)
+    if found is None:
+        known = ", ".join(config.gates) or "none"
+        raise CallError(f'no gate named "{gate}" (gates: {known})', key="gate", value=gate,
+                        hint=f"declare it under gates: in {config.path}")
+    aliases = list(agents or [found.agent])
+    for alias in aliases:
+        if alias not in config.agents:
+            raise CallError(f'agent "{alias}" is not declared (declared: {", ".join(sorted(config.agents))})',
+                            key="agents", value=alias, hint=f"declare it under agent_plugins: in {config.path}")
+    if repeat < 1:
+        raise CallError(f"repeat must be at least 1, got {repeat}", key="repeat", value=str(repeat))
+    cases_path = cases_path or default_cases_path(config, gate)
+    loaded = list(cases) if cases is not None else load_cases(cases_path)
+    check_cases(config, gate, loaded, cases_path)
+    now = datetime.now(timezone.utc)
+    stamp = now.strftime("%Y%m%dT%H%M%S%fZ")
+    target = (out_dir or default_out_dir(config)) / gate
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        from localllm.selection import EvidenceError
+
+        raise EvidenceError(target, f"cannot create the reports directory: {exc.strerror or exc}",
+                            hint="pass a writable --out DIR") from exc
+    trace_path = target / f"{stamp}.trace.jsonl"
+    with TraceWriter.open(trace_path) as writer:
+        runs = run_cases(config, gate, loaded, aliases, trace=writer, repeat=repeat, cassettes=cassettes,
+                         prepare=prepare, workers=workers, progress=progress)
+    report = build_report(config, found, loaded, runs, trace_path=trace_path, cases_path=cases_path,
+                          repeat=repeat, created=now.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    return EvalResult(report, write_report(report, target, stamp), trace_path)

@@ -1,0 +1,245 @@
+"""Eval cases: one JSON object per line of ``evals/<gate>/cases.jsonl``, and their matchers.
+
+A case::
+
+    {"id": "t01", "args": {"ticket": "…"}, "world": {…}, "labelled": true,
+     "expect": {"queue": "billing", "priority": {"number": 1, "tolerance": 1}}}
+
+``expect`` is one of
+
+- ``{"exact": VALUE}``: the whole submission must equal VALUE;
+- ``{"fields": {NAME: M, …}}`` or, shorter, ``{NAME: M, …}``: a subset of the submission's
+  top-level fields, each checked by its matcher ``M``. ``{}`` accepts any valid answer.
+
+A matcher is a plain JSON value (equal to it), or a mapping of exactly one form:
+``{"equals": V}`` (V may itself be a mapping), ``{"one_of": [V, …]}``,
+``{"number": N, "tolerance": T}`` (a number within ``T`` of ``N``; T defaults to 0),
+``{"regex": "…"}`` (``re.search`` on a string), ``{"any_valid": true}`` (present, any value).
+
+``id`` defaults to ``line-N``; ``labelled`` (default true) is false for cases turned out of a
+trace (``localllm trace cases``) until a person confirms the answers. Every problem of the
+file is reported at once, as a ConfigError naming ``line N`` and the key.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from localllm.errors import ConfigError, ProblemList
+
+__all__ = ["Case", "Expect", "Matcher", "dump_case", "load_cases", "parse_expect"]
+
+MATCHER_KEYS = ("equals", "one_of", "number", "tolerance", "regex", "any_valid")
+_CASE_KEYS = ("id", "args", "world", "expect", "labelled")
+
+
+@dataclass(frozen=True)
+class Matcher:
+    """How one field is judged: ``kind`` is equals | one_of | number | regex | any_valid."""
+
+    kind: str
+    value: Any = None
+    tolerance: float = 0.0
+
+    def matches(self, present: bool, got: Any) -> bool:
+        if not present:
+            return False
+        if self.kind == "any_valid":
+            return True
+        if self.kind == "equals":
+            return _same(self.value, got)
+        if self.kind == "one_of":
+            return any(_same(v, got) for v in self.value)
+        if self.kind == "number":
+            return _is_number(got) and abs(float(got) - float(self.value)) <= self.tolerance
+        assert self.kind == "regex"
+        return isinstance(got, str) and re.search(self.value, got) is not None
+
+    @property
+    def label(self) -> Any:
+        """The single expected value (for confusion tables), or ``None``."""
+        return self.value if self.kind in ("equals", "number") else None
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What a case expects: the whole submission (``exact``) or matchers per field."""
+
+    fields: dict[str, Matcher] = field(default_factory=dict)
+    exact: Any = None
+    is_exact: bool = False
+
+    def judge(self, submission: Any) -> tuple[bool, dict[str, bool]]:
+        """(correct, field → correct) for a validated submission."""
+        if self.is_exact:
+            per = {}
+            if isinstance(self.exact, dict):
+                got = submission if isinstance(submission, dict) else {}
+                per = {k: k in got and _same(v, got[k]) for k, v in self.exact.items()}
+            return _same(self.exact, submission), per
+        got = submission if isinstance(submission, dict) else {}
+        per = {name: m.matches(name in got, got.get(name)) for name, m in self.fields.items()}
+        return isinstance(submission, dict) and all(per.values()), per
+
+    def labels(self) -> dict[str, Any]:
+        """field → the single expected value, where there is one."""
+        if self.is_exact:
+            return dict(self.exact) if isinstance(self.exact, dict) else {}
+        return {name: m.label for name, m in self.fields.items() if m.label is not None}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One eval case; ``line`` is its 1-based line in the file."""
+
+    id: str
+    args: dict[str, Any]
+    expect: Expect
+    world: dict[str, Any] = field(default_factory=dict)
+    labelled: bool = True
+    line: int = 0
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _same(expected: Any, got: Any) -> bool:
+    """JSON equality (1 == 1.0, True != 1)."""
+    if isinstance(expected, bool) or isinstance(got, bool):
+        return type(expected) is type(got) and expected == got
+    if _is_number(expected) and _is_number(got):
+        return float(expected) == float(got)
+    return json.dumps(expected, sort_keys=True) == json.dumps(got, sort_keys=True)
+
+
+def _matcher(raw: Any, key: str, problems: ProblemList) -> Matcher | None:
+    if not isinstance(raw, dict) or not raw or not set(raw) <= set(MATCHER_KEYS):
+        return Matcher("equals", raw)  # a plain value (a mapping with other keys is a literal too)
+    forms = [k for k in raw if k != "tolerance"]
+    if len(forms) != 1 or ("tolerance" in raw and forms != ["number"]):
+        problems.add(key, f"matcher {json.dumps(raw)} must have exactly one of equals, one_of, number (+ tolerance), "
+                     "regex, any_valid", 'e.g. {"one_of": ["bug", "feature"]}; a literal mapping: {"equals": {...}}')
+        return None
+    kind, value = forms[0], raw[forms[0]]
+    if kind == "one_of" and (not isinstance(value, list) or not value):
+        problems.add(f"{key}.one_of", "must be a non-empty list", 'e.g. {"one_of": [1, 2]}')
+        return None
+    if kind == "number":
+        tolerance = raw.get("tolerance", 0)
+        if not _is_number(value) or not _is_number(tolerance) or tolerance < 0:
+            problems.add(key, "number and tolerance must be numbers, tolerance >= 0",
+                         'e.g. {"number": 3, "tolerance": 1}')
+            return None
+        return Matcher("number", value, float(tolerance))
+    if kind == "regex":
+        try:
+            re.compile(value)
+        except (re.error, TypeError) as exc:
+            problems.add(f"{key}.regex", f"is not a regular expression: {exc}", "write a Python re pattern")
+            return None
+    if kind == "any_valid" and value is not True:
+        problems.add(f"{key}.any_valid", "must be true", 'write {"any_valid": true}')
+        return None
+    return Matcher(kind, value)
+
+
+def parse_expect(raw: Any, key: str, problems: ProblemList) -> Expect | None:
+    """``expect`` checked into an Expect (problems recorded under ``key``)."""
+    if not isinstance(raw, dict):
+        problems.add(key, "must be a mapping", '{"exact": …}, {"fields": {…}} or {FIELD: matcher, …}')
+        return None
+    if set(raw) == {"exact"}:
+        return Expect(exact=raw["exact"], is_exact=True)
+    given = raw["fields"] if set(raw) == {"fields"} else raw
+    if not isinstance(given, dict):
+        problems.add(f"{key}.fields", "must be a mapping of field names to matchers")
+        return None
+    fields: dict[str, Matcher] = {}
+    ok = True
+    for name, value in given.items():
+        matcher = _matcher(value, f"{key}.{name}", problems)
+        ok = ok and matcher is not None
+        if matcher is not None:
+            fields[str(name)] = matcher
+    return Expect(fields=fields) if ok else None
+
+
+def load_cases(path: Path) -> list[Case]:
+    """Read and check a cases file; ConfigError lists every problem (``line N.key``)."""
+    problems = ProblemList(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        problems.add("", "cases file not found", "write evals/<gate>/cases.jsonl, or turn a trace into cases: "
+                     "`localllm trace cases TRACE --gate GATE`")
+        raise ConfigError(problems.items) from exc
+    except (OSError, UnicodeError) as exc:
+        problems.add("", f"cannot read: {exc}", "pass a UTF-8 JSONL file")
+        raise ConfigError(problems.items) from exc
+    cases: list[Case] = []
+    seen: dict[str, int] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"line {number}"
+        try:
+            raw = json.loads(line)
+        except ValueError as exc:
+            problems.add(where, f"is not JSON: {exc}", "one JSON object per line")
+            continue
+        if not isinstance(raw, dict):
+            problems.add(where, "is not a JSON object", '{"args": {…}, "expect": {…}}')
+            continue
+        for extra in [k for k in raw if k not in _CASE_KEYS]:
+            problems.add(f"{where}.{extra}", "unknown key", f"allowed keys: {', '.join(_CASE_KEYS)}")
+        case_id = raw.get("id", f"line-{number}")
+        if not isinstance(case_id, str) or not case_id:
+            problems.add(f"{where}.id", "must be a non-empty string")
+            continue
+        if case_id in seen:
+            problems.add(f"{where}.id", f"duplicate id {case_id!r} (also line {seen[case_id]})",
+                         "give every case its own id")
+            continue
+        seen[case_id] = number
+        args, world = raw.get("args", {}), raw.get("world", {})
+        labelled = raw.get("labelled", True)
+        bad = False
+        for name, value in (("args", args), ("world", world)):
+            if not isinstance(value, Mapping):
+                problems.add(f"{where}.{name}", "must be a mapping")
+                bad = True
+        if not isinstance(labelled, bool):
+            problems.add(f"{where}.labelled", "must be true or false")
+            bad = True
+        if "expect" not in raw:
+            problems.add(f"{where}.expect", "missing",
+                         '{"exact": …} or {FIELD: matcher, …}; {} accepts any valid answer')
+            continue
+        expect = parse_expect(raw["expect"], f"{where}.expect", problems)
+        if expect is None or bad:
+            continue
+        cases.append(Case(id=case_id, args=dict(args), world=dict(world), expect=expect, labelled=labelled,
+                          line=number))
+    if not cases and not problems.items:
+        problems.add("", "has no cases", 'one JSON object per line: {"args": {…}, "expect": {…}}')
+    if problems.items:
+        raise ConfigError(problems.items)
+    return cases
+
+
+def dump_case(case_id: str, args: Mapping[str, Any], expect: Any, *, world: Mapping[str, Any] | None = None,
+              labelled: bool = True) -> str:
+    """One case as its JSONL line (no newline)."""
+    doc: dict[str, Any] = {"id": case_id, "args": dict(args)}
+    if world:
+        doc["world"] = dict(world)
+    doc["expect"] = expect
+    doc["labelled"] = labelled
+    return json.dumps(doc, ensure_ascii=False, sort_keys=False)

@@ -1,0 +1,252 @@
+"""The eval report: every number counted from the eval's trace, then written as evidence.
+
+Per agent (a call is one case asked once; ``repeat`` asks each case again):
+
+- ``accuracy``: calls whose final answer (after any fallback) meets the case's ``expect``;
+  a failed call is wrong. ``fields``: the same per expected field. ``first_try_accuracy``:
+  correct without a fallback.
+- ``schema_valid_first_try``: calls answered by the agent itself (no fallback, no error);
+  ``fallback_rate``: calls that fell back; ``errors``: failed calls by kind
+  (deadline_exceeded, transport_error, …).
+- ``latency_ms`` p50/p95 (nearest rank over the trace's ``duration_ms``); ``tokens`` and
+  ``cost_usd`` summed from each call's meta (``prompt_tokens``/``completion_tokens``, or
+  claude's ``usage.input_tokens``/``output_tokens``; ``cost_usd``).
+- ``reproducibility``: with ``repeat`` > 1, the share of cases whose repeats all ended the
+  same (same submission, or the same error kind); ``null`` otherwise.
+  ``reproducibility_labels``: the same over the fields with one expected value only (free
+  text such as a summary left out).
+- ``confusion``: for each enum field of the schema, expected label → answered value → count.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from localllm.config import Config, Gate
+from localllm.errors import TraceError
+from localllm.eval.cases import Case
+from localllm.eval.fromtrace import RecordedCall, recorded_calls
+from localllm.eval.run import AgentRun
+from localllm.selection import REPORT_KIND, REPORT_VERSION, fingerprint
+from localllm.trace.stats import percentile
+
+__all__ = ["agent_rows", "build_report", "enum_fields", "machine", "write_report"]
+
+#: what a failed call "answered" in a confusion table
+ERROR_LABEL = "<error>"
+MISSING_LABEL = "<missing>"
+
+
+def enum_fields(schema_path: Path | None) -> dict[str, list[Any]]:
+    """Top-level enum properties of the gate's schema: name → allowed values."""
+    if schema_path is None:
+        return {}
+    try:
+        schema = json.loads(schema_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    props = schema.get("properties") if isinstance(schema, dict) else None
+    found: dict[str, list[Any]] = {}
+    for name, prop in (props or {}).items():
+        if isinstance(prop, dict) and isinstance(prop.get("enum"), list):
+            found[str(name)] = list(prop["enum"])
+    return found
+
+
+def _tokens(meta: Mapping[str, Any]) -> tuple[int, int]:
+    raw = meta.get("usage")
+    usage: Mapping[str, Any] = raw if isinstance(raw, dict) else {}
+    prompt = meta.get("prompt_tokens", usage.get("input_tokens"))
+    completion = meta.get("completion_tokens", usage.get("output_tokens"))
+
+    def count(value: Any) -> int:
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    return count(prompt), count(completion)
+
+
+def _cost(meta: Mapping[str, Any]) -> float:
+    cost = meta.get("cost_usd")
+    if isinstance(cost, (int, float)) and not isinstance(cost, bool) and math.isfinite(cost):
+        return float(cost)
+    return 0.0
+
+
+def _outcome(call: RecordedCall | None, unrecorded: str | None, fields: Sequence[str] | None = None) -> str:
+    """How a call ended: its error kind, or its submission (only ``fields`` of it, when given)."""
+    if call is None:
+        return f"error:{unrecorded or 'unrecorded'}"
+    if not call.ok:
+        return f"error:{call.kind}"
+    if fields is not None and isinstance(call.response, dict):
+        return json.dumps({name: call.response.get(name) for name in fields}, sort_keys=True)
+    return json.dumps(call.response, sort_keys=True)
+
+
+def _label(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def agent_rows(runs: Sequence[AgentRun], calls: Sequence[RecordedCall], cases: Sequence[Case],
+               enums: Mapping[str, list[Any]], repeat: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(alias → metrics, one row per call) counted from the trace's calls."""
+    by_id = {call.call_id: call for call in calls}
+    case_of = {case.id: case for case in cases}
+    agents: dict[str, Any] = {}
+    rows: list[dict[str, Any]] = []
+    for run in runs:
+        n = len(run.calls)
+        correct = first_try = valid_first = fallbacks = 0
+        field_hits: Counter[str] = Counter()
+        field_total: Counter[str] = Counter()
+        errors: Counter[str] = Counter()
+        durations: list[float] = []
+        prompt_tokens = completion_tokens = 0
+        cost = 0.0
+        confusion: dict[str, dict[str, Counter[str]]] = {name: {} for name in enums}
+        outcomes: dict[str, set[str]] = {}
+        labelled: dict[str, set[str]] = {}
+        for ref in run.calls:
+            call = by_id.get(ref.call_id) if ref.call_id else None
+            if ref.call_id is not None and call is None:
+                raise TraceError(f"call {ref.call_id} of case {ref.case} is not in the eval trace",
+                                 hint="the trace was changed while the eval ran; run it again")
+            case = case_of[ref.case]
+            ok, per = (case.expect.judge(call.response) if call is not None and call.ok
+                       else (False, {name: False for name in (case.expect.fields or case.expect.labels())}))
+            fell_back = call is not None and call.fallback
+            correct += ok
+            first_try += ok and not fell_back
+            valid_first += call is not None and call.ok and not fell_back
+            fallbacks += fell_back
+            for name, hit in per.items():
+                field_total[name] += 1
+                field_hits[name] += hit
+            if call is None or not call.ok:
+                errors[call.kind if call is not None and call.kind else (ref.unrecorded or "unrecorded")] += 1
+            if call is not None:
+                if call.duration_ms is not None:
+                    durations.append(call.duration_ms)
+                p, c = _tokens(call.meta)
+                prompt_tokens += p
+                completion_tokens += c
+                cost += _cost(call.meta)
+            labels = case.expect.labels()
+            for name in enums:
+                if name not in labels:
+                    continue
+                if call is None or not call.ok:
+                    got = ERROR_LABEL
+                elif isinstance(call.response, dict) and name in call.response:
+                    got = _label(call.response[name])
+                else:
+                    got = MISSING_LABEL
+                confusion[name].setdefault(_label(labels[name]), Counter())[got] += 1
+            outcomes.setdefault(ref.case, set()).add(_outcome(call, ref.unrecorded))
+            labelled.setdefault(ref.case, set()).add(_outcome(call, ref.unrecorded, sorted(labels)))
+            rows.append({"agent": run.alias, "case": ref.case, "repeat": ref.repeat, "call_id": ref.call_id,
+                         "correct": ok, "fields": per, "fallback": fell_back,
+                         "answered_by": call.answered_by if call is not None else None,
+                         "error": None if call is None or call.ok else call.kind,
+                         "duration_ms": call.duration_ms if call is not None else None,
+                         "submission": call.response if call is not None else None})
+
+        def rate(count: int, total: int = n) -> float | None:
+            return round(count / total, 6) if total else None
+
+        agents[run.alias] = {
+            "local": run.local,
+            "calls": n,
+            "correct": correct,
+            "accuracy": rate(correct),
+            "first_try_accuracy": rate(first_try),
+            "fields": {name: {"correct": field_hits[name], "total": field_total[name],
+                              "accuracy": rate(field_hits[name], field_total[name])} for name in sorted(field_total)},
+            "schema_valid_first_try": rate(valid_first),
+            "fallbacks": fallbacks,
+            "fallback_rate": rate(fallbacks),
+            "errors": dict(sorted(errors.items())),
+            "latency_ms": {"p50": percentile(durations, 50), "p95": percentile(durations, 95),
+                           "mean": round(sum(durations) / len(durations), 3) if durations else None},
+            "tokens": {"prompt": prompt_tokens, "completion": completion_tokens},
+            "cost_usd": {"total": round(cost, 6), "mean": round(cost / n, 6) if n else None},
+            "reproducibility": (rate(sum(1 for o in outcomes.values() if len(o) == 1), len(outcomes))
+                                if repeat > 1 else None),
+            "reproducibility_labels": (rate(sum(1 for o in labelled.values() if len(o) == 1), len(labelled))
+                                       if repeat > 1 else None),
+            "confusion": {name: {want: dict(sorted(got.items())) for want, got in sorted(table.items())}
+                          for name, table in confusion.items()},
+            "workers": run.workers,
+            "startup_s": round(run.startup_s, 3),
+            "wall_s": round(run.wall_s, 3),
+            "cases_per_s": round(n / run.wall_s, 3) if run.wall_s > 0 else None,
+        }
+    return agents, rows
+
+
+def machine() -> dict[str, Any]:
+    """Where the eval ran (no host name)."""
+    from localllm._version import __version__
+
+    return {"platform": platform.platform(), "machine": platform.machine(), "processor": platform.processor(),
+            "cpus": os.cpu_count(), "python": platform.python_version(), "localllm": __version__}
+
+
+def build_report(config: Config, gate: Gate, cases: Sequence[Case], runs: Sequence[AgentRun], *,
+                 trace_path: Path, cases_path: Path, repeat: int, created: str) -> dict[str, Any]:
+    """The report document (``kind: localllm_eval_report``) of one eval run."""
+    calls = recorded_calls(trace_path)
+    enums = enum_fields(gate.schema_path)
+    agents, rows = agent_rows(runs, calls, cases, enums, repeat)
+
+    def shown(path: Path) -> str:
+        """Paths under the config's directory relative to it (a report can be committed)."""
+        full = path.resolve()
+        return str(full.relative_to(config.base_dir.resolve())) if full.is_relative_to(config.base_dir.resolve()) \
+            else str(full)
+
+    return {
+        "kind": REPORT_KIND,
+        "version": REPORT_VERSION,
+        "gate": gate.name,
+        "created": created,
+        "config": shown(config.path),
+        "cases_file": shown(cases_path),
+        "cases": len(cases),
+        "unlabelled_cases": sum(1 for c in cases if not c.labelled),
+        "repeat": repeat,
+        "trace": shown(trace_path),
+        "fingerprint": fingerprint(config, gate, [run.alias for run in runs]),
+        "machine": machine(),
+        "agents": agents,
+        "calls": rows,
+    }
+
+
+def write_report(report: Mapping[str, Any], out_dir: Path, stamp: str) -> dict[str, Path]:
+    """``<stamp>.json``, ``latest.json``, the same as ``.html`` and the picture alone as
+    ``latest.svg``, under ``out_dir`` (each written whole: temp file, fsync, rename)."""
+    from localllm._fs import atomic_write
+    from localllm.eval.html import render_html, render_svg
+    from localllm.selection import EvidenceError
+
+    data = (json.dumps(report, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+    page = render_html(report).encode("utf-8")
+    picture = render_svg(report).encode("utf-8")
+    files = {"json": (out_dir / f"{stamp}.json", data), "latest": (out_dir / "latest.json", data),
+             "html": (out_dir / f"{stamp}.html", page), "latest_html": (out_dir / "latest.html", page),
+             "svg": (out_dir / "latest.svg", picture)}
+    for path, content in files.values():
+        try:
+            atomic_write(path, content)
+        except OSError as exc:
+            raise EvidenceError(path, f"cannot write the report: {exc.strerror or exc}",
+                                hint="check that the reports directory (--out) is writable and has space") from exc
+    return {key: path for key, (path, _) in files.items()}

@@ -1,0 +1,260 @@
+"""Finding a running service: the discovery file, the token, and :func:`discover`.
+
+A service writes ``<cache>/run/service.json`` (0600, in a 0700 directory) once it listens,
+and removes it on a clean shutdown. The file names the pid, the address, a random
+``instance`` id, the token file and, for the llama-server build and every model it can
+serve, the artifact's sha256. A reader trusts it only when the file and the token file
+belong to this user and are private, the pid is alive, and ``GET /health`` with the token
+answers 200 with the same ``instance`` (so a stale file, a recycled pid or a port taken by
+something else are all "no service"). Standard library only: attaching must cost a few
+milliseconds, not an import of the HTTP stack.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import http.client
+import json
+import os
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "Attachment",
+    "Discovery",
+    "discover",
+    "file_sha256",
+    "read_discovery",
+    "read_token",
+    "remove_discovery",
+    "run_dir",
+    "verify",
+    "write_discovery",
+    "write_private",
+]
+
+DISCOVERY_FILE = "service.json"
+TOKEN_FILE = "token"
+LOCK_FILE = "service.lock"
+LOG_FILE = "service.log"
+_VERIFY_TIMEOUT = 1.0
+
+
+def run_dir(cache_root: Path) -> Path:
+    """``<cache>/run``: the service's discovery file, token, lock and log."""
+    return Path(cache_root) / "run"
+
+
+@dataclass(frozen=True)
+class Discovery:
+    """The contents of ``service.json``."""
+
+    pid: int
+    host: str
+    port: int
+    instance: str
+    token_file: str | None
+    build_sha256: str
+    #: model id → {"sha256", "role", "build_sha256"} for every model it can serve
+    models: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    build_path: str = ""
+    started: str = ""
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        host = f"[{host}]" if ":" in host and not host.startswith("[") else host
+        return f"http://{host}:{self.port}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid, "host": self.host, "port": self.port, "url": self.url, "instance": self.instance,
+            "token_file": self.token_file, "build": {"sha256": self.build_sha256, "path": self.build_path},
+            "models": {k: dict(v) for k, v in self.models.items()}, "started": self.started,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> Discovery | None:
+        try:
+            build = data["build"]
+            models = data.get("models") or {}
+            if not isinstance(models, dict):
+                return None
+            return cls(
+                pid=int(data["pid"]), host=str(data["host"]), port=int(data["port"]),
+                instance=str(data["instance"]), token_file=data.get("token_file"),
+                build_sha256=str(build["sha256"]), build_path=str(build.get("path", "")),
+                models={str(k): dict(v) for k, v in models.items() if isinstance(v, dict)},
+                started=str(data.get("started", "")),
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def model_for(self, sha256: str, build_sha256: str, role: str) -> str | None:
+        """The id this service serves the artifact ``sha256`` under, with that build and role."""
+        for model_id, info in sorted(self.models.items()):
+            if (info.get("sha256") == sha256 and info.get("role") == role
+                    and info.get("build_sha256", self.build_sha256) == build_sha256):
+                return model_id
+        return None
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """A verified running service and the id it serves the wanted model under."""
+
+    url: str
+    token: str | None
+    model: str
+    pid: int
+    instance: str
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL (``…/v1``)."""
+        return self.url + "/v1"
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    def __repr__(self) -> str:  # the token never appears in a repr
+        return f"Attachment(url={self.url!r}, model={self.model!r}, pid={self.pid})"
+
+
+def _private(path: Path) -> bool:
+    """Owned by this user and unreadable by anyone else (a file others could write is not trusted)."""
+    try:
+        info = path.stat()
+    except OSError:
+        return False
+    return info.st_uid == os.getuid() and not info.st_mode & (stat.S_IRWXG | stat.S_IRWXO)
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` as 0600: temp file beside it, fsync, rename, fsync the directory."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def write_discovery(cache_root: Path, discovery: Discovery) -> Path:
+    path = run_dir(cache_root) / DISCOVERY_FILE
+    write_private(path, json.dumps(discovery.to_json(), indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def read_discovery(cache_root: Path) -> Discovery | None:
+    """The discovery file if present, private and well-formed (not yet verified)."""
+    path = run_dir(cache_root) / DISCOVERY_FILE
+    if not _private(path):
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return Discovery.from_json(data)
+
+
+def remove_discovery(cache_root: Path, instance: str) -> None:
+    """Remove the discovery file if it is still this instance's (never a successor's)."""
+    path = run_dir(cache_root) / DISCOVERY_FILE
+    current = read_discovery(cache_root)
+    if current is not None and current.instance == instance:
+        path.unlink(missing_ok=True)
+
+
+def read_token(path: str | Path | None) -> str | None:
+    if not path:
+        return None
+    file = Path(path)
+    if not _private(file):
+        return None
+    try:
+        token = file.read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    return token or None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False  # another user's process: never ours to use
+    return True
+
+
+def verify(discovery: Discovery, token: str | None, timeout: float = _VERIFY_TIMEOUT) -> bool:
+    """True when the service named by ``discovery`` answers /health with its instance id."""
+    if not _pid_alive(discovery.pid):
+        return False
+    host = "127.0.0.1" if discovery.host in ("0.0.0.0", "::", "") else discovery.host
+    conn = http.client.HTTPConnection(host, discovery.port, timeout=timeout)
+    try:
+        conn.request("GET", "/health", headers={"Authorization": f"Bearer {token}"} if token else {})
+        response = conn.getresponse()
+        body = response.read(65536)
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        conn.close()
+    if response.status != 200:
+        return False
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and data.get("instance") == discovery.instance
+
+
+def discover(cache_root: Path, build_sha256: str, model_sha256: str, role: str = "chat") -> Attachment | None:
+    """A running, verified service for ``cache_root`` that serves this build and model
+    (as a ``chat`` or ``embedding`` server), else None."""
+    found = read_discovery(cache_root)
+    if found is None:
+        return None
+    model = found.model_for(model_sha256, build_sha256, role)
+    if model is None:
+        return None
+    token = read_token(found.token_file)
+    if found.token_file and token is None:
+        return None
+    if not verify(found, token):
+        return None
+    return Attachment(url=found.url, token=token, model=model, pid=found.pid, instance=found.instance)
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file, memoised per process by (real path, size, mtime)."""
+    real = os.path.realpath(path)
+    info = os.stat(real)
+    return _sha256(real, info.st_size, info.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _sha256(real: str, size: int, mtime_ns: int) -> str:
+    digest = hashlib.sha256()
+    with open(real, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -1,0 +1,301 @@
+"""Evidence for a gate's ``selection:``: fingerprints, reading an eval report, staleness, the choice.
+
+An eval report (``localllm eval``, :mod:`localllm.eval`) records, besides its numbers, what
+it measured: the gate (verb, prompt, args, schema as written), the schema it validated
+against, and per agent its declaration, model and llama-server build. This module computes
+those fingerprints, so the writer (eval) and the readers (``check`` and the runtime) agree
+on one definition::
+
+    fingerprint(config, gate) → {"gate_sha256", "schema_sha256", "agents": {alias: {...}}}
+    read_evidence(path)       → the report, checked to be one (EvidenceError otherwise)
+    staleness(config, gate, report) → what changed since, per gate and per agent
+    choose(config, gate, path)      → Choice(alias, selected_by) for ``policy: cheapest-passing``
+
+Staleness is not an error: a stale report still loads, ``check`` says what changed, and at
+run time stale evidence does not pass (the gate falls back). Secrets in declarations
+(``env``/``headers`` values) enter no fingerprint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from localllm import settings
+from localllm.config import AgentDecl, Config, Gate, LocalLLMDecl
+from localllm.errors import FetchError, LocalLLMError, SchemaError
+
+__all__ = [
+    "DEFAULT_MIN_ACCURACY",
+    "REPORT_KIND",
+    "REPORT_VERSION",
+    "Choice",
+    "EvidenceError",
+    "agent_fingerprint",
+    "canonical_sha256",
+    "choose",
+    "fingerprint",
+    "gate_problems",
+    "read_evidence",
+    "staleness",
+]
+
+REPORT_KIND = "localllm_eval_report"
+REPORT_VERSION = 1
+#: ``policy: cheapest-passing`` without ``min_accuracy:`` asks for this
+DEFAULT_MIN_ACCURACY = 0.9
+#: declaration fields whose values are secrets: only their names are fingerprinted
+_SECRET_FIELDS = ("env", "headers")
+_CHUNK = 1 << 20
+
+
+class EvidenceError(LocalLLMError, ValueError):
+    """An ``evidence:`` file that is not a usable eval report (``path``, ``reason``)."""
+
+    def __init__(self, path: Path, reason: str, *, hint: str = "") -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}",
+                         hint=hint or "write it with `localllm eval GATE -c CONFIG` (evals/reports/<gate>/latest.json)")
+
+
+def canonical_sha256(value: Any) -> str:
+    """sha256 of ``value`` as canonical JSON (sorted keys, no spaces, UTF-8)."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _file_sha256(path: Path) -> str | None:
+    digest = hashlib.sha256()
+    try:
+        with path.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(_CHUNK), b""):
+                digest.update(chunk)
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+def _decl_data(decl: AgentDecl) -> dict[str, Any]:
+    """The declaration's fields that differ from their defaults (a key added to a plugin type
+    later, at its default, leaves every recorded fingerprint valid)."""
+    data: dict[str, Any] = {}
+    for f in dataclasses.fields(decl):
+        value = getattr(decl, f.name)
+        if f.default is not dataclasses.MISSING and value == f.default:
+            continue
+        if f.default_factory is not dataclasses.MISSING and value == f.default_factory():
+            continue
+        if f.name in _SECRET_FIELDS and isinstance(value, Mapping):
+            value = sorted(str(k) for k in value)
+        data[f.name] = value
+    return data
+
+
+def _model(decl: AgentDecl, base_dir: Path, hashes: dict[Path, str | None]) -> dict[str, Any]:
+    """``{"model", "model_sha256"}``: the pin's sha256 for a model id, the file's for a ``*.gguf``."""
+    model = getattr(decl, "model", None)
+    found: dict[str, Any] = {"model": model, "model_sha256": None}
+    if not isinstance(decl, LocalLLMDecl) or not model or decl.endpoint is not None:
+        return found
+    if model.endswith(".gguf"):
+        path = Path(model).expanduser()
+        path = path if path.is_absolute() else base_dir / path
+        if path not in hashes:
+            hashes[path] = _file_sha256(path)
+        found["model_sha256"] = hashes[path]
+        return found
+    from localllm.managed.pins import load_pins
+
+    with contextlib.suppress(FetchError):
+        found["model_sha256"] = load_pins().model(model).artifact.sha256
+    return found
+
+
+def _server_build(decl: AgentDecl, base_dir: Path, hashes: dict[Path, str | None]) -> dict[str, Any] | None:
+    """The llama-server a local agent runs: the pinned release, and the binary's sha256 when
+    one is named (``server_bin:`` or ``LOCALLLM_SERVER_BIN``); an endpoint's URL."""
+    if not isinstance(decl, LocalLLMDecl):
+        return None
+    if decl.endpoint is not None:
+        return {"endpoint": decl.endpoint}
+    from localllm.managed.pins import load_pins
+
+    build: dict[str, Any] = {}
+    try:
+        build["release"] = load_pins().release
+    except FetchError:
+        build["release"] = None
+    named = decl.server_bin or settings.server_bin()
+    if named:
+        path = Path(named).expanduser()
+        path = path if path.is_absolute() else base_dir / path
+        if path not in hashes:
+            hashes[path] = _file_sha256(path)
+        build["binary_sha256"] = hashes[path]
+    return build
+
+
+def agent_fingerprint(config: Config, alias: str, *, hashes: dict[Path, str | None] | None = None) -> dict[str, Any]:
+    """What an agent's evidence depends on: its declaration, model and server build."""
+    decl = config.agents.get(alias)
+    if decl is None:
+        return {"declared": False}
+    hashes = {} if hashes is None else hashes
+    return {"declared": True, "plugin": decl.plugin, "decl_sha256": canonical_sha256(_decl_data(decl)),
+            **_model(decl, config.base_dir, hashes), "server_build": _server_build(decl, config.base_dir, hashes)}
+
+
+def _schema_sha256(gate: Gate) -> str | None:
+    if gate.schema_path is None:
+        return None
+    from localllm.schema import read_schema_file
+
+    try:
+        return canonical_sha256(read_schema_file(gate.schema_path))
+    except SchemaError:
+        return None
+
+
+def _gate_sha256(gate: Gate) -> str:
+    return canonical_sha256({"verb": gate.verb, "prompt": gate.prompt, "args": gate.args, "schema": gate.schema,
+                             "timeout": gate.timeout})
+
+
+def fingerprint(config: Config, gate: Gate, aliases: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """The fingerprint an eval report of ``gate`` over ``aliases`` records."""
+    hashes: dict[Path, str | None] = {}
+    return {"gate_sha256": _gate_sha256(gate), "schema_sha256": _schema_sha256(gate),
+            "agents": {alias: agent_fingerprint(config, alias, hashes=hashes) for alias in aliases}}
+
+
+def read_evidence(path: Path) -> dict[str, Any]:
+    """The eval report at ``path``; EvidenceError when it is missing, not JSON or not a report."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise EvidenceError(path, "not found") from exc
+    except (OSError, UnicodeError) as exc:
+        raise EvidenceError(path, f"cannot read: {exc}") from exc
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise EvidenceError(path, f"is not JSON: {exc}") from exc
+    if not isinstance(doc, dict) or doc.get("kind") != REPORT_KIND:
+        raise EvidenceError(path, f"is not an eval report (kind is not {REPORT_KIND!r})")
+    if doc.get("version") != REPORT_VERSION:
+        raise EvidenceError(path, f"report version {doc.get('version')!r} is not {REPORT_VERSION}",
+                            hint="re-run `localllm eval` with this localllm")
+    agents = doc.get("agents")
+    if not isinstance(doc.get("gate"), str) or not isinstance(doc.get("fingerprint"), dict) \
+            or not isinstance(agents, dict) or not all(isinstance(a, dict) for a in agents.values()):
+        raise EvidenceError(path, "is missing gate, fingerprint or agents")
+    return doc
+
+
+def gate_problems(gate: Gate, path: Path) -> list[str]:
+    """Why ``path`` cannot be ``gate``'s evidence at all (load-time problems; staleness is not one)."""
+    try:
+        doc = read_evidence(path)
+    except EvidenceError as exc:
+        return [exc.reason]
+    if doc["gate"] != gate.name:
+        return [f"is the eval report of gate {doc['gate']!r}, not {gate.name!r}"]
+    return []
+
+
+def staleness(config: Config, gate: Gate, report: Mapping[str, Any]) -> dict[str, list[str]]:
+    """What changed since ``report`` was measured: ``""`` → gate-wide reasons, alias → that agent's."""
+    recorded = report.get("fingerprint") or {}
+    aliases = [a for a in (recorded.get("agents") or {}) if isinstance(a, str)]
+    now = fingerprint(config, gate, aliases)
+    reasons: dict[str, list[str]] = {"": []}
+    if recorded.get("schema_sha256") != now["schema_sha256"]:
+        reasons[""].append("the schema changed")
+    if recorded.get("gate_sha256") != now["gate_sha256"]:
+        reasons[""].append("the gate (verb, prompt or args) changed")
+    for alias in aliases:
+        then, current = recorded["agents"][alias] or {}, now["agents"][alias]
+        mine: list[str] = []
+        if not current["declared"]:
+            mine.append("no longer declared")
+        else:
+            if then.get("decl_sha256") != current["decl_sha256"]:
+                mine.append("its declaration changed")
+            if (then.get("model"), then.get("model_sha256")) != (current["model"], current["model_sha256"]):
+                mine.append("the model changed")
+            if then.get("server_build") != current["server_build"]:
+                mine.append("the llama-server build changed")
+        reasons[alias] = mine
+    return reasons
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The agent a gate's selection picked, and why (recorded as ``meta.selected_by``)."""
+
+    alias: str
+    selected_by: dict[str, Any] = field(default_factory=dict)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def choose(config: Config, gate: Gate) -> Choice | None:
+    """``policy: cheapest-passing``: the cheapest agent whose evidence passes (local before
+    claude, then by mean cost, then p50 latency), else ``fallback_profile`` (else the gate's
+    own agent). ``None`` when the gate has no selection policy."""
+    selection = gate.selection
+    if selection is None or selection.policy != "cheapest-passing":
+        return None
+    min_accuracy = selection.min_accuracy if selection.min_accuracy is not None else DEFAULT_MIN_ACCURACY
+    max_fallback = selection.max_fallback_rate
+    record: dict[str, Any] = {"policy": selection.policy, "evidence": str(selection.evidence) if selection.evidence
+                              else None, "min_accuracy": min_accuracy, "max_fallback_rate": max_fallback}
+    fallback = selection.fallback_profile if selection.fallback_profile in config.agents else gate.agent
+
+    def fall_back(reason: str) -> Choice:
+        return Choice(fallback, {**record, "agent": fallback, "passed": False, "reason": reason})
+
+    if selection.evidence is None:
+        return fall_back("no evidence: file")
+    try:
+        report = read_evidence(selection.evidence)
+    except EvidenceError as exc:
+        return fall_back(f"evidence unusable: {exc.reason}")
+    if report["gate"] != gate.name:
+        return fall_back(f"evidence is for gate {report['gate']!r}")
+    stale = staleness(config, gate, report)
+    if stale[""]:
+        return fall_back("evidence is stale: " + "; ".join(stale[""]))
+    ranked: list[tuple[tuple[int, float, float, str], str, dict[str, Any]]] = []
+    refused: dict[str, str] = {}
+    for alias, row in report["agents"].items():
+        accuracy, fallback_rate = _number(row.get("accuracy")), _number(row.get("fallback_rate"))
+        if stale.get(alias):
+            refused[alias] = "stale: " + "; ".join(stale[alias])
+        elif accuracy is None or accuracy < min_accuracy:
+            refused[alias] = f"accuracy {accuracy} < {min_accuracy}"
+        elif max_fallback is not None and (fallback_rate is None or fallback_rate > max_fallback):
+            refused[alias] = f"fallback rate {fallback_rate} > {max_fallback}"
+        else:
+            cost = _number((row.get("cost_usd") or {}).get("mean")) or 0.0
+            p50 = _number((row.get("latency_ms") or {}).get("p50")) or 0.0
+            ranked.append(((0 if row.get("local") else 1, cost, p50, alias), alias, row))
+    if not ranked:
+        return Choice(fallback, {**record, "agent": fallback, "passed": False, "refused": refused,
+                                 "reason": "no agent's evidence passes"})
+    _, alias, row = min(ranked)
+    return Choice(alias, {**record, "agent": alias, "passed": True, "accuracy": row.get("accuracy"),
+                          "fallback_rate": row.get("fallback_rate"), "refused": refused,
+                          "reason": "cheapest agent whose evidence passes"})

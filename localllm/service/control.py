@@ -1,0 +1,135 @@
+"""Talking to a running service: ``ps``, ``stop``, ``serve --detach``, and attaching to it.
+
+:func:`attach` is the one function a managed agent or embedder calls before spawning its
+own sidecar: with ``service: never`` it returns None at once; otherwise it looks for a
+verified service of the same cache that serves the same llama-server build and model
+(``auto``: None when there is none; ``required``: :class:`ServiceUnavailable`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from localllm.errors import ServiceError, ServiceUnavailable
+from localllm.managed import discovery
+from localllm.managed.attach import POLICIES, attach, cache_root_of
+
+__all__ = ["POLICIES", "attach", "connect", "detach", "ps", "stop"]
+
+_TIMEOUT = 10.0
+
+
+
+def connect(cache_root: Path | None = None) -> tuple[discovery.Discovery, str | None]:
+    """The verified service of this cache and its token, or :class:`ServiceUnavailable`."""
+    root = cache_root_of(cache_root)
+    found = discovery.read_discovery(root)
+    token = discovery.read_token(found.token_file) if found else None
+    if found is None or (found.token_file and token is None) or not discovery.verify(found, token):
+        raise ServiceUnavailable(f"no localllm service is running for cache {root}",
+                                 hint="start one with `localllm serve` (or `localllm serve --detach`)")
+    return found, token
+
+
+def _call(method: str, path: str, cache_root: Path | None, body: dict[str, Any] | None = None) -> Any:
+    import http.client
+
+    found, token = connect(cache_root)
+    host = "127.0.0.1" if found.host in ("0.0.0.0", "::", "") else found.host
+    conn = http.client.HTTPConnection(host, found.port, timeout=_TIMEOUT)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    payload = None
+    if body is not None:
+        payload = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    try:
+        conn.request(method, path, body=payload, headers=headers)
+        response = conn.getresponse()
+        raw = response.read()
+    except (OSError, http.client.HTTPException) as exc:
+        raise ServiceUnavailable(f"the service at {found.url} did not answer {method} {path}: {exc}") from exc
+    finally:
+        conn.close()
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise ServiceError(f"the service at {found.url} answered {method} {path} with non-JSON") from exc
+    if response.status != 200:
+        message = data.get("error", {}).get("message") if isinstance(data, dict) else None
+        raise ServiceError(f"the service at {found.url} answered HTTP {response.status}: {message or raw[:200]!r}")
+    return data
+
+
+def ps(cache_root: Path | None = None) -> dict[str, Any]:
+    """``{"service": {...}, "models": [loaded model rows]}`` from the running service."""
+    data: dict[str, Any] = _call("GET", "/localllm/ps", cache_root)
+    return data
+
+
+def stop(model: str | None = None, *, cache_root: Path | None = None, wait: float = 15.0) -> dict[str, Any]:
+    """Unload ``model``, or (``model=None``) stop the service and wait until its process is gone."""
+    if model is not None:
+        result: dict[str, Any] = _call("POST", "/localllm/stop", cache_root, {"model": model})
+        return result
+    found, _ = connect(cache_root)
+    _call("POST", "/localllm/stop", cache_root, {"all": True})
+    import psutil
+
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(found.pid).status() == psutil.STATUS_ZOMBIE:
+                break  # exited; its parent has not reaped it yet
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.05)
+    else:
+        raise ServiceError(f"the service (pid {found.pid}) did not stop within {wait:g} s",
+                           hint=f"kill it with `kill {found.pid}` (its llama-servers follow it)")
+    return {"stopped": True, "pid": found.pid}
+
+
+def detach(
+    serve_argv: Sequence[str], *, cache_root: Path | None = None, wait: float = 120.0
+) -> tuple[discovery.Discovery, Path]:
+    """Start ``localllm serve`` + ``serve_argv`` in the background, logging to ``<cache>/run/service.log``;
+    return its discovery (once it answers) and the log path."""
+    root = cache_root_of(cache_root)
+    run = discovery.run_dir(root)
+    run.mkdir(mode=0o700, parents=True, exist_ok=True)
+    log_path = run / discovery.LOG_FILE
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        # posix_spawn in a new session: no Popen object to outlive, no terminal to follow
+        pid = os.posix_spawn(
+            sys.executable, [sys.executable, "-m", "localllm", "serve", *serve_argv],
+            {**os.environ, "LOCALLLM_CACHE_DIR": str(root)},
+            file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                          (os.POSIX_SPAWN_DUP2, log_fd, 1), (os.POSIX_SPAWN_DUP2, log_fd, 2)],
+            setsid=True,
+        )
+    finally:
+        os.close(log_fd)
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            tail = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-10:]
+            raise ServiceError(f"localllm serve exited with code {os.waitstatus_to_exitcode(status)}; "
+                               "last log lines:\n" + "\n".join(tail), hint=f"the whole log is {log_path}")
+        found = discovery.read_discovery(root)
+        if found is not None and found.pid == pid:
+            token = discovery.read_token(found.token_file)
+            if discovery.verify(found, token):
+                return found, log_path
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGTERM)
+    raise ServiceError(f"localllm serve did not come up within {wait:g} s", hint=f"see {log_path}")
+

@@ -1,0 +1,528 @@
+"""localllm eval: cases and matchers, reports recounted from the trace, selection on real
+evidence files, stale evidence in `check`, trace → cases / cassette round trips."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from localllm.cli import main
+from localllm.config import Config
+from localllm.errors import AgentError, ConfigError, ProblemList
+from localllm.eval import evaluate, load_cases
+from localllm.eval.cases import parse_expect
+from localllm.loading import load_config
+from localllm.runtime import Runtime
+from localllm.trace import derive_call_id, read_trace
+from localllm.wire import AskRequest
+
+SCHEMA = {
+    "title": "triage",
+    "type": "object",
+    "properties": {
+        "queue": {"enum": ["billing", "bug", "feature", "other"]},
+        "priority": {"type": "integer", "minimum": 1, "maximum": 5},
+        "summary": {"type": "string", "minLength": 1},
+    },
+    "required": ["queue", "priority", "summary"],
+}
+
+TICKETS = {
+    "t1": ("I was charged twice, refund please", "billing", 2),
+    "t2": ("The app crashes when I upload a photo", "bug", 2),
+    "t3": ("Please add a dark mode", "feature", 4),
+    "t4": ("Production is down for everyone, crash loop", "bug", 1),
+    "t5": ("How do I change my username?", "other", 4),
+    "t6": ("Invoice shows the wrong VAT number", "billing", 3),
+}
+
+CONFIG = """\
+app_id: evalapp
+agent_plugins:
+  agent.local: {plugin: builtin.inprocess}
+  agent.small: {plugin: builtin.inprocess}
+  agent.claude: {plugin: builtin.inprocess}
+gates:
+  triage:
+    invoke: host.agent.decide
+    agent: agent.small
+    with:
+      prompt: 'Triage: {{ args.ticket }}'
+      schema: schemas/triage.json
+      args: {ticket: '{{ args.ticket }}'}
+"""
+
+
+def write_cases(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as fh:
+        for case_id, (ticket, queue, priority) in TICKETS.items():
+            fh.write(json.dumps({"id": case_id, "args": {"ticket": ticket},
+                                 "expect": {"queue": queue, "priority": {"number": priority, "tolerance": 1},
+                                            "summary": {"any_valid": True}}}) + "\n")
+
+
+@pytest.fixture
+def app(tmp_path: Path) -> Path:
+    (tmp_path / "schemas").mkdir()
+    (tmp_path / "schemas" / "triage.json").write_text(json.dumps(SCHEMA))
+    (tmp_path / "app.yaml").write_text(CONFIG)
+    write_cases(tmp_path / "evals" / "triage" / "cases.jsonl")
+    return tmp_path
+
+
+def ticket_of(request: AskRequest) -> str:
+    assert request.with_ is not None
+    return str(request.with_["args"]["ticket"])
+
+
+def truth(request: AskRequest) -> dict[str, Any]:
+    ticket = ticket_of(request)
+    for text, queue, priority in TICKETS.values():
+        if text == ticket:
+            return {"queue": queue, "priority": priority, "summary": text[:20]}
+    raise AssertionError(ticket)
+
+
+def small(request: AskRequest) -> Any:
+    """Right on most; calls every crash a feature; answers refunds outside the schema."""
+    answer = truth(request)
+    if "crash" in answer["summary"].lower() or "crash" in ticket_of(request):
+        answer["queue"] = "feature"
+    if "refund" in ticket_of(request):
+        return {"queue": "money", "priority": 9, "summary": "x"}
+    return answer
+
+
+def claude(request: AskRequest) -> dict[str, Any]:
+    from localllm.wire import AskResponse
+
+    return AskResponse(submission=json.dumps(truth(request)), meta={"cost_usd": 0.01,  # type: ignore[return-value]
+                                                                    "usage": {"input_tokens": 10, "output_tokens": 5}})
+
+
+def prepare(runtime: Runtime) -> None:
+    runtime.register_inprocess("agent.local", truth, local_model=True)
+    runtime.register_inprocess("agent.small", small, local_model=True)
+    runtime.register_inprocess("agent.claude", claude)
+
+
+# --------------------------------------------------------------------------- matchers
+
+
+@pytest.mark.parametrize(("expect", "answer", "correct", "fields"), [
+    ({"queue": "bug"}, {"queue": "bug", "priority": 1}, True, {"queue": True}),
+    ({"queue": "bug"}, {"queue": "billing"}, False, {"queue": False}),
+    ({"queue": {"one_of": ["bug", "feature"]}}, {"queue": "feature"}, True, {"queue": True}),
+    ({"priority": {"number": 2, "tolerance": 1}}, {"priority": 3}, True, {"priority": True}),
+    ({"priority": {"number": 2, "tolerance": 1}}, {"priority": 4}, False, {"priority": False}),
+    ({"priority": {"number": 1}}, {"priority": True}, False, {"priority": False}),
+    ({"priority": 1}, {"priority": 1.0}, True, {"priority": True}),
+    ({"flag": True}, {"flag": 1}, False, {"flag": False}),
+    ({"summary": {"regex": "^refund"}}, {"summary": "refund twice"}, True, {"summary": True}),
+    ({"summary": {"regex": "^refund"}}, {"summary": 3}, False, {"summary": False}),
+    ({"summary": {"any_valid": True}}, {"queue": "bug"}, False, {"summary": False}),
+    ({"meta": {"equals": {"a": 1}}}, {"meta": {"a": 1}}, True, {"meta": True}),
+    ({"meta": {"a": 1}}, {"meta": {"a": 1}}, True, {"meta": True}),
+    ({"exact": {"queue": "bug", "priority": 1}}, {"queue": "bug", "priority": 1}, True,
+     {"queue": True, "priority": True}),
+    ({"exact": {"queue": "bug", "priority": 1}}, {"queue": "bug", "priority": 1, "x": 0}, False,
+     {"queue": True, "priority": True}),
+    ({"fields": {"queue": "bug"}}, {"queue": "bug"}, True, {"queue": True}),
+    ({}, {"anything": 1}, True, {}),
+    ({"queue": "bug"}, "bug", False, {"queue": False}),
+])
+def test_matchers(expect: Any, answer: Any, correct: bool, fields: dict[str, bool]) -> None:
+    problems = ProblemList("cases.jsonl")
+    parsed = parse_expect(expect, "line 1.expect", problems)
+    assert problems.items == [] and parsed is not None
+    assert parsed.judge(answer) == (correct, fields)
+
+
+def test_cases_file_problems_are_all_reported_with_their_line(tmp_path: Path) -> None:
+    path = tmp_path / "cases.jsonl"
+    path.write_text("\n".join([
+        json.dumps({"id": "a", "args": {}, "expect": {"q": {"one_of": []}}}),
+        "not json",
+        json.dumps({"id": "a", "args": {}, "expect": {}}),
+        json.dumps({"args": [], "expect": {}}),
+        json.dumps({"args": {}, "expect": {"p": {"number": 1, "regex": "x"}}, "colour": 1}),
+        json.dumps({"args": {}}),
+        json.dumps({"args": {}, "expect": {"s": {"regex": "("}}}),
+    ]) + "\n")
+    with pytest.raises(ConfigError) as caught:
+        load_cases(path)
+    keys = [p.key for p in caught.value.problems]
+    assert keys == ["line 1.expect.q.one_of", "line 2", "line 3.id", "line 4.args", "line 5.colour",
+                    "line 5.expect.p", "line 6.expect", "line 7.expect.s.regex"]
+    assert {p.file for p in caught.value.problems} == {str(path)}
+
+
+def test_a_case_missing_a_template_value_is_named_before_anything_runs(app: Path) -> None:
+    config = load_config(app / "app.yaml")
+    bad = app / "bad.jsonl"
+    bad.write_text(json.dumps({"id": "x", "args": {"other": 1}, "expect": {}}) + "\n")
+    with pytest.raises(ConfigError) as caught:
+        evaluate(config, "triage", cases_path=bad, prepare=prepare, out_dir=app / "out")
+    assert [p.key for p in caught.value.problems] == ["line 1.args.ticket"]
+    assert not (app / "out" / "triage").exists() or not list((app / "out" / "triage").glob("*.json"))
+
+
+# --------------------------------------------------------------------------- the report
+
+
+def recount(trace_path: Path, case_of_call: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """Numbers counted straight from the trace events, independently of localllm.eval."""
+    trace = read_trace(trace_path)
+    starts = {ev.call_id: ev for ev in trace.events if ev.kind == "agent.call.start"}
+    tally: dict[str, dict[str, Any]] = {}
+    for ev in trace.events:
+        if ev.kind not in ("agent.call.complete", "agent.call.error"):
+            continue
+        agent = starts[ev.call_id].payload["agent"]
+        row = tally.setdefault(agent, {"calls": 0, "correct": 0, "fallbacks": 0, "errors": Counter(),
+                                       "durations": [], "cost": 0.0, "valid_first": 0, "queue_ok": 0})
+        row["calls"] += 1
+        row["durations"].append(ev.payload["duration_ms"])
+        fell_back = "substitution" in ev.payload
+        row["fallbacks"] += fell_back
+        if ev.kind == "agent.call.error":
+            row["errors"][ev.payload["kind"]] += 1
+            continue
+        row["valid_first"] += not fell_back
+        row["cost"] += ev.payload.get("meta", {}).get("cost_usd", 0.0)
+        _, queue, priority = TICKETS[case_of_call[str(ev.call_id)]]
+        got = ev.payload["response"]
+        row["queue_ok"] += got["queue"] == queue
+        row["correct"] += got["queue"] == queue and abs(got["priority"] - priority) <= 1
+    return tally
+
+
+def nearest_rank(values: list[float], pct: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(1, math.ceil(pct / 100 * len(ordered))) - 1]
+
+
+def test_report_numbers_equal_a_recount_from_the_trace(app: Path) -> None:
+    config = load_config(app / "app.yaml")
+    result = evaluate(config, "triage", agents=["agent.local", "agent.small", "agent.claude"], repeat=2,
+                      prepare=prepare)
+    report = result.report
+    case_of_call = {row["call_id"]: row["case"] for row in report["calls"]}
+    assert len(case_of_call) == 3 * 6 * 2  # every call has its own call_id
+    counted = recount(result.trace, case_of_call)
+    for alias, row in report["agents"].items():
+        mine = counted[alias]
+        assert row["calls"] == mine["calls"] == 12
+        assert row["correct"] == mine["correct"]
+        assert row["accuracy"] == pytest.approx(mine["correct"] / 12)
+        assert row["fallbacks"] == mine["fallbacks"]
+        assert row["schema_valid_first_try"] == pytest.approx(mine["valid_first"] / 12)
+        assert row["errors"] == dict(mine["errors"])
+        assert row["latency_ms"]["p50"] == nearest_rank(mine["durations"], 50)
+        assert row["latency_ms"]["p95"] == nearest_rank(mine["durations"], 95)
+        assert row["cost_usd"]["total"] == pytest.approx(mine["cost"])
+        assert row["fields"]["queue"]["correct"] == mine["queue_ok"]
+    local, small_row, claude_row = (report["agents"][a] for a in ("agent.local", "agent.small", "agent.claude"))
+    assert (local["accuracy"], local["fallback_rate"], local["local"]) == (1.0, 0.0, True)
+    # small: the two crash tickets are wrong, the refund falls back to claude (right)
+    assert small_row["correct"] == 8 and small_row["fallbacks"] == 2 and small_row["first_try_accuracy"] == 6 / 12
+    assert small_row["confusion"]["queue"]["bug"] == {"feature": 4}
+    assert small_row["reproducibility"] == 1.0
+    assert claude_row["local"] is False and claude_row["tokens"] == {"prompt": 120, "completion": 60}
+    assert claude_row["cost_usd"]["total"] == pytest.approx(0.12)
+    # evidence files: the stamped report, latest.json, and the self-contained HTML
+    latest = json.loads(result.paths["latest"].read_text())
+    assert latest == json.loads(result.paths["json"].read_text()) == json.loads(json.dumps(report))
+    page = result.paths["html"].read_text()
+    assert "<svg" in page and "<script" not in page and "agent.small: queue" in page
+    assert result.paths["json"].parent == app / "evals" / "reports" / "triage"
+
+
+def test_parallel_slots_run_calls_concurrently(app: Path) -> None:
+    config = load_config(app / "app.yaml")
+    active, peak = [0], [0]
+    lock = threading.Lock()
+
+    def slow(request: AskRequest) -> dict[str, Any]:
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        time.sleep(0.05)
+        with lock:
+            active[0] -= 1
+        return truth(request)
+
+    def prep(runtime: Runtime) -> None:
+        runtime.register_inprocess("agent.local", slow)
+
+    one = evaluate(config, "triage", agents=["agent.local"], prepare=prep, workers=1).report
+    assert peak[0] == 1
+    evaluate(config, "triage", agents=["agent.local"], prepare=prep, workers=3)
+    assert peak[0] == 3
+    assert one["agents"]["agent.local"]["workers"] == 1
+
+
+def test_reproducibility_counts_cases_whose_repeats_differ(app: Path) -> None:
+    config = load_config(app / "app.yaml")
+    seen: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def flaky(request: AskRequest) -> dict[str, Any]:
+        answer = truth(request)
+        with lock:
+            seen[answer["summary"]] += 1
+            second = seen[answer["summary"]] == 2
+        if second and "dark mode" in ticket_of(request):
+            answer["priority"] = 5
+        return answer
+
+    report = evaluate(config, "triage", agents=["agent.local"], repeat=2, workers=1,
+                      prepare=lambda rt: rt.register_inprocess("agent.local", flaky)).report
+    assert report["agents"]["agent.local"]["reproducibility"] == pytest.approx(5 / 6)
+
+
+# --------------------------------------------------------------------------- selection
+
+
+def with_selection(app: Path, **keys: Any) -> Config:
+    block = {"policy": "cheapest-passing", "evidence": "evals/reports/triage/latest.json", **keys}
+    text = CONFIG + "    selection: " + json.dumps(block) + "\n"
+    (app / "app.yaml").write_text(text)
+    return load_config(app / "app.yaml")
+
+
+def run_selected(config: Config, trace: Path) -> tuple[str, dict[str, Any]]:
+    with Runtime(config, trace=trace) as runtime:
+        prepare(runtime)
+        result = runtime.run_gate("triage", {"ticket": TICKETS["t3"][0]})
+    events = [ev for ev in read_trace(trace).events if ev.kind == "agent.call.complete"]
+    assert events[-1].payload["meta"]["selected_by"] == result.meta["selected_by"]
+    assert events[-1].payload["agent"] == result.agent
+    return result.agent, result.meta["selected_by"]
+
+
+def test_selection_picks_the_local_agent_when_its_evidence_passes(app: Path) -> None:
+    evaluate(load_config(app / "app.yaml"), "triage", agents=["agent.claude", "agent.small", "agent.local"],
+             prepare=prepare)
+    config = with_selection(app, min_accuracy=0.9, max_fallback_rate=0.1, fallback_profile="agent.claude")
+    agent, why = run_selected(config, app / "run.jsonl")
+    assert agent == "agent.local"
+    assert why["passed"] is True and why["evidence"] == str(app / "evals/reports/triage/latest.json")
+    assert set(why["refused"]) == {"agent.small"}  # claude passes too, but local comes first
+
+
+def test_selection_picks_claude_when_no_local_evidence_passes(app: Path) -> None:
+    evaluate(load_config(app / "app.yaml"), "triage", agents=["agent.small", "agent.claude"], prepare=prepare)
+    config = with_selection(app, min_accuracy=0.9)
+    agent, why = run_selected(config, app / "run.jsonl")
+    assert agent == "agent.claude" and why["passed"] is True and "agent.small" in why["refused"]
+
+
+def test_selection_falls_back_to_the_profile_when_nothing_passes(app: Path) -> None:
+    evaluate(load_config(app / "app.yaml"), "triage", agents=["agent.small"], prepare=prepare)
+    config = with_selection(app, min_accuracy=0.9, fallback_profile="agent.claude")
+    agent, why = run_selected(config, app / "run.jsonl")
+    assert agent == "agent.claude" and why["passed"] is False and why["reason"] == "no agent's evidence passes"
+
+
+def test_stale_evidence_after_a_schema_change_is_flagged_and_does_not_pass(app: Path,
+                                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    evaluate(load_config(app / "app.yaml"), "triage", agents=["agent.local"], prepare=prepare)
+    with_selection(app, fallback_profile="agent.claude")
+    assert main(["check", str(app / "app.yaml"), "--json"]) == 0
+    assert "stale_evidence" not in json.loads(capsys.readouterr().out)
+    changed = dict(SCHEMA, properties={**SCHEMA["properties"], "summary": {"type": "string", "maxLength": 60}})  # type: ignore[dict-item]
+    (app / "schemas" / "triage.json").write_text(json.dumps(changed))
+    assert main(["check", str(app / "app.yaml"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["stale_evidence"] == {"triage": {"": ["the schema changed"]}}
+    assert main(["check", str(app / "app.yaml")]) == 0
+    assert "evidence is stale" in capsys.readouterr().err
+    agent, why = run_selected(load_config(app / "app.yaml"), app / "run.jsonl")
+    assert agent == "agent.claude" and why["passed"] is False and "the schema changed" in why["reason"]
+
+
+def test_evidence_of_another_gate_or_not_a_report_is_a_load_error(app: Path) -> None:
+    evaluate(load_config(app / "app.yaml"), "triage", agents=["agent.local"], prepare=prepare)
+    report = json.loads((app / "evals/reports/triage/latest.json").read_text())
+    (app / "other.json").write_text(json.dumps({**report, "gate": "route"}))
+    (app / "plain.json").write_text("{}")
+    for file, words in (("other.json", "route"), ("plain.json", "not an eval report")):
+        (app / "app.yaml").write_text(CONFIG + f"    selection: {{policy: cheapest-passing, evidence: {file}}}\n")
+        with pytest.raises(ConfigError) as caught:
+            load_config(app / "app.yaml")
+        assert [p.key for p in caught.value.problems] == ["gates.triage.selection.evidence"]
+        assert words in caught.value.problems[0].message
+
+
+# --------------------------------------------------------------------------- trace → cases / cassette
+
+
+def test_trace_cases_and_cassette_round_trip(app: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = load_config(app / "app.yaml")
+    recorded = app / "recorded.jsonl"
+    with Runtime(config, trace=recorded) as runtime:
+        runtime.register_inprocess("agent.claude", claude)
+        first = [runtime.run_gate("triage", {"ticket": t}, agent="agent.claude") for t, _, _ in TICKETS.values()]
+    # trace → cases: unlabelled, enum and number fields equal, free text any valid
+    assert main(["trace", "cases", str(recorded), "--gate", "triage", "-o", str(app / "cases.jsonl")]) == 0
+    cases = load_cases(app / "cases.jsonl")
+    assert len(cases) == 6 and not any(c.labelled for c in cases)
+    assert cases[0].expect.fields["queue"].kind == "equals" and cases[0].expect.fields["summary"].kind == "any_valid"
+    # trace → cassette → replay: the same submissions; the episodes name the recorded calls
+    assert main(["trace", "cassette", str(recorded), "--agent", "agent.claude", "-o", str(app / "c1.yaml")]) == 0
+    doc = yaml.safe_load((app / "c1.yaml").read_text())
+    assert [e["id"] for e in doc["episodes"]] == [r.call_id for r in first]
+    assert doc["episodes"][0]["agent"]["meta"]["cost_usd"] == 0.01
+
+    def replay(cassette: Path, trace: Path) -> list[Any]:
+        from localllm.agents.cassette import CassetteAgent
+
+        with Runtime(config, trace=trace) as runtime:
+            runtime.register_agent("agent.claude", CassetteAgent(cassette, alias="agent.claude"))
+            return [runtime.run_gate("triage", {"ticket": t}, agent="agent.claude") for t, _, _ in TICKETS.values()]
+
+    second = replay(app / "c1.yaml", app / "replay1.jsonl")
+    assert [r.submission for r in second] == [r.submission for r in first]
+    assert [r.call_id for r in second] == [derive_call_id("evalapp", f"{r.call_id}:0") for r in first]
+    # a replayed run turned into a cassette replays to the very same call_ids and submissions
+    assert main(["trace", "cassette", str(app / "replay1.jsonl"), "-o", str(app / "c2.yaml")]) == 0
+    third = replay(app / "c2.yaml", app / "replay2.jsonl")
+    assert [(r.call_id, r.submission) for r in third] == [(r.call_id, r.submission) for r in second]
+    assert evaluate(config, "triage", agents=["agent.claude"], cassettes={"agent.claude": app / "c1.yaml"},
+                    cases_path=app / "cases.jsonl").report["agents"]["agent.claude"]["accuracy"] == 1.0
+
+
+def test_cli_eval_prints_the_table_and_fails_under_the_bar(app: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = load_config(app / "app.yaml")
+    with Runtime(config, trace=app / "rec.jsonl") as runtime:
+        runtime.register_inprocess("agent.small", small)
+        runtime.register_inprocess("agent.claude", claude)
+        for ticket, _, _ in TICKETS.values():
+            runtime.run_gate("triage", {"ticket": ticket}, agent="agent.claude")
+            with contextlib.suppress(AgentError):  # the refund answer is outside the schema: an error
+                runtime.run_gate("triage", {"ticket": ticket}, agent="agent.small")
+    for alias in ("agent.small", "agent.claude"):
+        assert main(["trace", "cassette", str(app / "rec.jsonl"), "--agent", alias, "-o",
+                     str(app / f"{alias}.yaml")]) == 0
+    argv = ["eval", "triage", "-c", str(app / "app.yaml"), "--agents", "agent.small,agent.claude",
+            "--cassette", f"agent.small={app / 'agent.small.yaml'}",
+            "--cassette", f"agent.claude={app / 'agent.claude.yaml'}"]
+    capsys.readouterr()
+    assert main([*argv, "--fail-under", "0.9"]) == 1
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    assert lines[2].split()[:3] == ["AGENT", "CALLS", "ACCURACY"]
+    assert lines[3].split()[:3] == ["agent.small", "6", "50.0%"]  # 2 crash tickets wrong, 1 replayed error
+    assert lines[4].split()[:3] == ["agent.claude", "6", "100.0%"]
+    assert "below --fail-under" in captured.err
+    assert main([*argv, "--fail-under", "0.4", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["agents"]["agent.small"]["errors"] == {"schema_invalid": 1}
+    assert main(["eval", "triage", "-c", str(app / "app.yaml"), "--repeat", "0"]) == 2
+
+
+def test_a_failed_call_names_its_call_id_and_an_explicit_agent_bypasses_selection(app: Path) -> None:
+    evaluate(load_config(app / "app.yaml"), "triage", agents=["agent.local"], prepare=prepare)
+    config = with_selection(app)
+    trace = app / "run.jsonl"
+    with Runtime(config, trace=trace) as runtime:
+        runtime.register_inprocess("agent.small", small)  # no fallback: the refund answer fails
+        with pytest.raises(AgentError) as caught:
+            runtime.run_gate("triage", {"ticket": TICKETS["t1"][0]}, agent="agent.small")
+        runtime.register_inprocess("agent.local", truth)
+        chosen = runtime.run_gate("triage", {"ticket": TICKETS["t3"][0]})
+    errors = [ev for ev in read_trace(trace).events if ev.kind == "agent.call.error"]
+    assert [ev.call_id for ev in errors] == [caught.value.call_id] and caught.value.call_id is not None
+    assert chosen.agent == "agent.local" and chosen.meta["selected_by"]["passed"] is True
+    complete = [ev for ev in read_trace(trace).events if ev.kind == "agent.call.complete"]
+    assert "selected_by" in complete[0].payload["meta"]
+
+
+def test_staleness_names_a_changed_server_build_and_model(app: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from localllm.selection import REPORT_KIND, fingerprint, staleness
+
+    first, second = app / "server-a", app / "server-b"
+    first.write_bytes(b"build a")
+    second.write_bytes(b"build b")
+    (app / "tiny.gguf").write_bytes(b"GGUF one")
+    text = CONFIG.replace("  agent.claude: {plugin: builtin.inprocess}\n",
+                          "  agent.claude: {plugin: builtin.inprocess}\n"
+                          "  agent.gem: {plugin: builtin.local_llm, model: tiny.gguf}\n")
+    (app / "app.yaml").write_text(text)
+    monkeypatch.setenv("LOCALLLM_SERVER_BIN", str(first))
+    config = load_config(app / "app.yaml")
+    gate = config.gates["triage"]
+    report: dict[str, Any] = {"kind": REPORT_KIND, "gate": "triage", "fingerprint": fingerprint(config, gate, ["agent.gem"])}
+    assert report["fingerprint"]["agents"]["agent.gem"]["model_sha256"] is not None
+    assert staleness(config, gate, report) == {"": [], "agent.gem": []}
+    monkeypatch.setenv("LOCALLLM_SERVER_BIN", str(second))
+    assert staleness(config, gate, report) == {"": [], "agent.gem": ["the llama-server build changed"]}
+    (app / "tiny.gguf").write_bytes(b"GGUF two")
+    assert staleness(config, gate, report)["agent.gem"] == ["the model changed", "the llama-server build changed"]
+    (app / "app.yaml").write_text(text.replace("model: tiny.gguf}", "model: tiny.gguf, max_tokens: 7}"))
+    assert "its declaration changed" in staleness(load_config(app / "app.yaml"), gate, report)["agent.gem"]
+
+
+def test_trace_cassette_of_claude_keeps_the_fallback_answers(app: Path) -> None:
+    from localllm.eval.fromtrace import cassette_from_calls, recorded_calls
+
+    result = evaluate(load_config(app / "app.yaml"), "triage", agents=["agent.small"], prepare=prepare)
+    doc = cassette_from_calls(recorded_calls(result.trace), agent="agent.claude")
+    assert [e["match"]["ticket"] for e in doc["episodes"]] == [TICKETS["t1"][0]]  # the refund fell back
+    assert json.loads(doc["episodes"][0]["agent"]["response"])["queue"] == "billing"
+    assert "handler" not in doc["episodes"][0]["match"]  # so it also answers the next fallback
+    small_only = cassette_from_calls(recorded_calls(result.trace), agent="agent.small")
+    assert len(small_only["episodes"]) == 5
+
+
+def test_the_progress_bar_is_drawn_only_on_a_tty(app: Path, capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    with Runtime(load_config(app / "app.yaml"), trace=app / "rec.jsonl") as runtime:
+        runtime.register_inprocess("agent.claude", claude)
+        for ticket, _, _ in TICKETS.values():
+            runtime.run_gate("triage", {"ticket": ticket}, agent="agent.claude")
+    assert main(["trace", "cassette", str(app / "rec.jsonl"), "-o", str(app / "c.yaml")]) == 0
+    argv = ["eval", "triage", "-c", str(app / "app.yaml"), "--agents", "agent.claude",
+            "--cassette", f"agent.claude={app / 'c.yaml'}", "--repeat", "2"]
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert "/12 [" not in capsys.readouterr().err
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert main(argv) == 0
+    assert "0/12 [" in capsys.readouterr().err  # the bar knows the total: cases x repeat x agents
+
+
+def test_an_unwritable_reports_directory_is_a_clear_error(app: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (app / "blocked").write_text("a file, not a directory")
+    assert main(["eval", "triage", "-c", str(app / "app.yaml"), "--out", str(app / "blocked"), "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["kind"] == "evidence_error" and "blocked" in doc["detail"]
+
+
+def test_a_key_added_to_a_plugin_type_later_at_its_default_keeps_fingerprints_valid() -> None:
+    import dataclasses
+
+    from localllm.config import LocalLLMDecl
+    from localllm.selection import _decl_data, canonical_sha256
+
+    @dataclasses.dataclass(frozen=True)
+    class Later(LocalLLMDecl):
+        newkey: int = 3
+
+    now = LocalLLMDecl(alias="agent.gem", plugin="builtin.local_llm", model="gemma-3-270m", max_tokens=96)
+    later = Later(**{f.name: getattr(now, f.name) for f in dataclasses.fields(now)})
+    assert canonical_sha256(_decl_data(later)) == canonical_sha256(_decl_data(now))
+    changed = dataclasses.replace(later, newkey=4)
+    assert canonical_sha256(_decl_data(changed)) != canonical_sha256(_decl_data(now))
