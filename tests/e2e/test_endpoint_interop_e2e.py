@@ -1,7 +1,7 @@
 """Endpoint mode against servers nobody here wrote, offline: llama-cpp-python's OpenAI server,
 the LiteLLM proxy in front of it, and our llama-server started by hand with ``--api-key``.
 
-The third-party servers live in their own venvs in the user cache (``make e2e-interop``
+The third-party servers live in their own venvs in the user cache (``make e2e-endpoints``
 builds them once). One backend set runs at a time: the session fixture is parametrized, so
 pytest runs every test of one backend before starting the next, and stops the previous set
 first. Each test asserts on data: the style that ran, the schema-validity of the answer, the
@@ -137,7 +137,7 @@ def _llama_server(tmp: Path, server_bin: Path, chat_gguf: Path, embed_gguf: Path
 def _llcp(tmp: Path, chat_gguf: Path, embed_gguf: Path) -> tuple[Proc, Proc]:
     python = LLCP_VENV / "bin" / "python"
     if not python.is_file():
-        raise AssertionError(f"{python} is missing: run `make e2e-interop` (builds llama-cpp-python once)")
+        raise AssertionError(f"{python} is missing: run `make e2e-endpoints` (builds llama-cpp-python once)")
     auth = {"Authorization": f"Bearer {KEY}"}
     chat_port, embed_port = free_port(), free_port()
     base = [str(python), "-m", "llama_cpp.server", "--host", "127.0.0.1", "--api_key", KEY]
@@ -153,7 +153,7 @@ def _llcp(tmp: Path, chat_gguf: Path, embed_gguf: Path) -> tuple[Proc, Proc]:
 def _litellm(tmp: Path, chat: Proc, embed: Proc) -> Proc:
     binary = LITELLM_VENV / "bin" / "litellm"
     if not binary.is_file():
-        raise AssertionError(f"{binary} is missing: run `make e2e-interop`")
+        raise AssertionError(f"{binary} is missing: run `make e2e-endpoints`")
     config = tmp / "litellm.yaml"
     config.write_text(json.dumps({
         "model_list": [
