@@ -299,6 +299,8 @@ class LocalLLMAgent(Agent):
                 negotiated = self.styles.demote(base, reply.status_code)
                 body, grammar, native, ran = self.build_body(request, negotiated.style, attached)
                 reply = post(body)
+                if reply.status_code >= 400:  # not about the style (a gateway whose upstream is down)
+                    self.styles.forget(base)
         elif reply.status_code < 400 and negotiated is not None and not negotiated.verified:
             self.styles.confirm(base)
         elapsed_ms = int((time.monotonic() - started) * 1000)

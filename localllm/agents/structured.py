@@ -19,8 +19,10 @@ honoured (``grammar`` when the reply carries llama.cpp's ``timings`` and the age
 grammars); answered with something else → the field was ignored → ``none``; rejected
 (any non-auth 4xx/5xx) → ``json_object`` with ``schema``, *unverified*: if the first real
 request is rejected as well, the endpoint drops to ``none`` and that request is resent
-unconstrained (:meth:`Styles.demote`). The result is cached per endpoint URL for the
-Runtime (:class:`Styles`), so a Runtime probes each endpoint at most once.
+unconstrained (:meth:`Styles.demote`); when that fails as well the failure was not about the
+style (a gateway whose upstream is down) and nothing is kept (:meth:`Styles.forget`). The
+result is cached per endpoint URL for the Runtime (:class:`Styles`), so a Runtime probes each
+endpoint once (again only after a call that no style could explain).
 """
 
 from __future__ import annotations
@@ -143,6 +145,11 @@ class Styles:
             found = self._found.get(url)
             if found is not None and not found.verified:
                 self._found[url] = Negotiated(found.style, found.evidence, found.probe_ms)
+
+    def forget(self, url: str) -> None:
+        """Every style failed alike, unconstrained too: no verdict; the next call probes again."""
+        with self._lock:
+            self._found.pop(url, None)
 
     def demote(self, url: str, status: int) -> Negotiated:
         """A request in the guessed style was rejected too: the endpoint gets ``none``."""

@@ -182,6 +182,24 @@ def test_an_endpoint_that_rejects_every_style_still_answers_unconstrained(tmp_pa
     assert not any(k in fake.bodies[3] for k in ("response_format", "grammar"))
 
 
+def upstream_down(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    return 500, {"error": {"message": "litellm.InternalServerError: Connection error.",
+                           "type": "internal_server_error", "code": "500"}}
+
+
+@pytest.mark.parametrize("fake", [upstream_down], indirect=True)
+def test_a_gateway_whose_upstream_is_down_is_not_remembered_as_styleless(tmp_path: Path, fake: Fake) -> None:
+    with Runtime(config(tmp_path, fake.url)) as rt:
+        for _ in range(2):
+            with pytest.raises(AgentError) as info:
+                decide(rt)
+            assert "HTTP 500" in str(info.value) and "Connection error." in str(info.value)
+        fake.policy = llama_cpp_python  # the upstream is back
+        result = decide(rt)
+    assert fake.probes() == 3  # each failed call left no verdict behind
+    assert result.meta["structured_output"] == "json_object"
+
+
 @pytest.mark.parametrize("fake", [ignores_all], indirect=True)
 def test_an_endpoint_that_ignores_the_schema_gets_none(tmp_path: Path, fake: Fake) -> None:
     with Runtime(config(tmp_path, fake.url)) as rt:
