@@ -5,9 +5,15 @@ One call::
     resolve alias → render prompt → AskRequest (deterministic call_id)
       → Agent.ask in a worker thread, cut at the hard deadline (deadline_exceeded)
       → sub-event checks → validate the submission against the schema
-      → schema_invalid from a local model → agent.claude exactly once (same call_id)
+      → schema_invalid from a local model → its fallback exactly once (same call_id):
+        ``Config.fallback_for(alias, gate)`` — the gate's or agent's ``fallback:``, default
+        agent.claude, ``none`` for no fallback
       → the trace recorder is told each step and writes agent.call.start, sub-events,
         agent.call.complete | agent.call.error (localllm.trace.recorder)
+
+``AskRequest.with`` is the gate's ``with:`` block as written (prompt, schema path as
+given, …) with ``args`` the call's arguments (the gate's, rendered, plus the caller's);
+for a direct call it is ``{prompt, schema (when a path), args}``; never a host path.
 
 call_id is ``sha256("agent-call:" + app_id + ":" + key)[:16 hex]`` with key
 ``turn:state_path:seq`` for live calls — ``state_path`` is the gate name (or the verb for a
@@ -56,7 +62,6 @@ if TYPE_CHECKING:
     from localllm.trace.recorder import TraceRecorder
     from localllm.trace.writer import TraceWriter
 
-FALLBACK_ALIAS = "agent.claude"
 #: how long a cancelled worker may take to wind down after the hard deadline
 _CANCEL_GRACE = 0.5
 _TEMPLATE = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
@@ -220,7 +225,9 @@ class Runtime:
         self.register_agent(alias, InprocessAgent(alias, fn, local_model=local_model))
 
     def register_agent(self, alias: str, agent: Agent) -> None:
-        """Route ``alias`` to ``agent`` (e.g. a cassette), replacing any declaration."""
+        """Route ``alias`` to ``agent`` (e.g. a cassette), replacing any declaration; the
+        agent answers as ``alias`` (its errors name it, a cassette matches ``handler`` to it)."""
+        agent.alias = alias
         agent.continue_session(self._episode_plays())
         with self._lock:
             old = self._agents.pop(alias, None)
@@ -271,6 +278,18 @@ class Runtime:
         seconds (default: the agent's ``timeout``). Nothing but a LocalLLMError leaves a
         call; every error text and trace payload has the config's secrets redacted.
         """
+        given: dict[str, Any] = {"prompt": prompt, "args": dict(args or {})}
+        if isinstance(schema, (str, Path)):
+            given["schema"] = str(schema)
+        return self._call(verb, agent=agent, prompt=prompt, schema=schema, args=args, world=world, timeout=timeout,
+                          state_path=state_path, gate=None, with_=given, selected_by=selected_by)
+
+    def _call(self, verb: str, *, agent: str, prompt: str, schema: Mapping[str, Any] | str | Path | None,
+              args: Mapping[str, Any] | None, world: Mapping[str, Any] | None, timeout: float | None,
+              state_path: str | None, gate: str | None, with_: dict[str, Any],
+              selected_by: Mapping[str, Any] | None = None) -> CallResult:
+        """One call; ``gate`` decides the fallback (``Config.fallback_for``), ``with_`` is
+        the ``with:`` block sent as ``AskRequest.with`` (as written, never a host path)."""
         if verb not in VERBS:
             raise CallError(f'unknown verb "{verb}"', key="verb", value=verb, hint=f"use one of {', '.join(VERBS)}")
         args = dict(args or {})
@@ -279,19 +298,19 @@ class Runtime:
         rendered = render_prompt(prompt, args, world)
         target = self.agent(agent)
         hard = self._timeout(agent, timeout)
-        request = self._request(verb, agent, rendered, state=state_path or verb, hard=hard, schema=schema_doc,
-                                schema_path=schema_path, args=args, world=world)
+        request = self._request(verb, rendered, state=state_path or verb, hard=hard, schema=schema_doc,
+                                world=world, with_={**with_, "args": args})
         record: _Record = _UNRECORDED if self._recorder is None else \
             self._recorder.call_started(request, alias=agent, schema_path=schema_path, args=args)
         started = time.monotonic()
         leg = self._attempt(target, agent, request, schema=schema_doc, schema_path=schema_path, timeout=hard)
         record.leg_finished(leg.alias, leg.response, leg.error, leg.value)
         fallback_of: str | None = None
-        if (leg.error is not None and leg.error.kind is ErrorKind.SCHEMA_INVALID and target.is_local_model
-                and agent != FALLBACK_ALIAS and FALLBACK_ALIAS in self.config.agents):
+        to = self.config.fallback_for(agent, gate) if target.is_local_model else None
+        if leg.error is not None and leg.error.kind is ErrorKind.SCHEMA_INVALID and to is not None:
             fallback_of = agent
-            record.fallback(reason="schema_invalid", original_plugin=agent, fallback_plugin=FALLBACK_ALIAS)
-            leg = self._fallback(request, leg.error, schema=schema_doc, schema_path=schema_path, timeout=timeout)
+            record.fallback(reason="schema_invalid", original_plugin=agent, fallback_plugin=to)
+            leg = self._fallback(to, request, leg.error, schema=schema_doc, schema_path=schema_path, timeout=timeout)
             record.leg_finished(leg.alias, leg.response, leg.error, leg.value)
         meta = self._meta(leg, fallback_of)
         if selected_by is not None:
@@ -302,35 +321,28 @@ class Runtime:
             raise leg.error.replace(call_id=call_id)
         return CallResult(submission=leg.value, meta=meta, call_id=call_id, agent=leg.alias)
 
-    def _fallback(self, request: AskRequest, local_error: AgentError, *, schema: dict[str, Any] | None,
+    def _fallback(self, alias: str, request: AskRequest, local_error: AgentError, *, schema: dict[str, Any] | None,
                   schema_path: Path | None, timeout: float | None) -> _Leg:
-        """agent.claude's leg after the local answer failed validation."""
-        leg = self._attempt(self.agent(FALLBACK_ALIAS), FALLBACK_ALIAS, request, schema=schema,
-                            schema_path=schema_path, timeout=self._timeout(FALLBACK_ALIAS, timeout))
+        """The fallback agent's leg after the local answer failed validation."""
+        leg = self._attempt(self.agent(alias), alias, request, schema=schema,
+                            schema_path=schema_path, timeout=self._timeout(alias, timeout))
         if leg.error is not None:
             # the caller learns why the local answer was refused, not only why the fallback failed
             hint = "; ".join(h for h in (leg.error.hint, local_error.hint) if h)
             leg.error = leg.error.replace(original=local_error, hint=hint)
         return leg
 
-    def _request(self, verb: str, agent: str, prompt: str, *, state: str, hard: float,
-                 schema: dict[str, Any] | None, schema_path: Path | None, args: dict[str, Any],
-                 world: dict[str, Any]) -> AskRequest:
+    def _request(self, verb: str, prompt: str, *, state: str, hard: float, schema: dict[str, Any] | None,
+                 world: dict[str, Any], with_: dict[str, Any]) -> AskRequest:
         """The AskRequest of a live call, with the next ``turn:state_path:seq`` call_id."""
         with self._lock:
             seq = self._seq.get((self.turn, state), 0)
             self._seq[(self.turn, state)] = seq + 1
-        schema_name = None
-        if schema_path is not None:
-            schema_name = schema_path.stem
-        elif schema is not None:
-            schema_name = str(schema.get("title") or "inline")
         return AskRequest(
             session_id=self.session_id, turn=self.turn, state_path=state, verb=verb, prompt=prompt,
             call_id=derive_call_id(self.config.app_id, live_call_key(self.turn, state, seq)),
             deadline=_rfc3339(datetime.now(timezone.utc) + timedelta(seconds=hard)), schema=schema, world=world,
-            with_={"handler": agent, "schema_name": schema_name, "args": args,
-                   "schema": str(schema_path) if schema_path else None},
+            with_=with_,
         )
 
     def _meta(self, leg: _Leg, fallback_of: str | None) -> dict[str, Any]:
@@ -375,8 +387,9 @@ class Runtime:
         for key, value in given.items():
             merged.setdefault(key, value)
         schema = self.config.schema_for(gate, lambda text: render_prompt(text, merged, world, source=f"gates.{name}"))
-        return self.call(gate.verb, agent=agent, prompt=gate.prompt, schema=schema, args=merged,
-                         world=world, timeout=gate.timeout, state_path=name, selected_by=selected_by)
+        return self._call(gate.verb, agent=agent, prompt=gate.prompt, schema=schema, args=merged, world=world,
+                          timeout=gate.timeout, state_path=name, gate=name, with_=dict(gate.with_),
+                          selected_by=selected_by)
 
     def _selection(self, name: str) -> Choice | None:
         """The gate's evidence-backed choice, decided on first use and kept for this Runtime."""
@@ -411,15 +424,17 @@ class Runtime:
         whatever the agent raises comes back as an AgentError naming ``alias``, redacted."""
         deadline = time.monotonic() + timeout
 
-        def prime() -> None:
-            # compile the validator (first use imports jsonschema) while the agent works;
-            # a schema that cannot compile is reported by the validation below
-            if schema is not None:
-                with contextlib.suppress(SchemaError):
-                    self.schemas.validator(schema, base=schema_path)
+        # Compile the validator before the agent's thread starts: its first use imports
+        # jsonschema, which the agent may import too (the grammar subset check), and two
+        # threads importing one package at once can see it half-initialised. A schema that
+        # cannot compile is reported by the validation below.
+        import jsonschema.validators  # noqa: F401  (even without a schema: the agent's thread may need it)
 
+        if schema is not None:
+            with contextlib.suppress(SchemaError):
+                self.schemas.validator(schema, base=schema_path)
         try:
-            response = self._ask(agent, alias, request, deadline=deadline, timeout=timeout, prime=prime)
+            response = self._ask(agent, alias, request, deadline=deadline, timeout=timeout)
         except AgentError as exc:
             return _Leg(alias, None, self._own(exc, alias))
         except Exception as exc:  # the last boundary: a foreign failure becomes data, its cause chained
@@ -441,8 +456,7 @@ class Runtime:
             exc = exc.replace(alias=alias)
         return exc.redacted(self.redact) if self.redact else exc
 
-    def _ask(self, agent: Agent, alias: str, request: AskRequest, *, deadline: float, timeout: float,
-             prime: Callable[[], None]) -> AskResponse:
+    def _ask(self, agent: Agent, alias: str, request: AskRequest, *, deadline: float, timeout: float) -> AskResponse:
         box: dict[str, Any] = {}
         done = threading.Event()
 
@@ -456,7 +470,6 @@ class Runtime:
 
         worker = threading.Thread(target=work, name=f"localllm-{alias}-{request.call_id}", daemon=True)
         worker.start()
-        prime()
         if not done.wait(max(0.0, deadline - time.monotonic())):
             agent.cancel(request.call_id)
             worker.join(_CANCEL_GRACE)

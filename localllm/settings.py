@@ -5,6 +5,7 @@ Values are read at call time (not import time) so tests can patch the environmen
 | variable | meaning |
 |---|---|
 | LOCALLLM_CACHE_DIR | cache root (default: platformdirs user cache, e.g. ~/.cache/localllm) |
+| LOCALLLM_CONFIG_DIR | user config dir with `pins.json` (default: platformdirs, e.g. ~/.config/localllm) |
 | LOCALLLM_MIRROR | directories or base URLs tried before pinned URLs (comma-separated) |
 | LOCALLLM_OFFLINE | 1/true: never open a socket for artifacts |
 | LOCALLLM_CLAUDE_BIN | the claude executable (default: `claude` on PATH) |
@@ -37,6 +38,16 @@ def cache_dir() -> Path:
     import platformdirs
 
     return Path(platformdirs.user_cache_dir("localllm", appauthor=False))
+
+
+def config_dir() -> Path:
+    """The user config dir: ``LOCALLLM_CONFIG_DIR`` or the platform's (``~/.config/localllm``)."""
+    override = _text("LOCALLLM_CONFIG_DIR")
+    if override:
+        return Path(override).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_config_dir("localllm", appauthor=False))
 
 
 def mirrors() -> list[str]:

@@ -21,11 +21,12 @@ A cassette is not declarable under ``agent_plugins:``; it is registered in code
         replay: any                  # optional: replay for ever (default: once)
         delay: 0.5                   # optional: seconds to wait before answering
 
-Matching. The runtime puts ``{"handler": <alias routed>, "schema_name": <schema file
-stem | schema title | "inline" | null>, "args": {...}}`` in ``AskRequest.with_``. Match key
-``handler`` is compared with ``with_["handler"]`` (the cassette's alias when absent),
-``schema_name`` with ``with_["schema_name"]`` (the schema's ``title`` when absent), and
-every other key with ``with_["args"][key]`` (an absent arg never matches). Values are
+Matching. ``AskRequest.with_`` is the gate's ``with:`` block (``prompt``, ``schema`` as
+written, ``args`` the call's arguments). Match key ``handler`` is compared with
+``with_["handler"]`` (the cassette's alias when absent), ``schema_name`` with
+``with_["schema_name"]``, else the stem of a static ``with_["schema"]`` path, else the
+schema's ``title`` (``"inline"`` for an untitled inline schema), and every other key with
+``with_["args"][key]`` (an absent arg never matches). Values are
 compared as JSON; a string also equals a scalar whose JSON text it is (``"3"`` matches
 ``3``, ``"true"`` matches ``true``) because CLI ``--arg K=V`` values are strings.
 
@@ -52,7 +53,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar
 
 from localllm.agents.base import Agent
@@ -363,10 +364,15 @@ class CassetteAgent(Agent):
         """What the request offers to match against (see the module docstring)."""
         given = request.with_ or {}
         facts: dict[str, Any] = {"handler": given.get("handler", self.alias)}
+        written = given.get("schema")
         if "schema_name" in given:
             facts["schema_name"] = given["schema_name"]
+        elif isinstance(written, str) and "{{" not in written:
+            facts["schema_name"] = PurePosixPath(written).stem
+        elif request.schema is not None:
+            facts["schema_name"] = request.schema.get("title") or "inline"
         else:
-            facts["schema_name"] = (request.schema or {}).get("title")
+            facts["schema_name"] = None
         args = given.get("args")
         facts["args"] = dict(args) if isinstance(args, Mapping) else {}
         return facts

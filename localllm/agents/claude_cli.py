@@ -1,16 +1,20 @@
 """``builtin.claude_cli``: answer a call by running the ``claude`` CLI non-interactively.
 
-One call is one process: ``claude -p --output-format json [--model M] [extra_args…]`` with
-the prompt on stdin. When the request carries a schema, the prompt gets the schema
-appended (pretty-printed in a ```json fence) and an instruction to answer with only the
-JSON. The CLI prints one result envelope::
+One call is one process: ``claude -p --output-format stream-json --verbose [--model M]
+[extra_args…]`` with the prompt on stdin. When the request carries a schema, the prompt
+gets the schema appended (pretty-printed in a ```json fence) and an instruction to answer
+with only the JSON. The CLI prints one JSON event per line — ``system`` (init),
+``assistant`` / ``user`` (messages, tool use and results) and finally ``result``::
 
     {"type": "result", "subtype": "success", "is_error": false, "result": "<text>",
      "usage": {...}, "total_cost_usd": 0.01, "modelUsage": {...}, "session_id": "..."}
 
-The answer is taken out of ``result`` (see :func:`extract_json`). The envelope line is kept
-verbatim as a one-line transcript of format ``claude-json`` (``--output-format json`` has
-no event stream, so this is not ``claude-stream-json``).
+Every event line is kept verbatim, in order, with its capture offset, as the transcript
+(format ``claude-stream-json``, trace-format §5); the answer (see :func:`extract_json`)
+and the meta come from the ``result`` event. The answer is complete at the ``result``
+event or when the CLI exits, whichever comes first — not at end of file, which a
+grandchild holding stdout could postpone to the deadline. The process group (the CLI and
+anything it started) is then stopped, so no child outlives its call.
 
 Binary: ``claude_bin:`` of the declaration, else ``LOCALLLM_CLAUDE_BIN``, else ``claude``
 on PATH. It is looked up per call, so declaring (or injecting) ``agent.claude`` never
@@ -19,8 +23,8 @@ three ways to set it. The child inherits the parent's environment (the CLI needs
 and its own auth); nothing from it is logged.
 
 Errors: non-zero exit → ``plugin_crash`` with the stderr tail; ``is_error: true`` →
-``plugin_crash`` with the envelope's result text; stdout that is not an envelope →
-``plugin_crash`` quoting its head; deadline or :meth:`ClaudeCliAgent.cancel` → the whole
+``plugin_crash`` with the result event's text; no result event → ``plugin_crash``
+quoting the head of stdout; deadline or :meth:`ClaudeCliAgent.cancel` → the whole
 process group is killed and ``deadline_exceeded`` raised.
 """
 
@@ -47,14 +51,18 @@ if TYPE_CHECKING:
 
 __all__ = ["TRANSCRIPT_FORMAT", "ClaudeCliAgent", "extract_json", "schema_instruction"]
 
-#: ``Transcript.format`` of the one-line envelope transcript
-TRANSCRIPT_FORMAT = "claude-json"
+#: ``Transcript.format`` of the stream-json event transcript (trace-format §5)
+TRANSCRIPT_FORMAT = "claude-stream-json"
 
 #: SIGTERM → SIGKILL grace when a call is cut (kept short: the deadline has passed)
 _KILL_GRACE = 0.25
 #: how long to wait for pipes to drain after the group was killed
 _REAP_TIMEOUT = 2.0
-#: largest stdout accepted from one run (an envelope is kilobytes; a runaway CLI is cut here)
+#: how long the CLI may take to exit after its result event before its group is stopped
+_EXIT_GRACE = 2.0
+#: how often a read wait looks at whether the CLI has exited (its stdout may stay open)
+_EXIT_POLL = 0.1
+#: largest stdout accepted from one run (a stream is kilobytes to megabytes; a runaway CLI is cut here)
 _MAX_STDOUT = 64 * 1024 * 1024
 #: bytes of stderr kept (its tail goes into errors)
 _STDERR_KEEP = 64 * 1024
@@ -231,7 +239,7 @@ class ClaudeCliAgent(Agent):
 
     def argv(self, binary: str) -> list[str]:
         """The command line of one call."""
-        argv = [binary, "-p", "--output-format", "json"]
+        argv = [binary, "-p", "--output-format", "stream-json", "--verbose"]
         if self.decl.model:
             argv += ["--model", self.decl.model]
         argv += list(self.decl.extra_args)
@@ -252,10 +260,10 @@ class ClaudeCliAgent(Agent):
         argv = self.argv(self.resolve_bin())
         call = self._register(request.call_id)
         try:
-            stdout, stderr, returncode, elapsed_ms = self._run(call, argv, request, deadline)
+            output = self._run(call, argv, request, deadline)
         finally:
             self._unregister(request.call_id, call)
-        return self._response(request, stdout, stderr, returncode, elapsed_ms)
+        return self._response(request, output)
 
     def _register(self, call_id: str) -> _Call:
         call = _Call()
@@ -273,9 +281,7 @@ class ClaudeCliAgent(Agent):
             if not calls:
                 self._calls.pop(call_id, None)
 
-    def _run(
-        self, call: _Call, argv: list[str], request: AskRequest, deadline: float
-    ) -> tuple[str, str, int, int]:
+    def _run(self, call: _Call, argv: list[str], request: AskRequest, deadline: float) -> _Output:
         started = time.monotonic()
         with call.lock:
             if call.cancelled:
@@ -299,7 +305,7 @@ class ClaudeCliAgent(Agent):
                 ) from exc
         proc = call.proc
         try:
-            stdout, stderr = _communicate(proc, self.render_prompt(request), deadline)
+            output = _communicate(proc, self.render_prompt(request), deadline, started)
         except _OutputTooLarge as exc:
             _kill_group(proc)
             # Not communicate(): whatever still holds the pipe could flood it; just let go.
@@ -331,45 +337,38 @@ class ClaudeCliAgent(Agent):
                 ErrorKind.DEADLINE_EXCEEDED,
                 f"{self.alias}: cancelled at the hard deadline; process group killed",
             )
-        elapsed_ms = int((time.monotonic() - started) * 1000)
-        return stdout, stderr, proc.returncode, elapsed_ms
+        return output
 
-    def _response(
-        self, request: AskRequest, stdout: str, stderr: str, returncode: int, elapsed_ms: int
-    ) -> AskResponse:
-        envelope = _parse_envelope(stdout)
-        if returncode != 0:
-            detail = f"claude CLI exited with code {returncode}"
-            tail = _process.tail(stderr.strip(), limit=_STDERR_TAIL_BYTES, lines=_STDERR_TAIL_LINES)
+    def _response(self, request: AskRequest, output: _Output) -> AskResponse:
+        result = output.result
+        if output.returncode != 0 and not output.stopped_after_result:
+            detail = f"claude CLI exited with code {output.returncode}"
+            tail = _process.tail(output.stderr.strip(), limit=_STDERR_TAIL_BYTES, lines=_STDERR_TAIL_LINES)
             if tail:
                 detail += f"; stderr: {tail}"
-            elif envelope is not None and isinstance(envelope.get("result"), str):
-                detail += f"; result: {truncate_detail(envelope['result'])}"
+            elif result is not None and isinstance(result.get("result"), str):
+                detail += f"; result: {truncate_detail(result['result'])}"
             raise AgentError(ErrorKind.PLUGIN_CRASH, detail)
-        if envelope is None:
-            head = stdout.strip() or "(empty)"
+        if result is None:
+            head = "\n".join(line for line, _ in output.lines).strip() or "(empty)"
             raise AgentError(
                 ErrorKind.PLUGIN_CRASH,
-                f"claude CLI printed no result envelope; stdout: {truncate_detail(head)}",
+                f"claude CLI printed no result event; stdout: {truncate_detail(head)}",
             )
-        result = envelope.get("result")
-        if envelope.get("is_error") is True or envelope.get("subtype", "success") != "success":
-            text = result if isinstance(result, str) and result else str(envelope.get("subtype"))
-            raise AgentError(ErrorKind.PLUGIN_CRASH, f"claude CLI reported an error: {truncate_detail(text)}")
-        if not isinstance(result, str):
+        text = result.get("result")
+        if result.get("is_error") is True or result.get("subtype", "success") != "success":
+            shown = text if isinstance(text, str) and text else str(result.get("subtype"))
+            raise AgentError(ErrorKind.PLUGIN_CRASH, f"claude CLI reported an error: {truncate_detail(shown)}")
+        if not isinstance(text, str):
             raise AgentError(
                 ErrorKind.PLUGIN_CRASH,
-                f"claude CLI result envelope has no result text: {truncate_detail(stdout.strip())}",
+                f"claude CLI result event has no result text: {truncate_detail(json.dumps(result))}",
             )
-        submission = _submission(result, request.schema)
-        meta = _meta(envelope, self.decl.model)
-        line = stdout.strip()
-        if "\n" in line:
-            # The transcript holds one JSON value per line; a pretty-printed envelope is
-            # re-serialised compactly (key order and literals kept by json.loads/dumps).
-            line = json.dumps(envelope, ensure_ascii=False, separators=(",", ":"))
-        transcript = Transcript(format=TRANSCRIPT_FORMAT, lines=[line], offsets_ms=[elapsed_ms])
-        return AskResponse(submission=submission, meta=meta or None, transcript=transcript)
+        meta = _meta(result, output.init_model or self.decl.model)
+        events = [(line, ms) for line, ms in output.lines if _event(line) is not None]
+        transcript = Transcript(format=TRANSCRIPT_FORMAT, lines=[line for line, _ in events],
+                                offsets_ms=[ms for _, ms in events])
+        return AskResponse(submission=_submission(text, request.schema), meta=meta or None, transcript=transcript)
 
     def cancel(self, call_id: str) -> None:
         with self._lock:
@@ -407,36 +406,57 @@ def _submission(result: str, schema: dict[str, Any] | None) -> str:
     return result
 
 
-def _parse_envelope(stdout: str) -> dict[str, Any] | None:
-    """The result envelope: the whole stdout, else its last line that is a result object."""
-    text = stdout.strip()
-    if not text:
+def _event(line: str) -> dict[str, Any] | None:
+    """The stream-json event on ``line`` (a JSON object with a ``type``), else None."""
+    try:
+        value = json.loads(line)
+    except ValueError:
         return None
-    candidates = [text, *reversed(text.splitlines())]
-    for candidate in candidates:
-        try:
-            value = json.loads(candidate)
-        except ValueError:
-            continue
-        if isinstance(value, dict) and value.get("type") == "result":
-            return value
-    return None
+    return value if isinstance(value, dict) and isinstance(value.get("type"), str) else None
+
+
+@dataclass
+class _Output:
+    """What one run printed: stdout's lines (verbatim, with capture offsets in ms), the
+    result event once seen, the init event's model, stderr's tail and how it ended."""
+
+    lines: list[tuple[str, int]] = field(default_factory=list)
+    result: dict[str, Any] | None = None
+    init_model: str | None = None
+    stderr: str = ""
+    returncode: int | None = None
+    #: the CLI was still running after its result event and its group was stopped
+    stopped_after_result: bool = False
+
+    def add(self, raw: bytes, started: float) -> None:
+        line = raw.decode("utf-8", errors="replace").removesuffix("\r")
+        self.lines.append((line, int((time.monotonic() - started) * 1000)))
+        event = _event(line) if self.result is None else None
+        if event is None:
+            return
+        if event["type"] == "result":
+            self.result = event
+        elif event["type"] == "system" and isinstance(event.get("model"), str) and self.init_model is None:
+            self.init_model = event["model"]
 
 
 class _OutputTooLarge(Exception):
     """Internal: stdout passed :data:`_MAX_STDOUT`."""
 
 
-def _communicate(proc: subprocess.Popen[str], prompt: str, deadline: float) -> tuple[str, str]:
-    """``communicate()`` with limits, on the raw pipes: the prompt is written while stdout
-    and stderr are read, stdout stops at :data:`_MAX_STDOUT` bytes (:class:`_OutputTooLarge`,
-    checked while reading, so the cap plus one chunk is all ever held), only the last
-    :data:`_STDERR_KEEP` bytes of stderr are kept, and every wait ends at ``deadline``
-    (``subprocess.TimeoutExpired``)."""
+def _communicate(proc: subprocess.Popen[str], prompt: str, deadline: float, started: float) -> _Output:
+    """Write the prompt while reading the event stream, until the answer is complete: the
+    result event arrived, or the CLI exited and what it left in the pipes was read (a
+    grandchild may hold stdout open long after). stdout stops at :data:`_MAX_STDOUT` bytes
+    (:class:`_OutputTooLarge`, checked while reading), only the last :data:`_STDERR_KEEP`
+    bytes of stderr are kept, and every wait ends at ``deadline``
+    (``subprocess.TimeoutExpired``). The process group is stopped before returning."""
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     stdin_fd, stdout_fd = proc.stdin.fileno(), proc.stdout.fileno()
     data = memoryview(prompt.encode("utf-8"))
-    out, err = bytearray(), bytearray()
+    output = _Output()
+    pending, err = bytearray(), bytearray()
+    total = 0
     with selectors.DefaultSelector() as sel:
         if data:
             os.set_blocking(stdin_fd, False)
@@ -445,11 +465,15 @@ def _communicate(proc: subprocess.Popen[str], prompt: str, deadline: float) -> t
             proc.stdin.close()
         sel.register(stdout_fd, selectors.EVENT_READ)
         sel.register(proc.stderr.fileno(), selectors.EVENT_READ)
-        while sel.get_map():
+        while sel.get_map() and output.result is None:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise subprocess.TimeoutExpired(proc.args, 0)
-            for key, _ in sel.select(remaining):
+            exited = proc.poll() is not None
+            ready = sel.select(0 if exited else min(remaining, _EXIT_POLL))
+            if exited and not ready:
+                break  # the CLI is gone and its pipes hold nothing more
+            for key, _ in ready:
                 if key.fd == stdin_fd:
                     try:
                         data = data[os.write(stdin_fd, data[:_PIPE_CHUNK]):]
@@ -464,16 +488,32 @@ def _communicate(proc: subprocess.Popen[str], prompt: str, deadline: float) -> t
                 if not chunk:
                     sel.unregister(key.fd)
                 elif key.fd == stdout_fd:
-                    out += chunk
-                    if len(out) > _MAX_STDOUT:
+                    total += len(chunk)
+                    if total > _MAX_STDOUT:
                         raise _OutputTooLarge
+                    pending += chunk
+                    while (end := pending.find(b"\n")) >= 0 and output.result is None:
+                        output.add(bytes(pending[:end]), started)
+                        del pending[: end + 1]
                 else:
                     err += chunk
                     del err[:-_STDERR_KEEP]
-    proc.stdout.close()
-    proc.stderr.close()
-    proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-    return out.decode("utf-8", errors="replace"), err.decode("utf-8", errors="replace")
+    if pending and output.result is None:
+        output.add(bytes(pending), started)  # a last line without its newline
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        with contextlib.suppress(OSError):
+            stream.close()
+    output.stderr = err.decode("utf-8", errors="replace")
+    if output.result is not None:
+        # The answer is in: give the CLI a moment to exit by itself, then stop what is left.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=max(0.0, min(_EXIT_GRACE, deadline - time.monotonic())))
+        output.stopped_after_result = proc.returncode is None
+    else:
+        proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    code = _process.stop_group(proc, grace=_KILL_GRACE)  # stragglers in the group, if any
+    output.returncode = proc.returncode if not output.stopped_after_result else code
+    return output
 
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:

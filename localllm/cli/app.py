@@ -45,6 +45,7 @@ COMMANDS: dict[str, CommandInfo] = {
     "fetch": CommandInfo("localllm.cli.artifacts", "pre-warm the cache: llama-server or a model's GGUF"),
     "cache": CommandInfo("localllm.cli.artifacts", "list, verify or prune the artifact cache"),
     "doctor": CommandInfo("localllm.cli.artifacts", "platform, glibc/GLIBCXX, pins, cache, build tools"),
+    "models": CommandInfo("localllm.cli.artifacts", "pinned models: cached or not, sizes, total"),
     "grammar": CommandInfo("localllm.cli.grammar", "the llama.cpp grammar subset: check schema files"),
     "embed": CommandInfo("localllm.cli.embed", "embed texts with a declared embedder; one JSON vector per line"),
     "search": CommandInfo("localllm.cli.embed", "semantic search over files: score, path#chunk, snippet"),

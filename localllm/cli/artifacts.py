@@ -1,11 +1,11 @@
-"""``localllm fetch | cache | doctor``: thin commands over :mod:`localllm.managed`."""
+"""``localllm fetch | cache | doctor | models``: thin commands over :mod:`localllm.managed`."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from localllm.cli.output import EXIT_FAILED, EXIT_OK, emit_json, err, out
+from localllm.cli.output import EXIT_FAILED, EXIT_OK, UsageError, emit_json, err, out, warn
 
 _MIRROR_HELP = "directory or base URL tried before the pinned URL"
 
@@ -19,10 +19,14 @@ def _setup_fetch(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--json", action="store_true", help="print JSON")
     server.set_defaults(handler=_fetch_server)
     model = fsub.add_parser("model", help="fetch a model's GGUF; print its path")
-    model.add_argument("id", metavar="ID", help="a pinned model id (`localllm doctor` lists them)")
+    model.add_argument("id", metavar="ID", nargs="?", help="a pinned model id (`localllm models` lists them)")
+    model.add_argument("--url", metavar="U", help="add a model first: its https:// GGUF URL (with --sha256, --id)")
+    model.add_argument("--sha256", metavar="H", help="the GGUF's sha256 (64 hex digits)")
+    model.add_argument("--id", dest="new_id", metavar="NAME", help="the id to pin it under (default: ID)")
+    model.add_argument("--role", choices=["chat", "embedding"], default="chat", help="what the model is for")
     model.add_argument("--mirror", metavar="M", help=_MIRROR_HELP)
     model.add_argument("--json", action="store_true", help="print JSON")
-    model.set_defaults(handler=_fetch_model)
+    model.set_defaults(handler=_fetch_model, usage=model.format_usage())
 
 
 def _setup_cache(parser: argparse.ArgumentParser) -> None:
@@ -35,6 +39,10 @@ def _setup_cache(parser: argparse.ArgumentParser) -> None:
     ver.add_argument("--mirror", metavar="M", help=_MIRROR_HELP)
     ver.add_argument("--json", action="store_true", help="print JSON")
     ver.set_defaults(handler=_cache_verify)
+    rm = csub.add_parser("rm", help="remove a cached model (by id) or an embedding store (by file name)")
+    rm.add_argument("name", metavar="ID", help="a model id or store name from `localllm cache list`")
+    rm.add_argument("--json", action="store_true", help="print JSON")
+    rm.set_defaults(handler=_cache_rm)
     prune = csub.add_parser("prune", help="remove stale entries and leftover temp files")
     prune.add_argument("--dry-run", action="store_true", help="only show what would be removed")
     prune.add_argument("--json", action="store_true", help="print JSON")
@@ -46,7 +54,12 @@ def _setup_doctor(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(handler=_doctor)
 
 
-SETUP = {"fetch": _setup_fetch, "cache": _setup_cache, "doctor": _setup_doctor}
+def _setup_models(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.set_defaults(handler=_models)
+
+
+SETUP = {"fetch": _setup_fetch, "cache": _setup_cache, "doctor": _setup_doctor, "models": _setup_models}
 
 
 def _size(n: int) -> str:
@@ -69,12 +82,25 @@ def _fetch_server(args: argparse.Namespace) -> int:
 
 def _fetch_model(args: argparse.Namespace) -> int:
     from localllm.managed.acquire import ensure_model
-    from localllm.managed.pins import load_pins
+    from localllm.managed.pins import add_user_model, load_pins
 
+    model_id = args.new_id or args.id
+    if model_id is None:
+        raise UsageError("the following arguments are required: ID (or --id NAME)",
+                         hint="localllm models lists them; localllm fetch model ID",
+                         usage=args.usage)
+    if args.new_id and args.id and args.new_id != args.id:
+        raise UsageError(f"two ids given: {args.id} and --id {args.new_id}", hint="give one of them", usage=args.usage)
+    if (args.url is None) != (args.sha256 is None):
+        raise UsageError("--url and --sha256 go together", hint="localllm fetch model --url U --sha256 H --id NAME",
+                         usage=args.usage)
+    if args.url is not None:
+        pin = add_user_model(model_id, url=args.url, sha256=args.sha256, role=args.role)
+        err(f"localllm: pinned {model_id} in {pin.pins_file}")
     pins = load_pins()
-    path = ensure_model(args.id, mirror=args.mirror, pins=pins)
+    path = ensure_model(model_id, mirror=args.mirror, pins=pins)
     if args.json:
-        emit_json({"id": args.id, "path": str(path), "sha256": pins.models[args.id].artifact.sha256,
+        emit_json({"id": model_id, "path": str(path), "sha256": pins.models[model_id].artifact.sha256,
                    "size": path.stat().st_size})
     else:
         out(str(path))
@@ -121,6 +147,40 @@ def _cache_verify(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cache_rm(args: argparse.Namespace) -> int:
+    from localllm.managed.cache import cache_layout
+    from localllm.managed.inventory import remove_entries
+    from localllm.managed.pins import load_pins
+
+    removed = remove_entries(cache_layout(), load_pins(), args.name)
+    if args.json:
+        emit_json({"removed": [e.to_json() for e in removed], "bytes": sum(e.size for e in removed)})
+    else:
+        _table(removed)
+        out(f"{len(removed)} entr{'y' if len(removed) == 1 else 'ies'}, freed {_size(sum(e.size for e in removed))}")
+    return EXIT_OK
+
+
+def _models(args: argparse.Namespace) -> int:
+    from localllm.managed.cache import cache_layout
+    from localllm.managed.inventory import model_rows
+    from localllm.managed.pins import load_pins, user_pins_path
+
+    pins = load_pins()
+    rows = model_rows(cache_layout(), pins)
+    total = sum(int(r["size"] or 0) for r in rows if r["cached"])  # type: ignore[call-overload]
+    if args.json:
+        emit_json({"models": rows, "cached_bytes": total, "pins": str(pins.path), "user_pins": str(user_pins_path())})
+        return EXIT_OK
+    for r in rows:
+        size = _size(int(r["size"])) if r["size"] is not None else "?"  # type: ignore[call-overload]
+        state = "cached" if r["cached"] else ("not cached" if r["downloadable"] else "not cached (mirror or no pin)")
+        out(f"{r['id']:<26} {r['role']:<9} {size:>10}  {state}" + ("  (user pin)" if r["pinned"] == "user" else ""))
+    out(f"{sum(1 for r in rows if r['cached'])} of {len(rows)} cached, {_size(total)}; "
+        f"add models in {user_pins_path()} or with: localllm fetch model --url U --sha256 H --id NAME")
+    return EXIT_OK
+
+
 def _cache_prune(args: argparse.Namespace) -> int:
     from localllm.managed.cache import cache_layout
     from localllm.managed.inventory import prune_cache
@@ -160,6 +220,8 @@ def _doctor(args: argparse.Namespace) -> int:
     for mid, m in p["models"].items():
         default = " (default chat)" if mid == p["default_chat"] else ""
         out(f"  model       {mid}{default}: {m['role']}, {m['pin']}, {'cached' if m['cached'] else 'not cached'}")
+        if m["template_warning"]:
+            warn(f"{mid}: {m['template_warning']}")
     s = data["settings"]
     out(f"cache         {s['cache_dir']}")
     out(f"mirrors       {', '.join(s['mirrors']) or '-'}; offline {s['offline']}; "

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from localllm.cli.foundation import add_config_option, load
 from localllm.cli.output import EXIT_FAILED, EXIT_OK, UsageError, emit_json, err, out, warn
@@ -79,6 +80,14 @@ def _embed(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _progress_bar() -> Any:
+    """A tqdm bar on stderr for the chunks being embedded; silent unless stderr is a TTY."""
+    from tqdm import tqdm
+
+    return tqdm(desc="localllm: embedding", unit=" chunks", file=sys.stderr, leave=False,
+                disable=not sys.stderr.isatty())
+
+
 def _search(args: argparse.Namespace) -> int:
     from localllm.embed.corpus import Chunking, search
 
@@ -87,10 +96,10 @@ def _search(args: argparse.Namespace) -> int:
     if args.window < 1 or not 0 <= args.overlap < args.window:
         raise UsageError(f"need 0 <= --overlap < --window, got --window {args.window} --overlap {args.overlap}")
     config = load(args.config)
-    with _embedder(config, args.embedder) as embedder:
+    with _embedder(config, args.embedder) as embedder, _progress_bar() as bar:
         report = search(args.query, embedder, args.corpus, base_dir=Path.cwd(), top_k=args.top_k,
                         min_score=args.min_score, store=not args.no_store,
-                        chunking=Chunking(window=args.window, overlap=args.overlap))
+                        chunking=Chunking(window=args.window, overlap=args.overlap), progress=bar.update)
     for pattern in report.unmatched:
         warn(f"--corpus {pattern!r} matched no files")
     for skipped in report.skipped:

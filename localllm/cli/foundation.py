@@ -85,6 +85,7 @@ def _check(args: argparse.Namespace) -> int:
                   for name, g in config.gates.items()},
         "embedders": sorted(config.embedders),
         "intents": sorted(config.intents),
+        "warnings": _template_warnings(config),
     }
     stale = _stale_evidence(config)
     if stale:
@@ -100,6 +101,8 @@ def _check(args: argparse.Namespace) -> int:
             for who, why in reasons.items():
                 warn(f"gate {name}: evidence is stale{' for ' + who if who else ''}: {'; '.join(why)} "
                      f"(re-run `localllm eval {name} -c {config.path}`)")
+        for line in summary["warnings"]:
+            warn(line)
     return EXIT_OK
 
 
@@ -115,6 +118,20 @@ def _stale_evidence(config: Config) -> dict[str, dict[str, list[str]]]:
         reasons = {who: why for who, why in reasons.items() if why}
         if reasons:
             found[name] = reasons
+    return found
+
+
+def _template_warnings(config: Config) -> list[str]:
+    """Managed chat agents whose GGUF has no chat template and none is configured."""
+    from localllm.config import LocalLLMDecl
+    from localllm.managed.gguf import template_warning
+
+    found = []
+    for alias, decl in config.agents.items():
+        if isinstance(decl, LocalLLMDecl) and decl.endpoint is None and decl.model:
+            why = template_warning(decl.model, base_dir=config.base_dir, extra_args=decl.extra_args)
+            if why:
+                found.append(f"agent_plugins.{alias}.model: {why}")
     return found
 
 

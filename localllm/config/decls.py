@@ -187,11 +187,10 @@ PLUGIN_TYPES = tuple(PLUGINS)
 class EmbedderDecl:
     """An embedding sidecar under ``embedders:``."""
 
-    REQUIRED: ClassVar[tuple[tuple[str, ...], ...]] = (("model", "endpoint"),)
-
     name: str
-    model: str | None = setting(None, "managed: a pinned embedding model id or a `*.gguf` path; beside endpoint: the "
-                                "name sent", example="model: all-minilm-l6-v2")
+    model: str | None = setting(None, "managed: a pinned embedding model id or a `*.gguf` path (default "
+                                "nomic-embed-text-v1.5); with endpoint (required): the served model's id",
+                                example="model: all-minilm-l6-v2")
     endpoint: str | None = setting(None, "attach to an OpenAI-compatible /v1/embeddings", check="url")
     api_key_env: str | None = setting(None, "NAME of the env var with a bearer token; \"\" disables auth",
                                       check="env_name")

@@ -222,6 +222,11 @@ def _embedder(draft: Draft, raw_name: Any, raw: Any) -> None:
         return
     values = parse_decl(EmbedderDecl, raw, key, draft.ctx, what="embedder")
     decl = EmbedderDecl(name=name, **values)
+    if decl.endpoint and not decl.model and f"{key}.endpoint" not in {p.key for p in draft.problems.items}:
+        # the prefixes (search_query: …) depend on the served model: never guess them
+        draft.problems.add(f"{key}.model", "an endpoint embedder needs model: (the id of the model the endpoint "
+                           "serves: it is sent, and it picks the query/document prefixes)",
+                           "e.g. model: nomic-embed-text-v1.5; an id the registry does not know gets no prefixes")
     if decl.model and not decl.endpoint:
         _model(draft, decl.model, f"{key}.model", "embedding")
     draft.embedders[name] = decl

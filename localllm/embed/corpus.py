@@ -20,7 +20,7 @@ import glob
 import itertools
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 
 DEFAULT_TOP_K = 5
 DEFAULT_MIN_SCORE = 0.0
+#: chunks embedded between two progress reports (when a progress callback is given)
+PROGRESS_BATCH = 32
 _BINARY_PROBE = 512
 _MARKDOWN = (".md", ".markdown")
 _HEADING = re.compile(rb"^ {0,3}#{1,6}(\s|$)")
@@ -238,11 +240,14 @@ def search(
     chunking: Chunking | None = None,
     store: Store | bool = True,
     store_root: Path | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> SearchReport:
     """Rank the chunks of the files matched by ``patterns`` against ``query``.
 
     ``store=True`` keeps vectors in the default :class:`Store` (only new or changed
     chunks are embedded); ``False`` embeds everything in memory; or pass a Store.
+    ``progress`` is told how many chunks were just embedded, every
+    :data:`PROGRESS_BATCH` or fewer (a progress bar's ``update``).
     """
     import numpy as np
 
@@ -256,8 +261,16 @@ def search(
 
     def embed_documents(texts: Sequence[str]) -> NDArray[np.float32]:
         nonlocal embedded
-        embedded += len(texts)
-        return embedder.embed(texts, "document")
+        if progress is None:
+            embedded += len(texts)
+            return embedder.embed(texts, "document")
+        parts = []
+        for i in range(0, len(texts), PROGRESS_BATCH):
+            part = texts[i : i + PROGRESS_BATCH]
+            parts.append(embedder.embed(part, "document"))
+            embedded += len(part)
+            progress(len(part))
+        return np.concatenate(parts) if parts else embedder.embed(texts, "document")
 
     texts = {ch.hash: ch.text for ch in corpus.chunks}
     where: str | None = None

@@ -34,7 +34,7 @@ import httpx
 from localllm._http import map_httpx_errors
 from localllm._upstream import read_error
 from localllm.embed.embedder import EmbedderIdentity
-from localllm.embed.registry import ROLES, ModelInfo, Role, lookup
+from localllm.embed.registry import ROLES, ModelInfo, Role, default_model, lookup
 from localllm.errors import DimensionMismatch, EmbedError, EmbedServerError, InputTooLong, truncate_detail
 
 if TYPE_CHECKING:
@@ -134,9 +134,7 @@ class LocalEmbedder:
 
     def close(self) -> None:
         """Close the HTTP client (and stop the managed server this embedder owns)."""
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        self._drop_client()
         if self.server is not None:
             self.server.stop()
 
@@ -316,15 +314,18 @@ class LocalEmbedder:
     def use_service(self, attachment: Attachment) -> None:
         """Send every request through a running ``localllm serve`` (its token, its model id)."""
         self._api_key, self.request_model, self.served_by = attachment.token, attachment.model, "service"
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        self._drop_client()
 
     def _url(self, *, refresh: bool = False) -> str:
         if callable(self._base_url) and (refresh or self._resolved is None):
             self._resolved = self._base_url()
         assert self._resolved is not None
         return server_root(self._resolved)
+
+    def _drop_client(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
 
     def _http(self) -> httpx.Client:
         if self._client is None:
@@ -349,6 +350,9 @@ class LocalEmbedder:
                 except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError):
                     if callable(self._base_url) and not retried:
                         retried = True  # the server may have died: ask for it again (a respawn), retry once
+                        # on fresh connections: the pool's other keep-alive sockets died with the old
+                        # server, and a respawn may even bind the same port
+                        self._drop_client()
                         continue
                     raise
             break
@@ -404,16 +408,15 @@ def embedding_server(decl: EmbedderDecl, *, base_dir: Path | None = None) -> Man
     from localllm.managed.server import MANAGED_FLAGS, ManagedServer
 
     where = f"embedders.{decl.name}"
-    if not decl.model:
-        raise EmbedError(f"{where}: needs model: or endpoint:")
+    model = decl.model or default_model()
     clashing = sorted({a.partition("=")[0] for a in decl.extra_args} & (MANAGED_FLAGS | _EMBED_FLAGS))
     if clashing:
         raise EmbedError(f"{where}.extra_args: must not set {', '.join(clashing)}; localllm sets them "
                          "(use port:, parallel: and the model registry instead)")
-    info = _model_info(decl.model)
+    info = _model_info(model)
     try:
         return ManagedServer(
-            decl.server_bin, decl.model, role="embedding", base_dir=base_dir,
+            decl.server_bin, model, role="embedding", base_dir=base_dir,
             args=[*embedding_server_args(info, decl.parallel), *decl.extra_args], parallel=decl.parallel,
             ctx_per_slot=info.context, port=decl.port, threads=decl.threads,
             health_timeout=decl.health_timeout, name=f"embed:{decl.name}",
@@ -444,7 +447,7 @@ def embedder_from_decl(decl: EmbedderDecl, *, base_dir: Path | None = None, **op
         return LocalEmbedder(decl.endpoint, model, api_key=api_key, dims=decl.dims, api_key_env=decl.api_key_env,
                              normalize=normalize, **options)
     server = embedding_server(decl, base_dir=base_dir)
-    model = decl.model or ""
+    model = decl.model or default_model()
 
     def url() -> str:
         if server.pid is None:  # until it has a server of its own, a running service is used

@@ -3,6 +3,10 @@
 A prefix mistake silently wrecks recall, so prefixes come from this one table and nowhere
 else. An unknown model still works: no prefixes, dims taken from the server, and an
 :class:`UnknownEmbeddingModel` warning saying so.
+
+Defaults (the table's data): a managed embedder without ``model:`` runs
+:func:`default_model` (``nomic-embed-text-v1.5``); a model's ``default_dims`` is its output
+size when no ``dims:`` is given (nomic: the Matryoshka 256, not the native 768).
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ class ModelInfo:
     context: int = 512
     max_input_tokens: int = 512
     matryoshka_dims: tuple[int, ...] = ()
+    #: the output size when none is asked for (a Matryoshka size; ``None``: the native dims)
+    default_dims: int | None = None
     #: layer-norm the full vector before truncating (nomic's documented Matryoshka recipe)
     matryoshka_layer_norm: bool = False
     query_prefix: str = ""
@@ -60,7 +66,9 @@ class ModelInfo:
 
     def output_dims(self, dims: int | None) -> int | None:
         """Validate a requested output size: native dims, or a Matryoshka size."""
-        if dims is None or dims == self.dims:
+        if dims is None:
+            return self.default_dims or self.dims
+        if dims == self.dims:
             return self.dims
         if dims <= 0:
             raise EmbedError(f"dims must be positive, got {dims}")
@@ -77,13 +85,25 @@ def _registry_file() -> Path:
     return data_path("embed", "models.json")
 
 
-def load_registry(path: Path | None = None) -> dict[str, ModelInfo]:
-    """Every registered model by canonical id (aliases map to the same object)."""
+def _read(path: Path | None) -> dict[str, Any]:
     file = path or _registry_file()
     try:
-        raw: dict[str, Any] = json.loads(file.read_text(encoding="utf-8"))
+        raw = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise EmbedError(f"cannot read the embedding model registry {file}: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise EmbedError(f"the embedding model registry {file} is not a JSON object")
+    return raw
+
+
+def default_model(path: Path | None = None) -> str:
+    """The model a managed embedder without ``model:`` runs (``default_model`` in the table)."""
+    return str(_read(path)["default_model"])
+
+
+def load_registry(path: Path | None = None) -> dict[str, ModelInfo]:
+    """Every registered model by canonical id (aliases map to the same object)."""
+    raw = _read(path)
     out: dict[str, ModelInfo] = {}
     for model_id, spec in raw.get("models", {}).items():
         info = ModelInfo(
@@ -94,6 +114,7 @@ def load_registry(path: Path | None = None) -> dict[str, ModelInfo]:
             context=int(spec["context"]),
             max_input_tokens=int(spec.get("max_input_tokens", spec["context"])),
             matryoshka_dims=tuple(int(d) for d in spec.get("matryoshka_dims", [])),
+            default_dims=int(spec["default_dims"]) if spec.get("default_dims") is not None else None,
             matryoshka_layer_norm=bool(spec.get("matryoshka_layer_norm", False)),
             query_prefix=str(spec.get("query_prefix", "")),
             document_prefix=str(spec.get("document_prefix", "")),

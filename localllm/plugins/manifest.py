@@ -192,7 +192,7 @@ def _build(data: dict[str, Any]) -> PluginManifest:
 
 def _reorigin(d: Diagnostic, where: str) -> Diagnostic:
     # Probing used the resolved root; report the path the user gave.
-    return Diagnostic(d.section, d.rule, where, d.message, d.severity, d.clause)
+    return Diagnostic(d.component, d.rule, where, d.message, d.severity, d.clause)
 
 
 def _json_type(value: object) -> str:

@@ -432,4 +432,4 @@ def _secret(
 
 
 def _disabled(d: Diagnostic, where: str) -> Diagnostic:
-    return Diagnostic(d.section, d.rule, where, d.message + _DISABLED, d.severity, d.clause or "7.2.2")
+    return Diagnostic(d.component, d.rule, where, d.message + _DISABLED, d.severity, d.clause or "7.2.2")

@@ -171,4 +171,4 @@ def _as_text(value: Any) -> str:
 
 
 def _shown(d: Diagnostic, where: Path) -> Diagnostic:
-    return Diagnostic(d.section, d.rule, str(where), d.message, d.severity, d.clause)
+    return Diagnostic(d.component, d.rule, str(where), d.message, d.severity, d.clause)

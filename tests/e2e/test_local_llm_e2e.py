@@ -91,7 +91,7 @@ def test_forced_validation_failure_falls_back_to_claude(demo: Path, tmp_path: Pa
     assert done["substitution"] == {"reason": "schema_invalid", "original_plugin": "agent.local",
                                     "fallback_plugin": "agent.claude"}
     assert done["original_transcript_ref"]["format"] == "openai-chat"
-    assert done["transcript_ref"]["format"] == "claude-json"
+    assert done["transcript_ref"]["format"] == "claude-stream-json"
     assert main(["trace", "verify", str(trace)]) == 0
 
 

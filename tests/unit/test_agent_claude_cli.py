@@ -97,25 +97,55 @@ def test_success_builds_answer_from_schema_and_reports_usage_and_cost(fake_claud
         "num_turns": 1,
     }
     [run] = runs(fake_claude)
-    assert run["argv"] == ["-p", "--output-format", "json", "--model", "opus", "--max-turns", "1"]
+    assert run["argv"] == ["-p", "--output-format", "stream-json", "--verbose", "--model", "opus", "--max-turns", "1"]
     assert run["prompt"].startswith("Should we merge PR 42?")
     assert run["prompt"].endswith(schema_instruction(SCHEMA))
     assert json.dumps(SCHEMA, indent=2) in run["prompt"]
     assert "only that JSON" in run["prompt"]
 
 
-def test_transcript_is_the_envelope_line_verbatim(fake_claude: Path) -> None:
+def test_transcript_is_every_stream_event_verbatim(fake_claude: Path, tmp_path: Path) -> None:
+    script = tmp_path / "claude"
+    events = [
+        '{"type":"system","subtype":"init","model":"claude-x","session_id":"s","n":1.50}',
+        '{"type":"assistant","message":{"content":[{"type":"tool_use","name":"Read"}]},"session_id":"s"}',
+        '{"type":"user","message":{"content":[{"type":"tool_result","content":"\\u00e9"}]}}',
+        '{"type":"result","subtype":"success","is_error":false,"result":"{\\"a\\": 1}","total_cost_usd":1e-3}',
+    ]
+    script.write_text("#!/bin/sh\ncat >/dev/null\n" + "".join(f"printf '%s\\n' '{e}'\n" for e in events))
+    script.chmod(0o755)
+    resp = make_agent(claude_bin=str(script)).ask(request(schema=None), deadline=soon())
+    assert resp.transcript is not None
+    assert resp.transcript.format == "claude-stream-json"
+    assert resp.transcript.lines == events  # byte-verbatim: key order, literals, escapes
+    assert len(resp.transcript.offsets_ms) == 4 and resp.transcript.offsets_ms == sorted(resp.transcript.offsets_ms)
+    assert resp.submission == '{"a": 1}'
+    assert resp.meta is not None
+    assert (resp.meta["model"], resp.meta["cost_usd"]) == ("claude-x", 0.001)  # the init event's model
+
+
+def test_the_fake_speaks_the_stream(fake_claude: Path) -> None:
     resp = make_agent().ask(request(), deadline=soon())
     assert resp.transcript is not None
-    assert resp.transcript.format == "claude-json"
-    [line] = resp.transcript.lines
-    envelope = json.loads(line)
-    assert envelope["type"] == "result"
-    assert envelope["result"] == resp.submission
-    assert len(resp.transcript.offsets_ms) == 1
-    assert resp.transcript.offsets_ms[0] >= 0
-    assert resp.meta is not None
-    assert resp.meta["model"] == MODEL
+    assert [json.loads(line)["type"] for line in resp.transcript.lines] == ["system", "assistant", "result"]
+    assert json.loads(resp.transcript.lines[-1])["result"] == resp.submission
+    assert resp.meta is not None and resp.meta["model"] == MODEL
+
+
+@pytest.mark.parametrize("mode", ["linger", "result_then_hang"])
+def test_answer_is_complete_at_the_result_event_not_at_eof(
+    fake_claude: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """A grandchild holding stdout (linger) or a CLI that never exits after its result
+    (result_then_hang) must not hold the call until the deadline; nothing is left running."""
+    pidfile = tmp_path / "pids"
+    monkeypatch.setenv("FAKE_CLAUDE_MODE", mode)
+    monkeypatch.setenv("FAKE_CLAUDE_PIDFILE", str(pidfile))
+    started = time.monotonic()
+    resp = make_agent().ask(request(), deadline=soon(60))
+    assert time.monotonic() - started < 20  # the deadline was 60 s away
+    assert json.loads(resp.submission or "") == EXPECTED
+    assert all_gone(wait_for_pids(pidfile))
 
 
 def test_given_result_text_is_the_submission(fake_claude: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -409,6 +439,6 @@ def test_runtime_call_lands_in_a_valid_trace(fake_claude: Path, tmp_path: Path) 
     payload: dict[str, Any] = dict(complete.payload)
     assert payload["meta"]["cache"] == {"read_tokens": 2048, "creation_tokens": 0, "hit": True}
     ref = payload["transcript_ref"]
-    assert ref["format"] == "claude-json" and ref["events"] == 1
-    [line] = (trace.parent / ref["path"]).read_text().splitlines()
-    assert json.loads(line)["total_cost_usd"] == 0.0123
+    assert ref["format"] == "claude-stream-json" and ref["events"] == 3
+    lines = (trace.parent / ref["path"]).read_text().splitlines()
+    assert json.loads(lines[-1])["total_cost_usd"] == 0.0123

@@ -316,7 +316,7 @@ def test_embedders_intents_router(tmp_path: Path) -> None:
 
 def test_router_and_embedder_errors(tmp_path: Path) -> None:
     text = "embedders:\n  e: {dims: 0}\nintents:\n  a: []\nrouter: {embedder: nope, margin: 2}\n"
-    assert keys(tmp_path, text) == ["embedders.e", "embedders.e.dims", "intents.a", "router.embedder", "router.margin"]
+    assert keys(tmp_path, text) == ["embedders.e.dims", "intents.a", "router.embedder", "router.margin"]
 
 
 def test_router_without_intents(tmp_path: Path) -> None:
@@ -432,7 +432,7 @@ def test_api_key_env_empty_disables_auth(tmp_path: Path) -> None:
     text = agent(tmp_path, "{plugin: builtin.local_llm, endpoint: 'http://h:1', api_key_env: ''}")
     decl = load_config(write(tmp_path, text)).agents["agent.x"]
     assert isinstance(decl, LocalLLMDecl) and decl.api_key_env is None
-    emb = load_config(write(tmp_path, "embedders:\n  e: {endpoint: 'http://h:1', api_key_env: ''}\n")).embedders["e"]
+    emb = load_config(write(tmp_path, "embedders:\n  e: {endpoint: 'http://h:1', model: m, api_key_env: ''}\n")).embedders["e"]
     assert emb.api_key_env is None
 
 
@@ -480,7 +480,7 @@ def test_server_bin_must_exist_and_be_executable(tmp_path: Path) -> None:
             "  agent.b: {plugin: builtin.local_llm, endpoint: 'http://h:1', server_bin: plain/..}\n"
             "  agent.c: {plugin: builtin.local_llm, endpoint: 'http://h:1', server_bin: ./plain}\n"
             "  agent.d: {plugin: builtin.local_llm, endpoint: 'http://h:1', server_bin: no-such-llama-server}\n"
-            "embedders:\n  e: {endpoint: 'http://h:1', server_bin: ./missing}\n")
+            "embedders:\n  e: {endpoint: 'http://h:1', model: m, server_bin: ./missing}\n")
     assert keys(tmp_path, text) == [f"agent_plugins.agent.{a}.server_bin" for a in "abcd"] + ["embedders.e.server_bin"]
 
 

@@ -230,3 +230,28 @@ def test_cli_route_opens_the_turn_before_the_decide_call(tmp_path: Path, endpoin
     events = [json.loads(x) for x in trace.read_text().splitlines()[1:]]
     assert [e["kind"] for e in events] == ["turn.start", "agent.call.start", "agent.call.error"]
     assert events[0]["payload"] == {"input": "zzz qqq", "intent": "", "routed_by": "llm", "match_type": "decide"}
+
+
+def test_search_shows_a_progress_bar_only_on_a_terminal(tmp_path: Path, endpoint: str,
+                                                        monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    import io
+
+    cfg = _config(tmp_path, endpoint)
+    docs = tmp_path / "work"
+    docs.mkdir()
+    for i in range(40):
+        (docs / f"{i}.txt").write_text(f"text number {i}\n")
+    monkeypatch.chdir(docs)
+    argv = ["search", "text", "-c", str(cfg), "--embedder", "docs", "--corpus", "*.txt", "--no-store"]
+    assert main(argv) == 0
+    assert "embedding" not in capsys.readouterr().err  # not a TTY: no bar
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    tty = Tty()
+    monkeypatch.setattr(sys, "stderr", tty)
+    assert main(argv) == 0
+    assert "localllm: embedding" in tty.getvalue() and "40" in tty.getvalue()

@@ -106,3 +106,22 @@ def test_search_ranks_the_matching_chunk_first_with_defaults(tmp_path: Path) -> 
 def test_search_over_nothing_is_empty(tmp_path: Path) -> None:
     report = search("q", FakeEmbedder(8), ["missing/**"], base_dir=tmp_path, store=False)
     assert report.hits == () and report.unmatched == ("missing/**",)
+
+
+def test_search_reports_embedding_progress_in_small_steps(tmp_path: Path) -> None:
+    """issue 10 item 26: a bar can follow a 200-chunk corpus instead of 7 silent seconds."""
+    from localllm.embed.corpus import PROGRESS_BATCH, search
+
+    for i in range(100):
+        (tmp_path / f"f{i}.md").write_text(f"# A{i}\nalpha {i}\n# B{i}\nbeta {i}\n")
+    steps: list[int] = []
+    report = search("alpha", FakeEmbedder(16), ["*.md"], base_dir=tmp_path, store=False, progress=steps.append)
+    assert report.embedded == 200 and sum(steps) == 200
+    assert len(steps) >= 200 // PROGRESS_BATCH and max(steps) <= PROGRESS_BATCH
+    again: list[int] = []
+    search("alpha", FakeEmbedder(16), ["*.md"], base_dir=tmp_path, store_root=tmp_path / "s", progress=again.append)
+    assert sum(again) == 200
+    cached: list[int] = []
+    report = search("alpha", FakeEmbedder(16), ["*.md"], base_dir=tmp_path, store_root=tmp_path / "s",
+                    progress=cached.append)
+    assert (report.embedded, cached) == (0, [])  # nothing new: no progress to show

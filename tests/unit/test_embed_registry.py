@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -98,3 +99,38 @@ def test_fake_embedder_drops_task_prefixes_and_counts_work() -> None:
     assert fake.calls == 2 and fake.texts_embedded == 2
     with pytest.raises(TypeError):
         fake.embed("apple", "query")
+
+
+# -- defaults (issue 10 item 15) ------------------------------------------------------------
+
+
+def test_nomic_defaults_to_matryoshka_256_dims() -> None:
+    from localllm.embed.local import LocalEmbedder
+
+    assert lookup("nomic-embed-text-v1.5").default_dims == 256
+    assert LocalEmbedder("http://e.test", "nomic-embed-text-v1.5").out_dims == 256
+    assert LocalEmbedder("http://e.test", "nomic-embed-text-v1.5", dims=768).out_dims == 768  # native on request
+    assert LocalEmbedder("http://e.test", "all-minilm-l6-v2").out_dims == 384  # no default_dims: native
+
+
+def test_a_managed_embedder_without_model_runs_nomic(tmp_path: Path) -> None:
+    from localllm.embed.local import embedder_from_decl
+    from localllm.embed.registry import default_model
+    from localllm.loading import load_config
+
+    (tmp_path / "app.yaml").write_text("embedders:\n  docs: {}\n")
+    decl = load_config(tmp_path / "app.yaml").embedders["docs"]
+    assert decl.model is None and default_model() == "nomic-embed-text-v1.5"
+    emb = embedder_from_decl(decl)  # nothing is fetched or started yet
+    assert (emb.model, emb.info.id, emb.out_dims, emb.info.query_prefix) == (
+        "nomic-embed-text-v1.5", "nomic-embed-text-v1.5", 256, "search_query: ")
+
+
+def test_an_endpoint_embedder_without_model_is_refused_at_load(tmp_path: Path) -> None:
+    from localllm.errors import ConfigError
+    from localllm.loading import load_config
+
+    (tmp_path / "app.yaml").write_text("embedders:\n  docs: {endpoint: 'http://127.0.0.1:9/v1'}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "app.yaml")
+    assert [p.key for p in info.value.problems] == ["embedders.docs.model"]

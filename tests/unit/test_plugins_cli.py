@@ -72,7 +72,7 @@ def test_check_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert [f["name"] for f in data["flows"]] == ["refund"]
     diag_rules = sorted(d["rule"] for d in data["diagnostics"])
     assert diag_rules == ["path-escapes-plugin-root", "secret-in-env", "secret-in-url", "skill-name-mismatch"]
-    assert set(data["diagnostics"][0]) == {"section", "rule", "origin", "message", "severity", "clause"}
+    assert set(data["diagnostics"][0]) == {"section", "component", "rule", "origin", "message", "severity", "clause"}
 
 
 def test_rejected_plugin_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -82,7 +82,7 @@ def test_command_symlink_out_of_root_invalidates_that_server_only(tmp_path: Path
     result = load(root)
     assert [s.name for s in result.mcp_servers] == ["good"]
     (diag,) = result.diagnostics
-    assert (diag.section, diag.rule, diag.clause) == ("mcp", "path-escapes-plugin-root", "4.1")
+    assert (diag.component, diag.rule, diag.clause) == ("mcp", "path-escapes-plugin-root", "4.1")
     assert diag.origin.endswith("#/mcpServers/evil/command")
     assert str(out / "tool") in diag.message
 
@@ -134,7 +134,7 @@ def test_symlinked_component_files_out_of_root(tmp_path: Path) -> None:
     result = load(root)
     assert [s.name for s in result.skills] == ["fine"]
     assert result.flows == ()
-    found = {(d.section, d.rule) for d in result.diagnostics}
+    found = {(d.component, d.rule) for d in result.diagnostics}
     assert ("skills", "path-escapes-plugin-root") in found
     assert ("flows", "path-escapes-plugin-root") in found
     assert ("skills", "skill-name-mismatch") in found  # the inside symlink was read, not refused
@@ -192,7 +192,7 @@ def test_command_swapped_to_symlink_out_after_load_is_refused_at_spawn(tmp_path:
     assert info.value.resolved == str(out / "tool")
     assert isinstance(info.value, PermissionError)
     diag = escape_diagnostic(info.value, server)
-    assert (diag.section, diag.rule, diag.severity) == ("mcp", "path-escapes-plugin-root", "error")
+    assert (diag.component, diag.rule, diag.severity) == ("mcp", "path-escapes-plugin-root", "error")
     assert diag.origin.endswith("#/mcpServers/s/command")
 
 

@@ -18,7 +18,7 @@ from localllm.plugins import (
     load_agent_plugin,
     mcp_agent_decls,
 )
-from localllm.plugins.diagnostics import SECTIONS, SEVERITIES
+from localllm.plugins.diagnostics import COMPONENTS, SEVERITIES
 
 PLUGIN_SCHEMA = "https://agent-plugins.org/schemas/1.0.0/plugin.schema.json"
 MCP_SCHEMA = "https://agent-plugins.org/schemas/1.0.0/mcp.schema.json"
@@ -60,7 +60,7 @@ def check(result: Any) -> None:
     assert isinstance(result, (PluginLoaded, PluginRejected))
     for d in result.diagnostics:
         assert d.rule != "loader-internal-error", str(d)
-        assert d.section in SECTIONS and d.severity in SEVERITIES
+        assert d.component in COMPONENTS and d.severity in SEVERITIES
         assert d.origin and d.message
     if isinstance(result, PluginRejected):
         assert any(d.severity == "error" for d in result.diagnostics)

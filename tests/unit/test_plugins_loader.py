@@ -136,10 +136,10 @@ def test_bad_plugin_json_rejects_the_whole_plugin(tmp_path: Path, content: Any, 
     assert isinstance(result, PluginRejected)
     assert result.ok is False
     assert rule in rules(result)
-    assert all(d.section == "manifest" for d in result.diagnostics)
+    assert all(d.component == "manifest" for d in result.diagnostics)
     assert result.message.startswith("error: manifest/")
     # Nothing else is discovered: rejected results carry only manifest diagnostics.
-    assert not any(d.section in ("skills", "mcp", "flows") for d in result.diagnostics)
+    assert not any(d.component in ("skills", "mcp", "flows") for d in result.diagnostics)
 
 
 def test_schema_violation_origin_names_file_and_pointer(tmp_path: Path) -> None:
@@ -177,7 +177,7 @@ def test_bad_mcp_json_disables_mcp_only(tmp_path: Path) -> None:
     assert [s.name for s in result.skills] == ["alpha", "beta"]
     assert [f.name for f in result.flows] == ["greet", "refund"]
     (diag,) = result.diagnostics
-    assert (diag.section, diag.rule, diag.severity) == ("mcp", "mcp-config-invalid-json", "error")
+    assert (diag.component, diag.rule, diag.severity) == ("mcp", "mcp-config-invalid-json", "error")
     assert "MCP is disabled" in diag.message
 
 
@@ -215,7 +215,7 @@ def test_one_bad_skill_is_skipped_and_the_rest_load(tmp_path: Path) -> None:
     result = loaded(load_agent_plugin(root))
     assert [s.name for s in result.skills] == ["alpha", "beta"]
     (diag,) = result.diagnostics
-    assert (diag.section, diag.rule) == ("skills", "skill-name-mismatch")
+    assert (diag.component, diag.rule) == ("skills", "skill-name-mismatch")
     assert diag.origin == str(root / "skills" / "gamma" / "SKILL.md")
     assert len(result.mcp_servers) == 2 and len(result.flows) == 2
 
@@ -289,7 +289,7 @@ def test_one_bad_server_entry_is_skipped_and_siblings_load(tmp_path: Path) -> No
     result = loaded(load_agent_plugin(root))
     assert [s.name for s in result.mcp_servers] == ["one", "two"]
     (diag,) = result.diagnostics
-    assert (diag.section, diag.rule) == ("mcp", "server-entry-invalid")
+    assert (diag.component, diag.rule) == ("mcp", "server-entry-invalid")
     assert diag.origin.endswith("mcp.json#/mcpServers/bad/url")
     assert len(result.skills) == 2 and len(result.flows) == 2
 
@@ -299,7 +299,7 @@ def test_one_bad_flow_file_is_skipped_and_siblings_load(tmp_path: Path) -> None:
     result = loaded(load_agent_plugin(root))
     assert [f.name for f in result.flows] == ["greet", "refund"]
     (diag,) = result.diagnostics
-    assert (diag.section, diag.rule, diag.origin) == (
+    assert (diag.component, diag.rule, diag.origin) == (
         "flows", "flow-invalid-json", str(root / "flows" / "broken.flow.json"))
     assert len(result.skills) == 2 and len(result.mcp_servers) == 2
 
@@ -425,3 +425,13 @@ def test_unexpected_internal_error_becomes_a_rejection(tmp_path: Path, monkeypat
     assert isinstance(result, PluginRejected)
     assert rules(result) == ["loader-internal-error"]
     assert "RuntimeError: bug" in result.diagnostics[0].message
+
+
+def test_diagnostic_section_is_the_spec_clause_and_component_the_part(tmp_path: Path) -> None:
+    """As the spec and the reference loader: ``section`` names the clause (issue 10 item 16)."""
+    from localllm.plugins.diagnostics import Diagnostic
+
+    contained = Diagnostic("mcp", "path-escapes-plugin-root", "/p/mcp.json#/mcpServers/a/cwd", "escapes", clause="4.1")
+    assert (contained.section, contained.component, contained.clause) == ("4.1", "mcp", "4.1")
+    assert contained.to_json()["section"] == "4.1" and contained.to_json()["component"] == "mcp"
+    assert Diagnostic("flows", "flow-invalid", "/p/flows/a.json", "bad").section == "host"

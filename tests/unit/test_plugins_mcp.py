@@ -144,7 +144,7 @@ def test_invalid_entries_are_skipped_with_a_pointed_diagnostic(
     assert len(errors) == 1, [str(d) for d in result.diagnostics]
     (diag,) = errors
     assert diag.rule == rule
-    assert diag.section == "mcp"
+    assert diag.component == "mcp"
     assert diag.origin == f"{tmp_path / 'plugins' / 'acme' / 'mcp.json'}#/mcpServers/bad{pointer}"
     assert "'bad' skipped" in diag.message
 
@@ -249,7 +249,7 @@ def test_secrets_are_loaded_with_a_diagnostic_and_never_printed(tmp_path: Path) 
             "headers": {"Authorization": "Bearer abcdefghijklmnop", "X-Tenant": "public"}}
     result = load(make(tmp_path, {"s": entry, "h": http}))
     assert [s.name for s in result.mcp_servers] == ["s", "h"]
-    secrets = [d for d in result.diagnostics if d.section == "secrets"]
+    secrets = [d for d in result.diagnostics if d.component == "secrets"]
     assert sorted(d.rule for d in secrets) == ["secret-in-env", "secret-in-env", "secret-in-headers",
                                                "secret-in-url"]
     assert all(d.severity == "warning" for d in secrets)

@@ -239,3 +239,28 @@ def test_x86_builds_never_use_amx() -> None:
             assert set(flags[key].split()) >= {"-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16"}
     else:
         assert "CMAKE_C_FLAGS" not in flags
+
+
+def test_the_build_logs_numbered_stages_with_elapsed_time(fake_cmake: Path, sdist: tuple[Path, Pins]) -> None:
+    """issue 10 item 26: a 15-minute build says where it is and how long each stage took."""
+    mirror, pins = sdist
+    lines: list[str] = []
+    sb.build_from_source(pins=pins, layout=cache_layout(), mirrors=[str(mirror)], offline=False, log=lines.append)
+    starts = [line.split(" ", 1)[0] for line in lines if line.startswith("[") and " done in " not in line]
+    dones = [line for line in lines if " done in " in line]
+    assert starts == [f"[{n}/5]" for n in range(1, 6)]
+    assert [d.split(" ", 1)[0] for d in dones] == starts
+    assert all(d.endswith("s") for d in dones)
+
+
+def test_a_long_build_step_reports_elapsed_time_and_cmake_percent(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    step = tmp_path / "step"
+    step.write_text(f"#!{sys.executable}\nimport time\nprint('[ 42%] Building CXX object', flush=True)\n"
+                    "time.sleep(1.2)\n")
+    step.chmod(0o755)
+    monkeypatch.setattr(sb, "_HEARTBEAT", 0.3)
+    beats: list[str] = []
+    sb._run_logged([str(step)], tmp_path / "build.log", cwd=tmp_path, progress=beats.append)
+    assert beats and all("elapsed" in b for b in beats)
+    assert "42%" in beats[-1]

@@ -1,17 +1,23 @@
-"""A fake ``claude`` CLI (stdlib only) for tests: ``claude -p --output-format json``.
+"""A fake ``claude`` CLI (stdlib only) for tests: ``claude -p --output-format stream-json --verbose``.
 
 Install it with :func:`install` (writes an executable ``claude`` shim into a directory
-that the test prepends to PATH). It reads the prompt from stdin and behaves according
+that the test prepends to PATH). It reads the prompt from stdin and prints the stream the
+real CLI prints, one JSON event per line: ``system`` (init, with the model), ``assistant``
+(the answer as a text block), ``result`` (the answer, usage, cost). It behaves according
 to environment variables:
 
 FAKE_CLAUDE_MODE
-    ``ok`` (default)   print a success envelope whose ``result`` is the answer
+    ``ok`` (default)   the stream, whose result event's ``result`` is the answer
     ``fenced``         the answer inside a ```json fence
     ``prose``          the answer with a sentence of prose before and after
     ``exit2``          lines on stderr, exit code 2, nothing on stdout
-    ``error_envelope`` an ``is_error: true`` envelope, exit code 0
+    ``error_envelope`` an ``is_error: true`` result event, exit code 0
     ``garbage``        non-JSON text on stdout, exit code 0
     ``hang``           start a sleeping child, record both pids, sleep forever
+    ``linger``         the stream, then exit 0 leaving a sleeping grandchild that holds
+                       stdout open; both pids recorded
+    ``result_then_hang`` the stream, then sleep forever (with a sleeping child) instead of
+                       exiting; both pids recorded
 FAKE_CLAUDE_RESULT
     the answer text. Without it, the answer is JSON built from the schema stated in
     the prompt (the last ```json fenced block), see :func:`sample`; with no schema in
@@ -21,7 +27,8 @@ FAKE_CLAUDE_NO_CACHE
 FAKE_CLAUDE_RECORD
     a file: the argv and the prompt of each run are appended to it as one JSON line.
 FAKE_CLAUDE_PIDFILE
-    ``hang`` mode writes ``"<own pid> <child pid>"`` there once the child runs.
+    ``hang``, ``linger`` and ``result_then_hang`` write ``"<own pid> <child pid>"`` there
+    once the child runs.
 
 :func:`sample` answers a *simple* schema: ``const``, first ``enum`` value, first of
 ``anyOf``/``oneOf``, first non-null type of a type list; objects get their required
@@ -148,6 +155,33 @@ def _envelope(result: str, argv: list[str], *, is_error: bool = False) -> dict[s
     }
 
 
+def _stream(result: str, argv: list[str], *, is_error: bool = False) -> list[dict[str, Any]]:
+    """The stream-json events of one run: init, the assistant's text, the result."""
+    session = "00000000-0000-4000-8000-000000000001"
+    init = {"type": "system", "subtype": "init", "cwd": os.getcwd(), "session_id": session,
+            "tools": ["Bash", "Read"], "mcp_servers": [], "model": _model(argv), "permissionMode": "default",
+            "apiKeySource": "none", "output_style": "default", "uuid": "00000000-0000-4000-8000-000000000003"}
+    assistant = {"type": "assistant", "message": {
+        "id": "msg_01", "type": "message", "role": "assistant", "model": _model(argv),
+        "content": [{"type": "text", "text": result}], "stop_reason": None,
+        "usage": {"input_tokens": 12, "output_tokens": 7}}, "parent_tool_use_id": None, "session_id": session,
+        "uuid": "00000000-0000-4000-8000-000000000004"}
+    return [init, assistant, _envelope(result, argv, is_error=is_error)]
+
+
+def _print_stream(events: list[dict[str, Any]]) -> None:
+    for event in events:
+        sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+def _sleeper(pidfile: str | None) -> None:
+    """Start a child sleeping an hour (it inherits stdout) and record both pids."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+    if pidfile:
+        Path(pidfile).write_text(f"{os.getpid()} {child.pid}")
+
+
 def main(argv: list[str]) -> int:
     prompt = sys.stdin.read()
     record = os.environ.get("FAKE_CLAUDE_RECORD")
@@ -162,13 +196,11 @@ def main(argv: list[str]) -> int:
         sys.stdout.write("Welcome to Claude! This is not JSON.\n")
         return 0
     if mode == "error_envelope":
-        print(json.dumps(_envelope("Credit balance is too low", argv, is_error=True)))
+        _print_stream(_stream("Credit balance is too low", argv, is_error=True))
         return 0
+    pidfile = os.environ.get("FAKE_CLAUDE_PIDFILE")
     if mode == "hang":
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
-        pidfile = os.environ.get("FAKE_CLAUDE_PIDFILE")
-        if pidfile:
-            Path(pidfile).write_text(f"{os.getpid()} {child.pid}")
+        _sleeper(pidfile)
         time.sleep(3600)
         return 0
     answer = _answer(prompt)
@@ -176,7 +208,12 @@ def main(argv: list[str]) -> int:
         answer = f"```json\n{answer}\n```"
     elif mode == "prose":
         answer = f"Here is the answer you asked for:\n{answer}\nLet me know if you need more."
-    print(json.dumps(_envelope(answer, argv)))
+    _print_stream(_stream(answer, argv))
+    if mode == "linger":
+        _sleeper(pidfile)
+    elif mode == "result_then_hang":
+        _sleeper(pidfile)
+        time.sleep(3600)
     return 0
 
 
