@@ -280,7 +280,7 @@ def test_read_error(status: int, text: str, message: str, auth: bool) -> None:
 
 @pytest.mark.parametrize(("written", "loaded"), [("true", True), ("false", False), ("auto", "auto")])
 def test_normalize_takes_yaml_booleans_and_auto(tmp_path: Path, written: str, loaded: object) -> None:
-    (tmp_path / "app.yaml").write_text(f"embedders:\n  e: {{endpoint: 'http://127.0.0.1:9', normalize: {written}}}\n",
+    (tmp_path / "app.yaml").write_text(f"embedders:\n  e: {{endpoint: 'http://127.0.0.1:9', model: m, normalize: {written}}}\n",
                                        encoding="utf-8")
     assert load_config(tmp_path / "app.yaml").embedders["e"].normalize == loaded
 
@@ -289,7 +289,7 @@ def test_bad_normalize_and_response_format_name_the_key(tmp_path: Path) -> None:
     from localllm.errors import ConfigError
 
     (tmp_path / "app.yaml").write_text(
-        "embedders:\n  e: {endpoint: 'http://127.0.0.1:9', normalize: yes please}\n"
+        "embedders:\n  e: {endpoint: 'http://127.0.0.1:9', model: m, normalize: yes please}\n"
         "agent_plugins:\n  agent.x: {plugin: builtin.local_llm, endpoint: 'http://127.0.0.1:9', "
         "response_format: json}\n", encoding="utf-8")
     with pytest.raises(ConfigError) as info:
