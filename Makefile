@@ -6,7 +6,7 @@ MODEL  ?= qwen2.5-1.5b-instruct
 E2E    := $(HOME)/.cache/localllm-e2e
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: install lint unit e2e test bench demo fetch-llama-server fetch-models e2e-models e2e-interop clean
+.PHONY: install lint unit e2e test bench demo fetch-llama-server fetch-models e2e-models e2e-interop e2e-endpoints clean
 
 install: $(VENV)/.installed
 
@@ -43,7 +43,38 @@ e2e-models: install
 e2e-interop: install
 	$(BIN)/python -m tests.e2e.mcp_interop
 
-e2e: install fetch-llama-server e2e-models e2e-interop
+# Third-party servers for tests/e2e/test_endpoint_interop_e2e.py, each in its own venv in
+# the user cache (never the project venv). llama-cpp-python compiles llama.cpp (~10 min on
+# 2 cores): its wheel is built once, keyed by version, without AMX (its kernels crash on
+# this CPU family), and reused. LiteLLM is pinned (1.107.0 was a compromised release).
+LLCP_VERSION    ?= 0.3.36
+LITELLM_VERSION ?= 1.106.12
+NO_AMX          := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+LLCP_WHEELS     := $(E2E)/wheels/llama-cpp-python-$(LLCP_VERSION)-noamx
+LLCP_VENV       := $(E2E)/venvs/llama-cpp-python-$(LLCP_VERSION)-noamx
+LITELLM_VENV    := $(E2E)/venvs/litellm-$(LITELLM_VERSION)
+
+e2e-endpoints: $(LLCP_VENV)/.installed $(LITELLM_VENV)/.installed
+
+$(LLCP_WHEELS)/.built:
+	rm -rf $(LLCP_WHEELS).partial && mkdir -p $(LLCP_WHEELS).partial
+	CMAKE_ARGS="-DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)'" nice -n 10 \
+		$(PYTHON) -m pip wheel -q --no-deps --no-binary llama-cpp-python \
+		-w $(LLCP_WHEELS).partial 'llama-cpp-python==$(LLCP_VERSION)'
+	rm -rf $(LLCP_WHEELS) && mv $(LLCP_WHEELS).partial $(LLCP_WHEELS) && touch $@
+
+$(LLCP_VENV)/.installed: $(LLCP_WHEELS)/.built
+	rm -rf $(LLCP_VENV) && $(PYTHON) -m venv $(LLCP_VENV)
+	$(LLCP_VENV)/bin/python -m pip install -q --find-links $(LLCP_WHEELS) \
+		'llama-cpp-python[server]==$(LLCP_VERSION)'
+	touch $@
+
+$(LITELLM_VENV)/.installed:
+	rm -rf $(LITELLM_VENV) && $(PYTHON) -m venv $(LITELLM_VENV)
+	$(LITELLM_VENV)/bin/python -m pip install -q 'litellm[proxy]==$(LITELLM_VERSION)'
+	touch $@
+
+e2e: install fetch-llama-server e2e-models e2e-interop e2e-endpoints
 	$(BIN)/pytest tests/e2e -q -p no:cacheprovider
 
 test: lint unit e2e

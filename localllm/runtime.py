@@ -182,6 +182,8 @@ class Runtime:
         self._lock = threading.Lock()
         self._agents: dict[str, Agent] = {}
         self._overrides: dict[str, Agent] = {}
+        #: structured-output styles negotiated per endpoint URL (agents/structured.py), built on first use
+        self._styles: Any = None
         self._seq: dict[tuple[int, str], int] = {}
         self._choices: dict[str, Choice | None] = {}
         self._closed = False
@@ -248,8 +250,11 @@ class Runtime:
                 raise CallError(f'agent "{alias}" is not declared (declared: {declared})', key="agent", value=alias,
                                 hint=f"declare it under agent_plugins: in {self.config.path}")
             from localllm.agents import build_agent
+            from localllm.agents.structured import Styles
 
-            built = build_agent(decl, base_dir=self.config.base_dir)
+            if self._styles is None:
+                self._styles = Styles()
+            built = build_agent(decl, base_dir=self.config.base_dir, styles=self._styles)
             built.continue_session(self._episode_plays())
             self._agents[alias] = built
             return built

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from localllm.agents.base import Agent
 from localllm.config import (
@@ -19,8 +20,12 @@ from localllm.errors import AgentError, ErrorKind
 __all__ = ["Agent", "build_agent"]
 
 
-def build_agent(decl: AgentDecl, *, base_dir: Path) -> Agent:
-    """Construct (never start) the agent for a declaration; transports import lazily."""
+def build_agent(decl: AgentDecl, *, base_dir: Path, styles: Any = None) -> Agent:
+    """Construct (never start) the agent for a declaration; transports import lazily.
+
+    ``styles`` (a :class:`~localllm.agents.structured.Styles`) is the Runtime's cache of
+    negotiated structured-output styles, shared by its endpoint agents.
+    """
     if isinstance(decl, ClaudeCliDecl):
         from localllm.agents.claude_cli import ClaudeCliAgent
 
@@ -44,5 +49,5 @@ def build_agent(decl: AgentDecl, *, base_dir: Path) -> Agent:
     if isinstance(decl, LocalLLMDecl):
         from localllm.agents.local_llm import LocalLLMAgent
 
-        return LocalLLMAgent(decl, base_dir=base_dir)
+        return LocalLLMAgent(decl, base_dir=base_dir, styles=styles)
     raise AgentError(ErrorKind.PLUGIN_UNSUPPORTED, f"{decl.alias}: plugin {decl.plugin} has no transport")

@@ -14,7 +14,10 @@ gets ``response_format: json_schema`` (llama.cpp's converter) when the schema is
 its subset (:func:`localllm.grammar.check_subset` finds no error), else no constraint.
 ``json_schema: true`` always sends ``response_format`` (the endpoint enforces it natively).
 ``meta.grammar`` is ``compiled | server | none``, ``meta.json_schema`` whether
-``json_schema: true`` applied. llama-server does not put the
+``json_schema: true`` applied. In endpoint mode ``response_format:`` picks the field the
+server takes (:mod:`localllm.agents.structured`; ``auto`` probes the endpoint once per
+Runtime); ``meta.structured_output`` names the style that ran, ``meta.structured_probe``
+what the probe found, on the call that sent it. llama-server does not put the
 schema in the prompt, so unless ``schema_in_prompt: false`` the prompt gets a short
 statement of the required JSON shape. The runtime validates every answer regardless.
 """
@@ -31,6 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 from localllm import settings
 from localllm._http import map_httpx_errors
+from localllm._upstream import UpstreamError, read_error
+from localllm.agents import structured
 from localllm.agents.base import Agent
 from localllm.config import LocalLLMDecl
 from localllm.errors import (
@@ -78,9 +83,12 @@ class LocalLLMAgent(Agent):
     plugin = "builtin.local_llm"
     is_local_model = True
 
-    def __init__(self, decl: LocalLLMDecl, *, base_dir: Path | None = None) -> None:
+    def __init__(self, decl: LocalLLMDecl, *, base_dir: Path | None = None,
+                 styles: structured.Styles | None = None) -> None:
         super().__init__(decl.alias)
         self.decl = decl
+        #: the Runtime's negotiated style per endpoint URL (shared by its agents)
+        self.styles = styles if styles is not None else structured.Styles()
         #: relative ``*.gguf`` model paths resolve against the config's directory
         self.base_dir = base_dir
         self._lock = threading.Lock()
@@ -168,16 +176,27 @@ class LocalLLMAgent(Agent):
             self._subset_cache[key] = cached
         return cached
 
-    def constraint(self, schema: dict[str, Any] | None) -> tuple[dict[str, Any], str]:
-        """The body fields that constrain decoding, and ``meta.grammar``: compiled | server | none."""
-        if schema is None:
-            return {}, "none"
-        server = {"response_format": {
-            "type": "json_schema", "json_schema": {"name": "submission", "strict": True, "schema": schema}}}
-        mode: Any = self.decl.grammar  # True, False, or "server" (llama.cpp's own converter)
-        if self.decl.json_schema:
-            return server, "server"
-        if mode is True:
+    def style(self) -> str | None:
+        """The configured style; ``None`` when it is negotiated (``auto`` in endpoint mode)."""
+        decl = self.decl
+        if decl.response_format != "auto":
+            return decl.response_format
+        if self.managed or not (decl.grammar or decl.json_schema):
+            return "json_schema" if decl.json_schema else "grammar" if decl.grammar else "none"
+        return None
+
+    def constraint(self, schema: dict[str, Any] | None, style: str | None = None) -> tuple[dict[str, Any], str, str]:
+        """The body fields that constrain decoding, ``meta.grammar`` (compiled | server | none) and the style run."""
+        style = style or self.style() or "grammar"
+        if schema is None or style == "none":
+            return {}, "none", "none"
+        if self.decl.json_schema and style == "grammar":
+            style = "json_schema"
+        if style != "grammar":
+            return structured.fields(style, schema), "server", style
+        server = structured.fields("json_schema", schema)
+        mode: Any = self.decl.grammar
+        if mode != "server":  # "server": llama.cpp's own converter, never the compiled grammar
             key = json.dumps(schema, sort_keys=True)
             if key not in self._grammar_cache:
                 from localllm.grammar import compile_schema
@@ -185,16 +204,17 @@ class LocalLLMAgent(Agent):
                 self._grammar_cache[key] = compile_schema(schema).grammar
             compiled = self._grammar_cache[key]
             if compiled is not None:
-                return {"grammar": compiled}, "compiled"
-        if mode in (True, "server") and self._in_subset(schema):
-            return server, "server"
-        return {}, "none"
+                return {"grammar": compiled}, "compiled", "grammar"
+        if self._in_subset(schema):
+            return server, "server", "json_schema"
+        return {}, "none", "none"
 
-    def build_body(self, request: AskRequest) -> tuple[dict[str, Any], str, bool]:
-        """The chat-completions body, ``meta.grammar`` and whether json_schema applied."""
+    def build_body(self, request: AskRequest, style: str | None = None,
+                   attached: Any = None) -> tuple[dict[str, Any], str, bool, str]:
+        """The chat-completions body, ``meta.grammar``, whether json_schema applied and the style run."""
         schema = request.schema
         native = schema is not None and self.decl.json_schema
-        constraint, grammar = self.constraint(schema)
+        constraint, grammar, ran = self.constraint(schema, style)
         content = request.prompt
         if schema is not None and self.decl.schema_in_prompt:
             content += shape_statement(schema)
@@ -209,7 +229,9 @@ class LocalLLMAgent(Agent):
         if temperature is not None:
             body["temperature"] = temperature
         body.update(constraint)
-        return body, grammar, native
+        if attached is not None:
+            body["model"] = attached.model
+        return body, grammar, native, ran
 
     def _headers(self) -> dict[str, str]:
         name = self.decl.api_key_env
@@ -225,18 +247,12 @@ class LocalLLMAgent(Agent):
         import httpx
 
         headers = self._headers()
-        body, grammar, native = self.build_body(request)
         base = self.base_url()
-        attached = self._attached
+        attached = self._attached  # managed mode served by a running `localllm serve`
         if attached is not None:
-            headers, body["model"] = {**headers, **attached.headers()}, attached.model
+            headers = {**headers, **attached.headers()}
         server = self._server
         pid = server.pid if server is not None else None  # to explain this request's failure later
-        remaining = self.remaining(deadline)
-        if remaining <= 0:
-            raise AgentError(ErrorKind.DEADLINE_EXCEEDED, f"{self.alias}: deadline passed before the request")
-        timeout = httpx.Timeout(remaining, connect=min(_CONNECT_TIMEOUT, remaining))
-        started = time.monotonic()
 
         def failed(reason: str, exc: BaseException) -> AgentError:
             if isinstance(exc, httpx.TimeoutException):
@@ -248,13 +264,48 @@ class LocalLLMAgent(Agent):
                                   f"{attached.pid}) failed mid-call: {reason} ({type(exc).__name__}: {exc})")
             return AgentError(ErrorKind.TRANSPORT_ERROR, self._connection_detail(base, reason, exc, pid))
 
-        with map_httpx_errors(failed):
-            reply = self._http().post(f"{base}/chat/completions", json=body, headers=headers, timeout=timeout)
+        def post(body: dict[str, Any]) -> Any:
+            remaining = self.remaining(deadline)
+            if remaining <= 0:
+                raise AgentError(ErrorKind.DEADLINE_EXCEEDED, f"{self.alias}: deadline passed before the request")
+            timeout = httpx.Timeout(remaining, connect=min(_CONNECT_TIMEOUT, remaining))
+            with map_httpx_errors(failed):
+                return self._http().post(f"{base}/chat/completions", json=body, headers=headers, timeout=timeout)
+
+        def probe() -> tuple[int, Any]:
+            reply = post(structured.probe_body(self.decl.model or "local"))
+            if reply.status_code >= 400:
+                upstream = read_error(reply.status_code, reply.text)
+                if upstream.auth:
+                    raise self._upstream_error(upstream, f"{base}/chat/completions")
+                return reply.status_code, None
+            with contextlib.suppress(ValueError):
+                return reply.status_code, reply.json()
+            return reply.status_code, None
+
+        negotiated: structured.Negotiated | None = None
+        probed = False
+        style = self.style()
+        if style is None and request.schema is not None:
+            negotiated, probed = self.styles.get(base, probe, compiles=self.decl.grammar is True)
+            style = negotiated.style
+        body, grammar, native, ran = self.build_body(request, style, attached)
+        started = time.monotonic()
+        reply = post(body)
+        if reply.status_code >= 400 and negotiated is not None and not negotiated.verified:
+            upstream = read_error(reply.status_code, reply.text)
+            if not upstream.auth and reply.status_code not in (429, 502, 503, 504):
+                # the guessed style (json_object after a rejected probe) is rejected too: unconstrained
+                negotiated = self.styles.demote(base, reply.status_code)
+                body, grammar, native, ran = self.build_body(request, negotiated.style, attached)
+                reply = post(body)
+                if reply.status_code >= 400:  # not about the style (a gateway whose upstream is down)
+                    self.styles.forget(base)
+        elif reply.status_code < 400 and negotiated is not None and not negotiated.verified:
+            self.styles.confirm(base)
         elapsed_ms = int((time.monotonic() - started) * 1000)
         if reply.status_code >= 400:
-            raise AgentError(ErrorKind.TRANSPORT_ERROR,
-                             f"{self.alias}: HTTP {reply.status_code} from {base}/chat/completions: "
-                             f"{truncate_detail(reply.text)}")
+            raise self._upstream_error(read_error(reply.status_code, reply.text), f"{base}/chat/completions")
         try:
             data = reply.json()
             content = data["choices"][0]["message"]["content"]
@@ -274,13 +325,21 @@ class LocalLLMAgent(Agent):
             "max_tokens": body["max_tokens"],
             "grammar": grammar,
             "json_schema": native,
+            "structured_output": ran,
         }
+        if probed and negotiated is not None:
+            meta["structured_probe"] = negotiated.as_meta()
         if self.managed:
             meta["served_by"] = "service" if attached is not None else "sidecar"
         if isinstance(data.get("timings"), dict):
             meta["timings"] = data["timings"]
         transcript = self._transcript(body, content, usage, elapsed_ms)
         return AskResponse(submission=strip_fence(content), meta=meta, transcript=transcript)
+
+    def _upstream_error(self, upstream: UpstreamError, where: str) -> AgentError:
+        """An error reply as an AgentError: status and message; a refused key names api_key_env."""
+        hint = upstream.auth_hint(self.decl.api_key_env) if upstream.auth else ""
+        return AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias}: {upstream.describe(where)}", hint=hint)
 
     def _model_meta(self, data: dict[str, Any]) -> dict[str, Any]:
         """``model`` as an id (a managed server reports its GGUF path), plus the pinned GGUF's sha256."""

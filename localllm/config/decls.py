@@ -24,6 +24,8 @@ DEFAULT_FALLBACK = "agent.claude"
 #: router bars: route when the best intent scores ≥ confident and leads by ≥ margin
 ROUTER_CONFIDENT = 0.82
 ROUTER_MARGIN = 0.08
+#: ``response_format:`` of a local_llm agent: how a schema reaches the server (agents/structured.py)
+RESPONSE_FORMATS = ("auto", "grammar", "json_schema", "json_object", "structured_outputs", "guided_json", "none")
 
 
 @dataclass(frozen=True)
@@ -146,7 +148,9 @@ class LocalLLMDecl(AgentDecl):
     grammar: bool | str = setting(True, "true: localllm's exact compiled grammar (llama.cpp's converter for a "
                                   "schema it cannot compile); server: llama.cpp's converter; false: none",
                                   choices=("server",))
-    json_schema: bool = setting(False, "always send response_format json_schema (wins over grammar)")
+    json_schema: bool = setting(False, "always send the server's own schema field (wins over grammar)")
+    response_format: str = setting("auto", "how the schema is sent; auto: endpoint mode probes once, managed mode "
+                                   "follows grammar/json_schema", choices=RESPONSE_FORMATS)
     api_key_env: str | None = setting(None, "NAME of the env var with a bearer token, read per call; \"\" disables "
                                       "auth", check="env_name")
     fallback: str = setting(DEFAULT_FALLBACK, "who answers after a schema_invalid local answer: an alias or none",
@@ -192,6 +196,8 @@ class EmbedderDecl:
                                       check="env_name")
     dims: int | None = setting(None, "output dims (Matryoshka truncation below the native dims)", low=1,
                                high=1 << 16)
+    normalize: bool | str = setting("auto", "L2-normalise here: auto (when the server's vectors are not unit), "
+                                    "true (always), false (refuse non-unit vectors)", choices=("auto",))
     port: int | None = setting(None, "default: a free port", low=1, high=65535)
     server_bin: str | None = setting(None, "a llama-server to use instead of the cached one", check="executable")
     parallel: int = setting(1, "--parallel N slots", low=1, high=256)

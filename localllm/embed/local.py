@@ -10,8 +10,10 @@ What it guarantees, whatever the server is:
   model's special tokens (counted with ``/tokenize``, sent as token ids) and logged as a
   warning; with ``on_too_long="error"`` it raises :class:`InputTooLong` instead;
 * rows come back in input order (by ``index``), the count and dims are checked;
-* vectors are unit length: Matryoshka output dims are truncated and re-normalised here,
-  otherwise the server's L2 normalisation is checked (never silently redone).
+* vectors are unit length: Matryoshka output dims are truncated and re-normalised here;
+  otherwise ``normalize`` decides: ``auto`` L2-normalises here when the server's vectors
+  are not unit (llama-cpp-python's, TEI's without ``normalize``), noted once per embedder;
+  ``true`` always does; ``false`` refuses non-unit vectors.
 
 ``base_url`` may be a :class:`~localllm.managed.server.ManagedServer` (or any callable
 returning the URL): the server is then fetched and started on the first embed call, after a
@@ -30,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import httpx
 
 from localllm._http import map_httpx_errors
+from localllm._upstream import read_error
 from localllm.embed.embedder import EmbedderIdentity
 from localllm.embed.registry import ROLES, ModelInfo, Role, default_model, lookup
 from localllm.errors import DimensionMismatch, EmbedError, EmbedServerError, InputTooLong, truncate_detail
@@ -77,7 +80,11 @@ class LocalEmbedder:
         batch_tokens: int = 16384,
         timeout: float | httpx.Timeout | None = None,
         transport: httpx.BaseTransport | None = None,
+        normalize: bool | Literal["auto"] = "auto",
+        api_key_env: str | None = None,
     ) -> None:
+        if normalize not in ("auto", True, False):
+            raise ValueError(f"normalize must be 'auto', True or False, not {normalize!r}")
         if on_too_long not in ("truncate", "error"):
             raise ValueError(f"on_too_long must be 'truncate' or 'error', not {on_too_long!r}")
         if batch_size < 1 or batch_tokens < 1:
@@ -107,6 +114,11 @@ class LocalEmbedder:
         self._specials: tuple[list[int], list[int]] | None = None
         self._native_dims: int | None = self.info.dims
         self._cut: list[int] = []
+        self.normalize = normalize
+        #: set once ``normalize: auto`` has normalised a non-unit answer here
+        self.normalized_here = False
+        #: named in the hint when the server refuses the key
+        self.api_key_env = api_key_env
         #: the ``model`` sent in request bodies; ``served_by``: "service" or "sidecar" once managed
         self.request_model = model
         self.served_by: str | None = None
@@ -285,12 +297,18 @@ class LocalEmbedder:
             return (matrix / np.where(norms == 0, 1, norms)).astype(np.float32, copy=False)
         norms = np.linalg.norm(matrix, axis=1)
         bad = np.flatnonzero(np.abs(norms - 1.0) > _NORM_TOLERANCE)
+        if self.normalize is True or (bad.size and self.normalize == "auto"):
+            if bad.size and not self.normalized_here and self.normalize == "auto":
+                self.normalized_here = True
+                log.info("embedder %s: the server's vectors are not unit (L2 norm %.6f); normalising them here",
+                         self.model, float(norms[bad[0]]))
+            return (matrix / np.where(norms == 0, 1, norms)[:, None]).astype(np.float32, copy=False)
         if bad.size:
+            fix = ("start llama-server with a pooling type and without --embd-normalize (its default, 2, is "
+                   "Euclidean normalisation)" if self.server is not None
+                   else "set normalize: auto (or true) to normalise them here")
             raise EmbedServerError(
-                f"the embedding server returned a vector with L2 norm {float(norms[bad[0]]):.6f}, not 1: "
-                "start llama-server with a pooling type and without --embd-normalize (its default, 2, "
-                "is Euclidean normalisation)"
-            )
+                f"the embedding server returned a vector with L2 norm {float(norms[bad[0]]):.6f}, not 1: {fix}")
         return matrix
 
     def use_service(self, attachment: Attachment) -> None:
@@ -339,10 +357,11 @@ class LocalEmbedder:
                     raise
             break
         if response.status_code >= 400:
-            detail = truncate_detail(response.text)
-            if response.status_code == 501:
-                detail += " (start llama-server with --embeddings)"
-            raise EmbedServerError(f"embedding server {url} answered HTTP {response.status_code}: {detail}")
+            upstream = read_error(response.status_code, response.text)
+            hint = upstream.auth_hint(self.api_key_env) if upstream.auth else ""
+            if response.status_code == 501 and self.server is not None:
+                hint = "start llama-server with --embeddings"
+            raise EmbedServerError(f"embedding server {upstream.describe(url)}", hint=hint)
         try:
             return response.json()
         except ValueError as exc:
@@ -416,6 +435,7 @@ def embedder_from_decl(decl: EmbedderDecl, *, base_dir: Path | None = None, **op
     from localllm import settings
 
     where = f"embedders.{decl.name}"
+    normalize: Any = decl.normalize
     api_key: str | None = None
     if decl.api_key_env:
         api_key = settings.env_value(decl.api_key_env)
@@ -424,7 +444,8 @@ def embedder_from_decl(decl: EmbedderDecl, *, base_dir: Path | None = None, **op
                              "export it or remove api_key_env")
     if decl.endpoint:
         model = decl.model or decl.name
-        return LocalEmbedder(decl.endpoint, model, api_key=api_key, dims=decl.dims, **options)
+        return LocalEmbedder(decl.endpoint, model, api_key=api_key, dims=decl.dims, api_key_env=decl.api_key_env,
+                             normalize=normalize, **options)
     server = embedding_server(decl, base_dir=base_dir)
     model = decl.model or default_model()
 
@@ -440,7 +461,8 @@ def embedder_from_decl(decl: EmbedderDecl, *, base_dir: Path | None = None, **op
         embedder.served_by = "sidecar"
         return server.ensure_ready()
 
-    embedder = LocalEmbedder(url, model, model_info=_model_info(model), dims=decl.dims, **options)
+    embedder = LocalEmbedder(url, model, model_info=_model_info(model), dims=decl.dims, normalize=normalize,
+                             **options)
     embedder.server = server
     return embedder
 

@@ -279,7 +279,7 @@ def test_grammar_server_mode_uses_the_converter(tmp_path: Path, server_bin: Path
         agent.decl = dataclasses.replace(agent.decl, grammar="server")  # type: ignore[attr-defined]
         request = AskRequest(session_id="s", turn=1, state_path="x", verb="decide", prompt="p", call_id="c",
                              deadline="2030-01-01T00:00:00.000000000Z", schema=DECIDE)
-        body, grammar, _ = agent.build_body(request)  # type: ignore[attr-defined]
+        body, grammar, _, _ = agent.build_body(request)  # type: ignore[attr-defined]
     assert grammar == "server" and "grammar" not in body and body["response_format"]["type"] == "json_schema"
 
 
@@ -297,7 +297,7 @@ def test_build_body_request_shape(tmp_path: Path, server_bin: Path) -> None:
         agent = rt.agent("agent.local")
         request = AskRequest(session_id="s", turn=1, state_path="x", verb="ask", prompt="p", call_id="c",
                              deadline="2030-01-01T00:00:00.000000000Z")
-        body, grammar, native = agent.build_body(request)  # type: ignore[attr-defined]
+        body, grammar, native, _ = agent.build_body(request)  # type: ignore[attr-defined]
     assert "response_format" not in body and "temperature" not in body
     assert (grammar, native) == ("none", False)
 

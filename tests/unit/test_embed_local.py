@@ -154,19 +154,44 @@ def test_dims_mismatch_with_the_registry_is_an_error() -> None:
         emb.embed(["a"], "query")
 
 
-def test_unnormalised_server_output_is_refused() -> None:
+def _scale(out: dict[str, Any]) -> dict[str, Any]:
+    for d in out["data"]:
+        v = np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") * 3
+        d["embedding"] = base64.b64encode(v.astype("<f4").tobytes()).decode()
+    return out
+
+
+def test_unnormalised_server_output_is_refused_with_normalize_false() -> None:
     server = FakeServer()
-    emb = _embedder(server)
-
-    def scale(out: dict[str, Any]) -> dict[str, Any]:
-        for d in out["data"]:
-            v = np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") * 3
-            d["embedding"] = base64.b64encode(v.astype("<f4").tobytes()).decode()
-        return out
-
-    server.mutate = scale
-    with pytest.raises(EmbedServerError, match=r"L2 norm 3\.0"):
+    emb = _embedder(server, normalize=False)
+    server.mutate = _scale
+    with pytest.raises(EmbedServerError, match=r"L2 norm 3\.0") as info:
         emb.embed(["a"], "query")
+    # an attached server of unknown kind: the fix is ours to name, not a llama-server flag
+    assert "llama-server" not in str(info.value) and "normalize" in str(info.value)
+
+
+def test_unnormalised_server_output_is_normalised_here_by_default_and_noted_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    server = FakeServer()
+    plain = _embedder(server).embed(["a", "b"], "query")
+    server.mutate = _scale
+    emb = _embedder(server)
+    with caplog.at_level("INFO", logger="localllm.embed.local"):
+        first = emb.embed(["a", "b"], "query")
+        emb.embed(["c"], "query")
+    assert emb.normalized_here is True
+    assert np.linalg.norm(first, axis=1).tolist() == pytest.approx([1.0, 1.0], abs=1e-6)
+    assert np.allclose(first, plain, atol=1e-6)
+    assert sum("normalising them here" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_normalize_true_normalises_even_unit_answers_and_says_nothing() -> None:
+    server = FakeServer()
+    emb = _embedder(server, normalize=True)
+    out = emb.embed(["a"], "query")
+    assert np.linalg.norm(out[0]) == pytest.approx(1.0, abs=1e-6)
+    assert emb.normalized_here is False
 
 
 def test_float_encoding_is_accepted() -> None:
@@ -207,8 +232,17 @@ def test_server_errors_become_embed_server_errors_not_tracebacks() -> None:
     with pytest.raises(EmbedServerError, match="HTTP 500"):
         _embedder(server).embed(["a"], "query")
     server.status = 501
-    with pytest.raises(EmbedServerError, match="--embeddings"):
+    with pytest.raises(EmbedServerError, match="HTTP 501") as info:
         _embedder(server).embed(["a"], "query")
+    assert info.value.hint == ""  # an attached server: no llama-server advice
+
+
+def test_refused_key_names_api_key_env() -> None:
+    server = FakeServer()
+    server.status = 401
+    with pytest.raises(EmbedServerError, match="HTTP 401") as info:
+        _embedder(server, api_key_env="EMBED_KEY").embed(["a"], "query")
+    assert "check api_key_env EMBED_KEY" in info.value.hint
 
 
 def test_callable_base_url_is_resolved_lazily_and_again_after_a_connection_failure() -> None:

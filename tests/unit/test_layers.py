@@ -21,7 +21,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "localllm"
 # localllm.trace.writer unless a longer prefix is listed); the root package matches only itself.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # leaf helpers: standard library (and their one foreign library) only
-    ("leaf", ("localllm._version", "localllm._fs", "localllm._process", "localllm._http", "localllm._lock",
+    ("leaf", ("localllm._version", "localllm._fs", "localllm._process", "localllm._http", "localllm._upstream",
+              "localllm._lock",
               "localllm.redact", "localllm.resources")),
     ("core", ("localllm.errors", "localllm.wire", "localllm.settings")),
     # the JSONL sink and reader, call_id, sidecar files, verify/stats: low-level, used by
