@@ -25,6 +25,13 @@ AUTH_BODIES: tuple[tuple[int, str, str], ...] = (
     (400, "type", "no_db_connection"),
     (400, "message", "No connected db."),
 )
+#: (status, field, prefix) of replies that mean the model's output broke the constraint the
+#: server was enforcing: llama-server answers ``500 {"error": {"message": "The model produced
+#: output that does not match the expected peg-native format"}}`` (the "peg-native" part
+#: varies with the format). Such an answer is ``schema_invalid``, so the fallback engages.
+CONSTRAINT_BODIES: tuple[tuple[int, str, str], ...] = (
+    (500, "message", "The model produced output that does not match the expected"),
+)
 _LIMIT = 300
 
 
@@ -34,6 +41,8 @@ class UpstreamError:
     #: the upstream's own message (type/code beside it when present), at most ~300 characters
     message: str
     auth: bool
+    #: the server refused the model's own output under the constraint (not a transport failure)
+    constraint_broken: bool = False
 
     def describe(self, where: str) -> str:
         return f"HTTP {self.status} from {where}: {self.message}"
@@ -85,4 +94,6 @@ def read_error(status: int, text: str) -> UpstreamError:
     obj = _error_object(data)
     auth = status in (401, 403) or (obj is not None and any(
         status == code and obj.get(name) == value for code, name, value in AUTH_BODIES))
-    return UpstreamError(status, _message(obj, text), auth)
+    broken = obj is not None and any(status == code and str(obj.get(name, "")).startswith(prefix)
+                                     for code, name, prefix in CONSTRAINT_BODIES)
+    return UpstreamError(status, _message(obj, text), auth, broken)

@@ -338,6 +338,9 @@ class LocalLLMAgent(Agent):
 
     def _upstream_error(self, upstream: UpstreamError, where: str) -> AgentError:
         """An error reply as an AgentError: status and message; a refused key names api_key_env."""
+        if upstream.constraint_broken:  # the model's answer, refused by the server's own check
+            return AgentError(ErrorKind.SCHEMA_INVALID, f"{self.alias}: {upstream.describe(where)}",
+                              hint="the answer broke the grammar the server enforced; the fallback answers")
         hint = upstream.auth_hint(self.decl.api_key_env) if upstream.auth else ""
         return AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias}: {upstream.describe(where)}", hint=hint)
 

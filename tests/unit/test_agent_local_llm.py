@@ -165,6 +165,19 @@ def test_http_error_is_transport_error_with_status_and_body(tmp_path: Path, serv
     assert calls == []  # never a fallback for transport errors
 
 
+def test_output_the_server_refuses_under_its_grammar_is_schema_invalid_and_falls_back(
+        tmp_path: Path, server_bin: Path, logs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    # llama-server's own check of a constrained answer: a 500 that is about the answer, not the transport
+    behaviour = tmp_path / "b.json"
+    behaviour.write_text(json.dumps({"responses": [{"status": 500, "message": "The model produced output that "
+                                                    "does not match the expected peg-native format"}]}))
+    monkeypatch.setenv("FAKE_LLAMA_BEHAVIOUR", str(behaviour))
+    with Runtime(managed_config(tmp_path, server_bin)) as rt:
+        rt.register_inprocess("agent.claude", lambda _: {"route": "support", "confidence": 0.5})
+        result = rt.call("decide", agent="agent.local", prompt="p", schema=DECIDE)
+    assert result.agent == "agent.claude" and result.meta["fallback_of"] == "agent.local"
+
+
 def test_slow_server_hits_deadline(tmp_path: Path, server_bin: Path, logs: dict[str, Path],
                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_LLAMA_DELAY", "5")
