@@ -20,7 +20,6 @@ from localllm.errors import (
     OfflineArtifactMissing,
     PinNotConfigured,
 )
-from localllm.managed import fetch as fetch_mod
 from localllm.managed import verify
 from localllm.managed.fetch import fetch_artifact
 from localllm.managed.pins import Artifact
@@ -247,7 +246,7 @@ def test_free_space_is_checked_against_content_length(tmp_path: Path, archive_by
     import shutil
 
     real = shutil.disk_usage
-    monkeypatch.setattr(fetch_mod.shutil, "disk_usage",
+    monkeypatch.setattr(shutil, "disk_usage",
                         lambda p: real(p)._replace(free=len(archive_bytes) // 2))
     with ArchiveServer({"llama-test.tar.gz": archive_bytes}) as srv, \
             pytest.raises(InsufficientSpace, match="not enough free space"):
