@@ -165,6 +165,7 @@ def test_http_error_is_transport_error_with_status_and_body(tmp_path: Path, serv
     assert calls == []  # never a fallback for transport errors
 
 
+@pytest.mark.slow
 def test_slow_server_hits_deadline(tmp_path: Path, server_bin: Path, logs: dict[str, Path],
                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_LLAMA_DELAY", "5")

@@ -294,6 +294,7 @@ _WORKER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_eight_processes_download_once_and_all_succeed(tmp_path: Path, archive_bytes: bytes) -> None:
     dest = tmp_path / "cache" / "llama-test.tar.gz"
     # Slow enough (~2 s) that the eight processes overlap with the one downloading.
