@@ -6,7 +6,7 @@ MODEL  ?= qwen2.5-1.5b-instruct
 E2E    := $(HOME)/.cache/localllm-e2e
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: install lint unit e2e test bench demo fetch-llama-server fetch-models e2e-models e2e-interop e2e-endpoints clean
+.PHONY: install lint unit unit-slow e2e test bench demo fetch-llama-server fetch-models e2e-models e2e-interop e2e-endpoints clean
 
 install: $(VENV)/.installed
 
@@ -19,9 +19,15 @@ $(VENV)/.installed: pyproject.toml
 lint: install
 	$(BIN)/ruff check localllm tests
 	$(BIN)/mypy localllm
+	$(BIN)/mypy tests
 
+# Unit tests above 2 s (long fuzz runs, deadline and kill-escalation timings) are marked
+# `slow`: `make unit` skips them, `make test` runs them too.
 unit: install
-	$(BIN)/pytest tests/unit -q
+	$(BIN)/pytest tests/unit -q -m "not slow"
+
+unit-slow: install
+	$(BIN)/pytest tests/unit -q -m slow
 
 # The prebuilt pin when it is reachable (or already cached); otherwise build the pinned
 # llama.cpp source once (~15 min on 2 cores) into the user cache, reused afterwards.
@@ -77,7 +83,7 @@ $(LITELLM_VENV)/.installed:
 e2e: install fetch-llama-server e2e-models e2e-interop e2e-endpoints
 	$(BIN)/pytest tests/e2e -q -p no:cacheprovider
 
-test: lint unit e2e
+test: lint unit unit-slow e2e
 
 bench: install fetch-llama-server e2e-models
 	$(BIN)/python tests/bench/run_all.py

@@ -135,7 +135,8 @@ def test_openai_client_chat_stream_json_schema_embeddings_models(serve: Callable
         assert float(np.dot(vec, np.asarray(item["vector"])) / np.linalg.norm(vec)) > 0.99  # no prefix added
 
     models = {m.id: m for m in client.models.list()}
-    assert models[CHAT].model_extra is not None and models[CHAT].model_extra["loaded"] is True
+    extra = models[CHAT].model_extra
+    assert extra is not None and extra["loaded"] is True
 
     with pytest.raises(openai.AuthenticationError):
         served.client(api_key="not-the-token").models.list()

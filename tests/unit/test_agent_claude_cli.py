@@ -132,7 +132,7 @@ def test_the_fake_speaks_the_stream(fake_claude: Path) -> None:
     assert resp.meta is not None and resp.meta["model"] == MODEL
 
 
-@pytest.mark.parametrize("mode", ["linger", "result_then_hang"])
+@pytest.mark.parametrize("mode", ["linger", pytest.param("result_then_hang", marks=pytest.mark.slow)])
 def test_answer_is_complete_at_the_result_event_not_at_eof(
     fake_claude: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> None:
@@ -319,6 +319,7 @@ def all_gone(pids: list[int]) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_hang_is_killed_at_the_deadline_with_its_children(
     fake_claude: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -178,6 +178,7 @@ def test_output_the_server_refuses_under_its_grammar_is_schema_invalid_and_falls
     assert result.agent == "agent.claude" and result.meta["fallback_of"] == "agent.local"
 
 
+@pytest.mark.slow
 def test_slow_server_hits_deadline(tmp_path: Path, server_bin: Path, logs: dict[str, Path],
                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_LLAMA_DELAY", "5")

@@ -220,6 +220,7 @@ def test_server_request_on_the_standalone_get_stream_is_answered() -> None:
     assert_no_leaks(before)  # the listener thread ends with the agent
 
 
+@pytest.mark.slow
 def test_response_on_another_stream_is_handed_to_its_call() -> None:
     """The conformance suite's sse-retry server sends the pending response on whichever
     GET stream opens first."""

@@ -192,6 +192,7 @@ def test_missing_command_is_plugin_crash(tmp_path: Path) -> None:
         a.close()
 
 
+@pytest.mark.slow
 def test_slow_tool_is_deadline_exceeded_and_killed() -> None:
     a = make_agent()
     try:

@@ -260,7 +260,7 @@ def test_close_is_graceful_and_idempotent(agent: SubprocessAgent) -> None:
     assert err.kind is ErrorKind.TRANSPORT_ERROR and "closed" in err.detail
 
 
-@pytest.mark.parametrize("flag", ["--linger", "--ignore-term"])
+@pytest.mark.parametrize("flag", ["--linger", pytest.param("--ignore-term", marks=pytest.mark.slow)])
 def test_close_escalates_to_sigterm_and_sigkill(flag: str) -> None:
     before = Resources.now()
     a = make_agent(flag)

@@ -385,6 +385,7 @@ def test_output_helpers_escape_what_the_stream_cannot_encode(monkeypatch: pytest
     assert json.loads(document) == {"k": "caf\xe9 \ud800"}
 
 
+@pytest.mark.slow
 def test_generated_command_lines_never_crash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Any argv built from the real commands and flags: exit 0/1/2, one message, never an internal error."""
     from hypothesis import HealthCheck, given, settings

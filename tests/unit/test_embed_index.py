@@ -13,7 +13,8 @@ from localllm.errors import DimensionMismatch
 
 def _unit(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
     m = rng.standard_normal((n, d)).astype(np.float32)
-    return m / np.linalg.norm(m, axis=1, keepdims=True)
+    out: np.ndarray = m / np.linalg.norm(m, axis=1, keepdims=True)
+    return out
 
 
 def _brute(matrix: np.ndarray, q: np.ndarray, k: int) -> list[int]:

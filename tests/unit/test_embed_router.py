@@ -6,14 +6,14 @@ import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import pytest
 
 from localllm.config import Intent
 from localllm.embed.embedder import EmbedderIdentity, FakeEmbedder
-from localllm.embed.router import Router, decide_schema, runtime_decide
+from localllm.embed.router import Caller, Router, decide_schema, runtime_decide
 from localllm.errors import EmbedError
 
 
@@ -41,7 +41,12 @@ INTENTS = [
 
 def test_paraphrase_routes_by_the_embedding_tier() -> None:
     calls: list[Any] = []
-    router = Router(INTENTS, BagOfWords(), confident=0.7, margin=0.08, decide=lambda t, c: calls.append(c) or None)
+
+    def decide(text: str, candidates: list[str]) -> str | None:
+        calls.append(candidates)
+        return None
+
+    router = Router(INTENTS, BagOfWords(), confident=0.7, margin=0.08, decide=decide)
     verdict = router.route("what is the weather like")
     assert (verdict.outcome, verdict.intent, verdict.routed_by) == ("route", "weather", "semantic")
     assert verdict.match_type == "example:what is the weather like today"
@@ -115,7 +120,7 @@ def test_runtime_decide_calls_the_decide_verb_with_an_enum_schema() -> None:
             return Result()
 
     rt = FakeRuntime()
-    decide = runtime_decide(rt, "agent.local", INTENTS)
+    decide = runtime_decide(cast(Caller, rt), "agent.local", INTENTS)  # a loose fake of the protocol
     assert decide("wake me in 10", ["weather", "timer"]) == "timer"
     call = rt.calls[0]
     assert call["verb"] == "decide" and call["agent"] == "agent.local"

@@ -7,13 +7,16 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
+from numpy.typing import NDArray
 
 from localllm.embed.corpus import Chunking, load_corpus, search
 from localllm.embed.embedder import EmbedderIdentity, FakeEmbedder
+from localllm.embed.registry import Role
 from localllm.embed.store import Store, content_hash, store_key
 from localllm.errors import DimensionMismatch, EmbedError, StoreCorrupt, StoreUnavailable
 from tests.conftest import REPO
@@ -31,7 +34,7 @@ class CountingFake(FakeEmbedder):
         super().__init__(16)
         self.documents = 0
 
-    def embed(self, texts, role):  # type: ignore[no-untyped-def]
+    def embed(self, texts: Sequence[str], role: Role) -> NDArray[np.float32]:
         if role == "document":
             self.documents += len(texts)
         return super().embed(texts, role)
@@ -190,9 +193,9 @@ def test_two_processes_indexing_at_once_share_one_consistent_store(tmp_path: Pat
 
 # --- temporary errors are errors, never corruption (issue 11 item 18) --------------------
 
-def _filled(tmp_path: Path, n: int = 300, **kw: float) -> tuple[Store, FakeEmbedder]:
+def _filled(tmp_path: Path, n: int = 300) -> tuple[Store, FakeEmbedder]:
     emb = FakeEmbedder(32)
-    store = Store(emb.identity, root=tmp_path / "store", **kw)
+    store = Store(emb.identity, root=tmp_path / "store")
     store.vectors({content_hash(f"t{i}"): f"t{i}" for i in range(n)}, lambda ts: emb.embed(ts, "document"))
     assert store.count() == n
     return store, emb

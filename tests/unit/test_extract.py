@@ -18,7 +18,7 @@ from localllm.managed.extract import (
     install_dir,
     staging_dir,
 )
-from tests.unit.fakes.release_archives import LINKS, make_tar, make_zip, release_members
+from tests.unit.fakes.release_archives import LINKS, Member, make_tar, make_zip, release_members
 
 
 def _check_release(dest: Path) -> None:
@@ -65,7 +65,7 @@ def _outside_sentinel(tmp_path: Path) -> Path:
     return outside
 
 
-MALICIOUS = {
+MALICIOUS: dict[str, Member] = {
     "dotdot": ("llama-b1/../../outside/evil", "file", b"x", 0o644),
     "absolute": ("{abs}/evil", "file", b"x", 0o644),
     "link-out": ("llama-b1/libevil.so", "symlink", "../../outside", 0o777),
@@ -92,7 +92,7 @@ def test_malicious_tar_is_refused_naming_the_member(tmp_path: Path, kind: str) -
     assert list((tmp_path / "bin").iterdir()) == []  # staging removed
 
 
-ZIP_MALICIOUS = {
+ZIP_MALICIOUS: dict[str, Member] = {
     "dotdot": ("llama-b1/../../outside/evil", "file", b"x", 0o644),
     "absolute": ("{abs}/evil", "file", b"x", 0o644),
     "backslash-dotdot": ("llama-b1\\..\\..\\outside\\evil", "file", b"x", 0o644),
@@ -116,7 +116,7 @@ def test_malicious_zip_is_refused_naming_the_member(tmp_path: Path, kind: str) -
 
 
 def test_inside_links_between_subdirectories_are_allowed(tmp_path: Path) -> None:
-    members = [
+    members: list[Member] = [
         ("r/lib/libx.so.1", "file", b"x", 0o644),
         ("r/bin/libx.so.1", "symlink", "../lib/libx.so.1", 0o777),
     ]
@@ -149,7 +149,7 @@ def test_extract_member_copies_one_regular_file(tmp_path: Path) -> None:
 
 # --- link chains (issue 11 item 5) -------------------------------------------------------
 
-CHAINS = {
+CHAINS: dict[str, list[Member]] = {
     # d/up → .. is inside alone; e1 → d/up/.. then names the parent of the extraction dir.
     "updir-chain": [("llama-b1/d/", "dir", b"", 0o755), ("llama-b1/d/up", "symlink", "..", 0o777),
                     ("llama-b1/e1", "symlink", "d/up/..", 0o777)],

@@ -20,7 +20,6 @@ from localllm.errors import (
     OfflineArtifactMissing,
     PinNotConfigured,
 )
-from localllm.managed import fetch as fetch_mod
 from localllm.managed import verify
 from localllm.managed.fetch import fetch_artifact
 from localllm.managed.pins import Artifact
@@ -247,7 +246,7 @@ def test_free_space_is_checked_against_content_length(tmp_path: Path, archive_by
     import shutil
 
     real = shutil.disk_usage
-    monkeypatch.setattr(fetch_mod.shutil, "disk_usage",
+    monkeypatch.setattr(shutil, "disk_usage",
                         lambda p: real(p)._replace(free=len(archive_bytes) // 2))
     with ArchiveServer({"llama-test.tar.gz": archive_bytes}) as srv, \
             pytest.raises(InsufficientSpace, match="not enough free space"):
@@ -295,6 +294,7 @@ _WORKER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_eight_processes_download_once_and_all_succeed(tmp_path: Path, archive_bytes: bytes) -> None:
     dest = tmp_path / "cache" / "llama-test.tar.gz"
     # Slow enough (~2 s) that the eight processes overlap with the one downloading.

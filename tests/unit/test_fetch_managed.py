@@ -201,7 +201,12 @@ def test_model_cheap_reverify_then_refetch_when_changed(tmp_path: Path, monkeypa
         import localllm.managed.verify as v
 
         real = v.sha256_file
-        monkeypatch.setattr(v, "sha256_file", lambda p: hashed.append(p) or real(p))
+
+        def counting(p: Path) -> str:
+            hashed.append(p)
+            return real(p)
+
+        monkeypatch.setattr(v, "sha256_file", counting)
         assert ensure_model("tiny", mirror=srv.base_url, pins=pins) == path
         assert hashed == []  # size+mtime stamp: no re-hash
         path.write_bytes(b"x" * 4096)  # same size, new mtime → full check fails → re-fetch

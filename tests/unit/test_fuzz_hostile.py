@@ -38,6 +38,7 @@ def _fuzz(target: str, seed: int, work: Path) -> dict[str, object]:
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("target", ["trace", "plugins"])
+@pytest.mark.slow
 def test_hostile_inputs_raise_nothing_undocumented(tmp_path: Path, target: str) -> None:
     summary = _fuzz(target, 20261201, tmp_path)
     assert summary["trials"] == TRIALS

@@ -36,6 +36,7 @@ def test_corpus_walks_are_all_valid(name: str, schema: Any) -> None:
         assert compiled.refusals and all(isinstance(r, Refusal) for r in compiled.refusals)
 
 
+@pytest.mark.slow
 def test_realworld_corpus_walks_are_all_valid_and_coverage_holds() -> None:
     assert len(REALWORLD) >= 300
     exact = 0

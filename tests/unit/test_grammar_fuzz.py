@@ -6,6 +6,8 @@ import json
 import random
 from typing import Any
 
+import pytest
+
 from localllm.grammar import Violation, check_subset, compile_schema
 from localllm.grammar.walk import Grammar
 from tests.unit.grammar_fuzz import mutations
@@ -14,6 +16,7 @@ from tests.unit.grammar_harness import corpus, realworld, validator
 N = 5000
 
 
+@pytest.mark.slow
 def test_no_exception_escapes_on_mutated_schemas() -> None:
     seeds = [s for _, s in corpus()] + [s for _, s in realworld()]
     compiled = refused = 0

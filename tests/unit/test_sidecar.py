@@ -215,6 +215,7 @@ def test_hang_times_out_and_the_process_is_gone(server_bin: Path, model: Path, s
     assert sc.state is ServerState.FAILED
 
 
+@pytest.mark.slow
 def test_configured_busy_port_is_a_clear_exit(server_bin: Path, model: Path, spawn_log: Path) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -229,6 +230,7 @@ def test_configured_busy_port_is_a_clear_exit(server_bin: Path, model: Path, spa
     assert len(events(spawn_log, "start")) == 1  # a configured port is not retried
 
 
+@pytest.mark.slow
 def test_build_without_port_zero_falls_back_to_allocated_ports(
     server_bin: Path, model: Path, spawn_log: Path, monkeypatch: pytest.MonkeyPatch, cleanup: Any
 ) -> None:
@@ -316,6 +318,7 @@ def _cache_root() -> Path:
     return Path(os.environ["LOCALLLM_CACHE_DIR"])
 
 
+@pytest.mark.slow
 def test_states_go_created_fetching_starting_ready_stopped(
     server_bin: Path, spawn_log: Path, monkeypatch: pytest.MonkeyPatch, cleanup: Any
 ) -> None:

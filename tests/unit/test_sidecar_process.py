@@ -106,6 +106,7 @@ def _hangs_on_help(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_a_binary_hanging_on_help_still_starts_within_the_health_timeout(tmp_path: Path, model: Path) -> None:
     sc = ManagedServer(_hangs_on_help(tmp_path), model, health_timeout=4)
     try:
@@ -119,6 +120,7 @@ def test_a_binary_hanging_on_help_still_starts_within_the_health_timeout(tmp_pat
         sc.stop(grace=1.0)
 
 
+@pytest.mark.slow
 def test_a_hanging_help_with_a_server_that_never_gets_ready_reports_on_time(tmp_path: Path, model: Path) -> None:
     sc = ManagedServer(_hangs_on_help(tmp_path), model, health_timeout=2, env={"FAKE_LLAMA_LOAD_DELAY": "60"})
     try:

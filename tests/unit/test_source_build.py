@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -135,7 +136,7 @@ def test_failed_build_reports_the_log_and_installs_nothing(
 
 def test_missing_tools_name_the_packages(monkeypatch: pytest.MonkeyPatch, sdist: tuple[Path, Pins]) -> None:
     mirror, pins = sdist
-    monkeypatch.setattr(sb.shutil, "which", lambda name: None)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
     with pytest.raises(BuildError) as info:
         _build(pins, mirror)
     assert "cmake" in str(info.value) and "C++ compiler" in str(info.value)
@@ -155,7 +156,7 @@ def test_sdist_falls_back_to_pip_download_and_is_verified(
         (dest / f"{TOP}.tar.gz").write_bytes(payload)
         return _process.ProbeResult(returncode=0, output="Saved")
 
-    monkeypatch.setattr(sb._process, "run_probe", fake_run)
+    monkeypatch.setattr(_process, "run_probe", fake_run)
     layout = cache_layout()
     payload = b"tampered"
     with pytest.raises(ChecksumMismatch):
@@ -174,7 +175,7 @@ def test_sdist_falls_back_to_pip_download_and_is_verified(
 def test_offline_source_build_without_sdist_names_the_prewarm(
         sdist: tuple[Path, Pins], monkeypatch: pytest.MonkeyPatch) -> None:
     _mirror, pins = sdist
-    monkeypatch.setattr(sb._process, "run_probe", lambda *a, **k: pytest.fail("pip must not run offline"))
+    monkeypatch.setattr(_process, "run_probe", lambda *a, **k: pytest.fail("pip must not run offline"))
     with pytest.raises(OfflineArtifactMissing) as info:
         sb.acquire_sdist(pins.source, layout=cache_layout(), mirrors=[], offline=True, log=lambda m: None)
     assert "localllm fetch server --from-source" in info.value.hint

@@ -16,6 +16,7 @@ from localllm.trace import read_trace
 from tests.unit.agents_fixtures.helpers import JSONRPC_AGENT, McpHttpServer
 
 
+@pytest.mark.slow
 def test_error_kinds_leave_valid_traces(tmp_path: Path, mcp_http_server: McpHttpServer) -> None:
     config = tmp_path / "app.yaml"
     config.write_text(

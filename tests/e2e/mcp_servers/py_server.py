@@ -34,8 +34,8 @@ try:  # mcp ≥ 2
 
     NEW = True
 except ImportError:  # mcp ≤ 1.x
-    from mcp.server.fastmcp import Context  # type: ignore[no-redef]
-    from mcp.server.fastmcp import FastMCP as Server
+    from mcp.server.fastmcp import Context  # type: ignore[no-redef, attr-defined]
+    from mcp.server.fastmcp import FastMCP as Server  # type: ignore[no-redef, attr-defined]
     from mcp.types import CallToolResult, TextContent  # type: ignore[no-redef]
 
     NEW = False

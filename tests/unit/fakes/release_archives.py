@@ -14,8 +14,11 @@ SERVER_SCRIPT = b"#!/bin/sh\necho 'version: 9999 (fake)'\necho 'built with fake 
 LIB_BYTES = b"\x7fELF fake library GLIBCXX_3.4.21\x00GLIBCXX_3.4.25\x00"
 LINKS = {"libllama.so.0": "libllama.so.0.1.2", "libllama.so": "libllama.so.0"}
 
+Member = tuple[str, str, bytes | str, int]
+"""(name, kind file|dir|symlink|hardlink|chardev|fifo, data or link target, mode)."""
 
-def release_members(top: str = "llama-b9999") -> list[tuple[str, str, bytes | str, int]]:
+
+def release_members(top: str = "llama-b9999") -> list[Member]:
     """(name, kind file|dir|symlink, data or link target, mode) of a fake release."""
     return [
         (f"{top}/", "dir", b"", 0o755),
@@ -27,8 +30,8 @@ def release_members(top: str = "llama-b9999") -> list[tuple[str, str, bytes | st
     ]
 
 
-def make_tar(path: Path, members: list[tuple[str, str, bytes | str, int]], mode: str = "w:gz") -> Path:
-    with tarfile.open(path, mode) as tf:
+def make_tar(path: Path, members: list[Member], mode: str = "w:gz") -> Path:
+    with tarfile.open(path, mode) as tf:  # type: ignore[call-overload]  # mode is a runtime str
         for name, kind, data, perm in members:
             info = tarfile.TarInfo(name)
             info.mode = perm
@@ -57,7 +60,7 @@ def make_tar(path: Path, members: list[tuple[str, str, bytes | str, int]], mode:
     return path
 
 
-def make_zip(path: Path, members: list[tuple[str, str, bytes | str, int]]) -> Path:
+def make_zip(path: Path, members: list[Member]) -> Path:
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
         for name, kind, data, perm in members:
             info = zipfile.ZipInfo(name)
