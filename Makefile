@@ -18,6 +18,7 @@ $(VENV)/.installed: pyproject.toml
 
 lint: install
 	$(BIN)/ruff check localllm tests
+	$(BIN)/ruff format --check localllm tests
 	$(BIN)/mypy localllm
 	$(BIN)/mypy tests
 

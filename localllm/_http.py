@@ -108,8 +108,17 @@ def is_permanent(exc: BaseException) -> bool:
     """Whether retrying the same request cannot help (bad URL, unknown host, redirect loop)."""
     import httpx
 
-    if isinstance(exc, (httpx.InvalidURL, httpx.UnsupportedProtocol, httpx.TooManyRedirects,
-                        httpx.LocalProtocolError, httpx.CookieConflict, httpx.StreamError)):
+    if isinstance(
+        exc,
+        (
+            httpx.InvalidURL,
+            httpx.UnsupportedProtocol,
+            httpx.TooManyRedirects,
+            httpx.LocalProtocolError,
+            httpx.CookieConflict,
+            httpx.StreamError,
+        ),
+    ):
         return True
     return isinstance(exc, httpx.ConnectError) and reason_for(exc) == NAME_NOT_RESOLVED
 

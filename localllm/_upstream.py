@@ -80,8 +80,11 @@ def _message(obj: dict[str, Any] | None, text: str) -> str:
             break
     else:
         return _short(text) or "(empty body)"
-    extra = [f"{name} {obj[name]}" for name in ("type", "code")
-             if isinstance(obj.get(name), (str, int)) and str(obj[name]) not in message]
+    extra = [
+        f"{name} {obj[name]}"
+        for name in ("type", "code")
+        if isinstance(obj.get(name), (str, int)) and str(obj[name]) not in message
+    ]
     return _short(message + (f" ({', '.join(extra)})" if extra else ""))
 
 
@@ -92,8 +95,10 @@ def read_error(status: int, text: str) -> UpstreamError:
     except ValueError:
         data = None
     obj = _error_object(data)
-    auth = status in (401, 403) or (obj is not None and any(
-        status == code and obj.get(name) == value for code, name, value in AUTH_BODIES))
-    broken = obj is not None and any(status == code and str(obj.get(name, "")).startswith(prefix)
-                                     for code, name, prefix in CONSTRAINT_BODIES)
+    auth = status in (401, 403) or (
+        obj is not None and any(status == code and obj.get(name) == value for code, name, value in AUTH_BODIES)
+    )
+    broken = obj is not None and any(
+        status == code and str(obj.get(name, "")).startswith(prefix) for code, name, prefix in CONSTRAINT_BODIES
+    )
     return UpstreamError(status, _message(obj, text), auth, broken)

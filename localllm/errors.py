@@ -181,8 +181,10 @@ class AgentError(LocalLLMError):
             detail = f"{self.alias}: {detail}"
         text = f"agent: {self.kind.value}: {detail}"
         if self.original is not None:
-            text += f" (after the fallback from {self.original.alias or 'the local agent'}, whose answer failed: " \
-                    f"{self.original.kind.value}: {self.original.detail})"
+            text += (
+                f" (after the fallback from {self.original.alias or 'the local agent'}, whose answer failed: "
+                f"{self.original.kind.value}: {self.original.detail})"
+            )
         return text
 
     def __str__(self) -> str:
@@ -191,8 +193,14 @@ class AgentError(LocalLLMError):
     def replace(self, **changes: object) -> AgentError:
         """A copy with ``changes`` applied (same class, cause and traceback kept)."""
         fields: dict[str, object] = {
-            "kind": self.kind, "detail": self.detail, "hint": self.hint, "alias": self.alias, "meta": self.meta,
-            "episode_id": self.episode_id, "match_idx": self.match_idx, "original": self.original,
+            "kind": self.kind,
+            "detail": self.detail,
+            "hint": self.hint,
+            "alias": self.alias,
+            "meta": self.meta,
+            "episode_id": self.episode_id,
+            "match_idx": self.match_idx,
+            "original": self.original,
             "call_id": self.call_id,
         }
         fields.update(changes)
@@ -300,8 +308,7 @@ class ArchiveTooLarge(UnsafeArchive):
 class LibstdcxxTooOld(FetchError):
     """llama-server needs ``GLIBCXX_3.4.<required>``; the host has ``<system>``, the shim ``<shim>``."""
 
-    def __init__(self, message: str, *, required: int, system: int | None, shim: int | None,
-                 hint: str = "") -> None:
+    def __init__(self, message: str, *, required: int, system: int | None, shim: int | None, hint: str = "") -> None:
         self.required = required
         self.system = system
         self.shim = shim
@@ -342,8 +349,9 @@ class PluginPathEscape(PluginError, PermissionError):
 
     hint = "keep the plugin's executables and working directories inside the plugin directory"
 
-    def __init__(self, *, plugin: str, server: str, field: str, path: str, resolved: str, root: str,
-                 hint: str = "") -> None:
+    def __init__(
+        self, *, plugin: str, server: str, field: str, path: str, resolved: str, root: str, hint: str = ""
+    ) -> None:
         self.plugin = plugin
         self.server = server
         self.field = field

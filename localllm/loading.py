@@ -38,8 +38,11 @@ def _check_evidence(draft: Draft) -> None:
     for gate in draft.gates.values():
         if gate.selection is not None and gate.selection.evidence is not None:
             for problem in gate_problems(gate, gate.selection.evidence):
-                draft.problems.add(f"gates.{gate.name}.selection.evidence", f"{gate.selection.evidence} {problem}",
-                                   f"run `localllm eval {gate.name} -c {draft.file}` to write it, or fix the path")
+                draft.problems.add(
+                    f"gates.{gate.name}.selection.evidence",
+                    f"{gate.selection.evidence} {problem}",
+                    f"run `localllm eval {gate.name} -c {draft.file}` to write it, or fix the path",
+                )
 
 
 def _plugin_agents(draft: Draft, key: str, plugin_dir: Path) -> None:
@@ -59,12 +62,20 @@ def _plugin_agents(draft: Draft, key: str, plugin_dir: Path) -> None:
         values = (*server.env.values(), *server.headers.values(), query, server.url if query else "")
         draft.ctx.secrets.update(v for v in values if v)
         if server.transport == "http":
-            draft.agents[alias] = McpHttpDecl(alias=alias, plugin="mcp_http", endpoint=server.url,
-                                              headers=dict(server.headers))
+            draft.agents[alias] = McpHttpDecl(
+                alias=alias, plugin="mcp_http", endpoint=server.url, headers=dict(server.headers)
+            )
         else:
-            draft.agents[alias] = McpStdioDecl(alias=alias, plugin="mcp_stdio", command=server.command,
-                                               args=server.args, env=dict(server.env), cwd=server.cwd,
-                                               plugin_dir=plugin_dir, server=server.name)
+            draft.agents[alias] = McpStdioDecl(
+                alias=alias,
+                plugin="mcp_stdio",
+                command=server.command,
+                args=server.args,
+                env=dict(server.env),
+                cwd=server.cwd,
+                plugin_dir=plugin_dir,
+                server=server.name,
+            )
 
 
 def _check_schemas(draft: Draft) -> None:
@@ -89,11 +100,19 @@ def _check_schemas(draft: Draft) -> None:
         for issue in issues:
             draft.problems.add(key, issue)
         decl = draft.agents.get(gate.agent)
-        if issues or gate.verb != "decide" or not isinstance(decl, LocalLLMDecl) or not decl.grammar \
-                or decl.json_schema:
+        if (
+            issues
+            or gate.verb != "decide"
+            or not isinstance(decl, LocalLLMDecl)
+            or not decl.grammar
+            or decl.json_schema
+        ):
             continue
         from localllm.grammar import format_violation, unenforced
 
         for violation in unenforced(schema, compiled=decl.grammar is True):
-            draft.problems.add(key, format_violation(violation, gate.agent, str(gate.schema_path)),
-                               "simplify the schema, set json_schema: true, or route the gate to another agent")
+            draft.problems.add(
+                key,
+                format_violation(violation, gate.agent, str(gate.schema_path)),
+                "simplify the schema, set json_schema: true, or route the gate to another agent",
+            )

@@ -76,8 +76,9 @@ def render_prompt(template: str, args: Mapping[str, Any], world: Mapping[str, An
         expr = match.group(1)
         ref = _TEMPLATE_REF.match(expr)
         if ref is None:
-            problems.append((source, f"unsupported template {{{{ {expr} }}}}",
-                             "use {{ args.NAME }} or {{ world.NAME }}"))
+            problems.append(
+                (source, f"unsupported template {{{{ {expr} }}}}", "use {{ args.NAME }} or {{ world.NAME }}")
+            )
             return match.group(0)
         scope, path = ref.groups()
         node: Any = args if scope == "args" else world
@@ -93,8 +94,13 @@ def render_prompt(template: str, args: Mapping[str, Any], world: Mapping[str, An
         try:
             return json.dumps(node, ensure_ascii=False, allow_nan=False)
         except (TypeError, ValueError):
-            problems.append((f"{scope}.{path}", f"{{{{ {expr} }}}} is not a JSON value ({type(node).__name__})",
-                             "pass strings, numbers, booleans, lists or mappings"))
+            problems.append(
+                (
+                    f"{scope}.{path}",
+                    f"{{{{ {expr} }}}} is not a JSON value ({type(node).__name__})",
+                    "pass strings, numbers, booleans, lists or mappings",
+                )
+            )
             return match.group(0)
 
     text = _TEMPLATE.sub(lookup, template)
@@ -139,8 +145,7 @@ class _Leg:
 class _Record(Protocol):
     """What the runtime tells the trace about one call (``localllm.trace.recorder.CallRecord``)."""
 
-    def leg_finished(self, alias: str, response: AskResponse | None, error: AgentError | None,
-                     value: Any) -> None: ...
+    def leg_finished(self, alias: str, response: AskResponse | None, error: AgentError | None, value: Any) -> None: ...
 
     def fallback(self, *, reason: str, original_plugin: str, fallback_plugin: str) -> None: ...
 
@@ -150,8 +155,7 @@ class _Record(Protocol):
 class _Unrecorded:
     """The record of a call made without a trace: every notification is dropped."""
 
-    def leg_finished(self, alias: str, response: AskResponse | None, error: AgentError | None,
-                     value: Any) -> None:
+    def leg_finished(self, alias: str, response: AskResponse | None, error: AgentError | None, value: Any) -> None:
         return None
 
     def fallback(self, *, reason: str, original_plugin: str, fallback_plugin: str) -> None:
@@ -173,8 +177,15 @@ class Runtime:
     trace and to one past the last recorded turn for a continued one.
     """
 
-    def __init__(self, config: Config, *, trace: str | Path | TraceWriter | None = None,
-                 session_id: str | None = None, turn: int | None = None, trace_wait: float = 0.0) -> None:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        trace: str | Path | TraceWriter | None = None,
+        session_id: str | None = None,
+        turn: int | None = None,
+        trace_wait: float = 0.0,
+    ) -> None:
         self.config = config
         self.session_id = session_id or uuid.uuid4().hex
         self.schemas = SchemaSet(config.base_dir)
@@ -208,8 +219,9 @@ class Runtime:
 
     # ------------------------------------------------------------------ registry
 
-    def register_inprocess(self, alias: str, fn: Callable[[AskRequest], AskResponse | Any], *,
-                           local_model: bool = False) -> None:
+    def register_inprocess(
+        self, alias: str, fn: Callable[[AskRequest], AskResponse | Any], *, local_model: bool = False
+    ) -> None:
         """Bind a Python callable to an alias declared ``plugin: builtin.inprocess``.
 
         ``fn`` returns an AskResponse, or any JSON value (wrapped as the submission).
@@ -217,9 +229,12 @@ class Runtime:
         """
         decl = self.config.agents.get(alias)
         if not isinstance(decl, InprocessDecl):
-            raise CallError(f"{self.config.path}: agent_plugins.{alias} is not declared with plugin: builtin.inprocess",
-                            key=f"agent_plugins.{alias}", value=alias,
-                            hint=f"declare {alias}: {{plugin: builtin.inprocess}}")
+            raise CallError(
+                f"{self.config.path}: agent_plugins.{alias} is not declared with plugin: builtin.inprocess",
+                key=f"agent_plugins.{alias}",
+                value=alias,
+                hint=f"declare {alias}: {{plugin: builtin.inprocess}}",
+            )
         from localllm.agents.inprocess import InprocessAgent
 
         self.register_agent(alias, InprocessAgent(alias, fn, local_model=local_model))
@@ -239,16 +254,23 @@ class Runtime:
         """The agent for ``alias``, constructed on first use (nothing is spawned here)."""
         with self._lock:
             if self._closed:
-                raise CallError("the Runtime is closed", key="runtime",
-                                hint="make calls before close() (inside `with Runtime(...)`)")
+                raise CallError(
+                    "the Runtime is closed",
+                    key="runtime",
+                    hint="make calls before close() (inside `with Runtime(...)`)",
+                )
             found = self._overrides.get(alias) or self._agents.get(alias)
             if found is not None:
                 return found
             decl = self.config.agents.get(alias)
             if decl is None:
                 declared = ", ".join(sorted(self.config.agents))
-                raise CallError(f'agent "{alias}" is not declared (declared: {declared})', key="agent", value=alias,
-                                hint=f"declare it under agent_plugins: in {self.config.path}")
+                raise CallError(
+                    f'agent "{alias}" is not declared (declared: {declared})',
+                    key="agent",
+                    value=alias,
+                    hint=f"declare it under agent_plugins: in {self.config.path}",
+                )
             from localllm.agents import build_agent
             from localllm.agents.structured import Styles
 
@@ -267,10 +289,19 @@ class Runtime:
 
     # ------------------------------------------------------------------ calls
 
-    def call(self, verb: str, *, agent: str, prompt: str, schema: Mapping[str, Any] | str | Path | None = None,
-             args: Mapping[str, Any] | None = None, world: Mapping[str, Any] | None = None,
-             timeout: float | None = None, state_path: str | None = None,
-             selected_by: Mapping[str, Any] | None = None) -> CallResult:
+    def call(
+        self,
+        verb: str,
+        *,
+        agent: str,
+        prompt: str,
+        schema: Mapping[str, Any] | str | Path | None = None,
+        args: Mapping[str, Any] | None = None,
+        world: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+        state_path: str | None = None,
+        selected_by: Mapping[str, Any] | None = None,
+    ) -> CallResult:
         """Ask ``agent`` a verb and return the validated submission, or raise AgentError.
 
         ``schema`` is a schema object or a path relative to the config file. ``prompt`` may
@@ -281,13 +312,35 @@ class Runtime:
         given: dict[str, Any] = {"prompt": prompt, "args": dict(args or {})}
         if isinstance(schema, (str, Path)):
             given["schema"] = str(schema)
-        return self._call(verb, agent=agent, prompt=prompt, schema=schema, args=args, world=world, timeout=timeout,
-                          state_path=state_path, gate=None, with_=given, selected_by=selected_by)
+        return self._call(
+            verb,
+            agent=agent,
+            prompt=prompt,
+            schema=schema,
+            args=args,
+            world=world,
+            timeout=timeout,
+            state_path=state_path,
+            gate=None,
+            with_=given,
+            selected_by=selected_by,
+        )
 
-    def _call(self, verb: str, *, agent: str, prompt: str, schema: Mapping[str, Any] | str | Path | None,
-              args: Mapping[str, Any] | None, world: Mapping[str, Any] | None, timeout: float | None,
-              state_path: str | None, gate: str | None, with_: dict[str, Any],
-              selected_by: Mapping[str, Any] | None = None) -> CallResult:
+    def _call(
+        self,
+        verb: str,
+        *,
+        agent: str,
+        prompt: str,
+        schema: Mapping[str, Any] | str | Path | None,
+        args: Mapping[str, Any] | None,
+        world: Mapping[str, Any] | None,
+        timeout: float | None,
+        state_path: str | None,
+        gate: str | None,
+        with_: dict[str, Any],
+        selected_by: Mapping[str, Any] | None = None,
+    ) -> CallResult:
         """One call; ``gate`` decides the fallback (``Config.fallback_for``), ``with_`` is
         the ``with:`` block sent as ``AskRequest.with`` (as written, never a host path)."""
         if verb not in VERBS:
@@ -298,10 +351,20 @@ class Runtime:
         rendered = render_prompt(prompt, args, world)
         target = self.agent(agent)
         hard = self._timeout(agent, timeout)
-        request = self._request(verb, rendered, state=state_path or verb, hard=hard, schema=schema_doc,
-                                world=world, with_={**with_, "args": args})
-        record: _Record = _UNRECORDED if self._recorder is None else \
-            self._recorder.call_started(request, alias=agent, schema_path=schema_path, args=args)
+        request = self._request(
+            verb,
+            rendered,
+            state=state_path or verb,
+            hard=hard,
+            schema=schema_doc,
+            world=world,
+            with_={**with_, "args": args},
+        )
+        record: _Record = (
+            _UNRECORDED
+            if self._recorder is None
+            else self._recorder.call_started(request, alias=agent, schema_path=schema_path, args=args)
+        )
         started = time.monotonic()
         leg = self._attempt(target, agent, request, schema=schema_doc, schema_path=schema_path, timeout=hard)
         record.leg_finished(leg.alias, leg.response, leg.error, leg.value)
@@ -321,27 +384,56 @@ class Runtime:
             raise leg.error.replace(call_id=call_id)
         return CallResult(submission=leg.value, meta=meta, call_id=call_id, agent=leg.alias)
 
-    def _fallback(self, alias: str, request: AskRequest, local_error: AgentError, *, schema: dict[str, Any] | None,
-                  schema_path: Path | None, timeout: float | None) -> _Leg:
+    def _fallback(
+        self,
+        alias: str,
+        request: AskRequest,
+        local_error: AgentError,
+        *,
+        schema: dict[str, Any] | None,
+        schema_path: Path | None,
+        timeout: float | None,
+    ) -> _Leg:
         """The fallback agent's leg after the local answer failed validation."""
-        leg = self._attempt(self.agent(alias), alias, request, schema=schema,
-                            schema_path=schema_path, timeout=self._timeout(alias, timeout))
+        leg = self._attempt(
+            self.agent(alias),
+            alias,
+            request,
+            schema=schema,
+            schema_path=schema_path,
+            timeout=self._timeout(alias, timeout),
+        )
         if leg.error is not None:
             # the caller learns why the local answer was refused, not only why the fallback failed
             hint = "; ".join(h for h in (leg.error.hint, local_error.hint) if h)
             leg.error = leg.error.replace(original=local_error, hint=hint)
         return leg
 
-    def _request(self, verb: str, prompt: str, *, state: str, hard: float, schema: dict[str, Any] | None,
-                 world: dict[str, Any], with_: dict[str, Any]) -> AskRequest:
+    def _request(
+        self,
+        verb: str,
+        prompt: str,
+        *,
+        state: str,
+        hard: float,
+        schema: dict[str, Any] | None,
+        world: dict[str, Any],
+        with_: dict[str, Any],
+    ) -> AskRequest:
         """The AskRequest of a live call, with the next ``turn:state_path:seq`` call_id."""
         with self._lock:
             seq = self._seq.get((self.turn, state), 0)
             self._seq[(self.turn, state)] = seq + 1
         return AskRequest(
-            session_id=self.session_id, turn=self.turn, state_path=state, verb=verb, prompt=prompt,
+            session_id=self.session_id,
+            turn=self.turn,
+            state_path=state,
+            verb=verb,
+            prompt=prompt,
             call_id=derive_call_id(self.config.app_id, live_call_key(self.turn, state, seq)),
-            deadline=_rfc3339(datetime.now(timezone.utc) + timedelta(seconds=hard)), schema=schema, world=world,
+            deadline=_rfc3339(datetime.now(timezone.utc) + timedelta(seconds=hard)),
+            schema=schema,
+            world=world,
             with_=with_,
         )
 
@@ -360,8 +452,14 @@ class Runtime:
             return None
         return derive_call_id(self.config.app_id, cassette_call_key(replay.episode_id, replay.match_idx))
 
-    def run_gate(self, name: str, args: Mapping[str, Any] | None = None,
-                 world: Mapping[str, Any] | None = None, *, agent: str | None = None) -> CallResult:
+    def run_gate(
+        self,
+        name: str,
+        args: Mapping[str, Any] | None = None,
+        world: Mapping[str, Any] | None = None,
+        *,
+        agent: str | None = None,
+    ) -> CallResult:
         """Run the named gate. Gate ``args`` are rendered against the call's args/world,
         then call args the gate does not define are added.
 
@@ -371,8 +469,12 @@ class Runtime:
         gate = self.config.gates.get(name)
         if gate is None:
             known = ", ".join(self.config.gates) or "none"
-            raise CallError(f'no gate named "{name}" (gates: {known})', key="gates", value=name,
-                            hint=f"declare it under gates: in {self.config.path}")
+            raise CallError(
+                f'no gate named "{name}" (gates: {known})',
+                key="gates",
+                value=name,
+                hint=f"declare it under gates: in {self.config.path}",
+            )
         selected_by: dict[str, Any] | None = None
         if agent is None:
             choice = self._selection(name)
@@ -382,14 +484,27 @@ class Runtime:
         world = dict(world or {})
         merged: dict[str, Any] = {}
         for key, value in gate.args.items():
-            merged[key] = render_prompt(value, given, world, source=f"gates.{name}.with.args.{key}") \
-                if isinstance(value, str) else value
+            merged[key] = (
+                render_prompt(value, given, world, source=f"gates.{name}.with.args.{key}")
+                if isinstance(value, str)
+                else value
+            )
         for key, value in given.items():
             merged.setdefault(key, value)
         schema = self.config.schema_for(gate, lambda text: render_prompt(text, merged, world, source=f"gates.{name}"))
-        return self._call(gate.verb, agent=agent, prompt=gate.prompt, schema=schema, args=merged, world=world,
-                          timeout=gate.timeout, state_path=name, gate=name, with_=dict(gate.with_),
-                          selected_by=selected_by)
+        return self._call(
+            gate.verb,
+            agent=agent,
+            prompt=gate.prompt,
+            schema=schema,
+            args=merged,
+            world=world,
+            timeout=gate.timeout,
+            state_path=name,
+            gate=name,
+            with_=dict(gate.with_),
+            selected_by=selected_by,
+        )
 
     def _selection(self, name: str) -> Choice | None:
         """The gate's evidence-backed choice, decided on first use and kept for this Runtime."""
@@ -418,8 +533,16 @@ class Runtime:
         except (OSError, ValueError) as exc:  # a NUL or a lone surrogate in the path
             raise unreadable(full, exc) from exc
 
-    def _attempt(self, agent: Agent, alias: str, request: AskRequest, *, schema: dict[str, Any] | None,
-                 schema_path: Path | None, timeout: float) -> _Leg:
+    def _attempt(
+        self,
+        agent: Agent,
+        alias: str,
+        request: AskRequest,
+        *,
+        schema: dict[str, Any] | None,
+        schema_path: Path | None,
+        timeout: float,
+    ) -> _Leg:
         """One agent's leg of a call: ask, check sub-events, validate. The last boundary:
         whatever the agent raises comes back as an AgentError naming ``alias``, redacted."""
         deadline = time.monotonic() + timeout
@@ -473,15 +596,19 @@ class Runtime:
         if not done.wait(max(0.0, deadline - time.monotonic())):
             agent.cancel(request.call_id)
             worker.join(_CANCEL_GRACE)
-            raise AgentError(ErrorKind.DEADLINE_EXCEEDED,
-                             f"did not answer within {timeout:g}s; the late answer is discarded", alias=alias)
+            raise AgentError(
+                ErrorKind.DEADLINE_EXCEEDED,
+                f"did not answer within {timeout:g}s; the late answer is discarded",
+                alias=alias,
+            )
         worker.join()
         if "error" in box:
             raise box["error"]
         response = box["response"]
         if not isinstance(response, AskResponse):
-            raise AgentError(ErrorKind.PLUGIN_CRASH, f"ask() returned {type(response).__name__}, not an AskResponse",
-                             alias=alias)
+            raise AgentError(
+                ErrorKind.PLUGIN_CRASH, f"ask() returned {type(response).__name__}, not an AskResponse", alias=alias
+            )
         return response
 
     @staticmethod
@@ -490,11 +617,15 @@ class Runtime:
         for i, event in enumerate(response.sub_events):
             kind = event.get("kind")
             if not isinstance(kind, str) or not kind.startswith(prefix):
-                raise AgentError(ErrorKind.SUB_EVENT_NAMESPACE_VIOLATION,
-                                 f"sub_events[{i}].kind {kind!r} is outside the plugin namespace {prefix!r}")
+                raise AgentError(
+                    ErrorKind.SUB_EVENT_NAMESPACE_VIOLATION,
+                    f"sub_events[{i}].kind {kind!r} is outside the plugin namespace {prefix!r}",
+                )
             if event.get("call_id") != call_id:
-                raise AgentError(ErrorKind.SUB_EVENT_CALL_ID_MISMATCH,
-                                 f"sub_events[{i}].call_id {event.get('call_id')!r} != parent call_id {call_id!r}")
+                raise AgentError(
+                    ErrorKind.SUB_EVENT_CALL_ID_MISMATCH,
+                    f"sub_events[{i}].call_id {event.get('call_id')!r} != parent call_id {call_id!r}",
+                )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -515,8 +646,9 @@ class Runtime:
     def __enter__(self) -> Runtime:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
 
@@ -527,11 +659,17 @@ def _foreign(exc: Exception) -> AgentError:
         error = AgentError(ErrorKind.TRANSPORT_ERROR, str(exc), hint=exc.hint)
     elif isinstance(exc, OSError):
         where = f" ({exc.filename})" if exc.filename else ""
-        error = AgentError(ErrorKind.TRANSPORT_ERROR, f"{type(exc).__name__}: {exc.strerror or exc}{where}",
-                           hint="check the paths named (LOCALLLM_CACHE_DIR, the config's command, cwd and model)")
+        error = AgentError(
+            ErrorKind.TRANSPORT_ERROR,
+            f"{type(exc).__name__}: {exc.strerror or exc}{where}",
+            hint="check the paths named (LOCALLLM_CACHE_DIR, the config's command, cwd and model)",
+        )
     else:
-        error = AgentError(ErrorKind.PLUGIN_CRASH, f"raised {type(exc).__name__}: {exc}",
-                           hint="a bug in the agent or its transport; LOCALLLM_DEBUG=1 shows the traceback")
+        error = AgentError(
+            ErrorKind.PLUGIN_CRASH,
+            f"raised {type(exc).__name__}: {exc}",
+            hint="a bug in the agent or its transport; LOCALLLM_DEBUG=1 shows the traceback",
+        )
     error.__cause__ = exc
     return error
 
@@ -543,8 +681,10 @@ def _explain_cut(exc: AgentError, response: AskResponse) -> AgentError:
         return exc
     limit = meta.get("max_tokens")
     cut = f"hit max_tokens={limit}" if limit is not None else "hit the token limit"
-    return exc.replace(detail=f"{exc.detail} (the answer was cut: it {cut})",
-                       hint=f"{cut}; raise max_tokens or bound the schema's strings (maxLength, maxItems, enum)")
+    return exc.replace(
+        detail=f"{exc.detail} (the answer was cut: it {cut})",
+        hint=f"{cut}; raise max_tokens or bound the schema's strings (maxLength, maxItems, enum)",
+    )
 
 
 def _parse_loose(submission: str | None) -> Any:

@@ -130,9 +130,7 @@ def ref_problems(schema_path: Path, root: Path) -> list[str]:
                     continue
                 target = (path.parent / url).resolve()
                 if not target.is_relative_to(root):
-                    problems.append(
-                        f"{where}: {pointer}: $ref {ref!r} points outside the config directory {root}"
-                    )
+                    problems.append(f"{where}: {pointer}: $ref {ref!r} points outside the config directory {root}")
                     continue
                 if not target.is_file():
                     problems.append(f"{where}: {pointer}: $ref {ref!r}: file {target} not found")
@@ -232,8 +230,10 @@ class SchemaSet:
             raise AgentError(ErrorKind.SCHEMA_INVALID, detail) from exc
         except Unresolvable as exc:  # the schema's fault, not the answer's
             where = base or "the schema"
-            raise SchemaError(f"{where}: a $ref cannot be resolved: {exc}",
-                              hint="keep $ref targets as files inside the config directory") from exc
+            raise SchemaError(
+                f"{where}: a $ref cannot be resolved: {exc}",
+                hint="keep $ref targets as files inside the config directory",
+            ) from exc
         if errors:
             first = errors[0]
             path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first.absolute_path)

@@ -62,8 +62,10 @@ class EvidenceError(LocalLLMError, ValueError):
     def __init__(self, path: Path, reason: str, *, hint: str = "") -> None:
         self.path = path
         self.reason = reason
-        super().__init__(f"{path}: {reason}",
-                         hint=hint or "write it with `localllm eval GATE -c CONFIG` (evals/reports/<gate>/latest.json)")
+        super().__init__(
+            f"{path}: {reason}",
+            hint=hint or "write it with `localllm eval GATE -c CONFIG` (evals/reports/<gate>/latest.json)",
+        )
 
 
 def canonical_sha256(value: Any) -> str:
@@ -149,8 +151,13 @@ def agent_fingerprint(config: Config, alias: str, *, hashes: dict[Path, str | No
     if decl is None:
         return {"declared": False}
     hashes = {} if hashes is None else hashes
-    return {"declared": True, "plugin": decl.plugin, "decl_sha256": canonical_sha256(_decl_data(decl)),
-            **_model(decl, config.base_dir, hashes), "server_build": _server_build(decl, config.base_dir, hashes)}
+    return {
+        "declared": True,
+        "plugin": decl.plugin,
+        "decl_sha256": canonical_sha256(_decl_data(decl)),
+        **_model(decl, config.base_dir, hashes),
+        "server_build": _server_build(decl, config.base_dir, hashes),
+    }
 
 
 def _schema_sha256(gate: Gate) -> str | None:
@@ -165,15 +172,19 @@ def _schema_sha256(gate: Gate) -> str | None:
 
 
 def _gate_sha256(gate: Gate) -> str:
-    return canonical_sha256({"verb": gate.verb, "prompt": gate.prompt, "args": gate.args, "schema": gate.schema,
-                             "timeout": gate.timeout})
+    return canonical_sha256(
+        {"verb": gate.verb, "prompt": gate.prompt, "args": gate.args, "schema": gate.schema, "timeout": gate.timeout}
+    )
 
 
 def fingerprint(config: Config, gate: Gate, aliases: list[str] | tuple[str, ...]) -> dict[str, Any]:
     """The fingerprint an eval report of ``gate`` over ``aliases`` records."""
     hashes: dict[Path, str | None] = {}
-    return {"gate_sha256": _gate_sha256(gate), "schema_sha256": _schema_sha256(gate),
-            "agents": {alias: agent_fingerprint(config, alias, hashes=hashes) for alias in aliases}}
+    return {
+        "gate_sha256": _gate_sha256(gate),
+        "schema_sha256": _schema_sha256(gate),
+        "agents": {alias: agent_fingerprint(config, alias, hashes=hashes) for alias in aliases},
+    }
 
 
 def read_evidence(path: Path) -> dict[str, Any]:
@@ -191,11 +202,18 @@ def read_evidence(path: Path) -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("kind") != REPORT_KIND:
         raise EvidenceError(path, f"is not an eval report (kind is not {REPORT_KIND!r})")
     if doc.get("version") != REPORT_VERSION:
-        raise EvidenceError(path, f"report version {doc.get('version')!r} is not {REPORT_VERSION}",
-                            hint="re-run `localllm eval` with this localllm")
+        raise EvidenceError(
+            path,
+            f"report version {doc.get('version')!r} is not {REPORT_VERSION}",
+            hint="re-run `localllm eval` with this localllm",
+        )
     agents = doc.get("agents")
-    if not isinstance(doc.get("gate"), str) or not isinstance(doc.get("fingerprint"), dict) \
-            or not isinstance(agents, dict) or not all(isinstance(a, dict) for a in agents.values()):
+    if (
+        not isinstance(doc.get("gate"), str)
+        or not isinstance(doc.get("fingerprint"), dict)
+        or not isinstance(agents, dict)
+        or not all(isinstance(a, dict) for a in agents.values())
+    ):
         raise EvidenceError(path, "is missing gate, fingerprint or agents")
     return doc
 
@@ -260,8 +278,12 @@ def choose(config: Config, gate: Gate) -> Choice | None:
         return None
     min_accuracy = selection.min_accuracy if selection.min_accuracy is not None else DEFAULT_MIN_ACCURACY
     max_fallback = selection.max_fallback_rate
-    record: dict[str, Any] = {"policy": selection.policy, "evidence": str(selection.evidence) if selection.evidence
-                              else None, "min_accuracy": min_accuracy, "max_fallback_rate": max_fallback}
+    record: dict[str, Any] = {
+        "policy": selection.policy,
+        "evidence": str(selection.evidence) if selection.evidence else None,
+        "min_accuracy": min_accuracy,
+        "max_fallback_rate": max_fallback,
+    }
     fallback = selection.fallback_profile if selection.fallback_profile in config.agents else gate.agent
 
     def fall_back(reason: str) -> Choice:
@@ -293,9 +315,20 @@ def choose(config: Config, gate: Gate) -> Choice | None:
             p50 = _number((row.get("latency_ms") or {}).get("p50")) or 0.0
             ranked.append(((0 if row.get("local") else 1, cost, p50, alias), alias, row))
     if not ranked:
-        return Choice(fallback, {**record, "agent": fallback, "passed": False, "refused": refused,
-                                 "reason": "no agent's evidence passes"})
+        return Choice(
+            fallback,
+            {**record, "agent": fallback, "passed": False, "refused": refused, "reason": "no agent's evidence passes"},
+        )
     _, alias, row = min(ranked)
-    return Choice(alias, {**record, "agent": alias, "passed": True, "accuracy": row.get("accuracy"),
-                          "fallback_rate": row.get("fallback_rate"), "refused": refused,
-                          "reason": "cheapest agent whose evidence passes"})
+    return Choice(
+        alias,
+        {
+            **record,
+            "agent": alias,
+            "passed": True,
+            "accuracy": row.get("accuracy"),
+            "fallback_rate": row.get("fallback_rate"),
+            "refused": refused,
+            "reason": "cheapest agent whose evidence passes",
+        },
+    )

@@ -126,8 +126,12 @@ class LineChild:
         try:
             # Own process group: kill/stop reach grandchildren that inherited the pipes.
             proc = _process.spawn(
-                self._argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env=env, cwd=self._cwd,
+                self._argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                cwd=self._cwd,
             )
         except OSError as exc:
             where = f" in {self._cwd}" if self._cwd else ""
@@ -143,8 +147,9 @@ class LineChild:
         self._buf.clear()
         self.noise.clear()
         on_line = self._log_stderr if logger.isEnabledFor(logging.DEBUG) else None
-        self._stderr = _process.StderrTail(proc.stderr, name=f"{self.label}-stderr", limit=_STDERR_KEEP,
-                                           on_line=on_line)
+        self._stderr = _process.StderrTail(
+            proc.stderr, name=f"{self.label}-stderr", limit=_STDERR_KEEP, on_line=on_line
+        )
         self.state = ChildState.RUNNING
         logger.debug("%s: started pid %d", self.label, proc.pid)
 

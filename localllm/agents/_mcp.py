@@ -57,8 +57,11 @@ def initialize_request(req_id: int) -> dict[str, Any]:
     return request(
         req_id,
         "initialize",
-        {"protocolVersion": LATEST, "capabilities": {"elicitation": {}},
-         "clientInfo": {"name": "localllm", "version": __version__}},
+        {
+            "protocolVersion": LATEST,
+            "capabilities": {"elicitation": {}},
+            "clientInfo": {"name": "localllm", "version": __version__},
+        },
     )
 
 
@@ -109,8 +112,9 @@ def _form_defaults(params: dict[str, Any]) -> dict[str, Any] | None:
     properties = schema.get("properties") if isinstance(schema, dict) else None
     if not isinstance(properties, dict):
         return None
-    content = {name: spec["default"] for name, spec in properties.items()
-               if isinstance(spec, dict) and "default" in spec}
+    content = {
+        name: spec["default"] for name, spec in properties.items() if isinstance(spec, dict) and "default" in spec
+    }
     required = schema.get("required") if isinstance(schema, dict) else None
     if isinstance(required, list) and any(name not in content for name in required):
         return None

@@ -146,9 +146,7 @@ def load_cassette(path: str | Path) -> Cassette:
         problems.add("", f"YAML syntax error{where}: {reason}", "fix the YAML syntax")
         raise ConfigError(problems.items) from exc
     if not isinstance(data, dict):
-        problems.add(
-            "", "the top level must be a mapping", "start the file with kind: host_cassette and episodes:"
-        )
+        problems.add("", "the top level must be a mapping", "start the file with kind: host_cassette and episodes:")
         raise ConfigError(problems.items)
     for key in data:
         if key not in _TOP_KEYS:
@@ -218,8 +216,11 @@ def _episode(problems: ProblemList, where: str, raw: Any) -> Episode | None:
             problems.add(f"{where}.match.handler", "must be an agent alias string", "e.g. handler: agent.fixer")
     replay = raw.get("replay", "once")
     if replay not in _REPLAY_MODES:
-        problems.add(f"{where}.replay", f"{replay!r} is not one of {', '.join(_REPLAY_MODES)}",
-                     "use replay: any to replay for ever, or omit it")
+        problems.add(
+            f"{where}.replay",
+            f"{replay!r} is not one of {', '.join(_REPLAY_MODES)}",
+            "use replay: any to replay for ever, or omit it",
+        )
     delay = raw.get("delay", 0)
     if isinstance(delay, bool) or not isinstance(delay, (int, float)) or delay < 0:
         problems.add(f"{where}.delay", f"{delay!r} is not a number of seconds >= 0", "e.g. delay: 0.5")
@@ -253,8 +254,11 @@ def _agent_block(problems: ProblemList, where: str, raw: Any) -> dict[str, Any] 
     out["verb"] = verb
     has_response, has_error = "response" in raw, "error" in raw
     if has_response == has_error:
-        problems.add(where, "needs exactly one of response: or error:",
-                     "response: is the submission (JSON text or YAML); error: {kind, detail} replays a failure")
+        problems.add(
+            where,
+            "needs exactly one of response: or error:",
+            "response: is the submission (JSON text or YAML); error: {kind, detail} replays a failure",
+        )
     elif has_response:
         response = raw["response"]
         if response is None:
@@ -264,8 +268,9 @@ def _agent_block(problems: ProblemList, where: str, raw: Any) -> dict[str, Any] 
         else:
             text = _json_text(response)
             if text is None:
-                problems.add(f"{where}.response", "is not representable as JSON",
-                             "quote dates and other YAML-only values")
+                problems.add(
+                    f"{where}.response", "is not representable as JSON", "quote dates and other YAML-only values"
+                )
             out["response"] = text
     else:
         _error_block(problems, f"{where}.error", raw["error"], out)
@@ -275,10 +280,16 @@ def _agent_block(problems: ProblemList, where: str, raw: Any) -> dict[str, Any] 
     else:
         out["meta"] = dict(meta)
     sub_events = raw.get("sub_events", [])
-    if not isinstance(sub_events, list) or not all(isinstance(e, dict) for e in sub_events) \
-            or _json_text(sub_events) is None:
-        problems.add(f"{where}.sub_events", "must be a list of JSON mappings",
-                     "e.g. sub_events: [{kind: agent.x.tool, payload: {}}]")
+    if (
+        not isinstance(sub_events, list)
+        or not all(isinstance(e, dict) for e in sub_events)
+        or _json_text(sub_events) is None
+    ):
+        problems.add(
+            f"{where}.sub_events",
+            "must be a list of JSON mappings",
+            "e.g. sub_events: [{kind: agent.x.tool, payload: {}}]",
+        )
     else:
         out["sub_events"] = [dict(e) for e in sub_events]
     if "transcript" in raw:
@@ -308,8 +319,7 @@ def _error_block(problems: ProblemList, where: str, raw: Any, out: dict[str, Any
 
 def _transcript(problems: ProblemList, where: str, raw: Any) -> Transcript | None:
     hint = "give transcript: {format: claude-stream-json, lines: ['{...}', ...], offsets_ms: [...]}"
-    if not isinstance(raw, dict) or not isinstance(raw.get("format"), str) \
-            or not isinstance(raw.get("lines"), list):
+    if not isinstance(raw, dict) or not isinstance(raw.get("format"), str) or not isinstance(raw.get("lines"), list):
         problems.add(where, "must be a mapping with format: and lines:", hint)
         return None
     lines: list[str] = []
@@ -323,8 +333,11 @@ def _transcript(problems: ProblemList, where: str, raw: Any) -> Transcript | Non
             continue
         lines.append(text)
     offsets = raw.get("offsets_ms", [0] * len(raw["lines"]))
-    if not isinstance(offsets, list) or len(offsets) != len(raw["lines"]) \
-            or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets):
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != len(raw["lines"])
+        or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)
+    ):
         problems.add(f"{where}.offsets_ms", "must list one integer >= 0 per line", hint)
         return None
     return Transcript(format=raw["format"], lines=lines, offsets_ms=list(offsets))
@@ -412,8 +425,7 @@ class CassetteAgent(Agent):
     def _listing(self) -> str:
         parts = []
         for episode in self.cassette.episodes[:_MISS_LISTED]:
-            state = "replay: any" if episode.replay_any else (
-                "played" if self._plays.get(episode.id) else "unplayed")
+            state = "replay: any" if episode.replay_any else ("played" if self._plays.get(episode.id) else "unplayed")
             match = _json_text(episode.match) or str(episode.match)
             parts.append(f"{episode.id} {match} ({state})")
         more = len(self.cassette.episodes) - _MISS_LISTED
@@ -450,14 +462,17 @@ class CassetteAgent(Agent):
                 if not waits:
                     self._waits.pop(request.call_id, None)
         if episode.error_kind is not None:
-            raise ReplayedAgentError(episode.error_kind, episode.error_detail, meta=meta, episode_id=episode.id,
-                                     match_idx=match_idx)
-        sub_events = [
-            {**event, "call_id": event.get("call_id", request.call_id)} for event in episode.sub_events
-        ]
+            raise ReplayedAgentError(
+                episode.error_kind, episode.error_detail, meta=meta, episode_id=episode.id, match_idx=match_idx
+            )
+        sub_events = [{**event, "call_id": event.get("call_id", request.call_id)} for event in episode.sub_events]
         return AskResponse(
-            submission=episode.response, meta=meta, sub_events=sub_events, transcript=episode.transcript,
-            episode_id=episode.id, match_idx=match_idx,
+            submission=episode.response,
+            meta=meta,
+            sub_events=sub_events,
+            transcript=episode.transcript,
+            episode_id=episode.id,
+            match_idx=match_idx,
         )
 
     def _sleep(self, cancelled: threading.Event, episode: Episode, deadline: float) -> None:

@@ -149,9 +149,7 @@ def _meta(envelope: dict[str, Any], decl_model: str | None) -> dict[str, Any]:
     usage = envelope.get("usage")
     if isinstance(usage, dict):
         # Keep the integer counters only (drop nested breakdowns and tier strings).
-        counters = {
-            k: v for k, v in usage.items() if isinstance(v, int) and not isinstance(v, bool)
-        }
+        counters = {k: v for k, v in usage.items() if isinstance(v, int) and not isinstance(v, bool)}
         meta["usage"] = counters
         if _USAGE_CACHE_READ in counters or _USAGE_CACHE_CREATION in counters:
             read = counters.get(_USAGE_CACHE_READ, 0)
@@ -300,9 +298,7 @@ class ClaudeCliAgent(Agent):
                     start_new_session=True,
                 )
             except OSError as exc:
-                raise AgentError(
-                    ErrorKind.TRANSPORT_ERROR, f"cannot run claude CLI {argv[0]!r}: {exc}"
-                ) from exc
+                raise AgentError(ErrorKind.TRANSPORT_ERROR, f"cannot run claude CLI {argv[0]!r}: {exc}") from exc
         proc = call.proc
         try:
             output = _communicate(proc, self.render_prompt(request), deadline, started)
@@ -311,8 +307,7 @@ class ClaudeCliAgent(Agent):
             _let_go(proc)  # not communicate(): whatever still holds the pipe could flood it
             raise AgentError(
                 ErrorKind.PLUGIN_CRASH,
-                f"{self.alias}: claude CLI printed more than {_MAX_STDOUT} bytes on stdout; "
-                "process group killed",
+                f"{self.alias}: claude CLI printed more than {_MAX_STDOUT} bytes on stdout; process group killed",
             ) from exc
         except subprocess.TimeoutExpired as exc:
             _kill_group(proc)
@@ -360,8 +355,9 @@ class ClaudeCliAgent(Agent):
             )
         meta = _meta(result, output.init_model or self.decl.model)
         events = [(line, ms) for line, ms in output.lines if _event(line) is not None]
-        transcript = Transcript(format=TRANSCRIPT_FORMAT, lines=[line for line, _ in events],
-                                offsets_ms=[ms for _, ms in events])
+        transcript = Transcript(
+            format=TRANSCRIPT_FORMAT, lines=[line for line, _ in events], offsets_ms=[ms for _, ms in events]
+        )
         return AskResponse(submission=_submission(text, request.schema), meta=meta or None, transcript=transcript)
 
     def cancel(self, call_id: str) -> None:
@@ -470,7 +466,7 @@ def _communicate(proc: subprocess.Popen[str], prompt: str, deadline: float, star
             for key, _ in ready:
                 if key.fd == stdin_fd:
                     try:
-                        data = data[os.write(stdin_fd, data[:_PIPE_CHUNK]):]
+                        data = data[os.write(stdin_fd, data[:_PIPE_CHUNK]) :]
                     except BrokenPipeError:
                         data = data[:0]  # the child stopped reading its prompt
                     if not data:

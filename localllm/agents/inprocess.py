@@ -41,5 +41,9 @@ class UnregisteredInprocessAgent(Agent):
     plugin = "builtin.inprocess"
 
     def ask(self, request: AskRequest, *, deadline: float) -> AskResponse:
-        raise AgentError(ErrorKind.PLUGIN_UNSUPPORTED, "is builtin.inprocess but no callable is registered",
-                         alias=self.alias, hint=f"call Runtime.register_inprocess({self.alias!r}, fn) first")
+        raise AgentError(
+            ErrorKind.PLUGIN_UNSUPPORTED,
+            "is builtin.inprocess but no callable is registered",
+            alias=self.alias,
+            hint=f"call Runtime.register_inprocess({self.alias!r}, fn) first",
+        )

@@ -83,8 +83,9 @@ class LocalLLMAgent(Agent):
     plugin = "builtin.local_llm"
     is_local_model = True
 
-    def __init__(self, decl: LocalLLMDecl, *, base_dir: Path | None = None,
-                 styles: structured.Styles | None = None) -> None:
+    def __init__(
+        self, decl: LocalLLMDecl, *, base_dir: Path | None = None, styles: structured.Styles | None = None
+    ) -> None:
         super().__init__(decl.alias)
         self.decl = decl
         #: the Runtime's negotiated style per endpoint URL (shared by its agents)
@@ -133,9 +134,17 @@ class LocalLLMAgent(Agent):
             if self._server is None:
                 decl = self.decl
                 self._server = ManagedServer(
-                    decl.server_bin, decl.model or "", role="chat", base_dir=self.base_dir,
-                    args=decl.extra_args, parallel=decl.parallel, ctx_per_slot=decl.ctx_size,
-                    threads=decl.threads, port=decl.port, health_timeout=decl.health_timeout, name=self.alias,
+                    decl.server_bin,
+                    decl.model or "",
+                    role="chat",
+                    base_dir=self.base_dir,
+                    args=decl.extra_args,
+                    parallel=decl.parallel,
+                    ctx_per_slot=decl.ctx_size,
+                    threads=decl.threads,
+                    port=decl.port,
+                    health_timeout=decl.health_timeout,
+                    name=self.alias,
                 )
             return self._server
 
@@ -152,8 +161,12 @@ class LocalLLMAgent(Agent):
             if self._server is None and self._attached is None:
                 from localllm.managed.attach import attach
 
-                self._attached = attach(self.decl.model or "", policy=self.decl.service,
-                                        server_bin=self.decl.server_bin, base_dir=self.base_dir)
+                self._attached = attach(
+                    self.decl.model or "",
+                    policy=self.decl.service,
+                    server_bin=self.decl.server_bin,
+                    base_dir=self.base_dir,
+                )
             if self._attached is not None:
                 return self._attached.base_url
             return normalize_endpoint(self._managed_server().ensure_ready())
@@ -209,8 +222,9 @@ class LocalLLMAgent(Agent):
             return server, "server", "json_schema"
         return {}, "none", "none"
 
-    def build_body(self, request: AskRequest, style: str | None = None,
-                   attached: Any = None) -> tuple[dict[str, Any], str, bool, str]:
+    def build_body(
+        self, request: AskRequest, style: str | None = None, attached: Any = None
+    ) -> tuple[dict[str, Any], str, bool, str]:
         """The chat-completions body, ``meta.grammar``, whether json_schema applied and the style run."""
         schema = request.schema
         native = schema is not None and self.decl.json_schema
@@ -239,8 +253,10 @@ class LocalLLMAgent(Agent):
             return {}
         key = settings.env_value(name)
         if not key:
-            raise AgentError(ErrorKind.TRANSPORT_ERROR,
-                             f"{self.alias}: api_key_env {name} is not set; export {name}=<key> (no request was made)")
+            raise AgentError(
+                ErrorKind.TRANSPORT_ERROR,
+                f"{self.alias}: api_key_env {name} is not set; export {name}=<key> (no request was made)",
+            )
         return {"Authorization": f"Bearer {key}"}
 
     def ask(self, request: AskRequest, *, deadline: float) -> AskResponse:
@@ -260,8 +276,11 @@ class LocalLLMAgent(Agent):
                 return AgentError(ErrorKind.DEADLINE_EXCEEDED, detail)
             if attached is not None:  # the service went away: the next call looks again, then spawns
                 self._attached = None
-                return AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias}: the localllm service (pid "
-                                  f"{attached.pid}) failed mid-call: {reason} ({type(exc).__name__}: {exc})")
+                return AgentError(
+                    ErrorKind.TRANSPORT_ERROR,
+                    f"{self.alias}: the localllm service (pid "
+                    f"{attached.pid}) failed mid-call: {reason} ({type(exc).__name__}: {exc})",
+                )
             return AgentError(ErrorKind.TRANSPORT_ERROR, self._connection_detail(base, reason, exc, pid))
 
         def post(body: dict[str, Any]) -> Any:
@@ -310,9 +329,10 @@ class LocalLLMAgent(Agent):
             data = reply.json()
             content = data["choices"][0]["message"]["content"]
         except (ValueError, KeyError, IndexError, TypeError) as exc:
-            raise AgentError(ErrorKind.TRANSPORT_ERROR,
-                             f"{self.alias}: unusable response (no choices[0].message.content): "
-                             f"{truncate_detail(reply.text)}") from exc
+            raise AgentError(
+                ErrorKind.TRANSPORT_ERROR,
+                f"{self.alias}: unusable response (no choices[0].message.content): {truncate_detail(reply.text)}",
+            ) from exc
         if not isinstance(content, str):
             raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias}: choices[0].message.content is not text")
         usage = data.get("usage") or {}
@@ -339,8 +359,11 @@ class LocalLLMAgent(Agent):
     def _upstream_error(self, upstream: UpstreamError, where: str) -> AgentError:
         """An error reply as an AgentError: status and message; a refused key names api_key_env."""
         if upstream.constraint_broken:  # the model's answer, refused by the server's own check
-            return AgentError(ErrorKind.SCHEMA_INVALID, f"{self.alias}: {upstream.describe(where)}",
-                              hint="the answer broke the grammar the server enforced; the fallback answers")
+            return AgentError(
+                ErrorKind.SCHEMA_INVALID,
+                f"{self.alias}: {upstream.describe(where)}",
+                hint="the answer broke the grammar the server enforced; the fallback answers",
+            )
         hint = upstream.auth_hint(self.decl.api_key_env) if upstream.auth else ""
         return AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias}: {upstream.describe(where)}", hint=hint)
 
@@ -386,9 +409,16 @@ class LocalLLMAgent(Agent):
         lines = [
             line({"message": {"content": prompt, "role": "user"}, "model": body["model"], "type": "request"}),
             line({"message": {"content": content, "role": "assistant"}, "type": "assistant"}),
-            line({"result": content, "type": "result",
-                  "usage": {"input_tokens": usage.get("prompt_tokens", 0),
-                            "output_tokens": usage.get("completion_tokens", 0)}}),
+            line(
+                {
+                    "result": content,
+                    "type": "result",
+                    "usage": {
+                        "input_tokens": usage.get("prompt_tokens", 0),
+                        "output_tokens": usage.get("completion_tokens", 0),
+                    },
+                }
+            ),
         ]
         return Transcript(format="openai-chat", lines=lines, offsets_ms=[0, elapsed_ms, elapsed_ms])
 

@@ -207,7 +207,8 @@ class McpHttpAgent(Agent):
                 raise AgentError(
                     ErrorKind.TRANSPORT_ERROR,
                     f"tools/call: HTTP {again.status} from {self._url} for a freshly initialised session: "
-                    f"{truncate_detail(self._redact(again.text))}", alias=self.alias,
+                    f"{truncate_detail(self._redact(again.text))}",
+                    alias=self.alias,
                 ) from None
         assert reply is not None
         return reply
@@ -231,8 +232,9 @@ class McpHttpAgent(Agent):
                 # Wait (briefly) until the GET stream is open or refused: a server sends the
                 # requests it does not tie to a call there, and drops them when none is open.
                 opened = threading.Event()
-                self._listener = threading.Thread(target=self._listen, args=(session, opened), daemon=True,
-                                                  name=f"mcp-listen-{self.alias}")
+                self._listener = threading.Thread(
+                    target=self._listen, args=(session, opened), daemon=True, name=f"mcp-listen-{self.alias}"
+                )
                 self._listener.start()
                 opened.wait(min(self.remaining(deadline), _LISTEN_WAIT))
             return session
@@ -254,7 +256,8 @@ class McpHttpAgent(Agent):
             raise AgentError(
                 ErrorKind.TRANSPORT_ERROR,
                 f"HTTP {exc.status} from {self._url} during the MCP handshake: "
-                f"{truncate_detail(self._redact(exc.text))}", alias=self.alias,
+                f"{truncate_detail(self._redact(exc.text))}",
+                alias=self.alias,
             ) from None
         logger.debug("%s: MCP session initialised (protocol %s)", self.alias, version)
         return session
@@ -268,15 +271,27 @@ class McpHttpAgent(Agent):
         failures = 0
         while not self._closed and self._session is session:
             try:
-                with self._open("GET", self._headers(session, accept=_SSE, last_event_id=resume.last_event_id),
-                                time.monotonic() + _LISTEN_SPAN, _LISTENER, idle=True) as stream:
+                with self._open(
+                    "GET",
+                    self._headers(session, accept=_SSE, last_event_id=resume.last_event_id),
+                    time.monotonic() + _LISTEN_SPAN,
+                    _LISTENER,
+                    idle=True,
+                ) as stream:
                     opened.set()
                     if stream.status_code != 200 or self._content_type(stream) != _SSE:
                         logger.debug("%s: no standalone SSE stream (HTTP %d)", self.alias, stream.status_code)
                         return
                     failures = 0
-                    self._scan_sse(stream, None, "GET", session=session, resume=resume,
-                                   deadline=time.monotonic() + _LISTEN_SPAN, call_id=_LISTENER)
+                    self._scan_sse(
+                        stream,
+                        None,
+                        "GET",
+                        session=session,
+                        resume=resume,
+                        deadline=time.monotonic() + _LISTEN_SPAN,
+                        call_id=_LISTENER,
+                    )
             except Exception as exc:  # a background thread must never die loudly
                 opened.set()
                 failures += 1
@@ -316,16 +331,23 @@ class McpHttpAgent(Agent):
 
     @contextlib.contextmanager
     def _open(
-        self, verb: str, headers: dict[str, str], deadline: float, call_id: str,
-        *, content: bytes | None = None, idle: bool = False,
+        self,
+        verb: str,
+        headers: dict[str, str],
+        deadline: float,
+        call_id: str,
+        *,
+        content: bytes | None = None,
+        idle: bool = False,
     ) -> Iterator[httpx.Response]:
         """Send one request, following same-origin 307/308 redirects; the final response,
         streamed and tracked for :meth:`close`."""
         url = httpx.URL(self.decl.endpoint)
         origin = _origin(url)
         for hop in itertools.count():
-            request = self._client.build_request(verb, url, content=content, headers=headers,
-                                                 timeout=self._timeout(deadline, call_id, idle=idle))
+            request = self._client.build_request(
+                verb, url, content=content, headers=headers, timeout=self._timeout(deadline, call_id, idle=idle)
+            )
             response = self._client.send(request, stream=True)
             try:
                 location = response.headers.get("location")
@@ -335,13 +357,15 @@ class McpHttpAgent(Agent):
                         raise AgentError(
                             ErrorKind.TRANSPORT_ERROR,
                             f"{verb}: HTTP {response.status_code} redirect from {self._url} to another origin "
-                            f"({safe_url(str(target))}) not followed", alias=self.alias,
+                            f"({safe_url(str(target))}) not followed",
+                            alias=self.alias,
                             hint=f"set agent_plugins.{self.alias}.endpoint to the URL you trust",
                         )
                     if hop >= _MAX_REDIRECTS:
                         raise AgentError(
                             ErrorKind.TRANSPORT_ERROR,
-                            f"{verb}: more than {_MAX_REDIRECTS} redirects from {self._url}", alias=self.alias,
+                            f"{verb}: more than {_MAX_REDIRECTS} redirects from {self._url}",
+                            alias=self.alias,
                         )
                     url = target
                     continue
@@ -391,19 +415,23 @@ class McpHttpAgent(Agent):
                 if status >= 300:
                     text = self._read_text(response, deadline, call_id)
                     where = response.headers.get("location")
-                    moved = f" (redirect to {safe_url(where)} not followed: only same-origin 307/308 are)" \
-                        if where and 300 <= status < 400 else ""
+                    moved = (
+                        f" (redirect to {safe_url(where)} not followed: only same-origin 307/308 are)"
+                        if where and 300 <= status < 400
+                        else ""
+                    )
                     raise AgentError(
                         ErrorKind.TRANSPORT_ERROR,
-                        f"{method}: HTTP {status} from {self._url}{moved}: "
-                        f"{truncate_detail(self._redact(text))}", alias=self.alias,
+                        f"{method}: HTTP {status} from {self._url}{moved}: {truncate_detail(self._redact(text))}",
+                        alias=self.alias,
                     )
                 if session_header is not None:
                     session_header.append(response.headers.get("mcp-session-id"))
                 if "id" not in message or "method" not in message:
                     return None  # a notification or our answer: 202 Accepted, no body to wait for
-                return self._read_response(response, message["id"], method, session=session,
-                                           deadline=deadline, call_id=call_id)
+                return self._read_response(
+                    response, message["id"], method, session=session, deadline=deadline, call_id=call_id
+                )
         except Exception:
             with map_httpx_errors(failed):  # httpx's exceptions become AgentErrors; others pass
                 raise
@@ -447,8 +475,14 @@ class McpHttpAgent(Agent):
         return str(response.headers.get("content-type", "")).split(";")[0].strip().lower()
 
     def _read_response(
-        self, response: httpx.Response, req_id: int, method: str, *, session: _Session | None,
-        deadline: float, call_id: str,
+        self,
+        response: httpx.Response,
+        req_id: int,
+        method: str,
+        *,
+        session: _Session | None,
+        deadline: float,
+        call_id: str,
     ) -> dict[str, Any]:
         ctype = self._content_type(response)
         if ctype == "application/json":
@@ -467,27 +501,29 @@ class McpHttpAgent(Agent):
                     return candidate
             raise AgentError(
                 ErrorKind.TRANSPORT_ERROR,
-                f"{method}: no response with id {req_id} in the body: "
-                f"{truncate_detail(self._redact(text))}", alias=self.alias,
+                f"{method}: no response with id {req_id} in the body: {truncate_detail(self._redact(text))}",
+                alias=self.alias,
             )
         if ctype == _SSE:
             resume = _Resume()
             with self._inflight_lock:
                 self._pending[req_id] = None
             try:
-                found = self._scan_sse(response, req_id, method, session=session, resume=resume,
-                                       deadline=deadline, call_id=call_id)
+                found = self._scan_sse(
+                    response, req_id, method, session=session, resume=resume, deadline=deadline, call_id=call_id
+                )
                 if found is None:
-                    found = self._resume(req_id, method, session=session, resume=resume, deadline=deadline,
-                                         call_id=call_id)
+                    found = self._resume(
+                        req_id, method, session=session, resume=resume, deadline=deadline, call_id=call_id
+                    )
                 return found
             finally:
                 with self._inflight_lock:
                     self._pending.pop(req_id, None)
         raise AgentError(
             ErrorKind.TRANSPORT_ERROR,
-            f"{method}: unexpected content-type {ctype or '(none)'!r} from {self._url} "
-            f"(HTTP {response.status_code})", alias=self.alias,
+            f"{method}: unexpected content-type {ctype or '(none)'!r} from {self._url} (HTTP {response.status_code})",
+            alias=self.alias,
         )
 
     def _resume(
@@ -500,7 +536,8 @@ class McpHttpAgent(Agent):
             if seen is None or session is None:
                 raise AgentError(
                     ErrorKind.TRANSPORT_ERROR,
-                    f"{method}: SSE stream from {self._url} ended without a response", alias=self.alias,
+                    f"{method}: SSE stream from {self._url} ended without a response",
+                    alias=self.alias,
                 )
             resumes += 1
             if resumes > _MAX_RESUMES:
@@ -522,31 +559,42 @@ class McpHttpAgent(Agent):
                     raise AgentError(
                         ErrorKind.TRANSPORT_ERROR,
                         f"{method}: resuming the SSE stream from {self._url} failed: HTTP {stream.status_code}: "
-                        f"{truncate_detail(self._redact(text))}", alias=self.alias,
+                        f"{truncate_detail(self._redact(text))}",
+                        alias=self.alias,
                     )
-                found = self._scan_sse(stream, req_id, method, session=session, resume=resume,
-                                       deadline=deadline, call_id=call_id)
+                found = self._scan_sse(
+                    stream, req_id, method, session=session, resume=resume, deadline=deadline, call_id=call_id
+                )
             if found is not None:
                 return found
             if resume.last_event_id != seen:
                 resumes = 0  # progress: the stream moved on
 
     def _scan_sse(
-        self, response: httpx.Response, req_id: int | None, method: str, *, session: _Session | None,
-        resume: _Resume, deadline: float, call_id: str,
+        self,
+        response: httpx.Response,
+        req_id: int | None,
+        method: str,
+        *,
+        session: _Session | None,
+        resume: _Resume,
+        deadline: float,
+        call_id: str,
     ) -> dict[str, Any] | None:
         """Read one SSE stream: our response, or ``None`` when the stream ends first.
         Server requests met on the way are answered, notifications skipped. A response
         for another call waiting in this agent is handed over to it (a server may answer
         on whichever stream is open), and that call's stream woken."""
         if req_id is None:
-            return self._scan_events(response, None, method, session=session, resume=resume,
-                                     deadline=deadline, call_id=call_id)
+            return self._scan_events(
+                response, None, method, session=session, resume=resume, deadline=deadline, call_id=call_id
+            )
         with self._inflight_lock:
             self._reading_for[req_id] = response
         try:
-            return self._scan_events(response, req_id, method, session=session, resume=resume,
-                                     deadline=deadline, call_id=call_id)
+            return self._scan_events(
+                response, req_id, method, session=session, resume=resume, deadline=deadline, call_id=call_id
+            )
         except Exception:
             if (found := self._arrived(req_id)) is not None:
                 return found  # woken: our response came on another stream
@@ -572,8 +620,15 @@ class McpHttpAgent(Agent):
         return True
 
     def _scan_events(
-        self, response: httpx.Response, req_id: int | None, method: str, *, session: _Session | None,
-        resume: _Resume, deadline: float, call_id: str,
+        self,
+        response: httpx.Response,
+        req_id: int | None,
+        method: str,
+        *,
+        session: _Session | None,
+        resume: _Resume,
+        deadline: float,
+        call_id: str,
     ) -> dict[str, Any] | None:
         if req_id is not None and (found := self._arrived(req_id)) is not None:
             return found
@@ -583,8 +638,8 @@ class McpHttpAgent(Agent):
             except ValueError as exc:
                 raise AgentError(
                     ErrorKind.TRANSPORT_ERROR,
-                    f"{method}: unparseable SSE event from {self._url}: "
-                    f"{truncate_detail(self._redact(data))}", alias=self.alias,
+                    f"{method}: unparseable SSE event from {self._url}: {truncate_detail(self._redact(data))}",
+                    alias=self.alias,
                 ) from exc
             if not isinstance(candidate, dict):
                 continue
@@ -599,8 +654,9 @@ class McpHttpAgent(Agent):
         return None
 
     def _too_large(self, what: str) -> AgentError:
-        return AgentError(ErrorKind.TRANSPORT_ERROR, f"{what} from {self._url} is larger than {_MAX_BODY} bytes",
-                          alias=self.alias)
+        return AgentError(
+            ErrorKind.TRANSPORT_ERROR, f"{what} from {self._url} is larger than {_MAX_BODY} bytes", alias=self.alias
+        )
 
     def _sse_lines(self, response: httpx.Response, deadline: float, call_id: str, method: str) -> Iterator[str]:
         """The stream's lines (ended by CRLF, LF or CR), checked against the deadline and

@@ -96,8 +96,10 @@ class McpStdioAgent(ChildAgent):
             if _mcp.is_response(message):
                 got = message.get("id")
                 if type(got) is not int or got != req_id:
-                    raise child.crash(f"stray frame: response id {truncate_detail(self.redact(repr(got)))} "
-                                      f"does not match request id {req_id}")
+                    raise child.crash(
+                        f"stray frame: response id {truncate_detail(self.redact(repr(got)))} "
+                        f"does not match request id {req_id}"
+                    )
                 return message
             reply = _mcp.reply_to_server_request(message)
             if reply is not None:

@@ -40,8 +40,12 @@ __all__ = ["PROBE_SCHEMA", "STYLES", "Negotiated", "Styles", "fields", "probe_bo
 #: the values of ``response_format:`` (``auto`` negotiates one of the others)
 STYLES = RESPONSE_FORMATS
 #: the probe's schema: strict-mode legal (an object, every property required, closed)
-PROBE_SCHEMA: dict[str, Any] = {"type": "object", "properties": {"v": {"type": "string", "enum": ["7"]}},
-                                "required": ["v"], "additionalProperties": False}
+PROBE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"v": {"type": "string", "enum": ["7"]}},
+    "required": ["v"],
+    "additionalProperties": False,
+}
 _PROBE_ANSWER = '{"v":"7"}'
 #: statuses that say nothing about the body (auth, rate limit, unreachable upstream): not a verdict
 _NOT_A_VERDICT = frozenset({401, 403, 404, 407, 408, 429, 502, 503, 504})
@@ -50,8 +54,12 @@ _NOT_A_VERDICT = frozenset({401, 403, 404, 407, 408, 429, 502, 503, 504})
 def fields(style: str, schema: dict[str, Any]) -> dict[str, Any]:
     """The body fields that ask for ``schema`` in ``style`` (``grammar`` is the caller's: it compiles)."""
     if style == "json_schema":
-        return {"response_format": {"type": "json_schema",
-                                    "json_schema": {"name": "submission", "strict": True, "schema": schema}}}
+        return {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "submission", "strict": True, "schema": schema},
+            }
+        }
     if style == "json_object":
         return {"response_format": {"type": "json_object", "schema": schema}}
     if style == "structured_outputs":
@@ -63,8 +71,13 @@ def fields(style: str, schema: dict[str, Any]) -> dict[str, Any]:
 
 def probe_body(model: str) -> dict[str, Any]:
     """The probe: the cheapest request whose answer tells the styles apart."""
-    return {"model": model, "max_tokens": 16, "temperature": 0,
-            "messages": [{"role": "user", "content": "Reply with one word."}], **fields("json_schema", PROBE_SCHEMA)}
+    return {
+        "model": model,
+        "max_tokens": 16,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": "Reply with one word."}],
+        **fields("json_schema", PROBE_SCHEMA),
+    }
 
 
 @dataclass(frozen=True)

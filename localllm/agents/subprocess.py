@@ -70,8 +70,9 @@ class SubprocessAgent(ChildAgent):
             raise child.crash(f"frame is not JSON-RPC 2.0: {truncate_detail(self.redact(str(reply)))}")
         got = reply.get("id")
         if type(got) is not int or got != req_id:
-            raise child.crash(f"stray frame: response id {truncate_detail(self.redact(repr(got)))} "
-                              f"does not match request id {req_id}")
+            raise child.crash(
+                f"stray frame: response id {truncate_detail(self.redact(repr(got)))} does not match request id {req_id}"
+            )
         if "error" in reply:
             text = jsonrpc_error_text(reply["error"])
             raise AgentError(ErrorKind.TRANSPORT_ERROR, truncate_detail(self.redact(text)), alias=self.alias)

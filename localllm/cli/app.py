@@ -145,11 +145,14 @@ def exit_code_of(exc: BaseException) -> int:
 
 def error_document(exc: BaseException) -> dict[str, Any]:
     """The ``--json`` form of a failure: ``{"ok": false, "kind", "detail", "hint"}`` (+ ``problems``)."""
-    doc: dict[str, Any] = {"ok": False, "kind": kind_of(exc),
-                           "detail": exc.detail if isinstance(exc, AgentError) else _text(exc), "hint": _hint(exc)}
+    doc: dict[str, Any] = {
+        "ok": False,
+        "kind": kind_of(exc),
+        "detail": exc.detail if isinstance(exc, AgentError) else _text(exc),
+        "hint": _hint(exc),
+    }
     if isinstance(exc, ConfigError):
-        doc["problems"] = [{"file": p.file, "key": p.key, "message": p.message, "hint": p.hint}
-                           for p in exc.problems]
+        doc["problems"] = [{"file": p.file, "key": p.key, "message": p.message, "hint": p.hint} for p in exc.problems]
     return doc
 
 

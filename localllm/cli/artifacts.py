@@ -13,8 +13,9 @@ _MIRROR_HELP = "directory or base URL tried before the pinned URL"
 def _setup_fetch(parser: argparse.ArgumentParser) -> None:
     fsub = parser.add_subparsers(dest="fetch_what", metavar="WHAT", required=True)
     server = fsub.add_parser("server", help="fetch (or build) llama-server; print its path")
-    server.add_argument("--from-source", action="store_true",
-                        help="build from the pinned llama.cpp source (~15 min the first time)")
+    server.add_argument(
+        "--from-source", action="store_true", help="build from the pinned llama.cpp source (~15 min the first time)"
+    )
     server.add_argument("--mirror", metavar="M", help=_MIRROR_HELP)
     server.add_argument("--json", action="store_true", help="print JSON")
     server.set_defaults(handler=_fetch_server)
@@ -73,8 +74,14 @@ def _fetch_server(args: argparse.Namespace) -> int:
 
     install = ensure_server(from_source=args.from_source, mirror=args.mirror)
     if args.json:
-        emit_json({"binary": str(install.binary), "release_dir": str(install.release_dir),
-                   "release": install.release, "source": install.source})
+        emit_json(
+            {
+                "binary": str(install.binary),
+                "release_dir": str(install.release_dir),
+                "release": install.release,
+                "source": install.source,
+            }
+        )
     else:
         out(str(install.binary))
     return EXIT_OK
@@ -86,22 +93,31 @@ def _fetch_model(args: argparse.Namespace) -> int:
 
     model_id = args.new_id or args.id
     if model_id is None:
-        raise UsageError("the following arguments are required: ID (or --id NAME)",
-                         hint="localllm models lists them; localllm fetch model ID",
-                         usage=args.usage)
+        raise UsageError(
+            "the following arguments are required: ID (or --id NAME)",
+            hint="localllm models lists them; localllm fetch model ID",
+            usage=args.usage,
+        )
     if args.new_id and args.id and args.new_id != args.id:
         raise UsageError(f"two ids given: {args.id} and --id {args.new_id}", hint="give one of them", usage=args.usage)
     if (args.url is None) != (args.sha256 is None):
-        raise UsageError("--url and --sha256 go together", hint="localllm fetch model --url U --sha256 H --id NAME",
-                         usage=args.usage)
+        raise UsageError(
+            "--url and --sha256 go together", hint="localllm fetch model --url U --sha256 H --id NAME", usage=args.usage
+        )
     if args.url is not None:
         pin = add_user_model(model_id, url=args.url, sha256=args.sha256, role=args.role)
         err(f"localllm: pinned {model_id} in {pin.pins_file}")
     pins = load_pins()
     path = ensure_model(model_id, mirror=args.mirror, pins=pins)
     if args.json:
-        emit_json({"id": model_id, "path": str(path), "sha256": pins.models[model_id].artifact.sha256,
-                   "size": path.stat().st_size})
+        emit_json(
+            {
+                "id": model_id,
+                "path": str(path),
+                "sha256": pins.models[model_id].artifact.sha256,
+                "size": path.stat().st_size,
+            }
+        )
     else:
         out(str(path))
     return EXIT_OK
@@ -109,8 +125,7 @@ def _fetch_model(args: argparse.Namespace) -> int:
 
 def _table(entries: list[Any]) -> None:
     for e in entries:
-        out(f"{e.status:<12} {e.kind:<9} {_size(e.size):>10}  {e.path}"
-            + (f"  ({e.detail})" if e.detail else ""))
+        out(f"{e.status:<12} {e.kind:<9} {_size(e.size):>10}  {e.path}" + (f"  ({e.detail})" if e.detail else ""))
 
 
 def _cache_list(args: argparse.Namespace) -> int:
@@ -134,8 +149,9 @@ def _cache_verify(args: argparse.Namespace) -> int:
     from localllm.managed.inventory import verify_cache
     from localllm.managed.pins import load_pins
 
-    entries = verify_cache(cache_layout(), load_pins(), refetch=not args.no_refetch,
-                           mirrors=mirrors_with(args.mirror), log=err)
+    entries = verify_cache(
+        cache_layout(), load_pins(), refetch=not args.no_refetch, mirrors=mirrors_with(args.mirror), log=err
+    )
     bad = [e for e in entries if e.status == "corrupt"]
     if args.json:
         emit_json({"ok": not bad, "entries": [e.to_json() for e in entries]})
@@ -176,8 +192,10 @@ def _models(args: argparse.Namespace) -> int:
         size = _size(int(r["size"])) if r["size"] is not None else "?"  # type: ignore[call-overload]
         state = "cached" if r["cached"] else ("not cached" if r["downloadable"] else "not cached (mirror or no pin)")
         out(f"{r['id']:<26} {r['role']:<9} {size:>10}  {state}" + ("  (user pin)" if r["pinned"] == "user" else ""))
-    out(f"{sum(1 for r in rows if r['cached'])} of {len(rows)} cached, {_size(total)}; "
-        f"add models in {user_pins_path()} or with: localllm fetch model --url U --sha256 H --id NAME")
+    out(
+        f"{sum(1 for r in rows if r['cached'])} of {len(rows)} cached, {_size(total)}; "
+        f"add models in {user_pins_path()} or with: localllm fetch model --url U --sha256 H --id NAME"
+    )
     return EXIT_OK
 
 
@@ -188,8 +206,9 @@ def _cache_prune(args: argparse.Namespace) -> int:
 
     removed = prune_cache(cache_layout(), load_pins(), dry_run=args.dry_run)
     if args.json:
-        emit_json({"dry_run": args.dry_run, "removed": [e.to_json() for e in removed],
-                   "bytes": sum(e.size for e in removed)})
+        emit_json(
+            {"dry_run": args.dry_run, "removed": [e.to_json() for e in removed], "bytes": sum(e.size for e in removed)}
+        )
     else:
         _table(removed)
         verb = "would free" if args.dry_run else "freed"
@@ -211,12 +230,16 @@ def _doctor(args: argparse.Namespace) -> int:
     cxx = data["libstdcxx"]
     if cxx:
         need = "shim needed" if cxx["shim_needed"] else "no shim needed"
-        out(f"libstdc++     {cxx['path'] or 'not found'}: {cxx['highest']}; prebuilt needs "
-             f"{cxx['server_needs']} ({need}; shim pin {cxx['shim_pin'] or 'none'})")
+        out(
+            f"libstdc++     {cxx['path'] or 'not found'}: {cxx['highest']}; prebuilt needs "
+            f"{cxx['server_needs']} ({need}; shim pin {cxx['shim_pin'] or 'none'})"
+        )
     p = data["pins"]
     out(f"pins          {p['file']}")
-    out(f"  server      {p['server_release']}: prebuilt for this platform: "
-         f"{p['prebuilt_for_platform'] or 'none (use --from-source or endpoint mode)'}; source {p['source']}")
+    out(
+        f"  server      {p['server_release']}: prebuilt for this platform: "
+        f"{p['prebuilt_for_platform'] or 'none (use --from-source or endpoint mode)'}; source {p['source']}"
+    )
     for mid, m in p["models"].items():
         default = " (default chat)" if mid == p["default_chat"] else ""
         out(f"  model       {mid}{default}: {m['role']}, {m['pin']}, {'cached' if m['cached'] else 'not cached'}")
@@ -224,8 +247,10 @@ def _doctor(args: argparse.Namespace) -> int:
             warn(f"{mid}: {m['template_warning']}")
     s = data["settings"]
     out(f"cache         {s['cache_dir']}")
-    out(f"mirrors       {', '.join(s['mirrors']) or '-'}; offline {s['offline']}; "
-         f"LOCALLLM_SERVER_BIN {s['server_bin'] or '-'}")
+    out(
+        f"mirrors       {', '.join(s['mirrors']) or '-'}; offline {s['offline']}; "
+        f"LOCALLLM_SERVER_BIN {s['server_bin'] or '-'}"
+    )
     srv = data["server"]
     out(f"llama-server  {srv['binary'] + ' (' + srv['source'] + ')' if srv else 'not cached'}")
     for e in data["cache"]:

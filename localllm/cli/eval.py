@@ -14,17 +14,27 @@ from localllm.cli.output import EXIT_FAILED, EXIT_OK, UsageError, emit_json, err
 def _setup(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("gate", metavar="GATE", help="a name under gates:")
     add_config_option(parser)
-    parser.add_argument("--agents", metavar="A,B",
-                        help="candidate aliases, comma-separated (default: the gate's agent)")
+    parser.add_argument(
+        "--agents", metavar="A,B", help="candidate aliases, comma-separated (default: the gate's agent)"
+    )
     parser.add_argument("--repeat", type=int, default=1, metavar="N", help="ask each case N times (reproducibility)")
     parser.add_argument("--cases", type=path_arg, metavar="F", help="cases JSONL (default: evals/GATE/cases.jsonl)")
     parser.add_argument("--out", type=path_arg, metavar="DIR", help="reports directory (default: evals/reports)")
-    parser.add_argument("--cassette", action="append", metavar="ALIAS=FILE",
-                        help="replay FILE instead of calling ALIAS, e.g. agent.claude=claude.yaml (repeatable)")
-    parser.add_argument("--workers", type=int, metavar="N",
-                        help="concurrent calls per agent (default: a local model's parallel slots, else 1)")
-    parser.add_argument("--fail-under", type=float, metavar="X",
-                        help="exit 1 when an evaluated agent's accuracy is below X (0..1)")
+    parser.add_argument(
+        "--cassette",
+        action="append",
+        metavar="ALIAS=FILE",
+        help="replay FILE instead of calling ALIAS, e.g. agent.claude=claude.yaml (repeatable)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="concurrent calls per agent (default: a local model's parallel slots, else 1)",
+    )
+    parser.add_argument(
+        "--fail-under", type=float, metavar="X", help="exit 1 when an evaluated agent's accuracy is below X (0..1)"
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(handler=_eval)
 
@@ -68,8 +78,18 @@ def _eval(args: argparse.Namespace) -> int:
         bar = tqdm(total=total, unit="call", desc=f"eval {args.gate}", file=sys.stderr, leave=False)
         progress = bar.update
     try:
-        result = evaluate(config, args.gate, agents=agents, cases_path=cases_path, cases=cases, repeat=args.repeat,
-                          out_dir=args.out, cassettes=cassettes, workers=args.workers, progress=progress)
+        result = evaluate(
+            config,
+            args.gate,
+            agents=agents,
+            cases_path=cases_path,
+            cases=cases,
+            repeat=args.repeat,
+            out_dir=args.out,
+            cassettes=cassettes,
+            workers=args.workers,
+            progress=progress,
+        )
     finally:
         if bar is not None:
             bar.close()
@@ -81,11 +101,16 @@ def _eval(args: argparse.Namespace) -> int:
     err(f"report: {result.paths['json']} (latest: {result.paths['latest']}); html: {result.paths['html']}")
     err(f"trace: {result.trace}")
     if args.fail_under is not None:
-        below = {a: r["accuracy"] for a, r in report["agents"].items()
-                 if r["accuracy"] is None or r["accuracy"] < args.fail_under}
+        below = {
+            a: r["accuracy"]
+            for a, r in report["agents"].items()
+            if r["accuracy"] is None or r["accuracy"] < args.fail_under
+        }
         if below:
-            err("localllm: eval: accuracy below --fail-under "
-                f"{args.fail_under:g}: " + ", ".join(f"{a} {v}" for a, v in below.items()))
+            err(
+                "localllm: eval: accuracy below --fail-under "
+                f"{args.fail_under:g}: " + ", ".join(f"{a} {v}" for a, v in below.items())
+            )
             return EXIT_FAILED
     return EXIT_OK
 
@@ -100,14 +125,40 @@ def _ms(value: Any) -> str:
 
 def table_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
     """The printed table (also what EVAL-README shows): one row per agent."""
-    rows: list[tuple[str, ...]] = [("AGENT", "CALLS", "ACCURACY", "VALID_1ST", "FALLBACK", "ERRORS", "P50_MS",
-                                    "P95_MS", "TOKENS", "COST_USD", "REPRO", "REPRO_LABELS")]
+    rows: list[tuple[str, ...]] = [
+        (
+            "AGENT",
+            "CALLS",
+            "ACCURACY",
+            "VALID_1ST",
+            "FALLBACK",
+            "ERRORS",
+            "P50_MS",
+            "P95_MS",
+            "TOKENS",
+            "COST_USD",
+            "REPRO",
+            "REPRO_LABELS",
+        )
+    ]
     for alias, r in report["agents"].items():
         errors = ",".join(f"{k}:{v}" for k, v in r["errors"].items()) or "0"
-        rows.append((alias, str(r["calls"]), _pct(r["accuracy"]), _pct(r["schema_valid_first_try"]),
-                     _pct(r["fallback_rate"]), errors, _ms(r["latency_ms"]["p50"]), _ms(r["latency_ms"]["p95"]),
-                     f"{r['tokens']['prompt']}/{r['tokens']['completion']}", f"{r['cost_usd']['total']:.4f}",
-                     _pct(r["reproducibility"]), _pct(r.get("reproducibility_labels"))))
+        rows.append(
+            (
+                alias,
+                str(r["calls"]),
+                _pct(r["accuracy"]),
+                _pct(r["schema_valid_first_try"]),
+                _pct(r["fallback_rate"]),
+                errors,
+                _ms(r["latency_ms"]["p50"]),
+                _ms(r["latency_ms"]["p95"]),
+                f"{r['tokens']['prompt']}/{r['tokens']['completion']}",
+                f"{r['cost_usd']['total']:.4f}",
+                _pct(r["reproducibility"]),
+                _pct(r.get("reproducibility_labels")),
+            )
+        )
     return rows
 
 

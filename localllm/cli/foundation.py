@@ -15,11 +15,11 @@ if TYPE_CHECKING:
     from localllm.wire import CallResult
 
 
-
 def add_config_option(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
     """``-c/--config FILE``: the one spelling every command that reads a config accepts."""
-    parser.add_argument("-c", "--config", type=Path, required=required, metavar="FILE",
-                        help="the config file (localllm.yaml)")
+    parser.add_argument(
+        "-c", "--config", type=Path, required=required, metavar="FILE", help="the config file (localllm.yaml)"
+    )
 
 
 def _setup_check(parser: argparse.ArgumentParser) -> None:
@@ -36,8 +36,9 @@ def _setup_call(parser: argparse.ArgumentParser) -> None:
     add_config_option(parser)
     parser.add_argument("--agent", required=True, metavar="ALIAS", help="agent alias, e.g. agent.local")
     prompt = parser.add_mutually_exclusive_group(required=True)
-    prompt.add_argument("--prompt", metavar="TEXT",
-                        help="prompt text ({{ args.NAME }} / {{ world.NAME }} templates allowed)")
+    prompt.add_argument(
+        "--prompt", metavar="TEXT", help="prompt text ({{ args.NAME }} / {{ world.NAME }} templates allowed)"
+    )
     prompt.add_argument("--prompt-file", type=Path, metavar="F", help="read the prompt from this file")
     parser.add_argument("--schema", type=Path, metavar="F", help="JSON Schema file the answer must satisfy")
     parser.add_argument("--timeout", type=float, metavar="S", help="hard cap in seconds")
@@ -73,16 +74,21 @@ def load(path: Path) -> Config:
 def _check(args: argparse.Namespace) -> int:
     given = {p for p in (args.config_file, args.config) if p is not None}
     if len(given) != 1:
-        raise UsageError("check needs exactly one config file" if not given else
-                         f"two different configs given: {args.config_file} and {args.config}",
-                         hint="localllm check CONFIG  (or: localllm check -c CONFIG)")
+        raise UsageError(
+            "check needs exactly one config file"
+            if not given
+            else f"two different configs given: {args.config_file} and {args.config}",
+            hint="localllm check CONFIG  (or: localllm check -c CONFIG)",
+        )
     config = load(given.pop())
     summary: dict[str, Any] = {
         "config": str(config.path),
         "app_id": config.app_id,
         "agents": {alias: decl.plugin for alias, decl in config.agents.items()},
-        "gates": {name: {"verb": g.verb, "agent": g.agent, "fallback": config.fallback_for(g.agent, name)}
-                  for name, g in config.gates.items()},
+        "gates": {
+            name: {"verb": g.verb, "agent": g.agent, "fallback": config.fallback_for(g.agent, name)}
+            for name, g in config.gates.items()
+        },
         "embedders": sorted(config.embedders),
         "intents": sorted(config.intents),
         "warnings": _template_warnings(config),
@@ -93,14 +99,18 @@ def _check(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(summary)
     else:
-        out(f"{config.path}: ok ({len(config.agents)} agents, {len(config.gates)} gates, "
-            f"{len(config.embedders)} embedders)")
+        out(
+            f"{config.path}: ok ({len(config.agents)} agents, {len(config.gates)} gates, "
+            f"{len(config.embedders)} embedders)"
+        )
         for name, target in config.fallbacks().items():
             out(f"  gate {name}: {'falls back to ' + target if target else 'no fallback'}")
         for name, reasons in stale.items():
             for who, why in reasons.items():
-                warn(f"gate {name}: evidence is stale{' for ' + who if who else ''}: {'; '.join(why)} "
-                     f"(re-run `localllm eval {name} -c {config.path}`)")
+                warn(
+                    f"gate {name}: evidence is stale{' for ' + who if who else ''}: {'; '.join(why)} "
+                    f"(re-run `localllm eval {name} -c {config.path}`)"
+                )
         for line in summary["warnings"]:
             warn(line)
     return EXIT_OK
@@ -150,8 +160,9 @@ def _call(args: argparse.Namespace) -> int:
     call_args, world = parse_kv(args.arg), parse_kv(args.world, flag="--world")
 
     def ask(runtime: Runtime) -> CallResult:
-        return runtime.call(args.verb, agent=args.agent, prompt=prompt, schema=schema, args=call_args,
-                            world=world, timeout=args.timeout)
+        return runtime.call(
+            args.verb, agent=args.agent, prompt=prompt, schema=schema, args=call_args, world=world, timeout=args.timeout
+        )
 
     return _run_and_print(config, args, args.agent, ask)
 
@@ -164,8 +175,9 @@ def _run(args: argparse.Namespace) -> int:
     return _run_and_print(config, args, alias, lambda runtime: runtime.run_gate(args.gate, call_args, world))
 
 
-def _run_and_print(config: Config, args: argparse.Namespace, alias: str | None,
-                   work: Callable[[Runtime], CallResult]) -> int:
+def _run_and_print(
+    config: Config, args: argparse.Namespace, alias: str | None, work: Callable[[Runtime], CallResult]
+) -> int:
     """Run one call in a fresh Runtime (``--cassette`` replaces ``alias``), print the result.
 
     The trace path is named on stderr either way: a failed call's events are in it too.
@@ -188,8 +200,16 @@ def _run_and_print(config: Config, args: argparse.Namespace, alias: str | None,
 
 def _print_result(result: CallResult, as_json: bool) -> None:
     if as_json:
-        emit_json({"ok": result.ok, "submission": result.submission, "meta": result.meta,
-                   "call_id": result.call_id, "agent": result.agent, "exit_code": result.exit_code})
+        emit_json(
+            {
+                "ok": result.ok,
+                "submission": result.submission,
+                "meta": result.meta,
+                "call_id": result.call_id,
+                "agent": result.agent,
+                "exit_code": result.exit_code,
+            }
+        )
         return
     value = result.submission
     if isinstance(value, str):

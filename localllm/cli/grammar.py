@@ -54,8 +54,10 @@ def unwrap_corpus_entry(path: Path, doc: dict[str, Any]) -> tuple[dict[str, Any]
         return doc, None
     inner, recorded = doc["schema"], doc["verdict"]
     if not isinstance(inner, dict):
-        raise SchemaError(f"{path}: looks like a grammar corpus entry (has \"schema\" and \"verdict\"), "
-                          f"but its \"schema\" is a {type(inner).__name__}, not a JSON Schema object")
+        raise SchemaError(
+            f'{path}: looks like a grammar corpus entry (has "schema" and "verdict"), '
+            f'but its "schema" is a {type(inner).__name__}, not a JSON Schema object'
+        )
     return inner, recorded if isinstance(recorded, str) else repr(recorded)
 
 
@@ -68,8 +70,11 @@ def _check(args: argparse.Namespace) -> int:
     results: list[dict[str, Any]] = []
     for path, schema, recorded in loaded:
         findings = check_subset(schema)
-        result: dict[str, Any] = {"file": str(path), "verdict": verdict(findings),
-                                  "findings": [asdict(v) for v in findings]}
+        result: dict[str, Any] = {
+            "file": str(path),
+            "verdict": verdict(findings),
+            "findings": [asdict(v) for v in findings],
+        }
         if recorded is not None:
             result["corpus_verdict"] = recorded
         results.append(result)

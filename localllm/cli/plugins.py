@@ -25,8 +25,13 @@ def _setup(parser: argparse.ArgumentParser) -> None:
         "1 if it is rejected.",
     )
     check.add_argument("dir", metavar="DIR", type=Path, help="the plugin root (the directory with plugin.json)")
-    check.add_argument("--data-root", type=Path, default=None, metavar="D",
-                       help="parent of PLUGIN_DATA directories (default: DIR/../data)")
+    check.add_argument(
+        "--data-root",
+        type=Path,
+        default=None,
+        metavar="D",
+        help="parent of PLUGIN_DATA directories (default: DIR/../data)",
+    )
     check.add_argument("--json", action="store_true", help="print the result as JSON")
     check.set_defaults(handler=_check)
 
@@ -54,14 +59,18 @@ def result_to_json(result: PluginLoadResult) -> dict[str, Any]:
     if isinstance(result, PluginLoaded):
         m = result.manifest
         aliases = {id(server): alias for alias, server in mcp_agent_decls(result)}
-        doc.update({
-            "data_dir": str(result.data_dir),
-            "manifest": {"name": m.name, "version": m.version, "description": m.description},
-            "skills": [{"name": s.name, "description": s.description, "path": str(s.path)} for s in result.skills],
-            "mcp_servers": [_server_json(s, aliases[id(s)]) for s in result.mcp_servers],
-            "flows": [{"name": f.name, "start": f.start, "nodes": len(f.node_ids), "origin": f.origin}
-                      for f in result.flows],
-        })
+        doc.update(
+            {
+                "data_dir": str(result.data_dir),
+                "manifest": {"name": m.name, "version": m.version, "description": m.description},
+                "skills": [{"name": s.name, "description": s.description, "path": str(s.path)} for s in result.skills],
+                "mcp_servers": [_server_json(s, aliases[id(s)]) for s in result.mcp_servers],
+                "flows": [
+                    {"name": f.name, "start": f.start, "nodes": len(f.node_ids), "origin": f.origin}
+                    for f in result.flows
+                ],
+            }
+        )
     doc["diagnostics"] = [d.to_json() for d in result.diagnostics]
     return doc
 
@@ -69,12 +78,14 @@ def result_to_json(result: PluginLoadResult) -> dict[str, Any]:
 def _server_json(server: McpServerConfig, alias: str) -> dict[str, Any]:
     item: dict[str, Any] = {"name": server.name, "alias": alias, "transport": server.transport}
     if server.transport == "stdio":
-        item.update({
-            "command": server.command,
-            "args": list(server.args),
-            "env": sorted(server.env),  # names only: values may be credentials
-            "cwd": str(server.cwd) if server.cwd is not None else None,
-        })
+        item.update(
+            {
+                "command": server.command,
+                "args": list(server.args),
+                "env": sorted(server.env),  # names only: values may be credentials
+                "cwd": str(server.cwd) if server.cwd is not None else None,
+            }
+        )
     else:
         item.update({"url": _url_without_query(server.url), "headers": sorted(server.headers)})
     return item

@@ -25,12 +25,17 @@ def _setup_serve(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--config", "-c", type=Path, help="also serve this config's managed models, with its settings")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = any free)")
-    serve.add_argument("--keep-alive", default="5m", metavar="DURATION",
-                       help="unload a model idle this long (30s, 5m, 1h; 0 = at once, -1 = never; default 5m)")
+    serve.add_argument(
+        "--keep-alive",
+        default="5m",
+        metavar="DURATION",
+        help="unload a model idle this long (30s, 5m, 1h; 0 = at once, -1 = never; default 5m)",
+    )
     serve.add_argument("--max-models", type=int, metavar="N", help="at most N models loaded (LRU idle one unloads)")
     serve.add_argument("--memory-budget", metavar="GiB", help="keep loaded models within this RSS (e.g. 6 or 512MiB)")
-    serve.add_argument("--parallel", type=int, default=None, metavar="N",
-                       help="slots of a pinned chat model's server (default 4)")
+    serve.add_argument(
+        "--parallel", type=int, default=None, metavar="N", help="slots of a pinned chat model's server (default 4)"
+    )
     auth = serve.add_mutually_exclusive_group()
     auth.add_argument("--api-key-env", metavar="NAME", help="take the bearer token from this variable")
     auth.add_argument("--no-auth", action="store_true", help="accept requests without a token (loopback only)")
@@ -51,7 +56,6 @@ def _setup_stop(stop: argparse.ArgumentParser) -> None:
 
 #: command name → adds its arguments and handler (the lazy command table's convention)
 SETUP = {"serve": _setup_serve, "ps": _setup_ps, "stop": _setup_stop}
-
 
 
 def _options(args: argparse.Namespace) -> Any:
@@ -76,17 +80,28 @@ def _options(args: argparse.Namespace) -> Any:
         token = settings.env_value(args.api_key_env)
         if not token:
             raise UsageError(f"--api-key-env {args.api_key_env}: the variable is not set; export it first")
-    return ServeOptions(host=args.host, port=args.port, keep_alive=keep_alive, max_models=args.max_models,
-                        memory_budget=budget, token=token, no_auth=args.no_auth,
-                        chat_parallel=args.parallel or 4)
+    return ServeOptions(
+        host=args.host,
+        port=args.port,
+        keep_alive=keep_alive,
+        max_models=args.max_models,
+        memory_budget=budget,
+        token=token,
+        no_auth=args.no_auth,
+        chat_parallel=args.parallel or 4,
+    )
 
 
 def _child_argv(args: argparse.Namespace) -> list[str]:
     out = ["--host", args.host, "--port", str(args.port), "--keep-alive", args.keep_alive]
     if args.config is not None:
         out += ["--config", str(args.config.resolve())]
-    for flag, value in (("--max-models", args.max_models), ("--memory-budget", args.memory_budget),
-                        ("--parallel", args.parallel), ("--api-key-env", args.api_key_env)):
+    for flag, value in (
+        ("--max-models", args.max_models),
+        ("--memory-budget", args.memory_budget),
+        ("--parallel", args.parallel),
+        ("--api-key-env", args.api_key_env),
+    ):
         if value is not None:
             out += [flag, str(value)]
     if args.no_auth:
@@ -155,9 +170,19 @@ def _ps(args: argparse.Namespace) -> int:
     err(f"service pid {service['pid']} at {service['url']} (keep-alive {_human_seconds(service['keep_alive_s'])})")
     rows = [("MODEL", "ROLE", "STATE", "PID", "PORT", "SLOTS", "SERVED", "IDLE", "RSS")]
     for m in data["models"]:
-        rows.append((m["id"], m["role"], m["state"], str(m["pid"] or "-"), str(m["port"] or "-"),
-                     f"{m['slots_busy']}/{m['slots_total']}", str(m["requests_served"]),
-                     _human_seconds(m["idle_s"]), _human_bytes(m["rss_bytes"])))
+        rows.append(
+            (
+                m["id"],
+                m["role"],
+                m["state"],
+                str(m["pid"] or "-"),
+                str(m["port"] or "-"),
+                f"{m['slots_busy']}/{m['slots_total']}",
+                str(m["requests_served"]),
+                _human_seconds(m["idle_s"]),
+                _human_bytes(m["rss_bytes"]),
+            )
+        )
     if not data["models"]:
         err("no models loaded")
         return EXIT_OK

@@ -48,8 +48,9 @@ def _setup(parser: argparse.ArgumentParser) -> None:
     cassette.add_argument("file", type=path_arg, metavar="F")
     cassette.add_argument("--agent", metavar="ALIAS", help="only the answers of this agent (e.g. agent.claude)")
     cassette.add_argument("--replay-any", action="store_true", help="let every episode replay for ever")
-    cassette.add_argument("--match-handler", action="store_true",
-                          help="match the routed alias too (default: schema and args only)")
+    cassette.add_argument(
+        "--match-handler", action="store_true", help="match the routed alias too (default: schema and args only)"
+    )
     cassette.add_argument("-o", "--output", type=path_arg, metavar="OUT", help="write the YAML here (default: stdout)")
     cassette.set_defaults(handler=_cassette)
 
@@ -107,12 +108,24 @@ def _stats(args: argparse.Namespace) -> int:
         out(f"{kind.ljust(width)}  {count}")
     calls = stats["calls"]
     out("")
-    out(f"agent calls: {calls['total']} (ok {calls['ok']}, error {calls['error']}, "
-        f"fallbacks {calls['fallbacks']}); duration p50 {_ms(calls['p50_ms'])}, p95 {_ms(calls['p95_ms'])}")
+    out(
+        f"agent calls: {calls['total']} (ok {calls['ok']}, error {calls['error']}, "
+        f"fallbacks {calls['fallbacks']}); duration p50 {_ms(calls['p50_ms'])}, p95 {_ms(calls['p95_ms'])}"
+    )
     if stats["agents"]:
         table = [("AGENT", "CALLS", "OK", "ERROR", "FALLBACKS", "P50_MS", "P95_MS")]
-        table += [(name, str(a["total"]), str(a["ok"]), str(a["error"]), str(a["fallbacks"]),
-                   _ms(a["p50_ms"]), _ms(a["p95_ms"])) for name, a in stats["agents"].items()]
+        table += [
+            (
+                name,
+                str(a["total"]),
+                str(a["ok"]),
+                str(a["error"]),
+                str(a["fallbacks"]),
+                _ms(a["p50_ms"]),
+                _ms(a["p95_ms"]),
+            )
+            for name, a in stats["agents"].items()
+        ]
         out("")
         _print_table(table)
     return EXIT_OK
@@ -123,10 +136,12 @@ def _cases(args: argparse.Namespace) -> int:
 
     lines = cases_from_calls(recorded_calls(args.file), args.gate, exact=args.exact)
     if not lines:
-        raise UsageError(f"{args.file}: no successful call of gate {args.gate!r}",
-                         hint="check the gate name (`localllm trace show F --kind agent.call`)")
+        raise UsageError(
+            f"{args.file}: no successful call of gate {args.gate!r}",
+            hint="check the gate name (`localllm trace show F --kind agent.call`)",
+        )
     _write("".join(line + "\n" for line in lines), args.output)
-    warn(f"{len(lines)} cases written unlabelled: check each expect, then set \"labelled\": true")
+    warn(f'{len(lines)} cases written unlabelled: check each expect, then set "labelled": true')
     return EXIT_OK
 
 
@@ -135,8 +150,9 @@ def _cassette(args: argparse.Namespace) -> int:
 
     from localllm.eval.fromtrace import cassette_from_calls, recorded_calls
 
-    doc = cassette_from_calls(recorded_calls(args.file), agent=args.agent, replay_any=args.replay_any,
-                              match_handler=args.match_handler)
+    doc = cassette_from_calls(
+        recorded_calls(args.file), agent=args.agent, replay_any=args.replay_any, match_handler=args.match_handler
+    )
     _write(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=120), args.output)
     return EXIT_OK
 
@@ -151,8 +167,9 @@ def _write(text: str, target: Path | None) -> None:
     try:
         atomic_write(target, text)
     except OSError as exc:
-        raise TraceError(f"cannot write {target}: {exc.strerror or exc}",
-                         hint="check that the directory is writable and has space") from exc
+        raise TraceError(
+            f"cannot write {target}: {exc.strerror or exc}", hint="check that the directory is writable and has space"
+        ) from exc
     err(f"wrote {target}")
 
 

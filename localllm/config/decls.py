@@ -67,16 +67,18 @@ class AgentDecl:
 
     alias: str
     plugin: str
-    timeout: float = setting(DEFAULT_TIMEOUT, "hard cap per call, seconds (deadline_exceeded after it)",
-                             check="positive")
+    timeout: float = setting(
+        DEFAULT_TIMEOUT, "hard cap per call, seconds (deadline_exceeded after it)", check="positive"
+    )
 
 
 @dataclass(frozen=True)
 class ClaudeCliDecl(AgentDecl):
     """``builtin.claude_cli``: the local ``claude`` binary."""
 
-    claude_bin: str | None = setting(None, "the claude executable (default: LOCALLLM_CLAUDE_BIN, then PATH)",
-                                     check="program")
+    claude_bin: str | None = setting(
+        None, "the claude executable (default: LOCALLLM_CLAUDE_BIN, then PATH)", check="program"
+    )
     model: str | None = setting(None, "passed as --model")
     extra_args: tuple[str, ...] = setting((), "extra claude flags")
 
@@ -95,8 +97,11 @@ class SubprocessDecl(AgentDecl):
     command: str = setting("", "the executable (argv[0])", example="command: /path/to/agent")
     args: tuple[str, ...] = setting((), "its arguments")
     #: already interpolated (``${VAR}`` resolved at load); values are secrets
-    env: dict[str, str] = field(default_factory=dict, repr=False,
-                                metadata=key("added to the parent environment; ${VAR} interpolated", check="env"))
+    env: dict[str, str] = field(
+        default_factory=dict,
+        repr=False,
+        metadata=key("added to the parent environment; ${VAR} interpolated", check="env"),
+    )
     cwd: Path | None = field(default=None, metadata=key("working directory, relative to the config file"))
 
 
@@ -107,15 +112,22 @@ class McpHttpDecl(AgentDecl):
     REQUIRED = (("endpoint",),)
 
     #: not in repr: a query string can carry a token
-    endpoint: str = field(default="", repr=False, metadata=key("the MCP endpoint URL", check="url",
-                                                              example="endpoint: http://127.0.0.1:7301/mcp"))
+    endpoint: str = field(
+        default="",
+        repr=False,
+        metadata=key("the MCP endpoint URL", check="url", example="endpoint: http://127.0.0.1:7301/mcp"),
+    )
     tool: str = setting("ask", "the tool that answers")
     #: already interpolated; values are secrets
-    headers: dict[str, str] = field(default_factory=dict, repr=False,
-                                    metadata=key("sent with every request; ${VAR} interpolated", check="headers"))
-    elicitation: str = setting("decline", "answer to the server's elicitation/create: decline, or defaults "
-                               "(accept a form whose every required field has a default)",
-                               choices=("decline", "defaults"))
+    headers: dict[str, str] = field(
+        default_factory=dict, repr=False, metadata=key("sent with every request; ${VAR} interpolated", check="headers")
+    )
+    elicitation: str = setting(
+        "decline",
+        "answer to the server's elicitation/create: decline, or defaults "
+        "(accept a form whose every required field has a default)",
+        choices=("decline", "defaults"),
+    )
 
 
 @dataclass(frozen=True)
@@ -141,29 +153,45 @@ class LocalLLMDecl(AgentDecl):
 
     REQUIRED = (("model", "endpoint"),)
 
-    model: str | None = setting(None, "managed: a pinned chat model id or a `*.gguf` path; beside endpoint: the name "
-                                "sent in the body", example="model: gemma-3-270m (managed)")
-    endpoint: str | None = setting(None, "attach to an OpenAI-compatible server (never fetch/spawn/kill)",
-                                   check="url", example="endpoint: http://127.0.0.1:8080 (attach)")
-    grammar: bool | str = setting(True, "true: localllm's exact compiled grammar (llama.cpp's converter for a "
-                                  "schema it cannot compile); server: llama.cpp's converter; false: none",
-                                  choices=("server",))
+    model: str | None = setting(
+        None,
+        "managed: a pinned chat model id or a `*.gguf` path; beside endpoint: the name sent in the body",
+        example="model: gemma-3-270m (managed)",
+    )
+    endpoint: str | None = setting(
+        None,
+        "attach to an OpenAI-compatible server (never fetch/spawn/kill)",
+        check="url",
+        example="endpoint: http://127.0.0.1:8080 (attach)",
+    )
+    grammar: bool | str = setting(
+        True,
+        "true: localllm's exact compiled grammar (llama.cpp's converter for a "
+        "schema it cannot compile); server: llama.cpp's converter; false: none",
+        choices=("server",),
+    )
     json_schema: bool = setting(False, "always send the server's own schema field (wins over grammar)")
-    response_format: str = setting("auto", "how the schema is sent; auto: endpoint mode probes once, managed mode "
-                                   "follows grammar/json_schema", choices=RESPONSE_FORMATS)
-    api_key_env: str | None = setting(None, "NAME of the env var with a bearer token, read per call; \"\" disables "
-                                      "auth", check="env_name")
-    fallback: str = setting(DEFAULT_FALLBACK, "who answers after a schema_invalid local answer: an alias or none",
-                            check="fallback")
+    response_format: str = setting(
+        "auto",
+        "how the schema is sent; auto: endpoint mode probes once, managed mode follows grammar/json_schema",
+        choices=RESPONSE_FORMATS,
+    )
+    api_key_env: str | None = setting(
+        None, 'NAME of the env var with a bearer token, read per call; "" disables auth', check="env_name"
+    )
+    fallback: str = setting(
+        DEFAULT_FALLBACK, "who answers after a schema_invalid local answer: an alias or none", check="fallback"
+    )
     port: int | None = setting(None, "default: --port 0 (the bound port is read from the log)", low=1, high=65535)
-    server_bin: str | None = setting(None, "a llama-server to use instead of the cached one (relative to the config)",
-                                     check="executable")
+    server_bin: str | None = setting(
+        None, "a llama-server to use instead of the cached one (relative to the config)", check="executable"
+    )
     parallel: int = setting(4, "--parallel N slots", low=1, high=256)
-    ctx_size: int = setting(2048, "context tokens per slot; the server gets ctx_size × parallel", low=64,
-                            high=1 << 20)
+    ctx_size: int = setting(2048, "context tokens per slot; the server gets ctx_size × parallel", low=64, high=1 << 20)
     max_tokens: int = setting(512, "answer length cap", low=1, high=1 << 20)
-    temperature: float | None = setting(None, "default: 0 for decide, the server's default otherwise", low=0.0,
-                                        high=2.0)
+    temperature: float | None = setting(
+        None, "default: 0 for decide, the server's default otherwise", low=0.0, high=2.0
+    )
     extra_args: tuple[str, ...] = setting((), "extra llama-server flags (not the managed ones)")
     health_timeout: float = setting(180.0, "seconds for /health to turn 200", check="positive")
     schema_in_prompt: bool = setting(True, "state the JSON shape in the prompt (llama.cpp does not)")
@@ -188,16 +216,23 @@ class EmbedderDecl:
     """An embedding sidecar under ``embedders:``."""
 
     name: str
-    model: str | None = setting(None, "managed: a pinned embedding model id or a `*.gguf` path (default "
-                                "nomic-embed-text-v1.5); with endpoint (required): the served model's id",
-                                example="model: all-minilm-l6-v2")
+    model: str | None = setting(
+        None,
+        "managed: a pinned embedding model id or a `*.gguf` path (default "
+        "nomic-embed-text-v1.5); with endpoint (required): the served model's id",
+        example="model: all-minilm-l6-v2",
+    )
     endpoint: str | None = setting(None, "attach to an OpenAI-compatible /v1/embeddings", check="url")
-    api_key_env: str | None = setting(None, "NAME of the env var with a bearer token; \"\" disables auth",
-                                      check="env_name")
-    dims: int | None = setting(None, "output dims (Matryoshka truncation below the native dims)", low=1,
-                               high=1 << 16)
-    normalize: bool | str = setting("auto", "L2-normalise here: auto (when the server's vectors are not unit), "
-                                    "true (always), false (refuse non-unit vectors)", choices=("auto",))
+    api_key_env: str | None = setting(
+        None, 'NAME of the env var with a bearer token; "" disables auth', check="env_name"
+    )
+    dims: int | None = setting(None, "output dims (Matryoshka truncation below the native dims)", low=1, high=1 << 16)
+    normalize: bool | str = setting(
+        "auto",
+        "L2-normalise here: auto (when the server's vectors are not unit), "
+        "true (always), false (refuse non-unit vectors)",
+        choices=("auto",),
+    )
     port: int | None = setting(None, "default: a free port", low=1, high=65535)
     server_bin: str | None = setting(None, "a llama-server to use instead of the cached one", check="executable")
     parallel: int = setting(1, "--parallel N slots", low=1, high=256)
@@ -213,8 +248,7 @@ class RouterDecl:
 
     REQUIRED: ClassVar[tuple[tuple[str, ...], ...]] = (("embedder", "agent"),)
 
-    embedder: str | None = setting(None, "the semantic tier: an embedder name", check="name",
-                                   example="embedder: docs")
+    embedder: str | None = setting(None, "the semantic tier: an embedder name", check="name", example="embedder: docs")
     agent: str | None = setting(None, "the decide tier: an agent alias", check="name", example="agent: agent.local")
     confident: float = setting(ROUTER_CONFIDENT, "route when the best score is at least this", low=0.0, high=1.0)
     margin: float = setting(ROUTER_MARGIN, "… and leads the runner-up by at least this", low=0.0, high=1.0)
@@ -229,8 +263,9 @@ class Selection:
     profile: str | None = setting(None, "the harness profile meant to answer")
     model: str | None = setting(None, "the model meant to answer")
     effort: str | None = setting(None, "the effort meant (low, medium, …)")
-    evidence: Path | None = field(default=None, metadata=key("an eval report (JSON) under the config directory",
-                                                             check="json_file"))
+    evidence: Path | None = field(
+        default=None, metadata=key("an eval report (JSON) under the config directory", check="json_file")
+    )
     fallback_profile: str | None = setting(None, "the profile used when the evidence does not pass")
     policy: str | None = setting(None, "how to pick an agent from the evidence", choices=("cheapest-passing",))
     min_accuracy: float | None = setting(None, "evidence passes at this accuracy or better", low=0.0, high=1.0)

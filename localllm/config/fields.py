@@ -31,10 +31,24 @@ from localllm.errors import ProblemList
 _VAR = re.compile(r"\$\{([^}]*)\}")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
-_TYPE_NAMES = {str: "a string", float: "a number", int: "an integer", bool: "true or false",
-               tuple: "a list of strings", dict: "a mapping of names to strings", Path: "a path"}
-_DOC_TYPES = {str: "string", float: "number", int: "integer", bool: "bool", tuple: "list of strings",
-              dict: "map", Path: "path"}
+_TYPE_NAMES = {
+    str: "a string",
+    float: "a number",
+    int: "an integer",
+    bool: "true or false",
+    tuple: "a list of strings",
+    dict: "a mapping of names to strings",
+    Path: "a path",
+}
+_DOC_TYPES = {
+    str: "string",
+    float: "number",
+    int: "integer",
+    bool: "bool",
+    tuple: "list of strings",
+    dict: "map",
+    Path: "path",
+}
 #: NAME_MAX / PATH_MAX on Linux: longer names fail every file operation
 _NAME_MAX, _PATH_MAX = 255, 4096
 BAD = object()
@@ -159,8 +173,9 @@ def interpolate(value: str, lookup: Callable[[str], str | None]) -> tuple[str, l
     return "".join(out), problems, used
 
 
-def parse_decl(cls: type, raw: Mapping[Any, Any], where: str, ctx: Context, *,
-               skip: tuple[str, ...] = (), what: str = "") -> dict[str, Any]:
+def parse_decl(
+    cls: type, raw: Mapping[Any, Any], where: str, ctx: Context, *, skip: tuple[str, ...] = (), what: str = ""
+) -> dict[str, Any]:
     """The field values ``raw`` sets for ``cls`` (only the valid ones); problems to ``ctx``.
 
     ``skip`` keys are read by the caller; ``what`` names the declaration in messages
@@ -176,8 +191,9 @@ def parse_decl(cls: type, raw: Mapping[Any, Any], where: str, ctx: Context, *,
         found = spec.get(name)
         if found is None:
             label = f" for {what}" if what else ""
-            ctx.problems.add(f"{where}.{name}", f"unknown key{label}{closest(name, allowed)}",
-                             f"allowed keys: {', '.join(allowed)}")
+            ctx.problems.add(
+                f"{where}.{name}", f"unknown key{label}{closest(name, allowed)}", f"allowed keys: {', '.join(allowed)}"
+            )
             continue
         if value is None:
             continue  # null means the default
@@ -246,15 +262,19 @@ def _string(spec: KeySpec, value: str, where: str, ctx: Context) -> Any:
         return BAD
     check = spec.key.check
     if spec.key.choices and value not in spec.key.choices:
-        ctx.problems.add(where, f"must be one of {', '.join(spec.key.choices)}, got {show(value)}"
-                         f"{closest(value, spec.key.choices)}")
+        ctx.problems.add(
+            where, f"must be one of {', '.join(spec.key.choices)}, got {show(value)}{closest(value, spec.key.choices)}"
+        )
         return BAD
     if check == "env_name":
         if value == "":
             return None  # "" disables auth (contract §9)
         if not ENV_NAME.match(value):
-            ctx.problems.add(where, "must be the NAME of an environment variable (not the key itself)",
-                             'e.g. api_key_env: GLM_API_KEY, or "" for no auth')
+            ctx.problems.add(
+                where,
+                "must be the NAME of an environment variable (not the key itself)",
+                'e.g. api_key_env: GLM_API_KEY, or "" for no auth',
+            )
             return BAD
     elif check == "url":
         problem = url_issue(value)
@@ -335,8 +355,11 @@ def _strings(value: Any, where: str, ctx: Context) -> Any:
     items = value if isinstance(value, list) else None
     out: list[str] = []
     for item in items or ():
-        if isinstance(item, bool) or not isinstance(item, (str, int, float)) or (
-                isinstance(item, float) and not math.isfinite(item)):
+        if (
+            isinstance(item, bool)
+            or not isinstance(item, (str, int, float))
+            or (isinstance(item, float) and not math.isfinite(item))
+        ):
             items = None
             break
         text = item if isinstance(item, str) else show(item, 100)
@@ -361,8 +384,9 @@ def _secret_map(check: str, raw: Any, where: str, ctx: Context) -> Any:
         name = str(raw_name)
         name_ok = ENV_NAME.match(name) if check == "env" else _HEADER_NAME.match(name)
         if not name_ok:
-            ctx.problems.add(f"{where}.{name}",
-                             f"is not a valid {'environment variable' if check == 'env' else 'header'} name")
+            ctx.problems.add(
+                f"{where}.{name}", f"is not a valid {'environment variable' if check == 'env' else 'header'} name"
+            )
         elif isinstance(val, bool) or not isinstance(val, (str, int, float)):
             ctx.problems.add(f"{where}.{name}", "must be a string")
         else:
@@ -379,8 +403,11 @@ def _secret_value(check: str, name: str, value: str, where: str, ctx: Context) -
     for issue in issues:
         if issue.startswith("env var "):
             var = issue.split()[2]
-            ctx.problems.add(owner, f"env var {var} referenced in {section}.{name} not set",
-                             f"export {var}=… before loading, or remove the reference")
+            ctx.problems.add(
+                owner,
+                f"env var {var} referenced in {section}.{name} not set",
+                f"export {var}=… before loading, or remove the reference",
+            )
         else:
             ctx.problems.add(f"{where}.{name}", issue, "write ${NAME} with a variable name")
     problem = text_issue(text) or (_header_value_issue(text) if check == "headers" else "")
@@ -435,8 +462,11 @@ def reference_table(sections: Mapping[str, type]) -> str:
                 kind += f" {low:g}–{high:g}" if isinstance(low, float) else f" {low}–{high}"
             if spec.key.check == "positive":
                 kind += " > 0"
-            required = " **required**" if groups == {spec.name} else (" **one of** " + "/".join(
-                sorted(groups)) if spec.name in groups else "")
+            required = (
+                " **required**"
+                if groups == {spec.name}
+                else (" **one of** " + "/".join(sorted(groups)) if spec.name in groups else "")
+            )
             choices = f" ({', '.join(spec.key.choices)})" if spec.key.choices else ""
             if spec.type is bool and spec.key.choices:  # the words a bool key takes besides true/false
                 kind, choices = " or ".join((kind, *spec.key.choices)), ""
@@ -455,6 +485,7 @@ def inside(base_dir: Path, value: str) -> Path | None:
     if Path(value).is_absolute() or not full.is_relative_to(base):
         return None
     return full
+
 
 def read_json_under(full: Path, raw: str, key: str, ctx: Context) -> Any:
     """``full`` (written ``raw``) if it lies under the config directory and parses as JSON."""

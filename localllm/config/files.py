@@ -21,7 +21,6 @@ TEMPLATE = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
 _TEMPLATE_REF = re.compile(r"^(args|world)\.[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
-
 def resolve_prompt(raw: Any, key: str, ctx: Context) -> tuple[str, Path | None]:
     """A prompt value is a file path (relative to the config) when one exists, else inline text."""
     if not isinstance(raw, str) or not raw.strip():
@@ -68,13 +67,19 @@ def schema_file(raw: Any, key: str, ctx: Context) -> Path | None:
         elif inside(ctx.base_dir, pattern.replace("*", "x")) is None:
             ctx.problems.add(key, f"schema {raw!r} is outside the config directory {ctx.base_dir}")
         elif not _glob(ctx.base_dir, pattern):
-            ctx.problems.add(key, f"no schema file matches {pattern!r} under {ctx.base_dir}",
-                             "the template is resolved per call; at least one file must exist")
+            ctx.problems.add(
+                key,
+                f"no schema file matches {pattern!r} under {ctx.base_dir}",
+                "the template is resolved per call; at least one file must exist",
+            )
         return None
     path = inside(ctx.base_dir, raw)
     if path is None:
-        ctx.problems.add(key, f"schema {raw!r} is outside the config directory {ctx.base_dir}",
-                         "keep schemas under the config's directory")
+        ctx.problems.add(
+            key,
+            f"schema {raw!r} is outside the config directory {ctx.base_dir}",
+            "keep schemas under the config's directory",
+        )
     return path
 
 
@@ -83,7 +88,6 @@ def _glob(base_dir: Path, pattern: str) -> bool:
         return any(p.is_file() for p in base_dir.glob(pattern))
     except (OSError, ValueError, NotImplementedError):
         return False
-
 
 
 def gguf_issue(model: str, base_dir: Path) -> tuple[Path | None, str]:

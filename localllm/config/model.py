@@ -95,13 +95,17 @@ class Config:
         issue = path_issue(rendered)
         target = None if issue else inside(self.base_dir, rendered)
         if target is None:
-            raise fail(f"{found.schema!r} rendered to {rendered!r}, {issue or 'outside the config directory'}",
-                       "pass args that name a schema under the config directory")
+            raise fail(
+                f"{found.schema!r} rendered to {rendered!r}, {issue or 'outside the config directory'}",
+                "pass args that name a schema under the config directory",
+            )
         try:
             ok = target.is_file()
         except OSError:
             ok = False
         if not ok:
-            raise fail(f"{found.schema!r} rendered to {rendered!r}: file {target} not found",
-                       "pass args that name an existing schema file")
+            raise fail(
+                f"{found.schema!r} rendered to {rendered!r}: file {target} not found",
+                "pass args that name an existing schema file",
+            )
         return target

@@ -70,16 +70,28 @@ class Draft:
         """The checked ``Config``; ``ConfigError`` (in file order) if any problem was found."""
         if self.problems.items:
             raise ConfigError([printable(p) for p in in_file_order(self.problems.items, self.data)])
-        return Config(path=self.file, base_dir=self.ctx.base_dir, app_id=self.app_id, agents=self.agents,
-                      gates=self.gates, embedders=self.embedders, intents=self.intents, router=self.router,
-                      plugin_dirs=tuple(self.plugin_dirs.values()), secrets=tuple(sorted(self.ctx.secrets)))
+        return Config(
+            path=self.file,
+            base_dir=self.ctx.base_dir,
+            app_id=self.app_id,
+            agents=self.agents,
+            gates=self.gates,
+            embedders=self.embedders,
+            intents=self.intents,
+            router=self.router,
+            plugin_dirs=tuple(self.plugin_dirs.values()),
+            secrets=tuple(sorted(self.ctx.secrets)),
+        )
 
 
 def _name(raw: Any, key: str, problems: ProblemList) -> str | None:
     """A declared name (alias, gate, embedder, intent) that is safe in a trace and a path."""
     name = raw if isinstance(raw, str) else show(raw)
-    issue = text_issue(name) or ("is too long" if len(name) > _NAME_MAX else "") or (
-        "must not contain control characters" if any(ord(c) < 32 for c in name) else "")
+    issue = (
+        text_issue(name)
+        or ("is too long" if len(name) > _NAME_MAX else "")
+        or ("must not contain control characters" if any(ord(c) < 32 for c in name) else "")
+    )
     if issue or not name:
         problems.add(key, f"name {show(name)} {issue or 'must not be empty'}")
         return None
@@ -93,8 +105,16 @@ def parse(path: Path) -> Draft:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError([ConfigProblem(str(file), "", f"the top level must be a mapping, got {type(data).__name__}",
-                                         "start the file with keys such as agent_plugins:")])
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    str(file),
+                    "",
+                    f"the top level must be a mapping, got {type(data).__name__}",
+                    "start the file with keys such as agent_plugins:",
+                )
+            ]
+        )
     try:
         base_dir = file.resolve().parent
     except (OSError, RuntimeError) as exc:
@@ -103,8 +123,9 @@ def parse(path: Path) -> Draft:
     problems = draft.problems
     for key in data:
         if key not in TOP_KEYS:
-            problems.add(str(key), f"unknown top-level key{closest(str(key), TOP_KEYS)}",
-                         f"allowed keys: {', '.join(TOP_KEYS)}")
+            problems.add(
+                str(key), f"unknown top-level key{closest(str(key), TOP_KEYS)}", f"allowed keys: {', '.join(TOP_KEYS)}"
+            )
     app_id = data.get("app_id", file.stem)
     if not isinstance(app_id, str):
         problems.add("app_id", f"must be a string, got {show(app_id)}")
@@ -136,12 +157,15 @@ def _agent(draft: Draft, raw_alias: Any, raw: Any) -> None:
         return
     plugin = raw.get("plugin")
     if plugin == "cassette":
-        problems.add(key, 'plugin "cassette" cannot be declared in agent_plugins:',
-                     "replay a cassette with `localllm call … --cassette FILE` or Runtime.register_agent")
+        problems.add(
+            key,
+            'plugin "cassette" cannot be declared in agent_plugins:',
+            "replay a cassette with `localllm call … --cassette FILE` or Runtime.register_agent",
+        )
         return
     cls = PLUGINS.get(plugin) if isinstance(plugin, str) else None
     if cls is None:
-        supported = f'(supported: {", ".join(PLUGIN_TYPES)})'
+        supported = f"(supported: {', '.join(PLUGIN_TYPES)})"
         if plugin is None:
             problems.add(key, f"plugin: is required {supported}", "plugin: builtin.local_llm")
         else:
@@ -174,12 +198,18 @@ def _model(draft: Draft, model: str, key: str, role: str) -> None:
     pin = models.get(model)
     of_role = sorted(m for m, p in models.items() if p.role == role)
     if pin is None:
-        draft.problems.add(key, f"unknown model {show(model)}{closest(model, of_role)}",
-                           f"known {role} models: {', '.join(of_role)} (or a path to a .gguf)")
+        draft.problems.add(
+            key,
+            f"unknown model {show(model)}{closest(model, of_role)}",
+            f"known {role} models: {', '.join(of_role)} (or a path to a .gguf)",
+        )
     elif pin.role != role:
         use = "an embedders: entry" if pin.role == "embedding" else "a builtin.local_llm agent"
-        draft.problems.add(key, f'"{model}" is {_a(pin.role)} model, not {_a(role)} model',
-                           f"use one of {', '.join(of_role)} here; {model} belongs in {use}")
+        draft.problems.add(
+            key,
+            f'"{model}" is {_a(pin.role)} model, not {_a(role)} model',
+            f"use one of {', '.join(of_role)} here; {model} belongs in {use}",
+        )
 
 
 def _a(word: str) -> str:
@@ -224,9 +254,12 @@ def _embedder(draft: Draft, raw_name: Any, raw: Any) -> None:
     decl = EmbedderDecl(name=name, **values)
     if decl.endpoint and not decl.model and f"{key}.endpoint" not in {p.key for p in draft.problems.items}:
         # the prefixes (search_query: …) depend on the served model: never guess them
-        draft.problems.add(f"{key}.model", "an endpoint embedder needs model: (the id of the model the endpoint "
-                           "serves: it is sent, and it picks the query/document prefixes)",
-                           "e.g. model: nomic-embed-text-v1.5; an id the registry does not know gets no prefixes")
+        draft.problems.add(
+            f"{key}.model",
+            "an endpoint embedder needs model: (the id of the model the endpoint "
+            "serves: it is sent, and it picks the query/document prefixes)",
+            "e.g. model: nomic-embed-text-v1.5; an id the registry does not know gets no prefixes",
+        )
     if decl.model and not decl.endpoint:
         _model(draft, decl.model, f"{key}.model", "embedding")
     draft.embedders[name] = decl
@@ -254,12 +287,24 @@ def _gate(draft: Draft, raw_name: Any, raw: Any) -> None:
     args = _mapping(with_.get("args"), f"{key}.with.args", problems, "of argument names to values")
     given = _json_data(with_, f"{key}.with", problems)
     raw_selection = _mapping(raw.get("selection"), f"{key}.selection", problems, "of selection keys")
-    selection = Selection(**parse_decl(Selection, raw_selection, f"{key}.selection", ctx, what="selection")) \
-        if raw_selection else None
-    draft.gates[name] = Gate(name=name, verb=verb, agent=agent or "", prompt=prompt, prompt_file=prompt_file,
-                             schema_path=schema_path, args=dict(args) if given is not None else {},
-                             schema=schema if isinstance(schema, str) else None, **plain,
-                             selection=selection, with_=given or {})
+    selection = (
+        Selection(**parse_decl(Selection, raw_selection, f"{key}.selection", ctx, what="selection"))
+        if raw_selection
+        else None
+    )
+    draft.gates[name] = Gate(
+        name=name,
+        verb=verb,
+        agent=agent or "",
+        prompt=prompt,
+        prompt_file=prompt_file,
+        schema_path=schema_path,
+        args=dict(args) if given is not None else {},
+        schema=schema if isinstance(schema, str) else None,
+        **plain,
+        selection=selection,
+        with_=given or {},
+    )
 
 
 def _mapping(raw: Any, key: str, problems: ProblemList, what: str) -> dict[Any, Any]:
@@ -281,7 +326,7 @@ def _verb(invoke: Any, key: str, problems: ProblemList) -> str:
         return ""
     verb = invoke.removeprefix("host.agent.")
     if verb not in VERBS:
-        problems.add(key, f'unknown verb {show(verb)}{closest(verb, VERBS)} (verbs: {", ".join(VERBS)})')
+        problems.add(key, f"unknown verb {show(verb)}{closest(verb, VERBS)} (verbs: {', '.join(VERBS)})")
         return ""
     return verb
 
@@ -294,8 +339,11 @@ def _gate_agent(raw: Mapping[str, Any], with_: Mapping[str, Any], key: str, prob
             problems.add(where, f"must be an agent alias, got {show(value)}")
             return None
     if outer is not None and inner is not None and outer != inner:
-        problems.add(f"{key}.with.agent", f'"{inner}" disagrees with {key}.agent "{outer}"',
-                     "name the agent once: agent: or with.agent:")
+        problems.add(
+            f"{key}.with.agent",
+            f'"{inner}" disagrees with {key}.agent "{outer}"',
+            "name the agent once: agent: or with.agent:",
+        )
         return None
     chosen = outer if outer is not None else inner
     return str(chosen) if chosen is not None else "agent.claude"
@@ -306,8 +354,11 @@ def _json_data(value: Any, key: str, problems: ProblemList) -> Any:
     try:
         json.dumps(value, allow_nan=False, ensure_ascii=False).encode("utf-8")
     except (TypeError, ValueError, UnicodeError) as exc:
-        problems.add(key, f"must be plain JSON data (strings, numbers, lists, mappings): {show(str(exc), 100)}",
-                     "quote timestamps and binary values")
+        problems.add(
+            key,
+            f"must be plain JSON data (strings, numbers, lists, mappings): {show(str(exc), 100)}",
+            "quote timestamps and binary values",
+        )
         return None
     return value
 
@@ -361,14 +412,19 @@ def check_references(draft: Draft) -> None:
         if alias in agents:
             return True
         if alias not in draft.broken:
-            problems.add(key, f'agent "{alias}" is not declared in agent_plugins:{closest(alias, list(agents))} '
-                         f"(declared: {declared})", hint)
+            problems.add(
+                key,
+                f'agent "{alias}" is not declared in agent_plugins:{closest(alias, list(agents))} '
+                f"(declared: {declared})",
+                hint,
+            )
         return False
 
     for alias, decl in agents.items():
         if isinstance(decl, LocalLLMDecl) and decl.fallback == alias:
-            problems.add(f"agent_plugins.{alias}.fallback", "an agent cannot be its own fallback",
-                         "write fallback: none")
+            problems.add(
+                f"agent_plugins.{alias}.fallback", "an agent cannot be its own fallback", "write fallback: none"
+            )
         elif isinstance(decl, LocalLLMDecl) and decl.fallback != "none":
             known(decl.fallback, f"agent_plugins.{alias}.fallback", "declare it, or write fallback: none")
     for name, gate in draft.gates.items():
@@ -380,19 +436,28 @@ def check_references(draft: Draft) -> None:
         if gate.fallback not in (None, "none"):
             decl = agents[gate.agent]
             if not isinstance(decl, (LocalLLMDecl, InprocessDecl)):
-                problems.add(f"{key}.fallback", f"agent {gate.agent} is {decl.plugin}: only a local model "
-                             "(builtin.local_llm) falls back", "remove fallback:")
+                problems.add(
+                    f"{key}.fallback",
+                    f"agent {gate.agent} is {decl.plugin}: only a local model (builtin.local_llm) falls back",
+                    "remove fallback:",
+                )
             elif gate.fallback == gate.agent:
                 problems.add(f"{key}.fallback", "an agent cannot be its own fallback", "write fallback: none")
             else:
-                known(gate.fallback, f"{key}.fallback", 'declare it, or write fallback: none')
+                known(gate.fallback, f"{key}.fallback", "declare it, or write fallback: none")
     router = draft.router
     if router is None:
         return
-    if router.embedder is not None and router.embedder not in draft.embedders \
-            and f"embedder:{router.embedder}" not in draft.broken:
-        problems.add("router.embedder", f'embedder "{router.embedder}" is not declared under embedders:'
-                     f"{closest(router.embedder, list(draft.embedders))}")
+    if (
+        router.embedder is not None
+        and router.embedder not in draft.embedders
+        and f"embedder:{router.embedder}" not in draft.broken
+    ):
+        problems.add(
+            "router.embedder",
+            f'embedder "{router.embedder}" is not declared under embedders:'
+            f"{closest(router.embedder, list(draft.embedders))}",
+        )
     if router.agent is not None:
         known(router.agent, "router.agent")
     if not draft.intents and "intents" not in draft.data:

@@ -88,21 +88,26 @@ def _bounded_loader(yaml: Any) -> Any:
             self._total += n
             if self._total > MAX_NODES:
                 raise yaml.composer.ComposerError(
-                    None, None, f"the document expands to more than {MAX_NODES} nodes (aliases counted at every "
-                    "use): a YAML bomb?", mark)
+                    None,
+                    None,
+                    f"the document expands to more than {MAX_NODES} nodes (aliases counted at every use): a YAML bomb?",
+                    mark,
+                )
 
         def compose_node(self, parent: Any, index: Any) -> Any:
             event = self.peek_event()
             if isinstance(event, yaml.AliasEvent):
                 if event.anchor in self.anchors and event.anchor not in self._sizes:
-                    raise yaml.composer.ComposerError(None, None, f"alias *{event.anchor} refers to its own "
-                                                      "anchor (a cycle)", event.start_mark)
+                    raise yaml.composer.ComposerError(
+                        None, None, f"alias *{event.anchor} refers to its own anchor (a cycle)", event.start_mark
+                    )
                 self._count(self._sizes.get(event.anchor, 1), event.start_mark)
                 return super().compose_node(parent, index)
             self._depth += 1
             if self._depth > MAX_DEPTH:
-                raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_DEPTH} levels",
-                                                  event.start_mark)
+                raise yaml.composer.ComposerError(
+                    None, None, f"nested deeper than {MAX_DEPTH} levels", event.start_mark
+                )
             before = self._total
             node = super().compose_node(parent, index)
             self._depth -= 1

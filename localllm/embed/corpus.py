@@ -55,8 +55,7 @@ class Chunking:
 
     def __post_init__(self) -> None:
         if self.window <= 0 or not 0 <= self.overlap < self.window:
-            raise EmbedError(f"chunking needs 0 <= overlap < window, got window={self.window} "
-                             f"overlap={self.overlap}")
+            raise EmbedError(f"chunking needs 0 <= overlap < window, got window={self.window} overlap={self.overlap}")
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -194,8 +193,7 @@ def _windows(data: bytes, start: int, end: int, c: Chunking) -> list[tuple[int, 
     return out
 
 
-def load_corpus(patterns: Sequence[str], base_dir: Path | None = None,
-                chunking: Chunking | None = None) -> Corpus:
+def load_corpus(patterns: Sequence[str], base_dir: Path | None = None, chunking: Chunking | None = None) -> Corpus:
     """Read and chunk every file matched by ``patterns``."""
     base = Path(base_dir) if base_dir is not None else Path.cwd()
     c = chunking or Chunking()
@@ -291,10 +289,17 @@ def search(
         index = Index.from_matrix([ch.id for ch in corpus.chunks], matrix)
         found = index.search(qvec[0], top_k=top_k, min_score=min_score)  # dims checked here
         hits = tuple(
-            SearchHit(h.id, corpus.chunks[h.position].path, corpus.chunks[h.position].n, h.score,
-                      corpus.chunks[h.position].text, corpus.chunks[h.position].start,
-                      corpus.chunks[h.position].end)
+            SearchHit(
+                h.id,
+                corpus.chunks[h.position].path,
+                corpus.chunks[h.position].n,
+                h.score,
+                corpus.chunks[h.position].text,
+                corpus.chunks[h.position].start,
+                corpus.chunks[h.position].end,
+            )
             for h in found
         )
-    return SearchReport(query, hits, len(corpus.files), len(corpus.chunks), embedded,
-                        corpus.skipped, corpus.unmatched, where)
+    return SearchReport(
+        query, hits, len(corpus.files), len(corpus.chunks), embedded, corpus.skipped, corpus.unmatched, where
+    )

@@ -86,15 +86,19 @@ class FakeEmbedder:
     the work done, so tests can prove a cache made no embedding calls.
     """
 
-    def __init__(self, dims: int = 384, *, model: str = "fake", query_prefix: str = "",
-                 document_prefix: str = "") -> None:
+    def __init__(
+        self, dims: int = 384, *, model: str = "fake", query_prefix: str = "", document_prefix: str = ""
+    ) -> None:
         if dims <= 0:
             raise ValueError(f"dims must be positive, got {dims}")
         self.dims = dims
         self.calls = 0
         self.texts_embedded = 0
         self._identity = EmbedderIdentity(
-            model=model, dims=dims, pooling="fake", query_prefix=query_prefix,
+            model=model,
+            dims=dims,
+            pooling="fake",
+            query_prefix=query_prefix,
             document_prefix=document_prefix,
         )
 

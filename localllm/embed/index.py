@@ -113,11 +113,7 @@ class Index:
         q = _unit_rows(q.reshape(1, -1))[0]
         scores = matrix @ q
         order = _top_positions(scores, top_k)
-        return [
-            Hit(self._ids[i], float(scores[i]), int(i))
-            for i in order
-            if scores[i] >= min_score
-        ]
+        return [Hit(self._ids[i], float(scores[i]), int(i)) for i in order if scores[i] >= min_score]
 
 
 def _unit_rows(arr: NDArray[np.generic]) -> NDArray[np.float32]:

@@ -168,9 +168,14 @@ class LocalEmbedder:
             inputs.append(item)
             costs.append(cost)
         if self._cut:  # one line per call, not per input: a corpus can truncate hundreds
-            log.warning("%d of %d embedding inputs truncated to %d tokens (longest %d) for model %s",
-                        len(self._cut), len(texts), self.max_input_tokens, max(self._cut),
-                        self.info.id if self.info.known else self.model)
+            log.warning(
+                "%d of %d embedding inputs truncated to %d tokens (longest %d) for model %s",
+                len(self._cut),
+                len(texts),
+                self.max_input_tokens,
+                max(self._cut),
+                self.info.id if self.info.known else self.model,
+            )
         parts = [self._post(inputs[a:b]) for a, b in self._batches(costs)]
         if not parts:
             width = self.out_dims or self._native_dims or 0
@@ -300,15 +305,22 @@ class LocalEmbedder:
         if self.normalize is True or (bad.size and self.normalize == "auto"):
             if bad.size and not self.normalized_here and self.normalize == "auto":
                 self.normalized_here = True
-                log.info("embedder %s: the server's vectors are not unit (L2 norm %.6f); normalising them here",
-                         self.model, float(norms[bad[0]]))
+                log.info(
+                    "embedder %s: the server's vectors are not unit (L2 norm %.6f); normalising them here",
+                    self.model,
+                    float(norms[bad[0]]),
+                )
             return (matrix / np.where(norms == 0, 1, norms)[:, None]).astype(np.float32, copy=False)
         if bad.size:
-            fix = ("start llama-server with a pooling type and without --embd-normalize (its default, 2, is "
-                   "Euclidean normalisation)" if self.server is not None
-                   else "set normalize: auto (or true) to normalise them here")
+            fix = (
+                "start llama-server with a pooling type and without --embd-normalize (its default, 2, is "
+                "Euclidean normalisation)"
+                if self.server is not None
+                else "set normalize: auto (or true) to normalise them here"
+            )
             raise EmbedServerError(
-                f"the embedding server returned a vector with L2 norm {float(norms[bad[0]]):.6f}, not 1: {fix}")
+                f"the embedding server returned a vector with L2 norm {float(norms[bad[0]]):.6f}, not 1: {fix}"
+            )
         return matrix
 
     def use_service(self, attachment: Attachment) -> None:
@@ -330,8 +342,9 @@ class LocalEmbedder:
     def _http(self) -> httpx.Client:
         if self._client is None:
             headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-            self._client = httpx.Client(timeout=self._timeout, headers=headers, transport=self._transport,
-                                        trust_env=False)
+            self._client = httpx.Client(
+                timeout=self._timeout, headers=headers, transport=self._transport, trust_env=False
+            )
         return self._client
 
     def _request(self, path: str, body: dict[str, Any]) -> Any:
@@ -365,8 +378,9 @@ class LocalEmbedder:
         try:
             return response.json()
         except ValueError as exc:
-            raise EmbedServerError(f"embedding server {url} answered non-JSON: "
-                                   f"{truncate_detail(response.text)}") from exc
+            raise EmbedServerError(
+                f"embedding server {url} answered non-JSON: {truncate_detail(response.text)}"
+            ) from exc
 
 
 def server_root(url: str) -> str:
@@ -411,15 +425,24 @@ def embedding_server(decl: EmbedderDecl, *, base_dir: Path | None = None) -> Man
     model = decl.model or default_model()
     clashing = sorted({a.partition("=")[0] for a in decl.extra_args} & (MANAGED_FLAGS | _EMBED_FLAGS))
     if clashing:
-        raise EmbedError(f"{where}.extra_args: must not set {', '.join(clashing)}; localllm sets them "
-                         "(use port:, parallel: and the model registry instead)")
+        raise EmbedError(
+            f"{where}.extra_args: must not set {', '.join(clashing)}; localllm sets them "
+            "(use port:, parallel: and the model registry instead)"
+        )
     info = _model_info(model)
     try:
         return ManagedServer(
-            decl.server_bin, model, role="embedding", base_dir=base_dir,
-            args=[*embedding_server_args(info, decl.parallel), *decl.extra_args], parallel=decl.parallel,
-            ctx_per_slot=info.context, port=decl.port, threads=decl.threads,
-            health_timeout=decl.health_timeout, name=f"embed:{decl.name}",
+            decl.server_bin,
+            model,
+            role="embedding",
+            base_dir=base_dir,
+            args=[*embedding_server_args(info, decl.parallel), *decl.extra_args],
+            parallel=decl.parallel,
+            ctx_per_slot=info.context,
+            port=decl.port,
+            threads=decl.threads,
+            health_timeout=decl.health_timeout,
+            name=f"embed:{decl.name}",
         )
     except ValueError as exc:
         raise EmbedError(f"{where}: {exc}") from exc
@@ -440,12 +463,21 @@ def embedder_from_decl(decl: EmbedderDecl, *, base_dir: Path | None = None, **op
     if decl.api_key_env:
         api_key = settings.env_value(decl.api_key_env)
         if not api_key:
-            raise EmbedError(f"{where}.api_key_env: environment variable {decl.api_key_env} is not set; "
-                             "export it or remove api_key_env")
+            raise EmbedError(
+                f"{where}.api_key_env: environment variable {decl.api_key_env} is not set; "
+                "export it or remove api_key_env"
+            )
     if decl.endpoint:
         model = decl.model or decl.name
-        return LocalEmbedder(decl.endpoint, model, api_key=api_key, dims=decl.dims, api_key_env=decl.api_key_env,
-                             normalize=normalize, **options)
+        return LocalEmbedder(
+            decl.endpoint,
+            model,
+            api_key=api_key,
+            dims=decl.dims,
+            api_key_env=decl.api_key_env,
+            normalize=normalize,
+            **options,
+        )
     server = embedding_server(decl, base_dir=base_dir)
     model = decl.model or default_model()
 
@@ -453,16 +485,14 @@ def embedder_from_decl(decl: EmbedderDecl, *, base_dir: Path | None = None, **op
         if server.pid is None:  # until it has a server of its own, a running service is used
             from localllm.managed.attach import attach
 
-            found = attach(model, policy=decl.service, role="embedding", server_bin=decl.server_bin,
-                           base_dir=base_dir)
+            found = attach(model, policy=decl.service, role="embedding", server_bin=decl.server_bin, base_dir=base_dir)
             if found is not None:
                 embedder.use_service(found)
                 return found.url
         embedder.served_by = "sidecar"
         return server.ensure_ready()
 
-    embedder = LocalEmbedder(url, model, model_info=_model_info(model), dims=decl.dims, normalize=normalize,
-                             **options)
+    embedder = LocalEmbedder(url, model, model_info=_model_info(model), dims=decl.dims, normalize=normalize, **options)
     embedder.server = server
     return embedder
 

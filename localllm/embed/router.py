@@ -96,8 +96,7 @@ class Router:
         if not intents:
             raise EmbedError("the router needs at least one intent under intents:")
         if not 0.0 <= margin <= 1.0 or not -1.0 <= confident <= 1.0:
-            raise EmbedError(f"router confident must be in [-1, 1] and margin in [0, 1], "
-                             f"got {confident} and {margin}")
+            raise EmbedError(f"router confident must be in [-1, 1] and margin in [0, 1], got {confident} and {margin}")
         self.intents = list(intents)
         self.names = [i.name for i in self.intents]
         self.confident = confident
@@ -109,8 +108,10 @@ class Router:
         ]
         missing = [i.name for i in self.intents if not i.examples]
         if missing and decide is None:
-            raise EmbedError(f"intents {missing} have no examples: and the router has no decide agent; "
-                             "add examples or set router.agent")
+            raise EmbedError(
+                f"intents {missing} have no examples: and the router has no decide agent; "
+                "add examples or set router.agent"
+            )
         texts = [e for _, e in self._examples]
         self._matrix = embedder.embed(texts, "query") if texts else np.zeros((0, 1), dtype=np.float32)
 
@@ -159,8 +160,9 @@ class Router:
         return Verdict(text, verdict.outcome, None, "llm", "decide", None, tuple(candidates), scores)
 
 
-def route_turn(router: Router, text: str, trace: TraceWriter | None, *, turn: int,
-               state_path: str = "route") -> Verdict:
+def route_turn(
+    router: Router, text: str, trace: TraceWriter | None, *, turn: int, state_path: str = "route"
+) -> Verdict:
     """Route ``text`` as one turn of ``trace``: ``turn.start`` first, then the decide tier's calls.
 
     A semantic route's ``turn.start`` carries the whole provenance (``direct``, match,
@@ -212,8 +214,9 @@ def runtime_decide(runtime: Caller, agent: str, intents: Sequence[Intent]) -> De
     """A decide-tier callable backed by ``runtime.call("decide", agent=…)`` (a localllm Runtime)."""
 
     def decide(text: str, candidates: list[str]) -> str | None:
-        result = runtime.call("decide", agent=agent, prompt=decide_prompt(text, intents, candidates),
-                              schema=decide_schema(candidates))
+        result = runtime.call(
+            "decide", agent=agent, prompt=decide_prompt(text, intents, candidates), schema=decide_schema(candidates)
+        )
         submission = result.submission
         choice = submission.get("intent") if isinstance(submission, dict) else None
         return choice if isinstance(choice, str) else None

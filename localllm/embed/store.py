@@ -58,8 +58,16 @@ _BUSY_TIMEOUT = 30.0
 # SQLite primary result codes (sqlite3.SQLITE_* exists only from Python 3.11).
 _CORRUPT_CODES = {1: "schema", 11: "corrupt", 24: "format", 26: "not a database"}
 _UNAVAILABLE_CODES = {
-    3: "permission denied", 5: "locked", 6: "locked", 7: "out of memory", 8: "read-only",
-    9: "interrupted", 10: "io error", 13: "disk full", 14: "cannot open", 15: "locked",
+    3: "permission denied",
+    5: "locked",
+    6: "locked",
+    7: "out of memory",
+    8: "read-only",
+    9: "interrupted",
+    10: "io error",
+    13: "disk full",
+    14: "cannot open",
+    15: "locked",
 }
 _HINTS = {
     "disk full": "free disk space under the cache directory and run again",
@@ -117,8 +125,11 @@ def _classify(path: Path, exc: sqlite3.Error) -> StoreCorrupt | StoreUnavailable
 
 
 def _unavailable(path: Path, reason: str, detail: str) -> StoreUnavailable:
-    err = StoreUnavailable(f"embedding store {path} cannot be used now ({detail}); the rows "
-                           "already stored are kept", path=str(path), reason=reason)
+    err = StoreUnavailable(
+        f"embedding store {path} cannot be used now ({detail}); the rows already stored are kept",
+        path=str(path),
+        reason=reason,
+    )
     err.hint = _HINTS.get(reason, "run again once the cause is gone")
     return err
 
@@ -217,8 +228,7 @@ class Store:
                     rows.append((h, blob, self._checksum(h, blob)))
                     found[h] = np.frombuffer(blob, dtype="<f4").astype(np.float32)
                 with _transaction(conn):
-                    conn.executemany("INSERT OR REPLACE INTO vectors (hash, vector, checksum) VALUES (?,?,?)",
-                                     rows)
+                    conn.executemany("INSERT OR REPLACE INTO vectors (hash, vector, checksum) VALUES (?,?,?)", rows)
             return found
 
     def _select(self, conn: sqlite3.Connection, hashes: list[str]) -> dict[str, NDArray[np.float32]]:
@@ -229,8 +239,9 @@ class Store:
             part = hashes[start : start + _SELECT_CHUNK]
             marks = ",".join("?" * len(part))
             try:
-                rows = conn.execute(f"SELECT hash, vector, checksum FROM vectors WHERE hash IN ({marks})",
-                                    part).fetchall()
+                rows = conn.execute(
+                    f"SELECT hash, vector, checksum FROM vectors WHERE hash IN ({marks})", part
+                ).fetchall()
             except sqlite3.Error as exc:
                 raise _classify(self.path, exc) from exc
             for h, blob, checksum in rows:
@@ -292,8 +303,7 @@ class Store:
         }
         with _transaction(conn):
             conn.execute("CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
-            conn.execute("CREATE TABLE vectors (hash TEXT PRIMARY KEY, vector BLOB NOT NULL, "
-                          "checksum TEXT NOT NULL)")
+            conn.execute("CREATE TABLE vectors (hash TEXT PRIMARY KEY, vector BLOB NOT NULL, checksum TEXT NOT NULL)")
             conn.executemany("INSERT INTO meta VALUES (?, ?)", sorted(meta.items()))
 
     def _validate(self, conn: sqlite3.Connection) -> None:
@@ -340,8 +350,7 @@ class Store:
             lock.acquire(timeout=0)
             return
         except Timeout:
-            log.warning("waiting for the embedding store lock %s (another process is indexing)",
-                        self.lock_path)
+            log.warning("waiting for the embedding store lock %s (another process is indexing)", self.lock_path)
         started = time.monotonic()
         try:
             lock.acquire(timeout=self.lock_timeout)

@@ -26,8 +26,7 @@ if TYPE_CHECKING:
     from localllm.config import Config
     from localllm.runtime import Runtime
 
-__all__ = ["Case", "EvalResult", "Expect", "Matcher", "default_cases_path", "default_out_dir", "evaluate",
-           "load_cases"]
+__all__ = ["Case", "EvalResult", "Expect", "Matcher", "default_cases_path", "default_out_dir", "evaluate", "load_cases"]
 
 
 @dataclass(frozen=True)
@@ -47,23 +46,41 @@ def default_out_dir(config: Config) -> Path:
     return config.base_dir / "evals" / "reports"
 
 
-def evaluate(config: Config, gate: str, *, agents: Sequence[str] | None = None, cases_path: Path | None = None,
-             repeat: int = 1, out_dir: Path | None = None, cassettes: Mapping[str, Path] | None = None,
-             prepare: Callable[[Runtime], None] | None = None, workers: int | None = None,
-             progress: Callable[[int], None] | None = None, cases: Sequence[Case] | None = None) -> EvalResult:
+def evaluate(
+    config: Config,
+    gate: str,
+    *,
+    agents: Sequence[str] | None = None,
+    cases_path: Path | None = None,
+    repeat: int = 1,
+    out_dir: Path | None = None,
+    cassettes: Mapping[str, Path] | None = None,
+    prepare: Callable[[Runtime], None] | None = None,
+    workers: int | None = None,
+    progress: Callable[[int], None] | None = None,
+    cases: Sequence[Case] | None = None,
+) -> EvalResult:
     """Run the gate's cases against ``agents`` (default: the gate's own) and write the report."""
     from localllm.trace.writer import TraceWriter
 
     found = config.gates.get(gate)
     if found is None:
         known = ", ".join(config.gates) or "none"
-        raise CallError(f'no gate named "{gate}" (gates: {known})', key="gate", value=gate,
-                        hint=f"declare it under gates: in {config.path}")
+        raise CallError(
+            f'no gate named "{gate}" (gates: {known})',
+            key="gate",
+            value=gate,
+            hint=f"declare it under gates: in {config.path}",
+        )
     aliases = list(agents or [found.agent])
     for alias in aliases:
         if alias not in config.agents:
-            raise CallError(f'agent "{alias}" is not declared (declared: {", ".join(sorted(config.agents))})',
-                            key="agents", value=alias, hint=f"declare it under agent_plugins: in {config.path}")
+            raise CallError(
+                f'agent "{alias}" is not declared (declared: {", ".join(sorted(config.agents))})',
+                key="agents",
+                value=alias,
+                hint=f"declare it under agent_plugins: in {config.path}",
+            )
     if repeat < 1:
         raise CallError(f"repeat must be at least 1, got {repeat}", key="repeat", value=str(repeat))
     cases_path = cases_path or default_cases_path(config, gate)
@@ -77,12 +94,31 @@ def evaluate(config: Config, gate: str, *, agents: Sequence[str] | None = None, 
     except OSError as exc:
         from localllm.selection import EvidenceError
 
-        raise EvidenceError(target, f"cannot create the reports directory: {exc.strerror or exc}",
-                            hint="pass a writable --out DIR") from exc
+        raise EvidenceError(
+            target, f"cannot create the reports directory: {exc.strerror or exc}", hint="pass a writable --out DIR"
+        ) from exc
     trace_path = target / f"{stamp}.trace.jsonl"
     with TraceWriter.open(trace_path) as writer:
-        runs = run_cases(config, gate, loaded, aliases, trace=writer, repeat=repeat, cassettes=cassettes,
-                         prepare=prepare, workers=workers, progress=progress)
-    report = build_report(config, found, loaded, runs, trace_path=trace_path, cases_path=cases_path,
-                          repeat=repeat, created=now.strftime("%Y-%m-%dT%H:%M:%SZ"))
+        runs = run_cases(
+            config,
+            gate,
+            loaded,
+            aliases,
+            trace=writer,
+            repeat=repeat,
+            cassettes=cassettes,
+            prepare=prepare,
+            workers=workers,
+            progress=progress,
+        )
+    report = build_report(
+        config,
+        found,
+        loaded,
+        runs,
+        trace_path=trace_path,
+        cases_path=cases_path,
+        repeat=repeat,
+        created=now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+    )
     return EvalResult(report, write_report(report, target, stamp), trace_path)

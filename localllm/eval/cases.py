@@ -124,8 +124,12 @@ def _matcher(raw: Any, key: str, problems: ProblemList) -> Matcher | None:
         return Matcher("equals", raw)  # a plain value (a mapping with other keys is a literal too)
     forms = [k for k in raw if k != "tolerance"]
     if len(forms) != 1 or ("tolerance" in raw and forms != ["number"]):
-        problems.add(key, f"matcher {json.dumps(raw)} must have exactly one of equals, one_of, number (+ tolerance), "
-                     "regex, any_valid", 'e.g. {"one_of": ["bug", "feature"]}; a literal mapping: {"equals": {...}}')
+        problems.add(
+            key,
+            f"matcher {json.dumps(raw)} must have exactly one of equals, one_of, number (+ tolerance), "
+            "regex, any_valid",
+            'e.g. {"one_of": ["bug", "feature"]}; a literal mapping: {"equals": {...}}',
+        )
         return None
     kind, value = forms[0], raw[forms[0]]
     if kind == "one_of" and (not isinstance(value, list) or not value):
@@ -134,8 +138,9 @@ def _matcher(raw: Any, key: str, problems: ProblemList) -> Matcher | None:
     if kind == "number":
         tolerance = raw.get("tolerance", 0)
         if not _is_number(value) or not _is_number(tolerance) or tolerance < 0:
-            problems.add(key, "number and tolerance must be numbers, tolerance >= 0",
-                         'e.g. {"number": 3, "tolerance": 1}')
+            problems.add(
+                key, "number and tolerance must be numbers, tolerance >= 0", 'e.g. {"number": 3, "tolerance": 1}'
+            )
             return None
         return Matcher("number", value, float(tolerance))
     if kind == "regex":
@@ -177,8 +182,11 @@ def load_cases(path: Path) -> list[Case]:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError as exc:
-        problems.add("", "cases file not found", "write evals/<gate>/cases.jsonl, or turn a trace into cases: "
-                     "`localllm trace cases TRACE --gate GATE`")
+        problems.add(
+            "",
+            "cases file not found",
+            "write evals/<gate>/cases.jsonl, or turn a trace into cases: `localllm trace cases TRACE --gate GATE`",
+        )
         raise ConfigError(problems.items) from exc
     except (OSError, UnicodeError) as exc:
         problems.add("", f"cannot read: {exc}", "pass a UTF-8 JSONL file")
@@ -204,8 +212,9 @@ def load_cases(path: Path) -> list[Case]:
             problems.add(f"{where}.id", "must be a non-empty string")
             continue
         if case_id in seen:
-            problems.add(f"{where}.id", f"duplicate id {case_id!r} (also line {seen[case_id]})",
-                         "give every case its own id")
+            problems.add(
+                f"{where}.id", f"duplicate id {case_id!r} (also line {seen[case_id]})", "give every case its own id"
+            )
             continue
         seen[case_id] = number
         args, world = raw.get("args", {}), raw.get("world", {})
@@ -219,14 +228,16 @@ def load_cases(path: Path) -> list[Case]:
             problems.add(f"{where}.labelled", "must be true or false")
             bad = True
         if "expect" not in raw:
-            problems.add(f"{where}.expect", "missing",
-                         '{"exact": …} or {FIELD: matcher, …}; {} accepts any valid answer')
+            problems.add(
+                f"{where}.expect", "missing", '{"exact": …} or {FIELD: matcher, …}; {} accepts any valid answer'
+            )
             continue
         expect = parse_expect(raw["expect"], f"{where}.expect", problems)
         if expect is None or bad:
             continue
-        cases.append(Case(id=case_id, args=dict(args), world=dict(world), expect=expect, labelled=labelled,
-                          line=number))
+        cases.append(
+            Case(id=case_id, args=dict(args), world=dict(world), expect=expect, labelled=labelled, line=number)
+        )
     if not cases and not problems.items:
         problems.add("", "has no cases", 'one JSON object per line: {"args": {…}, "expect": {…}}')
     if problems.items:
@@ -234,8 +245,9 @@ def load_cases(path: Path) -> list[Case]:
     return cases
 
 
-def dump_case(case_id: str, args: Mapping[str, Any], expect: Any, *, world: Mapping[str, Any] | None = None,
-              labelled: bool = True) -> str:
+def dump_case(
+    case_id: str, args: Mapping[str, Any], expect: Any, *, world: Mapping[str, Any] | None = None, labelled: bool = True
+) -> str:
     """One case as its JSONL line (no newline)."""
     doc: dict[str, Any] = {"id": case_id, "args": dict(args)}
     if world:

@@ -63,8 +63,9 @@ def _response(base: Path, payload: dict[str, Any]) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise TraceError(f"{path}: cannot read the response sidecar: {exc}",
-                         hint="run `localllm trace verify` on the trace") from exc
+        raise TraceError(
+            f"{path}: cannot read the response sidecar: {exc}", hint="run `localllm trace verify` on the trace"
+        ) from exc
 
 
 def recorded_calls(path: Path) -> list[RecordedCall]:
@@ -93,20 +94,30 @@ def recorded_calls(path: Path) -> list[RecordedCall]:
             meta = ev.payload.get("meta")
             duration = ev.payload.get("duration_ms")
             ok = ev.kind == "agent.call.complete"
-            calls.append(RecordedCall(
-                call_id=ev.call_id, turn=start.turn, state_path=start.state_path,
-                verb=start.payload.get("verb"), agent=start.payload.get("agent"),
-                args=dict(args) if isinstance(args, dict) else {},
-                schema_path=given.get("schema_path") if isinstance(given.get("schema_path"), str) else None,
-                ok=ok, response=_response(base, ev.payload) if ok else None,
-                meta=dict(meta) if isinstance(meta, dict) else {},
-                kind=None if ok else str(ev.payload.get("kind")), error=None if ok else str(ev.payload.get("error")),
-                duration_ms=float(duration) if isinstance(duration, (int, float)) and not isinstance(duration, bool)
-                else None,
-                fallback="substitution" in ev.payload,
-                answered_by=_answered_by(ev.payload, start.payload.get("agent")),
-                episode_id=start.episode_id, match_idx=start.match_idx, sub_events=tuple(subs.pop(ev.call_id, [])),
-            ))
+            calls.append(
+                RecordedCall(
+                    call_id=ev.call_id,
+                    turn=start.turn,
+                    state_path=start.state_path,
+                    verb=start.payload.get("verb"),
+                    agent=start.payload.get("agent"),
+                    args=dict(args) if isinstance(args, dict) else {},
+                    schema_path=given.get("schema_path") if isinstance(given.get("schema_path"), str) else None,
+                    ok=ok,
+                    response=_response(base, ev.payload) if ok else None,
+                    meta=dict(meta) if isinstance(meta, dict) else {},
+                    kind=None if ok else str(ev.payload.get("kind")),
+                    error=None if ok else str(ev.payload.get("error")),
+                    duration_ms=float(duration)
+                    if isinstance(duration, (int, float)) and not isinstance(duration, bool)
+                    else None,
+                    fallback="substitution" in ev.payload,
+                    answered_by=_answered_by(ev.payload, start.payload.get("agent")),
+                    episode_id=start.episode_id,
+                    match_idx=start.match_idx,
+                    sub_events=tuple(subs.pop(ev.call_id, [])),
+                )
+            )
         elif ev.call_id in subs:
             subs[ev.call_id].append(ev)
     return calls
@@ -159,8 +170,9 @@ def cases_from_calls(calls: list[RecordedCall], gate: str, *, exact: bool = Fals
     return lines
 
 
-def cassette_from_calls(calls: list[RecordedCall], *, agent: str | None = None, replay_any: bool = False,
-                        match_handler: bool = False) -> dict[str, Any]:
+def cassette_from_calls(
+    calls: list[RecordedCall], *, agent: str | None = None, replay_any: bool = False, match_handler: bool = False
+) -> dict[str, Any]:
     """A ``host_cassette`` document replaying the calls (of ``agent`` only, when given).
 
     Each episode matches the call's schema name and args (and its handler with
@@ -185,8 +197,11 @@ def cassette_from_calls(calls: list[RecordedCall], *, agent: str | None = None, 
             body["response"] = json.dumps(call.response, ensure_ascii=False)
         else:
             body["error"] = {"kind": call.kind, "detail": call.error or ""}
-        meta = {k: v for k, v in call.meta.items() if k not in ("transport", "episode_id", "match_idx",
-                                                                "fallback_of", "selected_by")}
+        meta = {
+            k: v
+            for k, v in call.meta.items()
+            if k not in ("transport", "episode_id", "match_idx", "fallback_of", "selected_by")
+        }
         if meta:
             body["meta"] = meta
         if call.sub_events:
@@ -201,6 +216,8 @@ def cassette_from_calls(calls: list[RecordedCall], *, agent: str | None = None, 
         seen[episode_id] = episode
         episodes.append(episode)
     if not episodes:
-        raise TraceError("the trace holds no agent calls to replay" + (f" of {agent}" if agent else ""),
-                         hint="record a run with --trace first (or drop --agent)")
+        raise TraceError(
+            "the trace holds no agent calls to replay" + (f" of {agent}" if agent else ""),
+            hint="record a run with --trace first (or drop --agent)",
+        )
     return {"kind": "host_cassette", "episodes": episodes}

@@ -41,57 +41,96 @@ def _scatter(agents: Mapping[str, Any]) -> str:
     def y(acc: float) -> float:
         return _H - _PAD - inner_h * acc
 
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{_H}" role="img" '
-             f'aria-label="accuracy vs latency per agent">',
-             f'<rect width="{_W}" height="{_H}" fill="#fff"/>',
-             f'<rect x="{_PAD}" y="{_PAD}" width="{inner_w}" height="{inner_h}" fill="none" stroke="#999"/>']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{_H}" role="img" '
+        f'aria-label="accuracy vs latency per agent">',
+        f'<rect width="{_W}" height="{_H}" fill="#fff"/>',
+        f'<rect x="{_PAD}" y="{_PAD}" width="{inner_w}" height="{inner_h}" fill="none" stroke="#999"/>',
+    ]
     for tick in range(0, 11, 2):
         acc = tick / 10
-        parts.append(f'<line x1="{_PAD}" x2="{_W - _PAD}" y1="{y(acc):.1f}" y2="{y(acc):.1f}" stroke="#eee"/>'
-                     f'<text x="{_PAD - 6}" y="{y(acc) + 4:.1f}" font-size="11" text-anchor="end">{tick * 10}%</text>')
+        parts.append(
+            f'<line x1="{_PAD}" x2="{_W - _PAD}" y1="{y(acc):.1f}" y2="{y(acc):.1f}" stroke="#eee"/>'
+            f'<text x="{_PAD - 6}" y="{y(acc) + 4:.1f}" font-size="11" text-anchor="end">{tick * 10}%</text>'
+        )
     for i in range(6):
         ms = top * i / 5
-        parts.append(f'<text x="{x(ms):.1f}" y="{_H - _PAD + 16}" font-size="11" text-anchor="middle">'
-                     f'{ms:.0f}</text>')
-    parts.append(f'<text x="{_W / 2}" y="{_H - 12}" font-size="12" text-anchor="middle">latency p50 (ms), '
-                 'bar to p95</text>')
-    parts.append(f'<text x="14" y="{_H / 2}" font-size="12" text-anchor="middle" '
-                 f'transform="rotate(-90 14 {_H / 2})">accuracy</text>')
+        parts.append(f'<text x="{x(ms):.1f}" y="{_H - _PAD + 16}" font-size="11" text-anchor="middle">{ms:.0f}</text>')
+    parts.append(
+        f'<text x="{_W / 2}" y="{_H - 12}" font-size="12" text-anchor="middle">latency p50 (ms), bar to p95</text>'
+    )
+    parts.append(
+        f'<text x="14" y="{_H / 2}" font-size="12" text-anchor="middle" '
+        f'transform="rotate(-90 14 {_H / 2})">accuracy</text>'
+    )
     for i, (alias, row) in enumerate(points):
         colour = _COLOURS[i % len(_COLOURS)]
         p50, p95 = row["latency_ms"]["p50"], row["latency_ms"]["p95"] or row["latency_ms"]["p50"]
         acc = row["accuracy"] or 0.0
-        parts.append(f'<line x1="{x(p50):.1f}" x2="{x(p95):.1f}" y1="{y(acc):.1f}" y2="{y(acc):.1f}" '
-                     f'stroke="{colour}" stroke-width="2"/>'
-                     f'<circle cx="{x(p50):.1f}" cy="{y(acc):.1f}" r="6" fill="{colour}">'
-                     f'<title>{escape(alias)}: {_pct(acc)} at {_ms(p50)} ms</title></circle>'
-                     f'<text x="{x(p50) + 9:.1f}" y="{y(acc) - 8:.1f}" font-size="12" fill="{colour}">'
-                     f'{escape(alias)}</text>')
+        parts.append(
+            f'<line x1="{x(p50):.1f}" x2="{x(p95):.1f}" y1="{y(acc):.1f}" y2="{y(acc):.1f}" '
+            f'stroke="{colour}" stroke-width="2"/>'
+            f'<circle cx="{x(p50):.1f}" cy="{y(acc):.1f}" r="6" fill="{colour}">'
+            f"<title>{escape(alias)}: {_pct(acc)} at {_ms(p50)} ms</title></circle>"
+            f'<text x="{x(p50) + 9:.1f}" y="{y(acc) - 8:.1f}" font-size="12" fill="{colour}">'
+            f"{escape(alias)}</text>"
+        )
     parts.append("</svg>")
     return "".join(parts)
 
 
 def _summary(agents: Mapping[str, Any]) -> str:
-    head = ("agent", "calls", "accuracy", "first try valid", "fallback", "errors", "p50 ms", "p95 ms",
-            "tokens in/out", "cost $", "repro", "repro (labels)")
-    rows = ["<table><caption>Per agent</caption><tr>" + "".join(
-        f'<th class="{"l" if i == 0 else ""}">{h}</th>' for i, h in enumerate(head)) + "</tr>"]
+    head = (
+        "agent",
+        "calls",
+        "accuracy",
+        "first try valid",
+        "fallback",
+        "errors",
+        "p50 ms",
+        "p95 ms",
+        "tokens in/out",
+        "cost $",
+        "repro",
+        "repro (labels)",
+    )
+    rows = [
+        "<table><caption>Per agent</caption><tr>"
+        + "".join(f'<th class="{"l" if i == 0 else ""}">{h}</th>' for i, h in enumerate(head))
+        + "</tr>"
+    ]
     for alias, row in agents.items():
         errors = ", ".join(f"{k} {v}" for k, v in row["errors"].items()) or "0"
-        cells = (escape(alias), row["calls"], _pct(row["accuracy"]), _pct(row["schema_valid_first_try"]),
-                 _pct(row["fallback_rate"]), escape(errors), _ms(row["latency_ms"]["p50"]),
-                 _ms(row["latency_ms"]["p95"]), f'{row["tokens"]["prompt"]}/{row["tokens"]["completion"]}',
-                 f'{row["cost_usd"]["total"]:.4f}', _pct(row["reproducibility"]),
-                 _pct(row.get("reproducibility_labels")))
-        rows.append("<tr>" + "".join(f'<td class="{"l" if i == 0 else ""}">{c}</td>' for i, c in enumerate(cells))
-                    + "</tr>")
+        cells = (
+            escape(alias),
+            row["calls"],
+            _pct(row["accuracy"]),
+            _pct(row["schema_valid_first_try"]),
+            _pct(row["fallback_rate"]),
+            escape(errors),
+            _ms(row["latency_ms"]["p50"]),
+            _ms(row["latency_ms"]["p95"]),
+            f"{row['tokens']['prompt']}/{row['tokens']['completion']}",
+            f"{row['cost_usd']['total']:.4f}",
+            _pct(row["reproducibility"]),
+            _pct(row.get("reproducibility_labels")),
+        )
+        rows.append(
+            "<tr>" + "".join(f'<td class="{"l" if i == 0 else ""}">{c}</td>' for i, c in enumerate(cells)) + "</tr>"
+        )
     fields = sorted({name for row in agents.values() for name in row["fields"]})
     if fields:
-        rows.append("</table><table><caption>Accuracy per field</caption><tr><th class=\"l\">agent</th>"
-                    + "".join(f"<th>{escape(f)}</th>" for f in fields) + "</tr>")
+        rows.append(
+            '</table><table><caption>Accuracy per field</caption><tr><th class="l">agent</th>'
+            + "".join(f"<th>{escape(f)}</th>" for f in fields)
+            + "</tr>"
+        )
         for alias, row in agents.items():
-            rows.append(f'<tr><td class="l">{escape(alias)}</td>' + "".join(
-                f"<td>{_pct(row['fields'].get(f, {}).get('accuracy'))}</td>" for f in fields) + "</tr>")
+            rows.append(
+                f'<tr><td class="l">{escape(alias)}</td>'
+                + "".join(f"<td>{_pct(row['fields'].get(f, {}).get('accuracy'))}</td>" for f in fields)
+                + "</tr>"
+            )
     rows.append("</table>")
     return "".join(rows)
 
@@ -99,8 +138,10 @@ def _summary(agents: Mapping[str, Any]) -> str:
 def _confusion(alias: str, name: str, table: Mapping[str, Mapping[str, int]]) -> str:
     answers = sorted({got for row in table.values() for got in row})
     peak = max([n for row in table.values() for n in row.values()] + [1])
-    parts = [f'<table><caption>{escape(alias)}: {escape(name)} (rows: expected, columns: answered)</caption>'
-             '<tr><th class="l"></th>' + "".join(f"<th>{escape(a)}</th>" for a in answers) + "</tr>"]
+    parts = [
+        f"<table><caption>{escape(alias)}: {escape(name)} (rows: expected, columns: answered)</caption>"
+        '<tr><th class="l"></th>' + "".join(f"<th>{escape(a)}</th>" for a in answers) + "</tr>"
+    ]
     for want, row in table.items():
         parts.append(f'<tr><th class="l">{escape(want)}</th>')
         for got in answers:
@@ -123,12 +164,18 @@ def render_html(report: Mapping[str, Any]) -> str:
     agents = report["agents"]
     title = f"localllm eval: gate {report['gate']}"
     machine = report.get("machine") or {}
-    confusions = "".join(_confusion(alias, name, table) for alias, row in agents.items()
-                         for name, table in row["confusion"].items() if table)
-    return (f"<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{escape(title)}</title>"
-            f"<style>{_CSS}</style></head><body><h1>{escape(title)}</h1>"
-            f'<p class="muted">{report["cases"]} cases × {report["repeat"]} repeat(s), {escape(report["created"])}; '
-            f'{escape(str(machine.get("platform", "")))}, {machine.get("cpus")} CPUs</p>'
-            f"<h2>Accuracy vs latency</h2>{_scatter(agents)}{_summary(agents)}"
-            f"<h2>Confusion (enum fields)</h2>{confusions or '<p>no enum field in the schema</p>'}"
-            "</body></html>\n")
+    confusions = "".join(
+        _confusion(alias, name, table)
+        for alias, row in agents.items()
+        for name, table in row["confusion"].items()
+        if table
+    )
+    return (
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
+        f"<style>{_CSS}</style></head><body><h1>{escape(title)}</h1>"
+        f'<p class="muted">{report["cases"]} cases × {report["repeat"]} repeat(s), {escape(report["created"])}; '
+        f"{escape(str(machine.get('platform', '')))}, {machine.get('cpus')} CPUs</p>"
+        f"<h2>Accuracy vs latency</h2>{_scatter(agents)}{_summary(agents)}"
+        f"<h2>Confusion (enum fields)</h2>{confusions or '<p>no enum field in the schema</p>'}"
+        "</body></html>\n"
+    )

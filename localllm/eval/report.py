@@ -94,8 +94,13 @@ def _label(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def agent_rows(runs: Sequence[AgentRun], calls: Sequence[RecordedCall], cases: Sequence[Case],
-               enums: Mapping[str, list[Any]], repeat: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def agent_rows(
+    runs: Sequence[AgentRun],
+    calls: Sequence[RecordedCall],
+    cases: Sequence[Case],
+    enums: Mapping[str, list[Any]],
+    repeat: int,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(alias → metrics, one row per call) counted from the trace's calls."""
     by_id = {call.call_id: call for call in calls}
     case_of = {case.id: case for case in cases}
@@ -116,11 +121,16 @@ def agent_rows(runs: Sequence[AgentRun], calls: Sequence[RecordedCall], cases: S
         for ref in run.calls:
             call = by_id.get(ref.call_id) if ref.call_id else None
             if ref.call_id is not None and call is None:
-                raise TraceError(f"call {ref.call_id} of case {ref.case} is not in the eval trace",
-                                 hint="the trace was changed while the eval ran; run it again")
+                raise TraceError(
+                    f"call {ref.call_id} of case {ref.case} is not in the eval trace",
+                    hint="the trace was changed while the eval ran; run it again",
+                )
             case = case_of[ref.case]
-            ok, per = (case.expect.judge(call.response) if call is not None and call.ok
-                       else (False, {name: False for name in (case.expect.fields or case.expect.labels())}))
+            ok, per = (
+                case.expect.judge(call.response)
+                if call is not None and call.ok
+                else (False, {name: False for name in (case.expect.fields or case.expect.labels())})
+            )
             fell_back = call is not None and call.fallback
             correct += ok
             first_try += ok and not fell_back
@@ -151,12 +161,21 @@ def agent_rows(runs: Sequence[AgentRun], calls: Sequence[RecordedCall], cases: S
                 confusion[name].setdefault(_label(labels[name]), Counter())[got] += 1
             outcomes.setdefault(ref.case, set()).add(_outcome(call, ref.unrecorded))
             labelled.setdefault(ref.case, set()).add(_outcome(call, ref.unrecorded, sorted(labels)))
-            rows.append({"agent": run.alias, "case": ref.case, "repeat": ref.repeat, "call_id": ref.call_id,
-                         "correct": ok, "fields": per, "fallback": fell_back,
-                         "answered_by": call.answered_by if call is not None else None,
-                         "error": None if call is None or call.ok else call.kind,
-                         "duration_ms": call.duration_ms if call is not None else None,
-                         "submission": call.response if call is not None else None})
+            rows.append(
+                {
+                    "agent": run.alias,
+                    "case": ref.case,
+                    "repeat": ref.repeat,
+                    "call_id": ref.call_id,
+                    "correct": ok,
+                    "fields": per,
+                    "fallback": fell_back,
+                    "answered_by": call.answered_by if call is not None else None,
+                    "error": None if call is None or call.ok else call.kind,
+                    "duration_ms": call.duration_ms if call is not None else None,
+                    "submission": call.response if call is not None else None,
+                }
+            )
 
         def rate(count: int, total: int = n) -> float | None:
             return round(count / total, 6) if total else None
@@ -167,22 +186,35 @@ def agent_rows(runs: Sequence[AgentRun], calls: Sequence[RecordedCall], cases: S
             "correct": correct,
             "accuracy": rate(correct),
             "first_try_accuracy": rate(first_try),
-            "fields": {name: {"correct": field_hits[name], "total": field_total[name],
-                              "accuracy": rate(field_hits[name], field_total[name])} for name in sorted(field_total)},
+            "fields": {
+                name: {
+                    "correct": field_hits[name],
+                    "total": field_total[name],
+                    "accuracy": rate(field_hits[name], field_total[name]),
+                }
+                for name in sorted(field_total)
+            },
             "schema_valid_first_try": rate(valid_first),
             "fallbacks": fallbacks,
             "fallback_rate": rate(fallbacks),
             "errors": dict(sorted(errors.items())),
-            "latency_ms": {"p50": percentile(durations, 50), "p95": percentile(durations, 95),
-                           "mean": round(sum(durations) / len(durations), 3) if durations else None},
+            "latency_ms": {
+                "p50": percentile(durations, 50),
+                "p95": percentile(durations, 95),
+                "mean": round(sum(durations) / len(durations), 3) if durations else None,
+            },
             "tokens": {"prompt": prompt_tokens, "completion": completion_tokens},
             "cost_usd": {"total": round(cost, 6), "mean": round(cost / n, 6) if n else None},
-            "reproducibility": (rate(sum(1 for o in outcomes.values() if len(o) == 1), len(outcomes))
-                                if repeat > 1 else None),
-            "reproducibility_labels": (rate(sum(1 for o in labelled.values() if len(o) == 1), len(labelled))
-                                       if repeat > 1 else None),
-            "confusion": {name: {want: dict(sorted(got.items())) for want, got in sorted(table.items())}
-                          for name, table in confusion.items()},
+            "reproducibility": (
+                rate(sum(1 for o in outcomes.values() if len(o) == 1), len(outcomes)) if repeat > 1 else None
+            ),
+            "reproducibility_labels": (
+                rate(sum(1 for o in labelled.values() if len(o) == 1), len(labelled)) if repeat > 1 else None
+            ),
+            "confusion": {
+                name: {want: dict(sorted(got.items())) for want, got in sorted(table.items())}
+                for name, table in confusion.items()
+            },
             "workers": run.workers,
             "startup_s": round(run.startup_s, 3),
             "wall_s": round(run.wall_s, 3),
@@ -195,12 +227,27 @@ def machine() -> dict[str, Any]:
     """Where the eval ran (no host name)."""
     from localllm._version import __version__
 
-    return {"platform": platform.platform(), "machine": platform.machine(), "processor": platform.processor(),
-            "cpus": os.cpu_count(), "python": platform.python_version(), "localllm": __version__}
+    return {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "localllm": __version__,
+    }
 
 
-def build_report(config: Config, gate: Gate, cases: Sequence[Case], runs: Sequence[AgentRun], *,
-                 trace_path: Path, cases_path: Path, repeat: int, created: str) -> dict[str, Any]:
+def build_report(
+    config: Config,
+    gate: Gate,
+    cases: Sequence[Case],
+    runs: Sequence[AgentRun],
+    *,
+    trace_path: Path,
+    cases_path: Path,
+    repeat: int,
+    created: str,
+) -> dict[str, Any]:
     """The report document (``kind: localllm_eval_report``) of one eval run."""
     calls = recorded_calls(trace_path)
     enums = enum_fields(gate.schema_path)
@@ -209,8 +256,11 @@ def build_report(config: Config, gate: Gate, cases: Sequence[Case], runs: Sequen
     def shown(path: Path) -> str:
         """Paths under the config's directory relative to it (a report can be committed)."""
         full = path.resolve()
-        return str(full.relative_to(config.base_dir.resolve())) if full.is_relative_to(config.base_dir.resolve()) \
+        return (
+            str(full.relative_to(config.base_dir.resolve()))
+            if full.is_relative_to(config.base_dir.resolve())
             else str(full)
+        )
 
     return {
         "kind": REPORT_KIND,
@@ -240,13 +290,20 @@ def write_report(report: Mapping[str, Any], out_dir: Path, stamp: str) -> dict[s
     data = (json.dumps(report, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
     page = render_html(report).encode("utf-8")
     picture = render_svg(report).encode("utf-8")
-    files = {"json": (out_dir / f"{stamp}.json", data), "latest": (out_dir / "latest.json", data),
-             "html": (out_dir / f"{stamp}.html", page), "latest_html": (out_dir / "latest.html", page),
-             "svg": (out_dir / "latest.svg", picture)}
+    files = {
+        "json": (out_dir / f"{stamp}.json", data),
+        "latest": (out_dir / "latest.json", data),
+        "html": (out_dir / f"{stamp}.html", page),
+        "latest_html": (out_dir / "latest.html", page),
+        "svg": (out_dir / "latest.svg", picture),
+    }
     for path, content in files.values():
         try:
             atomic_write(path, content)
         except OSError as exc:
-            raise EvidenceError(path, f"cannot write the report: {exc.strerror or exc}",
-                                hint="check that the reports directory (--out) is writable and has space") from exc
+            raise EvidenceError(
+                path,
+                f"cannot write the report: {exc.strerror or exc}",
+                hint="check that the reports directory (--out) is writable and has space",
+            ) from exc
     return {key: path for key, (path, _) in files.items()}

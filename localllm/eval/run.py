@@ -76,16 +76,24 @@ def check_cases(config: Config, gate_name: str, cases: Sequence[Case], cases_pat
                     render_prompt(value, case.args, case.world, source=f"gates.{gate_name}.with.args.{key}")
             render_prompt(gate.prompt, {**gate.args, **case.args}, case.world)
         except CallError as exc:
-            problems.append(ConfigProblem(str(cases_path), f"line {case.line}.{exc.key or 'args'}", str(exc),
-                                          exc.hint))
+            problems.append(ConfigProblem(str(cases_path), f"line {case.line}.{exc.key or 'args'}", str(exc), exc.hint))
     if problems:
         raise ConfigError(problems)
 
 
-def run_cases(config: Config, gate_name: str, cases: Sequence[Case], agents: Sequence[str], *,
-              trace: TraceWriter, repeat: int = 1, cassettes: Mapping[str, Path] | None = None,
-              prepare: Callable[[Runtime], None] | None = None, workers: int | None = None,
-              progress: Callable[[int], None] | None = None) -> list[AgentRun]:
+def run_cases(
+    config: Config,
+    gate_name: str,
+    cases: Sequence[Case],
+    agents: Sequence[str],
+    *,
+    trace: TraceWriter,
+    repeat: int = 1,
+    cassettes: Mapping[str, Path] | None = None,
+    prepare: Callable[[Runtime], None] | None = None,
+    workers: int | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> list[AgentRun]:
     """Run every case ``repeat`` times against each agent, in order; the events go to ``trace``.
 
     ``cassettes`` replaces agents (alias → cassette file), in every agent's Runtime, so a

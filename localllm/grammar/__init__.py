@@ -15,5 +15,11 @@ from localllm.grammar.compile import CompiledGrammar, Refusal, compile_schema
 from localllm.grammar.subset import Violation, check_subset, format_violation, unenforced
 
 __all__ = [
-    "CompiledGrammar", "Refusal", "Violation", "check_subset", "compile_schema", "format_violation", "unenforced",
+    "CompiledGrammar",
+    "Refusal",
+    "Violation",
+    "check_subset",
+    "compile_schema",
+    "format_violation",
+    "unenforced",
 ]

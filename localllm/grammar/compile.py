@@ -40,21 +40,56 @@ MAX_BOUND_DIGITS = 40
 _TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
 
 # Keywords that assert something (a validator enforces them), by the kind they apply to.
-_OBJECT_KW = frozenset({
-    "properties", "patternProperties", "additionalProperties", "propertyNames", "required",
-    "dependentRequired", "dependentSchemas", "dependencies", "minProperties", "maxProperties",
-    "unevaluatedProperties",
-})
-_ARRAY_KW = frozenset({
-    "items", "prefixItems", "additionalItems", "contains", "minContains", "maxContains",
-    "minItems", "maxItems", "uniqueItems", "unevaluatedItems",
-})
+_OBJECT_KW = frozenset(
+    {
+        "properties",
+        "patternProperties",
+        "additionalProperties",
+        "propertyNames",
+        "required",
+        "dependentRequired",
+        "dependentSchemas",
+        "dependencies",
+        "minProperties",
+        "maxProperties",
+        "unevaluatedProperties",
+    }
+)
+_ARRAY_KW = frozenset(
+    {
+        "items",
+        "prefixItems",
+        "additionalItems",
+        "contains",
+        "minContains",
+        "maxContains",
+        "minItems",
+        "maxItems",
+        "uniqueItems",
+        "unevaluatedItems",
+    }
+)
 _STRING_KW = frozenset({"pattern", "minLength", "maxLength", "format", "contentEncoding", "contentMediaType"})
 _NUMBER_KW = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "divisibleBy"})
-_ANY_KW = frozenset({
-    "allOf", "anyOf", "oneOf", "not", "if", "then", "else", "enum", "const", "type", "$ref",
-    "$dynamicRef", "$recursiveRef", "extends", "disallow",
-})
+_ANY_KW = frozenset(
+    {
+        "allOf",
+        "anyOf",
+        "oneOf",
+        "not",
+        "if",
+        "then",
+        "else",
+        "enum",
+        "const",
+        "type",
+        "$ref",
+        "$dynamicRef",
+        "$recursiveRef",
+        "extends",
+        "disallow",
+    }
+)
 ASSERTING = _OBJECT_KW | _ARRAY_KW | _STRING_KW | _NUMBER_KW | _ANY_KW
 _KIND_KW = {"object": _OBJECT_KW, "array": _ARRAY_KW, "string": _STRING_KW, "number": _NUMBER_KW}
 # contentEncoding/contentMediaType are annotations for the jsonschema validator
@@ -62,16 +97,46 @@ _ANNOTATION_ONLY = frozenset({"contentEncoding", "contentMediaType", "then", "el
 
 # Standard formats we generate exactly; other standard formats a validator may check are
 # refused; unknown formats are annotations (a validator ignores them).
-_FORMATS = ("date", "time", "date-time", "uuid", "ipv4", "email", "idn-email", "hostname", "uri",
-            "uri-reference", "iri", "iri-reference")
-_CHECKED_FORMATS = frozenset({
-    "ipv6", "idn-hostname", "uri-template", "json-pointer", "relative-json-pointer", "regex", "duration", "color",
-})
+_FORMATS = (
+    "date",
+    "time",
+    "date-time",
+    "uuid",
+    "ipv4",
+    "email",
+    "idn-email",
+    "hostname",
+    "uri",
+    "uri-reference",
+    "iri",
+    "iri-reference",
+)
+_CHECKED_FORMATS = frozenset(
+    {
+        "ipv6",
+        "idn-hostname",
+        "uri-template",
+        "json-pointer",
+        "relative-json-pointer",
+        "regex",
+        "duration",
+        "color",
+    }
+)
 #: (shortest, longest) string each format grammar generates
 _FORMAT_LENGTHS: dict[str, tuple[int, int]] = {
-    "date": (10, 10), "time": (9, 24), "date-time": (20, 35), "uuid": (36, 36), "ipv4": (7, 15),
-    "hostname": (1, 131), "email": (3, 164), "idn-email": (3, 164), "uri": (9, 223), "uri-reference": (9, 223),
-    "iri": (9, 223), "iri-reference": (9, 223),
+    "date": (10, 10),
+    "time": (9, 24),
+    "date-time": (20, 35),
+    "uuid": (36, 36),
+    "ipv4": (7, 15),
+    "hostname": (1, 131),
+    "email": (3, 164),
+    "idn-email": (3, 164),
+    "uri": (9, 223),
+    "uri-reference": (9, 223),
+    "iri": (9, 223),
+    "iri-reference": (9, 223),
 }
 
 _PRIMITIVES = {
@@ -83,15 +148,17 @@ _PRIMITIVES = {
     "number": '"-"? ( "0" | [1-9] [0-9]* ) ( "." [0-9]+ )? ( [eE] [-+]? [0-9]{1,2} )?',
     "boolean": '"true" | "false"',
     "null": '"null"',
-    "value": 'object | array | string | number | boolean | null',
+    "value": "object | array | string | number | boolean | null",
     "object": '"{" ( string COLON value ( COMMA string COLON value )* )? "}"',
     "array": '"[" ( value ( COMMA value )* )? "]"',
     "year": "[0-9]{3} [1-9] | [0-9]{2} [1-9] [0-9] | [0-9] [1-9] [0-9]{2} | [1-9] [0-9]{3}",
     "leap-year": '[0-9]{2} leap-yy | leap-yy "00"',
     "leap-yy": '"0" [48] | [2468] [048] | [13579] [26]',
-    "month-day": ('( "0" [13578] | "1" [02] ) "-" ( "0" [1-9] | [12] [0-9] | "3" [01] ) '
-                  '| ( "0" [469] | "11" ) "-" ( "0" [1-9] | [12] [0-9] | "30" ) '
-                  '| "02-" ( "0" [1-9] | "1" [0-9] | "2" [0-8] )'),
+    "month-day": (
+        '( "0" [13578] | "1" [02] ) "-" ( "0" [1-9] | [12] [0-9] | "3" [01] ) '
+        '| ( "0" [469] | "11" ) "-" ( "0" [1-9] | [12] [0-9] | "30" ) '
+        '| "02-" ( "0" [1-9] | "1" [0-9] | "2" [0-8] )'
+    ),
     "date": 'year "-" month-day | leap-year "-02-29"',
     "hh": '[01] [0-9] | "2" [0-3]',
     "time": 'hh ":" [0-5] [0-9] ":" [0-5] [0-9] ( "." [0-9]{1,9} )? ( "Z" | [+-] hh ":" [0-5] [0-9] )',
@@ -110,11 +177,23 @@ _PRIMITIVES = {
     "iri-reference": "uri",
 }
 _PRIMITIVE_DEPS = {
-    "char": ("hex-cp",), "string": ("char",), "value": ("object", "array", "string", "number", "boolean", "null"),
-    "object": ("string", "value"), "array": ("value",), "leap-year": ("leap-yy",),
-    "date": ("year", "month-day", "leap-year"), "time": ("hh",), "date-time": ("date", "time"),
-    "uuid": ("hex",), "ipv4": ("octet",), "hostname": ("label",), "email": ("hostname",),
-    "idn-email": ("email",), "uri": ("hostname",), "uri-reference": ("uri",), "iri": ("uri",),
+    "char": ("hex-cp",),
+    "string": ("char",),
+    "value": ("object", "array", "string", "number", "boolean", "null"),
+    "object": ("string", "value"),
+    "array": ("value",),
+    "leap-year": ("leap-yy",),
+    "date": ("year", "month-day", "leap-year"),
+    "time": ("hh",),
+    "date-time": ("date", "time"),
+    "uuid": ("hex",),
+    "ipv4": ("octet",),
+    "hostname": ("label",),
+    "email": ("hostname",),
+    "idn-email": ("email",),
+    "uri": ("hostname",),
+    "uri-reference": ("uri",),
+    "iri": ("uri",),
     "iri-reference": ("uri",),
 }
 
@@ -341,7 +420,7 @@ def _nonneg_range(lo: int, hi: int | None) -> str:
     else:
         for length in range(lo_len, len(str(hi)) + 1):
             a = max(lo, 10 ** (length - 1) if length > 1 else 0)
-            b = min(hi, 10 ** length - 1)
+            b = min(hi, 10**length - 1)
             parts.append(_same_length(str(a), str(b)))
     return _alt(parts)
 
@@ -382,7 +461,10 @@ class _Compiler:
             raise _Refuse("$", "$schema", f'"$schema" must be a URI string, got {_q(root["$schema"])}')
         cls = validator_class(root)
         self.draft = {
-            "Draft3Validator": 3, "Draft4Validator": 4, "Draft6Validator": 6, "Draft7Validator": 7,
+            "Draft3Validator": 3,
+            "Draft4Validator": 4,
+            "Draft6Validator": 6,
+            "Draft7Validator": 7,
             "Draft201909Validator": 2019,
         }.get(cls.__name__, 2020)
         if self.draft == 3:
@@ -460,8 +542,10 @@ class _Compiler:
             raise _Unsatisfiable(path, "false", "the schema false admits no value")
         if not isinstance(node, dict):
             raise _Refuse(path, "schema", f"a schema must be an object or a boolean, got {_q(node)}")
-        if path != "$" and any(isinstance(node.get(k), str) and not node[k].startswith("#")
-                               for k in ("$id", "id" if self.draft == 4 else "$id")):
+        if path != "$" and any(
+            isinstance(node.get(k), str) and not node[k].startswith("#")
+            for k in ("$id", "id" if self.draft == 4 else "$id")
+        ):
             raise _Refuse(path, "$id", "a nested $id changes how refs resolve; not compiled")
         if "$ref" in node:
             siblings = {k: v for k, v in node.items() if k != "$ref" and _asserts(node, k)}
@@ -531,8 +615,9 @@ class _Compiler:
             if self.valid(node, value, path, "enum"):
                 kept.append(gbnf_literal(text))
         if not kept:
-            raise _Unsatisfiable(path, "const" if "const" in node else "enum",
-                                 "no listed value satisfies the schema around it")
+            raise _Unsatisfiable(
+                path, "const" if "const" in node else "enum", "no listed value satisfies the schema around it"
+            )
         return _alt(kept)
 
     # ------------------------------------------------------------------ anyOf / oneOf
@@ -576,9 +661,12 @@ class _Compiler:
         for i, a in enumerate(targets):
             for j, b in enumerate(targets):
                 if i != j and not self.excludes(a, b, rest):
-                    raise _Refuse(child(child(path, "oneOf"), j), "oneOf",
-                                  f'"oneOf" branches {i} and {j} may both match; only provably disjoint '
-                                  'branches are compiled (use "anyOf" if overlap is fine)')
+                    raise _Refuse(
+                        child(child(path, "oneOf"), j),
+                        "oneOf",
+                        f'"oneOf" branches {i} and {j} may both match; only provably disjoint '
+                        'branches are compiled (use "anyOf" if overlap is fine)',
+                    )
 
     def flat(self, node: Any, path: str) -> Any:
         seen: set[str] = set()
@@ -610,8 +698,9 @@ class _Compiler:
 
     # ------------------------------------------------------------------ allOf
 
-    def merge_all(self, node: dict[str, Any], path: str, depth: int,
-                  bare: frozenset[str]) -> tuple[dict[str, Any], frozenset[str]]:
+    def merge_all(
+        self, node: dict[str, Any], path: str, depth: int, bare: frozenset[str]
+    ) -> tuple[dict[str, Any], frozenset[str]]:
         """``node``'s allOf merged into one schema, and the refs inlined on the way."""
         comps = node["allOf"]
         if not isinstance(comps, list) or not comps:
@@ -654,8 +743,9 @@ class _Compiler:
                 if not isinstance(alts, list) or not alts:
                     raise _Refuse(path, "oneOf", '"oneOf" must be a non-empty array')
                 self.check_disjoint(alts, comp, path)
-                comp["anyOf"] = alts if "anyOf" not in comp else [{"allOf": [x, {"anyOf": comp["anyOf"]}]}
-                                                                    for x in alts]
+                comp["anyOf"] = (
+                    alts if "anyOf" not in comp else [{"allOf": [x, {"anyOf": comp["anyOf"]}]} for x in alts]
+                )
             yield comp
 
     def merge(self, a: dict[str, Any], b: dict[str, Any], path: str) -> dict[str, Any]:
@@ -703,19 +793,24 @@ class _Compiler:
             return min(mine, other)
         if key in ("exclusiveMinimum", "exclusiveMaximum") and self.draft > 4 and _num(mine) and _num(other):
             return max(mine, other) if key == "exclusiveMinimum" else min(mine, other)
-        if key in ("uniqueItems", "exclusiveMinimum", "exclusiveMaximum") and isinstance(mine, bool) \
-                and isinstance(other, bool):
+        if (
+            key in ("uniqueItems", "exclusiveMinimum", "exclusiveMaximum")
+            and isinstance(mine, bool)
+            and isinstance(other, bool)
+        ):
             return mine or other
-        if key in ("items", "additionalItems", "propertyNames", "contains") and isinstance(mine, (dict, bool)) \
-                and isinstance(other, (dict, bool)):
+        if (
+            key in ("items", "additionalItems", "propertyNames", "contains")
+            and isinstance(mine, (dict, bool))
+            and isinstance(other, (dict, bool))
+        ):
             return {"allOf": [mine, other]}
         if key == "anyOf" and isinstance(mine, list) and isinstance(other, list):
             product = [{"allOf": [x, y]} for x in mine for y in other]
             if len(product) > MAX_BRANCHES:
                 raise _Refuse(path, "anyOf", f"allOf of anyOf gives more than {MAX_BRANCHES} alternatives")
             return product
-        raise _Refuse(path, key, f'allOf components disagree on "{key}" ({_q(mine)} vs {_q(other)}); '
-                                 "not merged")
+        raise _Refuse(path, key, f'allOf components disagree on "{key}" ({_q(mine)} vs {_q(other)}); not merged')
 
     def merge_properties(self, a: dict[str, Any], b: dict[str, Any], path: str) -> dict[str, Any]:
         if "patternProperties" in a or "patternProperties" in b:
@@ -761,8 +856,19 @@ class _Compiler:
         if not exprs:
             assert first is not None
             raise first
-        handled = {"type", "anyOf", "oneOf", "allOf", "$ref", "enum", "const", "then", "else",
-                   "contentEncoding", "contentMediaType"}
+        handled = {
+            "type",
+            "anyOf",
+            "oneOf",
+            "allOf",
+            "$ref",
+            "enum",
+            "const",
+            "then",
+            "else",
+            "contentEncoding",
+            "contentMediaType",
+        }
         for t in types:
             handled |= _KIND_KW.get("number" if t == "integer" else t, frozenset())
         leftover = [k for k in sorted(node) if k in ASSERTING and k not in handled and _asserts(node, k)]
@@ -799,8 +905,7 @@ class _Compiler:
             raise _Refuse(path, "patternProperties", '"patternProperties" must be an object')
         names = node.get("propertyNames", True)
         declared: list[tuple[str, Any, str]] = [(n, s, child(child(path, "properties"), n)) for n, s in props.items()]
-        declared += [(r, None, child(path, "additionalProperties")) for r in dict.fromkeys(required)
-                     if r not in props]
+        declared += [(r, None, child(path, "additionalProperties")) for r in dict.fromkeys(required) if r not in props]
         required_set = set(required)
         # A declared name must satisfy its property schema and every patternProperties schema
         # whose pattern it matches; an undeclared required name, those patterns or else
@@ -905,8 +1010,14 @@ class _Compiler:
                 break
             saved = self.save()
             try:
-                elements.append(self.gen(sub, child(child(path, "prefixItems" if self.draft >= 2020 else "items"), i),
-                                         depth + 1, frozenset()))
+                elements.append(
+                    self.gen(
+                        sub,
+                        child(child(path, "prefixItems" if self.draft >= 2020 else "items"), i),
+                        depth + 1,
+                        frozenset(),
+                    )
+                )
             except _Unsatisfiable:
                 self.restore(saved)
                 elements.append(None)
@@ -958,8 +1069,11 @@ class _Compiler:
                 raise _Refuse(path, "pattern", f'"pattern" beside "format": {_q(fmt)} is not intersected')
             flo, fhi = _FORMAT_LENGTHS[fmt]
             if lo > flo or (hi is not None and hi < fhi):
-                raise _Refuse(path, "minLength" if lo > flo else "maxLength",
-                              f'length bounds beside "format": {_q(fmt)} are not intersected')
+                raise _Refuse(
+                    path,
+                    "minLength" if lo > flo else "maxLength",
+                    f'length bounds beside "format": {_q(fmt)} are not intersected',
+                )
             return f'"\\"" {self.primitive(fmt)} "\\""'
         if isinstance(fmt, str) and fmt in _CHECKED_FORMATS:
             raise _Refuse(path, "format", f'"format": {_q(fmt)} has no grammar here')
@@ -968,8 +1082,11 @@ class _Compiler:
                 raise _Refuse(path, "pattern", '"pattern" must be a string')
             expr, plo, phi = self.pattern(pattern, path)
             if plo < lo or (hi is not None and (phi is None or phi > hi)):
-                raise _Refuse(path, "minLength" if plo < lo else "maxLength",
-                              "length bounds beside a pattern whose lengths exceed them are not intersected")
+                raise _Refuse(
+                    path,
+                    "minLength" if plo < lo else "maxLength",
+                    "length bounds beside a pattern whose lengths exceed them are not intersected",
+                )
             return self.rule(f"{path}-pattern", f'"\\"" {expr} "\\""')
         if lo == 0 and hi is None:
             return self.primitive("string")
@@ -1058,7 +1175,7 @@ class _Compiler:
     def fractions(self, lo: _Bound | None, hi: _Bound | None) -> list[str]:
         """Numbers with a fraction part ``k.ddd`` (|k| < 10^9, 1-6 digits: no rounding onto a bound)."""
         frac = '"." [0-9]{1,6}'
-        cap = 10 ** 9 - 1
+        cap = 10**9 - 1
         parts = []
         # non-negative: k.ddd ∈ [k, k+1): needs k to satisfy lo and k+1 <= hi
         k_lo = max(0, _int_at_least(lo)) if lo is not None else 0
@@ -1104,9 +1221,19 @@ def _validation_failures() -> tuple[type[BaseException], ...]:
     import jsonschema
     from referencing.exceptions import Unresolvable
 
-    return (Unresolvable, jsonschema.exceptions.UnknownType, jsonschema.exceptions.FormatError,
-            jsonschema.exceptions.SchemaError, ValueError, TypeError, LookupError, AttributeError,
-            RecursionError, OverflowError, re.error)
+    return (
+        Unresolvable,
+        jsonschema.exceptions.UnknownType,
+        jsonschema.exceptions.FormatError,
+        jsonschema.exceptions.SchemaError,
+        ValueError,
+        TypeError,
+        LookupError,
+        AttributeError,
+        RecursionError,
+        OverflowError,
+        re.error,
+    )
 
 
 def _int_at_least(b: _Bound) -> int:
@@ -1223,10 +1350,12 @@ def _both(a: Any, b: Any) -> Any:
     return {"allOf": [a, b]}
 
 
-_TRUE_IS_NOOP = frozenset({"additionalProperties", "items", "unevaluatedProperties", "unevaluatedItems",
-                           "propertyNames", "additionalItems"})
-_EMPTY_IS_NOOP = frozenset({"required", "properties", "patternProperties", "dependentSchemas", "dependentRequired",
-                            "dependencies"})
+_TRUE_IS_NOOP = frozenset(
+    {"additionalProperties", "items", "unevaluatedProperties", "unevaluatedItems", "propertyNames", "additionalItems"}
+)
+_EMPTY_IS_NOOP = frozenset(
+    {"required", "properties", "patternProperties", "dependentSchemas", "dependentRequired", "dependencies"}
+)
 
 
 def _asserts(node: Mapping[str, Any], key: str) -> bool:
@@ -1239,8 +1368,12 @@ def _asserts(node: Mapping[str, Any], key: str) -> bool:
         return False
     if key == "uniqueItems" and value is False:
         return False
-    if key in ("allOf", "anyOf", "oneOf") and isinstance(value, list) and value and all(v is True or v == {}
-                                                                                         for v in value):
+    if (
+        key in ("allOf", "anyOf", "oneOf")
+        and isinstance(value, list)
+        and value
+        and all(v is True or v == {} for v in value)
+    ):
         return False
     return not (key in ("minItems", "minLength", "minProperties") and value == 0 and not isinstance(value, bool))
 
@@ -1410,8 +1543,9 @@ class _RegexParser:
         if c == "(":
             if self.s.startswith("?:", self.pos):
                 self.pos += 2
-            elif self.s.startswith("?P<", self.pos) or (self.s.startswith("?<", self.pos)
-                                                       and not self.s.startswith(("?<=", "?<!"), self.pos)):
+            elif self.s.startswith("?P<", self.pos) or (
+                self.s.startswith("?<", self.pos) and not self.s.startswith(("?<=", "?<!"), self.pos)
+            ):
                 end = self.s.find(">", self.pos)
                 if end < 0:
                     raise _RegexUnsupported("has an unterminated group name")
@@ -1454,7 +1588,7 @@ class _RegexParser:
             return ("set", [(0x08, 0x08)])
         if c in "xuU":
             n = {"x": 2, "u": 4, "U": 8}[c]
-            digits = self.s[self.pos:self.pos + n]
+            digits = self.s[self.pos : self.pos + n]
             if len(digits) != n or not all(d in "0123456789abcdefABCDEF" for d in digits):
                 raise _RegexUnsupported(f"has a malformed \\{c} escape")
             self.pos += n

@@ -40,7 +40,7 @@ def parse_path(path: str) -> list[str | int]:
                 i = end + 1
             else:
                 end = path.index("]", i)
-                tokens.append(int(path[i + 1:end]))
+                tokens.append(int(path[i + 1 : end]))
                 i = end + 1
         else:
             raise ValueError(f"bad JSON path {path!r} at {i}")

@@ -42,21 +42,51 @@ _REJECTS = "(llama.cpp rejects the request)"
 
 # Keywords a JSON Schema validator enforces (draft 2020-12 plus earlier drafts' names).
 # Anything else (title, description, $defs, x-…) constrains nothing and is never a finding.
-_OBJECT_KW = frozenset({
-    "properties", "patternProperties", "additionalProperties", "propertyNames", "required",
-    "dependentRequired", "dependentSchemas", "dependencies", "minProperties", "maxProperties",
-    "unevaluatedProperties",
-})
-_ARRAY_KW = frozenset({
-    "items", "prefixItems", "contains", "minContains", "maxContains", "minItems", "maxItems",
-    "uniqueItems", "unevaluatedItems",
-})
+_OBJECT_KW = frozenset(
+    {
+        "properties",
+        "patternProperties",
+        "additionalProperties",
+        "propertyNames",
+        "required",
+        "dependentRequired",
+        "dependentSchemas",
+        "dependencies",
+        "minProperties",
+        "maxProperties",
+        "unevaluatedProperties",
+    }
+)
+_ARRAY_KW = frozenset(
+    {
+        "items",
+        "prefixItems",
+        "contains",
+        "minContains",
+        "maxContains",
+        "minItems",
+        "maxItems",
+        "uniqueItems",
+        "unevaluatedItems",
+    }
+)
 _STRING_KW = frozenset({"pattern", "minLength", "maxLength", "format"})
 _NUMBER_KW = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
-_ANY_KW = frozenset({
-    "allOf", "anyOf", "oneOf", "not", "if", "enum", "const", "type", "$ref", "$dynamicRef",
-    "$recursiveRef",
-})
+_ANY_KW = frozenset(
+    {
+        "allOf",
+        "anyOf",
+        "oneOf",
+        "not",
+        "if",
+        "enum",
+        "const",
+        "type",
+        "$ref",
+        "$dynamicRef",
+        "$recursiveRef",
+    }
+)
 ASSERTION_KEYWORDS = _OBJECT_KW | _ARRAY_KW | _STRING_KW | _NUMBER_KW | _ANY_KW
 
 # Ignored but value-level: validation still rejects a bad answer, the shape is right.
@@ -77,7 +107,6 @@ _KNOWN_FORMATS = frozenset({"date", "time", "date-time", "uuid", "uuid1", "uuid2
 
 #: formats whose strings all have one length (a min/maxLength that allows it is implied)
 _FIXED_LENGTH = {"date": 10, "uuid": 36, "uuid1": 36, "uuid2": 36, "uuid3": 36, "uuid4": 36, "uuid5": 36}
-
 
 
 @dataclass(frozen=True)
@@ -111,8 +140,12 @@ def check_subset(schema: Mapping[str, Any] | Any, *, where: str = "") -> list[Vi
     depth = _nesting(schema)
     checker = _Checker(schema)
     if depth > 4 * MAX_DEPTH:
-        checker.error("$", "depth", f"$: the schema nests {depth} levels deep (at most {4 * MAX_DEPTH}); "
-                                    "flatten it or move repeated parts into $defs")
+        checker.error(
+            "$",
+            "depth",
+            f"$: the schema nests {depth} levels deep (at most {4 * MAX_DEPTH}); "
+            "flatten it or move repeated parts into $defs",
+        )
     else:
         try:
             checker.visit(schema, "$", owner="$")
@@ -138,7 +171,12 @@ def check_subset(schema: Mapping[str, Any] | Any, *, where: str = "") -> list[Vi
 
 
 _CHECK_FAILURES: tuple[type[BaseException], ...] = (
-    TypeError, AttributeError, ValueError, LookupError, RecursionError, re.error,
+    TypeError,
+    AttributeError,
+    ValueError,
+    LookupError,
+    RecursionError,
+    re.error,
 )
 
 
@@ -186,8 +224,11 @@ class _Checker:
     def ignored(self, path: str, key: str, why: str = "") -> None:
         if key in _WARNING_KW:
             reason = f" ({why})" if why else ""
-            self.warn(path, key, f'{path}: "{key}" is not enforced by the llama.cpp grammar{reason}; '
-                                 "validation still checks it")
+            self.warn(
+                path,
+                key,
+                f'{path}: "{key}" is not enforced by the llama.cpp grammar{reason}; validation still checks it',
+            )
         else:
             self.error(path, key, unsupported(path, key, why))
 
@@ -211,10 +252,13 @@ class _Checker:
     def visit(self, node: Any, path: str, *, owner: str | None) -> None:
         """Check one subschema. ``owner`` is the ref (or "$") whose input is not yet consumed."""
         if isinstance(node, bool):
-            self.error(path, "boolean schema",
-                       f"{path}: boolean subschema {_q(node)} {SUBSET} (llama.cpp rejects the request; "
-                       + ("use {} instead" if node else "remove the keyword or use a schema that says what is allowed")
-                       + ")")
+            self.error(
+                path,
+                "boolean schema",
+                f"{path}: boolean subschema {_q(node)} {SUBSET} (llama.cpp rejects the request; "
+                + ("use {} instead" if node else "remove the keyword or use a schema that says what is allowed")
+                + ")",
+            )
             return
         if not isinstance(node, dict):
             self.error(path, "schema", f"{path}: a schema must be a JSON object, got {_q(node)}")
@@ -258,12 +302,18 @@ class _Checker:
             return False
         literals = [alt["const"]] if "const" in alt else alt.get("enum") if isinstance(alt.get("enum"), list) else None
         if literals is not None:
-            return all(_json_type(v) in wanted or (_json_type(v) == "integer" and "number" in wanted)
-                       for v in literals)
+            return all(_json_type(v) in wanted or (_json_type(v) == "integer" and "number" in wanted) for v in literals)
         own = alt.get("type")
         if own is None:  # the converter's kind inference without a type
-            own = "object" if _has_properties(alt) else "array" if ("items" in alt or "prefixItems" in alt) \
-                else "string" if any(k in alt for k in ("pattern", "minLength", "maxLength")) else None
+            own = (
+                "object"
+                if _has_properties(alt)
+                else "array"
+                if ("items" in alt or "prefixItems" in alt)
+                else "string"
+                if any(k in alt for k in ("pattern", "minLength", "maxLength"))
+                else None
+            )
         names = {own} if isinstance(own, str) else set(own) if isinstance(own, list) and own else None
         return names is not None and all(isinstance(n, str) for n in names) and names <= wanted
 
@@ -272,24 +322,41 @@ class _Checker:
             if key == "type" and self.implies_type({"$ref": node["$ref"]}, node["type"]):
                 continue
             if key != "$ref" and _asserts(node, key):
-                self.error(path, key, unsupported(
-                    path, key, 'llama.cpp ignores every keyword beside "$ref"; move it into the referenced schema'))
+                self.error(
+                    path,
+                    key,
+                    unsupported(
+                        path, key, 'llama.cpp ignores every keyword beside "$ref"; move it into the referenced schema'
+                    ),
+                )
         ref = node["$ref"]
         if not isinstance(ref, str):
             self.error(path, "$ref", f'{path}: "$ref" must be a string, got {_q(ref)}')
             return
         if ref == "#":
-            self.error(path, "$ref", f'{path}: "$ref": "#" (the whole document) {SUBSET}; '
-                                     'move the recursive part into "$defs" and reference "#/$defs/<name>"')
+            self.error(
+                path,
+                "$ref",
+                f'{path}: "$ref": "#" (the whole document) {SUBSET}; '
+                'move the recursive part into "$defs" and reference "#/$defs/<name>"',
+            )
             return
         if not ref.startswith("#/"):
-            self.error(path, "$ref", f"{path}: \"$ref\": {_q(ref)} {SUBSET}; only local "
-                                     '"#/..." references into the same document are supported')
+            self.error(
+                path,
+                "$ref",
+                f'{path}: "$ref": {_q(ref)} {SUBSET}; only local '
+                '"#/..." references into the same document are supported',
+            )
             return
         resolved = self.resolve(ref)
         if resolved is None:
-            self.error(path, "$ref", f"{path}: \"$ref\": {_q(ref)} cannot be resolved in this document "
-                                     "(llama.cpp resolves #/ pointers literally, without ~0/~1 or % unescaping)")
+            self.error(
+                path,
+                "$ref",
+                f'{path}: "$ref": {_q(ref)} cannot be resolved in this document '
+                "(llama.cpp resolves #/ pointers literally, without ~0/~1 or % unescaping)",
+            )
             return
         target, target_path = resolved
         if owner is not None:
@@ -305,31 +372,41 @@ class _Checker:
             why = 'llama.cpp uses "oneOf" and ignores "anyOf" beside it'
             self.error(path, "anyOf", unsupported(path, "anyOf", why))
         siblings = [k for k in sorted(node) if _asserts(node, k) and k not in ("anyOf", "oneOf")]
-        if siblings == ["type"] and isinstance(node[key], list) and node[key] \
-                and all(self.implies_type(alt, node["type"]) for alt in node[key]):
+        if (
+            siblings == ["type"]
+            and isinstance(node[key], list)
+            and node[key]
+            and all(self.implies_type(alt, node["type"]) for alt in node[key])
+        ):
             siblings = []
         if siblings:
             if "properties" in siblings or "type" in siblings:
                 self.error(path, key, f'{path}: "{key}" alongside sibling properties/type {SUBSET}')
             else:
                 names = ", ".join(f'"{k}"' for k in siblings)
-                self.error(path, key, f'{path}: "{key}" alongside sibling {names} {SUBSET} '
-                                      f'(llama.cpp ignores every keyword beside "{key}")')
+                self.error(
+                    path,
+                    key,
+                    f'{path}: "{key}" alongside sibling {names} {SUBSET} '
+                    f'(llama.cpp ignores every keyword beside "{key}")',
+                )
         alts = node[key]
         if not isinstance(alts, list) or not alts:
-            self.error(
-                path, key, f'{path}: "{key}" must be a non-empty array of schemas {_REJECTS}')
+            self.error(path, key, f'{path}: "{key}" must be a non-empty array of schemas {_REJECTS}')
             return
         if key == "oneOf" and not self.disjoint(alts):
-            self.warn(path, "oneOf", f'{path}: "oneOf" is enforced as "anyOf" by the llama.cpp grammar '
-                                     "(exclusivity is not enforced); validation still checks it")
+            self.warn(
+                path,
+                "oneOf",
+                f'{path}: "oneOf" is enforced as "anyOf" by the llama.cpp grammar '
+                "(exclusivity is not enforced); validation still checks it",
+            )
         for i, alt in enumerate(alts):
             self.visit(alt, child_path(child_path(path, key), i), owner=owner)
 
     def visit_typed(self, node: dict[str, Any], path: str, type_: Any, *, owner: str | None) -> None:
         if type_ is not None and (not isinstance(type_, str) or type_ not in _TYPES):
-            self.error(
-                path, "type", f'{path}: "type" {_q(type_)} is not a JSON Schema type {_REJECTS}')
+            self.error(path, "type", f'{path}: "type" {_q(type_)} is not a JSON Schema type {_REJECTS}')
             return
         has_props = _has_properties(node)
         kind: str
@@ -340,22 +417,33 @@ class _Checker:
                 kind = "allOf"
             elif "items" in node or "prefixItems" in node:
                 kind = "array"
-            elif ("pattern" in node or "minLength" in node or "maxLength" in node
-                  or (isinstance(node.get("format"), str) and node["format"] in _KNOWN_FORMATS)):
+            elif (
+                "pattern" in node
+                or "minLength" in node
+                or "maxLength" in node
+                or (isinstance(node.get("format"), str) and node["format"] in _KNOWN_FORMATS)
+            ):
                 kind = "string"
             else:
                 kind = "any"
         elif type_ == "object":
             kind = "allOf" if not has_props and "allOf" in node else "object"
         elif type_ == "string" and "allOf" in node:
-            self.error(path, "allOf", f'{path}: "allOf" under type "string" {SUBSET} '
-                                      '(llama.cpp\'s converter turns it into an object rule that accepts only "{}")')
+            self.error(
+                path,
+                "allOf",
+                f'{path}: "allOf" under type "string" {SUBSET} '
+                '(llama.cpp\'s converter turns it into an object rule that accepts only "{}")',
+            )
             return
         else:
             kind = str(type_)
         handler = {
-            "object": self.visit_object, "array": self.visit_array, "string": self.visit_string,
-            "integer": self.visit_integer, "allOf": self.visit_all_of,
+            "object": self.visit_object,
+            "array": self.visit_array,
+            "string": self.visit_string,
+            "integer": self.visit_integer,
+            "allOf": self.visit_all_of,
         }.get(kind)
         handled = handler(node, path) if handler is not None else frozenset()
         if kind == "object" and "patternProperties" in node and self.pattern_properties_unused(node):
@@ -364,8 +452,12 @@ class _Checker:
         for key in sorted(node):
             if key in relevant and key not in handled and key != "type" and _asserts(node, key):
                 if kind in ("integer", "number") and key in ("allOf", "if") and _only_number_keywords(node, key):
-                    self.warn(path, key, f'{path}: "{key}" under type {_q(kind)} holds only number bounds, which '
-                                         "the llama.cpp grammar does not enforce; validation still checks them")
+                    self.warn(
+                        path,
+                        key,
+                        f'{path}: "{key}" under type {_q(kind)} holds only number bounds, which '
+                        "the llama.cpp grammar does not enforce; validation still checks them",
+                    )
                 elif key == "if":
                     self.ignored(path, key, 'llama.cpp ignores "if"/"then"/"else"')
                 else:
@@ -385,13 +477,21 @@ class _Checker:
             if isinstance(extra, dict):
                 self.visit(extra, child_path(path, "additionalProperties"), owner=None)
             elif not isinstance(extra, bool):
-                self.error(path, "additionalProperties",
-                           f'{path}: "additionalProperties" must be a boolean or a schema {_REJECTS}')
+                self.error(
+                    path,
+                    "additionalProperties",
+                    f'{path}: "additionalProperties" must be a boolean or a schema {_REJECTS}',
+                )
             if extra is not False and props:
-                self.error(path, "additionalProperties", (
-                    f'{path}: "additionalProperties" {_q(extra)} beside "properties" {SUBSET}: llama.cpp\'s '
-                    'extra-key rule starts with [^"...], which admits a backslash and raw control characters '
-                    '(e.g. {"\\q": 1}, not JSON); set it to false or drop "properties"'))
+                self.error(
+                    path,
+                    "additionalProperties",
+                    (
+                        f'{path}: "additionalProperties" {_q(extra)} beside "properties" {SUBSET}: llama.cpp\'s '
+                        'extra-key rule starts with [^"...], which admits a backslash and raw control characters '
+                        '(e.g. {"\\q": 1}, not JSON); set it to false or drop "properties"'
+                    ),
+                )
         self.check_required(node, path, set(props) if "properties" in node else set())
         return frozenset({"properties", "additionalProperties", "required"})
 
@@ -416,9 +516,12 @@ class _Checker:
         missing = sorted({r for r in required if isinstance(r, str) and r not in known})
         if missing:
             names = ", ".join(_q(m) for m in missing)
-            self.error(path, "required",
-                       f'{path}: "required" {names} without a schema in "properties" {SUBSET}: '
-                       "llama.cpp only generates listed properties, so it cannot enforce it")
+            self.error(
+                path,
+                "required",
+                f'{path}: "required" {names} without a schema in "properties" {SUBSET}: '
+                "llama.cpp only generates listed properties, so it cannot enforce it",
+            )
 
     def visit_array(self, node: dict[str, Any], path: str) -> frozenset[str]:
         for bound in ("minItems", "maxItems"):
@@ -426,8 +529,13 @@ class _Checker:
                 self.error(path, bound, f'{path}: "{bound}" must be a non-negative integer {_REJECTS}')
         key: str | None = "items" if "items" in node else "prefixItems" if "prefixItems" in node else None
         if key == "items" and "prefixItems" in node:
-            self.error(path, "prefixItems", unsupported(
-                path, "prefixItems", 'llama.cpp uses "items" for every element and ignores "prefixItems" beside it'))
+            self.error(
+                path,
+                "prefixItems",
+                unsupported(
+                    path, "prefixItems", 'llama.cpp uses "items" for every element and ignores "prefixItems" beside it'
+                ),
+            )
         if key is None:
             return frozenset({"minItems", "maxItems"})
         handled = frozenset({"items", "prefixItems", "minItems", "maxItems"})
@@ -448,8 +556,13 @@ class _Checker:
         too_many = _count(hi) and int(hi) < n
         for key, bad in (("minItems", too_few), ("maxItems", too_many)):
             if bad:
-                self.error(path, key, unsupported(
-                    path, key, f"llama.cpp ignores it on a tuple and always generates exactly {n} element(s)"))
+                self.error(
+                    path,
+                    key,
+                    unsupported(
+                        path, key, f"llama.cpp ignores it on a tuple and always generates exactly {n} element(s)"
+                    ),
+                )
 
     def visit_string(self, node: dict[str, Any], path: str) -> frozenset[str]:
         fmt = node.get("format")
@@ -469,14 +582,21 @@ class _Checker:
             for key in ("maxLength", "minLength"):
                 if key in node:
                     bound = node[key]
-                    implied = fixed is not None and _count(bound) and (
-                        bound <= fixed if key == "minLength" else bound >= fixed)
+                    implied = (
+                        fixed is not None
+                        and _count(bound)
+                        and (bound <= fixed if key == "minLength" else bound >= fixed)
+                    )
                     if not implied:
                         self.ignored(path, key, f'llama.cpp ignores it beside "format": {_q(fmt)}')
             if fmt in ("date", "date-time"):
-                self.warn(path, "format", f'{path}: "format": {_q(fmt)} is enforced by llama.cpp\'s grammar only '
-                                          "as digits in place (it admits 0000-01-01 and 2023-02-31); validation "
-                                          "still checks the date")
+                self.warn(
+                    path,
+                    "format",
+                    f'{path}: "format": {_q(fmt)} is enforced by llama.cpp\'s grammar only '
+                    "as digits in place (it admits 0000-01-01 and 2023-02-31); validation "
+                    "still checks the date",
+                )
             return frozenset(_STRING_KW)
         if "format" in node and isinstance(fmt, str):
             self.ignored(path, "format", "llama.cpp only knows the formats date, date-time, time and uuid")
@@ -490,8 +610,7 @@ class _Checker:
                 continue
             value = node[used]
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                self.error(path, used, f'{path}: "{used}" must be a number {_REJECTS}, '
-                                       f"got {_q(value)}")
+                self.error(path, used, f'{path}: "{used}" must be a number {_REJECTS}, got {_q(value)}')
             handled.add(used)
             if used == plain and exclusive in node:
                 self.ignored(path, exclusive, f'llama.cpp reads only "{plain}" when both are present')
@@ -502,12 +621,21 @@ class _Checker:
             key = lower or upper
             assert key is not None
             value = node[key]
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and value == int(value) \
-                    and not _one_sided_exact(int(value), lower is not None, key.startswith("exclusive")):
-                self.error(path, key, (
-                    f'{path}: "{key}": {_q(value)} without the other bound {SUBSET}: llama.cpp\'s one-sided '
-                    "integer range is not exact for it (maximum -5 admits -01, minimum 100 admits 10-19); "
-                    "give both bounds"))
+            if (
+                isinstance(value, (int, float))
+                and not isinstance(value, bool)
+                and value == int(value)
+                and not _one_sided_exact(int(value), lower is not None, key.startswith("exclusive"))
+            ):
+                self.error(
+                    path,
+                    key,
+                    (
+                        f'{path}: "{key}": {_q(value)} without the other bound {SUBSET}: llama.cpp\'s one-sided '
+                        "integer range is not exact for it (maximum -5 admits -01, minimum 100 admits 10-19); "
+                        "give both bounds"
+                    ),
+                )
         return frozenset(handled)
 
     def visit_all_of(self, node: dict[str, Any], path: str) -> frozenset[str]:
@@ -516,8 +644,7 @@ class _Checker:
         # intersection of the enums. Anything else in a component is dropped.
         comps = node["allOf"]
         if not isinstance(comps, list) or not comps:
-            self.error(
-                path, "allOf", f'{path}: "allOf" must be a non-empty array of schemas {_REJECTS}')
+            self.error(path, "allOf", f'{path}: "allOf" must be a non-empty array of schemas {_REJECTS}')
             return frozenset({"allOf"})
         resolved: list[tuple[Any, str]] = []
         for i, comp in enumerate(comps):
@@ -527,8 +654,9 @@ class _Checker:
                 resolved.append(target)
         if not resolved:
             return frozenset({"allOf"})
-        if all(isinstance(c, dict) and "enum" in c and "$ref" not in c for c, _ in resolved) \
-                and len(resolved) == len(comps):
+        if all(isinstance(c, dict) and "enum" in c and "$ref" not in c for c, _ in resolved) and len(resolved) == len(
+            comps
+        ):
             common = {_q(v) for v in resolved[0][0]["enum"]} if isinstance(resolved[0][0]["enum"], list) else set()
             for comp, _ in resolved[1:]:
                 common &= {_q(v) for v in comp["enum"]} if isinstance(comp["enum"], list) else set()
@@ -576,29 +704,42 @@ class _Checker:
     def visit_all_of_component(self, comp: dict[str, Any], cpath: str, seen: dict[str, str]) -> None:
         type_ = comp.get("type")
         has_props = _has_properties(comp)
-        is_object = "enum" not in comp and "const" not in comp and (has_props or type_ == "object") \
+        is_object = (
+            "enum" not in comp
+            and "const" not in comp
+            and (has_props or type_ == "object")
             and not (type_ is not None and type_ != "object")
+        )
         if not is_object:
             for key in sorted(comp):
                 if _asserts(comp, key):
-                    self.error(cpath, key, unsupported(
-                        cpath, key, "llama.cpp keeps only the properties of object components of an allOf"))
+                    self.error(
+                        cpath,
+                        key,
+                        unsupported(cpath, key, "llama.cpp keeps only the properties of object components of an allOf"),
+                    )
             return
         props = comp.get("properties", {})
         if isinstance(props, dict):
             for name in sorted(props):
                 ppath = child_path(child_path(cpath, "properties"), name)
                 if name in seen:
-                    self.error(ppath, "allOf", f'{ppath}: property {_q(name)} in more than one "allOf" component '
-                                               f"(also {seen[name]}) {SUBSET}: llama.cpp emits the key twice")
+                    self.error(
+                        ppath,
+                        "allOf",
+                        f'{ppath}: property {_q(name)} in more than one "allOf" component '
+                        f"(also {seen[name]}) {SUBSET}: llama.cpp emits the key twice",
+                    )
                     continue
                 seen[name] = ppath
                 self.visit(props[name], ppath, owner=None)
         for key in sorted(comp):
             if _asserts(comp, key) and key not in ("properties", "required", "type"):
-                why = ("llama.cpp closes the merged object and ignores it; it rejects other components' properties"
-                       if key == "additionalProperties" else
-                       "llama.cpp keeps only the properties of object components of an allOf")
+                why = (
+                    "llama.cpp closes the merged object and ignores it; it rejects other components' properties"
+                    if key == "additionalProperties"
+                    else "llama.cpp keeps only the properties of object components of an allOf"
+                )
                 self.ignored(cpath, key, why)
 
     # ------------------------------------------------------------------ literals, patterns
@@ -625,8 +766,11 @@ class _Checker:
         if bad:
             keys = ", ".join(f'"{k}"' for k in sorted(rest))
             shown = ", ".join(_q(b) for b in bad)
-            self.error(path, key, f'{path}: "{key}" beside {keys} {SUBSET}: llama.cpp ignores them, '
-                                  f"and {shown} does not satisfy them")
+            self.error(
+                path,
+                key,
+                f'{path}: "{key}" beside {keys} {SUBSET}: llama.cpp ignores them, and {shown} does not satisfy them',
+            )
 
     def check_pattern(self, pattern: Any, path: str) -> None:
         if not isinstance(pattern, str):
@@ -662,8 +806,11 @@ class _Checker:
         if all(s is not None for s in literal_sets) and _pairwise_disjoint([s for s in literal_sets if s is not None]):
             return True
         types = [t.get("type") for t in targets]
-        if all(isinstance(t, str) and t in _TYPES for t in types) and len(set(types)) == len(types) \
-                and not {"integer", "number"} <= set(types):
+        if (
+            all(isinstance(t, str) and t in _TYPES for t in types)
+            and len(set(types)) == len(types)
+            and not {"integer", "number"} <= set(types)
+        ):
             return True
         # A discriminated union: one required property with disjoint literal values.
         shared: set[str] | None = None
@@ -685,8 +832,12 @@ class _Checker:
             state[ref] = 1
             for nxt, where in self.bare_edges.get(ref, []):
                 if state.get(nxt) == 1:
-                    self.error(where, "$ref", f'{where}: "$ref": {_q(nxt)} recursing without consuming input '
-                                              f"(left recursion) {SUBSET}: llama.cpp cannot build the grammar")
+                    self.error(
+                        where,
+                        "$ref",
+                        f'{where}: "$ref": {_q(nxt)} recursing without consuming input '
+                        f"(left recursion) {SUBSET}: llama.cpp cannot build the grammar",
+                    )
                 elif nxt not in state:
                     walk(nxt)
             state[ref] = 2
@@ -698,9 +849,14 @@ class _Checker:
 
 def _optional_object(alt: Any) -> bool:
     """An object schema with only optional properties that admits extra keys."""
-    return (isinstance(alt, dict) and isinstance(alt.get("properties"), dict) and alt.get("type", "object") == "object"
-            and not alt.get("required") and alt.get("additionalProperties", True) is not False
-            and all(k in ("properties", "type") or not _asserts(alt, k) for k in alt))
+    return (
+        isinstance(alt, dict)
+        and isinstance(alt.get("properties"), dict)
+        and alt.get("type", "object") == "object"
+        and not alt.get("required")
+        and alt.get("additionalProperties", True) is not False
+        and all(k in ("properties", "type") or not _asserts(alt, k) for k in alt)
+    )
 
 
 def _only_number_keywords(node: Mapping[str, Any], key: str) -> bool:
@@ -734,9 +890,15 @@ def _has_properties(node: Mapping[str, Any]) -> bool:
     return "properties" in node or ("additionalProperties" in node and node["additionalProperties"] is not True)
 
 
-_TRUE_IS_NOOP = frozenset({
-    "additionalProperties", "items", "unevaluatedProperties", "unevaluatedItems", "propertyNames",
-})
+_TRUE_IS_NOOP = frozenset(
+    {
+        "additionalProperties",
+        "items",
+        "unevaluatedProperties",
+        "unevaluatedItems",
+        "propertyNames",
+    }
+)
 _EMPTY_IS_NOOP = frozenset({"required", "properties", "patternProperties", "dependentSchemas", "dependentRequired"})
 
 
@@ -825,16 +987,20 @@ def _escape_length(s: str, pos: int) -> int:
     n_hex = {"x": 2, "u": 4, "U": 8}.get(nxt)
     if n_hex is None:
         return 2 if nxt in 'trn\\"[]-' else 0
-    digits = s[pos + 2:pos + 2 + n_hex]
+    digits = s[pos + 2 : pos + 2 + n_hex]
     if len(digits) != n_hex or not all(c in "0123456789abcdefABCDEF" for c in digits):
         return 0
     return 2 + n_hex
 
 
 def _escape_problem(s: str, pos: int, in_class: bool) -> _Unsupported:
-    esc = s[pos:pos + 2]
-    hint = _HINTS.get(esc[1:], 'write the character unescaped or as \\xHH' if not in_class
-                      else "inside [...] only \\t \\r \\n \\\\ \\\" \\[ \\] \\- \\xHH \\uHHHH are understood")
+    esc = s[pos : pos + 2]
+    hint = _HINTS.get(
+        esc[1:],
+        "write the character unescaped or as \\xHH"
+        if not in_class
+        else 'inside [...] only \\t \\r \\n \\\\ \\" \\[ \\] \\- \\xHH \\uHHHH are understood',
+    )
     where = " inside [...]" if in_class else ""
     return _Unsupported(f'uses "{esc}"{where}', hint)
 
@@ -871,7 +1037,7 @@ def _pattern_hole(s: str) -> str | None:
             if nxt == '"':
                 return 'a literal "'
             if nxt in "xu":
-                digits = s[i + 2:i + 4] if nxt == "x" else s[i + 2:i + 6]
+                digits = s[i + 2 : i + 4] if nxt == "x" else s[i + 2 : i + 6]
                 try:
                     cp = int(digits, 16)
                 except ValueError:
@@ -885,8 +1051,7 @@ def _pattern_hole(s: str) -> str | None:
         if in_class:
             if c == "]":
                 in_class = False
-            elif c == "-" and not after_range and s[i - 1] not in "[\\" and i + 1 < len(s) \
-                    and s[i + 1] not in "]\\":
+            elif c == "-" and not after_range and s[i - 1] not in "[\\" and i + 1 < len(s) and s[i + 1] not in "]\\":
                 lo, hi = ord(s[i - 1]), ord(s[i + 1])
                 if lo <= 0x22 <= hi or lo <= 0x5C <= hi or lo < 0x20:
                     return f'the range "{s[i - 1]}-{s[i + 1]}" (it spans a quote, backslash or control character)'
@@ -910,7 +1075,7 @@ def _pattern_hole(s: str) -> str | None:
 def pattern_problem(pattern: str) -> str | None:
     """Why llama.cpp would not enforce ``pattern`` (message tail), or None if it would."""
     if len(pattern) < 2 or pattern[0] != "^" or pattern[-1] != "$":
-        return "is not anchored (^...$): llama.cpp ignores the pattern and accepts any string; anchor it as \"^...$\""
+        return 'is not anchored (^...$): llama.cpp ignores the pattern and accepts any string; anchor it as "^...$"'
     s = pattern[1:-1]
     n = len(s)
     pos = 0
@@ -930,7 +1095,7 @@ def pattern_problem(pattern: str) -> str | None:
                     if pos + 1 < n and s[pos + 1] == ":":
                         pos += 2
                     else:
-                        raise _group_problem(s[pos:pos + 4])
+                        raise _group_problem(s[pos : pos + 4])
                 depth += 1
                 if depth > 100:
                     raise _Unsupported("nests groups deeper than 100 levels")
@@ -969,7 +1134,7 @@ def pattern_problem(pattern: str) -> str | None:
                 end = s.find("}", pos + 1)
                 if end < 0:
                     raise _Unsupported("has an unterminated {...}")
-                nums = s[pos + 1:end].split(",")
+                nums = s[pos + 1 : end].split(",")
                 pos = end + 1
                 if len(nums) not in (1, 2):
                     raise _Unsupported("has a {...} repetition llama.cpp cannot read", "use {n}, {n,} or {n,m}")
@@ -993,9 +1158,10 @@ def pattern_problem(pattern: str) -> str | None:
                                 raise _escape_problem(s, pos, in_class=False)
                             pos += length
                         consumed += 1
-                    elif ch == '"' or (ch not in _NON_LITERAL and (
-                        pos == n - 1 or consumed == 0 or s[pos + 1] == "." or s[pos + 1] not in _NON_LITERAL
-                    )):
+                    elif ch == '"' or (
+                        ch not in _NON_LITERAL
+                        and (pos == n - 1 or consumed == 0 or s[pos + 1] == "." or s[pos + 1] not in _NON_LITERAL)
+                    ):
                         pos += 1
                         consumed += 1
                     else:
@@ -1010,9 +1176,11 @@ def pattern_problem(pattern: str) -> str | None:
             raise _Invalid("unbalanced parentheses")
         hole = _pattern_hole(s)
         if hole:
-            return (f"uses {hole}: llama.cpp copies pattern characters raw into the JSON string, so the "
-                    'answer can hold a raw " or \\ or control character (e.g. "^.+$" admits "a"b", not JSON); '
-                    "list the allowed characters explicitly, without quote, backslash or control characters")
+            return (
+                f"uses {hole}: llama.cpp copies pattern characters raw into the JSON string, so the "
+                'answer can hold a raw " or \\ or control character (e.g. "^.+$" admits "a"b", not JSON); '
+                "list the allowed characters explicitly, without quote, backslash or control characters"
+            )
     except _Unsupported as exc:
         tail = f"; {exc.hint}" if exc.hint else ""
         return f"{exc.what}, which llama.cpp cannot turn into grammar (it accepts any string instead){tail}"

@@ -40,7 +40,7 @@ def _unescape(body: str, where: int) -> list[str]:
         kind = body[i + 1] if i + 1 < len(body) else ""
         width = {"x": 2, "u": 4, "U": 8}.get(kind)
         if width is not None:
-            digits = body[i + 2:i + 2 + width]
+            digits = body[i + 2 : i + 2 + width]
             if len(digits) != width or not re.fullmatch(r"[0-9a-fA-F]+", digits):
                 raise GrammarSyntaxError(f"bad \\{kind} escape at {where + i}")
             out.append(chr(int(digits, 16)))
@@ -102,7 +102,7 @@ class Grammar:
             if not m or m.end() == pos:
                 if text[pos:].strip() == "":
                     break
-                raise GrammarSyntaxError(f"unexpected {text[pos:pos + 20]!r} at {pos}")
+                raise GrammarSyntaxError(f"unexpected {text[pos : pos + 20]!r} at {pos}")
             kind = m.lastgroup or ""
             if kind != "comment":
                 tokens.append((kind, m.group(kind), m.start(kind)))
@@ -114,10 +114,11 @@ class Grammar:
                 raise GrammarSyntaxError(f"expected 'name ::=' at {tokens[i][2]}")
             name = tokens[i][1]
             end = i + 2
-            while end < len(tokens) and not (end + 1 < len(tokens) and tokens[end][0] == "name"
-                                             and tokens[end + 1][0] == "def"):
+            while end < len(tokens) and not (
+                end + 1 < len(tokens) and tokens[end][0] == "name" and tokens[end + 1][0] == "def"
+            ):
                 end += 1
-            node, used = _parse_alt(tokens[i + 2:end], 0)
+            node, used = _parse_alt(tokens[i + 2 : end], 0)
             if used != end - i - 2:
                 raise GrammarSyntaxError(f"unbalanced ) in rule {name}")
             rules[name] = node
@@ -147,7 +148,7 @@ class Grammar:
         return "".join(walk.out)
 
     def _heights(self) -> dict[str, int]:
-        heights = {name: 10 ** 9 for name in self.rules}
+        heights = {name: 10**9 for name in self.rules}
         changed = True
         while changed:
             changed = False

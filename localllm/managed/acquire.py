@@ -50,20 +50,19 @@ def _cache_usable(layout: CacheLayout) -> Iterator[None]:
         else:
             problem = f"{exc.strerror or exc}: {exc.filename or root}"
         err = FetchError(f"cannot use the cache directory {root}: {problem}")
-        err.hint = ("point LOCALLLM_CACHE_DIR at a writable directory, or unset it to use the "
-                    "user cache (~/.cache/localllm)")
+        err.hint = (
+            "point LOCALLLM_CACHE_DIR at a writable directory, or unset it to use the user cache (~/.cache/localllm)"
+        )
         raise err from exc
 
 
-def resolve_server_binary(server_bin: str | Path | None = None, *,
-                          cancel: threading.Event | None = None) -> Path:
+def resolve_server_binary(server_bin: str | Path | None = None, *, cancel: threading.Event | None = None) -> Path:
     """A declaration's ``server_bin`` when set, else :func:`ensure_server` (which honours
     ``LOCALLLM_SERVER_BIN``, then the cache, then fetches the pin)."""
     return Path(server_bin).expanduser() if server_bin else ensure_server(cancel=cancel).binary
 
 
-def resolve_model(model: str | Path, *, base_dir: Path | None = None,
-                  cancel: threading.Event | None = None) -> Path:
+def resolve_model(model: str | Path, *, base_dir: Path | None = None, cancel: threading.Event | None = None) -> Path:
     """A ``model:`` value as a GGUF path: a :class:`~pathlib.Path` or a ``*.gguf`` string
     (relative to ``base_dir``) is used as given and must exist; anything else is a pinned
     id fetched by :func:`ensure_model`."""
@@ -115,7 +114,11 @@ def ensure_server(
         try:
             artifact = pins.server_for(plat.key)
             release_dir = install_prebuilt(
-                artifact, pins=pins, layout=layout, mirrors=mirrors, offline=settings.offline(),
+                artifact,
+                pins=pins,
+                layout=layout,
+                mirrors=mirrors,
+                offline=settings.offline(),
                 cancel=cancel,
             )
         except UnsupportedPlatform:
@@ -147,8 +150,12 @@ def ensure_model(
     sha = pin.artifact.require_sha256(str(pins.path))
     with _cache_usable(layout):
         return fetch_artifact(
-            pin.artifact, layout.model_path(pin),
+            pin.artifact,
+            layout.model_path(pin),
             lock_path=layout.lock_path("model", f"{model_id}-{sha[:16]}"),
-            mirrors=mirrors_with(mirror), offline=settings.offline(),
-            prewarm=f"localllm fetch model {model_id}", log=log_stderr, cancel=cancel,
+            mirrors=mirrors_with(mirror),
+            offline=settings.offline(),
+            prewarm=f"localllm fetch model {model_id}",
+            log=log_stderr,
+            cancel=cancel,
         )

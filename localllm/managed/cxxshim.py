@@ -35,8 +35,15 @@ from localllm.managed.pins import ShimPin
 
 _GLIBCXX = re.compile(rb"GLIBCXX_3\.4\.(\d+)")
 _USUAL_DIRS = (
-    "/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu",
-    "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/lib64", "/usr/lib", "/lib", "/usr/local/lib64",
+    "/lib/x86_64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu",
+    "/lib/aarch64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib64",
+    "/lib64",
+    "/usr/lib",
+    "/lib",
+    "/usr/local/lib64",
     "/usr/local/lib",
 )
 SHIM_NAME = "libstdc++.so.6"
@@ -64,9 +71,7 @@ def highest_glibcxx(path: Path) -> int | None:
 def _ldconfig_paths() -> list[Path]:
     for ldconfig in ("ldconfig", "/sbin/ldconfig", "/usr/sbin/ldconfig"):
         try:
-            out = subprocess.run(
-                [ldconfig, "-p"], capture_output=True, text=True, timeout=10, check=False
-            ).stdout
+            out = subprocess.run([ldconfig, "-p"], capture_output=True, text=True, timeout=10, check=False).stdout
         except (OSError, subprocess.SubprocessError):
             continue
         paths = []
@@ -89,9 +94,7 @@ def find_system_libstdcxx(extra: Iterable[Path] = ()) -> Path | None:
 
 def probe_system(candidates: Iterable[Path] | None = None) -> CxxProbe:
     """Find the system libstdc++ and its highest GLIBCXX version."""
-    path = find_system_libstdcxx() if candidates is None else next(
-        (p for p in candidates if p.exists()), None
-    )
+    path = find_system_libstdcxx() if candidates is None else next((p for p in candidates if p.exists()), None)
     return CxxProbe(path=path, highest=highest_glibcxx(path) if path else None)
 
 
@@ -133,19 +136,25 @@ def ensure_shim(
     if found is None:
         return False  # not a GNU C++ build (or not Linux): nothing to check
     if found > pinned_required:
-        log(f"warning: llama-server in {release_dir} references {fmt(found)} but the pin "
-            f"expects {fmt(pinned_required)}; using {fmt(found)}")
+        log(
+            f"warning: llama-server in {release_dir} references {fmt(found)} but the pin "
+            f"expects {fmt(pinned_required)}; using {fmt(found)}"
+        )
     required = found
     if probe.highest is not None and probe.highest >= required:
         return False
     where = f"system libstdc++ ({probe.path or 'not found'}) has {fmt(probe.highest)}"
     if shim is None:
         exc = LibstdcxxTooOld(
-            f"llama-server needs {fmt(required)}; {where}, and no libstdc++ shim is pinned "
-            "for this platform", required=required, system=probe.highest, shim=None,
+            f"llama-server needs {fmt(required)}; {where}, and no libstdc++ shim is pinned for this platform",
+            required=required,
+            system=probe.highest,
+            shim=None,
         )
-        exc.hint = ("install a newer libstdc++ (GCC 12+), build with `localllm fetch server "
-                    "--from-source`, or use endpoint mode")
+        exc.hint = (
+            "install a newer libstdc++ (GCC 12+), build with `localllm fetch server "
+            "--from-source`, or use endpoint mode"
+        )
         raise exc
     log(f"{where}; llama-server needs {fmt(required)}: installing the pinned libstdc++ shim")
     package = fetch_shim(shim)
@@ -158,9 +167,13 @@ def ensure_shim(
             f"llama-server needs {fmt(required)}; {where}, and the pinned shim "
             f"{shim.artifact.file}:{shim.member} provides only {fmt(provided)} "
             f"(pin says {fmt(shim.provides_glibcxx)})",
-            required=required, system=probe.highest, shim=provided,
+            required=required,
+            system=probe.highest,
+            shim=provided,
         )
-        exc.hint = ("update libstdcxx_shim in pins/artifacts.json, build with `localllm fetch "
-                    "server --from-source`, or use endpoint mode")
+        exc.hint = (
+            "update libstdcxx_shim in pins/artifacts.json, build with `localllm fetch "
+            "server --from-source`, or use endpoint mode"
+        )
         raise exc
     return True

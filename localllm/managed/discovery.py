@@ -72,9 +72,15 @@ class Discovery:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "pid": self.pid, "host": self.host, "port": self.port, "url": self.url, "instance": self.instance,
-            "token_file": self.token_file, "build": {"sha256": self.build_sha256, "path": self.build_path},
-            "models": {k: dict(v) for k, v in self.models.items()}, "started": self.started,
+            "pid": self.pid,
+            "host": self.host,
+            "port": self.port,
+            "url": self.url,
+            "instance": self.instance,
+            "token_file": self.token_file,
+            "build": {"sha256": self.build_sha256, "path": self.build_path},
+            "models": {k: dict(v) for k, v in self.models.items()},
+            "started": self.started,
         }
 
     @classmethod
@@ -85,9 +91,13 @@ class Discovery:
             if not isinstance(models, dict):
                 return None
             return cls(
-                pid=int(data["pid"]), host=str(data["host"]), port=int(data["port"]),
-                instance=str(data["instance"]), token_file=data.get("token_file"),
-                build_sha256=str(build["sha256"]), build_path=str(build.get("path", "")),
+                pid=int(data["pid"]),
+                host=str(data["host"]),
+                port=int(data["port"]),
+                instance=str(data["instance"]),
+                token_file=data.get("token_file"),
+                build_sha256=str(build["sha256"]),
+                build_path=str(build.get("path", "")),
                 models={str(k): dict(v) for k, v in models.items() if isinstance(v, dict)},
                 started=str(data.get("started", "")),
             )
@@ -97,8 +107,11 @@ class Discovery:
     def model_for(self, sha256: str, build_sha256: str, role: str) -> str | None:
         """The id this service serves the artifact ``sha256`` under, with that build and role."""
         for model_id, info in sorted(self.models.items()):
-            if (info.get("sha256") == sha256 and info.get("role") == role
-                    and info.get("build_sha256", self.build_sha256) == build_sha256):
+            if (
+                info.get("sha256") == sha256
+                and info.get("role") == role
+                and info.get("build_sha256", self.build_sha256) == build_sha256
+            ):
                 return model_id
         return None
 

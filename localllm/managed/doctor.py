@@ -18,8 +18,9 @@ def _tool_version(path: str | None) -> str | None:
     if path is None:
         return None
     try:
-        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10,
-                             check=False, stdin=subprocess.DEVNULL)
+        out = subprocess.run(
+            [path, "--version"], capture_output=True, text=True, timeout=10, check=False, stdin=subprocess.DEVNULL
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     lines = (out.stdout or out.stderr).strip().splitlines()
@@ -42,12 +43,16 @@ def report(pins: Pins, layout: CacheLayout) -> dict[str, Any]:
     models = {}
     for mid, pin in sorted(pins.models.items()):
         art = pin.artifact
-        state = "pin not configured (no sha256)" if not art.sha256 else (
-            "mirror only" if not art.url else "pinned")
+        state = "pin not configured (no sha256)" if not art.sha256 else ("mirror only" if not art.url else "pinned")
         cached_model = any(e.kind == "model" and e.name == mid and e.status != "stale" for e in entries)
-        models[mid] = {"role": pin.role, "file": art.file, "pin": state, "cached": cached_model,
-                       "chat_format": pin.chat_template or (pin.chat_template_file and pin.chat_template_file.name),
-                       "template_warning": _template_warning(mid) if cached_model and pin.role == "chat" else None}
+        models[mid] = {
+            "role": pin.role,
+            "file": art.file,
+            "pin": state,
+            "cached": cached_model,
+            "chat_format": pin.chat_template or (pin.chat_template_file and pin.chat_template_file.name),
+            "template_warning": _template_warning(mid) if cached_model and pin.role == "chat" else None,
+        }
     needs_shim = None
     if probe is not None:
         needs_shim = probe.highest is None or probe.highest < pins.requires_glibcxx
@@ -57,7 +62,9 @@ def report(pins: Pins, layout: CacheLayout) -> dict[str, Any]:
         "python": sys.version.split()[0],
         "os": f"{_platform.system()} {_platform.release()}",
         "glibc": platforms.glibc_version(),
-        "libstdcxx": None if probe is None else {
+        "libstdcxx": None
+        if probe is None
+        else {
             "path": str(probe.path) if probe.path else None,
             "highest": fmt(probe.highest),
             "server_needs": fmt(pins.requires_glibcxx),
@@ -78,12 +85,18 @@ def report(pins: Pins, layout: CacheLayout) -> dict[str, Any]:
             "offline": settings.offline(),
             "server_bin": settings.server_bin(),
         },
-        "server": None if cached is None else {
-            "binary": str(cached.binary), "release": cached.release, "source": cached.source,
+        "server": None
+        if cached is None
+        else {
+            "binary": str(cached.binary),
+            "release": cached.release,
+            "source": cached.source,
         },
         "cache": [e.to_json() for e in entries],
-        "build_tools": {name: (None if path is None else {"path": path, "version": _tool_version(path)})
-                        for name, path in tools.items()},
+        "build_tools": {
+            name: (None if path is None else {"path": path, "version": _tool_version(path)})
+            for name, path in tools.items()
+        },
     }
 
 

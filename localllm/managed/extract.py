@@ -84,22 +84,29 @@ class _Budget:
     def add(self, raw: str, size: int, compressed: int | None = None) -> None:
         self.count += 1
         if self.count > MAX_MEMBERS:
-            raise _too_large(self.archive, raw, f"more than {MAX_MEMBERS} entries",
-                             size=self.count, limit=MAX_MEMBERS)
+            raise _too_large(self.archive, raw, f"more than {MAX_MEMBERS} entries", size=self.count, limit=MAX_MEMBERS)
         self.total += size
         if self.total > self.max_bytes:
-            raise _too_large(self.archive, raw, f"members add up to {self.total} bytes, past "
-                             f"the {self.max_bytes}-byte cap", size=self.total, limit=self.max_bytes)
+            raise _too_large(
+                self.archive,
+                raw,
+                f"members add up to {self.total} bytes, past the {self.max_bytes}-byte cap",
+                size=self.total,
+                limit=self.max_bytes,
+            )
         if compressed is not None and size >= 1 << 20 and size > MAX_RATIO * max(compressed, 1):
-            raise _too_large(self.archive, raw, f"{compressed} compressed bytes expand to {size} "
-                             f"(more than {MAX_RATIO}x)", size=size, limit=MAX_RATIO * max(compressed, 1))
+            raise _too_large(
+                self.archive,
+                raw,
+                f"{compressed} compressed bytes expand to {size} (more than {MAX_RATIO}x)",
+                size=size,
+                limit=MAX_RATIO * max(compressed, 1),
+            )
 
 
-def _too_large(archive: Path, raw: str, why: str, *, size: int, limit: int,
-               writing: bool = False) -> ArchiveTooLarge:
+def _too_large(archive: Path, raw: str, why: str, *, size: int, limit: int, writing: bool = False) -> ArchiveTooLarge:
     done = "extraction stopped there" if writing else "nothing was extracted"
-    exc = ArchiveTooLarge(f"{archive.name}: refusing member {raw!r}: {why}; {done}",
-                          member=raw, size=size, limit=limit)
+    exc = ArchiveTooLarge(f"{archive.name}: refusing member {raw!r}: {why}; {done}", member=raw, size=size, limit=limit)
     exc.hint = "the archive is not the pinned one, or pass a larger max_bytes if it really is"
     return exc
 
@@ -145,8 +152,7 @@ def _tar_members(archive: Path, tf: tarfile.TarFile, budget: _Budget) -> list[_M
         elif info.isdir():
             out.append(_Member(info.name, parts, DIR, info.mode, None, None))
         elif info.isreg():
-            out.append(_Member(info.name, parts, FILE, info.mode, None, _tar_opener(tf, info),
-                               info.size))
+            out.append(_Member(info.name, parts, FILE, info.mode, None, _tar_opener(tf, info), info.size))
         else:
             raise _refuse(archive, info.name, "device, FIFO or other special file")
     return out
@@ -186,8 +192,9 @@ def _zip_members(archive: Path, zf: zipfile.ZipFile, budget: _Budget) -> list[_M
             raise _refuse(archive, info.filename, "device, FIFO or other special file")
         else:  # S_IFREG, or permission bits only (zipfile.writestr): a regular file
             budget.add(info.filename, info.file_size, info.compress_size)
-            out.append(_Member(info.filename, parts, FILE, mode & 0o777 or 0o644, None,
-                               _zip_opener(zf, info), info.file_size))
+            out.append(
+                _Member(info.filename, parts, FILE, mode & 0o777 or 0o644, None, _zip_opener(zf, info), info.file_size)
+            )
     return out
 
 
@@ -231,8 +238,7 @@ def _check_link(archive: Path, tree: _Tree, parts: tuple[str, ...], m: _Member) 
                 continue
             if comp == "..":
                 if not stack:
-                    raise _refuse(archive, m.raw, f"symlink {m.target!r} points outside the "
-                                  "extraction directory")
+                    raise _refuse(archive, m.raw, f"symlink {m.target!r} points outside the extraction directory")
                 stack.pop()
                 continue
             stack.append(comp)
@@ -268,8 +274,7 @@ def _plan(archive: Path, members: list[_Member], flatten: bool) -> list[tuple[tu
     return sorted(tree.items(), key=lambda pm: order[pm[1].kind])
 
 
-def extract_archive(archive: Path, dest: Path, *, flatten: bool = True,
-                    max_bytes: int | None = None) -> list[str]:
+def extract_archive(archive: Path, dest: Path, *, flatten: bool = True, max_bytes: int | None = None) -> list[str]:
     """Extract ``archive`` into the empty directory ``dest``; return the names written.
 
     Every member is checked before the first byte is written (see the module docstring);
@@ -300,8 +305,7 @@ def _real_dir(archive: Path, dest: Path, parts: tuple[str, ...], raw: str, made:
             os.mkdir(path, 0o755)
         except FileExistsError:
             if not stat.S_ISDIR(os.lstat(path).st_mode):
-                raise _refuse(archive, raw, f"{'/'.join(parts[: i + 1])} exists and is not a "
-                              "directory") from None
+                raise _refuse(archive, raw, f"{'/'.join(parts[: i + 1])} exists and is not a directory") from None
         made.add(parts[: i + 1])
     return path
 
@@ -313,8 +317,9 @@ def _copy(src: IO[bytes], path: Path, mode: int, *, archive: Path, raw: str, lim
         while chunk := src.read(_CHUNK):
             written += len(chunk)
             if written > limit:
-                raise _too_large(archive, raw, f"more than the declared {limit} bytes",
-                                 size=written, limit=limit, writing=True)
+                raise _too_large(
+                    archive, raw, f"more than the declared {limit} bytes", size=written, limit=limit, writing=True
+                )
             out.write(chunk)
 
 

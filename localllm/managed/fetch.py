@@ -148,9 +148,7 @@ def artifact_lock(
                 break
             except filelock.Timeout as exc:
                 if remaining <= 0:
-                    raise DownloadFailed(
-                        f"gave up waiting {timeout:.0f}s for the lock on {name}: {lock_path}"
-                    ) from exc
+                    raise DownloadFailed(f"gave up waiting {timeout:.0f}s for the lock on {name}: {lock_path}") from exc
     try:
         yield
     finally:
@@ -186,9 +184,7 @@ class _Policy:
         read = min(self.timeout.read or self.stall_window, self.stall_window)
         if self.cancel is not None:
             read = min(read, CANCEL_TICK)
-        return httpx.Timeout(
-            connect=self.timeout.connect, read=read, write=self.timeout.write, pool=self.timeout.pool
-        )
+        return httpx.Timeout(connect=self.timeout.connect, read=read, write=self.timeout.write, pool=self.timeout.pool)
 
 
 def fetch_artifact(
@@ -220,16 +216,25 @@ def fetch_artifact(
     sha = artifact.require_sha256()
     if verify.stamp_matches(dest, sha) and dest.is_file():
         return dest
-    policy = _Policy(retries=retries, backoff=backoff, timeout=timeout, min_rate=min_rate,
-                     stall_window=stall_window, cancel=cancel, progress=progress, log=log)
+    policy = _Policy(
+        retries=retries,
+        backoff=backoff,
+        timeout=timeout,
+        min_rate=min_rate,
+        stall_window=stall_window,
+        cancel=cancel,
+        progress=progress,
+        log=log,
+    )
     with artifact_lock(lock_path, artifact.name, log, cancel=cancel):
         # Another process may have finished it while we waited; a full hash decides.
         if verify.is_verified(dest, sha):
             return dest
         dest.parent.mkdir(parents=True, exist_ok=True)
         sources = sources_for(artifact, mirrors, offline=offline)
-        return _from_sources(artifact, dest, sha, sources, offline=offline, prewarm=prewarm,
-                             policy=policy, transport=transport)
+        return _from_sources(
+            artifact, dest, sha, sources, offline=offline, prewarm=prewarm, policy=policy, transport=transport
+        )
 
 
 def _from_sources(
@@ -282,13 +287,13 @@ def _from_sources(
         )
         missing.hint = (
             f"pre-warm the cache with `{prewarm}` on a connected machine"
-            if prewarm else "pre-warm the cache on a connected machine"
+            if prewarm
+            else "pre-warm the cache on a connected machine"
         ) + f", or put {artifact.file} in a directory listed in LOCALLLM_MIRROR"
         raise missing
     if not artifact.url and last is None:
         no_url = DownloadFailed(
-            f"{artifact.name} has no download URL (mirror only) and no mirror has "
-            f"{artifact.file}; tried: {where}"
+            f"{artifact.name} has no download URL (mirror only) and no mirror has {artifact.file}; tried: {where}"
         )
         no_url.hint = f"put {artifact.file} in a directory and pass --mirror DIR or set LOCALLLM_MIRROR"
         raise no_url
@@ -320,8 +325,16 @@ def _bar(total: int | None, name: str, progress: bool | None, initial: int = 0) 
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=initial, unit="B", unit_scale=True, unit_divisor=1024,
-                desc=name, file=sys.stderr, leave=False)
+    return tqdm(
+        total=total,
+        initial=initial,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        desc=name,
+        file=sys.stderr,
+        leave=False,
+    )
 
 
 def _copy_verified(src: Path, dest: Path, *, sha: str, artifact: Artifact, policy: _Policy) -> None:
@@ -381,9 +394,7 @@ class _FileDownload:
         self._mark = (time.monotonic(), 0)  # (when, received) at the start of the stall window
 
     @classmethod
-    def run(
-        cls, client: httpx.Client, url: str, dest: Path, *, sha: str, artifact: Artifact, policy: _Policy
-    ) -> None:
+    def run(cls, client: httpx.Client, url: str, dest: Path, *, sha: str, artifact: Artifact, policy: _Policy) -> None:
         """Download ``url`` into ``dest`` (verified) or raise a ``FetchError``; never leaves a ``.part``."""
         try:
             with _fs.adjacent_tmp(dest, suffix=".part") as fh:

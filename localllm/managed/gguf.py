@@ -124,6 +124,8 @@ def template_warning(model: str, *, base_dir: Path, extra_args: tuple[str, ...] 
             return None
     except GGUFError as exc:
         return str(exc)
-    return (f"{path.name} has no chat template ({CHAT_TEMPLATE_KEY}) and none is configured: llama-server "
-            "falls back to ChatML, which a model not trained on it answers with raw <|im_start|> markers; "
-            "set extra_args: [--chat-template, NAME] (or pin chat_template for the model)")
+    return (
+        f"{path.name} has no chat template ({CHAT_TEMPLATE_KEY}) and none is configured: llama-server "
+        "falls back to ChatML, which a model not trained on it answers with raw <|im_start|> markers; "
+        "set extra_args: [--chat-template, NAME] (or pin chat_template for the model)"
+    )

@@ -40,8 +40,14 @@ class Entry:
     detail: str = ""
 
     def to_json(self) -> dict[str, object]:
-        return {"kind": self.kind, "name": self.name, "path": str(self.path), "size": self.size,
-                "status": self.status, "detail": self.detail}
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "path": str(self.path),
+            "size": self.size,
+            "status": self.status,
+            "detail": self.detail,
+        }
 
 
 def _size(path: Path) -> int:
@@ -60,8 +66,7 @@ def _size(path: Path) -> int:
 
 
 def _is_temp(name: str) -> bool:
-    return (name.endswith(".part") or name.startswith((".staging-", ".old-", ".pip-download-"))
-            or name.endswith(".tmp"))
+    return name.endswith(".part") or name.startswith((".staging-", ".old-", ".pip-download-")) or name.endswith(".tmp")
 
 
 def _children(path: Path) -> list[Path]:
@@ -138,8 +143,7 @@ def _walk(layout: CacheLayout, pins: Pins) -> Iterator[Entry]:
         if path.name == "sdist":
             continue
         current = path == layout.source_tree(pins.source)
-        yield Entry("build", path.name, path, _size(path), "ok" if current else "stale",
-                    "cmake tree + build.log")
+        yield Entry("build", path.name, path, _size(path), "ok" if current else "stale", "cmake tree + build.log")
     yield from _stores(layout)
 
 
@@ -183,13 +187,19 @@ def model_rows(layout: CacheLayout, pins: Pins) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
     for mid, pin in sorted(pins.models.items()):
         entry = cached.get(mid)
-        rows.append({
-            "id": mid, "role": pin.role, "file": pin.artifact.file,
-            "pinned": "user" if pins.user_path is not None and pin.pins_file == pins.user_path else "shipped",
-            "downloadable": bool(pin.artifact.sha256 and pin.artifact.url),
-            "cached": entry is not None, "status": entry.status if entry else None,
-            "size": entry.size if entry else pin.artifact.size, "path": str(entry.path) if entry else None,
-        })
+        rows.append(
+            {
+                "id": mid,
+                "role": pin.role,
+                "file": pin.artifact.file,
+                "pinned": "user" if pins.user_path is not None and pin.pins_file == pins.user_path else "shipped",
+                "downloadable": bool(pin.artifact.sha256 and pin.artifact.url),
+                "cached": entry is not None,
+                "status": entry.status if entry else None,
+                "size": entry.size if entry else pin.artifact.size,
+                "path": str(entry.path) if entry else None,
+            }
+        )
     return rows
 
 
@@ -225,15 +235,22 @@ def _expected_sha(entry: Entry, pins: Pins) -> str | None:
     return None
 
 
-def _verify_file(entry: Entry, layout: CacheLayout, pins: Pins, *, refetch: bool,
-                 mirrors: Sequence[str], log: Log) -> Entry:
+def _verify_file(
+    entry: Entry, layout: CacheLayout, pins: Pins, *, refetch: bool, mirrors: Sequence[str], log: Log
+) -> Entry:
     if entry.status == "stale":
         # Keyed by a hash prefix: a stale file can still be checked against its own key.
         actual = verify.sha256_file(entry.path)
         key = entry.path.parent.name
         ok = entry.kind in ("model", "download") and actual.startswith(key)
-        return Entry(entry.kind, entry.name, entry.path, entry.size, "stale" if ok else "corrupt",
-                     "not referenced by the pins; `localllm cache prune` removes it")
+        return Entry(
+            entry.kind,
+            entry.name,
+            entry.path,
+            entry.size,
+            "stale" if ok else "corrupt",
+            "not referenced by the pins; `localllm cache prune` removes it",
+        )
     sha = _expected_sha(entry, pins)
     assert sha is not None
     if verify.is_verified(entry.path, sha, full=True):
@@ -248,13 +265,11 @@ def _verify_file(entry: Entry, layout: CacheLayout, pins: Pins, *, refetch: bool
     try:
         _refetch_file(entry, layout, pins, mirrors=mirrors, log=log)
     except FetchError as exc:
-        return Entry(entry.kind, entry.name, entry.path, 0, "corrupt",
-                     f"{detail}; removed, re-fetch failed: {exc}")
+        return Entry(entry.kind, entry.name, entry.path, 0, "corrupt", f"{detail}; removed, re-fetch failed: {exc}")
     return Entry(entry.kind, entry.name, entry.path, entry.path.stat().st_size, "refetched", detail)
 
 
-def _refetch_file(entry: Entry, layout: CacheLayout, pins: Pins, *, mirrors: Sequence[str],
-                  log: Log) -> None:
+def _refetch_file(entry: Entry, layout: CacheLayout, pins: Pins, *, mirrors: Sequence[str], log: Log) -> None:
     from localllm import settings
     from localllm.managed.fetch import fetch_artifact
     from localllm.managed.source_build import acquire_sdist
@@ -262,35 +277,60 @@ def _refetch_file(entry: Entry, layout: CacheLayout, pins: Pins, *, mirrors: Seq
     if entry.kind == "model":
         pin = pins.model(entry.name)
         sha = pin.artifact.require_sha256()
-        fetch_artifact(pin.artifact, layout.model_path(pin),
-                       lock_path=layout.lock_path("model", f"{pin.id}-{sha[:16]}"), mirrors=mirrors,
-                       offline=settings.offline(), prewarm=f"localllm fetch model {pin.id}", log=log)
+        fetch_artifact(
+            pin.artifact,
+            layout.model_path(pin),
+            lock_path=layout.lock_path("model", f"{pin.id}-{sha[:16]}"),
+            mirrors=mirrors,
+            offline=settings.offline(),
+            prewarm=f"localllm fetch model {pin.id}",
+            log=log,
+        )
         return
     if entry.kind == "sdist":
         acquire_sdist(pins.source, layout=layout, mirrors=mirrors, offline=settings.offline(), log=log)
         return
     for art in _download_artifacts(pins):
         if art.sha256 and layout.download_path(art) == entry.path:
-            fetch_artifact(art, entry.path, lock_path=layout.lock_path("download", art.sha256[:16]),
-                           mirrors=mirrors, offline=settings.offline(),
-                           prewarm="localllm fetch server", log=log)
+            fetch_artifact(
+                art,
+                entry.path,
+                lock_path=layout.lock_path("download", art.sha256[:16]),
+                mirrors=mirrors,
+                offline=settings.offline(),
+                prewarm="localllm fetch server",
+                log=log,
+            )
             return
 
 
-def _verify_release(entry: Entry, layout: CacheLayout, pins: Pins, *, refetch: bool,
-                    mirrors: Sequence[str], log: Log) -> Entry:
+def _verify_release(
+    entry: Entry, layout: CacheLayout, pins: Pins, *, refetch: bool, mirrors: Sequence[str], log: Log
+) -> Entry:
     marker = read_marker(entry.path)
     if marker is None:
-        return Entry("release", entry.name, entry.path, entry.size, "corrupt",
-                     "no release marker (interrupted install?); `localllm cache prune` removes it")
+        return Entry(
+            "release",
+            entry.name,
+            entry.path,
+            entry.size,
+            "corrupt",
+            "no release marker (interrupted install?); `localllm cache prune` removes it",
+        )
     files, links = release_manifest(entry.path)
     bad = sorted(
         {n for n in set(files) | set(marker.get("files", {})) if files.get(n) != marker["files"].get(n)}
         | {n for n in set(links) | set(marker.get("links", {})) if links.get(n) != marker["links"].get(n)}
     )
     if not bad:
-        return Entry("release", entry.name, entry.path, entry.size, entry.status,
-                     f"{len(files)} files match the release manifest")
+        return Entry(
+            "release",
+            entry.name,
+            entry.path,
+            entry.size,
+            entry.status,
+            f"{len(files)} files match the release manifest",
+        )
     detail = f"changed since install: {', '.join(bad)}"
     log(f"corrupt: {entry.path}: {detail}")
     if not refetch or entry.status == "stale":
@@ -302,14 +342,12 @@ def _verify_release(entry: Entry, layout: CacheLayout, pins: Pins, *, refetch: b
         _reinstall(marker, layout, pins, mirrors=mirrors, log=log)
     except FetchError as exc:
         os.replace(aside, entry.path)
-        return Entry("release", entry.name, entry.path, entry.size, "corrupt",
-                     f"{detail}; re-install failed: {exc}")
+        return Entry("release", entry.name, entry.path, entry.size, "corrupt", f"{detail}; re-install failed: {exc}")
     shutil.rmtree(aside, ignore_errors=True)
     return Entry("release", entry.name, entry.path, _size(entry.path), "refetched", detail)
 
 
-def _reinstall(marker: dict[str, object], layout: CacheLayout, pins: Pins, *,
-               mirrors: Sequence[str], log: Log) -> None:
+def _reinstall(marker: dict[str, object], layout: CacheLayout, pins: Pins, *, mirrors: Sequence[str], log: Log) -> None:
     from localllm import settings
     from localllm.managed import platforms
     from localllm.managed.release import install_prebuilt
@@ -318,12 +356,16 @@ def _reinstall(marker: dict[str, object], layout: CacheLayout, pins: Pins, *,
     if marker.get("kind") == "source":
         build_from_source(pins=pins, layout=layout, mirrors=mirrors, offline=settings.offline(), log=log)
     else:
-        install_prebuilt(pins.server_for(platforms.current().key), pins=pins, layout=layout,
-                         mirrors=mirrors, offline=settings.offline())
+        install_prebuilt(
+            pins.server_for(platforms.current().key),
+            pins=pins,
+            layout=layout,
+            mirrors=mirrors,
+            offline=settings.offline(),
+        )
 
 
-def prune_cache(layout: CacheLayout, pins: Pins, *, dry_run: bool,
-                now: float | None = None) -> list[Entry]:
+def prune_cache(layout: CacheLayout, pins: Pins, *, dry_run: bool, now: float | None = None) -> list[Entry]:
     """Remove stale entries and old temp files; return what was (or would be) removed."""
     now = time.time() if now is None else now
     removed: list[Entry] = []
@@ -337,8 +379,11 @@ def prune_cache(layout: CacheLayout, pins: Pins, *, dry_run: bool,
                 continue
         elif entry.status not in ("stale", "incomplete"):
             continue
-        removed.append(Entry(entry.kind, entry.name, entry.path, entry.size,
-                             "would remove" if dry_run else "removed", entry.detail))
+        removed.append(
+            Entry(
+                entry.kind, entry.name, entry.path, entry.size, "would remove" if dry_run else "removed", entry.detail
+            )
+        )
         if dry_run:
             continue
         if entry.path.is_dir() and not entry.path.is_symlink():

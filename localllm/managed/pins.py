@@ -88,8 +88,10 @@ class ModelPin:
         """The llama-server flags of this pin's prompt format (empty: the GGUF's own)."""
         if self.chat_template_file is not None:
             if not self.chat_template_file.is_file():
-                raise FetchError(f"{self.pins_file}: models.entries.{self.id}.chat_template_file: "
-                                 f"{self.chat_template_file} not found")
+                raise FetchError(
+                    f"{self.pins_file}: models.entries.{self.id}.chat_template_file: "
+                    f"{self.chat_template_file} not found"
+                )
             return ["--jinja", "--chat-template-file", str(self.chat_template_file)]
         if self.chat_template:
             return ["--chat-template", self.chat_template]
@@ -137,8 +139,7 @@ class Pins:
         except KeyError:
             known = ", ".join(sorted(self.prebuilt))
             raise UnsupportedPlatform(
-                f"no prebuilt llama-server {self.release} pin for {platform_key} "
-                f"(pinned: {known})"
+                f"no prebuilt llama-server {self.release} pin for {platform_key} (pinned: {known})"
             ) from None
 
     def shim_for(self, platform_key: str) -> ShimPin | None:
@@ -151,8 +152,10 @@ class Pins:
         except KeyError:
             known = ", ".join(sorted(self.models))
             exc = UnknownModel(f"unknown model {model_id!r}; known models: {known}")
-            exc.hint = (f"pick one of: {known} (pins: {self.path}), or add it: localllm fetch model "
-                        f"--url URL --sha256 HEX --id {model_id}")
+            exc.hint = (
+                f"pick one of: {known} (pins: {self.path}), or add it: localllm fetch model "
+                f"--url URL --sha256 HEX --id {model_id}"
+            )
             raise exc from None
 
     def model_for(self, spec: str | Path) -> ModelPin | None:
@@ -198,11 +201,18 @@ def _model_pin(mid: str, raw: Mapping[str, Any], where: Path) -> ModelPin:
     template_file = None
     if file is not None:
         if not isinstance(file, str) or not all(_SAFE_FILE.match(part) for part in file.split("/")):
-            raise FetchError(f"{where}: {key}.chat_template_file must be a relative path inside "
-                             f"{where.parent}, got {file!r}")
+            raise FetchError(
+                f"{where}: {key}.chat_template_file must be a relative path inside {where.parent}, got {file!r}"
+            )
         template_file = where.parent / file  # checked when a server needs it
-    return ModelPin(id=mid, role=str(role), artifact=artifact,
-                    chat_template=template, chat_template_file=template_file, pins_file=where)
+    return ModelPin(
+        id=mid,
+        role=str(role),
+        artifact=artifact,
+        chat_template=template,
+        chat_template_file=template_file,
+        pins_file=where,
+    )
 
 
 def _user_models(where: Path, shipped: Mapping[str, ModelPin]) -> dict[str, ModelPin]:
@@ -219,16 +229,18 @@ def _user_models(where: Path, shipped: Mapping[str, ModelPin]) -> dict[str, Mode
     out: dict[str, ModelPin] = {}
     for mid, raw in entries.items():
         if mid in shipped:
-            raise FetchError(f"{where}: models.entries.{mid} is already pinned in {shipped[mid].pins_file}; "
-                             "pick another id")
+            raise FetchError(
+                f"{where}: models.entries.{mid} is already pinned in {shipped[mid].pins_file}; pick another id"
+            )
         if not isinstance(raw, dict):
             raise FetchError(f"{where}: models.entries.{mid} must be an object")
         out[mid] = _model_pin(mid, raw, where)
     return out
 
 
-def add_user_model(model_id: str, *, url: str, sha256: str, role: str = "chat",
-                   file: str | None = None, path: Path | None = None) -> ModelPin:
+def add_user_model(
+    model_id: str, *, url: str, sha256: str, role: str = "chat", file: str | None = None, path: Path | None = None
+) -> ModelPin:
     """Add a model to the user's pins file (atomically; an id already pinned is refused)."""
     where = path or user_pins_path()
     name = file or url.rstrip("/").rsplit("/", 1)[-1].split("?", 1)[0]

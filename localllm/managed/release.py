@@ -109,16 +109,22 @@ def install_prebuilt(
 
     plat = platforms.current()
     dest = layout.prebuilt_release_dir(pins.release, plat.slug)
-    with artifact_lock(layout.lock_path("release", dest.name), f"llama-server {pins.release}", log_stderr,
-                       cancel=cancel):
+    with artifact_lock(
+        layout.lock_path("release", dest.name), f"llama-server {pins.release}", log_stderr, cancel=cancel
+    ):
         if installed(dest):
             return dest
 
         def fetch(art: Artifact) -> Path:
             sha = art.require_sha256()
             return fetch_artifact(
-                art, layout.download_path(art), lock_path=layout.lock_path("download", sha[:16]),
-                mirrors=mirrors, offline=offline, prewarm="localllm fetch server", log=log_stderr,
+                art,
+                layout.download_path(art),
+                lock_path=layout.lock_path("download", sha[:16]),
+                mirrors=mirrors,
+                offline=offline,
+                prewarm="localllm fetch server",
+                log=log_stderr,
                 cancel=cancel,
             )
 
@@ -133,15 +139,27 @@ def install_prebuilt(
             shim = False
             if plat.is_linux:
                 shim = ensure_shim(
-                    staging, pinned_required=pins.requires_glibcxx, shim=pins.shim_for(plat.key),
-                    fetch_shim=fetch_shim, probe=probe_system(), log=log_stderr,
+                    staging,
+                    pinned_required=pins.requires_glibcxx,
+                    shim=pins.shim_for(plat.key),
+                    fetch_shim=fetch_shim,
+                    probe=probe_system(),
+                    log=log_stderr,
                 )
             version = smoke_version(staging)
-            write_marker(staging, {
-                "kind": "prebuilt", "release": pins.release, "platform": plat.key,
-                "archive": artifact.file, "sha256": artifact.sha256, "url": artifact.url,
-                "libstdcxx_shim": shim, "version": version.splitlines()[0] if version else "",
-                "installed": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            })
+            write_marker(
+                staging,
+                {
+                    "kind": "prebuilt",
+                    "release": pins.release,
+                    "platform": plat.key,
+                    "archive": artifact.file,
+                    "sha256": artifact.sha256,
+                    "url": artifact.url,
+                    "libstdcxx_shim": shim,
+                    "version": version.splitlines()[0] if version else "",
+                    "installed": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                },
+            )
             install_dir(staging, dest)
     return dest

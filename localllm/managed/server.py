@@ -204,8 +204,9 @@ class _Process:
         self.popen = spawn(argv, stderr=subprocess.PIPE, env=env)
         self.pid = self.popen.pid
         assert self.popen.stderr is not None
-        self._stderr = StderrTail(self.popen.stderr, name=f"llama-server-{self.pid}-stderr",
-                                  limit=_TAIL_BYTES, on_line=self._on_line)
+        self._stderr = StderrTail(
+            self.popen.stderr, name=f"llama-server-{self.pid}-stderr", limit=_TAIL_BYTES, on_line=self._on_line
+        )
         try:
             self._watchdog: subprocess.Popen[bytes] | None = self._arm_watchdog()
         except OSError:
@@ -699,8 +700,9 @@ class ManagedServer:
                 raise _launch_error(binary, exc) from exc
             if probe.timed_out:
                 return frozenset()
-            self._optional = frozenset(flag for flag in _OPTIONAL_FLAGS
-                                       if re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", probe.output))
+            self._optional = frozenset(
+                flag for flag in _OPTIONAL_FLAGS if re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", probe.output)
+            )
         return self._optional
 
     def _spawn_until_ready(self, start: _Start, deadline: float) -> str:

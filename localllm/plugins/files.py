@@ -48,9 +48,7 @@ def _where(path: Path) -> str:
     return str(path)
 
 
-def probe_location(
-    path: Path, root: Path, *, section: str, want_dir: bool, clause: str
-) -> Missing | Diagnostic | None:
+def probe_location(path: Path, root: Path, *, section: str, want_dir: bool, clause: str) -> Missing | Diagnostic | None:
     """Check a fixed component location: absent → ``MISSING``; bad → a diagnostic; ok → None.
 
     ``root`` is the filesystem-resolved plugin root.
@@ -69,8 +67,9 @@ def probe_location(
             )
         mode = os.stat(path).st_mode
     except (OSError, ValueError) as exc:
-        return Diagnostic(section, "unreadable", _where(path), f"cannot inspect {path.name}: {_os_reason(exc)}",
-                          clause=clause)
+        return Diagnostic(
+            section, "unreadable", _where(path), f"cannot inspect {path.name}: {_os_reason(exc)}", clause=clause
+        )
     ok = stat.S_ISDIR(mode) if want_dir else stat.S_ISREG(mode)
     if not ok:
         kind = "a directory" if want_dir else "a regular file"
@@ -91,20 +90,32 @@ def read_text(path: Path, *, section: str, clause: str = "") -> str | Diagnostic
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         with os.fdopen(fd, "rb") as fh:
             if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-                return Diagnostic(section, "component-location-wrong-kind", _where(path),
-                                  f"{path.name} is not a regular file", clause="6.2")
+                return Diagnostic(
+                    section,
+                    "component-location-wrong-kind",
+                    _where(path),
+                    f"{path.name} is not a regular file",
+                    clause="6.2",
+                )
             raw = fh.read(MAX_FILE_BYTES + 1)
     except (OSError, ValueError) as exc:
-        return Diagnostic(section, "unreadable", _where(path), f"cannot read {path.name}: {_os_reason(exc)}",
-                          clause=clause)
+        return Diagnostic(
+            section, "unreadable", _where(path), f"cannot read {path.name}: {_os_reason(exc)}", clause=clause
+        )
     if len(raw) > MAX_FILE_BYTES:
-        return Diagnostic(section, "file-too-large", _where(path),
-                          f"{path.name} is larger than {MAX_FILE_BYTES} bytes", clause=clause)
+        return Diagnostic(
+            section, "file-too-large", _where(path), f"{path.name} is larger than {MAX_FILE_BYTES} bytes", clause=clause
+        )
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        return Diagnostic(section, "invalid-utf8", _where(path),
-                          f"{path.name} is not UTF-8 text (byte {exc.start}); save it as UTF-8", clause=clause)
+        return Diagnostic(
+            section,
+            "invalid-utf8",
+            _where(path),
+            f"{path.name} is not UTF-8 text (byte {exc.start}); save it as UTF-8",
+            clause=clause,
+        )
 
 
 @dataclass(frozen=True)
@@ -133,9 +144,13 @@ def parse_json(text: str, path: Path, *, section: str, rule: str, clause: str = 
     try:
         value = json.loads(text, object_pairs_hook=pairs, parse_constant=bad_constant)
     except json.JSONDecodeError as exc:
-        return Diagnostic(section, rule, _where(path),
-                          f"{path.name} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
-                          clause=clause)
+        return Diagnostic(
+            section,
+            rule,
+            _where(path),
+            f"{path.name} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
+            clause=clause,
+        )
     except (ValueError, RecursionError) as exc:  # RecursionError: pathologically nested input
         reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         return Diagnostic(section, rule, _where(path), f"{path.name} is not valid JSON: {reason}", clause=clause)
@@ -147,9 +162,14 @@ def parse_json(text: str, path: Path, *, section: str, rule: str, clause: str = 
     if duplicates:
         names = ", ".join(sorted(set(duplicates)))
         warnings = (
-            Diagnostic(section, "duplicate-json-key", _where(path),
-                       f"{path.name} repeats the key(s) {names} in one object; the last value is used",
-                       severity="warning", clause=clause),
+            Diagnostic(
+                section,
+                "duplicate-json-key",
+                _where(path),
+                f"{path.name} repeats the key(s) {names} in one object; the last value is used",
+                severity="warning",
+                clause=clause,
+            ),
         )
     return ParsedJson(value, warnings)
 
@@ -180,16 +200,21 @@ def surrogate_pointer(value: Any) -> tuple[str | int, ...] | None:
     return None
 
 
-def _surrogate_diagnostic(path: Path | str, pointer: tuple[str | int, ...], *, section: str, rule: str,
-                          clause: str) -> Diagnostic:
+def _surrogate_diagnostic(
+    path: Path | str, pointer: tuple[str | int, ...], *, section: str, rule: str, clause: str
+) -> Diagnostic:
     name = Path(path).name
-    return Diagnostic(section, rule, origin_of(str(path), *pointer),
-                      f"{name} has a lone surrogate escape (such as \\ud800) at {json_pointer(*pointer) or '/'}: "
-                      "that is no Unicode character; write the character itself", clause=clause)
+    return Diagnostic(
+        section,
+        rule,
+        origin_of(str(path), *pointer),
+        f"{name} has a lone surrogate escape (such as \\ud800) at {json_pointer(*pointer) or '/'}: "
+        "that is no Unicode character; write the character itself",
+        clause=clause,
+    )
 
 
-def parse_yaml(text: str, path: Path | str, *, section: str, rule: str, clause: str = "",
-               first_line: int = 1) -> Any:
+def parse_yaml(text: str, path: Path | str, *, section: str, rule: str, clause: str = "", first_line: int = 1) -> Any:
     """Parse one YAML document safely and within bounds; the value or a :class:`Diagnostic`.
 
     ``first_line`` is the file line of the text's first line (for front matter).
@@ -209,8 +234,7 @@ def parse_yaml(text: str, path: Path | str, *, section: str, rule: str, clause: 
     except Exception as exc:
         # PyYAML's constructors raise assorted builtins on bad tagged scalars (``!!timestamp
         # banana`` → AttributeError, ``!!bool maybe`` → KeyError): reported, never raised.
-        return Diagnostic(section, rule, str(path), f"not valid YAML: {type(exc).__name__}: {exc}"[:300],
-                          clause=clause)
+        return Diagnostic(section, rule, str(path), f"not valid YAML: {type(exc).__name__}: {exc}"[:300], clause=clause)
     if problem is not None:
         return Diagnostic(section, rule, str(path), f"YAML refused: {problem}", clause=clause)
     pointer = surrogate_pointer(value)

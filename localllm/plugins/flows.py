@@ -39,14 +39,18 @@ def load_flows(root: Path, shown_root: Path) -> tuple[list[Flow], list[Diagnosti
     if isinstance(probe, files.Missing):
         return [], []
     if probe is not None:
-        return [], [Diagnostic(probe.component, probe.rule, str(shown_root / FLOWS_DIR), probe.message,
-                               probe.severity, probe.clause)]
+        return [], [
+            Diagnostic(
+                probe.component, probe.rule, str(shown_root / FLOWS_DIR), probe.message, probe.severity, probe.clause
+            )
+        ]
     try:
         with os.scandir(root / FLOWS_DIR) as it:
             names = sorted(entry.name for entry in it)
     except OSError as exc:
-        return [], [Diagnostic(SECTION, "unreadable", str(shown_root / FLOWS_DIR),
-                               f"cannot list flows/: {exc.strerror or exc}")]
+        return [], [
+            Diagnostic(SECTION, "unreadable", str(shown_root / FLOWS_DIR), f"cannot list flows/: {exc.strerror or exc}")
+        ]
     flows: list[Flow] = []
     diagnostics: list[Diagnostic] = []
     seen: dict[str, str] = {}
@@ -55,22 +59,39 @@ def load_flows(root: Path, shown_root: Path) -> tuple[list[Flow], list[Diagnosti
             continue
         shown = shown_root / FLOWS_DIR / name
         if not files.utf8_name(name):
-            diagnostics.append(Diagnostic(SECTION, "flow-file-name-invalid", str(shown),
-                                          "the file name is not UTF-8; rename it to load this flow"))
+            diagnostics.append(
+                Diagnostic(
+                    SECTION,
+                    "flow-file-name-invalid",
+                    str(shown),
+                    "the file name is not UTF-8; rename it to load this flow",
+                )
+            )
             continue
         if not name.endswith(FLOW_SUFFIXES):
             if os.path.isfile(root / FLOWS_DIR / name):
-                diagnostics.append(Diagnostic(SECTION, "not-a-flow-file", str(shown),
-                                              f"flows/{name} ignored: flow files end in .flow.json, .flow.yaml "
-                                              "or .flow.yml", severity="info"))
+                diagnostics.append(
+                    Diagnostic(
+                        SECTION,
+                        "not-a-flow-file",
+                        str(shown),
+                        f"flows/{name} ignored: flow files end in .flow.json, .flow.yaml or .flow.yml",
+                        severity="info",
+                    )
+                )
             continue
         flow = _load_one(root, root / FLOWS_DIR / name, shown)
         if isinstance(flow, Diagnostic):
             diagnostics.append(flow)
         elif flow.name in seen:
-            diagnostics.append(Diagnostic(SECTION, "flow-duplicate-name", origin_of(str(shown), "name"),
-                                          f"flow name {flow.name!r} is already defined by {seen[flow.name]}; "
-                                          "this file is skipped"))
+            diagnostics.append(
+                Diagnostic(
+                    SECTION,
+                    "flow-duplicate-name",
+                    origin_of(str(shown), "name"),
+                    f"flow name {flow.name!r} is already defined by {seen[flow.name]}; this file is skipped",
+                )
+            )
         else:
             seen[flow.name] = f"flows/{name}"
             flows.append(flow)
@@ -108,28 +129,33 @@ def _check_envelope(data: Any, where: str) -> Flow | Diagnostic:
         return bad("a flow file must contain one object with name, start and nodes")
     name = data.get("name")
     if not isinstance(name, str) or not _FLOW_NAME.fullmatch(name):
-        return bad("\"name\" must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit",
-                   "name")
+        return bad("\"name\" must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit", "name")
     description = data.get("description")
     if description is not None and not isinstance(description, str):
-        return bad("\"description\" must be a string", "description")
+        return bad('"description" must be a string', "description")
     nodes = data.get("nodes")
     if not isinstance(nodes, list) or not nodes:
-        return bad("\"nodes\" must be a non-empty array of node objects", "nodes")
+        return bad('"nodes" must be a non-empty array of node objects', "nodes")
     ids: list[str] = []
     for i, node in enumerate(nodes):
         if not isinstance(node, dict):
             return bad("each node must be an object", "nodes", i)
         node_id, kind = node.get("id"), node.get("kind")
         if not isinstance(node_id, str) or not node_id:
-            return bad("each node needs a non-empty string \"id\"", "nodes", i, "id")
+            return bad('each node needs a non-empty string "id"', "nodes", i, "id")
         if not isinstance(kind, str) or not kind:
-            return bad("each node needs a non-empty string \"kind\"", "nodes", i, "kind")
+            return bad('each node needs a non-empty string "kind"', "nodes", i, "kind")
         if node_id in ids:
             return bad(f"node id {node_id!r} is used twice", "nodes", i, "id")
         ids.append(node_id)
     start = data.get("start")
     if not isinstance(start, str) or start not in ids:
-        return bad("\"start\" must be the id of one of the nodes", "start")
-    return Flow(name=name, start=start, origin=where, description=description, node_ids=tuple(ids),
-                definition=MappingProxyType(dict(data)))
+        return bad('"start" must be the id of one of the nodes', "start")
+    return Flow(
+        name=name,
+        start=start,
+        origin=where,
+        description=description,
+        node_ids=tuple(ids),
+        definition=MappingProxyType(dict(data)),
+    )

@@ -51,8 +51,14 @@ def load_agent_plugin(root: Path | str, *, data_root: Path | str | None = None) 
         # The contract is "never raises": a bug here must cost this plugin, not the
         # caller's session. It is reported, not swallowed (rule loader-internal-error).
         return PluginRejected(
-            (Diagnostic("plugin", "loader-internal-error", str(shown),
-                        f"the loader failed unexpectedly ({type(exc).__name__}: {exc}); please report this"),),
+            (
+                Diagnostic(
+                    "plugin",
+                    "loader-internal-error",
+                    str(shown),
+                    f"the loader failed unexpectedly ({type(exc).__name__}: {exc}); please report this",
+                ),
+            ),
             root=shown,
         )
 
@@ -67,8 +73,9 @@ def _load(shown: Path, data_root: Path | None) -> PluginLoadResult:
     if not exists:
         return _reject(shown, "plugin-root-missing", "no such directory; pass the plugin's root directory")
     if not is_dir:
-        return _reject(shown, "plugin-root-not-directory",
-                       "not a directory; pass the directory that contains plugin.json")
+        return _reject(
+            shown, "plugin-root-not-directory", "not a directory; pass the directory that contains plugin.json"
+        )
 
     manifest, diagnostics = load_manifest(real, shown)
     if manifest is None:

@@ -22,15 +22,24 @@ MANIFEST_FILE = "plugin.json"
 SECTION = "manifest"
 
 _KNOWN_FIELDS = frozenset(
-    ("$schema", "name", "version", "description", "author", "homepage", "repository", "license",
-     "keywords", "extensions")
+    (
+        "$schema",
+        "name",
+        "version",
+        "description",
+        "author",
+        "homepage",
+        "repository",
+        "license",
+        "keywords",
+        "extensions",
+    )
 )
 # Same rule as the schema's pattern, but matched with fullmatch: the schema's ``$`` would
 # also accept a trailing newline under Python's re.search.
 _NAME = re.compile(r"(?!.*(?:--|\.\.))[a-z0-9](?:[a-z0-9.-]*[a-z0-9])?")
 NAME_RULES = (
-    "1-64 characters of a-z, 0-9, '-' and '.', starting and ending with a letter or digit, "
-    "without '--' or '..'"
+    "1-64 characters of a-z, 0-9, '-' and '.', starting and ending with a letter or digit, without '--' or '..'"
 )
 
 
@@ -57,9 +66,15 @@ def load_manifest(root: Path, shown_root: Path) -> tuple[PluginManifest | None, 
     where = str(path)
     probe = files.probe_location(root / MANIFEST_FILE, root, section=SECTION, want_dir=False, clause="5.1")
     if isinstance(probe, files.Missing):
-        return None, [Diagnostic(SECTION, "manifest-missing", where,
-                                 f"no {MANIFEST_FILE} in {shown_root}; every plugin needs one (§4.1)",
-                                 clause="5.1")]
+        return None, [
+            Diagnostic(
+                SECTION,
+                "manifest-missing",
+                where,
+                f"no {MANIFEST_FILE} in {shown_root}; every plugin needs one (§4.1)",
+                clause="5.1",
+            )
+        ]
     if probe is not None:
         return None, [_reorigin(probe, where)]
     text = files.read_text(root / MANIFEST_FILE, section=SECTION, clause="5.1")
@@ -71,9 +86,15 @@ def load_manifest(root: Path, shown_root: Path) -> tuple[PluginManifest | None, 
     diagnostics = list(parsed.warnings)
     data = parsed.value
     if not isinstance(data, dict):
-        diagnostics.append(Diagnostic(SECTION, "manifest-not-object", where,
-                                      f"{MANIFEST_FILE} must contain a JSON object, not {_json_type(data)}",
-                                      clause="5.2"))
+        diagnostics.append(
+            Diagnostic(
+                SECTION,
+                "manifest-not-object",
+                where,
+                f"{MANIFEST_FILE} must contain a JSON object, not {_json_type(data)}",
+                clause="5.2",
+            )
+        )
         return None, diagnostics
 
     declared = data.get("$schema")
@@ -84,21 +105,32 @@ def load_manifest(root: Path, shown_root: Path) -> tuple[PluginManifest | None, 
     cleaned: dict[str, Any] = {}
     for key, value in data.items():
         if key not in _KNOWN_FIELDS:
-            diagnostics.append(Diagnostic(
-                SECTION, "manifest-unknown-field", origin_of(where, key),
-                f"unknown top-level field {key!r} ignored; client-specific data belongs under "
-                "\"extensions\" (§5.2)",
-                severity="warning", clause="5.2"))
+            diagnostics.append(
+                Diagnostic(
+                    SECTION,
+                    "manifest-unknown-field",
+                    origin_of(where, key),
+                    f'unknown top-level field {key!r} ignored; client-specific data belongs under "extensions" (§5.2)',
+                    severity="warning",
+                    clause="5.2",
+                )
+            )
             continue
         cleaned[key] = value
     if "extensions" in cleaned:
         ext = cleaned["extensions"]
         if not isinstance(ext, dict):
-            diagnostics.append(Diagnostic(
-                SECTION, "manifest-extensions-not-object", origin_of(where, "extensions"),
-                f"\"extensions\" must be an object keyed by reverse-domain namespace, not {_json_type(ext)}; "
-                "ignored (§8.1)",
-                severity="warning", clause="8.1"))
+            diagnostics.append(
+                Diagnostic(
+                    SECTION,
+                    "manifest-extensions-not-object",
+                    origin_of(where, "extensions"),
+                    f'"extensions" must be an object keyed by reverse-domain namespace, not {_json_type(ext)}; '
+                    "ignored (§8.1)",
+                    severity="warning",
+                    clause="8.1",
+                )
+            )
             del cleaned["extensions"]
         else:
             kept = {}
@@ -106,10 +138,16 @@ def load_manifest(root: Path, shown_root: Path) -> tuple[PluginManifest | None, 
                 if isinstance(value, dict):
                     kept[ns] = value
                 else:
-                    diagnostics.append(Diagnostic(
-                        SECTION, "manifest-extension-not-object", origin_of(where, "extensions", ns),
-                        f"extension namespace {ns!r} must map to an object, not {_json_type(value)}; ignored",
-                        severity="warning", clause="8.1"))
+                    diagnostics.append(
+                        Diagnostic(
+                            SECTION,
+                            "manifest-extension-not-object",
+                            origin_of(where, "extensions", ns),
+                            f"extension namespace {ns!r} must map to an object, not {_json_type(value)}; ignored",
+                            severity="warning",
+                            clause="8.1",
+                        )
+                    )
             cleaned["extensions"] = kept
 
     errors = _schema_errors(cleaned, where)
@@ -121,17 +159,30 @@ def load_manifest(root: Path, shown_root: Path) -> tuple[PluginManifest | None, 
 def _schema_problem(declared: object, where: str) -> Diagnostic:
     origin = origin_of(where, "$schema")
     if declared is None:
-        return Diagnostic(SECTION, "manifest-schema-missing", origin,
-                          f"required field \"$schema\" is missing; set it to {PLUGIN_SCHEMA_ID!r}", clause="5.3")
+        return Diagnostic(
+            SECTION,
+            "manifest-schema-missing",
+            origin,
+            f'required field "$schema" is missing; set it to {PLUGIN_SCHEMA_ID!r}',
+            clause="5.3",
+        )
     version = schema_version(declared, "plugin")
     if version is not None:
-        return Diagnostic(SECTION, "manifest-unsupported-version", origin,
-                          f"Agent Plugins version {version} is not supported (this client supports 1.0.0: "
-                          f"{PLUGIN_SCHEMA_ID!r})", clause="5.2")
+        return Diagnostic(
+            SECTION,
+            "manifest-unsupported-version",
+            origin,
+            f"Agent Plugins version {version} is not supported (this client supports 1.0.0: {PLUGIN_SCHEMA_ID!r})",
+            clause="5.2",
+        )
     shown = truncate_detail(repr(declared), 120)
-    return Diagnostic(SECTION, "manifest-schema-unrecognized", origin,
-                      f"\"$schema\" is {shown}, not a recognised plugin manifest identifier; "
-                      f"use {PLUGIN_SCHEMA_ID!r}", clause="5.2")
+    return Diagnostic(
+        SECTION,
+        "manifest-schema-unrecognized",
+        origin,
+        f'"$schema" is {shown}, not a recognised plugin manifest identifier; use {PLUGIN_SCHEMA_ID!r}',
+        clause="5.2",
+    )
 
 
 def _schema_errors(data: dict[str, Any], where: str) -> list[Diagnostic]:
@@ -146,8 +197,15 @@ def _schema_errors(data: dict[str, Any], where: str) -> list[Diagnostic]:
             name_reported = True
             out.append(_name_problem(data.get("name"), where))
             continue
-        out.append(Diagnostic(SECTION, "manifest-schema-violation", origin_of(where, *path),
-                              truncate_detail(error.message, 200) + " (plugin.schema.json 1.0.0)", clause="5.2"))
+        out.append(
+            Diagnostic(
+                SECTION,
+                "manifest-schema-violation",
+                origin_of(where, *path),
+                truncate_detail(error.message, 200) + " (plugin.schema.json 1.0.0)",
+                clause="5.2",
+            )
+        )
     if not name_reported and not valid_plugin_name(data.get("name")):
         out.append(_name_problem(data.get("name"), where))
     return _dedupe(out)
@@ -156,11 +214,15 @@ def _schema_errors(data: dict[str, Any], where: str) -> list[Diagnostic]:
 def _name_problem(name: object, where: str) -> Diagnostic:
     origin = origin_of(where, "name")
     if name is None:
-        return Diagnostic(SECTION, "manifest-name-missing", origin, "required field \"name\" is missing",
-                          clause="5.3")
+        return Diagnostic(SECTION, "manifest-name-missing", origin, 'required field "name" is missing', clause="5.3")
     shown = truncate_detail(repr(name), 80)
-    return Diagnostic(SECTION, "manifest-name-invalid", origin,
-                      f"plugin name {shown} is invalid: use {NAME_RULES} (§5.5)", clause="5.5")
+    return Diagnostic(
+        SECTION,
+        "manifest-name-invalid",
+        origin,
+        f"plugin name {shown} is invalid: use {NAME_RULES} (§5.5)",
+        clause="5.5",
+    )
 
 
 def _dedupe(items: list[Diagnostic]) -> list[Diagnostic]:
@@ -181,7 +243,8 @@ def _build(data: dict[str, Any]) -> PluginManifest:
         version=data.get("version"),
         description=data.get("description"),
         author=PluginAuthor(author.get("name"), author.get("email"), author.get("url"))
-        if isinstance(author, dict) else None,
+        if isinstance(author, dict)
+        else None,
         homepage=data.get("homepage"),
         repository=data.get("repository"),
         license=data.get("license"),

@@ -110,24 +110,30 @@ def _check_top_level(data: Any, where: str, manifest_schema: str) -> dict[str, A
         return invalid(f"{MCP_FILE} must contain a JSON object")
     for key in data:
         if key not in ("$schema", "mcpServers"):
-            return invalid(f"unknown top-level field {key!r}; only \"$schema\" and \"mcpServers\" are allowed", key)
+            return invalid(f'unknown top-level field {key!r}; only "$schema" and "mcpServers" are allowed', key)
     declared = data.get("$schema")
     if declared is None:
-        return invalid(f"required field \"$schema\" is missing; set it to {MCP_SCHEMA_ID!r}", "$schema")
+        return invalid(f'required field "$schema" is missing; set it to {MCP_SCHEMA_ID!r}', "$schema")
     version = schema_version(declared, "mcp")
     plugin_version = schema_version(manifest_schema, "plugin")
     if version is not None and plugin_version is not None and version != plugin_version:
-        return invalid(f"mcp.json targets Agent Plugins {version} but plugin.json targets {plugin_version}",
-                       "$schema", rule="mcp-config-version-mismatch", clause="10.1")
+        return invalid(
+            f"mcp.json targets Agent Plugins {version} but plugin.json targets {plugin_version}",
+            "$schema",
+            rule="mcp-config-version-mismatch",
+            clause="10.1",
+        )
     if declared != MCP_SCHEMA_ID:
         if version is not None:
-            return invalid(f"Agent Plugins version {version} is not supported; use {MCP_SCHEMA_ID!r}",
-                           "$schema", rule="mcp-config-unsupported-version")
-        return invalid(f"\"$schema\" is not a recognised MCP configuration identifier; use {MCP_SCHEMA_ID!r}",
-                       "$schema")
+            return invalid(
+                f"Agent Plugins version {version} is not supported; use {MCP_SCHEMA_ID!r}",
+                "$schema",
+                rule="mcp-config-unsupported-version",
+            )
+        return invalid(f'"$schema" is not a recognised MCP configuration identifier; use {MCP_SCHEMA_ID!r}', "$schema")
     servers = data.get("mcpServers")
     if not isinstance(servers, dict):
-        return invalid("required field \"mcpServers\" must be an object of server entries", "mcpServers")
+        return invalid('required field "mcpServers" must be an object of server entries', "mcpServers")
     return servers
 
 
@@ -145,22 +151,37 @@ def _parse_entry(
         elif kind in ("streamable-http", "sse"):
             config, notes = _parse_remote(ctx, name, entry, origin, kind)
         elif kind is None:
-            raise _EntryInvalid("server-entry-invalid",
-                                "missing \"type\"; use \"stdio\" or \"streamable-http\"", ("type",))
+            raise _EntryInvalid("server-entry-invalid", 'missing "type"; use "stdio" or "streamable-http"', ("type",))
         else:
             shown = repr(kind) if isinstance(kind, str) else "a non-string"
-            raise _EntryInvalid("server-entry-invalid",
-                                f"unknown transport type {shown[:60]}; use \"stdio\" or \"streamable-http\"",
-                                ("type",))
+            raise _EntryInvalid(
+                "server-entry-invalid",
+                f'unknown transport type {shown[:60]}; use "stdio" or "streamable-http"',
+                ("type",),
+            )
         _schema_backstop(validator, name, entry)
     except _EntryInvalid as bad:
-        return None, [Diagnostic(SECTION, bad.rule, origin_of(ctx.where, *base, *bad.pointer),
-                                 f"server {name!r} skipped: {bad.message}", clause=bad.clause)]
+        return None, [
+            Diagnostic(
+                SECTION,
+                bad.rule,
+                origin_of(ctx.where, *base, *bad.pointer),
+                f"server {name!r} skipped: {bad.message}",
+                clause=bad.clause,
+            )
+        ]
     if kind == "sse":
-        return None, [Diagnostic(SECTION, "unsupported-transport", origin,
-                                 f"server {name!r} skipped: the legacy \"sse\" transport is not supported; "
-                                 "serve MCP over \"streamable-http\" instead",
-                                 severity="warning", clause="7.2.2")]
+        return None, [
+            Diagnostic(
+                SECTION,
+                "unsupported-transport",
+                origin,
+                f'server {name!r} skipped: the legacy "sse" transport is not supported; '
+                'serve MCP over "streamable-http" instead',
+                severity="warning",
+                clause="7.2.2",
+            )
+        ]
     return config, notes
 
 
@@ -173,8 +194,9 @@ def _schema_backstop(validator: Any, name: str, entry: dict[str, Any]) -> None:
     error = best_match(validator.iter_errors({"$schema": MCP_SCHEMA_ID, "mcpServers": {name: entry}}))
     if error is not None:
         pointer = tuple(str(p) for p in list(error.absolute_path)[2:])
-        raise _EntryInvalid("server-entry-invalid",
-                            f"does not satisfy mcp.schema.json 1.0.0 ({error.validator!s} constraint)", pointer)
+        raise _EntryInvalid(
+            "server-entry-invalid", f"does not satisfy mcp.schema.json 1.0.0 ({error.validator!s} constraint)", pointer
+        )
 
 
 def _parse_stdio(
@@ -184,12 +206,12 @@ def _parse_stdio(
     notes: list[Diagnostic] = []
     command = entry.get("command")
     if not isinstance(command, str) or not command:
-        raise _EntryInvalid("server-entry-invalid", "\"command\" must be a non-empty string", ("command",))
+        raise _EntryInvalid("server-entry-invalid", '"command" must be a non-empty string', ("command",))
     command_path = _check_command(ctx, command, notes, origin)
 
     args = entry.get("args", [])
     if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-        raise _EntryInvalid("server-entry-invalid", "\"args\" must be an array of strings", ("args",))
+        raise _EntryInvalid("server-entry-invalid", '"args" must be an array of strings', ("args",))
     for i, arg in enumerate(args):
         if "\x00" in arg:
             raise _EntryInvalid("server-entry-invalid", "an argument contains a NUL character", ("args", str(i)))
@@ -197,25 +219,32 @@ def _parse_stdio(
 
     env = entry.get("env", {})
     if not isinstance(env, dict):
-        raise _EntryInvalid("server-entry-invalid", "\"env\" must be an object of strings", ("env",))
+        raise _EntryInvalid("server-entry-invalid", '"env" must be an object of strings', ("env",))
     for reserved in RESERVED_ENV:
         if reserved in env:
-            raise _EntryInvalid("env-reserved-name",
-                                f"\"env\" sets {reserved}, which the client supplies itself; remove it",
-                                ("env", reserved), clause="9.2")
+            raise _EntryInvalid(
+                "env-reserved-name",
+                f'"env" sets {reserved}, which the client supplies itself; remove it',
+                ("env", reserved),
+                clause="9.2",
+            )
     expanded_env: dict[str, str] = {}
     secrets: list[Diagnostic] = []
     for key, value in env.items():
         if not key or "=" in key or "\x00" in key:
-            raise _EntryInvalid("server-entry-invalid",
-                                f"environment variable name {key!r} is invalid (empty, or contains '=' or NUL)",
-                                ("env", key))
+            raise _EntryInvalid(
+                "server-entry-invalid",
+                f"environment variable name {key!r} is invalid (empty, or contains '=' or NUL)",
+                ("env", key),
+            )
         if not isinstance(value, str) or "\x00" in value:
-            raise _EntryInvalid("server-entry-invalid", f"env value of {key!r} must be a string without NUL",
-                                ("env", key))
+            raise _EntryInvalid(
+                "server-entry-invalid", f"env value of {key!r} must be a string without NUL", ("env", key)
+            )
         if looks_like_secret(key, value):
-            secrets.append(_secret(ctx, name, rule="secret-in-env", what=f"env {key!r}",
-                                   pointer=("env", key), clause="9.2"))
+            secrets.append(
+                _secret(ctx, name, rule="secret-in-env", what=f"env {key!r}", pointer=("env", key), clause="9.2")
+            )
         _note_foreign(ctx, notes, value, name, ("env", key))
         expanded_env[key] = ctx.expand(value)
 
@@ -236,43 +265,71 @@ def _parse_stdio(
 
 def _check_command(ctx: _Context, command: str, notes: list[Diagnostic], origin: str) -> Path | None:
     if "\x00" in command:
-        raise _EntryInvalid("server-entry-invalid", "\"command\" contains a NUL character", ("command",))
+        raise _EntryInvalid("server-entry-invalid", '"command" contains a NUL character', ("command",))
     if is_plugin_relative(command):
         if relative_escapes(command):
-            raise _EntryInvalid("path-escapes-plugin-root",
-                                f"command {command!r} climbs out of the plugin root; bundle the executable "
-                                "inside the plugin and refer to it as ./path", ("command",), clause="4.1")
+            raise _EntryInvalid(
+                "path-escapes-plugin-root",
+                f"command {command!r} climbs out of the plugin root; bundle the executable "
+                "inside the plugin and refer to it as ./path",
+                ("command",),
+                clause="4.1",
+            )
         path = resolve_relative(ctx.root, command)
         if path == ctx.root:
-            raise _EntryInvalid("server-entry-invalid", f"command {command!r} names the plugin root, not a file",
-                                ("command",))
+            raise _EntryInvalid(
+                "server-entry-invalid", f"command {command!r} names the plugin root, not a file", ("command",)
+            )
         # realpath is not strict: for a path that does not exist yet it still resolves the
         # existing prefix, so a symlinked parent directory is caught too.
         if not resolves_within(path, ctx.root):
-            raise _EntryInvalid("path-escapes-plugin-root",
-                                f"command {command!r} resolves to {os.path.realpath(path)}, outside the "
-                                "plugin root (a symlink leaves the plugin)", ("command",), clause="4.1")
+            raise _EntryInvalid(
+                "path-escapes-plugin-root",
+                f"command {command!r} resolves to {os.path.realpath(path)}, outside the "
+                "plugin root (a symlink leaves the plugin)",
+                ("command",),
+                clause="4.1",
+            )
         if not os.path.lexists(path):
-            notes.append(Diagnostic(SECTION, "command-not-found", origin_of(origin, "command"),
-                                    f"command {command!r} does not exist yet; the server will fail to start "
-                                    "until it does", severity="warning", clause="7.2.1"))
+            notes.append(
+                Diagnostic(
+                    SECTION,
+                    "command-not-found",
+                    origin_of(origin, "command"),
+                    f"command {command!r} does not exist yet; the server will fail to start until it does",
+                    severity="warning",
+                    clause="7.2.1",
+                )
+            )
         return path
     if command == ".." or command.startswith("../"):
-        raise _EntryInvalid("path-escapes-plugin-root",
-                            f"command {command!r} points outside the plugin root; bundle the executable "
-                            "inside the plugin and refer to it as ./path", ("command",), clause="4.1")
+        raise _EntryInvalid(
+            "path-escapes-plugin-root",
+            f"command {command!r} points outside the plugin root; bundle the executable "
+            "inside the plugin and refer to it as ./path",
+            ("command",),
+            clause="4.1",
+        )
     if "${" in command:
-        raise _EntryInvalid("server-entry-invalid",
-                            f"command {command!r}: placeholders are not expanded in \"command\"; "
-                            "use a plugin-relative path such as ./bin/server", ("command",))
+        raise _EntryInvalid(
+            "server-entry-invalid",
+            f'command {command!r}: placeholders are not expanded in "command"; '
+            "use a plugin-relative path such as ./bin/server",
+            ("command",),
+        )
     if "/" in command or "\\" in command:
-        raise _EntryInvalid("server-entry-invalid",
-                            f"command {command!r} must be a bare executable name or a plugin-relative "
-                            "path starting with ./", ("command",))
+        raise _EntryInvalid(
+            "server-entry-invalid",
+            f"command {command!r} must be a bare executable name or a plugin-relative path starting with ./",
+            ("command",),
+        )
     if any(ch.isspace() for ch in command):
-        raise _EntryInvalid("server-entry-invalid",
-                            f"command {command!r} must be a single executable token, not a shell command; "
-                            "move the arguments into \"args\"", ("command",))
+        raise _EntryInvalid(
+            "server-entry-invalid",
+            f"command {command!r} must be a single executable token, not a shell command; "
+            'move the arguments into "args"',
+            ("command",),
+        )
     return None
 
 
@@ -282,13 +339,14 @@ def _check_cwd(
     if cwd is None:
         return ctx.root, "plugin"
     if not isinstance(cwd, str) or not cwd or "\x00" in cwd:
-        raise _EntryInvalid("server-entry-invalid", "\"cwd\" must be a non-empty string", ("cwd",))
+        raise _EntryInvalid("server-entry-invalid", '"cwd" must be a non-empty string', ("cwd",))
     _note_foreign(ctx, notes, cwd, name, ("cwd",))
     form: Literal["plugin", "data"]
     if is_plugin_relative(cwd):
         if relative_escapes(cwd):
-            raise _EntryInvalid("path-escapes-plugin-root", f"cwd {cwd!r} climbs out of the plugin root",
-                                ("cwd",), clause="4.1")
+            raise _EntryInvalid(
+                "path-escapes-plugin-root", f"cwd {cwd!r} climbs out of the plugin root", ("cwd",), clause="4.1"
+            )
         # A ./ cwd is a path, not a placeholder field: expand first (§7.2.1), then resolve.
         resolved = resolve_relative(ctx.root, ctx.expand(cwd))
         form, bound = "plugin", ctx.root
@@ -297,24 +355,35 @@ def _check_cwd(
     elif _rooted(cwd, PLUGIN_DATA):
         resolved, form, bound = Path(posixpath.normpath(ctx.expand(cwd))), "data", ctx.data_dir
     elif cwd == ".." or cwd.startswith("../"):
-        raise _EntryInvalid("path-escapes-plugin-root", f"cwd {cwd!r} points outside the plugin root",
-                            ("cwd",), clause="4.1")
+        raise _EntryInvalid(
+            "path-escapes-plugin-root", f"cwd {cwd!r} points outside the plugin root", ("cwd",), clause="4.1"
+        )
     else:
-        raise _EntryInvalid("server-entry-invalid",
-                            f"cwd {cwd!r} must start with ./, ${{PLUGIN_ROOT}} or ${{PLUGIN_DATA}}", ("cwd",))
+        raise _EntryInvalid(
+            "server-entry-invalid", f"cwd {cwd!r} must start with ./, ${{PLUGIN_ROOT}} or ${{PLUGIN_DATA}}", ("cwd",)
+        )
     if not within(resolved, bound):
         root_name = "plugin root" if form == "plugin" else "plugin data directory"
-        raise _EntryInvalid("path-escapes-plugin-root", f"cwd {cwd!r} leaves the {root_name}", ("cwd",),
-                            clause="7.2.1")
+        raise _EntryInvalid("path-escapes-plugin-root", f"cwd {cwd!r} leaves the {root_name}", ("cwd",), clause="7.2.1")
     if form == "plugin":
         if not resolves_within(resolved, ctx.root):
-            raise _EntryInvalid("path-escapes-plugin-root",
-                                f"cwd {cwd!r} resolves to {os.path.realpath(resolved)}, outside the plugin root",
-                                ("cwd",), clause="4.1")
+            raise _EntryInvalid(
+                "path-escapes-plugin-root",
+                f"cwd {cwd!r} resolves to {os.path.realpath(resolved)}, outside the plugin root",
+                ("cwd",),
+                clause="4.1",
+            )
         if not os.path.isdir(resolved):
-            notes.append(Diagnostic(SECTION, "cwd-not-found", origin_of(origin, "cwd"),
-                                    f"cwd {cwd!r} is not an existing directory; the server will fail to start",
-                                    severity="warning", clause="7.2.1"))
+            notes.append(
+                Diagnostic(
+                    SECTION,
+                    "cwd-not-found",
+                    origin_of(origin, "cwd"),
+                    f"cwd {cwd!r} is not an existing directory; the server will fail to start",
+                    severity="warning",
+                    clause="7.2.1",
+                )
+            )
     return resolved, form
 
 
@@ -329,63 +398,86 @@ def _parse_remote(
     notes: list[Diagnostic] = []
     url = entry.get("url")
     if not isinstance(url, str) or not url:
-        raise _EntryInvalid("server-entry-invalid", "\"url\" must be a non-empty string", ("url",))
+        raise _EntryInvalid("server-entry-invalid", '"url" must be a non-empty string', ("url",))
     secrets = _check_url(ctx, name, url)
     _note_foreign(ctx, notes, url, name, ("url",), remote=True)
     headers = entry.get("headers", {})
     if not isinstance(headers, dict):
-        raise _EntryInvalid("server-entry-invalid", "\"headers\" must be an object of strings", ("headers",))
+        raise _EntryInvalid("server-entry-invalid", '"headers" must be an object of strings', ("headers",))
     seen: dict[str, str] = {}
     for key, value in headers.items():
         if not _HEADER_NAME.fullmatch(key):
-            raise _EntryInvalid("server-entry-invalid", f"header name {key[:60]!r} is not a valid HTTP field name",
-                                ("headers", key))
+            raise _EntryInvalid(
+                "server-entry-invalid", f"header name {key[:60]!r} is not a valid HTTP field name", ("headers", key)
+            )
         if not isinstance(value, str) or not _HEADER_VALUE.fullmatch(value):
-            raise _EntryInvalid("server-entry-invalid",
-                                f"header {key!r} must be a string of printable ASCII (no line breaks)",
-                                ("headers", key))
+            raise _EntryInvalid(
+                "server-entry-invalid",
+                f"header {key!r} must be a string of printable ASCII (no line breaks)",
+                ("headers", key),
+            )
         if key.lower() in seen:
-            raise _EntryInvalid("server-entry-invalid",
-                                f"header {key!r} repeats {seen[key.lower()]!r} under different casing",
-                                ("headers", key))
+            raise _EntryInvalid(
+                "server-entry-invalid",
+                f"header {key!r} repeats {seen[key.lower()]!r} under different casing",
+                ("headers", key),
+            )
         seen[key.lower()] = key
         if looks_like_secret(key, value, header=True):
-            secrets.append(_secret(ctx, name, rule="secret-in-headers", what=f"header {key!r}",
-                                   pointer=("headers", key), clause="7.2.1"))
+            secrets.append(
+                _secret(
+                    ctx,
+                    name,
+                    rule="secret-in-headers",
+                    what=f"header {key!r}",
+                    pointer=("headers", key),
+                    clause="7.2.1",
+                )
+            )
         _note_foreign(ctx, notes, value, name, ("headers", key), remote=True)
-    config = McpServerConfig(name=name, transport="http", origin=origin, url=url,
-                             headers=MappingProxyType(dict(headers)))
+    config = McpServerConfig(
+        name=name, transport="http", origin=origin, url=url, headers=MappingProxyType(dict(headers))
+    )
     return config, notes + secrets
 
 
 def _check_url(ctx: _Context, name: str, url: str) -> list[Diagnostic]:
     ptr = ("url",)
     if any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in url):
-        raise _EntryInvalid("server-entry-invalid", "\"url\" contains whitespace or control characters", ptr)
+        raise _EntryInvalid("server-entry-invalid", '"url" contains whitespace or control characters', ptr)
     try:
         parts = urlsplit(url)
         _ = parts.port  # raises ValueError for a malformed port
     except ValueError as exc:
-        raise _EntryInvalid("server-entry-invalid", f"\"url\" is not a valid URL ({exc})", ptr) from exc
+        raise _EntryInvalid("server-entry-invalid", f'"url" is not a valid URL ({exc})', ptr) from exc
     scheme = parts.scheme.lower()
     shown = f"{scheme}://{parts.hostname or ''}{parts.path}"
     if scheme not in ("http", "https") or not parts.hostname:
-        raise _EntryInvalid("server-entry-invalid", f"\"url\" {shown!r} must be an absolute http(s) URL", ptr)
+        raise _EntryInvalid("server-entry-invalid", f'"url" {shown!r} must be an absolute http(s) URL', ptr)
     if parts.username is not None or parts.password is not None or "@" in parts.netloc:
-        raise _EntryInvalid("server-entry-invalid",
-                            "\"url\" must not contain user information (user:password@); credentials are "
-                            "configured by the client, not the plugin", ptr)
+        raise _EntryInvalid(
+            "server-entry-invalid",
+            '"url" must not contain user information (user:password@); credentials are '
+            "configured by the client, not the plugin",
+            ptr,
+        )
     if "#" in url:
-        raise _EntryInvalid("server-entry-invalid", f"\"url\" {shown!r} must not contain a fragment", ptr)
+        raise _EntryInvalid("server-entry-invalid", f'"url" {shown!r} must not contain a fragment', ptr)
     if scheme == "http" and not is_loopback(parts.hostname):
-        raise _EntryInvalid("server-entry-invalid",
-                            f"\"url\" {shown!r} uses plain http to a non-loopback host; use https "
-                            "(http is allowed only for localhost and loopback addresses)", ptr)
+        raise _EntryInvalid(
+            "server-entry-invalid",
+            f'"url" {shown!r} uses plain http to a non-loopback host; use https '
+            "(http is allowed only for localhost and loopback addresses)",
+            ptr,
+        )
     found: list[Diagnostic] = []
     for key, value in parse_qsl(parts.query, keep_blank_values=True):
         if looks_like_secret(key, value):
-            found.append(_secret(ctx, name, rule="secret-in-url", what=f"url query parameter {key!r}",
-                                 pointer=ptr, clause="7.2.1"))
+            found.append(
+                _secret(
+                    ctx, name, rule="secret-in-url", what=f"url query parameter {key!r}", pointer=ptr, clause="7.2.1"
+                )
+            )
     return found
 
 
@@ -403,12 +495,18 @@ def _only_fields(entry: dict[str, Any], allowed: frozenset[str], kind: str) -> N
     for key in entry:
         if key not in allowed:
             fields = ", ".join(sorted(allowed))
-            raise _EntryInvalid("server-entry-invalid",
-                                f"field {key!r} is not allowed in a {kind} entry (allowed: {fields})", (key,))
+            raise _EntryInvalid(
+                "server-entry-invalid", f"field {key!r} is not allowed in a {kind} entry (allowed: {fields})", (key,)
+            )
 
 
 def _note_foreign(
-    ctx: _Context, notes: list[Diagnostic], text: str, name: str, pointer: tuple[str, ...], *,
+    ctx: _Context,
+    notes: list[Diagnostic],
+    text: str,
+    name: str,
+    pointer: tuple[str, ...],
+    *,
     remote: bool = False,
 ) -> None:
     foreign = foreign_placeholders(text)
@@ -416,20 +514,30 @@ def _note_foreign(
         return
     shown = ", ".join(dict.fromkeys(f[:40] for f in foreign))
     rule = "url and headers are never expanded" if remote else "only ${PLUGIN_ROOT} and ${PLUGIN_DATA} are expanded"
-    notes.append(Diagnostic(SECTION, "placeholder-not-expanded", origin_of(ctx.where, "mcpServers", name, *pointer),
-                            f"{shown} stays literal: {rule} (Agent Plugins §9.2); configure credentials and "
-                            "host-specific values in your localllm config instead",
-                            severity="info", clause="9.2"))
+    notes.append(
+        Diagnostic(
+            SECTION,
+            "placeholder-not-expanded",
+            origin_of(ctx.where, "mcpServers", name, *pointer),
+            f"{shown} stays literal: {rule} (Agent Plugins §9.2); configure credentials and "
+            "host-specific values in your localllm config instead",
+            severity="info",
+            clause="9.2",
+        )
+    )
 
 
-def _secret(
-    ctx: _Context, name: str, *, rule: str, what: str, pointer: tuple[str, ...], clause: str
-) -> Diagnostic:
-    return Diagnostic("secrets", rule, origin_of(ctx.where, "mcpServers", name, *pointer),
-                      f"server {name!r}: {what} looks like an embedded credential (value not shown); plugins "
-                      "must not ship secrets. The server is loaded anyway; rotate the credential and supply "
-                      "it from your own configuration",
-                      severity="warning", clause=clause)
+def _secret(ctx: _Context, name: str, *, rule: str, what: str, pointer: tuple[str, ...], clause: str) -> Diagnostic:
+    return Diagnostic(
+        "secrets",
+        rule,
+        origin_of(ctx.where, "mcpServers", name, *pointer),
+        f"server {name!r}: {what} looks like an embedded credential (value not shown); plugins "
+        "must not ship secrets. The server is loaded anyway; rotate the credential and supply "
+        "it from your own configuration",
+        severity="warning",
+        clause=clause,
+    )
 
 
 def _disabled(d: Diagnostic, where: str) -> Diagnostic:

@@ -31,8 +31,4 @@ def expand_placeholders(text: str, *, plugin_root: str, plugin_data: str) -> str
 
 def foreign_placeholders(text: str) -> list[str]:
     """Every ``${NAME}`` in ``text`` other than the two plugin placeholders, in order."""
-    return [
-        m.group(0)
-        for m in _ANY_PLACEHOLDER.finditer(text)
-        if m.group(0) not in (PLUGIN_ROOT, PLUGIN_DATA)
-    ]
+    return [m.group(0) for m in _ANY_PLACEHOLDER.finditer(text) if m.group(0) not in (PLUGIN_ROOT, PLUGIN_DATA)]

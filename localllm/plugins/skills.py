@@ -51,8 +51,15 @@ def load_skills(root: Path, shown_root: Path) -> tuple[list[Skill], list[Diagnos
         with os.scandir(root / SKILLS_DIR) as it:
             names = sorted(entry.name for entry in it)
     except OSError as exc:
-        return [], [Diagnostic(SECTION, "unreadable", str(shown_root / SKILLS_DIR),
-                               f"cannot list skills/: {exc.strerror or exc}", clause="7.1")]
+        return [], [
+            Diagnostic(
+                SECTION,
+                "unreadable",
+                str(shown_root / SKILLS_DIR),
+                f"cannot list skills/: {exc.strerror or exc}",
+                clause="7.1",
+            )
+        ]
     skills: list[Skill] = []
     diagnostics: list[Diagnostic] = []
     for name in names:
@@ -76,9 +83,16 @@ def _load_one(root: Path, directory: Path, shown: Path) -> tuple[Skill | None, l
     where = str(shown / SKILL_FILE)
     probe = files.probe_location(md, root, section=SECTION, want_dir=False, clause="7.1")
     if isinstance(probe, files.Missing):
-        return None, [Diagnostic(SECTION, "skill-md-missing", where,
-                                 f"skills/{directory.name}/ has no {SKILL_FILE}; it is not loaded as a skill",
-                                 severity="warning", clause="7.1")]
+        return None, [
+            Diagnostic(
+                SECTION,
+                "skill-md-missing",
+                where,
+                f"skills/{directory.name}/ has no {SKILL_FILE}; it is not loaded as a skill",
+                severity="warning",
+                clause="7.1",
+            )
+        ]
     if probe is not None:
         return None, [_shown(probe, Path(where))]
     text = files.read_text(md, section=SECTION, clause="7.1")
@@ -108,56 +122,91 @@ def _load_one(root: Path, directory: Path, shown: Path) -> tuple[Skill | None, l
 def _front_matter(text: str, where: str) -> tuple[dict[str, Any], str] | Diagnostic:
     lines = text.splitlines(keepends=True)
     if not lines or lines[0].rstrip() != "---":
-        return Diagnostic(SECTION, "skill-frontmatter-missing", where,
-                          f"{SKILL_FILE} must start with a '---' line opening YAML front matter "
-                          "(name, description)", clause="7.1")
+        return Diagnostic(
+            SECTION,
+            "skill-frontmatter-missing",
+            where,
+            f"{SKILL_FILE} must start with a '---' line opening YAML front matter (name, description)",
+            clause="7.1",
+        )
     end = next((i for i in range(1, len(lines)) if lines[i].rstrip() == "---"), None)
     if end is None:
-        return Diagnostic(SECTION, "skill-frontmatter-unterminated", where,
-                          "the YAML front matter is never closed by a '---' line", clause="7.1")
-    front = files.parse_yaml("".join(lines[1:end]), where, section=SECTION,
-                             rule="skill-frontmatter-invalid-yaml", clause="7.1", first_line=2)
+        return Diagnostic(
+            SECTION,
+            "skill-frontmatter-unterminated",
+            where,
+            "the YAML front matter is never closed by a '---' line",
+            clause="7.1",
+        )
+    front = files.parse_yaml(
+        "".join(lines[1:end]), where, section=SECTION, rule="skill-frontmatter-invalid-yaml", clause="7.1", first_line=2
+    )
     if isinstance(front, Diagnostic):
         return front
     if not isinstance(front, dict):
-        return Diagnostic(SECTION, "skill-frontmatter-not-mapping", where,
-                          "front matter must be a YAML mapping with name and description", clause="7.1")
-    return front, "".join(lines[end + 1:])
+        return Diagnostic(
+            SECTION,
+            "skill-frontmatter-not-mapping",
+            where,
+            "front matter must be a YAML mapping with name and description",
+            clause="7.1",
+        )
+    return front, "".join(lines[end + 1 :])
 
 
 def _check_fields(front: dict[Any, Any], dirname: str, where: str) -> Diagnostic | None:
     name = front.get("name")
     if name is None:
-        return Diagnostic(SECTION, "skill-name-missing", where,
-                          f"front matter has no \"name\"; add `name: {dirname}`", clause="7.1")
+        return Diagnostic(
+            SECTION, "skill-name-missing", where, f'front matter has no "name"; add `name: {dirname}`', clause="7.1"
+        )
     if not valid_skill_name(name):
         shown = truncate_detail(repr(name), 80)
-        return Diagnostic(SECTION, "skill-name-invalid", where,
-                          f"skill name {shown} is invalid: use {SKILL_NAME_RULES}", clause="7.1")
+        return Diagnostic(
+            SECTION, "skill-name-invalid", where, f"skill name {shown} is invalid: use {SKILL_NAME_RULES}", clause="7.1"
+        )
     if name != dirname:
-        return Diagnostic(SECTION, "skill-name-mismatch", where,
-                          f"front matter name {name!r} does not match its directory {dirname!r}; "
-                          "rename one so they are equal", clause="7.1")
+        return Diagnostic(
+            SECTION,
+            "skill-name-mismatch",
+            where,
+            f"front matter name {name!r} does not match its directory {dirname!r}; rename one so they are equal",
+            clause="7.1",
+        )
     description = front.get("description")
     if not isinstance(description, str) or not description.strip() or len(description) > 1024:
-        return Diagnostic(SECTION, "skill-description-invalid", where,
-                          "\"description\" must be a non-empty string of at most 1024 characters", clause="7.1")
+        return Diagnostic(
+            SECTION,
+            "skill-description-invalid",
+            where,
+            '"description" must be a non-empty string of at most 1024 characters',
+            clause="7.1",
+        )
     if "license" in front and not isinstance(front["license"], str):
         return Diagnostic(SECTION, "skill-field-invalid", where, "'license' must be a string", clause="7.1")
     tools = front.get("allowed-tools")
-    if tools is not None and not isinstance(tools, str) and not (
-        isinstance(tools, list) and all(isinstance(t, str) for t in tools)
+    if (
+        tools is not None
+        and not isinstance(tools, str)
+        and not (isinstance(tools, list) and all(isinstance(t, str) for t in tools))
     ):
-        return Diagnostic(SECTION, "skill-field-invalid", where,
-                          "'allowed-tools' must be a string or a list of strings", clause="7.1")
+        return Diagnostic(
+            SECTION, "skill-field-invalid", where, "'allowed-tools' must be a string or a list of strings", clause="7.1"
+        )
     compat = front.get("compatibility")
     if compat is not None and (not isinstance(compat, str) or len(compat) > 500):
-        return Diagnostic(SECTION, "skill-field-invalid", where,
-                          "\"compatibility\" must be a string of at most 500 characters", clause="7.1")
+        return Diagnostic(
+            SECTION,
+            "skill-field-invalid",
+            where,
+            '"compatibility" must be a string of at most 500 characters',
+            clause="7.1",
+        )
     meta = front.get("metadata")
     if meta is not None and not isinstance(meta, dict):
-        return Diagnostic(SECTION, "skill-field-invalid", where,
-                          "\"metadata\" must be a mapping of names to values", clause="7.1")
+        return Diagnostic(
+            SECTION, "skill-field-invalid", where, '"metadata" must be a mapping of names to values', clause="7.1"
+        )
     return None
 
 

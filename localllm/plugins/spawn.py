@@ -64,7 +64,9 @@ def prepare_data_dir(plugin: PluginLoaded) -> Path:
     except OSError as exc:
         raise PluginSpawnError(
             f"PLUGIN_DATA directory {data} is not a writable directory ({exc.strerror or exc})",
-            plugin=plugin.name, server="*", field="PLUGIN_DATA",
+            plugin=plugin.name,
+            server="*",
+            field="PLUGIN_DATA",
             hint=f"make {data} a writable directory, or load the plugin with another data_root",
         ) from exc
     return data
@@ -80,8 +82,9 @@ def prepare_spawn(
     the server cannot be launched.
     """
     if server.transport != "stdio":
-        raise PluginSpawnError("is an HTTP server; there is nothing to spawn", plugin=plugin.name,
-                               server=server.name, field="type")
+        raise PluginSpawnError(
+            "is an HTTP server; there is nothing to spawn", plugin=plugin.name, server=server.name, field="type"
+        )
     base = dict(settings.environ() if base_env is None else base_env)
     data = prepare_data_dir(plugin)
     root_real = os.path.realpath(plugin.root)
@@ -97,9 +100,13 @@ def prepare_spawn(
 
 def escape_diagnostic(exc: PluginPathEscape, server: McpServerConfig) -> Diagnostic:
     """The diagnostic that records a spawn-time containment failure for ``server``."""
-    return Diagnostic("mcp", "path-escapes-plugin-root", f"{server.origin}/{exc.field}",
-                      f"server {server.name!r} invalid: {exc.field} {exc.path} resolves to {exc.resolved}, "
-                      f"outside {exc.root}", clause="4.1")
+    return Diagnostic(
+        "mcp",
+        "path-escapes-plugin-root",
+        f"{server.origin}/{exc.field}",
+        f"server {server.name!r} invalid: {exc.field} {exc.path} resolves to {exc.resolved}, outside {exc.root}",
+        clause="4.1",
+    )
 
 
 def _resolve_command(server: McpServerConfig, plugin: PluginLoaded, root_real: str, path_var: str | None) -> str:
@@ -107,18 +114,30 @@ def _resolve_command(server: McpServerConfig, plugin: PluginLoaded, root_real: s
         found = shutil.which(server.command, path=path_var)
         if found is None:
             raise PluginSpawnError(
-                f"command {server.command!r} was not found on PATH", plugin=plugin.name, server=server.name,
-                field="command", hint=f"install {server.command!r} or bundle it in the plugin as ./bin/…",
+                f"command {server.command!r} was not found on PATH",
+                plugin=plugin.name,
+                server=server.name,
+                field="command",
+                hint=f"install {server.command!r} or bundle it in the plugin as ./bin/…",
             )
         return found
     real = os.path.realpath(server.command_path)
     if not within(real, root_real):
-        raise PluginPathEscape(plugin=plugin.name, server=server.name, field="command",
-                               path=str(server.command_path), resolved=real, root=root_real)
+        raise PluginPathEscape(
+            plugin=plugin.name,
+            server=server.name,
+            field="command",
+            path=str(server.command_path),
+            resolved=real,
+            root=root_real,
+        )
     if not os.path.isfile(real) or not os.access(real, os.X_OK):
         raise PluginSpawnError(
-            f"command {server.command!r} ({real}) is not an executable file", plugin=plugin.name,
-            server=server.name, field="command", hint=f"check that {server.command} exists and is executable",
+            f"command {server.command!r} ({real}) is not an executable file",
+            plugin=plugin.name,
+            server=server.name,
+            field="command",
+            hint=f"check that {server.command} exists and is executable",
         )
     # Launch the file that was checked, not a path a swapped symlink could redirect.
     return real
@@ -131,22 +150,35 @@ def _resolve_cwd(server: McpServerConfig, plugin: PluginLoaded, root_real: str, 
         # Check before mkdir too: a symlink inside the data dir must not make us create
         # directories elsewhere.
         if not within(os.path.realpath(cwd), bound):
-            raise PluginPathEscape(plugin=plugin.name, server=server.name, field="cwd", path=str(cwd),
-                                   resolved=os.path.realpath(cwd), root=bound)
+            raise PluginPathEscape(
+                plugin=plugin.name,
+                server=server.name,
+                field="cwd",
+                path=str(cwd),
+                resolved=os.path.realpath(cwd),
+                root=bound,
+            )
         try:
             cwd.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise PluginSpawnError(f"cannot create cwd {cwd} ({exc.strerror or exc})", plugin=plugin.name,
-                                   server=server.name, field="cwd") from exc
+            raise PluginSpawnError(
+                f"cannot create cwd {cwd} ({exc.strerror or exc})", plugin=plugin.name, server=server.name, field="cwd"
+            ) from exc
     else:
         bound = root_real
     real = os.path.realpath(cwd)
     if not within(real, bound):
-        raise PluginPathEscape(plugin=plugin.name, server=server.name, field="cwd", path=str(cwd),
-                               resolved=real, root=bound)
+        raise PluginPathEscape(
+            plugin=plugin.name, server=server.name, field="cwd", path=str(cwd), resolved=real, root=bound
+        )
     if not os.path.isdir(real):
-        raise PluginSpawnError(f"cwd {cwd} is not a directory", plugin=plugin.name, server=server.name,
-                               field="cwd", hint="create the directory inside the plugin, or drop cwd")
+        raise PluginSpawnError(
+            f"cwd {cwd} is not a directory",
+            plugin=plugin.name,
+            server=server.name,
+            field="cwd",
+            hint="create the directory inside the plugin, or drop cwd",
+        )
     return Path(real)
 
 
@@ -160,6 +192,11 @@ def spawn_server(root: Path, server: str) -> SpawnSpec:
     found = next((s for s in plugin.mcp_servers if s.name == server), None) if plugin.ok else None
     if not plugin.ok or found is None:
         why = "; ".join(d.message for d in plugin.diagnostics) or "it is no longer in mcp.json"
-        raise PluginSpawnError(f"no longer loads from {root}: {why}", plugin=root.name, server=server,
-                               field="mcpServers", hint=f"run `localllm plugins check {root}`")
+        raise PluginSpawnError(
+            f"no longer loads from {root}: {why}",
+            plugin=root.name,
+            server=server,
+            field="mcpServers",
+            hint=f"run `localllm plugins check {root}`",
+        )
     return prepare_spawn(found, plugin)

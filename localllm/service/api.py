@@ -45,9 +45,12 @@ log = logging.getLogger("localllm.service")
 _MAX_BODY = 64 * 1024 * 1024
 #: routed paths → the llama-server path they are forwarded to
 _PROXIED = {
-    "/v1/chat/completions": "/v1/chat/completions", "/chat/completions": "/v1/chat/completions",
-    "/v1/embeddings": "/v1/embeddings", "/embeddings": "/v1/embeddings",
-    "/tokenize": "/tokenize", "/detokenize": "/detokenize",
+    "/v1/chat/completions": "/v1/chat/completions",
+    "/chat/completions": "/v1/chat/completions",
+    "/v1/embeddings": "/v1/embeddings",
+    "/embeddings": "/v1/embeddings",
+    "/tokenize": "/tokenize",
+    "/detokenize": "/detokenize",
 }
 _TAIL = 16 * 1024  # bytes of a stream kept to read its final usage
 
@@ -200,9 +203,16 @@ class _Handler(BaseHTTPRequestHandler):
     ) -> None:
         ms = (time.monotonic() - started) * 1000
         prompt, completion = tokens
-        log.info("%s %s model=%s status=%d prompt_tokens=%s completion_tokens=%s ms=%.0f", self.command,
-                 self.path.split("?", 1)[0], model or "-", status, "-" if prompt is None else prompt,
-                 "-" if completion is None else completion, ms)
+        log.info(
+            "%s %s model=%s status=%d prompt_tokens=%s completion_tokens=%s ms=%.0f",
+            self.command,
+            self.path.split("?", 1)[0],
+            model or "-",
+            status,
+            "-" if prompt is None else prompt,
+            "-" if completion is None else completion,
+            ms,
+        )
         metrics = self.app.metrics
         metrics.add("localllm_requests_total", path=self.path.split("?", 1)[0], status=str(status))
         if model:
@@ -326,16 +336,25 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(503, _error(f"cannot load {model!r}: {exc}{hint}", "server_error", "model_load_failed"))
         except httpx.HTTPError as exc:
             status = 502
-            self._send(502, _error(f"the llama-server of {model!r} failed: {type(exc).__name__}: {exc}",
-                                   "server_error", "upstream_error"))
+            self._send(
+                502,
+                _error(
+                    f"the llama-server of {model!r} failed: {type(exc).__name__}: {exc}",
+                    "server_error",
+                    "upstream_error",
+                ),
+            )
         except (BrokenPipeError, ConnectionResetError):
             status = 499  # the client went away mid-answer
             self.close_connection = True
         self._log_request(model, status, started, tokens)
 
     def _upstream_headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.app.upstream_key}", "Content-Type": "application/json",
-                "Accept-Encoding": "identity"}
+        return {
+            "Authorization": f"Bearer {self.app.upstream_key}",
+            "Content-Type": "application/json",
+            "Accept-Encoding": "identity",
+        }
 
     def _relay(self, url: str, body: bytes) -> tuple[int, tuple[Any, Any]]:
         reply = self.app.client.post(url, content=body, headers=self._upstream_headers())

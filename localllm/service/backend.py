@@ -50,7 +50,15 @@ def managed_server(spec: ModelSpec, api_key: str) -> ManagedServer:
     from localllm.managed.server import ManagedServer
 
     return ManagedServer(
-        spec.server_bin, spec.source, role=spec.role, base_dir=spec.base_dir, args=spec.args,
-        parallel=spec.parallel, ctx_per_slot=spec.ctx_per_slot, threads=spec.threads,
-        health_timeout=spec.health_timeout, name=spec.id, api_key=api_key,
+        spec.server_bin,
+        spec.source,
+        role=spec.role,
+        base_dir=spec.base_dir,
+        args=spec.args,
+        parallel=spec.parallel,
+        ctx_per_slot=spec.ctx_per_slot,
+        threads=spec.threads,
+        health_timeout=spec.health_timeout,
+        name=spec.id,
+        api_key=api_key,
     )

@@ -76,9 +76,18 @@ def _embedding_spec(
 
     info = lookup(Path(source).name if source.endswith(".gguf") else source)
     return ModelSpec(
-        id=model_id, role="embedding", source=source, parallel=parallel, ctx_per_slot=info.context,
-        args=(*embedding_server_args(info, parallel), *args), threads=threads, server_bin=server_bin,
-        health_timeout=health_timeout, base_dir=base_dir, sha256=sha256, size=size,
+        id=model_id,
+        role="embedding",
+        source=source,
+        parallel=parallel,
+        ctx_per_slot=info.context,
+        args=(*embedding_server_args(info, parallel), *args),
+        threads=threads,
+        server_bin=server_bin,
+        health_timeout=health_timeout,
+        base_dir=base_dir,
+        sha256=sha256,
+        size=size,
     )
 
 
@@ -97,9 +106,16 @@ def build_catalog(
             if model_id in specs:
                 continue
             specs[model_id] = ModelSpec(
-                id=model_id, role="chat", source=decl.model, parallel=decl.parallel, ctx_per_slot=decl.ctx_size,
-                threads=decl.threads, args=tuple(decl.extra_args), server_bin=decl.server_bin,
-                health_timeout=decl.health_timeout, base_dir=config.base_dir,
+                id=model_id,
+                role="chat",
+                source=decl.model,
+                parallel=decl.parallel,
+                ctx_per_slot=decl.ctx_size,
+                threads=decl.threads,
+                args=tuple(decl.extra_args),
+                server_bin=decl.server_bin,
+                health_timeout=decl.health_timeout,
+                base_dir=config.base_dir,
             )
         for emb in config.embedders.values():
             if emb.endpoint or not emb.model:
@@ -108,8 +124,14 @@ def build_catalog(
             if model_id in specs:
                 continue
             specs[model_id] = _embedding_spec(
-                model_id, emb.model, parallel=emb.parallel, threads=emb.threads, args=tuple(emb.extra_args),
-                server_bin=emb.server_bin, health_timeout=emb.health_timeout, base_dir=config.base_dir,
+                model_id,
+                emb.model,
+                parallel=emb.parallel,
+                threads=emb.threads,
+                args=tuple(emb.extra_args),
+                server_bin=emb.server_bin,
+                health_timeout=emb.health_timeout,
+                base_dir=config.base_dir,
             )
     for model_id, pin in pins.models.items():
         if not pin.artifact.sha256:
@@ -121,8 +143,14 @@ def build_catalog(
         if pin.role == "embedding":
             specs[model_id] = _embedding_spec(model_id, model_id, sha256=pin.artifact.sha256, size=pin.artifact.size)
         else:
-            specs[model_id] = ModelSpec(id=model_id, role="chat", source=model_id, parallel=chat_parallel,
-                                        sha256=pin.artifact.sha256, size=pin.artifact.size)
+            specs[model_id] = ModelSpec(
+                id=model_id,
+                role="chat",
+                source=model_id,
+                parallel=chat_parallel,
+                sha256=pin.artifact.sha256,
+                size=pin.artifact.size,
+            )
     return dict(sorted(specs.items()))
 
 

@@ -26,15 +26,16 @@ __all__ = ["POLICIES", "attach", "connect", "detach", "ps", "stop"]
 _TIMEOUT = 10.0
 
 
-
 def connect(cache_root: Path | None = None) -> tuple[discovery.Discovery, str | None]:
     """The verified service of this cache and its token, or :class:`ServiceUnavailable`."""
     root = cache_root_of(cache_root)
     found = discovery.read_discovery(root)
     token = discovery.read_token(found.token_file) if found else None
     if found is None or (found.token_file and token is None) or not discovery.verify(found, token):
-        raise ServiceUnavailable(f"no localllm service is running for cache {root}",
-                                 hint="start one with `localllm serve` (or `localllm serve --detach`)")
+        raise ServiceUnavailable(
+            f"no localllm service is running for cache {root}",
+            hint="start one with `localllm serve` (or `localllm serve --detach`)",
+        )
     return found, token
 
 
@@ -91,8 +92,10 @@ def stop(model: str | None = None, *, cache_root: Path | None = None, wait: floa
             break
         time.sleep(0.05)
     else:
-        raise ServiceError(f"the service (pid {found.pid}) did not stop within {wait:g} s",
-                           hint=f"kill it with `kill {found.pid}` (its llama-servers follow it)")
+        raise ServiceError(
+            f"the service (pid {found.pid}) did not stop within {wait:g} s",
+            hint=f"kill it with `kill {found.pid}` (its llama-servers follow it)",
+        )
     return {"stopped": True, "pid": found.pid}
 
 
@@ -109,10 +112,14 @@ def detach(
     try:
         # posix_spawn in a new session: no Popen object to outlive, no terminal to follow
         pid = os.posix_spawn(
-            sys.executable, [sys.executable, "-m", "localllm", "serve", *serve_argv],
+            sys.executable,
+            [sys.executable, "-m", "localllm", "serve", *serve_argv],
             {**os.environ, "LOCALLLM_CACHE_DIR": str(root)},
-            file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                          (os.POSIX_SPAWN_DUP2, log_fd, 1), (os.POSIX_SPAWN_DUP2, log_fd, 2)],
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_DUP2, log_fd, 1),
+                (os.POSIX_SPAWN_DUP2, log_fd, 2),
+            ],
             setsid=True,
         )
     finally:
@@ -122,8 +129,11 @@ def detach(
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
             tail = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-10:]
-            raise ServiceError(f"localllm serve exited with code {os.waitstatus_to_exitcode(status)}; "
-                               "last log lines:\n" + "\n".join(tail), hint=f"the whole log is {log_path}")
+            raise ServiceError(
+                f"localllm serve exited with code {os.waitstatus_to_exitcode(status)}; "
+                "last log lines:\n" + "\n".join(tail),
+                hint=f"the whole log is {log_path}",
+            )
         found = discovery.read_discovery(root)
         if found is not None and found.pid == pid:
             token = discovery.read_token(found.token_file)
@@ -132,4 +142,3 @@ def detach(
         time.sleep(0.1)
     os.kill(pid, signal.SIGTERM)
     raise ServiceError(f"localllm serve did not come up within {wait:g} s", hint=f"see {log_path}")
-

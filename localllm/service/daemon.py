@@ -65,7 +65,6 @@ def parse_size(text: str) -> int:
     return int(float(match.group(1)) * scale)
 
 
-
 @dataclass(frozen=True)
 class ServeOptions:
     """Everything ``localllm serve`` takes; ``token=None`` with ``no_auth=False`` makes one."""
@@ -151,8 +150,9 @@ class Service:
             self.close()
             raise
         assert self._server is not None
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
-                                        name="localllm-service-http", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.2}, name="localllm-service-http", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -165,8 +165,9 @@ class Service:
         except BlockingIOError:
             os.close(fd)
             found = discovery.read_discovery(self.cache_root)
-            raise ServiceRunning(cache=str(self.cache_root), pid=found.pid if found else None,
-                                 port=found.port if found else None) from None
+            raise ServiceRunning(
+                cache=str(self.cache_root), pid=found.pid if found else None, port=found.port if found else None
+            ) from None
         self._lock_fd = fd
 
     def _prepare(self) -> None:
@@ -183,8 +184,11 @@ class Service:
             # what attachers compare: a model whose files cannot be read now is still served
             # (its load reports why) but is not offered for attach
             try:
-                build = self.build_sha256 if not spec.server_bin else discovery.file_sha256(
-                    Path(spec.server_bin).expanduser())
+                build = (
+                    self.build_sha256
+                    if not spec.server_bin
+                    else discovery.file_sha256(Path(spec.server_bin).expanduser())
+                )
                 path = spec.gguf_path()
                 sha = spec.sha256 or (discovery.file_sha256(path) if path is not None else None)
             except OSError:
@@ -195,8 +199,13 @@ class Service:
         from localllm.service.pool import ModelPool
 
         self.pool = ModelPool(
-            self.catalog, self._factory, api_key=self._upstream_key, keep_alive=self.options.keep_alive,
-            max_models=self.options.max_models, memory_budget=self.options.memory_budget, estimate=self._estimate,
+            self.catalog,
+            self._factory,
+            api_key=self._upstream_key,
+            keep_alive=self.options.keep_alive,
+            max_models=self.options.max_models,
+            memory_budget=self.options.memory_budget,
+            estimate=self._estimate,
             on_event=self._on_event,
         )
 
@@ -223,12 +232,19 @@ class Service:
 
         assert self.pool is not None
         client = httpx.Client(
-            trust_env=False, timeout=httpx.Timeout(connect=5.0, read=900.0, write=60.0, pool=60.0),
+            trust_env=False,
+            timeout=httpx.Timeout(connect=5.0, read=900.0, write=60.0, pool=60.0),
             limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
         )
         self.app = ServiceApp(
-            pool=self.pool, client=client, instance=self.instance, token=self.token, upstream_key=self._upstream_key,
-            models=self._models_json, request_shutdown=self.request_stop, info=self.info,
+            pool=self.pool,
+            client=client,
+            instance=self.instance,
+            token=self.token,
+            upstream_key=self._upstream_key,
+            models=self._models_json,
+            request_shutdown=self.request_stop,
+            info=self.info,
             load_wait=self.options.load_wait,
         )
         try:
@@ -247,8 +263,14 @@ class Service:
             token_file = str(self.token_path)
         self.started = datetime.now(timezone.utc).isoformat(timespec="seconds")
         found = discovery.Discovery(
-            pid=os.getpid(), host=self.options.host, port=self.port, instance=self.instance, token_file=token_file,
-            build_sha256=self.build_sha256, build_path=self.build_path, models=self._model_shas,
+            pid=os.getpid(),
+            host=self.options.host,
+            port=self.port,
+            instance=self.instance,
+            token_file=token_file,
+            build_sha256=self.build_sha256,
+            build_path=self.build_path,
+            models=self._model_shas,
             started=self.started,
         )
         discovery.write_discovery(self.cache_root, found)
@@ -264,19 +286,32 @@ class Service:
         layout = cache_layout(self.cache_root)
         rows = []
         for model_id, spec in self.catalog.items():
-            rows.append({
-                "id": model_id, "object": "model", "created": 0, "owned_by": "localllm", "role": spec.role,
-                "cached": is_cached(spec, self._pins, layout), "loaded": self.pool.is_loaded(model_id),
-                "sha256": self._model_shas.get(model_id, {}).get("sha256"),
-            })
+            rows.append(
+                {
+                    "id": model_id,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "localllm",
+                    "role": spec.role,
+                    "cached": is_cached(spec, self._pins, layout),
+                    "loaded": self.pool.is_loaded(model_id),
+                    "sha256": self._model_shas.get(model_id, {}).get("sha256"),
+                }
+            )
         return rows
 
     def info(self) -> dict[str, Any]:
         opts = self.options
         return {
-            "pid": os.getpid(), "url": self.url, "instance": self.instance, "started": self.started,
-            "keep_alive_s": opts.keep_alive, "max_models": opts.max_models, "memory_budget": opts.memory_budget,
-            "build": {"sha256": self.build_sha256, "path": self.build_path}, "cache": str(self.cache_root),
+            "pid": os.getpid(),
+            "url": self.url,
+            "instance": self.instance,
+            "started": self.started,
+            "keep_alive_s": opts.keep_alive,
+            "max_models": opts.max_models,
+            "memory_budget": opts.memory_budget,
+            "build": {"sha256": self.build_sha256, "path": self.build_path},
+            "cache": str(self.cache_root),
         }
 
     # ------------------------------------------------------------------ run / stop

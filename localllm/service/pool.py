@@ -72,9 +72,17 @@ class LoadedModel:
 
     def to_json(self) -> dict[str, object]:
         return {
-            "id": self.id, "role": self.role, "state": self.state, "pid": self.pid, "port": self.port,
-            "slots_busy": self.busy, "slots_total": self.slots, "requests_served": self.served,
-            "idle_s": round(self.idle_s, 3), "rss_bytes": self.rss, "loaded_s": round(self.loaded_s, 3),
+            "id": self.id,
+            "role": self.role,
+            "state": self.state,
+            "pid": self.pid,
+            "port": self.port,
+            "slots_busy": self.busy,
+            "slots_total": self.slots,
+            "requests_served": self.served,
+            "idle_s": round(self.idle_s, 3),
+            "rss_bytes": self.rss,
+            "loaded_s": round(self.loaded_s, 3),
         }
 
 
@@ -263,11 +271,21 @@ class ModelPool:
         for e in entries:
             url = e.backend.base_url if e.state is EntryState.READY else None
             port = int(url.rsplit(":", 1)[-1]) if url else None
-            rows.append(LoadedModel(
-                id=e.spec.id, role=e.spec.role, state=e.state.value, pid=e.backend.pid, port=port, busy=e.busy,
-                slots=e.spec.parallel, served=e.served, idle_s=0.0 if e.busy else now - e.last_used,
-                rss=e.backend.rss(), loaded_s=now - e.loaded_at,
-            ))
+            rows.append(
+                LoadedModel(
+                    id=e.spec.id,
+                    role=e.spec.role,
+                    state=e.state.value,
+                    pid=e.backend.pid,
+                    port=port,
+                    busy=e.busy,
+                    slots=e.spec.parallel,
+                    served=e.served,
+                    idle_s=0.0 if e.busy else now - e.last_used,
+                    rss=e.backend.rss(),
+                    loaded_s=now - e.loaded_at,
+                )
+            )
         return sorted(rows, key=lambda r: r.id)
 
     def is_loaded(self, model: str) -> bool:
@@ -314,4 +332,3 @@ class ModelPool:
             self._stop_entry(e, "shutdown")
         if self._reaper is not None:
             self._reaper.join(5.0)
-

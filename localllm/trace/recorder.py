@@ -129,8 +129,9 @@ class TraceRecorder:
 
     # ---------------------------------------------------------------- one call
 
-    def call_started(self, request: AskRequest, *, alias: str, schema_path: Path | None,
-                     args: Mapping[str, Any]) -> CallRecord:
+    def call_started(
+        self, request: AskRequest, *, alias: str, schema_path: Path | None, args: Mapping[str, Any]
+    ) -> CallRecord:
         """Begin recording a call (nothing is written yet)."""
         return CallRecord(self, request, alias, schema_path, dict(args))
 
@@ -148,11 +149,18 @@ class TraceRecorder:
                 # sidecar can hold): the call still gets its start and its end.
                 events = self._events(record, call_id, duration_ms, meta, suffix=stem_suffix, failure=exc)
             for kind, payload, ids in events:
-                self.writer.append(kind, payload, turn=record.request.turn, state_path=record.request.state_path,
-                                   **ids)
+                self.writer.append(kind, payload, turn=record.request.turn, state_path=record.request.state_path, **ids)
 
-    def _events(self, record: CallRecord, call_id: str, duration_ms: int, meta: dict[str, Any], *, suffix: str,
-                failure: TraceError | None = None) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    def _events(
+        self,
+        record: CallRecord,
+        call_id: str,
+        duration_ms: int,
+        meta: dict[str, Any],
+        *,
+        suffix: str,
+        failure: TraceError | None = None,
+    ) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
         """The call's group as (kind, payload, ids), sidecar files written; none with ``failure``."""
         leg = record.legs[-1]
         original = record.legs[0] if len(record.legs) > 1 else None
@@ -193,14 +201,17 @@ class TraceRecorder:
             start["prompt"] = prompt
         elif files.enabled:
             start["prompt_file"] = sidecars.write_prompt(files.dir, files.call_id, prompt, suffix=files.suffix)
-        start["input"] = self._clean({"schema_path": str(record.schema_path) if record.schema_path else None,
-                                      "args": record.args})
+        start["input"] = self._clean(
+            {"schema_path": str(record.schema_path) if record.schema_path else None, "args": record.args}
+        )
         return start
 
     def _sub_events(self, leg: _Leg, call_id: str) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
         assert leg.response is not None
-        return [(self._clean(str(event["kind"])), self._clean(dict(event.get("payload") or {})), {"call_id": call_id})
-                for event in leg.response.sub_events]
+        return [
+            (self._clean(str(event["kind"])), self._clean(dict(event.get("payload") or {})), {"call_id": call_id})
+            for event in leg.response.sub_events
+        ]
 
     def _complete(self, leg: _Leg, meta: dict[str, Any], files: _Files) -> dict[str, Any]:
         fields: dict[str, Any] = {}
@@ -220,15 +231,15 @@ class TraceRecorder:
         for key, part, extra in (("transcript_ref", leg, ""), ("original_transcript_ref", original, "-original")):
             if part is not None and part.response is not None and part.response.transcript is not None:
                 transcript = self._redacted_transcript(part.response.transcript)
-                refs[key] = sidecars.write_transcript(files.dir, files.call_id, transcript,
-                                                      suffix=files.suffix + extra)
+                refs[key] = sidecars.write_transcript(files.dir, files.call_id, transcript, suffix=files.suffix + extra)
         return refs
 
     def _redacted_transcript(self, transcript: Transcript) -> Transcript:
         if not self._redact:
             return transcript
-        return Transcript(transcript.format, [self._redact(line) for line in transcript.lines],
-                          list(transcript.offsets_ms))
+        return Transcript(
+            transcript.format, [self._redact(line) for line in transcript.lines], list(transcript.offsets_ms)
+        )
 
 
 def _free_suffix(trace_dir: Path, call_id: str) -> str:
@@ -244,5 +255,6 @@ def _free_suffix(trace_dir: Path, call_id: str) -> str:
         )
         if not any(path.exists() for path in taken):
             return suffix
-    raise TraceError(f"{trace_dir}: every sidecar name for call {call_id} is taken",
-                     hint="use a fresh directory for the trace")
+    raise TraceError(
+        f"{trace_dir}: every sidecar name for call {call_id} is taken", hint="use a fresh directory for the trace"
+    )

@@ -85,8 +85,7 @@ def needs_sidecar(value: Any) -> bool:
 def sidecar_refs(payload: dict[str, Any]) -> list[tuple[str, object]]:
     """``(key, relative path)`` of every sidecar an event payload refers to: ``prompt_file``,
     ``response_file`` and the ``path`` of each ``*transcript_ref`` (``None`` when not a dict)."""
-    refs: list[tuple[str, object]] = [(key, payload[key]) for key in ("prompt_file", "response_file")
-                                      if key in payload]
+    refs: list[tuple[str, object]] = [(key, payload[key]) for key in ("prompt_file", "response_file") if key in payload]
     for key, value in payload.items():
         if key.endswith("transcript_ref"):
             refs.append((key, value.get("path") if isinstance(value, dict) else None))
@@ -136,9 +135,7 @@ def write_transcript(
     lines = list(transcript.lines)
     offsets = list(transcript.offsets_ms)
     if len(offsets) != len(lines):
-        raise rules.reject(
-            "transcript", f"has {len(lines)} lines but {len(offsets)} offsets_ms (one offset per line)"
-        )
+        raise rules.reject("transcript", f"has {len(lines)} lines but {len(offsets)} offsets_ms (one offset per line)")
     for index, line in enumerate(lines):
         if not isinstance(line, str) or "\n" in line:
             raise rules.reject(f"transcript.lines[{index}]", "must be one line of text (no newline)")

@@ -95,7 +95,6 @@ def sidecar_problems(trace: Trace, trace_dir: Path) -> list[str]:
     return problems
 
 
-
 def _transcript_problems(ref: dict[str, Any], target: Path, where: str) -> list[str]:
     problems: list[str] = []
     try:

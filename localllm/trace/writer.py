@@ -434,4 +434,3 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def _os_error(what: str, path: Path, exc: OSError) -> TraceError:
     return TraceError(f"{what} {path}: {exc.strerror or exc}", hint="check the path and its permissions")
-

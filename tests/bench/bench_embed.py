@@ -70,8 +70,16 @@ def bench_throughput(server_bin: Path, *, copies: int, rounds: int, threads: int
     info = lookup("all-minilm-l6-v2")
     texts = _texts(copies)
     times: dict[str, list[float]] = {"localembedder": [], "raw_batched": [], "one_per_text": []}
-    with ManagedServer(server_bin, GGUF, args=embedding_server_args(info, PARALLEL), parallel=PARALLEL,
-                 ctx_per_slot=info.context, threads=threads, name="embed-bench", health_timeout=120) as sidecar:
+    with ManagedServer(
+        server_bin,
+        GGUF,
+        args=embedding_server_args(info, PARALLEL),
+        parallel=PARALLEL,
+        ctx_per_slot=info.context,
+        threads=threads,
+        name="embed-bench",
+        health_timeout=120,
+    ) as sidecar:
         url = sidecar.ensure_ready()
         client = httpx.Client(timeout=httpx.Timeout(120.0, connect=5.0), trust_env=False)
         emb = LocalEmbedder(url, "all-minilm-l6-v2", batch_size=BATCH)
@@ -165,21 +173,34 @@ def main(argv: list[str] | None = None) -> int:
     if not server_bin.is_file():
         sys.stderr.write(f"bench_embed: no llama-server at {server_bin}; set LOCALLLM_TEST_SERVER_BIN\n")
         return 1
-    thr = bench_throughput(server_bin, copies=1 if opts.quick else 4, rounds=1 if opts.quick else 3,
-                           threads=opts.threads)
+    thr = bench_throughput(
+        server_bin, copies=1 if opts.quick else 4, rounds=1 if opts.quick else 3, threads=opts.threads
+    )
     idx = bench_index(20_000 if opts.quick else 100_000)
     d = thr["docs_per_s"]
     rows = [
         ("LocalEmbedder (batch 64)", f"{d['localembedder']:.1f} docs/s", "1.00×"),
-        ("raw batched POST (batch 64)", f"{d['raw_batched']:.1f} docs/s",
-         f"ours {thr['ratio_localembedder_vs_raw']:.3f}× (target ≥ 0.95×)"),
-        ("one request per text", f"{d['one_per_text']:.1f} docs/s",
-         f"ours {thr['ratio_localembedder_vs_one_per_text']:.2f}×"),
+        (
+            "raw batched POST (batch 64)",
+            f"{d['raw_batched']:.1f} docs/s",
+            f"ours {thr['ratio_localembedder_vs_raw']:.3f}× (target ≥ 0.95×)",
+        ),
+        (
+            "one request per text",
+            f"{d['one_per_text']:.1f} docs/s",
+            f"ours {thr['ratio_localembedder_vs_one_per_text']:.2f}×",
+        ),
         (f"Index.search top-10, {idx['n']}×{idx['dims']}", f"{idx['index_top10_ms']:.2f} ms", "1.00×"),
-        ("numpy full argsort top-10", f"{idx['numpy_argsort_top10_ms']:.2f} ms",
-         f"ours {idx['speedup_vs_argsort']:.2f}× faster; same results {idx['same_results']}"),
-        ("faiss-cpu IndexFlatIP top-10",
-         f"{idx['faiss_flatip_top10_ms']:.2f} ms" if "faiss_flatip_top10_ms" in idx else idx["faiss"], ""),
+        (
+            "numpy full argsort top-10",
+            f"{idx['numpy_argsort_top10_ms']:.2f} ms",
+            f"ours {idx['speedup_vs_argsort']:.2f}× faster; same results {idx['same_results']}",
+        ),
+        (
+            "faiss-cpu IndexFlatIP top-10",
+            f"{idx['faiss_flatip_top10_ms']:.2f} ms" if "faiss_flatip_top10_ms" in idx else idx["faiss"],
+            "",
+        ),
     ]
     width = max(len(r[0]) for r in rows)
     print(f"{'measure':<{width}}  {'result':>16}  comparison")

@@ -36,8 +36,9 @@ RESULTS = Path(__file__).parent / "results"
 def one_run(config: Any, cases: list[Any], workers: int, out: Path) -> dict[str, Any]:
     from localllm.eval import evaluate
 
-    report = evaluate(config, "triage", cases=cases, cases_path=DEMO / "evals/triage/cases.jsonl",
-                      workers=workers, out_dir=out).report
+    report = evaluate(
+        config, "triage", cases=cases, cases_path=DEMO / "evals/triage/cases.jsonl", workers=workers, out_dir=out
+    ).report
     row: dict[str, Any] = report["agents"]["agent.local"]
     return row
 
@@ -69,12 +70,18 @@ def main(argv: list[str] | None = None) -> int:
                 row = one_run(config, cases, workers, Path(tmp) / f"r{r}w{workers}")
                 rates[workers].append(row["cases_per_s"])
                 accuracy[workers].append(row["accuracy"])
-                print(f"round {r + 1}: workers {workers}: {row['cases_per_s']:.3f} cases/s, "
-                      f"p50 {row['latency_ms']['p50']} ms, accuracy {row['accuracy']}", file=sys.stderr)
+                print(
+                    f"round {r + 1}: workers {workers}: {row['cases_per_s']:.3f} cases/s, "
+                    f"p50 {row['latency_ms']['p50']} ms, accuracy {row['accuracy']}",
+                    file=sys.stderr,
+                )
     par, seq = statistics.median(rates[2]), statistics.median(rates[1])
     result = {
-        "cases": n, "rounds": rounds, "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
-        "cases_per_s": {"parallel_2": par, "one_by_one": seq}, "speedup": round(par / seq, 3),
+        "cases": n,
+        "rounds": rounds,
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "cases_per_s": {"parallel_2": par, "one_by_one": seq},
+        "speedup": round(par / seq, 3),
         "runs": {"parallel_2": rates[2], "one_by_one": rates[1]},
         "accuracy": {"parallel_2": accuracy[2], "one_by_one": accuracy[1]},
     }

@@ -109,8 +109,7 @@ def main() -> int:
         serve = work / "serve"
         serve.mkdir()
         sha = _make_blob(serve / FILE, args.mib)
-        server = subprocess.Popen([sys.executable, str(SERVER), "--dir", str(serve)],
-                                  stdout=subprocess.PIPE, text=True)
+        server = subprocess.Popen([sys.executable, str(SERVER), "--dir", str(serve)], stdout=subprocess.PIPE, text=True)
         try:
             assert server.stdout is not None
             port = int(server.stdout.readline().split()[1])
@@ -129,11 +128,10 @@ def main() -> int:
                     w1, r1, _ = _run([curl, "-sS", "--noproxy", "*", "-o", str(curl_dest), url])
                     w2, r2, out = _run([sha256sum, str(curl_dest)])
                     assert out.split()[0] == sha, "curl copy does not hash to the blob"
-                    return {"curl_s": w1, "sha256sum_s": w2, "pair_s": w1 + w2, "curl_rss": r1,
-                            "sha256sum_rss": r2}
+                    return {"curl_s": w1, "sha256sum_s": w2, "pair_s": w1 + w2, "curl_rss": r1, "sha256sum_rss": r2}
 
                 row: dict[str, Any] = {}
-                for step in ((ours, pair) if i % 2 == 0 else (pair, ours)):
+                for step in (ours, pair) if i % 2 == 0 else (pair, ours):
                     row.update(step())
                 assert ours_dest.stat().st_size == args.mib << 20
                 ours_dest.unlink()
@@ -150,8 +148,12 @@ def main() -> int:
         "benchmark": "fetch",
         "size_mib": mib,
         "rounds": args.rounds,
-        "host": {"python": platform.python_version(), "machine": platform.machine(),
-                 "cpus": os.cpu_count(), "system": platform.system()},
+        "host": {
+            "python": platform.python_version(),
+            "machine": platform.machine(),
+            "cpus": os.cpu_count(),
+            "system": platform.system(),
+        },
         "median": {
             "ours_s": round(med["ours_s"], 3),
             "curl_s": round(med["curl_s"], 3),
@@ -174,8 +176,10 @@ def main() -> int:
     print(f"{'curl -o':28}{m['curl_s']:>9.2f}{'':>9}{m['curl_peak_rss_mib']:>14.1f}")
     print(f"{'sha256sum':28}{m['sha256sum_s']:>9.2f}{'':>9}{m['sha256sum_peak_rss_mib']:>14.1f}")
     print(f"{'curl + sha256sum':28}{m['curl_plus_sha256sum_s']:>9.2f}{m['pair_mib_per_s']:>9.1f}")
-    print(f"ratio ours / (curl + sha256sum): {m['ratio_of_medians']:.2f} of the medians above, "
-          f"{m['ratio_ours_over_pair']:.2f} median of the per-round ratios  (< 1 means we are faster)")
+    print(
+        f"ratio ours / (curl + sha256sum): {m['ratio_of_medians']:.2f} of the medians above, "
+        f"{m['ratio_ours_over_pair']:.2f} median of the per-round ratios  (< 1 means we are faster)"
+    )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.json}")

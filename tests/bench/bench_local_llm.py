@@ -168,10 +168,19 @@ def request_bytes(runtime: Runtime, ticket: str) -> bytes:
     assert gate.schema_path is not None
     schema = runtime.schemas.load(gate.schema_path)
     args = {"ticket": ticket}
-    prompt = render_prompt(gate.prompt, {k: render_prompt(v, args, {}) if isinstance(v, str) else v
-                                         for k, v in gate.args.items()}, {})
-    req = AskRequest(session_id="bench", turn=1, state_path=GATE, verb=gate.verb, prompt=prompt,
-                     call_id="0" * 16, deadline="2099-01-01T00:00:00.000000000Z", schema=schema)
+    prompt = render_prompt(
+        gate.prompt, {k: render_prompt(v, args, {}) if isinstance(v, str) else v for k, v in gate.args.items()}, {}
+    )
+    req = AskRequest(
+        session_id="bench",
+        turn=1,
+        state_path=GATE,
+        verb=gate.verb,
+        prompt=prompt,
+        call_id="0" * 16,
+        deadline="2099-01-01T00:00:00.000000000Z",
+        schema=schema,
+    )
     body, grammar, _ = agent.build_body(req)  # type: ignore[attr-defined]
     assert grammar, "the demo gate should be grammar-constrained"
     return httpx.Request("POST", "http://127.0.0.1/v1/chat/completions", json=body).content
@@ -197,7 +206,7 @@ def interleave(arms: dict[str, Callable[[], dict[str, Any]]], n: int, warmup: in
             arms[name]()
     records: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     for i in range(n):
-        order = names[i % len(names):] + names[: i % len(names)]
+        order = names[i % len(names) :] + names[: i % len(names)]
         for name in order:
             start = time.perf_counter()
             info = arms[name]()
@@ -219,8 +228,13 @@ def raw_arm(client: httpx.Client, url: str, payload: bytes) -> Callable[[], dict
     def call() -> dict[str, Any]:
         data = raw_decide(client, url, payload)
         usage = data.get("usage") or {}
-        return {"meta": {"completion_tokens": usage.get("completion_tokens"),
-                         "prompt_tokens": usage.get("prompt_tokens"), "timings": data.get("timings")}}
+        return {
+            "meta": {
+                "completion_tokens": usage.get("completion_tokens"),
+                "prompt_tokens": usage.get("prompt_tokens"),
+                "timings": data.get("timings"),
+            }
+        }
 
     return call
 
@@ -244,7 +258,9 @@ def summarize_arms(records: dict[str, list[dict[str, Any]]], baseline: str) -> d
             entry["paired_delta_median_ms"] = statistics.median(paired)
             entry["paired_delta_mean_ms"] = statistics.fmean(paired)
             if beyond and "beyond_server_p50_ms" in out.get(baseline, {}):
-                entry["overhead_net_of_server_ms"] = entry["beyond_server_p50_ms"] - out[baseline]["beyond_server_p50_ms"]
+                entry["overhead_net_of_server_ms"] = (
+                    entry["beyond_server_p50_ms"] - out[baseline]["beyond_server_p50_ms"]
+                )
         out[name] = entry
     return out
 
@@ -306,7 +322,8 @@ def tokens(records: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         "prompt_tokens": {"mean": statistics.fmean(prompt), "min": min(prompt), "max": max(prompt)},
         "prompt_tokens_cached_mean": statistics.fmean(cached) if cached else None,
         "decode_tokens_per_s_server": {"median": statistics.median(decode), "min": min(decode), "max": max(decode)}
-        if decode else None,
+        if decode
+        else None,
         "tokens_per_s_end_to_end": {"median": statistics.median(e2e), "min": min(e2e), "max": max(e2e)},
     }
 
@@ -326,8 +343,9 @@ class _StubHandler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length", "0")))
-        head = (f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(self.answer)}\r\n\r\n").encode()
+        head = (
+            f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(self.answer)}\r\n\r\n"
+        ).encode()
         self.wfile.write(head + self.answer)
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -338,9 +356,16 @@ def bench_stub(config: Config, n: int, tmp: Path) -> dict[str, Any]:
     """The same three arms against an instant server answering a real-shaped reply."""
     answer = {
         "model": MODEL,
-        "choices": [{"index": 0, "finish_reason": "stop", "message": {
-            "role": "assistant",
-            "content": '{"queue":"billing","priority":1,"summary":"Customer was charged twice; wants a refund."}'}}],
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "stop",
+                "message": {
+                    "role": "assistant",
+                    "content": '{"queue":"billing","priority":1,"summary":"Customer was charged twice; wants a refund."}',
+                },
+            }
+        ],
         "usage": {"prompt_tokens": 165, "completion_tokens": 40, "total_tokens": 205},
     }
     handler = type("Handler", (_StubHandler,), {"answer": json.dumps(answer).encode()})
@@ -350,8 +375,11 @@ def bench_stub(config: Config, n: int, tmp: Path) -> dict[str, Any]:
     endpoint = f"http://127.0.0.1:{server.server_address[1]}"
     stub_config = with_agent(config, endpoint=endpoint)
     try:
-        with Runtime(stub_config, trace=tmp / "stub-trace.jsonl") as traced, Runtime(stub_config) as bare, \
-                httpx.Client(trust_env=False) as client:
+        with (
+            Runtime(stub_config, trace=tmp / "stub-trace.jsonl") as traced,
+            Runtime(stub_config) as bare,
+            httpx.Client(trust_env=False) as client,
+        ):
             payload = request_bytes(bare, TICKET)
             records = interleave(
                 {
@@ -464,8 +492,9 @@ def raw_cold(argv: list[str], env: dict[str, str], payload: bytes, tmp: Path) ->
     log_path = tmp / "raw-server.log"
     with httpx.Client(trust_env=False) as client, log_path.open("wb") as log:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=log, env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, env=env, start_new_session=True
+        )
         try:
             while True:
                 if proc.poll() is not None:
@@ -488,10 +517,14 @@ def raw_cold(argv: list[str], env: dict[str, str], payload: bytes, tmp: Path) ->
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-    return {"ready_ms": (t1 - t0) * 1000, "first_decide_ms": (t2 - t1) * 1000, "total_ms": (t2 - t0) * 1000,
-            "server_listening_ms": listening_ms(log_path.read_text(encoding="utf-8", errors="replace")),
-            "first_decide_server_ms": _server_s({"timings": data.get("timings")}) * 1000,
-            "completion_tokens": (data.get("usage") or {}).get("completion_tokens")}
+    return {
+        "ready_ms": (t1 - t0) * 1000,
+        "first_decide_ms": (t2 - t1) * 1000,
+        "total_ms": (t2 - t0) * 1000,
+        "server_listening_ms": listening_ms(log_path.read_text(encoding="utf-8", errors="replace")),
+        "first_decide_server_ms": _server_s({"timings": data.get("timings")}) * 1000,
+        "completion_tokens": (data.get("usage") or {}).get("completion_tokens"),
+    }
 
 
 def bench_cold(install: Any, payload: bytes, rounds: int, tmp: Path) -> dict[str, Any]:
@@ -502,7 +535,7 @@ def bench_cold(install: Any, payload: bytes, rounds: int, tmp: Path) -> dict[str
     raw: list[dict[str, Any]] = []
     argv: list[str] | None = None
     for r in range(rounds):
-        for which in (("ours", "raw") if r % 2 == 0 else ("raw", "ours")):
+        for which in ("ours", "raw") if r % 2 == 0 else ("raw", "ours"):
             if which == "ours":
                 ours.append(run_cold_child(tmp))
                 argv = argv or ours[-1]["argv"]
@@ -519,14 +552,30 @@ def bench_cold(install: Any, payload: bytes, rounds: int, tmp: Path) -> dict[str
     for row in ours + raw:
         # Wall time not spent by the server itself: before/after its clock (spawn, detection of
         # readiness) and around the first decide (client work, first-call imports, trace).
-        row["beyond_server_ms"] = (row["ready_ms"] - (row["server_listening_ms"] or 0.0)
-                                   + row["first_decide_ms"] - row["first_decide_server_ms"])
+        row["beyond_server_ms"] = (
+            row["ready_ms"]
+            - (row["server_listening_ms"] or 0.0)
+            + row["first_decide_ms"]
+            - row["first_decide_server_ms"]
+        )
     return {
         "rounds": rounds,
-        "localllm": {k: med(ours, k) for k in ("first_call_ms", "ready_ms", "first_decide_ms", "import_ms",
-                                                 "load_config_ms", "server_listening_ms", "first_decide_server_ms")},
-        "server_own": {k: med(raw, k) for k in ("total_ms", "ready_ms", "first_decide_ms", "server_listening_ms",
-                                                 "first_decide_server_ms")},
+        "localllm": {
+            k: med(ours, k)
+            for k in (
+                "first_call_ms",
+                "ready_ms",
+                "first_decide_ms",
+                "import_ms",
+                "load_config_ms",
+                "server_listening_ms",
+                "first_decide_server_ms",
+            )
+        },
+        "server_own": {
+            k: med(raw, k)
+            for k in ("total_ms", "ready_ms", "first_decide_ms", "server_listening_ms", "first_decide_server_ms")
+        },
         "overhead_ms": ours_first - raw_total,
         "overhead_ready_ms": med(ours, "ready_ms") - med(raw, "ready_ms"),
         "overhead_first_decide_ms": med(ours, "first_decide_ms") - med(raw, "first_decide_ms"),
@@ -543,49 +592,71 @@ def bench_cold(install: Any, payload: bytes, rounds: int, tmp: Path) -> dict[str
 
 def table(res: dict[str, Any]) -> str:
     a, stub, b, c, d = res["a_warm"], res["a_stub"], res["b_concurrency"], res["c_cold"], res["d_tokens"]
-    rows = [f"local_llm bench — {MODEL}, demo triage gate, grammar decide, temperature 0 "
-            f"(load avg before {res['loadavg_before']}, after {res['loadavg_after']}; other llama-servers running "
-            f"before/after: {res['other_llama_servers_before']}/{res['other_llama_servers_after']})", ""]
-    rows.append(f"(a) warm decide, N={a['raw_httpx']['n']} per arm, interleaved   p50 ms    p95 ms   "
-                "p50 ovh   paired Δ median   beyond server p50 (Δ)")
+    rows = [
+        f"local_llm bench — {MODEL}, demo triage gate, grammar decide, temperature 0 "
+        f"(load avg before {res['loadavg_before']}, after {res['loadavg_after']}; other llama-servers running "
+        f"before/after: {res['other_llama_servers_before']}/{res['other_llama_servers_after']})",
+        "",
+    ]
+    rows.append(
+        f"(a) warm decide, N={a['raw_httpx']['n']} per arm, interleaved   p50 ms    p95 ms   "
+        "p50 ovh   paired Δ median   beyond server p50 (Δ)"
+    )
     for name in ("raw_httpx", "runtime_traced", "runtime_untraced"):
         e = a[name]
-        extra = f"{'':24}" if name == "raw_httpx" else (
-            f"{e['overhead_p50_pct']:+7.2f} %   {e['paired_delta_median_ms']:+8.1f} ms     ")
+        extra = (
+            f"{'':24}"
+            if name == "raw_httpx"
+            else (f"{e['overhead_p50_pct']:+7.2f} %   {e['paired_delta_median_ms']:+8.1f} ms     ")
+        )
         net = f"{e['beyond_server_p50_ms']:7.1f} ms" + (
-            f" ({e['overhead_net_of_server_ms']:+.1f})" if "overhead_net_of_server_ms" in e else "")
+            f" ({e['overhead_net_of_server_ms']:+.1f})" if "overhead_net_of_server_ms" in e else ""
+        )
         rows.append(f"    {name:<44}{e['p50_ms']:9.1f} {e['p95_ms']:9.1f}   {extra}{net}")
-    rows.append(f"    (server-reported prompt+decode time: p50 {a['server_ms']['p50_ms']:.1f} ms; "
-                f"body {a['body_bytes']} bytes, byte-identical)")
-    rows.append(f"    client-side cost vs an instant stub, N={stub['raw_httpx']['n']}:  raw "
-                f"{stub['raw_httpx']['p50_ms']:.2f} ms p50; runtime traced {stub['runtime_traced']['p50_ms']:.2f} "
-                f"(Δ {stub['runtime_traced']['paired_delta_median_ms']:+.2f}); untraced "
-                f"{stub['runtime_untraced']['p50_ms']:.2f} (Δ {stub['runtime_untraced']['paired_delta_median_ms']:+.2f})")
+    rows.append(
+        f"    (server-reported prompt+decode time: p50 {a['server_ms']['p50_ms']:.1f} ms; "
+        f"body {a['body_bytes']} bytes, byte-identical)"
+    )
+    rows.append(
+        f"    client-side cost vs an instant stub, N={stub['raw_httpx']['n']}:  raw "
+        f"{stub['raw_httpx']['p50_ms']:.2f} ms p50; runtime traced {stub['runtime_traced']['p50_ms']:.2f} "
+        f"(Δ {stub['runtime_traced']['paired_delta_median_ms']:+.2f}); untraced "
+        f"{stub['runtime_untraced']['p50_ms']:.2f} (Δ {stub['runtime_untraced']['paired_delta_median_ms']:+.2f})"
+    )
     p4, p1 = b["parallel_4"], b["parallel_1"]
-    rows += ["", f"(b) {CONCURRENT} concurrent decides, {b['rounds']} rounds      median wall ms   agg tok/s",
-             f"    --parallel 4                                 {p4['median_wall_ms']:9.1f}   "
-             f"{p4['aggregate_tokens_per_s']:8.1f}",
-             f"    --parallel 1                                 {p1['median_wall_ms']:9.1f}   "
-             f"{p1['aggregate_tokens_per_s']:8.1f}",
-             f"    wall-time ratio p1/p4                        {b['speedup_p1_over_p4']:9.2f}x"]
+    rows += [
+        "",
+        f"(b) {CONCURRENT} concurrent decides, {b['rounds']} rounds      median wall ms   agg tok/s",
+        f"    --parallel 4                                 {p4['median_wall_ms']:9.1f}   "
+        f"{p4['aggregate_tokens_per_s']:8.1f}",
+        f"    --parallel 1                                 {p1['median_wall_ms']:9.1f}   "
+        f"{p1['aggregate_tokens_per_s']:8.1f}",
+        f"    wall-time ratio p1/p4                        {b['speedup_p1_over_p4']:9.2f}x",
+    ]
     lo, so = c["localllm"], c["server_own"]
-    rows += ["", f"(c) cold start, warm cache, {c['rounds']} rounds (medians)   ready ms   1st decide ms   total ms",
-             f"    localllm fresh Runtime → first answer        {lo['ready_ms']:8.1f}   {lo['first_decide_ms']:13.1f}"
-             f"   {lo['first_call_ms']:8.1f}",
-             f"    server's own (spawn→/health 200) + raw POST  {so['ready_ms']:8.1f}   {so['first_decide_ms']:13.1f}"
-             f"   {so['total_ms']:8.1f}",
-             f"    localllm overhead                            {c['overhead_ready_ms']:+8.1f}   "
-             f"{c['overhead_first_decide_ms']:+13.1f}   {c['overhead_ms']:+8.1f}",
-             f"    net of the server's own run-to-run noise (wall − server's log clock to 'listening' − server "
-             f"decide time): localllm {c['beyond_server_ms']['localllm']:.1f} ms, raw "
-             f"{c['beyond_server_ms']['raw']:.1f} ms → overhead {c['overhead_net_of_server_noise_ms']:+.1f} ms",
-             f"    (not in the figures: import localllm {lo['import_ms']:.0f} ms, load_config {lo['load_config_ms']:.0f} ms)"]
+    rows += [
+        "",
+        f"(c) cold start, warm cache, {c['rounds']} rounds (medians)   ready ms   1st decide ms   total ms",
+        f"    localllm fresh Runtime → first answer        {lo['ready_ms']:8.1f}   {lo['first_decide_ms']:13.1f}"
+        f"   {lo['first_call_ms']:8.1f}",
+        f"    server's own (spawn→/health 200) + raw POST  {so['ready_ms']:8.1f}   {so['first_decide_ms']:13.1f}"
+        f"   {so['total_ms']:8.1f}",
+        f"    localllm overhead                            {c['overhead_ready_ms']:+8.1f}   "
+        f"{c['overhead_first_decide_ms']:+13.1f}   {c['overhead_ms']:+8.1f}",
+        f"    net of the server's own run-to-run noise (wall − server's log clock to 'listening' − server "
+        f"decide time): localllm {c['beyond_server_ms']['localllm']:.1f} ms, raw "
+        f"{c['beyond_server_ms']['raw']:.1f} ms → overhead {c['overhead_net_of_server_noise_ms']:+.1f} ms",
+        f"    (not in the figures: import localllm {lo['import_ms']:.0f} ms, load_config {lo['load_config_ms']:.0f} ms)",
+    ]
     ct, dec, e2e = d["completion_tokens"], d["decode_tokens_per_s_server"], d["tokens_per_s_end_to_end"]
-    rows += ["", f"(d) tokens per decide over {d['decides']} decides: completion mean {ct['mean']:.1f} "
-             f"(min {ct['min']}, max {ct['max']}); prompt {d['prompt_tokens']['mean']:.0f} "
-             f"({d['prompt_tokens_cached_mean']:.0f} cached)",
-             f"    decode tok/s (server) median {dec['median']:.1f} (min {dec['min']:.1f}, max {dec['max']:.1f}); "
-             f"end to end median {e2e['median']:.1f}"]
+    rows += [
+        "",
+        f"(d) tokens per decide over {d['decides']} decides: completion mean {ct['mean']:.1f} "
+        f"(min {ct['min']}, max {ct['max']}); prompt {d['prompt_tokens']['mean']:.0f} "
+        f"({d['prompt_tokens_cached_mean']:.0f} cached)",
+        f"    decode tok/s (server) median {dec['median']:.1f} (min {dec['min']:.1f}, max {dec['max']:.1f}); "
+        f"end to end median {e2e['median']:.1f}",
+    ]
     return "\n".join(rows)
 
 
@@ -593,8 +664,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: small N, one round each")
     parser.add_argument("--n", type=int, default=None, help="timed decides per arm in (a) (default 20; quick 3)")
-    parser.add_argument("--json", type=Path, default=None,
-                        help=f"output (default {RESULTS.relative_to(REPO)}; --quick: local_llm.quick.json)")
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=None,
+        help=f"output (default {RESULTS.relative_to(REPO)}; --quick: local_llm.quick.json)",
+    )
     args = parser.parse_args(argv)
     n = args.n or (3 if args.quick else 20)
     warmup = 1 if args.quick else 2

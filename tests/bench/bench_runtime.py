@@ -21,8 +21,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-SCHEMA = {"type": "object", "properties": {"verdict": {"enum": ["yes", "no"]}, "score": {"type": "number"}},
-          "required": ["verdict", "score"]}
+SCHEMA = {
+    "type": "object",
+    "properties": {"verdict": {"enum": ["yes", "no"]}, "score": {"type": "number"}},
+    "required": ["verdict", "score"],
+}
 
 
 def agent(_: Any) -> dict[str, Any]:
@@ -50,8 +53,15 @@ def main() -> int:
         cfg = Path(tmp) / "app.yaml"
         cfg.write_text("agent_plugins:\n  agent.fn: {plugin: builtin.inprocess}\n")
         config = load_config(cfg)
-        request = AskRequest(session_id="s", turn=1, state_path="x", verb="decide", prompt="p", call_id="c",
-                             deadline="2030-01-01T00:00:00.000000000Z")
+        request = AskRequest(
+            session_id="s",
+            turn=1,
+            state_path="x",
+            verb="decide",
+            prompt="p",
+            call_id="c",
+            deadline="2030-01-01T00:00:00.000000000Z",
+        )
         plain = Runtime(config)
         traced = Runtime(config, trace=Path(tmp) / "t.jsonl")
         for rt in (plain, traced):
@@ -60,8 +70,7 @@ def main() -> int:
             "direct function": lambda: agent(request),
             "Runtime.call": lambda: plain.call("decide", agent="agent.fn", prompt="p"),
             "Runtime.call + schema": lambda: plain.call("decide", agent="agent.fn", prompt="p", schema=SCHEMA),
-            "Runtime.call + schema + trace": lambda: traced.call("decide", agent="agent.fn", prompt="p",
-                                                                 schema=SCHEMA),
+            "Runtime.call + schema + trace": lambda: traced.call("decide", agent="agent.fn", prompt="p", schema=SCHEMA),
         }
         samples: dict[str, list[float]] = {k: [] for k in variants}
         for fn in variants.values():  # warm-up: compile the validator, open files
@@ -77,8 +86,10 @@ def main() -> int:
     print(f"{'variant':34} {'µs/call':>10} {'× direct':>10}")
     for name, us in result.items():
         print(f"{name:34} {us:10.1f} {us / base:10.0f}")
-    print(f"Runtime.call overhead per call: {result['Runtime.call'] - base:.0f} µs "
-          f"(a worker thread per call, request building, call_id, loose JSON parse)")
+    print(
+        f"Runtime.call overhead per call: {result['Runtime.call'] - base:.0f} µs "
+        f"(a worker thread per call, request building, call_id, loose JSON parse)"
+    )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"n": n, "us_per_call": result}, indent=2))
     return 0

@@ -121,8 +121,24 @@ class Service:
     def __init__(self, env: dict[str, str], cache: Path, config: Path, *extra: str) -> None:
         self.log = open(cache.parent / "serve.log", "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "localllm", "serve", "--port", "0", "--config", str(config), "--keep-alive", "-1",
-             *extra], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=self.log)
+            [
+                sys.executable,
+                "-m",
+                "localllm",
+                "serve",
+                "--port",
+                "0",
+                "--config",
+                str(config),
+                "--keep-alive",
+                "-1",
+                *extra,
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=self.log,
+        )
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             found = discovery.read_discovery(cache)
@@ -139,8 +155,9 @@ class Service:
         return {"Authorization": f"Bearer {self.token}"}
 
     def warm(self, body: dict[str, Any]) -> None:
-        httpx.post(self.found.url + "/v1/chat/completions", json=body, headers=self.headers(), timeout=300,
-                   trust_env=False).raise_for_status()
+        httpx.post(
+            self.found.url + "/v1/chat/completions", json=body, headers=self.headers(), timeout=300, trust_env=False
+        ).raise_for_status()
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -166,8 +183,14 @@ def _llama_rss(root_pids: list[int]) -> int:
 
 def _first_decide(env: dict[str, str], config: Path, ticket: str) -> dict[str, Any]:
     started = time.monotonic()
-    out = subprocess.run([sys.executable, "-c", _FIRST_DECIDE, str(config), ticket], cwd=REPO, env=env,
-                         capture_output=True, check=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-c", _FIRST_DECIDE, str(config), ticket],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        check=True,
+        timeout=600,
+    )
     data: dict[str, Any] = json.loads(out.stdout)
     data["wall_s"] = time.monotonic() - started
     return data
@@ -185,8 +208,13 @@ def bench_first_decide(env: dict[str, str], attached: Path, own: Path, n: int) -
     assert all(r["served_by"] == "sidecar" for r in rows["sidecar"]), rows["sidecar"]
     att = statistics.median(r["wall_s"] for r in rows["attached"])
     own_s = statistics.median(r["wall_s"] for r in rows["sidecar"])
-    return {"attached_wall_s": att, "sidecar_wall_s": own_s, "ratio": att / own_s,
-            "attach_ms_median": statistics.median(r["attach_ms"] for r in rows["attached"]), "n": n}
+    return {
+        "attached_wall_s": att,
+        "sidecar_wall_s": own_s,
+        "ratio": att / own_s,
+        "attach_ms_median": statistics.median(r["attach_ms"] for r in rows["attached"]),
+        "n": n,
+    }
 
 
 def _concurrent_round(env: dict[str, str], config: Path, watch: list[int]) -> tuple[float, int]:
@@ -201,8 +229,16 @@ def _concurrent_round(env: dict[str, str], config: Path, watch: list[int]) -> tu
 
     sampler = threading.Thread(target=sample)
     started = time.monotonic()
-    procs.extend(subprocess.Popen([sys.executable, "-c", _CONCURRENT, str(config), json.dumps(TICKETS)], cwd=REPO,
-                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(4))
+    procs.extend(
+        subprocess.Popen(
+            [sys.executable, "-c", _CONCURRENT, str(config), json.dumps(TICKETS)],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for _ in range(4)
+    )
     sampler.start()
     outs = [p.communicate(timeout=900) for p in procs]
     wall = time.monotonic() - started
@@ -227,9 +263,15 @@ def bench_concurrent(env: dict[str, str], service: Service, shared: Path, own: P
             peaks[name].append(peak)
     svc, side = statistics.median(walls["service"]), statistics.median(walls["sidecars"])
     rss_svc, rss_side = max(peaks["service"]), max(peaks["sidecars"])
-    return {"service_wall_s": svc, "sidecars_wall_s": side, "speedup": side / svc,
-            "service_peak_rss": rss_svc, "sidecars_peak_rss": rss_side,
-            "rss_ratio": rss_svc / rss_side if rss_side else None, "n": n}
+    return {
+        "service_wall_s": svc,
+        "sidecars_wall_s": side,
+        "speedup": side / svc,
+        "service_peak_rss": rss_svc,
+        "sidecars_peak_rss": rss_side,
+        "rss_ratio": rss_svc / rss_side if rss_side else None,
+        "n": n,
+    }
 
 
 def bench_proxy(service: Service, n: int) -> dict[str, Any]:
@@ -246,8 +288,10 @@ def bench_proxy(service: Service, n: int) -> dict[str, Any]:
     with httpx.Client(trust_env=False, timeout=120) as http:
         key = _upstream_key(service)
         for i in range(n + 3):
-            arms = [("via", service.found.url, service.headers()), ("direct", direct_url,
-                                                                       {"Authorization": f"Bearer {key}"})]
+            arms = [
+                ("via", service.found.url, service.headers()),
+                ("direct", direct_url, {"Authorization": f"Bearer {key}"}),
+            ]
             if i % 2:
                 arms.reverse()
             for name, url, headers in arms:
@@ -256,8 +300,12 @@ def bench_proxy(service: Service, n: int) -> dict[str, Any]:
                 ms = (time.perf_counter() - t0) * 1000
                 if i >= 3:  # warm-ups dropped
                     (via if name == "via" else direct).append(ms)
-    return {"via_ms_median": statistics.median(via), "direct_ms_median": statistics.median(direct),
-            "overhead_ms": statistics.median(via) - statistics.median(direct), "n": n}
+    return {
+        "via_ms_median": statistics.median(via),
+        "direct_ms_median": statistics.median(direct),
+        "overhead_ms": statistics.median(via) - statistics.median(direct),
+        "n": n,
+    }
 
 
 def _upstream_key(service: Service) -> str:
@@ -293,21 +341,38 @@ def main(argv: list[str] | None = None) -> int:
             proxy = bench_proxy(service, 50 if args.quick else 200 * n)
         finally:
             service.stop()
-    result = {"first_decide": first, "concurrent": concurrent, "proxy": proxy,
-              "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}}
+    result = {
+        "first_decide": first,
+        "concurrent": concurrent,
+        "proxy": proxy,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+    }
     rows = [
-        ("(a) first decide, fresh process: attached / own sidecar",
-         f"{first['attached_wall_s']:.2f} s / {first['sidecar_wall_s']:.2f} s", f"{first['ratio']:.2f}x", "<= 0.5x"),
+        (
+            "(a) first decide, fresh process: attached / own sidecar",
+            f"{first['attached_wall_s']:.2f} s / {first['sidecar_wall_s']:.2f} s",
+            f"{first['ratio']:.2f}x",
+            "<= 0.5x",
+        ),
         ("(a) attach time-to-ready (median)", f"{first['attach_ms_median']:.1f} ms", "", "<= 50 ms"),
-        ("(b) 4 proc x 4 decides, wall: service / 4 sidecars",
-         f"{concurrent['service_wall_s']:.2f} s / {concurrent['sidecars_wall_s']:.2f} s",
-         f"{concurrent['speedup']:.2f}x faster", ">= 1.5x"),
-        ("(b) summed peak llama-server RSS: service / 4 sidecars",
-         f"{concurrent['service_peak_rss'] / 2**20:.0f} / {concurrent['sidecars_peak_rss'] / 2**20:.0f} MiB",
-         f"{concurrent['rss_ratio']:.2f}x" if concurrent["rss_ratio"] else "-", "<= 0.4x"),
-        ("(c) one request: via service / direct (median)",
-         f"{proxy['via_ms_median']:.1f} / {proxy['direct_ms_median']:.1f} ms",
-         f"+{proxy['overhead_ms']:.2f} ms", "<= 2 ms"),
+        (
+            "(b) 4 proc x 4 decides, wall: service / 4 sidecars",
+            f"{concurrent['service_wall_s']:.2f} s / {concurrent['sidecars_wall_s']:.2f} s",
+            f"{concurrent['speedup']:.2f}x faster",
+            ">= 1.5x",
+        ),
+        (
+            "(b) summed peak llama-server RSS: service / 4 sidecars",
+            f"{concurrent['service_peak_rss'] / 2**20:.0f} / {concurrent['sidecars_peak_rss'] / 2**20:.0f} MiB",
+            f"{concurrent['rss_ratio']:.2f}x" if concurrent["rss_ratio"] else "-",
+            "<= 0.4x",
+        ),
+        (
+            "(c) one request: via service / direct (median)",
+            f"{proxy['via_ms_median']:.1f} / {proxy['direct_ms_median']:.1f} ms",
+            f"+{proxy['overhead_ms']:.2f} ms",
+            "<= 2 ms",
+        ),
     ]
     width = max(len(r[0]) for r in rows)
     for label, value, ratio, goal in rows:

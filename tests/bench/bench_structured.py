@@ -53,32 +53,49 @@ def decide(runtime: Runtime, ticket: str) -> dict[str, Any]:
         result = runtime.run_gate(GATE, {"ticket": ticket})
     except AgentError as exc:
         meta = exc.meta or {}
-        return {"ok": False, "kind": exc.kind.value, "wall": time.perf_counter() - started,
-                "finish_reason": meta.get("finish_reason"), "completion_tokens": meta.get("completion_tokens"),
-                "submission": None, "meta": meta}
-    return {"ok": True, "wall": time.perf_counter() - started, "submission": result.submission,
-            "finish_reason": result.meta.get("finish_reason"),
-            "completion_tokens": result.meta.get("completion_tokens"), "meta": result.meta}
+        return {
+            "ok": False,
+            "kind": exc.kind.value,
+            "wall": time.perf_counter() - started,
+            "finish_reason": meta.get("finish_reason"),
+            "completion_tokens": meta.get("completion_tokens"),
+            "submission": None,
+            "meta": meta,
+        }
+    return {
+        "ok": True,
+        "wall": time.perf_counter() - started,
+        "submission": result.submission,
+        "finish_reason": result.meta.get("finish_reason"),
+        "completion_tokens": result.meta.get("completion_tokens"),
+        "meta": result.meta,
+    }
 
 
 def summarise(rows: list[dict[str, Any]], repeats: list[dict[str, Any]]) -> dict[str, Any]:
     tokens = [r["completion_tokens"] for r in rows if isinstance(r["completion_tokens"], int)]
     walls = [r["wall"] for r in rows]
     warm = [r["meta"] for r in rows[1:] if isinstance(r["meta"].get("timings"), dict)]
-    reeval = [m["timings"]["prompt_n"] / m["prompt_tokens"] for m in warm
-              if m.get("prompt_tokens") and isinstance(m["timings"].get("prompt_n"), int)]
+    reeval = [
+        m["timings"]["prompt_n"] / m["prompt_tokens"]
+        for m in warm
+        if m.get("prompt_tokens") and isinstance(m["timings"].get("prompt_n"), int)
+    ]
     answers = [json.dumps(r["submission"], sort_keys=True) for r in repeats if r["ok"]]
     same = max((answers.count(a) for a in set(answers)), default=0)
     grammar = sorted({str(r["meta"].get("grammar")) for r in rows})
     return {
-        "decides": len(rows), "grammar": grammar,
+        "decides": len(rows),
+        "grammar": grammar,
         "completion_tokens_mean": statistics.fmean(tokens) if tokens else None,
         "completion_tokens_max": max(tokens, default=None),
-        "latency_ms_p50": pct(walls, 50) * 1000, "latency_ms_p95": pct(walls, 95) * 1000,
+        "latency_ms_p50": pct(walls, 50) * 1000,
+        "latency_ms_p95": pct(walls, 95) * 1000,
         "cut_by_max_tokens": sum(r["finish_reason"] == "length" for r in rows),
         "invalid": sum(not r["ok"] for r in rows),
         "prompt_reevaluated_share": statistics.fmean(reeval) if reeval else None,
-        "identical_submissions": same, "repeats": len(repeats),
+        "identical_submissions": same,
+        "repeats": len(repeats),
     }
 
 
@@ -108,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             for arm in order:
                 rows[arm].append(decide(runtimes[arm], ticket))
         for i in range(repeats):
-            for arm in (list(ARMS) if i % 2 == 0 else list(reversed(ARMS))):
+            for arm in list(ARMS) if i % 2 == 0 else list(reversed(ARMS)):
                 again[arm].append(decide(runtimes[arm], texts[0]))
     finally:
         for runtime in runtimes.values():
@@ -121,11 +138,22 @@ def main(argv: list[str] | None = None) -> int:
         return a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
 
     result["ratios"] = {"completion_tokens": ratio("completion_tokens_mean"), "latency_p50": ratio("latency_ms_p50")}
-    result["machine"] = {"loadavg": loadavg(), "other_llama_servers": other_servers(),
-                         "server": str(install.binary), "model": str(model)}
+    result["machine"] = {
+        "loadavg": loadavg(),
+        "other_llama_servers": other_servers(),
+        "server": str(install.binary),
+        "model": str(model),
+    }
     print(f"{'measure':44} {'compiled':>12} {'server':>12}")
-    for key in ("completion_tokens_mean", "latency_ms_p50", "latency_ms_p95", "cut_by_max_tokens", "invalid",
-                "prompt_reevaluated_share", "identical_submissions"):
+    for key in (
+        "completion_tokens_mean",
+        "latency_ms_p50",
+        "latency_ms_p95",
+        "cut_by_max_tokens",
+        "invalid",
+        "prompt_reevaluated_share",
+        "identical_submissions",
+    ):
         print(f"{key:44} {_fmt(c[key]):>12} {_fmt(s[key]):>12}")
     print(f"ratios compiled/server: {result['ratios']}  (repeats: {repeats}, tickets: {n})")
     out.parent.mkdir(parents=True, exist_ok=True)

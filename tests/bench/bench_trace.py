@@ -158,7 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"trace bench: {n} events x {rounds} rounds, ~{line_bytes} bytes/line, dir {result['dir']}")
     print()
     print(f"{'write (fsync per event)':<34}{'appends/s':>12}{'vs bare':>10}")
-    print(f"{'TraceWriter.append':<34}{wr['tracewriter_appends_per_s']:>12.0f}{wr['ratio_tracewriter_over_bare']:>10.2f}")
+    print(
+        f"{'TraceWriter.append':<34}{wr['tracewriter_appends_per_s']:>12.0f}{wr['ratio_tracewriter_over_bare']:>10.2f}"
+    )
     print(f"{'bare write+flush+fsync':<34}{wr['bare_fsync_appends_per_s']:>12.0f}{1.0:>10.2f}")
     print(
         f"(checks + encoding alone: {wr['encode_only_us_per_event']:.1f} us/event; an append: "

@@ -57,7 +57,9 @@ def main(argv: list[str] | None = None) -> int:
         outcome.append((script.name, code, time.monotonic() - started))
     print("\n=== summary ===")
     for name, code, seconds in outcome:
-        print(f"  {'ok  ' if code == 0 else 'FAIL'}  {name:<24} {seconds:7.1f} s" + (f"  (exit {code})" if code else ""))
+        print(
+            f"  {'ok  ' if code == 0 else 'FAIL'}  {name:<24} {seconds:7.1f} s" + (f"  (exit {code})" if code else "")
+        )
     failed = [name for name, code, _ in outcome if code != 0]
     if failed:
         print(f"run_all: {len(failed)} of {len(outcome)} benchmarks failed: {', '.join(failed)}", file=sys.stderr)

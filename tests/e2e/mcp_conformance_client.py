@@ -38,11 +38,19 @@ def main(argv: list[str]) -> int:
     scenario = os.environ.get("MCP_CONFORMANCE_SCENARIO", "tools_call")
     tool, elicitation = SCENARIOS.get(scenario, ("ask", "decline"))
     elicitation = os.environ.get("LOCALLLM_CONFORMANCE_ELICITATION", elicitation)
-    decl = McpHttpDecl(alias="agent.conformance", plugin="mcp_http", endpoint=argv[0], tool=tool,
-                       elicitation=elicitation)
+    decl = McpHttpDecl(
+        alias="agent.conformance", plugin="mcp_http", endpoint=argv[0], tool=tool, elicitation=elicitation
+    )
     agent = McpHttpAgent(decl)
-    request = AskRequest(session_id="conformance", turn=1, state_path="main", verb="ask", prompt=scenario,
-                         call_id="0123456789abcdef", deadline="2030-01-01T00:00:00Z")
+    request = AskRequest(
+        session_id="conformance",
+        turn=1,
+        state_path="main",
+        verb="ask",
+        prompt=scenario,
+        call_id="0123456789abcdef",
+        deadline="2030-01-01T00:00:00Z",
+    )
     try:
         response = agent.ask(request, deadline=time.monotonic() + 25.0)
     except AgentError as exc:

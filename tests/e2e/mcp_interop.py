@@ -78,9 +78,13 @@ def _into_place(final: Path, build: object) -> None:
 
 def install() -> None:
     for pin in (SDK, EVERYTHING, CONFORMANCE):
-        _into_place(npm_dir(pin), lambda d, pin=pin: subprocess.run(
-            ["npm", "install", "--prefix", str(d), "--no-audit", "--no-fund", "--omit=dev", f"{pin[0]}@{pin[1]}"],
-            check=True))
+        _into_place(
+            npm_dir(pin),
+            lambda d, pin=pin: subprocess.run(
+                ["npm", "install", "--prefix", str(d), "--no-audit", "--no-fund", "--omit=dev", f"{pin[0]}@{pin[1]}"],
+                check=True,
+            ),
+        )
 
     def node(d: Path) -> None:
         # The "node" npm package downloads this one in a postinstall; fetch it directly.
@@ -94,8 +98,18 @@ def install() -> None:
 
     def venv(d: Path) -> None:
         subprocess.run([sys.executable, "-m", "venv", str(d)], check=True)
-        subprocess.run([str(d / "bin" / "python"), "-m", "pip", "install", "-q",
-                        f"{OLD_PY_SDK[0]}=={OLD_PY_SDK[1]}", *OLD_PY_EXTRA], check=True)
+        subprocess.run(
+            [
+                str(d / "bin" / "python"),
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                f"{OLD_PY_SDK[0]}=={OLD_PY_SDK[1]}",
+                *OLD_PY_EXTRA,
+            ],
+            check=True,
+        )
 
     _into_place(old_python().parent.parent, venv)
 

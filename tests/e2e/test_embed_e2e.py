@@ -28,8 +28,15 @@ def sidecar_url(server_bin: Path, embed_gguf: Path) -> Iterator[str]:
     from localllm.managed.server import ManagedServer
 
     info = lookup("all-minilm-l6-v2")
-    with ManagedServer(server_bin, embed_gguf, args=embedding_server_args(info, PARALLEL), parallel=PARALLEL,
-                 ctx_per_slot=info.context, name="embed-e2e", health_timeout=120) as sidecar:
+    with ManagedServer(
+        server_bin,
+        embed_gguf,
+        args=embedding_server_args(info, PARALLEL),
+        parallel=PARALLEL,
+        ctx_per_slot=info.context,
+        name="embed-e2e",
+        health_timeout=120,
+    ) as sidecar:
         yield sidecar.ensure_ready()
 
 
@@ -114,8 +121,12 @@ def test_paraphrases_route_by_the_embedding_tier_and_ambiguity_reaches_decide(si
 
     with LocalEmbedder(sidecar_url, "all-minilm-l6-v2") as emb:
         router = Router(intents, emb, decide=decide)  # default bars 0.82 / 0.08
-        for text, want in [("is it going to rain tomorrow", "weather"), ("play some jazz", "music"),
-                           ("set a timer for 10 minutes", "timer"), ("please cancel that", "cancel")]:
+        for text, want in [
+            ("is it going to rain tomorrow", "weather"),
+            ("play some jazz", "music"),
+            ("set a timer for 10 minutes", "timer"),
+            ("please cancel that", "cancel"),
+        ]:
             verdict = router.route(text)
             assert (verdict.intent, verdict.routed_by) == (want, "semantic"), verdict
             assert verdict.match_type is not None and verdict.match_type.startswith("example:")

@@ -38,9 +38,15 @@ LLCP_VENV = Path(os.environ.get("LOCALLLM_TEST_LLCP_VENV") or E2E_HOME / "venvs"
 LITELLM_VENV = Path(os.environ.get("LOCALLLM_TEST_LITELLM_VENV") or E2E_HOME / "venvs" / "litellm-1.106.12")
 KEY = "sk-interop-upstream"
 GATEWAY_KEY = "sk-interop-gateway"
-DECIDE = {"type": "object", "properties": {"choice": {"type": "string", "enum": ["red", "green", "blue"]},
-                                           "reason": {"type": "string", "maxLength": 40}},
-          "required": ["choice", "reason"], "additionalProperties": False}
+DECIDE = {
+    "type": "object",
+    "properties": {
+        "choice": {"type": "string", "enum": ["red", "green", "blue"]},
+        "reason": {"type": "string", "maxLength": 40},
+    },
+    "required": ["choice", "reason"],
+    "additionalProperties": False,
+}
 #: the style ``auto`` must pick on each backend (issue 12 "Done when")
 EXPECTED_STYLE = {"llama-server": "grammar", "llama-cpp-python": "json_object", "litellm": "json_object"}
 
@@ -68,9 +74,14 @@ class Proc:
     def start(self, timeout: float = 600.0) -> None:
         began = time.monotonic()
         with self.log.open("ab") as out:
-            self.popen = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          env={**{k: v for k, v in os.environ.items() if k != "DATABASE_URL"},
-                                               **self.env}, start_new_session=True)
+            self.popen = subprocess.Popen(
+                self.argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**{k: v for k, v in os.environ.items() if k != "DATABASE_URL"}, **self.env},
+                start_new_session=True,
+            )
         url = f"http://127.0.0.1:{self.port}{self.health}"
         while time.monotonic() - began < timeout:
             code = self.popen.poll()
@@ -124,13 +135,53 @@ class Backend:
 def _llama_server(tmp: Path, server_bin: Path, chat_gguf: Path, embed_gguf: Path) -> Backend:
     auth = {"Authorization": f"Bearer {KEY}"}
     chat_port, embed_port = free_port(), free_port()
-    chat = Proc("llama-server", [str(server_bin), "-m", str(chat_gguf), "--host", "127.0.0.1", "--port",
-                                 str(chat_port), "--api-key", KEY, "-c", "2048"], chat_port, "/health",
-                tmp / "llama-server.log", headers=auth)
-    embed = Proc("llama-server --embeddings", [str(server_bin), "-m", str(embed_gguf), "--host", "127.0.0.1",
-                                               "--port", str(embed_port), "--api-key", KEY, "--embeddings",
-                                               "--pooling", "mean", "-ub", "512", "-b", "512", "-c", "512"],
-                 embed_port, "/health", tmp / "llama-server-embed.log", headers=auth)
+    chat = Proc(
+        "llama-server",
+        [
+            str(server_bin),
+            "-m",
+            str(chat_gguf),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(chat_port),
+            "--api-key",
+            KEY,
+            "-c",
+            "2048",
+        ],
+        chat_port,
+        "/health",
+        tmp / "llama-server.log",
+        headers=auth,
+    )
+    embed = Proc(
+        "llama-server --embeddings",
+        [
+            str(server_bin),
+            "-m",
+            str(embed_gguf),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(embed_port),
+            "--api-key",
+            KEY,
+            "--embeddings",
+            "--pooling",
+            "mean",
+            "-ub",
+            "512",
+            "-b",
+            "512",
+            "-c",
+            "512",
+        ],
+        embed_port,
+        "/health",
+        tmp / "llama-server-embed.log",
+        headers=auth,
+    )
     return Backend("llama-server", chat, embed, KEY, [chat, embed], "gemma", "all-minilm-l6-v2")
 
 
@@ -141,12 +192,44 @@ def _llcp(tmp: Path, chat_gguf: Path, embed_gguf: Path) -> tuple[Proc, Proc]:
     auth = {"Authorization": f"Bearer {KEY}"}
     chat_port, embed_port = free_port(), free_port()
     base = [str(python), "-m", "llama_cpp.server", "--host", "127.0.0.1", "--api_key", KEY]
-    chat = Proc("llama-cpp-python", [*base, "--model", str(chat_gguf), "--port", str(chat_port),
-                                     "--n_ctx", "2048", "--model_alias", "gemma", "--chat_format", "gemma"],
-                chat_port, "/v1/models", tmp / "llcp.log", headers=auth)
-    embed = Proc("llama-cpp-python --embedding", [*base, "--model", str(embed_gguf), "--port", str(embed_port),
-                                                  "--embedding", "true", "--model_alias", "all-minilm-l6-v2"],
-                 embed_port, "/v1/models", tmp / "llcp-embed.log", headers=auth)
+    chat = Proc(
+        "llama-cpp-python",
+        [
+            *base,
+            "--model",
+            str(chat_gguf),
+            "--port",
+            str(chat_port),
+            "--n_ctx",
+            "2048",
+            "--model_alias",
+            "gemma",
+            "--chat_format",
+            "gemma",
+        ],
+        chat_port,
+        "/v1/models",
+        tmp / "llcp.log",
+        headers=auth,
+    )
+    embed = Proc(
+        "llama-cpp-python --embedding",
+        [
+            *base,
+            "--model",
+            str(embed_gguf),
+            "--port",
+            str(embed_port),
+            "--embedding",
+            "true",
+            "--model_alias",
+            "all-minilm-l6-v2",
+        ],
+        embed_port,
+        "/v1/models",
+        tmp / "llcp-embed.log",
+        headers=auth,
+    )
     return chat, embed
 
 
@@ -155,20 +238,42 @@ def _litellm(tmp: Path, chat: Proc, embed: Proc) -> Proc:
     if not binary.is_file():
         raise AssertionError(f"{binary} is missing: run `make e2e-endpoints`")
     config = tmp / "litellm.yaml"
-    config.write_text(json.dumps({
-        "model_list": [
-            {"model_name": "gemma", "litellm_params": {"model": "openai/gemma", "api_key": KEY,
-                                                       "api_base": f"http://127.0.0.1:{chat.port}/v1"}},
-            {"model_name": "all-minilm-l6-v2", "litellm_params": {"model": "openai/all-minilm-l6-v2", "api_key": KEY,
-                                                        "api_base": f"http://127.0.0.1:{embed.port}/v1"}},
-        ],
-        "general_settings": {"master_key": GATEWAY_KEY},
-    }), encoding="utf-8")
+    config.write_text(
+        json.dumps(
+            {
+                "model_list": [
+                    {
+                        "model_name": "gemma",
+                        "litellm_params": {
+                            "model": "openai/gemma",
+                            "api_key": KEY,
+                            "api_base": f"http://127.0.0.1:{chat.port}/v1",
+                        },
+                    },
+                    {
+                        "model_name": "all-minilm-l6-v2",
+                        "litellm_params": {
+                            "model": "openai/all-minilm-l6-v2",
+                            "api_key": KEY,
+                            "api_base": f"http://127.0.0.1:{embed.port}/v1",
+                        },
+                    },
+                ],
+                "general_settings": {"master_key": GATEWAY_KEY},
+            }
+        ),
+        encoding="utf-8",
+    )
     port = free_port()
-    env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY": "False", "NO_PROXY": "*",
-           "HOME": str(tmp)}
-    return Proc("litellm", [str(binary), "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
-                            "--num_workers", "1"], port, "/health/liveliness", tmp / "litellm.log", env=env)
+    env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY": "False", "NO_PROXY": "*", "HOME": str(tmp)}
+    return Proc(
+        "litellm",
+        [str(binary), "--config", str(config), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"],
+        port,
+        "/health/liveliness",
+        tmp / "litellm.log",
+        env=env,
+    )
 
 
 class Backends:
@@ -192,8 +297,9 @@ class Backends:
                 backend = Backend(kind, chat, embed, KEY, [chat, embed], "gemma", "all-minilm-l6-v2")
             else:
                 gateway = _litellm(self.tmp, chat, embed)
-                backend = Backend(kind, gateway, gateway, GATEWAY_KEY, [chat, embed, gateway], "gemma",
-                                  "all-minilm-l6-v2")
+                backend = Backend(
+                    kind, gateway, gateway, GATEWAY_KEY, [chat, embed, gateway], "gemma", "all-minilm-l6-v2"
+                )
         self.current = backend
         for proc in backend.procs:
             proc.start()
@@ -210,8 +316,9 @@ class Backends:
 
 
 @pytest.fixture(scope="session")
-def backends(tmp_path_factory: pytest.TempPathFactory, server_bin: Path, chat_gguf: Path,
-             embed_gguf: Path) -> Iterator[Backends]:
+def backends(
+    tmp_path_factory: pytest.TempPathFactory, server_bin: Path, chat_gguf: Path, embed_gguf: Path
+) -> Iterator[Backends]:
     found = Backends(tmp_path_factory.mktemp("interop"), server_bin, chat_gguf, embed_gguf)
     try:
         yield found
@@ -225,13 +332,22 @@ def backend(request: pytest.FixtureRequest, backends: Backends) -> Backend:
     return backends.use(request.param)
 
 
-def runtime(tmp_path: Path, backend: Backend, monkeypatch: pytest.MonkeyPatch, *, key: str | None = None,
-            timeout: float = 600.0, max_tokens: int = 64) -> Runtime:
+def runtime(
+    tmp_path: Path,
+    backend: Backend,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    key: str | None = None,
+    timeout: float = 600.0,
+    max_tokens: int = 64,
+) -> Runtime:
     monkeypatch.setenv("INTEROP_KEY", key if key is not None else backend.key)
     (tmp_path / "app.yaml").write_text(
         "agent_plugins:\n"
         f"  agent.remote: {{plugin: builtin.local_llm, endpoint: '{backend.url}', model: {backend.chat_model}, "
-        f"api_key_env: INTEROP_KEY, fallback: none, max_tokens: {max_tokens}, timeout: {timeout}}}\n", encoding="utf-8")
+        f"api_key_env: INTEROP_KEY, fallback: none, max_tokens: {max_tokens}, timeout: {timeout}}}\n",
+        encoding="utf-8",
+    )
     return Runtime(load_config(tmp_path / "app.yaml"), trace=tmp_path / "trace.jsonl")
 
 
@@ -246,8 +362,9 @@ def counted(rt: Runtime) -> list[str]:
 PROMPT = "Pick the colour of grass and say why in a few words."
 
 
-def test_auto_decides_schema_valid_and_names_the_style(tmp_path: Path, backend: Backend, backends: Backends,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_decides_schema_valid_and_names_the_style(
+    tmp_path: Path, backend: Backend, backends: Backends, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with runtime(tmp_path, backend, monkeypatch) as rt:
         sent = counted(rt)
         started = time.monotonic()
@@ -264,12 +381,22 @@ def test_auto_decides_schema_valid_and_names_the_style(tmp_path: Path, backend: 
     assert probe_requests == 2 and len(sent) == 3  # probe + call, then the call alone
     probe = first.meta["structured_probe"]
     assert probe["style"] == expected and "structured_probe" not in second.meta
-    backends.note(backend.kind, "decide", {"style": expected, "probe": probe, "first_call_s": round(first_s, 2),
-                                           "second_call_s": round(second_s, 2), "answer": first.submission})
+    backends.note(
+        backend.kind,
+        "decide",
+        {
+            "style": expected,
+            "probe": probe,
+            "first_call_s": round(first_s, 2),
+            "second_call_s": round(second_s, 2),
+            "answer": first.submission,
+        },
+    )
 
 
-def test_wrong_key_says_check_api_key_env(tmp_path: Path, backend: Backend, backends: Backends,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_wrong_key_says_check_api_key_env(
+    tmp_path: Path, backend: Backend, backends: Backends, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with runtime(tmp_path, backend, monkeypatch, key="sk-wrong") as rt, pytest.raises(AgentError) as info:
         rt.call("decide", agent="agent.remote", prompt=PROMPT, schema=DECIDE)
     assert info.value.kind is ErrorKind.TRANSPORT_ERROR
@@ -278,8 +405,9 @@ def test_wrong_key_says_check_api_key_env(tmp_path: Path, backend: Backend, back
     backends.note(backend.kind, "wrong_key", str(info.value))
 
 
-def test_deadline_is_kept(tmp_path: Path, backend: Backend, backends: Backends,
-                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_deadline_is_kept(
+    tmp_path: Path, backend: Backend, backends: Backends, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # an answer of thousands of tokens: far past 1 s on any machine that runs this suite
     with runtime(tmp_path, backend, monkeypatch, max_tokens=4000) as rt:
         started = time.monotonic()
@@ -291,8 +419,9 @@ def test_deadline_is_kept(tmp_path: Path, backend: Backend, backends: Backends,
     backends.note(backend.kind, "deadline_1s_returned_after_s", round(elapsed, 2))
 
 
-def test_restart_mid_session(tmp_path: Path, backend: Backend, backends: Backends,
-                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_restart_mid_session(
+    tmp_path: Path, backend: Backend, backends: Backends, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with runtime(tmp_path, backend, monkeypatch) as rt:
         before = rt.call("decide", agent="agent.remote", prompt=PROMPT, schema=DECIDE)
         backend.chat.stop()
@@ -303,8 +432,9 @@ def test_restart_mid_session(tmp_path: Path, backend: Backend, backends: Backend
     assert down.value.kind is ErrorKind.TRANSPORT_ERROR
     jsonschema.validate(after.submission, DECIDE)
     assert before.meta["structured_output"] == after.meta["structured_output"] == EXPECTED_STYLE[backend.kind]
-    backends.note(backend.kind, "restart", {"while_down": str(down.value)[:200],
-                                            "restart_s": round(backend.chat.started_s, 1)})
+    backends.note(
+        backend.kind, "restart", {"while_down": str(down.value)[:200], "restart_s": round(backend.chat.started_s, 1)}
+    )
 
 
 def _reference() -> dict[str, Any]:
@@ -312,12 +442,12 @@ def _reference() -> dict[str, Any]:
     return data
 
 
-def test_embeddings_match_the_reference(tmp_path: Path, backend: Backend, backends: Backends,
-                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_embeddings_match_the_reference(
+    tmp_path: Path, backend: Backend, backends: Backends, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("INTEROP_KEY", backend.key)
     items = _reference()["items"][:4]
-    decl = EmbedderDecl(name="remote", endpoint=backend.embed_url, model=backend.embed_model,
-                        api_key_env="INTEROP_KEY")
+    decl = EmbedderDecl(name="remote", endpoint=backend.embed_url, model=backend.embed_model, api_key_env="INTEROP_KEY")
     with embedder_from_decl(decl) as embedder:
         vectors = embedder.embed([item["text"] for item in items], "document")
         normalised_here = embedder.normalized_here
@@ -332,5 +462,12 @@ def test_embeddings_match_the_reference(tmp_path: Path, backend: Backend, backen
     with embedder_from_decl(decl) as embedder, pytest.raises(EmbedServerError) as info:
         embedder.embed(["x"], "document")
     assert "check api_key_env INTEROP_KEY" in info.value.hint
-    backends.note(backend.kind, "embeddings", {"min_cosine": round(float(cosines.min()), 6),
-                                               "normalised_here": normalised_here, "wrong_key": str(info.value)})
+    backends.note(
+        backend.kind,
+        "embeddings",
+        {
+            "min_cosine": round(float(cosines.min()), 6),
+            "normalised_here": normalised_here,
+            "wrong_key": str(info.value),
+        },
+    )

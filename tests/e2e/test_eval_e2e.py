@@ -61,8 +61,9 @@ def nearest_rank(values: list[float], pct: float) -> float:
     return ordered[max(1, math.ceil(pct / 100 * len(ordered))) - 1]
 
 
-def test_eval_two_local_agents_and_a_cassette_claude(tmp_path: Path, managed_env: Path,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_eval_two_local_agents_and_a_cassette_claude(
+    tmp_path: Path, managed_env: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     shutil.copytree(DEMO / "prompts", tmp_path / "prompts")
     shutil.copytree(DEMO / "schemas", tmp_path / "schemas")
     lines = (DEMO / "evals" / "triage" / "cases.jsonl").read_text().splitlines()[:CASES]
@@ -70,18 +71,40 @@ def test_eval_two_local_agents_and_a_cassette_claude(tmp_path: Path, managed_env
     (tmp_path / "cases.jsonl").write_text("\n".join(lines) + "\n")
     (tmp_path / "app.yaml").write_text(CONFIG)
     # claude's answers, as a CI run replays them: one episode per ticket (here: the labels)
-    episodes = [{"id": f"claude-{c['id']}", "match": {"schema_name": "triage", "ticket": c["args"]["ticket"]},
-                 "replay": "any",
-                 "agent": {"verb": "decide", "response": {"queue": c["expect"]["queue"],
-                                                          "priority": c["expect"]["priority"]["number"],
-                                                          "summary": "reference answer"},
-                           "meta": {"cost_usd": 0.002, "usage": {"input_tokens": 120, "output_tokens": 20}}}}
-                for c in cases]
+    episodes = [
+        {
+            "id": f"claude-{c['id']}",
+            "match": {"schema_name": "triage", "ticket": c["args"]["ticket"]},
+            "replay": "any",
+            "agent": {
+                "verb": "decide",
+                "response": {
+                    "queue": c["expect"]["queue"],
+                    "priority": c["expect"]["priority"]["number"],
+                    "summary": "reference answer",
+                },
+                "meta": {"cost_usd": 0.002, "usage": {"input_tokens": 120, "output_tokens": 20}},
+            },
+        }
+        for c in cases
+    ]
     (tmp_path / "claude.yaml").write_text(yaml.safe_dump({"kind": "host_cassette", "episodes": episodes}))
 
-    code = main(["eval", "triage", "-c", str(tmp_path / "app.yaml"), "--agents", "agent.local,agent.free,agent.claude",
-                 "--cases", str(tmp_path / "cases.jsonl"), "--cassette", f"agent.claude={tmp_path / 'claude.yaml'}",
-                 "--json"])
+    code = main(
+        [
+            "eval",
+            "triage",
+            "-c",
+            str(tmp_path / "app.yaml"),
+            "--agents",
+            "agent.local,agent.free,agent.claude",
+            "--cases",
+            str(tmp_path / "cases.jsonl"),
+            "--cassette",
+            f"agent.claude={tmp_path / 'claude.yaml'}",
+            "--json",
+        ]
+    )
     report: dict[str, Any] = json.loads(capsys.readouterr().out)
     assert code == 0, report
     assert report["fingerprint"]["agents"]["agent.local"]["model_sha256"].startswith("a5fd3b62")
@@ -99,9 +122,18 @@ def test_eval_two_local_agents_and_a_cassette_claude(tmp_path: Path, managed_env
     for ev in events:
         if ev.kind not in ("agent.call.complete", "agent.call.error"):
             continue
-        row = tally.setdefault(starts[ev.call_id].payload["agent"],
-                               {"calls": 0, "correct": 0, "fallbacks": 0, "errors": Counter(), "ms": [],
-                                "completion": 0, "queue": Counter()})
+        row = tally.setdefault(
+            starts[ev.call_id].payload["agent"],
+            {
+                "calls": 0,
+                "correct": 0,
+                "fallbacks": 0,
+                "errors": Counter(),
+                "ms": [],
+                "completion": 0,
+                "queue": Counter(),
+            },
+        )
         row["calls"] += 1
         row["ms"].append(ev.payload["duration_ms"])
         row["fallbacks"] += "substitution" in ev.payload
@@ -112,8 +144,10 @@ def test_eval_two_local_agents_and_a_cassette_claude(tmp_path: Path, managed_env
         row["completion"] += meta.get("completion_tokens") or meta.get("usage", {}).get("output_tokens", 0)
         want, got = expect[case_of[ev.call_id]], ev.payload["response"]
         row["queue"][(want["queue"], got["queue"])] += 1
-        row["correct"] += (got["queue"] == want["queue"]
-                           and abs(got["priority"] - want["priority"]["number"]) <= want["priority"]["tolerance"])
+        row["correct"] += (
+            got["queue"] == want["queue"]
+            and abs(got["priority"] - want["priority"]["number"]) <= want["priority"]["tolerance"]
+        )
     assert set(tally) == {"agent.local", "agent.free", "agent.claude"}
     for alias, mine in tally.items():
         row = report["agents"][alias]
@@ -124,8 +158,14 @@ def test_eval_two_local_agents_and_a_cassette_claude(tmp_path: Path, managed_env
         assert row["latency_ms"]["p50"] == nearest_rank(mine["ms"], 50)
         assert row["latency_ms"]["p95"] == nearest_rank(mine["ms"], 95)
         assert row["tokens"]["completion"] == mine["completion"]
-        confusion = Counter({(want, got): n for want, table in row["confusion"]["queue"].items()
-                             for got, n in table.items() if got != "<error>"})
+        confusion = Counter(
+            {
+                (want, got): n
+                for want, table in row["confusion"]["queue"].items()
+                for got, n in table.items()
+                if got != "<error>"
+            }
+        )
         assert confusion == mine["queue"]
     assert report["agents"]["agent.claude"]["accuracy"] == 1.0
     assert report["agents"]["agent.claude"]["cost_usd"]["total"] == pytest.approx(0.002 * CASES)
@@ -134,17 +174,24 @@ def test_eval_two_local_agents_and_a_cassette_claude(tmp_path: Path, managed_env
     assert (tmp_path / "evals" / "reports" / "triage" / "latest.html").read_text().count("<circle") == 3
 
     for alias, row in report["agents"].items():  # shown with -s, and on failure
-        print(f"{alias}: accuracy {row['accuracy']} first-try {row['first_try_accuracy']} "
-              f"valid-1st {row['schema_valid_first_try']} fallback {row['fallback_rate']} errors {row['errors']} "
-              f"p50 {row['latency_ms']['p50']} p95 {row['latency_ms']['p95']} confusion {row['confusion']}")
+        print(
+            f"{alias}: accuracy {row['accuracy']} first-try {row['first_try_accuracy']} "
+            f"valid-1st {row['schema_valid_first_try']} fallback {row['fallback_rate']} errors {row['errors']} "
+            f"p50 {row['latency_ms']['p50']} p95 {row['latency_ms']['p95']} confusion {row['confusion']}"
+        )
 
     # selection on this evidence: a local agent only when it passes both bars, else claude (the cassette)
-    text = CONFIG + ("    selection: {policy: cheapest-passing, evidence: evals/reports/triage/latest.json, "
-                     "min_accuracy: 0.9, max_fallback_rate: 0.1, fallback_profile: agent.claude}\n")
+    text = CONFIG + (
+        "    selection: {policy: cheapest-passing, evidence: evals/reports/triage/latest.json, "
+        "min_accuracy: 0.9, max_fallback_rate: 0.1, fallback_profile: agent.claude}\n"
+    )
     (tmp_path / "app.yaml").write_text(text)
     config = load_config(tmp_path / "app.yaml")
-    passing = [a for a in ("agent.local", "agent.free")
-               if report["agents"][a]["accuracy"] >= 0.9 and report["agents"][a]["fallback_rate"] <= 0.1]
+    passing = [
+        a
+        for a in ("agent.local", "agent.free")
+        if report["agents"][a]["accuracy"] >= 0.9 and report["agents"][a]["fallback_rate"] <= 0.1
+    ]
     with Runtime(config, trace=tmp_path / "selected.jsonl") as runtime:
         from localllm.agents.cassette import CassetteAgent
 

@@ -23,8 +23,9 @@ REAL_CACHE = settings.cache_dir()
 
 
 def _localllm(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "localllm", *argv], capture_output=True, text=True,
-                          timeout=600, check=False, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "localllm", *argv], capture_output=True, text=True, timeout=600, check=False, env=env
+    )
 
 
 def _mirror_of(tmp_path: Path, source: Path, name: str) -> Path:
@@ -34,11 +35,10 @@ def _mirror_of(tmp_path: Path, source: Path, name: str) -> Path:
     return mirror
 
 
-@pytest.mark.parametrize(("model_id", "fixture"), [("gemma-3-270m", "chat_gguf"),
-                                                   ("all-minilm-l6-v2", "embed_gguf")])
+@pytest.mark.parametrize(("model_id", "fixture"), [("gemma-3-270m", "chat_gguf"), ("all-minilm-l6-v2", "embed_gguf")])
 def test_real_gguf_through_a_mirror_matches_its_real_pin(
-        model_id: str, fixture: str, request: pytest.FixtureRequest, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    model_id: str, fixture: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pin = load_pins().model(model_id)
     source: Path = request.getfixturevalue(fixture)
     mirror = _mirror_of(tmp_path, source, pin.artifact.file)
@@ -69,8 +69,14 @@ def test_source_built_server_runs_from_the_real_cache(monkeypatch: pytest.Monkey
     binary = Path(install["binary"])
     assert install["source"] in ("source", "prebuilt")
     assert binary.parent.parent == REAL_CACHE / "bin"
-    version = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60,
-                             check=False, env=server_env(binary.parent))
+    version = subprocess.run(
+        [str(binary), "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=server_env(binary.parent),
+    )
     assert version.returncode == 0, version.stderr
     assert "version:" in version.stdout + version.stderr
     # Its release manifest still matches the files on disk.
@@ -80,7 +86,8 @@ def test_source_built_server_runs_from_the_real_cache(monkeypatch: pytest.Monkey
 
 
 def test_offline_fetch_of_an_uncached_model_names_the_prewarm_command(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("LOCALLLM_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("LOCALLLM_OFFLINE", "1")
     proc = _localllm("fetch", "model", "qwen2.5-1.5b-instruct")

@@ -50,12 +50,22 @@ COMPILED = [(name, schema, g) for name, schema in ENTRIES if (g := compile_schem
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize(("name", "schema", "grammar"), COMPILED, ids=[n for n, _, _ in COMPILED])
 def test_compiled_grammar_is_accepted_and_the_answer_validates(
-    server: Server, name: str, schema: Any, grammar: str  # noqa: F811
+    server: Server,  # noqa: F811
+    name: str,
+    schema: Any,
+    grammar: str,
 ) -> None:
     prompt = "Reply with a JSON value matching this JSON Schema:\n" + json.dumps(schema, separators=(",", ":"))[:4000]
-    reply = _post(server, "/v1/chat/completions", {
-        "messages": [{"role": "user", "content": prompt}], "max_tokens": MAX_TOKENS,
-        "temperature": 0, "grammar": grammar})
+    reply = _post(
+        server,
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0,
+            "grammar": grammar,
+        },
+    )
     assert reply.status_code == 200, f"{name}: the server refused our grammar: {reply.text[:300]}"
     choice = reply.json()["choices"][0]
     if choice["finish_reason"] != "stop":
@@ -117,6 +127,8 @@ def test_checker_matches_the_server_converter(server: Server) -> None:  # noqa: 
             false_rejects.append(name)
     total = sum(matrix.values())
     agree = matrix["accept/enforced"] + matrix["reject/not"]
-    print(f"\nchecker vs llama.cpp's converter on {total} schemas: {matrix}; agreement {agree / total:.1%}; "
-          f"false rejects: {false_rejects}")
+    print(
+        f"\nchecker vs llama.cpp's converter on {total} schemas: {matrix}; agreement {agree / total:.1%}; "
+        f"false rejects: {false_rejects}"
+    )
     assert false_accepts == []

@@ -73,12 +73,22 @@ def _drain(server: Server) -> None:
 
 @pytest.fixture(scope="module")
 def server(server_bin: Path, chat_gguf: Path) -> Iterator[Server]:
-    argv = [str(server_bin), "-m", str(chat_gguf), "--port", "0", "--host", "127.0.0.1",
-            "-c", "2048", "--parallel", "2"]
+    argv = [
+        str(server_bin),
+        "-m",
+        str(chat_gguf),
+        "--port",
+        "0",
+        "--host",
+        "127.0.0.1",
+        "-c",
+        "2048",
+        "--parallel",
+        "2",
+    ]
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(server_bin.parent), env.get("LD_LIBRARY_PATH")) if p)
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     srv = Server(base="", proc=proc)
     drain = threading.Thread(target=_drain, args=(srv,), daemon=True)
     drain.start()
@@ -159,12 +169,13 @@ def _ask(server: Server, entry: dict[str, Any]) -> tuple[httpx.Response, list[st
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": MAX_TOKENS,
         "temperature": 0,
-        "response_format": {"type": "json_schema",
-                            "json_schema": {"name": "submission", "strict": True, "schema": entry["schema"]}},
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "submission", "strict": True, "schema": entry["schema"]},
+        },
     }
     mark = server.mark()
-    response = httpx.post(server.base + "/v1/chat/completions", json=body,
-                          timeout=httpx.Timeout(10.0, read=60.0))
+    response = httpx.post(server.base + "/v1/chat/completions", json=body, timeout=httpx.Timeout(10.0, read=60.0))
     # The conversion warning is printed before generation starts; give the drain a moment.
     deadline = time.monotonic() + 1.0
     while time.monotonic() < deadline and not any(WARNING_LINE in line for line in server.since(mark)):
@@ -221,9 +232,12 @@ def test_corpus_schema_on_llama_server(server: Server, outcomes: dict[str, dict[
         assert not warned, f"{path.name}: unexpected conversion warning: {stderr}"
         shape = structural(entry["schema"], entry["findings"])
         assert parsed and _is_valid(shape, value), (
-            f"{path.name}: the structural part should be enforced, got {content!r}")
+            f"{path.name}: the structural part should be enforced, got {content!r}"
+        )
         record["outcome"] = "valid" if valid else "structure-valid"
     else:
         assert entry["verdict"] == "error"
-        assert not valid, (f"{path.name}: the checker says out of subset, but the server produced a "
-                           f"schema-valid answer to a probe that breaks it: {content!r}")
+        assert not valid, (
+            f"{path.name}: the checker says out of subset, but the server produced a "
+            f"schema-valid answer to a probe that breaks it: {content!r}"
+        )

@@ -57,8 +57,14 @@ def test_decide_gate_is_schema_valid_and_grammar_constrained(demo: Path, tmp_pat
 
 def test_check_rejects_out_of_subset_gate_naming_the_construct(demo: Path, capsys: pytest.CaptureFixture[str]) -> None:
     schema = demo.parent / "schemas" / "tags.json"
-    schema.write_text(json.dumps({"type": "object", "properties": {
-        "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}}}))
+    schema.write_text(
+        json.dumps(
+            {
+                "type": "object",
+                "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
+            }
+        )
+    )
     text = demo.read_text().replace("schema: schemas/triage.json", "schema: schemas/tags.json")
     demo.write_text(text)
     assert main(["check", str(demo)]) == 2
@@ -67,8 +73,9 @@ def test_check_rejects_out_of_subset_gate_naming_the_construct(demo: Path, capsy
     assert '"uniqueItems"' in err and "$.properties.tags" in err
 
 
-def test_forced_validation_failure_falls_back_to_claude(demo: Path, tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_forced_validation_failure_falls_back_to_claude(
+    demo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Number bounds are outside what the grammar enforces: the answer fails validation.
 
     minimum + multipleOf, so that copying a number out of the schema statement fails too.
@@ -76,20 +83,30 @@ def test_forced_validation_failure_falls_back_to_claude(demo: Path, tmp_path: Pa
     claude = install(tmp_path / "bin")
     monkeypatch.setenv("LOCALLLM_CLAUDE_BIN", str(claude))
     monkeypatch.setenv("FAKE_CLAUDE_RESULT", '{"amount": 10003}')
-    schema = {"type": "object", "properties": {"amount": {"type": "number", "minimum": 10000.5, "multipleOf": 7}},
-              "required": ["amount"]}
+    schema = {
+        "type": "object",
+        "properties": {"amount": {"type": "number", "minimum": 10000.5, "multipleOf": 7}},
+        "required": ["amount"],
+    }
     trace = tmp_path / "trace.jsonl"
     with Runtime(load_config(demo), trace=trace) as rt:
-        result = rt.call("decide", agent="agent.local", schema=schema,
-                         prompt="How many apples are in a bag of 7 apples? Answer with the number 7.")
+        result = rt.call(
+            "decide",
+            agent="agent.local",
+            schema=schema,
+            prompt="How many apples are in a bag of 7 apples? Answer with the number 7.",
+        )
     assert result.agent == "agent.claude"
     assert result.submission == {"amount": 10003}
     assert result.meta["fallback_of"] == "agent.local"
     events = read_trace(trace).events
     assert [e.kind for e in events] == ["agent.call.start", "agent.call.complete"]
     done = events[1].payload
-    assert done["substitution"] == {"reason": "schema_invalid", "original_plugin": "agent.local",
-                                    "fallback_plugin": "agent.claude"}
+    assert done["substitution"] == {
+        "reason": "schema_invalid",
+        "original_plugin": "agent.local",
+        "fallback_plugin": "agent.claude",
+    }
     assert done["original_transcript_ref"]["format"] == "openai-chat"
     assert done["transcript_ref"]["format"] == "claude-stream-json"
     assert main(["trace", "verify", str(trace)]) == 0
@@ -117,8 +134,10 @@ def keyed_endpoint(server_bin: Path, chat_gguf: Path) -> Iterator[str]:
 
 def endpoint_config(tmp_path: Path, url: str) -> Path:
     path = tmp_path / "endpoint.yaml"
-    path.write_text(f"agent_plugins:\n  agent.remote: {{plugin: builtin.local_llm, endpoint: '{url}', "
-                    "api_key_env: E2E_KEY, max_tokens: 48}\n")
+    path.write_text(
+        f"agent_plugins:\n  agent.remote: {{plugin: builtin.local_llm, endpoint: '{url}', "
+        "api_key_env: E2E_KEY, max_tokens: 48}\n"
+    )
     return path
 
 
@@ -131,8 +150,9 @@ def test_endpoint_mode_with_api_key(tmp_path: Path, keyed_endpoint: str, monkeyp
     assert result.meta["grammar"] == "compiled"
 
 
-def test_endpoint_mode_fails_cleanly_without_key(tmp_path: Path, keyed_endpoint: str,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_endpoint_mode_fails_cleanly_without_key(
+    tmp_path: Path, keyed_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     config = load_config(endpoint_config(tmp_path, keyed_endpoint))
     with Runtime(config) as rt:
         with pytest.raises(AgentError) as info:

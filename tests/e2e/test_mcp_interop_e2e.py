@@ -83,8 +83,7 @@ class Served:
     def start(self) -> None:
         argv = [part.replace("{port}", str(self.port)) for part in self.argv]
         env = {**os.environ, **self.env, "PORT": str(self.port)}
-        self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     cwd=ROOT)
+        self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
         end = time.monotonic() + 30
         while time.monotonic() < end:
             assert self.proc.poll() is None, f"{self.name} exited with {self.proc.returncode}"
@@ -112,13 +111,23 @@ class Served:
 def _http_servers() -> list[Served]:
     return [
         Served("python-sdk-current", [sys.executable, str(PY_SERVER), "http", "{port}"]),
-        Served("python-sdk-1.9.4", [str(pins.old_python()), str(PY_SERVER), "http", "{port}"],
-               unknown_session=400, redirect=None, elicits=False),
+        Served(
+            "python-sdk-1.9.4",
+            [str(pins.old_python()), str(PY_SERVER), "http", "{port}"],
+            unknown_session=400,
+            redirect=None,
+            elicits=False,
+        ),
         Served("typescript-sdk", ["node", str(TS_SERVER), "http", "{port}", "404"], NODE_ENV),
-        Served("typescript-sdk-400", ["node", str(TS_SERVER), "http", "{port}", "400"], NODE_ENV,
-               unknown_session=400),
-        Served("server-everything", ["node", str(EVERYTHING_JS), "streamableHttp"],
-               unknown_session=400, redirect=None, ours=False, pings=False),
+        Served("typescript-sdk-400", ["node", str(TS_SERVER), "http", "{port}", "400"], NODE_ENV, unknown_session=400),
+        Served(
+            "server-everything",
+            ["node", str(EVERYTHING_JS), "streamableHttp"],
+            unknown_session=400,
+            redirect=None,
+            ours=False,
+            pings=False,
+        ),
     ]
 
 
@@ -138,8 +147,15 @@ def http_servers() -> Iterator[dict[str, Served]]:
 
 
 def request(prompt: str) -> AskRequest:
-    return AskRequest(session_id="interop", turn=1, state_path="main", verb="ask", prompt=prompt,
-                      call_id="0123456789abcdef", deadline="2030-01-01T00:00:00Z")
+    return AskRequest(
+        session_id="interop",
+        turn=1,
+        state_path="main",
+        verb="ask",
+        prompt=prompt,
+        call_id="0123456789abcdef",
+        deadline="2030-01-01T00:00:00Z",
+    )
 
 
 def http_agent(endpoint: str, tool: str = "ask", **extra: object) -> McpHttpAgent:
@@ -256,8 +272,10 @@ def test_http_redirect_to_another_origin_is_refused(http_servers: dict[str, Serv
 def test_http_configured_protocol_headers_lose_to_the_clients(http_servers: dict[str, Served]) -> None:
     # SDK servers answer 406 when Accept lacks text/event-stream: a configured one must not win.
     for name in ("python-sdk-current", "typescript-sdk"):
-        agent = http_agent(http_servers[name].endpoint,
-                           headers={"accept": "application/json", "CONTENT-TYPE": "text/plain", "X-Trace": "1"})
+        agent = http_agent(
+            http_servers[name].endpoint,
+            headers={"accept": "application/json", "CONTENT-TYPE": "text/plain", "X-Trace": "1"},
+        )
         try:
             assert value(ask(agent, "hello")) == {"echo": "hello", "call_id": "0123456789abcdef"}
         finally:
@@ -275,8 +293,9 @@ STDIO = {
 
 
 def stdio_agent(argv: list[str], tool: str = "ask") -> McpStdioAgent:
-    decl = McpStdioDecl(alias="agent.interop", plugin="mcp_stdio", command=argv[0], args=tuple(argv[1:]),
-                        env=NODE_ENV, tool=tool)
+    decl = McpStdioDecl(
+        alias="agent.interop", plugin="mcp_stdio", command=argv[0], args=tuple(argv[1:]), env=NODE_ENV, tool=tool
+    )
     return McpStdioAgent(decl)
 
 
@@ -317,9 +336,13 @@ def test_conformance_client_scenario(scenario: str, tmp_path: Path) -> None:
     cli = pins.package_dir(pins.CONFORMANCE) / "dist" / "index.js"
     command = f"{sys.executable} -m tests.e2e.mcp_conformance_client"
     done = subprocess.run(
-        [str(pins.node22()), str(cli), "client", "--command", command, "--scenario", scenario,
-         "-o", str(tmp_path)],
-        check=False, cwd=ROOT, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        [str(pins.node22()), str(cli), "client", "--command", command, "--scenario", scenario, "-o", str(tmp_path)],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     checks = [c for f in tmp_path.rglob("checks.json") for c in json.loads(f.read_text())]
     verdicts = {c["id"]: c["status"] for c in checks if c["status"] in ("SUCCESS", "FAILURE", "WARNING")}

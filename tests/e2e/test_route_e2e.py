@@ -33,8 +33,9 @@ def route(config: Path, text: str, trace: Path, capsys: pytest.CaptureFixture[st
     return out
 
 
-def test_paraphrase_by_embeddings_and_ambiguity_by_decide(tmp_path: Path, managed_env: Path,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_paraphrase_by_embeddings_and_ambiguity_by_decide(
+    tmp_path: Path, managed_env: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     config = tmp_path / "router.yaml"
     config.write_text(CONFIG)
     trace = tmp_path / "route.jsonl"

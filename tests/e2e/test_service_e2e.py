@@ -44,12 +44,17 @@ class Served:
         self.token = discovery.read_token(found.token_file)
 
     def client(self, api_key: str | None = None) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.found.url + "/v1", api_key=api_key or self.token, max_retries=0,
-                             timeout=120)
+        return openai.OpenAI(base_url=self.found.url + "/v1", api_key=api_key or self.token, max_retries=0, timeout=120)
 
     def ps(self) -> dict[str, Any]:
-        out = subprocess.run([sys.executable, "-m", "localllm", "ps", "--json"], cwd=REPO, env=self.env,
-                             capture_output=True, check=True, timeout=30)
+        out = subprocess.run(
+            [sys.executable, "-m", "localllm", "ps", "--json"],
+            cwd=REPO,
+            env=self.env,
+            capture_output=True,
+            check=True,
+            timeout=30,
+        )
         data: dict[str, Any] = json.loads(out.stdout)
         return data
 
@@ -76,8 +81,13 @@ def serve(managed_env: Path, tmp_path: Path) -> Iterator[Callable[..., Served]]:
 
     def start(*extra: str) -> Served:
         log = open(tmp_path / f"serve-{len(started)}.log", "wb")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen([sys.executable, "-m", "localllm", "serve", "--port", "0", *extra], cwd=REPO,
-                                env=env, stdout=subprocess.DEVNULL, stderr=log)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "localllm", "serve", "--port", "0", *extra],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
         log.close()
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -104,14 +114,23 @@ def test_openai_client_chat_stream_json_schema_embeddings_models(serve: Callable
     ids = {m.id for m in client.models.list()}
     assert {CHAT, EMBED} <= ids
 
-    reply = client.chat.completions.create(model=CHAT, messages=[{"role": "user", "content": "Say hello."}],
-                                           max_tokens=16, temperature=0)
+    reply = client.chat.completions.create(
+        model=CHAT, messages=[{"role": "user", "content": "Say hello."}], max_tokens=16, temperature=0
+    )
     assert isinstance(reply.choices[0].message.content, str) and reply.choices[0].message.content.strip()
     assert reply.usage is not None and reply.usage.completion_tokens > 0
 
-    pieces = [c.choices[0].delta.content or "" for c in client.chat.completions.create(
-        model=CHAT, messages=[{"role": "user", "content": "Count to five."}], max_tokens=24, stream=True,
-        temperature=0) if c.choices]
+    pieces = [
+        c.choices[0].delta.content or ""
+        for c in client.chat.completions.create(
+            model=CHAT,
+            messages=[{"role": "user", "content": "Count to five."}],
+            max_tokens=24,
+            stream=True,
+            temperature=0,
+        )
+        if c.choices
+    ]
     assert len([p for p in pieces if p]) > 1 and "".join(pieces).strip()
 
     import jsonschema
@@ -119,7 +138,9 @@ def test_openai_client_chat_stream_json_schema_embeddings_models(serve: Callable
     from localllm.agents.local_llm import shape_statement
 
     structured = client.chat.completions.create(  # the prompt the builtin agent would send
-        model=CHAT, temperature=0, max_tokens=128,
+        model=CHAT,
+        temperature=0,
+        max_tokens=128,
         messages=[{"role": "user", "content": "My invoice is wrong. Route this ticket." + shape_statement(DECIDE)}],
         response_format={"type": "json_schema", "json_schema": {"name": "decide", "strict": True, "schema": DECIDE}},
     )
@@ -142,7 +163,8 @@ def test_openai_client_chat_stream_json_schema_embeddings_models(serve: Callable
         served.client(api_key="not-the-token").models.list()
     with pytest.raises(openai.AuthenticationError):
         served.client(api_key="not-the-token").chat.completions.create(
-            model=CHAT, messages=[{"role": "user", "content": "hi"}])
+            model=CHAT, messages=[{"role": "user", "content": "hi"}]
+        )
 
 
 _AGENT = textwrap.dedent("""
@@ -159,12 +181,22 @@ _AGENT = textwrap.dedent("""
 def test_two_agent_processes_share_one_llama_server(serve: Callable[..., Served], tmp_path: Path) -> None:
     served = serve()
     config = tmp_path / "app.yaml"
-    config.write_text(f"agent_plugins:\n  agent.local: {{plugin: builtin.local_llm, model: {CHAT}}}\n"
-                      "  agent.claude: {plugin: builtin.inprocess}\n")
+    config.write_text(
+        f"agent_plugins:\n  agent.local: {{plugin: builtin.local_llm, model: {CHAT}}}\n"
+        "  agent.claude: {plugin: builtin.inprocess}\n"
+    )
     schema = tmp_path / "decide.json"
     schema.write_text(json.dumps(DECIDE))
-    procs = [subprocess.Popen([sys.executable, "-c", _AGENT, str(config), str(schema)], cwd=REPO, env=served.env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _AGENT, str(config), str(schema)],
+            cwd=REPO,
+            env=served.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for _ in range(2)
+    ]
     peak = 0
     while any(p.poll() is None for p in procs):
         peak = max(peak, len(served.llama_servers()))
@@ -228,8 +260,9 @@ def test_max_models_one_alternating_keeps_one_loaded(serve: Callable[..., Served
     watcher.start()
     try:
         for _ in range(2):
-            reply = client.chat.completions.create(model=CHAT, messages=[{"role": "user", "content": "Hi"}],
-                                                   max_tokens=4)
+            reply = client.chat.completions.create(
+                model=CHAT, messages=[{"role": "user", "content": "Hi"}], max_tokens=4
+            )
             assert reply.choices[0].message.content is not None
             assert len(client.embeddings.create(model=EMBED, input=["x"]).data[0].embedding) == 384
             assert [m["id"] for m in served.ps()["models"]] == [EMBED]

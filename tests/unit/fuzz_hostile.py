@@ -30,9 +30,25 @@ from typing import Any
 
 SURROGATES = ["\\ud800", "x\\udfff", "\\udc80\\udcff", "\\ud83d", "\\ude00x"]
 GOOD_ESCAPES = ["\\ud83d\\ude00", "\\u00e9", "e\\u0301", "\\u2028", "\\\\ud800"]
-NUMBERS = ["0", "-0", "1.5", "1e400", "-1e400", "1e-400", "1" + "0" * 400, "18446744073709551615",
-           "18446744073709551616", "-9223372036854775809", "9" * 5000, "NaN", "Infinity", "-Infinity",
-           "true", "false", "null"]
+NUMBERS = [
+    "0",
+    "-0",
+    "1.5",
+    "1e400",
+    "-1e400",
+    "1e-400",
+    "1" + "0" * 400,
+    "18446744073709551615",
+    "18446744073709551616",
+    "-9223372036854775809",
+    "9" * 5000,
+    "NaN",
+    "Infinity",
+    "-Infinity",
+    "true",
+    "false",
+    "null",
+]
 
 
 def nested(rng: random.Random) -> str:
@@ -80,10 +96,24 @@ def byte_mutations(rng: random.Random, data: bytes) -> bytes:
         if op < 0.3:
             out[at] = rng.randrange(256)
         elif op < 0.5:
-            out[at:at] = rng.choice([b"\xff", b"\xc3", b"\xed\xa0\x80", b"\x00", b"\r", b"\r\n", b"\n",
-                                      b"\xef\xbb\xbf", b"\\ud800", b"\"", b"{", b"]"])
+            out[at:at] = rng.choice(
+                [
+                    b"\xff",
+                    b"\xc3",
+                    b"\xed\xa0\x80",
+                    b"\x00",
+                    b"\r",
+                    b"\r\n",
+                    b"\n",
+                    b"\xef\xbb\xbf",
+                    b"\\ud800",
+                    b'"',
+                    b"{",
+                    b"]",
+                ]
+            )
         elif op < 0.7:
-            del out[at: at + rng.randint(1, 40)]
+            del out[at : at + rng.randint(1, 40)]
         else:
             out = out[:at]
     return bytes(out)
@@ -119,8 +149,10 @@ def encodable(text: str) -> None:
 
 def strict_streams() -> tuple[io.TextIOWrapper, io.TextIOWrapper]:
     """stdout/stderr stand-ins that fail, as a real UTF-8 terminal does, on unencodable text."""
-    return (io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict", write_through=True),
-            io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict", write_through=True))
+    return (
+        io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict", write_through=True),
+        io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict", write_through=True),
+    )
 
 
 def run_cli(argv: list[str]) -> int:
@@ -137,12 +169,33 @@ def run_cli(argv: list[str]) -> int:
 # --------------------------------------------------------------------------- traces
 
 HEADER = '{"kind":"session.header","schema_version":1,"written_at":"2026-01-15T09:00:00Z","session_id":"s"}'
-KINDS = ["turn.start", "agent.call.start", "agent.call.complete", "agent.call.error", "machine.state_entered",
-         "x.unknown"]
+KINDS = [
+    "turn.start",
+    "agent.call.start",
+    "agent.call.complete",
+    "agent.call.error",
+    "machine.state_entered",
+    "x.unknown",
+]
 GOOD_REFS = ["agent-prompts/c1.txt", "agent-prompts/c1-response.json", "transcripts/c1.jsonl", "missing.txt"]
-REFS = ["agent-prompts/c1.txt", "agent-prompts/c1-response.json", "transcripts/c1.jsonl", "agent-prompts",
-        "loop", "fifo", "missing.txt", "../outside", "/etc/passwd", "a" * 300, "d/" * 2100 + "x",
-        "agent-prompts/" + "b" * 256, "", "x\\u0000y", "\\ud800", "transcripts/big.jsonl"]
+REFS = [
+    "agent-prompts/c1.txt",
+    "agent-prompts/c1-response.json",
+    "transcripts/c1.jsonl",
+    "agent-prompts",
+    "loop",
+    "fifo",
+    "missing.txt",
+    "../outside",
+    "/etc/passwd",
+    "a" * 300,
+    "d/" * 2100 + "x",
+    "agent-prompts/" + "b" * 256,
+    "",
+    "x\\u0000y",
+    "\\ud800",
+    "transcripts/big.jsonl",
+]
 
 
 def _trace_dir(base: Path) -> None:
@@ -163,14 +216,19 @@ def ref(rng: random.Random) -> str:
 
 def _event(rng: random.Random, turn: int, seq: int) -> str:
     fields: dict[str, str] = {
-        "turn": str(turn), "seq": str(seq), "ts": '"2026-01-15T09:00:00.123Z"',
-        "kind": json.dumps(rng.choice(KINDS)), "call_id": '"c1"', "state_path": '"room.main"',
+        "turn": str(turn),
+        "seq": str(seq),
+        "ts": '"2026-01-15T09:00:00.123Z"',
+        "kind": json.dumps(rng.choice(KINDS)),
+        "call_id": '"c1"',
+        "state_path": '"room.main"',
     }
     payload: dict[str, str] = {"agent": '"agent.x"', "duration_ms": str(rng.randint(0, 5000))}
     for key in rng.sample(["prompt_file", "response_file", "transcript_ref", "meta"], rng.randint(0, 3)):
         if key == "transcript_ref":
-            payload[key] = (f'{{"format":"x","path":{json.dumps(ref(rng))},"events":{rng.randint(0, 3)},'
-                            '"schema_version":1}')
+            payload[key] = (
+                f'{{"format":"x","path":{json.dumps(ref(rng))},"events":{rng.randint(0, 3)},"schema_version":1}}'
+            )
         elif key == "meta":
             payload[key] = '{"fallback_of":"agent.local","usage":{"a":1}}'
         else:
@@ -183,8 +241,9 @@ def _event(rng: random.Random, turn: int, seq: int) -> str:
         elif where == "payload":
             payload[rng.choice(list(payload))] = json_value(rng)
         elif where == "ref":
-            payload[rng.choice(["prompt_file", "response_file"])] = '"' + rng.choice(
-                [*SURROGATES, "a" * rng.choice([255, 256, 300, 5000]), "\\u0000", "d/" * 2100]) + '"'
+            payload[rng.choice(["prompt_file", "response_file"])] = (
+                '"' + rng.choice([*SURROGATES, "a" * rng.choice([255, 256, 300, 5000]), "\\u0000", "d/" * 2100]) + '"'
+            )
         else:
             payload[json_string(rng)[1:-1]] = "1"
     if rng.random() < 0.1:
@@ -207,8 +266,14 @@ def trace_input(rng: random.Random) -> bytes:
     if shape < 0.1 and len(lines) > 1:
         lines.insert(rng.randrange(1, len(lines) + 1), lines[rng.randrange(1, len(lines))])  # duplicate
     elif shape < 0.15:
-        lines[0] = rng.choice([HEADER.replace("1,", "99,"), HEADER.replace('"session.header"', '"x\\ud800"'),
-                               '{"kind":"session.header"}', json_value(rng)])
+        lines[0] = rng.choice(
+            [
+                HEADER.replace("1,", "99,"),
+                HEADER.replace('"session.header"', '"x\\ud800"'),
+                '{"kind":"session.header"}',
+                json_value(rng),
+            ]
+        )
     elif shape < 0.2:
         lines.insert(1, HEADER)
     data = ("\n".join(lines) + "\n").encode("utf-8")
@@ -255,13 +320,47 @@ PLUGIN_SCHEMA = "https://agent-plugins.org/schemas/1.0.0/plugin.schema.json"
 MCP_SCHEMA = "https://agent-plugins.org/schemas/1.0.0/mcp.schema.json"
 
 YAML_HOSTILE = [
-    "!!timestamp banana", "!!timestamp 2024-13-45", "!!binary '!!'", "!!binary aGk=", "!!float abc", "!!int 0x",
-    "!!bool maybe", "!!null x", "!!set {a, b}", "!!omap [a: 1]", "!!omap 3", "!!str [1]", "!foo bar",
-    "!!python/object/apply:os.system [echo pwned]", "!!python/name:os.system", "2024-13-45", "1e400",
-    '"\\ud800"', '"x\\udfff"', '"\\U0000d800"', '"\\U00110000"', '"\\U0001F600"', '"\\x00"', "&a x", "*undefined",
-    "[" * 2000 + "]" * 2000, "{a: " * 300 + "1" + "}" * 300, "'" + "x" * (1 << 18) + "'", "|\n  block\n  text",
-    ">-\n  folded", "? complex\n: key", "<<: {a: 1}", "- a\n- b", "[Bash, 3, {x: y}]", "{nested: {k: [1, 2]}}",
-    "---", "...", "\t tab", "%YAML 1.1", "@reserved", "`reserved",
+    "!!timestamp banana",
+    "!!timestamp 2024-13-45",
+    "!!binary '!!'",
+    "!!binary aGk=",
+    "!!float abc",
+    "!!int 0x",
+    "!!bool maybe",
+    "!!null x",
+    "!!set {a, b}",
+    "!!omap [a: 1]",
+    "!!omap 3",
+    "!!str [1]",
+    "!foo bar",
+    "!!python/object/apply:os.system [echo pwned]",
+    "!!python/name:os.system",
+    "2024-13-45",
+    "1e400",
+    '"\\ud800"',
+    '"x\\udfff"',
+    '"\\U0000d800"',
+    '"\\U00110000"',
+    '"\\U0001F600"',
+    '"\\x00"',
+    "&a x",
+    "*undefined",
+    "[" * 2000 + "]" * 2000,
+    "{a: " * 300 + "1" + "}" * 300,
+    "'" + "x" * (1 << 18) + "'",
+    "|\n  block\n  text",
+    ">-\n  folded",
+    "? complex\n: key",
+    "<<: {a: 1}",
+    "- a\n- b",
+    "[Bash, 3, {x: y}]",
+    "{nested: {k: [1, 2]}}",
+    "---",
+    "...",
+    "\t tab",
+    "%YAML 1.1",
+    "@reserved",
+    "`reserved",
 ]
 
 
@@ -317,10 +416,14 @@ def json_doc(rng: random.Random, valid: str, keep: float = 0.4) -> bytes:
 
 def plugin_input(rng: random.Random, root: Path) -> None:
     root.mkdir(parents=True)
-    manifest = ('{"$schema":"' + PLUGIN_SCHEMA + '","name":"acme","version":"X","description":"X",'
-                '"author":{"name":"X"},"keywords":["X"],"extensions":{"X":"X"}}')
-    mcp = ('{"$schema":"' + MCP_SCHEMA + '","mcpServers":{"X":{"type":"stdio","command":"X","args":["X"],'
-           '"env":{"X":"X"},"cwd":"X"},"web":{"type":"streamable-http","url":"X","headers":{"X":"X"}}}}')
+    manifest = (
+        '{"$schema":"' + PLUGIN_SCHEMA + '","name":"acme","version":"X","description":"X",'
+        '"author":{"name":"X"},"keywords":["X"],"extensions":{"X":"X"}}'
+    )
+    mcp = (
+        '{"$schema":"' + MCP_SCHEMA + '","mcpServers":{"X":{"type":"stdio","command":"X","args":["X"],'
+        '"env":{"X":"X"},"cwd":"X"},"web":{"type":"streamable-http","url":"X","headers":{"X":"X"}}}}'
+    )
     special = rng.random()
     if special < 0.05:
         (root / "plugin.json").mkdir()
@@ -351,8 +454,12 @@ def plugin_input(rng: random.Random, root: Path) -> None:
     if rng.random() < 0.4:
         flows = root / "flows"
         flows.mkdir()
-        flow_yaml = ("name: f1\nstart: a\nnodes:\n  - {id: a, kind: reply}\nextra: " + rng.choice(YAML_HOSTILE)
-                     + "\n" + (yaml_bomb(rng) if rng.random() < 0.4 else ""))
+        flow_yaml = (
+            "name: f1\nstart: a\nnodes:\n  - {id: a, kind: reply}\nextra: "
+            + rng.choice(YAML_HOSTILE)
+            + "\n"
+            + (yaml_bomb(rng) if rng.random() < 0.4 else "")
+        )
         flow_name = b"f1.flow.yaml" if rng.random() < 0.9 else b"f\xe91.flow.yaml"
         with open(os.fsencode(flows) + b"/" + flow_name, "wb") as fh:
             fh.write(flow_yaml.encode("utf-8"))
@@ -400,12 +507,19 @@ def _drive(trials: int, one: Callable[[int], str]) -> dict[str, Any]:
         except Exception as exc:  # everything not documented is a finding
             outcomes["FAILED"] += 1
             if len(failures) < 5:
-                failures.append(f"trial {i}: {type(exc).__name__}: {str(exc)[:300]}\n"
-                                + "".join(traceback.format_exc(limit=6))[-1500:])
+                failures.append(
+                    f"trial {i}: {type(exc).__name__}: {str(exc)[:300]}\n"
+                    + "".join(traceback.format_exc(limit=6))[-1500:]
+                )
         slowest = max(slowest, time.monotonic() - t0)
-    return {"trials": trials, "failures": outcomes.get("FAILED", 0), "examples": failures,
-            "outcomes": dict(outcomes.most_common(12)), "slowest_s": round(slowest, 3),
-            "elapsed_s": round(time.monotonic() - started, 2)}
+    return {
+        "trials": trials,
+        "failures": outcomes.get("FAILED", 0),
+        "examples": failures,
+        "outcomes": dict(outcomes.most_common(12)),
+        "slowest_s": round(slowest, 3),
+        "elapsed_s": round(time.monotonic() - started, 2),
+    }
 
 
 def main(argv: list[str]) -> int:

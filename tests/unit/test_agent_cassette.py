@@ -30,8 +30,15 @@ def request(
     if with_ is None:
         with_ = {"handler": handler, "schema_name": schema_name, "args": args or {}}
     return AskRequest(
-        session_id="s1", turn=1, state_path="root", verb="decide", prompt="judge it",
-        call_id=call_id, deadline="2030-01-01T00:00:00Z", schema=schema, with_=with_,
+        session_id="s1",
+        turn=1,
+        state_path="root",
+        verb="decide",
+        prompt="judge it",
+        call_id=call_id,
+        deadline="2030-01-01T00:00:00Z",
+        schema=schema,
+        with_=with_,
     )
 
 
@@ -184,8 +191,11 @@ def test_meta_sub_events_and_transcript_are_replayed() -> None:
     resp = CassetteAgent(JUDGE).ask(request(handler="agent.tools", call_id="feedfacefeedface"), deadline=soon())
     assert json.loads(resp.submission or "") == {"files_changed": ["main.py"], "result": "fixed"}
     assert resp.meta == {
-        "model": "claude-sonnet-4-5", "cost_usd": 0.02,
-        "transport": "cassette", "episode_id": "ep-tools", "match_idx": 0,
+        "model": "claude-sonnet-4-5",
+        "cost_usd": 0.02,
+        "transport": "cassette",
+        "episode_id": "ep-tools",
+        "match_idx": 0,
     }
     assert resp.sub_events == [
         {"kind": "agent.tools.bash", "payload": {"command": "pytest -q"}, "call_id": "feedfacefeedface"}
@@ -254,9 +264,15 @@ def test_runtime_call_ids_follow_the_reference_vectors(tmp_path: Path) -> None:
     from localllm.loading import load_config
     from localllm.runtime import Runtime
 
-    (tmp_path / "verdict.json").write_text(json.dumps({
-        "type": "object", "properties": {"verdict": {"enum": ["approve", "reject"]}}, "required": ["verdict"],
-    }))
+    (tmp_path / "verdict.json").write_text(
+        json.dumps(
+            {
+                "type": "object",
+                "properties": {"verdict": {"enum": ["approve", "reject"]}},
+                "required": ["verdict"],
+            }
+        )
+    )
     config = tmp_path / "app.yaml"
     config.write_text("app_id: my-app\nagent_plugins:\n  agent.judge: {plugin: builtin.inprocess}\n")
     with Runtime(load_config(config)) as runtime:
@@ -284,46 +300,99 @@ MALFORMED = [
     ("kind: host_cassette\n", "episodes", "missing"),
     ("kind: host_cassette\nepisodes: []\n", "episodes", "must be a non-empty list"),
     ("kind: host_cassette\nepisodes: [hello]\n", "episodes[0]", "must be a mapping"),
-    ("kind: host_cassette\nepisodes:\n  - match: {handler: agent.x}\n    agent: {response: '1'}\n",
-     "episodes[0].id", "missing"),
-    ("kind: host_cassette\nepisodes:" + GOOD_EPISODE + GOOD_EPISODE, "episodes[1].id",
-     'duplicate episode id "ep-01" (also episodes[0])'),
-    ("kind: host_cassette\nepisodes:\n  - id: a\n    match: agent.x\n    agent: {response: '1'}\n",
-     "episodes[0].match", "not a mapping"),
-    ("kind: host_cassette\nepisodes:\n  - id: a\n    match: {handler: 3}\n    agent: {response: '1'}\n",
-     "episodes[0].match.handler", "must be an agent alias string"),
+    (
+        "kind: host_cassette\nepisodes:\n  - match: {handler: agent.x}\n    agent: {response: '1'}\n",
+        "episodes[0].id",
+        "missing",
+    ),
+    (
+        "kind: host_cassette\nepisodes:" + GOOD_EPISODE + GOOD_EPISODE,
+        "episodes[1].id",
+        'duplicate episode id "ep-01" (also episodes[0])',
+    ),
+    (
+        "kind: host_cassette\nepisodes:\n  - id: a\n    match: agent.x\n    agent: {response: '1'}\n",
+        "episodes[0].match",
+        "not a mapping",
+    ),
+    (
+        "kind: host_cassette\nepisodes:\n  - id: a\n    match: {handler: 3}\n    agent: {response: '1'}\n",
+        "episodes[0].match.handler",
+        "must be an agent alias string",
+    ),
     ("kind: host_cassette\nepisodes:\n  - id: a\n    match: {handler: agent.x}\n", "episodes[0].agent", "missing"),
-    ("kind: host_cassette\nepisodes:\n  - id: a\n    match: {}\n    agent: {verb: ask}\n",
-     "episodes[0].agent", "needs exactly one of response: or error:"),
-    ("kind: host_cassette\nepisodes:\n  - id: a\n    match: {}\n"
-     "    agent: {response: '1', error: {kind: plugin_crash}}\n",
-     "episodes[0].agent", "needs exactly one of response: or error:"),
-    ("kind: host_cassette\nepisodes:\n  - id: a\n    match: {}\n    agent: {response: null}\n",
-     "episodes[0].agent.response", "is null"),
-    ("kind: host_cassette\nepisodes:\n  - id: a\n    match: {}\n    agent: {verb: shout, response: '1'}\n",
-     "episodes[0].agent.verb", "unknown verb 'shout'"),
-    ("kind: host_cassette\nepisodes:\n  - id: a\n    match: {}\n    agent: {error: {kind: boom}}\n",
-     "episodes[0].agent.error.kind", "'boom' is not an error kind"),
-    ("kind: host_cassette\nepisodes:\n  - id: a\n    match: {}\n    agent: {error: crash}\n",
-     "episodes[0].agent.error", "must be a mapping {kind, detail}"),
-    ("kind: host_cassette\nepisodes:\n  - id: a\n    match: {}\n    agent: {reply: '1', response: '1'}\n",
-     "episodes[0].agent.reply", "unknown key"),
-    ("kind: host_cassette\nepisodes:\n  - id: a\n    match: {}\n    replay: always\n    agent: {response: '1'}\n",
-     "episodes[0].replay", "'always' is not one of once, any"),
-    ("kind: host_cassette\nepisodes:\n  - id: a\n    match: {}\n    delay: -1\n    agent: {response: '1'}\n",
-     "episodes[0].delay", "-1 is not a number of seconds >= 0"),
-    ("kind: host_cassette\nepisodes:\n  - id: a\n    match: {}\n    reply: any\n    agent: {response: '1'}\n",
-     "episodes[0].reply", "unknown key"),
-    ("kind: host_cassette\nepisodes:\n  - id: a\n    match: {}\n"
-     "    agent: {response: {when: 2024-01-01}}\n",
-     "episodes[0].agent.response", "is not representable as JSON"),
-    ("kind: host_cassette\nepisodes:\n  - id: a\n    match: {}\n"
-     "    agent: {response: '1', transcript: {format: x, lines: ['{}'], offsets_ms: [1, 2]}}\n",
-     "episodes[0].agent.transcript.offsets_ms", "one integer >= 0 per line"),
-    ("kind: host_cassette\nepisodes:\n  - id: a\n    match: {}\n    agent: {response: '1', sub_events: [x]}\n",
-     "episodes[0].agent.sub_events", "must be a list of JSON mappings"),
-    ("kind: host_cassette\nepisodes:\n  - id: h\n    match: {handler: host.shell}\n    response: {data: {}}\n",
-     "episodes", "has no agent episodes"),
+    (
+        "kind: host_cassette\nepisodes:\n  - id: a\n    match: {}\n    agent: {verb: ask}\n",
+        "episodes[0].agent",
+        "needs exactly one of response: or error:",
+    ),
+    (
+        "kind: host_cassette\nepisodes:\n  - id: a\n    match: {}\n"
+        "    agent: {response: '1', error: {kind: plugin_crash}}\n",
+        "episodes[0].agent",
+        "needs exactly one of response: or error:",
+    ),
+    (
+        "kind: host_cassette\nepisodes:\n  - id: a\n    match: {}\n    agent: {response: null}\n",
+        "episodes[0].agent.response",
+        "is null",
+    ),
+    (
+        "kind: host_cassette\nepisodes:\n  - id: a\n    match: {}\n    agent: {verb: shout, response: '1'}\n",
+        "episodes[0].agent.verb",
+        "unknown verb 'shout'",
+    ),
+    (
+        "kind: host_cassette\nepisodes:\n  - id: a\n    match: {}\n    agent: {error: {kind: boom}}\n",
+        "episodes[0].agent.error.kind",
+        "'boom' is not an error kind",
+    ),
+    (
+        "kind: host_cassette\nepisodes:\n  - id: a\n    match: {}\n    agent: {error: crash}\n",
+        "episodes[0].agent.error",
+        "must be a mapping {kind, detail}",
+    ),
+    (
+        "kind: host_cassette\nepisodes:\n  - id: a\n    match: {}\n    agent: {reply: '1', response: '1'}\n",
+        "episodes[0].agent.reply",
+        "unknown key",
+    ),
+    (
+        "kind: host_cassette\nepisodes:\n  - id: a\n    match: {}\n    replay: always\n    agent: {response: '1'}\n",
+        "episodes[0].replay",
+        "'always' is not one of once, any",
+    ),
+    (
+        "kind: host_cassette\nepisodes:\n  - id: a\n    match: {}\n    delay: -1\n    agent: {response: '1'}\n",
+        "episodes[0].delay",
+        "-1 is not a number of seconds >= 0",
+    ),
+    (
+        "kind: host_cassette\nepisodes:\n  - id: a\n    match: {}\n    reply: any\n    agent: {response: '1'}\n",
+        "episodes[0].reply",
+        "unknown key",
+    ),
+    (
+        "kind: host_cassette\nepisodes:\n  - id: a\n    match: {}\n    agent: {response: {when: 2024-01-01}}\n",
+        "episodes[0].agent.response",
+        "is not representable as JSON",
+    ),
+    (
+        "kind: host_cassette\nepisodes:\n  - id: a\n    match: {}\n"
+        "    agent: {response: '1', transcript: {format: x, lines: ['{}'], offsets_ms: [1, 2]}}\n",
+        "episodes[0].agent.transcript.offsets_ms",
+        "one integer >= 0 per line",
+    ),
+    (
+        "kind: host_cassette\nepisodes:\n  - id: a\n    match: {}\n    agent: {response: '1', sub_events: [x]}\n",
+        "episodes[0].agent.sub_events",
+        "must be a list of JSON mappings",
+    ),
+    (
+        "kind: host_cassette\nepisodes:\n  - id: h\n    match: {handler: host.shell}\n    response: {data: {}}\n",
+        "episodes",
+        "has no agent episodes",
+    ),
 ]
 
 
@@ -362,7 +431,9 @@ def test_every_problem_is_listed_in_file_order(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_cassette(path)
     assert [p.key for p in info.value.problems] == [
-        "kind", "episodes[0].agent.error.kind", "episodes[1].delay",
+        "kind",
+        "episodes[0].agent.error.kind",
+        "episodes[1].delay",
     ]
 
 

@@ -229,9 +229,7 @@ def test_nonzero_exit_is_plugin_crash_with_stderr_tail(fake_claude: Path, monkey
     assert str(info.value).startswith("agent: plugin_crash: ")
 
 
-def test_error_envelope_is_plugin_crash_with_result_text(
-    fake_claude: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_error_envelope_is_plugin_crash_with_result_text(fake_claude: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_CLAUDE_MODE", "error_envelope")
     with pytest.raises(AgentError) as info:
         make_agent().ask(request(), deadline=soon())
@@ -270,9 +268,7 @@ def test_env_bin_that_does_not_exist_is_named(tmp_path: Path, monkeypatch: pytes
     assert str(tmp_path / "nope" / "claude") in info.value.detail
 
 
-def test_decl_bin_wins_over_env_and_path(
-    fake_claude: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_decl_bin_wins_over_env_and_path(fake_claude: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     other = install(tmp_path / "other-bin")
     monkeypatch.setenv("LOCALLLM_CLAUDE_BIN", str(tmp_path / "missing"))
     agent = make_agent(claude_bin=str(other))
@@ -368,9 +364,7 @@ def test_close_kills_in_flight_calls_and_refuses_new_ones(
     monkeypatch.setenv("FAKE_CLAUDE_PIDFILE", str(pidfile))
     agent = make_agent()
     errors: list[AgentError] = []
-    thread = threading.Thread(
-        target=lambda: errors.extend(_catch(lambda: agent.ask(request(), deadline=soon(600))))
-    )
+    thread = threading.Thread(target=lambda: errors.extend(_catch(lambda: agent.ask(request(), deadline=soon(600)))))
     thread.start()
     pids = wait_for_pids(pidfile)
     agent.close()

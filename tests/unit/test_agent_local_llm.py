@@ -31,8 +31,11 @@ DECIDE = {
     "properties": {"route": {"enum": ["billing", "support"]}, "confidence": {"type": "number"}},
     "required": ["route", "confidence"],
 }
-UNIQUE = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"},
-                                                    "uniqueItems": True}}, "required": ["tags"]}
+UNIQUE = {
+    "type": "object",
+    "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
+    "required": ["tags"],
+}
 
 
 @pytest.fixture
@@ -70,7 +73,7 @@ def test_helpers() -> None:
     assert normalize_endpoint("http://h:1") == "http://h:1/v1"
     assert normalize_endpoint("http://h:1/v1/") == "http://h:1/v1"
     assert strip_fence('```json\n{"a": 1}\n```') == '{"a": 1}'
-    assert strip_fence('```\n[1]\n```') == "[1]"
+    assert strip_fence("```\n[1]\n```") == "[1]"
     assert strip_fence(' {"a": 1} ') == '{"a": 1}'
     assert shape_statement({"type": "object"}).endswith('{"type":"object"}')
 
@@ -143,15 +146,17 @@ def test_json_schema_wins_over_grammar(tmp_path: Path, server_bin: Path, logs: d
     assert chat_requests(logs["requests"])[0]["body"]["response_format"]["json_schema"]["schema"] == UNIQUE
 
 
-def test_fenced_answer_is_stripped(tmp_path: Path, server_bin: Path, logs: dict[str, Path],
-                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fenced_answer_is_stripped(
+    tmp_path: Path, server_bin: Path, logs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("FAKE_LLAMA_CONTENT", '```json\n{"route": "support", "confidence": 0.9}\n```')
     with Runtime(managed_config(tmp_path, server_bin)) as rt:
         assert rt.call("decide", agent="agent.local", prompt="p", schema=DECIDE).submission["route"] == "support"
 
 
-def test_http_error_is_transport_error_with_status_and_body(tmp_path: Path, server_bin: Path, logs: dict[str, Path],
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_http_error_is_transport_error_with_status_and_body(
+    tmp_path: Path, server_bin: Path, logs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     behaviour = tmp_path / "b.json"
     behaviour.write_text(json.dumps({"responses": [{"status": 500, "message": "kv cache full"}]}))
     monkeypatch.setenv("FAKE_LLAMA_BEHAVIOUR", str(behaviour))
@@ -166,11 +171,22 @@ def test_http_error_is_transport_error_with_status_and_body(tmp_path: Path, serv
 
 
 def test_output_the_server_refuses_under_its_grammar_is_schema_invalid_and_falls_back(
-        tmp_path: Path, server_bin: Path, logs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, server_bin: Path, logs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     # llama-server's own check of a constrained answer: a 500 that is about the answer, not the transport
     behaviour = tmp_path / "b.json"
-    behaviour.write_text(json.dumps({"responses": [{"status": 500, "message": "The model produced output that "
-                                                    "does not match the expected peg-native format"}]}))
+    behaviour.write_text(
+        json.dumps(
+            {
+                "responses": [
+                    {
+                        "status": 500,
+                        "message": "The model produced output that does not match the expected peg-native format",
+                    }
+                ]
+            }
+        )
+    )
     monkeypatch.setenv("FAKE_LLAMA_BEHAVIOUR", str(behaviour))
     with Runtime(managed_config(tmp_path, server_bin)) as rt:
         rt.register_inprocess("agent.claude", lambda _: {"route": "support", "confidence": 0.5})
@@ -179,8 +195,9 @@ def test_output_the_server_refuses_under_its_grammar_is_schema_invalid_and_falls
 
 
 @pytest.mark.slow
-def test_slow_server_hits_deadline(tmp_path: Path, server_bin: Path, logs: dict[str, Path],
-                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_slow_server_hits_deadline(
+    tmp_path: Path, server_bin: Path, logs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("FAKE_LLAMA_DELAY", "5")
     with Runtime(managed_config(tmp_path, server_bin)) as rt:
         rt.call("ask", agent="agent.local", prompt="warm up", timeout=30)  # start-up outside the deadline
@@ -203,8 +220,9 @@ def test_crashed_sidecar_is_respawned(tmp_path: Path, server_bin: Path, logs: di
     assert len(starts) == 2 and starts[1]["pid"] != first
 
 
-def test_server_that_fails_to_start_is_transport_error(tmp_path: Path, server_bin: Path, logs: dict[str, Path],
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_server_that_fails_to_start_is_transport_error(
+    tmp_path: Path, server_bin: Path, logs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("FAKE_LLAMA_MODE", "exit_during_start")
     with Runtime(managed_config(tmp_path, server_bin)) as rt, pytest.raises(AgentError) as info:
         rt.call("ask", agent="agent.local", prompt="p")
@@ -217,8 +235,11 @@ def keyed_server(tmp_path: Path, server_bin: Path, logs: dict[str, Path]) -> Ite
     """A fake llama-server started by hand with --api-key (endpoint mode attaches to it)."""
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
-    proc = subprocess.Popen([str(server_bin), "-m", str(model), "--port", "0", "--host", "127.0.0.1",
-                             "--api-key", "sekret-123"], stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [str(server_bin), "-m", str(model), "--port", "0", "--host", "127.0.0.1", "--api-key", "sekret-123"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stderr is not None
     port = None
     deadline = time.monotonic() + 20
@@ -236,12 +257,18 @@ def keyed_server(tmp_path: Path, server_bin: Path, logs: dict[str, Path]) -> Ite
 def endpoint_config(tmp_path: Path, url: str) -> Config:
     (tmp_path / "ep.yaml").write_text(
         f"agent_plugins:\n  agent.glm: {{plugin: builtin.local_llm, endpoint: '{url}', api_key_env: GLM_KEY, "
-        "model: glm-test}\n")
+        "model: glm-test}\n"
+    )
     return load_config(tmp_path / "ep.yaml")
 
 
-def test_endpoint_with_bearer_key(tmp_path: Path, keyed_server: str, logs: dict[str, Path],
-                                  monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+def test_endpoint_with_bearer_key(
+    tmp_path: Path,
+    keyed_server: str,
+    logs: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
     monkeypatch.setenv("GLM_KEY", "sekret-123")
     trace = tmp_path / "t.jsonl"
     with Runtime(endpoint_config(tmp_path, keyed_server), trace=trace) as rt:
@@ -254,8 +281,9 @@ def test_endpoint_with_bearer_key(tmp_path: Path, keyed_server: str, logs: dict[
     assert len(written) == 3 and all("sekret-123" not in p.read_text() for p in written)
 
 
-def test_endpoint_wrong_key_is_transport_error(tmp_path: Path, keyed_server: str, logs: dict[str, Path],
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_endpoint_wrong_key_is_transport_error(
+    tmp_path: Path, keyed_server: str, logs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("GLM_KEY", "wrong")
     with Runtime(endpoint_config(tmp_path, keyed_server)) as rt, pytest.raises(AgentError) as info:
         rt.call("decide", agent="agent.glm", prompt="p", schema=DECIDE)
@@ -291,15 +319,24 @@ def test_grammar_server_mode_uses_the_converter(tmp_path: Path, server_bin: Path
     with Runtime(config) as rt:
         agent = rt.agent("agent.local")
         agent.decl = dataclasses.replace(agent.decl, grammar="server")  # type: ignore[attr-defined]
-        request = AskRequest(session_id="s", turn=1, state_path="x", verb="decide", prompt="p", call_id="c",
-                             deadline="2030-01-01T00:00:00.000000000Z", schema=DECIDE)
+        request = AskRequest(
+            session_id="s",
+            turn=1,
+            state_path="x",
+            verb="decide",
+            prompt="p",
+            call_id="c",
+            deadline="2030-01-01T00:00:00.000000000Z",
+            schema=DECIDE,
+        )
         body, grammar, _, _ = agent.build_body(request)  # type: ignore[attr-defined]
     assert grammar == "server" and "grammar" not in body and body["response_format"]["type"] == "json_schema"
 
 
 def test_endpoint_unreachable(tmp_path: Path) -> None:
-    (tmp_path / "ep.yaml").write_text("agent_plugins:\n  agent.x: {plugin: builtin.local_llm, "
-                                      "endpoint: 'http://127.0.0.1:9'}\n")
+    (tmp_path / "ep.yaml").write_text(
+        "agent_plugins:\n  agent.x: {plugin: builtin.local_llm, endpoint: 'http://127.0.0.1:9'}\n"
+    )
     with Runtime(load_config(tmp_path / "ep.yaml")) as rt, pytest.raises(AgentError) as info:
         rt.call("ask", agent="agent.x", prompt="p")
     assert info.value.kind is ErrorKind.TRANSPORT_ERROR and "ConnectError" in info.value.detail
@@ -309,16 +346,23 @@ def test_build_body_request_shape(tmp_path: Path, server_bin: Path) -> None:
     config = managed_config(tmp_path, server_bin)
     with Runtime(config) as rt:
         agent = rt.agent("agent.local")
-        request = AskRequest(session_id="s", turn=1, state_path="x", verb="ask", prompt="p", call_id="c",
-                             deadline="2030-01-01T00:00:00.000000000Z")
+        request = AskRequest(
+            session_id="s",
+            turn=1,
+            state_path="x",
+            verb="ask",
+            prompt="p",
+            call_id="c",
+            deadline="2030-01-01T00:00:00.000000000Z",
+        )
         body, grammar, native, _ = agent.build_body(request)  # type: ignore[attr-defined]
     assert "response_format" not in body and "temperature" not in body
     assert (grammar, native) == ("none", False)
 
 
-def test_call_that_hits_a_dying_server_gets_its_exit_and_stderr(tmp_path: Path, server_bin: Path,
-                                                                logs: dict[str, Path],
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_call_that_hits_a_dying_server_gets_its_exit_and_stderr(
+    tmp_path: Path, server_bin: Path, logs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("FAKE_LLAMA_MODE", "crash_after_ready")
     monkeypatch.setenv("FAKE_LLAMA_CRASH_AFTER", "1.0")
     monkeypatch.setenv("FAKE_LLAMA_DELAY", "3")  # the answer would come after the crash
@@ -331,7 +375,8 @@ def test_call_that_hits_a_dying_server_gets_its_exit_and_stderr(tmp_path: Path, 
 
 def test_missing_model_file_is_a_clear_transport_error(tmp_path: Path, server_bin: Path, logs: dict[str, Path]) -> None:
     (tmp_path / "m.yaml").write_text(
-        f"agent_plugins:\n  agent.local: {{plugin: builtin.local_llm, model: models/none.gguf, server_bin: '{server_bin}'}}\n")
+        f"agent_plugins:\n  agent.local: {{plugin: builtin.local_llm, model: models/none.gguf, server_bin: '{server_bin}'}}\n"
+    )
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "none.gguf").write_bytes(b"")
     config = load_config(tmp_path / "m.yaml")  # checked at load (tests/unit/test_config.py), gone by the call
@@ -345,7 +390,8 @@ def test_missing_model_file_is_a_clear_transport_error(tmp_path: Path, server_bi
 
 def _pinned_config(tmp_path: Path, server_bin: Path, model: str) -> Config:
     (tmp_path / "pinned.yaml").write_text(
-        f"agent_plugins:\n  agent.local: {{plugin: builtin.local_llm, model: {model}, server_bin: '{server_bin}'}}\n")
+        f"agent_plugins:\n  agent.local: {{plugin: builtin.local_llm, model: {model}, server_bin: '{server_bin}'}}\n"
+    )
     return load_config(tmp_path / "pinned.yaml")
 
 

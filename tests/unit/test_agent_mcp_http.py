@@ -26,8 +26,13 @@ from tests.unit.agents_fixtures.helpers import (
 TOKEN = "s3cret-token"
 
 
-def make_agent(endpoint: str, *, headers: dict[str, str] | None = None, tool: str = "ask",
-               transport: httpx.BaseTransport | None = None) -> McpHttpAgent:
+def make_agent(
+    endpoint: str,
+    *,
+    headers: dict[str, str] | None = None,
+    tool: str = "ask",
+    transport: httpx.BaseTransport | None = None,
+) -> McpHttpAgent:
     decl = McpHttpDecl(alias="agent.remote", plugin="mcp_http", endpoint=endpoint, tool=tool, headers=headers or {})
     return McpHttpAgent(decl, transport=transport)
 
@@ -37,8 +42,6 @@ def agent(mcp_http_server: McpHttpServer) -> Iterator[McpHttpAgent]:
     a = make_agent(f"{mcp_http_server.base}/mcp")
     yield a
     a.close()
-
-
 
 
 def failure(agent: McpHttpAgent, prompt: str = "hello", seconds: float = 20.0) -> AgentError:
@@ -85,8 +88,11 @@ def test_close_deletes_the_session(mcp_http_server: McpHttpServer) -> None:
     probe = httpx.post(
         f"{mcp_http_server.base}/mcp",
         json={"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "ask", "arguments": {}}},
-        headers={"Accept": "application/json, text/event-stream", "Mcp-Session-Id": session,
-                 "MCP-Protocol-Version": version},
+        headers={
+            "Accept": "application/json, text/event-stream",
+            "Mcp-Session-Id": session,
+            "MCP-Protocol-Version": version,
+        },
         timeout=5,
     )
     assert probe.status_code == 404
@@ -157,7 +163,9 @@ def test_unknown_tool_is_transport_error(mcp_http_server: McpHttpServer) -> None
         ("/no/such/path", "HTTP 404"),
     ],
 )
-def test_http_and_protocol_failures_are_transport_error(mcp_http_server: McpHttpServer, path: str, expected: str) -> None:
+def test_http_and_protocol_failures_are_transport_error(
+    mcp_http_server: McpHttpServer, path: str, expected: str
+) -> None:
     a = make_agent(mcp_http_server.base + path)
     try:
         err = failure(a)

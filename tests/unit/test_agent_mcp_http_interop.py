@@ -59,8 +59,11 @@ class Scripted:
             self.posted.append(body)
         if body.get("method") == "initialize":
             self.sessions += 1
-            return httpx.Response(200, json={"jsonrpc": "2.0", "id": body["id"], "result": INIT},
-                                  headers={"mcp-session-id": f"s{self.sessions}"})
+            return httpx.Response(
+                200,
+                json={"jsonrpc": "2.0", "id": body["id"], "result": INIT},
+                headers={"mcp-session-id": f"s{self.sessions}"},
+            )
         if "method" not in body or "id" not in body:
             return httpx.Response(202)  # a notification, or the client's answer to our request
         return self.call(self, request, body)
@@ -147,9 +150,17 @@ def test_resuming_past_the_deadline_is_deadline_exceeded() -> None:
 def _requests_then_result(s: Scripted, r: httpx.Request, body: dict[str, Any]) -> httpx.Response:
     return sse(
         message({"jsonrpc": "2.0", "id": "p1", "method": "ping"}),
-        message({"jsonrpc": "2.0", "id": 7, "method": "elicitation/create",
-                 "params": {"message": "name?", "requestedSchema": {
-                     "type": "object", "properties": {"name": {"type": "string", "default": "Ada"}}}}}),
+        message(
+            {
+                "jsonrpc": "2.0",
+                "id": 7,
+                "method": "elicitation/create",
+                "params": {
+                    "message": "name?",
+                    "requestedSchema": {"type": "object", "properties": {"name": {"type": "string", "default": "Ada"}}},
+                },
+            }
+        ),
         message({"jsonrpc": "2.0", "id": 8, "method": "sampling/createMessage", "params": {}}),
         message({"jsonrpc": "2.0", "id": 9, "method": "roots/list"}),
         message(result(body["id"], {"done": True})),
@@ -182,18 +193,33 @@ def test_elicitation_defaults_policy_accepts_a_form_with_defaults() -> None:
         agent.close()
 
 
-@pytest.mark.parametrize(("params", "expected"), [
-    ({"requestedSchema": {"type": "object", "properties": {"a": {"type": "string", "default": "x"},
-                                                           "b": {"type": "integer"}}}},
-     {"action": "accept", "content": {"a": "x"}}),  # b is optional
-    ({"requestedSchema": {"type": "object", "properties": {"b": {"type": "integer"}}, "required": ["b"]}},
-     {"action": "decline"}),  # a required field without a default
-    ({"mode": "url", "url": "https://example.test/"}, {"action": "decline"}),
-    ({}, {"action": "decline"}),
-])
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        (
+            {
+                "requestedSchema": {
+                    "type": "object",
+                    "properties": {"a": {"type": "string", "default": "x"}, "b": {"type": "integer"}},
+                }
+            },
+            {"action": "accept", "content": {"a": "x"}},
+        ),  # b is optional
+        (
+            {"requestedSchema": {"type": "object", "properties": {"b": {"type": "integer"}}, "required": ["b"]}},
+            {"action": "decline"},
+        ),  # a required field without a default
+        ({"mode": "url", "url": "https://example.test/"}, {"action": "decline"}),
+        ({}, {"action": "decline"}),
+    ],
+)
 def test_elicitation_defaults_rules(params: dict[str, Any], expected: dict[str, Any]) -> None:
     asked = {"jsonrpc": "2.0", "id": 1, "method": "elicitation/create", "params": params}
-    assert _mcp.reply_to_server_request(asked, elicitation="defaults") == {"jsonrpc": "2.0", "id": 1, "result": expected}
+    assert _mcp.reply_to_server_request(asked, elicitation="defaults") == {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "result": expected,
+    }
     assert _mcp.reply_to_server_request(asked)["result"] == {"action": "decline"}  # type: ignore[index]
 
 
@@ -251,9 +277,17 @@ def test_response_on_another_stream_is_handed_to_its_call() -> None:
 
 def test_configured_protocol_headers_lose_to_the_clients(mcp_http_server: McpHttpServer) -> None:
     # The SDK server answers 406 when Accept lacks text/event-stream.
-    decl = McpHttpDecl(alias="agent.remote", plugin="mcp_http", endpoint=f"{mcp_http_server.base}/mcp",
-                       headers={"accept": "application/json", "content-TYPE": "text/plain",
-                                "mcp-session-id": "forged", "X-Extra": "kept"})
+    decl = McpHttpDecl(
+        alias="agent.remote",
+        plugin="mcp_http",
+        endpoint=f"{mcp_http_server.base}/mcp",
+        headers={
+            "accept": "application/json",
+            "content-TYPE": "text/plain",
+            "mcp-session-id": "forged",
+            "X-Extra": "kept",
+        },
+    )
     agent = McpHttpAgent(decl)
     try:
         assert ask(agent)["echo"] == "hi"
@@ -280,8 +314,9 @@ def test_exactly_one_of_each_protocol_header_is_sent() -> None:
 def test_unknown_session_reinitialises_once(status: int) -> None:
     def call(s: Scripted, r: httpx.Request, body: dict[str, Any]) -> httpx.Response:
         if r.headers["mcp-session-id"] != f"s{s.sessions}":
-            return httpx.Response(status, json={"jsonrpc": "2.0", "id": None,
-                                                "error": {"code": -32000, "message": "No valid session ID"}})
+            return httpx.Response(
+                status, json={"jsonrpc": "2.0", "id": None, "error": {"code": -32000, "message": "No valid session ID"}}
+            )
         return httpx.Response(200, json=result(body["id"], {"session": s.sessions}))
 
     server = Scripted(call)
@@ -333,13 +368,16 @@ def test_same_origin_redirects_are_followed_with_the_body(status: int) -> None:
         agent.close()
 
 
-@pytest.mark.parametrize(("hops", "location", "status", "expected"), [
-    (4, lambda d: "/r" * (d + 1) + "/mcp", 307, "more than 3 redirects"),
-    (1, lambda d: "http://other.test/mcp", 307, "another origin"),
-    (1, lambda d: "https://mcp.test/mcp", 308, "another origin"),  # scheme counts
-    (1, lambda d: "http://mcp.test:8080/mcp", 307, "another origin"),  # port counts
-    (1, lambda d: "/r/mcp", 302, "redirect to"),  # would turn the POST into a GET
-])
+@pytest.mark.parametrize(
+    ("hops", "location", "status", "expected"),
+    [
+        (4, lambda d: "/r" * (d + 1) + "/mcp", 307, "more than 3 redirects"),
+        (1, lambda d: "http://other.test/mcp", 307, "another origin"),
+        (1, lambda d: "https://mcp.test/mcp", 308, "another origin"),  # scheme counts
+        (1, lambda d: "http://mcp.test:8080/mcp", 307, "another origin"),  # port counts
+        (1, lambda d: "/r/mcp", 302, "redirect to"),  # would turn the POST into a GET
+    ],
+)
 def test_other_redirects_are_refused(hops: int, location: Callable[[int], str], status: int, expected: str) -> None:
     server = _redirecting(hops, location, status)
     agent = server.agent()

@@ -29,8 +29,14 @@ from tests.unit.agents_fixtures.helpers import (
 )
 
 
-def make_agent(*, script: Path = MCP_SERVER, args: tuple[str, ...] = ("stdio",), tool: str = "ask",
-               env: dict[str, str] | None = None, cwd: Path | None = None) -> McpStdioAgent:
+def make_agent(
+    *,
+    script: Path = MCP_SERVER,
+    args: tuple[str, ...] = ("stdio",),
+    tool: str = "ask",
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> McpStdioAgent:
     decl = McpStdioDecl(
         alias="agent.tools.helper",
         plugin="mcp_stdio",
@@ -49,8 +55,6 @@ def shared() -> Iterator[McpStdioAgent]:
     a = make_agent()
     yield a
     a.close()
-
-
 
 
 def failure(agent: McpStdioAgent, prompt: str, seconds: float = 20.0) -> AgentError:

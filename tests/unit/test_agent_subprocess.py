@@ -23,8 +23,13 @@ from localllm.errors import AgentError, ErrorKind
 from tests.unit.agents_fixtures.helpers import JSONRPC_AGENT, Resources, ask_request, assert_no_leaks, deadline
 
 
-def make_agent(*extra: str, env: dict[str, str] | None = None, cwd: Path | None = None,
-               command: str = sys.executable, args: tuple[str, ...] | None = None) -> SubprocessAgent:
+def make_agent(
+    *extra: str,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    command: str = sys.executable,
+    args: tuple[str, ...] | None = None,
+) -> SubprocessAgent:
     decl = SubprocessDecl(
         alias="agent.fixer",
         plugin="subprocess",

@@ -50,15 +50,26 @@ def test_layout_follows_the_cache_dir_setting(tmp_path: Path, monkeypatch: pytes
     pins = load_pins()
     gemma = pins.model("gemma-3-270m")
     assert cache_layout(tmp_path).model_path(gemma) == (
-        tmp_path / "models" / "gemma-3-270m" / "a5fd3b62230aa5ec" / FILE)
+        tmp_path / "models" / "gemma-3-270m" / "a5fd3b62230aa5ec" / FILE
+    )
 
 
 def test_cache_doc_draws_every_directory() -> None:
     from localllm.managed import cache_layout as documented
 
     doc = documented.__doc__ or ""
-    for part in ("bin/", "models/<id>/<sha256[:16]>/", "downloads/", "build/", "locks/", "cmake-build/",
-                 "build.log", ".staging-", ".part", MARKER):
+    for part in (
+        "bin/",
+        "models/<id>/<sha256[:16]>/",
+        "downloads/",
+        "build/",
+        "locks/",
+        "cmake-build/",
+        "build.log",
+        ".staging-",
+        ".part",
+        MARKER,
+    ):
         assert part in doc, part
 
 

@@ -39,9 +39,16 @@ def gguf(path: Path, meta: dict[str, Any]) -> Path:
 
 
 def test_reader_finds_the_template_and_skips_the_vocabulary(tmp_path: Path) -> None:
-    path = gguf(tmp_path / "m.gguf", {"general.architecture": "gemma3", "tokenizer.ggml.tokens": ["<pad>", "a"],
-                                      "tokenizer.ggml.add_bos_token": True, CHAT_TEMPLATE_KEY: "{{ messages }}",
-                                      "gemma3.context_length": 32768})
+    path = gguf(
+        tmp_path / "m.gguf",
+        {
+            "general.architecture": "gemma3",
+            "tokenizer.ggml.tokens": ["<pad>", "a"],
+            "tokenizer.ggml.add_bos_token": True,
+            CHAT_TEMPLATE_KEY: "{{ messages }}",
+            "gemma3.context_length": 32768,
+        },
+    )
     meta = read_metadata(path)
     assert meta["general.architecture"] == "gemma3" and meta["gemma3.context_length"] == 32768
     assert meta["tokenizer.ggml.tokens"] is None  # arrays are skipped unless asked for
@@ -50,9 +57,16 @@ def test_reader_finds_the_template_and_skips_the_vocabulary(tmp_path: Path) -> N
     assert chat_template(gguf(tmp_path / "base.gguf", {"general.architecture": "gemma3"})) is None
 
 
-@pytest.mark.parametrize("data", [b"", b"GGML" + b"\0" * 20, b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + b"\1\0",
-                                  b"GGUF" + struct.pack("<IQQ", 9, 0, 0),
-                                  b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 1 << 40)])
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"GGML" + b"\0" * 20,
+        b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + b"\1\0",
+        b"GGUF" + struct.pack("<IQQ", 9, 0, 0),
+        b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 1 << 40),
+    ],
+)
 def test_a_bad_header_is_a_gguf_error(tmp_path: Path, data: bytes) -> None:
     (tmp_path / "bad.gguf").write_bytes(data)
     with pytest.raises(GGUFError):
@@ -68,8 +82,17 @@ def _user_pins(entries: dict[str, Any]) -> None:
 
 def test_a_pinned_chat_template_reaches_the_server_argv(tmp_path: Path, server_bin: Path) -> None:
     model = gguf(tmp_path / "tiny-base.gguf", {"general.architecture": "gemma3"})
-    _user_pins({"tiny-base": {"role": "chat", "file": "tiny-base.gguf", "url": None, "sha256": "0" * 64,
-                              "chat_template": "gemma"}})
+    _user_pins(
+        {
+            "tiny-base": {
+                "role": "chat",
+                "file": "tiny-base.gguf",
+                "url": None,
+                "sha256": "0" * 64,
+                "chat_template": "gemma",
+            }
+        }
+    )
     assert load_pins().model_for(model).chat_template == "gemma"  # type: ignore[union-attr]
     assert chat_format_args(model, "chat", []) == ["--chat-template", "gemma"]
     assert chat_format_args(model, "embedding", []) == []
@@ -92,7 +115,8 @@ def test_check_warns_when_a_gguf_has_no_template(tmp_path: Path, capsys: pytest.
         "agent_plugins:\n"
         "  agent.base: {plugin: builtin.local_llm, model: base.gguf}\n"
         "  agent.chat: {plugin: builtin.local_llm, model: chat.gguf}\n"
-        "  agent.set: {plugin: builtin.local_llm, model: base.gguf, extra_args: [--chat-template, gemma]}\n")
+        "  agent.set: {plugin: builtin.local_llm, model: base.gguf, extra_args: [--chat-template, gemma]}\n"
+    )
     assert main(["check", str(tmp_path / "app.yaml"), "--json"]) == 0
     warnings = json.loads(capsys.readouterr().out)["warnings"]
     assert len(warnings) == 1 and warnings[0].startswith("agent_plugins.agent.base.model: base.gguf has no chat")

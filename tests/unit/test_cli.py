@@ -19,8 +19,17 @@ from localllm.errors import AgentError, ErrorKind, TraceCorrupted
 SCHEMA = {"type": "object", "properties": {"verdict": {"enum": ["yes", "no"]}}, "required": ["verdict"]}
 
 # What `localllm --help` must not import: every subsystem and every heavy dependency.
-SUBSYSTEMS = ("localllm.managed", "localllm.agents", "localllm.embed", "localllm.trace", "localllm.plugins",
-              "localllm.grammar", "localllm.runtime", "localllm.config", "localllm.schema")
+SUBSYSTEMS = (
+    "localllm.managed",
+    "localllm.agents",
+    "localllm.embed",
+    "localllm.trace",
+    "localllm.plugins",
+    "localllm.grammar",
+    "localllm.runtime",
+    "localllm.config",
+    "localllm.schema",
+)
 HEAVY = ("httpx", "numpy", "jsonschema", "yaml", "psutil", "filelock", "tqdm")
 
 
@@ -50,7 +59,9 @@ def test_a_command_imports_only_its_own_module() -> None:
     rc, modules, _ = _modules_after(["trace", "--help"])
     assert rc == 0
     assert "localllm.cli.trace" in modules
-    assert not [m for m in modules if m.startswith(("localllm.cli.embed", "localllm.cli.artifacts", "localllm.managed"))]
+    assert not [
+        m for m in modules if m.startswith(("localllm.cli.embed", "localllm.cli.artifacts", "localllm.managed"))
+    ]
 
 
 def test_every_table_entry_names_a_module_that_sets_it_up() -> None:
@@ -68,8 +79,9 @@ def test_every_table_entry_names_a_module_that_sets_it_up() -> None:
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"localllm {__version__}"
-    done = subprocess.run([sys.executable, "-m", "localllm", "--version"], capture_output=True, text=True,
-                          timeout=60, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "localllm", "--version"], capture_output=True, text=True, timeout=60, check=False
+    )
     assert (done.returncode, done.stdout.strip()) == (0, f"localllm {__version__}")
 
 
@@ -83,8 +95,13 @@ def test_library_never_imports_the_cli() -> None:
         if rel.parts[0] == "cli" or rel.name == "__main__.py":
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             offenders += [f"{rel}: {n}" for n in names if n == "localllm.cli" or n.startswith("localllm.cli.")]
     assert offenders == []
 
@@ -113,8 +130,10 @@ def _app(tmp_path: Path) -> Path:
 
 def _cassette(tmp_path: Path, answer: str = '{"verdict": "yes"}') -> Path:
     cassette = tmp_path / "c.yaml"
-    cassette.write_text("kind: host_cassette\nepisodes:\n  - id: ep-01\n    match: {handler: agent.local}\n"
-                        f"    replay: any\n    agent: {{verb: decide, response: '{answer}'}}\n")
+    cassette.write_text(
+        "kind: host_cassette\nepisodes:\n  - id: ep-01\n    match: {handler: agent.local}\n"
+        f"    replay: any\n    agent: {{verb: decide, response: '{answer}'}}\n"
+    )
     return cassette
 
 
@@ -127,10 +146,13 @@ def _prompt_file(trace: Path) -> str:
     return (trace.parent / prompt_file).read_text() if prompt_file else str(start.payload.get("prompt"))
 
 
-@pytest.mark.parametrize("argv", [["check", "{cfg}"], ["check", "-c", "{cfg}"], ["check", "--config", "{cfg}"],
-                                  ["check", "{cfg}", "-c", "{cfg}"]])
-def test_check_takes_the_config_positionally_or_as_an_option(tmp_path: Path, argv: list[str],
-                                                             capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "argv",
+    [["check", "{cfg}"], ["check", "-c", "{cfg}"], ["check", "--config", "{cfg}"], ["check", "{cfg}", "-c", "{cfg}"]],
+)
+def test_check_takes_the_config_positionally_or_as_an_option(
+    tmp_path: Path, argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
     cfg = _app(tmp_path)
     assert main([a.format(cfg=cfg) for a in argv] + ["--json"]) == 0
     judge = json.loads(capsys.readouterr().out)["gates"]["judge"]
@@ -146,11 +168,19 @@ def test_check_needs_exactly_one_config(tmp_path: Path, capsys: pytest.CaptureFi
     assert json.loads(capsys.readouterr().out)["kind"] == "usage_error"
 
 
-@pytest.mark.parametrize("command", [["call", "ask", "--agent", "agent.local", "--prompt", "x"], ["run", "judge"],
-                                     ["embed", "--embedder", "e", "x"], ["search", "q", "--embedder", "e",
-                                                                         "--corpus", "*"], ["route", "hi"]])
-def test_every_config_command_takes_dash_c(tmp_path: Path, command: list[str],
-                                           capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["call", "ask", "--agent", "agent.local", "--prompt", "x"],
+        ["run", "judge"],
+        ["embed", "--embedder", "e", "x"],
+        ["search", "q", "--embedder", "e", "--corpus", "*"],
+        ["route", "hi"],
+    ],
+)
+def test_every_config_command_takes_dash_c(
+    tmp_path: Path, command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
     missing = tmp_path / "nowhere.yaml"
     # -c is accepted (the config error proves it was parsed and read), and the failure is JSON
     assert main([*command, "-c", str(missing), "--json"]) == 2
@@ -161,8 +191,23 @@ def test_every_config_command_takes_dash_c(tmp_path: Path, command: list[str],
 
 def test_run_replays_a_cassette_and_passes_world_values(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg, cassette, trace = _app(tmp_path), _cassette(tmp_path), tmp_path / "t.jsonl"
-    code = main(["run", "judge", "-c", str(cfg), "--cassette", str(cassette), "--arg", "item=the box",
-                 "--world", "user=ada", "--trace", str(trace), "--json"])
+    code = main(
+        [
+            "run",
+            "judge",
+            "-c",
+            str(cfg),
+            "--cassette",
+            str(cassette),
+            "--arg",
+            "item=the box",
+            "--world",
+            "user=ada",
+            "--trace",
+            str(trace),
+            "--json",
+        ]
+    )
     doc = json.loads(capsys.readouterr().out)
     assert code == 0 and doc["submission"] == {"verdict": "yes"} and doc["agent"] == "agent.local"
     assert _prompt_file(trace) == "Judge the box for ada"
@@ -170,9 +215,29 @@ def test_run_replays_a_cassette_and_passes_world_values(tmp_path: Path, capsys: 
 
 def test_call_passes_world_values(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg, cassette, trace = _app(tmp_path), _cassette(tmp_path), tmp_path / "t.jsonl"
-    assert main(["call", "decide", "-c", str(cfg), "--agent", "agent.local", "--prompt", "hello {{ world.user }}",
-                 "--world", "user=bob", "--world", "user=eve", "--cassette", str(cassette),
-                 "--trace", str(trace)]) == 0
+    assert (
+        main(
+            [
+                "call",
+                "decide",
+                "-c",
+                str(cfg),
+                "--agent",
+                "agent.local",
+                "--prompt",
+                "hello {{ world.user }}",
+                "--world",
+                "user=bob",
+                "--world",
+                "user=eve",
+                "--cassette",
+                str(cassette),
+                "--trace",
+                str(trace),
+            ]
+        )
+        == 0
+    )
     assert json.loads(capsys.readouterr().out) == {"verdict": "yes"}
     assert _prompt_file(trace) == "hello eve"  # the last value of a repeated key wins
 
@@ -188,8 +253,9 @@ def test_bad_world_pair_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureF
 def test_agent_failure_with_json_is_a_json_document(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = _app(tmp_path)
     cassette = _cassette(tmp_path, answer='{"verdict": "maybe"}')
-    code = main(["run", "judge", "-c", str(cfg), "--cassette", str(cassette), "--arg", "item=a", "--world", "user=b",
-                 "--json"])
+    code = main(
+        ["run", "judge", "-c", str(cfg), "--cassette", str(cassette), "--arg", "item=a", "--world", "user=b", "--json"]
+    )
     captured = capsys.readouterr()
     doc = json.loads(captured.out)
     assert code == 1
@@ -200,8 +266,23 @@ def test_agent_failure_with_json_is_a_json_document(tmp_path: Path, capsys: pyte
 
 def test_agent_failure_without_json_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cassette = _cassette(tmp_path, answer='{"verdict": "maybe"}')
-    assert main(["run", "judge", "-c", str(_app(tmp_path)), "--cassette", str(cassette), "--arg", "item=a",
-                 "--world", "user=b"]) == 1
+    assert (
+        main(
+            [
+                "run",
+                "judge",
+                "-c",
+                str(_app(tmp_path)),
+                "--cassette",
+                str(cassette),
+                "--arg",
+                "item=a",
+                "--world",
+                "user=b",
+            ]
+        )
+        == 1
+    )
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err.startswith("localllm: error: agent: schema_invalid: ")
@@ -224,14 +305,18 @@ def test_fetch_model_without_an_id_downloads_nothing(tmp_path: Path) -> None:
     assert not (tmp_path / "cache").exists()
 
 
-@pytest.mark.parametrize(("exc", "kind", "code"), [
-    (AgentError(ErrorKind.TRANSPORT_ERROR, "down"), "transport_error", 1),
-    (TraceCorrupted("trace corrupted: bad line"), "trace_corrupted", 1),
-    (UsageError("no"), "usage_error", 2),
-    (KeyError("surprise"), "internal_error", 1),
-])
-def test_error_kinds_and_exit_codes(exc: Exception, kind: str, code: int, monkeypatch: pytest.MonkeyPatch,
-                                    capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("exc", "kind", "code"),
+    [
+        (AgentError(ErrorKind.TRANSPORT_ERROR, "down"), "transport_error", 1),
+        (TraceCorrupted("trace corrupted: bad line"), "trace_corrupted", 1),
+        (UsageError("no"), "usage_error", 2),
+        (KeyError("surprise"), "internal_error", 1),
+    ],
+)
+def test_error_kinds_and_exit_codes(
+    exc: Exception, kind: str, code: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     def boom(_args: Any) -> int:
         raise exc
 
@@ -277,15 +362,17 @@ def test_warnings_become_one_line_messages(monkeypatch: pytest.MonkeyPatch, caps
 
 def test_warnings_in_a_real_process_are_one_line(tmp_path: Path) -> None:
     # A real subprocess, the filters Python starts with: the hook decides what the user sees.
-    code = ("import warnings, localllm.cli.trace as t\n"
-            "def warns(args):\n"
-            "    warnings.warn('careful', RuntimeWarning)\n"
-            "    return 0\n"
-            "def setup(p):\n"
-            "    p.add_argument('rest', nargs='*'); p.set_defaults(handler=warns)\n"
-            "t.SETUP['trace'] = setup\n"
-            "from localllm.cli import main\n"
-            "raise SystemExit(main(['trace', 'x']))\n")
+    code = (
+        "import warnings, localllm.cli.trace as t\n"
+        "def warns(args):\n"
+        "    warnings.warn('careful', RuntimeWarning)\n"
+        "    return 0\n"
+        "def setup(p):\n"
+        "    p.add_argument('rest', nargs='*'); p.set_defaults(handler=warns)\n"
+        "t.SETUP['trace'] = setup\n"
+        "from localllm.cli import main\n"
+        "raise SystemExit(main(['trace', 'x']))\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert (done.returncode, done.stderr) == (0, "localllm: warning: careful\n")
 
@@ -353,14 +440,16 @@ def test_readme_cli_reference_lists_every_command_and_flag() -> None:
     assert "--version" in synopses[0] and "--help" in synopses[0]
 
 
-def test_text_the_terminal_cannot_encode_is_escaped_not_a_crash(tmp_path: Path,
-                                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_text_the_terminal_cannot_encode_is_escaped_not_a_crash(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # a directory name that is not UTF-8 decodes to a lone surrogate and reaches the output
     plugin = Path(os.fsdecode(bytes(tmp_path) + b"/p\xe9"))
     plugin.mkdir()
     (plugin / "plugin.json").write_text(
         '{"$schema": "https://agent-plugins.org/schemas/1.0.0/plugin.schema.json", "name": "p", '
-        '"version": "1.0.0", "description": "d"}')
+        '"version": "1.0.0", "description": "d"}'
+    )
     code = main(["plugins", "check", str(plugin), "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert doc.get("kind") != "internal_error"
@@ -394,13 +483,18 @@ def test_generated_command_lines_never_crash(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setenv("LOCALLLM_OFFLINE", "1")  # fetch/cache verify must not open a socket
     monkeypatch.chdir(tmp_path)
     # `serve` with valid flags runs until signalled: its own tests start and stop it
-    commands = [(words.split()[1:], parser) for words, parser in _parsers()
-                if not any(a.__class__.__name__ == "_SubParsersAction" for a in parser._actions)
-                and words.split()[1:] != ["serve"]]
+    commands = [
+        (words.split()[1:], parser)
+        for words, parser in _parsers()
+        if not any(a.__class__.__name__ == "_SubParsersAction" for a in parser._actions)
+        and words.split()[1:] != ["serve"]
+    ]
     flags = sorted({f for _, p in commands for a in p._actions for f in a.option_strings if f not in ("-h", "--help")})
-    values = st.one_of(st.sampled_from(flags), st.sampled_from(["1", "-1", "0.5", "k=v", "=", "", ".", "x.json",
-                                                                "ask", "decide"]),
-                       st.text(max_size=12))
+    values = st.one_of(
+        st.sampled_from(flags),
+        st.sampled_from(["1", "-1", "0.5", "k=v", "=", "", ".", "x.json", "ask", "decide"]),
+        st.text(max_size=12),
+    )
 
     @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
     @given(st.sampled_from([words for words, _ in commands]), st.lists(values, max_size=6), st.booleans())
@@ -414,8 +508,11 @@ def test_generated_command_lines_never_crash(tmp_path: Path, monkeypatch: pytest
             code = main(argv)
         assert code in (0, 1, 2), argv
         assert "Traceback" not in stderr.getvalue()
-        assert "internal_error" not in stdout.getvalue() and "a bug in localllm" not in stderr.getvalue(), \
-            (argv, stdout.getvalue(), stderr.getvalue())
+        assert "internal_error" not in stdout.getvalue() and "a bug in localllm" not in stderr.getvalue(), (
+            argv,
+            stdout.getvalue(),
+            stderr.getvalue(),
+        )
         if as_json and code and stdout.getvalue().lstrip().startswith("{"):
             doc = json.loads(stdout.getvalue())
             if doc.get("ok") is False and "kind" in doc:

@@ -122,10 +122,15 @@ def test_wrong_types(tmp_path: Path) -> None:
 
 
 def test_local_llm_ranges_in_file_order(tmp_path: Path) -> None:
-    text = agent(tmp_path, "{plugin: builtin.local_llm, endpoint: 'http://h', parallel: 0, temperature: 3, "
-                           "api_key_env: 'sk-123 456'}")
-    assert keys(tmp_path, text) == ["agent_plugins.agent.x.parallel", "agent_plugins.agent.x.temperature",
-                                    "agent_plugins.agent.x.api_key_env"]
+    text = agent(
+        tmp_path,
+        "{plugin: builtin.local_llm, endpoint: 'http://h', parallel: 0, temperature: 3, api_key_env: 'sk-123 456'}",
+    )
+    assert keys(tmp_path, text) == [
+        "agent_plugins.agent.x.parallel",
+        "agent_plugins.agent.x.temperature",
+        "agent_plugins.agent.x.api_key_env",
+    ]
 
 
 def test_endpoint_must_be_url(tmp_path: Path) -> None:
@@ -148,8 +153,10 @@ def test_unset_env_var_names_var_and_key(tmp_path: Path) -> None:
 
 
 def test_unset_header_var(tmp_path: Path) -> None:
-    text = ("agent_plugins:\n  agent.x:\n    plugin: mcp_http\n    endpoint: http://127.0.0.1:1/mcp\n"
-            "    headers: {Authorization: 'Bearer ${NO_TOKEN}'}\n")
+    text = (
+        "agent_plugins:\n  agent.x:\n    plugin: mcp_http\n    endpoint: http://127.0.0.1:1/mcp\n"
+        "    headers: {Authorization: 'Bearer ${NO_TOKEN}'}\n"
+    )
     assert problems(tmp_path, text) == [
         "agent_plugins.agent.x: env var NO_TOKEN referenced in headers.Authorization not set"
     ]
@@ -174,8 +181,10 @@ def test_interpolate_is_single_pass() -> None:
 
 def test_headers_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TOK", "abc")
-    text = ("agent_plugins:\n  agent.r:\n    plugin: mcp_http\n    endpoint: http://127.0.0.1:7301/mcp\n"
-            "    headers: {Authorization: 'Bearer ${TOK}'}\n")
+    text = (
+        "agent_plugins:\n  agent.r:\n    plugin: mcp_http\n    endpoint: http://127.0.0.1:7301/mcp\n"
+        "    headers: {Authorization: 'Bearer ${TOK}'}\n"
+    )
     decl = load_config(write(tmp_path, text)).agents["agent.r"]
     assert isinstance(decl, McpHttpDecl)
     assert decl.headers == {"Authorization": "Bearer abc"}
@@ -187,12 +196,20 @@ def test_local_llm_defaults(tmp_path: Path) -> None:
     decl = local["agent.x"]
     assert isinstance(decl, LocalLLMDecl)
     assert (decl.grammar, decl.json_schema, decl.parallel, decl.max_tokens, decl.fallback) == (
-        True, False, 4, 512, "agent.claude")
+        True,
+        False,
+        4,
+        512,
+        "agent.claude",
+    )
 
 
 def test_null_means_the_default(tmp_path: Path) -> None:
-    text = agent(tmp_path, "{plugin: builtin.local_llm, endpoint: 'http://h:1', temperature: null, threads: null, "
-                           "port: null, server_bin: null, parallel: null}")
+    text = agent(
+        tmp_path,
+        "{plugin: builtin.local_llm, endpoint: 'http://h:1', temperature: null, threads: null, "
+        "port: null, server_bin: null, parallel: null}",
+    )
     decl = load_config(write(tmp_path, text)).agents["agent.x"]
     assert isinstance(decl, LocalLLMDecl)
     assert (decl.temperature, decl.threads, decl.port, decl.server_bin, decl.parallel) == (None, None, None, None, 4)
@@ -200,14 +217,18 @@ def test_null_means_the_default(tmp_path: Path) -> None:
 
 def gate_config(tmp_path: Path, gate: str, agents: str = "") -> str:
     (tmp_path / "schemas").mkdir(exist_ok=True)
-    (tmp_path / "schemas" / "v.json").write_text(json.dumps(
-        {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}))
+    (tmp_path / "schemas" / "v.json").write_text(
+        json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]})
+    )
     return f"agent_plugins:\n  agent.i: {{plugin: builtin.inprocess}}\n{agents}gates:\n{gate}"
 
 
 def test_gate_ok(tmp_path: Path) -> None:
-    text = gate_config(tmp_path, "  g:\n    invoke: host.agent.decide\n    agent: agent.i\n"
-                                 "    with: {prompt: 'Is {{ args.x }} ok?', schema: schemas/v.json}\n")
+    text = gate_config(
+        tmp_path,
+        "  g:\n    invoke: host.agent.decide\n    agent: agent.i\n"
+        "    with: {prompt: 'Is {{ args.x }} ok?', schema: schemas/v.json}\n",
+    )
     gate = load_config(write(tmp_path, text)).gates["g"]
     assert (gate.verb, gate.agent, gate.schema_path) == ("decide", "agent.i", (tmp_path / "schemas/v.json").resolve())
 
@@ -231,13 +252,17 @@ def test_gate_bad_verb_and_missing_prompt(tmp_path: Path) -> None:
 def test_prompt_file_resolves_relative(tmp_path: Path) -> None:
     (tmp_path / "prompts").mkdir()
     (tmp_path / "prompts" / "p.md").write_text("Decide about {{ args.x }}.")
-    text = gate_config(tmp_path, "  g:\n    invoke: host.agent.ask\n    agent: agent.i\n    with: {prompt: prompts/p.md}\n")
+    text = gate_config(
+        tmp_path, "  g:\n    invoke: host.agent.ask\n    agent: agent.i\n    with: {prompt: prompts/p.md}\n"
+    )
     gate = load_config(write(tmp_path, text)).gates["g"]
     assert gate.prompt == "Decide about {{ args.x }}."
 
 
 def test_missing_prompt_file(tmp_path: Path) -> None:
-    text = gate_config(tmp_path, "  g:\n    invoke: host.agent.ask\n    agent: agent.i\n    with: {prompt: prompts/none.md}\n")
+    text = gate_config(
+        tmp_path, "  g:\n    invoke: host.agent.ask\n    agent: agent.i\n    with: {prompt: prompts/none.md}\n"
+    )
     assert keys(tmp_path, text) == ["gates.g.with.prompt"]
 
 
@@ -245,7 +270,9 @@ def test_schema_outside_config_dir(tmp_path: Path) -> None:
     sub = tmp_path / "app"
     sub.mkdir()
     (tmp_path / "outside.json").write_text("{}")
-    text = gate_config(sub, "  g:\n    invoke: host.agent.ask\n    agent: agent.i\n    with: {prompt: hi, schema: ../outside.json}\n")
+    text = gate_config(
+        sub, "  g:\n    invoke: host.agent.ask\n    agent: agent.i\n    with: {prompt: hi, schema: ../outside.json}\n"
+    )
     assert keys(sub, text) == ["gates.g.with.schema"]
 
 
@@ -253,10 +280,21 @@ def test_schema_ref_outside_and_absolute(tmp_path: Path) -> None:
     sub = tmp_path / "app"
     (sub / "schemas").mkdir(parents=True)
     (tmp_path / "evil.json").write_text("{}")
-    (sub / "schemas" / "s.json").write_text(json.dumps({"properties": {
-        "a": {"$ref": "../../evil.json"}, "b": {"$ref": "/etc/passwd"}, "c": {"$ref": "common.json#/$defs/x"}}}))
+    (sub / "schemas" / "s.json").write_text(
+        json.dumps(
+            {
+                "properties": {
+                    "a": {"$ref": "../../evil.json"},
+                    "b": {"$ref": "/etc/passwd"},
+                    "c": {"$ref": "common.json#/$defs/x"},
+                }
+            }
+        )
+    )
     (sub / "schemas" / "common.json").write_text(json.dumps({"$defs": {"y": {}}}))
-    text = gate_config(sub, "  g:\n    invoke: host.agent.ask\n    agent: agent.i\n    with: {prompt: hi, schema: schemas/s.json}\n")
+    text = gate_config(
+        sub, "  g:\n    invoke: host.agent.ask\n    agent: agent.i\n    with: {prompt: hi, schema: schemas/s.json}\n"
+    )
     found = problems(sub, text)
     assert len(found) == 3
     assert "$.properties.a: $ref '../../evil.json' points outside the config directory" in found[0]
@@ -266,14 +304,18 @@ def test_schema_ref_outside_and_absolute(tmp_path: Path) -> None:
 
 def test_invalid_schema_json(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{nope")
-    text = gate_config(tmp_path, "  g:\n    invoke: host.agent.ask\n    agent: agent.i\n    with: {prompt: hi, schema: bad.json}\n")
+    text = gate_config(
+        tmp_path, "  g:\n    invoke: host.agent.ask\n    agent: agent.i\n    with: {prompt: hi, schema: bad.json}\n"
+    )
     assert keys(tmp_path, text) == ["gates.g.with.schema"]
 
 
 def test_decide_gate_outside_grammar_subset(tmp_path: Path) -> None:
     (tmp_path / "u.json").write_text(json.dumps({"type": "array", "items": {"type": "string"}, "uniqueItems": True}))
-    text = ("agent_plugins:\n  agent.local: {plugin: builtin.local_llm, endpoint: 'http://127.0.0.1:1', grammar: true}\n"
-            "gates:\n  g:\n    invoke: host.agent.decide\n    agent: agent.local\n    with: {prompt: hi, schema: u.json}\n")
+    text = (
+        "agent_plugins:\n  agent.local: {plugin: builtin.local_llm, endpoint: 'http://127.0.0.1:1', grammar: true}\n"
+        "gates:\n  g:\n    invoke: host.agent.decide\n    agent: agent.local\n    with: {prompt: hi, schema: u.json}\n"
+    )
     found = problems(tmp_path, text)
     assert len(found) == 1
     assert 'agent "agent.local" is builtin.local_llm with grammar: true but its decide schema' in found[0]
@@ -282,14 +324,18 @@ def test_decide_gate_outside_grammar_subset(tmp_path: Path) -> None:
 
 def test_grammar_check_skipped_with_json_schema(tmp_path: Path) -> None:
     (tmp_path / "u.json").write_text(json.dumps({"type": "array", "uniqueItems": True}))
-    text = ("agent_plugins:\n  agent.local: {plugin: builtin.local_llm, endpoint: 'http://h:1', json_schema: true}\n"
-            "gates:\n  g:\n    invoke: host.agent.decide\n    agent: agent.local\n    with: {prompt: hi, schema: u.json}\n")
+    text = (
+        "agent_plugins:\n  agent.local: {plugin: builtin.local_llm, endpoint: 'http://h:1', json_schema: true}\n"
+        "gates:\n  g:\n    invoke: host.agent.decide\n    agent: agent.local\n    with: {prompt: hi, schema: u.json}\n"
+    )
     assert "g" in load_config(write(tmp_path, text)).gates
 
 
 def test_errors_collected_in_stable_file_order(tmp_path: Path) -> None:
-    text = ("bogus: 1\nagent_plugins:\n  x: {plugin: subprocess}\n  agent.y: {plugin: nope}\n"
-            "gates:\n  g: {invoke: host.agent.ask, agent: agent.z, with: {prompt: hi}}\n")
+    text = (
+        "bogus: 1\nagent_plugins:\n  x: {plugin: subprocess}\n  agent.y: {plugin: nope}\n"
+        "gates:\n  g: {invoke: host.agent.ask, agent: agent.z, with: {prompt: hi}}\n"
+    )
     first = keys(tmp_path, text)
     assert first == keys(tmp_path, text)
     assert first == ["bogus", "agent_plugins.x", "agent_plugins.x", "agent_plugins.agent.y.plugin", "gates.g.agent"]
@@ -305,9 +351,11 @@ def test_problem_str_has_file_key_and_hint(tmp_path: Path) -> None:
 
 
 def test_embedders_intents_router(tmp_path: Path) -> None:
-    text = ("embedders:\n  docs: {model: all-minilm-l6-v2, dims: 384}\n"
-            "intents:\n  greet: [hello, hi]\n  bye: {examples: [goodbye]}\n"
-            "router: {embedder: docs, confident: 0.9}\n")
+    text = (
+        "embedders:\n  docs: {model: all-minilm-l6-v2, dims: 384}\n"
+        "intents:\n  greet: [hello, hi]\n  bye: {examples: [goodbye]}\n"
+        "router: {embedder: docs, confident: 0.9}\n"
+    )
     config = load_config(write(tmp_path, text))
     assert config.embedders["docs"].dims == 384
     assert config.intents["greet"].examples == ("hello", "hi")
@@ -332,17 +380,19 @@ def test_unknown_managed_model_suggests(tmp_path: Path) -> None:
 
 
 def test_fallback_declared_per_agent_and_gate(tmp_path: Path) -> None:
-    text = ("agent_plugins:\n"
-            "  agent.a: {plugin: builtin.local_llm, endpoint: 'http://h:1'}\n"
-            "  agent.b: {plugin: builtin.local_llm, endpoint: 'http://h:1', fallback: none}\n"
-            "  agent.c: {plugin: builtin.local_llm, endpoint: 'http://h:1', fallback: agent.a}\n"
-            "  agent.s: {plugin: subprocess, command: /bin/true}\n"
-            "gates:\n"
-            "  ga: {invoke: host.agent.ask, agent: agent.a, with: {prompt: hi}}\n"
-            "  gb: {invoke: host.agent.ask, agent: agent.b, with: {prompt: hi}}\n"
-            "  gc: {invoke: host.agent.ask, agent: agent.c, with: {prompt: hi}}\n"
-            "  gn: {invoke: host.agent.ask, agent: agent.a, fallback: none, with: {prompt: hi}}\n"
-            "  gs: {invoke: host.agent.ask, agent: agent.s, with: {prompt: hi}}\n")
+    text = (
+        "agent_plugins:\n"
+        "  agent.a: {plugin: builtin.local_llm, endpoint: 'http://h:1'}\n"
+        "  agent.b: {plugin: builtin.local_llm, endpoint: 'http://h:1', fallback: none}\n"
+        "  agent.c: {plugin: builtin.local_llm, endpoint: 'http://h:1', fallback: agent.a}\n"
+        "  agent.s: {plugin: subprocess, command: /bin/true}\n"
+        "gates:\n"
+        "  ga: {invoke: host.agent.ask, agent: agent.a, with: {prompt: hi}}\n"
+        "  gb: {invoke: host.agent.ask, agent: agent.b, with: {prompt: hi}}\n"
+        "  gc: {invoke: host.agent.ask, agent: agent.c, with: {prompt: hi}}\n"
+        "  gn: {invoke: host.agent.ask, agent: agent.a, fallback: none, with: {prompt: hi}}\n"
+        "  gs: {invoke: host.agent.ask, agent: agent.s, with: {prompt: hi}}\n"
+    )
     config = load_config(write(tmp_path, text))
     assert config.fallbacks() == {"ga": "agent.claude", "gb": None, "gc": "agent.a", "gn": None, "gs": None}
     assert config.fallback_for("agent.a") == "agent.claude"
@@ -351,34 +401,54 @@ def test_fallback_declared_per_agent_and_gate(tmp_path: Path) -> None:
 
 
 def test_fallback_errors(tmp_path: Path) -> None:
-    text = ("agent_plugins:\n"
-            "  agent.a: {plugin: builtin.local_llm, endpoint: 'http://h:1', fallback: agent.nope}\n"
-            "  agent.s: {plugin: subprocess, command: /bin/true}\n"
-            "  agent.t: {plugin: builtin.local_llm, endpoint: 'http://h:1', fallback: agent.t}\n"
-            "gates:\n"
-            "  g1: {invoke: host.agent.ask, agent: agent.s, fallback: agent.claude, with: {prompt: hi}}\n"
-            "  g2: {invoke: host.agent.ask, agent: agent.a, fallback: agent.a, with: {prompt: hi}}\n"
-            "  g3: {invoke: host.agent.ask, agent: agent.a, fallback: 7, with: {prompt: hi}}\n")
-    assert keys(tmp_path, text) == ["agent_plugins.agent.a.fallback", "agent_plugins.agent.t.fallback",
-                                    "gates.g1.fallback", "gates.g2.fallback", "gates.g3.fallback"]
+    text = (
+        "agent_plugins:\n"
+        "  agent.a: {plugin: builtin.local_llm, endpoint: 'http://h:1', fallback: agent.nope}\n"
+        "  agent.s: {plugin: subprocess, command: /bin/true}\n"
+        "  agent.t: {plugin: builtin.local_llm, endpoint: 'http://h:1', fallback: agent.t}\n"
+        "gates:\n"
+        "  g1: {invoke: host.agent.ask, agent: agent.s, fallback: agent.claude, with: {prompt: hi}}\n"
+        "  g2: {invoke: host.agent.ask, agent: agent.a, fallback: agent.a, with: {prompt: hi}}\n"
+        "  g3: {invoke: host.agent.ask, agent: agent.a, fallback: 7, with: {prompt: hi}}\n"
+    )
+    assert keys(tmp_path, text) == [
+        "agent_plugins.agent.a.fallback",
+        "agent_plugins.agent.t.fallback",
+        "gates.g1.fallback",
+        "gates.g2.fallback",
+        "gates.g3.fallback",
+    ]
 
 
 def selection_config(tmp_path: Path, selection: str) -> str:
-    return ("gates:\n  g:\n    invoke: host.agent.decide\n    with: {agent: agent.claude, prompt: hi}\n"
-            f"    selection: {selection}\n")
+    return (
+        "gates:\n  g:\n    invoke: host.agent.decide\n    with: {agent: agent.claude, prompt: hi}\n"
+        f"    selection: {selection}\n"
+    )
 
 
 def test_selection_accepted_and_validated(tmp_path: Path) -> None:
     (tmp_path / "evals").mkdir()
     (tmp_path / "evals" / "latest.json").write_text(
-        '{"kind": "localllm_eval_report", "version": 1, "gate": "g", "fingerprint": {}, "agents": {}}')
-    text = selection_config(tmp_path, "{profile: synthetic-codex, model: 'syn:small:text', effort: low, "
-                                      "evidence: evals/latest.json, fallback_profile: claude, "
-                                      "policy: cheapest-passing, min_accuracy: 0.9, max_fallback_rate: 0.1}")
+        '{"kind": "localllm_eval_report", "version": 1, "gate": "g", "fingerprint": {}, "agents": {}}'
+    )
+    text = selection_config(
+        tmp_path,
+        "{profile: synthetic-codex, model: 'syn:small:text', effort: low, "
+        "evidence: evals/latest.json, fallback_profile: claude, "
+        "policy: cheapest-passing, min_accuracy: 0.9, max_fallback_rate: 0.1}",
+    )
     selection = load_config(write(tmp_path, text)).gates["g"].selection
-    assert selection == Selection(profile="synthetic-codex", model="syn:small:text", effort="low",
-                                  evidence=(tmp_path / "evals" / "latest.json").resolve(), fallback_profile="claude",
-                                  policy="cheapest-passing", min_accuracy=0.9, max_fallback_rate=0.1)
+    assert selection == Selection(
+        profile="synthetic-codex",
+        model="syn:small:text",
+        effort="low",
+        evidence=(tmp_path / "evals" / "latest.json").resolve(),
+        fallback_profile="claude",
+        policy="cheapest-passing",
+        min_accuracy=0.9,
+        max_fallback_rate=0.1,
+    )
 
 
 def test_selection_errors(tmp_path: Path) -> None:
@@ -408,23 +478,31 @@ def test_with_agent_is_the_gate_agent(tmp_path: Path) -> None:
 
 
 def test_with_agent_errors(tmp_path: Path) -> None:
-    text = gate_config(tmp_path, "  g: {invoke: host.agent.ask, agent: agent.i, with: {agent: agent.claude, prompt: hi}}\n"
-                                 "  h: {invoke: host.agent.ask, with: {agent: agent.nope, prompt: hi}}\n")
+    text = gate_config(
+        tmp_path,
+        "  g: {invoke: host.agent.ask, agent: agent.i, with: {agent: agent.claude, prompt: hi}}\n"
+        "  h: {invoke: host.agent.ask, with: {agent: agent.nope, prompt: hi}}\n",
+    )
     assert keys(tmp_path, text) == ["gates.g.with.agent", "gates.h.with.agent"]
 
 
 def test_gate_with_block_is_carried_as_written(tmp_path: Path) -> None:
     (tmp_path / "prompts").mkdir()
     (tmp_path / "prompts" / "p.md").write_text("Decide {{ args.x }}")
-    text = gate_config(tmp_path, "  g:\n    invoke: host.agent.decide\n    agent: agent.i\n"
-                                 "    with: {prompt: prompts/p.md, schema: schemas/v.json, args: {x: '{{ args.x }}'}}\n")
+    text = gate_config(
+        tmp_path,
+        "  g:\n    invoke: host.agent.decide\n    agent: agent.i\n"
+        "    with: {prompt: prompts/p.md, schema: schemas/v.json, args: {x: '{{ args.x }}'}}\n",
+    )
     gate = load_config(write(tmp_path, text)).gates["g"]
     assert gate.with_ == {"prompt": "prompts/p.md", "schema": "schemas/v.json", "args": {"x": "{{ args.x }}"}}
     assert str(tmp_path) not in json.dumps(gate.with_)
 
 
 def test_gate_args_must_be_json_data(tmp_path: Path) -> None:
-    text = gate_config(tmp_path, "  g: {invoke: host.agent.ask, agent: agent.i, with: {prompt: hi, args: {d: 2020-01-01}}}\n")
+    text = gate_config(
+        tmp_path, "  g: {invoke: host.agent.ask, agent: agent.i, with: {prompt: hi, args: {d: 2020-01-01}}}\n"
+    )
     assert keys(tmp_path, text) == ["gates.g.with"]
 
 
@@ -432,7 +510,9 @@ def test_api_key_env_empty_disables_auth(tmp_path: Path) -> None:
     text = agent(tmp_path, "{plugin: builtin.local_llm, endpoint: 'http://h:1', api_key_env: ''}")
     decl = load_config(write(tmp_path, text)).agents["agent.x"]
     assert isinstance(decl, LocalLLMDecl) and decl.api_key_env is None
-    emb = load_config(write(tmp_path, "embedders:\n  e: {endpoint: 'http://h:1', model: m, api_key_env: ''}\n")).embedders["e"]
+    emb = load_config(
+        write(tmp_path, "embedders:\n  e: {endpoint: 'http://h:1', model: m, api_key_env: ''}\n")
+    ).embedders["e"]
     assert emb.api_key_env is None
 
 
@@ -440,8 +520,10 @@ def test_templated_schema_path_resolves_per_call(tmp_path: Path) -> None:
     (tmp_path / "schemas").mkdir()
     (tmp_path / "schemas" / "bug.json").write_text('{"type": "object"}')
     (tmp_path.parent / "secret.json").write_text("{}")
-    text = ("gates:\n  g:\n    invoke: host.agent.decide\n    agent: agent.claude\n"
-            "    with: {prompt: hi, schema: 'schemas/{{ args.kind }}.json'}\n")
+    text = (
+        "gates:\n  g:\n    invoke: host.agent.decide\n    agent: agent.claude\n"
+        "    with: {prompt: hi, schema: 'schemas/{{ args.kind }}.json'}\n"
+    )
     config = load_config(write(tmp_path, text))
     gate = config.gates["g"]
     assert gate.schema_path is None and gate.templated_schema
@@ -454,87 +536,107 @@ def test_templated_schema_path_resolves_per_call(tmp_path: Path) -> None:
 
 
 def test_templated_schema_checked_where_it_can_be(tmp_path: Path) -> None:
-    text = ("gates:\n"
-            "  a: {invoke: host.agent.ask, with: {prompt: hi, schema: 'schemas/{{ args.kind }}.json'}}\n"
-            "  b: {invoke: host.agent.ask, with: {prompt: hi, schema: 'schemas/{{ env.HOME }}.json'}}\n"
-            "  c: {invoke: host.agent.ask, with: {prompt: hi, schema: '../{{ args.kind }}.json'}}\n")
+    text = (
+        "gates:\n"
+        "  a: {invoke: host.agent.ask, with: {prompt: hi, schema: 'schemas/{{ args.kind }}.json'}}\n"
+        "  b: {invoke: host.agent.ask, with: {prompt: hi, schema: 'schemas/{{ env.HOME }}.json'}}\n"
+        "  c: {invoke: host.agent.ask, with: {prompt: hi, schema: '../{{ args.kind }}.json'}}\n"
+    )
     assert keys(tmp_path, text) == ["gates.a.with.schema", "gates.b.with.schema", "gates.c.with.schema"]
 
 
-def test_relative_server_bin_resolves_against_the_config_dir(tmp_path: Path, server_bin: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_relative_server_bin_resolves_against_the_config_dir(
+    tmp_path: Path, server_bin: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     sub = tmp_path / "app"
     sub.mkdir()
     (sub / "llama-server").write_text(server_bin.read_text())
     (sub / "llama-server").chmod(0o755)
     monkeypatch.chdir(tmp_path)  # not the config dir: ./ must not mean the cwd
-    decl = load_config(write(sub, agent(sub, "{plugin: builtin.local_llm, endpoint: 'http://h:1', "
-                                             "server_bin: ./llama-server}"))).agents["agent.x"]
+    decl = load_config(
+        write(sub, agent(sub, "{plugin: builtin.local_llm, endpoint: 'http://h:1', server_bin: ./llama-server}"))
+    ).agents["agent.x"]
     assert isinstance(decl, LocalLLMDecl) and decl.server_bin == str(sub / "llama-server")
 
 
 def test_server_bin_must_exist_and_be_executable(tmp_path: Path) -> None:
     (tmp_path / "plain").write_text("#!/bin/sh\n")
-    text = ("agent_plugins:\n"
-            "  agent.a: {plugin: builtin.local_llm, endpoint: 'http://h:1', server_bin: ./missing}\n"
-            "  agent.b: {plugin: builtin.local_llm, endpoint: 'http://h:1', server_bin: plain/..}\n"
-            "  agent.c: {plugin: builtin.local_llm, endpoint: 'http://h:1', server_bin: ./plain}\n"
-            "  agent.d: {plugin: builtin.local_llm, endpoint: 'http://h:1', server_bin: no-such-llama-server}\n"
-            "embedders:\n  e: {endpoint: 'http://h:1', model: m, server_bin: ./missing}\n")
+    text = (
+        "agent_plugins:\n"
+        "  agent.a: {plugin: builtin.local_llm, endpoint: 'http://h:1', server_bin: ./missing}\n"
+        "  agent.b: {plugin: builtin.local_llm, endpoint: 'http://h:1', server_bin: plain/..}\n"
+        "  agent.c: {plugin: builtin.local_llm, endpoint: 'http://h:1', server_bin: ./plain}\n"
+        "  agent.d: {plugin: builtin.local_llm, endpoint: 'http://h:1', server_bin: no-such-llama-server}\n"
+        "embedders:\n  e: {endpoint: 'http://h:1', model: m, server_bin: ./missing}\n"
+    )
     assert keys(tmp_path, text) == [f"agent_plugins.agent.{a}.server_bin" for a in "abcd"] + ["embedders.e.server_bin"]
 
 
 def test_model_paths_ids_and_roles(tmp_path: Path) -> None:
     (tmp_path / "ok.gguf").write_bytes(b"")
-    text = ("agent_plugins:\n"
-            "  agent.a: {plugin: builtin.local_llm, model: models/missing.gguf}\n"
-            "  agent.b: {plugin: builtin.local_llm, model: ok.gguf}\n"
-            "  agent.c: {plugin: builtin.local_llm, model: all-minilm-l6-v2}\n"
-            "  agent.d: {plugin: builtin.local_llm, model: all-minilm-l6-v2, endpoint: 'http://h:1'}\n"
-            "embedders:\n"
-            "  e1: {model: gemma-3-270m}\n"
-            "  e2: {model: all-minilm-l6}\n"
-            "  e3: {model: missing.gguf}\n"
-            "  e4: {model: anything, endpoint: 'http://h:1'}\n")
+    text = (
+        "agent_plugins:\n"
+        "  agent.a: {plugin: builtin.local_llm, model: models/missing.gguf}\n"
+        "  agent.b: {plugin: builtin.local_llm, model: ok.gguf}\n"
+        "  agent.c: {plugin: builtin.local_llm, model: all-minilm-l6-v2}\n"
+        "  agent.d: {plugin: builtin.local_llm, model: all-minilm-l6-v2, endpoint: 'http://h:1'}\n"
+        "embedders:\n"
+        "  e1: {model: gemma-3-270m}\n"
+        "  e2: {model: all-minilm-l6}\n"
+        "  e3: {model: missing.gguf}\n"
+        "  e4: {model: anything, endpoint: 'http://h:1'}\n"
+    )
     found = problems(tmp_path, text)
-    assert [f.split(":")[0] for f in found] == ["agent_plugins.agent.a.model", "agent_plugins.agent.c.model",
-                                                "embedders.e1.model", "embedders.e2.model", "embedders.e3.model"]
+    assert [f.split(":")[0] for f in found] == [
+        "agent_plugins.agent.a.model",
+        "agent_plugins.agent.c.model",
+        "embedders.e1.model",
+        "embedders.e2.model",
+        "embedders.e3.model",
+    ]
     assert "is an embedding model, not a chat model" in found[1]
     assert "is a chat model, not an embedding model" in found[2]
     assert 'did you mean "all-minilm-l6-v2"' in found[3]
 
 
 def test_no_cascading_errors(tmp_path: Path) -> None:
-    text = ("agent_plugins:\n  agent.local: {plugin: builtin.local_lm, model: gemma-3-270m}\n"
-            "embedders:\n  docs: 7\n"
-            "gates:\n  g: {invoke: host.agent.ask, agent: agent.local, with: {prompt: hi}}\n"
-            "intents:\n  a: {examples: [hi]}\nrouter: {agent: agent.local}\n")
+    text = (
+        "agent_plugins:\n  agent.local: {plugin: builtin.local_lm, model: gemma-3-270m}\n"
+        "embedders:\n  docs: 7\n"
+        "gates:\n  g: {invoke: host.agent.ask, agent: agent.local, with: {prompt: hi}}\n"
+        "intents:\n  a: {examples: [hi]}\nrouter: {agent: agent.local}\n"
+    )
     assert keys(tmp_path, text) == ["agent_plugins.agent.local.plugin", "embedders.docs"]
 
 
 # ---------------------------------------------------------------- issue 11: input that must not crash or leak
 
 
-@pytest.mark.parametrize("text", [
-    'app_id: "\\U00110000"\n',
-    "app_id: !!timestamp banana\n",
-    "app_id: !!timestamp 2020-13-45\n",
-    'app_id: "\\ud800"\n',
-    "gates:\n  g: {invoke: host.agent.ask, with: {prompt: hi, schema: \"\\ud800.json\"}}\n",
-    "gates:\n  g: {invoke: host.agent.ask, with: {prompt: hi, schema: " + "a" * 300 + ".json}}\n",
-    "gates:\n  g: {invoke: host.agent.ask, with: {prompt: " + "b" * 300 + ".md}}\n",
-    'plugin_dirs: ["\\ud800"]\n',
-    "plugin_dirs: [" + "c" * 300 + "]\n",
-    'agent_plugins:\n  agent.x: {plugin: subprocess, command: a, cwd: "\\ud800"}\n',
-    'agent_plugins:\n  "agent.\\ud800": {plugin: builtin.inprocess}\n',
-    "agent_plugins:\n  agent.x: {plugin: builtin.local_llm, model: " + "d" * 300 + ".gguf}\n",
-    "agent_plugins:\n  agent.x: {plugin: builtin.local_llm, endpoint: 'http://h', timeout: !!int " + "9" * 400 + "}\n",
-    "app_id: &a [*a]\n",
-    "agent_plugins:\n  agent.x: {plugin: subprocess, command: a, cwd: ~nosuchuser-x/w}\n",
-    "agent_plugins:\n  agent.x: {plugin: builtin.local_llm, model: ~nosuchuser-x/m.gguf}\n",
-    "agent_plugins:\n  agent.x: {plugin: builtin.local_llm, endpoint: 'http://h', server_bin: ~nosuchuser-x/s}\n",
-    "app_id: *nowhere\n",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        'app_id: "\\U00110000"\n',
+        "app_id: !!timestamp banana\n",
+        "app_id: !!timestamp 2020-13-45\n",
+        'app_id: "\\ud800"\n',
+        'gates:\n  g: {invoke: host.agent.ask, with: {prompt: hi, schema: "\\ud800.json"}}\n',
+        "gates:\n  g: {invoke: host.agent.ask, with: {prompt: hi, schema: " + "a" * 300 + ".json}}\n",
+        "gates:\n  g: {invoke: host.agent.ask, with: {prompt: " + "b" * 300 + ".md}}\n",
+        'plugin_dirs: ["\\ud800"]\n',
+        "plugin_dirs: [" + "c" * 300 + "]\n",
+        'agent_plugins:\n  agent.x: {plugin: subprocess, command: a, cwd: "\\ud800"}\n',
+        'agent_plugins:\n  "agent.\\ud800": {plugin: builtin.inprocess}\n',
+        "agent_plugins:\n  agent.x: {plugin: builtin.local_llm, model: " + "d" * 300 + ".gguf}\n",
+        "agent_plugins:\n  agent.x: {plugin: builtin.local_llm, endpoint: 'http://h', timeout: !!int "
+        + "9" * 400
+        + "}\n",
+        "app_id: &a [*a]\n",
+        "agent_plugins:\n  agent.x: {plugin: subprocess, command: a, cwd: ~nosuchuser-x/w}\n",
+        "agent_plugins:\n  agent.x: {plugin: builtin.local_llm, model: ~nosuchuser-x/m.gguf}\n",
+        "agent_plugins:\n  agent.x: {plugin: builtin.local_llm, endpoint: 'http://h', server_bin: ~nosuchuser-x/s}\n",
+        "app_id: *nowhere\n",
+    ],
+)
 def test_fuzz_found_inputs_are_config_errors(tmp_path: Path, text: str) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(write(tmp_path, text))
@@ -554,14 +656,21 @@ def _bomb(levels: int) -> str:
     return "\n".join(lines)
 
 
-@pytest.mark.parametrize("text", [
-    "agent_plugins:\n  agent.x:\n    plugin: builtin.local_llm\n    endpoint: http://h\n    extra_args: "
-    + "[" + ", ".join(["*a8"] * 10) + "]\n_: &q\n" + "\n".join("  " + ln for ln in _bomb(9).splitlines()) + "\n",
-    "app_id: " + "[" * 5000 + "]" * 5000 + "\n",
-    "app_id:\n" + "".join(" " * (i + 1) + "-\n" for i in range(800)),
-    "app_id: " + "{k: " * 3000 + "v" + "}" * 3000 + "\n",
-    "".join(" " * i + f"k{i}:\n" for i in range(1500)) + " " * 1500 + "v\n",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "agent_plugins:\n  agent.x:\n    plugin: builtin.local_llm\n    endpoint: http://h\n    extra_args: "
+        + "["
+        + ", ".join(["*a8"] * 10)
+        + "]\n_: &q\n"
+        + "\n".join("  " + ln for ln in _bomb(9).splitlines())
+        + "\n",
+        "app_id: " + "[" * 5000 + "]" * 5000 + "\n",
+        "app_id:\n" + "".join(" " * (i + 1) + "-\n" for i in range(800)),
+        "app_id: " + "{k: " * 3000 + "v" + "}" * 3000 + "\n",
+        "".join(" " * i + f"k{i}:\n" for i in range(1500)) + " " * 1500 + "v\n",
+    ],
+)
 def test_yaml_bombs_are_refused_fast(tmp_path: Path, text: str) -> None:
     started = time.monotonic()
     with pytest.raises(ConfigError) as info:
@@ -571,23 +680,26 @@ def test_yaml_bombs_are_refused_fast(tmp_path: Path, text: str) -> None:
     assert "YAML" in info.value.problems[0].message
 
 
-@pytest.mark.parametrize(("body", "key"), [
-    ("{plugin: subprocess, command: a, timeout: .inf}", "timeout"),
-    ("{plugin: subprocess, command: a, timeout: .nan}", "timeout"),
-    ("{plugin: subprocess, command: a, timeout: 1e309}", "timeout"),
-    ('{plugin: subprocess, command: "a\\0b"}', "command"),
-    ('{plugin: subprocess, command: a, args: ["x\\0"]}', "args"),
-    ('{plugin: subprocess, command: a, env: {K: "v\\0"}}', "env.K"),
-    ('{plugin: subprocess, command: a, env: {"K=V": v}}', "env.K=V"),
-    ("{plugin: mcp_http, endpoint: 'http://[::1/mcp'}", "endpoint"),
-    ("{plugin: mcp_http, endpoint: 'http://127.0.0.1:99999/mcp'}", "endpoint"),
-    ("{plugin: builtin.local_llm, endpoint: 'http://h', port: 99999}", "port"),
-    ('{plugin: mcp_http, endpoint: "http://h/mcp", headers: {X-Key: "caf\\u00e9\\u2603"}}', "headers.X-Key"),
-    ('{plugin: mcp_http, endpoint: "http://h/mcp", headers: {X-Key: "a\\r\\nb"}}', "headers.X-Key"),
-    ('{plugin: mcp_http, endpoint: "http://h/mcp", headers: {"Bad Name": v}}', "headers.Bad Name"),
-    ("{plugin: builtin.local_llm, endpoint: 'http://h', health_timeout: .inf}", "health_timeout"),
-    ("{plugin: builtin.local_llm, endpoint: 'http://h', temperature: .nan}", "temperature"),
-])
+@pytest.mark.parametrize(
+    ("body", "key"),
+    [
+        ("{plugin: subprocess, command: a, timeout: .inf}", "timeout"),
+        ("{plugin: subprocess, command: a, timeout: .nan}", "timeout"),
+        ("{plugin: subprocess, command: a, timeout: 1e309}", "timeout"),
+        ('{plugin: subprocess, command: "a\\0b"}', "command"),
+        ('{plugin: subprocess, command: a, args: ["x\\0"]}', "args"),
+        ('{plugin: subprocess, command: a, env: {K: "v\\0"}}', "env.K"),
+        ('{plugin: subprocess, command: a, env: {"K=V": v}}', "env.K=V"),
+        ("{plugin: mcp_http, endpoint: 'http://[::1/mcp'}", "endpoint"),
+        ("{plugin: mcp_http, endpoint: 'http://127.0.0.1:99999/mcp'}", "endpoint"),
+        ("{plugin: builtin.local_llm, endpoint: 'http://h', port: 99999}", "port"),
+        ('{plugin: mcp_http, endpoint: "http://h/mcp", headers: {X-Key: "caf\\u00e9\\u2603"}}', "headers.X-Key"),
+        ('{plugin: mcp_http, endpoint: "http://h/mcp", headers: {X-Key: "a\\r\\nb"}}', "headers.X-Key"),
+        ('{plugin: mcp_http, endpoint: "http://h/mcp", headers: {"Bad Name": v}}', "headers.Bad Name"),
+        ("{plugin: builtin.local_llm, endpoint: 'http://h', health_timeout: .inf}", "health_timeout"),
+        ("{plugin: builtin.local_llm, endpoint: 'http://h', temperature: .nan}", "temperature"),
+    ],
+)
 def test_values_that_would_crash_a_call_are_load_errors(tmp_path: Path, body: str, key: str) -> None:
     assert keys(tmp_path, agent(tmp_path, body)) == [f"agent_plugins.agent.x.{key}"]
 
@@ -600,16 +712,22 @@ def test_gate_timeout_must_be_finite(tmp_path: Path) -> None:
 def test_repr_hides_secrets_and_secret_values_lists_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TOK", "tok-canary-1234")
     monkeypatch.setenv("API_KEY_VAR", "key-canary-5678")
-    text = ("agent_plugins:\n"
-            "  agent.s: {plugin: subprocess, command: a, env: {SECRET: 'env-canary-${TOK}', DEBUG: '1'}}\n"
-            "  agent.h: {plugin: mcp_http, endpoint: 'http://h/mcp', headers: {Authorization: 'Bearer ${TOK}'}}\n"
-            "  agent.l: {plugin: builtin.local_llm, endpoint: 'http://h', api_key_env: API_KEY_VAR}\n")
+    text = (
+        "agent_plugins:\n"
+        "  agent.s: {plugin: subprocess, command: a, env: {SECRET: 'env-canary-${TOK}', DEBUG: '1'}}\n"
+        "  agent.h: {plugin: mcp_http, endpoint: 'http://h/mcp', headers: {Authorization: 'Bearer ${TOK}'}}\n"
+        "  agent.l: {plugin: builtin.local_llm, endpoint: 'http://h', api_key_env: API_KEY_VAR}\n"
+    )
     config = load_config(write(tmp_path, text))
     shown = repr(config)
     for canary in ("tok-canary-1234", "env-canary", "key-canary-5678"):
         assert canary not in shown
-    assert set(config.secret_values()) == {"env-canary-tok-canary-1234", "tok-canary-1234", "Bearer tok-canary-1234",
-                                           "key-canary-5678"}
+    assert set(config.secret_values()) == {
+        "env-canary-tok-canary-1234",
+        "tok-canary-1234",
+        "Bearer tok-canary-1234",
+        "key-canary-5678",
+    }
     values = config.secret_values()
     assert values == tuple(sorted(values, key=len, reverse=True))
 
@@ -627,8 +745,9 @@ def test_parsing_comes_from_the_declaration(tmp_path: Path) -> None:
         retries: int = setting(2, "how often", low=0, high=5)
 
     ctx = Context(base_dir=tmp_path, problems=ProblemList("f.yaml"))
-    values = parse_decl(NewDecl, {"url": "http://h:1", "retries": 9, "retry": 1}, "agent_plugins.agent.n", ctx,
-                        what="new plugin")
+    values = parse_decl(
+        NewDecl, {"url": "http://h:1", "retries": 9, "retry": 1}, "agent_plugins.agent.n", ctx, what="new plugin"
+    )
     assert values == {"url": "http://h:1"}
     assert [(p.key, p.message) for p in ctx.problems.items] == [
         ("agent_plugins.agent.n.retries", "must be between 0 and 5, got 9"),
@@ -647,8 +766,11 @@ def test_config_package_imports_nothing_above_the_pins() -> None:
     allowed = ("localllm.config", "localllm.errors", "localllm.settings", "localllm.wire", "localllm.managed.pins")
     for module in root.glob("*.py"):
         for node in ast.walk(ast.parse(module.read_text())):
-            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else (
-                [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            names = (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else ([a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            )
             for name in names:
                 if name.startswith("localllm") and name != "localllm":
                     assert name.startswith(allowed), f"{module.name} imports {name}"
@@ -659,10 +781,17 @@ def test_mcp_stdio_decl_from_plugin_dir_is_data(tmp_path: Path) -> None:
     (root / "bin").mkdir(parents=True)
     (root / "bin" / "srv").write_text("#!/bin/sh\n")
     (root / "bin" / "srv").chmod(0o755)
-    (root / "plugin.json").write_text(json.dumps(
-        {"$schema": "https://agent-plugins.org/schemas/1.0.0/plugin.schema.json", "name": "plug"}))
-    (root / "mcp.json").write_text(json.dumps({"$schema": "https://agent-plugins.org/schemas/1.0.0/mcp.schema.json",
-                                               "mcpServers": {"s": {"type": "stdio", "command": "./bin/srv"}}}))
+    (root / "plugin.json").write_text(
+        json.dumps({"$schema": "https://agent-plugins.org/schemas/1.0.0/plugin.schema.json", "name": "plug"})
+    )
+    (root / "mcp.json").write_text(
+        json.dumps(
+            {
+                "$schema": "https://agent-plugins.org/schemas/1.0.0/mcp.schema.json",
+                "mcpServers": {"s": {"type": "stdio", "command": "./bin/srv"}},
+            }
+        )
+    )
     config = load_config(write(tmp_path, "plugin_dirs: [plug]\n"))
     decl = config.agents["agent.plug.s"]
     assert isinstance(decl, McpStdioDecl)
@@ -676,10 +805,13 @@ def test_templated_schema_gate_validates_each_call_against_its_file(tmp_path: Pa
     from localllm.errors import AgentError, ErrorKind
 
     (tmp_path / "schemas").mkdir()
-    (tmp_path / "schemas" / "bug.json").write_text(json.dumps(
-        {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}))
-    text = ("agent_plugins:\n  agent.i: {plugin: builtin.inprocess}\n"
-            "gates:\n  g: {invoke: host.agent.ask, agent: agent.i, with: {prompt: hi, schema: 'schemas/{{ args.kind }}.json'}}\n")
+    (tmp_path / "schemas" / "bug.json").write_text(
+        json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]})
+    )
+    text = (
+        "agent_plugins:\n  agent.i: {plugin: builtin.inprocess}\n"
+        "gates:\n  g: {invoke: host.agent.ask, agent: agent.i, with: {prompt: hi, schema: 'schemas/{{ args.kind }}.json'}}\n"
+    )
     with Runtime(load_config(write(tmp_path, text))) as rt:
         rt.register_inprocess("agent.i", lambda request: {"ok": "not a boolean"})
         with pytest.raises(AgentError) as info:
@@ -693,11 +825,17 @@ def test_templated_schema_gate_validates_each_call_against_its_file(tmp_path: Pa
 def test_plugin_server_secrets_are_listed(tmp_path: Path) -> None:
     root = tmp_path / "plug"
     root.mkdir()
-    (root / "plugin.json").write_text(json.dumps(
-        {"$schema": "https://agent-plugins.org/schemas/1.0.0/plugin.schema.json", "name": "plug"}))
-    (root / "mcp.json").write_text(json.dumps({"$schema": "https://agent-plugins.org/schemas/1.0.0/mcp.schema.json",
-                                               "mcpServers": {"r": {"type": "streamable-http",
-                                                                    "url": "http://127.0.0.1:9/mcp?token=tok-canary-99"}}}))
+    (root / "plugin.json").write_text(
+        json.dumps({"$schema": "https://agent-plugins.org/schemas/1.0.0/plugin.schema.json", "name": "plug"})
+    )
+    (root / "mcp.json").write_text(
+        json.dumps(
+            {
+                "$schema": "https://agent-plugins.org/schemas/1.0.0/mcp.schema.json",
+                "mcpServers": {"r": {"type": "streamable-http", "url": "http://127.0.0.1:9/mcp?token=tok-canary-99"}},
+            }
+        )
+    )
     config = load_config(write(tmp_path, "plugin_dirs: [plug]\n"))
     assert "tok-canary-99" not in repr(config)
     assert "token=tok-canary-99" in config.secret_values()

@@ -16,19 +16,90 @@ from localllm.config import PLUGIN_TYPES, PLUGINS
 from localllm.config.fields import declared_keys
 from localllm.errors import ConfigError
 
-_KEYS = sorted({k for cls in PLUGINS.values() for k in declared_keys(cls)} | {
-    "plugin", "invoke", "agent", "with", "prompt", "schema", "args", "fallback", "selection", "evidence",
-    "policy", "examples", "embedder", "confident", "margin", "model", "dims", "x", "${X}", "1"})
+_KEYS = sorted(
+    {k for cls in PLUGINS.values() for k in declared_keys(cls)}
+    | {
+        "plugin",
+        "invoke",
+        "agent",
+        "with",
+        "prompt",
+        "schema",
+        "args",
+        "fallback",
+        "selection",
+        "evidence",
+        "policy",
+        "examples",
+        "embedder",
+        "confident",
+        "margin",
+        "model",
+        "dims",
+        "x",
+        "${X}",
+        "1",
+    }
+)
 _TOKENS = [
-    "null", "~", "true", "false", "0", "-1", "1", "7", "99999", "1e309", ".inf", "-.inf", ".nan", "0.5", "3.0",
-    '"\\U00110000"', '"\\ud800"', '"\\udfff.json"', '"a\\0b"', '"caf\\u00e9\\u2603"', '"a\\r\\nb"',
-    "!!timestamp banana", "!!timestamp 2020-13-45", "!!timestamp 2020-01-01", "!!binary aGk=", "!!set {a: null}",
-    "!!omap [{a: 1}]", "!!str 1", "!!int 12", "!!float 1e400", "!!python/name:os.system", "!!bool yes",
-    '"http://[::1/mcp"', '"http://127.0.0.1:99999/x"', '"http://127.0.0.1:8080"', '"localhost:1"',
-    '"${X}"', '"${}"', '"${NOPE_VAR_1}"', '"Bearer ${HOME}"', "agent.claude", "agent.x", "host.agent.decide",
-    "host.agent.nope", "gemma-3-270m", "all-minilm-l6-v2", "model.gguf", "./llama-server", "~nosuchuser-x/m.gguf", "none",
-    "schemas/{{ args.kind }}.json", "'{{ env.X }}'", "prompts/p.md", '"' + "n" * 300 + '.json"',
-    "cheapest-passing", *[f'"{t}"' for t in PLUGIN_TYPES], "cassette", "mcp_stdio",
+    "null",
+    "~",
+    "true",
+    "false",
+    "0",
+    "-1",
+    "1",
+    "7",
+    "99999",
+    "1e309",
+    ".inf",
+    "-.inf",
+    ".nan",
+    "0.5",
+    "3.0",
+    '"\\U00110000"',
+    '"\\ud800"',
+    '"\\udfff.json"',
+    '"a\\0b"',
+    '"caf\\u00e9\\u2603"',
+    '"a\\r\\nb"',
+    "!!timestamp banana",
+    "!!timestamp 2020-13-45",
+    "!!timestamp 2020-01-01",
+    "!!binary aGk=",
+    "!!set {a: null}",
+    "!!omap [{a: 1}]",
+    "!!str 1",
+    "!!int 12",
+    "!!float 1e400",
+    "!!python/name:os.system",
+    "!!bool yes",
+    '"http://[::1/mcp"',
+    '"http://127.0.0.1:99999/x"',
+    '"http://127.0.0.1:8080"',
+    '"localhost:1"',
+    '"${X}"',
+    '"${}"',
+    '"${NOPE_VAR_1}"',
+    '"Bearer ${HOME}"',
+    "agent.claude",
+    "agent.x",
+    "host.agent.decide",
+    "host.agent.nope",
+    "gemma-3-270m",
+    "all-minilm-l6-v2",
+    "model.gguf",
+    "./llama-server",
+    "~nosuchuser-x/m.gguf",
+    "none",
+    "schemas/{{ args.kind }}.json",
+    "'{{ env.X }}'",
+    "prompts/p.md",
+    '"' + "n" * 300 + '.json"',
+    "cheapest-passing",
+    *[f'"{t}"' for t in PLUGIN_TYPES],
+    "cassette",
+    "mcp_stdio",
 ]
 
 
@@ -36,42 +107,51 @@ def _text(value: str) -> str:
     return json.dumps(value)  # JSON strings are YAML double-quoted scalars (escapes included)
 
 
-_SCALAR = st.sampled_from(_TOKENS) | st.text(alphabet=st.characters(codec=None), max_size=12).map(_text) | \
-    st.integers(-(10**30), 10**30).map(str)
+_SCALAR = (
+    st.sampled_from(_TOKENS)
+    | st.text(alphabet=st.characters(codec=None), max_size=12).map(_text)
+    | st.integers(-(10**30), 10**30).map(str)
+)
 _KEY = st.sampled_from(_KEYS) | st.sampled_from(_TOKENS[:20]) | st.text(max_size=6).map(_text)
 
 
 def _collections(children: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
     seq = st.lists(children, max_size=4).map(lambda xs: "[" + ", ".join(xs) + "]")
     mapping = st.lists(st.tuples(_KEY, children), max_size=5).map(
-        lambda kvs: "{" + ", ".join(f"{k}: {v}" for k, v in kvs) + "}")
+        lambda kvs: "{" + ", ".join(f"{k}: {v}" for k, v in kvs) + "}"
+    )
     deep = st.tuples(st.integers(1, 70), children).map(lambda t: "[" * t[0] + t[1] + "]" * t[0])
     return seq | mapping | deep
 
 
 _VALUE = st.recursive(_SCALAR, _collections, max_leaves=6)
 _DECL = st.lists(st.tuples(st.sampled_from(_KEYS), _VALUE | _SCALAR), max_size=5).map(
-    lambda kvs: "{" + ", ".join(f"{k}: {v}" for k, v in kvs) + "}")
+    lambda kvs: "{" + ", ".join(f"{k}: {v}" for k, v in kvs) + "}"
+)
 _AGENT = st.tuples(st.sampled_from((*PLUGIN_TYPES, "nope")), _DECL).map(
-    lambda t: "{plugin: " + t[0] + ", " + t[1][1:] if t[1] != "{}" else "{plugin: " + t[0] + "}")
+    lambda t: "{plugin: " + t[0] + ", " + t[1][1:] if t[1] != "{}" else "{plugin: " + t[0] + "}"
+)
 _SECTION = {
     "app_id": _VALUE,
-    "agent_plugins": st.dictionaries(st.sampled_from(["agent.a", "agent.b", "b", "agent.claude"]), _AGENT | _VALUE,
-                                     max_size=3).map(lambda d: "{" + ", ".join(f"{k}: {v}" for k, v in d.items()) + "}"),
+    "agent_plugins": st.dictionaries(
+        st.sampled_from(["agent.a", "agent.b", "b", "agent.claude"]), _AGENT | _VALUE, max_size=3
+    ).map(lambda d: "{" + ", ".join(f"{k}: {v}" for k, v in d.items()) + "}"),
     "gates": st.dictionaries(st.sampled_from(["g", "h"]), _DECL | _VALUE, max_size=2).map(
-        lambda d: "{" + ", ".join(f"{k}: {v}" for k, v in d.items()) + "}"),
+        lambda d: "{" + ", ".join(f"{k}: {v}" for k, v in d.items()) + "}"
+    ),
     "embedders": st.dictionaries(st.sampled_from(["docs", "e"]), _DECL, max_size=2).map(
-        lambda d: "{" + ", ".join(f"{k}: {v}" for k, v in d.items()) + "}"),
+        lambda d: "{" + ", ".join(f"{k}: {v}" for k, v in d.items()) + "}"
+    ),
     "intents": _VALUE,
     "router": _DECL | _VALUE,
     "plugin_dirs": _VALUE,
     "junk": _VALUE,
 }
-_CONFIG = st.fixed_dictionaries({}, optional=_SECTION).map(
-    lambda d: "".join(f"{k}: {v}\n" for k, v in d.items()))
+_CONFIG = st.fixed_dictionaries({}, optional=_SECTION).map(lambda d: "".join(f"{k}: {v}\n" for k, v in d.items()))
 #: an alias or two, sometimes
 _DOC = st.tuples(_CONFIG, st.sampled_from([""] * 9 + ["_a: &a [1, 2]\n", "x: &b [*b]\n", "y: *undefined\n"])).map(
-    lambda t: t[1] + t[0] if not t[0].startswith("_") else t[0])
+    lambda t: t[1] + t[0] if not t[0].startswith("_") else t[0]
+)
 
 
 def _check(tmp_path: Path, text: str) -> None:

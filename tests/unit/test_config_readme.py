@@ -30,12 +30,14 @@ def test_readme_configuration_table_matches_the_declarations() -> None:
     found = re.search(r"<!-- config-table:start -->\n(.*?)<!-- config-table:end -->", text, re.S)
     assert found is not None, "README lacks the config-table markers"
     assert found.group(1) == reference_table(REFERENCE_SECTIONS), (
-        "regenerate with: python -c 'from localllm.config import *; print(reference_table(REFERENCE_SECTIONS))'")
+        "regenerate with: python -c 'from localllm.config import *; print(reference_table(REFERENCE_SECTIONS))'"
+    )
 
 
 def test_readme_configuration_reference_loads_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    block = re.search(r"```yaml\n(.*?)```", section(README.read_text(encoding="utf-8"), "## Configuration reference"),
-                      re.S)
+    block = re.search(
+        r"```yaml\n(.*?)```", section(README.read_text(encoding="utf-8"), "## Configuration reference"), re.S
+    )
     assert block is not None
     config_path = tmp_path / "app.yaml"
     config_path.write_text(block.group(1), encoding="utf-8")
@@ -44,19 +46,32 @@ def test_readme_configuration_reference_loads_as_written(tmp_path: Path, monkeyp
     shutil.copytree(demo / "schemas", tmp_path / "schemas")
     (tmp_path / "evals" / "reports" / "triage").mkdir(parents=True)
     (tmp_path / "evals" / "reports" / "triage" / "latest.json").write_text(
-        '{"kind": "localllm_eval_report", "version": 1, "gate": "triage", "fingerprint": {}, "agents": {}}')
+        '{"kind": "localllm_eval_report", "version": 1, "gate": "triage", "fingerprint": {}, "agents": {}}'
+    )
     plugin = tmp_path / "plugins" / "fixer"
     plugin.mkdir(parents=True)
     (plugin / "plugin.json").write_text(json.dumps({"$schema": PLUGIN_SCHEMA, "name": "fixer"}))
-    (plugin / "mcp.json").write_text(json.dumps({"$schema": MCP_SCHEMA, "mcpServers": {
-        "remote": {"type": "streamable-http", "url": "http://127.0.0.1:7302/mcp"}}}))
+    (plugin / "mcp.json").write_text(
+        json.dumps(
+            {
+                "$schema": MCP_SCHEMA,
+                "mcpServers": {"remote": {"type": "streamable-http", "url": "http://127.0.0.1:7302/mcp"}},
+            }
+        )
+    )
     monkeypatch.setenv("MY_AGENT_API_KEY", "k-readme")
     monkeypatch.setenv("FIXER_TOKEN", "t-readme")
 
     config = load_config(config_path)
 
-    assert sorted(config.agents) == ["agent.claude", "agent.fixer", "agent.fixer.remote", "agent.local",
-                                     "agent.remote", "agent.stub"]
+    assert sorted(config.agents) == [
+        "agent.claude",
+        "agent.fixer",
+        "agent.fixer.remote",
+        "agent.local",
+        "agent.remote",
+        "agent.stub",
+    ]
     local = config.agents["agent.local"]
     assert isinstance(local, LocalLLMDecl) and local.temperature is None and local.port is None
     assert config.fallbacks() == {"triage": "agent.claude", "classify": "agent.claude"}

@@ -30,13 +30,18 @@ def _elf(path: Path, *versions: int) -> Path:
 
 def _shim_pin(tmp_path: Path, provides: int) -> tuple[ShimPin, Path]:
     lib = _elf(tmp_path / "shimlib", *range(20, provides + 1))
-    package = make_tar(tmp_path / "libstdcxx-ng.tar.bz2", [
-        ("info/index.json", "file", b"{}", 0o644),
-        (SHIM_MEMBER, "file", lib.read_bytes(), 0o755),
-        ("lib/libstdc++.so.6", "symlink", "libstdc++.so.6.0.30", 0o777),
-    ], mode="w:bz2")
-    pin = ShimPin(artifact=Artifact(name="shim", file=package.name, sha256="0" * 64),
-                  member=SHIM_MEMBER, provides_glibcxx=30)
+    package = make_tar(
+        tmp_path / "libstdcxx-ng.tar.bz2",
+        [
+            ("info/index.json", "file", b"{}", 0o644),
+            (SHIM_MEMBER, "file", lib.read_bytes(), 0o755),
+            ("lib/libstdc++.so.6", "symlink", "libstdc++.so.6.0.30", 0o777),
+        ],
+        mode="w:bz2",
+    )
+    pin = ShimPin(
+        artifact=Artifact(name="shim", file=package.name, sha256="0" * 64), member=SHIM_MEMBER, provides_glibcxx=30
+    )
     return pin, package
 
 
@@ -77,8 +82,14 @@ def test_required_by_release_ignores_links_scripts_and_libstdcxx(tmp_path: Path)
 def test_new_enough_host_gets_no_shim(tmp_path: Path) -> None:
     rel = _release(tmp_path, 30)
     called: list[object] = []
-    installed = ensure_shim(rel, pinned_required=30, shim=None, fetch_shim=called.append,  # type: ignore[arg-type]
-                            probe=CxxProbe(Path("/x"), 30), log=called.append)
+    installed = ensure_shim(
+        rel,
+        pinned_required=30,
+        shim=None,
+        fetch_shim=called.append,  # type: ignore[arg-type]
+        probe=CxxProbe(Path("/x"), 30),
+        log=called.append,
+    )
     assert installed is False and called == []
     assert not (rel / SHIM_NAME).exists()
 
@@ -93,8 +104,14 @@ def test_old_host_gets_the_pinned_shim(tmp_path: Path) -> None:
         fetched.append(p)
         return package
 
-    assert ensure_shim(rel, pinned_required=30, shim=pin, fetch_shim=fetch,
-                       probe=CxxProbe(Path("/usr/lib64/libstdc++.so.6"), 29), log=logs.append)
+    assert ensure_shim(
+        rel,
+        pinned_required=30,
+        shim=pin,
+        fetch_shim=fetch,
+        probe=CxxProbe(Path("/usr/lib64/libstdc++.so.6"), 29),
+        log=logs.append,
+    )
     assert fetched == [pin]
     assert highest_glibcxx(rel / SHIM_NAME) == 30
     assert "GLIBCXX_3.4.29" in logs[0] and "GLIBCXX_3.4.30" in logs[0]
@@ -103,8 +120,9 @@ def test_old_host_gets_the_pinned_shim(tmp_path: Path) -> None:
 def test_missing_system_libstdcxx_counts_as_too_old(tmp_path: Path) -> None:
     rel = _release(tmp_path, 30)
     pin, package = _shim_pin(tmp_path, 30)
-    assert ensure_shim(rel, pinned_required=30, shim=pin, fetch_shim=lambda p: package,
-                       probe=CxxProbe(None, None), log=lambda m: None)
+    assert ensure_shim(
+        rel, pinned_required=30, shim=pin, fetch_shim=lambda p: package, probe=CxxProbe(None, None), log=lambda m: None
+    )
     assert (rel / SHIM_NAME).is_file()
 
 
@@ -113,8 +131,14 @@ def test_shim_older_than_the_release_needs_is_reported_and_not_installed(tmp_pat
     pin, package = _shim_pin(tmp_path, 30)
     logs: list[str] = []
     with pytest.raises(LibstdcxxTooOld) as info:
-        ensure_shim(rel, pinned_required=30, shim=pin, fetch_shim=lambda p: package,
-                    probe=CxxProbe(Path("/lib/libstdc++.so.6"), 29), log=logs.append)
+        ensure_shim(
+            rel,
+            pinned_required=30,
+            shim=pin,
+            fetch_shim=lambda p: package,
+            probe=CxxProbe(Path("/lib/libstdc++.so.6"), 29),
+            log=logs.append,
+        )
     exc = info.value
     assert (exc.required, exc.system, exc.shim) == (31, 29, 30)
     assert "GLIBCXX_3.4.31" in str(exc) and "--from-source" in exc.hint
@@ -126,8 +150,14 @@ def test_shim_older_than_the_release_needs_is_reported_and_not_installed(tmp_pat
 def test_no_shim_pin_for_the_platform_is_reported(tmp_path: Path) -> None:
     rel = _release(tmp_path, 30)
     with pytest.raises(LibstdcxxTooOld, match="no libstdc\\+\\+ shim is pinned") as info:
-        ensure_shim(rel, pinned_required=30, shim=None, fetch_shim=lambda p: Path("/x"),
-                    probe=CxxProbe(Path("/lib/libstdc++.so.6"), 28), log=lambda m: None)
+        ensure_shim(
+            rel,
+            pinned_required=30,
+            shim=None,
+            fetch_shim=lambda p: Path("/x"),
+            probe=CxxProbe(Path("/lib/libstdc++.so.6"), 28),
+            log=lambda m: None,
+        )
     assert info.value.system == 28 and "endpoint mode" in info.value.hint
 
 
@@ -135,5 +165,11 @@ def test_release_without_cxx_references_needs_nothing(tmp_path: Path) -> None:
     rel = tmp_path / "rel"
     rel.mkdir()
     (rel / "llama-server").write_text("#!/bin/sh\n")
-    assert not ensure_shim(rel, pinned_required=30, shim=None, fetch_shim=lambda p: Path("/x"),
-                           probe=CxxProbe(None, None), log=lambda m: None)
+    assert not ensure_shim(
+        rel,
+        pinned_required=30,
+        shim=None,
+        fetch_shim=lambda p: Path("/x"),
+        probe=CxxProbe(None, None),
+        log=lambda m: None,
+    )

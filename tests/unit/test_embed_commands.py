@@ -32,8 +32,15 @@ def endpoint(tmp_path: Path) -> Iterator[str]:
     gguf = tmp_path / "all-minilm-l6-v2-f16.gguf"
     gguf.write_bytes(b"GGUF")
     info = lookup("all-minilm-l6-v2")
-    with ManagedServer(_wrapper(tmp_path), gguf, args=embedding_server_args(info, 2), parallel=2,
-                 ctx_per_slot=info.context, name="embed-test", health_timeout=30) as sidecar:
+    with ManagedServer(
+        _wrapper(tmp_path),
+        gguf,
+        args=embedding_server_args(info, 2),
+        parallel=2,
+        ctx_per_slot=info.context,
+        name="embed-test",
+        health_timeout=30,
+    ) as sidecar:
         yield sidecar.ensure_ready()
 
 
@@ -61,8 +68,9 @@ def test_embed_prints_one_vector_per_text(tmp_path: Path, endpoint: str, capsys:
     assert json.loads(lines[0]) == pytest.approx(fake_vector("alpha", 384), abs=1e-6)
 
 
-def test_embed_json_through_a_managed_sidecar(tmp_path: Path, endpoint: str,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_embed_json_through_a_managed_sidecar(
+    tmp_path: Path, endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     cfg = _config(tmp_path, endpoint)
     assert main(["embed", "--config", str(cfg), "--embedder", "managed", "--role", "query", "--json", "x"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -78,8 +86,18 @@ def test_search_prints_score_path_chunk_and_reuses_the_store(
     (docs / "a.md").write_text("# One\nhello\n# Two\nworld\n")
     (docs / "b.txt").write_text("plain text file\n")
     monkeypatch.chdir(tmp_path / "work")
-    argv = ["search", "# Two\nworld\n", "--config", str(cfg), "--embedder", "docs", "--corpus", "docs/**/*",
-            "--min-score", "-1"]
+    argv = [
+        "search",
+        "# Two\nworld\n",
+        "--config",
+        str(cfg),
+        "--embedder",
+        "docs",
+        "--corpus",
+        "docs/**/*",
+        "--min-score",
+        "-1",
+    ]
     assert main(argv) == 0
     out = capsys.readouterr()
     first = out.out.splitlines()[0].split()
@@ -93,8 +111,9 @@ def test_search_prints_score_path_chunk_and_reuses_the_store(
     assert doc["embedded"] == 0 and "0 embedded now" in out.err
 
 
-def test_route_records_provenance_in_the_trace(tmp_path: Path, endpoint: str,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_route_records_provenance_in_the_trace(
+    tmp_path: Path, endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     cfg = _config(tmp_path, endpoint)
     trace = tmp_path / "route.jsonl"
     assert main(["route", "good morning", "--config", str(cfg), "--trace", str(trace), "--json"]) == 0
@@ -129,8 +148,9 @@ def test_decl_errors_name_the_key_and_the_fix(monkeypatch: pytest.MonkeyPatch) -
     with pytest.raises(EmbedError, match=r"embedders\.e\.api_key_env: environment variable EMB_KEY is not set"):
         embedder_from_decl(EmbedderDecl(name="e", endpoint="http://127.0.0.1:9", api_key_env="EMB_KEY"))
     monkeypatch.setenv("EMB_KEY", "k")
-    emb = embedder_from_decl(EmbedderDecl(name="e", endpoint="http://127.0.0.1:9/v1", model="all-minilm-l6-v2",
-                                          api_key_env="EMB_KEY"))
+    emb = embedder_from_decl(
+        EmbedderDecl(name="e", endpoint="http://127.0.0.1:9/v1", model="all-minilm-l6-v2", api_key_env="EMB_KEY")
+    )
     assert "k" not in repr(emb).replace("all-minilm", "")
     with pytest.raises(EmbedError, match=r"embedders\.m\.extra_args: must not set --pooling, -ub"):
         embedder_from_decl(EmbedderDecl(name="m", model="all-minilm-l6-v2", extra_args=("-ub", "64", "--pooling")))
@@ -145,8 +165,7 @@ def test_managed_decl_starts_nothing_until_the_first_embed(tmp_path: Path, monke
     log = tmp_path / "spawn.jsonl"
     gguf = tmp_path / "all-minilm-l6-v2-f16.gguf"
     gguf.write_bytes(b"GGUF")
-    decl = EmbedderDecl(name="m", model=str(gguf), server_bin=str(_wrapper(tmp_path)), parallel=2,
-                        health_timeout=30)
+    decl = EmbedderDecl(name="m", model=str(gguf), server_bin=str(_wrapper(tmp_path)), parallel=2, health_timeout=30)
     monkeypatch.setenv("FAKE_LLAMA_SPAWN_LOG", str(log))
     with embedder_from_decl(decl) as emb:
         assert not log.exists()
@@ -157,12 +176,15 @@ def test_managed_decl_starts_nothing_until_the_first_embed(tmp_path: Path, monke
         assert "--embeddings" in argv and argv[argv.index("--pooling") + 1] == "mean"
 
 
-@pytest.mark.parametrize(("text", "kinds"), [
-    # the decide tier runs: turn.start opens the turn, the decide call's events follow it
-    ("zzz qqq", ["turn.start", "agent.call.start", "agent.call.complete"]),
-    # a semantic route: the turn is turn.start alone, with the whole provenance
-    ("goodbye now", ["turn.start"]),
-])
+@pytest.mark.parametrize(
+    ("text", "kinds"),
+    [
+        # the decide tier runs: turn.start opens the turn, the decide call's events follow it
+        ("zzz qqq", ["turn.start", "agent.call.start", "agent.call.complete"]),
+        # a semantic route: the turn is turn.start alone, with the whole provenance
+        ("goodbye now", ["turn.start"]),
+    ],
+)
 def test_route_turn_writes_turn_start_before_the_decide_call(tmp_path: Path, text: str, kinds: list[str]) -> None:
     from localllm.config import Intent
     from localllm.embed.embedder import FakeEmbedder
@@ -208,8 +230,9 @@ def test_route_without_a_trace_records_nothing(tmp_path: Path) -> None:
     assert asked == [["a", "b"]]
 
 
-def test_cli_route_opens_the_turn_before_the_decide_call(tmp_path: Path, endpoint: str,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_route_opens_the_turn_before_the_decide_call(
+    tmp_path: Path, endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     from tests.unit.agents_fixtures.helpers import JSONRPC_AGENT
 
     cfg = _config(tmp_path, endpoint).with_name("route.yaml")
@@ -232,9 +255,9 @@ def test_cli_route_opens_the_turn_before_the_decide_call(tmp_path: Path, endpoin
     assert events[0]["payload"] == {"input": "zzz qqq", "intent": "", "routed_by": "llm", "match_type": "decide"}
 
 
-def test_search_shows_a_progress_bar_only_on_a_terminal(tmp_path: Path, endpoint: str,
-                                                        monkeypatch: pytest.MonkeyPatch,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_search_shows_a_progress_bar_only_on_a_terminal(
+    tmp_path: Path, endpoint: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     import io
 
     cfg = _config(tmp_path, endpoint)

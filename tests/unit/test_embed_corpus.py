@@ -94,8 +94,7 @@ def test_search_ranks_the_matching_chunk_first_with_defaults(tmp_path: Path) -> 
     (tmp_path / "notes.md").write_text("# Apples\nred fruit\n# Pears\ngreen fruit\n")
     for i in range(8):
         (tmp_path / f"f{i}.txt").write_text(f"file {i}\n")
-    report = search("# Pears\ngreen fruit\n", FakeEmbedder(32), ["*"], base_dir=tmp_path, store=False,
-                    min_score=-1.0)
+    report = search("# Pears\ngreen fruit\n", FakeEmbedder(32), ["*"], base_dir=tmp_path, store=False, min_score=-1.0)
     assert report.hits[0].id == "notes.md#1" and report.hits[0].score == pytest.approx(1.0, abs=1e-5)
     assert len(report.hits) == 5  # default top_k
     assert report.files == 9 and report.chunks == 10 and report.embedded == 10
@@ -122,6 +121,7 @@ def test_search_reports_embedding_progress_in_small_steps(tmp_path: Path) -> Non
     search("alpha", FakeEmbedder(16), ["*.md"], base_dir=tmp_path, store_root=tmp_path / "s", progress=again.append)
     assert sum(again) == 200
     cached: list[int] = []
-    report = search("alpha", FakeEmbedder(16), ["*.md"], base_dir=tmp_path, store_root=tmp_path / "s",
-                    progress=cached.append)
+    report = search(
+        "alpha", FakeEmbedder(16), ["*.md"], base_dir=tmp_path, store_root=tmp_path / "s", progress=cached.append
+    )
     assert (report.embedded, cached) == (0, [])  # nothing new: no progress to show

@@ -58,8 +58,9 @@ class FakeServer:
             if n > self.ubatch:
                 return httpx.Response(500, json={"error": {"message": f"input ({n} tokens) is too large"}})
             vec = np.asarray(fake_vector(json.dumps(item), self.dims), dtype="<f4")
-            value: Any = base64.b64encode(vec.tobytes()).decode() if body.get("encoding_format") == "base64" \
-                else vec.tolist()
+            value: Any = (
+                base64.b64encode(vec.tobytes()).decode() if body.get("encoding_format") == "base64" else vec.tolist()
+            )
             data.append({"index": i, "embedding": value, "object": "embedding"})
         if self.shuffle:
             data.reverse()
@@ -68,8 +69,9 @@ class FakeServer:
 
 
 def _info(**kw: Any) -> ModelInfo:
-    base: dict[str, Any] = dict(id="t", dims=8, context=64, max_input_tokens=64, query_prefix="q: ",
-                                document_prefix="d: ")
+    base: dict[str, Any] = dict(
+        id="t", dims=8, context=64, max_input_tokens=64, query_prefix="q: ", document_prefix="d: "
+    )
     base.update(kw)
     return ModelInfo(**base)
 
@@ -172,7 +174,8 @@ def test_unnormalised_server_output_is_refused_with_normalize_false() -> None:
 
 
 def test_unnormalised_server_output_is_normalised_here_by_default_and_noted_once(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     server = FakeServer()
     plain = _embedder(server).embed(["a", "b"], "query")
     server.mutate = _scale
@@ -287,8 +290,9 @@ def test_api_key_is_sent_but_never_shown() -> None:
         seen.append(request.headers.get("authorization", ""))
         return server.handler(request)
 
-    emb = LocalEmbedder("http://e.test", "t", model_info=_info(), api_key="sekrit",
-                        transport=httpx.MockTransport(handler))
+    emb = LocalEmbedder(
+        "http://e.test", "t", model_info=_info(), api_key="sekrit", transport=httpx.MockTransport(handler)
+    )
     emb.embed(["a"], "query")
     assert seen == ["Bearer sekrit"]
     assert "sekrit" not in repr(emb)

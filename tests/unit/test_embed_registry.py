@@ -42,8 +42,15 @@ def test_bge_uses_its_model_card_query_instruction_and_no_document_prefix() -> N
         info.output_dims(128)  # not Matryoshka
 
 
-@pytest.mark.parametrize("name", ["all-minilm-l6-v2", "sentence-transformers/all-MiniLM-L6-v2",
-                                  "all-minilm-l6-v2-f16.gguf", "/models/all-MiniLM-L6-v2-Q8_0.gguf"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "all-minilm-l6-v2",
+        "sentence-transformers/all-MiniLM-L6-v2",
+        "all-minilm-l6-v2-f16.gguf",
+        "/models/all-MiniLM-L6-v2-Q8_0.gguf",
+    ],
+)
 def test_minilm_aliases_and_gguf_names(name: str) -> None:
     info = lookup(name)
     assert info.id == "all-minilm-l6-v2"
@@ -123,7 +130,11 @@ def test_a_managed_embedder_without_model_runs_nomic(tmp_path: Path) -> None:
     assert decl.model is None and default_model() == "nomic-embed-text-v1.5"
     emb = embedder_from_decl(decl)  # nothing is fetched or started yet
     assert (emb.model, emb.info.id, emb.out_dims, emb.info.query_prefix) == (
-        "nomic-embed-text-v1.5", "nomic-embed-text-v1.5", 256, "search_query: ")
+        "nomic-embed-text-v1.5",
+        "nomic-embed-text-v1.5",
+        256,
+        "search_query: ",
+    )
 
 
 def test_an_endpoint_embedder_without_model_is_refused_at_load(tmp_path: Path) -> None:

@@ -172,8 +172,13 @@ def test_two_processes_indexing_at_once_share_one_consistent_store(tmp_path: Pat
     script = tmp_path / "worker.py"
     script.write_text(_WORKER)
     procs = [
-        subprocess.Popen([sys.executable, str(script), str(tmp_path), str(tmp_path / f"ready{i}")],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO))
+        subprocess.Popen(
+            [sys.executable, str(script), str(tmp_path), str(tmp_path / f"ready{i}")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=str(REPO),
+        )
         for i in range(2)
     ]
     results = []
@@ -192,6 +197,7 @@ def test_two_processes_indexing_at_once_share_one_consistent_store(tmp_path: Pat
 
 
 # --- temporary errors are errors, never corruption (issue 11 item 18) --------------------
+
 
 def _filled(tmp_path: Path, n: int = 300) -> tuple[Store, FakeEmbedder]:
     emb = FakeEmbedder(32)
@@ -231,8 +237,9 @@ def test_disk_full_raises_and_keeps_every_row(tmp_path: Path, monkeypatch: pytes
     store.verify()
     counter = CountingFake()
     counter_store = Store(emb.identity, root=tmp_path / "store")
-    counter_store.vectors({content_hash(f"t{i}"): f"t{i}" for i in range(300)},
-                          lambda ts: counter.embed(ts, "document"))
+    counter_store.vectors(
+        {content_hash(f"t{i}"): f"t{i}" for i in range(300)}, lambda ts: counter.embed(ts, "document")
+    )
     assert counter.documents == 0  # nothing needed re-embedding
 
 
@@ -284,8 +291,14 @@ _FSIZE_WORKER = textwrap.dedent("""
 
 
 def test_a_write_error_from_the_os_raises_and_keeps_every_row(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-c", _FSIZE_WORKER, str(tmp_path / "store")], cwd=str(REPO),
-                         capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _FSIZE_WORKER, str(tmp_path / "store")],
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     result = json.loads(out.stdout)
     assert result["reason"] in ("io error", "disk full")
     assert result["before"] == 300 and result["after"] >= 300  # batches committed before the error stay

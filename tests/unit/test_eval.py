@@ -66,9 +66,20 @@ def write_cases(path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as fh:
         for case_id, (ticket, queue, priority) in TICKETS.items():
-            fh.write(json.dumps({"id": case_id, "args": {"ticket": ticket},
-                                 "expect": {"queue": queue, "priority": {"number": priority, "tolerance": 1},
-                                            "summary": {"any_valid": True}}}) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "id": case_id,
+                        "args": {"ticket": ticket},
+                        "expect": {
+                            "queue": queue,
+                            "priority": {"number": priority, "tolerance": 1},
+                            "summary": {"any_valid": True},
+                        },
+                    }
+                )
+                + "\n"
+            )
 
 
 @pytest.fixture
@@ -106,8 +117,13 @@ def small(request: AskRequest) -> Any:
 def claude(request: AskRequest) -> dict[str, Any]:
     from localllm.wire import AskResponse
 
-    return AskResponse(submission=json.dumps(truth(request)), meta={"cost_usd": 0.01,  # type: ignore[return-value]
-                                                                    "usage": {"input_tokens": 10, "output_tokens": 5}})
+    return AskResponse(
+        submission=json.dumps(truth(request)),
+        meta={
+            "cost_usd": 0.01,  # type: ignore[return-value]
+            "usage": {"input_tokens": 10, "output_tokens": 5},
+        },
+    )
 
 
 def prepare(runtime: Runtime) -> None:
@@ -119,28 +135,39 @@ def prepare(runtime: Runtime) -> None:
 # --------------------------------------------------------------------------- matchers
 
 
-@pytest.mark.parametrize(("expect", "answer", "correct", "fields"), [
-    ({"queue": "bug"}, {"queue": "bug", "priority": 1}, True, {"queue": True}),
-    ({"queue": "bug"}, {"queue": "billing"}, False, {"queue": False}),
-    ({"queue": {"one_of": ["bug", "feature"]}}, {"queue": "feature"}, True, {"queue": True}),
-    ({"priority": {"number": 2, "tolerance": 1}}, {"priority": 3}, True, {"priority": True}),
-    ({"priority": {"number": 2, "tolerance": 1}}, {"priority": 4}, False, {"priority": False}),
-    ({"priority": {"number": 1}}, {"priority": True}, False, {"priority": False}),
-    ({"priority": 1}, {"priority": 1.0}, True, {"priority": True}),
-    ({"flag": True}, {"flag": 1}, False, {"flag": False}),
-    ({"summary": {"regex": "^refund"}}, {"summary": "refund twice"}, True, {"summary": True}),
-    ({"summary": {"regex": "^refund"}}, {"summary": 3}, False, {"summary": False}),
-    ({"summary": {"any_valid": True}}, {"queue": "bug"}, False, {"summary": False}),
-    ({"meta": {"equals": {"a": 1}}}, {"meta": {"a": 1}}, True, {"meta": True}),
-    ({"meta": {"a": 1}}, {"meta": {"a": 1}}, True, {"meta": True}),
-    ({"exact": {"queue": "bug", "priority": 1}}, {"queue": "bug", "priority": 1}, True,
-     {"queue": True, "priority": True}),
-    ({"exact": {"queue": "bug", "priority": 1}}, {"queue": "bug", "priority": 1, "x": 0}, False,
-     {"queue": True, "priority": True}),
-    ({"fields": {"queue": "bug"}}, {"queue": "bug"}, True, {"queue": True}),
-    ({}, {"anything": 1}, True, {}),
-    ({"queue": "bug"}, "bug", False, {"queue": False}),
-])
+@pytest.mark.parametrize(
+    ("expect", "answer", "correct", "fields"),
+    [
+        ({"queue": "bug"}, {"queue": "bug", "priority": 1}, True, {"queue": True}),
+        ({"queue": "bug"}, {"queue": "billing"}, False, {"queue": False}),
+        ({"queue": {"one_of": ["bug", "feature"]}}, {"queue": "feature"}, True, {"queue": True}),
+        ({"priority": {"number": 2, "tolerance": 1}}, {"priority": 3}, True, {"priority": True}),
+        ({"priority": {"number": 2, "tolerance": 1}}, {"priority": 4}, False, {"priority": False}),
+        ({"priority": {"number": 1}}, {"priority": True}, False, {"priority": False}),
+        ({"priority": 1}, {"priority": 1.0}, True, {"priority": True}),
+        ({"flag": True}, {"flag": 1}, False, {"flag": False}),
+        ({"summary": {"regex": "^refund"}}, {"summary": "refund twice"}, True, {"summary": True}),
+        ({"summary": {"regex": "^refund"}}, {"summary": 3}, False, {"summary": False}),
+        ({"summary": {"any_valid": True}}, {"queue": "bug"}, False, {"summary": False}),
+        ({"meta": {"equals": {"a": 1}}}, {"meta": {"a": 1}}, True, {"meta": True}),
+        ({"meta": {"a": 1}}, {"meta": {"a": 1}}, True, {"meta": True}),
+        (
+            {"exact": {"queue": "bug", "priority": 1}},
+            {"queue": "bug", "priority": 1},
+            True,
+            {"queue": True, "priority": True},
+        ),
+        (
+            {"exact": {"queue": "bug", "priority": 1}},
+            {"queue": "bug", "priority": 1, "x": 0},
+            False,
+            {"queue": True, "priority": True},
+        ),
+        ({"fields": {"queue": "bug"}}, {"queue": "bug"}, True, {"queue": True}),
+        ({}, {"anything": 1}, True, {}),
+        ({"queue": "bug"}, "bug", False, {"queue": False}),
+    ],
+)
 def test_matchers(expect: Any, answer: Any, correct: bool, fields: dict[str, bool]) -> None:
     problems = ProblemList("cases.jsonl")
     parsed = parse_expect(expect, "line 1.expect", problems)
@@ -150,20 +177,33 @@ def test_matchers(expect: Any, answer: Any, correct: bool, fields: dict[str, boo
 
 def test_cases_file_problems_are_all_reported_with_their_line(tmp_path: Path) -> None:
     path = tmp_path / "cases.jsonl"
-    path.write_text("\n".join([
-        json.dumps({"id": "a", "args": {}, "expect": {"q": {"one_of": []}}}),
-        "not json",
-        json.dumps({"id": "a", "args": {}, "expect": {}}),
-        json.dumps({"args": [], "expect": {}}),
-        json.dumps({"args": {}, "expect": {"p": {"number": 1, "regex": "x"}}, "colour": 1}),
-        json.dumps({"args": {}}),
-        json.dumps({"args": {}, "expect": {"s": {"regex": "("}}}),
-    ]) + "\n")
+    path.write_text(
+        "\n".join(
+            [
+                json.dumps({"id": "a", "args": {}, "expect": {"q": {"one_of": []}}}),
+                "not json",
+                json.dumps({"id": "a", "args": {}, "expect": {}}),
+                json.dumps({"args": [], "expect": {}}),
+                json.dumps({"args": {}, "expect": {"p": {"number": 1, "regex": "x"}}, "colour": 1}),
+                json.dumps({"args": {}}),
+                json.dumps({"args": {}, "expect": {"s": {"regex": "("}}}),
+            ]
+        )
+        + "\n"
+    )
     with pytest.raises(ConfigError) as caught:
         load_cases(path)
     keys = [p.key for p in caught.value.problems]
-    assert keys == ["line 1.expect.q.one_of", "line 2", "line 3.id", "line 4.args", "line 5.colour",
-                    "line 5.expect.p", "line 6.expect", "line 7.expect.s.regex"]
+    assert keys == [
+        "line 1.expect.q.one_of",
+        "line 2",
+        "line 3.id",
+        "line 4.args",
+        "line 5.colour",
+        "line 5.expect.p",
+        "line 6.expect",
+        "line 7.expect.s.regex",
+    ]
     assert {p.file for p in caught.value.problems} == {str(path)}
 
 
@@ -189,8 +229,19 @@ def recount(trace_path: Path, case_of_call: dict[str, str]) -> dict[str, dict[st
         if ev.kind not in ("agent.call.complete", "agent.call.error"):
             continue
         agent = starts[ev.call_id].payload["agent"]
-        row = tally.setdefault(agent, {"calls": 0, "correct": 0, "fallbacks": 0, "errors": Counter(),
-                                       "durations": [], "cost": 0.0, "valid_first": 0, "queue_ok": 0})
+        row = tally.setdefault(
+            agent,
+            {
+                "calls": 0,
+                "correct": 0,
+                "fallbacks": 0,
+                "errors": Counter(),
+                "durations": [],
+                "cost": 0.0,
+                "valid_first": 0,
+                "queue_ok": 0,
+            },
+        )
         row["calls"] += 1
         row["durations"].append(ev.payload["duration_ms"])
         fell_back = "substitution" in ev.payload
@@ -214,8 +265,9 @@ def nearest_rank(values: list[float], pct: float) -> float:
 
 def test_report_numbers_equal_a_recount_from_the_trace(app: Path) -> None:
     config = load_config(app / "app.yaml")
-    result = evaluate(config, "triage", agents=["agent.local", "agent.small", "agent.claude"], repeat=2,
-                      prepare=prepare)
+    result = evaluate(
+        config, "triage", agents=["agent.local", "agent.small", "agent.claude"], repeat=2, prepare=prepare
+    )
     report = result.report
     case_of_call = {row["call_id"]: row["case"] for row in report["calls"]}
     assert len(case_of_call) == 3 * 6 * 2  # every call has its own call_id
@@ -286,8 +338,14 @@ def test_reproducibility_counts_cases_whose_repeats_differ(app: Path) -> None:
             answer["priority"] = 5
         return answer
 
-    report = evaluate(config, "triage", agents=["agent.local"], repeat=2, workers=1,
-                      prepare=lambda rt: rt.register_inprocess("agent.local", flaky)).report
+    report = evaluate(
+        config,
+        "triage",
+        agents=["agent.local"],
+        repeat=2,
+        workers=1,
+        prepare=lambda rt: rt.register_inprocess("agent.local", flaky),
+    ).report
     assert report["agents"]["agent.local"]["reproducibility"] == pytest.approx(5 / 6)
 
 
@@ -312,8 +370,9 @@ def run_selected(config: Config, trace: Path) -> tuple[str, dict[str, Any]]:
 
 
 def test_selection_picks_the_local_agent_when_its_evidence_passes(app: Path) -> None:
-    evaluate(load_config(app / "app.yaml"), "triage", agents=["agent.claude", "agent.small", "agent.local"],
-             prepare=prepare)
+    evaluate(
+        load_config(app / "app.yaml"), "triage", agents=["agent.claude", "agent.small", "agent.local"], prepare=prepare
+    )
     config = with_selection(app, min_accuracy=0.9, max_fallback_rate=0.1, fallback_profile="agent.claude")
     agent, why = run_selected(config, app / "run.jsonl")
     assert agent == "agent.local"
@@ -335,8 +394,9 @@ def test_selection_falls_back_to_the_profile_when_nothing_passes(app: Path) -> N
     assert agent == "agent.claude" and why["passed"] is False and why["reason"] == "no agent's evidence passes"
 
 
-def test_stale_evidence_after_a_schema_change_is_flagged_and_does_not_pass(app: Path,
-                                                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_stale_evidence_after_a_schema_change_is_flagged_and_does_not_pass(
+    app: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     evaluate(load_config(app / "app.yaml"), "triage", agents=["agent.local"], prepare=prepare)
     with_selection(app, fallback_profile="agent.claude")
     assert main(["check", str(app / "app.yaml"), "--json"]) == 0
@@ -398,8 +458,16 @@ def test_trace_cases_and_cassette_round_trip(app: Path, capsys: pytest.CaptureFi
     assert main(["trace", "cassette", str(app / "replay1.jsonl"), "-o", str(app / "c2.yaml")]) == 0
     third = replay(app / "c2.yaml", app / "replay2.jsonl")
     assert [(r.call_id, r.submission) for r in third] == [(r.call_id, r.submission) for r in second]
-    assert evaluate(config, "triage", agents=["agent.claude"], cassettes={"agent.claude": app / "c1.yaml"},
-                    cases_path=app / "cases.jsonl").report["agents"]["agent.claude"]["accuracy"] == 1.0
+    assert (
+        evaluate(
+            config,
+            "triage",
+            agents=["agent.claude"],
+            cassettes={"agent.claude": app / "c1.yaml"},
+            cases_path=app / "cases.jsonl",
+        ).report["agents"]["agent.claude"]["accuracy"]
+        == 1.0
+    )
 
 
 def test_cli_eval_prints_the_table_and_fails_under_the_bar(app: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -412,11 +480,21 @@ def test_cli_eval_prints_the_table_and_fails_under_the_bar(app: Path, capsys: py
             with contextlib.suppress(AgentError):  # the refund answer is outside the schema: an error
                 runtime.run_gate("triage", {"ticket": ticket}, agent="agent.small")
     for alias in ("agent.small", "agent.claude"):
-        assert main(["trace", "cassette", str(app / "rec.jsonl"), "--agent", alias, "-o",
-                     str(app / f"{alias}.yaml")]) == 0
-    argv = ["eval", "triage", "-c", str(app / "app.yaml"), "--agents", "agent.small,agent.claude",
-            "--cassette", f"agent.small={app / 'agent.small.yaml'}",
-            "--cassette", f"agent.claude={app / 'agent.claude.yaml'}"]
+        assert (
+            main(["trace", "cassette", str(app / "rec.jsonl"), "--agent", alias, "-o", str(app / f"{alias}.yaml")]) == 0
+        )
+    argv = [
+        "eval",
+        "triage",
+        "-c",
+        str(app / "app.yaml"),
+        "--agents",
+        "agent.small,agent.claude",
+        "--cassette",
+        f"agent.small={app / 'agent.small.yaml'}",
+        "--cassette",
+        f"agent.claude={app / 'agent.claude.yaml'}",
+    ]
     capsys.readouterr()
     assert main([*argv, "--fail-under", "0.9"]) == 1
     captured = capsys.readouterr()
@@ -455,14 +533,19 @@ def test_staleness_names_a_changed_server_build_and_model(app: Path, monkeypatch
     first.write_bytes(b"build a")
     second.write_bytes(b"build b")
     (app / "tiny.gguf").write_bytes(b"GGUF one")
-    text = CONFIG.replace("  agent.claude: {plugin: builtin.inprocess}\n",
-                          "  agent.claude: {plugin: builtin.inprocess}\n"
-                          "  agent.gem: {plugin: builtin.local_llm, model: tiny.gguf}\n")
+    text = CONFIG.replace(
+        "  agent.claude: {plugin: builtin.inprocess}\n",
+        "  agent.claude: {plugin: builtin.inprocess}\n  agent.gem: {plugin: builtin.local_llm, model: tiny.gguf}\n",
+    )
     (app / "app.yaml").write_text(text)
     monkeypatch.setenv("LOCALLLM_SERVER_BIN", str(first))
     config = load_config(app / "app.yaml")
     gate = config.gates["triage"]
-    report: dict[str, Any] = {"kind": REPORT_KIND, "gate": "triage", "fingerprint": fingerprint(config, gate, ["agent.gem"])}
+    report: dict[str, Any] = {
+        "kind": REPORT_KIND,
+        "gate": "triage",
+        "fingerprint": fingerprint(config, gate, ["agent.gem"]),
+    }
     assert report["fingerprint"]["agents"]["agent.gem"]["model_sha256"] is not None
     assert staleness(config, gate, report) == {"": [], "agent.gem": []}
     monkeypatch.setenv("LOCALLLM_SERVER_BIN", str(second))
@@ -485,8 +568,9 @@ def test_trace_cassette_of_claude_keeps_the_fallback_answers(app: Path) -> None:
     assert len(small_only["episodes"]) == 5
 
 
-def test_the_progress_bar_is_drawn_only_on_a_tty(app: Path, capsys: pytest.CaptureFixture[str],
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_progress_bar_is_drawn_only_on_a_tty(
+    app: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     import sys
 
     with Runtime(load_config(app / "app.yaml"), trace=app / "rec.jsonl") as runtime:
@@ -494,8 +578,18 @@ def test_the_progress_bar_is_drawn_only_on_a_tty(app: Path, capsys: pytest.Captu
         for ticket, _, _ in TICKETS.values():
             runtime.run_gate("triage", {"ticket": ticket}, agent="agent.claude")
     assert main(["trace", "cassette", str(app / "rec.jsonl"), "-o", str(app / "c.yaml")]) == 0
-    argv = ["eval", "triage", "-c", str(app / "app.yaml"), "--agents", "agent.claude",
-            "--cassette", f"agent.claude={app / 'c.yaml'}", "--repeat", "2"]
+    argv = [
+        "eval",
+        "triage",
+        "-c",
+        str(app / "app.yaml"),
+        "--agents",
+        "agent.claude",
+        "--cassette",
+        f"agent.claude={app / 'c.yaml'}",
+        "--repeat",
+        "2",
+    ]
     capsys.readouterr()
     assert main(argv) == 0
     assert "/12 [" not in capsys.readouterr().err

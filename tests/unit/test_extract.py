@@ -23,7 +23,12 @@ from tests.unit.fakes.release_archives import LINKS, Member, make_tar, make_zip,
 
 def _check_release(dest: Path) -> None:
     assert sorted(p.name for p in dest.iterdir()) == [
-        "LICENSE", "libllama.so", "libllama.so.0", "libllama.so.0.1.2", "llama-server"]
+        "LICENSE",
+        "libllama.so",
+        "libllama.so.0",
+        "libllama.so.0.1.2",
+        "llama-server",
+    ]
     for link, target in LINKS.items():
         assert (dest / link).is_symlink()
         assert os.readlink(dest / link) == target
@@ -136,10 +141,14 @@ def test_install_dir_replaces_atomically(tmp_path: Path) -> None:
 
 
 def test_extract_member_copies_one_regular_file(tmp_path: Path) -> None:
-    archive = make_tar(tmp_path / "pkg.tar.bz2", [
-        ("lib/libstdc++.so.6.0.30", "file", b"\x7fELF GLIBCXX_3.4.30", 0o644),
-        ("lib/libstdc++.so.6", "symlink", "libstdc++.so.6.0.30", 0o777),
-    ], mode="w:bz2")
+    archive = make_tar(
+        tmp_path / "pkg.tar.bz2",
+        [
+            ("lib/libstdc++.so.6.0.30", "file", b"\x7fELF GLIBCXX_3.4.30", 0o644),
+            ("lib/libstdc++.so.6", "symlink", "libstdc++.so.6.0.30", 0o777),
+        ],
+        mode="w:bz2",
+    )
     target = tmp_path / "libstdc++.so.6"
     extract_member(archive, "lib/libstdc++.so.6.0.30", target)
     assert target.read_bytes() == b"\x7fELF GLIBCXX_3.4.30"
@@ -151,12 +160,21 @@ def test_extract_member_copies_one_regular_file(tmp_path: Path) -> None:
 
 CHAINS: dict[str, list[Member]] = {
     # d/up → .. is inside alone; e1 → d/up/.. then names the parent of the extraction dir.
-    "updir-chain": [("llama-b1/d/", "dir", b"", 0o755), ("llama-b1/d/up", "symlink", "..", 0o777),
-                    ("llama-b1/e1", "symlink", "d/up/..", 0o777)],
-    "chain-of-three": [("llama-b1/a", "symlink", ".", 0o777), ("llama-b1/b", "symlink", "a/a/a", 0o777),
-                       ("llama-b1/e1", "symlink", "b/../..", 0o777)],
-    "through-dir-link": [("llama-b1/lib/", "dir", b"", 0o755), ("llama-b1/lib/l", "symlink", "..", 0o777),
-                         ("llama-b1/e1", "symlink", "lib/l/lib/l/..", 0o777)],
+    "updir-chain": [
+        ("llama-b1/d/", "dir", b"", 0o755),
+        ("llama-b1/d/up", "symlink", "..", 0o777),
+        ("llama-b1/e1", "symlink", "d/up/..", 0o777),
+    ],
+    "chain-of-three": [
+        ("llama-b1/a", "symlink", ".", 0o777),
+        ("llama-b1/b", "symlink", "a/a/a", 0o777),
+        ("llama-b1/e1", "symlink", "b/../..", 0o777),
+    ],
+    "through-dir-link": [
+        ("llama-b1/lib/", "dir", b"", 0o755),
+        ("llama-b1/lib/l", "symlink", "..", 0o777),
+        ("llama-b1/e1", "symlink", "lib/l/lib/l/..", 0o777),
+    ],
     "loop": [("llama-b1/e1", "symlink", "e2", 0o777), ("llama-b1/e2", "symlink", "e1", 0o777)],
 }
 
@@ -177,11 +195,15 @@ def test_symlink_chains_that_resolve_outside_are_refused(tmp_path: Path, case: s
 
 def test_shim_install_through_a_link_chain_writes_nothing_outside(tmp_path: Path) -> None:
     """The attack of item 5: release links aim ``libstdc++.so.6`` above the cache root."""
-    members = [*release_members("llama-b1"), *CHAINS["updir-chain"],
-               ("llama-b1/libstdc++.so.6", "symlink", "e1/escaped", 0o777)]
+    members = [
+        *release_members("llama-b1"),
+        *CHAINS["updir-chain"],
+        ("llama-b1/libstdc++.so.6", "symlink", "e1/escaped", 0o777),
+    ]
     release = make_tar(tmp_path / "release.tar.gz", members)
-    shim = make_tar(tmp_path / "shim.tar.bz2", [("lib/libstdc++.so.6.0.30", "file", b"\x7fELF shim", 0o644)],
-                    mode="w:bz2")
+    shim = make_tar(
+        tmp_path / "shim.tar.bz2", [("lib/libstdc++.so.6.0.30", "file", b"\x7fELF shim", 0o644)], mode="w:bz2"
+    )
     bindir = tmp_path / "bin"
     with staging_dir(bindir, "llama-b1") as staging, pytest.raises(UnsafeArchive):
         extract_archive(release, staging)
@@ -197,8 +219,9 @@ def test_extract_member_replaces_a_link_instead_of_writing_through_it(tmp_path: 
     release = tmp_path / "release"
     release.mkdir()
     (release / "libstdc++.so.6").symlink_to(victim)
-    shim = make_tar(tmp_path / "shim.tar.bz2", [("lib/libstdc++.so.6.0.30", "file", b"\x7fELF shim", 0o644)],
-                    mode="w:bz2")
+    shim = make_tar(
+        tmp_path / "shim.tar.bz2", [("lib/libstdc++.so.6.0.30", "file", b"\x7fELF shim", 0o644)], mode="w:bz2"
+    )
     extract_member(shim, "lib/libstdc++.so.6.0.30", release / "libstdc++.so.6")
     assert victim.read_bytes() == b"keep"
     assert not (release / "libstdc++.so.6").is_symlink()
@@ -207,8 +230,11 @@ def test_extract_member_replaces_a_link_instead_of_writing_through_it(tmp_path: 
 
 
 def test_a_member_below_a_link_is_refused(tmp_path: Path) -> None:
-    members = [*release_members("llama-b1"), ("llama-b1/d", "symlink", ".", 0o777),
-               ("llama-b1/d/x", "file", b"x", 0o644)]
+    members = [
+        *release_members("llama-b1"),
+        ("llama-b1/d", "symlink", ".", 0o777),
+        ("llama-b1/d/x", "file", b"x", 0o644),
+    ]
     archive = make_tar(tmp_path / "below.tar.gz", members)
     with pytest.raises(UnsafeArchive) as info:
         extract_archive(archive, tmp_path / "out")
@@ -217,15 +243,19 @@ def test_a_member_below_a_link_is_refused(tmp_path: Path) -> None:
 
 
 def test_inside_chains_are_kept(tmp_path: Path) -> None:
-    members = [*release_members("llama-b1"), ("llama-b1/lib/", "dir", b"", 0o755),
-               ("llama-b1/lib/up", "symlink", "..", 0o777),
-               ("llama-b1/lib/server", "symlink", "up/llama-server", 0o777)]
+    members = [
+        *release_members("llama-b1"),
+        ("llama-b1/lib/", "dir", b"", 0o755),
+        ("llama-b1/lib/up", "symlink", "..", 0o777),
+        ("llama-b1/lib/server", "symlink", "up/llama-server", 0o777),
+    ]
     dest = tmp_path / "out"
     extract_archive(make_tar(tmp_path / "ok.tar.gz", members), dest)
     assert (dest / "lib" / "server").resolve() == (dest / "llama-server").resolve()
 
 
 # --- zipfile.writestr members (item 6) ---------------------------------------------------
+
 
 def test_zip_from_writestr_without_type_bits_is_regular_files(tmp_path: Path) -> None:
     archive = tmp_path / "plain.zip"
@@ -246,6 +276,7 @@ def test_zip_from_writestr_without_type_bits_is_regular_files(tmp_path: Path) ->
 
 
 # --- size caps (item 7) ------------------------------------------------------------------
+
 
 def _zip_of(path: Path, members: list[tuple[str, int]]) -> Path:
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:

@@ -56,8 +56,7 @@ class Log:
 
 
 def _fetch(art: Artifact, dest: Path, log: Log, **kw: object) -> Path:
-    return fetch_artifact(art, dest, lock_path=dest.parent / "x.lock", log=log, backoff=0.01,
-                          progress=False, **kw)  # type: ignore[arg-type]
+    return fetch_artifact(art, dest, lock_path=dest.parent / "x.lock", log=log, backoff=0.01, progress=False, **kw)  # type: ignore[arg-type]
 
 
 def _leftovers(directory: Path) -> list[str]:
@@ -97,9 +96,9 @@ def test_sha_mismatch_leaves_cache_untouched(tmp_path: Path, archive_bytes: byte
     assert list(cache.iterdir()) == []
 
 
-def test_cli_prints_expected_and_actual_hash(tmp_path: Path, archive_bytes: bytes,
-                                             monkeypatch: pytest.MonkeyPatch,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_prints_expected_and_actual_hash(
+    tmp_path: Path, archive_bytes: bytes, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from localllm import cli
 
     pins = json.loads((REPO / "pins" / "artifacts.json").read_text())
@@ -159,8 +158,7 @@ def test_transient_errors_are_retried_with_a_bound(tmp_path: Path, archive_bytes
         assert [r.status for r in srv.requests] == [503, 503, 200]
     with ArchiveServer({"llama-test.tar.gz": archive_bytes}, fail_first=100) as srv:
         with pytest.raises(DownloadFailed, match="after 3 attempts"):
-            _fetch(_artifact(archive_bytes, srv.url("llama-test.tar.gz")), tmp_path / "b.tar.gz",
-                   Log(), retries=2)
+            _fetch(_artifact(archive_bytes, srv.url("llama-test.tar.gz")), tmp_path / "b.tar.gz", Log(), retries=2)
         assert len(srv.requests) == 3
     assert _leftovers(tmp_path) == []
 
@@ -178,8 +176,7 @@ def test_connection_refused_fails_after_bounded_retries(tmp_path: Path, archive_
         port = s.getsockname()[1]
     log = Log()
     with pytest.raises(DownloadFailed, match="ConnectError"):
-        _fetch(_artifact(archive_bytes, f"http://127.0.0.1:{port}/x.tar.gz"), tmp_path / "x.tar.gz",
-               log, retries=2)
+        _fetch(_artifact(archive_bytes, f"http://127.0.0.1:{port}/x.tar.gz"), tmp_path / "x.tar.gz", log, retries=2)
     assert log.text().count("retrying") == 2
 
 
@@ -197,10 +194,13 @@ def test_mirror_directory_is_tried_before_the_url(tmp_path: Path, archive_bytes:
 def test_mirror_url_by_file_name_then_pinned_url_on_bad_mirror(tmp_path: Path, archive_bytes: bytes) -> None:
     log = Log()
     dest = tmp_path / "llama-test.tar.gz"
-    with ArchiveServer({"llama-test.tar.gz": archive_bytes}) as good, \
-            ArchiveServer({"llama-test.tar.gz": b"tampered"}) as bad:
-        _fetch(_artifact(archive_bytes, good.url("llama-test.tar.gz")), dest, log,
-               mirrors=[bad.base_url + "/some/dir/"])
+    with (
+        ArchiveServer({"llama-test.tar.gz": archive_bytes}) as good,
+        ArchiveServer({"llama-test.tar.gz": b"tampered"}) as bad,
+    ):
+        _fetch(
+            _artifact(archive_bytes, good.url("llama-test.tar.gz")), dest, log, mirrors=[bad.base_url + "/some/dir/"]
+        )
         assert [r.name for r in bad.requests] == ["llama-test.tar.gz"]
         assert len(good.requests) == 1
     assert "sha256 mismatch" in log.text()
@@ -219,9 +219,14 @@ def test_offline_opens_no_socket(tmp_path: Path, archive_bytes: bytes, monkeypat
         monkeypatch.setattr(socket.socket, "connect_ex", no_connect)
         art = _artifact(archive_bytes, srv.url("llama-test.tar.gz"))
         with pytest.raises(OfflineArtifactMissing) as info:
-            _fetch(art, tmp_path / "llama-test.tar.gz", Log(), offline=True,
-                   mirrors=[srv.base_url, str(tmp_path / "empty-mirror")],
-                   prewarm="localllm fetch server")
+            _fetch(
+                art,
+                tmp_path / "llama-test.tar.gz",
+                Log(),
+                offline=True,
+                mirrors=[srv.base_url, str(tmp_path / "empty-mirror")],
+                prewarm="localllm fetch server",
+            )
         monkeypatch.undo()
         assert srv.requests == []
     assert attempts == []
@@ -229,27 +234,31 @@ def test_offline_opens_no_socket(tmp_path: Path, archive_bytes: bytes, monkeypat
     assert "LOCALLLM_OFFLINE=1" in str(info.value)
 
 
-def test_offline_still_uses_a_directory_mirror(tmp_path: Path, archive_bytes: bytes,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_offline_still_uses_a_directory_mirror(
+    tmp_path: Path, archive_bytes: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
     mirror = tmp_path / "mirror"
     mirror.mkdir()
     (mirror / "llama-test.tar.gz").write_bytes(archive_bytes)
     monkeypatch.setattr(socket.socket, "connect", lambda *a: pytest.fail("socket opened"))
     dest = tmp_path / "c" / "llama-test.tar.gz"
-    _fetch(_artifact(archive_bytes, "https://example.invalid/x"), dest, Log(), offline=True,
-           mirrors=[f"file://{mirror}"])
+    _fetch(
+        _artifact(archive_bytes, "https://example.invalid/x"), dest, Log(), offline=True, mirrors=[f"file://{mirror}"]
+    )
     assert dest.read_bytes() == archive_bytes
 
 
-def test_free_space_is_checked_against_content_length(tmp_path: Path, archive_bytes: bytes,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_free_space_is_checked_against_content_length(
+    tmp_path: Path, archive_bytes: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import shutil
 
     real = shutil.disk_usage
-    monkeypatch.setattr(shutil, "disk_usage",
-                        lambda p: real(p)._replace(free=len(archive_bytes) // 2))
-    with ArchiveServer({"llama-test.tar.gz": archive_bytes}) as srv, \
-            pytest.raises(InsufficientSpace, match="not enough free space"):
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=len(archive_bytes) // 2))
+    with (
+        ArchiveServer({"llama-test.tar.gz": archive_bytes}) as srv,
+        pytest.raises(InsufficientSpace, match="not enough free space"),
+    ):
         _fetch(_artifact(archive_bytes, srv.url("llama-test.tar.gz")), tmp_path / "l.tar.gz", Log())
     assert _leftovers(tmp_path) == []
     assert not (tmp_path / "l.tar.gz").exists()
@@ -257,8 +266,9 @@ def test_free_space_is_checked_against_content_length(tmp_path: Path, archive_by
 
 def test_no_sha_never_downloads(tmp_path: Path) -> None:
     with ArchiveServer({"bge.gguf": b"x"}) as srv:
-        art = Artifact(name="model bge", file="bge.gguf", sha256=None, url=srv.url("bge.gguf"),
-                       pin_key="models.entries.bge")
+        art = Artifact(
+            name="model bge", file="bge.gguf", sha256=None, url=srv.url("bge.gguf"), pin_key="models.entries.bge"
+        )
         with pytest.raises(PinNotConfigured, match=r"models\.entries\.bge\.sha256"):
             _fetch(art, tmp_path / "bge.gguf", Log())
         assert srv.requests == []
@@ -299,10 +309,16 @@ def test_eight_processes_download_once_and_all_succeed(tmp_path: Path, archive_b
     dest = tmp_path / "cache" / "llama-test.tar.gz"
     # Slow enough (~2 s) that the eight processes overlap with the one downloading.
     with ArchiveServer({"llama-test.tar.gz": archive_bytes}, delay=0.2) as srv:
-        argv = [sys.executable, "-c", _WORKER, srv.url("llama-test.tar.gz"), _sha(archive_bytes),
-                str(dest), str(tmp_path / "locks" / "a.lock")]
-        procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for _ in range(8)]
+        argv = [
+            sys.executable,
+            "-c",
+            _WORKER,
+            srv.url("llama-test.tar.gz"),
+            _sha(archive_bytes),
+            str(dest),
+            str(tmp_path / "locks" / "a.lock"),
+        ]
+        procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(8)]
         results = [p.communicate(timeout=120) for p in procs]
         gets = srv.gets("llama-test.tar.gz")
     assert [p.returncode for p in procs] == [0] * 8, [e for _o, e in results]

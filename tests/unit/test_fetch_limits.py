@@ -100,8 +100,10 @@ def test_an_endless_body_stops_at_the_first_byte_past_the_pin(cache: Path, monke
 
 
 def test_a_trickle_is_abandoned_even_without_a_pinned_size(cache: Path) -> None:
-    with ArchiveServer({NAME: DATA}, misbehave="trickle", delay=0.05) as slow, \
-            pytest.raises(DownloadFailed, match="stalled"):
+    with (
+        ArchiveServer({NAME: DATA}, misbehave="trickle", delay=0.05) as slow,
+        pytest.raises(DownloadFailed, match="stalled"),
+    ):
         _fetch(_art(slow.url(NAME), size=None), cache / NAME, min_rate=1000, stall_window=0.5)
 
 
@@ -109,8 +111,7 @@ def test_a_trickling_mirror_is_abandoned_for_the_next_source(cache: Path) -> Non
     with ArchiveServer({NAME: DATA}, misbehave="trickle", delay=0.02) as slow, ArchiveServer({NAME: DATA}) as good:
         log = Log()
         started = time.monotonic()
-        dest = _fetch(_art(good.url(NAME)), cache / NAME, log, mirrors=[slow.base_url],
-                      min_rate=1000, stall_window=0.5)
+        dest = _fetch(_art(good.url(NAME)), cache / NAME, log, mirrors=[slow.base_url], min_rate=1000, stall_window=0.5)
         elapsed = time.monotonic() - started
         assert dest.read_bytes() == DATA
         assert elapsed < 3.0
@@ -121,8 +122,7 @@ def test_a_trickling_mirror_is_abandoned_for_the_next_source(cache: Path) -> Non
 def test_a_silent_mirror_is_abandoned_after_the_stall_window(cache: Path) -> None:
     with ArchiveServer({NAME: DATA}, misbehave="silent") as silent, ArchiveServer({NAME: DATA}) as good:
         started = time.monotonic()
-        dest = _fetch(_art(good.url(NAME)), cache / NAME, mirrors=[silent.base_url],
-                      min_rate=1000, stall_window=0.5)
+        dest = _fetch(_art(good.url(NAME)), cache / NAME, mirrors=[silent.base_url], min_rate=1000, stall_window=0.5)
         assert dest.read_bytes() == DATA
         assert time.monotonic() - started < 3.0
 
@@ -213,8 +213,11 @@ def test_cli_fetch_model_through_a_redirect_loop_is_a_one_line_error(
     data = json.loads((repo / "pins" / "artifacts.json").read_text())
     with ArchiveServer({NAME: DATA}, misbehave="redirect-loop") as loop:
         data["models"]["entries"]["tiny"] = {
-            "role": "chat", "file": NAME, "url": None,
-            "sha256": hashlib.sha256(DATA).hexdigest(), "size": len(DATA),
+            "role": "chat",
+            "file": NAME,
+            "url": None,
+            "sha256": hashlib.sha256(DATA).hexdigest(),
+            "size": len(DATA),
         }
         custom = tmp_path / "pins.json"
         custom.write_text(json.dumps(data))

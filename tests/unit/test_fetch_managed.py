@@ -43,14 +43,19 @@ def release_archive(tmp_path: Path) -> bytes:
 
 def _pins(archive: bytes, *, shim: ShimPin | None = None) -> Pins:
     base = load_pins()
-    art = Artifact(name="llama-server b9999", file="llama-b9999-bin-test.tar.gz", sha256=_sha(archive),
-                   url="https://example.invalid/llama-b9999-bin-test.tar.gz", pin_key="server.prebuilt.x")
-    return dataclasses.replace(base, release="b9999", prebuilt={PLAT.key: art},
-                               shims={PLAT.key: shim} if shim else {})
+    art = Artifact(
+        name="llama-server b9999",
+        file="llama-b9999-bin-test.tar.gz",
+        sha256=_sha(archive),
+        url="https://example.invalid/llama-b9999-bin-test.tar.gz",
+        pin_key="server.prebuilt.x",
+    )
+    return dataclasses.replace(base, release="b9999", prebuilt={PLAT.key: art}, shims={PLAT.key: shim} if shim else {})
 
 
 def test_prebuilt_is_fetched_through_a_mirror_extracted_and_cached(
-        release_archive: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    release_archive: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pins = _pins(release_archive)
     with ArchiveServer({"llama-b9999-bin-test.tar.gz": release_archive}) as srv:
         install = ensure_server(mirror=srv.base_url, pins=pins)
@@ -94,7 +99,8 @@ def test_cached_source_build_is_used_without_network(release_archive: bytes) -> 
 
 
 def test_failed_prebuilt_fetch_names_from_source_and_endpoint_mode(
-        release_archive: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    release_archive: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("LOCALLLM_OFFLINE", "1")
     with pytest.raises(OfflineArtifactMissing) as info:
         ensure_server(pins=_pins(release_archive))
@@ -113,8 +119,9 @@ def test_platform_without_pin_is_a_clear_error(release_archive: bytes) -> None:
 
 def _shim_package(tmp_path: Path, provides: int) -> bytes:
     lib = b"\x7fELF" + b"".join(f"GLIBCXX_3.4.{v}\x00".encode() for v in range(20, provides + 1))
-    return make_tar(tmp_path / "shim.tar.bz2", [("lib/libstdc++.so.6.0.30", "file", lib, 0o755)],
-                    mode="w:bz2").read_bytes()
+    return make_tar(
+        tmp_path / "shim.tar.bz2", [("lib/libstdc++.so.6.0.30", "file", lib, 0o755)], mode="w:bz2"
+    ).read_bytes()
 
 
 def _archive_needing(tmp_path: Path, needs: int) -> bytes:
@@ -127,11 +134,19 @@ def _archive_needing(tmp_path: Path, needs: int) -> bytes:
 def test_old_host_gets_the_shim_inside_the_release(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     archive = _archive_needing(tmp_path, 30)
     shim_bytes = _shim_package(tmp_path, 30)
-    shim = ShimPin(artifact=Artifact(name="shim", file="libstdcxx-ng-test.tar.bz2", sha256=_sha(shim_bytes),
-                                     url="https://example.invalid/s.tar.bz2"),
-                   member="lib/libstdc++.so.6.0.30", provides_glibcxx=30)
-    monkeypatch.setattr("localllm.managed.cxxshim.probe_system",
-                        lambda: CxxProbe(Path("/usr/lib64/libstdc++.so.6"), 29))
+    shim = ShimPin(
+        artifact=Artifact(
+            name="shim",
+            file="libstdcxx-ng-test.tar.bz2",
+            sha256=_sha(shim_bytes),
+            url="https://example.invalid/s.tar.bz2",
+        ),
+        member="lib/libstdc++.so.6.0.30",
+        provides_glibcxx=30,
+    )
+    monkeypatch.setattr(
+        "localllm.managed.cxxshim.probe_system", lambda: CxxProbe(Path("/usr/lib64/libstdc++.so.6"), 29)
+    )
     with ArchiveServer({"llama-b9999-bin-test.tar.gz": archive, "libstdcxx-ng-test.tar.bz2": shim_bytes}) as srv:
         install = ensure_server(mirror=srv.base_url, pins=_pins(archive, shim=shim))
     assert (install.release_dir / "libstdc++.so.6").is_file()
@@ -144,10 +159,14 @@ def test_old_host_gets_the_shim_inside_the_release(tmp_path: Path, monkeypatch: 
 def test_shim_too_old_installs_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     archive = _archive_needing(tmp_path, 32)
     shim_bytes = _shim_package(tmp_path, 30)
-    shim = ShimPin(artifact=Artifact(name="shim", file="libstdcxx-ng-test.tar.bz2", sha256=_sha(shim_bytes)),
-                   member="lib/libstdc++.so.6.0.30", provides_glibcxx=30)
-    monkeypatch.setattr("localllm.managed.cxxshim.probe_system",
-                        lambda: CxxProbe(Path("/usr/lib64/libstdc++.so.6"), 29))
+    shim = ShimPin(
+        artifact=Artifact(name="shim", file="libstdcxx-ng-test.tar.bz2", sha256=_sha(shim_bytes)),
+        member="lib/libstdc++.so.6.0.30",
+        provides_glibcxx=30,
+    )
+    monkeypatch.setattr(
+        "localllm.managed.cxxshim.probe_system", lambda: CxxProbe(Path("/usr/lib64/libstdc++.so.6"), 29)
+    )
     files = {"llama-b9999-bin-test.tar.gz": archive, "libstdcxx-ng-test.tar.bz2": shim_bytes}
     with ArchiveServer(files) as srv, pytest.raises(LibstdcxxTooOld) as info:
         ensure_server(mirror=srv.base_url, pins=_pins(archive, shim=shim))
@@ -171,9 +190,13 @@ def test_server_env_puts_the_release_dir_first(tmp_path: Path, monkeypatch: pyte
 
 def _model_pins(data: bytes, *, url: str | None = "https://example.invalid/tiny.gguf") -> Pins:
     base = load_pins()
-    pin = ModelPin(id="tiny", role="chat",
-                   artifact=Artifact(name="model tiny", file="tiny-q4.gguf", sha256=_sha(data), url=url,
-                                     pin_key="models.entries.tiny"))
+    pin = ModelPin(
+        id="tiny",
+        role="chat",
+        artifact=Artifact(
+            name="model tiny", file="tiny-q4.gguf", sha256=_sha(data), url=url, pin_key="models.entries.tiny"
+        ),
+    )
     return dataclasses.replace(base, models={**base.models, "tiny": pin})
 
 
@@ -238,13 +261,16 @@ def test_all_minilm_is_mirror_only(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_cache_dir_under_a_regular_file_names_it_and_the_fix(
-        tmp_path: Path, release_archive: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, release_archive: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     monkeypatch.setenv("LOCALLLM_CACHE_DIR", str(blocker / "nested" / "cache"))
     data = os.urandom(100)
-    for fetch in (lambda: ensure_model("tiny", pins=_model_pins(data)),
-                  lambda: ensure_server(pins=_pins(release_archive))):
+    for fetch in (
+        lambda: ensure_model("tiny", pins=_model_pins(data)),
+        lambda: ensure_server(pins=_pins(release_archive)),
+    ):
         with pytest.raises(FetchError) as info:
             fetch()
         assert isinstance(info.value.__cause__, NotADirectoryError)

@@ -30,9 +30,7 @@ def test_atomic_write_creates_parents_and_replaces(d: Path) -> None:
     assert _siblings(dest.parent) == ["file.json"]
 
 
-def test_fsyncs_the_file_before_the_rename_and_the_directory_after(
-    d: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_fsyncs_the_file_before_the_rename_and_the_directory_after(d: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     dest = d / "f"
     order: list[str] = []
     real_fsync, real_replace = os.fsync, os.replace

@@ -29,7 +29,12 @@ def _limit_memory() -> None:
 def _fuzz(target: str, seed: int, work: Path) -> dict[str, object]:
     proc = subprocess.run(
         [sys.executable, "-m", "tests.unit.fuzz_hostile", target, str(TRIALS), str(seed), str(work)],
-        cwd=str(REPO), capture_output=True, text=True, timeout=240, preexec_fn=_limit_memory, check=False,
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        preexec_fn=_limit_memory,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary: dict[str, object] = json.loads(proc.stdout.splitlines()[-1])

@@ -30,7 +30,7 @@ def test_all_in_subset_exits_0_and_prints_each_verdict(tmp_path: Path, capsys: p
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"{ok}: ok"
     assert out[1] == f"{warn}: warning-only (0 error(s), 1 warning(s))"
-    assert out[2].split() [:3] == ["warning", "$.properties.s", "[maximum]"]
+    assert out[2].split()[:3] == ["warning", "$.properties.s", "[maximum]"]
     assert '"maximum" is not enforced' in out[2]
 
 
@@ -39,8 +39,10 @@ def test_any_error_exits_1_and_names_path_and_construct(tmp_path: Path, capsys: 
     assert main(["grammar", "check", str(ok), str(bad)]) == 1
     out = capsys.readouterr().out
     assert f"{bad}: error (1 error(s), 0 warning(s))" in out
-    assert ('error   $.properties.t  [uniqueItems]  $.properties.t: unsupported construct "uniqueItems" '
-            "is outside the llama.cpp grammar subset") in out
+    assert (
+        'error   $.properties.t  [uniqueItems]  $.properties.t: unsupported construct "uniqueItems" '
+        "is outside the llama.cpp grammar subset"
+    ) in out
 
 
 def test_json_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -49,16 +51,24 @@ def test_json_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     data = json.loads(capsys.readouterr().out)
     assert [d["verdict"] for d in data] == ["warning-only", "error"]
     assert data[1]["file"] == str(bad)
-    assert data[1]["findings"] == [{
-        "path": "$.properties.t", "construct": "uniqueItems", "severity": "error",
-        "message": '$.properties.t: unsupported construct "uniqueItems" is outside the llama.cpp grammar subset'}]
+    assert data[1]["findings"] == [
+        {
+            "path": "$.properties.t",
+            "construct": "uniqueItems",
+            "severity": "error",
+            "message": '$.properties.t: unsupported construct "uniqueItems" is outside the llama.cpp grammar subset',
+        }
+    ]
 
 
-@pytest.mark.parametrize(("content", "needle"), [
-    ("{not json", "not valid JSON"),
-    ("[1, 2]", "must be a JSON object"),
-    (None, "not found"),
-])
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "must be a JSON object"),
+        (None, "not found"),
+    ],
+)
 def test_unreadable_schema_exits_2_naming_the_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str | None, needle: str
 ) -> None:
@@ -74,23 +84,32 @@ def test_unreadable_schema_exits_2_naming_the_file(
 
 def test_runs_as_a_real_command(tmp_path: Path) -> None:
     bad = write(tmp_path, "bad.json", {"type": "string", "pattern": "^\\d{3}$"})
-    proc = subprocess.run([sys.executable, "-m", "localllm", "grammar", "check", str(bad)],
-                          capture_output=True, text=True, timeout=60, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "localllm", "grammar", "check", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode == 1
     assert '$.pattern: "^\\\\d{3}$" uses "\\d"' in proc.stdout
 
 
 def test_a_corpus_entry_is_checked_by_its_inner_schema(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # The wrapper itself is an object with no JSON Schema keywords: checked as-is it would be "ok".
-    entry = write(tmp_path, "entry.json", {"description": "unique tags", "schema": BAD, "verdict": "error",
-                                           "findings": [], "llama": "ignores"})
+    entry = write(
+        tmp_path,
+        "entry.json",
+        {"description": "unique tags", "schema": BAD, "verdict": "error", "findings": [], "llama": "ignores"},
+    )
     assert main(["grammar", "check", "--json", str(entry)]) == 1
     [result] = json.loads(capsys.readouterr().out)
     assert (result["verdict"], result["corpus_verdict"]) == ("error", "error")
     assert [f["construct"] for f in result["findings"]] == ["uniqueItems"]
     assert main(["grammar", "check", str(entry)]) == 1
     assert capsys.readouterr().out.splitlines()[0] == (
-        f"{entry}: error (1 error(s), 0 warning(s))  [corpus entry; recorded verdict: error]")
+        f"{entry}: error (1 error(s), 0 warning(s))  [corpus entry; recorded verdict: error]"
+    )
 
 
 def test_the_shipped_corpus_gets_its_recorded_verdicts(capsys: pytest.CaptureFixture[str]) -> None:
@@ -102,10 +121,10 @@ def test_the_shipped_corpus_gets_its_recorded_verdicts(capsys: pytest.CaptureFix
     assert {r["verdict"] for r in results} == {"ok", "warning-only", "error"}
 
 
-def test_a_corpus_entry_whose_schema_is_not_an_object_is_refused(tmp_path: Path,
-                                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    entry = write(tmp_path, "entry.json", {"description": "broken", "schema": ["not", "a", "schema"],
-                                           "verdict": "ok"})
+def test_a_corpus_entry_whose_schema_is_not_an_object_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    entry = write(tmp_path, "entry.json", {"description": "broken", "schema": ["not", "a", "schema"], "verdict": "ok"})
     assert main(["grammar", "check", "--json", str(entry)]) == 2
     doc = json.loads(capsys.readouterr().out)
     assert (doc["ok"], doc["kind"]) == (False, "schema_error")

@@ -67,42 +67,48 @@ def test_realworld_entries_carry_provenance() -> None:
 # ---------------------------------------------------------------------------- negative probes
 
 
-@pytest.mark.parametrize(("schema", "probe"), [
-    ({"type": "object", "additionalProperties": True}, '{"\\q":1}'),
-    ({"type": "object", "additionalProperties": True}, '{"\x01":1}'),
-    ({"type": "object", "properties": {"a": {}}, "additionalProperties": {}}, '{"\\q":1}'),
-    ({"type": "string", "pattern": "^.+$"}, '"a"b"'),
-    ({"type": "string", "pattern": "^[^a]+$"}, '"x\\y"'),
-    ({"type": "string", "pattern": "^\\\\$"}, '"\\"'),
-    ({"type": "string", "pattern": "^\\t$"}, '"\t"'),
-    ({"type": "string"}, '"\\ud800"'),
-    ({"type": "integer", "maximum": -5}, "-01"),
-    ({"type": "integer", "maximum": -5}, "-4"),
-    ({"type": "integer", "minimum": 100}, "19"),
-    ({"type": "integer", "minimum": 1024}, "129"),
-    ({"type": "integer", "maximum": -100}, "-19"),
-    ({"type": "integer"}, "-0"),
-    ({"type": "integer"}, "01"),
-    ({"type": "string", "format": "date"}, '"0000-01-01"'),
-    ({"type": "string", "format": "date"}, '"2023-02-31"'),
-    ({"type": "string", "format": "date"}, '"2023-02-29"'),
-    ({"type": "string", "format": "date"}, '"1900-02-29"'),
-    ({"type": "object", "properties": {"a": {"type": "integer"}}}, '{ "a":1}'),
-    ({"type": "object", "properties": {"a": {"type": "integer"}}}, '{"a":1,"b":2}'),
-])
+@pytest.mark.parametrize(
+    ("schema", "probe"),
+    [
+        ({"type": "object", "additionalProperties": True}, '{"\\q":1}'),
+        ({"type": "object", "additionalProperties": True}, '{"\x01":1}'),
+        ({"type": "object", "properties": {"a": {}}, "additionalProperties": {}}, '{"\\q":1}'),
+        ({"type": "string", "pattern": "^.+$"}, '"a"b"'),
+        ({"type": "string", "pattern": "^[^a]+$"}, '"x\\y"'),
+        ({"type": "string", "pattern": "^\\\\$"}, '"\\"'),
+        ({"type": "string", "pattern": "^\\t$"}, '"\t"'),
+        ({"type": "string"}, '"\\ud800"'),
+        ({"type": "integer", "maximum": -5}, "-01"),
+        ({"type": "integer", "maximum": -5}, "-4"),
+        ({"type": "integer", "minimum": 100}, "19"),
+        ({"type": "integer", "minimum": 1024}, "129"),
+        ({"type": "integer", "maximum": -100}, "-19"),
+        ({"type": "integer"}, "-0"),
+        ({"type": "integer"}, "01"),
+        ({"type": "string", "format": "date"}, '"0000-01-01"'),
+        ({"type": "string", "format": "date"}, '"2023-02-31"'),
+        ({"type": "string", "format": "date"}, '"2023-02-29"'),
+        ({"type": "string", "format": "date"}, '"1900-02-29"'),
+        ({"type": "object", "properties": {"a": {"type": "integer"}}}, '{ "a":1}'),
+        ({"type": "object", "properties": {"a": {"type": "integer"}}}, '{"a":1,"b":2}'),
+    ],
+)
 def test_invalid_probes_are_rejected(schema: dict[str, Any], probe: str) -> None:
     assert not grammar_of(schema).matches(probe)
 
 
-@pytest.mark.parametrize(("schema", "probe"), [
-    ({"type": "object", "additionalProperties": True}, '{"\\u00e9\\n":[1,{"b":null}]}'),
-    ({"type": "string", "pattern": "^.+$"}, '"a\\"b"'),
-    ({"type": "string", "format": "date"}, '"2024-02-29"'),
-    ({"type": "string", "format": "date"}, '"2000-02-29"'),
-    ({"type": "string", "format": "date-time"}, '"2024-02-29T23:59:59.5+05:30"'),
-    ({"type": "string", "format": "uuid"}, '"123e4567-e89b-12d3-a456-426614174000"'),
-    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}, '{"a":-12}'),
-])
+@pytest.mark.parametrize(
+    ("schema", "probe"),
+    [
+        ({"type": "object", "additionalProperties": True}, '{"\\u00e9\\n":[1,{"b":null}]}'),
+        ({"type": "string", "pattern": "^.+$"}, '"a\\"b"'),
+        ({"type": "string", "format": "date"}, '"2024-02-29"'),
+        ({"type": "string", "format": "date"}, '"2000-02-29"'),
+        ({"type": "string", "format": "date-time"}, '"2024-02-29T23:59:59.5+05:30"'),
+        ({"type": "string", "format": "uuid"}, '"123e4567-e89b-12d3-a456-426614174000"'),
+        ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}, '{"a":-12}'),
+    ],
+)
 def test_valid_probes_are_accepted(schema: dict[str, Any], probe: str) -> None:
     assert grammar_of(schema).matches(probe)
 
@@ -110,10 +116,28 @@ def test_valid_probes_are_accepted(schema: dict[str, Any], probe: str) -> None:
 # ---------------------------------------------------------------------------- exact pieces
 
 
-@pytest.mark.parametrize(("lo", "hi"), [
-    (None, -5), (100, None), (1024, None), (None, -100), (-123, 42), (0, 23), (15, 300), (-10, 10),
-    (7, 7), (-7, -7), (0, 0), (None, 0), (0, None), (-1, None), (None, None), (99, 1000), (-999, -100),
-])
+@pytest.mark.parametrize(
+    ("lo", "hi"),
+    [
+        (None, -5),
+        (100, None),
+        (1024, None),
+        (None, -100),
+        (-123, 42),
+        (0, 23),
+        (15, 300),
+        (-10, 10),
+        (7, 7),
+        (-7, -7),
+        (0, 0),
+        (None, 0),
+        (0, None),
+        (-1, None),
+        (None, None),
+        (99, 1000),
+        (-999, -100),
+    ],
+)
 def test_integer_ranges_are_exact(lo: int | None, hi: int | None) -> None:
     g = Grammar.parse(f"root ::= {integer_range(lo, hi)}\n")
     for n in range(-1200, 1201):
@@ -151,8 +175,9 @@ def test_compact_by_default_and_one_space_when_asked() -> None:
 
 
 def test_optional_properties_keep_declared_order() -> None:
-    g = grammar_of({"type": "object", "properties": {"a": {"const": 1}, "b": {"const": 2}, "c": {"const": 3}},
-                    "required": ["b"]})
+    g = grammar_of(
+        {"type": "object", "properties": {"a": {"const": 1}, "b": {"const": 2}, "c": {"const": 3}}, "required": ["b"]}
+    )
     assert g.matches('{"b":2}') and g.matches('{"a":1,"b":2,"c":3}') and g.matches('{"b":2,"c":3}')
     assert not g.matches('{"b":2,"a":1}') and not g.matches('{"a":1}') and not g.matches("{}")
 
@@ -164,8 +189,16 @@ def test_min_properties_one_over_optional_properties() -> None:
 
 
 def test_recursion_through_refs_is_a_rule() -> None:
-    schema = {"$defs": {"node": {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
-                                 "required": ["kids"]}}, "$ref": "#/$defs/node"}
+    schema = {
+        "$defs": {
+            "node": {
+                "type": "object",
+                "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+                "required": ["kids"],
+            }
+        },
+        "$ref": "#/$defs/node",
+    }
     g = grammar_of(schema)
     assert g.matches('{"kids":[{"kids":[]},{"kids":[{"kids":[]}]}]}')
     assert not g.matches('{"kids":[{}]}')
@@ -173,14 +206,20 @@ def test_recursion_through_refs_is_a_rule() -> None:
 
 def test_disjoint_one_of_compiles_and_overlapping_one_of_is_refused() -> None:
     assert compile_schema({"oneOf": [{"type": "string"}, {"type": "integer"}]}).exact
-    assert compile_schema({"oneOf": [
-        {"type": "object", "properties": {"kind": {"const": "a"}}, "required": ["kind"]},
-        {"type": "object", "properties": {"kind": {"const": "b"}}, "required": ["kind"]},
-    ]}).exact
-    untyped = {"oneOf": [
-        {"properties": {"grant": {"enum": ["code"]}}, "required": ["grant"]},
-        {"properties": {"grant": {"enum": ["token"]}}, "required": ["grant"]},
-    ]}
+    assert compile_schema(
+        {
+            "oneOf": [
+                {"type": "object", "properties": {"kind": {"const": "a"}}, "required": ["kind"]},
+                {"type": "object", "properties": {"kind": {"const": "b"}}, "required": ["kind"]},
+            ]
+        }
+    ).exact
+    untyped = {
+        "oneOf": [
+            {"properties": {"grant": {"enum": ["code"]}}, "required": ["grant"]},
+            {"properties": {"grant": {"enum": ["token"]}}, "required": ["grant"]},
+        ]
+    }
     g = grammar_of(untyped)
     assert g.matches('{"grant":"code"}') and g.matches('{"grant":"token"}') and not g.matches("{}")
     refused = compile_schema({"oneOf": [{"type": "string"}, {"type": "string", "maxLength": 3}]})
@@ -193,27 +232,36 @@ def test_enum_keeps_only_values_valid_against_the_whole_schema() -> None:
 
 
 def test_all_of_is_merged() -> None:
-    g = grammar_of({"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
-                              {"properties": {"a": {"minimum": 5}}}]})
+    g = grammar_of(
+        {
+            "allOf": [
+                {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                {"properties": {"a": {"minimum": 5}}},
+            ]
+        }
+    )
     assert g.matches('{"a":5}') and not g.matches('{"a":4}')
 
 
-@pytest.mark.parametrize(("schema", "construct"), [
-    ({"not": {"type": "string"}}, "not"),
-    ({"type": "array", "uniqueItems": True}, "uniqueItems"),
-    ({"type": "integer", "multipleOf": 3}, "multipleOf"),
-    ({"$ref": "https://example.com/x.json"}, "$ref"),
-    ({"$ref": "#/$defs/missing"}, "$ref"),
-    ({"$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}, {"type": "null"}]}}, "$ref": "#/$defs/a"}, "$ref"),
-    ({"type": "string", "pattern": "^(?=a)a$"}, "pattern"),
-    ({"type": "string", "pattern": "^(a)\\1$"}, "pattern"),
-    ({"type": "string", "pattern": "^\\bx$"}, "pattern"),
-    ({"type": "kaboom"}, "schema"),
-    ({"const": 0, "minimum": None}, "schema"),
-    ({"enum": ["a"], "type": {"required": "a"}}, "schema"),
-    ({"if": {"type": "string"}, "then": {"minLength": 1}}, "if"),
-    (False, "false"),
-])
+@pytest.mark.parametrize(
+    ("schema", "construct"),
+    [
+        ({"not": {"type": "string"}}, "not"),
+        ({"type": "array", "uniqueItems": True}, "uniqueItems"),
+        ({"type": "integer", "multipleOf": 3}, "multipleOf"),
+        ({"$ref": "https://example.com/x.json"}, "$ref"),
+        ({"$ref": "#/$defs/missing"}, "$ref"),
+        ({"$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}, {"type": "null"}]}}, "$ref": "#/$defs/a"}, "$ref"),
+        ({"type": "string", "pattern": "^(?=a)a$"}, "pattern"),
+        ({"type": "string", "pattern": "^(a)\\1$"}, "pattern"),
+        ({"type": "string", "pattern": "^\\bx$"}, "pattern"),
+        ({"type": "kaboom"}, "schema"),
+        ({"const": 0, "minimum": None}, "schema"),
+        ({"enum": ["a"], "type": {"required": "a"}}, "schema"),
+        ({"if": {"type": "string"}, "then": {"minLength": 1}}, "if"),
+        (False, "false"),
+    ],
+)
 def test_refusals_name_the_construct(schema: Any, construct: str) -> None:
     compiled = compile_schema(schema)
     assert compiled.grammar is None
@@ -231,8 +279,11 @@ def test_deep_nesting_is_a_refusal_not_a_crash() -> None:
 
 
 def test_non_ascii_and_escaped_keys_survive() -> None:
-    schema = {"type": "object", "properties": {'qu"o\\te': {"const": "é\n"}, "中": {"type": "null"}},
-              "required": ['qu"o\\te', "中"]}
+    schema = {
+        "type": "object",
+        "properties": {'qu"o\\te': {"const": "é\n"}, "中": {"type": "null"}},
+        "required": ['qu"o\\te', "中"],
+    }
     g = grammar_of(schema)
     assert g.matches(json.dumps({'qu"o\\te': "é\n", "中": None}, ensure_ascii=False, separators=(",", ":")))
 

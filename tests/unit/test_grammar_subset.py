@@ -61,7 +61,10 @@ def test_violation_is_a_frozen_dataclass() -> None:
 
 
 def test_unsupported_construct_message_matches_the_reference_shape() -> None:
-    schema = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}}}
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
+    }
     [v] = check_subset(schema)
     assert v.message == '$.properties.a: unsupported construct "uniqueItems" is outside the llama.cpp grammar subset'
     assert (v.path, v.construct, v.severity) == ("$.properties.a", "uniqueItems", "error")
@@ -85,31 +88,43 @@ def test_unanchored_pattern_message_shape() -> None:
     assert (v.path, v.construct) == ("$.properties.code", "pattern")
 
 
-@pytest.mark.parametrize(("pattern", "needle"), [
-    (r"^\d+$", r'uses "\d"'),
-    (r"^\w+$", r'uses "\w"'),
-    (r"^a\sb$", r'uses "\s"'),
-    (r"^\bx\b$", r'uses "\b"'),
-    (r"^[\d]$", r'uses "\d" inside [...]'),
-    ("^(?=a)a$", "lookahead"),
-    ("^(?!a)b$", "lookahead"),
-    ("^(?<=a)b$", "lookbehind"),
-    ("^(?<n>a)$", "named group"),
-    ("^(?P<n>a)$", "named group"),
-    ("^(?i)abc$", "inline flags"),
-    ("^a$|^b$", 'uses "$" inside the pattern'),
-    ("^a]$", 'stray "]"'),
-])
+@pytest.mark.parametrize(
+    ("pattern", "needle"),
+    [
+        (r"^\d+$", r'uses "\d"'),
+        (r"^\w+$", r'uses "\w"'),
+        (r"^a\sb$", r'uses "\s"'),
+        (r"^\bx\b$", r'uses "\b"'),
+        (r"^[\d]$", r'uses "\d" inside [...]'),
+        ("^(?=a)a$", "lookahead"),
+        ("^(?!a)b$", "lookahead"),
+        ("^(?<=a)b$", "lookbehind"),
+        ("^(?<n>a)$", "named group"),
+        ("^(?P<n>a)$", "named group"),
+        ("^(?i)abc$", "inline flags"),
+        ("^a$|^b$", 'uses "$" inside the pattern'),
+        ("^a]$", 'stray "]"'),
+    ],
+)
 def test_unsupported_patterns_say_why(pattern: str, needle: str) -> None:
     problem = pattern_problem(pattern)
     assert problem is not None and needle in problem
     assert "accepts any string" in problem
 
 
-@pytest.mark.parametrize("pattern", [
-    "^[A-Z]{3}-[0-9]{2}$", "^(yes|no)(?:-[a-z]+)?$", "^a+?b*$", r"^\.\*\[x\]$", r"^[\-a-z]{0,}$",
-    r"^\x41\u00e9$", "^a{,3}$", "^$",
-])
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        "^[A-Z]{3}-[0-9]{2}$",
+        "^(yes|no)(?:-[a-z]+)?$",
+        "^a+?b*$",
+        r"^\.\*\[x\]$",
+        r"^[\-a-z]{0,}$",
+        r"^\x41\u00e9$",
+        "^a{,3}$",
+        "^$",
+    ],
+)
 def test_supported_patterns(pattern: str) -> None:
     assert pattern_problem(pattern) is None
 
@@ -127,12 +142,16 @@ def test_python_invalid_pattern_is_an_error_even_if_llama_reads_it() -> None:
 
 
 def test_format_violation_load_time_shape() -> None:
-    v = Violation("$.properties.a", "uniqueItems",
-                  '$.properties.a: unsupported construct "uniqueItems" is outside the llama.cpp grammar subset')
+    v = Violation(
+        "$.properties.a",
+        "uniqueItems",
+        '$.properties.a: unsupported construct "uniqueItems" is outside the llama.cpp grammar subset',
+    )
     assert format_violation(v, "agent.local", "schemas/decide.json") == (
         'agent "agent.local" is builtin.local_llm with grammar: true but its decide schema '
         '"schemas/decide.json" is outside the llama.cpp grammar subset: $.properties.a: unsupported construct '
-        '"uniqueItems" is outside the llama.cpp grammar subset')
+        '"uniqueItems" is outside the llama.cpp grammar subset'
+    )
 
 
 def test_where_labels_messages_but_not_paths() -> None:
@@ -187,23 +206,33 @@ def test_local_refs_are_followed_and_checked_at_the_target() -> None:
 
 
 def test_definitions_and_pointer_refs() -> None:
-    schema = {"properties": {"a": {"$ref": "#/definitions/x"}, "b": {"$ref": "#/properties/a"}},
-              "definitions": {"x": {"type": "string", "pattern": "\\d"}}}
+    schema = {
+        "properties": {"a": {"$ref": "#/definitions/x"}, "b": {"$ref": "#/properties/a"}},
+        "definitions": {"x": {"type": "string", "pattern": "\\d"}},
+    }
     assert findings(schema) == [("$.definitions.x", "pattern", "error")]
 
 
 def test_recursive_ref_through_structure_terminates_and_is_ok() -> None:
-    schema = {"$ref": "#/$defs/node", "$defs": {"node": {
-        "type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}}}}}
+    schema = {
+        "$ref": "#/$defs/node",
+        "$defs": {
+            "node": {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}}}
+        },
+    }
     assert check_subset(schema) == []
 
 
 def test_left_recursive_refs_are_errors() -> None:
     direct = {"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}
     assert findings(direct) == [("$.$defs.a", "$ref", "error")]
-    mutual = {"$defs": {"a": {"anyOf": [{"$ref": "#/$defs/b"}, {"type": "null"}]},
-                        "b": {"oneOf": [{"$ref": "#/$defs/a"}, {"type": "integer"}]}},
-              "$ref": "#/$defs/a"}
+    mutual = {
+        "$defs": {
+            "a": {"anyOf": [{"$ref": "#/$defs/b"}, {"type": "null"}]},
+            "b": {"oneOf": [{"$ref": "#/$defs/a"}, {"type": "integer"}]},
+        },
+        "$ref": "#/$defs/a",
+    }
     got = check_subset(mutual)
     assert [(v.path, v.construct) for v in got if v.severity == "error"] == [("$.$defs.b.oneOf[0]", "$ref")]
     assert "left recursion" in got[-1].message
@@ -211,20 +240,27 @@ def test_left_recursive_refs_are_errors() -> None:
 
 def test_cycle_through_structure_then_bare_is_still_found() -> None:
     # x reaches y through an array (fine) and bare (not fine); y comes back bare.
-    schema = {"$ref": "#/$defs/x", "$defs": {
-        "x": {"anyOf": [{"type": "array", "items": {"$ref": "#/$defs/y"}}, {"$ref": "#/$defs/y"}]},
-        "y": {"anyOf": [{"$ref": "#/$defs/x"}, {"type": "null"}]}}}
+    schema = {
+        "$ref": "#/$defs/x",
+        "$defs": {
+            "x": {"anyOf": [{"type": "array", "items": {"$ref": "#/$defs/y"}}, {"$ref": "#/$defs/y"}]},
+            "y": {"anyOf": [{"$ref": "#/$defs/x"}, {"type": "null"}]},
+        },
+    }
     assert any("left recursion" in v.message for v in check_subset(schema))
 
 
-@pytest.mark.parametrize(("ref", "needle"), [
-    ("#", "the whole document"),
-    ("https://example.com/a.json", 'only local "#/..." references'),
-    ("other.json#/x", 'only local "#/..." references'),
-    ("#/$defs/missing", "cannot be resolved"),
-    ("#/$defs/a~1b", "cannot be resolved"),
-    ("#anchor", 'only local "#/..." references'),
-])
+@pytest.mark.parametrize(
+    ("ref", "needle"),
+    [
+        ("#", "the whole document"),
+        ("https://example.com/a.json", 'only local "#/..." references'),
+        ("other.json#/x", 'only local "#/..." references'),
+        ("#/$defs/missing", "cannot be resolved"),
+        ("#/$defs/a~1b", "cannot be resolved"),
+        ("#anchor", 'only local "#/..." references'),
+    ],
+)
 def test_bad_refs(ref: str, needle: str) -> None:
     schema = {"type": "object", "properties": {"p": {"$ref": ref}}, "$defs": {"a/b": {}}}
     [v] = check_subset(schema)
@@ -233,8 +269,14 @@ def test_bad_refs(ref: str, needle: str) -> None:
 
 
 def test_keywords_beside_ref_are_errors_but_annotations_and_defs_are_not() -> None:
-    schema = {"$ref": "#/$defs/s", "$defs": {"s": {"type": "string"}}, "description": "d", "title": "t",
-              "maxLength": 3, "type": "string"}
+    schema = {
+        "$ref": "#/$defs/s",
+        "$defs": {"s": {"type": "string"}},
+        "description": "d",
+        "title": "t",
+        "maxLength": 3,
+        "type": "string",
+    }
     assert findings(schema) == [("$", "maxLength", "error")]  # "type" is implied by the target
 
 
@@ -254,11 +296,29 @@ def test_array_keywords_outside_the_subset(keyword: str) -> None:
     assert findings({"type": "array", "items": {}, keyword: value}) == [("$", keyword, "error")]
 
 
-@pytest.mark.parametrize("keyword", ["patternProperties", "propertyNames", "dependentSchemas", "dependentRequired",
-                                     "dependencies", "unevaluatedProperties"])
+@pytest.mark.parametrize(
+    "keyword",
+    [
+        "patternProperties",
+        "propertyNames",
+        "dependentSchemas",
+        "dependentRequired",
+        "dependencies",
+        "unevaluatedProperties",
+    ],
+)
 def test_object_keywords_outside_the_subset(keyword: str) -> None:
-    value: Any = {"a": ["b"]} if keyword in ("dependentRequired", "dependencies") else (
-        False if keyword == "unevaluatedProperties" else {"a": {}} if keyword in ("patternProperties", "dependentSchemas") else {})
+    value: Any = (
+        {"a": ["b"]}
+        if keyword in ("dependentRequired", "dependencies")
+        else (
+            False
+            if keyword == "unevaluatedProperties"
+            else {"a": {}}
+            if keyword in ("patternProperties", "dependentSchemas")
+            else {}
+        )
+    )
     assert findings({"type": "object", "properties": {"a": {}, "b": {}}, keyword: value}) == [("$", keyword, "error")]
 
 
@@ -287,8 +347,10 @@ def test_formats() -> None:
         assert findings({"type": "string", "format": fmt}) == [("$", "format", "warning")]
     assert findings({"type": "string", "format": "email"}) == [("$", "format", "warning")]
     assert findings({"format": "hostname"}) == [("$", "format", "warning")]
-    assert findings({"type": "string", "format": "date", "maxLength": 4}) == [("$", "maxLength", "error"),
-                                                                            ("$", "format", "warning")]
+    assert findings({"type": "string", "format": "date", "maxLength": 4}) == [
+        ("$", "maxLength", "error"),
+        ("$", "format", "warning"),
+    ]
 
 
 def test_one_of_exclusivity_warning_unless_provably_disjoint() -> None:
@@ -297,10 +359,10 @@ def test_one_of_exclusivity_warning_unless_provably_disjoint() -> None:
     consts = {"oneOf": [{"const": "a"}, {"const": "b"}]}
     types = {"oneOf": [{"type": "string"}, {"type": "integer"}]}
     numeric = {"oneOf": [{"type": "number"}, {"type": "integer"}]}
-    tagged = {"oneOf": [
-        {"type": "object", "properties": {"k": {"const": "x"}}, "required": ["k"]},
-        {"$ref": "#/$defs/y"}],
-        "$defs": {"y": {"type": "object", "properties": {"k": {"enum": ["y", "z"]}}, "required": ["k"]}}}
+    tagged = {
+        "oneOf": [{"type": "object", "properties": {"k": {"const": "x"}}, "required": ["k"]}, {"$ref": "#/$defs/y"}],
+        "$defs": {"y": {"type": "object", "properties": {"k": {"enum": ["y", "z"]}}, "required": ["k"]}},
+    }
     assert findings(consts) == [] and findings(types) == [] and findings(tagged) == []
     assert findings(numeric) == [("$", "oneOf", "warning")]
 
@@ -330,8 +392,11 @@ def test_required_must_name_listed_properties() -> None:
 
 
 def test_all_of_supported_shapes() -> None:
-    objects = {"allOf": [{"type": "object", "properties": {"a": {}}}, {"$ref": "#/$defs/b"}],
-               "$defs": {"b": {"properties": {"b": {"type": "integer"}}}}, "required": ["a", "b"]}
+    objects = {
+        "allOf": [{"type": "object", "properties": {"a": {}}}, {"$ref": "#/$defs/b"}],
+        "$defs": {"b": {"properties": {"b": {"type": "integer"}}}},
+        "required": ["a", "b"],
+    }
     assert findings(objects) == []
     enums = {"allOf": [{"enum": [1, 2]}, {"enum": [2, 3]}]}
     assert findings(enums) == []
@@ -342,9 +407,12 @@ def test_all_of_unsupported_shapes() -> None:
     assert findings({"type": "string", "allOf": [{"minLength": 1}]}) == [("$", "allOf", "error")]
     assert findings({"type": "object", "properties": {"a": {}}, "allOf": [{}]}) == [("$", "allOf", "error")]
     assert findings({"allOf": [{"properties": {"a": {}}}, {"type": "string", "minLength": 1}]}) == [
-        ("$.allOf[1]", "minLength", "error"), ("$.allOf[1]", "type", "error")]
-    assert findings({"allOf": [{"properties": {"a": {}}, "additionalProperties": False}, {"properties": {"b": {}}}]}) == [
-        ("$.allOf[0]", "additionalProperties", "error")]
+        ("$.allOf[1]", "minLength", "error"),
+        ("$.allOf[1]", "type", "error"),
+    ]
+    assert findings(
+        {"allOf": [{"properties": {"a": {}}, "additionalProperties": False}, {"properties": {"b": {}}}]}
+    ) == [("$.allOf[0]", "additionalProperties", "error")]
     assert findings({"allOf": [{"properties": {"a": {}}}], "required": ["z"]}) == [("$", "required", "error")]
 
 

@@ -31,35 +31,56 @@ def test_extra_keys_beside_properties_are_a_hole(extra: Any) -> None:
     assert errors(schema) == [("$", "additionalProperties")]
 
 
-@pytest.mark.parametrize("schema", [
-    {"type": "object", "properties": OBJ, "additionalProperties": False},
-    {"type": "object", "properties": OBJ},
-    {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 3}},
-])
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "properties": OBJ, "additionalProperties": False},
+        {"type": "object", "properties": OBJ},
+        {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 3}},
+    ],
+)
 def test_closed_objects_and_maps_are_not(schema: dict[str, Any]) -> None:
     assert errors(schema) == []
 
 
-@pytest.mark.parametrize("pattern", ["^.+$", "^[^a]+$", "^a\\\\b$", "^a\\tb$", '^a"b$', '^a\\"b$', "^[ -~]+$",
-                                     "^\\x22$"])
+@pytest.mark.parametrize(
+    "pattern", ["^.+$", "^[^a]+$", "^a\\\\b$", "^a\\tb$", '^a"b$', '^a\\"b$', "^[ -~]+$", "^\\x22$"]
+)
 def test_patterns_that_emit_raw_quote_backslash_or_control_are_a_hole(pattern: str) -> None:
     assert errors({"type": "string", "pattern": pattern}) == [("$", "pattern")]
 
 
-@pytest.mark.parametrize("pattern", ["^[a-z]+$", "^[A-Z]{2}-[0-9]{3}$", "^\\.$", "^[.+-]$", "^(a|b)+$",
-                                     "^iglu:[a-zA-Z0-9-_.]+$"])
+@pytest.mark.parametrize(
+    "pattern", ["^[a-z]+$", "^[A-Z]{2}-[0-9]{3}$", "^\\.$", "^[.+-]$", "^(a|b)+$", "^iglu:[a-zA-Z0-9-_.]+$"]
+)
 def test_plain_patterns_are_enforced(pattern: str) -> None:
     assert errors({"type": "string", "pattern": pattern}) == []
 
 
-@pytest.mark.parametrize(("bounds", "exact"), [
-    ({"maximum": -5}, False), ({"minimum": 100}, False), ({"minimum": 1024}, False), ({"maximum": -100}, False),
-    ({"exclusiveMaximum": -4}, False), ({"minimum": 2005}, False),
-    ({"minimum": 0}, True), ({"minimum": 1}, True), ({"minimum": 9}, True), ({"minimum": 10}, True),
-    ({"minimum": 25}, True), ({"minimum": 250}, True), ({"minimum": -123}, True), ({"maximum": 30}, True),
-    ({"maximum": 0}, True), ({"maximum": -19}, True), ({"maximum": -10}, True),
-    ({"minimum": 100, "maximum": 200}, True), ({"minimum": -100, "maximum": -5}, True),
-])
+@pytest.mark.parametrize(
+    ("bounds", "exact"),
+    [
+        ({"maximum": -5}, False),
+        ({"minimum": 100}, False),
+        ({"minimum": 1024}, False),
+        ({"maximum": -100}, False),
+        ({"exclusiveMaximum": -4}, False),
+        ({"minimum": 2005}, False),
+        ({"minimum": 0}, True),
+        ({"minimum": 1}, True),
+        ({"minimum": 9}, True),
+        ({"minimum": 10}, True),
+        ({"minimum": 25}, True),
+        ({"minimum": 250}, True),
+        ({"minimum": -123}, True),
+        ({"maximum": 30}, True),
+        ({"maximum": 0}, True),
+        ({"maximum": -19}, True),
+        ({"maximum": -10}, True),
+        ({"minimum": 100, "maximum": 200}, True),
+        ({"minimum": -100, "maximum": -5}, True),
+    ],
+)
 def test_one_sided_integer_bounds_per_value(bounds: dict[str, int], exact: bool) -> None:
     found = errors({"type": "integer", **bounds})
     assert (found == []) == exact, found
@@ -75,18 +96,29 @@ def test_dates_are_value_level_warnings() -> None:
 # ---------------------------------------------------------------------------- former false rejects
 
 
-@pytest.mark.parametrize("schema", [
-    {"type": "object", "anyOf": [{"type": "object", "properties": OBJ}, {"type": "object", "properties": {}}]},
-    {"type": "string", "oneOf": [{"const": "a"}, {"enum": ["b", "c"]}]},
-    {"type": "string", "anyOf": [{"maxLength": 2}, {"minLength": 4}]},
-    {"$defs": {"o": {"type": "object", "properties": OBJ}}, "type": "object", "$ref": "#/$defs/o"},
-    {"type": "string", "format": "date", "minLength": 10},
-    {"type": "string", "format": "uuid", "minLength": 1, "maxLength": 36},
-    {"type": "object", "properties": OBJ, "additionalProperties": False, "patternProperties": {"^x-": {}}},
-    {"allOf": [{"anyOf": [{"type": "object", "properties": {"a": {"type": "string"}}},
-                          {"type": "object", "properties": {"b": {"type": "string"}}}]},
-               {"type": "object", "properties": {"c": {"type": "boolean"}}}]},
-])
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "anyOf": [{"type": "object", "properties": OBJ}, {"type": "object", "properties": {}}]},
+        {"type": "string", "oneOf": [{"const": "a"}, {"enum": ["b", "c"]}]},
+        {"type": "string", "anyOf": [{"maxLength": 2}, {"minLength": 4}]},
+        {"$defs": {"o": {"type": "object", "properties": OBJ}}, "type": "object", "$ref": "#/$defs/o"},
+        {"type": "string", "format": "date", "minLength": 10},
+        {"type": "string", "format": "uuid", "minLength": 1, "maxLength": 36},
+        {"type": "object", "properties": OBJ, "additionalProperties": False, "patternProperties": {"^x-": {}}},
+        {
+            "allOf": [
+                {
+                    "anyOf": [
+                        {"type": "object", "properties": {"a": {"type": "string"}}},
+                        {"type": "object", "properties": {"b": {"type": "string"}}},
+                    ]
+                },
+                {"type": "object", "properties": {"c": {"type": "boolean"}}},
+            ]
+        },
+    ],
+)
 def test_what_the_server_enforces_is_not_rejected(schema: dict[str, Any]) -> None:
     assert errors(schema) == []
 
@@ -105,13 +137,16 @@ def test_number_bounds_inside_all_of_are_warnings() -> None:
 # ---------------------------------------------------------------------------- never a traceback
 
 
-@pytest.mark.parametrize("schema", [
-    {"const": 0, "minimum": None},
-    {"enum": ["a"], "type": {"required": "a"}},
-    {"$schema": 5, "type": "string"},
-    {"type": "object", "properties": {"p": {"enum": ["f"], "type": "\\"}}, "required": ["p"]},
-    {"type": "string", "minLength": "3"},
-])
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"const": 0, "minimum": None},
+        {"enum": ["a"], "type": {"required": "a"}},
+        {"$schema": 5, "type": "string"},
+        {"type": "object", "properties": {"p": {"enum": ["f"], "type": "\\"}}, "required": ["p"]},
+        {"type": "string", "minLength": "3"},
+    ],
+)
 def test_malformed_schemas_are_error_findings_and_a_schema_problem(schema: dict[str, Any]) -> None:
     assert errors(schema)
     assert schema_problem(schema) is not None

@@ -22,8 +22,7 @@ class Mapped(Exception):
 
 def _exported_exceptions() -> list[type[BaseException]]:
     return [
-        obj for name in httpx.__all__
-        if inspect.isclass(obj := getattr(httpx, name)) and issubclass(obj, BaseException)
+        obj for name in httpx.__all__ if inspect.isclass(obj := getattr(httpx, name)) and issubclass(obj, BaseException)
     ]
 
 

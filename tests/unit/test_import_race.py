@@ -29,8 +29,9 @@ def _server(tmp_path: Path, name: str, args: list[str]) -> Iterator[str]:
 
     gguf = tmp_path / f"{name}.gguf"
     gguf.write_bytes(b"GGUF")
-    with ManagedServer(_wrapper(tmp_path), gguf, args=args, parallel=2, ctx_per_slot=512, name=name,
-                       health_timeout=30) as server:
+    with ManagedServer(
+        _wrapper(tmp_path), gguf, args=args, parallel=2, ctx_per_slot=512, name=name, health_timeout=30
+    ) as server:
         yield server.ensure_ready()
 
 
@@ -101,4 +102,3 @@ def test_jsonschema_is_imported_before_the_agent_thread_starts(app: Path) -> Non
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert "WORKERS [[]]" in done.stderr, done.stderr[-2000:]
-

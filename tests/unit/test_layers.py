@@ -21,9 +21,19 @@ PACKAGE = Path(__file__).resolve().parents[2] / "localllm"
 # localllm.trace.writer unless a longer prefix is listed); the root package matches only itself.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # leaf helpers: standard library (and their one foreign library) only
-    ("leaf", ("localllm._version", "localllm._fs", "localllm._process", "localllm._http", "localllm._upstream",
-              "localllm._lock",
-              "localllm.redact", "localllm.resources")),
+    (
+        "leaf",
+        (
+            "localllm._version",
+            "localllm._fs",
+            "localllm._process",
+            "localllm._http",
+            "localllm._upstream",
+            "localllm._lock",
+            "localllm.redact",
+            "localllm.resources",
+        ),
+    ),
     ("core", ("localllm.errors", "localllm.wire", "localllm.settings")),
     # the JSONL sink and reader, call_id, sidecar files, verify/stats: low-level, used by
     # agents (transcripts), the runtime and the CLI; they know nothing of calls or config
@@ -49,8 +59,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 # Current violations outside the CLI's area, each removed by the work named beside it.
 # The set only shrinks: an entry that no longer exists fails test_tolerated_entries_are_current.
-TOLERATED: frozenset[tuple[str, str]] = frozenset({
-})
+TOLERATED: frozenset[tuple[str, str]] = frozenset({})
 
 
 @dataclass(frozen=True)
@@ -170,8 +179,10 @@ def _checked_edges() -> list[Edge]:
 
 
 def _show(edge: Edge) -> str:
-    return (f"{edge.importer} (layer {LAYERS[layer_of(edge.importer) or 0][0]}) imports {edge.imported} "
-            f"(layer {LAYERS[layer_of(edge.imported) or 0][0]}) at line {edge.line}")
+    return (
+        f"{edge.importer} (layer {LAYERS[layer_of(edge.importer) or 0][0]}) imports {edge.imported} "
+        f"(layer {LAYERS[layer_of(edge.imported) or 0][0]}) at line {edge.line}"
+    )
 
 
 def test_every_module_has_a_layer() -> None:
@@ -196,23 +207,34 @@ def test_tolerated_entries_are_current() -> None:
 
 
 def test_the_cli_area_has_no_tolerated_violation() -> None:
-    mine = ("localllm.cli", "localllm.__main__", "localllm._version", "localllm.trace.verify",
-            "localllm.trace.stats", "localllm.embed.router")
+    mine = (
+        "localllm.cli",
+        "localllm.__main__",
+        "localllm._version",
+        "localllm.trace.verify",
+        "localllm.trace.stats",
+        "localllm.embed.router",
+    )
     assert [pair for pair in TOLERATED if pair[0].startswith(mine)] == []
 
 
-@pytest.mark.parametrize(("edges", "expected"), [
-    ([("a", "b"), ("b", "c")], []),
-    ([("a", "b"), ("b", "a")], [["a", "b"]]),
-    ([("a", "b"), ("b", "c"), ("c", "a"), ("c", "d"), ("d", "e"), ("e", "d")], [["a", "b", "c"], ["d", "e"]]),
-])
+@pytest.mark.parametrize(
+    ("edges", "expected"),
+    [
+        ([("a", "b"), ("b", "c")], []),
+        ([("a", "b"), ("b", "a")], [["a", "b"]]),
+        ([("a", "b"), ("b", "c"), ("c", "a"), ("c", "d"), ("d", "e"), ("e", "d")], [["a", "b", "c"], ["d", "e"]]),
+    ],
+)
 def test_the_cycle_finder_finds_cycles(edges: list[tuple[str, str]], expected: list[list[str]]) -> None:
     assert cycles([Edge(a, b, 0) for a, b in edges]) == expected
 
 
 def test_the_walker_sees_lazy_relative_and_type_checking_imports() -> None:
-    source = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from localllm.runtime import Runtime\n"
-              "def f():\n    from . import settings\n    import localllm.cli.app\n")
+    source = (
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from localllm.runtime import Runtime\n"
+        "def f():\n    from . import settings\n    import localllm.cli.app\n"
+    )
     tree = ast.parse(source)
     found = {t for node in ast.walk(tree) for t in _targets(node, "localllm.errors", False)}
     assert {"localllm.runtime.Runtime", "localllm.settings", "localllm.cli.app"} <= found

@@ -54,7 +54,8 @@ def test_cache_list_shows_embedding_stores_and_cache_rm_removes_one(capsys: pyte
 
 
 def test_cache_rm_removes_a_model_and_names_what_exists_when_nothing_matches(
-        capsys: pytest.CaptureFixture[str]) -> None:
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     path = _cache_model("all-minilm-l6-v2")
     assert main(["cache", "rm", "gemma-3-270m", "--json"]) == 1
     doc = _json(capsys)
@@ -63,8 +64,9 @@ def test_cache_rm_removes_a_model_and_names_what_exists_when_nothing_matches(
     assert not path.exists() and not (cache_layout().models_dir / "all-minilm-l6-v2").exists()
 
 
-def test_fetch_model_url_pins_a_new_model_in_the_user_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_fetch_model_url_pins_a_new_model_in_the_user_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     mirror = tmp_path / "mirror"
     mirror.mkdir()
     data = b"GGUF tiny model"
@@ -72,8 +74,17 @@ def test_fetch_model_url_pins_a_new_model_in_the_user_file(tmp_path: Path, monke
     sha = hashlib.sha256(data).hexdigest()
     monkeypatch.setenv("LOCALLLM_MIRROR", str(mirror))
     monkeypatch.setenv("LOCALLLM_OFFLINE", "1")
-    argv = ["fetch", "model", "--url", "https://example.invalid/m/tiny-q8_0.gguf", "--sha256", sha, "--id", "tiny",
-            "--json"]
+    argv = [
+        "fetch",
+        "model",
+        "--url",
+        "https://example.invalid/m/tiny-q8_0.gguf",
+        "--sha256",
+        sha,
+        "--id",
+        "tiny",
+        "--json",
+    ]
     assert main(argv) == 0
     fetched = Path(_json(capsys)["path"])
     assert fetched.read_bytes() == data
@@ -87,12 +98,17 @@ def test_fetch_model_url_pins_a_new_model_in_the_user_file(tmp_path: Path, monke
     assert "already exists" in _json(capsys)["detail"]
 
 
-@pytest.mark.parametrize(("argv", "code"), [
-    (["fetch", "model"], 2),
-    (["fetch", "model", "--url", "https://example.invalid/x.gguf", "--id", "x"], 2),  # no --sha256
-    (["fetch", "model", "--url", "https://example.invalid/x.gguf", "--sha256", "0" * 64, "--id",
-      "gemma-3-270m"], 1),  # a shipped id
-])
+@pytest.mark.parametrize(
+    ("argv", "code"),
+    [
+        (["fetch", "model"], 2),
+        (["fetch", "model", "--url", "https://example.invalid/x.gguf", "--id", "x"], 2),  # no --sha256
+        (
+            ["fetch", "model", "--url", "https://example.invalid/x.gguf", "--sha256", "0" * 64, "--id", "gemma-3-270m"],
+            1,
+        ),  # a shipped id
+    ],
+)
 def test_fetch_model_bad_usage(argv: list[str], code: int, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*argv, "--json"]) == code
     assert _json(capsys)["ok"] is False

@@ -17,7 +17,9 @@ def test_shipped_pins_match_the_reviewed_values() -> None:
     pins = load_pins()
     assert pins.release == "b9444"
     linux = pins.server_for("linux/amd64")
-    assert linux.url == "https://github.com/ggml-org/llama.cpp/releases/download/b9444/llama-b9444-bin-ubuntu-x64.tar.gz"
+    assert (
+        linux.url == "https://github.com/ggml-org/llama.cpp/releases/download/b9444/llama-b9444-bin-ubuntu-x64.tar.gz"
+    )
     assert linux.sha256 == "5d676e97ca82353256f24ed381be60c71f721b4ab52962483e5fce22ea8b3fd4"
     mac = pins.server_for("darwin/arm64")
     assert mac.file == "llama-b9444-bin-macos-arm64.tar.gz"
@@ -66,12 +68,15 @@ def test_unpinned_platform_names_the_alternatives() -> None:
     assert "--from-source" in info.value.hint and "endpoint mode" in info.value.hint
 
 
-@pytest.mark.parametrize(("path", "value", "needle"), [
-    (("models", "entries", "gemma-3-270m", "sha256"), "ABC", "models.entries.gemma-3-270m: sha256"),
-    (("models", "entries", "gemma-3-270m", "url"), "http://x/y", "url must be an https://"),
-    (("models", "entries", "gemma-3-270m", "file"), "../evil.gguf", "plain file name"),
-    (("models", "default_chat"), "nope", "default_chat names unknown model"),
-])
+@pytest.mark.parametrize(
+    ("path", "value", "needle"),
+    [
+        (("models", "entries", "gemma-3-270m", "sha256"), "ABC", "models.entries.gemma-3-270m: sha256"),
+        (("models", "entries", "gemma-3-270m", "url"), "http://x/y", "url must be an https://"),
+        (("models", "entries", "gemma-3-270m", "file"), "../evil.gguf", "plain file name"),
+        (("models", "default_chat"), "nope", "default_chat names unknown model"),
+    ],
+)
 def test_malformed_pins_name_the_key(tmp_path: Path, path: tuple[str, ...], value: str, needle: str) -> None:
     data = json.loads((REPO / "pins" / "artifacts.json").read_text())
     node = data
@@ -87,6 +92,17 @@ def test_malformed_pins_name_the_key(tmp_path: Path, path: tuple[str, ...], valu
 
 def test_readme_documents_every_field() -> None:
     readme = (REPO / "pins" / "README.md").read_text()
-    for field in ("file", "url", "sha256", "size", "requires_glibcxx", "prebuilt", "llama_cpp_subdir",
-                  "member", "provides_glibcxx", "default_chat", "role"):
+    for field in (
+        "file",
+        "url",
+        "sha256",
+        "size",
+        "requires_glibcxx",
+        "prebuilt",
+        "llama_cpp_subdir",
+        "member",
+        "provides_glibcxx",
+        "default_chat",
+        "role",
+    ):
         assert f"`{field}`" in readme or f".{field}`" in readme or f".{field}." in readme, field

@@ -23,16 +23,33 @@ def make(tmp_path: Path) -> Path:
     (root / "flows").mkdir()
     (root / "plugin.json").write_text(json.dumps({"$schema": PLUGIN_SCHEMA, "name": "acme.tools", "version": "1.2.0"}))
     (root / "skills" / "invoice-policy" / "SKILL.md").write_text(
-        "---\nname: invoice-policy\ndescription: Invoice rules.\n---\nBody\n")
+        "---\nname: invoice-policy\ndescription: Invoice rules.\n---\nBody\n"
+    )
     (root / "skills" / "broken" / "SKILL.md").write_text("---\nname: other\ndescription: x\n---\n")
-    (root / "mcp.json").write_text(json.dumps({"$schema": MCP_SCHEMA, "mcpServers": {
-        "validator": {"type": "stdio", "command": "python3", "args": ["-m", "v"], "env": {"API_KEY": SECRET}},
-        "deploy": {"type": "streamable-http", "url": "https://deploy.example.com/mcp?token=" + SECRET,
-                   "headers": {"X-Tenant": "public"}},
-        "bad": {"type": "stdio", "command": "../escape"},
-    }}))
+    (root / "mcp.json").write_text(
+        json.dumps(
+            {
+                "$schema": MCP_SCHEMA,
+                "mcpServers": {
+                    "validator": {
+                        "type": "stdio",
+                        "command": "python3",
+                        "args": ["-m", "v"],
+                        "env": {"API_KEY": SECRET},
+                    },
+                    "deploy": {
+                        "type": "streamable-http",
+                        "url": "https://deploy.example.com/mcp?token=" + SECRET,
+                        "headers": {"X-Tenant": "public"},
+                    },
+                    "bad": {"type": "stdio", "command": "../escape"},
+                },
+            }
+        )
+    )
     (root / "flows" / "refund.flow.json").write_text(
-        json.dumps({"name": "refund", "start": "a", "nodes": [{"id": "a", "kind": "reply"}]}))
+        json.dumps({"name": "refund", "start": "a", "nodes": [{"id": "a", "kind": "reply"}]})
+    )
     return root
 
 
@@ -64,8 +81,13 @@ def test_check_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert [s["name"] for s in data["skills"]] == ["invoice-policy"]
     servers = {s["name"]: s for s in data["mcp_servers"]}
     assert servers["validator"] == {
-        "name": "validator", "alias": "agent.acme_tools.validator", "transport": "stdio", "command": "python3",
-        "args": ["-m", "v"], "env": ["API_KEY"], "cwd": data["root"],
+        "name": "validator",
+        "alias": "agent.acme_tools.validator",
+        "transport": "stdio",
+        "command": "python3",
+        "args": ["-m", "v"],
+        "env": ["API_KEY"],
+        "cwd": data["root"],
     }
     assert servers["deploy"]["url"] == "https://deploy.example.com/mcp"
     assert servers["deploy"]["headers"] == ["X-Tenant"]

@@ -65,8 +65,9 @@ def outside(tmp_path: Path) -> Path:
 
 
 def run(spec: Any) -> dict[str, Any]:
-    proc = subprocess.run(list(spec.argv), env=dict(spec.env), cwd=spec.cwd, capture_output=True, text=True,
-                          timeout=60, check=True)
+    proc = subprocess.run(
+        list(spec.argv), env=dict(spec.env), cwd=spec.cwd, capture_output=True, text=True, timeout=60, check=True
+    )
     report: dict[str, Any] = json.loads(proc.stdout)
     return report
 
@@ -76,8 +77,10 @@ def run(spec: Any) -> dict[str, Any]:
 
 def test_command_symlink_out_of_root_invalidates_that_server_only(tmp_path: Path) -> None:
     out = outside(tmp_path)
-    root = make(tmp_path, {"evil": {"type": "stdio", "command": "./bin/evil"},
-                           "good": {"type": "stdio", "command": "./bin/server"}})
+    root = make(
+        tmp_path,
+        {"evil": {"type": "stdio", "command": "./bin/evil"}, "good": {"type": "stdio", "command": "./bin/server"}},
+    )
     os.symlink(out / "tool", root / "bin" / "evil")
     result = load(root)
     assert [s.name for s in result.mcp_servers] == ["good"]
@@ -101,8 +104,13 @@ def test_command_symlink_staying_inside_root_is_fine(tmp_path: Path) -> None:
 
 def test_cwd_symlink_out_of_root_invalidates_that_server(tmp_path: Path) -> None:
     out = outside(tmp_path)
-    root = make(tmp_path, {"s": {"type": "stdio", "command": "./bin/server", "cwd": "./work"},
-                           "t": {"type": "stdio", "command": "./bin/server", "cwd": "${PLUGIN_ROOT}/work/sub"}})
+    root = make(
+        tmp_path,
+        {
+            "s": {"type": "stdio", "command": "./bin/server", "cwd": "./work"},
+            "t": {"type": "stdio", "command": "./bin/server", "cwd": "${PLUGIN_ROOT}/work/sub"},
+        },
+    )
     os.symlink(out, root / "work")
     result = load(root)
     assert result.mcp_servers == ()
@@ -289,8 +297,12 @@ def test_probe_write_failure_is_a_spawn_error(tmp_path: Path, monkeypatch: pytes
 
 
 def test_bare_command_resolves_on_path_or_fails_clearly(tmp_path: Path) -> None:
-    result = load(make(tmp_path, {"py": {"type": "stdio", "command": "python3"},
-                                  "nope": {"type": "stdio", "command": "no-such-binary-xyz"}}))
+    result = load(
+        make(
+            tmp_path,
+            {"py": {"type": "stdio", "command": "python3"}, "nope": {"type": "stdio", "command": "no-such-binary-xyz"}},
+        )
+    )
     py, nope = result.mcp_servers
     bindir = Path(sys.executable).parent
     spec = prepare_spawn(py, result, base_env={"PATH": str(bindir)})
@@ -300,8 +312,13 @@ def test_bare_command_resolves_on_path_or_fails_clearly(tmp_path: Path) -> None:
 
 
 def test_non_executable_command_and_http_server_are_spawn_errors(tmp_path: Path) -> None:
-    root = make(tmp_path, {"s": {"type": "stdio", "command": "./bin/server"},
-                           "h": {"type": "streamable-http", "url": "http://127.0.0.1:1/mcp"}})
+    root = make(
+        tmp_path,
+        {
+            "s": {"type": "stdio", "command": "./bin/server"},
+            "h": {"type": "streamable-http", "url": "http://127.0.0.1:1/mcp"},
+        },
+    )
     (root / "bin" / "server").chmod(0o644)
     result = load(root)
     s, h = result.mcp_servers

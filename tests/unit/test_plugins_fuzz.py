@@ -23,13 +23,41 @@ from localllm.plugins.diagnostics import COMPONENTS, SEVERITIES
 PLUGIN_SCHEMA = "https://agent-plugins.org/schemas/1.0.0/plugin.schema.json"
 MCP_SCHEMA = "https://agent-plugins.org/schemas/1.0.0/mcp.schema.json"
 
-INTERESTING = st.sampled_from([
-    "stdio", "streamable-http", "sse", "./bin/x", "../x", "./", "bin/x", "python3", "a b",
-    "${PLUGIN_ROOT}", "${PLUGIN_ROOT}/a", "${PLUGIN_DATA}/b", "${HOME}", "PLUGIN_ROOT", "PLUGIN_DATA",
-    "http://127.0.0.1:1/mcp", "https://x.example/mcp", "http://example.com", "https://u:p@x/#f",
-    "Authorization", "Bearer abcdefghijkl", "sk-" + "a" * 24, "", "\x00", "é", "\n",
-    PLUGIN_SCHEMA, MCP_SCHEMA, "acme", "Acme", "a--b",
-])
+INTERESTING = st.sampled_from(
+    [
+        "stdio",
+        "streamable-http",
+        "sse",
+        "./bin/x",
+        "../x",
+        "./",
+        "bin/x",
+        "python3",
+        "a b",
+        "${PLUGIN_ROOT}",
+        "${PLUGIN_ROOT}/a",
+        "${PLUGIN_DATA}/b",
+        "${HOME}",
+        "PLUGIN_ROOT",
+        "PLUGIN_DATA",
+        "http://127.0.0.1:1/mcp",
+        "https://x.example/mcp",
+        "http://example.com",
+        "https://u:p@x/#f",
+        "Authorization",
+        "Bearer abcdefghijkl",
+        "sk-" + "a" * 24,
+        "",
+        "\x00",
+        "é",
+        "\n",
+        PLUGIN_SCHEMA,
+        MCP_SCHEMA,
+        "acme",
+        "Acme",
+        "a--b",
+    ]
+)
 LEAF = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12) | INTERESTING
 JSON = st.recursive(
     LEAF,
@@ -38,14 +66,21 @@ JSON = st.recursive(
 )
 SERVER_KEYS = st.sampled_from(["type", "command", "args", "env", "cwd", "url", "headers", "extra"])
 SERVER = st.dictionaries(SERVER_KEYS, JSON, max_size=6)
-MCP_DOC = st.fixed_dictionaries(
-    {"$schema": st.just(MCP_SCHEMA) | JSON, "mcpServers": st.dictionaries(st.text(max_size=10), SERVER, max_size=4)}
-) | JSON
+MCP_DOC = (
+    st.fixed_dictionaries(
+        {"$schema": st.just(MCP_SCHEMA) | JSON, "mcpServers": st.dictionaries(st.text(max_size=10), SERVER, max_size=4)}
+    )
+    | JSON
+)
 MANIFEST_KEYS = st.sampled_from(["$schema", "name", "version", "author", "keywords", "extensions", "other"])
-MANIFEST = st.fixed_dictionaries(
-    {"$schema": st.just(PLUGIN_SCHEMA), "name": st.just("acme") | JSON},
-    optional={k: JSON for k in ("version", "description", "author", "keywords", "extensions", "hooks")},
-) | st.dictionaries(MANIFEST_KEYS, JSON, max_size=5) | JSON
+MANIFEST = (
+    st.fixed_dictionaries(
+        {"$schema": st.just(PLUGIN_SCHEMA), "name": st.just("acme") | JSON},
+        optional={k: JSON for k in ("version", "description", "author", "keywords", "extensions", "hooks")},
+    )
+    | st.dictionaries(MANIFEST_KEYS, JSON, max_size=5)
+    | JSON
+)
 
 
 def as_text(value: Any) -> str:

@@ -23,8 +23,13 @@ SURROGATE = "\\ud800"  # as written in the file: a JSON / YAML escape
 
 def check_json(root: Path) -> tuple[int, dict[str, Any]]:
     """``localllm plugins check ROOT --json`` in a real process: exit code and parsed stdout."""
-    proc = subprocess.run([sys.executable, "-m", "localllm", "plugins", "check", os.fsdecode(root), "--json"],
-                          capture_output=True, cwd=str(REPO), timeout=60, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "localllm", "plugins", "check", os.fsdecode(root), "--json"],
+        capture_output=True,
+        cwd=str(REPO),
+        timeout=60,
+        check=False,
+    )
     assert b"Traceback" not in proc.stderr, proc.stderr.decode(errors="replace")
     return proc.returncode, json.loads(proc.stdout)
 
@@ -96,16 +101,22 @@ def test_undecodable_file_names_give_printable_diagnostics(tmp_path: Path) -> No
 
 def test_allowed_tools_list_and_nested_metadata_are_accepted(tmp_path: Path) -> None:
     root = full_plugin(tmp_path)
-    _write(root / "skills" / "gamma" / "SKILL.md",
-           "---\nname: gamma\ndescription: x\nallowed-tools:\n  - Bash\n  - Read\n"
-           "metadata:\n  author: acme\n  version: 1.0\n  released: 2025-01-02\n  nested:\n    k: v\n    n: [1, 2]\n"
-           "---\nBody\n")
+    _write(
+        root / "skills" / "gamma" / "SKILL.md",
+        "---\nname: gamma\ndescription: x\nallowed-tools:\n  - Bash\n  - Read\n"
+        "metadata:\n  author: acme\n  version: 1.0\n  released: 2025-01-02\n  nested:\n    k: v\n    n: [1, 2]\n"
+        "---\nBody\n",
+    )
     result = loaded(load_agent_plugin(root))
     assert rules(result) == []
     gamma = next(s for s in result.skills if s.name == "gamma")
     assert gamma.allowed_tools == "Bash Read"
-    assert dict(gamma.metadata) == {"author": "acme", "version": "1.0", "released": "2025-01-02",
-                                    "nested": '{"k": "v", "n": [1, 2]}'}
+    assert dict(gamma.metadata) == {
+        "author": "acme",
+        "version": "1.0",
+        "released": "2025-01-02",
+        "nested": '{"k": "v", "n": [1, 2]}',
+    }
 
 
 # --------------------------------------------------------------------------- YAML bombs and tags
@@ -123,8 +134,13 @@ BAD_FRONT = {
     "billion-laughs": (f"name: gamma\ndescription: x\nmetadata:\n  bomb: 1\n{_laughs()}", "nodes once aliases"),
     "recursive-alias": ("name: gamma\ndescription: x\nmetadata: &m {k: *m}\n", "recursive"),
     "deep-flow": ("name: gamma\ndescription: x\nmetadata: {k: " + "[" * 5000 + "]" * 5000 + "}\n", "nest"),
-    "deep-block": ("name: gamma\ndescription: x\nmetadata:\n" + "".join(" " * (i + 1) + f"k{i}:\n" for i in range(800))
-                   + " " * 801 + "v\n", "nest"),
+    "deep-block": (
+        "name: gamma\ndescription: x\nmetadata:\n"
+        + "".join(" " * (i + 1) + f"k{i}:\n" for i in range(800))
+        + " " * 801
+        + "v\n",
+        "nest",
+    ),
     "timestamp-tag": ("name: gamma\ndescription: !!timestamp banana\n", "AttributeError"),
     "bool-tag": ("name: gamma\ndescription: x\nlicense: !!bool maybe\n", "KeyError"),
     "python-tag": ("name: gamma\ndescription: !!python/object/apply:os.system [echo]\n", "not valid YAML"),
@@ -146,8 +162,9 @@ def test_yaml_bombs_and_bad_tags_skip_the_skill_fast(tmp_path: Path, case: str) 
 
 
 def test_flow_yaml_bomb_skips_that_flow(tmp_path: Path) -> None:
-    root = full_plugin(tmp_path, **{"flows/bomb.flow.yaml": "name: bomb\nstart: a\nnodes: [{id: a, kind: x}]\n"
-                                    + _laughs()})
+    root = full_plugin(
+        tmp_path, **{"flows/bomb.flow.yaml": "name: bomb\nstart: a\nnodes: [{id: a, kind: x}]\n" + _laughs()}
+    )
     result = loaded(load_agent_plugin(root))
     assert sorted(f.name for f in result.flows) == ["greet", "refund"]
     assert rules(result) == ["flow-invalid-yaml"]
@@ -155,12 +172,20 @@ def test_flow_yaml_bomb_skips_that_flow(tmp_path: Path) -> None:
 
 
 def test_bounds_leave_ordinary_yaml_alone(tmp_path: Path) -> None:
-    root = full_plugin(tmp_path, **{"flows/anchors.flow.yaml":
-                                    "name: anchors\nstart: a\nbase: &b {kind: reply}\n"
-                                    "nodes:\n  - {id: a, kind: reply, opts: *b}\n  - {id: b, kind: reply, opts: *b}\n"})
-    _write(root / "skills" / "gamma" / "SKILL.md", "---\nname: gamma\ndescription: x\nmetadata:\n  deep:\n"
-           + "".join("  " * (i + 2) + f"k{i}:\n" for i in range(MAX_YAML_DEPTH - 4)) + "  " * MAX_YAML_DEPTH
-           + "v\n---\n")
+    root = full_plugin(
+        tmp_path,
+        **{
+            "flows/anchors.flow.yaml": "name: anchors\nstart: a\nbase: &b {kind: reply}\n"
+            "nodes:\n  - {id: a, kind: reply, opts: *b}\n  - {id: b, kind: reply, opts: *b}\n"
+        },
+    )
+    _write(
+        root / "skills" / "gamma" / "SKILL.md",
+        "---\nname: gamma\ndescription: x\nmetadata:\n  deep:\n"
+        + "".join("  " * (i + 2) + f"k{i}:\n" for i in range(MAX_YAML_DEPTH - 4))
+        + "  " * MAX_YAML_DEPTH
+        + "v\n---\n",
+    )
     result = loaded(load_agent_plugin(root))
     assert rules(result) == []
     assert "anchors" in [f.name for f in result.flows] and "gamma" in [s.name for s in result.skills]

@@ -35,11 +35,23 @@ def make_plugin(tmp_path: Path, url: str) -> PluginLoaded:
     )
     launcher.chmod(0o755)
     (root / "plugin.json").write_text(json.dumps({"$schema": PLUGIN_SCHEMA, "name": "fixer"}))
-    (root / "mcp.json").write_text(json.dumps({"$schema": MCP_SCHEMA, "mcpServers": {
-        "helper": {"type": "stdio", "command": "./bin/mcp-server", "args": ["stdio"],
-                   "env": {"STATE_DIR": "${PLUGIN_DATA}/state"}, "cwd": "${PLUGIN_DATA}"},
-        "remote": {"type": "streamable-http", "url": url},
-    }}))
+    (root / "mcp.json").write_text(
+        json.dumps(
+            {
+                "$schema": MCP_SCHEMA,
+                "mcpServers": {
+                    "helper": {
+                        "type": "stdio",
+                        "command": "./bin/mcp-server",
+                        "args": ["stdio"],
+                        "env": {"STATE_DIR": "${PLUGIN_DATA}/state"},
+                        "cwd": "${PLUGIN_DATA}",
+                    },
+                    "remote": {"type": "streamable-http", "url": url},
+                },
+            }
+        )
+    )
     result = load_agent_plugin(root)
     assert isinstance(result, PluginLoaded), [str(d) for d in result.diagnostics]
     assert result.diagnostics == ()
@@ -59,10 +71,16 @@ def test_stdio_and_http_plugin_servers_answer_calls(tmp_path: Path, mcp_http_ser
 
     stdio = decls["agent.fixer.helper"]
     spec = prepare_spawn(stdio, plugin)
-    agent = McpStdioAgent(McpStdioDecl(
-        alias="agent.fixer.helper", plugin="mcp_stdio", command=spec.argv[0], args=spec.argv[1:],
-        env=dict(spec.env), cwd=spec.cwd,
-    ))
+    agent = McpStdioAgent(
+        McpStdioDecl(
+            alias="agent.fixer.helper",
+            plugin="mcp_stdio",
+            command=spec.argv[0],
+            args=spec.argv[1:],
+            env=dict(spec.env),
+            cwd=spec.cwd,
+        )
+    )
     try:
         assert answer(agent, "hello")["echo"] == "hello"
         root = answer(agent, "env:PLUGIN_ROOT")
@@ -74,35 +92,55 @@ def test_stdio_and_http_plugin_servers_answer_calls(tmp_path: Path, mcp_http_ser
         agent.close()
 
     remote = decls["agent.fixer.remote"]
-    http = McpHttpAgent(McpHttpDecl(alias="agent.fixer.remote", plugin="mcp_http", endpoint=remote.url,
-                                    headers=dict(remote.headers)))
+    http = McpHttpAgent(
+        McpHttpDecl(alias="agent.fixer.remote", plugin="mcp_http", endpoint=remote.url, headers=dict(remote.headers))
+    )
     try:
         assert answer(http, "over http")["echo"] == "over http"
     finally:
         http.close()
 
 
-def test_plugin_dir_servers_answer_localllm_call(tmp_path: Path, mcp_http_server: McpHttpServer,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_plugin_dir_servers_answer_localllm_call(
+    tmp_path: Path, mcp_http_server: McpHttpServer, capsys: pytest.CaptureFixture[str]
+) -> None:
     """config `plugin_dirs:` → agent.<plugin>.<server> aliases → validated answers via `localllm call`."""
     from localllm.cli import main
     from localllm.trace import read_trace
 
     plugin = make_plugin(tmp_path, f"{mcp_http_server.base}/mcp")
-    (tmp_path / "echo.json").write_text(json.dumps(
-        {"type": "object", "properties": {"echo": {"type": "string"}}, "required": ["echo"]}))
+    (tmp_path / "echo.json").write_text(
+        json.dumps({"type": "object", "properties": {"echo": {"type": "string"}}, "required": ["echo"]})
+    )
     config = tmp_path / "app.yaml"
     config.write_text(f"plugin_dirs: ['{plugin.root}']\n")
     trace = tmp_path / "t.jsonl"
     for alias in ("agent.fixer.helper", "agent.fixer.remote"):
-        code = main(["call", "ask", "--config", str(config), "--agent", alias, "--prompt", f"via {alias}",
-                     "--schema", str(tmp_path / "echo.json"), "--trace", str(trace), "--json"])
+        code = main(
+            [
+                "call",
+                "ask",
+                "--config",
+                str(config),
+                "--agent",
+                alias,
+                "--prompt",
+                f"via {alias}",
+                "--schema",
+                str(tmp_path / "echo.json"),
+                "--trace",
+                str(trace),
+                "--json",
+            ]
+        )
         out = json.loads(capsys.readouterr().out)
         assert code == 0
         assert out["submission"]["echo"] == f"via {alias}"
         assert out["agent"] == alias
     assert [e.payload["agent"] for e in read_trace(trace).events if e.kind == "agent.call.complete"] == [
-        "agent.fixer.helper", "agent.fixer.remote"]
+        "agent.fixer.helper",
+        "agent.fixer.remote",
+    ]
     assert main(["trace", "verify", str(trace)]) == 0
 
 

@@ -114,8 +114,10 @@ def test_embedded_schemas_match_the_published_ones() -> None:
         ("{not json", "manifest-invalid-json"),
         ("[1, 2]", "manifest-not-object"),
         ({"name": "acme"}, "manifest-schema-missing"),
-        ({"$schema": "https://agent-plugins.org/schemas/2.0.0/plugin.schema.json", "name": "acme"},
-         "manifest-unsupported-version"),
+        (
+            {"$schema": "https://agent-plugins.org/schemas/2.0.0/plugin.schema.json", "name": "acme"},
+            "manifest-unsupported-version",
+        ),
         ({"$schema": "https://example.com/x.json", "name": "acme"}, "manifest-schema-unrecognized"),
         ({"$schema": PLUGIN_SCHEMA}, "manifest-name-missing"),
         (manifest("My-Plugin"), "manifest-name-invalid"),
@@ -189,8 +191,10 @@ def test_bad_mcp_json_disables_mcp_only(tmp_path: Path) -> None:
         ({"$schema": MCP_SCHEMA}, "mcp-config-invalid"),
         ({"$schema": MCP_SCHEMA, "mcpServers": []}, "mcp-config-invalid"),
         ({"$schema": MCP_SCHEMA, "mcpServers": {}, "extra": 1}, "mcp-config-invalid"),
-        ({"$schema": "https://agent-plugins.org/schemas/1.1.0/mcp.schema.json", "mcpServers": {}},
-         "mcp-config-version-mismatch"),
+        (
+            {"$schema": "https://agent-plugins.org/schemas/1.1.0/mcp.schema.json", "mcpServers": {}},
+            "mcp-config-version-mismatch",
+        ),
         ({"$schema": "https://example.com/mcp.json", "mcpServers": {}}, "mcp-config-invalid"),
     ],
 )
@@ -263,7 +267,7 @@ def test_nested_skills_are_not_discovered(tmp_path: Path) -> None:
 def test_skill_optional_fields_are_kept(tmp_path: Path) -> None:
     text = (
         "---\nname: gamma\ndescription: Handles gamma.\nlicense: MIT\ncompatibility: needs git\n"
-        "metadata:\n  author: acme\n  version: \"1.0\"\nallowed-tools: Bash Read\n---\nBody\n"
+        'metadata:\n  author: acme\n  version: "1.0"\nallowed-tools: Bash Read\n---\nBody\n'
     )
     root = full_plugin(tmp_path, **{"skills/gamma/SKILL.md": text})
     result = loaded(load_agent_plugin(root))
@@ -300,7 +304,10 @@ def test_one_bad_flow_file_is_skipped_and_siblings_load(tmp_path: Path) -> None:
     assert [f.name for f in result.flows] == ["greet", "refund"]
     (diag,) = result.diagnostics
     assert (diag.component, diag.rule, diag.origin) == (
-        "flows", "flow-invalid-json", str(root / "flows" / "broken.flow.json"))
+        "flows",
+        "flow-invalid-json",
+        str(root / "flows" / "broken.flow.json"),
+    )
     assert len(result.skills) == 2 and len(result.mcp_servers) == 2
 
 
@@ -324,11 +331,14 @@ def test_flow_envelope_rules(tmp_path: Path, doc: Any) -> None:
 
 
 def test_flow_yaml_errors_and_duplicates(tmp_path: Path) -> None:
-    root = full_plugin(tmp_path, **{
-        "flows/bad.flow.yml": "name: [oops\n",
-        "flows/zz.flow.json": FLOW,  # same name as refund.flow.json, later in name order
-        "flows/notes.txt": "not a flow",
-    })
+    root = full_plugin(
+        tmp_path,
+        **{
+            "flows/bad.flow.yml": "name: [oops\n",
+            "flows/zz.flow.json": FLOW,  # same name as refund.flow.json, later in name order
+            "flows/notes.txt": "not a flow",
+        },
+    )
     result = loaded(load_agent_plugin(root))
     assert [f.name for f in result.flows] == ["greet", "refund"]
     assert sorted(rules(result)) == ["flow-duplicate-name", "flow-invalid-yaml", "not-a-flow-file"]

@@ -78,8 +78,12 @@ def test_http_entry_is_parsed(tmp_path: Path) -> None:
 
 
 def test_sse_is_skipped_as_unsupported_transport(tmp_path: Path) -> None:
-    result = load(make(tmp_path, {"old": {"type": "sse", "url": "https://x.example/sse"},
-                                  "new": {"type": "stdio", "command": "python3"}}))
+    result = load(
+        make(
+            tmp_path,
+            {"old": {"type": "sse", "url": "https://x.example/sse"}, "new": {"type": "stdio", "command": "python3"}},
+        )
+    )
     assert [s.name for s in result.mcp_servers] == ["new"]
     (diag,) = result.diagnostics
     assert (diag.rule, diag.severity, diag.clause) == ("unsupported-transport", "warning", "7.2.2")
@@ -125,14 +129,26 @@ def test_sse_is_skipped_as_unsupported_transport(tmp_path: Path) -> None:
         ({"type": "streamable-http", "url": "https://x.example/mcp#frag"}, "server-entry-invalid", "/url"),
         ({"type": "streamable-http", "url": "https://x.example:99999/mcp"}, "server-entry-invalid", "/url"),
         ({"type": "streamable-http", "url": "https://x.example/ mcp"}, "server-entry-invalid", "/url"),
-        ({"type": "streamable-http", "url": "https://x", "headers": {"Bad Name": "v"}},
-         "server-entry-invalid", "/headers/Bad Name"),
-        ({"type": "streamable-http", "url": "https://x", "headers": {"X-A": "line\r\nbreak"}},
-         "server-entry-invalid", "/headers/X-A"),
-        ({"type": "streamable-http", "url": "https://x", "headers": {"X-A": "1", "x-a": "2"}},
-         "server-entry-invalid", "/headers/x-a"),
-        ({"type": "streamable-http", "url": "https://x", "headers": {"X-A": 5}}, "server-entry-invalid",
-         "/headers/X-A"),
+        (
+            {"type": "streamable-http", "url": "https://x", "headers": {"Bad Name": "v"}},
+            "server-entry-invalid",
+            "/headers/Bad Name",
+        ),
+        (
+            {"type": "streamable-http", "url": "https://x", "headers": {"X-A": "line\r\nbreak"}},
+            "server-entry-invalid",
+            "/headers/X-A",
+        ),
+        (
+            {"type": "streamable-http", "url": "https://x", "headers": {"X-A": "1", "x-a": "2"}},
+            "server-entry-invalid",
+            "/headers/x-a",
+        ),
+        (
+            {"type": "streamable-http", "url": "https://x", "headers": {"X-A": 5}},
+            "server-entry-invalid",
+            "/headers/X-A",
+        ),
     ],
 )
 def test_invalid_entries_are_skipped_with_a_pointed_diagnostic(
@@ -151,8 +167,13 @@ def test_invalid_entries_are_skipped_with_a_pointed_diagnostic(
 
 @pytest.mark.parametrize(
     "url",
-    ["http://127.0.0.1:8080/mcp", "http://localhost/mcp", "http://[::1]:9/mcp", "http://127.1.2.3/mcp",
-     "https://example.com/mcp?x=1"],
+    [
+        "http://127.0.0.1:8080/mcp",
+        "http://localhost/mcp",
+        "http://[::1]:9/mcp",
+        "http://127.1.2.3/mcp",
+        "https://example.com/mcp?x=1",
+    ],
 )
 def test_allowed_urls(tmp_path: Path, url: str) -> None:
     server = only(load(make(tmp_path, {"h": {"type": "streamable-http", "url": url}})))
@@ -187,12 +208,15 @@ def test_placeholders_expand_in_args_env_and_cwd(tmp_path: Path) -> None:
 
 
 def test_cwd_forms_resolve_against_their_roots(tmp_path: Path) -> None:
-    root = make(tmp_path, {
-        "a": {"type": "stdio", "command": "x", "cwd": "./bin"},
-        "b": {"type": "stdio", "command": "x", "cwd": "${PLUGIN_ROOT}"},
-        "c": {"type": "stdio", "command": "x", "cwd": "${PLUGIN_ROOT}/bin/"},
-        "d": {"type": "stdio", "command": "x", "cwd": "${PLUGIN_DATA}"},
-    })
+    root = make(
+        tmp_path,
+        {
+            "a": {"type": "stdio", "command": "x", "cwd": "./bin"},
+            "b": {"type": "stdio", "command": "x", "cwd": "${PLUGIN_ROOT}"},
+            "c": {"type": "stdio", "command": "x", "cwd": "${PLUGIN_ROOT}/bin/"},
+            "d": {"type": "stdio", "command": "x", "cwd": "${PLUGIN_DATA}"},
+        },
+    )
     result = load(root)
     cwd = {s.name: (s.cwd, s.cwd_root) for s in result.mcp_servers}
     assert cwd == {
@@ -208,8 +232,13 @@ def test_substituted_text_is_never_rescanned(tmp_path: Path) -> None:
     # A plugin root whose own path contains the placeholder text: after substitution the
     # argument holds a literal "${PLUGIN_DATA}" that must NOT be expanded a second time.
     where = tmp_path / "odd${PLUGIN_DATA}dir" / "acme"
-    entry = {"type": "stdio", "command": "x", "args": ["${PLUGIN_ROOT}/cfg"], "env": {"R": "${PLUGIN_ROOT}"},
-             "cwd": "${PLUGIN_ROOT}/bin"}
+    entry = {
+        "type": "stdio",
+        "command": "x",
+        "args": ["${PLUGIN_ROOT}/cfg"],
+        "env": {"R": "${PLUGIN_ROOT}"},
+        "cwd": "${PLUGIN_ROOT}/bin",
+    }
     result = load(make(tmp_path, {"s": entry}, where=where))
     server = only(result)
     assert "${PLUGIN_DATA}" in str(result.root)
@@ -223,8 +252,10 @@ def test_expand_placeholders_is_single_pass() -> None:
     text = "${PLUGIN_ROOT}|${PLUGIN_DATA}|${PLUGIN_ROOT}"
     out = expand_placeholders(text, plugin_root="/r/${PLUGIN_DATA}", plugin_data="/d/${PLUGIN_ROOT}")
     assert out == "/r/${PLUGIN_DATA}|/d/${PLUGIN_ROOT}|/r/${PLUGIN_DATA}"
-    assert expand_placeholders("${PLUGIN_ROOTX} $PLUGIN_ROOT ${plugin_root}", plugin_root="R",
-                               plugin_data="D") == "${PLUGIN_ROOTX} $PLUGIN_ROOT ${plugin_root}"
+    assert (
+        expand_placeholders("${PLUGIN_ROOTX} $PLUGIN_ROOT ${plugin_root}", plugin_root="R", plugin_data="D")
+        == "${PLUGIN_ROOTX} $PLUGIN_ROOT ${plugin_root}"
+    )
 
 
 def test_other_variables_stay_literal_with_an_info_diagnostic(tmp_path: Path) -> None:
@@ -245,17 +276,22 @@ def test_other_variables_stay_literal_with_an_info_diagnostic(tmp_path: Path) ->
 def test_secrets_are_loaded_with_a_diagnostic_and_never_printed(tmp_path: Path) -> None:
     token = "ghp_" + "A1b2C3d4" * 5
     entry = {"type": "stdio", "command": "x", "env": {"API_KEY": "hunter2-literal", "GH": token, "MODE": "fast"}}
-    http = {"type": "streamable-http", "url": "https://x.example/mcp?api_key=abcdef123456",
-            "headers": {"Authorization": "Bearer abcdefghijklmnop", "X-Tenant": "public"}}
+    http = {
+        "type": "streamable-http",
+        "url": "https://x.example/mcp?api_key=abcdef123456",
+        "headers": {"Authorization": "Bearer abcdefghijklmnop", "X-Tenant": "public"},
+    }
     result = load(make(tmp_path, {"s": entry, "h": http}))
     assert [s.name for s in result.mcp_servers] == ["s", "h"]
     secrets = [d for d in result.diagnostics if d.component == "secrets"]
-    assert sorted(d.rule for d in secrets) == ["secret-in-env", "secret-in-env", "secret-in-headers",
-                                               "secret-in-url"]
+    assert sorted(d.rule for d in secrets) == ["secret-in-env", "secret-in-env", "secret-in-headers", "secret-in-url"]
     assert all(d.severity == "warning" for d in secrets)
     assert {d.origin.split("#")[1] for d in secrets} == {
-        "/mcpServers/s/env/API_KEY", "/mcpServers/s/env/GH", "/mcpServers/h/headers/Authorization",
-        "/mcpServers/h/url"}
+        "/mcpServers/s/env/API_KEY",
+        "/mcpServers/s/env/GH",
+        "/mcpServers/h/headers/Authorization",
+        "/mcpServers/h/url",
+    }
     everything = " ".join(str(d) for d in result.diagnostics) + repr(result)
     for value in ("hunter2-literal", token, "abcdefghijklmnop", "abcdef123456"):
         assert value not in everything

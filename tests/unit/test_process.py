@@ -73,8 +73,9 @@ def test_stderr_tail_keeps_the_full_limit_after_a_big_chunk_and_a_small_one() ->
 
 def test_stderr_tail_hands_every_line_to_on_line() -> None:
     seen: list[str] = []
-    proc = _process.spawn([sys.executable, "-c", "import sys; sys.stderr.write('a\\r\\nb\\nlast-no-newline')"],
-                          stderr=subprocess.PIPE)
+    proc = _process.spawn(
+        [sys.executable, "-c", "import sys; sys.stderr.write('a\\r\\nb\\nlast-no-newline')"], stderr=subprocess.PIPE
+    )
     assert proc.stderr is not None
     buf = _process.StderrTail(proc.stderr, name="t", on_line=seen.append)
     proc.wait(timeout=10)
@@ -88,12 +89,15 @@ def test_stderr_tail_hands_every_line_to_on_line() -> None:
 
 def test_a_wrapper_without_exec_leaves_no_orphan(tmp_path: Path) -> None:
     pidfile = tmp_path / "pids"
-    child = f'{sys.executable} -c "import os,time; open(\'{pidfile}\',\'a\').write(f\'{{os.getpid()}} \'); time.sleep(60)"'
-    wrapper = _script(tmp_path / "llama-server", f"""
+    child = f"{sys.executable} -c \"import os,time; open('{pidfile}','a').write(f'{{os.getpid()}} '); time.sleep(60)\""
+    wrapper = _script(
+        tmp_path / "llama-server",
+        f"""
         {child} &
         {child} &
         {child}
-    """)
+    """,
+    )
     proc = _process.spawn([str(wrapper)])
     pids = _pids(pidfile, 3)
     _process.stop_group(proc, grace=2.0)
@@ -130,7 +134,7 @@ def test_a_clean_shutdown_inside_the_grace_keeps_its_exit_code() -> None:
 
 def test_stragglers_of_an_exited_leader_are_stopped(tmp_path: Path) -> None:
     pidfile = tmp_path / "pids"
-    child = f'{sys.executable} -c "import os,time; open(\'{pidfile}\',\'a\').write(f\'{{os.getpid()}} \'); time.sleep(60)"'
+    child = f"{sys.executable} -c \"import os,time; open('{pidfile}','a').write(f'{{os.getpid()}} '); time.sleep(60)\""
     wrapper = _script(tmp_path / "w", f"{child} &\nexit 3\n")
     proc = _process.spawn([str(wrapper)])
     (pid,) = _pids(pidfile, 1)

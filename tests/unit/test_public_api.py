@@ -32,19 +32,23 @@ def test_design_surface_is_exported() -> None:
 
 
 def test_import_is_cheap_and_has_no_side_effects(tmp_path: object) -> None:
-    code = ("import sys, localllm; heavy = [m for m in ('httpx', 'numpy', 'jsonschema', 'yaml', 'psutil', "
-            "'filelock', 'tqdm') if m in sys.modules]; print(','.join(heavy))")
+    code = (
+        "import sys, localllm; heavy = [m for m in ('httpx', 'numpy', 'jsonschema', 'yaml', 'psutil', "
+        "'filelock', 'tqdm') if m in sys.modules]; print(','.join(heavy))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
     assert out.stderr == ""
 
 
 def test_import_loads_no_subsystem_until_a_name_is_used() -> None:
-    code = ("import sys, localllm\n"
-            "before = sorted(m for m in sys.modules if m.startswith('localllm'))\n"
-            "from localllm import Runtime, load_config\n"
-            "after = {'localllm.runtime', 'localllm.config'} <= set(sys.modules)\n"
-            "print(','.join(before), after, Runtime.__module__, load_config.__module__)")
+    code = (
+        "import sys, localllm\n"
+        "before = sorted(m for m in sys.modules if m.startswith('localllm'))\n"
+        "from localllm import Runtime, load_config\n"
+        "after = {'localllm.runtime', 'localllm.config'} <= set(sys.modules)\n"
+        "print(','.join(before), after, Runtime.__module__, load_config.__module__)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["localllm,localllm._version", "True", "localllm.runtime", "localllm.loading"]
 

@@ -84,8 +84,14 @@ def test_reference_call_id_vectors() -> None:
 
 
 def test_schema_invalid_details(config: Config) -> None:
-    answers = iter([AskResponse(submission=None), AskResponse(submission="null"), AskResponse(submission="{oops"),
-                    AskResponse.of({"verdict": "maybe", "score": 0.2})])
+    answers = iter(
+        [
+            AskResponse(submission=None),
+            AskResponse(submission="null"),
+            AskResponse(submission="{oops"),
+            AskResponse.of({"verdict": "maybe", "score": 0.2}),
+        ]
+    )
     with Runtime(config) as rt:
         rt.register_inprocess("agent.other", lambda _: next(answers))
         details = []
@@ -147,8 +153,10 @@ def test_agent_exception_is_plugin_crash(config: Config) -> None:
 
 
 def test_render_prompt() -> None:
-    assert render_prompt("a {{ args.x }} {{world.u.name}} {{ args.n }}", {"x": "X", "n": [1]}, {"u": {"name": "N"}}) \
+    assert (
+        render_prompt("a {{ args.x }} {{world.u.name}} {{ args.n }}", {"x": "X", "n": [1]}, {"u": {"name": "N"}})
         == "a X N [1]"
+    )
     with pytest.raises(CallError) as info:
         render_prompt("{{ args.y }}", {}, {})
     assert (info.value.key, info.value.hint) == ("args.y", "pass --arg y=…")
@@ -191,8 +199,14 @@ def test_declared_timeout_applies(config: Config) -> None:
 
 def sub_events_agent(kind: str, call_id: str | None = None) -> Any:
     def answer(request: AskRequest) -> AskResponse:
-        event = {"kind": kind, "call_id": call_id or request.call_id, "payload": {"tool": "bash"},
-                 "ts": "1999-01-01T00:00:00Z", "turn": 99, "state_path": "elsewhere"}
+        event = {
+            "kind": kind,
+            "call_id": call_id or request.call_id,
+            "payload": {"tool": "bash"},
+            "ts": "1999-01-01T00:00:00Z",
+            "turn": 99,
+            "state_path": "elsewhere",
+        }
         return AskResponse(submission='{"verdict":"no","score":0}', sub_events=[event])
 
     return answer
@@ -213,11 +227,14 @@ def test_sub_events_land_restamped_with_parent_turn(config: Config, tmp_path: Pa
 
 @pytest.mark.parametrize(
     ("kind", "call_id", "error"),
-    [("agent.other.bash", None, ErrorKind.SUB_EVENT_NAMESPACE_VIOLATION),
-     ("agent.local.bash", "0000000000000000", ErrorKind.SUB_EVENT_CALL_ID_MISMATCH)],
+    [
+        ("agent.other.bash", None, ErrorKind.SUB_EVENT_NAMESPACE_VIOLATION),
+        ("agent.local.bash", "0000000000000000", ErrorKind.SUB_EVENT_CALL_ID_MISMATCH),
+    ],
 )
-def test_sub_event_violations_are_atomic(config: Config, tmp_path: Path, kind: str, call_id: str | None,
-                                         error: ErrorKind) -> None:
+def test_sub_event_violations_are_atomic(
+    config: Config, tmp_path: Path, kind: str, call_id: str | None, error: ErrorKind
+) -> None:
     trace = tmp_path / "t.jsonl"
     with Runtime(config, trace=trace) as rt:
         rt.register_inprocess("agent.local", sub_events_agent(kind, call_id))
@@ -237,13 +254,17 @@ def test_fallback_exactly_once_same_call_id(config: Config, tmp_path: Path) -> N
     def local(request: AskRequest) -> AskResponse:
         calls.append("local")
         lines = ['{"type":"request"}', '{"type":"assistant"}']
-        return AskResponse(submission='{"verdict":"yes","score":95}',
-                           transcript=Transcript("openai-chat", lines, [0, 5]))
+        return AskResponse(
+            submission='{"verdict":"yes","score":95}', transcript=Transcript("openai-chat", lines, [0, 5])
+        )
 
     def claude(request: AskRequest) -> AskResponse:
         calls.append("claude")
-        return AskResponse(submission='{"verdict":"yes","score":0.95}', meta={"cost_usd": 0.01},
-                           transcript=Transcript("claude-json", ['{"type":"result"}'], [0]))
+        return AskResponse(
+            submission='{"verdict":"yes","score":0.95}',
+            meta={"cost_usd": 0.01},
+            transcript=Transcript("claude-json", ['{"type":"result"}'], [0]),
+        )
 
     with Runtime(config, trace=trace) as rt:
         rt.register_inprocess("agent.local", local, local_model=True)
@@ -257,8 +278,11 @@ def test_fallback_exactly_once_same_call_id(config: Config, tmp_path: Path) -> N
     assert [e.kind for e in events] == ["agent.call.start", "agent.call.complete"]
     assert {e.call_id for e in events} == {result.call_id}
     done = events[1].payload
-    assert done["substitution"] == {"reason": "schema_invalid", "original_plugin": "agent.local",
-                                    "fallback_plugin": "agent.claude"}
+    assert done["substitution"] == {
+        "reason": "schema_invalid",
+        "original_plugin": "agent.local",
+        "fallback_plugin": "agent.claude",
+    }
     assert done["transcript_ref"]["format"] == "claude-json"
     assert done["original_transcript_ref"]["format"] == "openai-chat"
     assert (tmp_path / done["original_transcript_ref"]["path"]).read_text().count("\n") == 2
@@ -331,8 +355,12 @@ def test_run_gate_renders_args_and_world(config: Config) -> None:
     request = seen[0]
     assert request.prompt == "Judge the PR for ana"
     assert request.state_path == "judge"
-    assert request.with_ is not None and request.with_["args"] == {"item": "the PR", "fixed": 7, "thing": "the PR",
-                                                                   "extra": "e"}
+    assert request.with_ is not None and request.with_["args"] == {
+        "item": "the PR",
+        "fixed": 7,
+        "thing": "the PR",
+        "extra": "e",
+    }
     assert request.schema == SCHEMA
 
 
@@ -344,6 +372,7 @@ def test_unknown_gate(config: Config) -> None:
 
 def test_concurrent_calls_are_safe_and_traced(config: Config, tmp_path: Path) -> None:
     trace = tmp_path / "t.jsonl"
+
     def slow(_: AskRequest) -> dict[str, Any]:
         time.sleep(0.01)
         return {"verdict": "yes", "score": 1}
@@ -374,12 +403,30 @@ def test_concurrent_calls_are_safe_and_traced(config: Config, tmp_path: Path) ->
 
 def test_cli_call_and_trace_verify(config: Config, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cassette = tmp_path / "c.yaml"
-    cassette.write_text("kind: host_cassette\nepisodes:\n  - id: ep-01\n    match: {handler: agent.local}\n"
-                        "    replay: any\n    agent: {verb: decide, response: '{\"verdict\": \"yes\", \"score\": 1}'}\n")
+    cassette.write_text(
+        "kind: host_cassette\nepisodes:\n  - id: ep-01\n    match: {handler: agent.local}\n"
+        '    replay: any\n    agent: {verb: decide, response: \'{"verdict": "yes", "score": 1}\'}\n'
+    )
     trace = tmp_path / "c.jsonl"
-    code = main(["call", "decide", "--config", str(config.path), "--agent", "agent.local", "--prompt", "hi",
-                 "--schema", str(tmp_path / "schemas" / "verdict.json"), "--cassette", str(cassette),
-                 "--trace", str(trace), "--json"])
+    code = main(
+        [
+            "call",
+            "decide",
+            "--config",
+            str(config.path),
+            "--agent",
+            "agent.local",
+            "--prompt",
+            "hi",
+            "--schema",
+            str(tmp_path / "schemas" / "verdict.json"),
+            "--cassette",
+            str(cassette),
+            "--trace",
+            str(trace),
+            "--json",
+        ]
+    )
     out = json.loads(capsys.readouterr().out)
     assert code == 0
     assert out["submission"] == {"verdict": "yes", "score": 1}
@@ -389,8 +436,26 @@ def test_cli_call_and_trace_verify(config: Config, tmp_path: Path, capsys: pytes
     assert main(["trace", "verify", str(trace)]) == 0
     # a second run appending to the same trace continues the episode's counter
     capsys.readouterr()
-    assert main(["call", "decide", "--config", str(config.path), "--agent", "agent.local", "--prompt", "hi",
-                 "--cassette", str(cassette), "--trace", str(trace), "--json"]) == 0
+    assert (
+        main(
+            [
+                "call",
+                "decide",
+                "--config",
+                str(config.path),
+                "--agent",
+                "agent.local",
+                "--prompt",
+                "hi",
+                "--cassette",
+                str(cassette),
+                "--trace",
+                str(trace),
+                "--json",
+            ]
+        )
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["call_id"] == "edcfdead886d7713"  # ep-01, match 1
     starts = [e for e in read_trace(trace).events if e.kind == "agent.call.start"]
     assert [(e.turn, e.match_idx) for e in starts] == [(1, 0), (2, 1)]
@@ -413,10 +478,14 @@ def test_hostile_plugin_text_never_breaks_the_trace(config: Config, tmp_path: Pa
     trace = tmp_path / "t.jsonl"
 
     def nasty(request: AskRequest) -> AskResponse:
-        event = {"kind": "agent.local.x", "call_id": request.call_id,
-                 "payload": {"out": "a\r\nb\x00c", "nfd": "e\u0301", "bad": float("nan")}}
-        return AskResponse(submission='{"t": "x\\r\\ny"}', meta={"model": "m\x00", "note": "cr\r\nlf"},
-                           sub_events=[event])
+        event = {
+            "kind": "agent.local.x",
+            "call_id": request.call_id,
+            "payload": {"out": "a\r\nb\x00c", "nfd": "e\u0301", "bad": float("nan")},
+        }
+        return AskResponse(
+            submission='{"t": "x\\r\\ny"}', meta={"model": "m\x00", "note": "cr\r\nlf"}, sub_events=[event]
+        )
 
     def crash(_: AskRequest) -> None:
         raise AgentError(ErrorKind.PLUGIN_CRASH, "stderr:\r\nboom\x00")
@@ -455,7 +524,9 @@ def test_cache_dir_under_a_regular_file_is_a_transport_error(tmp_path: Path, mon
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a regular file")
     monkeypatch.setenv("LOCALLLM_CACHE_DIR", str(blocker / "cache"))
-    (tmp_path / "app.yaml").write_text("agent_plugins:\n  agent.local: {plugin: builtin.local_llm, model: gemma-3-270m}\n")
+    (tmp_path / "app.yaml").write_text(
+        "agent_plugins:\n  agent.local: {plugin: builtin.local_llm, model: gemma-3-270m}\n"
+    )
     with Runtime(load_config(tmp_path / "app.yaml")) as rt, pytest.raises(AgentError) as info:
         rt.call("ask", agent="agent.local", prompt="hi")
     error = info.value
@@ -498,8 +569,11 @@ def test_an_agent_returning_no_askresponse_is_plugin_crash(config: Config) -> No
 
 
 def test_foreign_exception_classes_map_to_kinds(config: Config) -> None:
-    raised: list[BaseException] = [PermissionError(13, "denied", "/x"), KeyError("k"), UnicodeEncodeError(
-        "utf-8", "\ud800", 0, 1, "surrogates not allowed")]
+    raised: list[BaseException] = [
+        PermissionError(13, "denied", "/x"),
+        KeyError("k"),
+        UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed"),
+    ]
 
     class Raiser(Agent):
         plugin = "test"
@@ -514,8 +588,11 @@ def test_foreign_exception_classes_map_to_kinds(config: Config) -> None:
             with pytest.raises(AgentError) as info:
                 rt.call("ask", agent="agent.local", prompt="p")
             kinds.append((info.value.kind, type(info.value.__cause__).__name__, bool(info.value.hint)))
-    assert kinds == [(ErrorKind.TRANSPORT_ERROR, "PermissionError", True), (ErrorKind.PLUGIN_CRASH, "KeyError", True),
-                     (ErrorKind.PLUGIN_CRASH, "UnicodeEncodeError", True)]
+    assert kinds == [
+        (ErrorKind.TRANSPORT_ERROR, "PermissionError", True),
+        (ErrorKind.PLUGIN_CRASH, "KeyError", True),
+        (ErrorKind.PLUGIN_CRASH, "UnicodeEncodeError", True),
+    ]
 
 
 # -- non-JSON numbers; a call always ends its trace group -----------------------------------
@@ -535,7 +612,8 @@ def test_subprocess_nan_answer_is_schema_invalid_and_the_group_ends(tmp_path: Pa
     script = tmp_path / "nan_agent.py"
     script.write_text(NAN_AGENT)
     (tmp_path / "app.yaml").write_text(
-        f"agent_plugins:\n  agent.sub: {{plugin: subprocess, command: '{sys.executable}', args: ['{script}']}}\n")
+        f"agent_plugins:\n  agent.sub: {{plugin: subprocess, command: '{sys.executable}', args: ['{script}']}}\n"
+    )
     trace = tmp_path / "t.jsonl"
     with Runtime(load_config(tmp_path / "app.yaml"), trace=trace) as rt:
         if schema is None:
@@ -565,8 +643,16 @@ def test_an_unwritable_response_still_ends_the_group(config: Config, tmp_path: P
 
 # -- fallback: both legs told, the local leg's meta kept -------------------------------------
 
-LOCAL_META = {"model": "gemma-3-270m", "grammar": True, "json_schema": False, "prompt_tokens": 40,
-              "completion_tokens": 8, "finish_reason": "length", "max_tokens": 8, "timings": {"predicted_ms": 12.5}}
+LOCAL_META = {
+    "model": "gemma-3-270m",
+    "grammar": True,
+    "json_schema": False,
+    "prompt_tokens": 40,
+    "completion_tokens": 8,
+    "finish_reason": "length",
+    "max_tokens": 8,
+    "timings": {"predicted_ms": 12.5},
+}
 
 
 def test_failed_fallback_names_both_legs_and_the_token_limit(config: Config, tmp_path: Path) -> None:
@@ -600,13 +686,18 @@ def test_failed_fallback_names_both_legs_and_the_token_limit(config: Config, tmp
 def test_successful_fallback_keeps_the_local_legs_meta(config: Config, tmp_path: Path) -> None:
     trace = tmp_path / "t.jsonl"
     with Runtime(config, trace=trace) as rt:
-        rt.register_inprocess("agent.local", lambda _: AskResponse(submission="{}", meta=dict(LOCAL_META)),
-                              local_model=True)
-        rt.register_inprocess("agent.claude", lambda _: AskResponse.of({"verdict": "no", "score": 0},
-                                                                       meta={"model": "claude-x"}))
+        rt.register_inprocess(
+            "agent.local", lambda _: AskResponse(submission="{}", meta=dict(LOCAL_META)), local_model=True
+        )
+        rt.register_inprocess(
+            "agent.claude", lambda _: AskResponse.of({"verdict": "no", "score": 0}, meta={"model": "claude-x"})
+        )
         result = rt.call("decide", agent="agent.local", prompt="p", schema=SCHEMA)
-    assert (result.agent, result.meta["model"], result.meta["fallback_of"]) == ("agent.claude", "claude-x",
-                                                                                "agent.local")
+    assert (result.agent, result.meta["model"], result.meta["fallback_of"]) == (
+        "agent.claude",
+        "claude-x",
+        "agent.local",
+    )
     end = read_trace(trace).events[-1].payload
     assert end["original_meta"] == LOCAL_META
     assert end["meta"]["model"] == "claude-x"
@@ -622,8 +713,12 @@ def test_reopened_trace_continues_the_session(config: Config, tmp_path: Path) ->
     ids = []
     for run in range(2):
         with Runtime(config, trace=trace) as rt:
-            rt.register_inprocess("agent.local", lambda r: AskResponse(
-                submission='{"ok": true}', transcript=Transcript("openai-chat", [json.dumps({"p": r.prompt})], [0])))
+            rt.register_inprocess(
+                "agent.local",
+                lambda r: AskResponse(
+                    submission='{"ok": true}', transcript=Transcript("openai-chat", [json.dumps({"p": r.prompt})], [0])
+                ),
+            )
             assert rt.turn == run + 1
             ids.append(rt.call("ask", agent="agent.local", prompt=big + str(run)).call_id)
     assert ids[0] != ids[1]
@@ -647,8 +742,10 @@ def test_sidecar_files_are_never_overwritten(config: Config, tmp_path: Path) -> 
     assert [(tmp_path / f).read_text()[-1] for f in files] == ["a", "b"]
 
 
-CASSETTE = ("kind: host_cassette\nepisodes:\n  - id: ep-01\n    match: {handler: agent.local}\n    replay: any\n"
-            "    agent: {verb: decide, response: '{\"verdict\": \"yes\", \"score\": 1}'}\n")
+CASSETTE = (
+    "kind: host_cassette\nepisodes:\n  - id: ep-01\n    match: {handler: agent.local}\n    replay: any\n"
+    '    agent: {verb: decide, response: \'{"verdict": "yes", "score": 1}\'}\n'
+)
 
 
 def test_replay_any_match_idx_continues_across_runtimes(config: Config, tmp_path: Path) -> None:
@@ -712,8 +809,9 @@ class _EchoAuth(BaseHTTPRequestHandler):
         pass
 
 
-def test_secret_canary_never_reaches_errors_or_the_trace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                         mcp_http_server: McpHttpServer) -> None:
+def test_secret_canary_never_reaches_errors_or_the_trace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mcp_http_server: McpHttpServer
+) -> None:
     from tests.unit.agents_fixtures.helpers import JSONRPC_AGENT
 
     monkeypatch.setenv("CANARY_KEY", CANARY)
@@ -731,12 +829,18 @@ def test_secret_canary_never_reaches_errors_or_the_trace(tmp_path: Path, monkeyp
             " headers: {Authorization: 'Bearer ${CANARY_KEY}'}}\n"
         )
         trace = tmp_path / "traces" / "t.jsonl"
-        echoes: Iterator[AskResponse | BaseException] = iter([
-            AskResponse(submission=json.dumps({"echo": CANARY}), meta={"auth": f"Bearer {CANARY}"},
-                        sub_events=[], transcript=Transcript("openai-chat", [json.dumps({"key": CANARY})], [0])),
-            AgentError(ErrorKind.TRANSPORT_ERROR, f"server said: token {CANARY} rejected", hint=f"not {CANARY}"),
-            RuntimeError(f"boom {CANARY}"),
-        ])
+        echoes: Iterator[AskResponse | BaseException] = iter(
+            [
+                AskResponse(
+                    submission=json.dumps({"echo": CANARY}),
+                    meta={"auth": f"Bearer {CANARY}"},
+                    sub_events=[],
+                    transcript=Transcript("openai-chat", [json.dumps({"key": CANARY})], [0]),
+                ),
+                AgentError(ErrorKind.TRANSPORT_ERROR, f"server said: token {CANARY} rejected", hint=f"not {CANARY}"),
+                RuntimeError(f"boom {CANARY}"),
+            ]
+        )
 
         def leaky(request: AskRequest) -> AskResponse:
             item = next(echoes)
@@ -750,16 +854,26 @@ def test_secret_canary_never_reaches_errors_or_the_trace(tmp_path: Path, monkeyp
             rt.register_inprocess("agent.local", leaky)
             result = rt.call("ask", agent="agent.local", prompt=("x" * 2000) + CANARY, args={"k": CANARY})
             assert result.submission == {"echo": CANARY}  # the caller's own answer is untouched
-            for alias, prompt in [("agent.local", "p"), ("agent.local", "p"), ("agent.sub", "leak:TOKEN"),
-                                  ("agent.ep", "p"), ("agent.mcp", "p")]:
+            for alias, prompt in [
+                ("agent.local", "p"),
+                ("agent.local", "p"),
+                ("agent.sub", "leak:TOKEN"),
+                ("agent.ep", "p"),
+                ("agent.mcp", "p"),
+            ]:
                 with pytest.raises(AgentError) as info:
                     rt.call("ask", agent=alias, prompt=prompt)
                 errors.append(info.value)
     finally:
         server.shutdown()
         server.server_close()
-    assert [e.kind for e in errors] == [ErrorKind.TRANSPORT_ERROR, ErrorKind.PLUGIN_CRASH, ErrorKind.PLUGIN_CRASH,
-                                        ErrorKind.TRANSPORT_ERROR, ErrorKind.TRANSPORT_ERROR]
+    assert [e.kind for e in errors] == [
+        ErrorKind.TRANSPORT_ERROR,
+        ErrorKind.PLUGIN_CRASH,
+        ErrorKind.PLUGIN_CRASH,
+        ErrorKind.TRANSPORT_ERROR,
+        ErrorKind.TRANSPORT_ERROR,
+    ]
     assert all("***" in errors[i].detail for i in (0, 3, 4))  # the echoed key was there, and was masked
     for error in errors:
         assert CANARY not in str(error) and CANARY not in error.hint, error
@@ -787,13 +901,15 @@ def test_managed_local_meta_names_the_model_not_its_path(tmp_path: Path, server_
 
 def test_ref_to_a_plain_schema_file_uses_the_referring_dialect(config: Config, tmp_path: Path) -> None:
     (tmp_path / "schemas" / "part.json").write_text(json.dumps({"type": "string", "maxLength": 3}))  # no $schema
-    (tmp_path / "schemas" / "whole.json").write_text(json.dumps(
-        {"type": "object", "properties": {"p": {"$ref": "part.json"}}, "required": ["p"]}))
+    (tmp_path / "schemas" / "whole.json").write_text(
+        json.dumps({"type": "object", "properties": {"p": {"$ref": "part.json"}}, "required": ["p"]})
+    )
     answers = iter([{"p": "abc"}, {"p": "abcd"}])
     with Runtime(config) as rt:
         rt.register_inprocess("agent.other", lambda _: next(answers))
         assert rt.call("extract", agent="agent.other", prompt="p", schema="schemas/whole.json").submission == {
-            "p": "abc"}
+            "p": "abc"
+        }
         with pytest.raises(AgentError) as info:
             rt.call("extract", agent="agent.other", prompt="p", schema="schemas/whole.json")
     assert info.value.kind is ErrorKind.SCHEMA_INVALID and info.value.detail.startswith("$.p: maxLength")
@@ -822,8 +938,9 @@ def test_agent_error_replace_and_redact_keep_class_cause_and_data() -> None:
         try:
             raise cause
         except OSError as exc:
-            raise ReplayedAgentError("plugin_crash", "key sk-SECRET-1 leaked", episode_id="ep", match_idx=2,
-                                     hint="rotate sk-SECRET-1") from exc
+            raise ReplayedAgentError(
+                "plugin_crash", "key sk-SECRET-1 leaked", episode_id="ep", match_idx=2, hint="rotate sk-SECRET-1"
+            ) from exc
     except ReplayedAgentError as caught:
         error = caught
     clean = error.redacted(Redactor(["sk-SECRET-1"])).replace(alias="agent.r")
@@ -833,10 +950,10 @@ def test_agent_error_replace_and_redact_keep_class_cause_and_data() -> None:
 
 
 def test_redactor_covers_escaped_forms_and_nested_values() -> None:
-    redact = Redactor(["p\"w/\u00e9-long", "abc", ""])  # short values are not secrets worth shredding text for
+    redact = Redactor(['p"w/\u00e9-long', "abc", ""])  # short values are not secrets worth shredding text for
     assert redact('body {"k": "p\\"w/\\u00e9-long"}') == 'body {"k": "***"}'
     assert redact('raw p"w/\u00e9-long and abc') == "raw *** and abc"
-    assert redact.value({"p\"w/\u00e9-long": ["x p\"w/\u00e9-long", 3, None]}) == {"***": ["x ***", 3, None]}
+    assert redact.value({'p"w/\u00e9-long': ['x p"w/\u00e9-long', 3, None]}) == {"***": ["x ***", 3, None]}
     assert not Redactor([]) and Redactor([]).value({"a": "b"}) == {"a": "b"}
 
 

@@ -49,6 +49,7 @@ def _run(cfg: Path, trace: Path | None = None) -> tuple[list[str], Any]:
         def fn(_: AskRequest) -> dict[str, Any]:
             asked.append(alias)
             return {"n": 1}
+
         return fn
 
     with Runtime(load_config(cfg), trace=trace) as rt:
@@ -83,13 +84,17 @@ def test_agent_fallback_names_another_alias(tmp_path: Path) -> None:
     assert done["substitution"]["fallback_plugin"] == "agent.backup"
 
 
-@pytest.mark.parametrize(("agent_fallback", "gate_fallback", "expected"), [
-    ("", "    fallback: none\n", []),
-    (", fallback: none", "    fallback: agent.backup\n", ["agent.backup"]),
-    (", fallback: agent.backup", "    fallback: agent.claude\n", ["agent.claude"]),
-])
-def test_gate_fallback_overrides_the_agents(tmp_path: Path, agent_fallback: str, gate_fallback: str,
-                                            expected: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("agent_fallback", "gate_fallback", "expected"),
+    [
+        ("", "    fallback: none\n", []),
+        (", fallback: none", "    fallback: agent.backup\n", ["agent.backup"]),
+        (", fallback: agent.backup", "    fallback: agent.claude\n", ["agent.claude"]),
+    ],
+)
+def test_gate_fallback_overrides_the_agents(
+    tmp_path: Path, agent_fallback: str, gate_fallback: str, expected: list[str]
+) -> None:
     asked, _ = _run(_config(tmp_path, agent_fallback, gate_fallback))
     assert asked == expected
 
@@ -103,8 +108,11 @@ def test_ask_request_with_is_the_gates_with_block_as_written(tmp_path: Path) -> 
         rt.call("decide", agent="agent.local", prompt="Direct {{ args.x }}", schema="schemas/n.json", args={"x": 2})
         rt.call("decide", agent="agent.local", prompt="Inline", schema=SCHEMA)
     gate, direct, inline = (r.with_ for r in seen)
-    assert gate == {"prompt": "Count {{ args.what }}", "schema": "schemas/n.json",
-                    "args": {"what": "sheep", "limit": 3, "thing": "sheep", "extra": 1}}
+    assert gate == {
+        "prompt": "Count {{ args.what }}",
+        "schema": "schemas/n.json",
+        "args": {"what": "sheep", "limit": 3, "thing": "sheep", "extra": 1},
+    }
     assert direct == {"prompt": "Direct {{ args.x }}", "schema": "schemas/n.json", "args": {"x": 2}}
     assert inline == {"prompt": "Inline", "args": {}}
     assert str(tmp_path) not in json.dumps([gate, direct, inline])  # never a host path
@@ -126,9 +134,11 @@ def test_a_cassette_matches_the_alias_it_is_registered_under_and_the_written_sch
     from localllm.agents.cassette import CassetteAgent
 
     cassette = tmp_path / "c.yaml"
-    cassette.write_text("kind: host_cassette\nepisodes:\n"
-                        "  - id: ep-1\n    match: {handler: agent.local, schema_name: n, what: sheep}\n"
-                        "    agent: {verb: decide, response: '{\"n\": 3}'}\n")
+    cassette.write_text(
+        "kind: host_cassette\nepisodes:\n"
+        "  - id: ep-1\n    match: {handler: agent.local, schema_name: n, what: sheep}\n"
+        "    agent: {verb: decide, response: '{\"n\": 3}'}\n"
+    )
     with Runtime(load_config(_config(tmp_path))) as rt:
         rt.register_agent("agent.local", CassetteAgent(cassette))  # no alias given: it answers as agent.local
         assert rt.run_gate("count", {"thing": "sheep"}).submission == {"n": 3}

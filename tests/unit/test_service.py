@@ -35,8 +35,12 @@ Factory = Callable[..., Service]
 @pytest.fixture
 def env(tmp_path: Path, server_bin: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
     """Three path models (distinct bytes), a config serving them, the fake on LOCALLLM_SERVER_BIN."""
-    paths = {"spawn": tmp_path / "spawn.jsonl", "requests": tmp_path / "requests.jsonl",
-             "cache": tmp_path / "cache", "config": tmp_path / "app.yaml"}
+    paths = {
+        "spawn": tmp_path / "spawn.jsonl",
+        "requests": tmp_path / "requests.jsonl",
+        "cache": tmp_path / "cache",
+        "config": tmp_path / "app.yaml",
+    }
     for name in ("chat", "other", "third", "all-minilm-l6-v2-f16"):
         (tmp_path / f"{name}.gguf").write_bytes(b"GGUF " + name.encode())
         paths[name] = tmp_path / f"{name}.gguf"
@@ -84,8 +88,9 @@ def client(service: Service, token: str | None = "") -> httpx.Client:
 
 
 def chat(http: httpx.Client, model: str, **extra: Any) -> httpx.Response:
-    return http.post("/v1/chat/completions", json={"model": model, "messages": [{"role": "user", "content": "hi"}],
-                                                   **extra})
+    return http.post(
+        "/v1/chat/completions", json={"model": model, "messages": [{"role": "user", "content": "hi"}], **extra}
+    )
 
 
 def eventually(probe: Callable[[], Any], within: float = 2.0) -> Any:
@@ -155,10 +160,15 @@ def test_models_lists_config_and_pinned_ids_with_flags(make_service: Factory) ->
 
 def test_routing_by_model_and_bodies_pass_through(make_service: Factory, env: dict[str, Path]) -> None:
     service = make_service()
-    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {
-        "ok": {"type": "boolean"}}, "required": ["ok"]}}}
+    fmt = {
+        "type": "json_schema",
+        "json_schema": {
+            "name": "x",
+            "schema": {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]},
+        },
+    }
     with client(service) as http:
-        answer = chat(http, "chat", response_format=fmt, grammar="root ::= \"x\"")
+        answer = chat(http, "chat", response_format=fmt, grammar='root ::= "x"')
         assert answer.status_code == 200
         assert answer.json()["choices"][0]["message"]["content"] == "x"  # the grammar reached the server
         assert chat(http, "other").status_code == 200
@@ -175,7 +185,7 @@ def test_routing_by_model_and_bodies_pass_through(make_service: Factory, env: di
     sent = eventually(lambda: [r for r in rows(env["requests"]) if r["method"] == "POST"][2:])
     sent = [r for r in rows(env["requests"]) if r["method"] == "POST"]
     chat_body = next(r["body"] for r in sent if r["path"] == "/v1/chat/completions")
-    assert chat_body["response_format"] == fmt and chat_body["grammar"] == "root ::= \"x\""
+    assert chat_body["response_format"] == fmt and chat_body["grammar"] == 'root ::= "x"'
     embed_body = next(r["body"] for r in sent if r["path"] == "/v1/embeddings")
     assert embed_body["input"] == ["query text"]  # no prefix added in the OpenAI surface
     # the upstream servers demand a key of their own: other local users cannot bypass the service
@@ -185,8 +195,14 @@ def test_routing_by_model_and_bodies_pass_through(make_service: Factory, env: di
 
 def test_streamed_chat_is_relayed_chunk_by_chunk(make_service: Factory) -> None:
     service = make_service()
-    with client(service) as http, http.stream("POST", "/v1/chat/completions", json={
-            "model": "chat", "stream": True, "messages": [{"role": "user", "content": "hi"}]}) as reply:
+    with (
+        client(service) as http,
+        http.stream(
+            "POST",
+            "/v1/chat/completions",
+            json={"model": "chat", "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+        ) as reply,
+    ):
         assert reply.status_code == 200
         assert reply.headers["content-type"].startswith("text/event-stream")
         events = [line[6:] for line in reply.iter_lines() if line.startswith("data: ")]
@@ -199,8 +215,10 @@ def test_streamed_chat_is_relayed_chunk_by_chunk(make_service: Factory) -> None:
 def test_request_log_line_has_numbers_not_bodies(make_service: Factory, caplog: pytest.LogCaptureFixture) -> None:
     service = make_service()
     with caplog.at_level(logging.INFO, logger="localllm.service"), client(service) as http:
-        http.post("/v1/chat/completions",
-                  json={"model": "chat", "messages": [{"role": "user", "content": "secret prompt words"}]})
+        http.post(
+            "/v1/chat/completions",
+            json={"model": "chat", "messages": [{"role": "user", "content": "secret prompt words"}]},
+        )
         deadline = time.monotonic() + 2  # the line is written once the answer is out
         while time.monotonic() < deadline:
             lines = [r.getMessage() for r in caplog.records if "/v1/chat/completions" in r.getMessage()]
@@ -424,8 +442,9 @@ def test_service_never_and_required(make_service: Factory, env: dict[str, Path])
     assert len(rows(env["spawn"], "start")) == 1  # its own sidecar; the service loaded nothing
 
 
-def test_a_service_dying_mid_call_falls_back_to_a_sidecar(make_service: Factory, env: dict[str, Path],
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_service_dying_mid_call_falls_back_to_a_sidecar(
+    make_service: Factory, env: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     service = make_service()
     agent = _agent(env)
     try:
@@ -443,8 +462,9 @@ def test_managed_embedder_attaches(make_service: Factory, env: dict[str, Path]) 
     from localllm.embed.local import embedder_from_decl
 
     make_service()
-    embedder = embedder_from_decl(EmbedderDecl(name="e", model="all-minilm-l6-v2-f16.gguf"),
-                                  base_dir=env["chat"].parent)
+    embedder = embedder_from_decl(
+        EmbedderDecl(name="e", model="all-minilm-l6-v2-f16.gguf"), base_dir=env["chat"].parent
+    )
     try:
         vectors = embedder.embed(["a text"], "query")
     finally:
@@ -460,8 +480,10 @@ def test_config_rejects_a_bad_service_policy(tmp_path: Path) -> None:
     from localllm.errors import ConfigError
 
     path = tmp_path / "c.yaml"
-    path.write_text("agent_plugins:\n  agent.x: {plugin: builtin.local_llm, model: m.gguf, service: always}\n"
-                    "embedders:\n  e: {model: e.gguf, service: maybe}\n")
+    path.write_text(
+        "agent_plugins:\n  agent.x: {plugin: builtin.local_llm, model: m.gguf, service: always}\n"
+        "embedders:\n  e: {model: e.gguf, service: maybe}\n"
+    )
     for name in ("m.gguf", "e.gguf"):
         (tmp_path / name).write_bytes(b"GGUF")
     with pytest.raises(ConfigError) as info:
@@ -476,7 +498,10 @@ def _serve_process(env: dict[str, Path], *extra: str) -> tuple[subprocess.Popen[
     with open(log, "wb") as sink:
         proc = subprocess.Popen(
             [sys.executable, "-m", "localllm", "serve", "--port", "0", "--config", str(env["config"]), *extra],
-            cwd=REPO, stdout=subprocess.DEVNULL, stderr=sink, env=dict(os.environ),
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=sink,
+            env=dict(os.environ),
         )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -492,8 +517,9 @@ def _serve_process(env: dict[str, Path], *extra: str) -> tuple[subprocess.Popen[
 
 def _load_one(found: discovery.Discovery) -> int:
     token = discovery.read_token(found.token_file)
-    with httpx.Client(base_url=found.url, headers={"Authorization": f"Bearer {token}"}, trust_env=False,
-                      timeout=30) as http:
+    with httpx.Client(
+        base_url=found.url, headers={"Authorization": f"Bearer {token}"}, trust_env=False, timeout=30
+    ) as http:
         assert chat(http, "chat").status_code == 200
         (row,) = http.get("/localllm/ps").json()["models"]
     pid: int = row["pid"]
@@ -595,8 +621,12 @@ def test_missing_files_do_not_stop_the_service_starting(make_service: Factory, e
     own_bin.write_text("#!/bin/sh\nexit 1\n")
     own_bin.chmod(0o755)
     text = env["config"].read_text()  # an agent with a server_bin that goes away after the load
-    env["config"].write_text(text.replace("embedders:", "  agent.own: {plugin: builtin.local_llm, model: own.gguf, "
-                                                        f"server_bin: {own_bin}}}\nembedders:"))
+    env["config"].write_text(
+        text.replace(
+            "embedders:",
+            f"  agent.own: {{plugin: builtin.local_llm, model: own.gguf, server_bin: {own_bin}}}\nembedders:",
+        )
+    )
 
     def remove() -> None:
         env["third"].unlink()
@@ -621,8 +651,14 @@ def test_a_server_dying_mid_stream_breaks_the_stream_then_respawns(
     service = make_service()
     received: list[str] = []
     with client(service) as http:
-        with pytest.raises(httpx.RemoteProtocolError), http.stream("POST", "/v1/chat/completions", json={
-                "model": "chat", "stream": True, "messages": [{"role": "user", "content": "hi"}]}) as reply:
+        with (
+            pytest.raises(httpx.RemoteProtocolError),
+            http.stream(
+                "POST",
+                "/v1/chat/completions",
+                json={"model": "chat", "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+            ) as reply,
+        ):
             assert reply.status_code == 200
             received.extend(line for line in reply.iter_lines() if line.startswith("data: "))
         assert 0 < len(received) < 7 and "data: [DONE]" not in received  # cut off, not a tidy end

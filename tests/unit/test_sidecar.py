@@ -46,7 +46,9 @@ def events(log: Path, kind: str | None = None) -> list[dict[str, Any]]:
     return [r for r in rows if kind is None or r["event"] == kind]
 
 
-def make(server_bin: Path, model: Path | str, spawn_log: Path, *, fake: dict[str, str] | None = None, **kw: Any) -> ManagedServer:
+def make(
+    server_bin: Path, model: Path | str, spawn_log: Path, *, fake: dict[str, str] | None = None, **kw: Any
+) -> ManagedServer:
     env = {"FAKE_LLAMA_SPAWN_LOG": str(spawn_log), **(fake or {})}
     kw.setdefault("health_timeout", 30.0)
     return ManagedServer(server_bin, model, env=env, **kw)

@@ -32,12 +32,14 @@ def _wrapper(tmp_path: Path, pidfile: Path) -> Path:
     """A ``server_bin`` that is a shell wrapper *without* exec: the server is its child."""
     path = tmp_path / "wrapped" / "llama-server"
     path.parent.mkdir()
-    path.write_text(textwrap.dedent(f"""\
+    path.write_text(
+        textwrap.dedent(f"""\
         #!/bin/sh
         sleep 300 &
         echo $! >> {pidfile}
         "{sys.executable}" "{FAKE}" "$@"
-    """))
+    """)
+    )
     path.chmod(0o755)
     return path
 
@@ -76,7 +78,9 @@ def test_the_watchdog_stops_the_whole_group_when_the_parent_is_killed(tmp_path: 
     pidfile = tmp_path / "sleepers"
     parent = subprocess.Popen(
         [sys.executable, "-c", _PARENT, str(_wrapper(tmp_path, pidfile)), str(model)],
-        stdout=subprocess.PIPE, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     try:
         assert parent.stdout is not None
@@ -97,11 +101,13 @@ def test_the_watchdog_stops_the_whole_group_when_the_parent_is_killed(tmp_path: 
 def _hangs_on_help(tmp_path: Path) -> Path:
     path = tmp_path / "hang" / "llama-server"
     path.parent.mkdir()
-    path.write_text(textwrap.dedent(f"""\
+    path.write_text(
+        textwrap.dedent(f"""\
         #!/bin/sh
         case "$1" in --help) sleep 300 ;; esac
         exec "{sys.executable}" "{FAKE}" "$@"
-    """))
+    """)
+    )
     path.chmod(0o755)
     return path
 

@@ -20,7 +20,7 @@ from localllm.managed.cache import read_marker
 from localllm.managed.pins import Artifact, Pins, load_pins
 from tests.unit.fakes.release_archives import SERVER_SCRIPT, make_tar
 
-FAKE_CMAKE = r'''
+FAKE_CMAKE = r"""
 import json, os, sys
 from pathlib import Path
 args = sys.argv[1:]
@@ -47,7 +47,7 @@ elif args[0] == "--build":
             (out / link).symlink_to(target)
     (out / "llama-cli").write_text("not installed")
     print("[100%] Built target llama-server")
-'''
+"""
 
 VERSION = load_pins().source.version
 TOP = f"llama_cpp_python-{VERSION}"
@@ -76,30 +76,42 @@ def sdist(tmp_path: Path) -> tuple[Path, Pins]:
     """A fake sdist in a mirror dir, and pins whose source entry points at it."""
     mirror = tmp_path / "mirror"
     mirror.mkdir()
-    archive = make_tar(mirror / f"{TOP}.tar.gz", [
-        (f"{TOP}/pyproject.toml", "file", b"[project]\n", 0o644),
-        (f"{TOP}/vendor/llama.cpp/CMakeLists.txt", "file", b"project(llama.cpp)\n", 0o644),
-        (f"{TOP}/vendor/llama.cpp/tools/server/server.cpp", "file", b"int main(){}\n", 0o644),
-    ])
+    archive = make_tar(
+        mirror / f"{TOP}.tar.gz",
+        [
+            (f"{TOP}/pyproject.toml", "file", b"[project]\n", 0o644),
+            (f"{TOP}/vendor/llama.cpp/CMakeLists.txt", "file", b"project(llama.cpp)\n", 0o644),
+            (f"{TOP}/vendor/llama.cpp/tools/server/server.cpp", "file", b"int main(){}\n", 0o644),
+        ],
+    )
     base = load_pins()
-    art = Artifact(name="llama-cpp-python sdist", file=archive.name,
-                   sha256=hashlib.sha256(archive.read_bytes()).hexdigest(), pin_key="source")
+    art = Artifact(
+        name="llama-cpp-python sdist",
+        file=archive.name,
+        sha256=hashlib.sha256(archive.read_bytes()).hexdigest(),
+        pin_key="source",
+    )
     return mirror, dataclasses.replace(base, source=dataclasses.replace(base.source, artifact=art))
 
 
 def _build(pins: Pins, mirror: Path, **kw: object) -> Path:
-    return sb.build_from_source(pins=pins, layout=cache_layout(), mirrors=[str(mirror)], offline=False,
-                                log=lambda m: None, **kw)  # type: ignore[arg-type]
+    return sb.build_from_source(
+        pins=pins, layout=cache_layout(), mirrors=[str(mirror)], offline=False, log=lambda m: None, **kw
+    )  # type: ignore[arg-type]
 
 
-def test_build_installs_the_release_layout_and_reruns_incrementally(
-        fake_cmake: Path, sdist: tuple[Path, Pins]) -> None:
+def test_build_installs_the_release_layout_and_reruns_incrementally(fake_cmake: Path, sdist: tuple[Path, Pins]) -> None:
     mirror, pins = sdist
     layout = cache_layout()
     dest = _build(pins, mirror)
     assert dest == layout.source_release_dir(VERSION, platforms.current().slug)
     assert sorted(p.name for p in dest.iterdir()) == [
-        ".localllm-release.json", "libllama.so", "libllama.so.0", "libllama.so.0.5.0", "llama-server"]
+        ".localllm-release.json",
+        "libllama.so",
+        "libllama.so.0",
+        "libllama.so.0.5.0",
+        "llama-server",
+    ]
     assert os.readlink(dest / "libllama.so") == "libllama.so.0"
     marker = read_marker(dest)
     assert marker is not None and marker["kind"] == "source" and marker["version"] == "version: 9999 (fake)"
@@ -122,7 +134,8 @@ def test_build_installs_the_release_layout_and_reruns_incrementally(
 
 
 def test_failed_build_reports_the_log_and_installs_nothing(
-        fake_cmake: Path, sdist: tuple[Path, Pins], monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_cmake: Path, sdist: tuple[Path, Pins], monkeypatch: pytest.MonkeyPatch
+) -> None:
     mirror, pins = sdist
     monkeypatch.setenv("FAKE_CMAKE_FAIL", "1")
     with pytest.raises(BuildError) as info:
@@ -145,7 +158,8 @@ def test_missing_tools_name_the_packages(monkeypatch: pytest.MonkeyPatch, sdist:
 
 
 def test_sdist_falls_back_to_pip_download_and_is_verified(
-        sdist: tuple[Path, Pins], monkeypatch: pytest.MonkeyPatch) -> None:
+    sdist: tuple[Path, Pins], monkeypatch: pytest.MonkeyPatch
+) -> None:
     mirror, pins = sdist
     good = (mirror / f"{TOP}.tar.gz").read_bytes()
     seen: list[list[str]] = []
@@ -173,7 +187,8 @@ def test_sdist_falls_back_to_pip_download_and_is_verified(
 
 
 def test_offline_source_build_without_sdist_names_the_prewarm(
-        sdist: tuple[Path, Pins], monkeypatch: pytest.MonkeyPatch) -> None:
+    sdist: tuple[Path, Pins], monkeypatch: pytest.MonkeyPatch
+) -> None:
     _mirror, pins = sdist
     monkeypatch.setattr(_process, "run_probe", lambda *a, **k: pytest.fail("pip must not run offline"))
     with pytest.raises(OfflineArtifactMissing) as info:
@@ -181,9 +196,13 @@ def test_offline_source_build_without_sdist_names_the_prewarm(
     assert "localllm fetch server --from-source" in info.value.hint
 
 
-def test_cli_fetch_server_from_source(fake_cmake: Path, sdist: tuple[Path, Pins], tmp_path: Path,
-                                      monkeypatch: pytest.MonkeyPatch,
-                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_fetch_server_from_source(
+    fake_cmake: Path,
+    sdist: tuple[Path, Pins],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     mirror, pins = sdist
     data = json.loads((Path(__file__).resolve().parents[2] / "pins" / "artifacts.json").read_text())
     data["source"]["sha256"] = pins.source.artifact.sha256
@@ -205,7 +224,8 @@ def test_configured_reads_the_cmake_cache(tmp_path: Path) -> None:
     build.mkdir()
     src = tmp_path / "src"
     lines = [f"CMAKE_HOME_DIRECTORY:INTERNAL={src}"] + [
-        f"{f[2:].split('=')[0]}:BOOL={f[2:].split('=', 1)[1]}" for f in sb.CMAKE_FLAGS]
+        f"{f[2:].split('=')[0]}:BOOL={f[2:].split('=', 1)[1]}" for f in sb.CMAKE_FLAGS
+    ]
     (build / "CMakeCache.txt").write_text("// comment\n" + "\n".join(lines) + "\n")
     assert sb._configured(build, src)
     assert not sb._configured(build, tmp_path / "other")
@@ -254,11 +274,13 @@ def test_the_build_logs_numbered_stages_with_elapsed_time(fake_cmake: Path, sdis
     assert all(d.endswith("s") for d in dones)
 
 
-def test_a_long_build_step_reports_elapsed_time_and_cmake_percent(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_long_build_step_reports_elapsed_time_and_cmake_percent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     step = tmp_path / "step"
-    step.write_text(f"#!{sys.executable}\nimport time\nprint('[ 42%] Building CXX object', flush=True)\n"
-                    "time.sleep(1.2)\n")
+    step.write_text(
+        f"#!{sys.executable}\nimport time\nprint('[ 42%] Building CXX object', flush=True)\ntime.sleep(1.2)\n"
+    )
     step.chmod(0o755)
     monkeypatch.setattr(sb, "_HEARTBEAT", 0.3)
     beats: list[str] = []

@@ -68,8 +68,7 @@ _TRICKLE_SERVER = textwrap.dedent("""
 
 @pytest.fixture(params=["trickle", "stall"])
 def trickle_server(request: pytest.FixtureRequest) -> Iterator[str]:
-    proc = subprocess.Popen([sys.executable, "-c", _TRICKLE_SERVER, request.param], stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen([sys.executable, "-c", _TRICKLE_SERVER, request.param], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
         port = int(proc.stdout.readline())
@@ -105,9 +104,7 @@ def test_sse_trickle_without_newline_ends_at_the_deadline_and_leaks_nothing(
     assert_no_leaks(before, settle=3.0)
 
 
-def test_runtime_close_ends_a_trickling_call_long_before_its_deadline(
-    tmp_path: Path, trickle_server: str
-) -> None:
+def test_runtime_close_ends_a_trickling_call_long_before_its_deadline(tmp_path: Path, trickle_server: str) -> None:
     config = load_config(_config(tmp_path, trickle_server, 60.0))
     before = Resources.now()
     rt = Runtime(config)

@@ -24,21 +24,31 @@ from localllm.loading import load_config
 from localllm.runtime import Runtime
 from localllm.trace import read_trace
 
-DECIDE = {"type": "object", "properties": {"choice": {"type": "string", "enum": ["a", "b"]}},
-          "required": ["choice"], "additionalProperties": False}
+DECIDE = {
+    "type": "object",
+    "properties": {"choice": {"type": "string", "enum": ["a", "b"]}},
+    "required": ["choice"],
+    "additionalProperties": False,
+}
 Policy = Callable[[dict[str, Any]], tuple[int, dict[str, Any]]]
 
 
 def _reply(content: str, **extra: Any) -> tuple[int, dict[str, Any]]:
-    return 200, {"choices": [{"message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
-                 "usage": {"prompt_tokens": 3, "completion_tokens": 2}, **extra}
+    return 200, {
+        "choices": [{"message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+        **extra,
+    }
 
 
 def _constrained(body: dict[str, Any]) -> str:
     """What a constrained server answers: the probe's only value, or a valid decide."""
-    schema = (body.get("response_format") or {}).get("json_schema", {}).get("schema") \
-        or (body.get("response_format") or {}).get("schema") or body.get("guided_json") \
+    schema = (
+        (body.get("response_format") or {}).get("json_schema", {}).get("schema")
+        or (body.get("response_format") or {}).get("schema")
+        or body.get("guided_json")
         or (body.get("structured_outputs") or {}).get("json")
+    )
     if schema == structured.PROBE_SCHEMA:
         return '{"v": "7"}'
     return '{"choice": "a"}'
@@ -53,8 +63,16 @@ def llama_server(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
 def llama_cpp_python(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     fmt = body.get("response_format") or {}
     if fmt and fmt.get("type") not in ("text", "json_object"):
-        return 500, {"detail": [{"type": "literal_error", "loc": ["body", "response_format", "type"],
-                                 "msg": "Input should be 'text' or 'json_object'", "input": fmt.get("type")}]}
+        return 500, {
+            "detail": [
+                {
+                    "type": "literal_error",
+                    "loc": ["body", "response_format", "type"],
+                    "msg": "Input should be 'text' or 'json_object'",
+                    "input": fmt.get("type"),
+                }
+            ]
+        }
     if fmt.get("type") == "json_object":
         return _reply(_constrained(body))
     return _reply("Sure! Here is some prose.")
@@ -109,8 +127,10 @@ def fake(request: pytest.FixtureRequest) -> Iterator[Fake]:
 
 def config(tmp_path: Path, url: str, extra: str = "") -> Any:
     (tmp_path / "decide.json").write_text(json.dumps(DECIDE), encoding="utf-8")
-    text = (f"agent_plugins:\n  agent.a: {{plugin: builtin.local_llm, endpoint: '{url}', fallback: none{extra}}}\n"
-            f"  agent.b: {{plugin: builtin.local_llm, endpoint: '{url}/v1/', fallback: none{extra}}}\n")
+    text = (
+        f"agent_plugins:\n  agent.a: {{plugin: builtin.local_llm, endpoint: '{url}', fallback: none{extra}}}\n"
+        f"  agent.b: {{plugin: builtin.local_llm, endpoint: '{url}/v1/', fallback: none{extra}}}\n"
+    )
     (tmp_path / "app.yaml").write_text(text, encoding="utf-8")
     return load_config(tmp_path / "app.yaml")
 
@@ -119,12 +139,17 @@ def decide(rt: Runtime, alias: str = "agent.a") -> Any:
     return rt.call("decide", agent=alias, prompt="pick", schema=DECIDE)
 
 
-@pytest.mark.parametrize(("fake", "style", "field"), [
-    (llama_server, "grammar", "grammar"),
-    (llama_cpp_python, "json_object", "response_format"),
-], indirect=["fake"])
+@pytest.mark.parametrize(
+    ("fake", "style", "field"),
+    [
+        (llama_server, "grammar", "grammar"),
+        (llama_cpp_python, "json_object", "response_format"),
+    ],
+    indirect=["fake"],
+)
 def test_auto_probes_once_per_runtime_and_picks_the_strongest_honoured_style(
-        tmp_path: Path, fake: Fake, style: str, field: str) -> None:
+    tmp_path: Path, fake: Fake, style: str, field: str
+) -> None:
     trace = tmp_path / "t.jsonl"
     with Runtime(config(tmp_path, fake.url), trace=trace) as rt:
         first = decide(rt)
@@ -183,8 +208,13 @@ def test_an_endpoint_that_rejects_every_style_still_answers_unconstrained(tmp_pa
 
 
 def upstream_down(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    return 500, {"error": {"message": "litellm.InternalServerError: Connection error.",
-                           "type": "internal_server_error", "code": "500"}}
+    return 500, {
+        "error": {
+            "message": "litellm.InternalServerError: Connection error.",
+            "type": "internal_server_error",
+            "code": "500",
+        }
+    }
 
 
 @pytest.mark.parametrize("fake", [upstream_down], indirect=True)
@@ -209,13 +239,18 @@ def test_an_endpoint_that_ignores_the_schema_gets_none(tmp_path: Path, fake: Fak
     assert "response_format" not in fake.bodies[-1] and "grammar" not in fake.bodies[-1]
 
 
-@pytest.mark.parametrize(("fake", "fmt", "expected"), [
-    (ignores_all, "structured_outputs", {"structured_outputs": {"json": DECIDE}}),
-    (ignores_all, "guided_json", {"guided_json": DECIDE}),
-    (ignores_all, "json_object", {"response_format": {"type": "json_object", "schema": DECIDE}}),
-], indirect=["fake"])
-def test_an_explicit_style_is_sent_without_a_probe(tmp_path: Path, fake: Fake, fmt: str,
-                                                   expected: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    ("fake", "fmt", "expected"),
+    [
+        (ignores_all, "structured_outputs", {"structured_outputs": {"json": DECIDE}}),
+        (ignores_all, "guided_json", {"guided_json": DECIDE}),
+        (ignores_all, "json_object", {"response_format": {"type": "json_object", "schema": DECIDE}}),
+    ],
+    indirect=["fake"],
+)
+def test_an_explicit_style_is_sent_without_a_probe(
+    tmp_path: Path, fake: Fake, fmt: str, expected: dict[str, Any]
+) -> None:
     with Runtime(config(tmp_path, fake.url, f", response_format: {fmt}")) as rt:
         result = decide(rt)
     assert len(fake.bodies) == 1 and fake.probes() == 0
@@ -236,7 +271,8 @@ def _unauthorised(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
 
 @pytest.mark.parametrize("fake", [_unauthorised], indirect=True)
 def test_a_gateway_refusing_the_key_on_the_probe_says_check_api_key_env(
-        tmp_path: Path, fake: Fake, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, fake: Fake, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("GW_KEY", "wrong")
     with Runtime(config(tmp_path, fake.url, ", api_key_env: GW_KEY")) as rt, pytest.raises(AgentError) as info:
         decide(rt)
@@ -260,19 +296,38 @@ def test_read_probe_verdicts() -> None:
     assert structured.read_probe(429, None, compiles=True) is None
 
 
-@pytest.mark.parametrize(("status", "text", "message", "auth"), [
-    (401, '{"error":{"message":"Invalid API Key","type":"invalid_request_error"}}',
-     "Invalid API Key (type invalid_request_error)", True),
-    (403, "forbidden", "forbidden", True),
-    (400, '{"error":{"message":"No connected db.","type":"no_db_connection","param":null,"code":"400"}}',
-     "No connected db. (type no_db_connection, code 400)", True),
-    (400, '{"error":{"message":"bad request","type":"invalid_request_error"}}',
-     "bad request (type invalid_request_error)", False),
-    (500, '{"detail":[{"msg":"Input should be \'text\' or \'json_object\'"}]}',
-     '[{"msg":"Input should be \'text\' or \'json_object\'"}]', False),
-    (502, "", "(empty body)", False),
-    (500, "x" * 1000, "x" * 297 + "...", False),
-])
+@pytest.mark.parametrize(
+    ("status", "text", "message", "auth"),
+    [
+        (
+            401,
+            '{"error":{"message":"Invalid API Key","type":"invalid_request_error"}}',
+            "Invalid API Key (type invalid_request_error)",
+            True,
+        ),
+        (403, "forbidden", "forbidden", True),
+        (
+            400,
+            '{"error":{"message":"No connected db.","type":"no_db_connection","param":null,"code":"400"}}',
+            "No connected db. (type no_db_connection, code 400)",
+            True,
+        ),
+        (
+            400,
+            '{"error":{"message":"bad request","type":"invalid_request_error"}}',
+            "bad request (type invalid_request_error)",
+            False,
+        ),
+        (
+            500,
+            '{"detail":[{"msg":"Input should be \'text\' or \'json_object\'"}]}',
+            "[{\"msg\":\"Input should be 'text' or 'json_object'\"}]",
+            False,
+        ),
+        (502, "", "(empty body)", False),
+        (500, "x" * 1000, "x" * 297 + "...", False),
+    ],
+)
 def test_read_error(status: int, text: str, message: str, auth: bool) -> None:
     found = read_error(status, text)
     assert (found.message, found.auth) == (message, auth)
@@ -280,8 +335,9 @@ def test_read_error(status: int, text: str, message: str, auth: bool) -> None:
 
 @pytest.mark.parametrize(("written", "loaded"), [("true", True), ("false", False), ("auto", "auto")])
 def test_normalize_takes_yaml_booleans_and_auto(tmp_path: Path, written: str, loaded: object) -> None:
-    (tmp_path / "app.yaml").write_text(f"embedders:\n  e: {{endpoint: 'http://127.0.0.1:9', model: m, normalize: {written}}}\n",
-                                       encoding="utf-8")
+    (tmp_path / "app.yaml").write_text(
+        f"embedders:\n  e: {{endpoint: 'http://127.0.0.1:9', model: m, normalize: {written}}}\n", encoding="utf-8"
+    )
     assert load_config(tmp_path / "app.yaml").embedders["e"].normalize == loaded
 
 
@@ -291,7 +347,9 @@ def test_bad_normalize_and_response_format_name_the_key(tmp_path: Path) -> None:
     (tmp_path / "app.yaml").write_text(
         "embedders:\n  e: {endpoint: 'http://127.0.0.1:9', model: m, normalize: yes please}\n"
         "agent_plugins:\n  agent.x: {plugin: builtin.local_llm, endpoint: 'http://127.0.0.1:9', "
-        "response_format: json}\n", encoding="utf-8")
+        "response_format: json}\n",
+        encoding="utf-8",
+    )
     with pytest.raises(ConfigError) as info:
         load_config(tmp_path / "app.yaml")
     text = str(info.value)

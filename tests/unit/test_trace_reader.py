@@ -384,8 +384,10 @@ def test_fuzzed_files_reopen_or_raise_only_trace_errors() -> None:
         (ev(1, 0, kind="x\\ud800"), "kind"),
         (ev(1, 0, kind="x\\uDFFF"), "kind"),
         (ev(1, 0).replace(b'"payload":{}', b'"payload":{"a":[{"\\udc00":1}]}'), 'key payload.a[0]["\\udc00"]'),
-        (ev(1, 0).replace(b'"payload":{}', b'"payload":{"deep":' + b"[" * 50 + b'"\\ud83d"' + b"]" * 50 + b"}"),
-         "payload.deep" + "[0]" * 50),
+        (
+            ev(1, 0).replace(b'"payload":{}', b'"payload":{"deep":' + b"[" * 50 + b'"\\ud83d"' + b"]" * 50 + b"}"),
+            "payload.deep" + "[0]" * 50,
+        ),
     ],
     ids=["prompt_file", "kind", "kind-upper", "key", "deep"],
 )
@@ -405,7 +407,10 @@ def test_surrogate_pairs_and_escaped_backslashes_are_fine() -> None:
 @pytest.mark.parametrize(
     ("payload", "problem"),
     [
-        (b'{"prompt_file":"agent-prompts/' + b"a" * 300 + b'.txt"}', "payload.prompt_file has a file name of 304 bytes"),
+        (
+            b'{"prompt_file":"agent-prompts/' + b"a" * 300 + b'.txt"}',
+            "payload.prompt_file has a file name of 304 bytes",
+        ),
         (b'{"response_file":"' + b"a/" * 2100 + b'x"}', "payload.response_file is 4201 bytes long"),
         (b'{"prompt_file":"a\\u0000b"}', "payload.prompt_file contains a NUL character"),
         (b'{"transcript_ref":{"path":"' + b"t" * 256 + b'"}}', "payload.transcript_ref has a file name of 256 bytes"),
@@ -419,8 +424,12 @@ def test_sidecar_refs_that_can_never_name_a_file_are_corruption(payload: bytes, 
 
 @pytest.mark.parametrize(
     ("number", "problem"),
-    [(b"1e400", "overflows a 64-bit float"), (b"-1e999", "overflows a 64-bit float"),
-     (b"1" + b"0" * 25, "does not fit in 64 bits"), (b"-" + b"9" * 19, "does not fit in 64 bits")],
+    [
+        (b"1e400", "overflows a 64-bit float"),
+        (b"-1e999", "overflows a 64-bit float"),
+        (b"1" + b"0" * 25, "does not fit in 64 bits"),
+        (b"-" + b"9" * 19, "does not fit in 64 bits"),
+    ],
 )
 def test_numbers_no_writer_can_write_are_corruption(number: bytes, problem: str) -> None:
     message = corrupted(trace_bytes(ev(1, 0).replace(b'"payload":{}', b'"payload":{"duration_ms":' + number + b"}")))
@@ -445,7 +454,9 @@ def test_trace_commands_report_hostile_files_without_a_traceback(
     from localllm.cli import main
 
     path = tmp_path / "t.jsonl"
-    path.write_bytes(trace_bytes(ev(1, 0, kind="agent.call.complete").replace(b'"payload":{}', b'"payload":' + payload)))
+    path.write_bytes(
+        trace_bytes(ev(1, 0, kind="agent.call.complete").replace(b'"payload":{}', b'"payload":' + payload))
+    )
     assert main(["trace", command, str(path), "--json"]) == 1
     captured = capsys.readouterr()
     assert "trace corrupted: line 2" in captured.out + captured.err

@@ -21,7 +21,6 @@ The tool ``ask`` takes the AskRequest as arguments; the prompt picks the behavio
     (anything)  structuredContent {"echo", "call_id"} plus the same as text
 """
 
-
 import json
 import socket
 import sys
@@ -72,8 +71,9 @@ def build() -> Any:
         else:
             echo = {"echo": prompt, "call_id": call_id}
             if NEW:
-                return CallToolResult(content=[TextContent(type="text", text=json.dumps(echo))],
-                                      structured_content=echo)
+                return CallToolResult(
+                    content=[TextContent(type="text", text=json.dumps(echo))], structured_content=echo
+                )
             return echo
         return _text(answer) if NEW else answer
 
@@ -98,7 +98,7 @@ class Events:
         if last_event_id not in ids:
             return None
         stream_id = self.events[ids.index(last_event_id)][1]
-        for event_id, sid, message in self.events[ids.index(last_event_id) + 1:]:
+        for event_id, sid, message in self.events[ids.index(last_event_id) + 1 :]:
             if sid == stream_id and message is not None:
                 await send_callback(EventMessage(message, event_id))
         return stream_id
@@ -108,8 +108,9 @@ def http_app() -> Any:
     from starlette.responses import RedirectResponse
 
     server = build()
-    sdk_app = server.streamable_http_app(host="127.0.0.1", event_store=Events()) if NEW \
-        else server.streamable_http_app()
+    sdk_app = (
+        server.streamable_http_app(host="127.0.0.1", event_store=Events()) if NEW else server.streamable_http_app()
+    )
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"] == "/redirect/mcp":

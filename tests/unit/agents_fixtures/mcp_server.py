@@ -129,9 +129,15 @@ def http_app(port: int) -> Any:
             req = json.loads(await read_body(receive))
             if req.get("method") == "initialize":
                 response = JSONResponse(
-                    {"jsonrpc": "2.0", "id": req["id"], "result": {
-                        "protocolVersion": "1999-01-01", "capabilities": {},
-                        "serverInfo": {"name": "old", "version": "0"}}}
+                    {
+                        "jsonrpc": "2.0",
+                        "id": req["id"],
+                        "result": {
+                            "protocolVersion": "1999-01-01",
+                            "capabilities": {},
+                            "serverInfo": {"name": "old", "version": "0"},
+                        },
+                    }
                 )
             else:
                 response = Response(status_code=202)

@@ -29,9 +29,17 @@ def main() -> int:
         method = msg.get("method")
         if method == "initialize":
             version = forced or msg["params"]["protocolVersion"]
-            send({"jsonrpc": "2.0", "id": msg["id"], "result": {
-                "protocolVersion": version, "capabilities": {"tools": {}},
-                "serverInfo": {"name": "raw-fake", "version": "0"}}})
+            send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": msg["id"],
+                    "result": {
+                        "protocolVersion": version,
+                        "capabilities": {"tools": {}},
+                        "serverInfo": {"name": "raw-fake", "version": "0"},
+                    },
+                }
+            )
         elif method == "notifications/initialized":
             continue
         elif method == "tools/call":
@@ -45,18 +53,39 @@ def main() -> int:
             if "--requests" in args:
                 replies = []
                 for n, asked in enumerate(("elicitation/create", "sampling/createMessage", "roots/list")):
-                    send({"jsonrpc": "2.0", "id": f"srv-{n}", "method": asked, "params": {
-                        "message": "Your name?", "requestedSchema": {
-                            "type": "object", "properties": {"name": {"type": "string", "default": "x"}}}}})
+                    send(
+                        {
+                            "jsonrpc": "2.0",
+                            "id": f"srv-{n}",
+                            "method": asked,
+                            "params": {
+                                "message": "Your name?",
+                                "requestedSchema": {
+                                    "type": "object",
+                                    "properties": {"name": {"type": "string", "default": "x"}},
+                                },
+                            },
+                        }
+                    )
                     replies.append(json.loads(sys.stdin.readline()))
-                send({"jsonrpc": "2.0", "id": rid, "result": {"content": [], "structuredContent": {"replies": replies}}})
+                send(
+                    {"jsonrpc": "2.0", "id": rid, "result": {"content": [], "structuredContent": {"replies": replies}}}
+                )
                 continue
             send({"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "hi"}})
             send({"jsonrpc": "2.0", "id": "srv-1", "method": "ping"})
             reply = json.loads(sys.stdin.readline())
             ok = reply.get("id") == "srv-1" and reply.get("result") == {}
-            send({"jsonrpc": "2.0", "id": rid, "result": {
-                "content": [{"type": "text", "text": "ignored"}], "structuredContent": {"ping_answered": ok}}})
+            send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": rid,
+                    "result": {
+                        "content": [{"type": "text", "text": "ignored"}],
+                        "structuredContent": {"ping_answered": ok},
+                    },
+                }
+            )
     return 0
 
 

@@ -158,14 +158,34 @@ def _envelope(result: str, argv: list[str], *, is_error: bool = False) -> dict[s
 def _stream(result: str, argv: list[str], *, is_error: bool = False) -> list[dict[str, Any]]:
     """The stream-json events of one run: init, the assistant's text, the result."""
     session = "00000000-0000-4000-8000-000000000001"
-    init = {"type": "system", "subtype": "init", "cwd": os.getcwd(), "session_id": session,
-            "tools": ["Bash", "Read"], "mcp_servers": [], "model": _model(argv), "permissionMode": "default",
-            "apiKeySource": "none", "output_style": "default", "uuid": "00000000-0000-4000-8000-000000000003"}
-    assistant = {"type": "assistant", "message": {
-        "id": "msg_01", "type": "message", "role": "assistant", "model": _model(argv),
-        "content": [{"type": "text", "text": result}], "stop_reason": None,
-        "usage": {"input_tokens": 12, "output_tokens": 7}}, "parent_tool_use_id": None, "session_id": session,
-        "uuid": "00000000-0000-4000-8000-000000000004"}
+    init = {
+        "type": "system",
+        "subtype": "init",
+        "cwd": os.getcwd(),
+        "session_id": session,
+        "tools": ["Bash", "Read"],
+        "mcp_servers": [],
+        "model": _model(argv),
+        "permissionMode": "default",
+        "apiKeySource": "none",
+        "output_style": "default",
+        "uuid": "00000000-0000-4000-8000-000000000003",
+    }
+    assistant = {
+        "type": "assistant",
+        "message": {
+            "id": "msg_01",
+            "type": "message",
+            "role": "assistant",
+            "model": _model(argv),
+            "content": [{"type": "text", "text": result}],
+            "stop_reason": None,
+            "usage": {"input_tokens": 12, "output_tokens": 7},
+        },
+        "parent_tool_use_id": None,
+        "session_id": session,
+        "uuid": "00000000-0000-4000-8000-000000000004",
+    }
     return [init, assistant, _envelope(result, argv, is_error=is_error)]
 
 

@@ -149,8 +149,10 @@ HELP = """usage: llama-server [options]
 --api-key KEY                           API key to use for authentication
 """
 #: what a newer build's --help adds (FAKE_LLAMA_HELP=none: an old build without these)
-HELP_UI = ("--ui,  --webui, --no-ui, --no-webui     whether to enable the Web UI (default: enabled)\n"
-           "--swa-full                              use full-size SWA cache (default: false)\n")
+HELP_UI = (
+    "--ui,  --webui, --no-ui, --no-webui     whether to enable the Web UI (default: enabled)\n"
+    "--swa-full                              use full-size SWA cache (default: false)\n"
+)
 
 
 def parse_args(argv: list[str]) -> dict[str, Any]:
@@ -493,8 +495,12 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        base = {"id": f"chatcmpl-fake-{os.getpid()}", "object": "chat.completion.chunk", "created": int(time.time()),
-                "model": body.get("model") or self.state.model_id}
+        base = {
+            "id": f"chatcmpl-fake-{os.getpid()}",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": body.get("model") or self.state.model_id,
+        }
 
         def send(payload: str) -> None:
             data = f"data: {payload}\n\n".encode()
@@ -502,17 +508,25 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
 
         pieces = re.findall(r"\s*\S+", content) or [content]
-        send(json.dumps({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": None},
-                                               "finish_reason": None}]}))
+        send(
+            json.dumps(
+                {
+                    **base,
+                    "choices": [{"index": 0, "delta": {"role": "assistant", "content": None}, "finish_reason": None}],
+                }
+            )
+        )
         pause = env_float("FAKE_LLAMA_STREAM_DELAY", 0.0)
         for piece in pieces:
             send(json.dumps({**base, "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}))
             time.sleep(pause)
-        final = {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
-                 "timings": {"prompt_n": n_prompt, "predicted_n": n_out}}
+        final = {
+            **base,
+            "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+            "timings": {"prompt_n": n_prompt, "predicted_n": n_out},
+        }
         if (body.get("stream_options") or {}).get("include_usage"):
-            final["usage"] = {"prompt_tokens": n_prompt, "completion_tokens": n_out,
-                              "total_tokens": n_prompt + n_out}
+            final["usage"] = {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
         send(json.dumps(final))
         send("[DONE]")
         self.wfile.write(b"0\r\n\r\n")

@@ -112,8 +112,7 @@ class ArchiveServer:
     def __enter__(self) -> ArchiveServer:
         return self.start()
 
-    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
 
     # ------------------------------------------------------------------ request handling
@@ -218,7 +217,7 @@ class ArchiveServer:
                 for i in range(len(data)):
                     if self.stopping.wait(self.delay):
                         return
-                    h.wfile.write(data[i:i + 1])
+                    h.wfile.write(data[i : i + 1])
                     h.wfile.flush()
                     self.sent += 1
             elif mode == "silent":
@@ -231,7 +230,7 @@ class ArchiveServer:
             pos = start
             while pos < start + count:
                 n = min(_CHUNK, start + count - pos)
-                h.wfile.write(source[pos:pos + n])
+                h.wfile.write(source[pos : pos + n])
                 pos += n
                 if self.delay:
                     h.wfile.flush()

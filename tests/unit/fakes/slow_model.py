@@ -51,13 +51,21 @@ class SlowModel:
 
 
 @contextmanager
-def slow_model(monkeypatch: pytest.MonkeyPatch, *, size: int = 8192, bytes_per_tick: int = 1024,
-               tick: float = 0.25) -> Iterator[SlowModel]:
+def slow_model(
+    monkeypatch: pytest.MonkeyPatch, *, size: int = 8192, bytes_per_tick: int = 1024, tick: float = 0.25
+) -> Iterator[SlowModel]:
     data = os.urandom(size)
-    pin = ModelPin(id=MODEL_ID, role="chat",
-                   artifact=Artifact(name=f"model {MODEL_ID}", file=FILE,
-                                     sha256=hashlib.sha256(data).hexdigest(), url=None,
-                                     pin_key=f"models.entries.{MODEL_ID}"))
+    pin = ModelPin(
+        id=MODEL_ID,
+        role="chat",
+        artifact=Artifact(
+            name=f"model {MODEL_ID}",
+            file=FILE,
+            sha256=hashlib.sha256(data).hexdigest(),
+            url=None,
+            pin_key=f"models.entries.{MODEL_ID}",
+        ),
+    )
     real = pins_mod.load_pins
 
     def load_pins(path: Path | None = None) -> Pins:
