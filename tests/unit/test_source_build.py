@@ -9,6 +9,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -94,10 +95,10 @@ def sdist(tmp_path: Path) -> tuple[Path, Pins]:
     return mirror, dataclasses.replace(base, source=dataclasses.replace(base.source, artifact=art))
 
 
-def _build(pins: Pins, mirror: Path, **kw: object) -> Path:
+def _build(pins: Pins, mirror: Path, **kw: Any) -> Path:
     return sb.build_from_source(
         pins=pins, layout=cache_layout(), mirrors=[str(mirror)], offline=False, log=lambda m: None, **kw
-    )  # type: ignore[arg-type]
+    )
 
 
 def test_build_installs_the_release_layout_and_reruns_incrementally(fake_cmake: Path, sdist: tuple[Path, Pins]) -> None:
