@@ -109,11 +109,15 @@ def read_probe(status: int, data: Any, *, compiles: bool) -> Negotiated | None:
     # cut by max_tokens (a pretty-printing server spends tokens on whitespace): a prefix
     # past the property name is still only reachable under the constraint
     cut = len(answer) >= len('{"v":') and _PROBE_ANSWER.startswith(answer)
-    if answer != _PROBE_ANSWER and not cut:
-        return Negotiated("none", "json_schema ignored (the probe's answer was not constrained)")
+    honoured = answer == _PROBE_ANSWER or cut
     llama_cpp = isinstance(data, dict) and isinstance(data.get("timings"), dict)
     if llama_cpp and compiles:
-        return Negotiated("grammar", "json_schema honoured; llama.cpp timings: the compiled grammar")
+        # llama-server always applies a request's `grammar`, even where it ignores
+        # response_format (a custom --jinja chat template drops json_schema there)
+        why = "honoured" if honoured else "ignored"
+        return Negotiated("grammar", f"json_schema {why}; llama.cpp timings: the compiled grammar")
+    if not honoured:
+        return Negotiated("none", "json_schema ignored (the probe's answer was not constrained)")
     return Negotiated("json_schema", "json_schema honoured")
 
 

@@ -290,6 +290,11 @@ def test_read_probe_verdicts() -> None:
     assert structured.read_probe(200, cut, compiles=False).style == "json_schema"  # type: ignore[union-attr]
     prose = {"choices": [{"message": {"content": "{"}}]}
     assert structured.read_probe(200, prose, compiles=False).style == "none"  # type: ignore[union-attr]
+    # llama-server under a custom --jinja chat template ignores response_format, yet always
+    # applies `grammar`: an unconstrained reply that carries llama.cpp's timings is still it
+    ignored = {"choices": [{"message": {"content": "User: Is"}}], "timings": {}}
+    assert structured.read_probe(200, ignored, compiles=True).style == "grammar"  # type: ignore[union-attr]
+    assert structured.read_probe(200, ignored, compiles=False).style == "none"  # type: ignore[union-attr]
     rejected = structured.read_probe(422, None, compiles=True)
     assert rejected is not None and rejected.style == "json_object" and not rejected.verified
     assert structured.read_probe(401, None, compiles=True) is None
