@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import ipaddress
 import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,6 +22,7 @@ from typing import TypeVar
 __all__ = [
     "CONNECTION_REFUSED",
     "NAME_NOT_RESOLVED",
+    "is_loopback",
     "is_permanent",
     "map_httpx_errors",
     "reason_for",
@@ -132,3 +134,13 @@ def map_httpx_errors(make: Callable[[str, BaseException], E]) -> Iterator[None]:
         if not isinstance(exc, _classes()):
             raise
         raise make(reason_for(exc), exc) from exc
+
+
+def is_loopback(host: str) -> bool:
+    """``localhost`` or a loopback IP address (where a server may run without a token)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -179,8 +179,7 @@ class LocalLLMAgent(Agent):
 
     # ------------------------------------------------------------------ request
 
-    def _in_subset(self, schema: dict[str, Any]) -> bool:
-        key = json.dumps(schema, sort_keys=True)
+    def _in_subset(self, key: str, schema: dict[str, Any]) -> bool:
         cached = self._subset_cache.get(key)
         if cached is None:
             from localllm.grammar import check_subset
@@ -209,8 +208,8 @@ class LocalLLMAgent(Agent):
             return structured.fields(style, schema), "server", style
         server = structured.fields("json_schema", schema)
         mode: Any = self.decl.grammar
+        key = json.dumps(schema, sort_keys=True)  # both caches' key, built once per request
         if mode != "server":  # "server": llama.cpp's own converter, never the compiled grammar
-            key = json.dumps(schema, sort_keys=True)
             if key not in self._grammar_cache:
                 from localllm.grammar import compile_schema
 
@@ -218,7 +217,7 @@ class LocalLLMAgent(Agent):
             compiled = self._grammar_cache[key]
             if compiled is not None:
                 return {"grammar": compiled}, "compiled", "grammar"
-        if self._in_subset(schema):
+        if self._in_subset(key, schema):
             return server, "server", "json_schema"
         return {}, "none", "none"
 

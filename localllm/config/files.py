@@ -84,9 +84,11 @@ def schema_file(raw: Any, key: str, ctx: Context) -> Path | None:
 
 
 def _glob(base_dir: Path, pattern: str) -> bool:
+    if Path(pattern).is_absolute():  # pathlib globs relative patterns only
+        return False
     try:
         return any(p.is_file() for p in base_dir.glob(pattern))
-    except (OSError, ValueError, NotImplementedError):
+    except (OSError, ValueError):
         return False
 
 

@@ -9,7 +9,6 @@ for what already exists, through ``realpath`` (spawn re-checks, see ``spawn.py``
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import posixpath
 import re
@@ -18,6 +17,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 from urllib.parse import parse_qsl, urlsplit
 
+from localllm._http import is_loopback
 from localllm.plugins import files
 from localllm.plugins.containment import (
     is_plugin_relative,
@@ -479,16 +479,6 @@ def _check_url(ctx: _Context, name: str, url: str) -> list[Diagnostic]:
                 )
             )
     return found
-
-
-def is_loopback(host: str) -> bool:
-    """``localhost`` or a loopback IP address."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _only_fields(entry: dict[str, Any], allowed: frozenset[str], kind: str) -> None:

@@ -24,9 +24,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from localllm._http import is_loopback
 from localllm.errors import ServiceError, ServiceRunning
 from localllm.managed import discovery
-from localllm.plugins.mcp import is_loopback
 from localllm.service.backend import BackendFactory, managed_server
 from localllm.service.catalog import CHAT_PARALLEL, ModelSpec, build_catalog, is_cached
 
