@@ -603,7 +603,7 @@ def test_openmp_spin_is_short_unless_the_user_chose(tmp_path: Path, monkeypatch:
     binary = tmp_path / "llama-server"
     monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    assert server_mod._child_env(binary, None)["GOMP_SPINCOUNT"] == "100"
+    assert server_mod._child_env(binary, None)["GOMP_SPINCOUNT"] == "500"
     assert "GOMP_SPINCOUNT" not in server_mod._child_env(binary, {"OMP_WAIT_POLICY": "ACTIVE"})
     monkeypatch.setenv("GOMP_SPINCOUNT", "5000")
     assert server_mod._child_env(binary, None)["GOMP_SPINCOUNT"] == "5000"

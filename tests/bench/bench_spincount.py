@@ -1,0 +1,112 @@
+"""Benchmark: GNU OpenMP's spin count for managed llama-servers, solo against contended, in one run.
+
+    python tests/bench/bench_spincount.py [--counts 100,500,1000,default] [--tokens 60]
+
+For every ``GOMP_SPINCOUNT`` value: two real llama-servers (gemma-3-270m, ``--parallel 1``)
+start with it; the decode speed of one server alone (ms per token, the second of two
+requests) and then of both decoding at once (the chat + embeddings or two-process case on a
+small machine). Too short a spin makes every barrier sleep (solo decode slows); too long a
+spin makes two servers burn each other's cores (contended decode collapses). Prints one row
+per value and writes ``tests/bench/results/spincount.json``. Not a test: no asserts on speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+MODEL = Path.home() / ".cache" / "localllm-e2e" / "gemma-3-270m-q4_k_m.gguf"
+RESULTS = Path(__file__).parent / "results" / "spincount.json"
+
+
+def _binary() -> str:
+    found = os.environ.get("LOCALLLM_TEST_SERVER_BIN")
+    if found:
+        return found
+    from localllm.managed import ensure_server
+
+    return str(ensure_server().binary)
+
+
+def _port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _start(binary: str, spin: str) -> tuple[subprocess.Popen[bytes], str]:
+    port = _port()
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    if spin != "default":
+        env["GOMP_SPINCOUNT"] = spin
+    argv = [binary, "-m", str(MODEL), "--host", "127.0.0.1", "--port", str(port), "--parallel", "1", "-c", "1024"]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=2, trust_env=False).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise SystemExit(f"llama-server on port {port} did not become healthy")
+
+
+def _ms_per_token(url: str, tokens: int) -> float:
+    body = {"prompt": "Write a long story about a cat.", "n_predict": tokens, "temperature": 0, "cache_prompt": False}
+    reply = httpx.post(url + "/completion", json=body, timeout=600, trust_env=False).json()
+    return float(reply["timings"]["predicted_per_token_ms"])
+
+
+def measure(binary: str, spin: str, tokens: int) -> dict[str, Any]:
+    servers = [_start(binary, spin) for _ in range(2)]
+    try:
+        urls = [url for _, url in servers]
+        _ms_per_token(urls[0], tokens)  # warm-up
+        solo = _ms_per_token(urls[0], tokens)
+        both: list[float] = []
+        threads = [threading.Thread(target=lambda u=u: both.append(_ms_per_token(u, tokens))) for u in urls]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        for proc, _ in servers:
+            proc.terminate()
+            proc.wait(30)
+    return {"spincount": spin, "solo_ms_per_token": solo, "contended_ms_per_token": max(both)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--counts", default="100,300,500,1000,10000,default", help="comma-separated values")
+    parser.add_argument("--tokens", type=int, default=60, help="tokens decoded per request")
+    args = parser.parse_args(argv)
+    binary = _binary()
+    rows = [measure(binary, spin, args.tokens) for spin in args.counts.split(",")]
+    print(f"{'GOMP_SPINCOUNT':>14}  {'solo ms/token':>13}  {'2 servers ms/token':>18}")
+    for row in rows:
+        print(f"{row['spincount']:>14}  {row['solo_ms_per_token']:>13.1f}  {row['contended_ms_per_token']:>18.1f}")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({"rows": rows, "cpus": os.cpu_count()}, indent=2) + "\n")
+    print(f"wrote {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
