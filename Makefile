@@ -23,12 +23,14 @@ lint: install
 	$(BIN)/mypy tests
 
 # Unit tests above 2 s (long fuzz runs, deadline and kill-escalation timings) are marked
-# `slow`: `make unit` skips them, `make test` runs them too.
+# `slow`: `make unit` skips them, `make test` runs them too. Most unit time is waiting on
+# child processes and loopback servers, not CPU, so 4 workers (pytest-xdist) pay on 2 cores.
+UNIT_WORKERS ?= 4
 unit: install
-	$(BIN)/pytest tests/unit -q -m "not slow"
+	$(BIN)/pytest tests/unit -q -m "not slow" -n $(UNIT_WORKERS)
 
 unit-slow: install
-	$(BIN)/pytest tests/unit -q -m slow
+	$(BIN)/pytest tests/unit -q -m slow -n $(UNIT_WORKERS)
 
 # The prebuilt pin when it is reachable (or already cached); otherwise build the pinned
 # llama.cpp source once (~15 min on 2 cores) into the user cache, reused afterwards.

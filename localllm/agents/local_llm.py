@@ -18,8 +18,10 @@ its subset (:func:`localllm.grammar.check_subset` finds no error), else no const
 server takes (:mod:`localllm.agents.structured`; ``auto`` probes the endpoint once per
 Runtime); ``meta.structured_output`` names the style that ran, ``meta.structured_probe``
 what the probe found, on the call that sent it. llama-server does not put the
-schema in the prompt, so unless ``schema_in_prompt: false`` the prompt gets a short
-statement of the required JSON shape. The runtime validates every answer regardless.
+schema in the prompt, so unless ``schema_in_prompt: false`` the prompt is preceded by a short
+statement of the required JSON shape (static text first, so warm calls hit llama-server's
+prompt cache; ``meta.cache_n``/``meta.prompt_n`` say how much did). The runtime validates
+every answer regardless.
 """
 
 from __future__ import annotations
@@ -72,9 +74,9 @@ def strip_fence(text: str) -> str:
 
 
 def shape_statement(schema: dict[str, Any]) -> str:
-    """The concise JSON-shape instruction appended to the prompt."""
+    """The concise JSON-shape instruction put before the prompt (static text first: cacheable)."""
     compact = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
-    return f"\n\nAnswer with only a JSON value that matches this JSON Schema (no prose, no code fence):\n{compact}"
+    return f"Answer with only a JSON value that matches this JSON Schema (no prose, no code fence):\n{compact}\n\n"
 
 
 class LocalLLMAgent(Agent):
@@ -228,9 +230,11 @@ class LocalLLMAgent(Agent):
         schema = request.schema
         native = schema is not None and self.decl.json_schema
         constraint, grammar, ran = self.constraint(schema, style)
+        # static first, the prompt (whose args vary) last: llama-server reuses the cached
+        # prefix, so a warm call re-evaluates only what follows the first varying token
         content = request.prompt
         if schema is not None and self.decl.schema_in_prompt:
-            content += shape_statement(schema)
+            content = shape_statement(schema) + content
         body: dict[str, Any] = {
             "model": self.decl.model or "local",
             "messages": [{"role": "user", "content": content}],
@@ -350,10 +354,24 @@ class LocalLLMAgent(Agent):
             meta["structured_probe"] = negotiated.as_meta()
         if self.managed:
             meta["served_by"] = "service" if attached is not None else "sidecar"
-        if isinstance(data.get("timings"), dict):
-            meta["timings"] = data["timings"]
+            if grammar != "none":  # did this server pass the grammar canary at its start?
+                meta["grammar_enforced"] = self._grammar_enforced(reply, server, attached)
+        timings = data.get("timings")
+        if isinstance(timings, dict):  # llama.cpp: how much of the prompt came from its cache
+            meta["timings"] = timings
+            meta["cache_n"] = timings.get("cache_n")
+            meta["prompt_n"] = timings.get("prompt_n")
         transcript = self._transcript(body, content, usage, elapsed_ms)
         return AskResponse(submission=strip_fence(content), meta=meta, transcript=transcript)
+
+    @staticmethod
+    def _grammar_enforced(reply: Any, server: ManagedServer | None, attached: Attachment | None) -> bool | None:
+        if attached is None:
+            return server.grammar_enforced if server is not None else None
+        from localllm.managed.server import GRAMMAR_HEADER
+
+        verdict = reply.headers.get(GRAMMAR_HEADER)  # the service relays its server's canary
+        return {"true": True, "false": False}.get(verdict or "")
 
     def _upstream_error(self, upstream: UpstreamError, where: str) -> AgentError:
         """An error reply as an AgentError: status and message; a refused key names api_key_env."""

@@ -65,6 +65,19 @@ _TAIL_BYTES = 64 * 1024  # stderr kept per process, for errors
 _PROBE_TIMEOUT = 30.0  # the most a `--help` probe may take, within the start's deadline
 _POLL = 0.1  # health poll interval, seconds
 _ABORT_GRACE = 0.5  # SIGTERM grace for a start that is abandoned (timeout or stop)
+_CANARY_TIMEOUT = 10.0  # the most the grammar canary may take, within the start's deadline
+
+#: The grammar canary: asked to say OK, a server that enforces ``grammar`` must answer
+#: exactly this, which no model says unprompted (two tokens on gemma-3, ~40 ms warm).
+CANARY_ANSWER = "}{"
+CANARY_BODY: dict[str, object] = {
+    "messages": [{"role": "user", "content": "Say OK."}],
+    "grammar": f'root ::= "{CANARY_ANSWER}"',
+    "max_tokens": 4,
+    "temperature": 0,
+}
+#: the response header by which ``localllm serve`` tells an attached agent the canary's verdict
+GRAMMAR_HEADER = "X-Localllm-Grammar-Enforced"
 _BIND_RETRIES = 3  # fresh ports tried when --port 0 is unsupported
 _SECRET_FLAGS = frozenset({"--api-key", "--hf-token", "-hft"})
 
@@ -424,6 +437,9 @@ class ManagedServer:
         self._port_zero = True  # False once this binary proved it can't report --port 0
         self._crashes: deque[tuple[int, str]] = deque(maxlen=8)  # (pid, detail), newest last
         self._returncode: int | None = None
+        #: whether this chat server enforced the grammar canary at its last start (None:
+        #: not a chat server, not started, or the canary itself failed)
+        self.grammar_enforced: bool | None = None
 
     # -- public surface -------------------------------------------------------------
     @property
@@ -762,6 +778,8 @@ class ManagedServer:
                 port = proc.port()
                 if port and self._healthy(client, port, deadline):
                     proc.bound_port = port
+                    if self.role == "chat":
+                        self.grammar_enforced = self._canary(client, port, deadline)
                     return f"http://{HOST}:{port}"
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -782,6 +800,31 @@ class ManagedServer:
         except httpx.TransportError:
             return False  # not listening yet, or busy loading: poll again
         return response.status_code == 200
+
+    def _canary(self, client: httpx.Client, port: int, deadline: float) -> bool | None:
+        """Does the server enforce a request's ``grammar`` at all? (:data:`CANARY_BODY`).
+
+        Answers are validated either way; this makes a build that silently ignores grammars
+        (``meta.grammar_enforced: false``) visible instead of trusting it. A canary that
+        cannot run (error, timeout) says None and never fails the start.
+        """
+        import httpx
+
+        key = self._env.get("LLAMA_API_KEY")
+        budget = max(0.05, min(_CANARY_TIMEOUT, deadline - time.monotonic()))
+        try:
+            reply = client.post(
+                f"http://{HOST}:{port}/v1/chat/completions",
+                json=CANARY_BODY,
+                headers={"Authorization": f"Bearer {key}"} if key else {},
+                timeout=budget,
+            )
+            content = reply.json()["choices"][0]["message"]["content"]
+        except (httpx.HTTPError, ValueError, LookupError, TypeError):
+            return None
+        if reply.status_code != 200:
+            return None
+        return bool(content == CANARY_ANSWER)
 
     def _exited(self, proc: _Process) -> SidecarExited:
         proc.settle_stderr()

@@ -33,6 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
 from localllm.errors import LocalLLMError
+from localllm.managed.server import GRAMMAR_HEADER
 from localllm.service.pool import ModelPool, PoolBusy, UnknownServedModel
 
 if TYPE_CHECKING:
@@ -177,10 +178,18 @@ class _Handler(BaseHTTPRequestHandler):
 
     # ------------------------------------------------------------------ plumbing
 
-    def _send(self, status: int, payload: Any, content_type: str = "application/json") -> None:
+    def _send(
+        self,
+        status: int,
+        payload: Any,
+        content_type: str = "application/json",
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Type", content_type)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.send_header("Content-Length", str(len(body)))
         if self.close_connection:
             self.send_header("Connection", "close")
@@ -320,10 +329,12 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             with self.app.pool.lease(model, wait=self.app.load_wait) as lease:
                 url = lease.url + path
+                # what the model's server did with the grammar canary, for attached agents' meta
+                canary = {GRAMMAR_HEADER: json.dumps(lease.grammar_enforced)}
                 if stream:
-                    status, tokens = self._relay_stream(url, body)
+                    status, tokens = self._relay_stream(url, body, canary)
                 else:
-                    status, tokens = self._relay(url, body)
+                    status, tokens = self._relay(url, body, canary)
         except UnknownServedModel as exc:
             status = 404
             self._send(404, _error(f"{exc} ({exc.hint})", "invalid_request_error", "model_not_found"))
@@ -356,17 +367,17 @@ class _Handler(BaseHTTPRequestHandler):
             "Accept-Encoding": "identity",
         }
 
-    def _relay(self, url: str, body: bytes) -> tuple[int, tuple[Any, Any]]:
+    def _relay(self, url: str, body: bytes, headers: Mapping[str, str]) -> tuple[int, tuple[Any, Any]]:
         reply = self.app.client.post(url, content=body, headers=self._upstream_headers())
         content = reply.content
         tokens: tuple[Any, Any] = (None, None)
         if reply.status_code == 200:
             with contextlib.suppress(ValueError):
                 tokens = _usage(json.loads(content))
-        self._send(reply.status_code, content, reply.headers.get("content-type", "application/json"))
+        self._send(reply.status_code, content, reply.headers.get("content-type", "application/json"), headers)
         return reply.status_code, tokens
 
-    def _relay_stream(self, url: str, body: bytes) -> tuple[int, tuple[Any, Any]]:
+    def _relay_stream(self, url: str, body: bytes, headers: Mapping[str, str]) -> tuple[int, tuple[Any, Any]]:
         import httpx
 
         tail = b""
@@ -375,6 +386,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Type", reply.headers.get("content-type", "text/event-stream"))
             self.send_header("Cache-Control", "no-cache")
             self.send_header("Transfer-Encoding", "chunked")
+            for name, value in headers.items():
+                self.send_header(name, value)
             self.end_headers()
             try:
                 for chunk in reply.iter_raw():

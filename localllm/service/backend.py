@@ -40,6 +40,11 @@ class Backend(Protocol):
         """Resident memory of the server process in bytes (None when not running)."""
         ...
 
+    @property
+    def grammar_enforced(self) -> bool | None:
+        """Whether the server passed the grammar canary at its last start (None: unknown)."""
+        ...
+
 
 #: builds the backend of a model; the second argument is the key the server must demand
 BackendFactory = Callable[["ModelSpec", str], Backend]

@@ -69,6 +69,7 @@ class LoadedModel:
     idle_s: float
     rss: int | None
     loaded_s: float
+    grammar_enforced: bool | None = None
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -83,6 +84,7 @@ class LoadedModel:
             "idle_s": round(self.idle_s, 3),
             "rss_bytes": self.rss,
             "loaded_s": round(self.loaded_s, 3),
+            "grammar_enforced": self.grammar_enforced,
         }
 
 
@@ -92,6 +94,7 @@ class Lease:
 
     model: str
     url: str
+    grammar_enforced: bool | None = None  # the server's grammar canary (chat servers)
 
 
 class ModelPool:
@@ -132,7 +135,7 @@ class ModelPool:
         """Hold ``model`` (loading it if needed) for the duration of one request."""
         entry, url = self._acquire(model, wait)
         try:
-            yield Lease(model=model, url=url)
+            yield Lease(model=model, url=url, grammar_enforced=entry.backend.grammar_enforced)
         finally:
             self._release(entry)
 
@@ -284,6 +287,7 @@ class ModelPool:
                     idle_s=0.0 if e.busy else now - e.last_used,
                     rss=e.backend.rss(),
                     loaded_s=now - e.loaded_at,
+                    grammar_enforced=e.backend.grammar_enforced,
                 )
             )
         return sorted(rows, key=lambda r: r.id)

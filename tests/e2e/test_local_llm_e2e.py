@@ -45,7 +45,9 @@ def test_decide_gate_is_schema_valid_and_grammar_constrained(demo: Path, tmp_pat
     assert 1 <= result.submission["priority"] <= 5
     assert 1 <= len(result.submission["summary"]) <= 80
     assert result.meta["grammar"] == "compiled" and result.agent == "agent.local"
+    assert result.meta["grammar_enforced"] is True  # the real server passed the start-up canary
     assert result.meta["completion_tokens"] > 0
+    assert result.meta["prompt_n"] + result.meta["cache_n"] >= result.meta["prompt_tokens"] - 1
     assert main(["trace", "verify", str(trace)]) == 0
     done = read_trace(trace).events[-1]
     transcript = tmp_path / done.payload["transcript_ref"]["path"]

@@ -141,7 +141,7 @@ def test_openai_client_chat_stream_json_schema_embeddings_models(serve: Callable
         model=CHAT,
         temperature=0,
         max_tokens=128,
-        messages=[{"role": "user", "content": "My invoice is wrong. Route this ticket." + shape_statement(DECIDE)}],
+        messages=[{"role": "user", "content": shape_statement(DECIDE) + "My invoice is wrong. Route this ticket."}],
         response_format={"type": "json_schema", "json_schema": {"name": "decide", "strict": True, "schema": DECIDE}},
     )
     jsonschema.validate(json.loads(structured.choices[0].message.content or ""), DECIDE)

@@ -20,6 +20,7 @@ from localllm.config import Config
 from localllm.errors import AgentError, ErrorKind, FetchError
 from localllm.grammar import compile_schema
 from localllm.loading import load_config
+from localllm.managed.server import CANARY_BODY
 from localllm.runtime import Runtime
 from localllm.trace import read_trace
 from localllm.wire import AskRequest
@@ -53,8 +54,10 @@ def rows(path: Path, event: str | None = None) -> list[dict[str, Any]]:
     return [r for r in found if event is None or r.get("event") == event]
 
 
-def chat_requests(path: Path) -> list[dict[str, Any]]:
-    return [r for r in rows(path) if r.get("path", "").endswith("/chat/completions")]
+def chat_requests(path: Path, *, canary: bool = False) -> list[dict[str, Any]]:
+    """The chat requests the fake saw; the server's start-up grammar canary only if asked."""
+    found = [r for r in rows(path) if r.get("path", "").endswith("/chat/completions")]
+    return [r for r in found if (r["body"] == CANARY_BODY) == canary]
 
 
 def managed_config(tmp_path: Path, server_bin: Path, extra: str = "") -> Config:
@@ -75,7 +78,7 @@ def test_helpers() -> None:
     assert strip_fence('```json\n{"a": 1}\n```') == '{"a": 1}'
     assert strip_fence("```\n[1]\n```") == "[1]"
     assert strip_fence(' {"a": 1} ') == '{"a": 1}'
-    assert shape_statement({"type": "object"}).endswith('{"type":"object"}')
+    assert shape_statement({"type": "object"}).endswith('{"type":"object"}\n\n')
 
 
 def test_nothing_spawned_before_first_call(tmp_path: Path, server_bin: Path, logs: dict[str, Path]) -> None:
@@ -102,7 +105,9 @@ def test_managed_decide_with_grammar(tmp_path: Path, server_bin: Path, logs: dic
     body = chat_requests(logs["requests"])[0]["body"]
     assert body["grammar"] == compile_schema(DECIDE).grammar and "response_format" not in body
     assert body["temperature"] == 0.0 and body["max_tokens"] == 512
-    assert "Answer with only a JSON value" in body["messages"][0]["content"]
+    # the static shape statement first, the varying prompt last (prefix-cache friendly)
+    assert body["messages"] == [{"role": "user", "content": shape_statement(DECIDE) + "Route: my invoice is wrong"}]
+    assert (result.meta["cache_n"], result.meta["prompt_n"]) == (0, result.meta["timings"]["prompt_n"])
     # stopped on close: SIGTERM, clean exit
     assert any(r["pid"] == pid and r["code"] == 0 for r in rows(logs["spawn"], "exit"))
     done = read_trace(trace).events[-1]
@@ -136,6 +141,29 @@ def test_out_of_subset_schema_is_sent_unconstrained_and_falls_back(
     assert result.agent == "agent.claude" and result.meta["fallback_of"] == "agent.local"
     done = read_trace(trace).events[-1].payload
     assert done["original_transcript_ref"]["format"] == "openai-chat"
+
+
+def test_each_start_runs_one_grammar_canary_and_meta_reports_it(
+    tmp_path: Path, server_bin: Path, logs: dict[str, Path]
+) -> None:
+    with Runtime(managed_config(tmp_path, server_bin)) as rt:
+        first = rt.call("decide", agent="agent.local", prompt="p", schema=DECIDE)
+        second = rt.call("decide", agent="agent.local", prompt="q", schema=DECIDE)
+        free = rt.call("ask", agent="agent.local", prompt="hello")
+    canaries = chat_requests(logs["requests"], canary=True)
+    assert len(canaries) == 1 and len(chat_requests(logs["requests"])) == 3
+    assert first.meta["grammar_enforced"] is True and second.meta["grammar_enforced"] is True
+    assert "grammar_enforced" not in free.meta  # nothing was constrained
+
+
+def test_a_server_that_ignores_grammars_is_marked(
+    tmp_path: Path, server_bin: Path, logs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_LLAMA_CONTENT", '{"route": "billing", "confidence": 0.5}')  # grammar ignored
+    with Runtime(managed_config(tmp_path, server_bin)) as rt:
+        result = rt.call("decide", agent="agent.local", prompt="p", schema=DECIDE)
+    assert result.agent == "agent.local" and result.meta["grammar"] == "compiled"
+    assert result.meta["grammar_enforced"] is False  # the canary was not answered "}{": marked
 
 
 def test_json_schema_wins_over_grammar(tmp_path: Path, server_bin: Path, logs: dict[str, Path]) -> None:

@@ -24,6 +24,7 @@ from localllm.config import EmbedderDecl, LocalLLMDecl
 from localllm.errors import AgentError, ErrorKind, ServiceError, ServiceRunning, ServiceUnavailable
 from localllm.loading import load_config
 from localllm.managed import discovery
+from localllm.managed.server import CANARY_BODY, GRAMMAR_HEADER
 from localllm.service import control
 from localllm.service.daemon import ServeOptions, Service, parse_duration, parse_size
 from localllm.wire import AskRequest
@@ -171,6 +172,9 @@ def test_routing_by_model_and_bodies_pass_through(make_service: Factory, env: di
         answer = chat(http, "chat", response_format=fmt, grammar='root ::= "x"')
         assert answer.status_code == 200
         assert answer.json()["choices"][0]["message"]["content"] == "x"  # the grammar reached the server
+        assert answer.headers[GRAMMAR_HEADER] == "true"  # the chat server passed the start-up canary
+        (row,) = [m for m in http.get("/localllm/ps").json()["models"] if m["id"] == "chat"]
+        assert row["grammar_enforced"] is True
         assert chat(http, "other").status_code == 200
         emb = http.post("/v1/embeddings", json={"model": "all-minilm-l6-v2-f16", "input": ["query text"]})
         assert emb.status_code == 200 and len(emb.json()["data"][0]["embedding"]) == 384
@@ -183,7 +187,7 @@ def test_routing_by_model_and_bodies_pass_through(make_service: Factory, env: di
     embed_argv = starts["all-minilm-l6-v2-f16.gguf"]
     assert "--embeddings" in embed_argv and embed_argv[embed_argv.index("--pooling") + 1] == "mean"
     sent = eventually(lambda: [r for r in rows(env["requests"]) if r["method"] == "POST"][2:])
-    sent = [r for r in rows(env["requests"]) if r["method"] == "POST"]
+    sent = [r for r in rows(env["requests"]) if r["method"] == "POST" and r["body"] != CANARY_BODY]
     chat_body = next(r["body"] for r in sent if r["path"] == "/v1/chat/completions")
     assert chat_body["response_format"] == fmt and chat_body["grammar"] == 'root ::= "x"'
     embed_body = next(r["body"] for r in sent if r["path"] == "/v1/embeddings")
@@ -419,9 +423,25 @@ def test_managed_agent_attaches_to_a_running_service(make_service: Factory, env:
     agent = _agent(env)
     try:
         first, second = _ask(agent), _ask(agent)
+        schema = {"enum": ["yes", "no"]}
+        constrained = agent.ask(
+            AskRequest(
+                session_id="s",
+                turn=2,
+                state_path="x",
+                verb="decide",
+                prompt="hi",
+                call_id="c2",
+                deadline="",
+                schema=schema,
+            ),
+            deadline=time.monotonic() + 30,
+        )
     finally:
         agent.close()
     assert first.meta["served_by"] == "service" and second.meta["served_by"] == "service"
+    meta = constrained.meta or {}
+    assert meta["grammar"] == "compiled" and meta["grammar_enforced"] is True
     assert first.submission == "Hello from the fake llama-server."
     assert len(rows(env["spawn"], "start")) == 1  # the service's server, none of the agent's own
     assert agent._server is None
