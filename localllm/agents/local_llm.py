@@ -101,6 +101,7 @@ class LocalLLMAgent(Agent):
         self._subset_cache: dict[str, bool] = {}
         self._pinned_meta: dict[str, Any] | None = None
         self._grammar_cache: dict[str, str | None] = {}
+        self._one_at_a_time = threading.Lock() if decl.reproducible else contextlib.nullcontext()
         if decl.grammar:
             # compile_schema needs jsonschema inside ask(), on the runtime's worker thread,
             # while the calling thread imports it to prime the validator: racing lazy
@@ -245,6 +246,11 @@ class LocalLLMAgent(Agent):
             temperature = 0.0
         if temperature is not None:
             body["temperature"] = temperature
+        if self.decl.reproducible:
+            # llama.cpp's logits differ with the batch a token is evaluated in, so a prompt
+            # partly served from the cache (or batched with another slot's) can change the
+            # answer; evaluated whole and alone (ask() holds _one_at_a_time), it does not
+            body.update(cache_prompt=False, seed=0)
         body.update(constraint)
         if attached is not None:
             body["model"] = attached.model
@@ -313,7 +319,8 @@ class LocalLLMAgent(Agent):
             style = negotiated.style
         body, grammar, native, ran = self.build_body(request, style, attached)
         started = time.monotonic()
-        reply = post(body)
+        with self._one_at_a_time:  # reproducible: never batched with this agent's other calls
+            reply = post(body)
         if reply.status_code >= 400 and negotiated is not None and not negotiated.verified:
             upstream = read_error(reply.status_code, reply.text)
             if not upstream.auth and reply.status_code not in (429, 502, 503, 504):

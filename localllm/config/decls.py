@@ -195,6 +195,9 @@ class LocalLLMDecl(AgentDecl):
     extra_args: tuple[str, ...] = setting((), "extra llama-server flags (not the managed ones)")
     health_timeout: float = setting(180.0, "seconds for /health to turn 200", check="positive")
     schema_in_prompt: bool = setting(True, "state the JSON shape in the prompt (llama.cpp does not)")
+    reproducible: bool = setting(
+        False, "same input, same answer: whole prompt evaluated (no prompt cache), one call at a time, fixed seed"
+    )
     threads: int | None = setting(None, "default: llama.cpp sizes its threads to the machine", low=1, high=1024)
     service: str = setting("auto", "use a running `localllm serve`", choices=("auto", "required", "never"))
 

@@ -166,6 +166,34 @@ def test_a_server_that_ignores_grammars_is_marked(
     assert result.meta["grammar_enforced"] is False  # the canary was not answered "}{": marked
 
 
+@pytest.mark.parametrize("reproducible", [False, True])
+def test_reproducible_evaluates_whole_prompts_one_call_at_a_time(
+    tmp_path: Path, server_bin: Path, logs: dict[str, Path], monkeypatch: pytest.MonkeyPatch, reproducible: bool
+) -> None:
+    monkeypatch.setenv("FAKE_LLAMA_DELAY", "0.3")
+    monkeypatch.setenv("FAKE_LLAMA_MODE", "slow")
+    config = managed_config(tmp_path, server_bin, f", reproducible: {str(reproducible).lower()}")
+    with Runtime(config) as rt:
+        rt.agent("agent.local").base_url()  # started (and its canary answered) before the race
+
+        def one(i: int) -> None:
+            rt.call("decide", agent="agent.local", prompt=f"ticket {i}", schema=DECIDE)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    sent = chat_requests(logs["requests"])
+    assert len(sent) == 3
+    assert all(
+        ("cache_prompt" in r["body"], r["body"].get("seed")) == (reproducible, 0 if reproducible else None)
+        for r in sent
+    )
+    # only the reproducible agent never has two of its calls in flight at once
+    assert (max(r["inflight"] for r in sent) == 1) is reproducible
+
+
 def test_json_schema_wins_over_grammar(tmp_path: Path, server_bin: Path, logs: dict[str, Path]) -> None:
     config = managed_config(tmp_path, server_bin, ", json_schema: true")
     with Runtime(config) as rt:

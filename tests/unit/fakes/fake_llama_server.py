@@ -63,7 +63,8 @@ FAKE_LLAMA_SPAWN_LOG    file appended with one JSON line per event: {"event": "s
                         "argv", "ld_library_path", "api_key_set"}, {"event": "ready", "pid",
                         "port"}, {"event": "signal", "pid", "signal"}, {"event": "exit",
                         "pid", "code"}
-FAKE_LLAMA_REQUEST_LOG  file appended with one JSON line per request: {"method", "path",
+FAKE_LLAMA_REQUEST_LOG  file appended with one JSON line per request (POSTs also say how many
+                        POSTs were in flight when they arrived, "inflight"): {"method", "path",
                         "status", "headers" (keys redacted: "Bearer ***"), "body" (POST)}
 """
 
@@ -84,6 +85,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 _T0 = time.monotonic()
+_INFLIGHT = [0]  # POSTs being served right now (the handler threads share it)
+_INFLIGHT_LOCK = threading.Lock()
 _WORD = re.compile(r"\w+|[^\w\s]")
 
 
@@ -389,9 +392,14 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         path = self.path.split("?", 1)[0]
         body = self.read_body()
+        with _INFLIGHT_LOCK:
+            _INFLIGHT[0] += 1
+            self.inflight = _INFLIGHT[0]  # POSTs being served when this one arrived, itself included
         try:
             self.post(path, body)
         finally:
+            with _INFLIGHT_LOCK:
+                _INFLIGHT[0] -= 1
             self.record("POST", path, body)
 
     def record(self, method: str, path: str, body: Any) -> None:
@@ -404,6 +412,8 @@ class Handler(BaseHTTPRequestHandler):
         if "x-api-key" in headers:
             headers["x-api-key"] = "***"
         entry = {"method": method, "path": path, "status": self.status, "headers": headers, "body": body}
+        if method == "POST":
+            entry["inflight"] = self.inflight
         with open(log_path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(entry) + "\n")
 
