@@ -70,6 +70,10 @@ class LocalLLMError(Exception):
         if hint:
             self.hint = hint
 
+    def add_alternative(self, fix: str) -> None:
+        """Offer another way out, known only to a caller higher up: ``<hint>; or <fix>``."""
+        self.hint = f"{self.hint}; or {fix}" if self.hint else fix
+
 
 @dataclass(frozen=True)
 class ConfigProblem:
@@ -175,11 +179,8 @@ class AgentError(LocalLLMError):
         super().__init__(self._format(), hint=hint)
 
     def _format(self) -> str:
-        detail = self.detail
-        # Transports not yet passing ``alias=`` prefix it by hand: never say it twice.
-        if self.alias and not detail.startswith(f"{self.alias}: ") and detail != self.alias:
-            detail = f"{self.alias}: {detail}"
-        text = f"agent: {self.kind.value}: {detail}"
+        where = f"{self.alias}: " if self.alias else ""
+        text = f"agent: {self.kind.value}: {where}{self.detail}"
         if self.original is not None:
             text += (
                 f" (after the fallback from {self.original.alias or 'the local agent'}, whose answer failed: "
@@ -298,11 +299,11 @@ class UnsafeArchive(FetchError, ValueError):
 class ArchiveTooLarge(UnsafeArchive):
     """Extraction would pass a cap: ``member``, what was counted (``size``) and the ``limit``."""
 
-    def __init__(self, message: str, *, member: str, size: int, limit: int) -> None:
+    def __init__(self, message: str, *, member: str, size: int, limit: int, hint: str = "") -> None:
         self.member = member
         self.size = size
         self.limit = limit
-        super().__init__(message)
+        super().__init__(message, hint=hint)
 
 
 class LibstdcxxTooOld(FetchError):
@@ -399,10 +400,10 @@ class StoreUnavailable(EmbedError, OSError):
     Nothing already stored was changed; retry once the cause is gone.
     """
 
-    def __init__(self, message: str, *, path: str, reason: str) -> None:
+    def __init__(self, message: str, *, path: str, reason: str, hint: str = "") -> None:
         self.path = path
         self.reason = reason
-        super().__init__(message)
+        super().__init__(message, hint=hint)
 
 
 class ServiceError(LocalLLMError):

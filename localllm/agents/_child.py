@@ -137,8 +137,9 @@ class LineChild:
             where = f" in {self._cwd}" if self._cwd else ""
             raise AgentError(
                 ErrorKind.PLUGIN_CRASH,
-                f"{self.label}: cannot start {self._argv[0]!r}{where}: {exc.strerror or exc} "
+                f"cannot start {self._argv[0]!r}{where}: {exc.strerror or exc} "
                 f"(check agent_plugins.{self.label}.command and cwd)",
+                alias=self.label,
             ) from exc
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         os.set_blocking(proc.stdin.fileno(), False)
@@ -226,7 +227,7 @@ class LineChild:
 
     def crash_detail(self, what: str, *, exit_code: bool = True) -> str:
         """``what`` plus exit code, stderr tail and stdout noise, for a ``plugin_crash``."""
-        parts = [f"{self.label}: {what}"]
+        parts = [what]
         code = self.returncode
         if exit_code and code is not None:
             parts.append(f"exit code {code}" if code >= 0 else f"killed by signal {-code}")
@@ -244,7 +245,7 @@ class LineChild:
         self.kill()
         what = what if exited_on_its_own else f"{what}; process killed"
         detail = self.crash_detail(what, exit_code=exited_on_its_own)
-        return AgentError(ErrorKind.PLUGIN_CRASH, detail)
+        return AgentError(ErrorKind.PLUGIN_CRASH, detail, alias=self.label)
 
     # -- frames ----------------------------------------------------------------------
 

@@ -254,7 +254,7 @@ class ClaudeCliAgent(Agent):
 
     def ask(self, request: AskRequest, *, deadline: float) -> AskResponse:
         if self.remaining(deadline) <= 0:
-            raise AgentError(ErrorKind.DEADLINE_EXCEEDED, f"{self.alias}: deadline passed before start")
+            raise AgentError(ErrorKind.DEADLINE_EXCEEDED, "deadline passed before start", alias=self.alias)
         argv = self.argv(self.resolve_bin())
         call = self._register(request.call_id)
         try:
@@ -267,7 +267,7 @@ class ClaudeCliAgent(Agent):
         call = _Call()
         with self._lock:
             if self._closed:
-                raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias} is closed")
+                raise AgentError(ErrorKind.TRANSPORT_ERROR, "agent is closed", alias=self.alias)
             self._calls.setdefault(call_id, []).append(call)
         return call
 
@@ -283,7 +283,7 @@ class ClaudeCliAgent(Agent):
         started = time.monotonic()
         with call.lock:
             if call.cancelled:
-                raise AgentError(ErrorKind.DEADLINE_EXCEEDED, f"{self.alias}: call cancelled")
+                raise AgentError(ErrorKind.DEADLINE_EXCEEDED, "call cancelled", alias=self.alias)
             try:
                 # A new session makes the child a process-group leader, so a cut kills
                 # everything it started (node workers, MCP servers) too.
@@ -307,14 +307,16 @@ class ClaudeCliAgent(Agent):
             _let_go(proc)  # not communicate(): whatever still holds the pipe could flood it
             raise AgentError(
                 ErrorKind.PLUGIN_CRASH,
-                f"{self.alias}: claude CLI printed more than {_MAX_STDOUT} bytes on stdout; process group killed",
+                f"claude CLI printed more than {_MAX_STDOUT} bytes on stdout; process group killed",
+                alias=self.alias,
             ) from exc
         except subprocess.TimeoutExpired as exc:
             _kill_group(proc)
             _reap(proc)
             raise AgentError(
                 ErrorKind.DEADLINE_EXCEEDED,
-                f"{self.alias}: claude CLI still running at the deadline; process group killed",
+                "claude CLI still running at the deadline; process group killed",
+                alias=self.alias,
             ) from exc
         except BaseException:
             # Never leave the child behind, whatever interrupted us.
@@ -324,7 +326,8 @@ class ClaudeCliAgent(Agent):
         if call.cancelled:
             raise AgentError(
                 ErrorKind.DEADLINE_EXCEEDED,
-                f"{self.alias}: cancelled at the hard deadline; process group killed",
+                "cancelled at the hard deadline; process group killed",
+                alias=self.alias,
             )
         return output
 

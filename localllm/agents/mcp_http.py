@@ -189,8 +189,8 @@ class McpHttpAgent(Agent):
             message = self._tools_call(request, deadline, call_id)
         finally:
             self._cancelled.discard(call_id)
-        result = _mcp.result_of(message, label=self.alias, what=f"tools/call {self.decl.tool!r}")
-        return _mcp.answer_from_tool_result(result, label=self.alias, tool=self.decl.tool)
+        result = _mcp.result_of(message, alias=self.alias, what=f"tools/call {self.decl.tool!r}")
+        return _mcp.answer_from_tool_result(result, alias=self.alias, tool=self.decl.tool)
 
     def _tools_call(self, request: AskRequest, deadline: float, call_id: str) -> dict[str, Any]:
         session = self._session or self._new_session(None, deadline, call_id)
@@ -248,8 +248,8 @@ class McpHttpAgent(Agent):
             assigned: list[str | None] = []
             reply = self._post(message, None, deadline, call_id, session_header=assigned)
             assert reply is not None
-            result = _mcp.result_of(reply, label=self.alias, what="initialize")
-            version = _mcp.negotiated_version(result, supported=_mcp.HTTP_VERSIONS, label=self.alias)
+            result = _mcp.result_of(reply, alias=self.alias, what="initialize")
+            version = _mcp.negotiated_version(result, supported=_mcp.HTTP_VERSIONS, alias=self.alias)
             session = _Session(assigned[0] if assigned else None, version)
             self._post(_mcp.initialized_notification(), session, deadline, call_id)
         except _SessionExpired as exc:
