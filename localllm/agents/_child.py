@@ -63,12 +63,15 @@ class DeadlineReached(Exception):
     """Internal: a wait on the child ran out of time (the owner decides what to do)."""
 
 
-def _ready(fd: int, events: int, timeout: float) -> bool:
-    """Wait until ``fd`` is ready (or hung up) for ``events``; ``poll``, not ``select``,
-    so descriptors above FD_SETSIZE work in a busy runtime."""
+def _ready(fd: int, events: int, deadline: float) -> bool:
+    """Wait until ``fd`` is ready (or hung up) for ``events``, or :class:`DeadlineReached`;
+    ``poll``, not ``select``, so descriptors above FD_SETSIZE work in a busy runtime."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise DeadlineReached
     poller = select.poll()
     poller.register(fd, events)
-    return bool(poller.poll(max(0, int(timeout * 1000) + 1)))
+    return bool(poller.poll(max(0, int(remaining * 1000) + 1)))
 
 
 class Redactor:
@@ -257,11 +260,8 @@ class LineChild:
         fd = proc.stdin.fileno()
         view = memoryview(data)
         while view:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise DeadlineReached
             try:
-                if not _ready(fd, select.POLLOUT, remaining):
+                if not _ready(fd, select.POLLOUT, deadline):
                     continue
                 written = os.write(fd, view)
             except BlockingIOError:
@@ -289,11 +289,8 @@ class LineChild:
                 return self._parse(line)
             if len(self._buf) > _MAX_FRAME:
                 raise self.crash(f"frame larger than {_MAX_FRAME} bytes without a newline")
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise DeadlineReached
             try:
-                if not _ready(fd, select.POLLIN, remaining):
+                if not _ready(fd, select.POLLIN, deadline):
                     continue
                 chunk = os.read(fd, _READ_CHUNK)
             except BlockingIOError:

@@ -171,8 +171,7 @@ class _Tally:
         self.labelled.setdefault(ref.case, set()).add(_outcome(call, ref.unrecorded, sorted(labels)))
 
     def metrics(self, run: AgentRun, repeat: int) -> dict[str, Any]:
-        n = len(run.calls)
-        durations = self.durations
+        n, durations, hits = len(run.calls), self.durations, self.field_hits
         return {
             "local": run.local,
             "calls": n,
@@ -180,11 +179,7 @@ class _Tally:
             "accuracy": _rate(self.correct, n),
             "first_try_accuracy": _rate(self.first_try, n),
             "fields": {
-                name: {
-                    "correct": self.field_hits[name],
-                    "total": total,
-                    "accuracy": _rate(self.field_hits[name], total),
-                }
+                name: {"correct": hits[name], "total": total, "accuracy": _rate(hits[name], total)}
                 for name, total in sorted(self.field_total.items())
             },
             "schema_valid_first_try": _rate(self.valid_first, n),
