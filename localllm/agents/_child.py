@@ -140,8 +140,8 @@ class LineChild:
             where = f" in {self._cwd}" if self._cwd else ""
             raise AgentError(
                 ErrorKind.PLUGIN_CRASH,
-                f"cannot start {self._argv[0]!r}{where}: {exc.strerror or exc} "
-                f"(check agent_plugins.{self.label}.command and cwd)",
+                f"cannot start {self._argv[0]!r}{where}: {exc.strerror or exc}",
+                hint=f"check agent_plugins.{self.label}.command and cwd",
                 alias=self.label,
             ) from exc
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None

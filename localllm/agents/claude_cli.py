@@ -211,7 +211,7 @@ class ClaudeCliAgent(Agent):
     # -- binary ---------------------------------------------------------------------
 
     def resolve_bin(self) -> str:
-        """The claude executable to run; ``transport_error`` naming the fixes if none."""
+        """The claude executable to run; ``transport_error`` whose hint names the fixes if none."""
         how = (
             f"set `claude_bin:` under agent_plugins.{self.alias} in the config, "
             "set LOCALLLM_CLAUDE_BIN, or put `claude` on PATH"
@@ -227,13 +227,14 @@ class ClaudeCliAgent(Agent):
                 return found
             raise AgentError(
                 ErrorKind.TRANSPORT_ERROR,
-                f"claude CLI not found: {source} is {value!r}, which is not an executable file; "
-                f"fix it or unset it ({how})",
+                f"claude CLI not found: {source} is {value!r}, which is not an executable file",
+                hint=f"fix {source} or unset it; or {how}",
+                alias=self.alias,
             )
         found = shutil.which("claude")
         if found:
             return found
-        raise AgentError(ErrorKind.TRANSPORT_ERROR, f"claude CLI not found on PATH; {how}")
+        raise AgentError(ErrorKind.TRANSPORT_ERROR, "claude CLI not found on PATH", hint=how, alias=self.alias)
 
     def argv(self, binary: str) -> list[str]:
         """The command line of one call."""
