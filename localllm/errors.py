@@ -70,6 +70,10 @@ class LocalLLMError(Exception):
         if hint:
             self.hint = hint
 
+    def add_alternative(self, fix: str) -> None:
+        """Offer another way out, known only to a caller higher up: ``<hint>; or <fix>``."""
+        self.hint = f"{self.hint}; or {fix}" if self.hint else fix
+
 
 @dataclass(frozen=True)
 class ConfigProblem:
@@ -140,6 +144,10 @@ def truncate_detail(text: str, limit: int = _DETAIL_LIMIT) -> str:
     return raw[:limit].decode("utf-8", errors="ignore") + "..."
 
 
+#: AgentError's constructor arguments, each kept as the attribute of the same name
+_AGENT_ERROR_FIELDS = ("kind", "detail", "hint", "alias", "meta", "episode_id", "match_idx", "original", "call_id")
+
+
 class AgentError(LocalLLMError):
     """A failed agent call: ``agent: <kind>: <alias>: <detail>``.
 
@@ -172,40 +180,20 @@ class AgentError(LocalLLMError):
         self.episode_id = episode_id
         self.match_idx = match_idx
         self.original = original
-        super().__init__(self._format(), hint=hint)
-
-    def _format(self) -> str:
-        detail = self.detail
-        # Transports not yet passing ``alias=`` prefix it by hand: never say it twice.
-        if self.alias and not detail.startswith(f"{self.alias}: ") and detail != self.alias:
-            detail = f"{self.alias}: {detail}"
-        text = f"agent: {self.kind.value}: {detail}"
-        if self.original is not None:
+        where = f"{alias}: " if alias else ""
+        text = f"agent: {self.kind.value}: {where}{detail}"
+        if original is not None:
             text += (
-                f" (after the fallback from {self.original.alias or 'the local agent'}, whose answer failed: "
-                f"{self.original.kind.value}: {self.original.detail})"
+                f" (after the fallback from {original.alias or 'the local agent'}, whose answer failed: "
+                f"{original.kind.value}: {original.detail})"
             )
-        return text
-
-    def __str__(self) -> str:
-        return self._format()
+        super().__init__(text, hint=hint)
 
     def replace(self, **changes: object) -> AgentError:
         """A copy with ``changes`` applied (same class, cause and traceback kept)."""
-        fields: dict[str, object] = {
-            "kind": self.kind,
-            "detail": self.detail,
-            "hint": self.hint,
-            "alias": self.alias,
-            "meta": self.meta,
-            "episode_id": self.episode_id,
-            "match_idx": self.match_idx,
-            "original": self.original,
-            "call_id": self.call_id,
-        }
-        fields.update(changes)
+        fields = {name: getattr(self, name) for name in _AGENT_ERROR_FIELDS} | changes
         clone = AgentError.__new__(type(self))
-        AgentError.__init__(clone, **fields)  # type: ignore[arg-type]
+        AgentError.__init__(clone, **fields)
         clone.__cause__ = self.__cause__
         clone.__context__ = self.__context__
         clone.__traceback__ = self.__traceback__
@@ -298,11 +286,11 @@ class UnsafeArchive(FetchError, ValueError):
 class ArchiveTooLarge(UnsafeArchive):
     """Extraction would pass a cap: ``member``, what was counted (``size``) and the ``limit``."""
 
-    def __init__(self, message: str, *, member: str, size: int, limit: int) -> None:
+    def __init__(self, message: str, *, member: str, size: int, limit: int, hint: str = "") -> None:
         self.member = member
         self.size = size
         self.limit = limit
-        super().__init__(message)
+        super().__init__(message, hint=hint)
 
 
 class LibstdcxxTooOld(FetchError):
@@ -399,10 +387,10 @@ class StoreUnavailable(EmbedError, OSError):
     Nothing already stored was changed; retry once the cause is gone.
     """
 
-    def __init__(self, message: str, *, path: str, reason: str) -> None:
+    def __init__(self, message: str, *, path: str, reason: str, hint: str = "") -> None:
         self.path = path
         self.reason = reason
-        super().__init__(message)
+        super().__init__(message, hint=hint)
 
 
 class ServiceError(LocalLLMError):

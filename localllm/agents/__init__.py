@@ -50,4 +50,4 @@ def build_agent(decl: AgentDecl, *, base_dir: Path, styles: Any = None) -> Agent
         from localllm.agents.local_llm import LocalLLMAgent
 
         return LocalLLMAgent(decl, base_dir=base_dir, styles=styles)
-    raise AgentError(ErrorKind.PLUGIN_UNSUPPORTED, f"{decl.alias}: plugin {decl.plugin} has no transport")
+    raise AgentError(ErrorKind.PLUGIN_UNSUPPORTED, f"plugin {decl.plugin} has no transport", alias=decl.alias)

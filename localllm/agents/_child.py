@@ -63,12 +63,15 @@ class DeadlineReached(Exception):
     """Internal: a wait on the child ran out of time (the owner decides what to do)."""
 
 
-def _ready(fd: int, events: int, timeout: float) -> bool:
-    """Wait until ``fd`` is ready (or hung up) for ``events``; ``poll``, not ``select``,
-    so descriptors above FD_SETSIZE work in a busy runtime."""
+def _ready(fd: int, events: int, deadline: float) -> bool:
+    """Wait until ``fd`` is ready (or hung up) for ``events``, or :class:`DeadlineReached`;
+    ``poll``, not ``select``, so descriptors above FD_SETSIZE work in a busy runtime."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise DeadlineReached
     poller = select.poll()
     poller.register(fd, events)
-    return bool(poller.poll(max(0, int(timeout * 1000) + 1)))
+    return bool(poller.poll(max(0, int(remaining * 1000) + 1)))
 
 
 class Redactor:
@@ -137,8 +140,9 @@ class LineChild:
             where = f" in {self._cwd}" if self._cwd else ""
             raise AgentError(
                 ErrorKind.PLUGIN_CRASH,
-                f"{self.label}: cannot start {self._argv[0]!r}{where}: {exc.strerror or exc} "
-                f"(check agent_plugins.{self.label}.command and cwd)",
+                f"cannot start {self._argv[0]!r}{where}: {exc.strerror or exc}",
+                hint=f"check agent_plugins.{self.label}.command and cwd",
+                alias=self.label,
             ) from exc
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         os.set_blocking(proc.stdin.fileno(), False)
@@ -226,7 +230,7 @@ class LineChild:
 
     def crash_detail(self, what: str, *, exit_code: bool = True) -> str:
         """``what`` plus exit code, stderr tail and stdout noise, for a ``plugin_crash``."""
-        parts = [f"{self.label}: {what}"]
+        parts = [what]
         code = self.returncode
         if exit_code and code is not None:
             parts.append(f"exit code {code}" if code >= 0 else f"killed by signal {-code}")
@@ -244,7 +248,7 @@ class LineChild:
         self.kill()
         what = what if exited_on_its_own else f"{what}; process killed"
         detail = self.crash_detail(what, exit_code=exited_on_its_own)
-        return AgentError(ErrorKind.PLUGIN_CRASH, detail)
+        return AgentError(ErrorKind.PLUGIN_CRASH, detail, alias=self.label)
 
     # -- frames ----------------------------------------------------------------------
 
@@ -256,11 +260,8 @@ class LineChild:
         fd = proc.stdin.fileno()
         view = memoryview(data)
         while view:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise DeadlineReached
             try:
-                if not _ready(fd, select.POLLOUT, remaining):
+                if not _ready(fd, select.POLLOUT, deadline):
                     continue
                 written = os.write(fd, view)
             except BlockingIOError:
@@ -288,11 +289,8 @@ class LineChild:
                 return self._parse(line)
             if len(self._buf) > _MAX_FRAME:
                 raise self.crash(f"frame larger than {_MAX_FRAME} bytes without a newline")
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise DeadlineReached
             try:
-                if not _ready(fd, select.POLLIN, remaining):
+                if not _ready(fd, select.POLLIN, deadline):
                     continue
                 chunk = os.read(fd, _READ_CHUNK)
             except BlockingIOError:

@@ -128,26 +128,27 @@ def jsonrpc_error_text(error: Any) -> str:
     return f"JSON-RPC error {error!r}"
 
 
-def result_of(message: dict[str, Any], *, label: str, what: str) -> Any:
+def result_of(message: dict[str, Any], *, alias: str, what: str) -> Any:
     """The ``result`` of a response, or ``transport_error`` for a JSON-RPC error object."""
     if message.get("jsonrpc") != "2.0":
-        raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{label}: {what}: response is not JSON-RPC 2.0")
+        raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{what}: response is not JSON-RPC 2.0", alias=alias)
     if "error" in message:
         text = jsonrpc_error_text(message["error"])
-        raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{label}: {what} failed: {truncate_detail(text)}")
+        raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{what} failed: {truncate_detail(text)}", alias=alias)
     return message.get("result")
 
 
-def negotiated_version(result: Any, *, supported: tuple[str, ...], label: str) -> str:
+def negotiated_version(result: Any, *, supported: tuple[str, ...], alias: str) -> str:
     """The protocol version the server chose; ``transport_error`` if we do not speak it."""
     if not isinstance(result, dict):
-        raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{label}: initialize result is not an object")
+        raise AgentError(ErrorKind.TRANSPORT_ERROR, "initialize result is not an object", alias=alias)
     version = result.get("protocolVersion")
     if version not in supported:
         raise AgentError(
             ErrorKind.TRANSPORT_ERROR,
-            f"{label}: MCP server speaks protocol version {version!r}; localllm supports "
+            f"MCP server speaks protocol version {version!r}; localllm supports "
             f"{', '.join(supported)} (upgrade the server or its SDK)",
+            alias=alias,
         )
     return str(version)
 
@@ -167,20 +168,20 @@ def _from_value(value: Any, raw: str | None) -> AskResponse:
     return AskResponse(submission=raw if raw is not None else json.dumps(value, ensure_ascii=False))
 
 
-def answer_from_tool_result(result: Any, *, label: str, tool: str) -> AskResponse:
+def answer_from_tool_result(result: Any, *, alias: str, tool: str) -> AskResponse:
     """Turn a ``tools/call`` result into an AskResponse (rules in the module docstring)."""
     if not isinstance(result, dict):
-        raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{label}: tools/call result is not an object")
+        raise AgentError(ErrorKind.TRANSPORT_ERROR, "tools/call result is not an object", alias=alias)
     text = _first_text(result.get("content"))
     if result.get("isError") is True:
         message = text if text is not None else "(no message)"
-        raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{label}: tool {tool!r} failed: {truncate_detail(message)}")
+        raise AgentError(ErrorKind.TRANSPORT_ERROR, f"tool {tool!r} failed: {truncate_detail(message)}", alias=alias)
     structured = result.get("structuredContent")
     if structured is not None:
         return _from_value(structured, None)
     if text is None:
         raise AgentError(
-            ErrorKind.TRANSPORT_ERROR, f"{label}: tool {tool!r} returned no structuredContent and no text content"
+            ErrorKind.TRANSPORT_ERROR, f"tool {tool!r} returned no structuredContent and no text content", alias=alias
         )
     try:
         value = json.loads(text)

@@ -74,11 +74,11 @@ class ChildAgent(Agent):
     def ask(self, request: AskRequest, *, deadline: float) -> AskResponse:
         if not self._lock.acquire(timeout=self.remaining(deadline)):
             raise AgentError(
-                ErrorKind.DEADLINE_EXCEEDED, f"{self.alias}: deadline passed waiting for the previous call"
+                ErrorKind.DEADLINE_EXCEEDED, "deadline passed waiting for the previous call", alias=self.alias
             )
         try:
             if self._closed:
-                raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias}: agent is closed")
+                raise AgentError(ErrorKind.TRANSPORT_ERROR, "agent is closed", alias=self.alias)
             self._inflight = request.call_id
             self._cancelled = False
             try:
@@ -90,12 +90,13 @@ class ChildAgent(Agent):
                 raise AgentError(
                     ErrorKind.DEADLINE_EXCEEDED,
                     child.crash_detail("no answer before the deadline; process killed", exit_code=False),
+                    alias=self.alias,
                 ) from None
             except AgentError as exc:
                 if self._cancelled:
                     # cancel() killed the child: the EOF that followed is ours, not a crash.
                     raise AgentError(
-                        ErrorKind.DEADLINE_EXCEEDED, f"{self.alias}: cancelled at the deadline; process killed"
+                        ErrorKind.DEADLINE_EXCEEDED, "cancelled at the deadline; process killed", alias=self.alias
                     ) from exc
                 raise
         finally:

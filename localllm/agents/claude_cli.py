@@ -211,7 +211,7 @@ class ClaudeCliAgent(Agent):
     # -- binary ---------------------------------------------------------------------
 
     def resolve_bin(self) -> str:
-        """The claude executable to run; ``transport_error`` naming the fixes if none."""
+        """The claude executable to run; ``transport_error`` whose hint names the fixes if none."""
         how = (
             f"set `claude_bin:` under agent_plugins.{self.alias} in the config, "
             "set LOCALLLM_CLAUDE_BIN, or put `claude` on PATH"
@@ -227,13 +227,14 @@ class ClaudeCliAgent(Agent):
                 return found
             raise AgentError(
                 ErrorKind.TRANSPORT_ERROR,
-                f"claude CLI not found: {source} is {value!r}, which is not an executable file; "
-                f"fix it or unset it ({how})",
+                f"claude CLI not found: {source} is {value!r}, which is not an executable file",
+                hint=f"fix {source} or unset it; or {how}",
+                alias=self.alias,
             )
         found = shutil.which("claude")
         if found:
             return found
-        raise AgentError(ErrorKind.TRANSPORT_ERROR, f"claude CLI not found on PATH; {how}")
+        raise AgentError(ErrorKind.TRANSPORT_ERROR, "claude CLI not found on PATH", hint=how, alias=self.alias)
 
     def argv(self, binary: str) -> list[str]:
         """The command line of one call."""
@@ -254,7 +255,7 @@ class ClaudeCliAgent(Agent):
 
     def ask(self, request: AskRequest, *, deadline: float) -> AskResponse:
         if self.remaining(deadline) <= 0:
-            raise AgentError(ErrorKind.DEADLINE_EXCEEDED, f"{self.alias}: deadline passed before start")
+            raise AgentError(ErrorKind.DEADLINE_EXCEEDED, "deadline passed before start", alias=self.alias)
         argv = self.argv(self.resolve_bin())
         call = self._register(request.call_id)
         try:
@@ -267,7 +268,7 @@ class ClaudeCliAgent(Agent):
         call = _Call()
         with self._lock:
             if self._closed:
-                raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias} is closed")
+                raise AgentError(ErrorKind.TRANSPORT_ERROR, "agent is closed", alias=self.alias)
             self._calls.setdefault(call_id, []).append(call)
         return call
 
@@ -283,7 +284,7 @@ class ClaudeCliAgent(Agent):
         started = time.monotonic()
         with call.lock:
             if call.cancelled:
-                raise AgentError(ErrorKind.DEADLINE_EXCEEDED, f"{self.alias}: call cancelled")
+                raise AgentError(ErrorKind.DEADLINE_EXCEEDED, "call cancelled", alias=self.alias)
             try:
                 # A new session makes the child a process-group leader, so a cut kills
                 # everything it started (node workers, MCP servers) too.
@@ -307,14 +308,16 @@ class ClaudeCliAgent(Agent):
             _let_go(proc)  # not communicate(): whatever still holds the pipe could flood it
             raise AgentError(
                 ErrorKind.PLUGIN_CRASH,
-                f"{self.alias}: claude CLI printed more than {_MAX_STDOUT} bytes on stdout; process group killed",
+                f"claude CLI printed more than {_MAX_STDOUT} bytes on stdout; process group killed",
+                alias=self.alias,
             ) from exc
         except subprocess.TimeoutExpired as exc:
             _kill_group(proc)
             _reap(proc)
             raise AgentError(
                 ErrorKind.DEADLINE_EXCEEDED,
-                f"{self.alias}: claude CLI still running at the deadline; process group killed",
+                "claude CLI still running at the deadline; process group killed",
+                alias=self.alias,
             ) from exc
         except BaseException:
             # Never leave the child behind, whatever interrupted us.
@@ -324,7 +327,8 @@ class ClaudeCliAgent(Agent):
         if call.cancelled:
             raise AgentError(
                 ErrorKind.DEADLINE_EXCEEDED,
-                f"{self.alias}: cancelled at the hard deadline; process group killed",
+                "cancelled at the hard deadline; process group killed",
+                alias=self.alias,
             )
         return output
 

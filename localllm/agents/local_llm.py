@@ -133,7 +133,7 @@ class LocalLLMAgent(Agent):
 
         with self._lock:
             if self._closed:
-                raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias} is closed")
+                raise AgentError(ErrorKind.TRANSPORT_ERROR, "agent is closed", alias=self.alias)
             if self._server is None:
                 decl = self.decl
                 self._server = ManagedServer(
@@ -175,10 +175,10 @@ class LocalLLMAgent(Agent):
             return normalize_endpoint(self._managed_server().ensure_ready())
         except (FetchError, SidecarError, ServiceError, ValueError) as exc:
             if self._closed:
-                raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias} was closed while starting") from exc
-            hint = f" ({exc.hint})" if isinstance(exc, LocalLLMError) and exc.hint else ""
-            detail = f"{self.alias}: cannot start llama-server: {exc}{hint}"
-            raise AgentError(ErrorKind.TRANSPORT_ERROR, detail) from exc
+                raise AgentError(ErrorKind.TRANSPORT_ERROR, "closed while starting", alias=self.alias) from exc
+            hint = exc.hint if isinstance(exc, LocalLLMError) else ""
+            detail = f"cannot start llama-server: {exc}"
+            raise AgentError(ErrorKind.TRANSPORT_ERROR, detail, hint=hint, alias=self.alias) from exc
 
     # ------------------------------------------------------------------ request
 
@@ -264,7 +264,8 @@ class LocalLLMAgent(Agent):
         if not key:
             raise AgentError(
                 ErrorKind.TRANSPORT_ERROR,
-                f"{self.alias}: api_key_env {name} is not set; export {name}=<key> (no request was made)",
+                f"api_key_env {name} is not set; export {name}=<key> (no request was made)",
+                alias=self.alias,
             )
         return {"Authorization": f"Bearer {key}"}
 
@@ -281,21 +282,24 @@ class LocalLLMAgent(Agent):
 
         def failed(reason: str, exc: BaseException) -> AgentError:
             if isinstance(exc, httpx.TimeoutException):
-                detail = f"{self.alias}: no answer from {base} in time ({reason})"
-                return AgentError(ErrorKind.DEADLINE_EXCEEDED, detail)
+                detail = f"no answer from {base} in time ({reason})"
+                return AgentError(ErrorKind.DEADLINE_EXCEEDED, detail, alias=self.alias)
             if attached is not None:  # the service went away: the next call looks again, then spawns
                 self._attached = None
                 return AgentError(
                     ErrorKind.TRANSPORT_ERROR,
-                    f"{self.alias}: the localllm service (pid "
-                    f"{attached.pid}) failed mid-call: {reason} ({type(exc).__name__}: {exc})",
+                    f"the localllm service (pid {attached.pid}) failed mid-call: "
+                    f"{reason} ({type(exc).__name__}: {exc})",
+                    alias=self.alias,
                 )
-            return AgentError(ErrorKind.TRANSPORT_ERROR, self._connection_detail(base, reason, exc, pid))
+            return AgentError(
+                ErrorKind.TRANSPORT_ERROR, self._connection_detail(base, reason, exc, pid), alias=self.alias
+            )
 
         def post(body: dict[str, Any]) -> Any:
             remaining = self.remaining(deadline)
             if remaining <= 0:
-                raise AgentError(ErrorKind.DEADLINE_EXCEEDED, f"{self.alias}: deadline passed before the request")
+                raise AgentError(ErrorKind.DEADLINE_EXCEEDED, "deadline passed before the request", alias=self.alias)
             timeout = httpx.Timeout(remaining, connect=min(_CONNECT_TIMEOUT, remaining))
             with map_httpx_errors(failed):
                 return self._http().post(f"{base}/chat/completions", json=body, headers=headers, timeout=timeout)
@@ -341,10 +345,11 @@ class LocalLLMAgent(Agent):
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             raise AgentError(
                 ErrorKind.TRANSPORT_ERROR,
-                f"{self.alias}: unusable response (no choices[0].message.content): {truncate_detail(reply.text)}",
+                f"unusable response (no choices[0].message.content): {truncate_detail(reply.text)}",
+                alias=self.alias,
             ) from exc
         if not isinstance(content, str):
-            raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias}: choices[0].message.content is not text")
+            raise AgentError(ErrorKind.TRANSPORT_ERROR, "choices[0].message.content is not text", alias=self.alias)
         usage = data.get("usage") or {}
         choice = data["choices"][0]
         meta: dict[str, Any] = {
@@ -385,11 +390,12 @@ class LocalLLMAgent(Agent):
         if upstream.constraint_broken:  # the model's answer, refused by the server's own check
             return AgentError(
                 ErrorKind.SCHEMA_INVALID,
-                f"{self.alias}: {upstream.describe(where)}",
+                upstream.describe(where),
+                alias=self.alias,
                 hint="the answer broke the grammar the server enforced; the fallback answers",
             )
         hint = upstream.auth_hint(self.decl.api_key_env) if upstream.auth else ""
-        return AgentError(ErrorKind.TRANSPORT_ERROR, f"{self.alias}: {upstream.describe(where)}", hint=hint)
+        return AgentError(ErrorKind.TRANSPORT_ERROR, upstream.describe(where), hint=hint, alias=self.alias)
 
     def _model_meta(self, data: dict[str, Any]) -> dict[str, Any]:
         """``model`` as an id (a managed server reports its GGUF path), plus the pinned GGUF's sha256."""
@@ -408,7 +414,7 @@ class LocalLLMAgent(Agent):
         return dict(self._pinned_meta)
 
     def _connection_detail(self, base: str, reason: str, exc: BaseException, pid: int | None) -> str:
-        detail = f"{self.alias}: request to {base} failed: {reason} ({type(exc).__name__}: {exc})"
+        detail = f"request to {base} failed: {reason} ({type(exc).__name__}: {exc})"
         server = self._server
         if server is None:
             return detail

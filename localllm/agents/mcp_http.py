@@ -183,14 +183,14 @@ class McpHttpAgent(Agent):
 
     def ask(self, request: AskRequest, *, deadline: float) -> AskResponse:
         if self._closed:
-            raise AgentError(ErrorKind.TRANSPORT_ERROR, "agent is closed", alias=self.alias)
+            raise self._error("agent is closed")
         call_id = request.call_id
         try:
             message = self._tools_call(request, deadline, call_id)
         finally:
             self._cancelled.discard(call_id)
-        result = _mcp.result_of(message, label=self.alias, what=f"tools/call {self.decl.tool!r}")
-        return _mcp.answer_from_tool_result(result, label=self.alias, tool=self.decl.tool)
+        result = _mcp.result_of(message, alias=self.alias, what=f"tools/call {self.decl.tool!r}")
+        return _mcp.answer_from_tool_result(result, alias=self.alias, tool=self.decl.tool)
 
     def _tools_call(self, request: AskRequest, deadline: float, call_id: str) -> dict[str, Any]:
         session = self._session or self._new_session(None, deadline, call_id)
@@ -204,11 +204,9 @@ class McpHttpAgent(Agent):
             try:
                 reply = self._post(message, session, deadline, call_id)
             except _SessionExpired as again:
-                raise AgentError(
-                    ErrorKind.TRANSPORT_ERROR,
+                raise self._error(
                     f"tools/call: HTTP {again.status} from {self._url} for a freshly initialised session: "
-                    f"{truncate_detail(self._redact(again.text))}",
-                    alias=self.alias,
+                    f"{truncate_detail(self._redact(again.text))}"
                 ) from None
         assert reply is not None
         return reply
@@ -248,16 +246,14 @@ class McpHttpAgent(Agent):
             assigned: list[str | None] = []
             reply = self._post(message, None, deadline, call_id, session_header=assigned)
             assert reply is not None
-            result = _mcp.result_of(reply, label=self.alias, what="initialize")
-            version = _mcp.negotiated_version(result, supported=_mcp.HTTP_VERSIONS, label=self.alias)
+            result = _mcp.result_of(reply, alias=self.alias, what="initialize")
+            version = _mcp.negotiated_version(result, supported=_mcp.HTTP_VERSIONS, alias=self.alias)
             session = _Session(assigned[0] if assigned else None, version)
             self._post(_mcp.initialized_notification(), session, deadline, call_id)
         except _SessionExpired as exc:
-            raise AgentError(
-                ErrorKind.TRANSPORT_ERROR,
+            raise self._error(
                 f"HTTP {exc.status} from {self._url} during the MCP handshake: "
-                f"{truncate_detail(self._redact(exc.text))}",
-                alias=self.alias,
+                f"{truncate_detail(self._redact(exc.text))}"
             ) from None
         logger.debug("%s: MCP session initialised (protocol %s)", self.alias, version)
         return session
@@ -354,19 +350,13 @@ class McpHttpAgent(Agent):
                 if response.status_code in (307, 308) and location:
                     target = url.join(location)
                     if _origin(target) != origin:
-                        raise AgentError(
-                            ErrorKind.TRANSPORT_ERROR,
+                        raise self._error(
                             f"{verb}: HTTP {response.status_code} redirect from {self._url} to another origin "
                             f"({safe_url(str(target))}) not followed",
-                            alias=self.alias,
                             hint=f"set agent_plugins.{self.alias}.endpoint to the URL you trust",
                         )
                     if hop >= _MAX_REDIRECTS:
-                        raise AgentError(
-                            ErrorKind.TRANSPORT_ERROR,
-                            f"{verb}: more than {_MAX_REDIRECTS} redirects from {self._url}",
-                            alias=self.alias,
-                        )
+                        raise self._error(f"{verb}: more than {_MAX_REDIRECTS} redirects from {self._url}")
                     url = target
                     continue
                 with self._reading(response):
@@ -399,13 +389,11 @@ class McpHttpAgent(Agent):
                 return self._deadline_error(method)
             cause = f"{reason} ({type(exc).__name__}: {self._redact(str(exc))})"
             if isinstance(exc, httpx.ConnectError):
-                return AgentError(
-                    ErrorKind.TRANSPORT_ERROR,
+                return self._error(
                     f"cannot connect to {self._url}: {cause}",
                     hint=f"is the MCP server running? check agent_plugins.{self.alias}.endpoint",
-                    alias=self.alias,
                 )
-            return AgentError(ErrorKind.TRANSPORT_ERROR, f"{method}: {cause} talking to {self._url}", alias=self.alias)
+            return self._error(f"{method}: {cause} talking to {self._url}")
 
         try:
             with self._open("POST", self._headers(session), deadline, call_id, content=body) as response:
@@ -420,10 +408,8 @@ class McpHttpAgent(Agent):
                         if where and 300 <= status < 400
                         else ""
                     )
-                    raise AgentError(
-                        ErrorKind.TRANSPORT_ERROR,
-                        f"{method}: HTTP {status} from {self._url}{moved}: {truncate_detail(self._redact(text))}",
-                        alias=self.alias,
+                    raise self._error(
+                        f"{method}: HTTP {status} from {self._url}{moved}: {truncate_detail(self._redact(text))}"
                     )
                 if session_header is not None:
                     session_header.append(response.headers.get("mcp-session-id"))
@@ -452,7 +438,7 @@ class McpHttpAgent(Agent):
 
     def _check_time(self, deadline: float, call_id: str, method: str) -> None:
         if self._closed:
-            raise AgentError(ErrorKind.TRANSPORT_ERROR, f"{method}: agent was closed mid-call", alias=self.alias)
+            raise self._error(f"{method}: agent was closed mid-call")
         if time.monotonic() >= deadline or call_id in self._cancelled:
             raise self._deadline_error(method)
 
@@ -490,19 +476,15 @@ class McpHttpAgent(Agent):
             try:
                 value = json.loads(text)
             except ValueError as exc:
-                raise AgentError(
-                    ErrorKind.TRANSPORT_ERROR,
-                    f"{method}: unparseable JSON from {self._url}: {truncate_detail(self._redact(text))}",
-                    alias=self.alias,
+                raise self._error(
+                    f"{method}: unparseable JSON from {self._url}: {truncate_detail(self._redact(text))}"
                 ) from exc
             messages = value if isinstance(value, list) else [value]
             for candidate in messages:
                 if isinstance(candidate, dict) and _mcp.is_response(candidate) and candidate.get("id") == req_id:
                     return candidate
-            raise AgentError(
-                ErrorKind.TRANSPORT_ERROR,
-                f"{method}: no response with id {req_id} in the body: {truncate_detail(self._redact(text))}",
-                alias=self.alias,
+            raise self._error(
+                f"{method}: no response with id {req_id} in the body: {truncate_detail(self._redact(text))}"
             )
         if ctype == _SSE:
             resume = _Resume()
@@ -520,10 +502,8 @@ class McpHttpAgent(Agent):
             finally:
                 with self._inflight_lock:
                     self._pending.pop(req_id, None)
-        raise AgentError(
-            ErrorKind.TRANSPORT_ERROR,
-            f"{method}: unexpected content-type {ctype or '(none)'!r} from {self._url} (HTTP {response.status_code})",
-            alias=self.alias,
+        raise self._error(
+            f"{method}: unexpected content-type {ctype or '(none)'!r} from {self._url} (HTTP {response.status_code})"
         )
 
     def _resume(
@@ -534,17 +514,11 @@ class McpHttpAgent(Agent):
         while True:
             seen = resume.last_event_id
             if seen is None or session is None:
-                raise AgentError(
-                    ErrorKind.TRANSPORT_ERROR,
-                    f"{method}: SSE stream from {self._url} ended without a response",
-                    alias=self.alias,
-                )
+                raise self._error(f"{method}: SSE stream from {self._url} ended without a response")
             resumes += 1
             if resumes > _MAX_RESUMES:
-                raise AgentError(
-                    ErrorKind.TRANSPORT_ERROR,
-                    f"{method}: SSE stream from {self._url} resumed {_MAX_RESUMES} times without a new event",
-                    alias=self.alias,
+                raise self._error(
+                    f"{method}: SSE stream from {self._url} resumed {_MAX_RESUMES} times without a new event"
                 )
             if self.remaining(deadline) <= resume.retry:
                 raise self._deadline_error(method)
@@ -556,11 +530,9 @@ class McpHttpAgent(Agent):
             with self._open("GET", headers, deadline, call_id) as stream:
                 if stream.status_code != 200 or self._content_type(stream) != _SSE:
                     text = self._read_text(stream, deadline, call_id)
-                    raise AgentError(
-                        ErrorKind.TRANSPORT_ERROR,
+                    raise self._error(
                         f"{method}: resuming the SSE stream from {self._url} failed: HTTP {stream.status_code}: "
-                        f"{truncate_detail(self._redact(text))}",
-                        alias=self.alias,
+                        f"{truncate_detail(self._redact(text))}"
                     )
                 found = self._scan_sse(
                     stream, req_id, method, session=session, resume=resume, deadline=deadline, call_id=call_id
@@ -636,10 +608,8 @@ class McpHttpAgent(Agent):
             try:
                 candidate = json.loads(data)
             except ValueError as exc:
-                raise AgentError(
-                    ErrorKind.TRANSPORT_ERROR,
-                    f"{method}: unparseable SSE event from {self._url}: {truncate_detail(self._redact(data))}",
-                    alias=self.alias,
+                raise self._error(
+                    f"{method}: unparseable SSE event from {self._url}: {truncate_detail(self._redact(data))}"
                 ) from exc
             if not isinstance(candidate, dict):
                 continue
@@ -653,10 +623,12 @@ class McpHttpAgent(Agent):
             self._answer(candidate, session, deadline, call_id)
         return None
 
+    def _error(self, detail: str, *, hint: str = "") -> AgentError:
+        """A ``transport_error`` of this agent."""
+        return AgentError(ErrorKind.TRANSPORT_ERROR, detail, hint=hint, alias=self.alias)
+
     def _too_large(self, what: str) -> AgentError:
-        return AgentError(
-            ErrorKind.TRANSPORT_ERROR, f"{what} from {self._url} is larger than {_MAX_BODY} bytes", alias=self.alias
-        )
+        return self._error(f"{what} from {self._url} is larger than {_MAX_BODY} bytes")
 
     def _sse_lines(self, response: httpx.Response, deadline: float, call_id: str, method: str) -> Iterator[str]:
         """The stream's lines (ended by CRLF, LF or CR), checked against the deadline and

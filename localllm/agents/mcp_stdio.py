@@ -73,8 +73,8 @@ class McpStdioAgent(ChildAgent):
         child.send(_mcp.initialize_request(req_id), deadline=deadline)
         message = self._await_response(child, req_id, deadline)
         try:
-            result = _mcp.result_of(message, label=self.alias, what="initialize")
-            version = _mcp.negotiated_version(result, supported=_mcp.STDIO_VERSIONS, label=self.alias)
+            result = _mcp.result_of(message, alias=self.alias, what="initialize")
+            version = _mcp.negotiated_version(result, supported=_mcp.STDIO_VERSIONS, alias=self.alias)
         except AgentError:
             # A server we cannot talk to is useless alive; the next call starts afresh.
             child.kill()
@@ -87,8 +87,8 @@ class McpStdioAgent(ChildAgent):
         req_id = next(self._ids)
         child.send(_mcp.tools_call_request(req_id, self.decl.tool, request), deadline=deadline)
         message = self._await_response(child, req_id, deadline)
-        result = _mcp.result_of(message, label=self.alias, what=f"tools/call {self.decl.tool!r}")
-        return _mcp.answer_from_tool_result(result, label=self.alias, tool=self.decl.tool)
+        result = _mcp.result_of(message, alias=self.alias, what=f"tools/call {self.decl.tool!r}")
+        return _mcp.answer_from_tool_result(result, alias=self.alias, tool=self.decl.tool)
 
     def _await_response(self, child: LineChild, req_id: int, deadline: float) -> dict[str, Any]:
         while True:

@@ -25,9 +25,7 @@ class UsageError(LocalLLMError):
     """Bad command-line usage (exit 2); ``usage`` is the parser's usage line, when known."""
 
     def __init__(self, message: str, *, hint: str = "", usage: str = "") -> None:
-        super().__init__(message)
-        if hint:
-            self.hint = hint
+        super().__init__(message, hint=hint)
         self.usage = usage
 
 

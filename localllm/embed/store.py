@@ -125,13 +125,12 @@ def _classify(path: Path, exc: sqlite3.Error) -> StoreCorrupt | StoreUnavailable
 
 
 def _unavailable(path: Path, reason: str, detail: str) -> StoreUnavailable:
-    err = StoreUnavailable(
+    return StoreUnavailable(
         f"embedding store {path} cannot be used now ({detail}); the rows already stored are kept",
         path=str(path),
         reason=reason,
+        hint=_HINTS.get(reason, "run again once the cause is gone"),
     )
-    err.hint = _HINTS.get(reason, "run again once the cause is gone")
-    return err
 
 
 class Store:

@@ -33,7 +33,7 @@ from localllm.config import Config, Gate
 from localllm.errors import TraceError
 from localllm.eval.cases import Case
 from localllm.eval.fromtrace import RecordedCall, recorded_calls
-from localllm.eval.run import AgentRun
+from localllm.eval.run import AgentRun, CallRef
 from localllm.selection import REPORT_KIND, REPORT_VERSION, fingerprint
 from localllm.trace.stats import percentile
 
@@ -94,6 +94,134 @@ def _label(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
+def _rate(count: int, total: int) -> float | None:
+    return round(count / total, 6) if total else None
+
+
+def _stable(outcomes: Mapping[str, set[str]], repeat: int) -> float | None:
+    """The share of cases whose repeats all ended the same; ``None`` without repeats."""
+    return _rate(sum(1 for o in outcomes.values() if len(o) == 1), len(outcomes)) if repeat > 1 else None
+
+
+def _answered(call: RecordedCall | None, name: str) -> str:
+    """What ``call`` answered for the enum field ``name``, as a confusion-table column."""
+    if call is None or not call.ok:
+        return ERROR_LABEL
+    if isinstance(call.response, dict) and name in call.response:
+        return _label(call.response[name])
+    return MISSING_LABEL
+
+
+def _judge(case: Case, call: RecordedCall | None) -> tuple[bool, dict[str, bool]]:
+    """(correct, field → correct); a failed call is wrong in every field."""
+    if call is not None and call.ok:
+        return case.expect.judge(call.response)
+    return False, {name: False for name in (case.expect.fields or case.expect.labels())}
+
+
+class _Tally:
+    """One agent's calls added up, one call at a time (see the module docstring)."""
+
+    def __init__(self, enums: Mapping[str, list[Any]]) -> None:
+        self.correct = self.first_try = self.valid_first = self.fallbacks = 0
+        self.field_hits: Counter[str] = Counter()
+        self.field_total: Counter[str] = Counter()
+        self.errors: Counter[str] = Counter()
+        self.durations: list[float] = []
+        self.prompt_tokens = self.completion_tokens = 0
+        self.cost = 0.0
+        self.confusion: dict[str, dict[str, Counter[str]]] = {name: {} for name in enums}
+        self.outcomes: dict[str, set[str]] = {}
+        self.labelled: dict[str, set[str]] = {}
+
+    def add(self, ref: CallRef, case: Case, call: RecordedCall | None) -> tuple[bool, dict[str, bool]]:
+        """Count one call; (correct, field → correct) for its row."""
+        ok, per = _judge(case, call)
+        fell_back = call is not None and call.fallback
+        self.correct += ok
+        self.first_try += ok and not fell_back
+        self.valid_first += call is not None and call.ok and not fell_back
+        self.fallbacks += fell_back
+        for name, hit in per.items():
+            self.field_total[name] += 1
+            self.field_hits[name] += hit
+        self._measure(ref, call)
+        self._classify(ref, case, call)
+        return ok, per
+
+    def _measure(self, ref: CallRef, call: RecordedCall | None) -> None:
+        if call is None or not call.ok:
+            self.errors[call.kind if call is not None and call.kind else (ref.unrecorded or "unrecorded")] += 1
+        if call is None:
+            return
+        if call.duration_ms is not None:
+            self.durations.append(call.duration_ms)
+        prompt, completion = _tokens(call.meta)
+        self.prompt_tokens += prompt
+        self.completion_tokens += completion
+        self.cost += _cost(call.meta)
+
+    def _classify(self, ref: CallRef, case: Case, call: RecordedCall | None) -> None:
+        """The confusion tables and how each repeat of the case ended."""
+        labels = case.expect.labels()
+        for name, table in self.confusion.items():
+            if name in labels:
+                table.setdefault(_label(labels[name]), Counter())[_answered(call, name)] += 1
+        self.outcomes.setdefault(ref.case, set()).add(_outcome(call, ref.unrecorded))
+        self.labelled.setdefault(ref.case, set()).add(_outcome(call, ref.unrecorded, sorted(labels)))
+
+    def metrics(self, run: AgentRun, repeat: int) -> dict[str, Any]:
+        n, durations, hits = len(run.calls), self.durations, self.field_hits
+        return {
+            "local": run.local,
+            "calls": n,
+            "correct": self.correct,
+            "accuracy": _rate(self.correct, n),
+            "first_try_accuracy": _rate(self.first_try, n),
+            "fields": {
+                name: {"correct": hits[name], "total": total, "accuracy": _rate(hits[name], total)}
+                for name, total in sorted(self.field_total.items())
+            },
+            "schema_valid_first_try": _rate(self.valid_first, n),
+            "fallbacks": self.fallbacks,
+            "fallback_rate": _rate(self.fallbacks, n),
+            "errors": dict(sorted(self.errors.items())),
+            "latency_ms": {
+                "p50": percentile(durations, 50),
+                "p95": percentile(durations, 95),
+                "mean": round(sum(durations) / len(durations), 3) if durations else None,
+            },
+            "tokens": {"prompt": self.prompt_tokens, "completion": self.completion_tokens},
+            "cost_usd": {"total": round(self.cost, 6), "mean": round(self.cost / n, 6) if n else None},
+            "reproducibility": _stable(self.outcomes, repeat),
+            "reproducibility_labels": _stable(self.labelled, repeat),
+            "confusion": {
+                name: {want: dict(sorted(got.items())) for want, got in sorted(table.items())}
+                for name, table in self.confusion.items()
+            },
+            "workers": run.workers,
+            "startup_s": round(run.startup_s, 3),
+            "wall_s": round(run.wall_s, 3),
+            "cases_per_s": round(n / run.wall_s, 3) if run.wall_s > 0 else None,
+        }
+
+
+def _row(alias: str, ref: CallRef, call: RecordedCall | None, ok: bool, per: dict[str, bool]) -> dict[str, Any]:
+    return {
+        "agent": alias,
+        "case": ref.case,
+        "repeat": ref.repeat,
+        "call_id": ref.call_id,
+        "correct": ok,
+        "fields": per,
+        "fallback": call is not None and call.fallback,
+        "answered_by": call.answered_by if call is not None else None,
+        "error": None if call is None or call.ok else call.kind,
+        "duration_ms": call.duration_ms if call is not None else None,
+        "submission": call.response if call is not None else None,
+    }
+
+
 def agent_rows(
     runs: Sequence[AgentRun],
     calls: Sequence[RecordedCall],
@@ -107,17 +235,7 @@ def agent_rows(
     agents: dict[str, Any] = {}
     rows: list[dict[str, Any]] = []
     for run in runs:
-        n = len(run.calls)
-        correct = first_try = valid_first = fallbacks = 0
-        field_hits: Counter[str] = Counter()
-        field_total: Counter[str] = Counter()
-        errors: Counter[str] = Counter()
-        durations: list[float] = []
-        prompt_tokens = completion_tokens = 0
-        cost = 0.0
-        confusion: dict[str, dict[str, Counter[str]]] = {name: {} for name in enums}
-        outcomes: dict[str, set[str]] = {}
-        labelled: dict[str, set[str]] = {}
+        tally = _Tally(enums)
         for ref in run.calls:
             call = by_id.get(ref.call_id) if ref.call_id else None
             if ref.call_id is not None and call is None:
@@ -125,101 +243,9 @@ def agent_rows(
                     f"call {ref.call_id} of case {ref.case} is not in the eval trace",
                     hint="the trace was changed while the eval ran; run it again",
                 )
-            case = case_of[ref.case]
-            ok, per = (
-                case.expect.judge(call.response)
-                if call is not None and call.ok
-                else (False, {name: False for name in (case.expect.fields or case.expect.labels())})
-            )
-            fell_back = call is not None and call.fallback
-            correct += ok
-            first_try += ok and not fell_back
-            valid_first += call is not None and call.ok and not fell_back
-            fallbacks += fell_back
-            for name, hit in per.items():
-                field_total[name] += 1
-                field_hits[name] += hit
-            if call is None or not call.ok:
-                errors[call.kind if call is not None and call.kind else (ref.unrecorded or "unrecorded")] += 1
-            if call is not None:
-                if call.duration_ms is not None:
-                    durations.append(call.duration_ms)
-                p, c = _tokens(call.meta)
-                prompt_tokens += p
-                completion_tokens += c
-                cost += _cost(call.meta)
-            labels = case.expect.labels()
-            for name in enums:
-                if name not in labels:
-                    continue
-                if call is None or not call.ok:
-                    got = ERROR_LABEL
-                elif isinstance(call.response, dict) and name in call.response:
-                    got = _label(call.response[name])
-                else:
-                    got = MISSING_LABEL
-                confusion[name].setdefault(_label(labels[name]), Counter())[got] += 1
-            outcomes.setdefault(ref.case, set()).add(_outcome(call, ref.unrecorded))
-            labelled.setdefault(ref.case, set()).add(_outcome(call, ref.unrecorded, sorted(labels)))
-            rows.append(
-                {
-                    "agent": run.alias,
-                    "case": ref.case,
-                    "repeat": ref.repeat,
-                    "call_id": ref.call_id,
-                    "correct": ok,
-                    "fields": per,
-                    "fallback": fell_back,
-                    "answered_by": call.answered_by if call is not None else None,
-                    "error": None if call is None or call.ok else call.kind,
-                    "duration_ms": call.duration_ms if call is not None else None,
-                    "submission": call.response if call is not None else None,
-                }
-            )
-
-        def rate(count: int, total: int = n) -> float | None:
-            return round(count / total, 6) if total else None
-
-        agents[run.alias] = {
-            "local": run.local,
-            "calls": n,
-            "correct": correct,
-            "accuracy": rate(correct),
-            "first_try_accuracy": rate(first_try),
-            "fields": {
-                name: {
-                    "correct": field_hits[name],
-                    "total": field_total[name],
-                    "accuracy": rate(field_hits[name], field_total[name]),
-                }
-                for name in sorted(field_total)
-            },
-            "schema_valid_first_try": rate(valid_first),
-            "fallbacks": fallbacks,
-            "fallback_rate": rate(fallbacks),
-            "errors": dict(sorted(errors.items())),
-            "latency_ms": {
-                "p50": percentile(durations, 50),
-                "p95": percentile(durations, 95),
-                "mean": round(sum(durations) / len(durations), 3) if durations else None,
-            },
-            "tokens": {"prompt": prompt_tokens, "completion": completion_tokens},
-            "cost_usd": {"total": round(cost, 6), "mean": round(cost / n, 6) if n else None},
-            "reproducibility": (
-                rate(sum(1 for o in outcomes.values() if len(o) == 1), len(outcomes)) if repeat > 1 else None
-            ),
-            "reproducibility_labels": (
-                rate(sum(1 for o in labelled.values() if len(o) == 1), len(labelled)) if repeat > 1 else None
-            ),
-            "confusion": {
-                name: {want: dict(sorted(got.items())) for want, got in sorted(table.items())}
-                for name, table in confusion.items()
-            },
-            "workers": run.workers,
-            "startup_s": round(run.startup_s, 3),
-            "wall_s": round(run.wall_s, 3),
-            "cases_per_s": round(n / run.wall_s, 3) if run.wall_s > 0 else None,
-        }
+            ok, per = tally.add(ref, case_of[ref.case], call)
+            rows.append(_row(run.alias, ref, call, ok, per))
+        agents[run.alias] = tally.metrics(run, repeat)
     return agents, rows
 
 

@@ -49,11 +49,11 @@ def _cache_usable(layout: CacheLayout) -> Iterator[None]:
             problem = f"{blocker} is a regular file, not a directory"
         else:
             problem = f"{exc.strerror or exc}: {exc.filename or root}"
-        err = FetchError(f"cannot use the cache directory {root}: {problem}")
-        err.hint = (
-            "point LOCALLLM_CACHE_DIR at a writable directory, or unset it to use the user cache (~/.cache/localllm)"
-        )
-        raise err from exc
+        raise FetchError(
+            f"cannot use the cache directory {root}: {problem}",
+            hint="point LOCALLLM_CACHE_DIR at a writable directory, "
+            "or unset it to use the user cache (~/.cache/localllm)",
+        ) from exc
 
 
 def resolve_server_binary(server_bin: str | Path | None = None, *, cancel: threading.Event | None = None) -> Path:
@@ -72,9 +72,10 @@ def resolve_model(model: str | Path, *, base_dir: Path | None = None, cancel: th
     if not path.is_absolute() and base_dir is not None:
         path = base_dir / path
     if not path.is_file():
-        exc = FetchError(f"model file {path} not found")
-        exc.hint = "fix the model: path (relative to the config file), or use a pinned model id"
-        raise exc
+        raise FetchError(
+            f"model file {path} not found",
+            hint="fix the model: path (relative to the config file), or use a pinned model id",
+        )
     return path
 
 
@@ -102,9 +103,10 @@ def ensure_server(
     if override:
         path = Path(override).expanduser()
         if not (path.is_file() and os.access(path, os.X_OK)):
-            exc = FetchError(f"LOCALLLM_SERVER_BIN={override} is not an executable file")
-            exc.hint = "point LOCALLLM_SERVER_BIN at a llama-server binary, or unset it"
-            raise exc
+            raise FetchError(
+                f"LOCALLLM_SERVER_BIN={override} is not an executable file",
+                hint="point LOCALLLM_SERVER_BIN at a llama-server binary, or unset it",
+            )
         return ServerInstall(binary=path, release_dir=path.parent, release="override", source="override")
     found = cached_server(pins, layout)
     if found is not None:
@@ -125,7 +127,7 @@ def ensure_server(
             raise
         except FetchError as exc:
             if cancel is None or not cancel.is_set():  # a cancelled fetch needs no advice
-                exc.hint = f"{exc.hint}; or {FROM_SOURCE_HINT}" if exc.hint else FROM_SOURCE_HINT
+                exc.add_alternative(FROM_SOURCE_HINT)
             raise
     return install_for(release_dir, pins.release, "prebuilt")
 

@@ -145,17 +145,14 @@ def ensure_shim(
         return False
     where = f"system libstdc++ ({probe.path or 'not found'}) has {fmt(probe.highest)}"
     if shim is None:
-        exc = LibstdcxxTooOld(
+        raise LibstdcxxTooOld(
             f"llama-server needs {fmt(required)}; {where}, and no libstdc++ shim is pinned for this platform",
             required=required,
             system=probe.highest,
             shim=None,
+            hint="install a newer libstdc++ (GCC 12+), build with `localllm fetch server --from-source`, "
+            "or use endpoint mode",
         )
-        exc.hint = (
-            "install a newer libstdc++ (GCC 12+), build with `localllm fetch server "
-            "--from-source`, or use endpoint mode"
-        )
-        raise exc
     log(f"{where}; llama-server needs {fmt(required)}: installing the pinned libstdc++ shim")
     package = fetch_shim(shim)
     target = release_dir / SHIM_NAME
@@ -163,17 +160,14 @@ def ensure_shim(
     provided = highest_glibcxx(target)
     if provided is None or provided < required:
         target.unlink(missing_ok=True)
-        exc = LibstdcxxTooOld(
+        raise LibstdcxxTooOld(
             f"llama-server needs {fmt(required)}; {where}, and the pinned shim "
             f"{shim.artifact.file}:{shim.member} provides only {fmt(provided)} "
             f"(pin says {fmt(shim.provides_glibcxx)})",
             required=required,
             system=probe.highest,
             shim=provided,
+            hint="update libstdcxx_shim in pins/artifacts.json, build with `localllm fetch server "
+            "--from-source`, or use endpoint mode",
         )
-        exc.hint = (
-            "update libstdcxx_shim in pins/artifacts.json, build with `localllm fetch "
-            "server --from-source`, or use endpoint mode"
-        )
-        raise exc
     return True

@@ -106,9 +106,13 @@ class _Budget:
 
 def _too_large(archive: Path, raw: str, why: str, *, size: int, limit: int, writing: bool = False) -> ArchiveTooLarge:
     done = "extraction stopped there" if writing else "nothing was extracted"
-    exc = ArchiveTooLarge(f"{archive.name}: refusing member {raw!r}: {why}; {done}", member=raw, size=size, limit=limit)
-    exc.hint = "the archive is not the pinned one, or pass a larger max_bytes if it really is"
-    return exc
+    return ArchiveTooLarge(
+        f"{archive.name}: refusing member {raw!r}: {why}; {done}",
+        member=raw,
+        size=size,
+        limit=limit,
+        hint="the archive is not the pinned one, or pass a larger max_bytes if it really is",
+    )
 
 
 def default_max_bytes(archive: Path) -> int:

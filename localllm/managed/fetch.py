@@ -281,22 +281,18 @@ def _from_sources(
         raise last
     where = "; ".join(tried) if tried else "no mirror configured"
     if offline:
-        missing = OfflineArtifactMissing(
+        with_what = f" with `{prewarm}`" if prewarm else ""
+        raise OfflineArtifactMissing(
             f"{artifact.name} ({artifact.file}) is not cached and LOCALLLM_OFFLINE=1 forbids "
-            f"downloading it; tried: {where}"
+            f"downloading it; tried: {where}",
+            hint=f"pre-warm the cache{with_what} on a connected machine, "
+            f"or put {artifact.file} in a directory listed in LOCALLLM_MIRROR",
         )
-        missing.hint = (
-            f"pre-warm the cache with `{prewarm}` on a connected machine"
-            if prewarm
-            else "pre-warm the cache on a connected machine"
-        ) + f", or put {artifact.file} in a directory listed in LOCALLLM_MIRROR"
-        raise missing
     if not artifact.url and last is None:
-        no_url = DownloadFailed(
-            f"{artifact.name} has no download URL (mirror only) and no mirror has {artifact.file}; tried: {where}"
+        raise DownloadFailed(
+            f"{artifact.name} has no download URL (mirror only) and no mirror has {artifact.file}; tried: {where}",
+            hint=f"put {artifact.file} in a directory and pass --mirror DIR or set LOCALLLM_MIRROR",
         )
-        no_url.hint = f"put {artifact.file} in a directory and pass --mirror DIR or set LOCALLLM_MIRROR"
-        raise no_url
     raise DownloadFailed(f"could not fetch {artifact.name} ({artifact.file}); tried: {where}") from last
 
 

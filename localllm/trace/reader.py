@@ -279,13 +279,12 @@ _DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_int=_int64, parse
 
 
 def _corrupt(message: str, where: str | None, *, torn: bool = False) -> NoReturn:
-    exc = TraceCorrupted(message)
-    if where is not None:
-        if torn:
-            exc.hint = (
-                f"the last line of {where} is torn (a writer stopped mid-line); opening it for "
-                f"append moves the torn bytes to {where}.torn"
-            )
-        else:
-            exc.hint = f"in {where}; the file was not modified (`localllm trace verify {where}` checks it)"
-    raise exc
+    hint = ""
+    if where is not None and torn:
+        hint = (
+            f"the last line of {where} is torn (a writer stopped mid-line); opening it for "
+            f"append moves the torn bytes to {where}.torn"
+        )
+    elif where is not None:
+        hint = f"in {where}; the file was not modified (`localllm trace verify {where}` checks it)"
+    raise TraceCorrupted(message, hint=hint)

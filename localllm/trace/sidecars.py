@@ -164,9 +164,10 @@ def atomic_write(path: Path, data: bytes, *, sync_dir: bool = True) -> None:
     try:
         _fs.atomic_write(path, data, sync_dir=sync_dir)
     except OSError as exc:
-        err = TraceError(f"cannot write sidecar {path}: {exc.strerror or exc}")
-        err.hint = "check that the trace directory is writable and the disk has space"
-        raise err from exc
+        raise TraceError(
+            f"cannot write sidecar {path}: {exc.strerror or exc}",
+            hint="check that the trace directory is writable and the disk has space",
+        ) from exc
 
 
 def _stem(call_id: str, suffix: str) -> str:

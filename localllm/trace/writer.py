@@ -40,6 +40,8 @@ TORN_SUFFIX = ".torn"
 _INT63 = 2**63
 #: how often a waiting open retries the lock
 _LOCK_POLL = 0.05
+#: the fields of an event its writer checks (all but ``seq`` and ``ts``, which it assigns)
+_FIELDS = ("kind", "payload", "turn", "state_path", "parent_turn", "call_id", "episode_id", "match_idx")
 _log = logging.getLogger("localllm.trace")
 
 
@@ -130,14 +132,16 @@ class TraceWriter:
         leaving the file unmodified.
         """
         fields = _check_fields(
-            kind=kind,
-            payload=payload,
-            turn=turn,
-            state_path=state_path,
-            parent_turn=parent_turn,
-            call_id=call_id,
-            episode_id=episode_id,
-            match_idx=match_idx,
+            {
+                "kind": kind,
+                "payload": payload,
+                "turn": turn,
+                "state_path": state_path,
+                "parent_turn": parent_turn,
+                "call_id": call_id,
+                "episode_id": episode_id,
+                "match_idx": match_idx,
+            }
         )
         with self._lock:
             fd = self._require_open()
@@ -151,16 +155,7 @@ class TraceWriter:
         """
         if not is_rfc3339_utc(event.ts):
             raise rules.reject("ts", f"{event.ts!r} is not an RFC3339 UTC timestamp ending in Z")
-        fields = _check_fields(
-            kind=event.kind,
-            payload=event.payload,
-            turn=event.turn,
-            state_path=event.state_path,
-            parent_turn=event.parent_turn,
-            call_id=event.call_id,
-            episode_id=event.episode_id,
-            match_idx=event.match_idx,
-        )
+        fields = _check_fields({name: getattr(event, name) for name in _FIELDS})
         with self._lock:
             fd = self._require_open()
             ev = Event(seq=self._next_seq.get(event.turn, 0), ts=event.ts, **fields)
@@ -292,18 +287,9 @@ class TraceWriter:
         return ev
 
 
-def _check_fields(
-    *,
-    kind: object,
-    payload: object,
-    turn: object,
-    state_path: object,
-    parent_turn: object,
-    call_id: object,
-    episode_id: object,
-    match_idx: object,
-) -> dict[str, Any]:
-    """Validate every field of an event-to-be; returns Event kwargs (without seq/ts)."""
+def _check_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    """Validate the ``_FIELDS`` of an event-to-be; returns Event kwargs (without seq/ts)."""
+    kind, turn, payload = fields["kind"], fields["turn"], fields["payload"]
     if not isinstance(kind, str) or not kind:
         raise rules.reject("kind", "must be a non-empty string")
     rules.check_string(kind, "kind")
@@ -315,24 +301,15 @@ def _check_fields(
     if not isinstance(payload, dict):
         raise rules.reject("payload", f"must be a JSON object (dict), got {type(payload).__name__}")
     clean = rules.check_value(payload, "payload")
-    for name, value in (("state_path", state_path), ("call_id", call_id), ("episode_id", episode_id)):
-        if value is not None:
+    for name in ("state_path", "call_id", "episode_id"):
+        if (value := fields[name]) is not None:
             if not isinstance(value, str):
                 raise rules.reject(name, f"must be a string, got {type(value).__name__}")
             rules.check_string(value, name)
-    for name, value in (("parent_turn", parent_turn), ("match_idx", match_idx)):
-        if value is not None:
+    for name in ("parent_turn", "match_idx"):
+        if (value := fields[name]) is not None:
             _check_count(name, value)
-    return {
-        "turn": turn,
-        "kind": kind,
-        "payload": clean,
-        "state_path": state_path,
-        "parent_turn": parent_turn,
-        "call_id": call_id,
-        "episode_id": episode_id,
-        "match_idx": match_idx,
-    }
+    return {**fields, "payload": clean}
 
 
 def _check_count(name: str, value: object) -> None:

@@ -252,11 +252,11 @@ def test_missing_binary_names_the_three_ways_to_set_it(tmp_path: Path, monkeypat
     agent = make_agent()  # constructing never needs the binary (agent.claude is injected)
     with pytest.raises(AgentError) as info:
         agent.ask(request(), deadline=soon())
-    assert info.value.kind is ErrorKind.TRANSPORT_ERROR
-    detail = info.value.detail
-    assert "claude CLI not found on PATH" in detail
-    assert "claude_bin:" in detail and "agent_plugins.agent.claude" in detail
-    assert "LOCALLLM_CLAUDE_BIN" in detail
+    assert (info.value.kind, info.value.alias) == (ErrorKind.TRANSPORT_ERROR, "agent.claude")
+    assert info.value.detail == "claude CLI not found on PATH"
+    hint = info.value.hint
+    assert "claude_bin:" in hint and "agent_plugins.agent.claude" in hint
+    assert "LOCALLLM_CLAUDE_BIN" in hint and "PATH" in hint
 
 
 def test_env_bin_that_does_not_exist_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -266,6 +266,7 @@ def test_env_bin_that_does_not_exist_is_named(tmp_path: Path, monkeypatch: pytes
     assert info.value.kind is ErrorKind.TRANSPORT_ERROR
     assert "LOCALLLM_CLAUDE_BIN is" in info.value.detail
     assert str(tmp_path / "nope" / "claude") in info.value.detail
+    assert info.value.hint.startswith("fix LOCALLLM_CLAUDE_BIN or unset it")
 
 
 def test_decl_bin_wins_over_env_and_path(fake_claude: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -171,8 +171,9 @@ def test_missing_command_is_plugin_crash_naming_it(tmp_path: Path) -> None:
     a = make_agent(command=str(tmp_path / "no-such-agent"), args=())
     try:
         err = failure(a, "hello")
-        assert err.kind is ErrorKind.PLUGIN_CRASH
-        assert "no-such-agent" in err.detail and "agent_plugins.agent.fixer.command" in err.detail
+        assert (err.kind, err.alias) == (ErrorKind.PLUGIN_CRASH, "agent.fixer")
+        assert "no-such-agent" in err.detail
+        assert err.hint == "check agent_plugins.agent.fixer.command and cwd"
     finally:
         a.close()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import sys
 import threading
@@ -926,8 +927,42 @@ def test_errors_take_message_hint_and_data_in_the_constructor() -> None:
     assert ConfigError([ConfigProblem("f", "k", "m")]).hint  # ConfigError keeps its own constructor
     error = AgentError(ErrorKind.TRANSPORT_ERROR, "refused", alias="agent.x", hint="start it")
     assert (str(error), error.hint, error.alias) == ("agent: transport_error: agent.x: refused", "start it", "agent.x")
-    # a transport that still prefixes by hand is not prefixed twice
-    assert str(AgentError("plugin_crash", "agent.x: boom", alias="agent.x")) == "agent: plugin_crash: agent.x: boom"
+
+
+def _hand_prefixed(node: ast.AST) -> bool:
+    """An f-string that starts with ``{alias}: `` / ``{self.alias}: `` / ``{label}: ``."""
+    if not (isinstance(node, ast.JoinedStr) and len(node.values) > 1):
+        return False
+    head, tail = node.values[0], node.values[1]
+    if not (isinstance(head, ast.FormattedValue) and isinstance(tail, ast.Constant)):
+        return False
+    name = head.value.attr if isinstance(head.value, ast.Attribute) else getattr(head.value, "id", "")
+    return name in {"alias", "label"} and str(tail.value).startswith(": ")
+
+
+def test_the_alias_prefix_is_added_in_one_place() -> None:
+    # Every transport passes alias= and AgentError prefixes it; no detail names the agent by hand.
+    package = Path(__file__).resolve().parents[2] / "localllm"
+    found = [
+        f"{path.relative_to(package)}:{node.lineno}"
+        for path in sorted(package.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "id", "") == "AgentError"
+        and any(_hand_prefixed(arg) for arg in [*node.args, *(k.value for k in node.keywords)])
+    ]
+    assert found == []
+    # ... and hints are given to the constructor, not assigned to an error built earlier
+    assigned = [
+        f"{path.relative_to(package)}:{node.lineno}"
+        for path in sorted(package.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Attribute) and node.attr == "hint" and isinstance(node.ctx, ast.Store)
+        if getattr(node.value, "id", "") != "self"
+    ]
+    assert assigned == []
+    assert str(AgentError("plugin_crash", "boom", alias="agent.x")) == "agent: plugin_crash: agent.x: boom"
+    assert str(AgentError("plugin_crash", "boom")) == "agent: plugin_crash: boom"
 
 
 def test_agent_error_replace_and_redact_keep_class_cause_and_data() -> None:
