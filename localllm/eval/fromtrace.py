@@ -196,7 +196,7 @@ def cassette_from_calls(
         if call.ok:
             body["response"] = json.dumps(call.response, ensure_ascii=False)
         else:
-            body["error"] = {"kind": call.kind, "detail": call.error or ""}
+            body["error"] = {"kind": call.kind, "detail": _detail(call.error or "", call.kind, call.agent)}
         meta = {
             k: v
             for k, v in call.meta.items()
@@ -221,3 +221,11 @@ def cassette_from_calls(
             hint="record a run with --trace first (or drop --agent)",
         )
     return {"kind": "host_cassette", "episodes": episodes}
+
+
+def _detail(message: str, kind: str | None, alias: str | None) -> str:
+    """A recorded error message without the ``agent: <kind>: <alias>: `` that replay adds again."""
+    for prefix in (f"agent: {kind}: {alias}: ", f"agent: {kind}: "):
+        if message.startswith(prefix):
+            return message[len(prefix) :]
+    return message

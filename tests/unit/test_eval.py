@@ -568,6 +568,20 @@ def test_trace_cassette_of_claude_keeps_the_fallback_answers(app: Path) -> None:
     assert len(small_only["episodes"]) == 5
 
 
+def test_a_recorded_error_replays_with_its_prefix_once(app: Path) -> None:
+    from localllm.eval.fromtrace import cassette_from_calls, recorded_calls
+
+    def broken(_: Any) -> Any:
+        raise RuntimeError("disk on fire")
+
+    with Runtime(load_config(app / "app.yaml"), trace=app / "rec.jsonl") as runtime:
+        runtime.register_inprocess("agent.claude", broken)
+        with pytest.raises(AgentError) as live:
+            runtime.run_gate("triage", {"ticket": "x"}, agent="agent.claude")
+    (episode,) = cassette_from_calls(recorded_calls(app / "rec.jsonl"))["episodes"]
+    assert episode["agent"]["error"] == {"kind": "plugin_crash", "detail": live.value.detail}
+
+
 def test_the_progress_bar_is_drawn_only_on_a_tty(
     app: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
