@@ -20,7 +20,8 @@ nothing shows the model a compact answer. Measured per arm and prompt over the t
   over ``usage.prompt_tokens``; the rest came from its prompt cache);
 - identical submissions over ``--repeats`` runs of one ticket, three ways: back to back;
   interleaved with other tickets (the slot's cache holds a different ticket each time); and
-  while another decide runs in the sidecar's other slot (batched with it).
+  while another decide runs in the sidecar's other slot (batched with it). On the few-shot
+  prompt a third sidecar runs the compiled arm with ``reproducible: true`` the same way.
 
 Prints one table and writes ``tests/bench/results/structured.json`` (``--quick``:
 ``structured.quick.json``). Not a test: no asserts on speed.
@@ -151,27 +152,35 @@ KEYS = (
 )
 
 
-def run_prompt(config: Config, texts: list[str], repeats: int) -> dict[str, Any]:
-    """Both arms on one prompt, side by side; reproducibility measured on the compiled arm."""
-    runtimes = {arm: Runtime(with_agent(config, grammar=mode, fallback="none")) for arm, mode in ARMS.items()}
-    rows: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
-    again: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
+def run_prompt(config: Config, texts: list[str], repeats: int, reproducible: bool = False) -> dict[str, Any]:
+    """Both arms on one prompt, side by side; reproducibility measured on the compiled arm.
+
+    ``reproducible``: a third sidecar, the compiled arm with ``reproducible: true``.
+    """
+    arms = dict(ARMS, **({"reproducible": True} if reproducible else {}))
+    runtimes = {
+        arm: Runtime(with_agent(config, grammar=mode, fallback="none", reproducible=arm == "reproducible"))
+        for arm, mode in arms.items()
+    }
+    rows: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
+    again: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
     try:
         for runtime in runtimes.values():  # start both sidecars, and warm each once
             decide(runtime, texts[0])
         for i, ticket in enumerate(texts):
-            order = list(ARMS) if i % 2 == 0 else list(reversed(ARMS))
+            order = list(arms) if i % 2 == 0 else list(reversed(arms))
             for arm in order:
                 rows[arm].append(decide(runtimes[arm], ticket))
         for i in range(repeats):
-            for arm in list(ARMS) if i % 2 == 0 else list(reversed(ARMS)):
+            for arm in list(arms) if i % 2 == 0 else list(reversed(arms)):
                 again[arm].append(decide(runtimes[arm], texts[0]))
-        extra = reproducibility(runtimes["compiled"], texts, repeats)
+        extra = {arm: reproducibility(runtimes[arm], texts, repeats) for arm in arms if arm != "server"}
     finally:
         for runtime in runtimes.values():
             runtime.close()
-    result: dict[str, Any] = {arm: summarise(rows[arm], again[arm]) for arm in ARMS}
-    result["compiled"].update(extra)
+    result: dict[str, Any] = {arm: summarise(rows[arm], again[arm]) for arm in arms}
+    for arm, found in extra.items():
+        result[arm].update(found)
     c, s = result["compiled"], result["server"]
 
     def ratio(key: str) -> float | None:
@@ -195,7 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     config, install, model = prepare()
     texts = tickets(n)
     variants = {"fewshot": config, "zeroshot": with_agent(zeroshot(config), schema_in_prompt=True)}
-    result: dict[str, Any] = {name: run_prompt(variants[name], texts, repeats) for name in args.prompts.split(",")}
+    result: dict[str, Any] = {
+        name: run_prompt(variants[name], texts, repeats, reproducible=name == "fewshot")
+        for name in args.prompts.split(",")
+    }
     result["machine"] = {
         "loadavg": loadavg(),
         "other_llama_servers": other_servers(),
@@ -207,7 +219,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{name} prompt: {'measure':32} {'compiled':>12} {'server':>12}")
         for key in KEYS:
             print(f"{' ' * len(name)}         {key:32} {_fmt(c[key]):>12} {_fmt(s[key]):>12}")
-        print(f"identical (compiled): interleaved {c['identical_interleaved']}, batched {c['identical_batched']}")
+        for arm in ("compiled", "reproducible"):
+            if arm in result[name]:
+                r = result[name][arm]
+                print(
+                    f"identical ({arm}): back to back {r['identical_submissions']}, "
+                    f"interleaved {r['identical_interleaved']}, batched {r['identical_batched']}; "
+                    f"p50 {r['latency_ms_p50']:.0f} ms, prompt re-evaluated {_fmt(r['prompt_reevaluated_share'])}"
+                )
         print(f"ratios compiled/server: {result[name]['ratios']}  (repeats: {repeats}, tickets: {n})")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
