@@ -30,12 +30,15 @@ from typing import IO, Any
 __all__ = [
     "ProbeResult",
     "StderrTail",
+    "exit_code",
+    "exited",
     "group_alive",
     "run_probe",
     "signal_group",
     "spawn",
     "stop_group",
     "tail",
+    "wait_exited",
 ]
 
 _READ_CHUNK = 65536
@@ -207,11 +210,42 @@ def _running_member(pgid: int) -> bool:
     return False
 
 
-def _wait(proc: subprocess.Popen[Any], timeout: float) -> bool:
+def exited(proc: subprocess.Popen[Any]) -> bool:
+    """Whether the child has exited, *without* reaping it (Linux/macOS ``waitid(WNOWAIT)``).
+
+    An unreaped child keeps its pid, so the number of the group it leads cannot be handed
+    to another process: :func:`stop_group` can signal the group safely until it reaps.
+    ``Popen.poll()`` would reap, and on a busy machine with a small ``pid_max`` (32768 is
+    common) the freed number can lead someone else's group by the time we signal it.
+    """
+    if proc.returncode is not None:
+        return True
     try:
-        proc.wait(timeout=max(timeout, 0.0))
-    except subprocess.TimeoutExpired:
-        return False
+        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # reaped elsewhere (e.g. a SIGCHLD handler): poll() settles it
+        return proc.poll() is not None
+
+
+def exit_code(proc: subprocess.Popen[Any]) -> int | None:
+    """The child's exit code like ``Popen.returncode`` (negative: the signal), without reaping."""
+    if proc.returncode is not None:
+        return int(proc.returncode)
+    try:
+        info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return proc.poll()
+    if info is None:
+        return None
+    return int(info.si_status) if info.si_code == os.CLD_EXITED else -int(info.si_status)
+
+
+def wait_exited(proc: subprocess.Popen[Any], timeout: float) -> bool:
+    """Wait up to ``timeout`` s for the child to exit, without reaping it (see :func:`exited`)."""
+    deadline = time.monotonic() + max(timeout, 0.0)
+    while not exited(proc):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(_POLL)
     return True
 
 
@@ -221,18 +255,27 @@ def stop_group(proc: subprocess.Popen[Any], *, grace: float) -> int | None:
     One SIGTERM only (llama-server exits 1 on a second one). The grace covers the whole
     group: a wrapper shell dies at once, the server it started gets the rest of the grace
     to shut down cleanly. Whatever is left then — leader or stragglers — is SIGKILLed.
-    Returns the leader's exit code (negative: killed by that signal).
+    The leader is reaped last, so while it was not reaped before the call every signal
+    goes to a group id that is still ours (see :func:`exited`). Returns the leader's exit
+    code (negative: killed by that signal).
     """
     deadline = time.monotonic() + max(grace, 0.0)
     # Sent even when the leader has exited: its descendants may still run in the group.
     signal_group(proc, signal.SIGTERM)
-    if not _wait(proc, deadline - time.monotonic()):
-        signal_group(proc, signal.SIGKILL)
-        proc.wait()
+    wait_exited(proc, deadline - time.monotonic())
     while group_alive(proc.pid) and time.monotonic() < deadline:
         time.sleep(_POLL)
     signal_group(proc, signal.SIGKILL)
+    proc.wait()
     return proc.returncode
+
+
+def _wait(proc: subprocess.Popen[Any], timeout: float) -> bool:
+    try:
+        proc.wait(timeout=max(timeout, 0.0))
+    except subprocess.TimeoutExpired:
+        return False
+    return True
 
 
 @dataclass(frozen=True)

@@ -178,26 +178,18 @@ class LineChild:
         if proc.stdin is not None:
             with contextlib.suppress(OSError):
                 proc.stdin.close()
-        if not self._wait(proc, stdin_grace):
+        if not _process.wait_exited(proc, stdin_grace):
             _process.stop_group(proc, grace=term_grace)
         self._reap(grace=5.0)
-
-    @staticmethod
-    def _wait(proc: subprocess.Popen[bytes], timeout: float) -> bool:
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return False
-        return True
 
     def _reap(self, *, grace: float) -> None:
         proc = self._proc
         if proc is None:
             return
-        if not self._wait(proc, grace):
+        if not _process.wait_exited(proc, grace):
             self.signal_kill()
-            proc.wait()
         # The group may outlive its leader (a grandchild); make sure nothing keeps the pipes.
+        # The leader is reaped only here, after the group's last signal (_process.exited).
         _process.stop_group(proc, grace=0.0)
         stderr = self._stderr
         if stderr is not None and not stderr.join(grace):
@@ -212,7 +204,7 @@ class LineChild:
 
     @property
     def alive(self) -> bool:
-        return self.state is ChildState.RUNNING and self._proc is not None and self._proc.poll() is None
+        return self.state is ChildState.RUNNING and self._proc is not None and not _process.exited(self._proc)
 
     @property
     def returncode(self) -> int | None:
@@ -244,7 +236,7 @@ class LineChild:
     def crash(self, what: str) -> AgentError:
         """Kill and reap the child, then build the ``plugin_crash`` error for ``what``."""
         # An exit code we caused by killing a live process says nothing about the plugin.
-        exited_on_its_own = self._proc is not None and self._proc.poll() is not None
+        exited_on_its_own = self._proc is not None and _process.exited(self._proc)
         self.kill()
         what = what if exited_on_its_own else f"{what}; process killed"
         detail = self.crash_detail(what, exit_code=exited_on_its_own)
@@ -267,7 +259,7 @@ class LineChild:
             except BlockingIOError:
                 continue
             except (BrokenPipeError, ConnectionResetError, ValueError, OSError) as exc:
-                self._wait(proc, 1.0)
+                _process.wait_exited(proc, 1.0)
                 raise self.crash("process closed its stdin before reading the request") from exc
             view = view[written:]
 
@@ -299,7 +291,7 @@ class LineChild:
                 raise self.crash(f"cannot read stdout: {exc}") from exc
             if not chunk:
                 # EOF: the child exited (or closed stdout). Reap it for its exit code.
-                self._wait(proc, 1.0)
+                _process.wait_exited(proc, 1.0)
                 if self._buf.strip():
                     partial = self._redact(bytes(self._buf).decode("utf-8", "replace"))
                     raise self.crash(f"partial frame at end of output: {_process.tail(partial, limit=_TAIL_LIMIT)!r}")

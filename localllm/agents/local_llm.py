@@ -418,11 +418,7 @@ class LocalLLMAgent(Agent):
         server = self._server
         if server is None:
             return detail
-        # A dying server drops its sockets a moment before it is reaped: wait (bounded) for
-        # its exit so the caller learns why, not just that the connection broke.
-        settle = time.monotonic() + _EXIT_SETTLE
-        while server.is_alive() and time.monotonic() < settle:
-            time.sleep(0.02)
+        server.settle(_EXIT_SETTLE)  # so the caller learns why, not just that the connection broke
         crash = server.crash_detail(pid=pid)
         if crash:
             detail += f"; llama-server died ({crash}); it is respawned on the next call"

@@ -363,6 +363,8 @@ class LocalEmbedder:
                 except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError):
                     if callable(self._base_url) and not retried:
                         retried = True  # the server may have died: ask for it again (a respawn), retry once
+                        if self.server is not None:
+                            self.server.settle()  # its exit may lag its closed socket
                         # on fresh connections: the pool's other keep-alive sockets died with the old
                         # server, and a respawn may even bind the same port
                         self._drop_client()

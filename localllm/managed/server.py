@@ -44,7 +44,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
-from localllm._process import StderrTail, run_probe, spawn, stop_group
+from localllm._process import StderrTail, exit_code, exited, run_probe, spawn, stop_group
 from localllm.errors import SidecarError, SidecarExited, SidecarStartTimeout
 from localllm.managed.release import server_env
 
@@ -316,7 +316,7 @@ class _Process:
 
     # -- stopping -----------------------------------------------------------------
     def alive(self) -> bool:
-        return self.popen.poll() is None
+        return not exited(self.popen)  # never reaps: stop() signals the group, then reaps
 
     def stop(self, grace: float) -> int | None:
         """SIGTERM the group, wait ``grace`` seconds, then SIGKILL; reap; disarm the watchdog.
@@ -476,9 +476,23 @@ class ManagedServer:
         return self._returncode
 
     def is_alive(self) -> bool:
-        """True while the current server process runs (reaps it if it has exited)."""
+        """True while the current server process runs (it stays unreaped until stopped)."""
         proc = self._proc
         return proc is not None and proc.alive()
+
+    def settle(self, timeout: float = 1.0) -> bool:
+        """After a refused or dropped connection: wait (bounded) for a dying server's exit.
+
+        A killed server closes its sockets before the kernel lets us collect its exit
+        (a multi-threaded process is waitable only once every thread has exited), so the
+        request that found it dead can race ahead of ``is_alive()``. True once it exited.
+        """
+        deadline = time.monotonic() + timeout
+        while self.is_alive():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return True
 
     def rss(self) -> int | None:
         """Resident memory of the running server in bytes (None when it is not running)."""
@@ -668,7 +682,7 @@ class ManagedServer:
     def _crash_text(self, proc: _Process) -> str:
         proc.settle_stderr(0.5)
         return (
-            f"llama-server {self.name!r} (pid {proc.pid}) {_describe_exit(proc.popen.returncode)}; "
+            f"llama-server {self.name!r} (pid {proc.pid}) {_describe_exit(exit_code(proc.popen))}; "
             f"last stderr lines:\n{proc.tail(20)}"
         )
 
