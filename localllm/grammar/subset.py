@@ -247,6 +247,17 @@ class _Checker:
                 return None
         return target, path
 
+    def deref(self, node: Any) -> Any:
+        """``node`` with a bare ``{"$ref": ...}`` chain followed (None if it does not resolve)."""
+        seen: set[str] = set()
+        while isinstance(node, dict) and isinstance(node.get("$ref"), str) and _only_keyword(node, "$ref"):
+            if node["$ref"] in seen or not node["$ref"].startswith("#/"):
+                return None
+            seen.add(node["$ref"])
+            resolved = self.resolve(node["$ref"])
+            node = resolved[0] if resolved else None
+        return node
+
     # ------------------------------------------------------------------ walk
 
     def visit(self, node: Any, path: str, *, owner: str | None) -> None:
@@ -448,6 +459,10 @@ class _Checker:
         handled = handler(node, path) if handler is not None else frozenset()
         if kind == "object" and "patternProperties" in node and self.pattern_properties_unused(node):
             handled = handled | {"patternProperties"}
+        if kind == "allOf" or (kind == "object" and _closed_on_properties(node)):
+            # every key generated is declared in "properties" (of the node or of an allOf
+            # component, all merged): evaluated, so "unevaluatedProperties" has nothing to check
+            handled = handled | {"unevaluatedProperties"}
         relevant = _RELEVANT["object" if kind == "allOf" else kind]
         for key in sorted(node):
             if key in relevant and key not in handled and key != "type" and _asserts(node, key):
@@ -495,19 +510,26 @@ class _Checker:
         self.check_required(node, path, set(props) if "properties" in node else set())
         return frozenset({"properties", "additionalProperties", "required"})
 
-    @staticmethod
-    def pattern_properties_unused(node: dict[str, Any]) -> bool:
-        """On a closed object (llama.cpp generates only declared names) whose declared names
-        match none of the patterns, patternProperties constrains nothing that is generated."""
-        props, patterns = node.get("properties"), node["patternProperties"]
-        if not isinstance(props, dict) or not props or not isinstance(patterns, dict):
+    def pattern_properties_unused(self, node: dict[str, Any]) -> bool:
+        """On a closed object (llama.cpp generates only declared names; none at all without
+        "properties"), patternProperties constrains nothing generated when each declared name
+        a pattern matches already has a schema that implies the pattern's (only a "type")."""
+        props, patterns = node.get("properties", {}), node["patternProperties"]
+        if not isinstance(props, dict) or not isinstance(patterns, dict):
             return False
-        if node.get("additionalProperties", False) is not False:
-            return False
-        try:
-            return not any(re.search(p, name) for p in patterns for name in props)
-        except re.error:
-            return False
+        if node.get("additionalProperties", not props) is not False:
+            return False  # without "properties", only an explicit false closes the object
+        for pattern, sub in patterns.items():
+            implied_type = sub.get("type") if isinstance(sub, dict) and _only_keyword(sub, "type") else None
+            try:
+                matched = [name for name in props if re.search(pattern, name)]
+            except re.error:
+                return False
+            if matched and (
+                implied_type is None or not all(self.implies_type(props[n], implied_type) for n in matched)
+            ):
+                return False
+        return True
 
     def check_required(self, node: dict[str, Any], path: str, known: set[str]) -> None:
         required = node.get("required")
@@ -600,6 +622,15 @@ class _Checker:
             return frozenset(_STRING_KW)
         if "format" in node and isinstance(fmt, str):
             self.ignored(path, "format", "llama.cpp only knows the formats date, date-time, time and uuid")
+        low = node.get("minLength")
+        if isinstance(low, int) and _count(low) and low >= 2:
+            self.error(
+                path,
+                "minLength",
+                f'{path}: "minLength": {low} {SUBSET}: llama.cpp counts each \\u escape as one character, '
+                'so a surrogate pair ("\\ud83d\\ude00", one character) counts twice and a shorter string '
+                'gets through; use "minLength": 1 or a pattern',
+            )
         return frozenset(_STRING_KW)
 
     def visit_integer(self, node: dict[str, Any], path: str) -> frozenset[str]:
@@ -664,8 +695,11 @@ class _Checker:
                 self.error(path, "allOf", f'{path}: "allOf" of enums with no common value {SUBSET}')
             return frozenset({"allOf"})
         seen: dict[str, str] = {}
+        merged = {
+            name for comp, _ in resolved if isinstance(comp.get("properties"), dict) for name in comp["properties"]
+        }
         for comp, cpath in resolved:
-            self.visit_all_of_component(comp, cpath, seen)
+            self.visit_all_of_component(comp, cpath, seen, merged)
         self.check_required(node, path, set(seen))
         return frozenset({"allOf", "required"})
 
@@ -688,7 +722,7 @@ class _Checker:
         if isinstance(comp, dict) and ("anyOf" in comp or "oneOf" in comp):
             key = "oneOf" if "oneOf" in comp else "anyOf"
             alts = comp[key]
-            if isinstance(alts, list) and alts and all(_optional_object(a) for a in alts):
+            if isinstance(alts, list) and alts and all(_optional_object(self.deref(a)) for a in alts):
                 # merged as optional properties: every such object is valid against some alternative
                 for i, alt in enumerate(alts):
                     self.visit(alt, child_path(child_path(cpath, key), i), owner=None)
@@ -701,7 +735,7 @@ class _Checker:
             return None
         return comp, cpath
 
-    def visit_all_of_component(self, comp: dict[str, Any], cpath: str, seen: dict[str, str]) -> None:
+    def visit_all_of_component(self, comp: dict[str, Any], cpath: str, seen: dict[str, str], merged: set[str]) -> None:
         type_ = comp.get("type")
         has_props = _has_properties(comp)
         is_object = (
@@ -711,8 +745,10 @@ class _Checker:
             and not (type_ is not None and type_ != "object")
         )
         if not is_object:
+            # the merged value is an object: keywords that apply only to other types are vacuous
+            vacuous = _NUMBER_KW | _STRING_KW | _ARRAY_KW if type_ is None and "enum" not in comp else frozenset()
             for key in sorted(comp):
-                if _asserts(comp, key):
+                if _asserts(comp, key) and (key not in vacuous or _holds_boolean(comp[key])):
                     self.error(
                         cpath,
                         key,
@@ -733,7 +769,10 @@ class _Checker:
                     continue
                 seen[name] = ppath
                 self.visit(props[name], ppath, owner=None)
+        own = set(props) if isinstance(props, dict) else set()
         for key in sorted(comp):
+            if key == "unevaluatedProperties" and merged <= own:
+                continue  # every merged key is this component's own: evaluated here
             if _asserts(comp, key) and key not in ("properties", "required", "type"):
                 why = (
                     "llama.cpp closes the merged object and ignores it; it rejects other components' properties"
@@ -885,6 +924,35 @@ def _one_sided_exact(bound: int, is_min: bool, exclusive: bool) -> bool:
     return len(digits) >= 2 and digits[0] == "1" and "0" not in digits[1:-1]
 
 
+def _closed_on_properties(node: Mapping[str, Any]) -> bool:
+    """llama.cpp generates only the keys of "properties" (no extra-key rule)."""
+    return isinstance(node.get("properties"), dict) and node.get("additionalProperties", False) is False
+
+
+def _only_keyword(node: Mapping[str, Any], key: str) -> bool:
+    return key in node and all(k == key or not _asserts(node, k) for k in node)
+
+
+def _never(node: Any) -> bool:
+    """A subschema nothing is valid against (so a "not" of it constrains nothing)."""
+    if node is False:
+        return True
+    if not isinstance(node, dict) or "not" not in node:
+        return False
+    inner = node["not"]
+    return inner is True or (isinstance(inner, dict) and not any(_asserts(inner, k) for k in inner))
+
+
+def _holds_boolean(value: Any) -> bool:
+    """A boolean anywhere inside a keyword's value: llama.cpp parses subschemas of keywords it
+    then drops, and refuses a boolean subschema."""
+    if isinstance(value, bool):
+        return True
+    if isinstance(value, list):
+        return any(_holds_boolean(v) for v in value)
+    return isinstance(value, dict) and any(_holds_boolean(v) for v in value.values())
+
+
 def _has_properties(node: Mapping[str, Any]) -> bool:
     """The converter's test for "this is an object schema" when no type says so."""
     return "properties" in node or ("additionalProperties" in node and node["additionalProperties"] is not True)
@@ -912,6 +980,13 @@ def _asserts(node: Mapping[str, Any], key: str) -> bool:
     if key in _EMPTY_IS_NOOP and value in ([], {}):
         return False
     if key == "uniqueItems" and value is False:
+        return False
+    if key == "not" and _never(value):
+        return False
+    # "items" (a schema) and "additionalProperties" evaluate every element/key they see
+    if key == "unevaluatedItems" and isinstance(node.get("items"), (dict, bool)):
+        return False
+    if key == "unevaluatedProperties" and "additionalProperties" in node:
         return False
     return not (key in ("minItems", "minLength", "minProperties") and value == 0 and not isinstance(value, bool))
 

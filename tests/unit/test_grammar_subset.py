@@ -293,7 +293,9 @@ def test_boolean_subschemas_are_errors_except_additional_properties() -> None:
 @pytest.mark.parametrize("keyword", ["uniqueItems", "contains", "minContains", "unevaluatedItems"])
 def test_array_keywords_outside_the_subset(keyword: str) -> None:
     value: Any = True if keyword == "uniqueItems" else 1 if keyword == "minContains" else {}
-    assert findings({"type": "array", "items": {}, keyword: value}) == [("$", keyword, "error")]
+    # beside "items" (a schema) nothing is left for "unevaluatedItems": test it on a plain array
+    base: dict[str, Any] = {"type": "array"} if keyword == "unevaluatedItems" else {"type": "array", "items": {}}
+    assert findings({**base, keyword: value}) == [("$", keyword, "error")]
 
 
 @pytest.mark.parametrize(
@@ -319,7 +321,10 @@ def test_object_keywords_outside_the_subset(keyword: str) -> None:
             else {}
         )
     )
-    assert findings({"type": "object", "properties": {"a": {}, "b": {}}, keyword: value}) == [("$", keyword, "error")]
+    # on an object closed on its "properties" every generated key is evaluated: nothing is
+    # left for "unevaluatedProperties", so it is tested on an open object
+    props: dict[str, Any] = {} if keyword == "unevaluatedProperties" else {"properties": {"a": {}, "b": {}}}
+    assert findings({"type": "object", **props, keyword: value}) == [("$", keyword, "error")]
 
 
 def test_if_then_else_is_one_finding_on_if() -> None:

@@ -101,7 +101,7 @@ def test_dates_are_value_level_warnings() -> None:
     [
         {"type": "object", "anyOf": [{"type": "object", "properties": OBJ}, {"type": "object", "properties": {}}]},
         {"type": "string", "oneOf": [{"const": "a"}, {"enum": ["b", "c"]}]},
-        {"type": "string", "anyOf": [{"maxLength": 2}, {"minLength": 4}]},
+        {"type": "string", "anyOf": [{"maxLength": 2}, {"enum": ["abcd"]}]},
         {"$defs": {"o": {"type": "object", "properties": OBJ}}, "type": "object", "$ref": "#/$defs/o"},
         {"type": "string", "format": "date", "minLength": 10},
         {"type": "string", "format": "uuid", "minLength": 1, "maxLength": 36},
@@ -132,6 +132,111 @@ def test_number_bounds_inside_all_of_are_warnings() -> None:
     schema = {"type": "number", "allOf": [{"minimum": 0}, {"maximum": 1}]}
     assert errors(schema) == [] and ("$", "allOf") in warnings(schema)
     assert verdict(check_subset(schema)) == "warning-only"
+
+
+# ---------------------------------------------------------------------------- classes found on the real converter
+
+
+@pytest.mark.parametrize(
+    ("schema", "found"),
+    [
+        ({"type": "string", "minLength": 2}, [("$", "minLength")]),
+        ({"type": "string", "minLength": 32, "maxLength": 32}, [("$", "minLength")]),
+        ({"type": "string", "anyOf": [{"maxLength": 2}, {"minLength": 4}]}, [("$.anyOf[1]", "minLength")]),
+        ({"type": "string", "minLength": 1}, []),
+        ({"type": "string", "format": "uuid", "minLength": 36}, []),
+    ],
+)
+def test_min_length_counts_escapes_so_a_surrogate_pair_is_a_hole(schema: Any, found: list[tuple[str, str]]) -> None:
+    # "\ud83d\ude00" is two char repetitions in llama.cpp's char{m,} but one character
+    assert errors(schema) == found
+
+
+@pytest.mark.parametrize(
+    ("schema", "found"),
+    [
+        ({"not": False}, []),
+        ({"not": {"not": {}}}, []),
+        ({"type": "string", "not": {"not": True}}, []),
+        ({"not": {"not": {"type": "string"}}}, [("$", "not")]),
+        ({"type": "string", "not": {"enum": ["no"]}}, [("$", "not")]),
+    ],
+)
+def test_not_of_an_unsatisfiable_schema_constrains_nothing(schema: Any, found: list[tuple[str, str]]) -> None:
+    assert errors(schema) == found
+
+
+STR = {"type": "string"}
+
+
+@pytest.mark.parametrize(
+    ("schema", "found"),
+    [
+        ({"items": {"type": "number"}, "unevaluatedItems": STR}, []),
+        ({"type": "object", "additionalProperties": STR, "unevaluatedProperties": False}, []),
+        ({"properties": {"foo": STR}, "unevaluatedProperties": False}, []),
+        ({"allOf": [{"properties": {"foo": STR}, "unevaluatedProperties": True}], "unevaluatedProperties": False}, []),
+        (
+            {"allOf": [{"unevaluatedProperties": True}, {"properties": {"foo": STR}, "unevaluatedProperties": False}]},
+            [],
+        ),
+        ({"type": "array", "unevaluatedItems": False}, [("$", "unevaluatedItems")]),
+        ({"type": "object", "unevaluatedProperties": False}, [("$", "unevaluatedProperties")]),
+        (
+            {"allOf": [{"properties": {"a": STR}}, {"properties": {"b": STR}, "unevaluatedProperties": False}]},
+            [("$.allOf[1]", "unevaluatedProperties")],
+        ),
+    ],
+)
+def test_unevaluated_keywords_with_nothing_left_to_evaluate(schema: Any, found: list[tuple[str, str]]) -> None:
+    assert errors(schema) == found
+
+
+@pytest.mark.parametrize(
+    ("schema", "found"),
+    [
+        ({"allOf": [{"maximum": 30}, {"minimum": 20}]}, []),
+        ({"allOf": [{"prefixItems": [STR]}, {"unevaluatedItems": True}], "unevaluatedItems": False}, []),
+        ({"allOf": [{"prefixItems": [True, STR]}]}, [("$.allOf[0]", "prefixItems")]),
+        ({"allOf": [{"type": "integer", "minimum": 1}]}, [("$.allOf[0]", "minimum"), ("$.allOf[0]", "type")]),
+    ],
+)
+def test_all_of_components_with_only_other_types_keywords_are_vacuous_on_its_object(
+    schema: Any, found: list[tuple[str, str]]
+) -> None:
+    # without a type, llama.cpp turns allOf into an object: a number/string/array keyword
+    # constrains no object (but a boolean subschema anywhere still fails the request)
+    assert errors(schema) == found
+
+
+@pytest.mark.parametrize(
+    ("schema", "found"),
+    [
+        ({"type": "object", "additionalProperties": False, "patternProperties": {"^x$": STR}}, []),
+        ({"properties": {"a": {"type": "boolean"}}, "patternProperties": {".*": {"type": "boolean"}}}, []),
+        ({"type": "object", "patternProperties": {"^x-": {"type": "integer"}}}, [("$", "patternProperties")]),
+        ({"properties": {"a": {"type": "boolean"}}, "patternProperties": {".*": STR}}, [("$", "patternProperties")]),
+        (
+            {"properties": {"a": {"type": "boolean"}}, "patternProperties": {".*": {"type": "boolean", "const": True}}},
+            [("$", "patternProperties")],
+        ),
+    ],
+)
+def test_pattern_properties_on_closed_objects(schema: Any, found: list[tuple[str, str]]) -> None:
+    # llama.cpp generates only declared names (none without "properties" when closed)
+    assert errors(schema) == found
+
+
+def test_all_of_any_of_refs_to_optional_objects_are_merged_exactly() -> None:
+    defs: dict[str, Any] = {n: {"properties": {n: {"type": "number"}}} for n in ("a", "b", "c")}
+    schema = {
+        "definitions": defs,
+        "type": "object",
+        "allOf": [{"$ref": "#/definitions/a"}, {"anyOf": [{"$ref": "#/definitions/b"}, {"$ref": "#/definitions/c"}]}],
+    }
+    assert errors(schema) == []
+    defs["c"]["additionalProperties"] = False
+    assert errors(schema) == [("$.allOf[1]", "anyOf")]
 
 
 # ---------------------------------------------------------------------------- never a traceback
