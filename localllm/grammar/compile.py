@@ -28,6 +28,8 @@ from fractions import Fraction
 from typing import Any
 from urllib.parse import unquote
 
+from localllm.grammar import keywords
+
 MAX_DEPTH = 64
 #: llama.cpp expands ``x{m,n}`` into n nested rules and advances all of them per token: a
 #: larger maximum is lowered to this (sound: fewer answers), a larger minimum refused
@@ -39,61 +41,7 @@ MAX_BOUND_DIGITS = 40
 
 _TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
 
-# Keywords that assert something (a validator enforces them), by the kind they apply to.
-_OBJECT_KW = frozenset(
-    {
-        "properties",
-        "patternProperties",
-        "additionalProperties",
-        "propertyNames",
-        "required",
-        "dependentRequired",
-        "dependentSchemas",
-        "dependencies",
-        "minProperties",
-        "maxProperties",
-        "unevaluatedProperties",
-    }
-)
-_ARRAY_KW = frozenset(
-    {
-        "items",
-        "prefixItems",
-        "additionalItems",
-        "contains",
-        "minContains",
-        "maxContains",
-        "minItems",
-        "maxItems",
-        "uniqueItems",
-        "unevaluatedItems",
-    }
-)
-_STRING_KW = frozenset({"pattern", "minLength", "maxLength", "format", "contentEncoding", "contentMediaType"})
-_NUMBER_KW = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "divisibleBy"})
-_ANY_KW = frozenset(
-    {
-        "allOf",
-        "anyOf",
-        "oneOf",
-        "not",
-        "if",
-        "then",
-        "else",
-        "enum",
-        "const",
-        "type",
-        "$ref",
-        "$dynamicRef",
-        "$recursiveRef",
-        "extends",
-        "disallow",
-    }
-)
-ASSERTING = _OBJECT_KW | _ARRAY_KW | _STRING_KW | _NUMBER_KW | _ANY_KW
-_KIND_KW = {"object": _OBJECT_KW, "array": _ARRAY_KW, "string": _STRING_KW, "number": _NUMBER_KW}
-# contentEncoding/contentMediaType are annotations for the jsonschema validator
-_ANNOTATION_ONLY = frozenset({"contentEncoding", "contentMediaType", "then", "else"})
+_KIND_KW = {"object": keywords.OBJECT, "array": keywords.ARRAY, "string": keywords.STRING, "number": keywords.NUMBER}
 
 # Standard formats we generate exactly; other standard formats a validator may check are
 # refused; unknown formats are annotations (a validator ignores them).
@@ -864,14 +812,10 @@ class _Compiler:
             "$ref",
             "enum",
             "const",
-            "then",
-            "else",
-            "contentEncoding",
-            "contentMediaType",
         }
         for t in types:
             handled |= _KIND_KW.get("number" if t == "integer" else t, frozenset())
-        leftover = [k for k in sorted(node) if k in ASSERTING and k not in handled and _asserts(node, k)]
+        leftover = [k for k in sorted(node) if k in keywords.ASSERTING and k not in handled and _asserts(node, k)]
         if leftover and declared is None:
             raise _Refuse(path, leftover[0], f'"{leftover[0]}" has no exact grammar equivalent')
         return _alt(exprs)
@@ -1350,32 +1294,7 @@ def _both(a: Any, b: Any) -> Any:
     return {"allOf": [a, b]}
 
 
-_TRUE_IS_NOOP = frozenset(
-    {"additionalProperties", "items", "unevaluatedProperties", "unevaluatedItems", "propertyNames", "additionalItems"}
-)
-_EMPTY_IS_NOOP = frozenset(
-    {"required", "properties", "patternProperties", "dependentSchemas", "dependentRequired", "dependencies"}
-)
-
-
-def _asserts(node: Mapping[str, Any], key: str) -> bool:
-    if key not in node or key not in ASSERTING or key in _ANNOTATION_ONLY:
-        return False
-    value = node[key]
-    if key in _TRUE_IS_NOOP and (value is True or value == {}):
-        return False
-    if key in _EMPTY_IS_NOOP and value in ([], {}):
-        return False
-    if key == "uniqueItems" and value is False:
-        return False
-    if (
-        key in ("allOf", "anyOf", "oneOf")
-        and isinstance(value, list)
-        and value
-        and all(v is True or v == {} for v in value)
-    ):
-        return False
-    return not (key in ("minItems", "minLength", "minProperties") and value == 0 and not isinstance(value, bool))
+_asserts = keywords.asserts
 
 
 # ---------------------------------------------------------------------------- regular expressions

@@ -33,6 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from localllm.grammar import keywords
 from localllm.grammar.paths import child_path
 
 Severity = Literal["error", "warning"]
@@ -40,67 +41,18 @@ Severity = Literal["error", "warning"]
 SUBSET = "is outside the llama.cpp grammar subset"
 _REJECTS = "(llama.cpp rejects the request)"
 
-# Keywords a JSON Schema validator enforces (draft 2020-12 plus earlier drafts' names).
-# Anything else (title, description, $defs, x-…) constrains nothing and is never a finding.
-_OBJECT_KW = frozenset(
-    {
-        "properties",
-        "patternProperties",
-        "additionalProperties",
-        "propertyNames",
-        "required",
-        "dependentRequired",
-        "dependentSchemas",
-        "dependencies",
-        "minProperties",
-        "maxProperties",
-        "unevaluatedProperties",
-    }
-)
-_ARRAY_KW = frozenset(
-    {
-        "items",
-        "prefixItems",
-        "contains",
-        "minContains",
-        "maxContains",
-        "minItems",
-        "maxItems",
-        "uniqueItems",
-        "unevaluatedItems",
-    }
-)
-_STRING_KW = frozenset({"pattern", "minLength", "maxLength", "format"})
-_NUMBER_KW = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
-_ANY_KW = frozenset(
-    {
-        "allOf",
-        "anyOf",
-        "oneOf",
-        "not",
-        "if",
-        "enum",
-        "const",
-        "type",
-        "$ref",
-        "$dynamicRef",
-        "$recursiveRef",
-    }
-)
-ASSERTION_KEYWORDS = _OBJECT_KW | _ARRAY_KW | _STRING_KW | _NUMBER_KW | _ANY_KW
-
 # Ignored but value-level: validation still rejects a bad answer, the shape is right.
-_WARNING_KW = _NUMBER_KW | {"minProperties", "maxProperties", "format"}
+_WARNING_KW = keywords.NUMBER | {"minProperties", "maxProperties", "format"}
 
 _RELEVANT: dict[str, frozenset[str]] = {
-    "object": _OBJECT_KW | _ANY_KW,
-    "array": _ARRAY_KW | _ANY_KW,
-    "string": _STRING_KW | _ANY_KW,
-    "integer": _NUMBER_KW | _ANY_KW,
-    "number": _NUMBER_KW | _ANY_KW,
-    "boolean": _ANY_KW,
-    "null": _ANY_KW,
-    "any": ASSERTION_KEYWORDS,
+    "object": keywords.OBJECT | keywords.ANY,
+    "array": keywords.ARRAY | keywords.ANY,
+    "string": keywords.STRING | keywords.ANY,
+    "integer": keywords.NUMBER | keywords.ANY,
+    "number": keywords.NUMBER | keywords.ANY,
+    "boolean": keywords.ANY,
+    "null": keywords.ANY,
+    "any": keywords.ASSERTING,
 }
 _TYPES = frozenset({"object", "array", "string", "integer", "number", "boolean", "null"})
 _KNOWN_FORMATS = frozenset({"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5"})
@@ -206,7 +158,18 @@ class _Checker:
     """One walk over one schema document; owns its findings and ref bookkeeping."""
 
     def __init__(self, root: Any) -> None:
+        from localllm.grammar.compile import validator_class
+
         self.root = root
+        # what the schema's own draft enforces: validation ignores every other keyword (e.g.
+        # "if" in draft 4), and before 2019-09 also every keyword beside "$ref"
+        known = set(validator_class(root).VALIDATORS)
+        if "contains" in known:
+            known |= {"minContains", "maxContains"}  # read by "contains"
+        if "minimum" in known:
+            known |= {"exclusiveMinimum", "exclusiveMaximum"}  # draft 4: flags read by minimum/maximum
+        self.vocabulary = frozenset(known)
+        self.ref_siblings = "unevaluatedProperties" in self.vocabulary
         self.findings: list[Violation] = []
         self.followed: set[str] = set()
         # Refs reachable from each ref target (or "$") without consuming input: a cycle
@@ -214,6 +177,13 @@ class _Checker:
         self.bare_edges: dict[str, list[tuple[str, str]]] = {}
 
     # ------------------------------------------------------------------ helpers
+
+    def asserts(self, node: Mapping[str, Any], key: str) -> bool:
+        """Does ``key`` constrain anything in ``node`` under the schema's draft?"""
+        return key in self.vocabulary and _asserts(node, key)
+
+    def asserts_beside_ref(self, node: Mapping[str, Any], key: str) -> bool:
+        return self.ref_siblings and self.asserts(node, key)
 
     def error(self, path: str, construct: str, message: str) -> None:
         self.findings.append(Violation(path, construct, message, "error"))
@@ -328,11 +298,50 @@ class _Checker:
         names = {own} if isinstance(own, str) else set(own) if isinstance(own, list) and own else None
         return names is not None and all(isinstance(n, str) for n in names) and names <= wanted
 
+    def implied(self, alt: Any, node: Mapping[str, Any], key: str) -> bool:
+        """Does every value the converter generates for ``alt`` satisfy ``node[key]``? Known
+        for "type", and for a closed object (only its "properties" are generated) also for
+        "properties" (what it says of the generated names is only a type they have),
+        "additionalProperties": false (it lists them), "required" (they are required in
+        ``alt``) and "unevaluatedProperties" (``alt`` evaluates them)."""
+        if key == "type":
+            return self.implies_type(alt, node["type"])
+        target = self.deref(alt)
+        if (
+            not isinstance(target, dict)
+            or not _closed_on_properties(target)
+            or target.get("type", "object") != "object"
+            or any(k in target for k in ("$ref", "anyOf", "oneOf", "allOf", "const", "enum"))
+        ):
+            return False
+        generated: dict[str, Any] = target["properties"]
+        value = node[key]
+        if key == "unevaluatedProperties":
+            return True
+        if key == "patternProperties":
+            closed = {"properties": generated, "additionalProperties": False, "patternProperties": value}
+            return self.pattern_properties_unused(closed)
+        if key == "required":
+            own = target.get("required")
+            return isinstance(value, list) and isinstance(own, list) and set(value) <= set(own)
+        if key == "additionalProperties":
+            listed = node.get("properties")
+            return value is False and isinstance(listed, dict) and set(generated) <= set(listed)
+        if key == "properties" and isinstance(value, dict):
+            for name in set(generated) & set(value):
+                sub = value[name]
+                vacuous = isinstance(sub, dict) and not any(self.asserts(sub, k) for k in sub)
+                typed = isinstance(sub, dict) and _only_keyword(sub, "type")
+                if not vacuous and not (typed and self.implies_type(generated[name], sub["type"])):
+                    return False
+            return True
+        return False
+
     def visit_ref(self, node: dict[str, Any], path: str, *, owner: str | None) -> None:
         for key in sorted(node):
-            if key == "type" and self.implies_type({"$ref": node["$ref"]}, node["type"]):
+            if key != "$ref" and self.asserts_beside_ref(node, key) and self.implied({"$ref": node["$ref"]}, node, key):
                 continue
-            if key != "$ref" and _asserts(node, key):
+            if key != "$ref" and self.asserts_beside_ref(node, key):
                 self.error(
                     path,
                     key,
@@ -382,14 +391,9 @@ class _Checker:
         if key == "oneOf" and "anyOf" in node:
             why = 'llama.cpp uses "oneOf" and ignores "anyOf" beside it'
             self.error(path, "anyOf", unsupported(path, "anyOf", why))
-        siblings = [k for k in sorted(node) if _asserts(node, k) and k not in ("anyOf", "oneOf")]
-        if (
-            siblings == ["type"]
-            and isinstance(node[key], list)
-            and node[key]
-            and all(self.implies_type(alt, node["type"]) for alt in node[key])
-        ):
-            siblings = []
+        siblings = [k for k in sorted(node) if self.asserts(node, k) and k not in ("anyOf", "oneOf")]
+        if isinstance(node[key], list) and node[key]:
+            siblings = [k for k in siblings if not all(self.implied(alt, node, k) for alt in node[key])]
         if siblings:
             if "properties" in siblings or "type" in siblings:
                 self.error(path, key, f'{path}: "{key}" alongside sibling properties/type {SUBSET}')
@@ -459,13 +463,15 @@ class _Checker:
         handled = handler(node, path) if handler is not None else frozenset()
         if kind == "object" and "patternProperties" in node and self.pattern_properties_unused(node):
             handled = handled | {"patternProperties"}
+        if kind == "object" and "allOf" in node and self.all_of_implied(node):
+            handled = handled | {"allOf"}
         if kind == "allOf" or (kind == "object" and _closed_on_properties(node)):
             # every key generated is declared in "properties" (of the node or of an allOf
             # component, all merged): evaluated, so "unevaluatedProperties" has nothing to check
             handled = handled | {"unevaluatedProperties"}
         relevant = _RELEVANT["object" if kind == "allOf" else kind]
         for key in sorted(node):
-            if key in relevant and key not in handled and key != "type" and _asserts(node, key):
+            if key in relevant and key not in handled and key != "type" and self.asserts(node, key):
                 if kind in ("integer", "number") and key in ("allOf", "if") and _only_number_keywords(node, key):
                     self.warn(
                         path,
@@ -485,6 +491,24 @@ class _Checker:
         if not isinstance(props, dict):
             self.error(path, "properties", f'{path}: "properties" must be an object {_REJECTS}')
             props = {}
+        if node is self.root and "" in props:
+            # llama.cpp names the rule of the root's property "" "root": the grammar then
+            # generates only that property's value, never the object
+            unnamed = child_path(child_path(path, "properties"), "")
+            only_object_keywords = all(k in keywords.OBJECT or not self.asserts(node, k) for k in node)
+            if (
+                "type" not in node
+                and only_object_keywords
+                and self.implies_type(props[""], ["array", "string", "number", "boolean", "null"])
+            ):
+                self.visit(props[""], unnamed, owner=None)  # what the root's object keywords never see
+                return frozenset(node)
+            self.error(
+                path,
+                "properties",
+                f'{unnamed}: a property named "" at the root {SUBSET}: llama.cpp\'s grammar then generates '
+                "only that property's value, not the object; rename the property",
+            )
         for name in sorted(props):
             self.visit(props[name], child_path(child_path(path, "properties"), name), owner=None)
         if "additionalProperties" in node:
@@ -509,6 +533,27 @@ class _Checker:
                 )
         self.check_required(node, path, set(props) if "properties" in node else set())
         return frozenset({"properties", "additionalProperties", "required"})
+
+    def all_of_implied(self, node: dict[str, Any]) -> bool:
+        """An "allOf" the converter ignores beside "properties" that every generated object
+        satisfies anyway: each component says only what :meth:`implied` proves of the closed
+        object, or (untyped) what applies only to other types."""
+        comps = node["allOf"]
+        if not _closed_on_properties(node) or not isinstance(comps, list):
+            return False
+        own = {k: v for k, v in node.items() if k != "allOf"}
+        for listed in comps:
+            comp = self.deref(listed)
+            if not isinstance(comp, dict):
+                return False
+            other_types = keywords.NUMBER | keywords.STRING | keywords.ARRAY
+            untyped = not any(k in comp for k in ("type", "enum", "const"))
+            for key in comp:
+                if not self.asserts(comp, key) or self.implied(own, comp, key):
+                    continue
+                if not (untyped and key in other_types and not _holds_boolean(comp[key])):
+                    return False
+        return True
 
     def pattern_properties_unused(self, node: dict[str, Any]) -> bool:
         """On a closed object (llama.cpp generates only declared names; none at all without
@@ -560,7 +605,8 @@ class _Checker:
             )
         if key is None:
             return frozenset({"minItems", "maxItems"})
-        handled = frozenset({"items", "prefixItems", "minItems", "maxItems"})
+        # a tuple "items" is generated with exactly its elements: "additionalItems" holds
+        handled = frozenset({"items", "prefixItems", "minItems", "maxItems", "additionalItems"})
         items = node[key]
         if isinstance(items, list):
             for i, item in enumerate(items):
@@ -598,7 +644,7 @@ class _Checker:
             for key in ("format", "maxLength", "minLength"):
                 if key in node:
                     self.ignored(path, key, 'llama.cpp ignores it beside "pattern"; fold it into the pattern')
-            return frozenset(_STRING_KW)
+            return keywords.STRING
         if isinstance(fmt, str) and fmt in _KNOWN_FORMATS:
             fixed = _FIXED_LENGTH.get(fmt)
             for key in ("maxLength", "minLength"):
@@ -619,7 +665,7 @@ class _Checker:
                     "as digits in place (it admits 0000-01-01 and 2023-02-31); validation "
                     "still checks the date",
                 )
-            return frozenset(_STRING_KW)
+            return keywords.STRING
         if "format" in node and isinstance(fmt, str):
             self.ignored(path, "format", "llama.cpp only knows the formats date, date-time, time and uuid")
         low = node.get("minLength")
@@ -631,7 +677,7 @@ class _Checker:
                 'so a surrogate pair ("\\ud83d\\ude00", one character) counts twice and a shorter string '
                 'gets through; use "minLength": 1 or a pattern',
             )
-        return frozenset(_STRING_KW)
+        return keywords.STRING
 
     def visit_integer(self, node: dict[str, Any], path: str) -> frozenset[str]:
         handled = set()
@@ -711,7 +757,7 @@ class _Checker:
                 self.visit(comp, cpath, owner=None)  # reports the bad ref
                 return None
             for key in sorted(comp):
-                if key != "$ref" and _asserts(comp, key):
+                if key != "$ref" and self.asserts_beside_ref(comp, key):
                     self.error(cpath, key, unsupported(cpath, key, 'llama.cpp ignores every keyword beside "$ref"'))
             chain.add(ref)
             resolved = self.resolve(ref)
@@ -746,9 +792,13 @@ class _Checker:
         )
         if not is_object:
             # the merged value is an object: keywords that apply only to other types are vacuous
-            vacuous = _NUMBER_KW | _STRING_KW | _ARRAY_KW if type_ is None and "enum" not in comp else frozenset()
+            vacuous = (
+                keywords.NUMBER | keywords.STRING | keywords.ARRAY
+                if type_ is None and "enum" not in comp
+                else frozenset()
+            )
             for key in sorted(comp):
-                if _asserts(comp, key) and (key not in vacuous or _holds_boolean(comp[key])):
+                if self.asserts(comp, key) and (key not in vacuous or _holds_boolean(comp[key])):
                     self.error(
                         cpath,
                         key,
@@ -773,7 +823,7 @@ class _Checker:
         for key in sorted(comp):
             if key == "unevaluatedProperties" and merged <= own:
                 continue  # every merged key is this component's own: evaluated here
-            if _asserts(comp, key) and key not in ("properties", "required", "type"):
+            if self.asserts(comp, key) and key not in ("properties", "required", "type"):
                 why = (
                     "llama.cpp closes the merged object and ignores it; it rejects other components' properties"
                     if key == "additionalProperties"
@@ -785,7 +835,7 @@ class _Checker:
 
     def check_literals(self, node: dict[str, Any], path: str, key: str, values: Sequence[Any]) -> None:
         """``const``/``enum`` win over their siblings; they must all satisfy what is ignored."""
-        rest = {k: v for k, v in node.items() if k != key and _asserts(node, k)}
+        rest = {k: v for k, v in node.items() if k != key and self.asserts(node, k)}
         if not rest:
             return
         import jsonschema
@@ -793,7 +843,7 @@ class _Checker:
 
         doc = dict(self.root) if isinstance(self.root, dict) else {}
         doc.update(rest)
-        for drop in ASSERTION_KEYWORDS - set(rest):
+        for drop in keywords.ASSERTING - set(rest):
             doc.pop(drop, None)
         from localllm.grammar.compile import _validation_failures, validator_class
 
@@ -902,7 +952,7 @@ def _only_number_keywords(node: Mapping[str, Any], key: str) -> bool:
     parts = node[key] if key == "allOf" else [node.get(k) for k in ("if", "then", "else") if k in node]
     if not isinstance(parts, list):
         return False
-    return all(isinstance(p, dict) and all(k in _NUMBER_KW or not _asserts(p, k) for k in p) for p in parts)
+    return all(isinstance(p, dict) and all(k in keywords.NUMBER or not _asserts(p, k) for k in p) for p in parts)
 
 
 def _one_sided_exact(bound: int, is_min: bool, exclusive: bool) -> bool:
@@ -958,37 +1008,20 @@ def _has_properties(node: Mapping[str, Any]) -> bool:
     return "properties" in node or ("additionalProperties" in node and node["additionalProperties"] is not True)
 
 
-_TRUE_IS_NOOP = frozenset(
-    {
-        "additionalProperties",
-        "items",
-        "unevaluatedProperties",
-        "unevaluatedItems",
-        "propertyNames",
-    }
-)
-_EMPTY_IS_NOOP = frozenset({"required", "properties", "patternProperties", "dependentSchemas", "dependentRequired"})
-
-
 def _asserts(node: Mapping[str, Any], key: str) -> bool:
-    """Does ``key`` constrain anything in ``node`` (as far as validation is concerned)?"""
-    if key not in ASSERTION_KEYWORDS:
+    """Does ``key`` constrain anything in ``node``? :func:`keywords.asserts`, and no-ops it
+    does not know: a "not" of nothing; "unevaluatedItems" beside "items" (a schema) and
+    "unevaluatedProperties" beside "additionalProperties" (they evaluate every element and
+    key); "additionalItems" without a tuple "items" (validation ignores it)."""
+    if not keywords.asserts(node, key):
         return False
-    value = node[key]
-    if value is True and key in _TRUE_IS_NOOP:
+    if key == "not" and _never(node[key]):
         return False
-    if key in _EMPTY_IS_NOOP and value in ([], {}):
-        return False
-    if key == "uniqueItems" and value is False:
-        return False
-    if key == "not" and _never(value):
-        return False
-    # "items" (a schema) and "additionalProperties" evaluate every element/key they see
     if key == "unevaluatedItems" and isinstance(node.get("items"), (dict, bool)):
         return False
-    if key == "unevaluatedProperties" and "additionalProperties" in node:
+    if key == "additionalItems" and not isinstance(node.get("items"), list):
         return False
-    return not (key in ("minItems", "minLength", "minProperties") and value == 0 and not isinstance(value, bool))
+    return not (key == "unevaluatedProperties" and "additionalProperties" in node)
 
 
 def _json_type(value: Any) -> str:

@@ -9,7 +9,7 @@ One llama-server (gemma-3-270m) serves the module (the ``server`` fixture of
   ``max_tokens`` are not validated.
 - **The checker vs llama.cpp's converter**: for every schema, the server's own grammar (the
   ``generation_settings.grammar`` that ``/completion`` with ``json_schema`` reports) is
-  walked 200 times and validated: the truth is "enforced" when no walk is invalid
+  walked 1,000 times and validated: the truth is "enforced" when no walk is invalid
   (against the structural part for a warning-only verdict) and "not enforced" when a walk
   is invalid, a directed probe gets through (a schema literal or a one-edit mutation of a
   walk that the grammar admits although it is invalid, or not JSON), or the request is
@@ -39,7 +39,7 @@ pytestmark = pytest.mark.e2e
 
 ENTRIES = list(corpus()) + list(realworld())
 MAX_TOKENS = 192
-WALKS = 200
+WALKS = 1000  # the probes start from the walks that together reach the most keys
 PROBED_WALKS = 6  # walks whose one-edit mutations are probed
 
 

@@ -94,7 +94,7 @@ def coverage(entries: list[tuple[str, Any]], *, space: bool = False) -> tuple[in
 
 _NAME_KEYWORDS = ("properties", "patternProperties", "dependencies", "dependentSchemas", "dependentRequired")
 _FILLERS: tuple[Any, ...] = ("x", 0, -1, 1.5, True, None, [], {}, ["x", "x"], [0, 0])
-MAX_PROBES = 1500
+MAX_PROBES = 300  # per walk and level
 _ASTRAL = "\U0001f600"
 
 
@@ -144,36 +144,40 @@ def _schema_literals(schema: Any) -> tuple[list[str], list[Any]]:
     return names, values
 
 
-def _mutations(value: Any, names: list[str], values: list[Any]) -> Iterator[Any]:
-    """Values one edit away from ``value``: a leaf replaced by a schema literal, a key added
-    (a schema name with a filler value) or dropped, an array item repeated, dropped or added."""
-    yield from values
-    for name in names:
-        yield name
+def _mutations(value: Any, level: int, names: list[str], values: list[Any]) -> Iterator[Any]:
+    """Values one edit away from ``value``, by level: 0 reshapes (an array item repeated,
+    dropped or added; a key dropped; a string doubled, cut, or with an astral character),
+    1 puts a schema literal in place of a value, 2 adds a key (a schema name with a filler)."""
+    if level == 1:
+        yield from values
+        yield from names
     if isinstance(value, dict):
         items = list(value.items())
-        for name in names:
-            if name not in value:
-                for filler in (*_FILLERS[::2], _ASTRAL + "x"):
-                    for i in range(len(items) + 1):
-                        yield dict([*items[:i], (name, filler), *items[i:]])
-        for i in range(len(items)):
-            yield dict(items[:i] + items[i + 1 :])
+        if level == 0:
+            for i in range(len(items)):
+                yield dict(items[:i] + items[i + 1 :])
+        if level == 2:
+            for name in names:
+                if name not in value:
+                    for filler in (*_FILLERS[::2], _ASTRAL + "x"):
+                        for i in range(len(items) + 1):
+                            yield dict([*items[:i], (name, filler), *items[i:]])
         for i, (key, child) in enumerate(items):
-            for variant in _mutations(child, names, values):
+            for variant in _mutations(child, level, names, values):
                 yield dict([*items[:i], (key, variant), *items[i + 1 :]])
     elif isinstance(value, list):
-        if value:
-            yield [*value, value[0]]
-            yield [*value, *value]
-            yield value[:-1]
-            yield []
-        for filler in _FILLERS:
-            yield [*value, filler]
+        if level == 0:
+            if value:
+                yield [*value, value[0]]
+                yield [*value, *value]
+                yield value[:-1]
+                yield []
+            for filler in _FILLERS:
+                yield [*value, filler]
         for i, child in enumerate(value):
-            for variant in _mutations(child, names, values):
+            for variant in _mutations(child, level, names, values):
                 yield [*value[:i], variant, *value[i + 1 :]]
-    elif isinstance(value, str):
+    elif isinstance(value, str) and level == 0:
         yield value + value
         yield value[:1]
         yield ""
@@ -186,28 +190,35 @@ def counterexample(grammar: Grammar, schema: Any, samples: list[Any]) -> str | N
     """An answer ``grammar`` admits although it breaks ``schema``, searched among the schema's
     own literals and one-edit mutations of ``samples`` (valid answers of the grammar): the
     directed probes random walks rarely hit (a key a pattern names, an enum value a ``not``
-    excludes, a repeated array item). None when no probe gets through."""
+    excludes, a repeated array item), and extra keys that are not JSON. None when no probe
+    gets through."""
     names, values = _schema_literals(schema)
     check = validator(schema)
-    seen: set[str] = set()
     for sample in samples:
         text = json.dumps(sample, separators=(",", ":"))
         # not JSON at all: an extra key with a bad escape or a raw control character
+        opens = [i + 1 for i, c in enumerate(text) if c == "{"][:20]
+        closes = [i for i, c in enumerate(text) if c == "}"][:20]
         for bad in ('"\\q":0', '"\x01":0'):
-            for probe in (text.replace("{", "{" + bad + ",", 1), text.replace("}", "," + bad + "}", 1)):
-                if probe != text and grammar.matches(probe):
+            probes = [text[:i] + bad + "," + text[i:] for i in opens] + [text[:i] + bad + text[i:] for i in opens]
+            probes += [text[:i] + "," + bad + text[i:] for i in closes]
+            for probe in probes:
+                if grammar.matches(probe):
                     return probe
-        tried = 0
-        for probe in _mutations(sample, names, values):
-            text = json.dumps(probe, separators=(",", ":"))
-            if text in seen:
-                continue
-            seen.add(text)
-            tried += 1
-            if tried > MAX_PROBES // len(samples):
-                break
-            if not check.is_valid(probe) and grammar.matches(text):
-                return text
+    seen: set[str] = set()
+    for level in range(3):
+        for sample in samples:
+            tried = 0
+            for probe in _mutations(sample, level, names, values):
+                text = json.dumps(probe, separators=(",", ":"))
+                if text in seen:
+                    continue
+                seen.add(text)
+                tried += 1
+                if tried > MAX_PROBES:
+                    break
+                if not check.is_valid(probe) and grammar.matches(text):
+                    return text
     return None
 
 

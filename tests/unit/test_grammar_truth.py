@@ -239,6 +239,134 @@ def test_all_of_any_of_refs_to_optional_objects_are_merged_exactly() -> None:
     assert errors(schema) == [("$.allOf[1]", "anyOf")]
 
 
+D3 = "http://json-schema.org/draft-03/schema#"
+D4 = "http://json-schema.org/draft-04/schema#"
+D7 = "http://json-schema.org/draft-07/schema#"
+
+
+@pytest.mark.parametrize(
+    ("schema", "found"),
+    [
+        # before 2019-09, validation itself ignores every keyword beside "$ref"
+        ({"$schema": D4, "definitions": {"l": {"type": "array"}}, "$ref": "#/definitions/l", "maxItems": 1}, []),
+        ({"definitions": {"l": {"type": "array"}}, "$ref": "#/definitions/l", "maxItems": 1}, [("$", "maxItems")]),
+        # a keyword the draft does not have constrains nothing
+        ({"$schema": D4, "type": "object", "if": {"required": ["a"]}, "then": {"required": ["b"]}}, []),
+        ({"type": "object", "dependencies": {"a": ["b"]}}, []),
+        ({"$schema": D4, "type": "object", "dependencies": {"a": ["b"]}}, [("$", "dependencies")]),
+        ({"$schema": D4, "type": "array", "items": {}, "contains": {"type": "string"}}, []),
+        # draft-7 "additionalItems": held by a tuple (generated with exactly its elements),
+        # ignored by validation without one; draft 3's "extends" is not modelled at all
+        ({"$schema": D7, "type": "array", "items": [STR], "additionalItems": False}, []),
+        ({"$schema": D7, "type": "array", "items": STR, "additionalItems": False}, []),
+        ({"$schema": D3, "type": "object", "extends": {"required": ["a"]}}, [("$", "extends")]),
+    ],
+)
+def test_only_the_schemas_own_draft_is_enforced_by_validation(schema: Any, found: list[tuple[str, str]]) -> None:
+    assert errors(schema) == found
+
+
+CLOSED_BAR = {"properties": {"bar": STR}}
+
+
+@pytest.mark.parametrize(
+    ("schema", "found"),
+    [
+        # the $ref target generates only "bar": a sibling about "foo" and unevaluatedProperties see nothing
+        (
+            {
+                "$defs": {"b": CLOSED_BAR},
+                "$ref": "#/$defs/b",
+                "properties": {"foo": STR},
+                "unevaluatedProperties": False,
+            },
+            [],
+        ),
+        ({"$defs": {"b": CLOSED_BAR}, "$ref": "#/$defs/b", "properties": {"bar": STR}}, []),
+        (
+            {"$defs": {"b": CLOSED_BAR}, "$ref": "#/$defs/b", "properties": {"bar": {"maxLength": 1}}},
+            [("$", "properties")],
+        ),
+        (
+            {"$defs": {"b": {"type": "object"}}, "$ref": "#/$defs/b", "unevaluatedProperties": False},
+            [("$", "unevaluatedProperties")],
+        ),
+        # oneOf alternatives that each imply the siblings
+        (
+            {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {"kind": STR, "n": {"type": "integer"}},
+                "oneOf": [
+                    {"properties": {"kind": {"const": "a"}}, "required": ["kind"]},
+                    {"properties": {"kind": {"const": "b"}, "n": {"const": 1}}, "required": ["kind"]},
+                ],
+            },
+            [],
+        ),
+        (
+            {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {"kind": STR},
+                "oneOf": [{"properties": {"kind": {"const": "a"}, "extra": STR}}],
+            },
+            [("$", "oneOf")],
+        ),
+        (
+            {"required": ["kind"], "anyOf": [{"properties": {"kind": {"const": "a"}}}]},
+            [("$", "anyOf")],
+        ),
+    ],
+)
+def test_siblings_of_ref_and_alternatives_implied_by_what_is_generated(
+    schema: Any, found: list[tuple[str, str]]
+) -> None:
+    assert errors(schema) == found
+
+
+@pytest.mark.parametrize(
+    ("schema", "found"),
+    [
+        # llama.cpp ignores "allOf" beside "properties"; it is exact when the closed object holds it
+        ({"allOf": [{"patternProperties": {"^bar": STR}}], "properties": {"foo": STR}}, []),
+        ({"allOf": [{"type": "object", "properties": {"foo": STR}}, {"maxLength": 3}], "properties": {"foo": STR}}, []),
+        (
+            {"allOf": [{"patternProperties": {"^fo": {"type": "integer"}}}], "properties": {"foo": STR}},
+            [("$", "allOf")],
+        ),
+        ({"allOf": [{"required": ["foo"]}], "properties": {"foo": STR}}, [("$", "allOf")]),
+        (
+            {"allOf": [{"maxLength": 3}], "properties": {"foo": STR}, "additionalProperties": True},
+            [("$", "additionalProperties"), ("$", "allOf")],
+        ),
+    ],
+)
+def test_all_of_beside_properties_held_by_the_closed_object(schema: Any, found: list[tuple[str, str]]) -> None:
+    assert errors(schema) == found
+
+
+INT = {"type": "integer"}
+
+
+@pytest.mark.parametrize(
+    ("schema", "found"),
+    [
+        # llama.cpp's grammar for these is just the integer: the root's object keywords never see it
+        ({"properties": {"": INT, "a": STR}, "required": ["a"]}, []),
+        ({"additionalProperties": INT, "properties": {"": INT, "a": INT}}, []),
+        # ... which breaks "type": "object"
+        ({"type": "object", "properties": {"": INT}}, [("$", "properties")]),
+        ({"properties": {"": {"type": "object"}}}, [("$", "properties")]),
+        ({"type": "object", "properties": {"x": {"type": "object", "properties": {"": INT}}}}, []),
+    ],
+)
+def test_a_property_named_empty_at_the_root_becomes_the_whole_grammar(
+    schema: Any, found: list[tuple[str, str]]
+) -> None:
+    assert errors(schema) == found
+
+
 # ---------------------------------------------------------------------------- never a traceback
 
 
