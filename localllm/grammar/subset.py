@@ -21,6 +21,12 @@ How the converter reads a schema object, and so how this module does:
    allOf → items → string keywords) picks one kind; keywords the kind does not read are
    ignored.
 
+What counts as a constraint is what the schema's own draft validates (jsonschema's
+validator for its ``$schema``): a keyword that draft does not have, and before 2019-09
+every keyword beside ``$ref``, constrains nothing; so does a keyword that the values the
+converter generates satisfy anyway (an ``unevaluatedProperties`` on an object closed on
+its ``properties``, a sibling of ``$ref``/``oneOf`` that each alternative implies).
+
 Paths are JSON paths from ``$`` (``$.properties.a.items``), siblings are visited in
 sorted order, and findings inside a ``$ref`` target are reported once, at the target.
 """
