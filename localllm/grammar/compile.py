@@ -28,6 +28,8 @@ from fractions import Fraction
 from typing import Any
 from urllib.parse import unquote
 
+from localllm.grammar import keywords
+
 MAX_DEPTH = 64
 #: llama.cpp expands ``x{m,n}`` into n nested rules and advances all of them per token: a
 #: larger maximum is lowered to this (sound: fewer answers), a larger minimum refused
@@ -39,61 +41,7 @@ MAX_BOUND_DIGITS = 40
 
 _TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
 
-# Keywords that assert something (a validator enforces them), by the kind they apply to.
-_OBJECT_KW = frozenset(
-    {
-        "properties",
-        "patternProperties",
-        "additionalProperties",
-        "propertyNames",
-        "required",
-        "dependentRequired",
-        "dependentSchemas",
-        "dependencies",
-        "minProperties",
-        "maxProperties",
-        "unevaluatedProperties",
-    }
-)
-_ARRAY_KW = frozenset(
-    {
-        "items",
-        "prefixItems",
-        "additionalItems",
-        "contains",
-        "minContains",
-        "maxContains",
-        "minItems",
-        "maxItems",
-        "uniqueItems",
-        "unevaluatedItems",
-    }
-)
-_STRING_KW = frozenset({"pattern", "minLength", "maxLength", "format", "contentEncoding", "contentMediaType"})
-_NUMBER_KW = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "divisibleBy"})
-_ANY_KW = frozenset(
-    {
-        "allOf",
-        "anyOf",
-        "oneOf",
-        "not",
-        "if",
-        "then",
-        "else",
-        "enum",
-        "const",
-        "type",
-        "$ref",
-        "$dynamicRef",
-        "$recursiveRef",
-        "extends",
-        "disallow",
-    }
-)
-ASSERTING = _OBJECT_KW | _ARRAY_KW | _STRING_KW | _NUMBER_KW | _ANY_KW
-_KIND_KW = {"object": _OBJECT_KW, "array": _ARRAY_KW, "string": _STRING_KW, "number": _NUMBER_KW}
-# contentEncoding/contentMediaType are annotations for the jsonschema validator
-_ANNOTATION_ONLY = frozenset({"contentEncoding", "contentMediaType", "then", "else"})
+_KIND_KW = {"object": keywords.OBJECT, "array": keywords.ARRAY, "string": keywords.STRING, "number": keywords.NUMBER}
 
 # Standard formats we generate exactly; other standard formats a validator may check are
 # refused; unknown formats are annotations (a validator ignores them).
@@ -776,29 +724,14 @@ class _Compiler:
         return out
 
     def merge_keyword(self, key: str, mine: Any, other: Any, path: str) -> Any:
+        """One keyword two allOf components both give, as one value (refused when not mergeable)."""
         if key == "type":
-            ta, tb = _type_set(mine), _type_set(other)
-            if ta is None or tb is None:
-                raise _Refuse(path, "type", '"type" must be a type name or a list of them')
-            both = {t for t in ta if t in tb or (t == "integer" and "number" in tb)}
-            both |= {t for t in tb if t == "integer" and "number" in ta}
-            if not both:
-                raise _Unsatisfiable(path, "type", f"allOf requires types {sorted(ta)} and {sorted(tb)} at once")
-            return sorted(both)
+            return _merge_types(mine, other, path)
+        merged = self.merge_bound(key, mine, other)
+        if merged is not None:
+            return merged
         if key == "required" and isinstance(mine, list) and isinstance(other, list):
             return list(dict.fromkeys([*mine, *other]))
-        if key in ("minimum", "minLength", "minItems", "minProperties") and _num(mine) and _num(other):
-            return max(mine, other)
-        if key in ("maximum", "maxLength", "maxItems", "maxProperties") and _num(mine) and _num(other):
-            return min(mine, other)
-        if key in ("exclusiveMinimum", "exclusiveMaximum") and self.draft > 4 and _num(mine) and _num(other):
-            return max(mine, other) if key == "exclusiveMinimum" else min(mine, other)
-        if (
-            key in ("uniqueItems", "exclusiveMinimum", "exclusiveMaximum")
-            and isinstance(mine, bool)
-            and isinstance(other, bool)
-        ):
-            return mine or other
         if (
             key in ("items", "additionalItems", "propertyNames", "contains")
             and isinstance(mine, (dict, bool))
@@ -811,6 +744,24 @@ class _Compiler:
                 raise _Refuse(path, "anyOf", f"allOf of anyOf gives more than {MAX_BRANCHES} alternatives")
             return product
         raise _Refuse(path, key, f'allOf components disagree on "{key}" ({_q(mine)} vs {_q(other)}); not merged')
+
+    def merge_bound(self, key: str, mine: Any, other: Any) -> Any:
+        """The tighter of two bounds (numbers, or draft 4's exclusive flags); None if ``key``
+        is not a bound or the values are not comparable."""
+        if _num(mine) and _num(other):
+            if key in ("minimum", "minLength", "minItems", "minProperties"):
+                return max(mine, other)
+            if key in ("maximum", "maxLength", "maxItems", "maxProperties"):
+                return min(mine, other)
+            if key in ("exclusiveMinimum", "exclusiveMaximum") and self.draft > 4:
+                return max(mine, other) if key == "exclusiveMinimum" else min(mine, other)
+        if (
+            key in ("uniqueItems", "exclusiveMinimum", "exclusiveMaximum")
+            and isinstance(mine, bool)
+            and isinstance(other, bool)
+        ):
+            return mine or other
+        return None
 
     def merge_properties(self, a: dict[str, Any], b: dict[str, Any], path: str) -> dict[str, Any]:
         if "patternProperties" in a or "patternProperties" in b:
@@ -864,14 +815,10 @@ class _Compiler:
             "$ref",
             "enum",
             "const",
-            "then",
-            "else",
-            "contentEncoding",
-            "contentMediaType",
         }
         for t in types:
             handled |= _KIND_KW.get("number" if t == "integer" else t, frozenset())
-        leftover = [k for k in sorted(node) if k in ASSERTING and k not in handled and _asserts(node, k)]
+        leftover = [k for k in sorted(node) if k in keywords.ASSERTING and k not in handled and _asserts(node, k)]
         if leftover and declared is None:
             raise _Refuse(path, leftover[0], f'"{leftover[0]}" has no exact grammar equivalent')
         return _alt(exprs)
@@ -893,23 +840,46 @@ class _Compiler:
         for key in ("dependentRequired", "dependencies", "unevaluatedProperties", "dependentSchemas"):
             if key in node and _asserts(node, key):
                 raise _Refuse(path, key, f'"{key}" has no exact grammar equivalent')
-        props = node.get("properties", {})
-        if not isinstance(props, dict):
-            raise _Refuse(path, "properties", '"properties" must be an object')
-        required = node.get("required", [])
-        if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
-            raise _Refuse(path, "required", '"required" must be an array of names')
-        extra = node.get("additionalProperties", True)
-        patterns = node.get("patternProperties", {})
-        if not isinstance(patterns, dict):
-            raise _Refuse(path, "patternProperties", '"patternProperties" must be an object')
-        names = node.get("propertyNames", True)
+        props, required, extra, patterns, names = _object_shape(node, path)
+        declared = self.declared(props, required, path, extra=extra, patterns=patterns, names=names)
+        lo, hi = _counts(node, path, "minProperties", "maxProperties")
+        if not declared and extra is not False and not (patterns or (names is not True and names != {})):
+            return self.open_object(extra, lo, hi, path, depth)
+        required_set = set(required)
+        items: list[tuple[str, bool]] = []
+        for name, sub, ppath in declared:
+            is_required = name in required_set
+            saved = self.save()
+            try:
+                value = self.gen(sub, ppath, depth + 1, frozenset())
+            except _Unsatisfiable:
+                if is_required:
+                    raise
+                self.restore(saved)
+                continue
+            key = gbnf_literal(json.dumps(name, ensure_ascii=False))
+            items.append((self.rule(f"{path}-{name}-kv", f"{key} COLON {value}"), is_required))
+        n_required = sum(1 for _, r in items if r)
+        nonempty = lo == 1 and n_required == 0
+        if lo > n_required and not nonempty:
+            raise _Refuse(path, "minProperties", f"minProperties {lo} exceeds the {n_required} required properties")
+        if nonempty and not items:
+            raise _Unsatisfiable(path, "minProperties", "minProperties 1 on an object that admits no property")
+        if hi is not None and hi < len(items):
+            raise _Refuse(path, "maxProperties", f"maxProperties {hi} is below the {len(items)} declared properties")
+        if missing := [r for r in required_set if r not in {d[0] for d in declared}]:
+            raise _Unsatisfiable(path, "required", f"required {_q(sorted(missing))} can never be present")
+        return self.rule(f"{path}-object", f'"{{" {self.ordered(items, path, nonempty=nonempty)} "}}"')
+
+    def declared(
+        self, props: dict[str, Any], required: list[str], path: str, *, extra: Any, patterns: dict[str, Any], names: Any
+    ) -> list[tuple[str, Any, str]]:
+        """The generated names with their schemas and paths: each declared property (and
+        undeclared required name) must satisfy its property schema and every
+        patternProperties schema whose pattern it matches; an undeclared required name,
+        those patterns or else additionalProperties. Names propertyNames refuses are dropped."""
         declared: list[tuple[str, Any, str]] = [(n, s, child(child(path, "properties"), n)) for n, s in props.items()]
         declared += [(r, None, child(path, "additionalProperties")) for r in dict.fromkeys(required) if r not in props]
-        required_set = set(required)
-        # A declared name must satisfy its property schema and every patternProperties schema
-        # whose pattern it matches; an undeclared required name, those patterns or else
-        # additionalProperties.
         for i, (name, sub, ppath) in enumerate(declared):
             matching = []
             for pattern, pschema in patterns.items():
@@ -924,44 +894,21 @@ class _Compiler:
                 declared[i] = (name, {"allOf": [sub, *matching]}, ppath)
         if names is not True and names != {}:
             bad = {n for n, _, _ in declared if not self.valid(names, n, path, "propertyNames")}
-            for n in sorted(bad & required_set):
+            for n in sorted(bad & set(required)):
                 raise _Unsatisfiable(path, "propertyNames", f"required property {_q(n)} breaks propertyNames")
             declared = [d for d in declared if d[0] not in bad]
-        lo, hi = _counts(node, path, "minProperties", "maxProperties")
-        items: list[tuple[str, bool]] = []
-        for name, sub, ppath in declared:
-            is_required = name in required_set
-            saved = self.save()
-            try:
-                value = self.gen(sub, ppath, depth + 1, frozenset())
-            except _Unsatisfiable:
-                if is_required:
-                    raise
-                self.restore(saved)
-                continue
-            key = gbnf_literal(json.dumps(name, ensure_ascii=False))
-            items.append((self.rule(f"{path}-{name}-kv", f"{key} COLON {value}"), is_required))
-        open_extra = not declared and extra is not False and not (patterns or (names is not True and names != {}))
-        if open_extra:
-            if lo > 1:
-                raise _Refuse(path, "minProperties", "minProperties > 1 on an open object (keys could repeat)")
-            value = self.gen(extra, child(path, "additionalProperties"), depth + 1, frozenset())
-            kv = self.rule(f"{path}-extra-kv", f"{self.primitive('string')} COLON {value}")
-            if hi == 0:
-                return gbnf_literal("{}")
-            body = f"{kv} {_repeat(f'COMMA {kv}', 0, None if hi is None else hi - 1)}"
-            return self.rule(f"{path}-object", f'"{{" {body if lo else _repeat(body, 0, 1)} "}}"')
-        n_required = sum(1 for _, r in items if r)
-        nonempty = lo == 1 and n_required == 0
-        if lo > n_required and not nonempty:
-            raise _Refuse(path, "minProperties", f"minProperties {lo} exceeds the {n_required} required properties")
-        if nonempty and not items:
-            raise _Unsatisfiable(path, "minProperties", "minProperties 1 on an object that admits no property")
-        if hi is not None and hi < len(items):
-            raise _Refuse(path, "maxProperties", f"maxProperties {hi} is below the {len(items)} declared properties")
-        if missing := [r for r in required_set if r not in {d[0] for d in declared}]:
-            raise _Unsatisfiable(path, "required", f"required {_q(sorted(missing))} can never be present")
-        return self.rule(f"{path}-object", f'"{{" {self.ordered(items, path, nonempty=nonempty)} "}}"')
+        return declared
+
+    def open_object(self, extra: Any, lo: int, hi: int | None, path: str, depth: int) -> str:
+        """A map: any string key (the JSON string rule) with ``extra``'s values."""
+        if lo > 1:
+            raise _Refuse(path, "minProperties", "minProperties > 1 on an open object (keys could repeat)")
+        value = self.gen(extra, child(path, "additionalProperties"), depth + 1, frozenset())
+        kv = self.rule(f"{path}-extra-kv", f"{self.primitive('string')} COLON {value}")
+        if hi == 0:
+            return gbnf_literal("{}")
+        body = f"{kv} {_repeat(f'COMMA {kv}', 0, None if hi is None else hi - 1)}"
+        return self.rule(f"{path}-object", f'"{{" {body if lo else _repeat(body, 0, 1)} "}}"')
 
     def ordered(self, items: list[tuple[str, bool]], path: str, *, nonempty: bool = False) -> str:
         """Properties in declared order: required ones always, optional ones optionally
@@ -1350,32 +1297,32 @@ def _both(a: Any, b: Any) -> Any:
     return {"allOf": [a, b]}
 
 
-_TRUE_IS_NOOP = frozenset(
-    {"additionalProperties", "items", "unevaluatedProperties", "unevaluatedItems", "propertyNames", "additionalItems"}
-)
-_EMPTY_IS_NOOP = frozenset(
-    {"required", "properties", "patternProperties", "dependentSchemas", "dependentRequired", "dependencies"}
-)
+def _merge_types(mine: Any, other: Any, path: str) -> list[str]:
+    ta, tb = _type_set(mine), _type_set(other)
+    if ta is None or tb is None:
+        raise _Refuse(path, "type", '"type" must be a type name or a list of them')
+    both = {t for t in ta if t in tb or (t == "integer" and "number" in tb)}
+    both |= {t for t in tb if t == "integer" and "number" in ta}
+    if not both:
+        raise _Unsatisfiable(path, "type", f"allOf requires types {sorted(ta)} and {sorted(tb)} at once")
+    return sorted(both)
 
 
-def _asserts(node: Mapping[str, Any], key: str) -> bool:
-    if key not in node or key not in ASSERTING or key in _ANNOTATION_ONLY:
-        return False
-    value = node[key]
-    if key in _TRUE_IS_NOOP and (value is True or value == {}):
-        return False
-    if key in _EMPTY_IS_NOOP and value in ([], {}):
-        return False
-    if key == "uniqueItems" and value is False:
-        return False
-    if (
-        key in ("allOf", "anyOf", "oneOf")
-        and isinstance(value, list)
-        and value
-        and all(v is True or v == {} for v in value)
-    ):
-        return False
-    return not (key in ("minItems", "minLength", "minProperties") and value == 0 and not isinstance(value, bool))
+def _object_shape(node: dict[str, Any], path: str) -> tuple[dict[str, Any], list[str], Any, dict[str, Any], Any]:
+    """properties, required, additionalProperties, patternProperties, propertyNames (checked)."""
+    props = node.get("properties", {})
+    if not isinstance(props, dict):
+        raise _Refuse(path, "properties", '"properties" must be an object')
+    required = node.get("required", [])
+    if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+        raise _Refuse(path, "required", '"required" must be an array of names')
+    patterns = node.get("patternProperties", {})
+    if not isinstance(patterns, dict):
+        raise _Refuse(path, "patternProperties", '"patternProperties" must be an object')
+    return props, required, node.get("additionalProperties", True), patterns, node.get("propertyNames", True)
+
+
+_asserts = keywords.asserts
 
 
 # ---------------------------------------------------------------------------- regular expressions

@@ -21,6 +21,12 @@ How the converter reads a schema object, and so how this module does:
    allOf → items → string keywords) picks one kind; keywords the kind does not read are
    ignored.
 
+What counts as a constraint is what the schema's own draft validates (jsonschema's
+validator for its ``$schema``): a keyword that draft does not have, and before 2019-09
+every keyword beside ``$ref``, constrains nothing; so does a keyword that the values the
+converter generates satisfy anyway (an ``unevaluatedProperties`` on an object closed on
+its ``properties``, a sibling of ``$ref``/``oneOf`` that each alternative implies).
+
 Paths are JSON paths from ``$`` (``$.properties.a.items``), siblings are visited in
 sorted order, and findings inside a ``$ref`` target are reported once, at the target.
 """
@@ -33,6 +39,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from localllm.grammar import keywords
 from localllm.grammar.paths import child_path
 
 Severity = Literal["error", "warning"]
@@ -40,67 +47,18 @@ Severity = Literal["error", "warning"]
 SUBSET = "is outside the llama.cpp grammar subset"
 _REJECTS = "(llama.cpp rejects the request)"
 
-# Keywords a JSON Schema validator enforces (draft 2020-12 plus earlier drafts' names).
-# Anything else (title, description, $defs, x-…) constrains nothing and is never a finding.
-_OBJECT_KW = frozenset(
-    {
-        "properties",
-        "patternProperties",
-        "additionalProperties",
-        "propertyNames",
-        "required",
-        "dependentRequired",
-        "dependentSchemas",
-        "dependencies",
-        "minProperties",
-        "maxProperties",
-        "unevaluatedProperties",
-    }
-)
-_ARRAY_KW = frozenset(
-    {
-        "items",
-        "prefixItems",
-        "contains",
-        "minContains",
-        "maxContains",
-        "minItems",
-        "maxItems",
-        "uniqueItems",
-        "unevaluatedItems",
-    }
-)
-_STRING_KW = frozenset({"pattern", "minLength", "maxLength", "format"})
-_NUMBER_KW = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
-_ANY_KW = frozenset(
-    {
-        "allOf",
-        "anyOf",
-        "oneOf",
-        "not",
-        "if",
-        "enum",
-        "const",
-        "type",
-        "$ref",
-        "$dynamicRef",
-        "$recursiveRef",
-    }
-)
-ASSERTION_KEYWORDS = _OBJECT_KW | _ARRAY_KW | _STRING_KW | _NUMBER_KW | _ANY_KW
-
 # Ignored but value-level: validation still rejects a bad answer, the shape is right.
-_WARNING_KW = _NUMBER_KW | {"minProperties", "maxProperties", "format"}
+_WARNING_KW = keywords.NUMBER | {"minProperties", "maxProperties", "format"}
 
 _RELEVANT: dict[str, frozenset[str]] = {
-    "object": _OBJECT_KW | _ANY_KW,
-    "array": _ARRAY_KW | _ANY_KW,
-    "string": _STRING_KW | _ANY_KW,
-    "integer": _NUMBER_KW | _ANY_KW,
-    "number": _NUMBER_KW | _ANY_KW,
-    "boolean": _ANY_KW,
-    "null": _ANY_KW,
-    "any": ASSERTION_KEYWORDS,
+    "object": keywords.OBJECT | keywords.ANY,
+    "array": keywords.ARRAY | keywords.ANY,
+    "string": keywords.STRING | keywords.ANY,
+    "integer": keywords.NUMBER | keywords.ANY,
+    "number": keywords.NUMBER | keywords.ANY,
+    "boolean": keywords.ANY,
+    "null": keywords.ANY,
+    "any": keywords.ASSERTING,
 }
 _TYPES = frozenset({"object", "array", "string", "integer", "number", "boolean", "null"})
 _KNOWN_FORMATS = frozenset({"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5"})
@@ -206,7 +164,18 @@ class _Checker:
     """One walk over one schema document; owns its findings and ref bookkeeping."""
 
     def __init__(self, root: Any) -> None:
+        from localllm.grammar.compile import validator_class
+
         self.root = root
+        # what the schema's own draft enforces: validation ignores every other keyword (e.g.
+        # "if" in draft 4), and before 2019-09 also every keyword beside "$ref"
+        known = set(validator_class(root).VALIDATORS)
+        if "contains" in known:
+            known |= {"minContains", "maxContains"}  # read by "contains"
+        if "minimum" in known:
+            known |= {"exclusiveMinimum", "exclusiveMaximum"}  # draft 4: flags read by minimum/maximum
+        self.vocabulary = frozenset(known)
+        self.ref_siblings = "unevaluatedProperties" in self.vocabulary
         self.findings: list[Violation] = []
         self.followed: set[str] = set()
         # Refs reachable from each ref target (or "$") without consuming input: a cycle
@@ -214,6 +183,13 @@ class _Checker:
         self.bare_edges: dict[str, list[tuple[str, str]]] = {}
 
     # ------------------------------------------------------------------ helpers
+
+    def asserts(self, node: Mapping[str, Any], key: str) -> bool:
+        """Does ``key`` constrain anything in ``node`` under the schema's draft?"""
+        return key in self.vocabulary and _asserts(node, key)
+
+    def asserts_beside_ref(self, node: Mapping[str, Any], key: str) -> bool:
+        return self.ref_siblings and self.asserts(node, key)
 
     def error(self, path: str, construct: str, message: str) -> None:
         self.findings.append(Violation(path, construct, message, "error"))
@@ -246,6 +222,17 @@ class _Checker:
             else:
                 return None
         return target, path
+
+    def deref(self, node: Any) -> Any:
+        """``node`` with a bare ``{"$ref": ...}`` chain followed (None if it does not resolve)."""
+        seen: set[str] = set()
+        while isinstance(node, dict) and isinstance(node.get("$ref"), str) and _only_keyword(node, "$ref"):
+            if node["$ref"] in seen or not node["$ref"].startswith("#/"):
+                return None
+            seen.add(node["$ref"])
+            resolved = self.resolve(node["$ref"])
+            node = resolved[0] if resolved else None
+        return node
 
     # ------------------------------------------------------------------ walk
 
@@ -317,11 +304,50 @@ class _Checker:
         names = {own} if isinstance(own, str) else set(own) if isinstance(own, list) and own else None
         return names is not None and all(isinstance(n, str) for n in names) and names <= wanted
 
+    def implied(self, alt: Any, node: Mapping[str, Any], key: str) -> bool:
+        """Does every value the converter generates for ``alt`` satisfy ``node[key]``? Known
+        for "type", and for a closed object (only its "properties" are generated) also for
+        "properties" (what it says of the generated names is only a type they have),
+        "additionalProperties": false (it lists them), "required" (they are required in
+        ``alt``) and "unevaluatedProperties" (``alt`` evaluates them)."""
+        if key == "type":
+            return self.implies_type(alt, node["type"])
+        target = self.deref(alt)
+        if (
+            not isinstance(target, dict)
+            or not _closed_on_properties(target)
+            or target.get("type", "object") != "object"
+            or any(k in target for k in ("$ref", "anyOf", "oneOf", "allOf", "const", "enum"))
+        ):
+            return False
+        generated: dict[str, Any] = target["properties"]
+        value = node[key]
+        if key == "unevaluatedProperties":
+            return True
+        if key == "patternProperties":
+            closed = {"properties": generated, "additionalProperties": False, "patternProperties": value}
+            return self.pattern_properties_unused(closed)
+        if key == "required":
+            own = target.get("required")
+            return isinstance(value, list) and isinstance(own, list) and set(value) <= set(own)
+        if key == "additionalProperties":
+            listed = node.get("properties")
+            return value is False and isinstance(listed, dict) and set(generated) <= set(listed)
+        if key == "properties" and isinstance(value, dict):
+            for name in set(generated) & set(value):
+                sub = value[name]
+                vacuous = isinstance(sub, dict) and not any(self.asserts(sub, k) for k in sub)
+                typed = isinstance(sub, dict) and _only_keyword(sub, "type")
+                if not vacuous and not (typed and self.implies_type(generated[name], sub["type"])):
+                    return False
+            return True
+        return False
+
     def visit_ref(self, node: dict[str, Any], path: str, *, owner: str | None) -> None:
         for key in sorted(node):
-            if key == "type" and self.implies_type({"$ref": node["$ref"]}, node["type"]):
+            if key != "$ref" and self.asserts_beside_ref(node, key) and self.implied({"$ref": node["$ref"]}, node, key):
                 continue
-            if key != "$ref" and _asserts(node, key):
+            if key != "$ref" and self.asserts_beside_ref(node, key):
                 self.error(
                     path,
                     key,
@@ -371,14 +397,9 @@ class _Checker:
         if key == "oneOf" and "anyOf" in node:
             why = 'llama.cpp uses "oneOf" and ignores "anyOf" beside it'
             self.error(path, "anyOf", unsupported(path, "anyOf", why))
-        siblings = [k for k in sorted(node) if _asserts(node, k) and k not in ("anyOf", "oneOf")]
-        if (
-            siblings == ["type"]
-            and isinstance(node[key], list)
-            and node[key]
-            and all(self.implies_type(alt, node["type"]) for alt in node[key])
-        ):
-            siblings = []
+        siblings = [k for k in sorted(node) if self.asserts(node, k) and k not in ("anyOf", "oneOf")]
+        if isinstance(node[key], list) and node[key]:
+            siblings = [k for k in siblings if not all(self.implied(alt, node, k) for alt in node[key])]
         if siblings:
             if "properties" in siblings or "type" in siblings:
                 self.error(path, key, f'{path}: "{key}" alongside sibling properties/type {SUBSET}')
@@ -448,9 +469,15 @@ class _Checker:
         handled = handler(node, path) if handler is not None else frozenset()
         if kind == "object" and "patternProperties" in node and self.pattern_properties_unused(node):
             handled = handled | {"patternProperties"}
+        if kind == "object" and "allOf" in node and self.all_of_implied(node):
+            handled = handled | {"allOf"}
+        if kind == "allOf" or (kind == "object" and _closed_on_properties(node)):
+            # every key generated is declared in "properties" (of the node or of an allOf
+            # component, all merged): evaluated, so "unevaluatedProperties" has nothing to check
+            handled = handled | {"unevaluatedProperties"}
         relevant = _RELEVANT["object" if kind == "allOf" else kind]
         for key in sorted(node):
-            if key in relevant and key not in handled and key != "type" and _asserts(node, key):
+            if key in relevant and key not in handled and key != "type" and self.asserts(node, key):
                 if kind in ("integer", "number") and key in ("allOf", "if") and _only_number_keywords(node, key):
                     self.warn(
                         path,
@@ -470,6 +497,24 @@ class _Checker:
         if not isinstance(props, dict):
             self.error(path, "properties", f'{path}: "properties" must be an object {_REJECTS}')
             props = {}
+        if node is self.root and "" in props:
+            # llama.cpp names the rule of the root's property "" "root": the grammar then
+            # generates only that property's value, never the object
+            unnamed = child_path(child_path(path, "properties"), "")
+            only_object_keywords = all(k in keywords.OBJECT or not self.asserts(node, k) for k in node)
+            if (
+                "type" not in node
+                and only_object_keywords
+                and self.implies_type(props[""], ["array", "string", "number", "boolean", "null"])
+            ):
+                self.visit(props[""], unnamed, owner=None)  # what the root's object keywords never see
+                return frozenset(node)
+            self.error(
+                path,
+                "properties",
+                f'{unnamed}: a property named "" at the root {SUBSET}: llama.cpp\'s grammar then generates '
+                "only that property's value, not the object; rename the property",
+            )
         for name in sorted(props):
             self.visit(props[name], child_path(child_path(path, "properties"), name), owner=None)
         if "additionalProperties" in node:
@@ -495,19 +540,47 @@ class _Checker:
         self.check_required(node, path, set(props) if "properties" in node else set())
         return frozenset({"properties", "additionalProperties", "required"})
 
-    @staticmethod
-    def pattern_properties_unused(node: dict[str, Any]) -> bool:
-        """On a closed object (llama.cpp generates only declared names) whose declared names
-        match none of the patterns, patternProperties constrains nothing that is generated."""
-        props, patterns = node.get("properties"), node["patternProperties"]
-        if not isinstance(props, dict) or not props or not isinstance(patterns, dict):
+    def all_of_implied(self, node: dict[str, Any]) -> bool:
+        """An "allOf" the converter ignores beside "properties" that every generated object
+        satisfies anyway: each component says only what :meth:`implied` proves of the closed
+        object, or (untyped) what applies only to other types."""
+        comps = node["allOf"]
+        if not _closed_on_properties(node) or not isinstance(comps, list):
             return False
-        if node.get("additionalProperties", False) is not False:
+        own = {k: v for k, v in node.items() if k != "allOf"}
+        for listed in comps:
+            comp = self.deref(listed)
+            if not isinstance(comp, dict):
+                return False
+            other_types = keywords.NUMBER | keywords.STRING | keywords.ARRAY
+            untyped = not any(k in comp for k in ("type", "enum", "const"))
+            for key in comp:
+                if not self.asserts(comp, key) or self.implied(own, comp, key):
+                    continue
+                if not (untyped and key in other_types and not _holds_boolean(comp[key])):
+                    return False
+        return True
+
+    def pattern_properties_unused(self, node: dict[str, Any]) -> bool:
+        """On a closed object (llama.cpp generates only declared names; none at all without
+        "properties"), patternProperties constrains nothing generated when each declared name
+        a pattern matches already has a schema that implies the pattern's (only a "type")."""
+        props, patterns = node.get("properties", {}), node["patternProperties"]
+        if not isinstance(props, dict) or not isinstance(patterns, dict):
             return False
-        try:
-            return not any(re.search(p, name) for p in patterns for name in props)
-        except re.error:
-            return False
+        if node.get("additionalProperties", not props) is not False:
+            return False  # without "properties", only an explicit false closes the object
+        for pattern, sub in patterns.items():
+            implied_type = sub.get("type") if isinstance(sub, dict) and _only_keyword(sub, "type") else None
+            try:
+                matched = [name for name in props if re.search(pattern, name)]
+            except re.error:
+                return False
+            if matched and (
+                implied_type is None or not all(self.implies_type(props[n], implied_type) for n in matched)
+            ):
+                return False
+        return True
 
     def check_required(self, node: dict[str, Any], path: str, known: set[str]) -> None:
         required = node.get("required")
@@ -538,7 +611,8 @@ class _Checker:
             )
         if key is None:
             return frozenset({"minItems", "maxItems"})
-        handled = frozenset({"items", "prefixItems", "minItems", "maxItems"})
+        # a tuple "items" is generated with exactly its elements: "additionalItems" holds
+        handled = frozenset({"items", "prefixItems", "minItems", "maxItems", "additionalItems"})
         items = node[key]
         if isinstance(items, list):
             for i, item in enumerate(items):
@@ -576,7 +650,7 @@ class _Checker:
             for key in ("format", "maxLength", "minLength"):
                 if key in node:
                     self.ignored(path, key, 'llama.cpp ignores it beside "pattern"; fold it into the pattern')
-            return frozenset(_STRING_KW)
+            return keywords.STRING
         if isinstance(fmt, str) and fmt in _KNOWN_FORMATS:
             fixed = _FIXED_LENGTH.get(fmt)
             for key in ("maxLength", "minLength"):
@@ -597,10 +671,19 @@ class _Checker:
                     "as digits in place (it admits 0000-01-01 and 2023-02-31); validation "
                     "still checks the date",
                 )
-            return frozenset(_STRING_KW)
+            return keywords.STRING
         if "format" in node and isinstance(fmt, str):
             self.ignored(path, "format", "llama.cpp only knows the formats date, date-time, time and uuid")
-        return frozenset(_STRING_KW)
+        low = node.get("minLength")
+        if isinstance(low, int) and _count(low) and low >= 2:
+            self.error(
+                path,
+                "minLength",
+                f'{path}: "minLength": {low} {SUBSET}: llama.cpp counts each \\u escape as one character, '
+                'so a surrogate pair ("\\ud83d\\ude00", one character) counts twice and a shorter string '
+                'gets through; use "minLength": 1 or a pattern',
+            )
+        return keywords.STRING
 
     def visit_integer(self, node: dict[str, Any], path: str) -> frozenset[str]:
         handled = set()
@@ -664,8 +747,11 @@ class _Checker:
                 self.error(path, "allOf", f'{path}: "allOf" of enums with no common value {SUBSET}')
             return frozenset({"allOf"})
         seen: dict[str, str] = {}
+        merged = {
+            name for comp, _ in resolved if isinstance(comp.get("properties"), dict) for name in comp["properties"]
+        }
         for comp, cpath in resolved:
-            self.visit_all_of_component(comp, cpath, seen)
+            self.visit_all_of_component(comp, cpath, seen, merged)
         self.check_required(node, path, set(seen))
         return frozenset({"allOf", "required"})
 
@@ -677,7 +763,7 @@ class _Checker:
                 self.visit(comp, cpath, owner=None)  # reports the bad ref
                 return None
             for key in sorted(comp):
-                if key != "$ref" and _asserts(comp, key):
+                if key != "$ref" and self.asserts_beside_ref(comp, key):
                     self.error(cpath, key, unsupported(cpath, key, 'llama.cpp ignores every keyword beside "$ref"'))
             chain.add(ref)
             resolved = self.resolve(ref)
@@ -688,7 +774,7 @@ class _Checker:
         if isinstance(comp, dict) and ("anyOf" in comp or "oneOf" in comp):
             key = "oneOf" if "oneOf" in comp else "anyOf"
             alts = comp[key]
-            if isinstance(alts, list) and alts and all(_optional_object(a) for a in alts):
+            if isinstance(alts, list) and alts and all(_optional_object(self.deref(a)) for a in alts):
                 # merged as optional properties: every such object is valid against some alternative
                 for i, alt in enumerate(alts):
                     self.visit(alt, child_path(child_path(cpath, key), i), owner=None)
@@ -701,7 +787,7 @@ class _Checker:
             return None
         return comp, cpath
 
-    def visit_all_of_component(self, comp: dict[str, Any], cpath: str, seen: dict[str, str]) -> None:
+    def visit_all_of_component(self, comp: dict[str, Any], cpath: str, seen: dict[str, str], merged: set[str]) -> None:
         type_ = comp.get("type")
         has_props = _has_properties(comp)
         is_object = (
@@ -711,8 +797,14 @@ class _Checker:
             and not (type_ is not None and type_ != "object")
         )
         if not is_object:
+            # the merged value is an object: keywords that apply only to other types are vacuous
+            vacuous = (
+                keywords.NUMBER | keywords.STRING | keywords.ARRAY
+                if type_ is None and "enum" not in comp
+                else frozenset()
+            )
             for key in sorted(comp):
-                if _asserts(comp, key):
+                if self.asserts(comp, key) and (key not in vacuous or _holds_boolean(comp[key])):
                     self.error(
                         cpath,
                         key,
@@ -733,8 +825,11 @@ class _Checker:
                     continue
                 seen[name] = ppath
                 self.visit(props[name], ppath, owner=None)
+        own = set(props) if isinstance(props, dict) else set()
         for key in sorted(comp):
-            if _asserts(comp, key) and key not in ("properties", "required", "type"):
+            if key == "unevaluatedProperties" and merged <= own:
+                continue  # every merged key is this component's own: evaluated here
+            if self.asserts(comp, key) and key not in ("properties", "required", "type"):
                 why = (
                     "llama.cpp closes the merged object and ignores it; it rejects other components' properties"
                     if key == "additionalProperties"
@@ -746,7 +841,7 @@ class _Checker:
 
     def check_literals(self, node: dict[str, Any], path: str, key: str, values: Sequence[Any]) -> None:
         """``const``/``enum`` win over their siblings; they must all satisfy what is ignored."""
-        rest = {k: v for k, v in node.items() if k != key and _asserts(node, k)}
+        rest = {k: v for k, v in node.items() if k != key and self.asserts(node, k)}
         if not rest:
             return
         import jsonschema
@@ -754,7 +849,7 @@ class _Checker:
 
         doc = dict(self.root) if isinstance(self.root, dict) else {}
         doc.update(rest)
-        for drop in ASSERTION_KEYWORDS - set(rest):
+        for drop in keywords.ASSERTING - set(rest):
             doc.pop(drop, None)
         from localllm.grammar.compile import _validation_failures, validator_class
 
@@ -863,7 +958,7 @@ def _only_number_keywords(node: Mapping[str, Any], key: str) -> bool:
     parts = node[key] if key == "allOf" else [node.get(k) for k in ("if", "then", "else") if k in node]
     if not isinstance(parts, list):
         return False
-    return all(isinstance(p, dict) and all(k in _NUMBER_KW or not _asserts(p, k) for k in p) for p in parts)
+    return all(isinstance(p, dict) and all(k in keywords.NUMBER or not _asserts(p, k) for k in p) for p in parts)
 
 
 def _one_sided_exact(bound: int, is_min: bool, exclusive: bool) -> bool:
@@ -885,35 +980,54 @@ def _one_sided_exact(bound: int, is_min: bool, exclusive: bool) -> bool:
     return len(digits) >= 2 and digits[0] == "1" and "0" not in digits[1:-1]
 
 
+def _closed_on_properties(node: Mapping[str, Any]) -> bool:
+    """llama.cpp generates only the keys of "properties" (no extra-key rule)."""
+    return isinstance(node.get("properties"), dict) and node.get("additionalProperties", False) is False
+
+
+def _only_keyword(node: Mapping[str, Any], key: str) -> bool:
+    return key in node and all(k == key or not _asserts(node, k) for k in node)
+
+
+def _never(node: Any) -> bool:
+    """A subschema nothing is valid against (so a "not" of it constrains nothing)."""
+    if node is False:
+        return True
+    if not isinstance(node, dict) or "not" not in node:
+        return False
+    inner = node["not"]
+    return inner is True or (isinstance(inner, dict) and not any(_asserts(inner, k) for k in inner))
+
+
+def _holds_boolean(value: Any) -> bool:
+    """A boolean anywhere inside a keyword's value: llama.cpp parses subschemas of keywords it
+    then drops, and refuses a boolean subschema."""
+    if isinstance(value, bool):
+        return True
+    if isinstance(value, list):
+        return any(_holds_boolean(v) for v in value)
+    return isinstance(value, dict) and any(_holds_boolean(v) for v in value.values())
+
+
 def _has_properties(node: Mapping[str, Any]) -> bool:
     """The converter's test for "this is an object schema" when no type says so."""
     return "properties" in node or ("additionalProperties" in node and node["additionalProperties"] is not True)
 
 
-_TRUE_IS_NOOP = frozenset(
-    {
-        "additionalProperties",
-        "items",
-        "unevaluatedProperties",
-        "unevaluatedItems",
-        "propertyNames",
-    }
-)
-_EMPTY_IS_NOOP = frozenset({"required", "properties", "patternProperties", "dependentSchemas", "dependentRequired"})
-
-
 def _asserts(node: Mapping[str, Any], key: str) -> bool:
-    """Does ``key`` constrain anything in ``node`` (as far as validation is concerned)?"""
-    if key not in ASSERTION_KEYWORDS:
+    """Does ``key`` constrain anything in ``node``? :func:`keywords.asserts`, and no-ops it
+    does not know: a "not" of nothing; "unevaluatedItems" beside "items" (a schema) and
+    "unevaluatedProperties" beside "additionalProperties" (they evaluate every element and
+    key); "additionalItems" without a tuple "items" (validation ignores it)."""
+    if not keywords.asserts(node, key):
         return False
-    value = node[key]
-    if value is True and key in _TRUE_IS_NOOP:
+    if key == "not" and _never(node[key]):
         return False
-    if key in _EMPTY_IS_NOOP and value in ([], {}):
+    if key == "unevaluatedItems" and isinstance(node.get("items"), (dict, bool)):
         return False
-    if key == "uniqueItems" and value is False:
+    if key == "additionalItems" and not isinstance(node.get("items"), list):
         return False
-    return not (key in ("minItems", "minLength", "minProperties") and value == 0 and not isinstance(value, bool))
+    return not (key == "unevaluatedProperties" and "additionalProperties" in node)
 
 
 def _json_type(value: Any) -> str:

@@ -176,7 +176,12 @@ def test_sibling_properties_are_visited_in_sorted_order() -> None:
 
 
 def test_order_is_depth_first_with_keys_sorted() -> None:
-    schema = {"type": "object", "not": {}, "properties": {"b": {"not": {}}, "a": {"if": {}}}, "propertyNames": {}}
+    schema = {
+        "type": "object",
+        "not": {},
+        "properties": {"b": {"not": {}}, "a": {"if": {}}},
+        "propertyNames": {"maxLength": 3},
+    }
     assert findings(schema) == [
         ("$.properties.a", "if", "error"),
         ("$.properties.b", "not", "error"),
@@ -292,8 +297,10 @@ def test_boolean_subschemas_are_errors_except_additional_properties() -> None:
 
 @pytest.mark.parametrize("keyword", ["uniqueItems", "contains", "minContains", "unevaluatedItems"])
 def test_array_keywords_outside_the_subset(keyword: str) -> None:
-    value: Any = True if keyword == "uniqueItems" else 1 if keyword == "minContains" else {}
-    assert findings({"type": "array", "items": {}, keyword: value}) == [("$", keyword, "error")]
+    value: Any = True if keyword == "uniqueItems" else 1 if keyword == "minContains" else {"type": "string"}
+    # beside "items" (a schema) nothing is left for "unevaluatedItems": test it on a plain array
+    base: dict[str, Any] = {"type": "array"} if keyword == "unevaluatedItems" else {"type": "array", "items": {}}
+    assert findings({**base, keyword: value}) == [("$", keyword, "error")]
 
 
 @pytest.mark.parametrize(
@@ -316,10 +323,15 @@ def test_object_keywords_outside_the_subset(keyword: str) -> None:
             if keyword == "unevaluatedProperties"
             else {"a": {}}
             if keyword in ("patternProperties", "dependentSchemas")
-            else {}
+            else {"maxLength": 3}
         )
     )
-    assert findings({"type": "object", "properties": {"a": {}, "b": {}}, keyword: value}) == [("$", keyword, "error")]
+    # on an object closed on its "properties" every generated key is evaluated: nothing is
+    # left for "unevaluatedProperties", so it is tested on an open object
+    props: dict[str, Any] = {} if keyword == "unevaluatedProperties" else {"properties": {"a": {}, "b": {}}}
+    if keyword == "dependencies":  # a draft-7 keyword (2020-12 validation ignores it)
+        props["$schema"] = "http://json-schema.org/draft-07/schema#"
+    assert findings({"type": "object", **props, keyword: value}) == [("$", keyword, "error")]
 
 
 def test_if_then_else_is_one_finding_on_if() -> None:
@@ -405,7 +417,9 @@ def test_all_of_supported_shapes() -> None:
 
 def test_all_of_unsupported_shapes() -> None:
     assert findings({"type": "string", "allOf": [{"minLength": 1}]}) == [("$", "allOf", "error")]
-    assert findings({"type": "object", "properties": {"a": {}}, "allOf": [{}]}) == [("$", "allOf", "error")]
+    assert findings({"type": "object", "properties": {"a": {}}, "allOf": [{"required": ["a"]}]}) == [
+        ("$", "allOf", "error")
+    ]
     assert findings({"allOf": [{"properties": {"a": {}}}, {"type": "string", "minLength": 1}]}) == [
         ("$.allOf[1]", "minLength", "error"),
         ("$.allOf[1]", "type", "error"),

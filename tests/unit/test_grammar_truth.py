@@ -101,7 +101,7 @@ def test_dates_are_value_level_warnings() -> None:
     [
         {"type": "object", "anyOf": [{"type": "object", "properties": OBJ}, {"type": "object", "properties": {}}]},
         {"type": "string", "oneOf": [{"const": "a"}, {"enum": ["b", "c"]}]},
-        {"type": "string", "anyOf": [{"maxLength": 2}, {"minLength": 4}]},
+        {"type": "string", "anyOf": [{"maxLength": 2}, {"enum": ["abcd"]}]},
         {"$defs": {"o": {"type": "object", "properties": OBJ}}, "type": "object", "$ref": "#/$defs/o"},
         {"type": "string", "format": "date", "minLength": 10},
         {"type": "string", "format": "uuid", "minLength": 1, "maxLength": 36},
@@ -132,6 +132,239 @@ def test_number_bounds_inside_all_of_are_warnings() -> None:
     schema = {"type": "number", "allOf": [{"minimum": 0}, {"maximum": 1}]}
     assert errors(schema) == [] and ("$", "allOf") in warnings(schema)
     assert verdict(check_subset(schema)) == "warning-only"
+
+
+# ---------------------------------------------------------------------------- classes found on the real converter
+
+
+@pytest.mark.parametrize(
+    ("schema", "found"),
+    [
+        ({"type": "string", "minLength": 2}, [("$", "minLength")]),
+        ({"type": "string", "minLength": 32, "maxLength": 32}, [("$", "minLength")]),
+        ({"type": "string", "anyOf": [{"maxLength": 2}, {"minLength": 4}]}, [("$.anyOf[1]", "minLength")]),
+        ({"type": "string", "minLength": 1}, []),
+        ({"type": "string", "format": "uuid", "minLength": 36}, []),
+    ],
+)
+def test_min_length_counts_escapes_so_a_surrogate_pair_is_a_hole(schema: Any, found: list[tuple[str, str]]) -> None:
+    # "\ud83d\ude00" is two char repetitions in llama.cpp's char{m,} but one character
+    assert errors(schema) == found
+
+
+@pytest.mark.parametrize(
+    ("schema", "found"),
+    [
+        ({"not": False}, []),
+        ({"not": {"not": {}}}, []),
+        ({"type": "string", "not": {"not": True}}, []),
+        ({"not": {"not": {"type": "string"}}}, [("$", "not")]),
+        ({"type": "string", "not": {"enum": ["no"]}}, [("$", "not")]),
+    ],
+)
+def test_not_of_an_unsatisfiable_schema_constrains_nothing(schema: Any, found: list[tuple[str, str]]) -> None:
+    assert errors(schema) == found
+
+
+STR = {"type": "string"}
+
+
+@pytest.mark.parametrize(
+    ("schema", "found"),
+    [
+        ({"items": {"type": "number"}, "unevaluatedItems": STR}, []),
+        ({"type": "object", "additionalProperties": STR, "unevaluatedProperties": False}, []),
+        ({"properties": {"foo": STR}, "unevaluatedProperties": False}, []),
+        ({"allOf": [{"properties": {"foo": STR}, "unevaluatedProperties": True}], "unevaluatedProperties": False}, []),
+        (
+            {"allOf": [{"unevaluatedProperties": True}, {"properties": {"foo": STR}, "unevaluatedProperties": False}]},
+            [],
+        ),
+        ({"type": "array", "unevaluatedItems": False}, [("$", "unevaluatedItems")]),
+        ({"type": "object", "unevaluatedProperties": False}, [("$", "unevaluatedProperties")]),
+        (
+            {"allOf": [{"properties": {"a": STR}}, {"properties": {"b": STR}, "unevaluatedProperties": False}]},
+            [("$.allOf[1]", "unevaluatedProperties")],
+        ),
+    ],
+)
+def test_unevaluated_keywords_with_nothing_left_to_evaluate(schema: Any, found: list[tuple[str, str]]) -> None:
+    assert errors(schema) == found
+
+
+@pytest.mark.parametrize(
+    ("schema", "found"),
+    [
+        ({"allOf": [{"maximum": 30}, {"minimum": 20}]}, []),
+        ({"allOf": [{"prefixItems": [STR]}, {"unevaluatedItems": True}], "unevaluatedItems": False}, []),
+        ({"allOf": [{"prefixItems": [True, STR]}]}, [("$.allOf[0]", "prefixItems")]),
+        ({"allOf": [{"type": "integer", "minimum": 1}]}, [("$.allOf[0]", "minimum"), ("$.allOf[0]", "type")]),
+    ],
+)
+def test_all_of_components_with_only_other_types_keywords_are_vacuous_on_its_object(
+    schema: Any, found: list[tuple[str, str]]
+) -> None:
+    # without a type, llama.cpp turns allOf into an object: a number/string/array keyword
+    # constrains no object (but a boolean subschema anywhere still fails the request)
+    assert errors(schema) == found
+
+
+@pytest.mark.parametrize(
+    ("schema", "found"),
+    [
+        ({"type": "object", "additionalProperties": False, "patternProperties": {"^x$": STR}}, []),
+        ({"properties": {"a": {"type": "boolean"}}, "patternProperties": {".*": {"type": "boolean"}}}, []),
+        ({"type": "object", "patternProperties": {"^x-": {"type": "integer"}}}, [("$", "patternProperties")]),
+        ({"properties": {"a": {"type": "boolean"}}, "patternProperties": {".*": STR}}, [("$", "patternProperties")]),
+        (
+            {"properties": {"a": {"type": "boolean"}}, "patternProperties": {".*": {"type": "boolean", "const": True}}},
+            [("$", "patternProperties")],
+        ),
+    ],
+)
+def test_pattern_properties_on_closed_objects(schema: Any, found: list[tuple[str, str]]) -> None:
+    # llama.cpp generates only declared names (none without "properties" when closed)
+    assert errors(schema) == found
+
+
+def test_all_of_any_of_refs_to_optional_objects_are_merged_exactly() -> None:
+    defs: dict[str, Any] = {n: {"properties": {n: {"type": "number"}}} for n in ("a", "b", "c")}
+    schema = {
+        "definitions": defs,
+        "type": "object",
+        "allOf": [{"$ref": "#/definitions/a"}, {"anyOf": [{"$ref": "#/definitions/b"}, {"$ref": "#/definitions/c"}]}],
+    }
+    assert errors(schema) == []
+    defs["c"]["additionalProperties"] = False
+    assert errors(schema) == [("$.allOf[1]", "anyOf")]
+
+
+D3 = "http://json-schema.org/draft-03/schema#"
+D4 = "http://json-schema.org/draft-04/schema#"
+D7 = "http://json-schema.org/draft-07/schema#"
+
+
+@pytest.mark.parametrize(
+    ("schema", "found"),
+    [
+        # before 2019-09, validation itself ignores every keyword beside "$ref"
+        ({"$schema": D4, "definitions": {"l": {"type": "array"}}, "$ref": "#/definitions/l", "maxItems": 1}, []),
+        ({"definitions": {"l": {"type": "array"}}, "$ref": "#/definitions/l", "maxItems": 1}, [("$", "maxItems")]),
+        # a keyword the draft does not have constrains nothing
+        ({"$schema": D4, "type": "object", "if": {"required": ["a"]}, "then": {"required": ["b"]}}, []),
+        ({"type": "object", "dependencies": {"a": ["b"]}}, []),
+        ({"$schema": D4, "type": "object", "dependencies": {"a": ["b"]}}, [("$", "dependencies")]),
+        ({"$schema": D4, "type": "array", "items": {}, "contains": {"type": "string"}}, []),
+        # draft-7 "additionalItems": held by a tuple (generated with exactly its elements),
+        # ignored by validation without one; draft 3's "extends" is not modelled at all
+        ({"$schema": D7, "type": "array", "items": [STR], "additionalItems": False}, []),
+        ({"$schema": D7, "type": "array", "items": STR, "additionalItems": False}, []),
+        ({"$schema": D3, "type": "object", "extends": {"required": ["a"]}}, [("$", "extends")]),
+    ],
+)
+def test_only_the_schemas_own_draft_is_enforced_by_validation(schema: Any, found: list[tuple[str, str]]) -> None:
+    assert errors(schema) == found
+
+
+CLOSED_BAR = {"properties": {"bar": STR}}
+
+
+@pytest.mark.parametrize(
+    ("schema", "found"),
+    [
+        # the $ref target generates only "bar": a sibling about "foo" and unevaluatedProperties see nothing
+        (
+            {
+                "$defs": {"b": CLOSED_BAR},
+                "$ref": "#/$defs/b",
+                "properties": {"foo": STR},
+                "unevaluatedProperties": False,
+            },
+            [],
+        ),
+        ({"$defs": {"b": CLOSED_BAR}, "$ref": "#/$defs/b", "properties": {"bar": STR}}, []),
+        (
+            {"$defs": {"b": CLOSED_BAR}, "$ref": "#/$defs/b", "properties": {"bar": {"maxLength": 1}}},
+            [("$", "properties")],
+        ),
+        (
+            {"$defs": {"b": {"type": "object"}}, "$ref": "#/$defs/b", "unevaluatedProperties": False},
+            [("$", "unevaluatedProperties")],
+        ),
+        # oneOf alternatives that each imply the siblings
+        (
+            {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {"kind": STR, "n": {"type": "integer"}},
+                "oneOf": [
+                    {"properties": {"kind": {"const": "a"}}, "required": ["kind"]},
+                    {"properties": {"kind": {"const": "b"}, "n": {"const": 1}}, "required": ["kind"]},
+                ],
+            },
+            [],
+        ),
+        (
+            {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {"kind": STR},
+                "oneOf": [{"properties": {"kind": {"const": "a"}, "extra": STR}}],
+            },
+            [("$", "oneOf")],
+        ),
+        (
+            {"required": ["kind"], "anyOf": [{"properties": {"kind": {"const": "a"}}}]},
+            [("$", "anyOf")],
+        ),
+    ],
+)
+def test_siblings_of_ref_and_alternatives_implied_by_what_is_generated(
+    schema: Any, found: list[tuple[str, str]]
+) -> None:
+    assert errors(schema) == found
+
+
+@pytest.mark.parametrize(
+    ("schema", "found"),
+    [
+        # llama.cpp ignores "allOf" beside "properties"; it is exact when the closed object holds it
+        ({"allOf": [{"patternProperties": {"^bar": STR}}], "properties": {"foo": STR}}, []),
+        ({"allOf": [{"type": "object", "properties": {"foo": STR}}, {"maxLength": 3}], "properties": {"foo": STR}}, []),
+        (
+            {"allOf": [{"patternProperties": {"^fo": {"type": "integer"}}}], "properties": {"foo": STR}},
+            [("$", "allOf")],
+        ),
+        ({"allOf": [{"required": ["foo"]}], "properties": {"foo": STR}}, [("$", "allOf")]),
+        (
+            {"allOf": [{"maxLength": 3}], "properties": {"foo": STR}, "additionalProperties": True},
+            [("$", "additionalProperties"), ("$", "allOf")],
+        ),
+    ],
+)
+def test_all_of_beside_properties_held_by_the_closed_object(schema: Any, found: list[tuple[str, str]]) -> None:
+    assert errors(schema) == found
+
+
+INT = {"type": "integer"}
+
+
+@pytest.mark.parametrize(
+    ("schema", "found"),
+    [
+        # llama.cpp's grammar for these is just the integer: the root's object keywords never see it
+        ({"properties": {"": INT, "a": STR}, "required": ["a"]}, []),
+        ({"additionalProperties": INT, "properties": {"": INT, "a": INT}}, []),
+        # ... which breaks "type": "object"
+        ({"type": "object", "properties": {"": INT}}, [("$", "properties")]),
+        ({"properties": {"": {"type": "object"}}}, [("$", "properties")]),
+        ({"type": "object", "properties": {"x": {"type": "object", "properties": {"": INT}}}}, []),
+    ],
+)
+def test_a_property_named_empty_at_the_root_becomes_the_whole_grammar(
+    schema: Any, found: list[tuple[str, str]]
+) -> None:
+    assert errors(schema) == found
 
 
 # ---------------------------------------------------------------------------- never a traceback
