@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from localllm.agents.local_llm import normalize_endpoint, shape_statement, strip_fence
+from localllm.agents.local_llm import LocalLLMAgent, normalize_endpoint, shape_statement, strip_fence
 from localllm.config import Config
 from localllm.errors import AgentError, ErrorKind, FetchError
 from localllm.grammar import compile_schema
@@ -174,7 +174,9 @@ def test_reproducible_evaluates_whole_prompts_one_call_at_a_time(
     monkeypatch.setenv("FAKE_LLAMA_MODE", "slow")
     config = managed_config(tmp_path, server_bin, f", reproducible: {str(reproducible).lower()}")
     with Runtime(config) as rt:
-        rt.agent("agent.local").base_url()  # started (and its canary answered) before the race
+        agent = rt.agent("agent.local")
+        assert isinstance(agent, LocalLLMAgent)
+        agent.base_url()  # started (and its canary answered) before the race
 
         def one(i: int) -> None:
             rt.call("decide", agent="agent.local", prompt=f"ticket {i}", schema=DECIDE)
