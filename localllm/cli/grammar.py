@@ -1,4 +1,9 @@
-"""``localllm grammar check SCHEMA...``: the subset verdict for each schema file.
+"""``localllm grammar check SCHEMA...``: what each schema file gets on both grammar paths.
+
+Per file: whether localllm's compiler expresses it exactly (``grammar: true``) or the
+refusal, and the verdict of llama.cpp's own converter (``grammar: server``, and the
+fallback for a schema the compiler refuses). The exit code judges the ``grammar: true``
+path, like the load-time check; ``--server`` judges llama.cpp's converter alone.
 
 A grammar corpus entry (``{"description", "schema", "verdict", ...}``, see grammar/README.md)
 is recognised: its inner ``schema`` is checked and the recorded verdict is shown beside ours.
@@ -22,13 +27,15 @@ def _setup(parser: argparse.ArgumentParser) -> None:
     check = gsub.add_parser(
         "check",
         help="will llama-server enforce every structural constraint of these schemas?",
-        description="Print the verdict (ok, warning-only, error) of each schema file and every "
-        "finding. A grammar corpus entry is checked by its inner schema. Exit 0 when all are in the "
-        "subset (warnings allowed), 1 when any has an error, 2 when a file cannot be read or is not "
-        "a JSON Schema object.",
+        description="For each schema file: whether localllm's compiler expresses it exactly "
+        "(grammar: true) or why not, and the verdict (ok, warning-only, error) of llama.cpp's own "
+        "converter with every finding. A grammar corpus entry is checked by its inner schema. Exit 0 "
+        "when every schema is enforced (compiled exactly, or in the converter's subset; warnings "
+        "allowed), 1 when any is not, 2 when a file cannot be read or is not a JSON Schema object.",
     )
     check.add_argument("schemas", nargs="+", type=Path, metavar="SCHEMA")
     check.add_argument("--json", action="store_true", help="print the results as JSON")
+    check.add_argument("--server", action="store_true", help="judge llama.cpp's converter alone (grammar: server)")
     check.set_defaults(handler=_check)
 
 
@@ -62,6 +69,7 @@ def unwrap_corpus_entry(path: Path, doc: dict[str, Any]) -> tuple[dict[str, Any]
 
 
 def _check(args: argparse.Namespace) -> int:
+    from localllm.grammar.compile import compile_schema
     from localllm.grammar.subset import check_subset
     from localllm.schema import read_schema_file
 
@@ -70,11 +78,14 @@ def _check(args: argparse.Namespace) -> int:
     results: list[dict[str, Any]] = []
     for path, schema, recorded in loaded:
         findings = check_subset(schema)
+        compiled = compile_schema(schema)
         result: dict[str, Any] = {
             "file": str(path),
             "verdict": verdict(findings),
             "findings": [asdict(v) for v in findings],
+            "compiled": {"exact": compiled.exact, "refusals": [asdict(r) for r in compiled.refusals]},
         }
+        result["enforced"] = result["verdict"] != "error" or (compiled.exact and not args.server)
         if recorded is not None:
             result["corpus_verdict"] = recorded
         results.append(result)
@@ -87,7 +98,17 @@ def _check(args: argparse.Namespace) -> int:
             counts = f" ({errors} error(s), {len(findings) - errors} warning(s))" if findings else ""
             recorded = result.get("corpus_verdict")
             entry = f"  [corpus entry; recorded verdict: {recorded}]" if recorded is not None else ""
-            out(f"{result['file']}: {result['verdict']}{counts}{entry}")
+            refusals = result["compiled"]["refusals"]
+            if args.server:
+                out(f"{result['file']}: {result['verdict']}{counts}{entry}")
+            else:
+                judged = "enforced" if result["enforced"] else "NOT enforced"
+                how = "exact" if not refusals else "refused"
+                converter = f"llama.cpp's converter: {result['verdict']}{counts}"
+                out(f"{result['file']}: {judged} (compiled: {how}; {converter}){entry}")
             for f in findings:
                 out(f"  {f['severity']:<7} {f['path']}  [{f['construct']}]  {f['message']}")
-    return EXIT_FAILED if any(r["verdict"] == "error" for r in results) else EXIT_OK
+            if not args.server:
+                for r in refusals:
+                    out(f"  refused {r['path']}  [{r['construct']}]  {r['message']}")
+    return EXIT_OK if all(r["enforced"] for r in results) else EXIT_FAILED

@@ -26,7 +26,7 @@ BAD = {"type": "object", "properties": {"t": {"type": "array", "items": {"type":
 
 def test_all_in_subset_exits_0_and_prints_each_verdict(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ok, warn = write(tmp_path, "ok.json", OK), write(tmp_path, "warn.json", WARN)
-    assert main(["grammar", "check", str(ok), str(warn)]) == 0
+    assert main(["grammar", "check", "--server", str(ok), str(warn)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"{ok}: ok"
     assert out[1] == f"{warn}: warning-only (0 error(s), 1 warning(s))"
@@ -36,13 +36,33 @@ def test_all_in_subset_exits_0_and_prints_each_verdict(tmp_path: Path, capsys: p
 
 def test_any_error_exits_1_and_names_path_and_construct(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ok, bad = write(tmp_path, "ok.json", OK), write(tmp_path, "bad.json", BAD)
-    assert main(["grammar", "check", str(ok), str(bad)]) == 1
+    assert main(["grammar", "check", "--server", str(ok), str(bad)]) == 1
     out = capsys.readouterr().out
     assert f"{bad}: error (1 error(s), 0 warning(s))" in out
     assert (
         'error   $.properties.t  [uniqueItems]  $.properties.t: unsupported construct "uniqueItems" '
         "is outside the llama.cpp grammar subset"
     ) in out
+
+
+def test_by_default_the_exit_code_judges_the_compiled_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # \\d: llama.cpp's converter accepts any string; localllm's compiler expresses it exactly
+    digits = write(tmp_path, "digits.json", {"type": "string", "pattern": "^\\d{3}$"})
+    bad = write(tmp_path, "bad.json", BAD)  # uniqueItems: neither path enforces it
+    assert main(["grammar", "check", "--json", str(digits)]) == 0
+    [result] = json.loads(capsys.readouterr().out)
+    assert (result["verdict"], result["compiled"], result["enforced"]) == (
+        "error",
+        {"exact": True, "refusals": []},
+        True,
+    )
+    assert main(["grammar", "check", "--server", str(digits)]) == 1
+    capsys.readouterr()
+    assert main(["grammar", "check", str(digits), str(bad)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"{digits}: enforced (compiled: exact; llama.cpp's converter: error")
+    assert lines[2].startswith(f"{bad}: NOT enforced (compiled: refused;")
+    assert lines[-1].split()[:3] == ["refused", "$.properties.t", "[uniqueItems]"]
 
 
 def test_json_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -85,7 +105,7 @@ def test_unreadable_schema_exits_2_naming_the_file(
 def test_runs_as_a_real_command(tmp_path: Path) -> None:
     bad = write(tmp_path, "bad.json", {"type": "string", "pattern": "^\\d{3}$"})
     proc = subprocess.run(
-        [sys.executable, "-m", "localllm", "grammar", "check", str(bad)],
+        [sys.executable, "-m", "localllm", "grammar", "check", "--server", str(bad)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -106,7 +126,7 @@ def test_a_corpus_entry_is_checked_by_its_inner_schema(tmp_path: Path, capsys: p
     [result] = json.loads(capsys.readouterr().out)
     assert (result["verdict"], result["corpus_verdict"]) == ("error", "error")
     assert [f["construct"] for f in result["findings"]] == ["uniqueItems"]
-    assert main(["grammar", "check", str(entry)]) == 1
+    assert main(["grammar", "check", "--server", str(entry)]) == 1
     assert capsys.readouterr().out.splitlines()[0] == (
         f"{entry}: error (1 error(s), 0 warning(s))  [corpus entry; recorded verdict: error]"
     )
