@@ -168,7 +168,8 @@ def _ps(args: argparse.Namespace) -> int:
         return EXIT_OK
     service = data["service"]
     err(f"service pid {service['pid']} at {service['url']} (keep-alive {_human_seconds(service['keep_alive_s'])})")
-    rows = [("MODEL", "ROLE", "STATE", "PID", "PORT", "SLOTS", "SERVED", "IDLE", "RSS")]
+    rows = [("MODEL", "ROLE", "STATE", "PID", "PORT", "SLOTS", "SERVED", "IDLE", "RSS", "GRAMMAR")]
+    canary = {True: "enforced", False: "IGNORED", None: "-"}  # the start-up grammar canary
     for m in data["models"]:
         rows.append(
             (
@@ -181,6 +182,7 @@ def _ps(args: argparse.Namespace) -> int:
                 str(m["requests_served"]),
                 _human_seconds(m["idle_s"]),
                 _human_bytes(m["rss_bytes"]),
+                canary[m.get("grammar_enforced")],
             )
         )
     if not data["models"]:

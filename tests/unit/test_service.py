@@ -345,6 +345,9 @@ def test_ps_and_stop_through_the_cli(
     assert row["id"] == "chat" and row["requests_served"] == 2 and row["slots_total"] == 2
     assert row["slots_busy"] == 0 and row["pid"] in alive_servers(env["spawn"]) and row["rss_bytes"] > 0
     assert data["service"]["pid"] == os.getpid()
+    assert main(["ps"]) == 0
+    header, line = capsys.readouterr().out.splitlines()
+    assert (header.split()[-1], line.split()[-1]) == ("GRAMMAR", "enforced")
     assert main(["stop", "chat"]) == 0
     assert "unloaded chat" in capsys.readouterr().out
     assert pid_gone(row["pid"], within=2.0)
