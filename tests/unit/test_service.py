@@ -416,8 +416,11 @@ def _agent(env: dict[str, Path], **fields: Any) -> LocalLLMAgent:
     return LocalLLMAgent(decl, base_dir=env["chat"].parent)
 
 
-def _ask(agent: LocalLLMAgent) -> Any:
-    request = AskRequest(session_id="s", turn=1, state_path="x", verb="ask", prompt="hi", call_id="c1", deadline="")
+def _ask(agent: LocalLLMAgent, schema: dict[str, Any] | None = None) -> Any:
+    verb = "ask" if schema is None else "decide"
+    request = AskRequest(
+        session_id="s", turn=1, state_path="x", verb=verb, prompt="hi", call_id="c1", deadline="", schema=schema
+    )
     return agent.ask(request, deadline=time.monotonic() + 30)
 
 
@@ -426,20 +429,7 @@ def test_managed_agent_attaches_to_a_running_service(make_service: Factory, env:
     agent = _agent(env)
     try:
         first, second = _ask(agent), _ask(agent)
-        schema = {"enum": ["yes", "no"]}
-        constrained = agent.ask(
-            AskRequest(
-                session_id="s",
-                turn=2,
-                state_path="x",
-                verb="decide",
-                prompt="hi",
-                call_id="c2",
-                deadline="",
-                schema=schema,
-            ),
-            deadline=time.monotonic() + 30,
-        )
+        constrained = _ask(agent, schema={"enum": ["yes", "no"]})
     finally:
         agent.close()
     assert first.meta["served_by"] == "service" and second.meta["served_by"] == "service"
