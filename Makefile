@@ -24,13 +24,14 @@ lint: install
 
 # Unit tests above 2 s (long fuzz runs, deadline and kill-escalation timings) are marked
 # `slow`: `make unit` skips them, `make test` runs them too. Most unit time is waiting on
-# child processes and loopback servers, not CPU, so 4 workers (pytest-xdist) pay on 2 cores.
+# child processes and loopback servers, not CPU, so 4 workers (pytest-xdist) pay on 2 cores;
+# --dist loadfile keeps each file's tests in order on one worker (module-scoped servers).
 UNIT_WORKERS ?= 4
 unit: install
-	$(BIN)/pytest tests/unit -q -m "not slow" -n $(UNIT_WORKERS)
+	$(BIN)/pytest tests/unit -q -m "not slow" -n $(UNIT_WORKERS) --dist loadfile
 
 unit-slow: install
-	$(BIN)/pytest tests/unit -q -m slow -n $(UNIT_WORKERS)
+	$(BIN)/pytest tests/unit -q -m slow -n $(UNIT_WORKERS) --dist loadfile
 
 # The prebuilt pin when it is reachable (or already cached); otherwise build the pinned
 # llama.cpp source once (~15 min on 2 cores) into the user cache, reused afterwards.

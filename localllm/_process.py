@@ -210,8 +210,9 @@ def _running_member(pgid: int) -> bool:
     return False
 
 
-def exited(proc: subprocess.Popen[Any]) -> bool:
-    """Whether the child has exited, *without* reaping it (Linux/macOS ``waitid(WNOWAIT)``).
+def exit_code(proc: subprocess.Popen[Any]) -> int | None:
+    """The child's exit code like ``Popen.returncode`` (negative: the signal), *without*
+    reaping it (``waitid(WNOWAIT)``); None while it runs.
 
     An unreaped child keeps its pid, so the number of the group it leads cannot be handed
     to another process: :func:`stop_group` can signal the group safely until it reaps.
@@ -219,24 +220,19 @@ def exited(proc: subprocess.Popen[Any]) -> bool:
     common) the freed number can lead someone else's group by the time we signal it.
     """
     if proc.returncode is not None:
-        return True
-    try:
-        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:  # reaped elsewhere (e.g. a SIGCHLD handler): poll() settles it
-        return proc.poll() is not None
-
-
-def exit_code(proc: subprocess.Popen[Any]) -> int | None:
-    """The child's exit code like ``Popen.returncode`` (negative: the signal), without reaping."""
-    if proc.returncode is not None:
         return int(proc.returncode)
     try:
         info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
+    except ChildProcessError:  # reaped elsewhere (e.g. a SIGCHLD handler): poll() settles it
         return proc.poll()
     if info is None:
         return None
     return int(info.si_status) if info.si_code == os.CLD_EXITED else -int(info.si_status)
+
+
+def exited(proc: subprocess.Popen[Any]) -> bool:
+    """Whether the child has exited, without reaping it (see :func:`exit_code`)."""
+    return exit_code(proc) is not None
 
 
 def wait_exited(proc: subprocess.Popen[Any], timeout: float) -> bool:
@@ -256,7 +252,7 @@ def stop_group(proc: subprocess.Popen[Any], *, grace: float) -> int | None:
     group: a wrapper shell dies at once, the server it started gets the rest of the grace
     to shut down cleanly. Whatever is left then — leader or stragglers — is SIGKILLed.
     The leader is reaped last, so while it was not reaped before the call every signal
-    goes to a group id that is still ours (see :func:`exited`). Returns the leader's exit
+    goes to a group id that is still ours (see :func:`exit_code`). Returns the leader's exit
     code (negative: killed by that signal).
     """
     deadline = time.monotonic() + max(grace, 0.0)

@@ -84,9 +84,9 @@ def test_text_envelope_bare_and_raw_text(shared: McpStdioAgent) -> None:
 
 
 def test_is_error_is_transport_error_and_keeps_process(shared: McpStdioAgent) -> None:
+    err = failure(shared, "toolerror")  # may be this worker's first call: it starts the server
     pid = shared.pid
-    err = failure(shared, "toolerror")
-    assert err.kind is ErrorKind.TRANSPORT_ERROR
+    assert pid is not None and err.kind is ErrorKind.TRANSPORT_ERROR
     assert "the tool exploded" in err.detail
     err = failure(shared, "empty")
     assert err.kind is ErrorKind.TRANSPORT_ERROR and "no structuredContent" in err.detail
