@@ -195,6 +195,7 @@ class LocalLLMDecl(AgentDecl):
     extra_args: tuple[str, ...] = setting((), "extra llama-server flags (not the managed ones)")
     health_timeout: float = setting(180.0, "seconds for /health to turn 200", check="positive")
     schema_in_prompt: bool = setting(True, "state the JSON shape in the prompt (llama.cpp does not)")
+    compact: bool = setting(True, "the compiled grammar admits no whitespace; false: one space after : and ,")
     reproducible: bool = setting(
         False, "same input, same answer: whole prompt evaluated (no prompt cache), one call at a time, fixed seed"
     )

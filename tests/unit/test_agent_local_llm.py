@@ -196,6 +196,15 @@ def test_reproducible_evaluates_whole_prompts_one_call_at_a_time(
     assert (max(r["inflight"] for r in sent) == 1) is reproducible
 
 
+def test_compact_false_lets_the_compiled_grammar_take_one_space(
+    tmp_path: Path, server_bin: Path, logs: dict[str, Path]
+) -> None:
+    with Runtime(managed_config(tmp_path, server_bin, ", compact: false")) as rt:
+        rt.call("decide", agent="agent.local", prompt="p", schema=DECIDE)
+    (sent,) = chat_requests(logs["requests"])
+    assert sent["body"]["grammar"] == compile_schema(DECIDE, space=True).grammar != compile_schema(DECIDE).grammar
+
+
 def test_json_schema_wins_over_grammar(tmp_path: Path, server_bin: Path, logs: dict[str, Path]) -> None:
     config = managed_config(tmp_path, server_bin, ", json_schema: true")
     with Runtime(config) as rt:
