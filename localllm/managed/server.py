@@ -68,7 +68,7 @@ _ABORT_GRACE = 0.5  # SIGTERM grace for a start that is abandoned (timeout or st
 _CANARY_TIMEOUT = 10.0  # the most the grammar canary may take, within the start's deadline
 
 #: The grammar canary: asked to say OK, a server that enforces ``grammar`` must answer
-#: exactly this, which no model says unprompted (two tokens on gemma-3, ~40 ms warm).
+#: exactly this, which no model says unprompted (3 completion tokens, ~0.2 s on gemma-3-270m).
 CANARY_ANSWER = "}{"
 CANARY_BODY: dict[str, object] = {
     "messages": [{"role": "user", "content": "Say OK."}],
