@@ -324,13 +324,14 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(400, _error('"model" is required (see GET /v1/models)', "invalid_request_error"))
             self._log_request(None, 400, started)
             return
-        stream = path == "/v1/chat/completions" and data.get("stream") is True
+        chat = path == "/v1/chat/completions"
+        stream = chat and data.get("stream") is True
         status, tokens = 502, (None, None)
         try:
             with self.app.pool.lease(model, wait=self.app.load_wait) as lease:
                 url = lease.url + path
                 # what the model's server did with the grammar canary, for attached agents' meta
-                canary = {GRAMMAR_HEADER: json.dumps(lease.grammar_enforced)}
+                canary = {GRAMMAR_HEADER: json.dumps(lease.grammar_enforced)} if chat else {}
                 if stream:
                     status, tokens = self._relay_stream(url, body, canary)
                 else:

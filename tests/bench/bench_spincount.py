@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -28,31 +27,17 @@ import httpx
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-MODEL = Path.home() / ".cache" / "localllm-e2e" / "gemma-3-270m-q4_k_m.gguf"
+from tests.bench.bench_local_llm import free_port, prepare  # noqa: E402
+
 RESULTS = Path(__file__).parent / "results" / "spincount.json"
 
 
-def _binary() -> str:
-    found = os.environ.get("LOCALLLM_TEST_SERVER_BIN")
-    if found:
-        return found
-    from localllm.managed import ensure_server
-
-    return str(ensure_server().binary)
-
-
-def _port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _start(binary: str, spin: str) -> tuple[subprocess.Popen[bytes], str]:
-    port = _port()
+def _start(binary: str, model: Path, spin: str) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
     if spin != "default":
         env["GOMP_SPINCOUNT"] = spin
-    argv = [binary, "-m", str(MODEL), "--host", "127.0.0.1", "--port", str(port), "--parallel", "1", "-c", "1024"]
+    argv = [binary, "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "--parallel", "1", "-c", "1024"]
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -73,8 +58,8 @@ def _ms_per_token(url: str, tokens: int) -> float:
     return float(reply["timings"]["predicted_per_token_ms"])
 
 
-def measure(binary: str, spin: str, tokens: int) -> dict[str, Any]:
-    servers = [_start(binary, spin) for _ in range(2)]
+def measure(binary: str, model: Path, spin: str, tokens: int) -> dict[str, Any]:
+    servers = [_start(binary, model, spin) for _ in range(2)]
     try:
         urls = [url for _, url in servers]
         _ms_per_token(urls[0], tokens)  # warm-up
@@ -97,8 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--counts", default="100,300,500,1000,10000,default", help="comma-separated values")
     parser.add_argument("--tokens", type=int, default=60, help="tokens decoded per request")
     args = parser.parse_args(argv)
-    binary = _binary()
-    rows = [measure(binary, spin, args.tokens) for spin in args.counts.split(",")]
+    _, install, model = prepare()  # the cached build and gemma-3-270m (nothing downloaded)
+    rows = [measure(str(install.binary), model, spin, args.tokens) for spin in args.counts.split(",")]
     print(f"{'GOMP_SPINCOUNT':>14}  {'solo ms/token':>13}  {'2 servers ms/token':>18}")
     for row in rows:
         print(f"{row['spincount']:>14}  {row['solo_ms_per_token']:>13.1f}  {row['contended_ms_per_token']:>18.1f}")

@@ -178,6 +178,7 @@ def test_routing_by_model_and_bodies_pass_through(make_service: Factory, env: di
         assert chat(http, "other").status_code == 200
         emb = http.post("/v1/embeddings", json={"model": "all-minilm-l6-v2-f16", "input": ["query text"]})
         assert emb.status_code == 200 and len(emb.json()["data"][0]["embedding"]) == 384
+        assert GRAMMAR_HEADER not in emb.headers  # the canary concerns chat servers only
         missing = chat(http, "no-such-model")
         assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
         assert chat(http, "").status_code == 400
