@@ -187,8 +187,12 @@ def test_routing_by_model_and_bodies_pass_through(make_service: Factory, env: di
     assert starts["chat.gguf"][starts["chat.gguf"].index("--parallel") + 1] == "2"  # the config's slots
     embed_argv = starts["all-minilm-l6-v2-f16.gguf"]
     assert "--embeddings" in embed_argv and embed_argv[embed_argv.index("--pooling") + 1] == "mean"
-    sent = eventually(lambda: [r for r in rows(env["requests"]) if r["method"] == "POST"][2:])
-    sent = [r for r in rows(env["requests"]) if r["method"] == "POST" and r["body"] != CANARY_BODY]
+
+    def posts() -> list[dict[str, Any]]:  # the servers' start-up canaries aside
+        return [r for r in rows(env["requests"]) if r["method"] == "POST" and r["body"] != CANARY_BODY]
+
+    eventually(lambda: posts()[2:])  # the fake logs a request after answering it: wait for all 3
+    sent = posts()
     chat_body = next(r["body"] for r in sent if r["path"] == "/v1/chat/completions")
     assert chat_body["response_format"] == fmt and chat_body["grammar"] == 'root ::= "x"'
     embed_body = next(r["body"] for r in sent if r["path"] == "/v1/embeddings")
