@@ -1,15 +1,22 @@
 """The trace's data model: one ``Event`` per line after the ``session.header``.
 
-Wire form (trace-format §1, §3): compact JSON (no spaces), UTF-8 (``ensure_ascii=False``),
-fields always in this order, optional fields omitted when absent (``None``)::
+Wire form (trace-format §1, §3) is byte for byte what the reference engine's Go writer
+(``store.JSONLSink``, ``encoding/json``) writes, so a trace written here and rewritten by
+it is identical (see :func:`dumps` for the encoding):
 
-    turn, seq, ts, kind, state_path, payload, parent_turn, call_id, episode_id, match_idx
+- fields always in the reference writer's order, payload last::
 
-Payload key order is preserved as given. The header line is
-``{"kind":"session.header","schema_version":1,"written_at":"<ts>"}``.
-Timestamps are RFC3339Nano in UTC with a ``Z`` suffix and nine fractional digits when
-written (``2026-01-15T09:00:00.123456789Z``); the reader also accepts Go's trimmed form
-(``2026-06-09T12:00:00Z``).
+      turn, seq, ts, kind, state_path, parent_turn, call_id, episode_id, match_idx, payload
+
+- optional fields omitted when absent, and — as Go's ``omitempty`` does — when empty:
+  ``state_path``/``call_id``/``episode_id`` ``""``, ``parent_turn``/``match_idx`` ``0``
+  (a ``match_idx`` absent beside an ``episode_id`` reads back as 0);
+- payload key order preserved as given;
+- timestamps RFC3339Nano in UTC with ``Z``, trailing fractional zeros trimmed as Go's
+  ``time.RFC3339Nano`` does (``…09:00:00.12Z``, ``…09:00:00Z``); the reader accepts any
+  1–9 digit fraction, so traces from earlier localllm versions (always 9 digits) still read.
+
+The header line is ``{"kind":"session.header","schema_version":1,"written_at":"<ts>"}``.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import json
 import re
 import time
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 __all__ = [
@@ -27,6 +35,8 @@ __all__ = [
     "Event",
     "dumps",
     "format_ts",
+    "go_escape",
+    "go_float",
     "header_line",
     "is_rfc3339_utc",
 ]
@@ -41,24 +51,34 @@ EVENT_FIELDS = (
     "ts",
     "kind",
     "state_path",
-    "payload",
     "parent_turn",
     "call_id",
     "episode_id",
     "match_idx",
+    "payload",
 )
-"""Wire order of an event line's fields."""
+"""Wire order of an event line's fields (the reference writer's ``traceEvent``)."""
+
+#: fields Go's writer omits when empty ("" or 0), beside those omitted when ``None``
+OMIT_EMPTY = ("state_path", "parent_turn", "call_id", "episode_id", "match_idx")
 
 _TS_RE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?Z")
 _NS_PER_S = 1_000_000_000
 
 
 def format_ts(ns: int | None = None) -> str:
-    """``ns`` nanoseconds since the epoch (default: now) as UTC RFC3339Nano with 9 digits."""
+    """``ns`` nanoseconds since the epoch (default: now) as UTC RFC3339Nano, as Go writes it.
+
+    Trailing zeros of the fraction are trimmed, and the dot with them when the fraction
+    is zero: ``…09:00:00.123456789Z``, ``…09:00:00.12Z``, ``…09:00:00Z``.
+    """
     if ns is None:
         ns = time.time_ns()
     secs, frac = divmod(ns, _NS_PER_S)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(secs)) + f".{frac:09d}Z"
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(secs))
+    if frac:
+        return f"{stamp}.{frac:09d}".rstrip("0") + "Z"
+    return stamp + "Z"
 
 
 def is_rfc3339_utc(value: object) -> bool:
@@ -66,9 +86,66 @@ def is_rfc3339_utc(value: object) -> bool:
     return isinstance(value, str) and _TS_RE.fullmatch(value) is not None
 
 
+_GO_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+_GO_ESCAPED = re.compile("[<>&\u2028\u2029]")
+# A float literal as Python writes it, right after ``:``, ``[`` or ``,`` and before ``,``,
+# ``]`` or ``}`` — a cheap test that a line may hold one (a string like "x:1.5," also
+# matches; the exact pass below skips strings).
+_MAYBE_FLOAT = re.compile(r"[:\[,]-?\d+(?:\.\d+(?:[eE][-+]?\d+)?|[eE][-+]?\d+)[,\]}]")
+_STRING_OR_FLOAT = re.compile(r'"(?:[^"\\]|\\.)*"|(-?\d+(?:\.\d+(?:[eE][-+]?\d+)?|[eE][-+]?\d+))')
+
+
 def dumps(obj: Any) -> str:
-    """The trace's JSON encoding: compact, UTF-8, key order kept, no NaN/Infinity."""
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    """The trace's JSON encoding: byte for byte what Go's ``encoding/json`` writes.
+
+    The one place the trace's encoding is decided. Compact (no spaces), UTF-8 text
+    (not ``\\u``-escaped), key order kept, no NaN/Infinity, and Go's differences from
+    Python's ``json.dumps``:
+
+    - ``<``, ``>``, ``&``, U+2028, U+2029 are escaped (``\\u003c``, ``\\u003e``,
+      ``\\u0026``, ``\\u2028``, ``\\u2029``) — they can only occur inside strings, so
+      one ``str.translate`` of the output does it;
+    - floats are written as Go does (``strconv`` shortest digits, ``'f'`` form for
+      1e-6 <= |x| < 1e21, ``'e'`` otherwise with ``e-07`` cleaned to ``e-7``): ``1.0`` →
+      ``1``, ``1e-07`` → ``1e-7``, ``1e+16`` → ``10000000000000000``. Only lines that
+      may hold a float take that (regex) pass.
+
+    Control characters are escaped alike by both (``\\n``, ``\\t``, ``\\b``, ``\\f``,
+    ``\\u001b``, as Go >= 1.22 does).
+    """
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    if _GO_ESCAPED.search(text):
+        text = text.translate(_GO_ESCAPES)
+    if _MAYBE_FLOAT.search(text):
+        text = _STRING_OR_FLOAT.sub(_go_float_match, text)
+    return text
+
+
+def go_escape(text: str) -> str:
+    """``text`` (JSON) with Go's extra escapes applied (``<``, ``>``, ``&``, U+2028, U+2029)."""
+    return text.translate(_GO_ESCAPES) if _GO_ESCAPED.search(text) else text
+
+
+def _go_float_match(match: re.Match[str]) -> str:
+    literal = match.group(1)
+    return match.group(0) if literal is None else go_float(literal)
+
+
+def go_float(literal: str) -> str:
+    """A float literal as Python's ``repr`` writes it, rewritten as Go's ``encoding/json`` does."""
+    value = float(literal)
+    if value == 0:
+        return "-0" if literal.startswith("-") else "0"
+    text = repr(value)
+    magnitude = abs(value)
+    if magnitude < 1e-6 or magnitude >= 1e21:
+        # repr already uses the exponent form here; Go trims one leading exponent zero
+        return re.sub(r"e-0(\d)$", r"e-\1", text)
+    if "e" in text or "E" in text:
+        text = format(Decimal(text), "f")
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return text
 
 
 def header_line(written_at: str | None = None) -> bytes:
@@ -102,7 +179,7 @@ class Event:
         out: dict[str, Any] = {}
         for name in EVENT_FIELDS:
             value = getattr(self, name)
-            if value is not None:
+            if value is not None and not (name in OMIT_EMPTY and (value == "" or value == 0)):
                 out[name] = value
         return out
 
@@ -126,5 +203,6 @@ class Event:
             parent_turn=obj.get("parent_turn"),
             call_id=obj.get("call_id"),
             episode_id=obj.get("episode_id"),
-            match_idx=obj.get("match_idx"),
+            # Go omits a zero match_idx: beside an episode_id, absent means 0
+            match_idx=obj.get("match_idx", 0 if obj.get("episode_id") is not None else None),
         )

@@ -12,6 +12,7 @@ Rejections raise ``TraceCorrupted`` with the spec's message (plus a hint naming 
     schema_version N on disk exceeds highest supported 1
     duplicate (turn,seq) at line N
     out-of-order (turn,seq) at line N
+    out-of-order (turn,seq) at line N: turn=T arrives after turn=M (cross-turn ordering violation)
     gap in seq within turn T at line N
 
 plus ``trace corrupted: line N …`` for lines that are not JSON objects or lack a required
@@ -22,10 +23,15 @@ that overflows to infinity (``1e400``), a sidecar reference (``prompt_file``,
 255 bytes). So everything a reader returns can be printed, encoded and stat-ed. Line
 numbers are 1-based; the header is line 1. The first problem in file order wins.
 
-Sequence rule. ``seq`` is dense per turn: each turn's events carry 0, 1, 2, … in file
-order. Turns may interleave (concurrent calls in different turns, off-path batches with
-``parent_turn``, ``session.story`` at turn 0) — only each turn's own numbering is checked.
-For the event at line N with turn T, where the next expected seq of T is E:
+Sequence rule. ``turn`` never goes down in file order (an event of turn 1 after one of
+turn 2 is a cross-turn ordering violation: the reference reader refuses it, and so does
+this one), and ``seq`` is dense per turn: each turn's events carry 0, 1, 2, … in file
+order. A call that outlives its turn is recorded in the turn in flight with
+``parent_turn`` naming its own (see ``localllm.trace.writer``), so it never breaks this.
+
+``lenient=True`` reads traces written by localllm before it followed the reference's turn
+order (they let turns interleave): only the cross-turn check is dropped, everything else
+still holds. For the event at line N with turn T, where the next expected seq of T is E:
 
 - seq < E: that (turn,seq) is already in the file → ``duplicate (turn,seq) at line N``;
 - seq > E and (T,E) appears later in the file → ``out-of-order (turn,seq) at line N``;
@@ -83,21 +89,24 @@ class Trace:
         return len(self.events)
 
 
-def read_trace(path: str | Path, *, allow_torn: bool = False) -> Trace:
+def read_trace(path: str | Path, *, allow_torn: bool = False, lenient: bool = False) -> Trace:
     """Read and validate the trace at ``path``.
 
     Strict by default: a torn last line (no trailing newline) is ``TraceCorrupted``. With
     ``allow_torn=True`` the torn bytes are returned in ``Trace.torn_tail`` instead, and the
-    complete lines before them are validated as usual. OS errors (missing file,
-    permissions) propagate unchanged.
+    complete lines before them are validated as usual. ``lenient=True`` accepts turns that
+    interleave (traces from earlier localllm versions; see the module docstring). OS errors
+    (missing file, permissions) propagate unchanged.
     """
     p = Path(path)
     with open(p, "rb") as fh:
         data = fh.read()
-    return parse_trace(data, allow_torn=allow_torn, path=p)
+    return parse_trace(data, allow_torn=allow_torn, path=p, lenient=lenient)
 
 
-def parse_trace(data: bytes, *, allow_torn: bool = False, path: str | Path | None = None) -> Trace:
+def parse_trace(
+    data: bytes, *, allow_torn: bool = False, path: str | Path | None = None, lenient: bool = False
+) -> Trace:
     """Validate trace bytes (see :func:`read_trace`); ``path`` only names the file in hints."""
     where = str(path) if path is not None else None
     if data.startswith(BOM):
@@ -127,7 +136,7 @@ def parse_trace(data: bytes, *, allow_torn: bool = False, path: str | Path | Non
             first_error = exc
             break
         events.append(Event.from_json(obj))
-    _check_sequence(events, where)
+    _check_sequence(events, where, lenient=lenient)
     if first_error is not None:
         raise first_error
     return Trace(
@@ -236,11 +245,20 @@ def _parse_header(raw: bytes, where: str | None) -> dict[str, Any]:
     return obj
 
 
-def _check_sequence(events: list[Event], where: str | None) -> None:
+def _check_sequence(events: list[Event], where: str | None, *, lenient: bool = False) -> None:
     present = {(ev.turn, ev.seq) for ev in events}
     expected: dict[int, int] = {}
+    latest = -1
     for index, ev in enumerate(events):
         lineno = index + 2
+        if ev.turn < latest and not lenient:
+            _corrupt(
+                f"out-of-order (turn,seq) at line {lineno}: turn={ev.turn} arrives after turn={latest} "
+                "(cross-turn ordering violation)",
+                where,
+                cross_turn=True,
+            )
+        latest = max(latest, ev.turn)
         want = expected.get(ev.turn, 0)
         if ev.seq == want:
             expected[ev.turn] = want + 1
@@ -278,9 +296,14 @@ def _finite(text: str) -> float:
 _DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_int=_int64, parse_float=_finite)
 
 
-def _corrupt(message: str, where: str | None, *, torn: bool = False) -> NoReturn:
+def _corrupt(message: str, where: str | None, *, torn: bool = False, cross_turn: bool = False) -> NoReturn:
     hint = ""
-    if where is not None and torn:
+    if where is not None and cross_turn:
+        hint = (
+            f"in {where}; the file was not modified. Earlier localllm versions let turns interleave: "
+            f"`localllm trace verify --lenient {where}` (read_trace(..., lenient=True)) reads such a trace"
+        )
+    elif where is not None and torn:
         hint = (
             f"the last line of {where} is torn (a writer stopped mid-line); opening it for "
             f"append moves the torn bytes to {where}.torn"

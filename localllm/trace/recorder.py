@@ -117,14 +117,15 @@ class TraceRecorder:
     def next_turn(self) -> int:
         """The turn a continuing session starts: one past the last recorded (1 for a new trace)."""
         turns = [event.turn for event in self.writer.history()]
+        turns += [event.parent_turn for event in self.writer.history() if event.parent_turn is not None]
         return max(turns) + 1 if turns else 1
 
     def episode_plays(self) -> dict[str, int]:
         """``episode_id`` → how many matches of it this trace already holds (the next ``match_idx``)."""
         plays: dict[str, int] = {}
         for event in self.writer.history():
-            if event.kind == "agent.call.start" and event.episode_id is not None and event.match_idx is not None:
-                plays[event.episode_id] = max(plays.get(event.episode_id, 0), event.match_idx + 1)
+            if event.kind == "agent.call.start" and event.episode_id is not None:
+                plays[event.episode_id] = max(plays.get(event.episode_id, 0), (event.match_idx or 0) + 1)
         return plays
 
     # ---------------------------------------------------------------- one call
@@ -148,8 +149,19 @@ class TraceRecorder:
                 # A payload that cannot be written (a sidecar on a full disk, a value no
                 # sidecar can hold): the call still gets its start and its end.
                 events = self._events(record, call_id, duration_ms, meta, suffix=stem_suffix, failure=exc)
-            for kind, payload, ids in events:
-                self.writer.append(kind, payload, turn=record.request.turn, state_path=record.request.state_path, **ids)
+            # one group: contiguous, and (when the call outlived its turn) written late as a whole
+            self.writer.append_group(
+                [
+                    {
+                        "kind": kind,
+                        "payload": payload,
+                        "turn": record.request.turn,
+                        "state_path": record.request.state_path,
+                        **ids,
+                    }
+                    for kind, payload, ids in events
+                ]
+            )
 
     def _events(
         self,

@@ -2,8 +2,14 @@
 
 - ``open`` creates the file with its ``session.header`` (parent directories too), or
   validates an existing file with the reader's rules and continues its per-turn ``seq``.
-- ``seq`` is dense per turn and continues across reopenings; turns may interleave (see
-  ``localllm.trace.reader`` for the exact ordering rule the reader enforces).
+- ``seq`` is dense per turn and continues across reopenings.
+- Turns never go down in file order (trace-format §7 as the reference reader enforces it).
+  An event for a turn below the file's latest — a call that outlived its turn, a
+  background job finishing late — is a *late* event: it is written in the latest turn
+  (the turn in flight), with ``parent_turn`` naming its own turn, as the spec's off-path
+  events do (§3); its ``state_path`` and ``call_id`` are kept, so pairing holds.
+  :meth:`TraceWriter.append_group` decides that once for a whole group, so a call's
+  start, sub-events and end stay contiguous and in one turn.
 - An exclusive ``flock`` is held while open; a second writer, in this process or another,
   gets ``TraceLocked`` at once, or after waiting up to ``wait`` seconds for the lock.
 - ``append`` assigns ``ts`` (now, never going backwards) and the dense per-turn ``seq``,
@@ -31,7 +37,15 @@ from typing import Any
 from localllm import _fs
 from localllm.errors import TraceCorrupted, TraceError, TraceLocked, TraceReplaced
 from localllm.trace import rules
-from localllm.trace.event import HEADER_KIND, SCHEMA_VERSION, Event, format_ts, header_line, is_rfc3339_utc
+from localllm.trace.event import (
+    HEADER_KIND,
+    SCHEMA_VERSION,
+    Event,
+    format_ts,
+    go_escape,
+    header_line,
+    is_rfc3339_utc,
+)
 from localllm.trace.reader import event_problem, load_object, parse_trace
 
 __all__ = ["TORN_SUFFIX", "TraceWriter"]
@@ -43,6 +57,7 @@ _LOCK_POLL = 0.05
 #: the fields of an event its writer checks (all but ``seq`` and ``ts``, which it assigns)
 _FIELDS = ("kind", "payload", "turn", "state_path", "parent_turn", "call_id", "episode_id", "match_idx")
 _log = logging.getLogger("localllm.trace")
+_GO_ESCAPED_BYTES = (b"<", b">", b"&", "\u2028".encode(), "\u2029".encode())
 
 
 class TraceWriter:
@@ -57,19 +72,26 @@ class TraceWriter:
         self._next_seq: dict[int, int] = {}
         for ev in events:
             self._next_seq[ev.turn] = ev.seq + 1
+        #: the highest turn in the file: an event for a lower one is late (see the module doc)
+        self._max_turn = max((ev.turn for ev in events), default=-1)
         self._last_ns = 0
         self._lock = threading.Lock()
 
     # ----------------------------------------------------------------- opening
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], *, header: bytes | None = None, wait: float = 0.0) -> TraceWriter:
+    def open(
+        cls, path: str | os.PathLike[str], *, header: bytes | None = None, wait: float = 0.0, lenient: bool = False
+    ) -> TraceWriter:
         """Create or reopen the trace at ``path`` for appending.
 
         ``header`` is the line 1 to write when the file is created (without the newline;
         default: a fresh ``session.header``) — pass ``Trace.header_line`` to copy a trace
         byte for byte. It is ignored when the file already has content. ``wait`` is how many
         seconds to wait for another writer to let go of the file (default: not at all).
+        ``lenient=True`` continues a trace written by an earlier localllm whose turns
+        interleave (``read_trace(..., lenient=True)``); by default it is refused like any
+        other read-time violation, so that every file written here reads strictly.
 
         Raises ``TraceLocked`` when another writer holds the file (past ``wait``), ``TraceCorrupted`` when
         the existing file breaks a read-time rule (the file is left as it was), and
@@ -86,13 +108,13 @@ class TraceWriter:
         try:
             _lock(fd, p, wait)
             _check_same_file(fd, p)
-            return cls._load(p, fd, header)
+            return cls._load(p, fd, header, lenient)
         except BaseException:
             os.close(fd)
             raise
 
     @classmethod
-    def _load(cls, path: Path, fd: int, header: bytes | None) -> TraceWriter:
+    def _load(cls, path: Path, fd: int, header: bytes | None, lenient: bool) -> TraceWriter:
         try:
             data = _read_all(fd)
             if not data or _is_torn_header(data):
@@ -103,7 +125,7 @@ class TraceWriter:
                 os.fsync(fd)
                 _fs.fsync_dir(path.parent)
                 return cls(path, fd, len(line) + 1, [], [])
-            trace = parse_trace(data, allow_torn=True, path=path)
+            trace = parse_trace(data, allow_torn=True, path=path, lenient=lenient)
             size = len(data)
             if trace.torn_tail is not None:
                 size -= len(trace.torn_tail)
@@ -128,25 +150,48 @@ class TraceWriter:
     ) -> Event:
         """Append one event; the writer assigns ``ts`` (now) and ``seq``. Returns the event written.
 
-        Raises ``TraceWriteRejected`` (naming the field) when a write-time rule is broken,
-        leaving the file unmodified.
+        A ``turn`` below the file's latest is written late (in the latest turn, with
+        ``parent_turn=turn``; see the module docstring). Raises ``TraceWriteRejected``
+        (naming the field) when a write-time rule is broken, leaving the file unmodified.
         """
-        fields = _check_fields(
-            {
-                "kind": kind,
-                "payload": payload,
-                "turn": turn,
-                "state_path": state_path,
-                "parent_turn": parent_turn,
-                "call_id": call_id,
-                "episode_id": episode_id,
-                "match_idx": match_idx,
-            }
-        )
+        return self.append_group(
+            [
+                {
+                    "kind": kind,
+                    "payload": payload,
+                    "turn": turn,
+                    "state_path": state_path,
+                    "parent_turn": parent_turn,
+                    "call_id": call_id,
+                    "episode_id": episode_id,
+                    "match_idx": match_idx,
+                }
+            ]
+        )[0]
+
+    def append_group(self, events: list[dict[str, Any]]) -> list[Event]:
+        """Append several events as one contiguous group (one write, one fsync).
+
+        Each item holds :meth:`append`'s arguments (``kind``, ``turn``, and optionally
+        ``payload``, ``state_path``, ``parent_turn``, ``call_id``, ``episode_id``,
+        ``match_idx``). Every item is checked before anything is written. Items for a turn
+        below the file's latest are written late, all in the latest turn at the moment of
+        writing (decided once, under the writer's lock, so no other thread can slip a
+        higher turn between them). Returns the events as written.
+        """
+        checked = [_check_fields({name: item.get(name) for name in _FIELDS}) for item in events]
         with self._lock:
             fd = self._require_open()
-            ev = Event(seq=self._next_seq.get(turn, 0), ts=self._now(), **fields)
-            return self._write(fd, ev, ev.to_line())
+            ts = self._now()
+            written: list[Event] = []
+            next_seq: dict[int, int] = {}
+            for fields in checked:
+                fields = self._rehome(fields)
+                turn = fields["turn"]
+                seq = next_seq.get(turn, self._next_seq.get(turn, 0))
+                next_seq[turn] = seq + 1
+                written.append(Event(seq=seq, ts=ts, **fields))
+            return self._write_group(fd, written, [ev.to_line() for ev in written])
 
     def append_event(self, event: Event) -> Event:
         """Re-emit ``event`` keeping its ``ts``; ``seq`` is reassigned (dense per turn).
@@ -158,16 +203,22 @@ class TraceWriter:
         fields = _check_fields({name: getattr(event, name) for name in _FIELDS})
         with self._lock:
             fd = self._require_open()
-            ev = Event(seq=self._next_seq.get(event.turn, 0), ts=event.ts, **fields)
+            fields = self._rehome(fields)
+            ev = Event(seq=self._next_seq.get(fields["turn"], 0), ts=event.ts, **fields)
             return self._write(fd, ev, ev.to_line())
 
     def append_raw(self, line: bytes | str) -> Event:
         """Append an event line verbatim (e.g. ``Trace.raw_lines[i]``: unknown kinds/fields kept).
 
-        The line must be one JSON object obeying every read-time and write-time rule, and
-        its ``(turn, seq)`` must be the next of its turn. Returns the parsed event.
+        The line must be one JSON object obeying every read-time and write-time rule, its
+        ``(turn, seq)`` must be the next of its turn, and its turn not below the file's
+        latest (a raw line is never re-homed). The reference writer's escapes are applied
+        (``<``, ``>``, ``&``, U+2028, U+2029 → ``\\u003c``…, as Go does inside raw
+        payloads too); everything else is kept byte for byte. Returns the parsed event.
         """
         raw = line.encode("utf-8") if isinstance(line, str) else bytes(line)
+        if any(ch in raw for ch in _GO_ESCAPED_BYTES):
+            raw = go_escape(raw.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
         if b"\n" in raw:
             raise rules.reject("line", "contains a newline; pass exactly one line")
         if raw.endswith(b"\r"):
@@ -192,6 +243,12 @@ class TraceWriter:
         ev = Event.from_json(obj)
         with self._lock:
             fd = self._require_open()
+            if ev.turn < self._max_turn:
+                raise rules.reject(
+                    "turn",
+                    f"{ev.turn} is below the trace's latest turn {self._max_turn} (cross-turn ordering "
+                    "violation); append it with append_event, which records it late in the latest turn",
+                )
             want = self._next_seq.get(ev.turn, 0)
             if ev.seq != want:
                 raise rules.reject("seq", f"{ev.seq} is not the next seq of turn {ev.turn} (expected {want})")
@@ -269,9 +326,20 @@ class TraceWriter:
         self._last_ns = max(time.time_ns(), self._last_ns)
         return format_ts(self._last_ns)
 
+    def _rehome(self, fields: dict[str, Any]) -> dict[str, Any]:
+        """A late event's fields moved into the latest turn, ``parent_turn`` naming its own."""
+        turn = fields["turn"]
+        if turn >= self._max_turn:
+            return fields
+        parent = fields["parent_turn"] if fields["parent_turn"] is not None else turn
+        return {**fields, "turn": self._max_turn, "parent_turn": parent or None}
+
     def _write(self, fd: int, ev: Event, raw: bytes) -> Event:
+        return self._write_group(fd, [ev], [raw])[0]
+
+    def _write_group(self, fd: int, evs: list[Event], raws: list[bytes]) -> list[Event]:
         _check_same_file(fd, self._path)
-        data = raw + b"\n"
+        data = b"\n".join(raws) + b"\n"
         try:
             _write_all(fd, data)
             os.fsync(fd)
@@ -281,10 +349,12 @@ class TraceWriter:
                 os.ftruncate(fd, self._size)
             raise _os_error("cannot write trace", self._path, exc) from exc
         self._size += len(data)
-        self._next_seq[ev.turn] = ev.seq + 1
-        self._events.append(ev)
-        self._lines.append(raw)
-        return ev
+        for ev in evs:
+            self._next_seq[ev.turn] = ev.seq + 1
+            self._max_turn = max(self._max_turn, ev.turn)
+        self._events.extend(evs)
+        self._lines.extend(raws)
+        return evs
 
 
 def _check_fields(fields: dict[str, Any]) -> dict[str, Any]:
@@ -309,7 +379,14 @@ def _check_fields(fields: dict[str, Any]) -> dict[str, Any]:
     for name in ("parent_turn", "match_idx"):
         if (value := fields[name]) is not None:
             _check_count(name, value)
-    return {**fields, "payload": clean}
+    out = {**fields, "payload": clean}
+    # What Go's omitempty leaves out reads back as absent: keep memory equal to the file.
+    for name in ("state_path", "call_id", "episode_id", "parent_turn"):
+        if out[name] == "" or (name == "parent_turn" and out[name] == 0):
+            out[name] = None
+    if out["match_idx"] == 0 and out["episode_id"] is None:
+        out["match_idx"] = None
+    return out
 
 
 def _check_count(name: str, value: object) -> None:

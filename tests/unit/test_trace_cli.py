@@ -168,7 +168,7 @@ def test_show_table_and_filters(tmp_path: Path, run: Run) -> None:
     code, out, _ = run("trace", "show", str(path), "--kind", "agent.call.error", "--kind", "turn.start", "--json")
     events = json.loads(out)
     assert [e["kind"] for e in events] == ["turn.start", "agent.call.error"]
-    assert list(events[1]) == ["turn", "seq", "ts", "kind", "state_path", "payload", "call_id"]
+    assert list(events[1]) == ["turn", "seq", "ts", "kind", "state_path", "call_id", "payload"]
 
 
 def test_show_warns_about_torn_tail(tmp_path: Path, run: Run) -> None:

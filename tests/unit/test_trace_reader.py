@@ -68,9 +68,23 @@ def test_unknown_fields_and_kinds_are_carried_byte_for_byte() -> None:
     assert list(trace.events[0].payload) == ["b", "a"]
 
 
-def test_turns_may_interleave_and_start_at_zero() -> None:
-    trace = parse_trace(trace_bytes(ev(0, 0), ev(1, 0), ev(2, 0), ev(1, 1), ev(0, 1), ev(2, 1)))
+def test_interleaved_turns_are_refused_unless_lenient() -> None:
+    # the reference reader's rule (trace-format §7): a turn never goes down in file order
+    data = trace_bytes(ev(0, 0), ev(1, 0), ev(2, 0), ev(1, 1), ev(0, 1), ev(2, 1))
+    with pytest.raises(TraceCorrupted) as info:
+        parse_trace(data)
+    assert str(info.value).startswith("out-of-order (turn,seq) at line 5: turn=1 arrives after turn=2")
+    # traces from earlier localllm versions interleaved turns: lenient reads them
+    trace = parse_trace(data, lenient=True)
     assert [(e.turn, e.seq) for e in trace.events] == [(0, 0), (1, 0), (2, 0), (1, 1), (0, 1), (2, 1)]
+    # lenient still enforces every other rule
+    with pytest.raises(TraceCorrupted, match="gap in seq within turn 1 at line 4"):
+        parse_trace(trace_bytes(ev(1, 0), ev(2, 0), ev(1, 2)), lenient=True)
+
+
+def test_turns_start_at_zero() -> None:
+    trace = parse_trace(trace_bytes(ev(0, 0), ev(0, 1), ev(1, 0), ev(2, 0), ev(2, 1)))
+    assert [(e.turn, e.seq) for e in trace.events] == [(0, 0), (0, 1), (1, 0), (2, 0), (2, 1)]
 
 
 def test_header_only_is_valid() -> None:

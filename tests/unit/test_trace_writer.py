@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 import logging
 import os
 import re
@@ -19,7 +20,8 @@ import localllm.trace
 from localllm.errors import TraceCorrupted, TraceError, TraceLocked, TraceReplaced, TraceWriteRejected
 from localllm.trace import Event, TraceWriter, format_ts, read_trace
 
-TS_RE = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z")
+# Go's RFC3339Nano: 1-9 fractional digits, no trailing zero, no dot for a whole second
+TS_RE = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{0,8}[1-9])?Z")
 
 
 def lines_of(path: Path) -> list[bytes]:
@@ -64,7 +66,10 @@ def test_import_is_stdlib_only() -> None:
 
 def test_format_ts_is_rfc3339nano_utc() -> None:
     assert format_ts(1_768_467_600_123_456_789) == "2026-01-15T09:00:00.123456789Z"
-    assert format_ts(0) == "1970-01-01T00:00:00.000000000Z"
+    # Go's RFC3339Nano: trailing zeros trimmed, the dot too when the fraction is zero
+    assert format_ts(0) == "1970-01-01T00:00:00Z"
+    assert format_ts(1_768_467_600_120_000_000) == "2026-01-15T09:00:00.12Z"
+    assert format_ts(1_768_467_600_000_000_001) == "2026-01-15T09:00:00.000000001Z"
     assert TS_RE.fullmatch(format_ts())
 
 
@@ -94,15 +99,38 @@ def test_event_line_field_order_compact_and_utf8(tmp_path: Path) -> None:
             match_idx=0,
         )
     line = lines_of(path)[1]
+    # the reference writer's order (payload last); a zero match_idx omitted as Go's omitempty does
     assert (
         line
         == (
             '{"turn":3,"seq":0,"ts":"' + ev.ts + '","kind":"agent.call.start","state_path":"foyer",'
-            '"payload":{"z":1,"a":"café ✓","m":[1,2.5,null,true]},"parent_turn":2,'
-            '"call_id":"7f65dee5291ba5d4","episode_id":"ep-01","match_idx":0}'
+            '"parent_turn":2,"call_id":"7f65dee5291ba5d4","episode_id":"ep-01",'
+            '"payload":{"z":1,"a":"café ✓","m":[1,2.5,null,true]}}'
         ).encode()
     )
     assert TS_RE.fullmatch(ev.ts)
+    assert read_trace(path).events[0] == ev  # match_idx 0 reads back beside its episode_id
+
+
+def test_go_encoding_escapes_and_floats(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    with TraceWriter.open(path) as w:
+        w.append(
+            "a.b",
+            {"html": "<a href='x'>&</a>", "ls": "x\u2028y\u2029", "f": [1.0, 1e-07, 2.5e21, 1e16, 0.1, -0.0, 7]},
+            turn=1,
+            state_path="<s>",
+            match_idx=3,
+        )
+    line = lines_of(path)[1]
+    assert b"<" not in line and b">" not in line and b"&" not in line
+    assert "\u2028".encode() not in line
+    assert line.endswith(
+        b'"state_path":"\\u003cs\\u003e","match_idx":3,"payload":{"html":"\\u003ca href=\'x\'\\u003e\\u0026\\u003c/a\\u003e",'
+        b'"ls":"x\\u2028y\\u2029","f":[1,1e-7,2.5e+21,10000000000000000,0.1,-0,7]}}'
+    )
+    (event,) = read_trace(path).events
+    assert event.payload["html"] == "<a href='x'>&</a>" and event.state_path == "<s>"
 
 
 def test_absent_optionals_are_omitted(tmp_path: Path) -> None:
@@ -127,12 +155,16 @@ def test_seq_is_dense_per_turn_and_assigned_by_writer(tmp_path: Path) -> None:
                 w.append("turn.end", {}, turn=1, state_path="s"),
             )
         ]
-        assert w.next_seq(1) == 3
+        assert w.next_seq(1) == 2
+        assert w.next_seq(2) == 2
         assert w.next_seq(9) == 0
         with pytest.raises(TypeError):
             w.append("x.y", {}, turn=1, seq=5)  # type: ignore[call-arg]
-    assert got == [(0, 0), (1, 0), (1, 1), (2, 0), (1, 2)]
-    assert [(e.turn, e.seq) for e in read_trace(path).events] == got
+    # the late turn-1 event lands in turn 2 (the latest), naming turn 1 as its parent
+    assert got == [(0, 0), (1, 0), (1, 1), (2, 0), (2, 1)]
+    events = read_trace(path).events
+    assert [(e.turn, e.seq) for e in events] == got
+    assert (events[-1].parent_turn, events[-1].state_path) == (1, "s")
 
 
 def test_reopen_continues_seq_and_history(tmp_path: Path) -> None:
@@ -324,9 +356,9 @@ GO_STYLE = [
     b'{"turn":1,"seq":0,"ts":"2026-06-09T12:00:00.1Z","kind":"turn.start","state_path":"foyer","payload":{"direct":true}}',
     b'{"turn":1,"seq":1,"ts":"2026-06-09T12:00:01Z","kind":"machine.state_exited","state_path":"foyer","payload":{}}',
     b'{"turn":1,"seq":2,"ts":"2026-06-09T12:00:01Z","kind":"machine.state_entered","state_path":"hall","payload":{"n":1.50}}',
-    b'{"turn":2,"seq":0,"ts":"2026-06-09T12:00:02Z","kind":"mining.proposal_raised","parent_turn":1,"payload":{"recipe_id":"r"},"future_field":[1]}',
     b'{ "turn": 1, "seq": 3, "ts": "2026-06-09T12:00:03Z", "kind": "turn.end", '
     b'"state_path": "hall", "payload": {"to": "hall"} }',
+    b'{"turn":2,"seq":0,"ts":"2026-06-09T12:00:02Z","kind":"mining.proposal_raised","parent_turn":1,"payload":{"recipe_id":"r"},"future_field":[1]}',
 ]
 
 
@@ -335,9 +367,10 @@ def test_raw_round_trip_is_byte_identical_with_unknown_kinds(tmp_path: Path) -> 
     header = b'{"kind":"session.header","schema_version":1,"written_at":"2026-06-09T12:00:00Z"}'
     src.write_bytes(b"\n".join([header, *GO_STYLE]) + b"\n")
     trace = read_trace(src)
-    assert [e.kind for e in trace.events][2:5] == [
+    assert [e.kind for e in trace.events][2:6] == [
         "machine.state_exited",
         "machine.state_entered",
+        "turn.end",
         "mining.proposal_raised",
     ]
     dst = tmp_path / "dst.jsonl"
@@ -647,10 +680,12 @@ def test_concurrent_appends_from_threads_stay_dense(tmp_path: Path) -> None:
         for t in threads:
             t.join()
         assert len(w.history()) == 160
-    events = read_trace(path).events
+    events = read_trace(path).events  # strict: turns never go down
     for turn in (1, 2):
-        assert [e.seq for e in events if e.turn == turn] == list(range(80))
-    stamps = [e.ts for e in events]
+        assert [e.seq for e in events if e.turn == turn] == list(range(len([e for e in events if e.turn == turn])))
+        # a turn-1 event written after turn 2 began is in turn 2, with parent_turn 1
+        assert len([e for e in events if (e.parent_turn or e.turn) == turn]) == 80
+    stamps = [datetime.fromisoformat(e.ts[:26].rstrip("Z").ljust(26, "0")) for e in events]
     assert stamps == sorted(stamps)
 
 
