@@ -24,6 +24,9 @@ def _setup(parser: argparse.ArgumentParser) -> None:
     verify = tsub.add_parser("verify", help="check every read-time rule and the sidecar files")
     verify.add_argument("file", type=path_arg, metavar="F")
     verify.add_argument("--json", action="store_true", help="print the verdict as JSON")
+    verify.add_argument(
+        "--lenient", action="store_true", help="accept interleaved turns (traces from earlier localllm versions)"
+    )
     verify.set_defaults(handler=_verify)
 
     show = tsub.add_parser("show", help="list the events (line, turn, seq, ts, kind, call_id)")
@@ -61,7 +64,7 @@ SETUP = {"trace": _setup}
 def _verify(args: argparse.Namespace) -> int:
     from localllm.trace.verify import verify_trace
 
-    report = verify_trace(args.file)
+    report = verify_trace(args.file, lenient=args.lenient)
     if args.json:
         emit_json(report.to_json())
     elif report.problems:
@@ -69,7 +72,7 @@ def _verify(args: argparse.Namespace) -> int:
             out(f"{args.file}: {problem}")
     else:
         assert report.trace is not None
-        turns = len({ev.turn for ev in report.trace.events})
+        turns = report.to_json()["turns"]
         out(f"{args.file}: ok ({len(report.trace.events)} events in {turns} turns)")
     return EXIT_OK if report.ok else EXIT_FAILED
 
@@ -174,12 +177,13 @@ def _write(text: str, target: Path | None) -> None:
 
 
 def _load(path: Path) -> Trace:
-    """Read for display: a torn last line is a warning on stderr, not fatal."""
+    """Read for display: a torn last line is a warning on stderr, not fatal; interleaved
+    turns (a trace from an earlier localllm) are read too (``verify`` says whether it is strict)."""
     from localllm.trace.reader import read_trace
     from localllm.trace.verify import unreadable
 
     try:
-        trace = read_trace(path, allow_torn=True)
+        trace = read_trace(path, allow_torn=True, lenient=True)
     except OSError as exc:
         raise unreadable(path, exc) from exc
     if trace.torn_tail is not None:

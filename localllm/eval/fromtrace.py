@@ -73,7 +73,7 @@ def recorded_calls(path: Path) -> list[RecordedCall]:
     from localllm.trace.reader import read_trace
 
     try:
-        trace = read_trace(path)
+        trace = read_trace(path, lenient=True)  # traces from earlier versions interleave turns
     except OSError as exc:
         raise TraceError(f"{path}: cannot read the trace: {exc.strerror or exc}", hint="pass a trace file") from exc
     base = path.parent

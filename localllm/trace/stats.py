@@ -19,7 +19,9 @@ def trace_stats(events: Sequence[Event]) -> dict[str, Any]:
 
     A call is one ``agent.call.complete`` (ok) or ``agent.call.error`` event. It counts as a
     fallback when its payload has ``substitution`` or its ``meta`` has ``fallback_of`` or
-    ``substitution``. Percentiles use the nearest-rank method over ``duration_ms``.
+    ``substitution``; ``late`` when it ended after its turn (its end carries ``parent_turn``).
+    ``turns`` counts each event in the turn it belongs to (``parent_turn`` when set).
+    Percentiles use the nearest-rank method over ``duration_ms``.
     """
     kinds = Counter(ev.kind for ev in events)
     overall = _CallTally()
@@ -33,7 +35,8 @@ def trace_stats(events: Sequence[Event]) -> dict[str, Any]:
             tally.add(ev)
     return {
         "events": len(events),
-        "turns": len({ev.turn for ev in events}),
+        # a late or off-path event counts in the turn it belongs to (parent_turn)
+        "turns": len({ev.parent_turn if ev.parent_turn is not None else ev.turn for ev in events}),
         "kinds": dict(sorted(kinds.items())),
         "calls": overall.summary(),
         "agents": {name: agents[name].summary() for name in sorted(agents)},
@@ -54,6 +57,7 @@ class _CallTally:
         self.ok = 0
         self.error = 0
         self.fallbacks = 0
+        self.late = 0
         self.durations: list[float] = []
 
     def add(self, ev: Event) -> None:
@@ -61,6 +65,8 @@ class _CallTally:
             self.ok += 1
         else:
             self.error += 1
+        if ev.parent_turn is not None:
+            self.late += 1
         meta = ev.payload.get("meta")
         meta = meta if isinstance(meta, dict) else {}
         if "substitution" in ev.payload or "fallback_of" in meta or "substitution" in meta:
@@ -75,6 +81,7 @@ class _CallTally:
             "ok": self.ok,
             "error": self.error,
             "fallbacks": self.fallbacks,
+            "late": self.late,
             "p50_ms": percentile(self.durations, 50),
             "p95_ms": percentile(self.durations, 95),
         }

@@ -37,18 +37,23 @@ class TraceReport:
             "path": str(self.path),
             "ok": self.ok,
             "events": len(trace.events) if trace else None,
-            "turns": len({ev.turn for ev in trace.events}) if trace else None,
+            "turns": len({ev.parent_turn if ev.parent_turn is not None else ev.turn for ev in trace.events})
+            if trace
+            else None,
             "torn_bytes": len(trace.torn_tail) if trace and trace.torn_tail else 0,
             "problems": list(self.problems),
         }
 
 
-def verify_trace(path: Path) -> TraceReport:
-    """Check ``path``; an unreadable file raises ``TraceError``, a broken one is a report."""
+def verify_trace(path: Path, *, lenient: bool = False) -> TraceReport:
+    """Check ``path``; an unreadable file raises ``TraceError``, a broken one is a report.
+
+    ``lenient=True`` accepts interleaved turns (traces from earlier localllm versions).
+    """
     problems: list[str] = []
     trace: Trace | None = None
     try:
-        trace = read_trace(path, allow_torn=True)
+        trace = read_trace(path, allow_torn=True, lenient=lenient)
     except TraceCorrupted as exc:
         problems.append(str(exc))
     except OSError as exc:

@@ -205,10 +205,10 @@ def test_stats_json(tmp_path: Path, run: Run) -> None:
         "machine.state_entered": 1,
         "turn.start": 1,
     }
-    assert stats["calls"] == {"total": 3, "ok": 2, "error": 1, "fallbacks": 2, "p50_ms": 100, "p95_ms": 300}
+    assert stats["calls"] == {"total": 3, "ok": 2, "error": 1, "fallbacks": 2, "late": 0, "p50_ms": 100, "p95_ms": 300}
     assert stats["agents"] == {
-        "agent.claude": {"total": 1, "ok": 0, "error": 1, "fallbacks": 1, "p50_ms": 50, "p95_ms": 50},
-        "agent.local": {"total": 2, "ok": 2, "error": 0, "fallbacks": 1, "p50_ms": 100, "p95_ms": 300},
+        "agent.claude": {"total": 1, "ok": 0, "error": 1, "fallbacks": 1, "late": 0, "p50_ms": 50, "p95_ms": 50},
+        "agent.local": {"total": 2, "ok": 2, "error": 0, "fallbacks": 1, "late": 0, "p50_ms": 100, "p95_ms": 300},
     }
 
 
