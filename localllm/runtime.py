@@ -210,7 +210,7 @@ class Runtime:
                 self._owns_trace = True
             else:
                 self.trace = trace
-            self._recorder = TraceRecorder(self.trace, redact=self.redact)
+            self._recorder = TraceRecorder(self.trace, redact=self.redact, base_dir=config.base_dir)
         self.turn = turn if turn is not None else (self._recorder.next_turn() if self._recorder else 1)
 
     def _episode_plays(self) -> dict[str, int]:
@@ -242,6 +242,10 @@ class Runtime:
     def register_agent(self, alias: str, agent: Agent) -> None:
         """Route ``alias`` to ``agent`` (e.g. a cassette), replacing any declaration; the
         agent answers as ``alias`` (its errors name it, a cassette matches ``handler`` to it)."""
+        from localllm.agents.cassette import CassetteAgent
+
+        if isinstance(agent, CassetteAgent):  # its call_ids derive from its app_id
+            agent.check_app_id(self.config.app_id, config=str(self.config.path))
         agent.alias = alias
         agent.continue_session(self._episode_plays())
         with self._lock:

@@ -42,6 +42,38 @@ A miss is ``transport_error`` listing every episode. A replayed sub-event withou
 ``call_id`` gets the request's. An episode with no ``agent:`` but a ``response:`` is a
 host (non-agent) episode of a shared host cassette: it is kept out of matching.
 
+The reference engine's cassettes (Kitsoki's ``internal/testrunner`` format) load and
+replay as they are:
+
+- top level ``app_id`` (checked against the config's ``app_id`` when the cassette is
+  registered: call_ids derive from it), ``app_version``, ``source_run``,
+  ``generated_at``, ``match_on`` (documentation only, as in the reference),
+  ``record_mode`` (``none`` | ``new_episodes``; localllm only replays, a miss is a miss),
+  ``phase_from`` (a regex whose first group is the ``phase`` match key);
+- ``!include relative/path`` as a mapping value, resolved relative to the cassette (a
+  ``.json`` file inlined as compact JSON, anything else as a string; absolute paths and
+  paths leaving the cassette's directory are refused);
+- the recorded metadata of an ``agent:`` block (``agent``, ``model``, ``turn``,
+  ``duration_ms``, ``prompt_tokens``, ``response_tokens``, ``cost_usd``,
+  ``system_prompt``, ``prompt``, ``input``, ``call_id``) — replayed into ``meta`` as the
+  reference does: ``model``, ``agent``, ``duration_ms``, ``usage: {input_tokens,
+  output_tokens}``, ``cost_usd`` (each only when set), plus ``call_id``;
+- ``error:`` as a string (a ``plugin_crash`` with that detail), and an episode-level
+  ``response: {infra_error: …}`` (a ``transport_error``);
+- transcripts as ``{format, events, timings}`` (an event is a JSON line kept verbatim, or
+  a mapping written as Go's ``json.Marshal`` would) beside localllm's ``{format, lines,
+  offsets_ms}``;
+- ``delay`` as a Go duration string (``500ms``, ``1s``) or a number of seconds;
+- match keys ``verb`` (the request's verb), ``phase`` (the state path's first dotted
+  segment, or ``phase_from``'s group), ``schema_name`` (the schema file's base name as
+  the reference compares it, ``verdict.json``, or its stem ``verdict`` as localllm
+  writes it), and any other key from the call's args, then from its ``with:`` block.
+
+In a cassette with ``app_id`` (every reference cassette has one; localllm's own written
+since this format) a string ``response`` that does not start with ``{`` or ``[`` is plain
+text and replays as a JSON string, as the reference's ``marshalAgentResponseString`` does;
+without ``app_id`` a string is JSON text, verbatim.
+
 Loading collects every problem into one :class:`~localllm.errors.ConfigError`, each
 naming the file and the key path (``episodes[2].agent.error.kind``).
 """
@@ -49,6 +81,8 @@ naming the file and the key path (``episodes[2].agent.error.kind``).
 from __future__ import annotations
 
 import json
+import os
+import re
 import threading
 import time
 from collections.abc import Mapping
@@ -58,6 +92,7 @@ from typing import Any, ClassVar
 
 from localllm.agents.base import Agent
 from localllm.errors import AgentError, ConfigError, ErrorKind, ProblemList, truncate_detail
+from localllm.trace.callid import cassette_call_key, derive_call_id
 from localllm.wire import VERBS, AskRequest, AskResponse, Transcript
 
 __all__ = [
@@ -67,13 +102,46 @@ __all__ = [
     "Episode",
     "ReplayedAgentError",
     "load_cassette",
+    "resolve_includes",
 ]
 
 CASSETTE_KIND = "host_cassette"
-_TOP_KEYS = ("kind", "episodes", "name", "description", "version")
+_TOP_KEYS = (
+    "kind",
+    "episodes",
+    "name",
+    "description",
+    "version",
+    # the reference engine's (Kitsoki) cassette header
+    "app_id",
+    "app_version",
+    "source_run",
+    "generated_at",
+    "match_on",
+    "record_mode",
+    "phase_from",
+)
 _EPISODE_KEYS = ("id", "match", "agent", "replay", "delay", "response")
-_AGENT_KEYS = ("verb", "response", "error", "meta", "sub_events", "transcript")
+#: the reference's recorded metadata of an agent exchange (its EpisodeAgent)
+_RECORDED_KEYS = (
+    "agent",
+    "model",
+    "turn",
+    "duration_ms",
+    "prompt_tokens",
+    "response_tokens",
+    "cost_usd",
+    "system_prompt",
+    "prompt",
+    "input",
+    "call_id",
+)
+_AGENT_KEYS = ("verb", "response", "error", "error_kind", "meta", "sub_events", "transcript", *_RECORDED_KEYS)
 _REPLAY_MODES = ("once", "any")
+_RECORD_MODES = ("none", "new_episodes")
+_INCLUDE = re.compile(r"^(\s*)([^:]+:\s*)!include\s+(.+?)\s*$")
+_GO_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _MISS_LISTED = 20
 
 
@@ -97,14 +165,21 @@ class Episode:
     transcript: Transcript | None = None
     replay_any: bool = False
     delay: float = 0.0
+    #: an episode-level ``response: {infra_error}``: replayed as a transport_error
+    infra_error: str | None = None
 
 
 @dataclass(frozen=True)
 class Cassette:
-    """A loaded cassette: its file and its agent episodes in file order."""
+    """A loaded cassette: its file, its agent episodes in file order, and its header."""
 
     path: Path
     episodes: tuple[Episode, ...]
+    app_id: str | None = None
+    app_version: str | None = None
+    match_on: tuple[str, ...] = ()
+    record_mode: str = "none"
+    phase_from: re.Pattern[str] | None = None
 
 
 # -- loading ------------------------------------------------------------------------------
@@ -138,6 +213,11 @@ def load_cassette(path: str | Path) -> Cassette:
         problems.add("", f"cannot read cassette: {reason}", "pass the path of a kind: host_cassette YAML file")
         raise ConfigError(problems.items) from exc
     try:
+        text = resolve_includes(text, path.parent)
+    except ValueError as exc:
+        problems.add("", str(exc), "!include a file inside the cassette's directory by a relative path")
+        raise ConfigError(problems.items) from exc
+    try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
@@ -156,6 +236,8 @@ def load_cassette(path: str | Path) -> Cassette:
         problems.add("kind", "missing", f"add kind: {CASSETTE_KIND}")
     elif kind != CASSETTE_KIND:
         problems.add("kind", f"{kind!r} is not {CASSETTE_KIND!r}", f"set kind: {CASSETTE_KIND}")
+    header = _header(problems, data)
+    kitsoki = header.get("app_id") is not None
     raw_episodes = data.get("episodes")
     episodes: list[Episode] = []
     if raw_episodes is None:
@@ -165,7 +247,7 @@ def load_cassette(path: str | Path) -> Cassette:
     else:
         seen: dict[str, int] = {}
         for i, raw in enumerate(raw_episodes):
-            episode = _episode(problems, f"episodes[{i}]", raw)
+            episode = _episode(problems, f"episodes[{i}]", raw, kitsoki=kitsoki)
             if episode is None:
                 continue
             if episode.id in seen:
@@ -181,10 +263,115 @@ def load_cassette(path: str | Path) -> Cassette:
             problems.add("episodes", "has no agent episodes", "give an episode an agent: block")
     if problems.items:
         raise ConfigError(problems.items)
-    return Cassette(path=path, episodes=tuple(episodes))
+    return Cassette(path=path, episodes=tuple(episodes), **header)
 
 
-def _episode(problems: ProblemList, where: str, raw: Any) -> Episode | None:
+def _header(problems: ProblemList, data: dict[str, Any]) -> dict[str, Any]:
+    """The reference's header keys, checked: Cassette kwargs."""
+    out: dict[str, Any] = {}
+    for key in ("app_id", "app_version"):
+        value = data.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            problems.add(key, "must be a string", f"e.g. {key}: my-app")
+        else:
+            out[key] = str(value)
+    match_on = data.get("match_on")
+    if match_on is not None:
+        if not isinstance(match_on, list) or not all(isinstance(k, str) for k in match_on):
+            problems.add("match_on", "must be a list of match key names", "e.g. match_on: [handler, phase, schema_name]")
+        else:
+            out["match_on"] = tuple(match_on)
+    record_mode = data.get("record_mode")
+    if record_mode is not None and record_mode != "":
+        if record_mode not in _RECORD_MODES:
+            problems.add(
+                "record_mode",
+                f"{record_mode!r} is not supported; valid values are \"none\" or \"new_episodes\"",
+                "use record_mode: none (localllm replays only)",
+            )
+        else:
+            out["record_mode"] = record_mode
+    phase_from = data.get("phase_from")
+    if phase_from is not None and phase_from != "":
+        try:
+            out["phase_from"] = re.compile(str(phase_from))
+        except re.error as exc:
+            problems.add("phase_from", f"is not a valid regular expression: {exc}", "give a regex with one group")
+    return out
+
+
+def resolve_includes(text: str, base: Path) -> str:
+    """``key: !include rel/path`` lines replaced by the file's content, as the reference does.
+
+    A ``.json`` file is inlined as compact JSON (re-encoded as Go's ``json.Marshal`` writes
+    it: keys sorted); any other file as a JSON string (valid YAML). Raises ``ValueError``
+    naming the include for an absolute path, a path leaving ``base``, or an unreadable file.
+    """
+    if "!include" not in text:
+        return text
+    from localllm.trace.event import dumps as go_json
+
+    out: list[str] = []
+    root = Path(os.path.realpath(base))
+    for line in text.split("\n"):
+        found = _INCLUDE.match(line)
+        if found is None:
+            out.append(line)
+            continue
+        prefix, rel = found.group(1) + found.group(2), found.group(3).strip()
+        if os.path.isabs(rel):
+            raise ValueError(f"!include {rel!r}: absolute paths are not allowed")
+        target = Path(os.path.realpath(base / rel))
+        if not target.is_relative_to(root):
+            raise ValueError(f"!include {rel!r}: path resolves outside the cassette directory")
+        try:
+            raw = target.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"!include {rel!r}: cannot read {target.name}: {exc}") from exc
+        if rel.lower().endswith(".json"):
+            try:
+                value = json.loads(raw)
+            except ValueError as exc:
+                raise ValueError(f"!include {rel!r}: parse JSON: {exc}") from exc
+            inlined = go_json(_sorted_keys(value))
+        else:
+            inlined = go_json(raw)
+        out.append(prefix + inlined)
+    return "\n".join(out)
+
+
+def _sorted_keys(value: Any) -> Any:
+    """``value`` with every mapping's keys sorted (Go marshals maps that way)."""
+    if isinstance(value, dict):
+        return {k: _sorted_keys(value[k]) for k in sorted(value)}
+    if isinstance(value, list):
+        return [_sorted_keys(v) for v in value]
+    return value
+
+
+def _go_duration(value: Any) -> float | None:
+    """A delay: a number of seconds, or a Go duration string (``500ms``, ``1m30s``)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value) if value >= 0 else None
+    if not isinstance(value, str):
+        return None
+    text = value.strip()
+    if text in ("", "0"):
+        return 0.0
+    total, pos = 0.0, 0
+    for part in _GO_DURATION.finditer(text):
+        if part.start() != pos:
+            return None
+        total += float(part.group(1)) * _GO_UNITS[part.group(2)]
+        pos = part.end()
+    return total if pos == len(text) and pos > 0 else None
+
+
+def _episode(problems: ProblemList, where: str, raw: Any, *, kitsoki: bool = False) -> Episode | None:
     """One checked episode, or None (problem recorded, or a host-only episode)."""
     if not isinstance(raw, dict):
         problems.add(where, "must be a mapping", "give {id, match, agent}")
@@ -221,23 +408,32 @@ def _episode(problems: ProblemList, where: str, raw: Any) -> Episode | None:
             f"{replay!r} is not one of {', '.join(_REPLAY_MODES)}",
             "use replay: any to replay for ever, or omit it",
         )
-    delay = raw.get("delay", 0)
-    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or delay < 0:
-        problems.add(f"{where}.delay", f"{delay!r} is not a number of seconds >= 0", "e.g. delay: 0.5")
-    agent = _agent_block(problems, f"{where}.agent", raw.get("agent"))
+    delay = _go_duration(raw.get("delay", 0))
+    if delay is None:
+        problems.add(
+            f"{where}.delay",
+            f"{raw.get('delay')!r} is not a number of seconds >= 0 or a duration",
+            "e.g. delay: 0.5 or delay: 500ms",
+        )
+    infra_error: str | None = None
+    host_response = raw.get("response")
+    if isinstance(host_response, dict) and host_response.get("infra_error"):
+        infra_error = str(host_response["infra_error"])
+    agent = _agent_block(problems, f"{where}.agent", raw.get("agent"), kitsoki=kitsoki or infra_error is not None)
     if len(problems.items) > before or agent is None:
         return None
-    assert isinstance(match, dict)
+    assert isinstance(match, dict) and delay is not None
     return Episode(
         id=str(episode_id),
         match=dict(match),
         replay_any=replay == "any",
-        delay=float(delay),
+        delay=delay,
+        infra_error=infra_error,
         **agent,
     )
 
 
-def _agent_block(problems: ProblemList, where: str, raw: Any) -> dict[str, Any] | None:
+def _agent_block(problems: ProblemList, where: str, raw: Any, *, kitsoki: bool = False) -> dict[str, Any] | None:
     if raw is None:
         problems.add(where, "missing", "give agent: {verb, response} or agent: {verb, error: {kind, detail}}")
         return None
@@ -253,7 +449,11 @@ def _agent_block(problems: ProblemList, where: str, raw: Any) -> dict[str, Any] 
         problems.add(f"{where}.verb", f"unknown verb {verb!r}", f"use one of {', '.join(VERBS)}")
     out["verb"] = verb
     has_response, has_error = "response" in raw, "error" in raw
-    if has_response == has_error:
+    if kitsoki and has_response and has_error and raw["error"] in ("", None):
+        has_error = False  # the reference's empty error string means none
+    if kitsoki and not has_response and not has_error:
+        out["response"] = None  # the reference replays an empty response as no submission
+    elif has_response == has_error:
         problems.add(
             where,
             "needs exactly one of response: or error:",
@@ -263,6 +463,8 @@ def _agent_block(problems: ProblemList, where: str, raw: Any) -> dict[str, Any] 
         response = raw["response"]
         if response is None:
             problems.add(f"{where}.response", "is null", "give JSON text in quotes, or a YAML mapping")
+        elif isinstance(response, str) and kitsoki:
+            out["response"] = _reference_response(response)
         elif isinstance(response, str):
             out["response"] = response  # verbatim: invalid JSON replays as schema_invalid
         else:
@@ -272,13 +474,23 @@ def _agent_block(problems: ProblemList, where: str, raw: Any) -> dict[str, Any] 
                     f"{where}.response", "is not representable as JSON", "quote dates and other YAML-only values"
                 )
             out["response"] = text
+    elif isinstance(raw["error"], str):
+        # the reference's form: a string, replayed as a plugin_crash with that detail
+        # (``error_kind``, which the reference ignores, names another kind)
+        out["error_kind"], out["error_detail"] = ErrorKind.PLUGIN_CRASH, raw["error"]
+        if raw.get("error_kind") is not None:
+            try:
+                out["error_kind"] = ErrorKind(raw["error_kind"])
+            except ValueError:
+                kinds = ", ".join(k.value for k in ErrorKind)
+                problems.add(f"{where}.error_kind", f"{raw['error_kind']!r} is not an error kind", f"use one of {kinds}")
     else:
         _error_block(problems, f"{where}.error", raw["error"], out)
     meta = raw.get("meta", {})
     if not isinstance(meta, dict) or _json_text(meta) is None:
         problems.add(f"{where}.meta", "must be a JSON mapping", "e.g. meta: {model: claude-sonnet}")
     else:
-        out["meta"] = dict(meta)
+        out["meta"] = {**_recorded_meta(problems, where, raw), **meta}
     sub_events = raw.get("sub_events", [])
     if (
         not isinstance(sub_events, list)
@@ -295,6 +507,55 @@ def _agent_block(problems: ProblemList, where: str, raw: Any) -> dict[str, Any] 
     if "transcript" in raw:
         out["transcript"] = _transcript(problems, f"{where}.transcript", raw["transcript"])
     return out
+
+
+def _reference_response(text: str) -> str | None:
+    """The reference's ``marshalAgentResponseString``: JSON object/array text verbatim,
+    any other text a JSON string; empty is no submission."""
+    if text == "":
+        return None
+    if text[0] in "{[":
+        return text
+    from localllm.trace.event import dumps as go_json
+
+    return go_json(text)
+
+
+def _recorded_meta(problems: ProblemList, where: str, raw: dict[str, Any]) -> dict[str, Any]:
+    """The recorded metadata replayed into ``meta`` as the reference's cassette agent does."""
+    meta: dict[str, Any] = {}
+    for key in ("model", "agent"):
+        value = raw.get(key)
+        if value not in (None, ""):
+            if not isinstance(value, str):
+                problems.add(f"{where}.{key}", "must be a string", "quote it")
+            else:
+                meta[key] = value
+    numbers: dict[str, int | float] = {}
+    for key in ("turn", "duration_ms", "prompt_tokens", "response_tokens", "cost_usd"):
+        value = raw.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            problems.add(f"{where}.{key}", f"{value!r} is not a number >= 0", f"e.g. {key}: 12")
+            continue
+        numbers[key] = value
+    if numbers.get("duration_ms", 0) > 0:
+        meta["duration_ms"] = numbers["duration_ms"]
+    usage = {
+        name: numbers[key]
+        for key, name in (("prompt_tokens", "input_tokens"), ("response_tokens", "output_tokens"))
+        if numbers.get(key, 0) > 0
+    }
+    if usage:
+        meta["usage"] = usage
+    if numbers.get("cost_usd", 0) > 0:
+        meta["cost_usd"] = numbers["cost_usd"]
+    for key in ("system_prompt", "prompt", "call_id"):
+        value = raw.get(key)
+        if value is not None and not isinstance(value, str):
+            problems.add(f"{where}.{key}", "must be a string", "quote it")
+    return meta
 
 
 def _error_block(problems: ProblemList, where: str, raw: Any, out: dict[str, Any]) -> None:
@@ -318,9 +579,11 @@ def _error_block(problems: ProblemList, where: str, raw: Any, out: dict[str, Any
 
 
 def _transcript(problems: ProblemList, where: str, raw: Any) -> Transcript | None:
+    if isinstance(raw, dict) and "events" in raw and "lines" not in raw:
+        return _reference_transcript(problems, where, raw)
     hint = "give transcript: {format: claude-stream-json, lines: ['{...}', ...], offsets_ms: [...]}"
     if not isinstance(raw, dict) or not isinstance(raw.get("format"), str) or not isinstance(raw.get("lines"), list):
-        problems.add(where, "must be a mapping with format: and lines:", hint)
+        problems.add(where, "must be a mapping with format: and lines: (or events:)", hint)
         return None
     lines: list[str] = []
     for i, line in enumerate(raw["lines"]):
@@ -341,6 +604,50 @@ def _transcript(problems: ProblemList, where: str, raw: Any) -> Transcript | Non
         problems.add(f"{where}.offsets_ms", "must list one integer >= 0 per line", hint)
         return None
     return Transcript(format=raw["format"], lines=lines, offsets_ms=list(offsets))
+
+
+def _reference_transcript(problems: ProblemList, where: str, raw: dict[str, Any]) -> Transcript | None:
+    """The reference's ``{format, events, timings}``: a string event is its JSON line verbatim,
+    a mapping is written as Go's ``json.Marshal`` would (keys sorted, compact)."""
+    from localllm.trace.event import dumps as go_json
+
+    hint = "give transcript: {format: claude-stream-json, events: ['{...}', ...], timings: [...]}"
+    events = raw.get("events")
+    if not isinstance(raw.get("format"), str) or not isinstance(events, list):
+        problems.add(where, "must be a mapping with format: and events:", hint)
+        return None
+    lines: list[str] = []
+    for i, event in enumerate(events):
+        if isinstance(event, str):
+            try:
+                json.loads(event)
+            except ValueError:
+                problems.add(f"{where}.events[{i}]", "is not valid JSON", "give one JSON line per event")
+                continue
+            if "\n" in event:
+                problems.add(f"{where}.events[{i}]", "spans lines", "give one JSON line per event")
+                continue
+            lines.append(event)
+        else:
+            try:
+                lines.append(go_json(_sorted_keys(event)))
+            except (TypeError, ValueError):
+                problems.add(f"{where}.events[{i}]", "is not a JSON value", hint)
+    timings = raw.get("timings")
+    if timings is None:
+        offsets = [0] * len(lines)
+    elif (
+        not isinstance(timings, list)
+        or len(timings) != len(events)
+        or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in timings)
+    ):
+        problems.add(f"{where}.timings", "must list one integer >= 0 per event", hint)
+        return None
+    else:
+        offsets = list(timings)
+    if len(offsets) != len(lines):
+        return None
+    return Transcript(format=raw["format"], lines=lines, offsets_ms=offsets)
 
 
 # -- matching -----------------------------------------------------------------------------
@@ -376,32 +683,63 @@ class CassetteAgent(Agent):
     def _facts(self, request: AskRequest) -> dict[str, Any]:
         """What the request offers to match against (see the module docstring)."""
         given = request.with_ or {}
-        facts: dict[str, Any] = {"handler": given.get("handler", self.alias)}
+        facts: dict[str, Any] = {"handler": given.get("handler", self.alias), "verb": request.verb}
+        facts["phase"] = self._phase(request.state_path or "")
         written = given.get("schema")
+        names: list[Any] = []
         if "schema_name" in given:
-            facts["schema_name"] = given["schema_name"]
+            names.append(given["schema_name"])
         elif isinstance(written, str) and "{{" not in written:
-            facts["schema_name"] = PurePosixPath(written).stem
+            # the reference compares the base name (verdict.json); localllm writes the stem
+            names += [PurePosixPath(written).stem, PurePosixPath(written).name]
         elif request.schema is not None:
-            facts["schema_name"] = request.schema.get("title") or "inline"
-        else:
-            facts["schema_name"] = None
+            names.append(request.schema.get("title") or "inline")
+        facts["schema_name"] = names[0] if names else None
+        facts["schema_names"] = names or [None]
         args = given.get("args")
         facts["args"] = dict(args) if isinstance(args, Mapping) else {}
+        facts["with"] = {k: v for k, v in given.items() if k != "args"}
         return facts
+
+    def _phase(self, state_path: str) -> str:
+        """The reference's ``phase``: ``phase_from``'s first group, else the first dotted segment."""
+        pattern = self.cassette.phase_from
+        if pattern is not None:
+            found = pattern.search(state_path)
+            return found.group(1) if found is not None and found.re.groups >= 1 else ""
+        return state_path.split(".", 1)[0]
 
     @staticmethod
     def _matches(episode: Episode, facts: dict[str, Any]) -> bool:
         for key, expected in episode.match.items():
-            if key in ("handler", "schema_name"):
+            if key == "schema_name":
+                if not any(_same(expected, name) for name in facts["schema_names"]):
+                    return False
+                continue
+            if key in ("handler", "verb", "phase"):
                 actual = facts[key]
             elif key in facts["args"]:
                 actual = facts["args"][key]
+            elif key in facts["with"]:
+                actual = facts["with"][key]
             else:
                 return False
             if not _same(expected, actual):
                 return False
         return True
+
+    def check_app_id(self, app_id: str, *, config: str = "the config") -> None:
+        """Refuse a cassette recorded for another app: its call_ids derive from ``app_id``."""
+        recorded = self.cassette.app_id
+        if recorded is not None and recorded != app_id:
+            problems = ProblemList(self.cassette.path)
+            problems.add(
+                "app_id",
+                f"cassette app_id {recorded!r} is not the config's app_id {app_id!r} ({config})",
+                f"replay it with the config of app {recorded!r}, or set app_id: {app_id} in the cassette "
+                "(call_ids derive from app_id, so the recorded ones change)",
+            )
+            raise ConfigError(problems.items)
 
     def _select(self, facts: dict[str, Any]) -> tuple[Episode, int]:
         with self._lock:
@@ -452,6 +790,9 @@ class CassetteAgent(Agent):
         try:
             episode, match_idx = self._select(self._facts(request))
             meta = {**episode.meta, "transport": "cassette", "episode_id": episode.id, "match_idx": match_idx}
+            if self.cassette.app_id is not None:
+                # as the reference's cassette agent: the call_id this match derives
+                meta["call_id"] = derive_call_id(self.cassette.app_id, cassette_call_key(episode.id, match_idx))
             if episode.delay > 0:
                 self._sleep(cancelled, episode, deadline)
         finally:
@@ -461,6 +802,10 @@ class CassetteAgent(Agent):
                     waits.remove(cancelled)
                 if not waits:
                     self._waits.pop(request.call_id, None)
+        if episode.infra_error is not None:
+            raise ReplayedAgentError(
+                ErrorKind.TRANSPORT_ERROR, episode.infra_error, meta=meta, episode_id=episode.id, match_idx=match_idx
+            )
         if episode.error_kind is not None:
             raise ReplayedAgentError(
                 episode.error_kind, episode.error_detail, meta=meta, episode_id=episode.id, match_idx=match_idx

@@ -44,6 +44,9 @@ def _setup(parser: argparse.ArgumentParser) -> None:
     cases.add_argument("file", type=path_arg, metavar="F")
     cases.add_argument("--gate", required=True, metavar="G", help="the gate whose calls become cases")
     cases.add_argument("--exact", action="store_true", help="expect the exact recorded submission")
+    cases.add_argument(
+        "-c", "--config", type=path_arg, metavar="FILE", help="the app config: recorded schema paths are relative to it"
+    )
     cases.add_argument("-o", "--output", type=path_arg, metavar="OUT", help="write the JSONL here (default: stdout)")
     cases.set_defaults(handler=_cases)
 
@@ -54,6 +57,10 @@ def _setup(parser: argparse.ArgumentParser) -> None:
     cassette.add_argument(
         "--match-handler", action="store_true", help="match the routed alias too (default: schema and args only)"
     )
+    cassette.add_argument(
+        "-c", "--config", type=path_arg, metavar="FILE", help="the app config: its app_id heads the cassette"
+    )
+    cassette.add_argument("--app-id", metavar="ID", help="the cassette's app_id (default: the config's, or the trace's)")
     cassette.add_argument("-o", "--output", type=path_arg, metavar="OUT", help="write the YAML here (default: stdout)")
     cassette.set_defaults(handler=_cassette)
 
@@ -137,7 +144,8 @@ def _stats(args: argparse.Namespace) -> int:
 def _cases(args: argparse.Namespace) -> int:
     from localllm.eval.fromtrace import cases_from_calls, recorded_calls
 
-    lines = cases_from_calls(recorded_calls(args.file), args.gate, exact=args.exact)
+    search = ((args.config.parent,) if args.config else ()) + (args.file.parent,)
+    lines = cases_from_calls(recorded_calls(args.file), args.gate, exact=args.exact, search=search)
     if not lines:
         raise UsageError(
             f"{args.file}: no successful call of gate {args.gate!r}",
@@ -151,10 +159,23 @@ def _cases(args: argparse.Namespace) -> int:
 def _cassette(args: argparse.Namespace) -> int:
     import yaml
 
-    from localllm.eval.fromtrace import cassette_from_calls, recorded_calls
+    from localllm.eval.fromtrace import cassette_from_calls, recorded_calls, trace_app_id
 
+    app_id = args.app_id
+    if app_id is None and args.config is not None:
+        from localllm.loading import load_config
+
+        app_id = load_config(args.config).app_id
+    if app_id is None:
+        app_id = trace_app_id(args.file)
+    if app_id is None:
+        warn(f"{args.file}: no app_id known (pass -c CONFIG or --app-id ID); the cassette has none")
     doc = cassette_from_calls(
-        recorded_calls(args.file), agent=args.agent, replay_any=args.replay_any, match_handler=args.match_handler
+        recorded_calls(args.file),
+        agent=args.agent,
+        replay_any=args.replay_any,
+        match_handler=args.match_handler,
+        app_id=app_id,
     )
     _write(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=120), args.output)
     return EXIT_OK

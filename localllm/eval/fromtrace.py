@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from localllm.errors import TraceError
@@ -56,16 +56,24 @@ def _inside(base: Path, rel: Any) -> Path | None:
 
 def _response(base: Path, payload: dict[str, Any]) -> Any:
     if "response" in payload:
-        return payload["response"]
+        return submission_of(payload["response"])
     path = _inside(base, payload.get("response_file"))
     if path is None:
         return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return submission_of(json.loads(path.read_text(encoding="utf-8")))
     except (OSError, ValueError) as exc:
         raise TraceError(
             f"{path}: cannot read the response sidecar: {exc}", hint="run `localllm trace verify` on the trace"
         ) from exc
+
+
+def submission_of(response: Any) -> Any:
+    """The submission of a recorded ``response``: ``{"submission", "meta"?}`` (the reference's
+    shape, written since localllm follows it), or the bare submission of earlier traces."""
+    if isinstance(response, dict) and "submission" in response and set(response) <= {"submission", "meta"}:
+        return response["submission"]
+    return response
 
 
 def recorded_calls(path: Path) -> list[RecordedCall]:
@@ -102,6 +110,7 @@ def recorded_calls(path: Path) -> list[RecordedCall]:
                     verb=start.payload.get("verb"),
                     agent=start.payload.get("agent"),
                     args=dict(args) if isinstance(args, dict) else {},
+                    # relative to the config's directory (absolute in traces of earlier versions)
                     schema_path=given.get("schema_path") if isinstance(given.get("schema_path"), str) else None,
                     ok=ok,
                     response=_response(base, ev.payload) if ok else None,
@@ -130,13 +139,20 @@ def _answered_by(end: dict[str, Any], agent: Any) -> str | None:
     return agent if isinstance(agent, str) else None
 
 
-def _schema_properties(schema_path: str | None) -> dict[str, Any]:
+def _schema_properties(schema_path: str | None, search: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The recorded schema's properties; a relative path (as recorded since traces carry no
+    host paths) is looked for under each of ``search`` in turn, then the current directory."""
     if schema_path is None:
         return {}
-    try:
-        schema = json.loads(Path(schema_path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
+    candidates = [Path(schema_path)] if Path(schema_path).is_absolute() else [d / schema_path for d in search]
+    candidates.append(Path(schema_path))
+    schema: Any = None
+    for candidate in candidates:
+        try:
+            schema = json.loads(candidate.read_text(encoding="utf-8"))
+            break
+        except (OSError, ValueError):
+            continue
     props = schema.get("properties") if isinstance(schema, dict) else None
     return props if isinstance(props, dict) else {}
 
@@ -150,8 +166,13 @@ def _field_matcher(value: Any, prop: Any) -> Any:
     return {"any_valid": True}
 
 
-def cases_from_calls(calls: list[RecordedCall], gate: str, *, exact: bool = False) -> list[str]:
-    """JSONL lines of unlabelled cases from the gate's successful calls (one per distinct args)."""
+def cases_from_calls(
+    calls: list[RecordedCall], gate: str, *, exact: bool = False, search: tuple[Path, ...] = ()
+) -> list[str]:
+    """JSONL lines of unlabelled cases from the gate's successful calls (one per distinct args).
+
+    ``search``: directories a recorded (relative) schema path is resolved against — the
+    config's directory first, then the trace's."""
     lines: list[str] = []
     seen: set[str] = set()
     for call in calls:
@@ -164,43 +185,59 @@ def cases_from_calls(calls: list[RecordedCall], gate: str, *, exact: bool = Fals
         if exact or not isinstance(call.response, dict):
             expect: Any = {"exact": call.response}
         else:
-            props = _schema_properties(call.schema_path)
+            props = _schema_properties(call.schema_path, search)
             expect = {name: _field_matcher(value, props.get(name)) for name, value in call.response.items()}
         lines.append(dump_case(f"{gate}-{call.call_id}", call.args, expect, labelled=False))
     return lines
 
 
 def cassette_from_calls(
-    calls: list[RecordedCall], *, agent: str | None = None, replay_any: bool = False, match_handler: bool = False
+    calls: list[RecordedCall],
+    *,
+    agent: str | None = None,
+    replay_any: bool = False,
+    match_handler: bool = False,
+    app_id: str | None = None,
 ) -> dict[str, Any]:
-    """A ``host_cassette`` document replaying the calls (of ``agent`` only, when given).
+    """A ``host_cassette`` document replaying the calls (of ``agent`` only, when given),
+    in the reference engine's format (Kitsoki replays it too).
 
-    Each episode matches the call's schema name and args (and its handler with
+    Each episode matches the call's verb, schema file name and args (and its handler with
     ``match_handler``, else it also answers a local model's fallback). The episode id is
     the recorded ``episode_id`` when the call was itself replayed, so replaying a replayed
     run gives the very same call_ids; a live call's episode is named by its call_id.
-    A recorded error replays as that error.
+    The ``agent:`` block carries the recorded metadata the reference records (``agent``,
+    ``model``, ``duration_ms``, ``prompt_tokens``, ``response_tokens``, ``cost_usd``) and
+    ``response`` as JSON text; a recorded error replays as that error (``error`` its
+    detail, ``error_kind`` its kind — the reference reads the detail as a plugin_crash).
+    localllm's own extras (``meta``, ``sub_events``) are keys the reference ignores.
     """
     episodes: list[dict[str, Any]] = []
     seen: dict[str, dict[str, Any]] = {}
+    keys: list[str] = []
     for call in calls:
         if agent is not None and agent != call.answered_by:
             continue
         match: dict[str, Any] = {}
         if match_handler and call.agent:
             match["handler"] = call.agent
+        if call.verb:
+            match["verb"] = call.verb
         if call.schema_path is not None:
-            match["schema_name"] = Path(call.schema_path).stem
+            match["schema_name"] = PurePosixPath(call.schema_path).name  # as the reference compares it
         match.update(call.args)
+        keys += [k for k in match if k not in keys]
         body: dict[str, Any] = {"verb": call.verb} if call.verb else {}
+        body.update(_recorded(call))
         if call.ok:
-            body["response"] = json.dumps(call.response, ensure_ascii=False)
+            body["response"] = _response_text(call.response)
         else:
-            body["error"] = {"kind": call.kind, "detail": _detail(call.error or "", call.kind, call.agent)}
+            body["error"] = _detail(call.error or "", call.kind, call.agent)
+            body["error_kind"] = call.kind
         meta = {
             k: v
             for k, v in call.meta.items()
-            if k not in ("transport", "episode_id", "match_idx", "fallback_of", "selected_by")
+            if k not in ("transport", "episode_id", "match_idx", "call_id", "fallback_of", "selected_by")
         }
         if meta:
             body["meta"] = meta
@@ -220,7 +257,57 @@ def cassette_from_calls(
             "the trace holds no agent calls to replay" + (f" of {agent}" if agent else ""),
             hint="record a run with --trace first (or drop --agent)",
         )
-    return {"kind": "host_cassette", "episodes": episodes}
+    doc: dict[str, Any] = {"kind": "host_cassette"}
+    if app_id is not None:
+        doc["app_id"] = app_id
+    doc["match_on"] = keys
+    doc["record_mode"] = "none"
+    doc["episodes"] = episodes
+    return doc
+
+
+def _recorded(call: RecordedCall) -> dict[str, Any]:
+    """The reference's recorded metadata of one call (its cassette EpisodeAgent fields)."""
+    out: dict[str, Any] = {}
+    if call.answered_by:
+        out["agent"] = call.answered_by
+    if isinstance(call.meta.get("model"), str):
+        out["model"] = call.meta["model"]
+    if call.duration_ms:
+        out["duration_ms"] = int(call.duration_ms)
+    usage = call.meta.get("usage") if isinstance(call.meta.get("usage"), dict) else {}
+    for key, names in (("prompt_tokens", ("prompt_tokens", "input_tokens")), ("response_tokens", ("completion_tokens", "output_tokens"))):
+        for name in names:
+            value = call.meta.get(name, usage.get(name))
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                out[key] = value
+                break
+    cost = call.meta.get("cost_usd")
+    if isinstance(cost, (int, float)) and not isinstance(cost, bool) and cost > 0:
+        out["cost_usd"] = cost
+    return out
+
+
+def _response_text(value: Any) -> str:
+    """A submission as the reference's ``agent.response`` string: JSON text for an object or
+    array; the text itself for a string (the reference replays it as a JSON string)."""
+    if isinstance(value, str) and value[:1] not in ("{", "[", ""):
+        return value
+    return json.dumps(value, ensure_ascii=False)
+
+
+def trace_app_id(path: Path) -> str | None:
+    """The app_id a trace names (its ``session.story`` event's), or ``None``."""
+    from localllm.trace.reader import read_trace
+
+    try:
+        trace = read_trace(path, allow_torn=True, lenient=True)
+    except (OSError, TraceError):
+        return None
+    for ev in trace.events:
+        if ev.kind == "session.story" and isinstance(ev.payload.get("app_id"), str):
+            return str(ev.payload["app_id"])
+    return None
 
 
 def _detail(message: str, kind: str | None, alias: str | None) -> str:

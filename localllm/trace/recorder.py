@@ -13,6 +13,12 @@ Nothing is written until ``finished``: ``agent.call.start`` follows the agent's 
 sidecar file and transcript line is built (and checked) before the first line is
 appended, so a call never leaves a start without an end.
 
+Payloads follow the reference engine's (trace-format §Agent event kinds):
+``agent.call.start.input`` is ``{schema_present: true, schema_path, args}`` with the schema
+path relative to the config's directory as written (never a host path; an inline schema
+has ``schema_present`` only); ``agent.call.complete.response`` is
+``{"submission": …, "meta": …}`` (``meta`` also beside it, as the reference writes both).
+
 Sidecar files are never overwritten: when ``<call_id>`` is taken in the trace directory
 (another trace there, or a file left behind) the call's files get the first free
 ``-N`` suffix and the event points at them. Every known secret is redacted (``***``) in
@@ -27,6 +33,7 @@ and :meth:`TraceRecorder.episode_plays` let a new Runtime continue the session.
 from __future__ import annotations
 
 import math
+import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -107,9 +114,11 @@ class CallRecord:
 class TraceRecorder:
     """Builds and appends the agent-call events of one trace; see the module docstring."""
 
-    def __init__(self, writer: TraceWriter, *, redact: Redactor | None = None) -> None:
+    def __init__(self, writer: TraceWriter, *, redact: Redactor | None = None, base_dir: Path | None = None) -> None:
         self.writer = writer
         self._redact = redact or Redactor()
+        #: schema paths are recorded relative to this (the config's directory), never as host paths
+        self._base_dir = base_dir
         self._lock = threading.Lock()
 
     # ---------------------------------------------------------------- the session so far
@@ -213,10 +222,18 @@ class TraceRecorder:
             start["prompt"] = prompt
         elif files.enabled:
             start["prompt_file"] = sidecars.write_prompt(files.dir, files.call_id, prompt, suffix=files.suffix)
-        start["input"] = self._clean(
-            {"schema_path": str(record.schema_path) if record.schema_path else None, "args": record.args}
-        )
+        start["input"] = self._clean(self._input(record))
         return start
+
+    def _input(self, record: CallRecord) -> dict[str, Any]:
+        """``{schema_present, schema_path, args}``: no host path (see the module docstring)."""
+        given: dict[str, Any] = {}
+        if record.schema_path is not None or record.request.schema is not None:
+            given["schema_present"] = True
+        if record.schema_path is not None:
+            given["schema_path"] = _relative(record.schema_path, self._base_dir)
+        given["args"] = record.args
+        return given
 
     def _sub_events(self, leg: _Leg, call_id: str) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
         assert leg.response is not None
@@ -227,11 +244,14 @@ class TraceRecorder:
 
     def _complete(self, leg: _Leg, meta: dict[str, Any], files: _Files) -> dict[str, Any]:
         fields: dict[str, Any] = {}
-        value = self._redact.value(leg.value)
-        if not sidecars.needs_sidecar(value):
-            fields["response"] = value
+        # the reference's shape: {"submission": …, "meta": …} (meta also beside it)
+        response: dict[str, Any] = {"submission": self._redact.value(leg.value)}
+        if meta:
+            response["meta"] = self._clean(meta)
+        if not sidecars.needs_sidecar(response):
+            fields["response"] = response
         elif files.enabled:
-            fields["response_file"] = sidecars.write_response(files.dir, files.call_id, value, suffix=files.suffix)
+            fields["response_file"] = sidecars.write_response(files.dir, files.call_id, response, suffix=files.suffix)
         if meta:
             fields["meta"] = self._clean(meta)
         return fields
@@ -252,6 +272,16 @@ class TraceRecorder:
         return Transcript(
             transcript.format, [self._redact(line) for line in transcript.lines], list(transcript.offsets_ms)
         )
+
+
+def _relative(path: Path, base: Path | None) -> str:
+    """``path`` relative to ``base`` (POSIX separators); only the file name without a base."""
+    if base is not None:
+        try:
+            return Path(os.path.relpath(path, base.resolve())).as_posix()
+        except ValueError:  # another drive
+            pass
+    return path.name
 
 
 def _free_suffix(trace_dir: Path, call_id: str) -> str:

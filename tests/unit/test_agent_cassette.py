@@ -348,7 +348,8 @@ MALFORMED = [
         "'boom' is not an error kind",
     ),
     (
-        "kind: host_cassette\nepisodes:\n  - id: a\n    match: {}\n    agent: {error: crash}\n",
+        # a string error is the reference's form (a plugin_crash); a list is neither form
+        "kind: host_cassette\nepisodes:\n  - id: a\n    match: {}\n    agent: {error: [crash]}\n",
         "episodes[0].agent.error",
         "must be a mapping {kind, detail}",
     ),

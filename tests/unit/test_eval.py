@@ -252,7 +252,7 @@ def recount(trace_path: Path, case_of_call: dict[str, str]) -> dict[str, dict[st
         row["valid_first"] += not fell_back
         row["cost"] += ev.payload.get("meta", {}).get("cost_usd", 0.0)
         _, queue, priority = TICKETS[case_of_call[str(ev.call_id)]]
-        got = ev.payload["response"]
+        got = ev.payload["response"]["submission"]  # the reference's {submission, meta} shape
         row["queue_ok"] += got["queue"] == queue
         row["correct"] += got["queue"] == queue and abs(got["priority"] - priority) <= 1
     return tally
@@ -579,7 +579,8 @@ def test_a_recorded_error_replays_with_its_prefix_once(app: Path) -> None:
         with pytest.raises(AgentError) as live:
             runtime.run_gate("triage", {"ticket": "x"}, agent="agent.claude")
     (episode,) = cassette_from_calls(recorded_calls(app / "rec.jsonl"))["episodes"]
-    assert episode["agent"]["error"] == {"kind": "plugin_crash", "detail": live.value.detail}
+    # the reference's form: error is the detail string; error_kind (ignored by it) the kind
+    assert (episode["agent"]["error"], episode["agent"]["error_kind"]) == (live.value.detail, "plugin_crash")
 
 
 def test_the_progress_bar_is_drawn_only_on_a_tty(

@@ -338,7 +338,7 @@ def test_large_prompt_and_response_go_to_sidecar_files(config: Config, tmp_path:
     start, done = read_trace(trace).events
     assert "prompt" not in start.payload
     assert (tmp_path / start.payload["prompt_file"]).read_text() == big
-    assert json.loads((tmp_path / done.payload["response_file"]).read_text()) == {"text": big}
+    assert json.loads((tmp_path / done.payload["response_file"]).read_text())["submission"] == {"text": big}
     assert start.payload["prompt_file"] == f"agent-prompts/{result.call_id}.txt"
 
 

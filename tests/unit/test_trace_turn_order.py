@@ -110,7 +110,7 @@ def run_schedule(tmp: Path, ops: list[tuple[str, Any]]) -> None:
             raise RuntimeError("boom")
         if kind == "invalid":
             return AskResponse(submission=json.dumps({"verdict": "maybe"}))
-        subs = [{"kind": "agent.local.step", "payload": {"n": n}} for n in range(2)] if kind == "sub_events" else []
+        subs = [{"kind": "agent.local.step", "call_id": request.call_id, "payload": {"n": n}} for n in range(2)] if kind == "sub_events" else []
         return AskResponse(submission=json.dumps({"verdict": "yes"}), sub_events=subs)
 
     def claude(request: AskRequest) -> AskResponse:
