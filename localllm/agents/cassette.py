@@ -250,7 +250,7 @@ def load_cassette(path: str | Path) -> Cassette:
             episode = _episode(problems, f"episodes[{i}]", raw, kitsoki=kitsoki)
             if episode is None:
                 continue
-            if episode.id in seen:
+            if episode.id in seen and not kitsoki:
                 problems.add(
                     f"episodes[{i}].id",
                     f'duplicate episode id "{episode.id}" (also episodes[{seen[episode.id]}])',
@@ -280,7 +280,9 @@ def _header(problems: ProblemList, data: dict[str, Any]) -> dict[str, Any]:
     match_on = data.get("match_on")
     if match_on is not None:
         if not isinstance(match_on, list) or not all(isinstance(k, str) for k in match_on):
-            problems.add("match_on", "must be a list of match key names", "e.g. match_on: [handler, phase, schema_name]")
+            problems.add(
+                "match_on", "must be a list of match key names", "e.g. match_on: [handler, phase, schema_name]"
+            )
         else:
             out["match_on"] = tuple(match_on)
     record_mode = data.get("record_mode")
@@ -288,7 +290,7 @@ def _header(problems: ProblemList, data: dict[str, Any]) -> dict[str, Any]:
         if record_mode not in _RECORD_MODES:
             problems.add(
                 "record_mode",
-                f"{record_mode!r} is not supported; valid values are \"none\" or \"new_episodes\"",
+                f'{record_mode!r} is not supported; valid values are "none" or "new_episodes"',
                 "use record_mode: none (localllm replays only)",
             )
         else:
@@ -483,7 +485,9 @@ def _agent_block(problems: ProblemList, where: str, raw: Any, *, kitsoki: bool =
                 out["error_kind"] = ErrorKind(raw["error_kind"])
             except ValueError:
                 kinds = ", ".join(k.value for k in ErrorKind)
-                problems.add(f"{where}.error_kind", f"{raw['error_kind']!r} is not an error kind", f"use one of {kinds}")
+                problems.add(
+                    f"{where}.error_kind", f"{raw['error_kind']!r} is not an error kind", f"use one of {kinds}"
+                )
     else:
         _error_block(problems, f"{where}.error", raw["error"], out)
     meta = raw.get("meta", {})
@@ -676,7 +680,10 @@ class CassetteAgent(Agent):
         super().__init__(alias)
         self.cassette = load_cassette(path)
         self._lock = threading.Lock()
+        #: episode id → matches so far (the next match_idx; shared by episodes with one id,
+        #: as the reference counts them); ``_played``: positions of played episodes
         self._plays: dict[str, int] = {}
+        self._played: set[int] = set()
         self._waits: dict[str, list[threading.Event]] = {}
         self._closed = False
 
@@ -745,10 +752,11 @@ class CassetteAgent(Agent):
         with self._lock:
             if self._closed:
                 raise AgentError(ErrorKind.TRANSPORT_ERROR, "is closed", alias=self.alias)
-            for episode in self.cassette.episodes:
-                plays = self._plays.get(episode.id, 0)
-                if (episode.replay_any or plays == 0) and self._matches(episode, facts):
+            for index, episode in enumerate(self.cassette.episodes):
+                if (episode.replay_any or index not in self._played) and self._matches(episode, facts):
+                    plays = self._plays.get(episode.id, 0)
                     self._plays[episode.id] = plays + 1
+                    self._played.add(index)
                     return episode, plays
             listing = self._listing()
         asked = {"handler": facts["handler"], "schema_name": facts["schema_name"], **facts["args"]}
@@ -762,8 +770,8 @@ class CassetteAgent(Agent):
 
     def _listing(self) -> str:
         parts = []
-        for episode in self.cassette.episodes[:_MISS_LISTED]:
-            state = "replay: any" if episode.replay_any else ("played" if self._plays.get(episode.id) else "unplayed")
+        for index, episode in enumerate(self.cassette.episodes[:_MISS_LISTED]):
+            state = "replay: any" if episode.replay_any else ("played" if index in self._played else "unplayed")
             match = _json_text(episode.match) or str(episode.match)
             parts.append(f"{episode.id} {match} ({state})")
         more = len(self.cassette.episodes) - _MISS_LISTED
@@ -774,13 +782,19 @@ class CassetteAgent(Agent):
     def continue_session(self, plays: Mapping[str, int]) -> None:
         """Count on from the matches of each episode the continued trace already holds."""
         with self._lock:
-            for episode in self.cassette.episodes:
-                self._plays[episode.id] = max(self._plays.get(episode.id, 0), int(plays.get(episode.id, 0)))
+            for episode_id in {e.id for e in self.cassette.episodes}:
+                self._plays[episode_id] = max(self._plays.get(episode_id, 0), int(plays.get(episode_id, 0)))
+            # a played once-episode stays played: the first N of each id, N its recorded matches
+            left = dict(self._plays)
+            for index, episode in enumerate(self.cassette.episodes):
+                if left.get(episode.id, 0) > 0:
+                    self._played.add(index)
+                    left[episode.id] -= 1
 
     def unplayed(self) -> list[str]:
         """Ids of play-once episodes not yet played (for "every episode was used" checks)."""
         with self._lock:
-            return [e.id for e in self.cassette.episodes if not e.replay_any and not self._plays.get(e.id)]
+            return [e.id for i, e in enumerate(self.cassette.episodes) if not e.replay_any and i not in self._played]
 
     def ask(self, request: AskRequest, *, deadline: float) -> AskResponse:
         # Registered before anything else, so a cancel() at any point of the call is seen.

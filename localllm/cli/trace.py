@@ -60,7 +60,9 @@ def _setup(parser: argparse.ArgumentParser) -> None:
     cassette.add_argument(
         "-c", "--config", type=path_arg, metavar="FILE", help="the app config: its app_id heads the cassette"
     )
-    cassette.add_argument("--app-id", metavar="ID", help="the cassette's app_id (default: the config's, or the trace's)")
+    cassette.add_argument(
+        "--app-id", metavar="ID", help="the cassette's app_id (default: the config's, or the trace's)"
+    )
     cassette.add_argument("-o", "--output", type=path_arg, metavar="OUT", help="write the YAML here (default: stdout)")
     cassette.set_defaults(handler=_cassette)
 

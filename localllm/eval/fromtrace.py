@@ -275,8 +275,12 @@ def _recorded(call: RecordedCall) -> dict[str, Any]:
         out["model"] = call.meta["model"]
     if call.duration_ms:
         out["duration_ms"] = int(call.duration_ms)
-    usage = call.meta.get("usage") if isinstance(call.meta.get("usage"), dict) else {}
-    for key, names in (("prompt_tokens", ("prompt_tokens", "input_tokens")), ("response_tokens", ("completion_tokens", "output_tokens"))):
+    raw_usage = call.meta.get("usage")
+    usage: dict[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
+    for key, names in (
+        ("prompt_tokens", ("prompt_tokens", "input_tokens")),
+        ("response_tokens", ("completion_tokens", "output_tokens")),
+    ):
         for name in names:
             value = call.meta.get(name, usage.get(name))
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:

@@ -33,6 +33,7 @@ __all__ = [
     "HEADER_KIND",
     "SCHEMA_VERSION",
     "Event",
+    "canonical_ts",
     "dumps",
     "format_ts",
     "go_escape",
@@ -79,6 +80,16 @@ def format_ts(ns: int | None = None) -> str:
     if frac:
         return f"{stamp}.{frac:09d}".rstrip("0") + "Z"
     return stamp + "Z"
+
+
+def canonical_ts(value: str) -> str:
+    """An RFC3339 UTC stamp as Go's writer re-marshals it: fraction trailing zeros trimmed
+    (``…00.120Z`` → ``…00.12Z``, ``…00.000Z`` → ``…00Z``)."""
+    if "." not in value:
+        return value
+    head, frac = value[:-1].split(".", 1)
+    frac = frac.rstrip("0")
+    return f"{head}.{frac}Z" if frac else head + "Z"
 
 
 def is_rfc3339_utc(value: object) -> bool:
@@ -179,7 +190,7 @@ class Event:
         out: dict[str, Any] = {}
         for name in EVENT_FIELDS:
             value = getattr(self, name)
-            if value is not None and not (name in OMIT_EMPTY and (value == "" or value == 0)):
+            if value is not None and not (name in OMIT_EMPTY and value in ("", 0)):
                 out[name] = value
         return out
 

@@ -31,11 +31,12 @@ order. A call that outlives its turn is recorded in the turn in flight with
 
 ``lenient=True`` reads traces written by localllm before it followed the reference's turn
 order (they let turns interleave): only the cross-turn check is dropped, everything else
-still holds. For the event at line N with turn T, where the next expected seq of T is E:
+still holds. For the event at line N with turn T whose last seq so far is P (the
+reference reader's classification, so both name the same fault):
 
-- seq < E: that (turn,seq) is already in the file → ``duplicate (turn,seq) at line N``;
-- seq > E and (T,E) appears later in the file → ``out-of-order (turn,seq) at line N``;
-- seq > E and (T,E) appears nowhere → ``gap in seq within turn T at line N``.
+- seq == P → ``duplicate (turn,seq) at line N``;
+- seq < P → ``out-of-order (turn,seq) at line N``;
+- seq != P + 1 (or != 0 for T's first event) → ``gap in seq within turn T at line N``.
 
 Unknown kinds and unknown fields are carried through: ``Trace.raw_lines`` keeps every event
 line byte-for-byte, parallel to ``Trace.events``.
@@ -52,7 +53,7 @@ from typing import Any, NoReturn
 
 from localllm.errors import TraceCorrupted
 from localllm.trace import rules
-from localllm.trace.event import HEADER_KIND, SCHEMA_VERSION, Event, is_rfc3339_utc
+from localllm.trace.event import HEADER_KIND, SCHEMA_VERSION, Event, go_float, is_rfc3339_utc
 from localllm.trace.sidecars import name_problem, sidecar_refs
 
 __all__ = [
@@ -246,8 +247,10 @@ def _parse_header(raw: bytes, where: str | None) -> dict[str, Any]:
 
 
 def _check_sequence(events: list[Event], where: str | None, *, lenient: bool = False) -> None:
-    present = {(ev.turn, ev.seq) for ev in events}
-    expected: dict[int, int] = {}
+    """The reference reader's rules, in its order: turns never go down (unless ``lenient``),
+    then per turn — the same seq as the last one is a duplicate, a lower one out of order,
+    anything but the next (0 for a turn's first event) a gap."""
+    last: dict[int, int] = {}
     latest = -1
     for index, ev in enumerate(events):
         lineno = index + 2
@@ -259,15 +262,14 @@ def _check_sequence(events: list[Event], where: str | None, *, lenient: bool = F
                 cross_turn=True,
             )
         latest = max(latest, ev.turn)
-        want = expected.get(ev.turn, 0)
-        if ev.seq == want:
-            expected[ev.turn] = want + 1
-        elif ev.seq < want:
+        prev = last.get(ev.turn)
+        if prev is not None and ev.seq == prev:
             _corrupt(f"duplicate (turn,seq) at line {lineno}", where)
-        elif (ev.turn, want) in present:
+        if prev is not None and ev.seq < prev:
             _corrupt(f"out-of-order (turn,seq) at line {lineno}", where)
-        else:
+        if ev.seq != (0 if prev is None else prev + 1):
             _corrupt(f"gap in seq within turn {ev.turn} at line {lineno}", where)
+        last[ev.turn] = ev.seq
 
 
 def _is_count(value: object) -> bool:
@@ -278,9 +280,16 @@ def _no_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def _int64(text: str) -> int:
-    value = int(text)  # ValueError past Python's digit limit
+def _int64(text: str) -> int | float:
+    if text == "-0":
+        return -0.0  # Go's float64 negative zero: keep it, so it is written back as -0
+    if len(text) > 22:  # past any 64-bit integer and Go's integral float form (< 1e21)
+        raise ValueError(f"integer {text[:24]}... does not fit in 64 bits")
+    value = int(text)
     if len(text) > 18 and not rules.INT_MIN <= value < rules.INT_LIMIT:
+        # Go writes a float64 in [2^64, 1e21) as an integer literal (100000000000000000000)
+        if abs(value) < 10**21 and go_float(repr(float(value))) == text:
+            return float(value)
         raise ValueError(f"integer {text[:24]}... does not fit in 64 bits")
     return value
 

@@ -41,6 +41,7 @@ from localllm.trace.event import (
     HEADER_KIND,
     SCHEMA_VERSION,
     Event,
+    canonical_ts,
     format_ts,
     go_escape,
     header_line,
@@ -185,8 +186,8 @@ class TraceWriter:
             ts = self._now()
             written: list[Event] = []
             next_seq: dict[int, int] = {}
-            for fields in checked:
-                fields = self._rehome(fields)
+            for item in checked:
+                fields = self._rehome(item)
                 turn = fields["turn"]
                 seq = next_seq.get(turn, self._next_seq.get(turn, 0))
                 next_seq[turn] = seq + 1
@@ -196,7 +197,9 @@ class TraceWriter:
     def append_event(self, event: Event) -> Event:
         """Re-emit ``event`` keeping its ``ts``; ``seq`` is reassigned (dense per turn).
 
-        A trace written by this writer and re-emitted event by event is byte-identical.
+        The ``ts`` is written as Go's writer re-marshals it (trailing fractional zeros
+        trimmed), so re-emitting a trace event by event gives what the reference engine's
+        read → rewrite gives: byte-identical for a trace written by either writer.
         """
         if not is_rfc3339_utc(event.ts):
             raise rules.reject("ts", f"{event.ts!r} is not an RFC3339 UTC timestamp ending in Z")
@@ -204,7 +207,7 @@ class TraceWriter:
         with self._lock:
             fd = self._require_open()
             fields = self._rehome(fields)
-            ev = Event(seq=self._next_seq.get(fields["turn"], 0), ts=event.ts, **fields)
+            ev = Event(seq=self._next_seq.get(fields["turn"], 0), ts=canonical_ts(event.ts), **fields)
             return self._write(fd, ev, ev.to_line())
 
     def append_raw(self, line: bytes | str) -> Event:

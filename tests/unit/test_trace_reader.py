@@ -132,9 +132,11 @@ SPEC_CASES = [
         "schema_version 7 on disk exceeds highest supported 1",
     ),
     ("duplicate-seq", trace_bytes(ev(1, 0), ev(1, 1), ev(1, 1)), "duplicate (turn,seq) at line 4"),
-    ("duplicate-earlier-seq", trace_bytes(ev(1, 0), ev(1, 1), ev(1, 0)), "duplicate (turn,seq) at line 4"),
-    ("out-of-order", trace_bytes(ev(1, 0), ev(1, 2), ev(1, 1)), "out-of-order (turn,seq) at line 3"),
-    ("out-of-order-first", trace_bytes(ev(1, 1), ev(1, 0)), "out-of-order (turn,seq) at line 2"),
+    # classified as the reference reader does: same seq as the last → duplicate, lower →
+    # out-of-order, anything but the next → gap (its catalogue's out_of_order_turn_seq is a gap)
+    ("out-of-order-earlier-seq", trace_bytes(ev(1, 0), ev(1, 1), ev(1, 0)), "out-of-order (turn,seq) at line 4"),
+    ("skip-then-back", trace_bytes(ev(1, 0), ev(1, 2), ev(1, 1)), "gap in seq within turn 1 at line 3"),
+    ("first-not-zero", trace_bytes(ev(1, 1), ev(1, 0)), "gap in seq within turn 1 at line 2"),
     ("gap", trace_bytes(ev(1, 0), ev(1, 1), ev(1, 3)), "gap in seq within turn 1 at line 4"),
     ("gap-new-turn", trace_bytes(ev(1, 0), ev(4, 2)), "gap in seq within turn 4 at line 3"),
 ]

@@ -81,8 +81,8 @@ def check_calls(events: tuple[Event, ...], expected: int) -> None:
         assert {(e.turn, e.parent_turn, e.state_path) for e in group} == {
             (start.turn, start.parent_turn, start.state_path)
         }
-    ends = [e.call_id for e in events if e.kind in ("agent.call.complete", "agent.call.error")]
-    assert sorted(ends) == sorted(events[i].call_id for i in starts)
+    ends = [str(e.call_id) for e in events if e.kind in ("agent.call.complete", "agent.call.error")]
+    assert sorted(ends) == sorted(str(events[i].call_id) for i in starts)
     assert len(set(ends)) == len(ends)
 
 
@@ -110,7 +110,11 @@ def run_schedule(tmp: Path, ops: list[tuple[str, Any]]) -> None:
             raise RuntimeError("boom")
         if kind == "invalid":
             return AskResponse(submission=json.dumps({"verdict": "maybe"}))
-        subs = [{"kind": "agent.local.step", "call_id": request.call_id, "payload": {"n": n}} for n in range(2)] if kind == "sub_events" else []
+        subs = (
+            [{"kind": "agent.local.step", "call_id": request.call_id, "payload": {"n": n}} for n in range(2)]
+            if kind == "sub_events"
+            else []
+        )
         return AskResponse(submission=json.dumps({"verdict": "yes"}), sub_events=subs)
 
     def claude(request: AskRequest) -> AskResponse:

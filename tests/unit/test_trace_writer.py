@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime
 import logging
 import os
 import re
@@ -11,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -644,7 +644,7 @@ def test_corrupted_file_is_refused_untouched_and_unlocked(tmp_path: Path) -> Non
     bad = b"\n".join([lines[0], lines[1], lines[3], lines[2], b""])
     path.write_bytes(bad + b'{"torn')
     for _ in range(2):  # a second attempt is not TraceLocked: the failed open released the lock
-        with pytest.raises(TraceCorrupted, match=r"^out-of-order \(turn,seq\) at line 3$"):
+        with pytest.raises(TraceCorrupted, match=r"^gap in seq within turn 1 at line 3$"):  # as the reference says
             TraceWriter.open(path)
     assert path.read_bytes() == bad + b'{"torn'
     assert not (tmp_path / "t.jsonl.torn").exists()
