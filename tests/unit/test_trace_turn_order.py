@@ -104,7 +104,7 @@ def run_schedule(tmp: Path, ops: list[tuple[str, Any]]) -> None:
     gates: dict[str, threading.Event] = {}
 
     def local(request: AskRequest) -> AskResponse:
-        gates[request.call_id].wait(10)
+        gates[request.call_id].wait(120)
         kind = request.prompt
         if kind == "error":
             raise RuntimeError("boom")
@@ -156,13 +156,13 @@ def run_schedule(tmp: Path, ops: list[tuple[str, Any]]) -> None:
             elif op == "finish" and pending:
                 thread, gate = pending.pop(arg % len(pending))
                 gate.set()
-                thread.join(10)
+                thread.join(120)
             elif op == "background":
                 # background work reporting for an earlier turn (e.g. a scheduler job)
                 writer.append("scheduler.completed", {"job": arg}, turn=max(1, rt.turn - arg), state_path="bg")
         for thread, gate in pending:
             gate.set()
-            thread.join(10)
+            thread.join(120)
     trace = read_trace(path)  # strict: raises on any cross-turn disorder
     oracle(path)
     check_calls(trace.events, calls)
