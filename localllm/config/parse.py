@@ -39,6 +39,22 @@ from localllm.wire import VERBS
 
 TOP_KEYS = ("app_id", "agent_plugins", "gates", "embedders", "intents", "router", "plugin_dirs")
 WITH_KEYS = ("agent", "args", "prompt", "schema")
+#: top-level keys of a Kitsoki story (its AppDef) that have no place in a localllm config
+KITSOKI_STORY_KEYS = (
+    "states",
+    "world",
+    "root",
+    "hosts",
+    "include",
+    "phases",
+    "phase_templates",
+    "decider",
+    "checkpoint_intents",
+    "meta_modes",
+    "off_path",
+    "proposals",
+    "providers",
+)
 _NAME_MAX = 200
 
 
@@ -122,7 +138,23 @@ def parse(path: Path) -> Draft:
     draft = Draft(file=file, data=data, ctx=Context(base_dir=base_dir, problems=ProblemList(file)))
     problems = draft.problems
     for key in data:
-        if key not in TOP_KEYS:
+        if key == "app":
+            meta = data["app"]
+            app_id = meta.get("id") if isinstance(meta, dict) else None
+            problems.add(
+                "app",
+                "unknown top-level key: app: {id: …} is the Kitsoki story's header",
+                f"localllm takes the id at the top level: app_id: {app_id if isinstance(app_id, str) else '<id>'} "
+                "(call_ids derive from it; the version and title have no place here)",
+            )
+        elif key in KITSOKI_STORY_KEYS:
+            problems.add(
+                str(key),
+                "unknown top-level key: a Kitsoki story key (localllm runs the story's agent calls, not its machine)",
+                "keep agent_plugins:, and turn each agent effect into a gates: entry "
+                "(invoke: host.agent.decide, agent: ALIAS, with: {prompt:, schema:}); drop the story keys",
+            )
+        elif key not in TOP_KEYS:
             problems.add(
                 str(key), f"unknown top-level key{closest(str(key), TOP_KEYS)}", f"allowed keys: {', '.join(TOP_KEYS)}"
             )
@@ -431,7 +463,16 @@ def check_references(draft: Draft) -> None:
         key = f"gates.{name}"
         if not gate.agent:
             continue
-        if not known(gate.agent, draft.agent_keys.get(name, f"{key}.agent")):
+        where = draft.agent_keys.get(name, f"{key}.agent")
+        hint = "declare it under agent_plugins: or fix the alias"
+        if where.endswith(".with.agent") and gate.agent not in agents:
+            # Kitsoki's with.agent names a persona; here it is the alias the call goes to
+            hint = (
+                f"in Kitsoki with.agent names a persona; here it is an agent alias from agent_plugins: — "
+                f'route the call with agent: ALIAS (e.g. agent.claude) and put the "{gate.agent}" persona\'s '
+                "instructions in with.prompt"
+            )
+        if not known(gate.agent, where, hint):
             continue
         if gate.fallback not in (None, "none"):
             decl = agents[gate.agent]

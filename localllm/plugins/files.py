@@ -148,7 +148,7 @@ def parse_json(text: str, path: Path, *, section: str, rule: str, clause: str = 
             section,
             rule,
             _where(path),
-            f"{path.name} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
+            f"{path.name} is not valid JSON: {exc.msg.removesuffix(' at')} at line {exc.lineno} column {exc.colno}",
             clause=clause,
         )
     except (ValueError, RecursionError) as exc:  # RecursionError: pathologically nested input

@@ -176,7 +176,8 @@ def load_object(text: str) -> tuple[dict[str, Any] | None, str]:
     except RecursionError:
         return None, "is not valid JSON: nested too deeply"
     except json.JSONDecodeError as exc:
-        return None, f"is not valid JSON: {exc.msg} at column {exc.colno}"
+        # "Unterminated string starting at" already ends in "at": never "at at column"
+        return None, f"is not valid JSON: {exc.msg.removesuffix(' at')} at column {exc.colno}"
     except ValueError as exc:  # NaN/Infinity, or an integer beyond Python's digit limit
         return None, f"is not valid JSON: {exc}"
     if not isinstance(obj, dict):
