@@ -98,12 +98,29 @@ def is_rfc3339_utc(value: object) -> bool:
 
 
 _GO_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"})
-_GO_ESCAPED = re.compile("[<>&\u2028\u2029]")
-# A float literal as Python writes it, right after ``:``, ``[`` or ``,`` and before ``,``,
-# ``]`` or ``}`` — a cheap test that a line may hold one (a string like "x:1.5," also
-# matches; the exact pass below skips strings).
-_MAYBE_FLOAT = re.compile(r"[:\[,]-?\d+(?:\.\d+(?:[eE][-+]?\d+)?|[eE][-+]?\d+)[,\]}]")
+# The tail of a float literal as Python's repr writes it (``1.5``, ``1e-07``, ``2.5e+21``),
+# matched at a "." / "e-" / "e+" and ended by ",", "]" or "}": a cheap test that a line
+# may hold one (a string like "x 1.5," also passes; the exact pass skips strings).
+_FLOAT_TAIL = re.compile(r"\d(?:\.\d+(?:e[-+]\d+)?|e[-+]\d+)[,\]}]")
 _STRING_OR_FLOAT = re.compile(r'"(?:[^"\\]|\\.)*"|(-?\d+(?:\.\d+(?:[eE][-+]?\d+)?|[eE][-+]?\d+))')
+
+
+def _may_hold_float(text: str, stamp_dots: int) -> bool:
+    """False when ``text`` surely holds no float literal; ``stamp_dots``: the dots of the
+    line's own timestamp. Only a "." / "e-" / "e+" right after a digit is looked at closer."""
+    has_exponent = "e-" in text or "e+" in text
+    if not has_exponent and text.count(".") <= stamp_dots:
+        return False
+    for mark in (".", "e-", "e+") if has_exponent else (".",):
+        at = text.find(mark)
+        while at > 0:
+            if text[at - 1] in _DIGITS and _FLOAT_TAIL.match(text, at - 1):
+                return True
+            at = text.find(mark, at + 1)
+    return False
+
+
+_DIGITS = frozenset("0123456789")
 
 
 def dumps(obj: Any) -> str:
@@ -119,22 +136,25 @@ def dumps(obj: Any) -> str:
     - floats are written as Go does (``strconv`` shortest digits, ``'f'`` form for
       1e-6 <= |x| < 1e21, ``'e'`` otherwise with ``e-07`` cleaned to ``e-7``): ``1.0`` →
       ``1``, ``1e-07`` → ``1e-7``, ``1e+16`` → ``10000000000000000``. Only lines that
-      may hold a float take that (regex) pass.
+      may hold a float (a cheap ``str.find`` test) take that (regex) pass.
 
     Control characters are escaped alike by both (``\\n``, ``\\t``, ``\\b``, ``\\f``,
     ``\\u001b``, as Go >= 1.22 does).
     """
     text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    if _GO_ESCAPED.search(text):
+    if "<" in text or ">" in text or "&" in text or "\u2028" in text or "\u2029" in text:
         text = text.translate(_GO_ESCAPES)
-    if _MAYBE_FLOAT.search(text):
+    stamp = (obj.get("ts") or obj.get("written_at")) if isinstance(obj, dict) else None
+    if _may_hold_float(text, stamp.count(".") if isinstance(stamp, str) else 0):
         text = _STRING_OR_FLOAT.sub(_go_float_match, text)
     return text
 
 
 def go_escape(text: str) -> str:
     """``text`` (JSON) with Go's extra escapes applied (``<``, ``>``, ``&``, U+2028, U+2029)."""
-    return text.translate(_GO_ESCAPES) if _GO_ESCAPED.search(text) else text
+    if "<" in text or ">" in text or "&" in text or "\u2028" in text or "\u2029" in text:
+        return text.translate(_GO_ESCAPES)
+    return text
 
 
 def _go_float_match(match: re.Match[str]) -> str:
