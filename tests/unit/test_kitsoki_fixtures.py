@@ -297,3 +297,14 @@ def test_reference_errors_record_mode_and_delays(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as bad:
         load_cassette(path)
     assert [p.key for p in bad.value.problems] == ["record_mode"]
+
+
+def test_floats_are_written_as_go_writes_them() -> None:
+    # 3,013 floats (random bit patterns, every magnitude, the 1e-6 / 1e21 edges, -0, the
+    # extremes), each with the text Go's encoding/json wrote for it
+    vectors = json.loads((FIXTURES / "go_floats.json").read_text())
+    assert len(vectors) > 3000
+    values = [float.fromhex(v["hex"]) for v in vectors]
+    assert dumps(values) == "[" + ",".join(v["go"] for v in vectors) + "]"
+    # and read back to the very same floats
+    assert [float(x) for x in json.loads(dumps(values))] == values
