@@ -308,3 +308,20 @@ def test_floats_are_written_as_go_writes_them() -> None:
     assert dumps(values) == "[" + ",".join(v["go"] for v in vectors) + "]"
     # and read back to the very same floats
     assert [float(x) for x in json.loads(dumps(values))] == values
+
+
+def test_the_readme_cassette_example_loads_and_replays(tmp_path: Path) -> None:
+    import re
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### Cassettes: the format and how to record one", 1)[1]
+    example = re.search(r"```yaml\n(.*?)```", section, re.S)
+    assert example is not None
+    (tmp_path / "c.yaml").write_text(example.group(1))
+    (episode,) = load_cassette(tmp_path / "c.yaml").episodes
+    assert episode.delay == 0.5 and episode.replay_any
+    agent = CassetteAgent(tmp_path / "c.yaml", alias="agent.local")
+    asked = request("decide", with_={"schema": "schemas/triage.json", "args": {"ticket": "charged twice"}})
+    answer = agent.ask(asked, deadline=1e12)
+    assert json.loads(answer.submission or "")["queue"] == "billing"
+    assert meta_of(answer.meta)["usage"] == {"input_tokens": 183, "output_tokens": 24}
