@@ -325,3 +325,37 @@ def test_the_readme_cassette_example_loads_and_replays(tmp_path: Path) -> None:
     answer = agent.ask(asked, deadline=1e12)
     assert json.loads(answer.submission or "")["queue"] == "billing"
     assert meta_of(answer.meta)["usage"] == {"input_tokens": 183, "output_tokens": 24}
+
+
+LOADER_CASES = json.loads((FIXTURES / "loader_cases.json").read_text())
+#: where localllm's config deliberately differs from the reference loader: claude_cli takes
+#: no env:/headers: (the CLI runs with the process environment), and a managed model is a
+#: pinned id (qwen2.5-1.5b-instruct), not a free name
+LOADER_DIFFERENCES = {
+    "TestAgentPlugins_EnvVarSubstitution",
+    "TestAgentPlugins_UnsetEnvVar",
+    "TestAgentPlugins_HeadersSubstitution",
+    "TestAgentPlugins_EnvVarWithLiteralDollarInValue",
+    "TestAgentPlugins_LocalLLMModelAccepted",
+}
+
+
+def test_reference_loader_cases_agree_but_for_the_stated_differences(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert len(LOADER_CASES) == 15
+    differ = set()
+    for case in LOADER_CASES:
+        with monkeypatch.context() as env:
+            for key, value in case["env"].items():
+                env.setenv(key, value)
+            (tmp_path / "app.yaml").write_text("app_id: test-agent-plugins\n" + case["yaml"])
+            try:
+                load_config(tmp_path / "app.yaml")
+                error = None
+            except ConfigError as exc:
+                error = str(exc)
+        agrees = (error is not None) == case["expect_error"] and all(w in (error or "") for w in case["contains"])
+        if not agrees:
+            differ.add(case["name"])
+    assert differ == LOADER_DIFFERENCES  # 10 of 15 agree
