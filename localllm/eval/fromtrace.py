@@ -297,7 +297,7 @@ def _response_text(value: Any) -> str:
     array; the text itself for a string (the reference replays it as a JSON string)."""
     if isinstance(value, str) and value[:1] not in ("{", "[", ""):
         return value
-    return json.dumps(value, ensure_ascii=False)
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def trace_app_id(path: Path) -> str | None:
