@@ -142,7 +142,10 @@ def test_eval_two_local_agents_and_a_cassette_claude(
             continue
         meta = ev.payload["meta"]
         row["completion"] += meta.get("completion_tokens") or meta.get("usage", {}).get("output_tokens", 0)
-        want, got = expect[case_of[ev.call_id]], ev.payload["response"]
+        want, got = (
+            expect[case_of[ev.call_id]],
+            ev.payload["response"]["submission"],
+        )  # the reference's {submission, meta}
         row["queue"][(want["queue"], got["queue"])] += 1
         row["correct"] += (
             got["queue"] == want["queue"]
