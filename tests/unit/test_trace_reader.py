@@ -476,3 +476,30 @@ def test_trace_commands_report_hostile_files_without_a_traceback(
     assert main(["trace", command, str(path), "--json"]) == 1
     captured = capsys.readouterr()
     assert "trace corrupted: line 2" in captured.out + captured.err
+
+
+def test_traces_of_earlier_localllm_versions_still_read() -> None:
+    # 9-digit stamps, payload before parent_turn/call_id, a written zero match_idx, and (the
+    # only thing strict reading refuses) a turn-1 call completing after turn 2 began
+    old = [
+        b'{"kind":"session.header","schema_version":1,"written_at":"2026-11-01T09:00:00.000000000Z"}',
+        b'{"turn":1,"seq":0,"ts":"2026-11-01T09:00:00.120000000Z","kind":"agent.call.start","state_path":"g",'
+        b'"payload":{"verb":"decide","input":{"schema_path":"/home/me/app/s.json","args":{}}},"call_id":"c1",'
+        b'"episode_id":"ep","match_idx":0}',
+        b'{"turn":2,"seq":0,"ts":"2026-11-01T09:00:01.000000000Z","kind":"turn.start","state_path":"route","payload":{}}',
+        b'{"turn":1,"seq":1,"ts":"2026-11-01T09:00:02.000000000Z","kind":"agent.call.complete","state_path":"g",'
+        b'"payload":{"verb":"decide","response":{"verdict":"yes"}},"call_id":"c1"}',
+    ]
+    data = b"\n".join(old) + b"\n"
+    with pytest.raises(TraceCorrupted, match="cross-turn"):
+        parse_trace(data)
+    trace = parse_trace(data, lenient=True)
+    start, _, done = trace.events
+    assert (start.kind, start.match_idx, start.call_id) == ("agent.call.start", 0, "c1")
+    from localllm.eval.fromtrace import submission_of
+
+    # the bare submission of an earlier trace, and the reference's shape written now
+    assert submission_of(done.payload["response"]) == {"verdict": "yes"}
+    assert submission_of({"submission": {"verdict": "yes"}, "meta": {}}) == {"verdict": "yes"}
+    # without the interleaving, an old trace reads strictly
+    assert len(parse_trace(b"\n".join(old[:3]) + b"\n").events) == 2
