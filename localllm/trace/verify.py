@@ -55,7 +55,10 @@ def verify_trace(path: Path, *, lenient: bool = False) -> TraceReport:
     try:
         trace = read_trace(path, allow_torn=True, lenient=lenient)
     except TraceCorrupted as exc:
-        problems.append(str(exc))
+        problem = str(exc)
+        if "cross-turn ordering violation" in problem:
+            problem += " (earlier localllm versions let turns interleave: --lenient reads such a trace)"
+        problems.append(problem)
     except OSError as exc:
         raise unreadable(path, exc) from exc
     if trace is not None:
