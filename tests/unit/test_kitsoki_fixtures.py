@@ -55,6 +55,15 @@ def test_the_catalogue_covers_the_cross_turn_case() -> None:
     assert len(parse_trace(case["content"].encode(), lenient=True).events) == 3
 
 
+def test_trace_verify_is_strict_and_lenient_on_request(tmp_path: Path) -> None:
+    from localllm.cli import main
+
+    (case,) = [c for c in CATALOGUE if c["name"] == "out_of_order_cross_turn"]
+    (tmp_path / "t.jsonl").write_text(case["content"])
+    assert main(["trace", "verify", str(tmp_path / "t.jsonl")]) == 1
+    assert main(["trace", "verify", "--lenient", str(tmp_path / "t.jsonl")]) == 0
+
+
 def test_call_id_vectors_match_the_reference() -> None:
     vectors = json.loads((FIXTURES / "call_id_vectors.json").read_text())
     assert len(vectors) == 18
