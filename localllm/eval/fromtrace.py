@@ -45,6 +45,8 @@ class RecordedCall:
     episode_id: str | None
     match_idx: int | None
     sub_events: tuple[Event, ...] = ()
+    #: the answering agent's transcript, ``{format, events, timings}`` as a cassette holds it
+    transcript: dict[str, Any] | None = None
 
 
 def _inside(base: Path, rel: Any) -> Path | None:
@@ -66,6 +68,30 @@ def _response(base: Path, payload: dict[str, Any]) -> Any:
         raise TraceError(
             f"{path}: cannot read the response sidecar: {exc}", hint="run `localllm trace verify` on the trace"
         ) from exc
+
+
+def _transcript(base: Path, ref: Any) -> dict[str, Any] | None:
+    """A transcript sidecar as a cassette's ``{format, events, timings}`` (lines verbatim);
+    ``None`` when absent or unreadable (the cassette then replays without one)."""
+    if not isinstance(ref, dict) or not isinstance(ref.get("format"), str):
+        return None
+    path = _inside(base, ref.get("path"))
+    if path is None:
+        return None
+    try:
+        events = path.read_text(encoding="utf-8").splitlines()
+        timings_text = path.with_suffix(".timings").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    timings: list[int] = []
+    for line in timings_text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            timings.append(int(parts[1]))
+    out: dict[str, Any] = {"format": ref["format"], "events": events}
+    if len(timings) == len(events):
+        out["timings"] = timings
+    return out
 
 
 def submission_of(response: Any) -> Any:
@@ -123,6 +149,7 @@ def recorded_calls(path: Path) -> list[RecordedCall]:
                     fallback="substitution" in ev.payload,
                     answered_by=_answered_by(ev.payload, start.payload.get("agent")),
                     episode_id=start.episode_id,
+                    transcript=_transcript(base, ev.payload.get("transcript_ref")),
                     match_idx=start.match_idx,
                     sub_events=tuple(subs.pop(ev.call_id, [])),
                 )
@@ -208,7 +235,8 @@ def cassette_from_calls(
     run gives the very same call_ids; a live call's episode is named by its call_id.
     The ``agent:`` block carries the recorded metadata the reference records (``agent``,
     ``model``, ``duration_ms``, ``prompt_tokens``, ``response_tokens``, ``cost_usd``) and
-    ``response`` as JSON text; a recorded error replays as that error (``error`` its
+    ``response`` as JSON text, and the answer's transcript as ``{format, events, timings}``
+    (its sidecar lines verbatim); a recorded error replays as that error (``error`` its
     detail, ``error_kind`` its kind — the reference reads the detail as a plugin_crash).
     localllm's own extras (``meta``, ``sub_events``) are keys the reference ignores.
     """
@@ -243,6 +271,8 @@ def cassette_from_calls(
             body["meta"] = meta
         if call.sub_events:
             body["sub_events"] = [{"kind": ev.kind, "payload": ev.payload} for ev in call.sub_events]
+        if call.transcript is not None:
+            body["transcript"] = call.transcript
         episode_id = call.episode_id or call.call_id
         if episode_id in seen:  # the same episode replayed again: one episode, replayed for ever
             seen[episode_id]["replay"] = "any"

@@ -368,3 +368,55 @@ def test_reference_loader_cases_agree_but_for_the_stated_differences(
         if not agrees:
             differ.add(case["name"])
     assert differ == LOADER_DIFFERENCES  # 10 of 15 agree
+
+
+def test_trace_cassette_writes_the_reference_format_and_replays_the_transcript(tmp_path: Path) -> None:
+    import yaml
+
+    from localllm.cli import main
+    from localllm.wire import AskResponse, Transcript
+
+    (tmp_path / "schemas").mkdir()
+    (tmp_path / "schemas" / "verdict.json").write_text('{"type":"object","required":["verdict"]}')
+    (tmp_path / "app.yaml").write_text(
+        "app_id: rec-app\nagent_plugins:\n  agent.local: {plugin: builtin.inprocess}\n"
+        "gates:\n  judge:\n    invoke: host.agent.decide\n    agent: agent.local\n"
+        "    with: {prompt: 'Judge {{ args.ticket }}', schema: schemas/verdict.json, args: {ticket: '{{ args.ticket }}'}}\n"
+    )
+    config = load_config(tmp_path / "app.yaml")
+    lines = ['{"type":"request","n":1.50}', '{"type":"result","result":"<ok>"}']
+
+    def answer(_: AskRequest) -> AskResponse:
+        return AskResponse(
+            submission='{"verdict":"yes"}',
+            meta={"model": "gemma-3-270m", "prompt_tokens": 50, "completion_tokens": 7},
+            transcript=Transcript("openai-chat", lines, [0, 12]),
+        )
+
+    with Runtime(config, trace=tmp_path / "live.jsonl") as rt:
+        rt.register_inprocess("agent.local", answer)
+        live = rt.run_gate("judge", {"ticket": "charged twice"})
+    out = tmp_path / "rec.cassette.yaml"
+    assert (
+        main(["trace", "cassette", str(tmp_path / "live.jsonl"), "-c", str(tmp_path / "app.yaml"), "-o", str(out)]) == 0
+    )
+    doc = yaml.safe_load(out.read_text())
+    assert (doc["app_id"], doc["record_mode"]) == ("rec-app", "none")
+    (episode,) = doc["episodes"]
+    assert episode["match"] == {"verb": "decide", "schema_name": "verdict.json", "ticket": "charged twice"}
+    body = episode["agent"]
+    assert (body["model"], body["prompt_tokens"], body["response_tokens"]) == ("gemma-3-270m", 50, 7)
+    assert body["response"] == '{"verdict":"yes"}'
+    assert body["transcript"] == {"format": "openai-chat", "events": lines, "timings": [0, 12]}
+    # replayed: the same submission, call_id from the episode, the transcript byte for byte
+    replay_dir = tmp_path / "replay"
+    replay_dir.mkdir()
+    with Runtime(config, trace=replay_dir / "t.jsonl") as rt:
+        rt.register_agent("agent.local", CassetteAgent(out))
+        again = rt.run_gate("judge", {"ticket": "charged twice"})
+    assert again.submission == live.submission
+    assert again.call_id == derive_call_id("rec-app", f"{live.call_id}:0")
+    (done,) = [e for e in read_trace(replay_dir / "t.jsonl").events if e.kind == "agent.call.complete"]
+    sidecar = replay_dir / done.payload["transcript_ref"]["path"]
+    assert sidecar.read_text().splitlines() == lines
+    assert sidecar.with_suffix(".timings").read_text() == "0 0\n1 12\n"
