@@ -40,7 +40,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # agents (transcripts), the runtime and the CLI; they know nothing of calls or config
     ("trace", ("localllm.trace",)),
     ("pins", ("localllm.managed.pins", "localllm.managed.platforms")),
-    ("config", ("localllm.config",)),
+    # the eval cases format is data (it imports only errors): config checks and the examples tier read it
+    ("config", ("localllm.config", "localllm.eval.cases")),
     ("schema", ("localllm.schema", "localllm.grammar")),
     ("managed", ("localllm.managed",)),
     # Agent Plugins directories: parsed into declarations the transports then run
