@@ -98,7 +98,11 @@ gates:
       args: {ticket: "{{ args.ticket }}"}
     examples: {cases: examples.jsonl, embedder: words, input: ticket, k: 3, shots: 2}
 """
-SCHEMA = {"type": "object", "properties": {"queue": {"enum": ["billing", "bug", "feature"]}}, "required": ["queue"]}
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"queue": {"enum": ["billing", "bug", "feature"]}},
+    "required": ["queue"],
+}
 
 
 @pytest.fixture
@@ -188,6 +192,16 @@ def test_eval_records_each_tier_confidence_and_the_decision(app: Path) -> None:
     assert decision["local_share"] == 0.0
 
 
+def test_eval_prints_the_decision(app: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from localllm.cli.eval import _print_decision
+
+    _print_decision(json.loads(evidence(app, WordsEmbedder()).read_text()))
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("examples: 9 of 9 answers carry a confidence") for line in lines)
+    assert sum("accept nothing" in line for line in lines) == 2  # both targets, too little evidence
+    assert sum(line.startswith("min_precision ") for line in lines) == 2
+
+
 def cascade_app(app: Path, min_precision: float) -> Path:
     # 30 examples: enough evidence for a 0.9 bound when all are right
     rows = [(f"{i}-{j}", text + f" {'x' * j}", q) for j in range(4) for i, text, q in EXAMPLES]
@@ -258,8 +272,8 @@ def test_stale_evidence_disables_the_local_tiers(app: Path) -> None:
     calls: list[str] = []
     with Runtime(load_config(app / "app.yaml")) as rt:
         rt.register_embedder("words", WordsEmbedder())
-        rt.register_inprocess("agent.local", lambda _: calls.append("local") or {"queue": "bug"}, local_model=True)
-        rt.register_inprocess("agent.claude", lambda _: calls.append("claude") or {"queue": "bug"})
+        rt.register_inprocess("agent.local", lambda _: calls.append("local") or {"queue": "bug"}, local_model=True)  # type: ignore[func-returns-value]
+        rt.register_inprocess("agent.claude", lambda _: calls.append("claude") or {"queue": "bug"})  # type: ignore[func-returns-value]
         result = rt.run_gate("queue", {"ticket": "app crash error"})
     assert calls == ["claude"]
     assert result.meta["selected_by"]["tiers"] == ["agent.claude"]
