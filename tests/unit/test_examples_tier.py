@@ -177,7 +177,11 @@ def evidence(app: Path, embedder: WordsEmbedder, local: Any = None) -> Path:
 
 
 def test_eval_records_each_tier_confidence_and_the_decision(app: Path) -> None:
-    report = json.loads(evidence(app, WordsEmbedder()).read_text())
+    latest = evidence(app, WordsEmbedder())
+    report = json.loads(latest.read_text())
+    page = (latest.parent / "latest.html").read_text()
+    assert page.count("<polyline") == 1  # one scored tier, one curve
+    assert "min_precision cascade" in page
     tiers = report["calibration"]["tiers"]
     assert tiers["examples"]["scored"] == 9  # the vote always reports a confidence
     assert tiers["agent.local"]["scored"] == 0  # this agent reports none: never accepted
