@@ -83,7 +83,8 @@ def _eval(args: argparse.Namespace) -> int:
     if sys.stderr.isatty() and not args.json and cases is not None:
         from tqdm import tqdm
 
-        total = len(cases) * args.repeat * len(agents or [gate.agent if gate else ""])
+        tier = gate is not None and gate.examples is not None and gate.examples.answer
+        total = len(cases) * args.repeat * len(agents or [gate.agent if gate else ""] * (2 if tier else 1))
         bar = tqdm(total=total, unit="call", desc=f"eval {args.gate}", file=sys.stderr, leave=False)
         progress = bar.update
     try:

@@ -5,6 +5,7 @@
         --input-arg text --field intent --target-precision 0.95 --json
     python tests/bench/bench_decisions.py --cases CASES.jsonl --input-arg ticket --field queue --cv 4
     python tests/bench/bench_decisions.py --smoke         # seconds: a word-hash embedder, no LLM
+    python tests/bench/bench_decisions.py --llm           # + gemma-3-270m fixed and dynamic few-shot
 
 Both files are in the eval cases format (``args.<input>`` the text, ``expect.<field>`` the
 label). Thresholds are calibrated on the examples only (leave-one-out k-NN over the pool:
@@ -210,6 +211,9 @@ def summarise(
             _, precision, accepted = coverage_precision(case_scores, case_correct, chosen.value)
             detail[tier] = {
                 "threshold": chosen.to_dict(),
+                "precision_gap": round(precision - chosen.precision, 4)
+                if accepted and not chosen.accepts_nothing
+                else None,
                 "on_cases": {
                     "coverage": round(accepted / len(ids), 4),
                     "precision": round(precision, 4) if accepted else None,
@@ -319,14 +323,21 @@ def show(result: dict[str, Any], targets: Sequence[float]) -> None:
         ece = "-" if row["ece"] is None else f"{row['ece']:.3f}"
         p50 = "-" if row["p50_ms"] is None else f"{row['p50_ms']:.1f}"
         print(f"{name:<12} {row['accuracy']:>8.3f} {p50:>8} {ece:>6}")
-    print(f"{'target':<8} {'local share':>11} {'local prec':>10} {'cascade acc':>11} {'OOS escalated':>13}")
+    print(
+        f"{'target':<8} {'local share':>11} {'local prec':>10} {'cascade acc':>11} {'OOS escalated':>13} "
+        f"{'threshold':>9} {'prec gap':>8}"
+    )
     for target in targets:
         at = result["targets"][f"{target:g}"]
         prec = "-" if at["local_precision"] is None else f"{at['local_precision']:.3f}"
         oos = at.get("oos_escalated")
+        knn = (at.get("tiers") or {}).get("examples") or {}
+        value = (knn.get("threshold") or {}).get("value")
+        gap = knn.get("precision_gap")
         print(
             f"{target:<8g} {at['local_share']:>11.3f} {prec:>10} {at['cascade_accuracy']:>11.3f} "
-            f"{'-' if oos is None else f'{oos:.3f}':>13}"
+            f"{'-' if oos is None else f'{oos:.3f}':>13} {'-' if value is None else f'{value:.3f}':>9} "
+            f"{'-' if gap is None else f'{gap:+.3f}':>8}"
         )
     curve = result["tiers"]["examples"]["curve"]
     if curve:
@@ -347,10 +358,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, help="at most N cases (stratified)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (the headline figures)")
     parser.add_argument("--smoke", action="store_true", help="seconds: word-hash embedder, a few cases, no LLM")
+    parser.add_argument("--quick", action="store_true", help="the real embedder on at most 40 cases, no LLM")
     args = parser.parse_args(argv)
     targets = sorted({*TARGETS, args.target_precision})
     embedder, embedder_name = make_embedder(args.smoke)
-    limit = 30 if args.smoke and args.limit is None else args.limit
+    limit = args.limit if args.limit is not None else (30 if args.smoke else 40 if args.quick else None)
+    args.llm = args.llm and not args.quick
     runtime = None
     with tempfile.TemporaryDirectory(prefix="bench-decisions-") as tmp:
         if args.llm and not args.smoke:
@@ -408,7 +421,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             show(result, targets)
     if not args.cases:
         RESULTS.mkdir(parents=True, exist_ok=True)
-        out = RESULTS / ("decisions.smoke.json" if args.smoke else "decisions.json")
+        out = RESULTS / (
+            "decisions.smoke.json" if args.smoke else "decisions.quick.json" if args.quick else "decisions.json"
+        )
         out.write_text(json.dumps({"embedder": embedder_name, "results": results}, indent=2) + "\n")
         if not args.json:
             print(f"\nwrote {out.relative_to(REPO)}")

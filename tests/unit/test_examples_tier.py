@@ -267,6 +267,9 @@ def test_a_confident_vote_answers_without_the_llm_and_an_unsure_one_escalates_on
     assert ends[1].payload["original_meta"]["tier"] == "examples"  # both legs' meta kept
     assert ends[1].payload["meta"]["cost_usd"] == 0.01
     assert ends[2].payload["substitution"]["fallback_plugin"] == "agent.local"
+    from localllm.cli import main
+
+    assert main(["trace", "verify", str(trace)]) == 0
 
 
 def test_stale_evidence_disables_the_local_tiers(app: Path) -> None:
