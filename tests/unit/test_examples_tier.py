@@ -302,3 +302,35 @@ def test_examples_are_embedded_once_and_again_only_when_they_change(app: Path) -
         rt.register_inprocess("agent.local", lambda _: {"queue": "bug"}, local_model=True)
         rt.run_gate("queue", {"ticket": "crash"})
     assert embedder.texts == len(EXAMPLES) + 2 + 1 + 1  # only the new example, and the query
+
+
+@pytest.mark.parametrize(
+    ("extra", "key"),
+    [
+        ("    selection: {min_precision: 0.9, policy: cheapest-passing}\n", "gates.queue.selection.min_precision"),
+        ("    selection: {min_precision: 1.5}\n", "gates.queue.selection.min_precision"),
+    ],
+)
+def test_selection_min_precision_is_checked_at_load(app: Path, extra: str, key: str) -> None:
+    (app / "app.yaml").write_text(CONFIG + extra)
+    with pytest.raises(ConfigError) as info:
+        load_config(app / "app.yaml")
+    assert [p.key for p in info.value.problems] == [key]
+
+
+def test_unknown_examples_key_is_named(app: Path) -> None:
+    (app / "app.yaml").write_text(CONFIG.replace("k: 3,", "kk: 3,"))
+    with pytest.raises(ConfigError) as info:
+        load_config(app / "app.yaml")
+    assert [p.key for p in info.value.problems] == ["gates.queue.examples.kk"]
+
+
+def test_without_evidence_every_call_goes_to_the_strong_tier(app: Path) -> None:
+    (app / "app.yaml").write_text(CONFIG + "    selection: {min_precision: 0.9}\n")
+    with Runtime(load_config(app / "app.yaml")) as rt:
+        rt.register_embedder("words", WordsEmbedder())
+        rt.register_inprocess("agent.local", lambda _: {"queue": "bug"}, local_model=True)
+        rt.register_inprocess("agent.claude", lambda _: {"queue": "billing"})
+        result = rt.run_gate("queue", {"ticket": "app crash error"})
+    assert result.agent == "agent.claude"
+    assert set(result.meta["selected_by"]["disabled"]) == {"examples", "agent.local"}
