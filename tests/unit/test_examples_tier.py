@@ -334,3 +334,27 @@ def test_without_evidence_every_call_goes_to_the_strong_tier(app: Path) -> None:
         result = rt.run_gate("queue", {"ticket": "app crash error"})
     assert result.agent == "agent.claude"
     assert set(result.meta["selected_by"]["disabled"]) == {"examples", "agent.local"}
+
+
+def test_simulate_cascade_by_hand() -> None:
+    import math
+
+    from localllm.eval.decision import Outcome, simulate_cascade
+
+    tiers = {
+        "examples": {"a": Outcome(True, 0.9, 1), "b": Outcome(False, 0.4, 1), "c": Outcome(False, 0.8, 1)},
+        "llm": {"a": Outcome(True, None, 100), "b": Outcome(True, 0.95, 100), "c": Outcome(True, 0.2, 100)},
+        "strong": {
+            "a": Outcome(True, None, 1000, 0.01),
+            "b": Outcome(True, None, 1000, 0.01),
+            "c": Outcome(True, None, 1000, 0.01),
+        },
+    }
+    got = simulate_cascade(["examples", "llm", "strong"], {"examples": 0.75, "llm": 0.9}, tiers, ["a", "b", "c"])
+    # a: examples (right); b: examples low → llm 0.95 (right); c: examples 0.8 accepted (wrong)
+    assert got["local_share"] == 1.0
+    assert got["local_precision"] == pytest.approx(2 / 3, abs=1e-6)
+    assert got["cascade_accuracy"] == pytest.approx(2 / 3, abs=1e-6)
+    assert got["strong_accuracy"] == 1.0 and got["cost_usd"] == 0.0 and got["strong_cost_usd"] == 0.03
+    nothing = simulate_cascade(["examples", "strong"], {"examples": math.inf}, tiers, ["a", "b", "c"])
+    assert (nothing["local_share"], nothing["cascade_accuracy"], nothing["mean_ms"]) == (0.0, 1.0, 1001.0)
