@@ -200,10 +200,14 @@ def _print_decision(report: dict[str, Any]) -> None:
             out("  " + line)
         for target, row in tier["targets"].items():
             value, held = row["threshold"]["value"], row["held_out"]
-            shown = "accept nothing" if value is None else f"confidence >= {value:g}"
+            n = row["threshold"]["n"]
+            shown = (
+                f"accept nothing (no threshold's 95% lower bound reaches {target} on {n} answers)"
+                if value is None
+                else f"confidence >= {value:g} (lower bound {row['threshold']['lower_bound']:.3f} on {n} answers)"
+            )
             out(
-                f"  precision {target}: {shown} (bound {row['threshold']['lower_bound']:.3f} on "
-                f"{row['threshold']['n']}); held out: {held['accepted']}/{held['n']} accepted, "
+                f"  precision {target}: {shown}; held out: {held['accepted']}/{held['n']} accepted, "
                 f"precision {_pct(held['precision'])}"
             )
     for target, sim in (report.get("decision") or {}).items():
