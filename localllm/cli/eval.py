@@ -190,6 +190,11 @@ def _print_decision(report: dict[str, Any]) -> None:
     then what a min_precision cascade would keep local."""
     from localllm.eval.decision import ascii_curve
 
+    for alias, row in report["agents"].items():
+        for name, labels in (row.get("per_label") or {}).items():
+            if labels:
+                shown = ", ".join(f"{label} {_pct(v['accuracy'])} of {v['calls']}" for label, v in labels.items())
+                out(f"{alias} {name} per label: {shown}")
     calibration = report.get("calibration") or {}
     for alias, tier in (calibration.get("tiers") or {}).items():
         if not tier.get("scored"):

@@ -204,6 +204,8 @@ def test_eval_prints_the_decision(app: Path, capsys: pytest.CaptureFixture[str])
     assert any(line.startswith("examples: 9 of 9 answers carry a confidence") for line in lines)
     assert sum("accept nothing" in line for line in lines) == 2  # both targets, too little evidence
     assert sum(line.startswith("min_precision ") for line in lines) == 2
+    per_label = next(line for line in lines if line.startswith("examples queue per label: "))
+    assert per_label.count(" of 3") == 3  # three labels, three examples each
 
 
 def cascade_app(app: Path, min_precision: float) -> Path:
