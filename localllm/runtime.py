@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import re
 import threading
@@ -64,6 +65,8 @@ if TYPE_CHECKING:
     from localllm.selection import Cascade, Choice, Tier
     from localllm.trace.recorder import TraceRecorder
     from localllm.trace.writer import TraceWriter
+
+log = logging.getLogger(__name__)
 
 #: how long a cancelled worker may take to wind down after the hard deadline
 _CANCEL_GRACE = 0.5
@@ -691,7 +694,13 @@ class Runtime:
             return {"examples": ""}
         from localllm.embed.examples import render_shots
 
-        return {"examples": render_shots(sets.neighbours(text, decl.shots), decl.input or "")}
+        try:
+            return {"examples": render_shots(sets.neighbours(text, decl.shots), decl.input or "")}
+        except LocalLLMError as exc:
+            # the shots help the model, they are not the call: without the embedder the call
+            # goes on (a cascade's examples tier fails the same way and escalates)
+            log.warning("gate %s: no few-shot examples (%s); the prompt gets none", name, exc)
+            return {"examples": ""}
 
     def _cascade(self, name: str) -> Cascade | None:
         """The gate's ``min_precision`` rungs, decided from its evidence once per Runtime."""

@@ -360,3 +360,26 @@ def test_simulate_cascade_by_hand() -> None:
     assert got["strong_accuracy"] == 1.0 and got["cost_usd"] == 0.0 and got["strong_cost_usd"] == 0.03
     nothing = simulate_cascade(["examples", "strong"], {"examples": math.inf}, tiers, ["a", "b", "c"])
     assert (nothing["local_share"], nothing["cascade_accuracy"], nothing["mean_ms"]) == (0.0, 1.0, 1001.0)
+
+
+class FailingEmbedder(WordsEmbedder):
+    """Embeds the examples, then fails every question (the sidecar died)."""
+
+    def embed(self, texts: Sequence[str], role: str) -> Any:
+        from localllm.errors import EmbedError
+
+        if len(texts) == 1:
+            raise EmbedError("embedding sidecar exited")
+        return super().embed(texts, role)
+
+
+def test_an_embedder_failure_escalates_instead_of_failing_the_call(app: Path) -> None:
+    cascade_app(app, 0.8)
+    with Runtime(load_config(app / "app.yaml")) as rt:
+        rt.register_embedder("words", FailingEmbedder())
+        rt.register_inprocess("agent.local", lambda _: {"queue": "bug"}, local_model=True)
+        rt.register_inprocess("agent.claude", lambda _: {"queue": "billing"})
+        result = rt.run_gate("queue", {"ticket": "app crash error"})
+    assert result.agent == "agent.claude"
+    first = result.meta["cascade"][0]
+    assert (first["agent"], first["accepted"], first["reason"]) == ("examples", False, "transport_error")
