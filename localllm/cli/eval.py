@@ -35,6 +35,13 @@ def _setup(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--fail-under", type=float, metavar="X", help="exit 1 when an evaluated agent's accuracy is below X (0..1)"
     )
+    parser.add_argument(
+        "--holdout",
+        type=float,
+        default=0.5,
+        metavar="X",
+        help="share of the cases held out from confidence calibration (default 0.5)",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(handler=_eval)
 
@@ -68,13 +75,16 @@ def _eval(args: argparse.Namespace) -> int:
     cases = cases_path = None
     if gate is not None:  # an unknown gate is evaluate's error to report
         cases_path = args.cases or default_cases_path(config, args.gate)
+        if args.cases is None and not cases_path.exists() and gate.examples is not None and gate.examples.cases:
+            cases_path = gate.examples.cases  # measured on its examples, leave-one-out
         cases = load_cases(cases_path)
     bar: Any = None
     progress = None
     if sys.stderr.isatty() and not args.json and cases is not None:
         from tqdm import tqdm
 
-        total = len(cases) * args.repeat * len(agents or [gate.agent if gate else ""])
+        tier = gate is not None and gate.examples is not None and gate.examples.answer
+        total = len(cases) * args.repeat * len(agents or [gate.agent if gate else ""] * (2 if tier else 1))
         bar = tqdm(total=total, unit="call", desc=f"eval {args.gate}", file=sys.stderr, leave=False)
         progress = bar.update
     try:
@@ -89,6 +99,7 @@ def _eval(args: argparse.Namespace) -> int:
             cassettes=cassettes,
             workers=args.workers,
             progress=progress,
+            holdout=args.holdout,
         )
     finally:
         if bar is not None:
@@ -171,6 +182,46 @@ def _print_table(report: dict[str, Any]) -> None:
         out("")
         for row in block:
             out("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    _print_decision(report)
+
+
+def _print_decision(report: dict[str, Any]) -> None:
+    """Per tier with a confidence: the curve, ECE, thresholds and how they held on the held-out split;
+    then what a min_precision cascade would keep local."""
+    from localllm.eval.decision import ascii_curve
+
+    for alias, row in report["agents"].items():
+        for name, labels in (row.get("per_label") or {}).items():
+            if labels:
+                shown = ", ".join(f"{label} {_pct(v['accuracy'])} of {v['calls']}" for label, v in labels.items())
+                out(f"{alias} {name} per label: {shown}")
+    calibration = report.get("calibration") or {}
+    for alias, tier in (calibration.get("tiers") or {}).items():
+        if not tier.get("scored"):
+            continue
+        out("")
+        out(f"{alias}: {tier['scored']} of {tier['calls']} answers carry a confidence; ECE {tier['ece']}")
+        for line in ascii_curve(tier["curve"], width=40, height=8):
+            out("  " + line)
+        for target, row in tier["targets"].items():
+            value, held = row["threshold"]["value"], row["held_out"]
+            n = row["threshold"]["n"]
+            shown = (
+                f"accept nothing (no threshold's 95% lower bound reaches {target} on {n} answers)"
+                if value is None
+                else f"confidence >= {value:g} (lower bound {row['threshold']['lower_bound']:.3f} on {n} answers)"
+            )
+            out(
+                f"  precision {target}: {shown}; held out: {held['accepted']}/{held['n']} accepted, "
+                f"precision {_pct(held['precision'])}"
+            )
+    for target, sim in (report.get("decision") or {}).items():
+        out(
+            f"min_precision {target}: {_pct(sim['local_share'])} local at precision {_pct(sim['local_precision'])}; "
+            f"cascade accuracy {_pct(sim['cascade_accuracy'])} vs {_pct(sim['strong_accuracy'])} all-"
+            f"{sim['order'][-1]}; mean {_ms(sim['mean_ms'])} vs {_ms(sim['strong_mean_ms'])}; "
+            f"cost ${sim['cost_usd']:g} vs ${sim['strong_cost_usd']:g}"
+        )
 
 
 def _field_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:

@@ -39,6 +39,7 @@ from localllm.config.decls import (
     AgentDecl,
     ClaudeCliDecl,
     EmbedderDecl,
+    Examples,
     Gate,
     GateKeys,
     InprocessDecl,
@@ -67,6 +68,7 @@ __all__ = [
     "ClaudeCliDecl",
     "Config",
     "EmbedderDecl",
+    "Examples",
     "Gate",
     "GateKeys",
     "InprocessDecl",
@@ -89,4 +91,5 @@ REFERENCE_SECTIONS: dict[str, type] = {
     "router": RouterDecl,
     "gates.NAME": GateKeys,
     "gates.NAME.selection": Selection,
+    "gates.NAME.examples": Examples,
 }

@@ -274,6 +274,41 @@ class Selection:
     policy: str | None = setting(None, "how to pick an agent from the evidence", choices=("cheapest-passing",))
     min_accuracy: float | None = setting(None, "evidence passes at this accuracy or better", low=0.0, high=1.0)
     max_fallback_rate: float | None = setting(None, "… and this fallback rate or lower", low=0.0, high=1.0)
+    min_precision: float | None = setting(
+        None,
+        "per call: try examples → local model → the fallback, accepting an answer whose confidence "
+        "clears the threshold the evidence calibrated for this precision",
+        low=0.0,
+        high=1.0,
+    )
+
+
+#: ``examples:`` defaults: nearest examples that vote, and that are rendered as few-shot
+EXAMPLES_K = 5
+EXAMPLES_SHOTS = 4
+
+
+@dataclass(frozen=True)
+class Examples:
+    """A gate's ``examples:``: labelled cases for the examples tier (a k-NN vote) and for
+    dynamic few-shot (the nearest examples rendered where the prompt says ``{{ examples }}``)."""
+
+    REQUIRED: ClassVar[tuple[tuple[str, ...], ...]] = (("cases",), ("embedder",), ("input",))
+
+    cases: Path | None = field(
+        default=None,
+        metadata=key(
+            "labelled cases (eval cases format) under the config directory", example="cases: evals/g/cases.jsonl"
+        ),
+    )
+    embedder: str | None = setting(None, "an embedders: name", check="name", example="embedder: minilm")
+    input: str | None = setting(None, "the argument whose text is embedded (args.<input>)", example="input: ticket")
+    k: int = setting(EXAMPLES_K, "nearest examples that vote", low=1, high=100)
+    shots: int = setting(EXAMPLES_SHOTS, "nearest examples rendered at {{ examples }} in the prompt", low=0, high=50)
+    fields: tuple[str, ...] = setting(
+        (), "the fields the vote answers (default: every enum, boolean or integer field the cases label)"
+    )
+    answer: bool = setting(True, "answer from the vote when confident; false: few-shot only")
 
 
 @dataclass(frozen=True)
@@ -312,6 +347,7 @@ class Gate:
     #: as written: ``None`` inherits the agent's, ``"none"`` disables, else an alias
     fallback: str | None = None
     selection: Selection | None = None
+    examples: Examples | None = None
     #: the gate's ``with:`` block as written (JSON data, no host paths): ``AskRequest.with``
     with_: dict[str, Any] = field(default_factory=dict)
 

@@ -462,10 +462,11 @@ def reference_table(sections: Mapping[str, type]) -> str:
                 kind += f" {low:g}–{high:g}" if isinstance(low, float) else f" {low}–{high}"
             if spec.key.check == "positive":
                 kind += " > 0"
+            mine = [g for g in getattr(cls, "REQUIRED", ()) if spec.name in g]
             required = (
                 " **required**"
-                if groups == {spec.name}
-                else (" **one of** " + "/".join(sorted(groups)) if spec.name in groups else "")
+                if mine and len(mine[0]) == 1
+                else (" **one of** " + "/".join(sorted(mine[0])) if mine else "")
             )
             choices = f" ({', '.join(spec.key.choices)})" if spec.key.choices else ""
             if spec.type is bool and spec.key.choices:  # the words a bool key takes besides true/false

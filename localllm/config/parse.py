@@ -22,6 +22,7 @@ from localllm.config.decls import (
     AgentDecl,
     ClaudeCliDecl,
     EmbedderDecl,
+    Examples,
     Gate,
     GateKeys,
     InprocessDecl,
@@ -306,7 +307,7 @@ def _gate(draft: Draft, raw_name: Any, raw: Any) -> None:
     if not isinstance(raw, dict):
         problems.add(key, "must be a mapping with invoke:, agent: and with:")
         return
-    plain = parse_decl(GateKeys, raw, key, ctx, skip=("agent", "invoke", "selection", "with"), what="gate")
+    plain = parse_decl(GateKeys, raw, key, ctx, skip=("agent", "examples", "invoke", "selection", "with"), what="gate")
     verb = _verb(raw.get("invoke"), f"{key}.invoke", problems)
     with_ = _mapping(raw.get("with"), f"{key}.with", problems, "with prompt: (and optionally schema:, args:, agent:)")
     _unknown(with_, WITH_KEYS, f"{key}.with", problems)
@@ -324,6 +325,18 @@ def _gate(draft: Draft, raw_name: Any, raw: Any) -> None:
         if raw_selection
         else None
     )
+    raw_examples = _mapping(raw.get("examples"), f"{key}.examples", problems, "with cases:, embedder: and input:")
+    examples = (
+        Examples(**parse_decl(Examples, raw_examples, f"{key}.examples", ctx, what="examples"))
+        if raw_examples
+        else None
+    )
+    if selection is not None and selection.min_precision is not None and selection.policy is not None:
+        problems.add(
+            f"{key}.selection.min_precision",
+            "min_precision (a per-call cascade) and policy (one agent per gate) cannot both be set",
+            "keep one of them",
+        )
     draft.gates[name] = Gate(
         name=name,
         verb=verb,
@@ -335,6 +348,7 @@ def _gate(draft: Draft, raw_name: Any, raw: Any) -> None:
         schema=schema if isinstance(schema, str) else None,
         **plain,
         selection=selection,
+        examples=examples,
         with_=given or {},
     )
 
@@ -486,6 +500,14 @@ def check_references(draft: Draft) -> None:
                 problems.add(f"{key}.fallback", "an agent cannot be its own fallback", "write fallback: none")
             else:
                 known(gate.fallback, f"{key}.fallback", "declare it, or write fallback: none")
+    for name, gate in draft.gates.items():
+        embedder = gate.examples.embedder if gate.examples is not None else None
+        if embedder is not None and embedder not in draft.embedders and f"embedder:{embedder}" not in draft.broken:
+            problems.add(
+                f"gates.{name}.examples.embedder",
+                f'embedder "{embedder}" is not declared under embedders:{closest(embedder, list(draft.embedders))}',
+                "declare it under embedders: (e.g. model: all-minilm-l6-v2)",
+            )
     router = draft.router
     if router is None:
         return

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from localllm.errors import CallError
 from localllm.eval.cases import Case, Expect, Matcher, load_cases
+from localllm.eval.decision import DEFAULT_HOLDOUT, DEFAULT_SEED
 from localllm.eval.report import build_report, write_report
 from localllm.eval.run import check_cases, run_cases
 
@@ -59,8 +60,12 @@ def evaluate(
     workers: int | None = None,
     progress: Callable[[int], None] | None = None,
     cases: Sequence[Case] | None = None,
+    holdout: float = DEFAULT_HOLDOUT,
+    seed: int = DEFAULT_SEED,
 ) -> EvalResult:
-    """Run the gate's cases against ``agents`` (default: the gate's own) and write the report."""
+    """Run the gate's cases against ``agents`` (default: the gate's examples tier, when it
+    has one, then its own agent) and write the report. ``holdout``/``seed``: the share of
+    cases held out from threshold calibration, and the seed of that split."""
     from localllm.trace.writer import TraceWriter
 
     found = config.gates.get(gate)
@@ -72,8 +77,13 @@ def evaluate(
             value=gate,
             hint=f"declare it under gates: in {config.path}",
         )
-    aliases = list(agents or [found.agent])
+    from localllm.selection import TIER
+
+    tier = found.examples is not None and found.examples.answer
+    aliases = list(agents or ([TIER] if tier else []) + [found.agent])
     for alias in aliases:
+        if alias == TIER and tier:
+            continue
         if alias not in config.agents:
             raise CallError(
                 f'agent "{alias}" is not declared (declared: {", ".join(sorted(config.agents))})',
@@ -81,9 +91,15 @@ def evaluate(
                 value=alias,
                 hint=f"declare it under agent_plugins: in {config.path}",
             )
+    if not 0.0 < holdout < 1.0:
+        raise CallError(f"holdout must be between 0 and 1, got {holdout}", key="holdout", value=str(holdout))
     if repeat < 1:
         raise CallError(f"repeat must be at least 1, got {repeat}", key="repeat", value=str(repeat))
-    cases_path = cases_path or default_cases_path(config, gate)
+    if cases_path is None:
+        # a gate with examples and no cases file of its own is measured on its examples (leave-one-out)
+        cases_path = default_cases_path(config, gate)
+        if not cases_path.exists() and found.examples is not None and found.examples.cases is not None:
+            cases_path = found.examples.cases
     loaded = list(cases) if cases is not None else load_cases(cases_path)
     check_cases(config, gate, loaded, cases_path)
     now = datetime.now(timezone.utc)
@@ -120,5 +136,7 @@ def evaluate(
         cases_path=cases_path,
         repeat=repeat,
         created=now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        holdout=holdout,
+        seed=seed,
     )
     return EvalResult(report, write_report(report, target, stamp), trace_path)

@@ -1,7 +1,10 @@
 """The eval report as one self-contained HTML page: inline SVG, inline CSS, no scripts.
 
 Accuracy against p50 latency per agent (a scatter, error bars to p95), the summary table,
-and per enum field a confusion table (expected label → answered value) shaded by count.
+per enum field a confusion table (expected label → answered value) shaded by count, and
+for every tier that reports a confidence its risk–coverage curve (precision of the
+accepted answers against the share accepted) with the thresholds chosen per target
+precision and what a ``min_precision`` cascade would keep local.
 """
 
 from __future__ import annotations
@@ -154,6 +157,85 @@ def _confusion(alias: str, name: str, table: Mapping[str, Mapping[str, int]]) ->
     return "".join(parts)
 
 
+def _curves(calibration: Mapping[str, Any]) -> str:
+    """Risk–coverage curves of every scored tier, one polyline each, on one SVG."""
+    tiers = [(a, t) for a, t in (calibration.get("tiers") or {}).items() if t.get("curve")]
+    if not tiers:
+        return "<p>no tier reports a confidence</p>"
+    inner_w, inner_h = _W - 2 * _PAD, _H - 2 * _PAD
+
+    def x(coverage: float) -> float:
+        return float(_PAD + inner_w * coverage)
+
+    def y(precision: float) -> float:
+        return float(_H - _PAD - inner_h * precision)
+
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{_H}" role="img" '
+        f'aria-label="risk-coverage curve per tier">',
+        f'<rect width="{_W}" height="{_H}" fill="#fff"/>',
+        f'<rect x="{_PAD}" y="{_PAD}" width="{inner_w}" height="{inner_h}" fill="none" stroke="#999"/>',
+    ]
+    for tick in range(0, 11, 2):
+        v = tick / 10
+        parts.append(
+            f'<line x1="{_PAD}" x2="{_W - _PAD}" y1="{y(v):.1f}" y2="{y(v):.1f}" stroke="#eee"/>'
+            f'<text x="{_PAD - 6}" y="{y(v) + 4:.1f}" font-size="11" text-anchor="end">{tick * 10}%</text>'
+            f'<text x="{x(v):.1f}" y="{_H - _PAD + 16}" font-size="11" text-anchor="middle">{tick * 10}%</text>'
+        )
+    parts.append(
+        f'<text x="{_W / 2}" y="{_H - 12}" font-size="12" text-anchor="middle">share answered (coverage)</text>'
+        f'<text x="14" y="{_H / 2}" font-size="12" text-anchor="middle" transform="rotate(-90 14 {_H / 2})">'
+        "precision of the accepted answers</text>"
+    )
+    for i, (alias, tier) in enumerate(tiers):
+        colour = _COLOURS[i % len(_COLOURS)]
+        points = " ".join(f"{x(c):.1f},{y(p):.1f}" for _, c, p in tier["curve"])
+        parts.append(f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="2"/>')
+        parts.append(
+            f'<text x="{_W - _PAD - 4}" y="{_PAD + 16 + 14 * i}" font-size="12" text-anchor="end" '
+            f'fill="{colour}">{escape(alias)}</text>'
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _decision(calibration: Mapping[str, Any], decision: Mapping[str, Any]) -> str:
+    rows = []
+    for alias, tier in (calibration.get("tiers") or {}).items():
+        if not tier.get("scored"):
+            continue
+        for target, row in tier["targets"].items():
+            value, held = row["threshold"]["value"], row["held_out"]
+            rows.append(
+                f'<tr><td class="l">{escape(alias)}</td><td>{escape(target)}</td>'
+                f"<td>{'accept nothing' if value is None else f'{value:.3f}'}</td>"
+                f"<td>{row['threshold']['lower_bound']:.3f}</td><td>{_pct(held['coverage'])}</td>"
+                f"<td>{_pct(held['precision'])}</td><td>{tier['ece']}</td></tr>"
+            )
+    table = (
+        "<table><caption>Thresholds (chosen on the calibration split, checked on the held-out split)</caption>"
+        '<tr><th class="l">tier</th><th>target</th><th>threshold</th><th>lower bound</th>'
+        "<th>held-out coverage</th><th>held-out precision</th><th>ECE</th></tr>" + "".join(rows) + "</table>"
+    )
+    sims = "".join(
+        f"<tr><td>{escape(target)}</td><td>{_pct(sim['local_share'])}</td><td>{_pct(sim['local_precision'])}</td>"
+        f"<td>{_pct(sim['cascade_accuracy'])}</td><td>{_pct(sim['strong_accuracy'])}</td>"
+        f"<td>{_ms(sim['mean_ms'])}</td><td>{_ms(sim['strong_mean_ms'])}</td>"
+        f"<td>{sim['cost_usd']:g}</td><td>{sim['strong_cost_usd']:g}</td></tr>"
+        for target, sim in decision.items()
+    )
+    if sims:
+        table += (
+            "<table><caption>min_precision cascade on the held-out split vs the strong tier alone</caption>"
+            "<tr><th>target</th><th>local share</th><th>local precision</th><th>cascade accuracy</th>"
+            "<th>strong accuracy</th><th>mean ms</th><th>strong mean ms</th><th>cost $</th><th>strong cost $</th></tr>"
+            + sims
+            + "</table>"
+        )
+    return table
+
+
 def render_svg(report: Mapping[str, Any]) -> str:
     """The accuracy-vs-latency picture alone, as an SVG document (for a README)."""
     return _scatter(report["agents"]) + "\n"
@@ -177,5 +259,7 @@ def render_html(report: Mapping[str, Any]) -> str:
         f"{escape(str(machine.get('platform', '')))}, {machine.get('cpus')} CPUs</p>"
         f"<h2>Accuracy vs latency</h2>{_scatter(agents)}{_summary(agents)}"
         f"<h2>Confusion (enum fields)</h2>{confusions or '<p>no enum field in the schema</p>'}"
+        f"<h2>Confidence: risk–coverage</h2>{_curves(report.get('calibration') or {})}"
+        f"{_decision(report.get('calibration') or {}, report.get('decision') or {})}"
         "</body></html>\n"
     )

@@ -32,6 +32,14 @@ from typing import Any
 from localllm.config import Config, Gate
 from localllm.errors import TraceError
 from localllm.eval.cases import Case
+from localllm.eval.decision import (
+    DEFAULT_HOLDOUT,
+    DEFAULT_SEED,
+    Outcome,
+    calibration_block,
+    confidence_of,
+    decision_block,
+)
 from localllm.eval.fromtrace import RecordedCall, recorded_calls
 from localllm.eval.run import AgentRun, CallRef
 from localllm.selection import REPORT_KIND, REPORT_VERSION, fingerprint
@@ -199,6 +207,13 @@ class _Tally:
                 name: {want: dict(sorted(got.items())) for want, got in sorted(table.items())}
                 for name, table in self.confusion.items()
             },
+            "per_label": {
+                name: {
+                    want: {"calls": sum(got.values()), "accuracy": _rate(got.get(want, 0), sum(got.values()))}
+                    for want, got in sorted(table.items())
+                }
+                for name, table in self.confusion.items()
+            },
             "workers": run.workers,
             "startup_s": round(run.startup_s, 3),
             "wall_s": round(run.wall_s, 3),
@@ -219,6 +234,7 @@ def _row(alias: str, ref: CallRef, call: RecordedCall | None, ok: bool, per: dic
         "error": None if call is None or call.ok else call.kind,
         "duration_ms": call.duration_ms if call is not None else None,
         "submission": call.response if call is not None else None,
+        "confidence": confidence_of(call.meta) if call is not None and call.ok else None,
     }
 
 
@@ -273,11 +289,28 @@ def build_report(
     cases_path: Path,
     repeat: int,
     created: str,
+    holdout: float = DEFAULT_HOLDOUT,
+    seed: int = DEFAULT_SEED,
 ) -> dict[str, Any]:
     """The report document (``kind: localllm_eval_report``) of one eval run."""
     calls = recorded_calls(trace_path)
     enums = enum_fields(gate.schema_path)
     agents, rows = agent_rows(runs, calls, cases, enums, repeat)
+    outcomes: dict[str, dict[str, Outcome]] = {}
+    costs = {c.call_id: _cost(c.meta) for c in calls}
+    for row in rows:
+        if row["repeat"] == 0:
+            outcomes.setdefault(row["agent"], {})[row["case"]] = Outcome(
+                bool(row["correct"]),
+                row["confidence"],
+                float(row["duration_ms"] or 0),
+                costs.get(row["call_id"], 0.0),
+            )
+    label_of = {c.id: json.dumps(c.expect.labels(), sort_keys=True) for c in cases}
+    calibration = calibration_block(outcomes, label_of, holdout=holdout, seed=seed)
+    local = [run.alias for run in runs if run.local]
+    strong = next((run.alias for run in runs if not run.local), None)
+    decision = decision_block(calibration, outcomes, local, strong)
 
     def shown(path: Path) -> str:
         """Paths under the config's directory relative to it (a report can be committed)."""
@@ -302,6 +335,8 @@ def build_report(
         "fingerprint": fingerprint(config, gate, [run.alias for run in runs]),
         "machine": machine(),
         "agents": agents,
+        "calibration": calibration,
+        "decision": decision,
         "calls": rows,
     }
 

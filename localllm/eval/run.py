@@ -74,7 +74,7 @@ def check_cases(config: Config, gate_name: str, cases: Sequence[Case], cases_pat
             for key, value in gate.args.items():
                 if isinstance(value, str):
                     render_prompt(value, case.args, case.world, source=f"gates.{gate_name}.with.args.{key}")
-            render_prompt(gate.prompt, {**gate.args, **case.args}, case.world)
+            render_prompt(gate.prompt, {**gate.args, **case.args}, case.world, extra={"examples": ""})
         except CallError as exc:
             problems.append(ConfigProblem(str(cases_path), f"line {case.line}.{exc.key or 'args'}", str(exc), exc.hint))
     if problems:
@@ -107,12 +107,12 @@ def run_cases(
 
     runs: list[AgentRun] = []
     for alias in agents:
-        with Runtime(config, trace=trace) as runtime:
+        with Runtime(config, trace=trace, examples_leave_one_out=True) as runtime:
             if prepare is not None:
                 prepare(runtime)
             for name, path in (cassettes or {}).items():
                 runtime.register_agent(name, CassetteAgent(path, alias=name))
-            target = runtime.agent(alias)
+            target = runtime.tier_agent(alias, gate_name)
             started = time.monotonic()
             if isinstance(target, LocalLLMAgent):
                 # start the managed server before the clock runs; when it cannot start,

@@ -32,6 +32,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "localllm._lock",
             "localllm.redact",
             "localllm.resources",
+            "localllm.calibrate",
         ),
     ),
     ("core", ("localllm.errors", "localllm.wire", "localllm.settings")),
@@ -39,7 +40,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # agents (transcripts), the runtime and the CLI; they know nothing of calls or config
     ("trace", ("localllm.trace",)),
     ("pins", ("localllm.managed.pins", "localllm.managed.platforms")),
-    ("config", ("localllm.config",)),
+    # the eval cases format is data (it imports only errors): config checks and the examples tier read it
+    ("config", ("localllm.config", "localllm.eval.cases")),
     ("schema", ("localllm.schema", "localllm.grammar")),
     ("managed", ("localllm.managed",)),
     # Agent Plugins directories: parsed into declarations the transports then run

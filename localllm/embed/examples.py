@@ -1,0 +1,249 @@
+"""The examples tier: labelled cases as a nearest-neighbour answer and as dynamic few-shot.
+
+A gate's ``examples:`` names a cases file (the eval cases format: ``args.<input>`` the
+text, ``expect.<field>`` its label) and an embedder. The examples are embedded once (as
+``query`` texts, so example and question are embedded alike) and the vectors cached in
+the :class:`~localllm.embed.store.Store` under their content hash: an edited examples file
+re-embeds only the changed lines, an unchanged one embeds nothing. Then, per call:
+
+- :func:`vote`: the ``k`` nearest examples vote for each voted field, each with its cosine
+  similarity (clipped at 0) as its weight. The answer is the heaviest label; the field's
+  confidence is the *vote margin* ``(w_first − w_second) / Σw`` (1.0 when all agree, 0.0
+  on a tie) times the similarity of the nearest example with that label, so that a
+  question far from every example (out of scope) is not confident just because its
+  distant neighbours agree; the answer's confidence is the smallest over its fields.
+  ``meta.confidence_method`` is :data:`CONFIDENCE_METHOD`. No LLM is started.
+- :func:`render_shots`: the nearest examples rendered as few-shot pairs
+  (``<Input>: <text>`` then the labels as one line of JSON), for the prompt's
+  ``{{ examples }}``.
+
+``leave_one_out`` (what ``localllm eval`` uses) skips any example whose text is the
+question's, so a case that is also an example is never answered from its own label.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from localllm.agents.base import Agent
+from localllm.embed.embedder import Embedder
+from localllm.errors import AgentError, ErrorKind, StoreUnavailable
+from localllm.wire import AskRequest, AskResponse
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+
+__all__ = [
+    "CONFIDENCE_METHOD",
+    "TIER",
+    "Example",
+    "ExampleSet",
+    "ExamplesAgent",
+    "Neighbour",
+    "Vote",
+    "load_examples",
+    "render_shots",
+    "vote",
+]
+
+log = logging.getLogger(__name__)
+
+#: ``meta.tier`` and the alias the examples tier answers as (not a config alias: those start with ``agent.``)
+TIER = "examples"
+CONFIDENCE_METHOD = "knn_vote_margin_x_similarity"
+#: the store's chunking key for example vectors (one store per embedder identity and this)
+_STORE_KEY = {"examples": 1, "role": "query"}
+
+
+@dataclass(frozen=True)
+class Example:
+    """One labelled example: its text and the single expected value of each labelled field."""
+
+    id: str
+    text: str
+    labels: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Neighbour:
+    example: Example
+    score: float
+
+
+@dataclass(frozen=True)
+class Vote:
+    """The k-NN answer: voted fields → label, the answer's confidence and each field's."""
+
+    answer: dict[str, Any]
+    confidence: float
+    fields: dict[str, float]
+    neighbours: list[Neighbour] = field(default_factory=list)
+
+
+def load_examples(path: Path, input_arg: str) -> list[Example]:
+    """The labelled cases of ``path`` as examples (ConfigError for a bad file, as ``load_cases``).
+    Cases marked ``"labelled": false`` and cases without text ``args.<input_arg>`` are skipped."""
+    from localllm.eval.cases import load_cases
+
+    return [
+        Example(case.id, case.args[input_arg], case.expect.labels())
+        for case in load_cases(path)
+        if case.labelled and isinstance(case.args.get(input_arg), str)
+    ]
+
+
+def _key(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def vote(neighbours: Sequence[Neighbour], fields: Sequence[str]) -> Vote:
+    """Similarity-weighted vote of ``neighbours`` (best first) on each of ``fields``.
+
+    Ties go to the label whose best neighbour ranks first. No neighbours (or none labelling
+    a field) gives that field confidence 0.0 and no answer for it.
+    """
+    answer: dict[str, Any] = {}
+    confidences: dict[str, float] = {}
+    for name in fields:
+        weights: dict[str, float] = {}
+        values: dict[str, Any] = {}
+        for n in neighbours:
+            if name not in n.example.labels:
+                continue
+            label = n.example.labels[name]
+            k = _key(label)
+            values.setdefault(k, label)
+            weights[k] = weights.get(k, 0.0) + max(n.score, 0.0)
+        if not weights:
+            confidences[name] = 0.0
+            continue
+        ranked = sorted(weights, key=lambda k: -weights[k])  # stable: first-seen wins a tie
+        total = sum(weights.values())
+        second = weights[ranked[1]] if len(ranked) > 1 else 0.0
+        answer[name] = values[ranked[0]]
+        nearest = max(
+            n.score for n in neighbours if name in n.example.labels and _key(n.example.labels[name]) == ranked[0]
+        )
+        margin = (weights[ranked[0]] - second) / total if total > 0 else 0.0
+        confidences[name] = margin * min(max(nearest, 0.0), 1.0)
+    overall = min(confidences.values()) if confidences else 0.0
+    return Vote(answer, overall, confidences, list(neighbours))
+
+
+def render_shots(neighbours: Sequence[Neighbour], input_arg: str, fields: Sequence[str] | None = None) -> str:
+    """The neighbours as few-shot pairs, the nearest *last* (closest to the question):
+    ``<Input>: <text>`` then ``{"field": label, …}``, separated by blank lines."""
+    label = input_arg.replace("_", " ").capitalize()
+    blocks = []
+    for n in reversed(list(neighbours)):
+        shown = {k: v for k, v in n.example.labels.items() if fields is None or k in fields}
+        blocks.append(f"{label}: {n.example.text}\n{json.dumps(shown, ensure_ascii=False, separators=(',', ':'))}")
+    return "\n\n".join(blocks)
+
+
+class ExampleSet:
+    """Examples with their vectors (embedded on first use, cached in the store)."""
+
+    def __init__(
+        self,
+        examples: Sequence[Example],
+        embedder: Embedder,
+        *,
+        store_root: Path | None = None,
+        leave_one_out: bool = False,
+    ) -> None:
+        self.examples = list(examples)
+        self.embedder = embedder
+        self.store_root = store_root
+        self.leave_one_out = leave_one_out
+        self._matrix: NDArray[np.float32] | None = None
+        self._lock = threading.Lock()
+
+    def _embed(self, texts: Sequence[str]) -> NDArray[np.float32]:
+        return self.embedder.embed(list(texts), "query")
+
+    def matrix(self) -> NDArray[np.float32]:
+        """One unit row per example, in order; embedded (or read from the store) once."""
+        with self._lock:
+            if self._matrix is None:
+                self._matrix = self._load()
+            return self._matrix
+
+    def _load(self) -> NDArray[np.float32]:
+        import numpy as np
+
+        from localllm.embed.store import Store, content_hash
+
+        if not self.examples:
+            return np.zeros((0, 1), dtype=np.float32)
+        texts = {content_hash(e.text): e.text for e in self.examples}
+        try:
+            found = Store(self.embedder.identity, _STORE_KEY, root=self.store_root).vectors(texts, self._embed)
+            rows = np.stack([found[content_hash(e.text)] for e in self.examples])
+        except StoreUnavailable as exc:  # the cache is a saving, not a requirement
+            log.warning("embedding store unavailable (%s); embedding the examples without it", exc.reason)
+            rows = self._embed([e.text for e in self.examples])
+        norms = np.linalg.norm(rows, axis=1, keepdims=True)
+        return np.asarray(rows / np.where(norms == 0, 1.0, norms), dtype=np.float32)
+
+    def neighbours(self, text: str, k: int) -> list[Neighbour]:
+        """The ``k`` most similar examples to ``text``, best first (ties: file order)."""
+        import numpy as np
+
+        matrix = self.matrix()
+        if not self.examples:
+            return []
+        query = np.asarray(self._embed([text]), dtype=np.float32)[0]
+        norm = float(np.linalg.norm(query))
+        scores = matrix @ (query / norm if norm else query)
+        order = sorted(range(len(self.examples)), key=lambda i: (-float(scores[i]), i))
+        if self.leave_one_out:
+            order = [i for i in order if self.examples[i].text != text]
+        return [Neighbour(self.examples[i], float(scores[i])) for i in order[:k]]
+
+
+class ExamplesAgent(Agent):
+    """The examples tier as an agent: answers the voted fields from the k nearest examples.
+
+    The question is the request's ``with.args.<input>``; the answer's meta carries
+    ``tier: "examples"``, ``confidence``, ``confidence_method`` and the neighbours (id,
+    score) that voted.
+    """
+
+    plugin = "builtin.examples"
+    is_local_model = True
+
+    def __init__(self, alias: str, examples: ExampleSet, *, input_arg: str, fields: Sequence[str], k: int) -> None:
+        super().__init__(alias)
+        self.examples = examples
+        self.input_arg = input_arg
+        self.fields = tuple(fields)
+        self.k = k
+
+    def ask(self, request: AskRequest, *, deadline: float) -> AskResponse:
+        args = request.with_.get("args") if isinstance(request.with_, Mapping) else None
+        text = args.get(self.input_arg) if isinstance(args, Mapping) else None
+        if not isinstance(text, str):
+            raise AgentError(
+                ErrorKind.PLUGIN_UNSUPPORTED,
+                f"the examples tier needs the text argument args.{self.input_arg}",
+                hint=f"pass --arg {self.input_arg}=…",
+            )
+        result = vote(self.examples.neighbours(text, self.k), self.fields)
+        meta = {
+            "tier": TIER,
+            "confidence": round(result.confidence, 6),
+            "confidence_method": CONFIDENCE_METHOD,
+            "confidence_fields": {k: round(v, 6) for k, v in result.fields.items()},
+            "neighbours": [{"id": n.example.id, "score": round(n.score, 6)} for n in result.neighbours],
+        }
+        if set(result.answer) != set(self.fields):
+            raise AgentError(ErrorKind.SCHEMA_INVALID, "no example labels every voted field", meta=meta)
+        return AskResponse.of(result.answer, meta=meta)
