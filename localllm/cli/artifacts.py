@@ -13,8 +13,14 @@ _MIRROR_HELP = "directory or base URL tried before the pinned URL"
 def _setup_fetch(parser: argparse.ArgumentParser) -> None:
     fsub = parser.add_subparsers(dest="fetch_what", metavar="WHAT", required=True)
     server = fsub.add_parser("server", help="fetch (or build) llama-server; print its path")
-    server.add_argument(
-        "--from-source", action="store_true", help="build from the pinned llama.cpp source (~15 min the first time)"
+    how = server.add_mutually_exclusive_group()
+    how.add_argument(
+        "--from-source", action="store_true", help="build from the pinned llama.cpp source (13-20 min the first time)"
+    )
+    how.add_argument(
+        "--prebuilt-only",
+        action="store_true",
+        help="fail when the prebuilt release is unreachable instead of building from source",
     )
     server.add_argument("--mirror", metavar="M", help=_MIRROR_HELP)
     server.add_argument("--json", action="store_true", help="print JSON")
@@ -70,9 +76,19 @@ def _size(n: int) -> str:
 
 
 def _fetch_server(args: argparse.Namespace) -> int:
+    from localllm.errors import DownloadFailed, UnsupportedPlatform
     from localllm.managed.acquire import ensure_server
 
-    install = ensure_server(from_source=args.from_source, mirror=args.mirror)
+    try:
+        install = ensure_server(from_source=args.from_source, mirror=args.mirror)
+    except (DownloadFailed, UnsupportedPlatform) as exc:
+        if args.from_source or args.prebuilt_only:
+            raise
+        # No prebuilt reachable (or none for this platform): not an error yet, the pinned
+        # source is the way on, and saying so first is what the user needs to read.
+        why = str(exc).split(";", 1)[0]
+        err(f"localllm: building llama-server from the pinned source because no prebuilt is reachable ({why})")
+        install = ensure_server(from_source=True, mirror=args.mirror)
     if args.json:
         emit_json(
             {

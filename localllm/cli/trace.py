@@ -42,6 +42,7 @@ def _setup(parser: argparse.ArgumentParser) -> None:
     cases.add_argument("--gate", required=True, metavar="G", help="the gate whose calls become cases")
     cases.add_argument("--exact", action="store_true", help="expect the exact recorded submission")
     cases.add_argument("-o", "--output", type=path_arg, metavar="OUT", help="write the JSONL here (default: stdout)")
+    cases.add_argument("--json", action="store_true", help="print the cases (or, with -o, what was written) as JSON")
     cases.set_defaults(handler=_cases)
 
     cassette = tsub.add_parser("cassette", help="turn recorded calls into a replayable cassette (YAML)")
@@ -52,6 +53,9 @@ def _setup(parser: argparse.ArgumentParser) -> None:
         "--match-handler", action="store_true", help="match the routed alias too (default: schema and args only)"
     )
     cassette.add_argument("-o", "--output", type=path_arg, metavar="OUT", help="write the YAML here (default: stdout)")
+    cassette.add_argument(
+        "--json", action="store_true", help="print the cassette (or, with -o, what was written) as JSON"
+    )
     cassette.set_defaults(handler=_cassette)
 
 
@@ -140,7 +144,15 @@ def _cases(args: argparse.Namespace) -> int:
             f"{args.file}: no successful call of gate {args.gate!r}",
             hint="check the gate name (`localllm trace show F --kind agent.call`)",
         )
+    if args.json and args.output is None:
+        import json
+
+        emit_json({"cases": [json.loads(line) for line in lines], "labelled": False})
+        return EXIT_OK
     _write("".join(line + "\n" for line in lines), args.output)
+    if args.json:
+        emit_json({"output": str(args.output), "cases": len(lines), "labelled": False})
+        return EXIT_OK
     warn(f'{len(lines)} cases written unlabelled: check each expect, then set "labelled": true')
     return EXIT_OK
 
@@ -153,7 +165,12 @@ def _cassette(args: argparse.Namespace) -> int:
     doc = cassette_from_calls(
         recorded_calls(args.file), agent=args.agent, replay_any=args.replay_any, match_handler=args.match_handler
     )
+    if args.json and args.output is None:
+        emit_json(doc)
+        return EXIT_OK
     _write(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=120), args.output)
+    if args.json:
+        emit_json({"output": str(args.output), "episodes": len(doc.get("episodes", []))})
     return EXIT_OK
 
 
