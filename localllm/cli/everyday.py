@@ -52,17 +52,16 @@ def _version(args: argparse.Namespace) -> int:
 def _help(args: argparse.Namespace) -> int:
     from localllm.cli.app import COMMANDS, build_parser, suggest
 
+    if args.topic is not None and args.topic not in COMMANDS:
+        raise UsageError(f"no command {args.topic!r}", hint=suggest(args.topic))
     if args.json:
         emit_json({name: info.summary for name, info in COMMANDS.items()})
         return EXIT_OK
     if args.topic is None:
         build_parser().print_help(sys.stdout)
         return EXIT_OK
-    if args.topic not in COMMANDS:
-        raise UsageError(f"no command {args.topic!r}", hint=suggest(args.topic))
-    parser = build_parser(args.topic)
-    parser.parse_args([args.topic, "--help"])  # prints the command's help and exits 0
-    return EXIT_OK  # pragma: no cover - argparse exits above
+    _subparsers(build_parser(args.topic))[args.topic].print_help(sys.stdout)
+    return EXIT_OK
 
 
 # --------------------------------------------------------------------------- completion

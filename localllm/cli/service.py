@@ -211,7 +211,7 @@ def _stop(args: argparse.Namespace) -> int:
     if args.all:
         result = control.stop()
         if args.json:
-            emit_json({"stopped": "service", **result})
+            emit_json({**result, "what": "service"})
         else:
             out(f"stopped the service (pid {result['pid']})")
         return EXIT_OK
