@@ -129,11 +129,23 @@ class Artifact:
     def require_sha256(self, pins_file: str = "pins/artifacts.json") -> str:
         """The pinned hash, or :class:`PinNotConfigured` naming the key to fill."""
         if not self.sha256:
+            if self.pin_key.startswith("models.entries."):
+                # a model: the user pins file takes it, without editing the installed package
+                mid = self.pin_key.removeprefix("models.entries.")
+                hint = (
+                    f"verify {self.file} yourself, then pin it under another id in your pins file "
+                    f"({user_pins_path()}): localllm fetch model --url {self.url or 'URL'} --sha256 HEX "
+                    f"--id {mid}-verified; or use endpoint mode"
+                )
+            else:
+                hint = (
+                    f"verify {self.file} yourself and put its sha256 at {self.pin_key}.sha256 in {pins_file}, "
+                    "or use endpoint mode"
+                )
             raise PinNotConfigured(
                 f"{self.name} has no sha256 pin ({pins_file}: {self.pin_key}.sha256 is null); "
                 "localllm never downloads unverified bytes",
-                hint=f"verify {self.file} yourself, put its sha256 at {self.pin_key}.sha256 in "
-                f"{pins_file}, or use endpoint mode",
+                hint=hint,
             )
         return self.sha256
 
@@ -315,6 +327,15 @@ def add_user_model(
 ) -> ModelPin:
     """Add a model to the user's pins file (atomically; an id already pinned is refused)."""
     where = path or user_pins_path()
+    if not url.startswith("https://"):
+        local = url.startswith("file://") or "://" not in url
+        raise FetchError(
+            f"--url {url}: a pinned model URL must be https://",
+            hint="for a file on disk, put it in a directory and pass --mirror DIR (or set LOCALLLM_MIRROR) "
+            "with a pin whose file name matches"
+            if local
+            else "use the https:// URL of the same file",
+        )
     name = file or url.rstrip("/").rsplit("/", 1)[-1].split("?", 1)[0]
     raw = {"role": role, "file": name, "url": url, "sha256": sha256.lower(), "size": None}
     shipped = load_pins(user=False).models
