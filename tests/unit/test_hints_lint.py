@@ -68,7 +68,7 @@ def hints() -> list[tuple[str, str]]:
             for value in values:
                 text = _text(value)
                 if text:
-                    found.append((f"{path.relative_to(PACKAGE.parent)}:{value.lineno}", text))
+                    found.append((f"{path.relative_to(PACKAGE.parent)}:{getattr(value, 'lineno', 0)}", text))
     return found
 
 
