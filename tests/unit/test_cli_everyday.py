@@ -209,3 +209,33 @@ def test_serve_detach_from_a_directory_holding_a_localllm_dir(
     assert _json(capsys)["what"] == "service"
     assert pid_gone(doc["pid"], within=5.0)
     os.waitpid(doc["pid"], 0)
+
+
+# -- cache prune clears build leftovers --------------------------------------------------------
+
+
+def test_prune_clears_the_source_builds_leftovers_once_it_is_installed(capsys: pytest.CaptureFixture[str]) -> None:
+    from localllm.managed import platforms
+    from localllm.managed.cache import cache_layout, write_marker
+    from localllm.managed.pins import load_pins
+
+    layout, source = cache_layout(), load_pins().source
+    tree = layout.source_tree(source)
+    (tree / "cmake-build").mkdir(parents=True)
+    (tree / "cmake-build" / "big.o").write_bytes(b"x" * 4096)
+    sdist = layout.sdist_path(source)
+    sdist.parent.mkdir(parents=True)
+    sdist.write_bytes(b"sdist")
+    assert main(["cache", "prune", "--json"]) == 0
+    assert _json(capsys)["removed"] == []  # not installed yet: the tree is the build in progress
+    release = layout.source_release_dir(source.version, platforms.current().slug)
+    release.mkdir(parents=True)
+    (release / "llama-server").write_text("#!/bin/sh\n")
+    write_marker(release, {"kind": "source"})
+    assert main(["cache", "list", "--json"]) == 0
+    statuses = {e["kind"]: e["status"] for e in _json(capsys)["entries"] if e["kind"] in ("build", "sdist")}
+    assert statuses == {"build": "leftover", "sdist": "leftover"}
+    assert main(["cache", "prune", "--json"]) == 0
+    removed = {e["kind"] for e in _json(capsys)["removed"]}
+    assert removed == {"build", "sdist"} and not tree.exists() and not sdist.exists()
+    assert (release / "llama-server").is_file()  # the installed server stays
