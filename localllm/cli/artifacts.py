@@ -31,6 +31,7 @@ def _setup_fetch(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--sha256", metavar="H", help="the GGUF's sha256 (64 hex digits)")
     model.add_argument("--id", dest="new_id", metavar="NAME", help="the id to pin it under (default: ID)")
     model.add_argument("--role", choices=["chat", "embedding"], default="chat", help="what the model is for")
+    model.add_argument("--replace", action="store_true", help="with --url: replace a user pin of the same id")
     model.add_argument("--mirror", metavar="M", help=_MIRROR_HELP)
     model.add_argument("--json", action="store_true", help="print JSON")
     model.set_defaults(handler=_fetch_model, usage=model.format_usage())
@@ -63,6 +64,7 @@ def _setup_doctor(parser: argparse.ArgumentParser) -> None:
 
 def _setup_models(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--unpin", metavar="ID", help="remove a model you pinned from your pins file")
     parser.set_defaults(handler=_models)
 
 
@@ -121,7 +123,7 @@ def _fetch_model(args: argparse.Namespace) -> int:
             "--url and --sha256 go together", hint="localllm fetch model --url U --sha256 H --id NAME", usage=args.usage
         )
     if args.url is not None:
-        pin = add_user_model(model_id, url=args.url, sha256=args.sha256, role=args.role)
+        pin = add_user_model(model_id, url=args.url, sha256=args.sha256, role=args.role, replace=args.replace)
         err(f"localllm: pinned {model_id} in {pin.pins_file}")
     pins = load_pins()
     path = ensure_model(model_id, mirror=args.mirror, pins=pins)
@@ -198,6 +200,15 @@ def _models(args: argparse.Namespace) -> int:
     from localllm.managed.inventory import model_rows
     from localllm.managed.pins import load_pins, user_pins_path
 
+    if args.unpin is not None:
+        from localllm.managed.pins import remove_user_model
+
+        where = remove_user_model(args.unpin)
+        if args.json:
+            emit_json({"unpinned": args.unpin, "pins": str(where)})
+        else:
+            err(f"localllm: removed {args.unpin} from {where} (its cached GGUF, if any: localllm cache prune)")
+        return EXIT_OK
     pins = load_pins()
     rows = model_rows(cache_layout(), pins)
     total = sum(int(r["size"] or 0) for r in rows if r["cached"])  # type: ignore[call-overload]

@@ -323,9 +323,17 @@ def _user_models(where: Path, shipped: Mapping[str, ModelPin]) -> dict[str, Mode
 
 
 def add_user_model(
-    model_id: str, *, url: str, sha256: str, role: str = "chat", file: str | None = None, path: Path | None = None
+    model_id: str,
+    *,
+    url: str,
+    sha256: str,
+    role: str = "chat",
+    file: str | None = None,
+    path: Path | None = None,
+    replace: bool = False,
 ) -> ModelPin:
-    """Add a model to the user's pins file (atomically; an id already pinned is refused)."""
+    """Add a model to the user's pins file (atomically); an id already pinned there is
+    refused unless ``replace``; a shipped id always is."""
     where = path or user_pins_path()
     if not url.startswith("https://"):
         local = url.startswith("file://") or "://" not in url
@@ -342,8 +350,11 @@ def add_user_model(
     current = _user_models(where, shipped)
     if model_id in shipped:
         raise FetchError(f"{model_id!r} is already pinned in {shipped[model_id].pins_file}; pick another --id")
-    if model_id in current:
-        raise FetchError(f"{where}: models.entries.{model_id} already exists; remove it first to change it")
+    if model_id in current and not replace:
+        raise FetchError(
+            f"{where}: models.entries.{model_id} already exists",
+            hint=f"replace it with --replace, or remove it: localllm models --unpin {model_id}",
+        )
     pin = _model_pin(model_id, raw, where)  # checks the id, url, sha256 and file name
     try:
         data = json.loads(where.read_text(encoding="utf-8")) if where.exists() else {}
@@ -353,6 +364,23 @@ def add_user_model(
     data.setdefault("models", {}).setdefault("entries", {})[model_id] = raw
     atomic_write(where, json.dumps(data, indent=2) + "\n")
     return pin
+
+
+def remove_user_model(model_id: str, *, path: Path | None = None) -> Path:
+    """Remove a model from the user's pins file (atomically); the file's path. A shipped or
+    unknown id is a ``FetchError`` (its cached GGUF is left to ``localllm cache prune``)."""
+    where = path or user_pins_path()
+    shipped = load_pins(user=False).models
+    if model_id in shipped:
+        raise FetchError(f"{model_id!r} is a shipped pin ({shipped[model_id].pins_file}), not one of yours")
+    current = _user_models(where, shipped)
+    if model_id not in current:
+        known = ", ".join(sorted(current)) or "none"
+        raise FetchError(f"{where}: no user pin {model_id!r}", hint=f"your pins: {known}")
+    data = json.loads(where.read_text(encoding="utf-8"))
+    del data["models"]["entries"][model_id]
+    atomic_write(where, json.dumps(data, indent=2) + "\n")
+    return where
 
 
 def chat_format_args(spec: str | Path, role: str, args: Sequence[str]) -> list[str]:
