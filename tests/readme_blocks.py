@@ -170,7 +170,17 @@ def run_block(
         script.write_text(block.text, encoding="utf-8")
         argvs: list[tuple[str, list[str]]] = [(f"python ({block.id})", [sys.executable, str(script)])]
     elif block.lang == "console":
-        argvs = [(cmd, ["bash", "-c", cmd]) for cmd in console_commands(block.text)]
+        # one shell for the block (a `cd` carries over, as in a terminal); each command must
+        # end with the expected code, else the block stops there with that command's code
+        lines = []
+        for cmd in console_commands(block.text):
+            lines.append(cmd)
+            lines.append(
+                f'rc=$?; if [ "$rc" -ne {block.exit_code} ]; then echo "README block stopped: exit $rc from:" >&2; '
+                f"cat >&2 <<'README_CMD'\n{cmd}\nREADME_CMD\nexit $(( rc == 0 ? 99 : rc )); fi"
+            )
+        lines.append(f"exit {block.exit_code}")
+        argvs = [(block.text, ["bash", "-c", "\n".join(lines)])]
     elif block.lang in ("sh", "bash"):
         argvs = [(block.text, ["bash", "-e", "-c", block.text])]
     else:

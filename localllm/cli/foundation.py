@@ -247,3 +247,8 @@ def _print_result(result: CallResult, as_json: bool) -> None:
         emit_json(value)
     original = result.meta.get("fallback_of")
     err(f"answered by: {result.agent}" + (f" (fallback from {original})" if original else ""))
+    if result.meta.get("served_by") == "sidecar":
+        err(
+            "tip: this command started its own llama-server and stopped it again; "
+            "`localllm serve --detach` keeps models loaded between commands"
+        )

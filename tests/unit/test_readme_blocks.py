@@ -91,3 +91,12 @@ def test_unit_block_runs_as_written(block: Block, root: Path) -> None:
     for outcome in run_block(block, root, timeout=120):
         assert outcome.code == block.exit_code, f"README.md:{block.line}: `{outcome.command}`\n{outcome.output}"
         assert "Traceback" not in outcome.output, outcome.output
+
+
+def test_a_failing_console_command_fails_its_block(tmp_path: Path) -> None:
+    root = workdir(tmp_path / "w")
+    block = Block(1, "console", "$ cd examples\n$ test -d quickstart\n$ false\n$ true\n", "run", "unit", "", 0)
+    [outcome] = run_block(block, root, timeout=30)
+    assert outcome.code == 1 and "false" in outcome.output  # stopped at `false`; `cd` carried over
+    ok = Block(1, "console", "$ cd examples\n$ test -d quickstart\n", "run", "unit", "", 0)
+    assert run_block(ok, root, timeout=30)[0].code == 0
