@@ -21,6 +21,7 @@ from localllm.managed.fetch import fetch_artifact, partial_path
 from localllm.managed.pins import Artifact
 from tests.unit.fakes.http_server import ArchiveServer, etag_of
 
+REPO = Path(__file__).resolve().parents[2]
 DATA = os.urandom(3 << 20)
 NAME = "model.gguf"
 
@@ -81,7 +82,7 @@ def test_a_killed_process_leaves_bytes_the_next_run_resumes(tmp_path: Path) -> N
             f"art = Artifact(name='model', file={NAME!r}, sha256={art.sha256!r}, url={art.url!r}, size={len(DATA)})\n"
             f"fetch_artifact(art, Path({str(dest)!r}), lock_path=Path({str(tmp_path / 'y.lock')!r}), progress=False)\n"
         )
-        child = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": os.getcwd()})
+        child = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(REPO)})
         partial = partial_path(dest, art.sha256 or "")
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and (not partial.exists() or partial.stat().st_size < 256 << 10):
