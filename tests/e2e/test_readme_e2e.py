@@ -37,6 +37,7 @@ def place(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict
     run_block(stop, root, timeout=60, overrides=overrides)  # the service a block started, if any
 
 
+@pytest.mark.timeout(900)  # the eval block asks 64 decides of the real model
 @pytest.mark.parametrize("block", E2E, ids=[b.id for b in E2E])
 def test_e2e_block_runs_as_written(block: Block, place: tuple[Path, dict[str, str | None]]) -> None:
     root, overrides = place
