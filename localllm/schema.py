@@ -43,7 +43,9 @@ def read_schema_file(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError as exc:
-        raise SchemaError(f"{path}: schema file not found") from exc
+        raise SchemaError(
+            f"{path}: schema file not found", hint="fix the path (relative to the config file, or to where you run it)"
+        ) from exc
     except (OSError, UnicodeError, ValueError) as exc:  # ValueError: a NUL in the path; UnicodeError: a surrogate
         raise unreadable(path, exc) from exc
     try:

@@ -50,6 +50,13 @@ def config_dir() -> Path:
     return Path(platformdirs.user_config_dir("localllm", appauthor=False))
 
 
+def config_file() -> Path | None:
+    """``LOCALLLM_CONFIG``: the config file a command uses when none is given and the
+    current directory has no ``localllm.yaml``."""
+    value = _text("LOCALLLM_CONFIG")
+    return Path(value).expanduser() if value else None
+
+
 def mirrors() -> list[str]:
     """Mirrors from ``LOCALLLM_MIRROR`` (directories or base URLs), in order."""
     value = _text("LOCALLLM_MIRROR")

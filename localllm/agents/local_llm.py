@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from localllm import settings
-from localllm._http import map_httpx_errors
+from localllm._http import CONNECTION_REFUSED, map_httpx_errors
 from localllm._upstream import UpstreamError, read_error
 from localllm.agents import structured
 from localllm.agents.base import Agent
@@ -292,8 +292,11 @@ class LocalLLMAgent(Agent):
                     f"{reason} ({type(exc).__name__}: {exc})",
                     alias=self.alias,
                 )
+            hint = ""
+            if reason == CONNECTION_REFUSED and self._server is None:
+                hint = f"nothing listens at {base}: start the server there, or fix agent_plugins.{self.alias}.endpoint"
             return AgentError(
-                ErrorKind.TRANSPORT_ERROR, self._connection_detail(base, reason, exc, pid), alias=self.alias
+                ErrorKind.TRANSPORT_ERROR, self._connection_detail(base, reason, exc, pid), hint=hint, alias=self.alias
             )
 
         def post(body: dict[str, Any]) -> Any:

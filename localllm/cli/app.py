@@ -56,7 +56,44 @@ COMMANDS: dict[str, CommandInfo] = {
     "serve": CommandInfo("localllm.cli.service", "run the machine-wide OpenAI-compatible service"),
     "ps": CommandInfo("localllm.cli.service", "the service's loaded models"),
     "stop": CommandInfo("localllm.cli.service", "unload a model from the service, or stop it"),
+    "logs": CommandInfo("localllm.cli.everyday", "the kept llama-server log of a model, or the service's log"),
+    "completion": CommandInfo("localllm.cli.everyday", "print a shell completion script (bash, zsh, fish)"),
+    "version": CommandInfo("localllm.cli.everyday", "print the version"),
+    "help": CommandInfo("localllm.cli.everyday", "the command list, or one command's help"),
 }
+
+#: verbs users of Ollama, `llm` and huggingface_hub reach for → the localllm command
+ALIASES: dict[str, str] = {
+    "pull": "fetch model",
+    "download": "fetch model",
+    "install": "fetch model",
+    "list": "models",
+    "ls": "models",
+    "show": "models",
+    "rm": "cache rm",
+    "remove": "cache rm",
+    "delete": "cache rm",
+    "prune": "cache prune",
+    "start": "serve",
+    "kill": "stop",
+    "info": "doctor",
+    "env": "doctor",
+    "embeddings": "embed",
+    "completions": "completion",
+}
+
+
+def suggest(word: str, rest: Sequence[str] = ()) -> str:
+    """The "did you mean" hint for an unknown command ``word`` (with its arguments ``rest``)."""
+    import difflib
+
+    tail = "".join(f" {a}" for a in rest)
+    if word in ALIASES:
+        return f"did you mean `localllm {ALIASES[word]}{tail}`?"
+    close = difflib.get_close_matches(word, list(COMMANDS), n=2, cutoff=0.6)
+    if close:
+        return " or ".join(f"`localllm {c}{tail}`" for c in close).join(("did you mean ", "?"))
+    return "see `localllm help` for the commands"
 
 
 class Parser(argparse.ArgumentParser):
@@ -96,6 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning
         try:
+            _check_command(argv)
             args = _parse(argv)
             if isinstance(args, int):
                 return args
@@ -103,6 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             handler: Handler | None = getattr(args, "handler", None)
             if handler is None:
                 build_parser().print_help(sys.stderr)
+                err(f"{PREFIX}error: a command is required (see the list above; `localllm help COMMAND` for one)")
                 return EXIT_USAGE
             return handler(args)
         except KeyboardInterrupt:
@@ -116,6 +155,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             if settings.debug():
                 raise
             return report_error(exc, as_json=as_json)
+
+
+def _check_command(argv: Sequence[str]) -> None:
+    """An unknown command is a usage error with a "did you mean" (``pull`` → ``fetch model``)."""
+    for i, token in enumerate(argv):
+        if token == "--":
+            return
+        if not token.startswith("-"):
+            if token not in COMMANDS:
+                rest = [a for a in argv[i + 1 :] if a != "--json"]
+                raise UsageError(f"unknown command {token!r}", hint=suggest(token, rest))
+            return
 
 
 def _parse(argv: list[str]) -> argparse.Namespace | int:

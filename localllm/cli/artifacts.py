@@ -13,8 +13,14 @@ _MIRROR_HELP = "directory or base URL tried before the pinned URL"
 def _setup_fetch(parser: argparse.ArgumentParser) -> None:
     fsub = parser.add_subparsers(dest="fetch_what", metavar="WHAT", required=True)
     server = fsub.add_parser("server", help="fetch (or build) llama-server; print its path")
-    server.add_argument(
-        "--from-source", action="store_true", help="build from the pinned llama.cpp source (~15 min the first time)"
+    how = server.add_mutually_exclusive_group()
+    how.add_argument(
+        "--from-source", action="store_true", help="build from the pinned llama.cpp source (13-20 min the first time)"
+    )
+    how.add_argument(
+        "--prebuilt-only",
+        action="store_true",
+        help="fail when the prebuilt release is unreachable instead of building from source",
     )
     server.add_argument("--mirror", metavar="M", help=_MIRROR_HELP)
     server.add_argument("--json", action="store_true", help="print JSON")
@@ -25,6 +31,7 @@ def _setup_fetch(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--sha256", metavar="H", help="the GGUF's sha256 (64 hex digits)")
     model.add_argument("--id", dest="new_id", metavar="NAME", help="the id to pin it under (default: ID)")
     model.add_argument("--role", choices=["chat", "embedding"], default="chat", help="what the model is for")
+    model.add_argument("--replace", action="store_true", help="with --url: replace a user pin of the same id")
     model.add_argument("--mirror", metavar="M", help=_MIRROR_HELP)
     model.add_argument("--json", action="store_true", help="print JSON")
     model.set_defaults(handler=_fetch_model, usage=model.format_usage())
@@ -57,6 +64,7 @@ def _setup_doctor(parser: argparse.ArgumentParser) -> None:
 
 def _setup_models(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--unpin", metavar="ID", help="remove a model you pinned from your pins file")
     parser.set_defaults(handler=_models)
 
 
@@ -70,9 +78,19 @@ def _size(n: int) -> str:
 
 
 def _fetch_server(args: argparse.Namespace) -> int:
+    from localllm.errors import DownloadFailed, UnsupportedPlatform
     from localllm.managed.acquire import ensure_server
 
-    install = ensure_server(from_source=args.from_source, mirror=args.mirror)
+    try:
+        install = ensure_server(from_source=args.from_source, mirror=args.mirror)
+    except (DownloadFailed, UnsupportedPlatform) as exc:
+        if args.from_source or args.prebuilt_only:
+            raise
+        # No prebuilt reachable (or none for this platform): not an error yet, the pinned
+        # source is the way on, and saying so first is what the user needs to read.
+        why = str(exc).split(";", 1)[0]
+        err(f"localllm: building llama-server from the pinned source because no prebuilt is reachable ({why})")
+        install = ensure_server(from_source=True, mirror=args.mirror)
     if args.json:
         emit_json(
             {
@@ -105,7 +123,7 @@ def _fetch_model(args: argparse.Namespace) -> int:
             "--url and --sha256 go together", hint="localllm fetch model --url U --sha256 H --id NAME", usage=args.usage
         )
     if args.url is not None:
-        pin = add_user_model(model_id, url=args.url, sha256=args.sha256, role=args.role)
+        pin = add_user_model(model_id, url=args.url, sha256=args.sha256, role=args.role, replace=args.replace)
         err(f"localllm: pinned {model_id} in {pin.pins_file}")
     pins = load_pins()
     path = ensure_model(model_id, mirror=args.mirror, pins=pins)
@@ -182,6 +200,15 @@ def _models(args: argparse.Namespace) -> int:
     from localllm.managed.inventory import model_rows
     from localllm.managed.pins import load_pins, user_pins_path
 
+    if args.unpin is not None:
+        from localllm.managed.pins import remove_user_model
+
+        where = remove_user_model(args.unpin)
+        if args.json:
+            emit_json({"unpinned": args.unpin, "pins": str(where)})
+        else:
+            err(f"localllm: removed {args.unpin} from {where} (its cached GGUF, if any: localllm cache prune)")
+        return EXIT_OK
     pins = load_pins()
     rows = model_rows(cache_layout(), pins)
     total = sum(int(r["size"] or 0) for r in rows if r["cached"])  # type: ignore[call-overload]
@@ -189,8 +216,13 @@ def _models(args: argparse.Namespace) -> int:
         emit_json({"models": rows, "cached_bytes": total, "pins": str(pins.path), "user_pins": str(user_pins_path())})
         return EXIT_OK
     for r in rows:
-        size = _size(int(r["size"])) if r["size"] is not None else "?"  # type: ignore[call-overload]
-        state = "cached" if r["cached"] else ("not cached" if r["downloadable"] else "not cached (mirror or no pin)")
+        size = _size(int(r["size"])) if r["size"] is not None else "-"  # type: ignore[call-overload]
+        if r["cached"]:
+            state = "cached"
+        elif r["source"] == "unpinned":
+            state = "no sha256 pin: never fetched"
+        else:
+            state = f"not cached (from {'PyPI wheels' if r['source'] == 'pypi' else r['source']})"
         out(f"{r['id']:<26} {r['role']:<9} {size:>10}  {state}" + ("  (user pin)" if r["pinned"] == "user" else ""))
     out(
         f"{sum(1 for r in rows if r['cached'])} of {len(rows)} cached, {_size(total)}; "

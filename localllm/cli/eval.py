@@ -19,7 +19,12 @@ def _setup(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--repeat", type=int, default=1, metavar="N", help="ask each case N times (reproducibility)")
     parser.add_argument("--cases", type=path_arg, metavar="F", help="cases JSONL (default: evals/GATE/cases.jsonl)")
-    parser.add_argument("--out", type=path_arg, metavar="DIR", help="reports directory (default: evals/reports)")
+    parser.add_argument(
+        "--out",
+        type=path_arg,
+        metavar="DIR",
+        help="reports directory (default: evals/reports under the current directory, never the config's files)",
+    )
     parser.add_argument(
         "--cassette",
         action="append",
@@ -47,6 +52,10 @@ def _setup(parser: argparse.ArgumentParser) -> None:
 
 
 SETUP = {"eval": _setup}
+
+#: where ``localllm eval`` writes reports without ``--out``: relative to the current directory,
+#: so an example's committed report is only rewritten from its own directory or on purpose
+DEFAULT_OUT = Path("evals") / "reports"
 
 
 def _cassettes(pairs: list[str] | None) -> dict[str, Path]:
@@ -95,7 +104,7 @@ def _eval(args: argparse.Namespace) -> int:
             cases_path=cases_path,
             cases=cases,
             repeat=args.repeat,
-            out_dir=args.out,
+            out_dir=args.out if args.out is not None else Path.cwd() / DEFAULT_OUT,
             cassettes=cassettes,
             workers=args.workers,
             progress=progress,

@@ -15,10 +15,41 @@ if TYPE_CHECKING:
     from localllm.wire import CallResult
 
 
+#: the config file a command finds in the current directory when no -c is given
+DEFAULT_CONFIG = "localllm.yaml"
+
+
 def add_config_option(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
-    """``-c/--config FILE``: the one spelling every command that reads a config accepts."""
+    """``-c/--config FILE``: the one spelling every command that reads a config accepts.
+
+    Never required on the command line: without it :func:`discover_config` looks for
+    ``./localllm.yaml``, then ``LOCALLLM_CONFIG`` (``required`` is kept for callers).
+    """
+    del required
     parser.add_argument(
-        "-c", "--config", type=Path, required=required, metavar="FILE", help="the config file (localllm.yaml)"
+        "-c",
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help=f"the config file (default: ./{DEFAULT_CONFIG}, then $LOCALLLM_CONFIG)",
+    )
+
+
+def discover_config(given: Path | None) -> Path:
+    """``given``, else ``./localllm.yaml``, else ``LOCALLLM_CONFIG``; a usage error naming all three."""
+    from localllm import settings
+
+    if given is not None:
+        return given
+    local = Path(DEFAULT_CONFIG)
+    if local.is_file():
+        return local
+    env = settings.config_file()
+    if env is not None:
+        return env
+    raise UsageError(
+        f"no config file: none given with -c, no {DEFAULT_CONFIG} in {Path.cwd()}, and LOCALLLM_CONFIG is not set",
+        hint=f"pass -c FILE, run it where {DEFAULT_CONFIG} is, or set LOCALLLM_CONFIG=FILE",
     )
 
 
@@ -64,23 +95,21 @@ def _common_call_args(parser: argparse.ArgumentParser) -> None:
 SETUP = {"check": _setup_check, "call": _setup_call, "run": _setup_run}
 
 
-def load(path: Path) -> Config:
-    """``load_config`` (ConfigError lists every problem; the CLI exits 2)."""
+def load(path: Path | None) -> Config:
+    """``load_config`` of ``path`` or the discovered config (ConfigError lists every problem; exit 2)."""
     from localllm.loading import load_config
 
-    return load_config(path)
+    return load_config(discover_config(path))
 
 
 def _check(args: argparse.Namespace) -> int:
     given = {p for p in (args.config_file, args.config) if p is not None}
-    if len(given) != 1:
+    if len(given) > 1:
         raise UsageError(
-            "check needs exactly one config file"
-            if not given
-            else f"two different configs given: {args.config_file} and {args.config}",
+            f"two different configs given: {args.config_file} and {args.config}",
             hint="localllm check CONFIG  (or: localllm check -c CONFIG)",
         )
-    config = load(given.pop())
+    config = load(given.pop() if given else None)
     summary: dict[str, Any] = {
         "config": str(config.path),
         "app_id": config.app_id,
@@ -218,3 +247,8 @@ def _print_result(result: CallResult, as_json: bool) -> None:
         emit_json(value)
     original = result.meta.get("fallback_of")
     err(f"answered by: {result.agent}" + (f" (fallback from {original})" if original else ""))
+    if result.meta.get("served_by") == "sidecar":
+        err(
+            "tip: this command started its own llama-server and stopped it again; "
+            "`localllm serve --detach` keeps models loaded between commands"
+        )

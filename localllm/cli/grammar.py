@@ -16,7 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from localllm.cli.output import EXIT_FAILED, EXIT_OK, emit_json, out
+from localllm.cli.output import EXIT_FAILED, EXIT_OK, EXIT_USAGE, emit_json, err, out
 
 if TYPE_CHECKING:
     from localllm.grammar.subset import Violation
@@ -69,14 +69,25 @@ def unwrap_corpus_entry(path: Path, doc: dict[str, Any]) -> tuple[dict[str, Any]
 
 
 def _check(args: argparse.Namespace) -> int:
+    from localllm.errors import LocalLLMError
     from localllm.grammar.compile import compile_schema
     from localllm.grammar.subset import check_subset
     from localllm.schema import read_schema_file
 
-    # Read everything first: an unreadable file is a usage error (exit 2) before any verdict.
-    loaded = [(path, *unwrap_corpus_entry(path, read_schema_file(path))) for path in args.schemas]
+    # An unreadable file is reported in its place (exit 2) without hiding the others' verdicts.
     results: list[dict[str, Any]] = []
-    for path, schema, recorded in loaded:
+    unreadable: list[dict[str, Any]] = []
+    for path in args.schemas:
+        try:
+            schema, recorded = unwrap_corpus_entry(path, read_schema_file(path))
+        except LocalLLMError as exc:
+            from localllm.cli.app import kind_of
+
+            doc = {"file": str(path), "ok": False, "kind": kind_of(exc), "detail": str(exc), "hint": exc.hint}
+            unreadable.append(doc)
+            if not args.json:
+                err(f"localllm: error: {exc}" + (f" (hint: {exc.hint})" if exc.hint else ""))
+            continue
         findings = check_subset(schema)
         compiled = compile_schema(schema)
         result: dict[str, Any] = {
@@ -90,7 +101,7 @@ def _check(args: argparse.Namespace) -> int:
             result["corpus_verdict"] = recorded
         results.append(result)
     if args.json:
-        emit_json(results)
+        emit_json(results + unreadable)
     else:
         for result in results:
             findings = result["findings"]
@@ -111,4 +122,6 @@ def _check(args: argparse.Namespace) -> int:
             if not args.server:
                 for r in refusals:
                     out(f"  refused {r['path']}  [{r['construct']}]  {r['message']}")
+    if unreadable:
+        return EXIT_USAGE
     return EXIT_OK if all(r["enforced"] for r in results) else EXIT_FAILED

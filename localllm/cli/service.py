@@ -40,6 +40,7 @@ def _setup_serve(serve: argparse.ArgumentParser) -> None:
     auth.add_argument("--api-key-env", metavar="NAME", help="take the bearer token from this variable")
     auth.add_argument("--no-auth", action="store_true", help="accept requests without a token (loopback only)")
     serve.add_argument("--detach", action="store_true", help="run in the background (log: <cache>/run/service.log)")
+    serve.add_argument("--json", action="store_true", help="announce the service (pid, url, token file, log) as JSON")
     serve.set_defaults(handler=_serve)
 
 
@@ -51,6 +52,7 @@ def _setup_ps(ps: argparse.ArgumentParser) -> None:
 def _setup_stop(stop: argparse.ArgumentParser) -> None:
     stop.add_argument("model", nargs="?", help="the model id to unload")
     stop.add_argument("--all", action="store_true", help="stop the service and every model it runs")
+    stop.add_argument("--json", action="store_true", help="print what was stopped as JSON")
     stop.set_defaults(handler=_stop)
 
 
@@ -109,7 +111,14 @@ def _child_argv(args: argparse.Namespace) -> list[str]:
     return out
 
 
-def _announce(pid: int, url: str, token_file: str | None, log_file: Path | None = None) -> None:
+def _announce(
+    pid: int, url: str, token_file: str | None, log_file: Path | None = None, *, as_json: bool = False
+) -> None:
+    if as_json:
+        doc = {"pid": pid, "url": f"{url}/v1", "token_file": token_file, "log": str(log_file) if log_file else None}
+        emit_json(doc)
+        sys.stdout.flush()
+        return
     token = f"token file {token_file}" if token_file else "no auth"
     where = f", log {log_file}" if log_file else ""
     sys.stdout.write(f"localllm service pid {pid} at {url}/v1 ({token}{where})\n")
@@ -127,7 +136,7 @@ def _serve(args: argparse.Namespace) -> int:
         from localllm.service import control
 
         found, log_file = control.detach(_child_argv(args))
-        _announce(found.pid, found.url, found.token_file, log_file)
+        _announce(found.pid, found.url, found.token_file, log_file, as_json=args.json)
         return EXIT_OK
     import logging
 
@@ -140,7 +149,7 @@ def _serve(args: argparse.Namespace) -> int:
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
     service = Service(options, config=config).start()
-    _announce(os.getpid(), service.url, str(service.token_path) if service.token else None)
+    _announce(os.getpid(), service.url, str(service.token_path) if service.token else None, as_json=args.json)
     service.wait()
     return EXIT_OK
 
@@ -201,8 +210,14 @@ def _stop(args: argparse.Namespace) -> int:
         raise UsageError("give a MODEL to unload, or --all to stop the service")
     if args.all:
         result = control.stop()
-        out(f"stopped the service (pid {result['pid']})")
+        if args.json:
+            emit_json({**result, "what": "service"})
+        else:
+            out(f"stopped the service (pid {result['pid']})")
         return EXIT_OK
     result = control.stop(args.model)
-    out(f"unloaded {args.model}" if result["unloaded"] else f"{args.model} was not loaded")
+    if args.json:
+        emit_json({"model": args.model, **result})
+    else:
+        out(f"unloaded {args.model}" if result["unloaded"] else f"{args.model} was not loaded")
     return EXIT_OK

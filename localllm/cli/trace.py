@@ -48,6 +48,7 @@ def _setup(parser: argparse.ArgumentParser) -> None:
         "-c", "--config", type=path_arg, metavar="FILE", help="the app config: recorded schema paths are relative to it"
     )
     cases.add_argument("-o", "--output", type=path_arg, metavar="OUT", help="write the JSONL here (default: stdout)")
+    cases.add_argument("--json", action="store_true", help="print the cases (or, with -o, what was written) as JSON")
     cases.set_defaults(handler=_cases)
 
     cassette = tsub.add_parser("cassette", help="turn recorded calls into a replayable cassette (YAML)")
@@ -64,6 +65,9 @@ def _setup(parser: argparse.ArgumentParser) -> None:
         "--app-id", metavar="ID", help="the cassette's app_id (default: the config's, or the trace's)"
     )
     cassette.add_argument("-o", "--output", type=path_arg, metavar="OUT", help="write the YAML here (default: stdout)")
+    cassette.add_argument(
+        "--json", action="store_true", help="print the cassette (or, with -o, what was written) as JSON"
+    )
     cassette.set_defaults(handler=_cassette)
 
 
@@ -153,7 +157,15 @@ def _cases(args: argparse.Namespace) -> int:
             f"{args.file}: no successful call of gate {args.gate!r}",
             hint="check the gate name (`localllm trace show F --kind agent.call`)",
         )
+    if args.json and args.output is None:
+        import json
+
+        emit_json({"cases": [json.loads(line) for line in lines], "labelled": False})
+        return EXIT_OK
     _write("".join(line + "\n" for line in lines), args.output)
+    if args.json:
+        emit_json({"output": str(args.output), "cases": len(lines), "labelled": False})
+        return EXIT_OK
     warn(f'{len(lines)} cases written unlabelled: check each expect, then set "labelled": true')
     return EXIT_OK
 
@@ -179,7 +191,12 @@ def _cassette(args: argparse.Namespace) -> int:
         match_handler=args.match_handler,
         app_id=app_id,
     )
+    if args.json and args.output is None:
+        emit_json(doc)
+        return EXIT_OK
     _write(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=120), args.output)
+    if args.json:
+        emit_json({"output": str(args.output), "episodes": len(doc.get("episodes", []))})
     return EXIT_OK
 
 

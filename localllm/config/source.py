@@ -45,6 +45,10 @@ def read_yaml(file: Path) -> Any:
         text = file.read_text(encoding="utf-8") if size <= MAX_BYTES else ""
     except FileNotFoundError as exc:
         raise _fail(file, "config file not found", "check the path") from exc
+    except UnicodeDecodeError as exc:  # the file, not its path: its bytes are not UTF-8
+        raise _fail(
+            file, f"config file is not UTF-8 text: {exc}", "save the file as UTF-8 (YAML configs are UTF-8)"
+        ) from exc
     except (OSError, UnicodeError, ValueError) as exc:  # ValueError: NUL or a lone surrogate in the path
         raise _fail(file, f"cannot read config file: {exc}", "check the path") from exc
     if size > MAX_BYTES:

@@ -2,7 +2,7 @@
 
 :func:`ensure_server` resolves, in order: ``LOCALLLM_SERVER_BIN``; a cached prebuilt
 release for this platform; a cached source build; the prebuilt pin (mirrors first). It
-never builds from source unless asked (``from_source=True``: ~15 minutes on 2 cores).
+never builds from source unless asked (``from_source=True``: 13-20 minutes on 2 cores).
 Every fetch takes ``cancel``: set from another thread, it aborts the download promptly
 and leaves no partial file (``DownloadCancelled``).
 """
@@ -23,7 +23,7 @@ from localllm.managed.pins import Pins, load_pins
 from localllm.managed.release import ServerInstall, cached_server, install_for, install_prebuilt, log_stderr
 
 FROM_SOURCE_HINT = (
-    "build it here with `localllm fetch server --from-source` (~15 min), pre-warm the cache "
+    "build it here with `localllm fetch server --from-source` (13-20 min on 2 cores), pre-warm the cache "
     "with `localllm fetch server` on a connected machine, or use endpoint mode"
 )
 

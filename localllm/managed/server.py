@@ -28,6 +28,7 @@ outlives this process, even when it is SIGKILLed.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 import re
@@ -201,11 +202,56 @@ def _launch_error(binary: Path, exc: OSError) -> SidecarError:
     )
 
 
+#: a model's kept llama-server log is rotated (one old file kept) past this many bytes
+LOG_LIMIT = 1 << 20
+
+
+def log_path_for(model: str | Path) -> Path:
+    """``<cache>/logs/<model>.log``: where a model's llama-server stderr is kept (``localllm logs``)."""
+    from localllm.managed.cache import cache_layout
+
+    text = str(model)
+    stem = Path(text).stem if text.endswith(".gguf") else text
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in stem) or "model"
+    return cache_layout().root / "logs" / f"{safe}.log"
+
+
+class _KeptLog:
+    """A model's llama-server stderr appended to its log file, bounded by :data:`LOG_LIMIT`
+    (rotated to ``.log.1``); opened per line, so nothing stays open; a log that cannot be
+    written is dropped, never an error."""
+
+    def __init__(self, path: Path, header: str) -> None:
+        self.path = path
+        self.ok = True
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+        self.write(header)
+
+    def write(self, line: str) -> None:
+        if not self.ok:
+            return
+        try:
+            if self.path.is_file() and self.path.stat().st_size > LOG_LIMIT:
+                os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+            with self.path.open("a", encoding="utf-8", errors="backslashreplace") as fh:
+                fh.write(line + "\n")
+        except OSError:
+            self.ok = False
+
+
 class _Process:
     """One spawned llama-server: its stderr tail, its watchdog, and how to stop it."""
 
-    def __init__(self, argv: list[str], env: Mapping[str, str], requested_port: int) -> None:
+    def __init__(
+        self, argv: list[str], env: Mapping[str, str], requested_port: int, log_path: Path | None = None
+    ) -> None:
         self.argv = argv
+        self._kept = (
+            _KeptLog(log_path, f"== {time.strftime('%Y-%m-%dT%H:%M:%S')} llama-server {' '.join(_redact(argv))}")
+            if log_path is not None
+            else None
+        )
         self.requested_port = requested_port
         self.reported_port: int | None = None
         self.bound_port: int | None = None  # set once /health answered 200 on it
@@ -231,6 +277,8 @@ class _Process:
 
     # -- stderr -------------------------------------------------------------------
     def _on_line(self, line: str) -> None:
+        if self._kept is not None:
+            self._kept.write(line)
         if self.reported_port is None:
             for pattern in _LISTEN_PATTERNS:
                 match = pattern.search(line)
@@ -767,7 +815,7 @@ class ManagedServer:
         argv = self._build_argv(self.binary, self.model, port, deadline)
         env = _child_env(self.binary, self._env)
         try:
-            proc = _Process(argv, env, port)
+            proc = _Process(argv, env, port, log_path_for(self._model_spec))
         except OSError as exc:
             raise _launch_error(self.binary, exc) from exc
         with self._cond:

@@ -99,6 +99,30 @@ def stop(model: str | None = None, *, cache_root: Path | None = None, wait: floa
     return {"stopped": True, "pid": found.pid}
 
 
+#: the detached service's log is rotated (one old file kept) past this many bytes at start
+LOG_LIMIT = 4 << 20
+
+#: ``python -c`` this, not ``python -m localllm``: ``-m`` puts the caller's directory first on
+#: ``sys.path``, and a ``localllm/`` directory there (the clone, seen from its parent) would
+#: shadow the installed package in the detached child
+_CHILD_MAIN = "import sys; sys.path[:1] = []; from localllm.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def child_command(argv: Sequence[str]) -> list[str]:
+    """The argv of a ``localllm`` child process that imports localllm the way this one did."""
+    return [sys.executable, "-c", _CHILD_MAIN, *argv]
+
+
+def child_pythonpath() -> dict[str, str]:
+    """``PYTHONPATH`` with the directory this process imported localllm from first, so a
+    child started from any directory imports the same localllm (an uninstalled clone too)."""
+    import localllm
+
+    root = str(Path(localllm.__file__).resolve().parent.parent)
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != root]
+    return {"PYTHONPATH": os.pathsep.join([root, *rest])}
+
+
 def detach(
     serve_argv: Sequence[str], *, cache_root: Path | None = None, wait: float = 120.0
 ) -> tuple[discovery.Discovery, Path]:
@@ -108,13 +132,15 @@ def detach(
     run = discovery.run_dir(root)
     run.mkdir(mode=0o700, parents=True, exist_ok=True)
     log_path = run / discovery.LOG_FILE
+    if log_path.is_file() and log_path.stat().st_size > LOG_LIMIT:  # bounded: one old log kept
+        os.replace(log_path, log_path.with_name(log_path.name + ".1"))
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         # posix_spawn in a new session: no Popen object to outlive, no terminal to follow
         pid = os.posix_spawn(
             sys.executable,
-            [sys.executable, "-m", "localllm", "serve", *serve_argv],
-            {**os.environ, "LOCALLLM_CACHE_DIR": str(root)},
+            child_command(["serve", *serve_argv]),
+            {**os.environ, "LOCALLLM_CACHE_DIR": str(root), **child_pythonpath()},
             file_actions=[
                 (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
                 (os.POSIX_SPAWN_DUP2, log_fd, 1),

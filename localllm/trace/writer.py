@@ -431,7 +431,8 @@ def _lock(fd: int, path: Path, wait: float) -> None:
         path=str(path),
         waited=wait,
         hint=f"{waited}{path} is open in another localllm process or writer: give each process its own "
-        "trace file, or wait for the lock (Runtime(..., trace_wait=SECONDS), `--trace-wait SECONDS`)",
+        "trace file (`--trace F` on the command line), or, from Python, wait for the lock with "
+        "Runtime(..., trace_wait=SECONDS)",
     )
 
 

@@ -62,8 +62,9 @@ def nearest_rank(values: list[float], pct: float) -> float:
 
 
 def test_eval_two_local_agents_and_a_cassette_claude(
-    tmp_path: Path, managed_env: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, managed_env: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.chdir(tmp_path)  # `localllm eval` writes evals/reports under the current directory
     shutil.copytree(DEMO / "prompts", tmp_path / "prompts")
     shutil.copytree(DEMO / "schemas", tmp_path / "schemas")
     lines = (DEMO / "evals" / "triage" / "cases.jsonl").read_text().splitlines()[:CASES]

@@ -13,6 +13,16 @@ from tests.unit.agents_fixtures.helpers import McpHttpServer
 FAKE_LLAMA_SERVER = Path(__file__).resolve().parent / "fakes" / "fake_llama_server.py"
 
 
+@pytest.fixture(autouse=True)
+def no_package_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pip never reaches a package index from a unit test (pins shipped as wheels would):
+    it sees only a local wheel directory, empty unless a test fills it."""
+    wheels = tmp_path / "pip-wheels"
+    wheels.mkdir(exist_ok=True)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
+
+
 @pytest.fixture
 def server_bin(tmp_path: Path) -> Path:
     """An executable ``llama-server`` in its own dir that execs the fake (same pid)."""

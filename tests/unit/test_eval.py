@@ -470,7 +470,27 @@ def test_trace_cases_and_cassette_round_trip(app: Path, capsys: pytest.CaptureFi
     )
 
 
-def test_cli_eval_prints_the_table_and_fails_under_the_bar(app: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_eval_writes_reports_under_the_current_directory_not_the_config(
+    app: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = load_config(app / "app.yaml")
+    with Runtime(config, trace=app / "rec.jsonl") as runtime:
+        runtime.register_inprocess("agent.claude", claude)
+        for ticket, _, _ in TICKETS.values():
+            runtime.run_gate("triage", {"ticket": ticket}, agent="agent.claude")
+    assert main(["trace", "cassette", str(app / "rec.jsonl"), "-o", str(app / "c.yaml")]) == 0
+    elsewhere = tmp_path_factory.mktemp("cwd")
+    monkeypatch.chdir(elsewhere)
+    argv = ["eval", "triage", "-c", str(app / "app.yaml"), "--agents", "agent.claude"]
+    assert main([*argv, "--cassette", f"agent.claude={app / 'c.yaml'}", "--json"]) == 0
+    assert (elsewhere / "evals" / "reports" / "triage" / "latest.json").is_file()
+    assert not (app / "evals" / "reports").exists()  # the config's (tracked) reports are untouched
+
+
+def test_cli_eval_prints_the_table_and_fails_under_the_bar(
+    app: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(app)
     config = load_config(app / "app.yaml")
     with Runtime(config, trace=app / "rec.jsonl") as runtime:
         runtime.register_inprocess("agent.small", small)
@@ -588,6 +608,7 @@ def test_the_progress_bar_is_drawn_only_on_a_tty(
 ) -> None:
     import sys
 
+    monkeypatch.chdir(app)
     with Runtime(load_config(app / "app.yaml"), trace=app / "rec.jsonl") as runtime:
         runtime.register_inprocess("agent.claude", claude)
         for ticket, _, _ in TICKETS.values():

@@ -96,9 +96,10 @@ def test_unreadable_schema_exits_2_naming_the_file(
     broken = tmp_path / "broken.json"
     if content is not None:
         broken.write_text(content)
-    assert main(["grammar", "check", str(ok), str(broken)]) == 2
+    assert main(["grammar", "check", str(broken), str(ok)]) == 2
     captured = capsys.readouterr()
-    assert captured.out == ""  # nothing is judged when an input cannot be read
+    # the unreadable file is named; the readable one still gets its verdict
+    assert captured.out.startswith(f"{ok}: enforced")
     assert str(broken) in captured.err and needle in captured.err
 
 
@@ -146,6 +147,6 @@ def test_a_corpus_entry_whose_schema_is_not_an_object_is_refused(
 ) -> None:
     entry = write(tmp_path, "entry.json", {"description": "broken", "schema": ["not", "a", "schema"], "verdict": "ok"})
     assert main(["grammar", "check", "--json", str(entry)]) == 2
-    doc = json.loads(capsys.readouterr().out)
-    assert (doc["ok"], doc["kind"]) == (False, "schema_error")
+    [doc] = json.loads(capsys.readouterr().out)
+    assert (doc["file"], doc["ok"], doc["kind"]) == (str(entry), False, "schema_error")
     assert str(entry) in doc["detail"]

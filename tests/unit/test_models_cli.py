@@ -95,7 +95,29 @@ def test_fetch_model_url_pins_a_new_model_in_the_user_file(
     rows = {r["id"]: r for r in _json(capsys)["models"]}
     assert (rows["tiny"]["pinned"], rows["tiny"]["cached"]) == ("user", True)
     assert main(argv) == 1  # the id is taken now: refused, the file unchanged
-    assert "already exists" in _json(capsys)["detail"]
+    doc = _json(capsys)
+    assert "already exists" in doc["detail"] and "--replace" in doc["hint"] and "--unpin tiny" in doc["hint"]
+
+
+def test_a_user_pin_can_be_replaced_and_removed(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from localllm.managed.pins import add_user_model
+
+    monkeypatch.setenv("LOCALLLM_OFFLINE", "1")  # the fetch after pinning opens no socket
+    add_user_model("tiny", url="https://example.invalid/a.gguf", sha256="a" * 64)
+    argv = ["fetch", "model", "--url", "https://example.invalid/b.gguf", "--sha256", "b" * 64, "--id", "tiny"]
+    assert main([*argv, "--json"]) == 1  # taken
+    capsys.readouterr()
+    main([*argv, "--replace", "--json"])  # replaced, then fetched (fails offline: not cached)
+    capsys.readouterr()
+    entry = json.loads(user_pins_path().read_text())["models"]["entries"]["tiny"]
+    assert (entry["file"], entry["sha256"]) == ("b.gguf", "b" * 64)
+    assert main(["models", "--unpin", "tiny", "--json"]) == 0
+    assert _json(capsys)["unpinned"] == "tiny"
+    assert "tiny" not in json.loads(user_pins_path().read_text())["models"]["entries"]
+    assert main(["models", "--unpin", "tiny", "--json"]) == 1
+    assert main(["models", "--unpin", "gemma-3-270m", "--json"]) == 1  # shipped: not the user's to remove
 
 
 @pytest.mark.parametrize(

@@ -288,3 +288,45 @@ def test_a_long_build_step_reports_elapsed_time_and_cmake_percent(
     sb._run_logged([str(step)], tmp_path / "build.log", cwd=tmp_path, progress=beats.append)
     assert beats and all("elapsed" in b for b in beats)
     assert "42%" in beats[-1]
+
+
+def test_the_heartbeat_extrapolates_an_eta_from_cmakes_percentage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert sb._with_eta(", 25%", 60.0) == ", 25%, about 3m00s left"
+    assert sb._with_eta(", 2%", 60.0) == ", 2%"  # too early to extrapolate
+    assert sb._with_eta("", 60.0) == ""
+    step = tmp_path / "step"
+    step.write_text(f"#!{sys.executable}\nimport time\nprint('[ 50%] Building', flush=True)\ntime.sleep(1.2)\n")
+    step.chmod(0o755)
+    monkeypatch.setattr(sb, "_HEARTBEAT", 0.3)
+    beats: list[str] = []
+    sb._run_logged([str(step)], tmp_path / "build.log", cwd=tmp_path, progress=beats.append)
+    assert "left" in beats[-1]
+
+
+def test_fetch_server_builds_from_source_when_no_prebuilt_is_reachable(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from localllm.errors import DownloadFailed
+    from localllm.managed import acquire
+    from localllm.managed.release import ServerInstall
+
+    asked: list[bool] = []
+
+    def ensure(*, from_source: bool = False, mirror: str | None = None) -> ServerInstall:
+        asked.append(from_source)
+        if not from_source:
+            raise DownloadFailed("download of llama-b9444.tar.gz from https://x: host name not resolved")
+        return ServerInstall(binary=tmp_path / "llama-server", release_dir=tmp_path, release="s", source="source")
+
+    monkeypatch.setattr(acquire, "ensure_server", ensure)
+    assert cli.main(["fetch", "server"]) == 0
+    captured = capsys.readouterr()
+    assert asked == [False, True]
+    assert captured.out.strip() == str(tmp_path / "llama-server")
+    assert "error" not in captured.err  # progress, not an error line
+    assert "building llama-server from the pinned source" in captured.err
+    asked.clear()
+    assert cli.main(["fetch", "server", "--prebuilt-only"]) == 1
+    assert asked == [False]

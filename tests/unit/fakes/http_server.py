@@ -43,6 +43,14 @@ class Request:
     name: str
     range: str | None
     status: int
+    if_range: str | None = None
+
+
+def etag_of(data: bytes) -> str:
+    """The strong ETag the server sends for a file's bytes (and honours in If-Range)."""
+    import hashlib
+
+    return '"' + hashlib.sha256(data).hexdigest()[:16] + '"'
 
 
 class ArchiveServer:
@@ -142,6 +150,9 @@ class ArchiveServer:
             if status == 200 and found is not None:
                 size = found[0]
                 m = _RANGE.match(rng or "")
+                if_range = h.headers.get("If-Range")
+                if if_range is not None and if_range != self._etag(found[1]):
+                    m = None  # the file changed since the client's bytes: the whole file, 200
                 if m and not self.ignore_range:
                     start = int(m.group(1))
                     end = min(int(m.group(2)), size - 1) if m.group(2) else size - 1
@@ -149,7 +160,7 @@ class ArchiveServer:
                 if self.cuts_left > 0 and not head and status in (200, 206):
                     self.cuts_left -= 1
                     cut = self.cut_after
-            self.requests.append(Request(name, rng, status))
+            self.requests.append(Request(name, rng, status, h.headers.get("If-Range")))
         if self.misbehave is not None and found is not None and status == 200:
             self._misbehave(h, found[1] if isinstance(found[1], bytes) else found[1].read_bytes())
             return
@@ -172,6 +183,7 @@ class ArchiveServer:
         h.send_header("Content-Length", str(length))
         if not self.ignore_range:
             h.send_header("Accept-Ranges", "bytes")
+            h.send_header("ETag", self._etag(source))
         if status == 206:
             h.send_header("Content-Range", f"bytes {start}-{end}/{size}")
         h.end_headers()
@@ -188,6 +200,10 @@ class ArchiveServer:
             h.close_connection = True
             with contextlib.suppress(OSError):
                 h.connection.shutdown(socket.SHUT_RDWR)
+
+    @staticmethod
+    def _etag(source: Path | bytes) -> str:
+        return etag_of(source if isinstance(source, bytes) else source.read_bytes())
 
     def _misbehave(self, h: _Handler, data: bytes) -> None:
         mode = self.misbehave
