@@ -37,6 +37,7 @@ from typing import Any
 
 from localllm import _process, settings
 from localllm.errors import AgentError, ErrorKind
+from localllm.redact import Redactor
 
 logger = logging.getLogger(__name__)
 
@@ -72,20 +73,6 @@ def _ready(fd: int, events: int, deadline: float) -> bool:
     poller = select.poll()
     poller.register(fd, events)
     return bool(poller.poll(max(0, int(remaining * 1000) + 1)))
-
-
-class Redactor:
-    """Replaces secret values (resolved ``env``/``headers``) with ``***`` in any text."""
-
-    def __init__(self, secrets: Sequence[str]) -> None:
-        # Longest first so a secret containing another is replaced whole; very short
-        # values are skipped because replacing them would shred unrelated text.
-        self._secrets = sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True)
-
-    def __call__(self, text: str) -> str:
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return text
 
 
 class LineChild:

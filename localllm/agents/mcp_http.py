@@ -57,7 +57,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 from urllib.parse import urlsplit, urlunsplit
@@ -144,11 +144,17 @@ class McpHttpAgent(Agent):
 
     plugin: ClassVar[str] = "mcp_http"
 
-    def __init__(self, decl: McpHttpDecl, *, transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        decl: McpHttpDecl,
+        *,
+        transport: httpx.BaseTransport | None = None,
+        secrets: Sequence[str] | None = None,
+    ) -> None:
         super().__init__(decl.alias)
         self.decl = decl
         self._url = safe_url(decl.endpoint)
-        self._redact = Redactor(list(decl.headers.values()))
+        self._redact = Redactor(list(decl.headers.values()) if secrets is None else secrets)
         self._client = httpx.Client(transport=transport, follow_redirects=False)
         self._ids = itertools.count(1)
         self._session_lock = threading.Lock()

@@ -414,9 +414,10 @@ def _secret_value(check: str, name: str, value: str, where: str, ctx: Context) -
     if problem:  # never quote the value: it may be a secret
         ctx.problems.add(f"{where}.{name}", f"value {problem}")
         return None
-    ctx.secrets.update(v for v in (text, *used) if v)
-    if check == "headers" and " " in text:
-        ctx.secrets.add(text.split(" ", 1)[1])  # the token of "Bearer <token>"
+    if used:  # only what ${VAR} resolved is secret: a plain value is configuration, shown as is
+        ctx.secrets.update(v for v in (text, *used) if v)
+        if check == "headers" and " " in text:
+            ctx.secrets.add(text.split(" ", 1)[1])  # the token of "Bearer <token>"
     return text
 
 
