@@ -23,7 +23,17 @@ from typing import Any, NoReturn
 
 from localllm import settings
 from localllm._version import __version__
-from localllm.cli.output import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PREFIX, UsageError, emit_json, err, warn
+from localllm.cli.output import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    PREFIX,
+    UsageError,
+    emit_json,
+    err,
+    masked_output,
+    warn,
+)
 from localllm.errors import AgentError, CallError, ConfigError, LocalLLMError, SchemaError
 
 Handler = Callable[[argparse.Namespace], int]
@@ -93,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit code (the console script exits with it)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     as_json = "--json" in argv
-    with warnings.catch_warnings():
+    with masked_output(), warnings.catch_warnings():
         warnings.showwarning = _show_warning
         try:
             args = _parse(argv)

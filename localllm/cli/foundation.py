@@ -65,10 +65,14 @@ SETUP = {"check": _setup_check, "call": _setup_call, "run": _setup_run}
 
 
 def load(path: Path) -> Config:
-    """``load_config`` (ConfigError lists every problem; the CLI exits 2)."""
+    """``load_config`` (ConfigError lists every problem; the CLI exits 2); its secrets are
+    masked in all the command's output from here on."""
+    from localllm.cli.output import protect
     from localllm.loading import load_config
 
-    return load_config(path)
+    config = load_config(path)
+    protect(config.secret_values())
+    return config
 
 
 def _check(args: argparse.Namespace) -> int:
