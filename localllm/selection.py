@@ -215,6 +215,9 @@ def read_evidence(path: Path) -> dict[str, Any]:
         or not all(isinstance(a, dict) for a in agents.values())
     ):
         raise EvidenceError(path, "is missing gate, fingerprint or agents")
+    recorded = doc["fingerprint"].get("agents", {})
+    if not isinstance(recorded, dict) or not all(isinstance(a, dict) for a in recorded.values()):
+        raise EvidenceError(path, "fingerprint.agents is not a mapping of agent fingerprints")
     return doc
 
 
@@ -240,7 +243,8 @@ def staleness(config: Config, gate: Gate, report: Mapping[str, Any]) -> dict[str
     if recorded.get("gate_sha256") != now["gate_sha256"]:
         reasons[""].append("the gate (verb, prompt or args) changed")
     for alias in aliases:
-        then, current = recorded["agents"][alias] or {}, now["agents"][alias]
+        then, current = recorded["agents"][alias], now["agents"][alias]
+        then = then if isinstance(then, dict) else {}
         mine: list[str] = []
         if not current["declared"]:
             mine.append("no longer declared")

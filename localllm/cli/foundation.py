@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from localllm.cli.output import EXIT_OK, UsageError, emit_json, err, out, parse_kv, warn
+from localllm.errors import ConfigError, ConfigProblem, LocalLLMError
 
 if TYPE_CHECKING:
     from localllm.config import Config
@@ -85,6 +86,15 @@ def _check(args: argparse.Namespace) -> int:
             hint="localllm check CONFIG  (or: localllm check -c CONFIG)",
         )
     config = load(given.pop())
+    try:
+        return _check_loaded(config, args)
+    except (ConfigError, UsageError):
+        raise
+    except LocalLLMError as exc:  # one rule: whatever check finds wrong in a config exits 2
+        raise ConfigError([ConfigProblem(str(config.path), "", str(exc), exc.hint)]) from exc
+
+
+def _check_loaded(config: Config, args: argparse.Namespace) -> int:
     summary: dict[str, Any] = {
         "config": str(config.path),
         "app_id": config.app_id,
