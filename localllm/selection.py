@@ -222,7 +222,10 @@ def read_evidence(path: Path) -> dict[str, Any]:
 
 
 def gate_problems(gate: Gate, path: Path) -> list[str]:
-    """Why ``path`` cannot be ``gate``'s evidence at all (load-time problems; staleness is not one)."""
+    """Why ``path`` cannot be ``gate``'s evidence at all (load-time problems; staleness is not
+    one, nor is a file `localllm eval` has not written yet)."""
+    if not path.exists():
+        return []
     try:
         doc = read_evidence(path)
     except EvidenceError as exc:

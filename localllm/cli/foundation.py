@@ -105,7 +105,7 @@ def _check_loaded(config: Config, args: argparse.Namespace) -> int:
         },
         "embedders": sorted(config.embedders),
         "intents": sorted(config.intents),
-        "warnings": _template_warnings(config),
+        "warnings": _template_warnings(config) + _evidence_warnings(config),
     }
     stale = _stale_evidence(config)
     if stale:
@@ -136,13 +136,23 @@ def _stale_evidence(config: Config) -> dict[str, dict[str, list[str]]]:
 
     found: dict[str, dict[str, list[str]]] = {}
     for name, gate in config.gates.items():
-        if gate.selection is None or gate.selection.evidence is None:
+        if gate.selection is None or gate.selection.evidence is None or not gate.selection.evidence.exists():
             continue
         reasons = staleness(config, gate, read_evidence(gate.selection.evidence))
         reasons = {who: why for who, why in reasons.items() if why}
         if reasons:
             found[name] = reasons
     return found
+
+
+def _evidence_warnings(config: Config) -> list[str]:
+    """Gates whose ``selection.evidence`` does not exist yet (metadata first, §2)."""
+    return [
+        f"gates.{name}.selection.evidence: {gate.selection.evidence} does not exist yet; until "
+        f"`localllm eval {name} -c {config.path}` writes it, calls stay on {gate.agent}"
+        for name, gate in config.gates.items()
+        if gate.selection is not None and gate.selection.evidence is not None and not gate.selection.evidence.exists()
+    ]
 
 
 def _template_warnings(config: Config) -> list[str]:

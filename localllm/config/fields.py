@@ -497,8 +497,9 @@ def read_json_under(full: Path, raw: str, key: str, ctx: Context) -> Any:
     try:
         json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        ctx.problems.add(key, f"{path} not found", "run `localllm eval` to write it, or fix the path")
-        return BAD
+        # §2: selection is evidence metadata first; `localllm eval` writes the file later
+        # (`check` warns, and runtime selection stays on the gate's agent until it exists)
+        return path
     except (OSError, UnicodeError, ValueError) as exc:
         ctx.problems.add(key, f"{path} is not readable JSON: {show(str(exc), 120)}")
         return BAD
