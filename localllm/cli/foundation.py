@@ -105,7 +105,7 @@ def _check_loaded(config: Config, args: argparse.Namespace) -> int:
         },
         "embedders": sorted(config.embedders),
         "intents": sorted(config.intents),
-        "warnings": _template_warnings(config) + _evidence_warnings(config),
+        "warnings": _template_warnings(config) + _evidence_warnings(config) + _plugin_warnings(config),
     }
     stale = _stale_evidence(config)
     if stale:
@@ -143,6 +143,14 @@ def _stale_evidence(config: Config) -> dict[str, dict[str, list[str]]]:
         if reasons:
             found[name] = reasons
     return found
+
+
+def _plugin_warnings(config: Config) -> list[str]:
+    """The plugin loader's diagnostics for the config's plugin_dirs (skipped parts first)."""
+    return [
+        f"{d['key']}: {d['severity']}: {d['origin']}: {d['message']} [§{d['section']} {d['rule']}]"
+        for d in config.diagnostics
+    ]
 
 
 def _evidence_warnings(config: Config) -> list[str]:

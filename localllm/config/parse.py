@@ -61,6 +61,8 @@ class Draft:
     broken: set[str] = field(default_factory=set)
     #: gate name → the key its agent was named at (``agent`` or ``with.agent``)
     agent_keys: dict[str, str] = field(default_factory=dict)
+    #: what the plugin loader reported about parts it skipped or doubted (plugin_dirs)
+    diagnostics: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def problems(self) -> ProblemList:
@@ -81,6 +83,7 @@ class Draft:
             router=self.router,
             plugin_dirs=tuple(self.plugin_dirs.values()),
             secrets=tuple(sorted(self.ctx.secrets)),
+            diagnostics=tuple(self.diagnostics),
         )
 
 
