@@ -158,7 +158,7 @@ def error_document(exc: BaseException) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "ok": False,
         "kind": kind_of(exc),
-        "detail": exc.detail if isinstance(exc, AgentError) else _text(exc),
+        "detail": exc.detail if isinstance(exc, AgentError) and exc.detail.strip() else _text(exc),
         "hint": _hint(exc),
     }
     if isinstance(exc, ConfigError):
@@ -184,7 +184,13 @@ def report_error(exc: BaseException, *, as_json: bool) -> int:
 
 
 def _text(exc: BaseException) -> str:
-    return str(exc) if isinstance(exc, LocalLLMError) else f"{type(exc).__name__}: {exc}"
+    """The message; never empty (a refusal always says what refused: its kind, its cause)."""
+    text = str(exc) if isinstance(exc, LocalLLMError) else f"{type(exc).__name__}: {exc}"
+    if text.strip() and not text.rstrip().endswith(":"):
+        return text
+    cause = exc.__cause__ or exc.__context__
+    why = f": {_text(cause)}" if cause is not None else " (no detail was given)"
+    return f"{text.strip().rstrip(':') or kind_of(exc).replace('_', ' ')}{why}"
 
 
 def _hint(exc: BaseException) -> str:

@@ -424,6 +424,8 @@ class _FileDownload:
         policy = self.policy
         failures = 0
         attempts = 0
+        # §9: the first fetch says so before anything else happens (a failed connect included)
+        policy.log(f"downloading {self.artifact.name} ({human_size(self.cap)}) from {self.url} …")
         while attempts < MAX_ATTEMPTS:
             if policy.is_cancelled():
                 raise _cancelled(self.artifact)
@@ -531,7 +533,6 @@ class _FileDownload:
 
     def _announce(self, dest: Path, total: int | None) -> None:
         _check_space(dest.parent, None if total is None else total - self.offset, self.artifact.name)
-        self.policy.log(f"downloading {self.artifact.name} ({human_size(total)}) from {self.url}")
         self._bar = _bar(total, self.artifact.file, self.policy.progress, initial=self.offset)
         self._announced = True
 

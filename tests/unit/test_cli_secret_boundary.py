@@ -121,3 +121,26 @@ def test_an_echoed_key_never_reaches_the_terminal(
     for written in (tmp_path / "ev").rglob("*"):  # eval's report files too
         if written.is_file():
             assert KEY not in written.read_text(errors="replace"), written
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_refusal_always_has_a_message(
+    tmp_path: Path, as_json: bool, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refusal whose exception carries no text (a checksum error raised bare) still
+    prints what refused and why (issue 24.3: a corrupt mirror copy exited 1 with no message)."""
+    from localllm.cli import foundation
+    from localllm.errors import DownloadFailed
+
+    def refuse(path: Path) -> Any:
+        try:
+            raise OSError("mirror copy is corrupt")
+        except OSError as exc:
+            raise DownloadFailed("") from exc
+
+    monkeypatch.setattr(foundation, "load", refuse)
+    code = main(["check", str(tmp_path / "x.yaml"), *(["--json"] if as_json else [])])
+    out, err = capsys.readouterr()
+    assert code == 1
+    text = json.loads(out)["detail"] if as_json else err
+    assert "download failed" in text and "mirror copy is corrupt" in text

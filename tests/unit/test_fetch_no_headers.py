@@ -71,3 +71,24 @@ def test_no_response_headers_is_a_read_timeout_within_the_connect_timeout(
     assert "no response headers" in message and "read timeout" in message
     assert "stalled" not in message and "B/s" not in message
     assert elapsed < 3.0  # the connect timeout (1 s), not the stall window (10 s)
+
+
+def test_the_first_fetch_discloses_before_it_fails(tmp_path: Path) -> None:
+    """§9: the first fetch logs ``downloading <artifact> …`` before anything can fail, so a
+    first managed use whose source is unreachable still says what it tried to download."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}/model.gguf"
+        art = Artifact(name="model m", file="model.gguf", sha256=hashlib.sha256(DATA).hexdigest(), url=url, size=1000)
+        lines: list[str] = []
+        with pytest.raises(DownloadFailed):
+            fetch_artifact(
+                art,
+                tmp_path / "model.gguf",
+                lock_path=tmp_path / "x.lock",
+                log=lines.append,
+                progress=False,
+                retries=0,
+                backoff=0.01,
+            )
+    assert lines and lines[0].startswith("downloading model m (1000 B) from " + url)
