@@ -64,6 +64,7 @@ def test_a_stdout_flood_is_cut_at_the_cap_with_bounded_memory(tmp_path: Path) ->
         agent.close()
     assert info.value.kind is ErrorKind.PLUGIN_CRASH and "more than" in info.value.detail
     grown = (peak[0] - base) / 2**20
+    print(f"claude flood: RSS +{grown:.1f} MiB")
     assert grown < 40, f"RSS grew {grown:.0f} MiB reading a flood cut at {claude_cli._MAX_STDOUT >> 20} MiB"
 
 
