@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -42,10 +43,11 @@ class Redactor:
         for secret in secrets:
             if not isinstance(secret, str) or len(secret) < MIN_SECRET:
                 continue
-            forms.add(secret)
-            # a server that echoes the key inside a JSON string escapes it
-            forms.add(json.dumps(secret, ensure_ascii=False)[1:-1])
-            forms.add(json.dumps(secret)[1:-1])
+            for form in {secret, unicodedata.normalize("NFC", secret)}:  # the trace stores NFC text
+                forms.add(form)
+                # a server that echoes the key inside a JSON string escapes it
+                forms.add(json.dumps(form, ensure_ascii=False)[1:-1])
+                forms.add(json.dumps(form)[1:-1])
         # longest first, so a secret containing another is replaced whole
         self._secrets = sorted(forms, key=lambda s: (-len(s), s))
         parts = [
