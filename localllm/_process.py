@@ -210,6 +210,57 @@ def _running_member(pgid: int) -> bool:
     return False
 
 
+def _stat(pid: int | str) -> list[bytes] | None:
+    """The fields of /proc/PID/stat after ``(comm)``: state, ppid, pgrp, …; None when gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    return stat[stat.rfind(b")") + 2 :].split()
+
+
+def descendants(pid: int) -> dict[int, int]:
+    """Every living descendant of ``pid`` → its start time (Linux: the /proc parent links;
+    elsewhere: none).
+
+    A descendant that left the process group (``setsid``, ``start_new_session``) is not
+    reached by :func:`signal_group`; its owner snapshots it here while ``pid`` still runs
+    (once ``pid`` exits, its orphans are re-parented and no longer traceable) and kills it
+    with :func:`kill_pids`.
+    """
+    children: dict[int, list[tuple[int, int]]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return {}
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        fields = _stat(entry)
+        if fields is not None and len(fields) >= 20 and fields[0] not in (b"Z", b"X"):
+            children.setdefault(int(fields[1]), []).append((int(entry), int(fields[19])))
+    found: dict[int, int] = {}
+    todo = list(children.get(pid, ()))
+    while todo:
+        child, started = todo.pop()
+        if child not in found:
+            found[child] = started
+            todo.extend(children.get(child, ()))
+    return found
+
+
+def kill_pids(pids: Mapping[int, int], sig: int = signal.SIGKILL) -> None:
+    """Send ``sig`` to each pid of ``pids`` (pid → start time, from :func:`descendants`)
+    that is still the same process: a gone one, or a reused pid, is skipped."""
+    for pid, started in pids.items():
+        fields = _stat(pid)
+        if fields is None or len(fields) < 20 or int(fields[19]) != started or fields[0] in (b"Z", b"X"):
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
 def exit_code(proc: subprocess.Popen[Any]) -> int | None:
     """The child's exit code like ``Popen.returncode`` (negative: the signal), *without*
     reaping it (``waitid(WNOWAIT)``); None while it runs.

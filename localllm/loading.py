@@ -133,6 +133,8 @@ def _plugin_agents(draft: Draft, key: str, plugin_dir: Path) -> None:
         for diag in result.diagnostics:
             draft.problems.add(key, f"plugin rejected: {diag.message}", f"run `localllm plugins check {plugin_dir}`")
         return
+    for diag in result.diagnostics:  # a part skipped (bad mcp.json, bad flow) is reported, never silent
+        draft.diagnostics.append({**diag.to_json(), "key": key})
     for alias, server in mcp_agent_decls(result):
         if alias in draft.agents:
             draft.problems.add(key, f'MCP server alias "{alias}" collides with a declared agent')

@@ -1,22 +1,38 @@
-"""Secret redaction: every known secret value becomes ``***`` wherever text could surface.
+"""Secret redaction: every resolved secret value becomes ``***`` wherever text could surface.
 
-The Runtime builds one :class:`Redactor` from its config's secret values (resolved
-``env:``/``headers:`` values and the keys named by ``api_key_env``) and applies it at the
-two places text leaves a call: the error it raises and the trace payloads (and sidecar
-files) it records. Transports need not redact per call site.
+What is a secret (:meth:`localllm.config.Config.secret_values`): a value a ``${VAR}``
+reference resolved to in ``env:``/``headers:`` (and the whole interpolated value), the
+current value of every ``api_key_env`` variable, and credentials in a plugin's mcp.json
+URL. A plain value written in the config (``DEBUG: "1"``, ``PLUGIN_ALIAS: agent.plug``) is
+configuration, never masked.
+
+How: an occurrence of a secret (or of its JSON-escaped form) is replaced by ``***``; every
+other character is kept. Values shorter than :data:`MIN_SECRET` are never masked (they
+cannot be credentials); values shorter than :data:`SAFE_LENGTH` are masked only as a whole
+token, never inside another word (a 4-letter key must not turn "invalid" into "in***").
+
+The Runtime builds one :class:`Redactor` and applies it at the two places text leaves a
+call: the error it raises and the trace payloads (and sidecar files) it records.
+Structural fields (kind, call_id, turn, seq, ts) are never rewritten: a secret that would
+land in one fails the call instead (:meth:`Redactor.find`).
 """
 
 from __future__ import annotations
 
 import json
+import re
+import unicodedata
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["MASK", "Redactor"]
+__all__ = ["MASK", "MIN_SECRET", "SAFE_LENGTH", "Redactor"]
 
 MASK = "***"
-#: shorter values are not redacted: replacing "1" or "on" would shred unrelated text
-_MIN_SECRET = 4
+#: shorter values are not secrets: replacing "1" or "on" would shred unrelated text
+MIN_SECRET = 4
+#: shorter secrets are masked only where they stand alone, never inside another word
+SAFE_LENGTH = 8
+_WORD = r"[0-9A-Za-z_]"
 
 
 class Redactor:
@@ -25,14 +41,19 @@ class Redactor:
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         forms: set[str] = set()
         for secret in secrets:
-            if not isinstance(secret, str) or len(secret) < _MIN_SECRET:
+            if not isinstance(secret, str) or len(secret) < MIN_SECRET:
                 continue
-            forms.add(secret)
-            # a server that echoes the key inside a JSON string escapes it
-            forms.add(json.dumps(secret, ensure_ascii=False)[1:-1])
-            forms.add(json.dumps(secret)[1:-1])
+            for form in {secret, unicodedata.normalize("NFC", secret)}:  # the trace stores NFC text
+                forms.add(form)
+                # a server that echoes the key inside a JSON string escapes it
+                forms.add(json.dumps(form, ensure_ascii=False)[1:-1])
+                forms.add(json.dumps(form)[1:-1])
         # longest first, so a secret containing another is replaced whole
-        self._secrets = sorted(forms, key=len, reverse=True)
+        self._secrets = sorted(forms, key=lambda s: (-len(s), s))
+        parts = [
+            re.escape(s) if len(s) >= SAFE_LENGTH else f"(?<!{_WORD}){re.escape(s)}(?!{_WORD})" for s in self._secrets
+        ]
+        self._pattern = re.compile("|".join(parts)) if parts else None
 
     def __bool__(self) -> bool:
         return bool(self._secrets)
@@ -41,10 +62,13 @@ class Redactor:
         return f"<Redactor {len(self._secrets)} value(s)>"
 
     def __call__(self, text: str) -> str:
-        for secret in self._secrets:
-            if secret in text:
-                text = text.replace(secret, MASK)
-        return text
+        if self._pattern is None:
+            return text
+        return self._pattern.sub(MASK, text)
+
+    def find(self, text: str) -> bool:
+        """Whether ``text`` holds a secret (one that ``__call__`` would mask)."""
+        return self._pattern is not None and self._pattern.search(text) is not None
 
     def value(self, value: Any) -> Any:
         """``value`` with every string inside it (keys too) redacted; other values as they are."""

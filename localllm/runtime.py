@@ -50,7 +50,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
-from localllm import settings
 from localllm.agents.base import Agent
 from localllm.config import DEFAULT_TIMEOUT, VERBS, AgentDecl, Config, InprocessDecl
 from localllm.errors import AgentError, CallError, ErrorKind, LocalLLMError, SchemaError
@@ -132,21 +131,10 @@ def _rfc3339(moment: datetime) -> str:
 
 
 def config_secrets(config: Config) -> list[str]:
-    """Every secret value the config knows: resolved ``env``/``headers`` values and the
-    keys named by ``api_key_env`` (read now, through settings)."""
-    secrets: list[str] = []
-    decls: list[Any] = [*config.agents.values(), *config.embedders.values()]
-    for decl in decls:
-        for name in ("env", "headers"):
-            values = getattr(decl, name, None)
-            if isinstance(values, Mapping):
-                secrets.extend(str(v) for v in values.values())
-        key_env = getattr(decl, "api_key_env", None)
-        if key_env:
-            key = settings.env_value(key_env)
-            if key:
-                secrets.append(key)
-    return secrets
+    """Every secret value the config knows (:meth:`Config.secret_values`): what ``${VAR}``
+    resolved to in ``env``/``headers`` and the keys named by ``api_key_env`` (read now).
+    A plain value written in the config is not a secret (never masked)."""
+    return list(config.secret_values())
 
 
 @dataclass
@@ -368,7 +356,9 @@ class Runtime:
 
             if self._styles is None:
                 self._styles = Styles()
-            built = build_agent(decl, base_dir=self.config.base_dir, styles=self._styles)
+            built = build_agent(
+                decl, base_dir=self.config.base_dir, styles=self._styles, secrets=config_secrets(self.config)
+            )
             built.continue_session(self._episode_plays())
             self._agents[alias] = built
             return built
@@ -446,6 +436,14 @@ class Runtime:
         rendered = render_prompt(prompt, args, world, extra=extra)
         if tiers is not None:
             agent = tiers[0].alias
+        for name, value in (("agent", agent), ("state_path", state_path or verb)):
+            if self.redact.find(value):  # written as is in every event of the call: never masked
+                raise CallError(
+                    f"the call's {name} holds a secret value (a resolved ${{VAR}} or api_key_env); "
+                    "it is a structural trace field, never masked",
+                    key=name,
+                    hint="an alias or state path must not equal or contain a secret",
+                )
         target = self.tier_agent(agent, gate)
         hard = self._timeout(agent, timeout)
         request = self._request(
@@ -776,6 +774,7 @@ class Runtime:
         leg = _Leg(alias, response, None)
         try:
             self._check_sub_events(alias, request.call_id, response)
+            self._check_structural(response)
             if schema is not None:
                 leg.value = self.schemas.validate(response.submission, schema, base=schema_path)
             else:
@@ -837,6 +836,22 @@ class Runtime:
                     ErrorKind.SUB_EVENT_CALL_ID_MISMATCH,
                     f"sub_events[{i}].call_id {event.get('call_id')!r} != parent call_id {call_id!r}",
                 )
+
+    def _check_structural(self, response: AskResponse) -> None:
+        """A secret in a sub-event's kind or call_id fails the call: structural fields are
+        written as they are, never masked (a masked kind would break the namespace rule)."""
+        for i, event in enumerate(response.sub_events):
+            for name in ("kind", "call_id"):
+                value = event.get(name)
+                if isinstance(value, str) and self.redact.find(value):
+                    raise AgentError(
+                        ErrorKind.SUB_EVENT_NAMESPACE_VIOLATION
+                        if name == "kind"
+                        else ErrorKind.SUB_EVENT_CALL_ID_MISMATCH,
+                        f"sub_events[{i}].{name} holds a secret value (a resolved ${{VAR}} or api_key_env); "
+                        f"{name} is a structural trace field, never masked, so the call fails instead",
+                        hint="keep secrets out of sub-event kinds; put them nowhere the trace records",
+                    )
 
     # ------------------------------------------------------------------ lifecycle
 

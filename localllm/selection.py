@@ -254,11 +254,17 @@ def read_evidence(path: Path) -> dict[str, Any]:
         or not all(isinstance(a, dict) for a in agents.values())
     ):
         raise EvidenceError(path, "is missing gate, fingerprint or agents")
+    recorded = doc["fingerprint"].get("agents", {})
+    if not isinstance(recorded, dict) or not all(isinstance(a, dict) for a in recorded.values()):
+        raise EvidenceError(path, "fingerprint.agents is not a mapping of agent fingerprints")
     return doc
 
 
 def gate_problems(gate: Gate, path: Path) -> list[str]:
-    """Why ``path`` cannot be ``gate``'s evidence at all (load-time problems; staleness is not one)."""
+    """Why ``path`` cannot be ``gate``'s evidence at all (load-time problems; staleness is not
+    one, nor is a file `localllm eval` has not written yet)."""
+    if not path.exists():
+        return []
     try:
         doc = read_evidence(path)
     except EvidenceError as exc:
@@ -281,7 +287,8 @@ def staleness(config: Config, gate: Gate, report: Mapping[str, Any]) -> dict[str
     if recorded.get("examples_sha256") != now.get("examples_sha256"):
         reasons[""].append("the examples (file, settings or embedder) changed")
     for alias in aliases:
-        then, current = recorded["agents"][alias] or {}, now["agents"][alias]
+        then, current = recorded["agents"][alias], now["agents"][alias]
+        then = then if isinstance(then, dict) else {}
         mine: list[str] = []
         if not current["declared"]:
             mine.append("no longer declared")

@@ -20,11 +20,13 @@ from localllm.errors import AgentError, ErrorKind
 __all__ = ["Agent", "build_agent"]
 
 
-def build_agent(decl: AgentDecl, *, base_dir: Path, styles: Any = None) -> Agent:
+def build_agent(decl: AgentDecl, *, base_dir: Path, styles: Any = None, secrets: Any = None) -> Agent:
     """Construct (never start) the agent for a declaration; transports import lazily.
 
     ``styles`` (a :class:`~localllm.agents.structured.Styles`) is the Runtime's cache of
-    negotiated structured-output styles, shared by its endpoint agents.
+    negotiated structured-output styles, shared by its endpoint agents. ``secrets`` (the
+    config's resolved secret values) is what the agent masks in its own errors and log
+    lines; ``None``: every env/header value of the declaration.
     """
     if isinstance(decl, ClaudeCliDecl):
         from localllm.agents.claude_cli import ClaudeCliAgent
@@ -37,15 +39,15 @@ def build_agent(decl: AgentDecl, *, base_dir: Path, styles: Any = None) -> Agent
     if isinstance(decl, SubprocessDecl):
         from localllm.agents.subprocess import SubprocessAgent
 
-        return SubprocessAgent(decl)
+        return SubprocessAgent(decl, secrets=secrets)
     if isinstance(decl, McpHttpDecl):
         from localllm.agents.mcp_http import McpHttpAgent
 
-        return McpHttpAgent(decl)
+        return McpHttpAgent(decl, secrets=secrets)
     if isinstance(decl, McpStdioDecl):
         from localllm.agents.mcp_stdio import McpStdioAgent
 
-        return McpStdioAgent(decl)
+        return McpStdioAgent(decl, secrets=secrets)
     if isinstance(decl, LocalLLMDecl):
         from localllm.agents.local_llm import LocalLLMAgent
 

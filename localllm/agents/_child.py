@@ -37,6 +37,7 @@ from typing import Any
 
 from localllm import _process, settings
 from localllm.errors import AgentError, ErrorKind
+from localllm.redact import Redactor
 
 logger = logging.getLogger(__name__)
 
@@ -74,20 +75,6 @@ def _ready(fd: int, events: int, deadline: float) -> bool:
     return bool(poller.poll(max(0, int(remaining * 1000) + 1)))
 
 
-class Redactor:
-    """Replaces secret values (resolved ``env``/``headers``) with ``***`` in any text."""
-
-    def __init__(self, secrets: Sequence[str]) -> None:
-        # Longest first so a secret containing another is replaced whole; very short
-        # values are skipped because replacing them would shred unrelated text.
-        self._secrets = sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True)
-
-    def __call__(self, text: str) -> str:
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return text
-
-
 class LineChild:
     """One spawned process with JSON lines on stdin/stdout; see the module docstring."""
 
@@ -110,6 +97,8 @@ class LineChild:
         self._buf = bytearray()
         self._stderr: _process.StderrTail | None = None
         self.noise: collections.deque[str] = collections.deque(maxlen=_NOISE_KEEP)
+        #: descendants (pid → start time) seen while the leader ran, killed with it
+        self._doomed: dict[int, int] = {}
 
     def __repr__(self) -> str:
         # argv may carry secrets interpolated into args; show the program only.
@@ -158,11 +147,14 @@ class LineChild:
         logger.debug("%s: started pid %d", self.label, proc.pid)
 
     def signal_kill(self) -> None:
-        """SIGKILL the process group; safe from any thread (touches no file descriptor)."""
+        """SIGKILL the process group and every descendant that left it (``setsid``); safe
+        from any thread (touches no file descriptor it owns)."""
         proc = self._proc
         if proc is None or proc.returncode is not None:
             return
+        self._doomed.update(_process.descendants(proc.pid))
         _process.signal_group(proc, signal.SIGKILL)
+        _process.kill_pids(self._doomed)
 
     def kill(self) -> None:
         """Kill now and release everything (owner thread)."""
@@ -175,6 +167,8 @@ class LineChild:
         if proc is None:
             self.state = ChildState.STOPPED
             return
+        if not _process.exited(proc):  # its descendants, while they can still be traced to it
+            self._doomed.update(_process.descendants(proc.pid))
         if proc.stdin is not None:
             with contextlib.suppress(OSError):
                 proc.stdin.close()
@@ -191,6 +185,7 @@ class LineChild:
         # The group may outlive its leader (a grandchild); make sure nothing keeps the pipes.
         # The leader is reaped only here, after the group's last signal (_process.exited).
         _process.stop_group(proc, grace=0.0)
+        _process.kill_pids(self._doomed)  # descendants outside the group: no orphan survives
         stderr = self._stderr
         if stderr is not None and not stderr.join(grace):
             # Something outside our process group still holds stderr open; the drain

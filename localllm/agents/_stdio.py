@@ -16,9 +16,10 @@ import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from localllm.agents._child import DeadlineReached, LineChild, Redactor
+from localllm.agents._child import DeadlineReached, LineChild
 from localllm.agents.base import Agent
 from localllm.errors import AgentError, ErrorKind
+from localllm.redact import Redactor
 from localllm.wire import AskRequest, AskResponse
 
 logger = logging.getLogger(__name__)
@@ -38,13 +39,14 @@ class ChildAgent(Agent):
         args: Sequence[str],
         env: Mapping[str, str],
         cwd: Path | None,
+        secrets: Sequence[str] | None = None,
     ) -> None:
         super().__init__(alias)
         self._argv = [command, *args]
         self._env = dict(env)
         self._cwd = cwd
-        # env values are resolved secrets: never let them reach an error or a log line.
-        self.redact = Redactor(list(env.values()))
+        # resolved secrets (the Runtime's; else every env value): never in an error or a log line
+        self.redact = Redactor(list(env.values()) if secrets is None else secrets)
         self._lock = threading.Lock()
         self._child: LineChild | None = None
         self._inflight: str | None = None

@@ -64,6 +64,11 @@ _EXIT_GRACE = 2.0
 _EXIT_POLL = 0.1
 #: largest stdout accepted from one run (a stream is kilobytes to megabytes; a runaway CLI is cut here)
 _MAX_STDOUT = 64 * 1024 * 1024
+#: stdout is read incrementally: at most this much of it is kept as transcript lines (later
+#: lines are counted, not kept), and no line may be longer than :data:`_MAX_LINE`, so a
+#: flood costs bounded memory however much of the cap it uses
+_TRANSCRIPT_KEEP = 8 * 1024 * 1024
+_MAX_LINE = 16 * 1024 * 1024
 #: bytes of stderr kept (its tail goes into errors)
 _STDERR_KEEP = 64 * 1024
 _PIPE_CHUNK = 65536
@@ -308,7 +313,8 @@ class ClaudeCliAgent(Agent):
             _let_go(proc)  # not communicate(): whatever still holds the pipe could flood it
             raise AgentError(
                 ErrorKind.PLUGIN_CRASH,
-                f"claude CLI printed more than {_MAX_STDOUT} bytes on stdout; process group killed",
+                f"claude CLI printed more than {_MAX_STDOUT} bytes on stdout (or a line over {_MAX_LINE}); "
+                "process group killed",
                 alias=self.alias,
             ) from exc
         except subprocess.TimeoutExpired as exc:
@@ -421,11 +427,20 @@ class _Output:
     returncode: int | None = None
     #: the CLI was still running after its result event and its group was stopped
     stopped_after_result: bool = False
+    #: bytes of the lines kept; lines (and their bytes) past :data:`_TRANSCRIPT_KEEP`, not kept
+    kept: int = 0
+    elided: int = 0
+    elided_bytes: int = 0
 
     def add(self, raw: bytes, started: float) -> None:
         line = raw.decode("utf-8", errors="replace").removesuffix("\r")
-        self.lines.append((line, int((time.monotonic() - started) * 1000)))
         event = _event(line) if self.result is None else None
+        if self.kept + len(raw) <= _TRANSCRIPT_KEEP or (event is not None and event["type"] == "result"):
+            self.kept += len(raw)
+            self.lines.append((line, int((time.monotonic() - started) * 1000)))
+        else:
+            self.elided += 1
+            self.elided_bytes += len(raw)
         if event is None:
             return
         if event["type"] == "result":
@@ -489,11 +504,16 @@ def _communicate(proc: subprocess.Popen[str], prompt: str, deadline: float, star
                     while (end := pending.find(b"\n")) >= 0 and output.result is None:
                         output.add(bytes(pending[:end]), started)
                         del pending[: end + 1]
+                    if len(pending) > _MAX_LINE:
+                        raise _OutputTooLarge
                 else:
                     err += chunk
                     del err[:-_STDERR_KEEP]
     if pending and output.result is None:
         output.add(bytes(pending), started)  # a last line without its newline
+    if output.elided:
+        note = {"type": "localllm.elided", "lines": output.elided, "bytes": output.elided_bytes}
+        output.lines.append((json.dumps(note), int((time.monotonic() - started) * 1000)))
     for stream in (proc.stdin, proc.stdout, proc.stderr):
         with contextlib.suppress(OSError):
             stream.close()

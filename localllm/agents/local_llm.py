@@ -7,17 +7,20 @@ Endpoint mode (``endpoint:``) attaches to a running OpenAI-compatible server and
 fetches, spawns or kills anything; ``model:`` beside ``endpoint:`` is only the model name
 sent in the body.
 
-Constrained decoding (:meth:`LocalLLMAgent.constraint`): with a schema and ``grammar:
-true``, localllm's own exact, compact GBNF (:func:`localllm.grammar.compile_schema`) is sent
-as the request's ``grammar``; a schema it cannot compile exactly, or ``grammar: server``,
-gets ``response_format: json_schema`` (llama.cpp's converter) when the schema is inside
-its subset (:func:`localllm.grammar.check_subset` finds no error), else no constraint.
-``json_schema: true`` always sends ``response_format`` (the endpoint enforces it natively).
-``meta.grammar`` is ``compiled | server | none``, ``meta.json_schema`` whether
-``json_schema: true`` applied. In endpoint mode ``response_format:`` picks the field the
-server takes (:mod:`localllm.agents.structured`; ``auto`` probes the endpoint once per
-Runtime); ``meta.structured_output`` names the style that ran, ``meta.structured_probe``
-what the probe found, on the call that sent it. llama-server does not put the
+Constrained decoding (:meth:`LocalLLMAgent.constraint`), the §9 knobs first:
+``json_schema: true`` always sends ``response_format: {type: json_schema, strict: true}``
+(wins over grammar, no probe). ``grammar: true`` with a schema constrains: in managed mode
+with localllm's own exact, compact GBNF (:func:`localllm.grammar.compile_schema`) as the
+request's ``grammar`` (localllm's addition; a schema it cannot compile exactly, or
+``grammar: server``, gets ``response_format: json_schema`` when the schema is inside
+llama.cpp's subset, else no constraint); in endpoint mode with ``response_format:
+json_schema``. ``grammar: false`` sends nothing. ``meta.grammar`` is the contract's boolean
+(was the grammar constraint applied), ``meta.grammar_source`` ``compiled | server | none``,
+``meta.json_schema`` whether ``json_schema: true`` applied. ``response_format:`` picks
+another field; ``probe`` negotiates it (:mod:`localllm.agents.structured`: one probe per
+endpoint per Runtime, opt-in because it is an extra request); ``meta.structured_output``
+names the style that ran, ``meta.structured_probe`` what the probe found.
+llama-server does not put the
 schema in the prompt, so unless ``schema_in_prompt: false`` the prompt is preceded by a short
 statement of the required JSON shape (static text first, so warm calls hit llama-server's
 prompt cache; ``meta.cache_n``/``meta.prompt_n`` say how much did). The runtime validates
@@ -192,21 +195,32 @@ class LocalLLMAgent(Agent):
         return cached
 
     def style(self) -> str | None:
-        """The configured style; ``None`` when it is negotiated (``auto`` in endpoint mode)."""
+        """The configured style; ``None`` when it is negotiated (``probe`` in endpoint mode).
+
+        ``json_schema: true`` is ``json_schema``, full stop (§9: it wins over grammar and is
+        independent of the subset gate). ``auto`` is the contract's knobs: ``grammar: true``
+        constrains (the compiled grammar on a managed server, ``response_format: json_schema``
+        on an endpoint), ``grammar: false`` sends nothing. No probe: every request is the call's own.
+        """
         decl = self.decl
+        if decl.json_schema:
+            return "json_schema"
+        if decl.response_format == "probe":
+            return None if not self.managed and decl.grammar else ("grammar" if decl.grammar else "none")
         if decl.response_format != "auto":
             return decl.response_format
-        if self.managed or not (decl.grammar or decl.json_schema):
-            return "json_schema" if decl.json_schema else "grammar" if decl.grammar else "none"
-        return None
+        if not decl.grammar:
+            return "none"
+        return "grammar" if self.managed or decl.grammar == "server" else "json_schema"
 
     def constraint(self, schema: dict[str, Any] | None, style: str | None = None) -> tuple[dict[str, Any], str, str]:
-        """The body fields that constrain decoding, ``meta.grammar`` (compiled | server | none) and the style run."""
+        """The body fields that constrain decoding, ``meta.grammar_source`` (compiled |
+        server | none: what applied the grammar: true constraint) and the style run."""
         style = style or self.style() or "grammar"
         if schema is None or style == "none":
             return {}, "none", "none"
-        if self.decl.json_schema and style == "grammar":
-            style = "json_schema"
+        if self.decl.json_schema:  # the endpoint's native json_schema: not the grammar knob
+            return structured.fields("json_schema", schema), "none", "json_schema"
         if style != "grammar":
             return structured.fields(style, schema), "server", style
         server = structured.fields("json_schema", schema)
@@ -361,7 +375,9 @@ class LocalLLMAgent(Agent):
             "completion_tokens": usage.get("completion_tokens"),
             "finish_reason": choice.get("finish_reason") if isinstance(choice, dict) else None,
             "max_tokens": body["max_tokens"],
-            "grammar": grammar,
+            # §9: whether the grammar constraint was applied (a boolean); what applied it beside
+            "grammar": grammar != "none",
+            "grammar_source": grammar,
             "json_schema": native,
             "structured_output": ran,
         }
@@ -371,6 +387,8 @@ class LocalLLMAgent(Agent):
             meta["served_by"] = "service" if attached is not None else "sidecar"
             if grammar != "none":  # did this server pass the grammar canary at its start?
                 meta["grammar_enforced"] = self._grammar_enforced(reply, server, attached)
+                if meta["grammar_enforced"] is False:  # a server that ignores grammars: fail-open
+                    meta["grammar"] = False
         timings = data.get("timings")
         if isinstance(timings, dict):  # llama.cpp: how much of the prompt came from its cache
             meta["timings"] = timings

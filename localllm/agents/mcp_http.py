@@ -57,7 +57,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 from urllib.parse import urlsplit, urlunsplit
@@ -95,6 +95,12 @@ _LISTEN_FAILURES = 3
 #: how long the handshake waits for the GET stream to open; how long one may stay silent
 _LISTEN_WAIT = 2.0
 _LISTEN_SPAN = 86400.0
+#: the standalone stream's connect and response headers must come within this (less than
+#: close()'s wait for the listener), so a server that never answers the GET costs no thread
+_LISTEN_HEADERS = 1.5
+#: a refused connection is retried (nothing was sent) for this long, within the call's
+#: deadline: a server started beside the config binds a moment after it loads
+_CONNECT_RETRY = 3.0
 _LISTENER = "(listener)"
 
 
@@ -144,11 +150,17 @@ class McpHttpAgent(Agent):
 
     plugin: ClassVar[str] = "mcp_http"
 
-    def __init__(self, decl: McpHttpDecl, *, transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        decl: McpHttpDecl,
+        *,
+        transport: httpx.BaseTransport | None = None,
+        secrets: Sequence[str] | None = None,
+    ) -> None:
         super().__init__(decl.alias)
         self.decl = decl
         self._url = safe_url(decl.endpoint)
-        self._redact = Redactor(list(decl.headers.values()))
+        self._redact = Redactor(list(decl.headers.values()) if secrets is None else secrets)
         self._client = httpx.Client(transport=transport, follow_redirects=False)
         self._ids = itertools.count(1)
         self._session_lock = threading.Lock()
@@ -321,8 +333,8 @@ class McpHttpAgent(Agent):
         if remaining <= 0 or call_id in self._cancelled:
             raise AgentError(ErrorKind.DEADLINE_EXCEEDED, "deadline passed before the request", alias=self.alias)
         connect = min(remaining, _CONNECT_TIMEOUT)
-        if idle:  # the standalone stream may stay silent for hours; close() wakes it
-            return httpx.Timeout(connect, read=None)
+        if idle:  # connect and headers bounded; then silent for hours (_open lifts read, close() wakes it)
+            return httpx.Timeout(_LISTEN_HEADERS)
         return httpx.Timeout(remaining, connect=connect)
 
     @contextlib.contextmanager
@@ -344,7 +356,11 @@ class McpHttpAgent(Agent):
             request = self._client.build_request(
                 verb, url, content=content, headers=headers, timeout=self._timeout(deadline, call_id, idle=idle)
             )
-            response = self._client.send(request, stream=True)
+            response = self._send(request, deadline, idle=idle)
+            if idle:  # headers came in time; the body may be silent until close() wakes it
+                timeouts = request.extensions.get("timeout")
+                if isinstance(timeouts, dict):
+                    timeouts["read"] = None
             try:
                 location = response.headers.get("location")
                 if response.status_code in (307, 308) and location:
@@ -364,6 +380,23 @@ class McpHttpAgent(Agent):
                 return
             finally:
                 response.close()
+
+    def _send(self, request: httpx.Request, deadline: float, *, idle: bool) -> httpx.Response:
+        """``send`` with a bounded retry of a refused connection (the request never left):
+        backoff 50 ms doubling to 500 ms, for at most :data:`_CONNECT_RETRY` s and never
+        past the deadline. Other failures, and the standalone stream's, are not retried."""
+        give_up = min(deadline, time.monotonic() + _CONNECT_RETRY)
+        pause = 0.05
+        while True:
+            try:
+                return self._client.send(request, stream=True)
+            except httpx.ConnectError:
+                if idle or self._closed or time.monotonic() + pause >= give_up:
+                    raise
+                logger.debug("%s: %s refused the connection; retrying in %.2fs", self.alias, self._url, pause)
+                if self._stop.wait(pause):
+                    raise
+                pause = min(pause * 2, 0.5)
 
     def _post(
         self,

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -46,8 +47,8 @@ class McpStdioAgent(ChildAgent):
 
     plugin: ClassVar[str] = "mcp_stdio"
 
-    def __init__(self, decl: McpStdioDecl) -> None:
-        super().__init__(decl.alias, command=decl.command, args=decl.args, env=decl.env, cwd=decl.cwd)
+    def __init__(self, decl: McpStdioDecl, *, secrets: Sequence[str] | None = None) -> None:
+        super().__init__(decl.alias, command=decl.command, args=decl.args, env=decl.env, cwd=decl.cwd, secrets=secrets)
         self.decl = decl
         self._ids = itertools.count(1)
         #: the protocol version negotiated with the current process

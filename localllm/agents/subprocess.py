@@ -36,6 +36,7 @@ parallelism.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from localllm.agents._child import LineChild
@@ -53,8 +54,8 @@ class SubprocessAgent(ChildAgent):
 
     plugin: ClassVar[str] = "subprocess"
 
-    def __init__(self, decl: SubprocessDecl) -> None:
-        super().__init__(decl.alias, command=decl.command, args=decl.args, env=decl.env, cwd=decl.cwd)
+    def __init__(self, decl: SubprocessDecl, *, secrets: Sequence[str] | None = None) -> None:
+        super().__init__(decl.alias, command=decl.command, args=decl.args, env=decl.env, cwd=decl.cwd, secrets=secrets)
         self.decl = decl
         self._ids = itertools.count(1)
 

@@ -23,7 +23,17 @@ from typing import Any, NoReturn
 
 from localllm import settings
 from localllm._version import __version__
-from localllm.cli.output import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PREFIX, UsageError, emit_json, err, warn
+from localllm.cli.output import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    PREFIX,
+    UsageError,
+    emit_json,
+    err,
+    masked_output,
+    warn,
+)
 from localllm.errors import AgentError, CallError, ConfigError, LocalLLMError, SchemaError
 
 Handler = Callable[[argparse.Namespace], int]
@@ -130,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit code (the console script exits with it)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     as_json = "--json" in argv
-    with warnings.catch_warnings():
+    with masked_output(), warnings.catch_warnings():
         warnings.showwarning = _show_warning
         try:
             _check_command(argv)
@@ -199,7 +209,7 @@ def error_document(exc: BaseException) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "ok": False,
         "kind": kind_of(exc),
-        "detail": exc.detail if isinstance(exc, AgentError) else _text(exc),
+        "detail": exc.detail if isinstance(exc, AgentError) and exc.detail.strip() else _text(exc),
         "hint": _hint(exc),
     }
     if isinstance(exc, ConfigError):
@@ -225,7 +235,13 @@ def report_error(exc: BaseException, *, as_json: bool) -> int:
 
 
 def _text(exc: BaseException) -> str:
-    return str(exc) if isinstance(exc, LocalLLMError) else f"{type(exc).__name__}: {exc}"
+    """The message; never empty (a refusal always says what refused: its kind, its cause)."""
+    text = str(exc) if isinstance(exc, LocalLLMError) else f"{type(exc).__name__}: {exc}"
+    if text.strip() and not text.rstrip().endswith(":"):
+        return text
+    cause = exc.__cause__ or exc.__context__
+    why = f": {_text(cause)}" if cause is not None else " (no detail was given)"
+    return f"{text.strip().rstrip(':') or kind_of(exc).replace('_', ' ')}{why}"
 
 
 def _hint(exc: BaseException) -> str:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from localllm.cli.output import EXIT_OK, UsageError, emit_json, err, out, parse_kv, warn
+from localllm.errors import ConfigError, ConfigProblem, LocalLLMError
 
 if TYPE_CHECKING:
     from localllm.config import Config
@@ -96,10 +97,14 @@ SETUP = {"check": _setup_check, "call": _setup_call, "run": _setup_run}
 
 
 def load(path: Path | None) -> Config:
-    """``load_config`` of ``path`` or the discovered config (ConfigError lists every problem; exit 2)."""
+    """``load_config`` of ``path`` or the discovered config (ConfigError lists every problem;
+    the CLI exits 2); its secrets are masked in all the command's output from here on."""
+    from localllm.cli.output import protect
     from localllm.loading import load_config
 
-    return load_config(discover_config(path))
+    config = load_config(discover_config(path))
+    protect(config.secret_values())
+    return config
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -110,6 +115,15 @@ def _check(args: argparse.Namespace) -> int:
             hint="localllm check CONFIG  (or: localllm check -c CONFIG)",
         )
     config = load(given.pop() if given else None)
+    try:
+        return _check_loaded(config, args)
+    except (ConfigError, UsageError):
+        raise
+    except LocalLLMError as exc:  # one rule: whatever check finds wrong in a config exits 2
+        raise ConfigError([ConfigProblem(str(config.path), "", str(exc), exc.hint)]) from exc
+
+
+def _check_loaded(config: Config, args: argparse.Namespace) -> int:
     summary: dict[str, Any] = {
         "config": str(config.path),
         "app_id": config.app_id,
@@ -120,7 +134,7 @@ def _check(args: argparse.Namespace) -> int:
         },
         "embedders": sorted(config.embedders),
         "intents": sorted(config.intents),
-        "warnings": _template_warnings(config),
+        "warnings": _template_warnings(config) + _evidence_warnings(config) + _plugin_warnings(config),
     }
     stale = _stale_evidence(config)
     if stale:
@@ -151,13 +165,31 @@ def _stale_evidence(config: Config) -> dict[str, dict[str, list[str]]]:
 
     found: dict[str, dict[str, list[str]]] = {}
     for name, gate in config.gates.items():
-        if gate.selection is None or gate.selection.evidence is None:
+        if gate.selection is None or gate.selection.evidence is None or not gate.selection.evidence.exists():
             continue
         reasons = staleness(config, gate, read_evidence(gate.selection.evidence))
         reasons = {who: why for who, why in reasons.items() if why}
         if reasons:
             found[name] = reasons
     return found
+
+
+def _plugin_warnings(config: Config) -> list[str]:
+    """The plugin loader's diagnostics for the config's plugin_dirs (skipped parts first)."""
+    return [
+        f"{d['key']}: {d['severity']}: {d['origin']}: {d['message']} [§{d['section']} {d['rule']}]"
+        for d in config.diagnostics
+    ]
+
+
+def _evidence_warnings(config: Config) -> list[str]:
+    """Gates whose ``selection.evidence`` does not exist yet (metadata first, §2)."""
+    return [
+        f"gates.{name}.selection.evidence: {gate.selection.evidence} does not exist yet; until "
+        f"`localllm eval {name} -c {config.path}` writes it, calls stay on {gate.agent}"
+        for name, gate in config.gates.items()
+        if gate.selection is not None and gate.selection.evidence is not None and not gate.selection.evidence.exists()
+    ]
 
 
 def _template_warnings(config: Config) -> list[str]:

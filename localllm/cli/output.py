@@ -1,18 +1,26 @@
 """What every command shares: exit codes, ``UsageError``, stdout/stderr helpers, ``K=V`` parsing.
 
-Data goes to stdout, messages to stderr. Only the standard library and
-:mod:`localllm.errors` are imported here, so the command table stays cheap.
+Data goes to stdout, messages to stderr. Only the standard library,
+:mod:`localllm.errors` and :mod:`localllm.redact` are imported here, so the command table
+stays cheap.
+
+The one output boundary: :func:`masked_output` wraps stdout and stderr for a command's
+run, and every secret the command learns (:func:`protect`: a loaded config's resolved
+``${VAR}`` values and ``api_key_env`` keys) is masked in everything written through them
+— data, messages, warnings, log lines and tracebacks alike — whichever code path wrote it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 from localllm.errors import LocalLLMError
+from localllm.redact import Redactor
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -82,3 +90,55 @@ def path_arg(text: str) -> Path:
     if "\x00" in text:
         raise argparse.ArgumentTypeError(f"{text!r} contains a NUL byte")
     return Path(text)
+
+
+class MaskedStream:
+    """A text stream whose writes have the known secrets masked (see the module docstring)."""
+
+    def __init__(self, stream: TextIO, secrets: list[str]) -> None:
+        self._stream = stream
+        self._secrets = secrets  # shared by the stdout and stderr wrappers
+        self._redact = Redactor(secrets)
+        self._known = len(secrets)
+
+    @property
+    def wrapped(self) -> TextIO:
+        return self._stream
+
+    def add(self, values: Iterable[str]) -> None:
+        self._secrets.extend(v for v in values if v not in self._secrets)
+
+    def write(self, text: str) -> int:
+        if len(self._secrets) != self._known:
+            self._redact, self._known = Redactor(self._secrets), len(self._secrets)
+        self._stream.write(self._redact(text) if self._redact else text)
+        return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def masked_output() -> Iterator[None]:
+    """Mask every secret :func:`protect` learns in sys.stdout/sys.stderr until the block ends."""
+    secrets: list[str] = []
+    saved = sys.stdout, sys.stderr
+    sys.stdout = MaskedStream(saved[0], secrets)
+    sys.stderr = MaskedStream(saved[1], secrets)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+        sys.stdout, sys.stderr = saved
+
+
+def protect(values: Iterable[str]) -> None:
+    """Secrets the output boundary masks from now on (a no-op outside :func:`masked_output`)."""
+    stream = sys.stderr
+    if isinstance(stream, MaskedStream):
+        stream.add(list(values))

@@ -25,7 +25,16 @@ DEFAULT_FALLBACK = "agent.claude"
 ROUTER_CONFIDENT = 0.82
 ROUTER_MARGIN = 0.08
 #: ``response_format:`` of a local_llm agent: how a schema reaches the server (agents/structured.py)
-RESPONSE_FORMATS = ("auto", "grammar", "json_schema", "json_object", "structured_outputs", "guided_json", "none")
+RESPONSE_FORMATS = (
+    "auto",
+    "probe",
+    "grammar",
+    "json_schema",
+    "json_object",
+    "structured_outputs",
+    "guided_json",
+    "none",
+)
 
 
 @dataclass(frozen=True)
@@ -170,10 +179,11 @@ class LocalLLMDecl(AgentDecl):
         "schema it cannot compile); server: llama.cpp's converter; false: none",
         choices=("server",),
     )
-    json_schema: bool = setting(False, "always send the server's own schema field (wins over grammar)")
+    json_schema: bool = setting(False, "always send response_format json_schema, strict (wins over grammar)")
     response_format: str = setting(
         "auto",
-        "how the schema is sent; auto: endpoint mode probes once, managed mode follows grammar/json_schema",
+        "how the schema is sent; auto: as grammar/json_schema say (§9); probe: endpoint mode probes once "
+        "for the field the server takes",
         choices=RESPONSE_FORMATS,
     )
     api_key_env: str | None = setting(

@@ -414,9 +414,10 @@ def _secret_value(check: str, name: str, value: str, where: str, ctx: Context) -
     if problem:  # never quote the value: it may be a secret
         ctx.problems.add(f"{where}.{name}", f"value {problem}")
         return None
-    ctx.secrets.update(v for v in (text, *used) if v)
-    if check == "headers" and " " in text:
-        ctx.secrets.add(text.split(" ", 1)[1])  # the token of "Bearer <token>"
+    if used:  # only what ${VAR} resolved is secret: a plain value is configuration, shown as is
+        ctx.secrets.update(v for v in (text, *used) if v)
+        if check == "headers" and " " in text:
+            ctx.secrets.add(text.split(" ", 1)[1])  # the token of "Bearer <token>"
     return text
 
 
@@ -497,8 +498,9 @@ def read_json_under(full: Path, raw: str, key: str, ctx: Context) -> Any:
     try:
         json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        ctx.problems.add(key, f"{path} not found", "run `localllm eval` to write it, or fix the path")
-        return BAD
+        # §2: selection is evidence metadata first; `localllm eval` writes the file later
+        # (`check` warns, and runtime selection stays on the gate's agent until it exists)
+        return path
     except (OSError, UnicodeError, ValueError) as exc:
         ctx.problems.add(key, f"{path} is not readable JSON: {show(str(exc), 120)}")
         return BAD

@@ -39,6 +39,10 @@ class Config:
     plugin_dirs: tuple[Path, ...] = ()
     #: every interpolated env/header value and every ``${VAR}`` value substituted into one
     secrets: tuple[str, ...] = field(default=(), repr=False, compare=False)
+    #: the Agent Plugins loader's diagnostics for ``plugin_dirs`` that loaded with a part
+    #: skipped or doubted (a bad mcp.json, a bad flow file, …): ``section`` (the spec
+    #: clause), ``rule``, ``origin``, ``message``, ``severity``, ``key`` (plugin_dirs[i])
+    diagnostics: tuple[dict[str, str], ...] = field(default=(), compare=False)
 
     def fallback_for(self, alias: str, gate: str | None = None) -> str | None:
         """Who answers after ``alias`` returns ``schema_invalid`` (in ``gate``), or ``None``.

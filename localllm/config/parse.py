@@ -78,6 +78,8 @@ class Draft:
     broken: set[str] = field(default_factory=set)
     #: gate name → the key its agent was named at (``agent`` or ``with.agent``)
     agent_keys: dict[str, str] = field(default_factory=dict)
+    #: what the plugin loader reported about parts it skipped or doubted (plugin_dirs)
+    diagnostics: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def problems(self) -> ProblemList:
@@ -98,6 +100,7 @@ class Draft:
             router=self.router,
             plugin_dirs=tuple(self.plugin_dirs.values()),
             secrets=tuple(sorted(self.ctx.secrets)),
+            diagnostics=tuple(self.diagnostics),
         )
 
 
@@ -307,7 +310,9 @@ def _gate(draft: Draft, raw_name: Any, raw: Any) -> None:
     if not isinstance(raw, dict):
         problems.add(key, "must be a mapping with invoke:, agent: and with:")
         return
-    plain = parse_decl(GateKeys, raw, key, ctx, skip=("agent", "examples", "invoke", "selection", "with"), what="gate")
+    plain = parse_decl(GateKeys, raw, key, ctx, skip=("agent", "examples", "invoke", "selection", "with", "id"), what="gate")
+    if "id" in raw and raw["id"] != name:  # the spec's invoke id: here the gate's name is the id
+        problems.add(f"{key}.id", f"must be the gate's name {name!r} when given", f"write id: {name} or drop it")
     verb = _verb(raw.get("invoke"), f"{key}.invoke", problems)
     with_ = _mapping(raw.get("with"), f"{key}.with", problems, "with prompt: (and optionally schema:, args:, agent:)")
     _unknown(with_, WITH_KEYS, f"{key}.with", problems)

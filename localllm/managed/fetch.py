@@ -455,6 +455,8 @@ class _FileDownload:
         self._bar: Any = None
         self._announced = False
         self._mark = (time.monotonic(), 0)  # (when, received) at the start of the stall window
+        #: when this source started waiting for response headers (None: they came)
+        self._awaiting: float | None = None
 
     @classmethod
     def run(cls, client: httpx.Client, url: str, dest: Path, *, sha: str, artifact: Artifact, policy: _Policy) -> None:
@@ -534,6 +536,8 @@ class _FileDownload:
         policy = self.policy
         failures = 0
         attempts = 0
+        # §9: the first fetch says so before anything else happens (a failed connect included)
+        policy.log(f"downloading {self.artifact.name} ({human_size(self.cap)}) from {self.url} …")
         while attempts < MAX_ATTEMPTS:
             if policy.is_cancelled():
                 raise _cancelled(self.artifact)
@@ -565,9 +569,21 @@ class _FileDownload:
         if self.policy.is_cancelled():
             return _cancelled(self.artifact)
         what = f"{reason} ({type(exc).__name__})"
+        if not isinstance(exc, httpx.ReadTimeout):
+            self._awaiting = None  # the next attempt's wait for headers starts afresh
         if _http.is_permanent(exc):
             # No retry can fix these: an unknown host, a redirect loop, a malformed URL.
             return DownloadFailed(f"download of {self.artifact.file} from {self.url}: {what}")
+        if isinstance(exc, httpx.ReadTimeout) and self._awaiting is not None:
+            # connected, but no response headers: a read timeout, not a slow body
+            waited = time.monotonic() - self._awaiting
+            if waited >= self._header_budget():
+                return DownloadFailed(
+                    f"download of {self.artifact.file} from {self.url}: read timeout: connected, but no "
+                    f"response headers within {waited:.1f} s (limit: the connect timeout, "
+                    f"{self._header_budget():g} s); trying the next source"
+                )
+            return _Retry(what, counts=False)
         if isinstance(exc, httpx.ReadTimeout):
             self._check_rate()  # a silence longer than the window is a stall
             return _Retry(what, counts=False)
@@ -579,7 +595,15 @@ class _FileDownload:
             headers["Range"] = f"bytes={self.offset}-"
             if self.validator:
                 headers["If-Range"] = self.validator  # changed upstream: the whole file again (200)
-        with client.stream("GET", self.url, headers=headers, timeout=self.policy.stream_timeout()) as resp:
+        timeout = self.policy.stream_timeout()
+        if self._awaiting is None:
+            self._awaiting = time.monotonic()
+        budget = max(self._header_budget() - (time.monotonic() - self._awaiting), 0.01)
+        timeout = httpx.Timeout(
+            connect=timeout.connect, read=min(timeout.read or budget, budget), write=timeout.write, pool=timeout.pool
+        )
+        with client.stream("GET", self.url, headers=headers, timeout=timeout) as resp:
+            self._awaiting = None
             total = self._check_response(resp)
             if not self._announced:
                 self._announce(dest, total)
@@ -589,6 +613,12 @@ class _FileDownload:
                 self._write(block)
             if total is not None and self.offset != total:
                 raise _Retry(f"short body: {self.offset} of {total} bytes")
+
+    def _header_budget(self) -> float:
+        """How long a connected server may take to send response headers: the connect
+        timeout (and no longer than the stall window)."""
+        connect = self.policy.timeout.connect or self.policy.stall_window
+        return min(connect, self.policy.stall_window)
 
     def _check_response(self, resp: httpx.Response) -> int | None:
         """Status and length of one response; the expected total size, if known."""
@@ -622,7 +652,6 @@ class _FileDownload:
 
     def _announce(self, dest: Path, total: int | None) -> None:
         _check_space(dest.parent, None if total is None else total - self.offset, self.artifact.name)
-        self.policy.log(f"downloading {self.artifact.name} ({human_size(total)}) from {self.url}")
         self._bar = _bar(total, self.artifact.file, self.policy.progress, initial=self.offset)
         self._announced = True
 

@@ -146,7 +146,9 @@ class TraceRecorder:
         return CallRecord(self, request, alias, schema_path, dict(args))
 
     def _clean(self, value: Any) -> Any:
-        return scrub(self._redact.value(value))
+        # masked before the trace's NFC/CRLF normalisation (which could split a secret from
+        # its neighbour) and after it (which could form one, or the NFC form of one)
+        return self._redact.value(scrub(self._redact.value(value)))
 
     def _write(self, record: CallRecord, *, call_id: str, duration_ms: int, meta: dict[str, Any]) -> None:
         with self._lock:

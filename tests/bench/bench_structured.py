@@ -121,7 +121,7 @@ def summarise(rows: list[dict[str, Any]], repeats: list[dict[str, Any]]) -> dict
         for m in warm
         if m.get("prompt_tokens") and isinstance(m["timings"].get("prompt_n"), int)
     ]
-    grammar = sorted({str(r["meta"].get("grammar")) for r in rows})
+    grammar = sorted({str(r["meta"].get("grammar_source")) for r in rows})
     return {
         "decides": len(rows),
         "grammar": grammar,

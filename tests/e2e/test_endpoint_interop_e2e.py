@@ -345,7 +345,7 @@ def runtime(
     (tmp_path / "app.yaml").write_text(
         "agent_plugins:\n"
         f"  agent.remote: {{plugin: builtin.local_llm, endpoint: '{backend.url}', model: {backend.chat_model}, "
-        f"api_key_env: INTEROP_KEY, fallback: none, max_tokens: {max_tokens}, timeout: {timeout}}}\n",
+        f"api_key_env: INTEROP_KEY, response_format: probe, fallback: none, max_tokens: {max_tokens}, timeout: {timeout}}}\n",
         encoding="utf-8",
     )
     return Runtime(load_config(tmp_path / "app.yaml"), trace=tmp_path / "trace.jsonl")

@@ -44,7 +44,7 @@ def test_decide_gate_is_schema_valid_and_grammar_constrained(demo: Path, tmp_pat
     assert result.submission["queue"] in ("billing", "bug", "feature", "other")
     assert 1 <= result.submission["priority"] <= 5
     assert 1 <= len(result.submission["summary"]) <= 80
-    assert result.meta["grammar"] == "compiled" and result.agent == "agent.local"
+    assert result.meta["grammar_source"] == "compiled" and result.agent == "agent.local"
     assert result.meta["grammar_enforced"] is True  # the real server passed the start-up canary
     assert result.meta["completion_tokens"] > 0
     assert result.meta["prompt_n"] + result.meta["cache_n"] >= result.meta["prompt_tokens"] - 1
@@ -149,7 +149,9 @@ def test_endpoint_mode_with_api_key(tmp_path: Path, keyed_endpoint: str, monkeyp
     with Runtime(load_config(endpoint_config(tmp_path, keyed_endpoint))) as rt:
         result = rt.call("decide", agent="agent.remote", prompt="Is water wet?", schema=schema)
     assert isinstance(result.submission["ok"], bool)
-    assert result.meta["grammar"] == "compiled"
+    # §9 in endpoint mode: grammar: true is response_format json_schema (no probe, no compiled grammar)
+    assert result.meta["grammar"] is True and result.meta["grammar_source"] == "server"
+    assert result.meta["structured_output"] == "json_schema"
 
 
 def test_endpoint_mode_fails_cleanly_without_key(

@@ -55,5 +55,5 @@ def test_paraphrase_by_embeddings_and_ambiguity_by_decide(
     # turn.start opens the turn; the decide call's events follow it
     assert [e.kind for e in events] == ["turn.start", "agent.call.start", "agent.call.complete"]
     assert events[0].payload["routed_by"] == "llm" and events[0].payload["match_type"] == "decide"
-    assert events[2].payload["meta"]["grammar"] == "compiled"
+    assert events[2].payload["meta"]["grammar_source"] == "compiled"
     assert main(["trace", "verify", str(trace2)]) == 0

@@ -95,7 +95,8 @@ def test_managed_decide_with_grammar(tmp_path: Path, server_bin: Path, logs: dic
         result = rt.call("decide", agent="agent.local", prompt="Route: my invoice is wrong", schema=DECIDE)
         pid = rows(logs["spawn"], "start")[0]["pid"]
     assert result.submission == {"route": "billing", "confidence": 0}
-    assert result.meta["grammar"] == "compiled" and result.meta["json_schema"] is False
+    assert result.meta["grammar"] is True and result.meta["grammar_source"] == "compiled"
+    assert result.meta["json_schema"] is False
     assert result.meta["prompt_tokens"] > 0 and "timings" in result.meta
     start = rows(logs["spawn"], "start")
     assert len(start) == 1
@@ -162,8 +163,9 @@ def test_a_server_that_ignores_grammars_is_marked(
     monkeypatch.setenv("FAKE_LLAMA_CONTENT", '{"route": "billing", "confidence": 0.5}')  # grammar ignored
     with Runtime(managed_config(tmp_path, server_bin)) as rt:
         result = rt.call("decide", agent="agent.local", prompt="p", schema=DECIDE)
-    assert result.agent == "agent.local" and result.meta["grammar"] == "compiled"
+    assert result.agent == "agent.local" and result.meta["grammar_source"] == "compiled"
     assert result.meta["grammar_enforced"] is False  # the canary was not answered "}{": marked
+    assert result.meta["grammar"] is False  # §9: a fail-open server did not apply the constraint
 
 
 @pytest.mark.parametrize("reproducible", [False, True])
@@ -209,7 +211,8 @@ def test_json_schema_wins_over_grammar(tmp_path: Path, server_bin: Path, logs: d
     config = managed_config(tmp_path, server_bin, ", json_schema: true")
     with Runtime(config) as rt:
         result = rt.call("extract", agent="agent.local", prompt="tags?", schema=UNIQUE)
-    assert result.meta["json_schema"] is True and result.meta["grammar"] == "server"
+    assert result.meta["json_schema"] is True and result.meta["grammar"] is False
+    assert result.meta["structured_output"] == "json_schema"
     assert chat_requests(logs["requests"])[0]["body"]["response_format"]["json_schema"]["schema"] == UNIQUE
 
 
@@ -377,7 +380,7 @@ def test_schema_the_compiler_refuses_falls_back_to_the_server_converter(
     with Runtime(config) as rt:
         result = rt.call("ask", agent="agent.local", prompt="p", schema=schema)
     body = chat_requests(logs["requests"])[0]["body"]
-    assert result.meta["grammar"] == "server" and "grammar" not in body
+    assert result.meta["grammar"] is True and result.meta["grammar_source"] == "server" and "grammar" not in body
     assert body["response_format"]["json_schema"]["schema"] == schema
 
 

@@ -457,7 +457,6 @@ def test_selection_errors(tmp_path: Path) -> None:
     (tmp_path.parent / "outside.json").write_text("{}")
     cases = {
         "{evidence: plain.json}": "gates.g.selection.evidence",
-        "{evidence: missing.json}": "gates.g.selection.evidence",
         "{evidence: bad.json}": "gates.g.selection.evidence",
         "{evidence: ../outside.json}": "gates.g.selection.evidence",
         "{policy: cheapest}": "gates.g.selection.policy",

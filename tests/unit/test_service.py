@@ -439,7 +439,7 @@ def test_managed_agent_attaches_to_a_running_service(make_service: Factory, env:
         agent.close()
     assert first.meta["served_by"] == "service" and second.meta["served_by"] == "service"
     meta = constrained.meta or {}
-    assert meta["grammar"] == "compiled" and meta["grammar_enforced"] is True
+    assert meta["grammar"] is True and meta["grammar_source"] == "compiled" and meta["grammar_enforced"] is True
     assert first.submission == "Hello from the fake llama-server."
     assert len(rows(env["spawn"], "start")) == 1  # the service's server, none of the agent's own
     assert agent._server is None

@@ -126,7 +126,10 @@ def fake(request: pytest.FixtureRequest) -> Iterator[Fake]:
 
 
 def config(tmp_path: Path, url: str, extra: str = "") -> Any:
+    """Two agents on one endpoint; ``response_format: probe`` (negotiation) unless ``extra`` sets it."""
     (tmp_path / "decide.json").write_text(json.dumps(DECIDE), encoding="utf-8")
+    if "response_format" not in extra:
+        extra = ", response_format: probe" + extra
     text = (
         f"agent_plugins:\n  agent.a: {{plugin: builtin.local_llm, endpoint: '{url}', fallback: none{extra}}}\n"
         f"  agent.b: {{plugin: builtin.local_llm, endpoint: '{url}/v1/', fallback: none{extra}}}\n"
@@ -186,11 +189,16 @@ def test_json_schema_true_maps_onto_the_servers_own_field(tmp_path: Path, fake: 
 
 
 @pytest.mark.parametrize("fake", [llama_cpp_python], indirect=True)
-def test_json_schema_true_on_a_json_object_server_sends_json_object(tmp_path: Path, fake: Fake) -> None:
-    with Runtime(config(tmp_path, fake.url, ", json_schema: true")) as rt:
-        result = decide(rt)
-    assert result.meta["structured_output"] == "json_object"
-    assert fake.bodies[-1]["response_format"] == {"type": "json_object", "schema": DECIDE}
+def test_json_schema_true_sends_json_schema_strict_full_stop(tmp_path: Path, fake: Fake) -> None:
+    """§9: json_schema: true sends response_format json_schema strict, never a negotiated
+    substitute and never a probe (a server that refuses it fails the call, transport_error)."""
+    with Runtime(config(tmp_path, fake.url, ", json_schema: true")) as rt, pytest.raises(AgentError) as info:
+        decide(rt)
+    assert info.value.kind.value == "transport_error"
+    assert len(fake.bodies) == 1 and fake.probes() == 0
+    fmt = fake.bodies[0]["response_format"]
+    assert fmt["type"] == "json_schema" and fmt["json_schema"]["strict"] is True
+    assert fmt["json_schema"]["schema"] == DECIDE
 
 
 @pytest.mark.parametrize("fake", [rejects_all], indirect=True)
