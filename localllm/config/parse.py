@@ -310,7 +310,9 @@ def _gate(draft: Draft, raw_name: Any, raw: Any) -> None:
     if not isinstance(raw, dict):
         problems.add(key, "must be a mapping with invoke:, agent: and with:")
         return
-    plain = parse_decl(GateKeys, raw, key, ctx, skip=("agent", "examples", "invoke", "selection", "with", "id"), what="gate")
+    plain = parse_decl(
+        GateKeys, raw, key, ctx, skip=("agent", "examples", "invoke", "selection", "with", "id"), what="gate"
+    )
     if "id" in raw and raw["id"] != name:  # the spec's invoke id: here the gate's name is the id
         problems.add(f"{key}.id", f"must be the gate's name {name!r} when given", f"write id: {name} or drop it")
     verb = _verb(raw.get("invoke"), f"{key}.invoke", problems)
