@@ -148,7 +148,7 @@ def parse(path: Path) -> Draft:
             problems.add(
                 "app",
                 "unknown top-level key: app: {id: …} is the Kitsoki story's header",
-                f"localllm takes the id at the top level: app_id: {app_id if isinstance(app_id, str) else '<id>'} "
+                f"the id goes at the top level here: app_id: {app_id if isinstance(app_id, str) else '<id>'} "
                 "(call_ids derive from it; the version and title have no place here)",
             )
         elif key in KITSOKI_STORY_KEYS:

@@ -83,7 +83,7 @@ def test_interpolated_value_is_masked_and_short_secret_not_inside_words(
     sub = next(e for e in _events(trace) if e.kind == "agent.plug.tool.called")
     assert sub.payload["note"] == f"token {MASK}"
     complete = next(e for e in _events(trace) if e.kind == "agent.call.complete")
-    assert complete.payload["response"]["said"] == "missing or invalid bearer token"
+    assert complete.payload["response"]["submission"]["said"] == "missing or invalid bearer token"
     assert result.submission["said"] == "missing or invalid bearer token"
 
 
@@ -192,7 +192,7 @@ def test_property_no_secret_and_every_other_byte_kept(
     complete = next(e for e in events if e.kind == "agent.call.complete")
     assert complete.payload["meta"] == {"m": expected}
     if "response" in complete.payload:
-        assert complete.payload["response"] == {"v": expected}
+        assert complete.payload["response"]["submission"] == {"v": expected}
     else:  # a value the trace cannot inline (not NFC) goes verbatim to its sidecar file
         sidecar = trace.parent / complete.payload["response_file"]
         assert json.loads(sidecar.read_text(encoding="utf-8")) == {"v": masked}
