@@ -201,6 +201,12 @@ class LocalLLMDecl(AgentDecl):
     )
     threads: int | None = setting(None, "default: llama.cpp sizes its threads to the machine", low=1, high=1024)
     service: str = setting("auto", "use a running `localllm serve`", choices=("auto", "required", "never"))
+    confidence: str = setting(
+        "logprobs",
+        "per-answer confidence of enum/boolean/small-integer fields from the answer's token "
+        "probabilities (meta.confidence); off: do not ask the server for them",
+        choices=("logprobs", "off"),
+    )
 
 
 #: plugin type → declaration, in the spec's order (contract §1); ``mcp_stdio`` comes only
