@@ -32,6 +32,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "localllm._lock",
             "localllm.redact",
             "localllm.resources",
+            "localllm.calibrate",
         ),
     ),
     ("core", ("localllm.errors", "localllm.wire", "localllm.settings")),

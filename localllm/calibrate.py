@@ -1,0 +1,234 @@
+"""Calibration maths for per-answer confidence: curves, error, bounds, thresholds, splits.
+
+An answer carries a confidence score in [0, 1]; an evaluation says whether it was correct.
+Accepting every answer whose score is at least ``t`` gives, over a set of scored answers:
+
+- **coverage**: the share of answers accepted (answered locally);
+- **precision**: the share of the accepted answers that are correct.
+
+:func:`risk_coverage` lists that pair for every distinct score (highest first, so coverage
+only grows along the list). :func:`choose_threshold` picks the lowest ``t`` whose accepted
+set is correct often enough *with statistical confidence*: the one-sided Clopper–Pearson
+lower bound of its precision (:func:`precision_lower_bound`) must meet the target, so a
+small evaluation cannot claim 95% from 5 of 5. When no threshold qualifies the answer is
+"accept nothing": ``Threshold.value`` is ``math.inf`` (``None`` in :meth:`Threshold.to_dict`)
+and every answer escalates.
+
+:func:`expected_calibration_error` is the usual equal-width-bin ECE; :func:`split` is the
+deterministic (optionally stratified) calibration/held-out split.
+
+A leaf module: plain Python, it imports nothing from localllm.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+__all__ = [
+    "CurvePoint",
+    "Threshold",
+    "choose_threshold",
+    "coverage_precision",
+    "expected_calibration_error",
+    "precision_lower_bound",
+    "risk_coverage",
+    "split",
+]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """Accepting every answer scored ``>= threshold``: how many, what share, how many right."""
+
+    threshold: float
+    accepted: int
+    coverage: float
+    precision: float
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """The chosen acceptance threshold and what it achieved on the data it was chosen on.
+
+    ``value`` is ``math.inf`` when no threshold meets the target: accept nothing (then
+    ``coverage`` is 0.0 and ``precision`` and ``lower_bound`` are 0.0). ``n`` is the number
+    of scored answers the choice was made on; ``round(coverage * n)`` were accepted.
+    """
+
+    value: float
+    coverage: float
+    precision: float
+    lower_bound: float
+    n: int
+
+    @property
+    def accepts_nothing(self) -> bool:
+        return math.isinf(self.value)
+
+    def accepts(self, score: float | None) -> bool:
+        """Whether an answer with this confidence is accepted (a missing score never is)."""
+        return score is not None and not self.accepts_nothing and score >= self.value
+
+    def to_dict(self) -> dict[str, float | int | None]:
+        """JSON-safe: ``value`` is ``None`` for "accept nothing"."""
+        return {
+            "value": None if self.accepts_nothing else self.value,
+            "coverage": self.coverage,
+            "precision": self.precision,
+            "lower_bound": self.lower_bound,
+            "n": self.n,
+        }
+
+
+def _check(scores: Sequence[float], correct: Sequence[bool]) -> None:
+    if len(scores) != len(correct):
+        raise ValueError(f"scores and correct differ in length ({len(scores)} vs {len(correct)})")
+    for s in scores:
+        if not (0.0 <= float(s) <= 1.0):
+            raise ValueError(f"a confidence score must be within [0, 1], got {s!r}")
+
+
+def risk_coverage(scores: Sequence[float], correct: Sequence[bool]) -> list[CurvePoint]:
+    """One point per distinct score, highest threshold first; empty input gives ``[]``."""
+    _check(scores, correct)
+    total = len(scores)
+    pairs = sorted(zip((float(s) for s in scores), (bool(c) for c in correct), strict=True), key=lambda p: -p[0])
+    points: list[CurvePoint] = []
+    accepted = right = 0
+    i = 0
+    while i < total:
+        score = pairs[i][0]
+        while i < total and pairs[i][0] == score:  # ties enter together: a threshold takes all of them
+            accepted += 1
+            right += pairs[i][1]
+            i += 1
+        points.append(CurvePoint(score, accepted, accepted / total, right / accepted))
+    return points
+
+
+def coverage_precision(scores: Sequence[float], correct: Sequence[bool], threshold: float) -> tuple[float, float, int]:
+    """(coverage, precision, accepted) of accepting ``score >= threshold``; precision 0.0 if none."""
+    _check(scores, correct)
+    took = [bool(c) for s, c in zip(scores, correct, strict=True) if float(s) >= threshold]
+    if not scores:
+        return 0.0, 0.0, 0
+    return len(took) / len(scores), (sum(took) / len(took) if took else 0.0), len(took)
+
+
+def expected_calibration_error(scores: Sequence[float], correct: Sequence[bool], bins: int = 10) -> float:
+    """Σ_b (n_b / N) · |accuracy_b − mean score_b| over ``bins`` equal-width bins of [0, 1].
+
+    A score of exactly 1.0 falls in the last bin; a bin edge belongs to the bin above it.
+    Empty input gives 0.0.
+    """
+    _check(scores, correct)
+    if bins < 1:
+        raise ValueError(f"bins must be at least 1, got {bins}")
+    if not scores:
+        return 0.0
+    sums = [[0.0, 0.0, 0] for _ in range(bins)]  # score sum, correct count, n
+    for s, c in zip(scores, correct, strict=True):
+        b = min(int(float(s) * bins), bins - 1)
+        sums[b][0] += float(s)
+        sums[b][1] += bool(c)
+        sums[b][2] += 1
+    total = len(scores)
+    return sum(n / total * abs(ok / n - ssum / n) for ssum, ok, n in sums if n)
+
+
+def _binomial_upper_tail(k: int, n: int, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, p), summed in log space (no overflow for large n)."""
+    if p <= 0.0:
+        return 1.0 if k <= 0 else 0.0
+    if p >= 1.0:
+        return 1.0
+    log_p, log_q = math.log(p), math.log1p(-p)
+    lg_n = math.lgamma(n + 1)
+    terms = (lg_n - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * log_p + (n - i) * log_q for i in range(k, n + 1))
+    return min(1.0, sum(math.exp(t) for t in terms))
+
+
+def precision_lower_bound(k: int, n: int, confidence: float = 0.95) -> float:
+    """One-sided Clopper–Pearson lower bound on a proportion seen as ``k`` successes of ``n``.
+
+    The largest ``p`` with ``P(X >= k | n, p) <= 1 - confidence``: the true precision is at
+    least this with the given confidence. Exact (not the Wilson approximation), found by
+    bisection to 1e-12. Degenerate cases: ``n == 0`` (no evidence) and ``k == 0`` give 0.0;
+    ``k == n`` has the closed form ``(1 - confidence) ** (1 / n)``.
+    """
+    if n < 0 or k < 0 or k > n:
+        raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be within (0, 1), got {confidence}")
+    alpha = 1.0 - confidence
+    if n == 0 or k == 0:
+        return 0.0
+    if k == n:
+        return float(alpha ** (1.0 / n))
+    lo, hi = 0.0, k / n  # the tail grows with p; at p = k/n it is above alpha for any sane alpha
+    while hi - lo > 1e-12:
+        mid = (lo + hi) / 2
+        if _binomial_upper_tail(k, n, mid) > alpha:
+            hi = mid
+        else:
+            lo = mid
+    return lo
+
+
+def choose_threshold(
+    scores: Sequence[float],
+    correct: Sequence[bool],
+    target_precision: float,
+    confidence: float = 0.95,
+) -> Threshold:
+    """The lowest score threshold whose accepted answers' precision lower bound meets the target.
+
+    Lowest, so coverage is as large as the evidence allows. Precision along the curve need
+    not be monotone; every distinct score is tried. If none qualifies (or there are no
+    scores) the result accepts nothing (``value == math.inf``).
+    """
+    if not 0.0 < target_precision <= 1.0:
+        raise ValueError(f"target_precision must be within (0, 1], got {target_precision}")
+    n = len(scores)
+    best: Threshold | None = None
+    for point in risk_coverage(scores, correct):
+        k = round(point.precision * point.accepted)
+        bound = precision_lower_bound(k, point.accepted, confidence)
+        if bound >= target_precision:
+            best = Threshold(point.threshold, point.coverage, point.precision, bound, n)
+    return best if best is not None else Threshold(math.inf, 0.0, 0.0, 0.0, n)
+
+
+def split(
+    items: Sequence[T],
+    holdout_fraction: float,
+    seed: int,
+    key: Callable[[T], Hashable] | None = None,
+) -> tuple[list[T], list[T]]:
+    """Deterministic (calibration, held-out) split; stratified by ``key`` when given.
+
+    Each stratum (or the whole list) is shuffled by ``random.Random(seed)`` and
+    ``round(len * holdout_fraction)`` of it held out; both parts keep the input order. The
+    same items, fraction and seed always give the same split (strata are visited in order
+    of first appearance, so hash randomisation cannot change it).
+    """
+    if not 0.0 <= holdout_fraction <= 1.0:
+        raise ValueError(f"holdout_fraction must be within [0, 1], got {holdout_fraction}")
+    strata: dict[Hashable, list[int]] = {}
+    for index, item in enumerate(items):
+        strata.setdefault(key(item) if key is not None else None, []).append(index)
+    rng = random.Random(seed)
+    held: set[int] = set()
+    for indices in strata.values():
+        shuffled = list(indices)
+        rng.shuffle(shuffled)
+        held.update(shuffled[: round(len(shuffled) * holdout_fraction)])
+    calibration = [item for i, item in enumerate(items) if i not in held]
+    holdout = [item for i, item in enumerate(items) if i in held]
+    return calibration, holdout
