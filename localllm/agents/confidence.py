@@ -194,7 +194,7 @@ def has_choice_fields(schema: Mapping[str, Any]) -> bool:
 # ---------------------------------------------------------------------- answer side
 
 
-def _scalars(text: str) -> list[tuple[Path, int, int]]:
+def scalars(text: str) -> list[tuple[Path, int, int]]:
     """Every scalar value of the JSON ``text`` as (path, start, end) character offsets.
 
     Raises ``ValueError`` when ``text`` is not one JSON value (surrounding whitespace allowed).
@@ -255,7 +255,7 @@ def _scalars(text: str) -> list[tuple[Path, int, int]]:
     return out
 
 
-def _label(path: Path) -> str:
+def field_label(path: Path) -> str:
     parts: list[str] = []
     for key in path:
         if isinstance(key, int):
@@ -369,7 +369,7 @@ def measure(schema: Mapping[str, Any] | None, content: str, tokens: Sequence[Tok
     out = b"".join(t.data for t in tokens)
     try:
         text = out.decode("utf-8")
-        spans = list(_scalars(text))
+        spans = list(scalars(text))
     except (UnicodeDecodeError, ValueError):
         return Confidence(None, UNMATCHED, {})
     if text.strip() != content.strip():
@@ -388,7 +388,7 @@ def measure(schema: Mapping[str, Any] | None, content: str, tokens: Sequence[Tok
         value = field_confidence(tokens, starts, out, (vs, ve), [a.encode("utf-8") for a in alts])
         if value is None:
             return Confidence(None, UNMATCHED, {})
-        fields[_label(path)] = value
+        fields[field_label(path)] = value
     if not fields:  # the answer holds no choice value (an empty array, an absent optional field)
         return Confidence(None, NOT_APPLICABLE, {})
     return Confidence(math.prod(fields.values()), METHOD, fields)
