@@ -173,7 +173,7 @@ def _search(args: argparse.Namespace) -> int:
 
 
 def _route(args: argparse.Namespace) -> int:
-    from localllm.embed.router import Router, calibrate, default_bars, route_turn, runtime_decide
+    from localllm.embed.router import Router, calibrate, route_turn, runtime_decide
     from localllm.errors import ConfigError, ConfigProblem
     from localllm.runtime import Runtime
 
@@ -201,17 +201,8 @@ def _route(args: argparse.Namespace) -> int:
     with Runtime(config, trace=args.trace) as runtime, _embedder(config, decl.embedder) as embedder:
         intents = list(config.intents.values())
         decide = runtime_decide(runtime, decl.agent, intents) if decl.agent else None
-        confident, margin, source = default_bars(embedder.info)
-        if decl.confident is not None or decl.margin is not None:
-            source = "config"
-        router = Router(
-            intents,
-            embedder,
-            confident=decl.confident if decl.confident is not None else confident,
-            margin=decl.margin if decl.margin is not None else margin,
-            decide=decide,
-            source=source,
-        )
+        # unset bars: the embedding model's measured ones (registry), else the defaults
+        router = Router(intents, embedder, confident=decl.confident, margin=decl.margin, decide=decide)
         calibration = None
         if args.calibrate or decl.calibrate:
             calibration = calibrate(router, target)

@@ -116,13 +116,22 @@ class Router:
         intents: Sequence[Intent],
         embedder: Embedder,
         *,
-        confident: float = DEFAULT_CONFIDENT,
-        margin: float = DEFAULT_MARGIN,
+        confident: float | None = None,
+        margin: float | None = None,
         decide: Decide | None = None,
         source: str = "given",
     ) -> None:
         import numpy as np
 
+        if confident is None or margin is None:  # the embedding model's measured bars, else the defaults
+            from localllm.embed.registry import lookup
+
+            identity = getattr(embedder, "identity", None)
+            model = lookup(identity.model, warn=False) if identity is not None else None
+            bars = default_bars(model)
+            source = bars[2] if confident is None and margin is None else "given+" + bars[2]
+            confident = bars[0] if confident is None else confident
+            margin = bars[1] if margin is None else margin
         if not intents:
             raise EmbedError("the router needs at least one intent under intents:")
         if not 0.0 <= margin <= 1.0 or not -1.0 <= confident <= 1.0:
@@ -133,7 +142,7 @@ class Router:
             raise EmbedError(f"{NONE_OF_THESE!r} is reserved for the decide tier's no-match; rename that intent")
         self.confident = confident
         self.margin = margin
-        #: where the bars came from: given | calibrated | registry:<model> | default
+        #: where the bars came from: given | calibrated | registry:<model> | default (given+…: one of each)
         self.source = source
         self.decide = decide
         self.embedder = embedder

@@ -67,7 +67,7 @@ def test_exact_example_routes_with_the_default_bars() -> None:
     verdict = router.route("start a countdown")
     assert verdict.intent == "timer" and verdict.similarity == pytest.approx(1.0, abs=1e-5)
     assert verdict.confidence == pytest.approx(1.0 - verdict.scores[1][1], abs=1e-5)
-    assert router.confident == 0.82 and router.margin == 0.08 and verdict.bars["source"] == "given"
+    assert router.confident == 0.82 and router.margin == 0.08 and verdict.bars["source"] == "default"
 
 
 def test_tie_sends_both_candidates_to_decide() -> None:
