@@ -12,8 +12,9 @@ alternating which goes first, against one sidecar:
     AUROC of confidence vs correctness (queue alone; the whole answer as the eval judges it),
     precision at 25/50/75/100% coverage (risk–coverage), expected calibration error;
 (c) method B (``--no-forced`` skips it): each alternative of each choice field scored by a
-    request whose grammar forces the answer up to and including that alternative, the
-    alternative's token logprobs summed and normalised over the alternatives (exact, but one
+    request that continues the answer (assistant prefill up to the value, served from the
+    prompt cache) under a grammar admitting only that alternative; its token logprobs are
+    summed and normalised over the alternatives (the whole value's probability, but one
     request per alternative): the same faithfulness figures, its extra time and tokens per
     answer, and how far it is from method A;
 (d) what the numbers are: the share of the top-20 mass at the queue value's first token that
@@ -121,7 +122,12 @@ def post(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple[dict[str
 def forced_scores(
     client: httpx.Client, url: str, body: dict[str, Any], schema: dict[str, Any], text: str
 ) -> tuple[dict[str, float], float, int]:
-    """Method B: P(chosen | alternatives) per choice field by forcing each alternative."""
+    """Method B: P(chosen | alternatives) per choice field by forcing each alternative.
+
+    The answer up to the value is an assistant prefill (llama-server continues a final
+    assistant message), so it is evaluated as prompt, mostly from the cache; a grammar that
+    admits only the alternative generates its few tokens, whose pre-grammar logprobs are summed.
+    """
     fields: dict[str, float] = {}
     spent_ms, tokens = 0.0, 0
     for path, cs, ce in confidence.scalars(text):
@@ -131,18 +137,17 @@ def forced_scores(
         head = text[:cs]
         logps: dict[str, float] = {}
         for alt in alts:
-            forced = head + alt
             b = {k: v for k, v in body.items() if k not in ("grammar", "top_logprobs")}
-            b.update(grammar="root ::= " + gbnf_literal(forced), logprobs=True, top_logprobs=1)
+            b["messages"] = [*body["messages"], {"role": "assistant", "content": head}]
+            b.update(grammar="root ::= " + gbnf_literal(alt), logprobs=True, top_logprobs=1, max_tokens=16)
             data, ms, _ = post(client, url, b)
             spent_ms += ms
             tokens += int((data.get("usage") or {}).get("completion_tokens") or 0)
-            toks = parse_logprobs(data) or []
-            vs, end = len(head.encode()), len(forced.encode())
+            end = len(alt.encode())
             pos, total = 0, 0.0
-            for t in toks:
+            for t in parse_logprobs(data) or []:
                 start, pos = pos, pos + len(t.data)
-                if pos > vs and start < end:
+                if start < end:  # the alternative's own tokens, not the end-of-turn after them
                     total += t.logprob
             logps[alt] = total
         top = max(logps.values())

@@ -20,44 +20,46 @@ agent_plugins:
 """
 FRUIT = {
     "type": "object",
-    "properties": {"w": {"enum": ["apple", "banana", "cherry"]}},
-    "required": ["w"],
+    "properties": {"w": {"enum": ["apple", "banana", "cherry"]}, "n": {"type": "integer", "minimum": 1, "maximum": 5}},
+    "required": ["w", "n"],
 }
-#: the answer is copied from the input: the model can hardly be unsure
-COPY = """Copy the word.
+#: ``w`` is copied from the input (the model can hardly be unsure); ``n`` follows no rule at
+#: all (every value appears, none fits the word), so whatever the model writes is a guess
+PROMPT = """Copy the word, then write any number.
 Word: cherry
-{{"w":"cherry"}}
+{{"w":"cherry","n":3}}
 Word: apple
-{{"w":"apple"}}
+{{"w":"apple","n":1}}
 Word: banana
-{{"w":"banana"}}
+{{"w":"banana","n":5}}
+Word: cherry
+{{"w":"cherry","n":2}}
+Word: apple
+{{"w":"apple","n":4}}
 Word: {word}
 """
-#: the word is none of the alternatives: whichever it picks, it is guessing
-GUESS = COPY.replace("Word: {word}\n", "Word: {word}\n") + ""
 
 
-def test_confidence_is_present_and_orders_clear_above_guessed(tmp_path: Path, managed_env: Path) -> None:
+def test_confidence_is_present_and_orders_copied_above_guessed(tmp_path: Path, managed_env: Path) -> None:
     (tmp_path / "c.yaml").write_text(CONFIG)
     trace = tmp_path / "trace.jsonl"
-    clear: list[float] = []
+    copied: list[float] = []
     guessed: list[float] = []
     with Runtime(load_config(tmp_path / "c.yaml"), trace=trace) as rt:
-        for word in ("apple", "banana", "cherry"):
-            result = rt.call("decide", agent="agent.local", prompt=COPY.format(word=word), schema=FRUIT)
-            assert result.meta["confidence_method"] == "logprobs"
-            assert 0.0 <= result.meta["confidence"] <= 1.0
-            assert set(result.meta["confidence_fields"]) == {"w"}
-            if result.submission["w"] == word:
-                clear.append(result.meta["confidence"])
-        for word in ("table", "river", "seven"):
-            result = rt.call("decide", agent="agent.local", prompt=GUESS.format(word=word), schema=FRUIT)
-            assert 0.0 <= result.meta["confidence"] <= 1.0
-            guessed.append(result.meta["confidence"])
-    assert clear, "the model copied none of the three words"
-    # copying is near-certain; a forced guess among three wrong words is not
-    assert min(clear) > max(guessed)
-    assert sum(clear) / len(clear) > 0.8
+        for word in ("banana", "apple", "cherry"):
+            result = rt.call("decide", agent="agent.local", prompt=PROMPT.format(word=word), schema=FRUIT)
+            meta = result.meta
+            assert meta["confidence_method"] == "logprobs"
+            assert 0.0 <= meta["confidence"] <= 1.0
+            fields = meta["confidence_fields"]
+            assert set(fields) == {"w", "n"}
+            assert meta["confidence"] == pytest.approx(fields["w"] * fields["n"], abs=1e-5)
+            assert result.submission["w"] == word  # copying works for this model
+            copied.append(fields["w"])
+            guessed.append(fields["n"])
+    # copying is near-certain; a number that follows no rule is not
+    assert min(copied) > max(guessed)
+    assert sum(copied) / 3 > sum(guessed) / 3 + 0.3  # measured: 0.82 vs 0.27
     completes = [e for e in read_trace(trace).events if e.kind == "agent.call.complete"]
-    assert all(0.0 <= e.payload["meta"]["confidence"] <= 1.0 for e in completes)
-    assert {e.payload["meta"]["confidence_method"] for e in completes} == {"logprobs"}
+    assert len(completes) == 3
+    assert [e.payload["meta"]["confidence_fields"]["w"] for e in completes] == pytest.approx(copied, abs=1e-5)
