@@ -254,18 +254,34 @@ def decide_schema(candidates: Sequence[str]) -> dict[str, Any]:
     }
 
 
+#: inputs about none of the intents, shown to the decide tier as ``none_of_these`` shots
+OFF_TOPIC_SHOTS = ("What is the weather in Paris?", "Tell me a fun fact", "Who won the match yesterday?")
+
+
 def decide_prompt(text: str, intents: Sequence[Intent], candidates: Sequence[str]) -> str:
-    """A prompt for the decide tier naming each candidate intent with its description."""
+    """A few-shot prompt for the decide tier: each candidate's description, then its examples
+    (up to 3, interleaved) and generic off-topic inputs as labelled shots, then the input.
+
+    Shots, not a list of names: measured with gemma-3-270m on three intents (three examples
+    each) and six inputs, a prompt that only lists the intents answered the first intent for
+    all six (three of them off-topic); this one answered 4 of 6 right and all three
+    off-topic inputs ``none_of_these``.
+    """
     by_name = {i.name: i for i in intents}
-    lines = ["Which intent does this user input express? Answer with one of the listed intents.", ""]
+    names = ", ".join(candidates)
+    lines = [f"Sort each user input into one intent: {names}; or {NONE_OF_THESE} when it is about none of them."]
     for name in candidates:
         intent = by_name.get(name)
-        about = intent.description if intent and intent.description else ""
-        examples = "; ".join(intent.examples[:3]) if intent else ""
-        detail = " — ".join(p for p in (about, f"e.g. {examples}" if examples else "") if p)
-        lines.append(f"- {name}" + (f": {detail}" if detail else ""))
-    lines.append(f"- {NONE_OF_THESE}: the input is about none of the intents above")
-    lines += ["", f"Input: {text}"]
+        if intent is not None and intent.description:
+            lines.append(f"{name}: {intent.description}")
+    lines.append("")
+    for k in range(3):
+        for name in candidates:
+            intent = by_name.get(name)
+            if intent is not None and k < len(intent.examples):
+                lines += [f"Input: {intent.examples[k]}", f'{{"intent":"{name}"}}', ""]
+        lines += [f"Input: {OFF_TOPIC_SHOTS[k]}", f'{{"intent":"{NONE_OF_THESE}"}}', ""]
+    lines.append(f"Input: {text}")
     return "\n".join(lines)
 
 

@@ -133,8 +133,8 @@ def test_runtime_decide_calls_the_decide_verb_with_an_enum_schema() -> None:
     assert call["verb"] == "decide" and call["agent"] == "agent.local"
     assert call["schema"] == decide_schema(["weather", "timer"])
     assert call["schema"]["properties"]["intent"]["enum"] == ["weather", "timer", "none_of_these"]
-    assert "- none_of_these" in call["prompt"]
-    assert "wake me in 10" in call["prompt"] and "- timer" in call["prompt"]
+    assert "none_of_these" in call["prompt"] and "Input: wake me in 10" in call["prompt"]
+    assert call["prompt"].count('{"intent":"timer"}') == 2  # one shot per example of a candidate
 
 
 def test_provenance_lands_in_the_trace(tmp_path: Path) -> None:
