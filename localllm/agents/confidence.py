@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -392,3 +392,53 @@ def measure(schema: Mapping[str, Any] | None, content: str, tokens: Sequence[Tok
     if not fields:  # the answer holds no choice value (an empty array, an absent optional field)
         return Confidence(None, NOT_APPLICABLE, {})
     return Confidence(math.prod(fields.values()), METHOD, fields)
+
+
+SCORE = "score"  # every alternative scored by a request that forces it (see score_alternatives)
+
+#: ``(answer prefix, alternative) → that alternative's tokens`` (``None``: the server gave none)
+Scorer = Callable[[str, str], "Sequence[Token] | None"]
+
+
+def score_alternatives(schema: Mapping[str, Any] | None, content: str, scorer: Scorer) -> Confidence:
+    """The answer's confidence by scoring every alternative of every choice field.
+
+    For a field whose value starts at character ``c``, ``scorer(content[:c], alt)`` runs one
+    request that continues the answer prefix (an assistant prefill, served from the prompt
+    cache) under a grammar admitting only ``alt``; the log-probabilities of the tokens that
+    spell ``alt`` are summed. The field's confidence is the chosen value's share,
+    ``exp(lp_chosen) / Σ exp(lp_alt)``: the whole value's probability, not its first token's,
+    at one short request per alternative.
+    """
+    if schema is None or not has_choice_fields(schema):
+        return Confidence(None, NOT_APPLICABLE, {})
+    try:
+        spans = scalars(content)
+    except ValueError:
+        return Confidence(None, UNMATCHED, {})
+    fields: dict[str, float] = {}
+    for path, cs, ce in spans:
+        alts = alternatives(subschema(schema, path), schema)
+        chosen = content[cs:ce]
+        if alts is None:
+            continue
+        if chosen not in alts:
+            return Confidence(None, UNMATCHED, {})
+        logps: dict[str, float] = {}
+        for alt in alts:
+            tokens = scorer(content[:cs], alt)
+            if tokens is None:
+                return Confidence(None, UNAVAILABLE, {})
+            end, pos, total = len(alt.encode("utf-8")), 0, 0.0
+            for token in tokens:
+                start, pos = pos, pos + len(token.data)
+                if start < end:  # the alternative's own tokens, not an end-of-turn after them
+                    total += token.logprob
+            logps[alt] = total
+        top = max(logps.values())
+        if math.isinf(top):
+            return Confidence(None, UNMATCHED, {})
+        fields[field_label(path)] = math.exp(logps[chosen] - top) / sum(math.exp(v - top) for v in logps.values())
+    if not fields:
+        return Confidence(None, NOT_APPLICABLE, {})
+    return Confidence(math.prod(fields.values()), SCORE, fields)

@@ -261,9 +261,32 @@ class LocalLLMAgent(Agent):
             body["model"] = attached.model
         return body, grammar, native, ran
 
+    @staticmethod
+    def _score(post: Any, body: dict[str, Any], head: str, alt: str) -> list[confidence.Token] | None:
+        """One alternative's tokens: the answer so far as an assistant prefill, a grammar admitting only ``alt``."""
+        from localllm.grammar.compile import gbnf_literal
+
+        constrained = ("grammar", "response_format", "json_schema", "logprobs", "top_logprobs")
+        forced = {k: v for k, v in body.items() if k not in constrained}
+        forced["messages"] = [*body["messages"], {"role": "assistant", "content": head}]
+        forced.update(
+            grammar="root ::= " + gbnf_literal(alt),
+            logprobs=True,
+            top_logprobs=1,
+            max_tokens=len(alt.encode("utf-8")) + 4,
+            temperature=0.0,
+        )
+        reply = post(forced)
+        if reply.status_code >= 400:
+            return None
+        try:
+            return confidence.parse_logprobs(reply.json())
+        except ValueError:
+            return None
+
     def _wants_logprobs(self, schema: dict[str, Any] | None) -> bool:
         """Whether this request asks for token probabilities (a schema with a choice field)."""
-        if schema is None or self.decl.confidence == "off" or self._logprobs_refused:
+        if schema is None or self.decl.confidence != "logprobs" or self._logprobs_refused:
             return False
         key = json.dumps(schema, sort_keys=True)
         if key not in self._choice_cache:
@@ -397,6 +420,12 @@ class LocalLLMAgent(Agent):
             meta["prompt_n"] = timings.get("prompt_n")
         if self.decl.confidence == "off":
             meta.update(confidence=None, confidence_method="off")
+        elif self.decl.confidence == "score":
+            scored_ms = time.monotonic()
+            measured = confidence.score_alternatives(
+                request.schema, strip_fence(content), lambda head, alt: self._score(post, body, head, alt)
+            )
+            meta.update(measured.as_meta(), confidence_ms=int((time.monotonic() - scored_ms) * 1000))
         else:
             tokens = confidence.parse_logprobs(data) if body.get("logprobs") else None
             meta.update(confidence.measure(request.schema, strip_fence(content), tokens).as_meta())

@@ -203,9 +203,10 @@ class LocalLLMDecl(AgentDecl):
     service: str = setting("auto", "use a running `localllm serve`", choices=("auto", "required", "never"))
     confidence: str = setting(
         "logprobs",
-        "per-answer confidence of enum/boolean/small-integer fields from the answer's token "
-        "probabilities (meta.confidence); off: do not ask the server for them",
-        choices=("logprobs", "off"),
+        "meta.confidence of enum/boolean/small-integer fields: logprobs (the answer's own token "
+        "probabilities, free), score (one short forced request per alternative: more faithful, "
+        "slower), off",
+        choices=("logprobs", "score", "off"),
     )
 
 

@@ -142,3 +142,33 @@ def test_an_endpoint_that_refuses_logprobs_answers_without_confidence_and_is_not
     assert first.meta["confidence_method"] == second.meta["confidence_method"] == "unavailable"
     asked = ["logprobs" in b for b in chat_bodies(requests_log)]
     assert asked == [True, False, False]  # refused once, retried without, never asked again
+
+
+def test_confidence_score_forces_each_alternative_after_the_answer(
+    tmp_path: Path, server_bin: Path, requests_log: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # canary, the answer ({"queue":"billing",…}), then one forced request per alternative
+    behaviour(
+        tmp_path,
+        monkeypatch,
+        {},
+        {},
+        {"logprobs": {"billing": {"billing": 0.5}}},
+        {"logprobs": {"bug": {"bug": 0.25}}},
+        {"logprobs": {"other": {"other": 0.25}}},
+    )
+    with Runtime(config(tmp_path, server_bin, ", confidence: score")) as rt:
+        result = rt.call("decide", agent="agent.local", prompt="Route: x", schema=SCHEMA)
+    assert result.submission["queue"] == "billing"
+    assert result.meta["confidence_method"] == "score"
+    assert result.meta["confidence"] == pytest.approx(0.5, abs=1e-6)
+    bodies = chat_bodies(requests_log)
+    assert "logprobs" not in bodies[0]  # the answer itself asks for nothing extra
+    forced = bodies[1:]
+    assert [b["grammar"] for b in forced] == [
+        'root ::= "\\"billing\\""',
+        'root ::= "\\"bug\\""',
+        'root ::= "\\"other\\""',
+    ]
+    assert all(b["messages"][-1] == {"role": "assistant", "content": '{"queue":'} for b in forced)
+    assert all(b["logprobs"] is True for b in forced)

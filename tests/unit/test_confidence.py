@@ -147,3 +147,33 @@ def test_parse_logprobs_reads_the_openai_shape() -> None:
     assert tokens[1].top == ((b"x", -3.0),) and tokens[0].logprob == -0.1
     assert parse_logprobs({"choices": [{"message": {}}]}) is None
     assert parse_logprobs({"choices": [{"logprobs": {"content": [{"token": "a"}]}}]}) is None  # no logprob
+
+
+def test_score_alternatives_normalises_each_values_whole_probability() -> None:
+    content = '{"summary":"x","queue":"bug","priority":3}'
+    seen: list[tuple[str, str]] = []
+    # each alternative's tokens: "bug" as two tokens (0.5 · 0.8), the others one token each;
+    # a trailing end-of-turn token (empty bytes) must not count
+    table = {
+        '"billing"': [Token(b'"billing"', math.log(0.2))],
+        '"bug"': [Token(b'"b', math.log(0.5)), Token(b'ug"', math.log(0.8)), Token(b"", math.log(0.01))],
+        '"feature"': [Token(b'"feature"', math.log(0.1))],
+        '"other"': [Token(b'"other"', math.log(0.3))],
+        **{
+            str(i): [Token(str(i).encode(), math.log(p))]
+            for i, p in zip(range(1, 6), (0.1, 0.1, 0.6, 0.1, 0.1), strict=True)
+        },
+    }
+
+    def scorer(head: str, alt: str) -> list[Token]:
+        seen.append((head, alt))
+        return table[alt]
+
+    got = confidence.score_alternatives(TRIAGE, content, scorer)
+    assert got.method == "score"
+    assert got.fields["queue"] == pytest.approx(0.4 / (0.2 + 0.4 + 0.1 + 0.3))
+    assert got.fields["priority"] == pytest.approx(0.6)
+    assert got.value == pytest.approx(0.4 * 0.6)
+    assert ('{"summary":"x","queue":', '"bug"') in seen and ('{"summary":"x","queue":"bug","priority":', "5") in seen
+    assert len(seen) == 4 + 5  # one request per alternative, none for the free-text summary
+    assert confidence.score_alternatives(TRIAGE, content, lambda h, a: None).method == confidence.UNAVAILABLE
