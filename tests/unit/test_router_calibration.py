@@ -11,7 +11,8 @@ import pytest
 
 from localllm.config import Intent
 from localllm.embed.embedder import EmbedderIdentity
-from localllm.embed.router import NONE_OF_THESE, Router, calibrate
+from localllm.embed.registry import lookup
+from localllm.embed.router import NONE_OF_THESE, Router, calibrate, default_bars
 from localllm.errors import ConfigError, EmbedError
 from localllm.loading import load_config
 
@@ -112,3 +113,11 @@ def test_calibrate_with_fixed_bars_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(tmp_path / "c.yaml")
     assert [p.key for p in info.value.problems] == ["router.calibrate"]
+
+
+def test_registry_bars_per_embedder() -> None:
+    minilm = lookup("all-minilm-l6-v2")
+    confident, margin, source = default_bars(minilm)
+    assert source == "registry:all-minilm-l6-v2" and confident < 0.82  # MiniLM's cosines run low
+    assert (minilm.router_confident, minilm.router_margin) == (confident, margin)
+    assert default_bars(lookup("some-unknown-model", warn=False)) == (0.82, 0.08, "default")
