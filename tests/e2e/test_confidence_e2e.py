@@ -63,3 +63,17 @@ def test_confidence_is_present_and_orders_copied_above_guessed(tmp_path: Path, m
     completes = [e for e in read_trace(trace).events if e.kind == "agent.call.complete"]
     assert len(completes) == 3
     assert [e.payload["meta"]["confidence_fields"]["w"] for e in completes] == pytest.approx(copied, abs=1e-5)
+
+
+def test_score_method_on_the_real_server(tmp_path: Path, managed_env: Path) -> None:
+    (tmp_path / "c.yaml").write_text(
+        CONFIG.replace("schema_in_prompt: false}", "schema_in_prompt: false,\n                confidence: score}")
+    )
+    with Runtime(load_config(tmp_path / "c.yaml")) as rt:
+        result = rt.call("decide", agent="agent.local", prompt=PROMPT.format(word="cherry"), schema=FRUIT)
+    meta = result.meta
+    assert meta["confidence_method"] == "score" and meta["confidence_ms"] >= 0
+    fields = meta["confidence_fields"]
+    assert set(fields) == {"w", "n"} and all(0.0 <= v <= 1.0 for v in fields.values())
+    assert result.submission["w"] == "cherry"
+    assert fields["w"] > fields["n"]  # the copied word is surer than the number that follows no rule
