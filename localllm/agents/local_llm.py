@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from localllm import settings
 from localllm._http import CONNECTION_REFUSED, map_httpx_errors
 from localllm._upstream import UpstreamError, read_error
-from localllm.agents import structured
+from localllm.agents import confidence, structured
 from localllm.agents.base import Agent
 from localllm.config import LocalLLMDecl
 from localllm.errors import (
@@ -104,6 +104,9 @@ class LocalLLMAgent(Agent):
         self._subset_cache: dict[str, bool] = {}
         self._pinned_meta: dict[str, Any] | None = None
         self._grammar_cache: dict[str, str | None] = {}
+        self._choice_cache: dict[str, bool] = {}
+        #: the endpoint answered 400 to ``logprobs``: confidence is unavailable from it
+        self._logprobs_refused = False
         self._one_at_a_time = threading.Lock() if decl.reproducible else contextlib.nullcontext()
         if decl.grammar:
             # compile_schema needs jsonschema inside ask(), on the runtime's worker thread,
@@ -266,9 +269,43 @@ class LocalLLMAgent(Agent):
             # answer; evaluated whole and alone (ask() holds _one_at_a_time), it does not
             body.update(cache_prompt=False, seed=0)
         body.update(constraint)
+        if self._wants_logprobs(schema):
+            body.update(logprobs=True, top_logprobs=confidence.TOP_LOGPROBS)
         if attached is not None:
             body["model"] = attached.model
         return body, grammar, native, ran
+
+    @staticmethod
+    def _score(post: Any, body: dict[str, Any], head: str, alt: str) -> list[confidence.Token] | None:
+        """One alternative's tokens: the answer so far as an assistant prefill, a grammar admitting only ``alt``."""
+        from localllm.grammar.compile import gbnf_literal
+
+        constrained = ("grammar", "response_format", "json_schema", "logprobs", "top_logprobs")
+        forced = {k: v for k, v in body.items() if k not in constrained}
+        forced["messages"] = [*body["messages"], {"role": "assistant", "content": head}]
+        forced.update(
+            grammar="root ::= " + gbnf_literal(alt),
+            logprobs=True,
+            top_logprobs=1,
+            max_tokens=len(alt.encode("utf-8")) + 4,
+            temperature=0.0,
+        )
+        reply = post(forced)
+        if reply.status_code >= 400:
+            return None
+        try:
+            return confidence.parse_logprobs(reply.json())
+        except ValueError:
+            return None
+
+    def _wants_logprobs(self, schema: dict[str, Any] | None) -> bool:
+        """Whether this request asks for token probabilities (a schema with a choice field)."""
+        if schema is None or self.decl.confidence != "logprobs" or self._logprobs_refused:
+            return False
+        key = json.dumps(schema, sort_keys=True)
+        if key not in self._choice_cache:
+            self._choice_cache[key] = confidence.has_choice_fields(schema)
+        return self._choice_cache[key]
 
     def _headers(self) -> dict[str, str]:
         name = self.decl.api_key_env
@@ -353,6 +390,14 @@ class LocalLLMAgent(Agent):
                     self.styles.forget(base)
         elif reply.status_code < 400 and negotiated is not None and not negotiated.verified:
             self.styles.confirm(base)
+        if reply.status_code == 400 and body.get("logprobs"):
+            # an OpenAI-compatible server that refuses logprobs (llama-server and vLLM take
+            # them): answer without confidence rather than fail, and stop asking
+            retry = {k: v for k, v in body.items() if k not in ("logprobs", "top_logprobs")}
+            second = post(retry)
+            if second.status_code < 400:
+                self._logprobs_refused = True
+                reply, body = second, retry
         elapsed_ms = int((time.monotonic() - started) * 1000)
         if reply.status_code >= 400:
             raise self._upstream_error(read_error(reply.status_code, reply.text), f"{base}/chat/completions")
@@ -394,6 +439,17 @@ class LocalLLMAgent(Agent):
             meta["timings"] = timings
             meta["cache_n"] = timings.get("cache_n")
             meta["prompt_n"] = timings.get("prompt_n")
+        if self.decl.confidence == "off":
+            meta.update(confidence=None, confidence_method="off")
+        elif self.decl.confidence == "score":
+            scored_ms = time.monotonic()
+            measured = confidence.score_alternatives(
+                request.schema, strip_fence(content), lambda head, alt: self._score(post, body, head, alt)
+            )
+            meta.update(measured.as_meta(), confidence_ms=int((time.monotonic() - scored_ms) * 1000))
+        else:
+            tokens = confidence.parse_logprobs(data) if body.get("logprobs") else None
+            meta.update(confidence.measure(request.schema, strip_fence(content), tokens).as_meta())
         transcript = self._transcript(body, content, usage, elapsed_ms)
         return AskResponse(submission=strip_fence(content), meta=meta, transcript=transcript)
 

@@ -53,10 +53,27 @@ def _setup_search(p: argparse.ArgumentParser) -> None:
 
 
 def _setup_route(p: argparse.ArgumentParser) -> None:
-    p.add_argument("text", metavar="TEXT")
+    p.add_argument("text", metavar="TEXT", nargs="?", help="the input to route (optional with --calibrate)")
     add_config_option(p)
     p.add_argument("--trace", type=Path, metavar="F", help="append the turn (turn.start, decide call) to this trace")
-    p.add_argument("--json", action="store_true", help="print the verdict as JSON")
+    p.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="choose the semantic tier's bars from the intents' examples (leave-one-out), print them, "
+        "and route TEXT (if given) with them",
+    )
+    p.add_argument(
+        "--target-precision",
+        type=float,
+        metavar="P",
+        help="the precision --calibrate aims at (default: router.target_precision, 0.9)",
+    )
+    p.add_argument(
+        "--explain",
+        action="store_true",
+        help="show per-intent similarities, the margin, the bars and which tier decided why",
+    )
+    p.add_argument("--json", action="store_true", help="print the verdict (and calibration) as JSON")
     p.set_defaults(handler=_route)
 
 
@@ -156,10 +173,14 @@ def _search(args: argparse.Namespace) -> int:
 
 
 def _route(args: argparse.Namespace) -> int:
-    from localllm.embed.router import Router, route_turn, runtime_decide
+    from localllm.embed.router import Router, calibrate, route_turn, runtime_decide
     from localllm.errors import ConfigError, ConfigProblem
     from localllm.runtime import Runtime
 
+    if args.text is None and not args.calibrate:
+        raise UsageError("route needs TEXT (or --calibrate alone to print the calibrated bars)")
+    if args.target_precision is not None and not 0.5 <= args.target_precision < 1.0:
+        raise UsageError(f"--target-precision must be in [0.5, 1), got {args.target_precision}")
     config = load(args.config)
     where = str(config.path)
     if not config.intents:
@@ -176,17 +197,62 @@ def _route(args: argparse.Namespace) -> int:
                 )
             ]
         )
+    target = args.target_precision if args.target_precision is not None else decl.target_precision
     with Runtime(config, trace=args.trace) as runtime, _embedder(config, decl.embedder) as embedder:
         intents = list(config.intents.values())
         decide = runtime_decide(runtime, decl.agent, intents) if decl.agent else None
+        # unset bars: the embedding model's measured ones (registry), else the defaults
         router = Router(intents, embedder, confident=decl.confident, margin=decl.margin, decide=decide)
-        verdict = route_turn(router, args.text, runtime.trace, turn=runtime.turn)
+        calibration = None
+        if args.calibrate or decl.calibrate:
+            calibration = calibrate(router, target)
+            router.apply(calibration)
+        verdict = route_turn(router, args.text, runtime.trace, turn=runtime.turn) if args.text is not None else None
     if args.json:
-        emit_json({**verdict.as_dict(), "turn_start": verdict.turn_start_payload()})
+        doc: dict[str, Any] = {}
+        if verdict is not None:
+            doc.update(verdict.as_dict(), turn_start=verdict.turn_start_payload())
+        if calibration is not None:
+            doc["calibration"] = calibration.as_dict()
+        emit_json(doc)
     else:
-        conf = f"{verdict.confidence:.4f}" if verdict.confidence is not None else "-"
-        out(
-            f"{verdict.intent or '-'}\t{verdict.outcome}\trouted_by={verdict.routed_by}\t"
-            f"match_type={verdict.match_type or '-'}\tconfidence={conf}"
-        )
+        if calibration is not None and (args.calibrate or args.explain):
+            _print_calibration(calibration, embedder.info.id)
+        if verdict is not None:
+            conf = f"{verdict.confidence:.4f}" if verdict.confidence is not None else "-"
+            out(
+                f"{verdict.intent or '-'}\t{verdict.outcome}\trouted_by={verdict.routed_by}\t"
+                f"match_type={verdict.match_type or '-'}\tconfidence={conf}"
+            )
+            if args.explain:
+                _explain(verdict)
+    if verdict is None:
+        return EXIT_OK
     return EXIT_OK if verdict.intent is not None else EXIT_FAILED
+
+
+def _print_calibration(cal: Any, model: str) -> None:
+    d = cal.as_dict()
+    how = "lower bound" if cal.bound_met else "observed precision (too few examples for the bound)"
+    out(f"# calibrated on {d['in_scope']} in-scope and {d['out_of_scope']} out-of-scope leave-one-out decisions")
+    out(
+        f"# accepted {d['accepted']} ({d['coverage']:.0%} of in-scope), precision {d['precision']}, "
+        f"{cal.level:.0%} lower bound {d['lower_bound']}; chosen by {how}"
+    )
+    if not cal.bound_met:
+        warn(
+            f"a {cal.target_precision:.0%} precision bound needs about {cal.needed} correct decisions; "
+            f"these examples give {cal.in_scope}: add examples per intent for a bound that holds"
+        )
+    out(f"router: {{confident: {d['confident']}, margin: {d['margin']}}}   # {model}")
+
+
+def _explain(verdict: Any) -> None:
+    for name, score in verdict.scores:
+        out(f"  {score:+.4f}  {name}")
+    margin = "-" if verdict.margin is None else f"{verdict.margin:.4f}"
+    bars = verdict.bars
+    if bars:
+        out(f"  bars: confident {bars['confident']:.4f}, margin {bars['margin']:.4f} ({bars['source']})")
+    out(f"  margin: {margin}")
+    out(f"  decided by: {verdict.routed_by} — {verdict.reason}")

@@ -211,6 +211,13 @@ class LocalLLMDecl(AgentDecl):
     )
     threads: int | None = setting(None, "default: llama.cpp sizes its threads to the machine", low=1, high=1024)
     service: str = setting("auto", "use a running `localllm serve`", choices=("auto", "required", "never"))
+    confidence: str = setting(
+        "logprobs",
+        "meta.confidence of enum/boolean/small-integer fields: logprobs (the answer's own token "
+        "probabilities, free), score (one short forced request per alternative: more faithful, "
+        "slower), off",
+        choices=("logprobs", "score", "off"),
+    )
 
 
 #: plugin type → declaration, in the spec's order (contract §1); ``mcp_stdio`` comes only
@@ -264,8 +271,20 @@ class RouterDecl:
 
     embedder: str | None = setting(None, "the semantic tier: an embedder name", check="name", example="embedder: docs")
     agent: str | None = setting(None, "the decide tier: an agent alias", check="name", example="agent: agent.local")
-    confident: float = setting(ROUTER_CONFIDENT, "route when the best score is at least this", low=0.0, high=1.0)
-    margin: float = setting(ROUTER_MARGIN, "… and leads the runner-up by at least this", low=0.0, high=1.0)
+    confident: float | None = setting(
+        None,
+        "route when the best score is at least this (default: the embedding model's measured bar in "
+        "the registry, else 0.82)",
+        low=0.0,
+        high=1.0,
+    )
+    margin: float | None = setting(
+        None, "… and leads the runner-up by at least this (default: as confident; else 0.08)", low=0.0, high=1.0
+    )
+    calibrate: bool = setting(
+        False, "choose confident and margin from the intents' own examples (leave-one-out) at start"
+    )
+    target_precision: float = setting(0.9, "the precision calibrate aims the semantic tier at", low=0.5, high=0.999)
 
 
 @dataclass(frozen=True)

@@ -451,6 +451,13 @@ def _router(draft: Draft, raw: Any) -> None:
         draft.problems.add("router", "must be a mapping (embedder:, agent:, confident:, margin:)")
         return
     draft.router = RouterDecl(**parse_decl(RouterDecl, raw, "router", draft.ctx, what="router"))
+    router = draft.router
+    if router.calibrate and (router.confident is not None or router.margin is not None):
+        draft.problems.add(
+            "router.calibrate",
+            "calibrate: true chooses confident and margin itself; they are also set",
+            "remove confident:/margin:, or set calibrate: false",
+        )
 
 
 # ----------------------------------------------------------------------------- references

@@ -55,6 +55,9 @@ class ModelInfo:
     query_prefix: str = ""
     document_prefix: str = ""
     known: bool = True
+    #: the router's bars measured for this model (``router:`` in the registry), or ``None``
+    router_confident: float | None = None
+    router_margin: float | None = None
 
     def prefix(self, role: Role) -> str:
         """The text prepended to an input of ``role``."""
@@ -118,10 +121,18 @@ def load_registry(path: Path | None = None) -> dict[str, ModelInfo]:
             matryoshka_layer_norm=bool(spec.get("matryoshka_layer_norm", False)),
             query_prefix=str(spec.get("query_prefix", "")),
             document_prefix=str(spec.get("document_prefix", "")),
+            router_confident=_bar(spec, "confident"),
+            router_margin=_bar(spec, "margin"),
         )
         for name in (model_id, *spec.get("aliases", [])):
             out[_normal(name)] = info
     return out
+
+
+def _bar(spec: dict[str, Any], name: str) -> float | None:
+    router = spec.get("router")
+    value = router.get(name) if isinstance(router, dict) else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _normal(name: str) -> str:

@@ -5,24 +5,39 @@ paraphrase is symmetric, so both sides get the same prefix); an intent's score i
 best example's cosine. With the best intent at ``s1`` and the runner-up at ``s2``:
 
 * ``s1 >= confident`` and ``s1 - s2 >= margin`` → **route** (``routed_by="semantic"``,
-  ``match_type="example:<the matching example>"``, ``confidence=s1``);
+  ``match_type="example:<the matching example>"``);
 * ``s1 >= confident`` but within ``margin`` → **tie**: both candidates go to the decide tier;
 * ``s1 < confident`` → **miss**: every intent goes to the decide tier.
 
-Decide tier. ``decide(text, candidates)`` — in practice a schema-bound ``decide`` call whose
-schema is ``{"intent": {"enum": candidates}}`` — picks one candidate (``routed_by="llm"``,
-``match_type="decide"``) or returns None. Without a decide callable, a tie or miss is the
-verdict, with its candidates and the best score as confidence.
+A semantic verdict's ``confidence`` is the similarity margin ``s1 - s2`` (clamped to
+[0, 1]; ``s1`` itself with one intent): how clearly the best intent beat the next one.
 
-Every verdict renders the ``turn.start`` payload of trace-format §3 with
-:meth:`Verdict.turn_start_payload`; :func:`route_turn` routes one input as one turn of a
-trace, writing ``turn.start`` before the decide tier's ``agent.call.*`` events.
+The bars fit their embedder: cosines of one model are not comparable with another's
+(all-MiniLM scores clear paraphrases around 0.4–0.6, where nomic scores 0.8). They come,
+in order, from the ``router:`` keys, from :func:`calibrate` over the intents' own examples
+(``router: {calibrate: true}`` / ``localllm route --calibrate``), from the embedding
+model's measured defaults in the registry (``router:`` in ``embed/models.json``), or from
+:data:`DEFAULT_CONFIDENT` / :data:`DEFAULT_MARGIN`.
+
+Decide tier. ``decide(text, candidates)`` — in practice a schema-bound ``decide`` call whose
+schema is ``{"intent": {"enum": candidates + ["none_of_these"]}}`` — picks one candidate
+(``routed_by="llm"``, ``match_type="decide"``) or says **none of these**
+(:data:`NONE_OF_THESE`; outcome ``none``, no intent). It may return the choice alone or
+``(choice, confidence)``; :func:`runtime_decide` passes the local answer's
+``meta.confidence`` (the model's probability of its choice among the alternatives).
+Without a decide callable, a tie or miss is the verdict, with its candidates.
+
+Every verdict says why its tier decided (``reason``) and renders the ``turn.start`` payload
+of trace-format §3 with :meth:`Verdict.turn_start_payload`; :func:`route_turn` routes one
+input as one turn of a trace, writing ``turn.start`` before the decide tier's
+``agent.call.*`` events.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from localllm.config.decls import ROUTER_CONFIDENT as DEFAULT_CONFIDENT
@@ -35,8 +50,11 @@ if TYPE_CHECKING:
     from localllm.trace.writer import TraceWriter
     from localllm.wire import CallResult
 
-Decide = Callable[[str, list[str]], "str | None"]
-Outcome = Literal["route", "tie", "miss"]
+Decide = Callable[[str, list[str]], "str | tuple[str | None, float | None] | None"]
+Outcome = Literal["route", "tie", "miss", "none"]
+
+#: the decide tier's extra alternative: the input matches none of the candidates
+NONE_OF_THESE = "none_of_these"
 
 
 @dataclass(frozen=True)
@@ -53,6 +71,13 @@ class Verdict:
     candidates: tuple[str, ...] = ()
     #: best cosine per intent, best first
     scores: tuple[tuple[str, float], ...] = ()
+    #: the best intent's cosine (s1) and its lead over the runner-up (s1 - s2)
+    similarity: float | None = None
+    margin: float | None = None
+    #: why the deciding tier decided as it did, in a few words
+    reason: str = ""
+    #: the bars the embedding tier used and where they came from
+    bars: dict[str, Any] = field(default_factory=dict)
 
     def turn_start_payload(self) -> dict[str, Any]:
         """The ``turn.start`` payload (trace-format §3) the caller appends to its trace."""
@@ -76,6 +101,10 @@ class Verdict:
             "confidence": self.confidence,
             "candidates": list(self.candidates),
             "scores": [{"intent": i, "score": s} for i, s in self.scores],
+            "similarity": self.similarity,
+            "margin": self.margin,
+            "reason": self.reason,
+            "bars": dict(self.bars),
         }
 
 
@@ -87,20 +116,34 @@ class Router:
         intents: Sequence[Intent],
         embedder: Embedder,
         *,
-        confident: float = DEFAULT_CONFIDENT,
-        margin: float = DEFAULT_MARGIN,
+        confident: float | None = None,
+        margin: float | None = None,
         decide: Decide | None = None,
+        source: str = "given",
     ) -> None:
         import numpy as np
 
+        if confident is None or margin is None:  # the embedding model's measured bars, else the defaults
+            from localllm.embed.registry import lookup
+
+            identity = getattr(embedder, "identity", None)
+            model = lookup(identity.model, warn=False) if identity is not None else None
+            bars = default_bars(model)
+            source = bars[2] if confident is None and margin is None else "given+" + bars[2]
+            confident = bars[0] if confident is None else confident
+            margin = bars[1] if margin is None else margin
         if not intents:
             raise EmbedError("the router needs at least one intent under intents:")
         if not 0.0 <= margin <= 1.0 or not -1.0 <= confident <= 1.0:
             raise EmbedError(f"router confident must be in [-1, 1] and margin in [0, 1], got {confident} and {margin}")
         self.intents = list(intents)
         self.names = [i.name for i in self.intents]
+        if NONE_OF_THESE in {i.name for i in intents}:
+            raise EmbedError(f"{NONE_OF_THESE!r} is reserved for the decide tier's no-match; rename that intent")
         self.confident = confident
         self.margin = margin
+        #: where the bars came from: given | calibrated | registry:<model> | default (given+…: one of each)
+        self.source = source
         self.decide = decide
         self.embedder = embedder
         self._examples: list[tuple[str, str]] = [
@@ -120,6 +163,10 @@ class Router:
         first = self.semantic(text)
         return self.settle(first) if self.needs_decide(first) else first
 
+    def apply(self, calibration: Calibration) -> None:
+        """Use ``calibration``'s bars from now on."""
+        self.confident, self.margin, self.source = calibration.confident, calibration.margin, "calibrated"
+
     def needs_decide(self, verdict: Verdict) -> bool:
         """Whether the embedding tier's ``verdict`` goes on to the decide tier."""
         return verdict.outcome != "route" and self.decide is not None
@@ -136,28 +183,45 @@ class Router:
         # stable: equal scores keep the intents' declaration order
         ranked = sorted(best.items(), key=lambda kv: -kv[1][0])
         scores = tuple((name, score) for name, (score, _) in ranked)
-        top = ranked[0] if ranked else None
-        s1 = top[1][0] if top else -1.0
-        s2 = ranked[1][1][0] if len(ranked) > 1 else -1.0
-        if top is not None and s1 >= self.confident and s1 - s2 >= self.margin:
-            return Verdict(text, "route", top[0], "semantic", f"example:{top[1][1]}", s1, (top[0],), scores)
-        if top is not None and s1 >= self.confident:
-            outcome: Outcome = "tie"
-            candidates = [top[0], ranked[1][0]]
-        else:
-            outcome = "miss"
-            candidates = list(self.names)
-        return Verdict(text, outcome, None, "semantic", None, s1 if top else None, tuple(candidates), scores)
+        bars = {"confident": self.confident, "margin": self.margin, "source": self.source}
+        if not ranked:
+            return Verdict(text, "miss", None, "semantic", None, None, tuple(self.names), scores, reason="no examples")
+        top = ranked[0]
+        s1 = top[1][0]
+        s2 = ranked[1][1][0] if len(ranked) > 1 else None
+        lead = s1 - s2 if s2 is not None else s1
+        conf = min(max(lead, 0.0), 1.0)
+        extra: dict[str, Any] = {"similarity": s1, "margin": lead, "bars": bars}
+        if s1 >= self.confident and lead >= self.margin:
+            why = f"similarity {s1:.3f} >= {self.confident:.3f} and margin {lead:.3f} >= {self.margin:.3f}"
+            return Verdict(
+                text, "route", top[0], "semantic", f"example:{top[1][1]}", conf, (top[0],), scores, reason=why, **extra
+            )
+        if s1 >= self.confident:
+            why = f"margin {lead:.3f} < {self.margin:.3f}: {top[0]} and {ranked[1][0]} go to the decide tier"
+            return Verdict(
+                text, "tie", None, "semantic", None, conf, (top[0], ranked[1][0]), scores, reason=why, **extra
+            )
+        why = f"similarity {s1:.3f} < {self.confident:.3f}: every intent goes to the decide tier"
+        return Verdict(text, "miss", None, "semantic", None, conf, tuple(self.names), scores, reason=why, **extra)
 
     def settle(self, verdict: Verdict) -> Verdict:
         """The decide tier over a tie or miss's candidates (``verdict`` unchanged without one)."""
         if self.decide is None or verdict.outcome == "route":
             return verdict
-        text, candidates, scores = verdict.text, list(verdict.candidates), verdict.scores
-        choice = self.decide(text, candidates)
+        text, candidates = verdict.text, list(verdict.candidates)
+        answer = self.decide(text, candidates)
+        choice, conf = answer if isinstance(answer, tuple) else (answer, None)
+        shown = "unmeasured" if conf is None else f"{conf:.3f}"
+        llm: dict[str, Any] = {"routed_by": "llm", "match_type": "decide", "candidates": tuple(candidates)}
         if choice is not None and choice in candidates:
-            return Verdict(text, "route", choice, "llm", "decide", None, tuple(candidates), scores)
-        return Verdict(text, verdict.outcome, None, "llm", "decide", None, tuple(candidates), scores)
+            why = f"{verdict.reason}; the decide tier chose {choice} (probability {shown})"
+            return replace(verdict, outcome="route", intent=choice, confidence=conf, reason=why, **llm)
+        if choice == NONE_OF_THESE:
+            why = f"{verdict.reason}; the decide tier said none of these (probability {shown})"
+            return replace(verdict, outcome="none", intent=None, confidence=conf, reason=why, **llm)
+        why = f"{verdict.reason}; the decide tier gave no candidate"
+        return replace(verdict, intent=None, confidence=None, reason=why, **llm)
 
 
 def route_turn(
@@ -181,26 +245,43 @@ def route_turn(
 
 
 def decide_schema(candidates: Sequence[str]) -> dict[str, Any]:
-    """The JSON Schema of the decide tier's answer: one of ``candidates``."""
+    """The JSON Schema of the decide tier's answer: one of ``candidates`` or :data:`NONE_OF_THESE`."""
     return {
         "type": "object",
-        "properties": {"intent": {"type": "string", "enum": list(candidates)}},
+        "properties": {"intent": {"type": "string", "enum": [*candidates, NONE_OF_THESE]}},
         "required": ["intent"],
         "additionalProperties": False,
     }
 
 
+#: inputs about none of the intents, shown to the decide tier as ``none_of_these`` shots
+OFF_TOPIC_SHOTS = ("What is the weather in Paris?", "Tell me a fun fact", "Who won the match yesterday?")
+
+
 def decide_prompt(text: str, intents: Sequence[Intent], candidates: Sequence[str]) -> str:
-    """A prompt for the decide tier naming each candidate intent with its description."""
+    """A few-shot prompt for the decide tier: each candidate's description, then its examples
+    (up to 3, interleaved) and generic off-topic inputs as labelled shots, then the input.
+
+    Shots, not a list of names: measured with gemma-3-270m on three intents (three examples
+    each) and six inputs, a prompt that only lists the intents answered the first intent for
+    all six (three of them off-topic); this one answered 4 of 6 right and all three
+    off-topic inputs ``none_of_these``.
+    """
     by_name = {i.name: i for i in intents}
-    lines = ["Which intent does this user input express? Answer with one of the listed intents.", ""]
+    names = ", ".join(candidates)
+    lines = [f"Sort each user input into one intent: {names}; or {NONE_OF_THESE} when it is about none of them."]
     for name in candidates:
         intent = by_name.get(name)
-        about = intent.description if intent and intent.description else ""
-        examples = "; ".join(intent.examples[:3]) if intent else ""
-        detail = " — ".join(p for p in (about, f"e.g. {examples}" if examples else "") if p)
-        lines.append(f"- {name}" + (f": {detail}" if detail else ""))
-    lines += ["", f"Input: {text}"]
+        if intent is not None and intent.description:
+            lines.append(f"{name}: {intent.description}")
+    lines.append("")
+    for k in range(3):
+        for name in candidates:
+            intent = by_name.get(name)
+            if intent is not None and k < len(intent.examples):
+                lines += [f"Input: {intent.examples[k]}", f'{{"intent":"{name}"}}', ""]
+        lines += [f"Input: {OFF_TOPIC_SHOTS[k]}", f'{{"intent":"{NONE_OF_THESE}"}}', ""]
+    lines.append(f"Input: {text}")
     return "\n".join(lines)
 
 
@@ -213,12 +294,156 @@ class Caller(Protocol):
 def runtime_decide(runtime: Caller, agent: str, intents: Sequence[Intent]) -> Decide:
     """A decide-tier callable backed by ``runtime.call("decide", agent=…)`` (a localllm Runtime)."""
 
-    def decide(text: str, candidates: list[str]) -> str | None:
+    def decide(text: str, candidates: list[str]) -> tuple[str | None, float | None]:
         result = runtime.call(
             "decide", agent=agent, prompt=decide_prompt(text, intents, candidates), schema=decide_schema(candidates)
         )
         submission = result.submission
         choice = submission.get("intent") if isinstance(submission, dict) else None
-        return choice if isinstance(choice, str) else None
+        meta = getattr(result, "meta", None)
+        conf = meta.get("confidence") if isinstance(meta, dict) else None
+        conf = float(conf) if isinstance(conf, (int, float)) and not isinstance(conf, bool) else None
+        return (choice if isinstance(choice, str) else None), conf
 
     return decide
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Bars calibrated on the intents' own examples (see :func:`calibrate`)."""
+
+    confident: float
+    margin: float
+    target_precision: float
+    #: the level of the precision lower bounds (one-sided Clopper–Pearson)
+    level: float
+    #: whether the accepted decisions' precision *lower bound* meets the target; False: too
+    #: few examples for the bound, so the bars were chosen on the observed precision
+    bound_met: bool
+    #: leave-one-out decisions: in-scope (an example routed among the intents, itself left
+    #: out) and out-of-scope (an example routed with its own intent left out: any route is wrong)
+    in_scope: int
+    out_of_scope: int
+    #: the accepted decisions at these bars: how many, how many right, the share of in-scope
+    #: decisions accepted, and the precision's lower bound
+    accepted: int
+    right: int
+    coverage: float
+    lower_bound: float
+    #: all-correct decisions a bound at ``target_precision`` needs (``ln(1 - level) / ln(target)``)
+    needed: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "confident": round(self.confident, 4),
+            "margin": round(self.margin, 4),
+            "target_precision": self.target_precision,
+            "level": self.level,
+            "bound_met": self.bound_met,
+            "in_scope": self.in_scope,
+            "out_of_scope": self.out_of_scope,
+            "accepted": self.accepted,
+            "right": self.right,
+            "coverage": round(self.coverage, 4),
+            "precision": round(self.right / self.accepted, 4) if self.accepted else None,
+            "lower_bound": round(self.lower_bound, 4),
+            "needed": self.needed,
+        }
+
+
+@dataclass(frozen=True)
+class _Decision:
+    similarity: float
+    margin: float
+    correct: bool
+    in_scope: bool
+
+
+def _leave_one_out(names: Sequence[str], labels: Sequence[str], sims: Any) -> list[_Decision]:
+    """Every example routed among the other examples, with and without its own intent."""
+    out: list[_Decision] = []
+    n = len(labels)
+    for i in range(n):
+        best: dict[str, float] = {}
+        for j in range(n):
+            if j != i and (labels[j] not in best or sims[i][j] > best[labels[j]]):
+                best[labels[j]] = float(sims[i][j])
+        ranked = sorted(((best[name], name) for name in names if name in best), key=lambda p: -p[0])
+        own = labels[i]
+        if own in best and len(ranked) >= 1:
+            lead = ranked[0][0] - ranked[1][0] if len(ranked) > 1 else ranked[0][0]
+            out.append(_Decision(ranked[0][0], lead, ranked[0][1] == own, True))
+        others = [p for p in ranked if p[1] != own]
+        if others:  # the same example as an input none of the remaining intents covers
+            lead = others[0][0] - others[1][0] if len(others) > 1 else others[0][0]
+            out.append(_Decision(others[0][0], lead, False, False))
+    return out
+
+
+def _bar(scores: list[float], correct: list[bool], target: float, level: float) -> tuple[float, bool]:
+    """The lowest bar meeting ``target`` by its lower bound, else by observed precision (1.0: none)."""
+    from localllm.calibrate import choose_threshold, risk_coverage
+
+    clamped = [min(max(s, 0.0), 1.0) for s in scores]
+    chosen = choose_threshold(clamped, correct, target, level)
+    if not chosen.accepts_nothing:
+        return chosen.value, True
+    passing = [p.threshold for p in risk_coverage(clamped, correct) if p.precision >= target]
+    return (min(passing), False) if passing else (1.0, False)
+
+
+def calibrate(router: Router, target_precision: float = 0.9, level: float = 0.95) -> Calibration:
+    """The router's bars chosen on leave-one-out routing of its intents' examples.
+
+    Every example is routed (1) among all intents with itself left out — right when its own
+    intent wins — and (2) with its whole intent left out, as an input none of the intents
+    covers — wrong whenever it routes. ``confident`` is the lowest similarity bar whose
+    accepted decisions meet ``target_precision``; ``margin`` the lowest margin bar that
+    keeps the decisions above ``confident`` at the target. Each is chosen by the
+    precision's lower bound (:func:`localllm.calibrate.choose_threshold`) when the examples
+    are enough for it, else by the observed precision (``bound_met`` says which).
+    """
+    import numpy as np
+
+    from localllm.calibrate import precision_lower_bound
+
+    labels = [name for name, _ in router._examples]
+    if len(labels) < 2:
+        raise EmbedError("calibrating the router needs at least two examples under intents:")
+    sims = np.asarray(router._matrix @ router._matrix.T).tolist()
+    decisions = _leave_one_out(router.names, labels, sims)
+    confident, first_met = _bar(
+        [d.similarity for d in decisions], [d.correct for d in decisions], target_precision, level
+    )
+    above = [d for d in decisions if d.similarity >= confident]
+    if above:
+        margin, second_met = _bar([d.margin for d in above], [d.correct for d in above], target_precision, level)
+    else:
+        margin, second_met = 0.0, first_met
+    accepted = [d for d in above if min(max(d.margin, 0.0), 1.0) >= margin]
+    right = sum(d.correct for d in accepted)
+    in_scope = sum(d.in_scope for d in decisions)
+    taken = sum(d.in_scope for d in accepted)
+    return Calibration(
+        confident=confident,
+        margin=margin,
+        target_precision=target_precision,
+        level=level,
+        bound_met=first_met and second_met,
+        in_scope=in_scope,
+        out_of_scope=len(decisions) - in_scope,
+        accepted=len(accepted),
+        right=right,
+        coverage=taken / in_scope if in_scope else 0.0,
+        lower_bound=precision_lower_bound(right, len(accepted), level) if accepted else 0.0,
+        needed=math.ceil(math.log(1.0 - level) / math.log(target_precision)) if target_precision < 1.0 else 0,
+    )
+
+
+def default_bars(model: Any) -> tuple[float, float, str]:
+    """(confident, margin, source) for an embedding model's :class:`~localllm.embed.registry.ModelInfo`."""
+    confident = getattr(model, "router_confident", None)
+    margin = getattr(model, "router_margin", None)
+    if confident is not None and margin is not None:
+        return float(confident), float(margin), f"registry:{model.id}"
+    return DEFAULT_CONFIDENT, DEFAULT_MARGIN, "default"

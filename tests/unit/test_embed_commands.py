@@ -278,3 +278,27 @@ def test_search_shows_a_progress_bar_only_on_a_terminal(
     monkeypatch.setattr(sys, "stderr", tty)
     assert main(argv) == 0
     assert "localllm: embedding" in tty.getvalue() and "40" in tty.getvalue()
+
+
+def test_route_calibrate_and_explain(tmp_path: Path, endpoint: str, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = _config(tmp_path, endpoint)
+    # --calibrate alone prints the bars chosen on the examples (leave-one-out over 4 examples)
+    assert main(["route", "--calibrate", "--config", str(cfg), "--json"]) == 0
+    cal = json.loads(capsys.readouterr().out)["calibration"]
+    assert (cal["in_scope"], cal["out_of_scope"], cal["target_precision"]) == (4, 4, 0.9)
+    assert 0.0 <= cal["confident"] <= 1.0 and 0.0 <= cal["margin"] <= 1.0
+    assert cal["bound_met"] is False and cal["needed"] == 29  # 4 decisions cannot bound 90%
+    assert main(["route", "--calibrate", "--target-precision", "0.8", "--config", str(cfg), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["calibration"]["target_precision"] == 0.8
+    # an exact example routes with the calibrated bars; --explain says why
+    assert main(["route", "good morning", "--calibrate", "--explain", "--config", str(cfg)]) == 0
+    text = capsys.readouterr()
+    assert "router: {confident:" in text.out and "decided by: semantic" in text.out
+    assert "add examples per intent" in text.err
+    assert main(["route", "good morning", "--explain", "--config", str(cfg), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["bars"]["source"] == "registry:all-minilm-l6-v2" or doc["bars"]["source"] == "default"
+    assert doc["similarity"] == pytest.approx(1.0, abs=1e-4) and doc["reason"].startswith("similarity")
+    # TEXT is required without --calibrate; a bad target is usage, not a traceback
+    assert main(["route", "--config", str(cfg)]) == 2
+    assert main(["route", "--calibrate", "--target-precision", "1.5", "--config", str(cfg)]) == 2

@@ -50,7 +50,12 @@ def test_paraphrase_routes_by_the_embedding_tier() -> None:
     verdict = router.route("what is the weather like")
     assert (verdict.outcome, verdict.intent, verdict.routed_by) == ("route", "weather", "semantic")
     assert verdict.match_type == "example:what is the weather like today"
-    assert verdict.confidence is not None and verdict.confidence >= 0.7
+    assert verdict.similarity is not None and verdict.similarity >= 0.7
+    # the semantic tier's confidence is the similarity margin over the runner-up
+    runner_up = verdict.scores[1][1]
+    assert verdict.confidence == pytest.approx(verdict.similarity - runner_up)
+    assert verdict.confidence is not None and verdict.confidence >= 0.08
+    assert verdict.margin == pytest.approx(verdict.confidence)
     assert calls == []  # the paid tier was not consulted
     payload = verdict.turn_start_payload()
     assert payload["direct"] is True and payload["routed_by"] == "semantic" and payload["intent"] == "weather"
@@ -60,8 +65,9 @@ def test_paraphrase_routes_by_the_embedding_tier() -> None:
 def test_exact_example_routes_with_the_default_bars() -> None:
     router = Router(INTENTS, FakeEmbedder(64))
     verdict = router.route("start a countdown")
-    assert verdict.intent == "timer" and verdict.confidence == pytest.approx(1.0, abs=1e-5)
-    assert router.confident == 0.82 and router.margin == 0.08
+    assert verdict.intent == "timer" and verdict.similarity == pytest.approx(1.0, abs=1e-5)
+    assert verdict.confidence == pytest.approx(1.0 - verdict.scores[1][1], abs=1e-5)
+    assert router.confident == 0.82 and router.margin == 0.08 and verdict.bars["source"] == "default"
 
 
 def test_tie_sends_both_candidates_to_decide() -> None:
@@ -83,7 +89,8 @@ def test_tie_without_decide_reports_both_candidates() -> None:
     intents = [Intent("a", ("red apple",)), Intent("b", ("red apple pie",))]
     verdict = Router(intents, BagOfWords(), confident=0.5, margin=0.5).route("red apple")
     assert verdict.outcome == "tie" and verdict.intent is None
-    assert sorted(verdict.candidates) == ["a", "b"] and verdict.confidence == pytest.approx(1.0, abs=1e-5)
+    assert sorted(verdict.candidates) == ["a", "b"] and verdict.similarity == pytest.approx(1.0, abs=1e-5)
+    assert verdict.confidence is not None and verdict.confidence < 0.5  # the margin that made it a tie
 
 
 def test_ambiguous_input_falls_through_to_decide_over_all_intents() -> None:
@@ -121,12 +128,13 @@ def test_runtime_decide_calls_the_decide_verb_with_an_enum_schema() -> None:
 
     rt = FakeRuntime()
     decide = runtime_decide(cast(Caller, rt), "agent.local", INTENTS)  # a loose fake of the protocol
-    assert decide("wake me in 10", ["weather", "timer"]) == "timer"
+    assert decide("wake me in 10", ["weather", "timer"]) == ("timer", None)  # no meta: unmeasured
     call = rt.calls[0]
     assert call["verb"] == "decide" and call["agent"] == "agent.local"
     assert call["schema"] == decide_schema(["weather", "timer"])
-    assert call["schema"]["properties"]["intent"]["enum"] == ["weather", "timer"]
-    assert "wake me in 10" in call["prompt"] and "- timer" in call["prompt"]
+    assert call["schema"]["properties"]["intent"]["enum"] == ["weather", "timer", "none_of_these"]
+    assert "none_of_these" in call["prompt"] and "Input: wake me in 10" in call["prompt"]
+    assert call["prompt"].count('{"intent":"timer"}') == 2  # one shot per example of a candidate
 
 
 def test_provenance_lands_in_the_trace(tmp_path: Path) -> None:
@@ -142,7 +150,8 @@ def test_provenance_lands_in_the_trace(tmp_path: Path) -> None:
     assert event["kind"] == "turn.start"
     assert event["payload"]["routed_by"] == "semantic"
     assert event["payload"]["match_type"] == "example:will it rain tomorrow"
-    assert 0.7 <= event["payload"]["confidence"] <= 1.0
+    assert event["payload"]["confidence"] == pytest.approx(verdict.confidence, abs=1e-4)
+    assert 0.0 < event["payload"]["confidence"] <= 1.0
 
 
 def test_router_needs_intents_and_examples() -> None:

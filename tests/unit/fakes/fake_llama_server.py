@@ -52,6 +52,13 @@ FAKE_LLAMA_STREAM_DELAY seconds between the events of a streamed answer (default
 FAKE_LLAMA_BEHAVIOUR    JSON file ``{"responses": [{"content": str} | {"status": int,
                         "message": str}, optional "delay": s], ...}`` served in order, the
                         last one repeating
+                        An entry may also carry "logprobs": {"<token>": {"<token>": p,
+                        "<other token>": p, ...}}: the distribution at each generated token
+                        with that text (see FAKE_LLAMA_LOGPROBS)
+FAKE_LLAMA_LOGPROBS     ok (default) | none | refuse: with "logprobs": true in the body, ok
+                        answers choices[0].logprobs.content (tokens as below; each token's
+                        logprob and top_logprobs from the entry's "logprobs" map, else
+                        probability 1), none leaves them out, refuse answers 400
 FAKE_LLAMA_EMBD_DIM     embedding dimension (default 384)
 FAKE_LLAMA_LOG          new (default; the format above) | old ("main: server is listening
                         on http://H:P - starting the main loop", plus an early "HTTP server
@@ -269,6 +276,23 @@ def instance(schema: Any, root: Any) -> Any:
     return "x" * length
 
 
+def token_logprobs(content: str, table: dict[str, Any], body: dict[str, Any]) -> list[dict[str, Any]]:
+    """``logprobs.content`` in llama-server's shape: pieces are \\w+ runs and single other characters."""
+    top_n = int(body.get("top_logprobs", 20))
+
+    def entry(text: str, prob: float) -> dict[str, Any]:
+        data = text.encode("utf-8")
+        return {"id": fnv1a(data) % 32000, "token": text, "bytes": list(data), "logprob": math.log(prob)}
+
+    out = []
+    for piece in re.findall(r"\w+|\W", content, re.UNICODE):
+        dist = table.get(piece) or {piece: 1.0}
+        ranked = sorted(dist.items(), key=lambda kv: -float(kv[1]))
+        own = float(dist.get(piece, 1.0))
+        out.append({**entry(piece, own), "top_logprobs": [entry(t, float(p)) for t, p in ranked[:top_n]]})
+    return out
+
+
 class Behaviour:
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -466,8 +490,19 @@ class Handler(BaseHTTPRequestHandler):
                 content = json.dumps(instance(schema, schema))
             else:
                 content = "Hello from the fake llama-server."
+        logprobs_mode = os.environ.get("FAKE_LLAMA_LOGPROBS", "ok")
+        if body.get("logprobs") and logprobs_mode == "refuse":
+            self.error(400, "logprobs is not supported", "invalid_request_error")
+            return
         prompt = " ".join(str(m.get("content", "")) for m in body.get("messages", []) if isinstance(m, dict))
         n_prompt, n_out = len(tokens(prompt)), max(len(tokens(content)), 1)
+        choice: dict[str, Any] = {
+            "index": 0,
+            "finish_reason": "stop",
+            "message": {"role": "assistant", "content": content},
+        }
+        if body.get("logprobs") and logprobs_mode == "ok":
+            choice["logprobs"] = {"content": token_logprobs(content, item.get("logprobs") or {}, body)}
         if body.get("stream"):
             self.stream(body, content, n_prompt, n_out)
             return
@@ -479,9 +514,7 @@ class Handler(BaseHTTPRequestHandler):
                 "created": int(time.time()),
                 "model": body.get("model") or st.model_id,
                 "system_fingerprint": "b0-fake",
-                "choices": [
-                    {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}
-                ],
+                "choices": [choice],
                 "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out},
                 "timings": {
                     "cache_n": 0,

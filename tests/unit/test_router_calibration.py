@@ -1,0 +1,123 @@
+"""Router bars calibrated on the intents' own examples; none-of-these and the decide tier's probability."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from localllm.config import Intent
+from localllm.embed.embedder import EmbedderIdentity
+from localllm.embed.registry import lookup
+from localllm.embed.router import NONE_OF_THESE, Router, calibrate, default_bars
+from localllm.errors import ConfigError, EmbedError
+from localllm.loading import load_config
+
+
+class Table:
+    """An embedder that looks vectors up by text (so every cosine is known by hand)."""
+
+    identity = EmbedderIdentity("table", 3, "none", "", "")
+
+    def __init__(self, vectors: Mapping[str, Sequence[float]]) -> None:
+        self.vectors = vectors
+
+    def embed(self, texts: Sequence[str], role: str) -> np.ndarray:
+        return np.array([self.vectors[t] for t in texts], dtype=np.float64)
+
+
+# a1·a2 = .8; b1·b2 = .5; a2·b1 = .6; a2·b2 = .3; a1·b1 = a1·b2 = 0
+VECTORS = {
+    "a1": (1.0, 0.0, 0.0),
+    "a2": (0.8, 0.6, 0.0),
+    "b1": (0.0, 1.0, 0.0),
+    "b2": (0.0, 0.5, math.sqrt(0.75)),
+}
+SMALL = [Intent("a", ("a1", "a2")), Intent("b", ("b1", "b2"))]
+
+
+def test_leave_one_out_bars_by_hand() -> None:
+    # in-scope (own intent present, itself left out):
+    #   a1 → a .8 vs b 0 (right, margin .8); a2 → a .8 vs b .6 (right, .2)
+    #   b1 → a .6 vs b .5 (WRONG, .1);       b2 → b .5 vs a .3 (right, .2)
+    # out-of-scope (own intent left out; any route is wrong): a1 0, a2 .6, b1 .6, b2 .3
+    # similarity bar: at .8 two of two are right (precision 1, bound .05^(1/2) = .224 < .9);
+    # at .6 three of six: the bar is .8, by the observed precision (the bound cannot reach .9)
+    cal = calibrate(Router(SMALL, Table(VECTORS)), target_precision=0.9)
+    assert cal.confident == pytest.approx(0.8)
+    # above .8: a1 (margin .8) and a2 (margin .2), both right: the lowest margin, .2
+    assert cal.margin == pytest.approx(0.2)
+    assert (cal.in_scope, cal.out_of_scope, cal.accepted, cal.right) == (4, 4, 2, 2)
+    assert cal.coverage == pytest.approx(0.5)
+    assert cal.lower_bound == pytest.approx(0.05**0.5)
+    assert cal.bound_met is False
+    assert cal.needed == 29  # ceil(ln .05 / ln .9)
+    doc = cal.as_dict()
+    assert doc["precision"] == 1.0 and doc["confident"] == 0.8
+
+
+def test_enough_examples_meet_the_bound_and_route_clear_matches() -> None:
+    rng = np.random.default_rng(7)
+    axes = np.eye(8)
+    vectors: dict[str, Sequence[float]] = {}
+    intents = []
+    for k, name in enumerate(("alpha", "beta")):
+        examples = []
+        for i in range(40):
+            v = axes[k] + rng.normal(0, 0.25, 8)
+            vectors[f"{name}{i}"] = tuple(v / np.linalg.norm(v))
+            examples.append(f"{name}{i}")
+        intents.append(Intent(name, tuple(examples)))
+    near = axes[0] + rng.normal(0, 0.25, 8)
+    vectors["query near alpha"] = tuple(near / np.linalg.norm(near))
+    vectors["off topic"] = tuple(axes[5])
+    router = Router(intents, Table(vectors), confident=0.999, margin=0.5)  # bars that route nothing
+    assert router.route("query near alpha").outcome == "miss"
+    cal = calibrate(router, target_precision=0.9)
+    # every in-scope decision is accepted and right; a few simulated out-of-scope ones slip in,
+    # within what the 90% bound allows
+    assert cal.bound_met and cal.coverage == 1.0 and cal.right == 80 and cal.accepted >= 80
+    assert cal.lower_bound >= 0.9 and cal.right / cal.accepted >= 0.9
+    router.apply(cal)
+    hit = router.route("query near alpha")
+    assert (hit.outcome, hit.intent, hit.routed_by, hit.bars["source"]) == ("route", "alpha", "semantic", "calibrated")
+    assert router.route("off topic").outcome == "miss"  # far from every intent
+
+
+def test_a_single_example_cannot_be_calibrated() -> None:
+    with pytest.raises(EmbedError):
+        calibrate(Router([Intent("a", ("a1",))], Table(VECTORS)))
+
+
+def test_decide_tier_none_of_these_and_probability() -> None:
+    router = Router(SMALL, Table({**VECTORS, "x": (0.0, 0.0, 0.0)}), decide=lambda t, c: (NONE_OF_THESE, 0.7))
+    verdict = router.route("x")
+    assert (verdict.outcome, verdict.intent, verdict.routed_by, verdict.confidence) == ("none", None, "llm", 0.7)
+    assert verdict.turn_start_payload()["intent"] == ""
+    chosen = Router(SMALL, Table({**VECTORS, "x": (0.0, 0.0, 0.0)}), decide=lambda t, c: ("b", 0.9)).route("x")
+    assert (chosen.outcome, chosen.intent, chosen.confidence) == ("route", "b", 0.9)
+    assert chosen.similarity == 0.0  # the embedding tier's evidence is kept beside the decision
+    with pytest.raises(EmbedError):
+        Router([Intent(NONE_OF_THESE, ("a1",))], Table(VECTORS))
+
+
+def test_calibrate_with_fixed_bars_is_a_config_error(tmp_path: Path) -> None:
+    (tmp_path / "c.yaml").write_text(
+        "embedders: {e: {endpoint: 'http://127.0.0.1:9', model: m}}\n"
+        "intents: {a: {examples: [x]}}\n"
+        "router: {embedder: e, calibrate: true, confident: 0.5}\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "c.yaml")
+    assert [p.key for p in info.value.problems] == ["router.calibrate"]
+
+
+def test_registry_bars_per_embedder() -> None:
+    minilm = lookup("all-minilm-l6-v2")
+    confident, margin, source = default_bars(minilm)
+    assert source == "registry:all-minilm-l6-v2" and confident < 0.82  # MiniLM's cosines run low
+    assert (minilm.router_confident, minilm.router_margin) == (confident, margin)
+    assert default_bars(lookup("some-unknown-model", warn=False)) == (0.82, 0.08, "default")
