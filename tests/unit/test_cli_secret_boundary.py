@@ -91,7 +91,23 @@ def _argvs(cfg: Path, tmp_path: Path) -> dict[str, list[str]]:
 
 
 #: commands that never contact a configured server (nothing to echo a key)
-OFFLINE = {"check", "fetch", "cache", "doctor", "models", "grammar", "plugins", "trace", "serve", "ps", "stop", "logs", "version", "help", "completion"}
+OFFLINE = {
+    "check",
+    "fetch",
+    "cache",
+    "doctor",
+    "models",
+    "grammar",
+    "plugins",
+    "trace",
+    "serve",
+    "ps",
+    "stop",
+    "logs",
+    "version",
+    "help",
+    "completion",
+}
 
 
 def test_every_command_is_either_driven_or_offline(tmp_path: Path) -> None:
