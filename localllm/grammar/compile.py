@@ -606,6 +606,13 @@ class _Compiler:
 
     def check_disjoint(self, alts: list[Any], rest: dict[str, Any], path: str) -> None:
         targets = [self.flat(a, path) for a in alts]
+        always = [i for i, t in enumerate(targets) if t is True or t == {}]
+        if len(always) > 1:
+            raise _Unsatisfiable(
+                child(child(path, "oneOf"), always[1]),
+                "oneOf",
+                f'"oneOf" branches {always[0]} and {always[1]} both admit every value, so no value is valid',
+            )
         for i, a in enumerate(targets):
             for j, b in enumerate(targets):
                 if i != j and not self.excludes(a, b, rest):
@@ -701,6 +708,12 @@ class _Compiler:
         shape = ("properties", "additionalProperties", "patternProperties")
         if any(k in b for k in shape) and any(k in a for k in shape):
             out.update(self.merge_properties(a, b, path))
+        positional = _POSITIONAL_ITEMS
+        if any(k in b for k in positional) and any(k in a for k in positional):
+            # each component's items/additionalItems apply after its OWN prefix: merge position by position
+            for k in positional:
+                out.pop(k, None)
+            out.update(self.merge_items(a, b, path))
         literal_merge = ("const" in b or "enum" in b) and ("const" in out or "enum" in out)
         if literal_merge:
             mine = _literal_values(out)
@@ -714,6 +727,8 @@ class _Compiler:
             if key in ("const", "enum") and literal_merge:
                 continue
             if key in shape and any(k in a for k in shape):
+                continue
+            if key in positional and any(k in a for k in positional):
                 continue
             if key not in out:
                 out[key] = value
@@ -762,6 +777,39 @@ class _Compiler:
         ):
             return mine or other
         return None
+
+    def positions(self, node: dict[str, Any], path: str) -> tuple[list[Any], Any]:
+        """``node``'s per-position item schemas: (the prefix, the schema of every later item)."""
+        if self.draft >= 2020:
+            prefix, rest = node.get("prefixItems", []), node.get("items", True)
+        else:
+            items = node.get("items", True)
+            prefix, rest = (items, node.get("additionalItems", True)) if isinstance(items, list) else ([], items)
+        if not isinstance(prefix, list):
+            raise _Refuse(path, "prefixItems", '"prefixItems" must be an array')
+        return prefix, rest
+
+    def merge_items(self, a: dict[str, Any], b: dict[str, Any], path: str) -> dict[str, Any]:
+        """Two components' positional item keywords as one: item i must satisfy both
+        components' schema for position i (a prefix entry, or the rest schema beyond it)."""
+        pa, ra = self.positions(a, path)
+        pb, rb = self.positions(b, path)
+        n = max(len(pa), len(pb))
+        prefix = [_both(pa[i] if i < len(pa) else ra, pb[i] if i < len(pb) else rb) for i in range(n)]
+        rest = _both(ra, rb)
+        out: dict[str, Any] = {}
+        if self.draft >= 2020:
+            if prefix:
+                out["prefixItems"] = prefix
+            if rest is not True:
+                out["items"] = rest
+        elif prefix:
+            out["items"] = prefix
+            if rest is not True:
+                out["additionalItems"] = rest
+        elif rest is not True:
+            out["items"] = rest
+        return out
 
     def merge_properties(self, a: dict[str, Any], b: dict[str, Any], path: str) -> dict[str, Any]:
         if "patternProperties" in a or "patternProperties" in b:
@@ -1287,6 +1335,9 @@ def _canon(value: Any) -> str:
         return repr(value)
 
 
+_POSITIONAL_ITEMS = ("prefixItems", "items", "additionalItems")
+
+
 def _both(a: Any, b: Any) -> Any:
     if a is True or a == {}:
         return b
@@ -1383,6 +1434,11 @@ def _json_char_set(ranges: list[tuple[int, int]]) -> str:
     for cp, esc in _JSON_ESCAPES.items():
         if any(lo <= cp <= hi for lo, hi in ranges):
             parts.append(gbnf_literal(esc))
+    # other control characters only as \u00XX escapes
+    controls = _complement([(cp, cp) for cp in _JSON_ESCAPES], [(0, 0x1F)])
+    for lo, hi in _intersect(ranges, controls):
+        for cp in range(lo, hi + 1):
+            parts.append(gbnf_literal(f"\\u{cp:04x}"))
     if not parts:
         raise _RegexUnsupported("has a character class with no character a JSON string can hold here")
     return _alt(parts)
@@ -1547,11 +1603,25 @@ class _RegexParser:
             return ("bol",)
         if c == "Z" and not in_class:
             return ("eol",)
-        if c == "0":
-            return ("set", [(0, 0)])
+        if c in "01234567" and (c == "0" or in_class or self.octal_at(self.pos, 2)):
+            # an octal escape as Python's re reads it: \0 plus up to two octal digits, inside a
+            # class any \1-\7 too; outside a class \1-\7 needs three digits (else a backreference)
+            digits = c
+            while len(digits) < 3 and self.octal_at(self.pos, 1):
+                digits += self.s[self.pos]
+                self.pos += 1
+            cp = int(digits, 8)
+            if cp > 0o377:
+                raise _RegexUnsupported("has an octal escape above \\377")
+            return ("set", [(cp, cp)])
         if c.isalnum():
             raise _RegexUnsupported(f'uses "\\{c}", which has no grammar equivalent here')
         return ("set", [(ord(c), ord(c))])
+
+    def octal_at(self, pos: int, n: int) -> bool:
+        """Are the ``n`` characters at ``pos`` octal digits?"""
+        chunk = self.s[pos : pos + n]
+        return len(chunk) == n and all(ch in "01234567" for ch in chunk)
 
     def char_class(self) -> list[tuple[int, int]]:
         negate = self.peek() == "^"

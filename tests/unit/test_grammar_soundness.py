@@ -1,0 +1,246 @@
+"""Soundness of the compiler: every answer a compiled grammar admits is valid.
+
+Regression tests for the defects found on third-party material (each admitted an answer the
+schema rejects), and property tests that generate schema families around each defect and
+check ``admitted ⇒ valid`` over a pool of candidate answers.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from localllm.grammar.compile import compile_schema
+from localllm.grammar.walk import Grammar
+from tests.unit.grammar_harness import validator
+
+D7 = "http://json-schema.org/draft-07/schema#"
+
+
+def admitted(schema: Any, text: str) -> bool:
+    compiled = compile_schema(schema)
+    return compiled.grammar is not None and Grammar.parse(compiled.grammar).matches(text)
+
+
+def leaks(schema: Any, candidates: list[Any]) -> list[str]:
+    """Candidates the compiled grammar admits although the schema rejects them."""
+    compiled = compile_schema(schema)
+    if compiled.grammar is None:
+        return []
+    grammar = Grammar.parse(compiled.grammar)
+    check = validator(schema)
+    out = []
+    for value in candidates:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+        if grammar.matches(text) and not check.is_valid(value):
+            out.append(text)
+    return out
+
+
+# ---------------------------------------------------------------------------- defect 1: allOf + positional items
+
+
+@pytest.mark.parametrize(
+    ("schema", "probe"),
+    [
+        # JSON-Schema-Test-Suite items.json group 6
+        ({"allOf": [{"prefixItems": [{"minimum": 3}]}], "items": {"minimum": 5}}, "[3]"),
+        ({"allOf": [{"prefixItems": [{"minimum": 3}]}], "items": {"minimum": 5}}, "[5,4]"),
+        ({"prefixItems": [{"type": "integer"}], "allOf": [{"items": {"type": "string"}}]}, '[-1,"a"]'),
+        ({"$schema": D7, "items": [{"type": "integer"}], "allOf": [{"items": {"type": "string"}}]}, '[-1,"a"]'),
+        (
+            {
+                "$schema": D7,
+                "allOf": [{"items": [{"minimum": 3}], "additionalItems": {"minimum": 5}}, {"items": {"maximum": 8}}],
+            },
+            "[9]",
+        ),
+    ],
+)
+def test_all_of_merges_items_position_by_position(schema: Any, probe: str) -> None:
+    assert not validator(schema).is_valid(json.loads(probe))
+    assert not admitted(schema, probe)
+
+
+def test_all_of_items_merge_still_admits_the_valid_answers() -> None:
+    schema = {"allOf": [{"prefixItems": [{"minimum": 3}]}], "items": {"minimum": 5}}
+    assert admitted(schema, "[5]") and admitted(schema, "[7,5,6]") and admitted(schema, "[]")
+
+
+_ITEM_POOL: list[Any] = [
+    True,
+    {"type": "integer"},
+    {"type": "string"},
+    {"minimum": 3},
+    {"maximum": 4},
+    {"const": 5},
+    {"enum": [0, "a"]},
+    {"type": "integer", "minimum": 0},
+]
+_ELEMENTS: list[Any] = [-1, 0, 3, 4, 5, 7, "a", "b", None]
+_ARRAYS = [[]] + [[x] for x in _ELEMENTS] + [[x, y] for x in _ELEMENTS for y in _ELEMENTS] + [[5, 5, 5], [0, "a", 5]]
+
+
+@st.composite
+def _positional(draw: st.DrawFn, old: bool) -> dict[str, Any]:
+    node: dict[str, Any] = {}
+    prefix = draw(st.lists(st.sampled_from(_ITEM_POOL), max_size=2))
+    rest = draw(st.sampled_from([None, *_ITEM_POOL]))
+    if old:
+        if prefix:
+            node["items"] = prefix
+            if rest is not None:
+                node["additionalItems"] = rest
+        elif rest is not None:
+            node[draw(st.sampled_from(["items", "additionalItems"]))] = rest
+    else:
+        if prefix:
+            node["prefixItems"] = prefix
+        if rest is not None:
+            node["items"] = rest
+    return node
+
+
+@st.composite
+def _array_families(draw: st.DrawFn) -> dict[str, Any]:
+    old = draw(st.booleans())
+    schema = draw(_positional(old))
+    schema["allOf"] = draw(st.lists(_positional(old), min_size=1, max_size=3))
+    if draw(st.booleans()):
+        schema["maxItems"] = draw(st.integers(0, 3))
+    if old:
+        schema["$schema"] = D7
+    return schema
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_array_families())
+def test_property_all_of_positional_items_never_leak(schema: dict[str, Any]) -> None:
+    assert leaks(schema, _ARRAYS) == []
+
+
+# ---------------------------------------------------------------------------- defect 2: oneOf of always-true branches
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"oneOf": [True, True, True]},
+        {"oneOf": [True, True]},
+        {"oneOf": [{}, True]},
+        {"oneOf": [{}, {}]},
+        {"allOf": [{"oneOf": [True, {}]}]},
+        {"$defs": {"any": {}}, "oneOf": [{"$ref": "#/$defs/any"}, True]},
+    ],
+)
+def test_one_of_of_always_true_branches_admits_nothing(schema: Any) -> None:
+    compiled = compile_schema(schema)
+    assert compiled.grammar is None
+    assert compiled.refusals[0].construct == "oneOf"
+
+
+def test_one_of_always_true_branches_drop_from_an_any_of() -> None:
+    schema = {"anyOf": [{"oneOf": [True, True]}, {"type": "null"}]}
+    assert admitted(schema, "null") and not admitted(schema, "1")
+
+
+_BRANCH_POOL: list[Any] = [
+    True,
+    {},
+    {"type": "integer"},
+    {"type": "string"},
+    {"const": 1},
+    {"enum": [1, "a"]},
+    {"type": "null"},
+    {"$ref": "#/$defs/t"},
+    {"not": {}},
+]
+_VALUES: list[Any] = [1, 2, "a", "b", None, 2.5, True, [], {}, [1], {"a": 1}]
+
+
+@st.composite
+def _one_of_families(draw: st.DrawFn) -> dict[str, Any]:
+    branches = draw(st.lists(st.sampled_from(_BRANCH_POOL), min_size=1, max_size=4))
+    inner: dict[str, Any] = {"oneOf": branches}
+    wrap = draw(st.sampled_from(["none", "anyOf", "allOf", "items"]))
+    schema: dict[str, Any]
+    if wrap == "anyOf":
+        schema = {"anyOf": [inner, draw(st.sampled_from(_BRANCH_POOL[2:7]))]}
+    elif wrap == "allOf":
+        schema = {"allOf": [inner]}
+    elif wrap == "items":
+        schema = {"type": "array", "items": inner}
+    else:
+        schema = inner
+    schema["$defs"] = {"t": draw(st.sampled_from([True, {}, {"type": "string"}]))}
+    return schema
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_one_of_families())
+def test_property_one_of_never_leaks(schema: dict[str, Any]) -> None:
+    candidates = [*_VALUES, *([v] for v in _VALUES), [1, "a"], [None, None]]
+    assert leaks(schema, candidates) == []
+
+
+# ---------------------------------------------------------------------------- defect 3: octal escapes in patterns
+
+
+@pytest.mark.parametrize(
+    ("pattern", "probe", "valid"),
+    [
+        ("^[\\012a]$", "1", False),
+        ("^[\\012a]$", "2", False),
+        ("^[\\012a]$", "\n", True),
+        ("^[\\012a]$", "a", True),
+        ("^\\012a$", "\na", True),
+        ("^\\012a$", "\x0012a", False),
+        ("^[\\101-\\103]$", "B", True),
+        ("^[\\101-\\103]$", "1", False),
+        ("^[\\1]$", "\x01", True),
+        ("^[\\1]$", "1", False),
+        ("^\\101$", "A", True),
+        ("^\\0$", "\x00", True),
+        ("^\\08$", "\x008", True),
+    ],
+)
+def test_octal_escapes_read_as_python_re_reads_them(pattern: str, probe: str, valid: bool) -> None:
+    assert bool(re.search(pattern, probe)) == valid
+    assert admitted({"type": "string", "pattern": pattern}, json.dumps(probe)) == valid
+
+
+_CLASS_PARTS = st.one_of(
+    st.builds(lambda d: "\\" + d, st.text("01234567", min_size=1, max_size=3)),
+    st.sampled_from(["a", "1", "2", "8", "-", "0", "A"]),
+)
+
+
+@st.composite
+def _octal_patterns(draw: st.DrawFn) -> str:
+    parts = draw(st.lists(_CLASS_PARTS, min_size=1, max_size=4))
+    body = "".join(parts)
+    if draw(st.booleans()):
+        body = "[" + ("^" if draw(st.booleans()) else "") + body + "]"
+    anchored = draw(st.booleans())
+    pattern = f"^{body}$" if anchored else body
+    try:
+        re.compile(pattern)
+    except re.error:
+        return "^a$"
+    return pattern
+
+
+_CHARS = [chr(c) for c in [*range(0, 0x80), 0xE9, 0x100]]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_octal_patterns())
+def test_property_octal_patterns_never_leak(pattern: str) -> None:
+    schema = {"type": "string", "pattern": pattern}
+    candidates = [*_CHARS, *(c + "2" for c in "\x00\x01\n\x0a"), "12", "012", "\x0012", "\n2", "a1", "A"]
+    assert leaks(schema, candidates) == []
