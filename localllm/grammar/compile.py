@@ -38,6 +38,8 @@ MAX_BRANCHES = 64
 MAX_GRAMMAR_CHARS = 2_000_000
 #: integer bounds with more digits than this are refused (grammar size grows with them)
 MAX_BOUND_DIGITS = 40
+#: the longest digit run an unbounded integer (or integer part of a number) is generated with
+MAX_INT_DIGITS = 16
 
 _TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
 
@@ -92,8 +94,10 @@ _PRIMITIVES = {
     # \u escapes of anything but a surrogate: one escape is one code point
     "hex-cp": "[0-9a-cA-CefEF] [0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2}",
     "string": '"\\"" char* "\\""',
-    "integer": '"0" | "-"? [1-9] [0-9]*',
-    "number": '"-"? ( "0" | [1-9] [0-9]* ) ( "." [0-9]+ )? ( [eE] [-+]? [0-9]{1,2} )?',
+    # digit runs are capped (integer part 16 digits, fraction 16, exponent 2) so that a model
+    # cannot write digits until max_tokens; llama.cpp's converter caps integer digits at 16 too
+    "integer": '"0" | "-"? [1-9] [0-9]{0,15}',
+    "number": '"-"? ( "0" | [1-9] [0-9]{0,15} ) ( "." [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,2} )?',
     "boolean": '"true" | "false"',
     "null": '"null"',
     "value": "object | array | string | number | boolean | null",
@@ -363,8 +367,11 @@ def _nonneg_range(lo: int, hi: int | None) -> str:
     lo_len = len(str(lo))
     parts = []
     if hi is None:
+        # open above: up to MAX_INT_DIGITS digits (the lower bound's own length at least)
         parts.append(_same_length(str(lo), "9" * lo_len))
-        parts.append(f"[1-9] [0-9]{{{lo_len},}}")
+        longest = max(MAX_INT_DIGITS, lo_len)
+        if longest > lo_len:
+            parts.append(f"[1-9] {_repeat('[0-9]', lo_len, longest - 1)}")
     else:
         for length in range(lo_len, len(str(hi)) + 1):
             a = max(lo, 10 ** (length - 1) if length > 1 else 0)
@@ -374,7 +381,8 @@ def _nonneg_range(lo: int, hi: int | None) -> str:
 
 
 def integer_range(lo: int | None, hi: int | None) -> str:
-    """Canonical JSON integers in [lo, hi]; either side may be open; never ``-0``."""
+    """Canonical JSON integers in [lo, hi]; either side may be open (then at most
+    ``MAX_INT_DIGITS`` digits, or the bound's own length); never ``-0``."""
     parts = []
     if hi is None or hi >= 0:
         parts.append(_nonneg_range(max(lo, 0) if lo is not None else 0, hi))

@@ -244,3 +244,42 @@ def test_property_octal_patterns_never_leak(pattern: str) -> None:
     schema = {"type": "string", "pattern": pattern}
     candidates = [*_CHARS, *(c + "2" for c in "\x00\x01\n\x0a"), "12", "012", "\x0012", "\n2", "a1", "A"]
     assert leaks(schema, candidates) == []
+
+
+# ---------------------------------------------------------------------------- digit runs are capped
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "integer"},
+        {"type": "number"},
+        {"type": "integer", "minimum": 5},
+        {"type": "integer", "maximum": -3},
+        {"type": "number", "minimum": 0.5},
+        {"type": "number", "exclusiveMaximum": 10},
+        {"type": "object", "additionalProperties": {"type": "number"}},
+        {},
+    ],
+)
+def test_unbounded_numbers_cannot_run_on(schema: Any) -> None:
+    """A model must not be able to write digits until max_tokens: integer part, fraction
+    and exponent each have a longest run (16 integer digits, as llama.cpp's converter)."""
+    compiled = compile_schema(schema)
+    assert compiled.grammar is not None
+    g = Grammar.parse(compiled.grammar)
+
+    def wrap(n: str) -> str:
+        return '{"k":' + n + "}" if schema.get("type") == "object" else n
+
+    assert g.matches(wrap("1234567890123456")) or g.matches(wrap("-1234567890123456"))
+    for long in ("12345678901234567", "-12345678901234567", "1.12345678901234567", "1e123"):
+        assert not g.matches(wrap(long)), long
+    assert not g.matches(wrap("9" * 200))
+
+
+def test_bounded_ranges_longer_than_the_cap_stay_exact() -> None:
+    big = 10**20
+    g = Grammar.parse(compile_schema({"type": "integer", "minimum": big}).grammar or "")
+    assert g.matches(str(big)) and g.matches(str(big + 12345)) and not g.matches(str(big - 1))
+    assert not g.matches(str(big * 10))
