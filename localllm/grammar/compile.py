@@ -40,6 +40,10 @@ MAX_GRAMMAR_CHARS = 2_000_000
 MAX_BOUND_DIGITS = 40
 #: the longest digit run an unbounded integer (or integer part of a number) is generated with
 MAX_INT_DIGITS = 16
+#: bounded numbers get a fraction part of at most this many digits, with an integer part below
+#: FRACTION_INT_CAP + 1 (15 significant digits in all: the parsed float orders like the decimal)
+FRACTION_DIGITS = 6
+FRACTION_INT_CAP = 10**9 - 1
 
 _TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
 
@@ -73,6 +77,16 @@ _CHECKED_FORMATS = frozenset(
         "color",
     }
 )
+#: formats whose grammar admits only part of what the format allows (sound, narrower)
+_NARROWED_FORMATS = {
+    "hostname": "lowercase, at most 4 labels of at most 32 characters",
+    "email": "ASCII local part of at most 32 characters [A-Za-z0-9._+-] at a narrowed hostname",
+    "idn-email": "ASCII local part of at most 32 characters [A-Za-z0-9._+-] at a narrowed hostname",
+    "uri": "https://host/path only (at most 4 path segments, no query or fragment)",
+    "uri-reference": "https://host/path only (at most 4 path segments, no query or fragment)",
+    "iri": "https://host/path only (ASCII, at most 4 path segments, no query or fragment)",
+    "iri-reference": "https://host/path only (ASCII, at most 4 path segments, no query or fragment)",
+}
 #: (shortest, longest) string each format grammar generates
 _FORMAT_LENGTHS: dict[str, tuple[int, int]] = {
     "date": (10, 10),
@@ -669,12 +683,16 @@ class _Compiler:
         if not isinstance(comps, list) or not comps:
             raise _Refuse(path, "allOf", '"allOf" must be a non-empty array')
         merged: dict[str, Any] = {k: v for k, v in node.items() if k != "allOf"}
-        chain = set(bare)
-        for comp in self.flatten(comps, path, depth, chain):
+        seen: set[str] = set()
+        for comp in self.flatten(comps, path, depth, frozenset(bare), seen):
             merged = self.merge(merged, comp, path)
-        return merged, frozenset(chain)
+        return merged, frozenset(bare) | frozenset(seen)
 
-    def flatten(self, comps: list[Any], path: str, depth: int, chain: set[str]) -> Iterator[dict[str, Any]]:
+    def flatten(
+        self, comps: list[Any], path: str, depth: int, chain: frozenset[str], seen: set[str]
+    ) -> Iterator[dict[str, Any]]:
+        """The allOf components, refs inlined: ``chain`` holds the refs being expanded (reaching
+        one again is left recursion), ``seen`` those already merged (a second use adds nothing)."""
         if depth > MAX_DEPTH:
             raise _Refuse(path, "allOf", f"allOf nested deeper than {MAX_DEPTH}")
         for given in comps:
@@ -691,16 +709,17 @@ class _Compiler:
                     raise _Refuse(path, "$ref", '"$ref" must be a string')
                 if ref in chain:
                     raise _Refuse(path, "$ref", f"allOf reaches {_q(ref)} again without consuming input")
-                chain.add(ref)
                 target = self.resolve(ref, path)[0]
                 if self.draft <= 7:
                     comp.clear()
-                yield from self.flatten([target], path, depth + 1, chain)
+                if ref not in seen:  # allOf is idempotent: the same target merged twice is merged once
+                    seen.add(ref)
+                    yield from self.flatten([target], path, depth + 1, chain | {ref}, seen)
             if "allOf" in comp:
                 inner = comp.pop("allOf")
                 if not isinstance(inner, list):
                     raise _Refuse(path, "allOf", '"allOf" must be an array')
-                yield from self.flatten(inner, path, depth + 1, chain)
+                yield from self.flatten(inner, path, depth + 1, chain, seen)
             if "oneOf" in comp:
                 alts = comp.pop("oneOf")
                 if not isinstance(alts, list) or not alts:
@@ -1077,6 +1096,8 @@ class _Compiler:
                     "minLength" if lo > flo else "maxLength",
                     f'length bounds beside "format": {_q(fmt)} are not intersected',
                 )
+            if fmt in _NARROWED_FORMATS:
+                self.notes.append(f'{path}: "format": {_q(fmt)} is generated narrowed: {_NARROWED_FORMATS[fmt]}')
             return f'"\\"" {self.primitive(fmt)} "\\""'
         if isinstance(fmt, str) and fmt in _CHECKED_FORMATS:
             raise _Refuse(path, "format", f'"format": {_q(fmt)} has no grammar here')
@@ -1170,30 +1191,73 @@ class _Compiler:
         if ilo is None or ihi is None or ilo <= ihi:
             parts.append(integer_range(ilo, ihi))
         if not integer:
-            parts.extend(self.fractions(lo, hi))
+            parts.extend(self.fractions(lo, hi, path))
         if not parts:
-            raise _Refuse(path, "minimum", "no integer and no number with up to 6 decimals meets the bounds")
+            raise _Refuse(
+                path,
+                "minimum",
+                f"no integer and no number with at most {FRACTION_DIGITS} decimals and an integer part below "
+                f"10^9 meets the bounds (the grammar narrows numbers to those; "
+                f"{_bound_text(lo, True)}, {_bound_text(hi, False)})",
+            )
         return self.rule(f"{path}-{'integer' if integer else 'number'}", _alt(parts))
 
-    def fractions(self, lo: _Bound | None, hi: _Bound | None) -> list[str]:
-        """Numbers with a fraction part ``k.ddd`` (|k| < 10^9, 1-6 digits: no rounding onto a bound)."""
-        frac = '"." [0-9]{1,6}'
-        cap = 10**9 - 1
+    def fractions(self, lo: _Bound | None, hi: _Bound | None, path: str) -> list[str]:
+        """Numbers written with a fraction part ``k.ddd`` (|k| < 10^9, 1-6 fraction digits: at
+        most 15 significant digits, so the float a validator parses orders exactly like the
+        decimal against a bound of at most 15 significant digits), exactly within the bounds."""
+        dlo = None if lo is None else _decimal_bound(lo)
+        dhi = None if hi is None else _decimal_bound(hi)
+        if (lo is not None and dlo is None) or (hi is not None and dhi is None):
+            self.notes.append(
+                f"{path}: a bound has more than 15 significant digits; only integers are generated "
+                "(decimals could round onto the bound when parsed)"
+            )
+            return []
         parts = []
-        # non-negative: k.ddd ∈ [k, k+1): needs k to satisfy lo and k+1 <= hi
-        k_lo = max(0, _int_at_least(lo)) if lo is not None else 0
-        k_hi = min(cap, math.floor(hi.value) - 1) if hi is not None else cap
-        if k_lo <= k_hi:
-            parts.append(f"{_nonneg_range(k_lo, k_hi)} {frac}")
-        # negative: -k.ddd ∈ (-(k+1), -k]: needs -k to satisfy hi and -(k+1) >= lo
-        if lo is None or lo.value < 0:
-            m_lo = 0
-            if hi is not None:
-                m_lo = max(0, -_int_at_most(hi))
-            m_hi = min(cap, math.floor(-lo.value) - 1) if lo is not None else cap
-            if m_lo <= m_hi:
-                parts.append(f'"-" {_nonneg_range(m_lo, m_hi)} {frac}')
+        # non-negative: magnitude in [max(lo, 0), hi]
+        if dhi is None or dhi.value >= 0:
+            low = dlo if dlo is not None and dlo.value >= 0 else _Bound(Fraction(0), False)
+            expr = self.magnitudes(low, dhi)
+            if expr:
+                parts.append(expr)
+        # negative: -m with m in [max(-hi, 0), -lo]
+        if dlo is None or dlo.value < 0:
+            low = _Bound(-dhi.value, dhi.exclusive) if dhi is not None and dhi.value <= 0 else _Bound(Fraction(0), True)
+            high = None if dlo is None else _Bound(-dlo.value, dlo.exclusive)
+            expr = self.magnitudes(low, high)
+            if expr:
+                parts.append(f'"-" {expr}' if _is_atom(expr) else f'"-" ( {expr} )')
         return parts
+
+    def magnitudes(self, lo: _Bound, hi: _Bound | None) -> str | None:
+        """``I.ddd`` (0 <= I < 10^9, 1-6 fraction digits) with lo <= value <= hi (strict where exclusive)."""
+        cap = FRACTION_INT_CAP
+        i_lo = math.floor(lo.value)
+        lo_digits = _fraction_digits(lo.value - i_lo)
+        if hi is None or hi.value >= cap + 1:
+            i_hi, hi_digits, hi_strict = cap, None, False
+        else:
+            i_hi = math.floor(hi.value)
+            hi_digits, hi_strict = _fraction_digits(hi.value - i_hi), hi.exclusive
+        if i_lo > i_hi:
+            return None
+        frac = _FractionDigits(FRACTION_DIGITS, self.rule)
+        parts = []
+        if i_lo == i_hi:
+            tail = frac.expr(lo_digits, lo.exclusive, hi_digits, hi_strict)
+            if tail is not None:
+                parts.append(f"{gbnf_literal(str(i_lo) + '.')} {tail}")
+        else:
+            tail = frac.expr(lo_digits, lo.exclusive, None, False)
+            if tail is not None:
+                parts.append(f"{gbnf_literal(str(i_lo) + '.')} {tail}")
+            if i_lo + 1 <= i_hi - 1:
+                parts.append(f'{_nonneg_range(i_lo + 1, i_hi - 1)} "." {frac.expr(None, False, None, False)}')
+            tail = frac.expr(None, False, hi_digits, hi_strict)
+            if tail is not None:
+                parts.append(f"{gbnf_literal(str(i_hi) + '.')} {tail}")
+        return _alt(parts) if parts else None
 
     def bound(self, node: dict[str, Any], path: str, plain: str, exclusive: str) -> _Bound | None:
         best: _Bound | None = None
@@ -1237,6 +1301,113 @@ def _validation_failures() -> tuple[type[BaseException], ...]:
         OverflowError,
         re.error,
     )
+
+
+def _bound_text(b: _Bound | None, lower: bool) -> str:
+    if b is None:
+        return "no lower bound" if lower else "no upper bound"
+    op = (">" if b.exclusive else ">=") if lower else ("<" if b.exclusive else "<=")
+    return f"value {op} {float(b.value) if b.value.denominator != 1 else b.value}"
+
+
+def _decimal_bound(b: _Bound) -> _Bound | None:
+    """``b`` as the shortest decimal that denotes it (what the schema author wrote: 0.1, not
+    the binary 0.1000000000000000055…), or None when that has more than 15 significant digits."""
+    if b.value.denominator == 1:
+        return b
+    text = repr(float(b.value))
+    mantissa = text.split("e")[0].replace("-", "").replace(".", "").lstrip("0")
+    if len(mantissa) > 15:
+        return None
+    return _Bound(Fraction(text), b.exclusive)
+
+
+def _fraction_digits(frac: Fraction) -> str:
+    """The decimal digits of ``0 <= frac < 1`` without trailing zeros (frac is a finite decimal)."""
+    digits = ""
+    while frac:
+        frac *= 10
+        d = math.floor(frac)
+        digits += str(d)
+        frac -= d
+        if len(digits) > 40:
+            break
+    return digits
+
+
+class _FractionDigits:
+    """Digit strings ``t`` (1..n digits) with ``0.lo <(=) 0.t <(=) 0.hi``, as GBNF rules.
+
+    A bound is its digit string without trailing zeros (None: no bound on that side); the
+    walk keeps, per side, the bound's digits still to compare (None once ``t`` is strictly
+    inside), so each state is one rule and digits with the same next state share a class.
+    """
+
+    def __init__(self, n: int, rule: Any) -> None:
+        self.n = n
+        self.rule = rule
+        self.memo: dict[tuple[str | None, bool, str | None, bool, int, bool], str | None] = {}
+        self.ls = self.hs = False
+
+    def expr(self, lo: str | None, lo_strict: bool, hi: str | None, hi_strict: bool) -> str | None:
+        self.ls, self.hs = lo_strict, hi_strict
+        return self.state(lo, hi, self.n, True)
+
+    def state(self, lo: str | None, hi: str | None, m: int, need: bool) -> str | None:
+        ls, hs = self.ls, self.hs
+        key = (lo, ls, hi, hs, m, need)
+        if key in self.memo:
+            return self.memo[key]
+        if lo is None and hi is None:
+            out: str | None = _repeat("[0-9]", 1 if need else 0, m) if m else (None if need else '""')
+            self.memo[key] = out
+            return out
+        alts: list[str] = []
+        # the string may end here (0.t's remaining digits are 0)
+        lo_ok = lo is None or (lo == "" and not ls)
+        hi_ok = hi is None or hi != "" or not hs
+        can_end = not need and lo_ok and hi_ok
+        if m > 0:
+            groups: dict[tuple[str | None, str | None], list[int]] = {}
+            for d in range(10):
+                nlo: str | None
+                if lo is None:
+                    nlo = None
+                elif lo == "":
+                    nlo = None if d > 0 else ""
+                else:
+                    if d < int(lo[0]):
+                        continue
+                    nlo = None if d > int(lo[0]) else lo[1:]
+                nhi: str | None
+                if hi is None:
+                    nhi = None
+                elif hi == "":
+                    if d > 0:
+                        continue
+                    nhi = ""
+                else:
+                    if d > int(hi[0]):
+                        continue
+                    nhi = None if d < int(hi[0]) else hi[1:]
+                groups.setdefault((nlo, nhi), []).append(d)
+            for (nlo, nhi), ds in groups.items():
+                rest = self.state(nlo, nhi, m - 1, False)
+                if rest is None:
+                    continue
+                cls = f"[{ds[0]}]" if len(ds) == 1 else f"[{ds[0]}-{ds[-1]}]"
+                if len(ds) > 1 and ds != list(range(ds[0], ds[-1] + 1)):
+                    cls = "[" + "".join(str(d) for d in ds) + "]"
+                alts.append(cls if rest == '""' else f"{cls} {rest}")
+        if not alts:
+            out = '""' if can_end else None
+        else:
+            body = " | ".join(alts)
+            if can_end:
+                body = f"( {body} )?" if len(alts) > 1 else _repeat(alts[0], 0, 1)
+            out = self.rule(f"frac-{lo}-{hi}-{m}", body) if (len(alts) > 1 or can_end) else alts[0]
+        self.memo[key] = out
+        return out
 
 
 def _int_at_least(b: _Bound) -> int:

@@ -228,6 +228,8 @@ def _octal_patterns(draw: st.DrawFn) -> str:
         body = "[" + ("^" if draw(st.booleans()) else "") + body + "]"
     anchored = draw(st.booleans())
     pattern = f"^{body}$" if anchored else body
+    if "--" in pattern:  # Python warns of a future set difference
+        return "^a$"
     try:
         re.compile(pattern)
     except re.error:
@@ -283,3 +285,83 @@ def test_bounded_ranges_longer_than_the_cap_stay_exact() -> None:
     g = Grammar.parse(compile_schema({"type": "integer", "minimum": big}).grammar or "")
     assert g.matches(str(big)) and g.matches(str(big + 12345)) and not g.matches(str(big - 1))
     assert not g.matches(str(big * 10))
+
+
+# ---------------------------------------------------------------------------- exact decimal ranges
+
+
+def _decimal_candidates() -> list[str]:
+    out = [str(i) for i in range(-4, 5)]
+    for k in range(-400, 401):
+        sign = "-" if k < 0 else ""
+        a = abs(k)
+        out.append(f"{sign}{a // 100}.{a % 100:02d}")
+        if a % 10 == 0:
+            out.append(f"{sign}{a // 100}.{(a % 100) // 10}")
+    out += ["0.100001", "0.199999", "0.000001", "0.0"]
+    return out
+
+
+_DECIMALS = _decimal_candidates()
+
+
+@pytest.mark.parametrize(
+    ("schema", "admits", "rejects"),
+    [
+        (
+            {"type": "number", "exclusiveMinimum": 0.1, "exclusiveMaximum": 0.2},
+            ["0.15", "0.100001", "0.19"],
+            ["0.1", "0.2", "0.10", "0.25"],
+        ),
+        (
+            {"type": "number", "minimum": 0.1, "maximum": 2.0},
+            ["0.1", "0.5", "0.99", "1", "1.5", "2", "2.0"],
+            ["0.09", "2.01", "0"],
+        ),
+        ({"type": "number", "minimum": -0.5, "maximum": -0.25}, ["-0.5", "-0.3", "-0.25"], ["-0.51", "-0.2", "0"]),
+        (
+            {"type": "number", "exclusiveMinimum": -1.5, "maximum": 1.25},
+            ["-1.49", "0", "1.25", "-1"],
+            ["-1.5", "1.26", "-2"],
+        ),
+    ],
+)
+def test_decimal_ranges_are_exact(schema: Any, admits: list[str], rejects: list[str]) -> None:
+    compiled = compile_schema(schema)
+    assert compiled.grammar is not None, compiled.refusals
+    g = Grammar.parse(compiled.grammar)
+    check = validator(schema)
+    for text in admits:
+        assert check.is_valid(json.loads(text)) and g.matches(text), text
+    for text in rejects:
+        assert not g.matches(text), text
+
+
+_BOUNDS = st.one_of(
+    st.integers(-300, 300).map(lambda k: k / 100), st.integers(-3, 3), st.integers(-30, 30).map(lambda k: k / 10)
+)
+
+
+@st.composite
+def _number_families(draw: st.DrawFn) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "number"}
+    for side in ("minimum", "maximum"):
+        if draw(st.booleans()):
+            key = draw(st.sampled_from([side, "exclusiveMinimum" if side == "minimum" else "exclusiveMaximum"]))
+            schema[key] = draw(_BOUNDS)
+    return schema
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_number_families())
+def test_property_decimal_ranges_are_sound_and_complete(schema: dict[str, Any]) -> None:
+    """Every admitted number validates; every valid decimal with up to 6 decimals is admitted."""
+    compiled = compile_schema(schema)
+    check = validator(schema)
+    valid = [t for t in _DECIMALS if check.is_valid(json.loads(t))]
+    if compiled.grammar is None:
+        assert not valid, compiled.refusals
+        return
+    g = Grammar.parse(compiled.grammar)
+    for text in _DECIMALS:
+        assert g.matches(text) == (text in valid), text

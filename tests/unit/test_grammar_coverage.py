@@ -1,0 +1,106 @@
+"""What the compiler now expresses exactly that it refused (or narrowed silently) before.
+
+Each construct: the exact-compile result, probes the grammar must admit / reject (checked
+against the validator too), and random walks that all validate.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from localllm.grammar.compile import compile_schema
+from localllm.grammar.walk import Grammar
+from tests.unit.grammar_harness import counterexample, invalid_walks, validator
+
+WALKS = 300
+
+
+def exact(schema: Any) -> Grammar:
+    compiled = compile_schema(schema)
+    assert compiled.grammar is not None, compiled.refusals
+    assert invalid_walks(schema, compiled, WALKS) == []
+    grammar = Grammar.parse(compiled.grammar)
+    rng = __import__("random").Random(1)
+    samples = [json.loads(grammar.sample(rng)) for _ in range(20)]
+    assert counterexample(grammar, schema, samples) is None
+    return grammar
+
+
+def probes(schema: Any, admits: list[Any], rejects: list[Any]) -> None:
+    g = exact(schema)
+    check = validator(schema)
+    for value in admits:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+        assert check.is_valid(value), value
+        assert g.matches(text), text
+    for value in rejects:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+        assert not g.matches(text), text
+
+
+# ---------------------------------------------------------------------------- $ref reused in allOf
+
+
+REF_TWICE = [
+    {
+        "$defs": {"a": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}},
+        "allOf": [{"$ref": "#/$defs/a"}, {"$ref": "#/$defs/a"}],
+    },
+    {
+        # the JSON-Schema-Test-Suite's "$ref to the same schema from two places is not an infinite loop" shape
+        "$defs": {"int": {"type": "integer"}},
+        "allOf": [{"properties": {"foo": {"$ref": "#/$defs/int"}}}, {"additionalProperties": {"$ref": "#/$defs/int"}}],
+    },
+    {
+        "$defs": {
+            "base": {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]},
+            "named": {"allOf": [{"$ref": "#/$defs/base"}, {"properties": {"name": {"type": "string"}}}]},
+        },
+        "allOf": [{"$ref": "#/$defs/base"}, {"$ref": "#/$defs/named"}],
+    },
+]
+
+
+@pytest.mark.parametrize("schema", REF_TWICE)
+def test_the_same_ref_twice_in_all_of_is_merged_once(schema: Any) -> None:
+    exact(schema)
+
+
+def test_a_ref_reaching_itself_through_all_of_is_still_left_recursion() -> None:
+    schema = {"$defs": {"a": {"allOf": [{"$ref": "#/$defs/a"}]}}, "$ref": "#/$defs/a"}
+    compiled = compile_schema(schema)
+    assert compiled.grammar is None and compiled.refusals[0].construct == "$ref"
+
+
+# ---------------------------------------------------------------------------- exact decimal ranges
+
+
+def test_temperature_range_admits_the_decimals_below_one() -> None:
+    probes(
+        {"type": "object", "properties": {"t": {"type": "number", "minimum": 0.1, "maximum": 2.0}}, "required": ["t"]},
+        [{"t": 0.1}, {"t": 0.7}, {"t": 0.99}, {"t": 1}, {"t": 2.0}],
+        [{"t": 0.05}, {"t": 2.5}, {"t": 0}],
+    )
+
+
+def test_a_range_narrower_than_one_unit_compiles() -> None:
+    probes({"type": "number", "exclusiveMinimum": 0.1, "exclusiveMaximum": 0.2}, [0.15, 0.11, 0.199], [0.1, 0.2, 0.21])
+
+
+def test_a_range_no_generated_number_meets_names_the_narrowing() -> None:
+    compiled = compile_schema({"type": "number", "exclusiveMinimum": 0.1, "exclusiveMaximum": 0.1000001})
+    assert compiled.grammar is None
+    refusal = compiled.refusals[0]
+    assert refusal.construct == "minimum"
+    assert "6 decimals" in refusal.message and "0.1" in refusal.message
+
+
+def test_narrowed_formats_and_bounds_are_named_in_the_notes() -> None:
+    compiled = compile_schema({"type": "object", "properties": {"u": {"type": "string", "format": "hostname"}}})
+    assert compiled.exact and any(n.startswith("$.properties.u:") and "hostname" in n for n in compiled.notes)
+    assert compile_schema({"type": "string", "format": "date"}).notes == []
+    compiled = compile_schema({"type": "number", "minimum": 0.1234567890123456, "maximum": 3})
+    assert compiled.exact and any(n.startswith("$:") for n in compiled.notes)
