@@ -29,6 +29,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from localllm.grammar import keywords
+from localllm.grammar.meta import meta_error
 
 MAX_DEPTH = 64
 #: llama.cpp expands ``x{m,n}`` into n nested rules and advances all of them per token: a
@@ -220,7 +221,6 @@ def compile_schema(schema: Mapping[str, Any] | bool, *, space: bool = False) -> 
 
 def schema_problem(schema: Any) -> tuple[str, str] | None:
     """Why ``schema`` is not a valid JSON Schema for its draft — (JSON path, reason) — or None."""
-    import jsonschema
 
     if _nesting(schema) > 4 * MAX_DEPTH:
         return "$", f"it nests more than {4 * MAX_DEPTH} levels deep"
@@ -228,12 +228,12 @@ def schema_problem(schema: Any) -> tuple[str, str] | None:
         return "$", '"$schema" must be a URI string'
     cls = validator_class(schema)
     try:
-        cls.check_schema(schema)
-    except jsonschema.exceptions.SchemaError as exc:
-        where = "$"
-        for p in exc.absolute_path:
-            where = child(where, p)
-        return where, exc.message
+        exc = meta_error(cls, schema)
+        if exc is not None:
+            where = "$"
+            for p in exc.absolute_path:
+                where = child(where, p)
+            return where, exc.message
     except _validation_failures() as exc:
         return "$", f"the validator cannot read it ({type(exc).__name__})"
     return None
@@ -417,7 +417,6 @@ class _Bound:
 
 class _Compiler:
     def __init__(self, root: Any, *, space: bool) -> None:
-        import jsonschema
 
         self.root = root
         self.colon = '":" " "?' if space else '":"'
@@ -439,13 +438,12 @@ class _Compiler:
         }.get(cls.__name__, 2020)
         if self.draft == 3:
             raise _Refuse("$", "$schema", "draft 3 schemas are not compiled (their keywords differ)")
-        try:
-            cls.check_schema(root)
-        except jsonschema.exceptions.SchemaError as exc:
+        exc = meta_error(cls, root)
+        if exc is not None:
             where = "$"
             for p in exc.absolute_path:
                 where = child(where, p)
-            raise _Refuse(where, "schema", f"not a valid schema: {exc.message}") from None
+            raise _Refuse(where, "schema", f"not a valid schema: {exc.message}")
         self.validator = cls(root, format_checker=cls.FORMAT_CHECKER)
         self.root_id = root.get("$id") or root.get("id") if isinstance(root, dict) else None
         self.failures = _validation_failures()
