@@ -29,6 +29,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from localllm.grammar import keywords
+from localllm.grammar.formats import format_checker
 from localllm.grammar.meta import meta_error
 
 MAX_DEPTH = 64
@@ -444,7 +445,7 @@ class _Compiler:
             for p in exc.absolute_path:
                 where = child(where, p)
             raise _Refuse(where, "schema", f"not a valid schema: {exc.message}")
-        self.validator = cls(root, format_checker=cls.FORMAT_CHECKER)
+        self.validator = cls(root, format_checker=format_checker(cls))
         self.root_id = root.get("$id") or root.get("id") if isinstance(root, dict) else None
         self.failures = _validation_failures()
 
