@@ -19,6 +19,7 @@ never raised.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -446,6 +447,7 @@ class _Compiler:
                 where = child(where, p)
             raise _Refuse(where, "schema", f"not a valid schema: {exc.message}")
         self.validator = cls(root, format_checker=format_checker(cls))
+        self.vocabulary = frozenset(cls.VALIDATORS)
         self.root_id = root.get("$id") or root.get("id") if isinstance(root, dict) else None
         self.failures = _validation_failures()
 
@@ -521,17 +523,201 @@ class _Compiler:
             if self.draft <= 7 or not siblings:
                 return self.ref(node["$ref"], path, depth, bare)
             node = {"allOf": [{"$ref": node["$ref"]}, siblings]}
-        for key in ("$dynamicRef", "$recursiveRef", "not", "if", "extends", "disallow", "dependentSchemas"):
+        for key in ("$dynamicRef", "$recursiveRef", "extends", "disallow"):
             if key in node and _asserts(node, key):
                 raise _Refuse(path, key, f'"{key}" has no exact grammar equivalent')
         if "const" in node or "enum" in node:
             return self.literals(node, path)
+        rewritten = self.rewrite(node, path, depth)
+        if rewritten is not None:
+            return self.gen(rewritten, path, depth + 1, bare)
         if "allOf" in node and _asserts(node, "allOf"):
             merged, inlined = self.merge_all(node, path, depth, bare)
             return self.gen(merged, path, depth + 1, bare | inlined)
         if ("anyOf" in node and _asserts(node, "anyOf")) or ("oneOf" in node and _asserts(node, "oneOf")):
             return self.alternatives(node, path, depth, bare)
         return self.typed(node, path, depth)
+
+    # ------------------------------------------------------------------ rewriting into anyOf/allOf
+
+    def rewrite(self, node: dict[str, Any], path: str, depth: int) -> dict[str, Any] | None:
+        """``node`` with ``not``, ``if``/``then``/``else``, ``dependentRequired``,
+        ``dependentSchemas`` and ``dependencies`` rewritten into ``allOf``/``anyOf`` of positive
+        schemas (the same values, or fewer with a note), or None when it has none of them."""
+        present = [k for k in _REWRITTEN if k in node]
+        if not present:
+            return None
+        # a keyword the schema's draft does not have constrains nothing (draft 4 has no "if")
+        keys = [k for k in present if k in self.vocabulary and _asserts(node, k)]
+        rest = {k: v for k, v in node.items() if k not in (*_REWRITTEN, "then", "else")}
+        parts: list[Any] = []
+        for key in keys:
+            value = node[key]
+            if key == "not":
+                neg = self.negate(value, child(path, "not"), depth)
+                if neg is None:
+                    raise _Refuse(path, "not", f'"not" of {_brief(value)} has no exact grammar equivalent')
+                parts.append(neg)
+            elif key == "if":
+                then, other = node.get("then", True), node.get("else", True)
+                neg = self.negate(value, child(path, "if"), depth)
+                if neg is None:
+                    raise _Refuse(path, "if", '"if" whose condition cannot be negated has no exact grammar equivalent')
+                parts.append({"anyOf": [_both(value, then), _both(neg, other)]})
+            else:
+                if not isinstance(value, dict):
+                    raise _Refuse(path, key, f'"{key}" must be an object')
+                for name, dep in value.items():
+                    absent = {"properties": {name: False}}
+                    if isinstance(dep, list):
+                        if not all(isinstance(d, str) for d in dep):
+                            raise _Refuse(path, key, f'"{key}" lists must hold property names')
+                        when: Any = {"required": [name, *dep]}
+                    elif key == "dependentRequired":
+                        raise _Refuse(path, key, '"dependentRequired" values must be arrays of names')
+                    else:
+                        when = _both({"required": [name]}, dep)
+                    parts.append({"anyOf": [absent, when]})
+        if not parts:
+            return rest
+        own = rest.get("allOf")
+        components = [*(own if isinstance(own, list) else []), *parts]
+        rest.pop("allOf", None)
+        return {**rest, "allOf": components} if components else rest
+
+    def negate(self, node: Any, path: str, depth: int) -> Any | None:
+        """A schema for the values ``node`` rejects (fewer only where a note says so), or None
+        when that has no grammar here. Keywords of one kind constrain only values of that
+        kind, so ``not {type: string, minLength: 3}`` is "not a string, or a string of at most 2"."""
+        if depth > MAX_DEPTH:
+            raise _Refuse(path, "depth", f"nested deeper than {MAX_DEPTH} schema levels")
+        if node is True:
+            return False
+        if node is False:
+            return True
+        if not isinstance(node, dict):
+            return None
+        if "$ref" in node:
+            ref = node["$ref"]
+            if not isinstance(ref, str):
+                return None
+            target = self.resolve(ref, path)[0]
+            siblings = {k: v for k, v in node.items() if k != "$ref" and _asserts(node, k)}
+            if self.draft <= 7 or not siblings:
+                return self.negate(target, path, depth + 1)
+            node = {"allOf": [target, siblings]}
+        keys = [k for k in node if k in keywords.ASSERTING and _asserts(node, k)]
+        if not keys:
+            return False
+        alts: list[Any] = []
+        for key in keys:
+            neg = self.negate_keyword(node, key, path, depth)
+            if neg is None:
+                return None
+            if neg is True:
+                return True
+            if neg is not False:
+                alts.append(neg)
+        if not alts:
+            return False
+        return alts[0] if len(alts) == 1 else {"anyOf": alts}
+
+    def negate_keyword(self, node: dict[str, Any], key: str, path: str, depth: int) -> Any | None:
+        """The values ``node[key]`` alone rejects (False: none; None: not expressible)."""
+        value = node[key]
+        if key == "type":
+            types = _type_set(value)
+            if types is None:
+                return None
+            others = [t for t in _TYPES if t not in types and not (t == "integer" and "number" in types)]
+            if "integer" in types and "number" not in types:
+                others = [t for t in others if t != "number"]
+                self.notes.append(f"{path}: numbers with a fraction are left out of a negated integer type")
+            return {"type": others} if others else False
+        if key in ("const", "enum"):
+            values = [value] if key == "const" else value
+            return self.negate_literals(values, path) if isinstance(values, list) else None
+        if key == "allOf" and isinstance(value, list):
+            negs = [self.negate(v, path, depth + 1) for v in value]
+            if any(n is None for n in negs):
+                return None
+            negs = [n for n in negs if n is not False]
+            return {"anyOf": negs} if negs else False
+        if key == "anyOf" and isinstance(value, list):
+            negs = [self.negate(v, path, depth + 1) for v in value]
+            if any(n is None for n in negs):
+                return None
+            if any(n is False for n in negs):
+                return False
+            return {"allOf": negs}
+        if key == "not":
+            return value
+        flipped = _FLIPPED_BOUNDS.get(key)
+        if flipped is not None:
+            kind, other, step = flipped
+            if not _num(value) or (self.draft == 4 and key in ("minimum", "maximum") and node.get(_EXCL[key])):
+                return None
+            if step:
+                if not _count(value) or (step < 0 and value == 0):
+                    return False if _count(value) else None
+                return {"type": kind, other: int(value) + step}
+            return {"type": kind, other: value}
+        if key == "required" and isinstance(value, list):
+            names = [n for n in value if isinstance(n, str)]
+            return {"anyOf": [{"type": "object", "properties": {n: False}} for n in names]} if names else False
+        if key == "properties" and isinstance(value, dict):
+            alts = []
+            for name, sub in value.items():
+                neg = self.negate(sub, child(child(path, "properties"), name), depth + 1)
+                if neg is None:
+                    return None
+                if neg is not False:
+                    alts.append({"type": "object", "required": [name], "properties": {name: neg}})
+            return {"anyOf": alts} if alts else False
+        if key == "additionalProperties" and value is False:
+            # an object with a key outside properties/patternProperties: objects are generated
+            # closed, so none is generated (fewer values)
+            self.notes.append(f"{path}: objects with undeclared keys are not generated")
+            return False
+        if key == "items" and isinstance(value, (dict, bool)) and "prefixItems" not in node:
+            neg = self.negate(value, child(path, "items"), depth + 1)
+            if neg is None or neg is False:
+                return neg
+            self.notes.append(f"{path}: only arrays whose first item breaks items are generated")
+            first = {"prefixItems": [neg]} if self.draft >= 2020 else {"items": [neg]}
+            return {"type": "array", "minItems": 1, **first}
+        return None
+
+    def negate_literals(self, values: list[Any], path: str) -> Any:
+        """Every value but ``values``: each kind none of them has, the other booleans, numbers
+        between the excluded ones, and strings outside a finite set (a trie complement regex)."""
+        alts: list[Any] = []
+        kinds = {_kind(v) for v in values}
+        for kind in ("object", "array", "string", "number", "boolean", "null"):
+            if kind not in kinds:
+                alts.append({"type": "number" if kind == "number" else kind})
+        if "boolean" in kinds:
+            rest = [b for b in (True, False) if not any(v is b for v in values)]
+            if rest:
+                alts.append({"enum": rest})
+        if "number" in kinds:
+            points = sorted(
+                {Fraction(repr(v)) if isinstance(v, float) else Fraction(v) for v in values if _kind(v) == "number"}
+            )
+            edges: list[Any] = [None, *points, None]
+            for lo, hi in itertools.pairwise(edges):
+                interval: dict[str, Any] = {"type": "number"}
+                if lo is not None:
+                    interval["exclusiveMinimum"] = _plain(lo)
+                if hi is not None:
+                    interval["exclusiveMaximum"] = _plain(hi)
+                alts.append(interval)
+        if "string" in kinds:
+            strings = [v for v in values if isinstance(v, str)]
+            alts.append({"type": "string", "pattern": _not_one_of(strings)})
+        if kinds & {"array", "object"}:
+            self.notes.append(f"{path}: arrays/objects are left out where a negated enum lists one")
+        return {"anyOf": alts} if alts else False
 
     def ref(self, ref: Any, path: str, depth: int, bare: frozenset[str]) -> str:
         if not isinstance(ref, str):
@@ -601,9 +787,8 @@ class _Compiler:
                     raise _Refuse(path, key, f'"{key}" must be a non-empty array')
                 groups.append((key, alts))
         branches: list[Any] = [rest] if any(_asserts(rest, k) for k in rest) else [{}]
-        for key, alts in groups:
-            if key == "oneOf":
-                self.check_disjoint(alts, rest, path)
+        for key, given in groups:
+            alts = self.exclusive(given, rest, path, depth) if key == "oneOf" else given
             combined = []
             for b in branches:
                 for a in alts:
@@ -624,6 +809,24 @@ class _Compiler:
             assert first is not None
             raise first
         return _alt(exprs)
+
+    def exclusive(self, alts: list[Any], rest: dict[str, Any], path: str, depth: int) -> list[Any]:
+        """``oneOf`` branches as ``anyOf`` branches: as they are when provably disjoint, else
+        each branch and the negation of every other (refused when one has no negation)."""
+        try:
+            self.check_disjoint(alts, rest, path)
+            return alts
+        except _Unsatisfiable:
+            raise
+        except _Refuse as first:
+            negs = [self.negate(a, child(child(path, "oneOf"), i), depth + 1) for i, a in enumerate(alts)]
+            if any(n is None for n in negs):
+                raise first from None
+            out = []
+            for i, a in enumerate(alts):
+                others = [n for j, n in enumerate(negs) if j != i and n is not True]
+                out.append({"allOf": [a, *others]} if others else a)
+            return out
 
     def check_disjoint(self, alts: list[Any], rest: dict[str, Any], path: str) -> None:
         targets = [self.flat(a, path) for a in alts]
@@ -723,7 +926,7 @@ class _Compiler:
                 alts = comp.pop("oneOf")
                 if not isinstance(alts, list) or not alts:
                     raise _Refuse(path, "oneOf", '"oneOf" must be a non-empty array')
-                self.check_disjoint(alts, comp, path)
+                alts = self.exclusive(alts, comp, path, depth)
                 comp["anyOf"] = (
                     alts if "anyOf" not in comp else [{"allOf": [x, {"anyOf": comp["anyOf"]}]} for x in alts]
                 )
@@ -771,7 +974,12 @@ class _Compiler:
         merged = self.merge_bound(key, mine, other)
         if merged is not None:
             return merged
-        if key == "required" and isinstance(mine, list) and isinstance(other, list):
+        if (
+            key == "required"
+            and isinstance(mine, list)
+            and isinstance(other, list)
+            and all(isinstance(n, str) for n in [*mine, *other])
+        ):
             return list(dict.fromkeys([*mine, *other]))
         if (
             key in ("items", "additionalItems", "propertyNames", "contains")
@@ -779,6 +987,8 @@ class _Compiler:
             and isinstance(other, (dict, bool))
         ):
             return {"allOf": [mine, other]}
+        if key == "not":
+            return {"anyOf": [mine, other]}
         if key == "anyOf" and isinstance(mine, list) and isinstance(other, list):
             product = [{"allOf": [x, y]} for x in mine for y in other]
             if len(product) > MAX_BRANCHES:
@@ -911,7 +1121,7 @@ class _Compiler:
     # ------------------------------------------------------------------ objects
 
     def gen_object(self, node: dict[str, Any], path: str, depth: int) -> str:
-        for key in ("dependentRequired", "dependencies", "unevaluatedProperties", "dependentSchemas"):
+        for key in ("unevaluatedProperties",):
             if key in node and _asserts(node, key):
                 raise _Refuse(path, key, f'"{key}" has no exact grammar equivalent')
         props, required, extra, patterns, names = _object_shape(node, path)
@@ -1156,7 +1366,10 @@ class _Compiler:
     def regex_expr(self, node: tuple[Any, ...]) -> str:
         kind = node[0]
         if kind == "set":
-            return _json_char_set(node[1])
+            if node[1] == _ANY_CHAR:
+                return self.primitive("char")
+            expr = _json_char_set(node[1])
+            return self.rule("class", expr) if len(expr) > 60 else expr
         if kind == "cat":
             parts = [self.regex_expr(n) for n in node[1]]
             return " ".join(p for p in parts if p != '""') or '""'
@@ -1514,6 +1727,55 @@ def _canon(value: Any) -> str:
 
 
 _POSITIONAL_ITEMS = ("prefixItems", "items", "additionalItems")
+#: keywords rewritten into allOf/anyOf before generation
+_REWRITTEN = ("not", "if", "dependentRequired", "dependentSchemas", "dependencies")
+#: a bound's negation: (the kind it applies to, the opposite keyword, +/-1 for counts, 0 for numbers)
+_FLIPPED_BOUNDS: dict[str, tuple[str, str, int]] = {
+    "minimum": ("number", "exclusiveMaximum", 0),
+    "maximum": ("number", "exclusiveMinimum", 0),
+    "exclusiveMinimum": ("number", "maximum", 0),
+    "exclusiveMaximum": ("number", "minimum", 0),
+    "minLength": ("string", "maxLength", -1),
+    "maxLength": ("string", "minLength", 1),
+    "minItems": ("array", "maxItems", -1),
+    "maxItems": ("array", "minItems", 1),
+    "minProperties": ("object", "maxProperties", -1),
+    "maxProperties": ("object", "minProperties", 1),
+}
+_EXCL = {"minimum": "exclusiveMinimum", "maximum": "exclusiveMaximum"}
+
+
+def _brief(value: Any) -> str:
+    text = _q(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _plain(value: Fraction) -> int | float:
+    return int(value) if value.denominator == 1 else float(value)
+
+
+def _not_one_of(strings: list[str]) -> str:
+    """A Python regex matching every string except those listed (a trie's complement)."""
+    trie: dict[str, Any] = {}
+    for text in strings:
+        node = trie
+        for ch in text:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+    anything = "[\\x00-\\U0010FFFF]"
+
+    def esc(ch: str) -> str:
+        return f"\\U{ord(ch):08X}"
+
+    def comp(node: dict[str, Any]) -> str:
+        chars = sorted(k for k in node if k)
+        parts = [] if "" in node else [""]
+        other = f"[^{''.join(esc(c) for c in chars)}]" if chars else anything
+        parts.append(f"{other}{anything}*")
+        parts.extend(f"{esc(c)}(?:{comp(node[c])})" for c in chars)
+        return "|".join(parts)
+
+    return f"^(?:{comp(trie)})$"
 
 
 def _both(a: Any, b: Any) -> Any:
@@ -1564,6 +1826,7 @@ _ASCII = [(0, 0x7F)]
 _JSON_ESCAPES = {0x22: '\\"', 0x5C: "\\\\", 0x08: "\\b", 0x0C: "\\f", 0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t"}
 # what may appear raw inside a JSON string: no quote, backslash, control, DEL or surrogate
 _RAW_OK = [(0x20, 0x21), (0x23, 0x5B), (0x5D, 0x7E), (0x80, 0xD7FF), (0xE000, _MAX_CP)]
+_ANY_CHAR = [(0, _MAX_CP)]
 
 
 class _RegexUnsupported(Exception):

@@ -104,3 +104,69 @@ def test_narrowed_formats_and_bounds_are_named_in_the_notes() -> None:
     assert compile_schema({"type": "string", "format": "date"}).notes == []
     compiled = compile_schema({"type": "number", "minimum": 0.1234567890123456, "maximum": 3})
     assert compiled.exact and any(n.startswith("$:") for n in compiled.notes)
+
+
+# ---------------------------------------------------------------------------- not / if / dependencies / oneOf
+
+OBJ = {
+    "type": "object",
+    "properties": {"kind": {"enum": ["a", "b"]}, "x": {"type": "integer"}, "y": {"type": "string", "maxLength": 3}},
+    "required": ["kind"],
+}
+
+
+@pytest.mark.parametrize(
+    ("schema", "admits", "rejects"),
+    [
+        ({"not": {"type": "string"}}, [1, None, [], {}], ["s"]),
+        ({"type": "string", "not": {"enum": ["a", "b"]}}, ["", "c", "ab", "ba"], ["a", "b"]),
+        ({"type": "integer", "minimum": 0, "maximum": 5, "not": {"const": 3}}, [0, 2, 4, 5], [3, 6]),
+        ({"type": "number", "not": {"enum": [1, 2.5]}}, [0, 1.5, 2, 3], [1, 2.5, 1.0]),
+        (
+            {**OBJ, "not": {"required": ["x", "y"]}},
+            [{"kind": "a"}, {"kind": "a", "x": 1}],
+            [{"kind": "a", "x": 1, "y": ""}],
+        ),
+        ({"type": "string", "not": {"maxLength": 2}}, ["abc"], ["ab", ""]),
+        ({"not": {"anyOf": [{"type": "string"}, {"type": "integer"}]}}, [None, True], ["s", 3]),
+        (
+            {
+                **OBJ,
+                "if": {"properties": {"kind": {"const": "a"}}},
+                "then": {"required": ["x"]},
+                "else": {"required": ["y"]},
+            },
+            [{"kind": "a", "x": 1}, {"kind": "b", "y": "s"}],
+            [{"kind": "a"}, {"kind": "b"}, {"kind": "b", "x": 1}],
+        ),
+        (
+            {**OBJ, "dependentRequired": {"x": ["y"]}},
+            [{"kind": "a"}, {"kind": "a", "x": 1, "y": ""}],
+            [{"kind": "a", "x": 1}],
+        ),
+        (
+            {**OBJ, "dependentSchemas": {"x": {"properties": {"y": {"minLength": 2}}, "required": ["y"]}}},
+            [{"kind": "a", "x": 1, "y": "ab"}, {"kind": "a", "y": ""}],
+            [{"kind": "a", "x": 1, "y": "a"}, {"kind": "a", "x": 1}],
+        ),
+        (
+            {"$schema": "http://json-schema.org/draft-07/schema#", **OBJ, "dependencies": {"x": ["y"]}},
+            [{"kind": "a"}, {"kind": "a", "x": 1, "y": ""}],
+            [{"kind": "a", "x": 1}],
+        ),
+        ({"oneOf": [{"type": "integer", "minimum": 0}, {"type": "integer", "maximum": 10}]}, [-1, 11, 100], [0, 5, 10]),
+        ({"oneOf": [{"type": "string"}, {"type": "string", "maxLength": 3}]}, ["abcd"], ["", "abc", 1]),
+    ],
+)
+def test_negation_based_constructs_compile_exactly(schema: Any, admits: list[Any], rejects: list[Any]) -> None:
+    probes(schema, admits, rejects)
+
+
+def test_if_is_ignored_where_the_draft_has_no_if() -> None:
+    schema = {
+        "$schema": "http://json-schema.org/draft-04/schema#",
+        "type": "integer",
+        "if": {"minimum": 5},
+        "then": {"maximum": 1},
+    }
+    probes(schema, [7, 0], ["s"])

@@ -365,3 +365,71 @@ def test_property_decimal_ranges_are_sound_and_complete(schema: dict[str, Any]) 
     g = Grammar.parse(compiled.grammar)
     for text in _DECIMALS:
         assert g.matches(text) == (text in valid), text
+
+
+# ---------------------------------------------------------------------------- negation (not / if / oneOf) never leaks
+
+_LEAVES: list[Any] = [
+    {"type": "string"},
+    {"type": "integer"},
+    {"type": "number", "minimum": 1.5},
+    {"type": "string", "maxLength": 1},
+    {"minLength": 2},
+    {"enum": ["a", 1, None]},
+    {"const": "b"},
+    {"required": ["p"]},
+    {"properties": {"p": {"type": "integer"}}},
+    {"properties": {"q": {"const": 1}}, "required": ["q"]},
+    {"type": "array", "maxItems": 1},
+    {"items": {"type": "string"}},
+    True,
+]
+
+
+def _neg_schemas() -> st.SearchStrategy[Any]:
+    leaf = st.sampled_from(_LEAVES)
+    return st.recursive(
+        leaf,
+        lambda inner: st.one_of(
+            st.builds(lambda x: {"not": x}, inner),
+            st.builds(lambda xs: {"anyOf": xs}, st.lists(inner, min_size=1, max_size=2)),
+            st.builds(lambda xs: {"oneOf": xs}, st.lists(inner, min_size=2, max_size=3)),
+            st.builds(lambda a, b, c: {"if": a, "then": b, "else": c}, inner, inner, inner),
+            st.builds(lambda a, b: {"allOf": [a, b]}, inner, inner),
+        ),
+        max_leaves=4,
+    )
+
+
+_NEG_VALUES: list[Any] = [
+    None,
+    True,
+    0,
+    1,
+    2,
+    1.5,
+    2.5,
+    -3,
+    "",
+    "a",
+    "b",
+    "ab",
+    "abc",
+    [],
+    ["a"],
+    [1],
+    ["a", "b"],
+    {},
+    {"p": 1},
+    {"p": "x"},
+    {"q": 1},
+    {"q": 2},
+    {"p": 1, "q": 1},
+    {"r": 1},
+]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_neg_schemas())
+def test_property_negation_rewrites_never_leak(schema: Any) -> None:
+    assert leaks(schema, _NEG_VALUES) == []
