@@ -982,7 +982,7 @@ class _Compiler:
         ):
             return list(dict.fromkeys([*mine, *other]))
         if (
-            key in ("items", "additionalItems", "propertyNames", "contains")
+            key in ("items", "additionalItems", "propertyNames")
             and isinstance(mine, (dict, bool))
             and isinstance(other, (dict, bool))
         ):
@@ -1219,12 +1219,14 @@ class _Compiler:
     # ------------------------------------------------------------------ arrays
 
     def gen_array(self, node: dict[str, Any], path: str, depth: int) -> str:
-        for key in ("contains", "unevaluatedItems"):
+        for key in ("unevaluatedItems",):
             if key in node and _asserts(node, key):
                 raise _Refuse(path, key, f'"{key}" has no exact grammar equivalent')
         lo, hi = _counts(node, path, "minItems", "maxItems")
+        if "contains" in node and _asserts(node, "contains"):
+            return self.gen_contains(node, path, depth, lo, hi)
         if node.get("uniqueItems") is True and (hi is None or hi > 1):
-            raise _Refuse(path, "uniqueItems", '"uniqueItems" has no exact grammar equivalent')
+            return self.gen_unique(node, path, depth, lo, hi)
         if self.draft >= 2020:
             prefix = node.get("prefixItems", [])
             rest: Any = node.get("items", True)
@@ -1288,6 +1290,93 @@ class _Compiler:
 
         inner = seq(0)
         return self.rule(f"{path}-array", f'"[" {inner} "]"' if inner else '"[]"')
+
+    def item_schemas(self, node: dict[str, Any]) -> tuple[list[Any], Any]:
+        """(prefix item schemas, the schema of the items after them) under the schema's draft."""
+        if self.draft >= 2020:
+            return node.get("prefixItems", []), node.get("items", True)
+        items = node.get("items", True)
+        return (items, node.get("additionalItems", True)) if isinstance(items, list) else ([], items)
+
+    def gen_unique(self, node: dict[str, Any], path: str, depth: int, lo: int, hi: int | None) -> str:
+        """uniqueItems over a finite item domain (enum/const/boolean/null items): each allowed
+        value at most once, in the order listed."""
+        prefix, rest = self.item_schemas(node)
+        target = self.flat(rest, path)
+        domain = _literal_values(target) if isinstance(target, dict) else None
+        if domain is None and isinstance(target, dict):
+            types = _type_set(target.get("type"))
+            if (
+                types
+                and set(types) <= {"boolean", "null"}
+                and all(_asserts(target, k) is False or k == "type" for k in target)
+            ):
+                domain = [v for t, vals in (("boolean", [True, False]), ("null", [None])) if t in types for v in vals]
+        if prefix or domain is None or lo > 1:
+            raise _Refuse(path, "uniqueItems", '"uniqueItems" is compiled only over a finite item domain (enum items)')
+        values: dict[str, Any] = {}
+        for v in domain:
+            if _canon(v) not in values and self.valid(rest, v, path, "uniqueItems"):
+                values[_canon(v)] = v
+        if hi is not None and hi < len(values):
+            raise _Refuse(path, "uniqueItems", f"maxItems {hi} below the {len(values)} unique values is not compiled")
+        if lo == 1 and not values:
+            raise _Unsatisfiable(path, "minItems", "minItems 1 but no item value is allowed")
+        items = [
+            (gbnf_literal(json.dumps(v, ensure_ascii=False, separators=(",", ":"))), False) for v in values.values()
+        ]
+        inner = self.ordered(items, path, nonempty=lo == 1) if items else '""'
+        return self.rule(f"{path}-unique", f'"[" {inner} "]"')
+
+    def gen_contains(self, node: dict[str, Any], path: str, depth: int, lo: int, hi: int | None) -> str:
+        """contains (with minContains/maxContains): items that match it counted between the
+        others, which match its negation; without a negation, only matching items."""
+        prefix, rest = self.item_schemas(node)
+        if prefix or node.get("uniqueItems") is True:
+            raise _Refuse(path, "contains", '"contains" beside prefixItems or uniqueItems is not compiled')
+        cmin, cmax = 1, None
+        if self.draft >= 2019:
+            cmin, cmax = _counts(node, path, "minContains", "maxContains")
+            cmin = node.get("minContains", 1) if _count(node.get("minContains", 1)) else 1
+        if cmax is not None and cmin > cmax:
+            raise _Unsatisfiable(path, "maxContains", "minContains exceeds maxContains")
+        contains = node["contains"]
+        cpath = child(path, "contains")
+        neg = self.negate(contains, cpath, depth + 1)
+        if neg is None or lo > cmin or hi is not None:
+            # only matching items: the count is the length
+            self.notes.append(f"{path}: arrays are generated with matching items only (contains)")
+            low = max(lo, cmin)
+            high = cmax if hi is None else (hi if cmax is None else min(hi, cmax))
+            if high is not None and low > high:
+                raise _Refuse(path, "contains", "contains counts and minItems/maxItems meet in no length")
+            plain = {k: v for k, v in node.items() if k not in ("contains", "minContains", "maxContains")}
+            plain.update({"items": _both(rest, contains), "minItems": low})
+            plain.pop("additionalItems", None)
+            if high is not None:
+                plain["maxItems"] = high
+            else:
+                plain.pop("maxItems", None)
+            return self.gen_array(plain, path, depth)
+        hit = self.gen(_both(rest, contains), cpath, depth + 1, frozenset())
+        saved = self.save()
+        try:
+            miss: str | None = self.gen(_both(rest, neg), cpath, depth + 1, frozenset())
+        except _Unsatisfiable:
+            self.restore(saved)
+            miss = None
+        misses = _repeat(f"COMMA {miss}", 0, None) if miss else ""
+        lead = _repeat(f"{miss} COMMA", 0, None) if miss else ""
+        one = f"{hit} {misses}".strip()
+        more = _repeat(f"COMMA {one}", max(cmin - 1, 0), None if cmax is None else cmax - 1)
+        counted = f"{lead} {one} {more}".strip()
+        if cmin == 0:
+            nothing = f"{miss} {misses}".strip() if miss else ""
+            counted = _alt([c for c in (counted, nothing) if c]) if cmax != 0 else nothing
+            body = _repeat(counted, 0, 1) if counted else '""'
+        else:
+            body = counted
+        return self.rule(f"{path}-contains", f'"[" {body} "]"')
 
     # ------------------------------------------------------------------ strings
 
@@ -1387,9 +1476,11 @@ class _Compiler:
     def gen_number(self, node: dict[str, Any], path: str, *, integer: bool) -> str:
         for key in ("multipleOf", "divisibleBy"):
             if key in node:
-                if not (_num(node[key]) and node[key] == 1):
-                    raise _Refuse(path, key, f'"{key}" has no exact grammar equivalent')
-                integer = True
+                step = node[key]
+                if _num(step) and step == 1:
+                    integer = True
+                    continue
+                return self.gen_multiples(node, path, key, integer=integer)
         lo = self.bound(node, path, "minimum", "exclusiveMinimum")
         hi = self.bound(node, path, "maximum", "exclusiveMaximum")
         if lo is None and hi is None:
@@ -1413,6 +1504,22 @@ class _Compiler:
                 f"{_bound_text(lo, True)}, {_bound_text(hi, False)})",
             )
         return self.rule(f"{path}-{'integer' if integer else 'number'}", _alt(parts))
+
+    def gen_multiples(self, node: dict[str, Any], path: str, key: str, *, integer: bool) -> str:
+        """Integer multiples of an integer step within bounds, listed (at most MAX_BRANCHES*4)."""
+        step = node[key]
+        lo = self.bound(node, path, "minimum", "exclusiveMinimum")
+        hi = self.bound(node, path, "maximum", "exclusiveMaximum")
+        if not (isinstance(step, int) and not isinstance(step, bool) and step > 0) or lo is None or hi is None:
+            raise _Refuse(path, key, f'"{key}" is compiled only for an integer step between two bounds')
+        first = -(-_int_at_least(lo) // step) * step
+        last = (_int_at_most(hi) // step) * step
+        count = (last - first) // step + 1
+        if count > 4 * MAX_BRANCHES:
+            raise _Refuse(path, key, f'"{key}" admits {count} values between the bounds (at most {4 * MAX_BRANCHES})')
+        if count <= 0:
+            raise _Unsatisfiable(path, key, f"no multiple of {step} lies between the bounds")
+        return self.rule(f"{path}-multiple", _alt([gbnf_literal(str(v)) for v in range(first, last + 1, step)]))
 
     def fractions(self, lo: _Bound | None, hi: _Bound | None, path: str) -> list[str]:
         """Numbers written with a fraction part ``k.ddd`` (|k| < 10^9, 1-6 fraction digits: at

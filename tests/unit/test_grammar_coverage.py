@@ -170,3 +170,66 @@ def test_if_is_ignored_where_the_draft_has_no_if() -> None:
         "then": {"maximum": 1},
     }
     probes(schema, [7, 0], ["s"])
+
+
+# ---------------------------------------------------------------------------- arrays: uniqueItems, contains; multipleOf
+
+
+@pytest.mark.parametrize(
+    ("schema", "admits", "rejects"),
+    [
+        (
+            {"type": "array", "items": {"enum": ["a", "b", "c"]}, "uniqueItems": True},
+            [[], ["a"], ["a", "c"], ["a", "b", "c"]],
+            [["a", "a"], ["b", "a", "b"]],
+        ),
+        (
+            {"type": "array", "items": {"type": "boolean"}, "uniqueItems": True, "minItems": 1},
+            [[True], [False], [True, False]],
+            [[], [True, True]],
+        ),
+        ({"type": "array", "items": {"enum": [1, 1.0, 2]}, "uniqueItems": True}, [[1, 2]], [[1, 1]]),
+        (
+            {"type": "array", "items": {"type": "integer"}, "contains": {"const": 1}},
+            [[1], [0, 1, 2], [2, 1, 1]],
+            [[], [0, 2]],
+        ),
+        (
+            {
+                "type": "array",
+                "items": {"type": "integer"},
+                "contains": {"minimum": 5},
+                "minContains": 2,
+                "maxContains": 3,
+            },
+            [[5, 6], [0, 5, 1, 7, 9]],
+            [[5], [5, 6, 7, 8], [1, 2]],
+        ),
+        (
+            {"type": "array", "contains": {"type": "string"}, "minContains": 0, "maxContains": 1},
+            [[], [1], ["a", 1]],
+            [["a", "b"]],
+        ),
+        (
+            {"type": "array", "contains": {"type": "string", "pattern": "^a"}, "maxItems": 2},
+            [["a"], ["ab", "ac"]],
+            [[], ["b"]],
+        ),
+        ({"type": "integer", "multipleOf": 5, "minimum": 1, "maximum": 30}, [5, 10, 30], [0, 1, 31, 35]),
+    ],
+)
+def test_array_and_step_constructs_compile_exactly(schema: Any, admits: list[Any], rejects: list[Any]) -> None:
+    probes(schema, admits, rejects)
+
+
+@pytest.mark.parametrize(
+    ("schema", "construct"),
+    [
+        ({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, "uniqueItems"),
+        ({"type": "integer", "multipleOf": 3}, "multipleOf"),
+        ({"type": "number", "multipleOf": 0.01, "minimum": 0, "maximum": 1}, "multipleOf"),
+    ],
+)
+def test_still_refused_with_the_construct(schema: Any, construct: str) -> None:
+    compiled = compile_schema(schema)
+    assert compiled.grammar is None and compiled.refusals[0].construct == construct

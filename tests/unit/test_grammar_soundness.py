@@ -433,3 +433,47 @@ _NEG_VALUES: list[Any] = [
 @given(_neg_schemas())
 def test_property_negation_rewrites_never_leak(schema: Any) -> None:
     assert leaks(schema, _NEG_VALUES) == []
+
+
+@st.composite
+def _array_constructs(draw: st.DrawFn) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "array"}
+    schema["items"] = draw(st.sampled_from([True, {"type": "integer"}, {"enum": [0, 1, 5, "a"]}, {"type": "boolean"}]))
+    if draw(st.booleans()):
+        schema["contains"] = draw(
+            st.sampled_from([{"const": 1}, {"minimum": 3}, {"type": "string"}, {"enum": [0, "a"]}])
+        )
+        for key in ("minContains", "maxContains", "minItems", "maxItems"):
+            if draw(st.booleans()):
+                schema[key] = draw(st.integers(0, 3))
+    else:
+        schema["uniqueItems"] = True
+        if draw(st.booleans()):
+            schema["minItems"] = draw(st.integers(0, 2))
+    return schema
+
+
+_ARRAY_VALUES = [
+    [],
+    [0],
+    [1],
+    [5],
+    ["a"],
+    [True],
+    [0, 1],
+    [1, 1],
+    [1, 5],
+    [5, 5, 5],
+    ["a", "a"],
+    [0, "a"],
+    [True, False],
+    [True, True],
+    [1, 5, 1],
+    [0, 0, 1, 5],
+]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_array_constructs())
+def test_property_contains_and_unique_items_never_leak(schema: dict[str, Any]) -> None:
+    assert leaks(schema, _ARRAY_VALUES) == []
