@@ -1199,11 +1199,15 @@ class _Compiler:
         (``nonempty``: at least one of them)."""
         if not items:
             return '""'
+        # many properties: every tail and choice a named rule (linear size, shallow nesting)
+        named = len(items) > 8
         tails: list[str] = [""] * (len(items) + 1)
         for i in range(len(items) - 1, -1, -1):
             kv, req = items[i]
             step = f"COMMA {kv}" if req else f"( COMMA {kv} )?"
             tails[i] = f"{step} {tails[i + 1]}".strip()
+            if named:
+                tails[i] = self.rule(f"{path}-tail", tails[i])
         head = ""
         for i in range(len(items) - 1, -1, -1):
             kv, req = items[i]
@@ -1213,7 +1217,7 @@ class _Compiler:
             elif not head:
                 head = with_it if nonempty else f"( {with_it} )?"
             else:
-                head = f"( {with_it} | {head} )"
+                head = self.rule(f"{path}-head", f"{with_it} | {head}") if named else f"( {with_it} | {head} )"
         return self.rule(f"{path}-props", head)
 
     # ------------------------------------------------------------------ arrays
