@@ -822,6 +822,9 @@ class _Compiler:
             negs = [self.negate(a, child(child(path, "oneOf"), i), depth + 1) for i, a in enumerate(alts)]
             if any(n is None for n in negs):
                 raise first from None
+            width = [len(n["anyOf"]) if isinstance(n, dict) and isinstance(n.get("anyOf"), list) else 1 for n in negs]
+            if any(math.prod(w for j, w in enumerate(width) if j != i) > MAX_BRANCHES for i in range(len(negs))):
+                raise first from None
             out = []
             for i, a in enumerate(alts):
                 others = [n for j, n in enumerate(negs) if j != i and n is not True]
@@ -1873,7 +1876,7 @@ def _not_one_of(strings: list[str]) -> str:
         for ch in text:
             node = node.setdefault(ch, {})
         node[""] = {}
-    anything = "[\\x00-\\U0010FFFF]"
+    anything = "(?:.|\\n)"
 
     def esc(ch: str) -> str:
         return f"\\U{ord(ch):08X}"
