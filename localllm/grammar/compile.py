@@ -450,6 +450,8 @@ class _Compiler:
         self.vocabulary = frozenset(cls.VALIDATORS)
         self.root_id = root.get("$id") or root.get("id") if isinstance(root, dict) else None
         self.failures = _validation_failures()
+        if isinstance(root, dict):
+            self.root = _local_refs(root, "id" if self.draft == 4 else "$id")
 
     def valid(self, schema: Any, value: Any, path: str, construct: str) -> bool:
         """Does ``value`` validate against ``schema`` (a subschema of the root)? A schema the
@@ -1607,6 +1609,100 @@ class _Compiler:
             if tighter or (c.value == best.value and c.exclusive):
                 best = c
         return best
+
+
+_BASE = "https://localllm.invalid/root.json"
+_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
+
+
+def _local_refs(root: dict[str, Any], id_key: str) -> dict[str, Any]:
+    """``root`` with every ``$ref`` that names a resource of this document (a nested ``$id``,
+    an ``$anchor``, a draft-7 ``"$id": "#name"``) rewritten as a ``#/...`` pointer from the
+    root, and those ``$id``/``$anchor`` keys dropped; the structure (so every JSON path) is
+    unchanged. Refs to other documents are left as they are (refused when followed)."""
+    from urllib.parse import quote, urldefrag, urljoin
+
+    def has_ids(node: Any, top: bool) -> bool:
+        if isinstance(node, list):
+            return any(has_ids(v, False) for v in node)
+        if not isinstance(node, dict):
+            return False
+        ref = node.get("$ref")
+        if "$anchor" in node or (not top and isinstance(node.get(id_key), str)):
+            return True
+        if isinstance(ref, str) and ref != "#" and not ref.startswith("#/"):
+            return True
+        return any(has_ids(v, False) for k, v in node.items() if k not in _DATA_KEYWORDS)
+
+    if not has_ids(root, True):
+        return root
+    top_id = root.get(id_key)
+    root_base = urldefrag(urljoin(_BASE, top_id))[0] if isinstance(top_id, str) else _BASE
+    resources: dict[str, list[str | int]] = {root_base: []}
+    anchors: dict[tuple[str, str], list[str | int]] = {}
+    bases: dict[int, str] = {}
+
+    def index(node: Any, base: str, pointer: list[str | int]) -> None:
+        if isinstance(node, list):
+            for i, v in enumerate(node):
+                index(v, base, [*pointer, i])
+            return
+        if not isinstance(node, dict):
+            return
+        ident = node.get(id_key)
+        if isinstance(ident, str) and pointer and not ("$ref" in node and id_key == "id"):
+            joined = urljoin(base, ident)
+            doc, frag = urldefrag(joined)
+            if ident.startswith("#"):
+                anchors[(doc, frag)] = pointer
+            else:
+                base = doc
+                resources[doc] = pointer
+                if frag:
+                    anchors[(doc, frag)] = pointer
+        if isinstance(node.get("$anchor"), str):
+            anchors[(base, node["$anchor"])] = pointer
+        bases[id(node)] = base
+        for k, v in node.items():
+            if k not in _DATA_KEYWORDS:
+                index(v, base, [*pointer, k])
+
+    index(root, root_base, [])
+
+    def escape(token: str | int) -> str:
+        return quote(str(token).replace("~", "~0").replace("/", "~1"), safe="~!$&'()*+,;=:@")
+
+    def rewrite(node: Any, top: bool) -> Any:
+        if isinstance(node, list):
+            return [rewrite(v, False) for v in node]
+        if not isinstance(node, dict):
+            return node
+        out: dict[str, Any] = {}
+        base = bases.get(id(node), root_base)
+        for k, v in node.items():
+            if k in _DATA_KEYWORDS:
+                out[k] = v
+            elif k in ("$anchor",) or (k == id_key and not top and isinstance(v, str)):
+                continue
+            elif k == "$ref" and isinstance(v, str):
+                doc, frag = urldefrag(urljoin(base, v))
+                target: list[str | int] | None = None
+                if frag.startswith("/") or not frag:
+                    start = resources.get(doc)
+                    if start is not None:
+                        from urllib.parse import unquote
+
+                        extra = [unquote(t).replace("~1", "/").replace("~0", "~") for t in frag.split("/")[1:]]
+                        target = [*start, *extra]
+                else:
+                    target = anchors.get((doc, frag))
+                out[k] = v if target is None else "#" + "".join("/" + escape(t) for t in target)
+            else:
+                out[k] = rewrite(v, False)
+        return out
+
+    rewritten: dict[str, Any] = rewrite(root, True)
+    return rewritten
 
 
 def _validation_failures() -> tuple[type[BaseException], ...]:

@@ -233,3 +233,57 @@ def test_array_and_step_constructs_compile_exactly(schema: Any, admits: list[Any
 def test_still_refused_with_the_construct(schema: Any, construct: str) -> None:
     compiled = compile_schema(schema)
     assert compiled.grammar is None and compiled.refusals[0].construct == construct
+
+
+# ---------------------------------------------------------------------------- same-document $id / $anchor
+
+
+@pytest.mark.parametrize(
+    ("schema", "admits", "rejects"),
+    [
+        (
+            {
+                "$defs": {"a": {"$anchor": "num", "type": "integer"}},
+                "type": "object",
+                "properties": {"x": {"$ref": "#num"}},
+                "required": ["x"],
+            },
+            [{"x": 1}],
+            [{"x": "1"}],
+        ),
+        (
+            {
+                "$id": "https://example.com/root.json",
+                "$defs": {
+                    "b": {
+                        "$id": "b.json",
+                        "type": "object",
+                        "properties": {"y": {"$ref": "#/$defs/c"}},
+                        "required": ["y"],
+                        "$defs": {"c": {"type": "string"}},
+                    }
+                },
+                "$ref": "b.json",
+            },
+            [{"y": "s"}],
+            [{"y": 1}, {}],
+        ),
+        (
+            {
+                "$schema": "http://json-schema.org/draft-07/schema#",
+                "definitions": {"a": {"$id": "#flag", "type": "boolean"}},
+                "type": "array",
+                "items": {"$ref": "#flag"},
+            },
+            [[True, False]],
+            [[1]],
+        ),
+    ],
+)
+def test_same_document_ids_and_anchors_resolve(schema: Any, admits: list[Any], rejects: list[Any]) -> None:
+    probes(schema, admits, rejects)
+
+
+def test_a_ref_to_another_document_is_still_refused() -> None:
+    compiled = compile_schema({"$id": "https://example.com/a.json", "$ref": "other.json#/x"})
+    assert compiled.grammar is None and compiled.refusals[0].construct == "$ref"
