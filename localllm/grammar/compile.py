@@ -1411,7 +1411,7 @@ class _Compiler:
         if pattern is not None:
             if not isinstance(pattern, str):
                 raise _Refuse(path, "pattern", '"pattern" must be a string')
-            expr, plo, phi = self.pattern(pattern, path)
+            expr, plo, phi = self.pattern(pattern, path, lo, hi)
             if plo < lo or (hi is not None and (phi is None or phi > hi)):
                 raise _Refuse(
                     path,
@@ -1423,7 +1423,7 @@ class _Compiler:
             return self.primitive("string")
         return self.rule(f"{path}-string", f'"\\"" {_repeat(self.primitive("char"), lo, hi)} "\\""')
 
-    def pattern(self, pattern: str, path: str) -> tuple[str, int, int | None]:
+    def pattern(self, pattern: str, path: str, lo: int = 0, hi: int | None = None) -> tuple[str, int, int | None]:
         try:
             re.compile(pattern)
         except (re.error, OverflowError, RecursionError) as exc:
@@ -1447,18 +1447,32 @@ class _Compiler:
             body = ("cat", items)
             if _has_anchor(body):
                 raise _Refuse(path, "pattern", f"pattern {_q(pattern)} has ^ or $ inside; not compiled")
+            blo, bhi = _regex_lengths(body)
+            bhi = bhi if start and end else None
             try:
-                parts = [self.primitive("char") + "*"] if not start else []
-                parts.append(self.regex_expr(body))
-                if not end:
-                    parts.append(self.primitive("char") + "*")
+                if blo < lo or (hi is not None and (bhi is None or bhi > hi)):
+                    # intersect with minLength/maxLength: repeat counts cut to fit
+                    anyrep = ("rep", ("set", _ANY_CHAR), 0, None)
+                    full = [*([] if start else [anyrep]), *items, *([] if end else [anyrep])]
+                    fitted = _fit_lengths(full, lo, hi)
+                    if fitted is None:
+                        continue
+                    self.notes.append(f"{path}: the pattern's repeats are cut to meet minLength/maxLength")
+                    body = ("cat", fitted)
+                    blo, bhi = _regex_lengths(body)
+                    parts = [self.regex_expr(body)]
+                else:
+                    parts = [self.primitive("char") + "*"] if not start else []
+                    parts.append(self.regex_expr(body))
+                    if not end:
+                        parts.append(self.primitive("char") + "*")
             except _RegexUnsupported as exc:
                 raise _Refuse(path, "pattern", f"pattern {_q(pattern)} {exc}") from None
             exprs.append(" ".join(p for p in parts if p) or '""')
-            blo, bhi = _regex_lengths(body)
-            bhi = bhi if start and end else None
             lo_all = blo if lo_all is None else min(lo_all, blo)
             hi_all = None if hi_all is None or bhi is None else max(hi_all, bhi)
+        if not exprs:
+            raise _Unsatisfiable(path, "maxLength", f"no string matching {_q(pattern)} meets the length bounds")
         return _alt(exprs), lo_all or 0, hi_all
 
     def regex_expr(self, node: tuple[Any, ...]) -> str:
@@ -2093,6 +2107,52 @@ def _json_char_set(ranges: list[tuple[int, int]]) -> str:
     if not parts:
         raise _RegexUnsupported("has a character class with no character a JSON string can hold here")
     return _alt(parts)
+
+
+def _fit_lengths(items: list[tuple[Any, ...]], lo: int, hi: int | None) -> list[tuple[Any, ...]] | None:
+    """``items`` (a concatenation) with repeat counts cut so every match is lo..hi characters
+    long (fewer strings, each still a match), None when no match can be; raises when a
+    variable-length part is not a repeat of a fixed-length piece."""
+    lens = [_regex_lengths(n) for n in items]
+    if hi is not None and sum(a for a, _ in lens) > hi:
+        return None
+    out = list(items)
+
+    def piece(n: tuple[Any, ...]) -> int:
+        a, b = _regex_lengths(n[1])
+        if n[0] != "rep" or a != b or a == 0:
+            raise _RegexUnsupported("has a variable-length part that cannot be cut to the length bounds")
+        return a
+
+    if hi is not None:
+        budget = hi - sum(a for a, _ in lens)
+        for i, (a, b) in enumerate(lens):
+            if a == b:
+                continue
+            n = out[i]
+            size = piece(n)
+            room = budget // size if n[3] is None else min(budget // size, n[3] - n[2])
+            out[i] = ("rep", n[1], n[2], n[2] + room)
+            budget -= room * size
+    deficit = lo - sum(_regex_lengths(n)[0] for n in out)
+    for i, n in enumerate(out):
+        if deficit <= 0:
+            break
+        a, b = _regex_lengths(n)
+        if a == b:
+            continue
+        size = piece(n)
+        add = -(-deficit // size)
+        if n[3] is not None:
+            add = min(add, n[3] - n[2])
+        out[i] = ("rep", n[1], n[2] + add, n[3])
+        deficit -= add * size
+    total_lo = sum(_regex_lengths(n)[0] for n in out)
+    highs = [_regex_lengths(n)[1] for n in out]
+    total_hi = None if None in highs else sum(h for h in highs if h is not None)
+    if total_lo < lo or (hi is not None and (total_hi is None or total_hi > hi)):
+        return None
+    return out
 
 
 def _has_anchor(node: tuple[Any, ...]) -> bool:

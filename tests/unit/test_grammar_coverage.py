@@ -287,3 +287,23 @@ def test_same_document_ids_and_anchors_resolve(schema: Any, admits: list[Any], r
 def test_a_ref_to_another_document_is_still_refused() -> None:
     compiled = compile_schema({"$id": "https://example.com/a.json", "$ref": "other.json#/x"})
     assert compiled.grammar is None and compiled.refusals[0].construct == "$ref"
+
+
+# ---------------------------------------------------------------------------- length bounds beside a pattern
+
+
+@pytest.mark.parametrize(
+    ("schema", "admits", "rejects"),
+    [
+        ({"type": "string", "pattern": "^[a-z]+$", "maxLength": 5}, ["a", "abcde"], ["", "abcdef", "A"]),
+        (
+            {"type": "string", "pattern": "^[0-9]+\\.[0-9]+\\.[0-9]+$", "maxLength": 8},
+            ["1.2.3", "1234.5.6"],
+            ["12345.6.7", "1.2"],
+        ),
+        ({"type": "string", "pattern": "^a", "minLength": 3, "maxLength": 4}, ["abc", "abcd"], ["ab", "abcde", "bcd"]),
+        ({"type": "string", "pattern": "^[A-Z]{2}[0-9]*$", "minLength": 4}, ["AB12", "AB123"], ["AB1", "AB"]),
+    ],
+)
+def test_length_bounds_beside_a_pattern_are_intersected(schema: Any, admits: list[Any], rejects: list[Any]) -> None:
+    probes(schema, admits, rejects)

@@ -477,3 +477,51 @@ _ARRAY_VALUES = [
 @given(_array_constructs())
 def test_property_contains_and_unique_items_never_leak(schema: dict[str, Any]) -> None:
     assert leaks(schema, _ARRAY_VALUES) == []
+
+
+@st.composite
+def _length_patterns(draw: st.DrawFn) -> dict[str, Any]:
+    parts = draw(
+        st.lists(
+            st.sampled_from(["[a-c]+", "[0-9]*", "x", "[a-c]{2,5}", "y?", "(?:ab)*", "z{3}"]), min_size=1, max_size=3
+        )
+    )
+    anchored = draw(st.sampled_from([("^", "$"), ("^", ""), ("", "$"), ("", "")]))
+    schema: dict[str, Any] = {"type": "string", "pattern": anchored[0] + "".join(parts) + anchored[1]}
+    if draw(st.booleans()):
+        schema["minLength"] = draw(st.integers(0, 6))
+    schema["maxLength"] = draw(st.integers(0, 8))
+    return schema
+
+
+_LENGTH_VALUES = [
+    "",
+    "a",
+    "x",
+    "ab",
+    "abc",
+    "x1",
+    "a1x",
+    "abab",
+    "zzz",
+    "azzz",
+    "aaaaaa",
+    "abcabcabc",
+    "1x",
+    "ayzzz",
+    "cx0",
+    "abx12y",
+]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_length_patterns())
+def test_property_length_fitted_patterns_never_leak(schema: dict[str, Any]) -> None:
+    compiled = compile_schema(schema)
+    if compiled.grammar is not None:
+        g = Grammar.parse(compiled.grammar)
+        rng = __import__("random").Random(0)
+        check = validator(schema)
+        for _ in range(30):
+            assert check.is_valid(json.loads(g.sample(rng)))
+    assert leaks(schema, _LENGTH_VALUES) == []
