@@ -9,12 +9,16 @@ answers than the schema (properties in declared order, no free whitespace, integ
 
 How the schema is read (the semantics of the ``jsonschema`` validator for the schema's
 draft): ``$ref`` overrides its siblings up to draft 7 and combines with them from
-2019-09; ``allOf`` components are merged into one schema; ``anyOf``/``oneOf`` distribute
-their siblings into each branch, and ``oneOf`` is compiled only when its branches are
-provably disjoint; ``const``/``enum`` keep the values that validate against the whole
-schema object. Malformed schemas and constructs without a grammar equivalent (``not``,
-``if``, ``uniqueItems``, ``dependentRequired``, most ``patternProperties`` …) are refused,
-never raised.
+2019-09 (same-document ``$id``/``$anchor`` refs are rewritten as ``#/`` pointers first);
+``allOf`` components are merged into one schema (positional item keywords position by
+position); ``anyOf``/``oneOf`` distribute their siblings into each branch, and a ``oneOf``
+that is not provably disjoint becomes each branch without the others; ``not``,
+``if``/``then``/``else`` and the ``dependent*`` keywords are rewritten into ``anyOf``/``allOf``
+of positive schemas (:meth:`_Compiler.negate`); ``const``/``enum`` keep the values that
+validate against the whole schema object. Malformed schemas and constructs without a
+grammar here (``unevaluated*``, ``uniqueItems`` over an open domain, negations of patterns
+and formats, refs to other documents …) are refused, never raised. Narrowings beyond the
+documented defaults are listed in :attr:`CompiledGrammar.notes`.
 """
 
 from __future__ import annotations
