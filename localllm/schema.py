@@ -200,9 +200,11 @@ class SchemaSet:
         from referencing.jsonschema import specification_with
 
         dialect = specification_with(str(cls.META_SCHEMA.get("$schema") or cls.META_SCHEMA.get("$id")))
-        # formats (date, time, date-time, uuid, email, …) are asserted, not just annotated:
-        # the grammar enforces some of them and a demanding caller expects the rest checked
-        validator = cls(doc, registry=self._registry(dialect), format_checker=cls.FORMAT_CHECKER)
+        # formats (date, time, date-time, uuid, email, uri, hostname, iri, …: grammar.formats.ASSERTED)
+        # are asserted, not just annotated: as strict as the compiled grammar on every path
+        from localllm.grammar.formats import format_checker
+
+        validator = cls(doc, registry=self._registry(dialect), format_checker=format_checker(cls))
         with self._lock:
             self._validators[key] = validator
         return validator

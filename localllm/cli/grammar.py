@@ -37,6 +37,20 @@ def _setup(parser: argparse.ArgumentParser) -> None:
     check.add_argument("--json", action="store_true", help="print the results as JSON")
     check.add_argument("--server", action="store_true", help="judge llama.cpp's converter alone (grammar: server)")
     check.set_defaults(handler=_check)
+    comp = gsub.add_parser(
+        "compile",
+        help="print the GBNF grammar localllm compiles a schema into (or why it refuses)",
+        description="Compile one schema file with localllm's compiler (what grammar: true sends as the "
+        "request's grammar) and print the GBNF, then any note on where the grammar is narrower than the "
+        "schema. A refused schema prints its refusal (path, construct, reason); --explain finds every "
+        "refusal (each refused part set aside in turn) with a hint per construct. Exit 0 when the schema "
+        "compiles exactly, 1 when it is refused, 2 when the file cannot be read.",
+    )
+    comp.add_argument("schema", type=Path, metavar="SCHEMA")
+    comp.add_argument("--explain", action="store_true", help="list every refusal, each with a hint")
+    comp.add_argument("--space", action="store_true", help="allow one space after : and , (compact: false)")
+    comp.add_argument("--json", action="store_true", help="print {grammar, refusals, notes} as JSON")
+    comp.set_defaults(handler=_compile)
 
 
 SETUP = {"grammar": _setup}
@@ -125,3 +139,102 @@ def _check(args: argparse.Namespace) -> int:
     if unreadable:
         return EXIT_USAGE
     return EXIT_OK if all(r["enforced"] for r in results) else EXIT_FAILED
+
+
+#: what to change in a schema for each construct the compiler refuses
+HINTS = {
+    "oneOf": 'make the branches provably disjoint (distinct types, consts, or a required "kind" property with '
+    'a distinct const per branch), or use "anyOf" if a value may match several',
+    "not": "state what is allowed instead of what is not (an enum, a type list)",
+    "if": "split the schema into anyOf branches, one per case, each with its own required properties",
+    "uniqueItems": "use an enum of the allowed items with maxItems, or drop uniqueItems and deduplicate after",
+    "multipleOf": "use an enum of the allowed values, or drop multipleOf and let validation catch it",
+    "contains": "list the required item in prefixItems, or drop contains",
+    "unevaluatedProperties": 'use "additionalProperties" on the object that lists the properties',
+    "unevaluatedItems": 'use "items" beside "prefixItems"',
+    "dependentRequired": "split into anyOf branches with and without the dependent properties",
+    "dependentSchemas": "split into anyOf branches with and without the property",
+    "dependencies": "split into anyOf branches with and without the property",
+    "pattern": "rewrite the pattern without lookaround, backreferences or \\b, anchored with ^...$",
+    "$ref": 'point "$ref" at "#/$defs/..." in the same document; no ref may reach itself without consuming input',
+    "$id": "remove nested $id, or move the subschema into $defs of the root",
+    "format": "drop the format or replace it with a pattern",
+    "schema": "fix the schema: it is not valid against its draft's meta-schema",
+    "depth": "flatten the schema or move repeated parts into $defs",
+    "minLength": "intersect the length bounds into the pattern ({m,n})",
+    "maxLength": "intersect the length bounds into the pattern ({m,n})",
+    "minimum": "widen the range, or use an enum of the allowed values",
+    "minProperties": "make the properties required instead",
+    "maxProperties": "declare fewer properties or drop maxProperties",
+    "patternProperties": "declare the properties by name",
+}
+
+
+def all_refusals(schema: Any, *, space: bool = False, limit: int = 20) -> list[Any]:
+    """Every refusal: compile, set the refused schema object aside (``{}``), compile again."""
+    import copy
+
+    from localllm.grammar.compile import compile_schema
+    from localllm.grammar.paths import parse_path
+
+    doc = copy.deepcopy(schema)
+    found: list[Any] = []
+    for _ in range(limit):
+        compiled = compile_schema(doc, space=space)
+        if compiled.exact or not compiled.refusals:
+            break
+        refusal = compiled.refusals[0]
+        if refusal in found:
+            break
+        found.append(refusal)
+        try:
+            tokens = parse_path(refusal.path)
+        except ValueError:
+            break
+        if not tokens:
+            break
+        parent: Any = doc
+        for token in tokens[:-1]:
+            try:
+                parent = parent[token]
+            except (KeyError, IndexError, TypeError):
+                parent = None
+                break
+        last = tokens[-1]
+        in_dict = isinstance(parent, dict) and isinstance(last, str) and last in parent
+        in_list = isinstance(parent, list) and isinstance(last, int) and last < len(parent)
+        if not (in_dict or in_list):
+            break
+        parent[last] = {}
+    return found
+
+
+def _compile(args: argparse.Namespace) -> int:
+    from localllm.grammar.compile import compile_schema
+    from localllm.schema import read_schema_file
+
+    schema, _ = unwrap_corpus_entry(args.schema, read_schema_file(args.schema))
+    compiled = compile_schema(schema, space=args.space)
+    refusals = all_refusals(schema, space=args.space) if args.explain and not compiled.exact else compiled.refusals
+    if args.json:
+        emit_json(
+            {
+                "file": str(args.schema),
+                "exact": compiled.exact,
+                "grammar": compiled.grammar,
+                "refusals": [{**asdict(r), "hint": HINTS.get(r.construct, "")} for r in refusals],
+                "notes": compiled.notes,
+            }
+        )
+        return EXIT_OK if compiled.exact else EXIT_FAILED
+    if compiled.grammar is not None:
+        out(compiled.grammar.rstrip("\n"))
+        for note in compiled.notes:
+            out(f"# note: {note}")
+        return EXIT_OK
+    out(f"{args.schema}: refused ({len(refusals)} refusal(s))")
+    for r in refusals:
+        out(f"  refused {r.path}  [{r.construct}]  {r.message}")
+        if args.explain and r.construct in HINTS:
+            out(f"    hint: {HINTS[r.construct]}")
+    return EXIT_FAILED

@@ -9,16 +9,21 @@ answers than the schema (properties in declared order, no free whitespace, integ
 
 How the schema is read (the semantics of the ``jsonschema`` validator for the schema's
 draft): ``$ref`` overrides its siblings up to draft 7 and combines with them from
-2019-09; ``allOf`` components are merged into one schema; ``anyOf``/``oneOf`` distribute
-their siblings into each branch, and ``oneOf`` is compiled only when its branches are
-provably disjoint; ``const``/``enum`` keep the values that validate against the whole
-schema object. Malformed schemas and constructs without a grammar equivalent (``not``,
-``if``, ``uniqueItems``, ``dependentRequired``, most ``patternProperties`` …) are refused,
-never raised.
+2019-09 (same-document ``$id``/``$anchor`` refs are rewritten as ``#/`` pointers first);
+``allOf`` components are merged into one schema (positional item keywords position by
+position); ``anyOf``/``oneOf`` distribute their siblings into each branch, and a ``oneOf``
+that is not provably disjoint becomes each branch without the others; ``not``,
+``if``/``then``/``else`` and the ``dependent*`` keywords are rewritten into ``anyOf``/``allOf``
+of positive schemas (:meth:`_Compiler.negate`); ``const``/``enum`` keep the values that
+validate against the whole schema object. Malformed schemas and constructs without a
+grammar here (``unevaluated*``, ``uniqueItems`` over an open domain, negations of patterns
+and formats, refs to other documents …) are refused, never raised. Narrowings beyond the
+documented defaults are listed in :attr:`CompiledGrammar.notes`.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -29,6 +34,8 @@ from typing import Any
 from urllib.parse import unquote
 
 from localllm.grammar import keywords
+from localllm.grammar.formats import format_checker
+from localllm.grammar.meta import meta_error
 
 MAX_DEPTH = 64
 #: llama.cpp expands ``x{m,n}`` into n nested rules and advances all of them per token: a
@@ -38,6 +45,12 @@ MAX_BRANCHES = 64
 MAX_GRAMMAR_CHARS = 2_000_000
 #: integer bounds with more digits than this are refused (grammar size grows with them)
 MAX_BOUND_DIGITS = 40
+#: the longest digit run an unbounded integer (or integer part of a number) is generated with
+MAX_INT_DIGITS = 16
+#: bounded numbers get a fraction part of at most this many digits, with an integer part below
+#: FRACTION_INT_CAP + 1 (15 significant digits in all: the parsed float orders like the decimal)
+FRACTION_DIGITS = 6
+FRACTION_INT_CAP = 10**9 - 1
 
 _TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
 
@@ -71,6 +84,16 @@ _CHECKED_FORMATS = frozenset(
         "color",
     }
 )
+#: formats whose grammar admits only part of what the format allows (sound, narrower)
+_NARROWED_FORMATS = {
+    "hostname": "lowercase, at most 4 labels of at most 32 characters",
+    "email": "ASCII local part of at most 32 characters [A-Za-z0-9._+-] at a narrowed hostname",
+    "idn-email": "ASCII local part of at most 32 characters [A-Za-z0-9._+-] at a narrowed hostname",
+    "uri": "https://host/path only (at most 4 path segments, no query or fragment)",
+    "uri-reference": "https://host/path only (at most 4 path segments, no query or fragment)",
+    "iri": "https://host/path only (ASCII, at most 4 path segments, no query or fragment)",
+    "iri-reference": "https://host/path only (ASCII, at most 4 path segments, no query or fragment)",
+}
 #: (shortest, longest) string each format grammar generates
 _FORMAT_LENGTHS: dict[str, tuple[int, int]] = {
     "date": (10, 10),
@@ -92,8 +115,10 @@ _PRIMITIVES = {
     # \u escapes of anything but a surrogate: one escape is one code point
     "hex-cp": "[0-9a-cA-CefEF] [0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2}",
     "string": '"\\"" char* "\\""',
-    "integer": '"0" | "-"? [1-9] [0-9]*',
-    "number": '"-"? ( "0" | [1-9] [0-9]* ) ( "." [0-9]+ )? ( [eE] [-+]? [0-9]{1,2} )?',
+    # digit runs are capped (integer part 16 digits, fraction 16, exponent 2) so that a model
+    # cannot write digits until max_tokens; llama.cpp's converter caps integer digits at 16 too
+    "integer": '"0" | "-"? [1-9] [0-9]{0,15}',
+    "number": '"-"? ( "0" | [1-9] [0-9]{0,15} ) ( "." [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,2} )?',
     "boolean": '"true" | "false"',
     "null": '"null"',
     "value": "object | array | string | number | boolean | null",
@@ -202,7 +227,6 @@ def compile_schema(schema: Mapping[str, Any] | bool, *, space: bool = False) -> 
 
 def schema_problem(schema: Any) -> tuple[str, str] | None:
     """Why ``schema`` is not a valid JSON Schema for its draft — (JSON path, reason) — or None."""
-    import jsonschema
 
     if _nesting(schema) > 4 * MAX_DEPTH:
         return "$", f"it nests more than {4 * MAX_DEPTH} levels deep"
@@ -210,12 +234,12 @@ def schema_problem(schema: Any) -> tuple[str, str] | None:
         return "$", '"$schema" must be a URI string'
     cls = validator_class(schema)
     try:
-        cls.check_schema(schema)
-    except jsonschema.exceptions.SchemaError as exc:
-        where = "$"
-        for p in exc.absolute_path:
-            where = child(where, p)
-        return where, exc.message
+        exc = meta_error(cls, schema)
+        if exc is not None:
+            where = "$"
+            for p in exc.absolute_path:
+                where = child(where, p)
+            return where, exc.message
     except _validation_failures() as exc:
         return "$", f"the validator cannot read it ({type(exc).__name__})"
     return None
@@ -363,8 +387,11 @@ def _nonneg_range(lo: int, hi: int | None) -> str:
     lo_len = len(str(lo))
     parts = []
     if hi is None:
+        # open above: up to MAX_INT_DIGITS digits (the lower bound's own length at least)
         parts.append(_same_length(str(lo), "9" * lo_len))
-        parts.append(f"[1-9] [0-9]{{{lo_len},}}")
+        longest = max(MAX_INT_DIGITS, lo_len)
+        if longest > lo_len:
+            parts.append(f"[1-9] {_repeat('[0-9]', lo_len, longest - 1)}")
     else:
         for length in range(lo_len, len(str(hi)) + 1):
             a = max(lo, 10 ** (length - 1) if length > 1 else 0)
@@ -374,7 +401,8 @@ def _nonneg_range(lo: int, hi: int | None) -> str:
 
 
 def integer_range(lo: int | None, hi: int | None) -> str:
-    """Canonical JSON integers in [lo, hi]; either side may be open; never ``-0``."""
+    """Canonical JSON integers in [lo, hi]; either side may be open (then at most
+    ``MAX_INT_DIGITS`` digits, or the bound's own length); never ``-0``."""
     parts = []
     if hi is None or hi >= 0:
         parts.append(_nonneg_range(max(lo, 0) if lo is not None else 0, hi))
@@ -395,7 +423,6 @@ class _Bound:
 
 class _Compiler:
     def __init__(self, root: Any, *, space: bool) -> None:
-        import jsonschema
 
         self.root = root
         self.colon = '":" " "?' if space else '":"'
@@ -417,16 +444,18 @@ class _Compiler:
         }.get(cls.__name__, 2020)
         if self.draft == 3:
             raise _Refuse("$", "$schema", "draft 3 schemas are not compiled (their keywords differ)")
-        try:
-            cls.check_schema(root)
-        except jsonschema.exceptions.SchemaError as exc:
+        exc = meta_error(cls, root)
+        if exc is not None:
             where = "$"
             for p in exc.absolute_path:
                 where = child(where, p)
-            raise _Refuse(where, "schema", f"not a valid schema: {exc.message}") from None
-        self.validator = cls(root, format_checker=cls.FORMAT_CHECKER)
+            raise _Refuse(where, "schema", f"not a valid schema: {exc.message}")
+        self.validator = cls(root, format_checker=format_checker(cls))
+        self.vocabulary = frozenset(cls.VALIDATORS)
         self.root_id = root.get("$id") or root.get("id") if isinstance(root, dict) else None
         self.failures = _validation_failures()
+        if isinstance(root, dict):
+            self.root = _local_refs(root, "id" if self.draft == 4 else "$id")
 
     def valid(self, schema: Any, value: Any, path: str, construct: str) -> bool:
         """Does ``value`` validate against ``schema`` (a subschema of the root)? A schema the
@@ -500,17 +529,201 @@ class _Compiler:
             if self.draft <= 7 or not siblings:
                 return self.ref(node["$ref"], path, depth, bare)
             node = {"allOf": [{"$ref": node["$ref"]}, siblings]}
-        for key in ("$dynamicRef", "$recursiveRef", "not", "if", "extends", "disallow", "dependentSchemas"):
+        for key in ("$dynamicRef", "$recursiveRef", "extends", "disallow"):
             if key in node and _asserts(node, key):
                 raise _Refuse(path, key, f'"{key}" has no exact grammar equivalent')
         if "const" in node or "enum" in node:
             return self.literals(node, path)
+        rewritten = self.rewrite(node, path, depth)
+        if rewritten is not None:
+            return self.gen(rewritten, path, depth + 1, bare)
         if "allOf" in node and _asserts(node, "allOf"):
             merged, inlined = self.merge_all(node, path, depth, bare)
             return self.gen(merged, path, depth + 1, bare | inlined)
         if ("anyOf" in node and _asserts(node, "anyOf")) or ("oneOf" in node and _asserts(node, "oneOf")):
             return self.alternatives(node, path, depth, bare)
         return self.typed(node, path, depth)
+
+    # ------------------------------------------------------------------ rewriting into anyOf/allOf
+
+    def rewrite(self, node: dict[str, Any], path: str, depth: int) -> dict[str, Any] | None:
+        """``node`` with ``not``, ``if``/``then``/``else``, ``dependentRequired``,
+        ``dependentSchemas`` and ``dependencies`` rewritten into ``allOf``/``anyOf`` of positive
+        schemas (the same values, or fewer with a note), or None when it has none of them."""
+        present = [k for k in _REWRITTEN if k in node]
+        if not present:
+            return None
+        # a keyword the schema's draft does not have constrains nothing (draft 4 has no "if")
+        keys = [k for k in present if k in self.vocabulary and _asserts(node, k)]
+        rest = {k: v for k, v in node.items() if k not in (*_REWRITTEN, "then", "else")}
+        parts: list[Any] = []
+        for key in keys:
+            value = node[key]
+            if key == "not":
+                neg = self.negate(value, child(path, "not"), depth)
+                if neg is None:
+                    raise _Refuse(path, "not", f'"not" of {_brief(value)} has no exact grammar equivalent')
+                parts.append(neg)
+            elif key == "if":
+                then, other = node.get("then", True), node.get("else", True)
+                neg = self.negate(value, child(path, "if"), depth)
+                if neg is None:
+                    raise _Refuse(path, "if", '"if" whose condition cannot be negated has no exact grammar equivalent')
+                parts.append({"anyOf": [_both(value, then), _both(neg, other)]})
+            else:
+                if not isinstance(value, dict):
+                    raise _Refuse(path, key, f'"{key}" must be an object')
+                for name, dep in value.items():
+                    absent = {"properties": {name: False}}
+                    if isinstance(dep, list):
+                        if not all(isinstance(d, str) for d in dep):
+                            raise _Refuse(path, key, f'"{key}" lists must hold property names')
+                        when: Any = {"required": [name, *dep]}
+                    elif key == "dependentRequired":
+                        raise _Refuse(path, key, '"dependentRequired" values must be arrays of names')
+                    else:
+                        when = _both({"required": [name]}, dep)
+                    parts.append({"anyOf": [absent, when]})
+        if not parts:
+            return rest
+        own = rest.get("allOf")
+        components = [*(own if isinstance(own, list) else []), *parts]
+        rest.pop("allOf", None)
+        return {**rest, "allOf": components} if components else rest
+
+    def negate(self, node: Any, path: str, depth: int) -> Any | None:
+        """A schema for the values ``node`` rejects (fewer only where a note says so), or None
+        when that has no grammar here. Keywords of one kind constrain only values of that
+        kind, so ``not {type: string, minLength: 3}`` is "not a string, or a string of at most 2"."""
+        if depth > MAX_DEPTH:
+            raise _Refuse(path, "depth", f"nested deeper than {MAX_DEPTH} schema levels")
+        if node is True:
+            return False
+        if node is False:
+            return True
+        if not isinstance(node, dict):
+            return None
+        if "$ref" in node:
+            ref = node["$ref"]
+            if not isinstance(ref, str):
+                return None
+            target = self.resolve(ref, path)[0]
+            siblings = {k: v for k, v in node.items() if k != "$ref" and _asserts(node, k)}
+            if self.draft <= 7 or not siblings:
+                return self.negate(target, path, depth + 1)
+            node = {"allOf": [target, siblings]}
+        keys = [k for k in node if k in keywords.ASSERTING and _asserts(node, k)]
+        if not keys:
+            return False
+        alts: list[Any] = []
+        for key in keys:
+            neg = self.negate_keyword(node, key, path, depth)
+            if neg is None:
+                return None
+            if neg is True:
+                return True
+            if neg is not False:
+                alts.append(neg)
+        if not alts:
+            return False
+        return alts[0] if len(alts) == 1 else {"anyOf": alts}
+
+    def negate_keyword(self, node: dict[str, Any], key: str, path: str, depth: int) -> Any | None:
+        """The values ``node[key]`` alone rejects (False: none; None: not expressible)."""
+        value = node[key]
+        if key == "type":
+            types = _type_set(value)
+            if types is None:
+                return None
+            others = [t for t in _TYPES if t not in types and not (t == "integer" and "number" in types)]
+            if "integer" in types and "number" not in types:
+                others = [t for t in others if t != "number"]
+                self.notes.append(f"{path}: numbers with a fraction are left out of a negated integer type")
+            return {"type": others} if others else False
+        if key in ("const", "enum"):
+            values = [value] if key == "const" else value
+            return self.negate_literals(values, path) if isinstance(values, list) else None
+        if key == "allOf" and isinstance(value, list):
+            negs = [self.negate(v, path, depth + 1) for v in value]
+            if any(n is None for n in negs):
+                return None
+            negs = [n for n in negs if n is not False]
+            return {"anyOf": negs} if negs else False
+        if key == "anyOf" and isinstance(value, list):
+            negs = [self.negate(v, path, depth + 1) for v in value]
+            if any(n is None for n in negs):
+                return None
+            if any(n is False for n in negs):
+                return False
+            return {"allOf": negs}
+        if key == "not":
+            return value
+        flipped = _FLIPPED_BOUNDS.get(key)
+        if flipped is not None:
+            kind, other, step = flipped
+            if not _num(value) or (self.draft == 4 and key in ("minimum", "maximum") and node.get(_EXCL[key])):
+                return None
+            if step:
+                if not _count(value) or (step < 0 and value == 0):
+                    return False if _count(value) else None
+                return {"type": kind, other: int(value) + step}
+            return {"type": kind, other: value}
+        if key == "required" and isinstance(value, list):
+            names = [n for n in value if isinstance(n, str)]
+            return {"anyOf": [{"type": "object", "properties": {n: False}} for n in names]} if names else False
+        if key == "properties" and isinstance(value, dict):
+            alts = []
+            for name, sub in value.items():
+                neg = self.negate(sub, child(child(path, "properties"), name), depth + 1)
+                if neg is None:
+                    return None
+                if neg is not False:
+                    alts.append({"type": "object", "required": [name], "properties": {name: neg}})
+            return {"anyOf": alts} if alts else False
+        if key == "additionalProperties" and value is False:
+            # an object with a key outside properties/patternProperties: objects are generated
+            # closed, so none is generated (fewer values)
+            self.notes.append(f"{path}: objects with undeclared keys are not generated")
+            return False
+        if key == "items" and isinstance(value, (dict, bool)) and "prefixItems" not in node:
+            neg = self.negate(value, child(path, "items"), depth + 1)
+            if neg is None or neg is False:
+                return neg
+            self.notes.append(f"{path}: only arrays whose first item breaks items are generated")
+            first = {"prefixItems": [neg]} if self.draft >= 2020 else {"items": [neg]}
+            return {"type": "array", "minItems": 1, **first}
+        return None
+
+    def negate_literals(self, values: list[Any], path: str) -> Any:
+        """Every value but ``values``: each kind none of them has, the other booleans, numbers
+        between the excluded ones, and strings outside a finite set (a trie complement regex)."""
+        alts: list[Any] = []
+        kinds = {_kind(v) for v in values}
+        for kind in ("object", "array", "string", "number", "boolean", "null"):
+            if kind not in kinds:
+                alts.append({"type": "number" if kind == "number" else kind})
+        if "boolean" in kinds:
+            rest = [b for b in (True, False) if not any(v is b for v in values)]
+            if rest:
+                alts.append({"enum": rest})
+        if "number" in kinds:
+            points = sorted(
+                {Fraction(repr(v)) if isinstance(v, float) else Fraction(v) for v in values if _kind(v) == "number"}
+            )
+            edges: list[Any] = [None, *points, None]
+            for lo, hi in itertools.pairwise(edges):
+                interval: dict[str, Any] = {"type": "number"}
+                if lo is not None:
+                    interval["exclusiveMinimum"] = _plain(lo)
+                if hi is not None:
+                    interval["exclusiveMaximum"] = _plain(hi)
+                alts.append(interval)
+        if "string" in kinds:
+            strings = [v for v in values if isinstance(v, str)]
+            alts.append({"type": "string", "pattern": _not_one_of(strings)})
+        if kinds & {"array", "object"}:
+            self.notes.append(f"{path}: arrays/objects are left out where a negated enum lists one")
+        return {"anyOf": alts} if alts else False
 
     def ref(self, ref: Any, path: str, depth: int, bare: frozenset[str]) -> str:
         if not isinstance(ref, str):
@@ -580,9 +793,8 @@ class _Compiler:
                     raise _Refuse(path, key, f'"{key}" must be a non-empty array')
                 groups.append((key, alts))
         branches: list[Any] = [rest] if any(_asserts(rest, k) for k in rest) else [{}]
-        for key, alts in groups:
-            if key == "oneOf":
-                self.check_disjoint(alts, rest, path)
+        for key, given in groups:
+            alts = self.exclusive(given, rest, path, depth) if key == "oneOf" else given
             combined = []
             for b in branches:
                 for a in alts:
@@ -604,8 +816,36 @@ class _Compiler:
             raise first
         return _alt(exprs)
 
+    def exclusive(self, alts: list[Any], rest: dict[str, Any], path: str, depth: int) -> list[Any]:
+        """``oneOf`` branches as ``anyOf`` branches: as they are when provably disjoint, else
+        each branch and the negation of every other (refused when one has no negation)."""
+        try:
+            self.check_disjoint(alts, rest, path)
+            return alts
+        except _Unsatisfiable:
+            raise
+        except _Refuse as first:
+            negs = [self.negate(a, child(child(path, "oneOf"), i), depth + 1) for i, a in enumerate(alts)]
+            if any(n is None for n in negs):
+                raise first from None
+            width = [len(n["anyOf"]) if isinstance(n, dict) and isinstance(n.get("anyOf"), list) else 1 for n in negs]
+            if any(math.prod(w for j, w in enumerate(width) if j != i) > MAX_BRANCHES for i in range(len(negs))):
+                raise first from None
+            out = []
+            for i, a in enumerate(alts):
+                others = [n for j, n in enumerate(negs) if j != i and n is not True]
+                out.append({"allOf": [a, *others]} if others else a)
+            return out
+
     def check_disjoint(self, alts: list[Any], rest: dict[str, Any], path: str) -> None:
         targets = [self.flat(a, path) for a in alts]
+        always = [i for i, t in enumerate(targets) if t is True or t == {}]
+        if len(always) > 1:
+            raise _Unsatisfiable(
+                child(child(path, "oneOf"), always[1]),
+                "oneOf",
+                f'"oneOf" branches {always[0]} and {always[1]} both admit every value, so no value is valid',
+            )
         for i, a in enumerate(targets):
             for j, b in enumerate(targets):
                 if i != j and not self.excludes(a, b, rest):
@@ -654,12 +894,16 @@ class _Compiler:
         if not isinstance(comps, list) or not comps:
             raise _Refuse(path, "allOf", '"allOf" must be a non-empty array')
         merged: dict[str, Any] = {k: v for k, v in node.items() if k != "allOf"}
-        chain = set(bare)
-        for comp in self.flatten(comps, path, depth, chain):
+        seen: set[str] = set()
+        for comp in self.flatten(comps, path, depth, frozenset(bare), seen):
             merged = self.merge(merged, comp, path)
-        return merged, frozenset(chain)
+        return merged, frozenset(bare) | frozenset(seen)
 
-    def flatten(self, comps: list[Any], path: str, depth: int, chain: set[str]) -> Iterator[dict[str, Any]]:
+    def flatten(
+        self, comps: list[Any], path: str, depth: int, chain: frozenset[str], seen: set[str]
+    ) -> Iterator[dict[str, Any]]:
+        """The allOf components, refs inlined: ``chain`` holds the refs being expanded (reaching
+        one again is left recursion), ``seen`` those already merged (a second use adds nothing)."""
         if depth > MAX_DEPTH:
             raise _Refuse(path, "allOf", f"allOf nested deeper than {MAX_DEPTH}")
         for given in comps:
@@ -676,21 +920,22 @@ class _Compiler:
                     raise _Refuse(path, "$ref", '"$ref" must be a string')
                 if ref in chain:
                     raise _Refuse(path, "$ref", f"allOf reaches {_q(ref)} again without consuming input")
-                chain.add(ref)
                 target = self.resolve(ref, path)[0]
                 if self.draft <= 7:
                     comp.clear()
-                yield from self.flatten([target], path, depth + 1, chain)
+                if ref not in seen:  # allOf is idempotent: the same target merged twice is merged once
+                    seen.add(ref)
+                    yield from self.flatten([target], path, depth + 1, chain | {ref}, seen)
             if "allOf" in comp:
                 inner = comp.pop("allOf")
                 if not isinstance(inner, list):
                     raise _Refuse(path, "allOf", '"allOf" must be an array')
-                yield from self.flatten(inner, path, depth + 1, chain)
+                yield from self.flatten(inner, path, depth + 1, chain, seen)
             if "oneOf" in comp:
                 alts = comp.pop("oneOf")
                 if not isinstance(alts, list) or not alts:
                     raise _Refuse(path, "oneOf", '"oneOf" must be a non-empty array')
-                self.check_disjoint(alts, comp, path)
+                alts = self.exclusive(alts, comp, path, depth)
                 comp["anyOf"] = (
                     alts if "anyOf" not in comp else [{"allOf": [x, {"anyOf": comp["anyOf"]}]} for x in alts]
                 )
@@ -701,6 +946,12 @@ class _Compiler:
         shape = ("properties", "additionalProperties", "patternProperties")
         if any(k in b for k in shape) and any(k in a for k in shape):
             out.update(self.merge_properties(a, b, path))
+        positional = _POSITIONAL_ITEMS
+        if any(k in b for k in positional) and any(k in a for k in positional):
+            # each component's items/additionalItems apply after its OWN prefix: merge position by position
+            for k in positional:
+                out.pop(k, None)
+            out.update(self.merge_items(a, b, path))
         literal_merge = ("const" in b or "enum" in b) and ("const" in out or "enum" in out)
         if literal_merge:
             mine = _literal_values(out)
@@ -714,6 +965,8 @@ class _Compiler:
             if key in ("const", "enum") and literal_merge:
                 continue
             if key in shape and any(k in a for k in shape):
+                continue
+            if key in positional and any(k in a for k in positional):
                 continue
             if key not in out:
                 out[key] = value
@@ -730,14 +983,21 @@ class _Compiler:
         merged = self.merge_bound(key, mine, other)
         if merged is not None:
             return merged
-        if key == "required" and isinstance(mine, list) and isinstance(other, list):
+        if (
+            key == "required"
+            and isinstance(mine, list)
+            and isinstance(other, list)
+            and all(isinstance(n, str) for n in [*mine, *other])
+        ):
             return list(dict.fromkeys([*mine, *other]))
         if (
-            key in ("items", "additionalItems", "propertyNames", "contains")
+            key in ("items", "additionalItems", "propertyNames")
             and isinstance(mine, (dict, bool))
             and isinstance(other, (dict, bool))
         ):
             return {"allOf": [mine, other]}
+        if key == "not":
+            return {"anyOf": [mine, other]}
         if key == "anyOf" and isinstance(mine, list) and isinstance(other, list):
             product = [{"allOf": [x, y]} for x in mine for y in other]
             if len(product) > MAX_BRANCHES:
@@ -762,6 +1022,39 @@ class _Compiler:
         ):
             return mine or other
         return None
+
+    def positions(self, node: dict[str, Any], path: str) -> tuple[list[Any], Any]:
+        """``node``'s per-position item schemas: (the prefix, the schema of every later item)."""
+        if self.draft >= 2020:
+            prefix, rest = node.get("prefixItems", []), node.get("items", True)
+        else:
+            items = node.get("items", True)
+            prefix, rest = (items, node.get("additionalItems", True)) if isinstance(items, list) else ([], items)
+        if not isinstance(prefix, list):
+            raise _Refuse(path, "prefixItems", '"prefixItems" must be an array')
+        return prefix, rest
+
+    def merge_items(self, a: dict[str, Any], b: dict[str, Any], path: str) -> dict[str, Any]:
+        """Two components' positional item keywords as one: item i must satisfy both
+        components' schema for position i (a prefix entry, or the rest schema beyond it)."""
+        pa, ra = self.positions(a, path)
+        pb, rb = self.positions(b, path)
+        n = max(len(pa), len(pb))
+        prefix = [_both(pa[i] if i < len(pa) else ra, pb[i] if i < len(pb) else rb) for i in range(n)]
+        rest = _both(ra, rb)
+        out: dict[str, Any] = {}
+        if self.draft >= 2020:
+            if prefix:
+                out["prefixItems"] = prefix
+            if rest is not True:
+                out["items"] = rest
+        elif prefix:
+            out["items"] = prefix
+            if rest is not True:
+                out["additionalItems"] = rest
+        elif rest is not True:
+            out["items"] = rest
+        return out
 
     def merge_properties(self, a: dict[str, Any], b: dict[str, Any], path: str) -> dict[str, Any]:
         if "patternProperties" in a or "patternProperties" in b:
@@ -837,7 +1130,7 @@ class _Compiler:
     # ------------------------------------------------------------------ objects
 
     def gen_object(self, node: dict[str, Any], path: str, depth: int) -> str:
-        for key in ("dependentRequired", "dependencies", "unevaluatedProperties", "dependentSchemas"):
+        for key in ("unevaluatedProperties",):
             if key in node and _asserts(node, key):
                 raise _Refuse(path, key, f'"{key}" has no exact grammar equivalent')
         props, required, extra, patterns, names = _object_shape(node, path)
@@ -915,11 +1208,15 @@ class _Compiler:
         (``nonempty``: at least one of them)."""
         if not items:
             return '""'
+        # many properties: every tail and choice a named rule (linear size, shallow nesting)
+        named = len(items) > 8
         tails: list[str] = [""] * (len(items) + 1)
         for i in range(len(items) - 1, -1, -1):
             kv, req = items[i]
             step = f"COMMA {kv}" if req else f"( COMMA {kv} )?"
             tails[i] = f"{step} {tails[i + 1]}".strip()
+            if named:
+                tails[i] = self.rule(f"{path}-tail", tails[i])
         head = ""
         for i in range(len(items) - 1, -1, -1):
             kv, req = items[i]
@@ -929,18 +1226,20 @@ class _Compiler:
             elif not head:
                 head = with_it if nonempty else f"( {with_it} )?"
             else:
-                head = f"( {with_it} | {head} )"
+                head = self.rule(f"{path}-head", f"{with_it} | {head}") if named else f"( {with_it} | {head} )"
         return self.rule(f"{path}-props", head)
 
     # ------------------------------------------------------------------ arrays
 
     def gen_array(self, node: dict[str, Any], path: str, depth: int) -> str:
-        for key in ("contains", "unevaluatedItems"):
+        for key in ("unevaluatedItems",):
             if key in node and _asserts(node, key):
                 raise _Refuse(path, key, f'"{key}" has no exact grammar equivalent')
         lo, hi = _counts(node, path, "minItems", "maxItems")
+        if "contains" in node and _asserts(node, "contains"):
+            return self.gen_contains(node, path, depth, lo, hi)
         if node.get("uniqueItems") is True and (hi is None or hi > 1):
-            raise _Refuse(path, "uniqueItems", '"uniqueItems" has no exact grammar equivalent')
+            return self.gen_unique(node, path, depth, lo, hi)
         if self.draft >= 2020:
             prefix = node.get("prefixItems", [])
             rest: Any = node.get("items", True)
@@ -1005,6 +1304,93 @@ class _Compiler:
         inner = seq(0)
         return self.rule(f"{path}-array", f'"[" {inner} "]"' if inner else '"[]"')
 
+    def item_schemas(self, node: dict[str, Any]) -> tuple[list[Any], Any]:
+        """(prefix item schemas, the schema of the items after them) under the schema's draft."""
+        if self.draft >= 2020:
+            return node.get("prefixItems", []), node.get("items", True)
+        items = node.get("items", True)
+        return (items, node.get("additionalItems", True)) if isinstance(items, list) else ([], items)
+
+    def gen_unique(self, node: dict[str, Any], path: str, depth: int, lo: int, hi: int | None) -> str:
+        """uniqueItems over a finite item domain (enum/const/boolean/null items): each allowed
+        value at most once, in the order listed."""
+        prefix, rest = self.item_schemas(node)
+        target = self.flat(rest, path)
+        domain = _literal_values(target) if isinstance(target, dict) else None
+        if domain is None and isinstance(target, dict):
+            types = _type_set(target.get("type"))
+            if (
+                types
+                and set(types) <= {"boolean", "null"}
+                and all(_asserts(target, k) is False or k == "type" for k in target)
+            ):
+                domain = [v for t, vals in (("boolean", [True, False]), ("null", [None])) if t in types for v in vals]
+        if prefix or domain is None or lo > 1:
+            raise _Refuse(path, "uniqueItems", '"uniqueItems" is compiled only over a finite item domain (enum items)')
+        values: dict[str, Any] = {}
+        for v in domain:
+            if _canon(v) not in values and self.valid(rest, v, path, "uniqueItems"):
+                values[_canon(v)] = v
+        if hi is not None and hi < len(values):
+            raise _Refuse(path, "uniqueItems", f"maxItems {hi} below the {len(values)} unique values is not compiled")
+        if lo == 1 and not values:
+            raise _Unsatisfiable(path, "minItems", "minItems 1 but no item value is allowed")
+        items = [
+            (gbnf_literal(json.dumps(v, ensure_ascii=False, separators=(",", ":"))), False) for v in values.values()
+        ]
+        inner = self.ordered(items, path, nonempty=lo == 1) if items else '""'
+        return self.rule(f"{path}-unique", f'"[" {inner} "]"')
+
+    def gen_contains(self, node: dict[str, Any], path: str, depth: int, lo: int, hi: int | None) -> str:
+        """contains (with minContains/maxContains): items that match it counted between the
+        others, which match its negation; without a negation, only matching items."""
+        prefix, rest = self.item_schemas(node)
+        if prefix or node.get("uniqueItems") is True:
+            raise _Refuse(path, "contains", '"contains" beside prefixItems or uniqueItems is not compiled')
+        cmin, cmax = 1, None
+        if self.draft >= 2019:
+            cmin, cmax = _counts(node, path, "minContains", "maxContains")
+            cmin = node.get("minContains", 1) if _count(node.get("minContains", 1)) else 1
+        if cmax is not None and cmin > cmax:
+            raise _Unsatisfiable(path, "maxContains", "minContains exceeds maxContains")
+        contains = node["contains"]
+        cpath = child(path, "contains")
+        neg = self.negate(contains, cpath, depth + 1)
+        if neg is None or lo > cmin or hi is not None:
+            # only matching items: the count is the length
+            self.notes.append(f"{path}: arrays are generated with matching items only (contains)")
+            low = max(lo, cmin)
+            high = cmax if hi is None else (hi if cmax is None else min(hi, cmax))
+            if high is not None and low > high:
+                raise _Refuse(path, "contains", "contains counts and minItems/maxItems meet in no length")
+            plain = {k: v for k, v in node.items() if k not in ("contains", "minContains", "maxContains")}
+            plain.update({"items": _both(rest, contains), "minItems": low})
+            plain.pop("additionalItems", None)
+            if high is not None:
+                plain["maxItems"] = high
+            else:
+                plain.pop("maxItems", None)
+            return self.gen_array(plain, path, depth)
+        hit = self.gen(_both(rest, contains), cpath, depth + 1, frozenset())
+        saved = self.save()
+        try:
+            miss: str | None = self.gen(_both(rest, neg), cpath, depth + 1, frozenset())
+        except _Unsatisfiable:
+            self.restore(saved)
+            miss = None
+        misses = _repeat(f"COMMA {miss}", 0, None) if miss else ""
+        lead = _repeat(f"{miss} COMMA", 0, None) if miss else ""
+        one = f"{hit} {misses}".strip()
+        more = _repeat(f"COMMA {one}", max(cmin - 1, 0), None if cmax is None else cmax - 1)
+        counted = f"{lead} {one} {more}".strip()
+        if cmin == 0:
+            nothing = f"{miss} {misses}".strip() if miss else ""
+            counted = _alt([c for c in (counted, nothing) if c]) if cmax != 0 else nothing
+            body = _repeat(counted, 0, 1) if counted else '""'
+        else:
+            body = counted
+        return self.rule(f"{path}-contains", f'"[" {body} "]"')
+
     # ------------------------------------------------------------------ strings
 
     def gen_string(self, node: dict[str, Any], path: str) -> str:
@@ -1021,13 +1407,15 @@ class _Compiler:
                     "minLength" if lo > flo else "maxLength",
                     f'length bounds beside "format": {_q(fmt)} are not intersected',
                 )
+            if fmt in _NARROWED_FORMATS:
+                self.notes.append(f'{path}: "format": {_q(fmt)} is generated narrowed: {_NARROWED_FORMATS[fmt]}')
             return f'"\\"" {self.primitive(fmt)} "\\""'
         if isinstance(fmt, str) and fmt in _CHECKED_FORMATS:
             raise _Refuse(path, "format", f'"format": {_q(fmt)} has no grammar here')
         if pattern is not None:
             if not isinstance(pattern, str):
                 raise _Refuse(path, "pattern", '"pattern" must be a string')
-            expr, plo, phi = self.pattern(pattern, path)
+            expr, plo, phi = self.pattern(pattern, path, lo, hi)
             if plo < lo or (hi is not None and (phi is None or phi > hi)):
                 raise _Refuse(
                     path,
@@ -1039,7 +1427,7 @@ class _Compiler:
             return self.primitive("string")
         return self.rule(f"{path}-string", f'"\\"" {_repeat(self.primitive("char"), lo, hi)} "\\""')
 
-    def pattern(self, pattern: str, path: str) -> tuple[str, int, int | None]:
+    def pattern(self, pattern: str, path: str, lo: int = 0, hi: int | None = None) -> tuple[str, int, int | None]:
         try:
             re.compile(pattern)
         except (re.error, OverflowError, RecursionError) as exc:
@@ -1063,24 +1451,41 @@ class _Compiler:
             body = ("cat", items)
             if _has_anchor(body):
                 raise _Refuse(path, "pattern", f"pattern {_q(pattern)} has ^ or $ inside; not compiled")
+            blo, bhi = _regex_lengths(body)
+            bhi = bhi if start and end else None
             try:
-                parts = [self.primitive("char") + "*"] if not start else []
-                parts.append(self.regex_expr(body))
-                if not end:
-                    parts.append(self.primitive("char") + "*")
+                if blo < lo or (hi is not None and (bhi is None or bhi > hi)):
+                    # intersect with minLength/maxLength: repeat counts cut to fit
+                    anyrep = ("rep", ("set", _ANY_CHAR), 0, None)
+                    full = [*([] if start else [anyrep]), *items, *([] if end else [anyrep])]
+                    fitted = _fit_lengths(full, lo, hi)
+                    if fitted is None:
+                        continue
+                    self.notes.append(f"{path}: the pattern's repeats are cut to meet minLength/maxLength")
+                    body = ("cat", fitted)
+                    blo, bhi = _regex_lengths(body)
+                    parts = [self.regex_expr(body)]
+                else:
+                    parts = [self.primitive("char") + "*"] if not start else []
+                    parts.append(self.regex_expr(body))
+                    if not end:
+                        parts.append(self.primitive("char") + "*")
             except _RegexUnsupported as exc:
                 raise _Refuse(path, "pattern", f"pattern {_q(pattern)} {exc}") from None
             exprs.append(" ".join(p for p in parts if p) or '""')
-            blo, bhi = _regex_lengths(body)
-            bhi = bhi if start and end else None
             lo_all = blo if lo_all is None else min(lo_all, blo)
             hi_all = None if hi_all is None or bhi is None else max(hi_all, bhi)
+        if not exprs:
+            raise _Unsatisfiable(path, "maxLength", f"no string matching {_q(pattern)} meets the length bounds")
         return _alt(exprs), lo_all or 0, hi_all
 
     def regex_expr(self, node: tuple[Any, ...]) -> str:
         kind = node[0]
         if kind == "set":
-            return _json_char_set(node[1])
+            if node[1] == _ANY_CHAR:
+                return self.primitive("char")
+            expr = _json_char_set(node[1])
+            return self.rule("class", expr) if len(expr) > 60 else expr
         if kind == "cat":
             parts = [self.regex_expr(n) for n in node[1]]
             return " ".join(p for p in parts if p != '""') or '""'
@@ -1098,9 +1503,11 @@ class _Compiler:
     def gen_number(self, node: dict[str, Any], path: str, *, integer: bool) -> str:
         for key in ("multipleOf", "divisibleBy"):
             if key in node:
-                if not (_num(node[key]) and node[key] == 1):
-                    raise _Refuse(path, key, f'"{key}" has no exact grammar equivalent')
-                integer = True
+                step = node[key]
+                if _num(step) and step == 1:
+                    integer = True
+                    continue
+                return self.gen_multiples(node, path, key, integer=integer)
         lo = self.bound(node, path, "minimum", "exclusiveMinimum")
         hi = self.bound(node, path, "maximum", "exclusiveMaximum")
         if lo is None and hi is None:
@@ -1114,30 +1521,89 @@ class _Compiler:
         if ilo is None or ihi is None or ilo <= ihi:
             parts.append(integer_range(ilo, ihi))
         if not integer:
-            parts.extend(self.fractions(lo, hi))
+            parts.extend(self.fractions(lo, hi, path))
         if not parts:
-            raise _Refuse(path, "minimum", "no integer and no number with up to 6 decimals meets the bounds")
+            raise _Refuse(
+                path,
+                "minimum",
+                f"no integer and no number with at most {FRACTION_DIGITS} decimals and an integer part below "
+                f"10^9 meets the bounds (the grammar narrows numbers to those; "
+                f"{_bound_text(lo, True)}, {_bound_text(hi, False)})",
+            )
         return self.rule(f"{path}-{'integer' if integer else 'number'}", _alt(parts))
 
-    def fractions(self, lo: _Bound | None, hi: _Bound | None) -> list[str]:
-        """Numbers with a fraction part ``k.ddd`` (|k| < 10^9, 1-6 digits: no rounding onto a bound)."""
-        frac = '"." [0-9]{1,6}'
-        cap = 10**9 - 1
+    def gen_multiples(self, node: dict[str, Any], path: str, key: str, *, integer: bool) -> str:
+        """Integer multiples of an integer step within bounds, listed (at most MAX_BRANCHES*4)."""
+        step = node[key]
+        lo = self.bound(node, path, "minimum", "exclusiveMinimum")
+        hi = self.bound(node, path, "maximum", "exclusiveMaximum")
+        if not (isinstance(step, int) and not isinstance(step, bool) and step > 0) or lo is None or hi is None:
+            raise _Refuse(path, key, f'"{key}" is compiled only for an integer step between two bounds')
+        first = -(-_int_at_least(lo) // step) * step
+        last = (_int_at_most(hi) // step) * step
+        count = (last - first) // step + 1
+        if count > 4 * MAX_BRANCHES:
+            raise _Refuse(path, key, f'"{key}" admits {count} values between the bounds (at most {4 * MAX_BRANCHES})')
+        if count <= 0:
+            raise _Unsatisfiable(path, key, f"no multiple of {step} lies between the bounds")
+        return self.rule(f"{path}-multiple", _alt([gbnf_literal(str(v)) for v in range(first, last + 1, step)]))
+
+    def fractions(self, lo: _Bound | None, hi: _Bound | None, path: str) -> list[str]:
+        """Numbers written with a fraction part ``k.ddd`` (|k| < 10^9, 1-6 fraction digits: at
+        most 15 significant digits, so the float a validator parses orders exactly like the
+        decimal against a bound of at most 15 significant digits), exactly within the bounds."""
+        dlo = None if lo is None else _decimal_bound(lo)
+        dhi = None if hi is None else _decimal_bound(hi)
+        if (lo is not None and dlo is None) or (hi is not None and dhi is None):
+            self.notes.append(
+                f"{path}: a bound has more than 15 significant digits; only integers are generated "
+                "(decimals could round onto the bound when parsed)"
+            )
+            return []
         parts = []
-        # non-negative: k.ddd ∈ [k, k+1): needs k to satisfy lo and k+1 <= hi
-        k_lo = max(0, _int_at_least(lo)) if lo is not None else 0
-        k_hi = min(cap, math.floor(hi.value) - 1) if hi is not None else cap
-        if k_lo <= k_hi:
-            parts.append(f"{_nonneg_range(k_lo, k_hi)} {frac}")
-        # negative: -k.ddd ∈ (-(k+1), -k]: needs -k to satisfy hi and -(k+1) >= lo
-        if lo is None or lo.value < 0:
-            m_lo = 0
-            if hi is not None:
-                m_lo = max(0, -_int_at_most(hi))
-            m_hi = min(cap, math.floor(-lo.value) - 1) if lo is not None else cap
-            if m_lo <= m_hi:
-                parts.append(f'"-" {_nonneg_range(m_lo, m_hi)} {frac}')
+        # non-negative: magnitude in [max(lo, 0), hi]
+        if dhi is None or dhi.value >= 0:
+            low = dlo if dlo is not None and dlo.value >= 0 else _Bound(Fraction(0), False)
+            expr = self.magnitudes(low, dhi)
+            if expr:
+                parts.append(expr)
+        # negative: -m with m in [max(-hi, 0), -lo]
+        if dlo is None or dlo.value < 0:
+            low = _Bound(-dhi.value, dhi.exclusive) if dhi is not None and dhi.value <= 0 else _Bound(Fraction(0), True)
+            high = None if dlo is None else _Bound(-dlo.value, dlo.exclusive)
+            expr = self.magnitudes(low, high)
+            if expr:
+                parts.append(f'"-" {expr}' if _is_atom(expr) else f'"-" ( {expr} )')
         return parts
+
+    def magnitudes(self, lo: _Bound, hi: _Bound | None) -> str | None:
+        """``I.ddd`` (0 <= I < 10^9, 1-6 fraction digits) with lo <= value <= hi (strict where exclusive)."""
+        cap = FRACTION_INT_CAP
+        i_lo = math.floor(lo.value)
+        lo_digits = _fraction_digits(lo.value - i_lo)
+        if hi is None or hi.value >= cap + 1:
+            i_hi, hi_digits, hi_strict = cap, None, False
+        else:
+            i_hi = math.floor(hi.value)
+            hi_digits, hi_strict = _fraction_digits(hi.value - i_hi), hi.exclusive
+        if i_lo > i_hi:
+            return None
+        frac = _FractionDigits(FRACTION_DIGITS, self.rule)
+        parts = []
+        if i_lo == i_hi:
+            tail = frac.expr(lo_digits, lo.exclusive, hi_digits, hi_strict)
+            if tail is not None:
+                parts.append(f"{gbnf_literal(str(i_lo) + '.')} {tail}")
+        else:
+            tail = frac.expr(lo_digits, lo.exclusive, None, False)
+            if tail is not None:
+                parts.append(f"{gbnf_literal(str(i_lo) + '.')} {tail}")
+            if i_lo + 1 <= i_hi - 1:
+                parts.append(f'{_nonneg_range(i_lo + 1, i_hi - 1)} "." {frac.expr(None, False, None, False)}')
+            tail = frac.expr(None, False, hi_digits, hi_strict)
+            if tail is not None:
+                parts.append(f"{gbnf_literal(str(i_hi) + '.')} {tail}")
+        return _alt(parts) if parts else None
 
     def bound(self, node: dict[str, Any], path: str, plain: str, exclusive: str) -> _Bound | None:
         best: _Bound | None = None
@@ -1163,6 +1629,100 @@ class _Compiler:
         return best
 
 
+_BASE = "https://localllm.invalid/root.json"
+_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
+
+
+def _local_refs(root: dict[str, Any], id_key: str) -> dict[str, Any]:
+    """``root`` with every ``$ref`` that names a resource of this document (a nested ``$id``,
+    an ``$anchor``, a draft-7 ``"$id": "#name"``) rewritten as a ``#/...`` pointer from the
+    root, and those ``$id``/``$anchor`` keys dropped; the structure (so every JSON path) is
+    unchanged. Refs to other documents are left as they are (refused when followed)."""
+    from urllib.parse import quote, urldefrag, urljoin
+
+    def has_ids(node: Any, top: bool) -> bool:
+        if isinstance(node, list):
+            return any(has_ids(v, False) for v in node)
+        if not isinstance(node, dict):
+            return False
+        ref = node.get("$ref")
+        if "$anchor" in node or (not top and isinstance(node.get(id_key), str)):
+            return True
+        if isinstance(ref, str) and ref != "#" and not ref.startswith("#/"):
+            return True
+        return any(has_ids(v, False) for k, v in node.items() if k not in _DATA_KEYWORDS)
+
+    if not has_ids(root, True):
+        return root
+    top_id = root.get(id_key)
+    root_base = urldefrag(urljoin(_BASE, top_id))[0] if isinstance(top_id, str) else _BASE
+    resources: dict[str, list[str | int]] = {root_base: []}
+    anchors: dict[tuple[str, str], list[str | int]] = {}
+    bases: dict[int, str] = {}
+
+    def index(node: Any, base: str, pointer: list[str | int]) -> None:
+        if isinstance(node, list):
+            for i, v in enumerate(node):
+                index(v, base, [*pointer, i])
+            return
+        if not isinstance(node, dict):
+            return
+        ident = node.get(id_key)
+        if isinstance(ident, str) and pointer and not ("$ref" in node and id_key == "id"):
+            joined = urljoin(base, ident)
+            doc, frag = urldefrag(joined)
+            if ident.startswith("#"):
+                anchors[(doc, frag)] = pointer
+            else:
+                base = doc
+                resources[doc] = pointer
+                if frag:
+                    anchors[(doc, frag)] = pointer
+        if isinstance(node.get("$anchor"), str):
+            anchors[(base, node["$anchor"])] = pointer
+        bases[id(node)] = base
+        for k, v in node.items():
+            if k not in _DATA_KEYWORDS:
+                index(v, base, [*pointer, k])
+
+    index(root, root_base, [])
+
+    def escape(token: str | int) -> str:
+        return quote(str(token).replace("~", "~0").replace("/", "~1"), safe="~!$&'()*+,;=:@")
+
+    def rewrite(node: Any, top: bool) -> Any:
+        if isinstance(node, list):
+            return [rewrite(v, False) for v in node]
+        if not isinstance(node, dict):
+            return node
+        out: dict[str, Any] = {}
+        base = bases.get(id(node), root_base)
+        for k, v in node.items():
+            if k in _DATA_KEYWORDS:
+                out[k] = v
+            elif k in ("$anchor",) or (k == id_key and not top and isinstance(v, str)):
+                continue
+            elif k == "$ref" and isinstance(v, str):
+                doc, frag = urldefrag(urljoin(base, v))
+                target: list[str | int] | None = None
+                if frag.startswith("/") or not frag:
+                    start = resources.get(doc)
+                    if start is not None:
+                        from urllib.parse import unquote
+
+                        extra = [unquote(t).replace("~1", "/").replace("~0", "~") for t in frag.split("/")[1:]]
+                        target = [*start, *extra]
+                else:
+                    target = anchors.get((doc, frag))
+                out[k] = v if target is None else "#" + "".join("/" + escape(t) for t in target)
+            else:
+                out[k] = rewrite(v, False)
+        return out
+
+    rewritten: dict[str, Any] = rewrite(root, True)
+    return rewritten
+
+
 def _validation_failures() -> tuple[type[BaseException], ...]:
     """What jsonschema may raise while evaluating a schema it accepted (bad refs, odd values)."""
     import jsonschema
@@ -1181,6 +1741,113 @@ def _validation_failures() -> tuple[type[BaseException], ...]:
         OverflowError,
         re.error,
     )
+
+
+def _bound_text(b: _Bound | None, lower: bool) -> str:
+    if b is None:
+        return "no lower bound" if lower else "no upper bound"
+    op = (">" if b.exclusive else ">=") if lower else ("<" if b.exclusive else "<=")
+    return f"value {op} {float(b.value) if b.value.denominator != 1 else b.value}"
+
+
+def _decimal_bound(b: _Bound) -> _Bound | None:
+    """``b`` as the shortest decimal that denotes it (what the schema author wrote: 0.1, not
+    the binary 0.1000000000000000055…), or None when that has more than 15 significant digits."""
+    if b.value.denominator == 1:
+        return b
+    text = repr(float(b.value))
+    mantissa = text.split("e")[0].replace("-", "").replace(".", "").lstrip("0")
+    if len(mantissa) > 15:
+        return None
+    return _Bound(Fraction(text), b.exclusive)
+
+
+def _fraction_digits(frac: Fraction) -> str:
+    """The decimal digits of ``0 <= frac < 1`` without trailing zeros (frac is a finite decimal)."""
+    digits = ""
+    while frac:
+        frac *= 10
+        d = math.floor(frac)
+        digits += str(d)
+        frac -= d
+        if len(digits) > 40:
+            break
+    return digits
+
+
+class _FractionDigits:
+    """Digit strings ``t`` (1..n digits) with ``0.lo <(=) 0.t <(=) 0.hi``, as GBNF rules.
+
+    A bound is its digit string without trailing zeros (None: no bound on that side); the
+    walk keeps, per side, the bound's digits still to compare (None once ``t`` is strictly
+    inside), so each state is one rule and digits with the same next state share a class.
+    """
+
+    def __init__(self, n: int, rule: Any) -> None:
+        self.n = n
+        self.rule = rule
+        self.memo: dict[tuple[str | None, bool, str | None, bool, int, bool], str | None] = {}
+        self.ls = self.hs = False
+
+    def expr(self, lo: str | None, lo_strict: bool, hi: str | None, hi_strict: bool) -> str | None:
+        self.ls, self.hs = lo_strict, hi_strict
+        return self.state(lo, hi, self.n, True)
+
+    def state(self, lo: str | None, hi: str | None, m: int, need: bool) -> str | None:
+        ls, hs = self.ls, self.hs
+        key = (lo, ls, hi, hs, m, need)
+        if key in self.memo:
+            return self.memo[key]
+        if lo is None and hi is None:
+            out: str | None = _repeat("[0-9]", 1 if need else 0, m) if m else (None if need else '""')
+            self.memo[key] = out
+            return out
+        alts: list[str] = []
+        # the string may end here (0.t's remaining digits are 0)
+        lo_ok = lo is None or (lo == "" and not ls)
+        hi_ok = hi is None or hi != "" or not hs
+        can_end = not need and lo_ok and hi_ok
+        if m > 0:
+            groups: dict[tuple[str | None, str | None], list[int]] = {}
+            for d in range(10):
+                nlo: str | None
+                if lo is None:
+                    nlo = None
+                elif lo == "":
+                    nlo = None if d > 0 else ""
+                else:
+                    if d < int(lo[0]):
+                        continue
+                    nlo = None if d > int(lo[0]) else lo[1:]
+                nhi: str | None
+                if hi is None:
+                    nhi = None
+                elif hi == "":
+                    if d > 0:
+                        continue
+                    nhi = ""
+                else:
+                    if d > int(hi[0]):
+                        continue
+                    nhi = None if d < int(hi[0]) else hi[1:]
+                groups.setdefault((nlo, nhi), []).append(d)
+            for (nlo, nhi), ds in groups.items():
+                rest = self.state(nlo, nhi, m - 1, False)
+                if rest is None:
+                    continue
+                cls = f"[{ds[0]}]" if len(ds) == 1 else f"[{ds[0]}-{ds[-1]}]"
+                if len(ds) > 1 and ds != list(range(ds[0], ds[-1] + 1)):
+                    cls = "[" + "".join(str(d) for d in ds) + "]"
+                alts.append(cls if rest == '""' else f"{cls} {rest}")
+        if not alts:
+            out = '""' if can_end else None
+        else:
+            body = " | ".join(alts)
+            if can_end:
+                body = f"( {body} )?" if len(alts) > 1 else _repeat(alts[0], 0, 1)
+            out = self.rule(f"frac-{lo}-{hi}-{m}", body) if (len(alts) > 1 or can_end) else alts[0]
+        self.memo[key] = out
+        return out
 
 
 def _int_at_least(b: _Bound) -> int:
@@ -1287,6 +1954,58 @@ def _canon(value: Any) -> str:
         return repr(value)
 
 
+_POSITIONAL_ITEMS = ("prefixItems", "items", "additionalItems")
+#: keywords rewritten into allOf/anyOf before generation
+_REWRITTEN = ("not", "if", "dependentRequired", "dependentSchemas", "dependencies")
+#: a bound's negation: (the kind it applies to, the opposite keyword, +/-1 for counts, 0 for numbers)
+_FLIPPED_BOUNDS: dict[str, tuple[str, str, int]] = {
+    "minimum": ("number", "exclusiveMaximum", 0),
+    "maximum": ("number", "exclusiveMinimum", 0),
+    "exclusiveMinimum": ("number", "maximum", 0),
+    "exclusiveMaximum": ("number", "minimum", 0),
+    "minLength": ("string", "maxLength", -1),
+    "maxLength": ("string", "minLength", 1),
+    "minItems": ("array", "maxItems", -1),
+    "maxItems": ("array", "minItems", 1),
+    "minProperties": ("object", "maxProperties", -1),
+    "maxProperties": ("object", "minProperties", 1),
+}
+_EXCL = {"minimum": "exclusiveMinimum", "maximum": "exclusiveMaximum"}
+
+
+def _brief(value: Any) -> str:
+    text = _q(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _plain(value: Fraction) -> int | float:
+    return int(value) if value.denominator == 1 else float(value)
+
+
+def _not_one_of(strings: list[str]) -> str:
+    """A Python regex matching every string except those listed (a trie's complement)."""
+    trie: dict[str, Any] = {}
+    for text in strings:
+        node = trie
+        for ch in text:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+    anything = "(?:.|\\n)"
+
+    def esc(ch: str) -> str:
+        return f"\\U{ord(ch):08X}"
+
+    def comp(node: dict[str, Any]) -> str:
+        chars = sorted(k for k in node if k)
+        parts = [] if "" in node else [""]
+        other = f"[^{''.join(esc(c) for c in chars)}]" if chars else anything
+        parts.append(f"{other}{anything}*")
+        parts.extend(f"{esc(c)}(?:{comp(node[c])})" for c in chars)
+        return "|".join(parts)
+
+    return f"^(?:{comp(trie)})$"
+
+
 def _both(a: Any, b: Any) -> Any:
     if a is True or a == {}:
         return b
@@ -1335,6 +2054,7 @@ _ASCII = [(0, 0x7F)]
 _JSON_ESCAPES = {0x22: '\\"', 0x5C: "\\\\", 0x08: "\\b", 0x0C: "\\f", 0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t"}
 # what may appear raw inside a JSON string: no quote, backslash, control, DEL or surrogate
 _RAW_OK = [(0x20, 0x21), (0x23, 0x5B), (0x5D, 0x7E), (0x80, 0xD7FF), (0xE000, _MAX_CP)]
+_ANY_CHAR = [(0, _MAX_CP)]
 
 
 class _RegexUnsupported(Exception):
@@ -1383,9 +2103,60 @@ def _json_char_set(ranges: list[tuple[int, int]]) -> str:
     for cp, esc in _JSON_ESCAPES.items():
         if any(lo <= cp <= hi for lo, hi in ranges):
             parts.append(gbnf_literal(esc))
+    # other control characters only as \u00XX escapes
+    controls = _complement([(cp, cp) for cp in _JSON_ESCAPES], [(0, 0x1F)])
+    for lo, hi in _intersect(ranges, controls):
+        for cp in range(lo, hi + 1):
+            parts.append(gbnf_literal(f"\\u{cp:04x}"))
     if not parts:
         raise _RegexUnsupported("has a character class with no character a JSON string can hold here")
     return _alt(parts)
+
+
+def _fit_lengths(items: list[tuple[Any, ...]], lo: int, hi: int | None) -> list[tuple[Any, ...]] | None:
+    """``items`` (a concatenation) with repeat counts cut so every match is lo..hi characters
+    long (fewer strings, each still a match), None when no match can be; raises when a
+    variable-length part is not a repeat of a fixed-length piece."""
+    lens = [_regex_lengths(n) for n in items]
+    if hi is not None and sum(a for a, _ in lens) > hi:
+        return None
+    out = list(items)
+
+    def piece(n: tuple[Any, ...]) -> int:
+        a, b = _regex_lengths(n[1])
+        if n[0] != "rep" or a != b or a == 0:
+            raise _RegexUnsupported("has a variable-length part that cannot be cut to the length bounds")
+        return a
+
+    if hi is not None:
+        budget = hi - sum(a for a, _ in lens)
+        for i, (a, b) in enumerate(lens):
+            if a == b:
+                continue
+            n = out[i]
+            size = piece(n)
+            room = budget // size if n[3] is None else min(budget // size, n[3] - n[2])
+            out[i] = ("rep", n[1], n[2], n[2] + room)
+            budget -= room * size
+    deficit = lo - sum(_regex_lengths(n)[0] for n in out)
+    for i, n in enumerate(out):
+        if deficit <= 0:
+            break
+        a, b = _regex_lengths(n)
+        if a == b:
+            continue
+        size = piece(n)
+        add = -(-deficit // size)
+        if n[3] is not None:
+            add = min(add, n[3] - n[2])
+        out[i] = ("rep", n[1], n[2] + add, n[3])
+        deficit -= add * size
+    total_lo = sum(_regex_lengths(n)[0] for n in out)
+    highs = [_regex_lengths(n)[1] for n in out]
+    total_hi = None if None in highs else sum(h for h in highs if h is not None)
+    if total_lo < lo or (hi is not None and (total_hi is None or total_hi > hi)):
+        return None
+    return out
 
 
 def _has_anchor(node: tuple[Any, ...]) -> bool:
@@ -1547,11 +2318,25 @@ class _RegexParser:
             return ("bol",)
         if c == "Z" and not in_class:
             return ("eol",)
-        if c == "0":
-            return ("set", [(0, 0)])
+        if c in "01234567" and (c == "0" or in_class or self.octal_at(self.pos, 2)):
+            # an octal escape as Python's re reads it: \0 plus up to two octal digits, inside a
+            # class any \1-\7 too; outside a class \1-\7 needs three digits (else a backreference)
+            digits = c
+            while len(digits) < 3 and self.octal_at(self.pos, 1):
+                digits += self.s[self.pos]
+                self.pos += 1
+            cp = int(digits, 8)
+            if cp > 0o377:
+                raise _RegexUnsupported("has an octal escape above \\377")
+            return ("set", [(cp, cp)])
         if c.isalnum():
             raise _RegexUnsupported(f'uses "\\{c}", which has no grammar equivalent here')
         return ("set", [(ord(c), ord(c))])
+
+    def octal_at(self, pos: int, n: int) -> bool:
+        """Are the ``n`` characters at ``pos`` octal digits?"""
+        chunk = self.s[pos : pos + n]
+        return len(chunk) == n and all(ch in "01234567" for ch in chunk)
 
     def char_class(self) -> list[tuple[int, int]]:
         negate = self.peek() == "^"

@@ -89,6 +89,8 @@ def asserts(node: Mapping[str, Any], key: str) -> bool:
         and isinstance(value, list)
         and value
         and all(v is True or v == {} for v in value)
+        # oneOf of two or more always-true branches: every value matches more than one, none is valid
+        and (key != "oneOf" or len(value) == 1)
     ):
         return False
     return not (key in ("minItems", "minLength", "minProperties") and value == 0 and not isinstance(value, bool))

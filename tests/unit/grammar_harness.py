@@ -13,6 +13,7 @@ from typing import Any
 import jsonschema
 
 from localllm.grammar.compile import CompiledGrammar, compile_schema, validator_class
+from localllm.grammar.formats import format_checker
 from localllm.grammar.walk import Grammar
 from tests.conftest import REPO
 
@@ -42,7 +43,8 @@ def _time(value: object) -> bool:
 def validator(schema: Any) -> Any:
     """The jsonschema validator for the schema's draft, formats asserted (date-time and time strictly)."""
     cls = validator_class(schema)
-    checker = jsonschema.FormatChecker(list(cls.FORMAT_CHECKER.checkers))
+    checker = jsonschema.FormatChecker([])
+    checker.checkers = dict(format_checker(cls).checkers)
     checker.checks("date-time")(_date_time)
     checker.checks("time")(_time)
     return cls(schema, format_checker=checker)

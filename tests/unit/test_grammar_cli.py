@@ -150,3 +150,51 @@ def test_a_corpus_entry_whose_schema_is_not_an_object_is_refused(
     [doc] = json.loads(capsys.readouterr().out)
     assert (doc["file"], doc["ok"], doc["kind"]) == (str(entry), False, "schema_error")
     assert str(entry) in doc["detail"]
+
+
+# ---------------------------------------------------------------------------- grammar compile
+
+
+def test_compile_prints_the_grammar_and_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from localllm.grammar.walk import Grammar
+
+    path = write(tmp_path, "ok.json", OK)
+    assert main(["grammar", "compile", str(path)]) == 0
+    text = capsys.readouterr().out
+    g = Grammar.parse(text)  # what is printed is the grammar itself
+    assert g.matches('{"a":7}') and not g.matches('{"a":10}')
+
+
+def test_compile_notes_a_narrowed_format(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, "uri.json", {"type": "string", "format": "hostname"})
+    assert main(["grammar", "compile", "--json", str(path)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["exact"] and result["grammar"].startswith("root ::=")
+    assert len(result["notes"]) == 1 and result["notes"][0].startswith("$:")
+
+
+def test_compile_explain_lists_every_refusal_with_a_hint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "string", "pattern": "^(?=a)a$"},
+            "b": {"type": "string", "format": "duration"},
+            "c": {"type": "integer", "minimum": 1},
+        },
+    }
+    path = write(tmp_path, "bad.json", schema)
+    assert main(["grammar", "compile", str(path)]) == 1
+    plain = capsys.readouterr().out
+    assert plain.count("refused $.") == 1
+    assert main(["grammar", "compile", "--explain", "--json", str(path)]) == 1
+    result = json.loads(capsys.readouterr().out)
+    assert result["grammar"] is None
+    assert [(r["path"], r["construct"]) for r in result["refusals"]] == [
+        ("$.properties.a", "pattern"),
+        ("$.properties.b", "format"),
+    ]
+    assert all(r["hint"] for r in result["refusals"])
+
+
+def test_compile_unreadable_file_exits_2(tmp_path: Path) -> None:
+    assert main(["grammar", "compile", str(tmp_path / "missing.json")]) == 2

@@ -1,0 +1,290 @@
+"""Schema -> grammar compilers side by side on a seeded JSONSchemaBench sample.
+
+Per engine and subset: exact-compile rate (compiled without error), the sample's invalid
+instances the grammar admits (must be 0 for localllm), the valid instances it admits
+(compact JSON, the instance's own key order), and compile time p50/p95. Engines:
+
+- localllm: ``compile_schema`` (instances checked with the GBNF walker, localllm.grammar.walk);
+- llama.cpp's converter: ``json_schema_to_gbnf`` of the pinned llama-cpp-python 0.3.36 tree in
+  the user cache (the Python port of ``json-schema-to-grammar.cpp``), instances checked with
+  the same walker;
+- LLGuidance (``llguidance.JsonCompiler``) and outlines-core (``build_regex_from_schema``,
+  instances checked with Python ``re``): compile only / regex, when installed (test-only
+  extra ``bench-grammar``);
+- XGrammar: when importable (it needs torch; skipped on this machine otherwise).
+
+Compile time is the engine's own call (GBNF is parsed by the walker outside it).
+The sample (``tests/bench/data/jsonschemabench_sample.jsonl``) is built by ``--make-sample
+MIRROR``: from ``maskbench/data`` of guidance-ai/jsonschemabench (schemas with their shipped
+valid/invalid tests), per subset the first N by sha256(seed + name), excluding schemas in
+grammar/realworld. Not a test: no asserts. Hold ``flock /tmp/bench.lock`` for timing runs.
+
+    python tests/bench/bench_grammar.py [--smoke] [--json OUT]
+    python tests/bench/bench_grammar.py --make-sample /path/to/jsonschemabench/repo [--per-subset 12]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from localllm.grammar.compile import compile_schema  # noqa: E402
+from localllm.grammar.walk import Grammar, GrammarSyntaxError  # noqa: E402
+
+SAMPLE = Path(__file__).parent / "data" / "jsonschemabench_sample.jsonl"
+REALWORLD = REPO / "grammar" / "realworld" / "schemas.jsonl"
+LLAMA_GRAMMAR = (
+    Path.home() / ".cache/localllm/build/llama-cpp-python-0.3.36/llama_cpp_python-0.3.36/llama_cpp/llama_grammar.py"
+)
+SOURCE = "https://github.com/guidance-ai/jsonschemabench maskbench/data at commit {commit}"
+LICENSE = (
+    "no LICENSE file in the repository; schemas curated from public sources (json-schema-corpus, "
+    "GlaiveAI, Kubernetes, JSON Schema Store, Snowplow, Washington Post, BFCL, json-mode-eval): their terms apply"
+)
+ADVERSARIAL = ("Handwritten", "Synthesized")
+
+
+def subset_of(name: str) -> str:
+    stem = name.rsplit("/", 1)[-1].removesuffix(".json")
+    if "---" in stem:
+        return stem.split("---")[0]
+    return re.sub(r"_\d+$", "", stem)
+
+
+def make_sample(mirror: Path, per_subset: int, seed: int) -> None:
+    taken = {json.loads(line)["id"].split("/", 2)[-1] for line in REALWORLD.read_text().splitlines()}
+    commit = subprocess.run(
+        ["git", "-C", str(mirror), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout
+    names = subprocess.run(
+        ["git", "-C", str(mirror), "ls-tree", "--name-only", "HEAD", "maskbench/data/"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    by_subset: dict[str, list[str]] = defaultdict(list)
+    for name in names:
+        stem = name.rsplit("/", 1)[-1].removesuffix(".json")
+        if stem.split("---")[-1] in taken:
+            continue
+        by_subset[subset_of(name)].append(name)
+    SAMPLE.parent.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for subset in sorted(by_subset):
+        ranked = sorted(by_subset[subset], key=lambda n: hashlib.sha256(f"{seed}:{n}".encode()).hexdigest())
+        kept = 0
+        for name in ranked:
+            if kept >= per_subset:
+                break
+            text = subprocess.run(
+                ["git", "-C", str(mirror), "show", f"HEAD:{name}"], capture_output=True, text=True, check=True
+            ).stdout
+            if len(text) > 20_000:
+                continue
+            doc = json.loads(text)
+            entry = {
+                "id": f"jsb/{subset}/{name.rsplit('/', 1)[-1].removesuffix('.json')}",
+                "subset": subset,
+                "source": SOURCE.format(commit=commit.strip()[:8]) + f" {name}",
+                "license": LICENSE,
+                "schema": doc["schema"],
+                "tests": doc.get("tests", []),
+            }
+            lines.append(json.dumps(entry, ensure_ascii=False))
+            kept += 1
+    SAMPLE.write_text("\n".join(lines) + "\n")
+    print(f"wrote {len(lines)} schemas to {SAMPLE}")
+
+
+# ---------------------------------------------------------------------------- engines
+
+
+def _llama_converter() -> Any:
+    if not LLAMA_GRAMMAR.exists():
+        return None
+    spec = importlib.util.spec_from_file_location("llama_grammar_port", LLAMA_GRAMMAR)
+    if spec is None or spec.loader is None:
+        return None
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception:
+        return None
+    return module.json_schema_to_gbnf
+
+
+def engines() -> dict[str, Any]:
+    out: dict[str, Any] = {}
+
+    def localllm(schema: Any) -> Any:
+        compiled = compile_schema(schema)
+        if compiled.grammar is None:
+            raise ValueError(compiled.refusals[0].construct)
+        return compiled.grammar
+
+    out["localllm"] = localllm
+    convert = _llama_converter()
+    if convert is not None:
+        out["llama.cpp"] = lambda schema: convert(json.dumps(schema))
+    try:
+        import llguidance
+
+        compiler = llguidance.JsonCompiler()
+        out["llguidance"] = lambda schema: (compiler.compile(json.dumps(schema)), None)[1]
+    except ImportError:
+        pass
+    try:
+        from outlines_core.json_schema import build_regex_from_schema
+
+        def outlines(schema: Any) -> Any:
+            return re.compile(build_regex_from_schema(json.dumps(schema)))
+
+        out["outlines-core"] = outlines
+    except ImportError:
+        pass
+    try:
+        import xgrammar
+
+        out["xgrammar"] = lambda schema: (xgrammar.Grammar.from_json_schema(json.dumps(schema)), None)[1]
+    except Exception:
+        pass
+    return out
+
+
+def admits(matcher: Any, value: Any) -> bool | None:
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    if isinstance(matcher, Grammar):
+        try:
+            return matcher.matches(text)
+        except (RecursionError, GrammarSyntaxError):
+            return None
+    if isinstance(matcher, re.Pattern):
+        return matcher.fullmatch(text) is not None
+    return None
+
+
+def run(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    table: dict[str, dict[str, dict[str, Any]]] = {}
+    for name, engine in engines().items():
+        per: dict[str, dict[str, Any]] = defaultdict(
+            lambda: {
+                "schemas": 0,
+                "compiled": 0,
+                "valid": 0,
+                "valid_admitted": 0,
+                "invalid": 0,
+                "invalid_admitted": 0,
+                "times": [],
+                "refusals": defaultdict(int),
+            }
+        )
+        for entry in entries:
+            row = per[entry["subset"]]
+            row["schemas"] += 1
+            start = time.perf_counter()
+            try:
+                matcher = engine(entry["schema"])
+            except Exception as exc:
+                row["times"].append(time.perf_counter() - start)
+                row["refusals"][str(exc)[:40] if name == "localllm" else type(exc).__name__] += 1
+                continue
+            row["times"].append(time.perf_counter() - start)
+            if isinstance(matcher, str):  # GBNF text: read by the walker, outside the timing
+                try:
+                    matcher = Grammar.parse(matcher)
+                except (GrammarSyntaxError, RecursionError) as exc:
+                    row["refusals"][type(exc).__name__] += 1
+                    continue
+            row["compiled"] += 1
+            for test in entry["tests"]:
+                ok = admits(matcher, test["data"])
+                if ok is None:
+                    continue
+                key = "valid" if test["valid"] else "invalid"
+                row[key] += 1
+                row[f"{key}_admitted"] += int(ok)
+        table[name] = per
+    return table
+
+
+def report(table: dict[str, Any]) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    print("| engine | subset | exact-compile | invalid admitted | valid admitted | compile p50 / p95 ms |")
+    print("|---|---|---|---|---|---|")
+    for name, per in table.items():
+        groups = {
+            "real-world": [s for s in per if s not in ADVERSARIAL],
+            "adversarial": [s for s in per if s in ADVERSARIAL],
+        }
+        for subset in [*sorted(per), *groups]:
+            rows = [per[s] for s in groups[subset]] if subset in groups else [per[subset]]
+            if not rows:
+                continue
+            total = {
+                k: sum(r[k] for r in rows)
+                for k in ("schemas", "compiled", "valid", "valid_admitted", "invalid", "invalid_admitted")
+            }
+            times = sorted(t for r in rows for t in r["times"])
+            p50 = 1000 * statistics.median(times) if times else 0.0
+            p95 = 1000 * times[min(len(times) - 1, int(0.95 * len(times)))] if times else 0.0
+            rate = total["compiled"] / total["schemas"] if total["schemas"] else 0.0
+            label = f"**{subset}**" if subset in groups else subset
+            print(
+                f"| {name} | {label} | {total['compiled']}/{total['schemas']} ({100 * rate:.1f}%) | "
+                f"{total['invalid_admitted']}/{total['invalid']} | {total['valid_admitted']}/{total['valid']} | "
+                f"{p50:.2f} / {p95:.2f} |"
+            )
+            summary.setdefault(name, {})[subset] = {**total, "p50_ms": p50, "p95_ms": p95}
+        refusals: dict[str, int] = defaultdict(int)
+        for r in per.values():
+            for k, v in r["refusals"].items():
+                refusals[k] += v
+        summary.setdefault(name, {})["refusals"] = dict(sorted(refusals.items(), key=lambda kv: -kv[1]))
+    return summary
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="two schemas per subset: a quick check that it runs")
+    parser.add_argument("--json", type=Path, help="write the summary here")
+    parser.add_argument(
+        "--make-sample", type=Path, metavar="MIRROR", help="build the sample from a jsonschemabench checkout"
+    )
+    parser.add_argument("--per-subset", type=int, default=12)
+    parser.add_argument("--seed", type=int, default=23)
+    args = parser.parse_args()
+    if args.make_sample:
+        make_sample(args.make_sample, args.per_subset, args.seed)
+        return 0
+    entries = [json.loads(line) for line in SAMPLE.read_text().splitlines()]
+    if args.smoke:
+        seen: dict[str, int] = defaultdict(int)
+        kept = []
+        for entry in entries:
+            seen[entry["subset"]] += 1
+            if seen[entry["subset"]] <= 2:
+                kept.append(entry)
+        entries = kept
+    summary = report(run(entries))
+    for name, data in summary.items():
+        print(f"{name} refusals: {data['refusals']}")
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

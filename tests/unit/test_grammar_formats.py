@@ -1,0 +1,96 @@
+"""Every path that validates an answer asserts the formats it claims (grammar.formats.ASSERTED)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from localllm.errors import AgentError, ErrorKind
+from localllm.grammar.formats import ASSERTED, format_checker, missing_formats
+from localllm.schema import SchemaSet
+
+BAD = {
+    "date": "2023-02-29",
+    "date-time": "2024-02-30T00:00:00Z",
+    "time": "25:00:00Z",
+    "duration": "P",
+    "email": "no-at-sign",
+    "idn-email": "no-at-sign",
+    "hostname": "-bad-.example",
+    "idn-hostname": "-x",
+    "ipv4": "256.1.1.1",
+    "ipv6": "::zz",
+    "uri": "relative/path",
+    "uri-reference": "a b",
+    "iri": "é",
+    "iri-reference": "a b",
+    "uri-template": "http://x/{a",
+    "uuid": "not-a-uuid",
+    "json-pointer": "a",
+    "relative-json-pointer": "/a",
+    "regex": "(",
+}
+GOOD = {
+    "date": "2024-02-29",
+    "date-time": "2024-02-29T23:59:59.5+05:30",
+    "time": "12:00:00Z",
+    "duration": "P1D",
+    "email": "a@example.com",
+    "idn-email": "ü@example.com",
+    "hostname": "api.example.com",
+    "idn-hostname": "bücher.example",
+    "ipv4": "10.0.0.1",
+    "ipv6": "::1",
+    "uri": "https://example.com/a?b=c#d",
+    "uri-reference": "../a/b",
+    "iri": "https://bücher.example/ü?q=1",
+    "iri-reference": "ü/x",
+    "uri-template": "http://x/{a}",
+    "uuid": "123e4567-e89b-12d3-a456-426614174000",
+    "json-pointer": "/a/0",
+    "relative-json-pointer": "1/a",
+    "regex": "^a+$",
+}
+
+
+@pytest.mark.parametrize(
+    "cls",
+    [
+        jsonschema.Draft4Validator,
+        jsonschema.Draft6Validator,
+        jsonschema.Draft7Validator,
+        jsonschema.Draft201909Validator,
+        jsonschema.Draft202012Validator,
+    ],
+)
+def test_every_format_the_draft_has_is_checked(cls: type) -> None:
+    assert missing_formats(cls) == []
+
+
+@pytest.mark.parametrize("fmt", ASSERTED)
+def test_bad_values_fail_and_good_values_pass_on_the_answer_path(tmp_path: Path, fmt: str) -> None:
+    schemas = SchemaSet(tmp_path)
+    schema = {"type": "object", "properties": {"v": {"type": "string", "format": fmt}}, "required": ["v"]}
+    assert schemas.validate(json.dumps({"v": GOOD[fmt]}), schema) == {"v": GOOD[fmt]}
+    with pytest.raises(AgentError) as caught:
+        schemas.validate(json.dumps({"v": BAD[fmt]}), schema)
+    assert caught.value.kind is ErrorKind.SCHEMA_INVALID
+    assert "format" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "valid"),
+    [
+        ("https://bücher.example/ü", True),
+        ("http://[::1]:80/", True),
+        ("http://a/?\ue000", True),  # iprivate: in the query only
+        ("http://a/\ue000", False),
+        ("https://x.y/a b", False),
+        ("http://a/%zz", False),
+    ],
+)
+def test_iri_checker_follows_rfc_3987(value: str, valid: bool) -> None:
+    assert format_checker(jsonschema.Draft202012Validator).conforms(value, "iri") == valid

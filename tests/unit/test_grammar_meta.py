@@ -1,0 +1,59 @@
+"""The static meta-schema gives check_schema's verdict on every schema (corpora and mutants)."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import jsonschema
+import pytest
+
+from localllm.grammar.compile import validator_class
+from localllm.grammar.meta import _validator, meta_error
+from tests.unit.grammar_fuzz import mutations
+from tests.unit.grammar_harness import corpus, realworld
+
+
+def slow_verdict(schema: Any) -> str:
+    cls = validator_class(schema)
+    try:
+        cls.check_schema(schema)
+    except jsonschema.exceptions.SchemaError as exc:
+        return f"invalid {list(exc.absolute_path)} {exc.message}"
+    except Exception as exc:
+        return f"raises {type(exc).__name__}"
+    return "valid"
+
+
+def fast_verdict(schema: Any) -> str:
+    try:
+        exc = meta_error(validator_class(schema), schema)
+    except Exception as exc:
+        return f"raises {type(exc).__name__}"
+    return "valid" if exc is None else f"invalid {list(exc.absolute_path)} {exc.message}"
+
+
+@pytest.mark.slow
+def test_static_meta_schema_agrees_with_check_schema() -> None:
+    seeds = [s for _, s in corpus()] + [s for _, s in realworld()]
+    schemas = seeds + list(mutations(seeds, 1500, seed=29))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        disagree = [(s, fast_verdict(s), slow_verdict(s)) for s in schemas if fast_verdict(s) != slow_verdict(s)]
+    assert disagree == []
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "kaboom"},
+        {"prefixItems": {"type": "string"}},
+        {"$defs": {"a": {"minLength": -1}}},
+        {"properties": {"a": {"items": {"$dynamicRef": 3}}}},
+        {"$schema": "http://json-schema.org/draft-07/schema#", "items": [{"type": 1}]},
+        {"$schema": "https://json-schema.org/draft/2019-09/schema", "properties": {"a": {"maxItems": "2"}}},
+    ],
+)
+def test_invalid_schemas_are_invalid_on_the_fast_path_too(schema: Any) -> None:
+    assert not _validator(validator_class(schema)).is_valid(schema)
+    assert fast_verdict(schema) == slow_verdict(schema) != "valid"
