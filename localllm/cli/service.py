@@ -39,6 +39,20 @@ def _setup_serve(serve: argparse.ArgumentParser) -> None:
     auth = serve.add_mutually_exclusive_group()
     auth.add_argument("--api-key-env", metavar="NAME", help="take the bearer token from this variable")
     auth.add_argument("--no-auth", action="store_true", help="accept requests without a token (loopback only)")
+    serve.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="let a web app at ORIGIN (e.g. http://localhost:3000) call the service; repeatable",
+    )
+    serve.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="accept this Host name besides the bound loopback address (e.g. a LAN name); repeatable",
+    )
     serve.add_argument("--detach", action="store_true", help="run in the background (log: <cache>/run/service.log)")
     serve.set_defaults(handler=_serve)
 
@@ -89,6 +103,8 @@ def _options(args: argparse.Namespace) -> Any:
         token=token,
         no_auth=args.no_auth,
         chat_parallel=args.parallel or 4,
+        allow_origins=tuple(args.allow_origin),
+        allow_hosts=tuple(args.allow_host),
     )
 
 
@@ -104,6 +120,10 @@ def _child_argv(args: argparse.Namespace) -> list[str]:
     ):
         if value is not None:
             out += [flag, str(value)]
+    for origin in args.allow_origin:
+        out += ["--allow-origin", origin]
+    for name in args.allow_host:
+        out += ["--allow-host", name]
     if args.no_auth:
         out.append("--no-auth")
     return out

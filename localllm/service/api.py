@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from localllm.errors import LocalLLMError
 from localllm.managed.server import GRAMMAR_HEADER
+from localllm.service.guard import Guard
 from localllm.service.pool import ModelPool, PoolBusy, UnknownServedModel
 
 if TYPE_CHECKING:
@@ -102,6 +103,7 @@ class ServiceApp:
     info: Callable[[], dict[str, Any]]
     metrics: Metrics = field(default_factory=Metrics)
     load_wait: float = 300.0
+    guard: Guard | None = None
     _connections: set[socket.socket] = field(default_factory=set)
     _conn_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -237,9 +239,26 @@ class _Handler(BaseHTTPRequestHandler):
 
     # ------------------------------------------------------------------ routes
 
+    def _guarded(self, started: float) -> bool:
+        """Host, Origin and Content-Type checks (every mode); False when refused (answered)."""
+        guard = self.app.guard
+        if guard is None:
+            return True
+        refused = guard.check(
+            self.command, self.headers.get("Host"), self.headers.get("Origin"), self.headers.get("Content-Type")
+        )
+        if refused is None:
+            return True
+        self.close_connection = True  # the unread body must not be parsed as the next request
+        self._send(refused.status, _error(refused.message, "invalid_request_error", refused.code))
+        self._log_request(None, refused.status, started)
+        return False
+
     def do_GET(self) -> None:
         started = time.monotonic()
         path = self.path.split("?", 1)[0]
+        if not self._guarded(started):
+            return
         authorized = self._authorized()
         if path == "/health":
             payload: dict[str, Any] = {"status": "ok"}
@@ -264,6 +283,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         started = time.monotonic()
         path = self.path.split("?", 1)[0]
+        if not self._guarded(started):
+            return
         if not self._authorized():
             self._unauthorized(started)
             return

@@ -78,6 +78,10 @@ class ServeOptions:
     no_auth: bool = False
     chat_parallel: int = CHAT_PARALLEL
     load_wait: float = 300.0
+    #: web origins (``http://host:port``) allowed to call the service from a browser
+    allow_origins: tuple[str, ...] = ()
+    #: extra Host names accepted besides the bound loopback name/address
+    allow_hosts: tuple[str, ...] = ()
 
 
 class Service:
@@ -255,6 +259,9 @@ class Service:
                 f"cannot listen on {self.options.host}:{self.options.port}: {exc.strerror or exc}",
                 hint="choose another --port (0 picks a free one) or stop whatever holds it",
             ) from exc
+        from localllm.service.guard import Guard
+
+        self.app.guard = Guard.build(self.options.host, self.port, self.options.allow_origins, self.options.allow_hosts)
 
     def _publish(self) -> None:
         token_file: str | None = None
