@@ -479,7 +479,8 @@ class ServiceApp:
             raise _Reply(
                 503,
                 _error(
-                    f"the service has {self._inflight} requests in flight (its queue holds {self.limits.max_queue}); retry",
+                    f"the service has {self._inflight} requests in flight "
+                    f"(its queue holds {self.limits.max_queue}); retry",
                     "server_error",
                     "queue_full",
                 ),
@@ -515,7 +516,7 @@ class ServiceApp:
             if not task.done():
                 task.cancel()
 
-    async def _leased(
+    async def _leased(  # noqa: PLR0917
         self,
         req: _Request,
         model: str,

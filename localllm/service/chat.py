@@ -375,10 +375,9 @@ def _text(content: Any) -> str:
 def _plain_messages(messages: list[dict[str, Any]], system: str | None) -> list[dict[str, Any]]:
     """Tool turns as text every template can render; the tool prompt in the system message."""
     out: list[dict[str, Any]] = []
-    for m in messages:
-        role = m["role"]
-        if role == "developer":
-            m = {**m, "role": "system"}
+    for given in messages:
+        role = given["role"]
+        m = {**given, "role": "system"} if role == "developer" else given
         if role == "assistant" and m.get("tool_calls"):
             calls = []
             for call in m["tool_calls"] if isinstance(m["tool_calls"], list) else []:
@@ -472,7 +471,7 @@ def prepare(
     if kind in ("json_object", "json_schema"):
         if "grammar" in body:
             raise BadRequest("give either response_format or grammar, not both", "grammar")
-        compiled = compile_schema(schema)
+        compiled = compile_schema(schema if isinstance(schema, (dict, bool)) else {})
         if compiled.exact:
             body.pop("response_format", None)
             body["grammar"] = compiled.grammar
@@ -545,7 +544,7 @@ def finish(prepared: Prepared, answer: dict[str, Any]) -> tuple[dict[str, Any], 
         if isinstance(value, dict) and "tool_calls" in value:
             calls = []
             for call in value["tool_calls"]:
-                tool = prepared.tools.get(call.get("name")) if isinstance(call, dict) else None
+                tool = prepared.tools.get(str(call.get("name"))) if isinstance(call, dict) else None
                 if tool is None:
                     raise Invalid(f"the model called an unknown tool: {call!r:.200}")
                 args = call.get("arguments")

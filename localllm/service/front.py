@@ -33,16 +33,22 @@ __all__ = ["Front"]
 
 log = logging.getLogger("localllm.service")
 
-_BUSY = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: %d\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
+_BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: %d\r\n"
+    b"Connection: close\r\nContent-Length: %d\r\n\r\n%s"
+)
 
 
 def _protocol_class(limits: FrontLimits) -> type[Any]:
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    body = b'{"error": {"message": "too many connections", "type": "server_error", "param": null, "code": "too_many_connections"}}'
+    body = (
+        b'{"error": {"message": "too many connections", "type": "server_error", "param": null, '
+        b'"code": "too_many_connections"}}'
+    )
     busy = _BUSY % (limits.retry_after, len(body), body)
 
-    class BoundedH11(H11Protocol):  # type: ignore[misc]
+    class BoundedH11(H11Protocol):
         _header_timer: asyncio.TimerHandle | None = None
         _seen: Any = None
 
