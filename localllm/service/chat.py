@@ -155,7 +155,7 @@ def parse_keep_alive(value: Any) -> float:
     if isinstance(value, (int, float)):
         return float(value)
     if isinstance(value, str):
-        from localllm.service.daemon import parse_duration
+        from localllm.service.units import parse_duration
 
         try:
             return parse_duration(value)

@@ -143,6 +143,7 @@ class Front:
             timeout_graceful_shutdown=2,
             backlog=limits.backlog,
             h11_max_incomplete_event_size=64 * 1024,  # request line + headers
+            proxy_headers=False,  # no X-Forwarded-* rewriting: the client is who connected
             server_header=False,
             date_header=False,
         )
