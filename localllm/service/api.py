@@ -12,6 +12,7 @@ the instance)::
     POST /tokenize, /detokenize    llama-server's own, routed by an extra "model" field
     GET  /metrics                  Prometheus text counters
     GET  /localllm/ps              the loaded models (``localllm ps``)
+    GET  /localllm/slots/{id}      llama-server's ``/slots`` of a loaded model (which slots generate)
     POST /localllm/stop            {"model": ID} unloads one model, {"all": true} stops the service
 
 Before anything else every request passes the Host/Origin/Content-Type checks of
@@ -392,8 +393,26 @@ class ServiceApp:
         elif path == "/localllm/ps":
             loaded = await self._blocking(self.pool.loaded)
             await req.respond(200, {"service": self.info(), "models": [m.to_json() for m in loaded]})
+        elif path.startswith("/localllm/slots/"):
+            await self._slots(req, path[len("/localllm/slots/") :])
         else:
             await req.respond(404, _error(f"no route {path}", "invalid_request_error", "not_found"))
+
+    async def _slots(self, req: _Request, model: str) -> None:
+        """llama-server's own ``/slots`` of a loaded model (which slots are generating)."""
+        import httpx
+
+        loaded = await self._blocking(self.pool.loaded)
+        row = next((m for m in loaded if m.id == model and m.port), None)
+        if row is None:
+            await req.respond(404, _error(f"{model!r} is not loaded", "invalid_request_error", "model_not_loaded"))
+            return
+        try:
+            reply = await self.client().get(f"http://127.0.0.1:{row.port}/slots", headers=self._upstream_headers())
+        except httpx.HTTPError as exc:
+            await req.respond(502, _error(f"the llama-server of {model!r} failed: {exc}", "server_error"))
+            return
+        await req.respond(reply.status_code, reply.content, reply.headers.get("content-type", "application/json"))
 
     async def _json_body(self, req: _Request) -> tuple[dict[str, Any], bytes]:
         limits = self.limits
