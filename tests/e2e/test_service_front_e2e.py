@@ -166,7 +166,7 @@ def test_langchain_with_structured_output(serve: Callable[..., Served]) -> None:
     llm = ChatOpenAI(  # type: ignore[call-arg]
         model=CHAT,
         base_url=served.found.url + "/v1",
-        api_key=served.token or "",
+        api_key=pydantic.SecretStr(served.token or ""),
         max_tokens=64,
         timeout=120,
         max_retries=0,
