@@ -486,3 +486,21 @@ def test_a_client_that_leaves_frees_its_slot(
             assert time.monotonic() - left < 2.0  # freed long before the fake's 4 s answer
         assert eventually(lambda: [r for r in caplog.records if "status=499" in r.getMessage()])
     assert not any(r.exc_info for r in caplog.records)
+
+
+def test_import_and_help_do_not_load_the_http_front() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, contextlib, io\n"
+        "import localllm\n"
+        "from localllm.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "    main(['--help'])\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "    main(['serve', '--help'])\n"
+        "print(sorted(m for m in ('uvicorn', 'h11', 'asyncio', 'localllm.service.api') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert "uvicorn" not in out.stdout and "h11" not in out.stdout and "localllm.service.api" not in out.stdout
