@@ -232,7 +232,10 @@ def _response_format(rf: Any) -> tuple[str, Any, bool]:
     if kind == "text":
         return "text", None, False
     if kind == "json_object":
-        return "json_object", {"type": "object"}, False
+        # llama.cpp's extension: an optional "schema" beside the type
+        schema = rf.get("schema", {"type": "object"})
+        _schema_problem(schema, "response_format.schema")
+        return "json_object", schema, False
     if kind != "json_schema":
         raise BadRequest(
             f"response_format.type must be text, json_object or json_schema, got {kind!r}", "response_format.type"
@@ -256,6 +259,12 @@ def _response_format(rf: Any) -> tuple[str, Any, bool]:
     schema = spec.get("schema", {})
     _schema_problem(schema, "response_format.json_schema.schema")
     return "json_schema", schema, strict
+
+
+def _converter_errors(schema: Any) -> bool:
+    from localllm.grammar import check_subset
+
+    return any(v.severity == "error" for v in check_subset(schema))
 
 
 def _refusal(compiled: Any, param: str) -> BadRequest:
@@ -476,11 +485,16 @@ def prepare(
             body.pop("response_format", None)
             body["grammar"] = compiled.grammar
             prepared.structured = "compiled"
-        elif strict:
+        elif strict and _converter_errors(schema):
+            # neither localllm's compiler nor llama.cpp's converter enforces it
             raise _refusal(compiled, "response_format.json_schema.schema")
         else:
-            prepared.structured = "converter"  # llama.cpp's converter; the answer is still validated
+            # llama.cpp's converter (strict: only when localllm's checker says it enforces the
+            # schema); the answer is validated either way
+            prepared.structured = "converter"
             prepared.notes = [r.message for r in compiled.refusals]
+            if kind == "json_object":
+                body["response_format"] = {"type": "json_object", "schema": schema}
         prepared.schema = schema
         prepared.strict = strict
         body["stream"] = False

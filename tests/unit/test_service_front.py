@@ -504,3 +504,21 @@ def test_import_and_help_do_not_load_the_http_front() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert "uvicorn" not in out.stdout and "h11" not in out.stdout and "localllm.service.api" not in out.stdout
+
+
+def test_strict_schema_the_converter_enforces_goes_to_the_converter(
+    make_service: Factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the compiler refuses multipleOf 0.5; llama.cpp's converter enforces the structure (the
+    # value constraint is validation's): a strict request is served and validated, not refused
+    schema = {"type": "object", "properties": {"x": {"type": "number", "multipleOf": 0.5}}, "required": ["x"]}
+    monkeypatch.setenv("FAKE_LLAMA_CONTENT", '{"x": 1.5}')
+    service = make_service()
+    with client(service) as http:
+        answer = chat(http, "chat", response_format=fmt(schema))
+        assert answer.status_code == 200 and answer.headers["x-localllm-structured"] == "converter"
+        assert answer.headers["x-localllm-validated"] == "true"
+    monkeypatch.setenv("FAKE_LLAMA_CONTENT", '{"x": 1.3}')
+    service.close()
+    with client(make_service()) as http:
+        assert chat(http, "chat", response_format=fmt(schema)).status_code == 502  # validation caught it
