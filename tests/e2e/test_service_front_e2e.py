@@ -118,20 +118,30 @@ def test_openai_client_surface_structured_output_and_tool_calls(serve: Callable[
         )
     assert caught.value.code == "unsupported_schema" and "dependentRequired" in str(caught.value)
 
-    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
-        answer = client.chat.completions.create(
-            model=CHAT,
-            messages=ASK,
-            tools=[WEATHER],
-            tool_choice=choice,
-            max_tokens=64,
-        )
-        assert answer.choices[0].finish_reason == "tool_calls"
-        (call,) = answer.choices[0].message.tool_calls or []
-        assert call.function.name == "get_weather" and call.id
+    # parallel calls allowed (OpenAI's default): the base model may write several, each valid
+    answer = client.chat.completions.create(
+        model=CHAT, messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=300
+    )
+    assert answer.choices[0].finish_reason == "tool_calls"
+    calls = answer.choices[0].message.tool_calls or []
+    assert 1 <= len(calls) <= 8 and len({c.id for c in calls}) == len(calls)
+    for call in calls:
+        assert call.function.name == "get_weather"
         jsonschema.validate(_args(call), WEATHER_PARAMS)
 
-    auto = client.chat.completions.create(model=CHAT, messages=ASK, tools=[WEATHER], tool_choice="auto", max_tokens=64)
+    one = {"parallel_tool_calls": False, "max_tokens": 128}
+    named = client.chat.completions.create(
+        model=CHAT,
+        messages=ASK,
+        tools=[WEATHER],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        **one,
+    )
+    (call,) = named.choices[0].message.tool_calls or []
+    assert named.choices[0].finish_reason == "tool_calls" and call.id.startswith("call_")
+    jsonschema.validate(_args(call), WEATHER_PARAMS)
+
+    auto = client.chat.completions.create(model=CHAT, messages=ASK, tools=[WEATHER], tool_choice="auto", **one)
     message = auto.choices[0].message
     if message.tool_calls:
         jsonschema.validate(_args(message.tool_calls[0]), WEATHER_PARAMS)
@@ -141,13 +151,14 @@ def test_openai_client_surface_structured_output_and_tool_calls(serve: Callable[
 
     for choice in ("required", "auto"):
         stream = client.chat.completions.create(
-            model=CHAT, messages=ASK, tools=[WEATHER], tool_choice=choice, max_tokens=64, stream=True
+            model=CHAT, messages=ASK, tools=[WEATHER], tool_choice=choice, stream=True, **one
         )
         names, arguments, reasons, text = set(), "", [], ""
         for chunk in stream:
             for c in chunk.choices:
                 for tc in c.delta.tool_calls or []:
-                    names.add(tc.function.name) if tc.function and tc.function.name else None
+                    if tc.function and tc.function.name:
+                        names.add(tc.function.name)
                     arguments += (tc.function.arguments or "") if tc.function else ""
                 text += c.delta.content or ""
                 reasons.append(c.finish_reason)
@@ -167,7 +178,7 @@ def test_langchain_with_structured_output(serve: Callable[..., Served]) -> None:
         model=CHAT,
         base_url=served.found.url + "/v1",
         api_key=pydantic.SecretStr(served.token or ""),
-        max_tokens=64,
+        max_tokens=128,
         timeout=120,
         max_retries=0,
     )
@@ -184,7 +195,9 @@ def test_pydantic_ai_default_output(serve: Callable[..., Served]) -> None:
     served = serve()
     model = OpenAIChatModel(CHAT, provider=OpenAIProvider(base_url=served.found.url + "/v1", api_key=served.token))
     agent = Agent(model, output_type=Ticket, retries=0)
-    result = agent.run_sync("Ticket: my invoice is wrong. Classify it.", model_settings={"max_tokens": 64})
+    result = agent.run_sync(
+        "Ticket: my invoice is wrong. Classify it.", model_settings={"max_tokens": 128, "parallel_tool_calls": False}
+    )
     assert isinstance(result.output, Ticket)
 
 
@@ -199,7 +212,8 @@ def test_litellm_tool_calls(serve: Callable[..., Served]) -> None:
         messages=ASK,
         tools=[WEATHER],
         tool_choice="required",
-        max_tokens=64,
+        parallel_tool_calls=False,
+        max_tokens=128,
         timeout=120,
     )
     (call,) = answer.choices[0].message.tool_calls
