@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import socket
 import threading
 import time
@@ -202,6 +203,7 @@ def test_pydantic_ai_default_output(serve: Callable[..., Served]) -> None:
 
 
 def test_litellm_tool_calls(serve: Callable[..., Served]) -> None:
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at import
     import litellm
 
     served = serve()
