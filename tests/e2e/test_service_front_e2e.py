@@ -275,7 +275,8 @@ def test_chunked_and_deep_bodies(serve: Callable[..., Served]) -> None:
     status, answer = _raw(served, "POST", "/v1/chat/completions", chunked, headers)
     assert status == 200 and json.loads(answer)["choices"][0]["message"]["content"] is not None
     deep = b"[" * 100_000 + b"]" * 100_000
-    status, answer = _raw(served, "POST", "/v1/embeddings", deep, {**headers, "Transfer-Encoding": "identity"})
+    plain = {k: v for k, v in headers.items() if k != "Transfer-Encoding"}
+    status, answer = _raw(served, "POST", "/v1/embeddings", deep, plain)
     assert status == 400 and json.loads(answer)["error"]["code"] == "too_deep"
 
 
