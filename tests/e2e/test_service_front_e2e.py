@@ -326,7 +326,7 @@ def _slots_busy(http_client: httpx.Client) -> int:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_client_that_leaves_frees_its_slot(serve: Callable[..., Served], stream: bool) -> None:
+def test_a_client_that_leaves_frees_its_slot(serve: Callable[..., Served], stream: bool, tmp_path: Path) -> None:
     served = serve()
     long = {
         "model": CHAT,
@@ -366,4 +366,6 @@ def test_a_client_that_leaves_frees_its_slot(serve: Callable[..., Served], strea
         while _slots_busy(http_client) and time.monotonic() - left < 5:
             time.sleep(0.05)
         freed = time.monotonic() - left
-    assert freed <= 1.5, f"the slot was freed {freed:.2f} s after the client left"
+    log = (tmp_path / "serve-0.log").read_text()
+    assert freed <= 1.5, f"the slot was freed {freed:.2f} s after the client left; log:\n{log[-3000:]}"
+    assert "status=499 client left" in log and "Traceback" not in log
