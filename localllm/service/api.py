@@ -44,7 +44,7 @@ from localllm.service.guard import Guard
 from localllm.service.pool import ModelPool, PoolBusy, UnknownServedModel
 
 if TYPE_CHECKING:
-    import httpx
+    from localllm.service.upstream import Upstream
 
 __all__ = ["FrontLimits", "Metrics", "ServiceApp"]
 
@@ -60,6 +60,7 @@ _PROXIED = {
     "/detokenize": "/detokenize",
 }
 _TAIL = 16 * 1024  # bytes of a stream kept to read its final usage
+_READ = 900.0  # the most a non-streamed upstream answer may take
 STRUCTURED_HEADER = "X-Localllm-Structured"
 VALIDATED_HEADER = "X-Localllm-Validated"
 
@@ -233,7 +234,7 @@ class ServiceApp:
     limits: FrontLimits = field(default_factory=FrontLimits)
     #: model id → stop strings added to its chat requests (the pins')
     stops: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    _client: httpx.AsyncClient | None = None
+    _client: Upstream | None = None
     _executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=64, thread_name_prefix="localllm-lease")
     )
@@ -241,15 +242,11 @@ class ServiceApp:
 
     # ------------------------------------------------------------------ plumbing
 
-    def client(self) -> httpx.AsyncClient:
+    def client(self) -> Upstream:
         if self._client is None:
-            import httpx
+            from localllm.service.upstream import Upstream
 
-            self._client = httpx.AsyncClient(
-                trust_env=False,
-                timeout=httpx.Timeout(connect=5.0, read=900.0, write=60.0, pool=60.0),
-                limits=httpx.Limits(max_connections=512, max_keepalive_connections=64),
-            )
+            self._client = Upstream()
         return self._client
 
     async def aclose(self) -> None:
@@ -400,19 +397,19 @@ class ServiceApp:
 
     async def _slots(self, req: _Request, model: str) -> None:
         """llama-server's own ``/slots`` of a loaded model (which slots are generating)."""
-        import httpx
-
         loaded = await self._blocking(self.pool.loaded)
         row = next((m for m in loaded if m.id == model and m.port), None)
         if row is None:
             await req.respond(404, _error(f"{model!r} is not loaded", "invalid_request_error", "model_not_loaded"))
             return
+        url = f"http://127.0.0.1:{row.port}/slots"
         try:
-            reply = await self.client().get(f"http://127.0.0.1:{row.port}/slots", headers=self._upstream_headers())
-        except httpx.HTTPError as exc:
+            reply = await self.client().request("GET", url, b"", self._upstream_headers())
+            content = await asyncio.wait_for(reply.read(), 30)
+        except (OSError, asyncio.TimeoutError) as exc:
             await req.respond(502, _error(f"the llama-server of {model!r} failed: {exc}", "server_error"))
             return
-        await req.respond(reply.status_code, reply.content, reply.headers.get("content-type", "application/json"))
+        await req.respond(reply.status, content, reply.headers.get("content-type", "application/json"))
 
     async def _json_body(self, req: _Request) -> tuple[dict[str, Any], bytes]:
         limits = self.limits
@@ -544,8 +541,6 @@ class ServiceApp:
         prepared: chat.Prepared | None,
         keep_alive: float | None,
     ) -> tuple[int, tuple[Any, Any]]:
-        import httpx
-
         loop = asyncio.get_running_loop()
         acquiring = loop.run_in_executor(self._executor, self.pool.acquire, model, self.load_wait)
         try:
@@ -578,7 +573,7 @@ class ServiceApp:
             for attempt in (1, 2):
                 try:
                     return await self._dispatch(req, base + path, raw, prepared, dict(extra))
-                except httpx.TransportError as exc:
+                except OSError as exc:
                     if req.started_response:
                         raise
                     if attempt == 1:
@@ -619,31 +614,35 @@ class ServiceApp:
             "Accept-Encoding": "identity",
         }
 
+    async def _post(self, url: str, raw: bytes) -> tuple[int, dict[str, str], bytes]:
+        reply = await asyncio.wait_for(self.client().request("POST", url, raw, self._upstream_headers()), _READ)
+        try:
+            return reply.status, reply.headers, await asyncio.wait_for(reply.read(), _READ)
+        finally:
+            reply.close()  # cancelled (the client left): the connection closes, the generation stops
+
     async def _relay(
         self, req: _Request, url: str, raw: bytes, extra: Mapping[str, str]
     ) -> tuple[int, tuple[Any, Any]]:
-        reply = await self.client().post(url, content=raw, headers=self._upstream_headers())
-        content = reply.content
+        status, headers, content = await self._post(url, raw)
         tokens: tuple[Any, Any] = (None, None)
-        if reply.status_code == 200:
+        if status == 200:
             with contextlib.suppress(ValueError):
                 tokens = _usage(json.loads(content))
-        await req.respond(reply.status_code, content, reply.headers.get("content-type", "application/json"), extra)
-        return reply.status_code, tokens
+        await req.respond(status, content, headers.get("content-type", "application/json"), extra)
+        return status, tokens
 
     async def _chat(
         self, req: _Request, url: str, raw: bytes, prepared: chat.Prepared, extra: dict[str, str]
     ) -> tuple[int, tuple[Any, Any]]:
-        reply = await self.client().post(url, content=raw, headers=self._upstream_headers())
+        status, headers, content = await self._post(url, raw)
         try:
-            answer = json.loads(reply.content)
+            answer = json.loads(content)
         except ValueError:
             answer = None
-        if reply.status_code != 200 or not isinstance(answer, dict):
-            await req.respond(
-                reply.status_code, reply.content, reply.headers.get("content-type", "application/json"), extra
-            )
-            return reply.status_code, (None, None)
+        if status != 200 or not isinstance(answer, dict):
+            await req.respond(status, content, headers.get("content-type", "application/json"), extra)
+            return status, (None, None)
         tokens = _usage(answer)
         try:
             answer, validated = chat.finish(prepared, answer)
@@ -672,27 +671,28 @@ class ServiceApp:
     async def _relay_stream(
         self, req: _Request, url: str, raw: bytes, extra: Mapping[str, str]
     ) -> tuple[int, tuple[Any, Any]]:
-        import httpx
-
         tail = b""
-        async with self.client().stream("POST", url, content=raw, headers=self._upstream_headers()) as reply:
+        reply = await self.client().request("POST", url, raw, self._upstream_headers())
+        try:
             await req.start(
-                reply.status_code,
+                reply.status,
                 reply.headers.get("content-type", "text/event-stream"),
                 {**extra, "cache-control": "no-cache"},
             )
             try:
-                async for chunk in reply.aiter_raw():
+                async for chunk in reply.chunks():
                     if not chunk:
                         continue
                     await req.send({"type": "http.response.body", "body": chunk, "more_body": True})
                     tail = (tail + chunk)[-_TAIL:]
-            except httpx.HTTPError:
+            except OSError:
                 # the server died mid-answer and the status line is already out: end the
                 # connection without the last chunk, so the client sees a broken stream
                 raise _Abort() from None
             await req.end()
-            return reply.status_code, _stream_usage(tail)
+            return reply.status, _stream_usage(tail)
+        finally:
+            reply.close()  # a client that left: the upstream connection closes, the generation stops
 
 
 class _Abort(Exception):

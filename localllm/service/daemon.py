@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_PORT", "ServeOptions", "Service", "is_loopback", "parse_duration", "parse_size"]
 
 DEFAULT_PORT = 8911
+
+
 @dataclass(frozen=True)
 class ServeOptions:
     """Everything ``localllm serve`` takes; ``token=None`` with ``no_auth=False`` makes one."""
