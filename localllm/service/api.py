@@ -239,6 +239,8 @@ class ServiceApp:
         default_factory=lambda: ThreadPoolExecutor(max_workers=64, thread_name_prefix="localllm-lease")
     )
     _inflight: int = 0
+    #: upstream base URL → how many connections to keep open to it (its slots + 1)
+    _hosts: dict[str, int] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -404,7 +406,7 @@ class ServiceApp:
             return
         url = f"http://127.0.0.1:{row.port}/slots"
         try:
-            reply = await self.client().request("GET", url, b"", self._upstream_headers())
+            reply = await self.client().request("GET", url, b"", self._upstream_headers(), limit=self._limit(url))
             content = await asyncio.wait_for(reply.read(), 30)
         except (OSError, asyncio.TimeoutError) as exc:
             await req.respond(502, _error(f"the llama-server of {model!r} failed: {exc}", "server_error"))
@@ -572,6 +574,7 @@ class ServiceApp:
             base = lease.url
             for attempt in (1, 2):
                 try:
+                    self._hosts[base] = held.entry.spec.parallel + 1  # connections its HTTP threads can serve
                     return await self._dispatch(req, base + path, raw, prepared, dict(extra))
                 except OSError as exc:
                     if req.started_response:
@@ -607,6 +610,10 @@ class ServiceApp:
             return await self._relay_stream(req, url, raw, extra)
         return await self._chat(req, url, raw, prepared, extra)
 
+    def _limit(self, url: str) -> int:
+        base = url[: url.find("/", len("http://"))] if url.count("/") > 2 else url
+        return self._hosts.get(base, 2)
+
     def _upstream_headers(self) -> dict[str, str]:
         return {
             "Authorization": f"Bearer {self.upstream_key}",
@@ -615,7 +622,9 @@ class ServiceApp:
         }
 
     async def _post(self, url: str, raw: bytes) -> tuple[int, dict[str, str], bytes]:
-        reply = await asyncio.wait_for(self.client().request("POST", url, raw, self._upstream_headers()), _READ)
+        reply = await asyncio.wait_for(
+            self.client().request("POST", url, raw, self._upstream_headers(), limit=self._limit(url)), _READ
+        )
         try:
             return reply.status, reply.headers, await asyncio.wait_for(reply.read(), _READ)
         finally:
@@ -672,7 +681,7 @@ class ServiceApp:
         self, req: _Request, url: str, raw: bytes, extra: Mapping[str, str]
     ) -> tuple[int, tuple[Any, Any]]:
         tail = b""
-        reply = await self.client().request("POST", url, raw, self._upstream_headers())
+        reply = await self.client().request("POST", url, raw, self._upstream_headers(), limit=self._limit(url))
         try:
             await req.start(
                 reply.status,

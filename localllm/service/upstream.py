@@ -5,6 +5,11 @@ Why not httpx's AsyncClient: the hop is loopback to a server we started, HTTP/1.
 httpx's async stack (httpcore, anyio) costs more than the rest of the request together
 (bench_service.py (c)). What this client does, and nothing more:
 
+* at most ``limit`` open connections per server, idle ones included: llama-server serves
+  each keep-alive connection on one of its few HTTP threads (``max(parallel + 2, cores - 1)``),
+  so a pool larger than that leaves requests queued behind idle connections until the
+  server's 5 s keep-alive timeout (measured: p99 5.6 s with 32 clients); beyond the limit a
+  request waits here for a connection;
 * one pooled connection per request, reused while the server keeps it alive (a reused
   connection the server closed meanwhile is retried once on a fresh one, before any byte of
   the answer is read);
@@ -96,6 +101,7 @@ class _Conn:
     writer: asyncio.StreamWriter
     reused: bool = False
     reusable: bool = True
+    closed: bool = False
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -105,13 +111,14 @@ class _Conn:
 class Upstream:
     """Pooled connections per ``host:port``; use from one event loop."""
 
-    def __init__(self, *, connect_timeout: float = 5.0, max_idle: int = 64) -> None:
+    def __init__(self, *, connect_timeout: float = 5.0) -> None:
         self._idle: dict[tuple[str, int], list[_Conn]] = {}
+        self._open: dict[tuple[str, int], int] = {}
+        self._waiters: dict[tuple[str, int], list[asyncio.Future[None]]] = {}
         self._connect_timeout = connect_timeout
-        self._max_idle = max_idle
 
     async def request(
-        self, method: str, url: str, body: bytes = b"", headers: Mapping[str, str] | None = None
+        self, method: str, url: str, body: bytes = b"", headers: Mapping[str, str] | None = None, *, limit: int = 4
     ) -> Answer:
         """Send the request and read the answer's head; read the body from the :class:`Answer`."""
         parts = urlsplit(url)
@@ -121,13 +128,15 @@ class Upstream:
         head += [f"{k}: {v}" for k, v in (headers or {}).items()]
         raw = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
         for attempt in (1, 2):
-            conn = await self._connection(host, port, fresh=attempt == 2)
+            conn = await self._connection(host, port, fresh=attempt == 2, limit=max(1, limit))
             try:
                 conn.writer.write(raw)
                 await conn.writer.drain()
                 status, answer_headers = await self._head(conn)
             except BaseException as exc:
-                conn.close()
+                conn.closed = True
+                self._drop(conn)
+                self._wake(conn.key)
                 retry = attempt == 1 and conn.reused and isinstance(exc, (OSError, asyncio.IncompleteReadError))
                 if retry:
                     continue  # the server closed an idle connection meanwhile: once more, fresh
@@ -137,21 +146,47 @@ class Upstream:
             return Answer(status, answer_headers, conn, self)
         raise AssertionError("unreachable")
 
-    async def _connection(self, host: str, port: int, *, fresh: bool) -> _Conn:
-        idle = self._idle.get((host, port))
-        while idle and not fresh:
-            conn = idle.pop()
-            if not conn.writer.is_closing() and not conn.reader.at_eof():
-                conn.reused = True
-                return conn
-            conn.close()
+    async def _connection(self, host: str, port: int, *, fresh: bool, limit: int) -> _Conn:
+        key = (host, port)
+        while True:
+            idle = self._idle.get(key)
+            while idle:
+                conn = idle.pop()
+                if not fresh and not conn.writer.is_closing() and not conn.reader.at_eof():
+                    conn.reused = True
+                    return conn
+                self._drop(conn)
+            if self._open.get(key, 0) < limit:
+                break
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.setdefault(key, []).append(waiter)
+            try:
+                await waiter
+            finally:
+                if waiter in self._waiters.get(key, []):
+                    self._waiters[key].remove(waiter)
+        self._open[key] = self._open.get(key, 0) + 1
         try:
             reader, writer = await asyncio.wait_for(
                 asyncio.open_connection(host, port, limit=_MAX_HEAD), self._connect_timeout
             )
-        except asyncio.TimeoutError:
-            raise UpstreamError(f"timed out connecting to {host}:{port}") from None
-        return _Conn((host, port), reader, writer)
+        except BaseException as exc:
+            self._open[key] -= 1
+            self._wake(key)
+            if isinstance(exc, asyncio.TimeoutError):
+                raise UpstreamError(f"timed out connecting to {host}:{port}") from None
+            raise
+        return _Conn(key, reader, writer)
+
+    def _wake(self, key: tuple[str, int]) -> None:
+        for waiter in self._waiters.get(key, []):
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def _drop(self, conn: _Conn) -> None:
+        conn.close()
+        self._open[conn.key] = max(0, self._open.get(conn.key, 0) - 1)
 
     async def _head(self, conn: _Conn) -> tuple[int, dict[str, str]]:
         try:
@@ -172,15 +207,15 @@ class Upstream:
         return int(status_line[1]), headers
 
     def _finish(self, conn: _Conn, *, ok: bool) -> None:
-        if not (ok and conn.reusable) or conn.writer.is_closing():
-            conn.close()
+        if conn.closed:
             return
-        idle = self._idle.setdefault(conn.key, [])
-        if len(idle) >= self._max_idle:
-            conn.close()
+        if not (ok and conn.reusable) or conn.writer.is_closing():
+            conn.closed = True
+            self._drop(conn)
         else:
             conn.reused = False
-            idle.append(conn)
+            self._idle.setdefault(conn.key, []).append(conn)
+        self._wake(conn.key)
 
     async def aclose(self) -> None:
         for conns in self._idle.values():
