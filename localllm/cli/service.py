@@ -39,6 +39,53 @@ def _setup_serve(serve: argparse.ArgumentParser) -> None:
     auth = serve.add_mutually_exclusive_group()
     auth.add_argument("--api-key-env", metavar="NAME", help="take the bearer token from this variable")
     auth.add_argument("--no-auth", action="store_true", help="accept requests without a token (loopback only)")
+    serve.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="let a web app at ORIGIN (e.g. http://localhost:3000) call the service; repeatable",
+    )
+    serve.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="accept this Host name besides the bound loopback address (e.g. a LAN name); repeatable",
+    )
+    limits = serve.add_argument_group("limits (see README: the HTTP front)")
+    limits.add_argument(
+        "--max-tokens",
+        type=int,
+        default=1024,
+        metavar="N",
+        help="default and ceiling of a chat answer's max_tokens (1024)",
+    )
+    limits.add_argument(
+        "--max-queue",
+        type=int,
+        default=256,
+        metavar="N",
+        help="proxied requests in flight; beyond: 503 + Retry-After (256)",
+    )
+    limits.add_argument(
+        "--max-connections", type=int, default=2048, metavar="N", help="open client connections; beyond: 503 (2048)"
+    )
+    limits.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds a request's line and headers may take to arrive (10)",
+    )
+    limits.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=15.0,
+        metavar="S",
+        help="close a keep-alive connection idle this long (15)",
+    )
+    limits.add_argument("--max-body", default="16MiB", metavar="SIZE", help="largest request body (16MiB); larger: 413")
     serve.add_argument("--detach", action="store_true", help="run in the background (log: <cache>/run/service.log)")
     serve.add_argument("--json", action="store_true", help="announce the service (pid, url, token file, log) as JSON")
     serve.set_defaults(handler=_serve)
@@ -77,6 +124,31 @@ def _options(args: argparse.Namespace) -> Any:
         raise UsageError(f"--port must be 0-65535, got {args.port}")
     if args.no_auth and not is_loopback(args.host):
         raise UsageError(f"--no-auth cannot be used with --host {args.host}: a non-loopback address needs a token")
+    for flag, value in (
+        ("--max-tokens", args.max_tokens),
+        ("--max-queue", args.max_queue),
+        ("--max-connections", args.max_connections),
+    ):
+        if value < 1:
+            raise UsageError(f"{flag} must be at least 1, got {value}")
+    for flag, seconds in (("--header-timeout", args.header_timeout), ("--idle-timeout", args.idle_timeout)):
+        if not seconds > 0:
+            raise UsageError(f"{flag} must be a positive number of seconds, got {seconds}")
+    try:
+        max_body = parse_size(args.max_body if args.max_body[-1:].isalpha() else args.max_body + "MiB")
+    except ValueError as exc:
+        raise UsageError(f"--max-body: {exc}") from exc
+    from localllm.service.api import FrontLimits
+    from localllm.service.chat import ChatLimits
+
+    limits = FrontLimits(
+        max_body=max_body,
+        max_queue=args.max_queue,
+        max_connections=args.max_connections,
+        header_timeout=args.header_timeout,
+        idle_timeout=args.idle_timeout,
+        chat=ChatLimits(max_tokens=args.max_tokens),
+    )
     token = None
     if args.api_key_env:
         token = settings.env_value(args.api_key_env)
@@ -91,11 +163,17 @@ def _options(args: argparse.Namespace) -> Any:
         token=token,
         no_auth=args.no_auth,
         chat_parallel=args.parallel or 4,
+        allow_origins=tuple(args.allow_origin),
+        allow_hosts=tuple(args.allow_host),
+        limits=limits,
     )
 
 
 def _child_argv(args: argparse.Namespace) -> list[str]:
     out = ["--host", args.host, "--port", str(args.port), "--keep-alive", args.keep_alive]
+    out += ["--max-tokens", str(args.max_tokens), "--max-queue", str(args.max_queue)]
+    out += ["--max-connections", str(args.max_connections), "--max-body", args.max_body]
+    out += ["--header-timeout", str(args.header_timeout), "--idle-timeout", str(args.idle_timeout)]
     if args.config is not None:
         out += ["--config", str(args.config.resolve())]
     for flag, value in (
@@ -106,6 +184,10 @@ def _child_argv(args: argparse.Namespace) -> list[str]:
     ):
         if value is not None:
             out += [flag, str(value)]
+    for origin in args.allow_origin:
+        out += ["--allow-origin", origin]
+    for name in args.allow_host:
+        out += ["--allow-host", name]
     if args.no_auth:
         out.append("--no-auth")
     return out

@@ -164,6 +164,9 @@ class ModelPin:
     chat_template_file: Path | None = None
     #: the pins file this entry comes from (the shipped one or the user's)
     pins_file: Path | None = None
+    #: stop strings the service adds to every chat request for this model (a dialogue
+    #: template's base model otherwise writes made-up turns until ``max_tokens``)
+    stop: tuple[str, ...] = ()
 
     def chat_format_args(self) -> list[str]:
         """The llama-server flags of this pin's prompt format (empty: the GGUF's own)."""
@@ -289,6 +292,9 @@ def _model_pin(mid: str, raw: Mapping[str, Any], where: Path) -> ModelPin:
                 f"{where}: {key}.chat_template_file must be a relative path inside {where.parent}, got {file!r}"
             )
         template_file = where.parent / file  # checked when a server needs it
+    stop = raw.get("stop", [])
+    if not isinstance(stop, list) or not all(isinstance(x, str) and x for x in stop):
+        raise FetchError(f"{where}: {key}.stop must be a list of non-empty strings, got {stop!r}")
     return ModelPin(
         id=mid,
         role=str(role),
@@ -296,6 +302,7 @@ def _model_pin(mid: str, raw: Mapping[str, Any], where: Path) -> ModelPin:
         chat_template=template,
         chat_template_file=template_file,
         pins_file=where,
+        stop=tuple(stop),
     )
 
 

@@ -1,4 +1,4 @@
-"""The service's HTTP front: OpenAI-compatible routes, auth, the proxy hop, metrics, the log line.
+"""The service's HTTP front: OpenAI-compatible routes, checks, auth, the proxy hop, metrics, the log line.
 
 Routes (every one needs ``Authorization: Bearer <token>`` unless the service runs with
 ``--no-auth``; ``GET /health`` answers without it, but only with the token does it name
@@ -6,44 +6,50 @@ the instance)::
 
     GET  /health                   {"status": "ok", "instance": …}
     GET  /v1/models                every servable model: id, role, cached, loaded
-    POST /v1/chat/completions      routed by "model"; "stream": true is relayed chunk by chunk
+    GET  /v1/models/{id}           one of them (404 model_not_found)
+    POST /v1/chat/completions      checked, capped, structured output compiled, tool calls (see chat.py)
     POST /v1/embeddings            routed by "model"; inputs are passed through untouched
     POST /tokenize, /detokenize    llama-server's own, routed by an extra "model" field
     GET  /metrics                  Prometheus text counters
     GET  /localllm/ps              the loaded models (``localllm ps``)
+    GET  /localllm/slots/{id}      llama-server's ``/slots`` of a loaded model (which slots generate)
     POST /localllm/stop            {"model": ID} unloads one model, {"all": true} stops the service
 
-The body is forwarded byte for byte (``response_format``, ``grammar`` and every other field
-reach llama-server as sent); nothing is added to prompts or inputs. Request bodies are
-never logged: one line per request says method, path, model, status, tokens and ms.
+Before anything else every request passes the Host/Origin/Content-Type checks of
+:mod:`localllm.service.guard`. The app is plain ASGI, served by uvicorn (``front.py``).
+A client that leaves mid-request cancels its upstream request, which closes the
+connection to llama-server and so stops its generation (streaming or not); that is one log
+line, status 499. Request bodies are never logged: one line per request says method,
+path, model, status, tokens and ms.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import json
 import logging
-import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
 from localllm.errors import LocalLLMError
 from localllm.managed.server import GRAMMAR_HEADER
+from localllm.service import chat
+from localllm.service.guard import Guard
 from localllm.service.pool import ModelPool, PoolBusy, UnknownServedModel
 
 if TYPE_CHECKING:
-    import httpx
+    from localllm.service.upstream import Upstream
 
-__all__ = ["Metrics", "ServiceApp", "make_server"]
+__all__ = ["FrontLimits", "Metrics", "ServiceApp"]
 
 log = logging.getLogger("localllm.service")
 
-_MAX_BODY = 64 * 1024 * 1024
 #: routed paths → the llama-server path they are forwarded to
 _PROXIED = {
     "/v1/chat/completions": "/v1/chat/completions",
@@ -54,6 +60,29 @@ _PROXIED = {
     "/detokenize": "/detokenize",
 }
 _TAIL = 16 * 1024  # bytes of a stream kept to read its final usage
+_READ = 900.0  # the most a non-streamed upstream answer may take
+STRUCTURED_HEADER = "X-Localllm-Structured"
+VALIDATED_HEADER = "X-Localllm-Validated"
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class FrontLimits:
+    """The front's bounds (``localllm serve`` flags)."""
+
+    max_body: int = 16 * 1024 * 1024
+    max_depth: int = 256  # JSON nesting of a request body
+    max_queue: int = 256  # proxied requests in flight; beyond: 503 + Retry-After
+    retry_after: int = 1
+    max_connections: int = 2048
+    header_timeout: float = 10.0  # a request's line and headers must arrive within this
+    body_timeout: float = 60.0  # and its body within this
+    idle_timeout: float = 15.0  # a keep-alive connection idle this long is closed
+    backlog: int = 1024
+    chat: chat.ChatLimits = field(default_factory=chat.ChatLimits)
 
 
 class Metrics:
@@ -88,48 +117,8 @@ class Metrics:
         return "\n".join(lines) + "\n"
 
 
-@dataclass
-class ServiceApp:
-    """What the request handlers need: the pool, the secrets, and how to list and stop."""
-
-    pool: ModelPool
-    client: httpx.Client
-    instance: str
-    token: str | None
-    upstream_key: str
-    models: Callable[[], list[dict[str, Any]]]
-    request_shutdown: Callable[[], None]
-    info: Callable[[], dict[str, Any]]
-    metrics: Metrics = field(default_factory=Metrics)
-    load_wait: float = 300.0
-    _connections: set[socket.socket] = field(default_factory=set)
-    _conn_lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def track(self, conn: socket.socket, *, open_: bool) -> None:
-        with self._conn_lock:
-            if open_:
-                self._connections.add(conn)
-            else:
-                self._connections.discard(conn)
-
-    def drop_connections(self) -> None:
-        """Close every client connection (keep-alive ones would otherwise outlive the service)."""
-        with self._conn_lock:
-            conns = list(self._connections)
-            self._connections.clear()
-        for conn in conns:
-            with contextlib.suppress(OSError):
-                conn.shutdown(socket.SHUT_RDWR)
-
-    def authorized(self, header: str | None, api_key: str | None) -> bool:
-        if self.token is None:
-            return True
-        given = header[7:].strip() if header and header.startswith("Bearer ") else (api_key or "")
-        return hmac.compare_digest(given.encode(), self.token.encode())
-
-
-def _error(message: str, kind: str, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+def _error(message: str, kind: str, code: str | None = None, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 def _usage(data: Any) -> tuple[Any, Any]:
@@ -156,29 +145,63 @@ def _stream_usage(tail: bytes) -> tuple[Any, Any]:
     return None, None
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server_version = "localllm-service"
-    app: ServiceApp  # set on the bound subclass
+def _nesting(value: Any, limit: int) -> int:
+    """How deep ``value`` nests (stops counting past ``limit``), without recursion."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if depth > limit:
+            return depth
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
+    return deepest
 
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # one line per request is written by _log_request, never the raw request line
 
-    def setup(self) -> None:
-        super().setup()
-        # headers and body go out in separate writes: without this, Nagle holds the body
-        # back until the client's delayed ACK, adding ~40 ms to every answer
-        with contextlib.suppress(OSError):
-            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.app.track(self.connection, open_=True)
+class ClientGone(Exception):
+    """The client disconnected before its answer was complete."""
 
-    def finish(self) -> None:
-        self.app.track(self.connection, open_=False)
-        super().finish()
 
-    # ------------------------------------------------------------------ plumbing
+class _Reply(Exception):
+    """Answer at once with this status and JSON payload."""
 
-    def _send(
+    def __init__(self, status: int, payload: dict[str, Any], headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(status)
+        self.status = status
+        self.payload = payload
+        self.headers = dict(headers or {})
+
+
+@dataclass
+class _Request:
+    scope: Scope
+    receive: Receive
+    send: Send
+    started: float
+    headers: dict[str, str]
+    started_response: bool = False
+    completed: bool = False
+    status: int = 0
+
+    @property
+    def method(self) -> str:
+        return str(self.scope["method"])
+
+    @property
+    def path(self) -> str:
+        return str(self.scope["path"])
+
+    async def start(self, status: int, content_type: str, headers: Mapping[str, str] | None = None) -> None:
+        raw = [(b"content-type", content_type.encode())]
+        raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+        self.started_response = True
+        self.status = status
+        await self.send({"type": "http.response.start", "status": status, "headers": raw})
+
+    async def respond(
         self,
         status: int,
         payload: Any,
@@ -186,44 +209,77 @@ class _Handler(BaseHTTPRequestHandler):
         headers: Mapping[str, str] | None = None,
     ) -> None:
         body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.send_header("Content-Length", str(len(body)))
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(body)
+        await self.start(status, content_type, {**(headers or {}), "content-length": str(len(body))})
+        await self.end(body)
 
-    def _body(self) -> bytes | None:
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            length = -1
-        if length < 0 or length > _MAX_BODY:
-            self.close_connection = True
-            self._send(413, _error(f"request body must be 0-{_MAX_BODY} bytes", "invalid_request_error"))
-            return None
-        return self.rfile.read(length) if length else b""
+    async def end(self, body: bytes = b"") -> None:
+        self.completed = True
+        await self.send({"type": "http.response.body", "body": body})
 
-    def _log_request(
-        self, model: str | None, status: int, started: float, tokens: tuple[Any, Any] = (None, None)
-    ) -> None:
-        ms = (time.monotonic() - started) * 1000
+
+@dataclass
+class ServiceApp:
+    """The ASGI application: what the routes need — the pool, the secrets, how to list and stop."""
+
+    pool: ModelPool
+    instance: str
+    token: str | None
+    upstream_key: str
+    models: Callable[[], list[dict[str, Any]]]
+    request_shutdown: Callable[[], None]
+    info: Callable[[], dict[str, Any]]
+    metrics: Metrics = field(default_factory=Metrics)
+    load_wait: float = 300.0
+    guard: Guard | None = None
+    limits: FrontLimits = field(default_factory=FrontLimits)
+    #: model id → stop strings added to its chat requests (the pins')
+    stops: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    _client: Upstream | None = None
+    _executor: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=64, thread_name_prefix="localllm-lease")
+    )
+    _inflight: int = 0
+    #: upstream base URL → how many connections to keep open to it (its slots + 1)
+    _hosts: dict[str, int] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def client(self) -> Upstream:
+        if self._client is None:
+            from localllm.service.upstream import Upstream
+
+            self._client = Upstream()
+        return self._client
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def authorized(self, header: str | None, api_key: str | None) -> bool:
+        if self.token is None:
+            return True
+        given = header[7:].strip() if header and header.startswith("Bearer ") else (api_key or "")
+        return hmac.compare_digest(given.encode(), self.token.encode())
+
+    def _log(self, req: _Request, model: str | None, status: int, tokens: tuple[Any, Any] = (None, None)) -> None:
+        ms = (time.monotonic() - req.started) * 1000
         prompt, completion = tokens
         log.info(
             "%s %s model=%s status=%d prompt_tokens=%s completion_tokens=%s ms=%.0f",
-            self.command,
-            self.path.split("?", 1)[0],
+            req.method,
+            req.path,
             model or "-",
             status,
             "-" if prompt is None else prompt,
             "-" if completion is None else completion,
             ms,
         )
-        metrics = self.app.metrics
-        metrics.add("localllm_requests_total", path=self.path.split("?", 1)[0], status=str(status))
+        metrics = self.metrics
+        metrics.add("localllm_requests_total", path=req.path, status=str(status))
         if model:
             metrics.add("localllm_model_requests_total", model=model, status=str(status))
             if isinstance(prompt, int):
@@ -232,188 +288,425 @@ class _Handler(BaseHTTPRequestHandler):
                 metrics.add("localllm_completion_tokens_total", completion, model=model)
             metrics.add("localllm_request_ms_total", ms, model=model)
 
-    def _authorized(self) -> bool:
-        return self.app.authorized(self.headers.get("Authorization"), self.headers.get("X-Api-Key"))
+    async def _blocking(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    # ------------------------------------------------------------------ routes
+    # ------------------------------------------------------------------ ASGI
 
-    def do_GET(self) -> None:
-        started = time.monotonic()
-        path = self.path.split("?", 1)[0]
-        authorized = self._authorized()
-        if path == "/health":
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await self.aclose()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        headers: dict[str, str] = {}
+        for key, value in scope["headers"]:
+            name = key.decode("latin-1")
+            if name not in headers:  # the first of a repeated header counts
+                headers[name] = value.decode("latin-1")
+        req = _Request(scope, receive, send, time.monotonic(), headers)
+        model: str | None = None
+        try:
+            model = await self._handle(req)
+        except _Reply as reply:
+            if not req.started_response:
+                await req.respond(reply.status, reply.payload, headers=reply.headers)
+            self._log(req, model, reply.status)
+        except _Abort:
+            log.warning(
+                "%s %s model=%s: the upstream stream broke; the client's stream is cut", req.method, req.path, model
+            )
+            self.metrics.add("localllm_requests_total", path=req.path, status="502")
+        except ClientGone:
+            log.info("%s %s status=499 client left after %.0f ms", req.method, req.path, _ms(req))
+            self.metrics.add("localllm_requests_total", path=req.path, status="499")
+        except Exception as exc:  # never a traceback in the log: one line, and a 500 if still possible
+            log.error("%s %s failed: %s: %s", req.method, req.path, type(exc).__name__, exc)
+            if not req.started_response:
+                with contextlib.suppress(Exception):
+                    await req.respond(500, _error(f"internal error: {type(exc).__name__}", "server_error"))
+            self.metrics.add("localllm_requests_total", path=req.path, status="500")
+
+    async def _handle(self, req: _Request) -> str | None:
+        guard = self.guard
+        if guard is not None:
+            refused = guard.check(
+                req.method, req.headers.get("host"), req.headers.get("origin"), req.headers.get("content-type")
+            )
+            if refused is not None:
+                raise _Reply(refused.status, _error(refused.message, "invalid_request_error", refused.code))
+        authorized = self.authorized(req.headers.get("authorization"), req.headers.get("x-api-key"))
+        path = req.path
+        if req.method == "GET" and path == "/health":
             payload: dict[str, Any] = {"status": "ok"}
             if authorized:
-                payload["instance"] = self.app.instance
-            self._send(200, payload)
-            return  # health polls are not logged
+                payload["instance"] = self.instance
+            await req.respond(200, payload)
+            return None  # health polls are not logged
         if not authorized:
-            self._unauthorized(started)
-            return
-        if path == "/v1/models":
-            self._send(200, {"object": "list", "data": self.app.models()})
-        elif path == "/metrics":
-            gauges = {"localllm_models_loaded": float(len(self.app.pool.loaded()))}
-            self._send(200, self.app.metrics.render(gauges).encode(), "text/plain; version=0.0.4")
-        elif path == "/localllm/ps":
-            self._send(200, {"service": self.app.info(), "models": [m.to_json() for m in self.app.pool.loaded()]})
-        else:
-            self._send(404, _error(f"no route {path}", "invalid_request_error", "not_found"))
-        self._log_request(None, 200 if path in ("/v1/models", "/metrics", "/localllm/ps") else 404, started)
-
-    def do_POST(self) -> None:
-        started = time.monotonic()
-        path = self.path.split("?", 1)[0]
-        if not self._authorized():
-            self._unauthorized(started)
-            return
-        body = self._body()
-        if body is None:
-            self._log_request(None, 413, started)
-            return
-        try:
-            data = json.loads(body or b"{}")
-        except ValueError:
-            data = None
-        if not isinstance(data, dict):
-            self._send(400, _error("the body must be a JSON object", "invalid_request_error"))
-            self._log_request(None, 400, started)
-            return
+            raise _Reply(
+                401,
+                _error("missing or wrong bearer token", "authentication_error", "invalid_api_key"),
+                {"www-authenticate": 'Bearer realm="localllm"'},
+            )
+        if req.method == "GET":
+            await self._get(req, path)
+            self._log(req, None, req.status)
+            return None
+        if req.method != "POST":
+            raise _Reply(
+                405, _error(f"{req.method} is not allowed here", "invalid_request_error", "method_not_allowed")
+            )
+        data, raw = await self._json_body(req)
         if path == "/localllm/stop":
-            self._stop(data, started)
-        elif path in _PROXIED:
-            self._proxy(_PROXIED[path], body, data, started)
+            return await self._stop(req, data)
+        if path in _PROXIED:
+            return await self._proxy(req, _PROXIED[path], data, raw)
+        raise _Reply(404, _error(f"no route {path}", "invalid_request_error", "not_found"))
+
+    async def _get(self, req: _Request, path: str) -> None:
+        if path == "/v1/models":
+            await req.respond(200, {"object": "list", "data": await self._blocking(self.models)})
+        elif path.startswith("/v1/models/"):
+            wanted = path[len("/v1/models/") :]
+            rows = await self._blocking(self.models)
+            row = next((r for r in rows if r["id"] == wanted), None)
+            if row is None:
+                await req.respond(
+                    404, _error(f"model {wanted!r} is not served here", "invalid_request_error", "model_not_found")
+                )
+            else:
+                await req.respond(200, row)
+        elif path == "/metrics":
+            gauges = {
+                "localllm_models_loaded": float(len(await self._blocking(self.pool.loaded))),
+                "localllm_requests_in_flight": float(self._inflight),
+            }
+            await req.respond(200, self.metrics.render(gauges).encode(), "text/plain; version=0.0.4")
+        elif path == "/localllm/ps":
+            loaded = await self._blocking(self.pool.loaded)
+            await req.respond(200, {"service": self.info(), "models": [m.to_json() for m in loaded]})
+        elif path.startswith("/localllm/slots/"):
+            await self._slots(req, path[len("/localllm/slots/") :])
         else:
-            self._send(404, _error(f"no route {path}", "invalid_request_error", "not_found"))
-            self._log_request(None, 404, started)
+            await req.respond(404, _error(f"no route {path}", "invalid_request_error", "not_found"))
 
-    def _unauthorized(self, started: float) -> None:
-        self.close_connection = True  # the unread body must not be parsed as the next request
-        self.send_response(401)
-        self.send_header("Connection", "close")
-        body = json.dumps(_error("missing or wrong bearer token", "authentication_error", "invalid_api_key")).encode()
-        self.send_header("WWW-Authenticate", 'Bearer realm="localllm"')
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-        self._log_request(None, 401, started)
-
-    def _stop(self, data: dict[str, Any], started: float) -> None:
-        if data.get("all") is True:
-            self._send(200, {"stopping": True})
-            self._log_request(None, 200, started)
-            self.app.request_shutdown()
+    async def _slots(self, req: _Request, model: str) -> None:
+        """llama-server's own ``/slots`` of a loaded model (which slots are generating)."""
+        loaded = await self._blocking(self.pool.loaded)
+        row = next((m for m in loaded if m.id == model and m.port), None)
+        if row is None:
+            await req.respond(404, _error(f"{model!r} is not loaded", "invalid_request_error", "model_not_loaded"))
             return
+        url = f"http://127.0.0.1:{row.port}/slots"
+        try:
+            reply = await self.client().request("GET", url, b"", self._upstream_headers(), limit=self._limit(url))
+            content = await asyncio.wait_for(reply.read(), 30)
+        except (OSError, asyncio.TimeoutError) as exc:
+            await req.respond(502, _error(f"the llama-server of {model!r} failed: {exc}", "server_error"))
+            return
+        await req.respond(reply.status, content, reply.headers.get("content-type", "application/json"))
+
+    async def _json_body(self, req: _Request) -> tuple[dict[str, Any], bytes]:
+        limits = self.limits
+        declared = req.headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > limits.max_body):
+            raise _Reply(413, _error(f"request body must be at most {limits.max_body} bytes", "invalid_request_error"))
+        try:
+            raw = await asyncio.wait_for(self._read_body(req), limits.body_timeout)
+        except asyncio.TimeoutError:
+            raise _Reply(
+                408,
+                _error(f"the request body did not arrive within {limits.body_timeout:g} s", "invalid_request_error"),
+            ) from None
+        try:
+            data = chat.loads(raw or b"{}")
+        except RecursionError:
+            data = None
+            too_deep = True
+        except ValueError as exc:
+            raise _Reply(400, _error(f"the body is not valid JSON: {exc}", "invalid_request_error")) from None
+        else:
+            too_deep = _nesting(data, limits.max_depth) > limits.max_depth
+        if too_deep:
+            raise _Reply(
+                400,
+                _error(f"the body nests deeper than {limits.max_depth} levels", "invalid_request_error", "too_deep"),
+            )
+        if not isinstance(data, dict):
+            raise _Reply(400, _error("the body must be a JSON object", "invalid_request_error"))
+        return data, raw
+
+    async def _read_body(self, req: _Request) -> bytes:
+        limit = self.limits.max_body
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await req.receive()
+            if message["type"] == "http.disconnect":
+                raise ClientGone()
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise _Reply(413, _error(f"request body must be at most {limit} bytes", "invalid_request_error"))
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    async def _stop(self, req: _Request, data: dict[str, Any]) -> str | None:
+        if data.get("all") is True:
+            await req.respond(200, {"stopping": True})
+            self._log(req, None, 200)
+            self.request_shutdown()
+            return None
         model = data.get("model")
         if not isinstance(model, str):
-            self._send(400, _error('give {"model": ID} or {"all": true}', "invalid_request_error"))
-            self._log_request(None, 400, started)
-            return
-        unloaded = self.app.pool.unload(model)
-        self._send(200, {"model": model, "unloaded": unloaded})
-        self._log_request(model, 200, started)
+            raise _Reply(400, _error('give {"model": ID} or {"all": true}', "invalid_request_error"))
+        unloaded = await self._blocking(self.pool.unload, model)
+        await req.respond(200, {"model": model, "unloaded": unloaded})
+        self._log(req, model, 200)
+        return model
 
     # ------------------------------------------------------------------ proxy
 
-    def _proxy(self, path: str, body: bytes, data: dict[str, Any], started: float) -> None:
-        import httpx
-
+    async def _proxy(self, req: _Request, path: str, data: dict[str, Any], raw: bytes) -> str | None:
         model = data.get("model")
         if not isinstance(model, str) or not model:
-            self._send(400, _error('"model" is required (see GET /v1/models)', "invalid_request_error"))
-            self._log_request(None, 400, started)
-            return
-        chat = path == "/v1/chat/completions"
-        stream = chat and data.get("stream") is True
-        status, tokens = 502, (None, None)
-        try:
-            with self.app.pool.lease(model, wait=self.app.load_wait) as lease:
-                url = lease.url + path
-                # what the model's server did with the grammar canary, for attached agents' meta
-                canary = {GRAMMAR_HEADER: json.dumps(lease.grammar_enforced)} if chat else {}
-                if stream:
-                    status, tokens = self._relay_stream(url, body, canary)
-                else:
-                    status, tokens = self._relay(url, body, canary)
-        except UnknownServedModel as exc:
-            status = 404
-            self._send(404, _error(f"{exc} ({exc.hint})", "invalid_request_error", "model_not_found"))
-        except PoolBusy as exc:
-            status = 503
-            self._send(503, _error(f"{exc} ({exc.hint})", "server_error", "model_busy"))
-        except LocalLLMError as exc:  # fetch, verify or spawn failed: the model cannot load
-            status = 503
-            hint = f" ({exc.hint})" if getattr(exc, "hint", "") else ""
-            self._send(503, _error(f"cannot load {model!r}: {exc}{hint}", "server_error", "model_load_failed"))
-        except httpx.HTTPError as exc:
-            status = 502
-            self._send(
-                502,
-                _error(
-                    f"the llama-server of {model!r} failed: {type(exc).__name__}: {exc}",
-                    "server_error",
-                    "upstream_error",
-                ),
+            raise _Reply(
+                400, _error('"model" is required (see GET /v1/models)', "invalid_request_error", param="model")
             )
-        except (BrokenPipeError, ConnectionResetError):
-            status = 499  # the client went away mid-answer
-            self.close_connection = True
-        self._log_request(model, status, started, tokens)
+        prepared: chat.Prepared | None = None
+        keep_alive: float | None = None
+        try:
+            if path == "/v1/chat/completions":
+                prepared = chat.prepare(data, model, limits=self.limits.chat, stop=self.stops.get(model, ()))
+                keep_alive = prepared.keep_alive
+                raw = json.dumps(prepared.body).encode()
+            elif "keep_alive" in data:
+                keep_alive = chat.parse_keep_alive(data.pop("keep_alive"))
+                raw = json.dumps(data).encode()
+        except chat.BadRequest as exc:
+            raise _Reply(400, exc.to_json()) from None
+        if self._inflight >= self.limits.max_queue:
+            raise _Reply(
+                503,
+                _error(
+                    f"the service has {self._inflight} requests in flight "
+                    f"(its queue holds {self.limits.max_queue}); retry",
+                    "server_error",
+                    "queue_full",
+                ),
+                {"retry-after": str(self.limits.retry_after)},
+            )
+        self._inflight += 1
+        try:
+            status, tokens = await self._watched(req, self._leased(req, model, path, raw, prepared, keep_alive))
+        finally:
+            self._inflight -= 1
+        self._log(req, model, status, tokens)
+        return model
+
+    async def _watched(
+        self, req: _Request, work: Awaitable[tuple[int, tuple[Any, Any]]]
+    ) -> tuple[int, tuple[Any, Any]]:
+        """Run ``work`` while watching for the client leaving; if it leaves, cancel ``work``."""
+        task = asyncio.ensure_future(work)
+        watch = asyncio.ensure_future(req.receive())
+        try:
+            done, _ = await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if task in done:
+                return task.result()
+            message = watch.result()
+            if message.get("type") == "http.disconnect" and not req.completed:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+                raise ClientGone()
+            return await task  # an unexpected extra message: keep going
+        finally:
+            watch.cancel()
+            if not task.done():
+                task.cancel()
+
+    async def _leased(  # noqa: PLR0917
+        self,
+        req: _Request,
+        model: str,
+        path: str,
+        raw: bytes,
+        prepared: chat.Prepared | None,
+        keep_alive: float | None,
+    ) -> tuple[int, tuple[Any, Any]]:
+        loop = asyncio.get_running_loop()
+        acquiring = loop.run_in_executor(self._executor, self.pool.acquire, model, self.load_wait)
+        try:
+            held = await asyncio.shield(acquiring)
+        except asyncio.CancelledError:
+            # the client left while the model loaded: give the lease back once it is granted
+            def give_back(fut: asyncio.Future[Any]) -> None:
+                if not fut.cancelled() and fut.exception() is None:
+                    self._executor.submit(self.pool.release, fut.result())
+
+            acquiring.add_done_callback(give_back)
+            raise
+        except UnknownServedModel as exc:
+            raise _Reply(404, _error(f"{exc} ({exc.hint})", "invalid_request_error", "model_not_found")) from None
+        except PoolBusy as exc:
+            raise _Reply(
+                503, _error(f"{exc} ({exc.hint})", "server_error", "model_busy"), {"retry-after": "5"}
+            ) from None
+        except LocalLLMError as exc:  # fetch, verify or spawn failed: the model cannot load
+            hint = f" ({exc.hint})" if getattr(exc, "hint", "") else ""
+            raise _Reply(
+                503, _error(f"cannot load {model!r}: {exc}{hint}", "server_error", "model_load_failed")
+            ) from None
+        try:
+            lease = held.lease
+            if keep_alive is not None:
+                self.pool.keep(model, keep_alive)
+            extra = {GRAMMAR_HEADER: json.dumps(lease.grammar_enforced)} if path == "/v1/chat/completions" else {}
+            base = lease.url
+            for attempt in (1, 2):
+                try:
+                    self._hosts[base] = held.entry.spec.parallel + 1  # connections its HTTP threads can serve
+                    return await self._dispatch(req, base + path, raw, prepared, dict(extra))
+                except OSError as exc:
+                    if req.started_response:
+                        raise
+                    if attempt == 1:
+                        # the server died (a crash, an OOM kill): respawn it and try once more;
+                        # nothing reached the client yet
+                        await asyncio.sleep(0.2)
+                        with contextlib.suppress(LocalLLMError):
+                            base = await self._blocking(held.entry.backend.ensure_ready)
+                            continue
+                    raise _Reply(
+                        502,
+                        _error(
+                            f"the llama-server of {model!r} failed: {type(exc).__name__}: {exc}",
+                            "server_error",
+                            "upstream_error",
+                        ),
+                    ) from None
+            raise AssertionError("unreachable")
+        finally:
+            # not awaited: a cancelled request must still give its model back
+            self._executor.submit(self.pool.release, held)
+
+    async def _dispatch(
+        self, req: _Request, url: str, raw: bytes, prepared: chat.Prepared | None, extra: dict[str, str]
+    ) -> tuple[int, tuple[Any, Any]]:
+        if prepared is None:
+            return await self._relay(req, url, raw, extra)
+        extra[STRUCTURED_HEADER] = prepared.structured
+        if prepared.stream and not prepared.buffered:
+            extra[VALIDATED_HEADER] = "false"
+            return await self._relay_stream(req, url, raw, extra)
+        return await self._chat(req, url, raw, prepared, extra)
+
+    def _limit(self, url: str) -> int:
+        base = url[: url.find("/", len("http://"))] if url.count("/") > 2 else url
+        return self._hosts.get(base, 2)
 
     def _upstream_headers(self) -> dict[str, str]:
         return {
-            "Authorization": f"Bearer {self.app.upstream_key}",
+            "Authorization": f"Bearer {self.upstream_key}",
             "Content-Type": "application/json",
             "Accept-Encoding": "identity",
         }
 
-    def _relay(self, url: str, body: bytes, headers: Mapping[str, str]) -> tuple[int, tuple[Any, Any]]:
-        reply = self.app.client.post(url, content=body, headers=self._upstream_headers())
-        content = reply.content
+    async def _post(self, url: str, raw: bytes) -> tuple[int, dict[str, str], bytes]:
+        reply = await asyncio.wait_for(
+            self.client().request("POST", url, raw, self._upstream_headers(), limit=self._limit(url)), _READ
+        )
+        try:
+            return reply.status, reply.headers, await asyncio.wait_for(reply.read(), _READ)
+        finally:
+            reply.close()  # cancelled (the client left): the connection closes, the generation stops
+
+    async def _relay(
+        self, req: _Request, url: str, raw: bytes, extra: Mapping[str, str]
+    ) -> tuple[int, tuple[Any, Any]]:
+        status, headers, content = await self._post(url, raw)
         tokens: tuple[Any, Any] = (None, None)
-        if reply.status_code == 200:
+        if status == 200:
             with contextlib.suppress(ValueError):
                 tokens = _usage(json.loads(content))
-        self._send(reply.status_code, content, reply.headers.get("content-type", "application/json"), headers)
-        return reply.status_code, tokens
+        await req.respond(status, content, headers.get("content-type", "application/json"), extra)
+        return status, tokens
 
-    def _relay_stream(self, url: str, body: bytes, headers: Mapping[str, str]) -> tuple[int, tuple[Any, Any]]:
-        import httpx
+    async def _chat(
+        self, req: _Request, url: str, raw: bytes, prepared: chat.Prepared, extra: dict[str, str]
+    ) -> tuple[int, tuple[Any, Any]]:
+        status, headers, content = await self._post(url, raw)
+        try:
+            answer = json.loads(content)
+        except ValueError:
+            answer = None
+        if status != 200 or not isinstance(answer, dict):
+            await req.respond(status, content, headers.get("content-type", "application/json"), extra)
+            return status, (None, None)
+        tokens = _usage(answer)
+        try:
+            answer, validated = chat.finish(prepared, answer)
+        except chat.Invalid as exc:
+            extra[VALIDATED_HEADER] = "false"
+            await req.respond(
+                502,
+                _error(
+                    f"the model's answer broke a strict guarantee: {exc}",
+                    "server_error",
+                    "structured_output_invalid",
+                ),
+                headers=extra,
+            )
+            return 502, tokens
+        extra[VALIDATED_HEADER] = "true" if validated else "false"
+        if prepared.stream:
+            await req.start(200, "text/event-stream", {**extra, "cache-control": "no-cache"})
+            for event in chat.sse_events(prepared, answer):
+                await req.send({"type": "http.response.body", "body": event, "more_body": True})
+            await req.end()
+        else:
+            await req.respond(200, answer, headers=extra)
+        return 200, tokens
 
+    async def _relay_stream(
+        self, req: _Request, url: str, raw: bytes, extra: Mapping[str, str]
+    ) -> tuple[int, tuple[Any, Any]]:
         tail = b""
-        with self.app.client.stream("POST", url, content=body, headers=self._upstream_headers()) as reply:
-            self.send_response(reply.status_code)
-            self.send_header("Content-Type", reply.headers.get("content-type", "text/event-stream"))
-            self.send_header("Cache-Control", "no-cache")
-            self.send_header("Transfer-Encoding", "chunked")
-            for name, value in headers.items():
-                self.send_header(name, value)
-            self.end_headers()
+        reply = await self.client().request("POST", url, raw, self._upstream_headers(), limit=self._limit(url))
+        try:
+            await req.start(
+                reply.status,
+                reply.headers.get("content-type", "text/event-stream"),
+                {**extra, "cache-control": "no-cache"},
+            )
             try:
-                for chunk in reply.iter_raw():
+                async for chunk in reply.chunks():
                     if not chunk:
                         continue
-                    self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-                    self.wfile.flush()
+                    await req.send({"type": "http.response.body", "body": chunk, "more_body": True})
                     tail = (tail + chunk)[-_TAIL:]
-            except httpx.HTTPError:
+            except OSError:
                 # the server died mid-answer and the status line is already out: end the
                 # connection without the last chunk, so the client sees a broken stream
-                self.close_connection = True
-                return 502, _stream_usage(tail)
-            self.wfile.write(b"0\r\n\r\n")
-            self.wfile.flush()
-            return reply.status_code, _stream_usage(tail)
+                raise _Abort() from None
+            await req.end()
+            return reply.status, _stream_usage(tail)
+        finally:
+            reply.close()  # a client that left: the upstream connection closes, the generation stops
 
 
-class _Server6(ThreadingHTTPServer):
-    address_family = socket.AF_INET6
+class _Abort(Exception):
+    """Drop the client connection without ending the response (a broken upstream stream)."""
 
 
-def make_server(app: ServiceApp, host: str, port: int) -> ThreadingHTTPServer:
-    """A bound (not yet serving) HTTP server for ``app``."""
-    handler = type("ServiceHandler", (_Handler,), {"app": app})
-    server = (_Server6 if ":" in host else ThreadingHTTPServer)((host, port), handler)
-    server.daemon_threads = True
-    return server
+def _ms(req: _Request) -> float:
+    return (time.monotonic() - req.started) * 1000

@@ -54,12 +54,14 @@ def managed_server(spec: ModelSpec, api_key: str) -> ManagedServer:
     """The ManagedServer of a catalog entry (nothing fetched or spawned yet)."""
     from localllm.managed.server import ManagedServer
 
+    # answers name the served id (llama-server would say the GGUF's absolute path)
+    alias = () if {"-a", "--alias"} & {a.partition("=")[0] for a in spec.args} else ("--alias", spec.id)
     return ManagedServer(
         spec.server_bin,
         spec.source,
         role=spec.role,
         base_dir=spec.base_dir,
-        args=spec.args,
+        args=(*spec.args, *alias),
         parallel=spec.parallel,
         ctx_per_slot=spec.ctx_per_slot,
         threads=spec.threads,

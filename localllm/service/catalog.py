@@ -43,6 +43,8 @@ class ModelSpec:
     #: bytes on disk when known (the memory budget's estimate before the first load)
     size: int | None = None
     base_dir: Path | None = None
+    #: stop strings added to every chat request (the pin's, for a dialogue-template model)
+    stop: tuple[str, ...] = ()
 
     @property
     def pinned(self) -> bool:
@@ -138,7 +140,7 @@ def build_catalog(
             continue  # never served: it could never be verified
         if model_id in specs:
             spec = specs[model_id]
-            specs[model_id] = _with_pin(spec, pin.artifact.sha256, pin.artifact.size)
+            specs[model_id] = _with_pin(spec, pin.artifact.sha256, pin.artifact.size, pin.stop)
             continue
         if pin.role == "embedding":
             specs[model_id] = _embedding_spec(model_id, model_id, sha256=pin.artifact.sha256, size=pin.artifact.size)
@@ -150,16 +152,17 @@ def build_catalog(
                 parallel=chat_parallel,
                 sha256=pin.artifact.sha256,
                 size=pin.artifact.size,
+                stop=pin.stop,
             )
     return dict(sorted(specs.items()))
 
 
-def _with_pin(spec: ModelSpec, sha256: str, size: int | None) -> ModelSpec:
+def _with_pin(spec: ModelSpec, sha256: str, size: int | None, stop: tuple[str, ...] = ()) -> ModelSpec:
     if not spec.pinned:
         return spec
     from dataclasses import replace
 
-    return replace(spec, sha256=sha256, size=size)
+    return replace(spec, sha256=sha256, size=size, stop=stop if spec.role == "chat" else ())
 
 
 def is_cached(spec: ModelSpec, pins: Pins, layout: CacheLayout) -> bool:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import re
 import secrets
 import signal
 import threading
@@ -29,40 +28,18 @@ from localllm.errors import ServiceError, ServiceRunning
 from localllm.managed import discovery
 from localllm.service.backend import BackendFactory, managed_server
 from localllm.service.catalog import CHAT_PARALLEL, ModelSpec, build_catalog, is_cached
+from localllm.service.units import parse_duration, parse_size
 
 if TYPE_CHECKING:
-    from http.server import ThreadingHTTPServer
-
     from localllm.config import Config
     from localllm.managed.pins import Pins
-    from localllm.service.api import ServiceApp
+    from localllm.service.api import FrontLimits, ServiceApp
+    from localllm.service.front import Front
     from localllm.service.pool import ModelPool
 
 __all__ = ["DEFAULT_PORT", "ServeOptions", "Service", "is_loopback", "parse_duration", "parse_size"]
 
 DEFAULT_PORT = 8911
-_DURATION = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(GiB|G|GB|MiB|M|MB)?\s*$", re.IGNORECASE)
-
-
-def parse_duration(text: str) -> float:
-    """``5m``, ``30s``, ``1.5h``, ``250ms``, ``0`` (unload at once), ``-1`` (never) → seconds."""
-    match = _DURATION.match(text)
-    if not match:
-        raise ValueError(f"not a duration: {text!r} (use e.g. 30s, 5m, 1h, 0 or -1)")
-    value = float(match.group(1))
-    unit = match.group(2) or "s"
-    return value * {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}[unit]
-
-
-def parse_size(text: str) -> int:
-    """A memory size; a bare number is GiB: ``6``, ``6GiB``, ``512MiB`` → bytes."""
-    match = _SIZE.match(text)
-    if not match:
-        raise ValueError(f"not a memory size: {text!r} (use e.g. 6, 6GiB or 512MiB)")
-    unit = (match.group(2) or "GiB").lower()
-    scale = 1 << 20 if unit.startswith("m") else 1 << 30
-    return int(float(match.group(1)) * scale)
 
 
 @dataclass(frozen=True)
@@ -78,6 +55,12 @@ class ServeOptions:
     no_auth: bool = False
     chat_parallel: int = CHAT_PARALLEL
     load_wait: float = 300.0
+    #: web origins (``http://host:port``) allowed to call the service from a browser
+    allow_origins: tuple[str, ...] = ()
+    #: extra Host names accepted besides the bound loopback name/address
+    allow_hosts: tuple[str, ...] = ()
+    #: the HTTP front's bounds and the chat caps (None: the defaults of FrontLimits)
+    limits: FrontLimits | None = None
 
 
 class Service:
@@ -109,8 +92,7 @@ class Service:
         self.token: str | None = None if self.options.no_auth else (self.options.token or secrets.token_urlsafe(32))
         self._upstream_key = secrets.token_urlsafe(24)
         self._lock_fd: int | None = None
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        self._server: Front | None = None
         self._stop_event = threading.Event()
         self._closed = threading.Event()
         self._close_lock = threading.Lock()
@@ -127,8 +109,7 @@ class Service:
     @property
     def port(self) -> int:
         assert self._server is not None, "not started"
-        port: int = self._server.server_address[1]
-        return port
+        return self._server.port
 
     @property
     def url(self) -> str:
@@ -150,10 +131,7 @@ class Service:
             self.close()
             raise
         assert self._server is not None
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.2}, name="localllm-service-http", daemon=True
-        )
-        self._thread.start()
+        self._server.start()
         return self
 
     def _take_lock(self) -> None:
@@ -226,19 +204,13 @@ class Service:
             self.app.metrics.add("localllm_model_events_total", event=kind, model=model)
 
     def _bind(self) -> None:
-        import httpx  # imported before any handler thread runs (no racing lazy imports)
-
-        from localllm.service.api import ServiceApp, make_server
+        from localllm.service.api import FrontLimits, ServiceApp
+        from localllm.service.front import Front
+        from localllm.service.guard import Guard
 
         assert self.pool is not None
-        client = httpx.Client(
-            trust_env=False,
-            timeout=httpx.Timeout(connect=5.0, read=900.0, write=60.0, pool=60.0),
-            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
-        )
         self.app = ServiceApp(
             pool=self.pool,
-            client=client,
             instance=self.instance,
             token=self.token,
             upstream_key=self._upstream_key,
@@ -246,15 +218,17 @@ class Service:
             request_shutdown=self.request_stop,
             info=self.info,
             load_wait=self.options.load_wait,
+            limits=self.options.limits or FrontLimits(),
+            stops={model_id: spec.stop for model_id, spec in self.catalog.items() if spec.stop},
         )
         try:
-            self._server = make_server(self.app, self.options.host, self.options.port)
+            self._server = Front(self.app, self.options.host, self.options.port)
         except OSError as exc:
-            client.close()
             raise ServiceError(
                 f"cannot listen on {self.options.host}:{self.options.port}: {exc.strerror or exc}",
                 hint="choose another --port (0 picks a free one) or stop whatever holds it",
             ) from exc
+        self.app.guard = Guard.build(self.options.host, self.port, self.options.allow_origins, self.options.allow_hosts)
 
     def _publish(self) -> None:
         token_file: str | None = None
@@ -341,15 +315,11 @@ class Service:
             self._closed.set()
         self._stop_event.set()
         if self._server is not None:
-            if self._thread is not None:
-                self._server.shutdown()
-            self._server.server_close()
-        if self.app is not None:
-            self.app.drop_connections()
+            self._server.stop()
         if self.pool is not None:
             self.pool.close()
         if self.app is not None:
-            self.app.client.close()
+            self.app.close()
         if self._lock_fd is not None:
             discovery.remove_discovery(self.cache_root, self.instance)
             if self.token is not None:

@@ -25,7 +25,7 @@ from localllm.errors import LocalLLMError, ServiceError
 from localllm.service.backend import Backend, BackendFactory
 from localllm.service.catalog import ModelSpec
 
-__all__ = ["Lease", "LoadedModel", "ModelPool", "PoolBusy", "UnknownServedModel"]
+__all__ = ["Held", "Lease", "LoadedModel", "ModelPool", "PoolBusy", "UnknownServedModel"]
 
 
 class UnknownServedModel(ServiceError, LookupError):
@@ -52,6 +52,8 @@ class _Entry:
     served: int = 0
     last_used: float = field(default_factory=time.monotonic)
     loaded_at: float = field(default_factory=time.monotonic)
+    #: a request's ``keep_alive`` (Ollama's semantics) overrides the pool's until the next one
+    keep_alive: float | None = None
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,14 @@ class Lease:
     grammar_enforced: bool | None = None  # the server's grammar canary (chat servers)
 
 
+@dataclass(frozen=True)
+class Held:
+    """What :meth:`ModelPool.acquire` hands out and :meth:`ModelPool.release` takes back."""
+
+    lease: Lease
+    entry: _Entry
+
+
 class ModelPool:
     """Loaded llama-servers keyed by model id; see the module docstring for the rules."""
 
@@ -138,6 +148,27 @@ class ModelPool:
             yield Lease(model=model, url=url, grammar_enforced=entry.backend.grammar_enforced)
         finally:
             self._release(entry)
+
+    def acquire(self, model: str, wait: float = 300.0) -> Held:
+        """Hold ``model`` (loading it if needed) until :meth:`release` — for callers that cannot
+        use :meth:`lease` (an event loop holds the model across awaits)."""
+        entry, url = self._acquire(model, wait)
+        return Held(Lease(model=model, url=url, grammar_enforced=entry.backend.grammar_enforced), entry)
+
+    def release(self, held: Held) -> None:
+        self._release(held.entry)
+
+    def keep(self, model: str, seconds: float) -> None:
+        """A request's ``keep_alive``: unload ``model`` after ``seconds`` idle from now on
+        (``0``: right after its requests finish; negative: never)."""
+        with self._cond:
+            entry = self._entries.get(model)
+            if entry is not None:
+                entry.keep_alive = seconds
+            self._cond.notify_all()
+
+    def _keep_alive(self, entry: _Entry) -> float:
+        return self.keep_alive if entry.keep_alive is None else entry.keep_alive
 
     def _acquire(self, model: str, wait: float) -> tuple[_Entry, str]:
         spec = self.catalog.get(model)
@@ -218,7 +249,7 @@ class ModelPool:
             if served:
                 entry.served += 1
             entry.last_used = time.monotonic()
-            if self.keep_alive == 0 and entry.busy == 0 and self._entries.get(entry.spec.id) is entry:
+            if self._keep_alive(entry) == 0 and entry.busy == 0 and self._entries.get(entry.spec.id) is entry:
                 del self._entries[entry.spec.id]
                 self._stopping += 1
                 stop = True
@@ -298,14 +329,14 @@ class ModelPool:
             return entry is not None and entry.state is EntryState.READY
 
     def start_reaper(self) -> None:
-        """Unload idle models after ``keep_alive`` (no thread when models are kept forever)."""
-        if self.keep_alive <= 0 or self._reaper is not None:
+        """Unload idle models after their keep-alive (requests may set one per model)."""
+        if self._reaper is not None:
             return
         self._reaper = threading.Thread(target=self._reap_loop, name="localllm-keepalive", daemon=True)
         self._reaper.start()
 
     def _reap_loop(self) -> None:
-        interval = min(max(self.keep_alive / 4, 0.05), 5.0)
+        interval = min(max(self.keep_alive / 4, 0.05), 1.0) if self.keep_alive > 0 else 1.0
         while True:
             expired: list[_Entry] = []
             with self._cond:
@@ -313,7 +344,8 @@ class ModelPool:
                     return
                 now = time.monotonic()
                 for model, e in list(self._entries.items()):
-                    if e.state is EntryState.READY and e.busy == 0 and now - e.last_used >= self.keep_alive:
+                    keep = self._keep_alive(e)
+                    if e.state is EntryState.READY and e.busy == 0 and keep >= 0 and now - e.last_used >= keep:
                         del self._entries[model]
                         self._stopping += 1
                         expired.append(e)

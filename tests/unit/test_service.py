@@ -160,16 +160,11 @@ def test_models_lists_config_and_pinned_ids_with_flags(make_service: Factory) ->
 
 
 def test_routing_by_model_and_bodies_pass_through(make_service: Factory, env: dict[str, Path]) -> None:
+    # a chat body keeps every field it was sent with (a client's own grammar too); what the
+    # service adds or compiles (max_tokens, stop, response_format) is in test_service_front.py
     service = make_service()
-    fmt = {
-        "type": "json_schema",
-        "json_schema": {
-            "name": "x",
-            "schema": {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]},
-        },
-    }
     with client(service) as http:
-        answer = chat(http, "chat", response_format=fmt, grammar='root ::= "x"')
+        answer = chat(http, "chat", grammar='root ::= "x"', top_k=5, cache_prompt=True)
         assert answer.status_code == 200
         assert answer.json()["choices"][0]["message"]["content"] == "x"  # the grammar reached the server
         assert answer.headers[GRAMMAR_HEADER] == "true"  # the chat server passed the start-up canary
@@ -194,7 +189,7 @@ def test_routing_by_model_and_bodies_pass_through(make_service: Factory, env: di
     eventually(lambda: posts()[2:])  # the fake logs a request after answering it: wait for all 3
     sent = posts()
     chat_body = next(r["body"] for r in sent if r["path"] == "/v1/chat/completions")
-    assert chat_body["response_format"] == fmt and chat_body["grammar"] == 'root ::= "x"'
+    assert chat_body["grammar"] == 'root ::= "x"' and chat_body["top_k"] == 5 and chat_body["cache_prompt"] is True
     embed_body = next(r["body"] for r in sent if r["path"] == "/v1/embeddings")
     assert embed_body["input"] == ["query text"]  # no prefix added in the OpenAI surface
     # the upstream servers demand a key of their own: other local users cannot bypass the service

@@ -1,0 +1,617 @@
+"""The OpenAI chat surface localllm guarantees: validated requests, compiled structured output, tool calls.
+
+:func:`prepare` turns a client's ``/v1/chat/completions`` body into the body sent to
+llama-server, or raises :class:`BadRequest` (400, OpenAI's error shape):
+
+* **Checks and caps**: known roles only; numbers finite and in OpenAI's ranges;
+  ``max_tokens`` defaults to, and is capped at, the service's ceiling; ``n_predict`` is
+  folded into ``max_tokens``; ``n``, ``n_probs`` and ``top_logprobs`` are clamped; the
+  model's pinned stop strings are added; ``keep_alive`` is taken out (the pool applies it).
+* **Structured output**: a ``response_format`` ``json_schema`` is compiled with
+  localllm's own compiler (:func:`localllm.grammar.compile_schema`) and sent as
+  ``grammar`` (``compiled``). When it cannot be expressed exactly, ``strict: true`` is a
+  400 naming the refusal (path + construct); otherwise llama.cpp's converter gets the
+  schema (``converter``). Every answer is validated against the schema.
+* **Tool calls on any model**: the tool list is rendered into the prompt and the answer
+  is constrained by a compiled grammar admitting exactly the calls (each tool's
+  ``parameters`` schema), or with ``tool_choice: auto`` either calls or a reply. The
+  model writes ``{"tool_calls": [{"name": …, "arguments": {…}}]}`` or ``{"content": …}``;
+  :func:`finish` turns that into OpenAI's ``tool_calls`` (ids, ``finish_reason:
+  "tool_calls"``) after validating every call's arguments.
+
+:func:`finish` post-processes llama-server's answer (validation, tool calls, the served
+model id); :func:`sse_events` renders a finished answer as a stream (structured and tool
+requests are generated whole and validated before the first byte is sent).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "ROLES",
+    "BadRequest",
+    "ChatLimits",
+    "Invalid",
+    "Prepared",
+    "finish",
+    "loads",
+    "prepare",
+    "sse_events",
+]
+
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+#: tool calls one answer may hold when ``parallel_tool_calls`` is allowed
+MAX_PARALLEL_CALLS = 8
+
+# (field, low, high, integer?) — OpenAI's documented ranges (llama-server's extras sensibly)
+_RANGES: tuple[tuple[str, float, float, bool], ...] = (
+    ("temperature", 0.0, 2.0, False),
+    ("top_p", 0.0, 1.0, False),
+    ("min_p", 0.0, 1.0, False),
+    ("typical_p", 0.0, 1.0, False),
+    ("top_k", 0, 1000, True),
+    ("frequency_penalty", -2.0, 2.0, False),
+    ("presence_penalty", -2.0, 2.0, False),
+    ("repeat_penalty", 0.0, 10.0, False),
+    ("repeat_last_n", -1, 1 << 20, True),
+    ("seed", -(1 << 63), (1 << 64) - 1, True),
+    ("max_tokens", 1, 1 << 31, True),
+    ("max_completion_tokens", 1, 1 << 31, True),
+    ("n_predict", -1, 1 << 31, True),
+    ("n", 1, 128, True),
+    ("n_probs", 0, 1 << 31, True),
+    ("top_logprobs", 0, 1 << 31, True),
+)
+
+
+class BadRequest(Exception):
+    """A 400 in OpenAI's shape: the message, the offending parameter and a code."""
+
+    def __init__(self, message: str, param: str | None = None, code: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "error": {"message": str(self), "type": "invalid_request_error", "param": self.param, "code": self.code}
+        }
+
+
+class Invalid(Exception):
+    """An answer that breaks a strict guarantee (schema or tool arguments): never a 200."""
+
+
+@dataclass(frozen=True)
+class ChatLimits:
+    """The service's ceilings (``localllm serve`` flags)."""
+
+    max_tokens: int = 1024
+    max_n: int = 4
+    max_logprobs: int = 20
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of range for a number")
+    return value
+
+
+def loads(raw: bytes) -> Any:
+    """Strict JSON: NaN/Infinity and numbers that overflow to infinity are errors (ValueError)."""
+    return json.loads(raw, parse_constant=_reject_constant, parse_float=_finite_float)
+
+
+# -------------------------------------------------------------------------- request
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    parameters: dict[str, Any]
+    description: str
+    strict: bool
+    exact: bool  # its parameters compiled exactly (else they are only validated)
+
+
+@dataclass
+class Prepared:
+    """What to send upstream, and what to do with the answer."""
+
+    body: dict[str, Any]
+    model: str
+    stream: bool  # the client asked for a stream
+    include_usage: bool = False
+    structured: str = "none"  # compiled | converter | none
+    schema: Any = None  # what the content must validate against (json_schema / json_object)
+    strict: bool = False
+    tools: dict[str, Tool] = field(default_factory=dict)
+    tool_mode: str = "none"  # none | auto | required | named
+    reply_schema: Any = None  # tool_choice auto with a response_format: the reply's schema
+    keep_alive: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def buffered(self) -> bool:
+        """Generate whole upstream (validated before the first byte) even when the client streams."""
+        return self.structured != "none" or self.tool_mode != "none"
+
+
+def parse_keep_alive(value: Any) -> float:
+    """Ollama's ``keep_alive``: seconds (number) or a duration (``5m``); negative keeps it loaded."""
+    if isinstance(value, bool) or value is None:
+        raise BadRequest("keep_alive must be a number of seconds or a duration such as 5m", "keep_alive")
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        from localllm.service.units import parse_duration
+
+        try:
+            return parse_duration(value)
+        except ValueError as exc:
+            raise BadRequest(str(exc), "keep_alive") from None
+    raise BadRequest("keep_alive must be a number of seconds or a duration such as 5m", "keep_alive")
+
+
+def _check_numbers(body: dict[str, Any]) -> None:
+    for name, low, high, integer in _RANGES:
+        if name not in body or body[name] is None:
+            continue
+        value = body[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise BadRequest(f"{name} must be a number, got {value!r}", name)
+        if integer and not (isinstance(value, int) or float(value).is_integer()):
+            raise BadRequest(f"{name} must be an integer, got {value!r}", name)
+        if not low <= value <= high:
+            raise BadRequest(f"{name} must be between {low:g} and {high:g}, got {value!r}", name)
+        if integer:
+            body[name] = int(value)
+    for name in ("stream", "logprobs", "parallel_tool_calls"):
+        if name in body and body[name] is not None and not isinstance(body[name], bool):
+            raise BadRequest(f"{name} must be true or false, got {body[name]!r}", name)
+
+
+def _check_messages(messages: Any) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages must be a non-empty array", "messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise BadRequest(f"messages[{i}] must be an object", f"messages[{i}]")
+        role = m.get("role")
+        if role not in ROLES:
+            raise BadRequest(
+                f"messages[{i}].role must be one of {', '.join(sorted(ROLES))}, got {role!r}", f"messages[{i}].role"
+            )
+        content = m.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            raise BadRequest(f"messages[{i}].content must be a string or an array of parts", f"messages[{i}].content")
+
+
+def _stops(body: dict[str, Any], extra: tuple[str, ...]) -> None:
+    stop = body.get("stop")
+    if stop is None:
+        given: list[str] = []
+    elif isinstance(stop, str):
+        given = [stop]
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        given = list(stop)
+    else:
+        raise BadRequest("stop must be a string or an array of strings", "stop")
+    merged = given + [s for s in extra if s not in given]
+    if merged:
+        body["stop"] = merged
+
+
+def _schema_problem(schema: Any, param: str) -> None:
+    from localllm.grammar.compile import schema_problem
+
+    if not isinstance(schema, dict):
+        raise BadRequest(f"{param} must be a JSON Schema object", param)
+    problem = schema_problem(schema)
+    if problem is not None:
+        where, why = problem
+        raise BadRequest(f"{param} is not a valid JSON Schema at {where}: {why}", param, "invalid_schema")
+
+
+def _response_format(rf: Any) -> tuple[str, Any, bool]:
+    """(kind, schema, strict) of a ``response_format``; 400 when it is malformed."""
+    if not isinstance(rf, dict):
+        raise BadRequest("response_format must be an object with a type", "response_format")
+    kind = rf.get("type")
+    if kind == "text":
+        return "text", None, False
+    if kind == "json_object":
+        # llama.cpp's extension: an optional "schema" beside the type
+        schema = rf.get("schema", {"type": "object"})
+        _schema_problem(schema, "response_format.schema")
+        return "json_object", schema, False
+    if kind != "json_schema":
+        raise BadRequest(
+            f"response_format.type must be text, json_object or json_schema, got {kind!r}", "response_format.type"
+        )
+    spec = rf.get("json_schema")
+    if not isinstance(spec, dict):
+        raise BadRequest(
+            'response_format json_schema needs {"json_schema": {"name": …, "schema": {…}}}',
+            "response_format.json_schema",
+        )
+    name = spec.get("name")
+    if not isinstance(name, str) or not name:
+        raise BadRequest(
+            "response_format.json_schema.name must be a non-empty string", "response_format.json_schema.name"
+        )
+    strict = spec.get("strict", False)
+    if not isinstance(strict, bool):
+        raise BadRequest(
+            "response_format.json_schema.strict must be true or false", "response_format.json_schema.strict"
+        )
+    schema = spec.get("schema", {})
+    _schema_problem(schema, "response_format.json_schema.schema")
+    return "json_schema", schema, strict
+
+
+def _converter_errors(schema: Any) -> bool:
+    from localllm.grammar import check_subset
+
+    return any(v.severity == "error" for v in check_subset(schema))
+
+
+def _refusal(compiled: Any, param: str) -> BadRequest:
+    first = compiled.refusals[0] if compiled.refusals else None
+    where = f" at {first.path} [{first.construct}]" if first is not None else ""
+    why = f": {first.message}" if first is not None else ""
+    return BadRequest(
+        f"Invalid schema for {param}{where}: localllm cannot enforce it exactly{why}. "
+        "Use strict: false to have it validated only, or drop the construct.",
+        param,
+        "unsupported_schema",
+    )
+
+
+def _tools(raw: Any) -> dict[str, Tool]:
+    from localllm.grammar import compile_schema
+
+    if not isinstance(raw, list) or not raw:
+        raise BadRequest("tools must be a non-empty array", "tools")
+    tools: dict[str, Tool] = {}
+    for i, item in enumerate(raw):
+        fn = item.get("function") if isinstance(item, dict) and item.get("type") == "function" else None
+        if not isinstance(fn, dict):
+            raise BadRequest(f'tools[{i}] must be {{"type": "function", "function": {{…}}}}', f"tools[{i}]")
+        name = fn.get("name")
+        if not isinstance(name, str) or not name or len(name) > 64:
+            raise BadRequest(f"tools[{i}].function.name must be a name of 1-64 characters", f"tools[{i}].function.name")
+        if name in tools:
+            raise BadRequest(f"tools[{i}].function.name {name!r} is given twice", f"tools[{i}].function.name")
+        params = fn.get("parameters", {"type": "object", "properties": {}})
+        _schema_problem(params, f"tools[{i}].function.parameters")
+        strict = fn.get("strict", False)
+        if not isinstance(strict, bool):
+            raise BadRequest(f"tools[{i}].function.strict must be true or false", f"tools[{i}].function.strict")
+        compiled = compile_schema(params)
+        if not compiled.exact and strict:
+            raise _refusal(compiled, f"tools[{i}].function.parameters")
+        description = fn.get("description") or ""
+        tools[name] = Tool(name, params, str(description), strict, compiled.exact)
+    return tools
+
+
+def _tool_choice(choice: Any, tools: dict[str, Tool]) -> tuple[str, str | None]:
+    if choice is None:
+        return "auto", None
+    if choice in ("none", "auto", "required"):
+        return str(choice), None
+    fn = choice.get("function") if isinstance(choice, dict) and choice.get("type") == "function" else None
+    name = fn.get("name") if isinstance(fn, dict) else None
+    if not isinstance(name, str):
+        raise BadRequest(
+            'tool_choice must be none, auto, required or {"type": "function", "function": {"name": …}}', "tool_choice"
+        )
+    if name not in tools:
+        raise BadRequest(f"tool_choice names {name!r}, which is not in tools", "tool_choice")
+    return "named", name
+
+
+def _call_schema(tool: Tool) -> dict[str, Any]:
+    arguments = tool.parameters if tool.exact else {"type": "object"}
+    return {
+        "type": "object",
+        "properties": {"name": {"const": tool.name}, "arguments": arguments},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+
+
+def answer_schema(tools: list[Tool], *, parallel: bool, reply: Any | None) -> dict[str, Any]:
+    """The JSON the model writes: calls (one, or up to MAX_PARALLEL_CALLS), or (reply given) a reply."""
+    calls = [_call_schema(t) for t in tools]
+    item = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    array: dict[str, Any] = {"type": "array", "items": item, "minItems": 1}
+    array["maxItems"] = MAX_PARALLEL_CALLS if parallel else 1
+    calling = {
+        "type": "object",
+        "properties": {"tool_calls": array},
+        "required": ["tool_calls"],
+        "additionalProperties": False,
+    }
+    if reply is None:
+        return calling
+    replying = {
+        "type": "object",
+        "properties": {"content": reply},
+        "required": ["content"],
+        "additionalProperties": False,
+    }
+    return {"anyOf": [calling, replying]}
+
+
+def _tool_prompt(tools: list[Tool], mode: str, parallel: bool) -> str:
+    lines = ["You can call these tools:"]
+    for t in tools:
+        what = f": {t.description}" if t.description else ""
+        lines.append(f"- {t.name}{what}\n  arguments (JSON Schema): {json.dumps(t.parameters, separators=(',', ':'))}")
+    call = '{"tool_calls": [{"name": "<tool name>", "arguments": {<arguments>}}]}'
+    several = " (list several calls to run them in parallel)" if parallel else ""
+    lines.append(f"To call a tool, answer with this JSON and nothing else{several}: {call}")
+    if mode == "auto":
+        lines.append('To answer without a tool, answer with {"content": "<your reply>"}.')
+    elif mode == "named" and len(tools) == 1:
+        lines.append(f"Call the tool {tools[0].name}.")
+    else:
+        lines.append("Call a tool.")
+    return "\n".join(lines)
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
+
+
+def _plain_messages(messages: list[dict[str, Any]], system: str | None) -> list[dict[str, Any]]:
+    """Tool turns as text every template can render; the tool prompt in the system message."""
+    out: list[dict[str, Any]] = []
+    for given in messages:
+        role = given["role"]
+        m = {**given, "role": "system"} if role == "developer" else given
+        if role == "assistant" and m.get("tool_calls"):
+            calls = []
+            for call in m["tool_calls"] if isinstance(m["tool_calls"], list) else []:
+                fn = call.get("function", {}) if isinstance(call, dict) else {}
+                try:
+                    args = json.loads(fn.get("arguments") or "{}")
+                except (TypeError, ValueError):
+                    args = fn.get("arguments")
+                calls.append({"name": fn.get("name"), "arguments": args})
+            m = {"role": "assistant", "content": json.dumps({"tool_calls": calls}, separators=(",", ":"))}
+        elif role in ("tool", "function"):
+            who = m.get("name") or m.get("tool_call_id") or "tool"
+            m = {"role": "user", "content": f"Result of {who}: {_text(m.get('content'))}"}
+        out.append(m)
+    if system:
+        if out and out[0]["role"] == "system" and isinstance(out[0].get("content"), str):
+            out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{system}"}
+        else:
+            out.insert(0, {"role": "system", "content": system})
+    return out
+
+
+def prepare(
+    data: dict[str, Any],
+    model: str,
+    *,
+    limits: ChatLimits = ChatLimits(),
+    stop: tuple[str, ...] = (),
+) -> Prepared:
+    """The upstream body and the answer's handling for one chat request (BadRequest: 400)."""
+    from localllm.grammar import compile_schema
+
+    body = dict(data)
+    _check_messages(body.get("messages"))
+    _check_numbers(body)
+    keep_alive = parse_keep_alive(body.pop("keep_alive")) if "keep_alive" in body else None
+    # cost caps: one ceiling for max_tokens (the default too), n_predict folded in
+    asked = [body[k] for k in ("max_tokens", "max_completion_tokens") if isinstance(body.get(k), int)]
+    n_predict = body.pop("n_predict", None)
+    if isinstance(n_predict, int) and n_predict >= 0:
+        asked.append(n_predict)
+    body.pop("max_completion_tokens", None)
+    body["max_tokens"] = min([*asked, limits.max_tokens])
+    if "n" in body:
+        body["n"] = min(body["n"], limits.max_n)
+    for name in ("n_probs", "top_logprobs"):
+        if name in body:
+            body[name] = min(body[name], limits.max_logprobs)
+    _stops(body, stop)
+    stream = body.get("stream") is True
+    options = body.get("stream_options")
+    include_usage = isinstance(options, dict) and options.get("include_usage") is True
+    prepared = Prepared(body=body, model=model, stream=stream, include_usage=include_usage, keep_alive=keep_alive)
+
+    kind, schema, strict = ("text", None, False)
+    if body.get("response_format") is not None:
+        kind, schema, strict = _response_format(body["response_format"])
+    if kind == "text":
+        body.pop("response_format", None)
+
+    tools = _tools(body["tools"]) if body.get("tools") is not None else {}
+    mode, named = _tool_choice(body.get("tool_choice"), tools) if tools else ("none", None)
+    if "tool_choice" in body and not tools and body["tool_choice"] not in (None, "none", "auto"):
+        raise BadRequest("tool_choice needs tools", "tool_choice")
+    for key in ("tools", "tool_choice", "parallel_tool_calls"):
+        body.pop(key, None)
+    body["messages"] = _plain_messages(body["messages"], None)
+
+    if mode != "none":
+        chosen = [tools[named]] if named else list(tools.values())
+        parallel = body.get("parallel_tool_calls", data.get("parallel_tool_calls", True)) is not False
+        reply = None
+        if mode == "auto":
+            reply = schema if kind != "text" else {"type": "string"}
+        target = answer_schema(chosen, parallel=parallel, reply=reply)
+        compiled = compile_schema(target)
+        if not compiled.exact:  # a reply schema the compiler refuses
+            raise _refusal(compiled, "response_format.json_schema.schema")
+        body.pop("response_format", None)
+        body["grammar"] = compiled.grammar
+        body["messages"] = _plain_messages(data["messages"], _tool_prompt(chosen, mode, parallel))
+        prepared.tools = {t.name: t for t in chosen}
+        prepared.tool_mode = mode
+        prepared.reply_schema = schema if kind != "text" else None
+        prepared.structured = "compiled"
+        prepared.strict = strict or any(t.strict for t in chosen)
+        body["stream"] = False
+        body.pop("stream_options", None)
+        return prepared
+
+    if kind in ("json_object", "json_schema"):
+        if "grammar" in body:
+            raise BadRequest("give either response_format or grammar, not both", "grammar")
+        compiled = compile_schema(schema if isinstance(schema, (dict, bool)) else {})
+        if compiled.exact:
+            body.pop("response_format", None)
+            body["grammar"] = compiled.grammar
+            prepared.structured = "compiled"
+        elif strict and _converter_errors(schema):
+            # neither localllm's compiler nor llama.cpp's converter enforces it
+            raise _refusal(compiled, "response_format.json_schema.schema")
+        else:
+            # llama.cpp's converter (strict: only when localllm's checker says it enforces the
+            # schema); the answer is validated either way
+            prepared.structured = "converter"
+            prepared.notes = [r.message for r in compiled.refusals]
+            if kind == "json_object":
+                body["response_format"] = {"type": "json_object", "schema": schema}
+        prepared.schema = schema
+        prepared.strict = strict
+        body["stream"] = False
+        body.pop("stream_options", None)
+    return prepared
+
+
+# -------------------------------------------------------------------------- answer
+
+
+def _validator(schema: Any) -> Any:
+    import jsonschema
+
+    from localllm.grammar.compile import validator_class
+
+    return validator_class(schema)(schema, format_checker=jsonschema.FormatChecker())
+
+
+def _violation(schema: Any, value: Any) -> str | None:
+    error = next(iter(_validator(schema).iter_errors(value)), None)
+    if error is None:
+        return None
+    where = "$" + "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
+    return f"{where}: {error.message}"
+
+
+def _call_id() -> str:
+    return "call_" + secrets.token_urlsafe(18).replace("-", "a").replace("_", "b")
+
+
+def finish(prepared: Prepared, answer: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """(the answer for the client, validated); :class:`Invalid` when a strict guarantee broke."""
+    answer["model"] = prepared.model
+    choices = answer.get("choices")
+    if prepared.structured == "none" or not isinstance(choices, list):
+        return answer, False
+    validated = True
+    for choice in choices:
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if not isinstance(message, dict):
+            raise Invalid("the model's answer has no message")
+        content = message.get("content")
+        reason = choice.get("finish_reason")
+        try:
+            value = json.loads(content) if isinstance(content, str) else None
+        except ValueError:
+            value = None
+        if value is None:
+            cut = " (cut off by max_tokens)" if reason == "length" else ""
+            if prepared.tool_mode != "none" or prepared.strict:
+                raise Invalid(f"the model's answer is not complete JSON{cut}")
+            validated = False
+            continue
+        if prepared.tool_mode == "none":
+            problem = _violation(prepared.schema, value)
+            if problem is not None:
+                if prepared.strict:
+                    raise Invalid(f"the answer violates the schema at {problem}")
+                validated = False
+            continue
+        if isinstance(value, dict) and "tool_calls" in value:
+            calls = []
+            for call in value["tool_calls"]:
+                tool = prepared.tools.get(str(call.get("name"))) if isinstance(call, dict) else None
+                if tool is None:
+                    raise Invalid(f"the model called an unknown tool: {call!r:.200}")
+                args = call.get("arguments")
+                problem = _violation(tool.parameters, args)
+                if problem is not None:
+                    if tool.strict:
+                        raise Invalid(f"the arguments of {tool.name} violate its parameters at {problem}")
+                    validated = False
+                calls.append(
+                    {
+                        "id": _call_id(),
+                        "type": "function",
+                        "function": {"name": tool.name, "arguments": json.dumps(args, ensure_ascii=False)},
+                    }
+                )
+            message["content"] = None
+            message["tool_calls"] = calls
+            choice["finish_reason"] = "tool_calls"
+        elif isinstance(value, dict) and "content" in value:
+            reply = value["content"]
+            if prepared.reply_schema is not None:
+                problem = _violation(prepared.reply_schema, reply)
+                if problem is not None:
+                    if prepared.strict:
+                        raise Invalid(f"the reply violates the schema at {problem}")
+                    validated = False
+            message["content"] = reply if isinstance(reply, str) else json.dumps(reply, ensure_ascii=False)
+        else:
+            raise Invalid("the model's answer is neither a tool call nor a reply")
+    return answer, validated
+
+
+def sse_events(prepared: Prepared, answer: dict[str, Any]) -> list[bytes]:
+    """A finished answer as OpenAI's server-sent events (role/content or tool_calls deltas, usage, [DONE])."""
+    base = {
+        "id": answer.get("id") or f"chatcmpl-{secrets.token_hex(12)}",
+        "object": "chat.completion.chunk",
+        "created": answer.get("created") or int(time.time()),
+        "model": prepared.model,
+    }
+    events: list[dict[str, Any]] = []
+    for i, choice in enumerate(answer.get("choices") or []):
+        message = choice.get("message") or {}
+        delta: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+        if message.get("tool_calls"):
+            delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]
+        index = choice.get("index", i)
+        events.append({**base, "choices": [{"index": index, "delta": delta, "finish_reason": None}]})
+        events.append(
+            {**base, "choices": [{"index": index, "delta": {}, "finish_reason": choice.get("finish_reason")}]}
+        )
+    if prepared.include_usage and answer.get("usage") is not None:
+        events.append({**base, "choices": [], "usage": answer["usage"]})
+    out = [b"data: " + json.dumps(e, ensure_ascii=False).encode() + b"\n\n" for e in events]
+    out.append(b"data: [DONE]\n\n")
+    return out

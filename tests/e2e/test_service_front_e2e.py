@@ -1,0 +1,372 @@
+"""``localllm serve``'s front end to end: real llama-server, gemma-3-270m, and client libraries nobody here wrote.
+
+The official ``openai`` client (models.retrieve, streaming usage, strict json_schema,
+refused schema, tool calls), LangChain ``with_structured_output`` (function_calling and
+json_schema), pydantic-ai's default (tool) output and litellm's tool calls; then the
+attacks: DNS rebinding and a cross-origin ``text/plain`` stop under ``--no-auth``, 1,500
+half-open connections, 32 clients × 8 requests, a chunked body, a 100,000-deep body, and a
+client that leaves freeing its llama-server slot (read from llama-server's ``/slots``).
+Every test is bounded by client timeouts.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jsonschema
+import openai
+import pydantic
+import pytest
+
+from tests.e2e.test_service_e2e import CHAT, Served, serve
+
+__all__ = ["serve"]  # the fixture
+
+pytestmark = pytest.mark.e2e
+
+WEATHER_PARAMS = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 30},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+    },
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+WEATHER: Any = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city",
+        "parameters": WEATHER_PARAMS,
+        "strict": True,
+    },
+}
+ASK: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+class Ticket(pydantic.BaseModel):
+    queue: str = pydantic.Field(max_length=20)
+    urgent: bool
+
+
+def _http(served: Served) -> httpx.Client:
+    return httpx.Client(
+        base_url=served.found.url,
+        headers={"Authorization": f"Bearer {served.token}"} if served.token else {},
+        trust_env=False,
+        timeout=60,
+    )
+
+
+def _args(call: Any) -> dict[str, Any]:
+    value = json.loads(call.function.arguments)
+    assert isinstance(value, dict)
+    return value
+
+
+# -- the official openai client ------------------------------------------------------------
+def test_openai_client_surface_structured_output_and_tool_calls(serve: Callable[..., Served]) -> None:
+    served = serve()
+    client: Any = served.client()
+    assert client.models.retrieve(CHAT).id == CHAT
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
+
+    # the README's first example: no max_tokens, the pin's stop string ends the reply
+    reply = client.chat.completions.create(model=CHAT, messages=[{"role": "user", "content": "Say hello."}])
+    assert reply.model == CHAT and reply.choices[0].finish_reason == "stop"
+    assert reply.usage is not None and reply.usage.completion_tokens < 1024
+
+    chunks = list(
+        client.chat.completions.create(
+            model=CHAT, messages=ASK, max_tokens=16, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 30}, "sunny": {"type": "boolean"}},
+        "required": ["city", "sunny"],
+        "additionalProperties": False,
+    }
+    raw = client.chat.completions.with_raw_response.create(
+        model=CHAT,
+        messages=ASK,
+        max_tokens=64,
+        response_format={"type": "json_schema", "json_schema": {"name": "w", "strict": True, "schema": schema}},
+    )
+    assert raw.headers["x-localllm-structured"] == "compiled" and raw.headers["x-localllm-validated"] == "true"
+    jsonschema.validate(json.loads(raw.parse().choices[0].message.content or ""), schema)
+
+    refused = {"type": "object", "properties": {"a": {"type": "string"}}, "dependentRequired": {"a": ["b"]}}
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model=CHAT,
+            messages=ASK,
+            response_format={"type": "json_schema", "json_schema": {"name": "r", "strict": True, "schema": refused}},
+        )
+    assert caught.value.code == "unsupported_schema" and "dependentRequired" in str(caught.value)
+
+    # parallel calls allowed (OpenAI's default): the base model may write several, each valid
+    answer = client.chat.completions.create(
+        model=CHAT, messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=300
+    )
+    assert answer.choices[0].finish_reason == "tool_calls"
+    calls = answer.choices[0].message.tool_calls or []
+    assert 1 <= len(calls) <= 8 and len({c.id for c in calls}) == len(calls)
+    for call in calls:
+        assert call.function.name == "get_weather"
+        jsonschema.validate(_args(call), WEATHER_PARAMS)
+
+    one = {"parallel_tool_calls": False, "max_tokens": 128}
+    named = client.chat.completions.create(
+        model=CHAT,
+        messages=ASK,
+        tools=[WEATHER],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        **one,
+    )
+    (call,) = named.choices[0].message.tool_calls or []
+    assert named.choices[0].finish_reason == "tool_calls" and call.id.startswith("call_")
+    jsonschema.validate(_args(call), WEATHER_PARAMS)
+
+    auto = client.chat.completions.create(model=CHAT, messages=ASK, tools=[WEATHER], tool_choice="auto", **one)
+    message = auto.choices[0].message
+    if message.tool_calls:
+        jsonschema.validate(_args(message.tool_calls[0]), WEATHER_PARAMS)
+        assert auto.choices[0].finish_reason == "tool_calls"
+    else:
+        assert isinstance(message.content, str)
+
+    for choice in ("required", "auto"):
+        stream = client.chat.completions.create(
+            model=CHAT, messages=ASK, tools=[WEATHER], tool_choice=choice, stream=True, **one
+        )
+        names, arguments, reasons, text = set(), "", [], ""
+        for chunk in stream:
+            for c in chunk.choices:
+                for tc in c.delta.tool_calls or []:
+                    if tc.function and tc.function.name:
+                        names.add(tc.function.name)
+                    arguments += (tc.function.arguments or "") if tc.function else ""
+                text += c.delta.content or ""
+                reasons.append(c.finish_reason)
+        if choice == "required" or names:
+            assert names == {"get_weather"} and "tool_calls" in reasons
+            jsonschema.validate(json.loads(arguments), WEATHER_PARAMS)
+        else:
+            assert text
+
+
+# -- three more libraries --------------------------------------------------------------------
+def test_langchain_with_structured_output(serve: Callable[..., Served]) -> None:
+    from langchain_openai import ChatOpenAI
+
+    served = serve()
+    llm = ChatOpenAI(  # type: ignore[call-arg]
+        model=CHAT,
+        base_url=served.found.url + "/v1",
+        api_key=pydantic.SecretStr(served.token or ""),
+        max_tokens=128,
+        timeout=120,
+        max_retries=0,
+    )
+    for method in ("function_calling", "json_schema"):
+        ticket = llm.with_structured_output(Ticket, method=method).invoke("Ticket: my invoice is wrong. Classify it.")
+        assert isinstance(ticket, Ticket), method
+
+
+def test_pydantic_ai_default_output(serve: Callable[..., Served]) -> None:
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    served = serve()
+    model = OpenAIChatModel(CHAT, provider=OpenAIProvider(base_url=served.found.url + "/v1", api_key=served.token))
+    agent = Agent(model, output_type=Ticket, retries=0)
+    result = agent.run_sync(
+        "Ticket: my invoice is wrong. Classify it.", model_settings={"max_tokens": 128, "parallel_tool_calls": False}
+    )
+    assert isinstance(result.output, Ticket)
+
+
+def test_litellm_tool_calls(serve: Callable[..., Served]) -> None:
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at import
+    import litellm
+
+    served = serve()
+    answer: Any = litellm.completion(
+        model=f"openai/{CHAT}",
+        api_base=served.found.url + "/v1",
+        api_key=served.token,
+        messages=ASK,
+        tools=[WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=128,
+        timeout=120,
+    )
+    (call,) = answer.choices[0].message.tool_calls
+    assert call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER_PARAMS)
+
+
+# -- attacks -------------------------------------------------------------------------------------
+def _raw(served: Served, method: str, path: str, body: bytes | None, headers: dict[str, str]) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", served.found.port, timeout=30)
+    try:
+        conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
+        for name, value in headers.items():
+            conn.putheader(name, value)
+        if body is not None and "Transfer-Encoding" not in headers:
+            conn.putheader("Content-Length", str(len(body)))
+        conn.endheaders()
+        if body is not None:
+            conn.send(body)
+        reply = conn.getresponse()
+        return reply.status, reply.read()
+    finally:
+        conn.close()
+
+
+def test_no_auth_refuses_rebinding_and_cross_origin_stop(serve: Callable[..., Served]) -> None:
+    served = serve("--no-auth")
+    port = served.found.port
+    status, _ = _raw(served, "GET", "/v1/models", None, {"Host": f"rebind.attacker.example:{port}"})
+    assert status == 421
+    stop = b'{"all": true}'
+    page = {"Host": f"127.0.0.1:{port}", "Origin": "https://attacker.example", "Content-Type": "text/plain"}
+    assert _raw(served, "POST", "/localllm/stop", stop, page)[0] in (403, 415)
+    status, _ = _raw(served, "POST", "/localllm/stop", stop, {**page, "Origin": "null"})
+    assert status in (403, 415)
+    status, _ = _raw(
+        served, "POST", "/localllm/stop", stop, {"Host": f"127.0.0.1:{port}", "Content-Type": "text/plain"}
+    )
+    assert status == 415
+    time.sleep(0.5)
+    assert served.proc.poll() is None  # still running
+    assert _raw(served, "GET", "/v1/models", None, {"Host": f"localhost:{port}"})[0] == 200
+
+
+def test_chunked_and_deep_bodies(serve: Callable[..., Served]) -> None:
+    served = serve()
+    port = served.found.port
+    body = json.dumps({"model": CHAT, "messages": ASK, "max_tokens": 4}).encode()
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(body[i : i + 9]), body[i : i + 9]) for i in range(0, len(body), 9))
+    chunked += b"0\r\n\r\n"
+    headers = {
+        "Host": f"127.0.0.1:{port}",
+        "Authorization": f"Bearer {served.token}",
+        "Content-Type": "application/json",
+        "Transfer-Encoding": "chunked",
+    }
+    status, answer = _raw(served, "POST", "/v1/chat/completions", chunked, headers)
+    assert status == 200 and json.loads(answer)["choices"][0]["message"]["content"] is not None
+    deep = b"[" * 100_000 + b"]" * 100_000
+    plain = {k: v for k, v in headers.items() if k != "Transfer-Encoding"}
+    status, answer = _raw(served, "POST", "/v1/embeddings", deep, plain)
+    assert status == 400 and json.loads(answer)["error"]["code"] == "too_deep"
+
+
+def test_half_open_connections_and_many_clients(serve: Callable[..., Served], tmp_path: Path) -> None:
+    served = serve()
+    with _http(served) as http_client:
+        assert (
+            http_client.post("/v1/embeddings", json={"model": "all-minilm-l6-v2", "input": "warm"}).status_code == 200
+        )
+    socks: list[socket.socket] = []
+    try:
+        for i in range(1500):
+            s = socket.create_connection(("127.0.0.1", served.found.port), timeout=10)
+            if i % 2:
+                s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Len")
+            socks.append(s)
+        with _http(served) as http_client:
+            assert http_client.get("/v1/models", timeout=5).status_code == 200
+    finally:
+        for s in socks:
+            s.close()
+    with _http(served) as http_client:
+        assert http_client.get("/v1/models", timeout=2).status_code == 200  # no stall after the hang-up
+
+    def one_client(_: int) -> int:
+        failures = 0
+        with _http(served) as http_client:
+            for _ in range(8):
+                try:
+                    r = http_client.post(
+                        "/v1/embeddings", json={"model": "all-minilm-l6-v2", "input": "x"}, timeout=120
+                    )
+                    failures += r.status_code != 200
+                except httpx.HTTPError:
+                    failures += 1
+        return failures
+
+    with ThreadPoolExecutor(32) as pool:
+        assert sum(pool.map(one_client, range(32))) == 0
+    log = (tmp_path / "serve-0.log").read_text()
+    assert "Traceback" not in log and "status=499" not in log.replace("status=499 client left", "")
+
+
+def _slots_busy(http_client: httpx.Client) -> int:
+    slots = http_client.get(f"/localllm/slots/{CHAT}").json()
+    return sum(1 for s in slots if s.get("is_processing"))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_leaves_frees_its_slot(serve: Callable[..., Served], stream: bool, tmp_path: Path) -> None:
+    served = serve()
+    long = {
+        "model": CHAT,
+        "messages": ASK,
+        "max_tokens": 1000,
+        "ignore_eos": True,
+        "grammar": "root ::= [a-z ]+",
+        "stream": stream,
+    }
+    with _http(served) as http_client:
+        http_client.post("/v1/chat/completions", json={"model": CHAT, "messages": ASK, "max_tokens": 1})  # loaded
+        assert _slots_busy(http_client) == 0
+        gone = threading.Event()
+
+        def impatient() -> None:
+            with _http(served) as mine:
+                try:
+                    if stream:
+                        with mine.stream("POST", "/v1/chat/completions", json=long, timeout=2.0) as r:
+                            for _ in r.iter_bytes():
+                                if gone.is_set():
+                                    break
+                    else:
+                        mine.post("/v1/chat/completions", json=long, timeout=2.0)
+                except httpx.TimeoutException:
+                    pass
+
+        worker = threading.Thread(target=impatient)
+        worker.start()
+        deadline = time.monotonic() + 10
+        while _slots_busy(http_client) == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _slots_busy(http_client) == 1  # it is generating
+        gone.set()
+        worker.join(10)
+        left = time.monotonic()
+        while _slots_busy(http_client) and time.monotonic() - left < 5:
+            time.sleep(0.05)
+        freed = time.monotonic() - left
+    log = (tmp_path / "serve-0.log").read_text()
+    lines = "\n".join(line for line in log.splitlines() if "/localllm/slots/" not in line)
+    assert freed <= 1.5, f"the slot was freed {freed:.2f} s after the client left; log:\n{lines[-3000:]}"
+    assert "status=499 client left" in log and "Traceback" not in log

@@ -1,0 +1,524 @@
+"""The service's HTTP front: Host/Origin/Content-Type checks, limits, structured output, tool calls.
+
+Against fake llama-server processes (tests/unit/fakes): given a GBNF ``grammar`` the fake
+answers the grammar's first walk, else ``FAKE_LLAMA_CONTENT`` or a fixed greeting.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from localllm.managed.server import CANARY_BODY
+from localllm.service.api import FrontLimits
+from localllm.service.chat import ChatLimits
+from localllm.service.guard import Guard
+from tests.unit.test_service import Factory, chat, client, env, eventually, make_service, rows
+
+__all__ = ["env", "make_service"]  # fixtures used here
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 20},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+    },
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+WEATHER = {
+    "type": "function",
+    "function": {"name": "get_weather", "description": "Weather for a city", "parameters": SCHEMA, "strict": True},
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {"type": "object", "properties": {"tz": {"enum": ["UTC", "CET"]}}, "required": ["tz"]},
+    },
+}
+
+
+def fmt(schema: dict[str, Any], strict: bool = True) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": strict}}
+
+
+def upstream_chats(env: dict[str, Path]) -> list[dict[str, Any]]:
+    return [
+        r["body"]
+        for r in rows(env["requests"])
+        if r["method"] == "POST" and r["path"] == "/v1/chat/completions" and r["body"] != CANARY_BODY
+    ]
+
+
+# -- Host, Origin, Content-Type ----------------------------------------------------------
+def test_guard_host_rules() -> None:
+    guard = Guard.build("127.0.0.1", 8911)
+    for ok in ("127.0.0.1:8911", "localhost:8911", "[::1]:8911", "localhost", "LOCALHOST:8911"):
+        assert guard.host_ok(ok), ok
+    for bad in ("evil.example:8911", "evil.example", "127.0.0.1:80", "127.0.0.1:8911.evil", None, "", "[::1"):
+        assert not guard.host_ok(bad), bad
+    wild = Guard.build("0.0.0.0", 8911, allow_hosts=["box.lan"])
+    assert wild.host_ok("192.168.1.7:8911") and wild.host_ok("box.lan:8911")
+    assert not wild.host_ok("rebind.evil.example:8911")
+    assert not guard.origin_ok("null") and not guard.origin_ok("https://evil.example")
+    assert guard.origin_ok(None) and guard.origin_ok("http://localhost:8911")
+    assert Guard.build("127.0.0.1", 8911, ["http://localhost:3000/"]).origin_ok("http://localhost:3000")
+
+
+@pytest.mark.parametrize("no_auth", [True, False])
+def test_rebinding_cross_origin_and_text_plain_are_refused(make_service: Factory, no_auth: bool) -> None:
+    service = make_service(no_auth=no_auth)
+    with client(service) as http:
+        rebound = http.get("/v1/models", headers={"Host": f"attacker.example:{service.port}"})
+        assert rebound.status_code == 421 and rebound.json()["error"]["code"] == "misdirected_request"
+        assert http.get("/health", headers={"Host": "attacker.example"}).status_code == 421
+        foreign = http.post(
+            "/v1/chat/completions",
+            json={"model": "chat", "messages": MESSAGES},
+            headers={"Origin": "https://evil.example"},
+        )
+        assert foreign.status_code == 403 and foreign.json()["error"]["code"] == "origin_not_allowed"
+        # the CVE-2024-28224 shape: a page's no-preflight text/plain POST to stop the service
+        stop = http.post("/localllm/stop", content=b'{"all": true}', headers={"Content-Type": "text/plain"})
+        assert stop.status_code == 415
+        assert http.post("/localllm/stop", json={"all": True}, headers={"Origin": "null"}).status_code == 403
+        form = http.post(
+            "/v1/chat/completions", content=b"{}", headers={"Content-Type": "application/x-www-form-urlencoded"}
+        )
+        assert form.status_code == 415
+        assert http.get("/v1/models").status_code == 200  # still serving: nothing was stopped
+        assert chat(http, "chat").status_code == 200
+
+
+def test_allow_origin_lets_a_web_app_in(make_service: Factory) -> None:
+    service = make_service(allow_origins=("http://localhost:3000",))
+    with client(service) as http:
+        assert http.get("/v1/models", headers={"Origin": "http://localhost:3000"}).status_code == 200
+        assert http.get("/v1/models", headers={"Origin": "http://localhost:3001"}).status_code == 403
+
+
+# -- structured output -----------------------------------------------------------------------
+def test_json_schema_is_compiled_sent_as_grammar_and_validated(make_service: Factory, env: dict[str, Path]) -> None:
+    service = make_service()
+    with client(service) as http:
+        answer = chat(http, "chat", response_format=fmt(SCHEMA))
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["x-localllm-structured"] == "compiled"
+        assert answer.headers["x-localllm-validated"] == "true"
+        value = json.loads(answer.json()["choices"][0]["message"]["content"])
+        assert set(value) == {"city", "days"} and 1 <= value["days"] <= 7
+        plain = chat(http, "chat")
+        assert plain.headers["x-localllm-structured"] == "none"
+    eventually(lambda: len(upstream_chats(env)) >= 2)
+    sent = upstream_chats(env)[0]
+    assert "response_format" not in sent and sent["grammar"].startswith("root ::=")
+
+
+def test_strict_schema_the_compiler_refuses_is_a_400_naming_path_and_construct(
+    make_service: Factory, env: dict[str, Path]
+) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "string"}, "b": {"type": "string"}},
+        "dependentRequired": {"a": ["b"]},
+    }
+    service = make_service()
+    with client(service) as http:
+        refused = chat(http, "chat", response_format=fmt(schema))
+        assert refused.status_code == 400
+        error = refused.json()["error"]
+        assert error["code"] == "unsupported_schema" and error["param"] == "response_format.json_schema.schema"
+        assert "dependentRequired" in error["message"] and "$" in error["message"]
+        loose = chat(http, "chat", response_format=fmt(schema, strict=False))
+        assert loose.status_code == 200 and loose.headers["x-localllm-structured"] == "converter"
+    eventually(lambda: upstream_chats(env))
+    (sent,) = upstream_chats(env)  # the refused request never reached the model
+    assert sent["response_format"]["json_schema"]["schema"] == schema and "grammar" not in sent
+
+
+@pytest.mark.parametrize(
+    "response_format",
+    [
+        {"type": "json_schema", "schema": SCHEMA},  # the json_schema wrapper missing
+        {"type": "json_schema", "json_schema": {"schema": SCHEMA}},  # no name
+        {"type": "xml"},
+        "json",
+        {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objekt"}}},
+    ],
+)
+def test_malformed_response_format_is_a_400(make_service: Factory, response_format: Any) -> None:
+    service = make_service()
+    with client(service) as http:
+        answer = chat(http, "chat", response_format=response_format)
+    assert answer.status_code == 400 and answer.json()["error"]["param"].startswith("response_format")
+
+
+@pytest.mark.parametrize("content", ['{"city": "Oslo", "days": 99}', '{"city": "Os'])
+def test_a_strict_answer_that_fails_validation_is_never_a_200(
+    make_service: Factory, monkeypatch: pytest.MonkeyPatch, content: str
+) -> None:
+    monkeypatch.setenv("FAKE_LLAMA_CONTENT", content)  # the model ignores the grammar
+    service = make_service()
+    with client(service) as http:
+        strict = chat(http, "chat", response_format=fmt(SCHEMA))
+        assert strict.status_code == 502 and strict.json()["error"]["code"] == "structured_output_invalid"
+        assert strict.headers["x-localllm-validated"] == "false"
+        streamed = chat(http, "chat", response_format=fmt(SCHEMA), stream=True)
+        assert streamed.status_code == 502
+        loose = chat(http, "chat", response_format=fmt(SCHEMA, strict=False))
+        assert loose.status_code == 200 and loose.headers["x-localllm-validated"] == "false"
+
+
+def test_structured_stream_is_validated_before_the_first_byte(make_service: Factory) -> None:
+    service = make_service()
+    with client(service) as http:
+        body = {"model": "chat", "messages": MESSAGES, "response_format": fmt(SCHEMA), "stream": True}
+        body["stream_options"] = {"include_usage": True}
+        with http.stream("POST", "/v1/chat/completions", json=body) as reply:
+            assert reply.headers["x-localllm-validated"] == "true"
+            events = [line[6:] for line in reply.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert set(json.loads(text)) == {"city", "days"}
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] > 0
+
+
+# -- tool calls ------------------------------------------------------------------------------
+def test_tool_choice_required_answers_openai_tool_calls(make_service: Factory, env: dict[str, Path]) -> None:
+    service = make_service()
+    with client(service) as http:
+        answer = chat(http, "chat", tools=[WEATHER, TIME], tool_choice="required")
+    assert answer.status_code == 200, answer.text
+    choice = answer.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    (call,) = choice["message"]["tool_calls"]
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert call["function"]["name"] in ("get_weather", "get_time")
+    json.loads(call["function"]["arguments"])  # a JSON string, as OpenAI sends it
+    assert answer.headers["x-localllm-structured"] == "compiled" and answer.headers["x-localllm-validated"] == "true"
+    eventually(lambda: upstream_chats(env))
+    sent = upstream_chats(env)[0]
+    assert "tools" not in sent and "tool_choice" not in sent and "grammar" in sent
+    assert sent["messages"][0]["role"] == "system" and "get_weather" in sent["messages"][0]["content"]
+
+
+def test_named_tool_choice_and_schema_valid_arguments(make_service: Factory) -> None:
+    service = make_service()
+    named = {"type": "function", "function": {"name": "get_time"}}
+    with client(service) as http:
+        answer = chat(http, "chat", tools=[WEATHER, TIME], tool_choice=named)
+        (call,) = answer.json()["choices"][0]["message"]["tool_calls"]
+        assert call["function"]["name"] == "get_time"
+        assert json.loads(call["function"]["arguments"])["tz"] in ("UTC", "CET")
+        unknown = chat(http, "chat", tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}})
+        assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "tool_choice"
+
+
+def test_tool_choice_auto_admits_a_reply(make_service: Factory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_LLAMA_CONTENT", '{"content": "It is sunny."}')
+    service = make_service()
+    with client(service) as http:
+        answer = chat(http, "chat", tools=[WEATHER], tool_choice="auto")
+    choice = answer.json()["choices"][0]
+    assert choice["message"]["content"] == "It is sunny." and choice["finish_reason"] == "stop"
+    assert "tool_calls" not in choice["message"] or not choice["message"]["tool_calls"]
+
+
+def test_parallel_tool_calls_and_invalid_strict_arguments(
+    make_service: Factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    two = {
+        "tool_calls": [
+            {"name": "get_time", "arguments": {"tz": "UTC"}},
+            {"name": "get_time", "arguments": {"tz": "CET"}},
+        ]
+    }
+    monkeypatch.setenv("FAKE_LLAMA_CONTENT", json.dumps(two))
+    service = make_service()
+    with client(service) as http:
+        answer = chat(http, "chat", tools=[TIME], tool_choice="required")
+        calls = answer.json()["choices"][0]["message"]["tool_calls"]
+        assert [json.loads(c["function"]["arguments"])["tz"] for c in calls] == ["UTC", "CET"]
+        assert len({c["id"] for c in calls}) == 2
+    monkeypatch.setenv(
+        "FAKE_LLAMA_CONTENT", json.dumps({"tool_calls": [{"name": "get_weather", "arguments": {"city": 1}}]})
+    )
+    service.close()
+    again = make_service()
+    with client(again) as http:
+        bad = chat(http, "chat", tools=[WEATHER], tool_choice="required")
+    assert bad.status_code == 502  # strict tool: arguments that break its schema are never a 200
+
+
+def test_tool_calls_stream_as_deltas(make_service: Factory) -> None:
+    service = make_service()
+    body = {"model": "chat", "messages": MESSAGES, "tools": [WEATHER], "tool_choice": "required", "stream": True}
+    with client(service) as http, http.stream("POST", "/v1/chat/completions", json=body) as reply:
+        events = [line[6:] for line in reply.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    calls = [tc for d in deltas for tc in d.get("tool_calls") or []]
+    assert calls[0]["index"] == 0 and calls[0]["function"]["name"] == "get_weather" and calls[0]["id"]
+    assert set(json.loads("".join(tc["function"]["arguments"] for tc in calls))) == {"city", "days"}
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_tool_history_is_rendered_as_text(make_service: Factory, env: dict[str, Path]) -> None:
+    service = make_service()
+    history = [
+        {"role": "user", "content": "weather in Oslo?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city":"Oslo","days":1}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ]
+    with client(service) as http:
+        answer = http.post(
+            "/v1/chat/completions",
+            json={"model": "chat", "messages": history, "tools": [WEATHER], "tool_choice": "auto"},
+        )
+    assert answer.status_code == 200
+    eventually(lambda: upstream_chats(env))
+    roles = [m["role"] for m in upstream_chats(env)[0]["messages"]]
+    assert roles == ["system", "user", "assistant", "user"]
+    assert "sunny" in upstream_chats(env)[0]["messages"][-1]["content"]
+
+
+# -- checks and caps ---------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+        ({"temperature": 5}, "temperature"),
+        ({"top_p": -1}, "top_p"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"n": "two"}, "n"),
+        ({"stream": "yes"}, "stream"),
+        ({"stop": 3}, "stop"),
+        ({"keep_alive": "soon"}, "keep_alive"),
+    ],
+)
+def test_bad_fields_are_400s(make_service: Factory, extra: dict[str, Any], param: str) -> None:
+    service = make_service()
+    with client(service) as http:
+        answer = http.post("/v1/chat/completions", json={"model": "chat", "messages": MESSAGES, **extra})
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == param
+
+
+def test_nan_and_overflowing_numbers_are_400s(make_service: Factory) -> None:
+    service = make_service()
+    with client(service) as http:
+        for raw in (
+            b'{"model": "chat", "messages": [], "temperature": NaN}',
+            b'{"model": "chat", "temperature": 1e999}',
+        ):
+            answer = http.post("/v1/chat/completions", content=raw, headers={"Content-Type": "application/json"})
+            assert answer.status_code == 400, raw
+
+
+def test_costs_are_capped_and_the_served_id_answers(make_service: Factory, env: dict[str, Path]) -> None:
+    limits = FrontLimits(chat=ChatLimits(max_tokens=64, max_n=2, max_logprobs=5))
+    service = make_service(limits=limits)
+    with client(service) as http:
+        capped = chat(http, "chat", n_probs=1_000_000, top_logprobs=20, n=9, n_predict=2**31, max_tokens=2)
+        assert capped.status_code == 200 and capped.json()["model"] == "chat"
+        chat(http, "chat")
+    eventually(lambda: len(upstream_chats(env)) >= 2)
+    first, second = upstream_chats(env)[:2]
+    assert first["max_tokens"] == 2 and "n_predict" not in first
+    assert (first["n_probs"], first["top_logprobs"], first["n"]) == (5, 5, 2)
+    assert second["max_tokens"] == 64  # the default ceiling
+    start = next(r for r in rows(env["spawn"], "start") if any(a.endswith("chat.gguf") for a in r["argv"]))
+    assert start["argv"][start["argv"].index("--alias") + 1] == "chat"
+
+
+def test_models_retrieve(make_service: Factory) -> None:
+    service = make_service()
+    with client(service) as http:
+        one = http.get("/v1/models/chat")
+        assert one.status_code == 200 and one.json()["id"] == "chat" and one.json()["object"] == "model"
+        missing = http.get("/v1/models/nope")
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+
+
+def test_request_keep_alive_zero_unloads_after_the_answer(make_service: Factory) -> None:
+    service = make_service(keep_alive=-1)
+    with client(service) as http:
+        assert chat(http, "chat").status_code == 200
+        assert chat(http, "other", keep_alive=0).status_code == 200
+        loaded = eventually(lambda: [m["id"] for m in http.get("/localllm/ps").json()["models"]] == ["chat"])
+        assert loaded
+        assert chat(http, "chat", keep_alive="200ms").status_code == 200
+        assert eventually(lambda: http.get("/localllm/ps").json()["models"] == [], within=4.0)
+
+
+# -- the front's limits ----------------------------------------------------------------------
+def test_chunked_body_is_read(make_service: Factory) -> None:
+    service = make_service()
+    body = json.dumps({"model": "chat", "messages": MESSAGES}).encode()
+
+    def parts() -> Iterator[bytes]:
+        for i in range(0, len(body), 7):
+            yield body[i : i + 7]
+
+    with client(service) as http:
+        answer = http.post("/v1/chat/completions", content=parts(), headers={"Content-Type": "application/json"})
+        assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"]
+        assert http.get("/v1/models").status_code == 200  # the connection is still in step
+
+
+def test_deep_and_oversized_bodies_are_4xx(make_service: Factory) -> None:
+    service = make_service(limits=FrontLimits(max_body=1 << 20))
+    with client(service) as http:
+        deep = http.post(
+            "/v1/embeddings", content=b"[" * 100_000 + b"]" * 100_000, headers={"Content-Type": "application/json"}
+        )
+        assert deep.status_code == 400 and deep.json()["error"]["code"] == "too_deep"
+        nested: Any = "x"
+        for _ in range(300):
+            nested = [nested]
+        assert http.post("/v1/embeddings", json={"model": "chat", "input": nested}).status_code == 400
+        big = http.post("/v1/embeddings", content=b" " * (2 << 20), headers={"Content-Type": "application/json"})
+        assert big.status_code == 413
+    with client(service) as http:
+        assert http.get("/v1/models").status_code == 200
+
+
+def test_header_timeout_and_connection_cap(make_service: Factory) -> None:
+    service = make_service(limits=FrontLimits(header_timeout=0.5, max_connections=20))
+    slow = socket.create_connection(("127.0.0.1", service.port))
+    slow.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # and never the blank line
+    slow.settimeout(5)
+    started = time.monotonic()
+    assert slow.recv(1024) == b""  # closed by the service
+    assert time.monotonic() - started < 3
+    slow.close()
+    idle = [socket.create_connection(("127.0.0.1", service.port)) for _ in range(20)]
+    try:
+        extra = socket.create_connection(("127.0.0.1", service.port))
+        extra.settimeout(5)
+        assert extra.recv(1024).startswith(b"HTTP/1.1 503")
+        extra.close()
+    finally:
+        for s in idle:
+            s.close()
+    time.sleep(0.3)
+    with client(service) as http:
+        assert http.get("/v1/models").status_code == 200
+
+
+def test_a_full_queue_is_a_503_with_retry_after(make_service: Factory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_LLAMA_DELAY", "1.5")
+    service = make_service(limits=FrontLimits(max_queue=1))
+    with client(service) as http:
+        chat(http, "chat")  # loaded
+        results: list[int] = []
+        first = threading.Thread(target=lambda: results.append(chat(http, "chat").status_code))
+        first.start()
+        time.sleep(0.5)
+        second = chat(http, "chat")
+        first.join()
+    assert second.status_code == 503 and second.headers["retry-after"] == "1" and results == [200]
+
+
+def test_half_open_connections_hang_up_without_tracebacks(
+    make_service: Factory, caplog: pytest.LogCaptureFixture
+) -> None:
+    service = make_service()
+    with caplog.at_level(logging.INFO):
+        socks = [socket.create_connection(("127.0.0.1", service.port)) for _ in range(200)]
+        for s in socks[:100]:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        with client(service) as http:
+            assert http.get("/v1/models").status_code == 200
+        for s in socks:
+            s.close()
+        time.sleep(0.3)
+        with client(service) as http:
+            started = time.monotonic()
+            assert http.get("/v1/models").status_code == 200
+            assert time.monotonic() - started < 1.0
+    assert not any(r.exc_info for r in caplog.records)
+    assert not any("Traceback" in r.getMessage() for r in caplog.records)
+
+
+def test_a_client_that_leaves_frees_its_slot(
+    make_service: Factory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("FAKE_LLAMA_DELAY", "4")  # answers only; start-up is not delayed
+    service = make_service()
+    headers = {"Authorization": f"Bearer {service.token}"}
+    with client(service) as http:  # load it (tokenize is not delayed)
+        assert http.post("/tokenize", json={"model": "chat", "content": "x"}).status_code == 200
+    with caplog.at_level(logging.INFO, logger="localllm.service"):
+        with httpx.Client(base_url=service.url, headers=headers, trust_env=False, timeout=1.5) as impatient:
+            with pytest.raises(httpx.ReadTimeout):
+                chat(impatient, "chat")
+            left = time.monotonic()
+        with client(service) as http:
+
+            def busy() -> Any:
+                models = http.get("/localllm/ps").json()["models"]
+                return next((m["slots_busy"] for m in models if m["id"] == "chat"), None)
+
+            assert eventually(lambda: busy() == 0, within=1.5)
+            assert time.monotonic() - left < 2.0  # freed long before the fake's 4 s answer
+        assert eventually(lambda: [r for r in caplog.records if "status=499" in r.getMessage()])
+    assert not any(r.exc_info for r in caplog.records)
+
+
+def test_import_and_help_do_not_load_the_http_front() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, contextlib, io\n"
+        "import localllm\n"
+        "from localllm.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "    main(['--help'])\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "    main(['serve', '--help'])\n"
+        "print(sorted(m for m in ('uvicorn', 'h11', 'asyncio', 'localllm.service.api') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert "uvicorn" not in out.stdout and "h11" not in out.stdout and "localllm.service.api" not in out.stdout
+
+
+def test_strict_schema_the_converter_enforces_goes_to_the_converter(
+    make_service: Factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the compiler refuses multipleOf 0.5; llama.cpp's converter enforces the structure (the
+    # value constraint is validation's): a strict request is served and validated, not refused
+    schema = {"type": "object", "properties": {"x": {"type": "number", "multipleOf": 0.5}}, "required": ["x"]}
+    monkeypatch.setenv("FAKE_LLAMA_CONTENT", '{"x": 1.5}')
+    service = make_service()
+    with client(service) as http:
+        answer = chat(http, "chat", response_format=fmt(schema))
+        assert answer.status_code == 200 and answer.headers["x-localllm-structured"] == "converter"
+        assert answer.headers["x-localllm-validated"] == "true"
+    monkeypatch.setenv("FAKE_LLAMA_CONTENT", '{"x": 1.3}')
+    service.close()
+    with client(make_service()) as http:
+        assert chat(http, "chat", response_format=fmt(schema)).status_code == 502  # validation caught it
