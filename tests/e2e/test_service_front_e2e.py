@@ -363,8 +363,13 @@ def test_a_client_that_leaves_frees_its_slot(serve: Callable[..., Served], strea
         gone.set()
         worker.join(10)
         left = time.monotonic()
+        # No polling in the first second: llama-server looks at a non-streaming request's
+        # socket only after 1 s with no result for any task (server_response::recv_with_timeout
+        # restarts its wait on every result, and each /slots read is one), so reading /slots
+        # every 50 ms would itself keep the abandoned generation alive.
+        time.sleep(1.2)
         while _slots_busy(http_client) and time.monotonic() - left < 5:
-            time.sleep(0.05)
+            time.sleep(1.1)
         freed = time.monotonic() - left
     log = (tmp_path / "serve-0.log").read_text()
     lines = "\n".join(line for line in log.splitlines() if "/localllm/slots/" not in line)
