@@ -102,6 +102,8 @@ class LocalLLMAgent(Agent):
         self._pinned_meta: dict[str, Any] | None = None
         self._grammar_cache: dict[str, str | None] = {}
         self._one_at_a_time = threading.Lock() if decl.reproducible else contextlib.nullcontext()
+        self._starter: threading.Thread | None = None  # start_soon()'s thread, until base_url() joins it
+        self._start_error: BaseException | None = None
         if decl.grammar:
             # compile_schema needs jsonschema inside ask(), on the runtime's worker thread,
             # while the calling thread imports it to prime the validator: racing lazy
@@ -151,12 +153,46 @@ class LocalLLMAgent(Agent):
                 )
             return self._server
 
+    def start_soon(self) -> None:
+        """Begin what the first call does first — attach to a running service, or fetch and
+        start the managed server — on a background thread, and return at once.
+
+        For a caller about to prepare a call (imports, schema, grammar) that would otherwise
+        happen before the server even starts loading: ``localllm run`` and ``localllm call``.
+        The next :meth:`base_url` waits for it and takes its outcome (its error included,
+        raised once). Endpoint mode, or a server already started: nothing to do.
+        """
+        if not self.managed:
+            return
+        with self._lock:
+            if self._closed or self._starter is not None or self._server is not None or self._attached is not None:
+                return
+            self._starter = threading.Thread(target=self._start_now, name=f"{self.alias}-start", daemon=True)
+            self._starter.start()
+
+    def _start_now(self) -> None:
+        try:
+            self._base_url()
+        except BaseException as exc:  # kept for the base_url() that joins this thread
+            self._start_error = exc
+
     def base_url(self) -> str:
         """The ``…/v1`` base URL; in managed mode this fetches and starts the server.
 
         The fetch and start run without the agent's lock, so ``close()`` from another
         thread cancels a first-use download instead of waiting for it.
         """
+        starter = self._starter
+        if starter is not None:
+            starter.join()
+            with self._lock:
+                error, self._start_error = self._start_error, None
+                self._starter = None
+            if error is not None:
+                raise error
+        return self._base_url()
+
+    def _base_url(self) -> str:
         if not self.managed:
             assert self.decl.endpoint is not None
             return normalize_endpoint(self.decl.endpoint)
@@ -456,7 +492,16 @@ class LocalLLMAgent(Agent):
             self._closed = True
             server = self._server
             client, self._client = self._client, None
+            starter = self._starter
         if client is not None:
             client.close()
         if server is not None:
             server.stop()
+        if starter is not None:
+            # a start_soon() that had not made its server yet finds the agent closed; one
+            # that had is cancelled by the stop above (or stopped here, made just after it)
+            starter.join()
+            with self._lock:
+                server = self._server
+            if server is not None:
+                server.stop()
