@@ -181,8 +181,8 @@ def request_bytes(runtime: Runtime, ticket: str) -> bytes:
         deadline="2099-01-01T00:00:00.000000000Z",
         schema=schema,
     )
-    body, grammar, _ = agent.build_body(req)  # type: ignore[attr-defined]
-    assert grammar, "the demo gate should be grammar-constrained"
+    body = agent.build_body(req)[0]  # type: ignore[attr-defined]
+    assert "grammar" in body, "the demo gate should be grammar-constrained"
     return httpx.Request("POST", "http://127.0.0.1/v1/chat/completions", json=body).content
 
 
@@ -295,7 +295,7 @@ def bench_warm(config: Config, n: int, warmup: int, tmp: Path) -> tuple[dict[str
                 n,
                 warmup,
             )
-        argv = agent._sidecar.argv()  # type: ignore[attr-defined]
+        argv = agent._server.argv()  # type: ignore[attr-defined]
     result = summarize_arms(records, "raw_httpx")
     result["body_bytes"] = len(payload)
     result["body_identical"] = True
@@ -427,7 +427,7 @@ def bench_concurrency(config: Config, rounds: int) -> dict[str, Any]:
                 if r:
                     walls.append(wall)
                     completion.append(sum(int(res.meta["completion_tokens"]) for res in results))
-            argv = runtime.agent(ALIAS)._sidecar.argv()  # type: ignore[attr-defined]
+            argv = runtime.agent(ALIAS)._server.argv()  # type: ignore[attr-defined]
         out[f"parallel_{parallel}"] = {
             "wall_ms": [round(w * 1000, 1) for w in walls],
             "median_wall_ms": statistics.median(walls) * 1000,
@@ -457,10 +457,10 @@ with Runtime(config, trace=sys.argv[2] + "/cold-trace.jsonl") as runtime:
     agent = runtime.agent(sys.argv[3])
     agent.base_url()  # what the first ask does first: cache check, spawn, /health
     t1 = time.perf_counter()
-    log = agent._sidecar.stderr_tail(int(sys.argv[6]))
+    log = agent._server.stderr_tail(int(sys.argv[6]))
     result = runtime.run_gate(sys.argv[4], {"ticket": sys.argv[5]})
     t2 = time.perf_counter()
-    argv = agent._sidecar.argv()
+    argv = agent._server.argv()
 print(json.dumps({
     "import_ms": (t_import - t_start) * 1000, "load_config_ms": (t_config - t_import) * 1000,
     "ready_ms": (t1 - t0) * 1000, "first_decide_ms": (t2 - t1) * 1000, "first_call_ms": (t2 - t0) * 1000,
