@@ -84,7 +84,9 @@ def before_tree(ref: str, tmp: Path) -> Path:
     """``git archive REF`` of the package and the data it reads (pins, grammar, embed), under ``tmp``."""
     dest = tmp / "before"
     dest.mkdir()
-    archive = subprocess.run(["git", "archive", ref, "localllm", "pins", "grammar", "embed"], cwd=REPO, capture_output=True, check=False)
+    archive = subprocess.run(
+        ["git", "archive", ref, "localllm", "pins", "grammar", "embed"], cwd=REPO, capture_output=True, check=False
+    )
     if archive.returncode != 0:
         raise SystemExit(f"bench: git archive {ref} failed: {archive.stderr.decode(errors='replace')}")
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
@@ -120,19 +122,18 @@ def run_cli(pythonpath: Path, config: Path, env: dict[str, str], cwd: Path) -> d
     """``localllm run`` in a fresh interpreter: seconds to the answer on stdout and to exit."""
     cmd = [sys.executable, "-m", "localllm", "run", GATE, "-c", str(config), "--arg", f"ticket={TICKET}", "--json"]
     child_env = {**env, "PYTHONPATH": str(pythonpath), "PYTHONUNBUFFERED": "1"}
-    err = tempfile.TemporaryFile()
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, env=child_env, cwd=cwd)
-    assert proc.stdout is not None
-    first = proc.stdout.readline()  # emit_json writes the whole answer with one print
-    t_answer = time.perf_counter()
-    rest = proc.stdout.read()
-    code = proc.wait()
-    t_exit = time.perf_counter()
-    if code != 0 or not first:
-        err.seek(0)
-        raise SystemExit(f"bench: `localllm run` failed ({code}):\n{err.read().decode(errors='replace')[-3000:]}")
-    err.close()
+    with tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, env=child_env, cwd=cwd)
+        assert proc.stdout is not None
+        first = proc.stdout.readline()  # emit_json writes the whole answer with one print
+        t_answer = time.perf_counter()
+        rest = proc.stdout.read()
+        code = proc.wait()
+        t_exit = time.perf_counter()
+        if code != 0 or not first:
+            err.seek(0)
+            raise SystemExit(f"bench: `localllm run` failed ({code}):\n{err.read().decode(errors='replace')[-3000:]}")
     data = json.loads(first + rest)
     if not data.get("ok"):
         raise SystemExit(f"bench: `localllm run` answered not ok: {data}")
