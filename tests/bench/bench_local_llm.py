@@ -58,6 +58,7 @@ from localllm import Runtime, load_config  # noqa: E402
 from localllm.config import Config, LocalLLMDecl  # noqa: E402
 from localllm.runtime import render_prompt  # noqa: E402
 from localllm.wire import AskRequest  # noqa: E402
+from tests.bench._provenance import provenance, results_path  # noqa: E402
 
 DEMO = REPO / "examples" / "demo"
 CONFIG = DEMO / "config.yaml"
@@ -662,7 +663,8 @@ def table(res: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smoke run: small N, one round each")
+    parser.add_argument("--quick", action="store_true", help="small N, one round each")
+    parser.add_argument("--smoke", action="store_true", help="CI: every part at its smallest (results to a temp file)")
     parser.add_argument("--n", type=int, default=None, help="timed decides per arm in (a) (default 20; quick 3)")
     parser.add_argument(
         "--json",
@@ -671,16 +673,18 @@ def main(argv: list[str] | None = None) -> int:
         help=f"output (default {RESULTS.relative_to(REPO)}; --quick: local_llm.quick.json)",
     )
     args = parser.parse_args(argv)
-    n = args.n or (3 if args.quick else 20)
-    warmup = 1 if args.quick else 2
-    b_rounds = 1 if args.quick else 3
-    c_rounds = 1 if args.quick else 5
-    stub_n = 30 if args.quick else 300
+    small = args.quick or args.smoke
+    n = args.n or (2 if args.smoke else 3 if args.quick else 20)
+    warmup = 1 if small else 2
+    b_rounds = 1 if small else 3
+    c_rounds = 1 if small else 5
+    stub_n = 20 if args.smoke else 30 if args.quick else 300
 
-    out = args.json or (RESULTS.with_name("local_llm.quick.json") if args.quick else RESULTS)
+    out = args.json or results_path("local_llm", smoke=args.smoke, quick=args.quick)
     started = time.perf_counter()
     config, install, model = prepare()
     res: dict[str, Any] = {
+        **provenance(smoke=args.smoke),
         "model": MODEL,
         "model_path": str(model),
         "server": str(install.binary),
