@@ -164,6 +164,12 @@ class LocalLLMAgent(Agent):
         """
         if not self.managed:
             return
+        # What the start imports is imported here, before the thread exists: two threads
+        # importing one package at once can leave one with a half-initialised module.
+        import localllm.managed.attach
+        import localllm.managed.probes
+        import localllm.managed.server  # noqa: F401
+
         with self._lock:
             if self._closed or self._starter is not None or self._server is not None or self._attached is not None:
                 return
