@@ -61,6 +61,10 @@ _CONNECT_TIMEOUT = 5.0
 _EXIT_SETTLE = 1.0
 
 
+#: the most start_soon() waits for its server process to be spawned, seconds
+_SPAWN_WAIT = 2.0
+
+
 def normalize_endpoint(url: str) -> str:
     """``http://h:p``, ``http://h:p/``, ``http://h:p/v1/`` → ``http://h:p/v1``."""
     base = url.rstrip("/")
@@ -173,8 +177,17 @@ class LocalLLMAgent(Agent):
         with self._lock:
             if self._closed or self._starter is not None or self._server is not None or self._attached is not None:
                 return
-            self._starter = threading.Thread(target=self._start_now, name=f"{self.alias}-start", daemon=True)
-            self._starter.start()
+            starter = self._starter = threading.Thread(target=self._start_now, name=f"{self.alias}-start", daemon=True)
+            starter.start()
+        # Up to the spawn the start is a little Python work (cache checks, argv) that a busy
+        # calling thread would slow down (one GIL): wait for the process to exist, briefly —
+        # a first-use download goes on in the background.
+        deadline = time.monotonic() + _SPAWN_WAIT
+        while starter.is_alive() and time.monotonic() < deadline:
+            server = self._server
+            if server is not None and server.pid is not None:
+                break
+            time.sleep(0.001)
 
     def _start_now(self) -> None:
         try:
