@@ -16,10 +16,14 @@ compares ``read_trace`` with a bare ``split + json.loads`` over the same file. R
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import json
 import os
+import re
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -42,23 +46,31 @@ PAYLOAD: dict[str, Any] = {
 }
 
 
-def run_interleaved(ours_path: Path, bare_path: Path, dumps_path: Path, n: int) -> dict[str, Any]:
+def run_interleaved(ours_path: Path, bare_path: Path, dumps_path: Path, n: int, before: Any = None) -> dict[str, Any]:
     """Time each TraceWriter append, each bare write of the same line and each dumps+write.
 
     Interleaving (and rotating which goes first) puts all under the same disk conditions:
-    fsync latency drifts by tens of percent over seconds on a shared disk.
+    fsync latency drifts by tens of percent over seconds on a shared disk. ``before``: an
+    older TraceWriter class (``--before``), a fourth arm.
     """
-    spent = {"ours": 0.0, "bare": 0.0, "dumps": 0.0}
+    arms = ARMS + (["before"] if before is not None else [])
+    spent = dict.fromkeys(arms, 0.0)
     total_bytes = 0
-    with TraceWriter.open(ours_path) as w, open(bare_path, "ab") as fh, open(dumps_path, "ab") as dh:
+    with contextlib.ExitStack() as stack:
+        w = stack.enter_context(TraceWriter.open(ours_path))
+        fh = stack.enter_context(open(bare_path, "ab"))
+        dh = stack.enter_context(open(dumps_path, "ab"))
+        old: Any = stack.enter_context(before.open(ours_path.with_name("before-" + ours_path.name))) if before else None
         fd, dfd = fh.fileno(), dh.fileno()
         line = b""
         for i in range(n):
             kwargs: dict[str, Any] = {"turn": 1 + i // 10, "state_path": "foyer", "call_id": "7f65dee5291ba5d4"}
-            for arm in ARMS[i % 3 :] + ARMS[: i % 3]:
+            for arm in arms[i % len(arms) :] + arms[: i % len(arms)]:
                 t0 = time.perf_counter()
                 if arm == "ours":
                     ev = w.append("agent.call.complete", PAYLOAD, **kwargs)
+                elif arm == "before":
+                    old.append("agent.call.complete", PAYLOAD, **kwargs)
                 elif arm == "bare":
                     # before the first append, a line of the size the writer is about to write
                     fh.write(line or b"x" * 400 + b"\n")
@@ -81,12 +93,35 @@ def run_interleaved(ours_path: Path, bare_path: Path, dumps_path: Path, n: int) 
 ARMS = ["ours", "bare", "dumps"]
 
 
+def before_writer(ref: str, tmp: Path) -> Any:
+    """TraceWriter as it was at ``ref``: the package copied as ``localllm_before`` (imports renamed)."""
+    archive = subprocess.run(["git", "archive", ref, "localllm"], cwd=REPO, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive, check=True)
+    package = tmp / "localllm_before"
+    (tmp / "localllm").rename(package)
+    for path in package.rglob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        text = re.sub(r"\b(from|import) localllm\b", r"\1 localllm_before", text)
+        path.write_text(text, encoding="utf-8")
+    sys.path.insert(0, str(tmp))
+    module = importlib.import_module("localllm_before.trace.writer")
+    return module.TraceWriter
+
+
 def encode_only(n: int) -> float:
     """The writer's CPU work per event without the I/O: write-time checks + encoding."""
     start = time.perf_counter()
     for i in range(n):
         clean = rules.check_value(PAYLOAD, "payload")
         Event(1 + i // 10, i % 10, format_ts(), "agent.call.complete", clean, "foyer", None, "x").to_line()
+    return time.perf_counter() - start
+
+
+def checks_only(n: int) -> float:
+    """The write-time checks alone (``rules.check_value`` of the payload)."""
+    start = time.perf_counter()
+    for _ in range(n):
+        rules.check_value(PAYLOAD, "payload")
     return time.perf_counter() - start
 
 
@@ -109,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=2000, help="events per run (default 2000)")
     parser.add_argument("--rounds", type=int, default=5, help="rounds (default 5)")
     parser.add_argument("--smoke", action="store_true", help="CI: 30 events, 1 round (results to a temp file)")
+    parser.add_argument("--before", metavar="REF", help="a fourth arm: TraceWriter as of this git ref")
     parser.add_argument("--json", type=Path, default=None, help="default: tests/bench/results/trace.json")
     args = parser.parse_args(argv)
     n, rounds = (30, 1) if args.smoke else (args.n, args.rounds)
@@ -116,16 +152,18 @@ def main(argv: list[str] | None = None) -> int:
 
     tmp = Path(tempfile.mkdtemp(prefix=".bench-trace-", dir=REPO))
     try:
+        before = before_writer(args.before, tmp) if args.before else None
         runs: list[dict[str, Any]] = []
         reads_ours: list[float] = []
         reads_bare: list[float] = []
         for r in range(rounds):
             trace_path = tmp / f"ours-{r}.jsonl"
-            runs.append(run_interleaved(trace_path, tmp / f"bare-{r}.jsonl", tmp / f"dumps-{r}.jsonl", n))
+            runs.append(run_interleaved(trace_path, tmp / f"bare-{r}.jsonl", tmp / f"dumps-{r}.jsonl", n, before))
             reads_ours.append(read_ours(trace_path))
             reads_bare.append(read_bare(trace_path))
         line_bytes = round(runs[-1]["bytes"] / n)
         encode_s = statistics.median(encode_only(n) for _ in range(rounds))
+        checks_s = statistics.median(checks_only(n) for _ in range(rounds))
         w_ours, w_bare, w_dumps = (statistics.median(run[arm] for run in runs) for arm in ARMS)
         r_ours, r_bare = statistics.median(reads_ours), statistics.median(reads_bare)
         fs = os.statvfs(tmp)
@@ -145,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
                 "ratio_tracewriter_over_dumps": w_dumps / w_ours,
                 "ratios_per_round": [run["bare"] / run["ours"] for run in runs],
                 "encode_only_us_per_event": encode_s / n * 1e6,
+                "checks_only_us_per_event": checks_s / n * 1e6,
+                "encoding_us_per_event": (encode_s - checks_s) / n * 1e6,
                 "tracewriter_us_per_event": w_ours / n * 1e6,
                 "bare_us_per_event": w_bare / n * 1e6,
                 "dumps_us_per_event": w_dumps / n * 1e6,
@@ -152,6 +192,17 @@ def main(argv: list[str] | None = None) -> int:
                 "tracewriter_s": [run["ours"] for run in runs],
                 "bare_s": [run["bare"] for run in runs],
                 "dumps_s": [run["dumps"] for run in runs],
+                **(
+                    {
+                        "before_ref": args.before,
+                        "before_appends_per_s": n / statistics.median(run["before"] for run in runs),
+                        "ratio_before_over_bare": w_bare / statistics.median(run["before"] for run in runs),
+                        "before_ratios_per_round": [run["bare"] / run["before"] for run in runs],
+                        "before_s": [run["before"] for run in runs],
+                    }
+                    if before is not None
+                    else {}
+                ),
             },
             "read": {
                 "read_trace_events_per_s": n / r_ours,
@@ -169,16 +220,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     print()
     print(f"{'write (fsync per event)':<34}{'appends/s':>12}{'vs bare':>10}{'us/event':>10}")
-    rows = (
+    rows: list[tuple[str, float, float, float]] = [
         ("TraceWriter.append", wr["tracewriter_appends_per_s"], wr["ratio_tracewriter_over_bare"], w_ours),
         ("bare write+flush+fsync", wr["bare_fsync_appends_per_s"], 1.0, w_bare),
         ("json.dumps+write+flush+fsync", wr["dumps_fsync_appends_per_s"], w_bare / w_dumps, w_dumps),
-    )
+    ]
+    if before is not None:
+        w_before = statistics.median(run["before"] for run in runs)
+        rows.append((f"TraceWriter.append at {args.before}", n / w_before, w_bare / w_before, w_before))
     for name, rate, ratio, spent in rows:
         print(f"{name:<34}{rate:>12.0f}{ratio:>10.2f}{spent / n * 1e6:>10.0f}")
     print(
         f"(an append beyond a bare fsync'd write: {wr['beyond_bare_us_per_event']:.1f} us; checks + encoding alone: "
-        f"{wr['encode_only_us_per_event']:.1f} us; ratio per round: "
+        f"{wr['encode_only_us_per_event']:.1f} us, of which checks {wr['checks_only_us_per_event']:.1f} us and "
+        f"the event + its encoding {wr['encoding_us_per_event']:.1f} us; ratio per round: "
         f"{', '.join(f'{x:.2f}' for x in wr['ratios_per_round'])})"
     )
     print()
