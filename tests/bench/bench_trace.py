@@ -3,7 +3,7 @@
     python tests/bench/bench_trace.py [--smoke] [--n N] [--rounds R] [--json OUT]
 
 Three arms write lines of equal size to three files in a temp directory on the repository's
-filesystem, interleaved event by event with the order rotating, so all see the same disk:
+filesystem, interleaved event by event in every order in turn, so all see the same disk:
 ``TraceWriter.append`` (checks, encoding, the replaced-file check, write, fsync); a bare
 ``write+flush+fsync`` of the bytes TraceWriter wrote (the physical limit of a durable
 line); and ``json.dumps`` of the event + write + flush + fsync (the least a JSONL logger
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import itertools
 import json
 import os
 import re
@@ -49,11 +50,14 @@ PAYLOAD: dict[str, Any] = {
 def run_interleaved(ours_path: Path, bare_path: Path, dumps_path: Path, n: int, before: Any = None) -> dict[str, Any]:
     """Time each TraceWriter append, each bare write of the same line and each dumps+write.
 
-    Interleaving (and rotating which goes first) puts all under the same disk conditions:
+    Interleaving (every order of the arms in turn) puts all under the same disk conditions:
     fsync latency drifts by tens of percent over seconds on a shared disk. ``before``: an
     older TraceWriter class (``--before``), a fourth arm.
     """
     arms = ARMS + (["before"] if before is not None else [])
+    # every order in turn, not a rotation: a rotation keeps each arm behind the same one, and
+    # an fsync's cost depends on what the previous one left in the journal
+    orders = list(itertools.permutations(arms))
     spent = dict.fromkeys(arms, 0.0)
     total_bytes = 0
     with contextlib.ExitStack() as stack:
@@ -65,7 +69,7 @@ def run_interleaved(ours_path: Path, bare_path: Path, dumps_path: Path, n: int, 
         line = b""
         for i in range(n):
             kwargs: dict[str, Any] = {"turn": 1 + i // 10, "state_path": "foyer", "call_id": "7f65dee5291ba5d4"}
-            for arm in arms[i % len(arms) :] + arms[: i % len(arms)]:
+            for arm in orders[i % len(orders)]:
                 t0 = time.perf_counter()
                 if arm == "ours":
                     ev = w.append("agent.call.complete", PAYLOAD, **kwargs)
