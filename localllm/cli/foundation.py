@@ -225,7 +225,7 @@ def _call(args: argparse.Namespace) -> int:
             args.verb, agent=args.agent, prompt=prompt, schema=schema, args=call_args, world=world, timeout=args.timeout
         )
 
-    return _run_and_print(config, args, args.agent, ask)
+    return _run_and_print(config, args, args.agent, ask, start_early=args.agent)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -233,14 +233,25 @@ def _run(args: argparse.Namespace) -> int:
     gate = config.gates.get(args.gate)
     alias = gate.agent if gate is not None else None  # an unknown gate is run_gate's error to report
     call_args, world = parse_kv(args.arg), parse_kv(args.world, flag="--world")
-    return _run_and_print(config, args, alias, lambda runtime: runtime.run_gate(args.gate, call_args, world))
+    # A gate with selection: may be routed to another agent: its own is not started early.
+    early = alias if gate is not None and gate.selection is None else None
+    return _run_and_print(
+        config, args, alias, lambda runtime: runtime.run_gate(args.gate, call_args, world), start_early=early
+    )
 
 
 def _run_and_print(
-    config: Config, args: argparse.Namespace, alias: str | None, work: Callable[[Runtime], CallResult]
+    config: Config,
+    args: argparse.Namespace,
+    alias: str | None,
+    work: Callable[[Runtime], CallResult],
+    *,
+    start_early: str | None = None,
 ) -> int:
     """Run one call in a fresh Runtime (``--cassette`` replaces ``alias``), print the result.
 
+    ``start_early``: the agent sure to answer; a managed local model starts loading at once,
+    while the call is prepared. The answer is printed before the Runtime stops its servers.
     The trace path is named on stderr either way: a failed call's events are in it too.
     """
     from localllm.runtime import Runtime
@@ -251,12 +262,30 @@ def _run_and_print(
                 from localllm.agents.cassette import CassetteAgent
 
                 runtime.register_agent(alias, CassetteAgent(args.cassette, alias=alias))
+            elif start_early is not None:
+                _start_early(runtime, start_early)
             result = work(runtime)
+            _print_result(result, args.json)
     finally:
         if args.trace is not None:
             err(f"trace: {args.trace}")
-    _print_result(result, args.json)
     return EXIT_OK
+
+
+def _start_early(runtime: Runtime, alias: str) -> None:
+    """Let ``alias``'s server start loading now (``LocalLLMAgent.start_soon``), if it has one.
+
+    An alias that cannot be built is left for the call to report, with its own error.
+    """
+    from localllm.errors import LocalLLMError
+
+    try:
+        agent = runtime.agent(alias)
+    except LocalLLMError:
+        return
+    start_soon = getattr(agent, "start_soon", None)
+    if callable(start_soon):
+        start_soon()
 
 
 def _print_result(result: CallResult, as_json: bool) -> None:

@@ -87,6 +87,8 @@ def cache_layout(root: Path | None = None) -> CacheLayout:
         │       ├── llama_cpp_python-0.3.36/         the extracted sdist (vendor/llama.cpp)
         │       ├── cmake-build/                     incremental cmake tree (bin/llama-server)
         │       └── build.log                        every configure/build run, appended
+        ├── probes/<build sha256>.json               what a server build answered (--help flags, the
+        │                                            grammar canary's verdict): managed.probes
         └── locks/<kind>-<name>.lock                 one cross-process lock per artifact (localllm._lock)
 
     Transient names, removed on failure and by ``localllm cache prune``:

@@ -64,7 +64,9 @@ MANAGED_FLAGS = frozenset(
 
 _TAIL_BYTES = 64 * 1024  # stderr kept per process, for errors
 _PROBE_TIMEOUT = 30.0  # the most a `--help` probe may take, within the start's deadline
-_POLL = 0.1  # health poll interval, seconds
+_POLL = 0.1  # longest health poll interval, seconds
+_POLL_FIRST = 0.005  # the first interval: polls start fast and back off (× _POLL_BACKOFF) to _POLL
+_POLL_BACKOFF = 1.5
 _ABORT_GRACE = 0.5  # SIGTERM grace for a start that is abandoned (timeout or stop)
 _CANARY_TIMEOUT = 10.0  # the most the grammar canary may take, within the start's deadline
 
@@ -482,6 +484,7 @@ class ManagedServer:
         self._proc: _Process | None = None
         self._finalizer: weakref.finalize[[float], ManagedServer] | None = None
         self._optional: frozenset[str] | None = None  # of _OPTIONAL_FLAGS, probed once from --help
+        self._build: str | None = None  # the binary's build id (managed.probes), set by each fetch
         self._port_zero = True  # False once this binary proved it can't report --port 0
         self._crashes: deque[tuple[int, str]] = deque(maxlen=8)  # (pid, detail), newest last
         self._returncode: int | None = None
@@ -717,6 +720,12 @@ class ManagedServer:
         model = resolve_model(self._model_spec, base_dir=self._base_dir, cancel=cancel)
         if cancel.is_set():
             raise _Cancelled
+        from localllm.managed import probes
+
+        build = probes.build_id(binary)
+        if build != self._build or binary != self.binary:
+            self._optional = None  # another build: what its --help lists is asked again
+        self._build = build
         self.binary, self.model = binary, model
         from localllm.managed.pins import chat_format_args
 
@@ -773,6 +782,12 @@ class ManagedServer:
         no optional flags (not cached: the next start, with a fresh deadline, asks again).
         """
         if self._optional is None:
+            from localllm.managed import probes
+
+            known = probes.recall(self._build).get("flags")
+            if isinstance(known, list):  # this build's --help, read at an earlier start
+                self._optional = frozenset(flag for flag in known if flag in _OPTIONAL_FLAGS)
+                return self._optional
             budget = min(_PROBE_TIMEOUT, max(deadline - time.monotonic(), 0.0) / 2)
             try:
                 probe = run_probe([str(binary), "--help"], timeout=budget, env=_child_env(binary, self._env))
@@ -783,6 +798,8 @@ class ManagedServer:
             self._optional = frozenset(
                 flag for flag in _OPTIONAL_FLAGS if re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", probe.output)
             )
+            if probe.returncode == 0:
+                probes.remember(self._build, flags=sorted(self._optional))
         return self._optional
 
     def _spawn_until_ready(self, start: _Start, deadline: float) -> str:
@@ -829,6 +846,7 @@ class ManagedServer:
     def _await_ready(self, proc: _Process, start: _Start, deadline: float) -> str:
         import httpx
 
+        interval = _POLL_FIRST
         with httpx.Client(trust_env=False) as client:
             while True:
                 if start.cancel.is_set():
@@ -841,14 +859,17 @@ class ManagedServer:
                 if port and self._healthy(client, port, deadline):
                     proc.bound_port = port
                     if self.role == "chat":
-                        self.grammar_enforced = self._canary(client, port, deadline)
+                        self.grammar_enforced = self._grammar_verdict(client, port, deadline)
                     return f"http://{HOST}:{port}"
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     self._release(proc, grace=_ABORT_GRACE)
                     raise self._timed_out(proc)
-                proc.wake.wait(min(_POLL, remaining))
+                # Fast at first (a small model is ready in well under a second), backing off
+                # to _POLL; the "listening" log line wakes the loop at once either way.
+                proc.wake.wait(min(interval, remaining))
                 proc.wake.clear()
+                interval = min(_POLL, interval * _POLL_BACKOFF)
 
     @staticmethod
     def _healthy(client: httpx.Client, port: int, deadline: float) -> bool:
@@ -862,6 +883,22 @@ class ManagedServer:
         except httpx.TransportError:
             return False  # not listening yet, or busy loading: poll again
         return response.status_code == 200
+
+    def _grammar_verdict(self, client: httpx.Client, port: int, deadline: float) -> bool | None:
+        """The canary's verdict on this build: remembered from an earlier start, else asked now.
+
+        A verdict (True or False) is kept per build (``managed.probes``), so a rebuilt or
+        replaced server is asked again; an inconclusive canary (None) is not kept.
+        """
+        from localllm.managed import probes
+
+        known = probes.recall(self._build).get("grammar_enforced")
+        if isinstance(known, bool):
+            return known
+        verdict = self._canary(client, port, deadline)
+        if verdict is not None:
+            probes.remember(self._build, grammar_enforced=verdict)
+        return verdict
 
     def _canary(self, client: httpx.Client, port: int, deadline: float) -> bool | None:
         """Does the server enforce a request's ``grammar`` at all? (:data:`CANARY_BODY`).

@@ -75,11 +75,91 @@ def clean_text(value: str) -> str:
 
 
 def check_value(value: Any, path: str) -> Any:
-    """Validate ``value`` as trace JSON and return a private copy (tuples become lists)."""
+    """Validate ``value`` as trace JSON and return a private copy (tuples become lists).
+
+    Every event's payload passes here, so the common case takes a fast walk (exact built-in
+    types, field paths never formatted, every string checked at once); anything it does not
+    accept outright — a broken rule, a subclass, a ``Mapping`` that is not a ``dict`` — is
+    walked again by the exact checker, which names the field path or accepts it.
+    """
+    try:
+        strings: list[str] = []
+        copy = _fast(value, 0, strings)
+        if _strings_clean(strings):
+            return copy
+    except _Unusual:
+        pass
+    except RecursionError:
+        pass  # the exact walk below reports it, with the path
     try:
         return _check(value, path, 0, set())
     except RecursionError:  # only when the caller's own stack is already nearly exhausted
         raise reject(path, "nested too deeply to check") from None
+
+
+class _Unusual(Exception):
+    """The fast walk met something only the exact walk may judge (never leaves this module)."""
+
+
+def _strings_clean(strings: list[str]) -> bool:
+    """Whether every string of ``strings`` passes :func:`check_string` (one pass over them all).
+
+    Joined by U+0001, a starter that composes with nothing, so no CRLF spans two strings and
+    the whole is NFC exactly when each string is.
+    """
+    joined = "\x01".join(strings)
+    if "\x00" in joined or "\r\n" in joined:
+        return False
+    if joined.isascii():
+        return True
+    try:
+        joined.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return unicodedata.is_normalized("NFC", joined)
+
+
+def _fast(value: Any, depth: int, strings: list[str]) -> Any:
+    """The copy :func:`_check` would return, for plain JSON made of built-in types only.
+
+    Raises ``_Unusual`` at anything else (a broken rule included); strings are collected in
+    ``strings`` for :func:`_strings_clean`. A reference cycle hits the depth limit.
+    """
+    kind = type(value)
+    if kind is str:
+        strings.append(value)
+        return value
+    if value is None or kind is bool:
+        return value
+    if kind is int:
+        if INT_MIN <= value < INT_LIMIT:
+            return value
+        raise _Unusual
+    if kind is float:
+        if value - value == 0.0:  # NaN and ±Infinity give NaN
+            return value
+        raise _Unusual
+    if depth >= MAX_DEPTH:
+        raise _Unusual
+    depth += 1
+    if kind is dict:
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            if type(key) is not str:
+                raise _Unusual
+            strings.append(key)
+            sub = type(item)
+            if sub is str:
+                strings.append(item)
+                out[key] = item
+            elif sub is int and INT_MIN <= item < INT_LIMIT:
+                out[key] = item
+            else:
+                out[key] = _fast(item, depth, strings)
+        return out
+    if kind is list or kind is tuple:
+        return [_fast(item, depth, strings) for item in value]
+    raise _Unusual
 
 
 def _check(value: Any, path: str, depth: int, active: set[int]) -> Any:

@@ -66,7 +66,10 @@ class TraceWriter:
 
     def __init__(self, path: Path, fd: int, size: int, events: list[Event], lines: list[bytes]) -> None:
         self._path = path
+        self._path_str = str(path)  # stat()ed before every write: no Path conversion each time
         self._fd: int | None = fd
+        mine = os.fstat(fd)
+        self._identity = (mine.st_dev, mine.st_ino)  # an open descriptor's file never changes
         self._size = size
         self._events = events
         self._lines = lines
@@ -341,10 +344,16 @@ class TraceWriter:
         return self._write_group(fd, [ev], [raw])[0]
 
     def _write_group(self, fd: int, evs: list[Event], raws: list[bytes]) -> list[Event]:
-        _check_same_file(fd, self._path)
+        try:
+            now = os.stat(self._path_str)
+        except OSError:
+            now = None
+        if now is None or (now.st_dev, now.st_ino) != self._identity:
+            raise _replaced(self._path)
         data = b"\n".join(raws) + b"\n"
         try:
             _write_all(fd, data)
+            # The durability contract: an event is acknowledged only once it is on disk.
             os.fsync(fd)
         except OSError as exc:
             # Never leave half a line behind: cut back to the last complete event.
@@ -444,9 +453,13 @@ def _check_same_file(fd: int, path: Path) -> None:
     except OSError:
         now = None
     if now is None or (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino):
-        raise TraceReplaced(
-            "trace file replaced under us", hint=f"{path} was replaced or deleted while open; nothing was written to it"
-        )
+        raise _replaced(path)
+
+
+def _replaced(path: Path) -> TraceReplaced:
+    return TraceReplaced(
+        "trace file replaced under us", hint=f"{path} was replaced or deleted while open; nothing was written to it"
+    )
 
 
 def _is_torn_header(data: bytes) -> bool:
@@ -484,7 +497,10 @@ def _read_all(fd: int) -> bytes:
 
 
 def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
+    written = os.write(fd, data)
+    if written == len(data):  # the usual case: one write, no view
+        return
+    view = memoryview(data)[written:]
     while view:
         written = os.write(fd, view)
         view = view[written:]

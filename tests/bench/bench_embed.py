@@ -30,11 +30,11 @@ sys.path.insert(0, str(REPO))
 from localllm.embed.index import Index  # noqa: E402
 from localllm.embed.local import LocalEmbedder, embedding_server_args  # noqa: E402
 from localllm.embed.registry import lookup  # noqa: E402
+from tests.bench._provenance import provenance, results_path  # noqa: E402
 
 DEFAULT_BIN = Path.home() / ".cache/localllm/build/llama-cpp-python-0.3.36/cmake-build/bin/llama-server"
 GGUF = REPO.parent / "shared" / "models" / "all-minilm-l6-v2-f16.gguf"
 REFERENCE = REPO.parent / "shared" / "models" / "all-minilm-l6-v2.reference.json"
-RESULTS = Path(__file__).parent / "results" / "embed.json"
 BATCH = 64
 PARALLEL = 2
 
@@ -167,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer documents and rounds, a 20k index")
+    parser.add_argument("--smoke", action="store_true", help="CI: one copy of the texts, 1 round, a 2k index")
     parser.add_argument("--threads", type=int, default=None, help="llama-server -t (default: its own choice)")
     opts = parser.parse_args(argv)
     server_bin = Path(os.environ.get("LOCALLLM_TEST_SERVER_BIN") or DEFAULT_BIN)
@@ -174,9 +175,12 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"bench_embed: no llama-server at {server_bin}; set LOCALLLM_TEST_SERVER_BIN\n")
         return 1
     thr = bench_throughput(
-        server_bin, copies=1 if opts.quick else 4, rounds=1 if opts.quick else 3, threads=opts.threads
+        server_bin,
+        copies=1 if opts.quick or opts.smoke else 4,
+        rounds=1 if opts.quick or opts.smoke else 3,
+        threads=opts.threads,
     )
-    idx = bench_index(20_000 if opts.quick else 100_000)
+    idx = bench_index(2_000 if opts.smoke else 20_000 if opts.quick else 100_000)
     d = thr["docs_per_s"]
     rows = [
         ("LocalEmbedder (batch 64)", f"{d['localembedder']:.1f} docs/s", "1.00×"),
@@ -206,10 +210,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'measure':<{width}}  {'result':>16}  comparison")
     for name, value, note in rows:
         print(f"{name:<{width}}  {value:>16}  {note}")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"platform": platform.platform(), "cpus": os.cpu_count(), "throughput": thr, "index": idx}
-    RESULTS.write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"wrote {RESULTS.relative_to(REPO)}")
+    out = results_path("embed", smoke=opts.smoke, quick=opts.quick)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    doc = {**provenance(smoke=opts.smoke), "platform": platform.platform(), "throughput": thr, "index": idx}
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {out}")
     return 0
 
 

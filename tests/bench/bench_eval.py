@@ -28,9 +28,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from tests.bench._provenance import provenance, results_path  # noqa: E402
+
 DEMO = REPO / "examples" / "demo"
 MIRROR = Path.home() / ".cache" / "localllm-e2e" / "mirror"
-RESULTS = Path(__file__).parent / "results"
 
 
 def one_run(config: Any, cases: list[Any], workers: int, out: Path) -> dict[str, Any]:
@@ -46,11 +47,12 @@ def one_run(config: Any, cases: list[Any], workers: int, out: Path) -> dict[str,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="6 cases, 1 round")
+    parser.add_argument("--smoke", action="store_true", help="CI: 2 cases, 1 round (results to a temp file)")
     parser.add_argument("--n", type=int, default=16, help="cases per run (default 16)")
     parser.add_argument("--rounds", type=int, default=2, help="rounds (default 2)")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
-    n, rounds = (6, 1) if args.quick else (args.n, args.rounds)
+    n, rounds = (2, 1) if args.smoke else (6, 1) if args.quick else (args.n, args.rounds)
     if MIRROR.is_dir():
         os.environ.setdefault("LOCALLLM_MIRROR", str(MIRROR))
     if os.environ.get("LOCALLLM_TEST_SERVER_BIN"):
@@ -77,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
     par, seq = statistics.median(rates[2]), statistics.median(rates[1])
     result = {
+        **provenance(smoke=args.smoke),
         "cases": n,
         "rounds": rounds,
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
@@ -89,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'parallel 2':<14} {par:>8.3f}")
     print(f"{'one by one':<14} {seq:>8.3f}")
     print(f"speedup {par / seq:.2f}x (goal >= 1.5x on 2 cores)")
-    target = args.json or RESULTS / ("eval.quick.json" if args.quick else "eval.json")
+    target = args.json or results_path("eval", smoke=args.smoke, quick=args.quick)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(result, indent=2) + "\n")
     return 0

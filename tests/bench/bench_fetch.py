@@ -1,6 +1,6 @@
 """Benchmark: our single-pass fetch-and-verify against ``curl -o`` then ``sha256sum``.
 
-    python tests/bench/bench_fetch.py [--mib 512] [--rounds 3] [--json OUT]
+    python tests/bench/bench_fetch.py [--smoke] [--mib 512] [--rounds 3] [--json OUT]
 
 A loopback server (``tests/unit/fakes/http_server.py``, its own process, sendfile) serves
 one random file. Each round runs, in alternating order, (a) ``fetch_artifact`` in a fresh
@@ -28,6 +28,10 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from tests.bench._provenance import provenance, results_path  # noqa: E402
+
 SERVER = REPO / "tests" / "unit" / "fakes" / "http_server.py"
 FILE = "blob.bin"
 
@@ -94,8 +98,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--json", type=Path, default=REPO / "tests" / "bench" / "results" / "fetch.json")
+    parser.add_argument("--smoke", action="store_true", help="CI: 4 MiB, 2 rounds (results to a temp file)")
+    parser.add_argument("--json", type=Path, default=None, help="default: tests/bench/results/fetch.json")
     args = parser.parse_args()
+    if args.smoke:
+        args.mib, args.rounds = 4, 2
+    out = args.json or results_path("fetch", smoke=args.smoke)
     curl = shutil.which("curl")
     sha256sum = shutil.which("sha256sum")
     if not curl or not sha256sum:
@@ -145,6 +153,7 @@ def main() -> int:
     med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
     mib = args.mib
     result = {
+        **provenance(smoke=args.smoke),
         "benchmark": "fetch",
         "size_mib": mib,
         "rounds": args.rounds,
@@ -180,9 +189,9 @@ def main() -> int:
         f"ratio ours / (curl + sha256sum): {m['ratio_of_medians']:.2f} of the medians above, "
         f"{m['ratio_ours_over_pair']:.2f} median of the per-round ratios  (< 1 means we are faster)"
     )
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.json}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
     return 0
 
 

@@ -58,6 +58,7 @@ from localllm import Runtime, load_config  # noqa: E402
 from localllm.config import Config, LocalLLMDecl  # noqa: E402
 from localllm.runtime import render_prompt  # noqa: E402
 from localllm.wire import AskRequest  # noqa: E402
+from tests.bench._provenance import provenance, results_path  # noqa: E402
 
 DEMO = REPO / "examples" / "demo"
 CONFIG = DEMO / "config.yaml"
@@ -181,8 +182,8 @@ def request_bytes(runtime: Runtime, ticket: str) -> bytes:
         deadline="2099-01-01T00:00:00.000000000Z",
         schema=schema,
     )
-    body, grammar, _ = agent.build_body(req)  # type: ignore[attr-defined]
-    assert grammar, "the demo gate should be grammar-constrained"
+    body = agent.build_body(req)[0]  # type: ignore[attr-defined]
+    assert "grammar" in body, "the demo gate should be grammar-constrained"
     return httpx.Request("POST", "http://127.0.0.1/v1/chat/completions", json=body).content
 
 
@@ -295,7 +296,7 @@ def bench_warm(config: Config, n: int, warmup: int, tmp: Path) -> tuple[dict[str
                 n,
                 warmup,
             )
-        argv = agent._sidecar.argv()  # type: ignore[attr-defined]
+        argv = agent._server.argv()  # type: ignore[attr-defined]
     result = summarize_arms(records, "raw_httpx")
     result["body_bytes"] = len(payload)
     result["body_identical"] = True
@@ -427,7 +428,7 @@ def bench_concurrency(config: Config, rounds: int) -> dict[str, Any]:
                 if r:
                     walls.append(wall)
                     completion.append(sum(int(res.meta["completion_tokens"]) for res in results))
-            argv = runtime.agent(ALIAS)._sidecar.argv()  # type: ignore[attr-defined]
+            argv = runtime.agent(ALIAS)._server.argv()  # type: ignore[attr-defined]
         out[f"parallel_{parallel}"] = {
             "wall_ms": [round(w * 1000, 1) for w in walls],
             "median_wall_ms": statistics.median(walls) * 1000,
@@ -457,10 +458,10 @@ with Runtime(config, trace=sys.argv[2] + "/cold-trace.jsonl") as runtime:
     agent = runtime.agent(sys.argv[3])
     agent.base_url()  # what the first ask does first: cache check, spawn, /health
     t1 = time.perf_counter()
-    log = agent._sidecar.stderr_tail(int(sys.argv[6]))
+    log = agent._server.stderr_tail(int(sys.argv[6]))
     result = runtime.run_gate(sys.argv[4], {"ticket": sys.argv[5]})
     t2 = time.perf_counter()
-    argv = agent._sidecar.argv()
+    argv = agent._server.argv()
 print(json.dumps({
     "import_ms": (t_import - t_start) * 1000, "load_config_ms": (t_config - t_import) * 1000,
     "ready_ms": (t1 - t0) * 1000, "first_decide_ms": (t2 - t1) * 1000, "first_call_ms": (t2 - t0) * 1000,
@@ -662,7 +663,8 @@ def table(res: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smoke run: small N, one round each")
+    parser.add_argument("--quick", action="store_true", help="small N, one round each")
+    parser.add_argument("--smoke", action="store_true", help="CI: every part at its smallest (results to a temp file)")
     parser.add_argument("--n", type=int, default=None, help="timed decides per arm in (a) (default 20; quick 3)")
     parser.add_argument(
         "--json",
@@ -671,16 +673,18 @@ def main(argv: list[str] | None = None) -> int:
         help=f"output (default {RESULTS.relative_to(REPO)}; --quick: local_llm.quick.json)",
     )
     args = parser.parse_args(argv)
-    n = args.n or (3 if args.quick else 20)
-    warmup = 1 if args.quick else 2
-    b_rounds = 1 if args.quick else 3
-    c_rounds = 1 if args.quick else 5
-    stub_n = 30 if args.quick else 300
+    small = args.quick or args.smoke
+    n = args.n or (2 if args.smoke else 3 if args.quick else 20)
+    warmup = 1 if small else 2
+    b_rounds = 1 if small else 3
+    c_rounds = 1 if small else 5
+    stub_n = 20 if args.smoke else 30 if args.quick else 300
 
-    out = args.json or (RESULTS.with_name("local_llm.quick.json") if args.quick else RESULTS)
+    out = args.json or results_path("local_llm", smoke=args.smoke, quick=args.quick)
     started = time.perf_counter()
     config, install, model = prepare()
     res: dict[str, Any] = {
+        **provenance(smoke=args.smoke),
         "model": MODEL,
         "model_path": str(model),
         "server": str(install.binary),

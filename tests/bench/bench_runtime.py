@@ -21,6 +21,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from tests.bench._provenance import provenance, results_path  # noqa: E402
+
 SCHEMA = {
     "type": "object",
     "properties": {"verdict": {"enum": ["yes", "no"]}, "score": {"type": "number"}},
@@ -43,9 +45,11 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=2000)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--json", type=Path, default=REPO / "tests" / "bench" / "results" / "runtime.json")
+    parser.add_argument("--smoke", action="store_true", help="CI: every variant, 50 calls (results to a temp file)")
+    parser.add_argument("--json", type=Path, default=None, help="default: tests/bench/results/runtime.json")
     args = parser.parse_args()
-    n = 200 if args.quick else args.n
+    n = 50 if args.smoke else 200 if args.quick else args.n
+    out = args.json or results_path("runtime", smoke=args.smoke)
     from localllm import Runtime, load_config
     from localllm.wire import AskRequest
 
@@ -90,8 +94,9 @@ def main() -> int:
         f"Runtime.call overhead per call: {result['Runtime.call'] - base:.0f} µs "
         f"(a worker thread per call, request building, call_id, loose JSON parse)"
     )
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"n": n, "us_per_call": result}, indent=2))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({**provenance(smoke=args.smoke), "n": n, "us_per_call": result}, indent=2) + "\n")
+    print(f"wrote {out}")
     return 0
 
 

@@ -27,9 +27,8 @@ import httpx
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from tests.bench._provenance import provenance, results_path  # noqa: E402
 from tests.bench.bench_local_llm import free_port, prepare  # noqa: E402
-
-RESULTS = Path(__file__).parent / "results" / "spincount.json"
 
 
 def _start(binary: str, model: Path, spin: str) -> tuple[subprocess.Popen[bytes], str]:
@@ -81,15 +80,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--counts", default="100,300,500,1000,10000,default", help="comma-separated values")
     parser.add_argument("--tokens", type=int, default=60, help="tokens decoded per request")
+    parser.add_argument("--smoke", action="store_true", help="CI: one value (500), 8 tokens (results to a temp file)")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.counts, args.tokens = "500", 8
     _, install, model = prepare()  # the cached build and gemma-3-270m (nothing downloaded)
     rows = [measure(str(install.binary), model, spin, args.tokens) for spin in args.counts.split(",")]
     print(f"{'GOMP_SPINCOUNT':>14}  {'solo ms/token':>13}  {'2 servers ms/token':>18}")
     for row in rows:
         print(f"{row['spincount']:>14}  {row['solo_ms_per_token']:>13.1f}  {row['contended_ms_per_token']:>18.1f}")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"rows": rows, "cpus": os.cpu_count()}, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+    out = results_path("spincount", smoke=args.smoke)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({**provenance(smoke=args.smoke), "rows": rows}, indent=2) + "\n")
+    print(f"wrote {out}")
     return 0
 
 

@@ -46,10 +46,10 @@ import threading  # noqa: E402
 from localllm import Runtime  # noqa: E402
 from localllm.config import Config  # noqa: E402
 from localllm.errors import AgentError  # noqa: E402
+from tests.bench._provenance import provenance, results_path  # noqa: E402
 from tests.bench.bench_local_llm import GATE, loadavg, other_servers, pct, prepare, with_agent  # noqa: E402
 
 CASES = REPO / "examples" / "demo" / "evals" / "triage" / "cases.jsonl"
-RESULTS = Path(__file__).parent / "results" / "structured.json"
 ARMS = {"compiled": True, "server": "server"}
 
 
@@ -193,14 +193,15 @@ def run_prompt(config: Config, texts: list[str], repeats: int, reproducible: boo
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="4 tickets, 3 repeats (a smoke run)")
+    parser.add_argument("--quick", action="store_true", help="4 tickets, 3 repeats")
+    parser.add_argument("--smoke", action="store_true", help="CI: 2 tickets, 2 repeats (results to a temp file)")
     parser.add_argument("--tickets", type=int, default=24)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--prompts", default="fewshot,zeroshot", help="comma-separated: fewshot, zeroshot")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
-    n, repeats = (4, 3) if args.quick else (args.tickets, args.repeats)
-    out = args.json or (RESULTS.with_suffix(".quick.json") if args.quick else RESULTS)
+    n, repeats = (2, 2) if args.smoke else (4, 3) if args.quick else (args.tickets, args.repeats)
+    out = args.json or results_path("structured", smoke=args.smoke, quick=args.quick)
     config, install, model = prepare()
     texts = tickets(n)
     variants = {"fewshot": config, "zeroshot": with_agent(zeroshot(config), schema_in_prompt=True)}
@@ -208,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         name: run_prompt(variants[name], texts, repeats, reproducible=name == "fewshot")
         for name in args.prompts.split(",")
     }
+    result["provenance"] = provenance(smoke=args.smoke)
     result["machine"] = {
         "loadavg": loadavg(),
         "other_llama_servers": other_servers(),

@@ -1,22 +1,30 @@
 """Benchmark: TraceWriter appends/s against a bare write+flush+fsync loop, side by side.
 
-    python tests/bench/bench_trace.py [--n N] [--rounds R] [--json OUT]
+    python tests/bench/bench_trace.py [--smoke] [--n N] [--rounds R] [--json OUT]
 
-Both write lines of equal size (the bare loop writes the bytes TraceWriter wrote) to two
-files in a temp directory on the repository's filesystem, interleaved event by event with
-the order alternating, so both see the same disk; the table shows medians over rounds. A second table
-compares ``read_trace`` with a bare ``split + json.loads`` over the same file.
-Results go to ``tests/bench/results/trace.json`` unless ``--json`` says otherwise.
+Three arms write lines of equal size to three files in a temp directory on the repository's
+filesystem, interleaved event by event in every order in turn, so all see the same disk:
+``TraceWriter.append`` (checks, encoding, the replaced-file check, write, fsync); a bare
+``write+flush+fsync`` of the bytes TraceWriter wrote (the physical limit of a durable
+line); and ``json.dumps`` of the event + write + flush + fsync (the least a JSONL logger
+that fsyncs does). The table shows medians over rounds, and what an append costs beyond the
+bare write in µs (the stable figure: fsync latency drifts with the disk). A second table
+compares ``read_trace`` with a bare ``split + json.loads`` over the same file. Results go to
+``tests/bench/results/trace.json`` unless ``--json`` says otherwise (``--smoke``: a temp file).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
+import itertools
 import json
 import os
-import platform
+import re
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -27,6 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from localllm.trace import Event, TraceWriter, format_ts, read_trace, rules  # noqa: E402
+from tests.bench._provenance import provenance, results_path  # noqa: E402
 
 PAYLOAD: dict[str, Any] = {
     "verb": "decide",
@@ -38,43 +47,69 @@ PAYLOAD: dict[str, Any] = {
 }
 
 
-def run_interleaved(ours_path: Path, bare_path: Path, n: int) -> tuple[float, float, int]:
-    """Time each TraceWriter append and each bare write of the same line, event by event.
+def run_interleaved(ours_path: Path, bare_path: Path, dumps_path: Path, n: int, before: Any = None) -> dict[str, Any]:
+    """Time each TraceWriter append, each bare write of the same line and each dumps+write.
 
-    Interleaving (and alternating which goes first) puts both under the same disk conditions:
-    fsync latency drifts by tens of percent over seconds on a shared disk.
+    Interleaving (every order of the arms in turn) puts all under the same disk conditions:
+    fsync latency drifts by tens of percent over seconds on a shared disk. ``before``: an
+    older TraceWriter class (``--before``), a fourth arm.
     """
-    ours = bare = 0.0
+    arms = ARMS + (["before"] if before is not None else [])
+    # every order in turn, not a rotation: a rotation keeps each arm behind the same one, and
+    # an fsync's cost depends on what the previous one left in the journal
+    orders = list(itertools.permutations(arms))
+    spent = dict.fromkeys(arms, 0.0)
     total_bytes = 0
-    with TraceWriter.open(ours_path) as w, open(bare_path, "ab") as fh:
-        fd = fh.fileno()
+    with contextlib.ExitStack() as stack:
+        w = stack.enter_context(TraceWriter.open(ours_path))
+        fh = stack.enter_context(open(bare_path, "ab"))
+        dh = stack.enter_context(open(dumps_path, "ab"))
+        old: Any = stack.enter_context(before.open(ours_path.with_name("before-" + ours_path.name))) if before else None
+        fd, dfd = fh.fileno(), dh.fileno()
         line = b""
         for i in range(n):
             kwargs: dict[str, Any] = {"turn": 1 + i // 10, "state_path": "foyer", "call_id": "7f65dee5291ba5d4"}
-            if i % 2 == 0:
+            for arm in orders[i % len(orders)]:
                 t0 = time.perf_counter()
-                ev = w.append("agent.call.complete", PAYLOAD, **kwargs)
-                t1 = time.perf_counter()
-                line = ev.to_line() + b"\n"
-                t2 = time.perf_counter()
-                fh.write(line)
-                fh.flush()
-                os.fsync(fd)
-                t3 = time.perf_counter()
-            else:
-                # the bare write goes first, with a line of the size the writer is about to write
-                t2 = time.perf_counter()
-                fh.write(line)
-                fh.flush()
-                os.fsync(fd)
-                t3 = time.perf_counter()
-                t0 = time.perf_counter()
-                w.append("agent.call.complete", PAYLOAD, **kwargs)
-                t1 = time.perf_counter()
-            ours += t1 - t0
-            bare += t3 - t2
+                if arm == "ours":
+                    ev = w.append("agent.call.complete", PAYLOAD, **kwargs)
+                elif arm == "before":
+                    old.append("agent.call.complete", PAYLOAD, **kwargs)
+                elif arm == "bare":
+                    # before the first append, a line of the size the writer is about to write
+                    fh.write(line or b"x" * 400 + b"\n")
+                    fh.flush()
+                    os.fsync(fd)
+                else:
+                    record = {"turn": kwargs["turn"], "seq": i % 10, "ts": "2026-12-01T22:00:00.000000000Z"}
+                    record.update(kind="agent.call.complete", state_path="foyer", payload=PAYLOAD)
+                    record["call_id"] = kwargs["call_id"]
+                    dh.write(json.dumps(record, separators=(",", ":")).encode() + b"\n")
+                    dh.flush()
+                    os.fsync(dfd)
+                spent[arm] += time.perf_counter() - t0
+                if arm == "ours":
+                    line = ev.to_line() + b"\n"
             total_bytes += len(line)
-    return ours, bare, total_bytes
+    return {**spent, "bytes": total_bytes}
+
+
+ARMS = ["ours", "bare", "dumps"]
+
+
+def before_writer(ref: str, tmp: Path) -> Any:
+    """TraceWriter as it was at ``ref``: the package copied as ``localllm_before`` (imports renamed)."""
+    archive = subprocess.run(["git", "archive", ref, "localllm"], cwd=REPO, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive, check=True)
+    package = tmp / "localllm_before"
+    (tmp / "localllm").rename(package)
+    for path in package.rglob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        text = re.sub(r"\b(from|import) localllm\b", r"\1 localllm_before", text)
+        path.write_text(text, encoding="utf-8")
+    sys.path.insert(0, str(tmp))
+    module = importlib.import_module("localllm_before.trace.writer")
+    return module.TraceWriter
 
 
 def encode_only(n: int) -> float:
@@ -83,6 +118,14 @@ def encode_only(n: int) -> float:
     for i in range(n):
         clean = rules.check_value(PAYLOAD, "payload")
         Event(1 + i // 10, i % 10, format_ts(), "agent.call.complete", clean, "foyer", None, "x").to_line()
+    return time.perf_counter() - start
+
+
+def checks_only(n: int) -> float:
+    """The write-time checks alone (``rules.check_value`` of the payload)."""
+    start = time.perf_counter()
+    for _ in range(n):
+        rules.check_value(PAYLOAD, "payload")
     return time.perf_counter() - start
 
 
@@ -101,49 +144,69 @@ def read_bare(path: Path) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--n", type=int, default=2000, help="events per run (default 2000)")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
-    parser.add_argument("--json", type=Path, default=REPO / "tests" / "bench" / "results" / "trace.json")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds (default 5)")
+    parser.add_argument("--smoke", action="store_true", help="CI: 30 events, 1 round (results to a temp file)")
+    parser.add_argument("--before", metavar="REF", help="a fourth arm: TraceWriter as of this git ref")
+    parser.add_argument("--json", type=Path, default=None, help="default: tests/bench/results/trace.json")
     args = parser.parse_args(argv)
-    n, rounds = args.n, args.rounds
+    n, rounds = (30, 1) if args.smoke else (args.n, args.rounds)
+    out = args.json or results_path("trace", smoke=args.smoke)
 
     tmp = Path(tempfile.mkdtemp(prefix=".bench-trace-", dir=REPO))
     try:
-        ours: list[float] = []
-        bare: list[float] = []
+        before = before_writer(args.before, tmp) if args.before else None
+        runs: list[dict[str, Any]] = []
         reads_ours: list[float] = []
         reads_bare: list[float] = []
-        line_bytes = 0
         for r in range(rounds):
             trace_path = tmp / f"ours-{r}.jsonl"
-            o, b, nbytes = run_interleaved(trace_path, tmp / f"bare-{r}.jsonl", n)
-            ours.append(o)
-            bare.append(b)
-            line_bytes = round(nbytes / n)
+            runs.append(run_interleaved(trace_path, tmp / f"bare-{r}.jsonl", tmp / f"dumps-{r}.jsonl", n, before))
             reads_ours.append(read_ours(trace_path))
             reads_bare.append(read_bare(trace_path))
+        line_bytes = round(runs[-1]["bytes"] / n)
         encode_s = statistics.median(encode_only(n) for _ in range(rounds))
-        w_ours, w_bare = statistics.median(ours), statistics.median(bare)
+        checks_s = statistics.median(checks_only(n) for _ in range(rounds))
+        w_ours, w_bare, w_dumps = (statistics.median(run[arm] for run in runs) for arm in ARMS)
         r_ours, r_bare = statistics.median(reads_ours), statistics.median(reads_bare)
         fs = os.statvfs(tmp)
         result = {
+            **provenance(smoke=args.smoke),
             "n": n,
             "rounds": rounds,
             "line_bytes": line_bytes,
             "dir": str(tmp.parent),
             "fs_block_size": fs.f_bsize,
-            "python": platform.python_version(),
-            "platform": platform.platform(),
+            "fsync_policy": "one fsync per event, before append() returns",
             "write": {
                 "tracewriter_appends_per_s": n / w_ours,
                 "bare_fsync_appends_per_s": n / w_bare,
+                "dumps_fsync_appends_per_s": n / w_dumps,
                 "ratio_tracewriter_over_bare": w_bare / w_ours,
+                "ratio_tracewriter_over_dumps": w_dumps / w_ours,
+                "ratios_per_round": [run["bare"] / run["ours"] for run in runs],
                 "encode_only_us_per_event": encode_s / n * 1e6,
+                "checks_only_us_per_event": checks_s / n * 1e6,
+                "encoding_us_per_event": (encode_s - checks_s) / n * 1e6,
                 "tracewriter_us_per_event": w_ours / n * 1e6,
                 "bare_us_per_event": w_bare / n * 1e6,
-                "tracewriter_s": ours,
-                "bare_s": bare,
+                "dumps_us_per_event": w_dumps / n * 1e6,
+                "beyond_bare_us_per_event": (w_ours - w_bare) / n * 1e6,
+                "tracewriter_s": [run["ours"] for run in runs],
+                "bare_s": [run["bare"] for run in runs],
+                "dumps_s": [run["dumps"] for run in runs],
+                **(
+                    {
+                        "before_ref": args.before,
+                        "before_appends_per_s": n / statistics.median(run["before"] for run in runs),
+                        "ratio_before_over_bare": w_bare / statistics.median(run["before"] for run in runs),
+                        "before_ratios_per_round": [run["bare"] / run["before"] for run in runs],
+                        "before_s": [run["before"] for run in runs],
+                    }
+                    if before is not None
+                    else {}
+                ),
             },
             "read": {
                 "read_trace_events_per_s": n / r_ours,
@@ -155,26 +218,37 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
 
     wr, rd = result["write"], result["read"]
-    print(f"trace bench: {n} events x {rounds} rounds, ~{line_bytes} bytes/line, dir {result['dir']}")
-    print()
-    print(f"{'write (fsync per event)':<34}{'appends/s':>12}{'vs bare':>10}")
     print(
-        f"{'TraceWriter.append':<34}{wr['tracewriter_appends_per_s']:>12.0f}{wr['ratio_tracewriter_over_bare']:>10.2f}"
+        f"trace bench: {n} events x {rounds} rounds, ~{line_bytes} bytes/line, dir {result['dir']}, "
+        f"commit {result['commit']}"
     )
-    print(f"{'bare write+flush+fsync':<34}{wr['bare_fsync_appends_per_s']:>12.0f}{1.0:>10.2f}")
+    print()
+    print(f"{'write (fsync per event)':<34}{'appends/s':>12}{'vs bare':>10}{'us/event':>10}")
+    rows: list[tuple[str, float, float, float]] = [
+        ("TraceWriter.append", wr["tracewriter_appends_per_s"], wr["ratio_tracewriter_over_bare"], w_ours),
+        ("bare write+flush+fsync", wr["bare_fsync_appends_per_s"], 1.0, w_bare),
+        ("json.dumps+write+flush+fsync", wr["dumps_fsync_appends_per_s"], w_bare / w_dumps, w_dumps),
+    ]
+    if before is not None:
+        w_before = statistics.median(run["before"] for run in runs)
+        rows.append((f"TraceWriter.append at {args.before}", n / w_before, w_bare / w_before, w_before))
+    for name, rate, ratio, spent in rows:
+        print(f"{name:<34}{rate:>12.0f}{ratio:>10.2f}{spent / n * 1e6:>10.0f}")
     print(
-        f"(checks + encoding alone: {wr['encode_only_us_per_event']:.1f} us/event; an append: "
-        f"{wr['tracewriter_us_per_event']:.0f} us; a bare fsync'd write: {wr['bare_us_per_event']:.0f} us)"
+        f"(an append beyond a bare fsync'd write: {wr['beyond_bare_us_per_event']:.1f} us; checks + encoding alone: "
+        f"{wr['encode_only_us_per_event']:.1f} us, of which checks {wr['checks_only_us_per_event']:.1f} us and "
+        f"the event + its encoding {wr['encoding_us_per_event']:.1f} us; ratio per round: "
+        f"{', '.join(f'{x:.2f}' for x in wr['ratios_per_round'])})"
     )
     print()
     print(f"{'read':<34}{'events/s':>12}{'vs bare':>10}")
     ratio = rd["ratio_read_trace_over_bare"]
     print(f"{'read_trace (all rules)':<34}{rd['read_trace_events_per_s']:>12.0f}{ratio:>10.2f}")
     print(f"{'bare split + json.loads':<34}{rd['bare_json_loads_events_per_s']:>12.0f}{1.0:>10.2f}")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
     print()
-    print(f"wrote {args.json}")
+    print(f"wrote {out}")
     return 0
 
 
