@@ -48,6 +48,7 @@ from localllm.eval.cases import Case, load_cases  # noqa: E402
 from localllm.grammar.compile import gbnf_literal  # noqa: E402
 from localllm.runtime import render_prompt  # noqa: E402
 from localllm.wire import AskRequest  # noqa: E402
+from tests.bench._provenance import results_path  # noqa: E402
 from tests.bench.bench_local_llm import ALIAS, DEMO, GATE, prepare  # noqa: E402
 
 CASES = DEMO / "evals" / "triage" / "cases.jsonl"
@@ -187,13 +188,18 @@ def main() -> int:
     parser.add_argument("--cases", type=Path, default=CASES)
     parser.add_argument("--limit", type=int, default=0, help="only the first N cases")
     parser.add_argument("--no-forced", action="store_true", help="skip method B (forced alternatives)")
-    parser.add_argument("--json", type=Path, default=RESULTS)
+    parser.add_argument("--json", type=Path, default=None, help=f"default {RESULTS}")
+    parser.add_argument(
+        "--smoke", action="store_true", help="CI: the first 2 tickets, both methods, results to a temp file"
+    )
     args = parser.parse_args()
+    if args.json is None:
+        args.json = results_path("confidence", smoke=True) if args.smoke else RESULTS
 
     config, _install, _model = prepare()
     cases = load_cases(args.cases)
-    if args.limit:
-        cases = cases[: args.limit]
+    if args.limit or args.smoke:
+        cases = cases[: args.limit or 2]
     rows: list[dict[str, Any]] = []
     with Runtime(config) as runtime, httpx.Client(trust_env=False) as client:
         url = runtime.agent(ALIAS).base_url() + "/chat/completions"  # type: ignore[attr-defined]

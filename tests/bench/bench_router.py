@@ -39,6 +39,7 @@ from localllm.embed.embedder import EmbedderIdentity  # noqa: E402
 from localllm.embed.local import LocalEmbedder, embedding_server_args  # noqa: E402
 from localllm.embed.registry import lookup  # noqa: E402
 from localllm.embed.router import Router, calibrate, default_bars  # noqa: E402
+from tests.bench._provenance import results_path  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
 GGUF = REPO.parent / "shared" / "models" / "all-minilm-l6-v2-f16.gguf"
@@ -120,13 +121,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--examples", type=Path, default=DATA / "clinc150_examples.jsonl")
     parser.add_argument("--cases", type=Path, default=DATA / "clinc150_cases.jsonl")
-    parser.add_argument("--json", type=Path, default=RESULTS)
+    parser.add_argument("--json", type=Path, default=None, help=f"default {RESULTS}")
+    parser.add_argument(
+        "--smoke", action="store_true", help="CI: 3 examples per intent, 30 cases, results to a temp file"
+    )
     args = parser.parse_args()
+    if args.json is None:
+        args.json = results_path("router", smoke=True) if args.smoke else RESULTS
 
     from localllm.managed import ensure_server
     from localllm.managed.server import ManagedServer
 
     pool, cases = read(args.examples), read(args.cases)
+    if args.smoke:
+        cases = cases[::8]  # every label still represented
     demo = read(DEMO_CASES, "queue")
     demo_pool: list[tuple[str, str]] = []
     demo_cases: list[tuple[str, str]] = []
@@ -149,7 +157,7 @@ def main() -> int:
         matrix = emb.embed(texts, "query")
         identity = emb.identity
     embedder = Cached(identity, dict(zip(texts, matrix, strict=True)))
-    rows = run_set("clinc150-9", pool, cases, embedder, (3, 5, 10, 20))
+    rows = run_set("clinc150-9", pool, cases, embedder, (3,) if args.smoke else (3, 5, 10, 20))
     rows += run_set("demo-tickets", demo_pool, demo_cases, embedder, (3,))
     report = {"model": MODEL, "examples": str(args.examples.name), "cases": str(args.cases.name), "rows": rows}
     args.json.parent.mkdir(parents=True, exist_ok=True)
