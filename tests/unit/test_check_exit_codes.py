@@ -65,7 +65,7 @@ def test_mutated_evidence_never_exits_1(tmp_path_factory: Any, data: st.DataObje
         for key in path[:-1]:
             node = node[key] if isinstance(node, dict) else {}
         if isinstance(node, dict):
-            node[path[-1]] = data.draw(_VALUES)
+            node[path[-1]] = copy.deepcopy(data.draw(_VALUES))  # sampled_from hands out one shared object
     (root / "ev" / "r.json").write_text(json.dumps(mutated))
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err):
