@@ -13,7 +13,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev,e2e]'
+	$(BIN)/python -m pip install -q -e '.[dev,e2e,bench-grammar]'
 	touch $@
 
 lint: install
