@@ -183,7 +183,8 @@ def request_bytes(runtime: Runtime, ticket: str) -> bytes:
         schema=schema,
     )
     body = agent.build_body(req)[0]  # type: ignore[attr-defined]
-    assert "grammar" in body, "the demo gate should be grammar-constrained"
+    # managed: the compiled grammar; endpoint (the stub arm): §9's response_format json_schema
+    assert "grammar" in body or "response_format" in body, "the demo gate should be constrained"
     return httpx.Request("POST", "http://127.0.0.1/v1/chat/completions", json=body).content
 
 

@@ -109,7 +109,7 @@ def _config(tmp: Path, name: str, *, service: str, parallel: int, max_tokens: in
     text = text.replace("    parallel: 2\n", f"    parallel: {parallel}\n    service: {service}\n")
     text = text.replace("    max_tokens: 96\n", f"    max_tokens: {max_tokens}\n")
     target.write_text(text)
-    for sub in ("prompts", "schemas"):
+    for sub in ("prompts", "schemas", "evals"):  # evals: the queue gate's labelled examples
         if not (tmp / sub).exists():
             shutil.copytree(DEMO / sub, tmp / sub)
     return target
