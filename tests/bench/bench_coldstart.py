@@ -48,7 +48,15 @@ sys.path.insert(0, str(REPO))
 from localllm import Runtime, load_config  # noqa: E402
 from localllm.config import Config  # noqa: E402
 from tests.bench._provenance import provenance, results_path  # noqa: E402
-from tests.bench.bench_local_llm import ALIAS, CONFIG, GATE, TICKET, free_port, prepare  # noqa: E402
+from tests.bench.bench_local_llm import (  # noqa: E402
+    ALIAS,
+    CONFIG,
+    GATE,
+    TICKET,
+    free_port,
+    prepare,
+    wait_raw_healthy,
+)
 
 FAKE = REPO / "tests" / "unit" / "fakes" / "fake_llama_server.py"
 HEALTH_POLL = 0.005
@@ -151,19 +159,7 @@ def run_raw(argv: list[str], env: dict[str, str], body: bytes) -> dict[str, Any]
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, env=env)
         try:
             with httpx.Client(trust_env=False) as client:
-                while True:
-                    if proc.poll() is not None:
-                        log.seek(0)
-                        tail = log.read().decode(errors="replace")[-2000:]
-                        raise SystemExit(f"bench: raw llama-server exited with {proc.returncode}:\n{tail}")
-                    try:
-                        if client.get(base + "/health", timeout=httpx.Timeout(1.0)).status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        pass
-                    if time.perf_counter() - t0 > 300:
-                        raise SystemExit("bench: raw llama-server not healthy in 300 s")
-                    time.sleep(HEALTH_POLL)
+                wait_raw_healthy(client, proc, base, t0, HEALTH_POLL)
                 t_ready = time.perf_counter()
                 reply = client.post(
                     base + "/v1/chat/completions", content=body, headers=RAW_HEADERS, timeout=httpx.Timeout(300.0)

@@ -46,10 +46,8 @@ from localllm.agents.confidence import alternatives, measure, parse_logprobs, su
 from localllm.calibrate import expected_calibration_error, risk_coverage  # noqa: E402
 from localllm.eval.cases import Case, load_cases  # noqa: E402
 from localllm.grammar.compile import gbnf_literal  # noqa: E402
-from localllm.runtime import render_prompt  # noqa: E402
-from localllm.wire import AskRequest  # noqa: E402
 from tests.bench._provenance import results_path  # noqa: E402
-from tests.bench.bench_local_llm import ALIAS, DEMO, GATE, prepare  # noqa: E402
+from tests.bench.bench_local_llm import ALIAS, DEMO, gate_body, prepare  # noqa: E402
 
 CASES = DEMO / "evals" / "triage" / "cases.jsonl"
 RESULTS = Path(__file__).parent / "results" / "confidence.json"
@@ -89,26 +87,8 @@ def _mean(values: list[float]) -> float | None:
 
 
 def body_for(runtime: Runtime, case: Case) -> tuple[dict[str, Any], dict[str, Any]]:
-    gate = runtime.config.gates[GATE]
-    agent = runtime.agent(ALIAS)
-    assert gate.schema_path is not None
-    schema = runtime.schemas.load(gate.schema_path)
-    args = case.args
-    prompt = render_prompt(
-        gate.prompt, {k: render_prompt(v, args, {}) if isinstance(v, str) else v for k, v in gate.args.items()}, {}
-    )
-    req = AskRequest(
-        session_id="bench",
-        turn=1,
-        state_path=GATE,
-        verb=gate.verb,
-        prompt=prompt,
-        call_id="0" * 16,
-        deadline="2099-01-01T00:00:00.000000000Z",
-        schema=schema,
-    )
-    body, grammar, _, _ = agent.build_body(req)  # type: ignore[attr-defined]
-    assert grammar == "compiled" and body.get("logprobs"), "the demo gate should ask for logprobs"
+    body, source, schema = gate_body(runtime, case.args)
+    assert source == "compiled" and body.get("logprobs"), "the demo gate should ask for logprobs"
     return body, schema
 
 

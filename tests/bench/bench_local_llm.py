@@ -162,13 +162,13 @@ def prepare() -> tuple[Config, Any, Path]:
     return load_config(CONFIG), install, model
 
 
-def request_bytes(runtime: Runtime, ticket: str) -> bytes:
-    """The exact bytes the agent POSTs for the triage gate (``build_body`` + httpx's encoder)."""
+def gate_body(runtime: Runtime, args: dict[str, Any]) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """What the agent POSTs for the triage gate with ``args`` (``build_body``): the body,
+    ``meta.grammar_source`` and the gate's schema."""
     gate = runtime.config.gates[GATE]
     agent = runtime.agent(ALIAS)
     assert gate.schema_path is not None
     schema = runtime.schemas.load(gate.schema_path)
-    args = {"ticket": ticket}
     prompt = render_prompt(
         gate.prompt, {k: render_prompt(v, args, {}) if isinstance(v, str) else v for k, v in gate.args.items()}, {}
     )
@@ -182,10 +182,31 @@ def request_bytes(runtime: Runtime, ticket: str) -> bytes:
         deadline="2099-01-01T00:00:00.000000000Z",
         schema=schema,
     )
-    body = agent.build_body(req)[0]  # type: ignore[attr-defined]
+    body, source, _, _ = agent.build_body(req)  # type: ignore[attr-defined]
+    return body, source, schema
+
+
+def request_bytes(runtime: Runtime, ticket: str) -> bytes:
+    """The exact bytes the agent POSTs for the triage gate (``build_body`` + httpx's encoder)."""
+    body = gate_body(runtime, {"ticket": ticket})[0]
     # managed: the compiled grammar; endpoint (the stub arm): §9's response_format json_schema
     assert "grammar" in body or "response_format" in body, "the demo gate should be constrained"
     return httpx.Request("POST", "http://127.0.0.1/v1/chat/completions", json=body).content
+
+
+def wait_raw_healthy(client: httpx.Client, proc: subprocess.Popen[bytes], base: str, t0: float, poll: float) -> None:
+    """Poll a raw llama-server's ``/health`` until 200 (exits the bench if it dies or takes 300 s)."""
+    while True:
+        if proc.poll() is not None:
+            raise SystemExit(f"bench: raw llama-server exited with {proc.returncode}: {proc.args!r}")
+        try:
+            if client.get(base + "/health", timeout=httpx.Timeout(1.0)).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if time.perf_counter() - t0 > 300:
+            raise SystemExit("bench: raw llama-server not healthy in 300 s")
+        time.sleep(poll)
 
 
 RAW_HEADERS = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
@@ -498,17 +519,7 @@ def raw_cold(argv: list[str], env: dict[str, str], payload: bytes, tmp: Path) ->
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, env=env, start_new_session=True
         )
         try:
-            while True:
-                if proc.poll() is not None:
-                    raise SystemExit(f"bench: raw llama-server exited with {proc.returncode}: {' '.join(argv)}")
-                try:
-                    if client.get(base + "/health", timeout=httpx.Timeout(1.0)).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if time.perf_counter() - t0 > 300:
-                    raise SystemExit("bench: raw llama-server not healthy in 300 s")
-                time.sleep(HEALTH_POLL)
+            wait_raw_healthy(client, proc, base, t0, HEALTH_POLL)
             t1 = time.perf_counter()
             data = raw_decide(client, base + "/v1/chat/completions", payload)
             t2 = time.perf_counter()
