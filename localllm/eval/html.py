@@ -9,7 +9,7 @@ precision and what a ``min_precision`` cascade would keep local.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from html import escape
 from typing import Any
 
@@ -23,6 +23,23 @@ table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:
 th{background:#f3f3f3}td.l,th.l{text-align:left}caption{text-align:left;font-weight:bold;padding:4px 0}
 .muted{color:#777;font-size:90%}
 """
+
+
+def _frame(label: str, y: Callable[[float], float]) -> list[str]:
+    """An SVG chart's opening: background, plot frame and 0–100 % gridlines on the y axis."""
+    inner_w, inner_h = _W - 2 * _PAD, _H - 2 * _PAD
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{_H}" role="img" aria-label="{label}">',
+        f'<rect width="{_W}" height="{_H}" fill="#fff"/>',
+        f'<rect x="{_PAD}" y="{_PAD}" width="{inner_w}" height="{inner_h}" fill="none" stroke="#999"/>',
+    ]
+    for tick in range(0, 11, 2):
+        v = tick / 10
+        parts.append(
+            f'<line x1="{_PAD}" x2="{_W - _PAD}" y1="{y(v):.1f}" y2="{y(v):.1f}" stroke="#eee"/>'
+            f'<text x="{_PAD - 6}" y="{y(v) + 4:.1f}" font-size="11" text-anchor="end">{tick * 10}%</text>'
+        )
+    return parts
 
 
 def _pct(value: Any) -> str:
@@ -44,18 +61,7 @@ def _scatter(agents: Mapping[str, Any]) -> str:
     def y(acc: float) -> float:
         return _H - _PAD - inner_h * acc
 
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{_H}" role="img" '
-        f'aria-label="accuracy vs latency per agent">',
-        f'<rect width="{_W}" height="{_H}" fill="#fff"/>',
-        f'<rect x="{_PAD}" y="{_PAD}" width="{inner_w}" height="{inner_h}" fill="none" stroke="#999"/>',
-    ]
-    for tick in range(0, 11, 2):
-        acc = tick / 10
-        parts.append(
-            f'<line x1="{_PAD}" x2="{_W - _PAD}" y1="{y(acc):.1f}" y2="{y(acc):.1f}" stroke="#eee"/>'
-            f'<text x="{_PAD - 6}" y="{y(acc) + 4:.1f}" font-size="11" text-anchor="end">{tick * 10}%</text>'
-        )
+    parts = _frame("accuracy vs latency per agent", y)
     for i in range(6):
         ms = top * i / 5
         parts.append(f'<text x="{x(ms):.1f}" y="{_H - _PAD + 16}" font-size="11" text-anchor="middle">{ms:.0f}</text>')
@@ -170,18 +176,10 @@ def _curves(calibration: Mapping[str, Any]) -> str:
     def y(precision: float) -> float:
         return float(_H - _PAD - inner_h * precision)
 
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{_H}" role="img" '
-        f'aria-label="risk-coverage curve per tier">',
-        f'<rect width="{_W}" height="{_H}" fill="#fff"/>',
-        f'<rect x="{_PAD}" y="{_PAD}" width="{inner_w}" height="{inner_h}" fill="none" stroke="#999"/>',
-    ]
+    parts = _frame("risk-coverage curve per tier", y)
     for tick in range(0, 11, 2):
-        v = tick / 10
         parts.append(
-            f'<line x1="{_PAD}" x2="{_W - _PAD}" y1="{y(v):.1f}" y2="{y(v):.1f}" stroke="#eee"/>'
-            f'<text x="{_PAD - 6}" y="{y(v) + 4:.1f}" font-size="11" text-anchor="end">{tick * 10}%</text>'
-            f'<text x="{x(v):.1f}" y="{_H - _PAD + 16}" font-size="11" text-anchor="middle">{tick * 10}%</text>'
+            f'<text x="{x(tick / 10):.1f}" y="{_H - _PAD + 16}" font-size="11" text-anchor="middle">{tick * 10}%</text>'
         )
     parts.append(
         f'<text x="{_W / 2}" y="{_H - 12}" font-size="12" text-anchor="middle">share answered (coverage)</text>'
