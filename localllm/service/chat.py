@@ -460,7 +460,7 @@ def prepare(
         parallel = body.get("parallel_tool_calls", data.get("parallel_tool_calls", True)) is not False
         reply = None
         if mode == "auto":
-            reply = schema if kind != "text" else {"type": "string"}
+            reply = schema if kind != "text" else {"type": "string", "minLength": 1}  # never an empty reply
         target = answer_schema(chosen, parallel=parallel, reply=reply)
         compiled = compile_schema(target)
         if not compiled.exact:  # a reply schema the compiler refuses

@@ -153,7 +153,7 @@ def test_openai_client_surface_structured_output_and_tool_calls(serve: Callable[
         jsonschema.validate(_args(message.tool_calls[0]), WEATHER_PARAMS)
         assert auto.choices[0].finish_reason == "tool_calls"
     else:
-        assert isinstance(message.content, str)
+        assert isinstance(message.content, str) and message.content
 
     for choice in ("required", "auto"):
         stream = client.chat.completions.create(

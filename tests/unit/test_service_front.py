@@ -523,3 +523,14 @@ def test_strict_schema_the_converter_enforces_goes_to_the_converter(
     service.close()
     with client(make_service()) as http:
         assert chat(http, "chat", response_format=fmt(schema)).status_code == 502  # validation caught it
+
+
+def test_tool_choice_auto_grammar_refuses_an_empty_reply() -> None:
+    # CI (stop 27): gemma answered {"content": ""} under auto, a reply that says nothing
+    from localllm.grammar.walk import Grammar
+    from localllm.service.chat import prepare
+
+    asked = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER]}
+    grammar = Grammar.parse(prepare({**asked, "tool_choice": "auto"}, "chat").body["grammar"])
+    assert grammar.matches('{"content":"It is sunny."}')
+    assert not grammar.matches('{"content":""}')
