@@ -64,8 +64,14 @@ NO_AMX          := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 LLCP_WHEELS     := $(E2E)/wheels/llama-cpp-python-$(LLCP_VERSION)-noamx
 LLCP_VENV       := $(E2E)/venvs/llama-cpp-python-$(LLCP_VERSION)-noamx
 LITELLM_VENV    := $(E2E)/venvs/litellm-$(LITELLM_VERSION)
+# Client libraries whose pins cannot sit beside the project's openai 3.x get a venv of their
+# own, keyed by version, driven as a subprocess by tests/e2e/test_service_clients_e2e.py:
+# instructor 1.17 needs jiter<0.15 (openai 3.x needs jiter>=0.16), so pip picks the openai
+# release instructor supports.
+INSTRUCTOR_VERSION ?= 1.17.0
+INSTRUCTOR_VENV := $(E2E)/venvs/instructor-$(INSTRUCTOR_VERSION)
 
-e2e-endpoints: $(LLCP_VENV)/.installed $(LITELLM_VENV)/.installed
+e2e-endpoints: $(LLCP_VENV)/.installed $(LITELLM_VENV)/.installed $(INSTRUCTOR_VENV)/.installed
 
 $(LLCP_WHEELS)/.built:
 	rm -rf $(LLCP_WHEELS).partial && mkdir -p $(LLCP_WHEELS).partial
@@ -83,6 +89,11 @@ $(LLCP_VENV)/.installed: $(LLCP_WHEELS)/.built
 $(LITELLM_VENV)/.installed:
 	rm -rf $(LITELLM_VENV) && $(PYTHON) -m venv $(LITELLM_VENV)
 	$(LITELLM_VENV)/bin/python -m pip install -q 'litellm[proxy]==$(LITELLM_VERSION)'
+	touch $@
+
+$(INSTRUCTOR_VENV)/.installed:
+	rm -rf $(INSTRUCTOR_VENV) && $(PYTHON) -m venv $(INSTRUCTOR_VENV)
+	$(INSTRUCTOR_VENV)/bin/python -m pip install -q 'instructor==$(INSTRUCTOR_VERSION)'
 	touch $@
 
 e2e: install fetch-llama-server e2e-models e2e-interop e2e-endpoints

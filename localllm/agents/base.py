@@ -31,6 +31,12 @@ class Agent(abc.ABC):
     def ask(self, request: AskRequest, *, deadline: float) -> AskResponse:
         """Answer one request or raise AgentError."""
 
+    def prepare(self, *, wait: bool = True) -> None:  # noqa: B027 - optional hook
+        """Resolve what this agent's calls go to — attach to a running service, or fetch and
+        start its server — before the first call instead of during it. ``wait=False`` begins
+        it in the background and returns at once; the first call then waits for it and
+        raises its error. Default: nothing to prepare."""
+
     def continue_session(self, plays: Mapping[str, int]) -> None:  # noqa: B027 - optional hook
         """The trace being continued already holds ``plays[episode_id]`` replays of each
         episode; a replaying agent counts on from there. Default: nothing."""

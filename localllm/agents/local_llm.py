@@ -52,16 +52,18 @@ from localllm.errors import (
     SidecarError,
     truncate_detail,
 )
+from localllm.managed.spec import ServerSpec
+from localllm.managed.upstream import Route, Target, Upstream, openai_base
 from localllm.wire import AskRequest, AskResponse, Transcript
 
 if TYPE_CHECKING:
-    from localllm.managed.discovery import Attachment
     from localllm.managed.server import ManagedServer
 
 _FENCE = re.compile(r"^\s*```(?:json)?\s*\n?(.*?)\n?\s*```\s*$", re.DOTALL)
 _CONNECT_TIMEOUT = 5.0
 #: how long a failed request waits for a dying managed server to exit, to report why
 _EXIT_SETTLE = 1.0
+_CHAT_PATH = "/v1/chat/completions"
 
 
 #: the most start_soon() waits for its server process to be spawned, seconds
@@ -69,9 +71,8 @@ _SPAWN_WAIT = 2.0
 
 
 def normalize_endpoint(url: str) -> str:
-    """``http://h:p``, ``http://h:p/``, ``http://h:p/v1/`` → ``http://h:p/v1``."""
-    base = url.rstrip("/")
-    return base if base.endswith("/v1") else base + "/v1"
+    """``http://h:p``, ``http://h:p/``, ``http://h:p/v1/`` → ``http://h:p/v1`` (the upstream's one URL rule)."""
+    return openai_base(url)
 
 
 def strip_fence(text: str) -> str:
@@ -102,8 +103,12 @@ class LocalLLMAgent(Agent):
         #: relative ``*.gguf`` model paths resolve against the config's directory
         self.base_dir = base_dir
         self._lock = threading.Lock()
-        self._server: ManagedServer | None = None
-        self._attached: Attachment | None = None  # a running `localllm serve` used instead
+        #: the one route to the server: a running `localllm serve`, the own sidecar, or the endpoint
+        self.upstream = (
+            Upstream(endpoint=decl.endpoint)
+            if decl.endpoint is not None
+            else Upstream(ServerSpec.from_chat_decl(decl, base_dir=base_dir), policy=decl.service)
+        )
         self._client: Any = None
         self._subset_cache: dict[str, bool] = {}
         self._pinned_meta: dict[str, Any] | None = None
@@ -127,6 +132,11 @@ class LocalLLMAgent(Agent):
     def managed(self) -> bool:
         return self.decl.endpoint is None
 
+    @property
+    def _server(self) -> ManagedServer | None:
+        """The agent's own server if it was built (never builds it)."""
+        return self.upstream.own_server
+
     def _http(self) -> Any:
         import httpx
 
@@ -139,49 +149,36 @@ class LocalLLMAgent(Agent):
                 )
             return self._client
 
-    def _managed_server(self) -> ManagedServer:
-        """The agent's ManagedServer (built on first use; building it does no I/O)."""
-        from localllm.managed.server import ManagedServer
-
+    def _drop_connections(self) -> None:
+        """Before a retry: the pool's keep-alive sockets died with the server (a respawn may reuse its port)."""
         with self._lock:
-            if self._closed:
-                raise AgentError(ErrorKind.TRANSPORT_ERROR, "agent is closed", alias=self.alias)
-            if self._server is None:
-                decl = self.decl
-                self._server = ManagedServer(
-                    decl.server_bin,
-                    decl.model or "",
-                    role="chat",
-                    base_dir=self.base_dir,
-                    args=decl.extra_args,
-                    parallel=decl.parallel,
-                    ctx_per_slot=decl.ctx_size,
-                    threads=decl.threads,
-                    port=decl.port,
-                    health_timeout=decl.health_timeout,
-                    name=self.alias,
-                )
-            return self._server
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
 
-    def start_soon(self) -> None:
-        """Begin what the first call does first — attach to a running service, or fetch and
-        start the managed server — on a background thread, and return at once.
+    def prepare(self, *, wait: bool = True) -> None:
+        """Resolve the route now — attach to a running service, or fetch and start the agent's
+        own server — instead of on the first call (:meth:`Upstream.prepare`).
 
-        For a caller about to prepare a call (imports, schema, grammar) that would otherwise
-        happen before the server even starts loading: ``localllm run`` and ``localllm call``.
-        The next :meth:`base_url` waits for it and takes its outcome (its error included,
-        raised once). Endpoint mode, or a server already started: nothing to do.
+        ``wait=False`` begins it on a background thread and returns at once: for a caller about
+        to prepare a call (imports, schema, grammar) that would otherwise happen before the
+        server even starts loading (``localllm run`` and ``localllm call``); the next call
+        waits for it and takes its outcome (its error included, raised once). Endpoint mode,
+        or a route already resolved: nothing to do.
         """
+        if wait:
+            self.base_url()
+            return
         if not self.managed:
             return
         # What the start imports is imported here, before the thread exists: two threads
         # importing one package at once can leave one with a half-initialised module.
-        import localllm.managed.attach
+        import localllm.managed.discovery
         import localllm.managed.probes
         import localllm.managed.server  # noqa: F401
 
         with self._lock:
-            if self._closed or self._starter is not None or self._server is not None or self._attached is not None:
+            if self._closed or self._starter is not None or self.upstream.current() is not None:
                 return
             starter = self._starter = threading.Thread(target=self._start_now, name=f"{self.alias}-start", daemon=True)
             starter.start()
@@ -195,18 +192,22 @@ class LocalLLMAgent(Agent):
                 break
             time.sleep(0.001)
 
+    def start_soon(self) -> None:
+        """``prepare(wait=False)``."""
+        self.prepare(wait=False)
+
     def _start_now(self) -> None:
         try:
-            self._base_url()
-        except BaseException as exc:  # kept for the base_url() that joins this thread
+            self._target()
+        except BaseException as exc:  # kept for the call that joins this thread
             self._start_error = exc
 
     def base_url(self) -> str:
-        """The ``…/v1`` base URL; in managed mode this fetches and starts the server.
+        """The ``…/v1`` base URL; in managed mode this attaches, or fetches and starts the server."""
+        return self._joined_target().base_url
 
-        The fetch and start run without the agent's lock, so ``close()`` from another
-        thread cancels a first-use download instead of waiting for it.
-        """
+    def _joined_target(self) -> Target:
+        """The resolved route, after a ``prepare(wait=False)`` in progress (whose error is raised once)."""
         starter = self._starter
         if starter is not None:
             starter.join()
@@ -215,31 +216,20 @@ class LocalLLMAgent(Agent):
                 self._starter = None
             if error is not None:
                 raise error
-        return self._base_url()
+        return self._target()
 
-    def _base_url(self) -> str:
-        if not self.managed:
-            assert self.decl.endpoint is not None
-            return normalize_endpoint(self.decl.endpoint)
+    def _target(self) -> Target:
+        """:meth:`Upstream.prepare`, its failures as AgentErrors."""
         try:
-            if self._server is None and self._attached is None:
-                from localllm.managed.attach import attach
-
-                self._attached = attach(
-                    self.decl.model or "",
-                    policy=self.decl.service,
-                    server_bin=self.decl.server_bin,
-                    base_dir=self.base_dir,
-                )
-            if self._attached is not None:
-                return self._attached.base_url
-            return normalize_endpoint(self._managed_server().ensure_ready())
+            return self.upstream.prepare()
         except (FetchError, SidecarError, ServiceError, ValueError) as exc:
-            if self._closed:
-                raise AgentError(ErrorKind.TRANSPORT_ERROR, "closed while starting", alias=self.alias) from exc
-            hint = exc.hint if isinstance(exc, LocalLLMError) else ""
-            detail = f"cannot start llama-server: {exc}"
-            raise AgentError(ErrorKind.TRANSPORT_ERROR, detail, hint=hint, alias=self.alias) from exc
+            raise self._start_failed(exc) from exc
+
+    def _start_failed(self, exc: BaseException) -> AgentError:
+        if self._closed:
+            return AgentError(ErrorKind.TRANSPORT_ERROR, "closed while starting", alias=self.alias)
+        hint = exc.hint if isinstance(exc, LocalLLMError) else ""
+        return AgentError(ErrorKind.TRANSPORT_ERROR, f"cannot start llama-server: {exc}", hint=hint, alias=self.alias)
 
     # ------------------------------------------------------------------ request
 
@@ -296,9 +286,7 @@ class LocalLLMAgent(Agent):
             return server, "server", "json_schema"
         return {}, "none", "none"
 
-    def build_body(
-        self, request: AskRequest, style: str | None = None, attached: Any = None
-    ) -> tuple[dict[str, Any], str, bool, str]:
+    def build_body(self, request: AskRequest, style: str | None = None) -> tuple[dict[str, Any], str, bool, str]:
         """The chat-completions body, ``meta.grammar``, whether json_schema applied and the style run."""
         schema = request.schema
         native = schema is not None and self.decl.json_schema
@@ -326,8 +314,6 @@ class LocalLLMAgent(Agent):
         body.update(constraint)
         if self._wants_logprobs(schema):
             body.update(logprobs=True, top_logprobs=confidence.TOP_LOGPROBS)
-        if attached is not None:
-            body["model"] = attached.model
         return body, grammar, native, ran
 
     @staticmethod
@@ -378,40 +364,36 @@ class LocalLLMAgent(Agent):
     def ask(self, request: AskRequest, *, deadline: float) -> AskResponse:
         import httpx
 
-        headers = self._headers()
-        base = self.base_url()
-        attached = self._attached  # managed mode served by a running `localllm serve`
-        if attached is not None:
-            headers = {**headers, **attached.headers()}
-        server = self._server
-        pid = server.pid if server is not None else None  # to explain this request's failure later
-
-        def failed(reason: str, exc: BaseException) -> AgentError:
-            if isinstance(exc, httpx.TimeoutException):
-                detail = f"no answer from {base} in time ({reason})"
-                return AgentError(ErrorKind.DEADLINE_EXCEEDED, detail, alias=self.alias)
-            if attached is not None:  # the service went away: the next call looks again, then spawns
-                self._attached = None
-                return AgentError(
-                    ErrorKind.TRANSPORT_ERROR,
-                    f"the localllm service (pid {attached.pid}) failed mid-call: "
-                    f"{reason} ({type(exc).__name__}: {exc})",
-                    alias=self.alias,
-                )
-            hint = ""
-            if reason == CONNECTION_REFUSED and self._server is None:
-                hint = f"nothing listens at {base}: start the server there, or fix agent_plugins.{self.alias}.endpoint"
-            return AgentError(
-                ErrorKind.TRANSPORT_ERROR, self._connection_detail(base, reason, exc, pid), hint=hint, alias=self.alias
-            )
+        own_headers = self._headers()
+        first = self._joined_target()
+        base = first.base_url  # the negotiated-style key; errors name the target that failed
+        answered = [first]  # the target that gave the last answer (a retry may change it)
+        retries = [0]
 
         def post(body: dict[str, Any]) -> Any:
-            remaining = self.remaining(deadline)
-            if remaining <= 0:
-                raise AgentError(ErrorKind.DEADLINE_EXCEEDED, "deadline passed before the request", alias=self.alias)
-            timeout = httpx.Timeout(remaining, connect=min(_CONNECT_TIMEOUT, remaining))
-            with map_httpx_errors(failed):
-                return self._http().post(f"{base}/chat/completions", json=body, headers=headers, timeout=timeout)
+            attempts: list[Target] = []
+
+            def send(target: Target) -> Any:
+                attempts.append(target)
+                remaining = self.remaining(deadline)
+                if remaining <= 0:
+                    raise AgentError(
+                        ErrorKind.DEADLINE_EXCEEDED, "deadline passed before the request", alias=self.alias
+                    )
+                timeout = httpx.Timeout(remaining, connect=min(_CONNECT_TIMEOUT, remaining))
+                sent = body if target.model is None else {**body, "model": target.model}
+                headers = {**own_headers, **target.headers()}
+                return self._http().post(target.url(_CHAT_PATH), json=sent, headers=headers, timeout=timeout)
+
+            # one failure rule for every upstream (managed.upstream): a broken connection to a
+            # sidecar or a service is retried once on a fresh resolution; an endpoint never is
+            with map_httpx_errors(lambda reason, exc: self._failed(reason, exc, attempts)):
+                try:
+                    reply, answered[0] = self.upstream.call(send, reset=self._drop_connections)
+                except (FetchError, SidecarError, ServiceError, ValueError) as exc:  # the respawn failed
+                    raise self._start_failed(exc) from exc
+            retries[0] += len(attempts) - 1
+            return reply
 
         def probe() -> tuple[int, Any]:
             reply = post(structured.probe_body(self.decl.model or "local"))
@@ -430,7 +412,7 @@ class LocalLLMAgent(Agent):
         if style is None and request.schema is not None:
             negotiated, probed = self.styles.get(base, probe, compiles=self.decl.grammar is True)
             style = negotiated.style
-        body, grammar, native, ran = self.build_body(request, style, attached)
+        body, grammar, native, ran = self.build_body(request, style)
         started = time.monotonic()
         with self._one_at_a_time:  # reproducible: never batched with this agent's other calls
             reply = post(body)
@@ -439,7 +421,7 @@ class LocalLLMAgent(Agent):
             if not upstream.auth and reply.status_code not in (429, 502, 503, 504):
                 # the guessed style (json_object after a rejected probe) is rejected too: unconstrained
                 negotiated = self.styles.demote(base, reply.status_code)
-                body, grammar, native, ran = self.build_body(request, negotiated.style, attached)
+                body, grammar, native, ran = self.build_body(request, negotiated.style)
                 reply = post(body)
                 if reply.status_code >= 400:  # not about the style (a gateway whose upstream is down)
                     self.styles.forget(base)
@@ -483,10 +465,12 @@ class LocalLLMAgent(Agent):
         }
         if probed and negotiated is not None:
             meta["structured_probe"] = negotiated.as_meta()
+        if retries[0]:  # a broken connection, retried once on a fresh resolution (managed.upstream)
+            meta["upstream_retries"] = retries[0]
         if self.managed:
-            meta["served_by"] = "service" if attached is not None else "sidecar"
+            meta["served_by"] = answered[0].route.value  # "service" or "sidecar"
             if grammar != "none":  # did this server pass the grammar canary at its start?
-                meta["grammar_enforced"] = self._grammar_enforced(reply, server, attached)
+                meta["grammar_enforced"] = self._grammar_enforced(reply, answered[0])
                 if meta["grammar_enforced"] is False:  # a server that ignores grammars: fail-open
                     meta["grammar"] = False
         timings = data.get("timings")
@@ -505,17 +489,40 @@ class LocalLLMAgent(Agent):
         else:
             tokens = confidence.parse_logprobs(data) if body.get("logprobs") else None
             meta.update(confidence.measure(request.schema, strip_fence(content), tokens).as_meta())
-        transcript = self._transcript(body, content, usage, elapsed_ms)
+        sent_model = answered[0].model or body["model"]
+        transcript = self._transcript({**body, "model": sent_model}, content, usage, elapsed_ms)
         return AskResponse(submission=strip_fence(content), meta=meta, transcript=transcript)
 
-    @staticmethod
-    def _grammar_enforced(reply: Any, server: ManagedServer | None, attached: Attachment | None) -> bool | None:
-        if attached is None:
+    def _grammar_enforced(self, reply: Any, target: Target) -> bool | None:
+        if target.route is not Route.SERVICE:
+            server = self._server
             return server.grammar_enforced if server is not None else None
         from localllm.managed.server import GRAMMAR_HEADER
 
         verdict = reply.headers.get(GRAMMAR_HEADER)  # the service relays its server's canary
         return {"true": True, "false": False}.get(verdict or "")
+
+    def _failed(self, reason: str, exc: BaseException, attempts: list[Target]) -> AgentError:
+        """A request that got no answer, as an AgentError naming the target that failed last."""
+        import httpx
+
+        target = attempts[-1]
+        meta = {"route": target.route.value, "upstream_retries": len(attempts) - 1}
+        if isinstance(exc, httpx.TimeoutException):
+            detail = f"no answer from {target.base_url} in time ({reason})"
+            return AgentError(ErrorKind.DEADLINE_EXCEEDED, detail, alias=self.alias, meta=meta)
+        retried = "; retried once on a fresh connection" if len(attempts) > 1 else ""
+        if target.route is Route.SERVICE:  # the service went away: the next call looks again, then spawns
+            detail = f"the localllm service (pid {target.pid}) failed mid-call: {reason} ({type(exc).__name__}: {exc})"
+            return AgentError(ErrorKind.TRANSPORT_ERROR, detail + retried, alias=self.alias, meta=meta)
+        hint = ""
+        if reason == CONNECTION_REFUSED and target.route is Route.ENDPOINT:
+            hint = (
+                f"nothing listens at {target.base_url}: start the server there, "
+                f"or fix agent_plugins.{self.alias}.endpoint"
+            )
+        detail = self._connection_detail(target, reason, exc) + retried
+        return AgentError(ErrorKind.TRANSPORT_ERROR, detail, hint=hint, alias=self.alias, meta=meta)
 
     def _upstream_error(self, upstream: UpstreamError, where: str) -> AgentError:
         """An error reply as an AgentError: status and message; a refused key names api_key_env."""
@@ -545,13 +552,13 @@ class LocalLLMAgent(Agent):
                         self._pinned_meta["model_sha256"] = sha256
         return dict(self._pinned_meta)
 
-    def _connection_detail(self, base: str, reason: str, exc: BaseException, pid: int | None) -> str:
-        detail = f"request to {base} failed: {reason} ({type(exc).__name__}: {exc})"
+    def _connection_detail(self, target: Target, reason: str, exc: BaseException) -> str:
+        detail = f"request to {target.base_url} failed: {reason} ({type(exc).__name__}: {exc})"
         server = self._server
-        if server is None:
+        if server is None or target.route is not Route.SIDECAR:
             return detail
         server.settle(_EXIT_SETTLE)  # so the caller learns why, not just that the connection broke
-        crash = server.crash_detail(pid=pid)
+        crash = server.crash_detail(pid=target.pid)
         if crash:
             detail += f"; llama-server died ({crash}); it is respawned on the next call"
         return detail
@@ -586,18 +593,13 @@ class LocalLLMAgent(Agent):
         """Stop the managed server; a first-use download in progress is cancelled."""
         with self._lock:
             self._closed = True
-            server = self._server
             client, self._client = self._client, None
             starter = self._starter
         if client is not None:
             client.close()
-        if server is not None:
-            server.stop()
+        self.upstream.close()  # refuses later resolutions, cancels a download in progress
         if starter is not None:
-            # a start_soon() that had not made its server yet finds the agent closed; one
-            # that had is cancelled by the stop above (or stopped here, made just after it)
+            # a prepare(wait=False) that had not made its server yet finds the upstream
+            # closed; one that had is cancelled by the stop above (or stopped here)
             starter.join()
-            with self._lock:
-                server = self._server
-            if server is not None:
-                server.stop()
+            self.upstream.stop()

@@ -273,7 +273,7 @@ def _run_and_print(
 
 
 def _start_early(runtime: Runtime, alias: str) -> None:
-    """Let ``alias``'s server start loading now (``LocalLLMAgent.start_soon``), if it has one.
+    """Let ``alias``'s server start loading now (``Agent.prepare(wait=False)``), if it has one.
 
     An alias that cannot be built is left for the call to report, with its own error.
     """
@@ -283,9 +283,9 @@ def _start_early(runtime: Runtime, alias: str) -> None:
         agent = runtime.agent(alias)
     except LocalLLMError:
         return
-    start_soon = getattr(agent, "start_soon", None)
-    if callable(start_soon):
-        start_soon()
+    prepare = getattr(agent, "prepare", None)  # a registered object may not subclass Agent
+    if callable(prepare):
+        prepare(wait=False)
 
 
 def _print_result(result: CallResult, as_json: bool) -> None:

@@ -15,10 +15,12 @@ What it guarantees, whatever the server is:
   are not unit (llama-cpp-python's, TEI's without ``normalize``), noted once per embedder;
   ``true`` always does; ``false`` refuses non-unit vectors.
 
-``base_url`` may be a :class:`~localllm.managed.server.ManagedServer` (or any callable
-returning the URL): the server is then fetched and started on the first embed call, after a
-connection failure it is asked again (which respawns a crashed server) and the request
-retried once, and ``close()`` stops it.
+``base_url`` is a URL, or an :class:`~localllm.managed.upstream.Upstream` (a managed
+embedder's: a running service or its own server), a
+:class:`~localllm.managed.server.ManagedServer` or a callable returning the URL: the server
+is then found or fetched and started on the first embed call, a broken connection is retried
+once on a fresh resolution (a crashed server respawned: the upstream's one failure rule,
+the same as the chat agent's), and ``close()`` stops it.
 """
 
 from __future__ import annotations
@@ -36,14 +38,15 @@ from localllm._upstream import read_error
 from localllm.embed.embedder import EmbedderIdentity
 from localllm.embed.registry import ROLES, ModelInfo, Role, default_model, lookup
 from localllm.errors import DimensionMismatch, EmbedError, EmbedServerError, InputTooLong, truncate_detail
+from localllm.managed.upstream import Target, Upstream
 
 if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import NDArray
 
     from localllm.config import EmbedderDecl
-    from localllm.managed.discovery import Attachment
     from localllm.managed.server import ManagedServer
+    from localllm.managed.spec import ServerSpec
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +71,7 @@ class LocalEmbedder:
 
     def __init__(
         self,
-        base_url: str | Callable[[], str] | ManagedServer,
+        base_url: str | Callable[[], str] | ManagedServer | Upstream,
         model: str,
         *,
         api_key: str | None = None,
@@ -102,11 +105,17 @@ class LocalEmbedder:
         self.requests = 0
         #: the managed server this embedder owns (stopped by ``close()``), if any
         self.server: ManagedServer | None = None
-        if not isinstance(base_url, str) and not callable(base_url):
-            self.server = base_url
-            base_url = base_url.ensure_ready
-        self._base_url: str | Callable[[], str] = base_url
-        self._resolved: str | None = base_url if isinstance(base_url, str) else None
+        if isinstance(base_url, Upstream):
+            self.upstream = base_url
+            self.server = base_url.own_server
+        elif isinstance(base_url, str):
+            self.upstream = Upstream(endpoint=base_url)
+        else:
+            self.upstream = Upstream(server=base_url)
+            if not callable(base_url):
+                self.server = base_url
+        #: POSTs retried after a broken connection (the upstream's one failure rule)
+        self.retries = 0
         self._api_key = api_key
         self._timeout = timeout if timeout is not None else _DEFAULT_TIMEOUT
         self._transport = transport
@@ -124,7 +133,9 @@ class LocalEmbedder:
         self.served_by: str | None = None
 
     def __repr__(self) -> str:  # no api key here, ever
-        return f"LocalEmbedder(model={self.model!r}, dims={self.out_dims!r}, url={self._resolved!r})"
+        target = self.upstream.current()
+        url = target.root if target is not None else None
+        return f"LocalEmbedder(model={self.model!r}, dims={self.out_dims!r}, url={url!r})"
 
     def __enter__(self) -> LocalEmbedder:
         return self
@@ -135,8 +146,7 @@ class LocalEmbedder:
     def close(self) -> None:
         """Close the HTTP client (and stop the managed server this embedder owns)."""
         self._drop_client()
-        if self.server is not None:
-            self.server.stop()
+        self.upstream.stop()
 
     @property
     def identity(self) -> EmbedderIdentity:
@@ -323,17 +333,6 @@ class LocalEmbedder:
             )
         return matrix
 
-    def use_service(self, attachment: Attachment) -> None:
-        """Send every request through a running ``localllm serve`` (its token, its model id)."""
-        self._api_key, self.request_model, self.served_by = attachment.token, attachment.model, "service"
-        self._drop_client()
-
-    def _url(self, *, refresh: bool = False) -> str:
-        if callable(self._base_url) and (refresh or self._resolved is None):
-            self._resolved = self._base_url()
-        assert self._resolved is not None
-        return server_root(self._resolved)
-
     def _drop_client(self) -> None:
         client, self._client = self._client, None
         if client is not None:
@@ -349,28 +348,27 @@ class LocalEmbedder:
 
     def _request(self, path: str, body: dict[str, Any]) -> Any:
         """POST ``body`` to ``path``: the one place httpx errors become EmbedErrors."""
-        retried = False
-        while True:
-            url = self._url(refresh=retried) + path
-            body["model"] = self.request_model  # settled with the URL: a service names it its way
+        attempts: list[Target] = []
 
-            def failed(reason: str, exc: BaseException, url: str = url) -> EmbedServerError:
-                return EmbedServerError(f"cannot reach the embedding server at {url}: {reason} ({exc})")
+        def send(target: Target) -> httpx.Response:
+            attempts.append(target)
+            sent = {**body, "model": target.model or self.model}  # a service names the model its way
+            return self._http().post(target.url(path), json=sent, headers=target.headers())
 
-            with map_httpx_errors(failed):
-                try:
-                    response = self._http().post(url, json=body)
-                except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError):
-                    if callable(self._base_url) and not retried:
-                        retried = True  # the server may have died: ask for it again (a respawn), retry once
-                        if self.server is not None:
-                            self.server.settle()  # its exit may lag its closed socket
-                        # on fresh connections: the pool's other keep-alive sockets died with the old
-                        # server, and a respawn may even bind the same port
-                        self._drop_client()
-                        continue
-                    raise
-            break
+        def failed(reason: str, exc: BaseException) -> EmbedServerError:
+            url = attempts[-1].url(path) if attempts else path
+            retried = "; retried once on a fresh connection" if len(attempts) > 1 else ""
+            return EmbedServerError(f"cannot reach the embedding server at {url}: {reason} ({exc}){retried}")
+
+        with map_httpx_errors(failed):
+            try:  # a failed respawn raises its own FetchError/SidecarError, as a first start does
+                response, target = self.upstream.call(send, reset=self._drop_client)
+            finally:
+                self.retries += max(len(attempts) - 1, 0)
+        self.request_model = target.model or self.model
+        if self.upstream.spec is not None:
+            self.served_by = target.route.value
+        url = target.url(path)
         if response.status_code >= 400:
             upstream = read_error(response.status_code, response.text)
             hint = upstream.auth_hint(self.api_key_env) if upstream.auth else ""
@@ -383,12 +381,6 @@ class LocalEmbedder:
             raise EmbedServerError(
                 f"embedding server {url} answered non-JSON: {truncate_detail(response.text)}"
             ) from exc
-
-
-def server_root(url: str) -> str:
-    """``http://host:port`` from a base URL that may end in ``/`` or ``/v1``."""
-    root = url.rstrip("/")
-    return root[: -len("/v1")] if root.endswith("/v1") else root
 
 
 def embedding_server_args(model_info: ModelInfo, parallel: int = 1, *, with_ctx: bool = False) -> list[str]:
@@ -415,13 +407,15 @@ def embedding_server_args(model_info: ModelInfo, parallel: int = 1, *, with_ctx:
     return args
 
 
-def embedding_server(decl: EmbedderDecl, *, base_dir: Path | None = None) -> ManagedServer:
-    """The ManagedServer of a managed ``embedders:`` declaration (nothing fetched yet).
+def embedding_spec(decl: EmbedderDecl, *, base_dir: Path | None = None) -> ServerSpec:
+    """The :class:`~localllm.managed.spec.ServerSpec` of a managed ``embedders:`` declaration.
 
     ``model`` is a registry id fetched through the pins, or a path to a GGUF (relative to
-    ``base_dir``); the embedding flags and the per-slot context come from the registry.
+    ``base_dir``); the embedding flags and the per-slot context come from the registry. The
+    embedder and a service serving the declaration both start their server from this.
     """
-    from localllm.managed.server import MANAGED_FLAGS, ManagedServer
+    from localllm.managed.server import MANAGED_FLAGS
+    from localllm.managed.spec import ServerSpec
 
     where = f"embedders.{decl.name}"
     model = decl.model or default_model()
@@ -433,28 +427,39 @@ def embedding_server(decl: EmbedderDecl, *, base_dir: Path | None = None) -> Man
         )
     info = _model_info(model)
     try:
-        return ManagedServer(
-            decl.server_bin,
-            model,
-            role="embedding",
-            base_dir=base_dir,
-            args=[*embedding_server_args(info, decl.parallel), *decl.extra_args],
-            parallel=decl.parallel,
-            ctx_per_slot=info.context,
-            port=decl.port,
-            threads=decl.threads,
-            health_timeout=decl.health_timeout,
-            name=f"embed:{decl.name}",
-        )
-    except ValueError as exc:
+        args = embedding_server_args(info, decl.parallel)
+    except EmbedError as exc:
         raise EmbedError(f"{where}: {exc}") from exc
+    return ServerSpec(
+        id=f"embed:{decl.name}",
+        role="embedding",
+        source=model,
+        parallel=decl.parallel,
+        ctx_per_slot=info.context,
+        args=(*args, *decl.extra_args),
+        threads=decl.threads,
+        server_bin=decl.server_bin,
+        health_timeout=decl.health_timeout,
+        port=decl.port,
+        base_dir=base_dir,
+    )
+
+
+def embedding_server(decl: EmbedderDecl, *, base_dir: Path | None = None) -> ManagedServer:
+    """The ManagedServer of a managed ``embedders:`` declaration (nothing fetched yet)."""
+    try:
+        return embedding_spec(decl, base_dir=base_dir).server()
+    except ValueError as exc:
+        raise EmbedError(f"embedders.{decl.name}: {exc}") from exc
 
 
 def embedder_from_decl(decl: EmbedderDecl, *, base_dir: Path | None = None, **options: Any) -> LocalEmbedder:
     """A LocalEmbedder for an ``embedders:`` declaration.
 
-    Endpoint mode attaches to ``endpoint``. Managed mode owns an :func:`embedding_server`,
-    started lazily on the first embed call; ``close()`` stops it. ``options`` go to
+    Endpoint mode attaches to ``endpoint``. Managed mode holds an
+    :class:`~localllm.managed.upstream.Upstream` of its :func:`embedding_spec`: a running
+    service serving the same model and build (``service:``), else its own server, started
+    lazily on the first embed call; ``close()`` stops it. ``options`` go to
     :class:`LocalEmbedder` (e.g. ``on_too_long``).
     """
     from localllm import settings
@@ -480,23 +485,13 @@ def embedder_from_decl(decl: EmbedderDecl, *, base_dir: Path | None = None, **op
             normalize=normalize,
             **options,
         )
-    server = embedding_server(decl, base_dir=base_dir)
+    upstream = Upstream(embedding_spec(decl, base_dir=base_dir), policy=decl.service)
+    try:
+        upstream.server  # noqa: B018 - built now (no I/O): a bad flag is an error here, not at the first embed
+    except ValueError as exc:
+        raise EmbedError(f"{where}: {exc}") from exc
     model = decl.model or default_model()
-
-    def url() -> str:
-        if server.pid is None:  # until it has a server of its own, a running service is used
-            from localllm.managed.attach import attach
-
-            found = attach(model, policy=decl.service, role="embedding", server_bin=decl.server_bin, base_dir=base_dir)
-            if found is not None:
-                embedder.use_service(found)
-                return found.url
-        embedder.served_by = "sidecar"
-        return server.ensure_ready()
-
-    embedder = LocalEmbedder(url, model, model_info=_model_info(model), dims=decl.dims, normalize=normalize, **options)
-    embedder.server = server
-    return embedder
+    return LocalEmbedder(upstream, model, model_info=_model_info(model), dims=decl.dims, normalize=normalize, **options)
 
 
 def _model_info(model: str) -> ModelInfo:

@@ -14,7 +14,7 @@ The discovery file and :func:`attach` live in ``localllm.managed`` (``discovery`
 
 from __future__ import annotations
 
-from localllm.managed.attach import POLICIES, attach
 from localllm.managed.discovery import Attachment, discover
+from localllm.managed.upstream import POLICIES, attach
 
 __all__ = ["POLICIES", "Attachment", "attach", "discover"]

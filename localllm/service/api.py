@@ -44,6 +44,7 @@ from localllm.service.guard import Guard
 from localllm.service.pool import ModelPool, PoolBusy, UnknownServedModel
 
 if TYPE_CHECKING:
+    from localllm.managed.upstream import Target
     from localllm.service.upstream import Upstream
 
 __all__ = ["FrontLimits", "Metrics", "ServiceApp"]
@@ -571,21 +572,23 @@ class ServiceApp:
             if keep_alive is not None:
                 self.pool.keep(model, keep_alive)
             extra = {GRAMMAR_HEADER: json.dumps(lease.grammar_enforced)} if path == "/v1/chat/completions" else {}
-            base = lease.url
+            target: Target | None = lease.target
             for attempt in (1, 2):
+                assert target is not None
                 try:
-                    self._hosts[base] = held.entry.spec.parallel + 1  # connections its HTTP threads can serve
-                    return await self._dispatch(req, base + path, raw, prepared, dict(extra))
+                    self._hosts[target.root] = held.entry.spec.parallel + 1  # connections its HTTP threads can serve
+                    return await self._dispatch(req, target.url(path), raw, prepared, dict(extra))
                 except OSError as exc:
                     if req.started_response:
                         raise
                     if attempt == 1:
-                        # the server died (a crash, an OOM kill): respawn it and try once more;
-                        # nothing reached the client yet
-                        await asyncio.sleep(0.2)
+                        # the upstream's one failure rule (managed.upstream): a broken connection
+                        # (a crash, an OOM kill) is retried once on a respawned server, while
+                        # nothing has reached the client yet
                         with contextlib.suppress(LocalLLMError):
-                            base = await self._blocking(held.entry.backend.ensure_ready)
-                            continue
+                            target = await self._blocking(held.entry.backend.recover, target, exc)
+                            if target is not None:
+                                continue
                     raise _Reply(
                         502,
                         _error(

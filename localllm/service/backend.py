@@ -1,10 +1,11 @@
-"""The one thing the service needs from a managed llama-server, and how it is built.
+"""The one thing the service needs from a model's llama-server, and how it is built.
 
-:class:`Backend` is deliberately narrow — ``ensure_ready()`` (fetch → verify → spawn →
-health, or respawn) returning the base URL, ``stop()``, ``pid``, ``base_url``, ``rss()`` —
-so the pool never depends on how a server is resolved or spawned.
-:class:`~localllm.managed.server.ManagedServer` is one; :func:`managed_server` builds it
-for a catalog entry.
+:class:`Backend` is deliberately narrow — ``prepare()`` (fetch → verify → spawn → health,
+or respawn) returning the :class:`~localllm.managed.upstream.Target`, ``recover()`` (the
+one failure rule), ``stop()``, ``pid``, ``base_url``, ``rss()`` — so the pool never depends
+on how a server is resolved or spawned. An :class:`~localllm.managed.upstream.Upstream` is
+one: :func:`managed_upstream` builds it for a catalog entry, the same seam a managed agent
+or embedder holds (with policy ``never``: a service never attaches to itself).
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from localllm.managed.server import ManagedServer
+    from localllm.managed.upstream import Target, Upstream
     from localllm.service.catalog import ModelSpec
 
-__all__ = ["Backend", "BackendFactory", "managed_server"]
+__all__ = ["Backend", "BackendFactory", "managed_upstream"]
 
 
 class Backend(Protocol):
@@ -30,8 +31,12 @@ class Backend(Protocol):
         """``http://127.0.0.1:PORT`` while ready, else None."""
         ...
 
-    def ensure_ready(self) -> str:
-        """Fetch, verify, spawn and wait for health if needed (respawn a dead one); the base URL."""
+    def prepare(self) -> Target:
+        """Fetch, verify, spawn and wait for health if needed (respawn a dead one); the target."""
+        ...
+
+    def recover(self, target: Target, exc: BaseException) -> Target | None:
+        """After ``exc`` on ``target``: the fresh target to retry once on, or None (final)."""
         ...
 
     def stop(self, grace: float = 2.0) -> int | None: ...
@@ -50,22 +55,11 @@ class Backend(Protocol):
 BackendFactory = Callable[["ModelSpec", str], Backend]
 
 
-def managed_server(spec: ModelSpec, api_key: str) -> ManagedServer:
-    """The ManagedServer of a catalog entry (nothing fetched or spawned yet)."""
-    from localllm.managed.server import ManagedServer
+def managed_upstream(spec: ModelSpec, api_key: str) -> Upstream:
+    """The upstream of a catalog entry: its own server, answers naming the served id (nothing
+    fetched or spawned yet; ``ValueError`` for flags that clash with the managed ones)."""
+    from localllm.managed.upstream import Upstream
 
-    # answers name the served id (llama-server would say the GGUF's absolute path)
-    alias = () if {"-a", "--alias"} & {a.partition("=")[0] for a in spec.args} else ("--alias", spec.id)
-    return ManagedServer(
-        spec.server_bin,
-        spec.source,
-        role=spec.role,
-        base_dir=spec.base_dir,
-        args=(*spec.args, *alias),
-        parallel=spec.parallel,
-        ctx_per_slot=spec.ctx_per_slot,
-        threads=spec.threads,
-        health_timeout=spec.health_timeout,
-        name=spec.id,
-        api_key=api_key,
-    )
+    upstream = Upstream(spec, policy="never", api_key=api_key, served_alias=True)
+    upstream.server  # noqa: B018 - built now: a clashing flag is the load's error, before any I/O
+    return upstream

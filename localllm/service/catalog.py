@@ -8,96 +8,42 @@ agent's slots and context, an embedding model with the flags of the embedding re
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
+
+from localllm.managed.spec import CHAT_CTX_PER_SLOT, CHAT_PARALLEL, Role, ServerSpec
 
 if TYPE_CHECKING:
     from localllm.config import Config
     from localllm.managed.cache import CacheLayout
     from localllm.managed.pins import Pins
 
-Role = Literal["chat", "embedding"]
+__all__ = ["CHAT_CTX_PER_SLOT", "CHAT_PARALLEL", "ModelSpec", "Role", "build_catalog", "is_cached"]
 
-#: chat defaults, the same as a ``builtin.local_llm`` declaration's
-CHAT_PARALLEL = 4
-CHAT_CTX_PER_SLOT = 2048
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """One servable model and how its llama-server is started."""
-
-    id: str
-    role: Role
-    #: a pinned id (fetched and verified through the pins) or a GGUF path
-    source: str
-    parallel: int = CHAT_PARALLEL
-    ctx_per_slot: int | None = CHAT_CTX_PER_SLOT
-    threads: int | None = None
-    args: tuple[str, ...] = ()
-    server_bin: str | None = None
-    health_timeout: float = 180.0
-    #: the pinned sha256 (None for a path model until it is hashed)
-    sha256: str | None = None
-    #: bytes on disk when known (the memory budget's estimate before the first load)
-    size: int | None = None
-    base_dir: Path | None = None
-    #: stop strings added to every chat request (the pin's, for a dialogue-template model)
-    stop: tuple[str, ...] = ()
-
-    @property
-    def pinned(self) -> bool:
-        return not self.source.endswith(".gguf")
-
-    def gguf_path(self) -> Path | None:
-        """The path of a path model (None for a pinned id)."""
-        if self.pinned:
-            return None
-        path = Path(self.source).expanduser()
-        if not path.is_absolute() and self.base_dir is not None:
-            path = self.base_dir / path
-        return path
+#: a servable model is a :class:`~localllm.managed.spec.ServerSpec` named by its model id:
+#: the service builds its servers from the same specs as the agents and embedders
+ModelSpec = ServerSpec
 
 
-def _embedding_spec(
-    model_id: str,
-    source: str,
-    *,
-    parallel: int = 1,
-    args: tuple[str, ...] = (),
-    threads: int | None = None,
-    server_bin: str | None = None,
-    health_timeout: float = 180.0,
-    base_dir: Path | None = None,
-    sha256: str | None = None,
-    size: int | None = None,
-) -> ModelSpec:
-    from localllm.embed.local import embedding_server_args
-    from localllm.embed.registry import lookup
+def _embedding_spec(model_id: str, source: str) -> ModelSpec:
+    """A pinned embedding model with the embedding registry's defaults (one slot)."""
+    from localllm.config import EmbedderDecl
+    from localllm.embed.local import embedding_spec
 
-    info = lookup(Path(source).name if source.endswith(".gguf") else source)
-    return ModelSpec(
-        id=model_id,
-        role="embedding",
-        source=source,
-        parallel=parallel,
-        ctx_per_slot=info.context,
-        args=(*embedding_server_args(info, parallel), *args),
-        threads=threads,
-        server_bin=server_bin,
-        health_timeout=health_timeout,
-        base_dir=base_dir,
-        sha256=sha256,
-        size=size,
-    )
+    return replace(embedding_spec(EmbedderDecl(name=model_id, model=source)), id=model_id)
 
 
 def build_catalog(
     pins: Pins, config: Config | None = None, *, chat_parallel: int = CHAT_PARALLEL
 ) -> dict[str, ModelSpec]:
-    """Every model a service started with ``config`` can serve, keyed by id (sorted)."""
+    """Every model a service started with ``config`` can serve, keyed by id (sorted).
+
+    A config's models are built by the same functions as its agents' and embedders' own
+    servers (:meth:`ServerSpec.from_chat_decl`, :func:`~localllm.embed.local.embedding_spec`).
+    """
     from localllm.config import LocalLLMDecl
+    from localllm.embed.local import embedding_spec
 
     specs: dict[str, ModelSpec] = {}
     if config is not None:
@@ -107,34 +53,18 @@ def build_catalog(
             model_id = Path(decl.model).stem if decl.model.endswith(".gguf") else decl.model
             if model_id in specs:
                 continue
-            specs[model_id] = ModelSpec(
-                id=model_id,
-                role="chat",
-                source=decl.model,
-                parallel=decl.parallel,
-                ctx_per_slot=decl.ctx_size,
-                threads=decl.threads,
-                args=tuple(decl.extra_args),
-                server_bin=decl.server_bin,
-                health_timeout=decl.health_timeout,
-                base_dir=config.base_dir,
-            )
+            spec = ServerSpec.from_chat_decl(decl, base_dir=config.base_dir)
+            specs[model_id] = replace(spec, id=model_id, port=None)  # the service picks its ports
         for emb in config.embedders.values():
             if emb.endpoint or not emb.model:
                 continue
             model_id = Path(emb.model).stem if emb.model.endswith(".gguf") else emb.model
             if model_id in specs:
                 continue
-            specs[model_id] = _embedding_spec(
-                model_id,
-                emb.model,
-                parallel=emb.parallel,
-                threads=emb.threads,
-                args=tuple(emb.extra_args),
-                server_bin=emb.server_bin,
-                health_timeout=emb.health_timeout,
-                base_dir=config.base_dir,
-            )
+            from localllm.embed.local import embedding_spec
+
+            spec = embedding_spec(emb, base_dir=config.base_dir)
+            specs[model_id] = replace(spec, id=model_id, port=None)
     for model_id, pin in pins.models.items():
         if not pin.artifact.sha256:
             continue  # never served: it could never be verified
@@ -143,7 +73,8 @@ def build_catalog(
             specs[model_id] = _with_pin(spec, pin.artifact.sha256, pin.artifact.size, pin.stop)
             continue
         if pin.role == "embedding":
-            specs[model_id] = _embedding_spec(model_id, model_id, sha256=pin.artifact.sha256, size=pin.artifact.size)
+            spec = _embedding_spec(model_id, model_id)
+            specs[model_id] = replace(spec, sha256=pin.artifact.sha256, size=pin.artifact.size)
         else:
             specs[model_id] = ModelSpec(
                 id=model_id,
@@ -160,8 +91,6 @@ def build_catalog(
 def _with_pin(spec: ModelSpec, sha256: str, size: int | None, stop: tuple[str, ...] = ()) -> ModelSpec:
     if not spec.pinned:
         return spec
-    from dataclasses import replace
-
     return replace(spec, sha256=sha256, size=size, stop=stop if spec.role == "chat" else ())
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from localllm.errors import ServiceError, ServiceUnavailable
 from localllm.managed import discovery
-from localllm.managed.attach import POLICIES, attach, cache_root_of
+from localllm.managed.upstream import POLICIES, attach, cache_root_of
 
 __all__ = ["POLICIES", "attach", "connect", "detach", "ps", "stop"]
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from localllm._http import is_loopback
 from localllm.errors import ServiceError, ServiceRunning
 from localllm.managed import discovery
-from localllm.service.backend import BackendFactory, managed_server
+from localllm.service.backend import BackendFactory, managed_upstream
 from localllm.service.catalog import CHAT_PARALLEL, ModelSpec, build_catalog, is_cached
 from localllm.service.units import parse_duration, parse_size
 
@@ -73,7 +73,7 @@ class Service:
         config: Config | None = None,
         cache_root: Path | None = None,
         pins: Pins | None = None,
-        factory: BackendFactory = managed_server,
+        factory: BackendFactory = managed_upstream,
     ) -> None:
         from localllm import settings
 

@@ -20,10 +20,14 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from localllm.errors import LocalLLMError, ServiceError
 from localllm.service.backend import Backend, BackendFactory
 from localllm.service.catalog import ModelSpec
+
+if TYPE_CHECKING:
+    from localllm.managed.upstream import Target
 
 __all__ = ["Held", "Lease", "LoadedModel", "ModelPool", "PoolBusy", "UnknownServedModel"]
 
@@ -92,11 +96,16 @@ class LoadedModel:
 
 @dataclass(frozen=True)
 class Lease:
-    """A model held for one request: its upstream URL; released by the context manager."""
+    """A model held for one request: its upstream target; released by the context manager."""
 
     model: str
-    url: str
+    target: Target
     grammar_enforced: bool | None = None  # the server's grammar canary (chat servers)
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:PORT`` of the model's server."""
+        return self.target.root
 
 
 @dataclass(frozen=True)
@@ -143,17 +152,17 @@ class ModelPool:
     @contextmanager
     def lease(self, model: str, *, wait: float = 300.0) -> Iterator[Lease]:
         """Hold ``model`` (loading it if needed) for the duration of one request."""
-        entry, url = self._acquire(model, wait)
+        entry, target = self._acquire(model, wait)
         try:
-            yield Lease(model=model, url=url, grammar_enforced=entry.backend.grammar_enforced)
+            yield Lease(model=model, target=target, grammar_enforced=entry.backend.grammar_enforced)
         finally:
             self._release(entry)
 
     def acquire(self, model: str, wait: float = 300.0) -> Held:
         """Hold ``model`` (loading it if needed) until :meth:`release` — for callers that cannot
         use :meth:`lease` (an event loop holds the model across awaits)."""
-        entry, url = self._acquire(model, wait)
-        return Held(Lease(model=model, url=url, grammar_enforced=entry.backend.grammar_enforced), entry)
+        entry, target = self._acquire(model, wait)
+        return Held(Lease(model=model, target=target, grammar_enforced=entry.backend.grammar_enforced), entry)
 
     def release(self, held: Held) -> None:
         self._release(held.entry)
@@ -170,7 +179,7 @@ class ModelPool:
     def _keep_alive(self, entry: _Entry) -> float:
         return self.keep_alive if entry.keep_alive is None else entry.keep_alive
 
-    def _acquire(self, model: str, wait: float) -> tuple[_Entry, str]:
+    def _acquire(self, model: str, wait: float) -> tuple[_Entry, Target]:
         spec = self.catalog.get(model)
         if spec is None:
             known = ", ".join(self.catalog) or "none"
@@ -216,14 +225,14 @@ class ModelPool:
                 raise PoolBusy(f"{model!r} is still loading after {wait:g} s", hint="retry later")
             if entry.error is not None:
                 raise entry.error
-            return entry, entry.backend.ensure_ready()  # cheap when alive; respawns a crashed server
+            return entry, entry.backend.prepare()  # cheap when alive; respawns a crashed server
         except BaseException:
             self._release(entry, served=False)
             raise
 
-    def _load(self, entry: _Entry) -> str:
+    def _load(self, entry: _Entry) -> Target:
         try:
-            url = entry.backend.ensure_ready()
+            target = entry.backend.prepare()
         except BaseException as exc:
             failed = exc if isinstance(exc, LocalLLMError) else ServiceError(f"loading {entry.spec.id} failed: {exc}")
             entry.error = failed
@@ -240,7 +249,7 @@ class ModelPool:
             self._cond.notify_all()
         entry.loaded.set()
         self._on_event("load", entry.spec.id)
-        return url
+        return target
 
     def _release(self, entry: _Entry, *, served: bool = True) -> None:
         stop = False

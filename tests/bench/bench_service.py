@@ -75,7 +75,7 @@ _FIRST_DECIDE = textwrap.dedent("""
     import json, sys, time
     t0 = time.monotonic()
     from localllm import Runtime, load_config
-    from localllm.managed.attach import attach
+    from localllm.managed.upstream import attach
     config = load_config(sys.argv[1])
     decl = config.agents["agent.local"]
     a0 = time.monotonic()

@@ -437,7 +437,7 @@ def test_managed_agent_attaches_to_a_running_service(make_service: Factory, env:
     assert meta["grammar"] is True and meta["grammar_source"] == "compiled" and meta["grammar_enforced"] is True
     assert first.submission == "Hello from the fake llama-server."
     assert len(rows(env["spawn"], "start")) == 1  # the service's server, none of the agent's own
-    assert agent._server is None
+    assert agent.upstream.own_server is None
 
 
 def test_service_never_and_required(make_service: Factory, env: dict[str, Path]) -> None:
@@ -455,20 +455,24 @@ def test_service_never_and_required(make_service: Factory, env: dict[str, Path])
     assert len(rows(env["spawn"], "start")) == 1  # its own sidecar; the service loaded nothing
 
 
-def test_a_service_dying_mid_call_falls_back_to_a_sidecar(
+def test_a_service_dying_mid_call_is_retried_once_on_a_sidecar(
     make_service: Factory, env: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # the upstream's one failure rule: the broken connection is retried once on a fresh
+    # resolution; the service is gone, so under service: auto the agent's own sidecar answers
     service = make_service()
     agent = _agent(env)
     try:
-        assert _ask(agent).meta["served_by"] == "service"
+        first = _ask(agent)
+        assert first.meta["served_by"] == "service" and "upstream_retries" not in first.meta
         service.close()
-        with pytest.raises(AgentError) as info:
-            _ask(agent)
-        assert info.value.kind is ErrorKind.TRANSPORT_ERROR and "localllm service" in info.value.detail
-        assert _ask(agent).meta["served_by"] == "sidecar"
+        retried = _ask(agent)
+        assert retried.meta["served_by"] == "sidecar" and retried.meta["upstream_retries"] == 1
+        later = _ask(agent)
+        assert later.meta["served_by"] == "sidecar" and "upstream_retries" not in later.meta
     finally:
         agent.close()
+    assert len(rows(env["spawn"], "start")) == 2  # the service's server, then the agent's own
 
 
 def test_managed_embedder_attaches(make_service: Factory, env: dict[str, Path]) -> None:
