@@ -475,6 +475,61 @@ def test_a_service_dying_mid_call_is_retried_once_on_a_sidecar(
     assert len(rows(env["spawn"], "start")) == 2  # the service's server, then the agent's own
 
 
+def test_concurrent_first_calls_attach_once(
+    make_service: Factory, env: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # thread-safety of attach: the agent's route is resolved once, under the upstream's lock,
+    # however many calls race to be first
+    from localllm.managed import upstream as upstream_mod
+
+    make_service()
+    lookups: list[str] = []
+    real_attach = upstream_mod.attach
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        lookups.append(args[0])
+        time.sleep(0.05)  # widen the window a racing caller would slip through
+        return real_attach(*args, **kwargs)
+
+    monkeypatch.setattr(upstream_mod, "attach", counting)
+    agent = _agent(env)
+    barrier = threading.Barrier(8)
+    answers: list[Any] = []
+
+    def first_call() -> None:
+        barrier.wait()
+        answers.append(_ask(agent))
+
+    threads = [threading.Thread(target=first_call) for _ in range(8)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    finally:
+        agent.close()
+    assert len(answers) == 8 and {a.meta["served_by"] for a in answers} == {"service"}
+    assert lookups == ["chat.gguf"]  # one discovery lookup for eight racing first calls
+    assert len(rows(env["spawn"], "start")) == 1  # the service's server; the agent spawned none
+
+
+def test_the_service_retries_a_crash_mid_call_once_like_an_agent(
+    make_service: Factory, env: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the service's own models hold the same Upstream: a crash before any byte reached the
+    # client is retried once on a respawned server
+    marker = tmp_path / "crashed-once"
+    monkeypatch.setenv("FAKE_LLAMA_CRASH_MID_CALL", f"once:{marker}")
+    service = make_service()
+    with client(service) as http:
+        reply = chat(http, "chat")
+        embedded = http.post("/v1/embeddings", json={"model": "all-minilm-l6-v2-f16", "input": "x"})
+    assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"]
+    assert marker.exists() and embedded.status_code == 200
+    starts = [r for r in rows(env["spawn"], "start") if any("chat.gguf" in a for a in r["argv"])]
+    assert len(starts) == 2  # the chat model's server crashed mid-call and was respawned once
+
+
 def test_managed_embedder_attaches(make_service: Factory, env: dict[str, Path]) -> None:
     from localllm.embed.local import embedder_from_decl
 

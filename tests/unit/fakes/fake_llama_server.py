@@ -70,6 +70,11 @@ FAKE_LLAMA_SPAWN_LOG    file appended with one JSON line per event: {"event": "s
                         "argv", "ld_library_path", "api_key_set"}, {"event": "ready", "pid",
                         "port"}, {"event": "signal", "pid", "signal"}, {"event": "exit",
                         "pid", "code"}
+FAKE_LLAMA_CRASH_MID_CALL  always | once:<path> — a chat or embeddings POST makes the
+                        process exit 134 after reading the request and before answering (a
+                        crash mid-call: the client's connection closes with no answer);
+                        once:<path>: only while <path> does not exist (it is created first,
+                        so a respawned server answers); the start's grammar canary is answered
 FAKE_LLAMA_REQUEST_LOG  file appended with one JSON line per request (POSTs also say how many
                         POSTs were in flight when they arrived, "inflight"): {"method", "path",
                         "status", "headers" (keys redacted: "Bearer ***"), "body" (POST)}
@@ -312,6 +317,28 @@ class Behaviour:
         return item
 
 
+def crash_mid_call(path: str, body: Any) -> None:
+    """FAKE_LLAMA_CRASH_MID_CALL: die with this chat/embeddings request unanswered."""
+    how = os.environ.get("FAKE_LLAMA_CRASH_MID_CALL", "")
+    if not how or path not in ("/v1/chat/completions", "/chat/completions", "/v1/embeddings", "/embeddings"):
+        return
+    if (
+        isinstance(body, dict)
+        and "grammar" in body
+        and body.get("messages") == [{"role": "user", "content": "Say OK."}]
+    ):
+        return  # the start's grammar canary (managed.server.CANARY_BODY) is answered
+    if how.startswith("once:"):
+        try:
+            os.close(os.open(how[len("once:") :], os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return
+    sys.stderr.write("fake: simulated crash mid-call (GGML_ASSERT failed)\n")
+    sys.stderr.flush()
+    event("exit", code=134)
+    os._exit(134)
+
+
 # -- server ------------------------------------------------------------------------------
 class State:
     def __init__(self, opts: dict[str, Any]) -> None:
@@ -416,6 +443,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         path = self.path.split("?", 1)[0]
         body = self.read_body()
+        crash_mid_call(path, body)
         with _INFLIGHT_LOCK:
             _INFLIGHT[0] += 1
             self.inflight = _INFLIGHT[0]  # POSTs being served when this one arrived, itself included
