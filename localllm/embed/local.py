@@ -445,14 +445,6 @@ def embedding_spec(decl: EmbedderDecl, *, base_dir: Path | None = None) -> Serve
     )
 
 
-def embedding_server(decl: EmbedderDecl, *, base_dir: Path | None = None) -> ManagedServer:
-    """The ManagedServer of a managed ``embedders:`` declaration (nothing fetched yet)."""
-    try:
-        return embedding_spec(decl, base_dir=base_dir).server()
-    except ValueError as exc:
-        raise EmbedError(f"embedders.{decl.name}: {exc}") from exc
-
-
 def embedder_from_decl(decl: EmbedderDecl, *, base_dir: Path | None = None, **options: Any) -> LocalEmbedder:
     """A LocalEmbedder for an ``embedders:`` declaration.
 
