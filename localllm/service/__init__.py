@@ -5,11 +5,12 @@ model on the first request for it (fetch → verify → spawn → health), share
 after ``keep_alive`` or when room is needed, and publishes a discovery file so that
 managed agents and embedders of the same cache attach instead of spawning their own.
 
-Modules: ``catalog`` (what can be served), ``backend`` (one managed llama-server),
+Modules: ``catalog`` (what can be served: ``ServerSpec``s), ``backend`` (one model's
+``Upstream``, the seam agents and embedders hold too),
 ``pool`` (load, share, keep alive, evict), ``api`` (HTTP routes, auth, proxy, metrics),
 ``daemon`` (the process: lock, discovery, signals), ``control`` (ps, stop, detach).
 The discovery file and :func:`attach` live in ``localllm.managed`` (``discovery``,
-``attach``), below the agents and embedders that use them.
+``upstream``), below the agents and embedders that use them.
 """
 
 from __future__ import annotations

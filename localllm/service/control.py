@@ -1,9 +1,10 @@
 """Talking to a running service: ``ps``, ``stop``, ``serve --detach``, and attaching to it.
 
-:func:`attach` is the one function a managed agent or embedder calls before spawning its
-own sidecar: with ``service: never`` it returns None at once; otherwise it looks for a
-verified service of the same cache that serves the same llama-server build and model
-(``auto``: None when there is none; ``required``: :class:`ServiceUnavailable`).
+:func:`attach` (in :mod:`localllm.managed.upstream`) is what a managed agent's or
+embedder's ``Upstream`` asks before spawning its own sidecar: with ``service: never`` it
+returns None at once; otherwise it looks for a verified service of the same cache that
+serves the same llama-server build and model (``auto``: None when there is none;
+``required``: :class:`ServiceUnavailable`).
 """
 
 from __future__ import annotations
