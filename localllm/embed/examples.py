@@ -17,6 +17,15 @@ re-embeds only the changed lines, an unchanged one embeds nothing. Then, per cal
   (``<Input>: <text>`` then the labels as one line of JSON), for the prompt's
   ``{{ examples }}``.
 
+Out of scope (:meth:`ExampleSet.novelty`, :meth:`ExampleSet.novelty_bar`): an input's
+*novelty score* is its cosine similarity to the nearest in-scope example minus its
+similarity to the nearest out-of-scope example (examples labelled ``out_of_scope:``; 0
+when there are none). The bar it must clear is calibrated from the examples themselves
+(:func:`localllm.calibrate.novelty_bar`): the highest score any out-of-scope example gets
+against the others (leave-one-out); without out-of-scope examples, each example scored
+against the *other* labels' examples only, as if its own label were an intent never seen.
+An input at or below the bar is out of scope: no local tier answers it.
+
 ``leave_one_out`` (what ``localllm eval`` uses) skips any example whose text is the
 question's, so a case that is also an example is never answered from its own label.
 """
@@ -25,6 +34,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +48,8 @@ from localllm.wire import AskRequest, AskResponse
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from localllm.calibrate import NoveltyBar
     from numpy.typing import NDArray
 
 __all__ = [
@@ -137,6 +149,14 @@ def vote(neighbours: Sequence[Neighbour], fields: Sequence[str]) -> Vote:
     return Vote(answer, overall, confidences, list(neighbours))
 
 
+def _novelty(similarities: Sequence[float], outside: Sequence[bool]) -> float:
+    """max similarity over in-scope examples − max over out-of-scope ones (0 when none)."""
+    inside = [v for v, o in zip(similarities, outside, strict=True) if not o]
+    beyond = [v for v, o in zip(similarities, outside, strict=True) if o and math.isfinite(v)]
+    nearest = max(inside, default=-math.inf)
+    return nearest - (max(beyond) if beyond else 0.0)
+
+
 def render_shots(neighbours: Sequence[Neighbour], input_arg: str, fields: Sequence[str] | None = None) -> str:
     """The neighbours as few-shot pairs, the nearest *last* (closest to the question):
     ``<Input>: <text>`` then ``{"field": label, …}``, separated by blank lines."""
@@ -164,6 +184,7 @@ class ExampleSet:
         self.store_root = store_root
         self.leave_one_out = leave_one_out
         self._matrix: NDArray[np.float32] | None = None
+        self._bars: dict[tuple[tuple[str, ...], str], NoveltyBar] = {}
         self._lock = threading.Lock()
 
     def _embed(self, texts: Sequence[str]) -> NDArray[np.float32]:
@@ -192,6 +213,60 @@ class ExampleSet:
             rows = self._embed([e.text for e in self.examples])
         norms = np.linalg.norm(rows, axis=1, keepdims=True)
         return np.asarray(rows / np.where(norms == 0, 1.0, norms), dtype=np.float32)
+
+    def similarities(self, text: str) -> list[float]:
+        """The cosine similarity of ``text`` to every example, in order (``-inf`` for an
+        example skipped by ``leave_one_out``)."""
+        import numpy as np
+
+        matrix = self.matrix()
+        if not self.examples:
+            return []
+        query = np.asarray(self._embed([text]), dtype=np.float32)[0]
+        norm = float(np.linalg.norm(query))
+        scores = [float(v) for v in matrix @ (query / norm if norm else query)]
+        if self.leave_one_out:
+            scores = [-math.inf if e.text == text else v for e, v in zip(self.examples, scores, strict=True)]
+        return scores
+
+    def scope(self, fields: Sequence[str], out_of_scope: Any = None) -> list[bool]:
+        """Per example: whether it is out of scope (a voted field labelled ``out_of_scope``)."""
+        if out_of_scope is None:
+            return [False] * len(self.examples)
+        want = _key(out_of_scope)
+        return [any(name in e.labels and _key(e.labels[name]) == want for name in fields) for e in self.examples]
+
+    def novelty(self, text: str, fields: Sequence[str], out_of_scope: Any = None) -> float:
+        """How in-scope ``text`` looks: nearest in-scope similarity − nearest out-of-scope one."""
+        return _novelty(self.similarities(text), self.scope(fields, out_of_scope))
+
+    def novelty_bar(self, fields: Sequence[str], out_of_scope: Any = None) -> NoveltyBar:
+        """The bar :meth:`novelty` must clear, from the examples (leave-one-out), cached."""
+        from localllm.calibrate import novelty_bar
+
+        cache_key = (tuple(fields), _key(out_of_scope))
+        with self._lock:
+            if cache_key in self._bars:
+                return self._bars[cache_key]
+        matrix = self.matrix()
+        outside = self.scope(fields, out_of_scope)
+        texts = [e.text for e in self.examples]
+        negatives: list[float] = []
+        if any(outside):  # each out-of-scope example scored against all the others
+            for i in (i for i, o in enumerate(outside) if o):
+                row = [float(v) for v in matrix @ matrix[i]]
+                row = [-math.inf if texts[j] == texts[i] else v for j, v in enumerate(row)]
+                negatives.append(_novelty(row, outside))
+        else:  # held-out label: each example scored against the other labels' examples only
+            keys = [_key({n: e.labels.get(n) for n in fields}) for e in self.examples]
+            if len(set(keys)) > 1:
+                for i in range(len(self.examples)):
+                    row = [float(v) for v in matrix @ matrix[i]]
+                    row = [-math.inf if keys[j] == keys[i] or texts[j] == texts[i] else v for j, v in enumerate(row)]
+                    negatives.append(_novelty(row, outside))
+        bar = novelty_bar([v for v in negatives if math.isfinite(v)])
+        with self._lock:
+            return self._bars.setdefault(cache_key, bar)
 
     def neighbours(self, text: str, k: int) -> list[Neighbour]:
         """The ``k`` most similar examples to ``text``, best first (ties: file order)."""
