@@ -36,11 +36,11 @@ from typing import TypeVar
 
 __all__ = [
     "CurvePoint",
+    "NoveltyBar",
     "Threshold",
     "choose_threshold",
     "coverage_precision",
     "expected_calibration_error",
-    "NoveltyBar",
     "novelty_bar",
     "precision_lower_bound",
     "risk_coverage",

@@ -48,9 +48,9 @@ from localllm.wire import AskRequest, AskResponse
 
 if TYPE_CHECKING:
     import numpy as np
+    from numpy.typing import NDArray
 
     from localllm.calibrate import NoveltyBar
-    from numpy.typing import NDArray
 
 __all__ = [
     "CONFIDENCE_METHOD",

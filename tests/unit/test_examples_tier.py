@@ -383,3 +383,66 @@ def test_an_embedder_failure_escalates_instead_of_failing_the_call(app: Path) ->
     assert result.agent == "agent.claude"
     first = result.meta["cascade"][0]
     assert (first["agent"], first["accepted"], first["reason"]) == ("examples", False, "transport_error")
+
+
+def test_novelty_bar_by_hand_held_out_label_and_out_of_scope_examples() -> None:
+    from localllm.embed.examples import ExampleSet
+
+    def ex(i: str, text: str, queue: str) -> Example:
+        return Example(i, text, {"queue": queue})
+
+    inside = [ex("a1", "refund", "billing"), ex("a2", "refund charged", "billing")]
+    inside += [ex("b1", "crash", "bug"), ex("b2", "crash refund", "bug")]
+    # no out-of-scope examples: each example against the other label's only
+    # a1 → b2: 1/√2; a2 → b2: 1/2; b1 → none sharing a word: ~0; b2 → a1: 1/√2. The bar: the max.
+    held_out = ExampleSet(inside, WordsEmbedder()).novelty_bar(["queue"])
+    assert held_out.n == 4 and held_out.value == pytest.approx(2**-0.5, abs=1e-3)
+    assert held_out.pass_rate_bound == pytest.approx(0.2)
+    # out-of-scope examples: nearest in-scope − nearest other out-of-scope example
+    # o1 "weather": ~0 − sim(o1, o2) = −1/√2; o2 "weather refund": sim(o2, a1) − sim(o2, o1) = 1/√2 − 1/√2 = 0
+    sets = ExampleSet([*inside, ex("o1", "weather", "oos"), ex("o2", "weather refund", "oos")], WordsEmbedder())
+    bar = sets.novelty_bar(["queue"], "oos")
+    assert bar.n == 2 and bar.value == pytest.approx(0.0, abs=1e-3)
+    assert sets.novelty("refund", ["queue"], "oos") == pytest.approx(1 - 2**-0.5, abs=1e-3)
+    assert sets.novelty("weather", ["queue"], "oos") == pytest.approx(-1.0, abs=1e-3)
+    assert bar.admits(sets.novelty("refund", ["queue"], "oos"))
+    assert not bar.admits(sets.novelty("weather", ["queue"], "oos"))
+    assert ExampleSet(inside[:2], WordsEmbedder()).novelty_bar(["queue"]).measured is False  # one label: no rule
+
+
+def test_an_out_of_scope_input_skips_every_local_tier_with_the_reason_in_the_trace(app: Path, tmp_path: Path) -> None:
+    cascade_app(app, 0.8)
+    calls: list[str] = []
+
+    def local(request: AskRequest) -> AskResponse:
+        calls.append("local")
+        return AskResponse.of({"queue": "feature"}, meta={"confidence": 0.99})  # sure, and it would be wrong
+
+    def claude(request: AskRequest) -> AskResponse:
+        calls.append("claude")
+        return AskResponse.of({"queue": "billing"}, meta={"cost_usd": 0.01})
+
+    trace = tmp_path / "t.jsonl"
+    with Runtime(load_config(app / "app.yaml"), trace=trace) as rt:
+        rt.register_embedder("words", WordsEmbedder())
+        rt.register_inprocess("agent.local", local, local_model=True)
+        rt.register_inprocess("agent.claude", claude)
+        far = rt.run_gate("queue", {"ticket": "the weather"})  # no example shares a word
+        near = rt.run_gate("queue", {"ticket": "refund error crash charged"})
+    assert calls == ["claude", "local"]  # the far input never reached a local tier
+    assert far.agent == "agent.claude"
+    step = far.meta["cascade"][0]
+    assert (step["agent"], step["accepted"], step["reason"]) == ("examples", False, "out_of_scope")
+    assert step["skipped"] == ["examples", "agent.local"]
+    assert step["novelty"] <= step["novelty_bar"]
+    assert [s["reason"] for s in far.meta["cascade"]] == ["out_of_scope", "last tier"]
+    assert near.agent == "agent.local" and near.meta["cascade"][0]["reason"] == "low_confidence"
+    ends = [e for e in read_trace(trace).events if e.kind == "agent.call.complete"]
+    assert ends[0].payload["substitution"] == {
+        "reason": "out_of_scope",
+        "original_plugin": "examples",
+        "fallback_plugin": "agent.claude",
+    }
+    from localllm.cli import main
+
+    assert main(["trace", "verify", str(trace)]) == 0
