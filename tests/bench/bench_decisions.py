@@ -49,6 +49,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from localllm.calibrate import (  # noqa: E402
+    NoveltyBar,
     choose_threshold,
     coverage_precision,
     expected_calibration_error,
@@ -152,6 +153,37 @@ def _pairs(outcomes: dict[str, Outcome]) -> tuple[list[float], list[bool]]:
     return [float(o.confidence or 0.0) for o in scored], [o.correct for o in scored]
 
 
+class Scope:
+    """The out-of-scope rule on one fold: the bar from the pool, each input's novelty score."""
+
+    def __init__(self, bar: NoveltyBar, cases: dict[str, float], pool: dict[str, float]) -> None:
+        self.bar, self.cases, self.pool = bar, cases, pool
+
+    def gate(self, outcomes: dict[str, dict[str, Outcome]], *, on_pool: bool) -> dict[str, dict[str, Outcome]]:
+        """The local tiers' outcomes of in-scope inputs only (an out-of-scope one skips them)."""
+        scores = self.pool if on_pool else self.cases
+        return {
+            tier: (
+                rows
+                if tier == "strong"
+                else {i: o for i, o in rows.items() if self.bar.admits(scores.get(i, float("-inf")))}
+            )
+            for tier, rows in outcomes.items()
+        }
+
+
+def scope_of(
+    pool: ExampleSet, pool_examples: Sequence[Example], cases: Sequence[Example], field: str, out_of_scope: str | None
+) -> Scope:
+    oos = out_of_scope if any(e.labels[field] == out_of_scope for e in pool_examples) else None
+    bar = pool.novelty_bar([field], oos)
+    on_cases = {c.id: pool.novelty(c.text, [field], oos) for c in cases}
+    pool.leave_one_out = True
+    on_pool = {e.id: pool.novelty(e.text, [field], oos) for e in pool_examples}
+    pool.leave_one_out = False
+    return Scope(bar, on_cases, on_pool)
+
+
 def evaluate_fold(  # noqa: PLR0917 - a bench helper, called in two places
     pool_examples: Sequence[Example],
     cases: Sequence[Example],
@@ -160,10 +192,13 @@ def evaluate_fold(  # noqa: PLR0917 - a bench helper, called in two places
     targets: Sequence[float],
     runtime: Any | None,
     store_root: Path,
-) -> tuple[dict[str, dict[str, Outcome]], dict[str, dict[str, Outcome]]]:
-    """(tier → case → outcome on the cases, tier → example → outcome on the pool, leave-one-out)."""
+    out_of_scope: str | None = None,
+) -> tuple[dict[str, dict[str, Outcome]], dict[str, dict[str, Outcome]], Scope]:
+    """(tier → case → outcome on the cases, tier → example → outcome on the pool, leave-one-out,
+    the out-of-scope rule)."""
     pool = ExampleSet(pool_examples, embedder, store_root=store_root)
     pool.matrix()  # embed the pool before any clock runs
+    scope = scope_of(pool, pool_examples, cases, field, out_of_scope)
     on_cases = {"examples": knn_tier(pool, cases, field, leave_one_out=False)}
     on_pool = {"examples": knn_tier(pool, pool_examples, field, leave_one_out=True)}
     if runtime is not None:
@@ -173,16 +208,22 @@ def evaluate_fold(  # noqa: PLR0917 - a bench helper, called in two places
         if any(o.confidence is not None for o in on_cases["llm_dynamic"].values()):
             on_pool["llm_dynamic"] = llm_tier(runtime, pool, pool_examples, field, labels, dynamic=True)
     on_cases["strong"] = {c.id: Outcome(True, None, 0.0) for c in cases}  # the label oracle
-    return on_cases, on_pool
+    return on_cases, on_pool, scope
 
 
-def summarise(
+def summarise(  # noqa: PLR0917 - a bench helper
     on_cases: dict[str, dict[str, Outcome]],
     on_pool: dict[str, dict[str, Outcome]],
     cases: Sequence[Example],
     field: str,
     targets: Sequence[float],
+    scope: Scope | None = None,
+    out_of_scope: str | None = None,
 ) -> dict[str, Any]:
+    """Per tier its accuracy and curve (every case); per target the thresholds (chosen on the
+    pool) and the cascade. With ``scope`` the local tiers see in-scope inputs only: their
+    thresholds are chosen on the in-scope examples and an out-of-scope case goes straight
+    to the strong tier."""
     ids = [c.id for c in cases]
     tiers: dict[str, Any] = {}
     for name, outcomes in on_cases.items():
@@ -199,6 +240,8 @@ def summarise(
             ],
         }
     local_order = [t for t in ("examples", "llm_dynamic") if t in on_cases]
+    if scope is not None:
+        on_cases, on_pool = scope.gate(on_cases, on_pool=False), scope.gate(on_pool, on_pool=True)
     by_target: dict[str, Any] = {}
     for target in targets:
         thresholds: dict[str, float] = {}
@@ -220,11 +263,19 @@ def summarise(
                 },
             }
         sim = simulate_cascade([*local_order, "strong"], thresholds, on_cases, ids)
-        oos = [c.id for c in cases if c.labels[field] == "oos"]
+        oos = [c.id for c in cases if c.labels[field] == out_of_scope]
         if oos:
             oos_sim = simulate_cascade([*local_order, "strong"], thresholds, on_cases, oos)
-            sim["oos_escalated"] = round(1 - (oos_sim["local_share"] or 0.0), 4)
+            share, precision = oos_sim["local_share"] or 0.0, oos_sim["local_precision"] or 0.0
+            sim["oos_escalated"] = round(1 - share, 4)
+            # escalated, or answered locally with the out-of-scope label: not a wrong label bound
+            sim["oos_not_wrong"] = round(1 - share * (1 - precision), 4)
             sim["oos_cases"] = len(oos)
+        if scope is not None:
+            inside = [c.id for c in cases if c.labels[field] != out_of_scope]
+            stopped = sum(not scope.bar.admits(scope.cases[i]) for i in inside)
+            sim["novelty_bar"] = scope.bar.to_dict()
+            sim["in_scope_stopped_by_bar"] = round(stopped / len(inside), 4) if inside else None
         sim["tiers"] = detail
         by_target[f"{target:g}"] = sim
     return {"cases": len(ids), "tiers": tiers, "targets": by_target}
@@ -266,15 +317,28 @@ def run_dataset(  # noqa: PLR0917 - a bench helper
     cv: int,
     limit: int | None,
     store_root: Path,
+    out_of_scope: str | None = None,
+    novelty: bool = True,
 ) -> dict[str, Any]:
+    """The data set's figures; ``targets`` with the out-of-scope rule (``novelty``) and,
+    for comparison, ``targets_without_rule`` (both from the same answers)."""
     cases = load(cases_path, input_arg, field)
     if examples_path is not None:
         pool = load(examples_path, input_arg, field)
         if limit:
             cases = split(cases, 1 - min(1.0, limit / len(cases)), 7, key=lambda e: e.labels[field])[0][:limit]
-        on_cases, on_pool = evaluate_fold(pool, cases, field, embedder, targets, runtime, store_root)
-        result = summarise(on_cases, on_pool, cases, field, targets)
-        result.update(name=name, examples=len(pool), mode="held-out cases, thresholds from the examples")
+        on_cases, on_pool, scope = evaluate_fold(
+            pool, cases, field, embedder, targets, runtime, store_root, out_of_scope
+        )
+        result = summarise(on_cases, on_pool, cases, field, targets, scope if novelty else None, out_of_scope)
+        plain = summarise(on_cases, on_pool, cases, field, targets, None, out_of_scope)
+        result.update(
+            name=name,
+            examples=len(pool),
+            mode="held-out cases, thresholds from the examples",
+            out_of_scope_rule=novelty,
+            targets_without_rule=plain["targets"],
+        )
         return result
     # cross-validation: each fold's cases answered from the other folds' examples
     order = sorted(cases, key=lambda e: hashlib.sha256(e.id.encode()).hexdigest())
@@ -283,8 +347,12 @@ def run_dataset(  # noqa: PLR0917 - a bench helper
     fold_results = []
     for i, fold in enumerate(folds):
         pool = [e for j, f in enumerate(folds) if j != i for e in f]
-        on_cases, on_pool = evaluate_fold(pool, fold, field, embedder, targets, runtime, store_root)
-        fold_results.append(summarise(on_cases, on_pool, fold, field, targets))
+        on_cases, on_pool, scope = evaluate_fold(
+            pool, fold, field, embedder, targets, runtime, store_root, out_of_scope
+        )
+        fold_results.append(
+            summarise(on_cases, on_pool, fold, field, targets, scope if novelty else None, out_of_scope)
+        )
         for tier, outcomes in on_cases.items():
             merged_cases.setdefault(tier, {}).update(outcomes)
     result = summarise(merged_cases, {}, cases, field, targets)  # tier accuracy over every fold
@@ -301,8 +369,22 @@ def run_dataset(  # noqa: PLR0917 - a bench helper
             "local_precision": round(right_local / local, 4) if local else None,
             "cascade_accuracy": round(right / len(cases), 4),
             "thresholds_per_fold": [f["thresholds"] for f in folds_at],
+            "novelty_bar_per_fold": [f.get("novelty_bar") for f in folds_at],
+            "in_scope_stopped_by_bar": round(
+                sum(
+                    (f.get("in_scope_stopped_by_bar") or 0) * r["cases"]
+                    for f, r in zip(folds_at, fold_results, strict=True)
+                )
+                / len(cases),
+                4,
+            ),
         }
-    result.update(name=name, examples=f"{cv}-fold CV over the cases", mode=f"{cv}-fold cross-validation")
+    result.update(
+        name=name,
+        examples=f"{cv}-fold CV over the cases",
+        mode=f"{cv}-fold cross-validation",
+        out_of_scope_rule=novelty,
+    )
     return result
 
 
@@ -312,6 +394,7 @@ def headline(result: dict[str, Any], target: float) -> dict[str, Any]:
         "local_share": at["local_share"],
         "local_precision": at["local_precision"],
         "cascade_accuracy": at["cascade_accuracy"],
+        **{k: at[k] for k in ("oos_escalated", "oos_not_wrong", "in_scope_stopped_by_bar") if k in at},
         "tiers": {k: {"accuracy": v["accuracy"], "p50_ms": v["p50_ms"]} for k, v in result["tiers"].items()},
     }
 
@@ -323,22 +406,31 @@ def show(result: dict[str, Any], targets: Sequence[float]) -> None:
         ece = "-" if row["ece"] is None else f"{row['ece']:.3f}"
         p50 = "-" if row["p50_ms"] is None else f"{row['p50_ms']:.1f}"
         print(f"{name:<12} {row['accuracy']:>8.3f} {p50:>8} {ece:>6}")
-    print(
-        f"{'target':<8} {'local share':>11} {'local prec':>10} {'cascade acc':>11} {'OOS escalated':>13} "
-        f"{'threshold':>9} {'prec gap':>8}"
-    )
-    for target in targets:
-        at = result["targets"][f"{target:g}"]
-        prec = "-" if at["local_precision"] is None else f"{at['local_precision']:.3f}"
-        oos = at.get("oos_escalated")
-        knn = (at.get("tiers") or {}).get("examples") or {}
-        value = (knn.get("threshold") or {}).get("value")
-        gap = knn.get("precision_gap")
+    tables = [("out-of-scope rule on" if result.get("out_of_scope_rule") else "out-of-scope rule off", "targets")]
+    if "targets_without_rule" in result and result.get("out_of_scope_rule"):
+        tables.append(("out-of-scope rule off (same answers)", "targets_without_rule"))
+    for title, which in tables:
+        print(title)
         print(
-            f"{target:<8g} {at['local_share']:>11.3f} {prec:>10} {at['cascade_accuracy']:>11.3f} "
-            f"{'-' if oos is None else f'{oos:.3f}':>13} {'-' if value is None else f'{value:.3f}':>9} "
-            f"{'-' if gap is None else f'{gap:+.3f}':>8}"
+            f"{'target':<8} {'local share':>11} {'local prec':>10} {'cascade acc':>11} {'OOS escalated':>13} "
+            f"{'OOS not wrong':>13} {'in-scope stopped':>16} {'threshold':>9} {'prec gap':>8}"
         )
+        for target in targets:
+            at = result[which][f"{target:g}"]
+            prec = "-" if at["local_precision"] is None else f"{at['local_precision']:.3f}"
+            oos, ok, stopped = at.get("oos_escalated"), at.get("oos_not_wrong"), at.get("in_scope_stopped_by_bar")
+            knn = (at.get("tiers") or {}).get("examples") or {}
+            value = (knn.get("threshold") or {}).get("value")
+            gap = knn.get("precision_gap")
+            print(
+                f"{target:<8g} {at['local_share']:>11.3f} {prec:>10} {at['cascade_accuracy']:>11.3f} "
+                f"{'-' if oos is None else f'{oos:.3f}':>13} {'-' if ok is None else f'{ok:.3f}':>13} "
+                f"{'-' if stopped is None else f'{stopped:.3f}':>16} "
+                f"{'-' if value is None else f'{value:.3f}':>9} {'-' if gap is None else f'{gap:+.3f}':>8}"
+            )
+        bar = (result[which][f"{targets[0]:g}"].get("novelty_bar") or {}).get("value")
+        if bar is not None:
+            print(f"novelty bar (from the examples): {bar:.3f}")
     curve = result["tiers"]["examples"]["curve"]
     if curve:
         print("examples tier: precision vs coverage on the cases")
@@ -359,6 +451,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object (the headline figures)")
     parser.add_argument("--smoke", action="store_true", help="seconds: word-hash embedder, a few cases, no LLM")
     parser.add_argument("--quick", action="store_true", help="the real embedder on at most 40 cases, no LLM")
+    parser.add_argument(
+        "--out-of-scope",
+        default="oos",
+        metavar="LABEL",
+        help="the label of out-of-scope examples (default oos; unused when no example has it)",
+    )
+    parser.add_argument("--no-out-of-scope-rule", action="store_true", help="headline figures without the novelty bar")
     args = parser.parse_args(argv)
     targets = sorted({*TARGETS, args.target_precision})
     embedder, embedder_name = make_embedder(args.smoke)
@@ -396,6 +495,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     cv=args.cv,
                     limit=limit,
                     store_root=Path(tmp) / "store",
+                    out_of_scope=args.out_of_scope,
+                    novelty=not args.no_out_of_scope_rule,
                 )
                 for name, c, e, i, f in runs
             ]
