@@ -1,6 +1,7 @@
 """Benchmark: how many decisions stay local, at what precision — the examples tier and the cascade.
 
-    python tests/bench/bench_decisions.py                 # the demo gate (4-fold CV) and the CLINC150 sample
+    python tests/bench/bench_decisions.py                 # the demo gate (4-fold CV; 100-ticket pool) and CLINC150
+    python tests/bench/bench_decisions.py --llm --sets clinc   # one of demo-cv, demo-pool, clinc
     python tests/bench/bench_decisions.py --cases CASES.jsonl --examples EXAMPLES.jsonl \\
         --input-arg text --field intent --target-precision 0.95 --json
     python tests/bench/bench_decisions.py --cases CASES.jsonl --input-arg ticket --field queue --cv 4
@@ -64,9 +65,11 @@ DATA = REPO / "tests" / "bench" / "data"
 RESULTS = REPO / "tests" / "bench" / "results"
 MINILM = Path("/work/shared/models/all-minilm-l6-v2-f16.gguf")
 DEMO_CASES = REPO / "examples" / "demo" / "evals" / "triage" / "cases.jsonl"
+DEMO_POOL = DATA / "demo_queue_examples.jsonl"  # 100 labelled tickets written for the demo's queues
 K = 5
 SHOTS = 4
 TARGETS = (0.9, 0.95)
+SETS = ("demo-cv", "demo-pool", "clinc")  # the default runs, in order
 
 
 class WordHashEmbedder:
@@ -457,6 +460,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="LABEL",
         help="the label of out-of-scope examples (default oos; unused when no example has it)",
     )
+    parser.add_argument("--sets", help=f"comma-separated subset of the default data sets: {','.join(SETS)}")
     parser.add_argument("--no-out-of-scope-rule", action="store_true", help="headline figures without the novelty bar")
     args = parser.parse_args(argv)
     targets = sorted({*TARGETS, args.target_precision})
@@ -472,7 +476,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 [("given", args.cases, args.examples, args.input_arg, args.field)]
                 if args.cases
                 else [
-                    ("demo triage (queue)", DEMO_CASES, None, "ticket", "queue"),
+                    ("demo triage (queue), 4-fold CV", DEMO_CASES, None, "ticket", "queue"),
+                    ("demo triage (queue), 100-ticket pool", DEMO_CASES, DEMO_POOL, "ticket", "queue"),
                     (
                         "CLINC150 sample (intent)",
                         DATA / "clinc150_cases.jsonl",
@@ -482,6 +487,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     ),
                 ]
             )
+            if not args.cases and args.sets:
+                wanted = set(args.sets.split(","))
+                unknown = wanted - set(SETS)
+                if unknown:
+                    parser.error(f"--sets: unknown {', '.join(sorted(unknown))} (known: {', '.join(SETS)})")
+                runs = [r for r, key in zip(runs, SETS, strict=True) if key in wanted]
             results = [
                 run_dataset(
                     name,
@@ -522,8 +533,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             show(result, targets)
     if not args.cases:
         RESULTS.mkdir(parents=True, exist_ok=True)
+        suffix = "" if not args.sets or set(args.sets.split(",")) == set(SETS) else "." + args.sets.replace(",", "+")
         out = RESULTS / (
-            "decisions.smoke.json" if args.smoke else "decisions.quick.json" if args.quick else "decisions.json"
+            f"decisions{suffix}.smoke.json"
+            if args.smoke
+            else f"decisions{suffix}.quick.json"
+            if args.quick
+            else f"decisions{suffix}{'.llm' if runtime is not None else ''}.json"
         )
         out.write_text(json.dumps({"embedder": embedder_name, "results": results}, indent=2) + "\n")
         if not args.json:
