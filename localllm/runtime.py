@@ -326,7 +326,9 @@ class Runtime:
                 key=f"gates.{gate}.examples",
                 value=alias,
             )
-        built = ExamplesAgent(alias, sets, input_arg=decl.input or "", fields=decl.fields, k=decl.k)
+        built = ExamplesAgent(
+            alias, sets, input_arg=decl.input or "", fields=decl.fields, k=decl.k, out_of_scope=decl.out_of_scope
+        )
         with self._lock:
             return self._agents.setdefault(key, built)
 

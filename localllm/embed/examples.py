@@ -288,19 +288,30 @@ class ExamplesAgent(Agent):
     """The examples tier as an agent: answers the voted fields from the k nearest examples.
 
     The question is the request's ``with.args.<input>``; the answer's meta carries
-    ``tier: "examples"``, ``confidence``, ``confidence_method`` and the neighbours (id,
-    score) that voted.
+    ``tier: "examples"``, ``confidence``, ``confidence_method``, the neighbours (id,
+    score) that voted and, when the examples calibrate an out-of-scope bar, ``novelty``,
+    ``novelty_bar`` and ``in_scope``.
     """
 
     plugin = "builtin.examples"
     is_local_model = True
 
-    def __init__(self, alias: str, examples: ExampleSet, *, input_arg: str, fields: Sequence[str], k: int) -> None:
+    def __init__(
+        self,
+        alias: str,
+        examples: ExampleSet,
+        *,
+        input_arg: str,
+        fields: Sequence[str],
+        k: int,
+        out_of_scope: Any = None,
+    ) -> None:
         super().__init__(alias)
         self.examples = examples
         self.input_arg = input_arg
         self.fields = tuple(fields)
         self.k = k
+        self.out_of_scope = out_of_scope
 
     def ask(self, request: AskRequest, *, deadline: float) -> AskResponse:
         args = request.with_.get("args") if isinstance(request.with_, Mapping) else None
@@ -319,6 +330,10 @@ class ExamplesAgent(Agent):
             "confidence_fields": {k: round(v, 6) for k, v in result.fields.items()},
             "neighbours": [{"id": n.example.id, "score": round(n.score, 6)} for n in result.neighbours],
         }
+        bar = self.examples.novelty_bar(self.fields, self.out_of_scope)
+        if bar.measured:  # the out-of-scope rule's view of this input (eval records it per case)
+            novelty = self.examples.novelty(text, self.fields, self.out_of_scope)
+            meta.update(novelty=round(novelty, 6), novelty_bar=round(bar.value, 6), in_scope=bar.admits(novelty))
         if set(result.answer) != set(self.fields):
             raise AgentError(ErrorKind.SCHEMA_INVALID, "no example labels every voted field", meta=meta)
         return AskResponse.of(result.answer, meta=meta)

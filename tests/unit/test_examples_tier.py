@@ -446,3 +446,23 @@ def test_an_out_of_scope_input_skips_every_local_tier_with_the_reason_in_the_tra
     from localllm.cli import main
 
     assert main(["trace", "verify", str(trace)]) == 0
+
+
+def test_eval_applies_the_out_of_scope_rule_before_calibrating(app: Path) -> None:
+    rows = [(f"{i}-{j}", text + f" {'x' * j}", q) for j in range(2) for i, text, q in EXAMPLES]
+    rows += [(f"w{j}", f"the weather {'y' * j}", "oos") for j in range(4)]  # out of scope, labelled so
+    write_examples(app / "examples.jsonl", rows)
+    schema = {**SCHEMA, "properties": {"queue": {"enum": ["billing", "bug", "feature", "oos"]}}}
+    (app / "schema.json").write_text(json.dumps(schema))
+    (app / "app.yaml").write_text(CONFIG.replace("k: 3, shots: 2}", "k: 3, shots: 2, out_of_scope: oos}"))
+    report = json.loads(evidence(app, WordsEmbedder()).read_text())
+    verdicts = {r["case"]: r["in_scope"] for r in report["calls"] if r["agent"] == "examples"}
+    assert {c for c, v in verdicts.items() if v is False} == {"w0", "w1", "w2", "w3"}
+    assert all(v is True for c, v in verdicts.items() if not c.startswith("w"))
+    calibration = report["calibration"]
+    out = calibration["out_of_scope"]
+    assert out["cases"] == 4
+    # the examples tier's calibration pairs: the calibration split's in-scope cases only
+    cal_cases = len(rows) - len(calibration["held_out_cases"])
+    assert len(calibration["tiers"]["examples"]["calibration"]["scores"]) == cal_cases - out["calibration_cases"]
+    assert calibration["tiers"]["examples"]["calls"] == len(rows)  # accuracy and curve: every case
