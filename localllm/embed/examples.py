@@ -70,6 +70,8 @@ log = logging.getLogger(__name__)
 #: ``meta.tier`` and the alias the examples tier answers as (not a config alias: those start with ``agent.``)
 TIER = "examples"
 CONFIDENCE_METHOD = "knn_vote_margin_x_similarity"
+#: question vectors an ExampleSet keeps (a call asks for the same question up to three times)
+_QUERY_CACHE = 16
 #: the store's chunking key for example vectors (one store per embedder identity and this)
 _STORE_KEY = {"examples": 1, "role": "query"}
 
@@ -185,6 +187,7 @@ class ExampleSet:
         self.leave_one_out = leave_one_out
         self._matrix: NDArray[np.float32] | None = None
         self._bars: dict[tuple[tuple[str, ...], str], NoveltyBar] = {}
+        self._queries: dict[str, NDArray[np.float32]] = {}
         self._lock = threading.Lock()
 
     def _embed(self, texts: Sequence[str]) -> NDArray[np.float32]:
@@ -214,17 +217,32 @@ class ExampleSet:
         norms = np.linalg.norm(rows, axis=1, keepdims=True)
         return np.asarray(rows / np.where(norms == 0, 1.0, norms), dtype=np.float32)
 
+    def _query(self, text: str) -> NDArray[np.float32]:
+        """``text``'s unit vector; the last few are kept, so one call's vote, out-of-scope
+        rule and few-shot embed its question once."""
+        import numpy as np
+
+        with self._lock:
+            found = self._queries.get(text)
+        if found is not None:
+            return found
+        query = np.asarray(self._embed([text]), dtype=np.float32)[0]
+        norm = float(np.linalg.norm(query))
+        unit = np.asarray(query / norm if norm else query, dtype=np.float32)
+        with self._lock:
+            if len(self._queries) >= _QUERY_CACHE:
+                self._queries.pop(next(iter(self._queries)))
+            self._queries[text] = unit
+        return unit
+
     def similarities(self, text: str) -> list[float]:
         """The cosine similarity of ``text`` to every example, in order (``-inf`` for an
         example skipped by ``leave_one_out``)."""
-        import numpy as np
 
         matrix = self.matrix()
         if not self.examples:
             return []
-        query = np.asarray(self._embed([text]), dtype=np.float32)[0]
-        norm = float(np.linalg.norm(query))
-        scores = [float(v) for v in matrix @ (query / norm if norm else query)]
+        scores = [float(v) for v in matrix @ self._query(text)]
         if self.leave_one_out:
             scores = [-math.inf if e.text == text else v for e, v in zip(self.examples, scores, strict=True)]
         return scores
@@ -270,14 +288,11 @@ class ExampleSet:
 
     def neighbours(self, text: str, k: int) -> list[Neighbour]:
         """The ``k`` most similar examples to ``text``, best first (ties: file order)."""
-        import numpy as np
 
         matrix = self.matrix()
         if not self.examples:
             return []
-        query = np.asarray(self._embed([text]), dtype=np.float32)[0]
-        norm = float(np.linalg.norm(query))
-        scores = matrix @ (query / norm if norm else query)
+        scores = matrix @ self._query(text)
         order = sorted(range(len(self.examples)), key=lambda i: (-float(scores[i]), i))
         if self.leave_one_out:
             order = [i for i in order if self.examples[i].text != text]

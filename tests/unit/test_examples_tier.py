@@ -466,3 +466,17 @@ def test_eval_applies_the_out_of_scope_rule_before_calibrating(app: Path) -> Non
     cal_cases = len(rows) - len(calibration["held_out_cases"])
     assert len(calibration["tiers"]["examples"]["calibration"]["scores"]) == cal_cases - out["calibration_cases"]
     assert calibration["tiers"]["examples"]["calls"] == len(rows)  # accuracy and curve: every case
+
+
+def test_a_cascade_call_embeds_its_question_once(app: Path) -> None:
+    cascade_app(app, 0.8)
+    embedder = WordsEmbedder()
+    with Runtime(load_config(app / "app.yaml")) as rt:
+        rt.register_embedder("words", embedder)
+        rt.register_inprocess("agent.local", lambda _: {"queue": "bug"}, local_model=True)
+        rt.register_inprocess("agent.claude", lambda _: {"queue": "bug"})
+        rt.run_gate("queue", {"ticket": "app crash error"})  # embeds the examples, then the question
+        before = embedder.texts
+        result = rt.run_gate("queue", {"ticket": "broken error page"})
+    assert result.agent == "examples" and "novelty" in result.meta  # few-shot, scope, vote, novelty
+    assert embedder.texts - before == 1
