@@ -536,12 +536,16 @@ class Runtime:
                     "agent": tiers[0].alias,
                     "skipped": [t.alias for t in tiers[:start]],
                     "accepted": False,
-                    "reason": "out_of_scope",
+                    "reason": scope.get("reason", "out_of_scope"),
                     "novelty": scope["novelty"],
                     "novelty_bar": scope["bar"],
                 }
             )
-            record.fallback(reason="out_of_scope", original_plugin=tiers[0].alias, fallback_plugin=tiers[-1].alias)
+            record.fallback(
+                reason=scope.get("reason", "out_of_scope"),
+                original_plugin=tiers[0].alias,
+                fallback_plugin=tiers[-1].alias,
+            )
         for index, tier in enumerate(tiers):
             if index < start:
                 continue
@@ -584,7 +588,8 @@ class Runtime:
     def _scope(self, gate: str | None, args: Mapping[str, Any]) -> dict[str, Any] | None:
         """The cascade's out-of-scope rule for this input: its novelty against the bar the
         gate's examples calibrate (``None``: no examples, no text, or nothing to calibrate
-        from; an embedder failure is logged and the rule is skipped: the rungs decide)."""
+        from). When the embedder fails the input's scope is unknown: like a missing
+        confidence, that escalates (reason ``scope_unknown``)."""
         decl = self.config.gates[gate].examples if gate is not None else None
         if decl is None or not decl.fields or not decl.input:
             return None
@@ -597,9 +602,9 @@ class Runtime:
             if not bar.measured:
                 return None
             score = sets.novelty(text, decl.fields, decl.out_of_scope)
-        except LocalLLMError as exc:
-            log.warning("gate %s: out-of-scope rule skipped (%s)", gate, exc)
-            return None
+        except LocalLLMError as exc:  # scope unknown: no local rung may answer (not calibrated → escalate)
+            log.warning("gate %s: out-of-scope rule unavailable (%s); the call escalates", gate, exc)
+            return {"novelty": None, "bar": None, "in_scope": False, "reason": "scope_unknown"}
         return {"novelty": round(score, 6), "bar": round(bar.value, 6), "in_scope": bar.admits(score)}
 
     def _fallback(

@@ -375,14 +375,22 @@ class FailingEmbedder(WordsEmbedder):
 
 def test_an_embedder_failure_escalates_instead_of_failing_the_call(app: Path) -> None:
     cascade_app(app, 0.8)
+    asked: list[str] = []
+
+    def local(request: AskRequest) -> AskResponse:  # sure of itself: would be accepted if asked
+        asked.append("local")
+        return AskResponse.of({"queue": "bug"}, meta={"confidence": 0.99})
+
     with Runtime(load_config(app / "app.yaml")) as rt:
         rt.register_embedder("words", FailingEmbedder())
-        rt.register_inprocess("agent.local", lambda _: {"queue": "bug"}, local_model=True)
+        rt.register_inprocess("agent.local", local, local_model=True)
         rt.register_inprocess("agent.claude", lambda _: {"queue": "billing"})
         result = rt.run_gate("queue", {"ticket": "app crash error"})
-    assert result.agent == "agent.claude"
+    assert result.agent == "agent.claude" and asked == []
     first = result.meta["cascade"][0]
-    assert (first["agent"], first["accepted"], first["reason"]) == ("examples", False, "transport_error")
+    # the question cannot be embedded: its scope is unknown, so no local rung answers it
+    assert (first["agent"], first["accepted"], first["reason"]) == ("examples", False, "scope_unknown")
+    assert first["skipped"] == ["examples", "agent.local"] and first["novelty"] is None
 
 
 def test_novelty_bar_by_hand_held_out_label_and_out_of_scope_examples() -> None:
