@@ -476,6 +476,21 @@ def test_eval_applies_the_out_of_scope_rule_before_calibrating(app: Path) -> Non
     assert calibration["tiers"]["examples"]["calls"] == len(rows)  # accuracy and curve: every case
 
 
+def test_eval_prints_the_out_of_scope_rule(app: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from localllm.cli.eval import _print_decision
+
+    rows = [(f"{i}-{j}", text + f" {'x' * j}", q) for j in range(2) for i, text, q in EXAMPLES]
+    rows += [(f"w{j}", f"the weather {'y' * j}", "oos") for j in range(4)]
+    write_examples(app / "examples.jsonl", rows)
+    (app / "schema.json").write_text(
+        json.dumps({**SCHEMA, "properties": {"queue": {"enum": ["billing", "bug", "feature", "oos"]}}})
+    )
+    (app / "app.yaml").write_text(CONFIG.replace("k: 3, shots: 2}", "k: 3, shots: 2, out_of_scope: oos}"))
+    _print_decision(json.loads(evidence(app, WordsEmbedder()).read_text()))
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith(f"out-of-scope rule: 4 of {len(rows)} cases") for line in lines)
+
+
 def test_a_cascade_call_embeds_its_question_once(app: Path) -> None:
     cascade_app(app, 0.8)
     embedder = WordsEmbedder()
