@@ -21,15 +21,24 @@ each example answered by the others), then applied to the cases:
   one (none: never accepted, every such call escalates);
 - the strong tier answers from the labels (a label oracle: accuracy 1.0, the all-strong bar).
 
+The out-of-scope rule (as the runtime applies it): each input's novelty score (nearest
+in-scope example's similarity − nearest out-of-scope example's, ``ExampleSet.novelty``)
+against the bar the pool calibrates (``ExampleSet.novelty_bar``: the highest score of the
+out-of-scope examples, leave-one-out; without ``--out-of-scope`` examples, each example
+against the other labels' examples). An input at or below the bar skips the local tiers;
+the thresholds are chosen on the in-scope examples only. Each set is also summarised
+without the rule, from the same answers (``targets_without_rule``).
+
 For each target precision (0.9, 0.95, and ``--target-precision``): the threshold chosen on
 the examples (one-sided 95% Clopper–Pearson, ``localllm.calibrate.choose_threshold``), the
-measured local share and local precision on the cases, the cascade's accuracy, and the
-threshold's precision on the examples vs on the cases (does it hold?).
+measured local share and local precision on the cases, the cascade's accuracy, the
+threshold's precision on the examples vs on the cases (does it hold?) and, with
+out-of-scope cases, how many escalate and how many bind a wrong label.
 
 Real runs use all-MiniLM-L6-v2 (``/work/shared/models/all-minilm-l6-v2-f16.gguf``) through a
 managed llama-server embedding sidecar; ``--smoke`` uses a deterministic word-hash
 embedder on a few cases so that it runs anywhere in seconds (its numbers mean nothing).
-Writes ``tests/bench/results/decisions.json`` (``--smoke``: ``decisions.smoke.json``).
+Writes ``tests/bench/results/decisions[.SETS][.llm].json`` (``--smoke``: ``….smoke.json``).
 Hold ``flock /tmp/bench.lock`` while measuring.
 """
 
