@@ -266,22 +266,29 @@ class ExampleSet:
         with self._lock:
             if cache_key in self._bars:
                 return self._bars[cache_key]
+        import numpy as np
+
         matrix = self.matrix()
-        outside = self.scope(fields, out_of_scope)
-        texts = [e.text for e in self.examples]
+        outside = np.asarray(self.scope(fields, out_of_scope), dtype=bool)
+        text_ids: dict[str, int] = {}
+        same_text = np.asarray([text_ids.setdefault(e.text, len(text_ids)) for e in self.examples])
         negatives: list[float] = []
-        if any(outside):  # each out-of-scope example scored against all the others
-            for i in (i for i, o in enumerate(outside) if o):
-                row = [float(v) for v in matrix @ matrix[i]]
-                row = [-math.inf if texts[j] == texts[i] else v for j, v in enumerate(row)]
-                negatives.append(_novelty(row, outside))
+        if outside.any():  # each out-of-scope example scored against all the others
+            rows = np.flatnonzero(outside)
+            sims = (matrix[rows] @ matrix.T).astype(np.float64)
+            sims[same_text[rows][:, None] == same_text[None, :]] = -np.inf  # itself (and its duplicates)
+            inside = sims[:, ~outside].max(axis=1) if (~outside).any() else np.full(len(rows), -np.inf)
+            beyond = sims[:, outside].max(axis=1)
+            negatives = [float(a - (b if np.isfinite(b) else 0.0)) for a, b in zip(inside, beyond, strict=True)]
         else:  # held-out label: each example scored against the other labels' examples only
-            keys = [_key({n: e.labels.get(n) for n in fields}) for e in self.examples]
-            if len(set(keys)) > 1:
-                for i in range(len(self.examples)):
-                    row = [float(v) for v in matrix @ matrix[i]]
-                    row = [-math.inf if keys[j] == keys[i] or texts[j] == texts[i] else v for j, v in enumerate(row)]
-                    negatives.append(_novelty(row, outside))
+            keys: dict[str, int] = {}
+            label = np.asarray(
+                [keys.setdefault(_key({n: e.labels.get(n) for n in fields}), len(keys)) for e in self.examples]
+            )
+            if len(keys) > 1:
+                sims = (matrix @ matrix.T).astype(np.float64)
+                sims[(label[:, None] == label[None, :]) | (same_text[:, None] == same_text[None, :])] = -np.inf
+                negatives = [float(v) for v in sims.max(axis=1)]
         bar = novelty_bar([v for v in negatives if math.isfinite(v)])
         with self._lock:
             return self._bars.setdefault(cache_key, bar)
