@@ -14,6 +14,12 @@ small evaluation cannot claim 95% from 5 of 5. When no threshold qualifies the a
 "accept nothing": ``Threshold.value`` is ``math.inf`` (``None`` in :meth:`Threshold.to_dict`)
 and every answer escalates.
 
+:func:`novelty_bar` is the out-of-scope rule's bar: from the novelty scores of inputs
+known to be out of scope (for the examples tier: its out-of-scope examples, or each
+example scored as if its own label were unknown), the highest of them, so that a new
+out-of-scope input exchangeable with them clears it with probability at most
+``1 / (n + 1)`` (split-conformal at the strictest level ``n`` scores support).
+
 :func:`expected_calibration_error` is the usual equal-width-bin ECE; :func:`split` is the
 deterministic (optionally stratified) calibration/held-out split.
 
@@ -30,10 +36,12 @@ from typing import TypeVar
 
 __all__ = [
     "CurvePoint",
+    "NoveltyBar",
     "Threshold",
     "choose_threshold",
     "coverage_precision",
     "expected_calibration_error",
+    "novelty_bar",
     "precision_lower_bound",
     "risk_coverage",
     "split",
@@ -203,6 +211,53 @@ def choose_threshold(
         if bound >= target_precision:
             best = Threshold(point.threshold, point.coverage, point.precision, bound, n)
     return best if best is not None else Threshold(math.inf, 0.0, 0.0, 0.0, n)
+
+
+@dataclass(frozen=True)
+class NoveltyBar:
+    """An input is *in scope* when its novelty score is strictly above ``value``.
+
+    ``n`` out-of-scope scores set it; ``pass_rate_bound`` = ``1 / (n + 1)`` bounds the
+    chance that a new out-of-scope input (exchangeable with them) clears it. ``value`` is
+    ``-math.inf`` (every input in scope, nothing measured) when there were no scores.
+    """
+
+    value: float
+    n: int
+    pass_rate_bound: float
+
+    @property
+    def measured(self) -> bool:
+        return self.n > 0
+
+    def admits(self, score: float) -> bool:
+        """Whether an input with this novelty score is in scope (strictly above the bar)."""
+        return score > self.value
+
+    def to_dict(self) -> dict[str, float | int | None]:
+        """JSON-safe: ``value`` is ``None`` when nothing was measured."""
+        return {
+            "value": self.value if self.measured else None,
+            "n": self.n,
+            "pass_rate_bound": self.pass_rate_bound,
+        }
+
+
+def novelty_bar(out_of_scope_scores: Sequence[float]) -> NoveltyBar:
+    """The bar an input's novelty score must clear to be answered locally.
+
+    The scores are those of inputs known to be out of scope, each computed as a new input's
+    would be (leave-one-out). The bar is their maximum: for a new out-of-scope input whose
+    score is exchangeable with these ``n``, P(score > max) ≤ 1 / (n + 1) — the split-conformal
+    bound at its strictest (rank ``n`` of ``n``). No scores: ``-inf``, bound 1.0 (no rule).
+    """
+    scores = [float(s) for s in out_of_scope_scores]
+    for s in scores:
+        if not math.isfinite(s):
+            raise ValueError(f"a novelty score must be finite, got {s!r}")
+    if not scores:
+        return NoveltyBar(-math.inf, 0, 1.0)
+    return NoveltyBar(max(scores), len(scores), 1.0 / (len(scores) + 1))
 
 
 def split(

@@ -326,7 +326,9 @@ class Runtime:
                 key=f"gates.{gate}.examples",
                 value=alias,
             )
-        built = ExamplesAgent(alias, sets, input_arg=decl.input or "", fields=decl.fields, k=decl.k)
+        built = ExamplesAgent(
+            alias, sets, input_arg=decl.input or "", fields=decl.fields, k=decl.k, out_of_scope=decl.out_of_scope
+        )
         with self._lock:
             return self._agents.setdefault(key, built)
 
@@ -468,6 +470,7 @@ class Runtime:
                 request,
                 record,
                 gate=gate,
+                scope=self._scope(gate, args) if len(tiers) > 1 else None,
                 schema=schema_doc,
                 schema_path=schema_path,
                 hard=hard,
@@ -513,15 +516,39 @@ class Runtime:
         schema_path: Path | None,
         hard: float,
         timeout: float | None,
+        scope: Mapping[str, Any] | None = None,
     ) -> tuple[_Leg, list[dict[str, Any]]]:
         """Ask each rung in turn until one's answer is accepted: a local rung's when it is
         valid and its ``meta.confidence`` clears the rung's threshold, the last rung's always.
         Each refusal escalates exactly once, to the next rung (``substitution.reason``
         ``low_confidence``, or the failed leg's error kind). A missing confidence is "not
-        calibrated": it escalates. Returns the answering leg and one step per rung asked."""
+        calibrated": it escalates. An input ``scope`` finds out of scope (its novelty at or
+        below the gate's bar) skips every local rung: one escalation, reason
+        ``out_of_scope``, no local model asked. Returns the answering leg and one step per
+        rung asked (the skip is one step)."""
         steps: list[dict[str, Any]] = []
         leg = _Leg(tiers[0].alias, None, None)
+        start = 0
+        if scope is not None and not scope["in_scope"]:
+            start = len(tiers) - 1
+            steps.append(
+                {
+                    "agent": tiers[0].alias,
+                    "skipped": [t.alias for t in tiers[:start]],
+                    "accepted": False,
+                    "reason": scope.get("reason", "out_of_scope"),
+                    "novelty": scope["novelty"],
+                    "novelty_bar": scope["bar"],
+                }
+            )
+            record.fallback(
+                reason=scope.get("reason", "out_of_scope"),
+                original_plugin=tiers[0].alias,
+                fallback_plugin=tiers[-1].alias,
+            )
         for index, tier in enumerate(tiers):
+            if index < start:
+                continue
             agent = first if index == 0 else self.tier_agent(tier.alias, gate)
             limit = hard if index == 0 else self._timeout(tier.alias, timeout)
             leg = self._attempt(agent, tier.alias, request, schema=schema, schema_path=schema_path, timeout=limit)
@@ -557,6 +584,28 @@ class Runtime:
                 fallback_plugin=tiers[index + 1].alias,
             )
         return leg, steps
+
+    def _scope(self, gate: str | None, args: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The cascade's out-of-scope rule for this input: its novelty against the bar the
+        gate's examples calibrate (``None``: no examples, no text, or nothing to calibrate
+        from). When the embedder fails the input's scope is unknown: like a missing
+        confidence, that escalates (reason ``scope_unknown``)."""
+        decl = self.config.gates[gate].examples if gate is not None else None
+        if decl is None or not decl.fields or not decl.input:
+            return None
+        text = args.get(decl.input)
+        sets = self.examples(gate) if isinstance(text, str) and gate is not None else None
+        if sets is None or not isinstance(text, str):
+            return None
+        try:
+            bar = sets.novelty_bar(decl.fields, decl.out_of_scope)
+            if not bar.measured:
+                return None
+            score = sets.novelty(text, decl.fields, decl.out_of_scope)
+        except LocalLLMError as exc:  # scope unknown: no local rung may answer (not calibrated → escalate)
+            log.warning("gate %s: out-of-scope rule unavailable (%s); the call escalates", gate, exc)
+            return {"novelty": None, "bar": None, "in_scope": False, "reason": "scope_unknown"}
+        return {"novelty": round(score, 6), "bar": round(bar.value, 6), "in_scope": bar.admits(score)}
 
     def _fallback(
         self,

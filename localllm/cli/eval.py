@@ -205,6 +205,12 @@ def _print_decision(report: dict[str, Any]) -> None:
                 shown = ", ".join(f"{label} {_pct(v['accuracy'])} of {v['calls']}" for label, v in labels.items())
                 out(f"{alias} {name} per label: {shown}")
     calibration = report.get("calibration") or {}
+    beyond = calibration.get("out_of_scope")
+    if beyond:
+        out(
+            f"out-of-scope rule: {beyond['cases']} of {report.get('cases')} cases fall at or below the examples' "
+            "novelty bar; they escalate, and no threshold is calibrated on them"
+        )
     for alias, tier in (calibration.get("tiers") or {}).items():
         if not tier.get("scored"):
             continue

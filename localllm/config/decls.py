@@ -338,6 +338,11 @@ class Examples:
         (), "the fields the vote answers (default: every enum, boolean or integer field the cases label)"
     )
     answer: bool = setting(True, "answer from the vote when confident; false: few-shot only")
+    out_of_scope: str | None = setting(
+        None,
+        "the label the examples give out-of-scope inputs (e.g. oos): calibrates the out-of-scope bar",
+        example="out_of_scope: oos",
+    )
 
 
 @dataclass(frozen=True)

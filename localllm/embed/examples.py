@@ -17,6 +17,15 @@ re-embeds only the changed lines, an unchanged one embeds nothing. Then, per cal
   (``<Input>: <text>`` then the labels as one line of JSON), for the prompt's
   ``{{ examples }}``.
 
+Out of scope (:meth:`ExampleSet.novelty`, :meth:`ExampleSet.novelty_bar`): an input's
+*novelty score* is its cosine similarity to the nearest in-scope example minus its
+similarity to the nearest out-of-scope example (examples labelled ``out_of_scope:``; 0
+when there are none). The bar it must clear is calibrated from the examples themselves
+(:func:`localllm.calibrate.novelty_bar`): the highest score any out-of-scope example gets
+against the others (leave-one-out); without out-of-scope examples, each example scored
+against the *other* labels' examples only, as if its own label were an intent never seen.
+An input at or below the bar is out of scope: no local tier answers it.
+
 ``leave_one_out`` (what ``localllm eval`` uses) skips any example whose text is the
 question's, so a case that is also an example is never answered from its own label.
 """
@@ -25,6 +34,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +49,8 @@ from localllm.wire import AskRequest, AskResponse
 if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import NDArray
+
+    from localllm.calibrate import NoveltyBar
 
 __all__ = [
     "CONFIDENCE_METHOD",
@@ -58,6 +70,8 @@ log = logging.getLogger(__name__)
 #: ``meta.tier`` and the alias the examples tier answers as (not a config alias: those start with ``agent.``)
 TIER = "examples"
 CONFIDENCE_METHOD = "knn_vote_margin_x_similarity"
+#: question vectors an ExampleSet keeps (a call asks for the same question up to three times)
+_QUERY_CACHE = 16
 #: the store's chunking key for example vectors (one store per embedder identity and this)
 _STORE_KEY = {"examples": 1, "role": "query"}
 
@@ -137,6 +151,14 @@ def vote(neighbours: Sequence[Neighbour], fields: Sequence[str]) -> Vote:
     return Vote(answer, overall, confidences, list(neighbours))
 
 
+def _novelty(similarities: Sequence[float], outside: Sequence[bool]) -> float:
+    """max similarity over in-scope examples − max over out-of-scope ones (0 when none)."""
+    inside = [v for v, o in zip(similarities, outside, strict=True) if not o]
+    beyond = [v for v, o in zip(similarities, outside, strict=True) if o and math.isfinite(v)]
+    nearest = max(inside, default=-math.inf)
+    return nearest - (max(beyond) if beyond else 0.0)
+
+
 def render_shots(neighbours: Sequence[Neighbour], input_arg: str, fields: Sequence[str] | None = None) -> str:
     """The neighbours as few-shot pairs, the nearest *last* (closest to the question):
     ``<Input>: <text>`` then ``{"field": label, …}``, separated by blank lines."""
@@ -164,6 +186,8 @@ class ExampleSet:
         self.store_root = store_root
         self.leave_one_out = leave_one_out
         self._matrix: NDArray[np.float32] | None = None
+        self._bars: dict[tuple[tuple[str, ...], str], NoveltyBar] = {}
+        self._queries: dict[str, NDArray[np.float32]] = {}
         self._lock = threading.Lock()
 
     def _embed(self, texts: Sequence[str]) -> NDArray[np.float32]:
@@ -193,16 +217,89 @@ class ExampleSet:
         norms = np.linalg.norm(rows, axis=1, keepdims=True)
         return np.asarray(rows / np.where(norms == 0, 1.0, norms), dtype=np.float32)
 
-    def neighbours(self, text: str, k: int) -> list[Neighbour]:
-        """The ``k`` most similar examples to ``text``, best first (ties: file order)."""
+    def _query(self, text: str) -> NDArray[np.float32]:
+        """``text``'s unit vector; the last few are kept, so one call's vote, out-of-scope
+        rule and few-shot embed its question once."""
         import numpy as np
+
+        with self._lock:
+            found = self._queries.get(text)
+        if found is not None:
+            return found
+        query = np.asarray(self._embed([text]), dtype=np.float32)[0]
+        norm = float(np.linalg.norm(query))
+        unit = np.asarray(query / norm if norm else query, dtype=np.float32)
+        with self._lock:
+            if len(self._queries) >= _QUERY_CACHE:
+                self._queries.pop(next(iter(self._queries)))
+            self._queries[text] = unit
+        return unit
+
+    def similarities(self, text: str) -> list[float]:
+        """The cosine similarity of ``text`` to every example, in order (``-inf`` for an
+        example skipped by ``leave_one_out``)."""
 
         matrix = self.matrix()
         if not self.examples:
             return []
-        query = np.asarray(self._embed([text]), dtype=np.float32)[0]
-        norm = float(np.linalg.norm(query))
-        scores = matrix @ (query / norm if norm else query)
+        scores = [float(v) for v in matrix @ self._query(text)]
+        if self.leave_one_out:
+            scores = [-math.inf if e.text == text else v for e, v in zip(self.examples, scores, strict=True)]
+        return scores
+
+    def scope(self, fields: Sequence[str], out_of_scope: Any = None) -> list[bool]:
+        """Per example: whether it is out of scope (a voted field labelled ``out_of_scope``)."""
+        if out_of_scope is None:
+            return [False] * len(self.examples)
+        want = _key(out_of_scope)
+        return [any(name in e.labels and _key(e.labels[name]) == want for name in fields) for e in self.examples]
+
+    def novelty(self, text: str, fields: Sequence[str], out_of_scope: Any = None) -> float:
+        """How in-scope ``text`` looks: nearest in-scope similarity − nearest out-of-scope one."""
+        return _novelty(self.similarities(text), self.scope(fields, out_of_scope))
+
+    def novelty_bar(self, fields: Sequence[str], out_of_scope: Any = None) -> NoveltyBar:
+        """The bar :meth:`novelty` must clear, from the examples (leave-one-out), cached."""
+        from localllm.calibrate import novelty_bar
+
+        cache_key = (tuple(fields), _key(out_of_scope))
+        with self._lock:
+            if cache_key in self._bars:
+                return self._bars[cache_key]
+        import numpy as np
+
+        matrix = self.matrix()
+        outside = np.asarray(self.scope(fields, out_of_scope), dtype=bool)
+        text_ids: dict[str, int] = {}
+        same_text = np.asarray([text_ids.setdefault(e.text, len(text_ids)) for e in self.examples])
+        negatives: list[float] = []
+        if outside.any():  # each out-of-scope example scored against all the others
+            rows = np.flatnonzero(outside)
+            sims = (matrix[rows] @ matrix.T).astype(np.float64)
+            sims[same_text[rows][:, None] == same_text[None, :]] = -np.inf  # itself (and its duplicates)
+            inside = sims[:, ~outside].max(axis=1) if (~outside).any() else np.full(len(rows), -np.inf)
+            beyond = sims[:, outside].max(axis=1)
+            negatives = [float(a - (b if np.isfinite(b) else 0.0)) for a, b in zip(inside, beyond, strict=True)]
+        else:  # held-out label: each example scored against the other labels' examples only
+            keys: dict[str, int] = {}
+            label = np.asarray(
+                [keys.setdefault(_key({n: e.labels.get(n) for n in fields}), len(keys)) for e in self.examples]
+            )
+            if len(keys) > 1:
+                sims = (matrix @ matrix.T).astype(np.float64)
+                sims[(label[:, None] == label[None, :]) | (same_text[:, None] == same_text[None, :])] = -np.inf
+                negatives = [float(v) for v in sims.max(axis=1)]
+        bar = novelty_bar([v for v in negatives if math.isfinite(v)])
+        with self._lock:
+            return self._bars.setdefault(cache_key, bar)
+
+    def neighbours(self, text: str, k: int) -> list[Neighbour]:
+        """The ``k`` most similar examples to ``text``, best first (ties: file order)."""
+
+        matrix = self.matrix()
+        if not self.examples:
+            return []
+        scores = matrix @ self._query(text)
         order = sorted(range(len(self.examples)), key=lambda i: (-float(scores[i]), i))
         if self.leave_one_out:
             order = [i for i in order if self.examples[i].text != text]
@@ -213,19 +310,30 @@ class ExamplesAgent(Agent):
     """The examples tier as an agent: answers the voted fields from the k nearest examples.
 
     The question is the request's ``with.args.<input>``; the answer's meta carries
-    ``tier: "examples"``, ``confidence``, ``confidence_method`` and the neighbours (id,
-    score) that voted.
+    ``tier: "examples"``, ``confidence``, ``confidence_method``, the neighbours (id,
+    score) that voted and, when the examples calibrate an out-of-scope bar, ``novelty``,
+    ``novelty_bar`` and ``in_scope``.
     """
 
     plugin = "builtin.examples"
     is_local_model = True
 
-    def __init__(self, alias: str, examples: ExampleSet, *, input_arg: str, fields: Sequence[str], k: int) -> None:
+    def __init__(
+        self,
+        alias: str,
+        examples: ExampleSet,
+        *,
+        input_arg: str,
+        fields: Sequence[str],
+        k: int,
+        out_of_scope: Any = None,
+    ) -> None:
         super().__init__(alias)
         self.examples = examples
         self.input_arg = input_arg
         self.fields = tuple(fields)
         self.k = k
+        self.out_of_scope = out_of_scope
 
     def ask(self, request: AskRequest, *, deadline: float) -> AskResponse:
         args = request.with_.get("args") if isinstance(request.with_, Mapping) else None
@@ -244,6 +352,10 @@ class ExamplesAgent(Agent):
             "confidence_fields": {k: round(v, 6) for k, v in result.fields.items()},
             "neighbours": [{"id": n.example.id, "score": round(n.score, 6)} for n in result.neighbours],
         }
+        bar = self.examples.novelty_bar(self.fields, self.out_of_scope)
+        if bar.measured:  # the out-of-scope rule's view of this input (eval records it per case)
+            novelty = self.examples.novelty(text, self.fields, self.out_of_scope)
+            meta.update(novelty=round(novelty, 6), novelty_bar=round(bar.value, 6), in_scope=bar.admits(novelty))
         if set(result.answer) != set(self.fields):
             raise AgentError(ErrorKind.SCHEMA_INVALID, "no example labels every voted field", meta=meta)
         return AskResponse.of(result.answer, meta=meta)

@@ -82,15 +82,27 @@ def calibration_block(
     holdout: float = DEFAULT_HOLDOUT,
     seed: int = DEFAULT_SEED,
     targets: Sequence[float] = TARGETS,
+    in_scope: Mapping[str, bool] | None = None,
 ) -> dict[str, Any]:
-    """The report's ``calibration`` section: tier → case id → outcome, split by case."""
+    """The report's ``calibration`` section: tier → case id → outcome, split by case.
+
+    ``in_scope`` (the examples tier's out-of-scope verdict per case) applies the
+    out-of-scope rule: a case out of scope never reaches a local tier, so each tier's
+    threshold is chosen on (and checked against) the in-scope cases only, and only their
+    pairs are kept for ``selection:``. The curve and the accuracy stay over every case."""
     cases = sorted(label_of)
     cal_ids, held_ids = split(cases, holdout, seed, key=lambda c: label_of[c])
     out: dict[str, Any] = {"holdout_fraction": holdout, "seed": seed, "confidence": 0.95, "tiers": {}}
+    if in_scope is not None:
+        out["out_of_scope"] = {
+            "cases": sum(1 for c in cases if in_scope.get(c) is False),
+            "calibration_cases": sum(1 for c in cal_ids if in_scope.get(c) is False),
+        }
+        cal_ids = [c for c in cal_ids if in_scope.get(c) is not False]
     for alias, by_case in tiers.items():
         everything = list(by_case.values())
         cal = [by_case[c] for c in cal_ids if c in by_case]
-        held = [by_case[c] for c in held_ids if c in by_case]
+        held = [by_case[c] for c in held_ids if c in by_case and (in_scope is None or in_scope.get(c) is not False)]
         scores, correct = _pairs(everything)
         cal_scores, cal_correct = _pairs(cal)
         held_scores, held_correct = _pairs(held)
@@ -208,12 +220,20 @@ def decision_block(
     tiers: Mapping[str, Mapping[str, Outcome]],
     local: Sequence[str],
     strong: str | None,
+    *,
     targets: Sequence[float] = TARGETS,
+    in_scope: Mapping[str, bool] | None = None,
 ) -> dict[str, Any]:
-    """Per target precision: the cascade ``local`` tiers → ``strong`` on the held-out cases."""
+    """Per target precision: the cascade ``local`` tiers → ``strong`` on the held-out cases
+    (a case ``in_scope`` says is out of scope goes straight to ``strong``)."""
     if strong is None or not local:
         return {}
     held = list(calibration.get("held_out_cases") or [])
+    if in_scope is not None:
+        tiers = {
+            alias: (rows if alias not in local else {c: o for c, o in rows.items() if in_scope.get(c) is not False})
+            for alias, rows in tiers.items()
+        }
     out: dict[str, Any] = {}
     for target in targets:
         thresholds: dict[str, float] = {}

@@ -42,7 +42,7 @@ from localllm.eval.decision import (
 )
 from localllm.eval.fromtrace import RecordedCall, recorded_calls
 from localllm.eval.run import AgentRun, CallRef
-from localllm.selection import REPORT_KIND, REPORT_VERSION, fingerprint
+from localllm.selection import REPORT_KIND, REPORT_VERSION, TIER, fingerprint
 from localllm.trace.stats import percentile
 
 __all__ = ["agent_rows", "build_report", "enum_fields", "machine", "write_report"]
@@ -235,7 +235,14 @@ def _row(alias: str, ref: CallRef, call: RecordedCall | None, ok: bool, per: dic
         "duration_ms": call.duration_ms if call is not None else None,
         "submission": call.response if call is not None else None,
         "confidence": confidence_of(call.meta) if call is not None and call.ok else None,
+        "in_scope": _in_scope(call.meta) if call is not None and call.ok else None,
     }
+
+
+def _in_scope(meta: Mapping[str, Any] | None) -> bool | None:
+    """The examples tier's out-of-scope verdict on the case (``None``: no rule measured)."""
+    found = (meta or {}).get("in_scope")
+    return found if isinstance(found, bool) else None
 
 
 def agent_rows(
@@ -307,10 +314,16 @@ def build_report(
                 costs.get(row["call_id"], 0.0),
             )
     label_of = {c.id: json.dumps(c.expect.labels(), sort_keys=True) for c in cases}
-    calibration = calibration_block(outcomes, label_of, holdout=holdout, seed=seed)
+    # the out-of-scope rule: the examples tier's verdict per case applies to every local tier
+    in_scope = {
+        row["case"]: row["in_scope"]
+        for row in rows
+        if row["agent"] == TIER and row["repeat"] == 0 and isinstance(row.get("in_scope"), bool)
+    }
+    calibration = calibration_block(outcomes, label_of, holdout=holdout, seed=seed, in_scope=in_scope or None)
     local = [run.alias for run in runs if run.local]
     strong = next((run.alias for run in runs if not run.local), None)
-    decision = decision_block(calibration, outcomes, local, strong)
+    decision = decision_block(calibration, outcomes, local, strong, in_scope=in_scope or None)
 
     def shown(path: Path) -> str:
         """Paths under the config's directory relative to it (a report can be committed)."""

@@ -28,6 +28,8 @@ DATA = Path(__file__).resolve().parents[1] / "bench" / "data"
 LABELS = ("calculator", "transfer", "uber")
 SURE = "what is 45 times 12"
 OUT_OF_SCOPE = "how tall is mount everest"
+#: in scope (near the uber and transfer examples) but the nearest examples split their vote
+AMBIGUOUS = "add up my ride and my transfer"
 
 CONFIG = """\
 app_id: decisions-e2e
@@ -75,7 +77,7 @@ def app(tmp_path: Path, managed_env: Path) -> Path:
             "replay": "any",
             "agent": {"verb": "decide", "response": {"intent": "calculator"}, "meta": {"cost_usd": 0.002}},
         }
-        for n, text in enumerate((SURE, OUT_OF_SCOPE))
+        for n, text in enumerate((SURE, OUT_OF_SCOPE, AMBIGUOUS))
     ]
     (tmp_path / "claude.yaml").write_text(yaml.safe_dump({"kind": "host_cassette", "episodes": episodes}))
     return tmp_path
@@ -100,12 +102,14 @@ def test_a_confident_examples_answer_stays_local_without_starting_an_llm(app: Pa
 
 
 def test_a_low_confidence_answer_escalates_once_with_both_legs_in_the_trace(app: Path) -> None:
-    result, _ = run(app, OUT_OF_SCOPE, app / "t.jsonl")
+    result, llm_started = run(app, AMBIGUOUS, app / "t.jsonl")
     assert result.agent == "agent.claude"
     assert [(s["agent"], s["accepted"], s["reason"]) for s in result.meta["cascade"]] == [
         ("examples", False, "low_confidence"),
         ("agent.claude", True, "last tier"),
     ]
+    assert result.meta["cascade"][0]["confidence"] < result.meta["cascade"][0]["threshold"]
+    assert not llm_started  # the local model has no calibrated confidence in this evidence: left out
     events = read_trace(app / "t.jsonl").events
     assert [e.kind for e in events] == ["agent.call.start", "agent.call.complete"]
     end = events[1].payload
@@ -116,6 +120,23 @@ def test_a_low_confidence_answer_escalates_once_with_both_legs_in_the_trace(app:
     }
     assert end["original_meta"]["tier"] == "examples"
     assert end["meta"]["cost_usd"] == 0.002
+
+
+def test_an_out_of_scope_input_escalates_without_any_local_tier(app: Path) -> None:
+    result, llm_started = run(app, OUT_OF_SCOPE, app / "t.jsonl")
+    assert result.agent == "agent.claude" and not llm_started
+    first, last = result.meta["cascade"]
+    assert (first["agent"], first["accepted"], first["reason"]) == ("examples", False, "out_of_scope")
+    assert first["novelty"] <= first["novelty_bar"] and first["skipped"] == ["examples"]
+    assert (last["agent"], last["reason"]) == ("agent.claude", "last tier")
+    events = read_trace(app / "t.jsonl").events
+    assert [e.kind for e in events] == ["agent.call.start", "agent.call.complete"]
+    assert events[1].payload["substitution"] == {
+        "reason": "out_of_scope",
+        "original_plugin": "examples",
+        "fallback_plugin": "agent.claude",
+    }
+    assert events[1].payload["meta"]["cost_usd"] == 0.002
 
 
 def test_stale_evidence_disables_the_local_tiers(app: Path) -> None:

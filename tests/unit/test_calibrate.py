@@ -12,6 +12,7 @@ from localllm.calibrate import (
     choose_threshold,
     coverage_precision,
     expected_calibration_error,
+    novelty_bar,
     precision_lower_bound,
     risk_coverage,
     split,
@@ -121,3 +122,17 @@ def test_split_is_deterministic_and_stratified() -> None:
     assert split([1, 2], 0.0, seed=1) == ([1, 2], [])
     with pytest.raises(ValueError):
         split([1], 1.5, seed=1)
+
+
+def test_novelty_bar_is_the_highest_out_of_scope_score_with_a_conformal_bound() -> None:
+    bar = novelty_bar([0.2, 0.5, 0.3])
+    assert (bar.value, bar.n, bar.pass_rate_bound) == (0.5, 3, 0.25)  # 1 / (3 + 1)
+    assert bar.admits(0.51) and not bar.admits(0.5) and not bar.admits(0.1)  # strictly above
+    assert bar.to_dict() == {"value": 0.5, "n": 3, "pass_rate_bound": 0.25}
+    negative = novelty_bar([-0.7, -0.2])
+    assert negative.value == -0.2 and negative.admits(0.0)
+    none = novelty_bar([])
+    assert none.value == -math.inf and not none.measured and none.pass_rate_bound == 1.0
+    assert none.admits(-5.0) and none.to_dict()["value"] is None
+    with pytest.raises(ValueError):
+        novelty_bar([0.1, math.nan])

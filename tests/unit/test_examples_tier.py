@@ -247,7 +247,7 @@ def test_a_confident_vote_answers_without_the_llm_and_an_unsure_one_escalates_on
         rt.register_inprocess("agent.claude", claude)
         sure = rt.run_gate("queue", {"ticket": "app crash error"})
         assert calls == []  # the examples tier answered: no LLM
-        unsure = rt.run_gate("queue", {"ticket": "the weather"})
+        unsure = rt.run_gate("queue", {"ticket": "refund error crash charged"})  # in scope, split vote
     assert sure.agent == "examples" and sure.submission == {"queue": "bug"}
     assert sure.meta["tier"] == "examples" and sure.meta["cascade"][0]["accepted"] is True
     assert sure.meta["selected_by"]["policy"] == "min_precision"
@@ -260,7 +260,7 @@ def test_a_confident_vote_answers_without_the_llm_and_an_unsure_one_escalates_on
         rt.register_embedder("words", embedder)
         rt.register_inprocess("agent.local", local, local_model=True)
         rt.register_inprocess("agent.claude", claude)
-        kept = rt.run_gate("queue", {"ticket": "export the weather"})  # examples unsure, the model sure
+        kept = rt.run_gate("queue", {"ticket": "refund error crash charged export"})  # examples unsure, model sure
     assert calls == ["local", "claude", "local"]
     assert kept.agent == "agent.local" and kept.meta["fallback_of"] == "examples"
     ends = [e for e in read_trace(trace).events if e.kind == "agent.call.complete"]
@@ -375,11 +375,131 @@ class FailingEmbedder(WordsEmbedder):
 
 def test_an_embedder_failure_escalates_instead_of_failing_the_call(app: Path) -> None:
     cascade_app(app, 0.8)
+    asked: list[str] = []
+
+    def local(request: AskRequest) -> AskResponse:  # sure of itself: would be accepted if asked
+        asked.append("local")
+        return AskResponse.of({"queue": "bug"}, meta={"confidence": 0.99})
+
     with Runtime(load_config(app / "app.yaml")) as rt:
         rt.register_embedder("words", FailingEmbedder())
-        rt.register_inprocess("agent.local", lambda _: {"queue": "bug"}, local_model=True)
+        rt.register_inprocess("agent.local", local, local_model=True)
         rt.register_inprocess("agent.claude", lambda _: {"queue": "billing"})
         result = rt.run_gate("queue", {"ticket": "app crash error"})
-    assert result.agent == "agent.claude"
+    assert result.agent == "agent.claude" and asked == []
     first = result.meta["cascade"][0]
-    assert (first["agent"], first["accepted"], first["reason"]) == ("examples", False, "transport_error")
+    # the question cannot be embedded: its scope is unknown, so no local rung answers it
+    assert (first["agent"], first["accepted"], first["reason"]) == ("examples", False, "scope_unknown")
+    assert first["skipped"] == ["examples", "agent.local"] and first["novelty"] is None
+
+
+def test_novelty_bar_by_hand_held_out_label_and_out_of_scope_examples() -> None:
+    from localllm.embed.examples import ExampleSet
+
+    def ex(i: str, text: str, queue: str) -> Example:
+        return Example(i, text, {"queue": queue})
+
+    inside = [ex("a1", "refund", "billing"), ex("a2", "refund charged", "billing")]
+    inside += [ex("b1", "crash", "bug"), ex("b2", "crash refund", "bug")]
+    # no out-of-scope examples: each example against the other label's only
+    # a1 → b2: 1/√2; a2 → b2: 1/2; b1 → none sharing a word: ~0; b2 → a1: 1/√2. The bar: the max.
+    held_out = ExampleSet(inside, WordsEmbedder()).novelty_bar(["queue"])
+    assert held_out.n == 4 and held_out.value == pytest.approx(2**-0.5, abs=1e-3)
+    assert held_out.pass_rate_bound == pytest.approx(0.2)
+    # out-of-scope examples: nearest in-scope − nearest other out-of-scope example
+    # o1 "weather": ~0 − sim(o1, o2) = −1/√2; o2 "weather refund": sim(o2, a1) − sim(o2, o1) = 1/√2 − 1/√2 = 0
+    sets = ExampleSet([*inside, ex("o1", "weather", "oos"), ex("o2", "weather refund", "oos")], WordsEmbedder())
+    bar = sets.novelty_bar(["queue"], "oos")
+    assert bar.n == 2 and bar.value == pytest.approx(0.0, abs=1e-3)
+    assert sets.novelty("refund", ["queue"], "oos") == pytest.approx(1 - 2**-0.5, abs=1e-3)
+    assert sets.novelty("weather", ["queue"], "oos") == pytest.approx(-1.0, abs=1e-3)
+    assert bar.admits(sets.novelty("refund", ["queue"], "oos"))
+    assert not bar.admits(sets.novelty("weather", ["queue"], "oos"))
+    assert ExampleSet(inside[:2], WordsEmbedder()).novelty_bar(["queue"]).measured is False  # one label: no rule
+
+
+def test_an_out_of_scope_input_skips_every_local_tier_with_the_reason_in_the_trace(app: Path, tmp_path: Path) -> None:
+    cascade_app(app, 0.8)
+    calls: list[str] = []
+
+    def local(request: AskRequest) -> AskResponse:
+        calls.append("local")
+        return AskResponse.of({"queue": "feature"}, meta={"confidence": 0.99})  # sure, and it would be wrong
+
+    def claude(request: AskRequest) -> AskResponse:
+        calls.append("claude")
+        return AskResponse.of({"queue": "billing"}, meta={"cost_usd": 0.01})
+
+    trace = tmp_path / "t.jsonl"
+    with Runtime(load_config(app / "app.yaml"), trace=trace) as rt:
+        rt.register_embedder("words", WordsEmbedder())
+        rt.register_inprocess("agent.local", local, local_model=True)
+        rt.register_inprocess("agent.claude", claude)
+        far = rt.run_gate("queue", {"ticket": "the weather"})  # no example shares a word
+        near = rt.run_gate("queue", {"ticket": "refund error crash charged"})
+    assert calls == ["claude", "local"]  # the far input never reached a local tier
+    assert far.agent == "agent.claude"
+    step = far.meta["cascade"][0]
+    assert (step["agent"], step["accepted"], step["reason"]) == ("examples", False, "out_of_scope")
+    assert step["skipped"] == ["examples", "agent.local"]
+    assert step["novelty"] <= step["novelty_bar"]
+    assert [s["reason"] for s in far.meta["cascade"]] == ["out_of_scope", "last tier"]
+    assert near.agent == "agent.local" and near.meta["cascade"][0]["reason"] == "low_confidence"
+    ends = [e for e in read_trace(trace).events if e.kind == "agent.call.complete"]
+    assert ends[0].payload["substitution"] == {
+        "reason": "out_of_scope",
+        "original_plugin": "examples",
+        "fallback_plugin": "agent.claude",
+    }
+    from localllm.cli import main
+
+    assert main(["trace", "verify", str(trace)]) == 0
+
+
+def test_eval_applies_the_out_of_scope_rule_before_calibrating(app: Path) -> None:
+    rows = [(f"{i}-{j}", text + f" {'x' * j}", q) for j in range(2) for i, text, q in EXAMPLES]
+    rows += [(f"w{j}", f"the weather {'y' * j}", "oos") for j in range(4)]  # out of scope, labelled so
+    write_examples(app / "examples.jsonl", rows)
+    schema = {**SCHEMA, "properties": {"queue": {"enum": ["billing", "bug", "feature", "oos"]}}}
+    (app / "schema.json").write_text(json.dumps(schema))
+    (app / "app.yaml").write_text(CONFIG.replace("k: 3, shots: 2}", "k: 3, shots: 2, out_of_scope: oos}"))
+    report = json.loads(evidence(app, WordsEmbedder()).read_text())
+    verdicts = {r["case"]: r["in_scope"] for r in report["calls"] if r["agent"] == "examples"}
+    assert {c for c, v in verdicts.items() if v is False} == {"w0", "w1", "w2", "w3"}
+    assert all(v is True for c, v in verdicts.items() if not c.startswith("w"))
+    calibration = report["calibration"]
+    out = calibration["out_of_scope"]
+    assert out["cases"] == 4
+    # the examples tier's calibration pairs: the calibration split's in-scope cases only
+    cal_cases = len(rows) - len(calibration["held_out_cases"])
+    assert len(calibration["tiers"]["examples"]["calibration"]["scores"]) == cal_cases - out["calibration_cases"]
+    assert calibration["tiers"]["examples"]["calls"] == len(rows)  # accuracy and curve: every case
+
+
+def test_eval_prints_the_out_of_scope_rule(app: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from localllm.cli.eval import _print_decision
+
+    rows = [(f"{i}-{j}", text + f" {'x' * j}", q) for j in range(2) for i, text, q in EXAMPLES]
+    rows += [(f"w{j}", f"the weather {'y' * j}", "oos") for j in range(4)]
+    write_examples(app / "examples.jsonl", rows)
+    (app / "schema.json").write_text(
+        json.dumps({**SCHEMA, "properties": {"queue": {"enum": ["billing", "bug", "feature", "oos"]}}})
+    )
+    (app / "app.yaml").write_text(CONFIG.replace("k: 3, shots: 2}", "k: 3, shots: 2, out_of_scope: oos}"))
+    _print_decision(json.loads(evidence(app, WordsEmbedder()).read_text()))
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith(f"out-of-scope rule: 4 of {len(rows)} cases") for line in lines)
+
+
+def test_a_cascade_call_embeds_its_question_once(app: Path) -> None:
+    cascade_app(app, 0.8)
+    embedder = WordsEmbedder()
+    with Runtime(load_config(app / "app.yaml")) as rt:
+        rt.register_embedder("words", embedder)
+        rt.register_inprocess("agent.local", lambda _: {"queue": "bug"}, local_model=True)
+        rt.register_inprocess("agent.claude", lambda _: {"queue": "bug"})
+        rt.run_gate("queue", {"ticket": "app crash error"})  # embeds the examples, then the question
+        before = embedder.texts
+        result = rt.run_gate("queue", {"ticket": "broken error page"})
+    assert result.agent == "examples" and "novelty" in result.meta  # few-shot, scope, vote, novelty
+    assert embedder.texts - before == 1
