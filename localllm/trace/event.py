@@ -98,29 +98,20 @@ def is_rfc3339_utc(value: object) -> bool:
 
 
 _GO_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"})
-# The tail of a float literal as Python's repr writes it (``1.5``, ``1e-07``, ``2.5e+21``),
-# matched at a "." / "e-" / "e+" and ended by ",", "]" or "}": a cheap test that a line
-# may hold one (a string like "x 1.5," also passes; the exact pass skips strings).
-_FLOAT_TAIL = re.compile(r"\d(?:\.\d+(?:e[-+]\d+)?|e[-+]\d+)[,\]}]")
+# A float literal whose Python ``repr`` differs from Go's text: integral (``1.0``, ``-0.0``,
+# ``123.0``) or in exponent form (``1e-07``, ``2.5e+16``). Any other ``repr`` (``0.91``) is
+# already Go's: both write the shortest round-tripping digits, and Python keeps the plain
+# form for 1e-4 <= |x| < 1e16, inside Go's 1e-6 <= |x| < 1e21. A number ends at ",", "]",
+# "}" or the end of the text; a string that looks alike (``"v1.0,"``) only costs the exact pass.
+_GO_DIFFERS = re.compile(r"\d(?:\.0(?:[,\]}]|$)|(?:\.\d+)?e[-+]\d)")
 _STRING_OR_FLOAT = re.compile(r'"(?:[^"\\]|\\.)*"|(-?\d+(?:\.\d+(?:[eE][-+]?\d+)?|[eE][-+]?\d+))')
 
 
-def _may_hold_float(text: str, stamp_dots: int) -> bool:
-    """False when ``text`` surely holds no float literal; ``stamp_dots``: the dots of the
-    line's own timestamp. Only a "." / "e-" / "e+" right after a digit is looked at closer."""
-    has_exponent = "e-" in text or "e+" in text
-    if not has_exponent and text.count(".") <= stamp_dots:
+def _may_hold_float(text: str) -> bool:
+    """False when ``text`` surely holds no float literal that Go would write differently."""
+    if ".0" not in text and "e-" not in text and "e+" not in text:
         return False
-    for mark in (".", "e-", "e+") if has_exponent else (".",):
-        at = text.find(mark)
-        while at > 0:
-            if text[at - 1] in _DIGITS and _FLOAT_TAIL.match(text, at - 1):
-                return True
-            at = text.find(mark, at + 1)
-    return False
-
-
-_DIGITS = frozenset("0123456789")
+    return _GO_DIFFERS.search(text) is not None
 
 
 def dumps(obj: Any) -> str:
@@ -144,8 +135,7 @@ def dumps(obj: Any) -> str:
     text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     if "<" in text or ">" in text or "&" in text or "\u2028" in text or "\u2029" in text:
         text = text.translate(_GO_ESCAPES)
-    stamp = (obj.get("ts") or obj.get("written_at")) if isinstance(obj, dict) else None
-    if _may_hold_float(text, stamp.count(".") if isinstance(stamp, str) else 0):
+    if _may_hold_float(text):
         text = _STRING_OR_FLOAT.sub(_go_float_match, text)
     return text
 
