@@ -21,6 +21,7 @@ The header line is ``{"kind":"session.header","schema_version":1,"written_at":"<
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import time
@@ -76,10 +77,16 @@ def format_ts(ns: int | None = None) -> str:
     if ns is None:
         ns = time.time_ns()
     secs, frac = divmod(ns, _NS_PER_S)
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(secs))
+    stamp = _whole_seconds(secs)
     if frac:
         return f"{stamp}.{frac:09d}".rstrip("0") + "Z"
     return stamp + "Z"
+
+
+@functools.lru_cache(maxsize=4)
+def _whole_seconds(secs: int) -> str:
+    """``secs`` since the epoch as ``YYYY-MM-DDTHH:MM:SS`` (UTC); a writer stamps many events a second."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(secs))
 
 
 def canonical_ts(value: str) -> str:
@@ -107,6 +114,11 @@ _GO_DIFFERS = re.compile(r"\d(?:\.0(?:[,\]}]|$)|(?:\.\d+)?e[-+]\d)")
 _STRING_OR_FLOAT = re.compile(r'"(?:[^"\\]|\\.)*"|(-?\d+(?:\.\d+(?:[eE][-+]?\d+)?|[eE][-+]?\d+))')
 
 
+#: ``json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)`` without
+#: building an encoder on every call
+_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+
+
 def _may_hold_float(text: str) -> bool:
     """False when ``text`` surely holds no float literal that Go would write differently."""
     if ".0" not in text and "e-" not in text and "e+" not in text:
@@ -132,7 +144,7 @@ def dumps(obj: Any) -> str:
     Control characters are escaped alike by both (``\\n``, ``\\t``, ``\\b``, ``\\f``,
     ``\\u001b``, as Go >= 1.22 does).
     """
-    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    text = _encode(obj)
     if "<" in text or ">" in text or "&" in text or "\u2028" in text or "\u2029" in text:
         text = text.translate(_GO_ESCAPES)
     if _may_hold_float(text):
@@ -197,11 +209,28 @@ class Event:
 
     def to_json(self) -> dict[str, Any]:
         """The wire object, fields in :data:`EVENT_FIELDS` order, absent optionals omitted."""
+        # spelled out (every event written passes here): EVENT_FIELDS order; OMIT_EMPTY's "" and 0 are falsy
         out: dict[str, Any] = {}
-        for name in EVENT_FIELDS:
-            value = getattr(self, name)
-            if value is not None and not (name in OMIT_EMPTY and value in ("", 0)):
-                out[name] = value
+        if self.turn is not None:
+            out["turn"] = self.turn
+        if self.seq is not None:
+            out["seq"] = self.seq
+        if self.ts is not None:
+            out["ts"] = self.ts
+        if self.kind is not None:
+            out["kind"] = self.kind
+        if self.state_path:
+            out["state_path"] = self.state_path
+        if self.parent_turn:
+            out["parent_turn"] = self.parent_turn
+        if self.call_id:
+            out["call_id"] = self.call_id
+        if self.episode_id:
+            out["episode_id"] = self.episode_id
+        if self.match_idx:
+            out["match_idx"] = self.match_idx
+        if self.payload is not None:
+            out["payload"] = self.payload
         return out
 
     def to_line(self) -> bytes:
