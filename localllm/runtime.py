@@ -760,6 +760,9 @@ class Runtime:
         # jsonschema, which the agent may import too (the grammar subset check), and two
         # threads importing one package at once can see it half-initialised. A schema that
         # cannot compile is reported by the validation below.
+        from localllm import _jsonschema
+
+        _jsonschema.prepare()  # before jsonschema's first import: see localllm/_jsonschema.py
         import jsonschema.validators  # noqa: F401  (even without a schema: the agent's thread may need it)
 
         if schema is not None:

@@ -118,6 +118,9 @@ class LocalLLMAgent(Agent):
             # compile_schema needs jsonschema inside ask(), on the runtime's worker thread,
             # while the calling thread imports it to prime the validator: racing lazy
             # imports deadlock, so it is imported here, before any thread starts.
+            from localllm import _jsonschema
+
+            _jsonschema.prepare()  # before jsonschema's first import: see localllm/_jsonschema.py
             import jsonschema  # noqa: F401
         self._closed = False
 
