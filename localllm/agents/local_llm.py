@@ -114,15 +114,18 @@ class LocalLLMAgent(Agent):
         self._one_at_a_time = threading.Lock() if decl.reproducible else contextlib.nullcontext()
         self._starter: threading.Thread | None = None  # start_soon()'s thread, until base_url() joins it
         self._start_error: BaseException | None = None
-        if decl.grammar:
-            # compile_schema needs jsonschema inside ask(), on the runtime's worker thread,
-            # while the calling thread imports it to prime the validator: racing lazy
-            # imports deadlock, so it is imported here, before any thread starts.
+        self._closed = False
+
+    def _import_jsonschema(self) -> None:
+        """compile_schema needs jsonschema inside ask(), on the runtime's worker thread, while
+        the calling thread imports it to prime the validator: racing lazy imports deadlock, so
+        it is imported on the calling thread first — by :meth:`start_soon` once the server
+        process exists (not before: the spawn comes first), and again (a no-op) by ask()."""
+        if self.decl.grammar:
             from localllm import _jsonschema
 
             _jsonschema.prepare()  # before jsonschema's first import: see localllm/_jsonschema.py
             import jsonschema  # noqa: F401
-        self._closed = False
 
     # ------------------------------------------------------------------ server
 
@@ -197,6 +200,7 @@ class LocalLLMAgent(Agent):
             if server is not None and server.pid is not None:
                 break
             time.sleep(0.001)
+        self._import_jsonschema()
 
     def _start_now(self) -> None:
         try:
@@ -380,6 +384,8 @@ class LocalLLMAgent(Agent):
 
     def ask(self, request: AskRequest, *, deadline: float) -> AskResponse:
         import httpx
+
+        self._import_jsonschema()
 
         headers = self._headers()
         base = self.base_url()
