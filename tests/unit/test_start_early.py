@@ -283,13 +283,14 @@ def test_a_config_failing_a_later_check_stops_the_early_server_and_reports_as_be
 def test_runtime_adopts_only_an_agent_of_its_own_declaration(tmp_path: Path, server_bin: Path) -> None:
     import dataclasses
 
+    from localllm.config import LocalLLMDecl
     from localllm.errors import CallError
 
     config = load_config(write_config(tmp_path, server_bin))
     decl = config.agents["agent.local"]
-    assert isinstance(decl, type(decl))
-    other = LocalLLMAgent(dataclasses.replace(decl, parallel=2), base_dir=config.base_dir)  # type: ignore[type-var]
-    mine = LocalLLMAgent(decl, base_dir=config.base_dir)  # type: ignore[arg-type]
+    assert isinstance(decl, LocalLLMDecl)
+    other = LocalLLMAgent(dataclasses.replace(decl, parallel=2), base_dir=config.base_dir)
+    mine = LocalLLMAgent(decl, base_dir=config.base_dir)
     with Runtime(config) as runtime:
         with pytest.raises(CallError) as caught:
             runtime.adopt_agent("agent.local", other)

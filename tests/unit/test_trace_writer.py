@@ -767,7 +767,7 @@ def test_to_json_keeps_wire_order_and_omits_empty_optionals() -> None:
     }
     seen = 0
     for combo in itertools.product(*choices.values()):
-        optional = dict(zip(choices, combo, strict=True))
+        optional: dict[str, Any] = dict(zip(choices, combo, strict=True))
         ev = Event(turn=0, seq=0, ts="2026-12-02T00:00:00Z", kind="k", payload={}, **optional)
         want = [n for n in EVENT_FIELDS if n not in OMIT_EMPTY or optional[n] not in (None, "", 0)]
         assert list(ev.to_json()) == want
