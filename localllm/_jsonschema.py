@@ -1,8 +1,8 @@
 """Import ``jsonschema`` without paying for rfc3987-syntax at import time.
 
 When rfc3987-syntax is installed (``jsonschema[format-nongpl]`` brings it), ``import
-jsonschema`` imports it for the ``iri`` format, and importing it builds 39 Lark parsers:
-~0.7 s on an idle core, over 2 s on a busy one, before any schema is looked at. localllm
+jsonschema`` imports it for the ``iri`` format, and importing it builds 39 Lark parsers
+(~2 s measured on a busy 2-core machine) before any schema is looked at. localllm
 checks ``iri``/``iri-reference`` itself (``localllm.grammar.formats``), so that work only
 delays every command that loads a config.
 
