@@ -12,6 +12,7 @@ sits above it *and* above :mod:`localllm.schema`, :mod:`localllm.grammar` and
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from localllm.config import Config, LocalLLMDecl, McpHttpDecl, McpStdioDecl
@@ -20,9 +21,18 @@ from localllm.config.parse import Draft, check_references, parse
 __all__ = ["load_config"]
 
 
-def load_config(path: str | os.PathLike[str]) -> Config:
-    """Load and check a config file; raise ``ConfigError`` listing every problem."""
+def load_config(path: str | os.PathLike[str], *, parsed: Callable[[Draft], None] | None = None) -> Config:
+    """Load and check a config file; raise ``ConfigError`` listing every problem.
+
+    ``parsed`` is called with the declarations once the file is parsed without a problem,
+    before the checks that read other files (plugins, schemas, grammar, examples, evidence):
+    ``localllm run`` starts the gate's model there, so that it loads while they run. The
+    checks still all run, and their problems still fail the load (the caller then stops
+    what it started).
+    """
     draft = parse(Path(path))
+    if parsed is not None and not draft.problems.items:
+        parsed(draft)
     for key, plugin_dir in draft.plugin_dirs.items():
         _plugin_agents(draft, key, plugin_dir)
     check_references(draft)

@@ -266,6 +266,26 @@ class Runtime:
         if old is not None:
             old.close()
 
+    def adopt_agent(self, alias: str, agent: Agent) -> None:
+        """Use ``agent``, built from this config's own declaration of ``alias``, as the one this
+        Runtime would build (e.g. a local model started while the config was still being
+        checked: ``localllm run``). Closed with the Runtime. ``CallError`` if ``agent`` was
+        built from another declaration."""
+        decl = self.config.agents.get(alias)
+        if decl is None or getattr(agent, "decl", None) != decl:
+            raise CallError(
+                f'agent "{alias}" was not built from this config\'s declaration of it',
+                key="agent",
+                value=alias,
+                hint="build it from runtime.config.agents[alias], or use register_agent to replace the declaration",
+            )
+        agent.continue_session(self._episode_plays())
+        with self._lock:
+            old = self._agents.get(alias)
+            self._agents[alias] = agent
+        if old is not None and old is not agent:
+            old.close()
+
     def register_embedder(self, name: str, embedder: Embedder) -> None:
         """Use ``embedder`` for the embedders: entry ``name`` (e.g. a FakeEmbedder in tests)."""
         with self._lock:
@@ -809,6 +829,9 @@ class Runtime:
         # jsonschema, which the agent may import too (the grammar subset check), and two
         # threads importing one package at once can see it half-initialised. A schema that
         # cannot compile is reported by the validation below.
+        from localllm import _jsonschema
+
+        _jsonschema.prepare()  # before jsonschema's first import: see localllm/_jsonschema.py
         import jsonschema.validators  # noqa: F401  (even without a schema: the agent's thread may need it)
 
         if schema is not None:

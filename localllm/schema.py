@@ -186,6 +186,9 @@ class SchemaSet:
 
     def validator(self, schema: dict[str, Any], *, base: Path | None = None) -> Any:
         """A compiled validator for ``schema`` (cached by content and base)."""
+        from localllm import _jsonschema
+
+        _jsonschema.prepare()  # before jsonschema's first import: see localllm/_jsonschema.py
         from jsonschema.validators import validator_for
 
         base = base or self.root / "schema.json"

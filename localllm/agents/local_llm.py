@@ -66,7 +66,7 @@ _EXIT_SETTLE = 1.0
 _CHAT_PATH = "/v1/chat/completions"
 
 
-#: the most start_soon() waits for its server process to be spawned, seconds
+#: the most prepare(wait=False) waits for its server process to be spawned, seconds
 _SPAWN_WAIT = 2.0
 
 
@@ -117,14 +117,20 @@ class LocalLLMAgent(Agent):
         #: the endpoint answered 400 to ``logprobs``: confidence is unavailable from it
         self._logprobs_refused = False
         self._one_at_a_time = threading.Lock() if decl.reproducible else contextlib.nullcontext()
-        self._starter: threading.Thread | None = None  # start_soon()'s thread, until base_url() joins it
+        self._starter: threading.Thread | None = None  # prepare(wait=False)'s thread, until base_url() joins it
         self._start_error: BaseException | None = None
-        if decl.grammar:
-            # compile_schema needs jsonschema inside ask(), on the runtime's worker thread,
-            # while the calling thread imports it to prime the validator: racing lazy
-            # imports deadlock, so it is imported here, before any thread starts.
-            import jsonschema  # noqa: F401
         self._closed = False
+
+    def _import_jsonschema(self) -> None:
+        """compile_schema needs jsonschema inside ask(), on the runtime's worker thread, while
+        the calling thread imports it to prime the validator: racing lazy imports deadlock, so
+        it is imported on the calling thread first — by :meth:`prepare` (wait=False) once the server
+        process exists (not before: the spawn comes first), and again (a no-op) by ask()."""
+        if self.decl.grammar:
+            from localllm import _jsonschema
+
+            _jsonschema.prepare()  # before jsonschema's first import: see localllm/_jsonschema.py
+            import jsonschema  # noqa: F401
 
     # ------------------------------------------------------------------ server
 
@@ -191,6 +197,7 @@ class LocalLLMAgent(Agent):
             if server is not None and server.pid is not None:
                 break
             time.sleep(0.001)
+        self._import_jsonschema()
 
     def start_soon(self) -> None:
         """``prepare(wait=False)``."""
@@ -363,6 +370,8 @@ class LocalLLMAgent(Agent):
 
     def ask(self, request: AskRequest, *, deadline: float) -> AskResponse:
         import httpx
+
+        self._import_jsonschema()
 
         own_headers = self._headers()
         first = self._joined_target()

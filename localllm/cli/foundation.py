@@ -12,6 +12,7 @@ from localllm.errors import ConfigError, ConfigProblem, LocalLLMError
 
 if TYPE_CHECKING:
     from localllm.config import Config
+    from localllm.config.parse import Draft
     from localllm.runtime import Runtime
     from localllm.wire import CallResult
 
@@ -96,15 +97,73 @@ def _common_call_args(parser: argparse.ArgumentParser) -> None:
 SETUP = {"check": _setup_check, "call": _setup_call, "run": _setup_run}
 
 
-def load(path: Path | None) -> Config:
+def load(path: Path | None, early: EarlyStart | None = None) -> Config:
     """``load_config`` of ``path`` or the discovered config (ConfigError lists every problem;
-    the CLI exits 2); its secrets are masked in all the command's output from here on."""
+    the CLI exits 2); its secrets are masked in all the command's output from here on.
+
+    ``early``: its agent's model starts loading as soon as the file is parsed, while the
+    rest of the checks run (and is stopped if they fail)."""
     from localllm.cli.output import protect
     from localllm.loading import load_config
 
-    config = load_config(discover_config(path))
+    try:
+        config = load_config(discover_config(path), parsed=early)
+    except BaseException:
+        if early is not None:
+            early.close()
+        raise
     protect(config.secret_values())
     return config
+
+
+class EarlyStart:
+    """The managed local model a ``run``/``call`` is sure to ask, started at parse time.
+
+    Called by ``load_config`` once the file parses cleanly (``parsed=``): when ``alias_of``
+    names a managed ``builtin.local_llm`` agent, that agent is built from its declaration and
+    its server starts loading (``Agent.prepare(wait=False)``) while the config's remaining
+    checks and the call's preparation run. The Runtime then adopts it (:meth:`hand_to`);
+    until then :meth:`close` stops it — a config that fails a later check exits with the
+    same error as without this, and no server is left behind.
+    """
+
+    def __init__(self, alias_of: Callable[[Draft], str | None]) -> None:
+        self._alias_of = alias_of
+        self.alias: str | None = None
+        self.agent: Any = None
+
+    def __call__(self, draft: Draft) -> None:
+        from localllm.config import LocalLLMDecl
+
+        alias = self._alias_of(draft)
+        decl = draft.agents.get(alias) if alias is not None else None
+        if not isinstance(decl, LocalLLMDecl) or decl.endpoint is not None:
+            return
+        from localllm.agents.local_llm import LocalLLMAgent
+
+        try:
+            agent = LocalLLMAgent(decl, base_dir=draft.ctx.base_dir)
+        except LocalLLMError:
+            return  # left for the call to report, with its own error
+        self.alias, self.agent = alias, agent
+        agent.prepare(wait=False)
+
+    def hand_to(self, runtime: Runtime) -> None:
+        """The Runtime takes the agent over (and closes it); nothing is left to stop here."""
+        agent, self.agent = self.agent, None
+        if agent is None or self.alias is None:
+            return
+        try:
+            runtime.adopt_agent(self.alias, agent)
+        except BaseException:
+            agent.close()
+            raise
+
+    def close(self) -> None:
+        """Stop the early agent's server unless a Runtime took it over (idempotent)."""
+        agent, self.agent = self.agent, None
+        if agent is not None:
+            agent.close()
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -207,7 +266,16 @@ def _template_warnings(config: Config) -> list[str]:
 
 
 def _call(args: argparse.Namespace) -> int:
-    config = load(args.config)
+    early = EarlyStart(lambda draft: args.agent) if args.cassette is None else None
+    try:
+        return _call_loaded(args, early)
+    finally:
+        if early is not None:
+            early.close()
+
+
+def _call_loaded(args: argparse.Namespace, early: EarlyStart | None) -> int:
+    config = load(args.config, early)
     if args.prompt_file is not None:
         try:
             prompt = args.prompt_file.read_text(encoding="utf-8")
@@ -225,18 +293,37 @@ def _call(args: argparse.Namespace) -> int:
             args.verb, agent=args.agent, prompt=prompt, schema=schema, args=call_args, world=world, timeout=args.timeout
         )
 
-    return _run_and_print(config, args, args.agent, ask, start_early=args.agent)
+    return _run_and_print(config, args, args.agent, ask, start_early=args.agent, early=early)
+
+
+def _gate_agent(gates: Any, name: str) -> str | None:
+    """The agent gate ``name`` is sure to ask; None when it has ``selection:`` (may be
+    routed to another agent) or does not exist (run_gate's error to report)."""
+    gate = gates.get(name)
+    return gate.agent if gate is not None and gate.selection is None else None
 
 
 def _run(args: argparse.Namespace) -> int:
-    config = load(args.config)
+    early = EarlyStart(lambda draft: _gate_agent(draft.gates, args.gate)) if args.cassette is None else None
+    try:
+        return _run_loaded(args, early)
+    finally:
+        if early is not None:
+            early.close()
+
+
+def _run_loaded(args: argparse.Namespace, early: EarlyStart | None) -> int:
+    config = load(args.config, early)
     gate = config.gates.get(args.gate)
     alias = gate.agent if gate is not None else None  # an unknown gate is run_gate's error to report
     call_args, world = parse_kv(args.arg), parse_kv(args.world, flag="--world")
-    # A gate with selection: may be routed to another agent: its own is not started early.
-    early = alias if gate is not None and gate.selection is None else None
     return _run_and_print(
-        config, args, alias, lambda runtime: runtime.run_gate(args.gate, call_args, world), start_early=early
+        config,
+        args,
+        alias,
+        lambda runtime: runtime.run_gate(args.gate, call_args, world),
+        start_early=_gate_agent(config.gates, args.gate),
+        early=early,
     )
 
 
@@ -247,17 +334,21 @@ def _run_and_print(
     work: Callable[[Runtime], CallResult],
     *,
     start_early: str | None = None,
+    early: EarlyStart | None = None,
 ) -> int:
     """Run one call in a fresh Runtime (``--cassette`` replaces ``alias``), print the result.
 
     ``start_early``: the agent sure to answer; a managed local model starts loading at once,
-    while the call is prepared. The answer is printed before the Runtime stops its servers.
-    The trace path is named on stderr either way: a failed call's events are in it too.
+    while the call is prepared (``early``: already started while the config was checked).
+    The answer is printed before the Runtime stops its servers. The trace path is named on
+    stderr either way: a failed call's events are in it too.
     """
     from localllm.runtime import Runtime
 
     try:
         with Runtime(config, trace=args.trace) as runtime:
+            if early is not None:
+                early.hand_to(runtime)
             if args.cassette is not None and alias is not None:
                 from localllm.agents.cassette import CassetteAgent
 

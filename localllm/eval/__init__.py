@@ -20,8 +20,6 @@ from typing import TYPE_CHECKING, Any
 from localllm.errors import CallError
 from localllm.eval.cases import Case, Expect, Matcher, load_cases
 from localllm.eval.decision import DEFAULT_HOLDOUT, DEFAULT_SEED
-from localllm.eval.report import build_report, write_report
-from localllm.eval.run import check_cases, run_cases
 
 if TYPE_CHECKING:
     from localllm.config import Config
@@ -66,6 +64,10 @@ def evaluate(
     """Run the gate's cases against ``agents`` (default: the gate's examples tier, when it
     has one, then its own agent) and write the report. ``holdout``/``seed``: the share of
     cases held out from threshold calibration, and the seed of that split."""
+    # imported here, not with the package: load_config reads a gate's examples through
+    # localllm.eval.cases, and every `localllm run` would pay for the report and the runner
+    from localllm.eval.report import build_report, write_report
+    from localllm.eval.run import check_cases, run_cases
     from localllm.trace.writer import TraceWriter
 
     found = config.gates.get(gate)

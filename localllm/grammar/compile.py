@@ -249,6 +249,9 @@ def validator_class(schema: Any) -> Any:
     """The jsonschema validator class for ``schema``'s ``$schema`` (2020-12 when absent or unknown)."""
     import warnings
 
+    from localllm import _jsonschema
+
+    _jsonschema.prepare()  # before jsonschema's first import: see localllm/_jsonschema.py
     import jsonschema
 
     if not isinstance(schema, dict) or not isinstance(schema.get("$schema", ""), str):
@@ -1725,6 +1728,9 @@ def _local_refs(root: dict[str, Any], id_key: str) -> dict[str, Any]:
 
 def _validation_failures() -> tuple[type[BaseException], ...]:
     """What jsonschema may raise while evaluating a schema it accepted (bad refs, odd values)."""
+    from localllm import _jsonschema
+
+    _jsonschema.prepare()  # before jsonschema's first import: see localllm/_jsonschema.py
     import jsonschema
     from referencing.exceptions import Unresolvable
 

@@ -85,6 +85,9 @@ def _iri_checker(rule: str) -> Any:
 @functools.lru_cache(maxsize=16)
 def format_checker(cls: Any) -> Any:
     """``cls.FORMAT_CHECKER`` (the draft's formats) with the IRI formats checked fast."""
+    from localllm import _jsonschema
+
+    _jsonschema.prepare()  # before jsonschema's first import: see localllm/_jsonschema.py
     import jsonschema
 
     checker = jsonschema.FormatChecker([])
@@ -102,6 +105,9 @@ def format_checker(cls: Any) -> Any:
 def missing_formats(cls: Any) -> list[str]:
     """The formats of ``ASSERTED`` the draft has but this installation cannot check (the
     format extras are missing): empty when localllm is installed with its dependencies."""
+    from localllm import _jsonschema
+
+    _jsonschema.prepare()  # before jsonschema's first import: see localllm/_jsonschema.py
     import jsonschema
 
     known = {"date-time", "email", "hostname", "ipv4", "ipv6", "regex", "uri"}

@@ -53,6 +53,9 @@ def _validator(cls: Any) -> Any:
         isinstance(c, dict) and isinstance(c.get("$ref"), str) for c in meta["allOf"]
     ):
         return cls(meta, format_checker=cls.FORMAT_CHECKER)
+    from localllm import _jsonschema
+
+    _jsonschema.prepare()  # before jsonschema's first import: see localllm/_jsonschema.py
     from jsonschema.validators import SPECIFICATIONS as REGISTRY
 
     base = meta["$id"].rsplit("/", 1)[0] + "/"
@@ -74,6 +77,9 @@ def meta_error(cls: Any, schema: Any) -> Any:
 
     The static meta-schema answers "valid" fast; anything else (invalid, or a schema it
     cannot evaluate) is left to ``check_schema`` itself, so errors are exactly its own."""
+    from localllm import _jsonschema
+
+    _jsonschema.prepare()  # before jsonschema's first import: see localllm/_jsonschema.py
     import jsonschema
 
     try:

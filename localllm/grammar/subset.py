@@ -844,6 +844,9 @@ class _Checker:
         rest = {k: v for k, v in node.items() if k != key and self.asserts(node, k)}
         if not rest:
             return
+        from localllm import _jsonschema
+
+        _jsonschema.prepare()  # before jsonschema's first import: see localllm/_jsonschema.py
         import jsonschema
         from referencing.exceptions import Unresolvable
 

@@ -36,10 +36,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.parse import quote, unquote, urlparse
-
-import httpx
 
 from localllm import _fs, _http
 from localllm.errors import (
@@ -53,11 +51,17 @@ from localllm.errors import (
 from localllm.managed import verify
 from localllm.managed.pins import Artifact
 
+if TYPE_CHECKING:
+    # imported where a download runs: a cached artifact (every start after the first)
+    # is found without loading httpx, so a server spawn does not wait for that import
+    import httpx
+
 CHUNK = 1 << 20
 # Room left on the disk beyond the download itself, so a fetch never fills it to the brim.
 SPACE_MARGIN = 16 << 20
 TRANSIENT_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
-DEFAULT_TIMEOUT = httpx.Timeout(connect=15.0, read=60.0, write=30.0, pool=15.0)
+#: connect, read, write, pool seconds of a download (``fetch_artifact(timeout=None)``)
+DEFAULT_TIMEOUTS = {"connect": 15.0, "read": 60.0, "write": 30.0, "pool": 15.0}
 LOCK_TIMEOUT = 6 * 3600.0
 MAX_ATTEMPTS = 100
 #: a source slower than this (bytes/s, averaged over STALL_WINDOW seconds) is abandoned
@@ -188,6 +192,8 @@ class _Policy:
         return self.cancel.wait(delay)
 
     def stream_timeout(self) -> httpx.Timeout:
+        import httpx
+
         # A silent server is a stall: no read waits longer than the stall window, and with
         # a cancel hook no longer than a tick (the next attempt resumes where this one was).
         read = min(self.timeout.read or self.stall_window, self.stall_window)
@@ -206,7 +212,7 @@ def fetch_artifact(
     prewarm: str = "",
     retries: int = 5,
     backoff: float = 0.5,
-    timeout: httpx.Timeout = DEFAULT_TIMEOUT,
+    timeout: httpx.Timeout | None = None,
     min_rate: float = MIN_RATE,
     stall_window: float = STALL_WINDOW,
     cancel: threading.Event | None = None,
@@ -225,10 +231,12 @@ def fetch_artifact(
     sha = artifact.require_sha256()
     if verify.stamp_matches(dest, sha) and dest.is_file():
         return dest
+    import httpx
+
     policy = _Policy(
         retries=retries,
         backoff=backoff,
-        timeout=timeout,
+        timeout=timeout if timeout is not None else httpx.Timeout(**DEFAULT_TIMEOUTS),
         min_rate=min_rate,
         stall_window=stall_window,
         cancel=cancel,
@@ -257,6 +265,8 @@ def _from_sources(
     policy: _Policy,
     transport: httpx.BaseTransport | None,
 ) -> Path:
+    import httpx
+
     last: FetchError | None = None
     client: httpx.Client | None = None
     tried: list[str] = []
@@ -566,6 +576,8 @@ class _FileDownload:
 
     def _failure(self, reason: str, exc: BaseException) -> Exception:
         """What an httpx exception means for this source (the mapper raises it)."""
+        import httpx
+
         if self.policy.is_cancelled():
             return _cancelled(self.artifact)
         what = f"{reason} ({type(exc).__name__})"
@@ -590,6 +602,8 @@ class _FileDownload:
         return _Retry(what)
 
     def _attempt(self, client: httpx.Client, dest: Path) -> None:
+        import httpx
+
         headers = {"Accept-Encoding": "identity"}
         if self.offset:
             headers["Range"] = f"bytes={self.offset}-"

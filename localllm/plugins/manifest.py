@@ -186,6 +186,9 @@ def _schema_problem(declared: object, where: str) -> Diagnostic:
 
 
 def _schema_errors(data: dict[str, Any], where: str) -> list[Diagnostic]:
+    from localllm import _jsonschema
+
+    _jsonschema.prepare()  # before jsonschema's first import: see localllm/_jsonschema.py
     import jsonschema
 
     validator = jsonschema.Draft202012Validator(plugin_schema())

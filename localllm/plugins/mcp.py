@@ -90,6 +90,9 @@ def load_mcp(
         return [], [*diagnostics, top]
 
     ctx = _Context(root, data_dir, where)
+    from localllm import _jsonschema
+
+    _jsonschema.prepare()  # before jsonschema's first import: see localllm/_jsonschema.py
     import jsonschema
 
     validator = jsonschema.Draft202012Validator(mcp_schema())
@@ -189,6 +192,9 @@ def _schema_backstop(validator: Any, name: str, entry: dict[str, Any]) -> None:
     # The hand-written checks above give the precise messages; the official schema is run
     # as well so nothing it forbids slips through. Its error text can quote values (which
     # may be secrets), so only the failing location and keyword are reported.
+    from localllm import _jsonschema
+
+    _jsonschema.prepare()  # before jsonschema's first import: see localllm/_jsonschema.py
     from jsonschema.exceptions import best_match
 
     error = best_match(validator.iter_errors({"$schema": MCP_SCHEMA_ID, "mcpServers": {name: entry}}))

@@ -506,6 +506,9 @@ def prepare(
 
 
 def _validator(schema: Any) -> Any:
+    from localllm import _jsonschema
+
+    _jsonschema.prepare()  # before jsonschema's first import: see localllm/_jsonschema.py
     import jsonschema
 
     from localllm.grammar.compile import validator_class

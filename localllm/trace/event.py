@@ -21,6 +21,7 @@ The header line is ``{"kind":"session.header","schema_version":1,"written_at":"<
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import time
@@ -76,10 +77,16 @@ def format_ts(ns: int | None = None) -> str:
     if ns is None:
         ns = time.time_ns()
     secs, frac = divmod(ns, _NS_PER_S)
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(secs))
+    stamp = _whole_seconds(secs)
     if frac:
         return f"{stamp}.{frac:09d}".rstrip("0") + "Z"
     return stamp + "Z"
+
+
+@functools.lru_cache(maxsize=4)
+def _whole_seconds(secs: int) -> str:
+    """``secs`` since the epoch as ``YYYY-MM-DDTHH:MM:SS`` (UTC); a writer stamps many events a second."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(secs))
 
 
 def canonical_ts(value: str) -> str:
@@ -98,29 +105,25 @@ def is_rfc3339_utc(value: object) -> bool:
 
 
 _GO_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"})
-# The tail of a float literal as Python's repr writes it (``1.5``, ``1e-07``, ``2.5e+21``),
-# matched at a "." / "e-" / "e+" and ended by ",", "]" or "}": a cheap test that a line
-# may hold one (a string like "x 1.5," also passes; the exact pass skips strings).
-_FLOAT_TAIL = re.compile(r"\d(?:\.\d+(?:e[-+]\d+)?|e[-+]\d+)[,\]}]")
+# A float literal whose Python ``repr`` differs from Go's text: integral (``1.0``, ``-0.0``,
+# ``123.0``) or in exponent form (``1e-07``, ``2.5e+16``). Any other ``repr`` (``0.91``) is
+# already Go's: both write the shortest round-tripping digits, and Python keeps the plain
+# form for 1e-4 <= |x| < 1e16, inside Go's 1e-6 <= |x| < 1e21. A number ends at ",", "]",
+# "}" or the end of the text; a string that looks alike (``"v1.0,"``) only costs the exact pass.
+_GO_DIFFERS = re.compile(r"\d(?:\.0(?:[,\]}]|$)|(?:\.\d+)?e[-+]\d)")
 _STRING_OR_FLOAT = re.compile(r'"(?:[^"\\]|\\.)*"|(-?\d+(?:\.\d+(?:[eE][-+]?\d+)?|[eE][-+]?\d+))')
 
 
-def _may_hold_float(text: str, stamp_dots: int) -> bool:
-    """False when ``text`` surely holds no float literal; ``stamp_dots``: the dots of the
-    line's own timestamp. Only a "." / "e-" / "e+" right after a digit is looked at closer."""
-    has_exponent = "e-" in text or "e+" in text
-    if not has_exponent and text.count(".") <= stamp_dots:
+#: ``json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)`` without
+#: building an encoder on every call
+_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+
+
+def _may_hold_float(text: str) -> bool:
+    """False when ``text`` surely holds no float literal that Go would write differently."""
+    if ".0" not in text and "e-" not in text and "e+" not in text:
         return False
-    for mark in (".", "e-", "e+") if has_exponent else (".",):
-        at = text.find(mark)
-        while at > 0:
-            if text[at - 1] in _DIGITS and _FLOAT_TAIL.match(text, at - 1):
-                return True
-            at = text.find(mark, at + 1)
-    return False
-
-
-_DIGITS = frozenset("0123456789")
+    return _GO_DIFFERS.search(text) is not None
 
 
 def dumps(obj: Any) -> str:
@@ -141,11 +144,10 @@ def dumps(obj: Any) -> str:
     Control characters are escaped alike by both (``\\n``, ``\\t``, ``\\b``, ``\\f``,
     ``\\u001b``, as Go >= 1.22 does).
     """
-    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    text = _encode(obj)
     if "<" in text or ">" in text or "&" in text or "\u2028" in text or "\u2029" in text:
         text = text.translate(_GO_ESCAPES)
-    stamp = (obj.get("ts") or obj.get("written_at")) if isinstance(obj, dict) else None
-    if _may_hold_float(text, stamp.count(".") if isinstance(stamp, str) else 0):
+    if _may_hold_float(text):
         text = _STRING_OR_FLOAT.sub(_go_float_match, text)
     return text
 
@@ -207,11 +209,28 @@ class Event:
 
     def to_json(self) -> dict[str, Any]:
         """The wire object, fields in :data:`EVENT_FIELDS` order, absent optionals omitted."""
+        # spelled out (every event written passes here): EVENT_FIELDS order; OMIT_EMPTY's "" and 0 are falsy
         out: dict[str, Any] = {}
-        for name in EVENT_FIELDS:
-            value = getattr(self, name)
-            if value is not None and not (name in OMIT_EMPTY and value in ("", 0)):
-                out[name] = value
+        if self.turn is not None:
+            out["turn"] = self.turn
+        if self.seq is not None:
+            out["seq"] = self.seq
+        if self.ts is not None:
+            out["ts"] = self.ts
+        if self.kind is not None:
+            out["kind"] = self.kind
+        if self.state_path:
+            out["state_path"] = self.state_path
+        if self.parent_turn:
+            out["parent_turn"] = self.parent_turn
+        if self.call_id:
+            out["call_id"] = self.call_id
+        if self.episode_id:
+            out["episode_id"] = self.episode_id
+        if self.match_idx:
+            out["match_idx"] = self.match_idx
+        if self.payload is not None:
+            out["payload"] = self.payload
         return out
 
     def to_line(self) -> bytes:

@@ -158,20 +158,21 @@ class TraceWriter:
         ``parent_turn=turn``; see the module docstring). Raises ``TraceWriteRejected``
         (naming the field) when a write-time rule is broken, leaving the file unmodified.
         """
-        return self.append_group(
-            [
-                {
-                    "kind": kind,
-                    "payload": payload,
-                    "turn": turn,
-                    "state_path": state_path,
-                    "parent_turn": parent_turn,
-                    "call_id": call_id,
-                    "episode_id": episode_id,
-                    "match_idx": match_idx,
-                }
-            ]
-        )[0]
+        fields = _check_fields(
+            kind=kind,
+            payload=payload,
+            turn=turn,
+            state_path=state_path,
+            parent_turn=parent_turn,
+            call_id=call_id,
+            episode_id=episode_id,
+            match_idx=match_idx,
+        )
+        with self._lock:
+            fd = self._require_open()
+            fields = self._rehome(fields)
+            ev = Event(seq=self._next_seq.get(fields["turn"], 0), ts=self._now(), **fields)
+            return self._write(fd, ev, ev.to_line())
 
     def append_group(self, events: list[dict[str, Any]]) -> list[Event]:
         """Append several events as one contiguous group (one write, one fsync).
@@ -183,7 +184,7 @@ class TraceWriter:
         writing (decided once, under the writer's lock, so no other thread can slip a
         higher turn between them). Returns the events as written.
         """
-        checked = [_check_fields({name: item.get(name) for name in _FIELDS}) for item in events]
+        checked = [_check_fields(**{name: item.get(name) for name in _FIELDS}) for item in events]
         with self._lock:
             fd = self._require_open()
             ts = self._now()
@@ -206,7 +207,7 @@ class TraceWriter:
         """
         if not is_rfc3339_utc(event.ts):
             raise rules.reject("ts", f"{event.ts!r} is not an RFC3339 UTC timestamp ending in Z")
-        fields = _check_fields({name: getattr(event, name) for name in _FIELDS})
+        fields = _check_fields(**{name: getattr(event, name) for name in _FIELDS})
         with self._lock:
             fd = self._require_open()
             fields = self._rehome(fields)
@@ -350,7 +351,7 @@ class TraceWriter:
             now = None
         if now is None or (now.st_dev, now.st_ino) != self._identity:
             raise _replaced(self._path)
-        data = b"\n".join(raws) + b"\n"
+        data = raws[0] + b"\n" if len(raws) == 1 else b"\n".join(raws) + b"\n"
         try:
             _write_all(fd, data)
             # The durability contract: an event is acknowledged only once it is on disk.
@@ -369,9 +370,18 @@ class TraceWriter:
         return evs
 
 
-def _check_fields(fields: dict[str, Any]) -> dict[str, Any]:
+def _check_fields(
+    *,
+    kind: Any,
+    payload: Any,
+    turn: Any,
+    state_path: Any,
+    parent_turn: Any,
+    call_id: Any,
+    episode_id: Any,
+    match_idx: Any,
+) -> dict[str, Any]:
     """Validate the ``_FIELDS`` of an event-to-be; returns Event kwargs (without seq/ts)."""
-    kind, turn, payload = fields["kind"], fields["turn"], fields["payload"]
     if not isinstance(kind, str) or not kind:
         raise rules.reject("kind", "must be a non-empty string")
     rules.check_string(kind, "kind")
@@ -380,25 +390,42 @@ def _check_fields(fields: dict[str, Any]) -> dict[str, Any]:
     _check_count("turn", turn)
     if payload is None:
         payload = {}
-    if not isinstance(payload, dict):
+    elif not isinstance(payload, dict):
         raise rules.reject("payload", f"must be a JSON object (dict), got {type(payload).__name__}")
     clean = rules.check_value(payload, "payload")
-    for name in ("state_path", "call_id", "episode_id"):
-        if (value := fields[name]) is not None:
-            if not isinstance(value, str):
-                raise rules.reject(name, f"must be a string, got {type(value).__name__}")
-            rules.check_string(value, name)
-    for name in ("parent_turn", "match_idx"):
-        if (value := fields[name]) is not None:
-            _check_count(name, value)
-    out = {**fields, "payload": clean}
-    # What Go's omitempty leaves out reads back as absent: keep memory equal to the file.
-    for name in ("state_path", "call_id", "episode_id", "parent_turn"):
-        if out[name] == "" or (name == "parent_turn" and out[name] == 0):
-            out[name] = None
-    if out["match_idx"] == 0 and out["episode_id"] is None:
-        out["match_idx"] = None
-    return out
+    # What Go's omitempty leaves out reads back as absent (``""``, a parent_turn of 0, a
+    # match_idx of 0 without an episode_id): keep memory equal to the file.
+    if state_path is not None:
+        state_path = _check_text("state_path", state_path)
+    if call_id is not None:
+        call_id = _check_text("call_id", call_id)
+    if episode_id is not None:
+        episode_id = _check_text("episode_id", episode_id)
+    if parent_turn is not None:
+        _check_count("parent_turn", parent_turn)
+        parent_turn = parent_turn or None
+    if match_idx is not None:
+        _check_count("match_idx", match_idx)
+        if match_idx == 0 and episode_id is None:
+            match_idx = None
+    return {
+        "kind": kind,
+        "payload": clean,
+        "turn": turn,
+        "state_path": state_path,
+        "parent_turn": parent_turn,
+        "call_id": call_id,
+        "episode_id": episode_id,
+        "match_idx": match_idx,
+    }
+
+
+def _check_text(name: str, value: object) -> str | None:
+    """An optional string field checked; ``""`` (omitted on the wire) becomes ``None``."""
+    if not isinstance(value, str):
+        raise rules.reject(name, f"must be a string, got {type(value).__name__}")
+    rules.check_string(value, name)
+    return value or None
 
 
 def _check_count(name: str, value: object) -> None:

@@ -70,8 +70,9 @@ def fake_config(tmp: Path) -> Path:
     """The demo config pointed at the unit tests' fake llama-server and a placeholder GGUF."""
     demo = CONFIG.parent
     work = tmp / "fake-demo"
-    shutil.copytree(demo / "prompts", work / "prompts")
-    shutil.copytree(demo / "schemas", work / "schemas")
+    for part in ("prompts", "schemas", "evals"):  # evals: the queue gate's examples (a load-time check)
+        if (demo / part).is_dir():
+            shutil.copytree(demo / part, work / part)
     server = work / "llama-server"
     server.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
     server.chmod(0o755)

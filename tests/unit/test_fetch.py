@@ -329,3 +329,35 @@ def test_eight_processes_download_once_and_all_succeed(tmp_path: Path, archive_b
     assert "waiting for lock on shared artifact" in stderr
     assert dest.read_bytes() == archive_bytes
     assert _leftovers(dest.parent) == []
+
+
+def test_a_cached_artifact_is_found_without_importing_httpx(tmp_path: Path) -> None:
+    # every start after the first finds its server and model cached: that must not wait
+    # for httpx (~50 ms of imports) before the server is spawned
+    import subprocess
+    import sys
+
+    code = """
+import hashlib, sys
+from pathlib import Path
+from localllm.managed import verify
+from localllm.managed.fetch import fetch_artifact
+from localllm.managed.pins import Artifact
+dest = Path(sys.argv[1]) / "m.gguf"
+dest.write_bytes(b"weights")
+sha = hashlib.sha256(b"weights").hexdigest()
+verify.write_stamp(dest, sha)
+art = Artifact(name="m", file="m.gguf", sha256=sha, url="https://example.invalid/m.gguf")
+assert fetch_artifact(art, dest, lock_path=Path(sys.argv[1]) / "lock") == dest
+print("httpx" in sys.modules)
+"""
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(repo), "PATH": "/usr/bin:/bin"},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False"]

@@ -319,6 +319,20 @@ def test_floats_are_written_as_go_writes_them() -> None:
     assert [float(x) for x in json.loads(dumps(values))] == values
 
 
+def test_each_float_alone_is_written_as_go_writes_it() -> None:
+    # dumps skips its float pass when the text holds no literal Go writes differently: every
+    # vector alone, at the top level, in a list, before and after other fields, inside a
+    # payload beside a timestamp, must still come out as Go wrote it
+    vectors = json.loads((FIXTURES / "go_floats.json").read_text())
+    for v in vectors:
+        value, go = float.fromhex(v["hex"]), v["go"]
+        assert dumps(value) == go, v
+        assert dumps([value]) == f"[{go}]", v
+        assert dumps({"x": value, "y": 1}) == f'{{"x":{go},"y":1}}', v
+        line = {"turn": 1, "seq": 0, "ts": "2026-12-02T01:59:27.0123Z", "payload": {"s": "v1.0", "f": value}}
+        assert dumps(line).endswith(f'"payload":{{"s":"v1.0","f":{go}}}}}'), v
+
+
 def test_the_readme_cassette_example_loads_and_replays(tmp_path: Path) -> None:
     import re
 

@@ -30,6 +30,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "localllm._http",
             "localllm._upstream",
             "localllm._lock",
+            "localllm._jsonschema",
             "localllm.redact",
             "localllm.resources",
             "localllm.calibrate",

@@ -188,3 +188,113 @@ def test_run_with_a_cassette_starts_no_server(tmp_path: Path, server_bin: Path, 
     done = _cli("run", "route", "-c", str(config), "--arg", "ticket=x", "--cassette", str(tmp_path / "none.yaml"))
     assert done.returncode != 0  # the cassette is missing: the call fails ...
     assert starts(spawn_log) == []  # ... and no server was started for the agent it replaces
+
+
+def _stamping_server(tmp_path: Path) -> tuple[Path, Path]:
+    """A llama-server (the fake) that stamps the time of each real spawn, its build's probes remembered."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    server_bin = bindir / "llama-server"
+    spawned_at = tmp_path / "spawned-at"
+    server_bin.write_text(
+        f'#!/bin/sh\ncase "$*" in *--help*) ;; *) date +%s.%N >> "{spawned_at}" ;; esac\n'
+        f'exec "{sys.executable}" "{FAKE}" "$@"\n'
+    )
+    server_bin.chmod(0o755)
+    with ManagedServer(server_bin, tmp_path / "tiny.gguf", health_timeout=30) as first:
+        (tmp_path / "tiny.gguf").write_bytes(b"GGUF fake weights")
+        first.ensure_ready()
+    return server_bin, spawned_at
+
+
+def _stamp_on_entry(tmp_path: Path, module: str, function: str, marker: Path, sleep: float) -> Path:
+    """A sitecustomize that stamps (and slows) ``module.function`` on entry."""
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(
+        f"import time, {module} as m\n"
+        f"_orig = m.{function}\n"
+        "def stamped(*a, **k):\n"
+        f"    open({str(marker)!r}, 'a').write(repr(time.time()) + '\\n')\n"
+        f"    time.sleep({sleep})\n"
+        "    return _orig(*a, **k)\n"
+        f"m.{function} = stamped\n"
+    )
+    return site
+
+
+@pytest.mark.parametrize("command", ["run", "call"])
+def test_the_server_is_spawned_before_the_configs_schema_checks(tmp_path: Path, spawn_log: Path, command: str) -> None:
+    # the early start happens at parse time: the model loads while the schema and grammar
+    # checks (jsonschema, the compiled grammar) run
+    server_bin, spawned_at = _stamping_server(tmp_path)
+    config = write_config(tmp_path, server_bin)
+    marker = tmp_path / "checks-at"
+    site = _stamp_on_entry(tmp_path, "localllm.loading", "_check_schemas", marker, 1.0)
+    argv = (
+        ["run", "route", "--arg", "ticket=refund"]
+        if command == "run"
+        else [
+            "call",
+            "decide",
+            "--agent",
+            "agent.local",
+            "--prompt",
+            "Route: refund",
+            "--schema",
+            str(tmp_path / "decide.json"),
+        ]
+    )
+    done = _cli(
+        *argv, "-c", str(config), "--json", env={"PYTHONPATH": f"{REPO}:{site}", "FAKE_LLAMA_LOAD_DELAY": "0.5"}
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["submission"] == {"route": "billing"}
+    assert len(starts(spawn_log)) == 2  # the probing start above, then this command's one
+    spawns = [float(t) for t in spawned_at.read_text().split()]
+    checks_entered = float(marker.read_text().splitlines()[0])
+    assert len(spawns) == 2 and spawns[1] < checks_entered
+
+
+def test_a_config_failing_a_later_check_stops_the_early_server_and_reports_as_before(
+    tmp_path: Path, spawn_log: Path
+) -> None:
+    # parses cleanly (the early start happens), then the gate's schema is outside what the
+    # grammar can enforce: the same exit 2 and problem as `localllm check`, and no server left
+    server_bin, _ = _stamping_server(tmp_path)
+    config = write_config(tmp_path, server_bin)
+    (tmp_path / "decide.json").write_text(
+        json.dumps({"type": "object", "properties": {"route": {"type": "string", "pattern": "(?=x)"}}})
+    )
+    checked = _cli("check", str(config))
+    assert checked.returncode == 2, checked.stderr
+    marker = tmp_path / "checks-at"
+    site = _stamp_on_entry(tmp_path, "localllm.loading", "_check_schemas", marker, 0.5)
+    done = _cli("run", "route", "-c", str(config), "--arg", "ticket=x", env={"PYTHONPATH": f"{REPO}:{site}"})
+    assert done.returncode == 2
+    problem = [line for line in checked.stderr.splitlines() if "gates.route.with.schema" in line]
+    assert problem and problem[0] in done.stderr
+    rows = starts(spawn_log)
+    assert len(rows) == 2  # the early start did spawn ...
+    for row in rows:  # ... and nothing survives the command
+        assert subprocess.run(["kill", "-0", str(row["pid"])], capture_output=True, check=False).returncode != 0
+
+
+def test_runtime_adopts_only_an_agent_of_its_own_declaration(tmp_path: Path, server_bin: Path) -> None:
+    import dataclasses
+
+    from localllm.config import LocalLLMDecl
+    from localllm.errors import CallError
+
+    config = load_config(write_config(tmp_path, server_bin))
+    decl = config.agents["agent.local"]
+    assert isinstance(decl, LocalLLMDecl)
+    other = LocalLLMAgent(dataclasses.replace(decl, parallel=2), base_dir=config.base_dir)
+    mine = LocalLLMAgent(decl, base_dir=config.base_dir)
+    with Runtime(config) as runtime:
+        with pytest.raises(CallError) as caught:
+            runtime.adopt_agent("agent.local", other)
+        assert caught.value.key == "agent"
+        runtime.adopt_agent("agent.local", mine)
+        assert runtime.agent("agent.local") is mine
+    assert mine._closed  # closed with the Runtime

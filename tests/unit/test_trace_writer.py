@@ -749,3 +749,38 @@ def test_open_waits_a_bounded_time_for_the_lock(tmp_path: Path) -> None:
         assert second.append("a.b", turn=1).seq == 0
     assert 0.25 <= time.monotonic() - started < 5
     timer.join()
+
+
+def test_to_json_keeps_wire_order_and_omits_empty_optionals() -> None:
+    # every combination of absent / empty / set optionals: the fields in EVENT_FIELDS order,
+    # an optional left out exactly when it is None, "" or 0 (Go's omitempty)
+    import itertools
+
+    from localllm.trace.event import EVENT_FIELDS, OMIT_EMPTY
+
+    choices = {
+        "state_path": (None, "", "s"),
+        "parent_turn": (None, 0, 2),
+        "call_id": (None, "", "c"),
+        "episode_id": (None, "", "e"),
+        "match_idx": (None, 0, 3),
+    }
+    seen = 0
+    for combo in itertools.product(*choices.values()):
+        optional: dict[str, Any] = dict(zip(choices, combo, strict=True))
+        ev = Event(turn=0, seq=0, ts="2026-12-02T00:00:00Z", kind="k", payload={}, **optional)
+        want = [n for n in EVENT_FIELDS if n not in OMIT_EMPTY or optional[n] not in (None, "", 0)]
+        assert list(ev.to_json()) == want
+        assert ev.to_json() == {n: getattr(ev, n) for n in want}
+        seen += 1
+    assert seen == 3**5
+
+
+def test_stamps_within_one_second_and_across_seconds() -> None:
+    # format_ts caches the whole-seconds part: stamps of one second and of the next differ right
+    base = 1_764_633_599 * 10**9  # 2025-12-01T23:59:59Z
+    assert format_ts(base) == "2025-12-01T23:59:59Z"
+    assert format_ts(base + 5) == "2025-12-01T23:59:59.000000005Z"
+    assert format_ts(base + 10**9) == "2025-12-02T00:00:00Z"
+    assert format_ts(base + 10**9 + 120_000_000) == "2025-12-02T00:00:00.12Z"
+    assert format_ts(base + 1) == "2025-12-01T23:59:59.000000001Z"
