@@ -207,7 +207,9 @@ class _Unsatisfiable(_Refuse):
     """No value satisfies this (sub)schema: an anyOf branch may be dropped for it."""
 
 
-def compile_schema(schema: Mapping[str, Any] | bool, *, space: bool = False) -> CompiledGrammar:
+def compile_schema(
+    schema: Mapping[str, Any] | bool, *, space: bool = False, open_objects: bool = True
+) -> CompiledGrammar:
     """An exact GBNF grammar for ``schema``, or the refusal saying which construct prevents one.
 
     ``space=True`` allows one space after ``:`` and ``,``; by default there is no free
@@ -217,7 +219,7 @@ def compile_schema(schema: Mapping[str, Any] | bool, *, space: bool = False) -> 
         depth = _nesting(schema)
         if depth > 4 * MAX_DEPTH:
             raise _Refuse("$", "depth", f"the schema nests {depth} levels deep (at most {4 * MAX_DEPTH})")
-        compiler = _Compiler(schema, space=space)
+        compiler = _Compiler(schema, space=space, open_objects=open_objects)
         return compiler.run()
     except _Refuse as exc:
         return CompiledGrammar(None, [exc.refusal])
@@ -422,11 +424,12 @@ class _Bound:
 
 
 class _Compiler:
-    def __init__(self, root: Any, *, space: bool) -> None:
+    def __init__(self, root: Any, *, space: bool, open_objects: bool = True) -> None:
 
         self.root = root
         self.colon = '":" " "?' if space else '":"'
         self.comma = '"," " "?' if space else '","'
+        self.open_objects = open_objects
         self.rules: dict[str, str] = {}
         self.bodies: dict[str, str] = {}
         self.refs: dict[str, str] = {}
@@ -1156,13 +1159,114 @@ class _Compiler:
         nonempty = lo == 1 and n_required == 0
         if lo > n_required and not nonempty:
             raise _Refuse(path, "minProperties", f"minProperties {lo} exceeds the {n_required} required properties")
-        if nonempty and not items:
-            raise _Unsatisfiable(path, "minProperties", "minProperties 1 on an object that admits no property")
         if hi is not None and hi < len(items):
             raise _Refuse(path, "maxProperties", f"maxProperties {hi} is below the {len(items)} declared properties")
         if missing := [r for r in required_set if r not in {d[0] for d in declared}]:
             raise _Unsatisfiable(path, "required", f"required {_q(sorted(missing))} can never be present")
-        return self.rule(f"{path}-object", f'"{{" {self.ordered(items, path, nonempty=nonempty)} "}}"')
+        ext = self.extension(node, declared, path, depth) if hi is None else None
+        if nonempty and not items and ext is None:
+            raise _Unsatisfiable(path, "minProperties", "minProperties 1 on an object that admits no property")
+        body = self.ordered(items, path, nonempty=nonempty)
+        if ext is not None:
+            more = _repeat(f"COMMA {ext}", 0, None)
+            if n_required:
+                body = f"{body} {more}"
+            else:
+                some = f"{self.ordered(items, path, nonempty=True)} {more}" if items else None
+                only = f"{ext} {more}"
+                either = self.rule(f"{path}-some", f"{some} | {only}" if some else only)
+                body = either if nonempty else f"{either}?"
+        return self.rule(f"{path}-object", f'"{{" {body} "}}"')
+
+    def extension(
+        self, node: dict[str, Any], declared: list[tuple[str, Any, str]], path: str, depth: int
+    ) -> str | None:
+        """The extension-key rule: one key/value pair the schema allows beside the declared
+        properties (generated after them), or None when there is none or none is expressible
+        exactly (then the object is generated closed: fewer values, never more).
+
+        Without ``patternProperties``: keys that are no declared or required name
+        (:meth:`key_not_in`), with ``additionalProperties``' values — when it is a schema, or
+        when it is absent/true and open objects are on. With ``patternProperties``: keys
+        matching one pattern, with values valid against that pattern's schema, every other
+        pattern's schema unless the two provably share no key, and the schema of each
+        declared name the pattern matches (a repeated key leaves the last value, which meets
+        both). Keys also satisfy ``propertyNames``. Extension keys may repeat one another (the
+        parsed object keeps the last value, valid too), so ``maxProperties`` keeps the
+        object closed (the caller)."""
+        props, required, extra, patterns, names = _object_shape(node, path)
+        names_schema = None if names is True or names == {} else names
+        taken = list(dict.fromkeys([*props, *required]))
+        pairs: list[tuple[Any, Any, str]] = []  # (key schema or None for key_not_in, value schema, path)
+        if not patterns:
+            if extra is False or ((extra is True or extra == {}) and not self.open_objects):
+                return None
+            key: Any = None
+            if names_schema is not None:
+                string = {"type": "string", "pattern": _not_one_of(taken)} if taken else {"type": "string"}
+                key = {"allOf": [string, names_schema]}
+            pairs.append((key, extra, child(path, "additionalProperties")))
+        else:
+            for pat, pschema in patterns.items():
+                values = [pschema]
+                values += [o for other, o in patterns.items() if other != pat and not _disjoint_patterns(pat, other)]
+                try:
+                    values += [sub for name, sub, _ in declared if re.search(pat, name) is not None]
+                except re.error:
+                    return None
+                key = {"type": "string", "pattern": pat}
+                if names_schema is not None:
+                    key = {"allOf": [key, names_schema]}
+                value = values[0] if len(values) == 1 else {"allOf": values}
+                pairs.append((key, value, child(child(path, "patternProperties"), pat)))
+        exprs = []
+        for key_schema, value_schema, vpath in pairs:
+            saved = self.save()
+            notes = len(self.notes)
+            try:
+                if key_schema is None:
+                    key_expr = self.key_not_in(taken, path)
+                else:
+                    key_expr = self.gen(key_schema, child(path, "propertyNames"), depth + 1, frozenset())
+                value_expr = self.gen(value_schema, vpath, depth + 1, frozenset())
+            except _Refuse:
+                self.restore(saved)
+                del self.notes[notes:]
+                continue
+            exprs.append(self.rule(f"{path}-ext-kv", f"{key_expr} COLON {value_expr}"))
+        if not exprs:
+            return None
+        return self.rule(f"{path}-ext", " | ".join(dict.fromkeys(exprs)))
+
+    def key_not_in(self, names: list[str], path: str) -> str:
+        """A JSON string (quotes included) that is none of ``names``, kept small: a key whose
+        first character starts no name, or whose length (in characters) differs from every
+        name with the same first character. Fewer keys than "not a name" (a key as long as a
+        name with its first character is left out), never a name; the first character is
+        written raw."""
+        if not names:
+            return self.primitive("string")
+        char = self.primitive("char")
+        by_first: dict[str, set[int]] = {}
+        empty = False
+        for name in names:
+            if name:
+                by_first.setdefault(name[0], set()).add(len(name) - 1)
+            else:
+                empty = True
+        firsts = sorted(by_first)
+        other = "".join(_gbnf_char(c, in_class=True) for c in firsts)
+        parts = [f'[^{other}"\\\\\\x7F\\x00-\\x1F] {char}*']
+        for c in firsts:
+            runs, start = [], 0
+            for n in sorted(by_first[c]):
+                if n > start:
+                    runs.append(_repeat(char, start, n - 1))
+                start = n + 1
+            runs.append(_repeat(char, start, None))
+            parts.append(f"{gbnf_literal(json.dumps(c, ensure_ascii=False)[1:-1])} {_alt(runs)}")
+        body = " | ".join(parts)
+        return f'"\\"" {self.rule(f"{path}-key", body if empty else f"( {body} )?")} "\\""'
 
     def declared(
         self, props: dict[str, Any], required: list[str], path: str, *, extra: Any, patterns: dict[str, Any], names: Any
@@ -2004,6 +2108,29 @@ def _not_one_of(strings: list[str]) -> str:
         return "|".join(parts)
 
     return f"^(?:{comp(trie)})$"
+
+
+def _literal_prefix(pattern: str) -> str | None:
+    """The literal text every match of an anchored ``pattern`` starts with (None: not anchored)."""
+    if not pattern.startswith("^") or "|" in pattern:
+        return None
+    out: list[str] = []
+    for c in pattern[1:]:
+        if c in "\\.[](){}*+?^$":
+            if c in "*?{" and out:  # a quantifier that allows zero takes the character back
+                out.pop()
+            break
+        out.append(c)
+    return "".join(out)
+
+
+def _disjoint_patterns(a: str, b: str) -> bool:
+    """True when no string matches both patterns (anchored, literal prefixes that diverge)."""
+    pa, pb = _literal_prefix(a), _literal_prefix(b)
+    if pa is None or pb is None:
+        return False
+    n = min(len(pa), len(pb))
+    return pa[:n] != pb[:n]
 
 
 def _both(a: Any, b: Any) -> Any:

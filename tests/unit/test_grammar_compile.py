@@ -90,7 +90,11 @@ def test_realworld_entries_carry_provenance() -> None:
         ({"type": "string", "format": "date"}, '"2023-02-29"'),
         ({"type": "string", "format": "date"}, '"1900-02-29"'),
         ({"type": "object", "properties": {"a": {"type": "integer"}}}, '{ "a":1}'),
-        ({"type": "object", "properties": {"a": {"type": "integer"}}}, '{"a":1,"b":2}'),
+        (
+            {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": False},
+            '{"a":1,"b":2}',
+        ),
+        ({"type": "object", "properties": {"a": {"type": "integer"}}}, '{"a":1,"a":"x"}'),
     ],
 )
 def test_invalid_probes_are_rejected(schema: dict[str, Any], probe: str) -> None:
