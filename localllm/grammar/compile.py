@@ -1198,11 +1198,15 @@ class _Compiler:
         names_schema = None if names is True or names == {} else names
         taken = list(dict.fromkeys([*props, *required]))
         pairs: list[tuple[Any, Any, str]] = []  # (key schema or None for key_not_in, value schema, path)
+        bounds: tuple[int, int | None] = (0, None)  # key lengths for key_not_in
         if not patterns:
             if extra is False or ((extra is True or extra == {}) and not self.open_objects):
                 return None
             key: Any = None
-            if names_schema is not None:
+            only = None if names_schema is None else _length_only(names_schema, path)
+            if only is not None:
+                bounds = only
+            elif names_schema is not None:
                 string = {"type": "string", "pattern": _not_one_of(taken)} if taken else {"type": "string"}
                 key = {"allOf": [string, names_schema]}
             pairs.append((key, extra, child(path, "additionalProperties")))
@@ -1225,7 +1229,7 @@ class _Compiler:
             notes = len(self.notes)
             try:
                 if key_schema is None:
-                    key_expr = self.key_not_in(taken, path)
+                    key_expr = self.key_not_in(taken, path, *bounds)
                 else:
                     key_expr = self.gen(key_schema, child(path, "propertyNames"), depth + 1, frozenset())
                 value_expr = self.gen(value_schema, vpath, depth + 1, frozenset())
@@ -1238,15 +1242,17 @@ class _Compiler:
             return None
         return self.rule(f"{path}-ext", " | ".join(dict.fromkeys(exprs)))
 
-    def key_not_in(self, names: list[str], path: str) -> str:
+    def key_not_in(self, names: list[str], path: str, lo: int = 0, hi: int | None = None) -> str:
         """A JSON string (quotes included) that is none of ``names``, kept small: a key whose
         first character starts no name, or whose length (in characters) differs from every
         name with the same first character. Fewer keys than "not a name" (a key as long as a
         name with its first character is left out), never a name; the first character is
-        written raw."""
-        if not names:
-            return self.primitive("string")
+        written raw. ``lo``/``hi``: the key's length bounds."""
         char = self.primitive("char")
+        if not names:
+            return self.primitive("string") if (lo, hi) == (0, None) else f'"\\"" {_repeat(char, lo, hi)} "\\""'
+        if hi is not None and hi < lo:
+            raise _Unsatisfiable(path, "propertyNames", "no key meets the length bounds")
         by_first: dict[str, set[int]] = {}
         empty = False
         for name in names:
@@ -1256,17 +1262,25 @@ class _Compiler:
                 empty = True
         firsts = sorted(by_first)
         other = "".join(_gbnf_char(c, in_class=True) for c in firsts)
-        parts = [f'[^{other}"\\\\\\x7F\\x00-\\x1F] {char}*']
-        for c in firsts:
-            runs, start = [], 0
-            for n in sorted(by_first[c]):
-                if n > start:
-                    runs.append(_repeat(char, start, n - 1))
-                start = n + 1
-            runs.append(_repeat(char, start, None))
-            parts.append(f"{gbnf_literal(json.dumps(c, ensure_ascii=False)[1:-1])} {_alt(runs)}")
-        body = " | ".join(parts)
-        return f'"\\"" {self.rule(f"{path}-key", body if empty else f"( {body} )?")} "\\""'
+        rest_lo, rest_hi = max(lo - 1, 0), None if hi is None else hi - 1
+        parts = []
+        if hi != 0:
+            parts.append(f'[^{other}"\\\\\\x7F\\x00-\\x1F] {_repeat(char, rest_lo, rest_hi)}')
+            for c in firsts:
+                runs, start = [], rest_lo
+                for n in sorted(by_first[c]):
+                    if n > start and (rest_hi is None or start <= rest_hi):
+                        runs.append(_repeat(char, start, n - 1 if rest_hi is None else min(n - 1, rest_hi)))
+                    start = max(start, n + 1)
+                if rest_hi is None or start <= rest_hi:
+                    runs.append(_repeat(char, start, rest_hi))
+                if runs:
+                    parts.append(f"{gbnf_literal(json.dumps(c, ensure_ascii=False)[1:-1])} {_alt(runs)}")
+        if not empty and lo == 0:
+            parts.append('""')
+        if not parts:
+            raise _Unsatisfiable(path, "propertyNames", "every key the length bounds allow is a declared name")
+        return f'"\\"" {self.rule(f"{path}-key", " | ".join(parts))} "\\""'
 
     def declared(
         self, props: dict[str, Any], required: list[str], path: str, *, extra: Any, patterns: dict[str, Any], names: Any
@@ -2108,6 +2122,16 @@ def _not_one_of(strings: list[str]) -> str:
         return "|".join(parts)
 
     return f"^(?:{comp(trie)})$"
+
+
+def _length_only(schema: Any, path: str) -> tuple[int, int | None] | None:
+    """(minLength, maxLength) when ``schema`` (a propertyNames) asserts nothing else, else None."""
+    if not isinstance(schema, dict):
+        return None
+    asserting = {k for k in schema if _asserts(schema, k)}
+    if not asserting <= {"minLength", "maxLength", "type"} or schema.get("type", "string") != "string":
+        return None
+    return _counts(schema, path, "minLength", "maxLength")
 
 
 def _literal_prefix(pattern: str) -> str | None:
