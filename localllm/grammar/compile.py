@@ -71,12 +71,12 @@ _FORMATS = (
     "uri-reference",
     "iri",
     "iri-reference",
+    "uri-template",
 )
 _CHECKED_FORMATS = frozenset(
     {
         "ipv6",
         "idn-hostname",
-        "uri-template",
         "json-pointer",
         "relative-json-pointer",
         "regex",
@@ -93,6 +93,7 @@ _NARROWED_FORMATS = {
     "uri-reference": "https://host/path only (at most 4 path segments, no query or fragment)",
     "iri": "https://host/path only (ASCII, at most 4 path segments, no query or fragment)",
     "iri-reference": "https://host/path only (ASCII, at most 4 path segments, no query or fragment)",
+    "uri-template": "https://host/path only, each of at most 4 path segments a literal or one {variable}",
 }
 #: (shortest, longest) string each format grammar generates
 _FORMAT_LENGTHS: dict[str, tuple[int, int]] = {
@@ -108,6 +109,7 @@ _FORMAT_LENGTHS: dict[str, tuple[int, int]] = {
     "uri-reference": (9, 223),
     "iri": (9, 223),
     "iri-reference": (9, 223),
+    "uri-template": (9, 223),
 }
 
 _PRIMITIVES = {
@@ -148,6 +150,7 @@ _PRIMITIVES = {
     "uri-reference": "uri",
     "iri": "uri",
     "iri-reference": "uri",
+    "uri-template": '"https://" hostname ( "/" ( [A-Za-z0-9._~-]{0,20} | "{" [A-Za-z0-9_]{1,16} "}" ) ){0,4}',
 }
 _PRIMITIVE_DEPS = {
     "char": ("hex-cp",),
@@ -168,6 +171,7 @@ _PRIMITIVE_DEPS = {
     "uri-reference": ("uri",),
     "iri": ("uri",),
     "iri-reference": ("uri",),
+    "uri-template": ("hostname",),
 }
 
 
@@ -523,7 +527,8 @@ class _Compiler:
         if not isinstance(node, dict):
             raise _Refuse(path, "schema", f"a schema must be an object or a boolean, got {_q(node)}")
         if path != "$" and any(
-            isinstance(node.get(k), str) and not node[k].startswith("#")
+            # the root's own id, carried into merged or distributed copies of the root, is no nesting
+            isinstance(node.get(k), str) and not node[k].startswith("#") and node[k] != self.root_id
             for k in ("$id", "id" if self.draft == 4 else "$id")
         ):
             raise _Refuse(path, "$id", "a nested $id changes how refs resolve; not compiled")
@@ -873,19 +878,47 @@ class _Compiler:
         lits = _literal_values(a)
         if lits is not None:
             return not any(self.valid(b, v, "$", "oneOf") for v in lits)
-        ka, kb = _schema_kinds(a) or _generated_kinds({**(rest or {}), **a}), _schema_kinds(b)
+        ka, kb = self.kinds(a) or _generated_kinds({**(rest or {}), **a}), self.kinds(b)
         if ka is not None and kb is not None and not ka & kb:
             return True
         if ka == {"object"}:
-            req: list[Any] = a["required"] if isinstance(a.get("required"), list) else []
             pa: dict[str, Any] = a["properties"] if isinstance(a.get("properties"), dict) else {}
             pb: dict[str, Any] = b["properties"] if isinstance(b.get("properties"), dict) else {}
-            for name in req:
-                if isinstance(name, str) and name in pa and name in pb:
-                    la = _literal_values(self.flat(pa[name], "$"))
-                    if la is not None and self.excludes({"enum": la}, self.flat(pb[name], "$")):
-                        return True
+            for name in _required(a):
+                # every value for a has the name: b forbids it, or their schemas for it exclude
+                if name not in pb and _closed(b):
+                    return True
+                if name in pa and name in pb and self.excludes(self.flat(pa[name], "$"), self.flat(pb[name], "$")):
+                    return True
+            for name in _required(b):
+                # a value for a lacks the name (b rejects it) or has a's value for it
+                if name not in pa and _closed(a):
+                    return True
+                if name in pa and (
+                    pa[name] is False
+                    or (name in pb and self.excludes(self.flat(pa[name], "$"), self.flat(pb[name], "$")))
+                ):
+                    return True
         return False
+
+    def kinds(self, node: Any, depth: int = 0) -> set[str] | None:
+        """The JSON kinds ``node`` admits at most (integer counts as number), when its type,
+        literals or alternatives say (refs followed), else None."""
+        if not isinstance(node, dict) or depth > 16:
+            return None
+        known = _schema_kinds(node)
+        for key in ("anyOf", "oneOf"):
+            alts = node.get(key)
+            if isinstance(alts, list) and alts:
+                union: set[str] = set()
+                for alt in alts:
+                    k = self.kinds(self.flat(alt, "$"), depth + 1)
+                    if k is None:
+                        union = set(_TYPES) - {"integer"}
+                        break
+                    union |= k
+                known = union if known is None else known & union
+        return known
 
     # ------------------------------------------------------------------ allOf
 
@@ -929,6 +962,12 @@ class _Compiler:
                 if ref not in seen:  # allOf is idempotent: the same target merged twice is merged once
                     seen.add(ref)
                     yield from self.flatten([target], path, depth + 1, chain | {ref}, seen)
+            if any(k in comp for k in _REWRITTEN if k != "not"):
+                # if/dependent* of a component become allOf/anyOf parts merged like the rest (two
+                # components' "if" cannot be merged as keywords); "not" merges as it is
+                comp = self.rewrite({k: v for k, v in comp.items() if k != "not"}, path, depth + 1) or comp
+                if "not" in given:
+                    comp["allOf"] = [*comp.get("allOf", []), {"not": given["not"]}]
             if "allOf" in comp:
                 inner = comp.pop("allOf")
                 if not isinstance(inner, list):
@@ -2044,6 +2083,16 @@ def _kind(value: Any) -> str:
     if isinstance(value, str):
         return "string"
     return "array" if isinstance(value, list) else "object"
+
+
+def _required(node: dict[str, Any]) -> list[str]:
+    req = node.get("required")
+    return [r for r in req if isinstance(r, str)] if isinstance(req, list) else []
+
+
+def _closed(node: dict[str, Any]) -> bool:
+    """``node`` admits no key outside its ``properties``."""
+    return node.get("additionalProperties") is False and not node.get("patternProperties")
 
 
 def _literal_values(node: Any) -> list[Any] | None:
