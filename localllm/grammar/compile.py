@@ -4,8 +4,9 @@
 answer the grammar admits is valid against the schema (``grammar`` is set, ``refusals``
 empty), else ``grammar is None`` and a :class:`Refusal` names the schema path and the
 construct it cannot express exactly. "Exact" means *sound*: the grammar may admit fewer
-answers than the schema (properties in declared order, no free whitespace, integers for
-``number`` bounds' edges, no extra keys beside declared ones), never more.
+answers than the schema (properties in declared order, undeclared keys only after them
+and never a declared name, no free whitespace, integers for ``number`` bounds' edges),
+never more.
 
 How the schema is read (the semantics of the ``jsonschema`` validator for the schema's
 draft): ``$ref`` overrides its siblings up to draft 7 and combines with them from
@@ -217,7 +218,10 @@ def compile_schema(
     """An exact GBNF grammar for ``schema``, or the refusal saying which construct prevents one.
 
     ``space=True`` allows one space after ``:`` and ``,``; by default there is no free
-    whitespace anywhere. Never raises for any JSON-like input.
+    whitespace anywhere. ``open_objects=False`` keeps objects whose ``additionalProperties``
+    is absent or true closed (only the declared properties are generated; an
+    ``additionalProperties`` schema or ``patternProperties`` still extends them). Never
+    raises for any JSON-like input.
     """
     try:
         depth = _nesting(schema)
