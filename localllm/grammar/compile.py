@@ -90,10 +90,10 @@ _NARROWED_FORMATS = {
     "hostname": "lowercase, at most 4 labels of at most 32 characters",
     "email": "ASCII local part of at most 32 characters [A-Za-z0-9._+-] at a narrowed hostname",
     "idn-email": "ASCII local part of at most 32 characters [A-Za-z0-9._+-] at a narrowed hostname",
-    "uri": "https://host/path only (at most 4 path segments, no query or fragment)",
-    "uri-reference": "https://host/path only (at most 4 path segments, no query or fragment)",
-    "iri": "https://host/path only (ASCII, at most 4 path segments, no query or fragment)",
-    "iri-reference": "https://host/path only (ASCII, at most 4 path segments, no query or fragment)",
+    "uri": "https, http, ftp or file://host/path only (at most 4 path segments, no query or fragment)",
+    "uri-reference": "https, http, ftp or file://host/path only (at most 4 path segments, no query or fragment)",
+    "iri": "https, http, ftp or file://host/path only (ASCII, at most 4 path segments, no query or fragment)",
+    "iri-reference": "https, http, ftp or file://host/path only (ASCII, at most 4 path segments, no query or fragment)",
     "uri-template": "https://host/path only, each of at most 4 path segments a literal or one {variable}",
 }
 #: (shortest, longest) string each format grammar generates
@@ -106,10 +106,10 @@ _FORMAT_LENGTHS: dict[str, tuple[int, int]] = {
     "hostname": (1, 131),
     "email": (3, 164),
     "idn-email": (3, 164),
-    "uri": (9, 223),
-    "uri-reference": (9, 223),
-    "iri": (9, 223),
-    "iri-reference": (9, 223),
+    "uri": (7, 223),
+    "uri-reference": (7, 223),
+    "iri": (7, 223),
+    "iri-reference": (7, 223),
     "uri-template": (9, 223),
 }
 
@@ -147,7 +147,7 @@ _PRIMITIVES = {
     "hostname": 'label ( "." label ){0,3}',
     "email": '[A-Za-z0-9._+-]{1,32} "@" hostname',
     "idn-email": "email",
-    "uri": '"https://" hostname ( "/" [A-Za-z0-9._~-]{0,20} ){0,4}',
+    "uri": '( "https" | "http" | "ftp" | "file" ) "://" hostname ( "/" [A-Za-z0-9._~-]{0,20} ){0,4}',
     "uri-reference": "uri",
     "iri": "uri",
     "iri-reference": "uri",

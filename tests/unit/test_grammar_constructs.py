@@ -217,3 +217,13 @@ def test_uri_template_is_generated_narrowed_and_valid() -> None:
 @pytest.mark.parametrize("fmt", ["uri-template"])
 def test_uri_template_with_length_bounds_inside_the_format_lengths_is_refused(fmt: str) -> None:
     assert compile_schema({"type": "string", "format": fmt, "maxLength": 20}).refusals[0].construct == "maxLength"
+
+
+def test_uri_admits_the_common_schemes() -> None:
+    # MCPspec ListRootsResult: a root's uri "must start with file://"
+    schema = {"type": "object", "properties": {"uri": {"type": "string", "format": "uri"}}, "required": ["uri"]}
+    grammar = grammar_of(schema)
+    for text in ('{"uri":"file://path/to/root1"}', '{"uri":"http://a.b/c"}', '{"uri":"https://a.b"}'):
+        assert validator(schema).is_valid(json.loads(text))
+        assert grammar.matches(text)
+    assert invalid_walks(schema, compile_schema(schema), 500) == []
