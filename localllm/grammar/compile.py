@@ -2333,15 +2333,7 @@ def _fit_lengths(items: list[tuple[Any, ...]], lo: int, hi: int | None) -> list[
         return a
 
     if hi is not None:
-        budget = hi - sum(a for a, _ in lens)
-        for i, (a, b) in enumerate(lens):
-            if a == b:
-                continue
-            n = out[i]
-            size = piece(n)
-            room = budget // size if n[3] is None else min(budget // size, n[3] - n[2])
-            out[i] = ("rep", n[1], n[2], n[2] + room)
-            budget -= room * size
+        out = list(_cut(("cat", out), hi - sum(a for a, _ in lens))[1])
     deficit = lo - sum(_regex_lengths(n)[0] for n in out)
     for i, n in enumerate(out):
         if deficit <= 0:
@@ -2361,6 +2353,45 @@ def _fit_lengths(items: list[tuple[Any, ...]], lo: int, hi: int | None) -> list[
     if total_lo < lo or (hi is not None and (total_hi is None or total_hi > hi)):
         return None
     return out
+
+
+def _cut(node: tuple[Any, ...], extra: int) -> tuple[Any, ...]:
+    """``node`` with its repeats cut so that no match is more than ``extra`` characters longer
+    than its shortest (fewer strings, each still a match; the shortest kept): a
+    concatenation's variable parts take the budget first come, first served, an optional
+    part is cut to it or dropped, each alternative gets what the shortest leaves it. Raises
+    when a variable part is none of these."""
+    lo, hi = _regex_lengths(node)
+    if hi is not None and hi - lo <= extra:
+        return node
+    kind = node[0]
+    if kind == "cat":
+        items = list(node[1])
+        for i, item in enumerate(items):
+            a, b = _regex_lengths(item)
+            give = extra if b is None else min(extra, b - a)
+            items[i] = _cut(item, give)
+            extra -= give
+        return ("cat", items)
+    if kind == "alt":
+        kept = []
+        for branch in node[1]:
+            room = lo + extra - _regex_lengths(branch)[0]
+            if room >= 0:
+                kept.append(_cut(branch, room))
+        return ("alt", kept)
+    if kind == "rep":
+        a, b = _regex_lengths(node[1])
+        if a == b and a > 0:
+            room = extra // a if node[3] is None else min(extra // a, node[3] - node[2])
+            return ("rep", node[1], node[2], node[2] + room)
+        if (node[2], node[3]) == (1, 1):
+            return ("rep", _cut(node[1], extra), 1, 1)
+        if (node[2], node[3]) == (0, 1):
+            if extra < a:
+                return ("rep", node[1], 0, 0)
+            return ("rep", _cut(node[1], extra - a), 0, 1)
+    raise _RegexUnsupported("has a variable-length part that cannot be cut to the length bounds")
 
 
 def _has_anchor(node: tuple[Any, ...]) -> bool:
@@ -2392,6 +2423,8 @@ def _regex_lengths(node: tuple[Any, ...]) -> tuple[int, int | None]:
         return min(a for a, _ in pairs), None if None in highs else max(b for b in highs if b is not None)
     if kind == "rep":
         a, b = _regex_lengths(node[1])
+        if node[3] == 0:
+            return 0, 0
         return a * node[2], None if node[3] is None or b is None else b * node[3]
     return 0, 0
 

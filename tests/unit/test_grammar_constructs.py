@@ -227,3 +227,48 @@ def test_uri_admits_the_common_schemes() -> None:
         assert validator(schema).is_valid(json.loads(text))
         assert grammar.matches(text)
     assert invalid_walks(schema, compile_schema(schema), 500) == []
+
+
+# ---------------------------------------------------------------------------- maxLength beside grouped patterns
+
+
+def test_max_length_beside_groups_and_optional_groups_is_intersected() -> None:
+    # Github_hard o82571: a CURIE pattern of groups, one optional, beside maxLength 146
+    schema = {
+        "type": "string",
+        "pattern": "^([a-z0-9-]+):([a-z0-9\\.-]+):([a-z0-9-]+)?:([a-z0-9-]+)$",
+        "minLength": 0,
+        "maxLength": 14,
+    }
+    compiled = compile_schema(schema)
+    assert compiled.grammar is not None, compiled.refusals
+    assert invalid_walks(schema, compiled, 500) == []
+    grammar = Grammar.parse(compiled.grammar)
+    # the first variable part takes the budget (as for plain repeats); the optional one is dropped
+    assert grammar.matches('"a:b::c"') and grammar.matches('"abcdefghi:b::c"')
+    assert not grammar.matches('"abcdefghij:b::c"')  # 15 characters
+
+
+_PIECES = ["[a-z]+", "([0-9]+)", "(ab|c+)", "(x+)?", ":", "(y|zz)?", "[a-c]{2,3}"]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.sampled_from(_PIECES), min_size=1, max_size=4),
+    st.booleans(),
+    st.integers(0, 4),
+    st.integers(1, 12),
+    st.integers(0, 1000),
+)
+def test_length_bounds_beside_pattern_families_admit_only_matches(
+    pieces: list[str], anchored: bool, lo: int, hi: int, seed: int
+) -> None:
+    body = "".join(pieces)
+    schema = {"type": "string", "pattern": f"^{body}$" if anchored else body, "minLength": lo, "maxLength": hi}
+    compiled = compile_schema(schema)
+    if compiled.grammar is None:
+        return
+    assert invalid_walks(schema, compiled, 40, seed) == []
+    rng = random.Random(seed)
+    candidates = ["".join(rng.choice("abcxyz09:") for _ in range(rng.randint(0, 14))) for _ in range(200)]
+    assert leaks(schema, candidates) == []
