@@ -541,6 +541,8 @@ class _Compiler:
             if self.draft <= 7 or not siblings:
                 return self.ref(node["$ref"], path, depth, bare)
             node = {"allOf": [{"$ref": node["$ref"]}, siblings]}
+        if "unevaluatedProperties" in node or "unevaluatedItems" in node:
+            node = self.unevaluated(node, path)
         for key in ("$dynamicRef", "$recursiveRef", "extends", "disallow"):
             if key in node and _asserts(node, key):
                 raise _Refuse(path, key, f'"{key}" has no exact grammar equivalent')
@@ -555,6 +557,34 @@ class _Compiler:
         if ("anyOf" in node and _asserts(node, "anyOf")) or ("oneOf" in node and _asserts(node, "oneOf")):
             return self.alternatives(node, path, depth, bare)
         return self.typed(node, path, depth)
+
+    def unevaluated(self, node: dict[str, Any], path: str) -> dict[str, Any]:
+        """``unevaluatedProperties``/``unevaluatedItems`` in their simple form — no in-place
+        applicator beside them (no allOf/anyOf/oneOf/not/if/dependentSchemas/$ref), so only the
+        adjacent keywords evaluate — rewritten as the adjacent keyword they then equal:
+        ``additionalProperties`` (none when it is already there: every key is evaluated),
+        ``items`` after ``prefixItems`` (2019-09: ``additionalItems`` after an ``items``
+        array). Beside in-place applicators it is refused (also in an allOf component, before
+        the components are merged); ``contains`` (which evaluates the items it matches from
+        2020-12) keeps ``unevaluatedItems`` refused."""
+        if self.draft < 2019:
+            return node
+        for key in ("unevaluatedProperties", "unevaluatedItems"):
+            if key in node and _asserts(node, key) and any(k in node for k in _IN_PLACE):
+                # merged with the applicators' schemas, it would see keys they only seem to evaluate
+                raise _Refuse(path, key, f'"{key}" beside allOf/anyOf/oneOf/not/if/$ref is not compiled')
+        out = dict(node)
+        if "unevaluatedProperties" in out and _asserts(out, "unevaluatedProperties"):
+            value = out.pop("unevaluatedProperties")
+            out.setdefault("additionalProperties", value)
+        if "unevaluatedItems" in out and _asserts(out, "unevaluatedItems") and "contains" not in out:
+            value = out.pop("unevaluatedItems")
+            items = out.get("items")
+            if self.draft >= 2020 or items is None or isinstance(items, (dict, bool)):
+                out.setdefault("items", value)
+            else:
+                out.setdefault("additionalItems", value)
+        return out
 
     # ------------------------------------------------------------------ rewriting into anyOf/allOf
 
@@ -966,6 +996,8 @@ class _Compiler:
                 if ref not in seen:  # allOf is idempotent: the same target merged twice is merged once
                     seen.add(ref)
                     yield from self.flatten([target], path, depth + 1, chain | {ref}, seen)
+            if "unevaluatedProperties" in comp or "unevaluatedItems" in comp:
+                comp = self.unevaluated(comp, path)
             if any(k in comp for k in _REWRITTEN if k != "not"):
                 # if/dependent* of a component become allOf/anyOf parts merged like the rest (two
                 # components' "if" cannot be merged as keywords); "not" merges as it is
@@ -2128,6 +2160,21 @@ def _canon(value: Any) -> str:
 _POSITIONAL_ITEMS = ("prefixItems", "items", "additionalItems")
 #: keywords rewritten into allOf/anyOf before generation
 _REWRITTEN = ("not", "if", "dependentRequired", "dependentSchemas", "dependencies")
+#: keywords that apply subschemas to the instance itself (their annotations count as evaluated)
+_IN_PLACE = (
+    "allOf",
+    "anyOf",
+    "oneOf",
+    "not",
+    "if",
+    "then",
+    "else",
+    "dependentSchemas",
+    "dependencies",
+    "$ref",
+    "$dynamicRef",
+    "$recursiveRef",
+)
 #: a bound's negation: (the kind it applies to, the opposite keyword, +/-1 for counts, 0 for numbers)
 _FLIPPED_BOUNDS: dict[str, tuple[str, str, int]] = {
     "minimum": ("number", "exclusiveMaximum", 0),

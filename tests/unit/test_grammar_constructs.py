@@ -272,3 +272,104 @@ def test_length_bounds_beside_pattern_families_admit_only_matches(
     rng = random.Random(seed)
     candidates = ["".join(rng.choice("abcxyz09:") for _ in range(rng.randint(0, 14))) for _ in range(200)]
     assert leaks(schema, candidates) == []
+
+
+# ---------------------------------------------------------------------------- unevaluated*, simple forms
+
+
+@pytest.mark.parametrize(
+    ("schema", "admits", "rejects"),
+    [
+        (
+            {"type": "object", "properties": {"foo": {"type": "string"}}, "unevaluatedProperties": False},
+            ['{"foo":"a"}', "{}"],
+            ['{"foo":"a","bar":1}', '{"bar":1}'],
+        ),
+        (
+            {"type": "object", "properties": {"foo": {}}, "unevaluatedProperties": {"type": "integer"}},
+            ['{"foo":"a","bar":1}'],
+            ['{"foo":"a","bar":"b"}'],
+        ),
+        (
+            {"type": "object", "additionalProperties": {"type": "string"}, "unevaluatedProperties": False},
+            ['{"bar":"b"}'],
+            ['{"bar":1}'],
+        ),
+        (
+            {"type": "array", "prefixItems": [{"type": "integer"}], "unevaluatedItems": False},
+            ["[1]", "[]"],
+            ["[1,2]", '["a"]'],
+        ),
+        (
+            {"type": "array", "unevaluatedItems": {"type": "string"}},
+            ['["a","b"]'],
+            ["[1]"],
+        ),
+    ],
+)
+def test_unevaluated_in_its_simple_form_is_the_adjacent_keyword(
+    schema: dict[str, Any], admits: list[str], rejects: list[str]
+) -> None:
+    compiled = compile_schema(schema)
+    assert compiled.grammar is not None, compiled.refusals
+    grammar = Grammar.parse(compiled.grammar)
+    check = validator(schema)
+    for text in admits:
+        assert check.is_valid(json.loads(text)) and grammar.matches(text), text
+    for text in rejects:
+        assert not check.is_valid(json.loads(text)) and not grammar.matches(text), text
+    assert invalid_walks(schema, compiled, 200) == []
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        # the allOf component's own unevaluatedProperties sees none of the parent's properties
+        {"properties": {"a": {}}, "allOf": [{"unevaluatedProperties": False}]},
+        {"allOf": [{"properties": {"a": {}}}, {"unevaluatedProperties": False}]},
+    ],
+)
+def test_unevaluated_in_an_all_of_component_sees_only_its_own_keywords(schema: dict[str, Any]) -> None:
+    assert not validator(schema).is_valid({"a": 1})
+    compiled = compile_schema(schema)
+    assert compiled.grammar is None or not Grammar.parse(compiled.grammar).matches('{"a":1}')
+    assert leaks(schema, [{"a": 1}, {}, {"b": 2}, [], "x"]) == []
+
+
+@pytest.mark.parametrize(
+    ("schema", "construct"),
+    [
+        ({"not": {"properties": {"x": {"type": "string"}}}, "unevaluatedProperties": False}, "unevaluatedProperties"),
+        ({"anyOf": [{"properties": {"a": {}}}], "unevaluatedProperties": False}, "unevaluatedProperties"),
+        ({"prefixItems": [{}], "contains": {"type": "string"}, "unevaluatedItems": False}, "unevaluatedItems"),
+    ],
+)
+def test_unevaluated_beside_in_place_applicators_is_refused(schema: dict[str, Any], construct: str) -> None:
+    assert compile_schema(schema).refusals[0].construct == construct
+
+
+_EVAL_POOL: list[Any] = [False, True, {"type": "integer"}, {"type": "string"}]
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.sampled_from(["a", "b"]), max_size=2, unique=True),
+    st.sampled_from([None, False, {"type": "string"}]),
+    st.sampled_from(_EVAL_POOL),
+    st.booleans(),
+    st.integers(0, 1000),
+)
+def test_unevaluated_properties_families(names: list[str], extra: Any, unevaluated: Any, nest: bool, seed: int) -> None:
+    inner: dict[str, Any] = {"type": "object", "properties": {n: {"type": "integer"} for n in names}}
+    if extra is not None:
+        inner["additionalProperties"] = extra
+    inner["unevaluatedProperties"] = unevaluated
+    schema = {"allOf": [{"properties": {"c": {}}}, inner]} if nest else inner
+    compiled = compile_schema(schema)
+    if compiled.grammar is None:
+        return
+    assert invalid_walks(schema, compiled, 40, seed) == []
+    rng = random.Random(seed)
+    pool: list[Any] = [1, "s", None]
+    values = [{k: rng.choice(pool) for k in rng.sample(["a", "b", "c", "d"], rng.randint(0, 3))} for _ in range(60)]
+    assert leaks(schema, values) == []
