@@ -17,7 +17,7 @@ that is not provably disjoint becomes each branch without the others; ``not``,
 ``if``/``then``/``else`` and the ``dependent*`` keywords are rewritten into ``anyOf``/``allOf``
 of positive schemas (:meth:`_Compiler.negate`); ``const``/``enum`` keep the values that
 validate against the whole schema object. Malformed schemas and constructs without a
-grammar here (``unevaluated*``, ``uniqueItems`` over an open domain, negations of patterns
+grammar here (``unevaluated*`` beside applicators, ``uniqueItems`` over an open domain, negations of patterns
 and formats, refs to other documents …) are refused, never raised. Narrowings beyond the
 documented defaults are listed in :attr:`CompiledGrammar.notes`.
 """
