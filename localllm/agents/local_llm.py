@@ -285,7 +285,9 @@ class LocalLLMAgent(Agent):
             if key not in self._grammar_cache:
                 from localllm.grammar import compile_schema
 
-                self._grammar_cache[key] = compile_schema(schema, space=not self.decl.compact).grammar
+                self._grammar_cache[key] = compile_schema(
+                    schema, space=not self.decl.compact, open_objects=self.decl.open_objects
+                ).grammar
             compiled = self._grammar_cache[key]
             if compiled is not None:
                 return {"grammar": compiled}, "compiled", "grammar"

@@ -206,6 +206,11 @@ class LocalLLMDecl(AgentDecl):
     health_timeout: float = setting(180.0, "seconds for /health to turn 200", check="positive")
     schema_in_prompt: bool = setting(True, "state the JSON shape in the prompt (llama.cpp does not)")
     compact: bool = setting(True, "the compiled grammar admits no whitespace; false: one space after : and ,")
+    open_objects: bool = setting(
+        False,
+        "the compiled grammar admits undeclared keys (after the declared ones) where additionalProperties "
+        "is absent or true; false keeps such objects closed",
+    )
     reproducible: bool = setting(
         False, "same input, same answer: whole prompt evaluated (no prompt cache), one call at a time, fixed seed"
     )

@@ -4,8 +4,9 @@
 answer the grammar admits is valid against the schema (``grammar`` is set, ``refusals``
 empty), else ``grammar is None`` and a :class:`Refusal` names the schema path and the
 construct it cannot express exactly. "Exact" means *sound*: the grammar may admit fewer
-answers than the schema (properties in declared order, no free whitespace, integers for
-``number`` bounds' edges, no extra keys beside declared ones), never more.
+answers than the schema (properties in declared order, undeclared keys only after them
+and never a declared name, no free whitespace, integers for ``number`` bounds' edges),
+never more.
 
 How the schema is read (the semantics of the ``jsonschema`` validator for the schema's
 draft): ``$ref`` overrides its siblings up to draft 7 and combines with them from
@@ -16,7 +17,7 @@ that is not provably disjoint becomes each branch without the others; ``not``,
 ``if``/``then``/``else`` and the ``dependent*`` keywords are rewritten into ``anyOf``/``allOf``
 of positive schemas (:meth:`_Compiler.negate`); ``const``/``enum`` keep the values that
 validate against the whole schema object. Malformed schemas and constructs without a
-grammar here (``unevaluated*``, ``uniqueItems`` over an open domain, negations of patterns
+grammar here (``unevaluated*`` beside applicators, ``uniqueItems`` over an open domain, negations of patterns
 and formats, refs to other documents …) are refused, never raised. Narrowings beyond the
 documented defaults are listed in :attr:`CompiledGrammar.notes`.
 """
@@ -71,12 +72,12 @@ _FORMATS = (
     "uri-reference",
     "iri",
     "iri-reference",
+    "uri-template",
 )
 _CHECKED_FORMATS = frozenset(
     {
         "ipv6",
         "idn-hostname",
-        "uri-template",
         "json-pointer",
         "relative-json-pointer",
         "regex",
@@ -89,10 +90,11 @@ _NARROWED_FORMATS = {
     "hostname": "lowercase, at most 4 labels of at most 32 characters",
     "email": "ASCII local part of at most 32 characters [A-Za-z0-9._+-] at a narrowed hostname",
     "idn-email": "ASCII local part of at most 32 characters [A-Za-z0-9._+-] at a narrowed hostname",
-    "uri": "https://host/path only (at most 4 path segments, no query or fragment)",
-    "uri-reference": "https://host/path only (at most 4 path segments, no query or fragment)",
-    "iri": "https://host/path only (ASCII, at most 4 path segments, no query or fragment)",
-    "iri-reference": "https://host/path only (ASCII, at most 4 path segments, no query or fragment)",
+    "uri": "https, http, ftp or file://host/path only (at most 4 path segments, no query or fragment)",
+    "uri-reference": "https, http, ftp or file://host/path only (at most 4 path segments, no query or fragment)",
+    "iri": "https, http, ftp or file://host/path only (ASCII, at most 4 path segments, no query or fragment)",
+    "iri-reference": "https, http, ftp or file://host/path only (ASCII, at most 4 path segments, no query or fragment)",
+    "uri-template": "https://host/path only, each of at most 4 path segments a literal or one {variable}",
 }
 #: (shortest, longest) string each format grammar generates
 _FORMAT_LENGTHS: dict[str, tuple[int, int]] = {
@@ -104,10 +106,11 @@ _FORMAT_LENGTHS: dict[str, tuple[int, int]] = {
     "hostname": (1, 131),
     "email": (3, 164),
     "idn-email": (3, 164),
-    "uri": (9, 223),
-    "uri-reference": (9, 223),
-    "iri": (9, 223),
-    "iri-reference": (9, 223),
+    "uri": (7, 223),
+    "uri-reference": (7, 223),
+    "iri": (7, 223),
+    "iri-reference": (7, 223),
+    "uri-template": (9, 223),
 }
 
 _PRIMITIVES = {
@@ -144,10 +147,11 @@ _PRIMITIVES = {
     "hostname": 'label ( "." label ){0,3}',
     "email": '[A-Za-z0-9._+-]{1,32} "@" hostname',
     "idn-email": "email",
-    "uri": '"https://" hostname ( "/" [A-Za-z0-9._~-]{0,20} ){0,4}',
+    "uri": '( "https" | "http" | "ftp" | "file" ) "://" hostname ( "/" [A-Za-z0-9._~-]{0,20} ){0,4}',
     "uri-reference": "uri",
     "iri": "uri",
     "iri-reference": "uri",
+    "uri-template": '"https://" hostname ( "/" ( [A-Za-z0-9._~-]{0,20} | "{" [A-Za-z0-9_]{1,16} "}" ) ){0,4}',
 }
 _PRIMITIVE_DEPS = {
     "char": ("hex-cp",),
@@ -168,6 +172,7 @@ _PRIMITIVE_DEPS = {
     "uri-reference": ("uri",),
     "iri": ("uri",),
     "iri-reference": ("uri",),
+    "uri-template": ("hostname",),
 }
 
 
@@ -207,17 +212,22 @@ class _Unsatisfiable(_Refuse):
     """No value satisfies this (sub)schema: an anyOf branch may be dropped for it."""
 
 
-def compile_schema(schema: Mapping[str, Any] | bool, *, space: bool = False) -> CompiledGrammar:
+def compile_schema(
+    schema: Mapping[str, Any] | bool, *, space: bool = False, open_objects: bool = True
+) -> CompiledGrammar:
     """An exact GBNF grammar for ``schema``, or the refusal saying which construct prevents one.
 
     ``space=True`` allows one space after ``:`` and ``,``; by default there is no free
-    whitespace anywhere. Never raises for any JSON-like input.
+    whitespace anywhere. ``open_objects=False`` keeps objects whose ``additionalProperties``
+    is absent or true closed (only the declared properties are generated; an
+    ``additionalProperties`` schema or ``patternProperties`` still extends them). Never
+    raises for any JSON-like input.
     """
     try:
         depth = _nesting(schema)
         if depth > 4 * MAX_DEPTH:
             raise _Refuse("$", "depth", f"the schema nests {depth} levels deep (at most {4 * MAX_DEPTH})")
-        compiler = _Compiler(schema, space=space)
+        compiler = _Compiler(schema, space=space, open_objects=open_objects)
         return compiler.run()
     except _Refuse as exc:
         return CompiledGrammar(None, [exc.refusal])
@@ -425,11 +435,12 @@ class _Bound:
 
 
 class _Compiler:
-    def __init__(self, root: Any, *, space: bool) -> None:
+    def __init__(self, root: Any, *, space: bool, open_objects: bool = True) -> None:
 
         self.root = root
         self.colon = '":" " "?' if space else '":"'
         self.comma = '"," " "?' if space else '","'
+        self.open_objects = open_objects
         self.rules: dict[str, str] = {}
         self.bodies: dict[str, str] = {}
         self.refs: dict[str, str] = {}
@@ -523,7 +534,8 @@ class _Compiler:
         if not isinstance(node, dict):
             raise _Refuse(path, "schema", f"a schema must be an object or a boolean, got {_q(node)}")
         if path != "$" and any(
-            isinstance(node.get(k), str) and not node[k].startswith("#")
+            # the root's own id, carried into merged or distributed copies of the root, is no nesting
+            isinstance(node.get(k), str) and not node[k].startswith("#") and node[k] != self.root_id
             for k in ("$id", "id" if self.draft == 4 else "$id")
         ):
             raise _Refuse(path, "$id", "a nested $id changes how refs resolve; not compiled")
@@ -532,6 +544,8 @@ class _Compiler:
             if self.draft <= 7 or not siblings:
                 return self.ref(node["$ref"], path, depth, bare)
             node = {"allOf": [{"$ref": node["$ref"]}, siblings]}
+        if "unevaluatedProperties" in node or "unevaluatedItems" in node:
+            node = self.unevaluated(node, path)
         for key in ("$dynamicRef", "$recursiveRef", "extends", "disallow"):
             if key in node and _asserts(node, key):
                 raise _Refuse(path, key, f'"{key}" has no exact grammar equivalent')
@@ -546,6 +560,34 @@ class _Compiler:
         if ("anyOf" in node and _asserts(node, "anyOf")) or ("oneOf" in node and _asserts(node, "oneOf")):
             return self.alternatives(node, path, depth, bare)
         return self.typed(node, path, depth)
+
+    def unevaluated(self, node: dict[str, Any], path: str) -> dict[str, Any]:
+        """``unevaluatedProperties``/``unevaluatedItems`` in their simple form — no in-place
+        applicator beside them (no allOf/anyOf/oneOf/not/if/dependentSchemas/$ref), so only the
+        adjacent keywords evaluate — rewritten as the adjacent keyword they then equal:
+        ``additionalProperties`` (none when it is already there: every key is evaluated),
+        ``items`` after ``prefixItems`` (2019-09: ``additionalItems`` after an ``items``
+        array). Beside in-place applicators it is refused (also in an allOf component, before
+        the components are merged); ``contains`` (which evaluates the items it matches from
+        2020-12) keeps ``unevaluatedItems`` refused."""
+        if self.draft < 2019:
+            return node
+        for key in ("unevaluatedProperties", "unevaluatedItems"):
+            if key in node and _asserts(node, key) and any(k in node for k in _IN_PLACE):
+                # merged with the applicators' schemas, it would see keys they only seem to evaluate
+                raise _Refuse(path, key, f'"{key}" beside allOf/anyOf/oneOf/not/if/$ref is not compiled')
+        out = dict(node)
+        if "unevaluatedProperties" in out and _asserts(out, "unevaluatedProperties"):
+            value = out.pop("unevaluatedProperties")
+            out.setdefault("additionalProperties", value)
+        if "unevaluatedItems" in out and _asserts(out, "unevaluatedItems") and "contains" not in out:
+            value = out.pop("unevaluatedItems")
+            items = out.get("items")
+            if self.draft >= 2020 or items is None or isinstance(items, (dict, bool)):
+                out.setdefault("items", value)
+            else:
+                out.setdefault("additionalItems", value)
+        return out
 
     # ------------------------------------------------------------------ rewriting into anyOf/allOf
 
@@ -873,19 +915,47 @@ class _Compiler:
         lits = _literal_values(a)
         if lits is not None:
             return not any(self.valid(b, v, "$", "oneOf") for v in lits)
-        ka, kb = _schema_kinds(a) or _generated_kinds({**(rest or {}), **a}), _schema_kinds(b)
+        ka, kb = self.kinds(a) or _generated_kinds({**(rest or {}), **a}), self.kinds(b)
         if ka is not None and kb is not None and not ka & kb:
             return True
         if ka == {"object"}:
-            req: list[Any] = a["required"] if isinstance(a.get("required"), list) else []
             pa: dict[str, Any] = a["properties"] if isinstance(a.get("properties"), dict) else {}
             pb: dict[str, Any] = b["properties"] if isinstance(b.get("properties"), dict) else {}
-            for name in req:
-                if isinstance(name, str) and name in pa and name in pb:
-                    la = _literal_values(self.flat(pa[name], "$"))
-                    if la is not None and self.excludes({"enum": la}, self.flat(pb[name], "$")):
-                        return True
+            for name in _required(a):
+                # every value for a has the name: b forbids it, or their schemas for it exclude
+                if name not in pb and _closed(b):
+                    return True
+                if name in pa and name in pb and self.excludes(self.flat(pa[name], "$"), self.flat(pb[name], "$")):
+                    return True
+            for name in _required(b):
+                # a value for a lacks the name (b rejects it) or has a's value for it
+                if name not in pa and _closed(a):
+                    return True
+                if name in pa and (
+                    pa[name] is False
+                    or (name in pb and self.excludes(self.flat(pa[name], "$"), self.flat(pb[name], "$")))
+                ):
+                    return True
         return False
+
+    def kinds(self, node: Any, depth: int = 0) -> set[str] | None:
+        """The JSON kinds ``node`` admits at most (integer counts as number), when its type,
+        literals or alternatives say (refs followed), else None."""
+        if not isinstance(node, dict) or depth > 16:
+            return None
+        known = _schema_kinds(node)
+        for key in ("anyOf", "oneOf"):
+            alts = node.get(key)
+            if isinstance(alts, list) and alts:
+                union: set[str] = set()
+                for alt in alts:
+                    k = self.kinds(self.flat(alt, "$"), depth + 1)
+                    if k is None:
+                        union = set(_TYPES) - {"integer"}
+                        break
+                    union |= k
+                known = union if known is None else known & union
+        return known
 
     # ------------------------------------------------------------------ allOf
 
@@ -929,6 +999,14 @@ class _Compiler:
                 if ref not in seen:  # allOf is idempotent: the same target merged twice is merged once
                     seen.add(ref)
                     yield from self.flatten([target], path, depth + 1, chain | {ref}, seen)
+            if "unevaluatedProperties" in comp or "unevaluatedItems" in comp:
+                comp = self.unevaluated(comp, path)
+            if any(k in comp for k in _REWRITTEN if k != "not"):
+                # if/dependent* of a component become allOf/anyOf parts merged like the rest (two
+                # components' "if" cannot be merged as keywords); "not" merges as it is
+                comp = self.rewrite({k: v for k, v in comp.items() if k != "not"}, path, depth + 1) or comp
+                if "not" in given:
+                    comp["allOf"] = [*comp.get("allOf", []), {"not": given["not"]}]
             if "allOf" in comp:
                 inner = comp.pop("allOf")
                 if not isinstance(inner, list):
@@ -1159,13 +1237,128 @@ class _Compiler:
         nonempty = lo == 1 and n_required == 0
         if lo > n_required and not nonempty:
             raise _Refuse(path, "minProperties", f"minProperties {lo} exceeds the {n_required} required properties")
-        if nonempty and not items:
-            raise _Unsatisfiable(path, "minProperties", "minProperties 1 on an object that admits no property")
         if hi is not None and hi < len(items):
             raise _Refuse(path, "maxProperties", f"maxProperties {hi} is below the {len(items)} declared properties")
         if missing := [r for r in required_set if r not in {d[0] for d in declared}]:
             raise _Unsatisfiable(path, "required", f"required {_q(sorted(missing))} can never be present")
-        return self.rule(f"{path}-object", f'"{{" {self.ordered(items, path, nonempty=nonempty)} "}}"')
+        ext = self.extension(node, declared, path, depth) if hi is None else None
+        if nonempty and not items and ext is None:
+            raise _Unsatisfiable(path, "minProperties", "minProperties 1 on an object that admits no property")
+        body = self.ordered(items, path, nonempty=nonempty)
+        if ext is not None:
+            more = _repeat(f"COMMA {ext}", 0, None)
+            if n_required:
+                body = f"{body} {more}"
+            else:
+                some = f"{self.ordered(items, path, nonempty=True)} {more}" if items else None
+                only = f"{ext} {more}"
+                either = self.rule(f"{path}-some", f"{some} | {only}" if some else only)
+                body = either if nonempty else f"{either}?"
+        return self.rule(f"{path}-object", f'"{{" {body} "}}"')
+
+    def extension(
+        self, node: dict[str, Any], declared: list[tuple[str, Any, str]], path: str, depth: int
+    ) -> str | None:
+        """The extension-key rule: one key/value pair the schema allows beside the declared
+        properties (generated after them), or None when there is none or none is expressible
+        exactly (then the object is generated closed: fewer values, never more).
+
+        Without ``patternProperties``: keys that are no declared or required name
+        (:meth:`key_not_in`), with ``additionalProperties``' values — when it is a schema, or
+        when it is absent/true and open objects are on. With ``patternProperties``: keys
+        matching one pattern, with values valid against that pattern's schema, every other
+        pattern's schema unless the two provably share no key, and the schema of each
+        declared name the pattern matches (a repeated key leaves the last value, which meets
+        both). Keys also satisfy ``propertyNames``. Extension keys may repeat one another (the
+        parsed object keeps the last value, valid too), so ``maxProperties`` keeps the
+        object closed (the caller)."""
+        props, required, extra, patterns, names = _object_shape(node, path)
+        names_schema = None if names is True or names == {} else names
+        taken = list(dict.fromkeys([*props, *required]))
+        pairs: list[tuple[Any, Any, str]] = []  # (key schema or None for key_not_in, value schema, path)
+        bounds: tuple[int, int | None] = (0, None)  # key lengths for key_not_in
+        if not patterns:
+            if extra is False or ((extra is True or extra == {}) and not self.open_objects):
+                return None
+            key: Any = None
+            only = None if names_schema is None else _length_only(names_schema, path)
+            if only is not None:
+                bounds = only
+            elif names_schema is not None:
+                string = {"type": "string", "pattern": _not_one_of(taken)} if taken else {"type": "string"}
+                key = {"allOf": [string, names_schema]}
+            pairs.append((key, extra, child(path, "additionalProperties")))
+        else:
+            for pat, pschema in patterns.items():
+                values = [pschema]
+                values += [o for other, o in patterns.items() if other != pat and not _disjoint_patterns(pat, other)]
+                try:
+                    values += [sub for name, sub, _ in declared if re.search(pat, name) is not None]
+                except re.error:
+                    return None
+                key = {"type": "string", "pattern": pat}
+                if names_schema is not None:
+                    key = {"allOf": [key, names_schema]}
+                value = values[0] if len(values) == 1 else {"allOf": values}
+                pairs.append((key, value, child(child(path, "patternProperties"), pat)))
+        exprs = []
+        for key_schema, value_schema, vpath in pairs:
+            saved = self.save()
+            notes = len(self.notes)
+            try:
+                if key_schema is None:
+                    key_expr = self.key_not_in(taken, path, *bounds)
+                else:
+                    key_expr = self.gen(key_schema, child(path, "propertyNames"), depth + 1, frozenset())
+                value_expr = self.gen(value_schema, vpath, depth + 1, frozenset())
+            except _Refuse:
+                self.restore(saved)
+                del self.notes[notes:]
+                continue
+            exprs.append(self.rule(f"{path}-ext-kv", f"{key_expr} COLON {value_expr}"))
+        if not exprs:
+            return None
+        return self.rule(f"{path}-ext", " | ".join(dict.fromkeys(exprs)))
+
+    def key_not_in(self, names: list[str], path: str, lo: int = 0, hi: int | None = None) -> str:
+        """A JSON string (quotes included) that is none of ``names``, kept small: a key whose
+        first character starts no name, or whose length (in characters) differs from every
+        name with the same first character. Fewer keys than "not a name" (a key as long as a
+        name with its first character is left out), never a name; the first character is
+        written raw. ``lo``/``hi``: the key's length bounds."""
+        char = self.primitive("char")
+        if not names:
+            return self.primitive("string") if (lo, hi) == (0, None) else f'"\\"" {_repeat(char, lo, hi)} "\\""'
+        if hi is not None and hi < lo:
+            raise _Unsatisfiable(path, "propertyNames", "no key meets the length bounds")
+        by_first: dict[str, set[int]] = {}
+        empty = False
+        for name in names:
+            if name:
+                by_first.setdefault(name[0], set()).add(len(name) - 1)
+            else:
+                empty = True
+        firsts = sorted(by_first)
+        other = "".join(_gbnf_char(c, in_class=True) for c in firsts)
+        rest_lo, rest_hi = max(lo - 1, 0), None if hi is None else hi - 1
+        parts = []
+        if hi != 0:
+            parts.append(f'[^{other}"\\\\\\x7F\\x00-\\x1F] {_repeat(char, rest_lo, rest_hi)}')
+            for c in firsts:
+                runs, start = [], rest_lo
+                for n in sorted(by_first[c]):
+                    if n > start and (rest_hi is None or start <= rest_hi):
+                        runs.append(_repeat(char, start, n - 1 if rest_hi is None else min(n - 1, rest_hi)))
+                    start = max(start, n + 1)
+                if rest_hi is None or start <= rest_hi:
+                    runs.append(_repeat(char, start, rest_hi))
+                if runs:
+                    parts.append(f"{gbnf_literal(json.dumps(c, ensure_ascii=False)[1:-1])} {_alt(runs)}")
+        if not empty and lo == 0:
+            parts.append('""')
+        if not parts:
+            raise _Unsatisfiable(path, "propertyNames", "every key the length bounds allow is a declared name")
+        return f'"\\"" {self.rule(f"{path}-key", " | ".join(parts))} "\\""'
 
     def declared(
         self, props: dict[str, Any], required: list[str], path: str, *, extra: Any, patterns: dict[str, Any], names: Any
@@ -1934,6 +2127,16 @@ def _kind(value: Any) -> str:
     return "array" if isinstance(value, list) else "object"
 
 
+def _required(node: dict[str, Any]) -> list[str]:
+    req = node.get("required")
+    return [r for r in req if isinstance(r, str)] if isinstance(req, list) else []
+
+
+def _closed(node: dict[str, Any]) -> bool:
+    """``node`` admits no key outside its ``properties``."""
+    return node.get("additionalProperties") is False and not node.get("patternProperties")
+
+
 def _literal_values(node: Any) -> list[Any] | None:
     if not isinstance(node, dict):
         return None
@@ -1963,6 +2166,21 @@ def _canon(value: Any) -> str:
 _POSITIONAL_ITEMS = ("prefixItems", "items", "additionalItems")
 #: keywords rewritten into allOf/anyOf before generation
 _REWRITTEN = ("not", "if", "dependentRequired", "dependentSchemas", "dependencies")
+#: keywords that apply subschemas to the instance itself (their annotations count as evaluated)
+_IN_PLACE = (
+    "allOf",
+    "anyOf",
+    "oneOf",
+    "not",
+    "if",
+    "then",
+    "else",
+    "dependentSchemas",
+    "dependencies",
+    "$ref",
+    "$dynamicRef",
+    "$recursiveRef",
+)
 #: a bound's negation: (the kind it applies to, the opposite keyword, +/-1 for counts, 0 for numbers)
 _FLIPPED_BOUNDS: dict[str, tuple[str, str, int]] = {
     "minimum": ("number", "exclusiveMaximum", 0),
@@ -2010,6 +2228,39 @@ def _not_one_of(strings: list[str]) -> str:
         return "|".join(parts)
 
     return f"^(?:{comp(trie)})$"
+
+
+def _length_only(schema: Any, path: str) -> tuple[int, int | None] | None:
+    """(minLength, maxLength) when ``schema`` (a propertyNames) asserts nothing else, else None."""
+    if not isinstance(schema, dict):
+        return None
+    asserting = {k for k in schema if _asserts(schema, k)}
+    if not asserting <= {"minLength", "maxLength", "type"} or schema.get("type", "string") != "string":
+        return None
+    return _counts(schema, path, "minLength", "maxLength")
+
+
+def _literal_prefix(pattern: str) -> str | None:
+    """The literal text every match of an anchored ``pattern`` starts with (None: not anchored)."""
+    if not pattern.startswith("^") or "|" in pattern:
+        return None
+    out: list[str] = []
+    for c in pattern[1:]:
+        if c in "\\.[](){}*+?^$":
+            if c in "*?{" and out:  # a quantifier that allows zero takes the character back
+                out.pop()
+            break
+        out.append(c)
+    return "".join(out)
+
+
+def _disjoint_patterns(a: str, b: str) -> bool:
+    """True when no string matches both patterns (anchored, literal prefixes that diverge)."""
+    pa, pb = _literal_prefix(a), _literal_prefix(b)
+    if pa is None or pb is None:
+        return False
+    n = min(len(pa), len(pb))
+    return pa[:n] != pb[:n]
 
 
 def _both(a: Any, b: Any) -> Any:
@@ -2135,15 +2386,7 @@ def _fit_lengths(items: list[tuple[Any, ...]], lo: int, hi: int | None) -> list[
         return a
 
     if hi is not None:
-        budget = hi - sum(a for a, _ in lens)
-        for i, (a, b) in enumerate(lens):
-            if a == b:
-                continue
-            n = out[i]
-            size = piece(n)
-            room = budget // size if n[3] is None else min(budget // size, n[3] - n[2])
-            out[i] = ("rep", n[1], n[2], n[2] + room)
-            budget -= room * size
+        out = list(_cut(("cat", out), hi - sum(a for a, _ in lens))[1])
     deficit = lo - sum(_regex_lengths(n)[0] for n in out)
     for i, n in enumerate(out):
         if deficit <= 0:
@@ -2163,6 +2406,45 @@ def _fit_lengths(items: list[tuple[Any, ...]], lo: int, hi: int | None) -> list[
     if total_lo < lo or (hi is not None and (total_hi is None or total_hi > hi)):
         return None
     return out
+
+
+def _cut(node: tuple[Any, ...], extra: int) -> tuple[Any, ...]:
+    """``node`` with its repeats cut so that no match is more than ``extra`` characters longer
+    than its shortest (fewer strings, each still a match; the shortest kept): a
+    concatenation's variable parts take the budget first come, first served, an optional
+    part is cut to it or dropped, each alternative gets what the shortest leaves it. Raises
+    when a variable part is none of these."""
+    lo, hi = _regex_lengths(node)
+    if hi is not None and hi - lo <= extra:
+        return node
+    kind = node[0]
+    if kind == "cat":
+        items = list(node[1])
+        for i, item in enumerate(items):
+            a, b = _regex_lengths(item)
+            give = extra if b is None else min(extra, b - a)
+            items[i] = _cut(item, give)
+            extra -= give
+        return ("cat", items)
+    if kind == "alt":
+        kept = []
+        for branch in node[1]:
+            room = lo + extra - _regex_lengths(branch)[0]
+            if room >= 0:
+                kept.append(_cut(branch, room))
+        return ("alt", kept)
+    if kind == "rep":
+        a, b = _regex_lengths(node[1])
+        if a == b and a > 0:
+            room = extra // a if node[3] is None else min(extra // a, node[3] - node[2])
+            return ("rep", node[1], node[2], node[2] + room)
+        if (node[2], node[3]) == (1, 1):
+            return ("rep", _cut(node[1], extra), 1, 1)
+        if (node[2], node[3]) == (0, 1):
+            if extra < a:
+                return ("rep", node[1], 0, 0)
+            return ("rep", _cut(node[1], extra - a), 0, 1)
+    raise _RegexUnsupported("has a variable-length part that cannot be cut to the length bounds")
 
 
 def _has_anchor(node: tuple[Any, ...]) -> bool:
@@ -2194,6 +2476,8 @@ def _regex_lengths(node: tuple[Any, ...]) -> tuple[int, int | None]:
         return min(a for a, _ in pairs), None if None in highs else max(b for b in highs if b is not None)
     if kind == "rep":
         a, b = _regex_lengths(node[1])
+        if node[3] == 0:
+            return 0, 0
         return a * node[2], None if node[3] is None or b is None else b * node[3]
     return 0, 0
 

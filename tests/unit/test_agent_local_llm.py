@@ -19,6 +19,7 @@ from localllm.agents.local_llm import LocalLLMAgent, normalize_endpoint, shape_s
 from localllm.config import Config
 from localllm.errors import AgentError, ErrorKind, FetchError
 from localllm.grammar import compile_schema
+from localllm.grammar.walk import Grammar
 from localllm.loading import load_config
 from localllm.managed.server import CANARY_BODY
 from localllm.runtime import Runtime
@@ -104,7 +105,7 @@ def test_managed_decide_with_grammar(tmp_path: Path, server_bin: Path, logs: dic
     assert argv[argv.index("--parallel") + 1] == "2" and argv[argv.index("-c") + 1] == "1024"
     assert argv[argv.index("--host") + 1] == "127.0.0.1"
     body = chat_requests(logs["requests"])[0]["body"]
-    assert body["grammar"] == compile_schema(DECIDE).grammar and "response_format" not in body
+    assert body["grammar"] == compile_schema(DECIDE, open_objects=False).grammar and "response_format" not in body
     assert body["temperature"] == 0.0 and body["max_tokens"] == 512
     # the static shape statement first, the varying prompt last (prefix-cache friendly)
     assert body["messages"] == [{"role": "user", "content": shape_statement(DECIDE) + "Route: my invoice is wrong"}]
@@ -204,7 +205,21 @@ def test_compact_false_lets_the_compiled_grammar_take_one_space(
     with Runtime(managed_config(tmp_path, server_bin, ", compact: false")) as rt:
         rt.call("decide", agent="agent.local", prompt="p", schema=DECIDE)
     (sent,) = chat_requests(logs["requests"])
-    assert sent["body"]["grammar"] == compile_schema(DECIDE, space=True).grammar != compile_schema(DECIDE).grammar
+    closed = compile_schema(DECIDE, open_objects=False).grammar
+    assert sent["body"]["grammar"] == compile_schema(DECIDE, space=True, open_objects=False).grammar != closed
+
+
+def test_open_objects_lets_the_compiled_grammar_take_undeclared_keys(
+    tmp_path: Path, server_bin: Path, logs: dict[str, Path]
+) -> None:
+    with Runtime(managed_config(tmp_path, server_bin, ", open_objects: true")) as rt:
+        rt.call("decide", agent="agent.local", prompt="p", schema=DECIDE)
+    (sent,) = chat_requests(logs["requests"])
+    grammar = Grammar.parse(sent["body"]["grammar"])
+    assert grammar.matches('{"route":"billing","confidence":0.5,"why":"x"}')
+    assert not Grammar.parse(compile_schema(DECIDE, open_objects=False).grammar or "").matches(
+        '{"route":"billing","confidence":0.5,"why":"x"}'
+    )
 
 
 def test_json_schema_wins_over_grammar(tmp_path: Path, server_bin: Path, logs: dict[str, Path]) -> None:

@@ -1,0 +1,375 @@
+"""Constructs compiled since the JSONSchemaBench sample's refusals (tests/bench/bench_grammar.py):
+oneOf branches told apart by required names, closed objects and alternatives' kinds; allOf
+components with their own if/then; the root's id carried into merged copies; uri-template.
+
+Each has a regression test (refused before) and a family test: every walk validates and no
+candidate the schema rejects is admitted.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from localllm.grammar.compile import compile_schema
+from localllm.grammar.walk import Grammar
+from tests.unit.grammar_harness import invalid_walks, validator
+
+D4 = "http://json-schema.org/draft-04/schema#"
+
+
+def grammar_of(schema: Any) -> Grammar:
+    compiled = compile_schema(schema)
+    assert compiled.grammar is not None, compiled.refusals
+    return Grammar.parse(compiled.grammar)
+
+
+def leaks(schema: Any, values: list[Any]) -> list[str]:
+    compiled = compile_schema(schema)
+    if compiled.grammar is None:
+        return []
+    grammar = Grammar.parse(compiled.grammar)
+    check = validator(schema)
+    out = []
+    for value in values:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+        if grammar.matches(text) and not check.is_valid(value):
+            out.append(text)
+    return out
+
+
+# ---------------------------------------------------------------------------- oneOf told apart
+
+
+# Github_trivial o83137 (reduced): a closed object that requires "locks", or one that requires "error"
+LOCKS = {
+    "$schema": D4,
+    "type": "object",
+    "oneOf": [
+        {
+            "properties": {"locks": {"type": "array", "items": {"type": "string"}}, "next": {"type": "string"}},
+            "additionalProperties": False,
+            "required": ["locks"],
+        },
+        {
+            "properties": {"locks": {"type": "null"}, "error": {"type": "string"}},
+            "additionalProperties": False,
+            "required": ["error"],
+        },
+    ],
+}
+
+
+def test_one_of_of_closed_objects_with_different_required_names_compiles() -> None:
+    grammar = grammar_of(LOCKS)
+    assert grammar.matches('{"locks":["a"],"next":"x"}') and grammar.matches('{"locks":null,"error":"e"}')
+    assert grammar.matches('{"error":"e"}')
+    assert not grammar.matches('{"locks":["a"],"error":"e"}') and not grammar.matches("{}")
+
+
+def test_one_of_told_apart_by_the_kinds_of_alternatives() -> None:
+    # JsonSchemaStore rtx (reduced): an array of tools, or one tool (a string or an object)
+    tool = {
+        "oneOf": [
+            {"type": "string"},
+            {"type": "object", "properties": {"version": {"type": "string"}}, "required": ["version"]},
+        ]
+    }
+    schema = {
+        "$defs": {"tool": tool},
+        "oneOf": [{"type": "array", "items": {"$ref": "#/$defs/tool"}}, {"$ref": "#/$defs/tool"}],
+    }
+    grammar = grammar_of(schema)
+    assert (
+        grammar.matches('["1.0",{"version":"2"}]') and grammar.matches('"1.0"') and grammar.matches('{"version":"2"}')
+    )
+    assert not grammar.matches("1")
+
+
+_PROP_SCHEMAS: list[Any] = [
+    {"type": "string"},
+    {"type": "null"},
+    {"const": 1},
+    {"enum": [1, 2]},
+    {"type": "integer"},
+    {},
+]
+_BRANCH_NAMES = ["a", "b", "c"]
+
+
+@st.composite
+def _branch(draw: st.DrawFn) -> dict[str, Any]:
+    names = draw(st.lists(st.sampled_from(_BRANCH_NAMES), min_size=1, max_size=3, unique=True))
+    node: dict[str, Any] = {"properties": {n: draw(st.sampled_from(_PROP_SCHEMAS)) for n in names}}
+    required = draw(st.lists(st.sampled_from(_BRANCH_NAMES), max_size=2, unique=True))
+    if required:
+        node["required"] = required
+    if draw(st.booleans()):
+        node["additionalProperties"] = False
+    return node
+
+
+def _objects(rng: random.Random, n: int) -> list[Any]:
+    values: list[Any] = ["x", 1, None, {}]
+    pool: list[Any] = ["s", None, 1, 2, 3, 1.5, [], {}]
+    for _ in range(n):
+        names = rng.sample([*_BRANCH_NAMES, "d"], rng.randint(1, 3))
+        values.append({k: rng.choice(pool) for k in names})
+    return values
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_branch(), min_size=2, max_size=3), st.integers(0, 1000))
+def test_one_of_families_admit_only_values_one_branch_accepts(branches: list[Any], seed: int) -> None:
+    schema = {"type": "object", "oneOf": branches}
+    compiled = compile_schema(schema)
+    if compiled.grammar is None:
+        return
+    assert invalid_walks(schema, compiled, 30, seed) == []
+    assert leaks(schema, _objects(random.Random(seed), 80)) == []
+
+
+# ---------------------------------------------------------------------------- allOf of if/then
+
+
+def _if_then(kind: str, name: str) -> dict[str, Any]:
+    return {
+        "if": {"properties": {"type": {"const": kind}}},
+        "then": {"properties": {"type": {"const": kind}, name: {"type": "string"}}, "required": [name]},
+    }
+
+
+# JsonSchemaStore openrewrite (reduced): one if/then per resource type, each in its own allOf component
+RESOURCES = {
+    "type": "object",
+    "properties": {"type": {"enum": ["recipe", "category", "style"]}},
+    "required": ["type"],
+    "allOf": [_if_then("recipe", "name"), _if_then("category", "packageName")],
+}
+
+
+def test_all_of_components_with_their_own_if_then_compile() -> None:
+    grammar = grammar_of(RESOURCES)
+    assert grammar.matches('{"type":"recipe","name":"n"}') and grammar.matches('{"type":"style"}')
+    assert grammar.matches('{"type":"category","packageName":"p"}')
+    assert not grammar.matches('{"type":"recipe"}') and not grammar.matches('{"type":"category","name":"n"}')
+    compiled = compile_schema(RESOURCES)
+    assert invalid_walks(RESOURCES, compiled, 300) == []
+
+
+def test_all_of_component_keeps_its_not_beside_its_if() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"k": {"enum": ["a", "b", "c"]}},
+        "required": ["k"],
+        "allOf": [
+            {
+                "if": {"properties": {"k": {"const": "a"}}},
+                "then": {"required": ["x"]},
+                "not": {"properties": {"k": {"const": "c"}}},
+            }
+        ],
+    }
+    values = [{"k": "a"}, {"k": "a", "x": 1}, {"k": "b"}, {"k": "c"}, {"k": "c", "x": 1}]
+    assert leaks(schema, values) == []
+    grammar = grammar_of(schema)
+    assert grammar.matches('{"k":"b"}') and not grammar.matches('{"k":"c"}') and not grammar.matches('{"k":"a"}')
+
+
+# ---------------------------------------------------------------------------- the root's id
+
+
+def test_root_id_in_distributed_copies_is_not_a_nested_id() -> None:
+    # JsonSchemaStore libman (reduced): a draft-4 root with "id", allOf of anyOf distributes the root
+    schema = {
+        "$schema": D4,
+        "id": "https://json.schemastore.org/libman.json",
+        "type": "object",
+        "properties": {"version": {"enum": ["1.0"]}, "defaultProvider": {"type": "string"}},
+        "required": ["version"],
+        "allOf": [{"anyOf": [{"required": ["defaultProvider"]}, {"properties": {"defaultProvider": {"const": "x"}}}]}],
+    }
+    grammar = grammar_of(schema)
+    assert grammar.matches('{"version":"1.0","defaultProvider":"y"}') and grammar.matches('{"version":"1.0"}')
+    assert invalid_walks(schema, compile_schema(schema), 200) == []
+
+
+# ---------------------------------------------------------------------------- uri-template
+
+
+def test_uri_template_is_generated_narrowed_and_valid() -> None:
+    schema = {"type": "string", "format": "uri-template"}
+    compiled = compile_schema(schema)
+    assert compiled.grammar is not None and any("uri-template" in n for n in compiled.notes)
+    assert invalid_walks(schema, compiled, 500) == []
+    grammar = Grammar.parse(compiled.grammar)
+    assert grammar.matches('"https://example.com/{id}/files"')
+    for bad in ('"https://example.com/{id"', '"https://example.com/{}"'):
+        assert not validator(schema).is_valid(json.loads(bad))
+        assert not grammar.matches(bad)
+
+
+@pytest.mark.parametrize("fmt", ["uri-template"])
+def test_uri_template_with_length_bounds_inside_the_format_lengths_is_refused(fmt: str) -> None:
+    assert compile_schema({"type": "string", "format": fmt, "maxLength": 20}).refusals[0].construct == "maxLength"
+
+
+def test_uri_admits_the_common_schemes() -> None:
+    # MCPspec ListRootsResult: a root's uri "must start with file://"
+    schema = {"type": "object", "properties": {"uri": {"type": "string", "format": "uri"}}, "required": ["uri"]}
+    grammar = grammar_of(schema)
+    for text in ('{"uri":"file://path/to/root1"}', '{"uri":"http://a.b/c"}', '{"uri":"https://a.b"}'):
+        assert validator(schema).is_valid(json.loads(text))
+        assert grammar.matches(text)
+    assert invalid_walks(schema, compile_schema(schema), 500) == []
+
+
+# ---------------------------------------------------------------------------- maxLength beside grouped patterns
+
+
+def test_max_length_beside_groups_and_optional_groups_is_intersected() -> None:
+    # Github_hard o82571: a CURIE pattern of groups, one optional, beside maxLength 146
+    schema = {
+        "type": "string",
+        "pattern": "^([a-z0-9-]+):([a-z0-9\\.-]+):([a-z0-9-]+)?:([a-z0-9-]+)$",
+        "minLength": 0,
+        "maxLength": 14,
+    }
+    compiled = compile_schema(schema)
+    assert compiled.grammar is not None, compiled.refusals
+    assert invalid_walks(schema, compiled, 500) == []
+    grammar = Grammar.parse(compiled.grammar)
+    # the first variable part takes the budget (as for plain repeats); the optional one is dropped
+    assert grammar.matches('"a:b::c"') and grammar.matches('"abcdefghi:b::c"')
+    assert not grammar.matches('"abcdefghij:b::c"')  # 15 characters
+
+
+_PIECES = ["[a-z]+", "([0-9]+)", "(ab|c+)", "(x+)?", ":", "(y|zz)?", "[a-c]{2,3}"]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.sampled_from(_PIECES), min_size=1, max_size=4),
+    st.booleans(),
+    st.integers(0, 4),
+    st.integers(1, 12),
+    st.integers(0, 1000),
+)
+def test_length_bounds_beside_pattern_families_admit_only_matches(
+    pieces: list[str], anchored: bool, lo: int, hi: int, seed: int
+) -> None:
+    body = "".join(pieces)
+    schema = {"type": "string", "pattern": f"^{body}$" if anchored else body, "minLength": lo, "maxLength": hi}
+    compiled = compile_schema(schema)
+    if compiled.grammar is None:
+        return
+    assert invalid_walks(schema, compiled, 40, seed) == []
+    rng = random.Random(seed)
+    candidates = ["".join(rng.choice("abcxyz09:") for _ in range(rng.randint(0, 14))) for _ in range(200)]
+    assert leaks(schema, candidates) == []
+
+
+# ---------------------------------------------------------------------------- unevaluated*, simple forms
+
+
+@pytest.mark.parametrize(
+    ("schema", "admits", "rejects"),
+    [
+        (
+            {"type": "object", "properties": {"foo": {"type": "string"}}, "unevaluatedProperties": False},
+            ['{"foo":"a"}', "{}"],
+            ['{"foo":"a","bar":1}', '{"bar":1}'],
+        ),
+        (
+            {"type": "object", "properties": {"foo": {}}, "unevaluatedProperties": {"type": "integer"}},
+            ['{"foo":"a","bar":1}'],
+            ['{"foo":"a","bar":"b"}'],
+        ),
+        (
+            {"type": "object", "additionalProperties": {"type": "string"}, "unevaluatedProperties": False},
+            ['{"bar":"b"}'],
+            ['{"bar":1}'],
+        ),
+        (
+            {"type": "array", "prefixItems": [{"type": "integer"}], "unevaluatedItems": False},
+            ["[1]", "[]"],
+            ["[1,2]", '["a"]'],
+        ),
+        (
+            {"type": "array", "unevaluatedItems": {"type": "string"}},
+            ['["a","b"]'],
+            ["[1]"],
+        ),
+    ],
+)
+def test_unevaluated_in_its_simple_form_is_the_adjacent_keyword(
+    schema: dict[str, Any], admits: list[str], rejects: list[str]
+) -> None:
+    compiled = compile_schema(schema)
+    assert compiled.grammar is not None, compiled.refusals
+    grammar = Grammar.parse(compiled.grammar)
+    check = validator(schema)
+    for text in admits:
+        assert check.is_valid(json.loads(text)) and grammar.matches(text), text
+    for text in rejects:
+        assert not check.is_valid(json.loads(text)) and not grammar.matches(text), text
+    assert invalid_walks(schema, compiled, 200) == []
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        # the allOf component's own unevaluatedProperties sees none of the parent's properties
+        {"properties": {"a": {}}, "allOf": [{"unevaluatedProperties": False}]},
+        {"allOf": [{"properties": {"a": {}}}, {"unevaluatedProperties": False}]},
+    ],
+)
+def test_unevaluated_in_an_all_of_component_sees_only_its_own_keywords(schema: dict[str, Any]) -> None:
+    assert not validator(schema).is_valid({"a": 1})
+    compiled = compile_schema(schema)
+    assert compiled.grammar is None or not Grammar.parse(compiled.grammar).matches('{"a":1}')
+    assert leaks(schema, [{"a": 1}, {}, {"b": 2}, [], "x"]) == []
+
+
+@pytest.mark.parametrize(
+    ("schema", "construct"),
+    [
+        ({"not": {"properties": {"x": {"type": "string"}}}, "unevaluatedProperties": False}, "unevaluatedProperties"),
+        ({"anyOf": [{"properties": {"a": {}}}], "unevaluatedProperties": False}, "unevaluatedProperties"),
+        ({"prefixItems": [{}], "contains": {"type": "string"}, "unevaluatedItems": False}, "unevaluatedItems"),
+    ],
+)
+def test_unevaluated_beside_in_place_applicators_is_refused(schema: dict[str, Any], construct: str) -> None:
+    assert compile_schema(schema).refusals[0].construct == construct
+
+
+_EVAL_POOL: list[Any] = [False, True, {"type": "integer"}, {"type": "string"}]
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.sampled_from(["a", "b"]), max_size=2, unique=True),
+    st.sampled_from([None, False, {"type": "string"}]),
+    st.sampled_from(_EVAL_POOL),
+    st.booleans(),
+    st.integers(0, 1000),
+)
+def test_unevaluated_properties_families(names: list[str], extra: Any, unevaluated: Any, nest: bool, seed: int) -> None:
+    inner: dict[str, Any] = {"type": "object", "properties": {n: {"type": "integer"} for n in names}}
+    if extra is not None:
+        inner["additionalProperties"] = extra
+    inner["unevaluatedProperties"] = unevaluated
+    schema = {"allOf": [{"properties": {"c": {}}}, inner]} if nest else inner
+    compiled = compile_schema(schema)
+    if compiled.grammar is None:
+        return
+    assert invalid_walks(schema, compiled, 40, seed) == []
+    rng = random.Random(seed)
+    pool: list[Any] = [1, "s", None]
+    values = [{k: rng.choice(pool) for k in rng.sample(["a", "b", "c", "d"], rng.randint(0, 3))} for _ in range(60)]
+    assert leaks(schema, values) == []
