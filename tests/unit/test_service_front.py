@@ -534,3 +534,26 @@ def test_tool_choice_auto_grammar_refuses_an_empty_reply() -> None:
     grammar = Grammar.parse(prepare({**asked, "tool_choice": "auto"}, "chat").body["grammar"])
     assert grammar.matches('{"content":"It is sunny."}')
     assert not grammar.matches('{"content":""}')
+
+
+def test_open_client_objects_are_generated_closed() -> None:
+    # pydantic's schemas (LangChain, instructor, pydantic-ai) leave additionalProperties out;
+    # a small model given extension keys rambled extra keys until max_tokens
+    from localllm.grammar.walk import Grammar
+    from localllm.service.chat import prepare
+
+    ticket = {"type": "object", "properties": {"queue": {"type": "string"}}, "required": ["queue"]}
+    asked = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+    structured = prepare({**asked, "response_format": fmt(ticket, strict=False)}, "chat").body["grammar"]
+    tool = {"type": "function", "function": {"name": "file", "parameters": ticket}}
+    called = prepare({**asked, "tools": [tool], "tool_choice": "required"}, "chat").body["grammar"]
+    for grammar, closed, extra in (
+        (structured, '{"queue":"billing"}', '{"queue":"billing","x":1}'),
+        (
+            called,
+            '{"tool_calls":[{"name":"file","arguments":{"queue":"b"}}]}',
+            '{"tool_calls":[{"name":"file","arguments":{"queue":"b","x":1}}]}',
+        ),
+    ):
+        parsed = Grammar.parse(grammar)
+        assert parsed.matches(closed) and not parsed.matches(extra)
