@@ -80,6 +80,11 @@ def _args(call: Any) -> dict[str, Any]:
 def test_openai_client_surface_structured_output_and_tool_calls(serve: Callable[..., Served]) -> None:
     served = serve()
     client: Any = served.client()
+    _openai_surface(client)
+    client.close()
+
+
+def _openai_surface(client: Any) -> None:
     assert client.models.retrieve(CHAT).id == CHAT
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("no-such-model")
@@ -190,17 +195,24 @@ def test_langchain_with_structured_output(serve: Callable[..., Served]) -> None:
     from langchain_openai import ChatOpenAI
 
     served = serve()
-    llm = ChatOpenAI(  # type: ignore[call-arg]
-        model=CHAT,
-        base_url=served.found.url + "/v1",
-        api_key=pydantic.SecretStr(served.token or ""),
-        max_tokens=128,
-        timeout=120,
-        max_retries=0,
-    )
-    for method in ("function_calling", "json_schema"):
-        ticket = llm.with_structured_output(Ticket, method=method).invoke("Ticket: my invoice is wrong. Classify it.")
-        assert isinstance(ticket, Ticket), method
+    # our own HTTP client, closed when done: langchain's default one is cached for the process
+    # and leaves its keep-alive socket to interpreter exit (a ResourceWarning in CI's log)
+    with httpx.Client(trust_env=False, timeout=120) as http_client:
+        llm = ChatOpenAI(  # type: ignore[call-arg]
+            model=CHAT,
+            base_url=served.found.url + "/v1",
+            api_key=pydantic.SecretStr(served.token or ""),
+            max_tokens=128,
+            temperature=0,
+            timeout=120,
+            max_retries=0,
+            http_client=http_client,
+        )
+        for method in ("function_calling", "json_schema"):
+            ticket = llm.with_structured_output(Ticket, method=method).invoke(
+                "Ticket: my invoice is wrong. Classify it."
+            )
+            assert isinstance(ticket, Ticket), method
 
 
 def test_pydantic_ai_default_output(serve: Callable[..., Served]) -> None:
@@ -217,7 +229,7 @@ def test_pydantic_ai_default_output(serve: Callable[..., Served]) -> None:
             agent = Agent(model, output_type=Ticket, retries=0)
             return await agent.run(
                 "Ticket: my invoice is wrong. Classify it.",
-                model_settings={"max_tokens": 128, "parallel_tool_calls": False},
+                model_settings={"max_tokens": 128, "parallel_tool_calls": False, "temperature": 0},
             )
 
     result = asyncio.run(ask())
@@ -229,17 +241,22 @@ def test_litellm_tool_calls(serve: Callable[..., Served]) -> None:
     import litellm
 
     served = serve()
-    answer: Any = litellm.completion(
-        model=f"openai/{CHAT}",
-        api_base=served.found.url + "/v1",
-        api_key=served.token,
-        messages=ASK,
-        tools=[WEATHER],
-        tool_choice="required",
-        parallel_tool_calls=False,
-        max_tokens=128,
-        timeout=120,
-    )
+    # our own client, closed when done: litellm's default one is cached for the process and
+    # leaves its keep-alive socket to interpreter exit (a ResourceWarning in CI's log)
+    with served.client() as api:
+        answer: Any = litellm.completion(
+            model=f"openai/{CHAT}",
+            api_base=served.found.url + "/v1",
+            api_key=served.token,
+            messages=ASK,
+            tools=[WEATHER],
+            tool_choice="required",
+            parallel_tool_calls=False,
+            max_tokens=128,
+            temperature=0,
+            timeout=120,
+            client=api,
+        )
     (call,) = answer.choices[0].message.tool_calls
     assert call.function.name == "get_weather"
     jsonschema.validate(json.loads(call.function.arguments), WEATHER_PARAMS)
