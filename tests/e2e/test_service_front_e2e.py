@@ -168,7 +168,8 @@ def _openai_surface(client: Any) -> None:
         jsonschema.validate(_args(message.tool_calls[0]), WEATHER_PARAMS)
         assert auto.choices[0].finish_reason == "tool_calls"
     else:
-        assert isinstance(message.content, str) and message.content
+        assert isinstance(message.content, str) and message.content  # at least one character
+        assert auto.choices[0].finish_reason in ("stop", "length")  # "length": the text so far
 
     for choice in ("required", "auto"):
         stream = client.chat.completions.create(
