@@ -139,9 +139,10 @@ def _openai_surface(client: Any) -> None:
     assert caught.value.code == "unsupported_schema" and "uniqueItems" in str(caught.value)
 
     # parallel calls allowed (OpenAI's default): the base model may write several, each valid
-    # greedy, as every generation below: what a sampled 270M model writes is not what is tested
+    # greedy, as every generation below: what a sampled 270M model writes is not what is tested;
+    # 512 tokens: room for 8 calls with 30-letter cities (~50 tokens each)
     answer = client.chat.completions.create(
-        model=CHAT, messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=300, temperature=0
+        model=CHAT, messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=512, temperature=0
     )
     assert answer.choices[0].finish_reason == "tool_calls"
     calls = answer.choices[0].message.tool_calls or []
