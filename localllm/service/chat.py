@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -534,6 +535,31 @@ def _call_id() -> str:
     return "call_" + secrets.token_urlsafe(18).replace("-", "a").replace("_", "b")
 
 
+_REPLY_HEAD = re.compile(r'\s*\{\s*"content"\s*:\s*"')
+
+
+def _cut_reply(content: Any) -> str | None:
+    """The text of a ``{"content": "…`` reply that max_tokens cut short; None for anything else."""
+    head = _REPLY_HEAD.match(content) if isinstance(content, str) else None
+    if head is None:
+        return None
+    rest = content[head.end() - 1 :]  # from the string's opening quote
+    try:  # the string itself ended; only the closing brace is missing
+        value, _ = json.JSONDecoder().raw_decode(rest)
+        return value if isinstance(value, str) else None
+    except ValueError:
+        pass
+    for trim in range(6):  # a cut escape: a lone backslash, at most "\\uXXX"
+        try:
+            value = json.loads(rest[: len(rest) - trim] + '"')
+        except ValueError:
+            continue
+        if value and 0xD800 <= ord(value[-1]) <= 0xDFFF:  # half a surrogate pair: no text
+            value = value[:-1]
+        return value if isinstance(value, str) else None
+    return None
+
+
 def finish(prepared: Prepared, answer: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     """(the answer for the client, validated); :class:`Invalid` when a strict guarantee broke."""
     answer["model"] = prepared.model
@@ -553,6 +579,11 @@ def finish(prepared: Prepared, answer: dict[str, Any]) -> tuple[dict[str, Any], 
             value = None
         if value is None:
             cut = " (cut off by max_tokens)" if reason == "length" else ""
+            partial = _cut_reply(content) if reason == "length" and prepared.tool_mode == "auto" else None
+            if partial is not None and prepared.reply_schema is None:
+                # a text reply max_tokens cut: what OpenAI answers too (the text so far, "length")
+                message["content"] = partial
+                continue
             if prepared.tool_mode != "none" or prepared.strict:
                 raise Invalid(f"the model's answer is not complete JSON{cut}")
             validated = False

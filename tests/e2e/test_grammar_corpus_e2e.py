@@ -176,8 +176,9 @@ def _ask(server: Server, entry: dict[str, Any]) -> tuple[httpx.Response, list[st
     }
     mark = server.mark()
     response = httpx.post(server.base + "/v1/chat/completions", json=body, timeout=httpx.Timeout(10.0, read=60.0))
-    # The conversion warning is printed before generation starts; give the drain a moment.
-    deadline = time.monotonic() + 1.0
+    # The conversion warning is printed before generation starts; give the drain a moment (up
+    # to 10 s on a loaded box: only an entry that must warn waits, and only until it has)
+    deadline = time.monotonic() + 10.0
     while time.monotonic() < deadline and not any(WARNING_LINE in line for line in server.since(mark)):
         if entry["llama"] != "degrades":
             break

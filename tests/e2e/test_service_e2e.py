@@ -227,21 +227,23 @@ def test_kill_9_leaves_no_llama_server(serve: Callable[..., Served]) -> None:
     (server,) = served.llama_servers()
     served.proc.send_signal(signal.SIGKILL)
     served.proc.wait(5)
-    started = time.monotonic()
-    assert pid_gone(server.pid, within=2.0)
-    assert time.monotonic() - started < 2.0
+    # the guarantee is no orphan: the watchdog's SIGTERM (SIGKILL 0.5 s later) ends it in well
+    # under a second; 10 s leaves room for a loaded 2-core box, an orphan never goes
+    assert pid_gone(server.pid, within=10.0)
 
 
 def test_keep_alive_unload_is_visible_in_ps(serve: Callable[..., Served]) -> None:
-    served = serve("--keep-alive", "2s")
+    # 4 s: the first `localllm ps` (a Python start-up) must see the model before it goes, on a
+    # loaded box too; the upper bound tells "unloaded after keep-alive" from the 300-s default
+    served = serve("--keep-alive", "4s")
     served.client().embeddings.create(model=EMBED, input=["keep me briefly"])
     used = time.monotonic()
     assert [m["id"] for m in served.ps()["models"]] == [EMBED]
-    while served.ps()["models"] and time.monotonic() - used < 15:
+    while served.ps()["models"] and time.monotonic() - used < 30:
         time.sleep(0.2)
     gone_after = time.monotonic() - used
     assert served.ps()["models"] == []
-    assert 1.5 <= gone_after < 6.0
+    assert 3.5 <= gone_after < 20.0
     assert served.llama_servers() == []
 
 

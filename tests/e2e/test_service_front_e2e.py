@@ -80,18 +80,31 @@ def _args(call: Any) -> dict[str, Any]:
 def test_openai_client_surface_structured_output_and_tool_calls(serve: Callable[..., Served]) -> None:
     served = serve()
     client: Any = served.client()
+    _openai_surface(client)
+    client.close()
+
+
+def _openai_surface(client: Any) -> None:
     assert client.models.retrieve(CHAT).id == CHAT
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("no-such-model")
 
-    # the README's first example: no max_tokens, the pin's stop string ends the reply
-    reply = client.chat.completions.create(model=CHAT, messages=[{"role": "user", "content": "Say hello."}])
+    # the README's first example: no max_tokens, the pin's stop string ends the reply (greedy:
+    # a sampled reply from a 270M model may ramble to the context's end, which is no defect)
+    reply = client.chat.completions.create(
+        model=CHAT, messages=[{"role": "user", "content": "Say hello."}], temperature=0
+    )
     assert reply.model == CHAT and reply.choices[0].finish_reason == "stop"
     assert reply.usage is not None and reply.usage.completion_tokens < 1024
 
     chunks = list(
         client.chat.completions.create(
-            model=CHAT, messages=ASK, max_tokens=16, stream=True, stream_options={"include_usage": True}
+            model=CHAT,
+            messages=ASK,
+            max_tokens=16,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
         )
     )
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
@@ -106,6 +119,7 @@ def test_openai_client_surface_structured_output_and_tool_calls(serve: Callable[
         model=CHAT,
         messages=ASK,
         max_tokens=64,
+        temperature=0,
         response_format={"type": "json_schema", "json_schema": {"name": "w", "strict": True, "schema": schema}},
     )
     assert raw.headers["x-localllm-structured"] == "compiled" and raw.headers["x-localllm-validated"] == "true"
@@ -125,8 +139,10 @@ def test_openai_client_surface_structured_output_and_tool_calls(serve: Callable[
     assert caught.value.code == "unsupported_schema" and "uniqueItems" in str(caught.value)
 
     # parallel calls allowed (OpenAI's default): the base model may write several, each valid
+    # greedy, as every generation below: what a sampled 270M model writes is not what is tested;
+    # 512 tokens: room for 8 calls with 30-letter cities (~50 tokens each)
     answer = client.chat.completions.create(
-        model=CHAT, messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=300
+        model=CHAT, messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=512, temperature=0
     )
     assert answer.choices[0].finish_reason == "tool_calls"
     calls = answer.choices[0].message.tool_calls or []
@@ -135,7 +151,7 @@ def test_openai_client_surface_structured_output_and_tool_calls(serve: Callable[
         assert call.function.name == "get_weather"
         jsonschema.validate(_args(call), WEATHER_PARAMS)
 
-    one = {"parallel_tool_calls": False, "max_tokens": 128}
+    one = {"parallel_tool_calls": False, "max_tokens": 128, "temperature": 0}
     named = client.chat.completions.create(
         model=CHAT,
         messages=ASK,
@@ -153,7 +169,8 @@ def test_openai_client_surface_structured_output_and_tool_calls(serve: Callable[
         jsonschema.validate(_args(message.tool_calls[0]), WEATHER_PARAMS)
         assert auto.choices[0].finish_reason == "tool_calls"
     else:
-        assert isinstance(message.content, str) and message.content
+        assert isinstance(message.content, str) and message.content  # at least one character
+        assert auto.choices[0].finish_reason in ("stop", "length")  # "length": the text so far
 
     for choice in ("required", "auto"):
         stream = client.chat.completions.create(
@@ -180,17 +197,24 @@ def test_langchain_with_structured_output(serve: Callable[..., Served]) -> None:
     from langchain_openai import ChatOpenAI
 
     served = serve()
-    llm = ChatOpenAI(  # type: ignore[call-arg]
-        model=CHAT,
-        base_url=served.found.url + "/v1",
-        api_key=pydantic.SecretStr(served.token or ""),
-        max_tokens=128,
-        timeout=120,
-        max_retries=0,
-    )
-    for method in ("function_calling", "json_schema"):
-        ticket = llm.with_structured_output(Ticket, method=method).invoke("Ticket: my invoice is wrong. Classify it.")
-        assert isinstance(ticket, Ticket), method
+    # our own HTTP client, closed when done: langchain's default one is cached for the process
+    # and leaves its keep-alive socket to interpreter exit (a ResourceWarning in CI's log)
+    with httpx.Client(trust_env=False, timeout=120) as http_client:
+        llm = ChatOpenAI(  # type: ignore[call-arg]
+            model=CHAT,
+            base_url=served.found.url + "/v1",
+            api_key=pydantic.SecretStr(served.token or ""),
+            max_tokens=128,
+            temperature=0,
+            timeout=120,
+            max_retries=0,
+            http_client=http_client,
+        )
+        for method in ("function_calling", "json_schema"):
+            ticket = llm.with_structured_output(Ticket, method=method).invoke(
+                "Ticket: my invoice is wrong. Classify it."
+            )
+            assert isinstance(ticket, Ticket), method
 
 
 def test_pydantic_ai_default_output(serve: Callable[..., Served]) -> None:
@@ -207,7 +231,7 @@ def test_pydantic_ai_default_output(serve: Callable[..., Served]) -> None:
             agent = Agent(model, output_type=Ticket, retries=0)
             return await agent.run(
                 "Ticket: my invoice is wrong. Classify it.",
-                model_settings={"max_tokens": 128, "parallel_tool_calls": False},
+                model_settings={"max_tokens": 128, "parallel_tool_calls": False, "temperature": 0},
             )
 
     result = asyncio.run(ask())
@@ -219,17 +243,22 @@ def test_litellm_tool_calls(serve: Callable[..., Served]) -> None:
     import litellm
 
     served = serve()
-    answer: Any = litellm.completion(
-        model=f"openai/{CHAT}",
-        api_base=served.found.url + "/v1",
-        api_key=served.token,
-        messages=ASK,
-        tools=[WEATHER],
-        tool_choice="required",
-        parallel_tool_calls=False,
-        max_tokens=128,
-        timeout=120,
-    )
+    # our own client, closed when done: litellm's default one is cached for the process and
+    # leaves its keep-alive socket to interpreter exit (a ResourceWarning in CI's log)
+    with served.client() as api:
+        answer: Any = litellm.completion(
+            model=f"openai/{CHAT}",
+            api_base=served.found.url + "/v1",
+            api_key=served.token,
+            messages=ASK,
+            tools=[WEATHER],
+            tool_choice="required",
+            parallel_tool_calls=False,
+            max_tokens=128,
+            temperature=0,
+            timeout=120,
+            client=api,
+        )
     (call,) = answer.choices[0].message.tool_calls
     assert call.function.name == "get_weather"
     jsonschema.validate(json.loads(call.function.arguments), WEATHER_PARAMS)
@@ -311,7 +340,9 @@ def test_half_open_connections_and_many_clients(serve: Callable[..., Served], tm
         for s in socks:
             s.close()
     with _http(served) as http_client:
-        assert http_client.get("/v1/models", timeout=2).status_code == 200  # no stall after the hang-up
+        # no stall after the hang-up (5 s: below the 10-s header timeout, above a loaded box's
+        # turn through 1,500 hang-ups)
+        assert http_client.get("/v1/models", timeout=5).status_code == 200
 
     def one_client(_: int) -> int:
         failures = 0
@@ -354,17 +385,27 @@ def test_a_client_that_leaves_frees_its_slot(serve: Callable[..., Served], strea
         gone = threading.Event()
 
         def impatient() -> None:
-            with _http(served) as mine:
-                try:
-                    if stream:
-                        with mine.stream("POST", "/v1/chat/completions", json=long, timeout=2.0) as r:
-                            for _ in r.iter_bytes():
-                                if gone.is_set():
-                                    break
-                    else:
-                        mine.post("/v1/chat/completions", json=long, timeout=2.0)
-                except httpx.TimeoutException:
-                    pass
+            # The client leaves when told (not on a timer of its own, which a loaded box could
+            # run out before the slot was ever seen busy): a stream stops reading, a plain
+            # request hangs up without waiting for its answer.
+            if stream:
+                with _http(served) as mine, mine.stream("POST", "/v1/chat/completions", json=long, timeout=60) as r:
+                    for _ in r.iter_bytes():
+                        if gone.is_set():
+                            break
+                return
+            conn = http.client.HTTPConnection("127.0.0.1", served.found.port, timeout=60)
+            try:
+                body = json.dumps(long).encode()
+                conn.request(
+                    "POST",
+                    "/v1/chat/completions",
+                    body,
+                    {"Authorization": f"Bearer {served.token}", "Content-Type": "application/json"},
+                )
+                gone.wait(60)
+            finally:
+                conn.close()
 
         worker = threading.Thread(target=impatient)
         worker.start()
@@ -373,17 +414,25 @@ def test_a_client_that_leaves_frees_its_slot(serve: Callable[..., Served], strea
             time.sleep(0.05)
         assert _slots_busy(http_client) == 1  # it is generating
         gone.set()
-        worker.join(10)
+        worker.join(30)
+        assert not worker.is_alive()
         left = time.monotonic()
         # No polling in the first second: llama-server looks at a non-streaming request's
         # socket only after 1 s with no result for any task (server_response::recv_with_timeout
         # restarts its wait on every result, and each /slots read is one), so reading /slots
         # every 50 ms would itself keep the abandoned generation alive.
         time.sleep(1.2)
-        while _slots_busy(http_client) and time.monotonic() - left < 5:
+        while True:
+            asked = time.monotonic() - left  # when /slots was asked, not when it answered
+            if not _slots_busy(http_client) or asked > 10:
+                break
             time.sleep(1.1)
-        freed = time.monotonic() - left
+        freed = asked
     log = (tmp_path / "serve-0.log").read_text()
     lines = "\n".join(line for line in log.splitlines() if "/localllm/slots/" not in line)
-    assert freed <= 1.5, f"the slot was freed {freed:.2f} s after the client left; log:\n{lines[-3000:]}"
+    # The bound tells a stopped generation from one left to run, and is no speed: the abandoned
+    # 1,000 tokens (~50 tok/s on 2 idle cores) would hold the slot ~20 s. Idle, the slot is free
+    # at the first look (1.2 s); on a loaded box a look or two later, since every /slots read
+    # restarts llama-server's 1-s wait before it looks at the socket.
+    assert freed <= 4.5, f"the slot was freed {freed:.2f} s after the client left; log:\n{lines[-3000:]}"
     assert "status=499 client left" in log and "Traceback" not in log

@@ -136,4 +136,5 @@ def test_sigkilled_parent_leaves_no_real_server(tmp_path: Path, server_bin: Path
     assert psutil.Process(server_pid).name().startswith("llama-server")
     child.kill()
     child.wait()
-    assert pid_gone(server_pid, within=2.0)
+    # no orphan: the watchdog ends it in well under a second; 10 s is room for a loaded box
+    assert pid_gone(server_pid, within=10.0)

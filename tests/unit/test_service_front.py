@@ -557,3 +557,49 @@ def test_open_client_objects_are_generated_closed() -> None:
     ):
         parsed = Grammar.parse(grammar)
         assert parsed.matches(closed) and not parsed.matches(extra)
+
+
+@pytest.mark.parametrize(
+    ("written", "text"),
+    [
+        ('{"content": "It is sunny in Par', "It is sunny in Par"),
+        ('{ "content" : "Done."', "Done."),  # the string ended, the brace did not
+        ('{"content":"caf\\u00', "caf"),  # a cut escape
+        ('{"content":"a \\', "a "),
+        ('{"content":"', ""),
+    ],
+)
+def test_tool_choice_auto_reply_cut_by_max_tokens_is_the_text_so_far(written: str, text: str) -> None:
+    # A long reply under tool_choice auto, cut by max_tokens, was a 502 (not complete JSON):
+    # OpenAI answers the text so far with finish_reason "length", and so do we now.
+    from localllm.service.chat import finish, prepare
+
+    asked = {"model": "chat", "messages": MESSAGES, "tools": [WEATHER], "max_tokens": 8}
+    answer = {
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": written}, "finish_reason": "length"}]
+    }
+    done, _ = finish(prepare({**asked, "tool_choice": "auto"}, "chat"), answer)
+    (choice,) = done["choices"]
+    assert choice["message"]["content"] == text and choice["finish_reason"] == "length"
+    assert not choice["message"].get("tool_calls")
+
+
+@pytest.mark.parametrize(
+    ("choice", "written", "response_format"),
+    [
+        ("auto", '{"content": "It is sun', fmt(SCHEMA)),  # a structured reply cut short is no reply
+        ("auto", '{"tool_calls": [{"name": "get_weather", "arguments": {"ci', None),
+        ("required", '{"tool_calls": [{"name": "get_weather", "arguments": {"ci', None),
+        ("auto", '{"content": "It is sunny."', None),  # not cut (stop), yet incomplete: broken
+    ],
+)
+def test_cut_calls_and_cut_structured_replies_stay_invalid(choice: str, written: str, response_format: Any) -> None:
+    from localllm.service.chat import Invalid, finish, prepare
+
+    asked: dict[str, Any] = {"model": "chat", "messages": MESSAGES, "tools": [WEATHER], "tool_choice": choice}
+    if response_format is not None:
+        asked["response_format"] = response_format
+    reason = "stop" if written.endswith('."') else "length"
+    answer = {"choices": [{"index": 0, "message": {"role": "assistant", "content": written}, "finish_reason": reason}]}
+    with pytest.raises(Invalid):
+        finish(prepare(asked, "chat"), answer)
