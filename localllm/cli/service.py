@@ -225,14 +225,19 @@ def _serve(args: argparse.Namespace) -> int:
     from localllm.service.daemon import Service
 
     logger = logging.getLogger("localllm.service")
+    handler = None
     if not logger.handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
-    service = Service(options, config=config).start()
-    _announce(os.getpid(), service.url, str(service.token_path) if service.token else None, as_json=args.json)
-    service.wait()
+    try:
+        service = Service(options, config=config).start()
+        _announce(os.getpid(), service.url, str(service.token_path) if service.token else None, as_json=args.json)
+        service.wait()
+    finally:  # an in-process caller (a test, an embedding app) keeps no handler on a stream it may close
+        if handler is not None:
+            logger.removeHandler(handler)
     return EXIT_OK
 
 

@@ -622,10 +622,13 @@ def test_second_serve_process_refuses_and_names_the_first(
     env: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     proc, found = _serve_process(env)
+    handlers = list(logging.getLogger("localllm.service").handlers)
     try:
         assert main(["serve", "--port", "0"]) == 1
         message = capsys.readouterr().err
         assert f"pid {found.pid}" in message and f"port {found.port}" in message
+        # no handler left on capsys's stream (CI: "Logging error … I/O operation on closed file")
+        assert logging.getLogger("localllm.service").handlers == handlers
     finally:
         proc.terminate()
         proc.wait(15)
