@@ -50,6 +50,28 @@ def validator(schema: Any) -> Any:
     return cls(schema, format_checker=checker)
 
 
+def grammar_of(schema: Any, **kw: Any) -> Grammar:
+    """The schema's compiled grammar, parsed (the test fails on a refusal)."""
+    compiled = compile_schema(schema, **kw)
+    assert compiled.grammar is not None, compiled.refusals
+    return Grammar.parse(compiled.grammar)
+
+
+def leaks(schema: Any, candidates: list[Any]) -> list[str]:
+    """Candidates the compiled grammar admits although the schema rejects them."""
+    compiled = compile_schema(schema)
+    if compiled.grammar is None:
+        return []
+    grammar = Grammar.parse(compiled.grammar)
+    check = validator(schema)
+    out = []
+    for value in candidates:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+        if grammar.matches(text) and not check.is_valid(value):
+            out.append(text)
+    return out
+
+
 def corpus() -> Iterator[tuple[str, Any]]:
     for path in sorted(CORPUS_DIR.glob("*.json")):
         yield f"corpus/{path.stem}", json.loads(path.read_text())["schema"]

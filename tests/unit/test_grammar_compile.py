@@ -11,17 +11,11 @@ import pytest
 
 from localllm.grammar.compile import CompiledGrammar, Refusal, compile_schema, integer_range
 from localllm.grammar.walk import Grammar, GrammarSyntaxError
-from tests.unit.grammar_harness import corpus, invalid_walks, realworld
+from tests.unit.grammar_harness import corpus, grammar_of, invalid_walks, realworld
 
 WALKS = 200
 CORPUS = list(corpus())
 REALWORLD = list(realworld())
-
-
-def grammar_of(schema: Any, **kw: Any) -> Grammar:
-    compiled = compile_schema(schema, **kw)
-    assert compiled.grammar is not None, compiled.refusals
-    return Grammar.parse(compiled.grammar)
 
 
 # ---------------------------------------------------------------------------- the harness

@@ -18,29 +18,9 @@ from hypothesis import strategies as st
 
 from localllm.grammar.compile import compile_schema
 from localllm.grammar.walk import Grammar
-from tests.unit.grammar_harness import invalid_walks, validator
+from tests.unit.grammar_harness import grammar_of, invalid_walks, leaks, validator
 
 D4 = "http://json-schema.org/draft-04/schema#"
-
-
-def grammar_of(schema: Any) -> Grammar:
-    compiled = compile_schema(schema)
-    assert compiled.grammar is not None, compiled.refusals
-    return Grammar.parse(compiled.grammar)
-
-
-def leaks(schema: Any, values: list[Any]) -> list[str]:
-    compiled = compile_schema(schema)
-    if compiled.grammar is None:
-        return []
-    grammar = Grammar.parse(compiled.grammar)
-    check = validator(schema)
-    out = []
-    for value in values:
-        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-        if grammar.matches(text) and not check.is_valid(value):
-            out.append(text)
-    return out
 
 
 # ---------------------------------------------------------------------------- oneOf told apart

@@ -18,16 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from localllm.grammar.compile import compile_schema
-from localllm.grammar.walk import Grammar
-from tests.unit.grammar_harness import invalid_walks, validator
+from tests.unit.grammar_harness import grammar_of, invalid_walks, validator
 
 D4 = "http://json-schema.org/draft-04/schema#"
-
-
-def grammar_of(schema: Any, **kw: Any) -> Grammar:
-    compiled = compile_schema(schema, **kw)
-    assert compiled.grammar is not None, compiled.refusals
-    return Grammar.parse(compiled.grammar)
 
 
 def admits(schema: Any, text: str, **kw: Any) -> bool:

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from localllm.grammar.compile import compile_schema
 from localllm.grammar.walk import Grammar
-from tests.unit.grammar_harness import validator
+from tests.unit.grammar_harness import leaks, validator
 
 D7 = "http://json-schema.org/draft-07/schema#"
 
@@ -25,21 +25,6 @@ D7 = "http://json-schema.org/draft-07/schema#"
 def admitted(schema: Any, text: str) -> bool:
     compiled = compile_schema(schema)
     return compiled.grammar is not None and Grammar.parse(compiled.grammar).matches(text)
-
-
-def leaks(schema: Any, candidates: list[Any]) -> list[str]:
-    """Candidates the compiled grammar admits although the schema rejects them."""
-    compiled = compile_schema(schema)
-    if compiled.grammar is None:
-        return []
-    grammar = Grammar.parse(compiled.grammar)
-    check = validator(schema)
-    out = []
-    for value in candidates:
-        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-        if grammar.matches(text) and not check.is_valid(value):
-            out.append(text)
-    return out
 
 
 # ---------------------------------------------------------------------------- defect 1: allOf + positional items
