@@ -55,6 +55,7 @@ from tests.bench.bench_local_llm import (  # noqa: E402
     TICKET,
     free_port,
     prepare,
+    stop_raw,
     wait_raw_healthy,
 )
 
@@ -170,12 +171,7 @@ def run_raw(argv: list[str], env: dict[str, str], body: bytes) -> dict[str, Any]
                 json.loads(data["choices"][0]["message"]["content"])
                 t_answer = time.perf_counter()
         finally:
-            proc.terminate()
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_raw(proc)
     return {"answer_s": t_answer - t0, "ready_s": t_ready - t0, "usage": data.get("usage")}
 
 

@@ -209,6 +209,16 @@ def wait_raw_healthy(client: httpx.Client, proc: subprocess.Popen[bytes], base: 
         time.sleep(poll)
 
 
+def stop_raw(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a raw llama-server: SIGTERM, 5 s grace, SIGKILL."""
+    proc.terminate()
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 RAW_HEADERS = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
 
 
@@ -524,12 +534,7 @@ def raw_cold(argv: list[str], env: dict[str, str], payload: bytes, tmp: Path) ->
             data = raw_decide(client, base + "/v1/chat/completions", payload)
             t2 = time.perf_counter()
         finally:
-            proc.terminate()
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_raw(proc)
     return {
         "ready_ms": (t1 - t0) * 1000,
         "first_decide_ms": (t2 - t1) * 1000,
