@@ -199,10 +199,6 @@ class LocalLLMAgent(Agent):
             time.sleep(0.001)
         self._import_jsonschema()
 
-    def start_soon(self) -> None:
-        """``prepare(wait=False)``."""
-        self.prepare(wait=False)
-
     def _start_now(self) -> None:
         try:
             self._target()

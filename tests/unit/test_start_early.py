@@ -1,4 +1,4 @@
-"""Starting the managed server while the call is prepared: ``LocalLLMAgent.start_soon`` and the CLI.
+"""Starting the managed server while the call is prepared: ``LocalLLMAgent.prepare(wait=False)`` and the CLI.
 
 Against the fake llama-server (a real process): one spawn per start, the start's outcome
 (its error included) taken by the first call, and ``localllm run``/``call`` starting the
@@ -61,7 +61,7 @@ def spawn_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return path
 
 
-def test_start_soon_returns_at_once_and_the_call_uses_that_server(
+def test_prepare_without_waiting_returns_at_once_and_the_call_uses_that_server(
     tmp_path: Path, server_bin: Path, spawn_log: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("FAKE_LLAMA_LOAD_DELAY", "1.0")
@@ -69,11 +69,11 @@ def test_start_soon_returns_at_once_and_the_call_uses_that_server(
     with Runtime(config) as runtime:
         agent = runtime.agent("agent.local")
         assert isinstance(agent, LocalLLMAgent)
-        agent.start_soon()
-        agent.start_soon()  # a second request while starting: still one start
+        agent.prepare(wait=False)
+        agent.prepare(wait=False)  # a second request while starting: still one start
         assert agent._server is None or agent._server.base_url is None  # returned before the load ended
         result = runtime.run_gate("route", {"ticket": "refund"})
-        agent.start_soon()  # started already: nothing to do
+        agent.prepare(wait=False)  # started already: nothing to do
     assert result.ok and result.submission == {"route": "billing"}
     assert len(starts(spawn_log)) == 1
 
@@ -86,7 +86,7 @@ def test_a_failed_early_start_is_the_first_calls_error_and_not_retried_by_it(
     with Runtime(config) as runtime:
         agent = runtime.agent("agent.local")
         assert isinstance(agent, LocalLLMAgent)
-        agent.start_soon()
+        agent.prepare(wait=False)
         with pytest.raises(AgentError) as caught:
             agent.base_url()
         assert caught.value.kind is ErrorKind.TRANSPORT_ERROR
@@ -104,7 +104,7 @@ def test_close_while_starting_early_leaves_no_server(
     runtime = Runtime(config)
     agent = runtime.agent("agent.local")
     assert isinstance(agent, LocalLLMAgent)
-    agent.start_soon()
+    agent.prepare(wait=False)
     threading.Event().wait(0.5)
     runtime.close()
     assert agent._starter is not None and not agent._starter.is_alive()
@@ -119,7 +119,7 @@ def test_endpoint_mode_has_nothing_to_start(tmp_path: Path) -> None:
     with Runtime(load_config(tmp_path / "app.yaml")) as runtime:
         agent = runtime.agent("agent.remote")
         assert isinstance(agent, LocalLLMAgent)
-        agent.start_soon()
+        agent.prepare(wait=False)
         assert agent._starter is None
 
 
