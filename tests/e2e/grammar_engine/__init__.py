@@ -91,9 +91,11 @@ def build_shim(build: LlamaBuild, cache: Path = CACHE) -> Path:
     argv = [cxx, "-std=c++17", "-O2", "-fPIC", "-shared", *inc, str(SHIM), "-o", tmp]
     argv += [str(build.lib), f"-Wl,-rpath,{build.lib.parent}"]
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+        done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=600)
         if done.returncode != 0:
-            raise EngineUnavailable(f"building the grammar-engine shim failed ({' '.join(argv)}):\n{done.stderr[-4000:]}")
+            raise EngineUnavailable(
+                f"building the grammar-engine shim failed ({' '.join(argv)}):\n{done.stderr[-4000:]}"
+            )
         os.replace(tmp, target)
     finally:
         Path(tmp).unlink(missing_ok=True)

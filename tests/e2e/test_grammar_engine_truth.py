@@ -1,0 +1,377 @@
+"""The truth test: every compiled schema walked through the real pinned llama.cpp grammar engine.
+
+Not our GBNF interpreter (localllm.grammar.walk): the engine itself, ``llama_grammar_init_impl``
+/ ``llama_grammar_accept`` of the libllama the server was built from, driven at code-point level
+by a C++ shim (``tests/e2e/grammar_engine/shim.cpp``) that reads the engine's allowed characters
+from its pushdown stacks at every step.
+
+- **Walks**: every schema of ``grammar/corpus`` and ``grammar/realworld`` that compiles is walked
+  ``WALKS`` times inside the engine (a random allowed code point per step; past a per-walk soft
+  budget the walk follows the stack with the shortest completion; cut at ``HARD`` code points
+  and counted as unfinished). Every finished sample (deduplicated) is parsed as strict JSON (no
+  NaN/Infinity, no duplicate keys) and validated with formats asserted (the harness's
+  ``validator``): 0 invalid. At random steps the shim offers the engine a code point just
+  outside the set it read (the engine must reject it) and one inside (it must take it): 0
+  mismatches, so the samples are what the engine allows.
+- **Instances**: every instance JSONSchemaBench and the JSON-Schema-Test-Suite ship with the
+  corpus schemas (``grammar/realworld/instances.jsonl``, built by
+  ``grammar_engine/make_instances.py``), the JSONSchemaBench sample of ``tests/bench`` and the
+  corpus probes, compact JSON with and without ``\\u`` escapes, fed to the engine whole: no
+  instance the validator rejects is admitted.
+- **The test can fail**: a grammar with one rule widened yields invalid samples and admits an
+  invalid instance through the same checks.
+
+Run: ``make e2e`` (all of tests/e2e), or alone after ``make fetch-llama-server``:
+``pytest tests/e2e/test_grammar_engine_truth.py -q -s`` (``-s`` prints the totals per chunk).
+Never skipped: without the source build of llama.cpp the module fails naming the command.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from localllm.grammar.compile import compile_schema
+from tests.conftest import REPO
+from tests.e2e.grammar_engine import Engine, EngineError, EngineUnavailable, engine
+from tests.unit.grammar_harness import CORPUS_DIR, corpus, realworld, validator
+
+pytestmark = pytest.mark.e2e
+
+WALKS = 1000  # per schema
+SOFT = 192  # mean soft budget (code points) of a walk; each walk draws its own in [SOFT/8, 2*SOFT]
+HARD = 4096  # a walk still open here is unfinished
+PROBE_EVERY = 8  # one in/out probe of the engine's state per this many steps, on average
+MAX_UNFINISHED = 0.01  # per schema: at most this share of walks may hit HARD
+CHUNKS = 8  # the corpus is split in this many tests (``-n`` can spread them)
+INSTANCES = REPO / "grammar" / "realworld" / "instances.jsonl"
+BENCH_SAMPLE = REPO / "tests" / "bench" / "data" / "jsonschemabench_sample.jsonl"
+
+
+@dataclass(frozen=True)
+class Entry:
+    id: str  # "<schema id>" (compile_schema's default: open objects) or "<schema id> [closed]"
+    schema: Any
+    grammar: str
+    closed: bool
+
+
+def _compiled() -> list[Entry]:
+    """Every corpus schema that compiles, as compile_schema emits it by default (objects open
+    where additionalProperties allows) and, when that differs, with ``open_objects=False`` (what
+    the service and builtin.local_llm send by default)."""
+    out = []
+    for sid, schema in [*corpus(), *realworld()]:
+        grammar = compile_schema(schema).grammar
+        if grammar is None:
+            continue
+        out.append(Entry(sid, schema, grammar, closed=False))
+        closed = compile_schema(schema, open_objects=False).grammar
+        if closed is not None and closed != grammar:
+            out.append(Entry(f"{sid} [closed]", schema, closed, closed=True))
+    return out
+
+
+COMPILED = _compiled()
+SCHEMAS = len({e.id.removesuffix(" [closed]") for e in COMPILED})
+
+
+@pytest.fixture(scope="module")
+def llama() -> Engine:
+    try:
+        return engine()
+    except EngineUnavailable as exc:
+        pytest.fail(f"the truth test needs the pinned llama.cpp grammar engine: {exc}", pytrace=False)
+
+
+# ---------------------------------------------------------------------------- checks
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _first_wins(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        out.setdefault(key, value)
+    return out
+
+
+def parse(text: str) -> tuple[Any, Any, bool]:
+    """Strict JSON (no NaN/Infinity; ValueError): the value as Python reads it (a repeated key
+    keeps its last value), as a first-wins parser reads it, and whether a key repeats."""
+    repeated = False
+
+    def last_wins(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        nonlocal repeated
+        repeated = repeated or len({k for k, _ in pairs}) != len(pairs)
+        return dict(pairs)
+
+    last = json.loads(text, object_pairs_hook=last_wins, parse_constant=_no_constant)
+    if not repeated:
+        return last, last, False
+    return last, json.loads(text, object_pairs_hook=_first_wins, parse_constant=_no_constant), True
+
+
+def why_invalid(schema: Any, text: str) -> str | None:
+    """Why ``text`` is not a valid answer for ``schema`` (None when it is): not strict JSON, or
+    invalid read last-wins or, when a key repeats, first-wins. (A grammar cannot keep the keys
+    of an open object or of an untyped value unique: repeated keys are counted, and must be
+    valid either way.)"""
+    try:
+        last, first, repeated = parse(text)
+    except ValueError as exc:
+        return f"not strict JSON: {exc}"
+    check = validator(schema)
+    for reading, value in (("", last), (" (first-wins reading)", first)):
+        error = next(iter(check.iter_errors(value)), None)
+        if error is not None:
+            return f"{error.message} at {'/'.join(map(str, error.absolute_path)) or '$'}{reading}"
+        if not repeated:
+            break
+    return None
+
+
+@dataclass
+class Findings:
+    walks: int = 0
+    finished: int = 0
+    distinct: int = 0
+    steps: int = 0
+    probes: int = 0
+    unfinished: dict[str, int] = field(default_factory=dict)
+    invalid: list[str] = field(default_factory=list)  # "schema id: sample: why"
+    repeated_keys: int = 0  # distinct valid samples with a repeated (extension) key
+    mismatches: list[str] = field(default_factory=list)
+
+    def add(self, other: Findings) -> None:
+        self.walks += other.walks
+        self.finished += other.finished
+        self.distinct += other.distinct
+        self.steps += other.steps
+        self.probes += other.probes
+        self.unfinished.update(other.unfinished)
+        self.invalid += other.invalid
+        self.repeated_keys += other.repeated_keys
+        self.mismatches += other.mismatches
+
+
+def walk_check(llama: Engine, sid: str, schema: Any, grammar: str, *, walks: int, seed: int) -> Findings:
+    """``walks`` engine walks of ``grammar``, each distinct finished sample validated against ``schema``."""
+    found = Findings()
+    with llama.grammar(grammar) as g:
+        result = g.walk(walks, seed=seed, soft=SOFT, hard=HARD, probe_every=PROBE_EVERY)
+    found.walks = walks
+    found.finished = len(result.samples)
+    found.steps = result.steps
+    found.probes = result.probes_in + result.probes_out
+    if result.unfinished:
+        found.unfinished[sid] = len(result.unfinished)
+    if result.mismatches:
+        found.mismatches.append(f"{sid}: {result.mismatches} mismatches, first: {result.failure}")
+    distinct = sorted(set(result.samples))
+    found.distinct = len(distinct)
+    for text in distinct:
+        why = why_invalid(schema, text)
+        if why is not None:
+            found.invalid.append(f"{sid}: {text[:300]!r}: {why}")
+        elif parse(text)[2]:
+            found.repeated_keys += 1
+    return found
+
+
+def _seed(sid: str) -> int:
+    return int.from_bytes(sid.encode()[:8].ljust(8, b"\0"), "little") ^ len(sid)
+
+
+def _report(label: str, found: Findings) -> str:
+    unfinished = sum(found.unfinished.values())
+    return (
+        f"{label}: {found.walks} walks, {found.finished} finished, {unfinished} unfinished "
+        f"({unfinished / max(1, found.walks):.3%}), {found.distinct} distinct samples validated, "
+        f"{len(found.invalid)} invalid, {found.steps} engine steps, {found.probes} state probes, "
+        f"{len(found.mismatches)} mismatching schemas, {found.repeated_keys} valid with a repeated extension key"
+    )
+
+
+# ---------------------------------------------------------------------------- walks
+
+
+def test_the_corpus_compiles_enough_to_mean_something() -> None:
+    assert SCHEMAS >= 400, SCHEMAS
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("chunk", range(CHUNKS))
+def test_every_compiled_schema_walks_valid_through_the_engine(llama: Engine, chunk: int) -> None:
+    total = Findings()
+    mine = COMPILED[chunk::CHUNKS]
+    for entry in mine:
+        seed = _seed(entry.id)
+        total.add(walk_check(llama, entry.id, entry.schema, entry.grammar, walks=WALKS, seed=seed))
+    print(f"\n{_report(f'chunk {chunk} ({len(mine)} grammars)', total)}")
+    assert total.mismatches == [], "the engine and the shim's reading of its state disagree"
+    assert total.invalid == [], f"{len(total.invalid)} invalid samples:\n" + "\n".join(total.invalid[:20])
+    assert total.walks == WALKS * len(mine)
+    too_many = {sid: n for sid, n in total.unfinished.items() if n > MAX_UNFINISHED * WALKS}
+    assert too_many == {}, f"walks cut at {HARD} code points: {too_many}"
+
+
+# ---------------------------------------------------------------------------- instances
+
+
+def _shipped() -> Iterator[tuple[str, Any, Any, bool | None]]:
+    """(schema id, schema, instance, shipped label) for every instance shipped with a schema."""
+    schemas = dict(realworld())
+    for line in INSTANCES.read_text().splitlines():
+        entry = json.loads(line)
+        for test in entry["tests"]:
+            yield entry["id"], schemas[entry["id"]], test["data"], test["valid"]
+    for line in BENCH_SAMPLE.read_text().splitlines():
+        entry = json.loads(line)
+        for test in entry.get("tests", []):
+            yield entry["id"], entry["schema"], test["data"], test["valid"]
+    for path in sorted(CORPUS_DIR.glob("*.json")):
+        doc = json.loads(path.read_text())
+        if "probe" in doc:
+            yield f"corpus/{path.stem}", doc["schema"], doc["probe"], None
+
+
+@dataclass
+class InstanceFindings:
+    schemas: int = 0
+    checked: int = 0
+    invalid: int = 0  # by the validator
+    shipped_invalid: int = 0  # labelled invalid upstream
+    admitted_invalid: list[str] = field(default_factory=list)
+    valid: int = 0
+    admitted_valid: int = 0
+
+
+def _compile(schema: Any) -> str | None:
+    return compile_schema(schema).grammar
+
+
+def instance_check(
+    llama: Engine, items: list[tuple[str, Any, Any, bool | None]], compile: Callable[[Any], str | None] = _compile
+) -> InstanceFindings:
+    """Feed every instance (compact JSON, with and without \\u escapes) to the engine whole."""
+    found = InstanceFindings()
+    grammars: dict[str, str | None] = {}
+    opened: dict[str, Any] = {}
+    try:
+        for sid, schema, data, label in items:
+            if sid not in grammars:
+                grammars[sid] = compile(schema)
+                if grammars[sid] is not None:
+                    found.schemas += 1
+                    opened[sid] = llama.grammar(grammars[sid] or "")
+            if grammars[sid] is None:
+                continue
+            g = opened[sid]
+            texts = {json.dumps(data, separators=(",", ":"), ensure_ascii=e) for e in (False, True)}
+            admitted = [t for t in sorted(texts) if g.accepts(t)]
+            found.checked += 1
+            found.shipped_invalid += label is False
+            valid = validator(schema).is_valid(data)
+            if valid:
+                found.valid += 1
+                found.admitted_valid += bool(admitted)
+            else:
+                found.invalid += 1
+                if admitted:
+                    found.admitted_invalid.append(f"{sid}: {admitted[0][:300]} (labelled {label})")
+    finally:
+        for g in opened.values():
+            g.close()
+    return found
+
+
+@pytest.mark.timeout(600)
+def test_no_invalid_instance_is_admitted_by_the_engine(llama: Engine) -> None:
+    items = list(_shipped())
+    found = instance_check(llama, items)
+    print(
+        f"\ninstances: {found.checked} checked on {found.schemas} compiled schemas; "
+        f"{found.invalid} invalid by the validator ({found.shipped_invalid} labelled invalid upstream), "
+        f"{len(found.admitted_invalid)} admitted; {found.admitted_valid}/{found.valid} valid admitted"
+    )
+    assert found.checked >= 1000 and found.invalid >= 500, (found.checked, found.invalid)
+    assert found.admitted_invalid == [], "\n".join(found.admitted_invalid[:20])
+
+
+# ---------------------------------------------------------------------------- the checks can fail
+
+DIGIT = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 3, "maximum": 7}}, "required": ["n"]}
+
+
+def _widened(grammar: str) -> str:
+    """The grammar with the 3..7 digit class widened to any digit (a loosened rule)."""
+    loose, n = re.subn(r"\[3-7\]", "[0-9]", grammar)
+    assert n >= 1, grammar
+    return loose
+
+
+def test_a_widened_rule_is_caught_by_the_walks_and_the_instances(llama: Engine) -> None:
+    grammar = compile_schema(DIGIT).grammar
+    assert grammar is not None
+    assert walk_check(llama, "digit", DIGIT, grammar, walks=300, seed=1).invalid == []
+    caught = walk_check(llama, "digit", DIGIT, _widened(grammar), walks=300, seed=1)
+    assert caught.invalid and all(line.startswith("digit: ") for line in caught.invalid)
+    items: list[tuple[str, Any, Any, bool | None]] = [("digit", DIGIT, {"n": n}, False) for n in (0, 2, 8, 9)]
+    assert instance_check(llama, items).admitted_invalid == []
+    loose = instance_check(llama, items, compile=lambda s: _widened(compile_schema(s).grammar or ""))
+    assert len(loose.admitted_invalid) == 4 and loose.invalid == 4
+
+
+def test_the_validity_check_is_strict() -> None:
+    assert why_invalid({}, "NaN") is not None
+    assert why_invalid({}, "[1,2]") is None
+    assert why_invalid({"type": "string", "format": "date"}, '"2024-02-30"') is not None
+    assert why_invalid({}, '{"a":1,"a":2}') is None
+    # a repeated key is read both ways: Python keeps the last value, other parsers the first
+    ints = {"additionalProperties": {"type": "integer"}}
+    assert why_invalid(ints, '{"a":"x","a":2}') is not None
+    assert why_invalid(ints, '{"a":2,"a":"x"}') is not None
+    assert why_invalid({"minProperties": 2}, '{"a":1,"a":2}') is not None
+
+
+# ---------------------------------------------------------------------------- the shim reads the engine
+
+
+def test_the_shim_reads_char_sets_as_the_engine_matches_them(llama: Engine) -> None:
+    with llama.grammar('root ::= [a-cx] "y" | [^a-z0-9] | "q" [^\\x00-\\U0010FFFF]? "z"* | "" ') as g:
+        # [a-c] joins the negated class's [58-96]; the empty "" alternative lets it end at once
+        assert g.allowed("") == ([(0, 47), (58, 99), (113, 113), (120, 120), (123, 0x10FFFF)], True)
+        assert g.allowed("b") == ([(ord("y"), ord("y"))], False)
+        assert g.allowed("q") == ([(ord("z"), ord("z"))], True)
+        assert g.allowed("by") == ([], True)
+        assert g.allowed("5") is None
+        assert g.accepts("cy") and g.accepts("\U0001f600") and g.accepts("qzz") and g.accepts("")
+        assert not g.accepts("c") and not g.accepts("d") and not g.accepts("cyy")
+    with llama.grammar("root ::= . [^\\n]") as g:
+        assert g.allowed("") == ([(0, 0x10FFFF)], False)
+        assert g.allowed("a") == ([(0, 9), (11, 0x10FFFF)], False)
+
+
+def test_a_grammar_the_engine_refuses_is_an_error_not_a_crash(llama: Engine) -> None:
+    with pytest.raises(EngineError, match="refused"):
+        llama.grammar('root ::= root "a"')
+    with pytest.raises(EngineError, match="refused"):
+        llama.grammar("root ::= undefined-rule")
+
+
+def test_walks_are_seeded_and_long_answers_are_reported_unfinished(llama: Engine) -> None:
+    with llama.grammar("root ::= word{100}\nword ::= [a-z]{60}") as g:  # 6,000 code points at least
+        result = g.walk(3, seed=7, hard=HARD)
+        assert len(result.unfinished) == 3 and result.samples == []
+        assert all(len(u) == HARD for u in result.unfinished)
+    with llama.grammar(compile_schema(DIGIT).grammar or "") as g:
+        first = g.walk(50, seed=3)
+        assert first.samples == g.walk(50, seed=3).samples and len(first.samples) == 50
