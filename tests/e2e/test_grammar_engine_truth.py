@@ -46,7 +46,7 @@ pytestmark = pytest.mark.e2e
 WALKS = 1000  # per schema
 SOFT = 192  # mean soft budget (code points) of a walk; each walk draws its own in [SOFT/8, 2*SOFT]
 HARD = 4096  # a walk still open here is unfinished
-PROBE_EVERY = 8  # one in/out probe of the engine's state per this many steps, on average
+PROBE_EVERY = 16  # one in/out probe of the engine's state per this many steps, on average
 MAX_UNFINISHED = 0.01  # per schema: at most this share of walks may hit HARD
 CHUNKS = 8  # the corpus is split in this many tests (``-n`` can spread them)
 INSTANCES = REPO / "grammar" / "realworld" / "instances.jsonl"
@@ -61,24 +61,21 @@ class Entry:
     closed: bool
 
 
-def _compiled() -> list[Entry]:
-    """Every corpus schema that compiles, as compile_schema emits it by default (objects open
-    where additionalProperties allows) and, when that differs, with ``open_objects=False`` (what
-    the service and builtin.local_llm send by default)."""
-    out = []
-    for sid, schema in [*corpus(), *realworld()]:
-        grammar = compile_schema(schema).grammar
-        if grammar is None:
-            continue
-        out.append(Entry(sid, schema, grammar, closed=False))
-        closed = compile_schema(schema, open_objects=False).grammar
-        if closed is not None and closed != grammar:
-            out.append(Entry(f"{sid} [closed]", schema, closed, closed=True))
+ENTRIES = [*corpus(), *realworld()]
+
+
+def grammars(sid: str, schema: Any) -> list[Entry]:
+    """The schema as compile_schema emits it by default (objects open where additionalProperties
+    allows) and, when that differs, with ``open_objects=False`` (what the service and
+    builtin.local_llm send by default); empty when it does not compile."""
+    grammar = compile_schema(schema).grammar
+    if grammar is None:
+        return []
+    out = [Entry(sid, schema, grammar, closed=False)]
+    closed = compile_schema(schema, open_objects=False).grammar
+    if closed is not None and closed != grammar:
+        out.append(Entry(f"{sid} [closed]", schema, closed, closed=True))
     return out
-
-
-COMPILED = _compiled()
-SCHEMAS = len({e.id.removesuffix(" [closed]") for e in COMPILED})
 
 
 @pytest.fixture(scope="module")
@@ -140,6 +137,7 @@ def why_invalid(schema: Any, text: str) -> str | None:
 
 @dataclass
 class Findings:
+    grammars: int = 0
     walks: int = 0
     finished: int = 0
     distinct: int = 0
@@ -151,6 +149,7 @@ class Findings:
     mismatches: list[str] = field(default_factory=list)
 
     def add(self, other: Findings) -> None:
+        self.grammars += other.grammars
         self.walks += other.walks
         self.finished += other.finished
         self.distinct += other.distinct
@@ -167,6 +166,7 @@ def walk_check(llama: Engine, sid: str, schema: Any, grammar: str, *, walks: int
     found = Findings()
     with llama.grammar(grammar) as g:
         result = g.walk(walks, seed=seed, soft=SOFT, hard=HARD, probe_every=PROBE_EVERY)
+    found.grammars = 1
     found.walks = walks
     found.finished = len(result.samples)
     found.steps = result.steps
@@ -193,32 +193,33 @@ def _seed(sid: str) -> int:
 def _report(label: str, found: Findings) -> str:
     unfinished = sum(found.unfinished.values())
     return (
-        f"{label}: {found.walks} walks, {found.finished} finished, {unfinished} unfinished "
+        f"{label}: {found.walks} walks of {found.grammars} grammars, {found.finished} finished, {unfinished} unfinished "
         f"({unfinished / max(1, found.walks):.3%}), {found.distinct} distinct samples validated, "
         f"{len(found.invalid)} invalid, {found.steps} engine steps, {found.probes} state probes, "
-        f"{len(found.mismatches)} mismatching schemas, {found.repeated_keys} valid with a repeated extension key"
+        f"{len(found.mismatches)} mismatching grammars, {found.repeated_keys} valid with a repeated key"
     )
 
 
 # ---------------------------------------------------------------------------- walks
 
 
-def test_the_corpus_compiles_enough_to_mean_something() -> None:
-    assert SCHEMAS >= 400, SCHEMAS
-
-
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("chunk", range(CHUNKS))
 def test_every_compiled_schema_walks_valid_through_the_engine(llama: Engine, chunk: int) -> None:
     total = Findings()
-    mine = COMPILED[chunk::CHUNKS]
-    for entry in mine:
-        seed = _seed(entry.id)
-        total.add(walk_check(llama, entry.id, entry.schema, entry.grammar, walks=WALKS, seed=seed))
-    print(f"\n{_report(f'chunk {chunk} ({len(mine)} grammars)', total)}")
+    mine = ENTRIES[chunk::CHUNKS]
+    compiled = 0
+    for sid, schema in mine:
+        entries = grammars(sid, schema)
+        compiled += bool(entries)
+        for entry in entries:
+            found = walk_check(llama, entry.id, entry.schema, entry.grammar, walks=WALKS, seed=_seed(entry.id))
+            total.add(found)
+    print(f"\n{_report(f'chunk {chunk}: {compiled} of {len(mine)} schemas compile', total)}")
+    assert compiled >= len(mine) // 2, "most of the corpus no longer compiles: the walks would prove little"
     assert total.mismatches == [], "the engine and the shim's reading of its state disagree"
     assert total.invalid == [], f"{len(total.invalid)} invalid samples:\n" + "\n".join(total.invalid[:20])
-    assert total.walks == WALKS * len(mine)
+    assert total.walks >= WALKS * compiled
     too_many = {sid: n for sid, n in total.unfinished.items() if n > MAX_UNFINISHED * WALKS}
     assert too_many == {}, f"walks cut at {HARD} code points: {too_many}"
 

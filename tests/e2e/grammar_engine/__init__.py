@@ -280,7 +280,7 @@ class EngineGrammar:
         """Nanoseconds per code point inside llama_grammar_accept, feeding ``text`` ``rounds`` times."""
         buf, n = _code_points(text)
         err = ctypes.create_string_buffer(_ERR)
-        total = self._lib.tg_time_accept(self._handle(), buf, n, rounds, err, _ERR)
+        total: int = self._lib.tg_time_accept(self._handle(), buf, n, rounds, err, _ERR)
         if total == -1:
             raise EngineError(f"the engine rejects {text[:80]!r}")
         if total < 0:

@@ -138,6 +138,37 @@ bool contains(const std::vector<Range> & rs, uint32_t c) {
     return false;
 }
 
+// A char set ready to sample from: its ranges (surrogates dropped), split into pieces at 0x80
+// and 0x10000 with ASCII pieces weighted 4, so that both ASCII and the rest of Unicode show up.
+struct CharSet {
+    std::vector<Range>    ranges;
+    std::vector<Range>    pieces;
+    std::vector<uint32_t> weights;
+    uint64_t              total = 0;
+};
+
+void prepare(CharSet & cs) {
+    drop_surrogates(cs.ranges);
+    cs.pieces.clear();
+    cs.weights.clear();
+    cs.total = 0;
+    const uint32_t cuts[] = {0x80, 0x10000};
+    for (auto r : cs.ranges) {
+        for (uint32_t cut : cuts) {
+            if (r.lo < cut && r.hi >= cut) {
+                cs.pieces.push_back({r.lo, cut - 1});
+                cs.weights.push_back(r.lo < 0x80 ? 4 : 1);
+                r.lo = cut;
+            }
+        }
+        cs.pieces.push_back(r);
+        cs.weights.push_back(r.lo < 0x80 ? 4 : 1);
+    }
+    for (auto w : cs.weights) {
+        cs.total += w;
+    }
+}
+
 void append_utf8(std::string & out, uint32_t c) {
     if (c < 0x80) {
         out += static_cast<char>(c);
@@ -161,6 +192,8 @@ struct Handle {
     llama_grammar_stacks initial;  // the stacks right after init: reset between walks and checks
     // per rule element: the fewest code points that complete the alternate from there on
     std::unordered_map<const llama_grammar_element *, uint32_t> rest;
+    // per char element met at a stack top: what it matches
+    std::unordered_map<const llama_grammar_element *, CharSet> sets;
     // results of the last walk call
     std::string           out;
     std::vector<int64_t>  lengths;   // bytes of each sample in out
@@ -274,34 +307,25 @@ uint32_t uniform(Rng & rng, uint64_t n) {  // [0, n)
     return static_cast<uint32_t>(std::uniform_int_distribution<uint64_t>(0, n - 1)(rng));
 }
 
-// A code point of rs: a piece chosen first (ranges split at 0x80 and 0x10000, ASCII pieces
-// weighted 4), then uniform inside it, so that both ASCII and the rest of Unicode show up.
-uint32_t pick_in(Rng & rng, const std::vector<Range> & rs) {
-    std::vector<Range> pieces;
-    std::vector<uint32_t> weights;
-    const uint32_t cuts[] = {0x80, 0x10000};
-    for (auto r : rs) {
-        for (uint32_t cut : cuts) {
-            if (r.lo < cut && r.hi >= cut) {
-                pieces.push_back({r.lo, cut - 1});
-                weights.push_back(r.lo < 0x80 ? 4 : 1);
-                r.lo = cut;
-            }
-        }
-        pieces.push_back(r);
-        weights.push_back(r.lo < 0x80 ? 4 : 1);
+const CharSet & set_of(Handle & h, const llama_grammar_element * top) {
+    auto it = h.sets.find(top);
+    if (it == h.sets.end()) {
+        CharSet cs;
+        element_ranges(top, cs.ranges);
+        prepare(cs);
+        it = h.sets.emplace(top, std::move(cs)).first;
     }
-    uint64_t total = 0;
-    for (auto w : weights) {
-        total += w;
-    }
-    uint64_t k = uniform(rng, total);
+    return it->second;
+}
+
+uint32_t pick_in(Rng & rng, const CharSet & cs) {  // cs.total > 0
+    uint64_t k = uniform(rng, cs.total);
     size_t i = 0;
-    while (k >= weights[i]) {
-        k -= weights[i];
+    while (k >= cs.weights[i]) {
+        k -= cs.weights[i];
         i++;
     }
-    return pieces[i].lo + uniform(rng, static_cast<uint64_t>(pieces[i].hi - pieces[i].lo) + 1);
+    return cs.pieces[i].lo + uniform(rng, static_cast<uint64_t>(cs.pieces[i].hi - cs.pieces[i].lo) + 1);
 }
 
 // A code point just outside the allowed union (next to a boundary, or a JSON-structural one).
@@ -350,9 +374,9 @@ void walk_one(Handle & h, Rng & rng, uint32_t soft_mean, uint32_t hard, uint32_t
     // this walk's soft budget: uniform in [soft_mean / 8, 2 * soft_mean], short and long answers both
     const uint32_t soft = soft_mean / 8 + uniform(rng, 2 * static_cast<uint64_t>(soft_mean) - soft_mean / 8 + 1);
     std::vector<uint32_t> cps;
-    std::vector<const llama_grammar_element *> tops;
-    std::vector<Range> allowed, tmp;
-    std::vector<std::vector<Range>> sets;
+    std::vector<const llama_grammar_element *> tops, nearest;
+    std::vector<const CharSet *> sets;
+    CharSet allowed;  // the union, built when a probe or a fallback needs it
     bool finished = false;
     for (;;) {
         bool can_end = false;
@@ -376,28 +400,26 @@ void walk_one(Handle & h, Rng & rng, uint32_t soft_mean, uint32_t hard, uint32_t
             finished = true;
             break;
         }
-        sets.resize(tops.size());
-        allowed.clear();
-        for (size_t i = 0; i < tops.size(); i++) {
-            element_ranges(tops[i], sets[i]);
-            drop_surrogates(sets[i]);
-            allowed.insert(allowed.end(), sets[i].begin(), sets[i].end());
+        sets.clear();
+        for (const auto * top : tops) {
+            const CharSet & cs = set_of(h, top);
+            if (cs.total > 0) {
+                sets.push_back(&cs);
+            }
         }
-        normalize(allowed);
-        if (allowed.empty()) {
+        if (sets.empty()) {
             h.stats[DEAD_ENDS]++;
             if (h.failure.empty()) {
                 h.failure = describe(cps, 0, "no character allowed and no end");
             }
             break;
         }
-        uint32_t c = 0;
-        bool chosen = false;
+        const CharSet * from = sets[uniform(rng, sets.size())];
         if (late) {  // past the soft budget: follow a stack with the shortest completion
             uint32_t best = FAR + 1;
-            std::vector<const llama_grammar_element *> nearest;
+            nearest.clear();
             for (const auto & stack : h.grammar->stacks) {
-                if (stack.empty()) {
+                if (stack.empty() || set_of(h, stack.back()).total == 0) {
                     continue;
                 }
                 const uint32_t d = stack_rest(h, stack);
@@ -409,29 +431,20 @@ void walk_one(Handle & h, Rng & rng, uint32_t soft_mean, uint32_t hard, uint32_t
                     nearest.push_back(stack.back());
                 }
             }
-            std::vector<Range> set;
-            element_ranges(nearest[uniform(rng, nearest.size())], set);
-            drop_surrogates(set);
-            if (!set.empty()) {
-                c = pick_in(rng, set);
-                chosen = true;
+            if (!nearest.empty()) {
+                from = &set_of(h, nearest[uniform(rng, nearest.size())]);
             }
         }
-        for (int attempt = 0; !chosen; attempt++) {
-            const auto & set = sets[uniform(rng, sets.size())];
-            if (set.empty()) {
-                if (attempt > 64) {
-                    c = pick_in(rng, allowed);
-                    chosen = true;
-                }
-                continue;
-            }
-            c = pick_in(rng, set);
-            chosen = true;
-        }
+        const uint32_t c = pick_in(rng, *from);
         if (probe_every > 0 && uniform(rng, probe_every) == 0) {
+            allowed.ranges.clear();
+            for (const auto * cs : sets) {
+                allowed.ranges.insert(allowed.ranges.end(), cs->ranges.begin(), cs->ranges.end());
+            }
+            normalize(allowed.ranges);
+            prepare(allowed);
             uint32_t out = 0;
-            if (pick_outside(rng, allowed, out)) {
+            if (pick_outside(rng, allowed.ranges, out)) {
                 h.stats[PROBES_OUT]++;
                 if (engine_takes(h, out)) {
                     h.stats[PROBES_OUT_ADMITTED]++;
