@@ -18,6 +18,8 @@ from its pushdown stacks at every step.
   ``grammar_engine/make_instances.py``), the JSONSchemaBench sample of ``tests/bench`` and the
   corpus probes, compact JSON with and without ``\\u`` escapes, fed to the engine whole: no
   instance the validator rejects is admitted.
+- **Our interpreter agrees**: ``localllm.grammar.walk`` (what the unit tests judge grammars
+  with) matches every engine sample, and the engine admits every sample it draws.
 - **The test can fail**: a grammar with one rule widened yields invalid samples and admits an
   invalid instance through the same checks.
 
@@ -29,6 +31,7 @@ Never skipped: without the source build of llama.cpp the module fails naming the
 from __future__ import annotations
 
 import json
+import random
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -37,6 +40,7 @@ from typing import Any
 import pytest
 
 from localllm.grammar.compile import compile_schema
+from localllm.grammar.walk import Grammar
 from tests.conftest import REPO
 from tests.e2e.grammar_engine import Engine, EngineError, EngineUnavailable, engine
 from tests.unit.grammar_harness import CORPUS_DIR, corpus, realworld, validator
@@ -222,6 +226,36 @@ def test_every_compiled_schema_walks_valid_through_the_engine(llama: Engine, chu
     assert total.walks >= WALKS * compiled
     too_many = {sid: n for sid, n in total.unfinished.items() if n > MAX_UNFINISHED * WALKS}
     assert too_many == {}, f"walks cut at {HARD} code points: {too_many}"
+
+
+CROSS = 10  # per schema and direction
+
+
+@pytest.mark.timeout(600)
+def test_our_gbnf_interpreter_agrees_with_the_engine(llama: Engine) -> None:
+    """The unit tests judge grammars with localllm.grammar.walk; it must read GBNF as the engine
+    does: every engine sample matches there, every sample it draws is admitted by the engine."""
+    disagree: list[str] = []
+    checked = 0
+    for i, (sid, schema) in enumerate(ENTRIES):
+        grammar = compile_schema(schema).grammar
+        if grammar is None:
+            continue
+        ours = Grammar.parse(grammar)
+        rng = random.Random(i)
+        with llama.grammar(grammar) as g:
+            for text in g.walk(CROSS, seed=i).samples:
+                checked += 1
+                if not ours.matches(text):
+                    disagree.append(f"{sid}: the engine admits, the interpreter rejects {text[:200]!r}")
+            for _ in range(CROSS):
+                text = ours.sample(rng)
+                checked += 1
+                if not g.accepts(text):
+                    disagree.append(f"{sid}: the interpreter draws, the engine rejects {text[:200]!r}")
+    print(f"\ninterpreter vs engine: {checked} answers, {len(disagree)} disagreements")
+    assert checked >= 8000
+    assert disagree == [], "\n".join(disagree[:20])
 
 
 # ---------------------------------------------------------------------------- instances
