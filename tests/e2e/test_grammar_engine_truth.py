@@ -35,6 +35,7 @@ import random
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -42,7 +43,7 @@ import pytest
 from localllm.grammar.compile import compile_schema
 from localllm.grammar.walk import Grammar
 from tests.conftest import REPO
-from tests.e2e.grammar_engine import Engine, EngineError, EngineUnavailable, engine
+from tests.e2e.grammar_engine import Engine, EngineError, EngineUnavailable, engine, llama_build
 from tests.unit.grammar_harness import CORPUS_DIR, corpus, realworld, validator
 
 pytestmark = pytest.mark.e2e
@@ -410,3 +411,9 @@ def test_walks_are_seeded_and_long_answers_are_reported_unfinished(llama: Engine
     with llama.grammar(compile_schema(DIGIT).grammar or "") as g:
         first = g.walk(50, seed=3)
         assert first.samples == g.walk(50, seed=3).samples and len(first.samples) == 50
+
+
+def test_a_missing_build_names_the_command_to_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("LOCALLLM_CACHE_DIR", str(tmp_path))
+    with pytest.raises(EngineUnavailable, match="make fetch-llama-server"):
+        llama_build()
