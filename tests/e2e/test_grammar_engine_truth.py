@@ -5,11 +5,12 @@ Not our GBNF interpreter (localllm.grammar.walk): the engine itself, ``llama_gra
 by a C++ shim (``tests/e2e/grammar_engine/shim.cpp``) that reads the engine's allowed characters
 from its pushdown stacks at every step.
 
-- **Walks**: every schema of ``grammar/corpus`` and ``grammar/realworld`` that compiles is walked
+- **Walks**: every schema of ``grammar/corpus`` and ``grammar/realworld`` that compiles (as
+  compile_schema emits it, and with ``open_objects=False`` where that differs) is walked
   ``WALKS`` times inside the engine (a random allowed code point per step; past a per-walk soft
   budget the walk follows the stack with the shortest completion; cut at ``HARD`` code points
   and counted as unfinished). Every finished sample (deduplicated) is parsed as strict JSON (no
-  NaN/Infinity, no duplicate keys) and validated with formats asserted (the harness's
+  NaN/Infinity; a repeated key read both last-wins and first-wins) and validated with formats asserted (the harness's
   ``validator``): 0 invalid. At random steps the shim offers the engine a code point just
   outside the set it read (the engine must reject it) and one inside (it must take it): 0
   mismatches, so the samples are what the engine allows.
