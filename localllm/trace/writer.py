@@ -58,6 +58,8 @@ _LOCK_POLL = 0.05
 #: the fields of an event its writer checks (all but ``seq`` and ``ts``, which it assigns)
 _FIELDS = ("kind", "payload", "turn", "state_path", "parent_turn", "call_id", "episode_id", "match_idx")
 _log = logging.getLogger("localllm.trace")
+#: every write is durable when it returns (data + the size an append changes): see _write_group
+_O_DSYNC = os.O_DSYNC
 _GO_ESCAPED_BYTES = (b"<", b">", b"&", "\u2028".encode(), "\u2029".encode())
 
 
@@ -106,7 +108,7 @@ class TraceWriter:
             _check_header(header)
         try:
             p.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(p, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+            fd = os.open(p, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | _O_DSYNC, 0o644)
         except OSError as exc:
             raise _os_error("cannot open trace", p, exc) from exc
         try:
@@ -353,9 +355,10 @@ class TraceWriter:
             raise _replaced(self._path)
         data = raws[0] + b"\n" if len(raws) == 1 else b"\n".join(raws) + b"\n"
         try:
+            # The durability contract: an event is acknowledged only once it is on disk. The
+            # file is open with O_DSYNC: each write returns only after its bytes and the file
+            # size (all an appended line needs to be read back) are on stable storage.
             _write_all(fd, data)
-            # The durability contract: an event is acknowledged only once it is on disk.
-            os.fsync(fd)
         except OSError as exc:
             # Never leave half a line behind: cut back to the last complete event.
             with contextlib.suppress(OSError):
