@@ -13,7 +13,10 @@
 - An exclusive ``flock`` is held while open; a second writer, in this process or another,
   gets ``TraceLocked`` at once, or after waiting up to ``wait`` seconds for the lock.
 - ``append`` assigns ``ts`` (now, never going backwards) and the dense per-turn ``seq``,
-  checks every write-time rule before touching the file, writes one line and fsyncs it.
+  checks every write-time rule before touching the file, and writes one line with one
+  ``write`` on a descriptor opened ``O_DSYNC``: the call returns only once the line's bytes
+  and the new file size (all an appended line needs to be read back after a crash or power
+  loss — what ``fdatasync`` flushes) are on stable storage. One syscall, no buffering.
 - Before each write the open file is compared (device, inode) with what the path names
   now; a replaced or deleted file raises ``TraceReplaced``.
 - A torn last line found at open (a crash mid-write) is moved to ``<trace>.torn``
