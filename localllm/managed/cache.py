@@ -89,8 +89,6 @@ def cache_layout(root: Path | None = None) -> CacheLayout:
         │       └── build.log                        every configure/build run, appended
         ├── probes/<build sha256>.json               what a server build answered (--help flags, the
         │                                            grammar canary's verdict): managed.probes
-        ├── plans/<hash>.json                        how a `run`/`call` last started its server, for
-        │                                            the next one's head start: managed.prespawn
         └── locks/<kind>-<name>.lock                 one cross-process lock per artifact (localllm._lock)
 
     Transient names, removed on failure and by ``localllm cache prune``:
