@@ -862,10 +862,7 @@ class ManagedServer:
                 proc = _Process(argv, env, port, log)
             except OSError as exc:
                 raise _launch_error(self.binary, exc) from exc
-            # Nothing secret is written down: no server with an environment of its own
-            # (an API key) and none whose argv carries a secret flag.
-            plannable = not self._env and _redact(argv) == argv and port in (0, self._port)
-            if plans is not None and self.role == "chat" and plannable:
+            if plans is not None and self.role == "chat" and not self._env and port in (0, self._port):
                 plans.record(argv, self.binary, self.model, log)
         with self._cond:
             self._proc = proc
