@@ -34,8 +34,6 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from localllm.managed import server
-
 if TYPE_CHECKING:
     from localllm.managed.server import _Process
 
@@ -70,14 +68,15 @@ def start(config: Path, target: str) -> bool:
         key = _key(config, target)
         with _lock:
             _expected = (path, key)
-        server.use_spawn_plans(_Plans())
         plan = _valid_plan(path, key)
         if plan is None or _service_running():
             return False
+        from localllm.managed.server import _child_env, _Process
+
         argv: list[str] = plan["argv"]
         binary = Path(plan["binary"]["path"])
         port = int(argv[argv.index("--port") + 1])
-        proc = server._Process(argv, server._child_env(binary, None), port, Path(plan["log"]))
+        proc = _Process(argv, _child_env(binary, None), port, Path(plan["log"]))
     except Exception:  # a head start that cannot be had is no error: the usual spawn follows
         return False
     with _lock:
@@ -139,16 +138,6 @@ def discard() -> None:
         _expected = None
     if proc is not None:
         proc.stop(0.5)
-
-
-class _Plans:
-    """This module as ``ManagedServer._spawn`` sees it (looked up at each call)."""
-
-    def take(self, argv: list[str], env: dict[str, str]) -> _Process | None:
-        return take(argv, env)
-
-    def record(self, argv: list[str], binary: Path, model: Path, log: Path) -> None:
-        record(argv, binary, model, log)
 
 
 # -- validation ---------------------------------------------------------------------------

@@ -43,7 +43,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from localllm._process import StderrTail, exit_code, exited, run_probe, spawn, stop_group, wait_exited
 from localllm.errors import SidecarError, SidecarExited, SidecarStartTimeout
@@ -382,25 +382,6 @@ class _Process:
             self._disarm_watchdog()
             self.settle_stderr()
         return self._returncode
-
-
-class SpawnPlans(Protocol):
-    """What :mod:`localllm.managed.prespawn` offers a spawn (installed with :func:`use_spawn_plans`)."""
-
-    def take(self, argv: list[str], env: dict[str, str]) -> _Process | None:
-        """The process already started with exactly ``argv`` and ``env``, to adopt; else None."""
-
-    def record(self, argv: list[str], binary: Path, model: Path, log: Path) -> None:
-        """Write down how this server was started, for the next run of the same command."""
-
-
-_spawn_plans: SpawnPlans | None = None
-
-
-def use_spawn_plans(plans: SpawnPlans | None) -> None:
-    """Let every later spawn adopt a planned server and record its plan (``prespawn`` calls this)."""
-    global _spawn_plans
-    _spawn_plans = plans
 
 
 class ServerKey(NamedTuple):
@@ -851,19 +832,19 @@ class ManagedServer:
         assert self.binary is not None and self.model is not None
         argv = self._build_argv(self.binary, self.model, port, deadline)
         env = _child_env(self.binary, self._env)
+        from localllm.managed import prespawn
+
         # A `localllm run`/`call` may have started exactly this server from its plan while
-        # the config was still loading (localllm.managed.prespawn): adopted only if argv and
-        # environment are identical.
-        plans = _spawn_plans
-        proc = plans.take(argv, env) if plans is not None else None
+        # the config was still loading: adopted only if argv and environment are identical.
+        proc = prespawn.take(argv, env)
         if proc is None:
             log = log_path_for(self._model_spec)
             try:
                 proc = _Process(argv, env, port, log)
             except OSError as exc:
                 raise _launch_error(self.binary, exc) from exc
-            if plans is not None and self.role == "chat" and not self._env and port in (0, self._port):
-                plans.record(argv, self.binary, self.model, log)
+            if self.role == "chat" and not self._env and port in (0, self._port):
+                prespawn.record(argv, self.binary, self.model, log)
         with self._cond:
             self._proc = proc
             self._returncode = None
