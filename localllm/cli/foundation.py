@@ -138,7 +138,6 @@ class EarlyStart:
         alias = self._alias_of(draft)
         decl = draft.agents.get(alias) if alias is not None else None
         if not isinstance(decl, LocalLLMDecl) or decl.endpoint is not None:
-            _drop_head_start()  # no early server for this command: none planned either
             return
         from localllm.agents.local_llm import LocalLLMAgent
 
@@ -268,14 +267,11 @@ def _template_warnings(config: Config) -> list[str]:
 
 def _call(args: argparse.Namespace) -> int:
     early = EarlyStart(lambda draft: args.agent) if args.cassette is None else None
-    if early is not None:
-        _head_start(args.config, f"call:{args.agent}")
     try:
         return _call_loaded(args, early)
     finally:
         if early is not None:
             early.close()
-            _drop_head_start()
 
 
 def _call_loaded(args: argparse.Namespace, early: EarlyStart | None) -> int:
@@ -309,36 +305,11 @@ def _gate_agent(gates: Any, name: str) -> str | None:
 
 def _run(args: argparse.Namespace) -> int:
     early = EarlyStart(lambda draft: _gate_agent(draft.gates, args.gate)) if args.cassette is None else None
-    if early is not None:
-        _head_start(args.config, f"run:{args.gate}")
     try:
         return _run_loaded(args, early)
     finally:
         if early is not None:
             early.close()
-            _drop_head_start()
-
-
-def _head_start(config: Path | None, target: str) -> None:
-    """Start the server the last run of this command planned, before the config is read
-    (``localllm.managed.prespawn``: used only when nothing it came from changed, adopted
-    only if the loaded config asks for exactly it, stopped otherwise)."""
-    try:
-        path = discover_config(config)
-    except UsageError:
-        return  # load() reports it
-    from localllm.managed import prespawn
-
-    prespawn.start(path, target)
-
-
-def _drop_head_start() -> None:
-    """Stop a planned server nobody adopted (the config changed, failed, or chose another agent)."""
-    import sys
-
-    prespawn = sys.modules.get("localllm.managed.prespawn")
-    if prespawn is not None:
-        prespawn.discard()
 
 
 def _run_loaded(args: argparse.Namespace, early: EarlyStart | None) -> int:

@@ -249,7 +249,6 @@ class _Process:
         self, argv: list[str], env: Mapping[str, str], requested_port: int, log_path: Path | None = None
     ) -> None:
         self.argv = argv
-        self.env = dict(env)
         self._kept = (
             _KeptLog(log_path, f"== {time.strftime('%Y-%m-%dT%H:%M:%S')} llama-server {' '.join(_redact(argv))}")
             if log_path is not None
@@ -832,19 +831,10 @@ class ManagedServer:
         assert self.binary is not None and self.model is not None
         argv = self._build_argv(self.binary, self.model, port, deadline)
         env = _child_env(self.binary, self._env)
-        from localllm.managed import prespawn
-
-        # A `localllm run`/`call` may have started exactly this server from its plan while
-        # the config was still loading: adopted only if argv and environment are identical.
-        proc = prespawn.take(argv, env)
-        if proc is None:
-            log = log_path_for(self._model_spec)
-            try:
-                proc = _Process(argv, env, port, log)
-            except OSError as exc:
-                raise _launch_error(self.binary, exc) from exc
-            if self.role == "chat" and not self._env and port in (0, self._port):
-                prespawn.record(argv, self.binary, self.model, log)
+        try:
+            proc = _Process(argv, env, port, log_path_for(self._model_spec))
+        except OSError as exc:
+            raise _launch_error(self.binary, exc) from exc
         with self._cond:
             self._proc = proc
             self._returncode = None
