@@ -45,7 +45,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
-from localllm._process import StderrTail, exit_code, exited, run_probe, spawn, stop_group
+from localllm._process import StderrTail, exit_code, exited, run_probe, spawn, stop_group, wait_exited
 from localllm.errors import SidecarError, SidecarExited, SidecarStartTimeout
 from localllm.managed.release import server_env
 
@@ -358,11 +358,11 @@ class _Process:
             stdin.close()
         except OSError:
             pass  # the watchdog is already gone; reaping below is all that is left
-        try:
-            watchdog.wait(2.0)
-        except subprocess.TimeoutExpired:
+        # It exits as soon as it reads the byte; wait_exited wakes then (Popen.wait(timeout)
+        # would poll with growing sleeps).
+        if not wait_exited(watchdog, 2.0):
             watchdog.kill()
-            watchdog.wait()
+        watchdog.wait()
 
     # -- stopping -----------------------------------------------------------------
     def alive(self) -> bool:

@@ -13,7 +13,10 @@
 - An exclusive ``flock`` is held while open; a second writer, in this process or another,
   gets ``TraceLocked`` at once, or after waiting up to ``wait`` seconds for the lock.
 - ``append`` assigns ``ts`` (now, never going backwards) and the dense per-turn ``seq``,
-  checks every write-time rule before touching the file, writes one line and fsyncs it.
+  checks every write-time rule before touching the file, and writes one line with one
+  ``write`` on a descriptor opened ``O_DSYNC``: the call returns only once the line's bytes
+  and the new file size (all an appended line needs to be read back after a crash or power
+  loss — what ``fdatasync`` flushes) are on stable storage. One syscall, no buffering.
 - Before each write the open file is compared (device, inode) with what the path names
   now; a replaced or deleted file raises ``TraceReplaced``.
 - A torn last line found at open (a crash mid-write) is moved to ``<trace>.torn``
@@ -58,6 +61,8 @@ _LOCK_POLL = 0.05
 #: the fields of an event its writer checks (all but ``seq`` and ``ts``, which it assigns)
 _FIELDS = ("kind", "payload", "turn", "state_path", "parent_turn", "call_id", "episode_id", "match_idx")
 _log = logging.getLogger("localllm.trace")
+#: every write is durable when it returns (data + the size an append changes): see _write_group
+_O_DSYNC = os.O_DSYNC
 _GO_ESCAPED_BYTES = (b"<", b">", b"&", "\u2028".encode(), "\u2029".encode())
 
 
@@ -106,7 +111,7 @@ class TraceWriter:
             _check_header(header)
         try:
             p.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(p, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+            fd = os.open(p, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | _O_DSYNC, 0o644)
         except OSError as exc:
             raise _os_error("cannot open trace", p, exc) from exc
         try:
@@ -353,9 +358,10 @@ class TraceWriter:
             raise _replaced(self._path)
         data = raws[0] + b"\n" if len(raws) == 1 else b"\n".join(raws) + b"\n"
         try:
+            # The durability contract: an event is acknowledged only once it is on disk. The
+            # file is open with O_DSYNC: each write returns only after its bytes and the file
+            # size (all an appended line needs to be read back) are on stable storage.
             _write_all(fd, data)
-            # The durability contract: an event is acknowledged only once it is on disk.
-            os.fsync(fd)
         except OSError as exc:
             # Never leave half a line behind: cut back to the last complete event.
             with contextlib.suppress(OSError):

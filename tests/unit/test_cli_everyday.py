@@ -239,3 +239,39 @@ def test_prune_clears_the_source_builds_leftovers_once_it_is_installed(capsys: p
     removed = {e["kind"] for e in _json(capsys)["removed"]}
     assert removed == {"build", "sdist"} and not tree.exists() and not sdist.exists()
     assert (release / "llama-server").is_file()  # the installed server stays
+
+
+# -- exit ---------------------------------------------------------------------------------
+
+EXIT_PROBE = """
+import atexit, gc, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+def at_exit():  # registered before main: runs after main's own exit hook
+    out.write_text(f"{gc.get_freeze_count()}")
+atexit.register(at_exit)
+sys.argv = ["localllm", *sys.argv[2:]]
+from localllm.cli import main
+code = main() if sys.argv[1:] != ["in-process"] else main(["version"])
+sys.exit(code)
+"""
+
+
+@pytest.mark.parametrize(("argv", "frozen"), [(["version"], True), (["in-process"], False)])
+def test_the_program_freezes_its_objects_at_exit(tmp_path: Path, argv: list[str], frozen: bool) -> None:
+    """Run as the program, the exit skips the final walk over every object (gc.freeze in an
+    atexit hook); earlier atexit handlers and the stdout flush still run. ``main(argv)``
+    called by someone else's code leaves that interpreter's exit alone."""
+    out = tmp_path / "count"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-c", EXIT_PROBE, str(out), *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"localllm {__version__}"
+    assert (int(out.read_text()) > 0) is frozen

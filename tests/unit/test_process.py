@@ -132,6 +132,36 @@ def test_a_clean_shutdown_inside_the_grace_keeps_its_exit_code() -> None:
     proc.stdout.close()
 
 
+@pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "polling"])
+def test_wait_exited_sees_the_exit_without_reaping(pidfd: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both ways of waiting (a pidfd on Linux, 20 ms polling elsewhere) report the exit
+    and leave the child unreaped (its pid, and so its group id, stay ours)."""
+    import os
+
+    if not pidfd:
+        monkeypatch.delattr(os, "pidfd_open", raising=False)
+    elif not hasattr(os, "pidfd_open"):
+        pytest.skip("no pidfd_open here")
+    code = "import sys; sys.stdin.readline(); sys.exit(7)"
+    proc = _process.spawn([sys.executable, "-c", code], stdin=subprocess.PIPE)
+    assert proc.stdin is not None
+    assert _process.wait_exited(proc, 0.2) is False  # still running: the timeout is kept
+    assert _process.exit_code(proc) is None
+    proc.stdin.write(b"go\n")
+    proc.stdin.close()
+    assert _process.wait_exited(proc, 30.0) is True
+    assert proc.returncode is None  # not reaped
+    assert os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    assert _process.wait_exited(proc, 0.0) is True
+    assert proc.wait() == 7
+
+
+def test_wait_exited_on_a_reaped_child_returns_at_once() -> None:
+    proc = _process.spawn([sys.executable, "-c", "pass"])
+    assert proc.wait(timeout=30) == 0
+    assert _process.wait_exited(proc, 30.0) is True
+
+
 def test_stragglers_of_an_exited_leader_are_stopped(tmp_path: Path) -> None:
     pidfile = tmp_path / "pids"
     child = f"{sys.executable} -c \"import os,time; open('{pidfile}','a').write(f'{{os.getpid()}} '); time.sleep(60)\""

@@ -690,18 +690,65 @@ def test_concurrent_appends_from_threads_stay_dense(tmp_path: Path) -> None:
 
 
 def test_append_is_durable_per_event(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    synced: list[int] = []
-    real = os.fsync
+    """Each append is one ``write`` of its whole line on an ``O_DSYNC`` descriptor: the
+    kernel returns from it only once the bytes and the file size are on stable storage."""
+    import fcntl
+
+    real = os.write
     with TraceWriter.open(tmp_path / "t.jsonl") as w:
+        fd = w._fd
+        writes: list[tuple[int, bytes]] = []
 
-        def counting_fsync(fd: int) -> None:
-            synced.append(fd)
-            real(fd)
+        def recording_write(target: int, data: bytes) -> int:
+            if target == fd:
+                writes.append((fcntl.fcntl(target, fcntl.F_GETFL), bytes(data)))
+            return real(target, data)
 
-        monkeypatch.setattr(os, "fsync", counting_fsync)
+        monkeypatch.setattr(os, "write", recording_write)
         w.append("a.b", turn=1)
-        w.append("a.b", turn=1)
-    assert len(synced) == 2
+        w.append("a.b", {"x": 1}, turn=1)
+        w.append_group([{"kind": "a.c", "turn": 2}, {"kind": "a.d", "turn": 2}])
+        monkeypatch.undo()
+    assert [data.count(b"\n") for _, data in writes] == [1, 1, 2]
+    assert all(flags & os.O_DSYNC == os.O_DSYNC for flags, _ in writes)
+    assert all(data.endswith(b"\n") for _, data in writes)
+    assert b"".join(data for _, data in writes) == b"".join(line + b"\n" for line in lines_of(tmp_path / "t.jsonl")[1:])
+
+
+APPENDER = """
+import os, sys
+from localllm.trace import TraceWriter
+w = TraceWriter.open(sys.argv[1])
+for i in range(1000000):
+    w.append("a.b", {"i": i, "pad": "x" * 300}, turn=1 + i // 7)
+    os.write(1, b"%d\\n" % i)  # acknowledged: append returned
+"""
+
+
+def test_acknowledged_appends_survive_sigkill(tmp_path: Path) -> None:
+    """A writer SIGKILLed while appending: every event whose append returned is in the
+    file, complete, and the file reopens for appending (at most a torn line set aside)."""
+    import signal
+
+    path = tmp_path / "t.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    with subprocess.Popen([sys.executable, "-c", APPENDER, str(path)], stdout=subprocess.PIPE, env=env) as child:
+        assert child.stdout is not None
+        acked = -1
+        while acked < 200:
+            line = child.stdout.readline()
+            assert line, "the appender died before acknowledging 200 events"
+            acked = int(line)
+        child.send_signal(signal.SIGKILL)  # mid-stream: it keeps appending until the signal lands
+        rest = child.stdout.read()
+        child.wait()
+    acked = max([acked, *(int(x) for x in rest.split())])
+    events = read_trace(path, allow_torn=True).events
+    assert [ev.payload["i"] for ev in events[: acked + 1]] == list(range(acked + 1))
+    with TraceWriter.open(path) as w:
+        assert len(w.history()) >= acked + 1
+        w.append("a.b", turn=10**6)
+    assert read_trace(path).events[-1].turn == 10**6
 
 
 @pytest.mark.parametrize(
@@ -784,3 +831,43 @@ def test_stamps_within_one_second_and_across_seconds() -> None:
     assert format_ts(base + 10**9) == "2025-12-02T00:00:00Z"
     assert format_ts(base + 10**9 + 120_000_000) == "2025-12-02T00:00:00.12Z"
     assert format_ts(base + 1) == "2025-12-01T23:59:59.000000001Z"
+
+
+def test_to_line_is_dumps_of_to_json_for_any_event() -> None:
+    """``Event.to_line`` spells out the fields before the payload; it must stay byte for byte
+    ``dumps(to_json())`` — Go's escapes, omitempty, floats, and events of unusual field types."""
+    import random
+
+    from localllm.trace.event import dumps
+
+    rng = random.Random(20261202)
+    pieces = ["a", "<", ">", "&", "\u2028", "\u2029", '"', "\\", "\n", "\t", "\x1b", "é", "😀", "\u0301", "1.0", " "]
+
+    def text() -> str:
+        return "".join(rng.choice(pieces) for _ in range(rng.randint(0, 6)))
+
+    values: list[Any] = [1.0, 1e-7, 0.91, -0.0, [1, 2.5e16], {"x": None}, True, 12, 2**64 - 1]
+    events = [
+        Event(
+            turn=rng.randint(0, 2**63 - 1),
+            seq=rng.randint(0, 50),
+            ts=rng.choice(["2026-01-01T00:00:00Z", "2026-01-01T00:00:00.12Z"]),
+            kind=text() or "k",
+            payload={text(): rng.choice([text(), *values])},
+            state_path=rng.choice([None, "", text()]),
+            parent_turn=rng.choice([None, 0, 3]),
+            call_id=rng.choice([None, "", text()]),
+            episode_id=rng.choice([None, "", text()]),
+            match_idx=rng.choice([None, 0, 2]),
+        )
+        for _ in range(3000)
+    ]
+    odd_turn: Any = True  # a bool turn, a float seq: the generic path
+    odd_seq: Any = 1.5
+    events += [
+        Event(turn=odd_turn, seq=1, ts="t", kind="k", payload={}),
+        Event(turn=1, seq=odd_seq, ts="t", kind="k", payload={}),
+    ]
+    for ev in events:
+        assert ev.to_line() == dumps(ev.to_json()).encode("utf-8"), ev
+    assert events[-2].to_line().startswith(b'{"turn":true,')
