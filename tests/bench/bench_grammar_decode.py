@@ -8,11 +8,15 @@ server, one slot. Schemas: from the JSONSchemaBench sample of ``bench_grammar.py
 subsets round-robin in the sample's order, those that both localllm (``compile_schema``) and
 llama.cpp's converter (``json_schema_to_gbnf`` of the pinned llama-cpp-python tree) compile.
 For each schema, the same ``POST /completion`` (the same prompt naming the schema, ``n_predict``,
-temperature 0, cached prompt) with (a) no grammar, (b) localllm's grammar, (c) the converter's
-grammar; the arms rotate order every repetition after one untimed one-token warm-up each. Read from the
-server's own ``timings``: ``predicted_per_token_ms`` (decode time per generated token, sampling
+temperature 0, cached prompt) with (a) no grammar, (b) localllm's grammar (the one
+``builtin.local_llm`` sends by default: compact, closed objects), (c) the converter's
+grammar, and two variants of (b) that tell rule shapes apart: ``localllm open``
+(``compile_schema``'s default, open objects: an extension-key rule after the declared
+properties) and ``localllm space`` (``compact: false``: one optional space after ``:`` and
+``,``, as the converter allows). The arms rotate order every repetition after one untimed
+one-token warm-up each. Read from the server's own ``timings``: ``predicted_per_token_ms`` (decode time per generated token, sampling
 and grammar included) and ``predicted_n``. Per schema: the median per arm and the ratios b/a,
-c/a, b/c; overall: medians across schemas. A ratio b/c above ``--flag`` is listed.
+c/a, b/c, open/c, space/c; overall: medians across schemas. A ratio b/c above ``--flag`` is listed.
 
 Results go to ``tests/bench/results/grammar_decode.json`` (``--smoke``: a temp file; one
 schema, one repetition, 8 tokens). Not a test: no asserts on speed. Hold the machine-wide
@@ -49,7 +53,20 @@ from tests.bench.bench_grammar import ADVERSARIAL, SAMPLE, _llama_converter  # n
 from tests.bench.bench_local_llm import stop_raw  # noqa: E402
 
 GGUF = Path.home() / ".cache" / "localllm-e2e" / "gemma-3-270m-q4_k_m.gguf"
-ARMS = ("none", "localllm", "llama.cpp")
+#: (a) no grammar, (b) localllm's grammar as ``builtin.local_llm`` sends it by default (``compact:
+#: true``, ``open_objects: false``), (c) llama.cpp's converter; then two variants of (b) that tell
+#: which rule shape costs what: ``compile_schema``'s default (open objects: an extension-key rule
+#: after the declared properties, what ``bench_grammar.py`` measures coverage with) and
+#: ``compact: false`` (one optional space after ``:`` and ``,``, as the converter allows).
+ARMS = ("none", "localllm", "llama.cpp", "localllm open", "localllm space")
+RATIOS = (
+    ("b/a", "localllm", "none"),
+    ("c/a", "llama.cpp", "none"),
+    ("b/c", "localllm", "llama.cpp"),
+    ("open/c", "localllm open", "llama.cpp"),
+    ("space/c", "localllm space", "llama.cpp"),
+)
+VARIANTS = {"localllm": {}, "localllm open": {"open_objects": True}, "localllm space": {"space": True}}
 PROMPT = "Answer with one JSON value that is valid against this JSON Schema.\nSchema: {schema}\nJSON: "
 SCHEMA_CHARS = 1500
 CTX = 4096
@@ -96,8 +113,11 @@ def pick(count: int) -> list[dict[str, Any]]:
                 continue
             while queues[subset]:
                 entry = queues[subset].pop(0)
-                compiled = compile_schema(entry["schema"])
-                if compiled.grammar is None:
+                grammars = {
+                    arm: compile_schema(entry["schema"], **{"open_objects": False, **kw}).grammar
+                    for arm, kw in VARIANTS.items()
+                }
+                if any(g is None for g in grammars.values()):
                     continue
                 try:
                     theirs = convert(json.dumps(entry["schema"]))
@@ -105,7 +125,7 @@ def pick(count: int) -> list[dict[str, Any]]:
                 except Exception:  # the converter asserts, or its GBNF does not parse: not both compile
                     continue
                 chosen.append(
-                    {"id": entry["id"], "schema": entry["schema"], "localllm": compiled.grammar, "llama.cpp": theirs}
+                    {"id": entry["id"], "schema": entry["schema"], "grammars": {**grammars, "llama.cpp": theirs}}
                 )
                 break
     return chosen
@@ -164,7 +184,7 @@ def measure(base: str, chosen: list[dict[str, Any]], reps: int, n_predict: int) 
     with httpx.Client() as client:
         for i, item in enumerate(chosen):
             prompt = PROMPT.format(schema=json.dumps(item["schema"], separators=(",", ":"))[:SCHEMA_CHARS])
-            grammars = {"none": None, "localllm": item["localllm"], "llama.cpp": item["llama.cpp"]}
+            grammars = {"none": None, **item["grammars"]}
             runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
             errors: dict[str, str] = {}
             for arm in ARMS:  # warm-up, one token: the prompt cached, the grammar accepted by the server
@@ -190,11 +210,7 @@ def measure(base: str, chosen: list[dict[str, Any]], reps: int, n_predict: int) 
                         "all_ms": [round(r["per_token_ms"], 3) for r in runs[arm]],
                         "content": runs[arm][-1]["content"][:200],
                     }
-            for num, den, key in (
-                ("localllm", "none", "b/a"),
-                ("llama.cpp", "none", "c/a"),
-                ("localllm", "llama.cpp", "b/c"),
-            ):
+            for key, num, den in RATIOS:
                 if num in row and den in row:
                     row[key] = row[num]["per_token_ms"] / row[den]["per_token_ms"]
             rows.append(row)
@@ -218,7 +234,7 @@ def summarise(rows: list[dict[str, Any]], flag: float) -> dict[str, Any]:
             "per_token_ms_median": statistics.median(values) if values else None,
             "predicted_n_median": statistics.median(tokens) if tokens else None,
         }
-    for key in ("b/a", "c/a", "b/c"):
+    for key, _, _ in RATIOS:
         values = [r[key] for r in complete_rows]
         out[key] = {
             "median": statistics.median(values) if values else None,
@@ -240,8 +256,12 @@ def summarise(rows: list[dict[str, Any]], flag: float) -> dict[str, Any]:
 
 def table(rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
     lines = [
-        "| schema | none ms/tok (n) | localllm ms/tok (n) | llama.cpp ms/tok (n) | b/a | c/a | b/c |",
-        "|---|---|---|---|---|---|---|",
+        "| schema | "
+        + " | ".join(f"{a} ms/tok (n)" for a in ARMS)
+        + " | "
+        + " | ".join(k for k, _, _ in RATIOS)
+        + " |",
+        "|---" * (1 + len(ARMS) + len(RATIOS)) + "|",
     ]
     for r in rows:
         cells = [
@@ -250,11 +270,11 @@ def table(rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
             else f"error: {r['errors'].get(a, '?')[:40]}"
             for a in ARMS
         ]
-        ratios = [f"{r[k]:.2f}" if k in r else "-" for k in ("b/a", "c/a", "b/c")]
+        ratios = [f"{r[k]:.2f}" if k in r else "-" for k, _, _ in RATIOS]
         lines.append(f"| {r['id']} | {' | '.join(cells)} | {' | '.join(ratios)} |")
     s = summary
     med = [f"{s[a]['per_token_ms_median']:.2f}" if s[a]["per_token_ms_median"] is not None else "-" for a in ARMS]
-    ratios = [f"{s[k]['median']:.2f}" if s[k]["median"] is not None else "-" for k in ("b/a", "c/a", "b/c")]
+    ratios = [f"{s[k]['median']:.2f}" if s[k]["median"] is not None else "-" for k, _, _ in RATIOS]
     lines.append(f"| **median of {s['schemas_all_arms']}** | {' | '.join(med)} | {' | '.join(ratios)} |")
     return "\n".join(lines)
 
@@ -262,7 +282,7 @@ def table(rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="CI: one schema, one repetition, 8 tokens (temp file)")
-    parser.add_argument("--schemas", type=int, default=None, help="how many schemas (default 12; smoke 1)")
+    parser.add_argument("--schemas", type=int, default=None, help="how many schemas (default 8; smoke 1)")
     parser.add_argument("--reps", type=int, default=None, help="timed requests per arm and schema (default 2; smoke 1)")
     parser.add_argument("--n-predict", type=int, default=None, help="tokens per request (default 32; smoke 8)")
     parser.add_argument("--flag", type=float, default=1.25, help="list schemas whose b/c is above this")
@@ -270,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         "--json", type=Path, default=None, help="output (default tests/bench/results/grammar_decode.json)"
     )
     args = parser.parse_args(argv)
-    count = args.schemas or (1 if args.smoke else 12)
+    count = args.schemas or (1 if args.smoke else 8)
     reps = args.reps or (1 if args.smoke else 2)
     n_predict = args.n_predict or (8 if args.smoke else 32)
     out = args.json or results_path("grammar_decode", smoke=args.smoke)
