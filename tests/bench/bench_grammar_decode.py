@@ -17,6 +17,8 @@ properties) and ``localllm space`` (``compact: false``: one optional space after
 one-token warm-up each. Read from the server's own ``timings``: ``predicted_per_token_ms`` (decode time per generated token, sampling
 and grammar included) and ``predicted_n``. Per schema: the median per arm and the ratios b/a,
 c/a, b/c, open/c, space/c; overall: medians across schemas. A ratio b/c above ``--flag`` is listed.
+Then, untimed, per arm: how many of the generated tokens the grammar took instead of the model's
+own greedy choice (``refusals``; ``--refusals-only`` runs just that).
 
 Results go to ``tests/bench/results/grammar_decode.json`` (``--smoke``: a temp file; one
 schema, one repetition, 8 tokens). Not a test: no asserts on speed. Hold the machine-wide
@@ -224,6 +226,53 @@ def measure(base: str, chosen: list[dict[str, Any]], reps: int, n_predict: int) 
     return rows
 
 
+def post(client: httpx.Client, url: str, body: dict[str, Any]) -> dict[str, Any]:
+    reply = client.post(url, json=body, timeout=600.0)
+    reply.raise_for_status()
+    data: dict[str, Any] = reply.json()
+    return data
+
+
+def refusals(base: str, chosen: list[dict[str, Any]], n_predict: int) -> list[dict[str, Any]]:
+    """Per schema and arm: of the tokens it generates, how many the grammar took instead of the
+    model's own greedy choice (each one costs llama.cpp a grammar pass over the whole vocabulary).
+
+    Each arm's answer is generated once (temperature 0: the timed answer) with its token ids;
+    then, for every prefix of it, one token is asked for without a grammar: a refusal wherever
+    that token differs from the answer's next one. The no-grammar arm is the self-check (0 by
+    construction when the probe reproduces the server's own decoding). Untimed."""
+    out = []
+    with httpx.Client() as client:
+        for item in chosen:
+            prompt = PROMPT.format(schema=json.dumps(item["schema"], separators=(",", ":"))[:SCHEMA_CHARS])
+            head = post(client, base + "/tokenize", {"content": prompt, "add_special": True})["tokens"]
+            grammars = {"none": None, **item["grammars"]}
+            row: dict[str, Any] = {"id": item["id"]}
+            for arm in ARMS:
+                body: dict[str, Any] = {"prompt": prompt, "n_predict": n_predict, "temperature": 0, "seed": 0}
+                if grammars[arm] is not None:
+                    body["grammar"] = grammars[arm]
+                try:
+                    tokens = post(client, base + "/completion", {**body, "return_tokens": True})["tokens"]
+                except httpx.HTTPStatusError:
+                    continue
+                refused = []
+                for k, token in enumerate(tokens):
+                    probe = {"prompt": head + tokens[:k], "n_predict": 1, "temperature": 0, "seed": 0}
+                    greedy = post(client, base + "/completion", {**probe, "return_tokens": True})["tokens"]
+                    if greedy[:1] != [token]:
+                        refused.append(k)
+                row[arm] = {"tokens": len(tokens), "refused": len(refused), "at": refused}
+            out.append(row)
+            print(
+                f"refusals {item['id']}: "
+                + ", ".join(f"{a} {row[a]['refused']}/{row[a]['tokens']}" for a in ARMS if a in row),
+                file=sys.stderr,
+                flush=True,
+            )
+    return out
+
+
 def summarise(rows: list[dict[str, Any]], flag: float) -> dict[str, Any]:
     complete_rows = [r for r in rows if all(a in r for a in ARMS)]
     out: dict[str, Any] = {"schemas": len(rows), "schemas_all_arms": len(complete_rows)}
@@ -234,12 +283,15 @@ def summarise(rows: list[dict[str, Any]], flag: float) -> dict[str, Any]:
             "per_token_ms_median": statistics.median(values) if values else None,
             "predicted_n_median": statistics.median(tokens) if tokens else None,
         }
-    for key, _, _ in RATIOS:
+    for key, num, den in RATIOS:
         values = [r[key] for r in complete_rows]
+        # the same ratio on each arm's fastest request: less of the other load on the machine
+        fastest = [min(r[num]["all_ms"]) / min(r[den]["all_ms"]) for r in complete_rows]
         out[key] = {
             "median": statistics.median(values) if values else None,
             "min": min(values) if values else None,
             "max": max(values) if values else None,
+            "median_of_fastest": statistics.median(fastest) if fastest else None,
         }
     out["flagged"] = [
         {
@@ -276,6 +328,10 @@ def table(rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
     med = [f"{s[a]['per_token_ms_median']:.2f}" if s[a]["per_token_ms_median"] is not None else "-" for a in ARMS]
     ratios = [f"{s[k]['median']:.2f}" if s[k]["median"] is not None else "-" for k, _, _ in RATIOS]
     lines.append(f"| **median of {s['schemas_all_arms']}** | {' | '.join(med)} | {' | '.join(ratios)} |")
+    fastest = [
+        f"{s[k]['median_of_fastest']:.2f}" if s[k]["median_of_fastest"] is not None else "-" for k, _, _ in RATIOS
+    ]
+    lines.append(f"| median, fastest request per arm | {' | '.join('' for _ in ARMS)} | {' | '.join(fastest)} |")
     return "\n".join(lines)
 
 
@@ -285,6 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--schemas", type=int, default=None, help="how many schemas (default 8; smoke 1)")
     parser.add_argument("--reps", type=int, default=None, help="timed requests per arm and schema (default 2; smoke 1)")
     parser.add_argument("--n-predict", type=int, default=None, help="tokens per request (default 32; smoke 8)")
+    parser.add_argument(
+        "--refusals-only", action="store_true", help="only count the greedy tokens each grammar refuses (untimed)"
+    )
     parser.add_argument("--flag", type=float, default=1.25, help="list schemas whose b/c is above this")
     parser.add_argument(
         "--json", type=Path, default=None, help="output (default tests/bench/results/grammar_decode.json)"
@@ -308,15 +367,28 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-grammar-decode-") as tmp:
         proc, base = start_server(binary, model, Path(tmp) / "server.log")
         try:
-            rows = measure(base, chosen, reps, n_predict)
+            rows = [] if args.refusals_only else measure(base, chosen, reps, n_predict)
+            res["refusals"] = refusals(base, chosen, n_predict)
         finally:
             stop_raw(proc)
     res["rows"] = rows
     res["summary"] = summarise(rows, args.flag)
+    res["refusals_total"] = {
+        arm: [
+            sum(r[arm]["refused"] for r in res["refusals"] if arm in r),
+            sum(r[arm]["tokens"] for r in res["refusals"] if arm in r),
+        ]
+        for arm in ARMS
+    }
     res["bench_seconds"] = time.perf_counter() - started
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")
-    print(table(rows, res["summary"]))
+    if rows:
+        print(table(rows, res["summary"]))
+    print(
+        "\nmodel's greedy token refused by the grammar (refused / generated): "
+        + ", ".join(f"{arm} {n}/{t}" for arm, (n, t) in res["refusals_total"].items())
+    )
     if res["summary"]["flagged"]:
         print(f"\nb/c above {args.flag}: {json.dumps(res['summary']['flagged'])}")
     print(f"\nwrote {out} ({res['bench_seconds']:.0f} s)")
