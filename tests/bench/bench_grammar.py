@@ -14,7 +14,8 @@ instances the grammar admits (must be 0 for localllm), the valid instances it ad
 - XGrammar 0.2.9 (``Grammar.from_json_schema`` with its defaults, instances checked by its own
   ``GrammarMatcher`` over a byte-level vocabulary): in a subprocess of its own venv
   (``make bench-peers``: it needs torch and transformers, which the project venv does not
-  carry), see ``_xgrammar_peer.py``; skipped with the command to make the venv when it is missing.
+  carry), see ``_xgrammar_peer.py``; skipped with the command to make the venv when it is missing
+  (``LOCALLLM_XGRAMMAR_VENV`` points at another venv holding xgrammar 0.2.9).
 
 Compile time is the engine's own call (GBNF is parsed by the walker outside it).
 The sample (``tests/bench/data/jsonschemabench_sample.jsonl``) is built by ``--make-sample
