@@ -18,7 +18,10 @@ one-token warm-up each. Read from the server's own ``timings``: ``predicted_per_
 and grammar included) and ``predicted_n``. Per schema: the median per arm and the ratios b/a,
 c/a, b/c, open/c, space/c; overall: medians across schemas. A ratio b/c above ``--flag`` is listed.
 Then, untimed, per arm: how many of the generated tokens the grammar took instead of the model's
-own greedy choice (``refusals``; ``--refusals-only`` runs just that).
+own greedy choice (``refusals``; ``--refusals-only`` runs just that). ``--engine-pass REPS``
+also times llama.cpp's whole-vocabulary grammar pass at each position of the same answer under
+localllm's grammar and the converter's (``_grammar_pass_peer.py``, in the llama-cpp-python
+venv of ``make e2e-endpoints``): whether one refusal costs one grammar more than the other.
 
 Results go to ``tests/bench/results/grammar_decode.json`` (``--smoke``: a temp file; one
 schema, one repetition, 8 tokens). Not a test: no asserts on speed. Hold the machine-wide
@@ -273,6 +276,42 @@ def refusals(base: str, chosen: list[dict[str, Any]], n_predict: int) -> list[di
     return out
 
 
+LLCP_PYTHON = Path.home() / ".cache/localllm-e2e/venvs/llama-cpp-python-0.3.36-noamx/bin/python"
+PASS_PEER = Path(__file__).parent / "_grammar_pass_peer.py"
+
+
+def engine_pass(model: Path, chosen: list[dict[str, Any]], rows: list[dict[str, Any]], reps: int) -> list[Any]:
+    """The engine's whole-vocabulary pass, timed per position of the same answer under both
+    grammars (``_grammar_pass_peer.py`` in the llama-cpp-python venv): localllm's compact answer
+    under localllm's grammar and the converter's; its ``compact: false`` answer under that
+    variant and the converter's. Tells whether one refusal costs one grammar more."""
+    if not LLCP_PYTHON.exists():
+        print(f"engine pass: skipped, no llama-cpp-python venv at {LLCP_PYTHON} (make e2e-endpoints)", file=sys.stderr)
+        return []
+    jobs = []
+    for item, row in zip(chosen, rows, strict=True):
+        theirs = item["grammars"]["llama.cpp"]
+        for arm, label in (("localllm", "compact"), ("localllm space", "spaced")):
+            if arm in row:
+                grammars = {arm: item["grammars"][arm], "llama.cpp": theirs}
+                jobs.append({"id": f"{item['id']} [{label}]", "text": row[arm]["content"], "grammars": grammars})
+    done = subprocess.run(
+        [str(LLCP_PYTHON), str(PASS_PEER), str(model), str(reps)],
+        input="".join(json.dumps(j) + "\n" for j in jobs),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"engine pass failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}")
+    results = [json.loads(line) for line in done.stdout.splitlines()]
+    for result in results:
+        ours = next(k for k in result if k.startswith("localllm"))
+        result["ratio"] = result[ours]["sum_ms"] / result["llama.cpp"]["sum_ms"]
+        print(f"engine pass {result['id']}: {ours}/llama.cpp {result['ratio']:.2f}", file=sys.stderr, flush=True)
+    return results
+
+
 def summarise(rows: list[dict[str, Any]], flag: float) -> dict[str, Any]:
     complete_rows = [r for r in rows if all(a in r for a in ARMS)]
     out: dict[str, Any] = {"schemas": len(rows), "schemas_all_arms": len(complete_rows)}
@@ -344,6 +383,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--refusals-only", action="store_true", help="only count the greedy tokens each grammar refuses (untimed)"
     )
+    parser.add_argument(
+        "--engine-pass",
+        type=int,
+        default=0,
+        metavar="REPS",
+        help="also time the engine's whole-vocabulary pass per answer position, best of REPS (llama-cpp-python venv)",
+    )
     parser.add_argument("--flag", type=float, default=1.25, help="list schemas whose b/c is above this")
     parser.add_argument(
         "--json", type=Path, default=None, help="output (default tests/bench/results/grammar_decode.json)"
@@ -372,6 +418,12 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             stop_raw(proc)
     res["rows"] = rows
+    if args.engine_pass and rows:
+        res["engine_pass"] = engine_pass(model, chosen, rows, args.engine_pass)
+        for label in ("compact", "spaced"):
+            ratios = [r["ratio"] for r in res["engine_pass"] if r["id"].endswith(f"[{label}]")]
+            if ratios:
+                print(f"engine pass, {label} answers: localllm/llama.cpp median {statistics.median(ratios):.2f}")
     res["summary"] = summarise(rows, args.flag)
     res["refusals_total"] = {
         arm: [
