@@ -6,7 +6,7 @@ MODEL  ?= qwen2.5-1.5b-instruct
 E2E    := $(HOME)/.cache/localllm-e2e
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: install lint unit unit-slow e2e test bench bench-smoke demo fetch-llama-server fetch-models e2e-models e2e-interop e2e-endpoints clean
+.PHONY: install lint unit unit-slow e2e test bench bench-smoke bench-peers demo fetch-llama-server fetch-models e2e-models e2e-interop e2e-endpoints clean
 
 install: $(VENV)/.installed
 
@@ -101,7 +101,26 @@ e2e: install fetch-llama-server e2e-models e2e-interop e2e-endpoints
 
 test: lint unit unit-slow e2e bench-smoke
 
-bench: install fetch-llama-server e2e-models
+# Peers of tests/bench/bench_grammar.py that cannot sit in the project venv, each in its own venv
+# in the user cache, driven as a subprocess. XGrammar's wheel declares torch (a CUDA build of
+# several GB when unpinned), transformers and triton, and its __init__ imports torch and
+# transformers: it is installed without deps, beside the CPU build of torch 2.13.0 (a ~190 MB
+# file on this kind of machine, `pip install torch==2.13.0`), transformers, and its own runtime
+# deps. Triton (GPU kernels only, imported lazily) is left out.
+XGRAMMAR_VERSION ?= 0.2.9
+XGRAMMAR_VENV   := $(E2E)/venvs/xgrammar-$(XGRAMMAR_VERSION)
+
+bench-peers: $(XGRAMMAR_VENV)/.installed
+
+$(XGRAMMAR_VENV)/.installed:
+	rm -rf $(XGRAMMAR_VENV) && $(PYTHON) -m venv $(XGRAMMAR_VENV)
+	$(XGRAMMAR_VENV)/bin/python -m pip install -q 'torch==2.13.0' 'apache-tvm-ffi>=0.1.11' numpy pydantic \
+		'typing-extensions>=4.9.0' 'transformers>=4.38.0'
+	$(XGRAMMAR_VENV)/bin/python -m pip install -q --no-deps 'xgrammar==$(XGRAMMAR_VERSION)'
+	$(XGRAMMAR_VENV)/bin/python -c 'import xgrammar'
+	touch $@
+
+bench: install fetch-llama-server e2e-models bench-peers
 	$(BIN)/python tests/bench/run_all.py
 
 # Every benchmark's --smoke mode (the real code paths, smallest sizes, seconds each; results

@@ -11,7 +11,11 @@ instances the grammar admits (must be 0 for localllm), the valid instances it ad
 - LLGuidance (``llguidance.JsonCompiler``) and outlines-core (``build_regex_from_schema``,
   instances checked with Python ``re``): compile only / regex, when installed (test-only
   extra ``bench-grammar``);
-- XGrammar: when importable (it needs torch; skipped on this machine otherwise).
+- XGrammar 0.2.9 (``Grammar.from_json_schema`` with its defaults, instances checked by its own
+  ``GrammarMatcher`` over a byte-level vocabulary): in a subprocess of its own venv
+  (``make bench-peers``: it needs torch and transformers, which the project venv does not
+  carry), see ``_xgrammar_peer.py``; skipped with the command to make the venv when it is missing
+  (``LOCALLLM_XGRAMMAR_VENV`` points at another venv holding xgrammar 0.2.9).
 
 Compile time is the engine's own call (GBNF is parsed by the walker outside it).
 The sample (``tests/bench/data/jsonschemabench_sample.jsonl``) is built by ``--make-sample
@@ -29,6 +33,7 @@ import argparse
 import hashlib
 import importlib.util
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -55,6 +60,11 @@ LICENSE = (
     "GlaiveAI, Kubernetes, JSON Schema Store, Snowplow, Washington Post, BFCL, json-mode-eval): their terms apply"
 )
 ADVERSARIAL = ("Handwritten", "Synthesized")
+XGRAMMAR_VERSION = "0.2.9"
+XGRAMMAR_VENV = Path(
+    os.environ.get("LOCALLLM_XGRAMMAR_VENV", Path.home() / f".cache/localllm-e2e/venvs/xgrammar-{XGRAMMAR_VERSION}")
+)
+XGRAMMAR_PEER = Path(__file__).parent / "_xgrammar_peer.py"
 
 
 def subset_of(name: str) -> str:
@@ -155,17 +165,16 @@ def engines() -> dict[str, Any]:
         out["outlines-core"] = outlines
     except ImportError:
         pass
-    try:
-        import xgrammar
-
-        out["xgrammar"] = lambda schema: (xgrammar.Grammar.from_json_schema(json.dumps(schema)), None)[1]
-    except Exception:
-        pass
     return out
 
 
+def compact(value: Any) -> str:
+    """An instance as every engine is asked about it: compact JSON, its own key order."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
 def admits(matcher: Any, value: Any) -> bool | None:
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    text = compact(value)
     if isinstance(matcher, Grammar):
         try:
             return matcher.matches(text)
@@ -176,21 +185,70 @@ def admits(matcher: Any, value: Any) -> bool | None:
     return None
 
 
+def _rows() -> dict[str, dict[str, Any]]:
+    return defaultdict(
+        lambda: {
+            "schemas": 0,
+            "compiled": 0,
+            "valid": 0,
+            "valid_admitted": 0,
+            "invalid": 0,
+            "invalid_admitted": 0,
+            "times": [],
+            "refusals": defaultdict(int),
+        }
+    )
+
+
+def xgrammar_python() -> Path | None:
+    python = XGRAMMAR_VENV / "bin" / "python"
+    return python if (XGRAMMAR_VENV / ".installed").exists() and python.exists() else None
+
+
+def run_xgrammar(entries: list[dict[str, Any]]) -> dict[str, dict[str, Any]] | None:
+    """XGrammar's rows, from ``_xgrammar_peer.py`` in its venv; None (and how to make it) without."""
+    python = xgrammar_python()
+    if python is None:
+        print(
+            f"xgrammar: skipped, no venv at {XGRAMMAR_VENV} (make it with `make bench-peers`)",
+            file=sys.stderr,
+        )
+        return None
+    jobs = "".join(
+        json.dumps({"schema": e["schema"], "texts": [compact(t["data"]) for t in e["tests"]]}) + "\n" for e in entries
+    )
+    done = subprocess.run(
+        [str(python), str(XGRAMMAR_PEER)], input=jobs, capture_output=True, text=True, check=False, timeout=1800
+    )
+    lines = done.stdout.splitlines()
+    if done.returncode != 0 or len(lines) != len(entries) + 1:
+        raise RuntimeError(f"xgrammar peer failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}")
+    version = json.loads(lines[0])["version"]
+    if version != XGRAMMAR_VERSION:
+        raise RuntimeError(f"xgrammar venv has {version}, the bench pins {XGRAMMAR_VERSION}: run `make bench-peers`")
+    per = _rows()
+    for entry, line in zip(entries, lines[1:], strict=True):
+        result = json.loads(line)
+        row = per[entry["subset"]]
+        row["schemas"] += 1
+        row["times"].append(result["seconds"])
+        if not result["ok"]:
+            row["refusals"][result["error"]] += 1
+            continue
+        row["compiled"] += 1
+        for test, ok in zip(entry["tests"], result["admitted"], strict=True):
+            if ok is None:
+                continue
+            key = "valid" if test["valid"] else "invalid"
+            row[key] += 1
+            row[f"{key}_admitted"] += int(ok)
+    return per
+
+
 def run(entries: list[dict[str, Any]]) -> dict[str, Any]:
     table: dict[str, dict[str, dict[str, Any]]] = {}
     for name, engine in engines().items():
-        per: dict[str, dict[str, Any]] = defaultdict(
-            lambda: {
-                "schemas": 0,
-                "compiled": 0,
-                "valid": 0,
-                "valid_admitted": 0,
-                "invalid": 0,
-                "invalid_admitted": 0,
-                "times": [],
-                "refusals": defaultdict(int),
-            }
-        )
+        per = _rows()
         for entry in entries:
             row = per[entry["subset"]]
             row["schemas"] += 1
@@ -217,6 +275,9 @@ def run(entries: list[dict[str, Any]]) -> dict[str, Any]:
                 row[key] += 1
                 row[f"{key}_admitted"] += int(ok)
         table[name] = per
+    xgrammar = run_xgrammar(entries)
+    if xgrammar is not None:
+        table[f"xgrammar {XGRAMMAR_VERSION}"] = xgrammar
     return table
 
 
