@@ -1263,18 +1263,45 @@ class _Compiler:
         return out
 
     def merge_properties(self, a: dict[str, Any], b: dict[str, Any], path: str) -> dict[str, Any]:
-        if "patternProperties" in a or "patternProperties" in b:
-            raise _Refuse(path, "patternProperties", 'allOf with "patternProperties" is not merged')
+        """Two components' object shapes as one. A name either declares gets what each side
+        gives it (its property schema, else its matching patterns' schemas, else its
+        additionalProperties). A pattern both give gets both schemas; a pattern one side gives
+        also gets the other side's additionalProperties (exact for a key no pattern of the
+        other side matches; narrower, never wider, for one that does)."""
         pa = a.get("properties", {})
         pb = b.get("properties", {})
-        if not isinstance(pa, dict) or not isinstance(pb, dict):
-            raise _Refuse(path, "properties", '"properties" must be an object')
+        qa = a.get("patternProperties", {})
+        qb = b.get("patternProperties", {})
+        if not all(isinstance(x, dict) for x in (pa, pb, qa, qb)):
+            raise _Refuse(path, "properties", '"properties" and "patternProperties" must be objects')
         ap_a = a.get("additionalProperties", True)
         ap_b = b.get("additionalProperties", True)
+
+        def side(props: dict[str, Any], pats: dict[str, Any], extra: Any, name: str) -> Any:
+            if name in props:
+                return props[name]
+            try:
+                matching = [sub for pat, sub in pats.items() if re.search(pat, name) is not None]
+            except re.error:
+                raise _Refuse(path, "patternProperties", "a pattern is not a valid regex") from None
+            if not matching:
+                return extra
+            return True  # the merged patternProperties apply these again
+
         props: dict[str, Any] = {}
         for name in list(dict.fromkeys([*pa, *pb])):
-            props[name] = _both(pa.get(name, ap_a), pb.get(name, ap_b))
+            props[name] = _both(side(pa, qa, ap_a, name), side(pb, qb, ap_b, name))
         out: dict[str, Any] = {"properties": props}
+        patterns: dict[str, Any] = {}
+        for pat in dict.fromkeys([*qa, *qb]):
+            if pat in qa and pat in qb:
+                patterns[pat] = _both(qa[pat], qb[pat])
+            elif pat in qa:
+                patterns[pat] = _both(qa[pat], ap_b)
+            else:
+                patterns[pat] = _both(qb[pat], ap_a)
+        if patterns:
+            out["patternProperties"] = patterns
         ap = _both(ap_a, ap_b)
         if ap is not True:
             out["additionalProperties"] = ap
