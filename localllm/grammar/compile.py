@@ -49,8 +49,10 @@ MAX_BRANCHES = 64
 ANY_ORDER = 6
 #: at most this many any-order rules per grammar (size and compile time); past it, declared order
 ANY_ORDER_RULES = 256
-#: "not" of a pattern searching for a literal compiles for literals up to this long
+#: "not" of a pattern searching for literals compiles for literals up to this long, with an
+#: automaton of at most MAX_AVOIDED_STATES states
 MAX_AVOIDED = 6
+MAX_AVOIDED_STATES = 24
 #: the largest integer step compiled without two bounds (its grammar has step*16 rules)
 MAX_STEP = 32
 MAX_GRAMMAR_CHARS = 2_000_000
@@ -474,7 +476,7 @@ class _Compiler:
         self.in_progress: set[str] = set()
         self.order_rules = 0
         #: regexes made by negating a literal search pattern -> the literal (see _avoiding)
-        self.avoided: dict[str, str] = {}
+        self.avoided: dict[str, tuple[_Search, ...]] = {}
         self.notes: list[str] = []
         if isinstance(root, dict) and "$schema" in root and not isinstance(root["$schema"], str):
             raise _Refuse("$", "$schema", f'"$schema" must be a URI string, got {_q(root["$schema"])}')
@@ -826,11 +828,11 @@ class _Compiler:
                 return {"type": kind, other: int(value) + step}
             return {"type": kind, other: value}
         if key == "pattern" and isinstance(value, str):
-            literal = _pattern_literal(value)
-            if literal is None or not literal or "\n" in literal or len(literal) > MAX_AVOIDED:
+            searches = _literal_searches(value)
+            avoid = None if searches is None else _avoiding(searches)
+            if searches is None or avoid is None:
                 return None
-            avoid = _avoiding(literal)
-            self.avoided[avoid] = literal
+            self.avoided[avoid] = searches
             return {"type": "string", "pattern": avoid}
         if key == "required" and isinstance(value, list):
             names = [n for n in value if isinstance(n, str)]
@@ -1859,8 +1861,8 @@ class _Compiler:
             if not isinstance(pattern, str):
                 raise _Refuse(path, "pattern", '"pattern" must be a string')
             if pattern in self.avoided and 0 < lo <= 3 and hi is None:
-                # a negated literal with minLength: the length counted in the automaton
-                pattern = _avoiding(self.avoided[pattern], lo)
+                # a negated literal search with minLength: the length counted in the automaton
+                pattern = _avoiding(self.avoided[pattern], lo) or pattern
             expr, plo, phi = self.pattern(pattern, path, lo, hi)
             if plo < lo or (hi is not None and (phi is None or phi > hi)):
                 raise _Refuse(
@@ -2617,45 +2619,95 @@ def _pattern_literal(pattern: str) -> str | None:
     return "".join(out)
 
 
-def _avoiding(literal: str, min_len: int = 0) -> str:
-    """An anchored Python regex for the strings of at least ``min_len`` characters that do not
-    contain ``literal``: the Knuth-Morris-Pratt automaton (state: the longest prefix of
-    ``literal`` just read; the full match is no state), times a counter of the first
-    ``min_len`` characters, turned into a regex by state elimination (deepest state first)."""
-    m = len(literal)
+#: one alternative of a literal search pattern: (literal, anchored at the start, at the end)
+_Search = tuple[str, bool, bool]
+
+
+def _literal_searches(pattern: str) -> tuple[_Search, ...] | None:
+    """``a|^b|c$``-style patterns: top-level alternatives, each a literal (plain characters,
+    escaped punctuation) with an optional ``^`` before and ``$`` after; None for any other."""
+    branches, start = [], 0
+    for k, c in enumerate(pattern):
+        if c == "\\":
+            continue
+        if k and pattern[k - 1] == "\\" and (k < 2 or pattern[k - 2] != "\\"):
+            continue
+        if c == "|":
+            branches.append(pattern[start:k])
+            start = k + 1
+    branches.append(pattern[start:])
+    out = []
+    for branch in branches:
+        head = branch.startswith("^")
+        body = branch[1:] if head else branch
+        tail = body.endswith("$") and not body.endswith("\\$")
+        body = body[:-1] if tail else body
+        literal = _pattern_literal(body)
+        if not literal or "\n" in literal or len(literal) > MAX_AVOIDED:
+            return None
+        out.append((literal, head, tail))
+        if tail:  # Python's "$" also matches before a final newline
+            out.append((literal + "\n", head, True))
+    return tuple(out)
+
+
+def _avoiding(searches: tuple[_Search, ...], min_len: int = 0) -> str | None:
+    """An anchored Python regex for the strings of at least ``min_len`` characters that no
+    search of ``searches`` finds, or None past MAX_AVOIDED_STATES: the automaton whose state
+    is the set of partial matches in progress (a completed unanchored-end match is no state;
+    a completed end-anchored one is a state that may not end the string), times a counter of
+    the first ``min_len`` characters, turned into a regex by state elimination (the states
+    found last first)."""
 
     def esc(ch: str) -> str:
         return f"\\U{ord(ch):08X}"
 
-    def step(q: int, ch: str) -> int:
-        text = literal[:q] + ch
-        for k in range(min(len(text), m), 0, -1):
-            if text.endswith(literal[:k]):
-                return k
-        return 0
-
-    chars = sorted(set(literal))
+    chars = sorted({c for lit, _, _ in searches for c in lit})
     other = f"[^{''.join(esc(c) for c in chars)}]"
-    n = m * (min_len + 1)  # state q + m*c: KMP state q after c (capped at min_len) characters
+    free = frozenset((i, 0) for i, (_, head, _) in enumerate(searches) if not head)
+
+    def step(state: frozenset[tuple[int, int]], ch: str | None) -> frozenset[tuple[int, int]] | None:
+        nxt = set(free)
+        for i, k in state:
+            lit, _, tail = searches[i]
+            if k < len(lit) and ch == lit[k]:
+                if k + 1 == len(lit) and not tail:
+                    return None  # found: every continuation is rejected
+                nxt.add((i, k + 1))
+        return frozenset(nxt)
+
+    def ends(state: frozenset[tuple[int, int]]) -> bool:
+        return not any(k == len(searches[i][0]) for i, k in state)
+
+    first = frozenset((i, 0) for i in range(len(searches)))
+    order: list[tuple[frozenset[tuple[int, int]], int]] = [(first, 0)]
+    index = {order[0]: 0}
+    labels: dict[tuple[int, int], str] = {}
+    k = 0
+    while k < len(order):
+        state, count = order[k]
+        nxt_count = min(count + 1, min_len)
+        for ch, label in [*((c, esc(c)) for c in chars), (None, other)]:
+            target = step(state, ch)
+            if target is None:
+                continue
+            key = (target, nxt_count)
+            if key not in index:
+                if len(order) >= MAX_AVOIDED_STATES:
+                    return None
+                index[key] = len(order)
+                order.append(key)
+            edge = (k, index[key])
+            labels[edge] = _re_alt(labels.get(edge), label)
+        k += 1
+    n = len(order)
     start, final = n, n + 1
-    edges: dict[tuple[int, int], str] = {(start, 0): ""}
-    for c in range(min_len + 1):
-        nxt = min(c + 1, min_len)
-        for q in range(m):
-            here = q + m * c
-            if c == min_len:
-                edges[(here, final)] = ""
-            by_target: dict[int, list[str]] = {}
-            for ch in chars:
-                by_target.setdefault(step(q, ch), []).append(ch)
-            for target, group in by_target.items():
-                if target < m:
-                    label = esc(group[0]) if len(group) == 1 else f"[{''.join(esc(g) for g in group)}]"
-                    key = (here, target + m * nxt)
-                    edges[key] = _re_alt(edges.get(key), label)
-            key = (here, m * nxt)
-            edges[key] = _re_alt(edges.get(key), other)
-    for q in range(n - 1, -1, -1):  # the deepest state first: the shortest regex
+    edges = dict(labels)
+    edges[(start, 0)] = ""
+    for q, (state, count) in enumerate(order):
+        if count == min_len and ends(state):
+            edges[(q, final)] = ""
+    for q in range(n - 1, -1, -1):
         loop = edges.pop((q, q), None)
         star = f"(?:{loop})*" if loop else ""
         ins = [(i, lab) for (i, j), lab in edges.items() if j == q]
@@ -2667,7 +2719,8 @@ def _avoiding(literal: str, min_len: int = 0) -> str:
         for i, a in ins:
             for j, b in outs:
                 edges[(i, j)] = _re_alt(edges.get((i, j)), f"{_re_group(a)}{star}{_re_group(b)}")
-    return f"^(?:{edges.get((start, final), '')})$"
+    body = edges.get((start, final))
+    return None if body is None else f"^(?:{body})$"
 
 
 def _re_group(expr: str) -> str:

@@ -226,7 +226,7 @@ def test_disjoint_one_of_compiles_and_overlapping_one_of_is_refused() -> None:
     g = grammar_of({"oneOf": [{"type": "string"}, {"type": "string", "maxLength": 3}]})
     assert g.matches('"abcd"') and not g.matches('"abc"') and not g.matches("1")
     # overlapping and a branch has no negation here (a pattern): refused
-    refused = compile_schema({"oneOf": [{"type": "string"}, {"type": "string", "pattern": "^a"}]})
+    refused = compile_schema({"oneOf": [{"type": "string"}, {"type": "string", "pattern": "^[ab]"}]})
     assert not refused.exact and refused.refusals[0].construct == "oneOf"
 
 
@@ -250,7 +250,7 @@ def test_all_of_is_merged() -> None:
 @pytest.mark.parametrize(
     ("schema", "construct"),
     [
-        ({"not": {"type": "string", "pattern": "^a"}}, "not"),
+        ({"not": {"type": "string", "pattern": "^[ab]"}}, "not"),
         ({"type": "array", "uniqueItems": True}, "uniqueItems"),
         ({"type": "integer", "multipleOf": 3, "minimum": 5}, "multipleOf"),
         ({"$ref": "https://example.com/x.json"}, "$ref"),
