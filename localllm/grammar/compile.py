@@ -4,9 +4,9 @@
 answer the grammar admits is valid against the schema (``grammar`` is set, ``refusals``
 empty), else ``grammar is None`` and a :class:`Refusal` names the schema path and the
 construct it cannot express exactly. "Exact" means *sound*: the grammar may admit fewer
-answers than the schema (properties in declared order, undeclared keys only after them
-and never a declared name, no free whitespace, integers for ``number`` bounds' edges),
-never more.
+answers than the schema (properties in any order only up to ANY_ORDER of them, else in
+declared order; undeclared keys only after them and never a declared name; no free
+whitespace; integers for ``number`` bounds' edges), never more.
 
 How the schema is read (the semantics of the ``jsonschema`` validator for the schema's
 draft): ``$ref`` overrides its siblings up to draft 7 and combines with them from
@@ -17,8 +17,9 @@ that is not provably disjoint becomes each branch without the others; ``not``,
 ``if``/``then``/``else`` and the ``dependent*`` keywords are rewritten into ``anyOf``/``allOf``
 of positive schemas (:meth:`_Compiler.negate`); ``const``/``enum`` keep the values that
 validate against the whole schema object. Malformed schemas and constructs without a
-grammar here (``unevaluated*`` beside applicators, ``uniqueItems`` over an open domain, negations of patterns
-and formats, refs to other documents …) are refused, never raised. Narrowings beyond the
+grammar here (``unevaluated*`` beside anyOf/oneOf/not/if, ``uniqueItems`` over an open domain,
+``multipleOf`` with a decimal step and no two bounds, negations of patterns other than a literal
+search and of formats, refs to other documents …) are refused, never raised. Narrowings beyond the
 documented defaults are listed in :attr:`CompiledGrammar.notes`.
 """
 
@@ -43,6 +44,17 @@ MAX_DEPTH = 64
 #: larger maximum is lowered to this (sound: fewer answers), a larger minimum refused
 MAX_REPEAT = 1_000
 MAX_BRANCHES = 64
+#: objects with at most this many generated properties (and uniqueItems arrays with at most
+#: this many values) admit them in any order (2^n rules); more keep their declared order
+ANY_ORDER = 6
+#: at most this many any-order rules per grammar (size and compile time); past it, declared order
+ANY_ORDER_RULES = 256
+#: "not" of a pattern searching for literals compiles for literals up to this long, with an
+#: automaton of at most MAX_AVOIDED_STATES states
+MAX_AVOIDED = 6
+MAX_AVOIDED_STATES = 24
+#: the largest integer step compiled without two bounds (its grammar has step*16 rules)
+MAX_STEP = 32
 MAX_GRAMMAR_CHARS = 2_000_000
 #: integer bounds with more digits than this are refused (grammar size grows with them)
 MAX_BOUND_DIGITS = 40
@@ -364,6 +376,23 @@ def _alt(parts: Sequence[str]) -> str:
     return "( " + " | ".join(unique) + " )"
 
 
+def _trie(seqs: list[list[str]]) -> str:
+    """Token sequences as one expression with every shared prefix written once."""
+    groups: dict[str, list[list[str]]] = {}
+    for seq in seqs:
+        groups.setdefault(seq[0], []).append(seq[1:])
+    alts = []
+    for first, rests in groups.items():
+        inner = [r for r in rests if r]
+        if not inner:
+            alts.append(first)
+            continue
+        sub = _trie(inner)
+        sub = sub if _is_atom(sub) else f"( {sub} )"
+        alts.append(f"{first} {sub}?" if len(inner) < len(rests) else f"{first} {sub}")
+    return " | ".join(alts)
+
+
 # ---------------------------------------------------------------------------- integers
 
 
@@ -445,6 +474,9 @@ class _Compiler:
         self.bodies: dict[str, str] = {}
         self.refs: dict[str, str] = {}
         self.in_progress: set[str] = set()
+        self.order_rules = 0
+        #: regexes made by negating a literal search pattern -> the literal (see _avoiding)
+        self.avoided: dict[str, tuple[_Search, ...]] = {}
         self.notes: list[str] = []
         if isinstance(root, dict) and "$schema" in root and not isinstance(root["$schema"], str):
             raise _Refuse("$", "$schema", f'"$schema" must be a URI string, got {_q(root["$schema"])}')
@@ -539,6 +571,8 @@ class _Compiler:
             for k in ("$id", "id" if self.draft == 4 else "$id")
         ):
             raise _Refuse(path, "$id", "a nested $id changes how refs resolve; not compiled")
+        if "$ref" in node and self.draft >= 2019 and ("unevaluatedProperties" in node or "unevaluatedItems" in node):
+            node = self.unevaluated(node, path)  # before the $ref is split off: it evaluates too
         if "$ref" in node:
             siblings = {k: v for k, v in node.items() if k != "$ref" and _asserts(node, k)}
             if self.draft <= 7 or not siblings:
@@ -572,10 +606,8 @@ class _Compiler:
         2020-12) keeps ``unevaluatedItems`` refused."""
         if self.draft < 2019:
             return node
-        for key in ("unevaluatedProperties", "unevaluatedItems"):
-            if key in node and _asserts(node, key) and any(k in node for k in _IN_PLACE):
-                # merged with the applicators' schemas, it would see keys they only seem to evaluate
-                raise _Refuse(path, key, f'"{key}" beside allOf/anyOf/oneOf/not/if/$ref is not compiled')
+        if any(k in node for k in _IN_PLACE):
+            return self.unevaluated_static(node, path)
         out = dict(node)
         if "unevaluatedProperties" in out and _asserts(out, "unevaluatedProperties"):
             value = out.pop("unevaluatedProperties")
@@ -587,6 +619,88 @@ class _Compiler:
                 out.setdefault("items", value)
             else:
                 out.setdefault("additionalItems", value)
+        return out
+
+    def unevaluated_static(self, node: dict[str, Any], path: str) -> dict[str, Any]:
+        """``unevaluated*`` beside ``allOf``/``$ref`` only (through nested allOf and refs): which
+        keys and positions are evaluated is then fixed by the schemas, not by which branch a
+        value takes — the union of their ``properties`` names and ``patternProperties``
+        patterns (every key once one has ``additionalProperties`` or ``unevaluatedProperties``),
+        the longest prefix (every item once one has ``items`` after it or ``unevaluatedItems``).
+        The keyword becomes one more allOf component saying exactly that. Beside
+        anyOf/oneOf/not/if/dependentSchemas/contains (evaluation depends on the branch taken)
+        it is refused."""
+        names: dict[str, bool] = {}
+        patterns: dict[str, bool] = {}
+        every = {"unevaluatedProperties": False, "unevaluatedItems": False}
+        prefix = 0
+        seen: set[str] = set()
+
+        def visit(schema: Any, top: bool, depth: int) -> str | None:
+            nonlocal prefix
+            if not isinstance(schema, dict) or depth > MAX_DEPTH:
+                return None
+            for key in _DYNAMIC_EVALUATION:
+                if key in schema and _asserts(schema, key):
+                    return key
+            props, pats = schema.get("properties"), schema.get("patternProperties")
+            names.update(dict.fromkeys(props if isinstance(props, dict) else {}, True))
+            patterns.update(dict.fromkeys(pats if isinstance(pats, dict) else {}, True))
+            if "additionalProperties" in schema or (not top and "unevaluatedProperties" in schema):
+                every["unevaluatedProperties"] = True
+            items = schema.get("items")
+            if self.draft >= 2020:
+                pre = schema.get("prefixItems")
+                prefix = max(prefix, len(pre) if isinstance(pre, list) else 0)
+                rest_items = "items" in schema
+            else:
+                prefix = max(prefix, len(items) if isinstance(items, list) else 0)
+                rest_items = ("items" in schema and not isinstance(items, list)) or (
+                    isinstance(items, list) and "additionalItems" in schema
+                )
+            if rest_items or (not top and "unevaluatedItems" in schema):
+                every["unevaluatedItems"] = True
+            ref = schema.get("$ref")
+            if isinstance(ref, str) and ref not in seen:
+                seen.add(ref)
+                found = visit(self.resolve(ref, path)[0], False, depth + 1)
+                if found:
+                    return found
+            comps = schema.get("allOf")
+            for comp in comps if isinstance(comps, list) else []:
+                found = visit(comp, False, depth + 1)
+                if found:
+                    return found
+            return None
+
+        keys = [k for k in ("unevaluatedProperties", "unevaluatedItems") if k in node and _asserts(node, k)]
+        blocker = visit(node, True, 0)
+        if blocker is not None and keys:
+            raise _Refuse(
+                path,
+                keys[0],
+                f'"{keys[0]}" with "{blocker}" in an applicator beside it (evaluation depends on the branch taken) '
+                "is not compiled",
+            )
+        out = {k: v for k, v in node.items() if k not in ("unevaluatedProperties", "unevaluatedItems")}
+        extra: list[Any] = []
+        for key in keys:
+            if every[key]:
+                continue  # every key (item) is evaluated: the keyword never applies
+            if key == "unevaluatedProperties":
+                comp: dict[str, Any] = {"properties": dict.fromkeys(names, True), "additionalProperties": node[key]}
+                if patterns:
+                    comp["patternProperties"] = dict.fromkeys(patterns, True)
+                extra.append(comp)
+            elif self.draft >= 2020:
+                extra.append({"prefixItems": [True] * prefix, "items": node[key]} if prefix else {"items": node[key]})
+            else:
+                extra.append(
+                    {"items": [True] * prefix, "additionalItems": node[key]} if prefix else {"items": node[key]}
+                )
+        if extra:
+            own = out.get("allOf")
+            out["allOf"] = [*(own if isinstance(own, list) else []), *extra]
         return out
 
     # ------------------------------------------------------------------ rewriting into anyOf/allOf
@@ -713,6 +827,13 @@ class _Compiler:
                     return False if _count(value) else None
                 return {"type": kind, other: int(value) + step}
             return {"type": kind, other: value}
+        if key == "pattern" and isinstance(value, str):
+            searches = _literal_searches(value)
+            avoid = None if searches is None else _avoiding(searches)
+            if searches is None or avoid is None:
+                return None
+            self.avoided[avoid] = searches
+            return {"type": "string", "pattern": avoid}
         if key == "required" and isinstance(value, list):
             names = [n for n in value if isinstance(n, str)]
             return {"anyOf": [{"type": "object", "properties": {n: False}} for n in names]} if names else False
@@ -987,6 +1108,8 @@ class _Compiler:
             if not isinstance(given, dict):
                 raise _Refuse(path, "allOf", f"an allOf component must be a schema, got {_q(given)}")
             comp = dict(given)
+            if "unevaluatedProperties" in comp or "unevaluatedItems" in comp:
+                comp = self.unevaluated(comp, path)  # before the $ref is taken out: it evaluates too
             if "$ref" in comp:
                 ref = comp.pop("$ref")
                 if not isinstance(ref, str):
@@ -1079,6 +1202,10 @@ class _Compiler:
             return {"allOf": [mine, other]}
         if key == "not":
             return {"anyOf": [mine, other]}
+        if key in ("multipleOf", "divisibleBy") and all(
+            isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (mine, other)
+        ):
+            return math.lcm(mine, other)  # integer steps: a multiple of both is a multiple of the lcm
         if key == "anyOf" and isinstance(mine, list) and isinstance(other, list):
             product = [{"allOf": [x, y]} for x in mine for y in other]
             if len(product) > MAX_BRANCHES:
@@ -1138,18 +1265,45 @@ class _Compiler:
         return out
 
     def merge_properties(self, a: dict[str, Any], b: dict[str, Any], path: str) -> dict[str, Any]:
-        if "patternProperties" in a or "patternProperties" in b:
-            raise _Refuse(path, "patternProperties", 'allOf with "patternProperties" is not merged')
+        """Two components' object shapes as one. A name either declares gets what each side
+        gives it (its property schema, else its matching patterns' schemas, else its
+        additionalProperties). A pattern both give gets both schemas; a pattern one side gives
+        also gets the other side's additionalProperties (exact for a key no pattern of the
+        other side matches; narrower, never wider, for one that does)."""
         pa = a.get("properties", {})
         pb = b.get("properties", {})
-        if not isinstance(pa, dict) or not isinstance(pb, dict):
-            raise _Refuse(path, "properties", '"properties" must be an object')
+        qa = a.get("patternProperties", {})
+        qb = b.get("patternProperties", {})
+        if not all(isinstance(x, dict) for x in (pa, pb, qa, qb)):
+            raise _Refuse(path, "properties", '"properties" and "patternProperties" must be objects')
         ap_a = a.get("additionalProperties", True)
         ap_b = b.get("additionalProperties", True)
+
+        def side(props: dict[str, Any], pats: dict[str, Any], extra: Any, name: str) -> Any:
+            if name in props:
+                return props[name]
+            try:
+                matching = [sub for pat, sub in pats.items() if re.search(pat, name) is not None]
+            except re.error:
+                raise _Refuse(path, "patternProperties", "a pattern is not a valid regex") from None
+            if not matching:
+                return extra
+            return True  # the merged patternProperties apply these again
+
         props: dict[str, Any] = {}
         for name in list(dict.fromkeys([*pa, *pb])):
-            props[name] = _both(pa.get(name, ap_a), pb.get(name, ap_b))
+            props[name] = _both(side(pa, qa, ap_a, name), side(pb, qb, ap_b, name))
         out: dict[str, Any] = {"properties": props}
+        patterns: dict[str, Any] = {}
+        for pat in dict.fromkeys([*qa, *qb]):
+            if pat in qa and pat in qb:
+                patterns[pat] = _both(qa[pat], qb[pat])
+            elif pat in qa:
+                patterns[pat] = _both(qa[pat], ap_b)
+            else:
+                patterns[pat] = _both(qb[pat], ap_a)
+        if patterns:
+            out["patternProperties"] = patterns
         ap = _both(ap_a, ap_b)
         if ap is not True:
             out["additionalProperties"] = ap
@@ -1400,10 +1554,49 @@ class _Compiler:
         return self.rule(f"{path}-object", f'"{{" {body if lo else _repeat(body, 0, 1)} "}}"')
 
     def ordered(self, items: list[tuple[str, bool]], path: str, *, nonempty: bool = False) -> str:
-        """Properties in declared order: required ones always, optional ones optionally
-        (``nonempty``: at least one of them)."""
+        """Properties (or unique array items) in any order, each at most once, the required
+        ones always (``nonempty``: at least one of the optional ones when none is required) —
+        up to ANY_ORDER of them; more keep their declared order (a note says so)."""
         if not items:
             return '""'
+        if len(items) == 1:
+            return self.in_order(items, path, nonempty=nonempty)
+        if len(items) <= ANY_ORDER and self.order_rules + (1 << len(items)) <= ANY_ORDER_RULES:
+            self.order_rules += 1 << len(items)
+            return self.any_order(items, path, nonempty=nonempty)
+        why = f"any order up to {ANY_ORDER}" if len(items) > ANY_ORDER else "the grammar's any-order budget is spent"
+        self.notes.append(f"{path}: {len(items)} properties or items in declared order ({why})")
+        return self.in_order(items, path, nonempty=nonempty)
+
+    def any_order(self, items: list[tuple[str, bool]], path: str, *, nonempty: bool) -> str:
+        """``items`` in any order, each at most once: one rule per set of items already
+        written (2^n rules), whose alternatives are the items not yet written — each starts
+        with its own key literal, so the alternatives the engine keeps are prefix-disjoint."""
+        n = len(items)
+        full = (1 << n) - 1
+        need = sum(1 << i for i, (_, req) in enumerate(items) if req)
+        rests: dict[int, str] = {}
+
+        def rest(used: int) -> str:
+            """What may follow once the items in ``used`` are written."""
+            if used == full:
+                return ""
+            if used in rests:
+                return rests[used]
+            alts = [f"{kv} {rest(used | 1 << i)}".strip() for i, (kv, _) in enumerate(items) if not used & 1 << i]
+            body = f"COMMA {_alt(alts)}"
+            expr = self.rule(f"{path}-rest", f"( {body} )?" if need & ~used == 0 else body)
+            rests[used] = expr
+            return expr
+
+        first = _alt([f"{kv} {rest(1 << i)}".strip() for i, (kv, _) in enumerate(items)])
+        if need == 0 and not nonempty:
+            first = _repeat(first, 0, 1)
+        return self.rule(f"{path}-props", first)
+
+    def in_order(self, items: list[tuple[str, bool]], path: str, *, nonempty: bool = False) -> str:
+        """Properties in declared order: required ones always, optional ones optionally
+        (``nonempty``: at least one of them)."""
         # many properties: every tail and choice a named rule (linear size, shallow nesting)
         named = len(items) > 8
         tails: list[str] = [""] * (len(items) + 1)
@@ -1509,19 +1702,13 @@ class _Compiler:
 
     def gen_unique(self, node: dict[str, Any], path: str, depth: int, lo: int, hi: int | None) -> str:
         """uniqueItems over a finite item domain (enum/const/boolean/null items): each allowed
-        value at most once, in the order listed."""
+        value at most once, in any order (:meth:`ordered`); with positional items, every array
+        of distinct values listed (:meth:`unique_tuples`)."""
         prefix, rest = self.item_schemas(node)
-        target = self.flat(rest, path)
-        domain = _literal_values(target) if isinstance(target, dict) else None
-        if domain is None and isinstance(target, dict):
-            types = _type_set(target.get("type"))
-            if (
-                types
-                and set(types) <= {"boolean", "null"}
-                and all(_asserts(target, k) is False or k == "type" for k in target)
-            ):
-                domain = [v for t, vals in (("boolean", [True, False]), ("null", [None])) if t in types for v in vals]
-        if prefix or domain is None or lo > 1:
+        domain = self.finite_domain(rest, path)
+        if prefix:
+            return self.unique_tuples(node, prefix, rest, path, lo=lo, hi=hi)
+        if domain is None or lo > 1:
             raise _Refuse(path, "uniqueItems", '"uniqueItems" is compiled only over a finite item domain (enum items)')
         values: dict[str, Any] = {}
         for v in domain:
@@ -1536,6 +1723,68 @@ class _Compiler:
         ]
         inner = self.ordered(items, path, nonempty=lo == 1) if items else '""'
         return self.rule(f"{path}-unique", f'"[" {inner} "]"')
+
+    def finite_domain(self, schema: Any, path: str) -> list[Any] | None:
+        """The values ``schema`` lists (enum/const), or booleans/null by type alone; None
+        when its domain is not such a finite list (False: the empty list)."""
+        if schema is False:
+            return []
+        target = self.flat(schema, path)
+        domain = _literal_values(target) if isinstance(target, dict) else None
+        if domain is None and isinstance(target, dict):
+            types = _type_set(target.get("type"))
+            if (
+                types
+                and set(types) <= {"boolean", "null"}
+                and all(_asserts(target, k) is False or k == "type" for k in target)
+            ):
+                domain = [v for t, vals in (("boolean", [True, False]), ("null", [None])) if t in types for v in vals]
+        return domain
+
+    def unique_tuples(
+        self, node: dict[str, Any], prefix: list[Any], rest: Any, path: str, *, lo: int, hi: int | None
+    ) -> str:
+        """uniqueItems with positional items, every position over a finite domain: each array
+        of distinct values listed (at most MAX_BRANCHES*4), kept when the validator accepts it."""
+        domains = [self.finite_domain(p, path) for p in prefix]
+        tail = self.finite_domain(rest, path)
+        if any(d is None for d in domains) or tail is None:
+            raise _Refuse(
+                path,
+                "uniqueItems",
+                '"uniqueItems" is compiled only over a finite item domain (enum items) at every position',
+            )
+        longest = len(prefix) + len(tail)
+        if hi is not None:
+            longest = min(longest, hi)
+        found: list[list[Any]] = []
+
+        def extend(arr: list[Any]) -> None:
+            if len(found) > 4 * MAX_BRANCHES:
+                return
+            if len(arr) >= lo:
+                found.append(list(arr))
+            if len(arr) == longest:
+                return
+            pos = len(arr)
+            choices = domains[pos] if pos < len(domains) else tail
+            taken = {_canon(v) for v in arr}
+            for v in choices or []:
+                if _canon(v) not in taken:
+                    extend([*arr, v])
+
+        extend([])
+        if len(found) > 4 * MAX_BRANCHES:
+            raise _Refuse(path, "uniqueItems", f"more than {4 * MAX_BRANCHES} distinct arrays to list; not compiled")
+        seqs = []
+        for arr in found:
+            if not self.valid(node, arr, path, "uniqueItems"):
+                continue
+            lits = [gbnf_literal(json.dumps(v, ensure_ascii=False, separators=(",", ":"))) for v in arr]
+            seqs.append(['"["', *(t for i, lit in enumerate(lits) for t in (["COMMA"] if i else []) + [lit]), '"]"'])
+        if not seqs:
+            raise _Unsatisfiable(path, "uniqueItems", "no array of distinct allowed values meets the schema")
+        return self.rule(f"{path}-unique", _trie(seqs))  # shared prefixes once: prefix-disjoint alternatives
 
     def gen_contains(self, node: dict[str, Any], path: str, depth: int, lo: int, hi: int | None) -> str:
         """contains (with minContains/maxContains): items that match it counted between the
@@ -1611,6 +1860,9 @@ class _Compiler:
         if pattern is not None:
             if not isinstance(pattern, str):
                 raise _Refuse(path, "pattern", '"pattern" must be a string')
+            if pattern in self.avoided and 0 < lo <= 3 and hi is None:
+                # a negated literal search with minLength: the length counted in the automaton
+                pattern = _avoiding(self.avoided[pattern], lo) or pattern
             expr, plo, phi = self.pattern(pattern, path, lo, hi)
             if plo < lo or (hi is not None and (phi is None or phi > hi)):
                 raise _Refuse(
@@ -1729,20 +1981,109 @@ class _Compiler:
         return self.rule(f"{path}-{'integer' if integer else 'number'}", _alt(parts))
 
     def gen_multiples(self, node: dict[str, Any], path: str, key: str, *, integer: bool) -> str:
-        """Integer multiples of an integer step within bounds, listed (at most MAX_BRANCHES*4)."""
+        """Multiples of ``step``. Between two bounds with at most MAX_BRANCHES*4 of them: each
+        multiple listed, kept only when the validator accepts it (a decimal step is checked the
+        way the validator divides, in binary floating point). An integer step up to
+        MAX_STEP otherwise: the integers it divides (divisibility is regular: one rule per
+        remainder and digit count, at most MAX_INT_DIGITS digits), when the bounds only say
+        "not negative" / "positive" (or the mirror). Else refused."""
         step = node[key]
         lo = self.bound(node, path, "minimum", "exclusiveMinimum")
         hi = self.bound(node, path, "maximum", "exclusiveMaximum")
-        if not (isinstance(step, int) and not isinstance(step, bool) and step > 0) or lo is None or hi is None:
-            raise _Refuse(path, key, f'"{key}" is compiled only for an integer step between two bounds')
-        first = -(-_int_at_least(lo) // step) * step
-        last = (_int_at_most(hi) // step) * step
-        count = (last - first) // step + 1
-        if count > 4 * MAX_BRANCHES:
-            raise _Refuse(path, key, f'"{key}" admits {count} values between the bounds (at most {4 * MAX_BRANCHES})')
-        if count <= 0:
+        if not _num(step) or step <= 0:
+            raise _Refuse(path, key, f'"{key}" must be a positive number')
+        exact = Fraction(str(step)) if isinstance(step, float) else Fraction(step)
+        listed = None
+        if lo is not None and hi is not None:
+            first = math.ceil(lo.value / exact)
+            last = math.floor(hi.value / exact)
+            if lo.exclusive and first * exact == lo.value:
+                first += 1
+            if hi.exclusive and last * exact == hi.value:
+                last -= 1
+            if last - first + 1 <= 4 * MAX_BRANCHES:
+                listed = range(first, last + 1)
+        if listed is not None:
+            kept = []
+            for n in listed:
+                text = _decimal_text(n * exact)
+                if integer and (n * exact).denominator != 1:
+                    continue
+                if self.valid(node, json.loads(text), path, key):
+                    kept.append(gbnf_literal(text))
+            if not kept:
+                raise _Unsatisfiable(path, key, f"no multiple of {step} between the bounds passes the validator")
+            return self.rule(f"{path}-multiple", _alt(kept))
+        if not isinstance(step, int) or isinstance(step, bool):
+            raise _Refuse(
+                path,
+                key,
+                f'"{key}": {step} is a decimal step without two bounds listing at most {4 * MAX_BRANCHES} values; '
+                f"the validator divides in binary floating point (0.07 / 0.01 is not a whole number there), "
+                "so its multiples form no grammar",
+            )
+        if step > MAX_STEP:
+            raise _Refuse(path, key, f'"{key}": {step} above {MAX_STEP} needs one rule per remainder; not compiled')
+        ilo = None if lo is None else _int_at_least(lo)
+        ihi = None if hi is None else _int_at_most(hi)
+        positive = ihi is None and (ilo is None or ilo <= step)
+        negative = ilo is None and (ihi is None or ihi >= -step)
+        if not (positive or (ihi is not None and ihi < step)) or not (negative or (ilo is not None and ilo > -step)):
+            raise _Refuse(
+                path,
+                key,
+                f'"{key}" with a bound other than 0 (or ±{step}) is compiled only between two bounds listing '
+                f"at most {4 * MAX_BRANCHES} values",
+            )
+        zero = (ilo is None or ilo <= 0) and (ihi is None or ihi >= 0)
+        digits = self.divisible(step, path)
+        parts = ['"0"'] if zero else []
+        if positive and negative:
+            parts.append(f'"-"? {digits}')
+        elif positive:
+            parts.append(digits)
+        elif negative:
+            parts.append(f'"-" {digits}')
+        if not parts:
             raise _Unsatisfiable(path, key, f"no multiple of {step} lies between the bounds")
-        return self.rule(f"{path}-multiple", _alt([gbnf_literal(str(v)) for v in range(first, last + 1, step)]))
+        if not integer:
+            self.notes.append(f"{path}: multiples of {step} are written as integers")
+        return self.rule(f"{path}-multiple", " | ".join(parts))
+
+    def divisible(self, step: int, path: str) -> str:
+        """Positive decimal integers (no leading zero, at most MAX_INT_DIGITS digits) that
+        ``step`` divides: a rule per (remainder, digits written), its digits grouped by the
+        remainder they lead to."""
+        states: dict[tuple[int, int], str | None] = {}
+
+        def after(rem: int, n: int) -> str | None:
+            """What may follow n digits with remainder ``rem``: None when no multiple can."""
+            if (rem, n) in states:
+                return states[(rem, n)]
+            alts: list[str] = []
+            if n < MAX_INT_DIGITS:
+                by_target: dict[int, list[int]] = {}
+                for d in range(10):
+                    by_target.setdefault((10 * rem + d) % step, []).append(d)
+                for target, ds in by_target.items():
+                    nxt = after(target, n + 1)
+                    if nxt is None:
+                        continue
+                    cls = gbnf_class([(ord(str(d)), ord(str(d))) for d in ds])
+                    alts.append(f"{cls} {nxt}".strip())
+            if rem == 0:
+                expr: str | None = self.rule(f"{path}-mult", f"( {' | '.join(alts)} )?") if alts else ""
+            else:
+                expr = self.rule(f"{path}-mult", " | ".join(alts)) if alts else None
+            states[(rem, n)] = expr
+            return expr
+
+        alts = []
+        for d in range(1, 10):
+            nxt = after(d % step, 1)
+            if nxt is not None:
+                alts.append(f'"{d}" {nxt}'.strip())
+        return self.rule(f"{path}-multiples", " | ".join(alts))
 
     def fractions(self, lo: _Bound | None, hi: _Bound | None, path: str) -> list[str]:
         """Numbers written with a fraction part ``k.ddd`` (|k| < 10^9, 1-6 fraction digits: at
@@ -2049,6 +2390,19 @@ class _FractionDigits:
         return out
 
 
+def _decimal_text(value: Fraction) -> str:
+    """``value`` (a decimal fraction) written as a JSON number: an integer, or digits with a point."""
+    if value.denominator == 1:
+        return str(value.numerator)
+    sign = "-" if value < 0 else ""
+    mag = abs(value)
+    scale = 0
+    while (mag * 10**scale).denominator != 1:
+        scale += 1
+    digits = str((mag * 10**scale).numerator).rjust(scale + 1, "0")
+    return f"{sign}{digits[:-scale]}.{digits[-scale:]}"
+
+
 def _int_at_least(b: _Bound) -> int:
     n = math.ceil(b.value)
     return n + 1 if b.exclusive and n == b.value else n
@@ -2181,6 +2535,18 @@ _IN_PLACE = (
     "$dynamicRef",
     "$recursiveRef",
 )
+#: applicators whose evaluated keys/items depend on the branch a value takes (or on its items)
+_DYNAMIC_EVALUATION = (
+    "anyOf",
+    "oneOf",
+    "not",
+    "if",
+    "dependentSchemas",
+    "dependencies",
+    "contains",
+    "$dynamicRef",
+    "$recursiveRef",
+)
 #: a bound's negation: (the kind it applies to, the opposite keyword, +/-1 for counts, 0 for numbers)
 _FLIPPED_BOUNDS: dict[str, tuple[str, str, int]] = {
     "minimum": ("number", "exclusiveMaximum", 0),
@@ -2228,6 +2594,141 @@ def _not_one_of(strings: list[str]) -> str:
         return "|".join(parts)
 
     return f"^(?:{comp(trie)})$"
+
+
+_REGEX_META = frozenset(".^$*+?{}[]\\|()")
+
+
+def _pattern_literal(pattern: str) -> str | None:
+    """The text an unanchored pattern of plain characters (and escaped punctuation) searches
+    for, or None when the pattern is anything else."""
+    out = []
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            if i + 1 >= len(pattern) or pattern[i + 1].isalnum() or pattern[i + 1] == "_":
+                return None
+            out.append(pattern[i + 1])
+            i += 2
+            continue
+        if c in _REGEX_META:
+            return None
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+#: one alternative of a literal search pattern: (literal, anchored at the start, at the end)
+_Search = tuple[str, bool, bool]
+
+
+def _literal_searches(pattern: str) -> tuple[_Search, ...] | None:
+    """``a|^b|c$``-style patterns: top-level alternatives, each a literal (plain characters,
+    escaped punctuation) with an optional ``^`` before and ``$`` after; None for any other."""
+    branches, start = [], 0
+    for k, c in enumerate(pattern):
+        if c == "\\":
+            continue
+        if k and pattern[k - 1] == "\\" and (k < 2 or pattern[k - 2] != "\\"):
+            continue
+        if c == "|":
+            branches.append(pattern[start:k])
+            start = k + 1
+    branches.append(pattern[start:])
+    out = []
+    for branch in branches:
+        head = branch.startswith("^")
+        body = branch[1:] if head else branch
+        tail = body.endswith("$") and not body.endswith("\\$")
+        body = body[:-1] if tail else body
+        literal = _pattern_literal(body)
+        if not literal or "\n" in literal or len(literal) > MAX_AVOIDED:
+            return None
+        out.append((literal, head, tail))
+        if tail:  # Python's "$" also matches before a final newline
+            out.append((literal + "\n", head, True))
+    return tuple(out)
+
+
+def _avoiding(searches: tuple[_Search, ...], min_len: int = 0) -> str | None:
+    """An anchored Python regex for the strings of at least ``min_len`` characters that no
+    search of ``searches`` finds, or None past MAX_AVOIDED_STATES: the automaton whose state
+    is the set of partial matches in progress (a completed unanchored-end match is no state;
+    a completed end-anchored one is a state that may not end the string), times a counter of
+    the first ``min_len`` characters, turned into a regex by state elimination (the states
+    found last first)."""
+
+    def esc(ch: str) -> str:
+        return f"\\U{ord(ch):08X}"
+
+    chars = sorted({c for lit, _, _ in searches for c in lit})
+    other = f"[^{''.join(esc(c) for c in chars)}]"
+    free = frozenset((i, 0) for i, (_, head, _) in enumerate(searches) if not head)
+
+    def step(state: frozenset[tuple[int, int]], ch: str | None) -> frozenset[tuple[int, int]] | None:
+        nxt = set(free)
+        for i, k in state:
+            lit, _, tail = searches[i]
+            if k < len(lit) and ch == lit[k]:
+                if k + 1 == len(lit) and not tail:
+                    return None  # found: every continuation is rejected
+                nxt.add((i, k + 1))
+        return frozenset(nxt)
+
+    def ends(state: frozenset[tuple[int, int]]) -> bool:
+        return not any(k == len(searches[i][0]) for i, k in state)
+
+    first = frozenset((i, 0) for i in range(len(searches)))
+    order: list[tuple[frozenset[tuple[int, int]], int]] = [(first, 0)]
+    index = {order[0]: 0}
+    labels: dict[tuple[int, int], str] = {}
+    k = 0
+    while k < len(order):
+        state, count = order[k]
+        nxt_count = min(count + 1, min_len)
+        for ch, label in [*((c, esc(c)) for c in chars), (None, other)]:
+            target = step(state, ch)
+            if target is None:
+                continue
+            key = (target, nxt_count)
+            if key not in index:
+                if len(order) >= MAX_AVOIDED_STATES:
+                    return None
+                index[key] = len(order)
+                order.append(key)
+            edge = (k, index[key])
+            labels[edge] = _re_alt(labels.get(edge), label)
+        k += 1
+    n = len(order)
+    start, final = n, n + 1
+    edges = dict(labels)
+    edges[(start, 0)] = ""
+    for q, (state, count) in enumerate(order):
+        if count == min_len and ends(state):
+            edges[(q, final)] = ""
+    for q in range(n - 1, -1, -1):
+        loop = edges.pop((q, q), None)
+        star = f"(?:{loop})*" if loop else ""
+        ins = [(i, lab) for (i, j), lab in edges.items() if j == q]
+        outs = [(j, lab) for (i, j), lab in edges.items() if i == q]
+        for i, _ in ins:
+            edges.pop((i, q))
+        for j, _ in outs:
+            edges.pop((q, j))
+        for i, a in ins:
+            for j, b in outs:
+                edges[(i, j)] = _re_alt(edges.get((i, j)), f"{_re_group(a)}{star}{_re_group(b)}")
+    body = edges.get((start, final))
+    return None if body is None else f"^(?:{body})$"
+
+
+def _re_group(expr: str) -> str:
+    return f"(?:{expr})" if "|" in expr else expr
+
+
+def _re_alt(a: str | None, b: str) -> str:
+    return b if a is None else f"{a}|{b}"
 
 
 def _length_only(schema: Any, path: str) -> tuple[int, int | None] | None:

@@ -1,0 +1,109 @@
+"""multipleOf: integer steps without two bounds (divisibility of a decimal integer is regular:
+one rule per remainder and digit count), decimal steps between two bounds (each multiple
+listed and kept only when the validator — which divides in binary floating point — accepts
+it), integer steps merged across allOf by their lcm. What stays refused says why.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from localllm.grammar.compile import MAX_STEP, compile_schema
+from tests.unit.grammar_harness import grammar_of, invalid_walks, validator
+
+
+def _agrees_on_integers(schema: Any, lo: int = -400, hi: int = 400) -> list[int]:
+    """Integers in [lo, hi] where the grammar and the validator disagree."""
+    g = grammar_of(schema)
+    check = validator(schema)
+    return [x for x in range(lo, hi) if g.matches(str(x)) != check.is_valid(x)]
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"multipleOf": 2},  # JSON-Schema-Test-Suite multipleOf group 0
+        {"type": "integer", "multipleOf": 3},
+        {"type": "integer", "multipleOf": 7, "minimum": 0},
+        {"type": "integer", "multipleOf": 4, "exclusiveMinimum": 0},
+        {"type": "integer", "multipleOf": 6, "maximum": 5},
+        {"type": "integer", "multipleOf": MAX_STEP},
+        # if-then-else group 5: else multipleOf 2 where the if (exclusiveMaximum 0) fails
+        {"if": {"exclusiveMaximum": 0}, "then": {"minimum": -10}, "else": {"multipleOf": 2}},
+    ],
+)
+def test_integer_steps_without_two_bounds_compile_exactly(schema: dict[str, Any]) -> None:
+    compiled = compile_schema(schema)
+    assert compiled.grammar is not None, compiled.refusals
+    assert invalid_walks(schema, compiled, 300) == []
+    if "if" not in schema:
+        assert _agrees_on_integers(schema) == []
+
+
+def test_integer_multiples_cap_their_digits() -> None:
+    g = grammar_of({"type": "integer", "multipleOf": 3})
+    assert g.matches("9" * 15 + "9") and not g.matches("3" * 18) and not g.matches("03") and not g.matches("-0")
+    assert g.matches("-" + "3" * 16)
+
+
+def test_number_multiples_are_written_as_integers_with_a_note() -> None:
+    compiled = compile_schema({"type": "number", "multipleOf": 5})
+    g = grammar_of({"type": "number", "multipleOf": 5})
+    assert g.matches("-15") and not g.matches("15.0") and not g.matches("16")
+    assert any("written as integers" in note for note in compiled.notes)
+
+
+def test_all_of_integer_steps_merge_by_lcm() -> None:
+    # JSON-Schema-Test-Suite allOf group 11: allOf 2, anyOf 3, oneOf 5 -> multiples of 30
+    schema = {"allOf": [{"multipleOf": 2}], "anyOf": [{"multipleOf": 3}], "oneOf": [{"multipleOf": 5}]}
+    assert _agrees_on_integers(schema, -200, 200) == []
+    assert grammar_of(schema).matches("90")
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "number", "multipleOf": 0.01, "minimum": 0, "maximum": 1},
+        {"multipleOf": 1.5, "minimum": -10, "exclusiveMaximum": 9},
+        {"type": "number", "multipleOf": 0.25, "exclusiveMinimum": 0, "maximum": 3},
+        {"type": "integer", "multipleOf": 2.5, "minimum": 0, "maximum": 40},
+    ],
+)
+def test_decimal_steps_between_bounds_list_what_the_validator_accepts(schema: dict[str, Any]) -> None:
+    compiled = compile_schema(schema)
+    assert compiled.grammar is not None, compiled.refusals
+    assert invalid_walks(schema, compiled, 300) == []
+    g = grammar_of(schema)
+    check = validator(schema)
+    for k in range(-1200, 1200):
+        for text in (f"{k / 100:.2f}".rstrip("0").rstrip("."), str(k)):
+            if g.matches(text):
+                assert check.is_valid(float(text) if "." in text else int(text)), text
+
+
+def test_decimal_step_admits_its_listed_multiples() -> None:
+    g = grammar_of({"type": "number", "multipleOf": 0.25, "minimum": 0, "maximum": 1})
+    assert [t for t in ("0", "0.25", "0.5", "0.75", "1", "0.3", "1.25", "-0.25") if g.matches(t)] == [
+        "0",
+        "0.25",
+        "0.5",
+        "0.75",
+        "1",
+    ]
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"multipleOf": 0.0001},  # JSON-Schema-Test-Suite multipleOf group 2: no bounds
+        {"type": "number", "multipleOf": 0.01, "minimum": 0, "maximum": 99999999999999.98},  # Github_easy o46421
+        {"type": "integer", "multipleOf": 4, "minimum": 5},  # a bound off 0: neither listed nor "not negative"
+        {"type": "integer", "multipleOf": MAX_STEP + 1},
+    ],
+)
+def test_what_stays_refused_names_multiple_of(schema: dict[str, Any]) -> None:
+    compiled = compile_schema(schema)
+    assert compiled.grammar is None
+    assert [r.construct for r in compiled.refusals] == ["multipleOf"]

@@ -1,0 +1,62 @@
+"""``not`` of a simple pattern: literal searches (plain characters, escaped punctuation),
+each optionally anchored with ``^``/``$``, joined by ``|``, are negated into "strings none of
+them finds" — the automaton of partial matches as a regex (Python's ``$`` also before a final
+newline), with a minLength beside it counted in the automaton. Other patterns (classes,
+groups, repeats) stay refused under ``not``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from typing import Any
+
+import pytest
+
+from localllm.grammar.compile import compile_schema
+from tests.unit.grammar_harness import grammar_of, invalid_walks, validator
+
+
+@pytest.mark.parametrize(
+    "pattern", ["//", "ab", "aab", "abab", re.escape("a.b"), "http:", ",,|^,|,$", "^ab", "ab$", "a|b$|^ba"]
+)
+@pytest.mark.parametrize("min_length", [0, 1, 2])
+def test_not_of_a_literal_search_compiles_exactly(pattern: str, min_length: int) -> None:
+    schema = {"type": "string", "minLength": min_length, "not": {"pattern": pattern}}
+    compiled = compile_schema(schema)
+    assert compiled.grammar is not None, compiled.refusals
+    assert invalid_walks(schema, compiled, 200) == []
+    g = grammar_of(schema)
+    check = validator(schema)
+    alphabet = [*sorted(set(pattern) - set("^$|\\")), "x"]
+    for n in range(6):
+        for chars in itertools.product(alphabet, repeat=n):
+            for value in ("".join(chars), "".join(chars) + "\n"):
+                text = json.dumps(value)
+                assert g.matches(text) == check.is_valid(value), text
+
+
+def test_bench_madness_expose_extensions() -> None:
+    # JsonSchemaStore madness: comma-separated extensions, no empty one, or null
+    schema = {"oneOf": [{"type": "string", "not": {"pattern": ",,|^,|,$"}}, {"type": "null"}]}
+    g = grammar_of(schema)
+    assert g.matches('"pdf,docx,xlsx,txt"') and g.matches('"pdf"') and g.matches('""')
+    assert not g.matches('"pdf,,docx"') and not g.matches('",pdf"') and not g.matches('"pdf,"')
+    assert not g.matches('"pdf,\\n"')
+
+
+def test_bench_madness_base_uri() -> None:
+    # JsonSchemaStore madness: base_uri is a non-empty string without "//", or null
+    schema = {"oneOf": [{"type": "string", "minLength": 1, "not": {"pattern": "//"}}, {"type": "null"}]}
+    g = grammar_of(schema)
+    assert g.matches('"/my-site"') and g.matches('"/"') and g.matches("null")
+    assert not g.matches('"https://example.com"') and not g.matches('""') and not g.matches('"a//"')
+
+
+@pytest.mark.parametrize("pattern", ["[ab]", "a+", "\\d", "(a|b)", "^a.*", "a{2}"])
+def test_not_of_other_patterns_stays_refused(pattern: str) -> None:
+    schema: dict[str, Any] = {"type": "string", "not": {"pattern": pattern}}
+    compiled = compile_schema(schema)
+    assert compiled.grammar is None
+    assert [r.construct for r in compiled.refusals] == ["not"]
