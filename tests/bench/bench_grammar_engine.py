@@ -21,7 +21,6 @@ Not a test: no asserts. Hold ``flock /tmp/bench.lock`` for timing runs.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import statistics
 import sys
@@ -34,13 +33,9 @@ sys.path.insert(0, str(REPO))
 
 from localllm.grammar.compile import compile_schema  # noqa: E402
 from tests.bench._provenance import provenance, results_path  # noqa: E402
+from tests.bench.bench_grammar import LLAMA_GRAMMAR, REALWORLD, SAMPLE, _llama_converter  # noqa: E402
 from tests.e2e.grammar_engine import Engine, EngineError, engine  # noqa: E402
 
-REALWORLD = REPO / "grammar" / "realworld" / "schemas.jsonl"
-SAMPLE = REPO / "tests" / "bench" / "data" / "jsonschemabench_sample.jsonl"
-LLAMA_GRAMMAR = (
-    Path.home() / ".cache/localllm/build/llama-cpp-python-0.3.36/llama_cpp_python-0.3.36/llama_cpp/llama_grammar.py"
-)
 ANSWERS = 6  # per schema
 # The Python port nests a group per character of a maxLength; llama.cpp's grammar parser
 # recurses per group and overflows the C stack on deep ones (a crash, not an error): skipped.
@@ -67,12 +62,10 @@ def nesting(grammar: str) -> int:
 
 def converter() -> Any:
     """llama.cpp's converter (``json_schema_to_gbnf``) from the pinned llama-cpp-python tree."""
-    spec = importlib.util.spec_from_file_location("llama_grammar_port", LLAMA_GRAMMAR)
-    if spec is None or spec.loader is None:
+    convert = _llama_converter()
+    if convert is None:
         raise SystemExit(f"{LLAMA_GRAMMAR} is missing: run `make fetch-llama-server`")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.json_schema_to_gbnf
+    return convert
 
 
 def schemas() -> list[tuple[str, Any]]:
