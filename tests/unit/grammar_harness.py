@@ -72,6 +72,13 @@ def leaks(schema: Any, candidates: list[Any]) -> list[str]:
     return out
 
 
+def sound_on(schema: Any, texts: list[str]) -> list[str]:
+    """Texts (JSON as written: key order, repeats) the grammar admits that parse to an invalid value."""
+    grammar = grammar_of(schema)
+    check = validator(schema)
+    return [t for t in texts if grammar.matches(t) and not check.is_valid(json.loads(t))]
+
+
 def corpus() -> Iterator[tuple[str, Any]]:
     for path in sorted(CORPUS_DIR.glob("*.json")):
         yield f"corpus/{path.stem}", json.loads(path.read_text())["schema"]
@@ -246,4 +253,4 @@ def counterexample(grammar: Grammar, schema: Any, samples: list[Any]) -> str | N
     return None
 
 
-__all__ = ["Path", "corpus", "counterexample", "coverage", "invalid_walks", "realworld", "validator"]
+__all__ = ["Path", "corpus", "counterexample", "coverage", "invalid_walks", "realworld", "sound_on", "validator"]

@@ -18,20 +18,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from localllm.grammar.compile import compile_schema
-from tests.unit.grammar_harness import grammar_of, invalid_walks, validator
+from tests.unit.grammar_harness import grammar_of, invalid_walks, sound_on, validator
 
 D4 = "http://json-schema.org/draft-04/schema#"
 
 
 def admits(schema: Any, text: str, **kw: Any) -> bool:
     return grammar_of(schema, **kw).matches(text)
-
-
-def sound_on(schema: Any, texts: list[str]) -> list[str]:
-    """Texts the grammar admits that do not parse to a valid value."""
-    grammar = grammar_of(schema)
-    check = validator(schema)
-    return [t for t in texts if grammar.matches(t) and not check.is_valid(json.loads(t))]
 
 
 # ---------------------------------------------------------------------------- the rule

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from localllm.grammar.compile import ANY_ORDER, compile_schema
-from tests.unit.grammar_harness import grammar_of, invalid_walks, validator
+from tests.unit.grammar_harness import grammar_of, invalid_walks, sound_on, validator
 
 
 def _object(n: int, required: list[str], **kw: Any) -> dict[str, Any]:
@@ -162,16 +162,11 @@ def test_any_order_families_admit_only_valid_values(schema: dict[str, Any], seed
     if compiled.grammar is None:
         return
     assert invalid_walks(schema, compiled, 40, seed) == []
-    g = grammar_of(schema)
-    check = validator(schema)
     rng = random.Random(seed)
     keys = [*schema["properties"], "zz"]
     values = ["1", '"s"', "true", "null", "2.5"]
-    for _ in range(60):
-        text = (
-            "{"
-            + ",".join(f"{json.dumps(rng.choice(keys))}:{rng.choice(values)}" for _ in range(rng.randint(0, 4)))
-            + "}"
-        )
-        if g.matches(text):
-            assert check.is_valid(json.loads(text)), text
+    texts = [
+        "{" + ",".join(f"{json.dumps(rng.choice(keys))}:{rng.choice(values)}" for _ in range(rng.randint(0, 4))) + "}"
+        for _ in range(60)
+    ]
+    assert sound_on(schema, texts) == []
