@@ -152,15 +152,6 @@ def dumps(obj: Any) -> str:
     return text
 
 
-#: a string as a JSON string literal, as the encoder writes it (C, no ``\\u`` escapes of non-ASCII)
-_json_string = json.encoder.encode_basestring
-
-
-def _json_text(value: str) -> str:
-    """``value`` as :func:`dumps` writes a string: a JSON string literal with Go's escapes."""
-    return go_escape(_json_string(value))
-
-
 def go_escape(text: str) -> str:
     """``text`` (JSON) with Go's extra escapes applied (``<``, ``>``, ``&``, U+2028, U+2029)."""
     if "<" in text or ">" in text or "&" in text or "\u2028" in text or "\u2029" in text:
@@ -243,40 +234,8 @@ class Event:
         return out
 
     def to_line(self) -> bytes:
-        """The event's line as written (UTF-8, without the trailing newline).
-
-        Every append encodes one, so the fields before the payload are spelled out here
-        (exactly what :func:`dumps` of :meth:`to_json` gives, which an event of unusual
-        field types still takes); only the payload goes through the encoder.
-        """
-        turn, seq, ts, kind, payload = self.turn, self.seq, self.ts, self.kind, self.payload
-        state_path, parent_turn, call_id = self.state_path, self.parent_turn, self.call_id
-        episode_id, match_idx = self.episode_id, self.match_idx
-        if (
-            type(turn) is not int
-            or type(seq) is not int
-            or type(ts) is not str
-            or type(kind) is not str
-            or payload is None
-            or (state_path is not None and type(state_path) is not str)
-            or (parent_turn is not None and type(parent_turn) is not int)
-            or (call_id is not None and type(call_id) is not str)
-            or (episode_id is not None and type(episode_id) is not str)
-            or (match_idx is not None and type(match_idx) is not int)
-        ):
-            return dumps(self.to_json()).encode("utf-8")
-        line = f'{{"turn":{turn},"seq":{seq},"ts":{_json_text(ts)},"kind":{_json_text(kind)}'
-        if state_path:
-            line += ',"state_path":' + _json_text(state_path)
-        if parent_turn:
-            line += f',"parent_turn":{parent_turn}'
-        if call_id:
-            line += ',"call_id":' + _json_text(call_id)
-        if episode_id:
-            line += ',"episode_id":' + _json_text(episode_id)
-        if match_idx:
-            line += f',"match_idx":{match_idx}'
-        return f'{line},"payload":{dumps(payload)}}}'.encode()
+        """The event's line as written (UTF-8, without the trailing newline)."""
+        return dumps(self.to_json()).encode("utf-8")
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Event:
