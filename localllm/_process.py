@@ -298,14 +298,10 @@ def wait_exited(proc: subprocess.Popen[Any], timeout: float) -> bool:
     pidfd = _pidfd(proc)
     if pidfd is not None:
         try:
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return exited(proc)
-                poller = select.poll()
-                poller.register(pidfd, select.POLLIN)
-                if poller.poll(remaining * 1000.0) or exited(proc):
-                    return exited(proc)
+            poller = select.poll()
+            poller.register(pidfd, select.POLLIN)
+            poller.poll(max(deadline - time.monotonic(), 0.0) * 1000.0)  # readable once it exits (EINTR retried)
+            return exited(proc)
         finally:
             os.close(pidfd)
     while not exited(proc):

@@ -175,9 +175,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             return report_error(exc, as_json=as_json)
 
 
-_exit_hook: list[bool] = []
-
-
 def _freeze_at_exit() -> None:
     """At interpreter exit, ``gc.freeze()`` what is left before the final collection.
 
@@ -188,12 +185,10 @@ def _freeze_at_exit() -> None:
     ~160 ms of a ``localllm run``'s exit on the CI machine, after the answer. Frozen, they
     are freed by reference counting alone; atexit handlers (registered earlier, so run
     after this one), non-daemon threads and the flush of stdout/stderr run as before.
-    Registered once, and only when ``main`` runs as the program: a caller of ``main(argv)``
+    Only when ``main`` runs as the program (once per process): a caller of ``main(argv)``
     in its own process (tests) keeps its interpreter's exit as it was.
     """
-    if not _exit_hook:
-        _exit_hook.append(True)
-        atexit.register(gc.freeze)
+    atexit.register(gc.freeze)
 
 
 def _check_command(argv: Sequence[str]) -> None:

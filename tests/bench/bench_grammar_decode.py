@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -55,7 +54,7 @@ from localllm.grammar.compile import compile_schema  # noqa: E402
 from localllm.grammar.walk import Grammar  # noqa: E402
 from tests.bench._provenance import provenance, results_path  # noqa: E402
 from tests.bench.bench_grammar import ADVERSARIAL, SAMPLE, _llama_converter  # noqa: E402
-from tests.bench.bench_local_llm import stop_raw  # noqa: E402
+from tests.bench.bench_local_llm import free_port, stop_raw  # noqa: E402
 
 GGUF = Path.home() / ".cache" / "localllm-e2e" / "gemma-3-270m-q4_k_m.gguf"
 #: (a) no grammar, (b) localllm's grammar as ``builtin.local_llm`` sends it by default (``compact:
@@ -92,13 +91,6 @@ def chat_gguf() -> Path:
     if not path.is_file():
         raise SystemExit(f"bench_grammar_decode: no model at {path} (make e2e-models, or set LOCALLLM_TEST_CHAT_GGUF)")
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def pick(count: int) -> list[dict[str, Any]]:

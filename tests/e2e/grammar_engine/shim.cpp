@@ -474,6 +474,30 @@ void walk_one(Handle & h, Rng & rng, uint32_t soft_mean, uint32_t hard, uint32_t
     h.finished.push_back(finished ? 1 : 0);
 }
 
+// Back to the start, then the code points one by one: false as soon as the engine rejects one.
+bool feed(Handle & h, const uint32_t * cps, size_t n) {
+    reset(h);
+    for (size_t i = 0; i < n; i++) {
+        llama_grammar_accept(h.grammar, cps[i]);
+        if (h.grammar->stacks.empty()) {
+            return false;
+        }
+    }
+    return true;
+}
+
+// body() at the C boundary: an exception is written to err and `failed` is returned instead.
+template <typename T, typename F> T guarded(char * err, size_t errcap, T failed, F && body) {
+    try {
+        return body();
+    } catch (const std::exception & e) {
+        set_err(err, errcap, std::string("exception: ") + e.what());
+    } catch (...) {
+        set_err(err, errcap, "unknown exception");
+    }
+    return failed;
+}
+
 }  // namespace
 
 extern "C" {
@@ -483,7 +507,7 @@ int tg_abi_version() {
 }
 
 void * tg_new(const char * gbnf, const char * root, char * err, size_t errcap) {
-    try {
+    return guarded<void *>(err, errcap, nullptr, [&]() -> void * {
         g_log.clear();
         llama_log_set(log_cb, nullptr);
         llama_grammar * g = llama_grammar_init_impl(nullptr, gbnf, root, false, nullptr, 0, nullptr, 0);
@@ -496,12 +520,7 @@ void * tg_new(const char * gbnf, const char * root, char * err, size_t errcap) {
         h->initial = g->stacks;
         compute_rest(*h);
         return h;
-    } catch (const std::exception & e) {
-        set_err(err, errcap, std::string("exception: ") + e.what());
-    } catch (...) {
-        set_err(err, errcap, "unknown exception");
-    }
-    return nullptr;
+    });
 }
 
 void tg_free(void * hp) {
@@ -519,14 +538,10 @@ void tg_free(void * hp) {
 // 1: the engine admits the whole string (a stack survives every code point and one is empty at
 // the end); 0: it does not; -1: an exception (err).
 int tg_accepts(void * hp, const uint32_t * cps, size_t n, char * err, size_t errcap) {
-    try {
+    return guarded(err, errcap, -1, [&]() {
         auto * h = static_cast<Handle *>(hp);
-        reset(*h);
-        for (size_t i = 0; i < n; i++) {
-            llama_grammar_accept(h->grammar, cps[i]);
-            if (h->grammar->stacks.empty()) {
-                return 0;
-            }
+        if (!feed(*h, cps, n)) {
+            return 0;
         }
         for (const auto & stack : h->grammar->stacks) {
             if (stack.empty()) {
@@ -534,26 +549,17 @@ int tg_accepts(void * hp, const uint32_t * cps, size_t n, char * err, size_t err
             }
         }
         return 0;
-    } catch (const std::exception & e) {
-        set_err(err, errcap, std::string("exception: ") + e.what());
-    } catch (...) {
-        set_err(err, errcap, "unknown exception");
-    }
-    return -1;
+    });
 }
 
 // After feeding cps: the allowed code points as [lo, hi] pairs (up to cap pairs; the count is
 // returned, -1 when the prefix is rejected, -2 on an exception) and whether the answer may end.
 int64_t tg_allowed(void * hp, const uint32_t * cps, size_t n, uint32_t * pairs, size_t cap, int * can_end, char * err,
                    size_t errcap) {
-    try {
+    return guarded<int64_t>(err, errcap, -2, [&]() -> int64_t {
         auto * h = static_cast<Handle *>(hp);
-        reset(*h);
-        for (size_t i = 0; i < n; i++) {
-            llama_grammar_accept(h->grammar, cps[i]);
-            if (h->grammar->stacks.empty()) {
-                return -1;
-            }
+        if (!feed(*h, cps, n)) {
+            return -1;
         }
         std::vector<const llama_grammar_element *> tops;
         bool end = false;
@@ -570,19 +576,14 @@ int64_t tg_allowed(void * hp, const uint32_t * cps, size_t n, uint32_t * pairs, 
             pairs[2 * i + 1] = allowed[i].hi;
         }
         return static_cast<int64_t>(allowed.size());
-    } catch (const std::exception & e) {
-        set_err(err, errcap, std::string("exception: ") + e.what());
-    } catch (...) {
-        set_err(err, errcap, "unknown exception");
-    }
-    return -2;
+    });
 }
 
 // n random walks from seed; results (samples, lengths, finished flags, stats, first probe
 // mismatch) stay in the handle until the next call. 0: done; -1: an exception (err).
 int tg_walk(void * hp, uint64_t seed, uint32_t n, uint32_t soft, uint32_t hard, uint32_t probe_every, char * err,
             size_t errcap) {
-    try {
+    return guarded(err, errcap, -1, [&]() {
         auto * h = static_cast<Handle *>(hp);
         h->out.clear();
         h->lengths.clear();
@@ -594,12 +595,7 @@ int tg_walk(void * hp, uint64_t seed, uint32_t n, uint32_t soft, uint32_t hard, 
             walk_one(*h, rng, soft, hard, probe_every);
         }
         return 0;
-    } catch (const std::exception & e) {
-        set_err(err, errcap, std::string("exception: ") + e.what());
-    } catch (...) {
-        set_err(err, errcap, "unknown exception");
-    }
-    return -1;
+    });
 }
 
 const char * tg_out(void * hp, size_t * len) {
@@ -627,7 +623,7 @@ const char * tg_failure(void * hp) {
 // Time per accepted code point (the bench): feed cps `rounds` times from the initial state and
 // return the total nanoseconds spent inside llama_grammar_accept (-1 when rejected, -2 on error).
 int64_t tg_time_accept(void * hp, const uint32_t * cps, size_t n, uint32_t rounds, char * err, size_t errcap) {
-    try {
+    return guarded<int64_t>(err, errcap, -2, [&]() -> int64_t {
         auto * h = static_cast<Handle *>(hp);
         int64_t total = 0;
         for (uint32_t r = 0; r < rounds; r++) {
@@ -643,12 +639,7 @@ int64_t tg_time_accept(void * hp, const uint32_t * cps, size_t n, uint32_t round
             total += std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
         }
         return total;
-    } catch (const std::exception & e) {
-        set_err(err, errcap, std::string("exception: ") + e.what());
-    } catch (...) {
-        set_err(err, errcap, "unknown exception");
-    }
-    return -2;
+    });
 }
 
 }  // extern "C"
