@@ -11,6 +11,9 @@ the event + write + flush + fsync (the least a JSONL logger that fsyncs does); a
 ``write`` on an ``O_DSYNC`` descriptor (the bare equivalent of what TraceWriter does: one
 syscall, durable when it returns). The table shows medians over rounds, and what an append costs beyond the
 bare write in µs (the stable figure: fsync latency drifts with the disk). A second table
+breaks an append into its steps (checks, timestamp, encoding, the replaced-file ``stat``), each
+timed on its own right after a synchronous write and in a hot loop, beside two controls (a
+``json.dumps`` and a 12 µs busy-wait): where the time beyond the bare write goes. A third
 compares ``read_trace`` with a bare ``split + json.loads`` over the same file. Results go to
 ``tests/bench/results/trace.json`` unless ``--json`` says otherwise (``--smoke``: a temp file).
 """
@@ -23,6 +26,7 @@ import importlib
 import itertools
 import json
 import os
+import random
 import re
 import shutil
 import statistics
@@ -120,6 +124,64 @@ def before_writer(ref: str, tmp: Path) -> Any:
     return module.TraceWriter
 
 
+def after_a_sync(directory: Path, n: int) -> list[dict[str, Any]]:
+    """Each step of an append on its own, right after a synchronous write and in a hot loop.
+
+    Every step runs before a bare ``O_DSYNC`` write, the steps shuffled event by event (as in
+    :func:`run_interleaved`, every step runs right after some file's synchronous write). What
+    a step adds to the bare write is its cost after a sync; the same call repeated back to
+    back is its cost hot.
+    """
+    line = b"x" * 400 + b"\n"
+    stat_path = directory / "stat-target"
+    stat_path.touch()
+    event = Event(1, 0, format_ts(), "agent.call.complete", PAYLOAD, "foyer", None, "7f65dee5291ba5d4")
+
+    def busy_12us() -> None:
+        until = time.perf_counter() + 12e-6
+        while time.perf_counter() < until:
+            pass
+
+    steps: dict[str, Any] = {
+        "nothing (the bare O_DSYNC write)": lambda: None,
+        "checks: rules.check_value(payload)": lambda: rules.check_value(PAYLOAD, "payload"),
+        "timestamp: format_ts()": format_ts,
+        "the encoding: Event.to_line()": event.to_line,
+        "the replaced-file check: os.stat(path)": lambda: os.stat(stat_path),
+        "control: json.dumps(payload)": lambda: json.dumps(PAYLOAD),
+        "control: a 12 us busy-wait": busy_12us,
+    }
+    # the files rotate among the steps event by event: a file's sync cost depends on where
+    # its blocks lie, so each step writes to each file equally often
+    place = {name: i for i, name in enumerate(steps)}
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_DSYNC
+    fds = [os.open(directory / f"steps-{i}", flags, 0o644) for i in range(len(steps))]
+    spent = dict.fromkeys(steps, 0.0)
+    names = list(steps)
+    shuffle = random.Random(7).shuffle
+    try:
+        for i in range(n):
+            shuffle(names)
+            for name in names:
+                step, fd = steps[name], fds[(place[name] + i) % len(fds)]
+                t0 = time.perf_counter()
+                step()
+                os.write(fd, line)
+                spent[name] += time.perf_counter() - t0
+    finally:
+        for fd in fds:
+            os.close(fd)
+    rows = []
+    for name, step in steps.items():
+        start = time.perf_counter()
+        for _ in range(n):
+            step()
+        hot_us = (time.perf_counter() - start) / n * 1e6
+        after_us = (spent[name] - spent["nothing (the bare O_DSYNC write)"]) / n * 1e6
+        rows.append({"step": name, "after_sync_us": after_us, "hot_us": hot_us})
+    return rows
+
+
 def encode_only(n: int) -> float:
     """The writer's CPU work per event without the I/O: write-time checks + encoding."""
     start = time.perf_counter()
@@ -174,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(run_interleaved(paths, n, before))
             reads_ours.append(read_ours(trace_path))
             reads_bare.append(read_bare(trace_path))
+        steps = after_a_sync(tmp, n)
         line_bytes = round(runs[-1]["bytes"] / n)
         encode_s = statistics.median(encode_only(n) for _ in range(rounds))
         checks_s = statistics.median(checks_only(n) for _ in range(rounds))
@@ -223,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
                     else {}
                 ),
             },
+            "after_a_sync": steps,
             "read": {
                 "read_trace_events_per_s": n / r_ours,
                 "bare_json_loads_events_per_s": n / r_bare,
@@ -261,6 +325,10 @@ def main(argv: list[str] | None = None) -> int:
         f"now does: {wr['ratio_tracewriter_over_bare_dsync']:.2f}, per round "
         f"{', '.join(f'{x:.2f}' for x in wr['ratios_over_bare_dsync_per_round'])})"
     )
+    print()
+    print(f"{'one step, then a bare O_DSYNC write':<56}{'+us after a sync':>18}{'us hot':>9}")
+    for row in steps:
+        print(f"{row['step']:<56}{row['after_sync_us']:>18.1f}{row['hot_us']:>9.1f}")
     print()
     print(f"{'read':<34}{'events/s':>12}{'vs bare':>10}")
     ratio = rd["ratio_read_trace_over_bare"]
