@@ -61,8 +61,6 @@ _LOCK_POLL = 0.05
 #: the fields of an event its writer checks (all but ``seq`` and ``ts``, which it assigns)
 _FIELDS = ("kind", "payload", "turn", "state_path", "parent_turn", "call_id", "episode_id", "match_idx")
 _log = logging.getLogger("localllm.trace")
-#: every write is durable when it returns (data + the size an append changes): see _write_group
-_O_DSYNC = os.O_DSYNC
 _GO_ESCAPED_BYTES = (b"<", b">", b"&", "\u2028".encode(), "\u2029".encode())
 
 
@@ -111,7 +109,7 @@ class TraceWriter:
             _check_header(header)
         try:
             p.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(p, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | _O_DSYNC, 0o644)
+            fd = os.open(p, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_DSYNC, 0o644)
         except OSError as exc:
             raise _os_error("cannot open trace", p, exc) from exc
         try:

@@ -2,9 +2,9 @@
 
     python tests/bench/bench_grammar_decode.py [--smoke] [--schemas N] [--reps R] [--n-predict T] [--json OUT]
 
-The real pinned llama-server (``LOCALLLM_TEST_SERVER_BIN`` or the cached build, like the e2e
-tests) and gemma-3-270m (``LOCALLLM_TEST_CHAT_GGUF`` or ``~/.cache/localllm-e2e``), one raw
-server, one slot. Schemas: from the JSONSchemaBench sample of ``bench_grammar.py``, real-world
+The real pinned llama-server (``LOCALLLM_TEST_SERVER_BIN`` or the cached build) and gemma-3-270m
+(``LOCALLLM_TEST_CHAT_GGUF`` or ``~/.cache/localllm-e2e``), found as the e2e tests find them; one
+raw server, one slot. Schemas: from the JSONSchemaBench sample of ``bench_grammar.py``, real-world
 subsets round-robin in the sample's order, those that both localllm (``compile_schema``) and
 llama.cpp's converter (``json_schema_to_gbnf`` of the pinned llama-cpp-python tree) compile.
 For each schema, the same ``POST /completion`` (the same prompt naming the schema, ``n_predict``,
@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -56,7 +55,10 @@ from tests.bench._provenance import provenance, results_path  # noqa: E402
 from tests.bench.bench_grammar import ADVERSARIAL, SAMPLE, _llama_converter  # noqa: E402
 from tests.bench.bench_local_llm import free_port, stop_raw  # noqa: E402
 
-GGUF = Path.home() / ".cache" / "localllm-e2e" / "gemma-3-270m-q4_k_m.gguf"
+# the e2e suite's own resolution of the server and the model (env override, else the cache)
+from tests.e2e.conftest import _chat_gguf as chat_gguf  # noqa: E402
+from tests.e2e.conftest import _server_bin as server_bin  # noqa: E402
+
 #: (a) no grammar, (b) localllm's grammar as ``builtin.local_llm`` sends it by default (``compact:
 #: true``, ``open_objects: false``), (c) llama.cpp's converter; then two variants of (b) that tell
 #: which rule shape costs what: ``compile_schema``'s default (open objects: an extension-key rule
@@ -74,23 +76,6 @@ VARIANTS = {"localllm": {}, "localllm open": {"open_objects": True}, "localllm s
 PROMPT = "Answer with one JSON value that is valid against this JSON Schema.\nSchema: {schema}\nJSON: "
 SCHEMA_CHARS = 1500
 CTX = 4096
-
-
-def server_bin() -> Path:
-    given = os.environ.get("LOCALLLM_TEST_SERVER_BIN")
-    if given:
-        return Path(given)
-    from localllm.managed import ensure_server
-
-    return ensure_server().binary
-
-
-def chat_gguf() -> Path:
-    given = os.environ.get("LOCALLLM_TEST_CHAT_GGUF")
-    path = Path(given) if given else GGUF
-    if not path.is_file():
-        raise SystemExit(f"bench_grammar_decode: no model at {path} (make e2e-models, or set LOCALLLM_TEST_CHAT_GGUF)")
-    return path
 
 
 def pick(count: int) -> list[dict[str, Any]]:

@@ -142,8 +142,9 @@ def after_a_sync(directory: Path, n: int) -> list[dict[str, Any]]:
         while time.perf_counter() < until:
             pass
 
+    bare = "nothing (the bare O_DSYNC write)"
     steps: dict[str, Any] = {
-        "nothing (the bare O_DSYNC write)": lambda: None,
+        bare: lambda: None,
         "checks: rules.check_value(payload)": lambda: rules.check_value(PAYLOAD, "payload"),
         "timestamp: format_ts()": format_ts,
         "the encoding: Event.to_line()": event.to_line,
@@ -177,7 +178,7 @@ def after_a_sync(directory: Path, n: int) -> list[dict[str, Any]]:
         for _ in range(n):
             step()
         hot_us = (time.perf_counter() - start) / n * 1e6
-        after_us = (spent[name] - spent["nothing (the bare O_DSYNC write)"]) / n * 1e6
+        after_us = (spent[name] - spent[bare]) / n * 1e6
         rows.append({"step": name, "after_sync_us": after_us, "hot_us": hot_us})
     return rows
 
