@@ -17,7 +17,10 @@ import ipaddress
 import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    import ssl
 
 __all__ = [
     "CONNECTION_REFUSED",
@@ -27,6 +30,7 @@ __all__ = [
     "map_httpx_errors",
     "reason_for",
     "reasons",
+    "tls_context",
 ]
 
 E = TypeVar("E", bound=BaseException)
@@ -71,6 +75,19 @@ def reasons() -> tuple[tuple[type[BaseException], str], ...]:
         (httpx.StreamConsumed, "stream already consumed"),
         (httpx.StreamError, "stream error"),
     )
+
+
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """The TLS settings of our ``trust_env=False`` clients, built once per process and shared.
+
+    What httpx builds for every new client unless given one (certifi's CA bundle, loaded:
+    ~25 ms). A context may be shared between clients and threads; without it, the agent's
+    client, made once the server answers /health, paid that on the way to the first answer.
+    """
+    import httpx
+
+    return httpx.create_ssl_context(verify=True, trust_env=False)
 
 
 @functools.cache

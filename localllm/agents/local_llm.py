@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from localllm import settings
-from localllm._http import CONNECTION_REFUSED, map_httpx_errors
+from localllm._http import CONNECTION_REFUSED, map_httpx_errors, tls_context
 from localllm._upstream import UpstreamError, read_error
 from localllm.agents import confidence, structured
 from localllm.agents.base import Agent
@@ -152,6 +152,7 @@ class LocalLLMAgent(Agent):
                     limits=httpx.Limits(max_connections=max(4, self.decl.parallel * 2)),
                     headers={"Accept-Encoding": "identity"},
                     trust_env=False,
+                    verify=tls_context(),
                 )
             return self._client
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 
-from localllm._http import map_httpx_errors
+from localllm._http import map_httpx_errors, tls_context
 from localllm._upstream import read_error
 from localllm.embed.embedder import EmbedderIdentity
 from localllm.embed.registry import ROLES, ModelInfo, Role, default_model, lookup
@@ -342,7 +342,11 @@ class LocalEmbedder:
         if self._client is None:
             headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
             self._client = httpx.Client(
-                timeout=self._timeout, headers=headers, transport=self._transport, trust_env=False
+                timeout=self._timeout,
+                headers=headers,
+                transport=self._transport,
+                trust_env=False,
+                verify=tls_context(),
             )
         return self._client
 

@@ -45,6 +45,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
+from localllm._http import tls_context
 from localllm._process import StderrTail, exit_code, exited, run_probe, spawn, stop_group, wait_exited
 from localllm.errors import SidecarError, SidecarExited, SidecarStartTimeout
 from localllm.managed.release import server_env
@@ -847,7 +848,7 @@ class ManagedServer:
         import httpx
 
         interval = _POLL_FIRST
-        with httpx.Client(trust_env=False) as client:
+        with httpx.Client(trust_env=False, verify=tls_context()) as client:
             while True:
                 if start.cancel.is_set():
                     self._release(proc, grace=_ABORT_GRACE)

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import signal
+import ssl
 import subprocess
 import threading
 import time
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from localllm import _http
 from localllm.agents.local_llm import LocalLLMAgent, normalize_endpoint, shape_statement, strip_fence
 from localllm.config import Config
 from localllm.errors import AgentError, ErrorKind, FetchError
@@ -118,6 +120,26 @@ def test_managed_decide_with_grammar(tmp_path: Path, server_bin: Path, logs: dic
     lines = (tmp_path / ref["path"]).read_text().splitlines()
     assert json.loads(lines[0])["type"] == "request" and json.loads(lines[2])["usage"]["output_tokens"] >= 1
     assert (tmp_path / ref["path"]).with_suffix(".timings").read_text().splitlines()[0] == "0 0"
+
+
+def test_the_health_poller_and_the_agent_share_one_tls_context(
+    tmp_path: Path, server_bin: Path, logs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CA bundle takes ~25 ms to load: built once per process (while the model loads, by the
+    health poller), never again by the agent's client on the way to the first answer."""
+    built: list[dict[str, Any]] = []
+    real = ssl.create_default_context
+
+    def counted(*args: Any, **kwargs: Any) -> ssl.SSLContext:
+        built.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ssl, "create_default_context", counted)
+    _http.tls_context.cache_clear()
+    with Runtime(managed_config(tmp_path, server_bin)) as rt:
+        result = rt.call("decide", agent="agent.local", prompt="Route: my invoice is wrong", schema=DECIDE)
+    assert result.submission == {"route": "billing", "confidence": 0}
+    assert len(built) == 1
 
 
 def test_schema_in_prompt_can_be_disabled(tmp_path: Path, server_bin: Path, logs: dict[str, Path]) -> None:
