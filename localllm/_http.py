@@ -17,14 +17,17 @@ import ipaddress
 import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     import ssl
 
+    import httpx
+
 __all__ = [
     "CONNECTION_REFUSED",
     "NAME_NOT_RESOLVED",
+    "client",
     "is_loopback",
     "is_permanent",
     "map_httpx_errors",
@@ -77,9 +80,18 @@ def reasons() -> tuple[tuple[type[BaseException], str], ...]:
     )
 
 
+def client(**options: Any) -> httpx.Client:
+    """An httpx client as localllm's own are made: deaf to the environment's proxy and TLS
+    variables (``trust_env=False``: loopback servers must never be reached through a proxy),
+    on the process's one TLS context (:func:`tls_context`). ``options`` go to ``httpx.Client``."""
+    import httpx
+
+    return httpx.Client(trust_env=False, verify=tls_context(), **options)
+
+
 @functools.cache
 def tls_context() -> ssl.SSLContext:
-    """The TLS settings of our ``trust_env=False`` clients, built once per process and shared.
+    """The TLS settings of :func:`client`'s clients, built once per process and shared.
 
     What httpx builds for every new client unless given one (certifi's CA bundle, loaded:
     ~25 ms). A context may be shared between clients and threads; without it, the agent's

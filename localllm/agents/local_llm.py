@@ -37,8 +37,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from localllm import settings
-from localllm._http import CONNECTION_REFUSED, map_httpx_errors, tls_context
+from localllm import _http, settings
+from localllm._http import CONNECTION_REFUSED, map_httpx_errors
 from localllm._upstream import UpstreamError, read_error
 from localllm.agents import confidence, structured
 from localllm.agents.base import Agent
@@ -148,11 +148,9 @@ class LocalLLMAgent(Agent):
 
         with self._lock:
             if self._client is None:
-                self._client = httpx.Client(
+                self._client = _http.client(
                     limits=httpx.Limits(max_connections=max(4, self.decl.parallel * 2)),
                     headers={"Accept-Encoding": "identity"},
-                    trust_env=False,
-                    verify=tls_context(),
                 )
             return self._client
 

@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 
-from localllm._http import map_httpx_errors, tls_context
+from localllm import _http
+from localllm._http import map_httpx_errors
 from localllm._upstream import read_error
 from localllm.embed.embedder import EmbedderIdentity
 from localllm.embed.registry import ROLES, ModelInfo, Role, default_model, lookup
@@ -341,13 +342,7 @@ class LocalEmbedder:
     def _http(self) -> httpx.Client:
         if self._client is None:
             headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-            self._client = httpx.Client(
-                timeout=self._timeout,
-                headers=headers,
-                transport=self._transport,
-                trust_env=False,
-                verify=tls_context(),
-            )
+            self._client = _http.client(timeout=self._timeout, headers=headers, transport=self._transport)
         return self._client
 
     def _request(self, path: str, body: dict[str, Any]) -> Any:

@@ -45,7 +45,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
-from localllm._http import tls_context
+from localllm import _http
 from localllm._process import StderrTail, exit_code, exited, run_probe, spawn, stop_group, wait_exited
 from localllm.errors import SidecarError, SidecarExited, SidecarStartTimeout
 from localllm.managed.release import server_env
@@ -845,10 +845,9 @@ class ManagedServer:
         return proc
 
     def _await_ready(self, proc: _Process, start: _Start, deadline: float) -> str:
-        import httpx
 
         interval = _POLL_FIRST
-        with httpx.Client(trust_env=False, verify=tls_context()) as client:
+        with _http.client() as client:
             while True:
                 if start.cancel.is_set():
                     self._release(proc, grace=_ABORT_GRACE)
