@@ -43,6 +43,7 @@ class PoolBusy(ServiceError, TimeoutError):
 class EntryState(str, enum.Enum):
     LOADING = "loading"
     READY = "ready"
+    STOPPING = "stopping"  # out of the table, its server not yet exited: still shown by ``ps``
 
 
 @dataclass
@@ -143,7 +144,8 @@ class ModelPool:
         self._on_event = on_event or (lambda kind, model: None)
         self._cond = threading.Condition()
         self._entries: dict[str, _Entry] = {}
-        self._stopping = 0  # servers being stopped: they still hold their memory and a "slot"
+        # servers being stopped: they still hold their memory and a "slot", and ``ps`` shows them
+        self._stopping: list[_Entry] = []
         self._closed = False
         self._reaper: threading.Thread | None = None
 
@@ -206,8 +208,7 @@ class ModelPool:
                     loader = True
                     break
                 if victim is not None:
-                    del self._entries[victim.spec.id]
-                    self._stopping += 1
+                    self._retire(victim)
                 else:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
@@ -244,7 +245,8 @@ class ModelPool:
             entry.backend.stop()
             raise
         with self._cond:
-            entry.state = EntryState.READY
+            if entry.state is EntryState.LOADING:  # not unloaded while it loaded
+                entry.state = EntryState.READY
             entry.loaded_at = time.monotonic()
             self._cond.notify_all()
         entry.loaded.set()
@@ -259,8 +261,7 @@ class ModelPool:
                 entry.served += 1
             entry.last_used = time.monotonic()
             if self._keep_alive(entry) == 0 and entry.busy == 0 and self._entries.get(entry.spec.id) is entry:
-                del self._entries[entry.spec.id]
-                self._stopping += 1
+                self._retire(entry)
                 stop = True
             self._cond.notify_all()
         if stop:
@@ -270,7 +271,7 @@ class ModelPool:
 
     def _room_for(self, spec: ModelSpec) -> tuple[bool, _Entry | None]:
         """(room to load ``spec`` now, else the least recently used idle entry to evict first)."""
-        count = len(self._entries) + self._stopping
+        count = len(self._entries) + len(self._stopping)
         over = self.max_models is not None and count >= self.max_models
         if not over and self.memory_budget is not None and self._entries:
             # a model bigger than the whole budget still loads when nothing else is loaded
@@ -285,12 +286,19 @@ class ModelPool:
         rss = entry.backend.rss() if entry.state is EntryState.READY else None
         return rss if rss else self._estimate(entry.spec)
 
+    def _retire(self, entry: _Entry) -> None:
+        """Take ``entry`` out of the table into the stopping list (under the lock); the caller
+        then stops it with :meth:`_stop_entry` outside the lock."""
+        del self._entries[entry.spec.id]
+        entry.state = EntryState.STOPPING
+        self._stopping.append(entry)
+
     def _stop_entry(self, entry: _Entry, reason: str) -> None:
         try:
             entry.backend.stop()
         finally:
             with self._cond:
-                self._stopping -= 1
+                self._stopping.remove(entry)
                 self._cond.notify_all()
             self._on_event(f"unload:{reason}", entry.spec.id)
 
@@ -299,17 +307,17 @@ class ModelPool:
     def unload(self, model: str) -> bool:
         """Stop ``model`` now (requests in flight on it fail); False when it was not loaded."""
         with self._cond:
-            entry = self._entries.pop(model, None)
+            entry = self._entries.get(model)
             if entry is None:
                 return False
-            self._stopping += 1
+            self._retire(entry)
         self._stop_entry(entry, "stop")  # a load in progress is aborted by the stop
         return True
 
     def loaded(self) -> list[LoadedModel]:
         now = time.monotonic()
         with self._cond:
-            entries = list(self._entries.values())
+            entries = [*self._entries.values(), *self._stopping]
         rows = []
         for e in entries:
             url = e.backend.base_url if e.state is EntryState.READY else None
@@ -352,11 +360,10 @@ class ModelPool:
                 if self._closed:
                     return
                 now = time.monotonic()
-                for model, e in list(self._entries.items()):
+                for e in list(self._entries.values()):
                     keep = self._keep_alive(e)
                     if e.state is EntryState.READY and e.busy == 0 and keep >= 0 and now - e.last_used >= keep:
-                        del self._entries[model]
-                        self._stopping += 1
+                        self._retire(e)
                         expired.append(e)
             for e in expired:
                 self._stop_entry(e, "idle")
@@ -370,8 +377,8 @@ class ModelPool:
         with self._cond:
             self._closed = True
             entries = list(self._entries.values())
-            self._entries.clear()
-            self._stopping += len(entries)
+            for e in entries:
+                self._retire(e)
             self._cond.notify_all()
         for e in entries:
             self._stop_entry(e, "shutdown")

@@ -254,6 +254,27 @@ def test_keep_alive_unloads_an_idle_model(make_service: Factory, env: dict[str, 
     assert time.monotonic() < deadline  # unloaded well before the bound
 
 
+def test_ps_shows_an_unloading_model_until_its_server_has_exited(
+    make_service: Factory, env: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a real server takes a while to free its model after SIGTERM: `ps` said "no models"
+    # while its llama-server still ran (the e2e keep-alive test saw the process after `ps`)
+    monkeypatch.setenv("FAKE_LLAMA_EXIT_DELAY", "0.6")
+    service = make_service(keep_alive=0.2)
+    states: list[str] = []
+    with client(service) as http:
+        assert chat(http, "chat").status_code == 200
+        pid = http.get("/localllm/ps").json()["models"][0]["pid"]
+        deadline = time.monotonic() + 5
+        while (models := http.get("/localllm/ps").json()["models"]) and time.monotonic() < deadline:
+            states += [m["state"] for m in models if m["pid"] == pid]
+            time.sleep(0.02)
+        assert models == []
+        assert pid_gone(pid)  # at once: no grace once `ps` is empty
+    assert "stopping" in states
+    assert states[-1] == "stopping"
+
+
 def test_max_models_one_unloads_before_the_next_loads(make_service: Factory, env: dict[str, Path]) -> None:
     service = make_service(max_models=1)
     with client(service) as http:

@@ -46,6 +46,8 @@ FAKE_LLAMA_MODE         ok (default) | exit_during_start | hang_start | crash_af
 FAKE_LLAMA_LOAD_DELAY   seconds of 503 "Loading model" before ready (default 0)
 FAKE_LLAMA_EXIT_CODE    exit code for exit_during_start (1; -N: die of signal N) and crash_after_ready (134)
 FAKE_LLAMA_CRASH_AFTER  seconds after ready before crash_after_ready exits (default 0.3)
+FAKE_LLAMA_EXIT_DELAY   seconds a clean SIGTERM exit takes after the HTTP server has closed
+                        (default 0; a real server frees its model meanwhile)
 FAKE_LLAMA_DELAY        seconds each chat/embedding request waits before answering
 FAKE_LLAMA_CONTENT      fixed chat ``content`` string
 FAKE_LLAMA_STREAM_DELAY seconds between the events of a streamed answer (default 0)
@@ -752,6 +754,7 @@ def main(argv: list[str]) -> int:
         time.sleep(0.05)
     server.server_close()
     log("I", "operator()", "cleaning up before exit...")
+    time.sleep(env_float("FAKE_LLAMA_EXIT_DELAY", 0.0))
     event("exit", code=0)
     return 0
 
