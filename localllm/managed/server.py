@@ -845,7 +845,6 @@ class ManagedServer:
         return proc
 
     def _await_ready(self, proc: _Process, start: _Start, deadline: float) -> str:
-
         interval = _POLL_FIRST
         with _http.client() as client:
             while True:
