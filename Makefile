@@ -97,7 +97,7 @@ $(INSTRUCTOR_VENV)/.installed:
 	touch $@
 
 e2e: install fetch-llama-server e2e-models e2e-interop e2e-endpoints
-	$(BIN)/pytest tests/e2e -q -p no:cacheprovider
+	$(BIN)/pytest tests/e2e -q -p no:cacheprovider --durations=15
 
 test: lint unit unit-slow e2e bench-smoke
 

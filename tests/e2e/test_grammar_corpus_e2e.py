@@ -22,6 +22,7 @@ schema, and an ok verdict only with evidence that it does.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -71,8 +72,9 @@ def _drain(server: Server) -> None:
             server.lines.append(raw.decode("utf-8", "replace").rstrip("\n"))
 
 
-@pytest.fixture(scope="module")
-def server(server_bin: Path, chat_gguf: Path) -> Iterator[Server]:
+@contextlib.contextmanager
+def serving(server_bin: Path, chat_gguf: Path, slots: int) -> Iterator[Server]:
+    """A real llama-server (gemma-3-270m) with ``slots`` slots of 1,024 tokens each."""
     argv = [
         str(server_bin),
         "-m",
@@ -82,9 +84,9 @@ def server(server_bin: Path, chat_gguf: Path) -> Iterator[Server]:
         "--host",
         "127.0.0.1",
         "-c",
-        "2048",
+        str(1024 * slots),
         "--parallel",
-        "2",
+        str(slots),
     ]
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(server_bin.parent), env.get("LD_LIBRARY_PATH")) if p)
@@ -130,6 +132,13 @@ def server(server_bin: Path, chat_gguf: Path) -> Iterator[Server]:
         drain.join(timeout=5)
         if proc.stderr is not None:
             proc.stderr.close()
+
+
+@pytest.fixture(scope="module")
+def server(server_bin: Path, chat_gguf: Path) -> Iterator[Server]:
+    # one request at a time: each test reads the stderr lines its own request caused
+    with serving(server_bin, chat_gguf, slots=2) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
