@@ -20,16 +20,18 @@ import os
 import select
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 __all__ = [
     "ProbeResult",
     "StderrTail",
+    "arm_watchdog",
+    "disarm_watchdog",
     "exit_code",
     "exited",
     "group_alive",
@@ -350,6 +352,46 @@ def stop_group(proc: subprocess.Popen[Any], *, grace: float) -> int | None:
     return proc.returncode
 
 
+#: kills a child's group when the process that spawned it dies (see the script's docstring)
+_WATCHDOG = Path(__file__).with_name("managed") / "_watchdog.py"
+
+
+def arm_watchdog(pid: int) -> subprocess.Popen[bytes]:
+    """Start the watchdog of the group led by ``pid`` (our unreaped child): it stops the group
+    if this process dies before :func:`disarm_watchdog`."""
+    pidfd: int | None = None
+    if hasattr(os, "pidfd_open"):
+        try:
+            # Opened while the child is our unreaped child, so it cannot name a recycled pid later.
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            pidfd = None
+    argv = [sys.executable, "-I", "-S", str(_WATCHDOG), str(pid)]
+    if pidfd is not None:
+        argv.append(str(pidfd))
+    try:
+        return spawn(argv, stdin=subprocess.PIPE, pass_fds=(pidfd,) if pidfd is not None else ())
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def disarm_watchdog(watchdog: subprocess.Popen[bytes]) -> None:
+    """Tell the watchdog we stopped the child ourselves, and reap it."""
+    stdin = watchdog.stdin
+    assert stdin is not None
+    try:
+        stdin.write(b"x")  # one byte then EOF: we stopped the child ourselves
+        stdin.close()
+    except OSError:
+        pass  # the watchdog is already gone; reaping below is all that is left
+    # It exits as soon as it reads the byte; wait_exited wakes then (Popen.wait(timeout)
+    # would poll with growing sleeps).
+    if not wait_exited(watchdog, 2.0):
+        watchdog.kill()
+    watchdog.wait()
+
+
 def _wait(proc: subprocess.Popen[Any], timeout: float) -> bool:
     try:
         proc.wait(timeout=max(timeout, 0.0))
@@ -358,8 +400,7 @@ def _wait(proc: subprocess.Popen[Any], timeout: float) -> bool:
     return True
 
 
-@dataclass(frozen=True)
-class ProbeResult:
+class ProbeResult(NamedTuple):
     """What a probe printed (stdout and stderr merged) and how it ended."""
 
     returncode: int | None  # None: still running at the deadline, killed

@@ -77,6 +77,12 @@ def server_bin() -> str | None:
     return _text("LOCALLLM_SERVER_BIN")
 
 
+def head_start() -> bool:
+    """``run``/``call`` spawn their last server before their imports (``_head_start``);
+    ``LOCALLLM_NO_HEAD_START=1`` turns that off."""
+    return not _flag("LOCALLLM_NO_HEAD_START")
+
+
 def debug() -> bool:
     return _flag("LOCALLLM_DEBUG")
 

@@ -9,7 +9,23 @@ shared helpers (exit codes, ``UsageError``, ``emit_json``, ``err``, ``parse_kv``
 
 from __future__ import annotations
 
-from localllm.cli.app import main
+import sys
+from collections.abc import Sequence
+
 from localllm.cli.output import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, emit_json, err, parse_kv
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command (:func:`localllm.cli.app.main`). Run as the program, a ``run``/``call``
+    first spawns the server its last run of the same command line used (:mod:`localllm._head_start`),
+    before the CLI and the config are even imported."""
+    if argv is None:
+        from localllm import _head_start
+
+        _head_start.begin(sys.argv[1:])
+    from localllm.cli.app import main as run
+
+    return run(argv)
+
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "UsageError", "emit_json", "err", "main", "parse_kv"]

@@ -103,15 +103,20 @@ def load(path: Path | None, early: EarlyStart | None = None) -> Config:
 
     ``early``: its agent's model starts loading as soon as the file is parsed, while the
     rest of the checks run (and is stopped if they fail)."""
+    from localllm import _head_start
     from localllm.cli.output import protect
     from localllm.loading import load_config
 
     try:
-        config = load_config(discover_config(path), parsed=early)
+        found = discover_config(path)
+        _head_start.note_config(found)
+        config = load_config(found, parsed=early)
     except BaseException:
         if early is not None:
             early.close()
         raise
+    finally:
+        _head_start.release()  # the early start has claimed the head start's server, or never will
     protect(config.secret_values())
     return config
 

@@ -35,7 +35,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import weakref
@@ -45,8 +44,17 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
-from localllm import _http
-from localllm._process import StderrTail, exit_code, exited, run_probe, spawn, stop_group, wait_exited
+from localllm import _head_start, _http
+from localllm._process import (
+    StderrTail,
+    arm_watchdog,
+    disarm_watchdog,
+    exit_code,
+    exited,
+    run_probe,
+    spawn,
+    stop_group,
+)
 from localllm.errors import SidecarError, SidecarExited, SidecarStartTimeout
 from localllm.managed.release import server_env
 
@@ -263,20 +271,26 @@ class _Process:
         self._discovered: int | None = None
         self._returncode: int | None = None
         self._stopped = False
-        # Its own session and process group (_process.spawn): the terminal's Ctrl-C never
-        # reaches it, and stopping it stops whatever it started.
-        self.popen = spawn(argv, stderr=subprocess.PIPE, env=env)
+        # The head start of a `localllm run`/`call` when it is this very process (argv and
+        # environment), else a spawn: its own session and process group (_process.spawn),
+        # so the terminal's Ctrl-C never reaches it and stopping it stops what it started.
+        held = _head_start.claim(argv, env)
+        self.popen = held.popen if held is not None else spawn(argv, stderr=subprocess.PIPE, env=env)
         self.pid = self.popen.pid
         assert self.popen.stderr is not None
         self._stderr = StderrTail(
             self.popen.stderr, name=f"llama-server-{self.pid}-stderr", limit=_TAIL_BYTES, on_line=self._on_line
         )
+        if held is not None:
+            self._watchdog: subprocess.Popen[bytes] | None = held.watchdog
+            return
         try:
-            self._watchdog: subprocess.Popen[bytes] | None = self._arm_watchdog()
+            self._watchdog = arm_watchdog(self.pid)
         except OSError:
             stop_group(self.popen, grace=0.0)
             self._stderr.join(1.0)
             raise
+        _head_start.record(argv, env)
 
     # -- stderr -------------------------------------------------------------------
     def _on_line(self, line: str) -> None:
@@ -329,41 +343,10 @@ class _Process:
         return None
 
     # -- watchdog -----------------------------------------------------------------
-    def _arm_watchdog(self) -> subprocess.Popen[bytes]:
-        pidfd: int | None = None
-        if hasattr(os, "pidfd_open"):
-            try:
-                # Opened while the server is our unreaped child, so it cannot name a
-                # recycled pid later.
-                pidfd = os.pidfd_open(self.pid)
-            except OSError:
-                pidfd = None
-        script = Path(__file__).with_name("_watchdog.py")
-        argv = [sys.executable, "-I", "-S", str(script), str(self.pid)]
-        if pidfd is not None:
-            argv.append(str(pidfd))
-        try:
-            return spawn(argv, stdin=subprocess.PIPE, pass_fds=(pidfd,) if pidfd is not None else ())
-        finally:
-            if pidfd is not None:
-                os.close(pidfd)
-
     def _disarm_watchdog(self) -> None:
         watchdog, self._watchdog = self._watchdog, None
-        if watchdog is None:
-            return
-        stdin = watchdog.stdin
-        assert stdin is not None
-        try:
-            stdin.write(b"x")  # one byte then EOF: we stopped the server ourselves
-            stdin.close()
-        except OSError:
-            pass  # the watchdog is already gone; reaping below is all that is left
-        # It exits as soon as it reads the byte; wait_exited wakes then (Popen.wait(timeout)
-        # would poll with growing sleeps).
-        if not wait_exited(watchdog, 2.0):
-            watchdog.kill()
-        watchdog.wait()
+        if watchdog is not None:
+            disarm_watchdog(watchdog)
 
     # -- stopping -----------------------------------------------------------------
     def alive(self) -> bool:

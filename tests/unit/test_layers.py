@@ -36,7 +36,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "localllm.calibrate",
         ),
     ),
-    ("core", ("localllm.errors", "localllm.wire", "localllm.settings")),
+    # the head start reads settings and spawns through _process; managed.server claims from it
+    ("core", ("localllm.errors", "localllm.wire", "localllm.settings", "localllm._head_start")),
     # the JSONL sink and reader, call_id, sidecar files, verify/stats: low-level, used by
     # agents (transcripts), the runtime and the CLI; they know nothing of calls or config
     ("trace", ("localllm.trace",)),
