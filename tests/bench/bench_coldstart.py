@@ -19,7 +19,8 @@ timed from this process, the order rotating every round:
 
 Before the rounds, one untimed in-process start records the argv, captures the body and
 fills the per-build probe cache (``localllm.managed.probes``), and each arm runs once untimed
-(page cache, bytecode). The figure is the ratio of medians (``≤ 1.05`` is the goal), with
+(page cache, bytecode; for ``localllm run`` also the head start's plan, ``localllm/_head_start.py``:
+what every run of a command after its first finds). The figure is the ratio of medians (``≤ 1.05`` is the goal), with
 the median of per-round ratios beside it. ``--fake`` runs against the unit tests' fake
 llama-server (a code-path check, not a measurement). Results go to
 ``tests/bench/results/coldstart.json`` (``--smoke``: a temp file). Not a test: no asserts on
