@@ -123,7 +123,7 @@ def begin(argv: Sequence[str]) -> None:
     argv_ = list(entry["argv"])
     try:
         popen = spawn(argv_, stderr=subprocess.PIPE, env=env)
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a NUL in an argument or a variable
         return
     try:
         watchdog = arm_watchdog(popen.pid)
@@ -246,7 +246,7 @@ def _identity(path: Path) -> list[Any] | None:
     try:
         resolved = path.resolve()
         st = resolved.stat()
-    except (OSError, RuntimeError):
+    except (OSError, RuntimeError, ValueError):  # RuntimeError: a symlink loop; ValueError: a NUL
         return None
     if not stat.S_ISREG(st.st_mode):
         return None

@@ -186,7 +186,7 @@ def test_an_unclaimed_server_is_stopped_and_its_entry_forgotten(app: App) -> Non
     assert app.entries() == []  # ... and not tried again
 
 
-@pytest.mark.parametrize("how", ["group-writable", "malformed", "switched off"])
+@pytest.mark.parametrize("how", ["group-writable", "malformed", "a NUL in a path", "switched off"])
 def test_a_plan_that_cannot_be_trusted_or_read_starts_nothing_ahead(app: App, how: str) -> None:
     assert app.run().returncode == 0
     env: dict[str, str] = {}
@@ -194,6 +194,11 @@ def test_a_plan_that_cannot_be_trusted_or_read_starts_nothing_ahead(app: App, ho
         app.plan.chmod(0o664)
     elif how == "malformed":
         app.plan.write_text('{"version": 1, "entries": [{"key": 1}]')
+    elif how == "a NUL in a path":
+        (entry,) = app.entries()
+        entry["files"][1][0] += "\u0000"
+        app.plan.write_text(json.dumps({"version": 1, "entries": [entry]}))
+        app.plan.chmod(0o600)
     else:
         env["LOCALLLM_NO_HEAD_START"] = "1"
     marker = app.dir / "load-config-at"
