@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from localllm import settings
-from localllm._process import arm_watchdog, disarm_watchdog, spawn, stop_group
+from localllm._process import arm_watchdog, disarm_watchdog, exited, spawn, stop_group
 
 __all__ = ["Held", "begin", "claim", "note_config", "record", "release"]
 
@@ -65,7 +65,7 @@ class Held(NamedTuple):
     argv: list[str]
     env: dict[str, str]
     popen: subprocess.Popen[bytes]
-    watchdog: subprocess.Popen[bytes] | None
+    watchdog: subprocess.Popen[bytes]
 
 
 class _State:
@@ -146,7 +146,7 @@ def claim(argv: Sequence[str], env: Mapping[str, str]) -> Held | None:
         held, _state.held = _state.held, None
     if held is None:
         return None
-    if held.argv == list(argv) and held.env == dict(env) and held.popen.poll() is None:
+    if held.argv == list(argv) and held.env == dict(env) and not exited(held.popen):  # never reaps
         return held
     _stop(held)
     return None
@@ -193,8 +193,7 @@ def _stop(held: Held) -> None:
     stop_group(held.popen, grace=0.0)
     if held.popen.stderr is not None:
         held.popen.stderr.close()
-    if held.watchdog is not None:
-        disarm_watchdog(held.watchdog)
+    disarm_watchdog(held.watchdog)
 
 
 def _plan_path() -> Path:

@@ -8,7 +8,8 @@ driving compilers — none of their descendants survives the stop.
 :class:`StderrTail` drains a child's stream on a daemon thread (a chatty child never blocks
 on a full pipe) and keeps the last bytes for error details; :func:`tail` cuts a text for a
 message. :func:`run_probe` runs ``--help``/``--version`` style probes within the caller's
-deadline.
+deadline. :func:`arm_watchdog` starts ``managed/_watchdog.py`` beside a child, which stops its
+group if this process dies first.
 
 A leaf module: it imports nothing from localllm and raises only ``OSError``.
 """

@@ -281,8 +281,9 @@ class _Process:
         self._stderr = StderrTail(
             self.popen.stderr, name=f"llama-server-{self.pid}-stderr", limit=_TAIL_BYTES, on_line=self._on_line
         )
+        self._watchdog: subprocess.Popen[bytes] | None
         if held is not None:
-            self._watchdog: subprocess.Popen[bytes] | None = held.watchdog
+            self._watchdog = held.watchdog
             return
         try:
             self._watchdog = arm_watchdog(self.pid)
