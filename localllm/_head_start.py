@@ -54,6 +54,7 @@ __all__ = ["Held", "begin", "claim", "note_config", "record", "release"]
 
 PLAN_FILE = "head-start.json"
 _KEEP = 8  # entries kept: one per (directory, command line) recently run
+_MAX_PLAN = 1 << 20  # bytes: a larger plan is not ours (8 entries take a few KiB); not read
 _COMMANDS = ("run", "call")
 #: options whose value is the call's content, not its setup (left out of the digest)
 _CONTENT_OPTIONS = ("--arg", "--world", "--prompt")
@@ -208,8 +209,11 @@ def _read_plan() -> list[dict[str, Any]]:
             st = os.fstat(fh.fileno())
             if st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
                 return []
-            data = json.loads(fh.read())
-    except (OSError, ValueError):
+            raw = fh.read(_MAX_PLAN + 1)
+        if len(raw) > _MAX_PLAN:
+            return []
+        data = json.loads(raw)
+    except (OSError, ValueError, RecursionError):  # RecursionError: nesting deeper than json decodes
         return []
     entries = data.get("entries") if isinstance(data, dict) and data.get("version") == 1 else None
     return [e for e in entries if _well_formed(e)] if isinstance(entries, list) else []

@@ -186,7 +186,9 @@ def test_an_unclaimed_server_is_stopped_and_its_entry_forgotten(app: App) -> Non
     assert app.entries() == []  # ... and not tried again
 
 
-@pytest.mark.parametrize("how", ["group-writable", "malformed", "a NUL in a path", "switched off"])
+@pytest.mark.parametrize(
+    "how", ["group-writable", "malformed", "deeply nested", "too large", "a NUL in a path", "switched off"]
+)
 def test_a_plan_that_cannot_be_trusted_or_read_starts_nothing_ahead(app: App, how: str) -> None:
     assert app.run().returncode == 0
     env: dict[str, str] = {}
@@ -194,6 +196,12 @@ def test_a_plan_that_cannot_be_trusted_or_read_starts_nothing_ahead(app: App, ho
         app.plan.chmod(0o664)
     elif how == "malformed":
         app.plan.write_text('{"version": 1, "entries": [{"key": 1}]')
+    elif how == "deeply nested":
+        app.plan.write_text("[" * 100_000 + "]" * 100_000)
+    elif how == "too large":  # a valid plan padded past the bound: not read
+        doc = json.loads(app.plan.read_text())
+        doc["padding"] = "x" * (2 << 20)
+        app.plan.write_text(json.dumps(doc))
     elif how == "a NUL in a path":
         (entry,) = app.entries()
         entry["files"][1][0] += "\u0000"
