@@ -203,11 +203,12 @@ def _plan_path() -> Path:
 
 def _read_plan() -> list[dict[str, Any]]:
     """The plan's entries; none when the file is missing, unreadable, malformed or not safely ours."""
-    path = _plan_path()
     try:
-        with path.open("rb") as fh:
-            st = os.fstat(fh.fileno())
-            if st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        # O_NONBLOCK: a FIFO in its place must not hang the command (it is not a regular file)
+        fd = os.open(_plan_path(), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
                 return []
             raw = fh.read(_MAX_PLAN + 1)
         if len(raw) > _MAX_PLAN:

@@ -187,7 +187,8 @@ def test_an_unclaimed_server_is_stopped_and_its_entry_forgotten(app: App) -> Non
 
 
 @pytest.mark.parametrize(
-    "how", ["group-writable", "malformed", "deeply nested", "too large", "a NUL in a path", "switched off"]
+    "how",
+    ["group-writable", "malformed", "deeply nested", "too large", "a NUL in a path", "a FIFO", "switched off"],
 )
 def test_a_plan_that_cannot_be_trusted_or_read_starts_nothing_ahead(app: App, how: str) -> None:
     assert app.run().returncode == 0
@@ -202,6 +203,9 @@ def test_a_plan_that_cannot_be_trusted_or_read_starts_nothing_ahead(app: App, ho
         doc = json.loads(app.plan.read_text())
         doc["padding"] = "x" * (2 << 20)
         app.plan.write_text(json.dumps(doc))
+    elif how == "a FIFO":  # opened for reading, a FIFO with no writer would block
+        app.plan.unlink()
+        os.mkfifo(app.plan, 0o600)
     elif how == "a NUL in a path":
         (entry,) = app.entries()
         entry["files"][1][0] += "\u0000"
