@@ -100,6 +100,8 @@ def suggest(word: str, rest: Sequence[str] = ()) -> str:
     import difflib
 
     tail = "".join(f" {a}" for a in rest)
+    if rest and rest[0] in COMMANDS:  # a noun before a command (`localllm service stop`): the command
+        return f"did you mean `localllm {' '.join(rest)}`?"
     if word in ALIASES:
         return f"did you mean `localllm {ALIASES[word]}{tail}`?"
     close = difflib.get_close_matches(word, list(COMMANDS), n=2, cutoff=0.6)

@@ -72,6 +72,9 @@ def test_no_config_anywhere_is_a_usage_error_naming_every_way(
         (["ls"], "localllm models"),
         (["rm", "gemma-3-270m"], "localllm cache rm gemma-3-270m"),
         (["chek", "app.yaml"], "localllm check app.yaml"),
+        # a noun before a command (`docker service ls` style): the command itself
+        (["service", "stop"], "localllm stop"),
+        (["server", "logs", "gemma-3-270m"], "localllm logs gemma-3-270m"),
     ],
 )
 def test_other_tools_verbs_name_the_localllm_command(
