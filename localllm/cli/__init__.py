@@ -19,7 +19,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one command (:func:`localllm.cli.app.main`). Run as the program, a ``run``/``call``
     first spawns the server its last run of the same command line used (:mod:`localllm._head_start`),
     before the CLI and the config are even imported."""
-    if argv is None:
+    if argv is None and not {"run", "call"}.isdisjoint(sys.argv[1:]):  # the others pay no import for it
         from localllm import _head_start
 
         _head_start.begin(sys.argv[1:])
