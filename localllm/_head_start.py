@@ -49,6 +49,7 @@ from typing import Any, NamedTuple
 
 from localllm import settings
 from localllm._process import arm_watchdog, disarm_watchdog, exited, spawn, stop_group
+from localllm.redact import mask_option_values
 
 __all__ = ["Held", "begin", "claim", "note_config", "record", "release"]
 
@@ -88,20 +89,8 @@ def line_key(argv: Sequence[str], cwd: str) -> str | None:
     command = next((w for w in words if not w.startswith("-")), None)
     if command not in _COMMANDS or any(w in ("-h", "--help", "--") for w in words):
         return None
-    shape: list[str] = []
-    skip = False
-    for word in words:
-        if skip:
-            shape.append("*")
-            skip = False
-        elif word in _CONTENT_OPTIONS:
-            shape.append(word)
-            skip = True
-        elif word.startswith(tuple(f"{o}=" for o in _CONTENT_OPTIONS)):
-            shape.append(word.split("=", 1)[0] + "=*")
-        else:
-            shape.append(word)
-    return hashlib.sha256(json.dumps([cwd, shape]).encode("utf-8", "surrogatepass")).hexdigest()
+    shape = mask_option_values(words, _CONTENT_OPTIONS)
+    return hashlib.sha256(json.dumps([cwd, shape]).encode()).hexdigest()
 
 
 def begin(argv: Sequence[str]) -> None:
@@ -116,7 +105,7 @@ def begin(argv: Sequence[str]) -> None:
         return
     with _state.lock:
         _state.key, _state.open = key, True
-    entry = _entry(_read_plan(), key)
+    entry = next((e for e in _read_plan() if e["key"] == key), None)
     if entry is None or not _current(entry):
         return
     env = {k: v for k, v in os.environ.items() if k not in entry["env_unset"]}
@@ -171,7 +160,7 @@ def record(argv: Sequence[str], env: Mapping[str, str]) -> None:
         "env_unset": sorted(k for k in os.environ if k not in env),
         "files": [config_identity, *(ident for ident in map(_identity, files) if ident is not None)],
     }
-    entries = [entry] + [e for e in _read_plan() if e.get("key") != key]
+    entries = [entry] + [e for e in _read_plan() if e["key"] != key]
     _write_plan(entries[:_KEEP])
 
 
@@ -184,7 +173,7 @@ def release() -> None:
         return
     _stop(held)
     if key is not None:
-        _write_plan([e for e in _read_plan() if e.get("key") != key])
+        _write_plan([e for e in _read_plan() if e["key"] != key])
 
 
 # ------------------------------------------------------------------------ internals
@@ -240,10 +229,6 @@ def _well_formed(entry: object) -> bool:
             for f in files
         )
     )
-
-
-def _entry(entries: list[dict[str, Any]], key: str) -> dict[str, Any] | None:
-    return next((e for e in entries if e["key"] == key), None)
 
 
 def _identity(path: Path) -> list[Any] | None:

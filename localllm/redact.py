@@ -25,7 +25,7 @@ import unicodedata
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["MASK", "MIN_SECRET", "SAFE_LENGTH", "Redactor"]
+__all__ = ["MASK", "MIN_SECRET", "SAFE_LENGTH", "Redactor", "mask_option_values"]
 
 MASK = "***"
 #: shorter values are not secrets: replacing "1" or "on" would shred unrelated text
@@ -33,6 +33,25 @@ MIN_SECRET = 4
 #: shorter secrets are masked only where they stand alone, never inside another word
 SAFE_LENGTH = 8
 _WORD = r"[0-9A-Za-z_]"
+
+
+def mask_option_values(argv: Iterable[str], options: Iterable[str]) -> list[str]:
+    """``argv`` with the value of each of ``options`` replaced by ``***`` (``--opt V`` and ``--opt=V``)."""
+    hidden = frozenset(options)
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append(MASK)
+            hide_next = False
+            continue
+        option, eq, _ = arg.partition("=")
+        if option in hidden and eq:
+            out.append(f"{option}={MASK}")
+        else:
+            out.append(arg)
+            hide_next = option in hidden
+    return out
 
 
 class Redactor:

@@ -57,6 +57,7 @@ from localllm._process import (
 )
 from localllm.errors import SidecarError, SidecarExited, SidecarStartTimeout
 from localllm.managed.release import server_env
+from localllm.redact import mask_option_values
 
 if TYPE_CHECKING:
     import httpx
@@ -133,23 +134,7 @@ class _PortNotReported(Exception):
 
 def _redact(argv: Sequence[str]) -> list[str]:
     """argv with secret values replaced, safe for errors, logs and reprs."""
-    out: list[str] = []
-    hide_next = False
-    for arg in argv:
-        if hide_next:
-            out.append("***")
-            hide_next = False
-            continue
-        flag, eq, _ = arg.partition("=")
-        if flag in _SECRET_FLAGS:
-            if eq:
-                out.append(f"{flag}=***")
-            else:
-                out.append(arg)
-                hide_next = True
-            continue
-        out.append(arg)
-    return out
+    return mask_option_values(argv, _SECRET_FLAGS)
 
 
 #: Why a server dies of SIGILL: it was built for instructions this CPU (or its hypervisor)
