@@ -118,7 +118,7 @@ def begin(argv: Sequence[str]) -> None:
     try:
         watchdog = arm_watchdog(popen.pid)
     except OSError:
-        stop_group(popen, grace=0.0)
+        _stop(popen)
         return
     with _state.lock:
         _state.held = Held(argv_, env, popen, watchdog)
@@ -138,7 +138,7 @@ def claim(argv: Sequence[str], env: Mapping[str, str]) -> Held | None:
         return None
     if held.argv == list(argv) and held.env == dict(env) and not exited(held.popen):  # never reaps
         return held
-    _stop(held)
+    _stop(held.popen, held.watchdog)
     return None
 
 
@@ -171,7 +171,7 @@ def release() -> None:
         key, _state.open = _state.key, False
     if held is None:
         return
-    _stop(held)
+    _stop(held.popen, held.watchdog)
     if key is not None:
         _write_plan([e for e in _read_plan() if e["key"] != key])
 
@@ -179,11 +179,13 @@ def release() -> None:
 # ------------------------------------------------------------------------ internals
 
 
-def _stop(held: Held) -> None:
-    stop_group(held.popen, grace=0.0)
-    if held.popen.stderr is not None:
-        held.popen.stderr.close()
-    disarm_watchdog(held.watchdog)
+def _stop(popen: subprocess.Popen[bytes], watchdog: subprocess.Popen[bytes] | None = None) -> None:
+    """Stop a server spawned here, close its stderr pipe, and disarm its watchdog (if armed)."""
+    stop_group(popen, grace=0.0)
+    if popen.stderr is not None:
+        popen.stderr.close()
+    if watchdog is not None:
+        disarm_watchdog(watchdog)
 
 
 def _plan_path() -> Path:

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from localllm import _head_start
+from localllm import _head_start, _process
 from tests.conftest import pid_gone
 
 REPO = Path(__file__).resolve().parents[2]
@@ -232,3 +232,41 @@ def test_the_line_key_leaves_out_the_calls_content_only() -> None:
     assert _head_start.line_key(call, "/w") == _head_start.line_key([*call[:-1], "two"], "/w")
     for not_a_call in (["check", "app.yaml"], ["run", "triage", "--help"], ["--version"], []):
         assert _head_start.line_key(not_a_call, "/w") is None
+
+
+def test_a_watchdog_that_cannot_start_leaves_no_server_and_no_open_pipe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_head_start, "_state", _head_start._State())
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "app.yaml"
+    config.write_text("app_id: t\n")
+    words = ["run", "route", "-c", str(config)]
+    _head_start._write_plan(
+        [
+            {
+                "key": _head_start.line_key(words, os.getcwd()),
+                "argv": [sys.executable, "-c", "import time; time.sleep(60)"],
+                "env_set": {},
+                "env_unset": [],
+                "files": [_head_start._identity(config)],
+            }
+        ]
+    )
+    spawned: list[subprocess.Popen[bytes]] = []
+
+    def spawn(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+        spawned.append(real_spawn(*args, **kwargs))
+        return spawned[-1]
+
+    def no_watchdog(pid: int) -> subprocess.Popen[bytes]:
+        raise OSError(24, "Too many open files")
+
+    real_spawn = _process.spawn
+    monkeypatch.setattr(_head_start, "spawn", spawn)
+    monkeypatch.setattr(_head_start, "arm_watchdog", no_watchdog)
+    _head_start.begin(words)
+    assert len(spawned) == 1
+    assert spawned[0].poll() is not None  # stopped at once
+    assert spawned[0].stderr is not None and spawned[0].stderr.closed
+    assert _head_start._state.held is None
