@@ -1,8 +1,9 @@
 """What every benchmark records beside its figures: the commit, the machine, where results go.
 
 ``make bench`` publishes to ``tests/bench/results/NAME.json``; a ``--smoke`` run writes to a
-temporary directory instead, so CI never overwrites the figures the README quotes. The
-README names the commit of each figure: the ``commit`` field of that JSON.
+temporary directory instead (``$LOCALLLM_BENCH_SMOKE_DIR``, which ``run_all.py --smoke`` sets to
+a fresh one per script and then checks), so CI never overwrites the figures the README quotes.
+The README names the commit of each figure: the top-level ``commit`` field of that JSON.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "tests" / "bench" / "results"
+#: where a ``--smoke`` run writes its JSON (``run_all.py --smoke`` sets it per script)
+SMOKE_DIR_ENV = "LOCALLLM_BENCH_SMOKE_DIR"
 
 
 def commit() -> str:
@@ -55,7 +58,9 @@ def provenance(*, smoke: bool = False) -> dict[str, Any]:
 def results_path(name: str, *, smoke: bool = False, quick: bool = False) -> Path:
     """``results/NAME.json``; ``NAME.quick.json`` for ``--quick``; a temp file for ``--smoke``."""
     if smoke:
-        out = Path(tempfile.gettempdir()) / "localllm-bench-smoke" / f"{name}.json"
+        out = (
+            Path(os.environ.get(SMOKE_DIR_ENV) or Path(tempfile.gettempdir()) / "localllm-bench-smoke") / f"{name}.json"
+        )
         out.parent.mkdir(parents=True, exist_ok=True)
         return out
     return RESULTS / (f"{name}.quick.json" if quick else f"{name}.json")

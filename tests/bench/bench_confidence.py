@@ -46,7 +46,7 @@ from localllm.agents.confidence import alternatives, measure, parse_logprobs, su
 from localllm.calibrate import expected_calibration_error, risk_coverage  # noqa: E402
 from localllm.eval.cases import Case, load_cases  # noqa: E402
 from localllm.grammar.compile import gbnf_literal  # noqa: E402
-from tests.bench._provenance import results_path  # noqa: E402
+from tests.bench._provenance import provenance, results_path  # noqa: E402
 from tests.bench.bench_local_llm import ALIAS, DEMO, gate_body, prepare  # noqa: E402
 
 CASES = DEMO / "evals" / "triage" / "cases.jsonl"
@@ -235,6 +235,7 @@ def main() -> int:
 
     measured = [r for r in rows if r["confidence"] is not None]
     report: dict[str, Any] = {
+        **provenance(smoke=args.smoke),
         "cases": len(rows),
         "measured": len(measured),
         "method_a_token_logprobs": {

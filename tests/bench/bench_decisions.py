@@ -38,7 +38,8 @@ out-of-scope cases, how many escalate and how many bind a wrong label.
 Real runs use all-MiniLM-L6-v2 (``/work/shared/models/all-minilm-l6-v2-f16.gguf``) through a
 managed llama-server embedding sidecar; ``--smoke`` uses a deterministic word-hash
 embedder on a few cases so that it runs anywhere in seconds (its numbers mean nothing).
-Writes ``tests/bench/results/decisions[.SETS][.llm].json`` (``--smoke``: ``….smoke.json``).
+Writes ``tests/bench/results/decisions[.SETS][.llm].json`` (``--quick``: ``….quick.json``;
+``--smoke``: a temporary file, see ``_provenance.results_path``).
 Hold ``flock /tmp/bench.lock`` while measuring.
 """
 
@@ -69,9 +70,9 @@ from localllm.calibrate import (  # noqa: E402
 from localllm.embed.embedder import EmbedderIdentity  # noqa: E402
 from localllm.embed.examples import Example, ExampleSet, render_shots, vote  # noqa: E402
 from localllm.eval.decision import Outcome, ascii_curve, simulate_cascade  # noqa: E402
+from tests.bench._provenance import provenance, results_path  # noqa: E402
 
 DATA = REPO / "tests" / "bench" / "data"
-RESULTS = REPO / "tests" / "bench" / "results"
 MINILM = Path("/work/shared/models/all-minilm-l6-v2-f16.gguf")
 DEMO_CASES = REPO / "examples" / "demo" / "evals" / "triage" / "cases.jsonl"
 DEMO_POOL = DATA / "demo_queue_examples.jsonl"  # 100 labelled tickets written for the demo's queues
@@ -541,18 +542,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         for result in results:
             show(result, targets)
     if not args.cases:
-        RESULTS.mkdir(parents=True, exist_ok=True)
         suffix = "" if not args.sets or set(args.sets.split(",")) == set(SETS) else "." + args.sets.replace(",", "+")
-        out = RESULTS / (
-            f"decisions{suffix}.smoke.json"
-            if args.smoke
-            else f"decisions{suffix}.quick.json"
-            if args.quick
-            else f"decisions{suffix}{'.llm' if runtime is not None else ''}.json"
+        out = results_path(
+            f"decisions{suffix}{'.llm' if runtime is not None else ''}", smoke=args.smoke, quick=args.quick
         )
-        out.write_text(json.dumps({"embedder": embedder_name, "results": results}, indent=2) + "\n")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        doc = {**provenance(smoke=args.smoke), "embedder": embedder_name, "results": results}
+        out.write_text(json.dumps(doc, indent=2) + "\n")
         if not args.json:
-            print(f"\nwrote {out.relative_to(REPO)}")
+            print(f"\nwrote {out}")
     return 0
 
 

@@ -21,7 +21,8 @@ Compile time is the engine's own call (GBNF is parsed by the walker outside it).
 The sample (``tests/bench/data/jsonschemabench_sample.jsonl``) is built by ``--make-sample
 MIRROR``: from ``maskbench/data`` of guidance-ai/jsonschemabench (schemas with their shipped
 valid/invalid tests), per subset the first N by sha256(seed + name), excluding schemas in
-grammar/realworld. Not a test: no asserts. Hold ``flock /tmp/bench.lock`` for timing runs.
+grammar/realworld. Writes ``tests/bench/results/grammar.json`` (``--smoke``: a temporary file).
+Not a test: no asserts. Hold ``flock /tmp/bench.lock`` for timing runs.
 
     python tests/bench/bench_grammar.py [--smoke] [--json OUT]
     python tests/bench/bench_grammar.py --make-sample /path/to/jsonschemabench/repo [--per-subset 12]
@@ -48,6 +49,7 @@ sys.path.insert(0, str(REPO))
 
 from localllm.grammar.compile import compile_schema  # noqa: E402
 from localllm.grammar.walk import Grammar, GrammarSyntaxError  # noqa: E402
+from tests.bench._provenance import provenance, results_path  # noqa: E402
 
 SAMPLE = Path(__file__).parent / "data" / "jsonschemabench_sample.jsonl"
 REALWORLD = REPO / "grammar" / "realworld" / "schemas.jsonl"
@@ -320,7 +322,7 @@ def report(table: dict[str, Any]) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="two schemas per subset: a quick check that it runs")
-    parser.add_argument("--json", type=Path, help="write the summary here")
+    parser.add_argument("--json", type=Path, help="write the summary here (default: tests/bench/results/grammar.json)")
     parser.add_argument(
         "--make-sample", type=Path, metavar="MIRROR", help="build the sample from a jsonschemabench checkout"
     )
@@ -342,8 +344,10 @@ def main() -> int:
     summary = report(run(entries))
     for name, data in summary.items():
         print(f"{name} refusals: {data['refusals']}")
-    if args.json:
-        args.json.write_text(json.dumps(summary, indent=2))
+    out = args.json or results_path("grammar", smoke=args.smoke)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({**provenance(smoke=args.smoke), "engines": summary}, indent=2) + "\n")
+    print(f"wrote {out}")
     return 0
 
 

@@ -39,7 +39,7 @@ from localllm.embed.embedder import EmbedderIdentity  # noqa: E402
 from localllm.embed.local import LocalEmbedder, embedding_server_args  # noqa: E402
 from localllm.embed.registry import lookup  # noqa: E402
 from localllm.embed.router import Router, calibrate, default_bars  # noqa: E402
-from tests.bench._provenance import results_path  # noqa: E402
+from tests.bench._provenance import provenance, results_path  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
 GGUF = REPO.parent / "shared" / "models" / "all-minilm-l6-v2-f16.gguf"
@@ -159,7 +159,13 @@ def main() -> int:
     embedder = Cached(identity, dict(zip(texts, matrix, strict=True)))
     rows = run_set("clinc150-9", pool, cases, embedder, (3,) if args.smoke else (3, 5, 10, 20))
     rows += run_set("demo-tickets", demo_pool, demo_cases, embedder, (3,))
-    report = {"model": MODEL, "examples": str(args.examples.name), "cases": str(args.cases.name), "rows": rows}
+    report = {
+        **provenance(smoke=args.smoke),
+        "model": MODEL,
+        "examples": str(args.examples.name),
+        "cases": str(args.cases.name),
+        "rows": rows,
+    }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))

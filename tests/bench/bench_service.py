@@ -31,7 +31,8 @@ the demo's triage gate (grammar-constrained decide, temperature 0):
 measurement); ``--front-only`` skips (a) and (b).
 
 Prints one table and writes ``tests/bench/results/service.json`` (``--quick``:
-``service.quick.json``). Not a test: no asserts on speed.
+``service.quick.json``; ``--front-only``: ``service_front.json``; ``--smoke``: a temporary
+file). Not a test: no asserts on speed.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -58,10 +58,10 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from localllm.managed import discovery  # noqa: E402
+from tests.bench._provenance import provenance, results_path  # noqa: E402
 
 DEMO = REPO / "examples" / "demo"
 MIRROR = Path.home() / ".cache" / "localllm-e2e" / "mirror"
-RESULTS = Path(__file__).parent / "results" / "service.json"
 MODEL = "gemma-3-270m"
 TICKETS = (
     "I was charged twice for my subscription this month, please refund one payment.",
@@ -467,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke or args.front_only:
         return _front_main(args)
     n = args.n or (1 if args.quick else 5)
-    out = args.json or (RESULTS.with_suffix(".quick.json") if args.quick else RESULTS)
+    out = args.json or results_path("service", quick=args.quick)
     with tempfile.TemporaryDirectory(prefix="bench-service-") as tmpdir:
         tmp = Path(tmpdir)
         cache = tmp / "cache"
@@ -482,12 +482,7 @@ def main(argv: list[str] | None = None) -> int:
             proxy = bench_proxy(service, 50 if args.quick else 200 * n)
         finally:
             service.stop()
-    result = {
-        "first_decide": first,
-        "concurrent": concurrent,
-        "proxy": proxy,
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-    }
+    result = {**provenance(), "first_decide": first, "concurrent": concurrent, "proxy": proxy}
     rows = [
         (
             "(a) first decide, fresh process: attached / own sidecar",
@@ -526,8 +521,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _front_main(args: argparse.Namespace) -> int:
     n = args.n or 1
-    out = args.json or RESULTS.with_name("service_front.smoke.json" if args.smoke else "service_front.json")
-    result: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform()}}
+    out = args.json or results_path("service_front", smoke=args.smoke)
+    result: dict[str, Any] = provenance(smoke=args.smoke)
     arms = [("new", REPO)] + ([("baseline", args.baseline.resolve())] if args.baseline else [])
     with tempfile.TemporaryDirectory(prefix="bench-service-front-") as tmpdir:
         tmp = Path(tmpdir)

@@ -206,10 +206,12 @@ def main(argv: list[str] | None = None) -> int:
     texts = tickets(n)
     variants = {"fewshot": config, "zeroshot": with_agent(zeroshot(config), schema_in_prompt=True)}
     result: dict[str, Any] = {
-        name: run_prompt(variants[name], texts, repeats, reproducible=name == "fewshot")
-        for name in args.prompts.split(",")
+        **provenance(smoke=args.smoke),
+        **{
+            name: run_prompt(variants[name], texts, repeats, reproducible=name == "fewshot")
+            for name in args.prompts.split(",")
+        },
     }
-    result["provenance"] = provenance(smoke=args.smoke)
     result["machine"] = {
         "loadavg": loadavg(),
         "other_llama_servers": other_servers(),

@@ -7,10 +7,12 @@ working directory; its table goes straight to the terminal. Scripts are found by
 new ``bench_*.py`` is picked up without touching this file.
 
 ``--smoke`` (what ``make test`` runs) passes ``--smoke`` to every script: the real code
-paths at the smallest sizes, in seconds, results kept out of ``tests/bench/results/``, so a
-benchmark that no longer matches the code fails CI. A script that does not declare
-``--smoke`` (an ``add_argument("--smoke"`` in its source) fails the smoke run too, and so
-does one that outlives ``--timeout``. ``--quick`` is passed to the scripts that accept it
+paths at the smallest sizes, in seconds, so a benchmark that no longer matches the code
+fails CI. A script also fails the smoke run when it does not declare ``--smoke`` (an
+``add_argument("--smoke"`` in its source), outlives ``--timeout``, writes no JSON to the
+fresh directory it is given (``$LOCALLLM_BENCH_SMOKE_DIR``, see ``_provenance.results_path``),
+writes JSON there without the ``commit`` it measured (``_provenance.provenance()``), or
+touches ``tests/bench/results/`` (the figures the README quotes). ``--quick`` is passed to the scripts that accept it
 and dropped for the rest. Exits non-zero when any script fails, after running them all.
 """
 
@@ -18,11 +20,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -30,7 +35,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.bench._provenance import commit  # noqa: E402
+from tests.bench._provenance import RESULTS, SMOKE_DIR_ENV, commit  # noqa: E402
 
 #: an ``add_argument`` call declaring the option, in the script's source
 _DECLARES = r"""add_argument\(\s*["']{flag}["']"""
@@ -47,6 +52,28 @@ def scripts(directory: Path, only: list[str]) -> list[Path]:
 def declares(script: Path, flag: str) -> bool:
     """Whether the script declares ``flag`` (checked in its source: no need to run it)."""
     return re.search(_DECLARES.format(flag=re.escape(flag)), script.read_text(encoding="utf-8")) is not None
+
+
+def published(directory: Path) -> dict[str, tuple[int, int]]:
+    """``{name: (mtime_ns, size)}`` of the files in ``directory`` (none when it does not exist)."""
+    if not directory.is_dir():
+        return {}
+    return {p.name: (p.stat().st_mtime_ns, p.stat().st_size) for p in directory.iterdir() if p.is_file()}
+
+
+def smoke_results_problem(directory: Path) -> str:
+    """What is wrong with the JSON a smoke run left in ``directory``; ``""`` when nothing is."""
+    found = sorted(directory.glob("*.json"))
+    if not found:
+        return "wrote no JSON results (write them to _provenance.results_path(NAME, smoke=True))"
+    for path in found:
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            return f"{path.name} is not JSON ({exc})"
+        if not isinstance(doc, dict) or not isinstance(doc.get("commit"), str):
+            return f"{path.name} names no commit (spread _provenance.provenance() into it)"
+    return ""
 
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -88,9 +115,13 @@ def main(argv: list[str] | None = None) -> int:
         elif args.quick and declares(script, "--quick"):
             cmd.append("--quick")
         print(f"\n=== {script.name}{''.join(' ' + a for a in cmd[2:])} ===", flush=True)
+        smoke_dir = Path(tempfile.mkdtemp(prefix=f"{script.stem}-smoke-")) if args.smoke else None
+        before = published(RESULTS)
         started = time.monotonic()
         # Its own process group: a timeout takes down whatever the script started as well.
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env={**env, SMOKE_DIR_ENV: str(smoke_dir)} if smoke_dir else env, start_new_session=True
+        )
         try:
             code = proc.wait(timeout)
             problem = f"exit {code}" if code else ""
@@ -99,8 +130,16 @@ def main(argv: list[str] | None = None) -> int:
             problem = f"still running after {timeout:g} s (killed)"
         except KeyboardInterrupt:
             kill_group(proc)
+            if smoke_dir is not None:
+                shutil.rmtree(smoke_dir, ignore_errors=True)
             print(f"run_all: interrupted during {script.name}", file=sys.stderr)
             return 130
+        if smoke_dir is not None:
+            if not problem:
+                problem = smoke_results_problem(smoke_dir)
+            if not problem and published(RESULTS) != before:
+                problem = f"a smoke run wrote to {RESULTS} (the published figures)"
+            shutil.rmtree(smoke_dir, ignore_errors=True)
         outcome.append((script.name, problem, time.monotonic() - started))
     print("\n=== summary ===")
     for name, problem, seconds in outcome:

@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,12 +20,38 @@ REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "tests" / "bench"
 
 GOOD = """
-import argparse, sys
+import argparse, json, sys
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.bench._provenance import provenance, results_path
 parser = argparse.ArgumentParser()
 parser.add_argument("--smoke", action="store_true")
 args = parser.parse_args()
 print("good bench, smoke" if args.smoke else "good bench, full")
+out = results_path("good", smoke=args.smoke)
+out.parent.mkdir(parents=True, exist_ok=True)
+out.write_text(json.dumps({**provenance(smoke=args.smoke), "figure": 1}))
 """
+
+#: how a bench may get its results wrong while exiting 0; each one fails the smoke run
+WRITES = """
+import argparse, json, os, sys, tempfile
+from pathlib import Path
+root = Path(__file__).resolve().parents[2]
+parser = argparse.ArgumentParser()
+parser.add_argument("--smoke", action="store_true")
+parser.parse_args()
+smoke_dir = Path(os.environ.get("LOCALLLM_BENCH_SMOKE_DIR") or tempfile.mkdtemp())
+{body}
+"""
+NO_RESULTS = WRITES.format(body="print('measured, wrote nothing')")
+NO_COMMIT = WRITES.format(body="(smoke_dir / 'x.json').write_text(json.dumps({'figure': 1}))")
+NOT_JSON = WRITES.format(body="(smoke_dir / 'x.json').write_text('{\\'commit')")
+INTO_PUBLISHED = WRITES.format(
+    body="(smoke_dir / 'x.json').write_text(json.dumps({'commit': 'abc'}))\n"
+    "(root / 'tests' / 'bench' / 'results').mkdir(exist_ok=True)\n"
+    "(root / 'tests' / 'bench' / 'results' / 'x.json').write_text('{}')"
+)
 
 NO_SMOKE = """
 import argparse
@@ -125,6 +152,48 @@ def test_a_rotten_bench_fails_the_smoke_run(tmp_path: Path) -> None:
         "bench_without_smoke.py": "FAIL",
     }
     assert "AttributeError" in result.stderr and "ValueError" in result.stderr
+
+
+@pytest.mark.slow
+def test_a_bench_must_publish_its_figures_with_their_commit_and_only_in_the_smoke_dir(tmp_path: Path) -> None:
+    bench = _layout(
+        tmp_path,
+        {
+            "bench_good.py": GOOD,
+            "bench_no_results.py": NO_RESULTS,
+            "bench_no_commit.py": NO_COMMIT,
+            "bench_not_json.py": NOT_JSON,
+            "bench_into_published.py": INTO_PUBLISHED,
+        },
+    )
+    result = _run_all(bench, "--smoke")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert _summary(result.stdout) == {
+        "bench_good.py": "ok",
+        "bench_into_published.py": "FAIL",
+        "bench_no_commit.py": "FAIL",
+        "bench_no_results.py": "FAIL",
+        "bench_not_json.py": "FAIL",
+    }
+    problems = dict(re.findall(r"^\s+FAIL\s+(\S+)\s+[\d.]+ s\s+\((.*)\)$", result.stdout, re.MULTILINE))
+    assert "wrote no JSON" in problems["bench_no_results.py"]
+    assert "names no commit" in problems["bench_no_commit.py"]
+    assert "is not JSON" in problems["bench_not_json.py"]
+    assert "wrote to" in problems["bench_into_published.py"]
+    leftovers = [
+        p for name in problems for p in Path(tempfile.gettempdir()).glob(name.removesuffix(".py") + "-smoke-*")
+    ]
+    assert leftovers == []  # each script's smoke directory is removed
+
+
+def test_smoke_results_go_to_the_directory_run_all_gives(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.bench import _provenance
+
+    monkeypatch.setenv(_provenance.SMOKE_DIR_ENV, str(tmp_path))
+    assert _provenance.results_path("x", smoke=True) == tmp_path / "x.json"
+    assert _provenance.results_path("x") == _provenance.RESULTS / "x.json"
+    monkeypatch.delenv(_provenance.SMOKE_DIR_ENV)
+    assert _provenance.results_path("x", smoke=True).parent.name == "localllm-bench-smoke"
 
 
 @pytest.mark.slow
