@@ -39,19 +39,32 @@ def commit() -> str:
     return head + ("+dirty" if dirty else "")
 
 
-def provenance(*, smoke: bool = False) -> dict[str, Any]:
-    """The commit, interpreter, platform, cores and load average of this run."""
+def _loadavg() -> list[float]:
     try:
-        load = [round(x, 2) for x in os.getloadavg()]
+        return [round(x, 2) for x in os.getloadavg()]
     except OSError:
-        load = []
+        return []
+
+
+#: taken when a bench imports this module, before it measures: the load of everything else
+_LOAD_AT_START = _loadavg()
+
+
+def provenance(*, smoke: bool = False) -> dict[str, Any]:
+    """The commit, interpreter, platform, cores and load averages of this run.
+
+    ``loadavg_start`` is the machine's load when the bench started (this module's import), so
+    a bench that records its provenance after measuring does not report its own load as the
+    machine's; ``loadavg_end`` is the load now, its own included.
+    """
     return {
         "commit": commit(),
         "smoke": smoke,
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
-        "loadavg_start": load,
+        "loadavg_start": _LOAD_AT_START,
+        "loadavg_end": _loadavg(),
     }
 
 

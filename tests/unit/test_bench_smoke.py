@@ -211,3 +211,15 @@ def test_only_and_quick_pass_through(tmp_path: Path) -> None:
     assert _summary(result.stdout) == {"bench_good.py": "ok"}
     assert "good bench, full" in result.stdout
     assert _run_all(bench, "--only", "nothing").returncode == 2
+
+
+def test_provenance_reports_the_load_before_the_bench_not_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A bench that records its provenance after measuring used to report the load of its own
+    # llama-servers as the machine's (6.2 on an idle machine, bench_service.py).
+    from tests.bench import _provenance
+
+    before = _provenance._LOAD_AT_START
+    monkeypatch.setattr(os, "getloadavg", lambda: (6.23, 4.41, 2.39))
+    doc = _provenance.provenance()
+    assert doc["loadavg_start"] == before
+    assert doc["loadavg_end"] == [6.23, 4.41, 2.39]
