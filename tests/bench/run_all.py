@@ -12,8 +12,9 @@ fails CI. A script also fails the smoke run when it does not declare ``--smoke``
 ``add_argument("--smoke"`` in its source), outlives ``--timeout``, writes no JSON to the
 fresh directory it is given (``$LOCALLLM_BENCH_SMOKE_DIR``, see ``_provenance.results_path``),
 writes JSON there without the ``commit`` it measured (``_provenance.provenance()``), or
-touches ``tests/bench/results/`` (the figures the README quotes). ``--quick`` is passed to the scripts that accept it
-and dropped for the rest. Exits non-zero when any script fails, after running them all.
+touches ``tests/bench/results/`` (the figures the README quotes). ``--quick`` is passed to
+the scripts that accept it and dropped for the rest. Exits non-zero when any script fails,
+after running them all.
 """
 
 from __future__ import annotations
