@@ -205,13 +205,11 @@ def main(argv: list[str] | None = None) -> int:
     config, install, model = prepare()
     texts = tickets(n)
     variants = {"fewshot": config, "zeroshot": with_agent(zeroshot(config), schema_in_prompt=True)}
-    result: dict[str, Any] = {
-        **provenance(smoke=args.smoke),
-        **{
-            name: run_prompt(variants[name], texts, repeats, reproducible=name == "fewshot")
-            for name in args.prompts.split(",")
-        },
+    runs = {
+        name: run_prompt(variants[name], texts, repeats, reproducible=name == "fewshot")
+        for name in args.prompts.split(",")
     }
+    result: dict[str, Any] = {**provenance(smoke=args.smoke), **runs}
     result["machine"] = {
         "loadavg": loadavg(),
         "other_llama_servers": other_servers(),

@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             cmd.append("--quick")
         print(f"\n=== {script.name}{''.join(' ' + a for a in cmd[2:])} ===", flush=True)
         smoke_dir = Path(tempfile.mkdtemp(prefix=f"{script.stem}-smoke-")) if args.smoke else None
-        before = published(RESULTS)
+        before = published(RESULTS) if smoke_dir else {}
         started = time.monotonic()
         # Its own process group: a timeout takes down whatever the script started as well.
         proc = subprocess.Popen(

@@ -95,6 +95,13 @@ def _run_all(bench: Path, *args: str, timeout: float = 120) -> subprocess.Comple
     )
 
 
+def _smoke(
+    tmp_path: Path, benches: dict[str, str], *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``run_all.py --smoke`` over ``benches`` in a repository copy at ``tmp_path``."""
+    return _run_all(_layout(tmp_path, benches), "--smoke", *args, timeout=timeout)
+
+
 def _summary(stdout: str) -> dict[str, str]:
     """``{script: "ok" | "FAIL"}`` from the summary table."""
     table = stdout.split("=== summary ===", 1)[1]
@@ -115,13 +122,12 @@ def test_every_bench_declares_smoke() -> None:
 
 @pytest.mark.slow
 def test_smoke_passes_on_working_benches(tmp_path: Path) -> None:
-    bench = _layout(tmp_path, {"bench_good.py": GOOD, "bench_trace.py": _trace_bench()})
-    result = _run_all(bench, "--smoke")
+    result = _smoke(tmp_path, {"bench_good.py": GOOD, "bench_trace.py": _trace_bench()})
     assert result.returncode == 0, result.stdout + result.stderr
     assert _summary(result.stdout) == {"bench_good.py": "ok", "bench_trace.py": "ok"}
     assert "good bench, smoke" in result.stdout
     assert "TraceWriter.append" in result.stdout  # the real bench ran its table
-    assert not (bench / "results").exists()  # smoke never writes the published figures
+    assert not (tmp_path / "tests" / "bench" / "results").exists()  # smoke never writes the published figures
 
 
 @pytest.mark.slow
@@ -134,7 +140,7 @@ def test_a_rotten_bench_fails_the_smoke_run(tmp_path: Path) -> None:
         "fd, dfd = fh.fileno(), dh.fileno()", "fd, dfd = fh.fileno(), dh.fileno(), w.path", 1
     )
     assert source not in (rotten_attr, rotten_unpack)
-    bench = _layout(
+    result = _smoke(
         tmp_path,
         {
             "bench_good.py": GOOD,
@@ -143,7 +149,6 @@ def test_a_rotten_bench_fails_the_smoke_run(tmp_path: Path) -> None:
             "bench_without_smoke.py": NO_SMOKE,
         },
     )
-    result = _run_all(bench, "--smoke")
     assert result.returncode == 1, result.stdout + result.stderr
     assert _summary(result.stdout) == {
         "bench_good.py": "ok",
@@ -156,7 +161,7 @@ def test_a_rotten_bench_fails_the_smoke_run(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_bench_must_publish_its_figures_with_their_commit_and_only_in_the_smoke_dir(tmp_path: Path) -> None:
-    bench = _layout(
+    result = _smoke(
         tmp_path,
         {
             "bench_good.py": GOOD,
@@ -166,7 +171,6 @@ def test_a_bench_must_publish_its_figures_with_their_commit_and_only_in_the_smok
             "bench_into_published.py": INTO_PUBLISHED,
         },
     )
-    result = _run_all(bench, "--smoke")
     assert result.returncode == 1, result.stdout + result.stderr
     assert _summary(result.stdout) == {
         "bench_good.py": "ok",
@@ -198,8 +202,7 @@ def test_smoke_results_go_to_the_directory_run_all_gives(tmp_path: Path, monkeyp
 
 @pytest.mark.slow
 def test_a_hanging_bench_is_killed_and_fails(tmp_path: Path) -> None:
-    bench = _layout(tmp_path, {"bench_good.py": GOOD, "bench_hangs.py": HANGS})
-    result = _run_all(bench, "--smoke", "--timeout", "2", timeout=60)
+    result = _smoke(tmp_path, {"bench_good.py": GOOD, "bench_hangs.py": HANGS}, "--timeout", "2", timeout=60)
     assert result.returncode == 1
     assert _summary(result.stdout) == {"bench_good.py": "ok", "bench_hangs.py": "FAIL"}
 
