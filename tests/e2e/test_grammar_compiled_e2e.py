@@ -15,7 +15,8 @@ One llama-server (gemma-3-270m, ``SLOTS`` slots of 1,024 tokens) serves the modu
   is invalid, a directed probe gets through (a schema literal or a one-edit mutation of a
   walk that the grammar admits although it is invalid, or not JSON), or the request is
   refused. The checker must have no false accepts and false rejects at most 2% of its
-  rejections; the confusion matrix is printed.
+  rejections; the confusion matrix is printed. The judging is pure Python (~9 min on one
+  core on a slow day): it runs in one worker process per core (``grammar_truth.judge``).
 """
 
 from __future__ import annotations
