@@ -52,10 +52,10 @@ sys.path.insert(0, str(REPO))
 from localllm.grammar.compile import compile_schema  # noqa: E402
 from localllm.grammar.walk import Grammar, GrammarSyntaxError  # noqa: E402
 from tests.bench._provenance import provenance, results_path  # noqa: E402
+from tests.unit.grammar_harness import corpus, realworld  # noqa: E402
 
 SAMPLE = Path(__file__).parent / "data" / "jsonschemabench_sample.jsonl"
 REALWORLD = REPO / "grammar" / "realworld" / "schemas.jsonl"
-CORPUS = REPO / "grammar" / "corpus"
 LLAMA_GRAMMAR = (
     Path.home() / ".cache/localllm/build/llama-cpp-python-0.3.36/llama_cpp_python-0.3.36/llama_cpp/llama_grammar.py"
 )
@@ -325,9 +325,7 @@ def report(table: dict[str, Any]) -> dict[str, Any]:
 def corpus_compile_times(limit: int | None, reps: int) -> dict[str, Any]:
     """localllm's compile time on the project's corpora: ``grammar/realworld`` (schemas nobody
     here wrote) and ``grammar/corpus`` (one entry per construct), best of ``reps`` per schema."""
-    schemas = [json.loads(line)["schema"] for line in REALWORLD.read_text().splitlines() if line.strip()]
-    schemas += [json.loads(path.read_text())["schema"] for path in sorted(CORPUS.glob("*.json"))]
-    schemas = schemas[:limit]
+    schemas = [schema for _, schema in [*realworld(), *corpus()]][:limit]
     times: list[float] = []
     compiled = 0
     for schema in schemas:

@@ -119,10 +119,11 @@ def test_checker_matches_the_server_converter(server: Server) -> None:
 
     # the server's grammars, one request per slot in flight; then the judging (pure Python,
     # ~9 min on one core) spread over every core
+    schemas = [schema for _, schema in ENTRIES]
     with ThreadPoolExecutor(SLOTS, thread_name_prefix="converter") as pool:
-        grammars = list(pool.map(server_grammar, [schema for _, schema in ENTRIES]))
+        grammars = list(pool.map(server_grammar, schemas))
     with ProcessPoolExecutor(os.cpu_count() or 1, mp_context=multiprocessing.get_context("spawn")) as workers:
-        verdicts = list(workers.map(judge, [schema for _, schema in ENTRIES], grammars))
+        verdicts = list(workers.map(judge, schemas, grammars))
     matrix = {"accept/enforced": 0, "accept/not": 0, "reject/not": 0, "reject/enforced": 0}
     false_accepts: list[str] = []
     false_rejects: list[str] = []
