@@ -60,6 +60,8 @@ _PROXIED = {
     "/tokenize": "/tokenize",
     "/detokenize": "/detokenize",
 }
+#: the model role each OpenAI route serves (a chat model has no embeddings, and the reverse)
+_ROLE_OF = {"/v1/chat/completions": "chat", "/v1/embeddings": "embedding"}
 _TAIL = 16 * 1024  # bytes of a stream kept to read its final usage
 _READ = 900.0  # the most a non-streamed upstream answer may take
 STRUCTURED_HEADER = "X-Localllm-Structured"
@@ -482,9 +484,25 @@ class ServiceApp:
             raise _Reply(
                 400, _error('"model" is required (see GET /v1/models)', "invalid_request_error", param="model")
             )
+        spec = self.pool.catalog.get(model)
+        if spec is not None and path in _ROLE_OF and spec.role != _ROLE_OF[path]:
+            route = next(p for p, role in _ROLE_OF.items() if role == spec.role)
+            raise _Reply(
+                400,
+                _error(
+                    f"model {model!r} is {'an' if spec.role == 'embedding' else 'a'} {spec.role} model: "
+                    f"send it to POST {route} "
+                    "(GET /v1/models gives each model's role)",
+                    "invalid_request_error",
+                    "model_role_mismatch",
+                    param="model",
+                ),
+            )
         prepared: chat.Prepared | None = None
         keep_alive: float | None = None
         try:
+            if path == "/v1/embeddings":
+                chat.check_embeddings(data)
             if path == "/v1/chat/completions":
                 prepared = chat.prepare(data, model, limits=self.limits.chat, stop=self.stops.get(model, ()))
                 keep_alive = prepared.keep_alive
@@ -640,7 +658,13 @@ class ServiceApp:
         tokens: tuple[Any, Any] = (None, None)
         if status == 200:
             with contextlib.suppress(ValueError):
-                tokens = _usage(json.loads(content))
+                answer = json.loads(content)
+                tokens = _usage(answer)
+                if b'"dimensions"' in raw:
+                    refused = chat.dimensions_refusal(json.loads(raw), answer)
+                    if refused is not None:
+                        await req.respond(400, refused.to_json(), headers=extra)
+                        return 400, tokens
         await req.respond(status, content, headers.get("content-type", "application/json"), extra)
         return status, tokens
 
@@ -653,6 +677,10 @@ class ServiceApp:
         except ValueError:
             answer = None
         if status != 200 or not isinstance(answer, dict):
+            refused = chat.converter_failure(prepared, status, answer)
+            if refused is not None:
+                await req.respond(400, refused.to_json(), headers=extra)
+                return 400, (None, None)
             await req.respond(status, content, headers.get("content-type", "application/json"), extra)
             return status, (None, None)
         tokens = _usage(answer)

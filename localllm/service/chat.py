@@ -26,6 +26,7 @@ requests are generated whole and validated before the first byte is sent).
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import re
@@ -40,6 +41,9 @@ __all__ = [
     "ChatLimits",
     "Invalid",
     "Prepared",
+    "check_embeddings",
+    "converter_failure",
+    "dimensions_refusal",
     "finish",
     "loads",
     "prepare",
@@ -115,9 +119,19 @@ def _finite_float(text: str) -> float:
     return value
 
 
+def _finite_int(text: str) -> int:
+    value = int(text)
+    try:
+        float(value)
+    except OverflowError:
+        # llama-server's parser reads such an integer as a double and fails with a 500
+        raise ValueError(f"the integer {text[:20]}... ({len(text)} digits) is out of range for a number") from None
+    return value
+
+
 def loads(raw: bytes) -> Any:
-    """Strict JSON: NaN/Infinity and numbers that overflow to infinity are errors (ValueError)."""
-    return json.loads(raw, parse_constant=_reject_constant, parse_float=_finite_float)
+    """Strict JSON: NaN/Infinity and numbers (integers too) that overflow a double are errors (ValueError)."""
+    return json.loads(raw, parse_constant=_reject_constant, parse_float=_finite_float, parse_int=_finite_int)
 
 
 # -------------------------------------------------------------------------- request
@@ -148,6 +162,7 @@ class Prepared:
     reply_schema: Any = None  # tool_choice auto with a response_format: the reply's schema
     keep_alive: float | None = None
     notes: list[str] = field(default_factory=list)
+    schema_param: str = "response_format.json_schema.schema"  # where the client gave the schema
 
     @property
     def buffered(self) -> bool:
@@ -203,6 +218,26 @@ def _check_messages(messages: Any) -> None:
         content = m.get("content")
         if content is not None and not isinstance(content, (str, list)):
             raise BadRequest(f"messages[{i}].content must be a string or an array of parts", f"messages[{i}].content")
+        if isinstance(content, list):
+            _check_parts(content, f"messages[{i}].content")
+        name = m.get("name")
+        if name is not None and not isinstance(name, str):
+            raise BadRequest(f"messages[{i}].name must be a string, got {name!r:.40}", f"messages[{i}].name")
+
+
+def _check_parts(parts: list[Any], param: str) -> None:
+    """Content parts: text only (every served model reads text; llama-server answers others with a 500)."""
+    for j, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text":
+            what = f"a {kind!r} part" if isinstance(kind, str) else "not a typed part"
+            raise BadRequest(
+                f'{param}[{j}] is {what}: the served models read text only (send {{"type": "text", "text": …}})',
+                f"{param}[{j}]",
+                "unsupported_content",
+            )
+        if not isinstance(part.get("text"), str):
+            raise BadRequest(f"{param}[{j}].text must be a string", f"{param}[{j}].text")
 
 
 def _stops(body: dict[str, Any], extra: tuple[str, ...]) -> None:
@@ -451,8 +486,19 @@ def prepare(
     kind, schema, strict = ("text", None, False)
     if body.get("response_format") is not None:
         kind, schema, strict = _response_format(body["response_format"])
+        if kind == "json_object":
+            prepared.schema_param = "response_format.schema"
     if kind == "text":
         body.pop("response_format", None)
+    if body.get("json_schema") is not None:
+        # llama.cpp's own extension: compiled and validated like a response_format, never
+        # handed to the converter unchecked
+        if kind != "text":
+            raise BadRequest("give either response_format or json_schema, not both", "json_schema")
+        kind, schema, strict = "json_schema", body["json_schema"], False
+        _schema_problem(schema, "json_schema")
+        prepared.schema_param = "json_schema"
+    body.pop("json_schema", None)
 
     tools = _tools(body["tools"]) if body.get("tools") is not None else {}
     mode, named = _tool_choice(body.get("tool_choice"), tools) if tools else ("none", None)
@@ -471,7 +517,7 @@ def prepare(
         target = answer_schema(chosen, parallel=parallel, reply=reply)
         compiled = compile_schema(target, open_objects=OPEN_OBJECTS)
         if not compiled.exact:  # a reply schema the compiler refuses
-            raise _refusal(compiled, "response_format.json_schema.schema")
+            raise _refusal(compiled, prepared.schema_param)
         body.pop("response_format", None)
         body["grammar"] = compiled.grammar
         body["messages"] = _plain_messages(data["messages"], _tool_prompt(chosen, mode, parallel))
@@ -486,7 +532,7 @@ def prepare(
 
     if kind in ("json_object", "json_schema"):
         if "grammar" in body:
-            raise BadRequest("give either response_format or grammar, not both", "grammar")
+            raise BadRequest(f"give either {prepared.schema_param.split('.')[0]} or grammar, not both", "grammar")
         compiled = compile_schema(schema if isinstance(schema, (dict, bool)) else {}, open_objects=OPEN_OBJECTS)
         if compiled.exact:
             body.pop("response_format", None)
@@ -494,7 +540,7 @@ def prepare(
             prepared.structured = "compiled"
         elif strict and _converter_errors(schema):
             # neither localllm's compiler nor llama.cpp's converter enforces it
-            raise _refusal(compiled, "response_format.json_schema.schema")
+            raise _refusal(compiled, prepared.schema_param)
         else:
             # llama.cpp's converter (strict: only when localllm's checker says it enforces the
             # schema); the answer is validated either way
@@ -502,6 +548,8 @@ def prepare(
             prepared.notes = [r.message for r in compiled.refusals]
             if kind == "json_object":
                 body["response_format"] = {"type": "json_object", "schema": schema}
+            elif prepared.schema_param == "json_schema":
+                body["json_schema"] = schema
         prepared.schema = schema
         prepared.strict = strict
         body["stream"] = False
@@ -510,6 +558,33 @@ def prepare(
 
 
 # -------------------------------------------------------------------------- answer
+
+#: how llama-server words a schema its converter cannot turn into a working grammar: "Unable
+#: to generate parser … JSON schema error" (400), "failed to parse grammar" (400),
+#: "Unexpected empty grammar stack" (a 500 mid-generation: the grammar admits no value)
+_CONVERTER_FAILED = re.compile(r"grammar|json schema|parser", re.IGNORECASE)
+
+
+def converter_failure(prepared: Prepared, status: int, answer: Any) -> BadRequest | None:
+    """The 400 for a schema llama.cpp's converter failed on, after localllm's compiler refused it.
+
+    Neither can enforce the schema, so it is the client's to fix: a 400 naming both reasons,
+    not llama-server's 500 (which clients retry) or its own error shape.
+    """
+    if prepared.structured != "converter" or status == 200:
+        return None
+    error = answer.get("error") if isinstance(answer, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    if not isinstance(message, str) or not _CONVERTER_FAILED.search(message):
+        return None
+    ours = f" ({prepared.notes[0]})" if prepared.notes else ""
+    param = prepared.schema_param
+    return BadRequest(
+        f"Invalid schema for {param}: localllm cannot compile it exactly{ours}, and llama.cpp's converter "
+        f"failed on it: {message}. Fix the schema (a schema no value meets is a common cause).",
+        param,
+        "unsupported_schema",
+    )
 
 
 def _validator(schema: Any) -> Any:
@@ -629,6 +704,59 @@ def finish(prepared: Prepared, answer: dict[str, Any]) -> tuple[dict[str, Any], 
         else:
             raise Invalid("the model's answer is neither a tool call nor a reply")
     return answer, validated
+
+
+# -------------------------------------------------------------------------- embeddings
+
+
+def check_embeddings(data: dict[str, Any]) -> None:
+    """An embeddings request's ``input`` and ``dimensions`` as llama-server takes them (400 otherwise).
+
+    ``input``: a string, or a non-empty array of strings, token ids, or arrays of those
+    (llama-server answers other shapes with a 500); ``dimensions``: absent or a positive integer.
+    """
+    given = data["input"] if "input" in data else data.get("content")  # llama-server's own name
+    if not isinstance(given, str):
+        items = given if isinstance(given, list) and given else None
+        if items is None or not all(_embedding_item(item) for item in items):
+            raise BadRequest(
+                "input must be a string, or a non-empty array of strings, token ids or arrays of them",
+                "input",
+            )
+    dims = data.get("dimensions")
+    if dims is not None and (isinstance(dims, bool) or not isinstance(dims, int) or dims < 1):
+        raise BadRequest(f"dimensions must be a positive integer, got {dims!r:.40}", "dimensions")
+
+
+def _embedding_item(item: Any) -> bool:
+    if isinstance(item, list):
+        return all(_embedding_item(x) and not isinstance(x, list) for x in item)
+    return isinstance(item, str) or (isinstance(item, int) and not isinstance(item, bool))
+
+
+def dimensions_refusal(data: Any, answer: Any) -> BadRequest | None:
+    """The 400 for ``dimensions`` other than the model's size: llama-server ignores the field,
+    and vectors of another size than asked for would break the client's index far from here."""
+    dims = data.get("dimensions") if isinstance(data, dict) else None
+    rows = answer.get("data") if isinstance(answer, dict) else None
+    if not isinstance(dims, int) or not isinstance(rows, list) or not rows or not isinstance(rows[0], dict):
+        return None
+    vector = rows[0].get("embedding")
+    if isinstance(vector, str):  # encoding_format "base64": float32 values
+        size = len(base64.b64decode(vector)) // 4
+    elif isinstance(vector, list):
+        size = len(vector)
+    else:
+        return None
+    if size == dims:
+        return None
+    model = data.get("model")
+    return BadRequest(
+        f"model {model!r} gives {size}-dimensional embeddings and cannot shorten them to {dims}: "
+        f"drop dimensions (or ask for {size})",
+        "dimensions",
+        "unsupported_dimensions",
+    )
 
 
 def sse_events(prepared: Prepared, answer: dict[str, Any]) -> list[bytes]:

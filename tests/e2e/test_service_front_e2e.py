@@ -29,7 +29,7 @@ import openai
 import pydantic
 import pytest
 
-from tests.e2e.test_service_e2e import CHAT, Served, serve
+from tests.e2e.test_service_e2e import CHAT, EMBED, Served, serve
 
 __all__ = ["serve"]  # the fixture
 
@@ -262,6 +262,73 @@ def test_litellm_tool_calls(serve: Callable[..., Served]) -> None:
     (call,) = answer.choices[0].message.tool_calls
     assert call.function.name == "get_weather"
     jsonschema.validate(json.loads(call.function.arguments), WEATHER_PARAMS)
+
+
+# -- requests the pinned llama-server answered with a 500 (the openai client retries those) --
+def test_requests_llama_server_fails_on_are_400s_naming_the_parameter(serve: Callable[..., Served]) -> None:
+    """Each of these once reached llama-server: a 500 for the first five (retried twice by the
+    openai client), a 400 in llama-server's own shape for the sixth, a 501 for the seventh and
+    vectors of the wrong size for the last."""
+    served = serve()
+    unsat = {"type": "integer", "minimum": 5, "maximum": 1}  # the converter's grammar admits no value
+    chats: list[tuple[dict[str, Any], str, str]] = [
+        ({"messages": [{"role": "user", "content": "hi", "name": 5}]}, "messages[0].name", "invalid_request_error"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]},
+            "messages[0].content[0]",
+            "unsupported_content",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": 7}]}]},
+            "messages[0].content[0].text",
+            "invalid_request_error",
+        ),
+        (
+            {"messages": ASK, "max_tokens": 64, "response_format": _schema_format(unsat)},
+            "response_format.json_schema.schema",
+            "unsupported_schema",
+        ),
+        (
+            {"messages": ASK, "max_tokens": 64, "extra_body": {"json_schema": unsat}},
+            "json_schema",
+            "unsupported_schema",
+        ),
+        (
+            {"messages": ASK, "response_format": _schema_format({"$ref": "http://169.254.169.254/x"})},
+            "response_format.json_schema.schema",
+            "unsupported_schema",
+        ),
+    ]
+    with served.client() as api:
+        for kwargs, param, code in chats:
+            with pytest.raises(openai.BadRequestError) as caught:
+                api.chat.completions.create(model=CHAT, **kwargs)
+            assert (caught.value.param, caught.value.code) == (param, code), caught.value.message
+        with pytest.raises(openai.BadRequestError) as wrong_role:
+            api.chat.completions.create(model=EMBED, messages=ASK, max_tokens=4)
+        assert (wrong_role.value.param, wrong_role.value.code) == ("model", "model_role_mismatch")
+        with pytest.raises(openai.BadRequestError) as wrong_role:
+            api.embeddings.create(model=CHAT, input="x")
+        assert (wrong_role.value.param, wrong_role.value.code) == ("model", "model_role_mismatch")
+        with pytest.raises(openai.BadRequestError) as bad_input:
+            api.embeddings.create(model=EMBED, input=5)  # type: ignore[arg-type]
+        assert bad_input.value.param == "input"
+        with pytest.raises(openai.BadRequestError) as shorter:
+            api.embeddings.create(model=EMBED, input="x", dimensions=8)
+        assert (shorter.value.param, shorter.value.code) == ("dimensions", "unsupported_dimensions")
+        assert len(api.embeddings.create(model=EMBED, input="x", dimensions=384).data[0].embedding) == 384
+        # llama.cpp's own json_schema field is compiled and validated like a response_format
+        answer = api.chat.completions.with_raw_response.create(
+            model=CHAT, messages=ASK, max_tokens=64, extra_body={"json_schema": WEATHER_PARAMS}
+        )
+        assert answer.headers["x-localllm-structured"] == "compiled"
+        assert answer.headers["x-localllm-validated"] == "true"
+    with _http(served) as http:  # llama-server's own name for the input still passes
+        assert http.post("/v1/embeddings", json={"model": EMBED, "content": "x"}).status_code == 200
+
+
+def _schema_format(schema: dict[str, Any]) -> Any:
+    return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
 
 
 # -- attacks -------------------------------------------------------------------------------------

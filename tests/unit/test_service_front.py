@@ -333,9 +333,143 @@ def test_nan_and_overflowing_numbers_are_400s(make_service: Factory) -> None:
         for raw in (
             b'{"model": "chat", "messages": [], "temperature": NaN}',
             b'{"model": "chat", "temperature": 1e999}',
+            # an integer no double holds: llama-server's parser fails on it with a 500
+            b'{"model": "chat", "messages": [{"role": "user", "content": "hi"}], "user": 1' + b"0" * 400 + b"}",
         ):
             answer = http.post("/v1/chat/completions", content=raw, headers={"Content-Type": "application/json"})
             assert answer.status_code == 400, raw
+
+
+# -- client errors llama-server would answer with a 500 (clients retry those) --------------
+@pytest.mark.parametrize(
+    ("message", "param", "code"),
+    [
+        ({"role": "user", "content": "hi", "name": 5}, "messages[0].name", "invalid_request_error"),
+        (
+            {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {}}]},
+            "messages[0].content[1]",
+            "unsupported_content",
+        ),
+        (
+            {"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]},
+            "messages[0].content[0]",
+            "unsupported_content",
+        ),
+        ({"role": "user", "content": ["hi"]}, "messages[0].content[0]", "unsupported_content"),
+        (
+            {"role": "user", "content": [{"type": "text", "text": 5}]},
+            "messages[0].content[0].text",
+            "invalid_request_error",
+        ),
+    ],
+)
+def test_messages_llama_server_cannot_read_are_400s_that_never_reach_it(
+    make_service: Factory, env: dict[str, Path], message: dict[str, Any], param: str, code: str
+) -> None:
+    service = make_service()
+    with client(service) as http:
+        refused = http.post("/v1/chat/completions", json={"model": "chat", "messages": [message]})
+        fine = chat(
+            http, "chat", messages=[{"role": "user", "content": [{"type": "text", "text": "hi"}], "name": "ann"}]
+        )
+    assert refused.status_code == 400, refused.text
+    assert (refused.json()["error"]["param"], refused.json()["error"]["code"]) == (param, code)
+    assert fine.status_code == 200
+    eventually(lambda: upstream_chats(env))
+    assert len(upstream_chats(env)) == 1  # only the readable one was sent
+
+
+def test_a_model_asked_for_the_other_role_is_a_400_without_loading_it(
+    make_service: Factory, env: dict[str, Path]
+) -> None:
+    service = make_service()
+    with client(service) as http:
+        as_chat = chat(http, "all-minilm-l6-v2-f16")
+        as_embedder = http.post("/v1/embeddings", json={"model": "chat", "input": "x"})
+    for answer, route in ((as_chat, "/v1/embeddings"), (as_embedder, "/v1/chat/completions")):
+        assert answer.status_code == 400, answer.text
+        error = answer.json()["error"]
+        assert (error["param"], error["code"]) == ("model", "model_role_mismatch") and route in error["message"]
+    assert rows(env["spawn"], "start") == []  # neither model was loaded for nothing
+
+
+def _behave(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *responses: dict[str, Any]) -> None:
+    path = tmp_path / "behaviour.json"
+    path.write_text(json.dumps({"responses": list(responses)}))
+    monkeypatch.setenv("FAKE_LLAMA_BEHAVIOUR", str(path))
+
+
+def test_a_schema_the_converter_fails_on_is_a_400_not_its_500(
+    make_service: Factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # what the pinned llama-server answers mid-generation for {"type": "integer", "minimum": 5, "maximum": 1}
+    empty_stack = {"status": 500, "message": "got exception: Unexpected empty grammar stack after accepting piece: x"}
+    # the first answer goes to the grammar canary sent at every server start
+    _behave(tmp_path, monkeypatch, {}, empty_stack, {"status": 500, "message": "out of memory"}, empty_stack)
+    unsat = {"type": "integer", "minimum": 5, "maximum": 1}  # the compiler refuses it: the converter gets it
+    service = make_service()
+    with client(service) as http:
+        refused = chat(http, "chat", response_format=fmt(unsat, strict=False))
+        other = chat(http, "chat", response_format=fmt(unsat, strict=False))
+        raw = chat(http, "chat", json_schema=unsat)
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert (error["param"], error["code"]) == ("response_format.json_schema.schema", "unsupported_schema")
+    assert "empty grammar stack" in error["message"] and "$: no integer" in error["message"]
+    assert other.status_code == 500  # not about the schema: relayed as it is
+    assert raw.status_code == 400 and raw.json()["error"]["param"] == "json_schema"
+
+
+def test_llama_cpp_json_schema_field_is_compiled_and_validated_like_response_format(
+    make_service: Factory, env: dict[str, Path]
+) -> None:
+    service = make_service()
+    with client(service) as http:
+        answer = chat(http, "chat", json_schema=SCHEMA)
+        both = chat(http, "chat", json_schema=SCHEMA, response_format=fmt(SCHEMA))
+        bad = chat(http, "chat", json_schema={"type": "objekt"})
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["x-localllm-structured"] == "compiled" and answer.headers["x-localllm-validated"] == "true"
+    assert set(json.loads(answer.json()["choices"][0]["message"]["content"])) == {"city", "days"}
+    assert both.status_code == 400 and both.json()["error"]["param"] == "json_schema"
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "json_schema"
+    eventually(lambda: upstream_chats(env))
+    (sent,) = upstream_chats(env)
+    assert "json_schema" not in sent and sent["grammar"].startswith("root ::=")
+
+
+@pytest.mark.parametrize(
+    ("extra", "param", "code"),
+    [
+        ({"input": 5}, "input", "invalid_request_error"),
+        ({"input": {"a": 1}}, "input", "invalid_request_error"),
+        ({"input": []}, "input", "invalid_request_error"),
+        ({"input": [True]}, "input", "invalid_request_error"),
+        ({"input": [[["x"]]]}, "input", "invalid_request_error"),
+        ({"input": "x", "dimensions": "8"}, "dimensions", "invalid_request_error"),
+        ({"input": "x", "dimensions": 0}, "dimensions", "invalid_request_error"),
+        ({"input": "x", "dimensions": 8}, "dimensions", "unsupported_dimensions"),
+        ({"input": "x", "dimensions": 8, "encoding_format": "base64"}, "dimensions", "unsupported_dimensions"),
+    ],
+)
+def test_embedding_inputs_and_dimensions_llama_server_cannot_honour_are_400s(
+    make_service: Factory, extra: dict[str, Any], param: str, code: str
+) -> None:
+    service = make_service()
+    with client(service) as http:
+        refused = http.post("/v1/embeddings", json={"model": "all-minilm-l6-v2-f16", **extra})
+    assert refused.status_code == 400, refused.text
+    assert (refused.json()["error"]["param"], refused.json()["error"]["code"]) == (param, code)
+
+
+@pytest.mark.parametrize("extra", [{"input": ["a", [1, 2]]}, {"input": "x", "dimensions": 384}])
+def test_embedding_shapes_llama_server_takes_pass(make_service: Factory, extra: dict[str, Any]) -> None:
+    service = make_service()
+    with client(service) as http:
+        answer = http.post(
+            "/v1/embeddings", json={"model": "all-minilm-l6-v2-f16", "encoding_format": "base64", **extra}
+        )
+    assert answer.status_code == 200, answer.text
 
 
 def test_costs_are_capped_and_the_served_id_answers(make_service: Factory, env: dict[str, Path]) -> None:
