@@ -8,7 +8,7 @@ the instance)::
     GET  /v1/models                every servable model: id, role, cached, loaded
     GET  /v1/models/{id}           one of them (404 model_not_found)
     POST /v1/chat/completions      checked, capped, structured output compiled, tool calls (see chat.py)
-    POST /v1/embeddings            routed by "model"; inputs are passed through untouched
+    POST /v1/embeddings            routed by "model"; input and dimensions checked, inputs passed through untouched
     POST /tokenize, /detokenize    llama-server's own, routed by an extra "model" field
     GET  /metrics                  Prometheus text counters
     GET  /localllm/ps              the loaded models (``localllm ps``)

@@ -3,7 +3,8 @@
 :func:`prepare` turns a client's ``/v1/chat/completions`` body into the body sent to
 llama-server, or raises :class:`BadRequest` (400, OpenAI's error shape):
 
-* **Checks and caps**: known roles only; numbers finite and in OpenAI's ranges;
+* **Checks and caps**: known roles only; text content parts only; a message ``name`` is a string;
+  numbers finite (integers too) and in OpenAI's ranges;
   ``max_tokens`` defaults to, and is capped at, the service's ceiling; ``n_predict`` is
   folded into ``max_tokens``; ``n``, ``n_probs`` and ``top_logprobs`` are clamped; the
   model's pinned stop strings are added; ``keep_alive`` is taken out (the pool applies it).
@@ -11,7 +12,9 @@ llama-server, or raises :class:`BadRequest` (400, OpenAI's error shape):
   localllm's own compiler (:func:`localllm.grammar.compile_schema`) and sent as
   ``grammar`` (``compiled``). When it cannot be expressed exactly, ``strict: true`` is a
   400 naming the refusal (path + construct); otherwise llama.cpp's converter gets the
-  schema (``converter``). Every answer is validated against the schema.
+  schema (``converter``), and its failing on it is a 400 too (:func:`converter_failure`).
+  llama.cpp's top-level ``json_schema`` field is taken as a ``response_format``. Every
+  answer is validated against the schema.
 * **Tool calls on any model**: the tool list is rendered into the prompt and the answer
   is constrained by a compiled grammar admitting exactly the calls (each tool's
   ``parameters`` schema), or with ``tool_choice: auto`` either calls or a reply. The
