@@ -266,9 +266,9 @@ def test_litellm_tool_calls(serve: Callable[..., Served]) -> None:
 
 # -- requests the pinned llama-server answered with a 500 (the openai client retries those) --
 def test_requests_llama_server_fails_on_are_400s_naming_the_parameter(serve: Callable[..., Served]) -> None:
-    """Each of these once reached llama-server: a 500 for the first five (retried twice by the
-    openai client), a 400 in llama-server's own shape for the sixth, a 501 for the seventh and
-    vectors of the wrong size for the last."""
+    """Each of these once reached llama-server and came back a 500 (which the openai client
+    retries twice), a 501, a 400 in llama-server's own shape, or vectors of another size than
+    asked for."""
     served = serve()
     unsat = {"type": "integer", "minimum": 5, "maximum": 1}  # the converter's grammar admits no value
     chats: list[tuple[dict[str, Any], str, str]] = [
