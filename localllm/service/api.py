@@ -9,7 +9,7 @@ the instance)::
     GET  /v1/models/{id}           one of them (404 model_not_found)
     POST /v1/chat/completions      checked, capped, structured output compiled, tool calls (see chat.py)
     POST /v1/embeddings            routed by "model"; input and dimensions checked, inputs passed through untouched
-    POST /tokenize, /detokenize    llama-server's own, routed by an extra "model" field
+    POST /tokenize, /detokenize    llama-server's own, routed by an extra "model" field; content/tokens checked
     GET  /metrics                  Prometheus text counters
     GET  /localllm/ps              the loaded models (``localllm ps``)
     GET  /localllm/slots/{id}      llama-server's ``/slots`` of a loaded model (which slots generate)
@@ -503,6 +503,8 @@ class ServiceApp:
         try:
             if path == "/v1/embeddings":
                 chat.check_embeddings(data)
+            elif path in ("/tokenize", "/detokenize"):
+                chat.check_tokens(path, data)
             if path == "/v1/chat/completions":
                 prepared = chat.prepare(data, model, limits=self.limits.chat, stop=self.stops.get(model, ()))
                 keep_alive = prepared.keep_alive

@@ -45,6 +45,7 @@ __all__ = [
     "Invalid",
     "Prepared",
     "check_embeddings",
+    "check_tokens",
     "converter_failure",
     "dimensions_refusal",
     "finish",
@@ -729,6 +730,27 @@ def check_embeddings(data: dict[str, Any]) -> None:
     dims = data.get("dimensions")
     if dims is not None and (isinstance(dims, bool) or not isinstance(dims, int) or dims < 1):
         raise BadRequest(f"dimensions must be a positive integer, got {dims!r:.40}", "dimensions")
+
+
+def check_tokens(path: str, data: dict[str, Any]) -> None:
+    """llama-server's ``/tokenize`` ``content`` (text, or an array of texts and token ids) and
+    ``/detokenize`` ``tokens`` (token ids): other shapes are 400s here, 500s there."""
+    if path == "/tokenize":
+        content = data.get("content")
+        if not isinstance(content, str) and not (
+            isinstance(content, list)
+            and content
+            and all(_embedding_item(x) and not isinstance(x, list) for x in content)
+        ):
+            raise BadRequest("content must be a string, or a non-empty array of strings and token ids", "content")
+    elif path == "/detokenize":
+        tokens = data.get("tokens")
+        if not isinstance(tokens, list) or not all(_token_id(t) for t in tokens):
+            raise BadRequest("tokens must be an array of token ids (integers >= 0)", "tokens")
+
+
+def _token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _embedding_item(item: Any) -> bool:

@@ -323,8 +323,17 @@ def test_requests_llama_server_fails_on_are_400s_naming_the_parameter(serve: Cal
         )
         assert answer.headers["x-localllm-structured"] == "compiled"
         assert answer.headers["x-localllm-validated"] == "true"
-    with _http(served) as http:  # llama-server's own name for the input still passes
+    with _http(served) as http:
+        # llama-server's own name for the input still passes
         assert http.post("/v1/embeddings", json={"model": EMBED, "content": "x"}).status_code == 200
+        # its own routes: a 500 for each of these before
+        for path, body, param in (
+            ("/tokenize", {"content": 5}, "content"),
+            ("/detokenize", {"tokens": [-1]}, "tokens"),
+            ("/detokenize", {"tokens": "x"}, "tokens"),
+        ):
+            refused = http.post(path, json={"model": CHAT, **body})
+            assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.text
 
 
 def _schema_format(schema: dict[str, Any]) -> Any:

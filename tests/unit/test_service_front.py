@@ -472,6 +472,31 @@ def test_embedding_shapes_llama_server_takes_pass(make_service: Factory, extra: 
     assert answer.status_code == 200, answer.text
 
 
+@pytest.mark.parametrize(
+    ("path", "extra", "param"),
+    [
+        ("/tokenize", {"content": 5}, "content"),
+        ("/tokenize", {"content": [{"a": 1}]}, "content"),
+        ("/tokenize", {}, "content"),
+        ("/detokenize", {"tokens": "x"}, "tokens"),
+        ("/detokenize", {"tokens": [-1]}, "tokens"),
+        ("/detokenize", {"tokens": [1.5]}, "tokens"),
+    ],
+)
+def test_tokenize_bodies_llama_server_cannot_read_are_400s(
+    make_service: Factory, env: dict[str, Path], path: str, extra: dict[str, Any], param: str
+) -> None:
+    service = make_service()
+    with client(service) as http:
+        refused = http.post(path, json={"model": "chat", **extra})
+        fine = http.post("/tokenize", json={"model": "chat", "content": ["a", 7]})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.text
+    assert fine.status_code == 200
+    assert [r["path"] for r in rows(env["requests"]) if r["method"] == "POST" and "tokenize" in r["path"]] == [
+        "/tokenize"
+    ]
+
+
 def test_costs_are_capped_and_the_served_id_answers(make_service: Factory, env: dict[str, Path]) -> None:
     limits = FrontLimits(chat=ChatLimits(max_tokens=64, max_n=2, max_logprobs=5))
     service = make_service(limits=limits)
