@@ -737,11 +737,8 @@ def check_tokens(path: str, data: dict[str, Any]) -> None:
     ``/detokenize`` ``tokens`` (token ids): other shapes are 400s here, 500s there."""
     if path == "/tokenize":
         content = data.get("content")
-        if not isinstance(content, str) and not (
-            isinstance(content, list)
-            and content
-            and all(_embedding_item(x) and not isinstance(x, list) for x in content)
-        ):
+        # a flat array of texts and ids is what _embedding_item accepts as one item
+        if not isinstance(content, str) and not (isinstance(content, list) and content and _embedding_item(content)):
             raise BadRequest("content must be a string, or a non-empty array of strings and token ids", "content")
     elif path == "/detokenize":
         tokens = data.get("tokens")
