@@ -527,7 +527,10 @@ class ServiceApp:
             )
         self._inflight += 1
         try:
-            status, tokens = await self._watched(req, self._leased(req, model, path, raw, prepared, keep_alive))
+            # llama-server ignores "dimensions": the answer's vectors are checked against it
+            dimensions = data.get("dimensions") if path == "/v1/embeddings" else None
+            work = self._leased(req, model, path, raw, prepared, keep_alive, dimensions=dimensions)
+            status, tokens = await self._watched(req, work)
         finally:
             self._inflight -= 1
         self._log(req, model, status, tokens)
@@ -563,6 +566,8 @@ class ServiceApp:
         raw: bytes,
         prepared: chat.Prepared | None,
         keep_alive: float | None,
+        *,
+        dimensions: int | None = None,
     ) -> tuple[int, tuple[Any, Any]]:
         loop = asyncio.get_running_loop()
         acquiring = loop.run_in_executor(self._executor, self.pool.acquire, model, self.load_wait)
@@ -597,7 +602,7 @@ class ServiceApp:
                 assert target is not None
                 try:
                     self._hosts[target.root] = held.entry.spec.parallel + 1  # connections its HTTP threads can serve
-                    return await self._dispatch(req, target.url(path), raw, prepared, dict(extra))
+                    return await self._dispatch(req, target.url(path), raw, prepared, dict(extra), dimensions)
                 except OSError as exc:
                     if req.started_response:
                         raise
@@ -622,11 +627,17 @@ class ServiceApp:
             # not awaited: a cancelled request must still give its model back
             self._executor.submit(self.pool.release, held)
 
-    async def _dispatch(
-        self, req: _Request, url: str, raw: bytes, prepared: chat.Prepared | None, extra: dict[str, str]
+    async def _dispatch(  # noqa: PLR0917
+        self,
+        req: _Request,
+        url: str,
+        raw: bytes,
+        prepared: chat.Prepared | None,
+        extra: dict[str, str],
+        dimensions: int | None = None,
     ) -> tuple[int, tuple[Any, Any]]:
         if prepared is None:
-            return await self._relay(req, url, raw, extra)
+            return await self._relay(req, url, raw, extra, dimensions)
         extra[STRUCTURED_HEADER] = prepared.structured
         if prepared.stream and not prepared.buffered:
             extra[VALIDATED_HEADER] = "false"
@@ -654,7 +665,7 @@ class ServiceApp:
             reply.close()  # cancelled (the client left): the connection closes, the generation stops
 
     async def _relay(
-        self, req: _Request, url: str, raw: bytes, extra: Mapping[str, str]
+        self, req: _Request, url: str, raw: bytes, extra: Mapping[str, str], dimensions: int | None = None
     ) -> tuple[int, tuple[Any, Any]]:
         status, headers, content = await self._post(url, raw)
         tokens: tuple[Any, Any] = (None, None)
@@ -662,11 +673,10 @@ class ServiceApp:
             with contextlib.suppress(ValueError):
                 answer = json.loads(content)
                 tokens = _usage(answer)
-                if b'"dimensions"' in raw:
-                    refused = chat.dimensions_refusal(json.loads(raw), answer)
-                    if refused is not None:
-                        await req.respond(400, refused.to_json(), headers=extra)
-                        return 400, tokens
+                refused = chat.dimensions_refusal(dimensions, answer) if dimensions is not None else None
+                if refused is not None:
+                    await req.respond(400, refused.to_json(), headers=extra)
+                    return 400, tokens
         await req.respond(status, content, headers.get("content-type", "application/json"), extra)
         return status, tokens
 

@@ -720,13 +720,10 @@ def check_embeddings(data: dict[str, Any]) -> None:
     (llama-server answers other shapes with a 500); ``dimensions``: absent or a positive integer.
     """
     given = data["input"] if "input" in data else data.get("content")  # llama-server's own name
-    if not isinstance(given, str):
-        items = given if isinstance(given, list) and given else None
-        if items is None or not all(_embedding_item(item) for item in items):
-            raise BadRequest(
-                "input must be a string, or a non-empty array of strings, token ids or arrays of them",
-                "input",
-            )
+    if not isinstance(given, str) and not (isinstance(given, list) and given and all(map(_embedding_item, given))):
+        raise BadRequest(
+            "input must be a string, or a non-empty array of strings, token ids or arrays of them", "input"
+        )
     dims = data.get("dimensions")
     if dims is not None and (isinstance(dims, bool) or not isinstance(dims, int) or dims < 1):
         raise BadRequest(f"dimensions must be a positive integer, got {dims!r:.40}", "dimensions")
@@ -756,12 +753,12 @@ def _embedding_item(item: Any) -> bool:
     return isinstance(item, str) or (isinstance(item, int) and not isinstance(item, bool))
 
 
-def dimensions_refusal(data: Any, answer: Any) -> BadRequest | None:
-    """The 400 for ``dimensions`` other than the model's size: llama-server ignores the field,
-    and vectors of another size than asked for would break the client's index far from here."""
-    dims = data.get("dimensions") if isinstance(data, dict) else None
+def dimensions_refusal(dims: int, answer: Any) -> BadRequest | None:
+    """The 400 for ``dimensions`` (checked by :func:`check_embeddings`) other than the size of
+    ``answer``'s vectors: llama-server ignores the field, and vectors of another size than
+    asked for would break the client's index far from here."""
     rows = answer.get("data") if isinstance(answer, dict) else None
-    if not isinstance(dims, int) or not isinstance(rows, list) or not rows or not isinstance(rows[0], dict):
+    if not isinstance(rows, list) or not rows or not isinstance(rows[0], dict):
         return None
     vector = rows[0].get("embedding")
     if isinstance(vector, str):  # encoding_format "base64": float32 values
@@ -772,7 +769,7 @@ def dimensions_refusal(data: Any, answer: Any) -> BadRequest | None:
         return None
     if size == dims:
         return None
-    model = data.get("model")
+    model = answer.get("model")
     return BadRequest(
         f"model {model!r} gives {size}-dimensional embeddings and cannot shorten them to {dims}: "
         f"drop dimensions (or ask for {size})",
