@@ -9,7 +9,7 @@ the instance)::
     GET  /v1/models/{id}           one of them (404 model_not_found)
     POST /v1/chat/completions      checked, capped, structured output compiled, tool calls (see chat.py)
     POST /v1/embeddings            routed by "model"; input and dimensions checked, inputs passed through untouched
-    POST /tokenize, /detokenize    llama-server's own, routed by an extra "model" field; content/tokens checked
+    POST /tokenize, /detokenize    llama-server's own, routed by an extra "model" field; content, tokens checked
     GET  /metrics                  Prometheus text counters
     GET  /localllm/ps              the loaded models (``localllm ps``)
     GET  /localllm/slots/{id}      llama-server's ``/slots`` of a loaded model (which slots generate)
@@ -527,9 +527,7 @@ class ServiceApp:
             )
         self._inflight += 1
         try:
-            # llama-server ignores "dimensions": the answer's vectors are checked against it
-            dimensions = data.get("dimensions") if path == "/v1/embeddings" else None
-            work = self._leased(req, model, path, raw, prepared, keep_alive, dimensions=dimensions)
+            work = self._leased(req, model, path, raw, prepared, keep_alive, data)
             status, tokens = await self._watched(req, work)
         finally:
             self._inflight -= 1
@@ -566,8 +564,7 @@ class ServiceApp:
         raw: bytes,
         prepared: chat.Prepared | None,
         keep_alive: float | None,
-        *,
-        dimensions: int | None = None,
+        data: dict[str, Any],
     ) -> tuple[int, tuple[Any, Any]]:
         loop = asyncio.get_running_loop()
         acquiring = loop.run_in_executor(self._executor, self.pool.acquire, model, self.load_wait)
@@ -602,7 +599,7 @@ class ServiceApp:
                 assert target is not None
                 try:
                     self._hosts[target.root] = held.entry.spec.parallel + 1  # connections its HTTP threads can serve
-                    return await self._dispatch(req, target.url(path), raw, prepared, dict(extra), dimensions)
+                    return await self._dispatch(req, target.url(path), raw, prepared, dict(extra), data)
                 except OSError as exc:
                     if req.started_response:
                         raise
@@ -634,10 +631,10 @@ class ServiceApp:
         raw: bytes,
         prepared: chat.Prepared | None,
         extra: dict[str, str],
-        dimensions: int | None = None,
+        data: dict[str, Any],
     ) -> tuple[int, tuple[Any, Any]]:
         if prepared is None:
-            return await self._relay(req, url, raw, extra, dimensions)
+            return await self._relay(req, url, raw, extra, data)
         extra[STRUCTURED_HEADER] = prepared.structured
         if prepared.stream and not prepared.buffered:
             extra[VALIDATED_HEADER] = "false"
@@ -665,20 +662,41 @@ class ServiceApp:
             reply.close()  # cancelled (the client left): the connection closes, the generation stops
 
     async def _relay(
-        self, req: _Request, url: str, raw: bytes, extra: Mapping[str, str], dimensions: int | None = None
+        self, req: _Request, url: str, raw: bytes, extra: Mapping[str, str], data: dict[str, Any]
     ) -> tuple[int, tuple[Any, Any]]:
+        """Pass llama-server's answer on, but for what it gets wrong: vectors of another size
+        than ``dimensions`` asked for (it ignores the field), and a 500 for an unknown token id."""
         status, headers, content = await self._post(url, raw)
         tokens: tuple[Any, Any] = (None, None)
+        refused: chat.BadRequest | None = None
         if status == 200:
             with contextlib.suppress(ValueError):
                 answer = json.loads(content)
                 tokens = _usage(answer)
-                refused = chat.dimensions_refusal(dimensions, answer) if dimensions is not None else None
-                if refused is not None:
-                    await req.respond(400, refused.to_json(), headers=extra)
-                    return 400, tokens
+                if url.endswith("/v1/embeddings") and data.get("dimensions") is not None:
+                    refused = chat.dimensions_refusal(data["dimensions"], answer)
+        elif status == 500 and url.endswith("/detokenize"):
+            refused = chat.vocab_refusal(
+                data["tokens"], await self._upstream_json(url.removesuffix("/detokenize") + "/v1/models")
+            )
+        if refused is not None:
+            await req.respond(400, refused.to_json(), headers=extra)
+            return 400, tokens
         await req.respond(status, content, headers.get("content-type", "application/json"), extra)
         return status, tokens
+
+    async def _upstream_json(self, url: str) -> Any:
+        """``GET url`` of a llama-server, parsed; None when it cannot be had."""
+        try:
+            reply = await asyncio.wait_for(
+                self.client().request("GET", url, b"", self._upstream_headers(), limit=self._limit(url)), _READ
+            )
+            try:
+                return json.loads(await asyncio.wait_for(reply.read(), _READ))
+            finally:
+                reply.close()
+        except (OSError, TimeoutError, ValueError):
+            return None
 
     async def _chat(
         self, req: _Request, url: str, raw: bytes, prepared: chat.Prepared, extra: dict[str, str]

@@ -52,6 +52,7 @@ __all__ = [
     "loads",
     "prepare",
     "sse_events",
+    "vocab_refusal",
 ]
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -741,6 +742,25 @@ def check_tokens(path: str, data: dict[str, Any]) -> None:
         tokens = data.get("tokens")
         if not isinstance(tokens, list) or not all(_token_id(t) for t in tokens):
             raise BadRequest("tokens must be an array of token ids (integers >= 0)", "tokens")
+
+
+def vocab_refusal(tokens: list[int], models: Any) -> BadRequest | None:
+    """The 400 for a ``/detokenize`` id outside the vocabulary that ``models`` (llama-server's
+    ``GET /v1/models``) gives: llama-server answers it with a 500 (a C++ range check)."""
+    rows = models.get("data") if isinstance(models, dict) else None
+    meta = rows[0].get("meta") if isinstance(rows, list) and rows and isinstance(rows[0], dict) else None
+    size = meta.get("n_vocab") if isinstance(meta, dict) else None
+    if not isinstance(size, int) or isinstance(size, bool):
+        return None
+    outside = next(((i, t) for i, t in enumerate(tokens) if t >= size), None)
+    if outside is None:
+        return None
+    return BadRequest(
+        f"tokens[{outside[0]}] is {outside[1]}, not a token id of this model: its vocabulary has {size} tokens "
+        f"(ids 0 to {size - 1})",
+        f"tokens[{outside[0]}]",
+        "invalid_token",
+    )
 
 
 def _token_id(value: Any) -> bool:

@@ -331,9 +331,11 @@ def test_requests_llama_server_fails_on_are_400s_naming_the_parameter(serve: Cal
             ("/tokenize", {"content": 5}, "content"),
             ("/detokenize", {"tokens": [-1]}, "tokens"),
             ("/detokenize", {"tokens": "x"}, "tokens"),
+            ("/detokenize", {"tokens": [2, 262144]}, "tokens[1]"),  # gemma-3's vocabulary: 262,144 ids
         ):
             refused = http.post(path, json={"model": CHAT, **body})
             assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.text
+        assert http.post("/detokenize", json={"model": CHAT, "tokens": [2, 262143]}).status_code == 200
 
 
 def _schema_format(schema: dict[str, Any]) -> Any:

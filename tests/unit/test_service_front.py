@@ -497,6 +497,17 @@ def test_tokenize_bodies_llama_server_cannot_read_are_400s(
     ]
 
 
+def test_a_detokenize_id_outside_the_vocabulary_is_a_400_naming_it(make_service: Factory) -> None:
+    service = make_service()
+    with client(service) as http:
+        refused = http.post("/detokenize", json={"model": "chat", "tokens": [5, 32000, 32001, 7]})
+        fine = http.post("/detokenize", json={"model": "chat", "tokens": [5, 32000]})
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert (error["param"], error["code"]) == ("tokens[2]", "invalid_token") and "32001 tokens" in error["message"]
+    assert (fine.status_code, fine.json()) == (200, {"content": "<5><32000>"})
+
+
 def test_costs_are_capped_and_the_served_id_answers(make_service: Factory, env: dict[str, Path]) -> None:
     limits = FrontLimits(chat=ChatLimits(max_tokens=64, max_n=2, max_logprobs=5))
     service = make_service(limits=limits)

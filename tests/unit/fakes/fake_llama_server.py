@@ -24,7 +24,8 @@ Endpoints: ``GET /health``, ``/v1/health``, ``/v1/models``, ``/models``, ``/prop
 server-sent events, one delta per word), ``/v1/embeddings`` (also
 ``/embeddings``; 501 without ``--embeddings``; vectors deterministic per input text,
 L2-normalised, ``encoding_format`` float or base64; an input longer than ``-ub`` tokens
-is the real 500 ``input (N tokens) is too large to process``), ``/tokenize``.
+is the real 500 ``input (N tokens) is too large to process``), ``/tokenize``, ``/detokenize``
+(an id past ``n_vocab`` is the real 500, a C++ range check).
 Tokens are ``\\w+`` runs and single punctuation marks, ids from a hash.
 
 Chat answers, first match wins: the next entry of ``FAKE_LLAMA_BEHAVIOUR``; else
@@ -205,8 +206,12 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
 
 
 # -- behaviour ---------------------------------------------------------------------------
+#: ids 0 to N_VOCAB - 1 (``tokens`` gives 1 to 32000)
+N_VOCAB = 32001
+
+
 def tokens(text: str) -> list[int]:
-    return [(fnv1a(w.encode()) % 32000) + 1 for w in _WORD.findall(text)]
+    return [(fnv1a(w.encode()) % (N_VOCAB - 1)) + 1 for w in _WORD.findall(text)]
 
 
 def fnv1a(data: bytes) -> int:
@@ -409,7 +414,7 @@ class Handler(BaseHTTPRequestHandler):
         if path in ("/health", "/v1/health"):
             self.send_json(200, {"status": "ok"})
         elif path in ("/v1/models", "/models"):
-            meta = {"n_ctx": st.ctx // st.parallel, "n_ctx_train": 8192, "n_embd": st.dim}
+            meta = {"n_vocab": N_VOCAB, "n_ctx": st.ctx // st.parallel, "n_ctx_train": 8192, "n_embd": st.dim}
             self.send_json(
                 200,
                 {
@@ -483,8 +488,19 @@ class Handler(BaseHTTPRequestHandler):
             self.embeddings(body)
         elif path == "/tokenize":
             self.send_json(200, {"tokens": tokens(str(body.get("content", "")))})
+        elif path == "/detokenize":
+            self.detokenize(body.get("tokens", []))
         else:
             self.error(404, "File Not Found", "not_found_error")
+
+    def detokenize(self, ids: list[int]) -> None:
+        """``<id>`` per token; an id outside the vocabulary is the real server's 500."""
+        outside = next((t for t in ids if t >= N_VOCAB), None)
+        if outside is not None:
+            message = f"vector::_M_range_check: __n (which is {outside}) >= this->size() (which is {N_VOCAB})"
+            self.error(500, message, "server_error")
+            return
+        self.send_json(200, {"content": "".join(f"<{t}>" for t in ids)})
 
     def chat(self, body: dict[str, Any]) -> None:
         st = self.state
