@@ -190,10 +190,16 @@ def parse_keep_alive(value: Any) -> float:
             raise BadRequest(str(exc), "keep_alive") from None
     raise BadRequest("keep_alive must be a number of seconds or a duration such as 5m", "keep_alive")
 
+#: what llama-server's ``reasoning_format`` takes
+_REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")
+
 
 def _check_numbers(body: dict[str, Any]) -> None:
     for name, low, high, integer in _RANGES:
-        if name not in body or body[name] is None:
+        if name not in body:
+            continue
+        if body[name] is None:  # null is OpenAI's "the default": left to llama-server's own
+            del body[name]
             continue
         value = body[name]
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -207,6 +213,14 @@ def _check_numbers(body: dict[str, Any]) -> None:
     for name in ("stream", "logprobs", "parallel_tool_calls"):
         if name in body and body[name] is not None and not isinstance(body[name], bool):
             raise BadRequest(f"{name} must be true or false, got {body[name]!r}", name)
+    if "reasoning_format" in body:  # llama-server's own: any other value, null too, is its 500
+        if body["reasoning_format"] is None:
+            del body["reasoning_format"]
+        elif body["reasoning_format"] not in _REASONING_FORMATS:
+            raise BadRequest(
+                f"reasoning_format must be one of {', '.join(_REASONING_FORMATS)}, got {body['reasoning_format']!r:.40}",
+                "reasoning_format",
+            )
 
 
 def _check_messages(messages: Any) -> None:

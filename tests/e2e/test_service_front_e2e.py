@@ -298,6 +298,11 @@ def test_requests_llama_server_fails_on_are_400s_naming_the_parameter(serve: Cal
             "response_format.json_schema.schema",
             "unsupported_schema",
         ),
+        (
+            {"messages": ASK, "extra_body": {"reasoning_format": "DeepSeek"}},
+            "reasoning_format",
+            "invalid_request_error",
+        ),
     ]
     with served.client() as api:
         for kwargs, param, code in chats:
@@ -323,6 +328,10 @@ def test_requests_llama_server_fails_on_are_400s_naming_the_parameter(serve: Cal
         )
         assert answer.headers["x-localllm-structured"] == "compiled"
         assert answer.headers["x-localllm-validated"] == "true"
+        # null is the default, for llama-server's reasoning_format too (its 500 before)
+        api.chat.completions.create(
+            model=CHAT, messages=ASK, max_tokens=2, n=None, extra_body={"reasoning_format": None}
+        )
     with _http(served) as http:
         # llama-server's own name for the input still passes
         assert http.post("/v1/embeddings", json={"model": EMBED, "content": "x"}).status_code == 200

@@ -318,6 +318,9 @@ def test_tool_history_is_rendered_as_text(make_service: Factory, env: dict[str, 
         ({"stream": "yes"}, "stream"),
         ({"stop": 3}, "stop"),
         ({"keep_alive": "soon"}, "keep_alive"),
+        # llama-server's 500s: a type error, "Unknown reasoning format"
+        ({"reasoning_format": 5}, "reasoning_format"),
+        ({"reasoning_format": "DeepSeek"}, "reasoning_format"),
     ],
 )
 def test_bad_fields_are_400s(make_service: Factory, extra: dict[str, Any], param: str) -> None:
@@ -325,6 +328,16 @@ def test_bad_fields_are_400s(make_service: Factory, extra: dict[str, Any], param
     with client(service) as http:
         answer = http.post("/v1/chat/completions", json={"model": "chat", "messages": MESSAGES, **extra})
     assert answer.status_code == 400 and answer.json()["error"]["param"] == param
+
+
+def test_null_options_are_the_defaults() -> None:
+    from localllm.service.chat import prepare
+
+    nulls = dict.fromkeys(("n", "n_probs", "top_logprobs", "temperature", "seed", "reasoning_format"))
+    body = prepare({"messages": MESSAGES, "max_tokens": 4, **nulls}, "chat").body
+    assert not set(nulls) & set(body)  # not sent: llama-server's reasoning_format null is a 500
+    kept = prepare({"messages": MESSAGES, "n": 9, "reasoning_format": "none"}, "chat").body
+    assert (kept["n"], kept["reasoning_format"]) == (ChatLimits().max_n, "none")
 
 
 def test_nan_and_overflowing_numbers_are_400s(make_service: Factory) -> None:
