@@ -214,13 +214,12 @@ def _check_numbers(body: dict[str, Any]) -> None:
         if name in body and body[name] is not None and not isinstance(body[name], bool):
             raise BadRequest(f"{name} must be true or false, got {body[name]!r}", name)
     if "reasoning_format" in body:  # llama-server's own: any other value, null too, is its 500
-        if body["reasoning_format"] is None:
+        given = body["reasoning_format"]
+        if given is None:
             del body["reasoning_format"]
-        elif body["reasoning_format"] not in _REASONING_FORMATS:
-            raise BadRequest(
-                f"reasoning_format must be one of {', '.join(_REASONING_FORMATS)}, got {body['reasoning_format']!r:.40}",
-                "reasoning_format",
-            )
+        elif given not in _REASONING_FORMATS:
+            formats = ", ".join(_REASONING_FORMATS)
+            raise BadRequest(f"reasoning_format must be one of {formats}, got {given!r:.40}", "reasoning_format")
 
 
 def _check_messages(messages: Any) -> None:
