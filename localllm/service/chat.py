@@ -190,6 +190,7 @@ def parse_keep_alive(value: Any) -> float:
             raise BadRequest(str(exc), "keep_alive") from None
     raise BadRequest("keep_alive must be a number of seconds or a duration such as 5m", "keep_alive")
 
+
 #: what llama-server's ``reasoning_format`` takes
 _REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")
 
