@@ -500,6 +500,10 @@ class ServiceApp:
             )
         prepared: chat.Prepared | None = None
         keep_alive: float | None = None
+        if path != "/v1/chat/completions" and None in data.values():
+            # null is the default (chat.prepare does the same): llama-server reads some as type errors, 500s
+            data = {k: v for k, v in data.items() if v is not None}
+            raw = json.dumps(data).encode()
         try:
             if path == "/v1/embeddings":
                 chat.check_embeddings(data)

@@ -732,7 +732,8 @@ def check_embeddings(data: dict[str, Any]) -> None:
     """An embeddings request's ``input`` and ``dimensions`` as llama-server takes them (400 otherwise).
 
     ``input``: a string, or a non-empty array of strings, token ids, or arrays of those
-    (llama-server answers other shapes with a 500); ``dimensions``: absent or a positive integer.
+    (llama-server answers other shapes with a 500); ``dimensions``: absent or a positive integer;
+    ``encoding_format`` and llama-server's ``embd_normalize`` of the types it reads.
     """
     given = data["input"] if "input" in data else data.get("content")  # llama-server's own name
     if not isinstance(given, str) and not (isinstance(given, list) and given and all(map(_embedding_item, given))):
@@ -742,6 +743,18 @@ def check_embeddings(data: dict[str, Any]) -> None:
     dims = data.get("dimensions")
     if dims is not None and (isinstance(dims, bool) or not isinstance(dims, int) or dims < 1):
         raise BadRequest(f"dimensions must be a positive integer, got {dims!r:.40}", "dimensions")
+    # llama-server's 500s: a type error on either
+    if data.get("encoding_format", "float") not in ("float", "base64"):
+        raise BadRequest(
+            f"encoding_format must be float or base64, got {data['encoding_format']!r:.40}", "encoding_format"
+        )
+    norm = data.get("embd_normalize", -1)
+    if isinstance(norm, bool) or not isinstance(norm, int) or not -1 <= norm < 1 << 31:
+        raise BadRequest(
+            f"embd_normalize must be an integer: -1 (none), 0 (max abs), 1 (taxicab), 2 (euclidean) or a p > 2, "
+            f"got {norm!r:.40}",
+            "embd_normalize",
+        )
 
 
 def check_tokens(path: str, data: dict[str, Any]) -> None:

@@ -335,14 +335,20 @@ def test_requests_llama_server_fails_on_are_400s_naming_the_parameter(serve: Cal
     with _http(served) as http:
         # llama-server's own name for the input still passes
         assert http.post("/v1/embeddings", json={"model": EMBED, "content": "x"}).status_code == 200
+        # null is the default (llama-server's type error, a 500, before)
+        nulls = {"encoding_format": None, "embd_normalize": None}
+        assert http.post("/v1/embeddings", json={"model": EMBED, "input": "x", **nulls}).status_code == 200
         # its own routes: a 500 for each of these before
         for path, body, param in (
             ("/tokenize", {"content": 5}, "content"),
             ("/detokenize", {"tokens": [-1]}, "tokens"),
             ("/detokenize", {"tokens": "x"}, "tokens"),
             ("/detokenize", {"tokens": [2, 262144]}, "tokens[1]"),  # gemma-3's vocabulary: 262,144 ids
+            ("/v1/embeddings", {"input": "x", "encoding_format": 5}, "encoding_format"),
+            ("/v1/embeddings", {"input": "x", "embd_normalize": "2"}, "embd_normalize"),
         ):
-            refused = http.post(path, json={"model": CHAT, **body})
+            model = EMBED if path == "/v1/embeddings" else CHAT
+            refused = http.post(path, json={"model": model, **body})
             assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.text
         assert http.post("/detokenize", json={"model": CHAT, "tokens": [2, 262143]}).status_code == 200
 

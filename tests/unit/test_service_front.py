@@ -463,6 +463,10 @@ def test_llama_cpp_json_schema_field_is_compiled_and_validated_like_response_for
         ({"input": "x", "dimensions": 0}, "dimensions", "invalid_request_error"),
         ({"input": "x", "dimensions": 8}, "dimensions", "unsupported_dimensions"),
         ({"input": "x", "dimensions": 8, "encoding_format": "base64"}, "dimensions", "unsupported_dimensions"),
+        ({"input": "x", "encoding_format": 5}, "encoding_format", "invalid_request_error"),
+        ({"input": "x", "encoding_format": "FLOAT"}, "encoding_format", "invalid_request_error"),
+        ({"input": "x", "embd_normalize": "2"}, "embd_normalize", "invalid_request_error"),
+        ({"input": "x", "embd_normalize": -2}, "embd_normalize", "invalid_request_error"),
     ],
 )
 def test_embedding_inputs_and_dimensions_llama_server_cannot_honour_are_400s(
@@ -475,14 +479,27 @@ def test_embedding_inputs_and_dimensions_llama_server_cannot_honour_are_400s(
     assert (refused.json()["error"]["param"], refused.json()["error"]["code"]) == (param, code)
 
 
-@pytest.mark.parametrize("extra", [{"input": ["a", [1, 2]]}, {"input": "x", "dimensions": 384}])
-def test_embedding_shapes_llama_server_takes_pass(make_service: Factory, extra: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"input": ["a", [1, 2]]},
+        {"input": "x", "dimensions": 384},
+        {"input": "x", "dimensions": None, "encoding_format": None, "embd_normalize": None, "user": None},
+        {"input": "x", "embd_normalize": 2},
+    ],
+)
+def test_embedding_shapes_llama_server_takes_pass(
+    make_service: Factory, env: dict[str, Path], extra: dict[str, Any]
+) -> None:
     service = make_service()
     with client(service) as http:
         answer = http.post(
             "/v1/embeddings", json={"model": "all-minilm-l6-v2-f16", "encoding_format": "base64", **extra}
         )
     assert answer.status_code == 200, answer.text
+    asked = {"model": "all-minilm-l6-v2-f16", "encoding_format": "base64", **extra}
+    (sent,) = [r["body"] for r in rows(env["requests"]) if r["path"] == "/v1/embeddings"]
+    assert sent == {k: v for k, v in asked.items() if v is not None}  # null is the default: not sent
 
 
 @pytest.mark.parametrize(
