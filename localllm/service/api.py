@@ -346,7 +346,8 @@ class ServiceApp:
                 raise _Reply(refused.status, _error(refused.message, "invalid_request_error", refused.code))
         authorized = self.authorized(req.headers.get("authorization"), req.headers.get("x-api-key"))
         path = req.path
-        if req.method == "GET" and path == "/health":
+        reading = req.method in ("GET", "HEAD")  # HEAD: the same answer, its body left unsent
+        if reading and path == "/health":
             payload: dict[str, Any] = {"status": "ok"}
             if authorized:
                 payload["instance"] = self.instance
@@ -358,13 +359,15 @@ class ServiceApp:
                 _error("missing or wrong bearer token", "authentication_error", "invalid_api_key"),
                 {"www-authenticate": 'Bearer realm="localllm"'},
             )
-        if req.method == "GET":
+        if reading:
             await self._get(req, path)
             self._log(req, None, req.status)
             return None
         if req.method != "POST":
             raise _Reply(
-                405, _error(f"{req.method} is not allowed here", "invalid_request_error", "method_not_allowed")
+                405,
+                _error(f"{req.method} is not allowed here", "invalid_request_error", "method_not_allowed"),
+                {"allow": "POST" if path in _PROXIED or path == "/localllm/stop" else "GET, HEAD"},
             )
         data, raw = await self._json_body(req)
         if path == "/localllm/stop":

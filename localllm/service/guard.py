@@ -139,7 +139,8 @@ class Guard:
             return Refused(
                 421,
                 "misdirected_request",
-                f"Host {host!r} is not this service (use 127.0.0.1:{self.port} or localhost:{self.port}; "
+                f"{f'Host {host!r}' if host else 'a request without a Host header'} is not for this service "
+                f"(use 127.0.0.1:{self.port} or localhost:{self.port}; "
                 "a DNS name pointing here is refused against DNS rebinding, add it with --allow-host)",
             )
         if not self.origin_ok(origin):

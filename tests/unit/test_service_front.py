@@ -76,6 +76,26 @@ def test_guard_host_rules() -> None:
     assert Guard.build("127.0.0.1", 8911, ["http://localhost:3000/"]).origin_ok("http://localhost:3000")
 
 
+def test_a_request_without_host_is_refused_saying_so() -> None:
+    refused = Guard.build("127.0.0.1", 8911).check("GET", None, None, None)
+    assert refused is not None and refused.status == 421
+    assert refused.message.startswith("a request without a Host header")  # not "Host None"
+
+
+def test_head_reads_like_get_and_a_405_names_the_allowed_methods(make_service: Factory) -> None:
+    service = make_service()
+    with client(service) as http:
+        heads = [http.head(path) for path in ("/health", "/v1/models")]
+        gets = [http.get(path) for path in ("/health", "/v1/models")]
+        put = http.put("/v1/chat/completions", json={})
+        delete = http.delete("/v1/models")
+    for head, get in zip(heads, gets, strict=True):
+        assert (head.status_code, head.content) == (200, b"")
+        assert head.headers["content-length"] == get.headers["content-length"]
+    assert (put.status_code, put.headers["allow"]) == (405, "POST")
+    assert (delete.status_code, delete.headers["allow"]) == (405, "GET, HEAD")
+
+
 @pytest.mark.parametrize("no_auth", [True, False])
 def test_rebinding_cross_origin_and_text_plain_are_refused(make_service: Factory, no_auth: bool) -> None:
     service = make_service(no_auth=no_auth)
