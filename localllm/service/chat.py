@@ -168,6 +168,7 @@ class Prepared:
     keep_alive: float | None = None
     notes: list[str] = field(default_factory=list)
     schema_param: str = "response_format.json_schema.schema"  # where the client gave the schema
+    stops: list[str] = field(default_factory=list)  # the request's own stop strings
 
     @property
     def buffered(self) -> bool:
@@ -259,7 +260,8 @@ def _check_parts(parts: list[Any], param: str) -> None:
             raise BadRequest(f"{param}[{j}].text must be a string", f"{param}[{j}].text")
 
 
-def _stops(body: dict[str, Any], extra: tuple[str, ...]) -> None:
+def _stops(body: dict[str, Any], extra: tuple[str, ...]) -> list[str]:
+    """Merge the pin's stop strings into the request's; the request's own, checked."""
     stop = body.get("stop")
     if stop is None:
         given: list[str] = []
@@ -272,6 +274,7 @@ def _stops(body: dict[str, Any], extra: tuple[str, ...]) -> None:
     merged = given + [s for s in extra if s not in given]
     if merged:
         body["stop"] = merged
+    return given
 
 
 def _schema_problem(schema: Any, param: str) -> None:
@@ -496,11 +499,13 @@ def prepare(
     for name in ("n_probs", "top_logprobs"):
         if name in body:
             body[name] = min(body[name], limits.max_logprobs)
-    _stops(body, stop)
+    stops = _stops(body, stop)
     stream = body.get("stream") is True
     options = body.get("stream_options")
     include_usage = isinstance(options, dict) and options.get("include_usage") is True
-    prepared = Prepared(body=body, model=model, stream=stream, include_usage=include_usage, keep_alive=keep_alive)
+    prepared = Prepared(
+        body=body, model=model, stream=stream, include_usage=include_usage, keep_alive=keep_alive, stops=stops
+    )
 
     kind, schema, strict = ("text", None, False)
     if body.get("response_format") is not None:
@@ -673,6 +678,10 @@ def finish(prepared: Prepared, answer: dict[str, Any]) -> tuple[dict[str, Any], 
             value = None
         if value is None:
             cut = " (cut off by max_tokens)" if reason == "length" else ""
+            if reason == "stop" and prepared.stops:  # the grammar was not done: a stop string fired in it
+                cut = (
+                    f" (cut off by one of the request's stop strings {prepared.stops!r:.80}, which the answer contains)"
+                )
             partial = _cut_reply(content) if reason == "length" and prepared.tool_mode == "auto" else None
             if partial is not None and prepared.reply_schema is None:
                 # a text reply max_tokens cut: what OpenAI answers too (the text so far, "length")

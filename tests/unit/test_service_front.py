@@ -823,3 +823,22 @@ def test_cut_calls_and_cut_structured_replies_stay_invalid(choice: str, written:
     answer = {"choices": [{"index": 0, "message": {"role": "assistant", "content": written}, "finish_reason": reason}]}
     with pytest.raises(Invalid):
         finish(prepare(asked, "chat"), answer)
+
+
+def test_a_structured_answer_a_stop_string_cut_says_so() -> None:
+    # stop: ["{"] with a schema: the stop string fires inside the answer, which the 502 named
+    # only as "not complete JSON", leaving the client to guess
+    from localllm.service.chat import Invalid, finish, prepare
+
+    asked = {"model": "chat", "messages": MESSAGES, "response_format": fmt(SCHEMA), "stop": ['"days"']}
+    answer = {
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": '{"city": "Paris", '}, "finish_reason": "stop"}
+        ]
+    }
+    with pytest.raises(Invalid, match="stop strings \\['\"days\"'\\]"):
+        finish(prepare(asked, "chat"), answer)
+    unstopped = {**asked, "stop": None}
+    with pytest.raises(Invalid) as caught:  # no stop string of the request's own: nothing to blame
+        finish(prepare(unstopped, "chat"), answer)
+    assert "stop string" not in str(caught.value)
