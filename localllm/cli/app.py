@@ -113,8 +113,17 @@ def suggest(word: str, rest: Sequence[str] = ()) -> str:
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose usage errors are ``UsageError`` (so ``--json`` can report them)."""
 
+    #: the last (sub)parser to parse: argparse reports an unknown option on the top-level parser,
+    #: after the command's own parser has run, so its help is the one to point at
+    last: Parser | None = None
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        Parser.last = self
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str) -> NoReturn:
-        raise UsageError(message, hint=f"see `{self.prog} --help`", usage=self.format_usage())
+        at = Parser.last if message.startswith("unrecognized arguments") and Parser.last is not None else self
+        raise UsageError(message, hint=f"see `{at.prog} --help`", usage=at.format_usage())
 
 
 def build_parser(command: str | None = None) -> Parser:

@@ -299,6 +299,16 @@ def test_usage_errors_exit_2_and_are_json_with_json(capsys: pytest.CaptureFixtur
     assert "localllm: error: the following arguments are required: ID" in err
 
 
+def test_an_unknown_option_points_at_its_own_commands_help(capsys: pytest.CaptureFixture[str]) -> None:
+    # argparse reports it on the top-level parser: the hint was `localllm --help`
+    assert main(["cache", "verify", "--bogus"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: localllm cache verify ")
+    assert "hint: see `localllm cache verify --help`" in err
+    assert main(["--bogus"]) == 2
+    assert "hint: see `localllm --help`" in capsys.readouterr().err
+
+
 def test_fetch_model_without_an_id_downloads_nothing(tmp_path: Path) -> None:
     # (it used to fetch the default chat model, ~1 GB)
     assert main(["fetch", "model"]) == 2
