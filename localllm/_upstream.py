@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["AUTH_BODIES", "UpstreamError", "read_error"]
+__all__ = ["AUTH_BODIES", "REDIRECT_HINT", "UpstreamError", "read_error", "redirected"]
 
 #: (status, field of the error object, value) of replies that mean a rejected key though the
 #: status is not 401/403. LiteLLM's proxy without a database answers a key that is not its
@@ -88,11 +88,23 @@ def _message(obj: dict[str, Any] | None, text: str) -> str:
     return _short(message + (f" ({', '.join(extra)})" if extra else ""))
 
 
+REDIRECT_HINT = "set endpoint: to the URL it redirects to"
+
+
+def redirected(status: int, location: str | None, where: str) -> str | None:
+    """What a 3xx reply means here, or None: redirects are never followed (the bearer key
+    would go with them, to wherever the endpoint points), so one is a failure that says where."""
+    if not 300 <= status < 400:
+        return None
+    to = f"redirects to {_short(location)}" if location else "redirects (no Location)"
+    return f"HTTP {status} from {where} {to}: redirects are not followed (the key would go with them)"
+
+
 def read_error(status: int, text: str) -> UpstreamError:
     """The upstream's error reply, read: its message and whether it refuses the key."""
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than json decodes
         data = None
     obj = _error_object(data)
     auth = status in (401, 403) or (

@@ -28,8 +28,12 @@ def _no_constant(name: str) -> Any:
 
 def loads_json(text: str) -> Any:
     """``json.loads`` that refuses ``NaN``/``Infinity``/``-Infinity`` (Python accepts them;
-    JSON, the trace and every other reader do not)."""
-    return json.loads(text, parse_constant=_no_constant)
+    JSON, the trace and every other reader do not), and nesting deeper than Python's decoder
+    goes as a ``ValueError`` like any other malformed text, not a ``RecursionError``."""
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("nested too deeply for the JSON decoder") from None
 
 
 def unreadable(path: Path, exc: Exception) -> SchemaError:

@@ -301,7 +301,7 @@ class LineChild:
     def _parse(self, line: bytes) -> dict[str, Any]:
         try:
             value = json.loads(line)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than json decodes
             text = self._redact(line.decode("utf-8", errors="replace"))
             raise self.crash(f"malformed frame {_process.tail(text, limit=_TAIL_LIMIT)!r}: {exc}") from exc
         if not isinstance(value, dict):

@@ -185,6 +185,6 @@ def answer_from_tool_result(result: Any, *, alias: str, tool: str) -> AskRespons
         )
     try:
         value = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than json decodes
         return AskResponse(submission=text)
     return _from_value(value, text)

@@ -335,7 +335,7 @@ def resolve_includes(text: str, base: Path) -> str:
         if rel.lower().endswith(".json"):
             try:
                 value = json.loads(raw)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than json decodes
                 raise ValueError(f"!include {rel!r}: parse JSON: {exc}") from exc
             inlined = go_json(_sorted_keys(value))
         else:

@@ -105,7 +105,7 @@ def _strip_fence(text: str) -> str | None:
 def _parses(text: str) -> bool:
     try:
         json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than json decodes
         return False
     return True
 
@@ -410,7 +410,7 @@ def _event(line: str) -> dict[str, Any] | None:
     """The stream-json event on ``line`` (a JSON object with a ``type``), else None."""
     try:
         value = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than json decodes
         return None
     return value if isinstance(value, dict) and isinstance(value.get("type"), str) else None
 

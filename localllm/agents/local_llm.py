@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from localllm import _http, settings
 from localllm._http import CONNECTION_REFUSED, map_httpx_errors
-from localllm._upstream import UpstreamError, read_error
+from localllm._upstream import REDIRECT_HINT, UpstreamError, read_error, redirected
 from localllm.agents import confidence, structured
 from localllm.agents.base import Agent
 from localllm.config import LocalLLMDecl
@@ -340,7 +340,7 @@ class LocalLLMAgent(Agent):
             return None
         try:
             return confidence.parse_logprobs(reply.json())
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nesting deeper than json decodes
             return None
 
     def _wants_logprobs(self, schema: dict[str, Any] | None) -> bool:
@@ -399,6 +399,9 @@ class LocalLLMAgent(Agent):
                 except (FetchError, SidecarError, ServiceError, ValueError) as exc:  # the respawn failed
                     raise self._start_failed(exc) from exc
             retries[0] += len(attempts) - 1
+            moved = redirected(reply.status_code, reply.headers.get("location"), str(reply.request.url))
+            if moved is not None:
+                raise AgentError(ErrorKind.TRANSPORT_ERROR, moved, hint=REDIRECT_HINT, alias=self.alias)
             return reply
 
         def probe() -> tuple[int, Any]:
@@ -408,7 +411,7 @@ class LocalLLMAgent(Agent):
                 if upstream.auth:
                     raise self._upstream_error(upstream, f"{base}/chat/completions")
                 return reply.status_code, None
-            with contextlib.suppress(ValueError):
+            with contextlib.suppress(ValueError, RecursionError):
                 return reply.status_code, reply.json()
             return reply.status_code, None
 
@@ -447,7 +450,7 @@ class LocalLLMAgent(Agent):
         try:
             data = reply.json()
             content = data["choices"][0]["message"]["content"]
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
+        except (ValueError, KeyError, IndexError, TypeError, RecursionError) as exc:
             raise AgentError(
                 ErrorKind.TRANSPORT_ERROR,
                 f"unusable response (no choices[0].message.content): {truncate_detail(reply.text)}",

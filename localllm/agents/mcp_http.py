@@ -508,7 +508,7 @@ class McpHttpAgent(Agent):
             text = self._read_text(response, deadline, call_id)
             try:
                 value = json.loads(text)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than json decodes
                 raise self._error(
                     f"{method}: unparseable JSON from {self._url}: {truncate_detail(self._redact(text))}"
                 ) from exc
@@ -640,7 +640,7 @@ class McpHttpAgent(Agent):
         for data in self._sse_data(response, deadline, call_id, method, resume):
             try:
                 candidate = json.loads(data)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than json decodes
                 raise self._error(
                     f"{method}: unparseable SSE event from {self._url}: {truncate_detail(self._redact(data))}"
                 ) from exc

@@ -35,7 +35,7 @@ import httpx
 
 from localllm import _http
 from localllm._http import map_httpx_errors
-from localllm._upstream import read_error
+from localllm._upstream import REDIRECT_HINT, read_error, redirected
 from localllm.embed.embedder import EmbedderIdentity
 from localllm.embed.registry import ROLES, ModelInfo, Role, default_model, lookup
 from localllm.errors import DimensionMismatch, EmbedError, EmbedServerError, InputTooLong, truncate_detail
@@ -368,6 +368,9 @@ class LocalEmbedder:
         if self.upstream.spec is not None:
             self.served_by = target.route.value
         url = target.url(path)
+        moved = redirected(response.status_code, response.headers.get("location"), url)
+        if moved is not None:
+            raise EmbedServerError(f"embedding server {moved}", hint=REDIRECT_HINT)
         if response.status_code >= 400:
             upstream = read_error(response.status_code, response.text)
             hint = upstream.auth_hint(self.api_key_env) if upstream.auth else ""
@@ -376,7 +379,7 @@ class LocalEmbedder:
             raise EmbedServerError(f"embedding server {upstream.describe(url)}", hint=hint)
         try:
             return response.json()
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than json decodes
             raise EmbedServerError(
                 f"embedding server {url} answered non-JSON: {truncate_detail(response.text)}"
             ) from exc

@@ -887,7 +887,7 @@ class ManagedServer:
                 timeout=budget,
             )
             content = reply.json()["choices"][0]["message"]["content"]
-        except (httpx.HTTPError, ValueError, LookupError, TypeError):
+        except (httpx.HTTPError, ValueError, LookupError, TypeError, RecursionError):
             return None
         if reply.status_code != 200:
             return None

@@ -151,8 +151,9 @@ def test_stray_notification_frame_is_plugin_crash(agent: SubprocessAgent) -> Non
     assert "response id None" in err.detail
 
 
-def test_malformed_frame_is_plugin_crash(agent: SubprocessAgent) -> None:
-    err = failure(agent, "garbage")
+@pytest.mark.parametrize("prompt", ["garbage", "deep"])  # deep: was "raised RecursionError"
+def test_malformed_frame_is_plugin_crash(agent: SubprocessAgent, prompt: str) -> None:
+    err = failure(agent, prompt)
     assert err.kind is ErrorKind.PLUGIN_CRASH
     assert "malformed frame" in err.detail
 

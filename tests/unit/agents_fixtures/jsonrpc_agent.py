@@ -14,6 +14,7 @@ next (the ``command:`` of a test declaration is ``sys.executable`` + this file):
     rpcerror              answer with a JSON-RPC error object
     badresult             answer with a result that is not an object
     garbage               write a line that starts like a frame but is not JSON
+    deep                  write a frame nested deeper than Python's JSON decoder goes
     env:<NAME>            answer {"value": os.environ.get(NAME), "cwd": os.getcwd()}
     hang                  never answer
     leak:<NAME>           print $NAME to stderr and stdout (noise), then exit 5
@@ -90,6 +91,10 @@ def main() -> int:
             continue
         elif prompt == "garbage":
             sys.stdout.write('{"jsonrpc": "2.0", "id": oops}\n')
+            sys.stdout.flush()
+            continue
+        elif prompt == "deep":
+            sys.stdout.write(f'{{"jsonrpc": "2.0", "id": {rid}, "result": {"[" * 100_000}}}\n')
             sys.stdout.flush()
             continue
         elif prompt.startswith("env:"):

@@ -1,0 +1,154 @@
+"""Answers no well-behaved server or plugin gives: a redirect from an endpoint, JSON nested
+deeper than Python's decoder goes (from an endpoint, an MCP tool, the claude CLI). Each was a
+traceback or a misleading error before.
+
+The redirect matters beyond wording: localllm never follows one (the bearer key would go with
+it), and now says so instead of "unusable response (JSONDecodeError)".
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from localllm.embed.local import LocalEmbedder
+from localllm.embed.registry import ModelInfo
+from localllm.errors import AgentError, EmbedServerError
+from localllm.loading import load_config
+from localllm.runtime import Runtime
+
+#: (status, headers, body) for one request
+Reply = tuple[int, dict[str, str], bytes]
+SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+DEEP = b"[" * 100_000
+
+
+def chat(content: str) -> bytes:
+    message = {"role": "assistant", "content": content}
+    return json.dumps({"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}).encode()
+
+
+class Server:
+    """Answers every POST with ``policy()``; counts what reached it."""
+
+    def __init__(self, policy: Callable[[], Reply]) -> None:
+        self.hits = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                outer.hits += 1
+                status, headers, body = policy()
+                self.send_response(status)
+                for name, value in {"Content-Type": "application/json", **headers}.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[[Callable[[], Reply]], Server]]:
+    started: list[Server] = []
+
+    def start(policy: Callable[[], Reply]) -> Server:
+        started.append(Server(policy))
+        return started[-1]
+
+    yield start
+    for server in started:
+        server.close()
+
+
+def ask(tmp_path: Path, url: str) -> AgentError:
+    # a key, so that following the redirect would hand it to the other host
+    text = (
+        "agent_plugins:\n"
+        f"  agent.ep: {{plugin: builtin.local_llm, endpoint: '{url}', model: m, fallback: none,"
+        " api_key_env: HOSTILE_KEY, response_format: json_object}\n"
+    )
+    (tmp_path / "app.yaml").write_text(text, encoding="utf-8")
+    with Runtime(load_config(tmp_path / "app.yaml")) as rt, pytest.raises(AgentError) as caught:
+        rt.call("extract", agent="agent.ep", prompt="hi", schema=SCHEMA)
+    return caught.value
+
+
+@pytest.fixture(autouse=True)
+def _key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOSTILE_KEY", "sk-secret")
+
+
+def test_a_redirect_is_not_followed_and_says_where_it_points(serve: Any, tmp_path: Path) -> None:
+    elsewhere = serve(lambda: (200, {}, chat('{"answer": "stolen"}')))
+    endpoint = serve(lambda: (302, {"Location": elsewhere.url + "/v1/chat/completions"}, b""))
+    error = ask(tmp_path, endpoint.url)
+    assert error.kind.value == "transport_error"
+    assert f"HTTP 302 from {endpoint.url}/v1/chat/completions redirects to {elsewhere.url}" in error.detail
+    assert "endpoint:" in error.hint
+    assert elsewhere.hits == 0  # the key never went there
+
+
+@pytest.mark.parametrize(
+    ("reply", "kind"),
+    [
+        ((200, {}, chat(DEEP.decode())), "schema_invalid"),  # the model's answer: the fallback's to answer
+        ((200, {}, DEEP), "transport_error"),  # the reply itself
+        ((500, {}, DEEP), "transport_error"),  # an error reply
+    ],
+)
+def test_json_nested_deeper_than_the_decoder_is_an_agent_error(
+    serve: Any, tmp_path: Path, reply: Reply, kind: str
+) -> None:
+    error = ask(tmp_path, serve(lambda: reply).url)  # was RecursionError: "a bug in localllm"
+    assert error.kind.value == kind
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [(307, {"location": "http://elsewhere.test/v1/embeddings"}, b""), (200, {}, DEEP)],
+)
+def test_an_embedding_endpoint_that_redirects_or_nests_too_deep_is_an_embed_error(reply: Reply) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        status, headers, body = reply
+        return httpx.Response(status, headers=headers, content=body)
+
+    info = ModelInfo(id="t", dims=8, context=64, max_input_tokens=64, query_prefix="", document_prefix="")
+    embedder = LocalEmbedder("http://embed.test", "t", model_info=info, transport=httpx.MockTransport(handler))
+    with pytest.raises(EmbedServerError) as caught:
+        embedder.embed(["x"], "document")
+    if reply[0] == 307:
+        assert "redirects to http://elsewhere.test/v1/embeddings" in str(caught.value)
+
+
+def test_an_mcp_tool_text_nested_too_deep_is_its_text_submission() -> None:
+    from localllm.agents._mcp import answer_from_tool_result
+
+    text = DEEP.decode()
+    answer = answer_from_tool_result({"content": [{"type": "text", "text": text}]}, alias="agent.m", tool="t")
+    assert answer.submission == text  # validated later: schema_invalid, not a RecursionError here
+
+
+def test_a_claude_cli_line_nested_too_deep_is_no_event() -> None:
+    from localllm.agents import claude_cli
+
+    assert claude_cli._event(DEEP.decode()) is None
+    assert claude_cli._parses(DEEP.decode()) is False
