@@ -54,7 +54,7 @@ def read_schema_file(path: Path) -> dict[str, Any]:
         raise unreadable(path, exc) from exc
     try:
         data = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise SchemaError(f"{path}: not valid JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise SchemaError(f"{path}: a schema must be a JSON object, got {type(data).__name__}")

@@ -236,7 +236,7 @@ def read_evidence(path: Path) -> dict[str, Any]:
         raise EvidenceError(path, f"cannot read: {exc}") from exc
     try:
         doc = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise EvidenceError(path, f"is not JSON: {exc}") from exc
     if not isinstance(doc, dict) or doc.get("kind") != REPORT_KIND:
         raise EvidenceError(path, f"is not an eval report (kind is not {REPORT_KIND!r})")

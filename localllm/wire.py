@@ -110,7 +110,7 @@ class AskResponse:
         if self.submission is not None:
             try:
                 submission = json.loads(self.submission)
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: nested deeper than json decodes
                 submission = self.submission
         return {"submission": submission, "meta": self.meta, "sub_events": self.sub_events}
 

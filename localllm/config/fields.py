@@ -501,7 +501,7 @@ def read_json_under(full: Path, raw: str, key: str, ctx: Context) -> Any:
         # §2: selection is evidence metadata first; `localllm eval` writes the file later
         # (`check` warns, and runtime selection stays on the gate's agent until it exists)
         return path
-    except (OSError, UnicodeError, ValueError) as exc:
+    except (OSError, UnicodeError, ValueError, RecursionError) as exc:
         ctx.problems.add(key, f"{path} is not readable JSON: {show(str(exc), 120)}")
         return BAD
     return path

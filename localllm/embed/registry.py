@@ -92,7 +92,7 @@ def _read(path: Path | None) -> dict[str, Any]:
     file = path or _registry_file()
     try:
         raw = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise EmbedError(f"cannot read the embedding model registry {file}: {exc}") from exc
     if not isinstance(raw, dict):
         raise EmbedError(f"the embedding model registry {file} is not a JSON object")

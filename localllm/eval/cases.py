@@ -199,7 +199,7 @@ def load_cases(path: Path) -> list[Case]:
         where = f"line {number}"
         try:
             raw = json.loads(line)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             problems.add(where, f"is not JSON: {exc}", "one JSON object per line")
             continue
         if not isinstance(raw, dict):

@@ -64,7 +64,7 @@ def _response(base: Path, payload: dict[str, Any]) -> Any:
         return None
     try:
         return submission_of(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise TraceError(
             f"{path}: cannot read the response sidecar: {exc}", hint="run `localllm trace verify` on the trace"
         ) from exc
@@ -178,7 +178,7 @@ def _schema_properties(schema_path: str | None, search: tuple[Path, ...] = ()) -
         try:
             schema = json.loads(candidate.read_text(encoding="utf-8"))
             break
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             continue
     props = schema.get("properties") if isinstance(schema, dict) else None
     return props if isinstance(props, dict) else {}

@@ -58,7 +58,7 @@ def enum_fields(schema_path: Path | None) -> dict[str, list[Any]]:
         return {}
     try:
         schema = json.loads(schema_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     props = schema.get("properties") if isinstance(schema, dict) else None
     found: dict[str, list[Any]] = {}

@@ -125,7 +125,7 @@ def read_marker(release_dir: Path) -> dict[str, Any] | None:
     """The marker of an installed release, ``None`` when absent or unreadable."""
     try:
         data = json.loads((release_dir / MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
 

@@ -180,7 +180,7 @@ def read_discovery(cache_root: Path) -> Discovery | None:
         return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     return Discovery.from_json(data)
 
@@ -236,7 +236,7 @@ def verify(discovery: Discovery, token: str | None, timeout: float = _VERIFY_TIM
         return False
     try:
         data = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     return isinstance(data, dict) and data.get("instance") == discovery.instance
 

@@ -714,7 +714,7 @@ def _resume_meta_path(partial: Path) -> Path:
 def _read_resume_meta(partial: Path) -> dict[str, Any]:
     try:
         data = json.loads(_resume_meta_path(partial).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
 

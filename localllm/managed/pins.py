@@ -315,7 +315,7 @@ def _user_models(where: Path, shipped: Mapping[str, ModelPin]) -> dict[str, Mode
             raise TypeError("models.entries is not an object")
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, RecursionError, KeyError, TypeError) as exc:
         raise FetchError(f"cannot read the user pins file {where}: {exc!r}; fix or remove it") from exc
     out: dict[str, ModelPin] = {}
     for mid, raw in entries.items():
@@ -365,7 +365,7 @@ def add_user_model(
     pin = _model_pin(model_id, raw, where)  # checks the id, url, sha256 and file name
     try:
         data = json.loads(where.read_text(encoding="utf-8")) if where.exists() else {}
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise FetchError(f"cannot read the user pins file {where}: {exc}") from exc
     data.setdefault("format", 1)
     data.setdefault("models", {}).setdefault("entries", {})[model_id] = raw
@@ -404,7 +404,7 @@ def load_pins(path: Path | None = None, *, user: bool = True) -> Pins:
     where = path or default_pins_path()
     try:
         data = json.loads(where.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise FetchError(f"cannot read pins file {where}: {exc}") from exc
     try:
         server = data["server"]

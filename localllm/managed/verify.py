@@ -45,7 +45,7 @@ def stamp_matches(path: Path, sha256: str) -> bool:
     try:
         data = json.loads(stamp_path(path).read_text(encoding="utf-8"))
         st = path.stat()
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return False
     return (
         isinstance(data, dict)

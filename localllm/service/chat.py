@@ -457,7 +457,7 @@ def _plain_messages(messages: list[dict[str, Any]], system: str | None) -> list[
                 fn = call.get("function", {}) if isinstance(call, dict) else {}
                 try:
                     args = json.loads(fn.get("arguments") or "{}")
-                except (TypeError, ValueError):
+                except (TypeError, ValueError, RecursionError):  # RecursionError: nested deeper than json decodes
                     args = fn.get("arguments")
                 calls.append({"name": fn.get("name"), "arguments": args})
             m = {"role": "assistant", "content": json.dumps({"tool_calls": calls}, separators=(",", ":"))}
@@ -674,7 +674,7 @@ def finish(prepared: Prepared, answer: dict[str, Any]) -> tuple[dict[str, Any], 
         reason = choice.get("finish_reason")
         try:
             value = json.loads(content) if isinstance(content, str) else None
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: ~1,000 tokens of "[" are enough
             value = None
         if value is None:
             cut = " (cut off by max_tokens)" if reason == "length" else ""

@@ -61,7 +61,7 @@ def _call(method: str, path: str, cache_root: Path | None, body: dict[str, Any] 
         conn.close()
     try:
         data = json.loads(raw)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise ServiceError(f"the service at {found.url} answered {method} {path} with non-JSON") from exc
     if response.status != 200:
         message = data.get("error", {}).get("message") if isinstance(data, dict) else None

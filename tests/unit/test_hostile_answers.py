@@ -152,3 +152,52 @@ def test_a_claude_cli_line_nested_too_deep_is_no_event() -> None:
 
     assert claude_cli._event(DEEP.decode()) is None
     assert claude_cli._parses(DEEP.decode()) is False
+
+
+# -- files: a schema, the user's pins, evidence, cases, a registry, nested as deep -----------------
+def _deep_file(tmp_path: Path, name: str) -> Path:
+    path = tmp_path / name
+    path.write_bytes(DEEP)
+    return path
+
+
+@pytest.mark.parametrize("reader", ["schema", "user pins", "evidence", "cases", "registry"])
+def test_files_nested_deeper_than_the_decoder_are_the_readers_own_errors(tmp_path: Path, reader: str) -> None:
+    from localllm.embed.registry import _read as read_registry
+    from localllm.errors import ConfigError, EmbedError, FetchError, SchemaError
+    from localllm.eval.cases import load_cases
+    from localllm.managed.pins import _user_models
+    from localllm.schema import read_schema_file
+    from localllm.selection import EvidenceError, read_evidence
+
+    # each was a RecursionError: "this is a bug in localllm" from `grammar check`, `models`, …
+    readers: dict[str, tuple[Callable[[Path], Any], type[Exception]]] = {
+        "schema": (read_schema_file, SchemaError),
+        "user pins": (lambda p: _user_models(p, {}), FetchError),
+        "evidence": (read_evidence, EvidenceError),
+        "cases": (load_cases, ConfigError),
+        "registry": (read_registry, EmbedError),
+    }
+    read, error = readers[reader]
+    with pytest.raises(error):
+        read(_deep_file(tmp_path, "deep.json"))
+
+
+def test_a_deep_submission_stays_text_on_the_wire_and_in_the_service() -> None:
+    from localllm.service.chat import Invalid, finish, prepare
+    from localllm.wire import AskResponse
+
+    text = DEEP.decode()
+    assert AskResponse(submission=text).to_json()["submission"] == text
+    schema = {"type": "json_schema", "json_schema": {"name": "a", "strict": True, "schema": {"type": "array"}}}
+    asked = {"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": schema}
+    answer = {"choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}]}
+    with pytest.raises(Invalid):  # a 502, not the service's internal-error 500
+        finish(prepare(asked, "m"), answer)
+    history = [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "tool_calls": [{"id": "1", "function": {"name": "f", "arguments": text}}]},
+        {"role": "tool", "tool_call_id": "1", "content": "ok"},
+    ]
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    assert prepare({"model": "m", "messages": history, "tools": [tool]}, "m").body["messages"]
