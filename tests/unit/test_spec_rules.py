@@ -484,6 +484,13 @@ RULES: list[tuple[str, str, str, str]] = [
         "MCP HTTP: a cross-origin redirect is never followed",
         "probe: test_mcp_http_hostile_resources.py::test_a_cross_origin_redirect_is_refused_naming_it",
     ),
+    ("contract", "-", "endpoint-mode redirects", "deviation: (silent) endpoint-mode redirects"),
+    (
+        "contract",
+        "-",
+        "endpoint mode: a redirect is never followed, the key never sent on",
+        "probe: test_hostile_answers.py::test_a_redirect_is_not_followed_and_says_where_it_points",
+    ),
 ]
 
 
