@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,11 @@ from typing import Any
 from localllm.cli.output import EXIT_OK, UsageError, emit_json, err, out
 
 __all__ = ["SETUP"]
+
+#: what a browser sends as Origin: scheme://host[:port], nothing after it
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://(\[[0-9a-f:.]+\]|[^\s/:\[\]]+)(:\d{1,5})?", re.IGNORECASE)
+#: a DNS name or an IP literal (IPv6 with or without brackets)
+_HOST_NAME = re.compile(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?|\[?[0-9a-f.]*:[0-9a-f.]*:[0-9a-f:.]*\]?", re.IGNORECASE)
 
 _HELP = {
     "serve": "run the OpenAI-compatible service that owns this cache's models",
@@ -122,6 +128,18 @@ def _options(args: argparse.Namespace) -> Any:
         raise UsageError(f"--parallel must be at least 1, got {args.parallel}")
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be 0-65535, got {args.port}")
+    for origin in args.allow_origin:
+        if origin.strip() != "*" and not _ORIGIN.fullmatch(origin.strip().rstrip("/")):
+            raise UsageError(
+                f"--allow-origin {origin!r} is not an origin: give SCHEME://HOST[:PORT] with no path "
+                "(e.g. http://localhost:3000), or * for any page"
+            )
+    for name in args.allow_host:
+        if not _HOST_NAME.fullmatch(name.strip()):
+            raise UsageError(
+                f"--allow-host {name!r} is not a host name: give the name alone (e.g. box.lan or 192.168.1.7), "
+                "without scheme, port or path"
+            )
     if args.no_auth and not is_loopback(args.host):
         raise UsageError(f"--no-auth cannot be used with --host {args.host}: a non-loopback address needs a token")
     for flag, value in (

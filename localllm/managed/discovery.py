@@ -27,6 +27,7 @@ __all__ = [
     "Discovery",
     "discover",
     "file_sha256",
+    "http_url",
     "read_discovery",
     "read_token",
     "remove_discovery",
@@ -48,6 +49,13 @@ def run_dir(cache_root: Path) -> Path:
     return Path(cache_root) / "run"
 
 
+def http_url(host: str, port: int) -> str:
+    """``http://HOST:PORT`` for a bound address: the wildcard as 127.0.0.1, IPv6 in brackets."""
+    host = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    host = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    return f"http://{host}:{port}"
+
+
 @dataclass(frozen=True)
 class Discovery:
     """The contents of ``service.json``."""
@@ -65,9 +73,7 @@ class Discovery:
 
     @property
     def url(self) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
-        host = f"[{host}]" if ":" in host and not host.startswith("[") else host
-        return f"http://{host}:{self.port}"
+        return http_url(self.host, self.port)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -12,6 +12,7 @@ readers (dead pid) and replaced by the next service.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import secrets
@@ -113,8 +114,7 @@ class Service:
 
     @property
     def url(self) -> str:
-        host = "127.0.0.1" if self.options.host in ("0.0.0.0", "") else self.options.host
-        return f"http://{host}:{self.port}"
+        return discovery.http_url(self.options.host, self.port)
 
     @property
     def token_path(self) -> Path:
@@ -224,9 +224,12 @@ class Service:
         try:
             self._server = Front(self.app, self.options.host, self.options.port)
         except OSError as exc:
+            taken = exc.errno in (errno.EADDRINUSE, errno.EACCES)  # EACCES: a port below 1024
             raise ServiceError(
                 f"cannot listen on {self.options.host}:{self.options.port}: {exc.strerror or exc}",
-                hint="choose another --port (0 picks a free one) or stop whatever holds it",
+                hint="choose another --port (0 picks a free one) or stop whatever holds it"
+                if taken
+                else "--host must be an address of this machine: 127.0.0.1 (the default), ::1, or 0.0.0.0 for all",
             ) from exc
         self.app.guard = Guard.build(self.options.host, self.port, self.options.allow_origins, self.options.allow_hosts)
 

@@ -697,6 +697,34 @@ def test_a_busy_port_is_a_clear_error_foreground_and_detached(
     assert main(["serve", "--no-auth", "--host", "0.0.0.0", "--port", "0"]) == 2
 
 
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--allow-origin", "localhost:3000"],  # no scheme: never what a browser sends
+        ["--allow-origin", "http://localhost:3000/app"],  # a path: never in an Origin header
+        ["--allow-host", ""],
+        ["--allow-host", "box.lan:8911"],  # the port is --port's
+        ["--allow-host", "http://box.lan"],
+    ],
+)
+def test_an_origin_or_host_that_could_never_match_is_a_usage_error(env: dict[str, Path], flags: list[str]) -> None:
+    # each was accepted, the service served on, and the flag matched no request, silently
+    # (a child process: before the fix it served until the timeout)
+    argv = [sys.executable, "-m", "localllm", "serve", "--port", "0", *flags]
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, env=dict(os.environ), timeout=30, check=False)
+    assert done.returncode == 2, done.stderr
+    assert not (env["cache"] / "run" / "service.json").exists()
+
+
+def test_a_host_of_another_machine_gets_the_host_hint_and_ipv6_a_bracketed_url(
+    env: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["serve", "--host", "192.0.2.1", "--port", "0"]) == 1  # TEST-NET-1: never this machine's
+    assert "hint: --host must be an address of this machine" in capsys.readouterr().err
+    assert discovery.http_url("::1", 8911) == "http://[::1]:8911"  # was http://::1:8911
+    assert discovery.http_url("0.0.0.0", 8911) == "http://127.0.0.1:8911"
+
+
 def test_answers_are_not_held_back_by_nagle(make_service: Factory) -> None:
     # headers and body leave in two writes; without TCP_NODELAY the body waits ~40 ms for
     # the client's delayed ACK on every keep-alive request
