@@ -1,4 +1,5 @@
-"""Durable file writes: a temp file beside the target, fsync, rename, fsync the directory.
+"""Durable file writes: a temp file beside the target, fsync, rename, fsync the directory;
+and the one bounded read of a file a user names.
 
 The one way localllm replaces a file. A reader sees the old file or the new one, never
 half of either, and after a power cut the rename is either on disk or not at all:
@@ -11,6 +12,11 @@ half of either, and after a power cut the rename is either on disk or not at all
   durable;
 * the temp file is removed on every path that does not end in the rename.
 
+A user-named input (a config, a prompt, a schema, cases, a trace) is read with
+:func:`read_capped`: a device is refused (``/dev/zero`` never ends, and reading it took the
+machine's memory before the OOM killer came), and so is anything past the input's limit, a
+regular file by its size before a byte is read.
+
 A leaf module: it imports nothing from localllm and raises only ``OSError``.
 """
 
@@ -19,11 +25,53 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["adjacent_tmp", "atomic_write", "fsync_dir", "replace_durably", "tmp_name"]
+__all__ = [
+    "DATA_LIMIT",
+    "TEXT_LIMIT",
+    "Unreadable",
+    "adjacent_tmp",
+    "atomic_write",
+    "fsync_dir",
+    "read_capped",
+    "replace_durably",
+    "tmp_name",
+]
+
+#: what a hand-written input may hold (a prompt, a schema, evidence, a pins file)
+TEXT_LIMIT = 16 << 20
+#: what a data input may hold (eval cases, a cassette)
+DATA_LIMIT = 256 << 20
+
+
+class Unreadable(OSError):
+    """A file :func:`read_capped` refuses: a device, or larger than the limit. ``str()`` is the reason."""
+
+
+def read_capped(path: Path, limit: int | None) -> bytes:
+    """The bytes of ``path``: at most ``limit`` of them (None: no limit), never a device's.
+
+    A pipe (``<(…)``) is read like a file, up to the limit.
+    """
+    with open(path, "rb") as fh:
+        mode = os.fstat(fh.fileno()).st_mode
+        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+            raise Unreadable(f"{path} is a device, not a file")
+        if limit is None:
+            return fh.read()
+        size = os.fstat(fh.fileno()).st_size if stat.S_ISREG(mode) else 0
+        data = fh.read(limit + 1) if size <= limit else b""
+        if size > limit or len(data) > limit:
+            raise Unreadable(f"{path} is larger than {_mib(limit)}" + (f" ({_mib(size)})" if size > limit else ""))
+        return data
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):,.0f} MiB" if n >= 1 << 20 else f"{n:,} bytes"
 
 
 def tmp_name(dest: Path, suffix: str = ".tmp") -> Path:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urldefrag, urlparse
 
+from localllm._fs import TEXT_LIMIT, read_capped
 from localllm.errors import AgentError, ErrorKind, SchemaError, truncate_detail
 
 _MISSING = object()
@@ -45,7 +46,7 @@ def unreadable(path: Path, exc: Exception) -> SchemaError:
 def read_schema_file(path: Path) -> dict[str, Any]:
     """Read one schema file; ``SchemaError`` names the file and the problem."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_capped(path, TEXT_LIMIT).decode("utf-8")
     except FileNotFoundError as exc:
         raise SchemaError(
             f"{path}: schema file not found", hint="fix the path (relative to the config file, or to where you run it)"

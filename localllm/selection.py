@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from localllm import settings
+from localllm._fs import TEXT_LIMIT, read_capped
 from localllm.config import AgentDecl, Config, Gate, LocalLLMDecl
 from localllm.errors import FetchError, LocalLLMError, SchemaError
 
@@ -229,7 +230,7 @@ def fingerprint(config: Config, gate: Gate, aliases: list[str] | tuple[str, ...]
 def read_evidence(path: Path) -> dict[str, Any]:
     """The eval report at ``path``; EvidenceError when it is missing, not JSON or not a report."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_capped(path, TEXT_LIMIT).decode("utf-8")
     except FileNotFoundError as exc:
         raise EvidenceError(path, "not found") from exc
     except (OSError, UnicodeError) as exc:

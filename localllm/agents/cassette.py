@@ -90,6 +90,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar
 
+from localllm._fs import DATA_LIMIT, read_capped
 from localllm.agents.base import Agent
 from localllm.errors import AgentError, ConfigError, ErrorKind, ProblemList, truncate_detail
 from localllm.trace.callid import cassette_call_key, derive_call_id
@@ -207,7 +208,7 @@ def load_cassette(path: str | Path) -> Cassette:
     path = Path(path)
     problems = ProblemList(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_capped(path, DATA_LIMIT).decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         problems.add("", f"cannot read cassette: {reason}", "pass the path of a kind: host_cassette YAML file")
@@ -329,7 +330,7 @@ def resolve_includes(text: str, base: Path) -> str:
         if not target.is_relative_to(root):
             raise ValueError(f"!include {rel!r}: path resolves outside the cassette directory")
         try:
-            raw = target.read_text(encoding="utf-8")
+            raw = read_capped(target, DATA_LIMIT).decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise ValueError(f"!include {rel!r}: cannot read {target.name}: {exc}") from exc
         if rel.lower().endswith(".json"):

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from localllm._fs import TEXT_LIMIT, read_capped
 from localllm.cli.output import EXIT_OK, UsageError, emit_json, err, out, parse_kv, warn
 from localllm.errors import ConfigError, ConfigProblem, LocalLLMError
 
@@ -283,14 +284,15 @@ def _call_loaded(args: argparse.Namespace, early: EarlyStart | None) -> int:
     config = load(args.config, early)
     if args.prompt_file is not None:
         try:
-            prompt = args.prompt_file.read_text(encoding="utf-8")
+            prompt = read_capped(args.prompt_file, TEXT_LIMIT).decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise UsageError(f"cannot read --prompt-file {args.prompt_file}: {exc}") from exc
     else:
         prompt = args.prompt
     schema = args.schema.resolve() if args.schema is not None else None
     if schema is not None and not schema.is_file():
-        raise UsageError(f"--schema {args.schema}: file not found")
+        what = "not a regular file" if schema.exists() else "file not found"
+        raise UsageError(f"--schema {args.schema}: {what}")
     call_args, world = parse_kv(args.arg), parse_kv(args.world, flag="--world")
 
     def ask(runtime: Runtime) -> CallResult:

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from localllm._fs import TEXT_LIMIT, read_capped
 from localllm.config.fields import expand, inside, path_issue, show
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ def resolve_prompt(raw: Any, key: str, ctx: Context) -> tuple[str, Path | None]:
         candidate = ctx.base_dir / raw
         try:
             if candidate.is_file():
-                return candidate.read_text(encoding="utf-8"), candidate.resolve()
+                return read_capped(candidate, TEXT_LIMIT).decode("utf-8"), candidate.resolve()
         except (OSError, UnicodeError) as exc:
             ctx.problems.add(key, f"cannot read prompt file {candidate}: {exc}")
             return "", candidate

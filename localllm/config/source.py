@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from localllm._fs import Unreadable, read_capped
 from localllm.errors import ConfigError, ConfigProblem
 
 #: deepest nesting a config may use (real ones use < 10)
@@ -41,18 +42,17 @@ def printable(problem: ConfigProblem) -> ConfigProblem:
 def read_yaml(file: Path) -> Any:
     """The parsed document of ``file`` (``None`` when empty), or ``ConfigError``."""
     try:
-        size = file.stat().st_size
-        text = file.read_text(encoding="utf-8") if size <= MAX_BYTES else ""
+        text = read_capped(file, MAX_BYTES).decode("utf-8")
     except FileNotFoundError as exc:
         raise _fail(file, "config file not found", "check the path") from exc
     except UnicodeDecodeError as exc:  # the file, not its path: its bytes are not UTF-8
         raise _fail(
             file, f"config file is not UTF-8 text: {exc}", "save the file as UTF-8 (YAML configs are UTF-8)"
         ) from exc
+    except Unreadable as exc:  # a device, or past MAX_BYTES
+        raise _fail(file, f"cannot read config file: {exc}", "a config is a few KiB of YAML text") from exc
     except (OSError, UnicodeError, ValueError) as exc:  # ValueError: NUL or a lone surrogate in the path
         raise _fail(file, f"cannot read config file: {exc}", "check the path") from exc
-    if size > MAX_BYTES:
-        raise _fail(file, f"config file is {size} bytes (limit {MAX_BYTES})", "a config is a few KiB")
     return parse_yaml(text, file)
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from localllm._fs import DATA_LIMIT, read_capped
 from localllm.errors import ConfigError, ProblemList
 
 __all__ = ["Case", "Expect", "Matcher", "dump_case", "load_cases", "parse_expect"]
@@ -180,7 +181,7 @@ def load_cases(path: Path) -> list[Case]:
     """Read and check a cases file; ConfigError lists every problem (``line N.key``)."""
     problems = ProblemList(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_capped(path, DATA_LIMIT).decode("utf-8")
     except FileNotFoundError as exc:
         problems.add(
             "",

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from localllm._fs import read_capped
 from localllm.errors import TraceError
 from localllm.eval.cases import dump_case
 from localllm.trace.event import Event
@@ -79,8 +80,8 @@ def _transcript(base: Path, ref: Any) -> dict[str, Any] | None:
     if path is None:
         return None
     try:
-        events = path.read_text(encoding="utf-8").splitlines()
-        timings_text = path.with_suffix(".timings").read_text(encoding="utf-8")
+        events = read_capped(path, None).decode("utf-8").splitlines()
+        timings_text = read_capped(path.with_suffix(".timings"), None).decode("utf-8")
     except (OSError, UnicodeDecodeError):
         return None
     timings: list[int] = []

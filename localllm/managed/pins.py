@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from localllm import settings
-from localllm._fs import atomic_write
+from localllm._fs import TEXT_LIMIT, atomic_write, read_capped
 from localllm.errors import FetchError, PinNotConfigured, UnknownModel, UnsupportedPlatform
 from localllm.resources import data_path
 
@@ -309,7 +309,7 @@ def _model_pin(mid: str, raw: Mapping[str, Any], where: Path) -> ModelPin:
 def _user_models(where: Path, shipped: Mapping[str, ModelPin]) -> dict[str, ModelPin]:
     """The models a user's pins file adds (``{"models": {"entries": {...}}}``)."""
     try:
-        data = json.loads(where.read_text(encoding="utf-8"))
+        data = json.loads(read_capped(where, TEXT_LIMIT).decode("utf-8"))
         entries = data["models"]["entries"]
         if not isinstance(entries, dict):
             raise TypeError("models.entries is not an object")

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from localllm._fs import read_capped
 from localllm.errors import TraceCorrupted
 from localllm.trace import rules
 from localllm.trace.event import HEADER_KIND, SCHEMA_VERSION, Event, go_float, is_rfc3339_utc
@@ -100,8 +101,7 @@ def read_trace(path: str | Path, *, allow_torn: bool = False, lenient: bool = Fa
     (missing file, permissions) propagate unchanged.
     """
     p = Path(path)
-    with open(p, "rb") as fh:
-        data = fh.read()
+    data = read_capped(p, None)  # no limit (trace-format: sub-events have none), but never a device
     return parse_trace(data, allow_torn=allow_torn, path=p, lenient=lenient)
 
 

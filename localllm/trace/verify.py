@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from localllm._fs import read_capped
 from localllm.errors import TraceCorrupted, TraceError
 from localllm.trace.reader import Trace, read_trace
 from localllm.trace.sidecars import sidecar_refs
@@ -106,7 +107,7 @@ def sidecar_problems(trace: Trace, trace_dir: Path) -> list[str]:
 def _transcript_problems(ref: dict[str, Any], target: Path, where: str) -> list[str]:
     problems: list[str] = []
     try:
-        data = target.read_bytes()
+        data = read_capped(target, None)  # never a device
     except OSError as exc:
         return [f"{where}: cannot read {target.name}: {exc.strerror or exc}"]
     count = data.count(b"\n") + (0 if data.endswith(b"\n") or not data else 1)
