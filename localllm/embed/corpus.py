@@ -25,7 +25,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from localllm._fs import read_capped
 from localllm.embed.store import Store, content_hash
 from localllm.errors import EmbedError
 
@@ -209,7 +208,7 @@ def load_corpus(patterns: Sequence[str], base_dir: Path | None = None, chunking:
             if size > c.max_file_bytes:
                 skipped.append(Skipped(shown, f"larger than {c.max_file_bytes} bytes"))
                 continue
-            data = read_capped(path, c.max_file_bytes)  # a device matched by a glob: refused
+            data = path.read_bytes()
         except OSError as exc:
             skipped.append(Skipped(shown, f"unreadable: {exc.strerror or exc}"))
             continue
