@@ -31,6 +31,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import stat
 import threading
 import time
 from pathlib import Path
@@ -113,6 +114,11 @@ class TraceWriter:
         except OSError as exc:
             raise _os_error("cannot open trace", p, exc) from exc
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # /dev/zero: read back until memory ran out
+                raise TraceError(
+                    f"cannot open trace {p}: not a regular file",
+                    hint="a trace is a file it appends to, fsyncs and reads back: name a file path",
+                )
             _lock(fd, p, wait)
             _check_same_file(fd, p)
             return cls._load(p, fd, header, lenient)

@@ -94,3 +94,22 @@ def test_a_schema_that_is_not_a_file_is_not_called_missing(tmp_path: Path, capsy
     assert "--schema /dev/zero: not a regular file" in capsys.readouterr().err  # was "file not found"
     assert main([*base, str(tmp_path / "absent.json")]) == 2
     assert "file not found" in capsys.readouterr().err
+
+
+def test_a_device_as_the_trace_to_append_to_is_refused() -> None:
+    script = (
+        "from localllm.trace import TraceWriter\n"
+        "from localllm.errors import TraceError\n"
+        "try:\n    TraceWriter.open('/dev/zero')\n"
+        "except TraceError as exc:\n    print('refused:', exc)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=_limited,  # before: it read /dev/zero back until MemoryError
+        check=False,
+    )
+    assert done.returncode == 0 and "refused:" in done.stdout and "not a regular file" in done.stdout, done.stderr
