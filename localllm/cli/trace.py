@@ -204,11 +204,19 @@ def _write(text: str, target: Path | None) -> None:
     if target is None:
         sys.stdout.write(text)
         return
+    import os
+
     from localllm._fs import atomic_write
     from localllm.errors import TraceError
 
+    real = Path(os.path.realpath(target))  # a link's file is written, the link kept
     try:
-        atomic_write(target, text)
+        if real.exists() and not real.is_file():
+            # /dev/stdout, /dev/null, a FIFO: written through; a rename would replace the node
+            with open(real, "w", encoding="utf-8") as fh:
+                fh.write(text)
+        else:
+            atomic_write(real, text)
     except OSError as exc:
         raise TraceError(
             f"cannot write {target}: {exc.strerror or exc}", hint="check that the directory is writable and has space"

@@ -40,7 +40,7 @@ def test_a_device_is_refused_and_a_file_or_pipe_read_up_to_the_limit(tmp_path: P
             fh.write(data)
 
     for data, limit, ok in ((b"y" * 100, 100, True), (b"y" * 101, 100, False)):
-        writer = threading.Thread(target=feed, args=(data,))
+        writer = threading.Thread(target=feed, args=(data,), daemon=True)
         writer.start()
         if ok:
             assert read_capped(fifo, limit) == data  # `--prompt-file <(…)` keeps working

@@ -470,6 +470,33 @@ def test_trace_cases_and_cassette_round_trip(app: Path, capsys: pytest.CaptureFi
     )
 
 
+def test_trace_output_to_a_fifo_or_a_link_writes_through_never_replacing_the_node(app: Path) -> None:
+    # -o /dev/stdout (a link to a pipe or tty) was renamed over: as root that replaced the
+    # system's /dev/stdout with a regular file; a FIFO here stands for it, safely
+    import os
+    import stat
+    import threading
+
+    config = load_config(app / "app.yaml")
+    recorded = app / "recorded.jsonl"
+    with Runtime(config, trace=recorded) as runtime:
+        runtime.register_inprocess("agent.claude", claude)
+        runtime.run_gate("triage", {"ticket": TICKETS["t1"][0]}, agent="agent.claude")
+    fifo = app / "out.fifo"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    assert main(["trace", "cases", str(recorded), "--gate", "triage", "-o", str(fifo)]) == 0
+    reader.join(10)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and len(got[0].splitlines()) == 1
+    real = app / "real.jsonl"
+    real.write_text("old\n")
+    (app / "link.jsonl").symlink_to(real)
+    assert main(["trace", "cases", str(recorded), "--gate", "triage", "-o", str(app / "link.jsonl")]) == 0
+    assert (app / "link.jsonl").is_symlink() and len(real.read_text().splitlines()) == 1
+
+
 def test_cli_eval_writes_reports_under_the_current_directory_not_the_config(
     app: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
