@@ -9,9 +9,7 @@ it), and now says so instead of "unusable response (JSONDecodeError)".
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +21,10 @@ from localllm.embed.registry import ModelInfo
 from localllm.errors import AgentError, EmbedServerError
 from localllm.loading import load_config
 from localllm.runtime import Runtime
+from tests.unit.test_structured_output import Fake
 
-#: (status, headers, body) for one request
-Reply = tuple[int, dict[str, str], bytes]
+#: (status, body, headers) for one request
+Reply = tuple[int, bytes, dict[str, str]]
 SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
 DEEP = b"[" * 100_000
 
@@ -35,43 +34,13 @@ def chat(content: str) -> bytes:
     return json.dumps({"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}).encode()
 
 
-class Server:
-    """Answers every POST with ``policy()``; counts what reached it."""
-
-    def __init__(self, policy: Callable[[], Reply]) -> None:
-        self.hits = 0
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                outer.hits += 1
-                status, headers, body = policy()
-                self.send_response(status)
-                for name, value in {"Content-Type": "application/json", **headers}.items():
-                    self.send_header(name, value)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 @pytest.fixture
-def serve() -> Iterator[Callable[[Callable[[], Reply]], Server]]:
-    started: list[Server] = []
+def serve() -> Iterator[Callable[[Reply], Fake]]:
+    """A loopback endpoint answering every POST with one reply; ``bodies`` counts what reached it."""
+    started: list[Fake] = []
 
-    def start(policy: Callable[[], Reply]) -> Server:
-        started.append(Server(policy))
+    def start(reply: Reply) -> Fake:
+        started.append(Fake(lambda _body: reply))
         return started[-1]
 
     yield start
@@ -98,37 +67,37 @@ def _key(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_redirect_is_not_followed_and_says_where_it_points(serve: Any, tmp_path: Path) -> None:
-    elsewhere = serve(lambda: (200, {}, chat('{"answer": "stolen"}')))
-    endpoint = serve(lambda: (302, {"Location": elsewhere.url + "/v1/chat/completions"}, b""))
+    elsewhere = serve((200, chat('{"answer": "stolen"}'), {}))
+    endpoint = serve((302, b"", {"Location": elsewhere.url + "/v1/chat/completions"}))
     error = ask(tmp_path, endpoint.url)
     assert error.kind.value == "transport_error"
     assert f"HTTP 302 from {endpoint.url}/v1/chat/completions redirects to {elsewhere.url}" in error.detail
     assert "endpoint:" in error.hint
-    assert elsewhere.hits == 0  # the key never went there
+    assert elsewhere.bodies == []  # the key never went there
 
 
 @pytest.mark.parametrize(
     ("reply", "kind"),
     [
-        ((200, {}, chat(DEEP.decode())), "schema_invalid"),  # the model's answer: the fallback's to answer
-        ((200, {}, DEEP), "transport_error"),  # the reply itself
-        ((500, {}, DEEP), "transport_error"),  # an error reply
+        ((200, chat(DEEP.decode()), {}), "schema_invalid"),  # the model's answer: the fallback's to answer
+        ((200, DEEP, {}), "transport_error"),  # the reply itself
+        ((500, DEEP, {}), "transport_error"),  # an error reply
     ],
 )
 def test_json_nested_deeper_than_the_decoder_is_an_agent_error(
     serve: Any, tmp_path: Path, reply: Reply, kind: str
 ) -> None:
-    error = ask(tmp_path, serve(lambda: reply).url)  # was RecursionError: "a bug in localllm"
+    error = ask(tmp_path, serve(reply).url)  # was RecursionError: "a bug in localllm"
     assert error.kind.value == kind
 
 
 @pytest.mark.parametrize(
     "reply",
-    [(307, {"location": "http://elsewhere.test/v1/embeddings"}, b""), (200, {}, DEEP)],
+    [(307, b"", {"location": "http://elsewhere.test/v1/embeddings"}), (200, DEEP, {})],
 )
 def test_an_embedding_endpoint_that_redirects_or_nests_too_deep_is_an_embed_error(reply: Reply) -> None:
     def handler(request: httpx.Request) -> httpx.Response:
-        status, headers, body = reply
+        status, body, headers = reply
         return httpx.Response(status, headers=headers, content=body)
 
     info = ModelInfo(id="t", dims=8, context=64, max_input_tokens=64, query_prefix="", document_prefix="")

@@ -30,7 +30,8 @@ DECIDE = {
     "required": ["choice"],
     "additionalProperties": False,
 }
-Policy = Callable[[dict[str, Any]], tuple[int, dict[str, Any]]]
+#: the request body → (status, payload[, headers]); a bytes payload is sent as it is
+Policy = Callable[[dict[str, Any]], tuple[Any, ...]]
 
 
 def _reply(content: str, **extra: Any) -> tuple[int, dict[str, Any]]:
@@ -98,10 +99,11 @@ class Fake:
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 fake.bodies.append(body)
-                status, payload = fake.policy(body)
-                data = json.dumps(payload).encode()
+                status, payload, *headers = fake.policy(body)
+                data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                for name, value in {"Content-Type": "application/json", **(headers[0] if headers else {})}.items():
+                    self.send_header(name, value)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
@@ -113,6 +115,10 @@ class Fake:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
     def probes(self) -> int:
         return sum(1 for b in self.bodies if b.get("max_tokens") == 16 and "Reply with one word." in json.dumps(b))
 
@@ -121,8 +127,7 @@ class Fake:
 def fake(request: pytest.FixtureRequest) -> Iterator[Fake]:
     server = Fake(request.param)
     yield server
-    server.server.shutdown()
-    server.server.server_close()
+    server.close()
 
 
 def config(tmp_path: Path, url: str, extra: str = "") -> Any:
