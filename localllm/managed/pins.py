@@ -308,13 +308,18 @@ def _model_pin(mid: str, raw: Mapping[str, Any], where: Path) -> ModelPin:
 
 def _user_models(where: Path, shipped: Mapping[str, ModelPin]) -> dict[str, ModelPin]:
     """The models a user's pins file adds (``{"models": {"entries": {...}}}``)."""
+    return _user_file(where, shipped)[1]
+
+
+def _user_file(where: Path, shipped: Mapping[str, ModelPin]) -> tuple[dict[str, Any], dict[str, ModelPin]]:
+    """The user's pins file as read (``{}`` when there is none) and the models it adds."""
     try:
         data = json.loads(read_capped(where, TEXT_LIMIT).decode("utf-8"))
         entries = data["models"]["entries"]
         if not isinstance(entries, dict):
             raise TypeError("models.entries is not an object")
     except FileNotFoundError:
-        return {}
+        return {}, {}
     except (OSError, ValueError, RecursionError, KeyError, TypeError) as exc:
         raise FetchError(f"cannot read the user pins file {where}: {exc!r}; fix or remove it") from exc
     out: dict[str, ModelPin] = {}
@@ -326,7 +331,7 @@ def _user_models(where: Path, shipped: Mapping[str, ModelPin]) -> dict[str, Mode
         if not isinstance(raw, dict):
             raise FetchError(f"{where}: models.entries.{mid} must be an object")
         out[mid] = _model_pin(mid, raw, where)
-    return out
+    return data, out
 
 
 def add_user_model(
@@ -354,7 +359,7 @@ def add_user_model(
     name = file or url.rstrip("/").rsplit("/", 1)[-1].split("?", 1)[0]
     raw = {"role": role, "file": name, "url": url, "sha256": sha256.lower(), "size": None}
     shipped = load_pins(user=False).models
-    current = _user_models(where, shipped)
+    data, current = _user_file(where, shipped)
     if model_id in shipped:
         raise FetchError(f"{model_id!r} is already pinned in {shipped[model_id].pins_file}; pick another --id")
     if model_id in current and not replace:
@@ -363,10 +368,6 @@ def add_user_model(
             hint=f"replace it with --replace, or remove it: localllm models --unpin {model_id}",
         )
     pin = _model_pin(model_id, raw, where)  # checks the id, url, sha256 and file name
-    try:
-        data = json.loads(where.read_text(encoding="utf-8")) if where.exists() else {}
-    except (OSError, ValueError, RecursionError) as exc:
-        raise FetchError(f"cannot read the user pins file {where}: {exc}") from exc
     data.setdefault("format", 1)
     data.setdefault("models", {}).setdefault("entries", {})[model_id] = raw
     atomic_write(where, json.dumps(data, indent=2) + "\n")
@@ -380,11 +381,10 @@ def remove_user_model(model_id: str, *, path: Path | None = None) -> Path:
     shipped = load_pins(user=False).models
     if model_id in shipped:
         raise FetchError(f"{model_id!r} is a shipped pin ({shipped[model_id].pins_file}), not one of yours")
-    current = _user_models(where, shipped)
+    data, current = _user_file(where, shipped)
     if model_id not in current:
         known = ", ".join(sorted(current)) or "none"
         raise FetchError(f"{where}: no user pin {model_id!r}", hint=f"your pins: {known}")
-    data = json.loads(where.read_text(encoding="utf-8"))
     del data["models"]["entries"][model_id]
     atomic_write(where, json.dumps(data, indent=2) + "\n")
     return where
