@@ -58,12 +58,12 @@ def read_capped(path: Path, limit: int | None) -> bytes:
     A pipe (``<(…)``) is read like a file, up to the limit.
     """
     with open(path, "rb") as fh:
-        mode = os.fstat(fh.fileno()).st_mode
-        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        st = os.fstat(fh.fileno())
+        if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
             raise Unreadable(f"{path} is a device, not a file")
         if limit is None:
             return fh.read()
-        size = os.fstat(fh.fileno()).st_size if stat.S_ISREG(mode) else 0
+        size = st.st_size if stat.S_ISREG(st.st_mode) else 0
         data = fh.read(limit + 1) if size <= limit else b""
         if size > limit or len(data) > limit:
             raise Unreadable(f"{path} is larger than {_mib(limit)}" + (f" ({_mib(size)})" if size > limit else ""))

@@ -503,22 +503,22 @@ class ServiceApp:
             )
         prepared: chat.Prepared | None = None
         keep_alive: float | None = None
-        if path != "/v1/chat/completions" and None in data.values():
-            # null is the default (chat.prepare does the same): llama-server reads some as type errors, 500s
-            data = {k: v for k, v in data.items() if v is not None}
-            raw = json.dumps(data).encode()
         try:
-            if path == "/v1/embeddings":
-                chat.check_embeddings(data)
-            elif path in ("/tokenize", "/detokenize"):
-                chat.check_tokens(path, data)
             if path == "/v1/chat/completions":
                 prepared = chat.prepare(data, model, limits=self.limits.chat, stop=self.stops.get(model, ()))
                 keep_alive = prepared.keep_alive
                 raw = json.dumps(prepared.body).encode()
-            elif "keep_alive" in data:
-                keep_alive = chat.parse_keep_alive(data.pop("keep_alive"))
-                raw = json.dumps(data).encode()
+            else:
+                # null is the default (chat.prepare does the same): llama-server reads some as type errors, 500s
+                sent = {k: v for k, v in data.items() if v is not None and k != "keep_alive"}
+                if "keep_alive" in data:
+                    keep_alive = chat.parse_keep_alive(data["keep_alive"])
+                if path == "/v1/embeddings":
+                    chat.check_embeddings(sent)
+                elif path in ("/tokenize", "/detokenize"):
+                    chat.check_tokens(path, sent)
+                if sent != data:  # re-encoded only when something was left out
+                    data, raw = sent, json.dumps(sent).encode()
         except chat.BadRequest as exc:
             raise _Reply(400, exc.to_json()) from None
         if self._inflight >= self.limits.max_queue:

@@ -518,7 +518,8 @@ def test_embedding_shapes_llama_server_takes_pass(
         )
     assert answer.status_code == 200, answer.text
     asked = {"model": "all-minilm-l6-v2-f16", "encoding_format": "base64", **extra}
-    (sent,) = [r["body"] for r in rows(env["requests"]) if r["path"] == "/v1/embeddings"]
+    # the fake logs a request just after answering it
+    (sent,) = eventually(lambda: [r["body"] for r in rows(env["requests"]) if r["path"] == "/v1/embeddings"])
     assert sent == {k: v for k, v in asked.items() if v is not None}  # null is the default: not sent
 
 
