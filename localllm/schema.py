@@ -204,7 +204,9 @@ class SchemaSet:
             return cached
         doc = dict(schema)
         doc.setdefault("$id", base.resolve().as_uri())
-        cls = validator_for(doc)
+        from localllm.grammar.pattern import linear_validator
+
+        cls = linear_validator(validator_for(doc))  # patterns matched in linear time
         from referencing.jsonschema import specification_with
 
         dialect = specification_with(str(cls.META_SCHEMA.get("$schema") or cls.META_SCHEMA.get("$id")))

@@ -264,24 +264,69 @@ def schema_problem(schema: Any) -> tuple[str, str] | None:
             return where, exc.message
     except _validation_failures() as exc:
         return "$", f"the validator cannot read it ({type(exc).__name__})"
+    return _slow_pattern(schema)
+
+
+_SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "dependentSchemas"})
+_SCHEMA_DATA = frozenset({"enum", "const", "default", "examples"})
+
+
+def _slow_pattern(schema: Any) -> tuple[str, str] | None:
+    """The first ``pattern`` (or ``patternProperties`` name) with no linear-time match, as
+    (JSON path, reason): validation would fall back to ``re``, which can backtrack for
+    minutes on one near-miss answer (see :mod:`localllm.grammar.pattern`)."""
+    from localllm.grammar.pattern import unsupported_reason
+
+    def why(pattern: str) -> str | None:
+        reason = unsupported_reason(pattern)
+        if reason is None:
+            return None
+        return (
+            f"the pattern {_q(pattern)} cannot be checked in time linear in the answer: {reason} "
+            "(a near-miss answer could stall validation); rewrite it without that"
+        )
+
+    stack: list[tuple[Any, str]] = [(schema, "$")]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, list):
+            stack.extend((v, child(path, i)) for i, v in reversed(list(enumerate(node))))
+            continue
+        if not isinstance(node, dict):
+            continue
+        for key, value in node.items():
+            here = child(path, key)
+            if key in _SCHEMA_DATA:
+                continue
+            if key == "pattern" and isinstance(value, str) and (reason := why(value)):
+                return here, reason
+            if key in _SCHEMA_MAPS | {"patternProperties"} and isinstance(value, dict):
+                for name, sub in value.items():
+                    if key == "patternProperties" and (reason := why(name)):
+                        return child(here, name), reason
+                    stack.append((sub, child(here, name)))
+            else:
+                stack.append((value, here))
     return None
 
 
 def validator_class(schema: Any) -> Any:
-    """The jsonschema validator class for ``schema``'s ``$schema`` (2020-12 when absent or unknown)."""
+    """The jsonschema validator class for ``schema``'s ``$schema`` (2020-12 when absent or
+    unknown), its regex searches in linear time (:func:`localllm.grammar.pattern.linear_validator`)."""
     import warnings
 
     from localllm import _jsonschema
+    from localllm.grammar.pattern import linear_validator
 
     _jsonschema.prepare()  # before jsonschema's first import: see localllm/_jsonschema.py
     import jsonschema
 
     if not isinstance(schema, dict) or not isinstance(schema.get("$schema", ""), str):
-        return jsonschema.Draft202012Validator
+        return linear_validator(jsonschema.Draft202012Validator)
     with warnings.catch_warnings():
         # an unknown $schema: jsonschema warns and uses its latest draft, as we do
         warnings.simplefilter("ignore", DeprecationWarning)
-        return jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        return linear_validator(jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator))
 
 
 def _nesting(value: Any) -> int:

@@ -327,6 +327,26 @@ def test_tool_history_is_rendered_as_text(make_service: Factory, env: dict[str, 
 
 
 # -- checks and caps ---------------------------------------------------------------------------
+def test_a_pattern_validation_could_stall_on_is_a_400_before_the_model(
+    make_service: Factory, env: dict[str, Path]
+) -> None:
+    # a backreference has no linear-time match: re would decide it, and re can backtrack for
+    # minutes on one near-miss answer, freezing the service (localllm.grammar.pattern)
+    schema = {"type": "object", "properties": {"x": {"type": "string", "pattern": r"^(\w+)-\1$"}}}
+    service = make_service()
+    with client(service) as http:
+        for strict in (True, False):
+            refused = chat(http, "chat", response_format=fmt(schema, strict=strict))
+            assert refused.status_code == 400, refused.text
+            error = refused.json()["error"]
+            assert (error["code"], error["param"]) == ("invalid_schema", "response_format.json_schema.schema")
+            assert "$.properties.x.pattern" in error["message"] and "backreference" in error["message"]
+        fine = chat(http, "chat", response_format=fmt({"type": "object", "properties": {"x": {"pattern": "^(a+)+$"}}}))
+        assert fine.status_code == 200, fine.text
+    eventually(lambda: upstream_chats(env))
+    assert len(upstream_chats(env)) == 1  # only the answerable one reached the model
+
+
 @pytest.mark.parametrize(
     ("extra", "param"),
     [

@@ -1,0 +1,360 @@
+"""``re.search(pattern, text)`` for JSON Schema ``pattern``s, in time linear in ``text``.
+
+Python's ``re`` backtracks: ``^(a+)+$`` against ``"a" * 30 + "b"`` runs for minutes,
+``^\\d*\\d*\\d*$`` is cubic, and ``a*b`` is quadratic in a search. ``re`` holds the GIL
+while it runs, so no deadline fires and a whole process (a service's event loop too)
+freezes on one answer a model chose. Answer validation therefore matches patterns here:
+
+* the pattern is parsed by ``re``'s own parser, so the language is exactly ``re``'s
+  (escapes, classes, ``\\d``/``\\w``/``\\s`` as Unicode, inline and scoped flags);
+* each one-character item (a literal, a class, ``.``) is tested by a one-item ``re``
+  pattern compiled with the item's flags, so character semantics are ``re``'s too;
+* the structure (sequences, alternatives, repeats, groups) becomes a Thompson NFA that is
+  run as a set of states, one step per character (cached as a lazy DFA), so the time is
+  O(len(text) × NFA size) whatever the pattern: there is no backtracking to explode;
+* anchors and ``\\b``/``\\B`` are checked as ``re`` checks them (``$`` also before a final
+  newline; ``\\b`` never matches in an empty text); lookaheads and lookbehinds run as
+  anchored sub-searches, memoised per position (at worst quadratic, never exponential).
+
+What has no linear-time equivalent — backreferences, conditionals ``(?(1)…)``, atomic groups
+and possessive repeats (Python-only syntax) — and patterns whose counted repeats expand past
+:data:`MAX_STATES` raise :class:`PatternUnsupported`; :func:`unsupported_reason` says which,
+so schema checks refuse them up front (``localllm.grammar.compile.schema_problem``).
+A pattern ``re`` cannot parse raises ``re.error``, as ``re.search`` does.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import re
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    from re import _compiler, _constants, _parser
+else:  # pragma: no cover - Python 3.10
+    import sre_compile as _compiler
+    import sre_constants as _constants
+    import sre_parse as _parser
+
+__all__ = ["MAX_STATES", "PatternUnsupported", "linear_validator", "search", "unsupported_reason"]
+
+MAX_STATES = 20_000  # NFA states a pattern may expand to (each counted repeat is unrolled)
+_CACHE_LIMIT = 4096  # lazy-DFA entries per pattern before the cache is flushed
+_CHAR_OPS = frozenset({_constants.LITERAL, _constants.NOT_LITERAL, _constants.ANY, _constants.IN})
+_REPEATS = frozenset({_constants.MAX_REPEAT, _constants.MIN_REPEAT})  # lazy or greedy: the same language
+_UNSUPPORTED = {
+    _constants.GROUPREF: "a backreference",
+    _constants.GROUPREF_EXISTS: "a conditional group (?(…)…)",
+}
+for _name, _what in (("ATOMIC_GROUP", "an atomic group (?>…)"), ("POSSESSIVE_REPEAT", "a possessive repeat")):
+    if hasattr(_constants, _name):
+        _UNSUPPORTED[getattr(_constants, _name)] = _what
+_MULTILINE = _constants.SRE_FLAG_MULTILINE
+_ASCII = _constants.SRE_FLAG_ASCII
+
+# one state of the NFA: what it does, and where it goes
+_CHAR, _SPLIT, _AT, _LOOK, _MATCH = range(5)
+
+
+class PatternUnsupported(ValueError):
+    """The pattern has a construct that cannot be matched in linear time (the reason says which)."""
+
+
+class _Nfa:
+    """Thompson NFA states in parallel lists; state 0 is the start."""
+
+    def __init__(self) -> None:
+        self.kind: list[int] = []
+        self.out: list[list[int]] = []
+        self.test: list[Any] = []  # _CHAR: one-character matcher; _AT: assertion; _LOOK: (nfa, negate)
+        self.accept = -1
+
+    def add(self, kind: int, out: list[int], test: Any = None) -> int:
+        if len(self.kind) >= MAX_STATES:
+            raise PatternUnsupported(f"its repeats expand to more than {MAX_STATES:,} states")
+        self.kind.append(kind)
+        self.out.append(out)
+        self.test.append(test)
+        return len(self.kind) - 1
+
+
+class _Builder:
+    """``re``'s parse tree → NFA states, built back to front (each item knows what follows it)."""
+
+    def __init__(self, nfa: _Nfa) -> None:
+        self.nfa = nfa
+        self.looks = False
+
+    def sequence(self, items: Any, flags: int, follow: int) -> int:
+        for op, av in reversed(list(items)):
+            follow = self.item(op, av, flags, follow)
+        return follow
+
+    def item(self, op: Any, av: Any, flags: int, follow: int) -> int:
+        nfa = self.nfa
+        if op in _CHAR_OPS:
+            return nfa.add(_CHAR, [follow], _one_char(op, av, flags))
+        if op is _constants.SUBPATTERN:
+            _group, add, remove, body = av
+            return self.sequence(body, (flags | add) & ~remove, follow)
+        if op is _constants.BRANCH:
+            return nfa.add(_SPLIT, [self.sequence(b, flags, follow) for b in av[1]])
+        if op in _REPEATS:
+            lo, hi, body = av
+            if hi == _constants.MAXREPEAT:
+                loop = nfa.add(_SPLIT, [])
+                nfa.out[loop] = [self.sequence(body, flags, loop), follow]
+                tail = loop
+            else:
+                tail = follow
+                for _ in range(hi - lo):  # (x(x(x)?)?)?
+                    tail = nfa.add(_SPLIT, [self.sequence(body, flags, tail), follow])
+            for _ in range(lo):
+                tail = self.sequence(body, flags, tail)
+            return tail
+        if op is _constants.AT:
+            return nfa.add(_AT, [follow], _assertion(av, flags))
+        if op in (_constants.ASSERT, _constants.ASSERT_NOT):
+            direction, body = av
+            sub = _build(body, flags)
+            self.looks = True
+            width = body.getwidth()[0] if direction < 0 else 0
+            return nfa.add(_LOOK, [follow], (sub, op is _constants.ASSERT_NOT, width))
+        raise PatternUnsupported(f"it uses {_UNSUPPORTED.get(op, op)}")
+
+
+def _build(tree: Any, flags: int) -> _Matcher:
+    nfa = _Nfa()
+    start = nfa.add(_SPLIT, [])
+    builder = _Builder(nfa)
+    nfa.accept = nfa.add(_MATCH, [])
+    nfa.out[start] = [builder.sequence(tree, flags, nfa.accept)]
+    return _Matcher(nfa, cacheable=not builder.looks)
+
+
+def _one_char(op: Any, av: Any, flags: int) -> Callable[[str], Any]:
+    """A matcher for one character, compiled by ``re`` itself from this one parse item."""
+    state = _parser.State()
+    state.flags = flags
+    return _compiler.compile(_parser.SubPattern(state, [(op, av)]), flags).fullmatch
+
+
+def _word(flags: int) -> Callable[[str], Any]:
+    return re.compile(r"\w", flags & _ASCII).fullmatch
+
+
+def _assertion(code: Any, flags: int) -> tuple[str, Any]:
+    """An anchor as (name, word matcher or None), after ``re``'s own flag rules."""
+    at = _constants
+    if code is at.AT_BEGINNING:
+        return ("bol" if flags & _MULTILINE else "bos", None)
+    if code is at.AT_BEGINNING_STRING:
+        return ("bos", None)
+    if code is at.AT_END:
+        return ("eol" if flags & _MULTILINE else "eoz", None)
+    if code is at.AT_END_STRING:
+        return ("eos", None)
+    if code is at.AT_BOUNDARY:
+        return ("b", _word(flags))
+    if code is at.AT_NON_BOUNDARY:
+        return ("B", _word(flags))
+    raise PatternUnsupported(f"it uses the anchor {code}")
+
+
+def _holds(assertion: tuple[str, Any], text: str, i: int) -> bool:
+    name, word = assertion
+    n = len(text)
+    if name == "bos":
+        return i == 0
+    if name == "bol":
+        return i == 0 or text[i - 1] == "\n"
+    if name == "eos":
+        return i == n
+    if name == "eoz":
+        return i == n or (i == n - 1 and text[i] == "\n")
+    if name == "eol":
+        return i == n or text[i] == "\n"
+    if n == 0:  # \b and \B both fail in an empty text, as in re
+        return False
+    before = i > 0 and word(text[i - 1]) is not None
+    after = i < n and word(text[i]) is not None
+    return (before != after) == (name == "b")
+
+
+class _Matcher:
+    """Runs one NFA over a text: a set of states per position, cached as a lazy DFA."""
+
+    def __init__(self, nfa: _Nfa, *, cacheable: bool) -> None:
+        self.nfa = nfa
+        self.cacheable = cacheable
+        self.asserts = sorted({t for k, t in zip(nfa.kind, nfa.test, strict=True) if k == _AT}, key=repr)
+        self.closures: dict[tuple[frozenset[int], tuple[bool, ...]], frozenset[int]] = {}
+        self.steps: dict[tuple[frozenset[int], str], frozenset[int]] = {}
+
+    def closure(self, states: frozenset[int], text: str, i: int, looks: dict[tuple[int, int], bool]) -> frozenset[int]:
+        """The character-reading and accepting states reachable from ``states`` at position ``i``."""
+        context = tuple(_holds(a, text, i) for a in self.asserts)
+        if self.cacheable:
+            cached = self.closures.get((states, context))
+            if cached is not None:
+                return cached
+        nfa = self.nfa
+        holds = dict(zip(self.asserts, context, strict=True))
+        seen: set[int] = set()
+        found: set[int] = set()
+        stack = list(states)
+        while stack:
+            s = stack.pop()
+            if s in seen:
+                continue
+            seen.add(s)
+            kind = nfa.kind[s]
+            if kind in (_CHAR, _MATCH):
+                found.add(s)
+            elif (
+                kind == _SPLIT
+                or (kind == _AT and holds[nfa.test[s]])
+                or (kind == _LOOK and self.look(s, text, i, looks))
+            ):
+                stack.extend(nfa.out[s])
+        result = frozenset(found)
+        if self.cacheable:
+            if len(self.closures) >= _CACHE_LIMIT:
+                self.closures.clear()
+            self.closures[(states, context)] = result
+        return result
+
+    def look(self, s: int, text: str, i: int, looks: dict[tuple[int, int], bool]) -> bool:
+        key = (s, i)
+        if key not in looks:
+            sub, negate, width = self.nfa.test[s]
+            start = i - width
+            found = start >= 0 and sub.run(text, start, anchored=True)
+            looks[key] = found != negate
+        return looks[key]
+
+    def step(self, closed: frozenset[int], c: str) -> frozenset[int]:
+        if self.cacheable:
+            cached = self.steps.get((closed, c))
+            if cached is not None:
+                return cached
+        nfa = self.nfa
+        result = frozenset(nfa.out[s][0] for s in closed if nfa.kind[s] == _CHAR and nfa.test[s](c) is not None)
+        if self.cacheable:
+            if len(self.steps) >= _CACHE_LIMIT:
+                self.steps.clear()
+            self.steps[(closed, c)] = result
+        return result
+
+    def run(self, text: str, begin: int = 0, *, anchored: bool = False) -> bool:
+        """Does a match start at ``begin`` (anchored) or anywhere from ``begin`` on?"""
+        start = frozenset({0})
+        accept = self.nfa.accept
+        looks: dict[tuple[int, int], bool] = {}
+        states = start
+        for i in range(begin, len(text) + 1):
+            closed = self.closure(states, text, i, looks)
+            if accept in closed:
+                return True
+            if i == len(text):
+                break
+            states = self.step(closed, text[i])
+            if not anchored:
+                states |= start
+            elif not states:
+                return False
+        return False
+
+
+@functools.lru_cache(maxsize=512)
+def _compiled(pattern: str) -> _Matcher:
+    tree = _parser.parse(pattern, 0)  # re.error for what re cannot parse, as re.search raises
+    try:
+        return _build(tree, tree.state.flags)
+    except RecursionError:
+        raise PatternUnsupported("it nests groups too deeply") from None
+
+
+def search(pattern: str, text: str) -> bool:
+    """``re.search(pattern, text) is not None``, in O(len(text) × pattern size) time.
+
+    Raises ``re.error`` when ``re`` cannot parse ``pattern`` and :class:`PatternUnsupported`
+    for a construct with no linear-time match (see :func:`unsupported_reason`)."""
+    return _compiled(pattern).run(text)
+
+
+def unsupported_reason(pattern: str) -> str | None:
+    """Why :func:`search` cannot match ``pattern`` in linear time, or None (also None when
+    ``re`` cannot parse it: that is ``re.error``'s to report)."""
+    try:
+        _compiled(pattern)
+    except PatternUnsupported as exc:
+        return str(exc)
+    except (re.error, RecursionError, OverflowError):
+        return None
+    return None
+
+
+# jsonschema's modules whose keyword functions call ``re.search`` (directly or through each other)
+_KEYWORD_MODULES = ("jsonschema._utils", "jsonschema._keywords", "jsonschema._legacy_keywords")
+
+
+class _LinearRe:
+    """What those modules see as ``re``: ``search`` runs in linear time, the rest is ``re``."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(re, name)
+
+    @staticmethod
+    def search(pattern: str, text: str) -> bool | None:
+        try:
+            return search(pattern, text) or None
+        except PatternUnsupported:  # refused by schema checks; a caller that skipped them gets re
+            return re.search(pattern, text) is not None or None
+
+
+@functools.cache
+def _linear_functions() -> dict[Any, Any]:
+    """Each function of :data:`_KEYWORD_MODULES` → a copy that runs in a copy of its module's
+    namespace where ``re`` is :class:`_LinearRe` and every such function is its copy (so a
+    helper one keyword calls searches linearly too). jsonschema itself is left untouched."""
+    modules = [importlib.import_module(name) for name in _KEYWORD_MODULES]
+    spaces = {m.__name__: {**vars(m), "re": _LinearRe()} for m in modules}
+    copies: dict[Any, Any] = {}
+    for space in spaces.values():
+        for value in space.values():
+            if isinstance(value, types.FunctionType) and value.__module__ in spaces and value not in copies:
+                copy = types.FunctionType(
+                    value.__code__, spaces[value.__module__], value.__name__, value.__defaults__, value.__closure__
+                )
+                copy.__kwdefaults__ = value.__kwdefaults__
+                copies[value] = copy
+    for space in spaces.values():
+        space.update(
+            {
+                key: copies[value]
+                for key, value in space.items()
+                if isinstance(value, types.FunctionType) and value in copies
+            }
+        )
+    return copies
+
+
+@functools.cache
+def linear_validator(cls: Any) -> Any:
+    """``cls`` (a jsonschema validator class) with every regex search in linear time: its
+    ``pattern``, ``patternProperties``, ``additionalProperties``, ``unevaluatedProperties``."""
+    from localllm import _jsonschema
+
+    _jsonschema.prepare()  # before jsonschema's first import: see localllm/_jsonschema.py
+    import jsonschema
+
+    copies = _linear_functions()
+    keywords = {key: copies.get(fn, fn) for key, fn in cls.VALIDATORS.items()}
+    validator = jsonschema.validators.extend(cls, keywords)
+    validator.__name__ = validator.__qualname__ = cls.__name__  # the same draft (callers read its name)
+    return validator

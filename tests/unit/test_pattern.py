@@ -1,0 +1,284 @@
+"""Answer validation matches ``pattern`` in linear time with ``re``'s verdicts (localllm.grammar.pattern).
+
+Python's ``re`` backtracks exponentially on ``^(a+)+$`` against a near miss and holds the
+GIL meanwhile: one answer froze a whole process. These tests compare every verdict with
+``re`` (random patterns, the schema corpora's patterns, every character class over sampled
+code points) and run the hostile cases in a child process with a deadline, so a regression
+fails instead of hanging the suite.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localllm.grammar.compile import schema_problem, validator_class
+from localllm.grammar.pattern import MAX_STATES, PatternUnsupported, search, unsupported_reason
+from localllm.schema import SchemaSet
+from tests.conftest import REPO
+
+NEAR_MISS = "a" * 40 + "!"  # re needs ~2**40 steps to reject it against ^(a+)+$
+EVIL = "^(a+)+$"
+
+# -- the same verdicts as re ----------------------------------------------------------------
+_ATOMS = [
+    "a", "b", r"\d", r"\w", r"\s", r"\W", r"\D", r"\S", ".", "[ab]", "[^a]", r"[a-c\d]", r"\n", "é", "٣", "_",
+    " ", r"\b", r"\B", "^", "$", r"\A", r"\Z", "(?=a)", "(?!b)", "(?<=a)", "(?<!b)", r"[\s\d]", r"\x1c", "[^\\W_]",
+]  # fmt: skip
+_FLAGS = ["", "(?i)", "(?m)", "(?s)", "(?a)", "(?x)", "(?ims)"]
+_ALPHABET = "abAB1٣_ \n\x1cé\t.-"
+
+
+def _random_pattern(rng: random.Random, depth: int = 0) -> str:
+    roll = rng.random()
+    if depth > 3 or roll < 0.35:
+        return rng.choice(_ATOMS)
+    if roll < 0.55:
+        return "".join(_random_pattern(rng, depth + 1) for _ in range(rng.randint(1, 3)))
+    if roll < 0.7:
+        return "(?:" + "|".join(_random_pattern(rng, depth + 1) for _ in range(rng.randint(2, 3))) + ")"
+    quantifier = rng.choice(["*", "+", "?", "{2}", "{1,3}", "{0,2}", "*?", "+?", "{2,}"])
+    return "(" + _random_pattern(rng, depth + 1) + ")" + quantifier
+
+
+def test_random_patterns_give_re_s_verdicts() -> None:
+    rng = random.Random(20261203)
+    checked = 0
+    for _ in range(3000):
+        pattern = rng.choice(_FLAGS) + _random_pattern(rng)
+        if rng.random() < 0.1:
+            pattern = "(?i:" + re.sub(r"\(\?[a-z]+\)", "", pattern) + ")"  # scoped flags
+        try:
+            compiled = re.compile(pattern)
+        except re.error:
+            continue
+        for _ in range(5):
+            text = "".join(rng.choice(_ALPHABET) for _ in range(rng.randint(0, 8)))
+            assert search(pattern, text) == (compiled.search(text) is not None), (pattern, text)
+            checked += 1
+    assert checked > 10_000
+
+
+def _corpus_patterns() -> set[str]:
+    found: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("enum", "const", "default", "examples"):
+                    continue
+                if key == "pattern" and isinstance(value, str):
+                    found.add(value)
+                if key == "patternProperties" and isinstance(value, dict):
+                    found.update(value)
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    for path in sorted((REPO / "grammar" / "corpus").glob("*.json")):
+        walk(json.loads(path.read_text()))
+    for path in (
+        REPO / "grammar" / "realworld" / "schemas.jsonl",
+        REPO / "tests/bench/data/jsonschemabench_sample.jsonl",
+    ):
+        for line in path.read_text().splitlines():
+            walk(json.loads(line))
+    return found
+
+
+def test_the_corpora_s_patterns_give_re_s_verdicts_and_none_is_refused() -> None:
+    patterns = _corpus_patterns()
+    assert len(patterns) > 150
+    probes = ["", "a", "abc", "ABC-123", "2024-01-31", "user@example.com", "https://x.org/a?b=1", " x ", "\n", "é٣"]
+    rng = random.Random(7)
+    compared = 0
+    for pattern in sorted(patterns):
+        try:
+            compiled = re.compile(pattern)
+        except re.error:  # ECMA-only syntax: the validator reports it (schema_invalid), not us
+            continue
+        assert unsupported_reason(pattern) is None, pattern
+        own = [c for c in pattern if c.isprintable()] or ["a"]
+        texts = probes + ["".join(rng.choice(own) for _ in range(rng.randint(1, 12))) for _ in range(20)]
+        for text in texts:
+            assert search(pattern, text) == (compiled.search(text) is not None), (pattern, text)
+            compared += 1
+    assert compared > 4000
+
+
+@pytest.mark.parametrize("item", [r"\d", r"\w", r"\s", r"\D", r"\W", r"\S", ".", r"[^\W\d]", r"\b."])
+@pytest.mark.parametrize("flags", ["", "(?a)", "(?i)", "(?s)"])
+def test_character_classes_match_re_over_sampled_code_points(item: str, flags: str) -> None:
+    pattern = f"{flags}^{item}$"
+    compiled = re.compile(pattern)
+    special = [0x1C, 0x1F, 0x85, 0xA0, 0x130, 0x131, 0x17F, 0x212A, 0x660, 0x2028, 0x3000, 0x10400, 0x1D7CE]
+    for cp in [*range(0, 0x250), *range(0x250, 0x110000, 251), *special]:
+        if 0xD800 <= cp <= 0xDFFF:
+            continue
+        text = chr(cp)
+        assert search(pattern, text) == (compiled.search(text) is not None), (pattern, hex(cp))
+
+
+@pytest.mark.parametrize(
+    ("pattern", "text", "expected"),
+    [
+        ("^ab$", "ab\n", True),  # $ also before a final newline
+        (r"^ab\Z", "ab\n", False),
+        (r"\b", "", False),  # neither \b nor \B matches an empty text
+        (r"\B", "", False),
+        ("(?m)^b$", "a\nb\nc", True),
+        (r"(?<=\ba)b", "ab", True),
+        (r"(?<!a)b", "ab", False),
+        ("(?=.*[A-Z])(?=.*\\d).{8,}", "abcdefgH1", True),
+        ("(?i)straße", "STRASSE", False),
+        ("(?i)ǅ", "ǆ", True),
+    ],
+)
+def test_edge_cases_match_re(pattern: str, text: str, expected: bool) -> None:
+    assert (re.search(pattern, text) is not None) is expected  # the premise
+    assert search(pattern, text) is expected
+
+
+# -- linear time ---------------------------------------------------------------------------
+_HOSTILE = {
+    EVIL: NEAR_MISS,
+    r"^\d*\d*\d*\d*$": "1" * 5000 + "x",  # polynomial for re: ~10**13 steps
+    "a*b": "a" * 50_000,  # quadratic for re's search
+    r"^(\w|\d)+$": "1" * 40 + "!",
+    "^(?=(a+)+$)": NEAR_MISS,
+}
+
+
+def _in_child(code: str, timeout: float = 60) -> Any:
+    """Run ``code`` in a fresh interpreter, its last stdout line as JSON; a hang fails the test."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=REPO,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"still running after {timeout} s: the match backtracks")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_hostile_patterns_are_decided_without_backtracking() -> None:
+    verdicts = _in_child(
+        f"""
+        import json
+        from localllm.grammar.pattern import search
+        print(json.dumps([search(p, t) for p, t in {_HOSTILE!r}.items()]))
+        """
+    )
+    assert verdicts == [False] * len(_HOSTILE)
+
+
+_KEYWORD_SCHEMAS: dict[str, tuple[dict[str, Any], Any]] = {
+    "pattern": ({"pattern": EVIL}, NEAR_MISS),
+    "patternProperties": ({"patternProperties": {EVIL: {"type": "integer"}}}, {NEAR_MISS: 1, "aa": "x"}),
+    "additionalProperties": ({"patternProperties": {EVIL: {}}, "additionalProperties": False}, {NEAR_MISS: 1}),
+    "unevaluatedProperties": ({"patternProperties": {EVIL: {}}, "unevaluatedProperties": False}, {NEAR_MISS: 1}),
+    "propertyNames": ({"propertyNames": {"pattern": EVIL}}, {NEAR_MISS: 1}),
+    "nested unevaluated": (
+        {"allOf": [{"patternProperties": {EVIL: {}}}], "unevaluatedProperties": False},
+        {NEAR_MISS: 1, "aaa": 2},
+    ),
+}
+_DRAFTS = {
+    "draft4": "http://json-schema.org/draft-04/schema#",
+    "draft7": "http://json-schema.org/draft-07/schema#",
+    "2019-09": "https://json-schema.org/draft/2019-09/schema",
+    "2020-12": "https://json-schema.org/draft/2020-12/schema",
+}
+
+
+def test_every_regex_keyword_of_every_draft_validates_a_near_miss_promptly() -> None:
+    """Both validator paths (the runtime's SchemaSet and validator_class: service, grammar)."""
+    cases = [
+        (name, draft, {"$schema": uri, **schema}, instance)
+        for name, (schema, instance) in _KEYWORD_SCHEMAS.items()
+        for draft, uri in _DRAFTS.items()
+        if not (name.endswith("unevaluated") or name == "unevaluatedProperties") or draft in ("2019-09", "2020-12")
+        if not (name == "propertyNames" and draft == "draft4")
+    ]
+    found = _in_child(
+        f"""
+        import json
+        from pathlib import Path
+        from localllm.grammar.compile import validator_class
+        from localllm.schema import SchemaSet
+        from localllm.errors import AgentError
+        out = []
+        for name, draft, schema, instance in {cases!r}:
+            errors = [e.validator for e in validator_class(schema)(schema).iter_errors(instance)]
+            try:
+                SchemaSet(Path(".")).validate(json.dumps(instance), schema)
+                kind = None
+            except AgentError as exc:
+                kind = exc.kind.value
+            out.append([name, draft, errors, kind])
+        print(json.dumps(out))
+        """,
+        timeout=120,
+    )
+    assert len(found) == len(cases) >= 19
+    for name, draft, errors, kind in found:
+        assert errors and kind == "schema_invalid", (name, draft, errors, kind)
+
+
+def test_linear_validators_keep_jsonschema_s_verdicts_and_messages() -> None:
+    import jsonschema
+
+    schema = {"pattern": "^[a-z]+$", "patternProperties": {"^x": {"type": "integer"}}, "additionalProperties": False}
+    for instance in ("abc", "ab1", {"x1": 1, "y": 2}, {"x1": "s"}):
+        ours = [(e.validator, e.message) for e in validator_class(schema)(schema).iter_errors(instance)]
+        theirs = [(e.validator, e.message) for e in jsonschema.Draft202012Validator(schema).iter_errors(instance)]
+        assert ours == theirs, instance
+    assert validator_class(schema) is not jsonschema.Draft202012Validator  # and jsonschema's own stays re's
+    assert jsonschema.Draft202012Validator.VALIDATORS["pattern"].__globals__["re"] is re
+
+
+# -- what cannot be matched in linear time is refused when the schema is checked ------------
+@pytest.mark.parametrize(
+    ("schema", "where", "construct"),
+    [
+        ({"type": "string", "pattern": r"^(a)\1$"}, "$.pattern", "backreference"),
+        ({"properties": {"x": {"pattern": "(?P<q>a)(?P=q)"}}}, "$.properties.x.pattern", "backreference"),
+        ({"patternProperties": {r"^(\w)\1": {}}}, "$.patternProperties", "backreference"),
+        ({"$schema": _DRAFTS["draft7"], "items": [{"pattern": "(?>a+)b"}]}, "$.items[0].pattern", "atomic group"),
+        ({"pattern": "a++"}, "$.pattern", "possessive"),
+        ({"pattern": "a{0,30000}"}, "$.pattern", f"{MAX_STATES:,} states"),
+    ],
+)
+def test_schema_checks_refuse_patterns_without_a_linear_match(
+    schema: dict[str, Any], where: str, construct: str
+) -> None:
+    problem = schema_problem(schema)
+    assert problem is not None
+    assert problem[0].startswith(where) and construct in problem[1], problem
+
+
+def test_schema_checks_accept_lookarounds_and_data_that_looks_like_a_pattern() -> None:
+    assert schema_problem({"pattern": "^(?=.*[A-Z])(?=.*\\d).{8,}$"}) is None
+    assert schema_problem({"enum": [{"pattern": r"(a)\1"}], "const": {"pattern": "a++"}}) is None
+    assert schema_problem({"properties": {"pattern": {"type": "string"}}}) is None
+
+
+def test_a_pattern_with_a_backreference_still_validates_where_checks_were_skipped(tmp_path: Path) -> None:
+    schema = {"type": "string", "pattern": r"^(\w)\1$"}
+    with pytest.raises(PatternUnsupported):
+        search(r"^(\w)\1$", "aa")
+    assert SchemaSet(tmp_path).validate('"aa"', schema) == "aa"  # re decides it, as before
