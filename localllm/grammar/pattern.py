@@ -186,22 +186,33 @@ def _holds(assertion: tuple[str, Any], text: str, i: int) -> bool:
 
 
 class _Matcher:
-    """Runs one NFA over a text: a set of states per position, cached as a lazy DFA."""
+    """Runs one NFA over a text: a set of states per position, cached as a lazy DFA.
+
+    A DFA state is the frozenset of character-reading (and accepting) NFA states; the cache
+    maps (states, anchor context) to its closure and (closure, character) to the next states,
+    the restart of an unanchored search included. Lookarounds depend on the whole text, so an
+    NFA with one is run uncached."""
 
     def __init__(self, nfa: _Nfa, *, cacheable: bool) -> None:
         self.nfa = nfa
         self.cacheable = cacheable
         self.asserts = sorted({t for k, t in zip(nfa.kind, nfa.test, strict=True) if k == _AT}, key=repr)
+        # with only start/end anchors, every position but the first and the last two has one context
+        self.middle = (
+            None if any(a[0] in ("bol", "eol", "b", "B") for a in self.asserts) else (False,) * len(self.asserts)
+        )
         self.closures: dict[tuple[frozenset[int], tuple[bool, ...]], frozenset[int]] = {}
-        self.steps: dict[tuple[frozenset[int], str], frozenset[int]] = {}
+        self.steps: tuple[dict[tuple[frozenset[int], str], frozenset[int]], ...] = ({}, {})  # [anchored]
 
-    def closure(self, states: frozenset[int], text: str, i: int, looks: dict[tuple[int, int], bool]) -> frozenset[int]:
+    def context(self, text: str, i: int) -> tuple[bool, ...]:
+        if self.middle is not None and 0 < i < len(text) - 1:
+            return self.middle
+        return tuple([_holds(a, text, i) for a in self.asserts])
+
+    def closure(
+        self, states: frozenset[int], context: tuple[bool, ...], text: str, i: int, looks: dict[tuple[int, int], bool]
+    ) -> frozenset[int]:
         """The character-reading and accepting states reachable from ``states`` at position ``i``."""
-        context = tuple(_holds(a, text, i) for a in self.asserts)
-        if self.cacheable:
-            cached = self.closures.get((states, context))
-            if cached is not None:
-                return cached
         nfa = self.nfa
         holds = dict(zip(self.asserts, context, strict=True))
         seen: set[int] = set()
@@ -237,37 +248,43 @@ class _Matcher:
             looks[key] = found != negate
         return looks[key]
 
-    def step(self, closed: frozenset[int], c: str) -> frozenset[int]:
-        if self.cacheable:
-            cached = self.steps.get((closed, c))
-            if cached is not None:
-                return cached
+    def step(self, closed: frozenset[int], c: str, anchored: bool) -> frozenset[int]:
         nfa = self.nfa
         result = frozenset(nfa.out[s][0] for s in closed if nfa.kind[s] == _CHAR and nfa.test[s](c) is not None)
+        if not anchored:
+            result |= _START
         if self.cacheable:
-            if len(self.steps) >= _CACHE_LIMIT:
-                self.steps.clear()
-            self.steps[(closed, c)] = result
+            steps = self.steps[anchored]
+            if len(steps) >= _CACHE_LIMIT:
+                steps.clear()
+            steps[(closed, c)] = result
         return result
 
     def run(self, text: str, begin: int = 0, *, anchored: bool = False) -> bool:
         """Does a match start at ``begin`` (anchored) or anywhere from ``begin`` on?"""
-        start = frozenset({0})
         accept = self.nfa.accept
         looks: dict[tuple[int, int], bool] = {}
-        states = start
-        for i in range(begin, len(text) + 1):
-            closed = self.closure(states, text, i, looks)
+        closures = self.closures if self.cacheable else {}
+        steps = self.steps[anchored] if self.cacheable else {}
+        states = _START
+        n = len(text)
+        for i in range(begin, n + 1):
+            context = self.context(text, i) if self.asserts else ()
+            closed = closures.get((states, context))
+            if closed is None:
+                closed = self.closure(states, context, text, i, looks)
             if accept in closed:
                 return True
-            if i == len(text):
+            if i == n:
                 break
-            states = self.step(closed, text[i])
-            if not anchored:
-                states |= start
-            elif not states:
+            c = text[i]
+            states = steps.get((closed, c)) or self.step(closed, c, anchored)
+            if not states:
                 return False
         return False
+
+
+_START = frozenset({0})
 
 
 @functools.lru_cache(maxsize=512)
