@@ -38,6 +38,7 @@ from urllib.parse import unquote
 from localllm.grammar import keywords
 from localllm.grammar.formats import format_checker
 from localllm.grammar.meta import meta_error
+from localllm.grammar.pattern import search
 
 MAX_DEPTH = 64
 #: llama.cpp expands ``x{m,n}`` into n nested rules and advances all of them per token: a
@@ -1328,7 +1329,7 @@ class _Compiler:
             if name in props:
                 return props[name]
             try:
-                matching = [sub for pat, sub in pats.items() if re.search(pat, name) is not None]
+                matching = [sub for pat, sub in pats.items() if search(pat, name, fallback=True)]
             except re.error:
                 raise _Refuse(path, "patternProperties", "a pattern is not a valid regex") from None
             if not matching:
@@ -1492,7 +1493,7 @@ class _Compiler:
                 values = [pschema]
                 values += [o for other, o in patterns.items() if other != pat and not _disjoint_patterns(pat, other)]
                 try:
-                    values += [sub for name, sub, _ in declared if re.search(pat, name) is not None]
+                    values += [sub for name, sub, _ in declared if search(pat, name, fallback=True)]
                 except re.error:
                     return None
                 key = {"type": "string", "pattern": pat}
@@ -1572,7 +1573,7 @@ class _Compiler:
             matching = []
             for pattern, pschema in patterns.items():
                 try:
-                    if re.search(pattern, name) is not None:
+                    if search(pattern, name, fallback=True):
                         matching.append(pschema)
                 except re.error:
                     raise _Refuse(path, "patternProperties", f"pattern {_q(pattern)} is not a valid regex") from None

@@ -296,12 +296,18 @@ def _compiled(pattern: str) -> _Matcher:
         raise PatternUnsupported("it nests groups too deeply") from None
 
 
-def search(pattern: str, text: str) -> bool:
+def search(pattern: str, text: str, *, fallback: bool = False) -> bool:
     """``re.search(pattern, text) is not None``, in O(len(text) × pattern size) time.
 
     Raises ``re.error`` when ``re`` cannot parse ``pattern`` and :class:`PatternUnsupported`
-    for a construct with no linear-time match (see :func:`unsupported_reason`)."""
-    return _compiled(pattern).run(text)
+    for a construct with no linear-time match (see :func:`unsupported_reason`) — unless
+    ``fallback``, for callers whose schemas were checked already: then ``re`` decides those."""
+    try:
+        return _compiled(pattern).run(text)
+    except PatternUnsupported:
+        if not fallback:
+            raise
+        return re.search(pattern, text) is not None
 
 
 def unsupported_reason(pattern: str) -> str | None:
@@ -328,10 +334,8 @@ class _LinearRe:
 
     @staticmethod
     def search(pattern: str, text: str) -> bool | None:
-        try:
-            return search(pattern, text) or None
-        except PatternUnsupported:  # refused by schema checks; a caller that skipped them gets re
-            return re.search(pattern, text) is not None or None
+        # what schema checks refuse is re's to decide, for a caller that skipped them
+        return search(pattern, text, fallback=True) or None
 
 
 @functools.cache

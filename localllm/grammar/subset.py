@@ -41,6 +41,7 @@ from typing import Any, Literal
 
 from localllm.grammar import keywords
 from localllm.grammar.paths import child_path
+from localllm.grammar.pattern import search
 
 Severity = Literal["error", "warning"]
 
@@ -573,7 +574,7 @@ class _Checker:
         for pattern, sub in patterns.items():
             implied_type = sub.get("type") if isinstance(sub, dict) and _only_keyword(sub, "type") else None
             try:
-                matched = [name for name in props if re.search(pattern, name)]
+                matched = [name for name in props if search(pattern, name, fallback=True)]
             except re.error:
                 return False
             if matched and (

@@ -239,6 +239,35 @@ def test_every_regex_keyword_of_every_draft_validates_a_near_miss_promptly() -> 
         assert errors and kind == "schema_invalid", (name, draft, errors, kind)
 
 
+def test_the_grammar_compiler_checker_and_eval_match_schema_patterns_promptly() -> None:
+    """A declared property name is a near miss of a patternProperties pattern: the compiler and
+    the subset checker search one in the other (a service request's schema reaches both), and an
+    eval case's ``regex`` meets the model's answer."""
+    schema = {
+        "type": "object",
+        "properties": {NEAR_MISS: {"type": "string"}},
+        "patternProperties": {EVIL: {"type": "integer"}},
+    }
+    found = _in_child(
+        f"""
+        import json
+        from localllm.eval.cases import Matcher
+        from localllm.grammar.compile import compile_schema, schema_problem
+        from localllm.grammar.subset import check_subset
+        schema = {schema!r}
+        compiled = compile_schema(schema)
+        print(json.dumps([
+            schema_problem(schema),
+            compiled.grammar is not None or [r.construct for r in compiled.refusals],
+            [v.severity for v in check_subset(schema) if v.severity == "error"],
+            Matcher("regex", {EVIL!r}).matches(True, {NEAR_MISS!r}),
+            Matcher("regex", "^(a+)+!$").matches(True, {NEAR_MISS!r}),
+        ]))
+        """
+    )
+    assert found == [None, True, [], False, True]
+
+
 def test_linear_validators_keep_jsonschema_s_verdicts_and_messages() -> None:
     import jsonschema
 
