@@ -612,14 +612,11 @@ def converter_failure(prepared: Prepared, status: int, answer: Any) -> BadReques
 
 
 def _validator(schema: Any) -> Any:
-    from localllm import _jsonschema
-
-    _jsonschema.prepare()  # before jsonschema's first import: see localllm/_jsonschema.py
-    import jsonschema
-
     from localllm.grammar.compile import validator_class
+    from localllm.grammar.formats import format_checker
 
-    return validator_class(schema)(schema, format_checker=jsonschema.FormatChecker())
+    cls = validator_class(schema)
+    return cls(schema, format_checker=format_checker(cls))  # the formats every other path asserts
 
 
 def _violation(schema: Any, value: Any) -> str | None:

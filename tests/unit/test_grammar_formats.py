@@ -94,3 +94,25 @@ def test_bad_values_fail_and_good_values_pass_on_the_answer_path(tmp_path: Path,
 )
 def test_iri_checker_follows_rfc_3987(value: str, valid: bool) -> None:
     assert format_checker(jsonschema.Draft202012Validator).conforms(value, "iri") == valid
+
+
+@pytest.mark.parametrize(
+    ("answer", "valid"),
+    [
+        ("(" * 5000 + ")" * 5000, False),  # re.compile: RecursionError, was a raw traceback
+        ("(?:" * 3000 + ")" * 3000, False),
+        ("[[a]", True),  # re.compile: FutureWarning "Possible nested set" (an error under -W error)
+        ("a(b", False),
+    ],
+)
+def test_a_hostile_regex_answer_is_a_verdict_on_every_path(tmp_path: Path, answer: str, valid: bool) -> None:
+    from localllm.service.chat import _violation
+
+    schema = {"type": "string", "format": "regex"}
+    if valid:
+        assert SchemaSet(tmp_path).validate(json.dumps(answer), schema) == answer
+    else:
+        with pytest.raises(AgentError) as caught:
+            SchemaSet(tmp_path).validate(json.dumps(answer), schema)
+        assert caught.value.kind is ErrorKind.SCHEMA_INVALID
+    assert (_violation(schema, answer) is None) is valid  # the service's validator
