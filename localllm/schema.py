@@ -204,9 +204,9 @@ class SchemaSet:
             return cached
         doc = dict(schema)
         doc.setdefault("$id", base.resolve().as_uri())
-        from localllm.grammar.pattern import linear_validator
+        from localllm.grammar.bounded import bounded_validator
 
-        cls = linear_validator(validator_for(doc))  # patterns matched in linear time
+        cls = bounded_validator(validator_for(doc))  # patterns, uniqueItems, multipleOf bounded
         from referencing.jsonschema import specification_with
 
         dialect = specification_with(str(cls.META_SCHEMA.get("$schema") or cls.META_SCHEMA.get("$id")))
@@ -242,6 +242,9 @@ class SchemaSet:
         except re.error as exc:  # an ECMA-only pattern (named groups, inline flags) Python cannot compile
             detail = f"the schema's pattern cannot be checked ({exc}); rewrite it without ECMA-only syntax"
             raise AgentError(ErrorKind.SCHEMA_INVALID, detail) from exc
+        except RecursionError:  # a recursive schema and an answer nested hundreds of levels deep
+            detail = "the submission nests too deeply to validate against this recursive schema"
+            raise AgentError(ErrorKind.SCHEMA_INVALID, detail) from None
         except Unresolvable as exc:  # the schema's fault, not the answer's
             where = base or "the schema"
             raise SchemaError(

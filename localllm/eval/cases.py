@@ -60,9 +60,7 @@ class Matcher:
         if self.kind == "number":
             return _is_number(got) and abs(float(got) - float(self.value)) <= self.tolerance
         assert self.kind == "regex"
-        from localllm.grammar.pattern import search  # linear time: the answer is the model's
-
-        return isinstance(got, str) and search(self.value, got, fallback=True)
+        return isinstance(got, str) and re.search(self.value, got) is not None
 
     @property
     def label(self) -> Any:

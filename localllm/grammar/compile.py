@@ -313,21 +313,21 @@ def _slow_pattern(schema: Any) -> tuple[str, str] | None:
 
 def validator_class(schema: Any) -> Any:
     """The jsonschema validator class for ``schema``'s ``$schema`` (2020-12 when absent or
-    unknown), its regex searches in linear time (:func:`localllm.grammar.pattern.linear_validator`)."""
+    unknown), its regex searches in linear time (:func:`localllm.grammar.bounded.bounded_validator`)."""
     import warnings
 
     from localllm import _jsonschema
-    from localllm.grammar.pattern import linear_validator
+    from localllm.grammar.bounded import bounded_validator
 
     _jsonschema.prepare()  # before jsonschema's first import: see localllm/_jsonschema.py
     import jsonschema
 
     if not isinstance(schema, dict) or not isinstance(schema.get("$schema", ""), str):
-        return linear_validator(jsonschema.Draft202012Validator)
+        return bounded_validator(jsonschema.Draft202012Validator)
     with warnings.catch_warnings():
         # an unknown $schema: jsonschema warns and uses its latest draft, as we do
         warnings.simplefilter("ignore", DeprecationWarning)
-        return linear_validator(jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator))
+        return bounded_validator(jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator))
 
 
 def _nesting(value: Any) -> int:

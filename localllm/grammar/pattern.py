@@ -26,10 +26,8 @@ A pattern ``re`` cannot parse raises ``re.error``, as ``re.search`` does.
 from __future__ import annotations
 
 import functools
-import importlib
 import re
 import sys
-import types
 from collections.abc import Callable
 from typing import Any
 
@@ -40,7 +38,7 @@ else:  # pragma: no cover - Python 3.10
     import sre_constants as _constants
     import sre_parse as _parser
 
-__all__ = ["MAX_STATES", "PatternUnsupported", "linear_validator", "search", "unsupported_reason"]
+__all__ = ["MAX_STATES", "PatternUnsupported", "search", "unsupported_reason"]
 
 MAX_STATES = 20_000  # NFA states a pattern may expand to (each counted repeat is unrolled)
 _CACHE_LIMIT = 4096  # lazy-DFA entries per pattern before the cache is flushed
@@ -320,62 +318,3 @@ def unsupported_reason(pattern: str) -> str | None:
     except (re.error, RecursionError, OverflowError):
         return None
     return None
-
-
-# jsonschema's modules whose keyword functions call ``re.search`` (directly or through each other)
-_KEYWORD_MODULES = ("jsonschema._utils", "jsonschema._keywords", "jsonschema._legacy_keywords")
-
-
-class _LinearRe:
-    """What those modules see as ``re``: ``search`` runs in linear time, the rest is ``re``."""
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(re, name)
-
-    @staticmethod
-    def search(pattern: str, text: str) -> bool | None:
-        # what schema checks refuse is re's to decide, for a caller that skipped them
-        return search(pattern, text, fallback=True) or None
-
-
-@functools.cache
-def _linear_functions() -> dict[Any, Any]:
-    """Each function of :data:`_KEYWORD_MODULES` → a copy that runs in a copy of its module's
-    namespace where ``re`` is :class:`_LinearRe` and every such function is its copy (so a
-    helper one keyword calls searches linearly too). jsonschema itself is left untouched."""
-    modules = [importlib.import_module(name) for name in _KEYWORD_MODULES]
-    spaces = {m.__name__: {**vars(m), "re": _LinearRe()} for m in modules}
-    copies: dict[Any, Any] = {}
-    for space in spaces.values():
-        for value in space.values():
-            if isinstance(value, types.FunctionType) and value.__module__ in spaces and value not in copies:
-                copy = types.FunctionType(
-                    value.__code__, spaces[value.__module__], value.__name__, value.__defaults__, value.__closure__
-                )
-                copy.__kwdefaults__ = value.__kwdefaults__
-                copies[value] = copy
-    for space in spaces.values():
-        space.update(
-            {
-                key: copies[value]
-                for key, value in space.items()
-                if isinstance(value, types.FunctionType) and value in copies
-            }
-        )
-    return copies
-
-
-@functools.cache
-def linear_validator(cls: Any) -> Any:
-    """``cls`` (a jsonschema validator class) with every regex search in linear time: its
-    ``pattern``, ``patternProperties``, ``additionalProperties``, ``unevaluatedProperties``."""
-    from localllm import _jsonschema
-
-    _jsonschema.prepare()  # before jsonschema's first import: see localllm/_jsonschema.py
-    import jsonschema
-
-    copies = _linear_functions()
-    keywords = {key: copies.get(fn, fn) for key, fn in cls.VALIDATORS.items()}
-    validator = jsonschema.validators.extend(cls, keywords)
-    validator.__name__ = validator.__qualname__ = cls.__name__  # the same draft (callers read its name)
-    return validator

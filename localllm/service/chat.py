@@ -620,7 +620,10 @@ def _validator(schema: Any) -> Any:
 
 
 def _violation(schema: Any, value: Any) -> str | None:
-    error = next(iter(_validator(schema).iter_errors(value)), None)
+    try:
+        error = next(iter(_validator(schema).iter_errors(value)), None)
+    except RecursionError:  # a recursive schema and an answer nested hundreds of levels deep
+        return "$: the answer nests too deeply to validate against this recursive schema"
     if error is None:
         return None
     where = "$" + "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)

@@ -239,10 +239,9 @@ def test_every_regex_keyword_of_every_draft_validates_a_near_miss_promptly() -> 
         assert errors and kind == "schema_invalid", (name, draft, errors, kind)
 
 
-def test_the_grammar_compiler_checker_and_eval_match_schema_patterns_promptly() -> None:
+def test_the_grammar_compiler_and_checker_match_schema_patterns_promptly() -> None:
     """A declared property name is a near miss of a patternProperties pattern: the compiler and
-    the subset checker search one in the other (a service request's schema reaches both), and an
-    eval case's ``regex`` meets the model's answer."""
+    the subset checker search one in the other (a service request's schema reaches both)."""
     schema = {
         "type": "object",
         "properties": {NEAR_MISS: {"type": "string"}},
@@ -251,7 +250,6 @@ def test_the_grammar_compiler_checker_and_eval_match_schema_patterns_promptly() 
     found = _in_child(
         f"""
         import json
-        from localllm.eval.cases import Matcher
         from localllm.grammar.compile import compile_schema, schema_problem
         from localllm.grammar.subset import check_subset
         schema = {schema!r}
@@ -260,15 +258,13 @@ def test_the_grammar_compiler_checker_and_eval_match_schema_patterns_promptly() 
             schema_problem(schema),
             compiled.grammar is not None or [r.construct for r in compiled.refusals],
             [v.severity for v in check_subset(schema) if v.severity == "error"],
-            Matcher("regex", {EVIL!r}).matches(True, {NEAR_MISS!r}),
-            Matcher("regex", "^(a+)+!$").matches(True, {NEAR_MISS!r}),
         ]))
         """
     )
-    assert found == [None, True, [], False, True]
+    assert found == [None, True, []]
 
 
-def test_linear_validators_keep_jsonschema_s_verdicts_and_messages() -> None:
+def test_bounded_validators_keep_jsonschema_s_verdicts_and_messages() -> None:
     import jsonschema
 
     schema = {"pattern": "^[a-z]+$", "patternProperties": {"^x": {"type": "integer"}}, "additionalProperties": False}

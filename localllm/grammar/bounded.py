@@ -1,0 +1,137 @@
+"""jsonschema validator classes whose keywords stay fast and exception-free on hostile answers.
+
+Every answer localllm validates goes through :func:`bounded_validator` (by way of
+``localllm.grammar.compile.validator_class`` and ``localllm.schema.SchemaSet``). It is
+jsonschema's own class for the draft, with three keyword families swapped, verdicts and
+messages unchanged:
+
+* **regexes** (``pattern``, ``patternProperties``, ``additionalProperties``,
+  ``unevaluatedProperties``, ``propertyNames``): ``re.search`` backtracks exponentially on
+  ``^(a+)+$`` and a near-miss answer, holding the GIL; here :func:`localllm.grammar.pattern.search`
+  matches in linear time;
+* **uniqueItems**: jsonschema compares unhashable items pairwise, 43 s for 5,000 objects;
+  here each item gets a hashable key with JSON's equality (``1 == 1.0``, ``true != 1``, key
+  order ignored), linear time;
+* **multipleOf** with a float divisor: a 400-digit integer raised a bare ``OverflowError``;
+  here it is decided exactly with fractions.
+
+The regex keywords are jsonschema's own functions, copied to run in a copy of their module's
+namespace where ``re`` is :class:`_LinearRe`; jsonschema itself is left untouched.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import re
+import types
+from collections.abc import Iterator
+from fractions import Fraction
+from typing import Any
+
+from localllm.grammar.pattern import search
+
+__all__ = ["bounded_validator"]
+
+# jsonschema's modules whose keyword functions call ``re.search`` (directly or through each other)
+_KEYWORD_MODULES = ("jsonschema._utils", "jsonschema._keywords", "jsonschema._legacy_keywords")
+
+
+class _LinearRe:
+    """What those modules see as ``re``: ``search`` runs in linear time, the rest is ``re``."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(re, name)
+
+    @staticmethod
+    def search(pattern: str, text: str) -> bool | None:
+        # what schema checks refuse is re's to decide, for a caller that skipped them
+        return search(pattern, text, fallback=True) or None
+
+
+@functools.cache
+def _linear_functions() -> dict[Any, Any]:
+    """Each function of :data:`_KEYWORD_MODULES` → a copy that runs in a copy of its module's
+    namespace where ``re`` is :class:`_LinearRe` and every such function is its copy (so a
+    helper one keyword calls searches linearly too)."""
+    modules = [importlib.import_module(name) for name in _KEYWORD_MODULES]
+    spaces = {m.__name__: {**vars(m), "re": _LinearRe()} for m in modules}
+    copies: dict[Any, Any] = {}
+    for space in spaces.values():
+        for value in space.values():
+            if isinstance(value, types.FunctionType) and value.__module__ in spaces and value not in copies:
+                copy = types.FunctionType(
+                    value.__code__, spaces[value.__module__], value.__name__, value.__defaults__, value.__closure__
+                )
+                copy.__kwdefaults__ = value.__kwdefaults__
+                copies[value] = copy
+    for space in spaces.values():
+        space.update(
+            {
+                key: copies[value]
+                for key, value in space.items()
+                if isinstance(value, types.FunctionType) and value in copies
+            }
+        )
+    return copies
+
+
+def _key(value: Any) -> Any:
+    """A hashable stand-in for a JSON value, equal exactly when the values are JSON-equal."""
+    if value is True or value is False:
+        return (0, value)
+    if isinstance(value, (int, float)):
+        return (1, value)  # 1 == 1.0, and their hashes agree
+    if isinstance(value, str):
+        return (2, value)
+    if value is None:
+        return (3,)
+    if isinstance(value, (list, tuple)):
+        return (4, tuple(_key(v) for v in value))
+    if isinstance(value, dict):
+        return (5, frozenset((k, _key(v)) for k, v in value.items()))
+    raise TypeError(type(value).__name__)
+
+
+def _unique_items(validator: Any, unique: Any, instance: Any, schema: Any) -> Iterator[Any]:
+    if not unique or not validator.is_type(instance, "array"):
+        return
+    from jsonschema import ValidationError
+
+    try:
+        keys = [_key(item) for item in instance]
+    except TypeError:  # not JSON data (a caller's own objects): jsonschema's comparison
+        yield from validator._UNBOUNDED["uniqueItems"](validator, unique, instance, schema)
+        return
+    if len(set(keys)) != len(keys):
+        yield ValidationError(f"{instance!r} has non-unique elements")
+
+
+def _multiple_of(validator: Any, divisor: Any, instance: Any, schema: Any) -> Iterator[Any]:
+    try:
+        yield from validator._UNBOUNDED["multipleOf"](validator, divisor, instance, schema)
+    except OverflowError:  # an integer too large for a float: decide it exactly
+        from jsonschema import ValidationError
+
+        if (Fraction(instance) / Fraction(divisor)).denominator != 1:
+            yield ValidationError(f"{instance!r} is not a multiple of {divisor}")
+
+
+@functools.cache
+def bounded_validator(cls: Any) -> Any:
+    """``cls`` (a jsonschema validator class) with its regex, ``uniqueItems`` and
+    ``multipleOf`` keywords bounded as the module docstring says."""
+    from localllm import _jsonschema
+
+    _jsonschema.prepare()  # before jsonschema's first import: see localllm/_jsonschema.py
+    import jsonschema
+
+    copies = _linear_functions()
+    keywords = {key: copies.get(fn, fn) for key, fn in cls.VALIDATORS.items()}
+    for key, fn in (("uniqueItems", _unique_items), ("multipleOf", _multiple_of)):
+        if key in keywords:
+            keywords[key] = fn
+    validator = jsonschema.validators.extend(cls, keywords)
+    validator.__name__ = validator.__qualname__ = cls.__name__  # the same draft (callers read its name)
+    validator._UNBOUNDED = cls.VALIDATORS
+    return validator
