@@ -116,3 +116,35 @@ def test_a_hostile_regex_answer_is_a_verdict_on_every_path(tmp_path: Path, answe
             SchemaSet(tmp_path).validate(json.dumps(answer), schema)
         assert caught.value.kind is ErrorKind.SCHEMA_INVALID
     assert (_violation(schema, answer) is None) is valid  # the service's validator
+
+
+def test_uri_template_verdicts_are_uri_template_s_and_an_unclosed_run_is_decided() -> None:
+    import random
+
+    import uri_template
+
+    from localllm.grammar.compile import validator_class
+    from tests.unit.test_pattern import _in_child
+
+    schema = {"type": "string", "format": "uri-template"}
+    cls = validator_class(schema)
+    validator = cls(schema, format_checker=format_checker(cls))
+    rng = random.Random(3)
+    for _ in range(20_000):
+        text = "".join(rng.choice("{}a%,:*+#./;?&=!1 x") for _ in range(rng.randint(0, 8)))
+        assert validator.is_valid(text) == uri_template.validate(text), text
+    # uri-template's split regex is quadratic on unclosed braces: 10 s for 100,000, ~17 min here
+    verdicts = _in_child(
+        """
+        import json
+        from pathlib import Path
+        from localllm.errors import AgentError
+        from localllm.schema import SchemaSet
+        try:
+            SchemaSet(Path(".")).validate(json.dumps("x{a}" + "{" * 1_000_000), {"format": "uri-template"})
+            print(json.dumps("valid"))
+        except AgentError as exc:
+            print(json.dumps(exc.kind.value))
+        """
+    )
+    assert verdicts == "schema_invalid"
