@@ -93,28 +93,33 @@ def _key(value: Any) -> Any:
     raise TypeError(type(value).__name__)
 
 
+def _error(message: str) -> Any:
+    from localllm import _jsonschema
+
+    _jsonschema.prepare()  # before jsonschema's first import: see localllm/_jsonschema.py
+    from jsonschema import ValidationError
+
+    return ValidationError(message)
+
+
 def _unique_items(validator: Any, unique: Any, instance: Any, schema: Any) -> Iterator[Any]:
     if not unique or not validator.is_type(instance, "array"):
         return
-    from jsonschema import ValidationError
-
     try:
         keys = [_key(item) for item in instance]
     except TypeError:  # not JSON data (a caller's own objects): jsonschema's comparison
         yield from validator._UNBOUNDED["uniqueItems"](validator, unique, instance, schema)
         return
     if len(set(keys)) != len(keys):
-        yield ValidationError(f"{instance!r} has non-unique elements")
+        yield _error(f"{instance!r} has non-unique elements")
 
 
 def _multiple_of(validator: Any, divisor: Any, instance: Any, schema: Any) -> Iterator[Any]:
     try:
         yield from validator._UNBOUNDED["multipleOf"](validator, divisor, instance, schema)
     except OverflowError:  # an integer too large for a float: decide it exactly
-        from jsonschema import ValidationError
-
         if (Fraction(instance) / Fraction(divisor)).denominator != 1:
-            yield ValidationError(f"{instance!r} is not a multiple of {divisor}")
+            yield _error(f"{instance!r} is not a multiple of {divisor}")
 
 
 @functools.cache

@@ -491,6 +491,24 @@ RULES: list[tuple[str, str, str, str]] = [
         "endpoint mode: a redirect is never followed, the key never sent on",
         "probe: test_hostile_answers.py::test_a_redirect_is_not_followed_and_says_where_it_points",
     ),
+    (
+        "contract",
+        "5",
+        "schemas: a pattern without a linear-time match",
+        "deviation: JSON Schema `pattern` (ECMA-262 regexes",
+    ),
+    (
+        "contract",
+        "5",
+        "schemas: a pattern without a linear-time match is refused where schemas are checked",
+        "probe: test_pattern.py::test_schema_checks_refuse_patterns_without_a_linear_match",
+    ),
+    (
+        "contract",
+        "9",
+        "every local answer is validated: in linear time, whatever the pattern",
+        "probe: test_pattern.py::test_every_regex_keyword_of_every_draft_validates_a_near_miss_promptly",
+    ),
 ]
 
 
