@@ -38,7 +38,7 @@ from urllib.parse import unquote
 from localllm.grammar import keywords
 from localllm.grammar.formats import format_checker
 from localllm.grammar.meta import meta_error
-from localllm.grammar.pattern import search
+from localllm.grammar.pattern import search, unsupported_reason
 
 MAX_DEPTH = 64
 #: llama.cpp expands ``x{m,n}`` into n nested rules and advances all of them per token: a
@@ -268,7 +268,7 @@ def schema_problem(schema: Any) -> tuple[str, str] | None:
     return _slow_pattern(schema)
 
 
-_SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "dependentSchemas"})
+_SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "dependentSchemas", "patternProperties"})
 _SCHEMA_DATA = frozenset({"enum", "const", "default", "examples"})
 
 
@@ -276,7 +276,6 @@ def _slow_pattern(schema: Any) -> tuple[str, str] | None:
     """The first ``pattern`` (or ``patternProperties`` name) with no linear-time match, as
     (JSON path, reason): validation would fall back to ``re``, which can backtrack for
     minutes on one near-miss answer (see :mod:`localllm.grammar.pattern`)."""
-    from localllm.grammar.pattern import unsupported_reason
 
     def why(pattern: str) -> str | None:
         reason = unsupported_reason(pattern)
@@ -301,7 +300,7 @@ def _slow_pattern(schema: Any) -> tuple[str, str] | None:
                 continue
             if key == "pattern" and isinstance(value, str) and (reason := why(value)):
                 return here, reason
-            if key in _SCHEMA_MAPS | {"patternProperties"} and isinstance(value, dict):
+            if key in _SCHEMA_MAPS and isinstance(value, dict):
                 for name, sub in value.items():
                     if key == "patternProperties" and (reason := why(name)):
                         return child(here, name), reason
@@ -313,7 +312,8 @@ def _slow_pattern(schema: Any) -> tuple[str, str] | None:
 
 def validator_class(schema: Any) -> Any:
     """The jsonschema validator class for ``schema``'s ``$schema`` (2020-12 when absent or
-    unknown), its regex searches in linear time (:func:`localllm.grammar.bounded.bounded_validator`)."""
+    unknown), with the keywords a hostile answer could stall or crash bounded
+    (:func:`localllm.grammar.bounded.bounded_validator`)."""
     import warnings
 
     from localllm import _jsonschema

@@ -63,17 +63,20 @@ class PatternUnsupported(ValueError):
 
 
 class _Nfa:
-    """Thompson NFA states in parallel lists; state 0 is the start."""
+    """Thompson NFA states in parallel lists; state 0 is the start. ``budget`` (one counter
+    shared with the lookarounds' NFAs) caps the states of the whole pattern."""
 
-    def __init__(self) -> None:
+    def __init__(self, budget: list[int]) -> None:
         self.kind: list[int] = []
         self.out: list[list[int]] = []
         self.test: list[Any] = []  # _CHAR: one-character matcher; _AT: assertion; _LOOK: (nfa, negate)
         self.accept = -1
+        self.budget = budget
 
     def add(self, kind: int, out: list[int], test: Any = None) -> int:
-        if len(self.kind) >= MAX_STATES:
+        if self.budget[0] <= 0:
             raise PatternUnsupported(f"its repeats expand to more than {MAX_STATES:,} states")
+        self.budget[0] -= 1
         self.kind.append(kind)
         self.out.append(out)
         self.test.append(test)
@@ -83,9 +86,10 @@ class _Nfa:
 class _Builder:
     """``re``'s parse tree → NFA states, built back to front (each item knows what follows it)."""
 
-    def __init__(self, nfa: _Nfa) -> None:
+    def __init__(self, nfa: _Nfa, chars: dict[tuple[Any, str, int], Callable[[str], Any]]) -> None:
         self.nfa = nfa
         self.looks = False
+        self.chars = chars  # one compiled matcher per distinct item and flags (repeats unroll copies)
 
     def sequence(self, items: Any, flags: int, follow: int) -> int:
         for op, av in reversed(list(items)):
@@ -95,7 +99,10 @@ class _Builder:
     def item(self, op: Any, av: Any, flags: int, follow: int) -> int:
         nfa = self.nfa
         if op in _CHAR_OPS:
-            return nfa.add(_CHAR, [follow], _one_char(op, av, flags))
+            key = (op, repr(av), flags)
+            if key not in self.chars:
+                self.chars[key] = _one_char(op, av, flags)
+            return nfa.add(_CHAR, [follow], self.chars[key])
         if op is _constants.SUBPATTERN:
             _group, add, remove, body = av
             return self.sequence(body, (flags | add) & ~remove, follow)
@@ -118,17 +125,19 @@ class _Builder:
             return nfa.add(_AT, [follow], _assertion(av, flags))
         if op in (_constants.ASSERT, _constants.ASSERT_NOT):
             direction, body = av
-            sub = _build(body, flags)
+            sub = _build(body, flags, nfa.budget, self.chars)
             self.looks = True
             width = body.getwidth()[0] if direction < 0 else 0
             return nfa.add(_LOOK, [follow], (sub, op is _constants.ASSERT_NOT, width))
         raise PatternUnsupported(f"it uses {_UNSUPPORTED.get(op, op)}")
 
 
-def _build(tree: Any, flags: int) -> _Matcher:
-    nfa = _Nfa()
+def _build(
+    tree: Any, flags: int, budget: list[int], chars: dict[tuple[Any, str, int], Callable[[str], Any]]
+) -> _Matcher:
+    nfa = _Nfa(budget)
     start = nfa.add(_SPLIT, [])
-    builder = _Builder(nfa)
+    builder = _Builder(nfa, chars)
     nfa.accept = nfa.add(_MATCH, [])
     nfa.out[start] = [builder.sequence(tree, flags, nfa.accept)]
     return _Matcher(nfa, cacheable=not builder.looks)
@@ -289,7 +298,7 @@ _START = frozenset({0})
 def _compiled(pattern: str) -> _Matcher:
     tree = _parser.parse(pattern, 0)  # re.error for what re cannot parse, as re.search raises
     try:
-        return _build(tree, tree.state.flags)
+        return _build(tree, tree.state.flags, [MAX_STATES], {})
     except RecursionError:
         raise PatternUnsupported("it nests groups too deeply") from None
 

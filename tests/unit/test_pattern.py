@@ -286,6 +286,8 @@ def test_bounded_validators_keep_jsonschema_s_verdicts_and_messages() -> None:
         ({"$schema": _DRAFTS["draft7"], "items": [{"pattern": "(?>a+)b"}]}, "$.items[0].pattern", "atomic group"),
         ({"pattern": "a++"}, "$.pattern", "possessive"),
         ({"pattern": "a{0,30000}"}, "$.pattern", f"{MAX_STATES:,} states"),
+        # the cap is the whole pattern's: 50 lookaheads of 18,000 states each were 900,000
+        ({"pattern": "(?=a{0,9000})" * 50}, "$.pattern", f"{MAX_STATES:,} states"),
     ],
 )
 def test_schema_checks_refuse_patterns_without_a_linear_match(
