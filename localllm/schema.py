@@ -236,6 +236,8 @@ class SchemaSet:
             ) from exc
         from referencing.exceptions import Unresolvable
 
+        from localllm.grammar.pattern import PatternTooCostly
+
         validator = self.validator(schema, base=base)
         try:
             errors = sorted(validator.iter_errors(value), key=lambda e: (list(e.absolute_path), e.validator))
@@ -245,6 +247,8 @@ class SchemaSet:
         except RecursionError:  # a recursive schema and an answer nested hundreds of levels deep
             detail = "the submission nests too deeply to validate against this recursive schema"
             raise AgentError(ErrorKind.SCHEMA_INVALID, detail) from None
+        except PatternTooCostly as exc:  # a huge repeat searched unanchored in a long answer
+            raise AgentError(ErrorKind.SCHEMA_INVALID, f"a pattern of the schema cannot be checked: {exc}") from None
         except Unresolvable as exc:  # the schema's fault, not the answer's
             where = base or "the schema"
             raise SchemaError(

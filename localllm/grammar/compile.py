@@ -38,7 +38,7 @@ from urllib.parse import unquote
 from localllm.grammar import keywords
 from localllm.grammar.formats import format_checker
 from localllm.grammar.meta import meta_error
-from localllm.grammar.pattern import search, unsupported_reason
+from localllm.grammar.pattern import PatternTooCostly, search, unsupported_reason
 
 MAX_DEPTH = 64
 #: llama.cpp expands ``x{m,n}`` into n nested rules and advances all of them per token: a
@@ -1332,6 +1332,8 @@ class _Compiler:
                 matching = [sub for pat, sub in pats.items() if search(pat, name, fallback=True)]
             except re.error:
                 raise _Refuse(path, "patternProperties", "a pattern is not a valid regex") from None
+            except PatternTooCostly as exc:
+                raise _Refuse(path, "patternProperties", f"a pattern cannot be checked on {_q(name)}: {exc}") from None
             if not matching:
                 return extra
             return True  # the merged patternProperties apply these again
@@ -1494,7 +1496,7 @@ class _Compiler:
                 values += [o for other, o in patterns.items() if other != pat and not _disjoint_patterns(pat, other)]
                 try:
                     values += [sub for name, sub, _ in declared if search(pat, name, fallback=True)]
-                except re.error:
+                except (re.error, PatternTooCostly):
                     return None
                 key = {"type": "string", "pattern": pat}
                 if names_schema is not None:
@@ -1577,6 +1579,9 @@ class _Compiler:
                         matching.append(pschema)
                 except re.error:
                     raise _Refuse(path, "patternProperties", f"pattern {_q(pattern)} is not a valid regex") from None
+                except PatternTooCostly as exc:
+                    why = f"pattern {_q(pattern)} cannot be checked on a declared name: {exc}"
+                    raise _Refuse(path, "patternProperties", why) from None
             if sub is None:
                 declared[i] = (name, {"allOf": matching} if matching else extra, ppath)
             elif matching:

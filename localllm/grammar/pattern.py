@@ -38,10 +38,15 @@ else:  # pragma: no cover - Python 3.10
     import sre_constants as _constants
     import sre_parse as _parser
 
-__all__ = ["MAX_STATES", "PatternUnsupported", "search", "unsupported_reason"]
+__all__ = ["MAX_STATES", "PatternTooCostly", "PatternUnsupported", "search", "unsupported_reason"]
 
 MAX_STATES = 20_000  # NFA states a pattern may expand to (each counted repeat is unrolled)
-_CACHE_LIMIT = 4096  # lazy-DFA entries per pattern before the cache is flushed
+_CACHE_LIMIT = 500_000  # NFA states held in one pattern's lazy-DFA cache before it is flushed
+#: NFA steps one search may take (cache hits are free): a base plus a share per character. A
+#: 20,000-state repeat searched without an anchor costs its size per character until the
+#: cache holds its states; beyond this the check fails (:class:`PatternTooCostly`) instead
+#: of running for minutes
+WORK_BASE, WORK_PER_CHAR = 1_000_000, 50
 _CHAR_OPS = frozenset({_constants.LITERAL, _constants.NOT_LITERAL, _constants.ANY, _constants.IN})
 _REPEATS = frozenset({_constants.MAX_REPEAT, _constants.MIN_REPEAT})  # lazy or greedy: the same language
 _UNSUPPORTED = {
@@ -60,6 +65,10 @@ _CHAR, _SPLIT, _AT, _LOOK, _MATCH = range(5)
 
 class PatternUnsupported(ValueError):
     """The pattern has a construct that cannot be matched in linear time (the reason says which)."""
+
+
+class PatternTooCostly(ValueError):
+    """Checking this text against this pattern would take more than its share of NFA steps."""
 
 
 class _Nfa:
@@ -210,6 +219,16 @@ class _Matcher:
         )
         self.closures: dict[tuple[frozenset[int], tuple[bool, ...]], frozenset[int]] = {}
         self.steps: tuple[dict[tuple[frozenset[int], str], frozenset[int]], ...] = ({}, {})  # [anchored]
+        self.held = 0  # NFA states in the cached sets
+
+    def remember(self, cache: dict[Any, frozenset[int]], key: Any, result: frozenset[int]) -> None:
+        if self.held + len(result) > _CACHE_LIMIT:
+            self.closures.clear()
+            for steps in self.steps:
+                steps.clear()
+            self.held = 0
+        cache[key] = result
+        self.held += len(result)
 
     def context(self, text: str, i: int) -> tuple[bool, ...]:
         if self.middle is not None and 0 < i < len(text) - 1:
@@ -217,7 +236,14 @@ class _Matcher:
         return tuple([_holds(a, text, i) for a in self.asserts])
 
     def closure(
-        self, states: frozenset[int], context: tuple[bool, ...], text: str, i: int, looks: dict[tuple[int, int], bool]
+        self,
+        states: frozenset[int],
+        context: tuple[bool, ...],
+        text: str,
+        i: int,
+        *,
+        looks: dict[tuple[int, int], bool],
+        work: list[int],
     ) -> frozenset[int]:
         """The character-reading and accepting states reachable from ``states`` at position ``i``."""
         nfa = self.nfa
@@ -236,39 +262,38 @@ class _Matcher:
             elif (
                 kind == _SPLIT
                 or (kind == _AT and holds[nfa.test[s]])
-                or (kind == _LOOK and self.look(s, text, i, looks))
+                or (kind == _LOOK and self.look(s, text, i, looks, work))
             ):
                 stack.extend(nfa.out[s])
+        _spend(work, len(seen), text)
         result = frozenset(found)
         if self.cacheable:
-            if len(self.closures) >= _CACHE_LIMIT:
-                self.closures.clear()
-            self.closures[(states, context)] = result
+            self.remember(self.closures, (states, context), result)
         return result
 
-    def look(self, s: int, text: str, i: int, looks: dict[tuple[int, int], bool]) -> bool:
+    def look(self, s: int, text: str, i: int, looks: dict[tuple[int, int], bool], work: list[int]) -> bool:
         key = (s, i)
         if key not in looks:
             sub, negate, width = self.nfa.test[s]
             start = i - width
-            found = start >= 0 and sub.run(text, start, anchored=True)
+            found = start >= 0 and sub.run(text, start, anchored=True, work=work)
             looks[key] = found != negate
         return looks[key]
 
-    def step(self, closed: frozenset[int], c: str, anchored: bool) -> frozenset[int]:
+    def step(self, closed: frozenset[int], c: str, anchored: bool, text: str, work: list[int]) -> frozenset[int]:
+        _spend(work, len(closed), text)
         nfa = self.nfa
         result = frozenset(nfa.out[s][0] for s in closed if nfa.kind[s] == _CHAR and nfa.test[s](c) is not None)
         if not anchored:
             result |= _START
         if self.cacheable:
-            steps = self.steps[anchored]
-            if len(steps) >= _CACHE_LIMIT:
-                steps.clear()
-            steps[(closed, c)] = result
+            self.remember(self.steps[anchored], (closed, c), result)
         return result
 
-    def run(self, text: str, begin: int = 0, *, anchored: bool = False) -> bool:
-        """Does a match start at ``begin`` (anchored) or anywhere from ``begin`` on?"""
+    def run(self, text: str, begin: int = 0, *, anchored: bool = False, work: list[int] | None = None) -> bool:
+        """Does a match start at ``begin`` (anchored) or anywhere from ``begin`` on? ``work``
+        is the steps left (shared with lookarounds' sub-searches)."""
+        work = work if work is not None else [WORK_BASE + WORK_PER_CHAR * len(text)]
         accept = self.nfa.accept
         looks: dict[tuple[int, int], bool] = {}
         closures = self.closures if self.cacheable else {}
@@ -279,19 +304,28 @@ class _Matcher:
             context = self.context(text, i) if self.asserts else ()
             closed = closures.get((states, context))
             if closed is None:
-                closed = self.closure(states, context, text, i, looks)
+                closed = self.closure(states, context, text, i, looks=looks, work=work)
             if accept in closed:
                 return True
             if i == n:
                 break
             c = text[i]
-            states = steps.get((closed, c)) or self.step(closed, c, anchored)
+            states = steps.get((closed, c)) or self.step(closed, c, anchored, text, work)
             if not states:
                 return False
         return False
 
 
 _START = frozenset({0})
+
+
+def _spend(work: list[int], steps: int, text: str) -> None:
+    work[0] -= steps
+    if work[0] < 0:
+        raise PatternTooCostly(
+            f"checking {len(text):,} characters against it takes more than "
+            f"{WORK_BASE + WORK_PER_CHAR * len(text):,} NFA steps"
+        )
 
 
 @functools.lru_cache(maxsize=512)

@@ -41,7 +41,7 @@ from typing import Any, Literal
 
 from localllm.grammar import keywords
 from localllm.grammar.paths import child_path
-from localllm.grammar.pattern import search
+from localllm.grammar.pattern import PatternTooCostly, search
 
 Severity = Literal["error", "warning"]
 
@@ -575,7 +575,7 @@ class _Checker:
             implied_type = sub.get("type") if isinstance(sub, dict) and _only_keyword(sub, "type") else None
             try:
                 matched = [name for name in props if search(pattern, name, fallback=True)]
-            except re.error:
+            except (re.error, PatternTooCostly):
                 return False
             if matched and (
                 implied_type is None or not all(self.implies_type(props[n], implied_type) for n in matched)

@@ -620,10 +620,14 @@ def _validator(schema: Any) -> Any:
 
 
 def _violation(schema: Any, value: Any) -> str | None:
+    from localllm.grammar.pattern import PatternTooCostly
+
     try:
         error = next(iter(_validator(schema).iter_errors(value)), None)
     except RecursionError:  # a recursive schema and an answer nested hundreds of levels deep
         return "$: the answer nests too deeply to validate against this recursive schema"
+    except PatternTooCostly as exc:  # a huge repeat searched unanchored in a long answer
+        return f"$: a pattern of the schema cannot be checked: {exc}"
     if error is None:
         return None
     where = "$" + "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)

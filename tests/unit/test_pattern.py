@@ -20,9 +20,11 @@ from typing import Any
 
 import pytest
 
-from localllm.grammar.compile import schema_problem, validator_class
-from localllm.grammar.pattern import MAX_STATES, PatternUnsupported, search, unsupported_reason
+from localllm.errors import AgentError, ErrorKind
+from localllm.grammar.compile import compile_schema, schema_problem, validator_class
+from localllm.grammar.pattern import MAX_STATES, PatternTooCostly, PatternUnsupported, search, unsupported_reason
 from localllm.schema import SchemaSet
+from localllm.service.chat import _violation
 from tests.conftest import REPO
 
 NEAR_MISS = "a" * 40 + "!"  # re needs ~2**40 steps to reject it against ^(a+)+$
@@ -184,6 +186,25 @@ def test_hostile_patterns_are_decided_without_backtracking() -> None:
         """
     )
     assert verdicts == [False] * len(_HOSTILE)
+
+
+@pytest.mark.slow
+def test_a_huge_repeat_searched_unanchored_in_a_long_text_stops_at_its_work_bound(tmp_path: Path) -> None:
+    """O(text × pattern) is still 20,000 × 18,000 steps for ``[a-z]{0,9000}X``: 100 s and
+    3 GiB before the bound; now the check fails after ~1.5 million steps, on every path."""
+    pattern, text = "[a-z]{0,9000}X", "a" * 20_000
+    with pytest.raises(PatternTooCostly):
+        search(pattern, text)
+    assert search("^" + pattern, text) is False  # anchored, the same text is cheap
+    assert search(pattern, "a" * 20 + "X") is True
+    schema = {"type": "string", "pattern": pattern}
+    with pytest.raises(AgentError) as caught:
+        SchemaSet(tmp_path).validate(json.dumps(text), schema)
+    assert caught.value.kind is ErrorKind.SCHEMA_INVALID and "cannot be checked" in str(caught.value)
+    assert "cannot be checked" in (_violation(schema, text) or "")
+    named = {"type": "object", "properties": {text: {}}, "patternProperties": {pattern: {"type": "integer"}}}
+    refusals = compile_schema(named).refusals
+    assert [r.construct for r in refusals] == ["patternProperties"] and "cannot be checked" in refusals[0].message
 
 
 _KEYWORD_SCHEMAS: dict[str, tuple[dict[str, Any], Any]] = {
