@@ -16,6 +16,10 @@ freezes on one answer a model chose. Answer validation therefore matches pattern
   newline; ``\\b`` never matches in an empty text); lookaheads and lookbehinds run as
   anchored sub-searches, memoised per position (at worst quadratic, never exponential).
 
+Linear in the text is still text × pattern: one search may take :data:`WORK_BASE` +
+:data:`WORK_PER_CHAR` × len(text) NFA steps (cache hits are free), then raises
+:class:`PatternTooCostly` — callers fail the answer rather than run for minutes.
+
 What has no linear-time equivalent — backreferences, conditionals ``(?(1)…)``, atomic groups
 and possessive repeats (Python-only syntax) — and patterns whose counted repeats expand past
 :data:`MAX_STATES` raise :class:`PatternUnsupported`; :func:`unsupported_reason` says which,
@@ -38,7 +42,15 @@ else:  # pragma: no cover - Python 3.10
     import sre_constants as _constants
     import sre_parse as _parser
 
-__all__ = ["MAX_STATES", "PatternTooCostly", "PatternUnsupported", "search", "unsupported_reason"]
+__all__ = [
+    "MAX_STATES",
+    "WORK_BASE",
+    "WORK_PER_CHAR",
+    "PatternTooCostly",
+    "PatternUnsupported",
+    "search",
+    "unsupported_reason",
+]
 
 MAX_STATES = 20_000  # NFA states a pattern may expand to (each counted repeat is unrolled)
 _CACHE_LIMIT = 500_000  # NFA states held in one pattern's lazy-DFA cache before it is flushed
