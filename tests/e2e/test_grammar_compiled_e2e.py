@@ -44,8 +44,14 @@ MAX_TOKENS = 192
 SLOTS = 4  # requests in flight at once
 
 
-def _post(srv: Server, path: str, body: dict[str, Any]) -> httpx.Response:
-    return httpx.post(srv.base + path, json=body, timeout=httpx.Timeout(10.0, read=540.0))
+# One client for every request, built once: it never reads os.environ (trust_env=False), so
+# the pool threads that outlive a test cannot iterate the environment while the per-test
+# ``isolate`` fixture rewrites it (a KeyError in CI: httpx.post reads proxies per call).
+CLIENT = httpx.Client(trust_env=False, timeout=httpx.Timeout(10.0, read=540.0))
+
+
+def _post(base: str, path: str, body: dict[str, Any]) -> httpx.Response:
+    return CLIENT.post(base + path, json=body)
 
 
 COMPILED = [(name, schema, g) for name, schema in ENTRIES if (g := compile_schema(schema).grammar) is not None]
@@ -63,7 +69,7 @@ def _answer(srv: Server, schema: Any, grammar: str) -> httpx.Response:
     hint = json.dumps(schema, separators=(",", ":"))
     for cut in (1500, 300):
         reply = _post(
-            srv,
+            srv.base,
             "/v1/chat/completions",
             {
                 "messages": [
@@ -111,10 +117,23 @@ def test_compiled_grammar_is_accepted_and_the_answer_validates(
     assert validator(schema).is_valid(json.loads(content)), f"{name}: invalid answer {content[:300]!r}"
 
 
+def test_a_request_from_a_pool_thread_never_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Rewritten(dict[str, str]):  # an environment another thread is rewriting
+        def __iter__(self) -> Iterator[str]:
+            raise KeyError("XDG_CACHE_HOME")
+
+        def items(self) -> Any:
+            raise KeyError("XDG_CACHE_HOME")
+
+    monkeypatch.setattr(os, "environ", Rewritten(os.environ))
+    with pytest.raises(httpx.ConnectError):  # nothing listens on port 9: the request went out
+        _post("http://127.0.0.1:9", "/completion", {})
+
+
 @pytest.mark.timeout(1800)
 def test_checker_matches_the_server_converter(server: Server) -> None:
     def server_grammar(schema: Any) -> str | None:
-        reply = _post(server, "/completion", {"prompt": "x", "n_predict": 1, "json_schema": schema})
+        reply = _post(server.base, "/completion", {"prompt": "x", "n_predict": 1, "json_schema": schema})
         return str(reply.json()["generation_settings"]["grammar"]) if reply.status_code == 200 else None
 
     # the server's grammars, one request per slot in flight; then the judging (pure Python,
