@@ -92,8 +92,10 @@ from typing import Any, ClassVar
 
 from localllm._fs import DATA_LIMIT, read_capped
 from localllm.agents.base import Agent
+from localllm.config.source import MAX_NODES, parse_yaml
 from localllm.errors import AgentError, ConfigError, ErrorKind, ProblemList, truncate_detail
 from localllm.trace.callid import cassette_call_key, derive_call_id
+from localllm.trace.rules import MAX_DEPTH
 from localllm.wire import VERBS, AskRequest, AskResponse, Transcript
 
 __all__ = [
@@ -203,8 +205,6 @@ def _json_text(value: Any) -> str | None:
 
 def load_cassette(path: str | Path) -> Cassette:
     """Read and check a cassette file; raise ConfigError listing every problem."""
-    import yaml
-
     path = Path(path)
     problems = ProblemList(path)
     try:
@@ -218,14 +218,10 @@ def load_cassette(path: str | Path) -> Cassette:
     except ValueError as exc:
         problems.add("", str(exc), "!include a file inside the cassette's directory by a relative path")
         raise ConfigError(problems.items) from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        reason = getattr(exc, "problem", None) or str(exc)
-        problems.add("", f"YAML syntax error{where}: {reason}", "fix the YAML syntax")
-        raise ConfigError(problems.items) from exc
+    # bounded like a config: aliases expand at most to the text's own size, and a response
+    # may nest as deep as a trace value (rules.MAX_DEPTH) under its episode; PyYAML's own
+    # failures on odd scalars are a ConfigError too
+    data = parse_yaml(text, path, max_nodes=max(MAX_NODES, len(text)), max_depth=MAX_DEPTH + 8)
     if not isinstance(data, dict):
         problems.add("", "the top level must be a mapping", "start the file with kind: host_cassette and episodes:")
         raise ConfigError(problems.items)

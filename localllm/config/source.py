@@ -56,11 +56,12 @@ def read_yaml(file: Path) -> Any:
     return parse_yaml(text, file)
 
 
-def parse_yaml(text: str, file: Path) -> Any:
-    """``text`` parsed with the bounded safe loader."""
+def parse_yaml(text: str, file: Path, *, max_nodes: int = MAX_NODES, max_depth: int = MAX_DEPTH) -> Any:
+    """``text`` parsed with the bounded safe loader: at most ``max_nodes`` nodes once aliases
+    are expanded, ``max_depth`` levels deep."""
     import yaml
 
-    loader = _bounded_loader(yaml)(text)
+    loader = _bounded_loader(yaml, max_nodes, max_depth)(text)
     try:
         return loader.get_single_data()
     except yaml.YAMLError as exc:
@@ -78,7 +79,7 @@ def parse_yaml(text: str, file: Path) -> Any:
         loader.dispose()
 
 
-def _bounded_loader(yaml: Any) -> Any:
+def _bounded_loader(yaml: Any, max_nodes: int, max_depth: int) -> Any:
     class BoundedLoader(yaml.SafeLoader):  # type: ignore[misc]
         """SafeLoader that refuses deep nesting, cyclic aliases and alias bombs."""
 
@@ -90,11 +91,11 @@ def _bounded_loader(yaml: Any) -> Any:
 
         def _count(self, n: int, mark: Any) -> None:
             self._total += n
-            if self._total > MAX_NODES:
+            if self._total > max_nodes:
                 raise yaml.composer.ComposerError(
                     None,
                     None,
-                    f"the document expands to more than {MAX_NODES} nodes (aliases counted at every use): a YAML bomb?",
+                    f"the document expands to more than {max_nodes} nodes (aliases counted at every use): a YAML bomb?",
                     mark,
                 )
 
@@ -108,9 +109,9 @@ def _bounded_loader(yaml: Any) -> Any:
                 self._count(self._sizes.get(event.anchor, 1), event.start_mark)
                 return super().compose_node(parent, index)
             self._depth += 1
-            if self._depth > MAX_DEPTH:
+            if self._depth > max_depth:
                 raise yaml.composer.ComposerError(
-                    None, None, f"nested deeper than {MAX_DEPTH} levels", event.start_mark
+                    None, None, f"nested deeper than {max_depth} levels", event.start_mark
                 )
             before = self._total
             node = super().compose_node(parent, index)

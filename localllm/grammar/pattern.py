@@ -322,7 +322,8 @@ class _Matcher:
             if i == n:
                 break
             c = text[i]
-            states = steps.get((closed, c)) or self.step(closed, c, anchored, text, work)
+            cached = steps.get((closed, c))
+            states = cached if cached is not None else self.step(closed, c, anchored, text, work)
             if not states:
                 return False
         return False

@@ -394,6 +394,26 @@ MALFORMED = [
         "episodes",
         "has no agent episodes",
     ),
+    # hostile YAML: refused as a config is, never a bare exception or an exploding parse
+    (
+        "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n"
+        + "".join(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]\n" for i in range(1, 7))
+        + "kind: host_cassette\nepisodes:\n  - id: a\n    match: {}\n    agent: {response: *a6}\n",
+        "",
+        "nodes (aliases counted at every use)",
+    ),
+    ("kind: host_cassette\nepisodes: &e [*e]\n", "", "refers to its own anchor"),
+    ("kind: host_cassette\nepisodes: " + "[" * 5000 + "]" * 5000 + "\n", "", "nested deeper than"),
+    (
+        "kind: host_cassette\nepisodes:\n  - id: a\n    match: {}\n    agent: {response: !!timestamp banana}\n",
+        "",
+        "is not a timestamp",
+    ),
+    (
+        'kind: host_cassette\nepisodes:\n  - id: "\\U00110000"\n    match: {}\n    agent: {response: "1"}\n',
+        "",
+        "YAML value error",
+    ),
 ]
 
 
@@ -410,6 +430,17 @@ def test_malformed_cassette_names_file_and_key(tmp_path: Path, text: str, key: s
     assert message in problem.message
     assert problem.hint
     assert str(path) in str(info.value)
+
+
+def test_a_cassette_may_nest_a_response_as_deep_as_a_trace_value_and_share_anchors(tmp_path: Path) -> None:
+    path = tmp_path / "deep.yaml"
+    path.write_text(
+        "kind: host_cassette\nepisodes:\n"
+        f"  - id: a\n    match: {{}}\n    agent: {{response: &r {'[' * 100}1{']' * 100}}}\n"
+        "  - id: b\n    match: {}\n    agent: {response: *r}\n"
+    )
+    cassette = load_cassette(path)
+    assert [json.loads(e.response or "") for e in cassette.episodes] == [json.loads("[" * 100 + "1" + "]" * 100)] * 2
 
 
 def test_unknown_key_suggests_the_known_one(tmp_path: Path) -> None:
