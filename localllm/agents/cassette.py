@@ -216,7 +216,12 @@ def load_cassette(path: str | Path) -> Cassette:
     try:
         text = resolve_includes(text, path.parent)
     except ValueError as exc:
-        problems.add("", str(exc), "!include a file inside the cassette's directory by a relative path")
+        problems.add(
+            "",
+            str(exc),
+            "!include a readable file inside the cassette's directory by a relative path"
+            f" (JSON at most {MAX_DEPTH} levels deep; the whole at most {DATA_LIMIT >> 20} MiB)",
+        )
         raise ConfigError(problems.items) from exc
     # bounded like a config: aliases expand at most to the text's own size, and a response
     # may nest as deep as a trace value (rules.MAX_DEPTH) under its episode; PyYAML's own
@@ -313,6 +318,7 @@ def resolve_includes(text: str, base: Path) -> str:
     from localllm.trace.event import dumps as go_json
 
     out: list[str] = []
+    size = len(text)
     root = Path(os.path.realpath(base))
     for line in text.split("\n"):
         found = _INCLUDE.match(line)
@@ -331,12 +337,16 @@ def resolve_includes(text: str, base: Path) -> str:
             raise ValueError(f"!include {rel!r}: cannot read {target.name}: {exc}") from exc
         if rel.lower().endswith(".json"):
             try:
-                value = json.loads(raw)
-            except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than json decodes
+                inlined = go_json(_sorted_keys(json.loads(raw)))
+            except RecursionError:  # decoding it or walking what was decoded
+                raise ValueError(f"!include {rel!r}: the JSON nests too deeply") from None
+            except ValueError as exc:
                 raise ValueError(f"!include {rel!r}: parse JSON: {exc}") from exc
-            inlined = go_json(_sorted_keys(value))
         else:
             inlined = go_json(raw)
+        size += len(inlined)
+        if size > DATA_LIMIT:  # one file included again and again: bounded as one cassette is
+            raise ValueError(f"!include {rel!r}: the cassette grows past {DATA_LIMIT >> 20} MiB with its includes")
         out.append(prefix + inlined)
     return "\n".join(out)
 

@@ -10,12 +10,14 @@ here.
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from localllm import Runtime, load_config
+from localllm.agents import cassette as cassette_module
 from localllm.agents.cassette import CassetteAgent, load_cassette
 from localllm.errors import AgentError, ConfigError, ErrorKind, TraceCorrupted
 from localllm.trace import TraceWriter, derive_call_id, parse_trace, read_trace
@@ -282,6 +284,35 @@ def test_include_is_resolved_relative_to_the_cassette(tmp_path: Path) -> None:
         )
         with pytest.raises(ConfigError, match=fragment):
             load_cassette(path)
+
+
+def test_hostile_includes_are_config_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "deep.json").write_text("[" * 980 + "]" * 980)  # json decodes it; a walk over it cannot
+    (tmp_path / "page.txt").write_text("x" * 300_000)
+    monkeypatch.setattr(cassette_module, "DATA_LIMIT", 1 << 20)
+    head = "kind: host_cassette\napp_id: a\nepisodes:\n  - id: e1\n    match: {}\n    agent:\n"
+    for body, fragment in (
+        ("      response: !include deep.json\n", "nests too deeply"),
+        # one file included again and again: the whole is bounded as one cassette is
+        ("".join(f"      k{i}: !include page.txt\n" for i in range(5)) + "      response: '1'\n", "grows past 1 MiB"),
+    ):
+        (tmp_path / "c.yaml").write_text(head + body)
+        raised: list[BaseException] = []
+        # in a thread of its own: a fresh stack, so how deep the JSON may go does not depend
+        # on how deep pytest's own stack is here
+        worker = threading.Thread(target=_raised, args=(raised, load_cassette, tmp_path / "c.yaml"))
+        worker.start()
+        worker.join()
+        assert [type(e) for e in raised] == [ConfigError], raised
+        problems = raised[0].problems  # type: ignore[attr-defined]
+        assert [(p.key, fragment in p.message) for p in problems] == [("", True)], problems
+
+
+def _raised(into: list[BaseException], fn: Any, *args: Any) -> None:
+    try:
+        fn(*args)
+    except BaseException as exc:  # the test inspects whatever it was
+        into.append(exc)
 
 
 def test_reference_errors_record_mode_and_delays(tmp_path: Path) -> None:
