@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -47,3 +52,23 @@ def pid_gone(pid: int, within: float = 0.0) -> bool:
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.02)
+
+
+def in_child(code: str, timeout: float = 60) -> Any:
+    """Run ``code`` in a fresh interpreter, its last stdout line as JSON; a hang fails the test.
+
+    For what must not backtrack or hang: a stuck child is killed at ``timeout``, where a
+    stuck test would hold the worker (and its GIL) until pytest-timeout ends the session."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=REPO,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"still running after {timeout} s")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])

@@ -94,6 +94,7 @@ from localllm._fs import DATA_LIMIT, read_capped
 from localllm.agents.base import Agent
 from localllm.config.source import MAX_NODES, parse_yaml
 from localllm.errors import AgentError, ConfigError, ErrorKind, ProblemList, truncate_detail
+from localllm.grammar.pattern import PatternTooCostly, search, unsupported_reason
 from localllm.trace.callid import cassette_call_key, derive_call_id
 from localllm.trace.rules import MAX_DEPTH
 from localllm.wire import VERBS, AskRequest, AskResponse, Transcript
@@ -303,6 +304,11 @@ def _header(problems: ProblemList, data: dict[str, Any]) -> dict[str, Any]:
             out["phase_from"] = re.compile(str(phase_from))
         except re.error as exc:
             problems.add("phase_from", f"is not a valid regular expression: {exc}", "give a regex with one group")
+        else:
+            # the reference's regexp is Go's (RE2): no construct that needs backtracking
+            reason = unsupported_reason(str(phase_from))
+            if reason is not None:
+                problems.add("phase_from", f"cannot be matched in linear time: {reason}", "give a regex with one group")
     return out
 
 
@@ -719,6 +725,13 @@ class CassetteAgent(Agent):
         """The reference's ``phase``: ``phase_from``'s first group, else the first dotted segment."""
         pattern = self.cassette.phase_from
         if pattern is not None:
+            # whether it matches, in linear time; only a path that matches meets re's
+            # backtracking, which finds a match that exists without trying every split
+            try:
+                if not search(pattern.pattern, state_path):
+                    return ""
+            except PatternTooCostly:
+                return ""
             found = pattern.search(state_path)
             return found.group(1) if found is not None and found.re.groups >= 1 else ""
         return state_path.split(".", 1)[0]

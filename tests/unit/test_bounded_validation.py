@@ -16,7 +16,7 @@ from localllm.errors import AgentError, ErrorKind
 from localllm.grammar.compile import validator_class
 from localllm.schema import SchemaSet
 from localllm.service.chat import _violation
-from tests.unit.test_pattern import _in_child
+from tests.conftest import in_child
 
 
 def _random_value(rng: random.Random, depth: int = 0) -> Any:
@@ -50,7 +50,7 @@ def test_unique_items_gives_jsonschema_s_verdicts() -> None:
 
 def test_unique_items_over_many_objects_is_linear() -> None:
     """jsonschema compares unhashable items pairwise: 43 s for 5,000 objects, ~30 min for 40,000."""
-    verdicts = _in_child(
+    verdicts = in_child(
         """
         import json
         from pathlib import Path

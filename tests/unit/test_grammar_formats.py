@@ -11,6 +11,7 @@ import pytest
 from localllm.errors import AgentError, ErrorKind
 from localllm.grammar.formats import ASSERTED, format_checker, missing_formats
 from localllm.schema import SchemaSet
+from tests.conftest import in_child
 
 BAD = {
     "date": "2023-02-29",
@@ -124,7 +125,6 @@ def test_uri_template_verdicts_are_uri_template_s_and_an_unclosed_run_is_decided
     import uri_template
 
     from localllm.grammar.compile import validator_class
-    from tests.unit.test_pattern import _in_child
 
     schema = {"type": "string", "format": "uri-template"}
     cls = validator_class(schema)
@@ -134,7 +134,7 @@ def test_uri_template_verdicts_are_uri_template_s_and_an_unclosed_run_is_decided
         text = "".join(rng.choice("{}a%,:*+#./;?&=!1 x") for _ in range(rng.randint(0, 8)))
         assert validator.is_valid(text) == uri_template.validate(text), text
     # uri-template's split regex is quadratic on unclosed braces: 10 s for 100,000, ~17 min here
-    verdicts = _in_child(
+    verdicts = in_child(
         """
         import json
         from pathlib import Path

@@ -23,6 +23,7 @@ from localllm.errors import AgentError, ConfigError, ErrorKind, TraceCorrupted
 from localllm.trace import TraceWriter, derive_call_id, parse_trace, read_trace
 from localllm.trace.event import canonical_ts, dumps
 from localllm.wire import AskRequest
+from tests.conftest import in_child
 
 FIXTURES = Path(__file__).parent / "fixtures" / "kitsoki"
 CASSETTES = FIXTURES / "cassettes"
@@ -306,6 +307,29 @@ def test_hostile_includes_are_config_errors(tmp_path: Path, monkeypatch: pytest.
         assert [type(e) for e in raised] == [ConfigError], raised
         problems = raised[0].problems  # type: ignore[attr-defined]
         assert [(p.key, fragment in p.message) for p in problems] == [("", True)], problems
+
+
+def test_phase_from_is_matched_without_backtracking(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "kind: host_cassette\nphase_from: '^((a+)+)$'\nepisodes:\n"
+        "  - {id: e1, match: {handler: agent.x, phase: aaa}, agent: {verb: ask, response: '{}'}}\n"
+    )
+    # with re alone, a 26-character near miss took 4 s, doubling per character
+    phases = in_child(
+        f"""
+        import json
+        from localllm.agents.cassette import CassetteAgent
+        agent = CassetteAgent({str(path)!r}, alias="agent.x")
+        print(json.dumps([agent._phase(p) for p in ("a" * 40 + "!", "aaa", "a" * 5000)]))
+        """
+    )
+    assert phases == ["", "aaa", "a" * 5000]
+    # a construct Go's regexp (the reference's) has not either: refused when the cassette loads
+    path.write_text(path.read_text().replace("^((a+)+)$", "^(a)\\1$"))
+    with pytest.raises(ConfigError) as info:
+        load_cassette(path)
+    assert [p.key for p in info.value.problems] == ["phase_from"]
 
 
 def _raised(into: list[BaseException], fn: Any, *args: Any) -> None:

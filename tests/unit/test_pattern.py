@@ -12,9 +12,6 @@ from __future__ import annotations
 import json
 import random
 import re
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +22,7 @@ from localllm.grammar.compile import compile_schema, schema_problem, validator_c
 from localllm.grammar.pattern import MAX_STATES, PatternTooCostly, PatternUnsupported, search, unsupported_reason
 from localllm.schema import SchemaSet
 from localllm.service.chat import _violation
-from tests.conftest import REPO
+from tests.conftest import REPO, in_child
 
 NEAR_MISS = "a" * 40 + "!"  # re needs ~2**40 steps to reject it against ^(a+)+$
 EVIL = "^(a+)+$"
@@ -160,25 +157,8 @@ _HOSTILE = {
 }
 
 
-def _in_child(code: str, timeout: float = 60) -> Any:
-    """Run ``code`` in a fresh interpreter, its last stdout line as JSON; a hang fails the test."""
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", textwrap.dedent(code)],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            cwd=REPO,
-        )
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"still running after {timeout} s: the match backtracks")
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def test_hostile_patterns_are_decided_without_backtracking() -> None:
-    verdicts = _in_child(
+    verdicts = in_child(
         f"""
         import json
         from localllm.grammar.pattern import search
@@ -235,7 +215,7 @@ def test_every_regex_keyword_of_every_draft_validates_a_near_miss_promptly() -> 
         if not (name.endswith("unevaluated") or name == "unevaluatedProperties") or draft in ("2019-09", "2020-12")
         if not (name == "propertyNames" and draft == "draft4")
     ]
-    found = _in_child(
+    found = in_child(
         f"""
         import json
         from pathlib import Path
@@ -268,7 +248,7 @@ def test_the_grammar_compiler_and_checker_match_schema_patterns_promptly() -> No
         "properties": {NEAR_MISS: {"type": "string"}},
         "patternProperties": {EVIL: {"type": "integer"}},
     }
-    found = _in_child(
+    found = in_child(
         f"""
         import json
         from localllm.grammar.compile import compile_schema, schema_problem
