@@ -24,6 +24,7 @@ from localllm.loading import load_config
 from localllm.runtime import Runtime
 from localllm.trace import derive_call_id, read_trace
 from localllm.wire import AskRequest
+from tests.conftest import in_child
 
 SCHEMA = {
     "title": "triage",
@@ -173,6 +174,25 @@ def test_matchers(expect: Any, answer: Any, correct: bool, fields: dict[str, boo
     parsed = parse_expect(expect, "line 1.expect", problems)
     assert problems.items == [] and parsed is not None
     assert parsed.judge(answer) == (correct, fields)
+
+
+def test_a_regex_matcher_never_backtracks_on_the_model_s_answer() -> None:
+    # an everyday pattern: re took over 60 s on an eight-word answer ending in a full stop
+    verdicts = in_child(
+        r"""
+        import json
+        from localllm.eval.cases import Matcher
+        words = Matcher("regex", r"^(\w+\s?)+$")
+        said = "the customer was charged twice for the order"
+        print(json.dumps([
+            words.matches(True, said + "."),
+            words.matches(True, said),
+            words.matches(True, "x" * 100_000 + "."),
+            Matcher("regex", r"(a)\1").matches(True, "xaa"),  # a backreference: re decides, as written
+        ]))
+        """
+    )
+    assert verdicts == [False, True, False, True]
 
 
 def test_cases_file_problems_are_all_reported_with_their_line(tmp_path: Path) -> None:

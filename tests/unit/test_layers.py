@@ -34,6 +34,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "localllm.redact",
             "localllm.resources",
             "localllm.calibrate",
+            # re's semantics in linear time (standard library only): eval cases match with it
+            "localllm.grammar.pattern",
         ),
     ),
     # the head start reads settings and spawns through _process; managed.server claims from it
