@@ -15,6 +15,9 @@ messages unchanged:
 * **multipleOf** with a float divisor: a 400-digit integer raised a bare ``OverflowError``;
   here it is decided exactly with fractions.
 
+And its default registry retrieves nothing (:func:`_no_retrieval`): jsonschema's fetches a
+remote ``$ref`` with urllib.
+
 The regex keywords are jsonschema's own functions, copied to run in a copy of their module's
 namespace where ``re`` is :class:`_LinearRe`; jsonschema itself is left untouched.
 """
@@ -139,4 +142,22 @@ def bounded_validator(cls: Any) -> Any:
     validator = jsonschema.validators.extend(cls, keywords)
     validator.__name__ = validator.__qualname__ = cls.__name__  # the same draft (callers read its name)
     validator._UNBOUNDED = cls.VALIDATORS
+    validator.__init__ = _no_retrieval(validator.__init__)
     return validator
+
+
+def _no_retrieval(init: Any) -> Any:
+    """``init`` with an empty ``registry`` by default: jsonschema's default registry fetches
+    any ``http(s)`` ``$ref`` with urllib, so a schema from a service client could make
+    localllm request any URL (its internal network included). References resolve within the
+    schema and to the JSON Schema meta-schemas (which jsonschema adds to every registry);
+    ``localllm.schema.SchemaSet`` passes its own registry, serving files under its root."""
+    from referencing import Registry
+
+    empty = Registry()
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, registry: Any = empty, **kwargs: Any) -> None:
+        init(self, *args, registry=registry, **kwargs)
+
+    return __init__

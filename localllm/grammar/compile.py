@@ -310,6 +310,58 @@ def _slow_pattern(schema: Any) -> tuple[str, str] | None:
     return None
 
 
+def unresolvable_ref(schema: Any) -> tuple[str, str] | None:
+    """The first ``$ref`` of ``schema`` that does not resolve within it (or to a JSON Schema
+    meta-schema), as (JSON path, reason), or None. For a schema that arrives alone (a service
+    request): nothing is fetched for it, so such a reference could only fail its answer."""
+    if not isinstance(schema, dict):
+        return None
+    meta = validator_class(schema).META_SCHEMA  # jsonschema imported (and prepared) by now
+    from jsonschema_specifications import REGISTRY as META_SCHEMAS
+    from referencing.exceptions import Unresolvable
+    from referencing.jsonschema import specification_with
+
+    resource = specification_with(str(meta.get("$schema") or meta.get("$id"))).create_resource(schema)
+
+    def walk(resource: Any, resolver: Any) -> str | None:
+        ref = resource.contents.get("$ref") if isinstance(resource.contents, dict) else None
+        if isinstance(ref, str):
+            try:
+                resolver.lookup(ref)
+            except (Unresolvable, ValueError):
+                return ref
+        for sub in resource.subresources():
+            found = walk(sub, resolver.in_subresource(sub))
+            if found is not None:
+                return found
+        return None
+
+    try:
+        ref = walk(resource, META_SCHEMAS.resolver_with_root(resource))
+    except RecursionError:
+        return "$", "it nests too deeply to resolve its references"
+    if ref is None:
+        return None
+    return _ref_path(schema, ref, "$"), (
+        f'"$ref": {_q(ref)} does not resolve: a reference must point inside the schema (or at a '
+        "JSON Schema meta-schema); nothing is fetched"
+    )
+
+
+def _ref_path(node: Any, ref: str, path: str) -> str:
+    """The path of the first object whose ``$ref`` is ``ref`` (depth first, in key order)."""
+    stack: list[tuple[Any, str]] = [(node, path)]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, dict):
+            if node.get("$ref") == ref:
+                return child(path, "$ref")
+            stack.extend((v, child(path, k)) for k, v in reversed(list(node.items())))
+        elif isinstance(node, list):
+            stack.extend((v, child(path, i)) for i, v in reversed(list(enumerate(node))))
+    return "$"
+
+
 def validator_class(schema: Any) -> Any:
     """The jsonschema validator class for ``schema``'s ``$schema`` (2020-12 when absent or
     unknown), with the keywords a hostile answer could stall or crash bounded

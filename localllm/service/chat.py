@@ -278,11 +278,11 @@ def _stops(body: dict[str, Any], extra: tuple[str, ...]) -> list[str]:
 
 
 def _schema_problem(schema: Any, param: str) -> None:
-    from localllm.grammar.compile import schema_problem
+    from localllm.grammar.compile import schema_problem, unresolvable_ref
 
     if not isinstance(schema, dict):
         raise BadRequest(f"{param} must be a JSON Schema object", param)
-    problem = schema_problem(schema)
+    problem = schema_problem(schema) or unresolvable_ref(schema)
     if problem is not None:
         where, why = problem
         raise BadRequest(f"{param} is not a valid JSON Schema at {where}: {why}", param, "invalid_schema")
@@ -620,6 +620,8 @@ def _validator(schema: Any) -> Any:
 
 
 def _violation(schema: Any, value: Any) -> str | None:
+    from referencing.exceptions import Unresolvable
+
     from localllm.grammar.pattern import PatternTooCostly
 
     try:
@@ -628,6 +630,8 @@ def _violation(schema: Any, value: Any) -> str | None:
         return "$: the answer nests too deeply to validate against this recursive schema"
     except PatternTooCostly as exc:  # a huge repeat searched unanchored in a long answer
         return f"$: a pattern of the schema cannot be checked: {exc}"
+    except Unresolvable as exc:  # refused with the request (unresolvable_ref); never fetched
+        return f"$: a $ref of the schema does not resolve: {getattr(exc, 'ref', exc)}"
     if error is None:
         return None
     where = "$" + "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)

@@ -1,9 +1,12 @@
-"""Fixtures shared by the unit tests: the fake llama-server binary and a loopback MCP server."""
+"""Fixtures shared by the unit tests: the fake llama-server binary, a loopback MCP server and a
+loopback host of schemas that counts who asks."""
 
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -41,3 +44,38 @@ def mcp_http_server() -> Iterator[McpHttpServer]:
     server.start()
     yield server
     server.stop()
+
+
+class SchemaHost:
+    """A loopback HTTP server answering every GET with ``{"type": "integer"}``; ``hits`` counts them."""
+
+    def __init__(self) -> None:
+        self.hits: list[str] = []
+        host = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                host.hits.append(self.path)
+                body = b'{"type": "integer"}'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/schema.json"
+
+
+@pytest.fixture
+def schema_host() -> Iterator[SchemaHost]:
+    host = SchemaHost()
+    worker = threading.Thread(target=host.server.serve_forever, daemon=True)
+    worker.start()
+    yield host
+    host.server.shutdown()
+    host.server.server_close()
+    worker.join()

@@ -1,6 +1,7 @@
 """The validators every answer meets stay fast and exception-free on hostile answers
 (localllm.grammar.bounded): uniqueItems in linear time, multipleOf without OverflowError, a
-recursive schema's deep answer a verdict. Patterns: tests/unit/test_pattern.py."""
+recursive schema's deep answer a verdict, a remote $ref never fetched. Patterns:
+tests/unit/test_pattern.py."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ from typing import Any
 import jsonschema
 import pytest
 
-from localllm.errors import AgentError, ErrorKind
+from localllm.errors import AgentError, ErrorKind, SchemaError
 from localllm.grammar.compile import validator_class
 from localllm.schema import SchemaSet
 from localllm.service.chat import _violation
 from tests.conftest import in_child
+from tests.unit.conftest import SchemaHost
 
 
 def _random_value(rng: random.Random, depth: int = 0) -> Any:
@@ -104,3 +106,42 @@ def test_a_deep_answer_to_a_recursive_schema_is_schema_invalid(tmp_path: Path, s
     assert caught.value.kind is ErrorKind.SCHEMA_INVALID and "nests too deeply" in str(caught.value)
     assert "nests too deeply" in (_violation(schema, json.loads(deep)) or "")
     assert SchemaSet(tmp_path).validate("[[[]]]", schema) == [[[]]]
+
+
+def test_a_remote_ref_is_never_fetched_by_any_validator(schema_host: SchemaHost, tmp_path: Path) -> None:
+    # jsonschema's default registry fetches it with urllib: a service client's schema could
+    # make localllm request any URL, its internal network's included
+    from referencing.exceptions import Unresolvable
+
+    from localllm.grammar import check_subset, compile_schema
+    from localllm.grammar.compile import unresolvable_ref
+
+    schema = {"type": "object", "properties": {"a": {"$ref": schema_host.url}}}
+    with pytest.raises(Unresolvable):
+        validator_class(schema)(schema).is_valid({"a": "x"})
+    assert _violation(schema, {"a": "x"}) == f"$: a $ref of the schema does not resolve: {schema_host.url}"
+    with pytest.raises(SchemaError, match="a \\$ref cannot be resolved"):  # the runtime's: files under its root only
+        SchemaSet(tmp_path).validate('{"a": "x"}', schema)
+    compile_schema(schema)
+    check_subset(schema)
+    assert unresolvable_ref(schema) is not None and unresolvable_ref(schema)[0] == "$.properties.a.$ref"  # type: ignore[index]
+    assert schema_host.hits == []
+    # what does resolve: inside the schema, and the JSON Schema meta-schemas
+    for fine in (
+        {"$defs": {"n": {"type": "integer"}}, "items": {"$ref": "#/$defs/n"}},
+        {"$defs": {"n": {"$anchor": "node", "type": "integer"}}, "items": {"$ref": "#node"}},
+        {
+            "$id": "https://example.com/root",
+            "$defs": {"o": {"$id": "other", "type": "integer"}},
+            "items": {"$ref": "other"},
+        },
+        {"$ref": "http://json-schema.org/draft-07/schema#"},
+    ):
+        assert unresolvable_ref(fine) is None, fine
+    assert _violation({"$ref": "http://json-schema.org/draft-07/schema#"}, {"type": 3}) is not None
+    for dangling in (
+        {"$schema": "http://json-schema.org/draft-04/schema#", "items": {"$ref": "#/definitions/x"}},
+        {"$ref": "#nowhere"},
+    ):
+        found = unresolvable_ref(dangling)
+        assert found is not None and found[0] in ("$.items.$ref", "$.$ref"), dangling

@@ -22,6 +22,7 @@ from localllm.managed.server import CANARY_BODY
 from localllm.service.api import FrontLimits
 from localllm.service.chat import ChatLimits
 from localllm.service.guard import Guard
+from tests.unit.conftest import SchemaHost
 from tests.unit.test_service import Factory, chat, client, env, eventually, make_service, rows
 
 __all__ = ["env", "make_service"]  # fixtures used here
@@ -343,6 +344,31 @@ def test_a_pattern_validation_could_stall_on_is_a_400_before_the_model(
             assert "$.properties.x.pattern" in error["message"] and "backreference" in error["message"]
         fine = chat(http, "chat", response_format=fmt({"type": "object", "properties": {"x": {"pattern": "^(a+)+$"}}}))
         assert fine.status_code == 200, fine.text
+    eventually(lambda: upstream_chats(env))
+    assert len(upstream_chats(env)) == 1  # only the answerable one reached the model
+
+
+def test_a_schema_whose_ref_does_not_resolve_is_a_400_and_nothing_is_fetched(
+    make_service: Factory, env: dict[str, Path], schema_host: SchemaHost
+) -> None:
+    # jsonschema would fetch a remote $ref with urllib when the answer is validated: a client
+    # (or a web page) could make the service request any URL on its network
+    remote = {"type": "object", "properties": {"a": {"$ref": schema_host.url}}}
+    dangling = {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}
+    service = make_service()
+    with client(service) as http:
+        for schema, strict in ((remote, True), (remote, False), (dangling, True), (dangling, False)):
+            refused = chat(http, "chat", response_format=fmt(schema, strict=strict))
+            assert refused.status_code == 400, refused.text
+            error = refused.json()["error"]
+            assert (error["code"], error["param"]) == ("invalid_schema", "response_format.json_schema.schema")
+            assert "$.properties.a.$ref" in error["message"]
+        tool = {"type": "function", "function": {"name": "f", "parameters": remote}}
+        refused = chat(http, "chat", tools=[tool], tool_choice="auto")
+        assert (refused.status_code, refused.json()["error"]["param"]) == (400, "tools[0].function.parameters")
+        fine = chat(http, "chat", response_format=fmt({"$defs": {"n": {"type": "integer"}}, "$ref": "#/$defs/n"}))
+        assert fine.status_code == 200, fine.text
+    assert schema_host.hits == []
     eventually(lambda: upstream_chats(env))
     assert len(upstream_chats(env)) == 1  # only the answerable one reached the model
 
