@@ -725,10 +725,12 @@ class CassetteAgent(Agent):
         """The reference's ``phase``: ``phase_from``'s first group, else the first dotted segment."""
         pattern = self.cassette.phase_from
         if pattern is not None:
-            # whether it matches, in linear time; only a path that matches meets re's
-            # backtracking, which finds a match that exists without trying every split
+            # whether it matches, in linear time: re (for the group) sees only a path that
+            # matches, so never the near miss it must fail at every split, where backtracking
+            # explodes (an alternative failing so before the one that matches still could).
+            # fallback: a Cassette built in code may hold what load_cassette refuses
             try:
-                if not search(pattern.pattern, state_path):
+                if not search(pattern.pattern, state_path, fallback=True):
                     return ""
             except PatternTooCostly:
                 return ""
