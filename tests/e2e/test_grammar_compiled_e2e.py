@@ -57,6 +57,12 @@ def _post(base: str, path: str, body: dict[str, Any]) -> httpx.Response:
 COMPILED = [(name, schema, g) for name, schema in ENTRIES if (g := compile_schema(schema).grammar) is not None]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _close_client() -> Iterator[None]:
+    yield
+    CLIENT.close()
+
+
 @pytest.fixture(scope="module")
 def server(server_bin: Path, chat_gguf: Path) -> Iterator[Server]:
     with serving(server_bin, chat_gguf, slots=SLOTS) as srv:
