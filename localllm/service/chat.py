@@ -486,6 +486,12 @@ def prepare(
     body = dict(data)
     _check_messages(body.get("messages"))
     _check_numbers(body)
+    if body.get("grammar") is not None:  # a client's own GBNF: bounded before the shared server parses it
+        from localllm.grammar.limits import grammar_problem
+
+        problem = grammar_problem(body["grammar"])
+        if problem is not None:
+            raise BadRequest(f"grammar {problem}", "grammar", "invalid_grammar")
     keep_alive = parse_keep_alive(body.pop("keep_alive")) if "keep_alive" in body else None
     # cost caps: one ceiling for max_tokens (the default too), n_predict folded in
     asked = [body[k] for k in ("max_tokens", "max_completion_tokens") if isinstance(body.get(k), int)]

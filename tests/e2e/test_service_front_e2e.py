@@ -293,10 +293,19 @@ def test_requests_llama_server_fails_on_are_400s_naming_the_parameter(serve: Cal
             "json_schema",
             "unsupported_schema",
         ),
-        (
+        (  # never fetched: a $ref that does not resolve inside the schema is refused with the request
             {"messages": ASK, "response_format": _schema_format({"$ref": "http://169.254.169.254/x"})},
             "response_format.json_schema.schema",
-            "unsupported_schema",
+            "invalid_schema",
+        ),
+        (  # groups nested 30,000 deep: llama-server's parser overflowed its stack (every model gone)
+            {
+                "messages": ASK,
+                "max_tokens": 2,
+                "extra_body": {"grammar": "root ::= " + "(" * 30_000 + '"a"' + ")" * 30_000},
+            },
+            "grammar",
+            "invalid_grammar",
         ),
         (
             {"messages": ASK, "extra_body": {"reasoning_format": "DeepSeek"}},
@@ -328,6 +337,9 @@ def test_requests_llama_server_fails_on_are_400s_naming_the_parameter(serve: Cal
         )
         assert answer.headers["x-localllm-structured"] == "compiled"
         assert answer.headers["x-localllm-validated"] == "true"
+        # a grammar at every limit of localllm.grammar.limits parses and answers on the real server
+        at_limits = "root ::= " + "(" * 256 + " | ".join(f'"a{i}"' for i in range(513)) + ")" * 256
+        api.chat.completions.create(model=CHAT, messages=ASK, max_tokens=2, extra_body={"grammar": at_limits})
         # null is the default, for llama-server's reasoning_format too (its 500 before)
         api.chat.completions.create(
             model=CHAT, messages=ASK, max_tokens=2, n=None, extra_body={"reasoning_format": None}

@@ -348,6 +348,22 @@ def test_a_pattern_validation_could_stall_on_is_a_400_before_the_model(
     assert len(upstream_chats(env)) == 1  # only the answerable one reached the model
 
 
+def test_a_grammar_past_the_limits_is_a_400_and_one_within_them_is_sent_as_given(
+    make_service: Factory, env: dict[str, Path]
+) -> None:
+    # groups nested 30,000 deep crashed llama-server (tests/e2e/test_service_front_e2e.py)
+    service = make_service()
+    fine = 'root ::= "yes" | "no"'
+    with client(service) as http:
+        for grammar in ("root ::= " + "(" * 30_000 + '"a"' + ")" * 30_000, 7):
+            refused = chat(http, "chat", grammar=grammar)
+            assert refused.status_code == 400, refused.text
+            assert (refused.json()["error"]["code"], refused.json()["error"]["param"]) == ("invalid_grammar", "grammar")
+        assert chat(http, "chat", grammar=fine).status_code == 200
+    eventually(lambda: upstream_chats(env))
+    assert [body["grammar"] for body in upstream_chats(env)] == [fine]
+
+
 def test_a_schema_whose_ref_does_not_resolve_is_a_400_and_nothing_is_fetched(
     make_service: Factory, env: dict[str, Path], schema_host: SchemaHost
 ) -> None:
