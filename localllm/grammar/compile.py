@@ -491,6 +491,58 @@ def _trie(seqs: list[list[str]]) -> str:
     return " | ".join(alts)
 
 
+#: a const/enum with more values than this is written as a character trie (_literal_trie)
+TRIE_LITERALS = 32
+#: ... unless its values branch more than this many times along one value
+TRIE_DEPTH = 32
+
+
+def _literal_trie(texts: Sequence[str]) -> str | None:
+    """Literal ``texts`` as one expression with every shared prefix written once, or None when
+    they branch more than :data:`TRIE_DEPTH` times along one text.
+
+    llama.cpp keeps one parse stack per alternative that can start at a position and checks
+    each against the whole vocabulary for every token: 10,000 enum values as 10,000
+    alternatives cost seconds a token; as a trie, the live alternatives at a position are the
+    distinct next characters there. Runs without a branch are one literal."""
+    root: dict[str | None, Any] = {}
+    for text in texts:
+        node = root
+        for c in text:
+            node = node.setdefault(c, {})
+        node[None] = True
+
+    def emit(node: dict[str | None, Any], depth: int) -> str | None:
+        if depth > TRIE_DEPTH:
+            raise _TooDeep
+        alts = []
+        for first, child in node.items():
+            if first is None:
+                continue
+            run, at = [first], child
+            while None not in at and len(at) == 1:
+                (c, at), *_ = at.items()
+                run.append(c)
+            tail = emit(at, depth + 1)
+            head = gbnf_literal("".join(run))
+            alts.append(head if tail is None else f"{head} {tail}")
+        if not alts:
+            return None  # a value ends here and nothing follows
+        inner = alts[0] if len(alts) == 1 else "( " + " | ".join(alts) + " )"
+        if None in node:  # a value ends here, and others go on
+            return f"{inner}?" if _is_atom(inner) else f"( {inner} )?"
+        return inner
+
+    try:
+        return emit(root, 0) or '""'
+    except _TooDeep:
+        return None
+
+
+class _TooDeep(Exception):
+    """A literal trie branches deeper than TRIE_DEPTH (never leaves _literal_trie)."""
+
+
 # ---------------------------------------------------------------------------- integers
 
 
@@ -1032,6 +1084,7 @@ class _Compiler:
         if not isinstance(values, list):
             raise _Refuse(path, "enum", '"enum" must be an array')
         kept = []
+        texts: list[str] = []
         for value in values:
             try:
                 text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
@@ -1039,10 +1092,13 @@ class _Compiler:
                 raise _Refuse(path, "enum", f"a listed value is not finite JSON ({exc})") from None
             if self.valid(node, value, path, "enum"):
                 kept.append(gbnf_literal(text))
+                texts.append(text)
         if not kept:
             raise _Unsatisfiable(
                 path, "const" if "const" in node else "enum", "no listed value satisfies the schema around it"
             )
+        if len(kept) > TRIE_LITERALS and (trie := _literal_trie(list(dict.fromkeys(texts)))) is not None:
+            return trie
         return _alt(kept)
 
     # ------------------------------------------------------------------ anyOf / oneOf
