@@ -504,7 +504,8 @@ def _literal_trie(texts: Sequence[str]) -> str | None:
     llama.cpp keeps one parse stack per alternative that can start at a position and checks
     each against the whole vocabulary for every token: 10,000 enum values as 10,000
     alternatives cost seconds a token; as a trie, the live alternatives at a position are the
-    distinct next characters there. Runs without a branch are one literal."""
+    distinct next characters there. Runs without a branch are one literal. (:func:`_trie` is
+    the same idea over GBNF tokens, for sequences of values.)"""
     root: dict[str | None, Any] = {}
     for text in texts:
         node = root
@@ -1083,7 +1084,6 @@ class _Compiler:
         values = [node["const"]] if "const" in node else node["enum"]
         if not isinstance(values, list):
             raise _Refuse(path, "enum", '"enum" must be an array')
-        kept = []
         texts: list[str] = []
         for value in values:
             try:
@@ -1091,15 +1091,14 @@ class _Compiler:
             except (ValueError, TypeError, RecursionError) as exc:
                 raise _Refuse(path, "enum", f"a listed value is not finite JSON ({exc})") from None
             if self.valid(node, value, path, "enum"):
-                kept.append(gbnf_literal(text))
                 texts.append(text)
-        if not kept:
+        if not texts:
             raise _Unsatisfiable(
                 path, "const" if "const" in node else "enum", "no listed value satisfies the schema around it"
             )
-        if len(kept) > TRIE_LITERALS and (trie := _literal_trie(list(dict.fromkeys(texts)))) is not None:
+        if len(texts) > TRIE_LITERALS and (trie := _literal_trie(list(dict.fromkeys(texts)))) is not None:
             return trie
-        return _alt(kept)
+        return _alt([gbnf_literal(text) for text in texts])
 
     # ------------------------------------------------------------------ anyOf / oneOf
 
