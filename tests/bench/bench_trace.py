@@ -12,8 +12,9 @@ the event + write + flush + fsync (the least a JSONL logger that fsyncs does); a
 syscall, durable when it returns). The table shows medians over rounds, and what an append costs beyond the
 bare write in µs (the stable figure: fsync latency drifts with the disk). A second table
 breaks an append into its steps (checks, timestamp, encoding, the replaced-file ``stat``), each
-timed on its own right after a synchronous write and in a hot loop, beside two controls (a
-``json.dumps`` and a 12 µs busy-wait): where the time beyond the bare write goes. A third
+timed on its own right after a synchronous write, right after a 200 µs ``time.sleep`` (a block
+with no I/O) and in a hot loop, beside two controls (a ``json.dumps`` and a 12 µs busy-wait):
+where the time beyond the bare write goes. A third
 compares ``read_trace`` with a bare ``split + json.loads`` over the same file. Results go to
 ``tests/bench/results/trace.json`` unless ``--json`` says otherwise (``--smoke``: a temp file).
 """
@@ -129,8 +130,9 @@ def after_a_sync(directory: Path, n: int) -> list[dict[str, Any]]:
 
     Every step runs before a bare ``O_DSYNC`` write, the steps shuffled event by event (as in
     :func:`run_interleaved`, every step runs right after some file's synchronous write). What
-    a step adds to the bare write is its cost after a sync; the same call repeated back to
-    back is its cost hot.
+    a step adds to the bare write is its cost after a sync; the same step right after a
+    200 µs ``time.sleep`` (the thread blocks, no I/O) is its cost after any block; the same
+    call repeated back to back is its cost hot.
     """
     line = b"x" * 400 + b"\n"
     stat_path = directory / "stat-target"
@@ -172,6 +174,15 @@ def after_a_sync(directory: Path, n: int) -> list[dict[str, Any]]:
     finally:
         for fd in fds:
             os.close(fd)
+    # the same steps right after a 200 us sleep, no I/O at all: is it the sync, or any block?
+    slept = dict.fromkeys(steps, 0.0)
+    for _ in range(n):
+        shuffle(names)
+        for name in names:
+            time.sleep(200e-6)
+            t0 = time.perf_counter()
+            steps[name]()
+            slept[name] += time.perf_counter() - t0
     rows = []
     for name, step in steps.items():
         start = time.perf_counter()
@@ -179,7 +190,8 @@ def after_a_sync(directory: Path, n: int) -> list[dict[str, Any]]:
             step()
         hot_us = (time.perf_counter() - start) / n * 1e6
         after_us = (spent[name] - spent[bare]) / n * 1e6
-        rows.append({"step": name, "after_sync_us": after_us, "hot_us": hot_us})
+        sleep_us = (slept[name] - slept[bare]) / n * 1e6
+        rows.append({"step": name, "after_sync_us": after_us, "after_sleep_us": sleep_us, "hot_us": hot_us})
     return rows
 
 
@@ -327,9 +339,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{', '.join(f'{x:.2f}' for x in wr['ratios_over_bare_dsync_per_round'])})"
     )
     print()
-    print(f"{'one step, then a bare O_DSYNC write':<56}{'+us after a sync':>18}{'us hot':>9}")
+    print(f"{'one step, then a bare O_DSYNC write':<56}{'+us after a sync':>18}{'after a sleep':>15}{'us hot':>9}")
     for row in steps:
-        print(f"{row['step']:<56}{row['after_sync_us']:>18.1f}{row['hot_us']:>9.1f}")
+        print(f"{row['step']:<56}{row['after_sync_us']:>18.1f}{row['after_sleep_us']:>15.1f}{row['hot_us']:>9.1f}")
     print()
     print(f"{'read':<34}{'events/s':>12}{'vs bare':>10}")
     ratio = rd["ratio_read_trace_over_bare"]
