@@ -25,6 +25,13 @@ and possessive repeats (Python-only syntax) — and patterns whose counted repea
 :data:`MAX_STATES` raise :class:`PatternUnsupported`; :func:`unsupported_reason` says which,
 so schema checks refuse them up front (``localllm.grammar.compile.schema_problem``).
 A pattern ``re`` cannot parse raises ``re.error``, as ``re.search`` does.
+
+:func:`search_group` gives ``re.search(pattern, text).group(n)`` in linear time too (a Pike
+VM: the NFA's threads in ``re``'s order of preference, each carrying the group's bounds).
+It refuses, beside the above, a group inside a lookaround and any repeat whose body can
+match the empty string: ``re`` ends such a repeat after a round that read nothing, and the
+group that leaves depends on its backtracking order (``(a*)*`` on ``aa``: ``re`` gives ``""``,
+a leftmost-first automaton ``"aa"``).
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ __all__ = [
     "PatternTooCostly",
     "PatternUnsupported",
     "search",
+    "search_group",
     "unsupported_reason",
 ]
 
@@ -71,8 +79,10 @@ for _name, _what in (("ATOMIC_GROUP", "an atomic group (?>…)"), ("POSSESSIVE_R
 _MULTILINE = _constants.SRE_FLAG_MULTILINE
 _ASCII = _constants.SRE_FLAG_ASCII
 
-# one state of the NFA: what it does, and where it goes
-_CHAR, _SPLIT, _AT, _LOOK, _MATCH = range(5)
+# one state of the NFA: what it does, and where it goes (a _SPLIT's exits in re's order of
+# preference); built for a group (search_group), _SAVE records the position as the group's
+# start (test 0) or end (test 1)
+_CHAR, _SPLIT, _AT, _LOOK, _MATCH, _SAVE = range(6)
 
 
 class PatternUnsupported(ValueError):
@@ -107,10 +117,14 @@ class _Nfa:
 class _Builder:
     """``re``'s parse tree → NFA states, built back to front (each item knows what follows it)."""
 
-    def __init__(self, nfa: _Nfa, chars: dict[tuple[Any, str, int], Callable[[str], Any]]) -> None:
+    def __init__(
+        self, nfa: _Nfa, chars: dict[tuple[Any, str, int], Callable[[str], Any]], capture: int | None = None
+    ) -> None:
         self.nfa = nfa
         self.looks = False
         self.chars = chars  # one compiled matcher per distinct item and flags (repeats unroll copies)
+        self.capture = capture  # the group whose bounds _SAVE states record, if any
+        self.saved = False
 
     def sequence(self, items: Any, flags: int, follow: int) -> int:
         for op, av in reversed(list(items)):
@@ -125,20 +139,32 @@ class _Builder:
                 self.chars[key] = _one_char(op, av, flags)
             return nfa.add(_CHAR, [follow], self.chars[key])
         if op is _constants.SUBPATTERN:
-            _group, add, remove, body = av
-            return self.sequence(body, (flags | add) & ~remove, follow)
+            group, add, remove, body = av
+            flags = (flags | add) & ~remove
+            if group is not None and group == self.capture:
+                self.saved = True
+                end = nfa.add(_SAVE, [follow], 1)
+                return nfa.add(_SAVE, [self.sequence(body, flags, end)], 0)
+            return self.sequence(body, flags, follow)
         if op is _constants.BRANCH:
             return nfa.add(_SPLIT, [self.sequence(b, flags, follow) for b in av[1]])
         if op in _REPEATS:
             lo, hi, body = av
+            lazy = op is _constants.MIN_REPEAT  # another round is re's second choice, not its first
+            if self.capture is not None and hi > 1 and body.getwidth()[0] == 0:
+                # re ends such a repeat after a round that read nothing, and which group
+                # bounds that leaves depends on its backtracking order: no linear equivalent
+                raise PatternUnsupported("a repeat whose body can match the empty string holds its group")
             if hi == _constants.MAXREPEAT:
                 loop = nfa.add(_SPLIT, [])
-                nfa.out[loop] = [self.sequence(body, flags, loop), follow]
+                again = self.sequence(body, flags, loop)
+                nfa.out[loop] = [follow, again] if lazy else [again, follow]
                 tail = loop
             else:
                 tail = follow
                 for _ in range(hi - lo):  # (x(x(x)?)?)?
-                    tail = nfa.add(_SPLIT, [self.sequence(body, flags, tail), follow])
+                    again = self.sequence(body, flags, tail)
+                    tail = nfa.add(_SPLIT, [follow, again] if lazy else [again, follow])
             for _ in range(lo):
                 tail = self.sequence(body, flags, tail)
             return tail
@@ -154,13 +180,19 @@ class _Builder:
 
 
 def _build(
-    tree: Any, flags: int, budget: list[int], chars: dict[tuple[Any, str, int], Callable[[str], Any]]
+    tree: Any,
+    flags: int,
+    budget: list[int],
+    chars: dict[tuple[Any, str, int], Callable[[str], Any]],
+    capture: int | None = None,
 ) -> _Matcher:
     nfa = _Nfa(budget)
     start = nfa.add(_SPLIT, [])
-    builder = _Builder(nfa, chars)
+    builder = _Builder(nfa, chars, capture)
     nfa.accept = nfa.add(_MATCH, [])
     nfa.out[start] = [builder.sequence(tree, flags, nfa.accept)]
+    if capture is not None and not builder.saved:
+        raise PatternUnsupported(f"its group {capture} is inside a lookaround")
     return _Matcher(nfa, cacheable=not builder.looks)
 
 
@@ -272,7 +304,7 @@ class _Matcher:
             if kind in (_CHAR, _MATCH):
                 found.add(s)
             elif (
-                kind == _SPLIT
+                kind in (_SPLIT, _SAVE)
                 or (kind == _AT and holds[nfa.test[s]])
                 or (kind == _LOOK and self.look(s, text, i, looks, work))
             ):
@@ -328,6 +360,60 @@ class _Matcher:
                 return False
         return False
 
+    def capture(self, text: str, work: list[int]) -> tuple[int, int] | None:
+        """The bounds of the captured group in the match ``re.search`` finds ((-1, -1) when the
+        group takes no part in it), or None when nothing matches.
+
+        A Pike VM: the threads at a position are kept in ``re``'s order of preference, each
+        with its group bounds; a state reached by a preferred thread is not entered again, so
+        the work per character is bounded by the NFA's size. The first thread to accept
+        drops every less preferred one; a new thread starts at each position, least
+        preferred, until something has matched (the leftmost match wins)."""
+        nfa = self.nfa
+        looks: dict[tuple[int, int], bool] = {}
+
+        def enter(state: int, bounds: tuple[int, int], i: int) -> None:
+            # the reading and accepting states reached from state at i, in order of preference
+            stack = [(state, bounds)]
+            while stack:
+                s, at = stack.pop()
+                if s in seen:
+                    continue
+                seen.add(s)
+                kind = nfa.kind[s]
+                if kind in (_CHAR, _MATCH):
+                    threads.append((s, at))
+                elif kind == _SPLIT:
+                    stack.extend((o, at) for o in reversed(nfa.out[s]))
+                elif kind == _SAVE:
+                    stack.append((nfa.out[s][0], (i, -1) if nfa.test[s] == 0 else (at[0], i)))
+                elif (kind == _AT and _holds(nfa.test[s], text, i)) or (
+                    kind == _LOOK and self.look(s, text, i, looks, work)
+                ):
+                    stack.append((nfa.out[s][0], at))
+
+        pending: list[tuple[int, tuple[int, int]]] = []
+        found: tuple[int, int] | None = None
+        n = len(text)
+        for i in range(n + 1):
+            threads: list[tuple[int, tuple[int, int]]] = []
+            seen: set[int] = set()
+            for state, bounds in pending:
+                enter(state, bounds, i)
+            if found is None:
+                enter(0, (-1, -1), i)
+            _spend(work, len(seen), text)
+            pending = []
+            for state, bounds in threads:
+                if nfa.kind[state] == _MATCH:
+                    found = bounds
+                    break
+                if i < n and nfa.test[state](text[i]) is not None:
+                    pending.append((nfa.out[state][0], bounds))
+            if not pending and (found is not None or i == n):
+                break
+        return found
+
 
 _START = frozenset({0})
 
@@ -362,6 +448,31 @@ def search(pattern: str, text: str, *, fallback: bool = False) -> bool:
         if not fallback:
             raise
         return re.search(pattern, text) is not None
+
+
+@functools.lru_cache(maxsize=64)
+def _capturing(pattern: str, number: int) -> _Matcher:
+    tree = _parser.parse(pattern, 0)
+    if not 0 < number < tree.state.groups:
+        raise IndexError("no such group")
+    try:
+        return _build(tree, tree.state.flags, [MAX_STATES], {}, capture=number)
+    except RecursionError:
+        raise PatternUnsupported("it nests groups too deeply") from None
+
+
+def search_group(pattern: str, text: str, number: int = 1) -> str | None:
+    """``re.search(pattern, text)``'s ``group(number)`` (None when nothing matches or the group
+    takes no part in the match), in O(len(text) × pattern size) time: the leftmost match,
+    and in it the choices ``re`` prefers (greedy or lazy repeats, alternatives in order).
+
+    Raises what :func:`search` raises, :class:`PatternUnsupported` also for a group inside a
+    lookaround, and ``IndexError`` for a group the pattern does not have (as ``re`` does)."""
+    matcher = _capturing(pattern, number)
+    bounds = matcher.capture(text, [WORK_BASE + WORK_PER_CHAR * len(text)])
+    if bounds is None or bounds[1] < 0:
+        return None
+    return text[bounds[0] : bounds[1]]
 
 
 def unsupported_reason(pattern: str) -> str | None:

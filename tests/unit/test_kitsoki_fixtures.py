@@ -332,6 +332,25 @@ def test_phase_from_is_matched_without_backtracking(tmp_path: Path) -> None:
     assert [p.key for p in info.value.problems] == ["phase_from"]
 
 
+def test_phase_from_s_group_is_found_without_backtracking(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "kind: host_cassette\nphase_from: '^(?:(?:a+)+b|(a+)|c)$'\nepisodes:\n"
+        "  - {id: e1, match: {handler: agent.x, phase: aaa}, agent: {verb: ask, response: '{}'}}\n"
+    )
+    # the path matches, but only by the second alternative: re first backtracks through
+    # (?:a+)+b about 2**len(path) times (30 characters: 30 s, 40: hours); "c" matches without the group
+    phases = in_child(
+        f"""
+        import json
+        from localllm.agents.cassette import CassetteAgent
+        agent = CassetteAgent({str(path)!r}, alias="agent.x")
+        print(json.dumps([agent._phase(p) for p in ("a" * 40, "aaa", "c", "b")]))
+        """
+    )
+    assert phases == ["a" * 40, "aaa", "", ""]
+
+
 def _raised(into: list[BaseException], fn: Any, *args: Any) -> None:
     try:
         fn(*args)

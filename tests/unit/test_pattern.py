@@ -19,7 +19,14 @@ import pytest
 
 from localllm.errors import AgentError, ErrorKind
 from localllm.grammar.compile import compile_schema, schema_problem, validator_class
-from localllm.grammar.pattern import MAX_STATES, PatternTooCostly, PatternUnsupported, search, unsupported_reason
+from localllm.grammar.pattern import (
+    MAX_STATES,
+    PatternTooCostly,
+    PatternUnsupported,
+    search,
+    search_group,
+    unsupported_reason,
+)
 from localllm.schema import SchemaSet
 from localllm.service.chat import _violation
 from tests.conftest import REPO, in_child
@@ -64,6 +71,76 @@ def test_random_patterns_give_re_s_verdicts() -> None:
             assert search(pattern, text) == (compiled.search(text) is not None), (pattern, text)
             checked += 1
     assert checked > 10_000
+
+
+# -- the same group as re ---------------------------------------------------------------------
+_NO_GROUP = ("a repeat whose body can match the empty string", "inside a lookaround", "backreference", "conditional")
+
+
+def test_random_patterns_give_re_s_groups() -> None:
+    rng = random.Random(20261204)
+    checked, refused = 0, 0
+    for _ in range(3000):
+        pattern = rng.choice(_FLAGS) + _random_pattern(rng)
+        try:
+            compiled = re.compile(pattern)
+        except re.error:
+            continue
+        for number in range(1, min(compiled.groups, 3) + 1):
+            try:
+                search_group(pattern, "", number)
+            except PatternUnsupported as exc:
+                assert any(why in str(exc) for why in _NO_GROUP), (pattern, exc)
+                refused += 1
+                continue
+            for _ in range(5):
+                text = "".join(rng.choice(_ALPHABET) for _ in range(rng.randint(0, 8)))
+                found = compiled.search(text)
+                want = found.group(number) if found is not None else None
+                assert search_group(pattern, text, number) == want, (pattern, number, text)
+                checked += 1
+    assert checked > 5_000 and refused > 100
+
+
+@pytest.mark.parametrize(
+    ("pattern", "text", "expected"),
+    [
+        (r"^review\.(\w+)", "review.code", "code"),
+        (r"x(a|ab)(c|bcd)", "xabcd", "a"),  # the first alternative that leads to a match, not the longest
+        (r"(a+?)a*", "aaa", "a"),  # lazy
+        (r"(a+)a*", "aaa", "aaa"),  # greedy
+        (r"(?:(x)|y)z", "yz", None),  # the group takes no part
+        (r"(a)+", "aaa", "a"),  # the last round
+        (r"b(a{2})", "aaba", None),
+        (r"(?<=b)(a)", "aba", "a"),
+        (r"(?i)(A)", "a", "a"),
+    ],
+)
+def test_groups_match_re(pattern: str, text: str, expected: str | None) -> None:
+    found = re.search(pattern, text)
+    assert (found.group(1) if found else None) == expected
+    assert search_group(pattern, text) == expected
+
+
+@pytest.mark.parametrize("pattern", [r"(a*)*", r"(a|)+b", r"((?:x?)*)y", r"(?=(a))a", r"(a)\1"])
+def test_a_group_with_no_linear_answer_is_refused(pattern: str) -> None:
+    with pytest.raises(PatternUnsupported):
+        search_group(pattern, "aa")
+    with pytest.raises(IndexError):
+        search_group("(a)", "a", 2)
+
+
+def test_a_group_behind_a_failing_alternative_is_found_without_backtracking() -> None:
+    # re tries (?:a+)+b first and backtracks ~2**len(text) times before the second alternative
+    found = in_child(
+        """
+        import json
+        from localllm.grammar.pattern import search_group
+        text = "a" * 5000
+        print(json.dumps([search_group(r"^(?:(?:a+)+b|(a+))$", t) for t in (text, "a" * 40 + "!")]))
+        """
+    )
+    assert found == ["a" * 5000, None]
 
 
 def _corpus_patterns() -> set[str]:
