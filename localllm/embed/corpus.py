@@ -4,6 +4,7 @@ Paths. A relative glob is resolved against ``base_dir``: the current directory f
 ``localllm search --corpus``, the config file's directory for globs written in a config.
 Absolute globs are used as they are. ``**`` is recursive; a directory stands for every
 file under it. Like the shell, ``*`` and ``**`` skip dot-files and dot-directories.
+Links to directories are followed, but each directory is entered once (a link loop ends).
 
 Chunking. ``.md``/``.markdown`` files are split before every heading line (``#`` … ``######``,
 outside fenced code); other files, and sections longer than the window, into windows of
@@ -16,15 +17,17 @@ file outside it), with ``/`` separators.
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import itertools
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from localllm._fs import Unreadable, read_capped
 from localllm.embed.store import Store, content_hash
 from localllm.errors import EmbedError
 
@@ -129,17 +132,88 @@ def expand_globs(patterns: Sequence[str], base_dir: Path) -> tuple[list[Path], l
     unmatched: list[str] = []
     for pattern in patterns:
         expanded = os.path.expanduser(pattern)
-        absolute = os.path.isabs(expanded)
-        full = expanded if absolute else os.path.join(str(base_dir), expanded)
-        if os.path.isdir(full):
-            full = os.path.join(full, "**", "*")
-        matches = sorted(glob.glob(full, recursive=True))
-        files = [Path(m) for m in matches if os.path.isfile(m)]
+        if os.path.isabs(expanded):
+            plain, full = expanded, expanded
+        else:  # the base directory's own name is no pattern, even with [ or * in it
+            plain = os.path.join(str(base_dir), expanded)
+            full = os.path.join(glob.escape(str(base_dir)), expanded)
+        if os.path.isdir(plain):
+            files = list(_walk(plain, ["**", "*"]))
+        else:
+            parts = full.split(os.sep)
+            deep = next((i for i, part in enumerate(parts) if part == "**"), None)
+            if deep is None:  # no ** : glob matches one level per part, nothing to loop over
+                files = [m for m in glob.glob(full) if os.path.isfile(m)]
+            else:
+                tops = glob.glob(os.sep.join(parts[:deep]) or os.sep)
+                files = [f for top in tops if os.path.isdir(top) for f in _walk(top, parts[deep:])]
         if not files:
             unmatched.append(pattern)
         for f in files:
-            found.setdefault(f.resolve(), None)
+            found.setdefault(Path(f).resolve(), None)
     return sorted(found), unmatched
+
+
+def _walk(top: str, parts: list[str]) -> Iterator[str]:
+    """The files under ``top`` whose path below it matches ``parts`` (glob's rules: ``**`` is any
+    number of directories, neither it nor ``*`` matches a dot-name). Symbolic links to
+    directories are followed, but every directory is entered once: a link back up the tree
+    (two of them made glob's own ``**`` list paths without end) adds nothing."""
+    entered: set[tuple[int, int]] = set()
+    for here, dirs, names in os.walk(top, followlinks=True):
+        try:
+            st = os.stat(here)
+        except OSError:
+            dirs.clear()
+            continue
+        if (st.st_dev, st.st_ino) in entered:
+            dirs.clear()
+            continue
+        entered.add((st.st_dev, st.st_ino))
+        below = [] if here == top else os.path.relpath(here, top).split(os.sep)
+        dirs[:] = sorted(d for d in dirs if _may_lead([*below, d], parts))
+        for name in names:
+            path = os.path.join(here, name)
+            if _matches([*below, name], parts) and os.path.isfile(path):
+                yield path
+
+
+def _matches(names: list[str], parts: list[str]) -> bool:
+    """Whether the path ``names`` matches the glob ``parts`` (one name per part, ``**`` any number)."""
+    if parts[-1:] == ["**"]:  # as glob: a final ** lists what is below, so it takes a name at least
+        below = [end for end in _ends(names, parts[:-1]) if end < len(names)]
+        return any(not any(name.startswith(".") for name in names[end:]) for end in below)
+    return len(names) in _ends(names, parts)
+
+
+def _may_lead(names: list[str], parts: list[str]) -> bool:
+    """Whether a path below the directory ``names`` may match ``parts``."""
+    if parts[-1:] == ["**"] and _matches(names, parts):
+        return True  # a final ** takes the names below too
+    return any(len(names) in _ends(names, parts[:k]) for k in range(len(parts)))
+
+
+def _ends(names: list[str], parts: list[str]) -> set[int]:
+    """How many of ``names`` the glob ``parts`` can take, each way it can match them."""
+    ends = {0}
+    for part in parts:
+        if part == "**":  # any number of names, none a dot-name
+            taken: set[int] = set()
+            for start in ends:
+                stop = start
+                while stop < len(names) and not names[stop].startswith("."):
+                    stop += 1
+                taken.update(range(start, stop + 1))
+            ends = taken
+        else:
+            ends = {end + 1 for end in ends if end < len(names) and _name_matches(names[end], part)}
+    return ends
+
+
+def _name_matches(name: str, part: str) -> bool:
+    if name.startswith(".") and not part.startswith("."):
+        return False  # as glob: a wildcard never matches a dot-name
+    return fnmatch.fnmatchcase(name, part)
 
 
 def display_path(path: Path, base_dir: Path) -> str:
@@ -204,11 +278,10 @@ def load_corpus(patterns: Sequence[str], base_dir: Path | None = None, chunking:
     for path in paths:
         shown = display_path(path, base)
         try:
-            size = path.stat().st_size
-            if size > c.max_file_bytes:
-                skipped.append(Skipped(shown, f"larger than {c.max_file_bytes} bytes"))
-                continue
-            data = path.read_bytes()
+            data = read_capped(path, c.max_file_bytes)  # bounded even if the file grows meanwhile
+        except Unreadable:
+            skipped.append(Skipped(shown, f"larger than {c.max_file_bytes} bytes"))
+            continue
         except OSError as exc:
             skipped.append(Skipped(shown, f"unreadable: {exc.strerror or exc}"))
             continue

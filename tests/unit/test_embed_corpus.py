@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import glob
+import os
+import random
 from pathlib import Path
 
 import pytest
@@ -9,6 +13,7 @@ import pytest
 from localllm.embed.corpus import Chunking, chunk_bytes, expand_globs, load_corpus, search
 from localllm.embed.embedder import FakeEmbedder
 from localllm.errors import EmbedError
+from tests.conftest import in_child
 
 
 def _tree(root: Path) -> None:
@@ -125,3 +130,58 @@ def test_search_reports_embedding_progress_in_small_steps(tmp_path: Path) -> Non
         "alpha", FakeEmbedder(16), ["*.md"], base_dir=tmp_path, store_root=tmp_path / "s", progress=cached.append
     )
     assert (report.embedded, cached) == (0, [])  # nothing new: no progress to show
+
+
+def _glob_files(pattern: str, base: Path) -> list[Path]:
+    """What glob's own ``**`` lists (the reference for trees without a link loop)."""
+    full = pattern if Path(pattern).is_absolute() else str(base / pattern)
+    if Path(full).is_dir():
+        full = str(Path(full) / "**" / "*")
+    return sorted({Path(m).resolve() for m in glob.glob(full, recursive=True) if os.path.isfile(m)})
+
+
+def test_globs_list_what_glob_lists(tmp_path: Path) -> None:
+    rng = random.Random(20261204)
+    names = ["a", "b", ".h", "a.md", "b.txt", ".x.md", "[c]"]
+    for i in range(60):
+        (tmp_path / str(i)).mkdir()
+    trees = []
+    for i in range(60):
+        root = tmp_path / str(i)
+        for _ in range(rng.randint(3, 12)):
+            parts = [rng.choice(names) for _ in range(rng.randint(1, 4))]
+            with contextlib.suppress(OSError):  # a name already taken by a file or a directory
+                (root / Path(*parts[:-1])).mkdir(parents=True, exist_ok=True)
+                (root / Path(*parts)).write_text("x\n")
+        trees.append(root)
+    segments = ["*", "**", "*.md", "a*", ".h", ".*", "?", "a", "[ab]", "[[]c]"]
+    checked = 0
+    for root in trees:
+        for _ in range(40):
+            pattern = "/".join(rng.choice(segments) for _ in range(rng.randint(1, 4)))
+            files, unmatched = expand_globs([pattern], root)
+            want = _glob_files(pattern, root)
+            assert files == want, (root, pattern)
+            assert unmatched == ([] if want else [pattern])
+            checked += bool(want)
+    assert checked > 200
+
+
+def test_a_link_loop_in_the_corpus_lists_each_file_once(tmp_path: Path) -> None:
+    (tmp_path / "c" / "d").mkdir(parents=True)
+    (tmp_path / "c" / "a.md").write_text("a\n")
+    (tmp_path / "c" / "d" / "b.md").write_text("b\n")
+    for link in ("l1", "l2", "d/up"):
+        (tmp_path / "c" / link).symlink_to(tmp_path / "c")
+    # glob's ** followed both links at every level: 2**40 paths before the kernel's limit
+    listed = in_child(
+        f"""
+        import json
+        from pathlib import Path
+        from localllm.embed.corpus import expand_globs
+        base = Path({str(tmp_path)!r})
+        print(json.dumps([[str(p) for p in expand_globs([g], base)[0]] for g in ("c", "c/**/*.md", "c/l1/**/b.md")]))
+        """
+    )
+    c = tmp_path / "c"
+    assert listed == [[str(c / "a.md"), str(c / "d" / "b.md")]] * 2 + [[str(c / "d" / "b.md")]]
