@@ -14,6 +14,8 @@ document already and are used as they are.
 from __future__ import annotations
 
 import functools
+import threading
+from collections import OrderedDict
 from typing import Any
 
 __all__ = ["meta_error"]
@@ -72,11 +74,39 @@ def _validator(cls: Any) -> Any:
     return cls(flat, format_checker=cls.FORMAT_CHECKER)
 
 
+#: verdicts of the latest schemas checked: a service client sends the same response_format
+#: with every request, and a request's schema is checked, then compiled (which checks it)
+_VERDICTS: OrderedDict[tuple[Any, str], Any] = OrderedDict()
+_VERDICTS_KEPT = 64
+_VERDICT_KEY_LIMIT = 1 << 20  # a larger schema's verdict is not kept
+_VERDICTS_LOCK = threading.Lock()
+
+
 def meta_error(cls: Any, schema: Any) -> Any:
     """What ``cls.check_schema(schema)`` raises, returned (a ``SchemaError``), or None when valid.
 
     The static meta-schema answers "valid" fast; anything else (invalid, or a schema it
-    cannot evaluate) is left to ``check_schema`` itself, so errors are exactly its own."""
+    cannot evaluate) is left to ``check_schema`` itself, so errors are exactly its own. The
+    verdicts of the latest schemas are kept, keyed by their ``repr`` (which tells a tuple
+    from a list, ``1`` from ``1.0`` and ``True``, and keeps key order)."""
+    try:
+        key = (cls, repr(schema))
+    except (RecursionError, ValueError):  # deeper than repr goes; an int too long to print
+        return _meta_error(cls, schema)
+    with _VERDICTS_LOCK:
+        if key in _VERDICTS:
+            _VERDICTS.move_to_end(key)
+            return _VERDICTS[key]
+    verdict = _meta_error(cls, schema)
+    if len(key[1]) <= _VERDICT_KEY_LIMIT:
+        with _VERDICTS_LOCK:
+            _VERDICTS[key] = verdict
+            while len(_VERDICTS) > _VERDICTS_KEPT:
+                _VERDICTS.popitem(last=False)
+    return verdict
+
+
+def _meta_error(cls: Any, schema: Any) -> Any:
     from localllm import _jsonschema
 
     _jsonschema.prepare()  # before jsonschema's first import: see localllm/_jsonschema.py

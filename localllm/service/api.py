@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import json
 import logging
@@ -505,7 +506,15 @@ class ServiceApp:
         keep_alive: float | None = None
         try:
             if path == "/v1/chat/completions":
-                prepared = chat.prepare(data, model, limits=self.limits.chat, stop=self.stops.get(model, ()))
+                prepare = functools.partial(
+                    chat.prepare, data, model, limits=self.limits.chat, stop=self.stops.get(model, ())
+                )
+                if any(data.get(k) is not None for k in (*chat.SCHEMA_KEYS, "grammar")):
+                    # compiling and checking schemas takes CPU time (up to a second or two):
+                    # off the event loop, which serves every other client meanwhile
+                    prepared = await asyncio.to_thread(prepare)
+                else:
+                    prepared = prepare()
                 keep_alive = prepared.keep_alive
                 raw = json.dumps(prepared.body).encode()
             else:

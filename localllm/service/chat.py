@@ -107,6 +107,17 @@ class ChatLimits:
     max_logprobs: int = 20
 
 
+#: a request's schemas together (response_format, json_schema, tools), as JSON: checking and
+#: compiling them takes time in proportion (500 tools of 200 properties, 2.8 MB: 45 s), so
+#: no request may make the service spend more than a second or two on them. The schemas
+#: of the corpora here are 12 KiB at most.
+MAX_SCHEMA_BYTES = 256 << 10
+#: the functions a request may offer: the answer's grammar alternates between them, and the
+#: compiler keeps at most 64 alternatives in one place (OpenAI allows 128)
+MAX_TOOLS = 64
+#: the body keys that hold schemas
+SCHEMA_KEYS = ("response_format", "json_schema", "tools")
+
 #: objects are generated closed, as builtin.local_llm does by default (``open_objects: false``):
 #: with extension keys admitted, gemma-3-270m wrote extra keys until max_tokens in 12 of 48
 #: answers. Closed objects are valid instances of an open schema; answers are validated as sent.
@@ -343,11 +354,25 @@ def _refusal(compiled: Any, param: str) -> BadRequest:
     )
 
 
+def _check_schema_bytes(body: dict[str, Any]) -> None:
+    sizes = {k: len(json.dumps(body[k]).encode()) for k in SCHEMA_KEYS if body.get(k) is not None}
+    total = sum(sizes.values())
+    if total > MAX_SCHEMA_BYTES:
+        raise BadRequest(
+            f"the request's schemas (response_format, json_schema and tools together) are {total:,} bytes "
+            f"of JSON; at most {MAX_SCHEMA_BYTES:,}",
+            max(sizes, key=lambda k: sizes[k]),
+            "schema_too_large",
+        )
+
+
 def _tools(raw: Any) -> dict[str, Tool]:
     from localllm.grammar import compile_schema
 
     if not isinstance(raw, list) or not raw:
         raise BadRequest("tools must be a non-empty array", "tools")
+    if len(raw) > MAX_TOOLS:
+        raise BadRequest(f"tools may offer at most {MAX_TOOLS} functions, got {len(raw)}", "tools", "too_many_tools")
     tools: dict[str, Tool] = {}
     for i, item in enumerate(raw):
         fn = item.get("function") if isinstance(item, dict) and item.get("type") == "function" else None
@@ -486,6 +511,7 @@ def prepare(
     body = dict(data)
     _check_messages(body.get("messages"))
     _check_numbers(body)
+    _check_schema_bytes(body)
     if body.get("grammar") is not None:  # a client's own GBNF: bounded before the shared server parses it
         from localllm.grammar.limits import grammar_problem
 

@@ -57,3 +57,18 @@ def test_static_meta_schema_agrees_with_check_schema() -> None:
 def test_invalid_schemas_are_invalid_on_the_fast_path_too(schema: Any) -> None:
     assert not _validator(validator_class(schema)).is_valid(schema)
     assert fast_verdict(schema) == slow_verdict(schema) != "valid"
+
+
+def test_kept_verdicts_tell_apart_what_json_would_not() -> None:
+    # verdicts are kept by repr: a tuple is no JSON array to jsonschema, True no number
+    cls = validator_class({})
+    pairs = [
+        ({"type": "object", "required": ["a"]}, {"type": "object", "required": ("a",)}),
+        ({"minimum": 1}, {"minimum": True}),
+        ({"multipleOf": 2}, {"multipleOf": 0}),
+    ]
+    for _ in range(2):  # the second round answers from the kept verdicts
+        for good, bad in pairs:
+            assert meta_error(cls, good) is None
+            assert meta_error(cls, bad) is not None
+            assert meta_error(cls, dict(good)) is None  # an equal schema, another object

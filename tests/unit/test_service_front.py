@@ -348,6 +348,62 @@ def test_a_pattern_validation_could_stall_on_is_a_400_before_the_model(
     assert len(upstream_chats(env)) == 1  # only the answerable one reached the model
 
 
+def _tool(i: int, properties: int = 1) -> dict[str, Any]:
+    params = {"type": "object", "properties": {f"a{j}": {"type": "string"} for j in range(properties)}}
+    return {"type": "function", "function": {"name": f"t{i}", "parameters": params}}
+
+
+def test_schemas_past_their_size_and_tools_past_their_count_are_400s_before_the_model(
+    make_service: Factory, env: dict[str, Path]
+) -> None:
+    # checking and compiling schemas takes time in proportion to their size: 500 tools of
+    # 200 properties (2.8 MB) took 45 s, and 65 tools got a 400 blaming response_format
+    big = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(12_000)}}
+    service = make_service()
+    with client(service) as http:
+        for extra, param, code in (
+            ({"response_format": fmt(big, strict=False)}, "response_format", "schema_too_large"),
+            ({"json_schema": big}, "json_schema", "schema_too_large"),
+            ({"tools": [_tool(i, 3_000) for i in range(4)]}, "tools", "schema_too_large"),
+            ({"tools": [_tool(i) for i in range(65)]}, "tools", "too_many_tools"),
+        ):
+            refused = chat(http, "chat", **extra)
+            assert refused.status_code == 400, (param, code, refused.text)
+            assert (refused.json()["error"]["code"], refused.json()["error"]["param"]) == (code, param)
+        called = chat(http, "chat", tools=[_tool(i) for i in range(64)], tool_choice="required")
+        assert called.status_code == 200, called.text
+        assert called.json()["choices"][0]["message"]["tool_calls"]
+    eventually(lambda: upstream_chats(env))
+    assert len(upstream_chats(env)) == 1  # only the 64 tools reached the model
+
+
+def test_a_schema_is_prepared_off_the_event_loop(make_service: Factory, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a schema that takes seconds to check and compile held the event loop: every client waited
+    from localllm.service import chat as chat_module
+
+    real, entered, release = chat_module.prepare, threading.Event(), threading.Event()
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        entered.set()
+        release.wait(20)  # stands for a schema that takes this long
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(chat_module, "prepare", slow)
+    service = make_service()
+    answered: list[httpx.Response] = []
+    with client(service) as http, client(service) as other:
+        worker = threading.Thread(target=lambda: answered.append(chat(http, "chat", response_format=fmt(SCHEMA))))
+        worker.start()
+        try:
+            assert entered.wait(10)
+            models = other.get("/v1/models", timeout=5)  # on a held loop: a ReadTimeout
+            assert models.status_code == 200 and not answered
+        finally:
+            release.set()
+            worker.join()
+    assert answered[0].status_code == 200, answered[0].text
+
+
 def test_a_grammar_past_the_limits_is_a_400_and_one_within_them_is_sent_as_given(
     make_service: Factory, env: dict[str, Path]
 ) -> None:
