@@ -355,7 +355,7 @@ def _refusal(compiled: Any, param: str) -> BadRequest:
 
 
 def _check_schema_bytes(body: dict[str, Any]) -> None:
-    sizes = {k: len(json.dumps(body[k]).encode()) for k in SCHEMA_KEYS if body.get(k) is not None}
+    sizes = {k: len(json.dumps(body[k])) for k in SCHEMA_KEYS if body.get(k) is not None}  # ASCII: bytes
     total = sum(sizes.values())
     if total > MAX_SCHEMA_BYTES:
         raise BadRequest(
