@@ -78,8 +78,9 @@ def _validator(cls: Any) -> Any:
 #: with every request, and a request's schema is checked, then compiled (which checks it)
 _VERDICTS: OrderedDict[tuple[Any, str], Any] = OrderedDict()
 _VERDICTS_KEPT = 64
-_VERDICT_KEY_LIMIT = 1 << 20  # a larger schema's verdict is not kept
+_VERDICTS_BYTES = 4 << 20  # the keys (schema reprs) kept, in all: a larger schema's verdict is not kept
 _VERDICTS_LOCK = threading.Lock()
+_verdicts_held = [0]  # characters of the keys held
 
 
 def meta_error(cls: Any, schema: Any) -> Any:
@@ -98,11 +99,14 @@ def meta_error(cls: Any, schema: Any) -> Any:
             _VERDICTS.move_to_end(key)
             return _VERDICTS[key]
     verdict = _meta_error(cls, schema)
-    if len(key[1]) <= _VERDICT_KEY_LIMIT:
+    if len(key[1]) <= _VERDICTS_BYTES:
         with _VERDICTS_LOCK:
+            if key not in _VERDICTS:
+                _verdicts_held[0] += len(key[1])
             _VERDICTS[key] = verdict
-            while len(_VERDICTS) > _VERDICTS_KEPT:
-                _VERDICTS.popitem(last=False)
+            while len(_VERDICTS) > _VERDICTS_KEPT or _verdicts_held[0] > _VERDICTS_BYTES:
+                (_, old), _ = _VERDICTS.popitem(last=False)
+                _verdicts_held[0] -= len(old)
     return verdict
 
 

@@ -72,3 +72,14 @@ def test_kept_verdicts_tell_apart_what_json_would_not() -> None:
             assert meta_error(cls, good) is None
             assert meta_error(cls, bad) is not None
             assert meta_error(cls, dict(good)) is None  # an equal schema, another object
+
+
+def test_kept_verdicts_stay_within_their_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from localllm.grammar import meta
+
+    monkeypatch.setattr(meta, "_VERDICTS_BYTES", 10_000)
+    cls = validator_class({})
+    for i in range(60):
+        assert meta_error(cls, {"type": "object", "properties": {f"p{j}": {} for j in range(i * 4)}}) is None
+    held = sum(len(text) for _, text in meta._VERDICTS)
+    assert held == meta._verdicts_held[0] <= 10_000 and len(meta._VERDICTS) > 1
