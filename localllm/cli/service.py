@@ -150,8 +150,8 @@ def _options(args: argparse.Namespace) -> Any:
         if value < 1:
             raise UsageError(f"{flag} must be at least 1, got {value}")
     for flag, seconds in (("--header-timeout", args.header_timeout), ("--idle-timeout", args.idle_timeout)):
-        if not seconds > 0:
-            raise UsageError(f"{flag} must be a positive number of seconds, got {seconds}")
+        if not 0 < seconds < 86_400:  # inf reached the front, which rounds it (OverflowError)
+            raise UsageError(f"{flag} must be a positive number of seconds below a day, got {seconds}")
     try:
         max_body = parse_size(args.max_body if args.max_body[-1:].isalpha() else args.max_body + "MiB")
     except ValueError as exc:

@@ -677,6 +677,9 @@ def test_durations_and_sizes() -> None:
         with pytest.raises(ValueError):
             parse_duration(bad)
     assert main(["serve", "--keep-alive", "soon"]) == 2
+    for flag in ("--header-timeout", "--idle-timeout"):
+        for bad in ("nan", "inf", "0", "-1", "1e9"):
+            assert main(["serve", flag, bad]) == 2, (flag, bad)  # bad usage, nothing started
 
 
 def test_a_busy_port_is_a_clear_error_foreground_and_detached(
