@@ -51,7 +51,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from localllm.agents.base import Agent
-from localllm.config import DEFAULT_TIMEOUT, VERBS, AgentDecl, Config, InprocessDecl
+from localllm.config import DEFAULT_TIMEOUT, MAX_TIMEOUT, VERBS, AgentDecl, Config, InprocessDecl
 from localllm.errors import AgentError, CallError, ErrorKind, LocalLLMError, SchemaError
 from localllm.redact import Redactor
 from localllm.schema import SchemaSet, loads_json, unreadable
@@ -387,6 +387,12 @@ class Runtime:
 
     def _timeout(self, alias: str, explicit: float | None) -> float:
         if explicit is not None:
+            if isinstance(explicit, bool) or not isinstance(explicit, (int, float)) or not 0 < explicit <= MAX_TIMEOUT:
+                raise CallError(
+                    f"timeout must be a number of seconds above 0, at most {MAX_TIMEOUT:g}, got {explicit!r}",
+                    key="timeout",
+                    value=explicit,
+                )
             return explicit
         decl: AgentDecl | None = self.config.agents.get(alias)
         return decl.timeout if decl is not None else DEFAULT_TIMEOUT

@@ -32,6 +32,7 @@ from __future__ import annotations
 from localllm.config.decls import (
     DEFAULT_FALLBACK,
     DEFAULT_TIMEOUT,
+    MAX_TIMEOUT,
     PLUGIN_TYPES,
     PLUGINS,
     ROUTER_CONFIDENT,
@@ -58,6 +59,7 @@ from localllm.wire import VERBS
 __all__ = [
     "DEFAULT_FALLBACK",
     "DEFAULT_TIMEOUT",
+    "MAX_TIMEOUT",
     "PLUGINS",
     "PLUGIN_TYPES",
     "REFERENCE_SECTIONS",

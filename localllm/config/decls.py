@@ -19,6 +19,9 @@ from typing import Any, ClassVar
 
 #: hard deadline (seconds) when neither the call nor the declaration sets ``timeout``
 DEFAULT_TIMEOUT = 300.0
+#: the longest ``timeout`` (a week): the deadline is also a timestamp (the request's RFC3339
+#: soft deadline), which 1e300 seconds overflowed
+MAX_TIMEOUT = 7 * 86_400.0
 #: where a local model's schema_invalid answer goes (contract §9); ``none`` disables it
 DEFAULT_FALLBACK = "agent.claude"
 #: router bars: route when the best intent scores ≥ confident and leads by ≥ margin
@@ -77,7 +80,10 @@ class AgentDecl:
     alias: str
     plugin: str
     timeout: float = setting(
-        DEFAULT_TIMEOUT, "hard cap per call, seconds (deadline_exceeded after it)", check="positive"
+        DEFAULT_TIMEOUT,
+        "hard cap per call, seconds (deadline_exceeded after it)",
+        low=0.001,
+        high=MAX_TIMEOUT,
     )
 
 
@@ -354,7 +360,9 @@ class Examples:
 class GateKeys:
     """A gate's plain keys; ``invoke``, ``agent``, ``with`` and ``selection`` are read apart."""
 
-    timeout: float | None = setting(None, "hard cap, seconds (default: the agent's timeout)", check="positive")
+    timeout: float | None = setting(
+        None, "hard cap, seconds (default: the agent's timeout)", low=0.001, high=MAX_TIMEOUT
+    )
     fallback: str | None = setting(None, "overrides the agent's fallback: an alias or none", check="fallback")
 
 

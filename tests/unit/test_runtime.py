@@ -134,6 +134,28 @@ def test_unknown_verb_is_a_call_error(config: Config) -> None:
     assert "decide" in info.value.hint
 
 
+@pytest.mark.parametrize("timeout", [float("inf"), float("nan"), 1e300, 0, -1.0, True, "5"])
+def test_a_timeout_that_is_no_deadline_is_a_call_error(config: Config, timeout: Any) -> None:
+    # inf, nan and 1e300 raised a bare OverflowError / ValueError from timedelta (the soft
+    # deadline is a timestamp); 0 and -1 called the agent anyway
+    with Runtime(config) as rt:
+        rt.register_inprocess("agent.local", good)
+        with pytest.raises(CallError) as info:
+            rt.call("decide", agent="agent.local", prompt="p", schema=SCHEMA, timeout=timeout)
+        assert info.value.key == "timeout"
+        assert rt.call("decide", agent="agent.local", prompt="p", schema=SCHEMA, timeout=7 * 86_400).ok
+
+
+def test_a_declared_timeout_past_a_week_is_a_config_error(tmp_path: Path) -> None:
+    (tmp_path / "app.yaml").write_text(
+        "agent_plugins:\n  agent.local: {plugin: builtin.inprocess, timeout: 1.0e+300}\n"
+        "gates:\n  g: {invoke: host.agent.ask, agent: agent.local, timeout: 0, with: {prompt: p}}\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "app.yaml")
+    assert sorted(p.key for p in info.value.problems) == ["agent_plugins.agent.local.timeout", "gates.g.timeout"]
+
+
 def test_unregistered_inprocess_is_plugin_unsupported(config: Config) -> None:
     with Runtime(config) as rt, pytest.raises(AgentError) as info:
         rt.call("ask", agent="agent.local", prompt="p")
