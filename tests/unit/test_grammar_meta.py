@@ -62,7 +62,7 @@ def test_invalid_schemas_are_invalid_on_the_fast_path_too(schema: Any) -> None:
 def test_kept_verdicts_tell_apart_what_json_would_not() -> None:
     # verdicts are kept by repr: a tuple is no JSON array to jsonschema, True no number
     cls = validator_class({})
-    pairs = [
+    pairs: list[tuple[dict[str, Any], dict[str, Any]]] = [
         ({"type": "object", "required": ["a"]}, {"type": "object", "required": ("a",)}),
         ({"minimum": 1}, {"minimum": True}),
         ({"multipleOf": 2}, {"multipleOf": 0}),
