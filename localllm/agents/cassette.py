@@ -94,7 +94,7 @@ from localllm._fs import DATA_LIMIT, read_capped
 from localllm.agents.base import Agent
 from localllm.config.source import MAX_NODES, parse_yaml
 from localllm.errors import AgentError, ConfigError, ErrorKind, ProblemList, truncate_detail
-from localllm.grammar.pattern import PatternTooCostly, PatternUnsupported, search, search_group, unsupported_reason
+from localllm.grammar.pattern import PatternTooCostly, search_group, unsupported_reason
 from localllm.trace.callid import cassette_call_key, derive_call_id
 from localllm.trace.rules import MAX_DEPTH
 from localllm.wire import VERBS, AskRequest, AskResponse, Transcript
@@ -728,22 +728,12 @@ class CassetteAgent(Agent):
             return state_path.split(".", 1)[0]
         if pattern.groups < 1:
             return ""
+        # in linear time; fallback: re for what has none (a repeat that may match nothing, a
+        # group in a lookaround; in a Cassette built in code, what load_cassette refuses)
         try:
-            return search_group(pattern.pattern, state_path) or ""  # in linear time
+            return search_group(pattern.pattern, state_path, fallback=True) or ""
         except PatternTooCostly:
             return ""
-        except PatternUnsupported:
-            pass
-        # what search_group cannot do (a repeat that may match nothing, a group in a
-        # lookaround; or, in a Cassette built in code, what load_cassette refuses): re, but
-        # only on a path known to match — never the near miss where backtracking explodes
-        try:
-            if not search(pattern.pattern, state_path, fallback=True):
-                return ""
-        except PatternTooCostly:
-            return ""
-        found = pattern.search(state_path)
-        return (found.group(1) or "") if found is not None else ""
 
     @staticmethod
     def _matches(episode: Episode, facts: dict[str, Any]) -> bool:

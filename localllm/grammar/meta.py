@@ -80,7 +80,6 @@ _VERDICTS: OrderedDict[tuple[Any, str], Any] = OrderedDict()
 _VERDICTS_KEPT = 64
 _VERDICTS_BYTES = 4 << 20  # the keys (schema reprs) kept, in all: a larger schema's verdict is not kept
 _VERDICTS_LOCK = threading.Lock()
-_verdicts_held = [0]  # characters of the keys held
 
 
 def meta_error(cls: Any, schema: Any) -> Any:
@@ -101,12 +100,9 @@ def meta_error(cls: Any, schema: Any) -> Any:
     verdict = _meta_error(cls, schema)
     if len(key[1]) <= _VERDICTS_BYTES:
         with _VERDICTS_LOCK:
-            if key not in _VERDICTS:
-                _verdicts_held[0] += len(key[1])
             _VERDICTS[key] = verdict
-            while len(_VERDICTS) > _VERDICTS_KEPT or _verdicts_held[0] > _VERDICTS_BYTES:
-                (_, old), _ = _VERDICTS.popitem(last=False)
-                _verdicts_held[0] -= len(old)
+            while len(_VERDICTS) > _VERDICTS_KEPT or sum(len(text) for _, text in _VERDICTS) > _VERDICTS_BYTES:
+                _VERDICTS.popitem(last=False)
     return verdict
 
 

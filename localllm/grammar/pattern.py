@@ -461,14 +461,22 @@ def _capturing(pattern: str, number: int) -> _Matcher:
         raise PatternUnsupported("it nests groups too deeply") from None
 
 
-def search_group(pattern: str, text: str, number: int = 1) -> str | None:
+def search_group(pattern: str, text: str, number: int = 1, *, fallback: bool = False) -> str | None:
     """``re.search(pattern, text)``'s ``group(number)`` (None when nothing matches or the group
     takes no part in the match), in O(len(text) × pattern size) time: the leftmost match,
     and in it the choices ``re`` prefers (greedy or lazy repeats, alternatives in order).
 
     Raises what :func:`search` raises, :class:`PatternUnsupported` also for a group inside a
-    lookaround, and ``IndexError`` for a group the pattern does not have (as ``re`` does)."""
-    matcher = _capturing(pattern, number)
+    lookaround, and ``IndexError`` for a group the pattern does not have (as ``re`` does).
+    With ``fallback``, ``re`` extracts what has no linear answer, but only from a text
+    :func:`search` found to match: never the near miss where backtracking explodes."""
+    try:
+        matcher = _capturing(pattern, number)
+    except PatternUnsupported:
+        if not fallback:
+            raise
+        found = re.search(pattern, text) if search(pattern, text, fallback=True) else None
+        return found.group(number) if found is not None else None
     bounds = matcher.capture(text, [WORK_BASE + WORK_PER_CHAR * len(text)])
     if bounds is None or bounds[1] < 0:
         return None

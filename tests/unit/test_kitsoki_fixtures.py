@@ -309,21 +309,26 @@ def test_hostile_includes_are_config_errors(tmp_path: Path, monkeypatch: pytest.
         assert [(p.key, fragment in p.message) for p in problems] == [("", True)], problems
 
 
-def test_phase_from_is_matched_without_backtracking(tmp_path: Path) -> None:
-    path = tmp_path / "c.yaml"
+def _phases(path: Path, phase_from: str, state_paths: list[str]) -> Any:
+    """The phase a cassette with ``phase_from`` gives each state path, in a child with a deadline."""
     path.write_text(
-        "kind: host_cassette\nphase_from: '^((a+)+)$'\nepisodes:\n"
+        f"kind: host_cassette\nphase_from: '{phase_from}'\nepisodes:\n"
         "  - {id: e1, match: {handler: agent.x, phase: aaa}, agent: {verb: ask, response: '{}'}}\n"
     )
-    # with re alone, a 26-character near miss took 4 s, doubling per character
-    phases = in_child(
+    return in_child(
         f"""
         import json
         from localllm.agents.cassette import CassetteAgent
         agent = CassetteAgent({str(path)!r}, alias="agent.x")
-        print(json.dumps([agent._phase(p) for p in ("a" * 40 + "!", "aaa", "a" * 5000)]))
+        print(json.dumps([agent._phase(p) for p in {state_paths!r}]))
         """
     )
+
+
+def test_phase_from_is_matched_without_backtracking(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    # with re alone, a 26-character near miss took 4 s, doubling per character
+    phases = _phases(path, "^((a+)+)$", ["a" * 40 + "!", "aaa", "a" * 5000])
     assert phases == ["", "aaa", "a" * 5000]
     # a construct Go's regexp (the reference's) has not either: refused when the cassette loads
     path.write_text(path.read_text().replace("^((a+)+)$", "^(a)\\1$"))
@@ -333,21 +338,9 @@ def test_phase_from_is_matched_without_backtracking(tmp_path: Path) -> None:
 
 
 def test_phase_from_s_group_is_found_without_backtracking(tmp_path: Path) -> None:
-    path = tmp_path / "c.yaml"
-    path.write_text(
-        "kind: host_cassette\nphase_from: '^(?:(?:a+)+b|(a+)|c)$'\nepisodes:\n"
-        "  - {id: e1, match: {handler: agent.x, phase: aaa}, agent: {verb: ask, response: '{}'}}\n"
-    )
     # the path matches, but only by the second alternative: re first backtracks through
     # (?:a+)+b about 2**len(path) times (30 characters: 30 s, 40: hours); "c" matches without the group
-    phases = in_child(
-        f"""
-        import json
-        from localllm.agents.cassette import CassetteAgent
-        agent = CassetteAgent({str(path)!r}, alias="agent.x")
-        print(json.dumps([agent._phase(p) for p in ("a" * 40, "aaa", "c", "b")]))
-        """
-    )
+    phases = _phases(tmp_path / "c.yaml", "^(?:(?:a+)+b|(a+)|c)$", ["a" * 40, "aaa", "c", "b"])
     assert phases == ["a" * 40, "aaa", "", ""]
 
 

@@ -126,6 +126,8 @@ def test_groups_match_re(pattern: str, text: str, expected: str | None) -> None:
 def test_a_group_with_no_linear_answer_is_refused(pattern: str) -> None:
     with pytest.raises(PatternUnsupported):
         search_group(pattern, "aa")
+    found = re.search(pattern, "aa")  # with fallback, re's answer (taken on a text known to match)
+    assert search_group(pattern, "aa", fallback=True) == (found.group(1) if found else None)
     with pytest.raises(IndexError):
         search_group("(a)", "a", 2)
 
