@@ -38,7 +38,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import re
 import threading
 import time
@@ -56,7 +55,7 @@ from localllm.errors import AgentError, CallError, ErrorKind, LocalLLMError, Sch
 from localllm.redact import Redactor
 from localllm.schema import SchemaSet, loads_json, unreadable
 from localllm.trace.callid import cassette_call_key, derive_call_id, live_call_key
-from localllm.wire import AskRequest, AskResponse, CallResult
+from localllm.wire import AskRequest, AskResponse, CallResult, Transcript, finite_float
 
 if TYPE_CHECKING:
     from localllm.embed.embedder import Embedder
@@ -580,12 +579,7 @@ class Runtime:
             leg = self._attempt(agent, tier.alias, request, schema=schema, schema_path=schema_path, timeout=limit)
             record.leg_finished(leg.alias, leg.response, leg.error, leg.value)
             meta = self.redact.value(dict((leg.response.meta if leg.response else None) or {}))
-            raw = meta.get("confidence")
-            confidence = (
-                float(raw)
-                if isinstance(raw, (int, float)) and not isinstance(raw, bool) and math.isfinite(raw)
-                else None
-            )
+            confidence = finite_float(meta.get("confidence"))
             step: dict[str, Any] = {
                 "agent": tier.alias,
                 "confidence": confidence,
@@ -897,7 +891,32 @@ class Runtime:
             raise AgentError(
                 ErrorKind.PLUGIN_CRASH, f"ask() returned {type(response).__name__}, not an AskResponse", alias=alias
             )
+        wrong = self._misshapen(response)
+        if wrong is not None:
+            raise AgentError(ErrorKind.PLUGIN_CRASH, f"ask() returned an AskResponse whose {wrong}", alias=alias)
         return response
+
+    @staticmethod
+    def _misshapen(response: AskResponse) -> str | None:
+        """What is wrong with the field types of an AskResponse, or None. Only an
+        in-process agent can break them (the wire transports build responses through
+        ``AskResponse.from_json``); unchecked, a dict submission or a string sub-event
+        left the call as a bare TypeError/AttributeError."""
+        if response.submission is not None and not isinstance(response.submission, str):
+            return f"submission is {type(response.submission).__name__}, not JSON text (str) or None"
+        if response.meta is not None and not isinstance(response.meta, dict):
+            return f"meta is {type(response.meta).__name__}, not a dict or None"
+        if not isinstance(response.sub_events, list) or not all(isinstance(e, dict) for e in response.sub_events):
+            return "sub_events is not a list of dicts"
+        if response.transcript is not None and not isinstance(response.transcript, Transcript):
+            return f"transcript is {type(response.transcript).__name__}, not a Transcript or None"
+        if response.episode_id is not None and not isinstance(response.episode_id, str):
+            return f"episode_id is {type(response.episode_id).__name__}, not a str or None"
+        if response.match_idx is not None and (
+            isinstance(response.match_idx, bool) or not isinstance(response.match_idx, int)
+        ):
+            return f"match_idx is {type(response.match_idx).__name__}, not an int or None"
+        return None
 
     @staticmethod
     def _check_sub_events(alias: str, call_id: str, response: AskResponse) -> None:

@@ -8,6 +8,7 @@ as ``schema_invalid`` rather than lost inside a transport.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,9 +22,23 @@ __all__ = [
     "CallResult",
     "ErrorKind",
     "Transcript",
+    "finite_float",
 ]
 
 VERBS = ("ask", "decide", "extract", "task", "converse")
+
+
+def finite_float(value: Any) -> float | None:
+    """``value`` as a float when it is a JSON number a float holds: not a bool, not inf or
+    nan, and an int within the float range (``10**400`` parses from JSON text, and
+    ``math.isfinite``/``float`` raise ``OverflowError`` on it). ``None`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 @dataclass(frozen=True)

@@ -175,6 +175,27 @@ def test_agent_exception_is_plugin_crash(config: Config) -> None:
     assert str(info.value) == "agent: plugin_crash: agent.local: raised RuntimeError: kaput"  # the format under test
 
 
+@pytest.mark.parametrize(
+    "response",
+    [
+        AskResponse(submission={"verdict": "yes"}),  # type: ignore[arg-type]
+        AskResponse(submission=5),  # type: ignore[arg-type]
+        AskResponse(submission="{}", sub_events=["x"]),  # type: ignore[list-item]
+        AskResponse(submission="{}", meta=["x"]),  # type: ignore[arg-type]
+        AskResponse(submission="{}", transcript="t"),  # type: ignore[arg-type]
+        AskResponse(submission="{}", episode_id="e", match_idx=True),
+    ],
+)
+@pytest.mark.parametrize("schema", [SCHEMA, None])
+def test_misshapen_response_is_plugin_crash(config: Config, response: AskResponse, schema: Any) -> None:
+    """Wrong field types from an in-process agent left call() as a bare TypeError/AttributeError/ValueError."""
+    with Runtime(config) as rt:
+        rt.register_inprocess("agent.local", lambda _: response)
+        with pytest.raises(AgentError) as info:
+            rt.call("ask", agent="agent.local", prompt="p", schema=schema)
+    assert (info.value.kind, info.value.alias) == (ErrorKind.PLUGIN_CRASH, "agent.local")
+
+
 def test_render_prompt() -> None:
     assert (
         render_prompt("a {{ args.x }} {{world.u.name}} {{ args.n }}", {"x": "X", "n": [1]}, {"u": {"name": "N"}})
