@@ -72,7 +72,29 @@ def _is_temp(name: str) -> bool:
 
 
 def _children(path: Path) -> list[Path]:
-    return sorted(path.iterdir()) if path.is_dir() else []
+    # A symlinked directory is never walked: its files are not the cache's to list or remove.
+    return sorted(path.iterdir()) if path.is_dir() and not path.is_symlink() else []
+
+
+def _inside(layout: CacheLayout, path: Path) -> bool:
+    """Whether removing ``path`` (a link itself, not its target) stays under the cache root."""
+    try:
+        return path.parent.resolve().is_relative_to(layout.root.resolve())
+    except (OSError, RuntimeError):
+        return False
+
+
+def _remove(layout: CacheLayout, path: Path) -> None:
+    if not _inside(layout, path):
+        raise FetchError(
+            f"refusing to remove {path}: it resolves outside the cache {layout.root}",
+            hint="a symlink inside the cache points elsewhere; remove it by hand",
+        )
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+        verify.stamp_path(path).unlink(missing_ok=True)
 
 
 def _referenced_releases(pins: Pins) -> tuple[str, ...]:
@@ -83,10 +105,20 @@ def _download_artifacts(pins: Pins) -> list[Artifact]:
     return [*pins.prebuilt.values(), *(s.artifact for s in pins.shims.values())]
 
 
+#: the detail of a cache entry where a file belongs but something else (a directory, a FIFO) is
+NOT_REGULAR = "not a regular file"
+
+
 def _file_status(path: Path, sha: str | None) -> str:
+    if not path.is_file():
+        return "corrupt"
     if sha is None:
         return "stale"
     return "ok" if verify.stamp_matches(path, sha) else "unverified"
+
+
+def _detail(path: Path, detail: str) -> str:
+    return detail if path.is_file() else NOT_REGULAR
 
 
 def list_cache(layout: CacheLayout, pins: Pins) -> list[Entry]:
@@ -118,8 +150,8 @@ def _walk(layout: CacheLayout, pins: Pins) -> Iterator[Entry]:
                     continue
                 sha = pin.artifact.sha256 if pin else None
                 current = bool(sha and sha[:16] == key_dir.name and path.name == pin.artifact.file) if pin else False
-                status = _file_status(path, sha) if current else "stale"
-                yield Entry("model", model_dir.name, path, _size(path), status, name)
+                status = _file_status(path, sha if current else None)
+                yield Entry("model", model_dir.name, path, _size(path), status, _detail(path, name))
     wanted = {(a.sha256[:16], a.file): a for a in _download_artifacts(pins) if a.sha256}
     for key_dir in _children(layout.downloads_dir):
         for path in _children(key_dir):
@@ -129,8 +161,8 @@ def _walk(layout: CacheLayout, pins: Pins) -> Iterator[Entry]:
                 yield Entry("temp", path.name, path, _size(path), "temp")
                 continue
             art = wanted.get((key_dir.name, path.name))
-            status = _file_status(path, art.sha256) if art else "stale"
-            yield Entry("download", path.name, path, _size(path), status, art.name if art else "")
+            status = _file_status(path, art.sha256 if art else None)
+            yield Entry("download", path.name, path, _size(path), status, _detail(path, art.name if art else ""))
     # Once the source build is installed, its sdist and cmake tree only speed up a rebuild
     # of the same pin: leftovers (hundreds of MiB) that `cache prune` clears.
     built = installed(layout.source_release_dir(pins.source.version, platforms.current().slug))
@@ -142,10 +174,10 @@ def _walk(layout: CacheLayout, pins: Pins) -> Iterator[Entry]:
             yield Entry("temp", path.name, path, _size(path), "temp")
             continue
         current = path.name == pins.source.artifact.file
-        status = _file_status(path, pins.source.artifact.sha256) if current else "stale"
+        status = _file_status(path, pins.source.artifact.sha256 if current else None)
         if built and status in ("ok", "unverified"):
             status = "leftover"
-        yield Entry("sdist", path.name, path, _size(path), status)
+        yield Entry("sdist", path.name, path, _size(path), status, _detail(path, ""))
     for path in _children(layout.build_dir):
         if path.name == "sdist":
             continue
@@ -181,11 +213,11 @@ def remove_entries(layout: CacheLayout, pins: Pins, name: str) -> list[Entry]:
             hint=f"cached: {', '.join(names)}" if names else "the cache holds no models or stores",
         )
     for entry in found:
-        targets = [entry.path, verify.stamp_path(entry.path)]
+        targets = [entry.path]
         if entry.kind == "store":
             targets += [entry.path.with_name(entry.path.name + s) for s in _STORE_SIDES]
         for target in targets:
-            target.unlink(missing_ok=True)
+            _remove(layout, target)
     _remove_empty_dirs([layout.models_dir])
     return [Entry(e.kind, e.name, e.path, e.size, "removed", e.detail) for e in found]
 
@@ -250,6 +282,9 @@ def _expected_sha(entry: Entry, pins: Pins) -> str | None:
 def _verify_file(
     entry: Entry, layout: CacheLayout, pins: Pins, *, refetch: bool, mirrors: Sequence[str], log: Log
 ) -> Entry:
+    if entry.detail == NOT_REGULAR:  # a directory or FIFO is never hashed, replaced or removed here
+        log(f"corrupt: {entry.path}: {NOT_REGULAR}")
+        return entry
     if entry.status == "stale":
         # Keyed by a hash prefix: a stale file can still be checked against its own key.
         actual = verify.sha256_file(entry.path)
@@ -329,10 +364,15 @@ def _verify_release(
             "corrupt",
             "no release marker (interrupted install?); `localllm cache prune` removes it",
         )
+    want_files, want_links = marker.get("files"), marker.get("links")
+    if not isinstance(want_files, dict) or not isinstance(want_links, dict):
+        detail = "the release marker has no files/links manifest (edited by hand?)"
+        log(f"corrupt: {entry.path}: {detail}")
+        return Entry("release", entry.name, entry.path, entry.size, "corrupt", detail)
     files, links = release_manifest(entry.path)
     bad = sorted(
-        {n for n in set(files) | set(marker.get("files", {})) if files.get(n) != marker["files"].get(n)}
-        | {n for n in set(links) | set(marker.get("links", {})) if links.get(n) != marker["links"].get(n)}
+        {n for n in set(files) | set(want_files) if files.get(n) != want_files.get(n)}
+        | {n for n in set(links) | set(want_links) if links.get(n) != want_links.get(n)}
     )
     if not bad:
         return Entry(
@@ -396,13 +436,8 @@ def prune_cache(layout: CacheLayout, pins: Pins, *, dry_run: bool, now: float | 
                 entry.kind, entry.name, entry.path, entry.size, "would remove" if dry_run else "removed", entry.detail
             )
         )
-        if dry_run:
-            continue
-        if entry.path.is_dir() and not entry.path.is_symlink():
-            shutil.rmtree(entry.path, ignore_errors=True)
-        else:
-            entry.path.unlink(missing_ok=True)
-            verify.stamp_path(entry.path).unlink(missing_ok=True)
+        if not dry_run:
+            _remove(layout, entry.path)
     if not dry_run:
         _remove_empty_dirs([layout.models_dir, layout.downloads_dir])
     return removed

@@ -7,8 +7,11 @@ anything else (no stamp, touched file, other pin) means a full hash.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import os
+import stat
 from pathlib import Path
 
 from localllm._fs import atomic_write, fsync_dir
@@ -21,9 +24,16 @@ STAMP_SUFFIX = ".verified"
 
 
 def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, read in 1 MiB blocks."""
+    """Hex sha256 of a regular file, read in 1 MiB blocks.
+
+    A directory or FIFO is refused (:class:`OSError`, ``EINVAL``): opened without blocking
+    and checked before the first read, so a FIFO never hangs the caller.
+    """
     digest = hashlib.sha256()
-    with path.open("rb") as fh:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with open(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
         while block := fh.read(CHUNK):
             digest.update(block)
     return digest.hexdigest()

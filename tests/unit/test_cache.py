@@ -165,3 +165,54 @@ def test_doctor_reports_platform_toolchain_and_pins(capsys: pytest.CaptureFixtur
         assert data["glibc"] and data["libstdcxx"]["highest"].startswith("GLIBCXX_3.4.")
     code, out, _ = _run(capsys, "doctor")
     assert code == 0 and "platform" in out and "GLIBCXX_3.4." in out and "cmake" in out
+
+
+def test_prune_and_rm_never_follow_a_symlinked_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    outside = tmp_path / "user"
+    (outside / "photos").mkdir(parents=True)
+    (outside / "notes.txt").write_text("precious")
+    (outside / "photos" / "a.jpg").write_text("pic")
+    layout = cache_layout()
+    key_dir = layout.model_path(load_pins().model("gemma-3-270m")).parent
+    key_dir.parent.mkdir(parents=True)
+    key_dir.symlink_to(outside)  # a user "links in" a directory holding the GGUF
+
+    code, out, _ = _run(capsys, "cache", "prune", "--json")
+    assert code == 0 and json.loads(out)["removed"] == []
+    code, _, _ = _run(capsys, "cache", "rm", "gemma-3-270m")
+    assert code != 0
+    assert sorted(p.name for p in outside.rglob("*")) == ["a.jpg", "notes.txt", "photos"]
+
+
+def test_directory_or_fifo_where_a_file_belongs_is_corrupt(capsys: pytest.CaptureFixture[str]) -> None:
+    from localllm.managed import verify
+    from localllm.managed.inventory import NOT_REGULAR
+
+    path = cache_layout().model_path(load_pins().model("gemma-3-270m"))
+    path.mkdir(parents=True)
+    code, out, _ = _run(capsys, "cache", "verify", "--no-refetch", "--json")
+    [entry] = json.loads(out)["entries"]
+    assert code == 1 and (entry["status"], entry["detail"]) == ("corrupt", NOT_REGULAR)
+    code, out, _ = _run(capsys, "cache", "rm", "gemma-3-270m", "--json")
+    assert code == 0 and not path.exists()
+
+    path.parent.mkdir(parents=True)
+    os.mkfifo(path)
+    code, out, _ = _run(capsys, "cache", "verify", "--no-refetch", "--json")  # hung before
+    [entry] = json.loads(out)["entries"]
+    assert code == 1 and (entry["status"], entry["detail"]) == ("corrupt", NOT_REGULAR)
+    with pytest.raises(OSError):
+        verify.sha256_file(path)
+    with pytest.raises(OSError):
+        verify.sha256_file(path.parent)
+
+
+def test_verify_reports_a_marker_without_manifest_corrupt(capsys: pytest.CaptureFixture[str]) -> None:
+    rel = cache_layout().bin_dir / "llama-old-linux"
+    rel.mkdir(parents=True)
+    (rel / "llama-server").write_text("x")
+    for marker in ({"kind": "prebuilt"}, {"kind": "prebuilt", "files": [], "links": {}}):
+        (rel / MARKER).write_text(json.dumps(marker))
+        code, out, _ = _run(capsys, "cache", "verify", "--no-refetch", "--json")
+        [entry] = json.loads(out)["entries"]
+        assert code == 1 and entry["status"] == "corrupt"
