@@ -22,6 +22,7 @@ _STRING, _ARRAY = 8, 9
 _MAX_STRING = 16 << 20  # a chat template is a few KiB; a vocabulary entry a few bytes
 _MAX_PAIRS = 1 << 16
 _MAX_ITEMS = 1 << 22  # tokenizer vocabularies run to ~260k entries
+_MAX_DEPTH = 4  # arrays of arrays: real files nest at most one level
 
 
 class GGUFError(LocalLLMError):
@@ -51,19 +52,21 @@ class _Reader:
             return ""
         return self.take(size).decode("utf-8", errors="replace")
 
-    def value(self, kind: int, *, keep: bool) -> Any:
+    def value(self, kind: int, *, keep: bool, depth: int = 0) -> Any:
         if kind in _SCALARS:
             return self.scalar(_SCALARS[kind])
         if kind == _STRING:
             return self.string(keep=keep)
         if kind == _ARRAY:
+            if depth >= _MAX_DEPTH:
+                raise GGUFError(f"{self.path}: GGUF arrays nested past the {_MAX_DEPTH}-level cap")
             inner, count = self.scalar("<I"), self.scalar("<Q")
             if count > _MAX_ITEMS:
                 raise GGUFError(f"{self.path}: GGUF array of {count} items is past the {_MAX_ITEMS} cap")
             if not keep and inner in _SCALARS:  # skipped, not read: a vocabulary's scores and types
                 self.stream.seek(count * struct.calcsize(_SCALARS[inner]), 1)
                 return None
-            items = [self.value(inner, keep=keep) for _ in range(count)]
+            items = [self.value(inner, keep=keep, depth=depth + 1) for _ in range(count)]
             return items if keep else None
         raise GGUFError(f"{self.path}: unknown GGUF value type {kind}")
 

@@ -65,6 +65,13 @@ def test_reader_finds_the_template_and_skips_the_vocabulary(tmp_path: Path) -> N
         b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + b"\1\0",
         b"GGUF" + struct.pack("<IQQ", 9, 0, 0),
         b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 1 << 40),
+        # arrays of arrays 5000 deep: a RecursionError before
+        b"GGUF"
+        + struct.pack("<IQQ", 3, 0, 1)
+        + _string("k")
+        + struct.pack("<I", 9)
+        + struct.pack("<IQ", 9, 1) * 5000
+        + struct.pack("<IQ", 4, 0),
     ],
 )
 def test_a_bad_header_is_a_gguf_error(tmp_path: Path, data: bytes) -> None:
