@@ -111,13 +111,19 @@ def _parses(text: str) -> bool:
 
 
 def _embedded_values(text: str, opener: str) -> list[str]:
-    """Every top-level JSON value starting with ``opener`` found by scanning ``text``."""
+    """Every top-level JSON value starting with ``opener`` found by scanning ``text``.
+
+    None of them when one is nested deeper than ``json`` decodes: that value may be the
+    answer, so which one is meant cannot be told (and rescanning inside it at every
+    opener would be quadratic)."""
     decoder = json.JSONDecoder()
     found: list[str] = []
     pos = text.find(opener)
     while pos >= 0:
         try:
             _, end = decoder.raw_decode(text, pos)
+        except RecursionError:
+            return []
         except ValueError:
             pos = text.find(opener, pos + 1)
             continue

@@ -210,6 +210,9 @@ def test_unextractable_answer_is_passed_on_raw(fake_claude: Path, monkeypatch: p
         ("items: [1, 2] ok", {"type": "array"}, "[1, 2]"),
         ("items: [1, 2] ok", {"type": "object"}, None),
         ("42", {"type": "integer"}, "42"),
+        ('prose {"a":' + "[" * 5000, None, None),  # deeper than json decodes: RecursionError before
+        ('ok {"a": 1} then {"b":' + "[" * 5000 + "]" * 5000 + "}", None, None),  # one is too deep: ambiguous
+        ("[" * 5000, {"type": "array"}, None),
     ],
 )
 def test_extract_json_rule(text: str, schema: dict[str, Any] | None, expected: str | None) -> None:
