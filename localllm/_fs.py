@@ -15,7 +15,8 @@ half of either, and after a power cut the rename is either on disk or not at all
 A user-named input (a config, a prompt, a schema, cases, a trace) is read with
 :func:`read_capped`: a device is refused (``/dev/zero`` never ends, and reading it took the
 machine's memory before the OOM killer came), and so is anything past the input's limit, a
-regular file by its size before a byte is read.
+regular file by its size before a byte is read; a file a config or a trace names must be
+a regular file (a named pipe there is refused at once, not waited on).
 
 A leaf module: it imports nothing from localllm and raises only ``OSError``.
 """
@@ -52,15 +53,20 @@ class Unreadable(OSError):
     """A file :func:`read_capped` refuses: a device, or larger than the limit. ``str()`` is the reason."""
 
 
-def read_capped(path: Path, limit: int | None) -> bytes:
+def read_capped(path: Path, limit: int | None, *, regular: bool = False) -> bytes:
     """The bytes of ``path``: at most ``limit`` of them (None: no limit), never a device's.
 
-    A pipe (``<(…)``) is read like a file, up to the limit.
+    A pipe (``<(…)``) is read like a file, up to the limit. ``regular=True`` (a file a config
+    or a trace names) refuses anything but a regular file, a named pipe included, without
+    waiting for a writer (it is opened ``O_NONBLOCK``).
     """
-    with open(path, "rb") as fh:
+    flags = os.O_RDONLY | os.O_CLOEXEC | (os.O_NONBLOCK if regular else 0)
+    with os.fdopen(os.open(path, flags), "rb") as fh:
         st = os.fstat(fh.fileno())
         if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
             raise Unreadable(f"{path} is a device, not a file")
+        if regular and not stat.S_ISREG(st.st_mode):
+            raise Unreadable(f"{path} is not a regular file")
         if limit is None:
             return fh.read()
         size = st.st_size if stat.S_ISREG(st.st_mode) else 0

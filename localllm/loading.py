@@ -81,7 +81,7 @@ def _check_examples(draft: Draft) -> None:
             continue
         key = f"gates.{name}.examples"
         try:
-            cases = load_cases(examples.cases)
+            cases = load_cases(examples.cases, regular=True)
         except ConfigError as exc:
             for problem in exc.problems:
                 where = f" {problem.key}" if problem.key else ""

@@ -46,7 +46,7 @@ def unreadable(path: Path, exc: Exception) -> SchemaError:
 def read_schema_file(path: Path) -> dict[str, Any]:
     """Read one schema file; ``SchemaError`` names the file and the problem."""
     try:
-        text = read_capped(path, TEXT_LIMIT).decode("utf-8")
+        text = read_capped(path, TEXT_LIMIT, regular=True).decode("utf-8")
     except FileNotFoundError as exc:
         raise SchemaError(
             f"{path}: schema file not found", hint="fix the path (relative to the config file, or to where you run it)"

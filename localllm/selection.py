@@ -23,7 +23,6 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +32,7 @@ from localllm import settings
 from localllm._fs import TEXT_LIMIT, read_capped
 from localllm.config import AgentDecl, Config, Gate, LocalLLMDecl
 from localllm.errors import FetchError, LocalLLMError, SchemaError
+from localllm.wire import finite_float
 
 if TYPE_CHECKING:
     from localllm.calibrate import Threshold
@@ -312,12 +312,6 @@ class Choice:
     selected_by: dict[str, Any] = field(default_factory=dict)
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
 def choose(config: Config, gate: Gate) -> Choice | None:
     """``policy: cheapest-passing``: the cheapest agent whose evidence passes (local before
     claude, then by mean cost, then p50 latency), else ``fallback_profile`` (else the gate's
@@ -352,7 +346,7 @@ def choose(config: Config, gate: Gate) -> Choice | None:
     ranked: list[tuple[tuple[int, float, float, str], str, dict[str, Any]]] = []
     refused: dict[str, str] = {}
     for alias, row in report["agents"].items():
-        accuracy, fallback_rate = _number(row.get("accuracy")), _number(row.get("fallback_rate"))
+        accuracy, fallback_rate = finite_float(row.get("accuracy")), finite_float(row.get("fallback_rate"))
         if stale.get(alias):
             refused[alias] = "stale: " + "; ".join(stale[alias])
         elif accuracy is None or accuracy < min_accuracy:
@@ -360,8 +354,8 @@ def choose(config: Config, gate: Gate) -> Choice | None:
         elif max_fallback is not None and (fallback_rate is None or fallback_rate > max_fallback):
             refused[alias] = f"fallback rate {fallback_rate} > {max_fallback}"
         else:
-            cost = _number((row.get("cost_usd") or {}).get("mean")) or 0.0
-            p50 = _number((row.get("latency_ms") or {}).get("p50")) or 0.0
+            cost = finite_float((row.get("cost_usd") or {}).get("mean")) or 0.0
+            p50 = finite_float((row.get("latency_ms") or {}).get("p50")) or 0.0
             ranked.append(((0 if row.get("local") else 1, cost, p50, alias), alias, row))
     if not ranked:
         return Choice(
@@ -407,7 +401,7 @@ def _calibration(report: Mapping[str, Any], alias: str) -> tuple[list[float], li
     scores, correct = data.get("scores"), data.get("correct")
     if not isinstance(scores, list) or not isinstance(correct, list) or len(scores) != len(correct):
         return None
-    if not all(_number(v) is not None and 0.0 <= float(v) <= 1.0 for v in scores):
+    if not all(finite_float(v) is not None and 0.0 <= float(v) <= 1.0 for v in scores):
         return None
     if not all(isinstance(c, bool) for c in correct):
         return None

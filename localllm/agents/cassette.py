@@ -338,7 +338,7 @@ def resolve_includes(text: str, base: Path) -> str:
         if not target.is_relative_to(root):
             raise ValueError(f"!include {rel!r}: path resolves outside the cassette directory")
         try:
-            raw = read_capped(target, DATA_LIMIT).decode("utf-8")
+            raw = read_capped(target, DATA_LIMIT, regular=True).decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise ValueError(f"!include {rel!r}: cannot read {target.name}: {exc}") from exc
         if rel.lower().endswith(".json"):

@@ -37,6 +37,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from localllm.wire import finite_float
+
 #: the confidence method names written to ``meta.confidence_method``
 METHOD = "logprobs"
 UNAVAILABLE = "unavailable"  # the server returned no usable token probabilities
@@ -102,10 +104,6 @@ def _resolve(node: Any, root: Mapping[str, Any]) -> Any:
     return None
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _dump(value: Any) -> str:
     # exactly how the compiled grammar renders an enum literal
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
@@ -127,15 +125,15 @@ def alternatives(node: Any, root: Mapping[str, Any]) -> tuple[str, ...] | None:
     if kinds and kinds <= {"boolean", "null"} and "boolean" in kinds:
         return ("true", "false", "null") if "null" in kinds else ("true", "false")
     if kinds == {"integer"}:
-        low: Any = node.get("minimum")
-        high: Any = node.get("maximum")
-        if isinstance(node.get("exclusiveMinimum"), (int, float)) and not isinstance(node["exclusiveMinimum"], bool):
-            low = math.floor(node["exclusiveMinimum"]) + 1
-        if isinstance(node.get("exclusiveMaximum"), (int, float)) and not isinstance(node["exclusiveMaximum"], bool):
-            high = math.ceil(node["exclusiveMaximum"]) - 1
-        if not (_is_number(low) and _is_number(high)):
+        low: float | None = finite_float(node.get("minimum"))
+        high: float | None = finite_float(node.get("maximum"))
+        if (exclusive := finite_float(node.get("exclusiveMinimum"))) is not None:
+            low = math.floor(exclusive) + 1
+        if (exclusive := finite_float(node.get("exclusiveMaximum"))) is not None:
+            high = math.ceil(exclusive) - 1
+        if low is None or high is None:
             return None
-        lo, hi = math.ceil(float(low)), math.floor(float(high))
+        lo, hi = math.ceil(low), math.floor(high)
         if 1 < hi - lo + 1 <= MAX_INTEGER_CHOICES:
             return tuple(str(i) for i in range(lo, hi + 1))
     return None
@@ -339,7 +337,8 @@ def parse_logprobs(data: Any) -> list[Token] | None:
     def logprob(entry: dict[str, Any]) -> float | None:
         value = entry.get("logprob")
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value) if math.isfinite(value) else -math.inf
+            number = finite_float(value)
+            return number if number is not None else -math.inf
         return None
 
     tokens: list[Token] = []

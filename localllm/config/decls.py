@@ -46,7 +46,8 @@ class Key:
 
     ``check`` names a value rule beyond the type: ``positive``, ``env_name`` (``""``
     means none), ``url``, ``executable`` (must exist now) / ``program`` (a path resolved
-    against the config directory), ``json_file`` (under the config directory, parses),
+    against the config directory), ``json_file`` (under the config directory, parses), ``under`` (a file
+    under the config directory),
     ``env`` / ``headers`` (``${VAR}``-interpolated secret maps), ``fallback`` (an alias or
     ``none``), ``name`` (a reference to another declaration, checked across sections).
     """
@@ -338,7 +339,9 @@ class Examples:
     cases: Path | None = field(
         default=None,
         metadata=key(
-            "labelled cases (eval cases format) under the config directory", example="cases: evals/g/cases.jsonl"
+            "labelled cases (eval cases format) under the config directory",
+            check="under",
+            example="cases: evals/g/cases.jsonl",
         ),
     )
     embedder: str | None = setting(None, "an embedders: name", check="name", example="embedder: minilm")

@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from localllm import settings
+from localllm._fs import TEXT_LIMIT, read_capped
 from localllm.config.decls import Key
 from localllm.errors import ProblemList
 
@@ -346,9 +347,14 @@ def _path(spec: KeySpec, value: str, where: str, ctx: Context) -> Any:
     if full is None:
         ctx.problems.add(where, f"cannot expand {show(value)}: no such user")
         return BAD
-    if spec.key.check != "json_file":
-        return full
-    return read_json_under(full, value, where, ctx)
+    if spec.key.check == "json_file":
+        return read_json_under(full, value, where, ctx)
+    if spec.key.check == "under" and inside(ctx.base_dir, value) is None:
+        ctx.problems.add(
+            where, f"{value!r} is outside the config directory {ctx.base_dir}", "keep it under the config directory"
+        )
+        return BAD
+    return full
 
 
 def _strings(value: Any, where: str, ctx: Context) -> Any:
@@ -493,10 +499,12 @@ def read_json_under(full: Path, raw: str, key: str, ctx: Context) -> Any:
     """``full`` (written ``raw``) if it lies under the config directory and parses as JSON."""
     path = inside(ctx.base_dir, raw)
     if path is None:
-        ctx.problems.add(key, f"{raw!r} is outside the config directory {ctx.base_dir}")
+        ctx.problems.add(
+            key, f"{raw!r} is outside the config directory {ctx.base_dir}", "keep it under the config directory"
+        )
         return BAD
     try:
-        json.loads(path.read_text(encoding="utf-8"))
+        json.loads(read_capped(path, TEXT_LIMIT, regular=True).decode("utf-8"))
     except FileNotFoundError:
         # §2: selection is evidence metadata first; `localllm eval` writes the file later
         # (`check` warns, and runtime selection stays on the gate's agent until it exists)

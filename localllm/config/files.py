@@ -36,7 +36,14 @@ def resolve_prompt(raw: Any, key: str, ctx: Context) -> tuple[str, Path | None]:
         candidate = ctx.base_dir / raw
         try:
             if candidate.is_file():
-                return read_capped(candidate, TEXT_LIMIT).decode("utf-8"), candidate.resolve()
+                if inside(ctx.base_dir, raw) is None:
+                    ctx.problems.add(
+                        key,
+                        f"prompt file {candidate} is outside the config directory {ctx.base_dir}",
+                        "keep prompt files under the config directory",
+                    )
+                    return "", None
+                return read_capped(candidate, TEXT_LIMIT, regular=True).decode("utf-8"), candidate.resolve()
         except (OSError, UnicodeError) as exc:
             ctx.problems.add(key, f"cannot read prompt file {candidate}: {exc}")
             return "", candidate

@@ -111,6 +111,8 @@ def _name(raw: Any, key: str, problems: ProblemList) -> str | None:
         text_issue(name)
         or ("is too long" if len(name) > _NAME_MAX else "")
         or ("must not contain control characters" if any(ord(c) < 32 for c in name) else "")
+        or ("must not contain / or \\ (names become file names: evals/<gate>/…)" if "/" in name or "\\" in name else "")
+        or ("must not be . or .." if name in (".", "..") else "")
     )
     if issue or not name:
         problems.add(key, f"name {show(name)} {issue or 'must not be empty'}")

@@ -108,7 +108,7 @@ def load_examples(path: Path, input_arg: str) -> list[Example]:
 
     return [
         Example(case.id, case.args[input_arg], case.expect.labels())
-        for case in load_cases(path)
+        for case in load_cases(path, regular=True)
         if case.labelled and isinstance(case.args.get(input_arg), str)
     ]
 

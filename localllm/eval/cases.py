@@ -24,7 +24,6 @@ file is reported at once, as a ConfigError naming ``line N`` and the key.
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from typing import Any
 
 from localllm._fs import DATA_LIMIT, read_capped
 from localllm.errors import ConfigError, ProblemList
+from localllm.wire import finite_float
 
 __all__ = ["Case", "Expect", "Matcher", "dump_case", "load_cases", "parse_expect"]
 
@@ -117,7 +117,7 @@ class Case:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return finite_float(value) is not None
 
 
 def _same(expected: Any, got: Any) -> bool:
@@ -186,11 +186,14 @@ def parse_expect(raw: Any, key: str, problems: ProblemList) -> Expect | None:
     return Expect(fields=fields) if ok else None
 
 
-def load_cases(path: Path) -> list[Case]:
-    """Read and check a cases file; ConfigError lists every problem (``line N.key``)."""
+def load_cases(path: Path, *, regular: bool = False) -> list[Case]:
+    """Read and check a cases file; ConfigError lists every problem (``line N.key``).
+
+    ``regular=True`` (a file the config names) refuses a named pipe or anything else that
+    is not a regular file."""
     problems = ProblemList(path)
     try:
-        text = read_capped(path, DATA_LIMIT).decode("utf-8")
+        text = read_capped(path, DATA_LIMIT, regular=regular).decode("utf-8")
     except FileNotFoundError as exc:
         problems.add(
             "",
@@ -214,6 +217,13 @@ def load_cases(path: Path) -> list[Case]:
             continue
         if not isinstance(raw, dict):
             problems.add(where, "is not a JSON object", '{"args": {…}, "expect": {…}}')
+            continue
+        try:  # a lone surrogate (valid JSON text, "\ud800") is not UTF-8: no report could hold it
+            json.dumps(raw, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            problems.add(
+                where, "contains a lone surrogate (an unpaired \\ud800-\\udfff escape)", "write the text as UTF-8"
+            )
             continue
         for extra in [k for k in raw if k not in _CASE_KEYS]:
             problems.add(f"{where}.{extra}", "unknown key", f"allowed keys: {', '.join(_CASE_KEYS)}")

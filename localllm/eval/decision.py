@@ -34,6 +34,7 @@ from localllm.calibrate import (
     risk_coverage,
     split,
 )
+from localllm.wire import finite_float
 
 __all__ = [
     "DEFAULT_HOLDOUT",
@@ -54,10 +55,8 @@ DEFAULT_SEED = 0
 
 def confidence_of(meta: Mapping[str, Any] | None) -> float | None:
     """``meta.confidence`` when it is a number in [0, 1], else ``None`` (not calibrated)."""
-    raw = (meta or {}).get("confidence")
-    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw):
-        return None
-    return float(raw) if 0.0 <= raw <= 1.0 else None
+    raw = finite_float((meta or {}).get("confidence"))
+    return raw if raw is not None and 0.0 <= raw <= 1.0 else None
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from localllm._fs import read_capped
+from localllm._fs import DATA_LIMIT, TEXT_LIMIT, read_capped
 from localllm.errors import TraceError
 from localllm.eval.cases import dump_case
 from localllm.trace.event import Event
@@ -50,38 +50,46 @@ class RecordedCall:
     transcript: dict[str, Any] | None = None
 
 
-def _inside(base: Path, rel: Any) -> Path | None:
-    if not isinstance(rel, str):
+def _inside(base: Path, rel: Any, what: str, call_id: str) -> Path | None:
+    """The sidecar ``rel`` names (None when it names none); a TraceError when it lies outside
+    ``base`` (also through a symlink) or its links loop."""
+    if rel is None:
         return None
-    path = (base / rel).resolve()
-    return path if path.is_relative_to(base.resolve()) else None
+    try:
+        path = (base / rel).resolve() if isinstance(rel, str) else None
+    except (OSError, RuntimeError, ValueError) as exc:  # RuntimeError: a symlink loop (Python 3.11)
+        raise TraceError(f"call {call_id}: the {what} {rel!r} cannot be resolved: {exc}", hint=_VERIFY) from exc
+    if path is None or not path.is_relative_to(base.resolve()):
+        raise TraceError(f"call {call_id}: the {what} {rel!r} is not a file inside {base}", hint=_VERIFY)
+    return path
 
 
-def _response(base: Path, payload: dict[str, Any]) -> Any:
+_VERIFY = "run `localllm trace verify` on the trace"
+
+
+def _response(base: Path, payload: dict[str, Any], call_id: str) -> Any:
     if "response" in payload:
         return submission_of(payload["response"])
-    path = _inside(base, payload.get("response_file"))
+    path = _inside(base, payload.get("response_file"), "response_file", call_id)
     if path is None:
         return None
     try:
-        return submission_of(json.loads(path.read_text(encoding="utf-8")))
+        return submission_of(json.loads(read_capped(path, DATA_LIMIT, regular=True).decode("utf-8")))
     except (OSError, ValueError, RecursionError) as exc:
-        raise TraceError(
-            f"{path}: cannot read the response sidecar: {exc}", hint="run `localllm trace verify` on the trace"
-        ) from exc
+        raise TraceError(f"{path}: cannot read the response sidecar: {exc}", hint=_VERIFY) from exc
 
 
-def _transcript(base: Path, ref: Any) -> dict[str, Any] | None:
+def _transcript(base: Path, ref: Any, call_id: str) -> dict[str, Any] | None:
     """A transcript sidecar as a cassette's ``{format, events, timings}`` (lines verbatim);
     ``None`` when absent or unreadable (the cassette then replays without one)."""
     if not isinstance(ref, dict) or not isinstance(ref.get("format"), str):
         return None
-    path = _inside(base, ref.get("path"))
+    path = _inside(base, ref.get("path"), "transcript_ref.path", call_id)
     if path is None:
         return None
     try:
-        events = read_capped(path, None).decode("utf-8").splitlines()
-        timings_text = read_capped(path.with_suffix(".timings"), None).decode("utf-8")
+        events = read_capped(path, DATA_LIMIT, regular=True).decode("utf-8").splitlines()
+        timings_text = read_capped(path.with_suffix(".timings"), DATA_LIMIT, regular=True).decode("utf-8")
     except (OSError, UnicodeDecodeError):
         return None
     timings: list[int] = []
@@ -140,7 +148,7 @@ def recorded_calls(path: Path) -> list[RecordedCall]:
                     # relative to the config's directory (absolute in traces of earlier versions)
                     schema_path=given.get("schema_path") if isinstance(given.get("schema_path"), str) else None,
                     ok=ok,
-                    response=_response(base, ev.payload) if ok else None,
+                    response=_response(base, ev.payload, ev.call_id) if ok else None,
                     meta=dict(meta) if isinstance(meta, dict) else {},
                     kind=None if ok else str(ev.payload.get("kind")),
                     error=None if ok else str(ev.payload.get("error")),
@@ -150,7 +158,7 @@ def recorded_calls(path: Path) -> list[RecordedCall]:
                     fallback="substitution" in ev.payload,
                     answered_by=_answered_by(ev.payload, start.payload.get("agent")),
                     episode_id=start.episode_id,
-                    transcript=_transcript(base, ev.payload.get("transcript_ref")),
+                    transcript=_transcript(base, ev.payload.get("transcript_ref"), ev.call_id),
                     match_idx=start.match_idx,
                     sub_events=tuple(subs.pop(ev.call_id, [])),
                 )
@@ -177,7 +185,7 @@ def _schema_properties(schema_path: str | None, search: tuple[Path, ...] = ()) -
     schema: Any = None
     for candidate in candidates:
         try:
-            schema = json.loads(candidate.read_text(encoding="utf-8"))
+            schema = json.loads(read_capped(candidate, TEXT_LIMIT, regular=True).decode("utf-8"))
             break
         except (OSError, ValueError, RecursionError):
             continue

@@ -21,7 +21,6 @@ Per agent (a call is one case asked once; ``repeat`` asks each case again):
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 from collections import Counter
@@ -29,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from localllm._fs import TEXT_LIMIT, read_capped
 from localllm.config import Config, Gate
 from localllm.errors import TraceError
 from localllm.eval.cases import Case
@@ -44,6 +44,7 @@ from localllm.eval.fromtrace import RecordedCall, recorded_calls
 from localllm.eval.run import AgentRun, CallRef
 from localllm.selection import REPORT_KIND, REPORT_VERSION, TIER, fingerprint
 from localllm.trace.stats import percentile
+from localllm.wire import finite_float
 
 __all__ = ["agent_rows", "build_report", "enum_fields", "machine", "write_report"]
 
@@ -57,7 +58,7 @@ def enum_fields(schema_path: Path | None) -> dict[str, list[Any]]:
     if schema_path is None:
         return {}
     try:
-        schema = json.loads(schema_path.read_text(encoding="utf-8"))
+        schema = json.loads(read_capped(schema_path, TEXT_LIMIT, regular=True).decode("utf-8"))
     except (OSError, ValueError, RecursionError):
         return {}
     props = schema.get("properties") if isinstance(schema, dict) else None
@@ -81,10 +82,7 @@ def _tokens(meta: Mapping[str, Any]) -> tuple[int, int]:
 
 
 def _cost(meta: Mapping[str, Any]) -> float:
-    cost = meta.get("cost_usd")
-    if isinstance(cost, (int, float)) and not isinstance(cost, bool) and math.isfinite(cost):
-        return float(cost)
-    return 0.0
+    return finite_float(meta.get("cost_usd")) or 0.0
 
 
 def _outcome(call: RecordedCall | None, unrecorded: str | None, fields: Sequence[str] | None = None) -> str:

@@ -2327,12 +2327,12 @@ class _Compiler:
         candidates: list[_Bound] = []
         if plain in node:
             value = node[plain]
-            if not _num(value) or not math.isfinite(value):
+            if not _finite(value):
                 raise _Refuse(path, plain, f'"{plain}" must be a finite number')
             candidates.append(_Bound(Fraction(value), self.draft == 4 and node.get(exclusive) is True))
         if exclusive in node and self.draft > 4:
             value = node[exclusive]
-            if not _num(value) or not math.isfinite(value):
+            if not _finite(value):
                 raise _Refuse(path, exclusive, f'"{exclusive}" must be a finite number')
             candidates.append(_Bound(Fraction(value), True))
         lower = plain == "minimum"
@@ -2598,6 +2598,13 @@ def _int_at_most(b: _Bound) -> int:
 
 def _num(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _finite(value: Any) -> bool:
+    """A number that is not inf or nan (an int always is, 10**400 too: ``math.isfinite`` overflows on it)."""
+    return (isinstance(value, int) and not isinstance(value, bool)) or (
+        isinstance(value, float) and math.isfinite(value)
+    )
 
 
 def _count(value: Any) -> bool:

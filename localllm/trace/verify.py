@@ -37,11 +37,11 @@ class TraceReport:
         return {
             "path": str(self.path),
             "ok": self.ok,
-            "events": len(trace.events) if trace else None,
+            "events": len(trace.events) if trace is not None else None,
             "turns": len({ev.parent_turn if ev.parent_turn is not None else ev.turn for ev in trace.events})
-            if trace
+            if trace is not None
             else None,
-            "torn_bytes": len(trace.torn_tail) if trace and trace.torn_tail else 0,
+            "torn_bytes": len(trace.torn_tail) if trace is not None and trace.torn_tail else 0,
             "problems": list(self.problems),
         }
 
@@ -94,8 +94,12 @@ def sidecar_problems(trace: Trace, trace_dir: Path) -> list[str]:
             target = trace_dir / pure
             try:
                 present = target.is_file()
-            except OSError:  # EACCES on a parent: pathlib re-raises it
-                present = False
+                inside = target.resolve().is_relative_to(trace_dir.resolve())
+            except (OSError, RuntimeError):  # EACCES on a parent; a symlink loop (Python 3.11)
+                present = inside = False
+            if present and not inside:
+                problems.append(f"{where} {rel!r} is a symlink out of the trace directory")
+                continue
             if not present:
                 problems.append(f"{where}: sidecar file {rel} is missing")
                 continue
@@ -107,7 +111,7 @@ def sidecar_problems(trace: Trace, trace_dir: Path) -> list[str]:
 def _transcript_problems(ref: dict[str, Any], target: Path, where: str) -> list[str]:
     problems: list[str] = []
     try:
-        data = read_capped(target, None)  # never a device
+        data = read_capped(target, None, regular=True)  # never a device, never a named pipe
     except OSError as exc:
         return [f"{where}: cannot read {target.name}: {exc.strerror or exc}"]
     count = data.count(b"\n") + (0 if data.endswith(b"\n") or not data else 1)
