@@ -90,6 +90,8 @@ _MAX_REDIRECTS = 3
 #: reconnect delay when the server sent no ``retry``; resumes in a row without a new event
 _DEFAULT_RETRY = 1.0
 _MAX_RESUMES = 5
+#: a server's ``retry`` is capped at this many seconds (a wait is interrupted by close())
+_MAX_RETRY = 3600.0
 #: the standalone GET stream: consecutive failures before the listener gives up
 _LISTEN_FAILURES = 3
 #: how long the handshake waits for the GET stream to open; how long one may stay silent
@@ -116,6 +118,15 @@ def safe_url(url: str) -> str:
 def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
     default = {"http": 80, "https": 443}.get(url.scheme)
     return url.scheme, url.host.lower(), url.port or default
+
+
+def _retry_seconds(digits: str) -> float:
+    """An SSE ``retry`` field (milliseconds, ASCII digits) in seconds, at most
+    :data:`_MAX_RETRY`: 5000 digits made ``int()`` raise, and 1e11 s overflowed a wait."""
+    digits = digits.lstrip("0")
+    if len(digits) > 9:
+        return _MAX_RETRY
+    return min(int(digits or "0") / 1000, _MAX_RETRY)
 
 
 class _SessionExpired(Exception):
@@ -718,7 +729,7 @@ class McpHttpAgent(Agent):
             elif field == "id" and "\0" not in value:
                 resume.last_event_id = value or None
             elif field == "retry" and value.isascii() and value.isdigit():
-                resume.retry = int(value) / 1000
+                resume.retry = _retry_seconds(value)
 
     @contextlib.contextmanager
     def _reading(self, response: httpx.Response) -> Iterator[None]:

@@ -144,6 +144,43 @@ def test_resuming_past_the_deadline_is_deadline_exceeded() -> None:
         agent.close()
 
 
+def test_a_retry_of_5000_digits_is_capped_not_a_crash() -> None:
+    """int() of 5000 digits raised ValueError out of ask() (plugin_crash at the runtime)."""
+    server = Scripted(lambda s, r, b: sse("id: e1\nretry: " + "9" * 5000 + "\ndata: \n\n"))
+    agent = server.agent()
+    try:
+        with pytest.raises(AgentError) as info:
+            ask(agent, seconds=1.0)
+        assert info.value.kind is ErrorKind.DEADLINE_EXCEEDED  # the capped wait outlasts the deadline
+    finally:
+        agent.close()
+
+
+def test_a_huge_retry_on_the_standalone_stream_keeps_the_listener(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``retry: 99999999999999`` made the listener's wait raise OverflowError: the thread
+    died with a traceback (printed at the CLI)."""
+    crashed: list[type[BaseException]] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: crashed.append(args.exc_type))
+    served = threading.Event()
+
+    def get(s: Scripted, r: httpx.Request) -> httpx.Response:
+        served.set()
+        return sse("retry: 99999999999999\n\n")
+
+    server = Scripted(lambda s, r, b: httpx.Response(200, json=result(b["id"], {"ok": 1})), get)
+    before = Resources.now()
+    agent = server.agent()
+    try:
+        assert ask(agent) == {"ok": 1}
+        assert served.wait(5)
+        time.sleep(0.3)  # the stream has ended; the listener now waits the server's retry
+        listeners = [t for t in threading.enumerate() if t.name.startswith("mcp-listen")]
+        assert (crashed, len(listeners)) == ([], 1)
+    finally:
+        agent.close()
+    assert_no_leaks(before)  # close() wakes the capped wait
+
+
 # -- server→client requests -------------------------------------------------------------------------
 
 
