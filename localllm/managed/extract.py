@@ -19,7 +19,11 @@ to ``max_bytes`` (default :func:`default_max_bytes`: 20× the archive, at least 
 a zip member may not expand more than :data:`MAX_RATIO` times, and an archive may hold at
 most :data:`MAX_MEMBERS` entries. Past a cap, :class:`~localllm.errors.ArchiveTooLarge`
 names the member; tar headers are read one at a time, so a bomb fails at its first
-oversized header without decompressing the rest.
+oversized header without decompressing the rest, and the decompressed tar stream itself
+is bounded (the members' cap plus header slack), so a huge PAX or GNU long-name record
+fails before tarfile reads it into memory. A name or link target with a NUL byte and an
+encrypted zip member are refused; data a decompressor cannot decode is a corrupt archive
+(:class:`~localllm.errors.FetchError`), never a library's own exception.
 
 Extraction goes into a staging directory that the caller renames into place
 (:func:`staging_dir`, :func:`install_dir`), so a release directory either exists whole
@@ -29,7 +33,10 @@ or not at all. ``flatten`` strips the directory prefix every member shares
 
 from __future__ import annotations
 
+import bz2
 import contextlib
+import gzip
+import lzma
 import os
 import re
 import secrets
@@ -37,11 +44,12 @@ import shutil
 import stat
 import tarfile
 import zipfile
+import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any, Protocol
 
 from localllm.errors import ArchiveTooLarge, FetchError, UnsafeArchive
 
@@ -50,6 +58,20 @@ _CHUNK = 1 << 20
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _ZIP_UNIX = 3  # ZipInfo.create_system of archives whose external_attr holds a st_mode
 _MAX_LINK_HOPS = 40  # the kernel's own limit (ELOOP)
+# Bytes of tar headers, PAX/GNU long-name records and padding allowed past the members' sizes.
+_TAR_SLACK = 16 << 20
+_TAR_PER_MEMBER = 2048
+# What a library raises for data it cannot decode (a broken deflate or xz stream, a zip
+# compression method it lacks): the archive is corrupt, never a bug of ours.
+_CORRUPT = (
+    tarfile.TarError,
+    zipfile.BadZipFile,
+    zipfile.LargeZipFile,
+    EOFError,
+    zlib.error,
+    lzma.LZMAError,
+    NotImplementedError,
+)
 
 MAX_RATIO = 200
 """A zip member of 1 MiB or more may expand at most this many times (deflate tops out near 1032)."""
@@ -135,6 +157,8 @@ def _refuse(archive: Path, raw: str, why: str) -> UnsafeArchive:
 
 
 def _parts(archive: Path, raw: str) -> tuple[str, ...]:
+    if "\0" in raw:
+        raise _refuse(archive, raw, "NUL byte in the name")
     name = raw.replace("\\", "/")
     if name.startswith("/") or _DRIVE.match(name):
         raise _refuse(archive, raw, "absolute path")
@@ -142,6 +166,77 @@ def _parts(archive: Path, raw: str) -> tuple[str, ...]:
     if ".." in parts:
         raise _refuse(archive, raw, "path contains '..'")
     return parts
+
+
+class _Stream(Protocol):
+    def read(self, size: int = -1, /) -> bytes: ...
+    def seek(self, offset: int, whence: int = 0, /) -> int: ...
+    def tell(self) -> int: ...
+    def close(self) -> None: ...
+
+
+class _Bounded:
+    """The decompressed tar stream, refused past the members' declared sizes plus slack.
+
+    tarfile reads a PAX or GNU long-name record whole, before the member it describes
+    reaches the budget: without this bound a 2 MB ``.tar.gz`` makes it allocate gigabytes.
+    """
+
+    def __init__(self, stream: _Stream, archive: Path, budget: _Budget) -> None:
+        self.stream = stream
+        self.archive = archive
+        self.budget = budget
+
+    def _limit(self) -> int:
+        return self.budget.max_bytes + _TAR_SLACK + _TAR_PER_MEMBER * self.budget.count
+
+    def _check(self, end: int) -> None:
+        if end > self._limit():
+            raise _too_large(
+                self.archive,
+                "(tar headers)",
+                f"the decompressed stream runs past {self._limit()} bytes",
+                size=end,
+                limit=self._limit(),
+            )
+
+    def read(self, size: int = -1) -> bytes:
+        pos = self.stream.tell()
+        self._check(pos + size if size >= 0 else pos + self._limit() + 1)
+        return self.stream.read(size)
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        if whence == os.SEEK_SET:
+            self._check(offset)
+        elif whence == os.SEEK_CUR:
+            self._check(self.stream.tell() + offset)
+        return self.stream.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.stream.tell()
+
+
+def _decompressed(raw: IO[bytes], magic: bytes) -> _Stream:
+    if magic.startswith(b"\x1f\x8b"):
+        return gzip.GzipFile(fileobj=raw, mode="rb")
+    if magic.startswith(b"BZh"):
+        return bz2.BZ2File(raw)
+    if magic.startswith(b"\xfd7zXZ\x00"):
+        return lzma.LZMAFile(raw)
+    return raw
+
+
+@contextmanager
+def _open_tar(archive: Path, budget: _Budget) -> Iterator[tarfile.TarFile]:
+    """``archive`` (plain, gzip, bzip2 or xz by its magic) read through :class:`_Bounded`."""
+    with contextlib.ExitStack() as stack:
+        raw = stack.enter_context(archive.open("rb"))
+        magic = raw.read(6)
+        raw.seek(0)
+        stream = _decompressed(raw, magic)
+        stack.callback(stream.close)
+        bounded: Any = _Bounded(stream, archive, budget)
+        yield stack.enter_context(tarfile.open(fileobj=bounded, mode="r:"))
 
 
 def _tar_members(archive: Path, tf: tarfile.TarFile, budget: _Budget) -> list[_Member]:
@@ -181,6 +276,7 @@ def _zip_members(archive: Path, zf: zipfile.ZipFile, budget: _Budget) -> list[_M
     out: list[_Member] = []
     for info in zf.infolist():
         parts = _parts(archive, info.filename)
+        _refuse_encrypted(archive, info)
         mode = _zip_mode(info)
         kind = stat.S_IFMT(mode)
         if stat.S_ISLNK(mode):
@@ -200,6 +296,11 @@ def _zip_members(archive: Path, zf: zipfile.ZipFile, budget: _Budget) -> list[_M
                 _Member(info.filename, parts, FILE, mode & 0o777 or 0o644, None, _zip_opener(zf, info), info.file_size)
             )
     return out
+
+
+def _refuse_encrypted(archive: Path, info: zipfile.ZipInfo) -> None:
+    if info.flag_bits & 0x1:
+        raise _refuse(archive, info.filename, "encrypted member (a release archive never is)")
 
 
 def _zip_opener(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> Callable[[], IO[bytes]]:
@@ -234,6 +335,8 @@ def _check_link(archive: Path, tree: _Tree, parts: tuple[str, ...], m: _Member) 
         nonlocal hops
         if not target:
             raise _refuse(archive, m.raw, "symlink with an empty target")
+        if "\0" in target:
+            raise _refuse(archive, m.raw, "NUL byte in the symlink target")
         if target.startswith("/") or _DRIVE.match(target):
             raise _refuse(archive, m.raw, f"symlink to absolute path {target!r}")
         stack = list(base)
@@ -288,11 +391,11 @@ def extract_archive(archive: Path, dest: Path, *, flatten: bool = True, max_byte
     try:
         budget = _Budget(archive, default_max_bytes(archive) if max_bytes is None else max_bytes)
         if kind == "tar":
-            with tarfile.open(archive, "r:*") as tf:
+            with _open_tar(archive, budget) as tf:
                 return _extract(archive, _tar_members(archive, tf, budget), dest, flatten)
         with zipfile.ZipFile(archive) as zf:
             return _extract(archive, _zip_members(archive, zf, budget), dest, flatten)
-    except (tarfile.TarError, zipfile.BadZipFile, EOFError, zipfile.LargeZipFile) as exc:
+    except _CORRUPT as exc:
         raise FetchError(f"{archive}: corrupt archive: {exc}") from exc
     except OSError as exc:
         raise FetchError(f"{archive}: extraction into {dest} failed: {exc}") from exc
@@ -327,6 +430,15 @@ def _copy(src: IO[bytes], path: Path, mode: int, *, archive: Path, raw: str, lim
             out.write(chunk)
 
 
+@contextmanager
+def _reading(archive: Path, raw: str) -> Iterator[None]:
+    """A member whose data cannot be decoded: :class:`FetchError` naming it."""
+    try:
+        yield
+    except _CORRUPT as exc:
+        raise FetchError(f"{archive}: corrupt archive: member {raw!r}: {exc}") from exc
+
+
 def _extract(archive: Path, members: list[_Member], dest: Path, flatten: bool) -> list[str]:
     plan = _plan(archive, members, flatten)
     dest.mkdir(parents=True, exist_ok=True)
@@ -344,7 +456,7 @@ def _extract(archive: Path, members: list[_Member], dest: Path, flatten: bool) -
             os.symlink(m.target or "", path)
         else:
             assert m.opener is not None
-            with m.opener() as src:
+            with _reading(archive, m.raw), m.opener() as src:
                 _copy(src, path, (m.mode & 0o777) | 0o600, archive=archive, raw=m.raw, limit=m.size)
         written.append("/".join(parts))
     return written
@@ -360,7 +472,7 @@ def extract_member(archive: Path, member: str, dest_file: Path, *, max_bytes: in
     try:
         budget = _Budget(archive, default_max_bytes(archive) if max_bytes is None else max_bytes)
         if kind == "tar":
-            with tarfile.open(archive, "r:*") as tf:
+            with _open_tar(archive, budget) as tf:
                 try:
                     info = tf.getmember(member)
                 except KeyError:
@@ -377,12 +489,13 @@ def extract_member(archive: Path, member: str, dest_file: Path, *, max_bytes: in
                     zinfo = zf.getinfo(member)
                 except KeyError:
                     raise FetchError(f"{archive.name} has no member {member!r}") from None
+                _refuse_encrypted(archive, zinfo)
                 mode = _zip_mode(zinfo)
                 if zinfo.is_dir() or (stat.S_IFMT(mode) and not stat.S_ISREG(mode)):
                     raise FetchError(f"{archive.name}: member {member!r} is not a regular file")
                 budget.add(member, zinfo.file_size, zinfo.compress_size)
                 _write_exec(archive, zf.open(zinfo), dest_file, member, zinfo.file_size)
-    except (tarfile.TarError, zipfile.BadZipFile, EOFError, zipfile.LargeZipFile) as exc:
+    except _CORRUPT as exc:
         raise FetchError(f"{archive}: corrupt archive: {exc}") from exc
     except OSError as exc:
         raise FetchError(f"{archive}: extracting {member!r} to {dest_file} failed: {exc}") from exc
@@ -394,7 +507,7 @@ def _write_exec(archive: Path, src: IO[bytes], dest_file: Path, member: str, lim
         raise _refuse(archive, member, f"{parent} is not a real directory")
     tmp = parent / f".{dest_file.name}.{secrets.token_hex(4)}.tmp"
     try:
-        with src:
+        with _reading(archive, member), src:
             _copy(src, tmp, 0o755, archive=archive, raw=member, limit=limit)
         os.chmod(tmp, 0o755)
         os.replace(tmp, dest_file)

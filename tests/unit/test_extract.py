@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import io
+import lzma
 import os
+import stat
 import tarfile
 import zipfile
+import zlib
 from pathlib import Path
 
 import pytest
 
-from localllm.errors import ArchiveTooLarge, UnsafeArchive
+from localllm.errors import ArchiveTooLarge, FetchError, UnsafeArchive
 from localllm.managed.extract import (
     MIN_MAX_BYTES,
     extract_archive,
@@ -338,3 +341,114 @@ def test_extract_member_is_capped(tmp_path: Path) -> None:
     with pytest.raises(ArchiveTooLarge):
         extract_member(archive, "lib/libstdc++.so.6", tmp_path / "libstdc++.so.6")
     assert not (tmp_path / "libstdc++.so.6").exists()
+
+
+def _patched_zip(path: Path, local: dict[int, int], central: dict[int, int]) -> Path:
+    """A one-member stored zip with bytes of its local and central headers OR-ed or set."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr("llama-server", b"hello")
+    data = bytearray(path.read_bytes())
+    cd = data.rfind(b"PK\x01\x02")
+    for base, fields in ((0, local), (cd, central)):
+        for off, value in fields.items():
+            data[base + off] = value
+    path.write_bytes(bytes(data))
+    return path
+
+
+def _undecodable(tmp_path: Path, case: str) -> Path:
+    if case == "deflate":
+        path = tmp_path / "a.zip"
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+            zf.writestr("llama-server", os.urandom(1000) * 50)
+        data = bytearray(path.read_bytes())
+        for i in range(30 + len("llama-server") + 5, 30 + len("llama-server") + 60):
+            data[i] ^= 0xFF
+        path.write_bytes(bytes(data))
+        return path
+    if case == "method":  # 97 (WavPack): zipfile has no decompressor
+        return _patched_zip(tmp_path / "a.zip", {8: 97}, {10: 97})
+    if case == "xz":
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tf:
+            info = tarfile.TarInfo("llama-server")
+            info.size = 200_000
+            tf.addfile(info, io.BytesIO(os.urandom(info.size)))
+        xz = bytearray(lzma.compress(buf.getvalue()))
+        for i in range(2000, 2100):
+            xz[i] ^= 0x55
+        (tmp_path / "a.tar.xz").write_bytes(bytes(xz))
+        return tmp_path / "a.tar.xz"
+    raise AssertionError(case)
+
+
+@pytest.mark.parametrize("case", ["deflate", "method", "xz"])
+def test_undecodable_member_data_is_a_fetch_error(tmp_path: Path, case: str) -> None:
+    archive = _undecodable(tmp_path, case)  # zlib.error, NotImplementedError, LZMAError before
+    with pytest.raises(FetchError) as info:
+        extract_archive(archive, tmp_path / "out")
+    assert type(info.value) is FetchError
+    if case != "xz":
+        with pytest.raises(FetchError) as info:
+            extract_member(archive, "llama-server", tmp_path / "llama-server")
+        assert type(info.value) is FetchError and not (tmp_path / "llama-server").exists()
+
+
+def _nul_archive(tmp_path: Path, case: str) -> Path:
+    if case == "zip-link":
+        path = tmp_path / "a.zip"
+        with zipfile.ZipFile(path, "w") as zf:
+            link = zipfile.ZipInfo("lib.so")
+            link.create_system = 3
+            link.external_attr = (stat.S_IFLNK | 0o777) << 16
+            zf.writestr(link, b"a\x00b")
+            zf.writestr("llama-server", b"x")
+        return path
+    path = tmp_path / "a.tar"
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tf:
+        info = tarfile.TarInfo("x")
+        if case == "pax-path":
+            info.pax_headers = {"path": "ab\x00cd"}
+            info.size = 1
+            tf.addfile(info, io.BytesIO(b"z"))
+        else:
+            info.type = tarfile.SYMTYPE
+            info.pax_headers = {"linkpath": "ab\x00cd"}
+            tf.addfile(info)
+    return path
+
+
+@pytest.mark.parametrize("case", ["zip-link", "pax-path", "pax-linkpath", "encrypted"])
+def test_nul_bytes_and_encrypted_members_are_refused(tmp_path: Path, case: str) -> None:
+    # RuntimeError from zipfile, ValueError (embedded null byte) from os.symlink / os.open before
+    encrypted = case == "encrypted"
+    archive = _patched_zip(tmp_path / "a.zip", {6: 1}, {8: 1}) if encrypted else _nul_archive(tmp_path, case)
+    with pytest.raises(UnsafeArchive):
+        extract_archive(archive, tmp_path / "out")
+    assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
+    if case == "encrypted":
+        with pytest.raises(UnsafeArchive):
+            extract_member(archive, "llama-server", tmp_path / "llama-server")
+
+
+@pytest.mark.parametrize("typeflag", [tarfile.XHDTYPE, tarfile.GNUTYPE_LONGNAME])
+def test_a_huge_pax_or_long_name_record_fails_before_it_is_read(tmp_path: Path, typeflag: bytes) -> None:
+    declared = 64 << 20  # tarfile read such a record whole: 2 GB of RSS from a 2 MB .tar.gz
+    info = tarfile.TarInfo("././@PaxHeader" if typeflag == tarfile.XHDTYPE else "././@LongLink")
+    info.type = typeflag
+    info.size = declared
+    header = info.tobuf(format=tarfile.GNU_FORMAT if typeflag == tarfile.GNUTYPE_LONGNAME else tarfile.USTAR_FORMAT)
+    co = zlib.compressobj(9, zlib.DEFLATED, 31)
+    archive = tmp_path / "bomb.tar.gz"
+    with archive.open("wb") as fh:
+        fh.write(co.compress(header))
+        for _ in range(declared >> 20):
+            fh.write(co.compress(bytes(1 << 20)))
+        fh.write(co.compress(bytes(1024)) + co.flush())
+    for call in (
+        lambda: extract_archive(archive, tmp_path / "out", max_bytes=1 << 20),
+        lambda: extract_member(archive, "x", tmp_path / "x", max_bytes=1 << 20),
+    ):
+        with pytest.raises(ArchiveTooLarge) as exc:
+            call()
+        assert exc.value.size > exc.value.limit and exc.value.limit < declared
