@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from localllm import _process, settings
 from localllm.agents.base import Agent
 from localllm.errors import AgentError, ErrorKind, truncate_detail
-from localllm.wire import AskRequest, AskResponse, Transcript
+from localllm.wire import AskRequest, AskResponse, Transcript, finite_float
 
 if TYPE_CHECKING:
     from localllm.config import ClaudeCliDecl
@@ -169,11 +169,12 @@ def _meta(envelope: dict[str, Any], decl_model: str | None) -> dict[str, Any]:
                 "creation_tokens": counters.get(_USAGE_CACHE_CREATION, 0),
                 "hit": read > 0,
             }
-    # Older CLIs named it cost_usd; current ones total_cost_usd.
+    # Older CLIs named it cost_usd; current ones total_cost_usd. NaN, an infinity or an
+    # integer past the float range is no cost (it would reach `call --json` as NaN/Infinity).
     for key in ("total_cost_usd", "cost_usd"):
-        cost = envelope.get(key)
-        if isinstance(cost, (int, float)) and not isinstance(cost, bool):
-            meta["cost_usd"] = float(cost)
+        cost = finite_float(envelope.get(key))
+        if cost is not None:
+            meta["cost_usd"] = cost
             break
     model = _model_of(envelope) or decl_model
     if model:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -40,13 +41,33 @@ class UsageError(LocalLLMError):
 def emit_json(data: Any) -> None:
     """Write one JSON document to stdout.
 
-    Text the stream cannot encode (a lone surrogate from a hostile file, or a non-UTF-8
-    terminal) is written as JSON ``\\uXXXX`` escapes: still the same document.
+    Strict JSON: NaN and the infinities (a plugin's meta may hold them) are written as
+    ``null``, as the trace writes them. Text the stream cannot encode (a lone surrogate
+    from a hostile file, or a non-UTF-8 terminal) is written as JSON ``\\uXXXX`` escapes:
+    still the same document.
     """
     try:
-        sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+        sys.stdout.write(_dumps(data, ensure_ascii=False) + "\n")
     except UnicodeEncodeError:  # nothing was written: the encoder fails before the write
-        sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=True) + "\n")
+        sys.stdout.write(_dumps(data, ensure_ascii=True) + "\n")
+
+
+def _dumps(data: Any, *, ensure_ascii: bool) -> str:
+    try:
+        return json.dumps(data, indent=2, ensure_ascii=ensure_ascii, allow_nan=False)
+    except ValueError:  # a non-finite float somewhere: only then walk the document
+        return json.dumps(_finite(data), indent=2, ensure_ascii=ensure_ascii, allow_nan=False)
+
+
+def _finite(node: Any) -> Any:
+    """``node`` with every NaN or infinity replaced by None."""
+    if isinstance(node, float):
+        return node if math.isfinite(node) else None
+    if isinstance(node, dict):
+        return {key: _finite(value) for key, value in node.items()}
+    if isinstance(node, (list, tuple)):
+        return [_finite(value) for value in node]
+    return node
 
 
 def out(line: str) -> None:

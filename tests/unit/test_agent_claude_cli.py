@@ -13,7 +13,7 @@ from typing import Any
 import psutil
 import pytest
 
-from localllm.agents.claude_cli import ClaudeCliAgent, extract_json, schema_instruction
+from localllm.agents.claude_cli import ClaudeCliAgent, _meta, extract_json, schema_instruction
 from localllm.config import ClaudeCliDecl
 from localllm.errors import AgentError, ErrorKind
 from localllm.wire import AskRequest
@@ -217,6 +217,20 @@ def test_unextractable_answer_is_passed_on_raw(fake_claude: Path, monkeypatch: p
 )
 def test_extract_json_rule(text: str, schema: dict[str, Any] | None, expected: str | None) -> None:
     assert extract_json(text, schema) == expected
+
+
+@pytest.mark.parametrize(
+    ("envelope", "expected"),
+    [
+        ({"total_cost_usd": float("inf")}, None),  # reached `call --json` as Infinity
+        ({"total_cost_usd": float("nan")}, None),
+        ({"total_cost_usd": 10**400}, None),  # float() raised OverflowError
+        ({"total_cost_usd": float("nan"), "cost_usd": 0.5}, 0.5),
+        ({"total_cost_usd": 2}, 2.0),
+    ],
+)
+def test_only_a_finite_cost_is_reported(envelope: dict[str, Any], expected: float | None) -> None:
+    assert _meta(envelope, None).get("cost_usd") == expected
 
 
 # -- failures -----------------------------------------------------------------------------

@@ -484,6 +484,19 @@ def test_output_helpers_escape_what_the_stream_cannot_encode(monkeypatch: pytest
     assert json.loads(document) == {"k": "caf\xe9 \ud800"}
 
 
+def test_json_output_is_strict_json(capsys: pytest.CaptureFixture[str]) -> None:
+    """A plugin's meta ``{"x": NaN}`` printed NaN/Infinity: not JSON. Now null, as in the trace."""
+    from localllm.cli.output import emit_json
+
+    emit_json({"meta": {"x": float("nan"), "y": [float("inf"), (float("-inf"), 1.5)]}, "ok": True})
+
+    def refuse(constant: str) -> Any:
+        raise ValueError(constant)
+
+    doc = json.loads(capsys.readouterr().out, parse_constant=refuse)
+    assert doc == {"meta": {"x": None, "y": [None, [None, 1.5]]}, "ok": True}
+
+
 @pytest.mark.slow
 def test_generated_command_lines_never_crash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Any argv built from the real commands and flags: exit 0/1/2, one message, never an internal error."""
