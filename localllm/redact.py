@@ -25,13 +25,16 @@ import unicodedata
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["MASK", "MIN_SECRET", "SAFE_LENGTH", "Redactor", "mask_option_values"]
+__all__ = ["MASK", "MAX_DEPTH", "MIN_SECRET", "SAFE_LENGTH", "TOO_DEEP", "Redactor", "mask_option_values"]
 
 MASK = "***"
 #: shorter values are not secrets: replacing "1" or "on" would shred unrelated text
 MIN_SECRET = 4
 #: shorter secrets are masked only where they stand alone, never inside another word
 SAFE_LENGTH = 8
+#: how deep :meth:`Redactor.value` looks; what lies deeper is replaced by TOO_DEEP
+MAX_DEPTH = 200
+TOO_DEEP = "<nested too deeply to redact>"
 _WORD = r"[0-9A-Za-z_]"
 
 
@@ -89,14 +92,19 @@ class Redactor:
         """Whether ``text`` holds a secret (one that ``__call__`` would mask)."""
         return self._pattern is not None and self._pattern.search(text) is not None
 
-    def value(self, value: Any) -> Any:
-        """``value`` with every string inside it (keys too) redacted; other values as they are."""
+    def value(self, value: Any, _depth: int = 0) -> Any:
+        """``value`` with every string inside it (keys too) redacted; other values as they are.
+
+        Anything nested deeper than ``MAX_DEPTH`` (a reference cycle too) becomes
+        :data:`TOO_DEEP`: it cannot be checked for secrets, so it is not passed on."""
         if not self._secrets:
             return value
         if isinstance(value, str):
             return self(value)
+        if isinstance(value, (Mapping, list, tuple)) and _depth >= MAX_DEPTH:
+            return TOO_DEEP
         if isinstance(value, Mapping):
-            return {self(k) if isinstance(k, str) else k: self.value(v) for k, v in value.items()}
+            return {self(k) if isinstance(k, str) else k: self.value(v, _depth + 1) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
-            return [self.value(v) for v in value]
+            return [self.value(v, _depth + 1) for v in value]
         return value

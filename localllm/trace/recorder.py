@@ -43,7 +43,7 @@ from typing import Any
 from localllm.errors import AgentError, TraceError
 from localllm.redact import Redactor
 from localllm.trace import sidecars
-from localllm.trace.rules import clean_text
+from localllm.trace.rules import INT_LIMIT, INT_MIN, MAX_DEPTH, clean_text
 from localllm.trace.writer import TraceWriter
 from localllm.wire import AskRequest, AskResponse, Transcript
 
@@ -53,19 +53,39 @@ __all__ = ["CallRecord", "TraceRecorder"]
 _MAX_SUFFIX = 1000
 
 
-def scrub(value: Any) -> Any:
-    """Plugin-supplied data made writable inline in the trace (CRLF, NUL, non-NFC, NaN)."""
+#: how deep :func:`scrub` keeps plugin data: room under the trace's MAX_DEPTH for the
+#: payload's own keys above it (``payload.response.meta.…``)
+SCRUB_DEPTH = MAX_DEPTH - 4
+TOO_DEEP = f"<nested deeper than {SCRUB_DEPTH} levels>"
+
+
+def scrub(value: Any, depth: int = 0) -> Any:
+    """Plugin-supplied data made writable inline in the trace: CRLF, NUL, non-NFC and lone
+    surrogates cleaned, NaN and infinities null, an integer past 64 bits its decimal text,
+    anything nested deeper than ``SCRUB_DEPTH`` (a cycle too) :data:`TOO_DEEP`. A call's
+    outcome never depends on whether its plugin's meta can be traced."""
     if isinstance(value, str):
         return clean_text(value)
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, Mapping):
-        return {clean_text(str(k)): scrub(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [scrub(v) for v in value]
-    if value is None or isinstance(value, (bool, int, float)):
+    if isinstance(value, bool) or value is None:
         return value
+    if isinstance(value, int):
+        return value if INT_MIN <= value < INT_LIMIT else _big_int(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, (Mapping, list, tuple)):
+        if depth >= SCRUB_DEPTH:
+            return TOO_DEEP
+        if isinstance(value, Mapping):
+            return {clean_text(str(k)): scrub(v, depth + 1) for k, v in value.items()}
+        return [scrub(v, depth + 1) for v in value]
     return clean_text(str(value))
+
+
+def _big_int(value: int) -> str:
+    try:
+        return str(value)
+    except ValueError:  # past Python's int → str digit limit
+        return f"<integer of {value.bit_length()} bits>"
 
 
 @dataclass(frozen=True)

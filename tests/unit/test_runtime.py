@@ -1052,3 +1052,44 @@ def test_unreadable_schema_paths_are_schema_errors(config: Config, name: str) ->
         with pytest.raises(SchemaError) as info:
             rt.call("decide", agent="agent.local", prompt="p", schema=name)
     str(info.value).encode("utf-8")  # printable as UTF-8: no lone surrogate in the message
+
+
+def _deep(levels: int) -> Any:
+    value: Any = []
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [
+        {"n": 2**64},  # the trace's integers are 64-bit
+        {"n": -(2**63) - 1},
+        {"n": 10**5000},  # past Python's int → str digit limit
+        {"x": _deep(150)},  # deeper than the trace's 100 levels
+        {"x": _deep(600)},  # deeper than the scrub could recurse
+    ],
+    ids=["u64", "i64", "digits", "deep150", "deep600"],
+)
+def test_meta_the_trace_cannot_hold_is_cleaned_and_the_call_still_traced(
+    config: Config, tmp_path: Path, meta: dict[str, Any]
+) -> None:
+    trace = tmp_path / "t.jsonl"
+    with Runtime(config, trace=trace) as rt:
+        rt.register_inprocess(
+            "agent.local", lambda _: AskResponse(submission='{"verdict": "yes", "score": 1}', meta=meta)
+        )
+        result = rt.call("decide", agent="agent.local", prompt="p", schema=SCHEMA)
+    assert result.ok  # before: trace_write_rejected (or a bare RecursionError) failed a good answer
+    kinds = [ev.kind for ev in read_trace(trace).events]
+    assert kinds == ["agent.call.start", "agent.call.complete"]  # before: the header alone
+
+
+def test_redacting_a_cycle_or_a_deep_value_ends() -> None:
+    cycle: list[Any] = []
+    cycle.append(cycle)
+    redactor = Redactor(["sk-SECRET-1"])
+    out = redactor.value({"a": cycle, "b": _deep(900), "c": "key sk-SECRET-1"})  # before: RecursionError
+    assert out["c"] == "key ***"
+    assert json.dumps(out).count("<nested too deeply to redact>") == 2
