@@ -120,6 +120,9 @@ def _unit_rows(arr: NDArray[np.generic]) -> NDArray[np.float32]:
     import numpy as np
 
     out = np.ascontiguousarray(arr, dtype=np.float32)
+    if not np.isfinite(out).all():  # a NaN row compares false with every score: it hid others' hits
+        row = int(np.flatnonzero(~np.isfinite(out).all(axis=1))[0])
+        raise ValueError(f"vector {row} holds NaN or infinite values")
     norms = np.linalg.norm(out, axis=1)
     if np.all(np.abs(norms - 1.0) <= _UNIT_TOLERANCE):
         return out

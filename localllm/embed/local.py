@@ -40,6 +40,7 @@ from localllm.embed.embedder import EmbedderIdentity
 from localllm.embed.registry import ROLES, ModelInfo, Role, default_model, lookup
 from localllm.errors import DimensionMismatch, EmbedError, EmbedServerError, InputTooLong, truncate_detail
 from localllm.managed.upstream import Target, Upstream
+from localllm.wire import finite_float
 
 if TYPE_CHECKING:
     import numpy as np
@@ -280,22 +281,38 @@ class LocalEmbedder:
                 f"model {self.model!r} should give {self._native_dims}-dimension vectors, the server "
                 f"returned {dims}: is the server running a different GGUF?"
             )
-        return np.stack(rows).astype(np.float32, copy=False)
+        matrix = np.stack(rows).astype(np.float32, copy=False)
+        finite = np.isfinite(matrix).all(axis=1)
+        if not finite.all():  # a NaN row would be stored for good and rank nowhere
+            index = int(np.flatnonzero(~finite)[0])
+            raise EmbedServerError(
+                f"model {self.model!r}: the embedding server returned a vector with NaN or infinite values "
+                f"for input {index} of {len(batch)}: nothing was stored"
+            )
+        return matrix
 
     @staticmethod
     def _decode(value: Any) -> NDArray[np.float32]:
         import numpy as np
 
         if isinstance(value, str):
-            raw = base64.b64decode(value)
+            try:
+                raw = base64.b64decode(value, validate=True)
+            except ValueError:  # binascii.Error
+                raise EmbedServerError("the embedding server returned a vector that is not base64") from None
             if len(raw) % 4:
                 raise EmbedServerError("the embedding server returned a base64 vector of odd length")
             return np.frombuffer(raw, dtype="<f4").astype(np.float32)
         if isinstance(value, list) and value and isinstance(value[0], list):
             value = value[0]  # pooling none answers per-token rows; the first row is all we use
-        if isinstance(value, list):
-            return np.asarray(value, dtype=np.float32)
-        raise EmbedServerError("the embedding server returned an item without an embedding")
+        if isinstance(value, list) and all(finite_float(x) is not None for x in value):
+            wide = np.asarray(value, dtype=np.float64)
+            if not (np.abs(wide) <= np.finfo(np.float32).max).all():
+                raise EmbedServerError("the embedding server returned a vector with values past float32's range")
+            return wide.astype(np.float32)
+        raise EmbedServerError(
+            "the embedding server returned an item without a list of finite numbers as its embedding"
+        )
 
     def _finish(self, matrix: NDArray[np.float32]) -> NDArray[np.float32]:
         import numpy as np

@@ -221,6 +221,9 @@ class Store:
                 if matrix.shape[0] != len(hashes):
                     raise EmbedError(f"embedder returned {matrix.shape[0]} vectors for {len(hashes)} texts")
                 self._check_dims(matrix.shape[1])
+                if not np.isfinite(matrix).all():  # stored, it would be reused for good
+                    row = int(np.flatnonzero(~np.isfinite(matrix).all(axis=1))[0])
+                    raise EmbedError(f"embedder returned a vector with NaN or infinite values for text {start + row}")
                 rows = []
                 for h, vec in zip(hashes, matrix, strict=True):
                     blob = np.ascontiguousarray(vec, dtype="<f4").tobytes()

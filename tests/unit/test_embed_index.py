@@ -96,3 +96,13 @@ def test_dimension_mismatch_is_an_error() -> None:
 
 def test_empty_index_returns_nothing() -> None:
     assert Index(4).search([1, 0, 0, 0]) == []
+
+
+def test_a_vector_with_nan_is_refused_as_a_row_or_a_query() -> None:
+    m = np.eye(4, dtype=np.float32)
+    m[2] = np.nan
+    with pytest.raises(ValueError, match="vector 2"):
+        Index.from_matrix(["a", "b", "nan", "d"], m)  # before: accepted, and top_k=1 found nothing
+    index = Index.from_matrix(["a", "b"], np.eye(2, dtype=np.float32))
+    with pytest.raises(ValueError):
+        index.search([np.nan, 0.0])

@@ -209,6 +209,32 @@ def test_float_encoding_is_accepted() -> None:
     assert _embedder(server).embed(["a"], "query").shape == (1, 8)
 
 
+def _poison(embedding: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    def mutate(out: dict[str, Any]) -> dict[str, Any]:
+        out["data"][0]["embedding"] = embedding
+        return out
+
+    return mutate
+
+
+@pytest.mark.parametrize(
+    "embedding",
+    [
+        base64.b64encode(np.full(8, np.nan, dtype="<f4").tobytes()).decode(),  # NaN: stored for good before
+        [1e39] * 8,  # past float32: inf
+        [10**400] * 8,  # OverflowError before
+        ["a"] * 8,  # numpy's bare ValueError before
+        "not base64!",  # binascii.Error before
+    ],
+    ids=["nan", "inf", "bigint", "strings", "not-base64"],
+)
+def test_a_vector_that_is_not_finite_numbers_is_a_server_error(embedding: Any) -> None:
+    server = FakeServer(shuffle=False)
+    server.mutate = _poison(embedding)
+    with pytest.raises(EmbedServerError):
+        _embedder(server).embed(["a", "b"], "query")
+
+
 def test_matryoshka_truncates_and_renormalises() -> None:
     server = FakeServer(dims=16)
     info = _info(dims=16, matryoshka_dims=(16, 8, 4))

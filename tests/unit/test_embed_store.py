@@ -314,3 +314,25 @@ def test_unopenable_store_directory_is_unavailable_not_corrupt(tmp_path: Path) -
         store.vectors({content_hash("x"): "x"}, lambda ts: emb.embed(ts, "document"))
     assert info.value.reason == "cannot open"
     assert (tmp_path / "store").read_text() == "a file where the directory should be"
+
+
+class PoisonFake(FakeEmbedder):
+    """Gives NaN for any text about bananas (an embedding server with a broken kernel)."""
+
+    def embed(self, texts: Sequence[str], role: Role) -> NDArray[np.float32]:
+        out = super().embed(texts, role).copy()
+        for i, text in enumerate(texts):
+            if "bananas" in text:
+                out[i] = np.nan
+        return out
+
+
+def test_a_nan_vector_is_refused_and_never_stored(tmp_path: Path) -> None:
+    _corpus(tmp_path)
+    with pytest.raises(EmbedError, match="NaN"):
+        _search(tmp_path, PoisonFake(16))  # before: stored for good, and search lost hits
+    embedded, hits = _search(tmp_path, CountingFake())
+    assert embedded > 0 and hits  # what a later good run embeds is not shadowed by a stored NaN
+    with sqlite3.connect(next((tmp_path / "store").rglob("*.sqlite"))) as conn:
+        blobs = [row[0] for row in conn.execute("SELECT vector FROM vectors")]
+    assert blobs and all(np.isfinite(np.frombuffer(b, dtype="<f4")).all() for b in blobs)
