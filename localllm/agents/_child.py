@@ -50,6 +50,13 @@ _MAX_FRAME = 64 * 1024 * 1024
 #: bytes of stderr/noise quoted in an error detail (the *end* is kept: the last lines matter)
 _TAIL_LIMIT = 256
 _READ_CHUNK = 65536
+#: how often a wait for output checks whether the process exited (and notes its descendants)
+_EXIT_POLL = 0.1
+#: noted descendants past this many are pruned of the ones that are gone
+_DOOMED_KEEP = 256
+#: how long stderr may stay open after the process group is stopped before the processes
+#: outside it that hold the pipes are looked for
+_HOLDER_GRACE = 0.2
 
 
 class ChildState(enum.Enum):
@@ -70,9 +77,74 @@ def _ready(fd: int, events: int, deadline: float) -> bool:
     remaining = deadline - time.monotonic()
     if remaining <= 0:
         raise DeadlineReached
+    return _poll(fd, events, remaining)
+
+
+def _poll(fd: int, events: int, timeout: float) -> bool:
+    """Whether ``fd`` is ready (or hung up) for ``events`` within ``timeout`` seconds."""
     poller = select.poll()
     poller.register(fd, events)
-    return bool(poller.poll(max(0, int(remaining * 1000) + 1)))
+    return bool(poller.poll(int(timeout * 1000) + 1 if timeout > 0 else 0))
+
+
+def _pipe_ids(*fds: int) -> set[str]:
+    """What ``/proc`` calls the pipes behind ``fds`` (``pipe:[inode]``); none off Linux."""
+    ids = set()
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            ids.add(os.readlink(f"/proc/self/fd/{fd}"))
+    return ids
+
+
+def _holds(pid: str, pipes: set[str]) -> bool:
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for name in names:
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/fd/{name}") in pipes:
+                return True
+    return False
+
+
+def _kill_pipe_holders(pipes: set[str]) -> None:
+    """SIGKILL each process outside our session that holds one of ``pipes``: what a plugin
+    left behind holding its stdout/stderr, in a session of its own (``setsid``) so that no
+    group kill reaches it, forked and orphaned too quickly to be noted as a descendant.
+    The plugin's pipes reach no other process (``close_fds``); a process of ours forked
+    later shares our session and is spared."""
+    if not pipes or not hasattr(os, "pidfd_open"):
+        return
+    me, session = os.getpid(), os.getsid(0)
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return
+    for entry in entries:
+        if not entry.isdigit() or int(entry) == me or not _holds(entry, pipes):
+            continue
+        try:
+            pidfd = os.pidfd_open(int(entry))
+        except OSError:
+            continue
+        try:  # checked again with the pid pinned by the pidfd: it is still that process
+            if os.getsid(int(entry)) != session and _holds(entry, pipes):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        except OSError:
+            pass
+        finally:
+            os.close(pidfd)
+
+
+def _pid_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class LineChild:
@@ -99,6 +171,8 @@ class LineChild:
         self.noise: collections.deque[str] = collections.deque(maxlen=_NOISE_KEEP)
         #: descendants (pid → start time) seen while the leader ran, killed with it
         self._doomed: dict[int, int] = {}
+        #: the child's stdout and stderr pipes as /proc names them (see _kill_pipe_holders)
+        self._pipes: set[str] = set()
 
     def __repr__(self) -> str:
         # argv may carry secrets interpolated into args; show the program only.
@@ -137,6 +211,7 @@ class LineChild:
         os.set_blocking(proc.stdin.fileno(), False)
         os.set_blocking(proc.stdout.fileno(), False)
         self._proc = proc
+        self._pipes = _pipe_ids(proc.stdout.fileno(), proc.stderr.fileno())
         self._buf.clear()
         self.noise.clear()
         on_line = self._log_stderr if logger.isEnabledFor(logging.DEBUG) else None
@@ -152,9 +227,9 @@ class LineChild:
         proc = self._proc
         if proc is None or proc.returncode is not None:
             return
-        self._doomed.update(_process.descendants(proc.pid))
+        doomed = self._doomed = {**self._doomed, **_process.descendants(proc.pid)}
         _process.signal_group(proc, signal.SIGKILL)
-        _process.kill_pids(self._doomed)
+        _process.kill_pids(doomed)
 
     def kill(self) -> None:
         """Kill now and release everything (owner thread)."""
@@ -168,7 +243,7 @@ class LineChild:
             self.state = ChildState.STOPPED
             return
         if not _process.exited(proc):  # its descendants, while they can still be traced to it
-            self._doomed.update(_process.descendants(proc.pid))
+            self._doomed = {**self._doomed, **_process.descendants(proc.pid)}
         if proc.stdin is not None:
             with contextlib.suppress(OSError):
                 proc.stdin.close()
@@ -187,6 +262,8 @@ class LineChild:
         _process.stop_group(proc, grace=0.0)
         _process.kill_pids(self._doomed)  # descendants outside the group: no orphan survives
         stderr = self._stderr
+        if stderr is not None and not stderr.join(_HOLDER_GRACE):
+            _kill_pipe_holders(self._pipes)  # a setsid helper, forked and orphaned unnoted
         if stderr is not None and not stderr.join(grace):
             # Something outside our process group still holds stderr open; the drain
             # thread closes it at EOF (closing it under the blocked reader is unsafe).
@@ -277,9 +354,9 @@ class LineChild:
             if len(self._buf) > _MAX_FRAME:
                 raise self.crash(f"frame larger than {_MAX_FRAME} bytes without a newline")
             try:
-                if not _ready(fd, select.POLLIN, deadline):
-                    continue
-                chunk = os.read(fd, _READ_CHUNK)
+                # Nothing ready after the process exited is the end of its output, even
+                # while a descendant it left behind holds stdout open.
+                chunk = os.read(fd, _READ_CHUNK) if self._output_ready(proc, fd, deadline) else b""
             except BlockingIOError:
                 continue
             except (ValueError, OSError) as exc:
@@ -292,6 +369,32 @@ class LineChild:
                     raise self.crash(f"partial frame at end of output: {_process.tail(partial, limit=_TAIL_LIMIT)!r}")
                 raise self.crash("process exited before answering")
             self._buf.extend(chunk)
+
+    def _output_ready(self, proc: subprocess.Popen[bytes], fd: int, deadline: float) -> bool:
+        """Wait until stdout has bytes (or EOF): True; or until the process has exited and
+        stdout has nothing ready: False (:class:`DeadlineReached` at ``deadline``).
+
+        Waits in :data:`_EXIT_POLL` slices, noting the process's descendants while it runs:
+        one that left its process group (``setsid``) is untraceable once the process exits,
+        and is killed with it (it may hold the pipes open)."""
+        while True:
+            exited = _process.exited(proc)
+            if not exited:
+                self._note_descendants(proc.pid)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise DeadlineReached
+            if _poll(fd, select.POLLIN, 0 if exited else min(remaining, _EXIT_POLL)):
+                return True
+            if exited:
+                return False
+
+    def _note_descendants(self, pid: int) -> None:
+        # Replaced, never changed in place: signal_kill reads it from another thread.
+        doomed = dict(self._doomed)
+        if len(doomed) > _DOOMED_KEEP:  # a long-lived server's short-lived children
+            doomed = {p: t for p, t in doomed.items() if _pid_exists(p)}
+        self._doomed = {**doomed, **_process.descendants(pid)}
 
     def _note_noise(self, line: bytes) -> None:
         text = self._redact(line.decode("utf-8", errors="replace"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -117,6 +118,48 @@ def test_crash_before_answer_is_plugin_crash_with_stderr_then_respawn(agent: Sub
     assert not psutil.pid_exists(old) or psutil.Process(old).status() == psutil.STATUS_ZOMBIE
     fresh = answer(agent, "next")
     assert fresh["pid"] != old and fresh["calls"] == 1
+
+
+FORK_THEN_CRASH = """
+import os, sys, time
+sys.stdin.readline()
+helper = os.fork()
+if helper == 0:  # keeps stdout and stderr open
+    if sys.argv[2] == "setsid":
+        os.setsid()
+    time.sleep(60)
+    os._exit(0)
+open(sys.argv[1], "w").write(str(helper))
+sys.stderr.write("fatal\\n")
+sys.stderr.flush()
+os._exit(3)
+"""
+
+
+@pytest.mark.parametrize("where", ["group", "setsid"])
+def test_crash_leaving_a_helper_holding_stdout_is_plugin_crash_and_kills_it(tmp_path: Path, where: str) -> None:
+    """The call waited out its whole deadline (deadline_exceeded) while the helper held
+    stdout open, and a setsid helper survived as an orphan."""
+    pidfile = tmp_path / "helper.pid"
+    a = make_agent(args=("-c", FORK_THEN_CRASH, str(pidfile), where))
+    try:
+        started = time.monotonic()
+        err = failure(a, "hello", seconds=30.0)
+        elapsed = time.monotonic() - started
+    finally:
+        a.close()
+    assert err.kind is ErrorKind.PLUGIN_CRASH
+    assert elapsed < 10  # well before the 30 s deadline
+    helper, end = int(pidfile.read_text()), time.monotonic() + 5
+    while _running(helper) and time.monotonic() < end:
+        time.sleep(0.05)  # SIGKILLed: gone once the signal lands
+    assert not _running(helper)
+
+
+def _running(pid: int) -> bool:
+    with contextlib.suppress(psutil.NoSuchProcess):
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    return False
 
 
 def test_crash_on_start_is_plugin_crash_with_stderr() -> None:
