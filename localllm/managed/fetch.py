@@ -26,9 +26,11 @@ The protocol, in the order it matters:
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import shutil
+import socket
 import sys
 import threading
 import time
@@ -105,7 +107,16 @@ def mirror_sources(artifact: Artifact, mirrors: Sequence[str], *, offline: bool)
     """Mirror candidates for ``artifact`` (directories, file:// or http(s) base URLs)."""
     out: list[Source] = []
     for mirror in mirrors:
-        parsed = urlparse(mirror)
+        try:
+            parsed = urlparse(mirror)
+        except ValueError as exc:  # a bracketed host that is no IP address: http://[::1
+            from localllm import settings
+
+            origin = "LOCALLLM_MIRROR" if mirror in settings.mirrors() else "--mirror"
+            raise FetchError(
+                f"{origin} {mirror!r} is not a valid URL: {exc}",
+                hint=f"fix {origin}: a directory, a file:// URL or an http(s):// base URL",
+            ) from exc
         if parsed.scheme in ("http", "https"):
             if not offline:
                 out.append(Source(mirror.rstrip("/") + "/" + quote(artifact.file), False, True))
@@ -285,7 +296,14 @@ def _from_sources(
                     _copy_verified(Path(source.location), dest, sha=sha, artifact=artifact, policy=policy)
                 else:
                     if client is None:
-                        client = httpx.Client(follow_redirects=True, timeout=policy.timeout, transport=transport)
+                        # no keep-alive: every attempt connects afresh, so its header deadline
+                        # (_HeaderDeadline) always has the socket to cut
+                        client = httpx.Client(
+                            follow_redirects=True,
+                            timeout=policy.timeout,
+                            transport=transport,
+                            limits=httpx.Limits(max_keepalive_connections=0),
+                        )
                     _FileDownload.run(client, source.location, dest, sha=sha, artifact=artifact, policy=policy)
                 return dest
             except DownloadCancelled:
@@ -433,6 +451,60 @@ def _from_registry(dest: Path, *, sha: str, artifact: Artifact, policy: _Policy)
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+class _HeaderDeadline:
+    """Cut the connection when the response headers take longer than ``seconds`` in all.
+
+    The read timeout restarts with every byte, so a server dripping a header byte a second
+    never trips it; this timer shuts the socket down (found through httpcore's trace hook)
+    and the read fails at once.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.fired = False
+        self._done = False
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.daemon = True
+
+    def trace(self, event: str, info: dict[str, Any]) -> None:
+        if event in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
+            get = getattr(info.get("return_value"), "get_extra_info", None)
+            sock = get("socket") if get is not None else None
+            if isinstance(sock, socket.socket):
+                with self._lock:
+                    self._sock = sock
+                    late = self.fired
+                if late:
+                    self._cut()
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self.fired = True
+        self._cut()
+
+    def _cut(self) -> None:
+        with self._lock:
+            sock = self._sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def headers_in(self) -> None:
+        with self._lock:
+            self._done = True
+        self._timer.cancel()
+
+    def __enter__(self) -> _HeaderDeadline:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.headers_in()
+
+
 class _Retry(Exception):
     """A transient failure of one attempt; ``counts`` False for a wait that only polled."""
 
@@ -451,8 +523,13 @@ class _FileDownload:
     measures the source, not the file.
     """
 
-    def __init__(self, fh: BinaryIO, url: str, artifact: Artifact, policy: _Policy) -> None:
+    def __init__(
+        self, fh: BinaryIO, url: str, artifact: Artifact, policy: _Policy, *, directory: Path | None = None
+    ) -> None:
         self.fh = fh
+        #: where the bytes land: with no pinned size, its free space bounds the download
+        self.directory = directory
+        self._space_checked = 0  # the offset at the last free-space check
         self.url = url
         self.artifact = artifact
         self.policy = policy
@@ -467,6 +544,7 @@ class _FileDownload:
         self._mark = (time.monotonic(), 0)  # (when, received) at the start of the stall window
         #: when this source started waiting for response headers (None: they came)
         self._awaiting: float | None = None
+        self._deadline: _HeaderDeadline | None = None
 
     @classmethod
     def run(cls, client: httpx.Client, url: str, dest: Path, *, sha: str, artifact: Artifact, policy: _Policy) -> None:
@@ -479,32 +557,47 @@ class _FileDownload:
         the size cap, and a cancelled download leave nothing behind.
         """
         partial = partial_path(dest, sha)
+        meta = _resume_meta_path(partial)
         keep = False
         download: _FileDownload | None = None
         try:
             partial.touch(exist_ok=True)
             with partial.open("r+b") as fh:
-                download = cls(fh, url, artifact, policy)
+                download = cls(fh, url, artifact, policy, directory=dest.parent)
                 download.resume(_read_resume_meta(partial), url)
-                try:
-                    download.fetch(client, dest)
-                except (DownloadCancelled, ChecksumMismatch):
-                    raise
-                except (FetchError, OSError, KeyboardInterrupt) as exc:
-                    # network trouble, Ctrl-C: what arrived is kept for the next run (a source
-                    # refused for its size is not the file we want: nothing to keep)
-                    keep = download.offset > 0 and "refusing this source" not in str(exc)
-                    raise
-                finally:
-                    if download._bar is not None:
-                        download._bar.close()
-                _commit(fh, dest, sha=sha, actual=download.digest.hexdigest(), origin=url)
+                # whose bytes these are, before the first one arrives (a killed run leaves it)
+                _fs.atomic_write(meta, json.dumps({"url": url, "validator": None}), sync_dir=False)
+                resumed = download.offset > 0
+                while True:
+                    try:
+                        download.fetch(client, dest)
+                    except (DownloadCancelled, ChecksumMismatch):
+                        raise
+                    except (FetchError, OSError, KeyboardInterrupt) as exc:
+                        # network trouble, Ctrl-C: what arrived is kept for the next run (a source
+                        # refused for its size, a full disk: nothing worth keeping)
+                        keep = download.offset > 0 and _worth_keeping(exc)
+                        raise
+                    finally:
+                        if download._bar is not None:
+                            download._bar.close()
+                            download._bar = None
+                    try:
+                        _commit(fh, dest, sha=sha, actual=download.digest.hexdigest(), origin=url)
+                    except ChecksumMismatch:
+                        if not resumed:
+                            raise
+                        # the kept bytes were bad (or not this file): once more, from byte zero
+                        resumed = False
+                        policy.log(f"{artifact.file}: resumed bytes fail the sha256; downloading it again from zero")
+                        download.restart()
+                        continue
+                    return
         except OSError as exc:
             if isinstance(exc, FetchError):
                 raise
             raise DownloadFailed(f"cannot write the download of {artifact.file} beside {dest}: {exc}") from exc
         finally:
-            meta = _resume_meta_path(partial)
             if keep and download is not None:
                 with contextlib.suppress(OSError):
                     _fs.atomic_write(meta, json.dumps({"url": url, "validator": download.validator}), sync_dir=False)
@@ -525,10 +618,20 @@ class _FileDownload:
         if self.cap is not None and self.offset > self.cap:
             self.reset_file()
             return
+        if self.offset and meta.get("url") != url:
+            # another source's bytes (a mirror that failed mid-body): never continued here
+            self.policy.log(f"{self.artifact.file}: kept bytes came from another source; starting from zero")
+            self.reset_file()
         if self.offset:
-            if meta.get("url") == url and isinstance(meta.get("validator"), str):
+            if isinstance(meta.get("validator"), str):
                 self.validator = meta["validator"]  # If-Range: only where it came from
             self.policy.log(f"resuming {self.artifact.file} from byte {self.offset} (kept from an earlier run)")
+
+    def restart(self) -> None:
+        """A fresh download of the whole file: no bytes, no validator, a new bar."""
+        self.reset_file()
+        self.validator = None
+        self._announced = False
 
     def reset_file(self) -> None:
         """Back to byte zero: empty file, fresh hash, bar rewound."""
@@ -581,6 +684,9 @@ class _FileDownload:
         if self.policy.is_cancelled():
             return _cancelled(self.artifact)
         what = f"{reason} ({type(exc).__name__})"
+        if self._deadline is not None and self._deadline.fired and self._awaiting is not None:
+            # headers dripped in too slowly: the deadline cut the connection
+            return self._no_headers(time.monotonic() - self._awaiting)
         if not isinstance(exc, httpx.ReadTimeout):
             self._awaiting = None  # the next attempt's wait for headers starts afresh
         if _http.is_permanent(exc):
@@ -590,16 +696,19 @@ class _FileDownload:
             # connected, but no response headers: a read timeout, not a slow body
             waited = time.monotonic() - self._awaiting
             if waited >= self._header_budget():
-                return DownloadFailed(
-                    f"download of {self.artifact.file} from {self.url}: read timeout: connected, but no "
-                    f"response headers within {waited:.1f} s (limit: the connect timeout, "
-                    f"{self._header_budget():g} s); trying the next source"
-                )
+                return self._no_headers(waited)
             return _Retry(what, counts=False)
         if isinstance(exc, httpx.ReadTimeout):
             self._check_rate()  # a silence longer than the window is a stall
             return _Retry(what, counts=False)
         return _Retry(what)
+
+    def _no_headers(self, waited: float) -> DownloadFailed:
+        return DownloadFailed(
+            f"download of {self.artifact.file} from {self.url}: read timeout: connected, but no "
+            f"response headers within {waited:.1f} s (limit: the connect timeout, "
+            f"{self._header_budget():g} s); trying the next source"
+        )
 
     def _attempt(self, client: httpx.Client, dest: Path) -> None:
         import httpx
@@ -616,7 +725,14 @@ class _FileDownload:
         timeout = httpx.Timeout(
             connect=timeout.connect, read=min(timeout.read or budget, budget), write=timeout.write, pool=timeout.pool
         )
-        with client.stream("GET", self.url, headers=headers, timeout=timeout) as resp:
+        self._deadline = _HeaderDeadline(budget)
+        with (
+            self._deadline as deadline,
+            client.stream(
+                "GET", self.url, headers=headers, timeout=timeout, extensions={"trace": deadline.trace}
+            ) as resp,
+        ):
+            deadline.headers_in()
             self._awaiting = None
             total = self._check_response(resp)
             if not self._announced:
@@ -677,6 +793,10 @@ class _FileDownload:
                 f"{self.url} sent more than the {self.cap} bytes {self.artifact.file} is pinned at; "
                 "refusing this source"
             )
+        if self.cap is None and self.directory is not None and self.offset + len(block) - self._space_checked >= CHUNK:
+            # no pinned size to cap an endless body: stop before the disk is full
+            self._space_checked = self.offset
+            _check_space(self.directory, len(block) + CHUNK, self.artifact.name)
         self.fh.write(block)
         self.digest.update(block)
         self.offset += len(block)
@@ -699,6 +819,15 @@ class _FileDownload:
                 f"last {now - since:.1f} s (minimum {self.policy.min_rate:.0f} B/s); trying the next source"
             )
         self._mark = (now, self.received)
+
+
+def _worth_keeping(exc: BaseException) -> bool:
+    """Whether a failed download's bytes are worth resuming (not when the disk is full)."""
+    if isinstance(exc, InsufficientSpace):
+        return False
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EFBIG):
+        return False
+    return "refusing this source" not in str(exc)
 
 
 def partial_path(dest: Path, sha: str) -> Path:

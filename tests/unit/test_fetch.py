@@ -16,6 +16,7 @@ import pytest
 from localllm.errors import (
     ChecksumMismatch,
     DownloadFailed,
+    FetchError,
     InsufficientSpace,
     OfflineArtifactMissing,
     PinNotConfigured,
@@ -361,3 +362,16 @@ print("httpx" in sys.modules)
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False"]
+
+
+@pytest.mark.parametrize("mirror", ["http://[::1", "https://[zz]/x"])
+@pytest.mark.parametrize("from_env", [False, True])
+def test_an_unparsable_mirror_url_is_a_fetch_error(
+    tmp_path: Path, archive_bytes: bytes, monkeypatch: pytest.MonkeyPatch, mirror: str, from_env: bool
+) -> None:
+    if from_env:
+        monkeypatch.setenv("LOCALLLM_MIRROR", mirror)
+    with pytest.raises(FetchError) as info:  # a bare ValueError from urlparse before
+        _fetch(_artifact(archive_bytes, None), tmp_path / "x.tar.gz", Log(), mirrors=[mirror])
+    assert type(info.value) is FetchError
+    assert ("LOCALLLM_MIRROR" if from_env else "--mirror") in (info.value.hint or "")

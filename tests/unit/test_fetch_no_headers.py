@@ -92,3 +92,55 @@ def test_the_first_fetch_discloses_before_it_fails(tmp_path: Path) -> None:
                 backoff=0.01,
             )
     assert lines and lines[0].startswith("downloading model m (1000 B) from " + url)
+
+
+@pytest.fixture
+def drip() -> Iterator[str]:
+    """Answers a status line, then one header byte every 0.2 s, forever."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+    stop = threading.Event()
+
+    def one(conn: socket.socket) -> None:
+        with conn:
+            try:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nX-Drip: ")
+                while not stop.wait(0.2):
+                    conn.sendall(b"a")
+            except OSError:
+                return
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=one, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}/model.gguf"
+    stop.set()
+    sock.close()
+
+
+@pytest.mark.timeout(30)
+def test_headers_dripped_a_byte_at_a_time_hit_the_header_deadline(tmp_path: Path, drip: str) -> None:
+    art = Artifact(name="m", file="model.gguf", sha256=hashlib.sha256(DATA).hexdigest(), url=drip, size=len(DATA))
+    started = time.monotonic()
+    with pytest.raises(DownloadFailed) as info:  # ran forever before: every byte restarted the read timeout
+        fetch_artifact(
+            art,
+            tmp_path / "model.gguf",
+            lock_path=tmp_path / "x.lock",
+            log=lambda _: None,
+            progress=False,
+            timeout=httpx.Timeout(connect=1.0, read=60.0, write=5.0, pool=5.0),
+            stall_window=10.0,
+            retries=0,
+            backoff=0.01,
+        )
+    assert "no response headers" in str(info.value)
+    assert time.monotonic() - started < 5.0

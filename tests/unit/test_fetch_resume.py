@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from localllm.errors import ChecksumMismatch, DownloadCancelled
+from localllm.errors import ChecksumMismatch, DownloadCancelled, DownloadFailed, InsufficientSpace
 from localllm.managed import fetch as fetch_mod
 from localllm.managed.fetch import fetch_artifact, partial_path
 from localllm.managed.pins import Artifact
@@ -129,7 +129,7 @@ def test_if_range_mismatch_restarts_from_zero(tmp_path: Path, monkeypatch: pytes
     assert (last.if_range, last.status) == ('"stale"', 200)  # the server sent the whole file
 
 
-def test_kept_bytes_that_are_wrong_fail_the_hash_and_are_dropped(
+def test_kept_bytes_that_are_wrong_fail_the_hash_and_the_file_is_fetched_again_from_zero(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     dest = tmp_path / "cache" / NAME
@@ -144,11 +144,98 @@ def test_kept_bytes_that_are_wrong_fail_the_hash_and_are_dropped(
         with partial.open("r+b") as fh:  # a flipped byte in what was kept
             fh.seek(100)
             fh.write(bytes([DATA[100] ^ 0xFF]))
+        lines: list[str] = []
+        assert _fetch(art, dest, lines).read_bytes() == DATA  # ChecksumMismatch before: once more, from byte 0
+        resumed, fresh = srv.gets(NAME)[-2:]
+        assert (resumed.range or "").startswith("bytes=") and fresh.range is None
+        assert not partial.exists()
+        assert any("from zero" in line for line in lines)
+
+
+def test_a_fresh_download_that_fails_the_hash_is_not_retried(tmp_path: Path) -> None:
+    dest = tmp_path / "cache" / NAME
+    dest.parent.mkdir()
+    with ArchiveServer({NAME: DATA[::-1]}) as srv:
         with pytest.raises(ChecksumMismatch):
-            _fetch(art, dest)
-        assert not partial.exists() and not dest.exists()
-        assert _fetch(art, dest).read_bytes() == DATA  # from byte 0
-        assert srv.gets(NAME)[-1].range is None
+            _fetch(_artifact(srv.url(NAME)), dest)
+        assert len(srv.gets(NAME)) == 1
+    assert not dest.exists() and _leftovers(dest.parent) == []
+
+
+def _leftovers(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if not p.name.endswith(".lock"))
+
+
+def test_a_partial_from_another_source_is_not_resumed(tmp_path: Path) -> None:
+    dest = tmp_path / "cache" / NAME
+    dest.parent.mkdir()
+    wrong = os.urandom(len(DATA))
+    art = Artifact(name="model", file=NAME, sha256=hashlib.sha256(DATA).hexdigest(), url=None, size=len(DATA))
+    # mirror 1 sends other bytes and drops the connection each time (no Range: no progress)
+    with (
+        ArchiveServer({NAME: wrong}, cut_after=100_000, cuts=100, ignore_range=True) as bad,
+        ArchiveServer({NAME: DATA}) as good,
+    ):
+        path = fetch_artifact(
+            art,
+            dest,
+            lock_path=dest.parent / "x.lock",
+            mirrors=[bad.base_url, good.base_url],
+            log=lambda _: None,
+            retries=0,
+            backoff=0.01,
+            progress=False,
+        )
+        assert path.read_bytes() == DATA  # ChecksumMismatch blamed on the good mirror before
+        assert [g.range for g in good.gets(NAME)] == [None]
+
+
+def test_a_full_disk_keeps_no_partial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    real = fetch_mod._FileDownload._write
+
+    def write(self: fetch_mod._FileDownload, block: bytes) -> None:
+        if self.offset >= 1 << 20:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(self, block)
+
+    monkeypatch.setattr(fetch_mod._FileDownload, "_write", write)
+    dest = tmp_path / "cache" / NAME
+    dest.parent.mkdir()
+    with ArchiveServer({NAME: DATA}) as srv, pytest.raises(DownloadFailed):
+        _fetch(_artifact(srv.url(NAME)), dest)
+    assert _leftovers(dest.parent) == []  # the partial was kept (and resumed into a full disk) before
+
+
+def test_an_endless_body_of_unknown_size_stops_before_the_disk_is_full(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    dest = tmp_path / "cache" / NAME
+    dest.parent.mkdir()
+    real = shutil.disk_usage
+    room = fetch_mod.SPACE_MARGIN + (4 << 20)
+
+    def usage(path: str | os.PathLike[str]) -> object:
+        # the disk holds `room` free bytes before the download; what it writes uses them up
+        written = sum(p.stat().st_size for p in dest.parent.iterdir())
+        return real(path)._replace(free=room - written)
+
+    monkeypatch.setattr(shutil, "disk_usage", usage)
+    art = Artifact(name="model", file=NAME, sha256="a" * 64, url=None, size=None)
+    with ArchiveServer({NAME: DATA}, misbehave="endless") as srv, pytest.raises(InsufficientSpace):
+        fetch_artifact(
+            art,
+            dest,
+            lock_path=dest.parent / "x.lock",
+            mirrors=[srv.base_url],
+            log=lambda _: None,
+            retries=0,
+            progress=False,
+        )
+    assert _leftovers(dest.parent) == []
 
 
 def test_a_cancelled_download_keeps_nothing(tmp_path: Path) -> None:
