@@ -102,8 +102,10 @@ def _check_examples(draft: Draft) -> None:
                 schema = read_schema_file(gate.schema_path)
             except SchemaError:
                 continue  # reported by _check_schemas
-            props = dict(schema.get("properties") or {}) if isinstance(schema, dict) else {}
-            required = [str(r) for r in (schema.get("required") or [])] if isinstance(schema, dict) else []
+            # a schema of the wrong shape is _check_schemas' problem to report, not a crash here
+            given_props, given_required = schema.get("properties"), schema.get("required")
+            props = dict(given_props) if isinstance(given_props, dict) else {}
+            required = [str(r) for r in given_required] if isinstance(given_required, list) else []
         labelled = set.intersection(*(set(c.expect.labels()) for c in cases)) if cases else set()
         fields = examples.fields or tuple(f for f in props if _votable(props[f]) and f in labelled)
         bad = [f for f in fields if not _votable(props.get(f))]
@@ -190,6 +192,13 @@ def _check_schemas(draft: Draft) -> None:
             continue
         for issue in issues:
             draft.problems.add(key, issue)
+        from localllm.grammar.compile import meta_problem
+
+        invalid = meta_problem(schema, formats=False)
+        if invalid is not None:  # before: `check` said ok and the call raised jsonschema's own error
+            where, reason = invalid
+            draft.problems.add(key, f"{gate.schema_path}: not a valid JSON Schema at {where}: {reason}")
+            continue
         decl = draft.agents.get(gate.agent)
         if (
             issues

@@ -62,16 +62,20 @@ def read_schema_file(path: Path) -> dict[str, Any]:
     return data
 
 
-def _iter_refs(node: Any, pointer: str = "$") -> Iterator[tuple[str, str]]:
-    """Yield (json-path, ref) for every ``$ref`` string in ``node``."""
+_SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "dependentSchemas", "patternProperties"})
+
+
+def _iter_refs(node: Any, pointer: str = "$", *, names: bool = False) -> Iterator[tuple[str, str]]:
+    """Yield (json-path, ref) for every ``$ref`` string in ``node`` (``names``: ``node`` maps
+    names to subschemas, so a property *named* ``enum`` is a subschema, not data)."""
     if isinstance(node, dict):
         ref = node.get("$ref")
-        if isinstance(ref, str):
+        if isinstance(ref, str) and not names:
             yield pointer, ref
         for key in sorted(node):
-            if key in ("const", "enum", "default", "examples"):
+            if not names and key in ("const", "enum", "default", "examples"):
                 continue  # data, not subschemas
-            yield from _iter_refs(node[key], f"{pointer}.{key}")
+            yield from _iter_refs(node[key], f"{pointer}.{key}", names=not names and key in _SCHEMA_MAPS)
     elif isinstance(node, list):
         for i, item in enumerate(node):
             yield from _iter_refs(item, f"{pointer}[{i}]")
@@ -202,6 +206,11 @@ class SchemaSet:
             cached = self._validators.get(key)
         if cached is not None:
             return cached
+        from localllm.grammar.compile import meta_problem
+
+        invalid = meta_problem(schema, formats=False)
+        if invalid is not None:  # jsonschema would raise its own AttributeError/TypeError mid-validation
+            raise SchemaError(f"{base}: not a valid JSON Schema at {invalid[0]}: {invalid[1]}", hint="fix the schema")
         doc = dict(schema)
         doc.setdefault("$id", base.resolve().as_uri())
         from localllm.grammar.bounded import bounded_validator

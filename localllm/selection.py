@@ -354,8 +354,8 @@ def choose(config: Config, gate: Gate) -> Choice | None:
         elif max_fallback is not None and (fallback_rate is None or fallback_rate > max_fallback):
             refused[alias] = f"fallback rate {fallback_rate} > {max_fallback}"
         else:
-            cost = finite_float((row.get("cost_usd") or {}).get("mean")) or 0.0
-            p50 = finite_float((row.get("latency_ms") or {}).get("p50")) or 0.0
+            cost = finite_float(_map(row.get("cost_usd")).get("mean")) or 0.0
+            p50 = finite_float(_map(row.get("latency_ms")).get("p50")) or 0.0
             ranked.append(((0 if row.get("local") else 1, cost, p50, alias), alias, row))
     if not ranked:
         return Choice(
@@ -394,10 +394,15 @@ class Cascade:
     record: dict[str, Any] = field(default_factory=dict)
 
 
+def _map(value: Any) -> Mapping[str, Any]:
+    """``value`` when it is a mapping, else an empty one (a hand-edited report's odd field)."""
+    return value if isinstance(value, Mapping) else {}
+
+
 def _calibration(report: Mapping[str, Any], alias: str) -> tuple[list[float], list[bool]] | None:
     """The calibration split of a tier's (confidence, correct) pairs from the report."""
-    tiers = (report.get("calibration") or {}).get("tiers") or {}
-    data = (tiers.get(alias) or {}).get("calibration") or {}
+    tiers = _map(_map(report.get("calibration")).get("tiers"))
+    data = _map(_map(tiers.get(alias)).get("calibration"))
     scores, correct = data.get("scores"), data.get("correct")
     if not isinstance(scores, list) or not isinstance(correct, list) or len(scores) != len(correct):
         return None

@@ -249,8 +249,16 @@ def compile_schema(
 
 
 def schema_problem(schema: Any) -> tuple[str, str] | None:
-    """Why ``schema`` is not a valid JSON Schema for its draft — (JSON path, reason) — or None."""
+    """Why ``schema`` is not a valid JSON Schema for its draft, or has a pattern that cannot be
+    checked in linear time — (JSON path, reason) — or None."""
+    return meta_problem(schema) or _slow_pattern(schema)
 
+
+def meta_problem(schema: Any, *, formats: bool = True) -> tuple[str, str] | None:
+    """Why ``schema`` is not a valid JSON Schema for its draft — (JSON path, reason) — or None.
+
+    ``formats=False`` lets a ``format`` of the meta-schema pass (an ECMA-only ``pattern`` such
+    as ``(?<x>a)`` that Python's ``re`` cannot compile: a call reports it when it checks one)."""
     if _nesting(schema) > 4 * MAX_DEPTH:
         return "$", f"it nests more than {4 * MAX_DEPTH} levels deep"
     if isinstance(schema, dict) and "$schema" in schema and not isinstance(schema["$schema"], str):
@@ -258,14 +266,14 @@ def schema_problem(schema: Any) -> tuple[str, str] | None:
     cls = validator_class(schema)
     try:
         exc = meta_error(cls, schema)
-        if exc is not None:
+        if exc is not None and (formats or exc.validator != "format"):
             where = "$"
             for p in exc.absolute_path:
                 where = child(where, p)
             return where, exc.message
     except _validation_failures() as exc:
         return "$", f"the validator cannot read it ({type(exc).__name__})"
-    return _slow_pattern(schema)
+    return None
 
 
 _SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "dependentSchemas", "patternProperties"})

@@ -216,7 +216,17 @@ def _as_text(value: Any) -> str:
         return value
     if isinstance(value, (datetime.date, datetime.datetime)):
         return value.isoformat()
-    return json.dumps(value, ensure_ascii=False, default=str)
+    return json.dumps(_string_keys(value), ensure_ascii=False, default=str)
+
+
+def _string_keys(value: Any) -> Any:
+    """``value`` with every mapping key as text (YAML allows dates, numbers, nulls as keys;
+    ``json.dumps`` refuses a date key, which rejected the whole plugin)."""
+    if isinstance(value, dict):
+        return {_as_text(k): _string_keys(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_string_keys(v) for v in value]
+    return value
 
 
 def _shown(d: Diagnostic, where: Path) -> Diagnostic:

@@ -703,3 +703,24 @@ def test_a_key_added_to_a_plugin_type_later_at_its_default_keeps_fingerprints_va
     assert canonical_sha256(_decl_data(later)) == canonical_sha256(_decl_data(now))
     changed = dataclasses.replace(later, newkey=4)
     assert canonical_sha256(_decl_data(changed)) != canonical_sha256(_decl_data(now))
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        {"cost_usd": 5},  # a number where a {mean, …} mapping belongs: AttributeError before
+        {"latency_ms": "x"},
+        {"accuracy": 10**400},  # OverflowError before
+    ],
+    ids=["cost", "latency", "accuracy"],
+)
+def test_hand_edited_evidence_of_odd_types_selects_without_crashing(app: Path, edit: dict[str, Any]) -> None:
+    evaluate(load_config(app / "app.yaml"), "triage", agents=["agent.local"], prepare=prepare)
+    latest = app / "evals/reports/triage/latest.json"
+    report = json.loads(latest.read_text())
+    report["agents"]["agent.local"].update(edit)
+    latest.write_text(json.dumps(report))
+    config = with_selection(app, min_accuracy=0.9, fallback_profile="agent.claude")
+    agent, why = run_selected(config, app / "run.jsonl")
+    passed = "accuracy" not in edit  # an accuracy past the float range is no accuracy
+    assert (agent, why["passed"]) == (("agent.local", True) if passed else ("agent.claude", False))

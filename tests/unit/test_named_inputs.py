@@ -197,3 +197,30 @@ def test_verify_of_a_trace_without_events_counts_zero(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     TraceWriter.open(path).close()
     assert verify_trace(path).to_json()["events"] == 0  # before: None (an empty Trace is falsy)
+
+
+@pytest.mark.parametrize("properties", [[1, 2], "ab"], ids=["list", "string"])
+def test_a_schema_that_is_not_json_schema_is_a_load_problem(tmp_path: Path, properties: Any) -> None:
+    cfg = _config(tmp_path, "    examples: {cases: c.jsonl, embedder: docs, input: x, answer: false}\n")
+    (tmp_path / "c.jsonl").write_text('{"args": {"x": "1"}, "expect": {"q": "a"}}\n')
+    (tmp_path / "schemas" / "s.json").write_text(json.dumps({"type": "object", "properties": properties}))
+    assert "gates.g.with.schema" in _problems(cfg)  # before: TypeError/ValueError out of the examples check
+
+
+def test_a_schema_that_is_not_json_schema_is_a_schema_error_at_call_time(tmp_path: Path) -> None:
+    from localllm.errors import SchemaError
+    from localllm.runtime import Runtime
+
+    config = load_config(_config(tmp_path))
+    with Runtime(config) as rt:
+        rt.register_inprocess("agent.stub", lambda _: {"q": "a"})
+        with pytest.raises(SchemaError):  # before: jsonschema's AttributeError mid-validation
+            rt.call("decide", agent="agent.stub", prompt="p", schema={"type": "object", "properties": [1, 2]})
+
+
+@pytest.mark.parametrize("name", ["enum", "const", "default", "examples"])
+def test_a_ref_under_a_property_named_like_a_data_keyword_is_checked_at_load(tmp_path: Path, name: str) -> None:
+    cfg = _config(tmp_path)
+    schema = {"type": "object", "properties": {name: {"$ref": "../../../../etc/passwd"}}}
+    (tmp_path / "schemas" / "s.json").write_text(json.dumps(schema))
+    assert "gates.g.with.schema" in _problems(cfg)  # before: check said ok, the call failed

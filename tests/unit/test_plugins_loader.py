@@ -277,6 +277,14 @@ def test_skill_optional_fields_are_kept(tmp_path: Path) -> None:
     assert gamma.body == "Body\n"
 
 
+def test_skill_metadata_with_a_nested_date_key_loads_as_text(tmp_path: Path) -> None:
+    text = "---\nname: gamma\ndescription: Handles gamma.\nmetadata:\n  a: {2020-01-01: x, 3: y}\n---\nBody\n"
+    root = full_plugin(tmp_path, **{"skills/gamma/SKILL.md": text})
+    result = loaded(load_agent_plugin(root))  # before: loader-internal-error, the whole plugin rejected
+    gamma = next(s for s in result.skills if s.name == "gamma")
+    assert json.loads(dict(gamma.metadata)["a"]) == {"2020-01-01": "x", "3": "y"}
+
+
 def test_skills_that_is_a_file_invalidates_skills_only(tmp_path: Path) -> None:
     root = full_plugin(tmp_path, **{"skills/alpha/SKILL.md": None, "skills/beta/SKILL.md": None})
     assert not (root / "skills").exists()
