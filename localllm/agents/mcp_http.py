@@ -368,10 +368,18 @@ class McpHttpAgent(Agent):
                 verb, url, content=content, headers=headers, timeout=self._timeout(deadline, call_id, idle=idle)
             )
             response = self._send(request, deadline, idle=idle)
+            watchdog = None
             if idle:  # headers came in time; the body may be silent until close() wakes it
                 timeouts = request.extensions.get("timeout")
                 if isinstance(timeouts, dict):
                     timeouts["read"] = None
+            else:
+                # httpx's read timeout applies to each read afresh: a body that trickles a
+                # byte just inside it would outlive the deadline. At the deadline the
+                # socket is shut, which ends the read that is blocked.
+                watchdog = threading.Timer(self.remaining(deadline), self._shutdown, (response,))
+                watchdog.daemon = True
+                watchdog.start()
             try:
                 location = response.headers.get("location")
                 if response.status_code in (307, 308) and location:
@@ -390,6 +398,8 @@ class McpHttpAgent(Agent):
                     yield response
                 return
             finally:
+                if watchdog is not None:
+                    watchdog.cancel()
                 response.close()
 
     def _send(self, request: httpx.Request, deadline: float, *, idle: bool) -> httpx.Response:
@@ -427,9 +437,9 @@ class McpHttpAgent(Agent):
         body = json.dumps(message, ensure_ascii=False).encode("utf-8")
 
         def failed(reason: str, exc: BaseException) -> AgentError:
-            if isinstance(exc, httpx.TimeoutException) and (
-                self.remaining(deadline) <= 0 or call_id in self._cancelled
-            ):
+            # Past the deadline any failure is the deadline's: the watchdog shuts the socket.
+            cancelled = isinstance(exc, httpx.TimeoutException) and call_id in self._cancelled
+            if self.remaining(deadline) <= 0 or cancelled:
                 return self._deadline_error(method)
             cause = f"{reason} ({type(exc).__name__}: {self._redact(str(exc))})"
             if isinstance(exc, httpx.ConnectError):
@@ -439,6 +449,10 @@ class McpHttpAgent(Agent):
                 )
             return self._error(f"{method}: {cause} talking to {self._url}")
 
+        req_id = message.get("id") if "method" in message else None
+        if isinstance(req_id, int):  # pending from the moment it is sent: the server may
+            with self._inflight_lock:  # answer on the standalone stream before this one's headers
+                self._pending[req_id] = None
         try:
             with self._open("POST", self._headers(session), deadline, call_id, content=body) as response:
                 status = response.status_code
@@ -465,6 +479,10 @@ class McpHttpAgent(Agent):
         except Exception:
             with map_httpx_errors(failed):  # httpx's exceptions become AgentErrors; others pass
                 raise
+        finally:
+            if isinstance(req_id, int):
+                with self._inflight_lock:
+                    self._pending.pop(req_id, None)
 
     def _answer(self, message: dict[str, Any], session: _Session | None, deadline: float, call_id: str) -> None:
         """Answer a server→client request (POSTed, as every client message is)."""
@@ -498,6 +516,7 @@ class McpHttpAgent(Agent):
             self._check_time(deadline, call_id, "read")
             if len(data) > _MAX_BODY:
                 raise self._too_large("the body")
+        self._check_time(deadline, call_id, "read")  # ended by the watchdog: cut short
         return data.decode("utf-8", errors="replace")
 
     @staticmethod
@@ -532,20 +551,12 @@ class McpHttpAgent(Agent):
             )
         if ctype == _SSE:
             resume = _Resume()
-            with self._inflight_lock:
-                self._pending[req_id] = None
-            try:
-                found = self._scan_sse(
-                    response, req_id, method, session=session, resume=resume, deadline=deadline, call_id=call_id
-                )
-                if found is None:
-                    found = self._resume(
-                        req_id, method, session=session, resume=resume, deadline=deadline, call_id=call_id
-                    )
-                return found
-            finally:
-                with self._inflight_lock:
-                    self._pending.pop(req_id, None)
+            found = self._scan_sse(
+                response, req_id, method, session=session, resume=resume, deadline=deadline, call_id=call_id
+            )
+            if found is None:
+                found = self._resume(req_id, method, session=session, resume=resume, deadline=deadline, call_id=call_id)
+            return found  # (pending since _post sent it)
         raise self._error(
             f"{method}: unexpected content-type {ctype or '(none)'!r} from {self._url} (HTTP {response.status_code})"
         )
@@ -696,6 +707,7 @@ class McpHttpAgent(Agent):
             scan -= start
             if len(pending) > _MAX_BODY:
                 raise self._too_large("an SSE line")
+        self._check_time(deadline, call_id, method)  # ended by the watchdog: cut short
         if pending:  # the last line, or a CR that turned out to end one
             yield pending.removesuffix(b"\r").decode("utf-8", errors="replace")
 

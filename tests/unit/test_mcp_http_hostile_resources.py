@@ -269,3 +269,27 @@ def test_a_server_that_never_binds_fails_within_the_bounded_retry() -> None:
         agent.close()
     assert info.value.kind is ErrorKind.TRANSPORT_ERROR and "cannot connect" in info.value.detail
     assert time.monotonic() - started < 5  # bounded by the deadline, not the retry span
+
+
+def test_a_body_byte_just_inside_the_read_timeout_does_not_extend_the_deadline() -> None:
+    """httpx's read timeout starts afresh with each read: one byte at 2.9 s then silence
+    ended a 3 s call at ~5.9 s. The socket is shut at the deadline now."""
+
+    def trickle(conn: socket.socket, verb: str, body: dict[str, object] | None, stop: threading.Event) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n")
+        if not stop.wait(2.9):
+            conn.sendall(b"{")
+            stop.wait(30)
+
+    server = Hostile(trickle)
+    agent = _agent(server.url)
+    try:
+        started = time.monotonic()
+        with pytest.raises(AgentError) as info:
+            agent.ask(ask_request("hi"), deadline=started + 3)
+        elapsed = time.monotonic() - started
+    finally:
+        agent.close()
+        server.close()
+    assert info.value.kind is ErrorKind.DEADLINE_EXCEEDED
+    assert elapsed < 4.5
