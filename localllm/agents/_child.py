@@ -45,6 +45,8 @@ logger = logging.getLogger(__name__)
 _STDERR_KEEP = 16 * 1024
 #: noise lines kept for error details
 _NOISE_KEEP = 8
+#: noise lines logged one by one per request; the rest are counted in one summary line
+_NOISE_WARN = 5
 #: a frame larger than this without a newline is treated as a broken stream
 _MAX_FRAME = 64 * 1024 * 1024
 #: bytes of stderr/noise quoted in an error detail (the *end* is kept: the last lines matter)
@@ -169,6 +171,9 @@ class LineChild:
         self._buf = bytearray()
         self._stderr: _process.StderrTail | None = None
         self.noise: collections.deque[str] = collections.deque(maxlen=_NOISE_KEEP)
+        #: noise lines since the last request was sent: logged, and past _NOISE_WARN counted
+        self._noise_seen = 0
+        self._noise_unlogged = 0
         #: descendants (pid → start time) seen while the leader ran, killed with it
         self._doomed: dict[int, int] = {}
         #: the child's stdout and stderr pipes as /proc names them (see _kill_pipe_holders)
@@ -308,6 +313,7 @@ class LineChild:
     def crash(self, what: str) -> AgentError:
         """Kill and reap the child, then build the ``plugin_crash`` error for ``what``."""
         # An exit code we caused by killing a live process says nothing about the plugin.
+        self._log_unlogged_noise()
         exited_on_its_own = self._proc is not None and _process.exited(self._proc)
         self.kill()
         what = what if exited_on_its_own else f"{what}; process killed"
@@ -321,6 +327,7 @@ class LineChild:
         proc = self._proc
         assert proc is not None and proc.stdin is not None
         data = json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
+        self._noise_seen = 0
         fd = proc.stdin.fileno()
         view = memoryview(data)
         while view:
@@ -350,6 +357,7 @@ class LineChild:
                 if not line.startswith(b"{"):
                     self._note_noise(line)
                     continue
+                self._log_unlogged_noise()
                 return self._parse(line)
             if len(self._buf) > _MAX_FRAME:
                 raise self.crash(f"frame larger than {_MAX_FRAME} bytes without a newline")
@@ -399,7 +407,16 @@ class LineChild:
     def _note_noise(self, line: bytes) -> None:
         text = self._redact(line.decode("utf-8", errors="replace"))
         self.noise.append(_process.tail(text, limit=120))
+        self._noise_seen += 1
+        if self._noise_seen > _NOISE_WARN:  # 200k stray lines made 200k warnings
+            self._noise_unlogged += 1
+            return
         logger.warning("%s: ignoring non-frame stdout line: %s", self.label, _process.tail(text, limit=200))
+
+    def _log_unlogged_noise(self) -> None:
+        if self._noise_unlogged:
+            logger.warning("%s: ignored %d more non-frame stdout lines", self.label, self._noise_unlogged)
+            self._noise_unlogged = 0
 
     def _parse(self, line: bytes) -> dict[str, Any]:
         try:

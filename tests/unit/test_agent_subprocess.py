@@ -97,6 +97,32 @@ def test_stdout_noise_is_skipped_and_logged(agent: SubprocessAgent, caplog: pyte
     assert answer(agent, "after")["calls"] == 2  # same process, stream still in sync
 
 
+NOISY = """
+import json, sys
+for line in sys.stdin:
+    req = json.loads(line)
+    sys.stdout.write("stray line\\n" * 2000)
+    result = {"submission": {"ok": True}}
+    sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": req["id"], "result": result}) + "\\n")
+    sys.stdout.flush()
+"""
+
+
+def test_stdout_noise_logs_a_few_lines_then_one_count_per_call(caplog: pytest.LogCaptureFixture) -> None:
+    """One warning per stray stdout line: 2000 lines made 2000 warnings."""
+    a = make_agent(args=("-c", NOISY))
+    try:
+        with caplog.at_level(logging.WARNING, logger="localllm.agents._child"):
+            assert answer(a, "one") == {"ok": True}
+            assert answer(a, "two") == {"ok": True}
+    finally:
+        a.close()
+    warnings = [r for r in caplog.records if r.name == "localllm.agents._child" and r.levelno == logging.WARNING]
+    assert len(warnings) == 2 * (5 + 1)  # per call: the first five lines, then one count of the rest
+    counts = [r.args[1] for r in warnings if isinstance(r.args, tuple) and isinstance(r.args[1], int)]
+    assert counts == [1995, 1995]
+
+
 def test_heavy_stderr_is_drained_not_deadlocked(agent: SubprocessAgent) -> None:
     # 512 KiB of stderr is far beyond a pipe buffer: without a drain thread the child blocks.
     assert answer(agent, "stderr:512")["echo"] == "stderr:512"
