@@ -81,6 +81,8 @@ _CLOSE_TIMEOUT = 2.0
 _ANSWER_TIMEOUT = 10.0
 #: largest JSON body or SSE event we accept
 _MAX_BODY = 64 * 1024 * 1024
+#: how much of an error response's body is read (for its quote in the error)
+_ERROR_HEAD = 64 * 1024
 _ACCEPT = "application/json, text/event-stream"
 _SSE = "text/event-stream"
 _EOL = re.compile(rb"\r\n|\r|\n")
@@ -457,9 +459,9 @@ class McpHttpAgent(Agent):
             with self._open("POST", self._headers(session), deadline, call_id, content=body) as response:
                 status = response.status_code
                 if status in (400, 404) and session is not None and session.session_id is not None:
-                    raise _SessionExpired(status, self._read_text(response, deadline, call_id))
+                    raise _SessionExpired(status, self._read_head(response, deadline, call_id))
                 if status >= 300:
-                    text = self._read_text(response, deadline, call_id)
+                    text = self._read_head(response, deadline, call_id)
                     where = response.headers.get("location")
                     moved = (
                         f" (redirect to {safe_url(where)} not followed: only same-origin 307/308 are)"
@@ -508,6 +510,19 @@ class McpHttpAgent(Agent):
         return AgentError(
             ErrorKind.DEADLINE_EXCEEDED, f"{method}: no answer from {self._url} before the deadline", alias=self.alias
         )
+
+    def _read_head(self, response: httpx.Response, deadline: float, call_id: str) -> str:
+        """The first :data:`_ERROR_HEAD` bytes of an error response's body, for its quote: a
+        500 with a body past :data:`_MAX_BODY` was reported as "larger than", not as a 500."""
+        data = bytearray()
+        for chunk in response.iter_bytes():
+            data.extend(chunk)
+            self._check_time(deadline, call_id, "read")
+            if len(data) >= _ERROR_HEAD:
+                break
+        else:
+            self._check_time(deadline, call_id, "read")  # ended by the watchdog: cut short
+        return data[:_ERROR_HEAD].decode("utf-8", errors="replace")
 
     def _read_text(self, response: httpx.Response, deadline: float, call_id: str) -> str:
         data = bytearray()
@@ -584,7 +599,7 @@ class McpHttpAgent(Agent):
             headers = self._headers(session, accept=_SSE, last_event_id=seen)
             with self._open("GET", headers, deadline, call_id) as stream:
                 if stream.status_code != 200 or self._content_type(stream) != _SSE:
-                    text = self._read_text(stream, deadline, call_id)
+                    text = self._read_head(stream, deadline, call_id)
                     raise self._error(
                         f"{method}: resuming the SSE stream from {self._url} failed: HTTP {stream.status_code}: "
                         f"{truncate_detail(self._redact(text))}"

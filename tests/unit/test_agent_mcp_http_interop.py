@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -179,6 +179,30 @@ def test_a_huge_retry_on_the_standalone_stream_keeps_the_listener(monkeypatch: p
     finally:
         agent.close()
     assert_no_leaks(before)  # close() wakes the capped wait
+
+
+def test_a_huge_error_body_is_read_only_for_its_head(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 500 whose body passed the body cap was read to the cap and reported as "larger
+    than", hiding the HTTP status."""
+    from localllm.agents import mcp_http
+
+    monkeypatch.setattr(mcp_http, "_MAX_BODY", 1024 * 1024)
+    sent: list[int] = []
+
+    def body() -> Iterator[bytes]:
+        for _ in range(64):  # 4 MiB
+            sent.append(65536)
+            yield b"x" * 65536
+
+    server = Scripted(lambda s, r, b: httpx.Response(500, content=body()))
+    agent = server.agent()
+    try:
+        with pytest.raises(AgentError) as info:
+            ask(agent)
+    finally:
+        agent.close()
+    assert info.value.kind is ErrorKind.TRANSPORT_ERROR and "HTTP 500" in info.value.detail
+    assert sum(sent) <= 2 * 65536  # the head only
 
 
 # -- server→client requests -------------------------------------------------------------------------
