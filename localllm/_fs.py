@@ -37,6 +37,7 @@ __all__ = [
     "Unreadable",
     "adjacent_tmp",
     "atomic_write",
+    "create_durably",
     "fsync_dir",
     "read_capped",
     "replace_durably",
@@ -137,6 +138,22 @@ def replace_durably(tmp: BinaryIO | Path, dest: Path, *, sync_dir: bool = True) 
         os.fsync(tmp.fileno())
         tmp.close()
     os.replace(path, dest)
+    if sync_dir:
+        fsync_dir(dest.parent)
+
+
+def create_durably(dest: Path, data: bytes, *, sync_dir: bool = True) -> None:
+    """Create ``dest`` holding ``data``, durably and whole, never replacing a file:
+    ``FileExistsError`` when ``dest`` exists (also when another process created it first).
+
+    The temp file is hard-linked to ``dest`` (``link`` fails on an existing name, where a
+    rename replaces it), then removed."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with adjacent_tmp(dest) as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+        os.link(fh.name, dest)
     if sync_dir:
         fsync_dir(dest.parent)
 

@@ -104,6 +104,13 @@ class _Files:
     call_id: str
     suffix: str
     enabled: bool
+    #: the sidecar files written so far (removed when a name turns out taken)
+    written: list[Path] = field(default_factory=list)
+
+    def wrote(self, rel: str) -> str:
+        """Note the sidecar at ``rel`` (relative to ``dir``) as written; returns ``rel``."""
+        self.written.append(self.dir / rel)
+        return rel
 
 
 @dataclass
@@ -172,14 +179,7 @@ class TraceRecorder:
 
     def _write(self, record: CallRecord, *, call_id: str, duration_ms: int, meta: dict[str, Any]) -> None:
         with self._lock:
-            trace_dir = self.writer.dir
-            stem_suffix = _free_suffix(trace_dir, call_id)
-            try:
-                events = self._events(record, call_id, duration_ms, meta, suffix=stem_suffix)
-            except TraceError as exc:
-                # A payload that cannot be written (a sidecar on a full disk, a value no
-                # sidecar can hold): the call still gets its start and its end.
-                events = self._events(record, call_id, duration_ms, meta, suffix=stem_suffix, failure=exc)
+            events = self._group(record, call_id, duration_ms, meta)
             # one group: contiguous, and (when the call outlived its turn) written late as a whole
             self.writer.append_group(
                 [
@@ -194,20 +194,42 @@ class TraceRecorder:
                 ]
             )
 
+    def _group(
+        self, record: CallRecord, call_id: str, duration_ms: int, meta: dict[str, Any]
+    ) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+        """The call's group, its sidecar files written under the first free suffix: one that
+        another writer in the directory takes meanwhile is given up (what this attempt wrote
+        removed) for the next."""
+        n = 0
+        while True:
+            n, suffix = _free_suffix(self.writer.dir, call_id, n)
+            files = _Files(self.writer.dir, call_id, suffix, enabled=True)
+            try:
+                return self._events(record, call_id, duration_ms, meta, files)
+            except sidecars.SidecarTaken:
+                for path in files.written:
+                    path.unlink(missing_ok=True)
+                n += 1
+            except TraceError as exc:
+                # A payload that cannot be written (a sidecar on a full disk, a value no
+                # sidecar can hold): the call still gets its start and its end.
+                files = _Files(self.writer.dir, call_id, suffix, enabled=False)
+                return self._events(record, call_id, duration_ms, meta, files, failure=exc)
+
     def _events(
         self,
         record: CallRecord,
         call_id: str,
         duration_ms: int,
         meta: dict[str, Any],
+        files: _Files,
         *,
-        suffix: str,
         failure: TraceError | None = None,
     ) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
-        """The call's group as (kind, payload, ids), sidecar files written; none with ``failure``."""
+        """The call's group as (kind, payload, ids), sidecar files written (none when ``files``
+        is disabled)."""
         leg = record.legs[-1]
         original = record.legs[0] if len(record.legs) > 1 else None
-        files = _Files(self.writer.dir, call_id, suffix, enabled=failure is None)
         common: dict[str, Any] = {"verb": record.request.verb, "agent": record.alias}
         if meta.get("model"):
             common["model"] = self._clean(meta["model"])
@@ -243,7 +265,9 @@ class TraceRecorder:
         if not sidecars.needs_sidecar(prompt):
             start["prompt"] = prompt
         elif files.enabled:
-            start["prompt_file"] = sidecars.write_prompt(files.dir, files.call_id, prompt, suffix=files.suffix)
+            start["prompt_file"] = files.wrote(
+                sidecars.write_prompt(files.dir, files.call_id, prompt, suffix=files.suffix, exclusive=True)
+            )
         start["input"] = self._clean(self._input(record))
         return start
 
@@ -273,7 +297,9 @@ class TraceRecorder:
         if not sidecars.needs_sidecar(response):
             fields["response"] = response
         elif files.enabled:
-            fields["response_file"] = sidecars.write_response(files.dir, files.call_id, response, suffix=files.suffix)
+            fields["response_file"] = files.wrote(
+                sidecars.write_response(files.dir, files.call_id, response, suffix=files.suffix, exclusive=True)
+            )
         if meta:
             fields["meta"] = self._clean(meta)
         return fields
@@ -285,7 +311,12 @@ class TraceRecorder:
         for key, part, extra in (("transcript_ref", leg, ""), ("original_transcript_ref", original, "-original")):
             if part is not None and part.response is not None and part.response.transcript is not None:
                 transcript = self._redacted_transcript(part.response.transcript)
-                refs[key] = sidecars.write_transcript(files.dir, files.call_id, transcript, suffix=files.suffix + extra)
+                ref = sidecars.write_transcript(
+                    files.dir, files.call_id, transcript, suffix=files.suffix + extra, exclusive=True
+                )
+                files.wrote(ref["path"])
+                files.written.append((files.dir / ref["path"]).with_suffix(".timings"))
+                refs[key] = ref
         return refs
 
     def _redacted_transcript(self, transcript: Transcript) -> Transcript:
@@ -306,19 +337,23 @@ def _relative(path: Path, base: Path | None) -> str:
     return path.name
 
 
-def _free_suffix(trace_dir: Path, call_id: str) -> str:
-    """The first suffix ("" then "-1", "-2", …) under which no sidecar of ``call_id`` exists."""
-    for n in range(_MAX_SUFFIX):
+def _free_suffix(trace_dir: Path, call_id: str, start: int = 0) -> tuple[int, str]:
+    """The first suffix from the ``start``-th on ("" then "-1", "-2", …) under which no
+    sidecar of ``call_id`` exists, with its number."""
+    for n in range(start, _MAX_SUFFIX):
         suffix = f"-{n}" if n else ""
         stem = call_id + suffix
         taken = (
             trace_dir / sidecars.PROMPTS_DIR / f"{stem}.txt",
             trace_dir / sidecars.PROMPTS_DIR / f"{stem}-response.json",
-            trace_dir / sidecars.TRANSCRIPTS_DIR / f"{stem}.jsonl",
-            trace_dir / sidecars.TRANSCRIPTS_DIR / f"{stem}-original.jsonl",
+            *(
+                trace_dir / sidecars.TRANSCRIPTS_DIR / f"{stem}{extra}{ext}"
+                for extra in ("", "-original")
+                for ext in (".jsonl", ".timings")
+            ),
         )
         if not any(path.exists() for path in taken):
-            return suffix
+            return n, suffix
     raise TraceError(
         f"{trace_dir}: every sidecar name for call {call_id} is taken", hint="use a fresh directory for the trace"
     )

@@ -8,9 +8,12 @@ Layout under the trace's directory (paths in events are relative to it, POSIX st
     transcripts/<call_id><suffix>.timings           "<index> <ms-offset>" per line
 
 Every file is written atomically: a temp file beside the destination, fsync, rename, then
-fsync of the directory — a reader never sees half a sidecar. Sidecar content is not bound by
-the trace's line rules (that is what they are for). ``suffix`` (``""`` by default) keeps a
-second attempt under the same call_id (a fallback) from overwriting the first.
+fsync of the directory — a reader never sees half a sidecar. ``exclusive=True`` (what the
+recorder writes) links the temp file to its name instead of renaming it, so it never
+replaces a file there: :class:`SidecarTaken` when another writer got the name first.
+Sidecar content is not bound by the trace's line rules (that is what they are for).
+``suffix`` (``""`` by default) keeps a second attempt under the same call_id (a fallback)
+from overwriting the first.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ __all__ = [
     "SIDECAR_THRESHOLD",
     "TRANSCRIPTS_DIR",
     "TRANSCRIPT_SCHEMA_VERSION",
+    "SidecarTaken",
     "atomic_write",
     "name_problem",
     "needs_sidecar",
@@ -109,26 +113,35 @@ def name_problem(rel: str) -> str | None:
     return None
 
 
-def write_prompt(trace_dir: str | os.PathLike[str], call_id: str, text: str, *, suffix: str = "") -> str:
+def write_prompt(
+    trace_dir: str | os.PathLike[str], call_id: str, text: str, *, suffix: str = "", exclusive: bool = False
+) -> str:
     """Write the prompt sidecar; returns its path relative to ``trace_dir`` (for ``prompt_file``)."""
     rel = f"{PROMPTS_DIR}/{_stem(call_id, suffix)}.txt"
-    atomic_write(Path(trace_dir) / rel, _utf8(text, "prompt"))
+    atomic_write(Path(trace_dir) / rel, _utf8(text, "prompt"), exclusive=exclusive)
     return rel
 
 
-def write_response(trace_dir: str | os.PathLike[str], call_id: str, value: Any, *, suffix: str = "") -> str:
+def write_response(
+    trace_dir: str | os.PathLike[str], call_id: str, value: Any, *, suffix: str = "", exclusive: bool = False
+) -> str:
     """Write the response sidecar as JSON; returns its relative path (for ``response_file``)."""
     rel = f"{PROMPTS_DIR}/{_stem(call_id, suffix)}-response.json"
     try:
         text = dumps(value)
     except (TypeError, ValueError, RecursionError) as exc:
         raise rules.reject("response", f"is not JSON-serialisable: {exc}") from None
-    atomic_write(Path(trace_dir) / rel, _utf8(text + "\n", "response"))
+    atomic_write(Path(trace_dir) / rel, _utf8(text + "\n", "response"), exclusive=exclusive)
     return rel
 
 
 def write_transcript(
-    trace_dir: str | os.PathLike[str], call_id: str, transcript: Transcript, *, suffix: str = ""
+    trace_dir: str | os.PathLike[str],
+    call_id: str,
+    transcript: Transcript,
+    *,
+    suffix: str = "",
+    exclusive: bool = False,
 ) -> dict[str, Any]:
     """Write ``transcripts/<call_id><suffix>.jsonl`` and ``.timings``; returns the ``transcript_ref``."""
     stem = _stem(call_id, suffix)
@@ -144,9 +157,14 @@ def write_transcript(
             raise rules.reject(f"transcript.offsets_ms[{index}]", f"must be an integer, got {offset!r}")
     rel = f"{TRANSCRIPTS_DIR}/{stem}.jsonl"
     base = Path(trace_dir)
-    atomic_write(base / rel, _utf8("".join(line + "\n" for line in lines), "transcript"), sync_dir=False)
     timings = "".join(f"{index} {offset}\n" for index, offset in enumerate(offsets))
-    atomic_write(base / TRANSCRIPTS_DIR / f"{stem}.timings", timings.encode("ascii"))
+    timings_path = base / TRANSCRIPTS_DIR / f"{stem}.timings"  # first: a transcript never lacks it
+    atomic_write(timings_path, timings.encode("ascii"), sync_dir=False, exclusive=exclusive)
+    try:
+        atomic_write(base / rel, _utf8("".join(line + "\n" for line in lines), "transcript"), exclusive=exclusive)
+    except SidecarTaken:
+        timings_path.unlink()  # ours: created just now, exclusively
+        raise
     return {
         "format": transcript.format,
         "path": rel,
@@ -155,14 +173,24 @@ def write_transcript(
     }
 
 
-def atomic_write(path: Path, data: bytes, *, sync_dir: bool = True) -> None:
-    """Write ``data`` to ``path`` durably (see :mod:`localllm._fs`); a ``TraceError`` on failure.
+class SidecarTaken(TraceError):
+    """A sidecar's name exists (another writer got there first); nothing was replaced."""
+
+
+def atomic_write(path: Path, data: bytes, *, sync_dir: bool = True, exclusive: bool = False) -> None:
+    """Write ``data`` to ``path`` durably (see :mod:`localllm._fs`); a ``TraceError`` on
+    failure; ``exclusive``: create it, :class:`SidecarTaken` when the name exists.
 
     ``sync_dir=False`` skips the directory fsync when the caller's next write to the same
-    directory does it (one directory fsync makes every earlier rename there durable).
+    directory does it (one directory fsync makes every earlier link there durable).
     """
     try:
-        _fs.atomic_write(path, data, sync_dir=sync_dir)
+        if exclusive:
+            _fs.create_durably(path, data, sync_dir=sync_dir)
+        else:
+            _fs.atomic_write(path, data, sync_dir=sync_dir)
+    except FileExistsError as exc:
+        raise SidecarTaken(f"sidecar {path} exists: not replaced", hint="use a fresh directory for the trace") from exc
     except OSError as exc:
         raise TraceError(
             f"cannot write sidecar {path}: {exc.strerror or exc}",

@@ -140,3 +140,53 @@ def test_failed_write_leaves_no_temp_file(tmp_path: Path, monkeypatch: pytest.Mo
         == f"cannot write sidecar {tmp_path / 'agent-prompts' / (CID + '.txt')}: No space left on device"
     )
     assert os.listdir(tmp_path / "agent-prompts") == []
+
+
+def _record_one(trace_dir: Path, call_id: str = "c1") -> list[str]:
+    """One call with a large prompt, a large response and a transcript; the sidecar paths its end names."""
+    from localllm.trace.reader import read_trace
+    from localllm.trace.recorder import TraceRecorder
+    from localllm.trace.writer import TraceWriter
+    from localllm.wire import AskRequest, AskResponse
+
+    big = "x" * 2000
+    with TraceWriter.open(trace_dir / "t.jsonl") as writer:
+        recorder = TraceRecorder(writer)
+        request = AskRequest("s", 1, "g", "decide", big, call_id, "2030-01-01T00:00:00Z")
+        record = recorder.call_started(request, alias="agent.x", schema_path=None, args={})
+        answer = AskResponse(
+            submission=json.dumps({"v": big}), transcript=Transcript("claude-stream-json", ["{}"], [5])
+        )
+        record.leg_finished("agent.x", answer, None, {"v": big})
+        record.finished(call_id=call_id, duration_ms=3, meta={})
+    start, end = read_trace(trace_dir / "t.jsonl").events[-2:]
+    return [start.payload["prompt_file"], end.payload["response_file"], end.payload["transcript_ref"]["path"]]
+
+
+def test_a_users_timings_file_is_never_replaced(tmp_path: Path) -> None:
+    (tmp_path / "transcripts").mkdir()
+    (tmp_path / "transcripts" / "c1.timings").write_text("mine\n")
+    paths = _record_one(tmp_path)
+    assert (tmp_path / "transcripts" / "c1.timings").read_text() == "mine\n"  # before: replaced by "0 5"
+    assert all("c1-1" in p for p in paths)
+
+
+def test_a_name_another_writer_takes_after_the_check_is_not_overwritten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from localllm.trace import recorder
+
+    free = recorder._free_suffix
+
+    def racing(trace_dir: Path, call_id: str, start: int = 0) -> tuple[int, str]:
+        found = free(trace_dir, call_id, start)
+        if found[0] == 0:  # another process writes c1's response right after the check
+            (trace_dir / "agent-prompts").mkdir(exist_ok=True)
+            (trace_dir / "agent-prompts" / "c1-response.json").write_text("theirs\n")
+        return found
+
+    monkeypatch.setattr(recorder, "_free_suffix", racing)
+    paths = _record_one(tmp_path)
+    assert (tmp_path / "agent-prompts" / "c1-response.json").read_text() == "theirs\n"  # before: replaced
+    assert all("c1-1" in p for p in paths)
+    assert not (tmp_path / "agent-prompts" / "c1.txt").exists()  # what the given-up attempt wrote is gone
