@@ -194,7 +194,16 @@ def _cassette(args: argparse.Namespace) -> int:
     if args.json and args.output is None:
         emit_json(doc)
         return EXIT_OK
-    _write(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=120), args.output)
+    try:
+        text = yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=120)
+    except RecursionError:  # the YAML emitter recurses per level: a few hundred levels are too many
+        from localllm.errors import TraceError
+
+        raise TraceError(
+            f"{args.file}: a recorded call nests too deeply to write as a YAML cassette",
+            hint="pass --json for the cassette as JSON (the reference reads both)",
+        ) from None
+    _write(text, args.output)
     if args.json:
         emit_json({"output": str(args.output), "episodes": len(doc.get("episodes", []))})
     return EXIT_OK

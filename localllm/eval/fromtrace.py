@@ -227,6 +227,9 @@ def cases_from_calls(
     return lines
 
 
+_MATCH_FACTS = frozenset({"verb", "handler", "phase", "schema_name"})
+
+
 def cassette_from_calls(
     calls: list[RecordedCall],
     *,
@@ -239,7 +242,9 @@ def cassette_from_calls(
     in the reference engine's format (Kitsoki replays it too).
 
     Each episode matches the call's verb, schema file name and args (and its handler with
-    ``match_handler``, else it also answers a local model's fallback). The episode id is
+    ``match_handler``, else it also answers a local model's fallback); an argument named
+    ``verb``, ``handler``, ``phase`` or ``schema_name`` is left out (those keys match the
+    request's own verb, handler, phase and schema). The episode id is
     the recorded ``episode_id`` when the call was itself replayed, so replaying a replayed
     run gives the very same call_ids; a live call's episode is named by its call_id.
     The ``agent:`` block carries the recorded metadata the reference records (``agent``,
@@ -262,7 +267,9 @@ def cassette_from_calls(
             match["verb"] = call.verb
         if call.schema_path is not None:
             match["schema_name"] = PurePosixPath(call.schema_path).name  # as the reference compares it
-        match.update(call.args)
+        # an argument named like a match key (verb, handler, phase, schema_name) cannot be
+        # matched on: the key means the request's own fact there, never the argument
+        match.update({k: v for k, v in call.args.items() if k not in _MATCH_FACTS})
         keys += [k for k in match if k not in keys]
         body: dict[str, Any] = {"verb": call.verb} if call.verb else {}
         body.update(_recorded(call))

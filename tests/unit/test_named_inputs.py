@@ -224,3 +224,45 @@ def test_a_ref_under_a_property_named_like_a_data_keyword_is_checked_at_load(tmp
     schema = {"type": "object", "properties": {name: {"$ref": "../../../../etc/passwd"}}}
     (tmp_path / "schemas" / "s.json").write_text(json.dumps(schema))
     assert "gates.g.with.schema" in _problems(cfg)  # before: check said ok, the call failed
+
+
+def _one_call_trace(tmp_path: Path, args: dict[str, Any], submission: Any) -> Path:
+    path = tmp_path / "t.jsonl"
+    with TraceWriter.open(path) as writer:
+        start = {"verb": "decide", "agent": "agent.x", "input": {"args": args}}
+        writer.append("agent.call.start", start, turn=1, call_id="c1", state_path="g")
+        end = {"agent": "agent.x", "response": {"submission": submission}}
+        writer.append("agent.call.complete", end, turn=1, call_id="c1", state_path="g")
+    return path
+
+
+def test_a_cassette_from_a_trace_replays_a_call_whose_argument_is_named_verb(tmp_path: Path) -> None:
+    from localllm.agents.cassette import CassetteAgent
+    from localllm.cli import main
+    from localllm.wire import AskRequest
+
+    args = {"verb": "urgent", "ticket": "x"}
+    trace = _one_call_trace(tmp_path, args, {"v": "ok"})
+    assert main(["trace", "cassette", str(trace), "--app-id", "a", "-o", str(tmp_path / "c.yaml")]) == 0
+    agent = CassetteAgent(tmp_path / "c.yaml", alias="agent.x")
+    request = AskRequest("s", 1, "g", "decide", "p", "cid", "2030-01-01T00:00:00Z", with_={"args": args})
+    assert json.loads(agent.ask(request, deadline=float("inf")).submission) == {"v": "ok"}  # before: no episode
+
+
+def test_a_cassette_too_deep_for_yaml_is_an_error_naming_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from localllm.cli import main
+
+    deep = "[" * 400 + "]" * 400  # readable (a trace from another writer), too deep for the YAML emitter
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(
+        '{"kind":"session.header","schema_version":1,"written_at":"2026-01-01T00:00:00Z"}\n'
+        '{"turn":1,"seq":0,"ts":"2026-01-01T00:00:00Z","kind":"agent.call.start","call_id":"c1",'
+        f'"payload":{{"verb":"decide","agent":"a","input":{{"args":{{"a":{deep}}}}}}}}}\n'
+        '{"turn":1,"seq":1,"ts":"2026-01-01T00:00:00Z","kind":"agent.call.complete","call_id":"c1",'
+        '"payload":{"agent":"a","response":{"submission":{"v":1}}}}\n'
+    )
+    assert main(["trace", "cassette", str(trace), "--app-id", "a"]) == 1  # before: RecursionError, "a bug"
+    assert "--json" in capsys.readouterr().err
+    assert main(["trace", "cassette", str(trace), "--app-id", "a", "--json"]) == 0
