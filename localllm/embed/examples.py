@@ -208,6 +208,10 @@ class ExampleSet:
         if not self.examples:
             return np.zeros((0, 1), dtype=np.float32)
         texts = {content_hash(e.text): e.text for e in self.examples}
+        if self.embedder.identity.dims is None:
+            # an unknown model's dims are known once it has answered: key the store by them, so
+            # vectors of another width (the server now runs another GGUF) are never read back
+            self._embed([self.examples[0].text])
         try:
             found = Store(self.embedder.identity, _STORE_KEY, root=self.store_root).vectors(texts, self._embed)
             rows = np.stack([found[content_hash(e.text)] for e in self.examples])

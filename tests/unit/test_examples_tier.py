@@ -503,3 +503,34 @@ def test_a_cascade_call_embeds_its_question_once(app: Path) -> None:
         result = rt.run_gate("queue", {"ticket": "broken error page"})
     assert result.agent == "examples" and "novelty" in result.meta  # few-shot, scope, vote, novelty
     assert embedder.texts - before == 1
+
+
+def test_an_unknown_models_examples_are_not_read_back_at_another_width(tmp_path: Path) -> None:
+    import base64
+
+    import httpx
+
+    from localllm.embed.embedder import fake_vector
+    from localllm.embed.examples import ExampleSet
+    from localllm.embed.local import LocalEmbedder
+
+    def embedder(dims: int) -> LocalEmbedder:
+        def handler(request: httpx.Request) -> httpx.Response:
+            body = json.loads(request.content)
+            data = [
+                {
+                    "index": i,
+                    "embedding": base64.b64encode(np.array(fake_vector(t, dims), dtype="<f4").tobytes()).decode(),
+                }
+                for i, t in enumerate(body["input"])
+            ]
+            return httpx.Response(200, json={"data": data})
+
+        with pytest.warns(Warning, match="not in the registry"):
+            return LocalEmbedder("http://embed.test", "my-embed", transport=httpx.MockTransport(handler))
+
+    examples = [Example("1", "refund please", {"q": "billing"}), Example("2", "app crashes", {"q": "bug"})]
+    assert ExampleSet(examples, embedder(384), store_root=tmp_path).neighbours("refund", 1)
+    # the same model name, the server now running another GGUF: before, a bare numpy ValueError
+    (best,) = ExampleSet(examples, embedder(768), store_root=tmp_path).neighbours("refund", 1)
+    assert best.example.id in ("1", "2")
