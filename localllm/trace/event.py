@@ -21,6 +21,7 @@ The header line is ``{"kind":"session.header","schema_version":1,"written_at":"<
 
 from __future__ import annotations
 
+import datetime
 import functools
 import json
 import re
@@ -100,8 +101,17 @@ def canonical_ts(value: str) -> str:
 
 
 def is_rfc3339_utc(value: object) -> bool:
-    """True when ``value`` is an RFC3339 UTC timestamp with an explicit ``Z``."""
-    return isinstance(value, str) and _TS_RE.fullmatch(value) is not None
+    """True when ``value`` is an RFC3339 UTC timestamp with an explicit ``Z``, and a real
+    instant (month 13, February 30 or hour 24 are refused, as Go's ``time.Parse`` refuses them)."""
+    if not isinstance(value, str) or _TS_RE.fullmatch(value) is None:
+        return False
+    # Go's year 0 (a leap year, as 2000 is), which Python's datetime cannot hold
+    stamp = "2000" + value[4:19] if value.startswith("0000") else value[:19]
+    try:
+        datetime.datetime.fromisoformat(stamp)
+    except ValueError:
+        return False
+    return True
 
 
 _GO_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"})

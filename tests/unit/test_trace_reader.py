@@ -195,6 +195,16 @@ LINE_CASES = [
         'trace corrupted: line 2: field "seq" must be a non-negative integer',
     ),
     (
+        "ts-month-13",  # digits in the right places, but no such instant (Go's time.Parse refuses it)
+        trace_bytes(b'{"turn":1,"seq":0,"ts":"2026-13-45T99:99:99Z","kind":"a","payload":{}}'),
+        'trace corrupted: line 2: field "ts" must be an RFC3339 UTC timestamp ending in Z',
+    ),
+    (
+        "ts-february-30",
+        trace_bytes(b'{"turn":1,"seq":0,"ts":"2026-02-30T00:00:00Z","kind":"a","payload":{}}'),
+        'trace corrupted: line 2: field "ts" must be an RFC3339 UTC timestamp ending in Z',
+    ),
+    (
         "ts-offset",
         trace_bytes(b'{"turn":1,"seq":0,"ts":"2026-01-15T09:00:00+00:00","kind":"a","payload":{}}'),
         'trace corrupted: line 2: field "ts" must be an RFC3339 UTC timestamp ending in Z',
