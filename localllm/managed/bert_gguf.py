@@ -116,14 +116,17 @@ def _vocab(tokenizer: Mapping[str, Any], size: int) -> tuple[list[str], list[int
 def _safetensors(raw: bytes) -> tuple[dict[str, Any], int]:
     (length,) = struct.unpack_from("<Q", raw, 0)
     header = json.loads(raw[8 : 8 + length])
+    if not isinstance(header, dict):
+        raise ValueError("the safetensors header is not a JSON object")
     header.pop("__metadata__", None)
     return header, 8 + length
 
 
 def convert(checkpoint: Path, out: BinaryIO, *, general: Mapping[str, str], log: Callable[[str], None]) -> None:
-    """Write the GGUF of the sentence-transformers checkpoint zip ``checkpoint`` to ``out``."""
-    import numpy as np
+    """Write the GGUF of the sentence-transformers checkpoint zip ``checkpoint`` to ``out``.
 
+    A checkpoint that lacks a key or holds malformed data is a :class:`FetchError` naming it.
+    """
     try:
         with zipfile.ZipFile(checkpoint) as zf:
             config = json.loads(zf.read("config.json"))
@@ -132,12 +135,41 @@ def convert(checkpoint: Path, out: BinaryIO, *, general: Mapping[str, str], log:
             weights = zf.read("model.safetensors")
     except (KeyError, ValueError, zipfile.BadZipFile) as exc:
         raise FetchError(f"{checkpoint.name} is not a sentence-transformers checkpoint: {exc}") from exc
+    try:
+        _write(checkpoint, config, tokenizer, pooling, weights, out=out, general=general, log=log)
+    except FetchError:
+        raise
+    except KeyError as exc:  # a key the checkpoint (or the pin's general names) lacks
+        raise FetchError(f"{checkpoint.name}: the checkpoint has no {exc}; it is not a BERT checkpoint") from exc
+    except (TypeError, ValueError, AttributeError, IndexError, struct.error) as exc:
+        raise FetchError(f"{checkpoint.name}: malformed checkpoint: {exc}") from exc
+
+
+def _write(
+    checkpoint: Path,
+    config: Any,
+    tokenizer: Any,
+    pooling: Any,
+    weights: bytes,
+    *,
+    out: BinaryIO,
+    general: Mapping[str, str],
+    log: Callable[[str], None],
+) -> None:
+    import numpy as np
+
     if config.get("model_type") != "bert" or tokenizer.get("model", {}).get("type") != "WordPiece":
         raise FetchError(f"{checkpoint.name}: only BERT checkpoints with a WordPiece tokenizer are converted")
     if not pooling.get("pooling_mode_mean_tokens"):
         raise FetchError(f"{checkpoint.name}: only mean pooling is converted")
     special = {t["content"]: int(t["id"]) for t in tokenizer.get("added_tokens", [])}
     size = int(config["vocab_size"])
+    if not 0 < size <= len(tokenizer["model"]["vocab"]):
+        # every id is a token of the tokenizer: a larger count only allocates (10**9: gigabytes)
+        raise FetchError(
+            f"{checkpoint.name}: vocab_size {size} is not within the tokenizer's "
+            f"{len(tokenizer['model']['vocab'])} tokens"
+        )
     tokens, types = _vocab(tokenizer, size)
     lowercase = bool(tokenizer.get("normalizer", {}).get("lowercase", True))
     kvs = [

@@ -264,7 +264,7 @@ def _artifact(raw: Mapping[str, Any], name: str, key: str, where: Path) -> Artif
     if url is not None and (not isinstance(url, str) or not url.startswith("https://")):
         raise bad(f"url must be an https:// URL or null, got {url!r}")
     size = raw.get("size")
-    if size is not None and (not isinstance(size, int) or size < 0):
+    if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 0):
         raise bad(f"size must be a byte count or null, got {size!r}")
     packages = parse_parts(raw["pypi"], f"{where}: {key}") if raw.get("pypi") is not None else ()
     convert = parse_convert(raw["pypi"].get("convert"), f"{where}: {key}") if packages else None

@@ -75,9 +75,10 @@ def test_unpinned_platform_names_the_alternatives() -> None:
         (("models", "entries", "gemma-3-270m", "url"), "http://x/y", "url must be an https://"),
         (("models", "entries", "gemma-3-270m", "file"), "../evil.gguf", "plain file name"),
         (("models", "default_chat"), "nope", "default_chat names unknown model"),
+        (("models", "entries", "gemma-3-270m", "size"), True, "models.entries.gemma-3-270m: size"),  # bool is an int
     ],
 )
-def test_malformed_pins_name_the_key(tmp_path: Path, path: tuple[str, ...], value: str, needle: str) -> None:
+def test_malformed_pins_name_the_key(tmp_path: Path, path: tuple[str, ...], value: object, needle: str) -> None:
     data = json.loads((REPO / "pins" / "artifacts.json").read_text())
     node = data
     for key in path[:-1]:

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import struct
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -253,6 +256,39 @@ def test_a_bert_checkpoint_becomes_a_gguf_llama_server_reads(tmp_path: Path) -> 
     assert meta["tokenizer.ggml.token_type"] == [3, 3, 3, 3, 3, 1, 1, 1]
     assert (meta["tokenizer.ggml.bos_token_id"], meta["tokenizer.ggml.eos_token_id"]) == (2, 3)
     assert out.stat().st_size % 32 == 0  # every tensor padded to the alignment
+
+
+def _rewritten(src: Path, dest: Path, member: str, edit: Callable[[Any], Any] | bytes) -> Path:
+    """``src`` with one member replaced: raw bytes, or its JSON passed through ``edit``."""
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dest, "w") as zout:
+        for name in zin.namelist():
+            data = zin.read(name)
+            if name == member:
+                data = edit if isinstance(edit, bytes) else json.dumps(edit(json.loads(data))).encode()
+            zout.writestr(name, data)
+    return dest
+
+
+@pytest.mark.parametrize(
+    ("member", "edit"),
+    [
+        ("config.json", lambda c: {k: v for k, v in c.items() if k != "vocab_size"}),  # KeyError before
+        ("config.json", lambda c: {**c, "vocab_size": 10**9}),  # allocated gigabytes before
+        ("model.safetensors", b"abc"),  # struct.error before
+        ("model.safetensors", struct.pack("<Q", 5) + b"{{{{{"),  # JSONDecodeError before
+        ("model.safetensors", struct.pack("<Q", 2) + b"[]"),  # AttributeError before
+        ("tokenizer.json", lambda t: {**t, "added_tokens": []}),  # KeyError '[CLS]' before
+    ],
+    ids=["no-vocab-size", "huge-vocab", "short-safetensors", "bad-header-json", "header-not-object", "no-specials"],
+)
+def test_a_malformed_checkpoint_is_a_fetch_error(tmp_path: Path, member: str, edit: Any) -> None:
+    from localllm.managed.bert_gguf import convert
+
+    _checkpoint(tmp_path / "good.zip")
+    bad = _rewritten(tmp_path / "good.zip", tmp_path / "model.zip", member, edit)
+    with (tmp_path / "out.gguf").open("wb") as fh, pytest.raises(FetchError) as info:
+        convert(bad, fh, general=GENERAL, log=lambda _: None)
+    assert type(info.value) is FetchError and "model.zip" in str(info.value)
 
 
 def test_a_converted_pin_is_verified_like_any_download(index: Path, tmp_path: Path) -> None:
