@@ -11,10 +11,12 @@ A leaf module: it imports nothing from localllm; httpx is imported on first use.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import ipaddress
 import socket
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CONNECTION_REFUSED",
     "NAME_NOT_RESOLVED",
+    "HeaderDeadline",
     "client",
     "is_loopback",
     "is_permanent",
@@ -173,3 +176,59 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+class HeaderDeadline:
+    """Cut the connection when the response headers take longer than ``seconds`` in all.
+
+    The read timeout restarts with every byte, so a server dripping a header byte a second
+    never trips it; this timer shuts the socket down (found through httpcore's trace hook,
+    passed as the request's ``trace`` extension) and the read fails at once. The socket is
+    seen only when the request opens its connection: the client must not reuse kept-alive
+    connections (``httpx.Limits(max_keepalive_connections=0)``).
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.fired = False
+        self._done = False
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.daemon = True
+
+    def trace(self, event: str, info: dict[str, Any]) -> None:
+        if event in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
+            get = getattr(info.get("return_value"), "get_extra_info", None)
+            sock = get("socket") if get is not None else None
+            if isinstance(sock, socket.socket):
+                with self._lock:
+                    self._sock = sock
+                    late = self.fired
+                if late:
+                    self._cut()
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self.fired = True
+        self._cut()
+
+    def _cut(self) -> None:
+        with self._lock:
+            sock = self._sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def headers_in(self) -> None:
+        with self._lock:
+            self._done = True
+        self._timer.cancel()
+
+    def __enter__(self) -> HeaderDeadline:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.headers_in()

@@ -64,6 +64,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from localllm import _http
 from localllm._http import map_httpx_errors
 from localllm.agents import _mcp
 from localllm.agents.base import Agent
@@ -174,7 +175,11 @@ class McpHttpAgent(Agent):
         self.decl = decl
         self._url = safe_url(decl.endpoint)
         self._redact = Redactor(list(decl.headers.values()) if secrets is None else secrets)
-        self._client = httpx.Client(transport=transport, follow_redirects=False)
+        # no kept-alive connections: each request opens its own, so its socket is known (the
+        # trace hook sees the connect) and a deadline can cut a server dripping its headers
+        self._client = httpx.Client(
+            transport=transport, follow_redirects=False, limits=httpx.Limits(max_keepalive_connections=0)
+        )
         self._ids = itertools.count(1)
         self._session_lock = threading.Lock()
         self._session: _Session | None = None
@@ -369,7 +374,7 @@ class McpHttpAgent(Agent):
             request = self._client.build_request(
                 verb, url, content=content, headers=headers, timeout=self._timeout(deadline, call_id, idle=idle)
             )
-            response = self._send(request, deadline, idle=idle)
+            response = self._send_by(request, deadline, idle=idle)
             watchdog = None
             if idle:  # headers came in time; the body may be silent until close() wakes it
                 timeouts = request.extensions.get("timeout")
@@ -403,6 +408,24 @@ class McpHttpAgent(Agent):
                 if watchdog is not None:
                     watchdog.cancel()
                 response.close()
+
+    def _send_by(self, request: httpx.Request, deadline: float, *, idle: bool) -> httpx.Response:
+        """:meth:`_send`, its response headers due by ``deadline`` in all: httpx's read timeout
+        restarts with each byte, so a server dripping a header line every half second held a
+        3 s call for minutes. The standalone stream (``idle``) has its own bound."""
+        if idle:
+            return self._send(request, deadline, idle=idle)
+        cut = _http.HeaderDeadline(max(self.remaining(deadline), 0.001))
+        request.extensions["trace"] = cut.trace
+        with cut:
+            try:
+                return self._send(request, deadline, idle=idle)
+            except httpx.HTTPError:
+                if cut.fired:
+                    raise AgentError(
+                        ErrorKind.DEADLINE_EXCEEDED, "no response headers before the deadline", alias=self.alias
+                    ) from None
+                raise
 
     def _send(self, request: httpx.Request, deadline: float, *, idle: bool) -> httpx.Response:
         """``send`` with a bounded retry of a refused connection (the request never left):

@@ -30,7 +30,6 @@ import errno
 import hashlib
 import json
 import shutil
-import socket
 import sys
 import threading
 import time
@@ -297,7 +296,7 @@ def _from_sources(
                 else:
                     if client is None:
                         # no keep-alive: every attempt connects afresh, so its header deadline
-                        # (_HeaderDeadline) always has the socket to cut
+                        # (HeaderDeadline) always has the socket to cut
                         client = httpx.Client(
                             follow_redirects=True,
                             timeout=policy.timeout,
@@ -451,60 +450,6 @@ def _from_registry(dest: Path, *, sha: str, artifact: Artifact, policy: _Policy)
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-class _HeaderDeadline:
-    """Cut the connection when the response headers take longer than ``seconds`` in all.
-
-    The read timeout restarts with every byte, so a server dripping a header byte a second
-    never trips it; this timer shuts the socket down (found through httpcore's trace hook)
-    and the read fails at once.
-    """
-
-    def __init__(self, seconds: float) -> None:
-        self.fired = False
-        self._done = False
-        self._sock: socket.socket | None = None
-        self._lock = threading.Lock()
-        self._timer = threading.Timer(seconds, self._fire)
-        self._timer.daemon = True
-
-    def trace(self, event: str, info: dict[str, Any]) -> None:
-        if event in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
-            get = getattr(info.get("return_value"), "get_extra_info", None)
-            sock = get("socket") if get is not None else None
-            if isinstance(sock, socket.socket):
-                with self._lock:
-                    self._sock = sock
-                    late = self.fired
-                if late:
-                    self._cut()
-
-    def _fire(self) -> None:
-        with self._lock:
-            if self._done:
-                return
-            self.fired = True
-        self._cut()
-
-    def _cut(self) -> None:
-        with self._lock:
-            sock = self._sock
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-
-    def headers_in(self) -> None:
-        with self._lock:
-            self._done = True
-        self._timer.cancel()
-
-    def __enter__(self) -> _HeaderDeadline:
-        self._timer.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.headers_in()
-
-
 class _Retry(Exception):
     """A transient failure of one attempt; ``counts`` False for a wait that only polled."""
 
@@ -544,7 +489,7 @@ class _FileDownload:
         self._mark = (time.monotonic(), 0)  # (when, received) at the start of the stall window
         #: when this source started waiting for response headers (None: they came)
         self._awaiting: float | None = None
-        self._deadline: _HeaderDeadline | None = None
+        self._deadline: _http.HeaderDeadline | None = None
 
     @classmethod
     def run(cls, client: httpx.Client, url: str, dest: Path, *, sha: str, artifact: Artifact, policy: _Policy) -> None:
@@ -725,7 +670,7 @@ class _FileDownload:
         timeout = httpx.Timeout(
             connect=timeout.connect, read=min(timeout.read or budget, budget), write=timeout.write, pool=timeout.pool
         )
-        self._deadline = _HeaderDeadline(budget)
+        self._deadline = _http.HeaderDeadline(budget)
         with (
             self._deadline as deadline,
             client.stream(

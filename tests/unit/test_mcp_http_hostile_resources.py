@@ -293,3 +293,29 @@ def test_a_body_byte_just_inside_the_read_timeout_does_not_extend_the_deadline()
         server.close()
     assert info.value.kind is ErrorKind.DEADLINE_EXCEEDED
     assert elapsed < 4.5
+
+
+def test_response_headers_dripped_do_not_extend_the_deadline() -> None:
+    """A header line every 0.4 s never trips httpx's read timeout: a 3 s call ran on for
+    minutes. The socket the request opened is shut at the deadline now."""
+
+    def drip(conn: socket.socket, verb: str, body: dict[str, object] | None, stop: threading.Event) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\n")
+        for i in range(200):
+            if stop.wait(0.4):
+                return
+            with contextlib.suppress(OSError):
+                conn.sendall(f"X-Drip-{i}: x\r\n".encode())
+
+    server = Hostile(drip)
+    agent = _agent(server.url)
+    try:
+        started = time.monotonic()
+        with pytest.raises(AgentError) as info:
+            agent.ask(ask_request("hi"), deadline=started + 3)
+        elapsed = time.monotonic() - started
+    finally:
+        agent.close()
+        server.close()
+    assert info.value.kind is ErrorKind.DEADLINE_EXCEEDED
+    assert elapsed < 4.5
