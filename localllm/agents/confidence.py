@@ -335,10 +335,13 @@ def parse_logprobs(data: Any) -> list[Token] | None:
         return token.encode("utf-8") if isinstance(token, str) else None
 
     def logprob(entry: dict[str, Any]) -> float | None:
+        """A log probability: at most 0 (a server's 1000 is not one: math.exp overflowed on it)."""
         value = entry.get("logprob")
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             number = finite_float(value)
-            return number if number is not None else -math.inf
+            if number is None:
+                return -math.inf
+            return number if number <= 0.0 else None
         return None
 
     tokens: list[Token] = []
@@ -350,7 +353,8 @@ def parse_logprobs(data: Any) -> list[Token] | None:
         if lp is None:
             return None
         top: list[tuple[bytes, float]] = []
-        for cand in entry.get("top_logprobs") or []:
+        candidates = entry.get("top_logprobs")
+        for cand in candidates if isinstance(candidates, list) else ():
             ctext = raw(cand)
             clp = logprob(cand) if isinstance(cand, dict) else None
             if ctext is not None and clp is not None:

@@ -458,7 +458,8 @@ class LocalLLMAgent(Agent):
             ) from exc
         if not isinstance(content, str):
             raise AgentError(ErrorKind.TRANSPORT_ERROR, "choices[0].message.content is not text", alias=self.alias)
-        usage = data.get("usage") or {}
+        usage = data.get("usage")
+        usage = usage if isinstance(usage, dict) else {}  # an endpoint's "n/a" is no usage
         choice = data["choices"][0]
         meta: dict[str, Any] = {
             **self._model_meta(data),

@@ -170,3 +170,34 @@ def test_a_deep_submission_stays_text_on_the_wire_and_in_the_service() -> None:
     ]
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     assert prepare({"model": "m", "messages": history, "tools": [tool]}, "m").body["messages"]
+
+
+def _answer(content: str, **extra: Any) -> bytes:
+    message = {"role": "assistant", "content": content}
+    choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": "stop"}
+    if "logprobs" in extra:
+        choice["logprobs"] = extra.pop("logprobs")
+    return json.dumps({"choices": [choice], **extra}).encode()
+
+
+DECIDE = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"]}
+YES = '{"answer": "yes"}'
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        _answer(YES, logprobs={"content": [{"token": YES, "logprob": 1000.0, "top_logprobs": []}]}),  # OverflowError
+        _answer(YES, logprobs={"content": [{"token": YES, "logprob": -0.1, "top_logprobs": 5}]}),  # TypeError
+        _answer(YES, usage="n/a"),  # AttributeError
+    ],
+    ids=["logprob-1000", "top-logprobs-int", "usage-string"],
+)
+def test_odd_reply_fields_of_a_valid_answer_are_ignored_not_a_crash(serve: Any, tmp_path: Path, body: bytes) -> None:
+    url = serve((200, body, {})).url
+    (tmp_path / "app.yaml").write_text(
+        f"agent_plugins:\n  agent.ep: {{plugin: builtin.local_llm, endpoint: '{url}', model: m, fallback: none}}\n"
+    )
+    with Runtime(load_config(tmp_path / "app.yaml")) as rt:
+        result = rt.call("decide", agent="agent.ep", prompt="hi", schema=DECIDE)  # before: plugin_crash
+    assert result.submission == {"answer": "yes"}
