@@ -293,6 +293,7 @@ class Runtime:
     def embedder(self, name: str) -> Embedder:
         """The embedder declared as ``name``, built on first use (its sidecar starts on first embed)."""
         with self._lock:
+            self._refuse_closed()  # a closed Runtime started an embedding server nobody stopped
             found = self._embedders.get(name)
             if found is not None:
                 return found
@@ -354,12 +355,7 @@ class Runtime:
     def agent(self, alias: str) -> Agent:
         """The agent for ``alias``, constructed on first use (nothing is spawned here)."""
         with self._lock:
-            if self._closed:
-                raise CallError(
-                    "the Runtime is closed",
-                    key="runtime",
-                    hint="make calls before close() (inside `with Runtime(...)`)",
-                )
+            self._refuse_closed()
             found = self._overrides.get(alias) or self._agents.get(alias)
             if found is not None:
                 return found
@@ -383,6 +379,13 @@ class Runtime:
             built.continue_session(self._episode_plays())
             self._agents[alias] = built
             return built
+
+    def _refuse_closed(self) -> None:
+        """CallError when :meth:`close` has run (nothing may start after it). Lock held."""
+        if self._closed:
+            raise CallError(
+                "the Runtime is closed", key="runtime", hint="make calls before close() (inside `with Runtime(...)`)"
+            )
 
     def _timeout(self, alias: str, explicit: float | None) -> float:
         if explicit is not None:
@@ -473,6 +476,7 @@ class Runtime:
                 )
         target = self.tier_agent(agent, gate)
         hard = self._timeout(agent, timeout)
+        ends = time.monotonic() + hard  # the call's hard cap covers every leg, the fallback's too
         request = self._request(
             verb,
             rendered,
@@ -498,7 +502,7 @@ class Runtime:
                 scope=self._scope(gate, args) if len(tiers) > 1 else None,
                 schema=schema_doc,
                 schema_path=schema_path,
-                hard=hard,
+                ends=ends,
                 timeout=timeout,
             )
             meta = self._meta(leg, None)
@@ -518,7 +522,9 @@ class Runtime:
         if leg.error is not None and leg.error.kind is ErrorKind.SCHEMA_INVALID and to is not None:
             fallback_of = agent
             record.fallback(reason="schema_invalid", original_plugin=agent, fallback_plugin=to)
-            leg = self._fallback(to, request, leg.error, schema=schema_doc, schema_path=schema_path, timeout=timeout)
+            leg = self._fallback(
+                to, request, leg.error, schema=schema_doc, schema_path=schema_path, ends=ends, timeout=timeout
+            )
             record.leg_finished(leg.alias, leg.response, leg.error, leg.value)
         meta = self._meta(leg, fallback_of)
         if selected_by is not None:
@@ -539,7 +545,7 @@ class Runtime:
         gate: str | None,
         schema: dict[str, Any] | None,
         schema_path: Path | None,
-        hard: float,
+        ends: float,
         timeout: float | None,
         scope: Mapping[str, Any] | None = None,
     ) -> tuple[_Leg, list[dict[str, Any]]]:
@@ -575,8 +581,9 @@ class Runtime:
             if index < start:
                 continue
             agent = first if index == 0 else self.tier_agent(tier.alias, gate)
-            limit = hard if index == 0 else self._timeout(tier.alias, timeout)
-            leg = self._attempt(agent, tier.alias, request, schema=schema, schema_path=schema_path, timeout=limit)
+            leg = self._later_leg(
+                agent, tier.alias, request, schema=schema, schema_path=schema_path, ends=ends, timeout=timeout
+            )
             record.leg_finished(leg.alias, leg.response, leg.error, leg.value)
             meta = self.redact.value(dict((leg.response.meta if leg.response else None) or {}))
             confidence = finite_float(meta.get("confidence"))
@@ -635,22 +642,38 @@ class Runtime:
         *,
         schema: dict[str, Any] | None,
         schema_path: Path | None,
+        ends: float,
         timeout: float | None,
     ) -> _Leg:
         """The fallback agent's leg after the local answer failed validation."""
-        leg = self._attempt(
-            self.agent(alias),
-            alias,
-            request,
-            schema=schema,
-            schema_path=schema_path,
-            timeout=self._timeout(alias, timeout),
+        leg = self._later_leg(
+            self.agent(alias), alias, request, schema=schema, schema_path=schema_path, ends=ends, timeout=timeout
         )
         if leg.error is not None:
             # the caller learns why the local answer was refused, not only why the fallback failed
             hint = "; ".join(h for h in (leg.error.hint, local_error.hint) if h)
             leg.error = leg.error.replace(original=local_error, hint=hint)
         return leg
+
+    def _later_leg(
+        self,
+        agent: Agent,
+        alias: str,
+        request: AskRequest,
+        *,
+        schema: dict[str, Any] | None,
+        schema_path: Path | None,
+        ends: float,
+        timeout: float | None,
+    ) -> _Leg:
+        """A leg within what is left of the call's hard cap (``ends``), at most the agent's own
+        timeout: a fallback or a cascade's next rung never extends the call. (Before, each
+        got a fresh timeout: ``--timeout 3`` answered after 5.4 s.)"""
+        left = min(ends - time.monotonic(), self._timeout(alias, timeout))
+        if left <= 0:
+            error = AgentError(ErrorKind.DEADLINE_EXCEEDED, "no time left of the call's deadline", alias=alias)
+            return _Leg(alias, None, self._own(error, alias))
+        return self._attempt(agent, alias, request, schema=schema, schema_path=schema_path, timeout=left)
 
     def _request(
         self,

@@ -1093,3 +1093,42 @@ def test_redacting_a_cycle_or_a_deep_value_ends() -> None:
     out = redactor.value({"a": cycle, "b": _deep(900), "c": "key sk-SECRET-1"})  # before: RecursionError
     assert out["c"] == "key ***"
     assert json.dumps(out).count("<nested too deeply to redact>") == 2
+
+
+def test_the_fallback_runs_within_the_calls_hard_cap(config: Config) -> None:
+    """The fallback got a fresh timeout of its own: a 1.5 s call gave its fallback a deadline
+    1.5 s after the local leg ended (2.5 s in). Now every leg ends by the call's cap."""
+    deadlines: dict[str, float] = {}
+
+    class Slow(Agent):
+        plugin = "test"
+        is_local_model = True
+
+        def ask(self, request: AskRequest, *, deadline: float) -> AskResponse:
+            deadlines[self.alias] = deadline
+            time.sleep(1.0)
+            return AskResponse.of({"verdict": "maybe"})  # not in the enum: the fallback answers
+
+    class Fallback(Agent):
+        plugin = "test"
+
+        def ask(self, request: AskRequest, *, deadline: float) -> AskResponse:
+            deadlines[self.alias] = deadline
+            return AskResponse.of({"verdict": "yes", "score": 0.5})
+
+    with Runtime(config) as rt:
+        rt.register_agent("agent.local", Slow("agent.local"))
+        rt.register_agent("agent.claude", Fallback("agent.claude"))
+        started = time.monotonic()
+        result = rt.call("decide", agent="agent.local", prompt="p", schema=SCHEMA, timeout=1.5)
+    assert result.agent == "agent.claude"
+    assert deadlines["agent.claude"] <= deadlines["agent.local"] + 0.01  # before: ~1 s later
+    assert deadlines["agent.local"] - started <= 1.5 + 0.05
+
+
+def test_a_closed_runtime_builds_no_embedder(tmp_path: Path) -> None:
+    (tmp_path / "app.yaml").write_text("embedders:\n  docs: {model: all-minilm-l6-v2}\n")
+    rt = Runtime(load_config(tmp_path / "app.yaml"))
+    rt.close()
+    with pytest.raises(CallError):
+        rt.embedder("docs")  # before: built one (its server then started on first embed, owned by nobody)
