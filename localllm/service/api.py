@@ -33,6 +33,7 @@ import json
 import logging
 import threading
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -61,6 +62,10 @@ _PROXIED = {
     "/tokenize": "/tokenize",
     "/detokenize": "/detokenize",
 }
+#: the routes a request is counted under in /metrics; any other path counts as ``other``
+_ROUTES = frozenset({"/health", "/v1/models", "/metrics", "/localllm/ps", "/localllm/stop", *_PROXIED})
+_ROUTE_PREFIXES = ("/v1/models/", "/localllm/slots/")
+_SHOWN = 200  # characters of a request path a log line shows
 #: the model role each OpenAI route serves (a chat model has no embeddings, and the reverse)
 _ROLE_OF = {"/v1/chat/completions": "chat", "/v1/embeddings": "embedding"}
 _TAIL = 16 * 1024  # bytes of a stream kept to read its final usage
@@ -114,11 +119,36 @@ class Metrics:
             if name not in seen:
                 lines.append(f"# TYPE {name} counter")
                 seen.add(name)
-            text = ",".join(f'{k}="{v}"' for k, v in labels)
+            text = ",".join(f'{k}="{_label(v)}"' for k, v in labels)
             lines.append(f"{name}{{{text}}} {value:g}" if text else f"{name} {value:g}")
         for name, value in sorted((gauges or {}).items()):
             lines += [f"# TYPE {name} gauge", f"{name} {value:g}"]
         return "\n".join(lines) + "\n"
+
+
+def _label(value: str) -> str:
+    """A label value escaped as the Prometheus text format requires (backslash, quote, newline)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _route(path: str) -> str:
+    """The route ``path`` is counted under: a known one (ids as ``{id}``), else ``other``.
+
+    Never the path itself: a client could otherwise add a series per distinct path (paths
+    are unbounded and come before authentication), and /metrics would grow without end.
+    """
+    if path in _ROUTES:
+        return path
+    for prefix in _ROUTE_PREFIXES:
+        if path.startswith(prefix):
+            return prefix + "{id}"
+    return "other"
+
+
+def _shown(path: str) -> str:
+    """``path`` as a log line shows it: percent-encoded (no space, quote or newline) and bounded."""
+    text = urllib.parse.quote(path, safe="/!$&'()*+,;=:@-._~")
+    return text if len(text) <= _SHOWN else text[:_SHOWN] + "…"
 
 
 def _error(message: str, kind: str, code: str | None = None, param: str | None = None) -> dict[str, Any]:
@@ -275,7 +305,7 @@ class ServiceApp:
         log.info(
             "%s %s model=%s status=%d prompt_tokens=%s completion_tokens=%s ms=%.0f",
             req.method,
-            req.path,
+            _shown(req.path),
             model or "-",
             status,
             "-" if prompt is None else prompt,
@@ -283,7 +313,7 @@ class ServiceApp:
             ms,
         )
         metrics = self.metrics
-        metrics.add("localllm_requests_total", path=req.path, status=str(status))
+        metrics.add("localllm_requests_total", path=_route(req.path), status=str(status))
         if model:
             metrics.add("localllm_model_requests_total", model=model, status=str(status))
             if isinstance(prompt, int):
@@ -324,18 +354,21 @@ class ServiceApp:
             self._log(req, model, reply.status)
         except _Abort:
             log.warning(
-                "%s %s model=%s: the upstream stream broke; the client's stream is cut", req.method, req.path, model
+                "%s %s model=%s: the upstream stream broke; the client's stream is cut",
+                req.method,
+                _shown(req.path),
+                model,
             )
-            self.metrics.add("localllm_requests_total", path=req.path, status="502")
+            self.metrics.add("localllm_requests_total", path=_route(req.path), status="502")
         except ClientGone:
-            log.info("%s %s status=499 client left after %.0f ms", req.method, req.path, _ms(req))
-            self.metrics.add("localllm_requests_total", path=req.path, status="499")
+            log.info("%s %s status=499 client left after %.0f ms", req.method, _shown(req.path), _ms(req))
+            self.metrics.add("localllm_requests_total", path=_route(req.path), status="499")
         except Exception as exc:  # never a traceback in the log: one line, and a 500 if still possible
-            log.error("%s %s failed: %s: %s", req.method, req.path, type(exc).__name__, exc)
+            log.error("%s %s failed: %s: %s", req.method, _shown(req.path), type(exc).__name__, exc)
             if not req.started_response:
                 with contextlib.suppress(Exception):
                     await req.respond(500, _error(f"internal error: {type(exc).__name__}", "server_error"))
-            self.metrics.add("localllm_requests_total", path=req.path, status="500")
+            self.metrics.add("localllm_requests_total", path=_route(req.path), status="500")
 
     async def _handle(self, req: _Request) -> str | None:
         guard = self.guard
@@ -477,8 +510,9 @@ class ServiceApp:
             raise _Reply(400, _error('give {"model": ID} or {"all": true}', "invalid_request_error"))
         unloaded = await self._blocking(self.pool.unload, model)
         await req.respond(200, {"model": model, "unloaded": unloaded})
-        self._log(req, model, 200)
-        return model
+        served = model if model in self.pool.catalog else None  # a metrics label only for a served id
+        self._log(req, served, 200)
+        return served
 
     # ------------------------------------------------------------------ proxy
 

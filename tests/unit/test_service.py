@@ -792,3 +792,43 @@ def test_a_server_dying_mid_stream_breaks_the_stream_then_respawns(
         again = chat(http, "chat")
     assert again.status_code == 200
     assert len(rows(env["spawn"], "start")) == 2  # respawned for the next request
+
+
+# -- metrics and the log line --------------------------------------------------------------
+def test_metrics_count_routes_not_paths_and_escape_labels(
+    make_service: Factory, caplog: pytest.LogCaptureFixture
+) -> None:
+    service = make_service()
+    injected = "/x%22%7D%201%0Alocalllm_models_loaded%2042%0A%23"  # decoded: x"} 1\nlocalllm_models_loaded 42\n#
+    with caplog.at_level(logging.INFO, logger="localllm.service"), client(service, token=None) as anonymous:
+        for n in range(50):
+            assert anonymous.get(f"/{n}{'a' * 3000}").status_code == 401
+        assert anonymous.get(injected).status_code == 401
+        assert anonymous.get("/v1/models/some-id").status_code == 401
+        assert anonymous.post("/localllm/stop", json={"model": "z" * 3000}).status_code == 401
+    with client(service) as http:
+        assert http.post("/localllm/stop", json={"model": "y" * 3000}).status_code == 200
+        metrics = http.get("/metrics").text
+    series = [line for line in metrics.splitlines() if line.startswith("localllm_requests_total{")]
+    assert sorted(series) == [
+        'localllm_requests_total{path="/localllm/stop",status="200"} 1',
+        'localllm_requests_total{path="/localllm/stop",status="401"} 1',
+        'localllm_requests_total{path="/v1/models/{id}",status="401"} 1',
+        'localllm_requests_total{path="other",status="401"} 51',
+    ]
+    assert [line for line in metrics.splitlines() if "localllm_models_loaded" in line] == [
+        "# TYPE localllm_models_loaded gauge",
+        "localllm_models_loaded 0",
+    ]
+    assert "yyy" not in metrics  # an unknown model given to stop is no label either
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("GET /")]
+    assert len([line for line in lines if " status=401 " in line]) == 52
+    assert all("\n" not in line and '"' not in line and len(line) < 400 for line in lines)
+
+
+def test_metrics_label_values_are_escaped() -> None:
+    from localllm.service.api import Metrics
+
+    metrics = Metrics()
+    metrics.add("c", model='a"b\\c\nd')
+    assert metrics.render().splitlines() == ["# TYPE c counter", 'c{model="a\\"b\\\\c\\nd"} 1']
