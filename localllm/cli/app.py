@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import gc
 import importlib
 import re
@@ -30,6 +31,7 @@ from localllm.cli.output import (
     EXIT_OK,
     EXIT_USAGE,
     PREFIX,
+    OutputUnwritable,
     UsageError,
     emit_json,
     err,
@@ -164,7 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             _check_command(argv)
             args = _parse(argv)
-            if isinstance(args, int):
+            if isinstance(args, int):  # help, or a usage error argparse printed
+                sys.stdout.flush()
                 return args
             as_json = bool(getattr(args, "json", False))
             handler: Handler | None = getattr(args, "handler", None)
@@ -172,7 +175,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 build_parser().print_help(sys.stderr)
                 err(f"{PREFIX}error: a command is required (see the list above; `localllm help COMMAND` for one)")
                 return EXIT_USAGE
-            return handler(args)
+            code = handler(args)
+            sys.stdout.flush()  # what is still buffered: its failure is this command's
+            return code
+        except OutputUnwritable as exc:  # `> /dev/full`: nothing on stdout can say so
+            with contextlib.suppress(OSError):
+                err(f"{PREFIX}error: {exc.strerror}")
+            return EXIT_FAILED
         except KeyboardInterrupt:
             err(f"{PREFIX}interrupted")
             return 130
@@ -255,8 +264,13 @@ def error_document(exc: BaseException) -> dict[str, Any]:
 def report_error(exc: BaseException, *, as_json: bool) -> int:
     """Print ``exc`` once — JSON on stdout with ``--json``, else a line and a hint on stderr."""
     if as_json:
-        emit_json(error_document(exc))
-    elif isinstance(exc, ConfigError):
+        try:
+            emit_json(error_document(exc))
+            sys.stdout.flush()
+            return exit_code_of(exc)
+        except OutputUnwritable as unwritable:  # the error goes where it can be read
+            err(f"{PREFIX}error: {unwritable.strerror}")
+    if isinstance(exc, ConfigError):
         err(f"{PREFIX}error: {len(exc.problems)} problem(s) in config:")
         for problem in exc.problems:
             err(f"  {problem}")

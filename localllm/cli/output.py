@@ -113,10 +113,18 @@ def path_arg(text: str) -> Path:
     return Path(text)
 
 
-class MaskedStream:
-    """A text stream whose writes have the known secrets masked (see the module docstring)."""
+class OutputUnwritable(OSError):
+    """Standard output cannot be written (``> /dev/full``, a full disk); ``str()`` says why."""
 
-    def __init__(self, stream: TextIO, secrets: list[str]) -> None:
+
+class MaskedStream:
+    """A text stream whose writes have the known secrets masked (see the module docstring).
+
+    A write or flush the stream refuses (other than a closed pipe, which ``main`` treats as
+    the reader having had enough) is :class:`OutputUnwritable`, naming the stream."""
+
+    def __init__(self, stream: TextIO, secrets: list[str], name: str = "stdout") -> None:
+        self._name = name
         self._stream = stream
         self._secrets = secrets  # shared by the stdout and stderr wrappers
         self._redact = Redactor(secrets)
@@ -132,8 +140,22 @@ class MaskedStream:
     def write(self, text: str) -> int:
         if len(self._secrets) != self._known:
             self._redact, self._known = Redactor(self._secrets), len(self._secrets)
-        self._stream.write(self._redact(text) if self._redact else text)
+        with self._refused():
+            self._stream.write(self._redact(text) if self._redact else text)
         return len(text)
+
+    def flush(self) -> None:
+        with self._refused():
+            self._stream.flush()
+
+    @contextlib.contextmanager
+    def _refused(self) -> Iterator[None]:
+        try:
+            yield
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise OutputUnwritable(exc.errno, f"cannot write to {self._name}: {exc.strerror or exc}") from exc
 
     def writelines(self, lines: Iterable[str]) -> None:
         for line in lines:
@@ -148,8 +170,8 @@ def masked_output() -> Iterator[None]:
     """Mask every secret :func:`protect` learns in sys.stdout/sys.stderr until the block ends."""
     secrets: list[str] = []
     saved = sys.stdout, sys.stderr
-    sys.stdout = MaskedStream(saved[0], secrets)
-    sys.stderr = MaskedStream(saved[1], secrets)
+    sys.stdout = MaskedStream(saved[0], secrets, "stdout")
+    sys.stderr = MaskedStream(saved[1], secrets, "stderr")
     try:
         yield
     finally:
