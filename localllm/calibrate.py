@@ -204,13 +204,17 @@ def choose_threshold(
     if not 0.0 < target_precision <= 1.0:
         raise ValueError(f"target_precision must be within (0, 1], got {target_precision}")
     n = len(scores)
-    best: Threshold | None = None
-    for point in risk_coverage(scores, correct):
+    # lowest threshold first: the first that qualifies is the answer. A point whose observed
+    # precision is below the target cannot qualify (its bound is below its precision), so
+    # its bound, an O(n) bisection, is never computed: 2,000 scores took 7.5 s before.
+    for point in reversed(risk_coverage(scores, correct)):
+        if point.precision < target_precision:
+            continue
         k = round(point.precision * point.accepted)
         bound = precision_lower_bound(k, point.accepted, confidence)
         if bound >= target_precision:
-            best = Threshold(point.threshold, point.coverage, point.precision, bound, n)
-    return best if best is not None else Threshold(math.inf, 0.0, 0.0, 0.0, n)
+            return Threshold(point.threshold, point.coverage, point.precision, bound, n)
+    return Threshold(math.inf, 0.0, 0.0, 0.0, n)
 
 
 @dataclass(frozen=True)
