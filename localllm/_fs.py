@@ -24,6 +24,7 @@ A leaf module: it imports nothing from localllm and raises only ``OSError``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import stat
@@ -61,13 +62,20 @@ def read_capped(path: Path, limit: int | None, *, regular: bool = False) -> byte
     or a trace names) refuses anything but a regular file, a named pipe included, without
     waiting for a writer (it is opened ``O_NONBLOCK``).
     """
-    flags = os.O_RDONLY | os.O_CLOEXEC | (os.O_NONBLOCK if regular else 0)
-    with os.fdopen(os.open(path, flags), "rb") as fh:
-        st = os.fstat(fh.fileno())
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | (os.O_NONBLOCK if regular else 0))
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):  # os.open takes a directory; fdopen's error would name the fd
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
         if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
             raise Unreadable(f"{path} is a device, not a file")
         if regular and not stat.S_ISREG(st.st_mode):
             raise Unreadable(f"{path} is not a regular file")
+        fh = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    with fh:
         if limit is None:
             return fh.read()
         size = st.st_size if stat.S_ISREG(st.st_mode) else 0

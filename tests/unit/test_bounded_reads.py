@@ -113,3 +113,9 @@ def test_a_device_as_the_trace_to_append_to_is_refused() -> None:
         check=False,
     )
     assert done.returncode == 0 and "refused:" in done.stdout and "not a regular file" in done.stdout, done.stderr
+
+
+def test_a_directory_is_named_by_its_path_not_a_descriptor(tmp_path: Path) -> None:
+    with pytest.raises(IsADirectoryError) as info:
+        read_capped(tmp_path, 10)  # before (b46936e): "[Errno 21] Is a directory: 3"
+    assert info.value.filename == str(tmp_path)
