@@ -269,12 +269,23 @@ class ServiceApp:
     #: model id → stop strings added to its chat requests (the pins')
     stops: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     _client: Upstream | None = None
-    _executor: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(max_workers=64, thread_name_prefix="localllm-lease")
-    )
+    #: the pool's other blocking calls (listing, unloading, respawning)
+    _executor: ThreadPoolExecutor = field(init=False)
+    _leases: ThreadPoolExecutor = field(init=False)
+    _releases: ThreadPoolExecutor = field(init=False)
     _inflight: int = 0
+    _acquiring: int = 0  # pool.acquire calls running (a client that left still has its own)
     #: upstream base URL → how many connections to keep open to it (its slots + 1)
     _hosts: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # An acquire blocks its thread while it waits for room or a load (up to load_wait).
+        # So acquires get a thread each (at most max_queue run: see _proxy), and neither a
+        # release — what a waiting acquire may be waiting for — nor a listing ever queues
+        # behind them.
+        self._leases = ThreadPoolExecutor(self.limits.max_queue, thread_name_prefix="localllm-lease")
+        self._releases = ThreadPoolExecutor(2, thread_name_prefix="localllm-release")
+        self._executor = ThreadPoolExecutor(16, thread_name_prefix="localllm-pool")
 
     # ------------------------------------------------------------------ plumbing
 
@@ -291,7 +302,8 @@ class ServiceApp:
             self._client = None
 
     def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        for executor in (self._leases, self._executor, self._releases):
+            executor.shutdown(wait=False, cancel_futures=True)
 
     def authorized(self, header: str | None, api_key: str | None) -> bool:
         if self.token is None:
@@ -564,12 +576,12 @@ class ServiceApp:
                     data, raw = sent, json.dumps(sent).encode()
         except chat.BadRequest as exc:
             raise _Reply(400, exc.to_json()) from None
-        if self._inflight >= self.limits.max_queue:
+        busy = max(self._inflight, self._acquiring)
+        if busy >= self.limits.max_queue:
             raise _Reply(
                 503,
                 _error(
-                    f"the service has {self._inflight} requests in flight "
-                    f"(its queue holds {self.limits.max_queue}); retry",
+                    f"the service has {busy} requests in flight (its queue holds {self.limits.max_queue}); retry",
                     "server_error",
                     "queue_full",
                 ),
@@ -617,14 +629,20 @@ class ServiceApp:
         data: dict[str, Any],
     ) -> tuple[int, tuple[Any, Any]]:
         loop = asyncio.get_running_loop()
-        acquiring = loop.run_in_executor(self._executor, self.pool.acquire, model, self.load_wait)
+        acquiring = loop.run_in_executor(self._leases, self.pool.acquire, model, self.load_wait)
+        self._acquiring += 1
+
+        def acquired(_: asyncio.Future[Any]) -> None:
+            self._acquiring -= 1
+
+        acquiring.add_done_callback(acquired)
         try:
             held = await asyncio.shield(acquiring)
         except asyncio.CancelledError:
             # the client left while the model loaded: give the lease back once it is granted
             def give_back(fut: asyncio.Future[Any]) -> None:
                 if not fut.cancelled() and fut.exception() is None:
-                    self._executor.submit(self.pool.release, fut.result())
+                    self._releases.submit(self.pool.release, fut.result())
 
             acquiring.add_done_callback(give_back)
             raise
@@ -671,8 +689,9 @@ class ServiceApp:
                     ) from None
             raise AssertionError("unreachable")
         finally:
-            # not awaited: a cancelled request must still give its model back
-            self._executor.submit(self.pool.release, held)
+            # not awaited: a cancelled request must still give its model back. Its own threads:
+            # queued behind acquires, it would wait for the acquires waiting for it (load_wait)
+            self._releases.submit(self.pool.release, held)
 
     async def _dispatch(  # noqa: PLR0917
         self,

@@ -340,6 +340,35 @@ def test_busy_models_make_a_new_one_wait_bounded(
     assert refused.status_code == 503 and refused.json()["error"]["code"] == "model_busy"
 
 
+def test_waiters_for_another_model_do_not_hold_back_the_release_they_wait_for(
+    make_service: Factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # one streamed answer holds "chat" (max_models=1); 70 requests wait for room for "other"
+    # (more than the 64 lease threads the front had, whose queue the release of "chat" joined)
+    monkeypatch.setenv("FAKE_LLAMA_STREAM_DELAY", "0.25")
+    service = make_service(max_models=1, load_wait=12)
+    statuses: list[int] = []
+    with client(service) as http:
+        assert chat(http, "chat").status_code == 200
+        body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        slow = threading.Thread(
+            target=lambda: statuses.append(http.post("/v1/chat/completions", json=body).status_code)
+        )
+        slow.start()
+        time.sleep(0.3)
+        waiters = [threading.Thread(target=lambda: statuses.append(chat(http, "other").status_code)) for _ in range(70)]
+        for t in waiters:
+            t.start()
+        time.sleep(0.5)
+        started = time.monotonic()
+        listed = http.get("/v1/models")
+        listing = time.monotonic() - started
+        for t in [slow, *waiters]:
+            t.join(30)
+    assert listed.status_code == 200 and listing < 5  # was held until the waiters gave up (load_wait)
+    assert statuses == [200] * 71
+
+
 def test_load_failure_is_a_503_naming_the_cause(make_service: Factory, env: dict[str, Path]) -> None:
     service = make_service()
     env["other"].unlink()
