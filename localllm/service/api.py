@@ -551,9 +551,15 @@ class ServiceApp:
         prepared: chat.Prepared | None = None
         keep_alive: float | None = None
         try:
+            chat.check_text(data)
             if path == "/v1/chat/completions":
                 prepare = functools.partial(
-                    chat.prepare, data, model, limits=self.limits.chat, stop=self.stops.get(model, ())
+                    chat.prepare,
+                    data,
+                    model,
+                    limits=self.limits.chat,
+                    stop=self.stops.get(model, ()),
+                    parallel=spec.parallel if spec is not None else None,
                 )
                 if any(data.get(k) is not None for k in (*chat.SCHEMA_KEYS, "grammar")):
                     # compiling and checking schemas takes CPU time (up to a second or two):
@@ -744,10 +750,11 @@ class ServiceApp:
                 tokens = _usage(answer)
                 if url.endswith("/v1/embeddings") and data.get("dimensions") is not None:
                     refused = chat.dimensions_refusal(data["dimensions"], answer)
-        elif status == 500 and url.endswith("/detokenize"):
-            refused = chat.vocab_refusal(
-                data["tokens"], await self._upstream_json(url.removesuffix("/detokenize") + "/v1/models")
-            )
+        elif status == 500 and url.endswith(("/detokenize", "/tokenize")):
+            route, field = ("/detokenize", "tokens") if url.endswith("/detokenize") else ("/tokenize", "content")
+            given = data[field] if isinstance(data[field], list) else []
+            models = await self._upstream_json(url.removesuffix(route) + "/v1/models")
+            refused = chat.vocab_refusal(given, models, field)
         if refused is not None:
             await req.respond(400, refused.to_json(), headers=extra)
             return 400, tokens

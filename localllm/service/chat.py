@@ -251,9 +251,63 @@ def _check_messages(messages: Any) -> None:
             raise BadRequest(f"messages[{i}].content must be a string or an array of parts", f"messages[{i}].content")
         if isinstance(content, list):
             _check_parts(content, f"messages[{i}].content")
-        name = m.get("name")
-        if name is not None and not isinstance(name, str):
-            raise BadRequest(f"messages[{i}].name must be a string, got {name!r:.40}", f"messages[{i}].name")
+        # llama-server reads these as strings and answers any other type with a 500
+        for key in ("name", "tool_call_id", "reasoning_content"):
+            value = m.get(key)
+            if value is not None and not isinstance(value, str):
+                raise BadRequest(f"messages[{i}].{key} must be a string, got {value!r:.40}", f"messages[{i}].{key}")
+        if m.get("tool_calls") is not None:
+            _check_tool_calls(m["tool_calls"], role, f"messages[{i}].tool_calls")
+
+
+def _check_tool_calls(calls: Any, role: str, param: str) -> None:
+    """An assistant's earlier calls: an array of ``{"function": {"name": …, "arguments": …}}``."""
+    if role != "assistant":
+        raise BadRequest(f"{param}: only an assistant message has tool_calls, not a {role} message", param)
+    if not isinstance(calls, list):
+        raise BadRequest(f"{param} must be an array of tool calls", param)
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict):
+            raise BadRequest(
+                f'{param}[{j}].function must be an object {{"name": …, "arguments": …}}', f"{param}[{j}].function"
+            )
+        if not isinstance(fn.get("name"), str):
+            raise BadRequest(f"{param}[{j}].function.name must be a string", f"{param}[{j}].function.name")
+
+
+def check_text(data: dict[str, Any]) -> None:
+    """Every string of a request body (keys too) must be encodable text: JSON admits a lone
+    surrogate escape (``"\\ud800"``), which no UTF-8 can hold and llama-server answers with a 500."""
+    try:  # the common case at C speed; the walk below only names the field
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        pass
+    else:
+        return
+    stack: list[tuple[Any, str]] = [(data, "")]
+    while stack:
+        node, param = stack.pop()
+        if isinstance(node, dict):
+            for key, value in node.items():
+                where = f"{param}.{key}" if param else str(key)
+                _check_encodable(key, param or where)
+                stack.append((value, where))
+        elif isinstance(node, list):
+            stack.extend((value, f"{param}[{j}]") for j, value in enumerate(node))
+        elif isinstance(node, str):
+            _check_encodable(node, param)
+
+
+def _check_encodable(text: str, param: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise BadRequest(
+            f"{param} holds a lone surrogate (\\u{ord(text[exc.start]):04x}), which is not text: "
+            "send a character as one escape pair or as UTF-8",
+            param,
+        ) from None
 
 
 def _check_parts(parts: list[Any], param: str) -> None:
@@ -504,8 +558,10 @@ def prepare(
     *,
     limits: ChatLimits = ChatLimits(),
     stop: tuple[str, ...] = (),
+    parallel: int | None = None,
 ) -> Prepared:
-    """The upstream body and the answer's handling for one chat request (BadRequest: 400)."""
+    """The upstream body and the answer's handling for one chat request (BadRequest: 400);
+    ``parallel``: the model's slots (``n`` is capped to them)."""
     from localllm.grammar import compile_schema
 
     body = dict(data)
@@ -526,8 +582,8 @@ def prepare(
         asked.append(n_predict)
     body.pop("max_completion_tokens", None)
     body["max_tokens"] = min([*asked, limits.max_tokens])
-    if "n" in body:
-        body["n"] = min(body["n"], limits.max_n)
+    if "n" in body:  # capped, never refused: llama-server refuses more choices than its slots
+        body["n"] = min(body["n"], limits.max_n, parallel or limits.max_n)
     for name in ("n_probs", "top_logprobs"):
         if name in body:
             body[name] = min(body[name], limits.max_logprobs)
@@ -814,27 +870,31 @@ def check_tokens(path: str, data: dict[str, Any]) -> None:
         # a flat array of texts and ids is what _embedding_item accepts as one item
         if not isinstance(content, str) and not (isinstance(content, list) and content and _embedding_item(content)):
             raise BadRequest("content must be a string, or a non-empty array of strings and token ids", "content")
+        negative = next((j for j, t in enumerate(content) if isinstance(t, int) and t < 0), None)
+        if negative is not None:  # never a token id; with_pieces made it llama-server's 500
+            raise BadRequest(f"content[{negative}] is a negative token id", f"content[{negative}]", "invalid_token")
     elif path == "/detokenize":
         tokens = data.get("tokens")
         if not isinstance(tokens, list) or not all(_token_id(t) for t in tokens):
             raise BadRequest("tokens must be an array of token ids (integers >= 0)", "tokens")
 
 
-def vocab_refusal(tokens: list[int], models: Any) -> BadRequest | None:
-    """The 400 for a ``/detokenize`` id outside the vocabulary that ``models`` (llama-server's
-    ``GET /v1/models``) gives: llama-server answers it with a 500 (a C++ range check)."""
+def vocab_refusal(tokens: list[Any], models: Any, field: str = "tokens") -> BadRequest | None:
+    """The 400 for a ``/detokenize`` id (``/tokenize`` ``content`` id, ``with_pieces``) outside
+    the vocabulary that ``models`` (llama-server's ``GET /v1/models``) gives: llama-server
+    answers it with a 500 (a C++ range check). Items of ``tokens`` other than ids are skipped."""
     rows = models.get("data") if isinstance(models, dict) else None
     meta = rows[0].get("meta") if isinstance(rows, list) and rows and isinstance(rows[0], dict) else None
     size = meta.get("n_vocab") if isinstance(meta, dict) else None
     if not isinstance(size, int) or isinstance(size, bool):
         return None
-    outside = next(((i, t) for i, t in enumerate(tokens) if t >= size), None)
+    outside = next(((i, t) for i, t in enumerate(tokens) if _token_id(t) and t >= size), None)
     if outside is None:
         return None
     return BadRequest(
-        f"tokens[{outside[0]}] is {outside[1]}, not a token id of this model: its vocabulary has {size} tokens "
+        f"{field}[{outside[0]}] is {outside[1]}, not a token id of this model: its vocabulary has {size} tokens "
         f"(ids 0 to {size - 1})",
-        f"tokens[{outside[0]}]",
+        f"{field}[{outside[0]}]",
         "invalid_token",
     )
 

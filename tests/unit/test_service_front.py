@@ -512,6 +512,34 @@ def test_nan_and_overflowing_numbers_are_400s(make_service: Factory) -> None:
             "messages[0].content[0].text",
             "invalid_request_error",
         ),
+        # the service's own AttributeError (a 500) for a function that is not an object
+        (
+            {"role": "assistant", "tool_calls": [{"type": "function", "function": "x"}]},
+            "messages[0].tool_calls[0].function",
+            "invalid_request_error",
+        ),
+        (
+            {"role": "assistant", "tool_calls": [{"type": "function", "function": None}]},
+            "messages[0].tool_calls[0].function",
+            "invalid_request_error",
+        ),
+        (
+            {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": 5}}]},
+            "messages[0].tool_calls[0].function.name",
+            "invalid_request_error",
+        ),
+        ({"role": "assistant", "tool_calls": 5}, "messages[0].tool_calls", "invalid_request_error"),
+        ({"role": "user", "content": "hi", "tool_calls": 5}, "messages[0].tool_calls", "invalid_request_error"),
+        (
+            {"role": "assistant", "content": "x", "reasoning_content": 5},
+            "messages[0].reasoning_content",
+            "invalid_request_error",
+        ),
+        (
+            {"role": "user", "content": "hi", "tool_call_id": {"a": 1}},
+            "messages[0].tool_call_id",
+            "invalid_request_error",
+        ),
     ],
 )
 def test_messages_llama_server_cannot_read_are_400s_that_never_reach_it(
@@ -528,6 +556,60 @@ def test_messages_llama_server_cannot_read_are_400s_that_never_reach_it(
     assert fine.status_code == 200
     eventually(lambda: upstream_chats(env))
     assert len(upstream_chats(env)) == 1  # only the readable one was sent
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "\\ud800 hi"}]}', "messages[0].content"),
+        (
+            "/v1/chat/completions",
+            '{"messages": [{"role": "user", "content": "hi"}], "stop": ["a", "\\udc00"]}',
+            "stop[1]",
+        ),
+        ("/tokenize", '{"content": "\\ud800"}', "content"),
+        ("/v1/embeddings", '{"input": ["ok", "\\uDFFF"]}', "input[1]"),
+    ],
+)
+def test_a_lone_surrogate_is_a_400_naming_the_field(
+    make_service: Factory, env: dict[str, Path], path: str, body: str, param: str
+) -> None:
+    service = make_service()
+    raw = json.dumps({"model": "chat" if path != "/v1/embeddings" else "e", **json.loads(body)})
+    with client(service) as http:
+        refused = http.post(path, content=raw.encode(), headers={"Content-Type": "application/json"})
+        pair = http.post(  # an escaped pair is one character, and fine
+            "/v1/chat/completions",
+            content=b'{"model": "chat", "messages": [{"role": "user", "content": "\\ud83d\\ude00"}]}',
+            headers={"Content-Type": "application/json"},
+        )
+    assert (refused.status_code, refused.json()["error"]["param"]) == (400, param), refused.text
+    assert pair.status_code == 200
+    eventually(lambda: upstream_chats(env))
+    assert len(upstream_chats(env)) == 1
+
+
+def test_tokenize_ids_that_are_no_token_are_400s_naming_them(make_service: Factory) -> None:
+    from localllm.service.chat import vocab_refusal
+
+    service = make_service()
+    with client(service) as http:
+        negative = http.post("/tokenize", json={"model": "chat", "content": ["a", -5], "with_pieces": True})
+    assert negative.status_code == 400, negative.text
+    assert (negative.json()["error"]["param"], negative.json()["error"]["code"]) == ("content[1]", "invalid_token")
+    # llama-server's 500 for an id past n_vocab with with_pieces becomes this 400
+    models = {"data": [{"meta": {"n_vocab": 100}}]}
+    refused = vocab_refusal(["a", 7, "b", 100], models, "content")
+    assert refused is not None and (refused.param, refused.code) == ("content[3]", "invalid_token")
+    assert vocab_refusal(["a", 99], models, "content") is None
+
+
+def test_n_is_capped_at_the_model_slots(make_service: Factory, env: dict[str, Path]) -> None:
+    service = make_service()  # "chat" runs with parallel 2
+    with client(service) as http:
+        assert chat(http, "chat", n=3).status_code == 200
+    eventually(lambda: upstream_chats(env))
+    assert upstream_chats(env)[0]["n"] == 2
 
 
 def test_a_model_asked_for_the_other_role_is_a_400_without_loading_it(
