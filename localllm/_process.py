@@ -3,7 +3,10 @@
 Every child localllm starts runs in its own session (``start_new_session=True``), so it
 leads a process group holding everything it starts. Stopping signals the *group*: a
 ``server_bin`` that is a shell wrapper without ``exec``, a CLI that forks workers, a build
-driving compilers — none of their descendants survives the stop.
+driving compilers — none of their descendants survives the stop. A descendant that left
+the group (``setsid``) is noted with :func:`descendants` while its ancestor runs and killed
+with :func:`kill_pids`; one forked and orphaned unnoted is found by the pipe it still holds
+(:func:`kill_pipe_holders`).
 
 :class:`StderrTail` drains a child's stream on a daemon thread (a chatty child never blocks
 on a full pipe) and keeps the last bytes for error details; :func:`tail` cuts a text for a
@@ -32,10 +35,14 @@ __all__ = [
     "ProbeResult",
     "StderrTail",
     "arm_watchdog",
+    "descendants",
     "disarm_watchdog",
     "exit_code",
     "exited",
     "group_alive",
+    "kill_pids",
+    "kill_pipe_holders",
+    "pipe_ids",
     "run_probe",
     "signal_group",
     "spawn",
@@ -264,6 +271,56 @@ def kill_pids(pids: Mapping[int, int], sig: int = signal.SIGKILL) -> None:
             os.kill(pid, sig)
 
 
+def pipe_ids(*fds: int) -> set[str]:
+    """What ``/proc`` calls the pipes behind ``fds`` (``pipe:[inode]``); none off Linux."""
+    ids = set()
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            ids.add(os.readlink(f"/proc/self/fd/{fd}"))
+    return ids
+
+
+def _holds(pid: str, pipes: set[str]) -> bool:
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for name in names:
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/fd/{name}") in pipes:
+                return True
+    return False
+
+
+def kill_pipe_holders(pipes: set[str]) -> None:
+    """SIGKILL each process outside our session that holds one of ``pipes`` (from
+    :func:`pipe_ids`): what a child left behind holding its output, in a session of its own
+    (``setsid``) so that no group kill reaches it, forked and orphaned too quickly to be
+    noted by :func:`descendants`. A child's pipes reach no other process (``close_fds``);
+    a process of ours forked later shares our session and is spared."""
+    if not pipes or not hasattr(os, "pidfd_open"):
+        return
+    me, session = os.getpid(), os.getsid(0)
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return
+    for entry in entries:
+        if not entry.isdigit() or int(entry) == me or not _holds(entry, pipes):
+            continue
+        try:
+            pidfd = os.pidfd_open(int(entry))
+        except OSError:
+            continue
+        try:  # checked again with the pid pinned by the pidfd: it is still that process
+            if os.getsid(int(entry)) != session and _holds(entry, pipes):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        except OSError:
+            pass
+        finally:
+            os.close(pidfd)
+
+
 def exit_code(proc: subprocess.Popen[Any]) -> int | None:
     """The child's exit code like ``Popen.returncode`` (negative: the signal), *without*
     reaping it (``waitid(WNOWAIT)``); None while it runs.
@@ -425,17 +482,22 @@ def run_probe(
     stdin is closed, stdout and stderr are merged and the first ``limit`` bytes kept. The
     probe is over when its process exits — a descendant holding the pipe open does not
     extend it — or at ``timeout``, when the whole group is killed and ``returncode`` is
-    ``None``. Raises ``OSError`` when ``argv[0]`` cannot be run.
+    ``None``. Either way nothing it started survives it: not its group, nor a descendant
+    that left the group (``setsid``). Raises ``OSError`` when ``argv[0]`` cannot be run.
     """
     deadline = time.monotonic() + max(timeout, 0.0)
     proc = spawn(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=cwd)
     assert proc.stdout is not None
     fd = proc.stdout.fileno()
+    pipes = pipe_ids(fd)
     os.set_blocking(fd, False)
     out = bytearray()
     exited = False
+    doomed: dict[int, int] = {}  # descendants seen while it ran (see descendants())
     try:
         while True:
+            if proc.returncode is None:
+                doomed.update(descendants(proc.pid))
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
@@ -451,7 +513,12 @@ def run_probe(
                 break
     finally:
         code = proc.returncode if exited else None
+        if proc.returncode is None:
+            doomed.update(descendants(proc.pid))
         stop_group(proc, grace=0.0)
+        kill_pids(doomed)
+        if _read_into(fd, out, limit):  # no EOF yet: an escaped descendant we never saw holds it
+            kill_pipe_holders(pipes)
         proc.stdout.close()
     return ProbeResult(returncode=code, output=out.decode("utf-8", "replace"))
 

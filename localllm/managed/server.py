@@ -30,10 +30,13 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import errno
+import logging
 import os
 import re
 import signal
 import socket
+import stat
 import subprocess
 import threading
 import time
@@ -48,9 +51,13 @@ from localllm import _head_start, _http
 from localllm._process import (
     StderrTail,
     arm_watchdog,
+    descendants,
     disarm_watchdog,
     exit_code,
     exited,
+    kill_pids,
+    kill_pipe_holders,
+    pipe_ids,
     run_probe,
     spawn,
     stop_group,
@@ -63,6 +70,8 @@ if TYPE_CHECKING:
     import httpx
 
 __all__ = ["MANAGED_FLAGS", "ManagedServer", "Role", "ServerKey", "ServerState"]
+
+logger = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
 
@@ -79,6 +88,7 @@ _POLL_FIRST = 0.005  # the first interval: polls start fast and back off (× _PO
 _POLL_BACKOFF = 1.5
 _ABORT_GRACE = 0.5  # SIGTERM grace for a start that is abandoned (timeout or stop)
 _CANARY_TIMEOUT = 10.0  # the most the grammar canary may take, within the start's deadline
+_HOLDER_GRACE = 0.2  # after a stop, how long stderr may stay open before its holders are killed
 
 #: The grammar canary: asked to say OK, a server that enforces ``grammar`` must answer
 #: exactly this, which no model says unprompted (3 completion tokens, ~0.2 s on gemma-3-270m).
@@ -132,6 +142,10 @@ class _PortNotReported(Exception):
     """The build echoed port 0 and its socket cannot be inspected: use a fixed port."""
 
 
+class _PortTaken(Exception):
+    """Another process answers on the port the server was told to use."""
+
+
 def _redact(argv: Sequence[str]) -> list[str]:
     """argv with secret values replaced, safe for errors, logs and reprs."""
     return mask_option_values(argv, _SECRET_FLAGS)
@@ -154,6 +168,11 @@ def _describe_exit(returncode: int | None) -> str:
         advice = f" ({_SIGILL_ADVICE})" if -returncode == signal.SIGILL else ""
         return f"was killed by {name}{advice}"
     return f"exited with code {returncode}"
+
+
+def _stderr_detail(tail: str) -> str:
+    """What the server printed, for a message (never a dangling "last stderr lines:")."""
+    return f"; last stderr lines:\n{tail}" if tail.strip() else " (it printed nothing on stderr)"
 
 
 def _free_port() -> int:
@@ -212,10 +231,16 @@ def log_path_for(model: str | Path) -> Path:
     return cache_layout().root / "logs" / f"{safe}.log"
 
 
+#: how the kept log is opened: never through a symlink, never blocking (a FIFO there would
+#: hold the start, or the stderr drain, until someone reads it)
+_LOG_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_NOT_REGULAR = "not a regular file (only one is written to)"
+
+
 class _KeptLog:
     """A model's llama-server stderr appended to its log file, bounded by :data:`LOG_LIMIT`
-    (rotated to ``.log.1``); opened per line, so nothing stays open; a log that cannot be
-    written is dropped, never an error."""
+    (rotated to ``.log.1``); opened per line, so nothing stays open. Only a regular file
+    is written; a log that cannot be written is dropped with one warning, never an error."""
 
     def __init__(self, path: Path, header: str) -> None:
         self.path = path
@@ -227,13 +252,34 @@ class _KeptLog:
     def write(self, line: str) -> None:
         if not self.ok:
             return
+        data = (line + "\n").encode("utf-8", errors="backslashreplace")
         try:
-            if self.path.is_file() and self.path.stat().st_size > LOG_LIMIT:
-                os.replace(self.path, self.path.with_name(self.path.name + ".1"))
-            with self.path.open("a", encoding="utf-8", errors="backslashreplace") as fh:
-                fh.write(line + "\n")
-        except OSError:
+            fd = self._open()
+            try:
+                if os.fstat(fd).st_size > LOG_LIMIT:
+                    os.close(fd)
+                    fd = -1
+                    os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+                    fd = self._open()
+                os.write(fd, data)
+            finally:
+                if fd >= 0:
+                    os.close(fd)
+        except OSError as exc:
             self.ok = False
+            logger.warning("not keeping the llama-server log %s: %s", self.path, exc.strerror or exc)
+
+    def _open(self) -> int:
+        try:
+            fd = os.open(self.path, _LOG_FLAGS, 0o644)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENXIO):  # a symlink; a FIFO nobody reads
+                raise OSError(exc.errno, _NOT_REGULAR) from exc
+            raise
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(errno.EINVAL, _NOT_REGULAR)
+        return fd
 
 
 class _Process:
@@ -263,6 +309,10 @@ class _Process:
         self.popen = held.popen if held is not None else spawn(argv, stderr=subprocess.PIPE, env=env)
         self.pid = self.popen.pid
         assert self.popen.stderr is not None
+        # Descendants that left the group (a wrapper's `setsid helper &`): noted while the
+        # server runs and killed with it; an unnoted one is found by the stderr it holds.
+        self._doomed: dict[int, int] = {}
+        self._pipes = pipe_ids(self.popen.stderr.fileno())
         self._stderr = StderrTail(
             self.popen.stderr, name=f"llama-server-{self.pid}-stderr", limit=_TAIL_BYTES, on_line=self._on_line
         )
@@ -313,6 +363,25 @@ class _Process:
             raise _PortNotReported
         return None
 
+    def owns(self, port: int) -> bool:
+        """Whether this process, or one it started (a wrapper without ``exec``), listens on ``port``."""
+        import psutil
+
+        try:
+            leader = psutil.Process(self.pid)
+            procs = [leader, *leader.children(recursive=True)]
+        except psutil.Error:
+            return False
+        for proc in procs:
+            try:
+                conns = proc.net_connections(kind="tcp")
+            except (psutil.Error, OSError):
+                continue
+            for conn in conns:
+                if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr == (HOST, port):
+                    return True
+        return False
+
     def _listening_socket(self) -> int | None:
         # The server binds before it loads the model but logs the port only after; its
         # socket reveals the port early, so /health can be polled during the load.
@@ -338,6 +407,11 @@ class _Process:
     def alive(self) -> bool:
         return not exited(self.popen)  # never reaps: stop() signals the group, then reaps
 
+    def note_descendants(self) -> None:
+        """Remember what the server started, while it can still be traced to it."""
+        if self.alive():
+            self._doomed = {**self._doomed, **descendants(self.pid)}
+
     def stop(self, grace: float) -> int | None:
         """SIGTERM the group, wait ``grace`` seconds, then SIGKILL; reap; disarm the watchdog.
 
@@ -347,8 +421,12 @@ class _Process:
         self.stop_requested = True
         if not self._stopped:
             self._stopped = True
+            self.note_descendants()
             self._returncode = stop_group(self.popen, grace=grace)
+            kill_pids(self._doomed)  # descendants outside the group: no orphan survives
             self._disarm_watchdog()
+            if not self._stderr.join(_HOLDER_GRACE):
+                kill_pipe_holders(self._pipes)  # a setsid helper, forked and orphaned unnoted
             self.settle_stderr()
         return self._returncode
 
@@ -709,8 +787,8 @@ class ManagedServer:
     def _crash_text(self, proc: _Process) -> str:
         proc.settle_stderr(0.5)
         return (
-            f"llama-server {self.name!r} (pid {proc.pid}) {_describe_exit(exit_code(proc.popen))}; "
-            f"last stderr lines:\n{proc.tail(20)}"
+            f"llama-server {self.name!r} (pid {proc.pid}) {_describe_exit(exit_code(proc.popen))}"
+            f"{_stderr_detail(proc.tail(20))}"
         )
 
     def _release(self, proc: _Process, grace: float) -> None:
@@ -789,6 +867,16 @@ class ManagedServer:
             except _PortNotReported:
                 self._release(proc, grace=0.0)
                 self._port_zero = False
+            except _PortTaken:
+                self._release(proc, grace=_ABORT_GRACE)
+                if self._port is None:  # a port we picked ourselves: someone took it in between
+                    bind_failures += 1
+                    if bind_failures < _BIND_RETRIES and time.monotonic() < deadline:
+                        continue
+                raise SidecarError(
+                    f"server {self.name!r}: port {port} is in use by another process",
+                    hint="choose another port, or leave it unset so llama-server picks a free one",
+                ) from None
             except SidecarExited as exc:
                 # Only a port we picked ourselves is retried: someone took it in between.
                 if self._port is None and port and _BIND_FAILED in exc.stderr_tail:
@@ -820,14 +908,23 @@ class ManagedServer:
                 if start.cancel.is_set():
                     self._release(proc, grace=_ABORT_GRACE)
                     raise _Cancelled
+                proc.note_descendants()
                 if not proc.alive():
                     self._release(proc, grace=0.0)
                     raise self._exited(proc)
                 port = proc.port()
                 if port and self._healthy(client, port, deadline):
+                    # A port we named (fixed, or picked for a build that can't report one)
+                    # may be answered by another process: ours is ready only once it listens
+                    # there itself. A port it reported or bound is its own.
+                    if not proc.alive():
+                        self._release(proc, grace=0.0)
+                        raise self._exited(proc)
+                    if proc.requested_port and not proc.owns(port):
+                        raise _PortTaken
                     proc.bound_port = port
                     if self.role == "chat":
-                        self.grammar_enforced = self._grammar_verdict(client, port, deadline)
+                        self.grammar_enforced = self._grammar_verdict(client, proc, port, deadline)
                     return f"http://{HOST}:{port}"
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -852,11 +949,12 @@ class ManagedServer:
             return False  # not listening yet, or busy loading: poll again
         return response.status_code == 200
 
-    def _grammar_verdict(self, client: httpx.Client, port: int, deadline: float) -> bool | None:
+    def _grammar_verdict(self, client: httpx.Client, proc: _Process, port: int, deadline: float) -> bool | None:
         """The canary's verdict on this build: remembered from an earlier start, else asked now.
 
         A verdict (True or False) is kept per build (``managed.probes``), so a rebuilt or
-        replaced server is asked again; an inconclusive canary (None) is not kept.
+        replaced server is asked again; an inconclusive canary (None) is not kept, nor one
+        whose server died meanwhile (whoever answered, it was not surely this build).
         """
         from localllm.managed import probes
 
@@ -864,7 +962,7 @@ class ManagedServer:
         if isinstance(known, bool):
             return known
         verdict = self._canary(client, port, deadline)
-        if verdict is not None:
+        if verdict is not None and proc.alive():
             probes.remember(self._build, grammar_enforced=verdict)
         return verdict
 
@@ -910,6 +1008,6 @@ class ManagedServer:
     def _timed_out(self, proc: _Process) -> SidecarStartTimeout:
         return SidecarStartTimeout(
             f"llama-server {self.name!r} ({self.model}) was not healthy within "
-            f"{self.health_timeout:g} s; last stderr lines:\n{proc.tail(20)}",
+            f"{self.health_timeout:g} s{_stderr_detail(proc.tail(20))}",
             hint="raise health_timeout for a large model or a slow disk, or check the log above",
         )

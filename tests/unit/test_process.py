@@ -205,6 +205,19 @@ def test_a_probe_is_over_when_it_exits_even_if_a_descendant_holds_the_pipe(tmp_p
     assert pid_gone(int(pidfile.read_text()), within=2.0)
 
 
+def test_a_probe_leaves_no_helper_that_left_its_group(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pids"
+    probe = _script(
+        tmp_path / "p",
+        f"setsid sh -c 'echo $$ > {pidfile}; exec sleep 60' &\n"
+        f'until grep -qx "$!" {pidfile} 2>/dev/null; do sleep 0.01; done\necho version 1\nexit 0\n',
+    )
+    result = _process.run_probe([str(probe)], timeout=10)
+    assert result.returncode == 0 and "version 1" in result.output
+    (pid,) = _pids(pidfile, 1)
+    assert pid_gone(pid, within=2.0)
+
+
 def test_probe_output_is_capped(tmp_path: Path) -> None:
     result = _process.run_probe([sys.executable, "-c", "print('y' * 5_000_000)"], timeout=20, limit=1000)
     assert result.returncode == 0 and len(result.output) == 1000

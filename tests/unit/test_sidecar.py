@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import textwrap
@@ -232,6 +235,52 @@ def test_configured_busy_port_is_a_clear_exit(server_bin: Path, model: Path, spa
     assert len(events(spawn_log, "start")) == 1  # a configured port is not retried
 
 
+def _slow_to_bind(tmp_path: Path) -> Path:
+    """A ``server_bin`` whose server waits 0.5 s before it binds (as a GPU build's init does)."""
+    path = tmp_path / "slow-bind" / "llama-server"
+    path.parent.mkdir()
+    path.write_text(f'#!/bin/sh\ncase "$1" in --help) ;; *) sleep 0.5 ;; esac\nexec "{sys.executable}" "{FAKE}" "$@"\n')
+    path.chmod(0o755)
+    return path
+
+
+def test_a_fixed_port_answered_by_another_server_is_refused_and_its_canary_not_kept(
+    tmp_path: Path, model: Path, spawn_log: Path, cleanup: Any
+) -> None:
+    from localllm.managed import probes
+
+    requests = tmp_path / "squatter.jsonl"
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    squatter = subprocess.Popen(
+        [sys.executable, str(FAKE), "-m", str(model), "--port", str(port)],
+        env={**os.environ, "FAKE_LLAMA_CONTENT": "no", "FAKE_LLAMA_REQUEST_LOG": str(requests)},
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not requests.exists() or not requests.read_text():
+            assert time.monotonic() < deadline and squatter.poll() is None
+            with contextlib.suppress(httpx.TransportError):
+                httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
+            time.sleep(0.05)
+        binary = _slow_to_bind(tmp_path)
+        sc = make(binary, model, spawn_log, port=port)
+        cleanup(sc)
+        with pytest.raises(SidecarError) as info:
+            sc.ensure_ready()
+    finally:
+        squatter.terminate()
+        squatter.wait(10)
+    assert type(info.value) is SidecarError  # refused at once: neither an exit nor a timeout
+    assert sc.state is ServerState.FAILED and sc.base_url is None
+    posts = [r for r in events(requests) if r["method"] == "POST"]
+    assert posts == []  # the canary never asked the other server
+    assert "grammar_enforced" not in probes.recall(probes.build_id(binary))
+    assert sc.pid is not None and pid_gone(sc.pid, within=3.0)  # ours was stopped
+
+
 @pytest.mark.slow
 def test_build_without_port_zero_falls_back_to_allocated_ports(
     server_bin: Path, model: Path, spawn_log: Path, monkeypatch: pytest.MonkeyPatch, cleanup: Any
@@ -265,6 +314,69 @@ def test_old_log_format_is_understood(server_bin: Path, model: Path, spawn_log: 
     sc = make(server_bin, model, spawn_log, fake={"FAKE_LLAMA_LOG": "old"})
     cleanup(sc)
     assert sc.ensure_ready() == f"http://127.0.0.1:{events(spawn_log, 'ready')[0]['port']}"
+
+
+def test_a_fifo_at_the_kept_log_path_neither_hangs_the_start_nor_is_opened_again(
+    server_bin: Path, model: Path, spawn_log: Path, cleanup: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    log = server_mod.log_path_for(model)
+    log.parent.mkdir(parents=True)
+    os.mkfifo(log)
+    sc = make(server_bin, model, spawn_log, health_timeout=10)
+    cleanup(sc)
+    outcome: dict[str, Any] = {}
+    starter = threading.Thread(target=lambda: outcome.update(url=sc.ensure_ready()), daemon=True)
+    starter.start()
+    starter.join(20)  # generous: a blocked open of the FIFO never returns
+    hung = starter.is_alive()
+    if hung:  # let the blocked writer go, so that cleanup can stop the server
+        reader = os.open(log, os.O_RDONLY | os.O_NONBLOCK)
+        starter.join(10)
+        os.close(reader)
+    assert not hung
+    assert outcome["url"].startswith("http://127.0.0.1:")
+    assert stat.S_ISFIFO(log.lstat().st_mode)
+    warned = [r for r in caplog.records if r.name == server_mod.__name__ and r.levelno == logging.WARNING]
+    assert len(warned) == 1  # once per server, not per stderr line
+
+
+def test_a_symlink_at_the_kept_log_path_is_not_written_through(
+    server_bin: Path, model: Path, spawn_log: Path, tmp_path: Path, cleanup: Any
+) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's own file\n")
+    log = server_mod.log_path_for(model)
+    log.parent.mkdir(parents=True)
+    log.symlink_to(victim)
+    sc = make(server_bin, model, spawn_log)
+    cleanup(sc)
+    sc.ensure_ready()
+    sc.stop()
+    assert victim.read_text() == "the user's own file\n"
+    assert log.is_symlink() and not log.with_name(log.name + ".1").exists()
+
+
+def test_a_kept_log_is_still_appended_and_rotated(tmp_path: Path) -> None:
+    path = tmp_path / "logs" / "m.log"
+    kept = server_mod._KeptLog(path, "header")
+    kept.write("line")
+    assert path.read_text().splitlines() == ["header", "line"]
+    path.write_bytes(b"x" * (server_mod.LOG_LIMIT + 1))
+    kept.write("after")
+    assert path.read_text() == "after\n"
+    assert path.with_name("m.log.1").stat().st_size == server_mod.LOG_LIMIT + 1
+
+
+def test_a_server_that_prints_nothing_leaves_no_empty_stderr_section(tmp_path: Path, model: Path) -> None:
+    silent = tmp_path / "silent" / "llama-server"
+    silent.parent.mkdir()
+    silent.write_text('#!/bin/sh\ncase "$1" in --help) exit 0 ;; esac\nexec sleep 60\n')
+    silent.chmod(0o755)
+    sc = ManagedServer(silent, model, health_timeout=1.0)
+    with pytest.raises(SidecarStartTimeout) as info:
+        sc.ensure_ready()
+    assert sc.stderr_tail() == ""
+    assert not str(info.value).rstrip().endswith(":")  # was "...; last stderr lines:" and nothing
 
 
 # -- concurrency ---------------------------------------------------------------------------

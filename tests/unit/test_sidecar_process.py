@@ -62,6 +62,33 @@ def test_a_wrapper_without_exec_leaves_no_orphan_on_stop(tmp_path: Path, model: 
         assert pid_gone(pid, within=3.0), f"pid {pid} outlived ManagedServer.stop()"
 
 
+def test_a_helper_that_left_the_group_is_stopped_with_the_server_and_the_probe(tmp_path: Path, model: Path) -> None:
+    pidfile = tmp_path / "escaped"
+    wrapper = tmp_path / "setsid" / "llama-server"
+    wrapper.parent.mkdir()
+    wrapper.write_text(
+        textwrap.dedent(f"""\
+        #!/bin/sh
+        setsid sh -c 'echo $$ >> {pidfile}; exec sleep 300' &
+        until grep -qx "$!" {pidfile} 2>/dev/null; do sleep 0.01; done
+        exec "{sys.executable}" "{FAKE}" "$@"
+    """)
+    )
+    wrapper.chmod(0o755)
+    sc = ManagedServer(wrapper, model, health_timeout=30)
+    try:
+        sc.ensure_ready()
+        deadline = time.monotonic() + 10
+        while len(pids := pidfile.read_text().split() if pidfile.exists() else []) < 2:
+            assert time.monotonic() < deadline, "the helpers did not report their pids"
+            time.sleep(0.02)
+    finally:
+        sc.stop(grace=2.0)
+    assert len(pids) == 2  # one from the --help probe, one from the server
+    for pid in pids:  # each in a session of its own: no group signal reaches it
+        assert pid_gone(int(pid), within=3.0), f"pid {pid} outlived ManagedServer.stop()"
+
+
 _PARENT = textwrap.dedent("""
     import sys, time, psutil
     from pathlib import Path
