@@ -610,6 +610,7 @@ class LocalLLMAgent(Agent):
         self.upstream.close()  # refuses later resolutions, cancels a download in progress
         if starter is not None:
             # a prepare(wait=False) that had not made its server yet finds the upstream
-            # closed; one that had is cancelled by the stop above (or stopped here)
-            starter.join()
+            # closed; one that had is cancelled by the stop above (or stopped here). Bounded:
+            # a start wedged in a blocking call must not wedge close() (the thread is a daemon).
+            starter.join(5.0)
             self.upstream.stop()

@@ -112,6 +112,29 @@ def test_close_while_starting_early_leaves_no_server(
         assert subprocess.run(["kill", "-0", str(row["pid"])], capture_output=True, check=False).returncode != 0
 
 
+def test_close_does_not_wait_forever_for_a_wedged_early_start(
+    tmp_path: Path, server_bin: Path, spawn_log: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runtime = Runtime(load_config(write_config(tmp_path, server_bin)))
+    agent = runtime.agent("agent.local")
+    assert isinstance(agent, LocalLLMAgent)
+    wedged, release = threading.Event(), threading.Event()
+
+    def stuck() -> None:  # a start blocked in a call that does not return
+        wedged.set()
+        release.wait(120)
+
+    monkeypatch.setattr(agent, "_start_now", stuck)
+    agent.prepare(wait=False)
+    assert wedged.wait(10)
+    closer = threading.Thread(target=runtime.close, daemon=True)
+    closer.start()
+    closer.join(30)  # generous: without a bound, close() waits for the start forever
+    closed = not closer.is_alive()
+    release.set()
+    assert closed
+
+
 def test_endpoint_mode_has_nothing_to_start(tmp_path: Path) -> None:
     (tmp_path / "app.yaml").write_text(
         "agent_plugins:\n  agent.remote: {plugin: builtin.local_llm, endpoint: 'http://127.0.0.1:9', model: m}\n"
