@@ -65,6 +65,13 @@ _PROXIED = {
 #: the routes a request is counted under in /metrics; any other path counts as ``other``
 _ROUTES = frozenset({"/health", "/v1/models", "/metrics", "/localllm/ps", "/localllm/stop", *_PROXIED})
 _ROUTE_PREFIXES = ("/v1/models/", "/localllm/slots/")
+#: a CORS preflight's answer to an allowed Origin
+_PREFLIGHT = {
+    "access-control-allow-methods": "GET, HEAD, POST",
+    "access-control-allow-headers": "authorization, content-type",
+    "access-control-max-age": "600",
+}
+_EXPOSED = "x-localllm-structured, x-localllm-validated, retry-after"
 _SHOWN = 200  # characters of a request path a log line shows
 #: the model role each OpenAI route serves (a chat model has no embeddings, and the reverse)
 _ROLE_OF = {"/v1/chat/completions": "chat", "/v1/embeddings": "embedding"}
@@ -219,6 +226,8 @@ class _Request:
     started_response: bool = False
     completed: bool = False
     status: int = 0
+    #: CORS headers every response to an allowed Origin carries
+    cors: dict[str, str] = field(default_factory=dict)
 
     @property
     def method(self) -> str:
@@ -230,7 +239,7 @@ class _Request:
 
     async def start(self, status: int, content_type: str, headers: Mapping[str, str] | None = None) -> None:
         raw = [(b"content-type", content_type.encode())]
-        raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+        raw += [(k.lower().encode(), v.encode()) for k, v in {**self.cors, **(headers or {})}.items()]
         self.started_response = True
         self.status = status
         await self.send({"type": "http.response.start", "status": status, "headers": raw})
@@ -390,6 +399,18 @@ class ServiceApp:
             )
             if refused is not None:
                 raise _Reply(refused.status, _error(refused.message, "invalid_request_error", refused.code))
+            origin = req.headers.get("origin")
+            if origin is not None and origin.isascii() and origin.isprintable():  # passed the guard: allowed
+                req.cors = {
+                    "access-control-allow-origin": origin,
+                    "access-control-expose-headers": _EXPOSED,
+                    "vary": "Origin",
+                }
+                if req.method == "OPTIONS":
+                    # a browser's preflight never carries Authorization: answered before the token check
+                    await req.respond(204, b"", "text/plain", _PREFLIGHT)
+                    self._log(req, None, 204)
+                    return None
         authorized = self.authorized(req.headers.get("authorization"), req.headers.get("x-api-key"))
         path = req.path
         reading = req.method in ("GET", "HEAD")  # HEAD: the same answer, its body left unsent

@@ -129,6 +129,50 @@ def test_allow_origin_lets_a_web_app_in(make_service: Factory) -> None:
         assert http.get("/v1/models", headers={"Origin": "http://localhost:3001"}).status_code == 403
 
 
+@pytest.mark.parametrize(
+    ("allowed", "origin"), [("http://localhost:3000", "http://localhost:3000"), ("*", "https://app.example")]
+)
+def test_an_allowed_origin_gets_cors_headers_and_its_preflight_needs_no_token(
+    make_service: Factory, allowed: str, origin: str
+) -> None:
+    service = make_service(allow_origins=(allowed,))
+    preflight_headers = {"Origin": origin, "Access-Control-Request-Method": "POST"}
+    with client(service, token=None) as anonymous:
+        preflight = anonymous.options("/v1/chat/completions", headers=preflight_headers)
+        unauthorized = anonymous.get("/v1/models", headers={"Origin": origin})
+    with client(service) as http:
+        listed = http.get("/v1/models", headers={"Origin": origin})
+        answered = http.post(
+            "/v1/chat/completions", json={"model": "chat", "messages": MESSAGES}, headers={"Origin": origin}
+        )
+        plain = http.get("/v1/models")
+    assert preflight.status_code == 204
+    assert preflight.headers["access-control-allow-origin"] == origin
+    assert {m.strip() for m in preflight.headers["access-control-allow-methods"].split(",")} >= {"GET", "POST"}
+    assert {h.strip() for h in preflight.headers["access-control-allow-headers"].split(",")} == {
+        "authorization",
+        "content-type",
+    }
+    assert preflight.headers["vary"] == "Origin"
+    for response, status in ((unauthorized, 401), (listed, 200), (answered, 200)):
+        assert response.status_code == status
+        assert (response.headers["access-control-allow-origin"], response.headers["vary"]) == (origin, "Origin")
+    assert "access-control-allow-origin" not in plain.headers  # no Origin, no CORS
+
+
+def test_an_origin_not_allowed_gets_no_cors_headers(make_service: Factory) -> None:
+    service = make_service(allow_origins=("http://localhost:3000",))
+    with client(service, token=None) as anonymous:
+        preflight = anonymous.options(
+            "/v1/chat/completions", headers={"Origin": "http://localhost:3001", "Access-Control-Request-Method": "POST"}
+        )
+    with client(service) as http:
+        foreign = http.get("/v1/models", headers={"Origin": "http://localhost:3001"})
+    assert (preflight.status_code, foreign.status_code) == (403, 403)
+    assert "access-control-allow-origin" not in preflight.headers
+    assert "access-control-allow-origin" not in foreign.headers
+
+
 # -- structured output -----------------------------------------------------------------------
 def test_json_schema_is_compiled_sent_as_grammar_and_validated(make_service: Factory, env: dict[str, Path]) -> None:
     service = make_service()
