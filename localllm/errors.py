@@ -318,7 +318,8 @@ class SidecarExited(SidecarError):
         self.argv = list(argv)
         self.returncode = returncode
         self.stderr_tail = stderr_tail
-        super().__init__(f"llama-server exited with code {returncode}; last stderr lines:\n{stderr_tail}", hint=hint)
+        detail = f"; last stderr lines:\n{stderr_tail}" if stderr_tail.strip() else " (it printed nothing on stderr)"
+        super().__init__(f"llama-server exited with code {returncode}{detail}", hint=hint)
 
 
 class SidecarStartTimeout(SidecarError, TimeoutError):

@@ -89,56 +89,6 @@ def _poll(fd: int, events: int, timeout: float) -> bool:
     return bool(poller.poll(int(timeout * 1000) + 1 if timeout > 0 else 0))
 
 
-def _pipe_ids(*fds: int) -> set[str]:
-    """What ``/proc`` calls the pipes behind ``fds`` (``pipe:[inode]``); none off Linux."""
-    ids = set()
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            ids.add(os.readlink(f"/proc/self/fd/{fd}"))
-    return ids
-
-
-def _holds(pid: str, pipes: set[str]) -> bool:
-    try:
-        names = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return False
-    for name in names:
-        with contextlib.suppress(OSError):
-            if os.readlink(f"/proc/{pid}/fd/{name}") in pipes:
-                return True
-    return False
-
-
-def _kill_pipe_holders(pipes: set[str]) -> None:
-    """SIGKILL each process outside our session that holds one of ``pipes``: what a plugin
-    left behind holding its stdout/stderr, in a session of its own (``setsid``) so that no
-    group kill reaches it, forked and orphaned too quickly to be noted as a descendant.
-    The plugin's pipes reach no other process (``close_fds``); a process of ours forked
-    later shares our session and is spared."""
-    if not pipes or not hasattr(os, "pidfd_open"):
-        return
-    me, session = os.getpid(), os.getsid(0)
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return
-    for entry in entries:
-        if not entry.isdigit() or int(entry) == me or not _holds(entry, pipes):
-            continue
-        try:
-            pidfd = os.pidfd_open(int(entry))
-        except OSError:
-            continue
-        try:  # checked again with the pid pinned by the pidfd: it is still that process
-            if os.getsid(int(entry)) != session and _holds(entry, pipes):
-                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-        except OSError:
-            pass
-        finally:
-            os.close(pidfd)
-
-
 def _pid_exists(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -176,7 +126,7 @@ class LineChild:
         self._noise_unlogged = 0
         #: descendants (pid → start time) seen while the leader ran, killed with it
         self._doomed: dict[int, int] = {}
-        #: the child's stdout and stderr pipes as /proc names them (see _kill_pipe_holders)
+        #: the child's stdout and stderr pipes as /proc names them (see _process.kill_pipe_holders)
         self._pipes: set[str] = set()
 
     def __repr__(self) -> str:
@@ -216,7 +166,7 @@ class LineChild:
         os.set_blocking(proc.stdin.fileno(), False)
         os.set_blocking(proc.stdout.fileno(), False)
         self._proc = proc
-        self._pipes = _pipe_ids(proc.stdout.fileno(), proc.stderr.fileno())
+        self._pipes = _process.pipe_ids(proc.stdout.fileno(), proc.stderr.fileno())
         self._buf.clear()
         self.noise.clear()
         on_line = self._log_stderr if logger.isEnabledFor(logging.DEBUG) else None
@@ -268,7 +218,7 @@ class LineChild:
         _process.kill_pids(self._doomed)  # descendants outside the group: no orphan survives
         stderr = self._stderr
         if stderr is not None and not stderr.join(_HOLDER_GRACE):
-            _kill_pipe_holders(self._pipes)  # a setsid helper, forked and orphaned unnoted
+            _process.kill_pipe_holders(self._pipes)  # a setsid helper, forked and orphaned unnoted
         if stderr is not None and not stderr.join(grace):
             # Something outside our process group still holds stderr open; the drain
             # thread closes it at EOF (closing it under the blocked reader is unsafe).

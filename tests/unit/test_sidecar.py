@@ -719,3 +719,11 @@ def test_openmp_spin_is_short_unless_the_user_chose(tmp_path: Path, monkeypatch:
     assert "GOMP_SPINCOUNT" not in server_mod._child_env(binary, {"OMP_WAIT_POLICY": "ACTIVE"})
     monkeypatch.setenv("GOMP_SPINCOUNT", "5000")
     assert server_mod._child_env(binary, None)["GOMP_SPINCOUNT"] == "5000"
+
+
+def test_an_exit_with_an_empty_stderr_says_so_once() -> None:
+    quiet = SidecarExited(argv=["llama-server"], returncode=0, stderr_tail="")
+    # before: "…; last stderr lines:" then the CLI appended the cause: the same line twice
+    assert not str(quiet).rstrip().endswith(":") and str(quiet).count("exited with code 0") == 1
+    loud = SidecarExited(argv=["llama-server"], returncode=1, stderr_tail="error: bad model")
+    assert str(loud).endswith("last stderr lines:\nerror: bad model")
