@@ -77,6 +77,7 @@ _SHOWN = 200  # characters of a request path a log line shows
 _ROLE_OF = {"/v1/chat/completions": "chat", "/v1/embeddings": "embedding"}
 _TAIL = 16 * 1024  # bytes of a stream kept to read its final usage
 _READ = 900.0  # the most a non-streamed upstream answer may take
+_SLOTS_WAIT = 10.0  # the most GET /localllm/slots/{id} waits for llama-server
 STRUCTURED_HEADER = "X-Localllm-Structured"
 VALIDATED_HEADER = "X-Localllm-Validated"
 
@@ -278,6 +279,8 @@ class ServiceApp:
     #: model id → stop strings added to its chat requests (the pins')
     stops: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     _client: Upstream | None = None
+    #: its own connections, for reads that must not wait behind generations (/slots)
+    _control: Upstream | None = None
     #: the pool's other blocking calls (listing, unloading, respawning)
     _executor: ThreadPoolExecutor = field(init=False)
     _leases: ThreadPoolExecutor = field(init=False)
@@ -305,10 +308,20 @@ class ServiceApp:
             self._client = Upstream()
         return self._client
 
+    def control(self) -> Upstream:
+        if self._control is None:
+            from localllm.service.upstream import Upstream
+
+            self._control = Upstream()
+        return self._control
+
     async def aclose(self) -> None:
         if self._client is not None:
             await self._client.aclose()
             self._client = None
+        if self._control is not None:
+            await self._control.aclose()
+            self._control = None
 
     def close(self) -> None:
         for executor in (self._leases, self._executor, self._releases):
@@ -478,13 +491,33 @@ class ServiceApp:
             await req.respond(404, _error(f"{model!r} is not loaded", "invalid_request_error", "model_not_loaded"))
             return
         url = f"http://127.0.0.1:{row.port}/slots"
+
+        async def read() -> tuple[int, dict[str, str], bytes]:
+            # not the generations' pool: its connections (slots + 1) may all be generating
+            reply = await self.control().request("GET", url, b"", self._upstream_headers(), limit=1)
+            try:
+                return reply.status, reply.headers, await reply.read()
+            finally:
+                reply.close()
+
         try:
-            reply = await self.client().request("GET", url, b"", self._upstream_headers(), limit=self._limit(url))
-            content = await asyncio.wait_for(reply.read(), 30)
-        except (OSError, asyncio.TimeoutError) as exc:
-            await req.respond(502, _error(f"the llama-server of {model!r} failed: {exc}", "server_error"))
+            status, headers, content = await asyncio.wait_for(read(), _SLOTS_WAIT)
+        except asyncio.TimeoutError:
+            await req.respond(
+                504,
+                _error(
+                    f"the llama-server of {model!r} did not answer /slots within {_SLOTS_WAIT:g} s",
+                    "server_error",
+                    "upstream_timeout",
+                ),
+            )
             return
-        await req.respond(reply.status, content, reply.headers.get("content-type", "application/json"))
+        except OSError as exc:
+            await req.respond(
+                502, _error(f"the llama-server of {model!r} failed: {exc}", "server_error", "upstream_error")
+            )
+            return
+        await req.respond(status, content, headers.get("content-type", "application/json"))
 
     async def _json_body(self, req: _Request) -> tuple[dict[str, Any], bytes]:
         limits = self.limits

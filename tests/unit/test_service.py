@@ -369,6 +369,27 @@ def test_waiters_for_another_model_do_not_hold_back_the_release_they_wait_for(
     assert statuses == [200] * 71
 
 
+def test_slots_answers_while_every_pooled_connection_generates(
+    make_service: Factory, env: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_LLAMA_DELAY", "6")
+    service = make_service()  # "chat": parallel 2, so 3 pooled connections
+    with client(service) as http:
+        assert http.post("/tokenize", json={"model": "chat", "content": "hi"}).status_code == 200  # loaded
+        busy = [threading.Thread(target=lambda: chat(http, "chat")) for _ in range(3)]
+        for t in busy:
+            t.start()
+        time.sleep(0.5)
+        started = time.monotonic()
+        slots = http.get("/localllm/slots/chat")
+        took = time.monotonic() - started
+        for t in busy:
+            t.join(30)
+    assert slots.status_code == 404  # the fake's own answer to /slots, passed on
+    assert took < 3  # was queued behind the generations (6 s)
+    assert any(r["method"] == "GET" and r["path"] == "/slots" for r in rows(env["requests"]))
+
+
 def test_load_failure_is_a_503_naming_the_cause(make_service: Factory, env: dict[str, Path]) -> None:
     service = make_service()
     env["other"].unlink()
