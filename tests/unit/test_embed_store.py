@@ -320,7 +320,7 @@ class PoisonFake(FakeEmbedder):
     """Gives NaN for any text about bananas (an embedding server with a broken kernel)."""
 
     def embed(self, texts: Sequence[str], role: Role) -> NDArray[np.float32]:
-        out = super().embed(texts, role).copy()
+        out: NDArray[np.float32] = super().embed(texts, role).copy()
         for i, text in enumerate(texts):
             if "bananas" in text:
                 out[i] = np.nan

@@ -246,7 +246,8 @@ def test_a_cassette_from_a_trace_replays_a_call_whose_argument_is_named_verb(tmp
     assert main(["trace", "cassette", str(trace), "--app-id", "a", "-o", str(tmp_path / "c.yaml")]) == 0
     agent = CassetteAgent(tmp_path / "c.yaml", alias="agent.x")
     request = AskRequest("s", 1, "g", "decide", "p", "cid", "2030-01-01T00:00:00Z", with_={"args": args})
-    assert json.loads(agent.ask(request, deadline=float("inf")).submission) == {"v": "ok"}  # before: no episode
+    answer = agent.ask(request, deadline=float("inf")).submission
+    assert answer is not None and json.loads(answer) == {"v": "ok"}  # before: no episode
 
 
 def test_a_cassette_too_deep_for_yaml_is_an_error_naming_json(
