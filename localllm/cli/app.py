@@ -167,17 +167,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             _check_command(argv)
             args = _parse(argv)
             if isinstance(args, int):  # help, or a usage error argparse printed
-                sys.stdout.flush()
-                return args
+                return _written(args)
             as_json = bool(getattr(args, "json", False))
             handler: Handler | None = getattr(args, "handler", None)
             if handler is None:
                 build_parser().print_help(sys.stderr)
                 err(f"{PREFIX}error: a command is required (see the list above; `localllm help COMMAND` for one)")
                 return EXIT_USAGE
-            code = handler(args)
-            sys.stdout.flush()  # what is still buffered: its failure is this command's
-            return code
+            return _written(handler(args))
         except OutputUnwritable as exc:  # `> /dev/full`: nothing on stdout can say so
             with contextlib.suppress(OSError):
                 err(f"{PREFIX}error: {exc.strerror}")
@@ -193,6 +190,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             if settings.debug():
                 raise
             return report_error(exc, as_json=as_json)
+
+
+def _written(code: int) -> int:
+    """``code`` once stdout holds all of the command's output: what is still buffered is
+    flushed here, and a write stdout refused — even one argparse swallowed while printing
+    help — is :class:`OutputUnwritable`."""
+    sys.stdout.flush()
+    failed = getattr(sys.stdout, "failed", None)
+    if failed is not None:
+        raise failed
+    return code
 
 
 def _freeze_at_exit() -> None:

@@ -125,6 +125,8 @@ class MaskedStream:
 
     def __init__(self, stream: TextIO, secrets: list[str], name: str = "stdout") -> None:
         self._name = name
+        #: the first write or flush the stream refused
+        self.failed: OutputUnwritable | None = None
         self._stream = stream
         self._secrets = secrets  # shared by the stdout and stderr wrappers
         self._redact = Redactor(secrets)
@@ -155,7 +157,9 @@ class MaskedStream:
         except BrokenPipeError:
             raise
         except OSError as exc:
-            raise OutputUnwritable(exc.errno, f"cannot write to {self._name}: {exc.strerror or exc}") from exc
+            # kept too: argparse swallows an OSError while it prints help
+            self.failed = OutputUnwritable(exc.errno, f"cannot write to {self._name}: {exc.strerror or exc}")
+            raise self.failed from exc
 
     def writelines(self, lines: Iterable[str]) -> None:
         for line in lines:

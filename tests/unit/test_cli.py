@@ -544,13 +544,13 @@ def test_generated_command_lines_never_crash(tmp_path: Path, monkeypatch: pytest
     check()
 
 
-@pytest.mark.parametrize("argv", [["version"], ["version", "--json"]])
+@pytest.mark.parametrize("argv", [["version"], ["version", "--json"], ["help"], ["--help"]])
 def test_output_that_cannot_be_written_is_one_line_on_stderr(argv: list[str]) -> None:
     with open("/dev/full", "w") as full:  # every write: ENOSPC
         done = subprocess.run(
             [sys.executable, "-m", "localllm", *argv], stdout=full, stderr=subprocess.PIPE, text=True, check=False
         )
     # before: a double traceback (--json: the error's JSON went to the same stdout), or
-    # "OSError … this is a bug in localllm"
+    # "OSError … this is a bug in localllm"; help: exit 0, argparse swallowing the error
     assert done.returncode == 1
     assert done.stderr.count("\n") == 1 and "cannot write to stdout" in done.stderr, done.stderr
