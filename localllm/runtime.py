@@ -515,7 +515,9 @@ class Runtime:
             if leg.error is not None:
                 raise leg.error.replace(call_id=call_id)
             return CallResult(submission=leg.value, meta=meta, call_id=call_id, agent=leg.alias)
-        leg = self._attempt(target, agent, request, schema=schema_doc, schema_path=schema_path, timeout=hard)
+        leg = self._attempt(
+            target, agent, request, schema=schema_doc, schema_path=schema_path, ends=ends, timeout=timeout
+        )
         record.leg_finished(leg.alias, leg.response, leg.error, leg.value)
         fallback_of: str | None = None
         to = self.config.fallback_for(agent, gate) if target.is_local_model else None
@@ -581,7 +583,7 @@ class Runtime:
             if index < start:
                 continue
             agent = first if index == 0 else self.tier_agent(tier.alias, gate)
-            leg = self._later_leg(
+            leg = self._attempt(
                 agent, tier.alias, request, schema=schema, schema_path=schema_path, ends=ends, timeout=timeout
             )
             record.leg_finished(leg.alias, leg.response, leg.error, leg.value)
@@ -646,7 +648,7 @@ class Runtime:
         timeout: float | None,
     ) -> _Leg:
         """The fallback agent's leg after the local answer failed validation."""
-        leg = self._later_leg(
+        leg = self._attempt(
             self.agent(alias), alias, request, schema=schema, schema_path=schema_path, ends=ends, timeout=timeout
         )
         if leg.error is not None:
@@ -654,26 +656,6 @@ class Runtime:
             hint = "; ".join(h for h in (leg.error.hint, local_error.hint) if h)
             leg.error = leg.error.replace(original=local_error, hint=hint)
         return leg
-
-    def _later_leg(
-        self,
-        agent: Agent,
-        alias: str,
-        request: AskRequest,
-        *,
-        schema: dict[str, Any] | None,
-        schema_path: Path | None,
-        ends: float,
-        timeout: float | None,
-    ) -> _Leg:
-        """A leg within what is left of the call's hard cap (``ends``), at most the agent's own
-        timeout: a fallback or a cascade's next rung never extends the call. (Before, each
-        got a fresh timeout: ``--timeout 3`` answered after 5.4 s.)"""
-        left = min(ends - time.monotonic(), self._timeout(alias, timeout))
-        if left <= 0:
-            error = AgentError(ErrorKind.DEADLINE_EXCEEDED, "no time left of the call's deadline", alias=alias)
-            return _Leg(alias, None, self._own(error, alias))
-        return self._attempt(agent, alias, request, schema=schema, schema_path=schema_path, timeout=left)
 
     def _request(
         self,
@@ -842,11 +824,20 @@ class Runtime:
         *,
         schema: dict[str, Any] | None,
         schema_path: Path | None,
-        timeout: float,
+        ends: float,
+        timeout: float | None,
     ) -> _Leg:
         """One agent's leg of a call: ask, check sub-events, validate. The last boundary:
-        whatever the agent raises comes back as an AgentError naming ``alias``, redacted."""
-        deadline = time.monotonic() + timeout
+        whatever the agent raises comes back as an AgentError naming ``alias``, redacted.
+
+        The leg has what is left of the call's hard cap (``ends``), at most the agent's own
+        timeout: a fallback or a cascade's next rung never extends the call (before, each
+        got a fresh timeout: ``--timeout 3`` answered after 5.4 s)."""
+        left = min(ends - time.monotonic(), self._timeout(alias, timeout))
+        if left <= 0:
+            error = AgentError(ErrorKind.DEADLINE_EXCEEDED, "no time left of the call's deadline", alias=alias)
+            return _Leg(alias, None, self._own(error, alias))
+        deadline = time.monotonic() + left
 
         # Compile the validator before the agent's thread starts: its first use imports
         # jsonschema, which the agent may import too (the grammar subset check), and two
@@ -861,7 +852,7 @@ class Runtime:
             with contextlib.suppress(SchemaError):
                 self.schemas.validator(schema, base=schema_path)
         try:
-            response = self._ask(agent, alias, request, deadline=deadline, timeout=timeout)
+            response = self._ask(agent, alias, request, deadline=deadline, timeout=left)
         except AgentError as exc:
             return _Leg(alias, None, self._own(exc, alias))
         except Exception as exc:  # the last boundary: a foreign failure becomes data, its cause chained
