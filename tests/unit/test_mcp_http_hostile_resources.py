@@ -271,6 +271,20 @@ def test_a_server_that_never_binds_fails_within_the_bounded_retry() -> None:
     assert time.monotonic() - started < 5  # bounded by the deadline, not the retry span
 
 
+def _three_second_call(behave: Handler) -> tuple[ErrorKind, float]:
+    """The error kind of a call with a 3 s deadline against ``behave``, and how long it took."""
+    server = Hostile(behave)
+    agent = _agent(server.url)
+    try:
+        started = time.monotonic()
+        with pytest.raises(AgentError) as info:
+            agent.ask(ask_request("hi"), deadline=started + 3)
+        return info.value.kind, time.monotonic() - started
+    finally:
+        agent.close()
+        server.close()
+
+
 def test_a_body_byte_just_inside_the_read_timeout_does_not_extend_the_deadline() -> None:
     """httpx's read timeout starts afresh with each read: one byte at 2.9 s then silence
     ended a 3 s call at ~5.9 s. The socket is shut at the deadline now."""
@@ -281,17 +295,8 @@ def test_a_body_byte_just_inside_the_read_timeout_does_not_extend_the_deadline()
             conn.sendall(b"{")
             stop.wait(30)
 
-    server = Hostile(trickle)
-    agent = _agent(server.url)
-    try:
-        started = time.monotonic()
-        with pytest.raises(AgentError) as info:
-            agent.ask(ask_request("hi"), deadline=started + 3)
-        elapsed = time.monotonic() - started
-    finally:
-        agent.close()
-        server.close()
-    assert info.value.kind is ErrorKind.DEADLINE_EXCEEDED
+    kind, elapsed = _three_second_call(trickle)
+    assert kind is ErrorKind.DEADLINE_EXCEEDED
     assert elapsed < 4.5
 
 
@@ -307,15 +312,6 @@ def test_response_headers_dripped_do_not_extend_the_deadline() -> None:
             with contextlib.suppress(OSError):
                 conn.sendall(f"X-Drip-{i}: x\r\n".encode())
 
-    server = Hostile(drip)
-    agent = _agent(server.url)
-    try:
-        started = time.monotonic()
-        with pytest.raises(AgentError) as info:
-            agent.ask(ask_request("hi"), deadline=started + 3)
-        elapsed = time.monotonic() - started
-    finally:
-        agent.close()
-        server.close()
-    assert info.value.kind is ErrorKind.DEADLINE_EXCEEDED
+    kind, elapsed = _three_second_call(drip)
+    assert kind is ErrorKind.DEADLINE_EXCEEDED
     assert elapsed < 4.5
