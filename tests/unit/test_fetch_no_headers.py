@@ -8,7 +8,7 @@ import hashlib
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -21,9 +21,8 @@ from localllm.managed.pins import Artifact
 DATA = b"x" * 1000
 
 
-@pytest.fixture
-def mute() -> Iterator[str]:
-    """Accepts, reads the request, never answers."""
+def _loopback(handle: Callable[[socket.socket, threading.Event], None]) -> Iterator[str]:
+    """A model URL on a loopback socket whose every connection ``handle`` serves, on a thread."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(8)
@@ -37,14 +36,20 @@ def mute() -> Iterator[str]:
             except OSError:
                 return
             conns.append(conn)
+            threading.Thread(target=handle, args=(conn, stop), daemon=True).start()
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
+    threading.Thread(target=serve, daemon=True).start()
     yield f"http://127.0.0.1:{sock.getsockname()[1]}/model.gguf"
     stop.set()
     sock.close()
     for conn in conns:
         conn.close()
+
+
+@pytest.fixture
+def mute() -> Iterator[str]:
+    """Accepts, never answers."""
+    yield from _loopback(lambda conn, stop: None)
 
 
 @pytest.mark.parametrize("cancel", [False, True])
@@ -97,33 +102,17 @@ def test_the_first_fetch_discloses_before_it_fails(tmp_path: Path) -> None:
 @pytest.fixture
 def drip() -> Iterator[str]:
     """Answers a status line, then one header byte every 0.2 s, forever."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(8)
-    stop = threading.Event()
 
-    def one(conn: socket.socket) -> None:
-        with conn:
-            try:
-                conn.recv(65536)
-                conn.sendall(b"HTTP/1.1 200 OK\r\nX-Drip: ")
-                while not stop.wait(0.2):
-                    conn.sendall(b"a")
-            except OSError:
-                return
+    def one(conn: socket.socket, stop: threading.Event) -> None:
+        try:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nX-Drip: ")
+            while not stop.wait(0.2):
+                conn.sendall(b"a")
+        except OSError:
+            return
 
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=one, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=serve, daemon=True).start()
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}/model.gguf"
-    stop.set()
-    sock.close()
+    yield from _loopback(one)
 
 
 @pytest.mark.timeout(30)
