@@ -605,7 +605,7 @@ class ServiceApp:
         prepared: chat.Prepared | None = None
         keep_alive: float | None = None
         try:
-            chat.check_text(data)
+            chat.check_text(data, raw)
             if path == "/v1/chat/completions":
                 prepare = functools.partial(
                     chat.prepare,

@@ -276,10 +276,19 @@ def _check_tool_calls(calls: Any, role: str, param: str) -> None:
             raise BadRequest(f"{param}[{j}].function.name must be a string", f"{param}[{j}].function.name")
 
 
-def check_text(data: dict[str, Any]) -> None:
+#: where a surrogate can enter a parsed body: an escape ``\ud800``–``\udfff``, or the bytes
+#: ED A0–BF that ``json.loads`` decodes with ``surrogatepass``
+_SURROGATE_SOURCE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+
+
+def check_text(data: dict[str, Any], raw: bytes) -> None:
     """Every string of a request body (keys too) must be encodable text: JSON admits a lone
-    surrogate escape (``"\\ud800"``), which no UTF-8 can hold and llama-server answers with a 500."""
-    try:  # the common case at C speed; the walk below only names the field
+    surrogate escape (``"\\ud800"``), which no UTF-8 can hold and llama-server answers with a 500.
+    ``raw`` is the body's bytes: without a surrogate's source in them (nearly every request)
+    nothing is walked."""
+    if _SURROGATE_SOURCE.search(raw) is None:
+        return
+    try:  # a pair (an emoji written as two escapes) is text: only a lone one is refused
         json.dumps(data, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
         pass
