@@ -336,16 +336,16 @@ class LineChild:
         one that left its process group (``setsid``) is untraceable once the process exits,
         and is killed with it (it may hold the pipes open)."""
         while True:
-            exited = _process.exited(proc)
-            if not exited:
-                self._note_descendants(proc.pid)
+            if _poll(fd, select.POLLIN, 0):  # output waiting: no /proc walk on a busy stream
+                return True
+            if _process.exited(proc):
+                return _poll(fd, select.POLLIN, 0)  # what it wrote just before it exited
+            self._note_descendants(proc.pid)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise DeadlineReached
-            if _poll(fd, select.POLLIN, 0 if exited else min(remaining, _EXIT_POLL)):
+            if _poll(fd, select.POLLIN, min(remaining, _EXIT_POLL)):
                 return True
-            if exited:
-                return False
 
     def _note_descendants(self, pid: int) -> None:
         # Replaced, never changed in place: signal_kill reads it from another thread.
