@@ -136,6 +136,11 @@ class ErrorKind(str, enum.Enum):
     PLUGIN_UNSUPPORTED = "plugin_unsupported"
 
 
+def stderr_detail(tail: str) -> str:
+    """What a process printed, for the end of a message (never a dangling "last stderr lines:")."""
+    return f"; last stderr lines:\n{tail}" if tail.strip() else " (it printed nothing on stderr)"
+
+
 def truncate_detail(text: str, limit: int = _DETAIL_LIMIT) -> str:
     """Cut ``text`` to ``limit`` UTF-8 bytes plus ``...`` (for quoted bodies)."""
     raw = text.encode("utf-8")
@@ -318,8 +323,7 @@ class SidecarExited(SidecarError):
         self.argv = list(argv)
         self.returncode = returncode
         self.stderr_tail = stderr_tail
-        detail = f"; last stderr lines:\n{stderr_tail}" if stderr_tail.strip() else " (it printed nothing on stderr)"
-        super().__init__(f"llama-server exited with code {returncode}{detail}", hint=hint)
+        super().__init__(f"llama-server exited with code {returncode}{stderr_detail(stderr_tail)}", hint=hint)
 
 
 class SidecarStartTimeout(SidecarError, TimeoutError):

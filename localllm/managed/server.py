@@ -62,7 +62,7 @@ from localllm._process import (
     spawn,
     stop_group,
 )
-from localllm.errors import SidecarError, SidecarExited, SidecarStartTimeout
+from localllm.errors import SidecarError, SidecarExited, SidecarStartTimeout, stderr_detail
 from localllm.managed.release import server_env
 from localllm.redact import mask_option_values
 
@@ -168,11 +168,6 @@ def _describe_exit(returncode: int | None) -> str:
         advice = f" ({_SIGILL_ADVICE})" if -returncode == signal.SIGILL else ""
         return f"was killed by {name}{advice}"
     return f"exited with code {returncode}"
-
-
-def _stderr_detail(tail: str) -> str:
-    """What the server printed, for a message (never a dangling "last stderr lines:")."""
-    return f"; last stderr lines:\n{tail}" if tail.strip() else " (it printed nothing on stderr)"
 
 
 def _free_port() -> int:
@@ -788,7 +783,7 @@ class ManagedServer:
         proc.settle_stderr(0.5)
         return (
             f"llama-server {self.name!r} (pid {proc.pid}) {_describe_exit(exit_code(proc.popen))}"
-            f"{_stderr_detail(proc.tail(20))}"
+            f"{stderr_detail(proc.tail(20))}"
         )
 
     def _release(self, proc: _Process, grace: float) -> None:
@@ -908,7 +903,6 @@ class ManagedServer:
                 if start.cancel.is_set():
                     self._release(proc, grace=_ABORT_GRACE)
                     raise _Cancelled
-                proc.note_descendants()
                 if not proc.alive():
                     self._release(proc, grace=0.0)
                     raise self._exited(proc)
@@ -922,6 +916,8 @@ class ManagedServer:
                         raise self._exited(proc)
                     if proc.requested_port and not proc.owns(port):
                         raise _PortTaken
+                    # once, not per poll: a /proc walk on the cold-start path (stop notes again)
+                    proc.note_descendants()
                     proc.bound_port = port
                     if self.role == "chat":
                         self.grammar_enforced = self._grammar_verdict(client, proc, port, deadline)
@@ -1008,6 +1004,6 @@ class ManagedServer:
     def _timed_out(self, proc: _Process) -> SidecarStartTimeout:
         return SidecarStartTimeout(
             f"llama-server {self.name!r} ({self.model}) was not healthy within "
-            f"{self.health_timeout:g} s{_stderr_detail(proc.tail(20))}",
+            f"{self.health_timeout:g} s{stderr_detail(proc.tail(20))}",
             hint="raise health_timeout for a large model or a slow disk, or check the log above",
         )
