@@ -70,7 +70,7 @@ _CORRUPT = (
     EOFError,
     zlib.error,
     lzma.LZMAError,
-    NotImplementedError,
+    NotImplementedError,  # zipfile's answer to a compression method it lacks (not a stub of ours)
 )
 
 MAX_RATIO = 200
