@@ -40,6 +40,7 @@ __all__ = [
     "atomic_write",
     "create_durably",
     "fsync_dir",
+    "inside",
     "read_capped",
     "replace_durably",
     "tmp_name",
@@ -83,6 +84,19 @@ def read_capped(path: Path, limit: int | None, *, regular: bool = False) -> byte
         if size > limit or len(data) > limit:
             raise Unreadable(f"{path} is larger than {_mib(limit)}" + (f" ({_mib(size)})" if size > limit else ""))
         return data
+
+
+def inside(base: Path, rel: str) -> Path | None:
+    """``rel`` resolved under ``base`` (symlinks followed), or ``None`` when it is absolute,
+    escapes ``base``, loops, or cannot be a path (a NUL)."""
+    root = base.resolve()
+    try:
+        full = (root / rel).resolve()
+    except (OSError, RuntimeError, ValueError):  # RuntimeError: a symlink loop (Python 3.11)
+        return None
+    if Path(rel).is_absolute() or not full.is_relative_to(root):
+        return None
+    return full
 
 
 def _mib(n: int) -> str:

@@ -25,7 +25,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from localllm import settings
-from localllm._fs import TEXT_LIMIT, read_capped
+from localllm._fs import TEXT_LIMIT, inside, read_capped
 from localllm.config.decls import Key
 from localllm.errors import ProblemList
 
@@ -481,18 +481,6 @@ def reference_table(sections: Mapping[str, type]) -> str:
             default = "—" if spec.name in groups else _default_text(spec)
             rows.append(f"| {section} | `{spec.name}` | {kind} | {default} | {spec.key.doc}{choices}{required} |")
     return "\n".join(rows) + "\n"
-
-
-def inside(base_dir: Path, value: str) -> Path | None:
-    """``value`` resolved under ``base_dir``, or ``None`` when it is absolute or escapes."""
-    base = base_dir.resolve()
-    try:
-        full = (base / value).resolve()
-    except (OSError, RuntimeError, ValueError):
-        return None
-    if Path(value).is_absolute() or not full.is_relative_to(base):
-        return None
-    return full
 
 
 def read_json_under(full: Path, raw: str, key: str, ctx: Context) -> Any:

@@ -11,8 +11,8 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from localllm._fs import TEXT_LIMIT, read_capped
-from localllm.config.fields import expand, inside, path_issue, show
+from localllm._fs import TEXT_LIMIT, inside, read_capped
+from localllm.config.fields import expand, path_issue, show
 
 if TYPE_CHECKING:
     from localllm.config.fields import Context

@@ -88,7 +88,8 @@ class Config:
         found = self.gates[gate] if isinstance(gate, str) else gate
         if found.schema_path is not None or found.schema is None:
             return found.schema_path
-        from localllm.config.fields import inside, path_issue
+        from localllm._fs import inside
+        from localllm.config.fields import path_issue
 
         rendered = render(found.schema)
         key = f"gates.{found.name}.with.schema"

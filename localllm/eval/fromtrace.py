@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from localllm._fs import DATA_LIMIT, TEXT_LIMIT, read_capped
+from localllm._fs import DATA_LIMIT, TEXT_LIMIT, inside, read_capped
 from localllm.errors import TraceError
 from localllm.eval.cases import dump_case
 from localllm.trace.event import Event
@@ -55,11 +55,8 @@ def _inside(base: Path, rel: Any, what: str, call_id: str) -> Path | None:
     ``base`` (also through a symlink) or its links loop."""
     if rel is None:
         return None
-    try:
-        path = (base / rel).resolve() if isinstance(rel, str) else None
-    except (OSError, RuntimeError, ValueError) as exc:  # RuntimeError: a symlink loop (Python 3.11)
-        raise TraceError(f"call {call_id}: the {what} {rel!r} cannot be resolved: {exc}", hint=_VERIFY) from exc
-    if path is None or not path.is_relative_to(base.resolve()):
+    path = inside(base, rel) if isinstance(rel, str) else None
+    if path is None:  # absolute, escaping (a symlink too), looping, or no path at all
         raise TraceError(f"call {call_id}: the {what} {rel!r} is not a file inside {base}", hint=_VERIFY)
     return path
 

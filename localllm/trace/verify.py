@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from localllm._fs import read_capped
+from localllm._fs import inside, read_capped
 from localllm.errors import TraceCorrupted, TraceError
 from localllm.trace.reader import Trace, read_trace
 from localllm.trace.sidecars import sidecar_refs
@@ -94,10 +94,9 @@ def sidecar_problems(trace: Trace, trace_dir: Path) -> list[str]:
             target = trace_dir / pure
             try:
                 present = target.is_file()
-                inside = target.resolve().is_relative_to(trace_dir.resolve())
-            except (OSError, RuntimeError):  # EACCES on a parent; a symlink loop (Python 3.11)
-                present = inside = False
-            if present and not inside:
+            except OSError:  # EACCES on a parent: pathlib re-raises it
+                present = False
+            if present and inside(trace_dir, rel) is None:
                 problems.append(f"{where} {rel!r} is a symlink out of the trace directory")
                 continue
             if not present:
