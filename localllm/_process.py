@@ -12,7 +12,8 @@ with :func:`kill_pids`; one forked and orphaned unnoted is found by the pipe it 
 on a full pipe) and keeps the last bytes for error details; :func:`tail` cuts a text for a
 message. :func:`run_probe` runs ``--help``/``--version`` style probes within the caller's
 deadline. :func:`arm_watchdog` starts ``managed/_watchdog.py`` beside a child, which stops its
-group if this process dies first.
+group (and the descendants that left it) if this process dies first; it loads this module by
+path, so this module stays a leaf on the standard library.
 
 A leaf module: it imports nothing from localllm and raises only ``OSError``.
 """

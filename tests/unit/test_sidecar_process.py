@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -62,8 +63,8 @@ def test_a_wrapper_without_exec_leaves_no_orphan_on_stop(tmp_path: Path, model: 
         assert pid_gone(pid, within=3.0), f"pid {pid} outlived ManagedServer.stop()"
 
 
-def test_a_helper_that_left_the_group_is_stopped_with_the_server_and_the_probe(tmp_path: Path, model: Path) -> None:
-    pidfile = tmp_path / "escaped"
+def _setsid_wrapper(tmp_path: Path, pidfile: Path) -> Path:
+    """A ``server_bin`` wrapper that leaves a helper in a session of its own, then execs."""
     wrapper = tmp_path / "setsid" / "llama-server"
     wrapper.parent.mkdir()
     wrapper.write_text(
@@ -75,7 +76,12 @@ def test_a_helper_that_left_the_group_is_stopped_with_the_server_and_the_probe(t
     """)
     )
     wrapper.chmod(0o755)
-    sc = ManagedServer(wrapper, model, health_timeout=30)
+    return wrapper
+
+
+def test_a_helper_that_left_the_group_is_stopped_with_the_server_and_the_probe(tmp_path: Path, model: Path) -> None:
+    pidfile = tmp_path / "escaped"
+    sc = ManagedServer(_setsid_wrapper(tmp_path, pidfile), model, health_timeout=30)
     try:
         sc.ensure_ready()
         deadline = time.monotonic() + 10
@@ -123,6 +129,38 @@ def test_the_watchdog_stops_the_whole_group_when_the_parent_is_killed(tmp_path: 
             parent.wait()
         if parent.stdout is not None:
             parent.stdout.close()
+
+
+def test_the_watchdog_also_kills_a_helper_that_left_the_group(tmp_path: Path, model: Path) -> None:
+    """The parent SIGKILLed: the watchdog notes the server's descendants before it signals
+    the group, so a wrapper's ``setsid`` helper (no group signal reaches it) dies too."""
+    pidfile = tmp_path / "escaped"
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _PARENT, str(_setsid_wrapper(tmp_path, pidfile)), str(model)],
+        stdout=subprocess.PIPE,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        assert parent.stdout is not None
+        server = int(parent.stdout.readline().split()[0])
+        helpers = [int(pid) for pid in pidfile.read_text().split()]
+        assert len(helpers) == 2  # the --help probe's (already killed) and the server's
+        assert psutil.Process(helpers[1]).ppid() == server  # alive, outside the server's group
+        assert os.getpgid(helpers[1]) != os.getpgid(server)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        assert pid_gone(server, within=5.0)
+        assert pid_gone(helpers[1], within=5.0), "the setsid helper outlived its SIGKILLed parent"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+        if parent.stdout is not None:
+            parent.stdout.close()
+        for pid in pidfile.read_text().split() if pidfile.exists() else []:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
 
 
 def _hangs_on_help(tmp_path: Path) -> Path:
