@@ -56,6 +56,11 @@ Outcome = Literal["route", "tie", "miss", "none"]
 #: the decide tier's extra alternative: the input matches none of the candidates
 NONE_OF_THESE = "none_of_these"
 
+#: how far a float32 cosine may fall short of the bar it meets: a text with itself scores
+#: 0.9999988–1.0000001, so a bar of 1.0 (calibrated on examples that support no lower one)
+#: still routes an input that is one of the examples word for word
+_ROUNDING = 1e-5
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -192,12 +197,13 @@ class Router:
         lead = s1 - s2 if s2 is not None else s1
         conf = min(max(lead, 0.0), 1.0)
         extra: dict[str, Any] = {"similarity": s1, "margin": lead, "bars": bars}
-        if s1 >= self.confident and lead >= self.margin:
+        sure = s1 >= self.confident - _ROUNDING
+        if sure and lead >= self.margin - _ROUNDING:
             why = f"similarity {s1:.3f} >= {self.confident:.3f} and margin {lead:.3f} >= {self.margin:.3f}"
             return Verdict(
                 text, "route", top[0], "semantic", f"example:{top[1][1]}", conf, (top[0],), scores, reason=why, **extra
             )
-        if s1 >= self.confident:
+        if sure:
             why = f"margin {lead:.3f} < {self.margin:.3f}: {top[0]} and {ranked[1][0]} go to the decide tier"
             return Verdict(
                 text, "tie", None, "semantic", None, conf, (top[0], ranked[1][0]), scores, reason=why, **extra

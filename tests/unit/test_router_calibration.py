@@ -87,6 +87,32 @@ def test_enough_examples_meet_the_bound_and_route_clear_matches() -> None:
     assert router.route("off topic").outcome == "miss"  # far from every intent
 
 
+def test_a_bar_of_one_still_routes_an_example_verbatim() -> None:
+    """Examples too few or too confused for any bar give ``confident`` 1.0; an input that is
+    one of the examples word for word must still route, though a float32 cosine of a vector
+    with itself comes out 0.99999988 here."""
+
+    def unit(*v: float) -> tuple[float, ...]:
+        a = np.array(v, dtype=np.float32)
+        return tuple((a / np.linalg.norm(a)).tolist())
+
+    # each example is nearer the other intent's example than its own: every decision is wrong
+    vectors = {"a1": unit(1, 2, 3), "b1": unit(1, 2, 3.3), "a2": unit(3, -2, 0.2), "b2": unit(3, -2, 0.5)}
+
+    class Float32(Table):
+        def embed(self, texts: Sequence[str], role: str) -> np.ndarray:
+            return super().embed(texts, role).astype(np.float32)
+
+    router = Router([Intent("a", ("a1", "a2")), Intent("b", ("b1", "b2"))], Float32(vectors))
+    cal = calibrate(router)
+    assert (cal.confident, cal.accepted) == (1.0, 0)
+    router.apply(cal)
+    verdict = router.semantic("a1")
+    assert verdict.similarity < 1.0  # the rounding the bar must allow for
+    assert (verdict.outcome, verdict.intent) == ("route", "a")
+    assert router.semantic("b2").intent == "b"
+
+
 def test_a_single_example_cannot_be_calibrated() -> None:
     with pytest.raises(EmbedError):
         calibrate(Router([Intent("a", ("a1",))], Table(VECTORS)))
