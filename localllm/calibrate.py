@@ -44,6 +44,7 @@ __all__ = [
     "novelty_bar",
     "precision_lower_bound",
     "risk_coverage",
+    "score_of",
     "split",
 ]
 
@@ -92,6 +93,20 @@ class Threshold:
             "lower_bound": self.lower_bound,
             "n": self.n,
         }
+
+
+def score_of(value: object) -> float | None:
+    """``value`` as a confidence score: a finite number in [0, 1], else ``None`` ("not
+    calibrated"). One rule for the evidence and the runtime, so an answer the evaluation
+    could not score (a plugin's ``95`` meaning 95 %, ``2**1024``, ``true``) is never
+    accepted at run time either."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an int past the float range
+        return None
+    return number if 0.0 <= number <= 1.0 else None  # NaN fails both comparisons
 
 
 def _check(scores: Sequence[float], correct: Sequence[bool]) -> None:

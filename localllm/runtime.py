@@ -50,12 +50,13 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from localllm.agents.base import Agent
+from localllm.calibrate import score_of
 from localllm.config import DEFAULT_TIMEOUT, MAX_TIMEOUT, VERBS, AgentDecl, Config, InprocessDecl
 from localllm.errors import AgentError, CallError, ErrorKind, LocalLLMError, SchemaError
 from localllm.redact import Redactor
 from localllm.schema import SchemaSet, loads_json, unreadable
 from localllm.trace.callid import cassette_call_key, derive_call_id, live_call_key
-from localllm.wire import AskRequest, AskResponse, CallResult, Transcript, finite_float
+from localllm.wire import AskRequest, AskResponse, CallResult, Transcript
 
 if TYPE_CHECKING:
     from localllm.embed.embedder import Embedder
@@ -554,11 +555,11 @@ class Runtime:
         """Ask each rung in turn until one's answer is accepted: a local rung's when it is
         valid and its ``meta.confidence`` clears the rung's threshold, the last rung's always.
         Each refusal escalates exactly once, to the next rung (``substitution.reason``
-        ``low_confidence``, or the failed leg's error kind). A missing confidence is "not
-        calibrated": it escalates. An input ``scope`` finds out of scope (its novelty at or
-        below the gate's bar) skips every local rung: one escalation, reason
-        ``out_of_scope``, no local model asked. Returns the answering leg and one step per
-        rung asked (the skip is one step)."""
+        ``low_confidence``, or the failed leg's error kind). A missing confidence, or one
+        outside [0, 1] (``calibrate.score_of``), is "not calibrated": it escalates. An
+        input ``scope`` finds out of scope (its novelty at or below the gate's bar) skips
+        every local rung: one escalation, reason ``out_of_scope``, no local model asked.
+        Returns the answering leg and one step per rung asked (the skip is one step)."""
         steps: list[dict[str, Any]] = []
         leg = _Leg(tiers[0].alias, None, None)
         start = 0
@@ -588,7 +589,7 @@ class Runtime:
             )
             record.leg_finished(leg.alias, leg.response, leg.error, leg.value)
             meta = self.redact.value(dict((leg.response.meta if leg.response else None) or {}))
-            confidence = finite_float(meta.get("confidence"))
+            confidence = score_of(meta.get("confidence"))  # the rule the evidence was scored by
             step: dict[str, Any] = {
                 "agent": tier.alias,
                 "confidence": confidence,

@@ -97,6 +97,11 @@ class Expect:
         per = {name: m.matches(name in got, got.get(name)) for name, m in self.fields.items()}
         return isinstance(submission, dict) and all(per.values()), per
 
+    @property
+    def checks_anything(self) -> bool:
+        """Whether some answer could fail this expectation (``{}`` and all-``any_valid`` cannot)."""
+        return self.is_exact or any(m.kind != "any_valid" for m in self.fields.values())
+
     def labels(self) -> dict[str, Any]:
         """field → the single expected value, where there is one."""
         if self.is_exact:

@@ -32,9 +32,9 @@ from localllm.calibrate import (
     expected_calibration_error,
     precision_lower_bound,
     risk_coverage,
+    score_of,
     split,
 )
-from localllm.wire import finite_float
 
 __all__ = [
     "DEFAULT_HOLDOUT",
@@ -55,8 +55,7 @@ DEFAULT_SEED = 0
 
 def confidence_of(meta: Mapping[str, Any] | None) -> float | None:
     """``meta.confidence`` when it is a number in [0, 1], else ``None`` (not calibrated)."""
-    raw = finite_float((meta or {}).get("confidence"))
-    return raw if raw is not None and 0.0 <= raw <= 1.0 else None
+    return score_of((meta or {}).get("confidence"))
 
 
 @dataclass(frozen=True)

@@ -232,7 +232,9 @@ def _row(alias: str, ref: CallRef, call: RecordedCall | None, ok: bool, per: dic
         "error": None if call is None or call.ok else call.kind,
         "duration_ms": call.duration_ms if call is not None else None,
         "submission": call.response if call is not None else None,
-        "confidence": confidence_of(call.meta) if call is not None and call.ok else None,
+        # the agent's own confidence: after a fallback the meta is the fallback's, and the
+        # agent's refused answer escalates at run time, so it is no (score, correct) pair of it
+        "confidence": confidence_of(call.meta) if call is not None and call.ok and not call.fallback else None,
         "in_scope": _in_scope(call.meta) if call is not None and call.ok else None,
     }
 
@@ -301,17 +303,20 @@ def build_report(
     calls = recorded_calls(trace_path)
     enums = enum_fields(gate.schema_path)
     agents, rows = agent_rows(runs, calls, cases, enums, repeat)
-    outcomes: dict[str, dict[str, Outcome]] = {}
+    outcomes: dict[str, dict[str, Outcome]] = {run.alias: {} for run in runs}
     costs = {c.call_id: _cost(c.meta) for c in calls}
+    # calibration rests on checked labels: an unlabelled case (`trace cases`' recorded answer,
+    # often the local model's own) or one whose expect checks nothing is right by definition
+    judged = {c.id for c in cases if c.labelled and c.expect.checks_anything}
     for row in rows:
-        if row["repeat"] == 0:
+        if row["repeat"] == 0 and row["case"] in judged:
             outcomes.setdefault(row["agent"], {})[row["case"]] = Outcome(
                 bool(row["correct"]),
                 row["confidence"],
                 float(row["duration_ms"] or 0),
                 costs.get(row["call_id"], 0.0),
             )
-    label_of = {c.id: json.dumps(c.expect.labels(), sort_keys=True) for c in cases}
+    label_of = {c.id: json.dumps(c.expect.labels(), sort_keys=True) for c in cases if c.id in judged}
     # the out-of-scope rule: the examples tier's verdict per case applies to every local tier
     in_scope = {
         row["case"]: row["in_scope"]
@@ -341,6 +346,7 @@ def build_report(
         "cases_file": shown(cases_path),
         "cases": len(cases),
         "unlabelled_cases": sum(1 for c in cases if not c.labelled),
+        "calibration_cases": len(judged),
         "repeat": repeat,
         "trace": shown(trace_path),
         "fingerprint": fingerprint(config, gate, [run.alias for run in runs]),

@@ -1,0 +1,146 @@
+"""Attacks on "is the answer right": confidence, its calibration on eval evidence, and the
+cascade that trusts it. Each test is a reproducer of a defect found by hunting for one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localllm import load_config
+from localllm.eval import evaluate
+from localllm.runtime import Runtime
+from localllm.wire import AskRequest, AskResponse
+
+SCHEMA = {"type": "object", "properties": {"queue": {"enum": ["billing", "bug"]}}, "required": ["queue"]}
+CONFIG = """\
+app_id: attacks
+agent_plugins:
+  agent.local: {plugin: builtin.inprocess}
+  agent.claude: {plugin: builtin.inprocess}
+gates:
+  queue:
+    invoke: host.agent.decide
+    agent: agent.local
+    with:
+      prompt: "Ticket: {{ args.ticket }}"
+      schema: schema.json
+      args: {ticket: "{{ args.ticket }}"}
+"""
+
+
+def app(tmp_path: Path, cases: list[dict[str, Any]]) -> Path:
+    (tmp_path / "schema.json").write_text(json.dumps(SCHEMA))
+    (tmp_path / "app.yaml").write_text(CONFIG)
+    (tmp_path / "cases.jsonl").write_text("".join(json.dumps(c) + "\n" for c in cases))
+    return tmp_path
+
+
+def number(request: AskRequest) -> int:
+    return int(str((request.with_ or {})["args"]["ticket"])[1:])
+
+
+def run_eval(root: Path, local: Any, claude: Any) -> dict[str, Any]:
+    def prepare(rt: Runtime) -> None:
+        rt.register_inprocess("agent.local", local, local_model=True)
+        rt.register_inprocess("agent.claude", claude)
+
+    config = load_config(root / "app.yaml")
+    result = evaluate(
+        config, "queue", agents=["agent.local", "agent.claude"], cases_path=root / "cases.jsonl", prepare=prepare
+    )
+    return result.report
+
+
+def with_evidence(root: Path, report: dict[str, Any], min_precision: float) -> None:
+    latest = root / "evals" / "reports" / "queue" / "latest.json"
+    assert json.loads(latest.read_text())["created"] == report["created"]
+    text = (root / "app.yaml").read_text()
+    (root / "app.yaml").write_text(
+        text + f"    selection: {{min_precision: {min_precision}, evidence: {latest.relative_to(root)}}}\n"
+    )
+
+
+def test_a_fallbacks_answer_is_not_calibration_evidence_of_the_local_tier(tmp_path: Path) -> None:
+    """The local model answers 1 case in 10 (confidently, wrongly); the other 9 fail the schema and
+    its fallback answers them, rightly and with a confidence of its own. Before: those 180 were
+    counted as the local tier's right answers at 0.99 (precision 0.9 at 0.99), a min_precision
+    0.8 gate accepted every local answer, and all 20 it kept were wrong."""
+    root = app(
+        tmp_path,
+        [{"id": f"c{i:03}", "args": {"ticket": f"t{i}"}, "expect": {"queue": "bug"}} for i in range(200)],
+    )
+
+    def local(request: AskRequest) -> AskResponse:
+        if number(request) % 10 == 0:
+            return AskResponse.of({"queue": "billing"}, meta={"confidence": 0.99})  # valid, sure, wrong
+        return AskResponse.of({"queue": "nope"}, meta={"confidence": 0.99})  # schema_invalid: falls back
+
+    def claude(_: AskRequest) -> AskResponse:
+        return AskResponse.of({"queue": "bug"}, meta={"confidence": 0.99})
+
+    report = run_eval(root, local, claude)
+    tier = report["calibration"]["tiers"]["agent.local"]
+    assert tier["scored"] == 20  # only the local model's own answers
+    assert tier["calibration"]["correct"] == [False] * len(tier["calibration"]["scores"])
+    fell_back = [r for r in report["calls"] if r["agent"] == "agent.local" and r["fallback"]]
+    assert len(fell_back) == 180 and {r["confidence"] for r in fell_back} == {None}
+    assert report["agents"]["agent.local"]["accuracy"] == 0.9  # the answers themselves still count
+    with_evidence(root, report, 0.8)
+    with Runtime(load_config(root / "app.yaml")) as rt:
+        rt.register_inprocess("agent.local", local, local_model=True)
+        rt.register_inprocess("agent.claude", claude)
+        answers = [rt.run_gate("queue", {"ticket": f"t{i}"}) for i in range(0, 200, 10)]
+    assert [a.agent for a in answers] == ["agent.claude"] * 20
+    assert answers[0].meta["selected_by"]["tiers"] == ["agent.claude"]
+
+
+def test_unlabelled_cases_do_not_calibrate_a_threshold(tmp_path: Path) -> None:
+    """`trace cases` writes the recorded answers as `"labelled": false` cases. Before: a model
+    agreeing with its own recorded answers calibrated a 0.9 threshold from 200 unchecked cases."""
+    rows = [
+        {"id": f"c{i:03}", "args": {"ticket": f"t{i}"}, "expect": {"queue": "bug"}, "labelled": False}
+        for i in range(200)
+    ]
+    rows += [{"id": f"any{i}", "args": {"ticket": f"t{i}"}, "expect": {}} for i in range(3)]  # checks nothing
+    root = app(tmp_path, rows)
+
+    def local(_: AskRequest) -> AskResponse:
+        return AskResponse.of({"queue": "bug"}, meta={"confidence": 0.97})
+
+    report = run_eval(root, local, lambda _: AskResponse.of({"queue": "bug"}))
+    tier = report["calibration"]["tiers"]["agent.local"]
+    assert (tier["calls"], tier["scored"], tier["calibration"]["scores"]) == (0, 0, [])
+    assert (report["unlabelled_cases"], report["calibration_cases"]) == (200, 0)
+    assert tier["targets"]["0.9"]["threshold"]["value"] is None
+    assert report["decision"]["0.9"]["cases"] == 0
+    assert report["agents"]["agent.local"]["calls"] == 203  # still run and counted
+
+
+@pytest.mark.parametrize("reported", [97, 1.5, -0.2, True, 10**400])
+def test_a_confidence_outside_0_1_is_not_calibrated_at_run_time(tmp_path: Path, reported: Any) -> None:
+    """The evidence scores only confidences in [0, 1]. Before: a plugin reporting 97 (a percent)
+    cleared a 0.97 threshold at run time, and its wrong answer was kept."""
+    root = app(
+        tmp_path, [{"id": f"c{i:03}", "args": {"ticket": f"t{i}"}, "expect": {"queue": "bug"}} for i in range(200)]
+    )
+    report = run_eval(
+        root,
+        lambda _: AskResponse.of({"queue": "bug"}, meta={"confidence": 0.97}),
+        lambda _: AskResponse.of({"queue": "bug"}),
+    )
+    with_evidence(root, report, 0.9)
+    with Runtime(load_config(root / "app.yaml")) as rt:
+        rt.register_inprocess(
+            "agent.local",
+            lambda _: AskResponse.of({"queue": "billing"}, meta={"confidence": reported}),
+            local_model=True,
+        )
+        rt.register_inprocess("agent.claude", lambda _: AskResponse.of({"queue": "bug"}))
+        result = rt.run_gate("queue", {"ticket": "t1"})
+    step = result.meta["cascade"][0]
+    assert step["threshold"] == 0.97
+    assert (step["confidence"], step["accepted"], step["reason"]) == (None, False, "no_confidence")
+    assert (result.agent, result.submission) == ("agent.claude", {"queue": "bug"})
