@@ -37,6 +37,7 @@ __all__ = [
     "reason_for",
     "reasons",
     "tls_context",
+    "token_issue",
 ]
 
 E = TypeVar("E", bound=BaseException)
@@ -166,6 +167,20 @@ def map_httpx_errors(make: Callable[[str, BaseException], E]) -> Iterator[None]:
         if not isinstance(exc, _classes()):
             raise
         raise make(reason_for(exc), exc) from exc
+
+
+def token_issue(token: str) -> str:
+    """Why ``token`` cannot go out as ``Authorization: Bearer <token>``; ``""`` when it can.
+
+    The reason never quotes the token (it is a secret). A key pasted with its newline or a
+    typographic dash otherwise fails inside httpx as "Illegal header value" or an ascii
+    codec error, naming neither the variable nor the fix.
+    """
+    if token != token.strip():
+        return "starts or ends with whitespace (a newline copied with the key?)"
+    if not token.isascii() or not token.isprintable() or any(ch.isspace() for ch in token):
+        return "holds a space, a control character or a non-ASCII character (a bearer token cannot)"
+    return ""
 
 
 def is_loopback(host: str) -> bool:

@@ -363,6 +363,14 @@ class LocalLLMAgent(Agent):
                 f"api_key_env {name} is not set; export {name}=<key> (no request was made)",
                 alias=self.alias,
             )
+        issue = _http.token_issue(key)
+        if issue:
+            raise AgentError(
+                ErrorKind.TRANSPORT_ERROR,
+                f"api_key_env {name}: its value {issue} (no request was made)",
+                hint=f"export {name} again with the key alone",
+                alias=self.alias,
+            )
         return {"Authorization": f"Bearer {key}"}
 
     def ask(self, request: AskRequest, *, deadline: float) -> AskResponse:

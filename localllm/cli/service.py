@@ -172,6 +172,14 @@ def _options(args: argparse.Namespace) -> Any:
         token = settings.env_value(args.api_key_env)
         if not token:
             raise UsageError(f"--api-key-env {args.api_key_env}: the variable is not set; export it first")
+        from localllm._http import token_issue
+
+        issue = token_issue(token)
+        if issue:
+            raise UsageError(
+                f"--api-key-env {args.api_key_env}: its value {issue}",
+                hint=f"export {args.api_key_env} again with the key alone",
+            )
     return ServeOptions(
         host=args.host,
         port=args.port,

@@ -45,7 +45,8 @@ class Key:
     """How one config key is checked and documented.
 
     ``check`` names a value rule beyond the type: ``positive``, ``env_name`` (``""``
-    means none), ``url``, ``executable`` (must exist now) / ``program`` (a path resolved
+    means none), ``url``, ``api_base`` (a URL localllm appends ``/v1/…`` to, so not an
+    operation's), ``executable`` (must exist now) / ``program`` (a path resolved
     against the config directory), ``json_file`` (under the config directory, parses), ``under`` (a file
     under the config directory),
     ``env`` / ``headers`` (``${VAR}``-interpolated secret maps), ``fallback`` (an alias or
@@ -176,8 +177,8 @@ class LocalLLMDecl(AgentDecl):
     )
     endpoint: str | None = setting(
         None,
-        "attach to an OpenAI-compatible server (never fetch/spawn/kill)",
-        check="url",
+        "attach to an OpenAI-compatible server (never fetch/spawn/kill): its root or /v1 URL",
+        check="api_base",
         example="endpoint: http://127.0.0.1:8080 (attach)",
     )
     grammar: bool | str = setting(
@@ -255,7 +256,9 @@ class EmbedderDecl:
         "nomic-embed-text-v1.5); with endpoint (required): the served model's id",
         example="model: all-minilm-l6-v2",
     )
-    endpoint: str | None = setting(None, "attach to an OpenAI-compatible /v1/embeddings", check="url")
+    endpoint: str | None = setting(
+        None, "attach to an OpenAI-compatible server's /v1/embeddings: its root or /v1 URL", check="api_base"
+    )
     api_key_env: str | None = setting(
         None, 'NAME of the env var with a bearer token; "" disables auth', check="env_name"
     )

@@ -277,10 +277,19 @@ def _string(spec: KeySpec, value: str, where: str, ctx: Context) -> Any:
                 'e.g. api_key_env: GLM_API_KEY, or "" for no auth',
             )
             return BAD
-    elif check == "url":
+    elif check in ("url", "api_base"):
         problem = url_issue(value)
         if problem:
             ctx.problems.add(where, problem, "e.g. http://127.0.0.1:8080")
+            return BAD
+        operation = api_operation(value) if check == "api_base" else ""
+        if operation:
+            base = value[: value.rstrip("/").rindex(operation)]
+            ctx.problems.add(
+                where,
+                f"is the URL of one API operation ({operation}), not the server's: {show(value)}",
+                f"endpoint: {base} (the server's root or its /v1: the /v1/… paths are added to it)",
+            )
             return BAD
     elif check in ("executable", "program"):
         return _program(value, where, ctx, must_exist=check == "executable")
@@ -304,6 +313,17 @@ def url_issue(value: str) -> str:
     if not value.isascii() or any(ch.isspace() for ch in value):
         return f"must be an ASCII URL without spaces, got {show(value)}"
     return ""
+
+
+#: the OpenAI operations a base URL is mistaken for when copied from an API's docs
+_API_OPERATIONS = ("/chat/completions", "/completions", "/embeddings", "/models")
+
+
+def api_operation(value: str) -> str:
+    """The OpenAI operation a declared base URL ends with (``…/v1/chat/completions`` →
+    ``/chat/completions``), or ``""``: localllm appends ``/v1/<operation>`` to the base."""
+    path = urlsplit(value).path.rstrip("/")
+    return next((op for op in _API_OPERATIONS if path.endswith(op)), "")
 
 
 def _program(value: str, where: str, ctx: Context, *, must_exist: bool) -> Any:

@@ -485,6 +485,12 @@ def embedder_from_decl(decl: EmbedderDecl, *, base_dir: Path | None = None, **op
                 f"{where}.api_key_env: environment variable {decl.api_key_env} is not set; "
                 "export it or remove api_key_env"
             )
+        issue = _http.token_issue(api_key)
+        if issue:
+            raise EmbedError(
+                f"{where}.api_key_env: the value of {decl.api_key_env} {issue}",
+                hint=f"export {decl.api_key_env} again with the key alone",
+            )
     if decl.endpoint:
         model = decl.model or decl.name
         return LocalEmbedder(

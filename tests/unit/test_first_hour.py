@@ -1,0 +1,110 @@
+"""A newcomer's first-hour mistakes: each is one clear error naming the key or variable and
+the fix, with the documented exit code, before anything is sent or started."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from localllm import Runtime, load_config
+from localllm.cli import main
+from localllm.config import EmbedderDecl
+from localllm.errors import AgentError, ConfigError, EmbedError, ErrorKind
+
+# -- an endpoint: copied from an API's docs, operation and all -----------------------------
+
+
+def _problems(path: Path) -> dict[str, str]:
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    return {p.key: p.hint for p in info.value.problems}
+
+
+@pytest.mark.parametrize(
+    ("url", "base"),
+    [
+        ("http://127.0.0.1:8080/v1/chat/completions", "http://127.0.0.1:8080/v1"),
+        ("http://127.0.0.1:8080/v1/chat/completions/", "http://127.0.0.1:8080/v1"),
+        ("https://api.example.com/openai/v1/embeddings", "https://api.example.com/openai/v1"),
+        ("http://127.0.0.1:8080/completions", "http://127.0.0.1:8080"),
+    ],
+)
+def test_an_endpoint_naming_an_api_operation_is_a_load_problem(tmp_path: Path, url: str, base: str) -> None:
+    """It loaded, and every call then went to ``…/v1/chat/completions/v1/chat/completions``: a 404."""
+    config = tmp_path / "app.yaml"
+    config.write_text(
+        f"agent_plugins:\n  agent.local: {{plugin: builtin.local_llm, endpoint: '{url}'}}\n"
+        f"embedders:\n  docs: {{endpoint: '{url}', model: all-minilm-l6-v2}}\n"
+    )
+    problems = _problems(config)
+    assert set(problems) == {"agent_plugins.agent.local.endpoint", "embedders.docs.endpoint"}
+    assert all(hint.startswith(f"endpoint: {base} ") for hint in problems.values())
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8080", "http://127.0.0.1:8080/", "http://127.0.0.1:8080/v1/"])
+def test_an_endpoint_root_or_v1_still_loads(tmp_path: Path, url: str) -> None:
+    config = tmp_path / "app.yaml"
+    config.write_text(
+        f"agent_plugins:\n  agent.local: {{plugin: builtin.local_llm, endpoint: '{url}'}}\n"
+        "  agent.mcp: {plugin: mcp_http, endpoint: 'http://127.0.0.1:7301/v1/models'}\n"  # MCP URLs are whole
+        f"embedders:\n  docs: {{endpoint: '{url}', model: all-minilm-l6-v2}}\n"
+    )
+    loaded = load_config(config)
+    assert loaded.embedders["docs"].endpoint == url
+
+
+# -- api_key_env holding a key pasted with its newline, a space or a typographic dash --------
+
+BAD_KEYS = ["sk-secret-123\n", " sk-secret-123", "sk secret 123", "sk\u2013secret\u2013123", "sk-secret\x07123"]
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize("key", BAD_KEYS)
+def test_an_unsendable_key_names_its_variable_and_sends_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, key: str
+) -> None:
+    """Before: "local protocol error (Illegal header value …)", or for a non-ASCII key
+    "cannot start llama-server: 'ascii' codec …" from an endpoint agent that starts nothing."""
+    config = tmp_path / "app.yaml"
+    config.write_text(
+        "agent_plugins:\n  agent.glm:\n    plugin: builtin.local_llm\n"
+        f"    endpoint: http://127.0.0.1:{_closed_port()}\n    api_key_env: GLM_KEY\n    fallback: none\n"
+    )
+    monkeypatch.setenv("GLM_KEY", key)
+    with Runtime(load_config(config)) as rt, pytest.raises(AgentError) as info:
+        rt.call("ask", agent="agent.glm", prompt="p")
+    error = info.value
+    assert error.kind is ErrorKind.TRANSPORT_ERROR
+    assert "GLM_KEY" in error.detail and "GLM_KEY" in error.hint
+    assert "llama-server" not in error.detail  # nothing was to be started
+    assert "secret" not in error.detail + error.hint
+
+
+@pytest.mark.parametrize("key", BAD_KEYS)
+def test_an_embedder_refuses_an_unsendable_key_before_any_request(monkeypatch: pytest.MonkeyPatch, key: str) -> None:
+    from localllm.embed.local import embedder_from_decl
+
+    monkeypatch.setenv("EMBED_KEY", key)
+    decl = EmbedderDecl(name="docs", endpoint="http://127.0.0.1:9", model="all-minilm-l6-v2", api_key_env="EMBED_KEY")
+    with pytest.raises(EmbedError) as info:
+        embedder_from_decl(decl)
+    assert "EMBED_KEY" in str(info.value) and "secret" not in str(info.value) + info.value.hint
+
+
+def test_serve_refuses_an_unsendable_token_as_usage(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, the service started with a token no client could ever send."""
+    monkeypatch.setenv("LOCALLLM_OFFLINE", "1")  # the old code went on to fetch llama-server
+    monkeypatch.setenv("SERVE_KEY", "tok-123\n")
+    assert main(["serve", "--api-key-env", "SERVE_KEY", "--port", "0", "--json"]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["kind"] == "usage_error" and "SERVE_KEY" in doc["detail"]
