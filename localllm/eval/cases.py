@@ -211,7 +211,10 @@ def load_cases(path: Path, *, regular: bool = False) -> list[Case]:
         raise ConfigError(problems.items) from exc
     cases: list[Case] = []
     seen: dict[str, int] = {}
-    for number, line in enumerate(text.splitlines(), start=1):
+    # JSONL lines end at "\n" only (a "\r" before it is JSON whitespace): str.splitlines()
+    # also breaks at U+2028, U+0085 and \x1c-\x1e, which JSON strings hold raw, and which
+    # dump_case writes raw (ensure_ascii=False). A byte-order mark is no part of the JSON.
+    for number, line in enumerate(text.removeprefix("\ufeff").split("\n"), start=1):
         if not line.strip():
             continue
         where = f"line {number}"

@@ -144,3 +144,25 @@ def test_a_confidence_outside_0_1_is_not_calibrated_at_run_time(tmp_path: Path, 
     assert step["threshold"] == 0.97
     assert (step["confidence"], step["accepted"], step["reason"]) == (None, False, "no_confidence")
     assert (result.agent, result.submission) == ("agent.claude", {"queue": "bug"})
+
+
+def test_cases_hold_any_text_dump_case_writes_and_a_bom_and_crlf(tmp_path: Path) -> None:
+    """Before: str.splitlines() broke a case at a raw U+2028 / U+2029 / U+0085 (JSON strings hold
+    them raw; dump_case, so `trace cases`, writes them raw), so cases localllm wrote could not be
+    read back (4 "not JSON" problems for 2 cases, at the wrong line numbers); a BOM failed line 1."""
+    from localllm.errors import ConfigError
+    from localllm.eval.cases import dump_case, load_cases
+
+    texts = ["one\u2028two", "para\u2029graph", "caf\x85e", "tab\tand\x1cfs"]
+    path = tmp_path / "cases.jsonl"
+    path.write_text("".join(dump_case(f"c{i}", {"ticket": t}, {"queue": "bug"}) + "\n" for i, t in enumerate(texts)))
+    assert [(c.id, c.args["ticket"], c.line) for c in load_cases(path)] == [
+        (f"c{i}", t, i + 1) for i, t in enumerate(texts)
+    ]
+    rows = [json.dumps({"id": "a", "args": {"ticket": "x\u2028y"}, "expect": {"queue": "bug"}}), "{", ""]
+    path.write_bytes(b"\xef\xbb\xbf" + "\r\n".join(rows).encode("utf-8"))
+    with pytest.raises(ConfigError) as info:
+        load_cases(path)
+    assert [p.key for p in info.value.problems] == ["line 2"]  # only the truncated line, named rightly
+    path.write_bytes(b"\xef\xbb\xbf" + "\r\n".join([rows[0], rows[0].replace('"a"', '"b"'), ""]).encode("utf-8"))
+    assert [(c.id, c.args["ticket"]) for c in load_cases(path)] == [("a", "x\u2028y"), ("b", "x\u2028y")]
