@@ -36,7 +36,7 @@ import json
 import logging
 import math
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -72,6 +72,8 @@ TIER = "examples"
 CONFIDENCE_METHOD = "knn_vote_margin_x_similarity"
 #: question vectors an ExampleSet keeps (a call asks for the same question up to three times)
 _QUERY_CACHE = 16
+#: similarities computed at once by the novelty bar (rows × examples): bounds its memory
+_SIMILARITY_CELLS = 1 << 22
 #: the store's chunking key for example vectors (one store per embedder identity and this)
 _STORE_KEY = {"examples": 1, "role": "query"}
 
@@ -157,6 +159,18 @@ def _novelty(similarities: Sequence[float], outside: Sequence[bool]) -> float:
     beyond = [v for v, o in zip(similarities, outside, strict=True) if o and math.isfinite(v)]
     nearest = max(inside, default=-math.inf)
     return nearest - (max(beyond) if beyond else 0.0)
+
+
+def _similarity_blocks(
+    matrix: NDArray[np.float32], rows: NDArray[np.intp]
+) -> Iterator[tuple[NDArray[np.intp], NDArray[np.float64]]]:
+    """``(rows, matrix[rows] @ matrix.T)`` a block of rows at a time, each block at most
+    :data:`_SIMILARITY_CELLS` cells: the whole n × n matrix (and its masks) took 4.7 GiB at
+    20,000 examples and grows with n²; a block is ~60 MiB whatever n is."""
+    step = max(1, _SIMILARITY_CELLS // max(1, len(matrix)))
+    for start in range(0, len(rows), step):
+        block = rows[start : start + step]
+        yield block, (matrix[block] @ matrix.T).astype("float64")
 
 
 def render_shots(neighbours: Sequence[Neighbour], input_arg: str, fields: Sequence[str] | None = None) -> str:
@@ -278,21 +292,22 @@ class ExampleSet:
         same_text = np.asarray([text_ids.setdefault(e.text, len(text_ids)) for e in self.examples])
         negatives: list[float] = []
         if outside.any():  # each out-of-scope example scored against all the others
-            rows = np.flatnonzero(outside)
-            sims = (matrix[rows] @ matrix.T).astype(np.float64)
-            sims[same_text[rows][:, None] == same_text[None, :]] = -np.inf  # itself (and its duplicates)
-            inside = sims[:, ~outside].max(axis=1) if (~outside).any() else np.full(len(rows), -np.inf)
-            beyond = sims[:, outside].max(axis=1)
-            negatives = [float(a - (b if np.isfinite(b) else 0.0)) for a, b in zip(inside, beyond, strict=True)]
+            for rows, sims in _similarity_blocks(matrix, np.flatnonzero(outside)):
+                sims[same_text[rows][:, None] == same_text[None, :]] = -np.inf  # itself (and its duplicates)
+                inside = sims[:, ~outside].max(axis=1) if (~outside).any() else np.full(len(rows), -np.inf)
+                beyond = sims[:, outside].max(axis=1)
+                negatives += [float(a - (b if np.isfinite(b) else 0.0)) for a, b in zip(inside, beyond, strict=True)]
         else:  # held-out label: each example scored against the other labels' examples only
             keys: dict[str, int] = {}
             label = np.asarray(
                 [keys.setdefault(_key({n: e.labels.get(n) for n in fields}), len(keys)) for e in self.examples]
             )
             if len(keys) > 1:
-                sims = (matrix @ matrix.T).astype(np.float64)
-                sims[(label[:, None] == label[None, :]) | (same_text[:, None] == same_text[None, :])] = -np.inf
-                negatives = [float(v) for v in sims.max(axis=1)]
+                for rows, sims in _similarity_blocks(matrix, np.arange(len(self.examples))):
+                    sims[
+                        (label[rows][:, None] == label[None, :]) | (same_text[rows][:, None] == same_text[None, :])
+                    ] = -np.inf
+                    negatives += [float(v) for v in sims.max(axis=1)]
         bar = novelty_bar([v for v in negatives if math.isfinite(v)])
         with self._lock:
             return self._bars.setdefault(cache_key, bar)

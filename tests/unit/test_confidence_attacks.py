@@ -166,3 +166,41 @@ def test_cases_hold_any_text_dump_case_writes_and_a_bom_and_crlf(tmp_path: Path)
     assert [p.key for p in info.value.problems] == ["line 2"]  # only the truncated line, named rightly
     path.write_bytes(b"\xef\xbb\xbf" + "\r\n".join([rows[0], rows[0].replace('"a"', '"b"'), ""]).encode("utf-8"))
     assert [(c.id, c.args["ticket"]) for c in load_cases(path)] == [("a", "x\u2028y"), ("b", "x\u2028y")]
+
+
+@pytest.mark.parametrize("out_of_scope", [None, "oos"])
+def test_the_novelty_bar_of_a_large_examples_file_is_computed_in_bounded_memory(
+    monkeypatch: pytest.MonkeyPatch, out_of_scope: str | None
+) -> None:
+    """Before: the bar built the whole examples × examples similarity matrix (float32, its float64
+    copy and two masks): 20,000 examples peaked at 4.7 GiB, 50,000 would need ~29 GiB. Now a
+    block of rows at a time, with the same bar."""
+    import tracemalloc
+
+    import numpy as np
+
+    from localllm.embed import examples as module
+    from localllm.embed.examples import Example, ExampleSet
+
+    n = 2000
+    rng = np.random.default_rng(0)
+    matrix = rng.standard_normal((n, 16)).astype(np.float32)
+    matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)
+    labels = [("oos" if i % 10 == 0 and out_of_scope else f"q{i % 7}") for i in range(n)]
+
+    def bar(cells: int) -> tuple[float, int, int]:
+        monkeypatch.setattr(module, "_SIMILARITY_CELLS", cells, raising=False)
+        found = ExampleSet([Example(f"e{i}", f"text {i % 1990}", {"queue": q}) for i, q in enumerate(labels)], None)  # type: ignore[arg-type]
+        found._matrix = matrix  # the vectors, as the store would give them
+        tracemalloc.start()
+        try:
+            result = found.novelty_bar(["queue"], out_of_scope)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        return result.value, result.n, peak
+
+    whole = bar(1 << 40)  # one block: the whole matrix
+    value, count, peak = bar(1 << 15)
+    assert (value, count) == pytest.approx(whole[:2])
+    assert peak < 4 * 1024 * 1024  # the whole matrix: 2000² cells × ~14 bytes ≈ 56 MB
