@@ -176,6 +176,9 @@ class Prepared:
     tools: dict[str, Tool] = field(default_factory=dict)
     tool_mode: str = "none"  # none | auto | required | named
     reply_schema: Any = None  # tool_choice auto with a response_format: the reply's schema
+    #: the shape a tool-mode answer must have (the grammar's, arguments and a client's reply
+    #: schema left to their own checks): a server that ignores grammars is caught by it
+    envelope: Any = None
     keep_alive: float | None = None
     notes: list[str] = field(default_factory=list)
     schema_param: str = "response_format.json_schema.schema"  # where the client gave the schema
@@ -475,8 +478,10 @@ def _tool_choice(choice: Any, tools: dict[str, Tool]) -> tuple[str, str | None]:
     return "named", name
 
 
-def _call_schema(tool: Tool) -> dict[str, Any]:
-    arguments = tool.parameters if tool.exact else {"type": "object"}
+def _call_schema(tool: Tool, *, envelope: bool = False) -> dict[str, Any]:
+    arguments: Any = tool.parameters if tool.exact else {"type": "object"}
+    if envelope and tool.exact:
+        arguments = {}  # validated against the tool's parameters on their own
     return {
         "type": "object",
         "properties": {"name": {"const": tool.name}, "arguments": arguments},
@@ -485,9 +490,13 @@ def _call_schema(tool: Tool) -> dict[str, Any]:
     }
 
 
-def answer_schema(tools: list[Tool], *, parallel: bool, reply: Any | None) -> dict[str, Any]:
-    """The JSON the model writes: calls (one, or up to MAX_PARALLEL_CALLS), or (reply given) a reply."""
-    calls = [_call_schema(t) for t in tools]
+def answer_schema(tools: list[Tool], *, parallel: bool, reply: Any | None, envelope: bool = False) -> dict[str, Any]:
+    """The JSON the model writes: calls (one, or up to MAX_PARALLEL_CALLS), or (reply given) a reply.
+
+    ``envelope``: the same shape with each exact tool's arguments admitting any value, for
+    validating an answer whose arguments are checked against their tool on their own.
+    """
+    calls = [_call_schema(t, envelope=envelope) for t in tools]
     item = calls[0] if len(calls) == 1 else {"anyOf": calls}
     array: dict[str, Any] = {"type": "array", "items": item, "minItems": 1}
     array["maxItems"] = MAX_PARALLEL_CALLS if parallel else 1
@@ -636,6 +645,10 @@ def prepare(
         if mode == "auto":
             reply = schema if kind != "text" else {"type": "string", "minLength": 1}  # never an empty reply
         target = answer_schema(chosen, parallel=parallel, reply=reply)
+        # what a server that ignores grammars is held to: a client's reply schema is checked on
+        # its own (strict or not), the service's own (a non-empty string) here
+        shape = {} if reply is not None and kind != "text" else reply
+        prepared.envelope = answer_schema(chosen, parallel=parallel, reply=shape, envelope=True)
         compiled = compile_schema(target, open_objects=OPEN_OBJECTS)
         if not compiled.exact:  # a reply schema the compiler refuses
             raise _refusal(compiled, prepared.schema_param)
@@ -764,6 +777,10 @@ def _cut_reply(content: Any) -> str | None:
     return None
 
 
+#: a content that is not JSON (``null`` is JSON: a schema may admit it)
+_NO_JSON = object()
+
+
 def finish(prepared: Prepared, answer: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     """(the answer for the client, validated); :class:`Invalid` when a strict guarantee broke."""
     answer["model"] = prepared.model
@@ -777,11 +794,12 @@ def finish(prepared: Prepared, answer: dict[str, Any]) -> tuple[dict[str, Any], 
             raise Invalid("the model's answer has no message")
         content = message.get("content")
         reason = choice.get("finish_reason")
+        value: Any
         try:
-            value = json.loads(content) if isinstance(content, str) else None
+            value = json.loads(content) if isinstance(content, str) else _NO_JSON
         except (ValueError, RecursionError):  # RecursionError: ~1,000 tokens of "[" are enough
-            value = None
-        if value is None:
+            value = _NO_JSON
+        if value is _NO_JSON:
             cut = " (cut off by max_tokens)" if reason == "length" else ""
             if reason == "stop" and prepared.stops:  # the grammar was not done: a stop string fired in it
                 cut = (
@@ -803,13 +821,16 @@ def finish(prepared: Prepared, answer: dict[str, Any]) -> tuple[dict[str, Any], 
                     raise Invalid(f"the answer violates the schema at {problem}")
                 validated = False
             continue
-        if isinstance(value, dict) and "tool_calls" in value:
+        shape = _violation(prepared.envelope, value)
+        if shape is not None:
+            # what the grammar admits (calls of the offered tools, as many as allowed; a reply
+            # only with tool_choice auto): a server that ignored the grammar wrote something else
+            raise Invalid(f"the model's answer is not one tool_choice {prepared.tool_mode} admits: {shape}")
+        if "tool_calls" in value:
             calls = []
             for call in value["tool_calls"]:
-                tool = prepared.tools.get(str(call.get("name"))) if isinstance(call, dict) else None
-                if tool is None:
-                    raise Invalid(f"the model called an unknown tool: {call!r:.200}")
-                args = call.get("arguments")
+                tool = prepared.tools[call["name"]]
+                args = call["arguments"]
                 problem = _violation(tool.parameters, args)
                 if problem is not None:
                     if tool.strict:
@@ -825,7 +846,7 @@ def finish(prepared: Prepared, answer: dict[str, Any]) -> tuple[dict[str, Any], 
             message["content"] = None
             message["tool_calls"] = calls
             choice["finish_reason"] = "tool_calls"
-        elif isinstance(value, dict) and "content" in value:
+        else:
             reply = value["content"]
             if prepared.reply_schema is not None:
                 problem = _violation(prepared.reply_schema, reply)
@@ -834,8 +855,6 @@ def finish(prepared: Prepared, answer: dict[str, Any]) -> tuple[dict[str, Any], 
                         raise Invalid(f"the reply violates the schema at {problem}")
                     validated = False
             message["content"] = reply if isinstance(reply, str) else json.dumps(reply, ensure_ascii=False)
-        else:
-            raise Invalid("the model's answer is neither a tool call nor a reply")
     return answer, validated
 
 

@@ -1088,3 +1088,118 @@ def test_a_structured_answer_a_stop_string_cut_says_so() -> None:
     with pytest.raises(Invalid) as caught:  # no stop string of the request's own: nothing to blame
         finish(prepare(unstopped, "chat"), answer)
     assert "stop string" not in str(caught.value)
+
+
+# -- answers a server that ignores the grammar writes ---------------------------------------
+TWO_CALLS = {"tool_calls": [{"name": "get_time", "arguments": {"tz": "UTC"}}, {"name": "get_time", "arguments": {}}]}
+
+
+@pytest.mark.parametrize(
+    ("tool_choice", "written", "extra"),
+    [
+        ("required", {"content": "No tool today."}, {}),  # a reply where a call is required
+        ({"type": "function", "function": {"name": "get_time"}}, {"content": "UTC."}, {}),
+        (
+            {"type": "function", "function": {"name": "get_time"}},
+            {"tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo", "days": 1}}]},
+            {},
+        ),
+        ("required", {"tool_calls": []}, {}),  # no call at all
+        ("required", {"tool_calls": 5}, {}),  # was the service's own 500 (TypeError)
+        ("required", {"tool_calls": [{"name": "get_time"}]}, {}),  # no arguments
+        ("required", {**TWO_CALLS, "content": "also this"}, {}),
+        ("required", {"tool_calls": TWO_CALLS["tool_calls"][:1] * 2}, {"parallel_tool_calls": False}),
+        ("auto", {"content": 42}, {}),  # the reply is text
+        ("auto", {"content": ""}, {}),  # of at least one character
+    ],
+)
+def test_a_tool_answer_the_grammar_does_not_admit_is_never_a_200(
+    tool_choice: Any, written: dict[str, Any], extra: dict[str, Any]
+) -> None:
+    # A llama-server that ignores grammars (the canary's verdict false) can write anything:
+    # these were 200s with X-Localllm-Validated: true (a reply under "required", [] or two
+    # calls as tool_calls, the content 42 as "42"), only the arguments of calls being checked.
+    from localllm.service.chat import Invalid, finish, prepare
+
+    asked = {"model": "chat", "messages": MESSAGES, "tools": [WEATHER, TIME], "tool_choice": tool_choice, **extra}
+    content = json.dumps(written)
+    answer = {"choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]}
+    with pytest.raises(Invalid):
+        finish(prepare(asked, "chat"), answer)
+
+
+@pytest.mark.parametrize(
+    ("tool_choice", "written", "response_format"),
+    [
+        ("auto", {"content": "Sunny."}, None),
+        ("auto", {"content": {"city": "Oslo", "days": 2}}, fmt(SCHEMA)),
+        ("required", TWO_CALLS, None),  # get_time's tz is required: not strict, so not validated
+        ("auto", {"tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo", "days": 1}}]}, None),
+    ],
+)
+def test_tool_answers_the_grammar_admits_still_answer(
+    tool_choice: str, written: dict[str, Any], response_format: Any
+) -> None:
+    from localllm.service.chat import finish, prepare
+
+    asked: dict[str, Any] = {
+        "model": "chat",
+        "messages": MESSAGES,
+        "tools": [WEATHER, TIME],
+        "tool_choice": tool_choice,
+    }
+    if response_format is not None:
+        asked["response_format"] = response_format
+    content = json.dumps(written)
+    answer = {"choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]}
+    done, validated = finish(prepare(asked, "chat"), answer)
+    message = done["choices"][0]["message"]
+    if "tool_calls" in written:
+        assert [c["function"]["name"] for c in message["tool_calls"]] == [c["name"] for c in written["tool_calls"]]
+        assert validated is (tool_choice == "auto")  # get_time without tz: not strict, flagged
+    else:
+        reply = written["content"]
+        assert message["content"] == (reply if isinstance(reply, str) else json.dumps(reply))
+        assert validated is True
+
+
+def test_a_required_tool_call_answered_with_a_reply_is_a_502(
+    make_service: Factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_LLAMA_CONTENT", '{"content": "No tool today."}')  # the grammar ignored
+    service = make_service()
+    with client(service) as http:
+        answer = chat(http, "chat", tools=[WEATHER], tool_choice="required")
+    assert answer.status_code == 502 and answer.json()["error"]["code"] == "structured_output_invalid"
+    assert answer.headers["x-localllm-validated"] == "false"
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "null"},
+        {"anyOf": [SCHEMA, {"type": "null"}]},
+        {"type": ["object", "null"], "properties": {"a": {"type": "integer"}}, "additionalProperties": False},
+    ],
+)
+def test_a_null_answer_a_schema_admits_is_valid(schema: dict[str, Any]) -> None:
+    # json.loads("null") is None, which was taken for "not JSON": a 502 for a valid answer
+    # (strict), X-Localllm-Validated: false otherwise
+    from localllm.service.chat import finish, prepare
+
+    answer = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "null"}, "finish_reason": "stop"}]}
+    for strict in (True, False):
+        done, validated = finish(
+            prepare({"model": "chat", "messages": MESSAGES, "response_format": fmt(schema, strict)}, "chat"),
+            json.loads(json.dumps(answer)),
+        )
+        assert validated is True and done["choices"][0]["message"]["content"] == "null"
+
+
+def test_a_null_answer_through_the_service(make_service: Factory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_LLAMA_CONTENT", "null")
+    service = make_service()
+    with client(service) as http:
+        answer = chat(http, "chat", response_format=fmt({"anyOf": [SCHEMA, {"type": "null"}]}))
+    assert answer.status_code == 200 and answer.headers["x-localllm-validated"] == "true"
+    assert answer.json()["choices"][0]["message"]["content"] == "null"
