@@ -17,6 +17,7 @@ import fcntl
 import os
 import secrets
 import signal
+import socket
 import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -93,6 +94,7 @@ class Service:
         self.token: str | None = None if self.options.no_auth else (self.options.token or secrets.token_urlsafe(32))
         self._upstream_key = secrets.token_urlsafe(24)
         self._lock_fd: int | None = None
+        self._sock: socket.socket | None = None
         self._server: Front | None = None
         self._stop_event = threading.Event()
         self._closed = threading.Event()
@@ -121,9 +123,10 @@ class Service:
         return self.run_dir / discovery.TOKEN_FILE
 
     def start(self) -> Service:
-        """Lock the cache, resolve the build, bind, publish the discovery file, serve in a thread."""
+        """Lock the cache, listen, resolve the build, publish the discovery file, serve in a thread."""
         self._take_lock()
         try:
+            self._listen()  # before _prepare: a busy port is said before llama-server is fetched
             self._prepare()
             self._bind()
             self._publish()
@@ -203,12 +206,28 @@ class Service:
         if self.app is not None:
             self.app.metrics.add("localllm_model_events_total", event=kind, model=model)
 
+    def _listen(self) -> None:
+        from localllm.service.api import FrontLimits
+        from localllm.service.front import listen
+
+        backlog = (self.options.limits or FrontLimits()).backlog
+        try:
+            self._sock = listen(self.options.host, self.options.port, backlog)
+        except OSError as exc:
+            taken = exc.errno in (errno.EADDRINUSE, errno.EACCES)  # EACCES: a port below 1024
+            raise ServiceError(
+                f"cannot listen on {self.options.host}:{self.options.port}: {exc.strerror or exc}",
+                hint="choose another --port (0 picks a free one) or stop whatever holds it"
+                if taken
+                else "--host must be an address of this machine: 127.0.0.1 (the default), ::1, or 0.0.0.0 for all",
+            ) from exc
+
     def _bind(self) -> None:
         from localllm.service.api import FrontLimits, ServiceApp
         from localllm.service.front import Front
         from localllm.service.guard import Guard
 
-        assert self.pool is not None
+        assert self.pool is not None and self._sock is not None
         self.app = ServiceApp(
             pool=self.pool,
             instance=self.instance,
@@ -221,16 +240,8 @@ class Service:
             limits=self.options.limits or FrontLimits(),
             stops={model_id: spec.stop for model_id, spec in self.catalog.items() if spec.stop},
         )
-        try:
-            self._server = Front(self.app, self.options.host, self.options.port)
-        except OSError as exc:
-            taken = exc.errno in (errno.EADDRINUSE, errno.EACCES)  # EACCES: a port below 1024
-            raise ServiceError(
-                f"cannot listen on {self.options.host}:{self.options.port}: {exc.strerror or exc}",
-                hint="choose another --port (0 picks a free one) or stop whatever holds it"
-                if taken
-                else "--host must be an address of this machine: 127.0.0.1 (the default), ::1, or 0.0.0.0 for all",
-            ) from exc
+        self._server = Front(self.app, self._sock)
+        self._sock = None  # the front's now: its stop() closes it
         self.app.guard = Guard.build(self.options.host, self.port, self.options.allow_origins, self.options.allow_hosts)
 
     def _publish(self) -> None:
@@ -319,6 +330,9 @@ class Service:
         self._stop_event.set()
         if self._server is not None:
             self._server.stop()
+        if self._sock is not None:  # bound, but the front never took it
+            self._sock.close()
+            self._sock = None
         if self.pool is not None:
             self.pool.close()
         if self.app is not None:

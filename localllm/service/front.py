@@ -104,25 +104,33 @@ def _raise_fd_limit(wanted: int) -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
-class Front:
-    """uvicorn serving ``app`` on a socket bound at construction (OSError when it cannot bind)."""
+def listen(host: str, port: int, backlog: int) -> socket.socket:
+    """A non-blocking TCP socket bound to ``host:port`` and listening (OSError when it cannot bind).
 
-    def __init__(self, app: ServiceApp, host: str, port: int) -> None:
+    Made before anything slow (fetching llama-server): a busy port is said at once, and a
+    client connecting meanwhile waits in the backlog until the front serves it.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # proto given explicitly: asyncio sets TCP_NODELAY on accepted sockets only when it is
+    # IPPROTO_TCP (headers and body leave in two writes; Nagle would hold the body ~40 ms)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+    except OSError:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return sock
+
+
+class Front:
+    """uvicorn serving ``app`` on ``sock``, a socket from :func:`listen` (the front owns it from here)."""
+
+    def __init__(self, app: ServiceApp, sock: socket.socket) -> None:
         self.app = app
-        limits = app.limits
-        _raise_fd_limit(limits.max_connections + 256)
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        # proto given explicitly: asyncio sets TCP_NODELAY on accepted sockets only when it is
-        # IPPROTO_TCP (headers and body leave in two writes; Nagle would hold the body ~40 ms)
-        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((host, port))
-            sock.listen(limits.backlog)
-        except OSError:
-            sock.close()
-            raise
-        sock.setblocking(False)
+        _raise_fd_limit(app.limits.max_connections + 256)
         self.sock = sock
         self.port: int = sock.getsockname()[1]
         self._server: Any = None

@@ -108,3 +108,21 @@ def test_serve_refuses_an_unsendable_token_as_usage(
     assert main(["serve", "--api-key-env", "SERVE_KEY", "--port", "0", "--json"]) == 2
     doc = json.loads(capsys.readouterr().out)
     assert doc["kind"] == "usage_error" and "SERVE_KEY" in doc["detail"]
+
+
+# -- serve on a port something else holds ----------------------------------------------------
+
+
+def test_serve_says_the_port_is_busy_before_fetching_llama_server(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, a busy port was found only after llama-server was fetched (or its fetch
+    failed): offline, the error was the missing server and the port went unmentioned."""
+    monkeypatch.setenv("LOCALLLM_OFFLINE", "1")  # nothing cached: any fetch fails at once
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["serve", "--port", str(port), "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["kind"] == "service_error" and f"127.0.0.1:{port}" in doc["detail"]
