@@ -1,8 +1,10 @@
 """Per-answer confidence from the answer's own token probabilities.
 
 A *choice field* is a value the schema limits to a few alternatives: an ``enum``, a
-``boolean`` (or boolean-or-null), or an ``integer`` with both bounds and at most
-:data:`MAX_INTEGER_CHOICES` values. For each choice field of an answer, its confidence is
+``boolean``, or an ``integer`` with both bounds and at most :data:`MAX_INTEGER_CHOICES`
+values, each optionally ``null``; a union (``anyOf``/``oneOf``) whose every branch is one
+is a choice over all their values, and ``allOf`` keeps the values every choice branch
+admits (pydantic's ``Optional[Enum]`` and ``allOf: [{$ref}]``). For each choice field of an answer, its confidence is
 the model's probability of the value it chose **among the schema's alternatives**, read
 from the per-token probabilities llama-server returns beside the answer
 (``logprobs: true``, ``top_logprobs: K``) — no extra request, no extra token.
@@ -109,22 +111,46 @@ def _dump(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
-def alternatives(node: Any, root: Mapping[str, Any]) -> tuple[str, ...] | None:
-    """The JSON texts a choice field may take, or ``None`` when ``node`` is not a choice field."""
+#: the combinators a choice field may hide behind (pydantic writes ``Optional[Queue]`` as
+#: ``anyOf: [{$ref: Queue}, {type: null}]`` and an enum with a description as ``allOf: [{$ref}]``)
+_UNIONS = ("anyOf", "oneOf")
+
+
+def _values(node: Any, root: Mapping[str, Any], depth: int = 0) -> tuple[str, ...] | None:
+    """Every JSON text ``node`` admits when they are few and known, else ``None``."""
     node = _resolve(node, root)
-    if not isinstance(node, dict):
+    if not isinstance(node, dict) or depth > 32:
         return None
     if isinstance(node.get("enum"), list):
         try:
-            texts = tuple(dict.fromkeys(_dump(v) for v in node["enum"]))
+            return tuple(dict.fromkeys(_dump(v) for v in node["enum"]))
         except (TypeError, ValueError):
             return None
-        return texts if len(texts) > 1 else None
+    if "const" in node:
+        try:
+            return (_dump(node["const"]),)
+        except (TypeError, ValueError):
+            return None
+    for word in _UNIONS:  # a value of any branch: the union, when every branch is a choice
+        branches = node.get(word)
+        if isinstance(branches, list) and branches:
+            found = [_values(b, root, depth + 1) for b in branches]
+            if any(f is None for f in found):
+                return None
+            return tuple(dict.fromkeys(t for f in found if f is not None for t in f))
+    branches = node.get("allOf")
+    if isinstance(branches, list) and branches:  # a value of every branch: within each choice branch
+        sets = [f for f in (_values(b, root, depth + 1) for b in branches) if f is not None]
+        if sets:
+            return tuple(t for t in sets[0] if all(t in other for other in sets[1:]))
     types = node.get("type")
     kinds = {types} if isinstance(types, str) else set(types) if isinstance(types, list) else set()
-    if kinds and kinds <= {"boolean", "null"} and "boolean" in kinds:
-        return ("true", "false", "null") if "null" in kinds else ("true", "false")
-    if kinds == {"integer"}:
+    null = ("null",) if "null" in kinds else ()
+    if kinds == {"null"}:
+        return null
+    if kinds and kinds <= {"boolean", "null"}:
+        return ("true", "false", *null)
+    if kinds and kinds <= {"integer", "null"}:
         low: float | None = finite_float(node.get("minimum"))
         high: float | None = finite_float(node.get("maximum"))
         if (exclusive := finite_float(node.get("exclusiveMinimum"))) is not None:
@@ -134,8 +160,45 @@ def alternatives(node: Any, root: Mapping[str, Any]) -> tuple[str, ...] | None:
         if low is None or high is None:
             return None
         lo, hi = math.ceil(low), math.floor(high)
-        if 1 < hi - lo + 1 <= MAX_INTEGER_CHOICES:
-            return tuple(str(i) for i in range(lo, hi + 1))
+        if 0 < hi - lo + 1 <= MAX_INTEGER_CHOICES:
+            return (*(str(i) for i in range(lo, hi + 1)), *null)
+    return None
+
+
+def alternatives(node: Any, root: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """The JSON texts a choice field may take, or ``None`` when ``node`` is not a choice field.
+
+    A union (``anyOf``/``oneOf``) of choices is one choice over all their values: an optional
+    enum (``anyOf: [{enum}, {type: null}]``) is a choice among the labels and ``null``."""
+    texts = _values(node, root)
+    return texts if texts is not None and len(texts) > 1 else None
+
+
+def _branches(node: dict[str, Any]) -> list[tuple[str, list[Any]]]:
+    return [(w, node[w]) for w in ("allOf", *_UNIONS) if isinstance(node.get(w), list) and node[w]]
+
+
+def _child(node: Any, key: str | int, root: Mapping[str, Any], depth: int = 0) -> Any:
+    """The schema of ``node``'s member ``key`` (a property name or an array index), or ``None``."""
+    node = _resolve(node, root)
+    if not isinstance(node, dict) or depth > 32:
+        return None
+    if isinstance(key, str):
+        props = node.get("properties")
+        if isinstance(props, dict) and key in props:
+            return props[key]
+        if isinstance(node.get("additionalProperties"), dict):
+            return node["additionalProperties"]
+    else:
+        prefix = node.get("prefixItems")
+        if isinstance(prefix, list) and key < len(prefix):
+            return prefix[key]
+        if isinstance(node.get("items"), dict):
+            return node["items"]
+    for word, branches in _branches(node):  # an object or array behind a combinator
+        found = [c for c in (_child(b, key, root, depth + 1) for b in branches) if c is not None]
+        if found:
+            return found[0] if len(found) == 1 else {("allOf" if word == "allOf" else "anyOf"): found}
     return None
 
 
@@ -143,25 +206,9 @@ def subschema(schema: Mapping[str, Any], path: Path) -> Any:
     """The schema node that governs the value at ``path`` (``None`` when it cannot be told)."""
     node: Any = schema
     for key in path:
-        node = _resolve(node, schema)
-        if not isinstance(node, dict):
+        node = _child(node, key, schema)
+        if node is None:
             return None
-        if isinstance(key, str):
-            props = node.get("properties")
-            if isinstance(props, dict) and key in props:
-                node = props[key]
-            elif isinstance(node.get("additionalProperties"), dict):
-                node = node["additionalProperties"]
-            else:
-                return None
-        else:
-            prefix = node.get("prefixItems")
-            if isinstance(prefix, list) and key < len(prefix):
-                node = prefix[key]
-            elif isinstance(node.get("items"), dict):
-                node = node["items"]
-            else:
-                return None
     return node
 
 
@@ -184,6 +231,8 @@ def has_choice_fields(schema: Mapping[str, Any]) -> bool:
                 children.append(node[key])
         if isinstance(node.get("prefixItems"), list):
             children += node["prefixItems"]
+        for _, branches in _branches(node):
+            children += branches
         return any(walk(c, depth + 1) for c in children)
 
     return walk(schema, 0)

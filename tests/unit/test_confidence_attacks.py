@@ -204,3 +204,53 @@ def test_the_novelty_bar_of_a_large_examples_file_is_computed_in_bounded_memory(
     value, count, peak = bar(1 << 15)
     assert (value, count) == pytest.approx(whole[:2])
     assert peak < 4 * 1024 * 1024  # the whole matrix: 2000² cells × ~14 bytes ≈ 56 MB
+
+
+def test_a_choice_behind_anyof_oneof_or_allof_is_measured() -> None:
+    """pydantic writes `Optional[Priority]` as `anyOf: [{$ref}, {type: null}]`, an enum with a
+    description as `allOf: [{$ref}]` and an optional sub-model as `anyOf: [{$ref: Sub}, {type: null}]`.
+    Before: every such field was skipped, so a 50/50 priority left the answer's confidence at the
+    queue's 0.99 (and a schema of optional enums only measured nothing: `no_choice_fields`)."""
+    import math
+
+    from localllm.agents.confidence import Token, alternatives, has_choice_fields, measure
+
+    schema: dict[str, Any] = {
+        "$defs": {
+            "Priority": {"enum": ["low", "high"], "type": "string"},
+            "Sub": {"type": "object", "properties": {"ok": {"anyOf": [{"type": "boolean"}, {"type": "null"}]}}},
+        },
+        "type": "object",
+        "properties": {
+            "queue": {"allOf": [{"$ref": "#/$defs/Queue"}], "description": "where it goes"},
+            "priority": {"anyOf": [{"$ref": "#/$defs/Priority"}, {"type": "null"}], "default": None},
+            "sub": {"anyOf": [{"$ref": "#/$defs/Sub"}, {"type": "null"}]},
+            "stars": {"oneOf": [{"type": ["integer", "null"], "minimum": 1, "maximum": 3}, {"const": 5}]},
+        },
+    }
+    schema["$defs"]["Queue"] = {"enum": ["billing", "bug"]}
+    props = schema["properties"]
+    assert alternatives(props["priority"], schema) == ('"low"', '"high"', "null")
+    assert alternatives(props["queue"], schema) == ('"billing"', '"bug"')
+    assert alternatives(props["stars"], schema) == ("1", "2", "3", "null", "5")
+    only_optional = {"$defs": schema["$defs"], "properties": {"priority": props["priority"]}}
+    assert has_choice_fields(only_optional)
+
+    def token(text: str, p: float, *others: tuple[str, float]) -> Token:
+        return Token(text.encode(), math.log(p), tuple((o.encode(), math.log(q)) for o, q in others))
+
+    content = '{"queue":"bug","priority":"high","sub":{"ok":true},"stars":2}'
+    tokens = [
+        token('{"queue":"', 1.0),
+        token("bug", 0.99, ("billing", 0.01)),
+        token('","priority":"', 0.5, ('","priority":null', 0.5)),  # "high", or as likely null
+        token("high", 0.5, ("low", 0.5)),
+        token('","sub":{"ok":', 1.0),
+        token("true", 0.8, ("false", 0.2)),
+        token('},"stars":', 1.0),
+        token("2", 0.5, ("1", 0.25), ("3", 0.25)),
+        token("}", 1.0),
+    ]
+    got = measure(schema, content, tokens)
+    assert got.fields == pytest.approx({"queue": 0.99, "priority": 0.25, "sub.ok": 0.8, "stars": 0.5})
+    assert got.value == pytest.approx(0.99 * 0.25 * 0.8 * 0.5)
