@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from localllm import settings
-from localllm.errors import FetchError, UnsupportedPlatform
+from localllm.errors import FetchError, OfflineArtifactMissing, UnsupportedPlatform
 from localllm.managed import platforms
 from localllm.managed.cache import CacheLayout, cache_layout
 from localllm.managed.pins import Pins, load_pins
@@ -25,6 +25,10 @@ from localllm.managed.release import ServerInstall, cached_server, install_for, 
 FROM_SOURCE_HINT = (
     "build it here with `localllm fetch server --from-source` (13-20 min on 2 cores), pre-warm the cache "
     "with `localllm fetch server` on a connected machine, or use endpoint mode"
+)
+#: the same ways out for an offline miss, whose own hint already says how to pre-warm the cache
+_OFFLINE_ALTERNATIVE = (
+    "build it here with `localllm fetch server --from-source` (13-20 min on 2 cores), or use endpoint mode"
 )
 
 
@@ -127,7 +131,9 @@ def ensure_server(
             raise
         except FetchError as exc:
             if cancel is None or not cancel.is_set():  # a cancelled fetch needs no advice
-                exc.add_alternative(FROM_SOURCE_HINT)
+                exc.add_alternative(
+                    _OFFLINE_ALTERNATIVE if isinstance(exc, OfflineArtifactMissing) else FROM_SOURCE_HINT
+                )
             raise
     return install_for(release_dir, pins.release, "prebuilt")
 

@@ -126,3 +126,16 @@ def test_serve_says_the_port_is_busy_before_fetching_llama_server(
         assert main(["serve", "--port", str(port), "--json"]) == 1
     doc = json.loads(capsys.readouterr().out)
     assert doc["kind"] == "service_error" and f"127.0.0.1:{port}" in doc["detail"]
+
+
+def test_an_offline_missing_server_offers_each_way_out_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hint said "pre-warm the cache with `localllm fetch server` on a connected machine"
+    twice: once from the offline miss, once more in the source-build alternative."""
+    from localllm.errors import OfflineArtifactMissing
+    from localllm.managed import ensure_server
+
+    monkeypatch.setenv("LOCALLLM_OFFLINE", "1")
+    with pytest.raises(OfflineArtifactMissing) as info:
+        ensure_server()
+    hint = info.value.hint
+    assert hint.count("`localllm fetch server`") == 1 and hint.count("--from-source") == 1
