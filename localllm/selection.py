@@ -111,23 +111,28 @@ def _decl_data(decl: AgentDecl) -> dict[str, Any]:
     return data
 
 
+def _weights_sha256(model: str, base_dir: Path, hashes: dict[Path, str | None]) -> str | None:
+    """The pin's sha256 for a model id, the file's for a ``*.gguf`` (``None``: unknown)."""
+    if model.endswith(".gguf"):
+        path = Path(model).expanduser()
+        path = path if path.is_absolute() else base_dir / path
+        if path not in hashes:
+            hashes[path] = _file_sha256(path)
+        return hashes[path]
+    from localllm.managed.pins import load_pins
+
+    with contextlib.suppress(FetchError):
+        return load_pins().model(model).artifact.sha256
+    return None
+
+
 def _model(decl: AgentDecl, base_dir: Path, hashes: dict[Path, str | None]) -> dict[str, Any]:
     """``{"model", "model_sha256"}``: the pin's sha256 for a model id, the file's for a ``*.gguf``."""
     model = getattr(decl, "model", None)
     found: dict[str, Any] = {"model": model, "model_sha256": None}
     if not isinstance(decl, LocalLLMDecl) or not model or decl.endpoint is not None:
         return found
-    if model.endswith(".gguf"):
-        path = Path(model).expanduser()
-        path = path if path.is_absolute() else base_dir / path
-        if path not in hashes:
-            hashes[path] = _file_sha256(path)
-        found["model_sha256"] = hashes[path]
-        return found
-    from localllm.managed.pins import load_pins
-
-    with contextlib.suppress(FetchError):
-        found["model_sha256"] = load_pins().model(model).artifact.sha256
+    found["model_sha256"] = _weights_sha256(model, base_dir, hashes)
     return found
 
 
@@ -187,7 +192,7 @@ def _examples_sha256(config: Config, gate: Gate) -> str | None:
     if examples is None:
         return None
     embedder = config.embedders.get(examples.embedder or "")
-    data = {
+    data: dict[str, Any] = {
         "cases_sha256": _file_sha256(examples.cases) if examples.cases is not None else None,
         "input": examples.input,
         "k": examples.k,
@@ -196,6 +201,10 @@ def _examples_sha256(config: Config, gate: Gate) -> str | None:
         "answer": examples.answer,
         "embedder": _decl_data_any(embedder) if embedder is not None else None,
     }
+    if embedder is not None and embedder.model and embedder.endpoint is None:
+        # the vectors are the weights': a GGUF replaced at the same path, or a pin moved to
+        # other weights under the same id, changes every similarity, vote and the bar
+        data["embedder_model_sha256"] = _weights_sha256(embedder.model, config.base_dir, {})
     return canonical_sha256(data)
 
 

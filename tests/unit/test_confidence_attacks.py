@@ -254,3 +254,23 @@ def test_a_choice_behind_anyof_oneof_or_allof_is_measured() -> None:
     got = measure(schema, content, tokens)
     assert got.fields == pytest.approx({"queue": 0.99, "priority": 0.25, "sub.ok": 0.8, "stars": 0.5})
     assert got.value == pytest.approx(0.99 * 0.25 * 0.8 * 0.5)
+
+
+def test_examples_evidence_is_stale_when_the_embedders_weights_change(tmp_path: Path) -> None:
+    """The examples tier's confidences and out-of-scope bar are similarities between the
+    embedder's vectors. Before: a GGUF replaced at the embedder's `model:` path left the
+    evidence fresh, so thresholds measured on the old model's similarities kept answering."""
+    from localllm.selection import fingerprint, staleness
+
+    root = app(tmp_path, [{"id": "a", "args": {"ticket": "x"}, "expect": {"queue": "bug"}}])
+    (root / "emb.gguf").write_bytes(b"GGUF one model")
+    (root / "app.yaml").write_text(
+        CONFIG.replace("gates:", "embedders:\n  e: {model: emb.gguf}\ngates:")
+        + "    examples: {cases: cases.jsonl, embedder: e, input: ticket}\n"
+    )
+    config = load_config(root / "app.yaml")
+    report = {"fingerprint": fingerprint(config, config.gates["queue"], ["agent.local"])}
+    assert staleness(config, config.gates["queue"], report)[""] == []
+    (root / "emb.gguf").write_bytes(b"GGUF another model")
+    config = load_config(root / "app.yaml")
+    assert staleness(config, config.gates["queue"], report)[""] == ["the examples (file, settings or embedder) changed"]
