@@ -44,13 +44,31 @@ def resolve_prompt(raw: Any, key: str, ctx: Context) -> tuple[str, Path | None]:
                     )
                     return "", None
                 return read_capped(candidate, TEXT_LIMIT, regular=True).decode("utf-8"), candidate.resolve()
+            meant = _meant_as_file(raw, candidate)
         except (OSError, UnicodeError) as exc:
             ctx.problems.add(key, f"cannot read prompt file {candidate}: {exc}")
             return "", candidate
-        if raw.endswith(_PROMPT_SUFFIXES):
-            ctx.problems.add(key, f"prompt file {candidate} not found", "fix the path (relative to the config file)")
+        if meant:
+            ctx.problems.add(
+                key,
+                f"prompt file {candidate} {meant}",
+                "fix the path (relative to the config file); inline prompt text has a space in it",
+            )
             return "", None
     return raw, None
+
+
+def _meant_as_file(raw: str, candidate: Path) -> str:
+    """Why a single-line prompt that is not a file still names one (``"not found"``,
+    ``"is a directory"``), or ``""`` for inline text. ``prompts/triage`` (its directory
+    exists, no space) names a file as surely as ``triage.md`` does: sending the path to
+    the model as the prompt would answer, and wrongly, instead of failing here."""
+    if candidate.is_dir():
+        return "is a directory"
+    if raw.endswith(_PROMPT_SUFFIXES):
+        return "not found"
+    one_word = not any(ch.isspace() for ch in raw)
+    return "not found" if one_word and "/" in raw and candidate.parent.is_dir() else ""
 
 
 def template_issue(text: str) -> str:

@@ -139,3 +139,33 @@ def test_an_offline_missing_server_offers_each_way_out_once(monkeypatch: pytest.
         ensure_server()
     hint = info.value.hint
     assert hint.count("`localllm fetch server`") == 1 and hint.count("--from-source") == 1
+
+
+# -- a prompt: path with a typo, or without its suffix ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("prompt", "problem"),
+    [
+        ("prompts/triage", True),
+        ("prompts", True),
+        ("prompts/", True),
+        ("yes/no?", False),
+        ("Say hi", False),
+        ("triage", False),
+    ],
+)
+def test_a_prompt_path_that_names_no_file_is_a_load_problem(tmp_path: Path, prompt: str, problem: bool) -> None:
+    """``prompt: prompts/triage`` (the file is triage.md) loaded as inline text: the model was
+    asked "prompts/triage" and answered it."""
+    (tmp_path / "prompts").mkdir()
+    (tmp_path / "prompts" / "triage.md").write_text("Triage {{ args.ticket }}")
+    config = tmp_path / "app.yaml"
+    config.write_text(
+        "agent_plugins:\n  agent.stub: {plugin: builtin.inprocess}\n"
+        f"gates:\n  g: {{invoke: host.agent.ask, agent: agent.stub, with: {{prompt: '{prompt}'}}}}\n"
+    )
+    if problem:
+        assert set(_problems(config)) == {"gates.g.with.prompt"}
+    else:
+        assert load_config(config).gates["g"].prompt == prompt
