@@ -38,7 +38,10 @@ def _setup(parser: argparse.ArgumentParser) -> None:
         help="concurrent calls per agent (default: a local model's parallel slots, else 1)",
     )
     parser.add_argument(
-        "--fail-under", type=float, metavar="X", help="exit 1 when an evaluated agent's accuracy is below X (0..1)"
+        "--fail-under",
+        type=float,
+        metavar="X",
+        help="exit 1 when an evaluated agent's own accuracy (its answers, not its fallback's) is below X (0..1)",
     )
     parser.add_argument(
         "--holdout",
@@ -121,10 +124,12 @@ def _eval(args: argparse.Namespace) -> int:
     err(f"report: {result.paths['json']} (latest: {result.paths['latest']}); html: {result.paths['html']}")
     err(f"trace: {result.trace}")
     if args.fail_under is not None:
+        # the agent's own answers: a local model whose every answer fails the schema, with a
+        # fallback (a cassette in CI) answering for it, is not good enough at 100 % accuracy
         below = {
-            a: r["accuracy"]
+            a: r["first_try_accuracy"]
             for a, r in report["agents"].items()
-            if r["accuracy"] is None or r["accuracy"] < args.fail_under
+            if r["first_try_accuracy"] is None or r["first_try_accuracy"] < args.fail_under
         }
         if below:
             err(

@@ -274,3 +274,59 @@ def test_examples_evidence_is_stale_when_the_embedders_weights_change(tmp_path: 
     (root / "emb.gguf").write_bytes(b"GGUF another model")
     config = load_config(root / "app.yaml")
     assert staleness(config, config.gates["queue"], report)[""] == ["the examples (file, settings or embedder) changed"]
+
+
+def test_fail_under_judges_a_local_models_own_answers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CI gates a pin bump with `eval --cassette agent.claude=… --fail-under 0.9`. Before: an
+    endpoint answering prose to every case (5 of 5 schema_invalid, the cassette answering each
+    fallback) scored accuracy 1.0 and the gate passed (exit 0)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from localllm.cli import main
+
+    class Prose(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length") or 0))
+            body = json.dumps({"choices": [{"message": {"content": "It is a bug."}, "finish_reason": "stop"}]})
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Prose)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        root = app(
+            tmp_path, [{"id": f"c{i}", "args": {"ticket": f"t{i}"}, "expect": {"queue": "bug"}} for i in range(5)]
+        )
+        endpoint = f"http://127.0.0.1:{server.server_port}/v1"
+        (root / "app.yaml").write_text(
+            CONFIG.replace(
+                "agent.local: {plugin: builtin.inprocess}",
+                f"agent.local: {{plugin: builtin.local_llm, endpoint: '{endpoint}', model: m}}",
+            )
+        )
+        with Runtime(load_config(root / "app.yaml"), trace=root / "rec.jsonl") as rt:
+            rt.register_inprocess("agent.claude", lambda _: AskResponse.of({"queue": "bug"}))
+            for i in range(5):
+                rt.run_gate("queue", {"ticket": f"t{i}"}, agent="agent.claude")
+        cassette = root / "claude.yaml"
+        assert main(["trace", "cassette", str(root / "rec.jsonl"), "--agent", "agent.claude", "-o", str(cassette)]) == 0
+        monkeypatch.chdir(root)
+        argv = ["eval", "queue", "-c", str(root / "app.yaml"), "--cases", str(root / "cases.jsonl")]
+        argv += ["--agents", "agent.local", "--cassette", f"agent.claude={cassette}", "--json"]
+        assert main([*argv, "--fail-under", "0.9"]) == 1
+        report = json.loads((root / "evals" / "reports" / "queue" / "latest.json").read_text())
+        local = report["agents"]["agent.local"]
+        assert (local["accuracy"], local["first_try_accuracy"], local["fallbacks"]) == (1.0, 0.0, 5)
+        assert main([*argv, "--fail-under", "0"]) == 0
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
