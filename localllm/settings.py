@@ -6,11 +6,13 @@ Values are read at call time (not import time) so tests can patch the environmen
 |---|---|
 | LOCALLLM_CACHE_DIR | cache root (default: platformdirs user cache, e.g. ~/.cache/localllm) |
 | LOCALLLM_CONFIG_DIR | user config dir with `pins.json` (default: platformdirs, e.g. ~/.config/localllm) |
+| LOCALLLM_CONFIG | the config a command uses without `-c` when the current directory has no `localllm.yaml` |
 | LOCALLLM_MIRROR | directories or base URLs tried before pinned URLs (comma-separated) |
 | LOCALLLM_OFFLINE | 1/true: never open a socket for artifacts |
 | LOCALLLM_CLAUDE_BIN | the claude executable (default: `claude` on PATH) |
 | LOCALLLM_SERVER_BIN | a llama-server to use instead of the cached one |
 | LOCALLLM_DEBUG | 1/true: the CLI prints tracebacks |
+| LOCALLLM_NO_HEAD_START | 1/true: `run`/`call` do not spawn their last server before loading the config |
 """
 
 from __future__ import annotations
