@@ -543,8 +543,14 @@ def _text(content: Any) -> str:
 
 
 def _plain_messages(messages: list[dict[str, Any]], system: str | None) -> list[dict[str, Any]]:
-    """Tool turns as text every template can render; the tool prompt in the system message."""
+    """Tool turns as text every template can render; the tool prompt in the system message.
+
+    Tool results become one user turn: the results of parallel calls (several ``tool``
+    messages in a row) and a user message right after them are joined, since templates
+    that require user and assistant turns to alternate refuse two user turns in a row.
+    """
     out: list[dict[str, Any]] = []
+    results = False  # out[-1] is a user turn holding tool results
     for given in messages:
         role = given["role"]
         m = {**given, "role": "system"} if role == "developer" else given
@@ -561,7 +567,18 @@ def _plain_messages(messages: list[dict[str, Any]], system: str | None) -> list[
         elif role in ("tool", "function"):
             who = m.get("name") or m.get("tool_call_id") or "tool"
             m = {"role": "user", "content": f"Result of {who}: {_text(m.get('content'))}"}
+            if results:
+                out[-1] = {**out[-1], "content": f"{out[-1]['content']}\n\n{m['content']}"}
+                continue
+            out.append(m)
+            results = True
+            continue
+        elif role == "user" and results:
+            out[-1] = {**m, "content": f"{out[-1]['content']}\n\n{_text(m.get('content'))}"}
+            results = False
+            continue
         out.append(m)
+        results = False
     if system:
         if out and out[0]["role"] == "system" and isinstance(out[0].get("content"), str):
             out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{system}"}

@@ -1203,3 +1203,32 @@ def test_a_null_answer_through_the_service(make_service: Factory, monkeypatch: p
         answer = chat(http, "chat", response_format=fmt({"anyOf": [SCHEMA, {"type": "null"}]}))
     assert answer.status_code == 200 and answer.headers["x-localllm-validated"] == "true"
     assert answer.json()["choices"][0]["message"]["content"] == "null"
+
+
+@pytest.mark.parametrize("tools", [[TIME], None])
+def test_parallel_tool_results_are_one_user_turn(tools: list[dict[str, Any]] | None) -> None:
+    # OpenAI's flow after two parallel calls is two tool messages in a row: rendered as two
+    # user turns, which a template requiring alternating turns (gemma-2-it's, measured on the
+    # pinned llama-server with --jinja) refused: llama-server's 400 "Conversation roles must
+    # alternate", for every follow-up of a parallel call
+    from localllm.service.chat import prepare
+
+    def call(i: str, tz: str) -> dict[str, Any]:
+        return {"id": i, "type": "function", "function": {"name": "get_time", "arguments": json.dumps({"tz": tz})}}
+
+    history = [
+        {"role": "user", "content": "time in UTC and CET?"},
+        {"role": "assistant", "content": None, "tool_calls": [call("call_1", "UTC"), call("call_2", "CET")]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "12:00"},
+        {"role": "tool", "tool_call_id": "call_2", "content": [{"type": "text", "text": "13:00"}]},
+        {"role": "user", "content": "and now?"},
+    ]
+    asked: dict[str, Any] = {"model": "chat", "messages": history}
+    if tools is not None:
+        asked["tools"] = tools
+    sent = prepare(asked, "chat").body["messages"]
+    roles = [m["role"] for m in sent]
+    assert roles == (["system"] if tools else []) + ["user", "assistant", "user"]
+    last = sent[-1]["content"]
+    assert all(text in last for text in ("12:00", "13:00", "and now?"))
+    assert history[2]["role"] == "tool" and history[4]["content"] == "and now?"  # the client's own untouched
