@@ -27,7 +27,8 @@ against the *other* labels' examples only, as if its own label were an intent ne
 An input at or below the bar is out of scope: no local tier answers it.
 
 ``leave_one_out`` (what ``localllm eval`` uses) skips any example whose text is the
-question's, so a case that is also an example is never answered from its own label.
+question's — compared NFKC-normalised, case-folded, white space collapsed, as an embedder
+sees them alike — so a case that is also an example is never answered from its own label.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import json
 import logging
 import math
 import threading
+import unicodedata
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,6 +115,13 @@ def load_examples(path: Path, input_arg: str) -> list[Example]:
         for case in load_cases(path, regular=True)
         if case.labelled and isinstance(case.args.get(input_arg), str)
     ]
+
+
+def _same_text(text: str) -> str:
+    """``text`` as leave-one-out and the bar compare it: NFKC, case-folded, runs of white space
+    as one space. A case that is an example but for its case, spacing or Unicode form (which an
+    embedder normalises away: the same vector) is still never answered from its own label."""
+    return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
 
 
 def _key(value: Any) -> str:
@@ -196,6 +205,8 @@ class ExampleSet:
         leave_one_out: bool = False,
     ) -> None:
         self.examples = list(examples)
+        #: each example's text as leave-one-out compares it (:func:`_same_text`)
+        self._texts = [_same_text(e.text) for e in self.examples]
         self.embedder = embedder
         self.store_root = store_root
         self.leave_one_out = leave_one_out
@@ -262,7 +273,8 @@ class ExampleSet:
             return []
         scores = [float(v) for v in matrix @ self._query(text)]
         if self.leave_one_out:
-            scores = [-math.inf if e.text == text else v for e, v in zip(self.examples, scores, strict=True)]
+            own = _same_text(text)
+            scores = [-math.inf if mine == own else v for mine, v in zip(self._texts, scores, strict=True)]
         return scores
 
     def scope(self, fields: Sequence[str], out_of_scope: Any = None) -> list[bool]:
@@ -289,11 +301,11 @@ class ExampleSet:
         matrix = self.matrix()
         outside = np.asarray(self.scope(fields, out_of_scope), dtype=bool)
         text_ids: dict[str, int] = {}
-        same_text = np.asarray([text_ids.setdefault(e.text, len(text_ids)) for e in self.examples])
+        same = np.asarray([text_ids.setdefault(t, len(text_ids)) for t in self._texts])
         negatives: list[float] = []
         if outside.any():  # each out-of-scope example scored against all the others
             for rows, sims in _similarity_blocks(matrix, np.flatnonzero(outside)):
-                sims[same_text[rows][:, None] == same_text[None, :]] = -np.inf  # itself (and its duplicates)
+                sims[same[rows][:, None] == same[None, :]] = -np.inf  # itself (and its duplicates)
                 inside = sims[:, ~outside].max(axis=1) if (~outside).any() else np.full(len(rows), -np.inf)
                 beyond = sims[:, outside].max(axis=1)
                 negatives += [float(a - (b if np.isfinite(b) else 0.0)) for a, b in zip(inside, beyond, strict=True)]
@@ -304,9 +316,7 @@ class ExampleSet:
             )
             if len(keys) > 1:
                 for rows, sims in _similarity_blocks(matrix, np.arange(len(self.examples))):
-                    sims[
-                        (label[rows][:, None] == label[None, :]) | (same_text[rows][:, None] == same_text[None, :])
-                    ] = -np.inf
+                    sims[(label[rows][:, None] == label[None, :]) | (same[rows][:, None] == same[None, :])] = -np.inf
                     negatives += [float(v) for v in sims.max(axis=1)]
         bar = novelty_bar([v for v in negatives if math.isfinite(v)])
         with self._lock:
@@ -321,7 +331,8 @@ class ExampleSet:
         scores = matrix @ self._query(text)
         order = sorted(range(len(self.examples)), key=lambda i: (-float(scores[i]), i))
         if self.leave_one_out:
-            order = [i for i in order if self.examples[i].text != text]
+            own = _same_text(text)
+            order = [i for i in order if self._texts[i] != own]
         return [Neighbour(self.examples[i], float(scores[i])) for i in order[:k]]
 
 

@@ -330,3 +330,40 @@ def test_fail_under_judges_a_local_models_own_answers(tmp_path: Path, monkeypatc
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+def test_leave_one_out_skips_an_example_that_differs_only_in_case_space_or_unicode_form(tmp_path: Path) -> None:
+    """Before: a cases file holding the examples capitalised, padded with spaces or in NFD was
+    answered from each case's own example (the embedder sees them alike: similarity 1.0), so
+    the eval measured the examples tier at confidence 1.0 on 8 of 9 cases instead of 0.47–0.82."""
+    import unicodedata
+
+    from tests.unit.test_examples_tier import CONFIG as EXAMPLES_CONFIG
+    from tests.unit.test_examples_tier import EXAMPLES, WordsEmbedder, write_examples
+
+    (tmp_path / "schema.json").write_text(
+        json.dumps(
+            {"type": "object", "properties": {"queue": {"enum": ["billing", "bug", "feature"]}}, "required": ["queue"]}
+        )
+    )
+    (tmp_path / "app.yaml").write_text(EXAMPLES_CONFIG)
+    write_examples(tmp_path / "examples.jsonl", EXAMPLES)
+
+    def confidences(cases: list[tuple[str, str, str]]) -> list[float]:
+        path = tmp_path / "cases.jsonl"
+        path.write_text(
+            "".join(json.dumps({"id": i, "args": {"ticket": t}, "expect": {"queue": q}}) + "\n" for i, t, q in cases)
+        )
+
+        def prepare(rt: Runtime) -> None:
+            rt.register_embedder("words", WordsEmbedder())
+
+        report = evaluate(
+            load_config(tmp_path / "app.yaml"), "queue", agents=["examples"], cases_path=path, prepare=prepare
+        ).report
+        return [row["confidence"] for row in report["calls"]]
+
+    exact = confidences(EXAMPLES)
+    assert max(exact) < 0.9  # never its own label
+    variants = [(i, unicodedata.normalize("NFD", f"  {t.upper()}\u00a0\t"), q) for i, t, q in EXAMPLES]
+    assert confidences(variants) == exact
