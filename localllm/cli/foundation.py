@@ -271,6 +271,15 @@ def _template_warnings(config: Config) -> list[str]:
     return found
 
 
+def _relative_hint(flag: str, given: Path, config: Config) -> str:
+    """A file named on the command line is found from the current directory, not the config's:
+    say so, and name the config-relative file when that is what was meant."""
+    beside = config.base_dir / given
+    if not given.is_absolute() and beside.is_file():
+        return f"command-line paths are relative to the current directory; the config's file is {flag} {beside}"
+    return f"command-line paths are relative to the current directory ({Path.cwd()})"
+
+
 def _call(args: argparse.Namespace) -> int:
     early = EarlyStart(lambda draft: args.agent) if args.cassette is None else None
     try:
@@ -285,14 +294,22 @@ def _call_loaded(args: argparse.Namespace, early: EarlyStart | None) -> int:
     if args.prompt_file is not None:
         try:
             prompt = read_capped(args.prompt_file, TEXT_LIMIT).decode("utf-8")
+        except FileNotFoundError as exc:
+            raise UsageError(
+                f"--prompt-file {args.prompt_file}: file not found",
+                hint=_relative_hint("--prompt-file", args.prompt_file, config),
+            ) from exc
         except (OSError, UnicodeDecodeError) as exc:
             raise UsageError(f"cannot read --prompt-file {args.prompt_file}: {exc}") from exc
     else:
         prompt = args.prompt
     schema = args.schema.resolve() if args.schema is not None else None
     if schema is not None and not schema.is_file():
-        what = "not a regular file" if schema.exists() else "file not found"
-        raise UsageError(f"--schema {args.schema}: {what}")
+        if schema.exists():
+            raise UsageError(f"--schema {args.schema}: not a regular file")
+        raise UsageError(
+            f"--schema {args.schema}: file not found", hint=_relative_hint("--schema", args.schema, config)
+        )
     call_args, world = parse_kv(args.arg), parse_kv(args.world, flag="--world")
 
     def ask(runtime: Runtime) -> CallResult:

@@ -169,3 +169,25 @@ def test_a_prompt_path_that_names_no_file_is_a_load_problem(tmp_path: Path, prom
         assert set(_problems(config)) == {"gates.g.with.prompt"}
     else:
         assert load_config(config).gates["g"].prompt == prompt
+
+
+# -- a command-line file named as if from the config's directory ----------------------------
+
+
+@pytest.mark.parametrize("flag", ["--schema", "--prompt-file"])
+def test_a_command_line_file_beside_the_config_is_named_when_the_cwd_lacks_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], flag: str
+) -> None:
+    """Before: ``--schema schemas/x.json: file not found`` with no hint (and for a prompt file
+    the raw errno text), from a directory other than the config's."""
+    app_dir = tmp_path / "app"
+    (app_dir / "files").mkdir(parents=True)
+    (app_dir / "files" / "x.json").write_text('{"type": "object"}')
+    (app_dir / "app.yaml").write_text("agent_plugins:\n  agent.stub: {plugin: builtin.inprocess}\n")
+    monkeypatch.chdir(tmp_path)
+    argv = ["call", "extract", "-c", "app/app.yaml", "--agent", "agent.stub", "--json"]
+    argv += ["--prompt", "p", "--schema", "files/x.json"] if flag == "--schema" else ["--prompt-file", "files/x.json"]
+    assert main(argv) == 2
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["kind"] == "usage_error"
+    assert f"{flag} {app_dir / 'files' / 'x.json'}" in doc["hint"]
