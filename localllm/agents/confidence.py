@@ -481,6 +481,10 @@ def score_alternatives(schema: Mapping[str, Any] | None, content: str, scorer: S
             tokens = scorer(content[:cs], alt)
             if tokens is None:
                 return Confidence(None, UNAVAILABLE, {})
+            if not b"".join(t.data for t in tokens).startswith(alt.encode("utf-8")):
+                # the server did not force the alternative (it ignores ``grammar``: vLLM,
+                # OpenAI): these are some other text's probabilities, not the alternative's
+                return Confidence(None, UNMATCHED, {})
             end, pos, total = len(alt.encode("utf-8")), 0, 0.0
             for token in tokens:
                 start, pos = pos, pos + len(token.data)

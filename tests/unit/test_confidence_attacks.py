@@ -367,3 +367,26 @@ def test_leave_one_out_skips_an_example_that_differs_only_in_case_space_or_unico
     assert max(exact) < 0.9  # never its own label
     variants = [(i, unicodedata.normalize("NFD", f"  {t.upper()}\u00a0\t"), q) for i, t, q in EXAMPLES]
     assert confidences(variants) == exact
+
+
+def test_score_refuses_tokens_that_do_not_spell_the_forced_alternative() -> None:
+    """`confidence: score` forces each alternative with a `grammar`; a server that ignores the
+    key (vLLM, OpenAI) continues the prefill freely. Before: those tokens' probabilities were
+    summed as the alternative's: 0.5 from identical continuations, 0.99 when the `"billing"`
+    request's free tokens spelled `"bug"` unlikely."""
+    import math
+
+    from localllm.agents.confidence import SCORE, UNMATCHED, Token, score_alternatives
+
+    content = '{"queue":"bug"}'
+
+    def forced(_: str, alt: str) -> list[Token]:
+        return [Token(alt.encode(), math.log(0.9 if alt == '"bug"' else 0.1)), Token(b"}", 0.0)]
+
+    def ignored(_: str, alt: str) -> list[Token]:
+        return [Token(b'"b', math.log(0.9 if alt == '"bug"' else 0.01)), Token(b'ug"', math.log(0.5))]
+
+    good = score_alternatives(SCHEMA, content, forced)
+    assert (good.method, good.value) == (SCORE, pytest.approx(0.9))
+    bad = score_alternatives(SCHEMA, content, ignored)
+    assert (bad.method, bad.value, bad.fields) == (UNMATCHED, None, {})
