@@ -1232,3 +1232,23 @@ def test_parallel_tool_results_are_one_user_turn(tools: list[dict[str, Any]] | N
     last = sent[-1]["content"]
     assert all(text in last for text in ("12:00", "13:00", "and now?"))
     assert history[2]["role"] == "tool" and history[4]["content"] == "and now?"  # the client's own untouched
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+        {"role": "developer", "content": [{"type": "text", "text": "Be brief."}]},
+        {"role": "system", "content": "Be brief."},
+    ],
+)
+def test_the_tool_prompt_joins_the_clients_system_message_in_any_form(first: dict[str, Any]) -> None:
+    # a system message as text parts got the tool prompt as a second system message before
+    # it: a template taking a system message only first (gemma-2-it's, --jinja, on the pinned
+    # llama-server) refused every such tool request with llama-server's 400
+    from localllm.service.chat import prepare
+
+    asked = {"model": "chat", "messages": [first, *MESSAGES], "tools": [TIME], "tool_choice": "required"}
+    sent = prepare(asked, "chat").body["messages"]
+    assert [m["role"] for m in sent] == ["system", "user"]
+    assert sent[0]["content"].startswith("Be brief.") and "get_time" in sent[0]["content"]
