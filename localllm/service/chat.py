@@ -583,8 +583,8 @@ def _plain_messages(messages: list[dict[str, Any]], system: str | None) -> list[
         if out and out[0]["role"] == "system":
             # one system message, whatever the form of the client's (text parts too): templates
             # that take a system message only first refuse a second
-            given = _text(out[0].get("content"))
-            out[0] = {**out[0], "content": f"{given}\n\n{system}" if given else system}
+            head = _text(out[0].get("content"))
+            out[0] = {**out[0], "content": f"{head}\n\n{system}" if head else system}
         else:
             out.insert(0, {"role": "system", "content": system})
     return out
