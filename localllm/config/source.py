@@ -22,6 +22,8 @@ MAX_DEPTH = 64
 MAX_NODES = 100_000
 #: largest config file read (bytes)
 MAX_BYTES = 4 << 20
+#: the file a command finds in its directory by itself
+CONVENTIONAL_NAME = "localllm.yaml"
 
 
 def _fail(file: Path, message: str, hint: str = "fix the YAML") -> ConfigError:
@@ -45,6 +47,16 @@ def read_yaml(file: Path) -> Any:
         text = read_capped(file, MAX_BYTES).decode("utf-8")
     except FileNotFoundError as exc:
         raise _fail(file, "config file not found", "check the path") from exc
+    except IsADirectoryError as exc:  # `localllm check examples/quickstart`: the app, not its file
+        inside = sorted(p.name for p in file.glob("*.y*ml") if p.suffix in (".yaml", ".yml"))
+        named = f"; it holds {', '.join(inside[:5])}" if inside else ""
+        raise _fail(
+            file,
+            f"is a directory, not a config file{named}",
+            f"name the file: {file / inside[0]}"
+            if len(inside) == 1
+            else f"name the file, e.g. {file / CONVENTIONAL_NAME}",
+        ) from exc
     except UnicodeDecodeError as exc:  # the file, not its path: its bytes are not UTF-8
         raise _fail(
             file, f"config file is not UTF-8 text: {exc}", "save the file as UTF-8 (YAML configs are UTF-8)"

@@ -191,3 +191,19 @@ def test_a_command_line_file_beside_the_config_is_named_when_the_cwd_lacks_it(
     doc = json.loads(capsys.readouterr().out)
     assert doc["kind"] == "usage_error"
     assert f"{flag} {app_dir / 'files' / 'x.json'}" in doc["hint"]
+
+
+# -- the app's directory given where its config file belongs --------------------------------
+
+
+def test_a_directory_given_as_the_config_names_the_file_in_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``localllm check examples/quickstart`` said "[Errno 21] Is a directory … (hint: check the path)"."""
+    app_dir = tmp_path / "quickstart"
+    app_dir.mkdir()
+    (app_dir / "localllm.yaml").write_text("app_id: q\n")
+    assert main(["check", str(app_dir), "--json"]) == 2
+    [problem] = json.loads(capsys.readouterr().out)["problems"]
+    assert problem["file"] == str(app_dir) and problem["key"] == ""
+    assert problem["hint"] == f"name the file: {app_dir / 'localllm.yaml'}"
