@@ -236,7 +236,8 @@ def _print_calibration(cal: Any, model: str) -> None:
     how = "lower bound" if cal.bound_met else "observed precision (too few examples for the bound)"
     out(f"# calibrated on {d['in_scope']} in-scope and {d['out_of_scope']} out-of-scope leave-one-out decisions")
     out(
-        f"# accepted {d['accepted']} ({d['coverage']:.0%} of in-scope), precision {d['precision']}, "
+        f"# accepted {d['accepted']} ({d['coverage']:.0%} of in-scope), "
+        f"precision {'n/a (none accepted)' if d['precision'] is None else d['precision']}, "
         f"{cal.level:.0%} lower bound {d['lower_bound']}; chosen by {how}"
     )
     if not cal.bound_met:

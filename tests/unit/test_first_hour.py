@@ -207,3 +207,17 @@ def test_a_directory_given_as_the_config_names_the_file_in_it(
     [problem] = json.loads(capsys.readouterr().out)["problems"]
     assert problem["file"] == str(app_dir) and problem["key"] == ""
     assert problem["hint"] == f"name the file: {app_dir / 'localllm.yaml'}"
+
+
+# -- route --calibrate on too few examples -----------------------------------------------------
+
+
+def test_a_calibration_that_accepts_nothing_prints_no_python_none(capsys: pytest.CaptureFixture[str]) -> None:
+    """``route --calibrate`` on a handful of examples printed "precision None"."""
+    from localllm.cli.embed import _print_calibration
+    from localllm.embed.router import Calibration
+
+    cal = Calibration(1.0, 0.0, 0.9, 0.95, False, 4, 4, accepted=0, right=0, coverage=0.0, lower_bound=0.0, needed=29)
+    _print_calibration(cal, "all-minilm-l6-v2")
+    printed = capsys.readouterr().out
+    assert "None" not in printed and "router: {confident: 1.0, margin: 0.0}" in printed
