@@ -997,7 +997,10 @@ def sse_events(prepared: Prepared, answer: dict[str, Any]) -> list[bytes]:
         if message.get("tool_calls"):
             delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]
         index = choice.get("index", i)
-        events.append({**base, "choices": [{"index": index, "delta": delta, "finish_reason": None}]})
+        first: dict[str, Any] = {"index": index, "delta": delta, "finish_reason": None}
+        if choice.get("logprobs") is not None:  # asked for: the whole answer's, with its one delta
+            first["logprobs"] = choice["logprobs"]
+        events.append({**base, "choices": [first]})
         events.append(
             {**base, "choices": [{"index": index, "delta": {}, "finish_reason": choice.get("finish_reason")}]}
         )

@@ -1252,3 +1252,18 @@ def test_the_tool_prompt_joins_the_clients_system_message_in_any_form(first: dic
     sent = prepare(asked, "chat").body["messages"]
     assert [m["role"] for m in sent] == ["system", "user"]
     assert sent[0]["content"].startswith("Be brief.") and "get_time" in sent[0]["content"]
+
+
+@pytest.mark.parametrize("extra", [{"response_format": {"type": "json_object"}}, {"tools": [TIME]}])
+def test_a_buffered_stream_carries_the_logprobs_asked_for(make_service: Factory, extra: dict[str, Any]) -> None:
+    # a structured or tool request generated whole and then streamed dropped the logprobs
+    # llama-server gave: every chunk's were null, while the same request unstreamed had them
+    service = make_service()
+    body = {"model": "chat", "messages": MESSAGES, "logprobs": True, "top_logprobs": 2, **extra}
+    with client(service) as http:
+        whole = http.post("/v1/chat/completions", json=body).json()["choices"][0]["logprobs"]["content"]
+        with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as reply:
+            events = [line[6:] for line in reply.iter_lines() if line.startswith("data: ")]
+    chunks = [json.loads(e)["choices"] for e in events[:-1]]
+    streamed = [t for c in chunks if c and c[0].get("logprobs") for t in c[0]["logprobs"]["content"]]
+    assert [t["token"] for t in streamed] == [t["token"] for t in whole] and whole
