@@ -124,3 +124,25 @@ def test_defaults_stated_in_the_prose_are_the_parsers() -> None:
     )
     lines = re.search(r"`localllm logs gemma-3-270m`\s+prints the last (\d+) lines", README)
     assert lines is not None and int(lines.group(1)) == actions["localllm logs"]["--lines"].default
+
+
+def test_every_flag_is_explained_not_only_listed() -> None:
+    """``test_cli.py`` proves the synopsis names every flag; this, that each is explained too:
+    in the prose, or in the synopsis's description column (``--unpin removes one of your pins``)."""
+    start = README.index("<!-- norun: the synopsis of every command;")
+    block = _synopsis_block("<!-- norun: the synopsis of every command;")
+    described = []
+    for line in block.splitlines():
+        if line.startswith(" " * 40):  # a description continued in its column
+            described.append(line.strip())
+        else:  # the description after the column gap, if the line has one
+            described += re.split(r"\S\s{3,}", line.strip(), maxsplit=1)[1:]
+    end = README.index("```", README.index("```", start) + 3)
+    explained = README[:start] + README[end:] + "\n".join(described)
+    missing = set()
+    for command, actions in _actions().items():
+        for action in {id(a): a for a in actions.values()}.values():
+            flags = [f for f in action.option_strings if f not in ("-h", "--help", "--json")]
+            if flags and not any(re.search(rf"(?<![\w-]){re.escape(f)}(?![\w-])", explained) for f in flags):
+                missing.add(f"{command} {'/'.join(flags)}")
+    assert sorted(missing) == []
