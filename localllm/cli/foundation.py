@@ -48,6 +48,12 @@ def discover_config(given: Path | None) -> Path:
     if local.is_file():
         return local
     env = settings.config_file()
+    if env is not None and not env.is_file():  # set once in a shell profile, then forgotten
+        what = "is a directory, not a config file" if env.is_dir() else "names no file"
+        raise UsageError(
+            f"LOCALLLM_CONFIG={env} {what} (used because no -c was given and {Path.cwd()} has no {DEFAULT_CONFIG})",
+            hint="fix or unset LOCALLLM_CONFIG, or pass -c FILE",
+        )
     if env is not None:
         return env
     raise UsageError(

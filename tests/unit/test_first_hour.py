@@ -221,3 +221,20 @@ def test_a_calibration_that_accepts_nothing_prints_no_python_none(capsys: pytest
     _print_calibration(cal, "all-minilm-l6-v2")
     printed = capsys.readouterr().out
     assert "None" not in printed and "router: {confident: 1.0, margin: 0.0}" in printed
+
+
+# -- LOCALLLM_CONFIG set once in a shell profile and forgotten ----------------------------------
+
+
+@pytest.mark.parametrize("target", ["gone.yaml", "app"])
+def test_a_stale_localllm_config_is_named_as_the_cause(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], target: str
+) -> None:
+    """Before: "gone.yaml: config file not found (hint: check the path)" from `localllm check`
+    run without -c in a directory with no localllm.yaml: nothing said the variable chose it."""
+    (tmp_path / "app").mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LOCALLLM_CONFIG", str(tmp_path / target))
+    assert main(["check", "--json"]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["kind"] == "usage_error" and "LOCALLLM_CONFIG" in doc["hint"]

@@ -146,3 +146,15 @@ def test_every_flag_is_explained_not_only_listed() -> None:
             if flags and not any(re.search(rf"(?<![\w-]){re.escape(f)}(?![\w-])", explained) for f in flags):
                 missing.add(f"{command} {'/'.join(flags)}")
     assert sorted(missing) == []
+
+
+def test_the_block_counts_the_readme_states_are_the_blocks() -> None:
+    """ "Today: 26 blocks, 13 run (2 unit, 11 e2e), 13 not run": counted, not remembered."""
+    from tests.readme_blocks import blocks
+
+    found = re.search(r"Today: (\d+) blocks, (\d+) run \((\d+) unit,\s+(\d+) e2e\), (\d+) not run", README)
+    assert found is not None
+    every = blocks()
+    run = [b for b in every if b.runnable]
+    counted = (len(every), len(run), sum(b.suite == "unit" for b in run), sum(b.suite == "e2e" for b in run))
+    assert tuple(int(n) for n in found.groups()) == (*counted, len(every) - len(run))
