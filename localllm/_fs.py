@@ -134,7 +134,10 @@ def adjacent_tmp(dest: Path, *, suffix: str = ".tmp") -> Iterator[BinaryIO]:
     try:
         yield fh
     finally:
-        fh.close()
+        # On a full disk (ENOSPC, EFBIG) close() fails again flushing what the block's write
+        # left in the buffer; the descriptor is closed all the same, and the temp must go.
+        with contextlib.suppress(OSError):
+            fh.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
 
