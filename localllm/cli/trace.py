@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -150,6 +151,7 @@ def _stats(args: argparse.Namespace) -> int:
 def _cases(args: argparse.Namespace) -> int:
     from localllm.eval.fromtrace import cases_from_calls, recorded_calls
 
+    _refuse_own_files(args.file, args.output)
     search = ((args.config.parent,) if args.config else ()) + (args.file.parent,)
     lines = cases_from_calls(recorded_calls(args.file), args.gate, exact=args.exact, search=search)
     if not lines:
@@ -173,6 +175,7 @@ def _cases(args: argparse.Namespace) -> int:
 def _cassette(args: argparse.Namespace) -> int:
     import yaml
 
+    _refuse_own_files(args.file, args.output)
     from localllm.eval.fromtrace import cassette_from_calls, recorded_calls, trace_app_id
 
     app_id = args.app_id
@@ -207,6 +210,30 @@ def _cassette(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"output": str(args.output), "episodes": len(doc.get("episodes", []))})
     return EXIT_OK
+
+
+def _refuse_own_files(trace: Path, target: Path | None) -> None:
+    """``-o`` naming the trace read, or a file in its sidecar directories, would replace the
+    recording it was made from (the trace alone may be the only copy): refused before reading."""
+    if target is None:
+        return
+    import os
+
+    from localllm.trace.sidecars import PROMPTS_DIR, TRANSCRIPTS_DIR
+
+    real = Path(os.path.realpath(target))
+    with contextlib.suppress(OSError):
+        if real.exists() and real.samefile(trace):
+            raise UsageError(
+                f"{target} is the trace being read: writing there would replace it",
+                hint="pass another -o OUT (or none, for stdout)",
+            )
+    base = Path(os.path.realpath(trace)).parent
+    if any(real.is_relative_to(base / sub) for sub in (PROMPTS_DIR, TRANSCRIPTS_DIR)):
+        raise UsageError(
+            f"{target} is in the trace's sidecar directory: writing there could replace a recorded sidecar",
+            hint="pass an -o OUT outside the trace's agent-prompts/ and transcripts/",
+        )
 
 
 def _write(text: str, target: Path | None) -> None:
