@@ -28,6 +28,7 @@ Appending is serialised by a lock, so one writer may be shared between threads.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -62,6 +63,7 @@ _LOCK_POLL = 0.05
 #: the fields of an event its writer checks (all but ``seq`` and ``ts``, which it assigns)
 _FIELDS = ("kind", "payload", "turn", "state_path", "parent_turn", "call_id", "episode_id", "match_idx")
 _log = logging.getLogger("localllm.trace")
+_TORN_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 _GO_ESCAPED_BYTES = (b"<", b">", b"&", "\u2028".encode(), "\u2029".encode())
 
 
@@ -510,7 +512,17 @@ def _is_torn_header(data: bytes) -> bool:
 def _move_torn(path: Path, fd: int, torn: bytes, *, keep: int) -> None:
     """Append ``torn`` (+ newline) to ``<path>.torn``, fsync it, then cut the trace to ``keep`` bytes."""
     side = path.with_name(path.name + TORN_SUFFIX)
-    sfd = os.open(side, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+    # Never through a symlink (it would append to the link's target), never waiting on a
+    # FIFO (the open blocked for ever, the trace's lock held): only a regular file is kept.
+    try:
+        sfd = os.open(side, _TORN_FLAGS, 0o644)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+            raise
+        raise _torn_unusable(path, side) from exc
+    if not stat.S_ISREG(os.fstat(sfd).st_mode):
+        os.close(sfd)
+        raise _torn_unusable(path, side)
     try:
         _write_all(sfd, torn + b"\n")
         os.fsync(sfd)
@@ -520,6 +532,13 @@ def _move_torn(path: Path, fd: int, torn: bytes, *, keep: int) -> None:
     os.ftruncate(fd, keep)
     os.fsync(fd)
     _log.warning("trace %s: torn last line (%d bytes) moved to %s", path, len(torn), side)
+
+
+def _torn_unusable(path: Path, side: Path) -> TraceError:
+    return TraceError(
+        f"cannot open trace {path}: its torn last line goes to {side}, which is not a regular file",
+        hint=f"remove {side} (a symlink, FIFO or directory there is never written to); the trace is unchanged",
+    )
 
 
 def _read_all(fd: int) -> bytes:
