@@ -9,9 +9,11 @@ serves the same llama-server build and model (``auto``: None when there is none;
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
+import stat
 import sys
 import time
 from collections.abc import Sequence
@@ -124,6 +126,25 @@ def child_pythonpath() -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join([root, *rest])}
 
 
+def _open_log(path: Path) -> int:
+    """The service log, opened to append: only a regular file, never through a symlink (it
+    would append to the link's target), never waiting on a FIFO (the open blocked for ever)."""
+    fd = -1
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        os.set_blocking(fd, True)
+        return fd
+    except OSError as exc:
+        if fd >= 0:
+            os.close(fd)
+        why = "a symlink or a FIFO, not a regular file" if exc.errno in (errno.ELOOP, errno.ENXIO) else exc.strerror
+        raise ServiceError(
+            f"cannot open the service log {path}: {why or exc}", hint=f"remove {path} (the service writes a new one)"
+        ) from exc
+
+
 def detach(
     serve_argv: Sequence[str], *, cache_root: Path | None = None, wait: float = 120.0
 ) -> tuple[discovery.Discovery, Path]:
@@ -135,7 +156,7 @@ def detach(
     log_path = run / discovery.LOG_FILE
     if log_path.is_file() and log_path.stat().st_size > LOG_LIMIT:  # bounded: one old log kept
         os.replace(log_path, log_path.with_name(log_path.name + ".1"))
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    log_fd = _open_log(log_path)
     try:
         # posix_spawn in a new session: no Popen object to outlive, no terminal to follow
         pid = os.posix_spawn(
