@@ -13,9 +13,10 @@ A chat model's pin may say how llama-server turns chat messages into its prompt:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,9 @@ _SAFE_FILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 _ROLES = ("chat", "embedding")
 _PKG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _WHEEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*\.whl$")
+
+#: how long an edit of the user's pins file waits for another one to finish
+_EDIT_WAIT = 60.0
 
 #: llama-server flags choosing how chat messages become a prompt (a user's own wins over a pin's)
 TEMPLATE_FLAGS = frozenset({"--chat-template", "--chat-template-file", "--jinja", "--no-jinja"})
@@ -359,18 +363,19 @@ def add_user_model(
     name = file or url.rstrip("/").rsplit("/", 1)[-1].split("?", 1)[0]
     raw = {"role": role, "file": name, "url": url, "sha256": sha256.lower(), "size": None}
     shipped = load_pins(user=False).models
-    data, current = _user_file(where, shipped)
-    if model_id in shipped:
-        raise FetchError(f"{model_id!r} is already pinned in {shipped[model_id].pins_file}; pick another --id")
-    if model_id in current and not replace:
-        raise FetchError(
-            f"{where}: models.entries.{model_id} already exists",
-            hint=f"replace it with --replace, or remove it: localllm models --unpin {model_id}",
-        )
-    pin = _model_pin(model_id, raw, where)  # checks the id, url, sha256 and file name
-    data.setdefault("format", 1)
-    data.setdefault("models", {}).setdefault("entries", {})[model_id] = raw
-    atomic_write(where, json.dumps(data, indent=2) + "\n")
+    with _editing(where):
+        data, current = _user_file(where, shipped)
+        if model_id in shipped:
+            raise FetchError(f"{model_id!r} is already pinned in {shipped[model_id].pins_file}; pick another --id")
+        if model_id in current and not replace:
+            raise FetchError(
+                f"{where}: models.entries.{model_id} already exists",
+                hint=f"replace it with --replace, or remove it: localllm models --unpin {model_id}",
+            )
+        pin = _model_pin(model_id, raw, where)  # checks the id, url, sha256 and file name
+        data.setdefault("format", 1)
+        data.setdefault("models", {}).setdefault("entries", {})[model_id] = raw
+        _save(where, data)
     return pin
 
 
@@ -381,13 +386,51 @@ def remove_user_model(model_id: str, *, path: Path | None = None) -> Path:
     shipped = load_pins(user=False).models
     if model_id in shipped:
         raise FetchError(f"{model_id!r} is a shipped pin ({shipped[model_id].pins_file}), not one of yours")
-    data, current = _user_file(where, shipped)
-    if model_id not in current:
-        known = ", ".join(sorted(current)) or "none"
-        raise FetchError(f"{where}: no user pin {model_id!r}", hint=f"your pins: {known}")
-    del data["models"]["entries"][model_id]
-    atomic_write(where, json.dumps(data, indent=2) + "\n")
+    with _editing(where):
+        data, current = _user_file(where, shipped)
+        if model_id not in current:
+            known = ", ".join(sorted(current)) or "none"
+            raise FetchError(f"{where}: no user pin {model_id!r}", hint=f"your pins: {known}")
+        del data["models"]["entries"][model_id]
+        _save(where, data)
     return where
+
+
+@contextlib.contextmanager
+def _editing(where: Path) -> Iterator[None]:
+    """Hold the pins file's lock (``.<name>.lock`` beside it) for one read-modify-write: two
+    processes pinning at once would each write what it read plus its own model, and the
+    last rename would drop the other's."""
+    import filelock
+
+    lock = filelock.FileLock(str(where.with_name(f".{where.name}.lock")))
+    try:
+        where.parent.mkdir(parents=True, exist_ok=True)
+        lock.acquire(timeout=_EDIT_WAIT)
+    except filelock.Timeout:
+        raise FetchError(
+            f"{where}: another localllm has been editing it for {_EDIT_WAIT:.0f}s", hint="run again when it is done"
+        ) from None
+    except OSError as exc:
+        raise _unwritable(where, exc) from exc
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _save(where: Path, data: Mapping[str, Any]) -> None:
+    try:
+        atomic_write(where, json.dumps(data, indent=2) + "\n")
+    except OSError as exc:
+        raise _unwritable(where, exc) from exc
+
+
+def _unwritable(where: Path, exc: OSError) -> FetchError:
+    return FetchError(
+        f"cannot write the user pins file {where}: {exc.strerror or exc}",
+        hint="make its directory writable, or set LOCALLLM_CONFIG_DIR to a directory that is",
+    )
 
 
 def chat_format_args(spec: str | Path, role: str, args: Sequence[str]) -> list[str]:
