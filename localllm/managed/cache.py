@@ -115,8 +115,20 @@ def release_manifest(release_dir: Path) -> tuple[dict[str, str], dict[str, str]]
 
 
 def write_marker(release_dir: Path, info: dict[str, Any]) -> None:
-    """Write the release marker (last step before the staging dir is renamed)."""
+    """Write the release marker (last step before the staging dir is renamed).
+
+    Every file it lists is fsynced first: the marker, and the rename that follows it, vouch
+    for a release whose bytes are on disk (extraction and copies only reach the page cache,
+    and after a power cut a file renamed before its data is flushed can come back empty).
+    The marker's own write fsyncs the directory, which makes the links and names durable.
+    """
     files, links = release_manifest(release_dir)
+    for name in files:
+        fd = os.open(release_dir / name, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     data = {**info, "files": files, "links": links}
     atomic_write(release_dir / MARKER, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
