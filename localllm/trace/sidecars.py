@@ -162,8 +162,8 @@ def write_transcript(
     atomic_write(timings_path, timings.encode("ascii"), sync_dir=False, exclusive=exclusive)
     try:
         atomic_write(base / rel, _utf8("".join(line + "\n" for line in lines), "transcript"), exclusive=exclusive)
-    except SidecarTaken:
-        timings_path.unlink()  # ours: created just now, exclusively
+    except TraceError:  # taken, or a full disk: the timings of a transcript never written go too
+        timings_path.unlink(missing_ok=True)  # ours: written just now
         raise
     return {
         "format": transcript.format,

@@ -316,3 +316,27 @@ def test_a_release_marker_is_written_only_after_every_file_is_fsynced(
     monkeypatch.setattr(os, "fsync", fsync)
     write_marker(release, {"kind": "prebuilt"})
     assert {"llama-server", "libggml.so", "libllama.so"} <= set(synced)
+
+
+def test_a_transcript_cut_short_leaves_no_timings_behind(tmp_path: Path) -> None:
+    d = tmp_path / "d"
+    d.mkdir()
+    got = in_child(
+        _full_disk(
+            f"""
+            from localllm.errors import TraceError
+            from localllm.trace import sidecars
+            from localllm.wire import Transcript
+            lines = ["x" * 200 for _ in range(20)]  # 4 KB: past the limit; the timings fit
+            try:
+                sidecars.write_transcript({str(d)!r}, "c1", Transcript("claude-stream-json", lines, list(range(20))),
+                                          exclusive=True)
+                print(json.dumps("written"))
+            except TraceError as exc:
+                print(json.dumps(type(exc).__name__))
+            """,
+            limit=1000,
+        )
+    )
+    assert got == "TraceError"
+    assert sorted(p.name for p in d.rglob("*") if p.is_file()) == []
