@@ -111,7 +111,11 @@ class SubprocessDecl(AgentDecl):
 
     REQUIRED = (("command",),)
 
-    command: str = setting("", "the executable (argv[0])", example="command: /path/to/agent")
+    command: str = setting(
+        "",
+        "the executable (argv[0]); a relative path is under cwd (the config's directory when unset)",
+        example="command: /path/to/agent",
+    )
     args: tuple[str, ...] = setting((), "its arguments")
     #: already interpolated (``${VAR}`` resolved at load); values are secrets
     env: dict[str, str] = field(

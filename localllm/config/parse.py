@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from localllm.config.decls import (
     LocalLLMDecl,
     RouterDecl,
     Selection,
+    SubprocessDecl,
 )
 from localllm.config.fields import Context, closest, parse_decl, path_issue, show, text_issue
 from localllm.config.files import gguf_issue, resolve_prompt, schema_file
@@ -214,8 +215,36 @@ def _agent(draft: Draft, raw_alias: Any, raw: Any) -> None:
     decl = cls(alias=alias, plugin=str(plugin), **values)
     if isinstance(decl, LocalLLMDecl) and decl.model and not decl.endpoint:
         _model(draft, decl.model, f"{key}.model", "chat")
+    if isinstance(decl, SubprocessDecl) and decl.command:
+        command = _command(draft, decl, f"{key}.command")
+        if command is None:
+            return
+        decl = replace(decl, command=command)
     draft.agents[alias] = decl
     draft.broken.discard(alias)
+
+
+def _command(draft: Draft, decl: SubprocessDecl, key: str) -> str | None:
+    """A subprocess ``command:`` as it is run, or ``None`` (a problem added).
+
+    A relative path (``./agent.py``, ``bin/agent``) is the file under the agent's ``cwd:``,
+    which is the config's directory when unset: the exec would otherwise look for it from
+    wherever localllm happens to run; ``~/…`` is expanded (exec does not). A command line
+    (``python3 agent.py``) is refused with where its arguments go: the command is one argv[0].
+    """
+    command = decl.command
+    base = decl.cwd or draft.ctx.base_dir
+    relative = "/" in command and not command.startswith(("/", "~"))
+    full = base / command if relative else Path(command).expanduser()
+    words = command.split()
+    if len(words) > 1 and not full.exists():
+        draft.problems.add(
+            key,
+            f"is a command line, not an executable: {show(command)}",
+            f"command: {words[0]} with args: [{', '.join(words[1:])}]",
+        )
+        return None
+    return str(full) if relative or command.startswith("~") else command  # exec expands no ~
 
 
 def _model(draft: Draft, model: str, key: str, role: str) -> None:

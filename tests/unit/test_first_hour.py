@@ -238,3 +238,40 @@ def test_a_stale_localllm_config_is_named_as_the_cause(
     assert main(["check", "--json"]) == 2
     doc = json.loads(capsys.readouterr().out)
     assert doc["kind"] == "usage_error" and "LOCALLLM_CONFIG" in doc["hint"]
+
+
+# -- a subprocess agent's command: relative, or a whole command line ---------------------------
+
+AGENT = (
+    "import json, sys\n"
+    "for line in sys.stdin:\n"
+    "    req = json.loads(line)\n"
+    "    print(json.dumps({'jsonrpc': '2.0', 'id': req['id'], 'result': {'submission': 'ok'}}), flush=True)\n"
+)
+
+
+@pytest.mark.parametrize("cwd", [None, "work"])
+def test_a_relative_command_runs_from_any_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cwd: str) -> None:
+    """``command: ./agent.py`` answered when run from the config's directory and was
+    "cannot start './agent.py': No such file or directory" from anywhere else."""
+    import sys
+
+    app_dir = tmp_path / "app"
+    where = app_dir / cwd if cwd else app_dir
+    where.mkdir(parents=True)
+    script = where / "agent.py"
+    script.write_text(f"#!{sys.executable}\n{AGENT}")
+    script.chmod(0o755)
+    extra = f", cwd: {cwd}" if cwd else ""
+    (app_dir / "app.yaml").write_text(
+        f"agent_plugins:\n  agent.fixer: {{plugin: subprocess, command: ./agent.py{extra}}}\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    with Runtime(load_config(app_dir / "app.yaml")) as rt:
+        assert rt.call("ask", agent="agent.fixer", prompt="p").submission == "ok"
+
+
+def test_a_command_line_in_command_is_a_load_problem_naming_args(tmp_path: Path) -> None:
+    config = tmp_path / "app.yaml"
+    config.write_text("agent_plugins:\n  agent.fixer: {plugin: subprocess, command: python3 agent.py}\n")
+    assert _problems(config) == {"agent_plugins.agent.fixer.command": "command: python3 with args: [agent.py]"}
