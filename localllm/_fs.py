@@ -173,7 +173,10 @@ def create_durably(dest: Path, data: bytes, *, sync_dir: bool = True) -> None:
 
     The temp file is hard-linked to ``dest`` (``link`` fails on an existing name, where a
     rename replaces it), then removed."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    except FileExistsError as exc:  # a file where the directory goes: not "dest exists"
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(exc.filename)) from exc
     with adjacent_tmp(dest) as fh:
         fh.write(data)
         fh.flush()

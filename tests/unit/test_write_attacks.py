@@ -340,3 +340,28 @@ def test_a_transcript_cut_short_leaves_no_timings_behind(tmp_path: Path) -> None
     )
     assert got == "TraceError"
     assert sorted(p.name for p in d.rglob("*") if p.is_file()) == []
+
+
+@pytest.mark.parametrize("where", ["agent-prompts", "transcripts"])
+def test_a_file_where_a_sidecar_directory_goes_is_not_a_taken_name(tmp_path: Path, where: str) -> None:
+    from localllm import _fs
+
+    blocker = tmp_path / where
+    blocker.write_bytes(b"user data\n")
+    with pytest.raises(NotADirectoryError):  # not FileExistsError: that means "the name is taken"
+        _fs.create_durably(blocker / "c1.txt", b"x")
+    assert blocker.read_bytes() == b"user data\n"
+
+
+def test_a_file_named_agent_prompts_costs_the_sidecar_not_the_answer(tmp_path: Path) -> None:
+    from localllm.trace import read_trace
+
+    app = _app(tmp_path)
+    trace = app / "t" / "t.jsonl"
+    (app / "t").mkdir()
+    (app / "t" / "agent-prompts").write_bytes(b"user data\n")
+    argv = ["call", "decide", "--config", str(app / "app.yaml"), "--agent", "agent.local"]
+    assert main([*argv, "--cassette", str(app / "c.yaml"), "--prompt", "y" * 3000, "--trace", str(trace)]) == 0
+    assert [ev.kind for ev in read_trace(trace).events] == ["agent.call.start", "agent.call.complete"]
+    assert "trace_error" in read_trace(trace).events[1].payload
+    assert (app / "t" / "agent-prompts").read_bytes() == b"user data\n"
