@@ -116,7 +116,7 @@ MAX_SCHEMA_BYTES = 256 << 10
 #: compiler keeps at most 64 alternatives in one place (OpenAI allows 128)
 MAX_TOOLS = 64
 #: the body keys that hold schemas
-SCHEMA_KEYS = ("response_format", "json_schema", "tools")
+SCHEMA_KEYS = ("response_format", "json_schema", "tools", "functions")
 
 #: objects are generated closed, as builtin.local_llm does by default (``open_objects: false``):
 #: with extension keys admitted, gemma-3-270m wrote extra keys until max_tokens in 12 of 48
@@ -175,6 +175,7 @@ class Prepared:
     strict: bool = False
     tools: dict[str, Tool] = field(default_factory=dict)
     tool_mode: str = "none"  # none | auto | required | named
+    legacy: bool = False  # asked with OpenAI's deprecated functions/function_call: answered so
     reply_schema: Any = None  # tool_choice auto with a response_format: the reply's schema
     #: the shape a tool-mode answer must have (the grammar's, arguments and a client's reply
     #: schema left to their own checks): a server that ignores grammars is caught by it
@@ -261,6 +262,14 @@ def _check_messages(messages: Any) -> None:
                 raise BadRequest(f"messages[{i}].{key} must be a string, got {value!r:.40}", f"messages[{i}].{key}")
         if m.get("tool_calls") is not None:
             _check_tool_calls(m["tool_calls"], role, f"messages[{i}].tool_calls")
+        call = m.get("function_call")  # the deprecated form of one call
+        if call is not None and (
+            role != "assistant" or not isinstance(call, dict) or not isinstance(call.get("name"), str)
+        ):
+            raise BadRequest(
+                f'messages[{i}].function_call must be an assistant\'s {{"name": …, "arguments": …}}',
+                f"messages[{i}].function_call",
+            )
 
 
 def _check_tool_calls(calls: Any, role: str, param: str) -> None:
@@ -462,6 +471,38 @@ def _tools(raw: Any) -> dict[str, Tool]:
     return tools
 
 
+def _legacy_functions(body: dict[str, Any]) -> bool:
+    """OpenAI's deprecated ``functions``/``function_call``, taken as ``tools``/``tool_choice``
+    with one call at most (True when given): llama-server ignores them, which answered a
+    forced call with text."""
+    functions = body.pop("functions", None)
+    choice = body.pop("function_call", None)
+    if functions is None:
+        if choice is not None:
+            raise BadRequest("function_call needs functions", "function_call")
+        return False
+    if body.get("tools") is not None:
+        raise BadRequest("give either tools or functions, not both", "functions")
+    if not isinstance(functions, list):
+        raise BadRequest("functions must be a non-empty array", "functions")
+    body["tools"] = [{"type": "function", "function": f} for f in functions]
+    body["tool_choice"] = {"type": "function", "function": choice} if isinstance(choice, dict) else choice
+    return True
+
+
+def _legacy_param(exc: BadRequest) -> BadRequest:
+    """``exc`` naming the deprecated fields the client gave, not the tools they became."""
+    param = exc.param or ""
+    if param == "tools":
+        param = "functions"
+    elif param.startswith("tools["):
+        param = "functions[" + param[len("tools[") :].replace("].function", "]", 1)
+    elif param == "tool_choice":
+        param = "function_call"
+    exc.param = param or exc.param
+    return exc
+
+
 def _tool_choice(choice: Any, tools: dict[str, Tool]) -> tuple[str, str | None]:
     if choice is None:
         return "auto", None
@@ -554,9 +595,10 @@ def _plain_messages(messages: list[dict[str, Any]], system: str | None) -> list[
     for given in messages:
         role = given["role"]
         m = {**given, "role": "system"} if role == "developer" else given
-        if role == "assistant" and m.get("tool_calls"):
+        if role == "assistant" and (m.get("tool_calls") or m.get("function_call")):
             calls = []
-            for call in m["tool_calls"] if isinstance(m["tool_calls"], list) else []:
+            made = m.get("tool_calls") or [{"function": m["function_call"]}]
+            for call in made if isinstance(made, list) else []:
                 fn = call.get("function", {}) if isinstance(call, dict) else {}
                 try:
                     args = json.loads(fn.get("arguments") or "{}")
@@ -650,8 +692,12 @@ def prepare(
         prepared.schema_param = "json_schema"
     body.pop("json_schema", None)
 
-    tools = _tools(body["tools"]) if body.get("tools") is not None else {}
-    mode, named = _tool_choice(body.get("tool_choice"), tools) if tools else ("none", None)
+    prepared.legacy = _legacy_functions(body)
+    try:
+        tools = _tools(body["tools"]) if body.get("tools") is not None else {}
+        mode, named = _tool_choice(body.get("tool_choice"), tools) if tools else ("none", None)
+    except BadRequest as exc:
+        raise (_legacy_param(exc) if prepared.legacy else exc) from None
     if "tool_choice" in body and not tools and body["tool_choice"] not in (None, "none", "auto"):
         raise BadRequest("tool_choice needs tools", "tool_choice")
     for key in ("tools", "tool_choice", "parallel_tool_calls"):
@@ -660,7 +706,7 @@ def prepare(
 
     if mode != "none":
         chosen = [tools[named]] if named else list(tools.values())
-        parallel = body.get("parallel_tool_calls", data.get("parallel_tool_calls", True)) is not False
+        parallel = not prepared.legacy and data.get("parallel_tool_calls") is not False
         reply = None
         if mode == "auto":
             reply = schema if kind != "text" else {"type": "string", "minLength": 1}  # never an empty reply
@@ -864,6 +910,10 @@ def finish(prepared: Prepared, answer: dict[str, Any]) -> tuple[dict[str, Any], 
                     }
                 )
             message["content"] = None
+            if prepared.legacy:  # one call (the grammar's), in the deprecated shape it was asked in
+                message["function_call"] = calls[0]["function"]
+                choice["finish_reason"] = "function_call"
+                continue
             message["tool_calls"] = calls
             choice["finish_reason"] = "tool_calls"
         else:
@@ -996,6 +1046,8 @@ def sse_events(prepared: Prepared, answer: dict[str, Any]) -> list[bytes]:
         delta: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
         if message.get("tool_calls"):
             delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]
+        if message.get("function_call"):
+            delta["function_call"] = message["function_call"]
         index = choice.get("index", i)
         first: dict[str, Any] = {"index": index, "delta": delta, "finish_reason": None}
         if choice.get("logprobs") is not None:  # asked for: the whole answer's, with its one delta

@@ -1267,3 +1267,69 @@ def test_a_buffered_stream_carries_the_logprobs_asked_for(make_service: Factory,
     chunks = [json.loads(e)["choices"] for e in events[:-1]]
     streamed = [t for c in chunks if c and c[0].get("logprobs") for t in c[0]["logprobs"]["content"]]
     assert [t["token"] for t in streamed] == [t["token"] for t in whole] and whole
+
+
+# -- OpenAI's deprecated functions / function_call ---------------------------------------------
+def test_deprecated_functions_are_tool_calls_answered_in_their_shape(
+    make_service: Factory, env: dict[str, Path]
+) -> None:
+    # llama-server ignores "functions": a forced function_call was answered with free text
+    # (a 200, finish_reason "length", no function_call) on the real server
+    service = make_service()
+    asked = {"functions": [TIME["function"]], "function_call": {"name": "get_time"}}
+    with client(service) as http:
+        answer = chat(http, "chat", **asked)
+        body = {"model": "chat", "messages": MESSAGES, **asked, "stream": True}
+        with http.stream("POST", "/v1/chat/completions", json=body) as reply:
+            events = [line[6:] for line in reply.iter_lines() if line.startswith("data: ")]
+    assert answer.status_code == 200 and answer.headers["x-localllm-validated"] == "true"
+    choice = answer.json()["choices"][0]
+    assert choice["finish_reason"] == "function_call" and "tool_calls" not in choice["message"]
+    call = choice["message"]["function_call"]
+    assert call["name"] == "get_time" and json.loads(call["arguments"])["tz"] in ("UTC", "CET")
+    sent = upstream_chats(env)[0]
+    assert "functions" not in sent and "function_call" not in sent and "grammar" in sent
+    chunks = [json.loads(e)["choices"] for e in events[:-1]]
+    streamed = [c[0]["delta"]["function_call"] for c in chunks if c and c[0]["delta"].get("function_call")]
+    assert [c["name"] for c in streamed] == ["get_time"] and chunks[-1][0]["finish_reason"] == "function_call"
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"functions": [TIME["function"]], "function_call": {"name": "nope"}}, "function_call"),
+        ({"functions": [{"name": ""}]}, "functions[0].name"),
+        ({"functions": []}, "functions"),
+        ({"functions": [TIME["function"]], "tools": [WEATHER]}, "functions"),
+        ({"function_call": "auto"}, "function_call"),
+        (
+            {"messages": [{"role": "assistant", "content": None, "function_call": "get_time"}]},
+            "messages[0].function_call",
+        ),
+    ],
+)
+def test_malformed_deprecated_functions_are_400s_naming_them(extra: dict[str, Any], param: str) -> None:
+    from localllm.service.chat import BadRequest, prepare
+
+    with pytest.raises(BadRequest) as refused:
+        prepare({"model": "chat", "messages": MESSAGES, **extra}, "chat")
+    assert refused.value.param == param
+
+
+def test_deprecated_function_history_is_rendered_and_one_call_at_most() -> None:
+    from localllm.service.chat import MAX_PARALLEL_CALLS, Invalid, finish, prepare
+
+    history = [
+        *MESSAGES,
+        {"role": "assistant", "content": None, "function_call": {"name": "get_time", "arguments": '{"tz":"UTC"}'}},
+        {"role": "function", "name": "get_time", "content": "12:00"},
+    ]
+    prepared = prepare({"model": "chat", "messages": history, "functions": [TIME["function"]]}, "chat")
+    sent = prepared.body["messages"]
+    assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
+    assert json.loads(sent[2]["content"]) == {"tool_calls": [{"name": "get_time", "arguments": {"tz": "UTC"}}]}
+    assert MAX_PARALLEL_CALLS > 1
+    two = json.dumps({"tool_calls": [{"name": "get_time", "arguments": {"tz": "UTC"}}] * 2})
+    answer = {"choices": [{"index": 0, "message": {"role": "assistant", "content": two}, "finish_reason": "stop"}]}
+    with pytest.raises(Invalid):  # function_call holds one call
+        finish(prepared, answer)
