@@ -263,7 +263,18 @@ def _model(draft: Draft, model: str, key: str, role: str) -> None:
         draft.problems.add(key, f"cannot check the model id: {exc}")
         return
     pin = models.get(model)
-    of_role = sorted(m for m, p in models.items() if p.role == role)
+    # a pin without a sha256 is never fetched: it is no choice to offer
+    of_role = sorted(m for m, p in models.items() if p.role == role and p.artifact.sha256)
+    if pin is not None and pin.role == role and not pin.artifact.sha256:
+        try:
+            pin.artifact.require_sha256()
+        except FetchError as exc:  # PinNotConfigured: its hint says how to pin it yourself
+            draft.problems.add(
+                key,
+                f"{show(model)} has no sha256 pin, so it is never fetched (localllm downloads no unverified bytes)",
+                f"{exc.hint}; or use one of {', '.join(of_role)}",
+            )
+        return
     if pin is None:
         draft.problems.add(
             key,

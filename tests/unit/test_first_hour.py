@@ -275,3 +275,20 @@ def test_a_command_line_in_command_is_a_load_problem_naming_args(tmp_path: Path)
     config = tmp_path / "app.yaml"
     config.write_text("agent_plugins:\n  agent.fixer: {plugin: subprocess, command: python3 agent.py}\n")
     assert _problems(config) == {"agent_plugins.agent.fixer.command": "command: python3 with args: [agent.py]"}
+
+
+# -- a model id that is listed but can never be fetched --------------------------------------
+
+
+def test_a_model_pinned_without_a_sha256_is_a_load_problem_and_never_offered(tmp_path: Path) -> None:
+    """``embedders: {e: {model: bge-small-en-v1.5}}`` loaded ("ok") and the hints offered it
+    among the known models; every embed then failed with PinNotConfigured."""
+    from localllm.managed.pins import load_pins
+
+    unpinned = sorted(m for m, p in load_pins().models.items() if p.role == "embedding" and not p.artifact.sha256)
+    assert unpinned  # the shipped pins have one (bge-small-en-v1.5)
+    config = tmp_path / "app.yaml"
+    config.write_text(f"embedders:\n  e: {{model: {unpinned[0]}}}\n  f: {{model: no-such-model}}\n")
+    problems = _problems(config)
+    assert set(problems) == {"embedders.e.model", "embedders.f.model"}
+    assert unpinned[0] not in problems["embedders.f.model"]  # not offered as a choice
