@@ -35,12 +35,14 @@ from typing import BinaryIO
 __all__ = [
     "DATA_LIMIT",
     "TEXT_LIMIT",
+    "NotRegular",
     "Unreadable",
     "adjacent_tmp",
     "atomic_write",
     "create_durably",
     "fsync_dir",
     "inside",
+    "open_append",
     "read_capped",
     "replace_durably",
     "tmp_name",
@@ -84,6 +86,30 @@ def read_capped(path: Path, limit: int | None, *, regular: bool = False) -> byte
         if size > limit or len(data) > limit:
             raise Unreadable(f"{path} is larger than {_mib(limit)}" + (f" ({_mib(size)})" if size > limit else ""))
         return data
+
+
+class NotRegular(OSError):
+    """A path :func:`open_append` refuses: a symlink, a FIFO, a device or a directory."""
+
+
+def open_append(path: Path, mode: int = 0o644) -> int:
+    """A descriptor appending to the regular file ``path`` (created with ``mode`` if absent).
+
+    Never through a symlink (it would append to the link's target) and never waiting on a
+    FIFO (an open for writing blocks until a reader comes): :class:`NotRegular` instead.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags, mode)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+            raise NotRegular(exc.errno, "not a regular file", str(path)) from exc
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise NotRegular(errno.EINVAL, "not a regular file", str(path))
+    os.set_blocking(fd, True)
+    return fd
 
 
 def inside(base: Path, rel: str) -> Path | None:

@@ -30,13 +30,11 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import errno
 import logging
 import os
 import re
 import signal
 import socket
-import stat
 import subprocess
 import threading
 import time
@@ -47,7 +45,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
-from localllm import _head_start, _http
+from localllm import _fs, _head_start, _http
 from localllm._process import (
     StderrTail,
     arm_watchdog,
@@ -226,12 +224,6 @@ def log_path_for(model: str | Path) -> Path:
     return cache_layout().root / "logs" / f"{safe}.log"
 
 
-#: how the kept log is opened: never through a symlink, never blocking (a FIFO there would
-#: hold the start, or the stderr drain, until someone reads it)
-_LOG_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-_NOT_REGULAR = "not a regular file (only one is written to)"
-
-
 class _KeptLog:
     """A model's llama-server stderr appended to its log file, bounded by :data:`LOG_LIMIT`
     (rotated to ``.log.1``); opened per line, so nothing stays open. Only a regular file
@@ -265,16 +257,7 @@ class _KeptLog:
             logger.warning("not keeping the llama-server log %s: %s", self.path, exc.strerror or exc)
 
     def _open(self) -> int:
-        try:
-            fd = os.open(self.path, _LOG_FLAGS, 0o644)
-        except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.ENXIO):  # a symlink; a FIFO nobody reads
-                raise OSError(exc.errno, _NOT_REGULAR) from exc
-            raise
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise OSError(errno.EINVAL, _NOT_REGULAR)
-        return fd
+        return _fs.open_append(self.path)  # never through a symlink, never waiting on a FIFO nobody reads
 
 
 class _Process:

@@ -309,7 +309,13 @@ def _run_logged(
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    with log_path.open("a", encoding="utf-8") as fh:
+    try:
+        fd = _fs.open_append(log_path)  # a FIFO there hung the build; a symlink was appended through
+    except OSError as exc:
+        raise BuildError(
+            f"cannot open the build log {log_path}: {exc.strerror or exc}", hint=f"remove {log_path}"
+        ) from exc
+    with open(fd, "a", encoding="utf-8") as fh:
         fh.write(f"\n== localllm {stamp}: {' '.join(argv)}\n")
         fh.flush()
         try:

@@ -9,17 +9,16 @@ serves the same llama-server build and model (``auto``: None when there is none;
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import signal
-import stat
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from localllm import _fs
 from localllm.errors import ServiceError, ServiceUnavailable
 from localllm.managed import discovery
 from localllm.managed.upstream import POLICIES, attach, cache_root_of
@@ -129,19 +128,12 @@ def child_pythonpath() -> dict[str, str]:
 def _open_log(path: Path) -> int:
     """The service log, opened to append: only a regular file, never through a symlink (it
     would append to the link's target), never waiting on a FIFO (the open blocked for ever)."""
-    fd = -1
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file")
-        os.set_blocking(fd, True)
-        return fd
+        return _fs.open_append(path, 0o600)
     except OSError as exc:
-        if fd >= 0:
-            os.close(fd)
-        why = "a symlink or a FIFO, not a regular file" if exc.errno in (errno.ELOOP, errno.ENXIO) else exc.strerror
         raise ServiceError(
-            f"cannot open the service log {path}: {why or exc}", hint=f"remove {path} (the service writes a new one)"
+            f"cannot open the service log {path}: {exc.strerror or exc}",
+            hint=f"remove {path} (the service writes a new one)",
         ) from exc
 
 

@@ -28,7 +28,6 @@ Appending is serialised by a lock, so one writer may be shared between threads.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import logging
 import os
@@ -63,7 +62,6 @@ _LOCK_POLL = 0.05
 #: the fields of an event its writer checks (all but ``seq`` and ``ts``, which it assigns)
 _FIELDS = ("kind", "payload", "turn", "state_path", "parent_turn", "call_id", "episode_id", "match_idx")
 _log = logging.getLogger("localllm.trace")
-_TORN_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 _GO_ESCAPED_BYTES = (b"<", b">", b"&", "\u2028".encode(), "\u2029".encode())
 
 
@@ -515,14 +513,9 @@ def _move_torn(path: Path, fd: int, torn: bytes, *, keep: int) -> None:
     # Never through a symlink (it would append to the link's target), never waiting on a
     # FIFO (the open blocked for ever, the trace's lock held): only a regular file is kept.
     try:
-        sfd = os.open(side, _TORN_FLAGS, 0o644)
-    except OSError as exc:
-        if exc.errno not in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
-            raise
+        sfd = _fs.open_append(side)
+    except _fs.NotRegular as exc:
         raise _torn_unusable(path, side) from exc
-    if not stat.S_ISREG(os.fstat(sfd).st_mode):
-        os.close(sfd)
-        raise _torn_unusable(path, side)
     try:
         _write_all(sfd, torn + b"\n")
         os.fsync(sfd)

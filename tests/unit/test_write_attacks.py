@@ -365,3 +365,43 @@ def test_a_file_named_agent_prompts_costs_the_sidecar_not_the_answer(tmp_path: P
     assert [ev.kind for ev in read_trace(trace).events] == ["agent.call.start", "agent.call.complete"]
     assert "trace_error" in read_trace(trace).events[1].payload
     assert (app / "t" / "agent-prompts").read_bytes() == b"user data\n"
+
+
+@pytest.mark.parametrize("node", ["fifo", "symlink"])
+def test_the_source_build_log_is_never_a_fifo_or_a_link(tmp_path: Path, node: str) -> None:
+    log = tmp_path / "build.log"
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"user data\n")
+    os.mkfifo(log) if node == "fifo" else log.symlink_to(victim)
+    got = in_child(
+        f"""
+        import json
+        from pathlib import Path
+        from localllm.errors import BuildError
+        from localllm.managed.source_build import _run_logged
+        try:
+            _run_logged(["true"], Path({str(log)!r}), cwd=Path({str(tmp_path)!r}))
+            print(json.dumps("ran"))
+        except BuildError as exc:
+            print(json.dumps(type(exc).__name__))
+        """,
+        timeout=20,
+    )
+    assert got == "BuildError"
+    assert victim.read_bytes() == b"user data\n"
+
+
+def test_open_append_takes_a_regular_file_only(tmp_path: Path) -> None:
+    from localllm import _fs
+
+    fd = _fs.open_append(tmp_path / "new.log")
+    os.write(fd, b"a\n")
+    os.close(fd)
+    assert (tmp_path / "new.log").read_bytes() == b"a\n"
+    (tmp_path / "link").symlink_to(tmp_path / "new.log")
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "dir").mkdir()
+    for name in ("link", "fifo", "dir"):
+        with pytest.raises(_fs.NotRegular):
+            _fs.open_append(tmp_path / name)
+    assert (tmp_path / "new.log").read_bytes() == b"a\n"
