@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 from localllm.cli.output import EXIT_FAILED, EXIT_OK, UsageError, emit_json, err, out, warn
@@ -105,6 +106,17 @@ def _fetch_server(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _check_pin_flags(args: argparse.Namespace) -> None:
+    """``--sha256`` as typed is a usage error naming the flag (exit 2), before the pins file is
+    opened: its own check speaks of ``models.entries.ID.sha256 … or null``."""
+    if not re.fullmatch(r"[0-9a-fA-F]{64}", args.sha256):
+        raise UsageError(
+            f"--sha256 {args.sha256!r} is not a sha256: 64 hex digits",
+            hint="`sha256sum FILE` prints it (the first word of its line)",
+            usage=args.usage,
+        )
+
+
 def _fetch_model(args: argparse.Namespace) -> int:
     from localllm.managed.acquire import ensure_model
     from localllm.managed.pins import add_user_model, load_pins
@@ -123,6 +135,7 @@ def _fetch_model(args: argparse.Namespace) -> int:
             "--url and --sha256 go together", hint="localllm fetch model --url U --sha256 H --id NAME", usage=args.usage
         )
     if args.url is not None:
+        _check_pin_flags(args)
         pin = add_user_model(model_id, url=args.url, sha256=args.sha256, role=args.role, replace=args.replace)
         err(f"localllm: pinned {model_id} in {pin.pins_file}")
     pins = load_pins()

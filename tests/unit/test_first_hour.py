@@ -292,3 +292,16 @@ def test_a_model_pinned_without_a_sha256_is_a_load_problem_and_never_offered(tmp
     problems = _problems(config)
     assert set(problems) == {"embedders.e.model", "embedders.f.model"}
     assert unpinned[0] not in problems["embedders.f.model"]  # not offered as a choice
+
+
+# -- pinning your own model with a mistyped hash ----------------------------------------------
+
+
+@pytest.mark.parametrize("digest", ["abc", "sha256:" + "a" * 64, "g" * 64])
+def test_a_mistyped_sha256_is_a_usage_error_naming_the_flag(capsys: pytest.CaptureFixture[str], digest: str) -> None:
+    """Before: exit 1, "pins.json: models.entries.m: sha256 must be 64 lowercase hex digits or
+    null" (a key of a file the user never opened, and a null they cannot type)."""
+    argv = ["fetch", "model", "--url", "https://example.invalid/m.gguf", "--sha256", digest, "--id", "m", "--json"]
+    assert main(argv) == 2
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["kind"] == "usage_error" and "--sha256" in doc["detail"]
