@@ -847,6 +847,23 @@ def _cut_reply(content: Any) -> str | None:
 _NO_JSON = object()
 
 
+class _RepeatedKey(ValueError):
+    """An object of the answer names a key twice."""
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # Parsers disagree on a repeated key (Python and JavaScript keep the last value, serde
+    # refuses the document): an answer validated as one reading is no answer for the others.
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _RepeatedKey(key)
+            seen.add(key)
+    return value
+
+
 def finish(prepared: Prepared, answer: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     """(the answer for the client, validated); :class:`Invalid` when a strict guarantee broke."""
     answer["model"] = prepared.model
@@ -862,7 +879,12 @@ def finish(prepared: Prepared, answer: dict[str, Any]) -> tuple[dict[str, Any], 
         reason = choice.get("finish_reason")
         value: Any
         try:
-            value = json.loads(content) if isinstance(content, str) else _NO_JSON
+            value = json.loads(content, object_pairs_hook=_unique) if isinstance(content, str) else _NO_JSON
+        except _RepeatedKey as exc:
+            if prepared.tool_mode != "none" or prepared.strict:
+                raise Invalid(f"the model's answer names the key {str(exc)!r:.80} twice in one object") from None
+            validated = False
+            continue
         except (ValueError, RecursionError):  # RecursionError: ~1,000 tokens of "[" are enough
             value = _NO_JSON
         if value is _NO_JSON:

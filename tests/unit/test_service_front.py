@@ -1333,3 +1333,29 @@ def test_deprecated_function_history_is_rendered_and_one_call_at_most() -> None:
     answer = {"choices": [{"index": 0, "message": {"role": "assistant", "content": two}, "finish_reason": "stop"}]}
     with pytest.raises(Invalid):  # function_call holds one call
         finish(prepared, answer)
+
+
+@pytest.mark.parametrize(
+    ("content", "extra"),
+    [
+        ('{"city": "Oslo", "days": 99, "days": 3}', {"response_format": fmt(SCHEMA)}),
+        (
+            '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo", "days": 99, "days": 3}}]}',
+            {"tools": [WEATHER]},
+        ),
+    ],
+)
+def test_an_answer_naming_a_key_twice_is_never_a_200(
+    make_service: Factory, monkeypatch: pytest.MonkeyPatch, content: str, extra: dict[str, Any]
+) -> None:
+    # validated as Python reads it (the last "days", 3), the content went out as written: a
+    # 200 with X-Localllm-Validated: true whose first "days" is 99, outside the schema, and
+    # which serde-based clients refuse to parse at all (a call's arguments: silently the last)
+    monkeypatch.setenv("FAKE_LLAMA_CONTENT", content)  # the grammar ignored
+    service = make_service()
+    with client(service) as http:
+        strict = chat(http, "chat", **extra)
+        loose = chat(http, "chat", response_format=fmt(SCHEMA, strict=False)) if "tools" not in extra else None
+    assert strict.status_code == 502 and strict.json()["error"]["code"] == "structured_output_invalid"
+    if loose is not None:
+        assert loose.status_code == 200 and loose.headers["x-localllm-validated"] == "false"
