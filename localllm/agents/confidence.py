@@ -116,11 +116,40 @@ def _dump(value: Any) -> str:
 _UNIONS = ("anyOf", "oneOf")
 
 
-def _values(node: Any, root: Mapping[str, Any], depth: int = 0) -> tuple[str, ...] | None:
-    """Every JSON text ``node`` admits when they are few and known, else ``None``."""
+#: how deep a choice is looked for behind combinators and ``$ref``s
+_MAX_DEPTH = 32
+
+_Values = tuple[str, ...] | None
+
+
+def _values(
+    node: Any, root: Mapping[str, Any], memo: dict[int, _Values] | None = None, active: set[int] | None = None
+) -> _Values:
+    """Every JSON text ``node`` admits when they are few and known, else ``None``.
+
+    Each schema node is worked out once per call (``memo``), and a node met again on its own
+    path (``anyOf: [{$ref: "#/$defs/A"}, …]`` inside ``A``) is no finite choice: without
+    both, ``A: {anyOf: [A, A, null]}`` took 2**32 steps."""
+    memo = {} if memo is None else memo
+    active = set() if active is None else active
     node = _resolve(node, root)
-    if not isinstance(node, dict) or depth > 32:
+    if not isinstance(node, dict):
         return None
+    key = id(node)
+    if key in memo:
+        return memo[key]
+    if key in active or len(active) > _MAX_DEPTH:
+        return None
+    active.add(key)
+    try:
+        found = _node_values(node, root, memo, active)
+    finally:
+        active.discard(key)
+    memo[key] = found
+    return found
+
+
+def _node_values(node: dict[str, Any], root: Mapping[str, Any], memo: dict[int, _Values], active: set[int]) -> _Values:
     if isinstance(node.get("enum"), list):
         try:
             return tuple(dict.fromkeys(_dump(v) for v in node["enum"]))
@@ -134,13 +163,13 @@ def _values(node: Any, root: Mapping[str, Any], depth: int = 0) -> tuple[str, ..
     for word in _UNIONS:  # a value of any branch: the union, when every branch is a choice
         branches = node.get(word)
         if isinstance(branches, list) and branches:
-            found = [_values(b, root, depth + 1) for b in branches]
+            found = [_values(b, root, memo, active) for b in branches]
             if any(f is None for f in found):
                 return None
             return tuple(dict.fromkeys(t for f in found if f is not None for t in f))
     branches = node.get("allOf")
     if isinstance(branches, list) and branches:  # a value of every branch: within each choice branch
-        sets = [f for f in (_values(b, root, depth + 1) for b in branches) if f is not None]
+        sets = [f for f in (_values(b, root, memo, active) for b in branches) if f is not None]
         if sets:
             return tuple(t for t in sets[0] if all(t in other for other in sets[1:]))
     types = node.get("type")
@@ -178,11 +207,32 @@ def _branches(node: dict[str, Any]) -> list[tuple[str, list[Any]]]:
     return [(w, node[w]) for w in ("allOf", *_UNIONS) if isinstance(node.get(w), list) and node[w]]
 
 
-def _child(node: Any, key: str | int, root: Mapping[str, Any], depth: int = 0) -> Any:
-    """The schema of ``node``'s member ``key`` (a property name or an array index), or ``None``."""
+def _child(
+    node: Any,
+    key: str | int,
+    root: Mapping[str, Any],
+    memo: dict[int, Any] | None = None,
+    active: set[int] | None = None,
+) -> Any:
+    """The schema of ``node``'s member ``key`` (a property name or an array index), or ``None``
+    (each node looked into once, none again on its own path: see :func:`_values`)."""
+    memo = {} if memo is None else memo
+    active = set() if active is None else active
     node = _resolve(node, root)
-    if not isinstance(node, dict) or depth > 32:
+    if not isinstance(node, dict) or id(node) in active or len(active) > _MAX_DEPTH:
         return None
+    if id(node) not in memo:
+        active.add(id(node))
+        try:
+            memo[id(node)] = _node_child(node, key, root, memo, active)
+        finally:
+            active.discard(id(node))
+    return memo[id(node)]
+
+
+def _node_child(
+    node: dict[str, Any], key: str | int, root: Mapping[str, Any], memo: dict[int, Any], active: set[int]
+) -> Any:
     if isinstance(key, str):
         props = node.get("properties")
         if isinstance(props, dict) and key in props:
@@ -196,7 +246,11 @@ def _child(node: Any, key: str | int, root: Mapping[str, Any], depth: int = 0) -
         if isinstance(node.get("items"), dict):
             return node["items"]
     for word, branches in _branches(node):  # an object or array behind a combinator
-        found = [c for c in (_child(b, key, root, depth + 1) for b in branches) if c is not None]
+        found: list[Any] = []
+        for branch in branches:
+            child = _child(branch, key, root, memo, active)
+            if child is not None and not any(child is f for f in found):  # A: {anyOf: [B, B]}: B's once
+                found.append(child)
         if found:
             return found[0] if len(found) == 1 else {("allOf" if word == "allOf" else "anyOf"): found}
     return None

@@ -390,3 +390,29 @@ def test_score_refuses_tokens_that_do_not_spell_the_forced_alternative() -> None
     assert (good.method, good.value) == (SCORE, pytest.approx(0.9))
     bad = score_alternatives(SCHEMA, content, ignored)
     assert (bad.method, bad.value, bad.fields) == (UNMATCHED, None, {})
+
+
+def test_recursive_and_shared_unions_are_worked_out_once() -> None:
+    """A choice behind `anyOf` is looked for through `$ref`s: `A: {anyOf: [A, A, null]}` would
+    take 2**32 steps, a chain of `$defs` each naming the next twice 2**depth, without a memo
+    and a guard against a node met again on its own path (in a child with a deadline)."""
+    from tests.conftest import in_child
+
+    got = in_child(
+        """
+        import json
+        from localllm.agents.confidence import alternatives, has_choice_fields, subschema
+        cycle = {"$defs": {"A": {"anyOf": [{"$ref": "#/$defs/A"}, {"$ref": "#/$defs/A"}, {"type": "null"}]}},
+                 "properties": {"x": {"$ref": "#/$defs/A"}}}
+        defs = {f"L{i}": {"anyOf": [{"$ref": f"#/$defs/L{i + 1}"}, {"allOf": [{"$ref": f"#/$defs/L{i + 1}"}]}]}
+                for i in range(14)}
+        defs["L14"] = {"properties": {"q": {"enum": ["a", "b"]}}}
+        chain = {"$defs": defs, "properties": {"x": {"$ref": "#/$defs/L0"}}}
+        print(json.dumps([
+            has_choice_fields(cycle), alternatives(subschema(cycle, ("x",)), cycle),
+            has_choice_fields(chain), alternatives(subschema(chain, ("x", "q")), chain),
+        ]))
+        """,
+        timeout=20,
+    )
+    assert got == [False, None, True, ['"a"', '"b"']]
