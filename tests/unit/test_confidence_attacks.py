@@ -149,7 +149,7 @@ def test_a_confidence_outside_0_1_is_not_calibrated_at_run_time(tmp_path: Path, 
 def test_cases_hold_any_text_dump_case_writes_and_a_bom_and_crlf(tmp_path: Path) -> None:
     """Before: str.splitlines() broke a case at a raw U+2028 / U+2029 / U+0085 (JSON strings hold
     them raw; dump_case, so `trace cases`, writes them raw), so cases localllm wrote could not be
-    read back (4 "not JSON" problems for 2 cases, at the wrong line numbers); a BOM failed line 1."""
+    read back (6 "not JSON" problems, lines 1–6 of a 4-line file); a BOM failed line 1."""
     from localllm.errors import ConfigError
     from localllm.eval.cases import dump_case, load_cases
 
