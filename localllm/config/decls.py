@@ -24,6 +24,13 @@ DEFAULT_TIMEOUT = 300.0
 MAX_TIMEOUT = 7 * 86_400.0
 #: where a local model's schema_invalid answer goes (contract §9); ``none`` disables it
 DEFAULT_FALLBACK = "agent.claude"
+#: llama-server flags the server owner sets itself; ``extra_args`` must not repeat them (the
+#: last one would win inside llama-server and silently break port discovery or slot sizing)
+MANAGED_FLAGS = frozenset(
+    {"-m", "--model", "--host", "--port", "-np", "--parallel", "-c", "--ctx-size", "-t", "--threads"}
+)
+#: ... and for an embedding server, the flags the model registry decides
+EMBEDDING_FLAGS = frozenset({"--embeddings", "--embedding", "--pooling", "-ub", "--ubatch-size", "-b", "--batch-size"})
 #: router bars: route when the best intent scores ≥ confident and leads by ≥ margin
 ROUTER_CONFIDENT = 0.82
 ROUTER_MARGIN = 0.08

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from localllm.config.decls import (
+    EMBEDDING_FLAGS,
+    MANAGED_FLAGS,
     PLUGIN_TYPES,
     PLUGINS,
     AgentDecl,
@@ -215,6 +217,7 @@ def _agent(draft: Draft, raw_alias: Any, raw: Any) -> None:
     decl = cls(alias=alias, plugin=str(plugin), **values)
     if isinstance(decl, LocalLLMDecl) and decl.model and not decl.endpoint:
         _model(draft, decl.model, f"{key}.model", "chat")
+        _server_args(draft, decl.extra_args, f"{key}.extra_args", MANAGED_FLAGS)
     if isinstance(decl, SubprocessDecl) and decl.command:
         command = _command(draft, decl, f"{key}.command")
         if command is None:
@@ -222,6 +225,27 @@ def _agent(draft: Draft, raw_alias: Any, raw: Any) -> None:
         decl = replace(decl, command=command)
     draft.agents[alias] = decl
     draft.broken.discard(alias)
+
+
+def _server_args(draft: Draft, args: tuple[str, ...], key: str, managed: frozenset[str]) -> None:
+    """``extra_args`` the server would refuse at the first call: a flag localllm sets itself, or
+    a flag and its value in one item (``"--ctx-size 4096"`` reaches llama-server as one word)."""
+    for i, arg in enumerate(args):
+        words = arg.partition("=")[0].split() or [arg]
+        if words[0] in managed:
+            draft.problems.add(
+                f"{key}[{i}]",
+                f"{words[0]} is set by localllm",
+                "the embedding model's registry entry sets it"
+                if words[0] in EMBEDDING_FLAGS
+                else "use the declaration's own keys (port, parallel, ctx_size, threads; model) instead",
+            )
+        elif arg.startswith("-") and len(words) > 1:
+            draft.problems.add(
+                f"{key}[{i}]",
+                f"a flag and its value in one item: {show(arg)}",
+                f"one word per item: [{', '.join(json.dumps(w) for w in arg.split())}]",
+            )
 
 
 def _command(draft: Draft, decl: SubprocessDecl, key: str) -> str | None:
@@ -340,6 +364,8 @@ def _embedder(draft: Draft, raw_name: Any, raw: Any) -> None:
         )
     if decl.model and not decl.endpoint:
         _model(draft, decl.model, f"{key}.model", "embedding")
+    if not decl.endpoint:
+        _server_args(draft, decl.extra_args, f"{key}.extra_args", MANAGED_FLAGS | EMBEDDING_FLAGS)
     draft.embedders[name] = decl
 
 

@@ -59,7 +59,6 @@ OnTooLong = Literal["truncate", "error"]
 _SPECIAL_HEADROOM = 4
 _NORM_TOLERANCE = 1e-3
 #: flags embedding_server_args owns
-_EMBED_FLAGS = frozenset({"--embeddings", "--embedding", "--pooling", "-ub", "--ubatch-size", "-b", "--batch-size"})
 _DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=120.0, write=30.0, pool=10.0)
 
 
@@ -433,12 +432,12 @@ def embedding_spec(decl: EmbedderDecl, *, base_dir: Path | None = None) -> Serve
     ``base_dir``); the embedding flags and the per-slot context come from the registry. The
     embedder and a service serving the declaration both start their server from this.
     """
-    from localllm.managed.server import MANAGED_FLAGS
+    from localllm.config.decls import EMBEDDING_FLAGS, MANAGED_FLAGS
     from localllm.managed.spec import ServerSpec
 
     where = f"embedders.{decl.name}"
     model = decl.model or default_model()
-    clashing = sorted({a.partition("=")[0] for a in decl.extra_args} & (MANAGED_FLAGS | _EMBED_FLAGS))
+    clashing = sorted({a.partition("=")[0] for a in decl.extra_args} & (MANAGED_FLAGS | EMBEDDING_FLAGS))
     if clashing:
         raise EmbedError(
             f"{where}.extra_args: must not set {', '.join(clashing)}; localllm sets them "

@@ -60,6 +60,7 @@ from localllm._process import (
     spawn,
     stop_group,
 )
+from localllm.config.decls import MANAGED_FLAGS  # stated with the config that must not repeat them
 from localllm.errors import SidecarError, SidecarExited, SidecarStartTimeout, stderr_detail
 from localllm.managed.release import server_env
 from localllm.redact import mask_option_values
@@ -73,11 +74,6 @@ logger = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
 
-#: Flags the server owner sets itself; ``args`` must not repeat them (the last one would win
-#: inside llama-server and silently break port discovery or slot sizing).
-MANAGED_FLAGS = frozenset(
-    {"-m", "--model", "--host", "--port", "-np", "--parallel", "-c", "--ctx-size", "-t", "--threads"}
-)
 
 _TAIL_BYTES = 64 * 1024  # stderr kept per process, for errors
 _PROBE_TIMEOUT = 30.0  # the most a `--help` probe may take, within the start's deadline

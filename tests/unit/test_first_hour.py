@@ -305,3 +305,35 @@ def test_a_mistyped_sha256_is_a_usage_error_naming_the_flag(capsys: pytest.Captu
     assert main(argv) == 2
     doc = json.loads(capsys.readouterr().out)
     assert doc["kind"] == "usage_error" and "--sha256" in doc["detail"]
+
+
+# -- extra_args that the managed server refuses ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("extra", "index"),
+    [('["--port", "8080"]', 0), ('["--jinja", "--ctx-size=4096"]', 1), ('["--chat-template chatml"]', 0)],
+)
+def test_extra_args_the_server_would_refuse_are_load_problems(tmp_path: Path, extra: str, index: int) -> None:
+    """Before, `check` said ok and the first call failed: "cannot start llama-server: extra args
+    must not set --port" (exit 1), or llama-server exited on one word "--chat-template chatml"."""
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    config = tmp_path / "app.yaml"
+    config.write_text(
+        f"agent_plugins:\n  agent.local: {{plugin: builtin.local_llm, model: ./m.gguf, extra_args: {extra}}}\n"
+        f"embedders:\n  docs: {{model: ./m.gguf, extra_args: {extra}}}\n"
+    )
+    assert set(_problems(config)) == {
+        f"agent_plugins.agent.local.extra_args[{index}]",
+        f"embedders.docs.extra_args[{index}]",
+    }
+
+
+def test_embedding_flags_are_the_embedders_alone(tmp_path: Path) -> None:
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    config = tmp_path / "app.yaml"
+    config.write_text(
+        "agent_plugins:\n  agent.local: {plugin: builtin.local_llm, model: ./m.gguf, extra_args: [--pooling, mean]}\n"
+        "embedders:\n  docs: {model: ./m.gguf, extra_args: [--pooling, mean]}\n"
+    )
+    assert set(_problems(config)) == {"embedders.docs.extra_args[0]"}
