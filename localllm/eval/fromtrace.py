@@ -85,7 +85,11 @@ def _transcript(base: Path, ref: Any, call_id: str) -> dict[str, Any] | None:
     if path is None:
         return None
     try:
-        events = read_capped(path, DATA_LIMIT, regular=True).decode("utf-8").splitlines()
+        # lines end at "\n" only: str.splitlines() also breaks at a raw U+2028 / U+0085, which a
+        # transport's JSON line may hold (llama-server's and node's encoders leave them raw)
+        events = read_capped(path, DATA_LIMIT, regular=True).decode("utf-8").split("\n")
+        if events and events[-1] == "":
+            events.pop()
         timings_text = read_capped(path.with_suffix(".timings"), DATA_LIMIT, regular=True).decode("utf-8")
     except (OSError, UnicodeDecodeError):
         return None

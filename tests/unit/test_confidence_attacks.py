@@ -416,3 +416,20 @@ def test_recursive_and_shared_unions_are_worked_out_once() -> None:
         timeout=20,
     )
     assert got == [False, None, True, ['"a"', '"b"']]
+
+
+def test_a_transcript_line_holding_a_raw_line_separator_stays_one_event(tmp_path: Path) -> None:
+    """`trace cassette` / `trace cases` read a call's transcript one event per line. Before: a
+    claude or llama-server line holding a raw U+2028 (their JSON encoders leave it raw) became
+    two broken events, and the timings, now one short, were dropped."""
+    from localllm.eval.fromtrace import _transcript
+
+    (tmp_path / "transcripts").mkdir()
+    lines = [
+        json.dumps({"type": "assistant", "text": "one\u2028two\x85three"}, ensure_ascii=False),
+        '{"type":"result"}',
+    ]
+    (tmp_path / "transcripts" / "c1.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (tmp_path / "transcripts" / "c1.timings").write_text("0 10\n1 25\n")
+    got = _transcript(tmp_path, {"format": "claude-stream-json", "path": "transcripts/c1.jsonl"}, "c1")
+    assert got == {"format": "claude-stream-json", "events": lines, "timings": [10, 25]}
