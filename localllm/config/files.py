@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 _PROMPT_SUFFIXES = (".md", ".txt", ".prompt", ".tmpl", ".j2")
 TEMPLATE = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
 _TEMPLATE_REF = re.compile(r"^(args|world)\.[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
 def resolve_prompt(raw: Any, key: str, ctx: Context) -> tuple[str, Path | None]:
@@ -71,11 +72,15 @@ def _meant_as_file(raw: str, candidate: Path) -> str:
     return "not found" if one_word and "/" in raw and candidate.parent.is_dir() else ""
 
 
-def template_issue(text: str) -> str:
-    """The first ``{{ … }}`` in ``text`` that is not ``args.NAME`` / ``world.NAME``."""
+def template_issue(text: str, extra: tuple[str, ...] = ()) -> str:
+    """The first ``{{ … }}`` in ``text`` that is not ``args.NAME`` / ``world.NAME`` (or one of
+    the ``extra`` names, e.g. a gate's ``{{ examples }}``)."""
     for match in TEMPLATE.finditer(text):
-        if not _TEMPLATE_REF.match(match.group(1)):
-            return f"unsupported template {{{{ {match.group(1)} }}}} (use {{{{ args.NAME }}}} or {{{{ world.NAME }}}})"
+        expr = match.group(1)
+        if not _TEMPLATE_REF.match(expr) and expr not in extra:
+            name = expr.partition(".")[2] if "." in expr else expr  # {{ arg.name }}, {{ ticket }}
+            meant = f"{{{{ args.{name} }}}} or {{{{ world.{name} }}}}" if _NAME.match(name) else ""
+            return f"unsupported template {{{{ {expr} }}}} (use {meant or '{{ args.NAME }} or {{ world.NAME }}'})"
     return ""
 
 

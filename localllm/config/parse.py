@@ -35,7 +35,7 @@ from localllm.config.decls import (
     SubprocessDecl,
 )
 from localllm.config.fields import Context, closest, parse_decl, path_issue, show, text_issue
-from localllm.config.files import gguf_issue, resolve_prompt, schema_file
+from localllm.config.files import gguf_issue, resolve_prompt, schema_file, template_issue
 from localllm.config.model import Config
 from localllm.config.source import printable, read_yaml
 from localllm.errors import ConfigError, ConfigProblem, ProblemList
@@ -406,6 +406,15 @@ def _gate(draft: Draft, raw_name: Any, raw: Any) -> None:
         if raw_examples
         else None
     )
+    # rendered per call, where an unsupported {{ … }} fails every run of the gate: say so now
+    shots = ("examples",) if examples is not None else ()
+    for where, text, extra in [
+        (f"{key}.with.prompt", prompt, shots),
+        *((f"{key}.with.args.{k}", v, ()) for k, v in args.items()),
+    ]:
+        issue = template_issue(text, extra) if isinstance(text, str) else ""
+        if issue:
+            problems.add(where, issue)
     if selection is not None and selection.min_precision is not None and selection.policy is not None:
         problems.add(
             f"{key}.selection.min_precision",

@@ -337,3 +337,36 @@ def test_embedding_flags_are_the_embedders_alone(tmp_path: Path) -> None:
         "embedders:\n  docs: {model: ./m.gguf, extra_args: [--pooling, mean]}\n"
     )
     assert set(_problems(config)) == {"embedders.docs.extra_args[0]"}
+
+
+# -- a template the renderer does not take, in a gate's prompt or args -------------------------
+
+
+@pytest.mark.parametrize(
+    ("prompt", "args", "key"),
+    [
+        ("Triage {{ arg.ticket }}", "{}", "gates.g.with.prompt"),
+        ("Triage {{ ticket }}", "{}", "gates.g.with.prompt"),
+        ("Triage {{ examples }}", "{}", "gates.g.with.prompt"),  # a gate without examples: has none
+        ("Triage {{ args.t }}", "{t: '{{ args.ticket }} {{ ticket }}'}", "gates.g.with.args.t"),
+    ],
+)
+def test_an_unsupported_template_is_a_load_problem(tmp_path: Path, prompt: str, args: str, key: str) -> None:
+    """Before, `check` said ok and every run of the gate failed: "prompt: unsupported template"."""
+    config = tmp_path / "app.yaml"
+    config.write_text(
+        "agent_plugins:\n  agent.stub: {plugin: builtin.inprocess}\n"
+        f"gates:\n  g: {{invoke: host.agent.ask, agent: agent.stub, with: {{prompt: '{prompt}', args: {args}}}}}\n"
+    )
+    assert set(_problems(config)) == {key}
+
+
+def test_supported_templates_still_load(tmp_path: Path) -> None:
+    config = tmp_path / "app.yaml"
+    config.write_text(
+        "agent_plugins:\n  agent.stub: {plugin: builtin.inprocess}\ngates:\n  g: {invoke: host.agent.ask, "
+        "agent: agent.stub, with: {prompt: 'T {{ args.t }} {{world.user.name}}', args: {t: '{{ args.ticket }}', n: 3}}}\n"
+    )
+    assert load_config(config).gates["g"].args == {"t": "{{ args.ticket }}", "n": 3}
+    demo = load_config(Path(__file__).resolve().parents[2] / "examples" / "demo" / "config.yaml")
+    assert any(g.examples is not None and "{{ examples }}" in g.prompt for g in demo.gates.values())
