@@ -230,6 +230,8 @@ def _check_numbers(body: dict[str, Any]) -> None:
     for name in ("stream", "logprobs", "parallel_tool_calls"):
         if name in body and body[name] is not None and not isinstance(body[name], bool):
             raise BadRequest(f"{name} must be true or false, got {body[name]!r}", name)
+    if "top_logprobs" in body and body.get("logprobs") is not True:  # OpenAI's rule; llama-server's 400 lacks param
+        raise BadRequest("top_logprobs needs logprobs: true", "top_logprobs")
     if "reasoning_format" in body:  # llama-server's own: any other value, null too, is its 500
         given = body["reasoning_format"]
         if given is None:

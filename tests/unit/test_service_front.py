@@ -503,6 +503,9 @@ def test_a_schema_whose_ref_does_not_resolve_is_a_400_and_nothing_is_fetched(
         # llama-server's 500s: a type error, "Unknown reasoning format"
         ({"reasoning_format": 5}, "reasoning_format"),
         ({"reasoning_format": "DeepSeek"}, "reasoning_format"),
+        # llama-server's 400 without param, after loading the model
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"top_logprobs": 0, "logprobs": False}, "top_logprobs"),
     ],
 )
 def test_bad_fields_are_400s(make_service: Factory, extra: dict[str, Any], param: str) -> None:
@@ -808,7 +811,9 @@ def test_costs_are_capped_and_the_served_id_answers(make_service: Factory, env: 
     limits = FrontLimits(chat=ChatLimits(max_tokens=64, max_n=2, max_logprobs=5))
     service = make_service(limits=limits)
     with client(service) as http:
-        capped = chat(http, "chat", n_probs=1_000_000, top_logprobs=20, n=9, n_predict=2**31, max_tokens=2)
+        capped = chat(
+            http, "chat", n_probs=1_000_000, logprobs=True, top_logprobs=20, n=9, n_predict=2**31, max_tokens=2
+        )
         assert capped.status_code == 200 and capped.json()["model"] == "chat"
         chat(http, "chat")
     eventually(lambda: len(upstream_chats(env)) >= 2)
