@@ -18,7 +18,9 @@ def _setup_version(parser: argparse.ArgumentParser) -> None:
 
 
 def _setup_help(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("topic", nargs="?", metavar="COMMAND", help="the command to explain (default: all)")
+    parser.add_argument(
+        "topic", nargs="*", metavar="COMMAND", help="the command to explain, e.g. run or trace verify (default: all)"
+    )
     parser.add_argument("--json", action="store_true", help="print the command table as JSON")
     parser.set_defaults(handler=_help)
 
@@ -52,15 +54,21 @@ def _version(args: argparse.Namespace) -> int:
 def _help(args: argparse.Namespace) -> int:
     from localllm.cli.app import COMMANDS, build_parser, suggest
 
-    if args.topic is not None and args.topic not in COMMANDS:
-        raise UsageError(f"no command {args.topic!r}", hint=suggest(args.topic))
+    words = list(args.topic)
+    if words and words[0] not in COMMANDS:
+        raise UsageError(f"no command {words[0]!r}", hint=suggest(words[0]))
+    parser = _subparsers(build_parser(words[0]))[words[0]] if words else build_parser()
+    for depth, word in enumerate(words[1:], start=1):  # `help trace verify`, as `trace verify --help`
+        choices = _subparsers(parser)
+        if word not in choices:
+            command = " ".join(words[:depth])
+            hint = f"{command} takes: {', '.join(choices)}" if choices else f"see `localllm help {command}`"
+            raise UsageError(f"no command {' '.join(words[: depth + 1])!r}", hint=hint)
+        parser = choices[word]
     if args.json:
         emit_json({name: info.summary for name, info in COMMANDS.items()})
-        return EXIT_OK
-    if args.topic is None:
-        build_parser().print_help(sys.stdout)
-        return EXIT_OK
-    _subparsers(build_parser(args.topic))[args.topic].print_help(sys.stdout)
+    else:
+        parser.print_help(sys.stdout)
     return EXIT_OK
 
 

@@ -370,3 +370,14 @@ def test_supported_templates_still_load(tmp_path: Path) -> None:
     assert load_config(config).gates["g"].args == {"t": "{{ args.ticket }}", "n": 3}
     demo = load_config(Path(__file__).resolve().parents[2] / "examples" / "demo" / "config.yaml")
     assert any(g.examples is not None and "{{ examples }}" in g.prompt for g in demo.gates.values())
+
+
+# -- help for a subcommand ----------------------------------------------------------------------
+
+
+def test_help_explains_a_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
+    """`localllm help trace verify` was "unrecognized arguments: verify" (exit 2)."""
+    assert main(["help", "trace", "verify"]) == 0
+    assert capsys.readouterr().out.startswith("usage: localllm trace verify")
+    assert main(["help", "trace", "nope", "--json"]) == 2
+    assert json.loads(capsys.readouterr().out)["kind"] == "usage_error"
