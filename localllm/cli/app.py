@@ -38,7 +38,7 @@ from localllm.cli.output import (
     masked_output,
     warn,
 )
-from localllm.errors import AgentError, CallError, ConfigError, LocalLLMError, SchemaError
+from localllm.errors import AgentError, CallError, ConfigError, LocalLLMError, SchemaError, UnknownModel
 
 Handler = Callable[[argparse.Namespace], int]
 Setup = Callable[[argparse.ArgumentParser], None]
@@ -252,8 +252,9 @@ def kind_of(exc: BaseException) -> str:
 
 
 def exit_code_of(exc: BaseException) -> int:
-    """2 for bad usage or bad config, 1 for everything else."""
-    return EXIT_USAGE if isinstance(exc, (CallError, ConfigError, SchemaError, UsageError)) else EXIT_FAILED
+    """2 for bad usage or bad config (a model id that is not pinned is one), 1 for everything else."""
+    usage = (CallError, ConfigError, SchemaError, UsageError, UnknownModel)
+    return EXIT_USAGE if isinstance(exc, usage) else EXIT_FAILED
 
 
 def error_document(exc: BaseException) -> dict[str, Any]:

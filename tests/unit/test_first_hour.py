@@ -381,3 +381,10 @@ def test_help_explains_a_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out.startswith("usage: localllm trace verify")
     assert main(["help", "trace", "nope", "--json"]) == 2
     assert json.loads(capsys.readouterr().out)["kind"] == "usage_error"
+
+
+def test_fetching_a_model_id_that_is_not_pinned_is_bad_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    """`localllm fetch model gemma-3-27m` (a typo) exited 1, "the operation failed", where the
+    README's rule (and `run` with an unknown gate, `logs` with an unknown model) says 2."""
+    assert main(["fetch", "model", "gemma-3-27m", "--json"]) == 2
+    assert json.loads(capsys.readouterr().out)["kind"] == "unknown_model"
