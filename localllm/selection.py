@@ -111,28 +111,22 @@ def _decl_data(decl: AgentDecl) -> dict[str, Any]:
     return data
 
 
-def _weights_sha256(model: str, base_dir: Path, hashes: dict[Path, str | None]) -> str | None:
+def _weights_sha256(model: str, base_dir: Path) -> str | None:
     """The pin's sha256 for a model id, the file's for a ``*.gguf`` (``None``: unknown)."""
-    if model.endswith(".gguf"):
-        path = Path(model).expanduser()
-        path = path if path.is_absolute() else base_dir / path
-        if path not in hashes:
-            hashes[path] = _file_sha256(path)
-        return hashes[path]
-    from localllm.managed.pins import load_pins
+    from localllm.managed.upstream import model_sha256
 
-    with contextlib.suppress(FetchError):
-        return load_pins().model(model).artifact.sha256
+    with contextlib.suppress(LocalLLMError, OSError):
+        return model_sha256(model, base_dir)
     return None
 
 
-def _model(decl: AgentDecl, base_dir: Path, hashes: dict[Path, str | None]) -> dict[str, Any]:
+def _model(decl: AgentDecl, base_dir: Path) -> dict[str, Any]:
     """``{"model", "model_sha256"}``: the pin's sha256 for a model id, the file's for a ``*.gguf``."""
     model = getattr(decl, "model", None)
     found: dict[str, Any] = {"model": model, "model_sha256": None}
     if not isinstance(decl, LocalLLMDecl) or not model or decl.endpoint is not None:
         return found
-    found["model_sha256"] = _weights_sha256(model, base_dir, hashes)
+    found["model_sha256"] = _weights_sha256(model, base_dir)
     return found
 
 
@@ -170,7 +164,7 @@ def agent_fingerprint(config: Config, alias: str, *, hashes: dict[Path, str | No
         "declared": True,
         "plugin": decl.plugin,
         "decl_sha256": canonical_sha256(_decl_data(decl)),
-        **_model(decl, config.base_dir, hashes),
+        **_model(decl, config.base_dir),
         "server_build": _server_build(decl, config.base_dir, hashes),
     }
 
@@ -204,7 +198,7 @@ def _examples_sha256(config: Config, gate: Gate) -> str | None:
     if embedder is not None and embedder.model and embedder.endpoint is None:
         # the vectors are the weights': a GGUF replaced at the same path, or a pin moved to
         # other weights under the same id, changes every similarity, vote and the bar
-        data["embedder_model_sha256"] = _weights_sha256(embedder.model, config.base_dir, {})
+        data["embedder_model_sha256"] = _weights_sha256(embedder.model, config.base_dir)
     return canonical_sha256(data)
 
 

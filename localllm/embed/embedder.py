@@ -29,9 +29,15 @@ class EmbedderIdentity:
     query_prefix: str
     document_prefix: str
     normalized: bool = True
+    #: sha256 of the weights when known (a managed embedder's pin or GGUF file): a GGUF
+    #: replaced at the same path, or a pin moved to other weights, keys new stores
+    weights: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        doc = asdict(self)
+        if doc["weights"] is None:
+            del doc["weights"]  # keys stores as before weights were known (endpoints, fakes)
+        return doc
 
 
 @runtime_checkable

@@ -26,6 +26,7 @@ the same as the chat agent's), and ``close()`` stops it.
 from __future__ import annotations
 
 import base64
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -38,7 +39,14 @@ from localllm._http import map_httpx_errors
 from localllm._upstream import REDIRECT_HINT, read_error, redirected
 from localllm.embed.embedder import EmbedderIdentity
 from localllm.embed.registry import ROLES, ModelInfo, Role, default_model, lookup
-from localllm.errors import DimensionMismatch, EmbedError, EmbedServerError, InputTooLong, truncate_detail
+from localllm.errors import (
+    DimensionMismatch,
+    EmbedError,
+    EmbedServerError,
+    InputTooLong,
+    LocalLLMError,
+    truncate_detail,
+)
 from localllm.managed.upstream import Target, Upstream
 from localllm.wire import finite_float
 
@@ -132,6 +140,7 @@ class LocalEmbedder:
         #: the ``model`` sent in request bodies; ``served_by``: "service" or "sidecar" once managed
         self.request_model = model
         self.served_by: str | None = None
+        self._weights_sha256: str | None = None
 
     def __repr__(self) -> str:  # no api key here, ever
         target = self.upstream.current()
@@ -158,7 +167,19 @@ class LocalEmbedder:
             query_prefix=self.info.query_prefix,
             document_prefix=self.info.document_prefix,
             normalized=True,
+            weights=self._weights(),
         )
+
+    def _weights(self) -> str | None:
+        """The sha256 of a managed embedder's weights (hashed once; ``None`` for an endpoint,
+        or while the file is missing: the first embed reports that)."""
+        spec = self.upstream.spec
+        if self._weights_sha256 is None and spec is not None:
+            from localllm.managed.upstream import model_sha256
+
+            with contextlib.suppress(LocalLLMError, OSError):
+                self._weights_sha256 = model_sha256(spec.source, spec.base_dir)
+        return self._weights_sha256
 
     # ------------------------------------------------------------------ public
 

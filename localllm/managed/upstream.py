@@ -429,13 +429,16 @@ def _match(
 
     try:
         build = discovery.file_sha256(resolve_server_binary(server_bin))
-        model_sha = _model_sha(model, base_dir)
+        model_sha = model_sha256(model, base_dir)
     except (LocalLLMError, OSError):
         return None  # this process could not run the model itself either; its own path reports why
     return discovery.discover(root, build, model_sha, role)
 
 
-def _model_sha(model: str, base_dir: Path | None) -> str:
+def model_sha256(model: str, base_dir: Path | None) -> str:
+    """The sha256 of a model's weights: the pin's for a model id, the file's (memoised by
+    path, size and mtime) for a ``*.gguf`` path relative to ``base_dir``. Raises ``OSError``
+    or :class:`~localllm.errors.LocalLLMError` when neither is known."""
     from localllm.managed import discovery
 
     if model.endswith(".gguf"):

@@ -176,6 +176,29 @@ def test_managed_decl_starts_nothing_until_the_first_embed(tmp_path: Path, monke
         assert "--embeddings" in argv and argv[argv.index("--pooling") + 1] == "mean"
 
 
+def test_a_gguf_replaced_at_the_same_path_keys_a_new_store(tmp_path: Path) -> None:
+    """Stored vectors are the weights': a managed embedder's identity holds its GGUF's
+    sha256, so other weights at the same path never read the old model's vectors."""
+    from localllm.config import EmbedderDecl
+    from localllm.embed.local import embedder_from_decl
+    from localllm.embed.store import store_key
+
+    gguf = tmp_path / "all-minilm-l6-v2-f16.gguf"
+    decl = EmbedderDecl(name="m", model=str(gguf), server_bin=str(_wrapper(tmp_path)))
+
+    def key() -> str:
+        with embedder_from_decl(decl) as emb:  # starts nothing
+            return store_key(emb.identity)
+
+    gguf.write_bytes(b"GGUF first weights")
+    first = key()
+    assert key() == first  # the same weights: the same store
+    gguf.write_bytes(b"GGUF other weights")
+    assert key() != first
+    endpoint = embedder_from_decl(EmbedderDecl(name="e", endpoint="http://127.0.0.1:9", model="all-minilm-l6-v2"))
+    assert "weights" not in endpoint.identity.as_dict()  # unknown: stores keyed as before
+
+
 @pytest.mark.parametrize(
     ("text", "kinds"),
     [
