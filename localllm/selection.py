@@ -59,6 +59,11 @@ REPORT_KIND = "localllm_eval_report"
 #: the examples tier's name in reports and traces (``localllm.embed.examples.TIER``)
 TIER = "examples"
 REPORT_VERSION = 1
+#: how localllm measures what evidence calibrates: an answer's confidence and an input's
+#: similarity to the examples. Bumped when either changes, so thresholds measured the old
+#: way go stale (2: choices behind anyOf/oneOf/allOf measured, leave-one-out over
+#: normalised texts, tokens that do not spell the forced alternative unmatched)
+MEASURES = 2
 #: ``policy: cheapest-passing`` without ``min_accuracy:`` asks for this
 DEFAULT_MIN_ACCURACY = 0.9
 #: declaration fields whose values are secrets: only their names are fingerprinted
@@ -220,6 +225,7 @@ def fingerprint(config: Config, gate: Gate, aliases: list[str] | tuple[str, ...]
     """The fingerprint an eval report of ``gate`` over ``aliases`` records."""
     hashes: dict[Path, str | None] = {}
     found: dict[str, Any] = {
+        "measures": MEASURES,
         "gate_sha256": _gate_sha256(gate),
         "schema_sha256": _schema_sha256(gate),
         "agents": {alias: agent_fingerprint(config, alias, hashes=hashes) for alias in aliases if alias != TIER},
@@ -284,6 +290,11 @@ def staleness(config: Config, gate: Gate, report: Mapping[str, Any]) -> dict[str
     aliases = [a for a in (recorded.get("agents") or {}) if isinstance(a, str)]
     now = fingerprint(config, gate, aliases)
     reasons: dict[str, list[str]] = {"": []}
+    if recorded.get("measures") != now["measures"]:
+        reasons[""].append(
+            f"localllm measures confidence and similarity differently since (measures "
+            f"{recorded.get('measures')} → {now['measures']})"
+        )
     if recorded.get("schema_sha256") != now["schema_sha256"]:
         reasons[""].append("the schema changed")
     if recorded.get("gate_sha256") != now["gate_sha256"]:

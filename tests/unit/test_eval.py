@@ -615,6 +615,9 @@ def test_staleness_names_a_changed_server_build_and_model(app: Path, monkeypatch
     }
     assert report["fingerprint"]["agents"]["agent.gem"]["model_sha256"] is not None
     assert staleness(config, gate, report) == {"": [], "agent.gem": []}
+    # evidence from a localllm that measured confidence another way (before the version was kept)
+    older = {**report, "fingerprint": {k: v for k, v in report["fingerprint"].items() if k != "measures"}}
+    assert len(staleness(config, gate, older)[""]) == 1
     monkeypatch.setenv("LOCALLLM_SERVER_BIN", str(second))
     assert staleness(config, gate, report) == {"": [], "agent.gem": ["the llama-server build changed"]}
     (app / "tiny.gguf").write_bytes(b"GGUF two")
