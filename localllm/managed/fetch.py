@@ -286,7 +286,8 @@ def _from_sources(
             if policy.is_cancelled():
                 raise _cancelled(artifact)
             if source.is_local and not Path(source.location).is_file():
-                tried.append(f"{source.location} (not there)")
+                folder = Path(source.location).parent
+                tried.append(f"{source.location} ({'not there' if folder.is_dir() else 'no such mirror directory'})")
                 continue
             try:
                 if source.registry:
@@ -315,7 +316,10 @@ def _from_sources(
     finally:
         if client is not None:
             client.close()
+    mirror_fix = f"put {artifact.file} in a directory and pass --mirror DIR (or list it in LOCALLLM_MIRROR)"
     if last is not None and len(tried) == 1:
+        if isinstance(last, DownloadFailed) and not last.hint:  # no network, a proxy: the way round it
+            last.add_alternative(mirror_fix)
         raise last
     where = "; ".join(tried) if tried else "no mirror configured"
     if offline:
@@ -329,7 +333,9 @@ def _from_sources(
             f"{artifact.name} has no download URL (mirror only) and no mirror has {artifact.file}; tried: {where}",
             hint=f"put {artifact.file} in a directory and pass --mirror DIR or set LOCALLLM_MIRROR",
         )
-    raise DownloadFailed(f"could not fetch {artifact.name} ({artifact.file}); tried: {where}") from last
+    raise DownloadFailed(
+        f"could not fetch {artifact.name} ({artifact.file}); tried: {where}", hint=mirror_fix
+    ) from last
 
 
 def offline_fix(artifact: Artifact, prewarm: str) -> str:

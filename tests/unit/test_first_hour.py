@@ -388,3 +388,32 @@ def test_fetching_a_model_id_that_is_not_pinned_is_bad_usage(capsys: pytest.Capt
     README's rule (and `run` with an unknown gate, `logs` with an unknown model) says 2."""
     assert main(["fetch", "model", "gemma-3-27m", "--json"]) == 2
     assert json.loads(capsys.readouterr().out)["kind"] == "unknown_model"
+
+
+# -- a download with no network (a proxy, an air gap) -------------------------------------------
+
+
+@pytest.mark.parametrize("mirror", [None, "no-such-dir"])
+def test_a_download_that_cannot_connect_names_the_mirror_way_round(tmp_path: Path, mirror: str | None) -> None:
+    """Before: "download of m.gguf from http://…: connection refused" with no hint at all."""
+    import hashlib
+
+    from localllm.errors import DownloadFailed
+    from localllm.managed.fetch import fetch_artifact
+    from localllm.managed.pins import Artifact
+
+    url = f"http://127.0.0.1:{_closed_port()}/m.gguf"
+    art = Artifact(name="model m", file="m.gguf", sha256=hashlib.sha256(b"x").hexdigest(), url=url, size=1)
+    with pytest.raises(DownloadFailed) as info:
+        fetch_artifact(
+            art,
+            tmp_path / "m.gguf",
+            lock_path=tmp_path / "m.lock",
+            mirrors=[str(tmp_path / mirror)] if mirror else [],
+            retries=0,
+            progress=False,
+            log=lambda line: None,
+        )
+    assert "--mirror DIR" in info.value.hint and "m.gguf" in info.value.hint
+    if mirror:
+        assert "no such mirror directory" in str(info.value)
