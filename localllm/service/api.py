@@ -531,6 +531,8 @@ class ServiceApp:
                 408,
                 _error(f"the request body did not arrive within {limits.body_timeout:g} s", "invalid_request_error"),
             ) from None
+        # a UTF-8 byte-order mark: JSON readers may ignore it, and llama-server cannot read it
+        raw = raw.removeprefix(b"\xef\xbb\xbf")
         try:
             data = chat.loads(raw or b"{}")
         except RecursionError:

@@ -146,8 +146,15 @@ def _finite_int(text: str) -> int:
 
 
 def loads(raw: bytes) -> Any:
-    """Strict JSON: NaN/Infinity and numbers (integers too) that overflow a double are errors (ValueError)."""
-    return json.loads(raw, parse_constant=_reject_constant, parse_float=_finite_float, parse_int=_finite_int)
+    """Strict JSON: NaN/Infinity and numbers (integers too) that overflow a double are errors (ValueError).
+
+    UTF-8 only, as JSON between systems must be: ``json.loads`` would also read UTF-16 and
+    UTF-32, which llama-server cannot, and a lone surrogate in them would pass
+    :func:`check_text`, which looks for its UTF-8 forms. ``surrogatepass``: a
+    surrogate written in UTF-8 is left for :func:`check_text` to name.
+    """
+    text = raw.decode("utf-8", "surrogatepass")  # UTF-16/32 holds NULs: not JSON as UTF-8 text
+    return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float, parse_int=_finite_int)
 
 
 # -------------------------------------------------------------------------- request

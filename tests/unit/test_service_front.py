@@ -1364,3 +1364,38 @@ def test_an_answer_naming_a_key_twice_is_never_a_200(
     assert strict.status_code == 502 and strict.json()["error"]["code"] == "structured_output_invalid"
     if loose is not None:
         assert loose.status_code == 200 and loose.headers["x-localllm-validated"] == "false"
+
+
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16", "utf-32"])
+@pytest.mark.parametrize(
+    ("path", "fields"),
+    [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi \ud800"}]}),
+        ("/v1/chat/completions", {"messages": MESSAGES}),
+        ("/tokenize", {"content": "hello"}),
+    ],
+)
+def test_a_body_in_another_encoding_than_utf8_is_a_400_that_never_reaches_llama_server(
+    make_service: Factory, env: dict[str, Path], encoding: str, path: str, fields: dict[str, Any]
+) -> None:
+    # json.loads reads UTF-16 and UTF-32 too: a lone surrogate in them passed the check (its
+    # UTF-8 forms are what it looks for) and reached llama-server, and /tokenize forwarded
+    # the bytes as given: the pinned llama-server's 500 (a JSON parse error) both times
+    service = make_service()
+    raw = json.dumps({"model": "chat", **fields}, ensure_ascii=False).encode(encoding, "surrogatepass")
+    with client(service) as http:
+        refused = http.post(path, content=raw, headers={"Content-Type": "application/json"})
+    assert refused.status_code == 400 and refused.json()["error"]["type"] == "invalid_request_error"
+    assert not [r for r in rows(env["requests"]) if r["method"] == "POST" and r["body"] != CANARY_BODY]
+
+
+def test_a_utf8_byte_order_mark_is_ignored(make_service: Factory, env: dict[str, Path]) -> None:
+    # read by json.loads, then forwarded as given by /tokenize: the pinned llama-server's 500
+    service = make_service()
+    with client(service) as http:
+        for path, fields in (("/tokenize", {"content": "hello"}), ("/v1/chat/completions", {"messages": MESSAGES})):
+            raw = json.dumps({"model": "chat", **fields}).encode("utf-8-sig")
+            answer = http.post(path, content=raw, headers={"Content-Type": "application/json"})
+            assert answer.status_code == 200, answer.text
+    sent = eventually(lambda: [r for r in rows(env["requests"]) if r["path"] == "/tokenize"])
+    assert sent[0]["body"]["content"] == "hello"

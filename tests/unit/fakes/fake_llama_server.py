@@ -442,8 +442,8 @@ class Handler(BaseHTTPRequestHandler):
     def read_body(self) -> Any:
         length = int(self.headers.get("Content-Length", "0") or 0)
         raw = self.rfile.read(length) if length else b""
-        try:
-            return json.loads(raw or b"{}")
+        try:  # like llama-server's parser: UTF-8 only (no byte-order mark, no UTF-16/32)
+            return json.loads((raw or b"{}").decode("utf-8"))
         except ValueError:
             return None
 
