@@ -43,6 +43,9 @@ from localllm.wire import VERBS
 
 TOP_KEYS = ("app_id", "agent_plugins", "gates", "embedders", "intents", "router", "plugin_dirs")
 WITH_KEYS = ("agent", "args", "prompt", "schema")
+#: a gate's keys besides GateKeys' (read apart), and an intent's
+GATE_KEYS = ("agent", "examples", "id", "invoke", "selection", "with")
+INTENT_KEYS = ("description", "examples")
 #: top-level keys of a Kitsoki story (its AppDef) that have no place in a localllm config
 KITSOKI_STORY_KEYS = (
     "states",
@@ -378,9 +381,7 @@ def _gate(draft: Draft, raw_name: Any, raw: Any) -> None:
     if not isinstance(raw, dict):
         problems.add(key, "must be a mapping with invoke:, agent: and with:")
         return
-    plain = parse_decl(
-        GateKeys, raw, key, ctx, skip=("agent", "examples", "invoke", "selection", "with", "id"), what="gate"
-    )
+    plain = parse_decl(GateKeys, raw, key, ctx, skip=GATE_KEYS, what="gate")
     if "id" in raw and raw["id"] != name:  # the spec's invoke id: here the gate's name is the id
         problems.add(f"{key}.id", f"must be the gate's name {name!r} when given", f"write id: {name} or drop it")
     verb = _verb(raw.get("invoke"), f"{key}.invoke", problems)
@@ -506,10 +507,11 @@ def _intents(draft: Draft, raw: Any) -> None:
         if name is None:
             continue
         body = {"examples": given} if isinstance(given, list) else given
+        if isinstance(body, dict):  # first: `example:` is a typo to name, not only a missing key
+            _unknown(body, INTENT_KEYS, key, problems)
         if not isinstance(body, dict) or not isinstance(body.get("examples"), list) or not body["examples"]:
             problems.add(key, "needs examples: a non-empty list of phrases")
             continue
-        _unknown(body, ("description", "examples"), key, problems)
         examples = body["examples"]
         if not all(isinstance(e, str) and e.strip() and not text_issue(e) for e in examples):
             problems.add(f"{key}.examples", "every example must be a non-empty string of valid Unicode")

@@ -417,3 +417,13 @@ def test_a_download_that_cannot_connect_names_the_mirror_way_round(tmp_path: Pat
     assert "--mirror DIR" in info.value.hint and "m.gguf" in info.value.hint
     if mirror:
         assert "no such mirror directory" in str(info.value)
+
+
+# -- an intent's keys misspelt ------------------------------------------------------------------
+
+
+def test_an_intents_misspelt_keys_are_named(tmp_path: Path) -> None:
+    """`{example: [...]}` said only "needs examples:"; the unknown keys went unnamed."""
+    config = tmp_path / "app.yaml"
+    config.write_text('intents:\n  billing: {example: ["charged twice"], descripton: money}\n')
+    assert set(_problems(config)) == {"intents.billing", "intents.billing.example", "intents.billing.descripton"}

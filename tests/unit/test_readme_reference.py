@@ -158,3 +158,14 @@ def test_the_block_counts_the_readme_states_are_the_blocks() -> None:
     run = [b for b in every if b.runnable]
     counted = (len(every), len(run), sum(b.suite == "unit" for b in run), sum(b.suite == "e2e" for b in run))
     assert tuple(int(n) for n in found.groups()) == (*counted, len(every) - len(run))
+
+
+def test_every_config_key_outside_the_table_is_in_the_reference_yaml() -> None:
+    """The generated table covers the declarations; the keys read apart (top level, a gate's
+    invoke/with/…, an intent's) must appear in the reference YAML as ``key:``."""
+    from localllm.config.parse import GATE_KEYS, INTENT_KEYS, TOP_KEYS, WITH_KEYS
+
+    section = README.split("## Configuration reference", 1)[1].split("\n## ", 1)[0]
+    yaml_block = section.split("```yaml", 1)[1].split("```", 1)[0]
+    missing = [k for k in (*TOP_KEYS, *GATE_KEYS, *WITH_KEYS, *INTENT_KEYS) if not re.search(rf"\b{k}:", yaml_block)]
+    assert missing == []
