@@ -147,6 +147,7 @@ class TraceRecorder:
         #: schema paths are recorded relative to this (the config's directory), never as host paths
         self._base_dir = base_dir
         self._lock = threading.Lock()
+        sidecars.sweep_stale_temps(writer.dir)  # what a killed writer of this directory left
 
     # ---------------------------------------------------------------- the session so far
 

@@ -43,6 +43,7 @@ __all__ = [
     "name_problem",
     "needs_sidecar",
     "sidecar_refs",
+    "sweep_stale_temps",
     "write_prompt",
     "write_response",
     "write_transcript",
@@ -59,6 +60,10 @@ NAME_MAX = 255
 PATH_MAX = 4095
 """Longest sidecar reference, in bytes."""
 
+#: the name of a temp file :mod:`localllm._fs` writes a sidecar through (``_fs.tmp_name``)
+_TEMP = re.compile(r"\..+\.[0-9]+\.[0-9a-f]{8}\.tmp")
+#: a temp older than this belongs to no live write (a sidecar is written in well under a second)
+TEMP_GRACE_SECONDS = 3600.0
 _CALL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _SUFFIX = re.compile(r"[A-Za-z0-9._-]{0,64}")
 
@@ -171,6 +176,36 @@ def write_transcript(
         "events": len(lines),
         "schema_version": TRANSCRIPT_SCHEMA_VERSION,
     }
+
+
+def sweep_stale_temps(trace_dir: str | os.PathLike[str], *, now: float | None = None) -> list[Path]:
+    """Remove the temp files a killed writer left in ``trace_dir``'s sidecar directories
+    (a process dies between creating its temp file and linking it; nobody else removes
+    them); only names :func:`localllm._fs.tmp_name` makes, older than
+    :data:`TEMP_GRACE_SECONDS`. Returns what was removed; a directory that cannot be read
+    is skipped."""
+    import time
+
+    now = time.time() if now is None else now
+    removed: list[Path] = []
+    for sub in (PROMPTS_DIR, TRANSCRIPTS_DIR):
+        try:
+            entries = list(os.scandir(Path(trace_dir) / sub))
+        except OSError:
+            continue
+        for entry in entries:
+            if not _TEMP.fullmatch(entry.name):
+                continue
+            try:
+                if (
+                    entry.is_file(follow_symlinks=False)
+                    and now - entry.stat(follow_symlinks=False).st_mtime > TEMP_GRACE_SECONDS
+                ):
+                    os.unlink(entry.path)
+                    removed.append(Path(entry.path))
+            except OSError:
+                continue
+    return removed
 
 
 class SidecarTaken(TraceError):

@@ -405,3 +405,22 @@ def test_open_append_takes_a_regular_file_only(tmp_path: Path) -> None:
         with pytest.raises(_fs.NotRegular):
             _fs.open_append(tmp_path / name)
     assert (tmp_path / "new.log").read_bytes() == b"a\n"
+
+
+def test_temp_files_of_a_killed_sidecar_writer_are_swept_when_the_trace_is_reopened(tmp_path: Path) -> None:
+    trace = _traced(tmp_path)
+    prompts = trace.parent / "agent-prompts"
+    kept = {p.name: p.read_bytes() for p in prompts.iterdir()}
+    stale = prompts / ".c9.txt.4242.0badc0de.tmp"  # a writer SIGKILLed before its link
+    fresh = prompts / ".c8.txt.4243.0badc0df.tmp"  # a writer that may be writing now
+    other = prompts / ".notes.tmp"  # not a name localllm makes
+    for path in (stale, fresh, other):
+        path.write_bytes(b"partial")
+    os.utime(stale, (0, 0))
+    os.utime(other, (0, 0))
+    app = trace.parent.parent
+    argv = ["run", "judge", "--config", str(app / "app.yaml"), "--arg", "item=z"]
+    assert main([*argv, "--cassette", str(app / "c.yaml"), "--trace", str(trace)]) == 0
+    assert not stale.exists()
+    assert fresh.exists() and other.exists()
+    assert {name: (prompts / name).read_bytes() for name in kept} == kept
