@@ -44,15 +44,16 @@ def load_config(path: str | os.PathLike[str], *, parsed: Callable[[Draft], None]
 
 def _check_evidence(draft: Draft) -> None:
     """A gate's ``selection.evidence`` is an eval report of that gate (staleness is `check`'s warning)."""
-    from localllm.selection import gate_problems
+    from localllm.selection import eval_command, gate_problems
 
     for gate in draft.gates.values():
         if gate.selection is not None and gate.selection.evidence is not None:
             for problem in gate_problems(gate, gate.selection.evidence):
+                command = eval_command(gate.name, draft.file, gate.selection.evidence)
                 draft.problems.add(
                     f"gates.{gate.name}.selection.evidence",
                     f"{gate.selection.evidence} {problem}",
-                    f"run `localllm eval {gate.name} -c {draft.file}` to write it, or fix the path",
+                    f"run `{command}` to write it, or fix the path",
                 )
 
 

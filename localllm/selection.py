@@ -83,6 +83,17 @@ class EvidenceError(LocalLLMError, ValueError):
         )
 
 
+def eval_command(gate: str, config_file: Path | str, evidence: Path) -> str:
+    """The ``localllm eval`` line that writes ``evidence``: its reports go under the *current*
+    directory unless ``--out`` says where, so ``--out`` is added when they would land elsewhere."""
+    command = f"localllm eval {gate} -c {config_file}"
+    if evidence.name != "latest.json" or evidence.parent.name != gate:
+        return command  # a hand-named report: eval writes <out>/<gate>/latest.json only
+    out = evidence.parent.parent
+    here = Path.cwd() / "evals" / "reports"
+    return command if out.resolve() == here.resolve() else f"{command} --out {out}"
+
+
 def canonical_sha256(value: Any) -> str:
     """sha256 of ``value`` as canonical JSON (sorted keys, no spaces, UTF-8)."""
     text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)

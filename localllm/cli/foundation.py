@@ -255,9 +255,11 @@ def _plugin_warnings(config: Config) -> list[str]:
 
 def _evidence_warnings(config: Config) -> list[str]:
     """Gates whose ``selection.evidence`` does not exist yet (metadata first, §2)."""
+    from localllm.selection import eval_command
+
     return [
         f"gates.{name}.selection.evidence: {gate.selection.evidence} does not exist yet; until "
-        f"`localllm eval {name} -c {config.path}` writes it, calls stay on {gate.agent}"
+        f"`{eval_command(name, config.path, gate.selection.evidence)}` writes it, calls stay on {gate.agent}"
         for name, gate in config.gates.items()
         if gate.selection is not None and gate.selection.evidence is not None and not gate.selection.evidence.exists()
     ]

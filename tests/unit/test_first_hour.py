@@ -427,3 +427,29 @@ def test_an_intents_misspelt_keys_are_named(tmp_path: Path) -> None:
     config = tmp_path / "app.yaml"
     config.write_text('intents:\n  billing: {example: ["charged twice"], descripton: money}\n')
     assert set(_problems(config)) == {"intents.billing", "intents.billing.example", "intents.billing.descripton"}
+
+
+# -- the eval that writes a gate's evidence, from another directory ----------------------------
+
+
+def test_the_eval_command_a_warning_names_writes_the_evidence_where_it_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """From another directory the warning said `localllm eval g -c app/app.yaml`, which writes
+    ./evals/reports/g/latest.json: not the app/evals/reports/g/latest.json the gate reads."""
+    app_dir = tmp_path / "app"
+    app_dir.mkdir()
+    (app_dir / "app.yaml").write_text(
+        "agent_plugins:\n  agent.stub: {plugin: builtin.inprocess}\n"
+        "gates:\n  g: {invoke: host.agent.ask, agent: agent.stub, with: {prompt: hi},\n"
+        "      selection: {evidence: evals/reports/g/latest.json, min_accuracy: 0.9}}\n"
+    )
+    out = app_dir / "evals" / "reports"
+    monkeypatch.chdir(tmp_path)
+    assert main(["check", "app/app.yaml", "--json"]) == 0
+    [warning] = json.loads(capsys.readouterr().out)["warnings"]
+    assert f"`localllm eval g -c app/app.yaml --out {out}`" in warning
+    monkeypatch.chdir(app_dir)  # from the config's own directory the plain command is right
+    assert main(["check", "app.yaml", "--json"]) == 0
+    [warning] = json.loads(capsys.readouterr().out)["warnings"]
+    assert "`localllm eval g -c app.yaml`" in warning
