@@ -23,6 +23,7 @@ file is reported at once, as a ConfigError naming ``line N`` and the key.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from collections.abc import Mapping
@@ -234,7 +235,9 @@ def load_cases(path: Path, *, regular: bool = False) -> list[Case]:
             )
             continue
         for extra in [k for k in raw if k not in _CASE_KEYS]:
-            problems.add(f"{where}.{extra}", "unknown key", f"allowed keys: {', '.join(_CASE_KEYS)}")
+            near = difflib.get_close_matches(extra, _CASE_KEYS, n=1, cutoff=0.6)
+            meant = f' (did you mean "{near[0]}"?)' if near else ""
+            problems.add(f"{where}.{extra}", f"unknown key{meant}", f"allowed keys: {', '.join(_CASE_KEYS)}")
         case_id = raw.get("id", f"line-{number}")
         if not isinstance(case_id, str) or not case_id:
             problems.add(f"{where}.id", "must be a non-empty string")

@@ -453,3 +453,14 @@ def test_the_eval_command_a_warning_names_writes_the_evidence_where_it_is_read(
     assert main(["check", "app.yaml", "--json"]) == 0
     [warning] = json.loads(capsys.readouterr().out)["warnings"]
     assert "`localllm eval g -c app.yaml`" in warning
+
+
+def test_an_eval_cases_misspelt_key_gets_a_did_you_mean(tmp_path: Path) -> None:
+    from localllm.eval.cases import load_cases
+
+    cases = tmp_path / "cases.jsonl"
+    cases.write_text('{"args": {"t": "x"}, "expected": {"q": "a"}}\n')
+    with pytest.raises(ConfigError) as info:
+        load_cases(cases)
+    by_key = {p.key: p.message for p in info.value.problems}
+    assert by_key["line 1.expected"].endswith('(did you mean "expect"?)')
