@@ -31,6 +31,7 @@ import functools
 import hmac
 import json
 import logging
+import re
 import threading
 import time
 import urllib.parse
@@ -68,9 +69,13 @@ _ROUTE_PREFIXES = ("/v1/models/", "/localllm/slots/")
 #: a CORS preflight's answer to an allowed Origin
 _PREFLIGHT = {
     "access-control-allow-methods": "GET, HEAD, POST",
-    "access-control-allow-headers": "authorization, content-type",
     "access-control-max-age": "600",
 }
+#: the request headers a preflight is always answered as allowing
+_ALLOWED_HEADERS = ("authorization", "content-type")
+#: a header name (RFC 9110 token); a preflight asks for at most this many
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9a-z-]{1,64}")
+_MAX_ASKED = 64
 _EXPOSED = "x-localllm-structured, x-localllm-validated, retry-after"
 _SHOWN = 200  # characters of a request path a log line shows
 #: the model role each OpenAI route serves (a chat model has no embeddings, and the reverse)
@@ -157,6 +162,22 @@ def _shown(path: str) -> str:
     """``path`` as a log line shows it: percent-encoded (no space, quote or newline) and bounded."""
     text = urllib.parse.quote(path, safe="/!$&'()*+,;=:@-._~")
     return text if len(text) <= _SHOWN else text[:_SHOWN] + "…"
+
+
+def _allow_headers(asked: str | None) -> str:
+    """The request headers a preflight from an allowed Origin may use: the ones it asks for.
+
+    Clients add headers of their own (the ``openai`` JS SDK sends eight ``X-Stainless-*``,
+    ``OpenAI-Organization`` when set): a browser refuses the request unless every one is
+    allowed. The Origin is the operator's to trust; the token is still checked. Names are
+    kept only as HTTP tokens, and at most 64 of them.
+    """
+    names = list(_ALLOWED_HEADERS)
+    for given in (asked or "").lower().split(",")[:_MAX_ASKED]:
+        name = given.strip()
+        if _HEADER_NAME.fullmatch(name) and name not in names:
+            names.append(name)
+    return ", ".join(names)
 
 
 def _error(message: str, kind: str, code: str | None = None, param: str | None = None) -> dict[str, Any]:
@@ -421,7 +442,8 @@ class ServiceApp:
                 }
                 if req.method == "OPTIONS":
                     # a browser's preflight never carries Authorization: answered before the token check
-                    await req.respond(204, b"", "text/plain", _PREFLIGHT)
+                    allowed = _allow_headers(req.headers.get("access-control-request-headers"))
+                    await req.respond(204, b"", "text/plain", {**_PREFLIGHT, "access-control-allow-headers": allowed})
                     self._log(req, None, 204)
                     return None
         authorized = self.authorized(req.headers.get("authorization"), req.headers.get("x-api-key"))

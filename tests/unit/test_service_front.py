@@ -1399,3 +1399,28 @@ def test_a_utf8_byte_order_mark_is_ignored(make_service: Factory, env: dict[str,
             assert answer.status_code == 200, answer.text
     sent = eventually(lambda: [r for r in rows(env["requests"]) if r["path"] == "/tokenize"])
     assert sent[0]["body"]["content"] == "hello"
+
+
+def test_a_preflight_from_an_allowed_origin_allows_the_headers_it_asks_for(make_service: Factory) -> None:
+    # the openai JS SDK in a browser sends X-Stainless-* headers (the Python SDK's set:
+    # X-Stainless-Lang, -OS, -Arch, ...): the preflight allowed authorization and content-type
+    # only, so the browser refused every request of it
+    origin = "http://localhost:3000"
+    service = make_service(allow_origins=(origin,))
+    asked = "authorization, content-type, x-stainless-lang, X-Stainless-Retry-Count, openai-organization"
+    headers = {"Origin": origin, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": asked}
+    with client(service, token=None) as anonymous:
+        preflight = anonymous.options("/v1/chat/completions", headers=headers)
+        hostile = anonymous.options(
+            "/v1/chat/completions",
+            headers={**headers, "Access-Control-Request-Headers": "x-a, bad name, (x), " + "y" * 65},
+        )
+        foreign = anonymous.options("/v1/chat/completions", headers={**headers, "Origin": "http://evil.example"})
+    allowed = {h.strip() for h in preflight.headers["access-control-allow-headers"].split(",")}
+    assert preflight.status_code == 204 and allowed >= {h.strip().lower() for h in asked.split(",")}
+    assert {h.strip() for h in hostile.headers["access-control-allow-headers"].split(",")} == {
+        "authorization",
+        "content-type",
+        "x-a",
+    }
+    assert foreign.status_code == 403 and "access-control-allow-headers" not in foreign.headers
