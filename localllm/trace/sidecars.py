@@ -123,7 +123,7 @@ def write_prompt(
 ) -> str:
     """Write the prompt sidecar; returns its path relative to ``trace_dir`` (for ``prompt_file``)."""
     rel = f"{PROMPTS_DIR}/{_stem(call_id, suffix)}.txt"
-    atomic_write(Path(trace_dir) / rel, _utf8(text, "prompt"), exclusive=exclusive)
+    atomic_write(_within(trace_dir, rel), _utf8(text, "prompt"), exclusive=exclusive)
     return rel
 
 
@@ -136,7 +136,7 @@ def write_response(
         text = dumps(value)
     except (TypeError, ValueError, RecursionError) as exc:
         raise rules.reject("response", f"is not JSON-serialisable: {exc}") from None
-    atomic_write(Path(trace_dir) / rel, _utf8(text + "\n", "response"), exclusive=exclusive)
+    atomic_write(_within(trace_dir, rel), _utf8(text + "\n", "response"), exclusive=exclusive)
     return rel
 
 
@@ -163,10 +163,12 @@ def write_transcript(
     rel = f"{TRANSCRIPTS_DIR}/{stem}.jsonl"
     base = Path(trace_dir)
     timings = "".join(f"{index} {offset}\n" for index, offset in enumerate(offsets))
-    timings_path = base / TRANSCRIPTS_DIR / f"{stem}.timings"  # first: a transcript never lacks it
+    timings_path = _within(base, f"{TRANSCRIPTS_DIR}/{stem}.timings")  # first: a transcript never lacks it
     atomic_write(timings_path, timings.encode("ascii"), sync_dir=False, exclusive=exclusive)
     try:
-        atomic_write(base / rel, _utf8("".join(line + "\n" for line in lines), "transcript"), exclusive=exclusive)
+        atomic_write(
+            _within(base, rel), _utf8("".join(line + "\n" for line in lines), "transcript"), exclusive=exclusive
+        )
     except TraceError:  # taken, or a full disk: the timings of a transcript never written go too
         timings_path.unlink(missing_ok=True)  # ours: written just now
         raise
@@ -206,6 +208,18 @@ def sweep_stale_temps(trace_dir: str | os.PathLike[str], *, now: float | None = 
             except OSError:
                 continue
     return removed
+
+
+def _within(trace_dir: str | os.PathLike[str], rel: str) -> Path:
+    """``trace_dir / rel``, refused when it resolves outside ``trace_dir`` (``agent-prompts``
+    a symlink to elsewhere): a sidecar written there is one the trace's readers refuse."""
+    path = Path(trace_dir) / rel
+    if _fs.inside(Path(trace_dir), rel) is None:
+        raise TraceError(
+            f"cannot write sidecar {path}: it resolves outside the trace directory {trace_dir}",
+            hint=f"make {path.parent} a real directory (a symlink out of the trace directory is never written through)",
+        )
+    return path
 
 
 class SidecarTaken(TraceError):

@@ -424,3 +424,19 @@ def test_temp_files_of_a_killed_sidecar_writer_are_swept_when_the_trace_is_reope
     assert not stale.exists()
     assert fresh.exists() and other.exists()
     assert {name: (prompts / name).read_bytes() for name in kept} == kept
+
+
+def test_a_sidecar_directory_linked_out_of_the_trace_directory_is_never_written_through(tmp_path: Path) -> None:
+    from localllm.trace import read_trace
+
+    app = _app(tmp_path)
+    trace = app / "t" / "t.jsonl"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (app / "t").mkdir()
+    (app / "t" / "agent-prompts").symlink_to(elsewhere)
+    argv = ["call", "decide", "--config", str(app / "app.yaml"), "--agent", "agent.local"]
+    assert main([*argv, "--cassette", str(app / "c.yaml"), "--prompt", "y" * 3000, "--trace", str(trace)]) == 0
+    assert list(elsewhere.iterdir()) == []
+    assert "trace_error" in read_trace(trace).events[1].payload
+    assert main(["trace", "verify", str(trace)]) == 0  # what the recorder writes, its verifier accepts
