@@ -203,12 +203,18 @@ class Router:
             return Verdict(
                 text, "route", top[0], "semantic", f"example:{top[1][1]}", conf, (top[0],), scores, reason=why, **extra
             )
+        # without a decide tier (router: has no agent:) a tie or a miss is the answer
+        goes = "go to the decide tier" if self.decide is not None else "tie (no decide tier: router.agent is unset)"
         if sure:
-            why = f"margin {lead:.3f} < {self.margin:.3f}: {top[0]} and {ranked[1][0]} go to the decide tier"
+            why = f"margin {lead:.3f} < {self.margin:.3f}: {top[0]} and {ranked[1][0]} {goes}"
             return Verdict(
                 text, "tie", None, "semantic", None, conf, (top[0], ranked[1][0]), scores, reason=why, **extra
             )
-        why = f"similarity {s1:.3f} < {self.confident:.3f}: every intent goes to the decide tier"
+        why = f"similarity {s1:.3f} < {self.confident:.3f}: " + (
+            "every intent goes to the decide tier"
+            if self.decide is not None
+            else "a miss (no decide tier: router.agent is unset)"
+        )
         return Verdict(text, "miss", None, "semantic", None, conf, tuple(self.names), scores, reason=why, **extra)
 
     def settle(self, verdict: Verdict) -> Verdict:

@@ -464,3 +464,19 @@ def test_an_eval_cases_misspelt_key_gets_a_did_you_mean(tmp_path: Path) -> None:
         load_cases(cases)
     by_key = {p.key: p.message for p in info.value.problems}
     assert by_key["line 1.expected"].endswith('(did you mean "expect"?)')
+
+
+# -- route --explain without a decide tier ---------------------------------------------------------
+
+
+def test_a_miss_without_a_decide_tier_does_not_claim_one(tmp_path: Path) -> None:
+    """`route --explain` on a router with no agent: said "every intent goes to the decide tier"."""
+    from localllm.config import Intent
+    from localllm.embed.embedder import FakeEmbedder
+    from localllm.embed.router import Router
+
+    intents = [Intent("billing", ("refund please",)), Intent("weather", ("will it rain",))]
+    alone = Router(intents, FakeEmbedder(), confident=0.9, margin=0.1).route("xyzzy")
+    assert alone.outcome == "miss" and "router.agent is unset" in alone.reason
+    tiered = Router(intents, FakeEmbedder(), confident=0.9, margin=0.1, decide=lambda text, names: None)
+    assert "goes to the decide tier" in tiered.route("xyzzy").reason
