@@ -351,7 +351,8 @@ class ServiceApp:
     def authorized(self, header: str | None, api_key: str | None) -> bool:
         if self.token is None:
             return True
-        given = header[7:].strip() if header and header.startswith("Bearer ") else (api_key or "")
+        # the scheme is case-insensitive (RFC 9110 11.1): "bearer …" is the same credential
+        given = header[7:].strip() if header and header[:7].lower() == "bearer " else (api_key or "")
         return hmac.compare_digest(given.encode(), self.token.encode())
 
     def _log(self, req: _Request, model: str | None, status: int, tokens: tuple[Any, Any] = (None, None)) -> None:

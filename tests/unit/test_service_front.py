@@ -1424,3 +1424,13 @@ def test_a_preflight_from_an_allowed_origin_allows_the_headers_it_asks_for(make_
         "x-a",
     }
     assert foreign.status_code == 403 and "access-control-allow-headers" not in foreign.headers
+
+
+@pytest.mark.parametrize("scheme", ["bearer", "BEARER", "Bearer"])
+def test_the_bearer_scheme_is_case_insensitive(make_service: Factory, scheme: str) -> None:
+    # "Authorization: bearer <token>" was a 401: the scheme is case-insensitive (RFC 9110 11.1)
+    service = make_service()
+    with client(service, token=None) as http:
+        listed = http.get("/v1/models", headers={"Authorization": f"{scheme} {service.token}"})
+        wrong = http.get("/v1/models", headers={"Authorization": f"{scheme} not-the-token"})
+    assert (listed.status_code, wrong.status_code) == (200, 401)
