@@ -258,6 +258,12 @@ def fetch_artifact(
         if verify.is_verified(dest, sha):
             return dest
         dest.parent.mkdir(parents=True, exist_ok=True)
+        if dest.is_dir() and not dest.is_symlink():
+            # the rename that ends every download would fail, blamed on each source in turn
+            raise FetchError(
+                f"{dest} is a directory, where {artifact.name} goes",
+                hint=f"remove it (`rm -r {dest}`), then fetch again",
+            )
         sources = sources_for(artifact, mirrors, offline=offline)
         return _from_sources(
             artifact, dest, sha, sources, offline=offline, prewarm=prewarm, policy=policy, transport=transport

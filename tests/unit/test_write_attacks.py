@@ -440,3 +440,25 @@ def test_a_sidecar_directory_linked_out_of_the_trace_directory_is_never_written_
     assert list(elsewhere.iterdir()) == []
     assert "trace_error" in read_trace(trace).events[1].payload
     assert main(["trace", "verify", str(trace)]) == 0  # what the recorder writes, its verifier accepts
+
+
+def test_a_directory_where_a_model_goes_is_named_before_any_source_is_tried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import hashlib
+
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    (mirror / "m.gguf").write_bytes(b"GGUF" + bytes(1000))
+    sha = hashlib.sha256((mirror / "m.gguf").read_bytes()).hexdigest()
+    monkeypatch.setenv("LOCALLLM_CONFIG_DIR", str(tmp_path / "cfg"))
+    monkeypatch.setenv("LOCALLLM_OFFLINE", "1")  # the mirror alone: no network in a unit test
+    blocker = tmp_path / "cache" / "models" / "m1" / sha[:16] / "m.gguf"
+    blocker.mkdir(parents=True)
+    (blocker / "keep").write_bytes(b"user data\n")
+    argv = ["fetch", "model", "--url", "https://example.com/m.gguf", "--sha256", sha, "--id", "m1"]
+    assert main([*argv, "--mirror", str(mirror), "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["kind"] == "fetch_error"
+    assert str(blocker) in doc["detail"] and str(mirror) not in doc["detail"]  # not blamed on the source
+    assert (blocker / "keep").read_bytes() == b"user data\n"
