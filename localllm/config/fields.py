@@ -234,7 +234,7 @@ def _coerce(spec: KeySpec, value: Any, where: str, ctx: Context) -> Any:
 def _number(spec: KeySpec, value: Any, where: str, ctx: Context) -> Any:
     wrong = spec.type is int and isinstance(value, float)
     if wrong or isinstance(value, bool) or not isinstance(value, (int, float)):
-        ctx.problems.add(where, f"must be {_TYPE_NAMES[spec.type]}, got {show(value)}")
+        ctx.problems.add(where, f"must be {_TYPE_NAMES[spec.type]}, got {show(value)}", _number_hint(value, where))
         return BAD
     try:
         number = float(value) if spec.type is float else value
@@ -254,6 +254,23 @@ def _number(spec: KeySpec, value: Any, where: str, ctx: Context) -> Any:
         ctx.problems.add(where, f"must be between {shown} and {top}, got {show(number)}")
         return BAD
     return number
+
+
+#: a number written as text: quoted ("30"), with a unit ("30s", as --keep-alive takes it), or
+#: an exponent without a dot (YAML reads 1e3 as text; 1.0e3 is a number)
+_NUMBER_TEXT = re.compile(r"\s*(\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)\s*(?:s|sec|secs|seconds)?\s*")
+
+
+def _number_hint(value: Any, where: str) -> str:
+    """How to write ``value`` as the number it means, when it is one written as text."""
+    found = _NUMBER_TEXT.fullmatch(value) if isinstance(value, str) else None
+    if found is None:
+        return ""
+    number = float(found.group(1))
+    if not math.isfinite(number):  # 1e309: no number to suggest (the range check says why)
+        return ""
+    shown = str(int(number)) if number.is_integer() and number < 1e15 else found.group(1)
+    return f"write the number alone, unquoted: {where.rsplit('.', 1)[-1]}: {shown}"
 
 
 def _string(spec: KeySpec, value: str, where: str, ctx: Context) -> Any:

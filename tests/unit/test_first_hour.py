@@ -480,3 +480,16 @@ def test_a_miss_without_a_decide_tier_does_not_claim_one(tmp_path: Path) -> None
     assert alone.outcome == "miss" and "router.agent is unset" in alone.reason
     tiered = Router(intents, FakeEmbedder(), confident=0.9, margin=0.1, decide=lambda text, names: None)
     assert "goes to the decide tier" in tiered.route("xyzzy").reason
+
+
+# -- a number written as text --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("written", "meant"), [('"30"', "30"), ("30s", "30"), ("1e3", "1000"), ("four", None)])
+def test_a_number_written_as_text_gets_the_number_to_write(tmp_path: Path, written: str, meant: str | None) -> None:
+    """`timeout: "30"`, `timeout: 30s` (as --keep-alive takes it) and `timeout: 1e3` (text to
+    YAML) said only "must be a number, got '30'"."""
+    config = tmp_path / "app.yaml"
+    config.write_text(f"agent_plugins:\n  agent.x: {{plugin: builtin.inprocess, timeout: {written}}}\n")
+    hint = _problems(config)["agent_plugins.agent.x.timeout"]
+    assert hint == (f"write the number alone, unquoted: timeout: {meant}" if meant else "")
