@@ -528,8 +528,32 @@ def _tool_choice(choice: Any, tools: dict[str, Tool]) -> tuple[str, str | None]:
     return "named", name
 
 
-def _call_schema(tool: Tool, *, envelope: bool = False) -> dict[str, Any]:
-    arguments: Any = tool.parameters if tool.exact else {"type": "object"}
+#: keywords whose values are data, not schemas: a "$ref" in them is no reference
+_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
+
+
+def _rebase(schema: Any, at: str) -> Any:
+    """``schema`` as it reads placed at the JSON pointer ``at`` of a larger schema: its own
+    ``#…`` references (pydantic's ``#/$defs/Model`` for every nested model) made to point
+    where its definitions now are, not at the larger schema's root."""
+    if isinstance(schema, list):
+        return [_rebase(v, at) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "$ref" and isinstance(value, str) and (value == "#" or value.startswith("#/")):
+            out[key] = "#" + at + value[1:]
+        elif key in _DATA_KEYWORDS:
+            out[key] = value
+        else:
+            out[key] = _rebase(value, at)
+    return out
+
+
+def _call_schema(tool: Tool, at: str, *, envelope: bool = False) -> dict[str, Any]:
+    """One call of ``tool`` (placed at the pointer ``at`` of the answer's schema)."""
+    arguments: Any = _rebase(tool.parameters, at + "/properties/arguments") if tool.exact else {"type": "object"}
     if envelope and tool.exact:
         arguments = {}  # validated against the tool's parameters on their own
     return {
@@ -546,8 +570,11 @@ def answer_schema(tools: list[Tool], *, parallel: bool, reply: Any | None, envel
     ``envelope``: the same shape with each exact tool's arguments admitting any value, for
     validating an answer whose arguments are checked against their tool on their own.
     """
-    calls = [_call_schema(t, envelope=envelope) for t in tools]
-    item = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    items = ("" if reply is None else "/anyOf/0") + "/properties/tool_calls/items"
+    if len(tools) == 1:
+        item = _call_schema(tools[0], items, envelope=envelope)
+    else:
+        item = {"anyOf": [_call_schema(t, f"{items}/anyOf/{k}", envelope=envelope) for k, t in enumerate(tools)]}
     array: dict[str, Any] = {"type": "array", "items": item, "minItems": 1}
     array["maxItems"] = MAX_PARALLEL_CALLS if parallel else 1
     calling = {
@@ -560,7 +587,7 @@ def answer_schema(tools: list[Tool], *, parallel: bool, reply: Any | None, envel
         return calling
     replying = {
         "type": "object",
-        "properties": {"content": reply},
+        "properties": {"content": _rebase(reply, "/anyOf/1/properties/content")},
         "required": ["content"],
         "additionalProperties": False,
     }

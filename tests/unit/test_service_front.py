@@ -1434,3 +1434,71 @@ def test_the_bearer_scheme_is_case_insensitive(make_service: Factory, scheme: st
         listed = http.get("/v1/models", headers={"Authorization": f"{scheme} {service.token}"})
         wrong = http.get("/v1/models", headers={"Authorization": f"{scheme} not-the-token"})
     assert (listed.status_code, wrong.status_code) == (200, 401)
+
+
+# pydantic's schema of a model holding another model: the inner one under $defs, by $ref
+NESTED = {
+    "$defs": {
+        "Addr": {
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+            "type": "object",
+        }
+    },
+    "properties": {
+        "name": {"type": "string"},
+        "home": {"$ref": "#/$defs/Addr"},
+        "past": {"items": {"$ref": "#/$defs/Addr"}, "type": "array"},
+    },
+    "required": ["name", "home", "past"],
+    "type": "object",
+}
+
+
+@pytest.mark.parametrize(
+    ("tool_choice", "tools", "response_format"),
+    [
+        (
+            "required",
+            [{"type": "function", "function": {"name": "person", "parameters": NESTED, "strict": True}}],
+            None,
+        ),
+        ("auto", [{"type": "function", "function": {"name": "person", "parameters": NESTED}}, TIME], None),
+        ("auto", [TIME], fmt(NESTED)),  # the reply's schema holds the refs
+    ],
+)
+def test_schemas_with_refs_are_compiled_inside_tool_answers(
+    make_service: Factory, tool_choice: str, tools: list[dict[str, Any]], response_format: Any
+) -> None:
+    # every tool (or reply schema) of a nested pydantic model was a 400 unsupported_schema
+    # blaming response_format.json_schema.schema: placed inside the answer's schema, its
+    # "#/$defs/Addr" pointed at the answer's root, where there is no $defs
+    service = make_service()
+    extra: dict[str, Any] = {"tools": tools, "tool_choice": tool_choice}
+    if response_format is not None:
+        extra["response_format"] = response_format
+    with client(service) as http:
+        answer = chat(http, "chat", **extra)
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["x-localllm-structured"] == "compiled" and answer.headers["x-localllm-validated"] == "true"
+    (call,) = answer.json()["choices"][0]["message"]["tool_calls"]
+    if call["function"]["name"] == "person":
+        assert set(json.loads(call["function"]["arguments"])) == {"name", "home", "past"}
+
+
+def test_a_reply_with_refs_under_tool_choice_auto_is_validated() -> None:
+    from localllm.service.chat import Invalid, finish, prepare
+
+    asked = {"model": "chat", "messages": MESSAGES, "tools": [TIME], "response_format": fmt(NESTED)}
+    good = json.dumps({"content": {"name": "Ann", "home": {"city": "Oslo"}, "past": [{"city": "Rome"}]}})
+    bad = json.dumps({"content": {"name": "Ann", "home": {"city": 5}, "past": []}})
+    for content, ok in ((good, True), (bad, False)):
+        answer = {
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]
+        }
+        if ok:
+            done, validated = finish(prepare(asked, "chat"), answer)
+            assert validated and json.loads(done["choices"][0]["message"]["content"])["home"] == {"city": "Oslo"}
+        else:
+            with pytest.raises(Invalid):
+                finish(prepare(asked, "chat"), answer)
