@@ -227,7 +227,9 @@ def _coerce(spec: KeySpec, value: Any, where: str, ctx: Context) -> Any:
         return _secret_map(spec.key.check, value, where, ctx)
     elif kind is Path and isinstance(value, str):
         return _path(spec, value, where, ctx)
-    ctx.problems.add(where, f"must be {_TYPE_NAMES[kind]}, got {show(value)}")
+    meant = str(value).strip().lower() if kind is bool and isinstance(value, str) else ""
+    hint = f"write it unquoted: {where.rsplit('.', 1)[-1]}: {meant}" if meant in ("true", "false") else ""
+    ctx.problems.add(where, f"must be {_TYPE_NAMES[kind]}, got {show(value)}", hint)
     return BAD
 
 

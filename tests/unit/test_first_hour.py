@@ -493,3 +493,14 @@ def test_a_number_written_as_text_gets_the_number_to_write(tmp_path: Path, writt
     config.write_text(f"agent_plugins:\n  agent.x: {{plugin: builtin.inprocess, timeout: {written}}}\n")
     hint = _problems(config)["agent_plugins.agent.x.timeout"]
     assert hint == (f"write the number alone, unquoted: timeout: {meant}" if meant else "")
+
+
+def test_a_boolean_written_as_text_gets_the_word_to_write(tmp_path: Path) -> None:
+    config = tmp_path / "app.yaml"
+    config.write_text(
+        "agent_plugins:\n  agent.local: {plugin: builtin.local_llm, endpoint: 'http://127.0.0.1:8080',"
+        " json_schema: 'true', compact: maybe}\n"
+    )
+    problems = _problems(config)
+    assert problems["agent_plugins.agent.local.json_schema"] == "write it unquoted: json_schema: true"
+    assert problems["agent_plugins.agent.local.compact"] == ""
