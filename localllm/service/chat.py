@@ -535,9 +535,16 @@ _DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
 def _rebase(schema: Any, at: str) -> Any:
     """``schema`` as it reads placed at the JSON pointer ``at`` of a larger schema: its own
     ``#…`` references (pydantic's ``#/$defs/Model`` for every nested model) made to point
-    where its definitions now are, not at the larger schema's root."""
+    where its definitions now are, not at the larger schema's root; its ``$id`` dropped, as
+    those references are the larger schema's now (a nested ``$id`` would rebase them again)."""
+    if isinstance(schema, dict) and "$id" in schema:
+        schema = {k: v for k, v in schema.items() if k != "$id"}
+    return _rebased(schema, at)
+
+
+def _rebased(schema: Any, at: str) -> Any:
     if isinstance(schema, list):
-        return [_rebase(v, at) for v in schema]
+        return [_rebased(v, at) for v in schema]
     if not isinstance(schema, dict):
         return schema
     out: dict[str, Any] = {}
@@ -547,7 +554,7 @@ def _rebase(schema: Any, at: str) -> Any:
         elif key in _DATA_KEYWORDS:
             out[key] = value
         else:
-            out[key] = _rebase(value, at)
+            out[key] = _rebased(value, at)
     return out
 
 
@@ -752,8 +759,8 @@ def prepare(
         shape = {} if reply is not None and kind != "text" else reply
         prepared.envelope = answer_schema(chosen, parallel=parallel, reply=shape, envelope=True)
         compiled = compile_schema(target, open_objects=OPEN_OBJECTS)
-        if not compiled.exact:  # a reply schema the compiler refuses
-            raise _refusal(compiled, prepared.schema_param)
+        if not compiled.exact:  # a reply schema the compiler refuses, or tools together
+            raise _refusal(compiled, prepared.schema_param if kind != "text" else "tools")
         body.pop("response_format", None)
         body["grammar"] = compiled.grammar
         body["messages"] = _plain_messages(data["messages"], _tool_prompt(chosen, mode, parallel))

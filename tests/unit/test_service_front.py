@@ -1465,6 +1465,11 @@ NESTED = {
         ),
         ("auto", [{"type": "function", "function": {"name": "person", "parameters": NESTED}}, TIME], None),
         ("auto", [TIME], fmt(NESTED)),  # the reply's schema holds the refs
+        (  # an $id would resolve the refs against itself
+            "required",
+            [{"type": "function", "function": {"name": "person", "parameters": {"$id": "urn:p", **NESTED}}}],
+            None,
+        ),
     ],
 )
 def test_schemas_with_refs_are_compiled_inside_tool_answers(
