@@ -197,7 +197,9 @@ def _agent(draft: Draft, raw_alias: Any, raw: Any) -> None:
         problems.add(key, f'alias "{alias}" must start with "agent."', f'rename it to "agent.{alias}"')
     draft.broken.add(alias)  # until it parses
     if not isinstance(raw, dict):
-        problems.add(key, "must be a mapping with at least plugin:")
+        # `agent.local: builtin.local_llm`: the plugin type where its declaration goes
+        named = isinstance(raw, str) and raw in PLUGIN_TYPES
+        problems.add(key, "must be a mapping with at least plugin:", f"{alias}: {{plugin: {raw}}}" if named else "")
         return
     plugin = raw.get("plugin")
     if plugin == "cassette":

@@ -504,3 +504,9 @@ def test_a_boolean_written_as_text_gets_the_word_to_write(tmp_path: Path) -> Non
     problems = _problems(config)
     assert problems["agent_plugins.agent.local.json_schema"] == "write it unquoted: json_schema: true"
     assert problems["agent_plugins.agent.local.compact"] == ""
+
+
+def test_a_plugin_type_where_its_declaration_goes_gets_the_mapping_to_write(tmp_path: Path) -> None:
+    config = tmp_path / "app.yaml"
+    config.write_text("agent_plugins:\n  agent.stub: builtin.inprocess\n")
+    assert _problems(config) == {"agent_plugins.agent.stub": "agent.stub: {plugin: builtin.inprocess}"}
