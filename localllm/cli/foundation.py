@@ -56,9 +56,12 @@ def discover_config(given: Path | None) -> Path:
         )
     if env is not None:
         return env
+    near = Path(DEFAULT_CONFIG).with_suffix(".yml")  # found by name only: .yml is not looked for
     raise UsageError(
         f"no config file: none given with -c, no {DEFAULT_CONFIG} in {Path.cwd()}, and LOCALLLM_CONFIG is not set",
-        hint=f"pass -c FILE, run it where {DEFAULT_CONFIG} is, or set LOCALLLM_CONFIG=FILE",
+        hint=f"pass -c {near} (or rename it {DEFAULT_CONFIG})"
+        if near.is_file()
+        else f"pass -c FILE, run it where {DEFAULT_CONFIG} is, or set LOCALLLM_CONFIG=FILE",
     )
 
 

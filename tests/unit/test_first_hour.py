@@ -510,3 +510,13 @@ def test_a_plugin_type_where_its_declaration_goes_gets_the_mapping_to_write(tmp_
     config = tmp_path / "app.yaml"
     config.write_text("agent_plugins:\n  agent.stub: builtin.inprocess\n")
     assert _problems(config) == {"agent_plugins.agent.stub": "agent.stub: {plugin: builtin.inprocess}"}
+
+
+def test_a_localllm_yml_beside_is_named_when_no_config_is_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Only ./localllm.yaml is looked for; a ./localllm.yml went unmentioned."""
+    (tmp_path / "localllm.yml").write_text("app_id: y\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["check", "--json"]) == 2
+    assert json.loads(capsys.readouterr().out)["hint"].startswith("pass -c localllm.yml")
