@@ -236,6 +236,37 @@ def test_enum_keeps_only_values_valid_against_the_whole_schema() -> None:
     assert g.matches('"a"') and not g.matches('"bb"') and not g.matches("3")
 
 
+def test_enum_values_are_checked_in_linear_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    # jsonschema's enum compares a value with every member: each listed value checked against
+    # the enum listing it, a oneOf branch's values against the other's enum, uniqueItems' domain
+    # against its items' enum were n^2/2 comparisons (10,000 integers: 35 s of CPU, a 59 KB
+    # schema; `localllm grammar compile` 66 s)
+    import jsonschema._keywords
+
+    real = jsonschema._keywords.equal
+    compared = 0
+
+    def counting(one: Any, two: Any) -> bool:
+        nonlocal compared
+        compared += 1
+        return bool(real(one, two))
+
+    monkeypatch.setattr(jsonschema._keywords, "equal", counting)
+    n = 1000
+    cases = [
+        ({"enum": list(range(n)), "maximum": n - 2}, ["0", str(n - 2)], [str(n - 1), "1.0"]),
+        ({"oneOf": [{"enum": [f"s{i}" for i in range(n)]}, {"enum": list(range(n))}]}, ['"s1"', "1"], ['"s"']),
+        # (100: the test's grammar walker recurses once per value of the listed array)
+        ({"type": "array", "items": {"enum": list(range(100))}, "uniqueItems": True}, ["[0,1]", "[]"], ["[0,0]"]),
+        ({"enum": [1.0, True, [1]], "const": 1}, ["1"], ["true", "[1]"]),
+    ]
+    for schema, admits, rejects in cases:
+        compared = 0
+        grammar = grammar_of(schema)
+        assert compared <= 100, schema
+        assert [t for t in admits + rejects if grammar.matches(t)] == admits
+
+
 def test_all_of_is_merged() -> None:
     g = grammar_of(
         {
