@@ -971,7 +971,8 @@ class _Compiler:
             if self.draft <= 7 or not siblings:
                 return self.negate(target, path, depth + 1)
             node = {"allOf": [target, siblings]}
-        keys = [k for k in node if k in keywords.ASSERTING and _asserts(node, k)]
+        # a keyword the schema's draft does not have rejects nothing (draft 4 has no "const")
+        keys = [k for k in node if k in keywords.ASSERTING and k in self.vocabulary and _asserts(node, k)]
         if not keys:
             return False
         alts: list[Any] = []
@@ -1026,7 +1027,7 @@ class _Compiler:
                 if not _count(value) or (step < 0 and value == 0):
                     return False if _count(value) else None
                 return {"type": kind, other: int(value) + step}
-            return {"type": kind, other: value}
+            return {"type": kind, **(self.strict_bound(other, value) if key in _EXCL else {other: value})}
         if key == "pattern" and isinstance(value, str):
             searches = _literal_searches(value)
             avoid = None if searches is None else _avoiding(searches)
@@ -1080,9 +1081,9 @@ class _Compiler:
             for lo, hi in itertools.pairwise(edges):
                 interval: dict[str, Any] = {"type": "number"}
                 if lo is not None:
-                    interval["exclusiveMinimum"] = _plain(lo)
+                    interval.update(self.strict_bound("exclusiveMinimum", _plain(lo)))
                 if hi is not None:
-                    interval["exclusiveMaximum"] = _plain(hi)
+                    interval.update(self.strict_bound("exclusiveMaximum", _plain(hi)))
                 alts.append(interval)
         if "string" in kinds:
             strings = [v for v in values if isinstance(v, str)]
@@ -1090,6 +1091,13 @@ class _Compiler:
         if kinds & {"array", "object"}:
             self.notes.append(f"{path}: arrays/objects are left out where a negated enum lists one")
         return {"anyOf": alts} if alts else False
+
+    def strict_bound(self, key: str, value: Any) -> dict[str, Any]:
+        """``exclusiveMinimum``/``exclusiveMaximum`` at ``value`` as the schema's draft writes it:
+        draft 4's are flags beside ``minimum``/``maximum`` (a number there is ignored)."""
+        if self.draft == 4:
+            return {"minimum" if key == "exclusiveMinimum" else "maximum": value, key: True}
+        return {key: value}
 
     def ref(self, ref: Any, path: str, depth: int, bare: frozenset[str]) -> str:
         if not isinstance(ref, str):
@@ -2178,6 +2186,10 @@ class _Compiler:
             parts.append(integer_range(ilo, ihi))
         if not integer:
             parts.extend(self.fractions(lo, hi, path))
+        empty = lo is not None and hi is not None and (lo.value, lo.exclusive or hi.exclusive) > (hi.value, False)
+        if not parts and (integer or empty):
+            # no value meets the bounds at all (a branch of a negated enum between two bounds)
+            raise _Unsatisfiable(path, "minimum", f"no {'integer' if integer else 'number'} meets the bounds")
         if not parts:
             raise _Refuse(
                 path,

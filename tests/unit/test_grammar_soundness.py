@@ -510,3 +510,46 @@ def test_property_length_fitted_patterns_never_leak(schema: dict[str, Any]) -> N
         for _ in range(30):
             assert check.is_valid(json.loads(g.sample(rng)))
     assert leaks(schema, _LENGTH_VALUES) == []
+
+
+# ---------------------------------------------------------------------------- draft 4's negations
+
+D4 = "http://json-schema.org/draft-04/schema#"
+_NUMBERS = [-1, 0, 1, 2, 5, 6, 7, 5.5, "a", None]
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        # draft 4 has no "const": a "not" of it alone rejects every value
+        {"$schema": D4, "not": {"const": 1}},
+        {"$schema": D4, "type": "integer", "not": {"const": 1}},
+        # both branches admit 1 (the draft ignores "const"): 1 is invalid
+        {"$schema": D4, "oneOf": [{"enum": [1]}, {"const": 1, "type": "integer"}]},
+        # draft 4's exclusive bounds are flags beside minimum/maximum: "not maximum 5" was written
+        # as a numeric exclusiveMinimum, which draft 4 ignores (1, 2, 5 and -1 admitted)
+        {"$schema": D4, "type": "integer", "not": {"maximum": 5}},
+        {"$schema": D4, "type": "integer", "maximum": 7, "not": {"minimum": 5}},
+        # a negated enum's open intervals, the same way
+        {"$schema": D4, "type": "integer", "oneOf": [{"enum": [1, 6]}, {"maximum": 5}]},
+    ],
+)
+def test_draft4_negations_use_draft4_keywords(schema: Any) -> None:
+    assert leaks(schema, _NUMBERS) == []
+
+
+def test_draft4_negated_bounds_still_admit_the_valid_answers() -> None:
+    compiled = compile_schema({"$schema": D4, "type": "integer", "not": {"maximum": 5}})
+    assert compiled.grammar is not None
+    grammar = Grammar.parse(compiled.grammar)
+    assert [t for t in ("5", "6", "60") if grammar.matches(t)] == ["6", "60"]
+    # "not" of a keyword the draft lacks: no value at all
+    assert [r.construct for r in compile_schema({"$schema": D4, "not": {"const": 1}}).refusals] == ["allOf"]
+
+
+def test_a_negated_enum_between_two_bounds_compiles() -> None:
+    # an interval between two excluded values is empty: that branch is dropped, not the schema refused
+    compiled = compile_schema({"type": "integer", "not": {"enum": [1, 2, 3]}, "minimum": 0, "maximum": 5})
+    assert compiled.grammar is not None
+    grammar = Grammar.parse(compiled.grammar)
+    assert [t for t in map(str, range(-1, 7)) if grammar.matches(t)] == ["0", "4", "5"]
