@@ -19,7 +19,7 @@ import pytest
 from localllm import _http
 from localllm.agents.local_llm import LocalLLMAgent, normalize_endpoint, shape_statement, strip_fence
 from localllm.config import Config
-from localllm.errors import AgentError, ErrorKind, FetchError
+from localllm.errors import AgentError, ConfigError, ErrorKind, FetchError
 from localllm.grammar import compile_schema
 from localllm.grammar.walk import Grammar
 from localllm.loading import load_config
@@ -548,7 +548,13 @@ def test_cache_dir_under_a_regular_file_is_a_clear_transport_error(
 def test_extra_args_that_set_a_managed_flag_are_a_transport_error_not_a_value_error(
     tmp_path: Path, server_bin: Path, logs: dict[str, Path]
 ) -> None:
-    config = managed_config(tmp_path, server_bin, ", extra_args: ['--port', '8080']")
+    with pytest.raises(ConfigError) as refused:  # the loader refuses it (a80b50e) ...
+        managed_config(tmp_path, server_bin, ", extra_args: ['--port', '8080']")
+    assert [p.key for p in refused.value.problems] == ["agent_plugins.agent.local.extra_args[0]"]
+    # ... and a declaration built in Python, which no loader checked, fails its call clearly
+    config = managed_config(tmp_path, server_bin)
+    decl = dataclasses.replace(config.agents["agent.local"], extra_args=("--port", "8080"))
+    config = dataclasses.replace(config, agents={**config.agents, "agent.local": decl})
     with Runtime(config) as rt, pytest.raises(AgentError) as info:
         rt.call("ask", agent="agent.local", prompt="p")
     assert info.value.kind is ErrorKind.TRANSPORT_ERROR and isinstance(info.value.__cause__, ValueError)
