@@ -240,6 +240,10 @@ def compile_schema(
         depth = _nesting(schema)
         if depth > 4 * MAX_DEPTH:
             raise _Refuse("$", "depth", f"the schema nests {depth} levels deep (at most {4 * MAX_DEPTH})")
+        # every validator refuses such a schema (nested repeats multiply past the linear
+        # matcher's states: "(a{1000}){1000}"), so no grammar may claim to enforce it
+        if (slow := _slow_pattern(schema)) is not None:
+            raise _Refuse(slow[0], "pattern", slow[1])
         compiler = _Compiler(schema, space=space, open_objects=open_objects)
         return compiler.run()
     except _Refuse as exc:

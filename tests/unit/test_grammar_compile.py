@@ -267,6 +267,23 @@ def test_enum_values_are_checked_in_linear_time(monkeypatch: pytest.MonkeyPatch)
         assert [t for t in admits + rejects if grammar.matches(t)] == admits
 
 
+@pytest.mark.parametrize(
+    ("schema", "path"),
+    [
+        # each repeat under the compiler's 1,000 cap, together a million characters: every
+        # validator refuses the schema (past the linear matcher's 20,000 states), and the
+        # compiler wrote "( [a]{1000} ){1000}" (`grammar check`: "enforced", exit 0)
+        ({"type": "string", "pattern": "^(a{1000}){1000}$"}, "$.pattern"),
+        ({"type": "object", "patternProperties": {"^(a{200}){200}$": True}}, '$.patternProperties["^(a{200}){200}$"]'),
+        ({"properties": {"x": {"not": {"pattern": "((a{100}){100}){100}"}}}}, "$.properties.x.not.pattern"),
+    ],
+)
+def test_a_pattern_no_validator_can_check_is_refused(schema: Any, path: str) -> None:
+    compiled = compile_schema(schema)
+    assert compiled.grammar is None
+    assert [(r.construct, r.path) for r in compiled.refusals] == [("pattern", path)]
+
+
 def test_all_of_is_merged() -> None:
     g = grammar_of(
         {
