@@ -95,7 +95,7 @@ def test_verify_without_refetch_flags_and_fails(pins_file: Path, capsys: pytest.
     (mirror / FILE).write_bytes(DATA)
     path = ensure_model("gemma-3-270m", mirror=str(mirror))
     with path.open("r+b") as fh:
-        fh.write(b"X")
+        fh.write(bytes([DATA[0] ^ 0xFF]))  # b"X" left DATA unchanged when it began with X (1 run in 256)
     code, out, err = _run(capsys, "cache", "verify", "--no-refetch")
     assert code == 1
     assert "corrupt" in out and "1 corrupted cache entry remain" in err
