@@ -18,7 +18,7 @@ import pytest
 
 from localllm import _http
 from localllm.agents.local_llm import LocalLLMAgent, normalize_endpoint, shape_statement, strip_fence
-from localllm.config import Config
+from localllm.config import Config, LocalLLMDecl
 from localllm.errors import AgentError, ConfigError, ErrorKind, FetchError
 from localllm.grammar import compile_schema
 from localllm.grammar.walk import Grammar
@@ -553,7 +553,9 @@ def test_extra_args_that_set_a_managed_flag_are_a_transport_error_not_a_value_er
     assert [p.key for p in refused.value.problems] == ["agent_plugins.agent.local.extra_args[0]"]
     # ... and a declaration built in Python, which no loader checked, fails its call clearly
     config = managed_config(tmp_path, server_bin)
-    decl = dataclasses.replace(config.agents["agent.local"], extra_args=("--port", "8080"))
+    local = config.agents["agent.local"]
+    assert isinstance(local, LocalLLMDecl)
+    decl = dataclasses.replace(local, extra_args=("--port", "8080"))
     config = dataclasses.replace(config, agents={**config.agents, "agent.local": decl})
     with Runtime(config) as rt, pytest.raises(AgentError) as info:
         rt.call("ask", agent="agent.local", prompt="p")

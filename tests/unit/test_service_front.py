@@ -1221,7 +1221,7 @@ def test_parallel_tool_results_are_one_user_turn(tools: list[dict[str, Any]] | N
     def call(i: str, tz: str) -> dict[str, Any]:
         return {"id": i, "type": "function", "function": {"name": "get_time", "arguments": json.dumps({"tz": tz})}}
 
-    history = [
+    history: list[dict[str, Any]] = [
         {"role": "user", "content": "time in UTC and CET?"},
         {"role": "assistant", "content": None, "tool_calls": [call("call_1", "UTC"), call("call_2", "CET")]},
         {"role": "tool", "tool_call_id": "call_1", "content": "12:00"},

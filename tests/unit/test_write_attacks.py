@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -213,7 +214,12 @@ def test_serve_detach_never_writes_its_log_through_a_link_or_a_fifo(tmp_path: Pa
     log = run / "service.log"
     victim = tmp_path / "victim.txt"
     victim.write_bytes(b"user data\n")
-    {"fifo": lambda: os.mkfifo(log), "symlink": lambda: log.symlink_to(victim), "directory": log.mkdir}[node]()
+    makers: dict[str, Callable[[], None]] = {
+        "fifo": lambda: os.mkfifo(log),
+        "symlink": lambda: log.symlink_to(victim),
+        "directory": log.mkdir,
+    }
+    makers[node]()
     got = in_child(
         f"""
         import json, os
