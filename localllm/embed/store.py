@@ -35,6 +35,7 @@ import json
 import logging
 import os
 import sqlite3
+import stat
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -277,9 +278,15 @@ class Store:
         """
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fresh = not self.path.exists() or self.path.stat().st_size == 0
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            st = None
         except OSError as exc:
             raise _unavailable(self.path, "cannot open", str(exc)) from exc
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            # a link (SQLite would write through it), a FIFO or a directory: moved aside
+            raise StoreCorrupt(f"{self.path}: not a regular file")
+        fresh = st is None or st.st_size == 0
         try:
             conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None)
         except sqlite3.Error as exc:

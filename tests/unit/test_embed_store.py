@@ -118,6 +118,28 @@ def test_garbage_file_and_wrong_key_are_rebuilt(tmp_path: Path) -> None:
     assert other.rebuilds == 1
 
 
+@pytest.mark.parametrize("target", ["empty", "database"])
+def test_a_store_path_that_is_a_link_is_never_written_through(tmp_path: Path, target: str) -> None:
+    """A link where the store goes (to a user's empty file, or to another store) is moved
+    aside like a corrupt store: SQLite would have created or extended its target."""
+    ident = FakeEmbedder(4).identity
+    emb = FakeEmbedder(4)
+    victim = tmp_path / "user" / "notes.db"
+    victim.parent.mkdir()
+    if target == "database":
+        Store(ident, root=victim.parent).vectors({content_hash("y"): "y"}, lambda ts: emb.embed(ts, "document"))
+        Store(ident, root=victim.parent).path.rename(victim)
+    else:
+        victim.write_bytes(b"")
+    before = victim.read_bytes()
+    store = Store(ident, root=tmp_path / "store")
+    store.path.parent.mkdir(parents=True)
+    store.path.symlink_to(victim)
+    store.vectors({content_hash("x"): "x"}, lambda ts: emb.embed(ts, "document"))
+    assert victim.read_bytes() == before
+    assert not store.path.is_symlink() and store.count() == 1 and store.rebuilds == 1
+
+
 def test_store_is_keyed_by_identity_and_chunking() -> None:
     a = EmbedderIdentity("m", 384, "mean", "", "")
     assert store_key(a, {"window": 2000}) != store_key(a, {"window": 1000})
