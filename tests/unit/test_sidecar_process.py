@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -107,57 +108,51 @@ _PARENT = textwrap.dedent("""
 """)
 
 
-def test_the_watchdog_stops_the_whole_group_when_the_parent_is_killed(tmp_path: Path, model: Path) -> None:
-    pidfile = tmp_path / "sleepers"
+@contextlib.contextmanager
+def _parent(wrapper: Path, model: Path) -> Iterator[tuple[subprocess.Popen[bytes], list[int]]]:
+    """A process running a ManagedServer of ``wrapper`` (its pids printed); killed at exit."""
     parent = subprocess.Popen(
-        [sys.executable, "-c", _PARENT, str(_wrapper(tmp_path, pidfile)), str(model)],
+        [sys.executable, "-c", _PARENT, str(wrapper), str(model)],
         stdout=subprocess.PIPE,
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     try:
         assert parent.stdout is not None
-        pids = [int(x) for x in parent.stdout.readline().split()]
-        assert len(pids) >= 3
-        parent.send_signal(signal.SIGKILL)
-        parent.wait(10)
-        for pid in pids:
-            assert pid_gone(pid, within=5.0), f"pid {pid} outlived its SIGKILLed parent"
+        yield parent, [int(x) for x in parent.stdout.readline().split()]
     finally:
         if parent.poll() is None:
             parent.kill()
             parent.wait()
         if parent.stdout is not None:
             parent.stdout.close()
+
+
+def test_the_watchdog_stops_the_whole_group_when_the_parent_is_killed(tmp_path: Path, model: Path) -> None:
+    with _parent(_wrapper(tmp_path, tmp_path / "sleepers"), model) as (parent, pids):
+        assert len(pids) >= 3
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        for pid in pids:
+            assert pid_gone(pid, within=5.0), f"pid {pid} outlived its SIGKILLed parent"
 
 
 def test_the_watchdog_also_kills_a_helper_that_left_the_group(tmp_path: Path, model: Path) -> None:
     """The parent SIGKILLed: the watchdog notes the server's descendants before it signals
     the group, so a wrapper's ``setsid`` helper (no group signal reaches it) dies too."""
     pidfile = tmp_path / "escaped"
-    parent = subprocess.Popen(
-        [sys.executable, "-c", _PARENT, str(_setsid_wrapper(tmp_path, pidfile)), str(model)],
-        stdout=subprocess.PIPE,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
     try:
-        assert parent.stdout is not None
-        server = int(parent.stdout.readline().split()[0])
-        helpers = [int(pid) for pid in pidfile.read_text().split()]
-        assert len(helpers) == 2  # the --help probe's (already killed) and the server's
-        assert psutil.Process(helpers[1]).ppid() == server  # alive, outside the server's group
-        assert os.getpgid(helpers[1]) != os.getpgid(server)
-        parent.send_signal(signal.SIGKILL)
-        parent.wait(10)
-        assert pid_gone(server, within=5.0)
-        assert pid_gone(helpers[1], within=5.0), "the setsid helper outlived its SIGKILLed parent"
+        with _parent(_setsid_wrapper(tmp_path, pidfile), model) as (parent, pids):
+            server = pids[0]
+            helpers = [int(pid) for pid in pidfile.read_text().split()]
+            assert len(helpers) == 2  # the --help probe's (already killed) and the server's
+            assert psutil.Process(helpers[1]).ppid() == server  # alive, outside the server's group
+            assert os.getpgid(helpers[1]) != os.getpgid(server)
+            parent.send_signal(signal.SIGKILL)
+            parent.wait(10)
+            assert pid_gone(server, within=5.0)
+            assert pid_gone(helpers[1], within=5.0), "the setsid helper outlived its SIGKILLed parent"
     finally:
-        if parent.poll() is None:
-            parent.kill()
-            parent.wait()
-        if parent.stdout is not None:
-            parent.stdout.close()
         for pid in pidfile.read_text().split() if pidfile.exists() else []:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid), signal.SIGKILL)
