@@ -2392,7 +2392,8 @@ class _Compiler:
 
 
 _BASE = "https://localllm.invalid/root.json"
-_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
+#: keywords whose values are data, not schemas: a "$ref" in them is no reference
+DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
 
 
 def _local_refs(root: dict[str, Any], id_key: str) -> dict[str, Any]:
@@ -2412,7 +2413,7 @@ def _local_refs(root: dict[str, Any], id_key: str) -> dict[str, Any]:
             return True
         if isinstance(ref, str) and ref != "#" and not ref.startswith("#/"):
             return True
-        return any(has_ids(v, False) for k, v in node.items() if k not in _DATA_KEYWORDS)
+        return any(has_ids(v, False) for k, v in node.items() if k not in DATA_KEYWORDS)
 
     if not has_ids(root, True):
         return root
@@ -2444,7 +2445,7 @@ def _local_refs(root: dict[str, Any], id_key: str) -> dict[str, Any]:
             anchors[(base, node["$anchor"])] = pointer
         bases[id(node)] = base
         for k, v in node.items():
-            if k not in _DATA_KEYWORDS:
+            if k not in DATA_KEYWORDS:
                 index(v, base, [*pointer, k])
 
     index(root, root_base, [])
@@ -2460,7 +2461,7 @@ def _local_refs(root: dict[str, Any], id_key: str) -> dict[str, Any]:
         out: dict[str, Any] = {}
         base = bases.get(id(node), root_base)
         for k, v in node.items():
-            if k in _DATA_KEYWORDS:
+            if k in DATA_KEYWORDS:
                 out[k] = v
             elif k in ("$anchor",) or (k == id_key and not top and isinstance(v, str)):
                 continue

@@ -528,34 +528,29 @@ def _tool_choice(choice: Any, tools: dict[str, Tool]) -> tuple[str, str | None]:
     return "named", name
 
 
-#: keywords whose values are data, not schemas: a "$ref" in them is no reference
-_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
-
-
 def _rebase(schema: Any, at: str) -> Any:
     """``schema`` as it reads placed at the JSON pointer ``at`` of a larger schema: its own
     ``#…`` references (pydantic's ``#/$defs/Model`` for every nested model) made to point
     where its definitions now are, not at the larger schema's root; its ``$id`` dropped, as
     those references are the larger schema's now (a nested ``$id`` would rebase them again)."""
+    from localllm.grammar.compile import DATA_KEYWORDS
+
+    def rebased(node: Any) -> Any:
+        if isinstance(node, list):
+            return [rebased(v) for v in node]
+        if not isinstance(node, dict):
+            return node
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            if key == "$ref" and isinstance(value, str) and (value == "#" or value.startswith("#/")):
+                out[key] = "#" + at + value[1:]
+            else:
+                out[key] = value if key in DATA_KEYWORDS else rebased(value)
+        return out
+
     if isinstance(schema, dict) and "$id" in schema:
         schema = {k: v for k, v in schema.items() if k != "$id"}
-    return _rebased(schema, at)
-
-
-def _rebased(schema: Any, at: str) -> Any:
-    if isinstance(schema, list):
-        return [_rebased(v, at) for v in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out: dict[str, Any] = {}
-    for key, value in schema.items():
-        if key == "$ref" and isinstance(value, str) and (value == "#" or value.startswith("#/")):
-            out[key] = "#" + at + value[1:]
-        elif key in _DATA_KEYWORDS:
-            out[key] = value
-        else:
-            out[key] = _rebased(value, at)
-    return out
+    return rebased(schema)
 
 
 def _call_schema(tool: Tool, at: str, *, envelope: bool = False) -> dict[str, Any]:
