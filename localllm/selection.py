@@ -68,7 +68,6 @@ MEASURES = 2
 DEFAULT_MIN_ACCURACY = 0.9
 #: declaration fields whose values are secrets: only their names are fingerprinted
 _SECRET_FIELDS = ("env", "headers")
-_CHUNK = 1 << 20
 
 
 class EvidenceError(LocalLLMError, ValueError):
@@ -101,14 +100,13 @@ def canonical_sha256(value: Any) -> str:
 
 
 def _file_sha256(path: Path) -> str | None:
-    digest = hashlib.sha256()
+    """sha256 of a file (memoised per process by path, size and mtime), ``None`` if unreadable."""
+    from localllm.managed.discovery import file_sha256
+
     try:
-        with path.open("rb") as fh:
-            for chunk in iter(lambda: fh.read(_CHUNK), b""):
-                digest.update(chunk)
+        return file_sha256(path)
     except OSError:
         return None
-    return digest.hexdigest()
 
 
 def _decl_data(decl: AgentDecl) -> dict[str, Any]:
@@ -146,7 +144,7 @@ def _model(decl: AgentDecl, base_dir: Path) -> dict[str, Any]:
     return found
 
 
-def _server_build(decl: AgentDecl, base_dir: Path, hashes: dict[Path, str | None]) -> dict[str, Any] | None:
+def _server_build(decl: AgentDecl, base_dir: Path) -> dict[str, Any] | None:
     """The llama-server a local agent runs: the pinned release, and the binary's sha256 when
     one is named (``server_bin:`` or ``LOCALLLM_SERVER_BIN``); an endpoint's URL."""
     if not isinstance(decl, LocalLLMDecl):
@@ -164,24 +162,21 @@ def _server_build(decl: AgentDecl, base_dir: Path, hashes: dict[Path, str | None
     if named:
         path = Path(named).expanduser()
         path = path if path.is_absolute() else base_dir / path
-        if path not in hashes:
-            hashes[path] = _file_sha256(path)
-        build["binary_sha256"] = hashes[path]
+        build["binary_sha256"] = _file_sha256(path)
     return build
 
 
-def agent_fingerprint(config: Config, alias: str, *, hashes: dict[Path, str | None] | None = None) -> dict[str, Any]:
+def agent_fingerprint(config: Config, alias: str) -> dict[str, Any]:
     """What an agent's evidence depends on: its declaration, model and server build."""
     decl = config.agents.get(alias)
     if decl is None:
         return {"declared": False}
-    hashes = {} if hashes is None else hashes
     return {
         "declared": True,
         "plugin": decl.plugin,
         "decl_sha256": canonical_sha256(_decl_data(decl)),
         **_model(decl, config.base_dir),
-        "server_build": _server_build(decl, config.base_dir, hashes),
+        "server_build": _server_build(decl, config.base_dir),
     }
 
 
@@ -234,12 +229,11 @@ def _gate_sha256(gate: Gate) -> str:
 
 def fingerprint(config: Config, gate: Gate, aliases: list[str] | tuple[str, ...]) -> dict[str, Any]:
     """The fingerprint an eval report of ``gate`` over ``aliases`` records."""
-    hashes: dict[Path, str | None] = {}
     found: dict[str, Any] = {
         "measures": MEASURES,
         "gate_sha256": _gate_sha256(gate),
         "schema_sha256": _schema_sha256(gate),
-        "agents": {alias: agent_fingerprint(config, alias, hashes=hashes) for alias in aliases if alias != TIER},
+        "agents": {alias: agent_fingerprint(config, alias) for alias in aliases if alias != TIER},
     }
     examples = _examples_sha256(config, gate)
     if examples is not None:  # absent without examples: older reports stay valid

@@ -193,7 +193,7 @@ def test_a_gguf_replaced_at_the_same_path_keys_a_new_store(tmp_path: Path) -> No
     gguf.write_bytes(b"GGUF first weights")
     first = key()
     assert key() == first  # the same weights: the same store
-    gguf.write_bytes(b"GGUF other weights")
+    gguf.write_bytes(b"GGUF other weights, a different size")  # hashes are memoised by size and mtime
     assert key() != first
     endpoint = embedder_from_decl(EmbedderDecl(name="e", endpoint="http://127.0.0.1:9", model="all-minilm-l6-v2"))
     assert "weights" not in endpoint.identity.as_dict()  # unknown: stores keyed as before
