@@ -620,7 +620,7 @@ def test_staleness_names_a_changed_server_build_and_model(app: Path, monkeypatch
     assert len(staleness(config, gate, older)[""]) == 1
     monkeypatch.setenv("LOCALLLM_SERVER_BIN", str(second))
     assert staleness(config, gate, report) == {"": [], "agent.gem": ["the llama-server build changed"]}
-    (app / "tiny.gguf").write_bytes(b"GGUF two")
+    (app / "tiny.gguf").write_bytes(b"GGUF two, longer")
     assert staleness(config, gate, report)["agent.gem"] == ["the model changed", "the llama-server build changed"]
     (app / "app.yaml").write_text(text.replace("model: tiny.gguf}", "model: tiny.gguf, max_tokens: 7}"))
     assert "its declaration changed" in staleness(load_config(app / "app.yaml"), gate, report)["agent.gem"]
