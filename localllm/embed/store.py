@@ -36,11 +36,11 @@ import logging
 import os
 import sqlite3
 import stat
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from localllm._lock import hold, store_lock_path
 from localllm.embed.embedder import EmbedderIdentity
 from localllm.errors import EmbedError, StoreCorrupt, StoreUnavailable
 
@@ -154,7 +154,7 @@ class Store:
         self.chunking = dict(chunking or {})
         self.key = store_key(identity, self.chunking)
         self.path = Path(root) / f"{_slug(identity.model)}-{self.key}.sqlite"
-        self.lock_path = self.path.with_name(self.path.name + ".lock")
+        self.lock_path = store_lock_path(self.path)
         self.lock_timeout = lock_timeout
         self.busy_timeout = busy_timeout
         #: times this store was found corrupt and rebuilt (by this object)
@@ -339,32 +339,16 @@ class Store:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        from filelock import FileLock
-
-        lock = FileLock(str(self.lock_path))
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._acquire(lock)
-        except OSError as exc:
-            raise _unavailable(self.path, "cannot open", f"lock {self.lock_path}: {exc}") from exc
-        try:
-            yield
-        finally:
-            lock.release()
-
-    def _acquire(self, lock: Any) -> None:
-        from filelock import Timeout
-
-        try:
-            lock.acquire(timeout=0)
-            return
-        except Timeout:
-            log.warning("waiting for the embedding store lock %s (another process is indexing)", self.lock_path)
-        started = time.monotonic()
-        try:
-            lock.acquire(timeout=self.lock_timeout)
-        except Timeout as exc:
-            raise EmbedError(
-                f"gave up after {time.monotonic() - started:.0f}s waiting for {self.lock_path}; "
+        with hold(
+            self.lock_path,
+            timeout=self.lock_timeout,
+            waiting=lambda: log.warning(
+                "waiting for the embedding store lock %s (another process is indexing)", self.lock_path
+            ),
+            gave_up=lambda waited: EmbedError(
+                f"gave up after {waited:.0f}s waiting for {self.lock_path}; "
                 "another localllm process is indexing — wait for it or remove the lock if it died"
-            ) from exc
+            ),
+            unusable=lambda exc: _unavailable(self.path, "cannot open", f"lock {self.lock_path}: {exc}"),
+        ):
+            yield

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.parse import quote, unquote, urlparse
 
 from localllm import _fs, _http
+from localllm._lock import hold
 from localllm.errors import (
     ChecksumMismatch,
     DownloadCancelled,
@@ -153,29 +154,16 @@ def artifact_lock(
     cancel: threading.Event | None = None,
 ) -> Iterator[None]:
     """Hold the cross-process lock of one artifact, saying so when another process has it."""
-    import filelock
-
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    lock = filelock.FileLock(str(lock_path))
-    try:
-        lock.acquire(timeout=0)
-    except filelock.Timeout:
-        log(f"waiting for lock on {name} (another process is fetching it): {lock_path}")
-        deadline = time.monotonic() + timeout
-        while True:
-            if cancel is not None and cancel.is_set():
-                raise DownloadCancelled(f"cancelled while waiting for the lock on {name}: {lock_path}") from None
-            remaining = deadline - time.monotonic()
-            try:
-                lock.acquire(timeout=max(0.0, min(remaining, CANCEL_TICK if cancel is not None else remaining)))
-                break
-            except filelock.Timeout as exc:
-                if remaining <= 0:
-                    raise DownloadFailed(f"gave up waiting {timeout:.0f}s for the lock on {name}: {lock_path}") from exc
-    try:
+    with hold(
+        lock_path,
+        timeout=timeout,
+        waiting=lambda: log(f"waiting for lock on {name} (another process is fetching it): {lock_path}"),
+        gave_up=lambda _waited: DownloadFailed(f"gave up waiting {timeout:.0f}s for the lock on {name}: {lock_path}"),
+        cancel=cancel,
+        cancelled=lambda: DownloadCancelled(f"cancelled while waiting for the lock on {name}: {lock_path}"),
+        tick=CANCEL_TICK,
+    ):
         yield
-    finally:
-        lock.release()
 
 
 @dataclass(frozen=True)

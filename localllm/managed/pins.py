@@ -23,6 +23,7 @@ from typing import Any
 
 from localllm import settings
 from localllm._fs import TEXT_LIMIT, atomic_write, read_capped
+from localllm._lock import hold
 from localllm.errors import FetchError, PinNotConfigured, UnknownModel, UnsupportedPlatform
 from localllm.resources import data_path
 
@@ -401,22 +402,15 @@ def _editing(where: Path) -> Iterator[None]:
     """Hold the pins file's lock (``.<name>.lock`` beside it) for one read-modify-write: two
     processes pinning at once would each write what it read plus its own model, and the
     last rename would drop the other's."""
-    import filelock
-
-    lock = filelock.FileLock(str(where.with_name(f".{where.name}.lock")))
-    try:
-        where.parent.mkdir(parents=True, exist_ok=True)
-        lock.acquire(timeout=_EDIT_WAIT)
-    except filelock.Timeout:
-        raise FetchError(
+    with hold(
+        where.with_name(f".{where.name}.lock"),
+        timeout=_EDIT_WAIT,
+        gave_up=lambda _waited: FetchError(
             f"{where}: another localllm has been editing it for {_EDIT_WAIT:.0f}s", hint="run again when it is done"
-        ) from None
-    except OSError as exc:
-        raise _unwritable(where, exc) from exc
-    try:
+        ),
+        unusable=lambda exc: _unwritable(where, exc),
+    ):
         yield
-    finally:
-        lock.release()
 
 
 def _save(where: Path, data: Mapping[str, Any]) -> None:
