@@ -873,6 +873,9 @@ class ServiceApp:
             answer, validated = chat.finish(prepared, answer)
         except chat.Invalid as exc:
             extra[VALIDATED_HEADER] = "false"
+            # the model's answer, not a passing fault: the openai SDKs (Python, JS) would
+            # otherwise send the same request twice more, as for any 5xx
+            extra["x-should-retry"] = "false"
             await req.respond(
                 502,
                 _error(

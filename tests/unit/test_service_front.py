@@ -1507,3 +1507,38 @@ def test_a_reply_with_refs_under_tool_choice_auto_is_validated() -> None:
         else:
             with pytest.raises(Invalid):
                 finish(prepare(asked, "chat"), answer)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"tools": [WEATHER], "tool_choice": "required"},
+        {"tools": [WEATHER]},  # auto
+        {"functions": [WEATHER["function"]], "function_call": {"name": "get_weather"}},
+    ],
+)
+def test_a_grammar_beside_tools_is_a_400_never_silently_replaced(
+    make_service: Factory, env: dict[str, Path], extra: dict[str, Any]
+) -> None:
+    service = make_service()
+    with client(service) as http:
+        answer = chat(http, "chat", grammar='root ::= "yes"', **extra)
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == "grammar"
+        without = chat(http, "chat", tools=[WEATHER], tool_choice="none", grammar='root ::= "yes"')
+    assert without.status_code == 200 and without.json()["choices"][0]["message"]["content"] == "yes"
+    eventually(lambda: upstream_chats(env))
+    assert [c.get("grammar") for c in upstream_chats(env)] == ['root ::= "yes"']  # only the one without tools
+
+
+def test_the_openai_client_does_not_resend_an_answer_that_broke_a_strict_guarantee(
+    make_service: Factory, env: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    openai = pytest.importorskip("openai")
+    monkeypatch.setenv("FAKE_LLAMA_CONTENT", '{"city": "Oslo", "days": 99}')  # the grammar ignored
+    service = make_service()
+    sdk = openai.OpenAI(base_url=f"{service.url}/v1", api_key=service.token, max_retries=2)
+    with sdk, pytest.raises(openai.InternalServerError) as caught:
+        sdk.chat.completions.create(model="chat", messages=MESSAGES, response_format=fmt(SCHEMA))
+    assert caught.value.status_code == 502 and caught.value.code == "structured_output_invalid"
+    eventually(lambda: upstream_chats(env))  # the SDK's retries, if any, are over once it raises
+    assert len(upstream_chats(env)) == 1
