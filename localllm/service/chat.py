@@ -744,8 +744,8 @@ def prepare(
 
     if mode != "none":
         if body.get("grammar") is not None:  # the tools' grammar would replace it
-            asked = "functions" if prepared.legacy else "tools"
-            raise BadRequest(f"give either {asked} or grammar, not both", "grammar")
+            what = "functions" if prepared.legacy else "tools"
+            raise BadRequest(f"give either {what} or grammar, not both", "grammar")
         chosen = [tools[named]] if named else list(tools.values())
         parallel = not prepared.legacy and data.get("parallel_tool_calls") is not False
         reply = None
