@@ -199,7 +199,7 @@ def _cache_rm(args: argparse.Namespace) -> int:
     from localllm.managed.inventory import remove_entries
     from localllm.managed.pins import load_pins
 
-    removed = remove_entries(cache_layout(), load_pins(), args.name)
+    removed = remove_entries(cache_layout(), load_pins(), args.name, log=err)
     if args.json:
         emit_json({"removed": [e.to_json() for e in removed], "bytes": sum(e.size for e in removed)})
     else:

@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from localllm.errors import FetchError
+from localllm._lock import hold, store_lock_path
+from localllm.errors import FetchError, StoreUnavailable
 from localllm.managed import platforms, verify
 from localllm.managed.cache import CacheLayout, installed, read_marker, release_manifest
 from localllm.managed.pins import Artifact, Pins
@@ -187,8 +188,11 @@ def _walk(layout: CacheLayout, pins: Pins) -> Iterator[Entry]:
     yield from _stores(layout)
 
 
-#: files an SQLite embedding store keeps beside itself (counted with it, removed with it)
+#: files an SQLite embedding store keeps beside itself (counted with it, removed with it;
+#: its lock file is counted but stays: see :func:`localllm._lock.hold`)
 _STORE_SIDES = ("-journal", "-wal", "-shm", ".lock", ".corrupt")
+#: how long ``cache rm`` waits for an indexer holding an embedding store's lock
+STORE_RM_WAIT = 30.0
 
 
 def _stores(layout: CacheLayout) -> Iterator[Entry]:
@@ -201,9 +205,16 @@ def _stores(layout: CacheLayout) -> Iterator[Entry]:
         yield Entry("store", path.name, path, size, "ok", "embedding store (rebuilt on demand)")
 
 
-def remove_entries(layout: CacheLayout, pins: Pins, name: str) -> list[Entry]:
+def remove_entries(
+    layout: CacheLayout, pins: Pins, name: str, *, store_wait: float | None = None, log: Log | None = None
+) -> list[Entry]:
     """Remove a cached model (every file under ``models/<id>/``) or an embedding store by
-    its file name; :class:`FetchError` listing what can be removed when nothing matches."""
+    its file name; :class:`FetchError` listing what can be removed when nothing matches.
+
+    A store is removed holding its lock, the one its writers hold for each
+    look-up-embed-insert step, so an indexer's transaction is never cut in half: ``cache rm``
+    waits up to ``store_wait`` seconds (default :data:`STORE_RM_WAIT`; saying so through ``log``), then raises
+    :class:`StoreUnavailable` (``reason="locked"``) having removed nothing of that store."""
     entries = list_cache(layout, pins)
     found = [e for e in entries if (e.kind == "model" and e.name == name) or (e.kind == "store" and e.name == name)]
     if not found:
@@ -213,13 +224,38 @@ def remove_entries(layout: CacheLayout, pins: Pins, name: str) -> list[Entry]:
             hint=f"cached: {', '.join(names)}" if names else "the cache holds no models or stores",
         )
     for entry in found:
-        targets = [entry.path]
         if entry.kind == "store":
-            targets += [entry.path.with_name(entry.path.name + s) for s in _STORE_SIDES]
-        for target in targets:
-            _remove(layout, target)
+            _remove_store(layout, entry.path, STORE_RM_WAIT if store_wait is None else store_wait, log)
+        else:
+            _remove(layout, entry.path)
     _remove_empty_dirs([layout.models_dir])
     return [Entry(e.kind, e.name, e.path, e.size, "removed", e.detail) for e in found]
+
+
+def _remove_store(layout: CacheLayout, db: Path, wait: float, log: Log | None) -> None:
+    lock = store_lock_path(db)
+
+    def gave_up(waited: float) -> StoreUnavailable:
+        return StoreUnavailable(
+            f"embedding store {db} is in use: another localllm process held its lock {lock} "
+            f"for {waited:.0f}s; nothing was removed",
+            path=str(db),
+            reason="locked",
+            hint=f"run `localllm cache rm {db.name}` again when the indexing is done",
+        )
+
+    def unusable(exc: OSError) -> StoreUnavailable:
+        return StoreUnavailable(
+            f"cannot lock embedding store {db} ({lock}: {exc.strerror or exc}); nothing was removed",
+            path=str(db),
+            reason="cannot open",
+            hint="make the cache directory writable",
+        )
+
+    waiting = None if log is None else (lambda: log(f"waiting for {lock} (another process is indexing {db.name})"))
+    with hold(lock, timeout=wait, gave_up=gave_up, waiting=waiting, unusable=unusable):
+        for target in [db, *(db.with_name(db.name + s) for s in _STORE_SIDES if s != ".lock")]:
+            _remove(layout, target)
 
 
 def model_rows(layout: CacheLayout, pins: Pins) -> list[dict[str, object]]:
