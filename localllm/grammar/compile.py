@@ -1023,10 +1023,18 @@ class _Compiler:
             return {"allOf": negs}
         if key == "not":
             return value
+        if self.draft == 4 and key in _EXCL.values():
+            # a flag: its "minimum"/"maximum" is negated with it (alone it rejects nothing)
+            return False if isinstance(value, bool) else None
+        if self.draft == 4 and key in _EXCL and node.get(_EXCL[key]) is True:
+            # "not < 5" is ">= 5": draft 4 writes it as the plain opposite bound
+            if not _num(value):
+                return None
+            return {"type": "number", "minimum" if key == "maximum" else "maximum": value}
         flipped = _FLIPPED_BOUNDS.get(key)
         if flipped is not None:
             kind, other, step = flipped
-            if not _num(value) or (self.draft == 4 and key in ("minimum", "maximum") and node.get(_EXCL[key])):
+            if not _num(value):
                 return None
             if step:
                 if not _count(value) or (step < 0 and value == 0):
@@ -1381,7 +1389,10 @@ class _Compiler:
             keys = {_canon(v) for v in other}
             out.pop("const", None)
             out["enum"] = [v for v in mine if _canon(v) in keys]
+        flagged = self.merge_flagged_bounds(out, b) if self.draft == 4 else set()
         for key, value in b.items():
+            if key in flagged:
+                continue
             if key in ("const", "enum") and literal_merge:
                 continue
             if key in shape and any(k in a for k in shape):
@@ -1395,6 +1406,31 @@ class _Compiler:
                 continue
             out[key] = self.merge_keyword(key, out[key], value, path)
         return out
+
+    def merge_flagged_bounds(self, out: dict[str, Any], b: dict[str, Any]) -> set[str]:
+        """Draft 4's bounds of ``b`` merged into ``out`` (in place) as (value, exclusive flag)
+        pairs: a component's ``exclusiveMaximum: true`` makes only its own ``maximum`` strict,
+        so the tighter bound is kept with its own flag (``{maximum: 7, exclusiveMaximum: true}``
+        and ``{maximum: 5}`` is ``<= 5``). The keys handled, for the caller to skip."""
+        handled: set[str] = set()
+        for plain, flag in _EXCL.items():
+            if plain not in b and flag not in b:
+                continue
+            if not all(_num(n.get(plain, 0)) and isinstance(n.get(flag, False), bool) for n in (out, b)):
+                continue  # malformed: the keyword-by-keyword merge refuses it
+            # a flag without its bound constrains nothing (the draft reads it only beside one)
+            sides = [(n[plain], n.get(flag) is True) for n in (out, b) if plain in n]
+            out.pop(plain, None)
+            out.pop(flag, None)
+            if sides:
+                lower = plain == "minimum"
+                # the tighter value; at the same value, the strict one
+                value, strict = max(sides, key=lambda s: (s[0] if lower else -s[0], s[1]))
+                out[plain] = value
+                if strict:
+                    out[flag] = True
+            handled |= {plain, flag}
+        return handled
 
     def merge_keyword(self, key: str, mine: Any, other: Any, path: str) -> Any:
         """One keyword two allOf components both give, as one value (refused when not mergeable)."""
@@ -1430,8 +1466,9 @@ class _Compiler:
         raise _Refuse(path, key, f'allOf components disagree on "{key}" ({_q(mine)} vs {_q(other)}); not merged')
 
     def merge_bound(self, key: str, mine: Any, other: Any) -> Any:
-        """The tighter of two bounds (numbers, or draft 4's exclusive flags); None if ``key``
-        is not a bound or the values are not comparable."""
+        """The tighter of two bounds (numbers; draft 4's flags are merged with their bounds
+        by :meth:`merge_flagged_bounds`); None if ``key`` is not a bound or the values are not
+        comparable."""
         if _num(mine) and _num(other):
             if key in ("minimum", "minLength", "minItems", "minProperties"):
                 return max(mine, other)
@@ -1439,11 +1476,7 @@ class _Compiler:
                 return min(mine, other)
             if key in ("exclusiveMinimum", "exclusiveMaximum") and self.draft > 4:
                 return max(mine, other) if key == "exclusiveMinimum" else min(mine, other)
-        if (
-            key in ("uniqueItems", "exclusiveMinimum", "exclusiveMaximum")
-            and isinstance(mine, bool)
-            and isinstance(other, bool)
-        ):
+        if key == "uniqueItems" and isinstance(mine, bool) and isinstance(other, bool):
             return mine or other
         return None
 
