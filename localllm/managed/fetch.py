@@ -29,7 +29,9 @@ import contextlib
 import errno
 import hashlib
 import json
+import os
 import shutil
+import stat
 import sys
 import threading
 import time
@@ -246,12 +248,18 @@ def fetch_artifact(
         if verify.is_verified(dest, sha):
             return dest
         dest.parent.mkdir(parents=True, exist_ok=True)
-        if dest.is_dir() and not dest.is_symlink():
-            # the rename that ends every download would fail, blamed on each source in turn
-            raise FetchError(
-                f"{dest} is a directory, where {artifact.name} goes",
-                hint=f"remove it (`rm -r {dest}`), then fetch again",
-            )
+        partial = partial_path(dest, sha)
+        for path, what in (
+            (dest, artifact.name),
+            (partial, f"the partial download of {artifact.name}"),
+            (_resume_meta_path(partial), f"the resume record of {artifact.name}"),
+        ):
+            if path.is_dir() and not path.is_symlink():
+                # the rename that ends every download would fail, blamed on each source in turn
+                raise FetchError(
+                    f"{path} is a directory, where {what} goes",
+                    hint=f"remove it (`rm -r {path}`), then fetch again",
+                )
         sources = sources_for(artifact, mirrors, offline=offline)
         return _from_sources(
             artifact, dest, sha, sources, offline=offline, prewarm=prewarm, policy=policy, transport=transport
@@ -506,8 +514,7 @@ class _FileDownload:
         keep = False
         download: _FileDownload | None = None
         try:
-            partial.touch(exist_ok=True)
-            with partial.open("r+b") as fh:
+            with _open_partial(partial, policy.log) as fh:
                 download = cls(fh, url, artifact, policy, directory=dest.parent)
                 download.resume(_read_resume_meta(partial), url)
                 # whose bytes these are, before the first one arrives (a killed run leaves it)
@@ -785,9 +792,44 @@ def _resume_meta_path(partial: Path) -> Path:
     return partial.with_name(partial.name + ".json")
 
 
-def _read_resume_meta(partial: Path) -> dict[str, Any]:
+def _open_partial(partial: Path, log: Log) -> BinaryIO:
+    """The partial file, opened for update (created when absent). It is ours: a symlink, a
+    FIFO or a socket at its name is removed (a link's target untouched), never written
+    through or waited on."""
+    fd = _open_regular(partial)
+    for _ in range(3):
+        if fd is not None:
+            break
+        log(f"{partial} is not a regular file; removed it (a link's target is untouched)")
+        with contextlib.suppress(FileNotFoundError):
+            partial.unlink()
+        fd = _open_regular(partial)
+    if fd is None:
+        raise OSError(errno.EINVAL, "not a regular file", str(partial))
+    opened = fd
+    return open(partial, "r+b", opener=lambda _path, _flags: opened)  # named: the commit renames it
+
+
+def _open_regular(path: Path) -> int | None:
+    """A read-write descriptor of the regular file ``path`` (created when absent), or
+    ``None`` when something else is there."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
     try:
-        data = json.loads(_resume_meta_path(partial).read_text(encoding="utf-8"))
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO):  # a symlink; a socket
+            return None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    os.set_blocking(fd, True)
+    return fd
+
+
+def _read_resume_meta(partial: Path) -> dict[str, Any]:
+    try:  # regular: a FIFO in its place is not waited on
+        data = json.loads(_fs.read_capped(_resume_meta_path(partial), 1 << 16, regular=True))
     except (OSError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}

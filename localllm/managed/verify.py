@@ -14,7 +14,7 @@ import os
 import stat
 from pathlib import Path
 
-from localllm._fs import atomic_write, fsync_dir
+from localllm._fs import atomic_write, fsync_dir, read_capped
 
 # fsync_dir is the durable-rename helper of localllm._fs, kept here for extract.py.
 __all__ = ["fsync_dir", "is_verified", "sha256_file", "stamp_matches", "stamp_path", "write_stamp"]
@@ -52,8 +52,8 @@ def write_stamp(path: Path, sha256: str) -> None:
 
 def stamp_matches(path: Path, sha256: str) -> bool:
     """True when the stamp says ``path`` is unchanged since it hashed to ``sha256``."""
-    try:
-        data = json.loads(stamp_path(path).read_text(encoding="utf-8"))
+    try:  # regular: a FIFO in the stamp's place is refused, not waited on
+        data = json.loads(read_capped(stamp_path(path), 1 << 16, regular=True))
         st = path.stat()
     except (OSError, ValueError, RecursionError):
         return False
