@@ -5,7 +5,9 @@ module of the command being run is imported, so ``localllm --help`` and
 ``localllm --version`` import no subsystem. Each command module exposes ``SETUP``:
 command name → a function that adds the command's arguments and sets ``handler``.
 
-Exit codes: 0 success, 1 the operation failed, 2 bad usage or bad config, 130 interrupted.
+Exit codes: 0 success, 1 the command ran and failed (or its verdict is no), 2 it was given
+something it cannot use (bad usage, a named path missing or of the wrong kind, bad config),
+130 interrupted; the rule in full is in :mod:`localllm.cli.output`.
 A known error is one line plus a hint (or, with ``--json``, one JSON object on stdout);
 a traceback only with ``LOCALLLM_DEBUG=1``.
 """

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from localllm.cli.foundation import add_config_option, load
-from localllm.cli.output import EXIT_FAILED, EXIT_OK, UsageError, emit_json, err, out, warn
+from localllm.cli.output import EXIT_FAILED, EXIT_OK, UsageError, emit_json, err, out, output_path, warn
 
 if TYPE_CHECKING:
     from localllm.config import Config
@@ -181,6 +181,8 @@ def _route(args: argparse.Namespace) -> int:
         raise UsageError("route needs TEXT (or --calibrate alone to print the calibrated bars)")
     if args.target_precision is not None and not 0.5 <= args.target_precision < 1.0:
         raise UsageError(f"--target-precision must be in [0.5, 1), got {args.target_precision}")
+    if args.trace is not None:
+        output_path(args.trace, "--trace")
     config = load(args.config)
     where = str(config.path)
     if not config.intents:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from localllm.cli.foundation import add_config_option, load
-from localllm.cli.output import EXIT_FAILED, EXIT_OK, UsageError, emit_json, err, out, path_arg
+from localllm.cli.output import EXIT_FAILED, EXIT_OK, UsageError, emit_json, err, out, output_path, path_arg
 
 
 def _setup(parser: argparse.ArgumentParser) -> None:
@@ -80,6 +80,8 @@ def _eval(args: argparse.Namespace) -> int:
         raise UsageError(f"--workers {args.workers} must be at least 1")
     if args.fail_under is not None and not 0 <= args.fail_under <= 1:
         raise UsageError(f"--fail-under {args.fail_under} must be between 0 and 1", hint="e.g. --fail-under 0.9")
+    if args.out is not None:
+        output_path(args.out, "--out", directory=True)
     agents = [a.strip() for a in args.agents.split(",") if a.strip()] if args.agents else None
     config = load(args.config)
     cassettes = _cassettes(args.cassette)

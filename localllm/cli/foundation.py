@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from localllm._fs import TEXT_LIMIT, read_capped
-from localllm.cli.output import EXIT_OK, UsageError, emit_json, err, out, parse_kv, warn
+from localllm.cli.output import EXIT_OK, UsageError, emit_json, err, out, output_path, parse_kv, warn
 from localllm.errors import ConfigError, ConfigProblem, LocalLLMError
 
 if TYPE_CHECKING:
@@ -292,12 +292,20 @@ def _relative_hint(flag: str, given: Path, config: Config) -> str:
 
 
 def _call(args: argparse.Namespace) -> int:
+    _check_trace(args.trace)
     early = EarlyStart(lambda draft: args.agent) if args.cassette is None else None
     try:
         return _call_loaded(args, early)
     finally:
         if early is not None:
             early.close()
+
+
+def _check_trace(trace: Path | None) -> None:
+    """``--trace F`` names a file to append to: a directory there is a usage error (exit 2),
+    found before any config is read or server started."""
+    if trace is not None:
+        output_path(trace, "--trace")
 
 
 def _call_loaded(args: argparse.Namespace, early: EarlyStart | None) -> int:
@@ -339,6 +347,7 @@ def _gate_agent(gates: Any, name: str) -> str | None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    _check_trace(args.trace)
     early = EarlyStart(lambda draft: _gate_agent(draft.gates, args.gate)) if args.cassette is None else None
     try:
         return _run_loaded(args, early)

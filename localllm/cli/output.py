@@ -1,5 +1,21 @@
 """What every command shares: exit codes, ``UsageError``, stdout/stderr helpers, ``K=V`` parsing.
 
+Exit codes, one rule for every command:
+
+- ``EXIT_USAGE`` (2): the command was given something it cannot use, and did nothing —
+  an unknown command or flag, a missing argument, a flag value out of range; a name that
+  is not declared (gate, agent, embedder, pinned model); a path named on the command line
+  (or in ``LOCALLLM_CONFIG``) that does not exist, cannot be read, or is the wrong kind (a
+  directory where a file is read or written, a file where a directory is); and a *bad
+  config*: a config, schema, cases, cassette or prompt file that fails its load-time checks.
+- ``EXIT_FAILED`` (1): the command ran and its work failed, or its verdict is no — a call,
+  download or server failed; an output could not be written; ``trace verify``, ``grammar
+  check``/``compile``, ``plugins check``, ``eval --fail-under`` or ``route`` said no; the
+  trace or plugin being examined (the data under inspection, not an instruction) is malformed.
+- 130: interrupted.
+
+:func:`input_path` and :func:`output_path` are the checks for paths named on the command line.
+
 Data goes to stdout, messages to stderr. Only the standard library,
 :mod:`localllm.errors` and :mod:`localllm.redact` are imported here, so the command table
 stays cheap.
@@ -111,6 +127,46 @@ def path_arg(text: str) -> Path:
     if "\x00" in text:
         raise argparse.ArgumentTypeError(f"{text!r} contains a NUL byte")
     return Path(text)
+
+
+def input_path(path: Path, what: str, *, directory: bool = False) -> Path:
+    """``path`` (named on the command line as ``what``: ``--schema``, ``trace file``) when it
+    exists, can be read and is a directory (``directory=True``) or anything but one; else a
+    :class:`UsageError` naming ``what`` and the path (exit 2)."""
+    import os
+
+    kind = "directory" if directory else "file"
+    if not path.exists():
+        raise UsageError(f"{what} {path}: no such {kind}", hint=_relative_hint(path))
+    if path.is_dir() != directory:
+        found = "is a directory" if path.is_dir() else "is not a directory"
+        raise UsageError(f"{what} {path}: {found}", hint=f"name a {kind}")
+    if not os.access(path, os.R_OK | (os.X_OK if directory else 0)):
+        raise UsageError(f"{what} {path}: permission denied", hint=f"pass a {kind} you can read")
+    return path
+
+
+def output_path(path: Path, what: str, *, directory: bool = False) -> Path:
+    """``path`` (named on the command line as ``what``: ``-o``, ``--trace``, ``--out``) when it
+    can be written as a file (or, ``directory=True``, made a directory): not a directory
+    (not a file), and under no file; else a :class:`UsageError` (exit 2). Missing parent
+    directories are created by the writer."""
+    if path.is_dir() != directory and path.exists():
+        found = "a directory" if path.is_dir() else "a file"
+        want = "a directory (made if missing)" if directory else "a file (made if missing)"
+        raise UsageError(f"{what} {path}: is {found}", hint=f"name {want}")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UsageError(f"{what} {path}: {parent} is not a directory", hint="name a path under a directory")
+            break
+    return path
+
+
+def _relative_hint(path: Path) -> str:
+    if path.is_absolute():
+        return "check the path"
+    return f"check the path (relative to the current directory, {Path.cwd()})"
 
 
 class OutputUnwritable(OSError):

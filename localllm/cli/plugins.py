@@ -1,6 +1,7 @@
 """``localllm plugins check DIR [--json]``: load one plugin directory and show what survived.
 
-Exit 0 when the plugin loads (even with diagnostics), 1 when it is rejected.
+Exit 0 when the plugin loads (even with diagnostics), 1 when it is rejected, 2 when DIR
+(or ``--data-root``) is not a directory.
 Credentials never reach the output: ``env`` and ``headers`` are shown by name only.
 """
 
@@ -10,7 +11,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from localllm.cli.output import EXIT_FAILED, EXIT_OK, emit_json, out
+from localllm.cli.output import EXIT_FAILED, EXIT_OK, emit_json, input_path, out, output_path
 
 if TYPE_CHECKING:
     from localllm.plugins.result import McpServerConfig, PluginLoadResult
@@ -22,7 +23,7 @@ def _setup(parser: argparse.ArgumentParser) -> None:
         "check",
         help="load a plugin directory and print what loaded and every diagnostic",
         description="Load an Agent Plugins 1.0.0 directory. Exit 0 if it loads (even with diagnostics), "
-        "1 if it is rejected.",
+        "1 if it is rejected, 2 if DIR is not a directory.",
     )
     check.add_argument("dir", metavar="DIR", type=Path, help="the plugin root (the directory with plugin.json)")
     check.add_argument(
@@ -42,6 +43,9 @@ SETUP = {"plugins": _setup}
 def _check(args: argparse.Namespace) -> int:
     from localllm.plugins.loader import load_agent_plugin
 
+    input_path(args.dir, "plugin directory", directory=True)
+    if args.data_root is not None:
+        output_path(args.data_root, "--data-root", directory=True)
     result = load_agent_plugin(args.dir, data_root=args.data_root)
     if args.json:
         emit_json(result_to_json(result))

@@ -13,7 +13,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from localllm.cli.output import EXIT_FAILED, EXIT_OK, UsageError, emit_json, err, out, path_arg, warn
+from localllm.cli.output import (
+    EXIT_FAILED,
+    EXIT_OK,
+    UsageError,
+    emit_json,
+    err,
+    input_path,
+    out,
+    output_path,
+    path_arg,
+    warn,
+)
 
 if TYPE_CHECKING:
     from localllm.trace.reader import Trace
@@ -78,7 +89,7 @@ SETUP = {"trace": _setup}
 def _verify(args: argparse.Namespace) -> int:
     from localllm.trace.verify import verify_trace
 
-    report = verify_trace(args.file, lenient=args.lenient)
+    report = verify_trace(input_path(args.file, "trace file"), lenient=args.lenient)
     if args.json:
         emit_json(report.to_json())
     elif report.problems:
@@ -151,7 +162,7 @@ def _stats(args: argparse.Namespace) -> int:
 def _cases(args: argparse.Namespace) -> int:
     from localllm.eval.fromtrace import cases_from_calls, recorded_calls
 
-    _refuse_own_files(args.file, args.output)
+    _check_paths(args)
     search = ((args.config.parent,) if args.config else ()) + (args.file.parent,)
     lines = cases_from_calls(recorded_calls(args.file), args.gate, exact=args.exact, search=search)
     if not lines:
@@ -175,7 +186,7 @@ def _cases(args: argparse.Namespace) -> int:
 def _cassette(args: argparse.Namespace) -> int:
     import yaml
 
-    _refuse_own_files(args.file, args.output)
+    _check_paths(args)
     from localllm.eval.fromtrace import cassette_from_calls, recorded_calls, trace_app_id
 
     app_id = args.app_id
@@ -210,6 +221,16 @@ def _cassette(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"output": str(args.output), "episodes": len(doc.get("episodes", []))})
     return EXIT_OK
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+    """``cases``/``cassette``: the trace, ``-c`` and ``-o`` as usable paths, before reading (exit 2)."""
+    input_path(args.file, "trace file")
+    if args.config is not None:
+        input_path(args.config, "-c/--config")
+    if args.output is not None:
+        output_path(args.output, "-o/--output")
+    _refuse_own_files(args.file, args.output)
 
 
 def _refuse_own_files(trace: Path, target: Path | None) -> None:
@@ -266,6 +287,7 @@ def _load(path: Path) -> Trace:
     from localllm.trace.reader import read_trace
     from localllm.trace.verify import unreadable
 
+    input_path(path, "trace file")
     try:
         trace = read_trace(path, allow_torn=True, lenient=True)
     except OSError as exc:

@@ -686,9 +686,11 @@ def test_the_progress_bar_is_drawn_only_on_a_tty(
 
 def test_an_unwritable_reports_directory_is_a_clear_error(app: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (app / "blocked").write_text("a file, not a directory")
-    assert main(["eval", "triage", "-c", str(app / "app.yaml"), "--out", str(app / "blocked"), "--json"]) == 1
+    # --out naming a file is the command line's mistake (exit 2), found before any call
+    assert main(["eval", "triage", "-c", str(app / "app.yaml"), "--out", str(app / "blocked"), "--json"]) == 2
     doc = json.loads(capsys.readouterr().out)
-    assert doc["kind"] == "evidence_error" and "blocked" in doc["detail"]
+    assert doc["kind"] == "usage_error" and "blocked" in doc["detail"]
+    assert not list(app.glob("evals/reports/*"))
 
 
 def test_a_key_added_to_a_plugin_type_later_at_its_default_keeps_fingerprints_valid() -> None:

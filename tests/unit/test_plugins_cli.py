@@ -111,9 +111,9 @@ def test_rejected_plugin_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "skills" not in data
 
 
-def test_missing_directory_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["plugins", "check", str(tmp_path / "nope")]) == 1
-    assert "plugin/plugin-root-missing" in capsys.readouterr().out
+def test_missing_directory_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plugins", "check", str(tmp_path / "nope")]) == 2
+    assert f"plugin directory {tmp_path / 'nope'}: no such directory" in capsys.readouterr().err
 
 
 def test_cli_as_a_real_process(tmp_path: Path) -> None:

@@ -137,14 +137,11 @@ def test_verify_refuses_escaping_sidecar_paths(tmp_path: Path, run: Run) -> None
     assert out == f"{path}: line 2: payload.prompt_file '../../etc/passwd' points outside the trace directory\n"
 
 
-def test_missing_file_is_one_line_error(tmp_path: Path, run: Run) -> None:
+def test_missing_file_is_one_line_usage_error(tmp_path: Path, run: Run) -> None:
     code, out, err = run("trace", "show", str(tmp_path / "nope.jsonl"))
-    assert code == 1
+    assert code == 2  # a named input that does not exist: the command line is wrong
     assert out == ""
-    assert (
-        err.splitlines()[0]
-        == f"localllm: error: cannot read trace {tmp_path / 'nope.jsonl'}: No such file or directory"
-    )
+    assert err.splitlines()[0] == f"localllm: error: trace file {tmp_path / 'nope.jsonl'}: no such file"
 
 
 def test_show_table_and_filters(tmp_path: Path, run: Run) -> None:
