@@ -3134,8 +3134,9 @@ def _json_char_set_of(ranges: tuple[tuple[int, int], ...]) -> str:
     for cp, esc in _JSON_ESCAPES.items():
         if any(lo <= cp <= hi for lo, hi in ranges):
             parts.append(gbnf_literal(esc))
-    # other control characters only as \u00XX escapes
-    controls = _complement([(cp, cp) for cp in _JSON_ESCAPES], [(0, 0x1F)])
+    # other control characters only as \u00XX escapes, and DEL as \u007f: JSON allows it raw,
+    # but like llama.cpp's converter the grammar never writes it raw (the "char" rule neither)
+    controls = _complement([(cp, cp) for cp in _JSON_ESCAPES], [(0, 0x1F), (0x7F, 0x7F)])
     for lo, hi in _intersect(list(ranges), controls):
         for cp in range(lo, hi + 1):
             parts.append(gbnf_literal(f"\\u{cp:04x}"))

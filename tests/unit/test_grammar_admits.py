@@ -107,3 +107,49 @@ def test_draft4_bounds_merged_keep_each_ones_exclusiveness(
 )
 def test_draft4_exclusive_bounds_negate(schema: dict[str, Any]) -> None:
     assert disagreements(schema, NUMBERS) == []
+
+
+# ---------------------------------------------------------------------------- DEL in patterns
+
+#: strings as written: DEL (U+007F) escaped and raw, beside the characters around it
+_DEL_TEXTS = [
+    '""',
+    '"\\u007f"',
+    '"\\u007F"',
+    '"\\u007f\\u007f"',
+    '"\x7f"',
+    '"a"',
+    '"a\\u007f"',
+    '"\\u007fa"',
+    '"~"',
+    '"\\u0080"',
+    '"\\u001f"',
+]
+
+
+@pytest.mark.parametrize(
+    ("pattern", "admitted"),
+    [
+        ("^\x7f+$", ['"\\u007f"', '"\\u007f\\u007f"']),
+        ("^\\x7f+$", ['"\\u007f"', '"\\u007f\\u007f"']),
+        ("^\\u007f{2}$", ['"\\u007f\\u007f"']),
+        ("^[\x7f]$", ['"\\u007f"']),
+        ("^a\x7f$", ['"a\\u007f"']),
+        ("^[~-\\x80]$", ['"\\u007f"', '"~"']),
+    ],
+)
+def test_del_in_a_pattern_is_written_as_an_escape(pattern: str, admitted: list[str]) -> None:
+    # JSON may hold DEL raw, but the grammar writes it only as \u007f (as its "char" rule does)
+    schema = {"type": "string", "pattern": pattern}
+    grammar = compiled_grammar(schema)
+    check = validator(schema)
+    assert [t for t in _DEL_TEXTS if grammar.matches(t)] == admitted
+    assert all(check.is_valid(json.loads(t)) for t in admitted)
+
+
+def test_a_pattern_search_for_del_admits_it_among_other_characters() -> None:
+    schema = {"type": "string", "pattern": "\x7f"}
+    grammar = compiled_grammar(schema)
+    # the DEL searched for is written \u007f; a \u007F is read by the "char" rule around it
+    found = ['"\\u007f"', '"\\u007f\\u007f"', '"a\\u007f"', '"\\u007fa"']
+    assert [t for t in _DEL_TEXTS if grammar.matches(t)] == found
