@@ -11,6 +11,27 @@ from localllm.cli.output import EXIT_FAILED, EXIT_OK, UsageError, emit_json, err
 _MIRROR_HELP = "directory or base URL tried before the pinned URL"
 
 
+def mirror_arg(text: str) -> str:
+    """An argparse ``type=`` for ``--mirror``: an http(s) base URL, or a directory (a path or a
+    ``file://`` URL) that exists; anything else is a usage error naming the value (exit 2)."""
+    from pathlib import Path
+    from urllib.parse import unquote, urlparse
+
+    try:
+        parsed = urlparse(text)
+    except ValueError as exc:  # http://[::1
+        raise argparse.ArgumentTypeError(f"{text!r} is not a valid URL: {exc}") from exc
+    if parsed.scheme in ("http", "https") and parsed.netloc:
+        return text
+    if "\x00" in text:
+        raise argparse.ArgumentTypeError(f"{text!r} contains a NUL byte")
+    folder = Path(unquote(parsed.path)) if parsed.scheme == "file" else Path(text).expanduser()
+    if parsed.scheme not in ("", "file") or not folder.is_dir():
+        what = "no such directory" if parsed.scheme in ("", "file") else "not an http(s):// or file:// URL"
+        raise argparse.ArgumentTypeError(f"{text!r}: {what} (a mirror is a directory or an http(s):// base URL)")
+    return text
+
+
 def _setup_fetch(parser: argparse.ArgumentParser) -> None:
     fsub = parser.add_subparsers(dest="fetch_what", metavar="WHAT", required=True)
     server = fsub.add_parser("server", help="fetch (or build) llama-server; print its path")
@@ -23,7 +44,7 @@ def _setup_fetch(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="fail when the prebuilt release is unreachable instead of building from source",
     )
-    server.add_argument("--mirror", metavar="M", help=_MIRROR_HELP)
+    server.add_argument("--mirror", type=mirror_arg, metavar="M", help=_MIRROR_HELP)
     server.add_argument("--json", action="store_true", help="print JSON")
     server.set_defaults(handler=_fetch_server)
     model = fsub.add_parser("model", help="fetch a model's GGUF; print its path")
@@ -33,7 +54,7 @@ def _setup_fetch(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--id", dest="new_id", metavar="NAME", help="the id to pin it under (default: ID)")
     model.add_argument("--role", choices=["chat", "embedding"], default="chat", help="what the model is for")
     model.add_argument("--replace", action="store_true", help="with --url: replace a user pin of the same id")
-    model.add_argument("--mirror", metavar="M", help=_MIRROR_HELP)
+    model.add_argument("--mirror", type=mirror_arg, metavar="M", help=_MIRROR_HELP)
     model.add_argument("--json", action="store_true", help="print JSON")
     model.set_defaults(handler=_fetch_model, usage=model.format_usage())
 
@@ -45,7 +66,7 @@ def _setup_cache(parser: argparse.ArgumentParser) -> None:
     lst.set_defaults(handler=_cache_list)
     ver = csub.add_parser("verify", help="re-hash everything; re-fetch corrupted files")
     ver.add_argument("--no-refetch", action="store_true", help="only report corrupted files")
-    ver.add_argument("--mirror", metavar="M", help=_MIRROR_HELP)
+    ver.add_argument("--mirror", type=mirror_arg, metavar="M", help=_MIRROR_HELP)
     ver.add_argument("--json", action="store_true", help="print JSON")
     ver.set_defaults(handler=_cache_verify)
     rm = csub.add_parser("rm", help="remove a cached model (by id) or an embedding store (by file name)")

@@ -381,8 +381,9 @@ def add_user_model(
 
 
 def remove_user_model(model_id: str, *, path: Path | None = None) -> Path:
-    """Remove a model from the user's pins file (atomically); the file's path. A shipped or
-    unknown id is a ``FetchError`` (its cached GGUF is left to ``localllm cache prune``)."""
+    """Remove a model from the user's pins file (atomically); the file's path. A shipped id
+    is a ``FetchError``, an id not in the file :class:`UnknownModel` (its cached GGUF is left
+    to ``localllm cache prune``)."""
     where = path or user_pins_path()
     shipped = load_pins(user=False).models
     if model_id in shipped:
@@ -391,7 +392,7 @@ def remove_user_model(model_id: str, *, path: Path | None = None) -> Path:
         data, current = _user_file(where, shipped)
         if model_id not in current:
             known = ", ".join(sorted(current)) or "none"
-            raise FetchError(f"{where}: no user pin {model_id!r}", hint=f"your pins: {known}")
+            raise UnknownModel(f"{where}: no user pin {model_id!r}", hint=f"your pins: {known}")
         del data["models"]["entries"][model_id]
         _save(where, data)
     return where

@@ -116,7 +116,7 @@ def test_a_user_pin_can_be_replaced_and_removed(
     assert main(["models", "--unpin", "tiny", "--json"]) == 0
     assert _json(capsys)["unpinned"] == "tiny"
     assert "tiny" not in json.loads(user_pins_path().read_text())["models"]["entries"]
-    assert main(["models", "--unpin", "tiny", "--json"]) == 1
+    assert main(["models", "--unpin", "tiny", "--json"]) == 2  # no longer pinned: a usage error
     assert main(["models", "--unpin", "gemma-3-270m", "--json"]) == 1  # shipped: not the user's to remove
 
 
