@@ -56,7 +56,7 @@ from localllm.errors import AgentError, CallError, ErrorKind, LocalLLMError, Sch
 from localllm.redact import Redactor
 from localllm.schema import SchemaSet, loads_json, unreadable
 from localllm.trace.callid import cassette_call_key, derive_call_id, live_call_key
-from localllm.wire import AskRequest, AskResponse, CallResult, Transcript
+from localllm.wire import AskRequest, AskResponse, CallResult, Transcript, bad_sub_event_payload
 
 if TYPE_CHECKING:
     from localllm.embed.embedder import Embedder
@@ -923,6 +923,9 @@ class Runtime:
             return f"meta is {type(response.meta).__name__}, not a dict or None"
         if not isinstance(response.sub_events, list) or not all(isinstance(e, dict) for e in response.sub_events):
             return "sub_events is not a list of dicts"
+        wrong = bad_sub_event_payload(response.sub_events)
+        if wrong is not None:
+            return f"sub_events[{wrong}].payload is not a dict or None"
         if response.transcript is not None and not isinstance(response.transcript, Transcript):
             return f"transcript is {type(response.transcript).__name__}, not a Transcript or None"
         if response.episode_id is not None and not isinstance(response.episode_id, str):

@@ -22,6 +22,7 @@ __all__ = [
     "CallResult",
     "ErrorKind",
     "Transcript",
+    "bad_sub_event_payload",
     "finite_float",
 ]
 
@@ -145,6 +146,9 @@ class AskResponse:
             raise AgentError(ErrorKind.TRANSPORT_ERROR, "AskResponse.meta is not an object")
         if not isinstance(subs, list) or not all(isinstance(e, dict) for e in subs):
             raise AgentError(ErrorKind.TRANSPORT_ERROR, "AskResponse.sub_events is not a list of objects")
+        wrong = bad_sub_event_payload(subs)
+        if wrong is not None:
+            raise AgentError(ErrorKind.TRANSPORT_ERROR, f"AskResponse.sub_events[{wrong}].payload is not an object")
         return cls(submission=text, meta=meta, sub_events=list(subs))
 
 
@@ -164,3 +168,13 @@ class CallResult:
     def submitted(self) -> Any:
         """Alias of ``submission`` (contract §2 bind source)."""
         return self.submission
+
+
+def bad_sub_event_payload(sub_events: list[dict[str, Any]]) -> int | None:
+    """The index of the first sub-event whose ``payload`` is neither absent, ``null`` nor a
+    JSON object (a trace event's payload is an object), else ``None``."""
+    for i, event in enumerate(sub_events):
+        payload = event.get("payload")
+        if payload is not None and not isinstance(payload, dict):
+            return i
+    return None

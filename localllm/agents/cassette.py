@@ -97,7 +97,7 @@ from localllm.errors import AgentError, ConfigError, ErrorKind, ProblemList, tru
 from localllm.grammar.pattern import PatternTooCostly, search_group, unsupported_reason
 from localllm.trace.callid import cassette_call_key, derive_call_id
 from localllm.trace.rules import MAX_DEPTH
-from localllm.wire import VERBS, AskRequest, AskResponse, Transcript
+from localllm.wire import VERBS, AskRequest, AskResponse, Transcript, bad_sub_event_payload
 
 __all__ = [
     "CASSETTE_KIND",
@@ -517,6 +517,12 @@ def _agent_block(problems: ProblemList, where: str, raw: Any, *, kitsoki: bool =
         problems.add(
             f"{where}.sub_events",
             "must be a list of JSON mappings",
+            "e.g. sub_events: [{kind: agent.x.tool, payload: {}}]",
+        )
+    elif (wrong := bad_sub_event_payload(sub_events)) is not None:
+        problems.add(
+            f"{where}.sub_events[{wrong}].payload",
+            "must be a JSON mapping",
             "e.g. sub_events: [{kind: agent.x.tool, payload: {}}]",
         )
     else:

@@ -1,0 +1,104 @@
+"""Hostile answers from the non-LLM transports, through the Runtime with a trace: what the
+spec's sub-event rules do not name must still fail one call cleanly (an ``AgentError``), the
+trace keeping that call's start and end, and the next call answering."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localllm.errors import AgentError, ConfigError, ErrorKind
+from localllm.loading import load_config
+from localllm.runtime import Runtime
+from localllm.trace import read_trace
+from localllm.wire import AskRequest, AskResponse
+
+#: a subprocess plugin answering every call with the sub-events in argv[1] ("ECHO" is the call_id)
+PLUGIN = """\
+import json, sys
+for line in sys.stdin:
+    req = json.loads(line)
+    subs = json.loads(sys.argv[1].replace("ECHO", req["params"]["call_id"]))
+    if req["params"]["prompt"] == "plain":
+        subs = []
+    result = {"submission": '{"ok": 1}', "sub_events": subs}
+    sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": req["id"], "result": result}) + "\\n")
+    sys.stdout.flush()
+"""
+
+#: sub-event payloads that are not JSON objects (the trace format's payload is an object)
+NOT_OBJECTS: list[Any] = ["text", 5, [["a", "b"]], True]
+
+
+def _events(trace: Path) -> list[tuple[str, str | None]]:
+    return [(e.kind, e.payload.get("kind")) for e in read_trace(trace).events]
+
+
+def _calls_in(trace: Path) -> list[str]:
+    return [kind for kind, _ in _events(trace) if kind.startswith("agent.call.")]
+
+
+@pytest.mark.parametrize("payload", NOT_OBJECTS, ids=repr)
+def test_a_subprocess_sub_event_payload_that_is_not_an_object_fails_the_call_not_the_trace(
+    tmp_path: Path, payload: Any
+) -> None:
+    script = tmp_path / "plugin.py"
+    script.write_text(PLUGIN)
+    subs = json.dumps([{"kind": "agent.x.tool", "call_id": "ECHO", "payload": payload}])
+    config = tmp_path / "app.yaml"
+    config.write_text(
+        "agent_plugins:\n"
+        f"  agent.x: {{plugin: subprocess, command: {json.dumps(sys.executable)}, "
+        f"args: [{json.dumps(str(script))}, {json.dumps(subs)}]}}\n"
+    )
+    trace = tmp_path / "t.jsonl"
+    with Runtime(load_config(config), trace=trace) as rt:
+        with pytest.raises(AgentError) as info:
+            rt.call("ask", agent="agent.x", prompt="hi")
+        assert info.value.kind is ErrorKind.TRANSPORT_ERROR  # was a ValueError/TypeError: "a bug in localllm"
+        assert rt.call("ask", agent="agent.x", prompt="plain").submission == {"ok": 1}
+    # the failed call's start and end were lost (the trace held its header alone)
+    assert _calls_in(trace) == ["agent.call.start", "agent.call.error", "agent.call.start", "agent.call.complete"]
+
+
+@pytest.mark.parametrize("payload", NOT_OBJECTS, ids=repr)
+def test_an_inprocess_sub_event_payload_that_is_not_an_object_fails_the_call_not_the_trace(
+    tmp_path: Path, payload: Any
+) -> None:
+    config = tmp_path / "app.yaml"
+    config.write_text("agent_plugins:\n  agent.x: {plugin: builtin.inprocess}\n")
+    trace = tmp_path / "t.jsonl"
+
+    def answer(request: AskRequest) -> AskResponse:
+        subs = [{"kind": "agent.x.tool", "call_id": request.call_id, "payload": payload}]
+        return AskResponse(submission='{"ok": 1}', sub_events=subs if request.prompt != "plain" else [])
+
+    with Runtime(load_config(config), trace=trace) as rt:
+        rt.register_inprocess("agent.x", answer)
+        with pytest.raises(AgentError) as info:
+            rt.call("ask", agent="agent.x", prompt="hi")
+        assert info.value.kind is ErrorKind.PLUGIN_CRASH  # an in-process agent's misshapen answer
+        assert rt.call("ask", agent="agent.x", prompt="plain").submission == {"ok": 1}
+    assert _calls_in(trace) == ["agent.call.start", "agent.call.error", "agent.call.start", "agent.call.complete"]
+
+
+@pytest.mark.parametrize("payload", NOT_OBJECTS, ids=repr)
+def test_a_cassette_sub_event_payload_that_is_not_a_mapping_is_a_load_error_naming_it(
+    tmp_path: Path, payload: Any
+) -> None:
+    from localllm.agents.cassette import load_cassette
+
+    cassette = tmp_path / "c.yaml"
+    episode = {
+        "id": "ep-1",
+        "match": {"handler": "agent.x"},
+        "agent": {"verb": "ask", "response": '{"ok": 1}', "sub_events": [{"kind": "agent.x.t", "payload": payload}]},
+    }
+    cassette.write_text(json.dumps({"kind": "host_cassette", "episodes": [episode]}))
+    with pytest.raises(ConfigError) as info:
+        load_cassette(cassette)
+    assert [p.key for p in info.value.problems] == ["episodes[0].agent.sub_events[0].payload"]
