@@ -125,6 +125,12 @@ def _search(args: argparse.Namespace) -> int:
         raise UsageError(f"--top-k must be at least 1, got {args.top_k}")
     if args.window < 1 or not 0 <= args.overlap < args.window:
         raise UsageError(f"need 0 <= --overlap < --window, got --window {args.window} --overlap {args.overlap}")
+    for pattern in args.corpus:  # a plain path (no glob) must exist; a glob matching nothing is a warning
+        if not any(c in pattern for c in "*?[") and not Path(pattern).exists():
+            raise UsageError(
+                f"--corpus {pattern}: no such file or directory",
+                hint=f"corpus paths are relative to the current directory ({Path.cwd()})",
+            )
     config = load(args.config)
     with _embedder(config, args.embedder) as embedder, _progress_bar() as bar:
         report = search(

@@ -94,6 +94,13 @@ ROWS += [
     ("call --timeout not a number", [*CALL, "--prompt", "x", "--timeout", "abc"], 2, "abc", "err"),
     ("call --timeout out of range", [*CALL, "--prompt", "x", "--timeout", "-1"], 2, "-1", "err"),
     ("call --arg not K=V", [*CALL, "--prompt", "x", "--arg", "zz"], 2, "zz", "err"),
+    (
+        "search --corpus missing",
+        ["search", "q", "-c", "c.yaml", "--embedder", "docs", "--corpus", "missing.d"],
+        2,
+        "missing.d",
+        "err",
+    ),
     ("run GATE undeclared", ["run", "nope", "-c", "c.yaml"], 2, "nope", "err"),
     ("plugins check DIR missing", ["plugins", "check", "missing.d"], 2, "missing.d", "err"),
     ("plugins check DIR a file", ["plugins", "check", "file.txt"], 2, "file.txt", "err"),
