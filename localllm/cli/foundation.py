@@ -318,14 +318,18 @@ def _call_loaded(args: argparse.Namespace, early: EarlyStart | None) -> int:
                 f"--prompt-file {args.prompt_file}: file not found",
                 hint=_relative_hint("--prompt-file", args.prompt_file, config),
             ) from exc
+        except IsADirectoryError as exc:
+            raise UsageError(f"--prompt-file {args.prompt_file}: is a directory", hint="name a file") from exc
         except (OSError, UnicodeDecodeError) as exc:
-            raise UsageError(f"cannot read --prompt-file {args.prompt_file}: {exc}") from exc
+            raise UsageError(
+                f"cannot read --prompt-file {args.prompt_file}: {exc}", hint="name a readable UTF-8 text file"
+            ) from exc
     else:
         prompt = args.prompt
     schema = args.schema.resolve() if args.schema is not None else None
     if schema is not None and not schema.is_file():
         if schema.exists():
-            raise UsageError(f"--schema {args.schema}: not a regular file")
+            raise UsageError(f"--schema {args.schema}: not a regular file", hint="name a JSON Schema file")
         raise UsageError(
             f"--schema {args.schema}: file not found", hint=_relative_hint("--schema", args.schema, config)
         )

@@ -47,6 +47,7 @@ BAD = {
     "badcases.jsonl": "{nope\n",
     "file.txt": "just text\n",
 }
+BINARY = b"\xff\xfe\x00 not UTF-8"
 
 CALL = ["call", "decide", "-c", "c.yaml", "--agent", "agent.stub", "--cassette", "cass.yaml"]
 RUN = ["run", "g", "-c", "c.yaml", "--arg", "x=1", "--cassette", "cass.yaml"]
@@ -75,6 +76,10 @@ for name, base in CONFIG_COMMANDS.items():
     ]
 ROWS += [
     ("check CONFIG missing", ["check", "missing.yaml"], 2, "missing.yaml", "err"),
+    ("check CONFIG not UTF-8", ["check", "binary.bin"], 2, "binary.bin", "err"),
+    ("call --prompt-file not UTF-8", [*CALL, "--prompt-file", "binary.bin"], 2, "binary.bin", "err"),
+    ("grammar check not UTF-8", ["grammar", "check", "binary.bin"], 2, "binary.bin", "err"),
+    ("eval --cases not UTF-8", [*EVAL[:4], "--cases", "binary.bin"], 2, "binary.bin", "err"),
     ("call --prompt-file missing", [*CALL, "--prompt-file", "missing.md"], 2, "missing.md", "err"),
     ("call --prompt-file directory", [*CALL, "--prompt-file", "dir"], 2, "dir", "err"),
     ("call --schema missing", [*CALL, "--prompt", "x", "--schema", "missing.json"], 2, "missing.json", "err"),
@@ -175,6 +180,7 @@ def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.Ca
     for name, text in BAD.items():
         if text is not None:
             (work / name).write_text(text)
+    (work / "binary.bin").write_bytes(BINARY)
     monkeypatch.chdir(work)
     assert cli.main([*RUN, "--trace", "t.jsonl"]) == 0  # a trace with one call of gate g
     assert cli.main(["trace", "cases", "t.jsonl", "--gate", "g", "-o", "cases.jsonl"]) == 0
