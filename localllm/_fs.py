@@ -5,7 +5,9 @@ The one way localllm replaces a file. A reader sees the old file or the new one,
 half of either, and after a power cut the rename is either on disk or not at all:
 
 * the temp file lives in the destination's directory (a rename across file systems is a
-  copy, not atomic) under a hidden name ``.<name>.<pid>.<random><suffix>``;
+  copy, not atomic) under a hidden name ``.<name>.<pid>.<random><suffix>``, or in a
+  ``tmp_dir`` the caller keeps inside that directory (where temps of many files gather, to
+  be swept without listing the files themselves);
 * its bytes are fsynced *before* the rename (otherwise the rename can reach the disk before
   the data and a crash leaves an empty file under the final name);
 * the directory is fsynced *after* the rename, which is what makes the rename itself
@@ -129,9 +131,20 @@ def _mib(n: int) -> str:
     return f"{n / (1 << 20):,.0f} MiB" if n >= 1 << 20 else f"{n:,} bytes"
 
 
-def tmp_name(dest: Path, suffix: str = ".tmp") -> Path:
-    """A unique hidden name beside ``dest``: ``.<name>.<pid>.<random><suffix>``."""
-    return dest.with_name(f".{dest.name}.{os.getpid()}.{secrets.token_hex(4)}{suffix}")
+def tmp_name(dest: Path, suffix: str = ".tmp", tmp_dir: Path | None = None) -> Path:
+    """A unique hidden name beside ``dest`` (or in ``tmp_dir``): ``.<name>.<pid>.<random><suffix>``."""
+    return (dest.parent if tmp_dir is None else tmp_dir) / f".{dest.name}.{os.getpid()}.{secrets.token_hex(4)}{suffix}"
+
+
+def _make_tmp_dir(tmp_dir: Path) -> None:
+    """Create ``tmp_dir`` (and its parents); a file or a symlink there is ``NotADirectoryError``:
+    a temp file is never written through a link to somewhere else."""
+    try:
+        tmp_dir.mkdir(parents=True, exist_ok=True)
+    except FileExistsError as exc:  # a file where the directory goes
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(tmp_dir)) from exc
+    if tmp_dir.is_symlink():
+        raise NotADirectoryError(errno.ENOTDIR, "a symlink, not a directory", str(tmp_dir))
 
 
 def fsync_dir(path: Path) -> None:
@@ -149,13 +162,16 @@ def fsync_dir(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def adjacent_tmp(dest: Path, *, suffix: str = ".tmp") -> Iterator[BinaryIO]:
-    """An open, new binary temp file beside ``dest``; it is gone when the block ends.
+def adjacent_tmp(dest: Path, *, suffix: str = ".tmp", tmp_dir: Path | None = None) -> Iterator[BinaryIO]:
+    """An open, new binary temp file beside ``dest`` (or in ``tmp_dir``, created if absent:
+    a directory on the same file system); it is gone when the block ends.
 
     Hand it to :func:`replace_durably` inside the block to make it ``dest``; on every other
     way out (an exception, a return, a failed check) the temp file is closed and removed.
     """
-    path = tmp_name(dest, suffix)
+    if tmp_dir is not None:
+        _make_tmp_dir(tmp_dir)
+    path = tmp_name(dest, suffix, tmp_dir)
     fh = path.open("x+b")  # O_EXCL: never write into someone else's file
     try:
         yield fh
@@ -193,7 +209,7 @@ def replace_durably(tmp: BinaryIO | Path, dest: Path, *, sync_dir: bool = True) 
         fsync_dir(dest.parent)
 
 
-def create_durably(dest: Path, data: bytes, *, sync_dir: bool = True) -> None:
+def create_durably(dest: Path, data: bytes, *, sync_dir: bool = True, tmp_dir: Path | None = None) -> None:
     """Create ``dest`` holding ``data``, durably and whole, never replacing a file:
     ``FileExistsError`` when ``dest`` exists (also when another process created it first).
 
@@ -203,7 +219,7 @@ def create_durably(dest: Path, data: bytes, *, sync_dir: bool = True) -> None:
         dest.parent.mkdir(parents=True, exist_ok=True)
     except FileExistsError as exc:  # a file where the directory goes: not "dest exists"
         raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(exc.filename)) from exc
-    with adjacent_tmp(dest) as fh:
+    with adjacent_tmp(dest, tmp_dir=tmp_dir) as fh:
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
@@ -212,10 +228,11 @@ def create_durably(dest: Path, data: bytes, *, sync_dir: bool = True) -> None:
         fsync_dir(dest.parent)
 
 
-def atomic_write(dest: Path, data: bytes | str, *, sync_dir: bool = True) -> None:
-    """Replace ``dest`` with ``data`` (``str`` is written as UTF-8) durably; parents are created."""
+def atomic_write(dest: Path, data: bytes | str, *, sync_dir: bool = True, tmp_dir: Path | None = None) -> None:
+    """Replace ``dest`` with ``data`` (``str`` is written as UTF-8) durably; parents are created.
+    ``tmp_dir``: where the temp file is written (see :func:`adjacent_tmp`)."""
     raw = data.encode("utf-8") if isinstance(data, str) else data
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with adjacent_tmp(dest) as fh:
+    with adjacent_tmp(dest, tmp_dir=tmp_dir) as fh:
         fh.write(raw)
         replace_durably(fh, dest, sync_dir=sync_dir)

@@ -7,8 +7,11 @@ Layout under the trace's directory (paths in events are relative to it, POSIX st
     transcripts/<call_id><suffix>.jsonl             backend-native events, one verbatim line each
     transcripts/<call_id><suffix>.timings           "<index> <ms-offset>" per line
 
-Every file is written atomically: a temp file beside the destination, fsync, rename, then
-fsync of the directory — a reader never sees half a sidecar. ``exclusive=True`` (what the
+Every file is written atomically: a temp file in the directory's hidden ``.tmp/``
+(:data:`TEMP_DIR`; same file system, so the rename or link stays atomic), fsync, rename,
+then fsync of the directory — a reader never sees half a sidecar, and a temp name
+(``.tmp/.<name>.<pid>.<random>.tmp``) never shares a directory with the sidecars: no
+sidecar name starts with a dot, and ``trace verify`` refuses a reference into ``.tmp/``. ``exclusive=True`` (what the
 recorder writes) links the temp file to its name instead of renaming it, so it never
 replaces a file there: :class:`SidecarTaken` when another writer got the name first.
 Sidecar content is not bound by the trace's line rules (that is what they are for).
@@ -18,6 +21,7 @@ from overwriting the first.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from pathlib import Path
@@ -36,10 +40,12 @@ __all__ = [
     "PATH_MAX",
     "PROMPTS_DIR",
     "SIDECAR_THRESHOLD",
+    "TEMP_DIR",
     "TRANSCRIPTS_DIR",
     "TRANSCRIPT_SCHEMA_VERSION",
     "SidecarTaken",
     "atomic_write",
+    "is_temp_ref",
     "name_problem",
     "needs_sidecar",
     "sidecar_refs",
@@ -53,6 +59,8 @@ SIDECAR_THRESHOLD = 1024
 """Prompts/responses larger than this many UTF-8 bytes go to a sidecar file."""
 PROMPTS_DIR = "agent-prompts"
 TRANSCRIPTS_DIR = "transcripts"
+#: the hidden subdirectory of each sidecar directory that temp files are written in
+TEMP_DIR = ".tmp"
 TRANSCRIPT_SCHEMA_VERSION = 1
 
 NAME_MAX = 255
@@ -60,7 +68,8 @@ NAME_MAX = 255
 PATH_MAX = 4095
 """Longest sidecar reference, in bytes."""
 
-#: the name of a temp file :mod:`localllm._fs` writes a sidecar through (``_fs.tmp_name``)
+#: the name of a temp file :mod:`localllm._fs` writes a sidecar through (``_fs.tmp_name``);
+#: an earlier localllm wrote it beside the sidecars, this one in :data:`TEMP_DIR`
 _TEMP = re.compile(r"\..+\.[0-9]+\.[0-9a-f]{8}\.tmp")
 #: a temp older than this belongs to no live write (a sidecar is written in well under a second)
 TEMP_GRACE_SECONDS = 3600.0
@@ -185,29 +194,66 @@ def sweep_stale_temps(trace_dir: str | os.PathLike[str], *, now: float | None = 
     (a process dies between creating its temp file and linking it; nobody else removes
     them); only names :func:`localllm._fs.tmp_name` makes, older than
     :data:`TEMP_GRACE_SECONDS`. Returns what was removed; a directory that cannot be read
-    is skipped."""
+    is skipped.
+
+    It lists each sidecar directory's :data:`TEMP_DIR` only: the cost is the number of
+    temp files, never the number of sidecars. A sidecar directory without ``TEMP_DIR`` was
+    last written by an earlier localllm, which left its temps beside the sidecars: that
+    directory is listed once, and ``TEMP_DIR`` made afterwards to say it was — unless a
+    temp there is too young to judge yet (then it is listed again at the next open).
+    """
     import time
 
     now = time.time() if now is None else now
     removed: list[Path] = []
     for sub in (PROMPTS_DIR, TRANSCRIPTS_DIR):
+        directory = Path(trace_dir) / sub
+        temps = directory / TEMP_DIR
+        if directory.is_symlink() or temps.is_symlink():  # never written through, never swept through
+            continue
         try:
-            entries = list(os.scandir(Path(trace_dir) / sub))
+            _sweep(temps, now, removed)
+            continue
+        except FileNotFoundError:
+            pass
         except OSError:
             continue
+        try:
+            young = _sweep(directory, now, removed)  # once: what an earlier localllm left
+        except OSError:
+            continue
+        if not young:
+            with contextlib.suppress(OSError):
+                temps.mkdir()
+    return removed
+
+
+def _sweep(directory: Path, now: float, removed: list[Path]) -> int:
+    """Remove the stale temps in ``directory`` (into ``removed``); how many were too young.
+    ``OSError`` when ``directory`` cannot be listed."""
+    young = 0
+    with os.scandir(directory) as entries:
         for entry in entries:
             if not _TEMP.fullmatch(entry.name):
                 continue
             try:
-                if (
-                    entry.is_file(follow_symlinks=False)
-                    and now - entry.stat(follow_symlinks=False).st_mtime > TEMP_GRACE_SECONDS
-                ):
-                    os.unlink(entry.path)
-                    removed.append(Path(entry.path))
+                if not entry.is_file(follow_symlinks=False):
+                    continue
+                if now - entry.stat(follow_symlinks=False).st_mtime <= TEMP_GRACE_SECONDS:
+                    young += 1
+                    continue
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
             except OSError:
                 continue
-    return removed
+    return young
+
+
+def is_temp_ref(rel: str) -> bool:
+    """Whether the sidecar reference ``rel`` names a temp file (in :data:`TEMP_DIR`, or a
+    temp name an earlier localllm wrote beside the sidecars): never a sidecar."""
+    parts = rel.split("/")
+    return TEMP_DIR in parts[:-1] or bool(_TEMP.fullmatch(parts[-1]))
 
 
 def _within(trace_dir: str | os.PathLike[str], rel: str) -> Path:
@@ -227,17 +273,18 @@ class SidecarTaken(TraceError):
 
 
 def atomic_write(path: Path, data: bytes, *, sync_dir: bool = True, exclusive: bool = False) -> None:
-    """Write ``data`` to ``path`` durably (see :mod:`localllm._fs`); a ``TraceError`` on
-    failure; ``exclusive``: create it, :class:`SidecarTaken` when the name exists.
+    """Write ``data`` to ``path`` durably (see :mod:`localllm._fs`), through a temp file in
+    its directory's :data:`TEMP_DIR`; a ``TraceError`` on failure; ``exclusive``: create it,
+    :class:`SidecarTaken` when the name exists.
 
     ``sync_dir=False`` skips the directory fsync when the caller's next write to the same
     directory does it (one directory fsync makes every earlier link there durable).
     """
     try:
         if exclusive:
-            _fs.create_durably(path, data, sync_dir=sync_dir)
+            _fs.create_durably(path, data, sync_dir=sync_dir, tmp_dir=path.parent / TEMP_DIR)
         else:
-            _fs.atomic_write(path, data, sync_dir=sync_dir)
+            _fs.atomic_write(path, data, sync_dir=sync_dir, tmp_dir=path.parent / TEMP_DIR)
     except FileExistsError as exc:
         raise SidecarTaken(f"sidecar {path} exists: not replaced", hint="use a fresh directory for the trace") from exc
     except OSError as exc:

@@ -14,7 +14,7 @@ from typing import Any
 from localllm._fs import inside, read_capped
 from localllm.errors import TraceCorrupted, TraceError
 from localllm.trace.reader import Trace, read_trace
-from localllm.trace.sidecars import sidecar_refs
+from localllm.trace.sidecars import is_temp_ref, sidecar_refs
 from localllm.trace.writer import TORN_SUFFIX
 
 __all__ = ["TraceReport", "sidecar_problems", "unreadable", "verify_trace"]
@@ -90,6 +90,9 @@ def sidecar_problems(trace: Trace, trace_dir: Path) -> list[str]:
             pure = PurePosixPath(rel)
             if pure.is_absolute() or ".." in pure.parts:
                 problems.append(f"{where} {rel!r} points outside the trace directory")
+                continue
+            if is_temp_ref(rel):  # what a write left half-done is never a sidecar
+                problems.append(f"{where} {rel!r} names a temp file of an unfinished write, not a sidecar")
                 continue
             target = trace_dir / pure
             try:

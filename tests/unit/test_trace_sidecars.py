@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
 from localllm.errors import TraceError, TraceWriteRejected
 from localllm.trace import SIDECAR_THRESHOLD, needs_sidecar, write_prompt, write_response, write_transcript
+from localllm.trace.sidecars import PROMPTS_DIR, TEMP_DIR, TEMP_GRACE_SECONDS, TRANSCRIPTS_DIR, sweep_stale_temps
 from localllm.wire import Transcript
+from tests.conftest import REPO
 
 CID = "2d8e4fbb0a78646d"
 
@@ -139,7 +145,8 @@ def test_failed_write_leaves_no_temp_file(tmp_path: Path, monkeypatch: pytest.Mo
         str(info.value)
         == f"cannot write sidecar {tmp_path / 'agent-prompts' / (CID + '.txt')}: No space left on device"
     )
-    assert os.listdir(tmp_path / "agent-prompts") == []
+    assert os.listdir(tmp_path / "agent-prompts") == [TEMP_DIR]
+    assert os.listdir(tmp_path / "agent-prompts" / TEMP_DIR) == []
 
 
 def _record_one(trace_dir: Path, call_id: str = "c1") -> list[str]:
@@ -190,3 +197,129 @@ def test_a_name_another_writer_takes_after_the_check_is_not_overwritten(
     assert (tmp_path / "agent-prompts" / "c1-response.json").read_text() == "theirs\n"  # before: replaced
     assert all("c1-1" in p for p in paths)
     assert not (tmp_path / "agent-prompts" / "c1.txt").exists()  # what the given-up attempt wrote is gone
+
+
+# ---------------------------------------------------------------- temps of killed writers
+
+
+def _reopen(trace_dir: Path) -> None:
+    """What a new run does first: open the trace and its recorder (which sweeps)."""
+    from localllm.trace.recorder import TraceRecorder
+    from localllm.trace.writer import TraceWriter
+
+    with TraceWriter.open(trace_dir / "t.jsonl") as writer:
+        TraceRecorder(writer)
+
+
+# Writes a prompt sidecar, stalling between its temp file and the link; the parent SIGKILLs it there.
+_STALLED_WRITER = textwrap.dedent("""
+    import os, sys, time
+    from localllm.trace import sidecars
+
+    def stall(*args, **kwargs):
+        print("linking", flush=True)
+        time.sleep(600)
+
+    os.link = stall
+    sidecars.write_prompt(sys.argv[1], "c9", "x" * 3000, exclusive=True)
+""")
+
+
+def test_a_killed_writers_temp_is_in_the_temp_directory_and_swept_at_the_next_open(tmp_path: Path) -> None:
+    _record_one(tmp_path)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _STALLED_WRITER, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=str(REPO),
+        env={**os.environ, "PYTHONPATH": str(REPO)},  # this checkout's localllm, like the test's
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "linking\n"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.communicate(timeout=30)
+    prompts = tmp_path / PROMPTS_DIR
+    [temp] = list((prompts / TEMP_DIR).iterdir())  # the killed writer's, in the temp directory
+    assert temp.read_bytes() == b"x" * 3000
+    assert sorted(p.name for p in prompts.iterdir() if p.name.startswith(".")) == [TEMP_DIR]
+    assert not (prompts / "c9.txt").exists()
+    _reopen(tmp_path)
+    assert temp.exists()  # younger than the grace period: may be a live writer's
+    os.utime(temp, (0, 0))
+    _reopen(tmp_path)
+    assert list((prompts / TEMP_DIR).iterdir()) == []
+
+
+@pytest.fixture
+def listed(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """Every directory listed through os.scandir or os.listdir from now on."""
+    calls: list[Path] = []
+    scandir, listdir = os.scandir, os.listdir
+
+    def counting_scandir(path: str | os.PathLike[str] = ".") -> object:
+        calls.append(Path(path))
+        return scandir(path)
+
+    def counting_listdir(path: str | os.PathLike[str] = ".") -> list[str]:
+        calls.append(Path(path))
+        return listdir(path)
+
+    monkeypatch.setattr(os, "scandir", counting_scandir)
+    monkeypatch.setattr(os, "listdir", counting_listdir)
+    return calls
+
+
+def test_opening_a_recorder_lists_the_temp_directories_never_the_sidecars(tmp_path: Path, listed: list[Path]) -> None:
+    _record_one(tmp_path)
+    _record_one(tmp_path, "c2")
+    listed.clear()
+    _reopen(tmp_path)
+    assert sorted(listed) == sorted([tmp_path / PROMPTS_DIR / TEMP_DIR, tmp_path / TRANSCRIPTS_DIR / TEMP_DIR])
+
+
+def test_temps_an_earlier_localllm_left_beside_the_sidecars_are_swept_once(tmp_path: Path, listed: list[Path]) -> None:
+    prompts = tmp_path / PROMPTS_DIR
+    prompts.mkdir()  # as an earlier localllm left it: sidecars and temps side by side, no temp directory
+    (prompts / "c1.txt").write_text("p")
+    old, young = prompts / ".c2.txt.4242.0badc0de.tmp", prompts / ".c3.txt.4243.0badc0df.tmp"
+    for path in (old, young):
+        path.write_bytes(b"partial")
+    os.utime(old, (0, 0))
+    now = os.stat(young).st_mtime + 60
+    assert sweep_stale_temps(tmp_path, now=now) == [old]
+    assert not (prompts / TEMP_DIR).exists()  # a temp there is too young to judge: listed again next time
+    assert sweep_stale_temps(tmp_path, now=now + TEMP_GRACE_SECONDS) == [young]
+    assert (prompts / TEMP_DIR).is_dir()  # the old location is done with
+    (prompts / ".c4.txt.1.00000000.tmp").write_bytes(b"left by an older writer after the upgrade")
+    listed.clear()
+    assert sweep_stale_temps(tmp_path, now=now + 10 * TEMP_GRACE_SECONDS) == []
+    assert [p for p in listed if p.exists()] == [prompts / TEMP_DIR]  # transcripts/ does not exist
+    assert (prompts / "c1.txt").read_text() == "p"
+
+
+def test_a_temp_directory_that_is_a_link_is_never_written_or_swept_through(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    victim = elsewhere / ".c1.txt.1.00000000.tmp"
+    victim.write_bytes(b"user data")
+    os.utime(victim, (0, 0))
+    (tmp_path / "t" / PROMPTS_DIR).mkdir(parents=True)
+    (tmp_path / "t" / PROMPTS_DIR / TEMP_DIR).symlink_to(elsewhere)
+    with pytest.raises(TraceError):
+        write_prompt(tmp_path / "t", "c1", "x")
+    assert sweep_stale_temps(tmp_path / "t") == []
+    assert sorted(p.name for p in elsewhere.iterdir()) == [victim.name]
+    assert not (tmp_path / "t" / PROMPTS_DIR / "c1.txt").exists()
+
+
+def test_verify_refuses_a_reference_to_a_temp_file(tmp_path: Path) -> None:
+    from localllm.trace.verify import verify_trace
+
+    rel = _record_one(tmp_path)[0]
+    temp = f"{PROMPTS_DIR}/{TEMP_DIR}/.c1.txt.4242.0badc0de.tmp"
+    (tmp_path / temp).write_bytes((tmp_path / rel).read_bytes())  # what a killed writer left, whole
+    trace = tmp_path / "t.jsonl"
+    assert verify_trace(trace).problems == []
+    trace.write_text(trace.read_text().replace(json.dumps(rel), json.dumps(temp)))
+    assert len(verify_trace(trace).problems) == 1

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from localllm.cli import main
+from localllm.trace.sidecars import TEMP_DIR
 from tests.conftest import REPO, in_child
 
 _SHA = "a" * 64
@@ -36,7 +37,8 @@ def _full_disk(body: str, limit: int) -> str:
 
 
 def _hidden(directory: Path) -> list[str]:
-    return sorted(p.name for p in directory.rglob(".*"))
+    """Hidden names under ``directory`` but the sidecar directories' own temp directory."""
+    return sorted(p.name for p in directory.rglob(".*") if p.name != TEMP_DIR)
 
 
 # ------------------------------------------------------------------ a write cut short
@@ -72,7 +74,7 @@ def test_a_full_disk_leaves_no_temp_file_and_the_old_file(tmp_path: Path, how: s
     assert got in ("OSError", "TraceError")
     assert _hidden(d) == []  # the 1,000 bytes of temp file that did fit are gone
     assert old.read_bytes() == b"old\n"
-    assert sorted(p.name for p in (d / "agent-prompts").iterdir()) == ["old.txt"]
+    assert sorted(p.name for p in (d / "agent-prompts").iterdir() if p.name != TEMP_DIR) == ["old.txt"]
 
 
 def test_a_full_disk_under_call_trace_leaves_no_temp_file(tmp_path: Path) -> None:
@@ -127,7 +129,7 @@ def test_trace_output_never_replaces_the_trace_it_reads(
     tmp_path: Path, command: str, target: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     trace = _traced(tmp_path)
-    sidecar = next((trace.parent / "agent-prompts").iterdir())
+    sidecar = next(p for p in (trace.parent / "agent-prompts").iterdir() if p.is_file())
     before = {p: p.read_bytes() for p in (trace, sidecar)}
     out = {
         "itself": trace,
@@ -416,10 +418,11 @@ def test_open_append_takes_a_regular_file_only(tmp_path: Path) -> None:
 def test_temp_files_of_a_killed_sidecar_writer_are_swept_when_the_trace_is_reopened(tmp_path: Path) -> None:
     trace = _traced(tmp_path)
     prompts = trace.parent / "agent-prompts"
-    kept = {p.name: p.read_bytes() for p in prompts.iterdir()}
-    stale = prompts / ".c9.txt.4242.0badc0de.tmp"  # a writer SIGKILLed before its link
-    fresh = prompts / ".c8.txt.4243.0badc0df.tmp"  # a writer that may be writing now
-    other = prompts / ".notes.tmp"  # not a name localllm makes
+    kept = {p.name: p.read_bytes() for p in prompts.iterdir() if p.is_file()}
+    temps = prompts / TEMP_DIR
+    stale = temps / ".c9.txt.4242.0badc0de.tmp"  # a writer SIGKILLed before its link
+    fresh = temps / ".c8.txt.4243.0badc0df.tmp"  # a writer that may be writing now
+    other = temps / ".notes.tmp"  # not a name localllm makes
     for path in (stale, fresh, other):
         path.write_bytes(b"partial")
     os.utime(stale, (0, 0))
