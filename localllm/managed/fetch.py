@@ -247,6 +247,15 @@ def fetch_artifact(
         # Another process may have finished it while we waited; a full hash decides.
         if verify.is_verified(dest, sha):
             return dest
+        if dest.parent.is_symlink():
+            # the artifact's own directory (models/<id>/<sha>/, downloads/<sha>/): a link there
+            # is not localllm's, and the download would replace a file of the same name in
+            # whatever directory it points to
+            raise FetchError(
+                f"{dest.parent} is a symlink, where {artifact.name} is downloaded; localllm "
+                "never writes through a link in its cache",
+                hint=f"remove the link (`rm {dest.parent}`), then fetch again",
+            )
         dest.parent.mkdir(parents=True, exist_ok=True)
         partial = partial_path(dest, sha)
         for path, what in (

@@ -120,3 +120,30 @@ def test_a_directory_at_the_partial_or_resume_record_is_a_fetch_error_naming_it(
         assert srv.gets(NAME) == []  # refused before any source is tried
     assert str(directory) in str(info.value)  # was a bare IsADirectoryError
     assert (directory / "keep").read_text() == "x" and not dest.exists()
+
+
+def test_a_symlinked_artifact_directory_is_refused_and_the_users_file_kept(tmp_path: Path) -> None:
+    user_dir = tmp_path / "mine"
+    user_dir.mkdir()
+    (user_dir / NAME).write_bytes(b"my notes")
+    dest = tmp_path / "cache" / "models" / "m" / SHA[:16] / NAME
+    dest.parent.parent.mkdir(parents=True)
+    dest.parent.symlink_to(user_dir)
+    with ArchiveServer({NAME: DATA}) as srv:
+        with pytest.raises(FetchError) as info:
+            _fetch(_artifact(srv.url(NAME)), dest)
+        assert srv.gets(NAME) == []
+    assert str(dest.parent) in str(info.value)
+    assert (user_dir / NAME).read_bytes() == b"my notes"  # was replaced by the model
+    assert sorted(os.listdir(user_dir)) == [NAME]
+
+
+def test_a_symlinked_artifact_directory_holding_the_right_file_is_used(tmp_path: Path) -> None:
+    user_dir = tmp_path / "mine"
+    user_dir.mkdir()
+    (user_dir / NAME).write_bytes(DATA)
+    dest = tmp_path / "cache" / "models" / "m" / SHA[:16] / NAME
+    dest.parent.parent.mkdir(parents=True)
+    dest.parent.symlink_to(user_dir)
+    assert _fetch(_artifact("http://127.0.0.1:9/never"), dest) == dest
+    assert (user_dir / NAME).read_bytes() == DATA
