@@ -2,6 +2,10 @@
 
 ``cases`` and ``cassette`` turn recorded calls into eval cases and a replayable cassette
 (:mod:`localllm.eval.fromtrace`); they write to stdout or, with ``-o``, a file written whole.
+
+Exit 2 when F, ``-c`` or ``-o`` is not a usable path (missing, a directory), before anything
+is read; 1 when the trace itself is malformed (for ``verify``: any problem found) — the trace
+is the data examined, so its flaws are the verdict, not a usage error.
 """
 
 from __future__ import annotations
