@@ -346,8 +346,10 @@ class Store:
                 "waiting for the embedding store lock %s (another process is indexing)", self.lock_path
             ),
             gave_up=lambda waited: EmbedError(
-                f"gave up after {waited:.0f}s waiting for {self.lock_path}; "
-                "another localllm process is indexing — wait for it or remove the lock if it died"
+                f"gave up after {waited:.0f}s waiting for {self.lock_path}: another localllm process is indexing",
+                # flock: a holder that died has let go already; removing the file would let
+                # the next process lock a new file while a waiter holds the old one
+                hint="run again when it is done",
             ),
             unusable=lambda exc: _unavailable(self.path, "cannot open", f"lock {self.lock_path}: {exc}"),
         ):

@@ -160,7 +160,10 @@ def artifact_lock(
         lock_path,
         timeout=timeout,
         waiting=lambda: log(f"waiting for lock on {name} (another process is fetching it): {lock_path}"),
-        gave_up=lambda _waited: DownloadFailed(f"gave up waiting {timeout:.0f}s for the lock on {name}: {lock_path}"),
+        gave_up=lambda _waited: DownloadFailed(
+            f"gave up waiting {timeout:.0f}s for the lock on {name}: {lock_path}",
+            hint=f"another localllm process is fetching {name}: run again when it is done",
+        ),
         cancel=cancel,
         cancelled=lambda: DownloadCancelled(f"cancelled while waiting for the lock on {name}: {lock_path}"),
         tick=CANCEL_TICK,

@@ -18,7 +18,7 @@ import pytest
 from localllm.cli import main
 from localllm.embed.embedder import FakeEmbedder
 from localllm.embed.store import Store
-from localllm.errors import StoreUnavailable
+from localllm.errors import EmbedError, StoreUnavailable
 from localllm.managed import inventory
 from localllm.managed.cache import cache_layout
 from localllm.managed.inventory import remove_entries
@@ -142,3 +142,12 @@ def test_cli_cache_rm_of_a_locked_store_exits_1_with_the_store_error(
     assert indexer.store.path.exists()
     assert indexer.finish() == ROWS
     assert indexer.store.count() == ROWS
+
+
+def test_a_second_writer_gives_up_on_the_held_store_lock_with_an_embed_error(indexer: Indexer) -> None:
+    other = Store(indexer.store.identity, root=indexer.store.path.parent, lock_timeout=0.2)
+    with pytest.raises(EmbedError) as info:
+        other.vectors({"h": "t"}, lambda texts: pytest.fail("embedded without the lock"))
+    assert info.value.hint  # says what to do
+    assert indexer.finish() == ROWS
+    assert other.count() == ROWS
