@@ -247,6 +247,19 @@ def fetch_artifact(
         log=log,
     )
     with artifact_lock(lock_path, artifact.name, log, cancel=cancel):
+        partial = partial_path(dest, sha)
+        for path, what in (
+            (dest, artifact.name),
+            (verify.stamp_path(dest), f"the .verified stamp of {artifact.name}"),
+            (partial, f"the partial download of {artifact.name}"),
+            (_resume_meta_path(partial), f"the resume record of {artifact.name}"),
+        ):
+            if path.is_dir() and not path.is_symlink():
+                # the rename that ends every download would fail, blamed on each source in turn
+                raise FetchError(
+                    f"{path} is a directory, where {what} goes",
+                    hint=f"remove it (`rm -r {path}`), then fetch again",
+                )
         # Another process may have finished it while we waited; a full hash decides.
         if verify.is_verified(dest, sha):
             return dest
@@ -260,18 +273,6 @@ def fetch_artifact(
                 hint=f"remove the link (`rm {dest.parent}`), then fetch again",
             )
         dest.parent.mkdir(parents=True, exist_ok=True)
-        partial = partial_path(dest, sha)
-        for path, what in (
-            (dest, artifact.name),
-            (partial, f"the partial download of {artifact.name}"),
-            (_resume_meta_path(partial), f"the resume record of {artifact.name}"),
-        ):
-            if path.is_dir() and not path.is_symlink():
-                # the rename that ends every download would fail, blamed on each source in turn
-                raise FetchError(
-                    f"{path} is a directory, where {what} goes",
-                    hint=f"remove it (`rm -r {path}`), then fetch again",
-                )
         sources = sources_for(artifact, mirrors, offline=offline)
         return _from_sources(
             artifact, dest, sha, sources, offline=offline, prewarm=prewarm, policy=policy, transport=transport

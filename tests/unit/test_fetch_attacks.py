@@ -108,18 +108,27 @@ def test_a_fifo_at_the_stamp_of_a_cached_file_is_not_trusted_or_waited_on(dest: 
     assert not hung and outcome == [False]
 
 
-@pytest.mark.parametrize("where", ["partial", "resume record"])
-def test_a_directory_at_the_partial_or_resume_record_is_a_fetch_error_naming_it(dest: Path, where: str) -> None:
+@pytest.mark.parametrize("where", ["partial", "resume record", "stamp", "stamp of a cached file"])
+def test_a_directory_beside_the_download_is_a_fetch_error_naming_it(dest: Path, where: str) -> None:
     partial = partial_path(dest, SHA)
-    directory = partial if where == "partial" else partial.with_name(partial.name + ".json")
+    directory = {
+        "partial": partial,
+        "resume record": partial.with_name(partial.name + ".json"),
+        "stamp": verify.stamp_path(dest),
+        "stamp of a cached file": verify.stamp_path(dest),
+    }[where]
     directory.mkdir()
+    if where == "stamp of a cached file":
+        dest.write_bytes(DATA)
     (directory / "keep").write_text("x")
     with ArchiveServer({NAME: DATA}) as srv:
         with pytest.raises(FetchError) as info:
             _fetch(_artifact(srv.url(NAME)), dest)
         assert srv.gets(NAME) == []  # refused before any source is tried
     assert str(directory) in str(info.value)  # was a bare IsADirectoryError
-    assert (directory / "keep").read_text() == "x" and not dest.exists()
+    assert (directory / "keep").read_text() == "x"
+    # a stamp directory: the model was downloaded, then the source blamed and the next one tried
+    assert dest.exists() == (where == "stamp of a cached file")
 
 
 def test_a_symlinked_artifact_directory_is_refused_and_the_users_file_kept(tmp_path: Path) -> None:
