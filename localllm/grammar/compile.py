@@ -136,6 +136,11 @@ _PRIMITIVES = {
     # cannot write digits until max_tokens; llama.cpp's converter caps integer digits at 16 too
     "integer": '"0" | "-"? [1-9] [0-9]{0,15}',
     "number": '"-"? ( "0" | [1-9] [0-9]{0,15} ) ( "." [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,2} )?',
+    # a number written with a fraction part or an exponent: what a JSON parser reads as a float,
+    # which draft 4 never counts as an integer (1.0 is not one there)
+    "float": (
+        '"-"? ( "0" | [1-9] [0-9]{0,15} ) ( "." [0-9]{1,16} ( [eE] [-+]? [0-9]{1,2} )? | [eE] [-+]? [0-9]{1,2} )'
+    ),
     "boolean": '"true" | "false"',
     "null": '"null"',
     "value": "object | array | string | number | boolean | null",
@@ -915,11 +920,13 @@ class _Compiler:
         ``dependentSchemas`` and ``dependencies`` rewritten into ``allOf``/``anyOf`` of positive
         schemas (the same values, or fewer with a note), or None when it has none of them."""
         present = [k for k in _REWRITTEN if k in node]
+        if "not" in present and _not_an_integer(node):
+            present.remove("not")  # no positive schema says it: gen_number writes it
         if not present:
             return None
         # a keyword the schema's draft does not have constrains nothing (draft 4 has no "if")
         keys = [k for k in present if k in self.vocabulary and _asserts(node, k)]
-        rest = {k: v for k, v in node.items() if k not in (*_REWRITTEN, "then", "else")}
+        rest = {k: v for k, v in node.items() if k not in (*present, "then", "else")}
         parts: list[Any] = []
         for key in keys:
             value = node[key]
@@ -1002,8 +1009,10 @@ class _Compiler:
                 return None
             others = [t for t in _TYPES if t not in types and not (t == "integer" and "number" in types)]
             if "integer" in types and "number" not in types:
-                others = [t for t in others if t != "number"]
-                self.notes.append(f"{path}: numbers with a fraction are left out of a negated integer type")
+                # the numbers left are the non-integers: no type says that, a kept "not" does
+                alts: list[Any] = [{"type": t} for t in others if t != "number"]
+                alts.append({"type": "number", "not": {"type": "integer"}})
+                return {"anyOf": alts} if len(alts) > 1 else alts[0]
             return {"type": others} if others else False
         if key in ("const", "enum"):
             values = [value] if key == "const" else value
@@ -2203,15 +2212,25 @@ class _Compiler:
     # ------------------------------------------------------------------ numbers
 
     def gen_number(self, node: dict[str, Any], path: str, *, integer: bool) -> str:
+        not_integer = _not_an_integer(node)
+        if not_integer and integer:
+            raise _Unsatisfiable(path, "not", "an integer type beside a negated integer type admits no value")
         for key in ("multipleOf", "divisibleBy"):
             if key in node:
                 step = node[key]
                 if _num(step) and step == 1:
+                    if not_integer and self.draft == 4:
+                        # 2.0 is a multiple of 1 and no integer in draft 4: not generated here
+                        raise _Refuse(path, "not", '"not" an integer beside "multipleOf": 1 is not compiled in draft 4')
+                    if not_integer:
+                        raise _Unsatisfiable(path, "not", "every multiple of 1 is an integer")
                     integer = True
                     continue
                 return self.gen_multiples(node, path, key, integer=integer)
         lo = self.bound(node, path, "minimum", "exclusiveMinimum")
         hi = self.bound(node, path, "maximum", "exclusiveMaximum")
+        if not_integer:
+            return self.gen_non_integer(lo, hi, path)
         if lo is None and hi is None:
             return self.primitive("integer" if integer else "number")
         ilo = None if lo is None else _int_at_least(lo)
@@ -2280,6 +2299,11 @@ class _Compiler:
                 f"the validator divides in binary floating point (0.07 / 0.01 is not a whole number there), "
                 "so its multiples form no grammar",
             )
+        if _not_an_integer(node):
+            # the multiples of an integer step are integers (draft 4 would take 2.0, not generated)
+            if self.draft == 4:
+                raise _Refuse(path, "not", f'"not" an integer beside an integer "{key}" is not compiled in draft 4')
+            raise _Unsatisfiable(path, "not", f"every multiple of {step} is an integer")
         if step > MAX_STEP:
             raise _Refuse(path, key, f'"{key}": {step} above {MAX_STEP} needs one rule per remainder; not compiled')
         ilo = None if lo is None else _int_at_least(lo)
@@ -2307,6 +2331,40 @@ class _Compiler:
         if not integer:
             self.notes.append(f"{path}: multiples of {step} are written as integers")
         return self.rule(f"{path}-multiple", " | ".join(parts))
+
+    def gen_non_integer(self, lo: _Bound | None, hi: _Bound | None, path: str) -> str:
+        """Numbers that are no integer (``"not": {"type": "integer"}`` beside a number type).
+
+        Draft 4 counts every number written with a fraction or an exponent as no integer (the
+        parser reads a float: 1.0 is not an integer there), so that is exact. Later drafts count
+        1.0 as an integer: a non-integer is then written ``k.ddd`` with a digit other than 0
+        after the point, 1-6 of them and |k| < 10^9 (15 significant digits at most, so the
+        float parsed is no integer either: ``9999999999999999.5`` would read as 10^16). An
+        exponent form is left out (``1.5e1`` is 15), as are longer fractions (noted)."""
+        if lo is None and hi is None and self.draft == 4:
+            return self.primitive("float")
+        parts = self.fractions(lo, hi, path, whole=self.draft == 4)
+        if not parts:
+            if lo is not None and hi is not None:
+                point = lo.value == hi.value and not (lo.exclusive or hi.exclusive)
+                if (
+                    lo.value > hi.value
+                    or (lo.value == hi.value and not point)
+                    or (point and self.draft > 4 and lo.value.denominator == 1)
+                ):
+                    raise _Unsatisfiable(path, "not", "no number that is not an integer meets the bounds")
+            raise _Refuse(
+                path,
+                "minimum",
+                f"no number with 1-{FRACTION_DIGITS} decimals and an integer part below 10^9 meets the bounds "
+                f"(non-integers are narrowed to those; {_bound_text(lo, True)}, {_bound_text(hi, False)})",
+            )
+        if lo is None and hi is None:
+            self.notes.append(
+                f"{path}: numbers that are not integers are generated with 1-{FRACTION_DIGITS} decimals, "
+                "an integer part below 10^9 and no exponent"
+            )
+        return self.rule(f"{path}-non-integer", _alt(parts))
 
     def divisible(self, step: int, path: str) -> str:
         """Positive decimal integers (no leading zero, at most MAX_INT_DIGITS digits) that
@@ -2343,10 +2401,11 @@ class _Compiler:
                 alts.append(f'"{d}" {nxt}'.strip())
         return self.rule(f"{path}-multiples", " | ".join(alts))
 
-    def fractions(self, lo: _Bound | None, hi: _Bound | None, path: str) -> list[str]:
+    def fractions(self, lo: _Bound | None, hi: _Bound | None, path: str, *, whole: bool = True) -> list[str]:
         """Numbers written with a fraction part ``k.ddd`` (|k| < 10^9, 1-6 fraction digits: at
         most 15 significant digits, so the float a validator parses orders exactly like the
-        decimal against a bound of at most 15 significant digits), exactly within the bounds."""
+        decimal against a bound of at most 15 significant digits), exactly within the bounds;
+        ``whole=False`` leaves out those whose fraction digits are all 0 (``2.0``)."""
         dlo = None if lo is None else _decimal_bound(lo)
         dhi = None if hi is None else _decimal_bound(hi)
         if (lo is not None and dlo is None) or (hi is not None and dhi is None):
@@ -2359,20 +2418,21 @@ class _Compiler:
         # non-negative: magnitude in [max(lo, 0), hi]
         if dhi is None or dhi.value >= 0:
             low = dlo if dlo is not None and dlo.value >= 0 else _Bound(Fraction(0), False)
-            expr = self.magnitudes(low, dhi)
+            expr = self.magnitudes(low, dhi, whole=whole)
             if expr:
                 parts.append(expr)
         # negative: -m with m in [max(-hi, 0), -lo]
         if dlo is None or dlo.value < 0:
             low = _Bound(-dhi.value, dhi.exclusive) if dhi is not None and dhi.value <= 0 else _Bound(Fraction(0), True)
             high = None if dlo is None else _Bound(-dlo.value, dlo.exclusive)
-            expr = self.magnitudes(low, high)
+            expr = self.magnitudes(low, high, whole=whole)
             if expr:
                 parts.append(f'"-" {expr}' if _is_atom(expr) else f'"-" ( {expr} )')
         return parts
 
-    def magnitudes(self, lo: _Bound, hi: _Bound | None) -> str | None:
-        """``I.ddd`` (0 <= I < 10^9, 1-6 fraction digits) with lo <= value <= hi (strict where exclusive)."""
+    def magnitudes(self, lo: _Bound, hi: _Bound | None, *, whole: bool = True) -> str | None:
+        """``I.ddd`` (0 <= I < 10^9, 1-6 fraction digits) with lo <= value <= hi (strict where
+        exclusive); ``whole=False``: a digit other than 0 among the ddd."""
         cap = FRACTION_INT_CAP
         i_lo = math.floor(lo.value)
         lo_digits = _fraction_digits(lo.value - i_lo)
@@ -2384,18 +2444,24 @@ class _Compiler:
         if i_lo > i_hi:
             return None
         frac = _FractionDigits(FRACTION_DIGITS, self.rule)
+
+        def digits(low: str | None, low_strict: bool, high: str | None, high_strict: bool) -> str | None:
+            if not whole and not low:
+                low, low_strict = "", True  # 0.ddd > 0: not all zeros
+            return frac.expr(low, low_strict, high, high_strict)
+
         parts = []
         if i_lo == i_hi:
-            tail = frac.expr(lo_digits, lo.exclusive, hi_digits, hi_strict)
+            tail = digits(lo_digits, lo.exclusive, hi_digits, hi_strict)
             if tail is not None:
                 parts.append(f"{gbnf_literal(str(i_lo) + '.')} {tail}")
         else:
-            tail = frac.expr(lo_digits, lo.exclusive, None, False)
+            tail = digits(lo_digits, lo.exclusive, None, False)
             if tail is not None:
                 parts.append(f"{gbnf_literal(str(i_lo) + '.')} {tail}")
             if i_lo + 1 <= i_hi - 1:
-                parts.append(f'{_nonneg_range(i_lo + 1, i_hi - 1)} "." {frac.expr(None, False, None, False)}')
-            tail = frac.expr(None, False, hi_digits, hi_strict)
+                parts.append(f'{_nonneg_range(i_lo + 1, i_hi - 1)} "." {digits(None, False, None, False)}')
+            tail = digits(None, False, hi_digits, hi_strict)
             if tail is not None:
                 parts.append(f"{gbnf_literal(str(i_hi) + '.')} {tail}")
         return _alt(parts) if parts else None
@@ -2706,6 +2772,22 @@ def _counts(node: dict[str, Any], path: str, low: str, high: str) -> tuple[int, 
     if hi_i is not None and lo_i > hi_i:
         raise _Unsatisfiable(path, low, f"{low} exceeds {high}")
     return lo_i, hi_i
+
+
+def _not_an_integer(node: dict[str, Any]) -> bool:
+    """Is ``node`` a number type with ``"not": {"type": "integer"}`` (and nothing else in the
+    "not")? No positive keyword says "not an integer", so it is kept, not rewritten, and
+    :meth:`_Compiler.gen_non_integer` writes it."""
+    neg = node.get("not")
+    types = _type_set(node.get("type"))
+    return (
+        isinstance(neg, dict)
+        and [k for k in neg if _asserts(neg, k)] == ["type"]
+        and _type_set(neg["type"]) == ["integer"]
+        and types is not None
+        and bool(types)
+        and set(types) <= {"number", "integer"}
+    )
 
 
 def _type_set(value: Any) -> list[str] | None:

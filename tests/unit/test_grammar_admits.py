@@ -153,3 +153,95 @@ def test_a_pattern_search_for_del_admits_it_among_other_characters() -> None:
     # the DEL searched for is written \u007f; a \u007F is read by the "char" rule around it
     found = ['"\\u007f"', '"\\u007f\\u007f"', '"a\\u007f"', '"\\u007fa"']
     assert [t for t in _DEL_TEXTS if grammar.matches(t)] == found
+
+
+# ---------------------------------------------------------------------------- "not": {"type": "integer"}
+
+D7 = "http://json-schema.org/draft-07/schema#"
+#: numbers as written within what a non-integer grammar generates: no exponent, at most 6
+#: decimals, an integer part below 10^9
+_PLAIN = [
+    "0",
+    "1",
+    "-1",
+    "7",
+    "0.0",
+    "1.0",
+    "-1.0",
+    "5.000000",
+    "1.5",
+    "-0.5",
+    "0.000001",
+    "-0.000001",
+    "2.999999",
+    "3.25",
+    "999999999.5",
+    "-999999999.999999",
+]
+#: with an exponent: floats to a parser, integers in value from draft 6 on (1e2 is 100)
+_EXPONENTS = ["1e2", "1E2", "1.5e1", "0e0", "-2E-2", "1.0e1", "1.25e+1"]
+
+
+@pytest.mark.parametrize("draft", [None, D7])
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "number", "not": {"type": "integer"}},
+        {"not": {"type": "integer"}},
+        {"type": ["number", "string"], "not": {"type": "integer"}},
+        {"type": "number", "not": {"type": ["integer", "string"]}},
+        {"oneOf": [{"type": "integer"}, {"type": "number"}]},
+        {"type": "number", "not": {"type": "integer"}, "minimum": -1, "exclusiveMaximum": 3},
+        {"type": "number", "allOf": [{"not": {"type": "integer"}}, {"not": {"minimum": 3}}]},
+    ],
+)
+def test_a_negated_integer_type_admits_the_numbers_with_a_fraction(draft: str | None, schema: dict[str, Any]) -> None:
+    # from draft 6 on 1.0 is an integer: the fraction digits are never all 0
+    schema = {**schema, "$schema": draft} if draft else schema
+    assert disagreements(schema, _PLAIN) == []
+    grammar = compiled_grammar(schema)
+    assert [t for t in _EXPONENTS if grammar.matches(t)] == []  # narrower: no exponent form
+    assert [t for t in ("1.5", "-0.25", "2.999999") if grammar.matches(t)] == ["1.5", "-0.25", "2.999999"]
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"$schema": D4, "type": "number", "not": {"type": "integer"}},
+        {"$schema": D4, "not": {"type": "integer"}},
+        {"$schema": D4, "oneOf": [{"type": "integer"}, {"type": "number"}]},
+    ],
+)
+def test_draft4_reads_every_number_with_a_fraction_or_exponent_as_no_integer(schema: dict[str, Any]) -> None:
+    # draft 4's integers are what the parser reads as int: 1.0 and 1e2 are not, and both are generated
+    assert disagreements(schema, [*_PLAIN, *_EXPONENTS]) == []
+    assert compile_schema(schema).notes == []
+
+
+def test_draft4_bounded_non_integers_include_whole_values_written_with_a_point() -> None:
+    schema = {"$schema": D4, "type": "number", "not": {"type": "integer"}, "minimum": 1, "maximum": 3}
+    assert disagreements(schema, _PLAIN) == []
+    assert compiled_grammar(schema).matches("2.0")
+
+
+def test_unbounded_non_integers_name_their_narrowing() -> None:
+    compiled = compile_schema({"type": "number", "not": {"type": "integer"}})
+    assert compiled.exact and [n.split(":")[0] for n in compiled.notes] == ["$"]
+
+
+@pytest.mark.parametrize(
+    ("schema", "construct"),
+    [
+        # no value at all: the refusal names the negation
+        ({"type": "integer", "not": {"type": "integer"}}, "not"),
+        ({"type": "number", "not": {"type": "integer"}, "minimum": 5, "maximum": 5}, "not"),
+        ({"type": "number", "not": {"type": "integer"}, "multipleOf": 2}, "not"),
+        # draft 4: 2.0 is a multiple of 2 and no integer, but multiples are written as integers
+        ({"$schema": D4, "type": "number", "not": {"type": "integer"}, "multipleOf": 2}, "not"),
+        ({"$schema": D4, "type": "number", "not": {"type": "integer"}, "multipleOf": 1}, "not"),
+    ],
+)
+def test_non_integers_nothing_generates_are_refused(schema: dict[str, Any], construct: str) -> None:
+    compiled = compile_schema(schema)
+    assert compiled.grammar is None
+    assert [(r.path, r.construct) for r in compiled.refusals] == [("$", construct)]
