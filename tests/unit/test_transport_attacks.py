@@ -5,6 +5,7 @@ trace keeping that call's start and end, and the next call answering."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -102,3 +103,42 @@ def test_a_cassette_sub_event_payload_that_is_not_a_mapping_is_a_load_error_nami
     with pytest.raises(ConfigError) as info:
         load_cassette(cassette)
     assert [p.key for p in info.value.problems] == ["episodes[0].agent.sub_events[0].payload"]
+
+
+#: 8 threads make their first ``Runtime.call`` at once in a fresh process (only a fresh
+#: process imports jsonschema for the first time); prints the failures' exception names
+FIRST_CALLS = """\
+import json, sys, threading
+from pathlib import Path
+from localllm.loading import load_config
+from localllm.runtime import Runtime
+config = Path(sys.argv[1])
+with Runtime(load_config(config)) as rt:
+    rt.register_inprocess("agent.x", lambda request: {"ok": 1})
+    barrier = threading.Barrier(8)
+    failed = []
+    def call():
+        barrier.wait()
+        try:
+            assert rt.call("ask", agent="agent.x", prompt="hi").submission == {"ok": 1}
+        except BaseException as exc:
+            failed.append(type(exc).__name__)
+    threads = [threading.Thread(target=call) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+print(json.dumps(failed))
+"""
+
+
+def test_concurrent_first_calls_in_a_fresh_process_all_answer(tmp_path: Path) -> None:
+    config = tmp_path / "app.yaml"
+    config.write_text("agent_plugins:\n  agent.x: {plugin: builtin.inprocess}\n")
+    failures = []
+    for _ in range(6):  # before: 2 of 8 calls failed in about 5 processes of 8
+        run = subprocess.run(
+            [sys.executable, "-c", FIRST_CALLS, str(config)], capture_output=True, text=True, timeout=120, check=True
+        )
+        failures += json.loads(run.stdout.strip().splitlines()[-1])
+    assert failures == []  # was ImportError: cannot import name 'Draft3Validator' (partially initialized)
