@@ -73,15 +73,6 @@ class DeadlineReached(Exception):
     """Internal: a wait on the child ran out of time (the owner decides what to do)."""
 
 
-def _ready(fd: int, events: int, deadline: float) -> bool:
-    """Wait until ``fd`` is ready (or hung up) for ``events``, or :class:`DeadlineReached`;
-    ``poll``, not ``select``, so descriptors above FD_SETSIZE work in a busy runtime."""
-    remaining = deadline - time.monotonic()
-    if remaining <= 0:
-        raise DeadlineReached
-    return _poll(fd, events, remaining)
-
-
 def _poll(fd: int, events: int, timeout: float) -> bool:
     """Whether ``fd`` is ready (or hung up) for ``events`` within ``timeout`` seconds."""
     poller = select.poll()
@@ -273,16 +264,22 @@ class LineChild:
     # -- frames ----------------------------------------------------------------------
 
     def send(self, message: Mapping[str, Any], *, deadline: float) -> None:
-        """Write one frame; a closed pipe is a ``plugin_crash`` (the child is reaped)."""
+        """Write one frame; a closed pipe is a ``plugin_crash`` (the child is reaped).
+
+        stdout is read meanwhile (:meth:`_absorb`): a child that writes before it reads
+        (a start-up banner, progress lines, MCP notifications) would otherwise block on its
+        full stdout while this blocks on its full stdin, until the deadline."""
         proc = self._proc
-        assert proc is not None and proc.stdin is not None
+        assert proc is not None and proc.stdin is not None and proc.stdout is not None
         data = json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
         self._noise_seen = 0
         fd = proc.stdin.fileno()
+        out: int | None = proc.stdout.fileno()
         view = memoryview(data)
         while view:
             try:
-                if not _ready(fd, select.POLLOUT, deadline):
+                writable, out = self._wait_writable(fd, out, deadline)
+                if not writable:
                     continue
                 written = os.write(fd, view)
             except BlockingIOError:
@@ -291,6 +288,46 @@ class LineChild:
                 _process.wait_exited(proc, 1.0)
                 raise self.crash("process closed its stdin before reading the request") from exc
             view = view[written:]
+
+    def _wait_writable(self, fd: int, out: int | None, deadline: float) -> tuple[bool, int | None]:
+        """Wait until stdin ``fd`` takes bytes (or :class:`DeadlineReached`), reading what
+        stdout ``out`` has meanwhile; (whether stdin is writable, ``out`` or ``None`` once
+        stdout reached its end)."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise DeadlineReached
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        if out is not None:
+            poller.register(out, select.POLLIN)
+        ready = dict(poller.poll(int(remaining * 1000) + 1))
+        if out is not None and out in ready:
+            try:
+                chunk = os.read(out, _READ_CHUNK)
+            except BlockingIOError:
+                chunk = None
+            except (ValueError, OSError):
+                chunk = b""  # read_frame meets the same failure and reports it
+            if chunk == b"":
+                out = None  # EOF: read_frame sees it too
+            elif chunk:
+                self._absorb(chunk)
+        return fd in ready, out
+
+    def _absorb(self, chunk: bytes) -> None:
+        """Keep stdout read while a request is written: frames stay buffered, in order, for
+        :meth:`read_frame`; noise lines ahead of them are skipped now, so what waits is
+        bounded by :data:`_MAX_FRAME`."""
+        self._buf.extend(chunk)
+        while (newline := self._buf.find(b"\n")) >= 0:
+            line = bytes(self._buf[:newline]).strip()
+            if line.startswith(b"{"):
+                break
+            del self._buf[: newline + 1]
+            if line:
+                self._note_noise(line)
+        if len(self._buf) > _MAX_FRAME:
+            raise self.crash(f"more than {_MAX_FRAME} bytes of output while the request was being written")
 
     def read_frame(self, *, deadline: float) -> dict[str, Any]:
         """The next frame as a JSON object; noise is skipped, EOF and garbage crash."""

@@ -12,11 +12,14 @@ from typing import Any
 
 import pytest
 
+from localllm.agents.subprocess import SubprocessAgent
+from localllm.config import SubprocessDecl
 from localllm.errors import AgentError, ConfigError, ErrorKind
 from localllm.loading import load_config
 from localllm.runtime import Runtime
 from localllm.trace import read_trace
 from localllm.wire import AskRequest, AskResponse
+from tests.unit.agents_fixtures.helpers import ask_request, deadline
 
 #: a subprocess plugin answering every call with the sub-events in argv[1] ("ECHO" is the call_id)
 PLUGIN = """\
@@ -142,3 +145,32 @@ def test_concurrent_first_calls_in_a_fresh_process_all_answer(tmp_path: Path) ->
         )
         failures += json.loads(run.stdout.strip().splitlines()[-1])
     assert failures == []  # was ImportError: cannot import name 'Draft3Validator' (partially initialized)
+
+
+#: a plugin that prints 256 KB of start-up lines on stdout before it reads anything
+CHATTY = """\
+import json, sys
+for i in range(4096):
+    sys.stdout.write("starting up, step %05d " % i + "." * 40 + "\\n")
+sys.stdout.flush()
+for line in sys.stdin:
+    req = json.loads(line)
+    result = {"submission": json.dumps({"chars": len(req["params"]["prompt"])})}
+    sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": req["id"], "result": result}) + "\\n")
+    sys.stdout.flush()
+"""
+
+
+def test_a_plugin_writing_before_it_reads_gets_a_large_request_without_a_pipe_deadlock(tmp_path: Path) -> None:
+    script = tmp_path / "chatty.py"
+    script.write_text(CHATTY)
+    decl = SubprocessDecl(alias="agent.x", plugin="subprocess", command=sys.executable, args=(str(script),))
+    agent = SubprocessAgent(decl)
+    try:
+        # both pipes full: the plugin blocked writing its banner, the request blocked on its stdin
+        response = agent.ask(ask_request("p" * 300_000), deadline=deadline(30))  # was deadline_exceeded
+        assert json.loads(response.submission or "") == {"chars": 300_000}
+        again = agent.ask(ask_request("q" * 300_000), deadline=deadline(30))
+        assert json.loads(again.submission or "") == {"chars": 300_000}
+    finally:
+        agent.close()
