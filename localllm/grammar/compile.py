@@ -669,6 +669,8 @@ class _Compiler:
             raise _Refuse(where, "schema", f"not a valid schema: {exc.message}")
         self.validator = cls(root, format_checker=format_checker(cls))
         self.vocabulary = frozenset(cls.VALIDATORS)
+        #: asserting keywords of other drafts: validation ignores them, so the grammar does
+        self.foreign = keywords.ASSERTING - self.vocabulary - _READ_BY_OTHERS.get(self.draft, frozenset())
         self.root_id = root.get("$id") or root.get("id") if isinstance(root, dict) else None
         self.failures = _validation_failures()
         if isinstance(root, dict):
@@ -775,6 +777,7 @@ class _Compiler:
             raise _Unsatisfiable(path, "false", "the schema false admits no value")
         if not isinstance(node, dict):
             raise _Refuse(path, "schema", f"a schema must be an object or a boolean, got {_q(node)}")
+        node = self.own(node)
         if path != "$" and any(
             # the root's own id, carried into merged or distributed copies of the root, is no nesting
             isinstance(node.get(k), str) and not node[k].startswith("#") and node[k] != self.root_id
@@ -804,6 +807,14 @@ class _Compiler:
         if ("anyOf" in node and _asserts(node, "anyOf")) or ("oneOf" in node and _asserts(node, "oneOf")):
             return self.alternatives(node, path, depth, bare)
         return self.typed(node, path, depth)
+
+    def own(self, node: dict[str, Any]) -> dict[str, Any]:
+        """``node`` without the keywords its draft does not have (draft 4's ``const`` and
+        ``contains``, ``unevaluated*`` before 2019-09, draft 3's ``divisibleBy`` …): the
+        validator ignores them, so they neither constrain the grammar nor tell branches apart."""
+        if self.foreign.isdisjoint(node):
+            return node
+        return {k: v for k, v in node.items() if k not in self.foreign}
 
     def unevaluated(self, node: dict[str, Any], path: str) -> dict[str, Any]:
         """``unevaluatedProperties``/``unevaluatedItems`` in their simple form — no in-place
@@ -1032,9 +1043,6 @@ class _Compiler:
             return {"allOf": negs}
         if key == "not":
             return value
-        if self.draft == 4 and key in _EXCL.values():
-            # a flag: its "minimum"/"maximum" is negated with it (alone it rejects nothing)
-            return False if isinstance(value, bool) else None
         if self.draft == 4 and key in _EXCL and node.get(_EXCL[key]) is True:
             # "not < 5" is ">= 5": draft 4 writes it as the plain opposite bound
             if not _num(value):
@@ -1260,7 +1268,7 @@ class _Compiler:
         while isinstance(node, dict) and isinstance(node.get("$ref"), str) and node["$ref"] not in seen:
             seen.add(node["$ref"])
             node = self.resolve(node["$ref"], path)[0]
-        return node
+        return self.own(node) if isinstance(node, dict) else node
 
     def excludes(self, a: Any, b: Any, rest: dict[str, Any] | None = None) -> bool:
         """True when no value generated for ``a`` (beside ``rest``) is valid against ``b``."""
@@ -1340,7 +1348,7 @@ class _Compiler:
                 raise _Unsatisfiable(path, "allOf", "an allOf component is false")
             if not isinstance(given, dict):
                 raise _Refuse(path, "allOf", f"an allOf component must be a schema, got {_q(given)}")
-            comp = dict(given)
+            comp = dict(self.own(given))
             if "unevaluatedProperties" in comp or "unevaluatedItems" in comp:
                 comp = self.unevaluated(comp, path)  # before the $ref is taken out: it evaluates too
             if "$ref" in comp:
@@ -2909,6 +2917,12 @@ _FLIPPED_BOUNDS: dict[str, tuple[str, str, int]] = {
     "maxProperties": ("object", "minProperties", 1),
 }
 _EXCL = {"minimum": "exclusiveMinimum", "maximum": "exclusiveMaximum"}
+#: keywords a draft's validator reads beside another one (no validator of their own)
+_READ_BY_OTHERS = {
+    4: frozenset(_EXCL.values()),
+    2019: frozenset({"minContains", "maxContains"}),
+    2020: frozenset({"minContains", "maxContains"}),
+}
 
 
 def _brief(value: Any) -> str:

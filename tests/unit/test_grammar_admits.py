@@ -245,3 +245,57 @@ def test_non_integers_nothing_generates_are_refused(schema: dict[str, Any], cons
     compiled = compile_schema(schema)
     assert compiled.grammar is None
     assert [(r.path, r.construct) for r in compiled.refusals] == [("$", construct)]
+
+
+# ---------------------------------------------------------------------------- keywords the draft lacks
+
+D6 = "http://json-schema.org/draft-06/schema#"
+D2019 = "https://json-schema.org/draft/2019-09/schema"
+_ARRAYS = ["[]", "[1]", "[1,1]", "[2]", "[1,2]", "[2,2]", '["a"]', '[1,"a"]']
+_OBJECTS = ["{}", '{"a":1}', '{"b":1}', '{"a":1,"b":2}', '{"ab":1}', '{"a":"x"}']
+_SCALARS = ["1", "2", "3", '"a"', "null", "true"]
+
+
+@pytest.mark.parametrize(
+    ("schema", "texts"),
+    [
+        # validation ignores a keyword the schema's draft does not have: so does the grammar
+        ({"$schema": D4, "type": "array", "contains": {"const": 1}}, _ARRAYS),
+        ({"$schema": D4, "type": "array", "items": [{"const": 1}], "additionalItems": False}, _ARRAYS),
+        ({"$schema": D4, "type": "object", "propertyNames": {"maxLength": 1}}, _OBJECTS),
+        ({"$schema": D4, "const": 1}, _SCALARS),
+        ({"$schema": D4, "type": "integer", "allOf": [{"const": 1}, {"const": 2}]}, _SCALARS),
+        ({"$schema": D4, "type": "integer", "enum": [1, 2], "const": 2}, _SCALARS),
+        ({"$schema": D4, "type": "object", "properties": {"a": {}}, "unevaluatedProperties": False}, _OBJECTS),
+        ({"$schema": D7, "type": "array", "items": {"type": "integer"}, "unevaluatedItems": False}, _ARRAYS),
+        (
+            {
+                "$schema": D6,
+                "type": "array",
+                "allOf": [{"contains": {"const": 1}, "minContains": 2}, {"contains": {"const": 1}, "minContains": 3}],
+            },
+            _ARRAYS,
+        ),
+        ({"type": "array", "prefixItems": [{"const": 1}], "additionalItems": {"type": "string"}}, _ARRAYS),
+        ({"$schema": D7, "type": "integer", "divisibleBy": 2}, _SCALARS),
+        ({"$schema": D7, "type": "integer", "disallow": "integer"}, _SCALARS),
+        ({"$schema": D7, "type": "integer", "extends": {"maximum": 1}}, _SCALARS),
+        ({"type": "integer", "$recursiveRef": "#/$defs/one", "$defs": {"one": {"const": 1}}}, _SCALARS),
+        ({"$schema": D2019, "type": "integer", "$dynamicRef": "#/$defs/one", "$defs": {"one": {"const": 1}}}, _SCALARS),
+    ],
+)
+def test_keywords_the_draft_lacks_constrain_nothing(schema: dict[str, Any], texts: list[str]) -> None:
+    assert disagreements(schema, texts) == []
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        # draft 4 has no "const": the first branch admits every value, so an integer matches both
+        {"$schema": D4, "oneOf": [{"const": "a"}, {"type": "integer"}]},
+        {"$schema": D4, "oneOf": [{"type": "array", "contains": {"const": 1}}, {"type": "array", "maxItems": 0}]},
+    ],
+)
+def test_one_of_branches_are_not_told_apart_by_keywords_the_draft_lacks(schema: dict[str, Any]) -> None:
+    assert disagreements(schema, [*_SCALARS, *_ARRAYS, "5", "1.5"]) == []
+
