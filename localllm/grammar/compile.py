@@ -1407,6 +1407,8 @@ class _Compiler:
             out.pop("const", None)
             out["enum"] = [v for v in mine if _canon(v) in keys]
         flagged = self.merge_flagged_bounds(out, b) if self.draft == 4 else set()
+        if self.draft >= 2019:
+            flagged |= self.merge_contains(out, b, path)
         for key, value in b.items():
             if key in flagged:
                 continue
@@ -1448,6 +1450,37 @@ class _Compiler:
                     out[flag] = True
             handled |= {plain, flag}
         return handled
+
+    def merge_contains(self, out: dict[str, Any], b: dict[str, Any], path: str) -> set[str]:
+        """``b``'s ``contains`` with its ``minContains``/``maxContains`` merged into ``out`` (in
+        place): the counts belong to their own component's ``contains`` (1 to any when absent),
+        and mean nothing without one. One ``contains`` in both: the tighter counts. The keys
+        handled, for the caller to skip."""
+        keys = ("contains", "minContains", "maxContains")
+        if not any(k in b for k in keys):
+            return set()
+        sides = []
+        for n in (out, b):
+            if "contains" not in n:
+                continue
+            low, high = n.get("minContains", 1), n.get("maxContains")
+            if not _count(low) or (high is not None and not _count(high)):
+                raise _Refuse(path, "minContains", '"minContains"/"maxContains" must be non-negative integers')
+            sides.append((n["contains"], int(low), None if high is None else int(high)))
+        for k in keys:
+            out.pop(k, None)
+        if not sides:
+            return set(keys)
+        if len(sides) == 2 and _canon(sides[0][0]) != _canon(sides[1][0]):
+            raise _Refuse(
+                path, "contains", f'allOf components disagree on "contains" ({_q(sides[0][0])} vs {_q(sides[1][0])})'
+            )
+        highs = [h for _, _, h in sides if h is not None]
+        out["contains"] = sides[0][0]
+        out["minContains"] = max(low for _, low, _ in sides)
+        if highs:
+            out["maxContains"] = min(highs)
+        return set(keys)
 
     def merge_keyword(self, key: str, mine: Any, other: Any, path: str) -> Any:
         """One keyword two allOf components both give, as one value (refused when not mergeable)."""

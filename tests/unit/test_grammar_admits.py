@@ -299,3 +299,43 @@ def test_keywords_the_draft_lacks_constrain_nothing(schema: dict[str, Any], text
 def test_one_of_branches_are_not_told_apart_by_keywords_the_draft_lacks(schema: dict[str, Any]) -> None:
     assert disagreements(schema, [*_SCALARS, *_ARRAYS, "5", "1.5"]) == []
 
+
+# ---------------------------------------------------------------------------- contains counts in allOf
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        # each component's minContains/maxContains counts its own contains (1 when absent)
+        {
+            "type": "array",
+            "items": {"type": "integer"},
+            "allOf": [{"contains": {"const": 1}}, {"contains": {"const": 1}, "minContains": 0}],
+        },
+        {
+            "type": "array",
+            "items": {"type": "integer"},
+            "contains": {"const": 1},
+            "allOf": [{"contains": {"const": 1}, "minContains": 0}],
+        },
+        # a count without its contains means nothing
+        {"type": "array", "items": {"type": "integer"}, "allOf": [{"minContains": 0}, {"contains": {"const": 1}}]},
+        {
+            "type": "array",
+            "items": {"type": "integer"},
+            "allOf": [{"contains": {"const": 1}, "maxContains": 1}, {"maxContains": 3}],
+        },
+        # one contains in both: the tighter counts
+        {
+            "type": "array",
+            "items": {"type": "integer"},
+            "allOf": [
+                {"contains": {"const": 1}, "minContains": 2},
+                {"contains": {"const": 1}, "minContains": 3, "maxContains": 4},
+            ],
+        },
+    ],
+)
+def test_contains_counts_merge_with_their_own_contains(schema: dict[str, Any]) -> None:
+    arrays = ["[]", "[2]", "[1]", "[1,1]", "[1,2]", "[1,1,1]", "[1,1,1,1]", "[1,1,1,1,1]", "[2,1,1,1]"]
+    assert disagreements(schema, arrays) == []
