@@ -98,6 +98,9 @@ def test_draft4_bounds_merged_keep_each_ones_exclusiveness(
         {"$schema": D4, "type": "number", "not": {"minimum": 2, "exclusiveMinimum": True}},
         {"$schema": D4, "type": "integer", "not": {"minimum": 2, "exclusiveMinimum": True, "maximum": 6}},
         {"$schema": D4, "type": "number", "oneOf": [{"maximum": 5, "exclusiveMaximum": True}, {"minimum": 3}]},
+        # a negated enum's intervals are flagged bounds, merged with the plain ones beside them
+        {"$schema": D4, "type": "integer", "maximum": 2, "not": {"enum": [3]}},
+        {"$schema": D4, "type": "number", "minimum": 4, "not": {"enum": [1, 3]}},
         {
             "$schema": D4,
             "type": "integer",
