@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import selectors
 import shutil
 import subprocess
@@ -110,25 +111,41 @@ def _parses(text: str) -> bool:
     return True
 
 
+#: where a JSON object or array can start: the opener, JSON whitespace, then what may follow
+#: it (a key or ``}``; a value or ``]``, Python's ``NaN``/``Infinity`` included)
+_STARTS = {"{": re.compile(r'\{[ \t\n\r]*["}]'), "[": re.compile(r"\[[ \t\n\r]*[\[\]{\"\-0-9tfnNI]")}
+#: starts that do not parse, tried before the scan gives up as ambiguous: each costs a pass
+#: over the text before it (json's error counts the lines up to its position)
+_MAX_FALSE_STARTS = 256
+
+
 def _embedded_values(text: str, opener: str) -> list[str]:
     """Every top-level JSON value starting with ``opener`` found by scanning ``text``.
 
     None of them when one is nested deeper than ``json`` decodes: that value may be the
     answer, so which one is meant cannot be told (and rescanning inside it at every
-    opener would be quadratic)."""
+    opener would be quadratic). Only an opener that JSON can follow is tried (a code block's
+    ``{`` and a newline are not), and after :data:`_MAX_FALSE_STARTS` tries that fail the
+    text counts as ambiguous (none): each try was quadratic in the answer's length."""
     decoder = json.JSONDecoder()
+    start = _STARTS[opener]
     found: list[str] = []
-    pos = text.find(opener)
-    while pos >= 0:
+    false_starts = 0
+    match = start.search(text)
+    while match is not None:
+        pos = match.start()
         try:
             _, end = decoder.raw_decode(text, pos)
         except RecursionError:
             return []
         except ValueError:
-            pos = text.find(opener, pos + 1)
+            false_starts += 1
+            if false_starts > _MAX_FALSE_STARTS:
+                return []
+            match = start.search(text, pos + 1)
             continue
         found.append(text[pos:end])
-        pos = text.find(opener, end)
+        match = start.search(text, end)
     return found
 
 

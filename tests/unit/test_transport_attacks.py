@@ -174,3 +174,25 @@ def test_a_plugin_writing_before_it_reads_gets_a_large_request_without_a_pipe_de
         assert json.loads(again.submission or "") == {"chars": 300_000}
     finally:
         agent.close()
+
+
+#: extract_json on claude's answer: 6 MB of C code (a brace every ~13 bytes), then the JSON;
+#: prints the answer found
+CODE_ANSWER = """\
+import json
+from localllm.agents.claude_cli import extract_json
+func = "int f%d(int x) {\\n    if (x > 0) {\\n        return x * 2;\\n    }\\n    return 0;\\n}\\n\\n"
+code = "".join(func % i for i in range(75_000))
+schema = {"type": "object"}
+false_starts = ('{"a": "' + "y" * 100) * 60_000  # 6 MB of starts that look like JSON and fail
+answers = [code + 'Verdict: {"verdict": "approve"}', code, false_starts + '{"verdict": "approve"}']
+print(json.dumps([extract_json(text, schema) for text in answers]))
+"""
+
+
+def test_a_long_code_answer_from_claude_is_scanned_for_its_json_without_a_quadratic_stall() -> None:
+    # each brace that does not start JSON cost a scan of everything before it (json's error
+    # counts the lines up to its position): 6 MB took minutes, past any deadline
+    run = subprocess.run([sys.executable, "-c", CODE_ANSWER], capture_output=True, text=True, timeout=120, check=True)
+    # past 256 false starts the answer counts as ambiguous: passed on raw (schema_invalid)
+    assert json.loads(run.stdout) == ['{"verdict": "approve"}', None, None]
