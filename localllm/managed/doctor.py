@@ -11,6 +11,7 @@ from typing import Any
 from localllm import settings
 from localllm.managed import platforms
 from localllm.managed.cache import CacheLayout
+from localllm.managed.fetch import shown_url
 from localllm.managed.pins import Pins
 
 
@@ -81,7 +82,7 @@ def report(pins: Pins, layout: CacheLayout) -> dict[str, Any]:
         },
         "settings": {
             "cache_dir": str(layout.root),
-            "mirrors": settings.mirrors(),
+            "mirrors": [shown_url(mirror) for mirror in settings.mirrors()],  # a password masked
             "offline": settings.offline(),
             "server_bin": settings.server_bin(),
         },

@@ -40,7 +40,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
-from urllib.parse import quote, unquote, urlparse
+from urllib.parse import quote, unquote, urlparse, urlsplit, urlunsplit
 
 from localllm import _fs, _http
 from localllm._lock import hold
@@ -92,6 +92,19 @@ def human_size(n: int | None) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{value:.1f} GiB"
+
+
+def shown_url(url: str) -> str:
+    """``url`` as messages, logs and the resume record show it: a password in it
+    (``https://user:token@mirror/…``, which httpx sends as Basic auth) masked."""
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+    except ValueError:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
 
 
 @dataclass(frozen=True)
@@ -325,9 +338,9 @@ def _from_sources(
                 raise
             except FetchError as exc:
                 last = exc
-                tried.append(f"{source.location} ({exc})")
+                tried.append(f"{shown_url(source.location)} ({exc})")
                 if source.mirror:
-                    log(f"mirror {source.location} failed: {exc}; trying the next source")
+                    log(f"mirror {shown_url(source.location)} failed: {exc}; trying the next source")
     finally:
         if client is not None:
             client.close()
@@ -497,6 +510,8 @@ class _FileDownload:
         self.directory = directory
         self._space_checked = 0  # the offset at the last free-space check
         self.url = url
+        #: the URL in messages (a password masked)
+        self.shown = shown_url(url)
         self.artifact = artifact
         self.policy = policy
         self.cap = artifact.size  # the pin's size is a hard cap, when the pin has one
@@ -531,7 +546,7 @@ class _FileDownload:
                 download = cls(fh, url, artifact, policy, directory=dest.parent)
                 download.resume(_read_resume_meta(partial), url)
                 # whose bytes these are, before the first one arrives (a killed run leaves it)
-                _fs.atomic_write(meta, json.dumps({"url": url, "validator": None}), sync_dir=False)
+                _fs.atomic_write(meta, json.dumps({"url": shown_url(url), "validator": None}), sync_dir=False)
                 resumed = download.offset > 0
                 while True:
                     try:
@@ -548,7 +563,7 @@ class _FileDownload:
                             download._bar.close()
                             download._bar = None
                     try:
-                        _commit(fh, dest, sha=sha, actual=download.digest.hexdigest(), origin=url)
+                        _commit(fh, dest, sha=sha, actual=download.digest.hexdigest(), origin=shown_url(url))
                     except ChecksumMismatch:
                         if not resumed:
                             raise
@@ -565,7 +580,9 @@ class _FileDownload:
         finally:
             if keep and download is not None:
                 with contextlib.suppress(OSError):
-                    _fs.atomic_write(meta, json.dumps({"url": url, "validator": download.validator}), sync_dir=False)
+                    _fs.atomic_write(
+                        meta, json.dumps({"url": shown_url(url), "validator": download.validator}), sync_dir=False
+                    )
                 policy.log(
                     f"kept {download.offset} bytes of {artifact.file} in {partial}; the next fetch resumes from there"
                 )
@@ -583,7 +600,7 @@ class _FileDownload:
         if self.cap is not None and self.offset > self.cap:
             self.reset_file()
             return
-        if self.offset and meta.get("url") != url:
+        if self.offset and meta.get("url") != shown_url(url):
             # another source's bytes (a mirror that failed mid-body): never continued here
             self.policy.log(f"{self.artifact.file}: kept bytes came from another source; starting from zero")
             self.reset_file()
@@ -615,7 +632,7 @@ class _FileDownload:
         failures = 0
         attempts = 0
         # §9: the first fetch says so before anything else happens (a failed connect included)
-        policy.log(f"downloading {self.artifact.name} ({human_size(self.cap)}) from {self.url} …")
+        policy.log(f"downloading {self.artifact.name} ({human_size(self.cap)}) from {self.shown} …")
         while attempts < MAX_ATTEMPTS:
             if policy.is_cancelled():
                 raise _cancelled(self.artifact)
@@ -633,14 +650,14 @@ class _FileDownload:
                 failures = 0 if self.offset > start else failures + 1
                 if failures > policy.retries:
                     raise DownloadFailed(
-                        f"download of {self.artifact.file} from {self.url} failed after {failures} "
+                        f"download of {self.artifact.file} from {self.shown} failed after {failures} "
                         f"attempts without progress: {exc}"
                     ) from exc
                 delay = min(policy.backoff * (2 ** max(failures - 1, 0)), 30.0)
                 policy.log(f"{self.artifact.file}: {exc}; retrying from byte {self.offset} in {delay:.1f}s")
                 if policy.sleep(delay):
                     raise _cancelled(self.artifact) from None
-        raise DownloadFailed(f"download of {self.artifact.file} from {self.url}: too many attempts")
+        raise DownloadFailed(f"download of {self.artifact.file} from {self.shown}: too many attempts")
 
     def _failure(self, reason: str, exc: BaseException) -> Exception:
         """What an httpx exception means for this source (the mapper raises it)."""
@@ -656,7 +673,7 @@ class _FileDownload:
             self._awaiting = None  # the next attempt's wait for headers starts afresh
         if _http.is_permanent(exc):
             # No retry can fix these: an unknown host, a redirect loop, a malformed URL.
-            return DownloadFailed(f"download of {self.artifact.file} from {self.url}: {what}")
+            return DownloadFailed(f"download of {self.artifact.file} from {self.shown}: {what}")
         if isinstance(exc, httpx.ReadTimeout) and self._awaiting is not None:
             # connected, but no response headers: a read timeout, not a slow body
             waited = time.monotonic() - self._awaiting
@@ -670,7 +687,7 @@ class _FileDownload:
 
     def _no_headers(self, waited: float) -> DownloadFailed:
         return DownloadFailed(
-            f"download of {self.artifact.file} from {self.url}: read timeout: connected, but no "
+            f"download of {self.artifact.file} from {self.shown}: read timeout: connected, but no "
             f"response headers within {waited:.1f} s (limit: the connect timeout, "
             f"{self._header_budget():g} s); trying the next source"
         )
@@ -724,12 +741,12 @@ class _FileDownload:
             # Our offset is past what the server has: start over.
             raise _Retry("HTTP 416 for the resume offset", restart=True)
         if status >= 400:
-            raise DownloadFailed(f"HTTP {status} from {self.url}")
+            raise DownloadFailed(f"HTTP {status} from {self.shown}")
         if self.offset and status == 206 and not _range_starts_at(resp, self.offset):
             raise _Retry("Content-Range does not start at the resume offset")
         if self.offset and status != 206:
             # Server ignored Range: the body is the whole file again.
-            self.policy.log(f"{self.url} ignored the Range request; restarting {self.artifact.file} from zero")
+            self.policy.log(f"{self.shown} ignored the Range request; restarting {self.artifact.file} from zero")
             self.reset_file()
         if status in (200, 206):
             etag = resp.headers.get("etag")
@@ -740,7 +757,7 @@ class _FileDownload:
         total = self.offset + length if length is not None else self.cap
         if self.cap is not None and total is not None and total > self.cap:
             raise DownloadFailed(
-                f"{self.url} offers {human_size(total)} ({total} bytes) but {self.artifact.file} is "
+                f"{self.shown} offers {human_size(total)} ({total} bytes) but {self.artifact.file} is "
                 f"pinned at {self.cap} bytes; refusing this source"
             )
         return total
@@ -755,7 +772,7 @@ class _FileDownload:
             raise _cancelled(self.artifact)
         if self.cap is not None and self.offset + len(block) > self.cap:
             raise DownloadFailed(
-                f"{self.url} sent more than the {self.cap} bytes {self.artifact.file} is pinned at; "
+                f"{self.shown} sent more than the {self.cap} bytes {self.artifact.file} is pinned at; "
                 "refusing this source"
             )
         if self.cap is None and self.directory is not None and self.offset + len(block) - self._space_checked >= CHUNK:
@@ -780,7 +797,7 @@ class _FileDownload:
         rate = (self.received - received) / (now - since)
         if rate < self.policy.min_rate:
             raise DownloadFailed(
-                f"download of {self.artifact.file} from {self.url} stalled: {rate:.0f} B/s over the "
+                f"download of {self.artifact.file} from {self.shown} stalled: {rate:.0f} B/s over the "
                 f"last {now - since:.1f} s (minimum {self.policy.min_rate:.0f} B/s); trying the next source"
             )
         self._mark = (now, self.received)

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from localllm.errors import FetchError
+from localllm import cli
+from localllm.errors import DownloadFailed, FetchError
+from localllm.managed import fetch as fetch_mod
 from localllm.managed import verify
 from localllm.managed.fetch import fetch_artifact, partial_path
 from localllm.managed.pins import Artifact
@@ -156,3 +158,35 @@ def test_a_symlinked_artifact_directory_holding_the_right_file_is_used(tmp_path:
     dest.parent.symlink_to(user_dir)
     assert _fetch(_artifact("http://127.0.0.1:9/never"), dest) == dest
     assert (user_dir / NAME).read_bytes() == DATA
+
+
+PASSWORD = "s3cr3t-Pw-9"
+
+
+def test_a_mirror_password_is_never_shown(
+    tmp_path: Path, dest: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines: list[str] = []
+    wrong = os.urandom(len(DATA))  # the mirror serves other bytes: a sha256 mismatch names its URL
+    with ArchiveServer({NAME: wrong}) as srv:
+        mirror = srv.base_url.replace("http://", f"http://user:{PASSWORD}@")
+        art = _artifact("http://127.0.0.1:9/" + NAME)  # nothing listens there
+        with pytest.raises(DownloadFailed) as info:
+            fetch_artifact(art, dest, lock_path=tmp_path / "x.lock", mirrors=[mirror], log=lines.append, backoff=0.01)
+        assert srv.gets(NAME)  # the mirror was asked
+        # a download cut short keeps its resume record, which names where the bytes came from
+        real = fetch_mod._FileDownload._write
+
+        def write(self: fetch_mod._FileDownload, block: bytes) -> None:
+            real(self, block)
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(fetch_mod._FileDownload, "_write", write)
+        with pytest.raises(KeyboardInterrupt):
+            fetch_artifact(art, dest, lock_path=tmp_path / "x.lock", mirrors=[mirror], log=lines.append, backoff=0.01)
+    record = partial_path(dest, SHA).with_name(partial_path(dest, SHA).name + ".json")
+    monkeypatch.setenv("LOCALLLM_MIRROR", mirror)
+    assert cli.main(["doctor", "--json"]) == 0
+    shown = [str(info.value), info.value.hint, *lines, record.read_text(), capsys.readouterr().out]
+    assert [text for text in shown if PASSWORD in text] == []  # was in 5 log lines, the error and doctor
+    assert any("user:***@" in text for text in shown)
