@@ -1021,9 +1021,9 @@ class _Compiler:
             others = [t for t in _TYPES if t not in types and not (t == "integer" and "number" in types)]
             if "integer" in types and "number" not in types:
                 # the numbers left are the non-integers: no type says that, a kept "not" does
-                alts: list[Any] = [{"type": t} for t in others if t != "number"]
-                alts.append({"type": "number", "not": {"type": "integer"}})
-                return {"anyOf": alts} if len(alts) > 1 else alts[0]
+                fraction = {"type": "number", "not": {"type": "integer"}}
+                others = [t for t in others if t != "number"]
+                return {"anyOf": [{"type": others}, fraction]} if others else fraction
             return {"type": others} if others else False
         if key in ("const", "enum"):
             values = [value] if key == "const" else value
