@@ -16,11 +16,14 @@ import functools
 import hashlib
 import json
 import os
+import re
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from localllm._fs import read_capped
 
 __all__ = [
     "Attachment",
@@ -42,6 +45,26 @@ TOKEN_FILE = "token"
 LOCK_FILE = "service.lock"
 LOG_FILE = "service.log"
 _VERIFY_TIMEOUT = 1.0
+#: bounds on what a discovery or token file may hold (a service writes a few hundred bytes)
+_MAX_FILE = 1 << 20
+#: above any kernel's pid_max (Linux caps it at 2**22)
+_PID_MAX = (1 << 31) - 1
+#: an address or host name as a service binds it: no spaces, controls, or over-long labels
+_HOST = re.compile(r"[A-Za-z0-9.:\[\]%_-]{0,253}")
+
+
+def _int_in(value: Any, low: int, high: int) -> int | None:
+    """``value`` if it is an integer (not a bool) in ``[low, high]``, else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high else None
+
+
+def _read_small(path: Path) -> str | None:
+    """The text of a private regular file of at most :data:`_MAX_FILE` bytes, else None: never
+    waiting on a FIFO (``read_text`` blocked every reader for ever), never reading a huge file."""
+    try:
+        return read_capped(path, _MAX_FILE, regular=True).decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def run_dir(cache_root: Path) -> Path:
@@ -90,24 +113,38 @@ class Discovery:
 
     @classmethod
     def from_json(cls, data: Any) -> Discovery | None:
-        try:
-            build = data["build"]
-            models = data.get("models") or {}
-            if not isinstance(models, dict):
-                return None
-            return cls(
-                pid=int(data["pid"]),
-                host=str(data["host"]),
-                port=int(data["port"]),
-                instance=str(data["instance"]),
-                token_file=data.get("token_file"),
-                build_sha256=str(build["sha256"]),
-                build_path=str(build.get("path", "")),
-                models={str(k): dict(v) for k, v in models.items() if isinstance(v, dict)},
-                started=str(data.get("started", "")),
-            )
-        except (KeyError, TypeError, ValueError):
+        """The discovery in ``data``, or None when any field is not what a service writes (a
+        garbage pid, port or host was an ``OverflowError``, ``InvalidURL`` or ``UnicodeError``
+        out of :func:`verify`, failing every managed call that looked for a service)."""
+        if not isinstance(data, dict):
             return None
+        build = data.get("build")
+        models = data.get("models") or {}
+        pid, port, host = _int_in(data.get("pid"), 1, _PID_MAX), _int_in(data.get("port"), 1, 65535), data.get("host")
+        token_file, instance = data.get("token_file"), data.get("instance")
+        if (
+            not isinstance(build, dict)
+            or not isinstance(build.get("sha256"), str)
+            or not isinstance(models, dict)
+            or pid is None
+            or port is None
+            or not isinstance(host, str)
+            or not _HOST.fullmatch(host)
+            or not isinstance(instance, str)
+            or not (token_file is None or (isinstance(token_file, str) and token_file and "\0" not in token_file))
+        ):
+            return None
+        return cls(
+            pid=pid,
+            host=host,
+            port=port,
+            instance=instance,
+            token_file=token_file,
+            build_sha256=build["sha256"],
+            build_path=str(build.get("path", "")),
+            models={str(k): dict(v) for k, v in models.items() if isinstance(v, dict)},
+            started=str(data.get("started", "")),
+        )
 
     def model_for(self, sha256: str, build_sha256: str, role: str) -> str | None:
         """The id this service serves the artifact ``sha256`` under, with that build and role."""
@@ -184,9 +221,12 @@ def read_discovery(cache_root: Path) -> Discovery | None:
     path = run_dir(cache_root) / DISCOVERY_FILE
     if not _private(path):
         return None
+    text = _read_small(path)
+    if text is None:
+        return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
+        data = json.loads(text)
+    except (ValueError, RecursionError):
         return None
     return Discovery.from_json(data)
 
@@ -205,10 +245,8 @@ def read_token(path: str | Path | None) -> str | None:
     file = Path(path)
     if not _private(file):
         return None
-    try:
-        token = file.read_text(encoding="utf-8").strip()
-    except OSError:
-        return None
+    text = _read_small(file)
+    token = text.strip() if text is not None else None
     return token or None
 
 
@@ -229,12 +267,15 @@ def verify(discovery: Discovery, token: str | None, timeout: float = _VERIFY_TIM
     import http.client  # only when a service is found (~40 ms with ssl and email, off every start's path)
 
     host = "127.0.0.1" if discovery.host in ("0.0.0.0", "::", "") else discovery.host
-    conn = http.client.HTTPConnection(host, discovery.port, timeout=timeout)
+    try:
+        conn = http.client.HTTPConnection(host, discovery.port, timeout=timeout)
+    except (ValueError, http.client.HTTPException):
+        return False
     try:
         conn.request("GET", "/health", headers={"Authorization": f"Bearer {token}"} if token else {})
         response = conn.getresponse()
         body = response.read(65536)
-    except (OSError, http.client.HTTPException):
+    except (OSError, ValueError, http.client.HTTPException):  # ValueError: UnicodeError of a host
         return False
     finally:
         conn.close()

@@ -1,0 +1,125 @@
+"""Hostile discovery files: every reader (``discover`` for each managed agent and embedder,
+``localllm ps``/``stop``, a second ``serve``) answers "no service", at once and without a
+traceback, whatever sits at ``<cache>/run/service.json`` or the token file it names."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localllm.errors import ServiceUnavailable
+from localllm.managed import discovery
+from localllm.service import control
+from tests.conftest import REPO
+
+_GOOD: dict[str, Any] = {
+    "pid": os.getpid(),
+    "host": "127.0.0.1",
+    "port": 1,
+    "instance": "x",
+    "token_file": None,
+    "build": {"sha256": "b"},
+    "models": {"m": {"sha256": "m", "role": "chat"}},
+}
+
+
+def _run_dir(cache: Path) -> Path:
+    run = discovery.run_dir(cache)
+    run.mkdir(parents=True, mode=0o700)
+    return run
+
+
+def _write(path: Path, doc: Any) -> None:
+    path.write_text(json.dumps(doc))
+    os.chmod(path, 0o600)
+
+
+def _in_child(cache: Path, code: str) -> subprocess.CompletedProcess[str]:
+    """``code`` in a child with a deadline: a hang is a TimeoutExpired, not a stuck test run."""
+    env = {**os.environ, "LOCALLLM_CACHE_DIR": str(cache), "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=20, env=env, cwd=REPO
+    )
+
+
+_PROBE = (
+    "from pathlib import Path\n"
+    "from localllm.cli import main\n"
+    "from localllm.managed import discovery\n"
+    "print(discovery.discover(Path({cache!r}), 'b', 'm'))\n"
+    "print('ps', main(['ps']))\n"
+)
+
+
+@pytest.mark.parametrize("where", ["service.json", "token"])
+def test_a_fifo_at_the_discovery_or_token_file_is_no_service_not_a_hang(tmp_path: Path, where: str) -> None:
+    cache = tmp_path / "cache"
+    run = _run_dir(cache)
+    if where == "token":
+        _write(run / "service.json", {**_GOOD, "token_file": str(run / "token")})
+    os.mkfifo(run / where, 0o600)  # private and this user's: read_text() waited for a writer for ever
+    done = _in_child(cache, _PROBE.format(cache=str(cache)))
+    assert done.stdout.split() == ["None", "ps", "1"], done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"pid": 2**70},  # OverflowError from os.kill
+        {"host": "a\x00b"},  # http.client.InvalidURL
+        {"host": "a" * 300},  # UnicodeError from the idna codec
+        {"token_file": 5},  # TypeError from Path(5)
+        {"token_file": "a\x00b"},  # ValueError: embedded null byte
+        {"pid": 0},  # os.kill(0, 0) signals our own group: "alive"
+        {"pid": -1},
+        {"pid": True},
+        {"port": 99999},
+        {"port": "8911"},
+        {"build": "b"},
+    ],
+    ids=[
+        "pid-2**70",
+        "host-nul",
+        "host-300",
+        "token-int",
+        "token-nul",
+        "pid-0",
+        "pid-minus-1",
+        "pid-true",
+        "port-99999",
+        "port-str",
+        "build-str",
+    ],
+)
+def test_garbage_discovery_fields_are_no_service(tmp_path: Path, fields: dict[str, Any]) -> None:
+    cache = tmp_path / "cache"
+    _write(_run_dir(cache) / "service.json", {**_GOOD, **fields})
+    assert discovery.read_discovery(cache) is None
+    assert discovery.discover(cache, "b", "m") is None
+    with pytest.raises(ServiceUnavailable):
+        control.connect(cache)
+
+
+def test_an_oversized_discovery_file_is_not_read(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    path = _run_dir(cache) / "service.json"
+    _write(path, {**_GOOD, "started": "x" * (2 << 20)})  # a service writes a few hundred bytes
+    assert discovery.read_discovery(cache) is None
+
+
+def test_a_well_formed_discovery_still_reads(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    run = _run_dir(cache)
+    (run / "token").write_text("secret\n")
+    os.chmod(run / "token", 0o600)
+    _write(run / "service.json", {**_GOOD, "token_file": str(run / "token"), "host": "::1", "port": 8911})
+    found = discovery.read_discovery(cache)
+    assert found is not None and (found.pid, found.host, found.port) == (os.getpid(), "::1", 8911)
+    assert discovery.read_token(found.token_file) == "secret"
