@@ -26,7 +26,7 @@ import functools
 import json
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
@@ -211,6 +211,11 @@ class Event:
     call_id: str | None = None
     episode_id: str | None = None
     match_idx: int | None = None
+    raw_line: bytes | None = field(default=None, init=False, repr=False, compare=False)
+    """The line this event was read from (set by the reader; ``dataclasses.replace`` drops it).
+
+    The reference writer keeps a read payload's bytes (a ``json.RawMessage``): re-emitting
+    the event writes them again as Go compacts them, never re-encoded (``1.0`` stays ``1.0``)."""
 
     @property
     def off_path(self) -> bool:

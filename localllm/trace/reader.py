@@ -65,11 +65,13 @@ __all__ = [
     "load_object",
     "parse_json_line",
     "parse_trace",
+    "raw_payload",
     "read_trace",
 ]
 
 BOM = b"\xef\xbb\xbf"
 _REQUIRED = ("turn", "seq", "ts", "kind", "payload")
+_INT63 = 2**63
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -136,7 +138,9 @@ def parse_trace(
             # A sequence error on an earlier line still wins, so check those first.
             first_error = exc
             break
-        events.append(Event.from_json(obj))
+        event = Event.from_json(obj)
+        object.__setattr__(event, "raw_line", raw)  # frozen; the payload's bytes for a rewrite
+        events.append(event)
     _check_sequence(events, where, lenient=lenient)
     if first_error is not None:
         raise first_error
@@ -213,7 +217,7 @@ def event_problem(obj: dict[str, Any]) -> str | None:
             return f'missing required field "{name}"'
     for name in ("turn", "seq"):
         if not _is_count(obj[name]):
-            return f'field "{name}" must be a non-negative integer'
+            return _count_problem(name, obj[name])
     if not is_rfc3339_utc(obj["ts"]):
         return 'field "ts" must be an RFC3339 UTC timestamp ending in Z'
     if not isinstance(obj["kind"], str) or not obj["kind"]:
@@ -225,7 +229,7 @@ def event_problem(obj: dict[str, Any]) -> str | None:
             return f'field "{name}" must be a string'
     for name in ("parent_turn", "match_idx"):
         if obj.get(name) is not None and not _is_count(obj[name]):
-            return f'field "{name}" must be a non-negative integer'
+            return _count_problem(name, obj[name])
     for key, rel in sidecar_refs(obj["payload"]):
         problem = name_problem(rel) if isinstance(rel, str) else None
         if problem:
@@ -273,8 +277,58 @@ def _check_sequence(events: list[Event], where: str | None, *, lenient: bool = F
         last[ev.turn] = ev.seq
 
 
+_GO_COMPACT = re.compile(r'("(?:[^"\\]|\\.)*")|[ \t\r\n]+')
+
+
+def raw_payload(line: bytes) -> tuple[str, Any] | None:
+    """The ``payload`` value of an event line as written, compacted as Go's ``json.Compact``
+    (whitespace outside strings dropped; numbers and string escapes kept byte for byte), and
+    the value it parses to; ``None`` when ``line`` is not an object with a payload.
+
+    The reference reader keeps an event's payload as raw bytes (``json.RawMessage``) and its
+    writer writes them back so; this is what a rewrite of a read event must write.
+    """
+    try:
+        text = line.decode("utf-8")
+        idx = _skip_ws(text, 0)
+        if text[idx : idx + 1] != "{":
+            return None
+        idx = _skip_ws(text, idx + 1)
+        found: tuple[int, int, Any] | None = None
+        while text[idx] != "}":
+            key, idx = _DECODER.raw_decode(text, idx)
+            start = _skip_ws(text, _skip_ws(text, idx) + 1)  # past the ":"
+            value, end = _DECODER.raw_decode(text, start)
+            if key == "payload":
+                found = (start, end, value)  # a repeated key: the last wins, as in Go
+            idx = _skip_ws(text, end)
+            if text[idx] == ",":
+                idx = _skip_ws(text, idx + 1)
+    except (ValueError, IndexError, RecursionError):
+        return None
+    if found is None:
+        return None
+    start, end, value = found
+    return _GO_COMPACT.sub(lambda m: m.group(1) or "", text[start:end]), value
+
+
+def _skip_ws(text: str, idx: int) -> int:
+    """The index of the first non-whitespace character of ``text`` at or after ``idx``."""
+    while text[idx : idx + 1] in (" ", "\t", "\r", "\n"):
+        idx += 1
+    return idx
+
+
 def _is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    # turn/parent_turn are Go int64, seq/match_idx Go int (64-bit): the reference reader
+    # refuses 2^63 and above ("cannot unmarshal number … into … int64"), and so does the writer
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _INT63
+
+
+def _count_problem(name: str, value: object) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= _INT63:
+        return f'field "{name}" {value} does not fit in a signed 64-bit integer'
+    return f'field "{name}" must be a non-negative integer'
 
 
 def _no_constant(name: str) -> NoReturn:

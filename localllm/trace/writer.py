@@ -46,12 +46,13 @@ from localllm.trace.event import (
     SCHEMA_VERSION,
     Event,
     canonical_ts,
+    dumps,
     format_ts,
     go_escape,
     header_line,
     is_rfc3339_utc,
 )
-from localllm.trace.reader import event_problem, load_object, parse_trace
+from localllm.trace.reader import event_problem, load_object, parse_trace, raw_payload
 
 __all__ = ["TORN_SUFFIX", "TraceWriter"]
 
@@ -221,7 +222,7 @@ class TraceWriter:
             fd = self._require_open()
             fields = self._rehome(fields)
             ev = Event(seq=self._next_seq.get(fields["turn"], 0), ts=canonical_ts(event.ts), **fields)
-            return self._write(fd, ev, ev.to_line())
+            return self._write(fd, ev, _line_of(ev, event.raw_line))
 
     def append_raw(self, line: bytes | str) -> Event:
         """Append an event line verbatim (e.g. ``Trace.raw_lines[i]``: unknown kinds/fields kept).
@@ -378,6 +379,25 @@ class TraceWriter:
         self._events.extend(evs)
         self._lines.extend(raws)
         return evs
+
+
+def _line_of(ev: Event, read_from: bytes | None) -> bytes:
+    """``ev``'s line; when it was read from ``read_from`` and its payload is still what that
+    line holds, with the payload's bytes as read (Go-compacted and escaped), as the reference
+    writer rewrites a read event (its payload is a ``json.RawMessage``: ``1.0``, ``1E+2``,
+    ``"\\u00e9"`` are written back as they were, not re-encoded)."""
+    line = ev.to_line()
+    if read_from is None:
+        return line
+    found = raw_payload(read_from)
+    if found is None:
+        return line
+    text, value = found
+    payload = dumps(ev.payload)
+    if dumps(value) != payload:  # changed since it was read, or cleaned by the write-time rules
+        return line
+    head = line[: len(line) - len(payload.encode("utf-8")) - 1]  # `…,"payload":` + payload + `}`
+    return head + go_escape(text).encode("utf-8") + b"}"
 
 
 def _check_fields(
