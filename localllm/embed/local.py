@@ -294,6 +294,12 @@ class LocalEmbedder:
         if len(width) != 1:
             raise DimensionMismatch(f"the embedding server returned vectors of mixed sizes {sorted(width)}")
         (dims,) = width
+        if dims == 0:  # an empty list per input: an unknown model's dims became 0,
+            # then Index(0) a bare ValueError
+            raise EmbedServerError(
+                f"model {self.model!r}: the embedding server returned empty vectors for {len(batch)} inputs: "
+                "nothing was stored"
+            )
         if self._native_dims is None:
             self._native_dims = dims
         elif dims != self._native_dims:
@@ -308,6 +314,13 @@ class LocalEmbedder:
             raise EmbedServerError(
                 f"model {self.model!r}: the embedding server returned a vector with NaN or infinite values "
                 f"for input {index} of {len(batch)}: nothing was stored"
+            )
+        zero = ~matrix.any(axis=1)
+        if zero.any():  # no direction: it scored 0 against everything, stored for good like a NaN
+            index = int(np.flatnonzero(zero)[0])
+            raise EmbedServerError(
+                f"model {self.model!r}: the embedding server returned an all-zero vector for input {index} "
+                f"of {len(batch)}: nothing was stored"
             )
         return matrix
 
@@ -346,9 +359,10 @@ class LocalEmbedder:
                 centred = matrix - matrix.mean(axis=1, keepdims=True)
                 matrix = centred / np.sqrt((centred**2).mean(axis=1, keepdims=True) + 1e-5)
             matrix = np.ascontiguousarray(matrix[:, :want])
-            norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+            norms = np.linalg.norm(matrix.astype(np.float64), axis=1, keepdims=True)
             return (matrix / np.where(norms == 0, 1, norms)).astype(np.float32, copy=False)
-        norms = np.linalg.norm(matrix, axis=1)
+        # float64: float32 squares of components near 1e-23 underflow to a norm of 0
+        norms = np.linalg.norm(matrix.astype(np.float64), axis=1)
         bad = np.flatnonzero(np.abs(norms - 1.0) > _NORM_TOLERANCE)
         if self.normalize is True or (bad.size and self.normalize == "auto"):
             if bad.size and not self.normalized_here and self.normalize == "auto":

@@ -1,0 +1,102 @@
+"""Hostile embedding answers and search inputs: a clear error and nothing stored, or the right hits."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from localllm.embed.corpus import search
+from localllm.embed.embedder import FakeEmbedder
+from localllm.embed.local import LocalEmbedder
+from localllm.errors import EmbedServerError
+from tests.unit.test_embed_local import FakeServer, _info
+
+
+def _every(embedding: Callable[[int], Any]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    def mutate(out: dict[str, Any]) -> dict[str, Any]:
+        for item in out["data"]:
+            item["embedding"] = embedding(item["index"])
+        return out
+
+    return mutate
+
+
+def _b64(vec: np.ndarray[Any, Any]) -> str:
+    return base64.b64encode(np.asarray(vec, dtype="<f4").tobytes()).decode()
+
+
+def _corpus(tmp_path: Path) -> Path:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("alpha beta")
+    (corpus / "b.txt").write_text("gamma delta")
+    return corpus
+
+
+def _endpoint(server: FakeServer, *, registry: bool) -> LocalEmbedder:
+    # registry=False: a model the registry does not know (its dims learnt from the first answer)
+    return LocalEmbedder(
+        "http://embed.test",
+        "not-in-registry",
+        transport=httpx.MockTransport(server.handler),
+        model_info=_info(dims=server.dims) if registry else None,
+    )
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # the unknown model's "no prefixes" warning
+@pytest.mark.parametrize("registry", [True, False], ids=["known-model", "unknown-model"])
+@pytest.mark.parametrize(
+    "embedding",
+    [
+        lambda i: _b64(np.zeros(8)),  # stored for good: every chunk then scored 0.0 and listed as a hit
+        lambda i: [0.0] * 8,
+        lambda i: [],  # unknown model: a bare ValueError ("dims must be positive") out of search
+        lambda i: [[]],
+    ],
+    ids=["zero-b64", "zero-floats", "empty", "empty-rows"],
+)
+def test_a_vector_with_no_direction_is_a_server_error_and_nothing_is_stored(
+    tmp_path: Path, registry: bool, embedding: Callable[[int], Any]
+) -> None:
+    server = FakeServer(shuffle=False)
+    server.mutate = _every(embedding)
+    embedder = _endpoint(server, registry=registry)
+    corpus, store = _corpus(tmp_path), tmp_path / "store"
+    with pytest.raises(EmbedServerError):
+        search("alpha", embedder, ["*"], base_dir=corpus, store_root=store)
+    assert _rows(store) == 0
+    # the server fixed: the same search ranks the matching chunk first, nothing stale reused
+    server.mutate = None
+    report = search("alpha beta", embedder, ["*"], base_dir=corpus, store_root=store)
+    assert report.embedded == 2 and report.hits[0].path == "a.txt"
+    assert report.hits[0].score == pytest.approx(1.0, abs=1e-5)
+
+
+def _rows(store: Path) -> int:
+    total = 0
+    for db in store.glob("*.sqlite"):
+        with contextlib.closing(sqlite3.connect(db)) as conn:
+            total += conn.execute("SELECT count(*) FROM vectors").fetchone()[0]
+    return total
+
+
+def test_tiny_but_nonzero_vectors_are_normalised_not_zeroed() -> None:
+    # float32 components of 1e-30: their squares underflow, the norm came out 0, the vector stayed 0
+    server = FakeServer(shuffle=False)
+    server.mutate = _every(lambda i: [1e-30 * (k + 1 + i) for k in range(8)])
+    out = _endpoint(server, registry=True).embed(["a", "b"], "query")
+    assert np.linalg.norm(out, axis=1) == pytest.approx([1.0, 1.0], abs=1e-5)
+    assert float(out[0] @ out[1]) < 0.9999  # two directions, not two zero rows
+
+
+def test_fake_embedder_search_sanity(tmp_path: Path) -> None:
+    report = search("alpha beta", FakeEmbedder(16), ["*"], base_dir=_corpus(tmp_path), store=False)
+    assert report.hits[0].path == "a.txt" and report.hits[0].score == pytest.approx(1.0, abs=1e-5)
