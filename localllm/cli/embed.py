@@ -123,6 +123,8 @@ def _search(args: argparse.Namespace) -> int:
 
     if args.top_k < 1:
         raise UsageError(f"--top-k must be at least 1, got {args.top_k}")
+    if not -1.0 <= args.min_score <= 1.0:  # a cosine; nan compared false with every score: 0 hits, exit 0
+        raise UsageError(f"--min-score must be a cosine in [-1, 1], got {args.min_score}")
     if args.window < 1 or not 0 <= args.overlap < args.window:
         raise UsageError(f"need 0 <= --overlap < --window, got --window {args.window} --overlap {args.overlap}")
     for pattern in args.corpus:  # a plain path (no glob) must exist; a glob matching nothing is a warning

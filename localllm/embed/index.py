@@ -8,6 +8,7 @@ stable across runs and platforms.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -106,6 +107,8 @@ class Index:
             raise DimensionMismatch(f"index holds {self.dims}-dimension vectors, query has shape {q.shape}")
         if top_k < 1:
             raise ValueError(f"top_k must be at least 1, got {top_k}")
+        if math.isnan(min_score):  # NaN: every score compares false, so no hit, and no error said why
+            raise ValueError("min_score must be a number, got nan")
         matrix = self.matrix()
         n = matrix.shape[0]
         if n == 0:

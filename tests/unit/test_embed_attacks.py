@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -13,8 +14,10 @@ import httpx
 import numpy as np
 import pytest
 
+from localllm.cli import main
 from localllm.embed.corpus import search
 from localllm.embed.embedder import FakeEmbedder
+from localllm.embed.index import Index
 from localllm.embed.local import LocalEmbedder
 from localllm.errors import EmbedServerError
 from tests.unit.test_embed_local import FakeServer, _info
@@ -100,3 +103,24 @@ def test_tiny_but_nonzero_vectors_are_normalised_not_zeroed() -> None:
 def test_fake_embedder_search_sanity(tmp_path: Path) -> None:
     report = search("alpha beta", FakeEmbedder(16), ["*"], base_dir=_corpus(tmp_path), store=False)
     assert report.hits[0].path == "a.txt" and report.hits[0].score == pytest.approx(1.0, abs=1e-5)
+
+
+@pytest.mark.parametrize("value", ["nan", "1.5"])
+def test_search_min_score_outside_the_cosine_range_is_a_usage_error(
+    tmp_path: Path, value: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # nan answered 0 hits with exit 0 (every score compares false with it): a silent empty result
+    cfg = tmp_path / "localllm.yaml"
+    cfg.write_text("embedders:\n  docs: {endpoint: 'http://127.0.0.1:9', model: all-minilm-l6-v2}\n")
+    _corpus(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    argv = ["search", "alpha", "--config", str(cfg), "--embedder", "docs", "--corpus", "corpus", "--min-score"]
+    assert main([*argv, value, "--json"]) == 2
+    assert json.loads(capsys.readouterr().out)["kind"] == "usage_error"  # before the embedder is reached
+
+
+def test_index_refuses_a_nan_min_score() -> None:
+    index = Index.from_matrix(["a"], [[1.0, 0.0]])
+    assert [h.id for h in index.search([1.0, 0.0], min_score=-1.0)] == ["a"]
+    with pytest.raises(ValueError, match="min_score"):
+        index.search([1.0, 0.0], min_score=float("nan"))
