@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from localllm.cli import main
-from localllm.embed.corpus import search
+from localllm.embed.corpus import Chunking, load_corpus, search
 from localllm.embed.embedder import FakeEmbedder
 from localllm.embed.index import Index
 from localllm.embed.local import LocalEmbedder
@@ -124,3 +124,25 @@ def test_index_refuses_a_nan_min_score() -> None:
     assert [h.id for h in index.search([1.0, 0.0], min_score=-1.0)] == ["a"]
     with pytest.raises(ValueError, match="min_score"):
         index.search([1.0, 0.0], min_score=float("nan"))
+
+
+@pytest.mark.parametrize(("window", "overlap"), [(1, 0), (2, 1), (3, 0), (4, 2)])
+def test_a_window_narrower_than_a_character_takes_the_whole_character(
+    tmp_path: Path, window: int, overlap: int
+) -> None:
+    # the windows cut 😀 and 中 into bytes: chunks of U+FFFD, the characters never searchable
+    (tmp_path / "t.txt").write_text("a😀b中c", encoding="utf-8")
+    corpus = load_corpus(["t.txt"], tmp_path, Chunking(window=window, overlap=overlap))
+    data = (tmp_path / "t.txt").read_bytes()
+    for chunk in corpus.chunks:
+        assert data[chunk.start : chunk.end].decode("utf-8") == chunk.text  # strict: whole characters
+    assert {"😀", "中"} <= {c.text for c in corpus.chunks} | {ch for c in corpus.chunks for ch in c.text}
+    assert "\ufffd" not in "".join(c.text for c in corpus.chunks)
+
+
+def test_a_run_of_utf8_continuation_bytes_is_chunked_in_windows(tmp_path: Path) -> None:
+    # each window walked back through the whole run: 1-byte chunks, quadratic (40 KB: 110 s, 38,001 chunks)
+    (tmp_path / "latin.txt").write_bytes(b"\xbf" * 12_000)
+    corpus = load_corpus(["latin.txt"], tmp_path, Chunking(window=2000, overlap=200))
+    assert [(c.start, c.end) for c in corpus.chunks][:2] == [(0, 2000), (1800, 3800)]
+    assert len(corpus.chunks) == 7
