@@ -98,6 +98,11 @@ class Index:
 
     def search(self, query: ArrayLike, top_k: int = 5, min_score: float = 0.0) -> list[Hit]:
         """The ``top_k`` most similar vectors with score ≥ ``min_score``, best first."""
+        scores = self.scores(query)
+        return [Hit(self._ids[i], float(scores[i]), i) for i in top_positions(scores, top_k, min_score)]
+
+    def scores(self, query: ArrayLike) -> NDArray[np.float32]:
+        """The cosine of ``query`` with every vector, in insertion order."""
         import numpy as np
 
         q = np.asarray(query, dtype=np.float32)
@@ -105,18 +110,11 @@ class Index:
             q = q[0]
         if q.ndim != 1 or q.shape[0] != self.dims:
             raise DimensionMismatch(f"index holds {self.dims}-dimension vectors, query has shape {q.shape}")
-        if top_k < 1:
-            raise ValueError(f"top_k must be at least 1, got {top_k}")
-        if math.isnan(min_score):  # NaN: every score compares false, so no hit, and no error said why
-            raise ValueError("min_score must be a number, got nan")
         matrix = self.matrix()
-        n = matrix.shape[0]
-        if n == 0:
-            return []
-        q = _unit_rows(q.reshape(1, -1))[0]
-        scores = matrix @ q
-        order = _top_positions(scores, top_k)
-        return [Hit(self._ids[i], float(scores[i]), int(i)) for i in order if scores[i] >= min_score]
+        if matrix.shape[0] == 0:
+            return np.zeros(0, dtype=np.float32)
+        scores: NDArray[np.float32] = matrix @ _unit_rows(q.reshape(1, -1))[0]
+        return scores
 
 
 def _unit_rows(arr: NDArray[np.generic]) -> NDArray[np.float32]:
@@ -133,6 +131,18 @@ def _unit_rows(arr: NDArray[np.generic]) -> NDArray[np.float32]:
         out = out.copy()  # never rescale the caller's array in place
     np.divide(out, np.where(norms == 0, 1.0, norms)[:, None], out=out)
     return out
+
+
+def top_positions(scores: NDArray[np.float32], top_k: int, min_score: float = 0.0) -> list[int]:
+    """Positions of the ``top_k`` largest ``scores`` that are ≥ ``min_score``, best first, ties
+    by lower position first."""
+    if top_k < 1:
+        raise ValueError(f"top_k must be at least 1, got {top_k}")
+    if math.isnan(min_score):  # NaN: every score compares false, so no hit, and no error said why
+        raise ValueError("min_score must be a number, got nan")
+    if scores.shape[0] == 0:
+        return []
+    return [i for i in _top_positions(scores, top_k) if scores[i] >= min_score]
 
 
 def _top_positions(scores: NDArray[np.float32], k: int) -> list[int]:

@@ -146,3 +146,32 @@ def test_a_run_of_utf8_continuation_bytes_is_chunked_in_windows(tmp_path: Path) 
     corpus = load_corpus(["latin.txt"], tmp_path, Chunking(window=2000, overlap=200))
     assert [(c.start, c.end) for c in corpus.chunks][:2] == [(0, 2000), (1800, 3800)]
     assert len(corpus.chunks) == 7
+
+
+def test_equal_chunks_share_one_index_row_and_rank_as_brute_force_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a 1 MiB markdown file of "#" lines is 524,287 equal chunks: one stacked row each took 1.8 GB
+    (tmp_path / "h.md").write_bytes(b"#\n" * 20_000)
+    words = ["alpha", "beta", "gamma", "alpha", "delta", "beta", "alpha"]
+    for i, word in enumerate(words):  # equal chunks across files too
+        (tmp_path / f"f{i}.txt").write_text(word)
+    shapes: list[tuple[int, ...]] = []
+    real = Index.from_matrix.__func__  # type: ignore[attr-defined]
+
+    def spy(cls: type[Index], ids: list[str], matrix: Any) -> Index:
+        shapes.append(np.asarray(matrix).shape)
+        return real(cls, ids, matrix)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(Index, "from_matrix", classmethod(spy))
+    embedder = FakeEmbedder(16)
+    report = search("alpha", embedder, ["*"], base_dir=tmp_path, store=False, top_k=5, min_score=-1.0)
+    assert report.chunks == 20_000 + len(words) and shapes == [(5, 16)]  # "#\n" and four words
+    # brute force over every chunk: the same ids, scores and tie order (lower position first)
+    corpus = load_corpus(["*"], tmp_path)
+    query = embedder.embed(["alpha"], "query")[0]
+    scored = [(-float(embedder.embed([c.text], "document")[0] @ query), k) for k, c in enumerate(corpus.chunks)]
+    best = sorted(scored)[:5]
+    assert [h.id for h in report.hits] == [corpus.chunks[k].id for _, k in best]
+    assert [h.score for h in report.hits] == pytest.approx([-s for s, _ in best], abs=1e-6)
+    assert [h.id for h in report.hits][:3] == ["f0.txt#0", "f3.txt#0", "f6.txt#0"]
