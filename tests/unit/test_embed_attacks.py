@@ -6,6 +6,7 @@ import base64
 import contextlib
 import json
 import sqlite3
+import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,10 +16,13 @@ import numpy as np
 import pytest
 
 from localllm.cli import main
+from localllm.config import Intent
+from localllm.embed import router as router_module
 from localllm.embed.corpus import Chunking, load_corpus, search
 from localllm.embed.embedder import FakeEmbedder
 from localllm.embed.index import Index
 from localllm.embed.local import LocalEmbedder
+from localllm.embed.router import Router, calibrate
 from localllm.errors import EmbedServerError
 from tests.unit.test_embed_local import FakeServer, _info
 
@@ -175,3 +179,56 @@ def test_equal_chunks_share_one_index_row_and_rank_as_brute_force_does(
     assert [h.id for h in report.hits] == [corpus.chunks[k].id for _, k in best]
     assert [h.score for h in report.hits] == pytest.approx([-s for s, _ in best], abs=1e-6)
     assert [h.id for h in report.hits][:3] == ["f0.txt#0", "f3.txt#0", "f6.txt#0"]
+
+
+def _loo_by_hand(names: list[str], labels: list[str], matrix: Any) -> list[tuple[float, float, bool, bool]]:
+    """The leave-one-out decisions the slow way: every pair, in Python."""
+    sims = (np.asarray(matrix) @ np.asarray(matrix).T).tolist()
+    out: list[tuple[float, float, bool, bool]] = []
+    for i, own in enumerate(labels):
+        best: dict[str, float] = {}
+        for j, label in enumerate(labels):
+            if j != i:
+                best[label] = max(best.get(label, -2.0), sims[i][j])
+        ranked = sorted(((best[n], n) for n in names if n in best), key=lambda p: -p[0])
+        for inside, pool in ((True, ranked), (False, [p for p in ranked if p[1] != own])):
+            if pool and (not inside or own in best):
+                lead = pool[0][0] - pool[1][0] if len(pool) > 1 else pool[0][0]
+                out.append((pool[0][0], lead, inside and pool[0][1] == own, inside))
+    return out
+
+
+@pytest.mark.parametrize("block", [7, 1 << 22])
+def test_router_calibration_is_bounded_and_decides_as_by_hand(monkeypatch: pytest.MonkeyPatch, block: int) -> None:
+    # the whole similarity matrix as Python floats and a loop over every pair: 6,000 examples
+    # took 1.6 GB (CLINC150's 15,000: ~10 GB); now row blocks of the matrix, each intent's best by numpy
+    monkeypatch.setattr(router_module, "_LOO_BLOCK", block)
+    words = ["rain", "sun", "bill", "card", "bug", "crash", "hello"]
+    intents = [
+        Intent(name="weather", examples=("rain", "sun", "rain sun", "rain")),  # a duplicate: exact ties
+        Intent(name="billing", examples=("bill", "card bill", "sun")),  # shared with weather
+        Intent(name="bug", examples=("crash",)),  # one example: no in-scope decision
+        Intent(name="greet", examples=tuple(f"hello {w}" for w in words)),
+    ]
+    router = Router(intents, FakeEmbedder(8), confident=0.5, margin=0.1)
+    labels = [name for name, _ in router._examples]
+    got = router_module._leave_one_out(router.names, labels, router._matrix)
+    want = _loo_by_hand(router.names, labels, router._matrix)
+    assert [(d.correct, d.in_scope) for d in got] == [w[2:] for w in want]
+    flat = [x for d in got for x in (d.similarity, d.margin)]
+    if block == 1 << 22:  # one block: the very products of the whole matrix
+        assert flat == [x for w in want for x in w[:2]]
+    else:  # other shapes of product may round an ulp of float32 apart
+        assert flat == pytest.approx([x for w in want for x in w[:2]], abs=1e-6)
+
+
+def test_router_calibration_memory_grows_with_the_block_not_the_square() -> None:
+    intents = [Intent(name=f"i{j}", examples=tuple(f"example {j} {m}" for m in range(100))) for j in range(30)]
+    router = Router(intents, FakeEmbedder(16), confident=0.5, margin=0.1)  # 3,000 examples
+    tracemalloc.start()
+    try:
+        calibrate(router)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 120 << 20  # the 3,000² matrix as a list of floats: ~290 MB
