@@ -105,6 +105,7 @@ class Service:
         self.build_sha256 = ""
         self.build_path = ""
         self._model_shas: dict[str, dict[str, str]] = {}
+        self._token_written = False
         self.started = ""
 
     # ------------------------------------------------------------------ start
@@ -138,9 +139,13 @@ class Service:
         return self
 
     def _take_lock(self) -> None:
-        self.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(self.run_dir, 0o700)
-        fd = os.open(self.run_dir / discovery.LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        lock = self.run_dir / discovery.LOCK_FILE
+        try:
+            self.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(self.run_dir, 0o700)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:  # a directory at the lock: "a bug in localllm" (IsADirectoryError)
+            raise _unusable(lock if self.run_dir.is_dir() else self.run_dir, exc) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -247,7 +252,8 @@ class Service:
     def _publish(self) -> None:
         token_file: str | None = None
         if self.token is not None:
-            discovery.write_private(self.token_path, self.token + "\n")
+            _write_run_file(self.token_path, self.token + "\n")
+            self._token_written = True
             token_file = str(self.token_path)
         self.started = datetime.now(timezone.utc).isoformat(timespec="seconds")
         found = discovery.Discovery(
@@ -261,7 +267,10 @@ class Service:
             models=self._model_shas,
             started=self.started,
         )
-        discovery.write_discovery(self.cache_root, found)
+        try:
+            discovery.write_discovery(self.cache_root, found)
+        except OSError as exc:  # a directory at service.json: "a bug in localllm" (IsADirectoryError)
+            raise _unusable(self.run_dir / discovery.DISCOVERY_FILE, exc) from exc
         if self.pool is not None:
             self.pool.start_reaper()
 
@@ -339,7 +348,7 @@ class Service:
             self.app.close()
         if self._lock_fd is not None:
             discovery.remove_discovery(self.cache_root, self.instance)
-            if self.token is not None:
+            if self._token_written:  # never whatever else sits at the token's path
                 self.token_path.unlink(missing_ok=True)
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = None
@@ -354,3 +363,17 @@ class Service:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def _unusable(path: Path, exc: OSError) -> ServiceError:
+    return ServiceError(
+        f"cannot use {path}: {exc.strerror or exc}",
+        hint=f"remove {path} (the service makes its own); {path.parent} holds only the service's files",
+    )
+
+
+def _write_run_file(path: Path, text: str) -> None:
+    try:
+        discovery.write_private(path, text)
+    except OSError as exc:
+        raise _unusable(path, exc) from exc

@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from localllm.errors import ServiceUnavailable
+from localllm.errors import ServiceError, ServiceRunning, ServiceUnavailable
 from localllm.managed import discovery
 from localllm.service import control
+from localllm.service.daemon import ServeOptions, Service
 from tests.conftest import REPO
 
 _GOOD: dict[str, Any] = {
@@ -123,3 +124,24 @@ def test_a_well_formed_discovery_still_reads(tmp_path: Path) -> None:
     found = discovery.read_discovery(cache)
     assert found is not None and (found.pid, found.host, found.port) == (os.getpid(), "::1", 8911)
     assert discovery.read_token(found.token_file) == "secret"
+
+
+@pytest.mark.parametrize("name", ["service.lock", "service.json", "token"])
+def test_a_directory_where_the_service_writes_is_a_service_error_and_kept(
+    tmp_path: Path, server_bin: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    # "a bug in localllm" (IsADirectoryError) from `serve`, `serve --detach` the same via its log
+    monkeypatch.setenv("LOCALLLM_SERVER_BIN", str(server_bin))
+    cache = tmp_path / "cache"
+    run = _run_dir(cache)
+    (run / name).mkdir()
+    (run / name / "keep").write_text("mine")
+    with pytest.raises(ServiceError) as info:
+        Service(ServeOptions(port=0), cache_root=cache).start()
+    assert not isinstance(info.value, ServiceRunning)
+    assert (run / name / "keep").read_text() == "mine"  # nothing removed
+    assert {p.name for p in run.iterdir()} <= {name, "service.lock"}  # no token, discovery or temp file left
+    (run / name / "keep").unlink()
+    (run / name).rmdir()
+    with Service(ServeOptions(port=0), cache_root=cache) as service:  # the lock was let go
+        assert discovery.read_discovery(cache) is not None and service.port > 0
