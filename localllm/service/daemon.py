@@ -368,7 +368,7 @@ class Service:
 def _unusable(path: Path, exc: OSError) -> ServiceError:
     return ServiceError(
         f"cannot use {path}: {exc.strerror or exc}",
-        hint=f"remove {path} (the service makes its own); {path.parent} holds only the service's files",
+        hint=f"remove {path} (the service makes its own)",
     )
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from localllm.cli import main
 from localllm.errors import ServiceError, ServiceRunning, ServiceUnavailable
 from localllm.managed import discovery
 from localllm.service import control
@@ -145,3 +146,18 @@ def test_a_directory_where_the_service_writes_is_a_service_error_and_kept(
     (run / name).rmdir()
     with Service(ServeOptions(port=0), cache_root=cache) as service:  # the lock was let go
         assert discovery.read_discovery(cache) is not None and service.port > 0
+
+
+@pytest.mark.parametrize("detach", [False, True], ids=["foreground", "detach"])
+def test_a_file_where_the_run_directory_goes_is_a_usable_error(
+    tmp_path: Path, server_bin: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], detach: bool
+) -> None:
+    monkeypatch.setenv("LOCALLLM_SERVER_BIN", str(server_bin))
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setenv("LOCALLLM_CACHE_DIR", str(cache))
+    (cache / "run").write_text("mine")
+    assert main(["serve", "--port", "0", "--json", *(["--detach"] if detach else [])]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["kind"] != "internal_error"  # FileExistsError: "a bug in localllm" (detached)
+    assert (cache / "run").read_text() == "mine"
