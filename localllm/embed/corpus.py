@@ -297,9 +297,15 @@ def load_corpus(patterns: Sequence[str], base_dir: Path | None = None, chunking:
     for path in paths:
         shown = display_path(path, base)
         try:
-            data = read_capped(path, c.max_file_bytes)  # bounded even if the file grows meanwhile
+            # bounded even if the file grows meanwhile; regular: a file swapped for a FIFO after
+            # the glob blocked the open for ever
+            data = read_capped(path, c.max_file_bytes, regular=True)
         except Unreadable:
-            skipped.append(Skipped(shown, f"larger than {c.max_file_bytes} bytes"))
+            try:
+                big = path.is_file() and path.stat().st_size > c.max_file_bytes
+            except OSError:
+                big = False
+            skipped.append(Skipped(shown, f"larger than {c.max_file_bytes} bytes" if big else "not a regular file"))
             continue
         except OSError as exc:
             skipped.append(Skipped(shown, f"unreadable: {exc.strerror or exc}"))

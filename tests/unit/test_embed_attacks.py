@@ -5,7 +5,9 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import os
 import sqlite3
+import threading
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +19,7 @@ import pytest
 
 from localllm.cli import main
 from localllm.config import Intent
+from localllm.embed import corpus as corpus_module
 from localllm.embed import router as router_module
 from localllm.embed.corpus import Chunking, load_corpus, search
 from localllm.embed.embedder import FakeEmbedder
@@ -232,3 +235,34 @@ def test_router_calibration_memory_grows_with_the_block_not_the_square() -> None
     finally:
         tracemalloc.stop()
     assert peak < 120 << 20  # the 3,000² matrix as a list of floats: ~290 MB
+
+
+def test_a_file_swapped_for_a_fifo_after_the_glob_is_skipped_not_waited_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "a.txt").write_text("hello")
+    (tmp_path / "big.txt").write_bytes(b"x" * 3000)
+    real = corpus_module.expand_globs
+
+    def swapped(patterns: Any, base: Path) -> tuple[list[Path], list[str]]:
+        found = real(patterns, base)
+        (tmp_path / "a.txt").unlink()
+        os.mkfifo(tmp_path / "a.txt")  # replaced between the glob and the read: the open waited for ever
+        return found
+
+    monkeypatch.setattr(corpus_module, "expand_globs", swapped)
+    done: list[Any] = []
+    worker = threading.Thread(
+        target=lambda: done.append(load_corpus(["*.txt"], tmp_path, Chunking(max_file_bytes=2000))), daemon=True
+    )
+    worker.start()
+    worker.join(10)
+    if not done:  # unblock the reader so the thread ends
+        with open(tmp_path / "a.txt", "wb"):
+            pass
+        worker.join(5)
+    assert done, "load_corpus waited on the FIFO"
+    assert {(s.path, s.reason) for s in done[0].skipped} == {
+        ("a.txt", "not a regular file"),
+        ("big.txt", "larger than 2000 bytes"),
+    }
