@@ -12,6 +12,7 @@ milliseconds, not an import of the HTTP stack.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -45,6 +46,8 @@ TOKEN_FILE = "token"
 LOCK_FILE = "service.lock"
 LOG_FILE = "service.log"
 _VERIFY_TIMEOUT = 1.0
+#: the whole /health answer, however it trickles
+_VERIFY_TOTAL = 5.0
 #: bounds on what a discovery or token file may hold (a service writes a few hundred bytes)
 _MAX_FILE = 1 << 20
 #: above any kernel's pid_max (Linux caps it at 2**22)
@@ -260,24 +263,44 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def verify(discovery: Discovery, token: str | None, timeout: float = _VERIFY_TIMEOUT) -> bool:
+def _shut(sock: Any) -> None:
+    """End a connection's reads now (a blocked ``recv`` returns)."""
+    import socket
+
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+def verify(
+    discovery: Discovery, token: str | None, timeout: float = _VERIFY_TIMEOUT, total: float = _VERIFY_TOTAL
+) -> bool:
     """True when the service named by ``discovery`` answers /health with its instance id."""
     if not _pid_alive(discovery.pid):
         return False
     import http.client  # only when a service is found (~40 ms with ssl and email, off every start's path)
+    import threading
 
     host = "127.0.0.1" if discovery.host in ("0.0.0.0", "::", "") else discovery.host
     try:
         conn = http.client.HTTPConnection(host, discovery.port, timeout=timeout)
     except (ValueError, http.client.HTTPException):
         return False
+    cut: threading.Timer | None = None
     try:
+        conn.connect()
+        # ``timeout`` bounds each read, not the answer: something else on the port (a stale
+        # file, its pid reused) sending a byte every 0.3 s held every attach for hours
+        cut = threading.Timer(total, _shut, (conn.sock,))
+        cut.daemon = True
+        cut.start()
         conn.request("GET", "/health", headers={"Authorization": f"Bearer {token}"} if token else {})
         response = conn.getresponse()
         body = response.read(65536)
     except (OSError, ValueError, http.client.HTTPException):  # ValueError: UnicodeError of a host
         return False
     finally:
+        if cut is not None:
+            cut.cancel()
         conn.close()
     if response.status != 200:
         return False

@@ -4,10 +4,14 @@ traceback, whatever sits at ``<cache>/run/service.json`` or the token file it na
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -161,3 +165,36 @@ def test_a_file_where_the_run_directory_goes_is_a_usable_error(
     doc = json.loads(capsys.readouterr().out)
     assert doc["kind"] != "internal_error"  # FileExistsError: "a bug in localllm" (detached)
     assert (cache / "run").read_text() == "mine"
+
+
+def test_something_else_on_the_port_trickling_its_answer_is_given_up_on(tmp_path: Path) -> None:
+    # a stale discovery file whose pid is alive again (reused) and whose port another program
+    # holds, answering a byte at a time: each read met the 1 s timeout, the attach waited hours
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def drip() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            for byte in b"HTTP/1.1 200 OK\r\n" + b"X" * 100_000:
+                if stop.is_set():
+                    return
+                with contextlib.suppress(OSError):
+                    conn.send(bytes([byte]))
+                time.sleep(0.2)
+
+    dripper = threading.Thread(target=drip, daemon=True)
+    dripper.start()
+    cache = tmp_path / "cache"
+    _write(_run_dir(cache) / "service.json", {**_GOOD, "port": listener.getsockname()[1]})
+    found: list[Any] = []
+    reader = threading.Thread(target=lambda: found.append(discovery.discover(cache, "b", "m")), daemon=True)
+    try:
+        reader.start()
+        reader.join(20)  # the 5 s bound on the whole answer, with room for a loaded machine
+        assert found == [None]
+    finally:
+        stop.set()
+        listener.close()
+        dripper.join(5)
