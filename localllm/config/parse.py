@@ -523,6 +523,22 @@ def _intents(draft: Draft, raw: Any) -> None:
             problems.add(f"{key}.description", "must be a string")
             description = ""
         draft.intents[name] = Intent(name, tuple(examples), description)
+    _shared_examples(draft)
+
+
+def _shared_examples(draft: Draft) -> None:
+    """An example under two intents routes as a tie for ever and makes calibration meaningless."""
+    first: dict[str, str] = {}
+    for name, intent in draft.intents.items():
+        for k, example in enumerate(intent.examples):
+            owner = first.setdefault(example, f"intents.{name}.examples[{k}]")
+            if not owner.startswith(f"intents.{name}.examples["):
+                draft.problems.add(
+                    f"intents.{name}.examples[{k}]",
+                    f"example {show(example)} is also under {owner}: an input equal to it ties the two intents, "
+                    "and calibrating counts each of them as wrong",
+                    "keep the example under one intent only",
+                )
 
 
 def _router(draft: Draft, raw: Any) -> None:

@@ -453,6 +453,14 @@ def calibrate(router: Router, target_precision: float = 0.9, level: float = 0.95
     labels = [name for name, _ in router._examples]
     if len(labels) < 2:
         raise EmbedError("calibrating the router needs at least two examples under intents:")
+    owner: dict[str, str] = {}
+    for name, example in router._examples:
+        if owner.setdefault(example, name) != name:
+            raise EmbedError(
+                f"example {_shown(example)} is under both intents {owner[example]!r} and {name!r}: every "
+                "decision on it is wrong, so the bars would be meaningless",
+                hint=f"keep the example under one intent only (remove it from {owner[example]!r} or {name!r})",
+            )
     decisions = _leave_one_out(router.names, labels, router._matrix)
     confident, first_met = _bar(
         [d.similarity for d in decisions], [d.correct for d in decisions], target_precision, level
@@ -480,6 +488,11 @@ def calibrate(router: Router, target_precision: float = 0.9, level: float = 0.95
         lower_bound=precision_lower_bound(right, len(accepted), level) if accepted else 0.0,
         needed=math.ceil(math.log(1.0 - level) / math.log(target_precision)) if target_precision < 1.0 else 0,
     )
+
+
+def _shown(text: str, limit: int = 60) -> str:
+    shown = repr(text)
+    return shown if len(shown) <= limit else shown[: limit - 3] + "..."
 
 
 def default_bars(model: Any) -> tuple[float, float, str]:

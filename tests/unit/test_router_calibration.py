@@ -147,3 +147,28 @@ def test_registry_bars_per_embedder() -> None:
     assert source == "registry:all-minilm-l6-v2" and confident < 0.82  # MiniLM's cosines run low
     assert (minilm.router_confident, minilm.router_margin) == (confident, margin)
     assert default_bars(lookup("some-unknown-model", warn=False)) == (0.82, 0.08, "default")
+
+
+def test_an_example_under_two_intents_is_named_at_load_and_refused_by_calibrate(tmp_path: Path) -> None:
+    # it routes as a tie for ever; calibrating counted both its decisions wrong and chose bars
+    # whose accepted decisions were 0 % right
+    (tmp_path / "c.yaml").write_text(
+        "intents:\n  a: {examples: [a2, same]}\n  b: {examples: [b1, b2, same]}\n  c: {examples: [same]}\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "c.yaml")
+    problems = info.value.problems
+    assert [p.key for p in problems] == ["intents.b.examples[2]", "intents.c.examples[0]"]
+    assert all("intents.a.examples[1]" in p.message and p.hint for p in problems)
+    vectors = {**VECTORS, "same": (0.0, 0.0, 1.0)}
+    router = Router([Intent("a", ("a1", "same")), Intent("b", ("b1", "same"))], Table(vectors))
+    with pytest.raises(EmbedError) as refused:
+        calibrate(router)
+    assert "'same'" in str(refused.value) and "'a'" in str(refused.value) and "'b'" in str(refused.value)
+    # the same example twice under one intent is not this problem
+    load_config(_write(tmp_path / "d.yaml", "intents: {a: {examples: [x, x]}, b: {examples: [y]}}\n"))
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
