@@ -347,23 +347,24 @@ def search(
     """
     import numpy as np
 
+    from localllm.embed.embedder import embed_rows
     from localllm.embed.index import Index, top_positions
 
     c = chunking or Chunking()
     corpus = load_corpus(patterns, base_dir, c)
     # the query first: an unknown model's dims are then known before the store is keyed
-    qvec = embedder.embed([query], "query")
+    qvec = embed_rows(embedder, [query], "query")
     embedded = 0
 
     def embed_documents(texts: Sequence[str]) -> NDArray[np.float32]:
         nonlocal embedded
         if progress is None:
             embedded += len(texts)
-            return embedder.embed(texts, "document")
+            return embed_rows(embedder, texts, "document")
         parts = []
         for i in range(0, len(texts), PROGRESS_BATCH):
             part = texts[i : i + PROGRESS_BATCH]
-            parts.append(embedder.embed(part, "document"))
+            parts.append(embed_rows(embedder, part, "document"))
             embedded += len(part)
             progress(len(part))
         return np.concatenate(parts) if parts else embedder.embed(texts, "document")

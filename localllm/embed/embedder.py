@@ -52,6 +52,30 @@ class Embedder(Protocol):
         ...
 
 
+def embed_rows(embedder: Embedder, texts: Sequence[str], role: Role) -> NDArray[np.float32]:
+    """``embedder.embed(texts, role)``, checked to be one row per text (any embedder, ours or not).
+
+    A custom embedder answering too few or too many rows is the
+    :class:`~localllm.errors.EmbedServerError` an endpoint answering so is, naming the embedder
+    and both counts, not a bare ``ValueError``/``IndexError`` from the code that zips them.
+    """
+    from localllm.errors import EmbedServerError
+
+    matrix = embedder.embed(texts, role)
+    shape = getattr(matrix, "shape", None)
+    rows = shape[0] if isinstance(shape, tuple) and len(shape) == 2 else None
+    if rows != len(texts):
+        identity = getattr(embedder, "identity", None)
+        model = getattr(identity, "model", None)
+        name = type(embedder).__name__ + (f" (model {model!r})" if model else "")
+        got = f"{rows} vectors" if rows is not None else f"an array of shape {shape}"
+        raise EmbedServerError(
+            f"embedder {name} returned {got} for {len(texts)} {role} texts (one row per text is the contract)",
+            hint="fix the embedder's embed() to return an array of shape (len(texts), dims)",
+        )
+    return matrix
+
+
 def _fnv1a32(data: bytes) -> int:
     h = _FNV_OFFSET
     for byte in data:

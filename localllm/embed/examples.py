@@ -216,7 +216,9 @@ class ExampleSet:
         self._lock = threading.Lock()
 
     def _embed(self, texts: Sequence[str]) -> NDArray[np.float32]:
-        return self.embedder.embed(list(texts), "query")
+        from localllm.embed.embedder import embed_rows
+
+        return embed_rows(self.embedder, list(texts), "query")
 
     def matrix(self) -> NDArray[np.float32]:
         """One unit row per example, in order; embedded (or read from the store) once."""

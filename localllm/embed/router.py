@@ -128,6 +128,8 @@ class Router:
     ) -> None:
         import numpy as np
 
+        from localllm.embed.embedder import embed_rows
+
         if confident is None or margin is None:  # the embedding model's measured bars, else the defaults
             from localllm.embed.registry import lookup
 
@@ -161,7 +163,7 @@ class Router:
                 "add examples or set router.agent"
             )
         texts = [e for _, e in self._examples]
-        self._matrix = embedder.embed(texts, "query") if texts else np.zeros((0, 1), dtype=np.float32)
+        self._matrix = embed_rows(embedder, texts, "query") if texts else np.zeros((0, 1), dtype=np.float32)
 
     def route(self, text: str) -> Verdict:
         """The verdict for ``text``: embedding tier, then the decide tier if needed."""
@@ -178,9 +180,11 @@ class Router:
 
     def semantic(self, text: str) -> Verdict:
         """The embedding tier alone: a route, or a tie/miss with its candidates."""
+        from localllm.embed.embedder import embed_rows
+
         best: dict[str, tuple[float, str]] = {}
         if self._examples:
-            q = self.embedder.embed([text], "query")[0]
+            q = embed_rows(self.embedder, [text], "query")[0]
             sims = self._matrix @ q
             for (name, example), sim in zip(self._examples, sims.tolist(), strict=True):
                 if name not in best or sim > best[name][0]:

@@ -266,3 +266,41 @@ def test_a_file_swapped_for_a_fifo_after_the_glob_is_skipped_not_waited_on(
         ("a.txt", "not a regular file"),
         ("big.txt", "larger than 2000 bytes"),
     }
+
+
+class _Miscounting:
+    """A custom Embedder (not ours) answering ``extra`` rows more (or fewer) for a batch of ``sizes`` texts."""
+
+    def __init__(self, extra: int, sizes: tuple[int, ...] = (3,)) -> None:
+        self.inner = FakeEmbedder(8)
+        self.extra = extra
+        self.sizes = sizes
+
+    @property
+    def identity(self) -> Any:
+        return self.inner.identity
+
+    def embed(self, texts: Any, role: Any) -> Any:
+        rows = self.inner.embed(texts, role)
+        if len(texts) not in self.sizes:
+            return rows
+        return rows[: len(texts) + self.extra] if self.extra < 0 else np.concatenate([rows, rows[: self.extra]])
+
+
+@pytest.mark.parametrize("extra", [-1, 1])
+@pytest.mark.parametrize("store", [False, True])
+def test_a_custom_embedder_answering_the_wrong_row_count_is_an_embed_server_error(
+    tmp_path: Path, extra: int, store: bool
+) -> None:
+    # store=False zipped the rows with strict=True: a bare ValueError; the router an IndexError
+    for name in ("a", "b", "c"):
+        (tmp_path / f"{name}.txt").write_text(f"text {name}\n")
+    with pytest.raises(EmbedServerError) as info:
+        search("q", _Miscounting(extra), ["*.txt"], base_dir=tmp_path, store=store, store_root=tmp_path / "s")
+    message = str(info.value)
+    assert "_Miscounting" in message and f"{3 + extra} vectors" in message and "for 3 " in message
+    with pytest.raises(EmbedServerError):
+        Router([Intent("a", ("x", "y")), Intent("b", ("z",))], _Miscounting(extra), confident=0.5, margin=0.1)
+    router = Router([Intent("a", ("x", "y")), Intent("b", ("z",))], _Miscounting(extra, sizes=(1,)))
+    with pytest.raises(EmbedServerError):  # the query's own row
+        router.route("x")
