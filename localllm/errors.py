@@ -260,12 +260,17 @@ class UnsupportedPlatform(FetchError):
 class ChecksumMismatch(FetchError, ValueError):
     """Downloaded bytes do not hash to the pin; the cache was left untouched."""
 
-    def __init__(self, *, expected: str, actual: str, path: str, url: str, hint: str = "") -> None:
+    def __init__(
+        self, *, expected: str, actual: str, path: str, url: str, final_url: str | None = None, hint: str = ""
+    ) -> None:
         self.expected = expected
         self.actual = actual
         self.path = path
         self.url = url
-        super().__init__(f"sha256 mismatch for {path} from {url}: expected {expected}, got {actual}", hint=hint)
+        #: where the bytes came from when ``url`` redirected elsewhere (else None)
+        self.final_url = final_url
+        origin = f"{url} (redirected to {final_url})" if final_url else url
+        super().__init__(f"sha256 mismatch for {path} from {origin}: expected {expected}, got {actual}", hint=hint)
 
 
 class DownloadFailed(FetchError, ConnectionError):

@@ -107,6 +107,17 @@ def shown_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
 
 
+def shown_final_url(url: str) -> str:
+    """A redirect's target as messages show it: :func:`shown_url` without the query, which
+    for a CDN is a signature (``?X-Amz-Signature=…``) that must not surface."""
+    shown = shown_url(url)
+    try:
+        parts = urlsplit(shown)
+    except ValueError:
+        return shown
+    return urlunsplit(parts._replace(query="…" if parts.query else "", fragment=""))
+
+
 @dataclass(frozen=True)
 class Source:
     """Where to try a file: a local path or an http(s) URL."""
@@ -393,10 +404,10 @@ def _check_space(directory: Path, needed: int | None, what: str) -> None:
         )
 
 
-def _commit(fh: BinaryIO, dest: Path, *, sha: str, actual: str, origin: str) -> None:
+def _commit(fh: BinaryIO, dest: Path, *, sha: str, actual: str, origin: str, final: str | None = None) -> None:
     """Compare, then fsync and rename: the only way bytes enter the cache."""
     if actual != sha:
-        raise ChecksumMismatch(expected=sha, actual=actual, path=str(dest), url=origin)
+        raise ChecksumMismatch(expected=sha, actual=actual, path=str(dest), url=origin, final_url=final)
     _fs.replace_durably(fh, dest)
     verify.write_stamp(dest, sha)
 
@@ -512,6 +523,8 @@ class _FileDownload:
         self.url = url
         #: the URL in messages (a password masked)
         self.shown = shown_url(url)
+        #: where the last request ended up when ``url`` redirected (shown form), else None
+        self.final: str | None = None
         self.artifact = artifact
         self.policy = policy
         self.cap = artifact.size  # the pin's size is a hard cap, when the pin has one
@@ -563,7 +576,14 @@ class _FileDownload:
                             download._bar.close()
                             download._bar = None
                     try:
-                        _commit(fh, dest, sha=sha, actual=download.digest.hexdigest(), origin=shown_url(url))
+                        _commit(
+                            fh,
+                            dest,
+                            sha=sha,
+                            actual=download.digest.hexdigest(),
+                            origin=shown_url(url),
+                            final=download.final,
+                        )
                     except ChecksumMismatch:
                         if not resumed:
                             raise
@@ -590,6 +610,16 @@ class _FileDownload:
                 for leftover in (partial, meta):
                     with contextlib.suppress(FileNotFoundError):
                         leftover.unlink()
+
+    @property
+    def where(self) -> str:
+        """The source in error messages: its URL, and where it redirected to, if it did."""
+        return f"{self.shown} (redirected to {self.final})" if self.final else self.shown
+
+    def _landed(self, url: object) -> None:
+        """Note the URL a request ended at (a redirect's target), for the errors."""
+        final = str(url)
+        self.final = shown_final_url(final) if final != self.url else None
 
     def resume(self, meta: dict[str, Any], url: str) -> None:
         """Pick up a kept partial: rehash its bytes (nothing unread is trusted), continue after them."""
@@ -650,14 +680,14 @@ class _FileDownload:
                 failures = 0 if self.offset > start else failures + 1
                 if failures > policy.retries:
                     raise DownloadFailed(
-                        f"download of {self.artifact.file} from {self.shown} failed after {failures} "
+                        f"download of {self.artifact.file} from {self.where} failed after {failures} "
                         f"attempts without progress: {exc}"
                     ) from exc
                 delay = min(policy.backoff * (2 ** max(failures - 1, 0)), 30.0)
                 policy.log(f"{self.artifact.file}: {exc}; retrying from byte {self.offset} in {delay:.1f}s")
                 if policy.sleep(delay):
                     raise _cancelled(self.artifact) from None
-        raise DownloadFailed(f"download of {self.artifact.file} from {self.shown}: too many attempts")
+        raise DownloadFailed(f"download of {self.artifact.file} from {self.where}: too many attempts")
 
     def _failure(self, reason: str, exc: BaseException) -> Exception:
         """What an httpx exception means for this source (the mapper raises it)."""
@@ -665,6 +695,9 @@ class _FileDownload:
 
         if self.policy.is_cancelled():
             return _cancelled(self.artifact)
+        with contextlib.suppress(RuntimeError):  # an httpx error without its request
+            if isinstance(exc, httpx.RequestError):
+                self._landed(exc.request.url)
         what = f"{reason} ({type(exc).__name__})"
         if self._deadline is not None and self._deadline.fired and self._awaiting is not None:
             # headers dripped in too slowly: the deadline cut the connection
@@ -673,7 +706,7 @@ class _FileDownload:
             self._awaiting = None  # the next attempt's wait for headers starts afresh
         if _http.is_permanent(exc):
             # No retry can fix these: an unknown host, a redirect loop, a malformed URL.
-            return DownloadFailed(f"download of {self.artifact.file} from {self.shown}: {what}")
+            return DownloadFailed(f"download of {self.artifact.file} from {self.where}: {what}")
         if isinstance(exc, httpx.ReadTimeout) and self._awaiting is not None:
             # connected, but no response headers: a read timeout, not a slow body
             waited = time.monotonic() - self._awaiting
@@ -687,7 +720,7 @@ class _FileDownload:
 
     def _no_headers(self, waited: float) -> DownloadFailed:
         return DownloadFailed(
-            f"download of {self.artifact.file} from {self.shown}: read timeout: connected, but no "
+            f"download of {self.artifact.file} from {self.where}: read timeout: connected, but no "
             f"response headers within {waited:.1f} s (limit: the connect timeout, "
             f"{self._header_budget():g} s); trying the next source"
         )
@@ -716,6 +749,7 @@ class _FileDownload:
         ):
             deadline.headers_in()
             self._awaiting = None
+            self._landed(resp.url)
             total = self._check_response(resp)
             if not self._announced:
                 self._announce(dest, total)
@@ -741,12 +775,12 @@ class _FileDownload:
             # Our offset is past what the server has: start over.
             raise _Retry("HTTP 416 for the resume offset", restart=True)
         if status >= 400:
-            raise DownloadFailed(f"HTTP {status} from {self.shown}")
+            raise DownloadFailed(f"HTTP {status} from {self.where}")
         if self.offset and status == 206 and not _range_starts_at(resp, self.offset):
             raise _Retry("Content-Range does not start at the resume offset")
         if self.offset and status != 206:
             # Server ignored Range: the body is the whole file again.
-            self.policy.log(f"{self.shown} ignored the Range request; restarting {self.artifact.file} from zero")
+            self.policy.log(f"{self.where} ignored the Range request; restarting {self.artifact.file} from zero")
             self.reset_file()
         if status in (200, 206):
             etag = resp.headers.get("etag")
@@ -757,7 +791,7 @@ class _FileDownload:
         total = self.offset + length if length is not None else self.cap
         if self.cap is not None and total is not None and total > self.cap:
             raise DownloadFailed(
-                f"{self.shown} offers {human_size(total)} ({total} bytes) but {self.artifact.file} is "
+                f"{self.where} offers {human_size(total)} ({total} bytes) but {self.artifact.file} is "
                 f"pinned at {self.cap} bytes; refusing this source"
             )
         return total
@@ -772,7 +806,7 @@ class _FileDownload:
             raise _cancelled(self.artifact)
         if self.cap is not None and self.offset + len(block) > self.cap:
             raise DownloadFailed(
-                f"{self.shown} sent more than the {self.cap} bytes {self.artifact.file} is pinned at; "
+                f"{self.where} sent more than the {self.cap} bytes {self.artifact.file} is pinned at; "
                 "refusing this source"
             )
         if self.cap is None and self.directory is not None and self.offset + len(block) - self._space_checked >= CHUNK:
@@ -797,7 +831,7 @@ class _FileDownload:
         rate = (self.received - received) / (now - since)
         if rate < self.policy.min_rate:
             raise DownloadFailed(
-                f"download of {self.artifact.file} from {self.shown} stalled: {rate:.0f} B/s over the "
+                f"download of {self.artifact.file} from {self.where} stalled: {rate:.0f} B/s over the "
                 f"last {now - since:.1f} s (minimum {self.policy.min_rate:.0f} B/s); trying the next source"
             )
         self._mark = (now, self.received)

@@ -375,3 +375,30 @@ def test_an_unparsable_mirror_url_is_a_fetch_error(
         _fetch(_artifact(archive_bytes, None), tmp_path / "x.tar.gz", Log(), mirrors=[mirror])
     assert type(info.value) is FetchError
     assert ("LOCALLLM_MIRROR" if from_env else "--mirror") in (info.value.hint or "")
+
+
+@pytest.mark.parametrize("failure", ["sha256", "404"])
+def test_a_redirected_download_that_fails_names_the_final_url_too(
+    tmp_path: Path, archive_bytes: bytes, failure: str
+) -> None:
+    # the error named only the URL asked for: a mirror redirecting to a stale or wrong host
+    # looked like the mirror's own fault
+    files = {"llama-test.tar.gz": archive_bytes} if failure == "sha256" else {}
+    with ArchiveServer(files) as final, ArchiveServer({}, redirect_to=final.base_url + "/files") as mirror:
+        art = _artifact(archive_bytes, mirror.url("llama-test.tar.gz"))
+        if failure == "sha256":
+            art = Artifact(name=art.name, file=art.file, sha256="0" * 64, url=art.url)
+        with pytest.raises(FetchError) as info:
+            _fetch(art, tmp_path / "m.tar.gz", Log())
+        assert [r.status for r in mirror.requests] == [302]
+        assert [r.status for r in final.requests] == [200 if failure == "sha256" else 404]
+    error = info.value
+    assert isinstance(error, ChecksumMismatch if failure == "sha256" else DownloadFailed)
+    message = str(error)
+    assert mirror.url("llama-test.tar.gz") in message
+    assert final.base_url + "/files/llama-test.tar.gz" in message
+    assert "SECRET" not in message  # a signed URL's query is not shown
+    if isinstance(error, ChecksumMismatch):
+        assert error.url == mirror.url("llama-test.tar.gz")
+        assert error.final_url is not None and error.final_url.startswith(final.base_url + "/files/")
+    assert _leftovers(tmp_path) == []

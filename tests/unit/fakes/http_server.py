@@ -13,6 +13,7 @@ Behaviour, per GET ``/<name>`` (or ``/<prefix>/<name>``; only the last segment c
 - ``misbehave``: ``"redirect-loop"`` (302 to itself), ``"overlong"`` (Content-Length 1000x
   the file), ``"endless"`` (no Content-Length, the file's bytes repeated forever),
   ``"trickle"`` (one byte every ``delay`` s), ``"silent"`` (headers, then nothing);
+- ``redirect_to``: every GET is a 302 to ``<redirect_to>/<name>?sig=…`` (a signed-URL-like query);
 - every request is recorded in ``requests`` (name, Range header, status) for assertions.
 Standard library only.
 """
@@ -67,6 +68,7 @@ class ArchiveServer:
         fail_first: int = 0,
         delay: float = 0.0,
         misbehave: str | None = None,
+        redirect_to: str | None = None,
         port: int = 0,
     ) -> None:
         self.files = dict(files or {})
@@ -77,6 +79,7 @@ class ArchiveServer:
         self.fail_first = fail_first
         self.delay = delay
         self.misbehave = misbehave
+        self.redirect_to = redirect_to
         self.sent = 0  # body bytes written, over all requests
         self.stopping = threading.Event()
         self.requests: list[Request] = []
@@ -137,6 +140,14 @@ class ArchiveServer:
     def handle(self, h: _Handler, *, head: bool) -> None:
         name = unquote(urlparse(h.path).path).rsplit("/", 1)[-1]
         rng = h.headers.get("Range")
+        if self.redirect_to is not None:
+            with self._lock:
+                self.requests.append(Request(name, rng, 302, h.headers.get("If-Range")))
+            h.send_response(302)
+            h.send_header("Location", f"{self.redirect_to}/{name}?sig=SECRET")
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            return
         with self._lock:
             index = len(self.requests)
             found = self._size_and_reader(name)
