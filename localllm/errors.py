@@ -213,6 +213,10 @@ class AgentError(LocalLLMError):
 class SchemaError(LocalLLMError, ValueError):
     """A JSON Schema file that cannot be read, parsed or resolved."""
 
+    #: where a file that is not JSON goes wrong (1-based), when that is the problem
+    line: int | None = None
+    column: int | None = None
+
 
 class TraceError(LocalLLMError):
     """Base of every trace read or write failure."""

@@ -43,6 +43,40 @@ def unreadable(path: Path, exc: Exception) -> SchemaError:
     return SchemaError(text, hint="pass the path of a JSON Schema file inside the config directory")
 
 
+#: what most often causes each of the decoder's messages, and the fix
+_JSON_FIXES = (
+    (
+        "Expecting property name",
+        "a key must be a double-quoted string: remove a trailing comma before }, or change 'key' to \"key\"",
+    ),
+    (
+        "Expecting value",
+        "a value is missing there: remove a trailing comma, a comment (JSON has none), or change 'text' to \"text\"",
+    ),
+    ("Expecting ',' delimiter", "add the comma between the two items (or close the bracket before)"),
+    ("Expecting ':' delimiter", "put a colon between the key and its value"),
+    ("Unterminated string", "close the string with a double quote"),
+    ("Invalid control character", "write a newline or tab inside a string as \\n or \\t"),
+    ("Invalid \\escape", "write a backslash inside a string as \\\\"),
+    ("Extra data", "one JSON document per file: remove what follows the first one"),
+)
+
+
+def invalid_json(path: Path, text: str, exc: json.JSONDecodeError) -> SchemaError:
+    """The SchemaError for a file that is not JSON: the line and column, the line itself, the fix."""
+    line = text.splitlines()[exc.lineno - 1] if exc.lineno - 1 < len(text.splitlines()) else ""
+    shown = line.strip()
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    fix = next((f for start, f in _JSON_FIXES if exc.msg.startswith(start)), "fix the JSON there")
+    near = f" (near {shown!r})" if shown else ""
+    error = SchemaError(
+        f"{path}: not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}{near}",
+        hint=f"{fix} (line {exc.lineno}, column {exc.colno})",
+    )
+    error.line, error.column = exc.lineno, exc.colno
+    return error
+
+
 def read_schema_file(path: Path) -> dict[str, Any]:
     """Read one schema file; ``SchemaError`` names the file and the problem."""
     try:
@@ -55,6 +89,8 @@ def read_schema_file(path: Path) -> dict[str, Any]:
         raise unreadable(path, exc) from exc
     try:
         data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise invalid_json(path, text, exc) from exc
     except (ValueError, RecursionError) as exc:
         raise SchemaError(f"{path}: not valid JSON: {exc}") from exc
     if not isinstance(data, dict):

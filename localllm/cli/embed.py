@@ -9,7 +9,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from localllm.cli.foundation import add_config_option, load
-from localllm.cli.output import EXIT_FAILED, EXIT_OK, UsageError, emit_json, err, out, output_path, warn
+from localllm.cli.output import (
+    EXIT_FAILED,
+    EXIT_OK,
+    UsageError,
+    check_range,
+    emit_json,
+    err,
+    out,
+    output_path,
+    warn,
+)
 
 if TYPE_CHECKING:
     from localllm.config import Config
@@ -121,12 +131,11 @@ def _progress_bar() -> Any:
 def _search(args: argparse.Namespace) -> int:
     from localllm.embed.corpus import Chunking, search
 
-    if args.top_k < 1:
-        raise UsageError(f"--top-k must be at least 1, got {args.top_k}")
-    if not -1.0 <= args.min_score <= 1.0:  # a cosine; nan compared false with every score: 0 hits, exit 0
-        raise UsageError(f"--min-score must be a cosine in [-1, 1], got {args.min_score}")
-    if args.window < 1 or not 0 <= args.overlap < args.window:
-        raise UsageError(f"need 0 <= --overlap < --window, got --window {args.window} --overlap {args.overlap}")
+    check_range("--top-k", args.top_k, low=1, default=5)
+    # a cosine; nan compared false with every score: 0 hits, exit 0
+    check_range("--min-score", args.min_score, low=-1.0, high=1.0, default=0.0)
+    check_range("--window", args.window, low=1, unit="bytes", default=2000)
+    check_range("--overlap", args.overlap, low=0, high=args.window, high_open=True, unit="bytes (below --window)")
     for pattern in args.corpus:  # a plain path (no glob) must exist; a glob matching nothing is a warning
         if not any(c in pattern for c in "*?[") and not Path(pattern).exists():
             raise UsageError(
@@ -187,8 +196,8 @@ def _route(args: argparse.Namespace) -> int:
 
     if args.text is None and not args.calibrate:
         raise UsageError("route needs TEXT (or --calibrate alone to print the calibrated bars)")
-    if args.target_precision is not None and not 0.5 <= args.target_precision < 1.0:
-        raise UsageError(f"--target-precision must be in [0.5, 1), got {args.target_precision}")
+    if args.target_precision is not None:
+        check_range("--target-precision", args.target_precision, low=0.5, high=1.0, high_open=True, default=0.9)
     if args.trace is not None:
         output_path(args.trace, "--trace")
     config = load(args.config)

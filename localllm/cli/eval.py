@@ -8,7 +8,17 @@ from pathlib import Path
 from typing import Any
 
 from localllm.cli.foundation import add_config_option, load
-from localllm.cli.output import EXIT_FAILED, EXIT_OK, UsageError, emit_json, err, out, output_path, path_arg
+from localllm.cli.output import (
+    EXIT_FAILED,
+    EXIT_OK,
+    UsageError,
+    check_range,
+    emit_json,
+    err,
+    out,
+    output_path,
+    path_arg,
+)
 
 
 def _setup(parser: argparse.ArgumentParser) -> None:
@@ -74,12 +84,12 @@ def _cassettes(pairs: list[str] | None) -> dict[str, Path]:
 def _eval(args: argparse.Namespace) -> int:
     from localllm.eval import default_cases_path, evaluate, load_cases
 
-    if args.repeat < 1:
-        raise UsageError(f"--repeat {args.repeat} must be at least 1")
-    if args.workers is not None and args.workers < 1:
-        raise UsageError(f"--workers {args.workers} must be at least 1")
-    if args.fail_under is not None and not 0 <= args.fail_under <= 1:
-        raise UsageError(f"--fail-under {args.fail_under} must be between 0 and 1", hint="e.g. --fail-under 0.9")
+    check_range("--repeat", args.repeat, low=1, default=1)
+    if args.workers is not None:
+        check_range("--workers", args.workers, low=1)
+    if args.fail_under is not None:
+        check_range("--fail-under", args.fail_under, low=0.0, high=1.0)
+    check_range("--holdout", args.holdout, low=0.0, high=1.0, low_open=True, high_open=True, default=0.5)
     if args.out is not None:
         output_path(args.out, "--out", directory=True)
     agents = [a.strip() for a in args.agents.split(",") if a.strip()] if args.agents else None

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from localllm.cli.output import EXIT_OK, UsageError, emit_json, out
+from localllm.cli.output import EXIT_OK, UsageError, check_range, emit_json, out
 
 SHELLS = ("bash", "zsh", "fish")
 
@@ -161,8 +161,7 @@ def _logs(args: argparse.Namespace) -> int:
     from localllm.managed.cache import cache_layout
     from localllm.managed.server import log_path_for
 
-    if args.lines < 1:
-        raise UsageError(f"--lines {args.lines} must be at least 1")
+    check_range("-n/--lines", args.lines, low=1, default=50)
     root = cache_layout().root
     if args.model is None:
         path = discovery.run_dir(root) / discovery.LOG_FILE

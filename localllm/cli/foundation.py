@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from localllm._fs import TEXT_LIMIT, read_capped
-from localllm.cli.output import EXIT_OK, UsageError, emit_json, err, out, output_path, parse_kv, warn
+from localllm.cli.output import EXIT_OK, UsageError, check_range, emit_json, err, out, output_path, parse_kv, warn
 from localllm.errors import ConfigError, ConfigProblem, LocalLLMError
 
 if TYPE_CHECKING:
@@ -292,6 +292,10 @@ def _relative_hint(flag: str, given: Path, config: Config) -> str:
 
 
 def _call(args: argparse.Namespace) -> int:
+    if args.timeout is not None:
+        from localllm.config.decls import MAX_TIMEOUT
+
+        check_range("--timeout", args.timeout, low=0.0, high=MAX_TIMEOUT, low_open=True, unit="seconds")
     _check_trace(args.trace)
     early = EarlyStart(lambda draft: args.agent) if args.cassette is None else None
     try:

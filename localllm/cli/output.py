@@ -120,6 +120,45 @@ def parse_kv(pairs: Sequence[str] | None, *, flag: str = "--arg") -> dict[str, s
     return values
 
 
+def check_range(
+    flag: str,
+    value: float,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+    unit: str = "",
+    default: object = None,
+) -> None:
+    """A :class:`UsageError` (exit 2) naming ``flag``, ``value`` and the allowed range when
+    ``value`` is outside it (NaN is outside every range)."""
+    ok = (low is None or (value > low if low_open else value >= low)) and (
+        high is None or (value < high if high_open else value <= high)
+    )
+    if ok:
+        return
+    allowed = range_text(low, high, low_open=low_open, high_open=high_open) + (f" {unit}" if unit else "")
+    shown = f"{value:g}" if isinstance(value, float) else str(value)
+    if low is not None and high is not None:
+        fix = f"give {flag} a value in {allowed}"
+    else:
+        fix = f"give {flag} a value {'of ' if allowed.startswith('at ') else ''}{allowed}"
+    raise UsageError(
+        f"{flag} {shown} is out of range: it must be {'in ' if low is not None and high is not None else ''}{allowed}",
+        hint=fix + (f" (default {default})" if default is not None else ""),
+    )
+
+
+def range_text(low: float | None, high: float | None, *, low_open: bool = False, high_open: bool = False) -> str:
+    """``[1, 5)``-style interval text; one-sided: ``at least 1``, ``above 0``, ``at most 9``, ``below 9``."""
+    if high is None:
+        return f"{'above' if low_open else 'at least'} {low:g}"
+    if low is None:
+        return f"{'below' if high_open else 'at most'} {high:g}"
+    return f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+
+
 def path_arg(text: str) -> Path:
     """An argparse ``type=`` for paths: a NUL byte (no file name can hold one) is a usage error."""
     import argparse

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from localllm.cli.output import EXIT_OK, UsageError, emit_json, err, out
+from localllm.cli.output import EXIT_OK, UsageError, check_range, emit_json, err, out
 
 __all__ = ["SETUP"]
 
@@ -115,19 +115,18 @@ SETUP = {"serve": _setup_serve, "ps": _setup_ps, "stop": _setup_stop}
 
 def _options(args: argparse.Namespace) -> Any:
     from localllm import settings
-    from localllm.service.daemon import ServeOptions, is_loopback, parse_duration, parse_size
+    from localllm.service.daemon import DEFAULT_PORT, ServeOptions, is_loopback, parse_duration, parse_size
 
     try:
         keep_alive = parse_duration(args.keep_alive)
         budget = parse_size(args.memory_budget) if args.memory_budget else None
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    if args.max_models is not None and args.max_models < 1:
-        raise UsageError(f"--max-models must be at least 1, got {args.max_models}")
-    if args.parallel is not None and args.parallel < 1:
-        raise UsageError(f"--parallel must be at least 1, got {args.parallel}")
-    if not 0 <= args.port <= 65535:
-        raise UsageError(f"--port must be 0-65535, got {args.port}")
+    if args.max_models is not None:
+        check_range("--max-models", args.max_models, low=1)
+    if args.parallel is not None:
+        check_range("--parallel", args.parallel, low=1, default=4)
+    check_range("--port", args.port, low=0, high=65535, default=f"{DEFAULT_PORT}; 0 = any free port")
     for origin in args.allow_origin:
         if origin.strip() != "*" and not _ORIGIN.fullmatch(origin.strip().rstrip("/")):
             raise UsageError(
@@ -147,11 +146,10 @@ def _options(args: argparse.Namespace) -> Any:
         ("--max-queue", args.max_queue),
         ("--max-connections", args.max_connections),
     ):
-        if value < 1:
-            raise UsageError(f"{flag} must be at least 1, got {value}")
+        check_range(flag, value, low=1)
     for flag, seconds in (("--header-timeout", args.header_timeout), ("--idle-timeout", args.idle_timeout)):
-        if not 0 < seconds < 86_400:  # inf reached the front, which rounds it (OverflowError)
-            raise UsageError(f"{flag} must be a positive number of seconds below a day, got {seconds}")
+        # inf reached the front, which rounds it (OverflowError)
+        check_range(flag, seconds, low=0.0, high=86_400.0, low_open=True, high_open=True, unit="seconds")
     try:
         max_body = parse_size(args.max_body if args.max_body[-1:].isalpha() else args.max_body + "MiB")
     except ValueError as exc:

@@ -144,6 +144,38 @@ ROWS += [
     ("completion SHELL unknown", ["completion", "tcsh"], 2, "tcsh", "err"),
     ("unknown flag", ["check", "--nope"], 2, "--nope", "err"),
 ]
+SEARCH = ["search", "q", "-c", "c.yaml", "--embedder", "docs", "--corpus", "p.md"]
+#: every numeric flag with a range: (id, argv, the range the message and hint must name)
+RANGES: list[tuple[str, list[str], str]] = [
+    ("search --top-k 0", [*SEARCH, "--top-k", "0"], "at least 1"),
+    ("search --min-score nan", [*SEARCH, "--min-score", "nan"], "[-1, 1]"),
+    ("search --window 0", [*SEARCH, "--window", "0"], "at least 1"),
+    ("search --overlap -1", [*SEARCH, "--overlap", "-1"], "[0, 2000)"),
+    ("search --overlap = --window", [*SEARCH, "--window", "100", "--overlap", "100"], "[0, 100)"),
+    (
+        "route --target-precision 1",
+        ["route", "hi", "-c", "c.yaml", "--calibrate", "--target-precision", "1"],
+        "[0.5, 1)",
+    ),
+    ("call --timeout -1", [*CALL, "--prompt", "x", "--timeout", "-1"], "(0, 604800]"),
+    ("call --timeout nan", [*CALL, "--prompt", "x", "--timeout", "nan"], "(0, 604800]"),
+    ("call --timeout 1e9", [*CALL, "--prompt", "x", "--timeout", "1e9"], "(0, 604800]"),
+    ("eval --repeat 0", [*EVAL, "--repeat", "0"], "at least 1"),
+    ("eval --workers 0", [*EVAL, "--workers", "0"], "at least 1"),
+    ("eval --fail-under 2", [*EVAL, "--fail-under", "2"], "[0, 1]"),
+    ("eval --holdout 1", [*EVAL, "--holdout", "1"], "(0, 1)"),
+    ("eval --holdout nan", [*EVAL, "--holdout", "nan"], "(0, 1)"),
+    ("logs -n 0", ["logs", "-n", "0"], "at least 1"),
+    ("serve --port 99999", ["serve", "--port", "99999"], "[0, 65535]"),
+    ("serve --port -1", ["serve", "--port", "-1"], "[0, 65535]"),
+    ("serve --max-models 0", ["serve", "--max-models", "0"], "at least 1"),
+    ("serve --parallel 0", ["serve", "--parallel", "0"], "at least 1"),
+    ("serve --max-tokens 0", ["serve", "--max-tokens", "0"], "at least 1"),
+    ("serve --max-queue 0", ["serve", "--max-queue", "0"], "at least 1"),
+    ("serve --max-connections 0", ["serve", "--max-connections", "0"], "at least 1"),
+    ("serve --header-timeout inf", ["serve", "--header-timeout", "inf"], "(0, 86400)"),
+    ("serve --idle-timeout 0", ["serve", "--idle-timeout", "0"], "(0, 86400)"),
+]
 for sub in ("check", "compile"):
     ROWS += [
         (f"grammar {sub} missing", ["grammar", sub, "missing.json"], 2, "missing.json", "err"),
@@ -235,3 +267,51 @@ def test_the_console_process_exits_2_for_a_missing_trace(workspace: Path) -> Non
     assert proc.returncode == 2, proc.stderr
     assert "missing.jsonl" in proc.stderr and "Traceback" not in proc.stderr
     assert proc.stdout == ""
+
+
+@pytest.mark.parametrize(("argv", "allowed"), [r[1:] for r in RANGES], ids=[r[0] for r in RANGES])
+def test_a_flag_value_out_of_range_names_the_flag_the_value_and_the_range(
+    workspace: Path, capsys: pytest.CaptureFixture[str], argv: list[str], allowed: str
+) -> None:
+    """Exit 2, and both the message and its hint name the flag and the allowed range (the
+    message the value too): `--top-k 0` said "must be at least 1" with no hint; `eval
+    --holdout 1` passed the CLI; `call --timeout -1` named no flag."""
+    flag, value = argv[-2], argv[-1]
+    assert cli.main([*argv, "--json"] if argv[0] in ("search", "eval") else argv) == 2
+    out, err = capsys.readouterr()
+    if argv[0] in ("search", "eval"):  # the --json form carries the same detail and hint
+        doc = json.loads(out)
+        message, hint = doc["detail"], doc["hint"]
+    else:
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert len(lines) == 2 and lines[1].startswith("hint: "), err
+        message, hint = lines
+    assert flag in message and allowed in message and value.lstrip("-").removesuffix("e9") in message
+    assert flag in hint and allowed in hint
+    assert "Traceback" not in out + err
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        ('{"type": "object",\n  "properties": {"a": 1,}\n}\n', 2, 25, "trailing comma"),
+        ("{'type': 'object'}", 1, 2, "double-quoted"),
+        ('{"type": "object"}\n{}', 2, 1, "one JSON document"),
+        ('{"type": "object" "x": 1}', 1, 19, "comma"),
+    ],
+)
+def test_a_schema_file_that_is_not_json_says_where_and_how_to_fix_it(
+    workspace: Path, capsys: pytest.CaptureFixture[str], case: tuple[str, int, int, str]
+) -> None:
+    text, line, column, fix = case
+    (workspace / "broken.json").write_text(text)
+    assert cli.main([*CALL, "--prompt", "x", "--schema", "broken.json", "--json"]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    assert "broken.json" in doc["detail"] and f"line {line}, column {column}" in doc["detail"]
+    assert fix in doc["hint"]
+    from localllm.errors import SchemaError
+    from localllm.schema import read_schema_file
+
+    with pytest.raises(SchemaError) as info:
+        read_schema_file(workspace / "broken.json")
+    assert (info.value.line, info.value.column) == (line, column)
