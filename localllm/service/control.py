@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import sys
 import time
 from collections.abc import Sequence
@@ -109,6 +110,75 @@ LOG_LIMIT = 4 << 20
 #: shadow the installed package in the detached child
 _CHILD_MAIN = "import sys; sys.path[:1] = []; from localllm.cli import main; sys.exit(main(sys.argv[1:]))"
 
+#: the detached service: the same, its stdout and stderr lines tagged with its pid first
+_DETACHED_MAIN = _CHILD_MAIN.replace(
+    "from localllm.cli import main;",
+    "from localllm.service.control import tag_output; tag_output(); from localllm.cli import main;",
+)
+
+
+def log_tag(pid: int) -> str:
+    """What starts every line a detached service writes to the shared ``service.log``."""
+    return f"[pid {pid}] "
+
+
+class _TaggedLines:
+    """A text stream writing whole lines, each prefixed with :func:`log_tag`, to ``fd``.
+
+    Every ``serve --detach`` appends to one ``service.log``: instances started together (one
+    wins the lock, the others exit) wrote there at once, and a loser's error showed the
+    winner's lines as its own. One ``os.write`` per line on an ``O_APPEND`` descriptor: lines
+    of two processes never mix within a line.
+    """
+
+    def __init__(self, fd: int, tag: str) -> None:
+        self.fd = fd
+        self.tag = tag
+        self.encoding = "utf-8"
+        self.errors = "backslashreplace"
+        self._pending = ""
+
+    def write(self, text: str) -> int:
+        self._pending += text
+        if "\n" in self._pending:
+            done, _, self._pending = self._pending.rpartition("\n")
+            self._emit(done.split("\n"))
+        return len(text)
+
+    def _emit(self, lines: list[str]) -> None:
+        for line in lines:
+            data = (self.tag + line + "\n").encode("utf-8", "backslashreplace")
+            while data:
+                data = data[os.write(self.fd, data) :]
+
+    def flush(self) -> None:
+        pass  # whole lines only: a partial one waits for its end (or for close())
+
+    def close(self) -> None:
+        if self._pending:
+            pending, self._pending = self._pending, ""
+            self._emit([pending])
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def writable(self) -> bool:
+        return True
+
+
+def tag_output() -> None:
+    """In the detached service: every line to stdout and stderr starts with :func:`log_tag`."""
+    import atexit
+
+    tag = log_tag(os.getpid())
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        stream = _TaggedLines(fd, tag)
+        setattr(sys, name, stream)
+        atexit.register(stream.close)
+
 
 def child_command(argv: Sequence[str]) -> list[str]:
     """The argv of a ``localllm`` child process that imports localllm the way this one did."""
@@ -137,6 +207,38 @@ def _open_log(path: Path) -> int:
         ) from exc
 
 
+#: how much of the log after a detached instance's start is read for its own lines
+_OWN_LINES_READ = 1 << 20
+
+
+def own_lines(log_path: Path, start: tuple[int, int], pid: int) -> list[str]:
+    """The lines detached instance ``pid`` wrote to ``log_path`` after ``start`` (the log's
+    inode and size when it was spawned), its tag removed: other instances append to the same
+    log at the same time. A log another instance rotated meanwhile is read in ``.1``."""
+    inode, offset = start
+    tag = log_tag(pid)
+    current = _read_log(log_path, inode, offset)
+    if current is None:  # rotated: our start is in service.log.1, the rest in the new log
+        old = _read_log(log_path.with_name(log_path.name + ".1"), inode, offset) or b""
+        current = old + (_read_log(log_path, None, 0) or b"")
+    text = current.decode("utf-8", "replace")
+    return [line[len(tag) :] for line in text.splitlines() if line.startswith(tag)]
+
+
+def _read_log(path: Path, inode: int | None, offset: int) -> bytes | None:
+    """Up to 1 MiB of ``path`` from ``offset`` when it is a regular file (with that ``inode``)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or (inode is not None and st.st_ino != inode):
+            return None
+        fh.seek(offset)
+        return fh.read(_OWN_LINES_READ)
+
+
 def detach(
     serve_argv: Sequence[str], *, cache_root: Path | None = None, wait: float = 120.0
 ) -> tuple[discovery.Discovery, Path]:
@@ -155,10 +257,12 @@ def detach(
         os.replace(log_path, log_path.with_name(log_path.name + ".1"))
     log_fd = _open_log(log_path)
     try:
+        at = os.fstat(log_fd)
+        start = (at.st_ino, at.st_size)  # this instance's lines are after this offset
         # posix_spawn in a new session: no Popen object to outlive, no terminal to follow
         pid = os.posix_spawn(
             sys.executable,
-            child_command(["serve", *serve_argv]),
+            [sys.executable, "-c", _DETACHED_MAIN, "serve", *serve_argv],
             {**os.environ, "LOCALLLM_CACHE_DIR": str(root), **child_pythonpath()},
             file_actions=[
                 (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
@@ -173,11 +277,11 @@ def detach(
     while time.monotonic() < deadline:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
-            tail = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-10:]
+            tail = own_lines(log_path, start, pid)[-10:]
             raise ServiceError(
-                f"localllm serve exited with code {os.waitstatus_to_exitcode(status)}; "
-                "last log lines:\n" + "\n".join(tail),
-                hint=f"the whole log is {log_path}",
+                f"localllm serve exited with code {os.waitstatus_to_exitcode(status)} (pid {pid}); "
+                + ("its last log lines:\n" + "\n".join(tail) if tail else "it wrote nothing to its log"),
+                hint=f"the whole log is {log_path} (each line tagged {log_tag(pid).strip()} by its process)",
             )
         found = discovery.read_discovery(root)
         if found is not None and found.pid == pid:

@@ -198,3 +198,52 @@ def test_something_else_on_the_port_trickling_its_answer_is_given_up_on(tmp_path
         stop.set()
         listener.close()
         dripper.join(5)
+
+
+def test_concurrent_detached_serves_each_report_only_their_own_log_lines(
+    tmp_path: Path, server_bin: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # every `serve --detach` appends to one <cache>/run/service.log; a loser's error showed the
+    # log's last 10 lines: an earlier run's, and the winner's and the other losers' as its own
+    monkeypatch.setenv("LOCALLLM_SERVER_BIN", str(server_bin))
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("LOCALLLM_CACHE_DIR", str(cache))
+    run = _run_dir(cache)
+    (run / discovery.LOG_FILE).write_text("".join(f"an earlier run's line {i}\n" for i in range(12)))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    argv = [sys.executable, "-m", "localllm", "serve", "--detach", "--port", "0", "--json"]
+    procs = [
+        subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+        for _ in range(3)
+    ]
+    try:
+        docs = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
+        codes = [p.returncode for p in procs]
+    finally:
+        found = discovery.read_discovery(cache)
+        if found is not None:
+            assert main(["stop", "--all"]) == 0
+    assert sorted(codes) == [0, 1, 1], docs
+    winner = next(d for d, c in zip(docs, codes, strict=True) if c == 0)
+    for doc in (d for d, c in zip(docs, codes, strict=True) if c == 1):
+        assert doc["kind"] == "service_error", doc
+        detail = doc["detail"]
+        shown = detail.split("\n")[1:]  # the lines after the first: the instance's own log lines
+        assert not any("earlier run" in line for line in shown), detail
+        assert sum("already running" in line for line in shown) == 1, detail
+        assert not any(f"pid {winner['pid']} at" in line for line in shown), detail
+        pid = int(detail.split("(pid ")[1].split(")")[0])
+        assert pid != winner["pid"] and str(pid) in doc["hint"]
+
+
+def test_own_log_lines_are_found_across_a_rotation_by_another_instance(tmp_path: Path) -> None:
+    log = tmp_path / "service.log"
+    log.write_text("[pid 7] before our start\n")
+    at = log.stat()
+    start = (at.st_ino, at.st_size)
+    with log.open("a") as fh:
+        fh.write("[pid 8] mine 1\n[pid 9] theirs\n[pid 8x] not mine\n")
+    assert control.own_lines(log, start, 8) == ["mine 1"]
+    os.replace(log, tmp_path / "service.log.1")  # another instance rotated the log
+    log.write_text("[pid 8] mine 2\n[pid 9] theirs again\n")
+    assert control.own_lines(log, start, 8) == ["mine 1", "mine 2"]
