@@ -180,9 +180,10 @@ def tag_output() -> None:
         atexit.register(stream.close)
 
 
-def child_command(argv: Sequence[str]) -> list[str]:
-    """The argv of a ``localllm`` child process that imports localllm the way this one did."""
-    return [sys.executable, "-c", _CHILD_MAIN, *argv]
+def child_command(argv: Sequence[str], *, tagged: bool = False) -> list[str]:
+    """The argv of a ``localllm`` child process that imports localllm the way this one did
+    (``tagged``: its output lines start with :func:`log_tag`, as the detached service's do)."""
+    return [sys.executable, "-c", _DETACHED_MAIN if tagged else _CHILD_MAIN, *argv]
 
 
 def child_pythonpath() -> dict[str, str]:
@@ -262,7 +263,7 @@ def detach(
         # posix_spawn in a new session: no Popen object to outlive, no terminal to follow
         pid = os.posix_spawn(
             sys.executable,
-            [sys.executable, "-c", _DETACHED_MAIN, "serve", *serve_argv],
+            child_command(["serve", *serve_argv], tagged=True),
             {**os.environ, "LOCALLLM_CACHE_DIR": str(root), **child_pythonpath()},
             file_actions=[
                 (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
