@@ -64,7 +64,8 @@ _JSON_FIXES = (
 
 def invalid_json(path: Path, text: str, exc: json.JSONDecodeError) -> SchemaError:
     """The SchemaError for a file that is not JSON: the line and column, the line itself, the fix."""
-    line = text.splitlines()[exc.lineno - 1] if exc.lineno - 1 < len(text.splitlines()) else ""
+    lines = text.split("\n")  # the decoder counts lines by \n alone (splitlines also splits at U+2028)
+    line = lines[exc.lineno - 1] if exc.lineno <= len(lines) else ""
     shown = line.strip()
     shown = shown if len(shown) <= 80 else shown[:77] + "..."
     fix = next((f for start, f in _JSON_FIXES if exc.msg.startswith(start)), "fix the JSON there")

@@ -315,3 +315,14 @@ def test_a_schema_file_that_is_not_json_says_where_and_how_to_fix_it(
     with pytest.raises(SchemaError) as info:
         read_schema_file(workspace / "broken.json")
     assert (info.value.line, info.value.column) == (line, column)
+
+
+def test_the_line_shown_for_a_json_error_is_the_decoders_line(workspace: Path) -> None:
+    """JSON counts lines by \\n only: a U+2028 inside a string earlier must not shift the line shown."""
+    from localllm.errors import SchemaError
+    from localllm.schema import read_schema_file
+
+    (workspace / "broken.json").write_text('{"description": "a\u2028b",\n "type": "object",\n "x": 1,}\n')
+    with pytest.raises(SchemaError) as info:
+        read_schema_file(workspace / "broken.json")
+    assert info.value.line == 3 and "'\"x\": 1,}'" in str(info.value)
