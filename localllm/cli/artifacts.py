@@ -15,19 +15,19 @@ def mirror_arg(text: str) -> str:
     """An argparse ``type=`` for ``--mirror``: an http(s) base URL, or a directory (a path or a
     ``file://`` URL) that exists; anything else is a usage error naming the value (exit 2)."""
     from pathlib import Path
-    from urllib.parse import unquote, urlparse
 
-    try:
-        parsed = urlparse(text)
-    except ValueError as exc:  # http://[::1
-        raise argparse.ArgumentTypeError(f"{text!r} is not a valid URL: {exc}") from exc
-    if parsed.scheme in ("http", "https") and parsed.netloc:
-        return text
+    from localllm.managed.fetch import mirror_location
+
     if "\x00" in text:
         raise argparse.ArgumentTypeError(f"{text!r} contains a NUL byte")
-    folder = Path(unquote(parsed.path)) if parsed.scheme == "file" else Path(text).expanduser()
-    if parsed.scheme not in ("", "file") or not folder.is_dir():
-        what = "no such directory" if parsed.scheme in ("", "file") else "not an http(s):// or file:// URL"
+    try:
+        kind, where = mirror_location(text)
+    except ValueError as exc:  # http://[::1
+        raise argparse.ArgumentTypeError(f"{text!r} is not a valid URL: {exc}") from exc
+    if kind == "url":
+        return text
+    if kind == "other" or not Path(where).is_dir():
+        what = "no such directory" if kind == "dir" else "not an http(s):// or file:// URL"
         raise argparse.ArgumentTypeError(f"{text!r}: {what} (a mirror is a directory or an http(s):// base URL)")
     return text
 

@@ -129,13 +129,28 @@ class Source:
     registry: bool = False
 
 
+def mirror_location(mirror: str) -> tuple[str, str]:
+    """What a mirror names: ``("url", base)`` for an http(s) base URL, ``("dir", path)`` for a
+    directory (a path or a ``file://`` URL), ``("other", scheme)`` for another scheme (or
+    an http(s) URL without a host).
+    ``ValueError`` when it does not parse (a bracketed host that is no IP address: ``http://[::1``)."""
+    parsed = urlparse(mirror)
+    if parsed.scheme in ("http", "https") and parsed.netloc:
+        return "url", mirror.rstrip("/")
+    if parsed.scheme == "file":
+        return "dir", unquote(parsed.path)
+    if parsed.scheme and "://" in mirror:
+        return "other", parsed.scheme
+    return "dir", str(Path(mirror).expanduser())
+
+
 def mirror_sources(artifact: Artifact, mirrors: Sequence[str], *, offline: bool) -> list[Source]:
     """Mirror candidates for ``artifact`` (directories, file:// or http(s) base URLs)."""
     out: list[Source] = []
     for mirror in mirrors:
         try:
-            parsed = urlparse(mirror)
-        except ValueError as exc:  # a bracketed host that is no IP address: http://[::1
+            kind, where = mirror_location(mirror)
+        except ValueError as exc:
             from localllm import settings
 
             origin = "LOCALLLM_MIRROR" if mirror in settings.mirrors() else "--mirror"
@@ -143,12 +158,12 @@ def mirror_sources(artifact: Artifact, mirrors: Sequence[str], *, offline: bool)
                 f"{origin} {mirror!r} is not a valid URL: {exc}",
                 hint=f"fix {origin}: a directory, a file:// URL or an http(s):// base URL",
             ) from exc
-        if parsed.scheme in ("http", "https"):
+        if kind == "url":
             if not offline:
-                out.append(Source(mirror.rstrip("/") + "/" + quote(artifact.file), False, True))
-        elif parsed.scheme == "file":
-            out.append(Source(str(Path(unquote(parsed.path)) / artifact.file), True, True))
-        else:
+                out.append(Source(where + "/" + quote(artifact.file), False, True))
+        elif kind == "dir":
+            out.append(Source(str(Path(where) / artifact.file), True, True))
+        else:  # as before: a path that names no directory, so no file is found there
             out.append(Source(str(Path(mirror).expanduser() / artifact.file), True, True))
     return out
 
