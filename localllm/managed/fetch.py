@@ -572,9 +572,9 @@ class _FileDownload:
         try:
             with _open_partial(partial, policy.log) as fh:
                 download = cls(fh, url, artifact, policy, directory=dest.parent)
-                download.resume(_read_resume_meta(partial), url)
+                download.resume(_read_resume_meta(partial))
                 # whose bytes these are, before the first one arrives (a killed run leaves it)
-                _fs.atomic_write(meta, json.dumps({"url": shown_url(url), "validator": None}), sync_dir=False)
+                _fs.atomic_write(meta, json.dumps({"url": download.shown, "validator": None}), sync_dir=False)
                 resumed = download.offset > 0
                 while True:
                     try:
@@ -596,7 +596,7 @@ class _FileDownload:
                             dest,
                             sha=sha,
                             actual=download.digest.hexdigest(),
-                            origin=shown_url(url),
+                            origin=download.shown,
                             final=download.final,
                         )
                     except ChecksumMismatch:
@@ -616,7 +616,7 @@ class _FileDownload:
             if keep and download is not None:
                 with contextlib.suppress(OSError):
                     _fs.atomic_write(
-                        meta, json.dumps({"url": shown_url(url), "validator": download.validator}), sync_dir=False
+                        meta, json.dumps({"url": download.shown, "validator": download.validator}), sync_dir=False
                     )
                 policy.log(
                     f"kept {download.offset} bytes of {artifact.file} in {partial}; the next fetch resumes from there"
@@ -636,7 +636,7 @@ class _FileDownload:
         final = str(url)
         self.final = shown_final_url(final) if final != self.url else None
 
-    def resume(self, meta: dict[str, Any], url: str) -> None:
+    def resume(self, meta: dict[str, Any]) -> None:
         """Pick up a kept partial: rehash its bytes (nothing unread is trusted), continue after them."""
         self.fh.seek(0)
         while block := self.fh.read(CHUNK):
@@ -645,7 +645,7 @@ class _FileDownload:
         if self.cap is not None and self.offset > self.cap:
             self.reset_file()
             return
-        if self.offset and meta.get("url") != shown_url(url):
+        if self.offset and meta.get("url") != self.shown:
             # another source's bytes (a mirror that failed mid-body): never continued here
             self.policy.log(f"{self.artifact.file}: kept bytes came from another source; starting from zero")
             self.reset_file()
