@@ -45,6 +45,7 @@ __all__ = [
     "fsync_dir",
     "inside",
     "open_append",
+    "open_regular",
     "read_capped",
     "replace_durably",
     "tmp_name",
@@ -95,12 +96,19 @@ class NotRegular(OSError):
 
 
 def open_append(path: Path, mode: int = 0o644) -> int:
-    """A descriptor appending to the regular file ``path`` (created with ``mode`` if absent).
+    """A descriptor appending to the regular file ``path`` (created with ``mode`` if absent);
+    :class:`NotRegular` for anything else there (see :func:`open_regular`)."""
+    return open_regular(path, os.O_WRONLY | os.O_APPEND, mode)
 
-    Never through a symlink (it would append to the link's target) and never waiting on a
+
+def open_regular(path: Path, access: int, mode: int = 0o644) -> int:
+    """A descriptor of the regular file ``path`` opened with ``access`` (``os.O_RDWR``,
+    ``os.O_WRONLY | os.O_APPEND``…), created with ``mode`` if absent.
+
+    Never through a symlink (a write would reach the link's target) and never waiting on a
     FIFO (an open for writing blocks until a reader comes): :class:`NotRegular` instead.
     """
-    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+    flags = access | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
     try:
         fd = os.open(path, flags, mode)
     except OSError as exc:

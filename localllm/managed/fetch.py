@@ -31,7 +31,6 @@ import hashlib
 import json
 import os
 import shutil
-import stat
 import sys
 import threading
 import time
@@ -892,18 +891,10 @@ def _open_partial(partial: Path, log: Log) -> BinaryIO:
 def _open_regular(path: Path) -> int | None:
     """A read-write descriptor of the regular file ``path`` (created when absent), or
     ``None`` when something else is there."""
-    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
     try:
-        fd = os.open(path, flags, 0o644)
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENXIO):  # a symlink; a socket
-            return None
-        raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
+        return _fs.open_regular(path, os.O_RDWR)
+    except _fs.NotRegular:
         return None
-    os.set_blocking(fd, True)
-    return fd
 
 
 def _read_resume_meta(partial: Path) -> dict[str, Any]:
