@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from localllm._fs import read_capped
+from localllm.errors import ServiceError
 
 __all__ = [
     "Attachment",
@@ -36,6 +37,7 @@ __all__ = [
     "read_token",
     "remove_discovery",
     "run_dir",
+    "unusable",
     "verify",
     "write_discovery",
     "write_private",
@@ -68,6 +70,12 @@ def _read_small(path: Path) -> str | None:
         return read_capped(path, _MAX_FILE, regular=True).decode("utf-8")
     except (OSError, UnicodeDecodeError):
         return None
+
+
+def unusable(path: Path, exc: OSError) -> ServiceError:
+    """The error for a path of the run directory (or the directory itself) that is not what
+    the service makes there: a file at ``run``, a directory at ``service.lock``…"""
+    return ServiceError(f"cannot use {path}: {exc.strerror or exc}", hint=f"remove {path} (the service makes its own)")
 
 
 def run_dir(cache_root: Path) -> Path:

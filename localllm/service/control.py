@@ -250,9 +250,7 @@ def detach(
     try:
         run.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:  # a file at <cache>/run: FileExistsError, "a bug in localllm"
-        raise ServiceError(
-            f"cannot use {run}: {exc.strerror or exc}", hint=f"remove {run} (the service makes its own)"
-        ) from exc
+        raise discovery.unusable(run, exc) from exc
     log_path = run / discovery.LOG_FILE
     if log_path.is_file() and log_path.stat().st_size > LOG_LIMIT:  # bounded: one old log kept
         os.replace(log_path, log_path.with_name(log_path.name + ".1"))

@@ -145,7 +145,7 @@ class Service:
             os.chmod(self.run_dir, 0o700)
             fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError as exc:  # a directory at the lock: "a bug in localllm" (IsADirectoryError)
-            raise _unusable(lock if self.run_dir.is_dir() else self.run_dir, exc) from exc
+            raise discovery.unusable(lock if self.run_dir.is_dir() else self.run_dir, exc) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -270,7 +270,7 @@ class Service:
         try:
             discovery.write_discovery(self.cache_root, found)
         except OSError as exc:  # a directory at service.json: "a bug in localllm" (IsADirectoryError)
-            raise _unusable(self.run_dir / discovery.DISCOVERY_FILE, exc) from exc
+            raise discovery.unusable(self.run_dir / discovery.DISCOVERY_FILE, exc) from exc
         if self.pool is not None:
             self.pool.start_reaper()
 
@@ -365,15 +365,8 @@ class Service:
         self.close()
 
 
-def _unusable(path: Path, exc: OSError) -> ServiceError:
-    return ServiceError(
-        f"cannot use {path}: {exc.strerror or exc}",
-        hint=f"remove {path} (the service makes its own)",
-    )
-
-
 def _write_run_file(path: Path, text: str) -> None:
     try:
         discovery.write_private(path, text)
     except OSError as exc:
-        raise _unusable(path, exc) from exc
+        raise discovery.unusable(path, exc) from exc
