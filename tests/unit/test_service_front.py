@@ -1534,11 +1534,19 @@ def test_the_openai_client_does_not_resend_an_answer_that_broke_a_strict_guarant
     make_service: Factory, env: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import openai  # a dev dependency (pyproject), as the real client people use
+
     monkeypatch.setenv("FAKE_LLAMA_CONTENT", '{"city": "Oslo", "days": 99}')  # the grammar ignored
     service = make_service()
     sdk = openai.OpenAI(base_url=f"{service.url}/v1", api_key=service.token, max_retries=2)
     with sdk, pytest.raises(openai.InternalServerError) as caught:
-        sdk.chat.completions.create(model="chat", messages=MESSAGES, response_format=fmt(SCHEMA))
+        sdk.chat.completions.create(
+            model="chat",
+            messages=[{"role": "user", "content": "hi"}],
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "answer", "schema": SCHEMA, "strict": True},
+            },
+        )
     assert caught.value.status_code == 502 and caught.value.code == "structured_output_invalid"
     eventually(lambda: upstream_chats(env))  # the SDK's retries, if any, are over once it raises
     assert len(upstream_chats(env)) == 1
