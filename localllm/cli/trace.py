@@ -3,9 +3,10 @@
 ``cases`` and ``cassette`` turn recorded calls into eval cases and a replayable cassette
 (:mod:`localllm.eval.fromtrace`); they write to stdout or, with ``-o``, a file written whole.
 
-Exit 2 when F, ``-c`` or ``-o`` is not a usable path (missing, a directory), before anything
-is read; 1 when the trace itself is malformed (for ``verify``: any problem found) — the trace
-is the data examined, so its flaws are the verdict, not a usage error.
+Exit 2 when F, ``-c`` or ``-o`` is not a usable path (missing, a directory), or the ``-c``
+config fails its load-time checks, before anything is read; 1 when the trace itself is
+malformed (for ``verify``: any problem found) — the trace is the data examined, so its flaws
+are the verdict, not a usage error.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from localllm.cli.output import (
 )
 
 if TYPE_CHECKING:
+    from localllm.config import Config
     from localllm.trace.reader import Trace
 
 
@@ -167,7 +169,8 @@ def _cases(args: argparse.Namespace) -> int:
     from localllm.eval.fromtrace import cases_from_calls, recorded_calls
 
     _check_paths(args)
-    search = ((args.config.parent,) if args.config else ()) + (args.file.parent,)
+    config = _config(args)
+    search = ((config.base_dir,) if config is not None else ()) + (args.file.parent,)
     lines = cases_from_calls(recorded_calls(args.file), args.gate, exact=args.exact, search=search)
     if not lines:
         raise UsageError(
@@ -193,11 +196,10 @@ def _cassette(args: argparse.Namespace) -> int:
     _check_paths(args)
     from localllm.eval.fromtrace import cassette_from_calls, recorded_calls, trace_app_id
 
+    config = _config(args)
     app_id = args.app_id
-    if app_id is None and args.config is not None:
-        from localllm.loading import load_config
-
-        app_id = load_config(args.config).app_id
+    if app_id is None and config is not None:
+        app_id = config.app_id
     if app_id is None:
         app_id = trace_app_id(args.file)
     if app_id is None:
@@ -235,6 +237,17 @@ def _check_paths(args: argparse.Namespace) -> None:
     if args.output is not None:
         output_path(args.output, "-o/--output")
     _refuse_own_files(args.file, args.output)
+
+
+def _config(args: argparse.Namespace) -> Config | None:
+    """``-c`` loaded and checked as every command's ``-c`` is (one failing its checks is the
+    config error, exit 2, before anything is written); ``None`` without ``-c``: no discovery,
+    the trace's own directory stands in."""
+    if args.config is None:
+        return None
+    from localllm.cli.foundation import load
+
+    return load(args.config)
 
 
 def _refuse_own_files(trace: Path, target: Path | None) -> None:

@@ -60,6 +60,7 @@ CONFIG_COMMANDS = {
     "search": ["search", "q", "--embedder", "docs", "--corpus", "p.md"],
     "route": ["route", "hi"],
     "eval": ["eval", "g"],
+    "trace cases": ["trace", "cases", "t.jsonl", "--gate", "g"],
     "trace cassette": ["trace", "cassette", "t.jsonl"],
     "serve": ["serve", "--port", "0"],
 }
@@ -111,13 +112,6 @@ ROWS += [
     ("plugins check DIR a file", ["plugins", "check", "file.txt"], 2, "file.txt", "err"),
     ("plugins check --data-root a file", ["plugins", "check", "dir", "--data-root", "file.txt"], 2, "file.txt", "err"),
     ("plugins check DIR no plugin.json", ["plugins", "check", "dir"], 1, "dir", "out"),
-    (
-        "trace cases -c missing",
-        ["trace", "cases", "t.jsonl", "--gate", "g", "-c", "missing.yaml"],
-        2,
-        "missing.yaml",
-        "err",
-    ),
     ("trace cases -o directory", ["trace", "cases", "t.jsonl", "--gate", "g", "-o", "dir"], 2, "dir", "err"),
     ("trace cassette -o directory", ["trace", "cassette", "t.jsonl", "-o", "dir"], 2, "dir", "err"),
     ("trace cassette -o under a file", ["trace", "cassette", "t.jsonl", "-o", "file.txt/x"], 2, "file.txt", "err"),
@@ -253,6 +247,22 @@ def test_json_usage_error_document(
     assert cli.main(argv) == 2
     doc = json.loads(capsys.readouterr().out)
     assert doc["ok"] is False and doc["kind"] == "usage_error" and names in doc["detail"]
+
+
+@pytest.mark.parametrize("command", ["cases", "cassette"])
+def test_trace_dash_c_failing_its_checks_writes_nothing(
+    workspace: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    """``trace cases|cassette -c``: the config is loaded and checked like every command's
+    ``-c``; one that fails its checks is the config error (exit 2), and ``-o`` is not written."""
+    (workspace / "unknown-key.yaml").write_text(CONFIG + "no_such_key: 1\n")
+    extra = ["--gate", "g"] if command == "cases" else []
+    argv = ["trace", command, "t.jsonl", *extra, "-c", "unknown-key.yaml", "-o", "out.txt", "--json"]
+    assert cli.main(argv) == 2
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["ok"], doc["kind"]) == (False, "config_error")
+    assert [(p["file"], p["key"]) for p in doc["problems"]] == [("unknown-key.yaml", "no_such_key")]
+    assert not (workspace / "out.txt").exists()
 
 
 def test_the_console_process_exits_2_for_a_missing_trace(workspace: Path) -> None:
