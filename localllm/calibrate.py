@@ -23,6 +23,10 @@ out-of-scope input exchangeable with them clears it with probability at most
 :func:`expected_calibration_error` is the usual equal-width-bin ECE; :func:`split` is the
 deterministic (optionally stratified) calibration/held-out split.
 
+:func:`same_text` is what leave-one-out holds out with an example: every example of the same
+text, as an embedder sees it (a held-out example that finds its own twin is scored as if it
+had been seen, and the bar measured on it is optimistic).
+
 A leaf module: plain Python, it imports nothing from localllm.
 """
 
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import math
 import random
+import unicodedata
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -44,6 +49,7 @@ __all__ = [
     "novelty_bar",
     "precision_lower_bound",
     "risk_coverage",
+    "same_text",
     "score_of",
     "split",
 ]
@@ -277,6 +283,13 @@ def novelty_bar(out_of_scope_scores: Sequence[float]) -> NoveltyBar:
     if not scores:
         return NoveltyBar(-math.inf, 0, 1.0)
     return NoveltyBar(max(scores), len(scores), 1.0 / (len(scores) + 1))
+
+
+def same_text(text: str) -> str:
+    """``text`` as leave-one-out compares it: NFKC, case-folded, runs of white space as one
+    space. Two examples equal under it are one example (which an embedder normalises away:
+    the same vector, or nearly), so holding one out holds out the other too."""
+    return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
 
 
 def split(

@@ -254,6 +254,8 @@ def _print_calibration(cal: Any, model: str) -> None:
     d = cal.as_dict()
     how = "lower bound" if cal.bound_met else "observed precision (too few examples for the bound)"
     out(f"# calibrated on {d['in_scope']} in-scope and {d['out_of_scope']} out-of-scope leave-one-out decisions")
+    if cal.duplicates:
+        out(f"# {cal.duplicates} examples repeat another of their intent's (case and spacing aside): counted once")
     out(
         f"# accepted {d['accepted']} ({d['coverage']:.0%} of in-scope), "
         f"precision {'n/a (none accepted)' if d['precision'] is None else d['precision']}, "

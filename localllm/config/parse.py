@@ -527,16 +527,22 @@ def _intents(draft: Draft, raw: Any) -> None:
 
 
 def _shared_examples(draft: Draft) -> None:
-    """An example under two intents routes as a tie for ever and makes calibration meaningless."""
-    first: dict[str, str] = {}
+    """An example under two intents routes as a tie for ever and makes calibration meaningless.
+
+    "The same example" is leave-one-out's :func:`~localllm.calibrate.same_text` (case, spacing
+    and Unicode form aside). Twice under *one* intent is harmless: calibration counts it once."""
+    from localllm.calibrate import same_text
+
+    first: dict[str, tuple[str, str]] = {}
     for name, intent in draft.intents.items():
         for k, example in enumerate(intent.examples):
-            owner = first.setdefault(example, f"intents.{name}.examples[{k}]")
+            owner, text = first.setdefault(same_text(example), (f"intents.{name}.examples[{k}]", example))
             if not owner.startswith(f"intents.{name}.examples["):
+                also = f" ({show(text)} there)" if text != example else ""
                 draft.problems.add(
                     f"intents.{name}.examples[{k}]",
-                    f"example {show(example)} is also under {owner}: an input equal to it ties the two intents, "
-                    "and calibrating counts each of them as wrong",
+                    f"example {show(example)} is also under {owner}{also}: an input equal to it ties the two "
+                    "intents, and calibrating counts each of them as wrong",
                     "keep the example under one intent only",
                 )
 

@@ -37,13 +37,13 @@ import json
 import logging
 import math
 import threading
-import unicodedata
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from localllm.agents.base import Agent
+from localllm.calibrate import same_text
 from localllm.embed.embedder import Embedder
 from localllm.errors import AgentError, ErrorKind, StoreUnavailable
 from localllm.wire import AskRequest, AskResponse
@@ -115,13 +115,6 @@ def load_examples(path: Path, input_arg: str) -> list[Example]:
         for case in load_cases(path, regular=True)
         if case.labelled and isinstance(case.args.get(input_arg), str)
     ]
-
-
-def _same_text(text: str) -> str:
-    """``text`` as leave-one-out and the bar compare it: NFKC, case-folded, runs of white space
-    as one space. A case that is an example but for its case, spacing or Unicode form (which an
-    embedder normalises away: the same vector) is still never answered from its own label."""
-    return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
 
 
 def _key(value: Any) -> str:
@@ -205,8 +198,8 @@ class ExampleSet:
         leave_one_out: bool = False,
     ) -> None:
         self.examples = list(examples)
-        #: each example's text as leave-one-out compares it (:func:`_same_text`)
-        self._texts = [_same_text(e.text) for e in self.examples]
+        #: each example's text as leave-one-out compares it (:func:`~localllm.calibrate.same_text`)
+        self._texts = [same_text(e.text) for e in self.examples]
         self.embedder = embedder
         self.store_root = store_root
         self.leave_one_out = leave_one_out
@@ -275,7 +268,7 @@ class ExampleSet:
             return []
         scores = [float(v) for v in matrix @ self._query(text)]
         if self.leave_one_out:
-            own = _same_text(text)
+            own = same_text(text)
             scores = [-math.inf if mine == own else v for mine, v in zip(self._texts, scores, strict=True)]
         return scores
 
@@ -333,7 +326,7 @@ class ExampleSet:
         scores = matrix @ self._query(text)
         order = sorted(range(len(self.examples)), key=lambda i: (-float(scores[i]), i))
         if self.leave_one_out:
-            own = _same_text(text)
+            own = same_text(text)
             order = [i for i in order if self._texts[i] != own]
         return [Neighbour(self.examples[i], float(scores[i])) for i in order[:k]]
 

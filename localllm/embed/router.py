@@ -348,6 +348,9 @@ class Calibration:
     lower_bound: float
     #: all-correct decisions a bound at ``target_precision`` needs (``ln(1 - level) / ln(target)``)
     needed: int
+    #: examples left out as another example of their intent over again (the same text but for
+    #: case, spacing or Unicode form): each text is one example, held out with all its copies
+    duplicates: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -364,6 +367,7 @@ class Calibration:
             "precision": round(self.right / self.accepted, 4) if self.accepted else None,
             "lower_bound": round(self.lower_bound, 4),
             "needed": self.needed,
+            "duplicates": self.duplicates,
         }
 
 
@@ -450,22 +454,29 @@ def calibrate(router: Router, target_precision: float = 0.9, level: float = 0.95
     keeps the decisions above ``confident`` at the target. Each is chosen by the
     precision's lower bound (:func:`localllm.calibrate.choose_threshold`) when the examples
     are enough for it, else by the observed precision (``bound_met`` says which).
+
+    An example repeated under its intent (:func:`localllm.calibrate.same_text`) is one
+    example: held out, it would find its own copy and count as a sure, right decision
+    (twice), and the bars would promise a precision new inputs do not get. Under two intents
+    it is refused (an ``EmbedError``: it can only ever tie).
     """
 
-    from localllm.calibrate import precision_lower_bound
+    from localllm.calibrate import precision_lower_bound, same_text
 
-    labels = [name for name, _ in router._examples]
-    if len(labels) < 2:
-        raise EmbedError("calibrating the router needs at least two examples under intents:")
-    owner: dict[str, str] = {}
-    for name, example in router._examples:
-        if owner.setdefault(example, name) != name:
+    owner: dict[str, tuple[str, int]] = {}  # same text → (its intent, its first row)
+    for row, (name, example) in enumerate(router._examples):
+        first, _ = owner.setdefault(same_text(example), (name, row))
+        if first != name:
             raise EmbedError(
-                f"example {_shown(example)} is under both intents {owner[example]!r} and {name!r}: every "
+                f"example {_shown(example)} is under both intents {first!r} and {name!r}: every "
                 "decision on it is wrong, so the bars would be meaningless",
-                hint=f"keep the example under one intent only (remove it from {owner[example]!r} or {name!r})",
+                hint=f"keep the example under one intent only (remove it from {first!r} or {name!r})",
             )
-    decisions = _leave_one_out(router.names, labels, router._matrix)
+    rows = sorted(row for _, row in owner.values())
+    labels = [router._examples[row][0] for row in rows]
+    if len(labels) < 2:
+        raise EmbedError("calibrating the router needs at least two distinct examples under intents:")
+    decisions = _leave_one_out(router.names, labels, router._matrix[rows])
     confident, first_met = _bar(
         [d.similarity for d in decisions], [d.correct for d in decisions], target_precision, level
     )
@@ -491,6 +502,7 @@ def calibrate(router: Router, target_precision: float = 0.9, level: float = 0.95
         coverage=taken / in_scope if in_scope else 0.0,
         lower_bound=precision_lower_bound(right, len(accepted), level) if accepted else 0.0,
         needed=math.ceil(math.log(1.0 - level) / math.log(target_precision)) if target_precision < 1.0 else 0,
+        duplicates=len(router._examples) - len(rows),
     )
 
 

@@ -172,3 +172,34 @@ def test_an_example_under_two_intents_is_named_at_load_and_refused_by_calibrate(
 def _write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
+
+
+def test_an_example_repeated_under_its_intent_is_one_example() -> None:
+    # b1 again under b, as pasted twice (its case and spacing differ, its vector is b1's): held
+    # out, b1 found its own copy and routed right at similarity 1.0 — a decision that is wrong
+    # for b1 itself (a .6 beats b .5), so the bars promised a precision new inputs do not get
+    twice = [Intent("a", ("a1", "a2")), Intent("b", ("b1", "b2", " B1  "))]
+    cal = calibrate(Router(twice, Table({**VECTORS, " B1  ": VECTORS["b1"]})), target_precision=0.9)
+    honest = calibrate(Router(SMALL, Table(VECTORS)), target_precision=0.9)
+    assert (cal.in_scope, cal.out_of_scope, cal.accepted, cal.right) == (4, 4, 2, 2)
+    assert {**cal.as_dict(), "duplicates": 0} == honest.as_dict()
+    assert cal.duplicates == 1 and honest.duplicates == 0
+
+
+def test_an_example_under_two_intents_but_for_case_and_spacing_is_the_same_example(tmp_path: Path) -> None:
+    # the same text as an embedder sees it (an uncased model: the same vector) ties for ever
+    (tmp_path / "c.yaml").write_text(
+        "intents:\n  a: {examples: [a1, Cancel it]}\n  b: {examples: [b1, ' cancel  IT']}\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "c.yaml")
+    assert [p.key for p in info.value.problems] == ["intents.b.examples[1]"]
+    assert "intents.a.examples[1]" in info.value.problems[0].message
+    router = Router(
+        [Intent("a", ("a1", "Cancel it")), Intent("b", ("b1", " cancel  IT"))],
+        Table({**VECTORS, "Cancel it": (0.0, 0.0, 1.0), " cancel  IT": (0.0, 0.0, 1.0)}),
+    )
+    with pytest.raises(EmbedError):
+        calibrate(router)
+    # under one intent it loads: calibration counts it once
+    load_config(_write(tmp_path / "d.yaml", "intents: {a: {examples: [x, ' X']}, b: {examples: [y]}}\n"))
