@@ -70,8 +70,15 @@ LITELLM_VENV    := $(E2E)/venvs/litellm-$(LITELLM_VERSION)
 # release instructor supports.
 INSTRUCTOR_VERSION ?= 1.17.0
 INSTRUCTOR_VENV := $(E2E)/venvs/instructor-$(INSTRUCTOR_VERSION)
+# llama-index's OpenAILike rests on llama-index-llms-openai 0.8, which needs openai<3
+# (pydantic-ai-slim[openai] needs openai>=3.31): tests/e2e/test_llama_index_e2e.py.
+LLAMA_INDEX_VERSION        ?= 0.14.25
+LLAMA_INDEX_OPENAI_VERSION ?= 0.8.3
+LLAMA_INDEX_LIKE_VERSION   ?= 0.8.1
+LLAMA_INDEX_VENV := $(E2E)/venvs/llama-index-$(LLAMA_INDEX_VERSION)-openai-like-$(LLAMA_INDEX_LIKE_VERSION)
 
-e2e-endpoints: $(LLCP_VENV)/.installed $(LITELLM_VENV)/.installed $(INSTRUCTOR_VENV)/.installed
+e2e-endpoints: $(LLCP_VENV)/.installed $(LITELLM_VENV)/.installed $(INSTRUCTOR_VENV)/.installed \
+	$(LLAMA_INDEX_VENV)/.installed
 
 $(LLCP_WHEELS)/.built:
 	rm -rf $(LLCP_WHEELS).partial && mkdir -p $(LLCP_WHEELS).partial
@@ -94,6 +101,13 @@ $(LITELLM_VENV)/.installed:
 $(INSTRUCTOR_VENV)/.installed:
 	rm -rf $(INSTRUCTOR_VENV) && $(PYTHON) -m venv $(INSTRUCTOR_VENV)
 	$(INSTRUCTOR_VENV)/bin/python -m pip install -q 'instructor==$(INSTRUCTOR_VERSION)'
+	touch $@
+
+$(LLAMA_INDEX_VENV)/.installed:
+	rm -rf $(LLAMA_INDEX_VENV) && $(PYTHON) -m venv $(LLAMA_INDEX_VENV)
+	$(LLAMA_INDEX_VENV)/bin/python -m pip install -q 'llama-index-core==$(LLAMA_INDEX_VERSION)' \
+		'llama-index-llms-openai==$(LLAMA_INDEX_OPENAI_VERSION)' \
+		'llama-index-llms-openai-like==$(LLAMA_INDEX_LIKE_VERSION)'
 	touch $@
 
 e2e: install fetch-llama-server e2e-models e2e-interop e2e-endpoints
