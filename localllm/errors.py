@@ -21,6 +21,7 @@ callers may catch either.
     │   ├── ChecksumMismatch (ValueError)     expected, actual, path, url
     │   ├── DownloadFailed (ConnectionError)  network/HTTP failure after retries
     │   ├── DownloadCancelled                 the caller cancelled the download; no partial file kept
+    │   ├── ArtifactLocked (BlockingIOError)  another process fetches it: not removed (name, path, lock)
     │   ├── OfflineArtifactMissing            LOCALLLM_OFFLINE=1 and not cached
     │   ├── InsufficientSpace (OSError)       not enough free disk for the download
     │   ├── UnsafeArchive (ValueError)        a member would land outside its directory
@@ -283,6 +284,18 @@ class DownloadFailed(FetchError, ConnectionError):
 
 class DownloadCancelled(FetchError):
     """The caller cancelled the download (``cancel`` was set); the partial file was removed."""
+
+
+class ArtifactLocked(FetchError, BlockingIOError):
+    """Another process held the artifact's lock (``lock``) for ``waited`` seconds: it is
+    fetching ``name`` into ``path``, which was left as it was (nothing removed)."""
+
+    def __init__(self, message: str, *, name: str, path: str, lock: str, waited: float, hint: str = "") -> None:
+        super().__init__(message, hint=hint)
+        self.name = name
+        self.path = path
+        self.lock = lock
+        self.waited = waited
 
 
 class OfflineArtifactMissing(FetchError):

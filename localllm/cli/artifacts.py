@@ -271,14 +271,13 @@ def _cache_prune(args: argparse.Namespace) -> int:
     from localllm.managed.pins import load_pins
 
     removed = prune_cache(cache_layout(), load_pins(), dry_run=args.dry_run)
+    freed = sum(e.size for e in removed if e.status != "in use")  # in use: another process is fetching it
     if args.json:
-        emit_json(
-            {"dry_run": args.dry_run, "removed": [e.to_json() for e in removed], "bytes": sum(e.size for e in removed)}
-        )
+        emit_json({"dry_run": args.dry_run, "removed": [e.to_json() for e in removed], "bytes": freed})
     else:
         _table(removed)
         verb = "would free" if args.dry_run else "freed"
-        out(f"{len(removed)} entries, {verb} {_size(sum(e.size for e in removed))}")
+        out(f"{len(removed)} entries, {verb} {_size(freed)}")
     return EXIT_OK
 
 

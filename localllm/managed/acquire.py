@@ -160,7 +160,7 @@ def ensure_model(
         return fetch_artifact(
             pin.artifact,
             layout.model_path(pin),
-            lock_path=layout.lock_path("model", f"{model_id}-{sha[:16]}"),
+            lock_path=layout.model_lock_path(model_id, sha[:16]),
             mirrors=mirrors_with(mirror),
             offline=settings.offline(),
             prewarm=f"localllm fetch model {model_id}",

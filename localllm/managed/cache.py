@@ -62,6 +62,14 @@ class CacheLayout:
         """The cross-process lock of one artifact (see :func:`localllm._lock.lock_path`)."""
         return _lock.lock_path(self.root, kind, name)
 
+    def model_lock_path(self, model_id: str, key: str) -> Path:
+        """The lock of ``models/<model_id>/<key>/``: a fetch into it and a removal from it hold it."""
+        return self.lock_path("model", f"{model_id}-{key}")
+
+    def download_lock_path(self, key: str) -> Path:
+        """The lock of ``downloads/<key>/``: a fetch into it and a removal from it hold it."""
+        return self.lock_path("download", key)
+
 
 def cache_layout(root: Path | None = None) -> CacheLayout:
     """The cache at ``root`` (default ``settings.cache_dir()``), laid out like this.

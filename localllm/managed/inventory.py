@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localllm._lock import hold, store_lock_path
-from localllm.errors import FetchError, StoreUnavailable
+from localllm.errors import ArtifactLocked, FetchError, StoreUnavailable
 from localllm.managed import platforms, verify
 from localllm.managed.cache import CacheLayout, installed, read_marker, release_manifest
 from localllm.managed.pins import Artifact, Pins
@@ -193,6 +193,8 @@ def _walk(layout: CacheLayout, pins: Pins) -> Iterator[Entry]:
 _STORE_SIDES = ("-journal", "-wal", "-shm", ".lock", ".corrupt")
 #: how long ``cache rm`` waits for an indexer holding an embedding store's lock
 STORE_RM_WAIT = 30.0
+#: how long ``cache rm`` waits for a fetch holding a model's lock
+MODEL_RM_WAIT = 30.0
 
 
 def _stores(layout: CacheLayout) -> Iterator[Entry]:
@@ -206,7 +208,13 @@ def _stores(layout: CacheLayout) -> Iterator[Entry]:
 
 
 def remove_entries(
-    layout: CacheLayout, pins: Pins, name: str, *, store_wait: float | None = None, log: Log | None = None
+    layout: CacheLayout,
+    pins: Pins,
+    name: str,
+    *,
+    store_wait: float | None = None,
+    model_wait: float | None = None,
+    log: Log | None = None,
 ) -> list[Entry]:
     """Remove a cached model (every file under ``models/<id>/``) or an embedding store by
     its file name; :class:`FetchError` listing what can be removed when nothing matches.
@@ -214,7 +222,13 @@ def remove_entries(
     A store is removed holding its lock, the one its writers hold for each
     look-up-embed-insert step, so an indexer's transaction is never cut in half: ``cache rm``
     waits up to ``store_wait`` seconds (default :data:`STORE_RM_WAIT`; saying so through ``log``), then raises
-    :class:`StoreUnavailable` (``reason="locked"``) having removed nothing of that store."""
+    :class:`StoreUnavailable` (``reason="locked"``) having removed nothing of that store.
+
+    A model is removed holding the lock its fetch holds (:meth:`CacheLayout.model_lock_path`,
+    one per ``models/<id>/<key>/``), so a download or re-verification under way in another
+    process finishes first: ``cache rm`` waits up to ``model_wait`` seconds (default
+    :data:`MODEL_RM_WAIT`; saying so through ``log``) for every lock of the model, then raises
+    :class:`ArtifactLocked` having removed nothing of it."""
     entries = list_cache(layout, pins)
     found = [e for e in entries if (e.kind == "model" and e.name == name) or (e.kind == "store" and e.name == name)]
     if not found:
@@ -223,13 +237,60 @@ def remove_entries(
             f"nothing cached named {name!r}",
             hint=f"cached: {', '.join(names)}" if names else "the cache holds no models or stores",
         )
+    models = [e for e in found if e.kind == "model"]
+    locks: dict[Path, Entry] = {}
+    for entry in models:
+        lock = _artifact_lock(layout, entry.path)
+        if lock is not None:
+            locks.setdefault(lock, entry)
+    with contextlib.ExitStack() as held:
+        # every lock first (in one order, so two removals never hold one each): all or nothing
+        for lock in sorted(locks):
+            wait = MODEL_RM_WAIT if model_wait is None else model_wait
+            held.enter_context(_hold_artifact(lock, locks[lock], wait, log))
+        for entry in models:
+            _remove(layout, entry.path)
     for entry in found:
         if entry.kind == "store":
             _remove_store(layout, entry.path, STORE_RM_WAIT if store_wait is None else store_wait, log)
-        else:
-            _remove(layout, entry.path)
     _remove_empty_dirs([layout.models_dir])
     return [Entry(e.kind, e.name, e.path, e.size, "removed", e.detail) for e in found]
+
+
+def _artifact_lock(layout: CacheLayout, path: Path) -> Path | None:
+    """The lock a fetch holds while it writes ``path`` (a file or temp file of
+    ``models/<id>/<key>/`` or ``downloads/<key>/``); ``None`` elsewhere."""
+    key_dir = path.parent
+    if key_dir.parent.parent == layout.models_dir:
+        return layout.model_lock_path(key_dir.parent.name, key_dir.name)
+    if key_dir.parent == layout.downloads_dir:
+        return layout.download_lock_path(key_dir.name)
+    return None
+
+
+def _hold_artifact(lock: Path, entry: Entry, wait: float, log: Log | None) -> contextlib.AbstractContextManager[None]:
+    """Hold ``entry``'s fetch lock, waiting up to ``wait`` seconds; :class:`ArtifactLocked` after."""
+    what = f"{entry.kind} {entry.name}"
+
+    def gave_up(waited: float) -> ArtifactLocked:
+        return ArtifactLocked(
+            f"{what} is being fetched: another localllm process held its lock {lock} for {waited:.0f}s; "
+            f"{entry.path} was not removed",
+            name=entry.name,
+            path=str(entry.path),
+            lock=str(lock),
+            waited=waited,
+            hint="run the command again when the fetch is done",
+        )
+
+    def unusable(exc: OSError) -> FetchError:
+        return FetchError(
+            f"cannot lock {what} ({lock}: {exc.strerror or exc}); {entry.path} was not removed",
+            hint="make the cache directory writable",
+        )
+
+    waiting = None if log is None else (lambda: log(f"waiting for {lock} (another process is fetching {what})"))
+    return hold(lock, timeout=wait, gave_up=gave_up, waiting=waiting, unusable=unusable)
 
 
 def _remove_store(layout: CacheLayout, db: Path, wait: float, log: Log | None) -> None:
@@ -363,7 +424,7 @@ def _refetch_file(entry: Entry, layout: CacheLayout, pins: Pins, *, mirrors: Seq
         fetch_artifact(
             pin.artifact,
             layout.model_path(pin),
-            lock_path=layout.lock_path("model", f"{pin.id}-{sha[:16]}"),
+            lock_path=layout.model_lock_path(pin.id, sha[:16]),
             mirrors=mirrors,
             offline=settings.offline(),
             prewarm=f"localllm fetch model {pin.id}",
@@ -378,7 +439,7 @@ def _refetch_file(entry: Entry, layout: CacheLayout, pins: Pins, *, mirrors: Seq
             fetch_artifact(
                 art,
                 entry.path,
-                lock_path=layout.lock_path("download", art.sha256[:16]),
+                lock_path=layout.download_lock_path(art.sha256[:16]),
                 mirrors=mirrors,
                 offline=settings.offline(),
                 prewarm="localllm fetch server",
@@ -454,7 +515,12 @@ def _reinstall(marker: dict[str, object], layout: CacheLayout, pins: Pins, *, mi
 
 
 def prune_cache(layout: CacheLayout, pins: Pins, *, dry_run: bool, now: float | None = None) -> list[Entry]:
-    """Remove stale entries and old temp files; return what was (or would be) removed."""
+    """Remove stale entries and old temp files; return what was (or would be) removed.
+
+    A file of ``models/<id>/<key>/`` or ``downloads/<key>/`` (a stale model or archive, a
+    partial download) is removed holding the lock its fetch holds, without waiting: one
+    that another process is fetching right now (with other pins, it may be current there)
+    is left, with the status ``in use``."""
     now = time.time() if now is None else now
     removed: list[Entry] = []
     for entry in list_cache(layout, pins):
@@ -467,13 +533,15 @@ def prune_cache(layout: CacheLayout, pins: Pins, *, dry_run: bool, now: float | 
                 continue
         elif entry.status not in ("stale", "incomplete", "leftover"):
             continue
-        removed.append(
-            Entry(
-                entry.kind, entry.name, entry.path, entry.size, "would remove" if dry_run else "removed", entry.detail
-            )
-        )
+        status = "would remove" if dry_run else "removed"
         if not dry_run:
-            _remove(layout, entry.path)
+            lock = _artifact_lock(layout, entry.path)
+            try:
+                with _hold_artifact(lock, entry, 0.0, None) if lock is not None else contextlib.nullcontext():
+                    _remove(layout, entry.path)
+            except ArtifactLocked:
+                status = "in use"
+        removed.append(Entry(entry.kind, entry.name, entry.path, entry.size, status, entry.detail))
     if not dry_run:
         _remove_empty_dirs([layout.models_dir, layout.downloads_dir])
     return removed

@@ -120,7 +120,7 @@ def install_prebuilt(
             return fetch_artifact(
                 art,
                 layout.download_path(art),
-                lock_path=layout.lock_path("download", sha[:16]),
+                lock_path=layout.download_lock_path(sha[:16]),
                 mirrors=mirrors,
                 offline=offline,
                 prewarm="localllm fetch server",
