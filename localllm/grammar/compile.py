@@ -36,10 +36,11 @@ from fractions import Fraction
 from typing import Any
 from urllib.parse import unquote
 
-from localllm.grammar import keywords
+from localllm.grammar import automaton, keywords
+from localllm.grammar.automaton import Branch
 from localllm.grammar.formats import format_checker
 from localllm.grammar.meta import meta_error
-from localllm.grammar.pattern import PatternTooCostly, search, unsupported_reason
+from localllm.grammar.pattern import MAX_STATES, PatternTooCostly, search, unsupported_reason
 
 MAX_DEPTH = 64
 #: llama.cpp expands ``x{m,n}`` into n nested rules and advances all of them per token: a
@@ -57,6 +58,8 @@ MAX_AVOIDED = 6
 MAX_AVOIDED_STATES = 24
 #: the largest integer step compiled without two bounds (its grammar has step*16 rules)
 MAX_STEP = 32
+#: states of the automaton for several patterns on one string (and their length bounds)
+MAX_PRODUCT_STATES = 1_000
 MAX_GRAMMAR_CHARS = 2_000_000
 #: integer bounds with more digits than this are refused (grammar size grows with them)
 MAX_BOUND_DIGITS = 40
@@ -648,6 +651,10 @@ class _Compiler:
         self.order_rules = 0
         #: regexes made by negating a literal search pattern -> the literal (see _avoiding)
         self.avoided: dict[str, tuple[_Search, ...]] = {}
+        #: regexes made for the validator from the patterns of allOf components -> those patterns
+        #: (their grammar is the product of their automata: see :meth:`product`)
+        self.intersected: dict[str, tuple[str, ...]] = {}
+        self.products = 0
         self.notes: list[str] = []
         if isinstance(root, dict) and "$schema" in root and not isinstance(root["$schema"], str):
             raise _Refuse("$", "$schema", f'"$schema" must be a URI string, got {_q(root["$schema"])}')
@@ -1504,6 +1511,8 @@ class _Compiler:
             return {"allOf": [mine, other]}
         if key == "not":
             return {"anyOf": [mine, other]}
+        if key == "pattern" and isinstance(mine, str) and isinstance(other, str):
+            return self.both_patterns(mine, other, path)
         if key in ("multipleOf", "divisibleBy") and all(
             isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (mine, other)
         ):
@@ -1514,6 +1523,21 @@ class _Compiler:
                 raise _Refuse(path, "anyOf", f"allOf of anyOf gives more than {MAX_BRANCHES} alternatives")
             return product
         raise _Refuse(path, key, f'allOf components disagree on "{key}" ({_q(mine)} vs {_q(other)}); not merged')
+
+    def both_patterns(self, a: str, b: str, path: str) -> str:
+        """One regex for what ``a`` and ``b`` both find — lookaheads from the start, read by
+        the validator wherever the merged schema is checked — remembered with the patterns
+        it joins, whose automata :meth:`product` intersects for the grammar."""
+        parts = tuple(dict.fromkeys([*self.intersected.get(a, (a,)), *self.intersected.get(b, (b,))]))
+        joined = "\\A" + "".join(f"(?=[\\s\\S]*?(?:{p}))" for p in parts)
+        for regex in (*parts, joined):
+            try:
+                re.compile(regex)
+            except (re.error, OverflowError, RecursionError) as exc:
+                why = f'allOf components give "pattern" {_q(a)} and {_q(b)}, and no one regex for both compiles: {exc}'
+                raise _Refuse(path, "pattern", why) from None
+        self.intersected[joined] = parts
+        return joined
 
     def merge_bound(self, key: str, mine: Any, other: Any) -> Any:
         """The tighter of two bounds (numbers; draft 4's flags are merged with their bounds
@@ -2164,22 +2188,34 @@ class _Compiler:
         if pattern is not None:
             if not isinstance(pattern, str):
                 raise _Refuse(path, "pattern", '"pattern" must be a string')
+            if pattern in self.intersected:
+                return self.product(self.intersected[pattern], path, lo, hi)
             if pattern in self.avoided and 0 < lo <= 3 and hi is None:
                 # a negated literal search with minLength: the length counted in the automaton
                 pattern = _avoiding(self.avoided[pattern], lo) or pattern
-            expr, plo, phi = self.pattern(pattern, path, lo, hi)
-            if plo < lo or (hi is not None and (phi is None or phi > hi)):
-                raise _Refuse(
-                    path,
-                    "minLength" if plo < lo else "maxLength",
-                    "length bounds beside a pattern whose lengths exceed them are not intersected",
-                )
+            saved, notes = self.save(), len(self.notes)
+            try:
+                expr, plo, phi = self.pattern(pattern, path, lo, hi)
+                if plo < lo or (hi is not None and (phi is None or phi > hi)):
+                    raise _Refuse(
+                        path,
+                        "minLength" if plo < lo else "maxLength",
+                        "length bounds beside a pattern whose lengths exceed them are not intersected",
+                    )
+            except _Refuse:
+                if lo == 0 and hi is None:
+                    raise
+                # lengths the repeats cannot be cut to: the pattern's automaton counts them
+                self.restore(saved)
+                del self.notes[notes:]
+                return self.product((pattern,), path, lo, hi)
             return self.rule(f"{path}-pattern", f'"\\"" {expr} "\\""')
         if lo == 0 and hi is None:
             return self.primitive("string")
         return self.rule(f"{path}-string", f'"\\"" {_repeat(self.primitive("char"), lo, hi)} "\\""')
 
-    def pattern(self, pattern: str, path: str, lo: int = 0, hi: int | None = None) -> tuple[str, int, int | None]:
+    def branches(self, pattern: str, path: str) -> list[Branch]:
+        """``pattern``'s top-level alternatives as (anchored at the start, at the end, body)."""
         try:
             re.compile(pattern)
         except (re.error, OverflowError, RecursionError) as exc:
@@ -2188,11 +2224,8 @@ class _Compiler:
             tree = _RegexParser(pattern).parse()
         except _RegexUnsupported as exc:
             raise _Refuse(path, "pattern", f"pattern {_q(pattern)} {exc}") from None
-        branches = tree[1] if tree[0] == "alt" else [tree]
-        exprs = []
-        lo_all: int | None = None
-        hi_all: int | None = 0
-        for branch in branches:
+        out: list[Branch] = []
+        for branch in tree[1] if tree[0] == "alt" else [tree]:
             items = list(branch[1]) if branch[0] == "cat" else [branch]
             start = bool(items) and items[0][0] == "bol"
             if start:
@@ -2203,6 +2236,16 @@ class _Compiler:
             body = ("cat", items)
             if _has_anchor(body):
                 raise _Refuse(path, "pattern", f"pattern {_q(pattern)} has ^ or $ inside; not compiled")
+            out.append((start, end, body))
+        return out
+
+    def pattern(self, pattern: str, path: str, lo: int = 0, hi: int | None = None) -> tuple[str, int, int | None]:
+        exprs = []
+        lo_all: int | None = None
+        hi_all: int | None = 0
+        for start, end, whole in self.branches(pattern, path):
+            items = list(whole[1])
+            body = whole
             blo, bhi = _regex_lengths(body)
             bhi = bhi if start and end else None
             try:
@@ -2230,6 +2273,30 @@ class _Compiler:
         if not exprs:
             raise _Unsatisfiable(path, "maxLength", f"no string matching {_q(pattern)} meets the length bounds")
         return _alt(exprs), lo_all or 0, hi_all
+
+    def product(self, patterns: Sequence[str], path: str, lo: int, hi: int | None) -> str:
+        """The strings every one of ``patterns`` matches, ``lo``..``hi`` characters long: the
+        product of their automata (see :mod:`localllm.grammar.automaton`), one rule per state,
+        each reading one character and naming the next state. Refused past
+        :data:`MAX_PRODUCT_STATES` states."""
+        branches = [self.branches(p, path) for p in patterns]
+        shown = " and ".join(_q(p) for p in patterns)
+        if lo or hi is not None:
+            shown += f" (length {lo}..{'' if hi is None else hi})"
+        try:
+            dfa = automaton.intersection(
+                branches, _JSON_UNIVERSE, lo=lo, hi=hi, limit=MAX_PRODUCT_STATES, nfa_limit=MAX_STATES
+            )
+        except automaton.TooLarge as exc:
+            raise _Refuse(path, "pattern", f"pattern {shown} is not compiled: {exc}") from None
+        if dfa is None:
+            raise _Unsatisfiable(path, "pattern", f"no string matches {shown}")
+        self.products += 1
+        names = [self.rule(f"{path}-pattern-state", f"@product {self.products} {i}") for i in range(len(dfa.accepting))]
+        for name, accepting, moves in zip(names, dfa.accepting, dfa.moves, strict=True):
+            alts = [f"{_json_char_set(list(ranges))} {names[t]}" for ranges, t in moves]
+            self.rules[name] = " | ".join([*alts, '""'] if accepting else alts)
+        return self.rule(f"{path}-pattern", f'"\\"" {names[0]} "\\""')
 
     def regex_expr(self, node: tuple[Any, ...]) -> str:
         kind = node[0]
@@ -3208,6 +3275,8 @@ _JSON_ESCAPES = {0x22: '\\"', 0x5C: "\\\\", 0x08: "\\b", 0x0C: "\\f", 0x0A: "\\n
 # what may appear raw inside a JSON string: no quote, backslash, control, DEL or surrogate
 _RAW_OK = [(0x20, 0x21), (0x23, 0x5B), (0x5D, 0x7E), (0x80, 0xD7FF), (0xE000, _MAX_CP)]
 _ANY_CHAR = [(0, _MAX_CP)]
+#: the code points a JSON string can hold (raw or escaped): all but the surrogates
+_JSON_UNIVERSE = ((0, 0xD7FF), (0xE000, _MAX_CP))
 
 
 class _RegexUnsupported(Exception):

@@ -1,0 +1,278 @@
+"""Patterns as automata over code points, intersected by the product construction.
+
+The compiler reads a ``pattern`` into a small regex tree (``("set", ranges)``, ``("cat",
+[…])``, ``("alt", […])``, ``("rep", node, lo, hi)``); two patterns on one string (an ``allOf``
+of them, or a pattern beside a negated literal search) have no regex for both, but their
+automata do: :func:`intersection` runs the patterns' Thompson NFAs side by side, one
+determinised set of states each, with a length counter for ``minLength``/``maxLength``, and
+keeps the states from which an accepting one is still reachable. Each resulting state reads
+one character and moves deterministically, so as a grammar (one rule per state) the engine
+holds a single parse stack per position.
+
+Each tree's language is the compiler's reading of the pattern (a subset of what ``re``
+matches: ``\\d`` as ASCII digits, ``$`` at the very end only), so the product admits only
+strings every pattern matches. A product larger than its cap raises :class:`TooLarge`
+(the caller refuses the schema, naming the cap) rather than growing a grammar without bound.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Branch", "Dfa", "TooLarge", "intersection"]
+
+Ranges = tuple[tuple[int, int], ...]
+#: one top-level alternative of a pattern: (anchored at the start, at the end, body tree)
+Branch = tuple[bool, bool, tuple[Any, ...]]
+#: a product state: one closed set of NFA states per pattern, and the length read (capped)
+_Key = tuple[tuple[frozenset[int], ...], int]
+
+
+class TooLarge(Exception):
+    """Building the automaton would pass ``limit`` (of states or of steps: the message says)."""
+
+    def __init__(self, message: str, limit: int) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
+@dataclass(frozen=True)
+class Dfa:
+    """States 0..n-1 (0 is the start); ``moves[s]`` are (code point ranges, next state) with
+    disjoint ranges; every state can still reach an accepting one."""
+
+    accepting: tuple[bool, ...]
+    moves: tuple[tuple[tuple[Ranges, int], ...], ...]
+
+
+class _Nfa:
+    def __init__(self, limit: int) -> None:
+        self.eps: list[list[int]] = []
+        self.edges: list[list[tuple[Ranges, int]]] = []
+        self.limit = limit
+
+    def state(self) -> int:
+        if len(self.eps) >= self.limit:
+            raise TooLarge(f"a pattern's automaton needs more than {self.limit:,} states", self.limit)
+        self.eps.append([])
+        self.edges.append([])
+        return len(self.eps) - 1
+
+    def fragment(self, node: tuple[Any, ...], start: int, universe: Ranges) -> int:
+        """States for ``node`` entered at ``start``; its end state. Loops and alternatives
+        start at fresh states, so ``start`` gains only outgoing moves."""
+        kind = node[0]
+        if kind == "set":
+            end = self.state()
+            ranges = _clip(node[1], universe)
+            if ranges:
+                self.edges[start].append((ranges, end))
+            return end
+        if kind == "cat":
+            for item in node[1]:
+                start = self.fragment(item, start, universe)
+            return start
+        if kind == "alt":
+            end = self.state()
+            for branch in node[1]:
+                entry = self.state()
+                self.eps[start].append(entry)
+                self.eps[self.fragment(branch, entry, universe)].append(end)
+            return end
+        if kind == "rep":
+            _, body, lo, hi = node
+            for _ in range(lo):
+                start = self.fragment(body, start, universe)
+            if hi is None:
+                loop = self.state()
+                self.eps[start].append(loop)
+                self.eps[self.fragment(body, loop, universe)].append(loop)
+                return loop
+            end = self.state()
+            for _ in range(hi - lo):
+                self.eps[start].append(end)
+                start = self.fragment(body, start, universe)
+            self.eps[start].append(end)
+            return end
+        raise ValueError(f"no automaton for the regex node {kind!r}")
+
+    def closure(self, states: set[int] | frozenset[int], work: list[int]) -> frozenset[int]:
+        """The states ``states`` reach without reading; the states visited are taken from
+        ``work`` (the steps left to the whole construction)."""
+        seen = set(states)
+        stack = list(states)
+        while stack:
+            for t in self.eps[stack.pop()]:
+                if t not in seen:
+                    seen.add(t)
+                    stack.append(t)
+        work[0] -= len(seen)
+        if work[0] < 0:
+            raise TooLarge(f"determinising the patterns visits more than {work[1]:,} states", work[1])
+        return frozenset(seen)
+
+
+def _clip(ranges: Sequence[tuple[int, int]], universe: Ranges) -> Ranges:
+    out = []
+    for lo, hi in ranges:
+        for ulo, uhi in universe:
+            a, b = max(lo, ulo), min(hi, uhi)
+            if a <= b:
+                out.append((a, b))
+    return tuple(sorted(out))
+
+
+def _pattern_nfa(branches: Sequence[Branch], universe: Ranges, limit: int) -> tuple[_Nfa, int]:
+    """One pattern's NFA (start state 0) and its accepting state: an unanchored side reads
+    any characters of ``universe`` (a search finds the match anywhere)."""
+    nfa = _Nfa(limit)
+    start = nfa.state()
+    accept = nfa.state()
+    anything = ("rep", ("set", universe), 0, None)
+    for at_start, at_end, body in branches:
+        s = nfa.state()
+        nfa.eps[start].append(s)
+        if not at_start:
+            s = nfa.fragment(anything, s, universe)
+        s = nfa.fragment(body, s, universe)
+        if not at_end:
+            s = nfa.fragment(anything, s, universe)
+        nfa.eps[s].append(accept)
+    return nfa, accept
+
+
+def _covers(ranges: Ranges, lo: int) -> bool:
+    """Is the code point ``lo`` in ``ranges`` (sorted)?"""
+    i = bisect.bisect_right(ranges, (lo, 0x7FFFFFFF)) - 1
+    return i >= 0 and ranges[i][0] <= lo <= ranges[i][1]
+
+
+def intersection(
+    patterns: Sequence[Sequence[Branch]],
+    universe: Ranges,
+    *,
+    lo: int = 0,
+    hi: int | None = None,
+    limit: int,
+    nfa_limit: int,
+    work: int = 2_000_000,
+) -> Dfa | None:
+    """The strings of ``universe``'s characters that every pattern matches and whose length
+    is ``lo``..``hi``, as a trimmed DFA; None when there is none. Raises :class:`TooLarge`
+    past ``limit`` product states, ``nfa_limit`` states of one pattern's NFA or ``work`` NFA
+    states visited while determinising (the time it may take)."""
+    steps = [work, work]
+    built = [_pattern_nfa(p, universe, nfa_limit) for p in patterns]
+    count_cap = hi if hi is not None else lo
+    start: _Key = (tuple(nfa.closure({0}, steps) for nfa, _ in built), 0)
+    index: dict[_Key, int] = {start: 0}
+    keys: list[_Key] = [start]
+    accepting: list[bool] = []
+    moves: list[list[tuple[Ranges, int]]] = []
+    done = 0
+    while done < len(keys):
+        sets, count = keys[done]
+        done += 1
+        accepting.append(count >= lo and all(acc in s for (_, acc), s in zip(built, sets, strict=True)))
+        out: list[tuple[Ranges, int]] = []
+        moves.append(out)
+        if hi is not None and count >= hi:
+            continue
+        edges = [[e for q in s for e in nfa.edges[q]] for (nfa, _), s in zip(built, sets, strict=True)]
+        if any(not e for e in edges):
+            continue
+        cuts = sorted({b for es in edges for ranges, _ in es for a, z in ranges for b in (a, z + 1)})
+        targets: dict[_Key, list[tuple[int, int]]] = {}
+        for a, z in itertools.pairwise(cuts):
+            nexts = []
+            for (nfa, _), es in zip(built, edges, strict=True):
+                reached = {t for ranges, t in es if _covers(ranges, a)}
+                if not reached:
+                    break
+                nexts.append(nfa.closure(reached, steps))
+            else:
+                key: _Key = (tuple(nexts), min(count + 1, count_cap))
+                spans = targets.setdefault(key, [])
+                if spans and spans[-1][1] + 1 == a:
+                    spans[-1] = (spans[-1][0], z - 1)
+                else:
+                    spans.append((a, z - 1))
+        for key, spans in targets.items():
+            if key not in index:
+                if len(keys) >= limit:
+                    raise TooLarge(f"the intersection of the patterns needs more than {limit:,} states", limit)
+                index[key] = len(keys)
+                keys.append(key)
+            out.append((tuple(spans), index[key]))
+    trimmed = _trimmed(accepting, moves)
+    return None if trimmed is None else _minimal(trimmed)
+
+
+def _trimmed(accepting: list[bool], moves: list[list[tuple[Ranges, int]]]) -> Dfa | None:
+    """Only the states from which an accepting state can be reached (renumbered, the start
+    first); None when the start cannot reach one."""
+    back: list[list[int]] = [[] for _ in accepting]
+    for s, out in enumerate(moves):
+        for _, t in out:
+            back[t].append(s)
+    live = {s for s, acc in enumerate(accepting) if acc}
+    stack = list(live)
+    while stack:
+        for s in back[stack.pop()]:
+            if s not in live:
+                live.add(s)
+                stack.append(s)
+    if 0 not in live:
+        return None
+    order = sorted(live)
+    number = {s: i for i, s in enumerate(order)}
+    return Dfa(
+        accepting=tuple(accepting[s] for s in order),
+        moves=tuple(tuple((r, number[t]) for r, t in moves[s] if t in live) for s in order),
+    )
+
+
+def _minimal(dfa: Dfa) -> Dfa:
+    """``dfa`` with equivalent states merged (Moore's partition refinement: states stay
+    together while they agree on accepting and, per range, on the class they move to)."""
+    classes = [int(a) for a in dfa.accepting]
+    while True:
+        signatures: dict[tuple[Any, ...], int] = {}
+        refined = []
+        for s, moves in enumerate(dfa.moves):
+            merged: dict[int, list[tuple[int, int]]] = {}
+            for ranges, t in moves:
+                merged.setdefault(classes[t], []).extend(ranges)
+            key = (classes[s], tuple(sorted((_joined(r), c) for c, r in merged.items())))
+            refined.append(signatures.setdefault(key, len(signatures)))
+        if len(signatures) == len(set(classes)):
+            break
+        classes = refined
+    # the start's class first, the others in order of their first state
+    order: dict[int, int] = {}
+    for c in [classes[0], *classes]:
+        order.setdefault(c, len(order))
+    first: dict[int, int] = {}
+    for s, c in enumerate(classes):
+        first.setdefault(order[c], s)
+    moves_out = []
+    for k in range(len(order)):
+        merged = {}
+        for ranges, t in dfa.moves[first[k]]:
+            merged.setdefault(order[classes[t]], []).extend(ranges)
+        moves_out.append(tuple((_joined(r), t) for t, r in merged.items()))
+    return Dfa(accepting=tuple(dfa.accepting[first[k]] for k in range(len(order))), moves=tuple(moves_out))
+
+
+def _joined(ranges: list[tuple[int, int]]) -> Ranges:
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return tuple(out)
