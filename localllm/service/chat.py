@@ -627,9 +627,13 @@ def _plain_messages(messages: list[dict[str, Any]], system: str | None) -> list[
     Tool results become one user turn: the results of parallel calls (several ``tool``
     messages in a row) and a user message right after them are joined, since templates
     that require user and assistant turns to alternate refuse two user turns in a row.
+    A result names the call it answers (OpenAI's tool message carries only the call's id,
+    which the rendered calls do not show): the tool, and its arguments when that turn
+    called the tool more than once.
     """
     out: list[dict[str, Any]] = []
     results = False  # out[-1] is a user turn holding tool results
+    answers: dict[str, str] = {}  # a call's id → what its result is shown as answering
     for given in messages:
         role = given["role"]
         m = {**given, "role": "system"} if role == "developer" else given
@@ -643,9 +647,11 @@ def _plain_messages(messages: list[dict[str, Any]], system: str | None) -> list[
                 except (TypeError, ValueError, RecursionError):  # RecursionError: nested deeper than json decodes
                     args = fn.get("arguments")
                 calls.append({"name": fn.get("name"), "arguments": args})
+            answers.update(_answered(made, calls))
             m = {"role": "assistant", "content": json.dumps({"tool_calls": calls}, separators=(",", ":"))}
         elif role in ("tool", "function"):
-            who = m.get("name") or m.get("tool_call_id") or "tool"
+            call_id = m.get("tool_call_id")
+            who = (answers.get(call_id) if call_id else None) or m.get("name") or call_id or "tool"
             m = {"role": "user", "content": f"Result of {who}: {_text(m.get('content'))}"}
             if results:
                 out[-1] = {**out[-1], "content": f"{out[-1]['content']}\n\n{m['content']}"}
@@ -668,6 +674,20 @@ def _plain_messages(messages: list[dict[str, Any]], system: str | None) -> list[
         else:
             out.insert(0, {"role": "system", "content": system})
     return out
+
+
+def _answered(made: Any, calls: list[dict[str, Any]]) -> dict[str, str]:
+    """Each of one turn's call ids → the call as its result names it (``made``: the client's
+    calls, ``calls``: as rendered, in the same order)."""
+    names = [c["name"] for c in calls]
+    shown: dict[str, str] = {}
+    for call, rendered in zip(made if isinstance(made, list) else [], calls, strict=True):
+        name = rendered["name"]
+        if not isinstance(call, dict) or not isinstance(call.get("id"), str) or not call["id"] or not name:
+            continue
+        twice = names.count(name) > 1
+        shown[call["id"]] = f"{name} {json.dumps(rendered['arguments'], separators=(',', ':'))}" if twice else name
+    return shown
 
 
 def prepare(

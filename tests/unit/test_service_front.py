@@ -1239,6 +1239,42 @@ def test_parallel_tool_results_are_one_user_turn(tools: list[dict[str, Any]] | N
     assert history[2]["role"] == "tool" and history[4]["content"] == "and now?"  # the client's own untouched
 
 
+def test_a_tool_result_names_the_call_it_answers() -> None:
+    # OpenAI's tool message carries only the call's id (the openai SDK, llama-index,
+    # pydantic-ai send no name), and the rendered assistant turn shows no ids: the model saw
+    # "Result of call_1: 12:00" with nothing telling it which call that was
+    from localllm.service.chat import prepare
+
+    def call(i: str, name: str, args: dict[str, str]) -> dict[str, Any]:
+        return {"id": i, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+
+    history: list[dict[str, Any]] = [
+        {"role": "user", "content": "time in UTC and CET, weather in Oslo?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                call("call_1", "get_time", {"tz": "UTC"}),
+                call("call_2", "get_time", {"tz": "CET"}),
+                call("call_3", "get_weather", {"city": "Oslo"}),
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_2", "content": "13:00"},
+        {"role": "tool", "tool_call_id": "call_1", "content": "12:00"},
+        {"role": "tool", "tool_call_id": "call_3", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "call_9", "content": "?"},  # no such call: its id, as before
+        {"role": "tool", "name": "get_news", "content": "none"},  # a name and no id: the name
+    ]
+    results = prepare({"model": "chat", "messages": history}, "chat").body["messages"][-1]["content"].split("\n\n")
+    assert results == [
+        'Result of get_time {"tz":"CET"}: 13:00',  # the same tool twice: told apart by arguments
+        'Result of get_time {"tz":"UTC"}: 12:00',
+        "Result of get_weather: sunny",
+        "Result of call_9: ?",
+        "Result of get_news: none",
+    ]
+
+
 @pytest.mark.parametrize(
     "first",
     [
