@@ -2,8 +2,8 @@
 
 llama-index-llms-openai 0.8 (what ``OpenAILike`` is built on) pins ``openai<3`` and the
 project's pydantic-ai-slim[openai] needs ``openai>=3.31``, so it lives in its own venv (``make
-e2e-endpoints`` builds ``~/.cache/localllm-e2e/venvs/llama-index-<v>``, with the openai 2.x
-release pip picks) and tests/e2e/test_llama_index_e2e.py runs this file there::
+e2e-endpoints`` builds ``~/.cache/localllm-e2e/venvs/llama-index-<v>-openai-like-<v>``, with the
+openai 2.x release pip picks) and tests/e2e/test_llama_index_e2e.py runs this file there::
 
     python llama_index_client.py BASE_URL TOKEN MODEL PATH
 
@@ -15,14 +15,15 @@ PATH is one of llama-index's own ways to a structured answer or a tool call:
   llama-index's ``FunctionCallingProgram``: the model as a tool, ``tool_choice="required"``;
 - ``predict_and_call``: a ``FunctionTool`` over a Python function, called by
   ``predict_and_call(..., tool_required=True)``, then the tool's result sent back in a second
-  turn (the assistant's ``tool_calls`` message and a ``tool`` message) for the text answer;
+  turn (the assistant's ``tool_calls`` message and a ``tool`` message) with ``tool_choice="none"``;
 - ``stream``: ``stream_chat_with_tools`` with the tool named in ``tool_choice``, the call
   assembled from the deltas by llama-index.
 
 Every request is made once (``max_retries=0``), greedy, with a bounded ``max_tokens``. It
 prints one JSON line: the answer, the JSON Schema it must meet, every request body
 llama-index sent, the service's ``X-Localllm-*`` headers of each answer, and the versions.
-Exit status 1 (the error on stderr) when llama-index raises.
+Exit status 1 (the error on stderr) when llama-index raises. No connection but to loopback is
+allowed (an audit hook installed before llama-index is imported).
 """
 
 # no `from __future__ import annotations`: FunctionTool reads the tool's annotations at run time
