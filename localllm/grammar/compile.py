@@ -1339,7 +1339,49 @@ class _Compiler:
         seen: set[str] = set()
         for comp in self.flatten(comps, path, depth, frozenset(bare), seen):
             merged = self.merge(merged, comp, path)
+        for key in ("multipleOf", "divisibleBy"):
+            if isinstance(merged.get(key), _Steps):
+                merged = self.common_multiples(node, merged, key, path)
         return merged, frozenset(bare) | frozenset(seen)
+
+    def common_multiples(self, node: dict[str, Any], merged: dict[str, Any], key: str, path: str) -> dict[str, Any]:
+        """``merged`` (``node``'s allOf merged) whose components give several steps, one of
+        them decimal: between two bounds, the multiples of their exact common multiple (at
+        most MAX_BRANCHES*4), each kept when the validator accepts it against ``node``
+        itself — every original step divided as the validator divides — as an ``enum``;
+        values of other kinds as ``merged`` says without its number keywords."""
+        steps: tuple[int | float, ...] = merged[key].steps
+        exact = functools.reduce(_lcm, (Fraction(str(s)) for s in steps))
+        lo = self.bound(merged, path, "minimum", "exclusiveMinimum")
+        hi = self.bound(merged, path, "maximum", "exclusiveMaximum")
+        listed = None
+        if lo is not None and hi is not None:
+            first, last = math.ceil(lo.value / exact), math.floor(hi.value / exact)
+            first += lo.exclusive and first * exact == lo.value
+            last -= hi.exclusive and last * exact == hi.value
+            if last - first + 1 <= 4 * MAX_BRANCHES:
+                listed = range(first, last + 1)
+        if listed is None:
+            raise _Refuse(
+                path,
+                key,
+                f'allOf components give "{key}" {" and ".join(str(s) for s in steps)}: the validator divides by '
+                f"each in binary floating point, so their common multiples are compiled only between two bounds "
+                f"listing at most {4 * MAX_BRANCHES} of them",
+            )
+        texts = [self.valid_multiple(node, n * exact, path, key) for n in listed]
+        numbers = [json.loads(t) for t in texts if t is not None]
+        types = _type_set(merged.get("type"))
+        others = [t for t in (_TYPES if types is None else types) if t not in ("number", "integer")]
+        alts: list[Any] = [{"enum": numbers}] if numbers else []
+        if others:
+            rest = {k: v for k, v in merged.items() if k not in keywords.NUMBER and k != "type"}
+            alts.append({**rest, "type": others})
+        if not alts:
+            raise _Unsatisfiable(
+                path, key, f"no common multiple of {' and '.join(map(str, steps))} passes the validator"
+            )
+        return alts[0] if len(alts) == 1 else {"anyOf": alts}
 
     def flatten(
         self, comps: list[Any], path: str, depth: int, chain: frozenset[str], seen: set[str]
@@ -1513,10 +1555,14 @@ class _Compiler:
             return {"anyOf": [mine, other]}
         if key == "pattern" and isinstance(mine, str) and isinstance(other, str):
             return self.both_patterns(mine, other, path)
-        if key in ("multipleOf", "divisibleBy") and all(
-            isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (mine, other)
-        ):
-            return math.lcm(mine, other)  # integer steps: a multiple of both is a multiple of the lcm
+        if key in ("multipleOf", "divisibleBy"):
+            steps = (*_steps_of(mine), *_steps_of(other))
+            if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in steps):
+                return math.lcm(*steps)  # integer steps: a multiple of both is a multiple of the lcm
+            if all(_finite(v) and v > 0 for v in steps):
+                # a decimal one: the validator divides by each in binary floating point, so no
+                # one step stands for them; merge_all lists their common multiples
+                return _Steps(tuple(dict.fromkeys(steps)))
         if key == "anyOf" and isinstance(mine, list) and isinstance(other, list):
             product = [{"allOf": [x, y]} for x in mine for y in other]
             if len(product) > MAX_BRANCHES:
@@ -2328,8 +2374,8 @@ class _Compiler:
                 step = node[key]
                 if _num(step) and step == 1:
                     if not_integer and self.draft == 4:
-                        # 2.0 is a multiple of 1 and no integer in draft 4: not generated here
-                        raise _Refuse(path, "not", '"not" an integer beside "multipleOf": 1 is not compiled in draft 4')
+                        # 2.0 is a multiple of 1 and no integer in draft 4: whole values with .0
+                        return self.gen_multiples(node, path, key, integer=integer)
                     if not_integer:
                         raise _Unsatisfiable(path, "not", "every multiple of 1 is an integer")
                     integer = True
@@ -2391,10 +2437,10 @@ class _Compiler:
         if listed is not None:
             kept = []
             for n in listed:
-                text = _decimal_text(n * exact)
                 if integer and (n * exact).denominator != 1:
                     continue
-                if self.valid(node, json.loads(text), path, key):
+                text = self.valid_multiple(node, n * exact, path, key)
+                if text is not None:
                     kept.append(gbnf_literal(text))
             if not kept:
                 raise _Unsatisfiable(path, key, f"no multiple of {step} between the bounds passes the validator")
@@ -2407,11 +2453,15 @@ class _Compiler:
                 f"the validator divides in binary floating point (0.07 / 0.01 is not a whole number there), "
                 "so its multiples form no grammar",
             )
+        point = ""
         if _not_an_integer(node):
-            # the multiples of an integer step are integers (draft 4 would take 2.0, not generated)
-            if self.draft == 4:
-                raise _Refuse(path, "not", f'"not" an integer beside an integer "{key}" is not compiled in draft 4')
-            raise _Unsatisfiable(path, "not", f"every multiple of {step} is an integer")
+            if self.draft != 4:
+                raise _Unsatisfiable(path, "not", f"every multiple of {step} is an integer")
+            # draft 4 reads a number written with a point as no integer: 4.0 is a multiple of 2
+            # there (a float's remainder is exact), written so, at most 15 digits before the
+            # point so the float parsed is the integer written (10^15 < 2^53)
+            point = '".0"'
+        digit_cap = MAX_INT_DIGITS - 1 if point else MAX_INT_DIGITS
         if step > MAX_STEP:
             raise _Refuse(path, key, f'"{key}": {step} above {MAX_STEP} needs one rule per remainder; not compiled')
         ilo = None if lo is None else _int_at_least(lo)
@@ -2426,7 +2476,7 @@ class _Compiler:
                 f"at most {4 * MAX_BRANCHES} values",
             )
         zero = (ilo is None or ilo <= 0) and (ihi is None or ihi >= 0)
-        digits = self.divisible(step, path)
+        digits = self.divisible(step, path, digit_cap)
         parts = ['"0"'] if zero else []
         if positive and negative:
             parts.append(f'"-"? {digits}')
@@ -2436,9 +2486,20 @@ class _Compiler:
             parts.append(f'"-" {digits}')
         if not parts:
             raise _Unsatisfiable(path, key, f"no multiple of {step} lies between the bounds")
+        if point:
+            self.notes.append(f"{path}: multiples of {step} are written as integers with .0 (at most 15 digits)")
+            return self.rule(f"{path}-multiple", f"( {' | '.join(parts)} ) {point}")
         if not integer:
             self.notes.append(f"{path}: multiples of {step} are written as integers")
         return self.rule(f"{path}-multiple", " | ".join(parts))
+
+    def valid_multiple(self, schema: Any, value: Fraction, path: str, key: str) -> str | None:
+        """``value`` written as a JSON number ``schema`` accepts (checked by the validator,
+        which divides a float by a decimal step in binary floating point), or None. A whole
+        value is tried as an integer, then (draft 4, where that is no integer) with ``.0``."""
+        text = _decimal_text(value)
+        texts = [text, f"{text}.0"] if self.draft == 4 and value.denominator == 1 else [text]
+        return next((t for t in texts if self.valid(schema, json.loads(t), path, key)), None)
 
     def gen_non_integer(self, lo: _Bound | None, hi: _Bound | None, path: str) -> str:
         """Numbers that are no integer (``"not": {"type": "integer"}`` beside a number type).
@@ -2474,8 +2535,8 @@ class _Compiler:
             )
         return self.rule(f"{path}-non-integer", _alt(parts))
 
-    def divisible(self, step: int, path: str) -> str:
-        """Positive decimal integers (no leading zero, at most MAX_INT_DIGITS digits) that
+    def divisible(self, step: int, path: str, most: int = MAX_INT_DIGITS) -> str:
+        """Positive decimal integers (no leading zero, at most ``most`` digits) that
         ``step`` divides: a rule per (remainder, digits written), its digits grouped by the
         remainder they lead to."""
         states: dict[tuple[int, int], str | None] = {}
@@ -2485,7 +2546,7 @@ class _Compiler:
             if (rem, n) in states:
                 return states[(rem, n)]
             alts: list[str] = []
-            if n < MAX_INT_DIGITS:
+            if n < most:
                 by_target: dict[int, list[int]] = {}
                 for d in range(10):
                     by_target.setdefault((10 * rem + d) % step, []).append(d)
@@ -2955,6 +3016,23 @@ def _literal_values(node: Any) -> list[Any] | None:
     if isinstance(node.get("enum"), list):
         return list(node["enum"])
     return None
+
+
+@dataclass(frozen=True)
+class _Steps:
+    """The ``multipleOf`` steps of allOf components, one of them decimal, while they merge
+    (:meth:`_Compiler.common_multiples` lists them before the merged schema is used)."""
+
+    steps: tuple[int | float, ...]
+
+
+def _steps_of(value: Any) -> tuple[Any, ...]:
+    return value.steps if isinstance(value, _Steps) else (value,)
+
+
+def _lcm(a: Fraction, b: Fraction) -> Fraction:
+    """The least positive rational both ``a`` and ``b`` divide (a whole number of each)."""
+    return Fraction(math.lcm(a.numerator * b.denominator, b.numerator * a.denominator), a.denominator * b.denominator)
 
 
 def _canon(value: Any) -> str:

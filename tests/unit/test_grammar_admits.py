@@ -239,15 +239,88 @@ def test_unbounded_non_integers_name_their_narrowing() -> None:
         ({"type": "integer", "not": {"type": "integer"}}, "not"),
         ({"type": "number", "not": {"type": "integer"}, "minimum": 5, "maximum": 5}, "not"),
         ({"type": "number", "not": {"type": "integer"}, "multipleOf": 2}, "not"),
-        # draft 4: 2.0 is a multiple of 2 and no integer, but multiples are written as integers
-        ({"$schema": D4, "type": "number", "not": {"type": "integer"}, "multipleOf": 2}, "not"),
-        ({"$schema": D4, "type": "number", "not": {"type": "integer"}, "multipleOf": 1}, "not"),
+        # draft 4: whole values written with a point, but only the integers the step divides,
+        # and those beside a bound only between two
+        ({"$schema": D4, "type": "number", "not": {"type": "integer"}, "multipleOf": 1, "minimum": 3}, "multipleOf"),
     ],
 )
 def test_non_integers_nothing_generates_are_refused(schema: dict[str, Any], construct: str) -> None:
     compiled = compile_schema(schema)
     assert compiled.grammar is None
     assert [(r.path, r.construct) for r in compiled.refusals] == [("$", construct)]
+
+
+_D4_NOT_INTEGER = {"$schema": D4, "type": "number", "not": {"type": "integer"}}
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {**_D4_NOT_INTEGER, "multipleOf": 2},
+        {**_D4_NOT_INTEGER, "multipleOf": 1},
+        {**_D4_NOT_INTEGER, "multipleOf": 3, "minimum": 0},
+        # listed between two bounds: whole multiples were written as integers (none validated)
+        {**_D4_NOT_INTEGER, "multipleOf": 2, "minimum": 0, "maximum": 10},
+        {**_D4_NOT_INTEGER, "multipleOf": 0.5, "minimum": 0, "maximum": 3},
+    ],
+)
+def test_draft4_non_integer_multiples_are_whole_values_written_with_a_point(schema: dict[str, Any]) -> None:
+    # draft 4 reads 2.0 as no integer, and a float's remainder by an integer step is exact;
+    # a whole value is written with one 0 after the point (5.000000 is valid, not generated)
+    big = ["123456789012345.0", "123456789012344.0", "-999999999999999.0"]
+    probes = [t for t in [*NUMBERS, *_PLAIN, *big] if not t.endswith(".000000")]
+    assert disagreements(schema, probes) == []
+    assert compiled_grammar(schema).matches("0.0")
+
+
+# ---------------------------------------------------------------------------- decimal steps merged in allOf
+
+#: numbers as the listing writes them: integers, and decimals with no trailing zero
+_STEPS_PROBES = sorted(
+    {*(str(n) for n in range(-2, 12)), *(str(n / 10) for n in range(-10, 40)), *(str(n / 4) for n in range(-4, 16))}
+    - {f"{n}.0" for n in range(-3, 12)},
+    key=float,
+)
+
+
+@pytest.mark.parametrize(
+    ("schema", "admitted"),
+    [
+        (
+            {"type": "number", "minimum": 0, "maximum": 3, "allOf": [{"multipleOf": 0.5}, {"multipleOf": 0.25}]},
+            ["0", "0.5", "1", "1.5", "2", "2.5", "3"],
+        ),
+        # the common multiples are 0.6 apart, but 0.6 / 0.3 is 1.9999999999999998 in binary floating point
+        (
+            {"type": "number", "minimum": 0, "maximum": 3, "allOf": [{"multipleOf": 0.3}, {"multipleOf": 0.2}]},
+            ["0", "1.8", "3"],
+        ),
+        (
+            {"type": "integer", "minimum": 0, "maximum": 10, "allOf": [{"multipleOf": 0.5}, {"multipleOf": 1.5}]},
+            ["0", "3", "6", "9"],
+        ),
+        (
+            {"$schema": D4, "minimum": -1, "maximum": 2, "allOf": [{"multipleOf": 0.5}, {"multipleOf": 2}]},
+            ["0", "2"],
+        ),
+    ],
+)
+def test_decimal_steps_merged_in_all_of_admit_the_common_multiples_the_validator_accepts(
+    schema: dict[str, Any], admitted: list[str]
+) -> None:
+    grammar = compiled_grammar(schema)
+    check = validator(schema)
+    assert [t for t in _STEPS_PROBES if grammar.matches(t)] == admitted
+    assert [t for t in _STEPS_PROBES if check.is_valid(json.loads(t))] == admitted
+    others = ['"a"', "null", "[]", "{}", "true"]
+    assert [t for t in others if grammar.matches(t)] == [t for t in others if check.is_valid(json.loads(t))]
+
+
+def test_decimal_steps_merged_without_two_bounds_are_refused() -> None:
+    compiled = compile_schema({"type": "number", "minimum": 0, "allOf": [{"multipleOf": 0.5}, {"multipleOf": 0.25}]})
+    assert compiled.grammar is None
+    assert [(r.path, r.construct) for r in compiled.refusals] == [("$", "multipleOf")]
+    assert "0.5 and 0.25" in compiled.refusals[0].message
 
 
 # ---------------------------------------------------------------------------- keywords the draft lacks
