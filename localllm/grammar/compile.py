@@ -12,8 +12,10 @@ How the schema is read (the semantics of the ``jsonschema`` validator for the sc
 draft): ``$ref`` overrides its siblings up to draft 7 and combines with them from
 2019-09 (same-document ``$id``/``$anchor`` refs are rewritten as ``#/`` pointers first);
 ``allOf`` components are merged into one schema (positional item keywords position by
-position); ``anyOf``/``oneOf`` distribute their siblings into each branch, and a ``oneOf``
-that is not provably disjoint becomes each branch without the others; ``not``,
+position; several patterns as the product of their automata, :mod:`localllm.grammar.automaton`;
+decimal steps as their common multiples the validator accepts between two bounds);
+``anyOf``/``oneOf`` distribute their siblings into each branch, and a ``oneOf`` that is not
+provably disjoint becomes each branch without the others; ``not``,
 ``if``/``then``/``else`` and the ``dependent*`` keywords are rewritten into ``anyOf``/``allOf``
 of positive schemas (:meth:`_Compiler.negate`); ``const``/``enum`` keep the values that
 validate against the whole schema object. Malformed schemas and constructs without a
