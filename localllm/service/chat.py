@@ -605,7 +605,9 @@ def _tool_prompt(tools: list[Tool], mode: str, parallel: bool) -> str:
     several = " (list several calls to run them in parallel)" if parallel else ""
     lines.append(f"To call a tool, answer with this JSON and nothing else{several}: {call}")
     if mode == "auto":
-        lines.append('To answer without a tool, answer with {"content": "<your reply>"}.')
+        # the reply's shape, not a reply: {"content": "<your reply>"} is one the grammar admits,
+        # and gemma-3-270m answered it word for word to half the questions asked
+        lines.append('To answer in words instead, answer with {"content": …} holding your answer to the user.')
     elif mode == "named" and len(tools) == 1:
         lines.append(f"Call the tool {tools[0].name}.")
     else:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import socket
 import threading
 import time
@@ -1273,6 +1274,21 @@ def test_a_tool_result_names_the_call_it_answers() -> None:
         "Result of call_9: ?",
         "Result of get_news: none",
     ]
+
+
+def test_the_auto_tool_prompt_shows_no_reply_the_model_could_copy() -> None:
+    # under tool_choice "auto" (llama-index's FunctionAgent, LangChain's bind_tools) the
+    # prompt showed {"content": "<your reply>"}, itself an answer the grammar admits:
+    # gemma-3-270m answered "<your reply>" to 3 of 6 questions (after: 0 of 6)
+    from localllm.service.chat import prepare
+
+    asked = {"model": "chat", "messages": MESSAGES, "tools": [TIME], "tool_choice": "auto"}
+    prompt = prepare(asked, "chat").body["messages"][0]["content"]
+    shown = [m.group(0) for m in re.finditer(r'\{"content": [^}]*\}', prompt)]
+    assert shown  # the reply's shape is shown...
+    for example in shown:  # ...but not as an answer: none of them is JSON holding a reply
+        with pytest.raises(ValueError):
+            json.loads(example)
 
 
 @pytest.mark.parametrize(
