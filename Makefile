@@ -65,7 +65,7 @@ LLCP_WHEELS     := $(E2E)/wheels/llama-cpp-python-$(LLCP_VERSION)-noamx
 LLCP_VENV       := $(E2E)/venvs/llama-cpp-python-$(LLCP_VERSION)-noamx
 LITELLM_VENV    := $(E2E)/venvs/litellm-$(LITELLM_VERSION)
 # Client libraries whose pins cannot sit beside the project's openai 3.x get a venv of their
-# own, keyed by version, driven as a subprocess by tests/e2e/test_service_clients_e2e.py:
+# own, keyed by version, driven as a subprocess by tests/e2e/test_instructor_e2e.py:
 # instructor 1.17 needs jiter<0.15 (openai 3.x needs jiter>=0.16), so pip picks the openai
 # release instructor supports.
 INSTRUCTOR_VERSION ?= 1.17.0
