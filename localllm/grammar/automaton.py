@@ -5,7 +5,9 @@ The compiler reads a ``pattern`` into a small regex tree (``("set", ranges)``, `
 of them, or a pattern beside a negated literal search) have no regex for both, but their
 automata do: :func:`intersection` runs the patterns' Thompson NFAs side by side, one
 determinised set of states each, with a length counter for ``minLength``/``maxLength``, and
-keeps the states from which an accepting one is still reachable. Each resulting state reads
+keeps the states from which an accepting one is still reachable. A pattern may also be
+negated (``not`` of a pattern): its determinised set then accepts where it does not match,
+which is only as exact as the tree's reading of the pattern (the caller reads it exactly). Each resulting state reads
 one character and moves deterministically, so as a grammar (one rule per state) the engine
 holds a single parse stack per position.
 
@@ -160,13 +162,18 @@ def intersection(
     limit: int,
     nfa_limit: int,
     work: int = 2_000_000,
+    negated: Sequence[bool] = (),
 ) -> Dfa | None:
-    """The strings of ``universe``'s characters that every pattern matches and whose length
-    is ``lo``..``hi``, as a trimmed DFA; None when there is none. Raises :class:`TooLarge`
+    """The strings of ``universe``'s characters that every pattern matches — every one
+    ``negated`` marks, none matches — and whose length is ``lo``..``hi``, as a trimmed DFA;
+    None when there is none. (A negated pattern's tree must read exactly what ``re`` finds:
+    its complement is only as exact as that.) Raises :class:`TooLarge`
     past ``limit`` product states, ``nfa_limit`` states of one pattern's NFA or ``work`` NFA
     states visited while determinising (the time it may take)."""
     steps = [work, work]
     built = [_pattern_nfa(p, universe, nfa_limit) for p in patterns]
+    negate = [i < len(negated) and negated[i] for i in range(len(built))]
+    bounds = {b for a, z in universe for b in (a, z + 1)}
     count_cap = hi if hi is not None else lo
     start: _Key = (tuple(nfa.closure({0}, steps) for nfa, _ in built), 0)
     index: dict[_Key, int] = {start: 0}
@@ -177,23 +184,29 @@ def intersection(
     while done < len(keys):
         sets, count = keys[done]
         done += 1
-        accepting.append(count >= lo and all(acc in s for (_, acc), s in zip(built, sets, strict=True)))
+        accepting.append(
+            count >= lo and all((acc in s) != neg for (_, acc), s, neg in zip(built, sets, negate, strict=True))
+        )
         out: list[tuple[Ranges, int]] = []
         moves.append(out)
         if hi is not None and count >= hi:
             continue
         edges = [[e for q in s for e in nfa.edges[q]] for (nfa, _), s in zip(built, sets, strict=True)]
-        if any(not e for e in edges):
+        if any(not e and not neg for e, neg in zip(edges, negate, strict=True)):
             continue
-        cuts = sorted({b for es in edges for ranges, _ in es for a, z in ranges for b in (a, z + 1)})
+        # a negated pattern that can no longer match allows every character: the universe's
+        # bounds cut too
+        cuts = sorted(bounds | {b for es in edges for ranges, _ in es for a, z in ranges for b in (a, z + 1)})
         targets: dict[_Key, list[tuple[int, int]]] = {}
         for a, z in itertools.pairwise(cuts):
+            if not _covers(universe, a):
+                continue
             nexts = []
-            for (nfa, _), es in zip(built, edges, strict=True):
+            for (nfa, _), es, neg in zip(built, edges, negate, strict=True):
                 reached = {t for ranges, t in es if _covers(ranges, a)}
-                if not reached:
+                if not reached and not neg:
                     break
-                nexts.append(nfa.closure(reached, steps))
+                nexts.append(nfa.closure(reached, steps) if reached else frozenset())
             else:
                 key: _Key = (tuple(nexts), min(count + 1, count_cap))
                 spans = targets.setdefault(key, [])

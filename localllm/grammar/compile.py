@@ -20,8 +20,8 @@ provably disjoint becomes each branch without the others; ``not``,
 of positive schemas (:meth:`_Compiler.negate`); ``const``/``enum`` keep the values that
 validate against the whole schema object. Malformed schemas and constructs without a
 grammar here (``unevaluated*`` beside anyOf/oneOf/not/if, ``uniqueItems`` over an open domain,
-``multipleOf`` with a decimal step and no two bounds, negations of patterns other than a literal
-search and of formats, refs to other documents …) are refused, never raised. Narrowings beyond the
+``multipleOf`` with a decimal step and no two bounds, negations of patterns with Unicode
+classes and of formats, refs to other documents …) are refused, never raised. Narrowings beyond the
 documented defaults are listed in :attr:`CompiledGrammar.notes`.
 """
 
@@ -656,6 +656,8 @@ class _Compiler:
         #: regexes made for the validator from the patterns of allOf components -> those patterns
         #: (their grammar is the product of their automata: see :meth:`product`)
         self.intersected: dict[str, tuple[str, ...]] = {}
+        #: regexes made for the validator from a negated pattern -> that pattern
+        self.complemented: dict[str, str] = {}
         self.products = 0
         self.notes: list[str] = []
         if isinstance(root, dict) and "$schema" in root and not isinstance(root["$schema"], str):
@@ -1070,10 +1072,11 @@ class _Compiler:
         if key == "pattern" and isinstance(value, str):
             searches = _literal_searches(value)
             avoid = None if searches is None else _avoiding(searches)
-            if searches is None or avoid is None:
-                return None
-            self.avoided[avoid] = searches
-            return {"type": "string", "pattern": avoid}
+            if searches is not None and avoid is not None:
+                self.avoided[avoid] = searches
+                return {"type": "string", "pattern": avoid}
+            negation = self.complement(value)
+            return None if negation is None else {"type": "string", "pattern": negation}
         if key == "required" and isinstance(value, list):
             names = [n for n in value if isinstance(n, str)]
             return {"anyOf": [{"type": "object", "properties": {n: False}} for n in names]} if names else False
@@ -1586,6 +1589,23 @@ class _Compiler:
                 raise _Refuse(path, "pattern", why) from None
         self.intersected[joined] = parts
         return joined
+
+    def complement(self, pattern: str) -> str | None:
+        """A regex for the strings ``pattern`` finds nothing in — a negative lookahead from the
+        start, read by the validator wherever the schema holding it is checked — remembered
+        with ``pattern``, whose automaton :meth:`product` complements for the grammar. None
+        when the compiler's reading of ``pattern`` is not exact (Unicode classes read as
+        ASCII, ``$`` beside ``\\Z``: the complement would admit strings it finds) or it has
+        no tree here."""
+        negation = f"\\A(?![\\s\\S]*?(?:{pattern}))"
+        try:
+            re.compile(pattern)
+            re.compile(negation)
+            self.branches(pattern, "$", exact=True)
+        except (re.error, OverflowError, RecursionError, _Refuse):
+            return None
+        self.complemented[negation] = pattern
+        return negation
 
     def merge_bound(self, key: str, mine: Any, other: Any) -> Any:
         """The tighter of two bounds (numbers; draft 4's flags are merged with their bounds
@@ -2238,6 +2258,8 @@ class _Compiler:
                 raise _Refuse(path, "pattern", '"pattern" must be a string')
             if pattern in self.intersected:
                 return self.product(self.intersected[pattern], path, lo, hi)
+            if pattern in self.complemented:
+                return self.product((pattern,), path, lo, hi)
             if pattern in self.avoided and 0 < lo <= 3 and hi is None:
                 # a negated literal search with minLength: the length counted in the automaton
                 pattern = _avoiding(self.avoided[pattern], lo) or pattern
@@ -2262,16 +2284,26 @@ class _Compiler:
             return self.primitive("string")
         return self.rule(f"{path}-string", f'"\\"" {_repeat(self.primitive("char"), lo, hi)} "\\""')
 
-    def branches(self, pattern: str, path: str) -> list[Branch]:
-        """``pattern``'s top-level alternatives as (anchored at the start, at the end, body)."""
+    def branches(self, pattern: str, path: str, *, exact: bool = False) -> list[Branch]:
+        """``pattern``'s top-level alternatives as (anchored at the start, at the end, body).
+
+        The bodies match a subset of what ``re`` finds (Unicode classes read as ASCII, ``$``
+        at the very end only). ``exact`` (for a complement, where fewer would be more) reads
+        ``$`` as ``re`` does — the body may end with one newline — and refuses what the
+        tree cannot hold exactly (Unicode classes, ``$`` beside ``\\Z``)."""
         try:
             re.compile(pattern)
         except (re.error, OverflowError, RecursionError) as exc:
             raise _Refuse(path, "pattern", f"pattern {_q(pattern)} is not a valid regex: {exc}") from None
+        parser = _RegexParser(pattern)
         try:
-            tree = _RegexParser(pattern).parse()
+            tree = parser.parse()
         except _RegexUnsupported as exc:
             raise _Refuse(path, "pattern", f"pattern {_q(pattern)} {exc}") from None
+        if exact and (parser.narrowed or len(parser.ends) > 1):
+            why = "\\d, \\w or \\s (Unicode classes)" if parser.narrowed else "both $ and \\Z"
+            raise _Refuse(path, "not", f"the negation of pattern {_q(pattern)} is not compiled: it uses {why}")
+        newline = exact and parser.ends == {"$"}
         out: list[Branch] = []
         for branch in tree[1] if tree[0] == "alt" else [tree]:
             items = list(branch[1]) if branch[0] == "cat" else [branch]
@@ -2284,6 +2316,8 @@ class _Compiler:
             body = ("cat", items)
             if _has_anchor(body):
                 raise _Refuse(path, "pattern", f"pattern {_q(pattern)} has ^ or $ inside; not compiled")
+            if end and newline:
+                body = ("cat", [*items, ("rep", ("set", [(0x0A, 0x0A)]), 0, 1)])
             out.append((start, end, body))
         return out
 
@@ -2327,13 +2361,25 @@ class _Compiler:
         product of their automata (see :mod:`localllm.grammar.automaton`), one rule per state,
         each reading one character and naming the next state. Refused past
         :data:`MAX_PRODUCT_STATES` states."""
-        branches = [self.branches(p, path) for p in patterns]
-        shown = " and ".join(_q(p) for p in patterns)
+        negated = [p in self.complemented for p in patterns]
+        branches = [
+            self.branches(self.complemented[p], path, exact=True) if neg else self.branches(p, path)
+            for p, neg in zip(patterns, negated, strict=True)
+        ]
+        shown = " and ".join(
+            f"not {_q(self.complemented[p])}" if neg else _q(p) for p, neg in zip(patterns, negated, strict=True)
+        )
         if lo or hi is not None:
             shown += f" (length {lo}..{'' if hi is None else hi})"
         try:
             dfa = automaton.intersection(
-                branches, _JSON_UNIVERSE, lo=lo, hi=hi, limit=MAX_PRODUCT_STATES, nfa_limit=MAX_STATES
+                branches,
+                _JSON_UNIVERSE,
+                lo=lo,
+                hi=hi,
+                limit=MAX_PRODUCT_STATES,
+                nfa_limit=MAX_STATES,
+                negated=negated,
             )
         except automaton.TooLarge as exc:
             raise _Refuse(path, "pattern", f"pattern {shown} is not compiled: {exc}") from None
@@ -3547,6 +3593,10 @@ class _RegexParser:
     def __init__(self, pattern: str) -> None:
         self.s = pattern
         self.pos = 0
+        #: a Unicode class was read as its ASCII part (the tree then matches fewer strings)
+        self.narrowed = False
+        #: the end anchors written: "$" (also before a final newline) and/or "\\Z"
+        self.ends: set[str] = set()
 
     def parse(self) -> tuple[Any, ...]:
         node = self.alternation(0)
@@ -3625,6 +3675,7 @@ class _RegexParser:
         if c == "^":
             return ("bol",)
         if c == "$":
+            self.ends.add("$")
             return ("eol",)
         if c == "\\":
             return self.escape(in_class=False)
@@ -3638,6 +3689,8 @@ class _RegexParser:
         c = self.s[self.pos]
         self.pos += 1
         classes = {"d": _DIGITS, "w": _WORD, "s": _SPACE}
+        if c.lower() in classes:
+            self.narrowed = True
         if c in classes:
             return ("set", classes[c])
         if c.lower() in classes:
@@ -3660,6 +3713,7 @@ class _RegexParser:
         if c == "A" and not in_class:
             return ("bol",)
         if c == "Z" and not in_class:
+            self.ends.add("\\Z")
             return ("eol",)
         if c in "01234567" and (c == "0" or in_class or self.octal_at(self.pos, 2)):
             # an octal escape as Python's re reads it: \0 plus up to two octal digits, inside a

@@ -2,7 +2,8 @@
 each optionally anchored with ``^``/``$``, joined by ``|``, are negated into "strings none of
 them finds" — the automaton of partial matches as a regex (Python's ``$`` also before a final
 newline), with a minLength beside it counted in the automaton. Other patterns (classes,
-groups, repeats) stay refused under ``not``.
+groups, repeats) are complemented as automata (Python's ``$`` read exactly); those with
+Unicode classes (read as their ASCII part) stay refused under ``not``.
 """
 
 from __future__ import annotations
@@ -54,9 +55,43 @@ def test_bench_madness_base_uri() -> None:
     assert not g.matches('"https://example.com"') and not g.matches('""') and not g.matches('"a//"')
 
 
-@pytest.mark.parametrize("pattern", ["[ab]", "a+", "\\d", "(a|b)", "^a.*", "a{2}"])
-def test_not_of_other_patterns_stays_refused(pattern: str) -> None:
+# their complement would admit what re finds in them: a Unicode digit for \d; a final newline
+# for one of $ and \Z
+@pytest.mark.parametrize("pattern", ["\\d", "^\\w+$", "[^\\s]", "\\D", "^a$|^b\\Z"])
+def test_not_of_patterns_the_compiler_reads_narrower_stays_refused(pattern: str) -> None:
     schema: dict[str, Any] = {"type": "string", "not": {"pattern": pattern}}
     compiled = compile_schema(schema)
     assert compiled.grammar is None
     assert [r.construct for r in compiled.refusals] == ["not"]
+
+
+#: strings around the patterns below: letters, digits (a Unicode one too), newlines, non-ASCII
+_AROUND = sorted({"".join(p) for n in range(4) for p in itertools.product(["a", "b", "1", "\n", "é", "٣"], repeat=n)})
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "string", "not": {"pattern": "[ab]"}},
+        {"type": "string", "not": {"pattern": "a+b"}},
+        {"type": "string", "not": {"pattern": "(a|b)1"}},
+        {"type": "string", "not": {"pattern": "^a.*"}},
+        {"type": "string", "not": {"pattern": "a{2}"}},
+        {"type": "string", "not": {"pattern": "^[a-b]*$"}},  # $ also before a final newline
+        {"type": "string", "not": {"pattern": "^[a-b]*\\Z"}},
+        {"type": "string", "not": {"pattern": "[^a]$"}},
+        {"type": "string", "minLength": 1, "maxLength": 2, "not": {"pattern": "^(ab)+$"}},
+        {"type": "string", "pattern": "^[a-z0-9]*\\Z", "not": {"pattern": "(1|a)b"}},
+        {"not": {"pattern": "^[ab1]+$"}},
+        {"type": "string", "allOf": [{"not": {"pattern": "^a"}}, {"not": {"pattern": "b$"}}]},
+    ],
+)
+def test_not_of_other_patterns_admits_exactly_the_strings_it_finds_nothing_in(schema: dict[str, Any]) -> None:
+    compiled = compile_schema(schema)
+    assert compiled.grammar is not None, compiled.refusals
+    assert invalid_walks(schema, compiled, 200) == []
+    g = grammar_of(schema)
+    check = validator(schema)
+    # raw non-ASCII: the grammar writes characters, not their \u escapes
+    texts = [json.dumps(t, ensure_ascii=False) for t in _AROUND]
+    assert [t for t in texts if g.matches(t)] == [t for t in texts if check.is_valid(json.loads(t))]
