@@ -25,7 +25,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Branch", "Dfa", "TooLarge", "intersection"]
+__all__ = ["WORK", "Branch", "Dfa", "TooLarge", "intersection"]
+
+#: NFA states built and visited while determinising, by default (about a second of work)
+WORK = 2_000_000
 
 Ranges = tuple[tuple[int, int], ...]
 #: one top-level alternative of a pattern: (anchored at the start, at the end, body tree)
@@ -114,7 +117,7 @@ class _Nfa:
                     stack.append(t)
         work[0] -= len(seen)
         if work[0] < 0:
-            raise TooLarge(f"determinising the patterns visits more than {work[1]:,} states", work[1])
+            raise TooLarge(f"determinising patterns visits more than {work[1]:,} states in one schema", work[1])
         return frozenset(seen)
 
 
@@ -161,17 +164,19 @@ def intersection(
     hi: int | None = None,
     limit: int,
     nfa_limit: int,
-    work: int = 2_000_000,
+    work: list[int] | None = None,
     negated: Sequence[bool] = (),
 ) -> Dfa | None:
     """The strings of ``universe``'s characters that every pattern matches — every one
     ``negated`` marks, none matches — and whose length is ``lo``..``hi``, as a trimmed DFA;
     None when there is none. (A negated pattern's tree must read exactly what ``re`` finds:
     its complement is only as exact as that.) Raises :class:`TooLarge`
-    past ``limit`` product states, ``nfa_limit`` states of one pattern's NFA or ``work`` NFA
-    states visited while determinising (the time it may take)."""
-    steps = [work, work]
+    past ``limit`` product states, ``nfa_limit`` states of one pattern's NFA or the NFA states
+    ``work`` (steps left, their limit: shared by every intersection of one compilation, so
+    it bounds their time together) allows to build and visit."""
+    steps = work if work is not None else [WORK, WORK]
     built = [_pattern_nfa(p, universe, nfa_limit) for p in patterns]
+    steps[0] -= sum(len(nfa.eps) for nfa, _ in built)
     negate = [i < len(negated) and negated[i] for i in range(len(built))]
     bounds = {b for a, z in universe for b in (a, z + 1)}
     count_cap = hi if hi is not None else lo

@@ -658,6 +658,8 @@ class _Compiler:
         self.intersected: dict[str, tuple[str, ...]] = {}
         #: regexes made for the validator from a negated pattern -> that pattern
         self.complemented: dict[str, str] = {}
+        #: NFA states the automata of this schema's patterns may still build and visit
+        self.automaton_work = [automaton.WORK, automaton.WORK]
         self.products = 0
         self.notes: list[str] = []
         if isinstance(root, dict) and "$schema" in root and not isinstance(root["$schema"], str):
@@ -2379,6 +2381,7 @@ class _Compiler:
                 hi=hi,
                 limit=MAX_PRODUCT_STATES,
                 nfa_limit=MAX_STATES,
+                work=self.automaton_work,
                 negated=negated,
             )
         except automaton.TooLarge as exc:

@@ -178,3 +178,16 @@ def test_random_pattern_pairs_admit_exactly_the_strings_matching_both() -> None:
             assert not admits or valid, (schema, text)  # a leak
             assert admits or not valid or text.endswith("\n"), (schema, text)  # a narrowing
     assert compiled_count > 80
+
+
+def test_the_automata_of_one_schema_share_one_work_budget() -> None:
+    # one such pair compiles; a schema of twelve is refused once their work together passes
+    # the budget (a client's schema cannot make the compiler work for minutes)
+    pair = {"type": "string", "allOf": [{"pattern": "^(a*b?c?){0,40}$"}, {"pattern": "^[abc]{0,20}$"}]}
+    assert compile_schema(pair).grammar is not None
+    names = [f"p{i}" for i in range(12)]
+    compiled = compile_schema({"type": "object", "properties": dict.fromkeys(names, pair), "required": names})
+    assert compiled.grammar is None
+    [refusal] = compiled.refusals
+    assert refusal.construct == "pattern" and "in one schema" in refusal.message
+    assert refusal.path not in ("$.properties.p0", "$.properties.p1")  # the first ones fit
