@@ -155,7 +155,8 @@ HINTS = {
     "dependentRequired": "split into anyOf branches with and without the dependent properties",
     "dependentSchemas": "split into anyOf branches with and without the property",
     "dependencies": "split into anyOf branches with and without the property",
-    "pattern": "rewrite the pattern without lookaround, backreferences or \\b, anchored with ^...$",
+    "pattern": "rewrite the pattern without lookaround, backreferences or \\b, anchored with ^...$; "
+    "patterns that meet on one string: fold them into one, with fewer counted repeats",
     "$ref": 'point "$ref" at "#/$defs/..." in the same document; no ref may reach itself without consuming input',
     "$id": "remove nested $id, or move the subschema into $defs of the root",
     "format": "drop the format or replace it with a pattern",
