@@ -8,6 +8,9 @@ the instance)::
     GET  /v1/models                every servable model: id, role, cached, loaded
     GET  /v1/models/{id}           one of them (404 model_not_found)
     POST /v1/chat/completions      checked, capped, structured output compiled, tool calls (see chat.py)
+    POST /v1/completions           OpenAI's legacy text completions on a chat model: the chat route's
+                                   checks and caps, max_tokens 16 by default, what llama-server
+                                   would ignore refused (see completion.py)
     POST /v1/embeddings            routed by "model"; input and dimensions checked, inputs passed through untouched
     POST /tokenize, /detokenize    llama-server's own, routed by an extra "model" field; content, tokens checked
     GET  /metrics                  Prometheus text counters
@@ -42,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from localllm.errors import LocalLLMError
 from localllm.managed.server import GRAMMAR_HEADER
-from localllm.service import chat
+from localllm.service import chat, completion
 from localllm.service.guard import Guard
 from localllm.service.pool import ModelPool, PoolBusy, UnknownServedModel
 
@@ -58,6 +61,9 @@ log = logging.getLogger("localllm.service")
 _PROXIED = {
     "/v1/chat/completions": "/v1/chat/completions",
     "/chat/completions": "/v1/chat/completions",
+    # never llama-server's own /completions: that is its native format, not OpenAI's
+    "/v1/completions": "/v1/completions",
+    "/completions": "/v1/completions",
     "/v1/embeddings": "/v1/embeddings",
     "/embeddings": "/v1/embeddings",
     "/tokenize": "/tokenize",
@@ -79,7 +85,9 @@ _MAX_ASKED = 64
 _EXPOSED = "x-localllm-structured, x-localllm-validated, retry-after"
 _SHOWN = 200  # characters of a request path a log line shows
 #: the model role each OpenAI route serves (a chat model has no embeddings, and the reverse)
-_ROLE_OF = {"/v1/chat/completions": "chat", "/v1/embeddings": "embedding"}
+_ROLE_OF = {"/v1/chat/completions": "chat", "/v1/completions": "chat", "/v1/embeddings": "embedding"}
+#: the routes whose bodies are prepared (checked, capped) by a module of their own
+_GENERATING = ("/v1/chat/completions", "/v1/completions")
 _TAIL = 16 * 1024  # bytes of a stream kept to read its final usage
 _READ = 900.0  # the most a non-streamed upstream answer may take
 _SLOTS_WAIT = 10.0  # the most GET /localllm/slots/{id} waits for llama-server
@@ -631,9 +639,9 @@ class ServiceApp:
         keep_alive: float | None = None
         try:
             chat.check_text(data, raw)
-            if path == "/v1/chat/completions":
+            if path in _GENERATING:
                 prepare = functools.partial(
-                    chat.prepare,
+                    chat.prepare if path == "/v1/chat/completions" else completion.prepare,
                     data,
                     model,
                     limits=self.limits.chat,
@@ -746,7 +754,7 @@ class ServiceApp:
             lease = held.lease
             if keep_alive is not None:
                 self.pool.keep(model, keep_alive)
-            extra = {GRAMMAR_HEADER: json.dumps(lease.grammar_enforced)} if path == "/v1/chat/completions" else {}
+            extra = {GRAMMAR_HEADER: json.dumps(lease.grammar_enforced)} if path in _GENERATING else {}
             target: Target | None = lease.target
             for attempt in (1, 2):
                 assert target is not None
@@ -869,6 +877,10 @@ class ServiceApp:
             await req.respond(status, content, headers.get("content-type", "application/json"), extra)
             return status, (None, None)
         tokens = _usage(answer)
+        if prepared.completion:
+            extra[VALIDATED_HEADER] = "false"
+            await req.respond(200, completion.finish(prepared, answer), headers=extra)
+            return 200, tokens
         try:
             answer, validated = chat.finish(prepared, answer)
         except chat.Invalid as exc:

@@ -44,12 +44,16 @@ __all__ = [
     "ChatLimits",
     "Invalid",
     "Prepared",
+    "cap_costs",
     "check_embeddings",
+    "check_grammar",
+    "check_numbers",
     "check_tokens",
     "converter_failure",
     "dimensions_refusal",
     "finish",
     "loads",
+    "merge_stops",
     "prepare",
     "sse_events",
     "vocab_refusal",
@@ -191,6 +195,9 @@ class Prepared:
     notes: list[str] = field(default_factory=list)
     schema_param: str = "response_format.json_schema.schema"  # where the client gave the schema
     stops: list[str] = field(default_factory=list)  # the request's own stop strings
+    completion: bool = False  # a legacy /v1/completions request (localllm.service.completion)
+    logprobs: int | None = None  # its logprobs, answered in OpenAI's legacy shape
+    prompts: list[Any] = field(default_factory=list)  # its prompts (one, or a batch)
 
     @property
     def buffered(self) -> bool:
@@ -218,7 +225,10 @@ def parse_keep_alive(value: Any) -> float:
 _REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")
 
 
-def _check_numbers(body: dict[str, Any]) -> None:
+def check_numbers(body: dict[str, Any]) -> None:
+    """Every number of ``_RANGES`` finite, of its type and in its range; booleans boolean;
+    llama-server's ``reasoning_format`` one it knows (BadRequest naming the field). A null
+    is the default: taken out of ``body``."""
     for name, low, high, integer in _RANGES:
         if name not in body:
             continue
@@ -355,7 +365,37 @@ def _check_parts(parts: list[Any], param: str) -> None:
             raise BadRequest(f"{param}[{j}].text must be a string", f"{param}[{j}].text")
 
 
-def _stops(body: dict[str, Any], extra: tuple[str, ...]) -> list[str]:
+def check_grammar(body: dict[str, Any]) -> None:
+    """A client's own GBNF ``grammar``: bounded before the shared server parses it."""
+    if body.get("grammar") is not None:
+        from localllm.grammar.limits import grammar_problem
+
+        problem = grammar_problem(body["grammar"])
+        if problem is not None:
+            raise BadRequest(f"grammar {problem}", "grammar", "invalid_grammar")
+
+
+def cap_costs(body: dict[str, Any], limits: ChatLimits, parallel: int | None, default_max: int | None = None) -> None:
+    """The cost caps (numbers checked): one ceiling for ``max_tokens`` (``default_max`` when
+    not asked for, else the ceiling too), ``n_predict`` and ``max_completion_tokens`` folded in;
+    ``n`` capped at the ceiling and the model's slots (``parallel``); ``n_probs`` and
+    ``top_logprobs`` at theirs."""
+    asked = [body[k] for k in ("max_tokens", "max_completion_tokens") if isinstance(body.get(k), int)]
+    n_predict = body.pop("n_predict", None)
+    if isinstance(n_predict, int) and n_predict >= 0:
+        asked.append(n_predict)
+    body.pop("max_completion_tokens", None)
+    if not asked and default_max is not None:
+        asked.append(default_max)
+    body["max_tokens"] = min([*asked, limits.max_tokens])
+    if "n" in body:  # capped, never refused: llama-server refuses more choices than its slots
+        body["n"] = min(body["n"], limits.max_n, parallel or limits.max_n)
+    for name in ("n_probs", "top_logprobs"):
+        if name in body:
+            body[name] = min(body[name], limits.max_logprobs)
+
+
+def merge_stops(body: dict[str, Any], extra: tuple[str, ...]) -> list[str]:
     """Merge the pin's stop strings into the request's; the request's own, checked."""
     stop = body.get("stop")
     if stop is None:
@@ -706,28 +746,12 @@ def prepare(
 
     body = dict(data)
     _check_messages(body.get("messages"))
-    _check_numbers(body)
+    check_numbers(body)
     _check_schema_bytes(body)
-    if body.get("grammar") is not None:  # a client's own GBNF: bounded before the shared server parses it
-        from localllm.grammar.limits import grammar_problem
-
-        problem = grammar_problem(body["grammar"])
-        if problem is not None:
-            raise BadRequest(f"grammar {problem}", "grammar", "invalid_grammar")
+    check_grammar(body)
     keep_alive = parse_keep_alive(body.pop("keep_alive")) if "keep_alive" in body else None
-    # cost caps: one ceiling for max_tokens (the default too), n_predict folded in
-    asked = [body[k] for k in ("max_tokens", "max_completion_tokens") if isinstance(body.get(k), int)]
-    n_predict = body.pop("n_predict", None)
-    if isinstance(n_predict, int) and n_predict >= 0:
-        asked.append(n_predict)
-    body.pop("max_completion_tokens", None)
-    body["max_tokens"] = min([*asked, limits.max_tokens])
-    if "n" in body:  # capped, never refused: llama-server refuses more choices than its slots
-        body["n"] = min(body["n"], limits.max_n, parallel or limits.max_n)
-    for name in ("n_probs", "top_logprobs"):
-        if name in body:
-            body[name] = min(body[name], limits.max_logprobs)
-    stops = _stops(body, stop)
+    cap_costs(body, limits, parallel)
+    stops = merge_stops(body, stop)
     stream = body.get("stream") is True
     options = body.get("stream_options")
     include_usage = isinstance(options, dict) and options.get("include_usage") is True

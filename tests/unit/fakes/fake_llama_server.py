@@ -21,7 +21,8 @@ exits 0 cleanly, a second exits 1.
 
 Endpoints: ``GET /health``, ``/v1/health``, ``/v1/models``, ``/models``, ``/props``;
 ``POST /v1/chat/completions`` (also ``/chat/completions``; ``"stream": true`` answers
-server-sent events, one delta per word), ``/v1/embeddings`` (also
+server-sent events, one delta per word), ``/v1/completions`` (its OpenAI text completions:
+see ``Handler.completions``), ``/v1/embeddings`` (also
 ``/embeddings``; 501 without ``--embeddings``; vectors deterministic per input text,
 L2-normalised, ``encoding_format`` float or base64; an input longer than ``-ub`` tokens
 is the real 500 ``input (N tokens) is too large to process``), ``/tokenize``, ``/detokenize``
@@ -484,6 +485,8 @@ class Handler(BaseHTTPRequestHandler):
             return
         if path in ("/v1/chat/completions", "/chat/completions"):
             self.chat(body)
+        elif path == "/v1/completions":
+            self.completions(body)
         elif path in ("/v1/embeddings", "/embeddings"):
             self.embeddings(body)
         elif path == "/tokenize":
@@ -573,6 +576,72 @@ class Handler(BaseHTTPRequestHandler):
                     "predicted_per_token_ms": 2.0,
                     "predicted_per_second": 500.0,
                 },
+            },
+        )
+
+    def completions(self, body: dict[str, Any]) -> None:
+        """OpenAI's text completions as this llama-server answers them: one task per prompt and
+        per ``n`` (indexed in that order), ``echo``/``best_of``/``suffix`` not read, logprobs
+        (``n_probs``, else ``logprobs``) in its chat shape, a stream of ``text`` deltas."""
+        st = self.state
+        item = st.behaviour.next() or {}
+        if "status" in item and int(item["status"]) != 200:
+            self.error(int(item["status"]), str(item.get("message", "fake error")), "server_error")
+            return
+        prompt = body.get("prompt")
+        if prompt is None:
+            self.error(500, '"prompt" is required', "server_error")
+            return
+        single = isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt))
+        prompts = [prompt] if single else list(prompt)
+        content = str(item.get("content", os.environ.get("FAKE_LLAMA_CONTENT", " Hello from the fake llama-server.")))
+        n = int(body.get("n", 1))
+        n_probs = int(body.get("n_probs", body.get("logprobs", 0)) or 0)
+        n_prompt = sum(len(p) if isinstance(p, list) else len(tokens(p)) for p in prompts)
+        n_out = max(len(tokens(content)), 1)
+        if body.get("stream"):
+            self.status = 200
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            base = {"id": "cmpl-fake", "object": "text_completion", "created": int(time.time()), "model": st.model_id}
+
+            def send(payload: str) -> None:
+                data = f"data: {payload}\n\n".encode()
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.flush()
+
+            for index in range(len(prompts) * n):
+                for piece in re.findall(r"\s*\S+", content) or [content]:
+                    choice = {"text": piece, "index": index, "logprobs": None, "finish_reason": None}
+                    send(json.dumps({**base, "choices": [choice]}))
+                done = {"text": "", "index": index, "logprobs": None, "finish_reason": "stop"}
+                send(json.dumps({**base, "choices": [done]}))
+            if (body.get("stream_options") or {}).get("include_usage"):
+                usage = {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
+                send(json.dumps({**base, "choices": [], "usage": usage}))
+            send("[DONE]")
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+            return
+        choices = []
+        for index in range(len(prompts) * n):
+            logprobs = {"content": token_logprobs(content, item.get("logprobs") or {}, {"top_logprobs": n_probs})}
+            choices.append(
+                {"text": content, "index": index, "logprobs": logprobs if n_probs else None, "finish_reason": "stop"}
+            )
+        self.send_json(
+            200,
+            {
+                "choices": choices,
+                "created": int(time.time()),
+                "model": st.model_id,
+                "system_fingerprint": "b0-fake",
+                "object": "text_completion",
+                "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out},
+                "id": "cmpl-fake",
+                "timings": {"prompt_n": n_prompt, "predicted_n": n_out},
             },
         )
 
