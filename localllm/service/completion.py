@@ -8,7 +8,8 @@ ceiling and the model's slots, the pin's stop strings merged in, a client's ``gr
 bounded, ``keep_alive`` taken out. Its own rules, each for what llama-server would get wrong:
 
 * ``prompt`` is required: a string, an array of strings (a batch), an array of token ids, or
-  an array of arrays of token ids; at most ``max_n`` prompts, no negative or empty ids list.
+  an array of arrays of token ids; at most :data:`MAX_PROMPTS` prompts (and ``n`` capped so
+  that prompts × ``n`` stays within it), no negative token id, no empty list of ids.
 * ``max_tokens`` defaults to 16, as in OpenAI's API (llama-server's default is no limit).
 * ``logprobs`` is an integer 0–5 (OpenAI's): sent as llama-server's ``n_probs`` (at least 1,
   so that 0 still gets each token's own logprob) and the answer's logprobs rewritten into
@@ -36,10 +37,14 @@ from localllm.service.chat import (
     parse_keep_alive,
 )
 
-__all__ = ["CHAT_ONLY", "DEFAULT_MAX_TOKENS", "MAX_LOGPROBS", "finish", "prepare"]
+__all__ = ["CHAT_ONLY", "DEFAULT_MAX_TOKENS", "MAX_LOGPROBS", "MAX_PROMPTS", "finish", "prepare"]
 
 #: OpenAI's default for this API (the chat route's default is the service's ceiling)
 DEFAULT_MAX_TOKENS = 16
+#: the prompts (and choices: prompts × n) of one request. langchain_openai's OpenAI sends
+#: up to its batch_size, 20, in one request (``llm.batch``); each is a task on the model's
+#: slots, so a batch costs as many requests
+MAX_PROMPTS = 20
 #: OpenAI's largest ``logprobs`` on this API
 MAX_LOGPROBS = 5
 #: fields only the chat route honours: structured output and tools are compiled and
@@ -164,9 +169,9 @@ def prepare(
     if "prompt" not in body or body["prompt"] is None:
         raise BadRequest("prompt is required", "prompt")
     prompts = _prompts(body["prompt"])
-    if len(prompts) > limits.max_n:
+    if len(prompts) > MAX_PROMPTS:
         raise BadRequest(
-            f"prompt holds {len(prompts)} prompts; at most {limits.max_n} in one request",
+            f"prompt holds {len(prompts)} prompts; at most {MAX_PROMPTS} in one request",
             "prompt",
             "too_many_prompts",
         )
@@ -177,7 +182,7 @@ def prepare(
     keep_alive = parse_keep_alive(body.pop("keep_alive")) if "keep_alive" in body else None
     cap_costs(body, limits, parallel, DEFAULT_MAX_TOKENS)
     if "n" in body and len(prompts) > 1:  # the choices of a batch: prompts × n
-        body["n"] = max(1, min(body["n"], limits.max_n // len(prompts)))
+        body["n"] = max(1, min(body["n"], MAX_PROMPTS // len(prompts)))
     if logprobs is not None:
         # llama-server's n_probs 0 leaves out every logprob; OpenAI's 0 still gives each token's own
         body["n_probs"] = max(logprobs, 1)

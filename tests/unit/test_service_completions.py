@@ -16,7 +16,7 @@ import pytest
 
 from localllm.service.api import FrontLimits
 from localllm.service.chat import ChatLimits
-from localllm.service.completion import DEFAULT_MAX_TOKENS
+from localllm.service.completion import DEFAULT_MAX_TOKENS, MAX_PROMPTS
 from tests.unit.test_service import Factory, client, env, eventually, make_service, rows
 
 __all__ = ["env", "make_service"]  # fixtures used here
@@ -127,7 +127,7 @@ def test_the_body_limit_holds(make_service: Factory) -> None:
         ({"prompt": [[1, "a"]]}, "prompt[0]", "invalid_request_error"),
         ({"prompt": [5, -1]}, "prompt[1]", "invalid_token"),
         ({"prompt": [[5], [3, -2]]}, "prompt[1][1]", "invalid_token"),
-        ({"prompt": ["a"] * 5}, "prompt", "too_many_prompts"),
+        ({"prompt": ["a"] * (MAX_PROMPTS + 1)}, "prompt", "too_many_prompts"),
         # what this llama-server does not read: the answer would silently lack it
         ({"echo": True}, "echo", "unsupported_parameter"),
         ({"best_of": 2}, "best_of", "unsupported_parameter"),
@@ -203,12 +203,13 @@ def test_the_defaults_of_refused_fields_pass(make_service: Factory, env: dict[st
         (["one", "two"], 4),
         ([1, 2, 3], 2),  # token ids: one prompt
         ([[1, 2], [3]], 4),
+        (["p"] * MAX_PROMPTS, MAX_PROMPTS),  # langchain's llm.batch: up to 20 in one request; n capped to 1
     ],
 )
 def test_prompts_and_batches_answer_prompts_times_n_choices(
     make_service: Factory, env: dict[str, Path], prompt: Any, choices: int
 ) -> None:
-    service = make_service()  # max_n 4, "chat" has 2 slots
+    service = make_service()  # "chat" has 2 slots
     with client(service) as http:
         answer = complete(http, prompt=prompt, n=2)
     assert answer.status_code == 200, answer.text
@@ -220,10 +221,11 @@ def test_prompts_and_batches_answer_prompts_times_n_choices(
 def test_a_batch_caps_n_so_its_choices_stay_within_the_ceiling(make_service: Factory, env: dict[str, Path]) -> None:
     service = make_service()
     with client(service) as http:
-        answer = complete(http, prompt=["a", "b", "c"], n=2)  # 6 choices asked, max_n 4
-    assert answer.status_code == 200 and len(answer.json()["choices"]) == 3
-    eventually(lambda: upstream(env))
-    assert upstream(env)[0]["body"]["n"] == 1
+        answer = complete(http, prompt=["a"] * 7, n=2)  # 14 choices: within MAX_PROMPTS
+        capped = complete(http, prompt=["a"] * 11, n=2)  # 22 asked
+    assert [len(a.json()["choices"]) for a in (answer, capped)] == [14, 11]
+    eventually(lambda: len(upstream(env)) >= 2)
+    assert [r["body"]["n"] for r in upstream(env)] == [2, 1]
 
 
 def test_logprobs_are_answered_in_openais_legacy_shape(
