@@ -17,7 +17,11 @@ PATH is one of llama-index's own ways to a structured answer or a tool call:
   ``predict_and_call(..., tool_required=True)``, then the tool's result sent back in a second
   turn (the assistant's ``tool_calls`` message and a ``tool`` message) with ``tool_choice="none"``;
 - ``stream``: ``stream_chat_with_tools`` with the tool named in ``tool_choice``, the call
-  assembled from the deltas by llama-index.
+  assembled from the deltas by llama-index;
+- ``complete``: text completion on the legacy ``/v1/completions``, as ``OpenAILike`` does by
+  default (``is_chat_model=False``, no ``max_tokens``): ``complete``, ``stream_complete``, and
+  ``complete`` with ``logprobs=True, top_logprobs=2`` (read by llama-index from OpenAI's legacy
+  ``top_logprobs``).
 
 Every request is made once (``max_retries=0``), greedy, with a bounded ``max_tokens``. It
 prints one JSON line: the answer, the JSON Schema it must meet, every request body
@@ -27,10 +31,12 @@ allowed (an audit hook installed before llama-index is imported).
 """
 
 # no `from __future__ import annotations`: FunctionTool reads the tool's annotations at run time
+import functools
 import ipaddress
 import json
 import socket
 import sys
+from collections.abc import Callable
 from typing import Any, Literal
 
 
@@ -69,6 +75,7 @@ from llama_index.llms.openai_like import OpenAILike  # noqa: E402
 
 ASK = "Ticket: my invoice is wrong. Classify it."
 WEATHER = "What is the weather in Paris?"
+PROMPT = "The capital of France is"
 
 
 class Ticket(pydantic.BaseModel):
@@ -91,22 +98,25 @@ def main(base_url: str, token: str, model: str, path: str) -> int:
 
     hooks: Any = {"request": [on_request], "response": [on_response]}
     with httpx.Client(event_hooks=hooks, trust_env=False, timeout=120) as http:
-        llm = OpenAILike(
-            model=model,
-            api_base=base_url,
-            api_key=token or "none",
-            is_chat_model=True,
-            is_function_calling_model=path != "json_schema",
-            should_use_structured_outputs=path == "json_schema",
-            context_window=8192,
-            max_tokens=128,
-            temperature=0,
-            max_retries=0,
-            timeout=120,
-            http_client=http,
-        )
+        common: dict[str, Any] = {"model": model, "api_base": base_url, "api_key": token or "none"}
+        common.update(context_window=8192, temperature=0, max_retries=0, timeout=120, http_client=http)
+        if path == "complete":  # OpenAILike's defaults: is_chat_model=False, max_tokens None
+            llm = OpenAILike(**common)
+            scored = OpenAILike(**common, max_tokens=8, logprobs=True, top_logprobs=2)
+            runs: dict[str, Callable[[OpenAILike], dict[str, Any]]] = {
+                "complete": functools.partial(_complete, scored=scored)
+            }
+        else:
+            llm = OpenAILike(
+                **common,
+                is_chat_model=True,
+                is_function_calling_model=path != "json_schema",
+                should_use_structured_outputs=path == "json_schema",
+                max_tokens=128,
+            )
+            runs = RUNS
         try:
-            result = RUNS[path](llm)
+            result = runs[path](llm)
         except Exception as exc:  # reported to the test as data
             print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
             return 1
@@ -185,7 +195,15 @@ def _stream(llm: OpenAILike) -> dict[str, Any]:
     }
 
 
-RUNS = {
+def _complete(llm: OpenAILike, scored: OpenAILike) -> dict[str, Any]:
+    text = llm.complete(PROMPT).text
+    streamed = [chunk.delta or "" for chunk in llm.stream_complete(PROMPT)]
+    scored_answer = scored.complete(PROMPT)
+    logprobs = [[{"token": p.token, "logprob": p.logprob} for p in top] for top in scored_answer.logprobs or []]
+    return {"text": text, "streamed": streamed, "scored": scored_answer.text, "logprobs": logprobs}
+
+
+RUNS: dict[str, Callable[[OpenAILike], dict[str, Any]]] = {
     "json_schema": _json_schema,
     "function_calling": _function_calling,
     "predict_and_call": _predict_and_call,

@@ -13,7 +13,9 @@ of the model whose fields meet its own JSON Schema; a ``FunctionTool`` must be c
 arguments that meet the parameters llama-index sent, and the turn after (the assistant's
 ``tool_calls`` message, the ``tool`` result) must be answered; a streamed named call must
 be assembled by llama-index into one valid call. The service must say it compiled the
-constraint and validated the answer.
+constraint and validated the answer. ``OpenAILike``'s default, text completion on the legacy
+``/v1/completions`` (no ``max_tokens`` sent: OpenAI's 16), must answer ``complete``,
+``stream_complete`` and logprobs llama-index can read.
 """
 
 from __future__ import annotations
@@ -132,3 +134,20 @@ def test_llama_index_streams_a_named_tool_call(serve: Callable[..., Served], tmp
     assert result["chunks"] >= 1
     (headers,) = result["headers"]
     assert _compiled(headers)
+
+
+def test_llama_index_completes_on_the_legacy_route_by_default(serve: Callable[..., Served], tmp_path: Path) -> None:
+    served = serve()
+    result = _llama_index(served, "complete", tmp_path)
+    plain, streamed, scored = result["sent"]
+    # OpenAILike's default: the legacy route's body (a prompt, no messages), no max_tokens sent
+    assert plain["prompt"] == streamed["prompt"] == "The capital of France is" and "messages" not in plain
+    assert "max_tokens" not in plain and streamed["stream"] is True
+    assert result["text"].strip() and "".join(result["streamed"]).strip() and len(result["streamed"]) > 1
+    assert len([piece for piece in result["streamed"] if piece]) <= 16  # one per token: OpenAI's default 16
+    # logprobs=True, top_logprobs=2: llama-index sends logprobs 2 and reads OpenAI's legacy shape
+    assert scored["logprobs"] == 2 and scored["max_tokens"] == 8
+    assert result["scored"].strip() and result["logprobs"]
+    for top in result["logprobs"]:
+        assert 1 <= len(top) <= 2 and all(p["logprob"] <= 0 for p in top)
+    assert [h.get("x-localllm-structured") for h in result["headers"]] == ["none"] * 3
