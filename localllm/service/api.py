@@ -800,7 +800,8 @@ class ServiceApp:
         extra[STRUCTURED_HEADER] = prepared.structured
         if prepared.stream and not prepared.buffered:
             extra[VALIDATED_HEADER] = "false"
-            return await self._relay_stream(req, url, raw, extra)
+            rewrite = completion.StreamLogprobs(prepared) if prepared.logprobs is not None else None
+            return await self._relay_stream(req, url, raw, extra, rewrite)
         return await self._chat(req, url, raw, prepared, extra)
 
     def _limit(self, url: str) -> int:
@@ -909,10 +910,19 @@ class ServiceApp:
         return 200, tokens
 
     async def _relay_stream(
-        self, req: _Request, url: str, raw: bytes, extra: Mapping[str, str]
+        self,
+        req: _Request,
+        url: str,
+        raw: bytes,
+        extra: Mapping[str, str],
+        rewrite: completion.StreamLogprobs | None = None,
     ) -> tuple[int, tuple[Any, Any]]:
+        """Relay llama-server's stream chunk by chunk (``rewrite``: its events' logprobs in
+        OpenAI's legacy shape, a /v1/completions stream's)."""
         tail = b""
         reply = await self.client().request("POST", url, raw, self._upstream_headers(), limit=self._limit(url))
+        if reply.status != 200:
+            rewrite = None  # an error in llama-server's JSON, relayed as it is
         try:
             await req.start(
                 reply.status,
@@ -920,11 +930,15 @@ class ServiceApp:
                 {**extra, "cache-control": "no-cache"},
             )
             try:
-                async for chunk in reply.chunks():
+                async for given in reply.chunks():
+                    chunk = rewrite.feed(given) if rewrite is not None else given
                     if not chunk:
                         continue
                     await req.send({"type": "http.response.body", "body": chunk, "more_body": True})
                     tail = (tail + chunk)[-_TAIL:]
+                rest = rewrite.flush() if rewrite is not None else b""
+                if rest:
+                    await req.send({"type": "http.response.body", "body": rest, "more_body": True})
             except OSError:
                 # the server died mid-answer and the status line is already out: end the
                 # connection without the last chunk, so the client sees a broken stream

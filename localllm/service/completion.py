@@ -13,8 +13,8 @@ bounded, ``keep_alive`` taken out. Its own rules, each for what llama-server wou
 * ``max_tokens`` defaults to 16, as in OpenAI's API (llama-server's default is no limit).
 * ``logprobs`` is an integer 0–5 (OpenAI's): sent as llama-server's ``n_probs`` (at least 1,
   so that 0 still gets each token's own logprob) and the answer's logprobs rewritten into
-  OpenAI's legacy shape (``tokens``, ``token_logprobs``, ``top_logprobs``, ``text_offset``);
-  in a stream it is refused (the stream is relayed as llama-server writes it).
+  OpenAI's legacy shape (``tokens``, ``token_logprobs``, ``top_logprobs``, ``text_offset``),
+  in a stream event by event (:class:`StreamLogprobs`).
 * ``echo: true``, ``best_of`` > 1 and a non-empty ``suffix`` are refused: this llama-server
   reads none of them (the answer would silently lack what was asked for).
 * Structured output and tools are the chat route's (it compiles and validates them):
@@ -24,6 +24,7 @@ bounded, ``keep_alive`` taken out. Its own rules, each for what llama-server wou
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from localllm.service.chat import (
@@ -37,7 +38,7 @@ from localllm.service.chat import (
     parse_keep_alive,
 )
 
-__all__ = ["CHAT_ONLY", "DEFAULT_MAX_TOKENS", "MAX_LOGPROBS", "MAX_PROMPTS", "finish", "prepare"]
+__all__ = ["CHAT_ONLY", "DEFAULT_MAX_TOKENS", "MAX_LOGPROBS", "MAX_PROMPTS", "StreamLogprobs", "finish", "prepare"]
 
 #: OpenAI's default for this API (the chat route's default is the service's ceiling)
 DEFAULT_MAX_TOKENS = 16
@@ -145,13 +146,6 @@ def _logprobs(body: dict[str, Any]) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_LOGPROBS:
         raise BadRequest(f"logprobs must be an integer from 0 to {MAX_LOGPROBS}, got {value!r:.40}", "logprobs")
-    if body.get("stream") is True:
-        raise BadRequest(
-            "logprobs is not served in a stream on /v1/completions (llama-server writes them in another "
-            "shape than OpenAI's): ask without stream",
-            "logprobs",
-            "unsupported_parameter",
-        )
     return value
 
 
@@ -208,15 +202,69 @@ def finish(prepared: Prepared, answer: dict[str, Any]) -> dict[str, Any]:
     choices = answer.get("choices")
     if prepared.logprobs is None or not isinstance(choices, list):
         return answer
-    n = max(1, len(choices) // max(1, len(prepared.prompts)))
     for i, choice in enumerate(choices):
-        if not isinstance(choice, dict):
-            continue
-        index = choice.get("index", i)
-        prompt = prepared.prompts[min(index // n, len(prepared.prompts) - 1)] if isinstance(index, int) else None
-        start = len(prompt) if isinstance(prompt, str) else 0
-        choice["logprobs"] = _legacy_logprobs(choice.get("logprobs"), prepared.logprobs, start)
+        if isinstance(choice, dict):
+            start = _prompt_end(prepared, choice.get("index", i), len(choices))
+            choice["logprobs"] = _legacy_logprobs(choice.get("logprobs"), prepared.logprobs, start)
     return answer
+
+
+def _prompt_end(prepared: Prepared, index: Any, choices: int) -> int:
+    """The length of the prompt choice ``index`` (of ``choices``: prompts × n) completes;
+    0 for a prompt of token ids (it has no text)."""
+    if not isinstance(index, int) or not prepared.prompts:
+        return 0
+    n = max(1, choices // len(prepared.prompts))
+    prompt = prepared.prompts[min(index // n, len(prepared.prompts) - 1)]
+    return len(prompt) if isinstance(prompt, str) else 0
+
+
+class StreamLogprobs:
+    """A completions stream with each event's logprobs in OpenAI's legacy shape: events are
+    rewritten as their lines complete (llama-server sends ``data: {…}`` lines), the text
+    offsets carried on per choice."""
+
+    def __init__(self, prepared: Prepared) -> None:
+        self.prepared = prepared
+        self.pending = b""
+        self.offsets: dict[int, int] = {}
+        body_n = prepared.body.get("n", 1)
+        self.choices = len(prepared.prompts) * (body_n if isinstance(body_n, int) else 1)
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The complete lines of what has arrived so far, rewritten; the rest kept for later."""
+        data = self.pending + chunk
+        cut = data.rfind(b"\n") + 1
+        self.pending = data[cut:]
+        return b"".join(self._line(line) for line in data[:cut].splitlines(keepends=True))
+
+    def flush(self) -> bytes:
+        rest, self.pending = self.pending, b""
+        return self._line(rest) if rest else b""
+
+    def _line(self, line: bytes) -> bytes:
+        if not line.startswith(b"data: {"):
+            return line
+        try:
+            event = json.loads(line[6:])
+        except ValueError:
+            return line
+        choices = event.get("choices") if isinstance(event, dict) else None
+        if not isinstance(choices, list):
+            return line
+        top = self.prepared.logprobs if self.prepared.logprobs is not None else 0
+        for choice in choices:
+            index = choice.get("index") if isinstance(choice, dict) else None
+            if not isinstance(index, int) or choice.get("logprobs") is None:
+                continue
+            if index not in self.offsets:
+                self.offsets[index] = _prompt_end(self.prepared, index, self.choices)
+            legacy = _legacy_logprobs(choice["logprobs"], top, self.offsets[index])
+            choice["logprobs"] = legacy
+            if legacy is not None:
+                self.offsets[index] += sum(len(t) for t in legacy["tokens"])
+        end = line[len(line.rstrip(b"\r\n")) :]
+        return b"data: " + json.dumps(event, ensure_ascii=False).encode() + end
 
 
 def _legacy_logprobs(given: Any, top: int, start: int) -> dict[str, Any] | None:

@@ -1,7 +1,7 @@
 """``POST /v1/completions`` end to end: real llama-server, gemma-3-270m, the clients that use it by default.
 
-The official ``openai`` client's ``completions.create`` (plain, batched, logprobs, streamed,
-and the 400s for what llama-server would ignore) and LangChain's ``langchain_openai.OpenAI``
+The official ``openai`` client's ``completions.create`` (plain, batched, logprobs, streamed
+with and without logprobs, and the 400s for what llama-server would ignore) and LangChain's ``langchain_openai.OpenAI``
 (``invoke``, ``stream``, ``batch``). llama-index's default ``OpenAILike`` is in
 ``test_llama_index_e2e.py``. Every call is bounded by client timeouts.
 """
@@ -66,6 +66,18 @@ def test_openai_client_completions(serve: Callable[..., Served]) -> None:
         text = "".join(c.choices[0].text for c in chunks if c.choices)
         assert text.strip() and chunks[-1].usage is not None and 0 < chunks[-1].usage.completion_tokens <= 8
         assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+        # logprobs in a stream: each event's in OpenAI's legacy shape, the offsets carried on
+        events = list(
+            client.completions.create(model=CHAT, prompt=PROMPT, max_tokens=6, temperature=0, stream=True, logprobs=1)
+        )
+        scored_text = "".join(e.choices[0].text for e in events if e.choices)
+        streamed = [e.choices[0].logprobs for e in events if e.choices and e.choices[0].logprobs is not None]
+        tokens = [t for lp in streamed for t in lp.tokens]
+        assert tokens and "".join(tokens) == scored_text
+        offsets = [o for lp in streamed for o in lp.text_offset]
+        assert offsets == [len(PROMPT) + len("".join(tokens[:k])) for k in range(len(tokens))]
+        assert all(len(top) == 1 for lp in streamed for top in lp.top_logprobs)
 
         for extra, param in (
             ({"echo": True}, "echo"),

@@ -136,7 +136,6 @@ def test_the_body_limit_holds(make_service: Factory) -> None:
         ({"logprobs": 6}, "logprobs", "invalid_request_error"),
         ({"logprobs": -1}, "logprobs", "invalid_request_error"),
         ({"logprobs": True}, "logprobs", "invalid_request_error"),
-        ({"logprobs": 2, "stream": True}, "logprobs", "unsupported_parameter"),
         # the chat route's: compiled and validated there, ignored by llama-server here
         ({"response_format": {"type": "json_object"}}, "response_format", "unsupported_parameter"),
         (
@@ -179,7 +178,7 @@ def test_fields_llama_server_would_misread_or_ignore_are_400s_that_never_reach_i
     assert refused.status_code == 400, refused.text
     error = refused.json()["error"]
     assert (error["param"], error["code"], error["type"]) == (param, code, "invalid_request_error")
-    if code == "unsupported_parameter" and param not in ("echo", "best_of", "suffix", "logprobs"):
+    if code == "unsupported_parameter" and param not in ("echo", "best_of", "suffix"):
         assert "/v1/chat/completions" in error["message"]  # where it is honoured
     assert upstream(env) == [] and rows(env["spawn"], "start") == []
 
@@ -277,3 +276,46 @@ def test_the_models_own_errors_are_relayed_as_on_the_chat_route(
     with client(service) as http:
         answer = complete(http, prompt=[999_999])
     assert answer.status_code == 400 and answer.json()["error"]["message"] == "Prompt contains invalid tokens"
+
+
+def test_a_streams_logprobs_are_rewritten_event_by_event(make_service: Factory, env: dict[str, Path]) -> None:
+    service = make_service()
+    body = {"model": "chat", "prompt": ["Hi:", "Hello:"], "stream": True, "logprobs": 1}
+    with client(service) as http, http.stream("POST", "/v1/completions", json=body) as reply:
+        assert reply.status_code == 200
+        events = [json.loads(line[6:]) for line in reply.iter_lines() if line.startswith("data: {")]
+    by_index: dict[int, list[dict[str, Any]]] = {0: [], 1: []}
+    for event in events:
+        for choice in event["choices"]:
+            by_index[choice["index"]].append(choice)
+    for index, prompt in ((0, "Hi:"), (1, "Hello:")):
+        text = "".join(c["text"] for c in by_index[index])
+        rewritten = [c["logprobs"] for c in by_index[index] if c["logprobs"] is not None]
+        tokens = [t for lp in rewritten for t in lp["tokens"]]
+        offsets = [o for lp in rewritten for o in lp["text_offset"]]
+        assert "".join(tokens) == text == " Hello from the fake llama-server."
+        # carried on across events, from the end of this choice's own prompt
+        assert offsets == [len(prompt) + len("".join(tokens[:k])) for k in range(len(tokens))]
+        assert all(set(lp) == {"tokens", "token_logprobs", "top_logprobs", "text_offset"} for lp in rewritten)
+        assert all(len(top) == 1 for lp in rewritten for top in lp["top_logprobs"])
+    eventually(lambda: upstream(env))
+    assert upstream(env)[0]["body"]["n_probs"] == 1
+
+
+def test_stream_logprobs_are_rewritten_whatever_the_chunk_boundaries() -> None:
+    from localllm.service.completion import StreamLogprobs, prepare
+
+    prepared = prepare({"prompt": "ab", "stream": True, "logprobs": 0}, "chat")
+    entry = {"token": "x\u00e9", "logprob": -0.5, "top_logprobs": [{"token": "x\u00e9", "logprob": -0.5}]}
+    event = {"choices": [{"text": "x\u00e9", "index": 0, "logprobs": {"content": [entry]}}]}
+    stream = (f"data: {json.dumps(event)}\n\n" * 2 + "data: [DONE]\n\n").encode()
+    whole = StreamLogprobs(prepared)
+    expected = whole.feed(stream) + whole.flush()
+    split = StreamLogprobs(prepared)
+    assert b"".join(split.feed(stream[i : i + 1]) for i in range(len(stream))) + split.flush() == expected
+    rewritten = [json.loads(line[6:]) for line in expected.decode().splitlines() if line.startswith("data: {")]
+    assert [e["choices"][0]["logprobs"] for e in rewritten] == [
+        {"tokens": ["x\u00e9"], "token_logprobs": [-0.5], "top_logprobs": [{}], "text_offset": [2]},
+        {"tokens": ["x\u00e9"], "token_logprobs": [-0.5], "top_logprobs": [{}], "text_offset": [4]},
+    ]
+    assert expected.endswith(b"data: [DONE]\n\n")

@@ -614,7 +614,8 @@ class Handler(BaseHTTPRequestHandler):
 
             for index in range(len(prompts) * n):
                 for piece in re.findall(r"\s*\S+", content) or [content]:
-                    choice = {"text": piece, "index": index, "logprobs": None, "finish_reason": None}
+                    probs = {"content": token_logprobs(piece, {}, {"top_logprobs": n_probs})} if n_probs else None
+                    choice = {"text": piece, "index": index, "logprobs": probs, "finish_reason": None}
                     send(json.dumps({**base, "choices": [choice]}))
                 done = {"text": "", "index": index, "logprobs": None, "finish_reason": "stop"}
                 send(json.dumps({**base, "choices": [done]}))
