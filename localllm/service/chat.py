@@ -4,7 +4,7 @@
 llama-server, or raises :class:`BadRequest` (400, OpenAI's error shape):
 
 * **Checks and caps**: known roles only; text content parts only; a message ``name`` is a string;
-  numbers finite (integers too) and in OpenAI's ranges;
+  numbers finite (integers too) and in OpenAI's ranges; ``logit_bias`` entries llama-server reads;
   ``max_tokens`` defaults to, and is capped at, the service's ceiling; ``n_predict`` is
   folded into ``max_tokens``; ``n``, ``n_probs`` and ``top_logprobs`` are clamped; the
   model's pinned stop strings are added; ``keep_alive`` is taken out (the pool applies it).
@@ -227,8 +227,8 @@ _REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")
 
 def check_numbers(body: dict[str, Any]) -> None:
     """Every number of ``_RANGES`` finite, of its type and in its range; booleans boolean;
-    llama-server's ``reasoning_format`` one it knows (BadRequest naming the field). A null
-    is the default: taken out of ``body``."""
+    ``logit_bias`` of a shape llama-server reads; llama-server's ``reasoning_format`` one it
+    knows (BadRequest naming the field). A null is the default: taken out of ``body``."""
     for name, low, high, integer in _RANGES:
         if name not in body:
             continue
@@ -247,6 +247,8 @@ def check_numbers(body: dict[str, Any]) -> None:
     for name in ("stream", "logprobs", "parallel_tool_calls"):
         if name in body and body[name] is not None and not isinstance(body[name], bool):
             raise BadRequest(f"{name} must be true or false, got {body[name]!r}", name)
+    if "logit_bias" in body:
+        _check_logit_bias(body)
     if "top_logprobs" in body and body.get("logprobs") is not True:  # OpenAI's rule; llama-server's 400 lacks param
         raise BadRequest("top_logprobs needs logprobs: true", "top_logprobs")
     if "reasoning_format" in body:  # llama-server's own: any other value, null too, is its 500
@@ -256,6 +258,34 @@ def check_numbers(body: dict[str, Any]) -> None:
         elif given not in _REASONING_FORMATS:
             formats = ", ".join(_REASONING_FORMATS)
             raise BadRequest(f"reasoning_format must be one of {formats}, got {given!r:.40}", "reasoning_format")
+
+
+def _check_logit_bias(body: dict[str, Any]) -> None:
+    """``logit_bias`` as llama-server reads it: an object of token id (or, its extension, text)
+    → bias, or an array of ``[token, bias]`` pairs; a bias a number from -100 to 100 (OpenAI's
+    range) or ``false`` (ban). llama-server skips any other entry without a word."""
+    given = body["logit_bias"]
+    if given is None:
+        del body["logit_bias"]
+        return
+    if isinstance(given, dict):
+        entries = [(f"logit_bias.{key}", value) for key, value in given.items()]
+    elif isinstance(given, list):
+        entries = []
+        for i, pair in enumerate(given):
+            token = pair[0] if isinstance(pair, list) and len(pair) == 2 else None
+            if isinstance(token, bool) or not isinstance(token, (str, int)):
+                raise BadRequest(
+                    f"logit_bias[{i}] must be a [token id or text, bias] pair, got {pair!r:.40}", f"logit_bias[{i}]"
+                )
+            entries.append((f"logit_bias[{i}]", pair[1]))
+    else:
+        raise BadRequest("logit_bias must be an object of token id → bias", "logit_bias")
+    for param, bias in entries:
+        if bias is False:
+            continue
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
+            raise BadRequest(f"{param} must be a bias from -100 to 100 (or false), got {bias!r:.40}", param)
 
 
 def _check_messages(messages: Any) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from localllm.managed.server import CANARY_BODY
 from localllm.service.api import FrontLimits
 from localllm.service.chat import ChatLimits
 from localllm.service.completion import DEFAULT_MAX_TOKENS, MAX_PROMPTS
@@ -21,6 +22,7 @@ from tests.unit.test_service import Factory, client, env, eventually, make_servi
 
 __all__ = ["env", "make_service"]  # fixtures used here
 
+MESSAGES = [{"role": "user", "content": "hi"}]
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 
 
@@ -29,7 +31,10 @@ def complete(http: httpx.Client, model: str = "chat", path: str = "/v1/completio
 
 
 def upstream(env: dict[str, Path], path: str = "/v1/completions") -> list[dict[str, Any]]:
-    return [r for r in rows(env["requests"]) if r["method"] == "POST" and r["path"] == path]
+    """The requests llama-server got on ``path`` (the grammar canary of every start left out)."""
+    return [
+        r for r in rows(env["requests"]) if r["method"] == "POST" and r["path"] == path and r["body"] != CANARY_BODY
+    ]
 
 
 def test_a_completion_is_answered_with_the_served_id_and_openais_default_max_tokens(
@@ -319,3 +324,32 @@ def test_stream_logprobs_are_rewritten_whatever_the_chunk_boundaries() -> None:
         {"tokens": ["x\u00e9"], "token_logprobs": [-0.5], "top_logprobs": [{}], "text_offset": [4]},
     ]
     assert expected.endswith(b"data: [DONE]\n\n")
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+@pytest.mark.parametrize(
+    ("logit_bias", "param"),
+    [
+        ("ban", "logit_bias"),
+        ({"50256": "-100"}, "logit_bias.50256"),
+        ({"5": 200}, "logit_bias.5"),
+        ({"5": True}, "logit_bias.5"),
+        ([[5]], "logit_bias[0]"),
+        ([[True, 1]], "logit_bias[0]"),
+        ([[5, None]], "logit_bias[0]"),
+    ],
+)
+def test_a_logit_bias_llama_server_would_skip_without_a_word_is_a_400(
+    make_service: Factory, env: dict[str, Path], path: str, logit_bias: Any, param: str
+) -> None:
+    # llama-server drops each entry it cannot read and generates as if it were not there
+    service = make_service()
+    body = {"model": "chat", "prompt": "hi"} if path == "/v1/completions" else {"model": "chat", "messages": MESSAGES}
+    fine = [{"5": -100, "hello": False, "7": 2.5}, [[5, 1.5], ["hi", False]]]
+    with client(service) as http:
+        refused = http.post(path, json={**body, "logit_bias": logit_bias})
+        passed = [http.post(path, json={**body, "logit_bias": given}) for given in fine]
+    assert (refused.status_code, refused.json()["error"]["param"]) == (400, param), refused.text
+    assert [answer.status_code for answer in passed] == [200, 200]
+    eventually(lambda: len(upstream(env, path)) >= 2)
+    assert [r["body"]["logit_bias"] for r in upstream(env, path)] == fine
