@@ -23,7 +23,8 @@ PATH is one of llama-index's own ways to a structured answer or a tool call:
   ``complete`` with ``logprobs=True, top_logprobs=2`` (read by llama-index from OpenAI's legacy
   ``top_logprobs``).
 
-Every request is made once (``max_retries=0``), greedy, with a bounded ``max_tokens``. It
+Every request is made once (``max_retries=0``), greedy, with a bounded ``max_tokens`` (none
+sent by ``complete``'s default ``OpenAILike``: the service's default, 16). It
 prints one JSON line: the answer, the JSON Schema it must meet, every request body
 llama-index sent, the service's ``X-Localllm-*`` headers of each answer, and the versions.
 Exit status 1 (the error on stderr) when llama-index raises. No connection but to loopback is
