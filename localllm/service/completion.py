@@ -178,7 +178,9 @@ def prepare(
     if "n" in body and len(prompts) > 1:  # the choices of a batch: prompts × n
         body["n"] = max(1, min(body["n"], MAX_PROMPTS // len(prompts)))
     if logprobs is not None:
-        # llama-server's n_probs 0 leaves out every logprob; OpenAI's 0 still gives each token's own
+        # llama-server's n_probs 0 leaves out every logprob; OpenAI's 0 still gives each token's own.
+        # Capped as on chat, at ChatLimits.max_logprobs (20 by default: above OpenAI's 5)
+        logprobs = min(logprobs, limits.max_logprobs)
         body["n_probs"] = max(logprobs, 1)
     stops = merge_stops(body, stop)
     options = body.get("stream_options")

@@ -353,3 +353,12 @@ def test_a_logit_bias_llama_server_would_skip_without_a_word_is_a_400(
     assert [answer.status_code for answer in passed] == [200, 200]
     eventually(lambda: len(upstream(env, path)) >= 2)
     assert [r["body"]["logit_bias"] for r in upstream(env, path)] == fine
+
+
+def test_logprobs_and_client_n_probs_are_capped_at_the_services_ceiling() -> None:
+    from localllm.service.completion import prepare
+
+    low = ChatLimits(max_logprobs=2)
+    assert prepare({"prompt": "x", "logprobs": 5}, "chat", limits=low).body["n_probs"] == 2
+    assert prepare({"prompt": "x", "n_probs": 50}, "chat", limits=low).body["n_probs"] == 2
+    assert prepare({"prompt": "x", "logprobs": 3}, "chat").body["n_probs"] == 3
