@@ -1,14 +1,16 @@
 """``POST /v1/completions`` end to end: real llama-server, gemma-3-270m, the clients that use it by default.
 
 The official ``openai`` client's ``completions.create`` (plain, batched, logprobs, streamed
-with and without logprobs, and the 400s for what llama-server would ignore) and LangChain's ``langchain_openai.OpenAI``
-(``invoke``, ``stream``, ``batch``). llama-index's default ``OpenAILike`` is in
-``test_llama_index_e2e.py``. Every call is bounded by client timeouts.
+with and without logprobs, and the 400s for what llama-server would ignore), LangChain's
+``langchain_openai.OpenAI`` (``invoke``, ``stream``, a batched ``generate``) and litellm's
+``text_completion``. llama-index's default ``OpenAILike`` is in ``test_llama_index_e2e.py``.
+Every call is bounded by client timeouts.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -118,3 +120,29 @@ def test_langchain_openai_llm(serve: Callable[..., Served]) -> None:
         assert len(result.generations) == 3
         assert all(len(g) == 1 and g[0].text.strip() for g in result.generations)
         assert result.llm_output is not None and result.llm_output["token_usage"]["completion_tokens"] > 0
+
+
+def test_litellm_text_completion(serve: Callable[..., Served]) -> None:
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at import
+    import litellm
+
+    served = serve()
+    answer: Any = litellm.text_completion(
+        model=f"text-completion-openai/{CHAT}",
+        api_base=served.found.url + "/v1",
+        api_key=served.token,
+        prompt=PROMPT,
+        max_tokens=8,
+        temperature=0,
+        timeout=120,
+        max_retries=0,
+    )
+    assert answer.object == "text_completion"
+    (choice,) = answer.choices
+    assert choice.text.strip() and choice.finish_reason in ("stop", "length")
+    assert answer.usage is not None and 0 < answer.usage.completion_tokens <= 8
+    # it went to the legacy route, not to chat (litellm may map one onto the other)
+    with httpx.Client(base_url=served.found.url, trust_env=False, timeout=30) as http:
+        metrics = http.get("/metrics", headers={"Authorization": f"Bearer {served.token}"}).text
+    assert 'localllm_requests_total{path="/v1/completions",status="200"} 1' in metrics
+    assert 'path="/v1/chat/completions"' not in metrics
