@@ -260,6 +260,7 @@ def fetch_artifact(
     progress: bool | None = None,
     log: Log = _stderr,
     transport: httpx.BaseTransport | None = None,
+    corrupt: os.stat_result | None = None,
 ) -> Path:
     """Make ``dest`` a verified copy of ``artifact`` and return it.
 
@@ -268,6 +269,9 @@ def fetch_artifact(
     Setting ``cancel`` stops the fetch promptly with ``DownloadCancelled`` (no partial file
     is left). ``progress`` forces the tqdm bar on or off (default: only when stderr is a
     TTY). ``prewarm`` is the command named when ``offline`` and nothing is cached.
+    ``corrupt`` is the ``lstat`` of a copy at ``dest`` found not to match the pin (``cache
+    verify --refetch``): it is removed, with its stamp, under the lock and only if it is still
+    that file, since a fetch in another process may have put a good copy there meanwhile.
     """
     sha = artifact.require_sha256()
     if verify.stamp_matches(dest, sha) and dest.is_file():
@@ -298,6 +302,9 @@ def fetch_artifact(
                     f"{path} is a directory, where {what} goes",
                     hint=f"remove it (`rm -r {path}`), then fetch again",
                 )
+        if corrupt is not None and _same_file(dest, corrupt):
+            dest.unlink()
+            verify.stamp_path(dest).unlink(missing_ok=True)
         # Another process may have finished it while we waited; a full hash decides.
         if verify.is_verified(dest, sha):
             return dest
@@ -315,6 +322,20 @@ def fetch_artifact(
         return _from_sources(
             artifact, dest, sha, sources, offline=offline, prewarm=prewarm, policy=policy, transport=transport
         )
+
+
+def _same_file(path: Path, seen: os.stat_result) -> bool:
+    """Whether ``path`` is still the file ``seen`` was taken of (not replaced, not written)."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) == (
+        seen.st_dev,
+        seen.st_ino,
+        seen.st_size,
+        seen.st_mtime_ns,
+    )
 
 
 def _from_sources(

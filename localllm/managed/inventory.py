@@ -397,6 +397,8 @@ def _verify_file(
         )
     sha = _expected_sha(entry, pins)
     assert sha is not None
+    # taken before the hash: the re-fetch removes the copy only if it is still this file
+    seen = entry.path.lstat()
     if verify.is_verified(entry.path, sha, full=True):
         return Entry(entry.kind, entry.name, entry.path, entry.size, "ok", "sha256 matches the pin")
     actual = verify.sha256_file(entry.path)
@@ -404,16 +406,21 @@ def _verify_file(
     log(f"corrupt: {entry.path}: {detail}")
     if not refetch:
         return Entry(entry.kind, entry.name, entry.path, entry.size, "corrupt", detail)
-    entry.path.unlink(missing_ok=True)
-    verify.stamp_path(entry.path).unlink(missing_ok=True)
     try:
-        _refetch_file(entry, layout, pins, mirrors=mirrors, log=log)
+        # The copy is removed by the fetch, under the artifact's lock: a fetch of it in
+        # another process may be writing it, or may have replaced it since it was hashed.
+        _refetch_file(entry, layout, pins, seen, mirrors=mirrors, log=log)
     except FetchError as exc:
-        return Entry(entry.kind, entry.name, entry.path, 0, "corrupt", f"{detail}; removed, re-fetch failed: {exc}")
+        kept = entry.path.exists()
+        removed = "" if kept else "removed, "
+        size = _size(entry.path) if kept else 0
+        return Entry(entry.kind, entry.name, entry.path, size, "corrupt", f"{detail}; {removed}re-fetch failed: {exc}")
     return Entry(entry.kind, entry.name, entry.path, entry.path.stat().st_size, "refetched", detail)
 
 
-def _refetch_file(entry: Entry, layout: CacheLayout, pins: Pins, *, mirrors: Sequence[str], log: Log) -> None:
+def _refetch_file(
+    entry: Entry, layout: CacheLayout, pins: Pins, seen: os.stat_result, *, mirrors: Sequence[str], log: Log
+) -> None:
     from localllm import settings
     from localllm.managed.fetch import fetch_artifact
     from localllm.managed.source_build import acquire_sdist
@@ -429,10 +436,11 @@ def _refetch_file(entry: Entry, layout: CacheLayout, pins: Pins, *, mirrors: Seq
             offline=settings.offline(),
             prewarm=f"localllm fetch model {pin.id}",
             log=log,
+            corrupt=seen,
         )
         return
     if entry.kind == "sdist":
-        acquire_sdist(pins.source, layout=layout, mirrors=mirrors, offline=settings.offline(), log=log)
+        acquire_sdist(pins.source, layout=layout, mirrors=mirrors, offline=settings.offline(), log=log, corrupt=seen)
         return
     for art in _download_artifacts(pins):
         if art.sha256 and layout.download_path(art) == entry.path:
@@ -444,6 +452,7 @@ def _refetch_file(entry: Entry, layout: CacheLayout, pins: Pins, *, mirrors: Seq
                 offline=settings.offline(),
                 prewarm="localllm fetch server",
                 log=log,
+                corrupt=seen,
             )
             return
 

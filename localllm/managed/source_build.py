@@ -164,8 +164,20 @@ def build_from_source(
     return dest
 
 
-def acquire_sdist(source: SourcePin, *, layout: CacheLayout, mirrors: Sequence[str], offline: bool, log: Log) -> Path:
-    """The verified sdist in the cache: cached → mirror → ``pip download``."""
+def acquire_sdist(
+    source: SourcePin,
+    *,
+    layout: CacheLayout,
+    mirrors: Sequence[str],
+    offline: bool,
+    log: Log,
+    corrupt: os.stat_result | None = None,
+) -> Path:
+    """The verified sdist in the cache: cached → mirror → ``pip download``.
+
+    ``corrupt``: the ``lstat`` of a cached copy found not to match the pin, removed under
+    the lock if it is still that file (:func:`~localllm.managed.fetch.fetch_artifact`).
+    """
     from localllm.managed.fetch import artifact_lock, fetch_artifact
 
     art = source.artifact
@@ -174,7 +186,9 @@ def acquire_sdist(source: SourcePin, *, layout: CacheLayout, mirrors: Sequence[s
     lock = layout.lock_path("sdist", sha[:16])
     prewarm = "localllm fetch server --from-source"
     try:
-        return fetch_artifact(art, dest, lock_path=lock, mirrors=mirrors, offline=offline, prewarm=prewarm, log=log)
+        return fetch_artifact(
+            art, dest, lock_path=lock, mirrors=mirrors, offline=offline, prewarm=prewarm, log=log, corrupt=corrupt
+        )
     except OfflineArtifactMissing as exc:
         # the sdist has no URL, but pip fetches it from the package index when allowed
         hint = (
