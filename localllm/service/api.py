@@ -318,6 +318,9 @@ class ServiceApp:
     _acquiring: int = 0  # pool.acquire calls running (a client that left still has its own)
     #: upstream base URL → how many connections to keep open to it (its slots + 1)
     _hosts: dict[str, int] = field(default_factory=dict)
+    #: model id → its vocabulary size, asked of its llama-server once (the GGUF of an id is
+    #: fixed while the service runs): what a logit_bias token id is checked against
+    _n_vocab: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # An acquire blocks its thread while it waits for room or a load (up to load_wait).
@@ -755,6 +758,10 @@ class ServiceApp:
             if keep_alive is not None:
                 self.pool.keep(model, keep_alive)
             extra = {GRAMMAR_HEADER: json.dumps(lease.grammar_enforced)} if path in _GENERATING else {}
+            if prepared is not None and (ids := chat.bias_token_ids(prepared.body)):
+                refused = chat.bias_refusal(ids, await self._vocab_size(model, lease.target))
+                if refused is not None:
+                    raise _Reply(400, refused.to_json())
             target: Target | None = lease.target
             for attempt in (1, 2):
                 assert target is not None
@@ -848,6 +855,16 @@ class ServiceApp:
             return 400, tokens
         await req.respond(status, content, headers.get("content-type", "application/json"), extra)
         return status, tokens
+
+    async def _vocab_size(self, model: str, target: Target) -> int | None:
+        """How many tokens ``model``'s vocabulary has (llama-server's ``GET /v1/models``
+        ``meta.n_vocab``), asked once per model; None when its server does not say."""
+        if model not in self._n_vocab:
+            size = chat.vocab_size(await self._upstream_json(target.url("/v1/models")))
+            if size is None:
+                return None
+            self._n_vocab[model] = size
+        return self._n_vocab[model]
 
     async def _upstream_json(self, url: str) -> Any:
         """``GET url`` of a llama-server, parsed; None when it cannot be had."""

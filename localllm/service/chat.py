@@ -44,6 +44,8 @@ __all__ = [
     "ChatLimits",
     "Invalid",
     "Prepared",
+    "bias_refusal",
+    "bias_token_ids",
     "cap_costs",
     "check_embeddings",
     "check_grammar",
@@ -57,6 +59,7 @@ __all__ = [
     "prepare",
     "sse_events",
     "vocab_refusal",
+    "vocab_size",
 ]
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -286,6 +289,41 @@ def _check_logit_bias(body: dict[str, Any]) -> None:
             continue
         if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
             raise BadRequest(f"{param} must be a bias from -100 to 100 (or false), got {bias!r:.40}", param)
+    negative = next(((param, token) for param, token in bias_token_ids(body) if token < 0), None)
+    if negative is not None:
+        raise BadRequest(f"{negative[0]} is {negative[1]}, a negative token id", negative[0], "invalid_token")
+
+
+#: an object key llama-server reads as a token id (``strtol`` taking all of it), not as text
+_ID_KEY = re.compile(r"[ \t\n\v\f\r]*[+-]?[0-9]+")
+
+
+def bias_token_ids(body: dict[str, Any]) -> list[tuple[str, int]]:
+    """The token ids of a checked ``logit_bias`` (not its texts), each with its ``param``."""
+    given = body.get("logit_bias")
+    if isinstance(given, dict):
+        return [(f"logit_bias.{key}", int(key)) for key in given if _ID_KEY.fullmatch(key)]
+    if isinstance(given, list):
+        return [(f"logit_bias[{i}]", pair[0]) for i, pair in enumerate(given) if isinstance(pair[0], int)]
+    return []
+
+
+def bias_refusal(ids: list[tuple[str, int]], n_vocab: int | None) -> BadRequest | None:
+    """The 400 for a ``logit_bias`` id (:func:`bias_token_ids`) past the model's vocabulary of
+    ``n_vocab`` tokens (None: unknown, nothing refused). llama-server skips such an entry
+    without a word, and reads an id past 2**31 cut to 32 bits: as another token's."""
+    if n_vocab is None:
+        return None
+    outside = next(((param, token) for param, token in ids if token >= n_vocab), None)
+    if outside is None:
+        return None
+    param, token = outside
+    return BadRequest(
+        f"{param} is {token}, not a token id of this model: its vocabulary has {n_vocab} tokens "
+        f"(ids 0 to {n_vocab - 1})",
+        param,
+        "invalid_token",
+    )
 
 
 def _check_messages(messages: Any) -> None:
@@ -1120,10 +1158,8 @@ def vocab_refusal(tokens: list[Any], models: Any, field: str = "tokens") -> BadR
     """The 400 for a ``/detokenize`` id (``/tokenize`` ``content`` id, ``with_pieces``) outside
     the vocabulary that ``models`` (llama-server's ``GET /v1/models``) gives: llama-server
     answers it with a 500 (a C++ range check). Items of ``tokens`` other than ids are skipped."""
-    rows = models.get("data") if isinstance(models, dict) else None
-    meta = rows[0].get("meta") if isinstance(rows, list) and rows and isinstance(rows[0], dict) else None
-    size = meta.get("n_vocab") if isinstance(meta, dict) else None
-    if not isinstance(size, int) or isinstance(size, bool):
+    size = vocab_size(models)
+    if size is None:
         return None
     outside = next(((i, t) for i, t in enumerate(tokens) if _token_id(t) and t >= size), None)
     if outside is None:
@@ -1134,6 +1170,16 @@ def vocab_refusal(tokens: list[Any], models: Any, field: str = "tokens") -> BadR
         f"{field}[{outside[0]}]",
         "invalid_token",
     )
+
+
+def vocab_size(models: Any) -> int | None:
+    """``meta.n_vocab`` of llama-server's ``GET /v1/models`` answer ``models`` (None: not there)."""
+    rows = models.get("data") if isinstance(models, dict) else None
+    meta = rows[0].get("meta") if isinstance(rows, list) and rows and isinstance(rows[0], dict) else None
+    size = meta.get("n_vocab") if isinstance(meta, dict) else None
+    if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+        return None
+    return size
 
 
 def _token_id(value: Any) -> bool:
