@@ -153,3 +153,10 @@ def read_marker(release_dir: Path) -> dict[str, Any] | None:
 def installed(release_dir: Path) -> bool:
     """A release dir counts as installed when its marker and binary are present."""
     return read_marker(release_dir) is not None and (release_dir / SERVER_BINARY).is_file()
+
+
+def release_changed(release_dir: Path) -> bool:
+    """Whether a release's files or links differ from its marker's manifest (re-hashed)."""
+    marker = read_marker(release_dir) or {}
+    files, links = release_manifest(release_dir)
+    return (files, links) != (marker.get("files"), marker.get("links"))

@@ -493,15 +493,12 @@ def _verify_release(
     log(f"corrupt: {entry.path}: {detail}")
     if not refetch or entry.status == "stale":
         return Entry("release", entry.name, entry.path, entry.size, "corrupt", detail)
-    aside = entry.path.with_name(f".old-{entry.name}-verify")
-    shutil.rmtree(aside, ignore_errors=True)
-    os.replace(entry.path, aside)
     try:
+        # The installer checks again and replaces the release under its own lock, in one
+        # rename: an install (or another verify) in another process may be under way.
         _reinstall(marker, layout, pins, mirrors=mirrors, log=log)
     except FetchError as exc:
-        os.replace(aside, entry.path)
         return Entry("release", entry.name, entry.path, entry.size, "corrupt", f"{detail}; re-install failed: {exc}")
-    shutil.rmtree(aside, ignore_errors=True)
     return Entry("release", entry.name, entry.path, _size(entry.path), "refetched", detail)
 
 
@@ -512,7 +509,7 @@ def _reinstall(marker: dict[str, object], layout: CacheLayout, pins: Pins, *, mi
     from localllm.managed.source_build import build_from_source
 
     if marker.get("kind") == "source":
-        build_from_source(pins=pins, layout=layout, mirrors=mirrors, offline=settings.offline(), log=log)
+        build_from_source(pins=pins, layout=layout, mirrors=mirrors, offline=settings.offline(), log=log, repair=True)
     else:
         install_prebuilt(
             pins.server_for(platforms.current().key),
@@ -520,6 +517,7 @@ def _reinstall(marker: dict[str, object], layout: CacheLayout, pins: Pins, *, mi
             layout=layout,
             mirrors=mirrors,
             offline=settings.offline(),
+            repair=True,
         )
 
 

@@ -23,7 +23,7 @@ from localllm import settings
 from localllm._process import run_probe
 from localllm.errors import FetchError
 from localllm.managed import platforms
-from localllm.managed.cache import SERVER_BINARY, CacheLayout, installed, write_marker
+from localllm.managed.cache import SERVER_BINARY, CacheLayout, installed, release_changed, write_marker
 from localllm.managed.pins import Artifact, Pins
 
 SourceKind = Literal["prebuilt", "source", "override"]
@@ -97,10 +97,14 @@ def install_prebuilt(
     mirrors: Sequence[str],
     offline: bool,
     cancel: threading.Event | None = None,
+    repair: bool = False,
 ) -> Path:
     """Fetch, verify, extract (and shim) the prebuilt release into its cache directory.
 
     ``cancel`` set from another thread aborts a download in progress (``DownloadCancelled``).
+    ``repair`` (``cache verify``): an installed release whose files no longer match its
+    manifest, checked again under the lock, is installed again; the new one replaces it in
+    one rename, and it is left as it was if that fails.
     """
     from localllm.managed.cxxshim import ensure_shim, probe_system
     from localllm.managed.extract import extract_archive, install_dir, staging_dir
@@ -112,7 +116,7 @@ def install_prebuilt(
     with artifact_lock(
         layout.lock_path("release", dest.name), f"llama-server {pins.release}", log_stderr, cancel=cancel
     ):
-        if installed(dest):
+        if installed(dest) and not (repair and release_changed(dest)):
             return dest
 
         def fetch(art: Artifact) -> Path:

@@ -35,7 +35,7 @@ from pathlib import Path
 from localllm import _fs, _process
 from localllm.errors import BuildError, ChecksumMismatch, DownloadFailed, OfflineArtifactMissing
 from localllm.managed import platforms, verify
-from localllm.managed.cache import SERVER_BINARY, CacheLayout, installed, write_marker
+from localllm.managed.cache import SERVER_BINARY, CacheLayout, installed, release_changed, write_marker
 from localllm.managed.pins import Pins, SourcePin
 from localllm.managed.registry import pip_download
 
@@ -118,19 +118,24 @@ def build_from_source(
     offline: bool,
     log: Log,
     jobs: int | None = None,
+    repair: bool = False,
 ) -> Path:
-    """Build (incrementally) and install llama-server from source; the release dir."""
+    """Build (incrementally) and install llama-server from source; the release dir.
+
+    ``repair``: as :func:`~localllm.managed.release.install_prebuilt`'s (the installed release,
+    changed since install, is built and installed again under the build's lock).
+    """
     from localllm.managed.fetch import artifact_lock
 
     plat = platforms.current()
     source = pins.source
     dest = layout.source_release_dir(source.version, plat.slug)
-    if installed(dest):
+    if installed(dest) and not repair:
         return dest
     with artifact_lock(
         layout.lock_path("source-build", source.version), f"the {source.package} {source.version} source build", log
     ):
-        if installed(dest):
+        if installed(dest) and not (repair and release_changed(dest)):
             return dest
         cmake = check_tools()
         paths = source_paths(layout, source)
