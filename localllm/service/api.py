@@ -319,8 +319,9 @@ class ServiceApp:
     #: upstream base URL → how many connections to keep open to it (its slots + 1)
     _hosts: dict[str, int] = field(default_factory=dict)
     #: model id → its vocabulary size, asked of its llama-server once (the GGUF of an id is
-    #: fixed while the service runs): what a logit_bias token id is checked against
-    _n_vocab: dict[str, int] = field(default_factory=dict)
+    #: fixed while the service runs): what a logit_bias token id is checked against. None:
+    #: its server answered without one (not a llama-server), so ids are passed on unchecked
+    _n_vocab: dict[str, int | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # An acquire blocks its thread while it waits for room or a load (up to load_wait).
@@ -858,12 +859,13 @@ class ServiceApp:
 
     async def _vocab_size(self, model: str, target: Target) -> int | None:
         """How many tokens ``model``'s vocabulary has (llama-server's ``GET /v1/models``
-        ``meta.n_vocab``), asked once per model; None when its server does not say."""
+        ``meta.n_vocab``), asked once per model; None when its server does not say (asked
+        again next time only when there was no answer at all)."""
         if model not in self._n_vocab:
-            size = chat.vocab_size(await self._upstream_json(target.url("/v1/models")))
-            if size is None:
+            answer = await self._upstream_json(target.url("/v1/models"))
+            if answer is None:
                 return None
-            self._n_vocab[model] = size
+            self._n_vocab[model] = chat.vocab_size(answer)
         return self._n_vocab[model]
 
     async def _upstream_json(self, url: str) -> Any:

@@ -63,3 +63,23 @@ def test_a_negative_id_is_refused_before_the_model_is_loaded(make_service: Facto
         refused = http.post("/v1/completions", json={"model": "chat", "prompt": "hi", "logit_bias": {"-7": 5}})
     assert (refused.status_code, (refused.json().get("error") or {}).get("param")) == (400, "logit_bias.-7")
     assert rows(env["spawn"], "start") == []
+
+
+def test_an_upstream_that_does_not_say_its_vocabulary_is_asked_once_and_ids_pass(
+    make_service: Factory, env: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from localllm.service.api import ServiceApp
+
+    asked: list[str] = []
+
+    async def no_meta(self: ServiceApp, url: str) -> Any:
+        asked.append(url)
+        return {"object": "list", "data": [{"id": "chat"}]}  # another server's listing: no meta
+
+    monkeypatch.setattr(ServiceApp, "_upstream_json", no_meta)
+    service = make_service()
+    body = {"model": "chat", "prompt": "hi", "logit_bias": {str(N_VOCAB): 1}}
+    with client(service) as http:
+        answers = [http.post("/v1/completions", json=body) for _ in range(2)]
+    assert [a.status_code for a in answers] == [200, 200]
+    assert [url.rsplit("/", 2)[-2:] for url in asked] == [["v1", "models"]]
