@@ -226,6 +226,8 @@ def _route(args: argparse.Namespace) -> int:
         if args.calibrate or decl.calibrate:
             calibration = calibrate(router, target)
             router.apply(calibration)
+            if not calibration.bound_met:  # router: {calibrate: true} routes on these bars too: say so every time
+                warn(_unbounded(calibration))
         verdict = route_turn(router, args.text, runtime.trace, turn=runtime.turn) if args.text is not None else None
     if args.json:
         doc: dict[str, Any] = {}
@@ -252,7 +254,7 @@ def _route(args: argparse.Namespace) -> int:
 
 def _print_calibration(cal: Any, model: str) -> None:
     d = cal.as_dict()
-    how = "lower bound" if cal.bound_met else "observed precision (too few examples for the bound)"
+    how = "lower bound" if cal.bound_met else "observed precision (no bar met the bound)"
     out(f"# calibrated on {d['in_scope']} in-scope and {d['out_of_scope']} out-of-scope leave-one-out decisions")
     if cal.duplicates:
         out(f"# {cal.duplicates} examples repeat another of their intent's (case and spacing aside): counted once")
@@ -261,12 +263,22 @@ def _print_calibration(cal: Any, model: str) -> None:
         f"precision {'n/a (none accepted)' if d['precision'] is None else d['precision']}, "
         f"{cal.level:.0%} lower bound {d['lower_bound']}; chosen by {how}"
     )
-    if not cal.bound_met:
-        warn(
-            f"a {cal.target_precision:.0%} precision bound needs about {cal.needed} correct decisions; "
-            f"these examples give {cal.in_scope}: add examples per intent for a bound that holds"
-        )
     out(f"router: {{confident: {d['confident']}, margin: {d['margin']}}}   # {model}")
+
+
+def _unbounded(cal: Any) -> str:
+    """The warning for bars chosen on the observed precision: why no bound, and what to do."""
+    chosen = "the bars are chosen on the observed precision, which promises nothing on new inputs"
+    if cal.in_scope < cal.needed:
+        return (
+            f"a {cal.target_precision:.0%} precision bound needs about {cal.needed} correct decisions; "
+            f"these examples give {cal.in_scope}: {chosen}; add examples per intent for a bound that holds"
+        )
+    return (
+        f"no bar reaches a {cal.target_precision:.0%} precision lower bound on {cal.in_scope} in-scope "
+        f"decisions (intents whose examples look alike, or like inputs none of them covers): {chosen}; "
+        "give the intents more distinct examples or aim at a lower --target-precision"
+    )
 
 
 def _explain(verdict: Any) -> None:

@@ -333,8 +333,9 @@ class Calibration:
     target_precision: float
     #: the level of the precision lower bounds (one-sided Clopper–Pearson)
     level: float
-    #: whether the accepted decisions' precision *lower bound* meets the target; False: too
-    #: few examples for the bound, so the bars were chosen on the observed precision
+    #: whether the accepted decisions' precision *lower bound* meets the target; False: no bar
+    #: met it (too few examples, or intents too alike), so the bars were chosen on the observed
+    #: precision and promise nothing
     bound_met: bool
     #: leave-one-out decisions: in-scope (an example routed among the intents, itself left
     #: out) and out-of-scope (an example routed with its own intent left out: any route is wrong)
@@ -452,8 +453,14 @@ def calibrate(router: Router, target_precision: float = 0.9, level: float = 0.95
     covers — wrong whenever it routes. ``confident`` is the lowest similarity bar whose
     accepted decisions meet ``target_precision``; ``margin`` the lowest margin bar that
     keeps the decisions above ``confident`` at the target. Each is chosen by the
-    precision's lower bound (:func:`localllm.calibrate.choose_threshold`) when the examples
-    are enough for it, else by the observed precision (``bound_met`` says which).
+    precision's lower bound (:func:`localllm.calibrate.choose_threshold`) when some bar meets
+    it, else by the observed precision (``bound_met`` says which).
+
+    The bound is a guide, not a 95 % guarantee: leave-one-out decisions share examples (an
+    example is the query of two and a neighbour in the others') and the bar is the lowest of
+    many that pass. On synthetic intents (4 × 30 examples, 200 seeds, target 0.9) fresh
+    inputs' precision fell below the target in 13.5 % of seeds; on CLINC150 held-out splits,
+    3–5 %. Check the bars on held-out inputs.
 
     An example repeated under its intent (:func:`localllm.calibrate.same_text`) is one
     example: held out, it would find its own copy and count as a sure, right decision

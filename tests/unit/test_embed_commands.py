@@ -325,3 +325,30 @@ def test_route_calibrate_and_explain(tmp_path: Path, endpoint: str, capsys: pyte
     # TEXT is required without --calibrate; a bad target is usage, not a traceback
     assert main(["route", "--config", str(cfg)]) == 2
     assert main(["route", "--calibrate", "--target-precision", "1.5", "--config", str(cfg)]) == 2
+
+
+def test_bars_calibrated_from_the_config_warn_when_no_bound_holds(
+    tmp_path: Path, endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # router: {calibrate: true} routes on the calibrated bars without --calibrate: a bar chosen on
+    # the observed precision (4 decisions cannot bound 90%) is said so on every route, not only
+    # when the calibration is printed
+    cfg = _config(tmp_path, endpoint)
+    cfg.write_text(cfg.read_text().replace("router: {embedder: docs}", "router: {embedder: docs, calibrate: true}"))
+    assert main(["route", "good morning", "--config", str(cfg)]) == 0
+    err = capsys.readouterr().err
+    assert "promises nothing on new inputs" in err and "add examples per intent" in err
+    assert main(["route", "good morning", "--config", str(cfg), "--json"]) == 0
+    assert "promises nothing on new inputs" in capsys.readouterr().err
+
+
+def test_the_unbounded_warning_does_not_blame_too_few_examples_when_there_are_enough() -> None:
+    from localllm.cli.embed import _unbounded
+    from localllm.embed.router import Calibration
+
+    cal = Calibration(0.8, 0.01, 0.9, 0.95, False, 120, 120, 40, 37, 0.3, 0.81, 29)
+    text = _unbounded(cal)
+    assert "no bar reaches a 90% precision lower bound on 120 in-scope decisions" in text
+    assert "needs about" not in text and "promises nothing on new inputs" in text
+    few = _unbounded(Calibration(0.8, 0.01, 0.9, 0.95, False, 4, 4, 2, 2, 0.5, 0.22, 29))
+    assert "needs about 29 correct decisions; these examples give 4" in few
