@@ -1,0 +1,269 @@
+"""Benchmark: do calibrated bars keep their 95 % promise on *new* inputs? Resampled.
+
+    python tests/bench/bench_bar_guarantee.py [--seeds N] [--splits N] [--json OUT]
+    python tests/bench/bench_bar_guarantee.py --smoke      # seconds: synthetic only, few seeds
+
+A bar chosen at target precision ``p`` with a 95 % lower bound promises that the answers it
+accepts on fresh inputs from the same distribution are right at least ``p`` of the time, in
+at least 95 % of calibrations. Each arm calibrates many times on independent draws and
+counts the draws whose fresh precision falls below ``p`` (the *violation rate*: at most
+~5 % if the promise holds), with the coverage each calibration bought:
+
+- ``router-synthetic``: :func:`localllm.embed.router.calibrate` on clustered intents (unit
+  vectors around random centres sharing a common direction, so intents overlap), checked
+  against a population of 4,000 fresh inputs routed as the leave-one-out pool routes its
+  examples: among all intents (in scope) and with their own intent left out (out of
+  scope, any route wrong). Also reported: precision with out-of-scope inputs from intents
+  never seen, and in-scope inputs alone.
+- ``examples-synthetic``: the examples tier's k-NN vote (k=5) over the same kind of data,
+  threshold by :func:`localllm.calibrate.choose_threshold` on its leave-one-out answers.
+- ``router-clinc`` / ``examples-clinc`` (not with ``--smoke``): the CLINC150 sample in
+  ``tests/bench/data`` (9 intents × 45 utterances, CC BY 3.0) embedded with all-MiniLM
+  (managed llama-server); each split takes ``k`` utterances per intent as examples and
+  holds out the rest. The held-out set is small, so its own noise adds to the rate.
+
+Writes ``tests/bench/results/bar_guarantee.json``. Not a test: nothing here asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from localllm.calibrate import choose_threshold  # noqa: E402
+from localllm.config import Intent  # noqa: E402
+from localllm.embed.embedder import EmbedderIdentity  # noqa: E402
+from localllm.embed.examples import Example, Neighbour, vote  # noqa: E402
+from localllm.embed.router import Router, calibrate  # noqa: E402
+from tests.bench._provenance import provenance, results_path  # noqa: E402
+
+DATA = Path(__file__).parent / "data"
+GGUF = REPO.parent / "shared" / "models" / "all-minilm-l6-v2-f16.gguf"
+RESULTS = Path(__file__).parent / "results" / "bar_guarantee.json"
+MODEL = "all-minilm-l6-v2"
+TARGET = 0.9
+Array = Any  # numpy arrays (numpy's own stubs would make every helper generic)
+
+
+class Rows:
+    """An embedder that looks vectors up by their key (the texts are row names)."""
+
+    def __init__(self, vectors: dict[str, Array], dims: int) -> None:
+        self.vectors = vectors
+        self.identity = EmbedderIdentity("rows", dims, "none", "", "")
+
+    def embed(self, texts: Sequence[str], role: str) -> Array:
+        return np.stack([self.vectors[t] for t in texts])
+
+
+def unit(x: Array) -> Array:
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def route(matrix: Array, labels: Array, groups: int, queries: Array, *, confident: float, margin: float) -> Array:
+    """(accepted, best intent) of the router's semantic tier for every query row."""
+    sims = queries @ matrix.T
+    best = np.stack([sims[:, labels == g].max(axis=1) for g in range(groups)], axis=1)
+    order = np.argsort(-best, axis=1, kind="stable")
+    s1 = np.take_along_axis(best, order[:, :1], 1)[:, 0]
+    s2 = np.take_along_axis(best, order[:, 1:2], 1)[:, 0]
+    return (s1 >= confident - 1e-5) & (s1 - s2 >= margin - 1e-5), order[:, 0]
+
+
+def router_check(
+    matrix: Array, labels: Array, fresh: Array, fresh_labels: Array, unseen: Array | None
+) -> dict[str, Any]:
+    """Calibrate a Router on ``matrix`` (rows labelled 0..g-1), then measure it on ``fresh``."""
+    groups = int(labels.max()) + 1
+    keys = {f"r{i}": row for i, row in enumerate(matrix)}
+    intents = [Intent(f"i{g}", tuple(f"r{i}" for i in np.flatnonzero(labels == g))) for g in range(groups)]
+    cal = calibrate(Router(intents, Rows(keys, matrix.shape[1]), confident=0.99, margin=0.5), TARGET)
+    accepted, chosen = route(matrix, labels, groups, fresh, confident=cal.confident, margin=cal.margin)
+    right = int((accepted & (chosen == fresh_labels)).sum())
+    wrong_out = 0  # each fresh input again, its own intent left out: any route is wrong
+    for g in range(groups):
+        keep = labels != g
+        others = np.searchsorted(np.unique(labels[keep]), labels[keep])
+        out, _ = route(
+            matrix[keep], others, groups - 1, fresh[fresh_labels == g], confident=cal.confident, margin=cal.margin
+        )
+        wrong_out += int(out.sum())
+    taken = int(accepted.sum())
+    doc: dict[str, Any] = {
+        "bound_met": cal.bound_met,
+        "claimed_lower_bound": cal.lower_bound,
+        "coverage": taken / len(fresh),
+        "precision": right / (taken + wrong_out) if taken + wrong_out else None,
+        "precision_in_scope": right / taken if taken else None,
+    }
+    if unseen is not None:
+        wrong_new = int(route(matrix, labels, groups, unseen, confident=cal.confident, margin=cal.margin)[0].sum())
+        doc["precision_unseen_intents"] = right / (taken + wrong_new) if taken + wrong_new else None
+    return doc
+
+
+def knn_answers(
+    pool: Array, labels: Array, queries: Array, truth: Array, *, loo: bool, k: int = 5
+) -> list[tuple[float, bool]]:
+    sims = queries @ pool.T
+    if loo:
+        np.fill_diagonal(sims, -np.inf)
+    nearest = np.argsort(-sims, axis=1, kind="stable")[:, :k]
+    examples = [Example(str(i), "", {"y": int(label)}) for i, label in enumerate(labels)]
+    out = []
+    for r in range(len(queries)):
+        v = vote([Neighbour(examples[j], float(sims[r, j])) for j in nearest[r]], ["y"])
+        out.append((min(max(v.confidence, 0.0), 1.0), v.answer.get("y") == int(truth[r])))
+    return out
+
+
+def examples_check(pool: Array, labels: Array, fresh: Array, fresh_labels: Array) -> dict[str, Any]:
+    cal = knn_answers(pool, labels, pool, labels, loo=True)
+    chosen = choose_threshold([s for s, _ in cal], [c for _, c in cal], TARGET)
+    if chosen.accepts_nothing:
+        return {"bound_met": False, "coverage": 0.0, "precision": None}
+    answers = knn_answers(pool, labels, fresh, fresh_labels, loo=False)
+    taken = [c for s, c in answers if s >= chosen.value]
+    return {
+        "bound_met": True,
+        "claimed_lower_bound": chosen.lower_bound,
+        "coverage": len(taken) / len(answers),
+        "precision": sum(taken) / len(taken) if taken else None,
+    }
+
+
+def synthetic(seed: int, intents: int, examples: int, fresh: int) -> tuple[Array, Array, Array, Array, Array]:
+    """Examples, their labels, fresh in-scope inputs, their labels, inputs of unseen intents."""
+    rng = np.random.default_rng(seed)
+    dims, spread, shared = 16, 0.9, 0.8
+    common = unit(rng.normal(size=dims))
+
+    def centre() -> Array:
+        return unit(shared * common + unit(rng.normal(size=dims)))
+
+    def draw(c: Array, n: int) -> Array:
+        return unit(c + spread * rng.normal(size=(n, dims)) / np.sqrt(dims))
+
+    centres = [centre() for _ in range(intents)]
+    matrix = np.concatenate([draw(c, examples) for c in centres])
+    per = fresh // intents
+    queries = np.concatenate([draw(c, per) for c in centres])
+    unseen = np.concatenate([draw(centre(), max(1, fresh // 40)) for _ in range(40)])
+    return matrix, np.repeat(np.arange(intents), examples), queries, np.repeat(np.arange(intents), per), unseen
+
+
+def summary(name: str, rows: list[dict[str, Any]], **setup: Any) -> dict[str, Any]:
+    met = [r for r in rows if r["bound_met"]]
+
+    def below(key: str) -> int:
+        return sum(1 for r in met if r.get(key) is not None and r[key] < TARGET)
+
+    doc: dict[str, Any] = {
+        "arm": name,
+        **setup,
+        "draws": len(rows),
+        "bound_met": len(met),
+        "violations": below("precision"),
+        "violation_rate": below("precision") / len(rows) if rows else None,
+        "claimed_above_fresh": sum(
+            1 for r in met if r["precision"] is not None and r["claimed_lower_bound"] > r["precision"]
+        ),
+        "mean_coverage_when_met": float(np.mean([r["coverage"] for r in met])) if met else None,
+    }
+    for extra in ("precision_in_scope", "precision_unseen_intents"):
+        if any(extra in r for r in met):
+            doc[f"violations_{extra}"] = below(extra)
+    return doc
+
+
+def clinc(splits: int, per_intent: Sequence[int]) -> list[dict[str, Any]]:
+    from localllm.embed.local import LocalEmbedder, embedding_server_args
+    from localllm.embed.registry import lookup
+    from localllm.managed import ensure_server
+    from localllm.managed.server import ManagedServer
+
+    rows = []
+    for name in ("clinc150_examples.jsonl", "clinc150_cases.jsonl"):
+        for line in (DATA / name).read_text().splitlines():
+            if line.strip():
+                doc = json.loads(line)
+                rows.append((str(doc["args"]["text"]), str(doc["expect"]["intent"])))
+    info = lookup(MODEL)
+    with ManagedServer(
+        ensure_server().binary,
+        GGUF,
+        args=embedding_server_args(info, 2),
+        parallel=2,
+        ctx_per_slot=info.context,
+        name="bar-guarantee-bench",
+        health_timeout=120,
+    ) as sidecar:
+        vectors = np.asarray(
+            LocalEmbedder(sidecar.ensure_ready(), MODEL, batch_size=64).embed([t for t, _ in rows], "query")
+        )
+    vectors = unit(vectors.astype(np.float32))
+    labels = np.asarray([label for _, label in rows])
+    names = sorted(set(labels) - {"oos"})
+    out = []
+    for k in per_intent:
+        router_rows, example_rows = [], []
+        for split in range(splits):
+            rng = np.random.default_rng(split)
+            ex, ex_l, held, held_l = [], [], [], []
+            for g, name in enumerate(names):
+                order = rng.permutation(np.flatnonzero(labels == name))
+                ex.append(vectors[order[:k]])
+                held.append(vectors[order[k:]])
+                ex_l += [g] * k
+                held_l += [g] * (len(order) - k)
+            m, ml, h, hl = np.concatenate(ex), np.asarray(ex_l), np.concatenate(held), np.asarray(held_l)
+            router_rows.append(router_check(m, ml, h, hl, vectors[labels == "oos"]))
+            example_rows.append(examples_check(m, ml, h, hl))
+        setup = {"data": "clinc150-9", "examples_per_intent": k, "held_out": len(hl)}
+        out += [summary("router-clinc", router_rows, **setup), summary("examples-clinc", example_rows, **setup)]
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--seeds", type=int, default=200, help="synthetic draws per arm")
+    parser.add_argument("--splits", type=int, default=200, help="CLINC150 random splits per k")
+    parser.add_argument("--json", type=Path, default=None, help=f"default {RESULTS}")
+    parser.add_argument("--smoke", action="store_true", help="seconds: synthetic only, a few seeds, small fresh sets")
+    args = parser.parse_args(argv)
+    if args.json is None:
+        args.json = results_path("bar_guarantee", smoke=True) if args.smoke else RESULTS
+    seeds, fresh = (4, 400) if args.smoke else (args.seeds, 4000)
+    arms: list[dict[str, Any]] = []
+    configs = [(4, 30)] if args.smoke else [(4, 30), (8, 20)]
+    for intents, examples in configs:
+        draws = [synthetic(s, intents, examples, fresh) for s in range(seeds)]
+        setup = {"data": "synthetic", "intents": intents, "examples_per_intent": examples, "fresh": fresh}
+        arms.append(summary("router-synthetic", [router_check(*d) for d in draws], **setup))
+        arms.append(summary("examples-synthetic", [examples_check(*d[:4]) for d in draws], **setup))
+    if not args.smoke:
+        arms += clinc(args.splits, (20, 30))
+    report = {**provenance(smoke=args.smoke), "target_precision": TARGET, "level": 0.95, "arms": arms}
+    for arm in arms:
+        print(
+            f"{arm['arm']:19s} {arm.get('intents', 9)}x{arm['examples_per_intent']}: "
+            f"bound met {arm['bound_met']}/{arm['draws']}, fresh precision < {TARGET} in {arm['violations']} "
+            f"({arm['violation_rate']:.1%} of draws), coverage {arm['mean_coverage_when_met'] or 0:.3f}",
+            file=sys.stderr,
+        )
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
