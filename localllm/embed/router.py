@@ -458,9 +458,9 @@ def calibrate(router: Router, target_precision: float = 0.9, level: float = 0.95
 
     The bound is a guide, not a 95 % guarantee: leave-one-out decisions share examples (an
     example is the query of two and a neighbour in the others') and the bar is the lowest of
-    many that pass. On synthetic intents (4 × 30 examples, 200 seeds, target 0.9) fresh
-    inputs' precision fell below the target in 13.5 % of seeds; on CLINC150 held-out splits,
-    3–5 %. Check the bars on held-out inputs.
+    many that pass. On synthetic intents (``tests/bench/bench_bar_guarantee.py``: 4 × 30 and
+    8 × 20 examples, target 0.9) fresh inputs' precision fell below the target in 13 % and
+    20 % of draws; on CLINC150 held-out splits, 3–5 %. Check the bars on held-out inputs.
 
     An example repeated under its intent (:func:`localllm.calibrate.same_text`) is one
     example: held out, it would find its own copy and count as a sure, right decision
