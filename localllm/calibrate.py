@@ -10,7 +10,9 @@ Accepting every answer whose score is at least ``t`` gives, over a set of scored
 only grows along the list). :func:`choose_threshold` picks the lowest ``t`` whose accepted
 set is correct often enough *with statistical confidence*: the one-sided Clopper–Pearson
 lower bound of its precision (:func:`precision_lower_bound`) must meet the target, so a
-small evaluation cannot claim 95% from 5 of 5. When no threshold qualifies the answer is
+small evaluation cannot claim 95% from 5 of 5. :func:`fixed_sequence_threshold` tests the
+same thresholds strictest first and stops at the first failure, so on independent answers
+the 95% holds for the threshold it returns. When no threshold qualifies the answer is
 "accept nothing": ``Threshold.value`` is ``math.inf`` (``None`` in :meth:`Threshold.to_dict`)
 and every answer escalates.
 
@@ -46,6 +48,7 @@ __all__ = [
     "choose_threshold",
     "coverage_precision",
     "expected_calibration_error",
+    "fixed_sequence_threshold",
     "novelty_bar",
     "precision_lower_bound",
     "risk_coverage",
@@ -236,6 +239,45 @@ def choose_threshold(
         if bound >= target_precision:
             return Threshold(point.threshold, point.coverage, point.precision, bound, n)
     return Threshold(math.inf, 0.0, 0.0, 0.0, n)
+
+
+def fixed_sequence_threshold(
+    scores: Sequence[float],
+    correct: Sequence[bool],
+    target_precision: float,
+    confidence: float = 0.95,
+) -> Threshold:
+    """The lowest threshold reached testing from the strictest down, stopping at the first failure.
+
+    Fixed-sequence testing: each distinct score is a hypothesis ("precision at this threshold
+    is below the target"), rejected when the accepted answers' lower bound meets the target,
+    and the thresholds are tested in an order fixed before any correctness is looked at
+    (strictest first). Stopping at the first that fails keeps the chance of returning any
+    threshold whose true precision is below the target at ``1 - confidence`` (family-wise),
+    where :func:`choose_threshold`'s lowest passing of every score does not.
+
+    The sequence starts at the strictest threshold accepting at least ``needed`` answers,
+    ``ceil(ln(1 - confidence) / ln(target))``: a stricter one cannot pass even when all its
+    answers are right, and that start depends on the scores alone. The answers must be
+    independent of each other (held-out inputs, not leave-one-out answers, whose shared
+    examples correlate them). None passes: accept nothing (``value == math.inf``).
+    """
+    if not 0.0 < target_precision <= 1.0:
+        raise ValueError(f"target_precision must be within (0, 1], got {target_precision}")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be within (0, 1), got {confidence}")
+    needed = math.ceil(math.log(1.0 - confidence) / math.log(target_precision)) if target_precision < 1.0 else 0
+    n = len(scores)
+    chosen = Threshold(math.inf, 0.0, 0.0, 0.0, n)
+    for point in risk_coverage(scores, correct):  # strictest first
+        if point.accepted < needed:
+            continue
+        k = round(point.precision * point.accepted)
+        bound = precision_lower_bound(k, point.accepted, confidence) if point.precision >= target_precision else 0.0
+        if bound < target_precision:
+            break
+        chosen = Threshold(point.threshold, point.coverage, point.precision, bound, n)
+    return chosen
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from localllm.cli.output import (
     check_range,
     emit_json,
     err,
+    input_path,
     out,
     output_path,
     warn,
@@ -71,6 +72,13 @@ def _setup_route(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="choose the semantic tier's bars from the intents' examples (leave-one-out), print them, "
         "and route TEXT (if given) with them",
+    )
+    p.add_argument(
+        "--cases",
+        type=Path,
+        metavar="CASES.jsonl",
+        help="with --calibrate: certify the bars on these held-out labelled inputs (JSONL, text and intent "
+        "per line; not the examples) instead of leave-one-out: the precision bound then holds",
     )
     p.add_argument(
         "--target-precision",
@@ -190,7 +198,7 @@ def _search(args: argparse.Namespace) -> int:
 
 
 def _route(args: argparse.Namespace) -> int:
-    from localllm.embed.router import Router, calibrate, route_turn, runtime_decide
+    from localllm.embed.router import Router, calibrate, load_route_cases, route_turn, runtime_decide
     from localllm.errors import ConfigError, ConfigProblem
     from localllm.runtime import Runtime
 
@@ -198,8 +206,12 @@ def _route(args: argparse.Namespace) -> int:
         raise UsageError("route needs TEXT (or --calibrate alone to print the calibrated bars)")
     if args.target_precision is not None:
         check_range("--target-precision", args.target_precision, low=0.5, high=1.0, high_open=True, default=0.9)
+    if args.cases is not None and not args.calibrate:
+        raise UsageError("--cases certifies the bars of --calibrate: give --calibrate too")
     if args.trace is not None:
         output_path(args.trace, "--trace")
+    if args.cases is not None:
+        input_path(args.cases, "--cases")
     config = load(args.config)
     where = str(config.path)
     if not config.intents:
@@ -217,6 +229,7 @@ def _route(args: argparse.Namespace) -> int:
             ]
         )
     target = args.target_precision if args.target_precision is not None else decl.target_precision
+    cases = load_route_cases(args.cases, list(config.intents)) if args.cases is not None else None
     with Runtime(config, trace=args.trace) as runtime, _embedder(config, decl.embedder) as embedder:
         intents = list(config.intents.values())
         decide = runtime_decide(runtime, decl.agent, intents) if decl.agent else None
@@ -224,7 +237,7 @@ def _route(args: argparse.Namespace) -> int:
         router = Router(intents, embedder, confident=decl.confident, margin=decl.margin, decide=decide)
         calibration = None
         if args.calibrate or decl.calibrate:
-            calibration = calibrate(router, target)
+            calibration = calibrate(router, target, cases=cases)
             router.apply(calibration)
             if not calibration.bound_met:  # router: {calibrate: true} routes on these bars too: say so every time
                 warn(_unbounded(calibration))
@@ -255,7 +268,15 @@ def _route(args: argparse.Namespace) -> int:
 def _print_calibration(cal: Any, model: str) -> None:
     d = cal.as_dict()
     how = "lower bound" if cal.bound_met else "observed precision (no bar met the bound)"
-    out(f"# calibrated on {d['in_scope']} in-scope and {d['out_of_scope']} out-of-scope leave-one-out decisions")
+    if cal.source == "cases":
+        out(
+            f"# certified on {d['cases']} held-out cases ({d['in_scope']} in scope, {d['out_of_scope']} out of "
+            "scope), testing bars from the strictest down"
+        )
+        if cal.dropped_cases:
+            out(f"# {cal.dropped_cases} cases are examples of the intents (not held out): dropped")
+    else:
+        out(f"# calibrated on {d['in_scope']} in-scope and {d['out_of_scope']} out-of-scope leave-one-out decisions")
     if cal.duplicates:
         out(f"# {cal.duplicates} examples repeat another of their intent's (case and spacing aside): counted once")
     out(
@@ -269,6 +290,12 @@ def _print_calibration(cal: Any, model: str) -> None:
 def _unbounded(cal: Any) -> str:
     """The warning for bars chosen on the observed precision: why no bound, and what to do."""
     chosen = "the bars are chosen on the observed precision, which promises nothing on new inputs"
+    if cal.source == "cases":
+        return (
+            f"no bar reaches a {cal.target_precision:.0%} precision lower bound on {cal.cases} held-out cases "
+            f"tested from the strictest bar down: {chosen}; give more held-out cases (about {cal.needed} right "
+            "ones above the bar at least) or aim at a lower --target-precision"
+        )
     if cal.in_scope < cal.needed:
         return (
             f"a {cal.target_precision:.0%} precision bound needs about {cal.needed} correct decisions; "

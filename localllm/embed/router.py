@@ -45,6 +45,8 @@ from localllm.config.decls import ROUTER_MARGIN as DEFAULT_MARGIN
 from localllm.errors import EmbedError
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from localllm.config import Intent
     from localllm.embed.embedder import Embedder
     from localllm.trace.writer import TraceWriter
@@ -326,7 +328,7 @@ def runtime_decide(runtime: Caller, agent: str, intents: Sequence[Intent]) -> De
 
 @dataclass(frozen=True)
 class Calibration:
-    """Bars calibrated on the intents' own examples (see :func:`calibrate`)."""
+    """Bars calibrated on the intents' own examples or on held-out cases (see :func:`calibrate`)."""
 
     confident: float
     margin: float
@@ -352,6 +354,12 @@ class Calibration:
     #: examples left out as another example of their intent over again (the same text but for
     #: case, spacing or Unicode form): each text is one example, held out with all its copies
     duplicates: int = 0
+    #: what certified the bars: ``leave-one-out`` (the examples; a guide) or ``cases`` (held-out
+    #: labelled inputs, fixed-sequence testing: the bound holds at ``level``)
+    source: Literal["leave-one-out", "cases"] = "leave-one-out"
+    #: held-out cases used, and those dropped for being one of the examples (not held out)
+    cases: int = 0
+    dropped_cases: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -369,6 +377,9 @@ class Calibration:
             "lower_bound": round(self.lower_bound, 4),
             "needed": self.needed,
             "duplicates": self.duplicates,
+            "source": self.source,
+            "cases": self.cases,
+            "dropped_cases": self.dropped_cases,
         }
 
 
@@ -433,20 +444,74 @@ def _routed(scores: Any, own: int) -> _Decision:
     return _Decision(first, first - second if second is not None else first, top == own, True)
 
 
-def _bar(scores: list[float], correct: list[bool], target: float, level: float) -> tuple[float, bool]:
-    """The lowest bar meeting ``target`` by its lower bound, else by observed precision (1.0: none)."""
-    from localllm.calibrate import choose_threshold, risk_coverage
+def _held_out(router: Router, cases: Sequence[tuple[str, str]]) -> list[_Decision]:
+    """Every case routed by the embedding tier over all the examples (nothing left out).
+
+    Right when its labelled intent wins; a case labelled :data:`NONE_OF_THESE` is out of
+    scope (any route is wrong), as is, for the bars, a case of an intent with no examples.
+    """
+    import numpy as np
+
+    from localllm.embed.embedder import embed_rows
+
+    labels = [name for name, _ in router._examples]
+    groups = [name for name in dict.fromkeys(router.names) if name in set(labels)]
+    own_group = np.asarray([groups.index(label) for label in labels], dtype=np.intp)
+    members = [np.flatnonzero(own_group == g) for g in range(len(groups))]
+    queries = embed_rows(router.embedder, [text for text, _ in cases], "query")
+    unit = np.asarray(router._matrix, dtype=np.float32)
+    sims = (np.asarray(queries, dtype=np.float32) @ unit.T).astype(np.float64)
+    best = np.stack([sims[:, cols].max(axis=1) for cols in members], axis=1)
+    out: list[_Decision] = []
+    for row, (_, intent) in enumerate(cases):
+        own = groups.index(intent) if intent in groups else -1
+        decision = _routed(best[row], own)
+        out.append(replace(decision, in_scope=intent != NONE_OF_THESE))
+    return out
+
+
+def _bar(
+    scores: list[float], correct: list[bool], target: float, level: float, *, held_out: bool = False
+) -> tuple[float, bool]:
+    """The lowest bar meeting ``target`` by its lower bound, else by observed precision (1.0: none).
+
+    ``held_out``: decisions on independent cases, so the bar is the one fixed-sequence testing
+    reaches (:func:`localllm.calibrate.fixed_sequence_threshold`: its bound holds).
+    """
+    from localllm.calibrate import choose_threshold, fixed_sequence_threshold, risk_coverage
 
     clamped = [min(max(s, 0.0), 1.0) for s in scores]
-    chosen = choose_threshold(clamped, correct, target, level)
+    pick = fixed_sequence_threshold if held_out else choose_threshold
+    chosen = pick(clamped, correct, target, level)
     if not chosen.accepts_nothing:
         return chosen.value, True
     passing = [p.threshold for p in risk_coverage(clamped, correct) if p.precision >= target]
     return (min(passing), False) if passing else (1.0, False)
 
 
-def calibrate(router: Router, target_precision: float = 0.9, level: float = 0.95) -> Calibration:
-    """The router's bars chosen on leave-one-out routing of its intents' examples.
+def calibrate(
+    router: Router,
+    target_precision: float = 0.9,
+    level: float = 0.95,
+    *,
+    cases: Sequence[tuple[str, str]] | None = None,
+) -> Calibration:
+    """The router's bars chosen on leave-one-out routing of its intents' examples, or
+    certified on held-out labelled ``cases``.
+
+    With ``cases`` — ``(text, intent)`` pairs that are not the examples; ``intent`` a declared
+    intent, or :data:`NONE_OF_THESE` for an input none of them covers (any route is wrong) —
+    each text is routed by the embedding tier over all the examples; ``confident`` is the bar
+    reached by testing from the strictest down and stopping at the first that fails
+    (:func:`localllm.calibrate.fixed_sequence_threshold`), and ``margin`` is 0: what was
+    certified is every decision above ``confident``, and a margin bar would keep a subset
+    whose precision was never tested. Independent cases drawn from the inputs the router will
+    see make the bound the promise it states (``bound_met``: precision at least
+    ``target_precision`` with probability ``level``), where leave-one-out's is a guide;
+    ``tests/bench/bench_bar_guarantee.py`` (``router-cases``) measures it. A case whose text
+    is one of the examples (:func:`localllm.calibrate.same_text`) is not held out: it is
+    dropped and counted (``dropped_cases``); an undeclared intent is an ``EmbedError``, as is
+    no case left.
 
     Every example is routed (1) among all intents with itself left out — right when its own
     intent wins — and (2) with its whole intent left out, as an input none of the intents
@@ -481,15 +546,40 @@ def calibrate(router: Router, target_precision: float = 0.9, level: float = 0.95
             )
     rows = sorted(row for _, row in owner.values())
     labels = [router._examples[row][0] for row in rows]
-    if len(labels) < 2:
+    held_out = cases is not None
+    kept: list[tuple[str, str]] = []
+    if cases is not None:
+        known = set(router.names)
+        for i, (text, intent) in enumerate(cases):
+            if intent not in known and intent != NONE_OF_THESE:
+                raise EmbedError(
+                    f"case {i} ({_shown(text)}) is labelled {intent!r}, which is not a declared intent",
+                    hint=f"label it with one of {sorted(known)}, or {NONE_OF_THESE!r} for an input none covers",
+                )
+            if same_text(text) not in owner:  # one of the examples is not held out
+                kept.append((text, intent))
+        if not kept or not router._examples:
+            raise EmbedError(
+                f"no held-out case to calibrate on ({len(cases)} given, {len(cases) - len(kept)} are examples)"
+                if router._examples
+                else "calibrating the router needs examples under intents:",
+                hint="give labelled inputs that are not the intents' examples",
+            )
+        decisions = _held_out(router, kept)
+    elif len(labels) < 2:
         raise EmbedError("calibrating the router needs at least two distinct examples under intents:")
-    decisions = _leave_one_out(router.names, labels, router._matrix[rows])
+    else:
+        decisions = _leave_one_out(router.names, labels, router._matrix[rows])
     confident, first_met = _bar(
-        [d.similarity for d in decisions], [d.correct for d in decisions], target_precision, level
+        [d.similarity for d in decisions], [d.correct for d in decisions], target_precision, level, held_out=held_out
     )
     above = [d for d in decisions if d.similarity >= confident]
-    if above:
-        margin, second_met = _bar([d.margin for d in above], [d.correct for d in above], target_precision, level)
+    if held_out:  # what was certified is every decision above `confident`: a margin bar would keep an untested subset
+        margin, second_met = 0.0, first_met
+    elif above:
+        margin, second_met = _bar(
+            [d.margin for d in above], [d.correct for d in above], target_precision, level, held_out=held_out
+        )
     else:
         margin, second_met = 0.0, first_met
     accepted = [d for d in above if min(max(d.margin, 0.0), 1.0) >= margin]
@@ -510,7 +600,67 @@ def calibrate(router: Router, target_precision: float = 0.9, level: float = 0.95
         lower_bound=precision_lower_bound(right, len(accepted), level) if accepted else 0.0,
         needed=math.ceil(math.log(1.0 - level) / math.log(target_precision)) if target_precision < 1.0 else 0,
         duplicates=len(router._examples) - len(rows),
+        source="cases" if held_out else "leave-one-out",
+        cases=len(kept),
+        dropped_cases=len(cases) - len(kept) if cases is not None else 0,
     )
+
+
+def load_route_cases(path: Path, names: Sequence[str] = ()) -> list[tuple[str, str]]:
+    """``(text, intent)`` pairs from a JSONL file for :func:`calibrate`'s ``cases``.
+
+    One object per line: ``{"text": …, "intent": …}``, or an eval case of a routing gate
+    (``{"args": {"text": …}, "expect": {"intent": …}}``, as ``tests/bench/data/clinc150_cases.jsonl``).
+    With ``names``, an intent must be one of them or :data:`NONE_OF_THESE`. A
+    :class:`~localllm.errors.ConfigError` lists every problem as ``line N.key``.
+    """
+    import json
+
+    from localllm._fs import DATA_LIMIT, read_capped
+    from localllm.errors import ConfigError, ProblemList
+
+    problems = ProblemList(path)
+    try:
+        text = read_capped(path, DATA_LIMIT).decode("utf-8")
+    except (OSError, UnicodeError) as exc:
+        problems.add("", f"cannot read: {exc}", "pass a UTF-8 JSONL file")
+        raise ConfigError(problems.items) from exc
+    out: list[tuple[str, str]] = []
+    allowed = {*names, NONE_OF_THESE}
+    # JSONL lines end at "\n" only: str.splitlines() also breaks inside JSON strings (U+2028)
+    for number, line in enumerate(text.removeprefix("\ufeff").split("\n"), start=1):
+        if not line.strip():
+            continue
+        where = f"line {number}"
+        try:
+            raw = json.loads(line)
+        except (ValueError, RecursionError) as exc:
+            problems.add(where, f"is not JSON: {exc}", "one JSON object per line")
+            continue
+        if not isinstance(raw, dict):
+            problems.add(where, "is not a JSON object", '{"text": "…", "intent": "…"}')
+            continue
+        nested = isinstance(raw.get("args"), dict) and isinstance(raw.get("expect"), dict)
+        doc = (raw["args"] | raw["expect"]) if nested and "text" not in raw else raw
+        case: list[str] = []
+        for key in ("text", "intent"):
+            value = doc.get(key)
+            shown = f"{where}.{'' if doc is raw else ('args.' if key == 'text' else 'expect.')}{key}"
+            if not isinstance(value, str) or not value.strip():
+                problems.add(shown, "missing or not a non-empty string", '{"text": "…", "intent": "…"}')
+            elif key == "intent" and names and value not in allowed:
+                problems.add(
+                    shown, f"{value!r} is not a declared intent", f"one of {sorted(names)}, or {NONE_OF_THESE!r}"
+                )
+            else:
+                case.append(value)
+        if len(case) == 2:
+            out.append((case[0], case[1]))
+    if not out and not problems.items:
+        problems.add("", "no cases", 'one {"text": "…", "intent": "…"} object per line')
+    if problems.items:
+        raise ConfigError(problems.items)
+    return out
 
 
 def _shown(text: str, limit: int = 60) -> str:

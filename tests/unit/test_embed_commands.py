@@ -352,3 +352,31 @@ def test_the_unbounded_warning_does_not_blame_too_few_examples_when_there_are_en
     assert "needs about" not in text and "promises nothing on new inputs" in text
     few = _unbounded(Calibration(0.8, 0.01, 0.9, 0.95, False, 4, 4, 2, 2, 0.5, 0.22, 29))
     assert "needs about 29 correct decisions; these examples give 4" in few
+
+
+def test_route_calibrate_on_held_out_cases(tmp_path: Path, endpoint: str, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = _config(tmp_path, endpoint)
+    cases = tmp_path / "cases.jsonl"
+    cases.write_text(
+        '{"text": "hi friend", "intent": "greet"}\n'
+        '{"text": "bye for now", "intent": "leave"}\n'
+        '{"text": "what is the weather", "intent": "none_of_these"}\n'
+        '{"text": "Good  morning", "intent": "greet"}\n'  # an example: dropped
+    )
+    argv = ["route", "--calibrate", "--cases", str(cases), "--config", str(cfg)]
+    assert main([*argv, "--json"]) == 0
+    cal = json.loads(capsys.readouterr().out)["calibration"]
+    assert (cal["source"], cal["cases"], cal["dropped_cases"]) == ("cases", 3, 1)
+    assert (cal["in_scope"], cal["out_of_scope"], cal["margin"]) == (2, 1, 0.0)
+    assert cal["bound_met"] is False  # 3 cases cannot bound 90%
+    assert main(argv) == 0
+    text = capsys.readouterr()
+    assert "# certified on 3 held-out cases" in text.out and "1 cases are examples" in text.out
+    assert "held-out cases" in text.err and "promises nothing" in text.err
+    # a bad line is a bad cases file (exit 2) named by file, line and key
+    cases.write_text('{"text": "hi friend", "intent": "greet"}\n{"text": "x", "intent": "nope"}\n')
+    assert main(argv) == 2
+    assert f"{cases}: line 2.intent" in capsys.readouterr().err
+    # a missing file is usage; --cases without --calibrate too
+    assert main(["route", "--calibrate", "--cases", str(tmp_path / "none.jsonl"), "--config", str(cfg)]) == 2
+    assert main(["route", "hi", "--cases", str(cases), "--config", str(cfg)]) == 2

@@ -203,3 +203,85 @@ def test_an_example_under_two_intents_but_for_case_and_spacing_is_the_same_examp
         calibrate(router)
     # under one intent it loads: calibration counts it once
     load_config(_write(tmp_path / "d.yaml", "intents: {a: {examples: [x, ' X']}, b: {examples: [y]}}\n"))
+
+
+def test_held_out_cases_are_routed_over_every_example() -> None:
+    from localllm.embed.router import _held_out
+
+    vectors = {**VECTORS, "qa": (1.0, 0.0, 0.0), "qb": (0.0, 1.0, 0.0), "qz": (0.0, 0.0, 1.0)}
+    router = Router(SMALL, Table(vectors))
+    # qa: a 1.0 (a1) vs b 0 → a, right; qb labelled a: b 1.0 (b1) vs a .6 (a2) → b, wrong;
+    # qz of no intent: b .866 (b2) vs a 0 → routes, so wrong, and out of scope
+    decisions = _held_out(router, [("qa", "a"), ("qb", "a"), ("qz", NONE_OF_THESE)])
+    got = [(round(d.similarity, 3), round(d.margin, 3), d.correct, d.in_scope) for d in decisions]
+    assert got == [(1.0, 1.0, True, True), (1.0, 0.4, False, True), (0.866, 0.866, False, False)]
+
+
+def test_bars_certified_on_held_out_cases() -> None:
+    vectors = dict(VECTORS)
+    cases: list[tuple[str, str]] = []
+    for i in range(30):  # a at 1.0 (a1), b at .866 (b2): every one right
+        vectors[f"qa{i}"], vectors[f"qb{i}"] = (1.0, 0.0, 0.0), (0.0, 0.0, 1.0)
+        cases += [(f"qa{i}", "a"), (f"qb{i}", "b")]
+    for i in range(5):  # of no intent, best a at 0 (margin .5): wrong, below every bar
+        vectors[f"qz{i}"] = (0.0, -1.0, 0.0)
+        cases.append((f"qz{i}", NONE_OF_THESE))
+    cases.append((" A1", "a"))  # the example a1 (case and spacing aside): not held out
+    cal = calibrate(Router(SMALL, Table(vectors)), target_precision=0.9, cases=cases)
+    # strictest first: 1.0 takes 30 of 30 right (bound .05^(1/30) = .905), .866 takes 60 of 60
+    # (.951); 0 would take the 5 wrong too (60 of 65, bound < .9): the sequence stops there
+    assert cal.confident == pytest.approx(0.866, abs=1e-3) and cal.margin == 0.0
+    assert (cal.bound_met, cal.source, cal.cases, cal.dropped_cases) == (True, "cases", 65, 1)
+    assert (cal.in_scope, cal.out_of_scope, cal.accepted, cal.right) == (60, 5, 60, 60)
+    assert cal.lower_bound == pytest.approx(0.05 ** (1 / 60)) and cal.coverage == 1.0
+    doc = cal.as_dict()
+    assert (doc["source"], doc["cases"], doc["dropped_cases"]) == ("cases", 65, 1)
+    assert calibrate(Router(SMALL, Table(vectors))).as_dict()["source"] == "leave-one-out"
+
+
+def test_held_out_cases_must_name_a_declared_intent_and_not_all_be_examples() -> None:
+    router = Router(SMALL, Table({**VECTORS, "q": (1.0, 0.0, 0.0)}))
+    with pytest.raises(EmbedError) as caught:
+        calibrate(router, cases=[("q", "c")])
+    assert "'c'" in str(caught.value)
+    with pytest.raises(EmbedError) as caught:
+        calibrate(router, cases=[("a1", "a"), ("B2", "b")])
+    assert "2 are examples" in str(caught.value)
+
+
+def test_fixed_sequence_stops_at_the_first_failure_where_the_lowest_passing_goes_on() -> None:
+    from localllm.calibrate import choose_threshold, fixed_sequence_threshold
+
+    # 40 right at distinct high scores, then 10 wrong at one score (40 of 50: fails), then
+    # 400 right below: 440 of 450 passes again, so the lowest passing bar is far below
+    scores = [0.99 - i * 0.001 for i in range(40)] + [0.9] * 10 + [0.5 - i * 0.0001 for i in range(400)]
+    correct = [True] * 40 + [False] * 10 + [True] * 400
+    lowest = choose_threshold(scores, correct, 0.9)
+    fixed = fixed_sequence_threshold(scores, correct, 0.9)
+    assert lowest.value == pytest.approx(scores[-1]) and lowest.coverage == 1.0
+    assert fixed.value == pytest.approx(scores[39]) and round(fixed.coverage * fixed.n) == 40
+    assert fixed.lower_bound == pytest.approx(0.05 ** (1 / 40))
+    # the sequence starts where a bar could pass (29 answers at 0.9): one wrong answer among
+    # the strictest 29 ends it before anything is accepted
+    assert fixed_sequence_threshold(
+        [0.9] * 28 + [0.8] + [0.5] * 100, [True] * 28 + [False] + [True] * 100, 0.9
+    ).accepts_nothing
+
+
+def test_route_cases_file_lines_and_keys(tmp_path: Path) -> None:
+    from localllm.embed.router import load_route_cases
+
+    good = tmp_path / "cases.jsonl"
+    good.write_text(
+        '{"text": "hi", "intent": "a"}\n\n{"id": "x", "args": {"text": "bye"}, "expect": {"intent": "none_of_these"}}\n'
+    )
+    assert load_route_cases(good, ["a", "b"]) == [("hi", "a"), ("bye", NONE_OF_THESE)]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "hi", "intent": "a"}\n{"text": "x"}\nnot json\n{"text": "y", "intent": "zz"}\n')
+    with pytest.raises(ConfigError) as caught:
+        load_route_cases(bad, ["a", "b"])
+    assert [(p.file, p.key) for p in caught.value.problems] == [
+        (str(bad), "line 2.intent"),
+        (str(bad), "line 3"),
+        (str(bad), "line 4.intent"),
+    ]
