@@ -15,6 +15,11 @@ counts the draws whose fresh precision falls below ``p`` (the *violation rate*: 
   examples: among all intents (in scope) and with their own intent left out (out of
   scope, any route wrong). Also reported: precision with out-of-scope inputs from intents
   never seen, and in-scope inputs alone.
+- ``router-cases``: the same draws, the bars certified instead on ``--cases`` (400) held-out
+  labelled inputs (80 % from the intents, 20 % from other intents never seen, labelled
+  ``none_of_these``) by ``calibrate(router, cases=...)``; checked on the 4,000 fresh in-scope
+  inputs and the inputs of unseen intents, weighted to the cases' mix. ``--no-clinc``:
+  the synthetic arms alone.
 - ``examples-synthetic``: the examples tier's k-NN vote (k=5) over the same kind of data,
   threshold by :func:`localllm.calibrate.choose_threshold` on its leave-one-out answers.
 - ``router-clinc`` / ``examples-clinc`` (not with ``--smoke``): the CLINC150 sample in
@@ -43,7 +48,7 @@ from localllm.calibrate import choose_threshold  # noqa: E402
 from localllm.config import Intent  # noqa: E402
 from localllm.embed.embedder import EmbedderIdentity  # noqa: E402
 from localllm.embed.examples import Example, Neighbour, vote  # noqa: E402
-from localllm.embed.router import Router, calibrate  # noqa: E402
+from localllm.embed.router import NONE_OF_THESE, Router, calibrate  # noqa: E402
 from tests.bench._provenance import provenance, results_path  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
@@ -141,8 +146,37 @@ def examples_check(pool: Array, labels: Array, fresh: Array, fresh_labels: Array
     }
 
 
-def synthetic(seed: int, intents: int, examples: int, fresh: int) -> tuple[Array, Array, Array, Array, Array]:
-    """Examples, their labels, fresh in-scope inputs, their labels, inputs of unseen intents."""
+def cases_check(draw: tuple[Array, ...]) -> dict[str, Any]:
+    """Certify a Router's bars on a :func:`synthetic` draw's held-out cases (label -1: of an
+    unseen intent), then measure them on its fresh in-scope inputs and inputs of intents never
+    seen, the unseen weighted to the cases' share of them (the population the cases came from)."""
+    matrix, labels, fresh, fresh_labels, unseen, cases, case_labels = draw
+    share = float(np.mean(case_labels < 0))
+    weight = share / (1.0 - share) * len(fresh) / len(unseen)
+    groups = int(labels.max()) + 1
+    keys = {f"r{i}": row for i, row in enumerate(matrix)} | {f"c{i}": row for i, row in enumerate(cases)}
+    intents = [Intent(f"i{g}", tuple(f"r{i}" for i in np.flatnonzero(labels == g))) for g in range(groups)]
+    router = Router(intents, Rows(keys, matrix.shape[1]), confident=0.99, margin=0.5)
+    pairs = [(f"c{i}", f"i{g}" if g >= 0 else NONE_OF_THESE) for i, g in enumerate(case_labels)]
+    cal = calibrate(router, TARGET, cases=pairs)
+    accepted, chosen = route(matrix, labels, groups, fresh, confident=cal.confident, margin=cal.margin)
+    right, taken = int((accepted & (chosen == fresh_labels)).sum()), int(accepted.sum())
+    wrong_new = int(route(matrix, labels, groups, unseen, confident=cal.confident, margin=cal.margin)[0].sum())
+    return {
+        "bound_met": cal.bound_met,
+        "claimed_lower_bound": cal.lower_bound,
+        "coverage": taken / len(fresh),
+        "precision": right / (taken + weight * wrong_new) if taken + wrong_new else None,
+        "precision_in_scope": right / taken if taken else None,
+    }
+
+
+def synthetic(
+    seed: int, intents: int, examples: int, fresh: int, *, cases: int = 0, oos_share: float = 0.2
+) -> tuple[Array, Array, Array, Array, Array, Array, Array]:
+    """Examples, their labels, fresh in-scope inputs, their labels, inputs of unseen intents,
+    and ``cases`` held-out calibration inputs with their labels (``oos_share`` of them from
+    other unseen intents, labelled -1), drawn after the rest so the other draws do not change."""
     rng = np.random.default_rng(seed)
     dims, spread, shared = 16, 0.9, 0.8
     common = unit(rng.normal(size=dims))
@@ -158,7 +192,18 @@ def synthetic(seed: int, intents: int, examples: int, fresh: int) -> tuple[Array
     per = fresh // intents
     queries = np.concatenate([draw(c, per) for c in centres])
     unseen = np.concatenate([draw(centre(), max(1, fresh // 40)) for _ in range(40)])
-    return matrix, np.repeat(np.arange(intents), examples), queries, np.repeat(np.arange(intents), per), unseen
+    inside = round(cases * (1.0 - oos_share)) // intents
+    held = [draw(c, inside) for c in centres] + [draw(centre(), 1) for _ in range(cases - inside * intents)]
+    held_labels = np.concatenate([np.repeat(np.arange(intents), inside), -np.ones(cases - inside * intents, int)])
+    return (
+        matrix,
+        np.repeat(np.arange(intents), examples),
+        queries,
+        np.repeat(np.arange(intents), per),
+        unseen,
+        np.concatenate(held) if held else np.zeros((0, dims)),
+        held_labels,
+    )
 
 
 def summary(name: str, rows: list[dict[str, Any]], **setup: Any) -> dict[str, Any]:
@@ -238,6 +283,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=200, help="synthetic draws per arm")
     parser.add_argument("--splits", type=int, default=200, help="CLINC150 random splits per k")
     parser.add_argument("--json", type=Path, default=None, help=f"default {RESULTS}")
+    parser.add_argument(
+        "--cases", type=int, default=400, help="held-out calibration inputs per synthetic draw (router-cases arm)"
+    )
+    parser.add_argument("--no-clinc", action="store_true", help="synthetic arms only")
     parser.add_argument("--smoke", action="store_true", help="seconds: synthetic only, a few seeds, small fresh sets")
     args = parser.parse_args(argv)
     if args.json is None:
@@ -246,11 +295,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     arms: list[dict[str, Any]] = []
     configs = [(4, 30)] if args.smoke else [(4, 30), (8, 20)]
     for intents, examples in configs:
-        draws = [synthetic(s, intents, examples, fresh) for s in range(seeds)]
+        draws = [synthetic(s, intents, examples, fresh, cases=args.cases) for s in range(seeds)]
         setup = {"data": "synthetic", "intents": intents, "examples_per_intent": examples, "fresh": fresh}
-        arms.append(summary("router-synthetic", [router_check(*d) for d in draws], **setup))
+        arms.append(summary("router-synthetic", [router_check(*d[:5]) for d in draws], **setup))
+        arms.append(summary("router-cases", [cases_check(d) for d in draws], **setup, cases=args.cases))
         arms.append(summary("examples-synthetic", [examples_check(*d[:4]) for d in draws], **setup))
-    if not args.smoke:
+    if not args.smoke and not args.no_clinc:
         arms += clinc(args.splits, (20, 30))
     report = {**provenance(smoke=args.smoke), "target_precision": TARGET, "level": 0.95, "arms": arms}
     for arm in arms:
