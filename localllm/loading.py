@@ -38,6 +38,7 @@ def load_config(path: str | os.PathLike[str], *, parsed: Callable[[Draft], None]
     check_references(draft)
     _check_schemas(draft)
     _check_examples(draft)
+    _check_router_cases(draft)
     _check_evidence(draft)
     return draft.config()
 
@@ -63,6 +64,24 @@ VOTABLE = ("boolean", "integer")
 
 def _votable(prop: object) -> bool:
     return isinstance(prop, dict) and (isinstance(prop.get("enum"), list) or prop.get("type") in VOTABLE)
+
+
+def _check_router_cases(draft: Draft) -> None:
+    """``router.calibration_cases``: the file loads, and every case names a declared intent
+    (or ``none_of_these``)."""
+    from localllm.config.decls import NONE_OF_THESE
+    from localllm.errors import ConfigError
+    from localllm.eval.cases import load_intent_cases
+
+    path = draft.router.calibration_cases if draft.router is not None else None
+    if path is None:
+        return
+    try:
+        load_intent_cases(path, [*draft.intents, NONE_OF_THESE], regular=True)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            where = f" {problem.key}" if problem.key else ""
+            draft.problems.add("router.calibration_cases", f"{path}{where}: {problem.message}", problem.hint)
 
 
 def _check_examples(draft: Draft) -> None:

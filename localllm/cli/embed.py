@@ -229,7 +229,9 @@ def _route(args: argparse.Namespace) -> int:
             ]
         )
     target = args.target_precision if args.target_precision is not None else decl.target_precision
-    cases = load_route_cases(args.cases, list(config.intents)) if args.cases is not None else None
+    # --cases, else router.calibration_cases (checked when the config loaded)
+    cases_file = args.cases if args.cases is not None else decl.calibration_cases
+    cases = load_route_cases(cases_file, list(config.intents)) if cases_file is not None else None
     with Runtime(config, trace=args.trace) as runtime, _embedder(config, decl.embedder) as embedder:
         intents = list(config.intents.values())
         decide = runtime_decide(runtime, decl.agent, intents) if decl.agent else None

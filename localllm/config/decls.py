@@ -34,6 +34,9 @@ EMBEDDING_FLAGS = frozenset({"--embeddings", "--embedding", "--pooling", "-ub", 
 #: router bars: route when the best intent scores ≥ confident and leads by ≥ margin
 ROUTER_CONFIDENT = 0.82
 ROUTER_MARGIN = 0.08
+#: the decide tier's extra alternative (the input matches none of the intents), and the
+#: label of such an input among the router's held-out calibration cases
+NONE_OF_THESE = "none_of_these"
 #: ``response_format:`` of a local_llm agent: how a schema reaches the server (agents/structured.py)
 RESPONSE_FORMATS = (
     "auto",
@@ -311,6 +314,15 @@ class RouterDecl:
         False, "choose confident and margin from the intents' own examples (leave-one-out) at start"
     )
     target_precision: float = setting(0.9, "the precision calibrate aims the semantic tier at", low=0.5, high=0.999)
+    calibration_cases: Path | None = field(
+        default=None,
+        metadata=key(
+            "held-out labelled inputs (JSONL: text, intent) calibrate certifies the bars on, under the "
+            "config directory",
+            check="under",
+            example="calibration_cases: route_cases.jsonl",
+        ),
+    )
 
 
 @dataclass(frozen=True)

@@ -561,6 +561,12 @@ def _router(draft: Draft, raw: Any) -> None:
             "calibrate: true chooses confident and margin itself; they are also set",
             "remove confident:/margin:, or set calibrate: false",
         )
+    if router.calibration_cases is not None and not router.calibrate:
+        draft.problems.add(
+            "router.calibration_cases",
+            "the held-out cases certify calibrate's bars, and calibrate is off",
+            "set calibrate: true, or remove calibration_cases:",
+        )
 
 
 # ----------------------------------------------------------------------------- references

@@ -40,6 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from localllm.config.decls import NONE_OF_THESE as NONE_OF_THESE  # noqa: PLC0414 (re-exported: the decide tier's)
 from localllm.config.decls import ROUTER_CONFIDENT as DEFAULT_CONFIDENT
 from localllm.config.decls import ROUTER_MARGIN as DEFAULT_MARGIN
 from localllm.errors import EmbedError
@@ -55,8 +56,6 @@ if TYPE_CHECKING:
 Decide = Callable[[str, list[str]], "str | tuple[str | None, float | None] | None"]
 Outcome = Literal["route", "tie", "miss", "none"]
 
-#: the decide tier's extra alternative: the input matches none of the candidates
-NONE_OF_THESE = "none_of_these"
 
 #: how far a float32 cosine may fall short of the bar it meets: a text with itself scores
 #: 0.9999988–1.0000001, so a bar of 1.0 (calibrated on examples that support no lower one)
@@ -607,60 +606,12 @@ def calibrate(
 
 
 def load_route_cases(path: Path, names: Sequence[str] = ()) -> list[tuple[str, str]]:
-    """``(text, intent)`` pairs from a JSONL file for :func:`calibrate`'s ``cases``.
+    """``(text, intent)`` pairs from a JSONL file for :func:`calibrate`'s ``cases``
+    (:func:`localllm.eval.cases.load_intent_cases`); with ``names``, an intent must be one of
+    them or :data:`NONE_OF_THESE`."""
+    from localllm.eval.cases import load_intent_cases
 
-    One object per line: ``{"text": …, "intent": …}``, or an eval case of a routing gate
-    (``{"args": {"text": …}, "expect": {"intent": …}}``, as ``tests/bench/data/clinc150_cases.jsonl``).
-    With ``names``, an intent must be one of them or :data:`NONE_OF_THESE`. A
-    :class:`~localllm.errors.ConfigError` lists every problem as ``line N.key``.
-    """
-    import json
-
-    from localllm._fs import DATA_LIMIT, read_capped
-    from localllm.errors import ConfigError, ProblemList
-
-    problems = ProblemList(path)
-    try:
-        text = read_capped(path, DATA_LIMIT).decode("utf-8")
-    except (OSError, UnicodeError) as exc:
-        problems.add("", f"cannot read: {exc}", "pass a UTF-8 JSONL file")
-        raise ConfigError(problems.items) from exc
-    out: list[tuple[str, str]] = []
-    allowed = {*names, NONE_OF_THESE}
-    # JSONL lines end at "\n" only: str.splitlines() also breaks inside JSON strings (U+2028)
-    for number, line in enumerate(text.removeprefix("\ufeff").split("\n"), start=1):
-        if not line.strip():
-            continue
-        where = f"line {number}"
-        try:
-            raw = json.loads(line)
-        except (ValueError, RecursionError) as exc:
-            problems.add(where, f"is not JSON: {exc}", "one JSON object per line")
-            continue
-        if not isinstance(raw, dict):
-            problems.add(where, "is not a JSON object", '{"text": "…", "intent": "…"}')
-            continue
-        nested = isinstance(raw.get("args"), dict) and isinstance(raw.get("expect"), dict)
-        doc = (raw["args"] | raw["expect"]) if nested and "text" not in raw else raw
-        case: list[str] = []
-        for key in ("text", "intent"):
-            value = doc.get(key)
-            shown = f"{where}.{'' if doc is raw else ('args.' if key == 'text' else 'expect.')}{key}"
-            if not isinstance(value, str) or not value.strip():
-                problems.add(shown, "missing or not a non-empty string", '{"text": "…", "intent": "…"}')
-            elif key == "intent" and names and value not in allowed:
-                problems.add(
-                    shown, f"{value!r} is not a declared intent", f"one of {sorted(names)}, or {NONE_OF_THESE!r}"
-                )
-            else:
-                case.append(value)
-        if len(case) == 2:
-            out.append((case[0], case[1]))
-    if not out and not problems.items:
-        problems.add("", "no cases", 'one {"text": "…", "intent": "…"} object per line')
-    if problems.items:
-        raise ConfigError(problems.items)
-    return out
+    return load_intent_cases(path, [*names, NONE_OF_THESE] if names else ())
 
 
 def _shown(text: str, limit: int = 60) -> str:

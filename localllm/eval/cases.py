@@ -26,7 +26,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -286,3 +286,53 @@ def dump_case(
     doc["expect"] = expect
     doc["labelled"] = labelled
     return json.dumps(doc, ensure_ascii=False, sort_keys=False)
+
+
+def load_intent_cases(path: Path, intents: Collection[str] = (), *, regular: bool = False) -> list[tuple[str, str]]:
+    """``(text, intent)`` pairs from a JSONL file: a router's held-out calibration cases.
+
+    One object per line: ``{"text": …, "intent": …}``, or an eval case of a routing gate
+    (``{"args": {"text": …}, "expect": {"intent": …}}``, as ``tests/bench/data/clinc150_cases.jsonl``).
+    With ``intents``, an intent must be one of them. A :class:`~localllm.errors.ConfigError`
+    lists every problem as ``line N.key``; ``regular=True`` (a file the config names) refuses
+    anything but a regular file.
+    """
+    problems = ProblemList(path)
+    try:
+        text = read_capped(path, DATA_LIMIT, regular=regular).decode("utf-8")
+    except (OSError, UnicodeError) as exc:
+        problems.add("", f"cannot read: {exc}", "pass a UTF-8 JSONL file")
+        raise ConfigError(problems.items) from exc
+    out: list[tuple[str, str]] = []
+    # JSONL lines end at "\n" only: str.splitlines() also breaks inside JSON strings (U+2028)
+    for number, line in enumerate(text.removeprefix("\ufeff").split("\n"), start=1):
+        if not line.strip():
+            continue
+        where = f"line {number}"
+        try:
+            raw = json.loads(line)
+        except (ValueError, RecursionError) as exc:
+            problems.add(where, f"is not JSON: {exc}", "one JSON object per line")
+            continue
+        if not isinstance(raw, dict):
+            problems.add(where, "is not a JSON object", '{"text": "…", "intent": "…"}')
+            continue
+        nested = isinstance(raw.get("args"), dict) and isinstance(raw.get("expect"), dict)
+        doc = (raw["args"] | raw["expect"]) if nested and "text" not in raw else raw
+        case: list[str] = []
+        for key in ("text", "intent"):
+            value = doc.get(key)
+            shown = f"{where}.{'' if doc is raw else ('args.' if key == 'text' else 'expect.')}{key}"
+            if not isinstance(value, str) or not value.strip():
+                problems.add(shown, "missing or not a non-empty string", '{"text": "…", "intent": "…"}')
+            elif key == "intent" and intents and value not in intents:
+                problems.add(shown, f"{value!r} is not a declared intent", f"one of {sorted(intents)}")
+            else:
+                case.append(value)
+        if len(case) == 2:
+            out.append((case[0], case[1]))
+    if not out and not problems.items:
+        problems.add("", "no cases", 'one {"text": "…", "intent": "…"} object per line')
+    if problems.items:
+        raise ConfigError(problems.items)
+    return out

@@ -380,3 +380,20 @@ def test_route_calibrate_on_held_out_cases(tmp_path: Path, endpoint: str, capsys
     # a missing file is usage; --cases without --calibrate too
     assert main(["route", "--calibrate", "--cases", str(tmp_path / "none.jsonl"), "--config", str(cfg)]) == 2
     assert main(["route", "hi", "--cases", str(cases), "--config", str(cfg)]) == 2
+
+
+def test_route_calibrates_on_the_configs_calibration_cases(
+    tmp_path: Path, endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = _config(tmp_path, endpoint)
+    (cfg.parent / "cases.jsonl").write_text(
+        '{"text": "hi friend", "intent": "greet"}\n{"text": "bye for now", "intent": "leave"}\n'
+    )
+    cfg.write_text(
+        cfg.read_text().replace(
+            "router: {embedder: docs}", "router: {embedder: docs, calibrate: true, calibration_cases: cases.jsonl}"
+        )
+    )
+    assert main(["route", "hi friend", "--config", str(cfg), "--json"]) in (0, 1)
+    cal = json.loads(capsys.readouterr().out)["calibration"]
+    assert (cal["source"], cal["cases"], cal["in_scope"]) == ("cases", 2, 2)

@@ -285,3 +285,23 @@ def test_route_cases_file_lines_and_keys(tmp_path: Path) -> None:
         (str(bad), "line 3"),
         (str(bad), "line 4.intent"),
     ]
+
+
+def test_calibration_cases_in_the_config_resolve_under_it_and_are_checked_at_load(tmp_path: Path) -> None:
+    head = "embedders: {e: {endpoint: 'http://127.0.0.1:9', model: m}}\nintents: {a: {examples: [x]}}\n"
+    (tmp_path / "held").mkdir()
+    cases = tmp_path / "held" / "cases.jsonl"
+    cases.write_text('{"text": "y", "intent": "a"}\n{"text": "z", "intent": "none_of_these"}\n')
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(head + "router: {embedder: e, calibrate: true, calibration_cases: held/cases.jsonl}\n")
+    router = load_config(cfg).router
+    assert router is not None and router.calibration_cases == cases
+    cases.write_text('{"text": "y", "intent": "a"}\n{"text": "z", "intent": "b"}\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(cfg)
+    [problem] = info.value.problems
+    assert problem.key == "router.calibration_cases" and problem.message.startswith(f"{cases} line 2.intent:")
+    cfg.write_text(head + "router: {embedder: e, calibration_cases: held/cases.jsonl}\n")  # calibrate is off
+    with pytest.raises(ConfigError) as info:
+        load_config(cfg)
+    assert "router.calibration_cases" in [p.key for p in info.value.problems]
