@@ -26,6 +26,8 @@ counts the draws whose fresh precision falls below ``p`` (the *violation rate*: 
   ``tests/bench/data`` (9 intents × 45 utterances, CC BY 3.0) embedded with all-MiniLM
   (managed llama-server); each split takes ``k`` utterances per intent as examples and
   holds out the rest. The held-out set is small, so its own noise adds to the rate.
+  ``router-cases-clinc``: half of each split's held-out inputs and half the ``oos`` ones
+  certify the bars (``calibrate(router, cases=...)``), the other halves check them.
 
 Writes ``tests/bench/results/bar_guarantee.json``. Not a test: nothing here asserts.
 """
@@ -259,8 +261,9 @@ def clinc(splits: int, per_intent: Sequence[int]) -> list[dict[str, Any]]:
     labels = np.asarray([label for _, label in rows])
     names = sorted(set(labels) - {"oos"})
     out = []
+    oos = vectors[labels == "oos"]
     for k in per_intent:
-        router_rows, example_rows = [], []
+        router_rows, example_rows, cases_rows = [], [], []
         for split in range(splits):
             rng = np.random.default_rng(split)
             ex, ex_l, held, held_l = [], [], [], []
@@ -271,10 +274,20 @@ def clinc(splits: int, per_intent: Sequence[int]) -> list[dict[str, Any]]:
                 ex_l += [g] * k
                 held_l += [g] * (len(order) - k)
             m, ml, h, hl = np.concatenate(ex), np.asarray(ex_l), np.concatenate(held), np.asarray(held_l)
-            router_rows.append(router_check(m, ml, h, hl, vectors[labels == "oos"]))
+            router_rows.append(router_check(m, ml, h, hl, oos))
             example_rows.append(examples_check(m, ml, h, hl))
+            # router-cases: half the held-out inputs (and half the oos ones) certify, the rest check
+            cal, chk = np.array_split(rng.permutation(len(hl)), 2)
+            cal_oos, chk_oos = np.array_split(rng.permutation(len(oos)), 2)
+            cases = np.concatenate([h[cal], oos[cal_oos]])
+            case_labels = np.concatenate([hl[cal], -np.ones(len(cal_oos), int)])
+            cases_rows.append(cases_check((m, ml, h[chk], hl[chk], oos[chk_oos], cases, case_labels)))
         setup = {"data": "clinc150-9", "examples_per_intent": k, "held_out": len(hl)}
-        out += [summary("router-clinc", router_rows, **setup), summary("examples-clinc", example_rows, **setup)]
+        out += [
+            summary("router-clinc", router_rows, **setup),
+            summary("router-cases-clinc", cases_rows, **setup, cases=len(cal) + len(cal_oos)),
+            summary("examples-clinc", example_rows, **setup),
+        ]
     return out
 
 
