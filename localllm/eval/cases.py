@@ -26,7 +26,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -192,6 +192,26 @@ def parse_expect(raw: Any, key: str, problems: ProblemList) -> Expect | None:
     return Expect(fields=fields) if ok else None
 
 
+def _objects(text: str, problems: ProblemList, shape: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The JSON objects of a JSONL text with their line numbers; a line that is not one is a
+    problem (``shape`` the hint). Lines end at "\\n" only (a "\\r" before it is JSON white
+    space): str.splitlines() also breaks at U+2028, U+0085 and \\x1c-\\x1e, which JSON strings
+    hold raw, and which dump_case writes raw (ensure_ascii=False). A byte-order mark is no
+    part of the JSON."""
+    for number, line in enumerate(text.removeprefix("\ufeff").split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            raw = json.loads(line)
+        except (ValueError, RecursionError) as exc:
+            problems.add(f"line {number}", f"is not JSON: {exc}", "one JSON object per line")
+            continue
+        if not isinstance(raw, dict):
+            problems.add(f"line {number}", "is not a JSON object", shape)
+            continue
+        yield number, raw
+
+
 def load_cases(path: Path, *, regular: bool = False) -> list[Case]:
     """Read and check a cases file; ConfigError lists every problem (``line N.key``).
 
@@ -212,21 +232,8 @@ def load_cases(path: Path, *, regular: bool = False) -> list[Case]:
         raise ConfigError(problems.items) from exc
     cases: list[Case] = []
     seen: dict[str, int] = {}
-    # JSONL lines end at "\n" only (a "\r" before it is JSON whitespace): str.splitlines()
-    # also breaks at U+2028, U+0085 and \x1c-\x1e, which JSON strings hold raw, and which
-    # dump_case writes raw (ensure_ascii=False). A byte-order mark is no part of the JSON.
-    for number, line in enumerate(text.removeprefix("\ufeff").split("\n"), start=1):
-        if not line.strip():
-            continue
+    for number, raw in _objects(text, problems, '{"args": {…}, "expect": {…}}'):
         where = f"line {number}"
-        try:
-            raw = json.loads(line)
-        except (ValueError, RecursionError) as exc:
-            problems.add(where, f"is not JSON: {exc}", "one JSON object per line")
-            continue
-        if not isinstance(raw, dict):
-            problems.add(where, "is not a JSON object", '{"args": {…}, "expect": {…}}')
-            continue
         try:  # a lone surrogate (valid JSON text, "\ud800") is not UTF-8: no report could hold it
             json.dumps(raw, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError:
@@ -304,19 +311,8 @@ def load_intent_cases(path: Path, intents: Collection[str] = (), *, regular: boo
         problems.add("", f"cannot read: {exc}", "pass a UTF-8 JSONL file")
         raise ConfigError(problems.items) from exc
     out: list[tuple[str, str]] = []
-    # JSONL lines end at "\n" only: str.splitlines() also breaks inside JSON strings (U+2028)
-    for number, line in enumerate(text.removeprefix("\ufeff").split("\n"), start=1):
-        if not line.strip():
-            continue
+    for number, raw in _objects(text, problems, '{"text": "…", "intent": "…"}'):
         where = f"line {number}"
-        try:
-            raw = json.loads(line)
-        except (ValueError, RecursionError) as exc:
-            problems.add(where, f"is not JSON: {exc}", "one JSON object per line")
-            continue
-        if not isinstance(raw, dict):
-            problems.add(where, "is not a JSON object", '{"text": "…", "intent": "…"}')
-            continue
         nested = isinstance(raw.get("args"), dict) and isinstance(raw.get("expect"), dict)
         doc = (raw["args"] | raw["expect"]) if nested and "text" not in raw else raw
         case: list[str] = []
