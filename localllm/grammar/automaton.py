@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["WORK", "Branch", "Dfa", "TooLarge", "intersection"]
+__all__ = ["WORK", "Branch", "Dfa", "TooLarge", "intersect", "intersection", "normalize"]
 
 #: NFA states built and visited while determinising, by default (about a second of work)
 WORK = 2_000_000
@@ -121,14 +121,30 @@ class _Nfa:
         return frozenset(seen)
 
 
-def _clip(ranges: Sequence[tuple[int, int]], universe: Ranges) -> Ranges:
+def normalize(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Code point ranges sorted, overlapping and adjacent ones joined."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def intersect(a: Iterable[tuple[int, int]], b: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The code points in both ``a`` and ``b``, as :func:`normalize` leaves them."""
     out = []
-    for lo, hi in ranges:
-        for ulo, uhi in universe:
-            a, b = max(lo, ulo), min(hi, uhi)
-            if a <= b:
-                out.append((a, b))
-    return tuple(sorted(out))
+    for lo1, hi1 in a:
+        for lo2, hi2 in b:
+            lo, hi = max(lo1, lo2), min(hi1, hi2)
+            if lo <= hi:
+                out.append((lo, hi))
+    return normalize(out)
+
+
+def _clip(ranges: Sequence[tuple[int, int]], universe: Ranges) -> Ranges:
+    return tuple(intersect(ranges, universe))
 
 
 def _pattern_nfa(branches: Sequence[Branch], universe: Ranges, limit: int) -> tuple[_Nfa, int]:
@@ -287,10 +303,4 @@ def _minimal(dfa: Dfa) -> Dfa:
 
 
 def _joined(ranges: list[tuple[int, int]]) -> Ranges:
-    out: list[tuple[int, int]] = []
-    for lo, hi in sorted(ranges):
-        if out and lo <= out[-1][1] + 1:
-            out[-1] = (out[-1][0], max(out[-1][1], hi))
-        else:
-            out.append((lo, hi))
-    return tuple(out)
+    return tuple(normalize(ranges))

@@ -3412,31 +3412,11 @@ class _RegexUnsupported(Exception):
     pass
 
 
-def _normalize(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for lo, hi in sorted(ranges):
-        if out and lo <= out[-1][1] + 1:
-            out[-1] = (out[-1][0], max(out[-1][1], hi))
-        else:
-            out.append((lo, hi))
-    return out
-
-
-def _intersect(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out = []
-    for lo1, hi1 in a:
-        for lo2, hi2 in b:
-            lo, hi = max(lo1, lo2), min(hi1, hi2)
-            if lo <= hi:
-                out.append((lo, hi))
-    return _normalize(out)
-
-
 def _complement(a: list[tuple[int, int]], universe: list[tuple[int, int]]) -> list[tuple[int, int]]:
     out = []
     for ulo, uhi in universe:
         cur = ulo
-        for lo, hi in _normalize(a):
+        for lo, hi in automaton.normalize(a):
             if hi < cur or lo > uhi:
                 continue
             if lo > cur:
@@ -3444,7 +3424,7 @@ def _complement(a: list[tuple[int, int]], universe: list[tuple[int, int]]) -> li
             cur = max(cur, hi + 1)
         if cur <= uhi:
             out.append((cur, uhi))
-    return _normalize(out)
+    return automaton.normalize(out)
 
 
 def _json_char_set(ranges: list[tuple[int, int]]) -> str:
@@ -3456,7 +3436,7 @@ def _json_char_set(ranges: list[tuple[int, int]]) -> str:
 def _json_char_set_of(ranges: tuple[tuple[int, int], ...]) -> str:
     # Cached: a regex's classes repeat (the negation of a 2,000-value enum renders the
     # complement of the same few letters ~36,000 times: 9 of its 14 s, profiled)
-    raw = _intersect(list(ranges), _RAW_OK)
+    raw = automaton.intersect(list(ranges), _RAW_OK)
     parts = [gbnf_class(raw)] if raw else []
     for cp, esc in _JSON_ESCAPES.items():
         if any(lo <= cp <= hi for lo, hi in ranges):
@@ -3464,7 +3444,7 @@ def _json_char_set_of(ranges: tuple[tuple[int, int], ...]) -> str:
     # other control characters only as \u00XX escapes, and DEL as \u007f: JSON allows it raw,
     # but like llama.cpp's converter the grammar never writes it raw (the "char" rule neither)
     controls = _complement([(cp, cp) for cp in _JSON_ESCAPES], [(0, 0x1F), (0x7F, 0x7F)])
-    for lo, hi in _intersect(list(ranges), controls):
+    for lo, hi in automaton.intersect(list(ranges), controls):
         for cp in range(lo, hi + 1):
             parts.append(gbnf_literal(f"\\u{cp:04x}"))
     if not parts:
@@ -3787,4 +3767,4 @@ class _RegexParser:
                 ranges.append((lo, lo))
         if negate:
             return _complement(ranges, _ASCII if unicode_dependent else [(0, _MAX_CP)])
-        return _normalize(ranges)
+        return automaton.normalize(ranges)
