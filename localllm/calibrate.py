@@ -241,42 +241,72 @@ def choose_threshold(
     return Threshold(math.inf, 0.0, 0.0, 0.0, n)
 
 
+#: Where :func:`fixed_sequence_threshold`'s sequences start, and the share of ``1 - confidence``
+#: each is given: 80 % at the strictest bar that can pass, 20 % at the bar accepting half the
+#: answers (so one wrong answer among the strictest few no longer ends the search).
+STARTS: tuple[tuple[float, float], ...] = ((0.8, 0.0), (0.2, 0.5))
+
+
 def fixed_sequence_threshold(
     scores: Sequence[float],
     correct: Sequence[bool],
     target_precision: float,
     confidence: float = 0.95,
+    *,
+    starts: Sequence[tuple[float, float]] | None = None,
 ) -> Threshold:
-    """The lowest threshold reached testing from the strictest down, stopping at the first failure.
+    """The lowest threshold that fixed-sequence testing with fallback certifies, strictest first.
 
-    Fixed-sequence testing: each distinct score is a hypothesis ("precision at this threshold
-    is below the target"), rejected when the accepted answers' lower bound meets the target,
-    and the thresholds are tested in an order fixed before any correctness is looked at
-    (strictest first). Stopping at the first that fails keeps the chance of returning any
-    threshold whose true precision is below the target at ``1 - confidence`` (family-wise),
-    where :func:`choose_threshold`'s lowest passing of every score does not.
+    Each distinct score is a hypothesis ("precision at this threshold is below the target"),
+    rejected when the accepted answers' Clopper–Pearson lower bound, at the level the
+    hypothesis is tested at, meets the target. The thresholds are tested in an order fixed
+    before any correctness is looked at (strictest first), and the error budget
+    ``alpha = 1 - confidence`` is split among ``starts``: ``(share, fraction)`` gives
+    ``share * alpha`` to the strictest threshold accepting at least ``fraction`` of the
+    answers and at least ``ceil(ln(share * alpha) / ln(target))`` of them (a stricter one
+    cannot pass even when all its answers are right). A rejected hypothesis hands its whole
+    level on to the next; one that is not rejected hands on nothing, so its sequence ends
+    and the next start begins afresh. This is Wiens' fallback procedure (2003), a Bonferroni
+    closed test: every threshold it certifies has true precision at least the target, all
+    at once, with probability at least ``confidence``, whatever the dependence between the
+    tests. ``starts`` defaults to :data:`STARTS`. Plain fixed-sequence testing is
+    ``starts=((1.0, 0.0),)``; it stops for good at
+    the first failure, so one wrong answer among the strictest 29 (target 0.9) certified
+    nothing, which on answers 97 % right at every score happened in 63 % of 400-case
+    calibrations (``tests/bench/bench_bar_guarantee.py``, README).
 
-    The sequence starts at the strictest threshold accepting at least ``needed`` answers,
-    ``ceil(ln(1 - confidence) / ln(target))``: a stricter one cannot pass even when all its
-    answers are right, and that start depends on the scores alone. The answers must be
-    independent of each other (held-out inputs, not leave-one-out answers, whose shared
-    examples correlate them). None passes: accept nothing (``value == math.inf``).
+    The answers must be independent of each other (held-out inputs, not leave-one-out
+    answers, whose shared examples correlate them). ``lower_bound`` is the bound at the
+    level the chosen threshold was tested at, which is at least ``confidence``. None
+    certified: accept nothing (``value == math.inf``).
     """
     if not 0.0 < target_precision <= 1.0:
         raise ValueError(f"target_precision must be within (0, 1], got {target_precision}")
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be within (0, 1), got {confidence}")
-    needed = math.ceil(math.log(1.0 - confidence) / math.log(target_precision)) if target_precision < 1.0 else 0
-    n = len(scores)
+    starts = STARTS if starts is None else starts
+    if not starts or any(not (0.0 < share <= 1.0 and 0.0 <= at <= 1.0) for share, at in starts):
+        raise ValueError(f"starts must be (share, fraction) pairs within (0, 1] x [0, 1], got {list(starts)}")
+    if sum(share for share, _ in starts) > 1.0 + 1e-9:
+        raise ValueError(f"the shares of starts must add up to at most 1, got {list(starts)}")
+    alpha, n = 1.0 - confidence, len(scores)
+    points = risk_coverage(scores, correct)  # strictest first
+    own: dict[int, float] = {}  # point index -> the level given to a sequence starting there
+    for share, at in starts:
+        needed = math.ceil(math.log(share * alpha) / math.log(target_precision)) if target_precision < 1.0 else 0
+        first = next((i for i, p in enumerate(points) if p.accepted >= max(needed, at * n)), None)
+        if first is not None:
+            own[first] = own.get(first, 0.0) + share * alpha
     chosen = Threshold(math.inf, 0.0, 0.0, 0.0, n)
-    for point in risk_coverage(scores, correct):  # strictest first
-        if point.accepted < needed:
+    handed = 0.0
+    for i, point in enumerate(points):
+        level, handed = own.get(i, 0.0) + handed, 0.0
+        if level <= 0.0 or point.precision < target_precision:
             continue
         k = round(point.precision * point.accepted)
-        bound = precision_lower_bound(k, point.accepted, confidence) if point.precision >= target_precision else 0.0
-        if bound < target_precision:
-            break
-        chosen = Threshold(point.threshold, point.coverage, point.precision, bound, n)
+        bound = precision_lower_bound(k, point.accepted, 1.0 - level)
+        if bound >= target_precision:
+            chosen, handed = Threshold(point.threshold, point.coverage, point.precision, bound, n), level
     return chosen
 
 

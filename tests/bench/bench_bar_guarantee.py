@@ -46,7 +46,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from localllm.calibrate import choose_threshold  # noqa: E402
+import localllm.calibrate  # noqa: E402
+from localllm.calibrate import choose_threshold, fixed_sequence_threshold  # noqa: E402
 from localllm.config import Intent  # noqa: E402
 from localllm.embed.embedder import EmbedderIdentity  # noqa: E402
 from localllm.embed.examples import Example, Neighbour, vote  # noqa: E402
@@ -58,6 +59,7 @@ GGUF = REPO.parent / "shared" / "models" / "all-minilm-l6-v2-f16.gguf"
 RESULTS = Path(__file__).parent / "results" / "bar_guarantee.json"
 MODEL = "all-minilm-l6-v2"
 TARGET = 0.9
+PLAIN = ((1.0, 0.0),)  # fixed-sequence testing from the strictest bar alone, for comparison
 Array = Any  # numpy arrays (numpy's own stubs would make every helper generic)
 
 
@@ -148,10 +150,11 @@ def examples_check(pool: Array, labels: Array, fresh: Array, fresh_labels: Array
     }
 
 
-def cases_check(draw: tuple[Array, ...]) -> dict[str, Any]:
+def cases_check(draw: tuple[Array, ...], starts: tuple[tuple[float, float], ...] | None = None) -> dict[str, Any]:
     """Certify a Router's bars on a :func:`synthetic` draw's held-out cases (label -1: of an
     unseen intent), then measure them on its fresh in-scope inputs and inputs of intents never
-    seen, the unseen weighted to the cases' share of them (the population the cases came from)."""
+    seen, the unseen weighted to the cases' share of them (the population the cases came from).
+    ``starts``: the fixed-sequence starts to certify with (default: the library's)."""
     matrix, labels, fresh, fresh_labels, unseen, cases, case_labels = draw
     share = float(np.mean(case_labels < 0))
     weight = share / (1.0 - share) * len(fresh) / len(unseen)
@@ -160,7 +163,12 @@ def cases_check(draw: tuple[Array, ...]) -> dict[str, Any]:
     intents = [Intent(f"i{g}", tuple(f"r{i}" for i in np.flatnonzero(labels == g))) for g in range(groups)]
     router = Router(intents, Rows(keys, matrix.shape[1]), confident=0.99, margin=0.5)
     pairs = [(f"c{i}", f"i{g}" if g >= 0 else NONE_OF_THESE) for i, g in enumerate(case_labels)]
-    cal = calibrate(router, TARGET, cases=pairs)
+    default = localllm.calibrate.STARTS
+    localllm.calibrate.STARTS = starts or default  # what `calibrate` certifies with
+    try:
+        cal = calibrate(router, TARGET, cases=pairs)
+    finally:
+        localllm.calibrate.STARTS = default
     accepted, chosen = route(matrix, labels, groups, fresh, confident=cal.confident, margin=cal.margin)
     right, taken = int((accepted & (chosen == fresh_labels)).sum()), int(accepted.sum())
     wrong_new = int(route(matrix, labels, groups, unseen, confident=cal.confident, margin=cal.margin)[0].sum())
@@ -208,6 +216,35 @@ def synthetic(
     )
 
 
+#: precision of an answer scored ``s`` (scores uniform on [0, 1]) in the ``certify-iid`` arms
+CURVES: dict[str, Any] = {
+    "flat-0.97": lambda s: np.full_like(s, 0.97),
+    "flat-0.93": lambda s: np.full_like(s, 0.93),
+    "flat-0.88": lambda s: np.full_like(s, 0.88),
+    "linear": lambda s: 0.6 + 0.4 * s,
+    "logistic": lambda s: 1.0 / (1.0 + np.exp(-12.0 * (s - 0.5))),
+    "steep-top": lambda s: np.where(s < 0.9, np.minimum(1.0, 0.5 + 0.55 * np.sqrt(s)), 0.995),
+}
+
+
+def iid_check(curve: Any, n: int, seed: int, starts: tuple[tuple[float, float], ...] | None) -> dict[str, Any]:
+    """:func:`fixed_sequence_threshold` on ``n`` independent answers whose precision at each
+    score is known (``curve``), so the fresh precision and coverage of the bar are exact."""
+    rng = np.random.default_rng(seed)
+    scores = rng.random(n)
+    correct = rng.random(n) < curve(scores)
+    chosen = fixed_sequence_threshold(scores.tolist(), correct.tolist(), TARGET, starts=starts)
+    if chosen.accepts_nothing:
+        return {"bound_met": False, "coverage": 0.0, "precision": None}
+    grid = chosen.value + (1.0 - chosen.value) * (np.arange(2000) + 0.5) / 2000
+    return {
+        "bound_met": True,
+        "claimed_lower_bound": chosen.lower_bound,
+        "coverage": 1.0 - chosen.value,
+        "precision": float(np.mean(curve(grid))),
+    }
+
+
 def summary(name: str, rows: list[dict[str, Any]], **setup: Any) -> dict[str, Any]:
     met = [r for r in rows if r["bound_met"]]
 
@@ -225,6 +262,7 @@ def summary(name: str, rows: list[dict[str, Any]], **setup: Any) -> dict[str, An
             1 for r in met if r["precision"] is not None and r["claimed_lower_bound"] > r["precision"]
         ),
         "mean_coverage_when_met": float(np.mean([r["coverage"] for r in met])) if met else None,
+        "mean_coverage": float(np.mean([r["coverage"] for r in rows])) if rows else 0.0,
     }
     for extra in ("precision_in_scope", "precision_unseen_intents"):
         if any(extra in r for r in met):
@@ -263,7 +301,7 @@ def clinc(splits: int, per_intent: Sequence[int]) -> list[dict[str, Any]]:
     out = []
     oos = vectors[labels == "oos"]
     for k in per_intent:
-        router_rows, example_rows, cases_rows = [], [], []
+        router_rows, example_rows, cases_rows, plain_rows = [], [], [], []
         for split in range(splits):
             rng = np.random.default_rng(split)
             ex, ex_l, held, held_l = [], [], [], []
@@ -281,11 +319,14 @@ def clinc(splits: int, per_intent: Sequence[int]) -> list[dict[str, Any]]:
             cal_oos, chk_oos = np.array_split(rng.permutation(len(oos)), 2)
             cases = np.concatenate([h[cal], oos[cal_oos]])
             case_labels = np.concatenate([hl[cal], -np.ones(len(cal_oos), int)])
-            cases_rows.append(cases_check((m, ml, h[chk], hl[chk], oos[chk_oos], cases, case_labels)))
+            check = (m, ml, h[chk], hl[chk], oos[chk_oos], cases, case_labels)
+            cases_rows.append(cases_check(check))
+            plain_rows.append(cases_check(check, PLAIN))
         setup = {"data": "clinc150-9", "examples_per_intent": k, "held_out": len(hl)}
         out += [
             summary("router-clinc", router_rows, **setup),
             summary("router-cases-clinc", cases_rows, **setup, cases=len(cal) + len(cal_oos)),
+            summary("router-cases-plain-clinc", plain_rows, **setup, cases=len(cal) + len(cal_oos)),
             summary("examples-clinc", example_rows, **setup),
         ]
     return out
@@ -312,15 +353,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         setup = {"data": "synthetic", "intents": intents, "examples_per_intent": examples, "fresh": fresh}
         arms.append(summary("router-synthetic", [router_check(*d[:5]) for d in draws], **setup))
         arms.append(summary("router-cases", [cases_check(d) for d in draws], **setup, cases=args.cases))
+        plain = [cases_check(d, PLAIN) for d in draws]
+        arms.append(summary("router-cases-plain", plain, **setup, cases=args.cases))
         arms.append(summary("examples-synthetic", [examples_check(*d[:4]) for d in draws], **setup))
+    for n in (136, 400):
+        for curve_name, curve in CURVES.items():
+            setup = {"data": "iid", "curve": curve_name, "cases": n}
+            for name, starts in (("certify-iid", None), ("certify-iid-plain", PLAIN)):
+                arms.append(summary(name, [iid_check(curve, n, s, starts) for s in range(seeds)], **setup))
     if not args.smoke and not args.no_clinc:
         arms += clinc(args.splits, (20, 30))
     report = {**provenance(smoke=args.smoke), "target_precision": TARGET, "level": 0.95, "arms": arms}
     for arm in arms:
+        shape = arm.get("curve") or f"{arm.get('intents', 9)}x{arm['examples_per_intent']}"
+        cases = f" n={arm['cases']}" if "cases" in arm else ""
         print(
-            f"{arm['arm']:19s} {arm.get('intents', 9)}x{arm['examples_per_intent']}: "
+            f"{arm['arm']:24s} {shape}{cases}: "
             f"bound met {arm['bound_met']}/{arm['draws']}, fresh precision < {TARGET} in {arm['violations']} "
-            f"({arm['violation_rate']:.1%} of draws), coverage {arm['mean_coverage_when_met'] or 0:.3f}",
+            f"({arm['violation_rate']:.1%} of draws), coverage {arm['mean_coverage_when_met'] or 0:.3f} "
+            f"when met, {arm['mean_coverage']:.3f} over all draws",
             file=sys.stderr,
         )
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -183,3 +183,77 @@ def test_choose_threshold_computes_no_bound_a_point_cannot_meet(monkeypatch: pyt
     possible = sum(p.precision >= 0.9 for p in calibrate.risk_coverage(scores, correct))
     assert not found.accepts_nothing
     assert len(calls) <= possible < len(set(scores))  # before: one per distinct score (2,000)
+
+
+def _fallback_by_definition(
+    scores: list[float], correct: list[bool], target: float, starts: list[tuple[float, float]]
+) -> tuple[float, float] | None:
+    """Wiens' fallback procedure written out: a level per hypothesis, a rejection's level
+    added to the next hypothesis' own (0.05 in all)."""
+    points = risk_coverage(scores, correct)
+    levels = [0.0] * len(points)
+    for share, at in starts:
+        needed = math.ceil(math.log(share * 0.05) / math.log(target))
+        for i, p in enumerate(points):
+            if p.accepted >= needed and p.accepted >= at * len(scores):
+                levels[i] += share * 0.05
+                break
+    rejected: list[tuple[float, float]] = []
+    carry = 0.0
+    for own, p in zip(levels, points, strict=True):
+        level = own + carry
+        bound = precision_lower_bound(round(p.precision * p.accepted), p.accepted, 1 - level) if level else 0.0
+        carry = level if bound >= target else 0.0
+        if bound >= target:
+            rejected.append((p.threshold, bound))
+    return min(rejected) if rejected else None
+
+
+def test_fixed_sequence_with_fallback_is_wiens_procedure() -> None:
+    import random
+
+    from localllm.calibrate import fixed_sequence_threshold
+
+    rng = random.Random(3)
+    for _ in range(200):
+        n = rng.randint(0, 300)
+        scores = [round(rng.random(), rng.choice([1, 2, 6])) for _ in range(n)]
+        correct = [rng.random() < rng.choice([0.97, 0.6 + 0.4 * s]) for s in scores]
+        target = rng.choice([0.8, 0.9])
+        starts = rng.choice([[(0.8, 0.0), (0.2, 0.5)], [(1.0, 0.0)], [(0.3, 0.0), (0.3, 0.2), (0.4, 0.9)]])
+        want = _fallback_by_definition(scores, correct, target, starts)
+        got = fixed_sequence_threshold(scores, correct, target, starts=starts)
+        assert (got.value, got.lower_bound) == want if want else got.accepts_nothing
+
+
+def test_fixed_sequence_keeps_its_promise_and_the_fallback_buys_coverage() -> None:
+    """On independent answers: below the target at every score, some bar is certified in at
+    most ~5 % of calibrations; 97 % right at every score, the plain sequence (ended by one
+    wrong answer among its strictest 29) certifies nothing in most calibrations and the
+    default's second start in few."""
+    import random
+
+    from localllm.calibrate import fixed_sequence_threshold
+
+    rng = random.Random(11)
+    plain = ((1.0, 0.0),)
+
+    def draws(p: float, n: int, times: int) -> list[tuple[list[float], list[bool]]]:
+        return [([rng.random() for _ in range(n)], [rng.random() < p for _ in range(n)]) for _ in range(times)]
+
+    below = draws(0.88, 200, 300)
+    assert sum(not fixed_sequence_threshold(s, c, 0.9).accepts_nothing for s, c in below) <= 0.06 * 300
+    flat = draws(0.97, 400, 60)
+    plain_none = sum(fixed_sequence_threshold(s, c, 0.9, starts=plain).accepts_nothing for s, c in flat)
+    fallback_none = sum(fixed_sequence_threshold(s, c, 0.9).accepts_nothing for s, c in flat)
+    assert plain_none >= 30 and fallback_none <= 6
+
+
+@pytest.mark.parametrize("starts", [(), ((0.0, 0.0),), ((0.5, 1.5),), ((0.7, 0.0), (0.7, 0.5)), ((1.2, 0.0),)], ids=str)
+def test_fixed_sequence_refuses_starts_that_spend_no_budget_or_too_much(
+    starts: tuple[tuple[float, float], ...],
+) -> None:
+    from localllm.calibrate import fixed_sequence_threshold
+
+    with pytest.raises(ValueError, match="starts"):
+        fixed_sequence_threshold([0.9, 0.8], [True, True], 0.9, starts=starts)

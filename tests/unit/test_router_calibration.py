@@ -256,16 +256,22 @@ def test_fixed_sequence_stops_at_the_first_failure_where_the_lowest_passing_goes
     # 400 right below: 440 of 450 passes again, so the lowest passing bar is far below
     scores = [0.99 - i * 0.001 for i in range(40)] + [0.9] * 10 + [0.5 - i * 0.0001 for i in range(400)]
     correct = [True] * 40 + [False] * 10 + [True] * 400
+    plain = ((1.0, 0.0),)
     lowest = choose_threshold(scores, correct, 0.9)
-    fixed = fixed_sequence_threshold(scores, correct, 0.9)
+    fixed = fixed_sequence_threshold(scores, correct, 0.9, starts=plain)
     assert lowest.value == pytest.approx(scores[-1]) and lowest.coverage == 1.0
     assert fixed.value == pytest.approx(scores[39]) and round(fixed.coverage * fixed.n) == 40
     assert fixed.lower_bound == pytest.approx(0.05 ** (1 / 40))
     # the sequence starts where a bar could pass (29 answers at 0.9): one wrong answer among
     # the strictest 29 ends it before anything is accepted
     assert fixed_sequence_threshold(
-        [0.9] * 28 + [0.8] + [0.5] * 100, [True] * 28 + [False] + [True] * 100, 0.9
+        [0.9] * 28 + [0.8] + [0.5] * 100, [True] * 28 + [False] + [True] * 100, 0.9, starts=plain
     ).accepts_nothing
+    # the default's second sequence (a fifth of the budget, from half the answers) goes on
+    # past the failure, certified at level 0.01
+    fallback = fixed_sequence_threshold(scores, correct, 0.9)
+    assert fallback.value == pytest.approx(scores[-1]) and fallback.coverage == 1.0
+    assert 0.9 <= fallback.lower_bound < lowest.lower_bound
 
 
 def test_route_cases_file_lines_and_keys(tmp_path: Path) -> None:
