@@ -83,6 +83,7 @@ def _cassettes(pairs: list[str] | None) -> dict[str, Path]:
 
 def _eval(args: argparse.Namespace) -> int:
     from localllm.eval import default_cases_path, evaluate, load_cases
+    from localllm.eval.cases import distinct_cases
 
     check_range("--repeat", args.repeat, low=1, default=1)
     if args.workers is not None:
@@ -108,7 +109,11 @@ def _eval(args: argparse.Namespace) -> int:
         from tqdm import tqdm
 
         tier = gate is not None and gate.examples is not None and gate.examples.answer
-        total = len(cases) * args.repeat * len(agents or [gate.agent if gate else ""] * (2 if tier else 1))
+        total = (
+            len(distinct_cases(cases)[0])
+            * args.repeat
+            * len(agents or [gate.agent if gate else ""] * (2 if tier else 1))
+        )
         bar = tqdm(total=total, unit="call", desc=f"eval {args.gate}", file=sys.stderr, leave=False)
         progress = bar.update
     try:
@@ -201,6 +206,12 @@ def table_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
 
 def _print_table(report: dict[str, Any]) -> None:
     out(f"gate {report['gate']}: {report['cases']} cases x {report['repeat']} repeat(s)")
+    if report.get("duplicate_cases"):
+        lines = report["duplicate_lines"]
+        out(
+            f"{report['duplicate_cases']} of the file's cases repeat an earlier one (the same args, world and "
+            f"expect: line{'s' if len(lines) > 1 else ''} {', '.join(map(str, lines))}): asked and counted once"
+        )
     for block in (table_rows(report), _field_rows(report)):
         if len(block) < 2:
             continue

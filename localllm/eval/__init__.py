@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from localllm.errors import CallError
-from localllm.eval.cases import Case, Expect, Matcher, load_cases
+from localllm.eval.cases import Case, Expect, Matcher, distinct_cases, load_cases
 from localllm.eval.decision import DEFAULT_HOLDOUT, DEFAULT_SEED
 
 if TYPE_CHECKING:
@@ -63,7 +63,9 @@ def evaluate(
 ) -> EvalResult:
     """Run the gate's cases against ``agents`` (default: the gate's examples tier, when it
     has one, then its own agent) and write the report. ``holdout``/``seed``: the share of
-    cases held out from threshold calibration, and the seed of that split."""
+    cases held out from threshold calibration, and the seed of that split. A case repeating
+    an earlier one (:func:`~localllm.eval.cases.distinct_cases`) is not asked again: the
+    report's ``duplicate_cases`` counts them, ``duplicate_lines`` names their lines."""
     # imported here, not with the package: load_config reads a gate's examples through
     # localllm.eval.cases, and every `localllm run` would pay for the report and the runner
     from localllm.eval.report import build_report, write_report
@@ -102,7 +104,8 @@ def evaluate(
         cases_path = default_cases_path(config, gate)
         if not cases_path.exists() and found.examples is not None and found.examples.cases is not None:
             cases_path = found.examples.cases
-    loaded = list(cases) if cases is not None else load_cases(cases_path)
+    # a repeated case is asked once: its answer again would count as a second, independent answer
+    loaded, duplicates = distinct_cases(cases if cases is not None else load_cases(cases_path))
     check_cases(config, gate, loaded, cases_path)
     now = datetime.now(timezone.utc)
     stamp = now.strftime("%Y%m%dT%H%M%S%fZ")
@@ -140,5 +143,6 @@ def evaluate(
         created=now.strftime("%Y-%m-%dT%H:%M:%SZ"),
         holdout=holdout,
         seed=seed,
+        duplicates=duplicates,
     )
     return EvalResult(report, write_report(report, target, stamp), trace_path)

@@ -19,6 +19,13 @@ A matcher is a plain JSON value (equal to it), or a mapping of exactly one form:
 ``id`` defaults to ``line-N``; ``labelled`` (default true) is false for cases turned out of a
 trace (``localllm trace cases``) until a person confirms the answers. Every problem of the
 file is reported at once, as a ConfigError naming ``line N`` and the key.
+
+A case's *input* is its ``args`` and ``world``, as the verb sees them. Two cases of one input
+expecting different answers are a problem of the file, naming both lines (the one answer
+would be judged twice, by each; an ``expect`` that checks nothing contradicts none). The
+same input expecting the same answer again is one case, not two answers of evidence:
+:func:`distinct_cases` leaves the repeat out (``localllm eval`` asks each once and reports
+the lines it left out), where calibration would count one answer as two independent ones.
 """
 
 from __future__ import annotations
@@ -26,8 +33,8 @@ from __future__ import annotations
 import difflib
 import json
 import re
-from collections.abc import Collection, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +42,7 @@ from localllm._fs import DATA_LIMIT, read_capped
 from localllm.errors import ConfigError, ProblemList
 from localllm.wire import finite_float
 
-__all__ = ["Case", "Expect", "Matcher", "dump_case", "load_cases", "parse_expect"]
+__all__ = ["Case", "Expect", "Matcher", "distinct_cases", "dump_case", "load_cases", "parse_expect"]
 
 MATCHER_KEYS = ("equals", "one_of", "number", "tolerance", "regex", "any_valid")
 _CASE_KEYS = ("id", "args", "world", "expect", "labelled")
@@ -192,6 +199,52 @@ def parse_expect(raw: Any, key: str, problems: ProblemList) -> Expect | None:
     return Expect(fields=fields) if ok else None
 
 
+def _input_key(case: Case) -> str:
+    """The case's input as the verb sees it: its args and world, exactly (1 and 1.0 render
+    differently in a prompt), their keys in any order."""
+    return json.dumps([case.args, case.world], sort_keys=True, default=repr)
+
+
+def _number_free(value: Any) -> Any:
+    """``value`` with every whole float as an int (1 and 1.0 are one number to a matcher; an
+    int past the float range stays exact)."""
+    if isinstance(value, dict):
+        return {k: _number_free(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_number_free(v) for v in value]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _expect_key(expect: Expect) -> str:
+    """What the case expects, however it was spelt (``{"q": "x"}`` is ``{"fields": {"q": {"equals": "x"}}}``)."""
+    if expect.is_exact:
+        return json.dumps(["exact", _number_free(expect.exact)], sort_keys=True)
+    fields = {name: [m.kind, _number_free(m.value), m.tolerance] for name, m in expect.fields.items()}
+    return json.dumps(["fields", fields], sort_keys=True)
+
+
+def distinct_cases(cases: Sequence[Case]) -> tuple[list[Case], list[Case]]:
+    """``cases`` without their repeats, and the repeats left out (in file order).
+
+    A repeat has the input (args and world) and the expected answer of an earlier case: the
+    same question asked again, whose answer is no new evidence (``--repeat`` asks a case
+    again on purpose). The first case is kept, labelled when any of its copies is."""
+    first: dict[tuple[str, str], int] = {}
+    kept: list[Case] = []
+    repeats: list[Case] = []
+    for case in cases:
+        at = first.setdefault((_input_key(case), _expect_key(case.expect)), len(kept))
+        if at == len(kept):
+            kept.append(case)
+            continue
+        repeats.append(case)
+        if case.labelled and not kept[at].labelled:
+            kept[at] = replace(kept[at], labelled=True)
+    return kept, repeats
+
+
 def _objects(text: str, problems: ProblemList, shape: str) -> Iterator[tuple[int, dict[str, Any]]]:
     """The JSON objects of a JSONL text with their line numbers; a line that is not one is a
     problem (``shape`` the hint). Lines end at "\\n" only (a "\\r" before it is JSON white
@@ -232,6 +285,7 @@ def load_cases(path: Path, *, regular: bool = False) -> list[Case]:
         raise ConfigError(problems.items) from exc
     cases: list[Case] = []
     seen: dict[str, int] = {}
+    expected: dict[str, tuple[int, str]] = {}  # input → (its first checking line, what that line expects)
     for number, raw in _objects(text, problems, '{"args": {…}, "expect": {…}}'):
         where = f"line {number}"
         try:  # a lone surrogate (valid JSON text, "\ud800") is not UTF-8: no report could hold it
@@ -273,9 +327,20 @@ def load_cases(path: Path, *, regular: bool = False) -> list[Case]:
         expect = parse_expect(raw["expect"], f"{where}.expect", problems)
         if expect is None or bad:
             continue
-        cases.append(
-            Case(id=case_id, args=dict(args), world=dict(world), expect=expect, labelled=labelled, line=number)
-        )
+        case = Case(id=case_id, args=dict(args), world=dict(world), expect=expect, labelled=labelled, line=number)
+        if expect.checks_anything:  # one that checks nothing ({}, any_valid) contradicts none, calibrates nothing
+            answer = _expect_key(expect)
+            line, first = expected.setdefault(_input_key(case), (number, answer))
+            if first != answer:
+                problems.add(
+                    f"{where}.expect",
+                    f"expects another answer than line {line} for the same args and world: the one answer to "
+                    "them would be judged twice, by different expectations",
+                    f"keep one case for the input, expecting its right answer (line {line} or line {number}, "
+                    "or the two merged)",
+                )
+                continue
+        cases.append(case)
     if not cases and not problems.items:
         problems.add("", "has no cases", 'one JSON object per line: {"args": {…}, "expect": {…}}')
     if problems.items:

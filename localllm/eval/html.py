@@ -250,10 +250,13 @@ def render_html(report: Mapping[str, Any]) -> str:
         for name, table in row["confusion"].items()
         if table
     )
+    duplicates = report.get("duplicate_cases")
+    repeated = f" ({duplicates} more repeating a case: asked once)" if duplicates else ""
     return (
         f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
         f"<style>{_CSS}</style></head><body><h1>{escape(title)}</h1>"
-        f'<p class="muted">{report["cases"]} cases × {report["repeat"]} repeat(s), {escape(report["created"])}; '
+        f'<p class="muted">{report["cases"]} cases{repeated} × {report["repeat"]} repeat(s), '
+        f"{escape(report['created'])}; "
         f"{escape(str(machine.get('platform', '')))}, {machine.get('cpus')} CPUs</p>"
         f"<h2>Accuracy vs latency</h2>{_scatter(agents)}{_summary(agents)}"
         f"<h2>Confusion (enum fields)</h2>{confusions or '<p>no enum field in the schema</p>'}"

@@ -298,8 +298,10 @@ def build_report(
     created: str,
     holdout: float = DEFAULT_HOLDOUT,
     seed: int = DEFAULT_SEED,
+    duplicates: Sequence[Case] = (),
 ) -> dict[str, Any]:
-    """The report document (``kind: localllm_eval_report``) of one eval run."""
+    """The report document (``kind: localllm_eval_report``) of one eval run; ``duplicates``:
+    the cases left out of it as repeats of others (:func:`localllm.eval.cases.distinct_cases`)."""
     calls = recorded_calls(trace_path)
     enums = enum_fields(gate.schema_path)
     agents, rows = agent_rows(runs, calls, cases, enums, repeat)
@@ -345,6 +347,8 @@ def build_report(
         "config": shown(config.path),
         "cases_file": shown(cases_path),
         "cases": len(cases),
+        "duplicate_cases": len(duplicates),
+        "duplicate_lines": [c.line for c in duplicates],
         "unlabelled_cases": sum(1 for c in cases if not c.labelled),
         "calibration_cases": len(judged),
         "repeat": repeat,

@@ -119,6 +119,23 @@ def test_unlabelled_cases_do_not_calibrate_a_threshold(tmp_path: Path) -> None:
     assert report["agents"]["agent.local"]["calls"] == 203  # still run and counted
 
 
+def test_a_case_pasted_twice_is_one_answer_of_evidence(tmp_path: Path) -> None:
+    """29 tickets, each pasted twice: 58 lines. Before: each answer counted twice, the
+    calibration half held 29 of them, all right, exactly what a 0.9 bound needs (0.05 ** (1/29)
+    = 0.902), and 0.97 was certified on what is ~15 independent answers (a bound of 0.82)."""
+    rows = [{"args": {"ticket": f"t{i}"}, "expect": {"queue": "bug"}} for i in range(29)]
+    root = app(tmp_path, rows + rows)
+
+    def local(_: AskRequest) -> AskResponse:
+        return AskResponse.of({"queue": "bug"}, meta={"confidence": 0.97})
+
+    report = run_eval(root, local, lambda _: AskResponse.of({"queue": "bug"}))
+    assert (report["cases"], report["duplicate_cases"], report["duplicate_lines"]) == (29, 29, list(range(30, 59)))
+    tier = report["calibration"]["tiers"]["agent.local"]
+    assert (tier["calls"], report["calibration_cases"], len(tier["calibration"]["scores"])) == (29, 29, 15)
+    assert tier["targets"]["0.9"]["threshold"]["value"] is None  # 15 right answers bound nothing at 0.9
+
+
 @pytest.mark.parametrize("reported", [97, 1.5, -0.2, True, 10**400])
 def test_a_confidence_outside_0_1_is_not_calibrated_at_run_time(tmp_path: Path, reported: Any) -> None:
     """The evidence scores only confidences in [0, 1]. Before: a plugin reporting 97 (a percent)

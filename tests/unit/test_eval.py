@@ -227,6 +227,61 @@ def test_cases_file_problems_are_all_reported_with_their_line(tmp_path: Path) ->
     assert {p.file for p in caught.value.problems} == {str(path)}
 
 
+def test_the_same_input_expecting_another_answer_is_a_problem_naming_both_lines(tmp_path: Path) -> None:
+    # one of the two is wrong: judged by both, the same answer would be right once and wrong once
+    rows = [
+        {"id": "a", "args": {"ticket": "x"}, "expect": {"queue": "bug"}},
+        {"id": "b", "args": {"ticket": "y"}, "expect": {"queue": "bug", "priority": 1}},
+        {"id": "c", "args": {"ticket": "x"}, "expect": {"queue": "billing"}},
+        {"id": "d", "args": {"ticket": "y"}, "expect": {"fields": {"queue": {"equals": "bug"}, "priority": 1.0}}},
+        {"id": "e", "args": {"ticket": "x"}, "expect": {"exact": {"queue": "bug"}}},
+        {"id": "f", "args": {"ticket": "x"}, "world": {"t": 1}, "expect": {"queue": "billing"}},  # another input
+        {"id": "g", "args": {"ticket": "y"}, "expect": {"queue": "bug", "priority": 2}, "labelled": False},
+    ]
+    path = tmp_path / "cases.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ConfigError) as caught:
+        load_cases(path)
+    problems = caught.value.problems
+    assert [(p.file, p.key) for p in problems] == [
+        (str(path), "line 3.expect"),
+        (str(path), "line 5.expect"),
+        (str(path), "line 7.expect"),
+    ]
+    # each names the earlier line of the input, the fix both
+    assert [line in p.message for line, p in zip(["line 1", "line 1", "line 2"], problems, strict=True)] == [True] * 3
+    assert "line 1 or line 3" in problems[0].hint
+    # the same expectation however it is spelt (d is b: equals, fields:, 1.0) is a repeat, not a
+    # problem; nor is one that checks nothing (it contradicts no answer, and calibrates nothing)
+    anything = {"id": "h", "args": {"ticket": "x"}, "expect": {}}
+    path.write_text("".join(json.dumps(r) + "\n" for r in [*rows[:2], rows[3], rows[5], anything]))
+    assert [c.id for c in load_cases(path)] == ["a", "b", "d", "f", "h"]
+
+
+def test_a_repeated_case_is_asked_once_and_counted_in_the_report(app: Path) -> None:
+    # the same args (their keys in another order), world and expect as an earlier line: one
+    # question asked twice, whose answer is no second piece of evidence
+    path = app / "evals" / "triage" / "cases.jsonl"
+    lines = path.read_text().splitlines()
+    first = json.loads(lines[0])
+    again = {"expect": first["expect"], "args": first["args"], "id": "t1-again"}
+    unlabelled = {**json.loads(lines[2]), "id": "t3-unchecked", "labelled": False}
+    path.write_text("\n".join([*lines, json.dumps(again), lines[1].replace('"t2"', '"t2-again"')]) + "\n")
+    assert [c.id for c in load_cases(path)] == ["t1", "t2", "t3", "t4", "t5", "t6", "t1-again", "t2-again"]
+    report = evaluate(load_config(app / "app.yaml"), "triage", agents=["agent.local"], prepare=prepare).report
+    assert (report["cases"], report["duplicate_cases"], report["duplicate_lines"]) == (6, 2, [7, 8])
+    assert (report["calibration_cases"], report["agents"]["agent.local"]["calls"]) == (6, 6)
+    assert sorted({row["case"] for row in report["calls"]}) == ["t1", "t2", "t3", "t4", "t5", "t6"]
+    # a repeat labels the unlabelled case it repeats; a file without repeats reports none
+    path.write_text("\n".join([json.dumps(unlabelled), *lines]) + "\n")
+    report = evaluate(load_config(app / "app.yaml"), "triage", agents=["agent.local"], prepare=prepare).report
+    assert (report["cases"], report["duplicate_lines"], report["unlabelled_cases"]) == (6, [4], 0)
+    assert report["calibration_cases"] == 6 and {row["case"] for row in report["calls"]} >= {"t3-unchecked"}
+    path.write_text("\n".join(lines) + "\n")
+    report = evaluate(load_config(app / "app.yaml"), "triage", agents=["agent.local"], prepare=prepare).report
+    assert (report["cases"], report["duplicate_cases"], report["duplicate_lines"]) == (6, 0, [])
+
+
 def test_a_case_missing_a_template_value_is_named_before_anything_runs(app: Path) -> None:
     config = load_config(app / "app.yaml")
     bad = app / "bad.jsonl"
@@ -574,6 +629,32 @@ def test_cli_eval_prints_the_table_and_fails_under_the_bar(
     doc = json.loads(capsys.readouterr().out)
     assert doc["agents"]["agent.small"]["errors"] == {"schema_invalid": 1}
     assert main(["eval", "triage", "-c", str(app / "app.yaml"), "--repeat", "0"]) == 2
+
+
+def test_cli_eval_says_which_lines_repeat_a_case(
+    app: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(app)
+    with Runtime(load_config(app / "app.yaml"), trace=app / "rec.jsonl") as runtime:
+        runtime.register_inprocess("agent.claude", claude)
+        for ticket, _, _ in TICKETS.values():
+            runtime.run_gate("triage", {"ticket": ticket}, agent="agent.claude")
+    assert (
+        main(["trace", "cassette", str(app / "rec.jsonl"), "--agent", "agent.claude", "-o", str(app / "c.yaml")]) == 0
+    )
+    lines = (app / "evals" / "triage" / "cases.jsonl").read_text().splitlines()
+    repeated = app / "repeated.jsonl"
+    repeated.write_text("\n".join([*lines, lines[4].replace('"t5"', '"t5-again"')]) + "\n")
+    argv = ["eval", "triage", "-c", str(app / "app.yaml"), "--agents", "agent.claude", "--cases", str(repeated)]
+    capsys.readouterr()
+    assert main([*argv, "--cassette", f"agent.claude={app / 'c.yaml'}"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("gate triage: 6 cases x 1 repeat(s)")
+    assert out[1].startswith("1 of the file's cases repeat") and out[1].split("line ")[-1].startswith("7)")
+    assert main([*argv, "--cassette", f"agent.claude={app / 'c.yaml'}", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["cases"], doc["duplicate_cases"], doc["duplicate_lines"]) == (6, 1, [7])
+    assert doc["agents"]["agent.claude"]["calls"] == 6
 
 
 def test_a_failed_call_names_its_call_id_and_an_explicit_agent_bypasses_selection(app: Path) -> None:
