@@ -253,7 +253,7 @@ def remove_entries(
     for entry in found:
         if entry.kind == "store":
             _remove_store(layout, entry.path, STORE_RM_WAIT if store_wait is None else store_wait, log)
-    _remove_empty_dirs([layout.models_dir])
+    _remove_empty_dirs(layout, downloads=False)
     return [Entry(e.kind, e.name, e.path, e.size, "removed", e.detail) for e in found]
 
 
@@ -550,20 +550,53 @@ def prune_cache(layout: CacheLayout, pins: Pins, *, dry_run: bool, now: float | 
                 status = "in use"
         removed.append(Entry(entry.kind, entry.name, entry.path, entry.size, status, entry.detail))
     if not dry_run:
-        _remove_empty_dirs([layout.models_dir, layout.downloads_dir])
+        _remove_empty_dirs(layout, downloads=True)
     return removed
 
 
-def _remove_empty_dirs(roots: list[Path]) -> None:
-    for root in roots:
-        if not root.is_dir():
-            continue
-        for dirpath, _dirs, _files in sorted(os.walk(root), key=lambda t: -len(t[0])):
-            p = Path(dirpath)
-            if p == root:
-                continue
-            for stamp in p.glob("*" + verify.STAMP_SUFFIX):
-                if not stamp.with_name(stamp.name[: -len(verify.STAMP_SUFFIX)]).exists():
-                    stamp.unlink(missing_ok=True)
-            with contextlib.suppress(OSError):
-                p.rmdir()
+class _InUse(Exception):
+    """A key directory's lock is held (or cannot be taken): the sweep leaves the directory."""
+
+
+def _remove_empty_dirs(layout: CacheLayout, *, downloads: bool) -> None:
+    """Remove the empty directories under ``models/`` (and ``downloads/``), and the
+    ``.verified`` stamps whose file is gone.
+
+    A fetch makes its key directory (``models/<id>/<key>/``, ``downloads/<key>/``) holding
+    the artifact's lock, and it stays empty until the download's first file lands; the
+    stamp is written after the file, under that lock too. So a key directory, its stamps
+    and what is below it are swept only holding that lock, taken without waiting: a held
+    lock means a fetch in flight, and its directory is left as it is (and, not empty, so is
+    ``models/<id>/`` above it). ``models/<id>/`` has no lock of its own (every key of the
+    model shares it) and is removed whenever it is empty.
+    """
+    for model_dir in _subdirs(layout.models_dir):
+        for key_dir in _subdirs(model_dir):
+            _sweep_key_dir(key_dir, layout.model_lock_path(model_dir.name, key_dir.name))
+        _remove_if_empty(model_dir)
+    if downloads:
+        for key_dir in _subdirs(layout.downloads_dir):
+            _sweep_key_dir(key_dir, layout.download_lock_path(key_dir.name))
+
+
+def _sweep_key_dir(key_dir: Path, lock: Path) -> None:
+    """Sweep ``key_dir`` holding its fetch lock ``lock``, or leave it when someone holds it."""
+    try:
+        with hold(lock, timeout=0.0, gave_up=_InUse, unusable=_InUse):
+            for dirpath, _dirs, _files in sorted(os.walk(key_dir), key=lambda t: -len(t[0])):
+                _remove_if_empty(Path(dirpath))
+    except _InUse:
+        pass  # a fetch in flight (or a lock that cannot be taken): the directory stays as it is
+
+
+def _subdirs(path: Path) -> list[Path]:
+    return [p for p in _children(path) if p.is_dir() and not p.is_symlink()]
+
+
+def _remove_if_empty(directory: Path) -> None:
+    """Remove ``directory`` if it is empty once its stamps whose file is gone are."""
+    for stamp in directory.glob("*" + verify.STAMP_SUFFIX):
+        if not stamp.with_name(stamp.name[: -len(verify.STAMP_SUFFIX)]).exists():
+            stamp.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        directory.rmdir()
