@@ -72,6 +72,8 @@ MIN_RATE = 1024.0
 STALL_WINDOW = 10.0
 #: with a ``cancel`` event, no single wait (socket read, lock, backoff) is longer than this
 CANCEL_TICK = 0.25
+#: how many times a fetch makes its directory when a cache sweep removes its parent meanwhile
+MKDIR_TRIES = 5
 
 Log = Callable[[str], None]
 
@@ -317,11 +319,32 @@ def fetch_artifact(
                 "never writes through a link in its cache",
                 hint=f"remove the link (`rm {dest.parent}`), then fetch again",
             )
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        _make_artifact_dir(dest.parent)
         sources = sources_for(artifact, mirrors, offline=offline)
         return _from_sources(
             artifact, dest, sha, sources, offline=offline, prewarm=prewarm, policy=policy, transport=transport
         )
+
+
+def _make_artifact_dir(directory: Path) -> None:
+    """Make an artifact's own directory (``models/<id>/<key>/``, ``downloads/<key>/``) and
+    its parents, holding the artifact's lock.
+
+    ``cache rm`` and ``cache prune`` end by removing empty directories (``inventory``): this
+    one only under the same lock, so once made it stays until the fetch is done; its parent
+    ``models/<id>/``, which every key of the model shares, whenever it is empty, as it is
+    between being made here and ``directory`` being made in it. A ``FileNotFoundError`` then
+    is such a removal landing in that gap of two system calls: both are made again. Each miss
+    takes another sweep removing that very directory in that gap, so :data:`MKDIR_TRIES` of
+    them in a row do not happen.
+    """
+    for _ in range(MKDIR_TRIES - 1):
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            return
+        except FileNotFoundError:
+            continue
+    directory.mkdir(parents=True, exist_ok=True)
 
 
 def _same_file(path: Path, seen: os.stat_result) -> bool:

@@ -568,7 +568,9 @@ def _remove_empty_dirs(layout: CacheLayout, *, downloads: bool) -> None:
     and what is below it are swept only holding that lock, taken without waiting: a held
     lock means a fetch in flight, and its directory is left as it is (and, not empty, so is
     ``models/<id>/`` above it). ``models/<id>/`` has no lock of its own (every key of the
-    model shares it) and is removed whenever it is empty.
+    model shares it) and is removed whenever it is empty; a fetch that loses it between
+    making it and making its key directory in it makes both again
+    (:func:`localllm.managed.fetch.fetch_artifact`).
     """
     for model_dir in _subdirs(layout.models_dir):
         for key_dir in _subdirs(model_dir):

@@ -4,11 +4,12 @@ file lands), the model's directory above it, or the ``.verified`` stamp it write
 
 The interleavings are forced, not raced for: a real :func:`fetch_artifact` paused under
 its lock right after making its directory (a thread), a real ``localllm fetch model``
-process paused mid-body (:class:`Fetcher`).
+process paused mid-body (:class:`Fetcher`), a sweep run from inside the fetch's ``mkdir``.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -119,6 +120,34 @@ def test_the_empty_directory_of_a_fetch_in_flight_survives_the_sweep(
         assert not other.exists() and not (layout.models_dir / "other").exists()
     assert paused.finish() == paused.dest
     assert paused.dest.read_bytes() == DATA and verify.stamp_matches(paused.dest, SHA)
+
+
+def test_a_fetch_makes_its_directory_again_when_a_sweep_removes_the_model_directory_midway(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # models/<id>/ is shared by every key of the model, so no one fetch's lock covers it: a
+    # sweep may remove it between the fetch making it and making models/<id>/<key>/ in it
+    layout = cache_layout()
+    dest = layout.models_dir / "tiny" / SHA[:16] / FILE
+    mkdir = os.mkdir
+    swept: list[bool] = []
+
+    def sweeping(path: Any, mode: int = 0o777, **kwargs: Any) -> None:
+        mkdir(path, mode, **kwargs)
+        if Path(path) == dest.parent.parent and not swept:
+            _prune(layout)
+            swept.append(not dest.parent.parent.exists())
+
+    monkeypatch.setattr(os, "mkdir", sweeping)
+    got = fetch_artifact(
+        ARTIFACT,
+        dest,
+        lock_path=layout.model_lock_path("tiny", SHA[:16]),
+        mirrors=[_mirror(tmp_path)],
+        log=_quiet,
+    )
+    assert swept == [True]  # the sweep did land in the gap
+    assert got == dest and dest.read_bytes() == DATA and verify.stamp_matches(dest, SHA)
 
 
 def test_the_stamp_a_fetch_in_flight_writes_is_not_unlinked_by_the_sweep(
