@@ -759,8 +759,8 @@ class ServiceApp:
             if keep_alive is not None:
                 self.pool.keep(model, keep_alive)
             extra = {GRAMMAR_HEADER: json.dumps(lease.grammar_enforced)} if path in _GENERATING else {}
-            if prepared is not None and (ids := chat.bias_token_ids(prepared.body)):
-                refused = chat.bias_refusal(ids, await self._vocab_size(model, lease.target))
+            if prepared is not None and (ids := chat.token_ids(prepared)):
+                refused = chat.token_refusal(ids, await self._vocab_size(model, lease.target))
                 if refused is not None:
                     raise _Reply(400, refused.to_json())
             target: Target | None = lease.target

@@ -44,7 +44,6 @@ __all__ = [
     "ChatLimits",
     "Invalid",
     "Prepared",
-    "bias_refusal",
     "bias_token_ids",
     "cap_costs",
     "check_embeddings",
@@ -58,6 +57,8 @@ __all__ = [
     "merge_stops",
     "prepare",
     "sse_events",
+    "token_ids",
+    "token_refusal",
     "vocab_refusal",
     "vocab_size",
 ]
@@ -308,10 +309,23 @@ def bias_token_ids(body: dict[str, Any]) -> list[tuple[str, int]]:
     return []
 
 
-def bias_refusal(ids: list[tuple[str, int]], n_vocab: int | None) -> BadRequest | None:
-    """The 400 for a ``logit_bias`` id (:func:`bias_token_ids`) past the model's vocabulary of
-    ``n_vocab`` tokens (None: unknown, nothing refused). llama-server skips such an entry
-    without a word, and reads an id past 2**31 cut to 32 bits: as another token's."""
+def token_ids(prepared: Prepared) -> list[tuple[str, int]]:
+    """The token ids a request names, each with its ``param``: its ``logit_bias`` ids
+    (:func:`bias_token_ids`), then a completions prompt's (``prompt[j]``, in a batch ``prompt[i][j]``)."""
+    ids = bias_token_ids(prepared.body)
+    batch = len(prepared.prompts) > 1 or isinstance(prepared.body.get("prompt", [None])[0], list)
+    for i, prompt in enumerate(prepared.prompts):
+        if isinstance(prompt, list):
+            where = f"prompt[{i}]" if batch else "prompt"
+            ids += [(f"{where}[{j}]", token) for j, token in enumerate(prompt)]
+    return ids
+
+
+def token_refusal(ids: list[tuple[str, int]], n_vocab: int | None) -> BadRequest | None:
+    """The 400 for a token id (:func:`token_ids`) past the model's vocabulary of ``n_vocab``
+    tokens (None: unknown, nothing refused). llama-server skips such a ``logit_bias`` entry
+    without a word (and reads an id past 2**31 cut to 32 bits: as another token's), and
+    refuses such a prompt id with a 400 that names no ``param``."""
     if n_vocab is None:
         return None
     outside = next(((param, token) for param, token in ids if token >= n_vocab), None)

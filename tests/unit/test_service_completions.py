@@ -279,7 +279,7 @@ def test_the_models_own_errors_are_relayed_as_on_the_chat_route(
     monkeypatch.setenv("FAKE_LLAMA_BEHAVIOUR", str(path))
     service = make_service()
     with client(service) as http:
-        answer = complete(http, prompt=[999_999])
+        answer = complete(http, prompt=[5])
     assert answer.status_code == 400 and answer.json()["error"]["message"] == "Prompt contains invalid tokens"
 
 

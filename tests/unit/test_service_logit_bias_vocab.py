@@ -1,7 +1,8 @@
-"""A ``logit_bias`` token id outside the served model's vocabulary is a 400 naming the entry,
-on the chat route and ``/v1/completions``: llama-server skips it without a word (and reads an
-id past 2**31 cut to 32 bits, as another token's). The vocabulary size is asked of the
-model's server once (``GET /v1/models``, ``meta.n_vocab``), not per request."""
+"""A token id outside the served model's vocabulary is a 400 naming it: a ``logit_bias``
+entry, on the chat route and ``/v1/completions`` (llama-server skips it without a word, and
+reads an id past 2**31 cut to 32 bits, as another token's), and a completions prompt's id
+(llama-server's own 400 names no ``param``). The vocabulary size is asked of the model's
+server once (``GET /v1/models``, ``meta.n_vocab``), not per request."""
 
 from __future__ import annotations
 
@@ -83,3 +84,24 @@ def test_an_upstream_that_does_not_say_its_vocabulary_is_asked_once_and_ids_pass
         answers = [http.post("/v1/completions", json=body) for _ in range(2)]
     assert [a.status_code for a in answers] == [200, 200]
     assert [url.rsplit("/", 2)[-2:] for url in asked] == [["v1", "models"]]
+
+
+def test_a_prompt_token_id_outside_the_vocabulary_is_a_400_naming_it(
+    make_service: Factory, env: dict[str, Path]
+) -> None:
+    """llama-server refuses it too, but with a 400 that names no ``param``."""
+    service = make_service()
+    refused_prompts = [
+        ([5, 6, N_VOCAB], "prompt[2]"),
+        ([[5], [7, 2**40]], "prompt[1][1]"),
+        ([[N_VOCAB]], "prompt[0][0]"),
+    ]
+    with client(service) as http:
+        refused = [http.post("/v1/completions", json={"model": "chat", "prompt": p}) for p, _ in refused_prompts]
+        passed = http.post("/v1/completions", json={"model": "chat", "prompt": [[0], [N_VOCAB - 1, 3]]})
+    errors = [r.json().get("error") or {} for r in refused]
+    got = [(r.status_code, e.get("param"), e.get("code")) for r, e in zip(refused, errors, strict=True)]
+    assert got == [(400, param, "invalid_token") for _, param in refused_prompts]
+    assert passed.status_code == 200
+    eventually(lambda: len(_sent(env, "POST", "/v1/completions")) >= 1)
+    assert [r["body"]["prompt"] for r in _sent(env, "POST", "/v1/completions")] == [[[0], [N_VOCAB - 1, 3]]]
