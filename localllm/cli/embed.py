@@ -277,6 +277,8 @@ def _print_calibration(cal: Any, model: str) -> None:
         )
         if cal.dropped_cases:
             out(f"# {cal.dropped_cases} cases are examples of the intents (not held out): dropped")
+        if cal.duplicate_cases:
+            out(f"# {cal.duplicate_cases} cases repeat an earlier case (case and spacing aside): counted once")
     else:
         out(f"# calibrated on {d['in_scope']} in-scope and {d['out_of_scope']} out-of-scope leave-one-out decisions")
     if cal.duplicates:

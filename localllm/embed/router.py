@@ -359,6 +359,9 @@ class Calibration:
     #: held-out cases used, and those dropped for being one of the examples (not held out)
     cases: int = 0
     dropped_cases: int = 0
+    #: held-out cases left out as another case over again (the same text but for case, spacing
+    #: or Unicode form, the same intent): each text is one answer of evidence
+    duplicate_cases: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -379,6 +382,7 @@ class Calibration:
             "source": self.source,
             "cases": self.cases,
             "dropped_cases": self.dropped_cases,
+            "duplicate_cases": self.duplicate_cases,
         }
 
 
@@ -509,8 +513,10 @@ def calibrate(
     ``target_precision`` with probability ``level``), where leave-one-out's is a guide;
     ``tests/bench/bench_bar_guarantee.py`` (``router-cases``) measures it. A case whose text
     is one of the examples (:func:`localllm.calibrate.same_text`) is not held out: it is
-    dropped and counted (``dropped_cases``); an undeclared intent is an ``EmbedError``, as is
-    no case left.
+    dropped and counted (``dropped_cases``); a case whose text is an earlier case's is one
+    answer, counted once (``duplicate_cases``), and under another intent an ``EmbedError``
+    naming both (one label is wrong); an undeclared intent is an ``EmbedError``, as is no
+    case left.
 
     Every example is routed (1) among all intents with itself left out — right when its own
     intent wins — and (2) with its whole intent left out, as an input none of the intents
@@ -547,19 +553,32 @@ def calibrate(
     labels = [router._examples[row][0] for row in rows]
     held_out = cases is not None
     kept: list[tuple[str, str]] = []
+    duplicate_cases = 0
     if cases is not None:
         known = set(router.names)
+        label: dict[str, tuple[str, int]] = {}  # same text → (its intent, its first case)
         for i, (text, intent) in enumerate(cases):
             if intent not in known and intent != NONE_OF_THESE:
                 raise EmbedError(
                     f"case {i} ({_shown(text)}) is labelled {intent!r}, which is not a declared intent",
                     hint=f"label it with one of {sorted(known)}, or {NONE_OF_THESE!r} for an input none covers",
                 )
-            if same_text(text) not in owner:  # one of the examples is not held out
+            first, at = label.setdefault(same_text(text), (intent, i))
+            if first != intent:
+                raise EmbedError(
+                    f"case {i} ({_shown(text)}) is labelled {intent!r} and case {at} ({_shown(cases[at][0])}), "
+                    f"the same text, {first!r}: one of the labels is wrong",
+                    hint=f"label the text with its one intent (case {at} or case {i})",
+                )
+            if at != i:  # the same answer again: no new evidence
+                duplicate_cases += 1
+            elif same_text(text) not in owner:  # one of the examples is not held out
                 kept.append((text, intent))
         if not kept or not router._examples:
+            again = f", {duplicate_cases} repeat another" if duplicate_cases else ""
             raise EmbedError(
-                f"no held-out case to calibrate on ({len(cases)} given, {len(cases) - len(kept)} are examples)"
+                f"no held-out case to calibrate on ({len(cases)} given, "
+                f"{len(cases) - len(kept) - duplicate_cases} are examples{again})"
                 if router._examples
                 else "calibrating the router needs examples under intents:",
                 hint="give labelled inputs that are not the intents' examples",
@@ -601,7 +620,8 @@ def calibrate(
         duplicates=len(router._examples) - len(rows),
         source="cases" if held_out else "leave-one-out",
         cases=len(kept),
-        dropped_cases=len(cases) - len(kept) if cases is not None else 0,
+        dropped_cases=len(cases) - len(kept) - duplicate_cases if cases is not None else 0,
+        duplicate_cases=duplicate_cases,
     )
 
 

@@ -368,7 +368,13 @@ def load_intent_cases(path: Path, intents: Collection[str] = (), *, regular: boo
     With ``intents``, an intent must be one of them. A :class:`~localllm.errors.ConfigError`
     lists every problem as ``line N.key``; ``regular=True`` (a file the config names) refuses
     anything but a regular file.
+
+    A text under two intents (as an embedder sees it: :func:`~localllm.calibrate.same_text`,
+    case, spacing and Unicode form aside) is a problem naming both lines: one label is wrong.
+    The same text under its intent again is read as given; calibration counts it once.
     """
+    from localllm.calibrate import same_text
+
     problems = ProblemList(path)
     try:
         text = read_capped(path, DATA_LIMIT, regular=regular).decode("utf-8")
@@ -376,11 +382,13 @@ def load_intent_cases(path: Path, intents: Collection[str] = (), *, regular: boo
         problems.add("", f"cannot read: {exc}", "pass a UTF-8 JSONL file")
         raise ConfigError(problems.items) from exc
     out: list[tuple[str, str]] = []
+    labelled: dict[str, tuple[int, str, str]] = {}  # same text → (its first line, its text there, its intent)
     for number, raw in _objects(text, problems, '{"text": "…", "intent": "…"}'):
         where = f"line {number}"
         nested = isinstance(raw.get("args"), dict) and isinstance(raw.get("expect"), dict)
         doc = (raw["args"] | raw["expect"]) if nested and "text" not in raw else raw
         case: list[str] = []
+        shown = ""
         for key in ("text", "intent"):
             value = doc.get(key)
             shown = f"{where}.{'' if doc is raw else ('args.' if key == 'text' else 'expect.')}{key}"
@@ -390,8 +398,19 @@ def load_intent_cases(path: Path, intents: Collection[str] = (), *, regular: boo
                 problems.add(shown, f"{value!r} is not a declared intent", f"one of {sorted(intents)}")
             else:
                 case.append(value)
-        if len(case) == 2:
-            out.append((case[0], case[1]))
+        if len(case) < 2:
+            continue
+        line, there, intent = labelled.setdefault(same_text(case[0]), (number, case[0], case[1]))
+        if intent != case[1]:
+            also = f", as {there!r}" if there != case[0] else ""
+            problems.add(
+                shown,
+                f"{case[1]!r} for the same text as line {line}{also}, labelled {intent!r} there: one label is wrong",
+                f"label the text with its one intent (line {line} or line {number}); case, spacing and Unicode "
+                "form aside, as an embedder sees it",
+            )
+            continue
+        out.append((case[0], case[1]))
     if not out and not problems.items:
         problems.add("", "no cases", 'one {"text": "…", "intent": "…"} object per line')
     if problems.items:

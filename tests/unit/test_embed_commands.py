@@ -362,21 +362,28 @@ def test_route_calibrate_on_held_out_cases(tmp_path: Path, endpoint: str, capsys
         '{"text": "bye for now", "intent": "leave"}\n'
         '{"text": "what is the weather", "intent": "none_of_these"}\n'
         '{"text": "Good  morning", "intent": "greet"}\n'  # an example: dropped
+        '{"text": "Hi friend ", "intent": "greet"}\n'  # line 1 again (case and spacing aside): counted once
     )
     argv = ["route", "--calibrate", "--cases", str(cases), "--config", str(cfg)]
     assert main([*argv, "--json"]) == 0
     cal = json.loads(capsys.readouterr().out)["calibration"]
-    assert (cal["source"], cal["cases"], cal["dropped_cases"]) == ("cases", 3, 1)
+    assert (cal["source"], cal["cases"], cal["dropped_cases"], cal["duplicate_cases"]) == ("cases", 3, 1, 1)
     assert (cal["in_scope"], cal["out_of_scope"], cal["margin"]) == (2, 1, 0.0)
     assert cal["bound_met"] is False  # 3 cases cannot bound 90%
     assert main(argv) == 0
     text = capsys.readouterr()
     assert "# certified on 3 held-out cases" in text.out and "1 cases are examples" in text.out
+    assert "# 1 cases repeat an earlier case" in text.out
     assert "held-out cases" in text.err and "promises nothing" in text.err
     # a bad line is a bad cases file (exit 2) named by file, line and key
     cases.write_text('{"text": "hi friend", "intent": "greet"}\n{"text": "x", "intent": "nope"}\n')
     assert main(argv) == 2
     assert f"{cases}: line 2.intent" in capsys.readouterr().err
+    # as is one text under two intents, naming both lines
+    cases.write_text('{"text": "hi friend", "intent": "greet"}\n{"text": "HI FRIEND", "intent": "leave"}\n')
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{cases}: line 2.intent" in err and "line 1" in err
     # a missing file is usage; --cases without --calibrate too
     assert main(["route", "--calibrate", "--cases", str(tmp_path / "none.jsonl"), "--config", str(cfg)]) == 2
     assert main(["route", "hi", "--cases", str(cases), "--config", str(cfg)]) == 2

@@ -249,6 +249,60 @@ def test_held_out_cases_must_name_a_declared_intent_and_not_all_be_examples() ->
     assert "2 are examples" in str(caught.value)
 
 
+def test_a_held_out_case_repeated_is_one_answer_of_evidence() -> None:
+    # 15 inputs of a and 15 of b, each pasted again (as given, or but for case and spacing: the
+    # same vector). Before: 60 right decisions where 30 were ever made, certified (lower bound
+    # 0.951), where the 30 alone certify nothing
+    vectors = dict(VECTORS)
+    once: list[tuple[str, str]] = []
+    again: list[tuple[str, str]] = []
+    for i in range(15):
+        vectors[f"qa{i}"] = vectors[f" QA{i} "] = (1.0, 0.0, 0.0)
+        vectors[f"qb{i}"] = (0.0, 0.0, 1.0)
+        once += [(f"qa{i}", "a"), (f"qb{i}", "b")]
+        again += [(f" QA{i} ", "a"), (f"qb{i}", "b")]
+    router = Router(SMALL, Table(vectors))
+    cal = calibrate(router, target_precision=0.9, cases=[*once, *again, ("A1", "a")])
+    honest = calibrate(router, target_precision=0.9, cases=once)
+    assert (cal.cases, cal.duplicate_cases, cal.dropped_cases) == (30, 30, 1)
+    assert (cal.in_scope, cal.accepted, cal.right) == (30, 30, 30)
+    assert {**cal.as_dict(), "duplicate_cases": 0, "dropped_cases": 0} == honest.as_dict()
+    assert honest.duplicate_cases == 0
+    # only repeats and examples: nothing held out, and the error says why
+    with pytest.raises(EmbedError) as caught:
+        calibrate(router, cases=[("a1", "a"), ("A1", "a")])
+    assert "1 are examples, 1 repeat another" in caught.value.message
+
+
+def test_a_held_out_text_under_two_intents_is_refused_naming_both_cases() -> None:
+    router = Router(SMALL, Table({**VECTORS, "q": (1.0, 0.0, 0.0), "r": (0.0, 1.0, 0.0), " Q": (1.0, 0.0, 0.0)}))
+    with pytest.raises(EmbedError) as caught:
+        calibrate(router, cases=[("q", "a"), ("r", "b"), (" Q", NONE_OF_THESE)])
+    assert "case 2 (' Q')" in caught.value.message and "case 0 ('q')" in caught.value.message
+    assert "case 0 or case 2" in caught.value.hint
+
+
+def test_route_cases_file_names_both_lines_of_a_text_under_two_intents(tmp_path: Path) -> None:
+    from localllm.embed.router import load_route_cases
+
+    path = tmp_path / "cases.jsonl"
+    path.write_text(
+        '{"text": "Cancel it", "intent": "a"}\n'
+        '{"text": "hi", "intent": "b"}\n'
+        '{"text": " cancel  IT", "intent": "a"}\n'  # line 1 again: read, calibration counts it once
+        '{"args": {"text": "CANCEL IT"}, "expect": {"intent": "b"}}\n'
+        '{"text": "hi", "intent": "none_of_these"}\n'
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_route_cases(path, ["a", "b"])
+    problems = caught.value.problems
+    assert [(p.file, p.key) for p in problems] == [(str(path), "line 4.expect.intent"), (str(path), "line 5.intent")]
+    assert ["line 1" in problems[0].message, "line 2" in problems[1].message] == [True, True]
+    assert "line 1 or line 4" in problems[0].hint
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[:3]))
+    assert load_route_cases(path, ["a", "b"]) == [("Cancel it", "a"), ("hi", "b"), (" cancel  IT", "a")]
+
+
 def test_fixed_sequence_stops_at_the_first_failure_where_the_lowest_passing_goes_on() -> None:
     from localllm.calibrate import choose_threshold, fixed_sequence_threshold
 
