@@ -1,7 +1,8 @@
 """``POST /v1/completions`` end to end: real llama-server, gemma-3-270m, the clients that use it by default.
 
 The official ``openai`` client's ``completions.create`` (plain, batched, logprobs, streamed
-with and without logprobs, and the 400s for what llama-server would ignore), LangChain's
+with and without logprobs, token ids, and the 400s for what llama-server would ignore or
+refuse without naming it), LangChain's
 ``langchain_openai.OpenAI`` (``invoke``, ``stream``, a batched ``generate``) and litellm's
 ``text_completion``. llama-index's default ``OpenAILike`` is in ``test_llama_index_e2e.py``.
 Every call is bounded by client timeouts.
@@ -91,6 +92,14 @@ def test_openai_client_completions(serve: Callable[..., Served]) -> None:
                 client.completions.create(model=CHAT, prompt=PROMPT, max_tokens=4, **extra)
             assert caught.value.code == "unsupported_parameter", param
             assert caught.value.param == param
+
+        # token ids: gemma-3's vocabulary has 262,144 (its server's meta.n_vocab); the last
+        # is answered, one past it is a 400 naming it (llama-server's own 400 named none)
+        ids = client.completions.create(model=CHAT, prompt=[[2, 262143]], max_tokens=2, temperature=0)
+        assert ids.choices[0].finish_reason in ("stop", "length")
+        with pytest.raises(openai.BadRequestError) as outside:
+            client.completions.create(model=CHAT, prompt=[[2, 5], [2, 262144]], max_tokens=2)
+        assert (outside.value.code, outside.value.param) == ("invalid_token", "prompt[1][1]")
     finally:
         client.close()
 
