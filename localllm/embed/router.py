@@ -504,9 +504,9 @@ def calibrate(
 
     With ``cases`` — ``(text, intent)`` pairs that are not the examples; ``intent`` a declared
     intent, or :data:`NONE_OF_THESE` for an input none of them covers (any route is wrong) —
-    each text is routed by the embedding tier over all the examples; ``confident`` is the bar
-    reached by testing from the strictest down and stopping at the first that fails
-    (:func:`localllm.calibrate.fixed_sequence_threshold`), and ``margin`` is 0: what was
+    each text is routed by the embedding tier over all the examples; ``confident`` is the
+    lowest bar certified testing from the strictest down, in sequences that end at their first
+    failure (:func:`localllm.calibrate.fixed_sequence_threshold`), and ``margin`` is 0: what was
     certified is every decision above ``confident``, and a margin bar would keep a subset
     whose precision was never tested. Independent cases drawn from the inputs the router will
     see make the bound the promise it states (``bound_met``: precision at least
