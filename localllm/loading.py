@@ -86,13 +86,14 @@ def _check_router_cases(draft: Draft) -> None:
 
 def _check_examples(draft: Draft) -> None:
     """A gate's ``examples:``: the cases file loads, every case gives the input as text and a
-    label for each voted field, the voted fields are enum/boolean/integer fields of the schema,
-    and when the vote answers, they are every field the schema requires. ``fields:`` left
-    empty is filled with the labelled votable fields."""
+    label for each voted field, no text is under two labels (``distinct_examples``), the voted
+    fields are enum/boolean/integer fields of the schema, and when the vote answers, they are
+    every field the schema requires. ``fields:`` left empty is filled with the labelled
+    votable fields."""
     import dataclasses
 
     from localllm.errors import ConfigError, SchemaError
-    from localllm.eval.cases import load_cases
+    from localllm.eval.cases import distinct_examples, load_cases
     from localllm.schema import read_schema_file
 
     for name, gate in list(draft.gates.items()):
@@ -102,6 +103,7 @@ def _check_examples(draft: Draft) -> None:
         key = f"gates.{name}.examples"
         try:
             cases = load_cases(examples.cases, regular=True)
+            distinct_examples(cases, examples.input, examples.cases)
         except ConfigError as exc:
             for problem in exc.problems:
                 where = f" {problem.key}" if problem.key else ""

@@ -319,7 +319,7 @@ class Runtime:
         from localllm.embed.examples import ExampleSet, load_examples
 
         built = ExampleSet(
-            load_examples(found.cases, found.input),
+            load_examples(found.cases, found.input)[0],  # a repeated example is one (one vote)
             self.embedder(found.embedder),
             leave_one_out=self.examples_leave_one_out,
         )

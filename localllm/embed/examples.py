@@ -26,6 +26,11 @@ against the others (leave-one-out); without out-of-scope examples, each example 
 against the *other* labels' examples only, as if its own label were an intent never seen.
 An input at or below the bar is out of scope: no local tier answers it.
 
+An example repeated in the file (its text as an embedder sees it, under the same labels:
+:func:`~localllm.eval.cases.distinct_examples`) is one example, read once: a near input would
+otherwise find it twice among its ``k`` and give it two votes. The same text under other
+labels is a problem of the file naming both lines.
+
 ``leave_one_out`` (what ``localllm eval`` uses) skips any example whose text is the
 question's — compared NFKC-normalised, case-folded, white space collapsed, as an embedder
 sees them alike — so a case that is also an example is never answered from its own label.
@@ -53,6 +58,7 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
     from localllm.calibrate import NoveltyBar
+    from localllm.eval.cases import Case
 
 __all__ = [
     "CONFIDENCE_METHOD",
@@ -82,11 +88,13 @@ _STORE_KEY = {"examples": 1, "role": "query"}
 
 @dataclass(frozen=True)
 class Example:
-    """One labelled example: its text and the single expected value of each labelled field."""
+    """One labelled example: its text and the single expected value of each labelled field
+    (``line``: its line in the examples file, 0 when it was not read from one)."""
 
     id: str
     text: str
     labels: dict[str, Any]
+    line: int = 0
 
 
 @dataclass(frozen=True)
@@ -105,16 +113,21 @@ class Vote:
     neighbours: list[Neighbour] = field(default_factory=list)
 
 
-def load_examples(path: Path, input_arg: str) -> list[Example]:
-    """The labelled cases of ``path`` as examples (ConfigError for a bad file, as ``load_cases``).
-    Cases marked ``"labelled": false`` and cases without text ``args.<input_arg>`` are skipped."""
-    from localllm.eval.cases import load_cases
+def load_examples(path: Path, input_arg: str) -> tuple[list[Example], list[Example]]:
+    """The labelled cases of ``path`` as examples, and the repeats left out of them.
 
-    return [
-        Example(case.id, case.args[input_arg], case.expect.labels())
-        for case in load_cases(path, regular=True)
-        if case.labelled and isinstance(case.args.get(input_arg), str)
-    ]
+    Cases marked ``"labelled": false`` and cases without text ``args.<input_arg>`` are
+    skipped; a case repeating an earlier example (the same text as an embedder sees it, the
+    same labels) is one example (:func:`~localllm.eval.cases.distinct_examples`). A
+    ConfigError for a bad file, as ``load_cases``, and for one text under two labels."""
+    from localllm.eval.cases import distinct_examples, load_cases
+
+    kept, repeats = distinct_examples(load_cases(path, regular=True), input_arg, path)
+
+    def example(case: Case) -> Example:
+        return Example(case.id, case.args[input_arg], case.expect.labels(), case.line)
+
+    return [example(c) for c in kept], [example(c) for c in repeats]
 
 
 def _key(value: Any) -> str:

@@ -26,6 +26,10 @@ would be judged twice, by each; an ``expect`` that checks nothing contradicts no
 same input expecting the same answer again is one case, not two answers of evidence:
 :func:`distinct_cases` leaves the repeat out (``localllm eval`` asks each once and reports
 the lines it left out), where calibration would count one answer as two independent ones.
+
+Read as a gate's examples (:func:`distinct_examples`), an example is its text as an embedder
+sees it and its labels: the same text under the same labels again is one example (it would
+vote twice), under other labels a problem naming both lines.
 """
 
 from __future__ import annotations
@@ -42,7 +46,16 @@ from localllm._fs import DATA_LIMIT, read_capped
 from localllm.errors import ConfigError, ProblemList
 from localllm.wire import finite_float
 
-__all__ = ["Case", "Expect", "Matcher", "distinct_cases", "dump_case", "load_cases", "parse_expect"]
+__all__ = [
+    "Case",
+    "Expect",
+    "Matcher",
+    "distinct_cases",
+    "distinct_examples",
+    "dump_case",
+    "load_cases",
+    "parse_expect",
+]
 
 MATCHER_KEYS = ("equals", "one_of", "number", "tolerance", "regex", "any_valid")
 _CASE_KEYS = ("id", "args", "world", "expect", "labelled")
@@ -242,6 +255,52 @@ def distinct_cases(cases: Sequence[Case]) -> tuple[list[Case], list[Case]]:
         repeats.append(case)
         if case.labelled and not kept[at].labelled:
             kept[at] = replace(kept[at], labelled=True)
+    return kept, repeats
+
+
+def distinct_examples(cases: Sequence[Case], input_arg: str, file: object) -> tuple[list[Case], list[Case]]:
+    """The cases a gate's examples tier votes with (labelled, the text ``args.<input_arg>``)
+    without their repeats, and the repeats left out (in file order).
+
+    An example is its text as an embedder sees it (:func:`~localllm.calibrate.same_text`:
+    case, spacing and Unicode form aside) and its labels. The same text under the same labels
+    again is one example: kept twice, it would be two of a near input's ``k`` neighbours,
+    doubling its weight in the vote and pushing another example out. The same text under
+    other labels is a :class:`~localllm.errors.ConfigError` naming both lines of ``file``:
+    one of the labels is wrong, and an input like it would be voted for both. An example
+    that labels nothing votes for nothing and contradicts none."""
+    from localllm.calibrate import same_text
+
+    problems = ProblemList(file)
+    first: dict[tuple[str, str], int] = {}  # (same text, labels) → its index in kept
+    labelled: dict[str, tuple[int, str, str]] = {}  # same text → (its first line, its text there, its labels)
+    kept: list[Case] = []
+    repeats: list[Case] = []
+    for case in cases:
+        text = case.args.get(input_arg)
+        if not case.labelled or not isinstance(text, str):
+            continue
+        labels = case.expect.labels()
+        answer = json.dumps(_number_free(labels), sort_keys=True, ensure_ascii=False)
+        if labels:
+            line, there, before = labelled.setdefault(same_text(text), (case.line, text, answer))
+            if before != answer:
+                also = f", as {there!r}" if there != text else ""
+                problems.add(
+                    f"line {case.line}.expect",
+                    f"labels the text {answer} where line {line}{also} labels it {before}: one of the labels "
+                    "is wrong, and an input like the text would be voted for both",
+                    f"label the text with its one answer (line {line} or line {case.line}); case, spacing and "
+                    "Unicode form aside, as an embedder sees it",
+                )
+                continue
+        at = first.setdefault((same_text(text), answer), len(kept))
+        if at == len(kept):
+            kept.append(case)
+        else:
+            repeats.append(case)
+    if problems.items:
+        raise ConfigError(problems.items)
     return kept, repeats
 
 

@@ -534,3 +534,48 @@ def test_an_unknown_models_examples_are_not_read_back_at_another_width(tmp_path:
     # the same model name, the server now running another GGUF: before, a bare numpy ValueError
     (best,) = ExampleSet(examples, embedder(768), store_root=tmp_path).neighbours("refund", 1)
     assert best.example.id in ("1", "2")
+
+
+def test_an_example_repeated_under_its_label_is_one_example_with_one_vote(app: Path) -> None:
+    from localllm.embed.examples import load_examples
+
+    # e2 pasted again (its case and spacing differ: the embedder sees the same text). Before, a
+    # near input found it twice among its k = 3, a billing vote that pushed e4 (bug) out
+    write_examples(app / "examples.jsonl", [*EXAMPLES, ("e2-again", " Charged  TWICE refund", "billing")])
+    with Runtime(load_config(app / "app.yaml")) as rt:
+        rt.register_embedder("words", WordsEmbedder())
+        sets = rt.examples("queue")
+        assert sets is not None
+        near = sets.neighbours("charged twice refund crash", 3)
+    assert [n.example.id for n in near] == ["e2", "e1", "e4"]
+    result = vote(near, ["queue"])
+    assert result.answer == {"queue": "billing"}
+    weights = [n.score for n in near]
+    assert result.confidence == pytest.approx((weights[0] + weights[1] - weights[2]) / sum(weights) * weights[0])
+    kept, repeats = load_examples(app / "examples.jsonl", "ticket")
+    assert ([e.id for e in kept], [(e.id, e.line) for e in repeats]) == (
+        [i for i, _, _ in EXAMPLES],
+        [("e2-again", 10)],
+    )
+
+
+def test_a_text_under_two_labels_is_a_problem_of_the_examples_file_naming_both_lines(app: Path) -> None:
+    from localllm.embed.examples import load_examples
+
+    path = app / "examples.jsonl"
+    # e2's text labelled bug (case and spacing aside): before, loaded, and a near input was voted for both
+    write_examples(path, [*EXAMPLES, ("e2-bug", " Charged  TWICE refund", "bug")])
+    with pytest.raises(ConfigError) as info:
+        load_config(app / "app.yaml")
+    (problem,) = info.value.problems
+    assert problem.key == "gates.queue.examples.cases"
+    assert f"{path} line 10.expect" in problem.message and "line 2" in problem.message
+    assert "line 2 or line 10" in problem.hint
+    with pytest.raises(ConfigError) as info:
+        load_examples(path, "ticket")
+    assert [(p.file, p.key) for p in info.value.problems] == [(str(path), "line 10.expect")]
+    # an unlabelled case (trace cases' recorded answer) is not an example: it contradicts none
+    path.write_text(path.read_text().replace('"id": "e2-bug"', '"id": "e2-bug", "labelled": false'))
+    kept, repeats = load_examples(path, "ticket")
+    assert (len(kept), repeats) == (9, [])
+    load_config(app / "app.yaml")
