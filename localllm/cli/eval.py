@@ -212,6 +212,14 @@ def _print_table(report: dict[str, Any]) -> None:
             f"{report['duplicate_cases']} of the file's cases repeat an earlier one (the same args, world and "
             f"expect: line{'s' if len(lines) > 1 else ''} {', '.join(map(str, lines))}): asked and counted once"
         )
+    examples = report.get("examples") or {}
+    if examples.get("duplicate_examples"):
+        lines = examples["duplicate_lines"]
+        out(
+            f"{examples['duplicate_examples']} of {examples['file']}'s examples repeat an earlier one (the same "
+            f"text, case and spacing aside, and labels: line{'s' if len(lines) > 1 else ''} "
+            f"{', '.join(map(str, lines))}): one example, one vote ({examples['examples']} examples)"
+        )
     for block in (table_rows(report), _field_rows(report)):
         if len(block) < 2:
             continue

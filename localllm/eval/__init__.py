@@ -65,7 +65,9 @@ def evaluate(
     has one, then its own agent) and write the report. ``holdout``/``seed``: the share of
     cases held out from threshold calibration, and the seed of that split. A case repeating
     an earlier one (:func:`~localllm.eval.cases.distinct_cases`) is not asked again: the
-    report's ``duplicate_cases`` counts them, ``duplicate_lines`` names their lines."""
+    report's ``duplicate_cases`` counts them, ``duplicate_lines`` names their lines. The
+    report's ``examples`` does the same for the gate's examples file (a repeated example is
+    one example, one vote: :func:`~localllm.eval.cases.distinct_examples`)."""
     # imported here, not with the package: load_config reads a gate's examples through
     # localllm.eval.cases, and every `localllm run` would pay for the report and the runner
     from localllm.eval.report import build_report, write_report
@@ -107,6 +109,12 @@ def evaluate(
     # a repeated case is asked once: its answer again would count as a second, independent answer
     loaded, duplicates = distinct_cases(cases if cases is not None else load_cases(cases_path))
     check_cases(config, gate, loaded, cases_path)
+    examples = None
+    if found.examples is not None and found.examples.cases is not None and found.examples.input:
+        from localllm.embed.examples import load_examples
+
+        kept, repeated = load_examples(found.examples.cases, found.examples.input)
+        examples = (len(kept), [e.line for e in repeated])
     now = datetime.now(timezone.utc)
     stamp = now.strftime("%Y%m%dT%H%M%S%fZ")
     target = (out_dir or default_out_dir(config)) / gate
@@ -144,5 +152,6 @@ def evaluate(
         holdout=holdout,
         seed=seed,
         duplicates=duplicates,
+        examples=examples,
     )
     return EvalResult(report, write_report(report, target, stamp), trace_path)

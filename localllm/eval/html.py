@@ -252,12 +252,20 @@ def render_html(report: Mapping[str, Any]) -> str:
     )
     duplicates = report.get("duplicate_cases")
     repeated = f" ({duplicates} more repeating a case: asked once)" if duplicates else ""
+    examples = report.get("examples") or {}
+    again = (
+        f'<p class="muted">{examples["examples"]} examples in {escape(examples["file"])} '
+        f"({examples['duplicate_examples']} more repeating an example, lines "
+        f"{', '.join(map(str, examples['duplicate_lines']))}: one vote)</p>"
+        if examples.get("duplicate_examples")
+        else ""
+    )
     return (
         f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
         f"<style>{_CSS}</style></head><body><h1>{escape(title)}</h1>"
         f'<p class="muted">{report["cases"]} cases{repeated} × {report["repeat"]} repeat(s), '
         f"{escape(report['created'])}; "
-        f"{escape(str(machine.get('platform', '')))}, {machine.get('cpus')} CPUs</p>"
+        f"{escape(str(machine.get('platform', '')))}, {machine.get('cpus')} CPUs</p>{again}"
         f"<h2>Accuracy vs latency</h2>{_scatter(agents)}{_summary(agents)}"
         f"<h2>Confusion (enum fields)</h2>{confusions or '<p>no enum field in the schema</p>'}"
         f"<h2>Confidence: risk–coverage</h2>{_curves(report.get('calibration') or {})}"

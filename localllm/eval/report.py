@@ -299,9 +299,12 @@ def build_report(
     holdout: float = DEFAULT_HOLDOUT,
     seed: int = DEFAULT_SEED,
     duplicates: Sequence[Case] = (),
+    examples: tuple[int, Sequence[int]] | None = None,
 ) -> dict[str, Any]:
     """The report document (``kind: localllm_eval_report``) of one eval run; ``duplicates``:
-    the cases left out of it as repeats of others (:func:`localllm.eval.cases.distinct_cases`)."""
+    the cases left out of it as repeats of others (:func:`localllm.eval.cases.distinct_cases`);
+    ``examples``: for a gate with examples, how many its file gives and the lines of the
+    repeats left out of them (:func:`localllm.eval.cases.distinct_examples`)."""
     calls = recorded_calls(trace_path)
     enums = enum_fields(gate.schema_path)
     agents, rows = agent_rows(runs, calls, cases, enums, repeat)
@@ -350,6 +353,14 @@ def build_report(
         "duplicate_cases": len(duplicates),
         "duplicate_lines": [c.line for c in duplicates],
         "unlabelled_cases": sum(1 for c in cases if not c.labelled),
+        "examples": None
+        if examples is None or gate.examples is None or gate.examples.cases is None
+        else {
+            "file": shown(gate.examples.cases),
+            "examples": examples[0],
+            "duplicate_examples": len(examples[1]),
+            "duplicate_lines": list(examples[1]),
+        },
         "calibration_cases": len(judged),
         "repeat": repeat,
         "trace": shown(trace_path),

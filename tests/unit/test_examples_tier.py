@@ -579,3 +579,30 @@ def test_a_text_under_two_labels_is_a_problem_of_the_examples_file_naming_both_l
     kept, repeats = load_examples(path, "ticket")
     assert (len(kept), repeats) == (9, [])
     load_config(app / "app.yaml")
+
+
+def test_eval_reports_the_repeated_examples(app: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from localllm.cli.eval import _print_table
+
+    write_examples(
+        app / "examples.jsonl",
+        [
+            *EXAMPLES,
+            ("e2-again", " Charged  TWICE refund", "billing"),
+            ("e9-again", "feature REQUEST add tags", "feature"),
+        ],
+    )
+    latest = evidence(app, WordsEmbedder())
+    report = json.loads(latest.read_text())
+    assert report["examples"] == {
+        "file": "examples.jsonl",
+        "examples": 9,
+        "duplicate_examples": 2,
+        "duplicate_lines": [10, 11],
+    }
+    _print_table(report)
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if "examples repeat an earlier one" in x]
+    assert line.startswith("2 of examples.jsonl's examples") and "lines 10, 11" in line
+    assert "repeating an example, lines 10, 11" in (latest.parent / "latest.html").read_text()
+    write_examples(app / "examples.jsonl", EXAMPLES)
+    assert json.loads(evidence(app, WordsEmbedder()).read_text())["examples"]["duplicate_examples"] == 0
