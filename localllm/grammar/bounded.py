@@ -2,8 +2,8 @@
 
 Every answer localllm validates goes through :func:`bounded_validator` (by way of
 ``localllm.grammar.compile.validator_class`` and ``localllm.schema.SchemaSet``). It is
-jsonschema's own class for the draft, with three keyword families swapped, verdicts and
-messages unchanged:
+jsonschema's own class for the draft, with three keyword families swapped, messages
+unchanged (verdicts too, but for ``multipleOf``'s, below):
 
 * **regexes** (``pattern``, ``patternProperties``, ``additionalProperties``,
   ``unevaluatedProperties``, ``propertyNames``): ``re.search`` backtracks exponentially on
@@ -12,8 +12,12 @@ messages unchanged:
 * **uniqueItems**: jsonschema compares unhashable items pairwise, 43 s for 5,000 objects;
   here each item gets a hashable key with JSON's equality (``1 == 1.0``, ``true != 1``, key
   order ignored), linear time;
-* **multipleOf** with a float divisor: a 400-digit integer raised a bare ``OverflowError``;
-  here it is decided exactly with fractions.
+* **multipleOf** with a float divisor or a float answer: decided exactly on the numbers as
+  written (each float read as its shortest decimal, ``repr``), as the specification's own
+  example has it (4.02 is a multiple of 0.01). jsonschema divides in binary floating point
+  and calls 0.07, 1.11, 19.99, 600.03 not multiples of 0.01 (python-jsonschema issues #185,
+  #679, #1099, #1234), so a price the model wrote right failed validation and escalated; and
+  a 400-digit integer raised a bare ``OverflowError``. This is the one verdict changed.
 
 And its default registry retrieves nothing (:func:`_no_retrieval`): jsonschema's fetches a
 remote ``$ref`` with urllib.
@@ -117,12 +121,24 @@ def _unique_items(validator: Any, unique: Any, instance: Any, schema: Any) -> It
         yield _error(f"{instance!r} has non-unique elements")
 
 
+def _exact(number: Any) -> Fraction:
+    """``number`` as the decimal it was written as: a float's shortest decimal (``repr``, which
+    is the JSON text for any number of at most 15 significant digits), an int or a Decimal
+    exactly. ValueError for an infinity or NaN (no JSON number)."""
+    return Fraction(repr(number)) if isinstance(number, float) else Fraction(number)
+
+
 def _multiple_of(validator: Any, divisor: Any, instance: Any, schema: Any) -> Iterator[Any]:
-    try:
+    if not validator.is_type(instance, "number") or not validator.is_type(divisor, "number"):
         yield from validator._UNBOUNDED["multipleOf"](validator, divisor, instance, schema)
-    except OverflowError:  # an integer too large for a float: decide it exactly
-        if (Fraction(instance) / Fraction(divisor)).denominator != 1:
-            yield _error(f"{instance!r} is not a multiple of {divisor}")
+        return
+    try:
+        exact = _exact(instance) / _exact(divisor)
+    except (ValueError, ZeroDivisionError, TypeError):  # not JSON numbers: jsonschema decides
+        yield from validator._UNBOUNDED["multipleOf"](validator, divisor, instance, schema)
+        return
+    if exact.denominator != 1:
+        yield _error(f"{instance!r} is not a multiple of {divisor}")
 
 
 @functools.cache

@@ -1346,49 +1346,7 @@ class _Compiler:
         seen: set[str] = set()
         for comp in self.flatten(comps, path, depth, frozenset(bare), seen):
             merged = self.merge(merged, comp, path)
-        for key in ("multipleOf", "divisibleBy"):
-            if isinstance(merged.get(key), _Steps):
-                merged = self.common_multiples(node, merged, key, path)
         return merged, frozenset(bare) | frozenset(seen)
-
-    def common_multiples(self, node: dict[str, Any], merged: dict[str, Any], key: str, path: str) -> dict[str, Any]:
-        """``merged`` (``node``'s allOf merged) whose components give several steps, one of
-        them decimal: between two bounds, the multiples of their exact common multiple (at
-        most MAX_BRANCHES*4), each kept when the validator accepts it against ``node``
-        itself — every original step divided as the validator divides — as an ``enum``;
-        values of other kinds as ``merged`` says without its number keywords."""
-        steps: tuple[int | float, ...] = merged[key].steps
-        exact = functools.reduce(_lcm, (Fraction(str(s)) for s in steps))
-        lo = self.bound(merged, path, "minimum", "exclusiveMinimum")
-        hi = self.bound(merged, path, "maximum", "exclusiveMaximum")
-        listed = None
-        if lo is not None and hi is not None:
-            first, last = math.ceil(lo.value / exact), math.floor(hi.value / exact)
-            first += lo.exclusive and first * exact == lo.value
-            last -= hi.exclusive and last * exact == hi.value
-            if last - first + 1 <= 4 * MAX_BRANCHES:
-                listed = range(first, last + 1)
-        if listed is None:
-            raise _Refuse(
-                path,
-                key,
-                f'allOf components give "{key}" {" and ".join(str(s) for s in steps)}: the validator divides by '
-                f"each in binary floating point, so their common multiples are compiled only between two bounds "
-                f"listing at most {4 * MAX_BRANCHES} of them",
-            )
-        texts = [self.valid_multiple(node, n * exact, path, key) for n in listed]
-        numbers = [json.loads(t) for t in texts if t is not None]
-        types = _type_set(merged.get("type"))
-        others = [t for t in (_TYPES if types is None else types) if t not in ("number", "integer")]
-        alts: list[Any] = [{"enum": numbers}] if numbers else []
-        if others:
-            rest = {k: v for k, v in merged.items() if k not in keywords.NUMBER and k != "type"}
-            alts.append({**rest, "type": others})
-        if not alts:
-            raise _Unsatisfiable(
-                path, key, f"no common multiple of {' and '.join(map(str, steps))} passes the validator"
-            )
-        return alts[0] if len(alts) == 1 else {"anyOf": alts}
 
     def flatten(
         self, comps: list[Any], path: str, depth: int, chain: frozenset[str], seen: set[str]
@@ -1562,14 +1520,20 @@ class _Compiler:
             return {"anyOf": [mine, other]}
         if key == "pattern" and isinstance(mine, str) and isinstance(other, str):
             return self.both_patterns(mine, other, path)
-        if key in ("multipleOf", "divisibleBy"):
-            steps = (*_steps_of(mine), *_steps_of(other))
-            if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in steps):
-                return math.lcm(*steps)  # integer steps: a multiple of both is a multiple of the lcm
-            if all(_finite(v) and v > 0 for v in steps):
-                # a decimal one: the validator divides by each in binary floating point, so no
-                # one step stands for them; merge_all lists their common multiples
-                return _Steps(tuple(dict.fromkeys(steps)))
+        if key in ("multipleOf", "divisibleBy") and all(_finite(v) and v > 0 for v in (mine, other)):
+            # a multiple of both is a multiple of their least common multiple: the validator
+            # decides multipleOf exactly on the decimals written (localllm.grammar.bounded)
+            common = _lcm(_written(mine), _written(other))
+            if common.denominator == 1:
+                return int(common)
+            if Fraction(repr(step := float(_decimal_text(common)))) == common:
+                return step
+            raise _Refuse(
+                path,
+                key,
+                f'allOf components give "{key}" {mine} and {other}, whose least common multiple '
+                f"{_decimal_text(common)} has more digits than a JSON number read as a float keeps",
+            )
         if key == "anyOf" and isinstance(mine, list) and isinstance(other, list):
             product = [{"allOf": [x, y]} for x in mine for y in other]
             if len(product) > MAX_BRANCHES:
@@ -2496,14 +2460,13 @@ class _Compiler:
             if not kept:
                 raise _Unsatisfiable(path, key, f"no multiple of {step} between the bounds passes the validator")
             return self.rule(f"{path}-multiple", _alt(kept))
-        if not isinstance(step, int) or isinstance(step, bool):
-            raise _Refuse(
-                path,
-                key,
-                f'"{key}": {step} is a decimal step without two bounds listing at most {4 * MAX_BRANCHES} values; '
-                f"the validator divides in binary floating point (0.07 / 0.01 is not a whole number there), "
-                "so its multiples form no grammar",
-            )
+        if exact.denominator != 1:
+            if integer:  # the integers among the multiples of p/q (lowest terms): the multiples of p
+                return self.gen_number({**node, key: exact.numerator}, path, integer=True)
+            if _not_an_integer(node):
+                raise _Refuse(path, key, f'"{key}": a decimal step beside a negated integer type is not compiled')
+            return self.decimal_multiples(exact, lo, hi, path, key)
+        step = int(exact)  # 2.0 is the step 2
         point = ""
         if _not_an_integer(node):
             if self.draft != 4:
@@ -2542,6 +2505,93 @@ class _Compiler:
             return self.rule(f"{path}-multiple", f"( {' | '.join(parts)} ) {point}")
         if not integer:
             self.notes.append(f"{path}: multiples of {step} are written as integers")
+        return self.rule(f"{path}-multiple", " | ".join(parts))
+
+    def decimal_multiples(self, step: Fraction, lo: _Bound | None, hi: _Bound | None, path: str, key: str) -> str:
+        """The multiples of the decimal ``step`` (``a / 10**k``), written ``i`` or ``i.f`` with at
+        most ``k`` fraction digits and at most 15 digits in all (so the float a validator
+        parses is the decimal written, and :mod:`localllm.grammar.bounded` decides
+        ``multipleOf`` on it exactly). Divisibility of the digits read as one integer by ``a``
+        is regular: a rule per remainder and digit count, the fraction's digits scaled by the
+        ``10**(k - j)`` still to come. Bounds: none, or ones that only say "not negative" /
+        "positive" (or the mirror), or beyond the magnitudes written (below ``10**(15 - k)``);
+        else refused."""
+        k = 0
+        while (step * 10**k).denominator != 1:
+            k += 1
+        a = int(step * 10**k)
+        if k >= 15 or a > MAX_STEP:
+            raise _Refuse(
+                path,
+                key,
+                f'"{key}": {_decimal_text(step)} is a decimal step with {k} decimals and {a} as its digits; without '
+                f"two bounds listing at most {4 * MAX_BRANCHES} values it is compiled only up to 14 decimals and "
+                f"digits up to {MAX_STEP}",
+            )
+        whole = 15 - k  # integer digits at most
+        top = Fraction(10) ** whole  # every magnitude written is below it
+        least = Fraction(float(step))  # the smallest positive multiple as the validator reads it
+        positive = _all_beyond(lo, hi, least, top)
+        negative = _all_beyond(_mirror(hi), _mirror(lo), least, top)
+        if positive is None or negative is None:
+            raise _Refuse(
+                path,
+                key,
+                f'"{key}": {_decimal_text(step)} with a bound other than 0 (or ±{_decimal_text(step)}) is compiled '
+                f"only between two bounds listing at most {4 * MAX_BRANCHES} values",
+            )
+        zero = (lo is None or lo.value < 0 or (lo.value == 0 and not lo.exclusive)) and (
+            hi is None or hi.value > 0 or (hi.value == 0 and not hi.exclusive)
+        )
+        states: dict[tuple[str, int, int, bool], str | None] = {}
+
+        def digits(phase: str, rem: int, n: int, nonzero: bool) -> str | None:
+            """What may follow ``n`` digits (of the integer part, or of the fraction) whose value
+            leaves ``rem`` modulo ``a``: None when no multiple can."""
+            if (phase, rem, n, nonzero) in states:
+                return states[(phase, rem, n, nonzero)]
+            states[(phase, rem, n, nonzero)] = None  # no cycles: n grows
+            alts: list[str] = []
+            room = whole if phase == "int" else k
+            if n < room:
+                by_target: dict[tuple[int, bool], list[int]] = {}
+                for d in range(10):
+                    by_target.setdefault(((10 * rem + d) % a, nonzero or d > 0), []).append(d)
+                for (target, nz), ds in by_target.items():
+                    nxt = digits(phase, target, n + 1, nz)
+                    if nxt is not None:
+                        alts.append(f"{gbnf_class([(ord(str(d)), ord(str(d))) for d in ds])} {nxt}".strip())
+            if phase == "int" and k:
+                point = digits("frac", rem, 0, nonzero)
+                if point is not None:
+                    alts.append(f'"." {point}'.strip())
+            scale = 10 ** (k - n) if phase == "frac" else 10**k
+            ends = nonzero and (rem * scale) % a == 0 and (phase == "int" or n > 0)
+            if not alts:
+                expr = "" if ends else None
+            else:
+                body = " | ".join(alts)
+                expr = self.rule(f"{path}-mult", f"( {body} )?" if ends else body)
+            states[(phase, rem, n, nonzero)] = expr
+            return expr
+
+        starts = [f'"{d}" {nxt}'.strip() for d in range(1, 10) if (nxt := digits("int", d % a, 1, True)) is not None]
+        if k and (fraction := digits("frac", 0, 0, False)) is not None:
+            starts.append(f'"0." {fraction}'.strip())
+        magnitude = self.rule(f"{path}-multiples", " | ".join(starts))
+        parts = ['"0"'] if zero else []
+        if positive and negative:
+            parts.append(f'"-"? {magnitude}')
+        elif positive:
+            parts.append(magnitude)
+        elif negative:
+            parts.append(f'"-" {magnitude}')
+        if not parts:
+            raise _Unsatisfiable(path, key, f"no multiple of {_decimal_text(step)} lies between the bounds")
+        self.notes.append(
+            f"{path}: multiples of {_decimal_text(step)} are written with at most {k} decimal{'s' * (k > 1)}, "
+            f"below 10^{whole} and with no exponent"
+        )
         return self.rule(f"{path}-multiple", " | ".join(parts))
 
     def valid_multiple(self, schema: Any, value: Fraction, path: str, key: str) -> str | None:
@@ -2948,6 +2998,24 @@ def _decimal_text(value: Fraction) -> str:
     return f"{sign}{digits[:-scale]}.{digits[-scale:]}"
 
 
+def _mirror(b: _Bound | None) -> _Bound | None:
+    """``b`` for the negated values (a lower bound of -x read as an upper bound of x)."""
+    return None if b is None else _Bound(-b.value, b.exclusive)
+
+
+def _all_beyond(lo: _Bound | None, hi: _Bound | None, step: Fraction, top: Fraction) -> bool | None:
+    """Whether every positive multiple of a step whose least is ``step`` (the float a validator
+    reads, as are the bounds) and that is below ``top`` meets the bounds (True), none does
+    (False), or some do and some do not (None)."""
+    below = hi is not None and (hi.value < step or (hi.value == step and hi.exclusive))
+    above = lo is not None and (lo.value > top or (lo.value == top and lo.exclusive))
+    if below or above:
+        return False
+    low_ok = lo is None or lo.value < step or (lo.value == step and not lo.exclusive)
+    high_ok = hi is None or hi.value >= top
+    return True if low_ok and high_ok else None
+
+
 def _int_at_least(b: _Bound) -> int:
     n = math.ceil(b.value)
     return n + 1 if b.exclusive and n == b.value else n
@@ -3069,16 +3137,9 @@ def _literal_values(node: Any) -> list[Any] | None:
     return None
 
 
-@dataclass(frozen=True)
-class _Steps:
-    """The ``multipleOf`` steps of allOf components, one of them decimal, while they merge
-    (:meth:`_Compiler.common_multiples` lists them before the merged schema is used)."""
-
-    steps: tuple[int | float, ...]
-
-
-def _steps_of(value: Any) -> tuple[Any, ...]:
-    return value.steps if isinstance(value, _Steps) else (value,)
+def _written(number: int | float) -> Fraction:
+    """A JSON number as the decimal it was written as (a float's shortest decimal)."""
+    return Fraction(repr(number)) if isinstance(number, float) else Fraction(number)
 
 
 def _lcm(a: Fraction, b: Fraction) -> Fraction:

@@ -409,10 +409,10 @@ def test_endpoint_unset_key_makes_no_request(tmp_path: Path, keyed_server: str, 
 def test_schema_the_compiler_refuses_falls_back_to_the_server_converter(
     tmp_path: Path, server_bin: Path, logs: dict[str, Path]
 ) -> None:
-    # a decimal step with no bounds: no exact grammar (the validator divides in floating
-    # point, so its multiples are no grammar), but llama.cpp's converter is in its subset for
-    # it (a warning only), so response_format is sent.
-    schema = {"type": "number", "multipleOf": 0.1}
+    # a decimal step with no bounds whose digits (75) are past MAX_STEP: no grammar of ours,
+    # but llama.cpp's converter is in its subset for it (a warning only), so response_format
+    # is sent.
+    schema = {"type": "number", "multipleOf": 0.75}
     assert not compile_schema(schema).exact
     config = managed_config(tmp_path, server_bin)
     with Runtime(config) as rt:

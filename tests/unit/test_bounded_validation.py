@@ -1,5 +1,6 @@
 """The validators every answer meets stay fast and exception-free on hostile answers
-(localllm.grammar.bounded): uniqueItems in linear time, multipleOf without OverflowError, a
+(localllm.grammar.bounded): uniqueItems in linear time, multipleOf exact on the decimal written
+and without OverflowError, a
 recursive schema's deep answer a verdict, a remote $ref never fetched. Patterns:
 tests/unit/test_pattern.py."""
 
@@ -73,7 +74,7 @@ def test_unique_items_over_many_objects_is_linear() -> None:
     [
         (0.5, 10**400 + 1, True),  # x / 0.5 is always whole
         (0.3, 10**400, False),  # 0.3 as a double does not divide 10**400
-        (0.1, 10**400, False),
+        (0.1, 10**400, True),  # exactly: 10**401 tenths (jsonschema's float division said no)
         (3, 10**4000 + 1, False),
         (0.5, 3.5, True),
     ],
@@ -89,6 +90,37 @@ def test_multiple_of_with_a_huge_integer_is_a_verdict(tmp_path: Path, divisor: f
             SchemaSet(tmp_path).validate(text, schema)
         assert caught.value.kind is ErrorKind.SCHEMA_INVALID and "multipleOf" in str(caught.value)
     assert (_violation(schema, answer) is None) is valid
+
+
+@pytest.mark.parametrize(
+    ("divisor", "answer", "valid"),
+    [
+        (0.01, "19.99", True),  # jsonschema: 1998.9999999999998, not a multiple
+        (0.01, "0.07", True),
+        (0.01, "600.03", True),
+        (0.01, "4.02", True),  # the specification's own example
+        (0.0001, "0.0075", True),
+        (0.1, "10.1", True),
+        (0.01, "0.075", False),
+        (0.01, "19.999", False),
+        (0.1, "0.30000000000000004", False),
+        (1.5, "4.5", True),
+        (1.5, "35", False),
+        (2, "4.5", False),
+    ],
+)
+def test_multiple_of_is_decided_on_the_decimal_written(
+    tmp_path: Path, divisor: float, answer: str, valid: bool
+) -> None:
+    """The runtime's and the service's validation (SchemaSet, the service's violation check)."""
+    schema = {"type": "number", "multipleOf": divisor}
+    if valid:
+        assert SchemaSet(tmp_path).validate(answer, schema) == json.loads(answer)
+    else:
+        with pytest.raises(AgentError) as caught:
+            SchemaSet(tmp_path).validate(answer, schema)
+        assert caught.value.kind is ErrorKind.SCHEMA_INVALID
+    assert (_violation(schema, json.loads(answer)) is None) is valid
 
 
 @pytest.mark.parametrize(

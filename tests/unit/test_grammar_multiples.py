@@ -1,11 +1,14 @@
 """multipleOf: integer steps without two bounds (divisibility of a decimal integer is regular:
 one rule per remainder and digit count), decimal steps between two bounds (each multiple
-listed and kept only when the validator — which divides in binary floating point — accepts
-it), integer steps merged across allOf by their lcm. What stays refused says why.
+listed and kept only when the validator accepts it) and without (the digits, point aside,
+divisible by the step's digits), steps merged across allOf by their least common multiple.
+The validator decides multipleOf exactly on the decimals written (jsonschema's float
+division called 0.07 and 19.99 no multiples of 0.01). What stays refused says why.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -94,13 +97,87 @@ def test_decimal_step_admits_its_listed_multiples() -> None:
     ]
 
 
+def _numbers() -> list[str]:
+    """Number texts: signs, integer parts, fractions of 0-5 digits (trailing zeros too), exponents."""
+    ints = [str(i) for i in range(130)] + ["999", "1000", "1234567890", "12345678901234", "123456789012345"]
+    fractions = ["", ".0", ".00", ".5", ".25", ".50", ".75", ".05", ".01", ".07", ".99", ".125", ".0001"]
+    fractions += [".0075", ".00751", ".3", ".33", ".1", ".10", ".2", ".45", ".30000"]
+    texts = [sign + i + f for sign in ("", "-") for i in ints for f in fractions]
+    return [*texts, "1e2", "1.5e1", "-0", "00", "01.5", "0.0", "600.03", "19.99", "4.02", "1.11"]
+
+
+def _valid(check: Any, text: str) -> bool:
+    """Whether ``text`` is JSON (``00`` is not) the validator accepts."""
+    try:
+        return bool(check.is_valid(json.loads(text)))
+    except ValueError:
+        return False
+
+
 @pytest.mark.parametrize(
     "schema",
     [
         {"multipleOf": 0.0001},  # JSON-Schema-Test-Suite multipleOf group 2: no bounds
+        {"multipleOf": 1.5},  # JSON-Schema-Test-Suite multipleOf group 1
+        {"type": "number", "multipleOf": 0.01},
         {"type": "number", "multipleOf": 0.01, "minimum": 0, "maximum": 99999999999999.98},  # Github_easy o46421
-        {"type": "integer", "multipleOf": 4, "minimum": 5},  # a bound off 0: neither listed nor "not negative"
+        {"type": "number", "multipleOf": 0.25, "minimum": 0},
+        {"type": "number", "multipleOf": 0.05, "exclusiveMinimum": 0},
+        {"type": "number", "multipleOf": 0.2, "minimum": 0.2},
+        {"type": "number", "multipleOf": 0.5, "maximum": 0},
+        {"type": "number", "multipleOf": 0.3, "exclusiveMaximum": 0},
+        {"type": "integer", "multipleOf": 0.5},  # every integer
+        {"type": "integer", "multipleOf": 2.5, "minimum": 0},  # the multiples of 5
+        {"allOf": [{"multipleOf": 0.25}, {"multipleOf": 0.1}]},  # merged: 0.5
+    ],
+)
+def test_decimal_steps_without_two_bounds_admit_only_valid_multiples(schema: dict[str, Any]) -> None:
+    compiled = compile_schema(schema)
+    assert compiled.grammar is not None, compiled.refusals
+    assert invalid_walks(schema, compiled, 300) == []
+    g = grammar_of(schema)
+    check = validator(schema)
+    texts = _numbers()
+    admitted = [t for t in texts if g.matches(t)]
+    assert [t for t in admitted if not _valid(check, t)] == []
+    # every valid number written with at most the step's decimals and 15 digits, no exponent,
+    # no leading zero and a nonzero value is admitted (trailing zeros within the decimals too)
+    decimals = len(str(schema.get("multipleOf", 0.5)).partition(".")[2])
+    meant = [
+        t
+        for t in texts
+        if _valid(check, t)
+        and "e" not in t
+        and len(t.lstrip("-").partition(".")[2]) <= decimals
+        and len(t.lstrip("-").partition(".")[0]) <= 15 - decimals  # 15 digits: the float is the decimal
+        and not t.lstrip("-").startswith("00")
+        and not (t.lstrip("-").startswith("0") and t.lstrip("-")[1:2].isdigit())
+        and json.loads(t) != 0
+    ]
+    if schema.get("type") != "integer":
+        assert [t for t in meant if t not in admitted] == []
+    assert len(admitted) >= 20
+
+
+def test_prices_the_validator_refused_are_multiples_now() -> None:
+    schema = {"type": "number", "multipleOf": 0.01, "minimum": 0}
+    check = validator(schema)
+    g = grammar_of(schema)
+    for text in ("0.07", "19.99", "600.03", "4.02", "1.11", "10001.12", "0", "3"):
+        assert check.is_valid(json.loads(text)) and g.matches(text), text
+    for text in ("0.075", "-0.07", "19.999", "1e-2"):
+        assert not g.matches(text), text
+    assert not check.is_valid(0.075) and not check.is_valid(0.30000000000000004)
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "number", "multipleOf": 0.01, "minimum": 5},  # a bound off 0: neither listed nor "not negative"
+        {"type": "number", "multipleOf": 0.75},  # digits 75 above MAX_STEP
+        {"type": "integer", "multipleOf": 4, "minimum": 5},
         {"type": "integer", "multipleOf": MAX_STEP + 1},
+        {"type": "integer", "multipleOf": 0.123456789},  # JSON-Schema-Test-Suite group 3: integers step 123456789
     ],
 )
 def test_what_stays_refused_names_multiple_of(schema: dict[str, Any]) -> None:

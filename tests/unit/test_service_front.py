@@ -982,9 +982,10 @@ def test_import_and_help_do_not_load_the_http_front() -> None:
 def test_strict_schema_the_converter_enforces_goes_to_the_converter(
     make_service: Factory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # the compiler refuses multipleOf 0.5; llama.cpp's converter enforces the structure (the
-    # value constraint is validation's): a strict request is served and validated, not refused
-    schema = {"type": "object", "properties": {"x": {"type": "number", "multipleOf": 0.5}}, "required": ["x"]}
+    # the compiler refuses multipleOf 0.75 (digits past MAX_STEP); llama.cpp's converter enforces
+    # the structure (the value constraint is validation's): a strict request is served and
+    # validated, not refused
+    schema = {"type": "object", "properties": {"x": {"type": "number", "multipleOf": 0.75}}, "required": ["x"]}
     monkeypatch.setenv("FAKE_LLAMA_CONTENT", '{"x": 1.5}')
     service = make_service()
     with client(service) as http:
