@@ -49,6 +49,9 @@ MAX_DEPTH = 64
 #: larger maximum is lowered to this (sound: fewer answers), a larger minimum refused
 MAX_REPEAT = 1_000
 MAX_BRANCHES = 64
+#: alternatives of multiplied-out allOf of anyOf one schema may generate on trial, to drop those
+#: that admit no value
+MAX_TRIALS = 1024
 #: objects with at most this many generated properties (and uniqueItems arrays with at most
 #: this many values) admit them in any order (2^n rules); more keep their declared order
 ANY_ORDER = 6
@@ -92,6 +95,7 @@ _FORMATS = (
     "iri",
     "iri-reference",
     "uri-template",
+    "duration",
 )
 _CHECKED_FORMATS = frozenset(
     {
@@ -100,7 +104,6 @@ _CHECKED_FORMATS = frozenset(
         "json-pointer",
         "relative-json-pointer",
         "regex",
-        "duration",
         "color",
     }
 )
@@ -114,6 +117,7 @@ _NARROWED_FORMATS = {
     "iri": "https, http, ftp or file://host/path only (ASCII, at most 4 path segments, no query or fragment)",
     "iri-reference": "https, http, ftp or file://host/path only (ASCII, at most 4 path segments, no query or fragment)",
     "uri-template": "https://host/path only, each of at most 4 path segments a literal or one {variable}",
+    "duration": "RFC 3339's form (P1Y2M3DT4H5M6S, P2W), whole numbers of at most 4 digits",
 }
 #: (shortest, longest) string each format grammar generates
 _FORMAT_LENGTHS: dict[str, tuple[int, int]] = {
@@ -130,6 +134,7 @@ _FORMAT_LENGTHS: dict[str, tuple[int, int]] = {
     "iri": (7, 223),
     "iri-reference": (7, 223),
     "uri-template": (9, 223),
+    "duration": (3, 32),
 }
 
 _PRIMITIVES = {
@@ -176,6 +181,11 @@ _PRIMITIVES = {
     "iri": "uri",
     "iri-reference": "uri",
     "uri-template": '"https://" hostname ( "/" ( [A-Za-z0-9._~-]{0,20} | "{" [A-Za-z0-9_]{1,16} "}" ) ){0,4}',
+    # RFC 3339 appendix A: a part may be followed only by the next smaller ones, in order
+    "dur-n": "[0-9]{1,4}",
+    "duration": '"P" ( dur-date | dur-time | dur-n "W" )',
+    "dur-date": '( dur-n "D" | dur-n "M" ( dur-n "D" )? | dur-n "Y" ( dur-n "M" ( dur-n "D" )? )? ) dur-time?',
+    "dur-time": '"T" ( dur-n "S" | dur-n "M" ( dur-n "S" )? | dur-n "H" ( dur-n "M" ( dur-n "S" )? )? )',
 }
 _PRIMITIVE_DEPS = {
     "char": ("hex-cp",),
@@ -197,6 +207,9 @@ _PRIMITIVE_DEPS = {
     "iri": ("uri",),
     "iri-reference": ("uri",),
     "uri-template": ("hostname",),
+    "duration": ("dur-n", "dur-date", "dur-time"),
+    "dur-date": ("dur-n", "dur-time"),
+    "dur-time": ("dur-n",),
 }
 
 
@@ -661,6 +674,10 @@ class _Compiler:
         #: NFA states the automata of this schema's patterns may still build and visit
         self.automaton_work = [automaton.WORK, automaton.WORK]
         self.products = 0
+        #: satisfiable's trial verdicts: an alternative (canonical JSON) -> whether it admits a
+        #: value; and the trials this schema may still run
+        self.admits: dict[str, bool] = {}
+        self.trials = MAX_TRIALS
         self.notes: list[str] = []
         if isinstance(root, dict) and "$schema" in root and not isinstance(root["$schema"], str):
             raise _Refuse("$", "$schema", f'"$schema" must be a URI string, got {_q(root["$schema"])}')
@@ -1537,9 +1554,45 @@ class _Compiler:
         if key == "anyOf" and isinstance(mine, list) and isinstance(other, list):
             product = [{"allOf": [x, y]} for x in mine for y in other]
             if len(product) > MAX_BRANCHES:
+                product = self.satisfiable(product, path)
+            if len(product) > MAX_BRANCHES:
                 raise _Refuse(path, "anyOf", f"allOf of anyOf gives more than {MAX_BRANCHES} alternatives")
             return product
         raise _Refuse(path, key, f'allOf components disagree on "{key}" ({_q(mine)} vs {_q(other)}); not merged')
+
+    def satisfiable(self, alternatives: list[Any], path: str) -> list[Any]:
+        """``alternatives`` (an allOf of anyOf multiplied out, more than MAX_BRANCHES) without
+        those that admit no value, each generated on trial and its rules dropped: the branches
+        of if/then/else components keyed on one property mostly contradict each other (a
+        ``const`` beside its own negation), and only the few that agree are a grammar. Stops
+        past MAX_BRANCHES kept, or with the alternatives as they are (refused) when the
+        schema's MAX_TRIALS trials run out. A trial that refuses keeps its alternative, for the
+        grammar to refuse it as before. Verdicts are remembered: trials nest (an alternative's
+        own allOf of anyOf is tried inside it)."""
+        kept: list[Any] = []
+        for alternative in alternatives:
+            key = _canon(alternative)
+            if key not in self.admits:
+                if self.trials <= 0:
+                    return alternatives
+                self.trials -= 1
+                saved, notes = self.save(), len(self.notes)
+                self.admits[key] = True
+                try:
+                    self.gen(alternative, path, 0, frozenset())
+                except _Unsatisfiable:
+                    self.admits[key] = False
+                except _Refuse:
+                    pass
+                finally:
+                    self.restore(saved)
+                    del self.notes[notes:]
+            if not self.admits[key]:
+                continue
+            kept.append(alternative)
+            if len(kept) > MAX_BRANCHES:
+                break
+        return kept
 
     def both_patterns(self, a: str, b: str, path: str) -> str:
         """One regex for what ``a`` and ``b`` both find — lookaheads from the start, read by

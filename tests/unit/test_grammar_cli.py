@@ -178,7 +178,7 @@ def test_compile_explain_lists_every_refusal_with_a_hint(tmp_path: Path, capsys:
         "type": "object",
         "properties": {
             "a": {"type": "string", "pattern": "^(?=a)a$"},
-            "b": {"type": "string", "format": "duration"},
+            "b": {"type": "string", "format": "ipv6"},
             "c": {"type": "integer", "minimum": 1},
         },
     }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -197,6 +198,81 @@ def test_uri_template_is_generated_narrowed_and_valid() -> None:
 @pytest.mark.parametrize("fmt", ["uri-template"])
 def test_uri_template_with_length_bounds_inside_the_format_lengths_is_refused(fmt: str) -> None:
     assert compile_schema({"type": "string", "format": fmt, "maxLength": 20}).refusals[0].construct == "maxLength"
+
+
+# ---------------------------------------------------------------------------- allOf of many if/then
+
+
+def _sample(name: str) -> dict[str, Any]:
+    path = Path(__file__).parents[1] / "bench" / "data" / "jsonschemabench_sample.jsonl"
+    return next(e for e in map(json.loads, path.read_text().splitlines()) if e["id"].endswith(name))
+
+
+@pytest.mark.parametrize("name", ["JsonSchemaStore---openrewrite", "Github_hard---o21171"])
+def test_all_of_if_then_components_keep_the_alternatives_that_admit_a_value(name: str) -> None:
+    """Refused before ("allOf of anyOf gives more than 64 alternatives"): the if/then
+    components keyed on one property multiply out past 64, and all but a few of those
+    alternatives contradict themselves. Each is now generated on trial and dropped when it
+    admits nothing; both schemas compile and admit what the validator admits."""
+    entry = _sample(name)
+    schema = entry["schema"]
+    compiled = compile_schema(schema)
+    assert compiled.grammar is not None, compiled.refusals
+    assert invalid_walks(schema, compiled, 300) == []
+    grammar = Grammar.parse(compiled.grammar)
+    check = validator(schema)
+    for test in entry["tests"]:
+        text = json.dumps(test["data"], separators=(",", ":"))
+        assert check.is_valid(test["data"]) is test["valid"]
+        if not test["valid"]:
+            assert not grammar.matches(text), text
+    if name.endswith("openrewrite"):
+        recipe = {"type": "specs.openrewrite.org/v1beta/recipe", "name": "r", "recipeList": ["a.B"]}
+        category = {"type": "specs.openrewrite.org/v1beta/category", "packageName": "p"}
+        mixed = {**category, "recipeList": ["a.B"]}  # a recipe's key under the category's type
+        assert [grammar.matches(json.dumps(v, separators=(",", ":"))) for v in (recipe, category, mixed)] == [
+            check.is_valid(v) for v in (recipe, category, mixed)
+        ]
+
+
+def test_all_of_of_anyof_trials_are_bounded_per_schema() -> None:
+    """Twelve if/then components on one key multiply out past what MAX_TRIALS trials can
+    sort: refused as before, in bounded time."""
+    kinds = [f"k{i}" for i in range(12)]
+    schema = {
+        "type": "object",
+        "properties": {"kind": {"enum": kinds}, **{f"f{i}": {"type": "integer"} for i in range(12)}},
+        "required": ["kind"],
+        "additionalProperties": False,
+        "allOf": [
+            {"if": {"properties": {"kind": {"const": k}}}, "then": {"required": [f"f{i}"]}} for i, k in enumerate(kinds)
+        ],
+    }
+    assert [r.construct for r in compile_schema(schema).refusals] == ["anyOf"]
+
+
+# ---------------------------------------------------------------------------- duration
+
+
+@pytest.mark.parametrize(
+    "draft", ["https://json-schema.org/draft/2020-12/schema", "https://json-schema.org/draft/2019-09/schema"]
+)
+def test_duration_is_generated_in_rfc_3339_form_and_valid(draft: str) -> None:
+    """Refused before ("has no grammar here"): JSONSchemaStore openrewrite and the
+    JSON-Schema-Test-Suite's format group 18 fell back to the server's converter."""
+    schema = {"$schema": draft, "type": "string", "format": "duration"}
+    compiled = compile_schema(schema)
+    assert compiled.grammar is not None and any("duration" in n for n in compiled.notes)
+    assert invalid_walks(schema, compiled, 2000) == []
+    grammar = Grammar.parse(compiled.grammar)
+    check = validator(schema)
+    admitted = ["P1Y", "P2W", "P0D", "PT36H", "P1Y2M3DT4H5M6S", "P3M4D", "PT5M6S", "P9999Y"]
+    narrowed = ["P1Y1D", "PT1H1S", "P1.5Y", "P10000Y"]  # valid, outside RFC 3339's form or the digits
+    invalid = ["P", "PT", "P1YT", "P1W1D", "p1y", "1Y", "P1M1W"]
+    assert [t for t in admitted + narrowed if check.is_valid(t)] == admitted + narrowed
+    assert [t for t in admitted + narrowed + invalid if grammar.matches(json.dumps(t))] == admitted
+    assert not any(check.is_valid(t) for t in invalid)
+    assert compile_schema({**schema, "maxLength": 10}).refusals[0].construct == "maxLength"
 
 
 def test_uri_admits_the_common_schemes() -> None:
