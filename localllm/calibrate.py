@@ -12,9 +12,9 @@ set is correct often enough *with statistical confidence*: the one-sided Clopper
 lower bound of its precision (:func:`precision_lower_bound`) must meet the target, so a
 small evaluation cannot claim 95% from 5 of 5. :func:`fixed_sequence_threshold` tests the
 same thresholds strictest first, in sequences that end at their first failure (Wiens'
-fallback procedure), so on independent answers the 95% holds for the threshold it returns. When no threshold qualifies the answer is
-"accept nothing": ``Threshold.value`` is ``math.inf`` (``None`` in :meth:`Threshold.to_dict`)
-and every answer escalates.
+fallback procedure), so on independent answers the 95% holds for the threshold it returns.
+When no threshold qualifies the answer is "accept nothing": ``Threshold.value`` is
+``math.inf`` (``None`` in :meth:`Threshold.to_dict`) and every answer escalates.
 
 :func:`novelty_bar` is the out-of-scope rule's bar: from the novelty scores of inputs
 known to be out of scope (for the examples tier: its out-of-scope examples, or each
