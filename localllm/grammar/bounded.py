@@ -38,7 +38,7 @@ from typing import Any
 
 from localllm.grammar.pattern import search
 
-__all__ = ["bounded_validator"]
+__all__ = ["bounded_validator", "written"]
 
 # jsonschema's modules whose keyword functions call ``re.search`` (directly or through each other)
 _KEYWORD_MODULES = ("jsonschema._utils", "jsonschema._keywords", "jsonschema._legacy_keywords")
@@ -121,7 +121,7 @@ def _unique_items(validator: Any, unique: Any, instance: Any, schema: Any) -> It
         yield _error(f"{instance!r} has non-unique elements")
 
 
-def _exact(number: Any) -> Fraction:
+def written(number: Any) -> Fraction:
     """``number`` as the decimal it was written as: a float's shortest decimal (``repr``, which
     is the JSON text for any number of at most 15 significant digits), an int or a Decimal
     exactly. ValueError for an infinity or NaN (no JSON number)."""
@@ -133,7 +133,7 @@ def _multiple_of(validator: Any, divisor: Any, instance: Any, schema: Any) -> It
         yield from validator._UNBOUNDED["multipleOf"](validator, divisor, instance, schema)
         return
     try:
-        exact = _exact(instance) / _exact(divisor)
+        exact = written(instance) / written(divisor)
     except (ValueError, ZeroDivisionError, TypeError):  # not JSON numbers: jsonschema decides
         yield from validator._UNBOUNDED["multipleOf"](validator, divisor, instance, schema)
         return

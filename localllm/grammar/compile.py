@@ -40,6 +40,7 @@ from urllib.parse import unquote
 
 from localllm.grammar import automaton, keywords
 from localllm.grammar.automaton import Branch
+from localllm.grammar.bounded import written
 from localllm.grammar.formats import format_checker
 from localllm.grammar.meta import meta_error
 from localllm.grammar.pattern import MAX_STATES, PatternTooCostly, search, unsupported_reason
@@ -1540,7 +1541,7 @@ class _Compiler:
         if key in ("multipleOf", "divisibleBy") and all(_finite(v) and v > 0 for v in (mine, other)):
             # a multiple of both is a multiple of their least common multiple: the validator
             # decides multipleOf exactly on the decimals written (localllm.grammar.bounded)
-            common = _lcm(_written(mine), _written(other))
+            common = _lcm(written(mine), written(other))
             if common.denominator == 1:
                 return int(common)
             if Fraction(repr(step := float(_decimal_text(common)))) == common:
@@ -2481,11 +2482,11 @@ class _Compiler:
 
     def gen_multiples(self, node: dict[str, Any], path: str, key: str, *, integer: bool) -> str:
         """Multiples of ``step``. Between two bounds with at most MAX_BRANCHES*4 of them: each
-        multiple listed, kept only when the validator accepts it (a decimal step is checked the
-        way the validator divides, in binary floating point). An integer step up to
+        multiple listed, kept only when the validator accepts it. An integer step up to
         MAX_STEP otherwise: the integers it divides (divisibility is regular: one rule per
         remainder and digit count, at most MAX_INT_DIGITS digits), when the bounds only say
-        "not negative" / "positive" (or the mirror). Else refused."""
+        "not negative" / "positive" (or the mirror); a decimal step: :meth:`decimal_multiples`.
+        Else refused."""
         step = node[key]
         lo = self.bound(node, path, "minimum", "exclusiveMinimum")
         hi = self.bound(node, path, "maximum", "exclusiveMaximum")
@@ -2648,9 +2649,9 @@ class _Compiler:
         return self.rule(f"{path}-multiple", " | ".join(parts))
 
     def valid_multiple(self, schema: Any, value: Fraction, path: str, key: str) -> str | None:
-        """``value`` written as a JSON number ``schema`` accepts (checked by the validator,
-        which divides a float by a decimal step in binary floating point), or None. A whole
-        value is tried as an integer, then (draft 4, where that is no integer) with ``.0``."""
+        """``value`` written as a JSON number ``schema`` accepts (checked by the validator), or
+        None. A whole value is tried as an integer, then (draft 4, where that is no integer)
+        with ``.0``."""
         text = _decimal_text(value)
         texts = [text, f"{text}.0"] if self.draft == 4 and value.denominator == 1 else [text]
         return next((t for t in texts if self.valid(schema, json.loads(t), path, key)), None)
@@ -3188,11 +3189,6 @@ def _literal_values(node: Any) -> list[Any] | None:
     if isinstance(node.get("enum"), list):
         return list(node["enum"])
     return None
-
-
-def _written(number: int | float) -> Fraction:
-    """A JSON number as the decimal it was written as (a float's shortest decimal)."""
-    return Fraction(repr(number)) if isinstance(number, float) else Fraction(number)
 
 
 def _lcm(a: Fraction, b: Fraction) -> Fraction:
