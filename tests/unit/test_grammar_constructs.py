@@ -251,6 +251,47 @@ def test_all_of_of_anyof_trials_are_bounded_per_schema() -> None:
     assert [r.construct for r in compile_schema(schema).refusals] == ["anyOf"]
 
 
+def _tagged(i: int, j: int, n: int) -> dict[str, Any]:
+    """An object alternative tagged ``t{i}_{j}``: two of different tags never agree."""
+    props: dict[str, Any] = {f"p{k}": {"type": "string", "pattern": f"^[a-z]{{1,{k + 3}}}$"} for k in range(n)}
+    props["tag"] = {"const": f"t{i}_{j}"}
+    return {"type": "object", "properties": props, "required": [*props]}
+
+
+def test_an_all_of_of_anyof_no_alternative_of_which_admits_a_value_is_unsatisfiable() -> None:
+    contradicting = {"allOf": [{"anyOf": [_tagged(i, j, 2) for j in range(8)]} for i in range(3)]}
+    alone = compile_schema(contradicting)
+    assert alone.grammar is None and [r.construct for r in alone.refusals] == ["anyOf"]
+    assert "admits a value" in alone.refusals[0].message
+    # as a branch it is dropped, not the schema refused
+    schema = {"anyOf": [contradicting, {"type": "integer"}]}
+    grammar = grammar_of(schema)
+    assert grammar.matches("7") and not grammar.matches('{"tag":"t0_0","p0":"a","p1":"a"}')
+
+
+def test_all_of_of_anyof_trials_stop_at_the_schemas_character_budget() -> None:
+    """512 alternatives of 30-property objects (2.9 million characters to try): refused after
+    MAX_TRIAL_CHARS, as before trials existed, not after 1.3 s of trials."""
+    from localllm.grammar import compile as module
+
+    schema = {"allOf": [{"anyOf": [_tagged(i, j, 30) for j in range(8)]} for i in range(6)]}
+    tried: list[int] = []
+    real = module._Compiler.gen
+
+    def counted(self: Any, node: Any, path: str, depth: int, bare: frozenset[str]) -> str:
+        if depth == 0 and path == "$" and isinstance(node, dict) and set(node) == {"allOf"}:
+            tried.append(1)
+        return real(self, node, path, depth, bare)
+
+    module._Compiler.gen = counted  # type: ignore[method-assign]
+    try:
+        compiled = compile_schema(schema)
+    finally:
+        module._Compiler.gen = real  # type: ignore[method-assign]
+    assert [r.construct for r in compiled.refusals] == ["anyOf"]
+    assert 0 < len(tried) < 512
+
+
 # ---------------------------------------------------------------------------- duration
 
 
