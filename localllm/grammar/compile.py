@@ -2266,18 +2266,16 @@ class _Compiler:
         fmt = node.get("format")
         pattern = node.get("pattern")
         if isinstance(fmt, str) and fmt in _FORMATS:
-            if "pattern" in node:
-                raise _Refuse(path, "pattern", f'"pattern" beside "format": {_q(fmt)} is not intersected')
-            flo, fhi = _FORMAT_LENGTHS[fmt]
-            if lo > flo or (hi is not None and hi < fhi):
-                raise _Refuse(
-                    path,
-                    "minLength" if lo > flo else "maxLength",
-                    f'length bounds beside "format": {_q(fmt)} are not intersected',
-                )
             if fmt in _NARROWED_FORMATS:
                 self.notes.append(f'{path}: "format": {_q(fmt)} is generated narrowed: {_NARROWED_FORMATS[fmt]}')
-            return f'"\\"" {self.primitive(fmt)} "\\""'
+            flo, fhi = _FORMAT_LENGTHS[fmt]
+            if pattern is None and lo <= flo and (hi is None or hi >= fhi):
+                return f'"\\"" {self.primitive(fmt)} "\\""'
+            # a pattern or length bounds beside it: the product of the format's automaton and the patterns'
+            if pattern is not None and not isinstance(pattern, str):
+                raise _Refuse(path, "pattern", '"pattern" must be a string')
+            patterns = () if pattern is None else self.intersected.get(pattern, (pattern,))
+            return self.product(patterns, path, lo, hi, fmt=fmt)
         if isinstance(fmt, str) and fmt in _CHECKED_FORMATS:
             raise _Refuse(path, "format", f'"format": {_q(fmt)} has no grammar here')
         if pattern is not None:
@@ -2383,11 +2381,11 @@ class _Compiler:
             raise _Unsatisfiable(path, "maxLength", f"no string matching {_q(pattern)} meets the length bounds")
         return _alt(exprs), lo_all or 0, hi_all
 
-    def product(self, patterns: Sequence[str], path: str, lo: int, hi: int | None) -> str:
-        """The strings every one of ``patterns`` matches, ``lo``..``hi`` characters long: the
-        product of their automata (see :mod:`localllm.grammar.automaton`), one rule per state,
-        each reading one character and naming the next state. Refused past
-        :data:`MAX_PRODUCT_STATES` states."""
+    def product(self, patterns: Sequence[str], path: str, lo: int, hi: int | None, *, fmt: str | None = None) -> str:
+        """The strings every one of ``patterns`` matches (and that ``fmt``'s grammar writes),
+        ``lo``..``hi`` characters long: the product of their automata (see
+        :mod:`localllm.grammar.automaton`), one rule per state, each reading one character and
+        naming the next state. Refused past :data:`MAX_PRODUCT_STATES` states."""
         negated = [p in self.complemented for p in patterns]
         branches = [
             self.branches(self.complemented[p], path, exact=True) if neg else self.branches(p, path)
@@ -2396,6 +2394,10 @@ class _Compiler:
         shown = " and ".join(
             f"not {_q(self.complemented[p])}" if neg else _q(p) for p, neg in zip(patterns, negated, strict=True)
         )
+        if fmt is not None:
+            branches.append([(True, True, _format_tree(fmt))])
+            negated.append(False)
+            shown = " and ".join(filter(None, [shown, f"format {_q(fmt)}"]))
         if lo or hi is not None:
             shown += f" (length {lo}..{'' if hi is None else hi})"
         try:
@@ -2410,7 +2412,8 @@ class _Compiler:
                 negated=negated,
             )
         except automaton.TooLarge as exc:
-            raise _Refuse(path, "pattern", f"pattern {shown} is not compiled: {exc}") from None
+            construct = "pattern" if patterns else "maxLength" if hi is not None else "minLength"
+            raise _Refuse(path, construct, f"{'pattern ' * bool(patterns)}{shown} is not compiled: {exc}") from None
         if dfa is None:
             raise _Unsatisfiable(path, "pattern", f"no string matches {shown}")
         self.products += 1
@@ -3057,6 +3060,40 @@ def _decimal_text(value: Fraction) -> str:
         scale += 1
     digits = str((mag * 10**scale).numerator).rjust(scale + 1, "0")
     return f"{sign}{digits[:-scale]}.{digits[-scale:]}"
+
+
+@functools.cache
+def _format_tree(fmt: str) -> tuple[Any, ...]:
+    """``fmt``'s grammar (:data:`_PRIMITIVES`, its rules inlined: none is recursive) as the
+    regex tree the automata read, so a pattern or length bounds beside a format intersect with
+    exactly what the format's rule writes."""
+    from localllm.grammar.walk import Grammar
+
+    names, todo = [], [fmt]
+    while todo:
+        name = todo.pop()
+        if name not in names:
+            names.append(name)
+            todo.extend(_PRIMITIVE_DEPS.get(name, ()))
+    rules = Grammar.parse("\n".join([f"root ::= {fmt}", *(f"{n} ::= {_PRIMITIVES[n]}" for n in names)])).rules
+
+    def tree(node: tuple[Any, ...]) -> tuple[Any, ...]:
+        kind = node[0]
+        if kind == "seq":
+            return ("cat", [tree(n) for n in node[1]])
+        if kind == "alt":
+            return ("alt", [tree(n) for n in node[1]])
+        if kind == "lit":
+            return ("cat", [("set", ((ord(c), ord(c)),)) for c in node[1]])
+        if kind == "cls" and not node[1]:
+            return ("set", tuple(automaton.normalize(node[2])))
+        if kind == "ref":
+            return tree(rules[node[1]])
+        if kind == "rep":
+            return ("rep", tree(node[1]), node[2], node[3])
+        raise ValueError(f"format {fmt!r}: {kind} is not read as a regex tree")
+
+    return tree(rules["root"])
 
 
 def _mirror(b: _Bound | None) -> _Bound | None:
