@@ -2494,9 +2494,8 @@ class _Compiler:
         """Multiples of ``step``. Between two bounds with at most MAX_BRANCHES*4 of them: each
         multiple listed, kept only when the validator accepts it. An integer step up to
         MAX_STEP otherwise: the integers it divides (divisibility is regular: one rule per
-        remainder and digit count, at most MAX_INT_DIGITS digits), when the bounds only say
-        "not negative" / "positive" (or the mirror); a decimal step: :meth:`decimal_multiples`.
-        Else refused."""
+        remainder and digit count), when the bounds only say "not negative" / "positive" (or the
+        mirror); a decimal step likewise: :meth:`unbounded_multiples`. Else refused."""
         step = node[key]
         lo = self.bound(node, path, "minimum", "exclusiveMinimum")
         hi = self.bound(node, path, "maximum", "exclusiveMaximum")
@@ -2524,85 +2523,59 @@ class _Compiler:
             if not kept:
                 raise _Unsatisfiable(path, key, f"no multiple of {step} between the bounds passes the validator")
             return self.rule(f"{path}-multiple", _alt(kept))
-        if exact.denominator != 1:
-            if integer:  # the integers among the multiples of p/q (lowest terms): the multiples of p
-                return self.gen_number({**node, key: exact.numerator}, path, integer=True)
-            if _not_an_integer(node):
-                raise _Refuse(path, key, f'"{key}": a decimal step beside a negated integer type is not compiled')
-            return self.decimal_multiples(exact, lo, hi, path, key)
-        step = int(exact)  # 2.0 is the step 2
+        if exact.denominator != 1 and integer:
+            # the integers among the multiples of p/q (lowest terms): the multiples of p
+            return self.gen_number({**node, key: exact.numerator}, path, integer=True)
         point = ""
         if _not_an_integer(node):
+            if exact.denominator != 1:
+                raise _Refuse(path, key, f'"{key}": a decimal step beside a negated integer type is not compiled')
             if self.draft != 4:
-                raise _Unsatisfiable(path, "not", f"every multiple of {step} is an integer")
+                raise _Unsatisfiable(path, "not", f"every multiple of {_decimal_text(exact)} is an integer")
             # draft 4 reads a number written with a point as no integer: 4.0 is a multiple of 2
             # there (a float's remainder is exact), written so, at most 15 digits before the
             # point so the float parsed is the integer written (10^15 < 2^53)
             point = '".0"'
-        digit_cap = MAX_INT_DIGITS - 1 if point else MAX_INT_DIGITS
-        if step > MAX_STEP:
-            raise _Refuse(path, key, f'"{key}": {step} above {MAX_STEP} needs one rule per remainder; not compiled')
-        ilo = None if lo is None else _int_at_least(lo)
-        ihi = None if hi is None else _int_at_most(hi)
-        positive = ihi is None and (ilo is None or ilo <= step)
-        negative = ilo is None and (ihi is None or ihi >= -step)
-        if not (positive or (ihi is not None and ihi < step)) or not (negative or (ilo is not None and ilo > -step)):
-            raise _Refuse(
-                path,
-                key,
-                f'"{key}" with a bound other than 0 (or ±{step}) is compiled only between two bounds listing '
-                f"at most {4 * MAX_BRANCHES} values",
-            )
-        zero = (ilo is None or ilo <= 0) and (ihi is None or ihi >= 0)
-        digits = self.divisible(step, path, digit_cap)
-        parts = ['"0"'] if zero else []
-        if positive and negative:
-            parts.append(f'"-"? {digits}')
-        elif positive:
-            parts.append(digits)
-        elif negative:
-            parts.append(f'"-" {digits}')
-        if not parts:
-            raise _Unsatisfiable(path, key, f"no multiple of {step} lies between the bounds")
-        if point:
-            self.notes.append(f"{path}: multiples of {step} are written as integers with .0 (at most 15 digits)")
-            return self.rule(f"{path}-multiple", f"( {' | '.join(parts)} ) {point}")
-        if not integer:
-            self.notes.append(f"{path}: multiples of {step} are written as integers")
-        return self.rule(f"{path}-multiple", " | ".join(parts))
+        return self.unbounded_multiples(exact, lo, hi, path, key, point=point, integer=integer)
 
-    def decimal_multiples(self, step: Fraction, lo: _Bound | None, hi: _Bound | None, path: str, key: str) -> str:
-        """The multiples of the decimal ``step`` (``a / 10**k``), written ``i`` or ``i.f`` with at
-        most ``k`` fraction digits and at most 15 digits in all (so the float a validator
-        parses is the decimal written, and :mod:`localllm.grammar.bounded` decides
-        ``multipleOf`` on it exactly). Divisibility of the digits read as one integer by ``a``
-        is regular: a rule per remainder and digit count, the fraction's digits scaled by the
-        ``10**(k - j)`` still to come. Bounds: none, or ones that only say "not negative" /
-        "positive" (or the mirror), or beyond the magnitudes written (below ``10**(15 - k)``);
-        else refused."""
+    def unbounded_multiples(
+        self, step: Fraction, lo: _Bound | None, hi: _Bound | None, path: str, key: str, *, point: str, integer: bool
+    ) -> str:
+        """The multiples of ``step`` (``a / 10**k``, ``k`` 0 for an integer step) without two
+        bounds that list them, written ``i`` or ``i.f`` with at most ``k`` fraction digits:
+        divisibility of the digits read as one integer by ``a`` is regular (a rule per
+        remainder and digit count, the fraction's digits scaled by the ``10**(k - j)`` still to
+        come). At most MAX_INT_DIGITS digits for an integer step (one fewer before ``point``),
+        15 in all for a decimal one (so the float a validator parses is the decimal written,
+        and :mod:`localllm.grammar.bounded` decides ``multipleOf`` on it exactly). Bounds:
+        none, or ones that only say "not negative" / "positive" (or the mirror), or beyond the
+        magnitudes written; else refused. ``a`` above MAX_STEP is refused."""
         k = 0
         while (step * 10**k).denominator != 1:
             k += 1
         a = int(step * 10**k)
+        shown = _decimal_text(step)
+        if not k and a > MAX_STEP:
+            raise _Refuse(path, key, f'"{key}": {a} above {MAX_STEP} needs one rule per remainder; not compiled')
         if k >= 15 or a > MAX_STEP:
             raise _Refuse(
                 path,
                 key,
-                f'"{key}": {_decimal_text(step)} is a decimal step with {k} decimals and {a} as its digits; without '
+                f'"{key}": {shown} is a decimal step with {k} decimals and {a} as its digits; without '
                 f"two bounds listing at most {4 * MAX_BRANCHES} values it is compiled only up to 14 decimals and "
                 f"digits up to {MAX_STEP}",
             )
-        whole = 15 - k  # integer digits at most
+        whole = 15 - k if k else MAX_INT_DIGITS - 1 if point else MAX_INT_DIGITS  # integer digits at most
         top = Fraction(10) ** whole  # every magnitude written is below it
-        least = Fraction(float(step))  # the smallest positive multiple as the validator reads it
+        least = Fraction(float(step)) if k else step  # the smallest positive multiple as the validator reads it
         positive = _all_beyond(lo, hi, least, top)
         negative = _all_beyond(_mirror(hi), _mirror(lo), least, top)
         if positive is None or negative is None:
             raise _Refuse(
                 path,
                 key,
-                f'"{key}": {_decimal_text(step)} with a bound other than 0 (or ±{_decimal_text(step)}) is compiled '
-                f"only between two bounds listing at most {4 * MAX_BRANCHES} values",
+                f'"{key}": {shown} with a bound other than 0 (or ±{shown}) is compiled only between two bounds '
+                f"listing at most {4 * MAX_BRANCHES} values",
             )
         zero = (lo is None or lo.value < 0 or (lo.value == 0 and not lo.exclusive)) and (
             hi is None or hi.value > 0 or (hi.value == 0 and not hi.exclusive)
@@ -2626,9 +2599,9 @@ class _Compiler:
                     if nxt is not None:
                         alts.append(f"{gbnf_class([(ord(str(d)), ord(str(d))) for d in ds])} {nxt}".strip())
             if phase == "int" and k:
-                point = digits("frac", rem, 0, nonzero)
-                if point is not None:
-                    alts.append(f'"." {point}'.strip())
+                fraction = digits("frac", rem, 0, nonzero)
+                if fraction is not None:
+                    alts.append(f'"." {fraction}'.strip())
             scale = 10 ** (k - n) if phase == "frac" else 10**k
             ends = nonzero and (rem * scale) % a == 0 and (phase == "int" or n > 0)
             if not alts:
@@ -2651,11 +2624,17 @@ class _Compiler:
         elif negative:
             parts.append(f'"-" {magnitude}')
         if not parts:
-            raise _Unsatisfiable(path, key, f"no multiple of {_decimal_text(step)} lies between the bounds")
-        self.notes.append(
-            f"{path}: multiples of {_decimal_text(step)} are written with at most {k} decimal{'s' * (k > 1)}, "
-            f"below 10^{whole} and with no exponent"
-        )
+            raise _Unsatisfiable(path, key, f"no multiple of {shown} lies between the bounds")
+        if point:
+            self.notes.append(f"{path}: multiples of {shown} are written as integers with .0 (at most 15 digits)")
+            return self.rule(f"{path}-multiple", f"( {' | '.join(parts)} ) {point}")
+        if k:
+            self.notes.append(
+                f"{path}: multiples of {shown} are written with at most {k} decimal{'s' * (k > 1)}, "
+                f"below 10^{whole} and with no exponent"
+            )
+        elif not integer:
+            self.notes.append(f"{path}: multiples of {shown} are written as integers")
         return self.rule(f"{path}-multiple", " | ".join(parts))
 
     def valid_multiple(self, schema: Any, value: Fraction, path: str, key: str) -> str | None:
@@ -2699,41 +2678,6 @@ class _Compiler:
                 "an integer part below 10^9 and no exponent"
             )
         return self.rule(f"{path}-non-integer", _alt(parts))
-
-    def divisible(self, step: int, path: str, most: int = MAX_INT_DIGITS) -> str:
-        """Positive decimal integers (no leading zero, at most ``most`` digits) that
-        ``step`` divides: a rule per (remainder, digits written), its digits grouped by the
-        remainder they lead to."""
-        states: dict[tuple[int, int], str | None] = {}
-
-        def after(rem: int, n: int) -> str | None:
-            """What may follow n digits with remainder ``rem``: None when no multiple can."""
-            if (rem, n) in states:
-                return states[(rem, n)]
-            alts: list[str] = []
-            if n < most:
-                by_target: dict[int, list[int]] = {}
-                for d in range(10):
-                    by_target.setdefault((10 * rem + d) % step, []).append(d)
-                for target, ds in by_target.items():
-                    nxt = after(target, n + 1)
-                    if nxt is None:
-                        continue
-                    cls = gbnf_class([(ord(str(d)), ord(str(d))) for d in ds])
-                    alts.append(f"{cls} {nxt}".strip())
-            if rem == 0:
-                expr: str | None = self.rule(f"{path}-mult", f"( {' | '.join(alts)} )?") if alts else ""
-            else:
-                expr = self.rule(f"{path}-mult", " | ".join(alts)) if alts else None
-            states[(rem, n)] = expr
-            return expr
-
-        alts = []
-        for d in range(1, 10):
-            nxt = after(d % step, 1)
-            if nxt is not None:
-                alts.append(f'"{d}" {nxt}'.strip())
-        return self.rule(f"{path}-multiples", " | ".join(alts))
 
     def fractions(self, lo: _Bound | None, hi: _Bound | None, path: str, *, whole: bool = True) -> list[str]:
         """Numbers written with a fraction part ``k.ddd`` (|k| < 10^9, 1-6 fraction digits: at
