@@ -52,12 +52,11 @@ from localllm.config import Intent  # noqa: E402
 from localllm.embed.embedder import EmbedderIdentity  # noqa: E402
 from localllm.embed.examples import Example, Neighbour, vote  # noqa: E402
 from localllm.embed.router import NONE_OF_THESE, Router, calibrate  # noqa: E402
+from tests.bench._minilm import embed  # noqa: E402
 from tests.bench._provenance import provenance, results_path  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
-GGUF = REPO.parent / "shared" / "models" / "all-minilm-l6-v2-f16.gguf"
 RESULTS = Path(__file__).parent / "results" / "bar_guarantee.json"
-MODEL = "all-minilm-l6-v2"
 TARGET = 0.9
 PLAIN = ((1.0, 0.0),)  # fixed-sequence testing from the strictest bar alone, for comparison
 Array = Any  # numpy arrays (numpy's own stubs would make every helper generic)
@@ -271,31 +270,13 @@ def summary(name: str, rows: list[dict[str, Any]], **setup: Any) -> dict[str, An
 
 
 def clinc(splits: int, per_intent: Sequence[int]) -> list[dict[str, Any]]:
-    from localllm.embed.local import LocalEmbedder, embedding_server_args
-    from localllm.embed.registry import lookup
-    from localllm.managed import ensure_server
-    from localllm.managed.server import ManagedServer
-
     rows = []
     for name in ("clinc150_examples.jsonl", "clinc150_cases.jsonl"):
         for line in (DATA / name).read_text().splitlines():
             if line.strip():
                 doc = json.loads(line)
                 rows.append((str(doc["args"]["text"]), str(doc["expect"]["intent"])))
-    info = lookup(MODEL)
-    with ManagedServer(
-        ensure_server().binary,
-        GGUF,
-        args=embedding_server_args(info, 2),
-        parallel=2,
-        ctx_per_slot=info.context,
-        name="bar-guarantee-bench",
-        health_timeout=120,
-    ) as sidecar:
-        vectors = np.asarray(
-            LocalEmbedder(sidecar.ensure_ready(), MODEL, batch_size=64).embed([t for t, _ in rows], "query")
-        )
-    vectors = unit(vectors.astype(np.float32))
+    vectors = unit(np.asarray(embed([t for t, _ in rows], "bar-guarantee-bench")[0]).astype(np.float32))
     labels = np.asarray([label for _, label in rows])
     names = sorted(set(labels) - {"oos"})
     out = []

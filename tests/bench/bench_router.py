@@ -36,16 +36,14 @@ sys.path.insert(0, str(REPO))
 
 from localllm.config import Intent  # noqa: E402
 from localllm.embed.embedder import EmbedderIdentity  # noqa: E402
-from localllm.embed.local import LocalEmbedder, embedding_server_args  # noqa: E402
 from localllm.embed.registry import lookup  # noqa: E402
 from localllm.embed.router import Router, calibrate, default_bars  # noqa: E402
+from tests.bench._minilm import MODEL, embed  # noqa: E402
 from tests.bench._provenance import provenance, results_path  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
-GGUF = REPO.parent / "shared" / "models" / "all-minilm-l6-v2-f16.gguf"
 DEMO_CASES = REPO / "examples" / "demo" / "evals" / "triage" / "cases.jsonl"
 RESULTS = Path(__file__).parent / "results" / "router.json"
-MODEL = "all-minilm-l6-v2"
 OOS = "oos"
 
 
@@ -129,9 +127,6 @@ def main() -> int:
     if args.json is None:
         args.json = results_path("router", smoke=True) if args.smoke else RESULTS
 
-    from localllm.managed import ensure_server
-    from localllm.managed.server import ManagedServer
-
     pool, cases = read(args.examples), read(args.cases)
     if args.smoke:
         cases = cases[::8]  # every label still represented
@@ -142,20 +137,8 @@ def main() -> int:
     for text, label in demo:
         seen[label] = seen.get(label, 0) + 1
         (demo_pool if seen[label] <= 3 else demo_cases).append((text, label))
-    info = lookup(MODEL)
     texts = sorted({t for t, _ in pool + cases + demo})
-    with ManagedServer(
-        ensure_server().binary,
-        GGUF,
-        args=embedding_server_args(info, 2),
-        parallel=2,
-        ctx_per_slot=info.context,
-        name="router-bench",
-        health_timeout=120,
-    ) as sidecar:
-        emb = LocalEmbedder(sidecar.ensure_ready(), MODEL, batch_size=64)
-        matrix = emb.embed(texts, "query")
-        identity = emb.identity
+    matrix, identity = embed(texts, "router-bench")
     embedder = Cached(identity, dict(zip(texts, matrix, strict=True)))
     rows = run_set("clinc150-9", pool, cases, embedder, (3,) if args.smoke else (3, 5, 10, 20))
     rows += run_set("demo-tickets", demo_pool, demo_cases, embedder, (3,))
