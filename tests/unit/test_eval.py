@@ -572,15 +572,20 @@ def test_trace_output_to_a_fifo_or_a_link_writes_through_never_replacing_the_nod
     assert (app / "link.jsonl").is_symlink() and len(real.read_text().splitlines()) == 1
 
 
-def test_cli_eval_writes_reports_under_the_current_directory_not_the_config(
-    app: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    config = load_config(app / "app.yaml")
-    with Runtime(config, trace=app / "rec.jsonl") as runtime:
+def _claude_cassette(app: Path) -> Path:
+    """Every ticket asked of agent.claude, recorded, and the trace turned into ``app/c.yaml``."""
+    with Runtime(load_config(app / "app.yaml"), trace=app / "rec.jsonl") as runtime:
         runtime.register_inprocess("agent.claude", claude)
         for ticket, _, _ in TICKETS.values():
             runtime.run_gate("triage", {"ticket": ticket}, agent="agent.claude")
     assert main(["trace", "cassette", str(app / "rec.jsonl"), "-o", str(app / "c.yaml")]) == 0
+    return app / "c.yaml"
+
+
+def test_cli_eval_writes_reports_under_the_current_directory_not_the_config(
+    app: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _claude_cassette(app)
     elsewhere = tmp_path_factory.mktemp("cwd")
     monkeypatch.chdir(elsewhere)
     argv = ["eval", "triage", "-c", str(app / "app.yaml"), "--agents", "agent.claude"]
@@ -635,13 +640,7 @@ def test_cli_eval_says_which_lines_repeat_a_case(
     app: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(app)
-    with Runtime(load_config(app / "app.yaml"), trace=app / "rec.jsonl") as runtime:
-        runtime.register_inprocess("agent.claude", claude)
-        for ticket, _, _ in TICKETS.values():
-            runtime.run_gate("triage", {"ticket": ticket}, agent="agent.claude")
-    assert (
-        main(["trace", "cassette", str(app / "rec.jsonl"), "--agent", "agent.claude", "-o", str(app / "c.yaml")]) == 0
-    )
+    _claude_cassette(app)
     lines = (app / "evals" / "triage" / "cases.jsonl").read_text().splitlines()
     repeated = app / "repeated.jsonl"
     repeated.write_text("\n".join([*lines, lines[4].replace('"t5"', '"t5-again"')]) + "\n")
@@ -740,11 +739,7 @@ def test_the_progress_bar_is_drawn_only_on_a_tty(
     import sys
 
     monkeypatch.chdir(app)
-    with Runtime(load_config(app / "app.yaml"), trace=app / "rec.jsonl") as runtime:
-        runtime.register_inprocess("agent.claude", claude)
-        for ticket, _, _ in TICKETS.values():
-            runtime.run_gate("triage", {"ticket": ticket}, agent="agent.claude")
-    assert main(["trace", "cassette", str(app / "rec.jsonl"), "-o", str(app / "c.yaml")]) == 0
+    _claude_cassette(app)
     argv = [
         "eval",
         "triage",
