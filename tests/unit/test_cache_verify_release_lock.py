@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,6 +27,15 @@ def _changed(release: Path) -> bool:
     return (files, links) != (marker.get("files"), marker.get("links"))
 
 
+def _change_a_file(release: Path) -> dict[str, Any]:
+    """Append to the first file the release's marker lists; the marker."""
+    marker = read_marker(release)
+    assert marker is not None
+    with (release / sorted(marker["files"])[0]).open("ab") as fh:
+        fh.write(b"changed")
+    return marker
+
+
 def test_a_changed_release_is_reinstalled_under_its_install_lock(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -33,11 +43,7 @@ def test_a_changed_release_is_reinstalled_under_its_install_lock(
     pins = _pins(archive)
     with ArchiveServer({"llama-b9999-bin-test.tar.gz": archive}) as srv:
         release = ensure_server(mirror=srv.base_url, pins=pins).release_dir
-        marker = read_marker(release)
-        assert marker is not None
-        victim = release / sorted(marker["files"])[0]
-        with victim.open("ab") as fh:
-            fh.write(b"changed")
+        _change_a_file(release)
         layout = cache_layout()
         lock = layout.lock_path("release", release.name)
         result: list[object] = []
@@ -73,10 +79,7 @@ def test_a_failed_reinstall_leaves_the_release_in_place(
     pins = _pins(archive)
     with ArchiveServer({"llama-b9999-bin-test.tar.gz": archive}) as srv:
         release = ensure_server(mirror=srv.base_url, pins=pins).release_dir
-    marker = read_marker(release)
-    assert marker is not None
-    with (release / sorted(marker["files"])[0]).open("ab") as fh:
-        fh.write(b"changed")
+    marker = _change_a_file(release)
     layout = cache_layout()
     for download in layout.downloads_dir.rglob("*.tar.gz"):
         download.unlink()  # nothing to install it from, offline
