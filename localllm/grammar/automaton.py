@@ -13,7 +13,8 @@ holds a single parse stack per position.
 
 Each tree's language is the compiler's reading of the pattern (a subset of what ``re``
 matches: ``\\d`` as ASCII digits, ``$`` at the very end only), so the product admits only
-strings every pattern matches. A product larger than its cap raises :class:`TooLarge`
+strings every pattern matches. ``^`` and ``$`` inside a pattern (``(/|$)``) are moves taken
+only before the first character and only after the last. A product larger than its cap raises :class:`TooLarge`
 (the caller refuses the schema, naming the cap) rather than growing a grammar without bound.
 """
 
@@ -58,6 +59,9 @@ class _Nfa:
     def __init__(self, limit: int) -> None:
         self.eps: list[list[int]] = []
         self.edges: list[list[tuple[Ranges, int]]] = []
+        #: moves without reading that hold only before the first character (``^``) or
+        #: after the last (``$``): an anchor inside the pattern
+        self.asserts: dict[str, list[list[int]]] = {"bol": [], "eol": []}
         self.limit = limit
 
     def state(self) -> int:
@@ -65,6 +69,8 @@ class _Nfa:
             raise TooLarge(f"a pattern's automaton needs more than {self.limit:,} states", self.limit)
         self.eps.append([])
         self.edges.append([])
+        for moves in self.asserts.values():
+            moves.append([])
         return len(self.eps) - 1
 
     def fragment(self, node: tuple[Any, ...], start: int, universe: Ranges) -> int:
@@ -103,15 +109,22 @@ class _Nfa:
                 start = self.fragment(body, start, universe)
             self.eps[start].append(end)
             return end
+        if kind in self.asserts:
+            end = self.state()
+            self.asserts[kind][start].append(end)
+            return end
         raise ValueError(f"no automaton for the regex node {kind!r}")
 
-    def closure(self, states: set[int] | frozenset[int], work: list[int]) -> frozenset[int]:
-        """The states ``states`` reach without reading; the states visited are taken from
-        ``work`` (the steps left to the whole construction)."""
+    def closure(self, states: set[int] | frozenset[int], work: list[int], anchor: str = "") -> frozenset[int]:
+        """The states ``states`` reach without reading — also through ``anchor``'s moves
+        (``"bol"`` before the first character, ``"eol"`` after the last); the states visited
+        are taken from ``work`` (the steps left to the whole construction)."""
+        moves = [self.eps, self.asserts[anchor]] if anchor else [self.eps]
         seen = set(states)
         stack = list(states)
         while stack:
-            for t in self.eps[stack.pop()]:
+            q = stack.pop()
+            for t in itertools.chain.from_iterable(m[q] for m in moves):
                 if t not in seen:
                     seen.add(t)
                     stack.append(t)
@@ -119,6 +132,12 @@ class _Nfa:
         if work[0] < 0:
             raise TooLarge(f"determinising patterns visits more than {work[1]:,} states in one schema", work[1])
         return frozenset(seen)
+
+    def ends(self, states: frozenset[int], work: list[int]) -> frozenset[int]:
+        """``states`` and, when the text ends there, what they reach through its ``$``s."""
+        if not any(self.asserts["eol"][q] for q in states):
+            return states
+        return self.closure(states, work, "eol")
 
 
 def normalize(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -196,7 +215,7 @@ def intersection(
     negate = [i < len(negated) and negated[i] for i in range(len(built))]
     bounds = {b for a, z in universe for b in (a, z + 1)}
     count_cap = hi if hi is not None else lo
-    start: _Key = (tuple(nfa.closure({0}, steps) for nfa, _ in built), 0)
+    start: _Key = (tuple(nfa.closure({0}, steps, "bol") for nfa, _ in built), 0)
     index: dict[_Key, int] = {start: 0}
     keys: list[_Key] = [start]
     accepting: list[bool] = []
@@ -206,7 +225,8 @@ def intersection(
         sets, count = keys[done]
         done += 1
         accepting.append(
-            count >= lo and all((acc in s) != neg for (_, acc), s, neg in zip(built, sets, negate, strict=True))
+            count >= lo
+            and all((acc in nfa.ends(s, steps)) != neg for (nfa, acc), s, neg in zip(built, sets, negate, strict=True))
         )
         out: list[tuple[Ranges, int]] = []
         moves.append(out)

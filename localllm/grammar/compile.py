@@ -2283,7 +2283,8 @@ class _Compiler:
                 raise _Refuse(path, "pattern", '"pattern" must be a string')
             if pattern in self.intersected:
                 return self.product(self.intersected[pattern], path, lo, hi)
-            if pattern in self.complemented:
+            if pattern in self.complemented or any(_has_anchor(body) for _, _, body in self.branches(pattern, path)):
+                # a complement, or ^/$ inside (`(/|$)`: a slash or the end): only an automaton holds them
                 return self.product((pattern,), path, lo, hi)
             if pattern in self.avoided and 0 < lo <= 3 and hi is None:
                 # a negated literal search with minLength: the length counted in the automaton
@@ -2313,7 +2314,8 @@ class _Compiler:
         """``pattern``'s top-level alternatives as (anchored at the start, at the end, body).
 
         The bodies match a subset of what ``re`` finds (Unicode classes read as ASCII, ``$``
-        at the very end only). ``exact`` (for a complement, where fewer would be more) reads
+        at the very end only); ``^``/``$`` inside a body stay in it as ("bol",)/("eol",), which
+        only :meth:`product`'s automata read. ``exact`` (for a complement, where fewer would be more) reads
         ``$`` as ``re`` does — the body may end with one newline — and refuses what the
         tree cannot hold exactly (Unicode classes, ``$`` beside ``\\Z``)."""
         try:
@@ -2339,8 +2341,8 @@ class _Compiler:
             if end:
                 items = items[:-1]
             body = ("cat", items)
-            if _has_anchor(body):
-                raise _Refuse(path, "pattern", f"pattern {_q(pattern)} has ^ or $ inside; not compiled")
+            if exact and _has_anchor(body):
+                raise _Refuse(path, "not", f"the negation of pattern {_q(pattern)} is not compiled: it has ^ or $ inside")
             if end and newline:
                 body = ("cat", [*items, ("rep", ("set", [(0x0A, 0x0A)]), 0, 1)])
             out.append((start, end, body))
@@ -3721,8 +3723,6 @@ class _RegexParser:
                 self.pos = m.end()
             else:
                 return atom
-            if atom[0] in ("bol", "eol"):
-                raise _RegexUnsupported("repeats an anchor")
             if self.peek() == "?":
                 self.pos += 1  # lazy: same language
             elif self.peek() == "+":

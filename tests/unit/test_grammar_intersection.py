@@ -180,6 +180,68 @@ def test_random_pattern_pairs_admit_exactly_the_strings_matching_both() -> None:
     assert compiled_count > 80
 
 
+# o76776 of JSONSchemaBench's Github_hard: a path whose segments each end at a "/" or at the end
+_SEGMENTS = "^(\\/?((\\.{2})|([a-z0-9][a-z0-9\\-.]*[a-z0-9]+)|([a-z0-9]*))($|\\/))+$"
+
+
+@pytest.mark.parametrize(
+    ("pattern", "texts", "admitted"),
+    [
+        (
+            _SEGMENTS,
+            ["a/b", "/a/b/", "..", "a/../b", "a//b", "/", "", "a/b/c-d.e", "A", "a-", "a/B", "a/b\n", "-a"],
+            ["a/b", "/a/b/", "..", "a/../b", "a//b", "/", "", "a/b/c-d.e"],
+        ),
+        # a field list: each item after the start or a comma (which may also lead)
+        ("^((^|,)[a-z]+)*$", ["a", "a,b", ",a", "a,,b", "", "ab,cd,e", "a,", "a b"], ["a", "a,b", ",a", "", "ab,cd,e"]),
+        # an anchor inside an unanchored search: "x" at the start, or a "y" anywhere
+        ("(^x|y)", ["x", "xa", "ax", "y", "aya", "a", ""], ["x", "xa", "y", "aya"]),
+        # "$" inside, and something after it: only a "b" can follow a "1"
+        ("^a(1$|2)b?$", ["a1", "a1b", "a2", "a2b", "a", "a1\n"], ["a1", "a2", "a2b"]),
+    ],
+)
+def test_anchors_inside_a_pattern_are_read_where_they_stand(
+    pattern: str, texts: list[str], admitted: list[str]
+) -> None:
+    got, valid = verdicts({"type": "string", "pattern": pattern}, texts)
+    assert got == admitted
+    # where the validator accepts more, it is only a final newline (Python's $ allows one)
+    assert [t for t in valid if t not in got and not t.endswith("\n")] == []
+
+
+_ANCHORED = ["(a$|b)", "(^a|b)", "(c|$)", "(^|x)", "($)", "(^)", "(b$)", "((^|,)a)"]
+
+
+def test_random_patterns_with_anchors_inside_admit_exactly_what_they_match() -> None:
+    rng = random.Random(11)
+    texts = sorted({"".join(rng.choice("abcx,1\n") for _ in range(k)) for k in range(7) for _ in range(40)})
+    compiled_count = 0
+    for _ in range(150):
+        atoms = _ATOMS + _ANCHORED * 2
+        body = "".join(rng.choice(atoms) + rng.choice(["", "", "*", "+", "?"]) for _ in range(rng.randint(1, 4)))
+        patterns = [body, *([_random_pattern(rng)] if rng.random() < 0.3 else [])]
+        schema = {"type": "string", "allOf": [{"pattern": p} for p in patterns]}
+        compiled = compile_schema(schema)
+        if compiled.grammar is None:
+            assert [r.message for r in compiled.refusals if "no string matches" not in r.message] == []
+            continue
+        compiled_count += 1
+        parsed = Grammar.parse(compiled.grammar)
+        check = validator(schema)
+        for text in texts:
+            admits, valid = parsed.matches(json.dumps(text)), check.is_valid(text)
+            assert not admits or valid, (schema, text)  # a leak
+            assert admits or not valid or "\n" in text, (schema, text)  # a narrowing
+    assert compiled_count > 100
+
+
+def test_anchors_inside_a_negated_pattern_are_still_refused() -> None:
+    # a complement is only as exact as the tree's reading, and ``$`` inside is read narrower
+    compiled = compile_schema({"type": "string", "not": {"pattern": "^(a$|b)"}})
+    assert compiled.grammar is None
+    assert [r.construct for r in compiled.refusals] == ["not"]
+
+
 def test_the_automata_of_one_schema_share_one_work_budget() -> None:
     # one such pair compiles; a schema of twelve is refused once their work together passes
     # the budget (a client's schema cannot make the compiler work for minutes)
