@@ -677,7 +677,12 @@ class _Compiler:
         self.complemented: dict[str, str] = {}
         #: NFA states the automata of this schema's patterns may still build and visit
         self.automaton_work = [automaton.WORK, automaton.WORK]
+        #: pairs of patterns no string matches both of, and what such proofs may still spend
+        self.disjoint: dict[tuple[str, str], bool] = {}
+        self.proof_work = [automaton.WORK // 4, automaton.WORK // 4]
         self.products = 0
+        #: partial negations taken (:meth:`negate`): fewer values, noted
+        self.partial_negations = 0
         #: satisfiable's trial verdicts: an alternative (canonical JSON) -> whether it admits a
         #: value; and the trials this schema may still run
         self.admits: dict[str, bool] = {}
@@ -742,7 +747,19 @@ class _Compiler:
     # ------------------------------------------------------------------ rules
 
     def run(self) -> CompiledGrammar:
-        expr = self.gen(self.root, "$", 0, frozenset())
+        try:
+            expr = self.gen(self.root, "$", 0, frozenset())
+        except _Unsatisfiable as exc:
+            if not self.partial_negations:
+                raise
+            # the values partial negations left out may be all the schema has
+            why = exc.refusal.message.split(": ", 1)[-1]
+            raise _Refuse(
+                exc.refusal.path,
+                "oneOf",
+                f"{why}; but only once overlapping oneOf branches were told apart by partial negations, "
+                "so the schema itself may admit values: not compiled",
+            ) from None
         self.rules = {"root": expr, **self.rules}
         lines = [f"{name} ::= {body}" for name, body in self.rules.items()]
         text = "\n".join(lines).replace("COLON", self.colon).replace("COMMA", self.comma) + "\n"
@@ -1007,11 +1024,17 @@ class _Compiler:
         rest.pop("allOf", None)
         return {**rest, "allOf": components} if components else rest
 
-    def negate(self, node: Any, path: str, depth: int) -> Any | None:
+    def negate(self, node: Any, path: str, depth: int, partial: bool = False) -> Any | None:
         """A schema for the values ``node`` rejects (fewer only where a note says so), or None
         when that has no grammar here. Keywords of one kind constrain only values of that
-        kind, so ``not {type: string, minLength: 3}`` is "not a string, or a string of at most 2"."""
+        kind, so ``not {type: string, minLength: 3}`` is "not a string, or a string of at most 2".
+
+        ``partial``: a value is rejected when one keyword rejects it, so the values the
+        keywords with a negation here reject are some of them (fewer, noted); None only when
+        no keyword has one."""
         if depth > MAX_DEPTH:
+            if partial:
+                return None
             raise _Refuse(path, "depth", f"nested deeper than {MAX_DEPTH} schema levels")
         if node is True:
             return False
@@ -1026,27 +1049,38 @@ class _Compiler:
             target = self.resolve(ref, path)[0]
             siblings = {k: v for k, v in node.items() if k != "$ref" and _asserts(node, k)}
             if self.draft <= 7 or not siblings:
-                return self.negate(target, path, depth + 1)
+                return self.negate(target, path, depth + 1, partial)
             node = {"allOf": [target, siblings]}
         # a keyword the schema's draft does not have rejects nothing (draft 4 has no "const")
         keys = [k for k in node if k in keywords.ASSERTING and k in self.vocabulary and _asserts(node, k)]
         if not keys:
             return False
         alts: list[Any] = []
+        dropped: list[str] = []
         for key in keys:
-            neg = self.negate_keyword(node, key, path, depth)
+            neg = self.negate_keyword(node, key, path, depth, partial)
             if neg is None:
-                return None
+                if not partial:
+                    return None
+                dropped.append(key)
+                continue
             if neg is True:
                 return True
             if neg is not False:
                 alts.append(neg)
+        if dropped:
+            if not alts:
+                return None
+            self.negated_partly(path, ", ".join(f'"{k}"' for k in dropped))
         if not alts:
             return False
         return alts[0] if len(alts) == 1 else {"anyOf": alts}
 
-    def negate_keyword(self, node: dict[str, Any], key: str, path: str, depth: int) -> Any | None:
-        """The values ``node[key]`` alone rejects (False: none; None: not expressible)."""
+    def negate_keyword(
+        self, node: dict[str, Any], key: str, path: str, depth: int, partial: bool = False
+    ) -> Any | None:
+        """The values ``node[key]`` alone rejects (False: none; None: not expressible);
+        ``partial`` as in :meth:`negate`."""
         value = node[key]
         if key == "type":
             types = _type_set(value)
@@ -1063,13 +1097,17 @@ class _Compiler:
             values = [value] if key == "const" else value
             return self.negate_literals(values, path) if isinstance(values, list) else None
         if key == "allOf" and isinstance(value, list):
-            negs = [self.negate(v, path, depth + 1) for v in value]
+            negs = [self.negate(v, path, depth + 1, partial) for v in value]
             if any(n is None for n in negs):
-                return None
-            negs = [n for n in negs if n is not False]
+                if not partial or all(n is None for n in negs):
+                    return None
+                self.negated_partly(path, '"allOf" components')
+            negs = [n for n in negs if n is not False and n is not None]
             return {"anyOf": negs} if negs else False
+        if key == "oneOf" and isinstance(value, list) and len(value) == 1:
+            return self.negate(value[0], path, depth + 1, partial)
         if key == "anyOf" and isinstance(value, list):
-            negs = [self.negate(v, path, depth + 1) for v in value]
+            negs = [self.negate(v, path, depth + 1, partial) for v in value]
             if any(n is None for n in negs):
                 return None
             if any(n is False for n in negs):
@@ -1105,12 +1143,19 @@ class _Compiler:
             return {"anyOf": [{"type": "object", "properties": {n: False}} for n in names]} if names else False
         if key == "properties" and isinstance(value, dict):
             alts = []
+            dropped = []
             for name, sub in value.items():
-                neg = self.negate(sub, child(child(path, "properties"), name), depth + 1)
+                neg = self.negate(sub, child(child(path, "properties"), name), depth + 1, partial)
                 if neg is None:
-                    return None
-                if neg is not False:
+                    if not partial:
+                        return None
+                    dropped.append(name)
+                elif neg is not False:
                     alts.append({"type": "object", "required": [name], "properties": {name: neg}})
+            if dropped:
+                if not alts:
+                    return None
+                self.negated_partly(path, "the schemas of " + ", ".join(map(_q, dropped)))
             return {"anyOf": alts} if alts else False
         if key == "additionalProperties" and value is False:
             # an object with a key outside properties/patternProperties: objects are generated
@@ -1118,13 +1163,21 @@ class _Compiler:
             self.notes.append(f"{path}: objects with undeclared keys are not generated")
             return False
         if key == "items" and isinstance(value, (dict, bool)) and "prefixItems" not in node:
-            neg = self.negate(value, child(path, "items"), depth + 1)
+            neg = self.negate(value, child(path, "items"), depth + 1, partial)
             if neg is None or neg is False:
                 return neg
             self.notes.append(f"{path}: only arrays whose first item breaks items are generated")
             first = {"prefixItems": [neg]} if self.draft >= 2020 else {"items": [neg]}
             return {"type": "array", "minItems": 1, **first}
         return None
+
+    def negated_partly(self, path: str, what: str) -> None:
+        """A partial negation (:meth:`negate`) left out what ``what`` alone rejects: noted."""
+        self.partial_negations += 1
+        self.notes.append(
+            f"{path}: of the values this schema rejects, those rejected only by {what} are not generated "
+            "(no negation here)"
+        )
 
     def negate_literals(self, values: list[Any], path: str) -> Any:
         """Every value but ``values``: each kind none of them has, the other booleans, numbers
@@ -1260,14 +1313,16 @@ class _Compiler:
 
     def exclusive(self, alts: list[Any], rest: dict[str, Any], path: str, depth: int) -> list[Any]:
         """``oneOf`` branches as ``anyOf`` branches: as they are when provably disjoint, else
-        each branch and the negation of every other (refused when one has no negation)."""
+        each branch and the negation of every other (refused when one has no negation). A
+        negation may be partial (:meth:`negate`: the values some of the branch's keywords
+        reject, noted): each value generated still matches exactly one branch."""
         try:
             self.check_disjoint(alts, rest, path)
             return alts
         except _Unsatisfiable:
             raise
         except _Refuse as first:
-            negs = [self.negate(a, child(child(path, "oneOf"), i), depth + 1) for i, a in enumerate(alts)]
+            negs = [self.negate(a, child(child(path, "oneOf"), i), depth + 1, True) for i, a in enumerate(alts)]
             if any(n is None for n in negs):
                 raise first from None
             width = [len(n["anyOf"]) if isinstance(n, dict) and isinstance(n.get("anyOf"), list) else 1 for n in negs]
@@ -1315,18 +1370,20 @@ class _Compiler:
         ka, kb = self.kinds(a) or _generated_kinds({**(rest or {}), **a}), self.kinds(b)
         if ka is not None and kb is not None and not ka & kb:
             return True
+        if ka == {"string"} and isinstance(a.get("pattern"), str) and isinstance(b.get("pattern"), str):
+            return self.no_string_matches_both(a["pattern"], b["pattern"])
         if ka == {"object"}:
             pa: dict[str, Any] = a["properties"] if isinstance(a.get("properties"), dict) else {}
             pb: dict[str, Any] = b["properties"] if isinstance(b.get("properties"), dict) else {}
             for name in _required(a):
                 # every value for a has the name: b forbids it, or their schemas for it exclude
-                if name not in pb and _closed(b):
+                if _forbids(b, name):
                     return True
                 if name in pa and name in pb and self.excludes(self.flat(pa[name], "$"), self.flat(pb[name], "$")):
                     return True
             for name in _required(b):
                 # a value for a lacks the name (b rejects it) or has a's value for it
-                if name not in pa and _closed(a):
+                if _forbids(a, name):
                     return True
                 if name in pa and (
                     pa[name] is False
@@ -1334,6 +1391,23 @@ class _Compiler:
                 ):
                     return True
         return False
+
+    def no_string_matches_both(self, a: str, b: str) -> bool:
+        """True when ``re`` finds both patterns in no string: their exact readings' product
+        is empty (False when one has no exact reading or the product is too large to build).
+        The proofs of one schema share a work budget of their own (a quarter of the
+        automata's), so they never take what its patterns' products need."""
+        key = (a, b) if a <= b else (b, a)
+        if key not in self.disjoint:
+            try:
+                both = [self.branches(a, "$", exact=True), self.branches(b, "$", exact=True)]
+                empty = automaton.intersection(
+                    both, ((0, _MAX_CP),), limit=MAX_PRODUCT_STATES, nfa_limit=MAX_STATES, work=self.proof_work
+                )
+                self.disjoint[key] = empty is None
+            except (_Refuse, automaton.TooLarge):
+                self.disjoint[key] = False
+        return self.disjoint[key]
 
     def kinds(self, node: Any, depth: int = 0) -> set[str] | None:
         """The JSON kinds ``node`` admits at most (integer counts as number), when its type,
@@ -2342,7 +2416,8 @@ class _Compiler:
                 items = items[:-1]
             body = ("cat", items)
             if exact and _has_anchor(body):
-                raise _Refuse(path, "not", f"the negation of pattern {_q(pattern)} is not compiled: it has ^ or $ inside")
+                why = f"the negation of pattern {_q(pattern)} is not compiled: it has ^ or $ inside"
+                raise _Refuse(path, "not", why)
             if end and newline:
                 body = ("cat", [*items, ("rep", ("set", [(0x0A, 0x0A)]), 0, 1)])
             out.append((start, end, body))
@@ -3166,9 +3241,18 @@ def _required(node: dict[str, Any]) -> list[str]:
     return [r for r in req if isinstance(r, str)] if isinstance(req, list) else []
 
 
-def _closed(node: dict[str, Any]) -> bool:
-    """``node`` admits no key outside its ``properties``."""
-    return node.get("additionalProperties") is False and not node.get("patternProperties")
+def _forbids(node: dict[str, Any], name: str) -> bool:
+    """``node`` admits no object with the key ``name``: its ``additionalProperties`` is false
+    and the name is neither declared nor found by a ``patternProperties`` pattern."""
+    if node.get("additionalProperties") is not False:
+        return False
+    props, patterns = node.get("properties", {}), node.get("patternProperties", {})
+    if not isinstance(props, dict) or not isinstance(patterns, dict) or name in props:
+        return False
+    try:
+        return not any(re.search(p, name) for p in patterns)
+    except (re.error, TypeError, RecursionError, OverflowError):
+        return False
 
 
 def _literal_values(node: Any) -> list[Any] | None:

@@ -115,6 +115,133 @@ def test_one_of_families_admit_only_values_one_branch_accepts(branches: list[Any
     assert leaks(schema, _objects(random.Random(seed), 80)) == []
 
 
+# overlapping branches whose values have no negation here (a oneOf inside): each branch is
+# generated without the keys the others require (a partial negation, noted)
+_OVERLAP = {"oneOf": [{"type": "integer"}, {"minimum": 2}]}  # 2, 3, … match both: no negation here
+
+# Github_medium o79474 (reduced): open objects each requiring their own key
+ROLES = {
+    "type": "array",
+    "items": {
+        "oneOf": [
+            {"type": "object", "properties": {"allowLogin": {"type": "boolean"}}, "required": ["allowLogin"]},
+            {"type": "object", "properties": {"injectRoles": _OVERLAP}, "required": ["injectRoles"]},
+        ]
+    },
+}
+
+
+def test_one_of_of_open_objects_told_apart_by_the_keys_the_others_require() -> None:
+    compiled = compile_schema(ROLES)
+    assert compiled.grammar is not None, compiled.refusals
+    assert invalid_walks(ROLES, compiled, 300) == []
+    grammar = Grammar.parse(compiled.grammar)
+    assert grammar.matches('[{"allowLogin":true},{"injectRoles":2.5},{"injectRoles":-1},{"injectRoles":"s"}]')
+    assert not grammar.matches('[{"allowLogin":true,"injectRoles":2.5}]')  # both branches: invalid
+    assert not grammar.matches('[{"injectRoles":1.5}]')  # neither of its own oneOf: invalid
+    # valid, left out (injectRoles 3 matches both of its own oneOf, so only allowLogin's branch
+    # does), and noted
+    assert validator(ROLES).is_valid([{"allowLogin": True, "injectRoles": 3}])
+    assert not grammar.matches('[{"allowLogin":true,"injectRoles":3}]')
+    # the negation of injectRoles' branch, which allowLogin's is generated with
+    assert [n.split(":")[0] for n in compiled.notes if "no negation here" in n] == ["$.items.oneOf[1]"]
+
+
+def test_one_of_told_apart_by_a_key_the_other_forbids_through_its_patterns() -> None:
+    # Github_medium o10566 (reduced): a {"$date": …} wrapper or a document whose keys never start with $
+    schema = {
+        "oneOf": [
+            {"type": "object", "properties": {"$date": {"type": "string"}}, "required": ["$date"]},
+            {"type": "object", "patternProperties": {"^[^$]": {"type": "integer"}}, "additionalProperties": False},
+        ]
+    }
+    compiled = compile_schema(schema)
+    assert compiled.grammar is not None, compiled.refusals
+    assert compiled.notes == []  # disjoint as they are: nothing left out
+    assert invalid_walks(schema, compiled, 300) == []
+    grammar = Grammar.parse(compiled.grammar)
+    assert grammar.matches('{"$date":"x"}') and grammar.matches('{"a":1}') and grammar.matches("{}")
+    assert not grammar.matches('{"a":"x"}')
+
+
+# Github_hard o3895 (reduced): Solidity type names, one pattern per family, no two matching one name
+SOLIDITY = {
+    "oneOf": [
+        {"type": "string", "pattern": f"^{name}(\\[[0-9]*\\])*$"}
+        for name in (
+            "u?int(8|16|32|256)?",
+            "address",
+            "bool",
+            "u?fixed(8x0|128x18)?",
+            "bytes(1|2|32)",
+            "bytes",
+            "function",
+            "string",
+            "tuple",
+        )
+    ]
+}
+
+
+def test_one_of_of_patterns_no_string_matches_two_of() -> None:
+    compiled = compile_schema(SOLIDITY)
+    assert compiled.grammar is not None, compiled.refusals
+    assert compiled.notes == []
+    grammar = Grammar.parse(compiled.grammar)
+    names = ["uint256", "int", "address[2][]", "bool", "ufixed128x18", "bytes32", "bytes[]", "string", "x", "bytes3"]
+    check = validator(SOLIDITY)
+    assert [n for n in names if grammar.matches(json.dumps(n))] == [n for n in names if check.is_valid(n)]
+    assert [n for n in names if not check.is_valid(n)] == ["x", "bytes3"]
+
+
+def test_one_of_told_apart_by_partial_negations_into_nothing_is_refused_not_unsatisfiable() -> None:
+    # {"k": 5} is valid (5 matches both of the first value's oneOf, one of the second's), but
+    # each branch without the other's required key has no value left: refused, not "no value"
+    schema = {
+        "type": "object",
+        "oneOf": [
+            {"required": ["k"], "properties": {"k": _OVERLAP}},
+            {"required": ["k"], "properties": {"k": {"oneOf": [{"type": "number"}, {"maximum": 0}]}}},
+        ],
+    }
+    assert validator(schema).is_valid({"k": 5})
+    compiled = compile_schema(schema)
+    assert compiled.grammar is None
+    assert [r.construct for r in compiled.refusals] == ["oneOf"]
+
+
+_UNNEGATED: list[Any] = [
+    _OVERLAP,
+    {"type": "array", "contains": {"type": "string"}},
+    {"type": "string"},
+    {"type": "null"},
+]
+
+
+@st.composite
+def _open_branch(draw: st.DrawFn) -> dict[str, Any]:
+    names = draw(st.lists(st.sampled_from(_BRANCH_NAMES), min_size=1, max_size=3, unique=True))
+    node: dict[str, Any] = {"properties": {n: draw(st.sampled_from(_UNNEGATED)) for n in names}}
+    node["required"] = draw(st.lists(st.sampled_from(names), min_size=1, max_size=2, unique=True))
+    return node
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_open_branch(), min_size=2, max_size=3), st.booleans(), st.integers(0, 1000))
+def test_one_of_families_told_apart_partially_admit_only_values_one_branch_accepts(
+    branches: list[Any], open_objects: bool, seed: int
+) -> None:
+    schema = {"type": "object", "oneOf": branches}
+    compiled = compile_schema(schema, open_objects=open_objects)
+    if compiled.grammar is None:
+        return
+    assert invalid_walks(schema, compiled, 30, seed) == []
+    rng = random.Random(seed)
+    pool: list[Any] = ["s", None, 1, 3, -2, 1.5, [], [1, "s"], [1, 2], {}]
+    values = [{k: rng.choice(pool) for k in rng.sample([*_BRANCH_NAMES, "d"], rng.randint(1, 3))} for _ in range(80)]
+    assert leaks(schema, values) == []
+
+
 # ---------------------------------------------------------------------------- allOf of if/then
 
 
