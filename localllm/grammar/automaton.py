@@ -30,6 +30,8 @@ __all__ = ["WORK", "Branch", "Dfa", "TooLarge", "intersect", "intersection", "no
 
 #: NFA states built and visited while determinising, by default (about a second of work)
 WORK = 2_000_000
+#: how many times its state limit a product may grow to before it is minimised
+BUILD_FACTOR = 8
 
 Ranges = tuple[tuple[int, int], ...]
 #: one top-level alternative of a pattern: (anchored at the start, at the end, body tree)
@@ -203,12 +205,14 @@ def intersection(
     negated: Sequence[bool] = (),
 ) -> Dfa | None:
     """The strings of ``universe``'s characters that every pattern matches — every one
-    ``negated`` marks, none matches — and whose length is ``lo``..``hi``, as a trimmed DFA;
-    None when there is none. (A negated pattern's tree must read exactly what ``re`` finds:
+    ``negated`` marks, none matches — and whose length is ``lo``..``hi``, as a trimmed and
+    minimal DFA; None when there is none. (A negated pattern's tree must read exactly what ``re`` finds:
     its complement is only as exact as that.) Raises :class:`TooLarge`
     past ``limit`` product states, ``nfa_limit`` states of one pattern's NFA or the NFA states
     ``work`` (steps left, their limit: shared by every intersection of one compilation, so
-    it bounds their time together) allows to build and visit."""
+    it bounds their time together) allows to build and visit. ``limit`` is on the minimal
+    DFA; the product is built up to :data:`BUILD_FACTOR` times as many states before it is
+    minimised (``email`` within 20 characters: over 1,000 built, 154 minimal)."""
     steps = work if work is not None else [WORK, WORK]
     built = [_pattern_nfa(p, universe, nfa_limit) for p in patterns]
     steps[0] -= sum(len(nfa.eps) for nfa, _ in built)
@@ -257,13 +261,18 @@ def intersection(
                     spans.append((a, z - 1))
         for key, spans in targets.items():
             if key not in index:
-                if len(keys) >= limit:
+                if len(keys) >= limit * BUILD_FACTOR:
                     raise TooLarge(f"the intersection of the patterns needs more than {limit:,} states", limit)
                 index[key] = len(keys)
                 keys.append(key)
             out.append((tuple(spans), index[key]))
     trimmed = _trimmed(accepting, moves)
-    return None if trimmed is None else _minimal(trimmed)
+    if trimmed is None:
+        return None
+    minimal = _minimal(trimmed)
+    if len(minimal.accepting) > limit:
+        raise TooLarge(f"the intersection of the patterns needs more than {limit:,} states", limit)
+    return minimal
 
 
 def _trimmed(accepting: list[bool], moves: list[list[tuple[Ranges, int]]]) -> Dfa | None:
