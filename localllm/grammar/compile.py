@@ -46,6 +46,8 @@ from localllm.grammar.meta import meta_error
 from localllm.grammar.pattern import MAX_STATES, PatternTooCostly, search, unsupported_reason
 
 MAX_DEPTH = 64
+#: steps (schemas negated) all partial negations of one schema may take together
+MAX_PARTIAL_NEGATIONS = 10_000
 #: llama.cpp expands ``x{m,n}`` into n nested rules and advances all of them per token: a
 #: larger maximum is lowered to this (sound: fewer answers), a larger minimum refused
 MAX_REPEAT = 1_000
@@ -681,8 +683,11 @@ class _Compiler:
         self.disjoint: dict[tuple[str, str], bool] = {}
         self.proof_work = [automaton.WORK // 4, automaton.WORK // 4]
         self.products = 0
-        #: partial negations taken (:meth:`negate`): fewer values, noted
+        #: partial negations taken (:meth:`negate`): fewer values, noted; the steps they may
+        #: still take, and the refs being negated
         self.partial_negations = 0
+        self.negations_left = MAX_PARTIAL_NEGATIONS
+        self.negating: set[str] = set()
         #: satisfiable's trial verdicts: an alternative (canonical JSON) -> whether it admits a
         #: value; and the trials this schema may still run
         self.admits: dict[str, bool] = {}
@@ -1031,10 +1036,15 @@ class _Compiler:
 
         ``partial``: a value is rejected when one keyword rejects it, so the values the
         keywords with a negation here reject are some of them (fewer, noted); None only when
-        no keyword has one."""
-        if depth > MAX_DEPTH:
-            if partial:
+        no keyword has one. A ref met again inside its own negation has none (what only its
+        recursion rejects is left out), and one schema's partial negations take at most
+        :data:`MAX_PARTIAL_NEGATIONS` steps: two recursive properties would otherwise double
+        the work at each level."""
+        if partial:
+            self.negations_left -= 1
+            if depth > MAX_DEPTH or self.negations_left < 0:
                 return None
+        if depth > MAX_DEPTH:
             raise _Refuse(path, "depth", f"nested deeper than {MAX_DEPTH} schema levels")
         if node is True:
             return False
@@ -1048,9 +1058,18 @@ class _Compiler:
                 return None
             target = self.resolve(ref, path)[0]
             siblings = {k: v for k, v in node.items() if k != "$ref" and _asserts(node, k)}
-            if self.draft <= 7 or not siblings:
-                return self.negate(target, path, depth + 1, partial)
-            node = {"allOf": [target, siblings]}
+            whole = target if self.draft <= 7 or not siblings else {"allOf": [target, siblings]}
+            if partial:
+                if ref in self.negating:
+                    return None
+                self.negating.add(ref)
+                try:
+                    return self.negate(whole, path, depth + 1, partial)
+                finally:
+                    self.negating.discard(ref)
+            if whole is target:
+                return self.negate(target, path, depth + 1)
+            node = whole
         # a keyword the schema's draft does not have rejects nothing (draft 4 has no "const")
         keys = [k for k in node if k in keywords.ASSERTING and k in self.vocabulary and _asserts(node, k)]
         if not keys:

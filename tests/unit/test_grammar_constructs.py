@@ -210,6 +210,51 @@ def test_one_of_told_apart_by_partial_negations_into_nothing_is_refused_not_unsa
     assert [r.construct for r in compiled.refusals] == ["oneOf"]
 
 
+class _Runaway(Exception):
+    pass
+
+
+def test_partial_negations_of_recursive_refs_stay_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a tree with two recursive children: negating it partially, each level would negate both
+    # children again (2^64 steps) were a ref not cut off inside its own negation
+    import localllm.grammar.compile as compile_module
+
+    calls = [0]
+    negate = compile_module._Compiler.negate
+
+    def counted(self: Any, node: Any, path: str, depth: int, partial: bool = False) -> Any:
+        calls[0] += 1
+        if calls[0] > 50_000:
+            raise _Runaway
+        return negate(self, node, path, depth, partial)
+
+    monkeypatch.setattr(compile_module._Compiler, "negate", counted)
+    tree = {
+        "type": "object",
+        "properties": {"l": {"$ref": "#/$defs/t"}, "r": {"$ref": "#/$defs/t"}, "q": _OVERLAP},
+        "required": ["x"],
+    }
+    for required in ([], ["l"]):
+        other = {"type": "object", "properties": {"l": {"type": "string"}}, "required": required}
+        schema = {"$defs": {"t": tree}, "oneOf": [{"$ref": "#/$defs/t"}, other]}
+        compiled = compile_schema(schema)
+        assert compiled.grammar is not None, compiled.refusals
+        assert invalid_walks(schema, compiled, 200) == []
+    # a ladder of refs each reached twice: the steps are capped, and the schema refused
+    ladder: dict[str, Any] = {
+        f"d{i}": {
+            "type": "object",
+            "properties": {"a": {"$ref": f"#/$defs/d{i + 1}"}, "b": {"$ref": f"#/$defs/d{i + 1}"}},
+        }
+        for i in range(30)
+    }
+    ladder["d30"] = {"type": "object", "properties": {"q": _OVERLAP}, "required": ["q"]}
+    calls[0] = 0
+    compiled = compile_schema({"$defs": ladder, "oneOf": [{"$ref": "#/$defs/d0"}, {"type": "object"}]})
+    assert calls[0] <= compile_module.MAX_PARTIAL_NEGATIONS + 100  # and a few full negations
+    assert [r.construct for r in compiled.refusals] == ["oneOf"]
+
+
 _UNNEGATED: list[Any] = [
     _OVERLAP,
     {"type": "array", "contains": {"type": "string"}},
