@@ -300,21 +300,56 @@ def _trimmed(accepting: list[bool], moves: list[list[tuple[Ranges, int]]]) -> Df
 
 
 def _minimal(dfa: Dfa) -> Dfa:
-    """``dfa`` with equivalent states merged (Moore's partition refinement: states stay
-    together while they agree on accepting and, per range, on the class they move to)."""
+    """``dfa`` with equivalent states merged: partition refinement from accepting/not in which
+    only a state one of whose next states changed class is looked at again (its signature:
+    the ranges to each class it moves to). A class that splits keeps its largest part, so a
+    state changes class at most log n times and a long chain of states takes a few steps per
+    link, not (as Moore's rounds over every state would) a round per link."""
+    back: list[list[int]] = [[] for _ in dfa.accepting]
+    for s, out in enumerate(dfa.moves):
+        for _, t in out:
+            back[t].append(s)
     classes = [int(a) for a in dfa.accepting]
-    while True:
-        signatures: dict[tuple[Any, ...], int] = {}
-        refined = []
-        for s, moves in enumerate(dfa.moves):
+    members: list[set[int]] = [set(), set()]
+    for s, c in enumerate(classes):
+        members[c].add(s)
+    signature: list[tuple[Any, ...]] = [()] * len(classes)
+    # invariant: a state not in dirty has its signature; those of one class share it
+    dirty: dict[int, set[int]] = {c: set(m) for c, m in enumerate(members) if m}
+    while dirty:
+        c, looked = dirty.popitem()
+        for s in looked:
             merged: dict[int, list[tuple[int, int]]] = {}
-            for ranges, t in moves:
+            for ranges, t in dfa.moves[s]:
                 merged.setdefault(classes[t], []).extend(ranges)
-            key = (classes[s], tuple(sorted((_joined(r), c) for c, r in merged.items())))
-            refined.append(signatures.setdefault(key, len(signatures)))
-        if len(signatures) == len(set(classes)):
-            break
-        classes = refined
+            signature[s] = tuple(sorted((_joined(r), k) for k, r in merged.items()))
+        groups: dict[tuple[Any, ...], set[int]] = {}
+        if len(members[c]) > len(looked):
+            # the states not looked at, as one group (found by what they are not)
+            groups[signature[next(s for s in members[c] if s not in looked)]] = set()
+        for s in looked:
+            groups.setdefault(signature[s], set()).add(s)
+        if len(groups) == 1:
+            continue
+        unlooked = len(members[c]) - len(looked)
+        leading = next(iter(groups))
+        sizes = {sig: len(g) + (unlooked if sig == leading else 0) for sig, g in groups.items()}
+        keep = max(sizes, key=sizes.__getitem__)
+        moved: list[int] = []
+        for sig, looked_part in groups.items():
+            if sig == keep:
+                continue
+            group = looked_part
+            if sig == leading and unlooked:
+                group = {s for s in members[c] if s not in looked or signature[s] == sig}
+            members[c] -= group
+            members.append(group)
+            for s in group:
+                classes[s] = len(members) - 1
+            moved.extend(group)
+        for s in moved:
+            for p in back[s]:
+                dirty.setdefault(classes[p], set()).add(p)
     # the start's class first, the others in order of their first state
     order: dict[int, int] = {}
     for c in [classes[0], *classes]:

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from typing import Any
 
 import pytest
 
+from localllm.grammar.automaton import Dfa, _minimal, _trimmed, normalize
 from localllm.grammar.compile import MAX_PRODUCT_STATES, compile_schema
 from localllm.grammar.walk import Grammar
 from tests.unit.grammar_harness import counterexample, invalid_walks, validator
@@ -253,3 +255,74 @@ def test_the_automata_of_one_schema_share_one_work_budget() -> None:
     [refusal] = compiled.refusals
     assert refusal.construct == "pattern" and "in one schema" in refusal.message
     assert refusal.path not in ("$.properties.p0", "$.properties.p1")  # the first ones fit
+
+
+@pytest.mark.parametrize(
+    ("pattern", "compiles"),
+    [
+        # built as a chain of about 4,000 states, 992 once minimised: compiles
+        ("^[a-z0-9]{0,990}(x|$)", True),
+        # a chain of about 7,900 states that stays as long minimised: refused on the cap
+        ("^(a|$)[ab]{0,7900}$", False),
+    ],
+)
+def test_minimising_a_long_chain_of_states_takes_a_moment(pattern: str, compiles: bool) -> None:
+    # each link of the chain took a round over every state (tens of seconds, minutes)
+    schema = {"type": "string", "pattern": pattern}
+    began = time.monotonic()
+    compiled = compile_schema(schema)
+    assert time.monotonic() - began < 5
+    assert (compiled.grammar is not None) == compiles, compiled.refusals
+    if compiled.grammar is None:
+        assert f"needs more than {MAX_PRODUCT_STATES:,} states" in compiled.refusals[0].message
+    else:
+        assert invalid_walks(schema, compiled, 50) == []
+
+
+def _moore_classes(dfa: Dfa) -> int:
+    """How many states ``dfa`` has minimised, by Moore's rounds over every state (the reference)."""
+    classes = [int(a) for a in dfa.accepting]
+    while True:
+        signatures: dict[tuple[Any, ...], int] = {}
+        refined = []
+        for s, moves in enumerate(dfa.moves):
+            merged: dict[int, list[tuple[int, int]]] = {}
+            for ranges, t in moves:
+                merged.setdefault(classes[t], []).extend(ranges)
+            key = (classes[s], tuple(sorted((tuple(normalize(r)), c) for c, r in merged.items())))
+            refined.append(signatures.setdefault(key, len(signatures)))
+        if len(signatures) == len(set(classes)):
+            return len(signatures)
+        classes = refined
+
+
+def _words(dfa: Dfa, n: int) -> set[str]:
+    out, stack = set(), [(0, "")]
+    while stack:
+        s, word = stack.pop()
+        if dfa.accepting[s]:
+            out.add(word)
+        if len(word) < n:
+            stack.extend((t, word + chr(c)) for ranges, t in dfa.moves[s] for a, z in ranges for c in range(a, z + 1))
+    return out
+
+
+def test_minimised_automata_are_as_small_as_moores_and_read_the_same() -> None:
+    rng = random.Random(3)
+    checked = 0
+    for _ in range(1500):
+        n = rng.randint(1, 10)
+        moves: list[list[tuple[tuple[tuple[int, int], ...], int]]] = []
+        for _ in range(n):
+            # overlapping letters in ranges split differently: the same moves written two ways
+            cuts = sorted(rng.sample(range(97, 101), rng.randint(0, 2)))
+            spans = [(a, b - 1) for a, b in zip([97, *cuts], [*cuts, 101], strict=True) if a < b]
+            moves.append([(((a, z),), rng.randrange(n)) for a, z in spans if rng.random() < 0.8])
+        trimmed = _trimmed([rng.random() < 0.4 for _ in range(n)], moves)
+        if trimmed is None:
+            continue
+        checked += 1
+        minimal = _minimal(trimmed)
+        assert len(minimal.accepting) == _moore_classes(trimmed)
+        assert _words(minimal, 4) == _words(trimmed, 4)
+    assert checked > 800
