@@ -32,6 +32,9 @@ __all__ = ["WORK", "Branch", "Dfa", "TooLarge", "intersect", "intersection", "no
 WORK = 2_000_000
 #: how many times its state limit a product may grow to before it is minimised
 BUILD_FACTOR = 8
+#: the work one character span of one product state costs, in NFA states visited (about as
+#: long: a class of many ranges cuts many spans, each read on its own)
+SPAN_WORK = 3
 
 Ranges = tuple[tuple[int, int], ...]
 #: one top-level alternative of a pattern: (anchored at the start, at the end, body tree)
@@ -243,15 +246,21 @@ def intersection(
         # bounds cut too
         cuts = sorted(bounds | {b for es in edges for ranges, _ in es for a, z in ranges for b in (a, z + 1)})
         targets: dict[_Key, list[tuple[int, int]]] = {}
+        # each character span is work too (a class of many ranges cuts many), and the spans
+        # that reach the same states share one closure
+        steps[0] -= SPAN_WORK * len(cuts) * len(built)
+        closed: list[dict[frozenset[int], frozenset[int]]] = [{} for _ in built]
         for a, z in itertools.pairwise(cuts):
             if not _covers(universe, a):
                 continue
             nexts = []
-            for (nfa, _), es, neg in zip(built, edges, negate, strict=True):
-                reached = {t for ranges, t in es if _covers(ranges, a)}
+            for (nfa, _), es, neg, memo in zip(built, edges, negate, closed, strict=True):
+                reached = frozenset(t for ranges, t in es if _covers(ranges, a))
                 if not reached and not neg:
                     break
-                nexts.append(nfa.closure(reached, steps) if reached else frozenset())
+                if reached not in memo:
+                    memo[reached] = nfa.closure(reached, steps) if reached else frozenset()
+                nexts.append(memo[reached])
             else:
                 key: _Key = (tuple(nexts), min(count + 1, count_cap))
                 spans = targets.setdefault(key, [])

@@ -326,3 +326,18 @@ def test_minimised_automata_are_as_small_as_moores_and_read_the_same() -> None:
         assert len(minimal.accepting) == _moore_classes(trimmed)
         assert _words(minimal, 4) == _words(trimmed, 4)
     assert checked > 800
+
+
+def test_the_work_budget_counts_each_character_span_a_class_cuts() -> None:
+    # a class of 45 separate characters cuts about 90 spans per state, each read on its own:
+    # charged for only the few states they reach, twelve such chains took twice the time
+    # the budget stands for (about as long as the two patterns refused above)
+    odd = "".join(chr(c) for c in range(0x21, 0x7E, 2) if chr(c) not in "\\]^-[")
+    names = [f"p{i}" for i in range(12)]
+    chains = {n: {"type": "string", "pattern": f"^[{odd}]{{0,{900 + i}}}(x|$)"} for i, n in enumerate(names)}
+    assert compile_schema(chains["p0"]).grammar is not None
+    compiled = compile_schema({"type": "object", "properties": chains, "required": names})
+    assert compiled.grammar is None
+    [refusal] = compiled.refusals
+    assert "in one schema" in refusal.message
+    assert refusal.path in {f"$.properties.p{i}" for i in range(5, 9)}
