@@ -687,6 +687,9 @@ class _Compiler:
         #: still take, and the refs being negated
         self.partial_negations = 0
         self.negations_left = MAX_PARTIAL_NEGATIONS
+        #: overlapping oneOf branches read as anyOf (more values: only to prove a schema
+        #: unsatisfiable, see :meth:`unsatisfiable_anyway`)
+        self.overlapping = False
         self.negating: set[str] = set()
         #: satisfiable's trial verdicts: an alternative (canonical JSON) -> whether it admits a
         #: value; and the trials this schema may still run
@@ -755,7 +758,7 @@ class _Compiler:
         try:
             expr = self.gen(self.root, "$", 0, frozenset())
         except _Unsatisfiable as exc:
-            if not self.partial_negations:
+            if not self.partial_negations or self.unsatisfiable_anyway():
                 raise
             # the values partial negations left out may be all the schema has
             why = exc.refusal.message.split(": ", 1)[-1]
@@ -1190,6 +1193,21 @@ class _Compiler:
             return {"type": "array", "minItems": 1, **first}
         return None
 
+    def unsatisfiable_anyway(self) -> bool:
+        """Does the schema admit no value even with overlapping ``oneOf`` branches read as
+        ``anyOf`` (more values)? Then no partial negation left its values out. Tried on the
+        work budgets left; a refusal there is no proof."""
+        wider = _Compiler(self.root, space=False, open_objects=self.open_objects)
+        wider.overlapping = True
+        wider.automaton_work, wider.proof_work = self.automaton_work, self.proof_work
+        try:
+            wider.gen(wider.root, "$", 0, frozenset())
+        except _Unsatisfiable:
+            return True
+        except _Refuse:
+            return False
+        return False
+
     def negated_partly(self, path: str, what: str) -> None:
         """A partial negation (:meth:`negate`) left out what ``what`` alone rejects: noted."""
         self.partial_negations += 1
@@ -1341,6 +1359,8 @@ class _Compiler:
         except _Unsatisfiable:
             raise
         except _Refuse as first:
+            if self.overlapping:
+                return alts
             negs = [self.negate(a, child(child(path, "oneOf"), i), depth + 1, True) for i, a in enumerate(alts)]
             if any(n is None for n in negs):
                 raise first from None
@@ -3817,10 +3837,9 @@ class _RegexParser:
                 self.pos += 1
             elif c == "{":
                 m = re.compile(r"\{(\d*)(,?)(\d*)\}").match(self.s, self.pos)
-                if not m or (not m.group(1) and not m.group(2)) or (not m.group(1) and not m.group(3) and m.group(2)):
-                    if m and m.group(2) and not m.group(1) and not m.group(3):
-                        return atom  # "{,}" is a literal in Python; handled by atom()
-                    return atom
+                if not m or (not m.group(1) and not m.group(2)):
+                    return atom  # "{}" and a "{" that starts no repeat are literals, read by atom()
+                # "{,}" repeats as "*" does and "{,3}" as "{0,3}" (Python's re reads them so)
                 lo = int(m.group(1) or 0)
                 hi = lo if not m.group(2) else (int(m.group(3)) if m.group(3) else None)
                 self.pos = m.end()

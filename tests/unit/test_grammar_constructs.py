@@ -691,3 +691,20 @@ def test_unevaluated_properties_families(names: list[str], extra: Any, unevaluat
     pool: list[Any] = [1, "s", None]
     values = [{k: rng.choice(pool) for k in rng.sample(["a", "b", "c", "d"], rng.randint(0, 3))} for _ in range(60)]
     assert leaks(schema, values) == []
+
+
+def test_a_schema_unsatisfiable_beside_a_one_of_told_apart_partially_says_so() -> None:
+    # y admits no value, whatever the oneOf beside it: the schema is unsatisfiable, not a
+    # oneOf the partial negations may have emptied
+    told_apart = {
+        "oneOf": [
+            {"type": "object", "required": ["k"], "properties": {"k": _OVERLAP}},
+            {"type": "object", "required": ["j"], "properties": {"j": _OVERLAP}},
+        ]
+    }
+    impossible = {"allOf": [{"type": "string"}, {"type": "integer"}]}
+    schema = {"type": "object", "properties": {"x": told_apart, "y": impossible}, "required": ["y", "x"]}
+    assert compile_schema({"type": "object", "properties": {"x": told_apart}}).grammar is not None
+    compiled = compile_schema(schema)
+    assert compiled.grammar is None
+    assert [(r.path, r.construct) for r in compiled.refusals] == [("$.properties.y", "type")]

@@ -341,3 +341,20 @@ def test_the_work_budget_counts_each_character_span_a_class_cuts() -> None:
     [refusal] = compiled.refusals
     assert "in one schema" in refusal.message
     assert refusal.path in {f"$.properties.p{i}" for i in range(5, 9)}
+
+
+@pytest.mark.parametrize(
+    ("pattern", "texts", "admitted"),
+    [
+        # Python's re reads "{,}" as "*" (and "{,2}" as "{0,2}"), not as the text "{,}"
+        ("^a{,}$", ["", "a", "aaa", "a{,}", "{,}"], ["", "a", "aaa"]),
+        ("^(x|$)b{,}$", ["", "x", "xbb", "b", "x{,}", "xb{,}"], ["", "x", "xbb"]),
+        ("^a{,2}b$", ["b", "ab", "aab", "aaab", "a{,2}b"], ["b", "ab", "aab"]),
+        # "{}" is the text
+        ("^a{}$", ["a{}", "a", ""], ["a{}"]),
+    ],
+)
+def test_braces_are_read_as_pythons_re_reads_them(pattern: str, texts: list[str], admitted: list[str]) -> None:
+    got, valid = verdicts({"type": "string", "pattern": pattern}, texts)
+    assert valid == admitted
+    assert got == admitted
