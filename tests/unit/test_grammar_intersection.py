@@ -358,3 +358,49 @@ def test_braces_are_read_as_pythons_re_reads_them(pattern: str, texts: list[str]
     got, valid = verdicts({"type": "string", "pattern": pattern}, texts)
     assert valid == admitted
     assert got == admitted
+
+
+_INSIDE = ["(a$|b)", "(^a|b)", "(c|$)", "(^|x)", "(^)*", "($)*", "(a|$)+", "(^|,)", "(/|$)", "(b|$){,2}", "a{,}"]
+
+
+def _inner_anchor_pattern(rng: random.Random) -> str:
+    parts = [rng.choice(_ATOMS + _INSIDE * 2) for _ in range(rng.randint(1, 3))]
+    body = "".join(p + ("" if p[-1] in "*+}" else rng.choice(["", "", "+", "?"])) for p in parts)
+    return ("^" if rng.random() < 0.4 else "") + body + ("$" if rng.random() < 0.4 else "")
+
+
+def _placed(rng: random.Random, pattern: str) -> dict[str, Any]:
+    """``pattern`` where a string meets it: a value (beside length bounds or a format), a
+    patternProperties key, a propertyNames."""
+    place = rng.randrange(4)
+    if place == 0:
+        return {"type": "string", "pattern": pattern, "minLength": rng.randint(0, 2), "maxLength": rng.randint(2, 6)}
+    if place == 1:
+        return {"type": "string", "pattern": pattern, "format": rng.choice(["hostname", "email", "date"])}
+    if place == 2:
+        extra = rng.choice([False, {"type": "boolean"}])
+        return {"type": "object", "patternProperties": {pattern: {"type": "integer"}}, "additionalProperties": extra}
+    return {"type": "object", "propertyNames": {"pattern": pattern}, "properties": {"a": {"type": "integer"}}}
+
+
+def test_random_patterns_with_anchors_inside_in_keys_formats_and_lengths_admit_only_matches() -> None:
+    rng = random.Random(17)
+    texts = sorted({"".join(rng.choice("abcx,/1.@\n") for _ in range(k)) for k in range(8) for _ in range(30)})
+    compiled_count = walks = 0
+    for _ in range(120):
+        schema = _placed(rng, _inner_anchor_pattern(rng))
+        compiled = compile_schema(schema)
+        if compiled.grammar is None:
+            continue
+        compiled_count += 1
+        assert invalid_walks(schema, compiled, 20, compiled_count) == [], schema
+        walks += 20
+        parsed = Grammar.parse(compiled.grammar)
+        check = validator(schema)
+        values: list[Any] = list(texts)
+        if schema["type"] == "object":
+            values = [{t: rng.choice([1, "s", True]) for t in rng.sample(texts, rng.randint(0, 2))} for _ in range(200)]
+        for value in values:
+            text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+            assert not parsed.matches(text) or check.is_valid(value), (schema, text)
+    assert compiled_count > 90
