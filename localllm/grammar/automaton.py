@@ -67,6 +67,7 @@ class _Nfa:
         #: moves without reading that hold only before the first character (``^``) or
         #: after the last (``$``): an anchor inside the pattern
         self.asserts: dict[str, list[list[int]]] = {"bol": [], "eol": []}
+        self.anchored_end = False  # has a "$" move (most patterns have none)
         self.limit = limit
 
     def state(self) -> int:
@@ -117,6 +118,7 @@ class _Nfa:
         if kind in self.asserts:
             end = self.state()
             self.asserts[kind][start].append(end)
+            self.anchored_end = self.anchored_end or kind == "eol"
             return end
         raise ValueError(f"no automaton for the regex node {kind!r}")
 
@@ -124,12 +126,12 @@ class _Nfa:
         """The states ``states`` reach without reading — also through ``anchor``'s moves
         (``"bol"`` before the first character, ``"eol"`` after the last); the states visited
         are taken from ``work`` (the steps left to the whole construction)."""
-        moves = [self.eps, self.asserts[anchor]] if anchor else [self.eps]
+        eps, more = self.eps, self.asserts[anchor] if anchor else None
         seen = set(states)
         stack = list(states)
         while stack:
             q = stack.pop()
-            for t in itertools.chain.from_iterable(m[q] for m in moves):
+            for t in eps[q] if more is None else eps[q] + more[q]:
                 if t not in seen:
                     seen.add(t)
                     stack.append(t)
@@ -140,7 +142,7 @@ class _Nfa:
 
     def ends(self, states: frozenset[int], work: list[int]) -> frozenset[int]:
         """``states`` and, when the text ends there, what they reach through its ``$``s."""
-        if not any(self.asserts["eol"][q] for q in states):
+        if not self.anchored_end or not any(self.asserts["eol"][q] for q in states):
             return states
         return self.closure(states, work, "eol")
 
