@@ -286,13 +286,19 @@ def intersection(
     return minimal
 
 
-def _trimmed(accepting: list[bool], moves: list[list[tuple[Ranges, int]]]) -> Dfa | None:
-    """Only the states from which an accepting state can be reached (renumbered, the start
-    first); None when the start cannot reach one."""
-    back: list[list[int]] = [[] for _ in accepting]
+def _predecessors(moves: Sequence[Sequence[tuple[Ranges, int]]]) -> list[list[int]]:
+    """For each state, the states that move to it."""
+    back: list[list[int]] = [[] for _ in moves]
     for s, out in enumerate(moves):
         for _, t in out:
             back[t].append(s)
+    return back
+
+
+def _trimmed(accepting: list[bool], moves: list[list[tuple[Ranges, int]]]) -> Dfa | None:
+    """Only the states from which an accepting state can be reached (renumbered, the start
+    first); None when the start cannot reach one."""
+    back = _predecessors(moves)
     live = {s for s, acc in enumerate(accepting) if acc}
     stack = list(live)
     while stack:
@@ -316,10 +322,7 @@ def _minimal(dfa: Dfa) -> Dfa:
     the ranges to each class it moves to). A class that splits keeps its largest part, so a
     state changes class at most log n times and a long chain of states takes a few steps per
     link, not (as Moore's rounds over every state would) a round per link."""
-    back: list[list[int]] = [[] for _ in dfa.accepting]
-    for s, out in enumerate(dfa.moves):
-        for _, t in out:
-            back[t].append(s)
+    back = _predecessors(dfa.moves)
     classes = [int(a) for a in dfa.accepting]
     members: list[set[int]] = [set(), set()]
     for s, c in enumerate(classes):

@@ -2396,15 +2396,18 @@ class _Compiler:
                 raise _Refuse(path, "pattern", '"pattern" must be a string')
             if pattern in self.intersected:
                 return self.product(self.intersected[pattern], path, lo, hi)
-            if pattern in self.complemented or any(_has_anchor(body) for _, _, body in self.branches(pattern, path)):
-                # a complement, or ^/$ inside (`(/|$)`: a slash or the end): only an automaton holds them
+            if pattern in self.complemented:
                 return self.product((pattern,), path, lo, hi)
             if pattern in self.avoided and 0 < lo <= 3 and hi is None:
                 # a negated literal search with minLength: the length counted in the automaton
                 pattern = _avoiding(self.avoided[pattern], lo) or pattern
+            branches = self.branches(pattern, path)
+            if any(_has_anchor(body) for _, _, body in branches):
+                # ^/$ inside (`(/|$)`: a slash or the end): only an automaton reads them
+                return self.product((pattern,), path, lo, hi)
             saved, notes = self.save(), len(self.notes)
             try:
-                expr, plo, phi = self.pattern(pattern, path, lo, hi)
+                expr, plo, phi = self.pattern(pattern, branches, path, lo, hi)
                 if plo < lo or (hi is not None and (phi is None or phi > hi)):
                     raise _Refuse(
                         path,
@@ -2462,11 +2465,15 @@ class _Compiler:
             out.append((start, end, body))
         return out
 
-    def pattern(self, pattern: str, path: str, lo: int = 0, hi: int | None = None) -> tuple[str, int, int | None]:
+    def pattern(
+        self, pattern: str, branches: list[Branch], path: str, lo: int = 0, hi: int | None = None
+    ) -> tuple[str, int, int | None]:
+        """The GBNF of ``pattern``, read as ``branches`` (:meth:`branches`), within ``lo``..``hi``
+        characters: (expression, its shortest and longest length, None when unbounded)."""
         exprs = []
         lo_all: int | None = None
         hi_all: int | None = 0
-        for start, end, whole in self.branches(pattern, path):
+        for start, end, whole in branches:
             items = list(whole[1])
             body = whole
             blo, bhi = _regex_lengths(body)
@@ -3289,8 +3296,8 @@ def _forbids(node: dict[str, Any], name: str) -> bool:
     if not isinstance(props, dict) or not isinstance(patterns, dict) or name in props:
         return False
     try:
-        return not any(re.search(p, name) for p in patterns)
-    except (re.error, TypeError, RecursionError, OverflowError):
+        return not any(search(p, name, fallback=True) for p in patterns)
+    except (re.error, ValueError, TypeError, RecursionError, OverflowError):
         return False
 
 
