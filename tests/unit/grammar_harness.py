@@ -40,6 +40,11 @@ def _time(value: object) -> bool:
     return not isinstance(value, str) or bool(_RFC3339_TIME.match(value))
 
 
+class Runaway(Exception):
+    """Raised by a test's counting wrapper once a step count shows work growing without bound
+    (the test fails at once instead of hanging)."""
+
+
 def validator(schema: Any) -> Any:
     """The jsonschema validator for the schema's draft, formats asserted (date-time and time strictly)."""
     cls = validator_class(schema)

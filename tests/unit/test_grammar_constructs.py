@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from localllm.grammar.compile import compile_schema
 from localllm.grammar.walk import Grammar
-from tests.unit.grammar_harness import grammar_of, invalid_walks, leaks, validator
+from tests.unit.grammar_harness import Runaway, grammar_of, invalid_walks, leaks, validator
 
 D4 = "http://json-schema.org/draft-04/schema#"
 
@@ -210,10 +210,6 @@ def test_one_of_told_apart_by_partial_negations_into_nothing_is_refused_not_unsa
     assert [r.construct for r in compiled.refusals] == ["oneOf"]
 
 
-class _Runaway(Exception):
-    pass
-
-
 def test_partial_negations_of_recursive_refs_stay_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     # a tree with two recursive children: negating it partially, each level would negate both
     # children again (2^64 steps) were a ref not cut off inside its own negation
@@ -225,7 +221,7 @@ def test_partial_negations_of_recursive_refs_stay_bounded(monkeypatch: pytest.Mo
     def counted(self: Any, node: Any, path: str, depth: int, partial: bool = False) -> Any:
         calls[0] += 1
         if calls[0] > 50_000:
-            raise _Runaway
+            raise Runaway
         return negate(self, node, path, depth, partial)
 
     monkeypatch.setattr(compile_module._Compiler, "negate", counted)
