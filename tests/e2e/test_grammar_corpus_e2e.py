@@ -2,16 +2,17 @@
 
 One llama-server (gemma-3-270m, ``--parallel 2``) serves the whole module. For each corpus
 entry we POST ``response_format: json_schema`` with a prompt that asks the model to copy the
-entry's ``probe`` (an answer that breaks the schema) or, without a probe, to answer the
-schema. The corpus's ``llama`` field says what the server must be seen doing:
+entry's ``probe`` (an answer that breaks the schema, or a valid one the server's grammar
+cannot produce) or, without a probe, to answer the schema. The corpus's ``llama`` field says what the server must be seen doing:
 
 - ``enforces``: 200, no conversion warning, and the answer is schema-valid *although the
   model was asked to copy an invalid one* (the grammar stopped it). Verdict ``ok``.
 - ``ignores`` with verdict ``warning-only``: 200, no warning, and the answer satisfies the
   schema's structural part (the schema minus the constraints we warned about); whether it
   also satisfies the warned constraints is recorded, not asserted.
-- ``ignores`` with verdict ``error``: 200 and the answer breaks the schema: proof the
-  server did not enforce what the checker called out of the subset.
+- ``ignores`` with verdict ``error``: 200 and a whole JSON answer that breaks the schema:
+  proof the server did not enforce what the checker called out of the subset (an answer
+  cut at ``max_tokens`` proves nothing, so each such probe is one the model copies).
 - ``degrades``: 200 and llama-server's ``WARNING: JSON schema conversion was incomplete``
   line on stderr (the pattern became "any string").
 - ``refuses``: a 4xx/5xx error before generating.
@@ -247,6 +248,9 @@ def test_corpus_schema_on_llama_server(server: Server, outcomes: dict[str, dict[
         record["outcome"] = "valid" if valid else "structure-valid"
     else:
         assert entry["verdict"] == "error"
+        # the evidence is a whole JSON answer that breaks the schema: an answer cut at
+        # max_tokens is no evidence, it would be invalid under any grammar
+        assert parsed, f"{path.name}: answer cut or not JSON, no evidence either way: {content!r}"
         assert not valid, (
             f"{path.name}: the checker says out of subset, but the server produced a "
             f"schema-valid answer to a probe that breaks it: {content!r}"
