@@ -165,8 +165,8 @@ HINTS = {
     "minLength": "intersect the length bounds into the pattern ({m,n})",
     "maxLength": "intersect the length bounds into the pattern ({m,n})",
     "minimum": "widen the range, or use an enum of the allowed values",
-    "minProperties": "make the properties required instead",
-    "maxProperties": "declare fewer properties or drop maxProperties",
+    "minProperties": "declare the properties that may count (by name, not by patternProperties), or make them required",
+    "maxProperties": "declare fewer properties, or group them in anyOf branches",
     "patternProperties": "declare the properties by name",
 }
 

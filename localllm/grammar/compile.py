@@ -69,6 +69,9 @@ MAX_AVOIDED = 6
 MAX_AVOIDED_STATES = 24
 #: the largest integer step compiled without two bounds (its grammar has step*16 rules)
 MAX_STEP = 32
+#: rules of properties (or unique items) in declared order with minProperties/maxProperties
+#: (minItems/maxItems) to count: one per position and count
+MAX_COUNTED_RULES = 4_096
 #: states of the automaton for several patterns on one string (and their length bounds)
 MAX_PRODUCT_STATES = 1_000
 MAX_GRAMMAR_CHARS = 2_000_000
@@ -1921,27 +1924,38 @@ class _Compiler:
             key = gbnf_literal(json.dumps(name, ensure_ascii=False))
             items.append((self.rule(f"{path}-{name}-kv", f"{key} COLON {value}"), is_required))
         n_required = sum(1 for _, r in items if r)
-        nonempty = lo == 1 and n_required == 0
-        if lo > n_required and not nonempty:
-            raise _Refuse(path, "minProperties", f"minProperties {lo} exceeds the {n_required} required properties")
-        if hi is not None and hi < len(items):
-            raise _Refuse(path, "maxProperties", f"maxProperties {hi} is below the {len(items)} declared properties")
+        # the declared properties written are counted; undeclared keys may repeat one another
+        # (the parsed object keeps one), so they count only as "not empty"
+        least = lo if lo > n_required else 0
+        if least > max(len(items), 1):
+            raise _Refuse(
+                path,
+                "minProperties",
+                f"minProperties {lo} exceeds the {len(items)} declared properties (undeclared keys may repeat "
+                f"one another, so they are not counted)",
+            )
+        most = hi if hi is not None and hi < len(items) else None
+        if most is not None and most < n_required:
+            why = f"maxProperties {hi} is below the {n_required} required properties"
+            raise _Unsatisfiable(path, "maxProperties", why)
         present = {d[0] for d in declared}
         if missing := [r for r in required_set if r not in present]:
             raise _Unsatisfiable(path, "required", f"required {_q(sorted(missing))} can never be present")
         ext = self.extension(node, declared, path, depth) if hi is None else None
-        if nonempty and not items and ext is None:
+        if least == 1 and not items and ext is None:
             raise _Unsatisfiable(path, "minProperties", "minProperties 1 on an object that admits no property")
-        body = self.ordered(items, path, nonempty=nonempty)
+        if least > 1 and ext is not None:
+            self.notes.append(f"{path}: minProperties {lo} is met by declared properties (undeclared keys not counted)")
+        body = self.ordered(items, path, least=least, most=most)
         if ext is not None:
             more = _repeat(f"COMMA {ext}", 0, None)
-            if n_required:
+            if n_required or least > 1:
                 body = f"{body} {more}"
             else:
-                some = f"{self.ordered(items, path, nonempty=True)} {more}" if items else None
+                some = f"{self.ordered(items, path, least=1)} {more}" if items else None
                 only = f"{ext} {more}"
                 either = self.rule(f"{path}-some", f"{some} | {only}" if some else only)
-                body = either if nonempty else f"{either}?"
+                body = either if least else f"{either}?"
         return self.rule(f"{path}-object", f'"{{" {body} "}}"')
 
     def extension(
@@ -2090,50 +2104,64 @@ class _Compiler:
         body = f"{kv} {_repeat(f'COMMA {kv}', 0, None if hi is None else hi - 1)}"
         return self.rule(f"{path}-object", f'"{{" {body if lo else _repeat(body, 0, 1)} "}}"')
 
-    def ordered(self, items: list[tuple[str, bool]], path: str, *, nonempty: bool = False) -> str:
+    def ordered(self, items: list[tuple[str, bool]], path: str, *, least: int = 0, most: int | None = None) -> str:
         """Properties (or unique array items) in any order, each at most once, the required
-        ones always (``nonempty``: at least one of the optional ones when none is required) —
-        up to ANY_ORDER of them; more keep their declared order (a note says so)."""
+        ones always, at least ``least`` and at most ``most`` of them in all — up to ANY_ORDER
+        of them; more keep their declared order (a note says so)."""
         if not items:
             return '""'
         if len(items) == 1:
-            return self.in_order(items, path, nonempty=nonempty)
+            return self.in_order(items, path, least=least, most=most)
         if len(items) <= ANY_ORDER and self.order_rules + (1 << len(items)) <= ANY_ORDER_RULES:
             self.order_rules += 1 << len(items)
-            return self.any_order(items, path, nonempty=nonempty)
+            return self.any_order(items, path, least=least, most=most)
         why = f"any order up to {ANY_ORDER}" if len(items) > ANY_ORDER else "the grammar's any-order budget is spent"
         self.notes.append(f"{path}: {len(items)} properties or items in declared order ({why})")
-        return self.in_order(items, path, nonempty=nonempty)
+        return self.in_order(items, path, least=least, most=most)
 
-    def any_order(self, items: list[tuple[str, bool]], path: str, *, nonempty: bool) -> str:
-        """``items`` in any order, each at most once: one rule per set of items already
-        written (2^n rules), whose alternatives are the items not yet written — each starts
-        with its own key literal, so the alternatives the engine keeps are prefix-disjoint."""
-        n = len(items)
-        full = (1 << n) - 1
+    def any_order(self, items: list[tuple[str, bool]], path: str, *, least: int, most: int | None) -> str:
+        """``items`` in any order, each at most once, ``least`` to ``most`` of them: one rule
+        per set of items already written (2^n rules), whose alternatives are the items not
+        yet written — each starts with its own key literal, so the alternatives the engine
+        keeps are prefix-disjoint."""
         need = sum(1 << i for i, (_, req) in enumerate(items) if req)
-        rests: dict[int, str] = {}
+        rests: dict[int, str | None] = {}
 
-        def rest(used: int) -> str:
-            """What may follow once the items in ``used`` are written."""
-            if used == full:
-                return ""
+        def rest(used: int) -> str | None:
+            """What may follow once the items in ``used`` are written (None: no end is left)."""
             if used in rests:
                 return rests[used]
-            alts = [f"{kv} {rest(used | 1 << i)}".strip() for i, (kv, _) in enumerate(items) if not used & 1 << i]
-            body = f"COMMA {_alt(alts)}"
-            expr = self.rule(f"{path}-rest", f"( {body} )?" if need & ~used == 0 else body)
+            count = used.bit_count()
+            alts = []
+            if most is None or count < most:
+                for i, (kv, _) in enumerate(items):
+                    if not used & 1 << i and (after := rest(used | 1 << i)) is not None:
+                        alts.append(f"{kv} {after}".strip())
+            end = need & ~used == 0 and count >= least
+            if not alts:
+                expr = "" if end else None
+            else:
+                body = f"COMMA {_alt(alts)}"
+                expr = self.rule(f"{path}-rest", f"( {body} )?" if end else body)
             rests[used] = expr
             return expr
 
-        first = _alt([f"{kv} {rest(1 << i)}".strip() for i, (kv, _) in enumerate(items)])
-        if need == 0 and not nonempty:
+        starts = [f"{kv} {after}".strip() for i, (kv, _) in enumerate(items) if (after := rest(1 << i)) is not None]
+        if most == 0 or not starts:
+            return '""'  # the caller checked that the count bounds leave a value: "{}"
+        first = _alt(starts)
+        if need == 0 and not least:
             first = _repeat(first, 0, 1)
         return self.rule(f"{path}-props", first)
 
-    def in_order(self, items: list[tuple[str, bool]], path: str, *, nonempty: bool = False) -> str:
-        """Properties in declared order: required ones always, optional ones optionally
-        (``nonempty``: at least one of them)."""
+    def in_order(self, items: list[tuple[str, bool]], path: str, *, least: int = 0, most: int | None = None) -> str:
+        """Properties in declared order: required ones always, optional ones optionally, at
+        least ``least`` and at most ``most`` of them in all (:meth:`counted_in_order` when
+        that takes counting)."""
+        n_required = sum(1 for _, req in items if req)
+        if most is not None or least > max(n_required, 1):
+            return self.counted_in_order(items, path, least, most)
+        nonempty = least == 1 and n_required == 0
         # many properties: every tail and choice a named rule (linear size, shallow nesting)
         named = len(items) > 8
         tails: list[str] = [""] * (len(items) + 1)
@@ -2153,6 +2181,48 @@ class _Compiler:
                 head = with_it if nonempty else f"( {with_it} )?"
             else:
                 head = self.rule(f"{path}-head", f"{with_it} | {head}") if named else f"( {with_it} | {head} )"
+        return self.rule(f"{path}-props", head)
+
+    def counted_in_order(self, items: list[tuple[str, bool]], path: str, least: int, most: int | None) -> str:
+        """Properties in declared order, ``least`` to ``most`` of them: one rule per position
+        and count written so far (counts past ``least`` are one when there is no ``most``), at
+        most MAX_COUNTED_RULES of them."""
+        cap = least if most is None else most
+        if len(items) * (cap + 1) > MAX_COUNTED_RULES:
+            key = "minProperties" if most is None else "maxProperties"
+            raise _Refuse(
+                path,
+                key,
+                f"counting {least}..{most} of {len(items)} properties or items in declared order takes "
+                f"{len(items) * (cap + 1)} rules, more than {MAX_COUNTED_RULES}",
+            )
+        memo: dict[tuple[int, int], str | None] = {}
+
+        def tail(i: int, count: int) -> str | None:
+            """What may follow once the items before ``i`` are decided, ``count`` of them written."""
+            if i == len(items):
+                return "" if count >= least else None
+            if (i, count) in memo:
+                return memo[(i, count)]
+            kv, req = items[i]
+            write = None
+            if most is None or count < most:
+                after = tail(i + 1, min(count + 1, cap) if most is None else count + 1)
+                if after is not None:
+                    write = f"{'COMMA ' if count else ''}{kv} {after}".strip()
+            skip = None if req else tail(i + 1, count)
+            if write is None:
+                expr = skip
+            elif skip is None:
+                expr = self.rule(f"{path}-count", write)
+            else:
+                expr = self.rule(f"{path}-count", _repeat(write, 0, 1) if skip == "" else f"{write} | {skip}")
+            memo[(i, count)] = expr
+            return expr
+
+        head = tail(0, 0)
+        if not head:
+            return '""'  # the caller checked that the count bounds leave a value: "{}"
         return self.rule(f"{path}-props", head)
 
     # ------------------------------------------------------------------ arrays
@@ -2245,19 +2315,18 @@ class _Compiler:
         domain = self.finite_domain(rest, path)
         if prefix:
             return self.unique_tuples(node, prefix, rest, path, lo=lo, hi=hi)
-        if domain is None or lo > 1:
+        if domain is None:
             raise _Refuse(path, "uniqueItems", '"uniqueItems" is compiled only over a finite item domain (enum items)')
         values: dict[str, Any] = {}
         for v in self.admitted(rest, domain, path, "uniqueItems"):
             values.setdefault(_canon(v), v)
-        if hi is not None and hi < len(values):
-            raise _Refuse(path, "uniqueItems", f"maxItems {hi} below the {len(values)} unique values is not compiled")
-        if lo == 1 and not values:
-            raise _Unsatisfiable(path, "minItems", "minItems 1 but no item value is allowed")
+        if lo > len(values):
+            raise _Unsatisfiable(path, "minItems", f"minItems {lo} but {len(values)} distinct item values are allowed")
         items = [
             (gbnf_literal(json.dumps(v, ensure_ascii=False, separators=(",", ":"))), False) for v in values.values()
         ]
-        inner = self.ordered(items, path, nonempty=lo == 1) if items else '""'
+        most = hi if hi is not None and hi < len(values) else None
+        inner = self.ordered(items, path, least=lo, most=most) if items else '""'
         return self.rule(f"{path}-unique", f'"[" {inner} "]"')
 
     def finite_domain(self, schema: Any, path: str) -> list[Any] | None:

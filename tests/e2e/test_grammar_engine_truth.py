@@ -343,6 +343,42 @@ def test_no_invalid_instance_is_admitted_by_the_engine(llama: Engine) -> None:
     assert found.admitted_invalid == [], "\n".join(found.admitted_invalid[:20])
 
 
+# ---------------------------------------------------------------------------- counted shapes
+
+
+def _props(n: int, required: list[str], **bounds: int) -> dict[str, Any]:
+    names = [chr(ord("a") + i) for i in range(n)]
+    return {"type": "object", "properties": {k: {"type": "integer"} for k in names}, "required": required, **bounds}
+
+
+#: min/maxProperties and min/maxItems that count (none of the corpora needs the counting rules)
+COUNTED = {
+    "any order 2..3 of 4": _props(4, [], minProperties=2, maxProperties=3),
+    "any order at most 1 of 5": _props(5, [], maxProperties=1),
+    "declared order 3..4 of 8, c required": _props(8, ["c"], minProperties=3, maxProperties=4),
+    "declared order at least 5 of 9": _props(9, [], minProperties=5),
+    "declared names counted beside undeclared ones": _props(3, [], minProperties=2),
+    "unique enum 2..3 of 5": {
+        "type": "array",
+        "items": {"enum": ["v", "w", "x", "y", "z"]},
+        "uniqueItems": True,
+        "minItems": 2,
+        "maxItems": 3,
+    },
+}
+
+
+@pytest.mark.parametrize("name", COUNTED)
+def test_counted_properties_and_items_walk_valid_through_the_engine(llama: Engine, name: str) -> None:
+    schema = COUNTED[name]
+    entries = grammars(name, schema)
+    assert entries, compile_schema(schema).refusals
+    for entry in entries:
+        found = walk_check(llama, entry.id, schema, entry.grammar, walks=WALKS, seed=_seed(entry.id))
+        assert found.mismatches == [] and found.invalid == [], found.mismatches + found.invalid[:20]
+        assert found.distinct >= 10  # the walks reach more than one count
+
+
 # ---------------------------------------------------------------------------- the checks can fail
 
 DIGIT = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 3, "maximum": 7}}, "required": ["n"]}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -92,6 +93,107 @@ def test_unique_enum_items_in_any_order() -> None:
     assert not g.matches('["x","x"]') and not g.matches('["z","y","z"]') and not g.matches("[]")
 
 
+# ---------------------------------------------------------------------------- counted
+
+
+def _subsets_in_every_order(pairs: list[tuple[str, int]], *, orders: bool = True) -> Iterator[str]:
+    for k in range(len(pairs) + 1):
+        for chosen in itertools.combinations(pairs, k):
+            yield from (_text(list(p)) for p in (itertools.permutations(chosen) if orders else [chosen]))
+
+
+@pytest.mark.parametrize(("required", "least", "most"), [([], 2, 3), (["b"], 3, None), ([], 0, 1), (["a", "d"], 2, 2)])
+def test_min_and_max_properties_between_required_and_declared_count_every_order(
+    required: list[str], least: int, most: int | None
+) -> None:
+    bounds = {"minProperties": least} | ({} if most is None else {"maxProperties": most})
+    schema = _object(4, required, **bounds)
+    g, check = grammar_of(schema), validator(schema)
+    admitted = 0
+    for text in _subsets_in_every_order([("a", 0), ("b", 1), ("c", 2), ("d", 3)]):
+        assert g.matches(text) == check.is_valid(json.loads(text)), text
+        admitted += g.matches(text)
+    assert admitted > 0
+
+
+@pytest.mark.parametrize(("required", "least", "most"), [([], 3, 4), (["c", "f"], 4, None), ([], 0, 2), (["g"], 1, 1)])
+def test_counted_properties_beyond_any_order_keep_declared_order_and_count(
+    required: list[str], least: int, most: int | None
+) -> None:
+    n = ANY_ORDER + 2
+    bounds = {"minProperties": least} | ({} if most is None else {"maxProperties": most})
+    schema = _object(n, required, **bounds)
+    compiled = compile_schema(schema)
+    g, check = grammar_of(schema), validator(schema)
+    pairs = [(chr(ord("a") + i), i) for i in range(n)]
+    admitted = 0
+    for text in _subsets_in_every_order(pairs, orders=False):  # all 2^8 subsets, declared order
+        assert g.matches(text) == check.is_valid(json.loads(text)), text
+        admitted += g.matches(text)
+    assert admitted > 0
+    assert invalid_walks(schema, compiled, 200) == []
+
+
+def test_min_properties_beside_undeclared_keys_counts_the_declared_ones_with_a_note() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {}, "c": {}}, "minProperties": 2}
+    compiled = compile_schema(schema, open_objects=True)
+    g = grammar_of(schema, open_objects=True)
+    assert g.matches('{"c":1,"a":2,"zz":3}') and g.matches('{"b":1,"c":2}')
+    # an undeclared key may repeat ({"a":1,"x":1,"x":2} parses to two keys): not counted
+    assert not g.matches('{"a":1,"x":1}') and not g.matches('{"a":1}')
+    assert any("minProperties 2 is met by declared properties" in n for n in compiled.notes)
+    assert invalid_walks(schema, compiled, 200) == []
+
+
+@pytest.mark.parametrize(
+    ("schema", "construct"),
+    [
+        (
+            {
+                "type": "object",
+                "properties": {"a": {}},
+                "additionalProperties": {"type": "integer"},
+                "minProperties": 2,
+            },
+            "minProperties",
+        ),
+        (_object(100, [], minProperties=50), "minProperties"),  # 100 x 51 counting rules
+        (_object(100, [], maxProperties=99), "maxProperties"),
+    ],
+)
+def test_counts_that_cannot_be_written_are_refused_by_name(schema: dict[str, Any], construct: str) -> None:
+    compiled = compile_schema(schema)
+    assert compiled.grammar is None
+    assert compiled.refusals[0].construct == construct
+
+
+def test_max_properties_below_the_required_count_admits_nothing() -> None:
+    compiled = compile_schema(_object(3, ["a", "b"], maxProperties=1))
+    assert compiled.grammar is None
+    assert (compiled.refusals[0].construct, compiled.refusals[0].path) == ("maxProperties", "$")
+
+
+@pytest.mark.parametrize(("least", "most"), [(2, None), (2, 3), (0, 2), (3, 3)])
+def test_unique_enum_items_counted(least: int, most: int | None) -> None:
+    schema = {"type": "array", "items": {"enum": ["w", "x", "y", "z"]}, "uniqueItems": True, "minItems": least}
+    if most is not None:
+        schema["maxItems"] = most
+    g, check = grammar_of(schema), validator(schema)
+    admitted = 0
+    for k in range(6):
+        for arr in itertools.product(["w", "x", "y", "z"], repeat=k):
+            text = json.dumps(list(arr), separators=(",", ":"))
+            assert g.matches(text) == check.is_valid(list(arr)), text
+            admitted += g.matches(text)
+    assert admitted > 0
+
+
+def test_unique_items_wanting_more_values_than_allowed_admit_nothing() -> None:
+    compiled = compile_schema({"type": "array", "items": {"enum": [1, 2]}, "uniqueItems": True, "minItems": 3})
+    assert compiled.grammar is None
+    assert compiled.refusals[0].construct == "minItems"
+
+
 # ---------------------------------------------------------------------------- regressions (bench instances)
 
 
@@ -151,7 +253,9 @@ def _objects(draw: st.DrawFn) -> dict[str, Any]:
     if extra is not None:
         schema["additionalProperties"] = extra
     if draw(st.integers(0, 3)) == 0:
-        schema["minProperties"] = 1
+        schema["minProperties"] = draw(st.integers(1, 4))
+    if draw(st.integers(0, 3)) == 0:
+        schema["maxProperties"] = draw(st.integers(0, 4))
     return schema
 
 
