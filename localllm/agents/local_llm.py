@@ -13,9 +13,12 @@ Constrained decoding (:meth:`LocalLLMAgent.constraint`), the §9 knobs first:
 with localllm's own exact, compact GBNF (:func:`localllm.grammar.compile_schema`) as the
 request's ``grammar`` (localllm's addition; a schema it cannot compile exactly, or
 ``grammar: server``, gets ``response_format: json_schema`` when the schema is inside
-llama.cpp's subset, else no constraint); in endpoint mode with ``response_format:
-json_schema``. ``grammar: false`` sends nothing. ``meta.grammar`` is the contract's boolean
-(was the grammar constraint applied), ``meta.grammar_source`` ``compiled | server | none``,
+llama.cpp's subset; else, but for ``grammar: server``, the grammar of the schema without the
+keywords the compiler refuses where dropping them only widens it — ``relaxed``, the keywords
+in ``meta.grammar_relaxed``, left to validation —; else no constraint); in endpoint mode with
+``response_format: json_schema``. ``grammar: false`` sends nothing. ``meta.grammar`` is the
+contract's boolean (was the grammar constraint applied), ``meta.grammar_source``
+``compiled | server | relaxed | none``,
 ``meta.json_schema`` whether ``json_schema: true`` applied. ``response_format:`` picks
 another field; ``probe`` negotiates it (:mod:`localllm.agents.structured`: one probe per
 endpoint per Runtime, opt-in because it is an extra request); ``meta.structured_output``
@@ -265,7 +268,7 @@ class LocalLLMAgent(Agent):
 
     def constraint(self, schema: dict[str, Any] | None, style: str | None = None) -> tuple[dict[str, Any], str, str]:
         """The body fields that constrain decoding, ``meta.grammar_source`` (compiled |
-        server | none: what applied the grammar: true constraint) and the style run."""
+        server | relaxed | none: what applied the grammar: true constraint) and the style run."""
         style = style or self.style() or "grammar"
         if schema is None or style == "none":
             return {}, "none", "none"
@@ -288,7 +291,16 @@ class LocalLLMAgent(Agent):
                 return {"grammar": compiled}, "compiled", "grammar"
         if self._in_subset(key, schema):
             return server, "server", "json_schema"
+        if mode != "server" and (relaxed := self._relaxed(schema)) is not None:
+            return {"grammar": relaxed.compiled.grammar}, "relaxed", "grammar"
         return {}, "none", "none"
+
+    def _relaxed(self, schema: dict[str, Any]) -> Any:
+        """The grammar of ``schema`` without the keywords the compiler refuses, where dropping
+        them only widens it (:func:`localllm.grammar.relax.relax`; kept per schema there)."""
+        from localllm.grammar.relax import relax
+
+        return relax(schema, space=not self.decl.compact, open_objects=self.decl.open_objects)
 
     def build_body(self, request: AskRequest, style: str | None = None) -> tuple[dict[str, Any], str, bool, str]:
         """The chat-completions body, ``meta.grammar``, whether json_schema applied and the style run."""
@@ -485,6 +497,9 @@ class LocalLLMAgent(Agent):
             meta["structured_probe"] = negotiated.as_meta()
         if retries[0]:  # a broken connection, retried once on a fresh resolution (managed.upstream)
             meta["upstream_retries"] = retries[0]
+        if grammar == "relaxed":  # what the grammar left to validation
+            relaxed = self._relaxed(request.schema or {})
+            meta["grammar_relaxed"] = [f"{r.path} {r.construct}" for r in relaxed.dropped] if relaxed else []
         if self.managed:
             meta["served_by"] = answered[0].route.value  # "service" or "sidecar"
             if grammar != "none":  # did this server pass the grammar canary at its start?

@@ -242,6 +242,8 @@ class CompiledGrammar:
     refusals: list[Refusal] = field(default_factory=list)
     #: facts about the compilation a user may want to know (e.g. oneOf read as anyOf)
     notes: list[str] = field(default_factory=list)
+    #: the refusal is that no value meets the schema (as far as the compiler generates values)
+    unsatisfiable: bool = False
 
     @property
     def exact(self) -> bool:
@@ -280,7 +282,7 @@ def compile_schema(
         compiler = _Compiler(schema, space=space, open_objects=open_objects)
         return compiler.run()
     except _Refuse as exc:
-        return CompiledGrammar(None, [exc.refusal])
+        return CompiledGrammar(None, [exc.refusal], unsatisfiable=isinstance(exc, _Unsatisfiable))
     except RecursionError:
         return CompiledGrammar(None, [Refusal("$", "depth", "$: the schema nests too deeply to compile")])
 

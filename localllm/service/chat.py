@@ -174,7 +174,10 @@ class Tool:
     parameters: dict[str, Any]
     description: str
     strict: bool
-    exact: bool  # its parameters compiled exactly (else they are only validated)
+    #: what the grammar holds the arguments to: the parameters when they compile exactly, else
+    #: the parameters relaxed (localllm.grammar.relax), else None (any object); the arguments
+    #: are validated against the parameters either way
+    held: Any
 
 
 @dataclass
@@ -185,7 +188,7 @@ class Prepared:
     model: str
     stream: bool  # the client asked for a stream
     include_usage: bool = False
-    structured: str = "none"  # compiled | converter | none
+    structured: str = "none"  # compiled | relaxed | converter | none
     schema: Any = None  # what the content must validate against (json_schema / json_object)
     strict: bool = False
     tools: dict[str, Tool] = field(default_factory=dict)
@@ -574,6 +577,7 @@ def _check_schema_bytes(body: dict[str, Any]) -> None:
 
 def _tools(raw: Any) -> dict[str, Tool]:
     from localllm.grammar import compile_schema
+    from localllm.grammar.relax import relax
 
     if not isinstance(raw, list) or not raw:
         raise BadRequest("tools must be a non-empty array", "tools")
@@ -597,8 +601,10 @@ def _tools(raw: Any) -> dict[str, Tool]:
         compiled = compile_schema(params, open_objects=OPEN_OBJECTS)
         if not compiled.exact and strict:
             raise _refusal(compiled, f"tools[{i}].function.parameters")
+        relaxed = None if compiled.exact else relax(params, open_objects=OPEN_OBJECTS)
+        held = params if compiled.exact else relaxed.schema if relaxed is not None else None
         description = fn.get("description") or ""
-        tools[name] = Tool(name, params, str(description), strict, compiled.exact)
+        tools[name] = Tool(name, params, str(description), strict, held)
     return tools
 
 
@@ -677,8 +683,8 @@ def _rebase(schema: Any, at: str) -> Any:
 
 def _call_schema(tool: Tool, at: str, *, envelope: bool = False) -> dict[str, Any]:
     """One call of ``tool`` (placed at the pointer ``at`` of the answer's schema)."""
-    arguments: Any = _rebase(tool.parameters, at + "/properties/arguments") if tool.exact else {"type": "object"}
-    if envelope and tool.exact:
+    arguments: Any = {"type": "object"} if tool.held is None else _rebase(tool.held, at + "/properties/arguments")
+    if envelope and tool.held is not None:
         arguments = {}  # validated against the tool's parameters on their own
     return {
         "type": "object",
@@ -825,6 +831,7 @@ def prepare(
     """The upstream body and the answer's handling for one chat request (BadRequest: 400);
     ``parallel``: the model's slots (``n`` is capped to them)."""
     from localllm.grammar import compile_schema
+    from localllm.grammar.relax import relax
 
     body = dict(data)
     _check_messages(body.get("messages"))
@@ -910,6 +917,13 @@ def prepare(
         elif strict and _converter_errors(schema):
             # neither localllm's compiler nor llama.cpp's converter enforces it
             raise _refusal(compiled, prepared.schema_param)
+        elif _converter_errors(schema) and (relaxed := relax(schema, open_objects=OPEN_OBJECTS)) is not None:
+            # the schema without the keywords neither enforces, where that only widens it:
+            # the rest constrained, those validated
+            body.pop("response_format", None)
+            body["grammar"] = relaxed.compiled.grammar
+            prepared.structured = "relaxed"
+            prepared.notes = [r.message for r in relaxed.dropped]
         else:
             # llama.cpp's converter (strict: only when localllm's checker says it enforces the
             # schema); the answer is validated either way

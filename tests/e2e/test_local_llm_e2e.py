@@ -114,6 +114,45 @@ def test_forced_validation_failure_falls_back_to_claude(
     assert main(["trace", "verify", str(trace)]) == 0
 
 
+def test_unique_strings_get_the_relaxed_grammar_on_the_real_server(
+    demo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unique strings: no exact grammar and none of llama.cpp's, so the schema without
+    uniqueItems constrains the answer (before: nothing did) and validation checks the rest."""
+    from localllm.grammar.relax import relax
+    from localllm.grammar.walk import Grammar
+
+    claude = install(tmp_path / "bin")
+    monkeypatch.setenv("LOCALLLM_CLAUDE_BIN", str(claude))
+    monkeypatch.setenv("FAKE_CLAUDE_RESULT", '{"tags": ["crash"], "severity": 5}')
+    tags = {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 3, "uniqueItems": True}
+    schema = {
+        "type": "object",
+        "properties": {"tags": tags, "severity": {"type": "integer", "minimum": 1, "maximum": 5}},
+        "required": ["tags", "severity"],
+    }
+    trace = tmp_path / "trace.jsonl"
+    with Runtime(load_config(demo), trace=trace) as rt:
+        result = rt.call(
+            "extract", agent="agent.local", schema=schema, prompt="Tag this ticket: the app crashes on save."
+        )
+        decl = rt.agent("agent.local").decl  # type: ignore[attr-defined]
+    done = read_trace(trace).events[-1].payload
+    local = done.get("original_transcript_ref") or done["transcript_ref"]  # fell back or not
+    lines = [json.loads(line) for line in (tmp_path / local["path"]).read_text().splitlines()]
+    content = lines[1]["message"]["content"]
+    relaxed = relax(schema, space=not decl.compact, open_objects=decl.open_objects)
+    assert relaxed is not None and Grammar.parse(relaxed.compiled.grammar or "").matches(content), content
+    value = json.loads(content)  # the real engine held the answer to the relaxed schema
+    assert set(value) == {"tags", "severity"} and 1 <= value["severity"] <= 5
+    assert len(value["tags"]) <= 3 and all(isinstance(t, str) and len(t) <= 12 for t in value["tags"])
+    if result.agent == "agent.local":  # distinct tags: valid
+        assert result.meta["grammar_source"] == "relaxed"
+        assert result.meta["grammar_relaxed"] == ["$.properties.tags uniqueItems"]
+    else:  # a repeated tag: the validation the relaxed grammar leaves it to
+        assert len(set(value["tags"])) < len(value["tags"]) and result.meta["fallback_of"] == "agent.local"
+
+
 def test_killed_sidecar_is_respawned_between_calls(demo: Path) -> None:
     with Runtime(load_config(demo)) as rt:
         assert rt.run_gate("triage", {"ticket": "Please add dark mode."}).ok

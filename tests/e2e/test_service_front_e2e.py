@@ -125,7 +125,9 @@ def _openai_surface(client: Any) -> None:
     assert raw.headers["x-localllm-structured"] == "compiled" and raw.headers["x-localllm-validated"] == "true"
     jsonschema.validate(json.loads(raw.parse().choices[0].message.content or ""), schema)
 
-    refused = {  # uniqueItems over open strings: neither our compiler nor llama.cpp's converter enforces it
+    refused: dict[
+        str, Any
+    ] = {  # uniqueItems over open strings: neither our compiler nor llama.cpp's converter enforces it
         "type": "object",
         "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
         "required": ["tags"],
@@ -137,6 +139,19 @@ def _openai_surface(client: Any) -> None:
             response_format={"type": "json_schema", "json_schema": {"name": "r", "strict": True, "schema": refused}},
         )
     assert caught.value.code == "unsupported_schema" and "uniqueItems" in str(caught.value)
+    # not strict: the rest of the schema is the grammar, uniqueItems is validated
+    refused["properties"]["tags"].update(maxItems=3, items={"type": "string", "maxLength": 12})
+    loose = client.chat.completions.with_raw_response.create(
+        model=CHAT,
+        messages=ASK,
+        max_tokens=128,
+        temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "r", "schema": refused}},
+    )
+    assert loose.headers["x-localllm-structured"] == "relaxed"
+    tags = json.loads(loose.parse().choices[0].message.content or "")["tags"]
+    assert isinstance(tags, list) and len(tags) <= 3 and all(isinstance(t, str) for t in tags)
+    assert loose.headers["x-localllm-validated"] == ("true" if len(set(tags)) == len(tags) else "false")
 
     # parallel calls allowed (OpenAI's default): the base model may write several, each valid
     # greedy, as every generation below: what a sampled 270M model writes is not what is tested;

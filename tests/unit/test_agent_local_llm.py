@@ -40,6 +40,9 @@ UNIQUE = {
     "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
     "required": ["tags"],
 }
+#: unique strings beside unevaluatedProperties: no exact grammar, none of llama.cpp's, and no
+#: relaxed one (which keys count as evaluated would change with a keyword dropped)
+UNRELAXED = {**UNIQUE, "unevaluatedProperties": False}
 
 
 @pytest.fixture
@@ -159,7 +162,7 @@ def test_out_of_subset_schema_is_sent_unconstrained_and_falls_back(
     trace = tmp_path / "t.jsonl"
     with Runtime(config, trace=trace) as rt:
         rt.register_inprocess("agent.claude", lambda _: {"tags": ["a"]})
-        result = rt.call("extract", agent="agent.local", prompt="tags?", schema=UNIQUE)
+        result = rt.call("extract", agent="agent.local", prompt="tags?", schema=UNRELAXED)
     body = chat_requests(logs["requests"])[0]["body"]
     assert "response_format" not in body and "grammar" not in body
     assert result.agent == "agent.claude" and result.meta["fallback_of"] == "agent.local"
@@ -420,6 +423,44 @@ def test_schema_the_compiler_refuses_falls_back_to_the_server_converter(
     body = chat_requests(logs["requests"])[0]["body"]
     assert result.meta["grammar"] is True and result.meta["grammar_source"] == "server" and "grammar" not in body
     assert body["response_format"]["json_schema"]["schema"] == schema
+
+
+TAGGED = {
+    "type": "object",
+    "properties": {
+        "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+        "n": {"type": "integer", "minimum": 1, "maximum": 9},
+    },
+    "required": ["tags", "n"],
+}
+
+
+def test_schema_neither_the_compiler_nor_the_converter_enforces_gets_the_relaxed_grammar(
+    tmp_path: Path, server_bin: Path, logs: dict[str, Path]
+) -> None:
+    # unique strings: no exact grammar, and llama.cpp's converter drops uniqueItems (not in
+    # its subset): before, nothing constrained the answer at all
+    from localllm.grammar import check_subset
+    from localllm.grammar.relax import relax
+
+    assert not compile_schema(TAGGED).exact and any(v.severity == "error" for v in check_subset(TAGGED))
+    with Runtime(managed_config(tmp_path, server_bin)) as rt:
+        result = rt.call("ask", agent="agent.local", prompt="p", schema=TAGGED)
+        decl = rt.agent("agent.local").decl  # type: ignore[attr-defined]
+    body = chat_requests(logs["requests"])[0]["body"]
+    relaxed = relax(TAGGED, space=not decl.compact, open_objects=decl.open_objects)
+    assert relaxed is not None and body["grammar"] == relaxed.compiled.grammar and "response_format" not in body
+    assert result.meta["grammar"] is True and result.meta["grammar_source"] == "relaxed"
+    assert result.meta["grammar_relaxed"] == ["$.properties.tags uniqueItems"]
+    assert result.agent == "agent.local" and set(result.submission) == {"tags", "n"}  # the grammar's first walk
+
+
+def test_grammar_server_mode_never_relaxes(tmp_path: Path, server_bin: Path) -> None:
+    with Runtime(managed_config(tmp_path, server_bin)) as rt:
+        agent = rt.agent("agent.local")
+        agent.decl = dataclasses.replace(agent.decl, grammar="server")  # type: ignore[attr-defined]
+        fields, source, _ = agent.constraint(TAGGED)  # type: ignore[attr-defined]
+    assert (fields, source) == ({}, "none")
 
 
 def test_grammar_server_mode_uses_the_converter(tmp_path: Path, server_bin: Path) -> None:

@@ -19,6 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
+from localllm.grammar.relax import relax
+from localllm.grammar.walk import Grammar
 from localllm.managed.server import CANARY_BODY
 from localllm.service.api import FrontLimits
 from localllm.service.chat import ChatLimits
@@ -208,10 +210,40 @@ def test_strict_schema_the_compiler_refuses_is_a_400_naming_path_and_construct(
         assert error["code"] == "unsupported_schema" and error["param"] == "response_format.json_schema.schema"
         assert "uniqueItems" in error["message"] and "$.properties.tags" in error["message"]
         loose = chat(http, "chat", response_format=fmt(schema, strict=False))
-        assert loose.status_code == 200 and loose.headers["x-localllm-structured"] == "converter"
+        # not strict: the schema without uniqueItems is the grammar (before: llama.cpp's
+        # converter, which drops it too but is not held to the rest), uniqueItems validated
+        assert loose.status_code == 200 and loose.headers["x-localllm-structured"] == "relaxed"
     eventually(lambda: upstream_chats(env))
     (sent,) = upstream_chats(env)  # the refused request never reached the model
-    assert sent["response_format"]["json_schema"]["schema"] == schema and "grammar" not in sent
+    relaxed = relax(schema, open_objects=False)
+    assert relaxed is not None and sent["grammar"] == relaxed.compiled.grammar and "response_format" not in sent
+
+
+def test_a_non_strict_tool_the_compiler_refuses_holds_its_arguments_to_the_relaxed_parameters(
+    make_service: Factory, env: dict[str, Path]
+) -> None:
+    params = {
+        "type": "object",
+        "properties": {
+            "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+            "n": {"type": "integer", "minimum": 1, "maximum": 9},
+        },
+        "required": ["tags", "n"],
+    }
+    tool = {"type": "function", "function": {"name": "tag", "parameters": params}}
+    service = make_service()
+    with client(service) as http:
+        answer = chat(http, "chat", tools=[tool], tool_choice="required")
+        assert answer.status_code == 200, answer.text
+        (call,) = answer.json()["choices"][0]["message"]["tool_calls"]
+    (sent,) = upstream_chats(env)
+    grammar = Grammar.parse(sent["grammar"])
+    # before: any object as the arguments ({"n": "x"} and {} admitted)
+    assert grammar.matches('{"tool_calls":[{"name":"tag","arguments":{"tags":["a"],"n":3}}]}')
+    assert not grammar.matches('{"tool_calls":[{"name":"tag","arguments":{"tags":["a"],"n":10}}]}')
+    assert not grammar.matches('{"tool_calls":[{"name":"tag","arguments":{}}]}')
+    assert grammar.matches('{"tool_calls":[{"name":"tag","arguments":{"tags":["a","a"],"n":3}}]}')  # validated
+    assert set(json.loads(call["function"]["arguments"])) == {"tags", "n"}
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,163 @@
+"""A grammar for what a schema allows once the keywords the compiler refuses are dropped.
+
+:func:`relax` takes a schema the compiler refuses, drops the refused keyword from the schema
+object the refusal names and compiles again, until what is left (the *relaxed* schema)
+compiles exactly or a refusal cannot be dropped safely. Its grammar is exact for the relaxed
+schema, which admits every value the schema admits: dropping a keyword only widens the object
+holding it, and that object widens the whole schema when every keyword on the way down to it
+passes a wider subschema on as a wider schema (``properties``, ``items``, ``allOf``,
+``anyOf``, ``then`` …). So every answer the schema admits stays open to the model (but for the
+compiler's documented narrowings), and validation, which checks the full schema, decides the
+dropped keywords. Without this a single ``uniqueItems`` over strings left a whole answer
+unconstrained.
+
+Nothing is relaxed (:func:`relax` returns None) when the compiler finds that no value meets
+the schema, or the relaxed one (which admits more): there is no answer to constrain. Nor when
+a refusal's path is not a schema object of the document (the compiler's own ``[i]`` paths of
+merged ``allOf`` components); when the way down passes ``not``, ``oneOf``, ``if``,
+``contains`` or ``unevaluated*`` (a wider subschema there can reject more); when the keyword
+widens nothing by going (``properties``, ``patternProperties``, ``items``/``prefixItems``
+exempt names and positions from ``additionalProperties``/``additionalItems``;
+``minContains`` defaults to 1; ``$id`` moves refs); when the document has ``unevaluated*``
+anywhere (which keys count as evaluated depends on the keywords dropped); when, once the
+keyword is gone, a ``$ref`` is left under a keyword of that first list (it could reach the
+object from there); or past MAX_DROPS keywords.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from localllm.grammar import keywords
+from localllm.grammar.compile import CompiledGrammar, Refusal, compile_schema
+from localllm.grammar.paths import parse_path
+
+__all__ = ["Relaxed", "relax"]
+
+#: keywords whose result may shrink when their subschema grows
+NOT_MONOTONE = frozenset({"not", "oneOf", "if", "contains", "unevaluatedProperties", "unevaluatedItems", "disallow"})
+#: keywords whose removal may narrow the schema, or moves what refs resolve to
+NOT_DROPPED = frozenset({"properties", "patternProperties", "items", "prefixItems", "minContains", "$id", "id"})
+#: at most this many keywords are dropped (each takes a compile: winget's manifest needs 10, 3.4 s)
+MAX_DROPS = 16
+
+_REFS = frozenset({"$ref", "$dynamicRef", "$recursiveRef"})
+_NAMED = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies"})
+_LISTED = frozenset({"allOf", "anyOf", "oneOf", "prefixItems", "items", "extends"})
+_SINGLE = frozenset(
+    {"additionalProperties", "items", "additionalItems", "propertyNames", "not", "if", "then", "else", "contains"}
+    | {"unevaluatedProperties", "unevaluatedItems", "extends"}
+)
+
+
+@dataclass(frozen=True)
+class Relaxed:
+    """The schema without the dropped keywords, its exact grammar, and the refusals dropped."""
+
+    schema: Any
+    compiled: CompiledGrammar
+    dropped: tuple[Refusal, ...]
+
+
+def relax(schema: Any, *, space: bool = False, open_objects: bool = True) -> Relaxed | None:
+    """The relaxed schema and its grammar, or None when a refusal cannot be dropped safely
+    (or ``schema`` compiles exactly: nothing to relax). The last 64 answers are kept (a
+    service request compiles its schema each time); the result is shared: do not change it."""
+    if not isinstance(schema, dict):
+        return None
+    try:
+        text = json.dumps(schema, allow_nan=False)  # key order kept: it is the declared order
+    except (TypeError, ValueError, RecursionError):
+        return None
+    return _relaxed(text, space, open_objects)
+
+
+@functools.lru_cache(maxsize=64)
+def _relaxed(text: str, space: bool, open_objects: bool) -> Relaxed | None:
+    doc = json.loads(text)
+    compiled = compile_schema(doc, space=space, open_objects=open_objects)
+    if compiled.exact or _has(doc, {"unevaluatedProperties", "unevaluatedItems"}):
+        return None
+    dropped: list[Refusal] = []
+    for _ in range(MAX_DROPS):
+        # a relaxed schema no value meets: the schema itself admits none (nothing to answer)
+        if compiled.unsatisfiable or not compiled.refusals or not _drop(doc, compiled.refusals[0]):
+            return None
+        dropped.append(compiled.refusals[0])
+        compiled = compile_schema(doc, space=space, open_objects=open_objects)
+        if compiled.exact:
+            return Relaxed(doc, compiled, tuple(dropped))
+    return None
+
+
+def _drop(doc: dict[str, Any], refusal: Refusal) -> bool:
+    """Drop ``refusal.construct`` from the schema object its path names (or, for a refusal
+    pointing into one of a keyword's subschemas, from the object holding that keyword),
+    when that only widens ``doc``."""
+    try:
+        tokens = parse_path(refusal.path)
+    except ValueError:
+        return False
+    trail = _walk(doc, tokens)
+    if trail is None:
+        return False
+    key = refusal.construct
+    node, passed = trail[-1][0], [k for _, k in trail[:-1]]
+    if key not in node and passed and passed[-1] == key:  # "$.oneOf[1]": the branch, not the keyword's holder
+        node, passed = trail[-2][0], passed[:-1]
+    if key not in node or key in NOT_DROPPED or key not in keywords.ASSERTING or NOT_MONOTONE & set(passed):
+        return False
+    for k in (key, "then", "else") if key == "if" else (key,):
+        node.pop(k, None)
+    # a ref under a keyword that is not monotone could reach the object from there (the
+    # caller drops the document when this is False)
+    return not any(_has(obj[k], _REFS) for obj in _objects(doc) for k in NOT_MONOTONE & obj.keys())
+
+
+def _walk(doc: dict[str, Any], tokens: list[str | int]) -> list[tuple[dict[str, Any], str | None]] | None:
+    """The schema objects along ``tokens``, each with the keyword taken from it (the last
+    with None); None when the path leaves the document's schema objects."""
+    trail: list[tuple[dict[str, Any], str | None]] = []
+    node: Any = doc
+    i = 0
+    while i < len(tokens):
+        key = tokens[i]
+        if not isinstance(node, dict) or not isinstance(key, str) or key not in node:
+            return None
+        value = node[key]
+        trail.append((node, key))
+        if key in _NAMED and i + 1 < len(tokens) and isinstance(value, dict):
+            node, i = value.get(str(tokens[i + 1])), i + 2
+        elif key in _LISTED and isinstance(value, list) and i + 1 < len(tokens):
+            index = tokens[i + 1]
+            if not isinstance(index, int) or not 0 <= index < len(value):
+                return None
+            node, i = value[index], i + 2
+        elif key in _SINGLE and not isinstance(value, list):
+            node, i = value, i + 1
+        else:
+            return None
+    if not isinstance(node, dict):
+        return None
+    trail.append((node, None))
+    return trail
+
+
+def _has(doc: Any, names: set[str] | frozenset[str]) -> bool:
+    """Does any object in ``doc`` hold one of ``names`` as a key?"""
+    return any(names & obj.keys() for obj in _objects(doc))
+
+
+def _objects(value: Any) -> Iterator[dict[str, Any]]:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            yield item
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)

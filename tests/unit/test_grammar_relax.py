@@ -1,0 +1,174 @@
+"""The relaxed grammar: a refused schema's keywords dropped where that only widens it."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+from localllm.grammar.compile import compile_schema
+from localllm.grammar.relax import MAX_DROPS, relax
+from tests.unit.grammar_harness import invalid_walks, realworld, validator
+
+TAGS: dict[str, Any] = {"type": "array", "items": {"type": "string", "maxLength": 8}, "uniqueItems": True}
+
+
+def _dropped(schema: Any) -> list[tuple[str, str]] | None:
+    relaxed = relax(schema)
+    return None if relaxed is None else [(r.path, r.construct) for r in relaxed.dropped]
+
+
+def _without(schema: Any, path: list[str | int], key: str) -> Any:
+    out = copy.deepcopy(schema)
+    node = out
+    for token in path:
+        node = node[token]
+    del node[key]
+    return out
+
+
+def test_unique_strings_leave_the_rest_of_the_answer_constrained() -> None:
+    schema: dict[str, Any] = {
+        "type": "object",
+        "properties": {"tags": TAGS, "n": {"type": "integer", "minimum": 1, "maximum": 9}},
+        "required": ["tags", "n"],
+        "additionalProperties": False,
+    }
+    assert compile_schema(schema).refusals[0].construct == "uniqueItems"
+    relaxed = relax(schema)
+    assert relaxed is not None
+    assert [(r.path, r.construct) for r in relaxed.dropped] == [("$.properties.tags", "uniqueItems")]
+    assert relaxed.schema == _without(schema, ["properties", "tags"], "uniqueItems")
+    assert invalid_walks(relaxed.schema, relaxed.compiled, 300) == []
+    from localllm.grammar.walk import Grammar
+
+    g = Grammar.parse(relaxed.compiled.grammar or "")
+    assert g.matches('{"tags":["a","b"],"n":3}') and g.matches('{"n":3,"tags":[]}')
+    assert g.matches('{"tags":["a","a"],"n":3}')  # left to validation
+    assert not g.matches('{"tags":["a"],"n":10}') and not g.matches('{"tags":[1],"n":3}')
+    assert not g.matches('{"tags":["a"]}') and not g.matches('{"tags":[],"n":3,"x":1}')
+    assert schema["properties"]["tags"]["uniqueItems"] is True  # the caller's schema is not changed
+
+
+def test_every_refused_real_world_schema_relaxes_to_a_superset_that_walks_valid() -> None:
+    relaxed_ids = []
+    for sid, schema in realworld():
+        if compile_schema(schema).exact:
+            continue
+        relaxed = relax(schema)
+        if relaxed is None:
+            continue
+        relaxed_ids.append(sid)
+        for refusal in relaxed.dropped:
+            assert refusal.construct in json.dumps(schema), (sid, refusal)
+        assert invalid_walks(relaxed.schema, relaxed.compiled, 100) == [], sid
+    # the JSON Schema Store schemas with unique strings (winget's manifest drops ten), the test
+    # suite's uniqueItems and multipleOf 123456789, llama.cpp's lookahead; of the other 14, 7
+    # are invalid, 3 admit no value, 2 are under oneOf/unevaluatedProperties and 2 refused at
+    # the compiler's own paths of merged allOf components
+    assert relaxed_ids == [
+        "jsb/JsonSchemaStore/schema-catalog",
+        "jsb/JsonSchemaStore/drupal-breakpoints",
+        "jsb/JsonSchemaStore/csscomb",
+        "jsb/JsonSchemaStore/winget-pkgs-singleton-1.0.0",
+        "jsts/draft2020-12/uniqueItems/1",
+        "jsts/draft2020-12/multipleOf/3",
+        "llama.cpp/unsupported-regexp-in-a-property",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "schema", "dropped"),
+    [
+        (
+            "a not at a property goes whole",
+            {"type": "object", "properties": {"n": {"type": "integer", "not": {"multipleOf": 3}}}, "required": ["n"]},
+            [("$.properties.n", "not")],
+        ),
+        (
+            "a lookahead pattern",
+            {"type": "object", "properties": {"a": {"type": "string", "pattern": "^(?=x)x+$"}}, "required": ["a"]},
+            [("$.properties.a", "pattern")],
+        ),
+        (
+            "unique strings in $defs, reached by a ref from a property only",
+            {
+                "$defs": {"t": TAGS},
+                "type": "object",
+                "properties": {"a": {"$ref": "#/$defs/t"}, "b": {"not": {"type": "string"}}},
+            },
+            [("$.$defs.t", "uniqueItems")],
+        ),
+    ],
+)
+def test_relaxed(name: str, schema: Any, dropped: list[tuple[str, str]]) -> None:
+    assert _dropped(schema) == dropped, name
+    relaxed = relax(schema)
+    assert relaxed is not None and invalid_walks(relaxed.schema, relaxed.compiled, 200) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "schema"),
+    [
+        # a wider branch could match beside the other: fewer values pass the oneOf
+        ("under oneOf", {"oneOf": [{"type": "string"}, TAGS]}),
+        (
+            "a ref from under not could reach it",
+            {"$defs": {"t": TAGS}, "properties": {"a": {"$ref": "#/$defs/t"}, "b": {"not": {"$ref": "#/$defs/t"}}}},
+        ),
+        (
+            "unevaluatedProperties anywhere",
+            {"type": "object", "properties": {"t": TAGS}, "unevaluatedProperties": False},
+        ),
+        (
+            "the compiler's own path of an allOf component",
+            {"allOf": [{"properties": {"t": TAGS}}, {"required": ["t"]}]},
+        ),
+        ("not a valid schema", {"type": "kaboom"}),
+        (
+            "more keywords to drop than MAX_DROPS",
+            {"type": "object", "properties": {f"t{i}": TAGS for i in range(MAX_DROPS + 1)}},
+        ),
+        ("nothing to relax", {"type": "object", "properties": {"t": {"type": "string"}}}),
+        # no value meets them: dropping the bound (or the false) would constrain answers that
+        # can never validate (the service says so in a 400 instead)
+        (
+            "bounds no integer meets",
+            {"type": "object", "properties": {"n": {"type": "integer", "minimum": 5, "maximum": 1}}, "required": ["n"]},
+        ),
+        ("an allOf component is false", {"allOf": [{"type": "string"}, False]}),
+    ],
+)
+def test_not_relaxed(name: str, schema: Any) -> None:
+    assert relax(schema) is None, name
+
+
+def test_a_relaxed_grammar_admits_the_valid_answers_the_exact_one_would() -> None:
+    # the same object with and without the refused keyword: every valid answer of the original
+    # that the grammar of the original minus uniqueItems admits, the relaxed grammar admits
+    schema = {"type": "object", "properties": {"tags": TAGS, "kind": {"enum": ["a", "b"]}}, "required": ["kind"]}
+    relaxed = relax(schema)
+    assert relaxed is not None
+    from localllm.grammar.walk import Grammar
+
+    g = Grammar.parse(relaxed.compiled.grammar or "")
+    check = validator(schema)
+    answers = [
+        '{"kind":"a"}',
+        '{"kind":"b","tags":["x","y"]}',
+        '{"tags":[],"kind":"a"}',
+        '{"tags":["x","x"],"kind":"a"}',
+    ]
+    for text in answers:
+        assert g.matches(text)
+    assert [check.is_valid(json.loads(t)) for t in answers] == [True, True, True, False]
+
+
+def test_the_answer_is_kept_per_schema() -> None:
+    schema = {"type": "object", "properties": {"tags": TAGS}}
+    first = relax(schema)
+    assert first is not None and relax(copy.deepcopy(schema)) is first
+    assert relax(schema, space=True) is not first
+    assert relax({"type": "object", "properties": {"tags": TAGS}, "x": float("nan")}) is None  # not JSON
