@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import random
 from typing import Any
 
 import pytest
@@ -172,3 +173,82 @@ def test_the_answer_is_kept_per_schema() -> None:
     assert first is not None and relax(copy.deepcopy(schema)) is first
     assert relax(schema, space=True) is not first
     assert relax({"type": "object", "properties": {"tags": TAGS}, "x": float("nan")}) is None  # not JSON
+
+
+# ---------------------------------------------------------------------------- the superset, on random schemas
+
+_REFUSED: list[dict[str, Any]] = [
+    {"type": "array", "items": {"type": "string", "maxLength": 2}, "uniqueItems": True, "maxItems": 3},
+    {"type": "integer", "not": {"multipleOf": 3}},
+    {"type": "string", "pattern": "^(?=a)[ab]{0,2}$"},
+]
+_LEAVES: list[dict[str, Any]] = [
+    {"type": "integer", "minimum": 0, "maximum": 3},
+    {"type": "string", "maxLength": 2},
+    {"enum": ["a", 1, None]},
+    {"type": "array", "items": {"type": "integer"}, "maxItems": 2},
+    {},
+]
+_POOL: list[Any] = [None, True, 0, 1, 3, 6, -1, "a", "b", "ab", "ba", "", "abc", [], ["a"], ["a", "a"], ["a", "b"], [1]]
+
+
+def _schema(rng: random.Random, depth: int = 0) -> Any:
+    """Refused keywords under properties, items, allOf, anyOf, oneOf, not and if/then/else."""
+    r = rng.random()
+    if depth > 2 or r < 0.35:
+        return copy.deepcopy(rng.choice(_REFUSED if rng.random() < 0.4 else _LEAVES))
+    if r < 0.55:
+        names = rng.sample(["a", "b", "c"], rng.randint(1, 3))
+        out: dict[str, Any] = {"type": "object", "properties": {n: _schema(rng, depth + 1) for n in names}}
+        out["required"] = rng.sample(names, rng.randint(0, len(names)))
+        return out
+    if r < 0.65:
+        return {"type": "array", "items": _schema(rng, depth + 1), "maxItems": 3}
+    if r < 0.85:
+        key = rng.choice(["allOf", "anyOf", "oneOf"])
+        return {key: [_schema(rng, depth + 1) for _ in range(rng.randint(1, 2))]}
+    if r < 0.93:
+        return {"not": _schema(rng, depth + 1)}
+    return {"if": _schema(rng, depth + 1), "then": _schema(rng, depth + 1), "else": _schema(rng, depth + 1)}
+
+
+def _value(rng: random.Random, depth: int = 0) -> Any:
+    r = rng.random()
+    if depth > 2 or r < 0.5:
+        return rng.choice(_POOL)
+    if r < 0.75:
+        return {k: _value(rng, depth + 1) for k in rng.sample(["a", "b", "c"], rng.randint(0, 3))}
+    return [_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+
+
+def _narrowed(schema: Any, wider: Any, rng: random.Random, n: int = 150) -> list[Any]:
+    """Values ``schema`` admits and ``wider`` does not."""
+    check, widened = validator(schema), validator(wider)
+    return [v for v in (_value(rng) for _ in range(n)) if check.is_valid(v) and not widened.is_valid(v)]
+
+
+def test_a_relaxed_schema_admits_every_value_the_schema_does() -> None:
+    rng = random.Random(20261205)
+    relaxed_count = 0
+    for _ in range(300):
+        schema = _schema(rng)
+        if rng.random() < 0.3:  # a refused keyword in $defs, reached from a property or from under a not
+            ref = {"type": "object", "properties": {"r": {"$ref": "#/$defs/d"}}}
+            beside = ref if rng.random() < 0.5 else {"not": {**ref, "required": ["r"]}}
+            schema = {"$defs": {"d": copy.deepcopy(rng.choice(_REFUSED))}, "allOf": [schema, beside]}
+        relaxed = relax(schema)
+        if relaxed is None:
+            continue
+        relaxed_count += 1
+        assert _narrowed(schema, relaxed.schema, rng) == [], (schema, relaxed.dropped)
+        assert invalid_walks(relaxed.schema, relaxed.compiled, 10, seed=relaxed_count) == []
+    assert relaxed_count >= 60  # ~1 in 4 of these relax; the rest keep a refusal under not/oneOf/if
+
+
+def test_the_superset_check_catches_a_keyword_dropped_under_not() -> None:
+    # the control: uniqueItems dropped under a not narrows the schema, and the values show it
+    schema = {"not": copy.deepcopy(_REFUSED[0])}
+    wrong = {"not": {k: v for k, v in _REFUSED[0].items() if k != "uniqueItems"}}
+    relaxed = relax(schema)  # drops the whole not instead
+    assert relaxed is not None and (relaxed.schema, relaxed.dropped[0].construct) == ({}, "not")
+    assert _narrowed(schema, wrong, random.Random(1), n=400) != []
