@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: dict[str, dict[str, list[dict[str, Any]]]] = {s: {arm: [] for arm in ARMS} for s in SCHEMAS}
     try:
         for runtime in runtimes.values():  # start both sidecars
-            runtime.agent(ALIAS).prepare()  # type: ignore[attr-defined]
+            runtime.agent(ALIAS).prepare()
         for i, ticket in enumerate(texts):
             for name, (task, schema) in SCHEMAS.items():
                 for arm in list(ARMS) if i % 2 == 0 else list(reversed(ARMS)):
