@@ -85,6 +85,7 @@ def unwrap_corpus_entry(path: Path, doc: dict[str, Any]) -> tuple[dict[str, Any]
 def _check(args: argparse.Namespace) -> int:
     from localllm.errors import LocalLLMError
     from localllm.grammar.compile import compile_schema
+    from localllm.grammar.relax import relax
     from localllm.grammar.subset import check_subset
     from localllm.schema import read_schema_file
 
@@ -111,6 +112,10 @@ def _check(args: argparse.Namespace) -> int:
             "compiled": {"exact": compiled.exact, "refusals": [asdict(r) for r in compiled.refusals]},
         }
         result["enforced"] = result["verdict"] != "error" or (compiled.exact and not args.server)
+        if not result["enforced"] and not args.server:
+            # what a grammar: true agent sends instead: the grammar of the schema without them
+            relaxed = relax(schema)
+            result["compiled"]["relaxed"] = None if relaxed is None else [asdict(r) for r in relaxed.dropped]
         if recorded is not None:
             result["corpus_verdict"] = recorded
         results.append(result)
@@ -136,6 +141,9 @@ def _check(args: argparse.Namespace) -> int:
             if not args.server:
                 for r in refusals:
                     out(f"  refused {r['path']}  [{r['construct']}]  {r['message']}")
+                if result["compiled"].get("relaxed"):
+                    left = ", ".join(f"{r['path']} [{r['construct']}]" for r in result["compiled"]["relaxed"])
+                    out(f"  relaxed the rest is the grammar; left to validation: {left}")
     if unreadable:
         return EXIT_USAGE
     return EXIT_OK if all(r["enforced"] for r in results) else EXIT_FAILED

@@ -21,7 +21,10 @@ def write(tmp_path: Path, name: str, schema: Any) -> Path:
 
 OK = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["a"]}
 WARN = {"type": "object", "properties": {"s": {"type": "number", "maximum": 1}}, "required": ["s"]}
-BAD = {"type": "object", "properties": {"t": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}}}
+BAD: dict[str, Any] = {
+    "type": "object",
+    "properties": {"t": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
+}
 
 
 def test_all_in_subset_exits_0_and_prints_each_verdict(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -62,7 +65,19 @@ def test_by_default_the_exit_code_judges_the_compiled_path(tmp_path: Path, capsy
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith(f"{digits}: enforced (compiled: exact; llama.cpp's converter: error")
     assert lines[2].startswith(f"{bad}: NOT enforced (compiled: refused;")
-    assert lines[-1].split()[:3] == ["refused", "$.properties.t", "[uniqueItems]"]
+    assert lines[-2].split()[:3] == ["refused", "$.properties.t", "[uniqueItems]"]
+    # what the agent sends instead: the rest of the schema as its grammar
+    assert lines[-1] == "  relaxed the rest is the grammar; left to validation: $.properties.t [uniqueItems]"
+
+
+def test_json_output_says_what_is_relaxed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = write(tmp_path, "bad.json", BAD)
+    under_one_of = write(tmp_path, "one.json", {"oneOf": [{"type": "string"}, BAD["properties"]["t"]]})
+    assert main(["grammar", "check", "--json", str(bad), str(under_one_of), str(write(tmp_path, "ok.json", OK))]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert [r["path"] for r in data[0]["compiled"]["relaxed"]] == ["$.properties.t"]
+    assert data[1]["compiled"]["relaxed"] is None  # under a oneOf: not relaxed
+    assert "relaxed" not in data[2]["compiled"]  # enforced: nothing to relax
 
 
 def test_json_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
