@@ -21,13 +21,14 @@ exempt names and positions from ``additionalProperties``/``additionalItems``;
 ``minContains`` defaults to 1; ``$id`` moves refs); when the document has ``unevaluated*``
 anywhere (which keys count as evaluated depends on the keywords dropped); when, once the
 keyword is gone, a ``$ref`` is left under a keyword of that first list (it could reach the
-object from there); or past MAX_DROPS keywords.
+object from there); or past MAX_DROPS keywords or SECONDS of compiling.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,9 @@ NOT_MONOTONE = frozenset({"not", "oneOf", "if", "contains", "unevaluatedProperti
 NOT_DROPPED = frozenset({"properties", "patternProperties", "items", "prefixItems", "minContains", "$id", "id"})
 #: at most this many keywords are dropped (each takes a compile: winget's manifest needs 10, 3.4 s)
 MAX_DROPS = 16
+#: and the compiles take at most this long in all: a compile may take a second or two on its
+#: budgets, and a service request's schema should not cost 16 of them
+SECONDS = 5.0
 
 _REFS = frozenset({"$ref", "$dynamicRef", "$recursiveRef"})
 _NAMED = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies"})
@@ -63,29 +67,33 @@ class Relaxed:
     dropped: tuple[Refusal, ...]
 
 
-def relax(schema: Any, *, space: bool = False, open_objects: bool = True) -> Relaxed | None:
-    """The relaxed schema and its grammar, or None when a refusal cannot be dropped safely
-    (or ``schema`` compiles exactly: nothing to relax). The last 64 answers are kept (a
-    service request compiles its schema each time); the result is shared: do not change it."""
+def relax(schema: Any, *, space: bool = False, open_objects: bool = True, seconds: float = SECONDS) -> Relaxed | None:
+    """The relaxed schema and its grammar, or None when a refusal cannot be dropped safely,
+    past MAX_DROPS keywords or ``seconds`` of compiling (or when ``schema`` compiles exactly:
+    nothing to relax). The last 64 answers are kept (a service request compiles its schema
+    each time); the result is shared: do not change it."""
     if not isinstance(schema, dict):
         return None
     try:
         text = json.dumps(schema, allow_nan=False)  # key order kept: it is the declared order
     except (TypeError, ValueError, RecursionError):
         return None
-    return _relaxed(text, space, open_objects)
+    return _relaxed(text, space, open_objects, seconds)
 
 
 @functools.lru_cache(maxsize=64)
-def _relaxed(text: str, space: bool, open_objects: bool) -> Relaxed | None:
+def _relaxed(text: str, space: bool, open_objects: bool, seconds: float) -> Relaxed | None:
     doc = json.loads(text)
+    deadline = time.monotonic() + seconds
     compiled = compile_schema(doc, space=space, open_objects=open_objects)
     if compiled.exact or _has(doc, {"unevaluatedProperties", "unevaluatedItems"}):
         return None
     dropped: list[Refusal] = []
     for _ in range(MAX_DROPS):
         # a relaxed schema no value meets: the schema itself admits none (nothing to answer)
-        if compiled.unsatisfiable or not compiled.refusals or not _drop(doc, compiled.refusals[0]):
+        if compiled.unsatisfiable or not compiled.refusals or time.monotonic() > deadline:
+            return None
+        if not _drop(doc, compiled.refusals[0]):
             return None
         dropped.append(compiled.refusals[0])
         compiled = compile_schema(doc, space=space, open_objects=open_objects)
