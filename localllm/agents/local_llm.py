@@ -60,6 +60,7 @@ from localllm.managed.upstream import Route, Target, Upstream, openai_base
 from localllm.wire import AskRequest, AskResponse, Transcript
 
 if TYPE_CHECKING:
+    from localllm.grammar.relax import Relaxed
     from localllm.managed.server import ManagedServer
 
 _FENCE = re.compile(r"^\s*```(?:json)?\s*\n?(.*?)\n?\s*```\s*$", re.DOTALL)
@@ -295,7 +296,7 @@ class LocalLLMAgent(Agent):
             return {"grammar": relaxed.compiled.grammar}, "relaxed", "grammar"
         return {}, "none", "none"
 
-    def _relaxed(self, schema: dict[str, Any]) -> Any:
+    def _relaxed(self, schema: dict[str, Any]) -> Relaxed | None:
         """The grammar of ``schema`` without the keywords the compiler refuses, where dropping
         them only widens it (:func:`localllm.grammar.relax.relax`; kept per schema there)."""
         from localllm.grammar.relax import relax
