@@ -14,8 +14,9 @@ unconstrained.
 Nothing is relaxed (:func:`relax` returns None) when the compiler finds that no value meets
 the schema, or the relaxed one (which admits more): there is no answer to constrain. Nor when
 a refusal's path is not a schema object of the document (the compiler's own ``[i]`` paths of
-merged ``allOf`` components); when the way down passes ``not``, ``oneOf``, ``if``,
-``contains`` or ``unevaluated*`` (a wider subschema there can reject more); when the keyword
+merged ``allOf`` components); when the way down passes ``not``, ``if``, ``contains``,
+``unevaluated*`` or a ``oneOf`` whose branches do not state types no two share (a wider
+subschema there can reject more: a wider branch can match beside another); when the keyword
 widens nothing by going (``properties``, ``patternProperties``, ``items``/``prefixItems``
 exempt names and positions from ``additionalProperties``/``additionalItems``;
 ``minContains`` defaults to 1; ``$id`` moves refs); when the document has ``unevaluated*``
@@ -114,16 +115,40 @@ def _drop(doc: dict[str, Any], refusal: Refusal) -> bool:
     if trail is None:
         return False
     key = refusal.construct
-    node, passed = trail[-1][0], [k for _, k in trail[:-1]]
-    if key not in node and passed and passed[-1] == key:  # "$.oneOf[1]": the branch, not the keyword's holder
-        node, passed = trail[-2][0], passed[:-1]
-    if key not in node or key in NOT_DROPPED or key not in keywords.ASSERTING or NOT_MONOTONE & set(passed):
+    node, way = trail[-1][0], trail[:-1]
+    if key not in node and way and way[-1][1] == key:  # "$.oneOf[1]": the branch, not the keyword's holder
+        node, way = way[-1][0], way[:-1]
+    if key not in node or key in NOT_DROPPED or key not in keywords.ASSERTING:
+        return False
+    if any(k in NOT_MONOTONE and k != "oneOf" for _, k in way):
         return False
     for k in (key, "then", "else") if key == "if" else (key,):
         node.pop(k, None)
-    # a ref under a keyword that is not monotone could reach the object from there (the
-    # caller drops the document when this is False)
+    # (the caller drops the document when this is False) a oneOf on the way stays "exactly
+    # one" only while its branches keep types no two share; a ref under a keyword that is
+    # not monotone could reach the object from there
+    if any(k == "oneOf" and not _types_disjoint(holder["oneOf"]) for holder, k in way):
+        return False
     return not any(_has(obj[k], _REFS) for obj in _objects(doc) for k in NOT_MONOTONE & obj.keys())
+
+
+def _types_disjoint(branches: list[Any]) -> bool:
+    """Does each branch state a ``type`` (and no ``$ref``, which may override it) that no
+    other branch shares (``integer`` is a ``number``)?"""
+    seen: set[str] = set()
+    for branch in branches:
+        if not isinstance(branch, dict) or "$ref" in branch:
+            return False
+        stated = branch.get("type")
+        types = {stated} if isinstance(stated, str) else set(stated) if isinstance(stated, list) else None
+        if not types or not all(isinstance(t, str) for t in types):
+            return False
+        if "number" in types:
+            types.add("integer")
+        if types & seen:
+            return False
+        seen |= types
+    return True
 
 
 def _walk(doc: dict[str, Any], tokens: list[str | int]) -> list[tuple[dict[str, Any], str | None]] | None:
@@ -134,6 +159,14 @@ def _walk(doc: dict[str, Any], tokens: list[str | int]) -> list[tuple[dict[str, 
     i = 0
     while i < len(tokens):
         key = tokens[i]
+        if isinstance(key, int) and isinstance(node, dict):
+            # the compiler names a branch of a node's anyOf or oneOf "[i]", without the keyword
+            lists = [k for k in ("anyOf", "oneOf") if isinstance(node.get(k), list)]
+            if len(lists) != 1 or not 0 <= key < len(node[lists[0]]):
+                return None
+            trail.append((node, lists[0]))
+            node, i = node[lists[0]][key], i + 1
+            continue
         if not isinstance(node, dict) or not isinstance(key, str) or key not in node:
             return None
         value = node[key]

@@ -66,13 +66,14 @@ def test_every_refused_real_world_schema_relaxes_to_a_superset_that_walks_valid(
             assert refusal.construct in json.dumps(schema), (sid, refusal)
         assert invalid_walks(relaxed.schema, relaxed.compiled, 100) == [], sid
     # the JSON Schema Store schemas with unique strings (winget's manifest drops ten), the test
-    # suite's uniqueItems and multipleOf 123456789, llama.cpp's lookahead; of the other 14, 7
-    # are invalid, 3 admit no value, 2 are under oneOf/unevaluatedProperties and 2 refused at
-    # the compiler's own paths of merged allOf components
+    # suite's uniqueItems and multipleOf 123456789, llama.cpp's lookahead; of the other 13, 7
+    # are invalid, 3 admit no value, 1 has unevaluatedProperties and 2 are refused inside the
+    # compiler's rewrites (merged allOf components, dependentSchemas)
     assert relaxed_ids == [
         "jsb/JsonSchemaStore/schema-catalog",
         "jsb/JsonSchemaStore/drupal-breakpoints",
         "jsb/JsonSchemaStore/csscomb",
+        "jsb/JsonSchemaStore/minecraft-configured-carver",
         "jsb/JsonSchemaStore/winget-pkgs-singleton-1.0.0",
         "jsts/draft2020-12/uniqueItems/1",
         "jsts/draft2020-12/multipleOf/3",
@@ -92,6 +93,13 @@ def test_every_refused_real_world_schema_relaxes_to_a_superset_that_walks_valid(
             "a lookahead pattern",
             {"type": "object", "properties": {"a": {"type": "string", "pattern": "^(?=x)x+$"}}, "required": ["a"]},
             [("$.properties.a", "pattern")],
+        ),
+        (
+            # a string or a list of unique strings (JSON Schema Store's minecraft carver): the
+            # branches' types stay apart, so the oneOf still picks exactly one
+            "under a oneOf whose branches state types no two share",
+            {"oneOf": [{"type": "string"}, TAGS]},
+            [("$[1]", "uniqueItems")],
         ),
         (
             "unique strings in $defs, reached by a ref from a property only",
@@ -114,7 +122,9 @@ def test_relaxed(name: str, schema: Any, dropped: list[tuple[str, str]]) -> None
     ("name", "schema"),
     [
         # a wider branch could match beside the other: fewer values pass the oneOf
-        ("under oneOf", {"oneOf": [{"type": "string"}, TAGS]}),
+        # arrays on both branches: the wider one matches beside the other
+        ("under a oneOf whose branches share a type", {"oneOf": [{"type": "array", "maxItems": 1}, TAGS]}),
+        ("under a oneOf of refs", {"$defs": {"t": TAGS}, "oneOf": [{"type": "string"}, {"$ref": "#/$defs/t"}]}),
         (
             "a ref from under not could reach it",
             {"$defs": {"t": TAGS}, "properties": {"a": {"$ref": "#/$defs/t"}, "b": {"not": {"$ref": "#/$defs/t"}}}},
@@ -200,7 +210,8 @@ _POOL: list[Any] = [None, True, 0, 1, 3, 6, -1, "a", "b", "ab", "ba", "", "abc",
 
 
 def _schema(rng: random.Random, depth: int = 0) -> Any:
-    """Refused keywords under properties, items, allOf, anyOf, oneOf, not and if/then/else."""
+    """Refused keywords under properties, items, allOf, anyOf, oneOf (of disjoint types too),
+    not and if/then/else."""
     r = rng.random()
     if depth > 2 or r < 0.35:
         return copy.deepcopy(rng.choice(_REFUSED if rng.random() < 0.4 else _LEAVES))
@@ -211,6 +222,8 @@ def _schema(rng: random.Random, depth: int = 0) -> Any:
         return out
     if r < 0.65:
         return {"type": "array", "items": _schema(rng, depth + 1), "maxItems": 3}
+    if r < 0.72:  # a string or a list: branches whose types no two share
+        return {"oneOf": [{"type": "string", "maxLength": 2}, {"type": "array", "items": _schema(rng, depth + 1)}]}
     if r < 0.85:
         key = rng.choice(["allOf", "anyOf", "oneOf"])
         return {key: [_schema(rng, depth + 1) for _ in range(rng.randint(1, 2))]}
