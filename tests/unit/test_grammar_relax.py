@@ -102,6 +102,12 @@ def test_every_refused_real_world_schema_relaxes_to_a_superset_that_walks_valid(
             [("$[1]", "uniqueItems")],
         ),
         (
+            # pydantic's Optional[list]: anyOf of null and the list, the branch named "[1]"
+            "an anyOf branch",
+            {"type": "object", "properties": {"x": {"anyOf": [{"type": "null"}, TAGS]}}},
+            [("$.properties.x[1]", "uniqueItems")],
+        ),
+        (
             "unique strings in $defs, reached by a ref from a property only",
             {
                 "$defs": {"t": TAGS},
