@@ -923,7 +923,6 @@ def prepare(
             body.pop("response_format", None)
             body["grammar"] = relaxed.compiled.grammar
             prepared.structured = "relaxed"
-            prepared.notes = [r.message for r in relaxed.dropped]
         else:
             # llama.cpp's converter (strict: only when localllm's checker says it enforces the
             # schema); the answer is validated either way
