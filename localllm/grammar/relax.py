@@ -13,13 +13,14 @@ unconstrained.
 
 Nothing is relaxed (:func:`relax` returns None) when the compiler finds that no value meets
 the schema, or the relaxed one (which admits more): there is no answer to constrain. Nor when
-a refusal's path is not a schema object of the document (the compiler's own ``[i]`` paths of
-merged ``allOf`` components); when the way down passes ``not``, ``if``, ``contains``,
+a refusal's path is not a schema object of the document (it names one of the compiler's
+rewrites: merged ``allOf`` components, ``if``/``then`` as branches …); when the way down passes ``not``, ``if``, ``contains``,
 ``unevaluated*`` or a ``oneOf`` whose branches do not state types no two share (a wider
 subschema there can reject more: a wider branch can match beside another); when the keyword
 widens nothing by going (``properties``, ``patternProperties``, ``items``/``prefixItems``
 exempt names and positions from ``additionalProperties``/``additionalItems``;
-``minContains`` defaults to 1; ``$id`` moves refs); when the document has ``unevaluated*``
+``minContains`` defaults to 1; ``$id`` moves refs) or is a ref (refused when it does not
+resolve here, which the validator cannot check either); when the document has ``unevaluated*``
 anywhere (which keys count as evaluated depends on the keywords dropped); when, once the
 keyword is gone, a ``$ref`` is left under a keyword of that first list (it could reach the
 object from there); or past MAX_DROPS keywords or SECONDS of compiling.
@@ -42,8 +43,12 @@ __all__ = ["Relaxed", "relax"]
 
 #: keywords whose result may shrink when their subschema grows
 NOT_MONOTONE = frozenset({"not", "oneOf", "if", "contains", "unevaluatedProperties", "unevaluatedItems", "disallow"})
-#: keywords whose removal may narrow the schema, or moves what refs resolve to
-NOT_DROPPED = frozenset({"properties", "patternProperties", "items", "prefixItems", "minContains", "$id", "id"})
+#: keywords whose removal may narrow the schema or moves what refs resolve to, and refs (the
+#: compiler refuses those that do not resolve here: the validator cannot check them either)
+NOT_DROPPED = frozenset(
+    {"properties", "patternProperties", "items", "prefixItems", "minContains", "$id", "id"}
+    | {"$ref", "$dynamicRef", "$recursiveRef"}
+)
 #: at most this many keywords are dropped (each takes a compile: winget's manifest needs 10, 3.4 s)
 MAX_DROPS = 16
 #: and the compiles take at most this long in all: a compile may take a second or two on its
