@@ -14,9 +14,10 @@ unconstrained.
 Nothing is relaxed (:func:`relax` returns None) when the compiler finds that no value meets
 the schema, or the relaxed one (which admits more): there is no answer to constrain. Nor when
 a refusal's path is not a schema object of the document (it names one of the compiler's
-rewrites: merged ``allOf`` components, ``if``/``then`` as branches …); when the way down passes ``not``, ``if``, ``contains``,
-``unevaluated*`` or a ``oneOf`` whose branches do not state types no two share (a wider
-subschema there can reject more: a wider branch can match beside another); when the keyword
+rewrites: merged ``allOf`` components, ``if``/``then`` as branches …); when the way down
+passes ``not``, ``if``, ``contains``, ``unevaluated*`` or a ``oneOf`` whose branches do not
+state types no two share (a wider subschema there can reject more: a wider branch can match
+beside another); when the keyword
 widens nothing by going (``properties``, ``patternProperties``, ``items``/``prefixItems``
 exempt names and positions from ``additionalProperties``/``additionalItems``;
 ``minContains`` defaults to 1; ``$id`` moves refs) or is a ref (refused when it does not
