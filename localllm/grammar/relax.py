@@ -44,19 +44,16 @@ __all__ = ["Relaxed", "relax"]
 
 #: keywords whose result may shrink when their subschema grows
 NOT_MONOTONE = frozenset({"not", "oneOf", "if", "contains", "unevaluatedProperties", "unevaluatedItems", "disallow"})
+_REFS = frozenset({"$ref", "$dynamicRef", "$recursiveRef"})
 #: keywords whose removal may narrow the schema or moves what refs resolve to, and refs (the
 #: compiler refuses those that do not resolve here: the validator cannot check them either)
-NOT_DROPPED = frozenset(
-    {"properties", "patternProperties", "items", "prefixItems", "minContains", "$id", "id"}
-    | {"$ref", "$dynamicRef", "$recursiveRef"}
-)
+NOT_DROPPED = frozenset({"properties", "patternProperties", "items", "prefixItems", "minContains", "$id", "id"} | _REFS)
 #: at most this many keywords are dropped (each takes a compile: winget's manifest needs 10, 3.4 s)
 MAX_DROPS = 16
 #: and the compiles take at most this long in all: a compile may take a second or two on its
 #: budgets, and a service request's schema should not cost 16 of them
 SECONDS = 5.0
 
-_REFS = frozenset({"$ref", "$dynamicRef", "$recursiveRef"})
 _NAMED = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies"})
 _LISTED = frozenset({"allOf", "anyOf", "oneOf", "prefixItems", "items", "extends"})
 _SINGLE = frozenset(

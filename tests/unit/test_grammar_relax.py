@@ -11,6 +11,7 @@ import pytest
 
 from localllm.grammar.compile import compile_schema
 from localllm.grammar.relax import MAX_DROPS, relax
+from localllm.grammar.walk import Grammar
 from tests.unit.grammar_harness import invalid_walks, realworld, validator
 
 TAGS: dict[str, Any] = {"type": "array", "items": {"type": "string", "maxLength": 8}, "uniqueItems": True}
@@ -43,8 +44,6 @@ def test_unique_strings_leave_the_rest_of_the_answer_constrained() -> None:
     assert [(r.path, r.construct) for r in relaxed.dropped] == [("$.properties.tags", "uniqueItems")]
     assert relaxed.schema == _without(schema, ["properties", "tags"], "uniqueItems")
     assert invalid_walks(relaxed.schema, relaxed.compiled, 300) == []
-    from localllm.grammar.walk import Grammar
-
     g = Grammar.parse(relaxed.compiled.grammar or "")
     assert g.matches('{"tags":["a","b"],"n":3}') and g.matches('{"n":3,"tags":[]}')
     assert g.matches('{"tags":["a","a"],"n":3}')  # left to validation
@@ -170,8 +169,6 @@ def test_a_relaxed_grammar_admits_the_valid_answers_the_exact_one_would() -> Non
     schema = {"type": "object", "properties": {"tags": TAGS, "kind": {"enum": ["a", "b"]}}, "required": ["kind"]}
     relaxed = relax(schema)
     assert relaxed is not None
-    from localllm.grammar.walk import Grammar
-
     g = Grammar.parse(relaxed.compiled.grammar or "")
     check = validator(schema)
     answers = [

@@ -26,6 +26,7 @@ from localllm.service.api import FrontLimits
 from localllm.service.chat import ChatLimits
 from localllm.service.guard import Guard
 from tests.unit.conftest import SchemaHost
+from tests.unit.test_agent_local_llm import TAGGED
 from tests.unit.test_service import Factory, chat, client, env, eventually, make_service, rows
 
 __all__ = ["env", "make_service"]  # fixtures used here
@@ -222,15 +223,7 @@ def test_strict_schema_the_compiler_refuses_is_a_400_naming_path_and_construct(
 def test_a_non_strict_tool_the_compiler_refuses_holds_its_arguments_to_the_relaxed_parameters(
     make_service: Factory, env: dict[str, Path]
 ) -> None:
-    params = {
-        "type": "object",
-        "properties": {
-            "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
-            "n": {"type": "integer", "minimum": 1, "maximum": 9},
-        },
-        "required": ["tags", "n"],
-    }
-    tool = {"type": "function", "function": {"name": "tag", "parameters": params}}
+    tool = {"type": "function", "function": {"name": "tag", "parameters": TAGGED}}  # unique tags, n in 1..9
     service = make_service()
     with client(service) as http:
         answer = chat(http, "chat", tools=[tool], tool_choice="required")
