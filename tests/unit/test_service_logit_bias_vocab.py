@@ -13,7 +13,7 @@ import pytest
 
 from localllm.managed.server import CANARY_BODY
 from tests.unit.fakes.fake_llama_server import N_VOCAB
-from tests.unit.test_service import Factory, client, env, eventually, make_service, rows
+from tests.unit.test_service import Factory, client, env, make_service, rows
 
 __all__ = ["env", "make_service"]  # fixtures used here
 
@@ -52,7 +52,6 @@ def test_a_logit_bias_id_outside_the_vocabulary_is_a_400_naming_it(
     want = [(400, param, "invalid_token") for _, param in [*REFUSED, REFUSED[0]]]
     assert got == want
     assert [r.status_code for r in passed] == [200, 200]
-    eventually(lambda: len(_sent(env, "POST", path)) >= 2)
     # only the two good requests reached llama-server; its vocabulary was asked for once
     assert [r["body"]["logit_bias"] for r in _sent(env, "POST", path)] == PASSED
     assert len(_sent(env, "GET", "/v1/models")) == 1
@@ -103,5 +102,4 @@ def test_a_prompt_token_id_outside_the_vocabulary_is_a_400_naming_it(
     got = [(r.status_code, e.get("param"), e.get("code")) for r, e in zip(refused, errors, strict=True)]
     assert got == [(400, param, "invalid_token") for _, param in refused_prompts]
     assert passed.status_code == 200
-    eventually(lambda: len(_sent(env, "POST", "/v1/completions")) >= 1)
     assert [r["body"]["prompt"] for r in _sent(env, "POST", "/v1/completions")] == [[[0], [N_VOCAB - 1, 3]]]

@@ -81,7 +81,9 @@ FAKE_LLAMA_CRASH_MID_CALL  always | once:<path> — a chat or embeddings POST ma
                         so a respawned server answers); the start's grammar canary is answered
 FAKE_LLAMA_REQUEST_LOG  file appended with one JSON line per request (POSTs also say how many
                         POSTs were in flight when they arrived, "inflight"): {"method", "path",
-                        "status", "headers" (keys redacted: "Bearer ***"), "body" (POST)}
+                        "status", "headers" (keys redacted: "Bearer ***"), "body" (POST)};
+                        written before the answer's first byte, so a client that has its
+                        answer finds its request in the log
 """
 
 from __future__ import annotations
@@ -373,6 +375,17 @@ class Handler(BaseHTTPRequestHandler):
         pass  # the real server logs requests only at higher verbosity
 
     status = 0  # of the last answer, for the request log
+    unlogged: tuple[str, str, Any] | None = None  # (method, path, body) until its answer starts
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        self.status = code
+        self.log_request_once()  # before the client can read a byte of the answer
+        super().send_response(code, message)
+
+    def log_request_once(self) -> None:
+        if self.unlogged is not None:
+            self.record(*self.unlogged)
+            self.unlogged = None
 
     def send_json(self, status: int, payload: Any) -> None:
         self.status = status
@@ -403,10 +416,11 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
+        self.unlogged = ("GET", path, None)
         try:
             self.get(path)
         finally:
-            self.record("GET", path, None)
+            self.log_request_once()  # if it was never answered
 
     def get(self, path: str) -> None:
         if not self.gate(path):
@@ -455,12 +469,13 @@ class Handler(BaseHTTPRequestHandler):
         with _INFLIGHT_LOCK:
             _INFLIGHT[0] += 1
             self.inflight = _INFLIGHT[0]  # POSTs being served when this one arrived, itself included
+        self.unlogged = ("POST", path, body)
         try:
             self.post(path, body)
         finally:
             with _INFLIGHT_LOCK:
                 _INFLIGHT[0] -= 1
-            self.record("POST", path, body)
+            self.log_request_once()  # if it was never answered
 
     def record(self, method: str, path: str, body: Any) -> None:
         log_path = os.environ.get("FAKE_LLAMA_REQUEST_LOG")
