@@ -36,13 +36,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
-from urllib.parse import unquote
 
 from localllm.grammar import automaton, keywords
 from localllm.grammar.automaton import Branch
 from localllm.grammar.bounded import written
 from localllm.grammar.formats import format_checker
 from localllm.grammar.meta import meta_error
+from localllm.grammar.paths import child_path, pointer_tokens
 from localllm.grammar.pattern import MAX_STATES, PatternTooCostly, search, unsupported_reason
 
 MAX_DEPTH = 64
@@ -446,8 +446,6 @@ def _nesting(value: Any) -> int:
 
 
 def child(path: str, key: str | int) -> str:
-    from localllm.grammar.paths import child_path
-
     return child_path(path, key)
 
 
@@ -1283,8 +1281,7 @@ class _Compiler:
             raise _Refuse(path, "$ref", f'"$ref": {_q(ref)} is not a local "#/..." reference')
         target: Any = self.root
         target_path = "$"
-        for raw in fragment[2:].split("/"):
-            token = unquote(raw).replace("~1", "/").replace("~0", "~")
+        for token in pointer_tokens(fragment[1:]):
             if isinstance(target, dict) and token in target:
                 target = target[token]
                 target_path = child(target_path, token)
@@ -3042,10 +3039,7 @@ def _local_refs(root: dict[str, Any], id_key: str) -> dict[str, Any]:
                 if frag.startswith("/") or not frag:
                     start = resources.get(doc)
                     if start is not None:
-                        from urllib.parse import unquote
-
-                        extra = [unquote(t).replace("~1", "/").replace("~0", "~") for t in frag.split("/")[1:]]
-                        target = [*start, *extra]
+                        target = [*start, *pointer_tokens(frag)]
                 else:
                     target = anchors.get((doc, frag))
                 out[k] = v if target is None else "#" + "".join("/" + escape(t) for t in target)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+from urllib.parse import unquote
 
-__all__ = ["child_path", "parse_path"]
+__all__ = ["child_path", "parse_path", "pointer_tokens"]
 
 _IDENT = re.compile(r"^[A-Za-z_$][A-Za-z0-9_$-]*$")
 
@@ -45,3 +46,8 @@ def parse_path(path: str) -> list[str | int]:
         else:
             raise ValueError(f"bad JSON path {path!r} at {i}")
     return tokens
+
+
+def pointer_tokens(pointer: str) -> list[str]:
+    """A URI fragment's JSON pointer (``/$defs/a~1b%20c``) as its tokens (``["$defs", "a/b c"]``)."""
+    return [unquote(t).replace("~1", "/").replace("~0", "~") for t in pointer.split("/")[1:]]

@@ -15,21 +15,23 @@ Nothing is relaxed (:func:`relax` returns None) when the compiler finds that no 
 the schema, or the relaxed one (which admits more): there is no answer to constrain. Nor when
 a refusal's path is not a schema object of the document (it names one of the compiler's
 rewrites: merged ``allOf`` components, ``if``/``then`` as branches …); when the way down
-passes ``not``, ``if``, ``contains``, ``unevaluated*`` or a ``oneOf`` whose branches do not
-state types no two share (a wider subschema there can reject more: a wider branch can match
-beside another); when the keyword
+passes ``not``, ``if``, ``contains``, ``unevaluated*`` or a ``oneOf`` whose branches no
+value can match two of (a wider subschema there can reject more: a wider branch can match
+beside another; see :func:`_disjoint`); when the keyword
 widens nothing by going (``properties``, ``patternProperties``, ``items``/``prefixItems``
 exempt names and positions from ``additionalProperties``/``additionalItems``;
 ``minContains`` defaults to 1; ``$id`` moves refs) or is a ref (refused when it does not
 resolve here, which the validator cannot check either); when the document has ``unevaluated*``
 anywhere (which keys count as evaluated depends on the keywords dropped); when, once the
-keyword is gone, a ``$ref`` is left under a keyword of that first list (it could reach the
-object from there); or past MAX_DROPS keywords or SECONDS of compiling.
+keyword is gone, a ``$ref`` is left under a keyword of that first list, but for a ``oneOf``
+whose branches stay apart (it could reach the object from there); or past MAX_DROPS
+keywords or SECONDS of compiling.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import time
 from collections.abc import Iterator
@@ -38,7 +40,7 @@ from typing import Any
 
 from localllm.grammar import keywords
 from localllm.grammar.compile import CompiledGrammar, Refusal, compile_schema
-from localllm.grammar.paths import parse_path
+from localllm.grammar.paths import parse_path, pointer_tokens
 
 __all__ = ["Relaxed", "relax"]
 
@@ -54,6 +56,7 @@ MAX_DROPS = 16
 #: budgets, and a service request's schema should not cost 16 of them
 SECONDS = 5.0
 
+_OBJECTS = frozenset({"object"})
 _NAMED = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies"})
 _LISTED = frozenset({"allOf", "anyOf", "oneOf", "prefixItems", "items", "extends"})
 _SINGLE = frozenset(
@@ -128,30 +131,104 @@ def _drop(doc: dict[str, Any], refusal: Refusal) -> bool:
     for k in (key, "then", "else") if key == "if" else (key,):
         node.pop(k, None)
     # (the caller drops the document when this is False) a oneOf on the way stays "exactly
-    # one" only while its branches keep types no two share; a ref under a keyword that is
-    # not monotone could reach the object from there
-    if any(k == "oneOf" and not _types_disjoint(holder["oneOf"]) for holder, k in way):
+    # one" only while its branches stay apart; a ref under a keyword that is not monotone
+    # could reach the object from there (under a oneOf, only a branch's insides, which widen
+    # it as any keyword there does). Refs are looked up only where no $id moves them.
+    moved = any(isinstance(o.get("$id", o.get("id")), str) for o in _objects(doc) if o is not doc)
+    facts = _Facts(None if moved else doc, _knows_const(doc))
+    if any(k == "oneOf" and not facts.disjoint(holder["oneOf"]) for holder, k in way):
         return False
-    return not any(_has(obj[k], _REFS) for obj in _objects(doc) for k in NOT_MONOTONE & obj.keys())
+    return not any(
+        _has(obj[k], _REFS) and not (k == "oneOf" and facts.disjoint(obj[k]))
+        for obj in _objects(doc)
+        for k in NOT_MONOTONE & obj.keys()
+    )
 
 
-def _types_disjoint(branches: list[Any]) -> bool:
-    """Does each branch state a ``type`` (and no ``$ref``, which may override it) that no
-    other branch shares (``integer`` is a ``number``)?"""
-    seen: set[str] = set()
-    for branch in branches:
-        if not isinstance(branch, dict) or "$ref" in branch:
+@dataclass(frozen=True)
+class _Stated:
+    """What a ``oneOf`` branch states of itself, whatever its other keywords: the types its
+    values have (None: any), and for a branch of objects only, the values each of its required
+    properties may take (``const``/``enum`` of strings, the discriminator of pydantic's
+    tagged unions)."""
+
+    types: frozenset[str] | None
+    tags: dict[str, frozenset[str]]
+
+
+@dataclass(frozen=True)
+class _Facts:
+    """Reads what ``oneOf`` branches state of themselves in a document: its refs are looked up
+    when ``refs`` is the document; ``const`` asserts in its dialect."""
+
+    refs: dict[str, Any] | None
+    const: bool
+
+    def disjoint(self, branches: Any) -> bool:
+        """Can no value match two of ``branches``? Two branches are apart when they state
+        types no two share (``integer`` is a ``number``: "a string or a list of strings"), or
+        both hold objects only and a property both require has values apart ("kind": "cat"
+        or "dog").
+
+        What a branch states stays when anything under it widens, so a ``oneOf`` of such
+        branches still picks exactly one. A branch that is a local ``$ref`` states what its
+        target does (its sibling keywords can only narrow it, or are ignored by drafts before
+        2019-09).
+        """
+        if not isinstance(branches, list):
             return False
-        stated = branch.get("type")
-        types = {stated} if isinstance(stated, str) else set(stated) if isinstance(stated, list) else None
-        if not types or not all(isinstance(t, str) for t in types):
-            return False
-        if "number" in types:
-            types.add("integer")
-        if types & seen:
-            return False
-        seen |= types
-    return True
+        stated = [self.stated(branch) for branch in branches]
+        known = [s for s in stated if s is not None]
+        return len(known) == len(stated) and all(_apart(a, b) for a, b in itertools.combinations(known, 2))
+
+    def stated(self, branch: Any) -> _Stated | None:
+        if isinstance(branch, dict) and isinstance(branch.get("$ref"), str):
+            branch = None if self.refs is None else _target(branch["$ref"], self.refs)
+        if not isinstance(branch, dict) or _REFS & branch.keys():
+            return None
+        given = branch.get("type")
+        listed = [given] if isinstance(given, str) else given if isinstance(given, list) else None
+        if listed is not None and not all(isinstance(t, str) for t in listed):
+            return None
+        types = None if listed is None else frozenset(listed) | ({"integer"} if "number" in listed else set())
+        tags: dict[str, frozenset[str]] = {}
+        properties, required = branch.get("properties"), branch.get("required")
+        if types == _OBJECTS and isinstance(properties, dict) and isinstance(required, list):
+            for name in required:
+                sub = properties.get(name) if isinstance(name, str) else None
+                if not isinstance(sub, dict) or _REFS & sub.keys():
+                    continue
+                values = [sub["const"]] if "const" in sub and self.const else sub.get("enum")
+                if isinstance(values, list) and values and all(isinstance(v, str) for v in values):
+                    tags[name] = frozenset(values)
+        return _Stated(types, tags)
+
+
+def _apart(a: _Stated, b: _Stated) -> bool:
+    if a.types is not None and b.types is not None and not a.types & b.types:
+        return True
+    return a.types == b.types == _OBJECTS and any(not a.tags[p] & b.tags[p] for p in a.tags.keys() & b.tags.keys())
+
+
+def _target(ref: str, doc: dict[str, Any]) -> Any:
+    """The schema a ``#/...`` ref names in ``doc`` (None for any other ref)."""
+    if not ref.startswith("#"):
+        return None
+    node: Any = doc
+    for token in pointer_tokens(ref[1:]):
+        if isinstance(node, dict) and token in node:
+            node = node[token]
+        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
+            node = node[int(token)]
+        else:
+            return None
+    return node
+
+
+def _knows_const(doc: dict[str, Any]) -> bool:
+    """``const`` asserts from draft 6 on (before it, an unknown keyword)."""
+    dialect = doc.get("$schema")
+    return not (isinstance(dialect, str) and ("draft-03" in dialect or "draft-04" in dialect))
 
 
 def _walk(doc: dict[str, Any], tokens: list[str | int]) -> list[tuple[dict[str, Any], str | None]] | None:

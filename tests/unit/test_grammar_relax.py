@@ -17,6 +17,30 @@ from tests.unit.grammar_harness import invalid_walks, realworld, validator
 TAGS: dict[str, Any] = {"type": "array", "items": {"type": "string", "maxLength": 8}, "uniqueItems": True}
 
 
+def _animal(kind: Any, **more: Any) -> dict[str, Any]:
+    """An object branch whose required "kind" is ``kind`` (a const, or an enum when a list)."""
+    tag = {"enum": kind} if isinstance(kind, list) else {"const": kind, "type": "string"}
+    return {"type": "object", "properties": {"kind": tag, **more}, "required": ["kind", *more]}
+
+
+#: pydantic 2.14's schema of ``pet: Annotated[Cat | Dog, Field(discriminator="kind")]``, where
+#: ``Cat`` has ``kind: Literal["cat"]`` and ``tags: set[str]`` (titles left out)
+PYDANTIC_TAGGED_UNION: dict[str, Any] = {
+    "$defs": {
+        "Cat": _animal("cat", tags={"items": {"type": "string"}, "type": "array", "uniqueItems": True}),
+        "Dog": _animal("dog", bark={"type": "integer"}),
+    },
+    "properties": {
+        "pet": {
+            "discriminator": {"mapping": {"cat": "#/$defs/Cat", "dog": "#/$defs/Dog"}, "propertyName": "kind"},
+            "oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}],
+        }
+    },
+    "required": ["pet"],
+    "type": "object",
+}
+
+
 def _dropped(schema: Any) -> list[tuple[str, str]] | None:
     relaxed = relax(schema)
     return None if relaxed is None else [(r.path, r.construct) for r in relaxed.dropped]
@@ -107,6 +131,24 @@ def test_every_refused_real_world_schema_relaxes_to_a_superset_that_walks_valid(
             [("$.properties.x[1]", "uniqueItems")],
         ),
         (
+            # the ref's target states its type: apart from the string
+            "under a oneOf of a type and a ref",
+            {"$defs": {"t": TAGS}, "oneOf": [{"type": "string"}, {"$ref": "#/$defs/t"}]},
+            [("$.$defs.t", "uniqueItems")],
+        ),
+        (
+            # each branch requires "kind" with values no other branch has: a wider cat is
+            # still no dog
+            "pydantic's tagged union",
+            PYDANTIC_TAGGED_UNION,
+            [("$.$defs.Cat.properties.tags", "uniqueItems")],
+        ),
+        (
+            "a tagged union inline, tags as enums",
+            {"oneOf": [_animal(["cat", "lion"], tags=TAGS), _animal(["dog"]), {"type": "string"}]},
+            [("$[0].properties.tags", "uniqueItems")],
+        ),
+        (
             "unique strings in $defs, reached by a ref from a property only",
             {
                 "$defs": {"t": TAGS},
@@ -129,7 +171,6 @@ def test_relaxed(name: str, schema: Any, dropped: list[tuple[str, str]]) -> None
         # a wider branch could match beside the other: fewer values pass the oneOf
         # arrays on both branches: the wider one matches beside the other
         ("under a oneOf whose branches share a type", {"oneOf": [{"type": "array", "maxItems": 1}, TAGS]}),
-        ("under a oneOf of refs", {"$defs": {"t": TAGS}, "oneOf": [{"type": "string"}, {"$ref": "#/$defs/t"}]}),
         (
             "a ref from under not could reach it",
             {"$defs": {"t": TAGS}, "properties": {"a": {"$ref": "#/$defs/t"}, "b": {"not": {"$ref": "#/$defs/t"}}}},
@@ -161,6 +202,66 @@ def test_relaxed(name: str, schema: Any, dropped: list[tuple[str, str]]) -> None
 )
 def test_not_relaxed(name: str, schema: Any) -> None:
     assert relax(schema) is None, name
+
+
+def _union(cat: Any, *others: Any, **top: Any) -> dict[str, Any]:
+    """``cat`` (in ``$defs``, where the refusal is) as property "a", and as property "b" a
+    ``oneOf`` of a ref to it and ``others``."""
+    union = {"oneOf": [{"$ref": "#/$defs/c"}, *others]}
+    return {**top, "$defs": {"c": cat}, "type": "object", "properties": {"a": {"$ref": "#/$defs/c"}, "b": union}}
+
+
+_CAT = _animal("cat", tags=TAGS)
+_DOG = _animal("dog", bark={"type": "integer"})
+
+
+@pytest.mark.parametrize(
+    ("name", "apart", "overlapping"),
+    [
+        ("types", _union(TAGS, {"type": "string"}), _union(TAGS, {"type": "array", "maxItems": 1})),
+        ("tags", _union(_CAT, _DOG), _union(_CAT, _animal(["dog", "cat"], bark={"type": "integer"}))),
+        (
+            "enum tags",
+            _union(_animal(["cat", "lion"], tags=TAGS), _animal(["dog"])),
+            _union(_animal(["cat", "lion"], tags=TAGS), _animal(["lion"])),
+        ),
+        ("a tag the other requires", _union(_CAT, _DOG), _union(_CAT, {**_DOG, "required": ["bark"]})),
+        ("objects only", _union(_CAT, _DOG), _union({**_CAT, "type": ["object", "null"]}, _DOG)),
+        (
+            "a tag stated, not behind a ref",
+            _union(_CAT, _DOG),
+            {
+                **_union(_CAT, {**_DOG, "properties": {"kind": {"$ref": "#/$defs/k"}, "bark": {"type": "integer"}}}),
+                "$defs": {"c": _CAT, "k": {"const": "dog"}},
+            },
+        ),
+        (
+            "const in draft 6 on, not in draft 4",
+            _union(_CAT, _DOG, **{"$schema": "http://json-schema.org/draft-06/schema#"}),
+            _union(_CAT, _DOG, **{"$schema": "http://json-schema.org/draft-04/schema#"}),
+        ),
+        (
+            "a ref, not a ref to a ref",
+            _union(TAGS, {"type": "string"}),
+            {"$defs": {"c": TAGS, "u": {"$ref": "#/$defs/c"}}, "oneOf": [{"type": "string"}, {"$ref": "#/$defs/u"}]},
+        ),
+        (
+            "no $id below the root",
+            _union(TAGS, {"type": "string"}),
+            _union({**TAGS, "$id": "http://example.com/t"}, {"type": "string"}),
+        ),
+    ],
+)
+def test_a_refusal_under_a_oneOf_is_dropped_only_while_its_branches_stay_apart(
+    name: str, apart: dict[str, Any], overlapping: dict[str, Any]
+) -> None:
+    # the twins differ in one thing, and the refusal is where the relaxing decides it: in $defs
+    for schema in (apart, overlapping):
+        assert compile_schema(schema).refusals[0].path.startswith("$.$defs.c"), name
+    assert _dropped(apart) == [(compile_schema(apart).refusals[0].path, "uniqueItems")], name
+    assert relax(overlapping) is None, name
+    relaxed = relax(apart)
+    assert relaxed is not None and invalid_walks(relaxed.schema, relaxed.compiled, 100) == []
 
 
 def test_a_relaxed_grammar_admits_the_valid_answers_the_exact_one_would() -> None:
@@ -215,8 +316,8 @@ _POOL: list[Any] = [None, True, 0, 1, 3, 6, -1, "a", "b", "ab", "ba", "", "abc",
 
 
 def _schema(rng: random.Random, depth: int = 0) -> Any:
-    """Refused keywords under properties, items, allOf, anyOf, oneOf (of disjoint types too),
-    not and if/then/else."""
+    """Refused keywords under properties, items, allOf, anyOf, oneOf (of disjoint types and
+    tagged objects too), not and if/then/else."""
     r = rng.random()
     if depth > 2 or r < 0.35:
         return copy.deepcopy(rng.choice(_REFUSED if rng.random() < 0.4 else _LEAVES))
@@ -227,14 +328,21 @@ def _schema(rng: random.Random, depth: int = 0) -> Any:
         return out
     if r < 0.65:
         return {"type": "array", "items": _schema(rng, depth + 1), "maxItems": 3}
-    if r < 0.72:  # a string or a list: branches whose types no two share
+    if r < 0.68:  # a string or a list: branches whose types no two share
         return {"oneOf": [{"type": "string", "maxLength": 2}, {"type": "array", "items": _schema(rng, depth + 1)}]}
+    if r < 0.72:  # objects tagged by property "a" (which the values below often have), apart or not
+        tags = rng.choice([[["a"], ["b"]], [["a"], ["b", ""]], [["a", "b"], ["b"]]])
+        return {"oneOf": [_tagged(tag, _schema(rng, depth + 1)) for tag in tags]}
     if r < 0.85:
         key = rng.choice(["allOf", "anyOf", "oneOf"])
         return {key: [_schema(rng, depth + 1) for _ in range(rng.randint(1, 2))]}
     if r < 0.93:
         return {"not": _schema(rng, depth + 1)}
     return {"if": _schema(rng, depth + 1), "then": _schema(rng, depth + 1), "else": _schema(rng, depth + 1)}
+
+
+def _tagged(tag: list[str], inner: Any) -> dict[str, Any]:
+    return {"type": "object", "properties": {"a": {"enum": tag}, "b": inner}, "required": ["a"]}
 
 
 def _value(rng: random.Random, depth: int = 0) -> Any:
@@ -257,9 +365,15 @@ def test_a_relaxed_schema_admits_every_value_the_schema_does() -> None:
     relaxed_count = 0
     for _ in range(300):
         schema = _schema(rng)
-        if rng.random() < 0.3:  # a refused keyword in $defs, reached from a property or from under a not
+        if rng.random() < 0.3:  # a refused keyword in $defs, reached from a property, a not or a oneOf
             ref = {"type": "object", "properties": {"r": {"$ref": "#/$defs/d"}}}
-            beside = ref if rng.random() < 0.5 else {"not": {**ref, "required": ["r"]}}
+            beside = rng.choice(
+                [
+                    ref,
+                    {"not": {**ref, "required": ["r"]}},
+                    {"oneOf": [_tagged(["a"], {"$ref": "#/$defs/d"}), _tagged(rng.choice([["b"], ["a", "b"]]), {})]},
+                ]
+            )
             schema = {"$defs": {"d": copy.deepcopy(rng.choice(_REFUSED))}, "allOf": [schema, beside]}
         relaxed = relax(schema)
         if relaxed is None:
