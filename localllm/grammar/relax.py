@@ -1,31 +1,34 @@
 """A grammar for what a schema allows once the keywords the compiler refuses are dropped.
 
 :func:`relax` takes a schema the compiler refuses, drops the refused keyword from the schema
-object the refusal names and compiles again, until what is left (the *relaxed* schema)
+objects the refusal names and compiles again, until what is left (the *relaxed* schema)
 compiles exactly or a refusal cannot be dropped safely. Its grammar is exact for the relaxed
 schema, which admits every value the schema admits: dropping a keyword only widens the object
-holding it, and that object widens the whole schema when every keyword on the way down to it
-passes a wider subschema on as a wider schema (``properties``, ``items``, ``allOf``,
-``anyOf``, ``then`` …). So every answer the schema admits stays open to the model (but for the
-compiler's documented narrowings), and validation, which checks the full schema, decides the
-dropped keywords. Without this a single ``uniqueItems`` over strings left a whole answer
-unconstrained.
+holding it, and that object widens the whole schema when nothing that evaluates it rejects
+more for a wider subschema. So every answer the schema admits stays open to the model (but
+for the compiler's documented narrowings), and validation, which checks the full schema,
+decides the dropped keywords. Without this a single ``uniqueItems`` over strings left a whole
+answer unconstrained.
+
+The objects a refusal names are found as the compiler reads the path (:func:`_trails`): an
+object merged with its ``allOf`` components and its ``$ref``'s target, and "[i]" as any branch
+of its ``anyOf``/``oneOf`` or of the compiler's rewrites (``then``/``else``,
+``dependentSchemas``). The keyword goes from every object found holding it. What is dropped
+must not be evaluated, through any chain of subschemas and refs, by ``not``, ``if``,
+``contains``, ``unevaluated*`` or a ``oneOf`` whose branches may overlap (a wider subschema
+there can reject more: a wider branch can match beside another); a ``oneOf`` whose branches
+stay apart (:meth:`_Facts.disjoint`) still picks exactly one.
 
 Nothing is relaxed (:func:`relax` returns None) when the compiler finds that no value meets
 the schema, or the relaxed one (which admits more): there is no answer to constrain. Nor when
-a refusal's path is not a schema object of the document (it names one of the compiler's
-rewrites: merged ``allOf`` components, ``if``/``then`` as branches …); when the way down
-passes ``not``, ``if``, ``contains``, ``unevaluated*`` or a ``oneOf`` whose branches no
-value can match two of (a wider subschema there can reject more: a wider branch can match
-beside another; see :func:`_disjoint`); when the keyword
-widens nothing by going (``properties``, ``patternProperties``, ``items``/``prefixItems``
-exempt names and positions from ``additionalProperties``/``additionalItems``;
-``minContains`` defaults to 1; ``$id`` moves refs) or is a ref (refused when it does not
-resolve here, which the validator cannot check either); when the document has ``unevaluated*``
-anywhere (which keys count as evaluated depends on the keywords dropped); when, once the
-keyword is gone, a ``$ref`` is left under a keyword of that first list, but for a ``oneOf``
-whose branches stay apart (it could reach the object from there); or past MAX_DROPS
-keywords or SECONDS of compiling.
+no object the refusal names holds the keyword; when that does not hold once it is dropped, or
+a ref on the way there cannot be followed (a remote one, or one an ``$id`` below the root
+moves); when the keyword widens nothing by going (``properties``, ``patternProperties``,
+``items``/``prefixItems`` exempt names and positions from
+``additionalProperties``/``additionalItems``; ``minContains`` defaults to 1; ``$id`` moves
+refs) or is a ref (refused when it does not resolve here, which the validator cannot check
+either); when the document has ``unevaluated*`` anywhere (which keys count as evaluated
+depends on the keywords dropped); or past MAX_DROPS keywords or SECONDS of compiling.
 """
 
 from __future__ import annotations
@@ -50,13 +53,18 @@ _REFS = frozenset({"$ref", "$dynamicRef", "$recursiveRef"})
 #: keywords whose removal may narrow the schema or moves what refs resolve to, and refs (the
 #: compiler refuses those that do not resolve here: the validator cannot check them either)
 NOT_DROPPED = frozenset({"properties", "patternProperties", "items", "prefixItems", "minContains", "$id", "id"} | _REFS)
-#: at most this many keywords are dropped (each takes a compile: winget's manifest needs 10, 3.4 s)
-MAX_DROPS = 16
+#: at most this many keywords are dropped (each takes a compile: SARIF 2.1.0's schema needs
+#: 75, 3.6 s; winget's manifest 10, 3.4 s)
+MAX_DROPS = 128
 #: and the compiles take at most this long in all: a compile may take a second or two on its
-#: budgets, and a service request's schema should not cost 16 of them
+#: budgets, and a service request's schema should not cost many of them
 SECONDS = 5.0
 
+#: at most this many ways down a path (and objects merged into one) are followed
+MAX_TRAILS = 64
 _OBJECTS = frozenset({"object"})
+#: schema objects down a path, each with the keyword taken from it (the last with None)
+_Way = list[tuple[dict[str, Any], str | None]]
 _NAMED = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies"})
 _LISTED = frozenset({"allOf", "anyOf", "oneOf", "prefixItems", "items", "extends"})
 _SINGLE = frozenset(
@@ -110,39 +118,62 @@ def _relaxed(text: str, space: bool, open_objects: bool, seconds: float) -> Rela
 
 
 def _drop(doc: dict[str, Any], refusal: Refusal) -> bool:
-    """Drop ``refusal.construct`` from the schema object its path names (or, for a refusal
+    """Drop ``refusal.construct`` from the schema objects its path names (or, for a refusal
     pointing into one of a keyword's subschemas, from the object holding that keyword),
     when that only widens ``doc``."""
     try:
         tokens = parse_path(refusal.path)
     except ValueError:
         return False
-    trail = _walk(doc, tokens)
-    if trail is None:
-        return False
-    key = refusal.construct
-    node, way = trail[-1][0], trail[:-1]
-    if key not in node and way and way[-1][1] == key:  # "$.oneOf[1]": the branch, not the keyword's holder
-        node, way = way[-1][0], way[:-1]
-    if key not in node or key in NOT_DROPPED or key not in keywords.ASSERTING:
-        return False
-    if any(k in NOT_MONOTONE and k != "oneOf" for _, k in way):
-        return False
-    for k in (key, "then", "else") if key == "if" else (key,):
-        node.pop(k, None)
-    # (the caller drops the document when this is False) a oneOf on the way stays "exactly
-    # one" only while its branches stay apart; a ref under a keyword that is not monotone
-    # could reach the object from there (under a oneOf, only a branch's insides, which widen
-    # it as any keyword there does). Refs are looked up only where no $id moves them.
+    # refs are looked up only where no $id moves them
     moved = any(isinstance(o.get("$id", o.get("id")), str) for o in _objects(doc) if o is not doc)
     facts = _Facts(None if moved else doc, _knows_const(doc))
-    if any(k == "oneOf" and not facts.disjoint(holder["oneOf"]) for holder, k in way):
+    key = refusal.construct
+    holders: dict[int, dict[str, Any]] = {}
+    for trail in _trails(doc, tokens, facts.refs):
+        node, way = trail[-1][0], trail[:-1]
+        if key not in node and way and way[-1][1] == key:  # "$.oneOf[1]": the branch, not the keyword's holder
+            node = way[-1][0]
+        if key in node:
+            holders[id(node)] = node
+    if not holders or key in NOT_DROPPED or key not in keywords.ASSERTING:
         return False
-    return not any(
-        _has(obj[k], _REFS) and not (k == "oneOf" and facts.disjoint(obj[k]))
+    for node in holders.values():
+        for k in (key, "then", "else") if key == "if" else (key,):
+            node.pop(k, None)
+    # (the caller drops the document when this is False) no keyword whose result may shrink
+    # when its subschema grows may reach what was widened, but a oneOf whose branches still
+    # stay apart: a wider branch's insides keep it apart
+    below = _below_not_monotone(doc, facts)
+    return below is not None and not below & holders.keys()
+
+
+def _below_not_monotone(doc: dict[str, Any], facts: _Facts) -> set[int] | None:
+    """The ids of the objects a keyword of NOT_MONOTONE evaluates (but a ``oneOf`` whose
+    branches stay apart), its refs followed; None when a ref there cannot be followed."""
+    stack: list[Any] = [
+        obj[k]
         for obj in _objects(doc)
         for k in NOT_MONOTONE & obj.keys()
-    )
+        if not (k == "oneOf" and facts.disjoint(obj[k]))
+    ]
+    seen: set[int] = set()
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict) and id(item) not in seen:
+            seen.add(id(item))
+            for k in _REFS & item.keys():
+                ref = item[k]
+                if k != "$ref" or facts.refs is None or not isinstance(ref, str):
+                    return None
+                target = _target(ref, facts.refs)
+                if target is None:
+                    return None
+                stack.append(target)
+            stack.extend(item.values())
+    return seen
 
 
 @dataclass(frozen=True)
@@ -231,41 +262,78 @@ def _knows_const(doc: dict[str, Any]) -> bool:
     return not (isinstance(dialect, str) and ("draft-03" in dialect or "draft-04" in dialect))
 
 
-def _walk(doc: dict[str, Any], tokens: list[str | int]) -> list[tuple[dict[str, Any], str | None]] | None:
-    """The schema objects along ``tokens``, each with the keyword taken from it (the last
-    with None); None when the path leaves the document's schema objects."""
-    trail: list[tuple[dict[str, Any], str | None]] = []
-    node: Any = doc
-    i = 0
-    while i < len(tokens):
-        key = tokens[i]
-        if isinstance(key, int) and isinstance(node, dict):
-            # the compiler names a branch of a node's anyOf or oneOf "[i]", without the keyword
-            lists = [k for k in ("anyOf", "oneOf") if isinstance(node.get(k), list)]
-            if len(lists) != 1 or not 0 <= key < len(node[lists[0]]):
-                return None
-            trail.append((node, lists[0]))
-            node, i = node[lists[0]][key], i + 1
+def _trails(doc: dict[str, Any], tokens: list[str | int], refs: dict[str, Any] | None) -> list[_Way]:
+    """Every way down ``tokens`` through the document's schema objects: each object on it with
+    the keyword taken from it (the last with None). An object is read as the compiler reads
+    it, merged with its ``allOf`` components and the target of its ``$ref`` (looked up in
+    ``refs``, when given), and theirs in turn: the compiler names a merged object by the path
+    of the object holding them. At most MAX_TRAILS ways, and as many steps as MAX_TRAILS
+    squared: what is found is dropped, the rest refused again."""
+    done: list[_Way] = []
+    todo: list[tuple[dict[str, Any], int, _Way]] = [(doc, 0, [])]
+    budget = MAX_TRAILS * MAX_TRAILS
+    while todo and len(done) < MAX_TRAILS and budget > 0:
+        start, i, before = todo.pop()
+        for node, way in _views(start, before, refs):
+            budget -= 1
+            if i == len(tokens):
+                done.append([*way, (node, None)])
+                continue
+            todo.extend(
+                (child, after, way if keyword is None else [*way, (node, keyword)])
+                for child, after, keyword in _steps(node, tokens, i)
+            )
+    return done
+
+
+def _views(node: dict[str, Any], way: _Way, refs: dict[str, Any] | None) -> Iterator[tuple[dict[str, Any], _Way]]:
+    """``node`` and the objects the compiler merges into it, each with the way to it."""
+    seen: set[int] = set()
+    todo = [(node, way)]
+    while todo and len(seen) < MAX_TRAILS:
+        obj, at = todo.pop()
+        if id(obj) in seen:
             continue
-        if not isinstance(node, dict) or not isinstance(key, str) or key not in node:
-            return None
+        seen.add(id(obj))
+        yield obj, at
+        components = obj.get("allOf")
+        if isinstance(components, list):
+            todo.extend((c, [*at, (obj, "allOf")]) for c in components if isinstance(c, dict))
+        target = _target(obj["$ref"], refs) if refs is not None and isinstance(obj.get("$ref"), str) else None
+        if isinstance(target, dict):
+            todo.append((target, [*at, (obj, "$ref")]))
+
+
+def _steps(node: dict[str, Any], tokens: list[str | int], i: int) -> list[tuple[dict[str, Any], int, str | None]]:
+    """The subschemas ``tokens[i:]`` starts with in ``node``, each with the index after it and
+    the keyword (None: ``node`` itself). The compiler names "[i]" a branch of an
+    ``anyOf``/``oneOf``, and also a branch of its own rewrites (``allOf`` components
+    distributed over their ``anyOf``s, ``if``/``then``/``else``, ``dependentSchemas``,
+    ``dependencies``), numbered as it wrote them and holding the node's other keywords too:
+    "[i]" is read as the node or any of those subschemas (dropping a keyword from more of them
+    only widens more)."""
+    key = tokens[i]
+    found: list[tuple[Any, int, str | None]] = []
+    if isinstance(key, int):
+        found.append((node, i + 1, None))
+        for k in ("anyOf", "oneOf"):
+            branches = node.get(k)
+            found += [(b, i + 1, k) for b in branches] if isinstance(branches, list) else []
+        found += [(node[k], i + 1, k) for k in ("then", "else") if k in node]
+        for k in ("dependentSchemas", "dependencies"):
+            named = node.get(k)
+            found += [(v, i + 1, k) for v in named.values()] if isinstance(named, dict) else []
+    elif key in node:
         value = node[key]
-        trail.append((node, key))
         if key in _NAMED and i + 1 < len(tokens) and isinstance(value, dict):
-            node, i = value.get(str(tokens[i + 1])), i + 2
+            found.append((value.get(str(tokens[i + 1])), i + 2, key))
         elif key in _LISTED and isinstance(value, list) and i + 1 < len(tokens):
             index = tokens[i + 1]
-            if not isinstance(index, int) or not 0 <= index < len(value):
-                return None
-            node, i = value[index], i + 2
+            if isinstance(index, int) and 0 <= index < len(value):
+                found.append((value[index], i + 2, key))
         elif key in _SINGLE and not isinstance(value, list):
-            node, i = value, i + 1
-        else:
-            return None
-    if not isinstance(node, dict):
-        return None
-    trail.append((node, None))
-    return trail
+            found.append((value, i + 1, key))
+    return [(child, after, k) for child, after, k in found if isinstance(child, dict)]
 
 
 def _has(doc: Any, names: set[str] | frozenset[str]) -> bool:
