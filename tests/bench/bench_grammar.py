@@ -17,9 +17,13 @@ instances the grammar admits (must be 0 for localllm), the valid instances it ad
   carry), see ``_xgrammar_peer.py``; skipped with the command to make the venv when it is missing
   (``LOCALLLM_XGRAMMAR_VENV`` points at another venv holding xgrammar 0.2.9).
 
-Compile time is the engine's own call (GBNF is parsed by the walker outside it). Last,
+Compile time is the engine's own call (GBNF is parsed by the walker outside it). Then
 localllm's own compile time on the project's corpora (``grammar/realworld`` and
-``grammar/corpus``, 562 schemas, best of 3 each): p50 and p95.
+``grammar/corpus``, 562 schemas, best of 3 each): p50 and p95. Last, the relaxed grammar
+(``localllm.grammar.relax``) on the schemas the compiler refuses: how many relax, how many of
+their shipped valid instances the relaxed schema keeps (must be all), how many relaxed
+grammars walk invalid (must be none) — on the sample, or with ``--relax-coverage MIRROR`` on
+every schema of ``maskbench/data`` (localllm only, no timing).
 The sample (``tests/bench/data/jsonschemabench_sample.jsonl``) is built by ``--make-sample
 MIRROR``: from ``maskbench/data`` of guidance-ai/jsonschemabench (schemas with their shipped
 valid/invalid tests), per subset the first N by sha256(seed + name), excluding schemas in
@@ -28,6 +32,7 @@ Not a test: no asserts. Hold ``flock /tmp/bench.lock`` for timing runs.
 
     python tests/bench/bench_grammar.py [--smoke] [--json OUT]
     python tests/bench/bench_grammar.py --make-sample /path/to/jsonschemabench/repo [--per-subset 12]
+    python tests/bench/bench_grammar.py --relax-coverage /path/to/jsonschemabench/repo
 """
 
 from __future__ import annotations
@@ -50,9 +55,10 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from localllm.grammar.compile import compile_schema  # noqa: E402
+from localllm.grammar.relax import relax  # noqa: E402
 from localllm.grammar.walk import Grammar, GrammarSyntaxError  # noqa: E402
 from tests.bench._provenance import provenance, results_path  # noqa: E402
-from tests.unit.grammar_harness import corpus, realworld  # noqa: E402
+from tests.unit.grammar_harness import corpus, invalid_walks, realworld, validator  # noqa: E402
 
 SAMPLE = Path(__file__).parent / "data" / "jsonschemabench_sample.jsonl"
 REALWORLD = REPO / "grammar" / "realworld" / "schemas.jsonl"
@@ -79,17 +85,32 @@ def subset_of(name: str) -> str:
     return re.sub(r"_\d+$", "", stem)
 
 
-def make_sample(mirror: Path, per_subset: int, seed: int) -> None:
-    taken = {json.loads(line)["id"].split("/", 2)[-1] for line in REALWORLD.read_text().splitlines()}
+def _mirror_files(mirror: Path) -> tuple[str, list[str]]:
+    """The mirror's commit and its ``maskbench/data`` files."""
     commit = subprocess.run(
         ["git", "-C", str(mirror), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-    ).stdout
+    ).stdout.strip()
     names = subprocess.run(
         ["git", "-C", str(mirror), "ls-tree", "--name-only", "HEAD", "maskbench/data/"],
         capture_output=True,
         text=True,
         check=True,
     ).stdout.split()
+    return commit, names
+
+
+def _mirror_entry(mirror: Path, name: str) -> dict[str, Any]:
+    git = ["git", "-C", str(mirror), "show", f"HEAD:{name}"]
+    text = subprocess.run(git, capture_output=True, text=True, check=True).stdout
+    doc = json.loads(text)
+    subset = subset_of(name)
+    stem = name.rsplit("/", 1)[-1].removesuffix(".json")
+    return {"id": f"jsb/{subset}/{stem}", "subset": subset, "schema": doc["schema"], "tests": doc.get("tests", [])}
+
+
+def make_sample(mirror: Path, per_subset: int, seed: int) -> None:
+    taken = {json.loads(line)["id"].split("/", 2)[-1] for line in REALWORLD.read_text().splitlines()}
+    commit, names = _mirror_files(mirror)
     by_subset: dict[str, list[str]] = defaultdict(list)
     for name in names:
         stem = name.rsplit("/", 1)[-1].removesuffix(".json")
@@ -113,7 +134,7 @@ def make_sample(mirror: Path, per_subset: int, seed: int) -> None:
             entry = {
                 "id": f"jsb/{subset}/{name.rsplit('/', 1)[-1].removesuffix('.json')}",
                 "subset": subset,
-                "source": SOURCE.format(commit=commit.strip()[:8]) + f" {name}",
+                "source": SOURCE.format(commit=commit[:8]) + f" {name}",
                 "license": LICENSE,
                 "schema": doc["schema"],
                 "tests": doc.get("tests", []),
@@ -322,6 +343,49 @@ def report(table: dict[str, Any]) -> dict[str, Any]:
     return summary
 
 
+def relax_coverage(entries: list[dict[str, Any]], walks: int = 5) -> dict[str, Any]:
+    """Per subset: schemas, compiled exactly, admitting no value, refused, relaxed; of the
+    relaxed ones' shipped valid instances (valid under the schema), how many the relaxed
+    schema keeps (``kept`` must equal ``instances``); relaxed grammars that walked an invalid
+    value (must be 0) or were too deep for the walker."""
+    per: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for entry in entries:
+        row, schema = per[entry["subset"]], entry["schema"]
+        row["schemas"] += 1
+        compiled = compile_schema(schema)
+        if compiled.exact or compiled.unsatisfiable:
+            row["exact" if compiled.exact else "unsatisfiable"] += 1
+            continue
+        row["refused"] += 1
+        relaxed = relax(schema, seconds=60.0)  # the bench measures what relaxes, not how fast
+        if relaxed is None:
+            continue
+        row["relaxed"] += 1
+        check, wider = validator(schema), validator(relaxed.schema)
+        for test in entry["tests"]:
+            if test["valid"] and check.is_valid(test["data"]):
+                row["instances"] += 1
+                row["kept"] += int(wider.is_valid(test["data"]))
+        try:
+            row["invalid_walks"] += int(bool(invalid_walks(relaxed.schema, relaxed.compiled, walks)))
+        except RecursionError:
+            row["too_deep_to_walk"] += 1
+    total: dict[str, int] = defaultdict(int)
+    print("| subset | schemas | exact | no value | refused | relaxed | valid instances kept | invalid walks |")
+    print("|---|---|---|---|---|---|---|---|")
+    for subset, row in [*sorted(per.items()), ("**all**", total)]:
+        if subset != "**all**":
+            for k, v in row.items():
+                total[k] += v
+        print(
+            f"| {subset} | {row['schemas']} | {row['exact']} | {row['unsatisfiable']} | {row['refused']} | "
+            f"{row['relaxed']} | {row['kept']}/{row['instances']} | {row['invalid_walks']} |"
+        )
+    if total["too_deep_to_walk"]:
+        print(f"({total['too_deep_to_walk']} relaxed grammars too deep for the walker: not walked)")
+    return {"subsets": {k: dict(v) for k, v in per.items()}, "all": dict(total)}
+
+
 def corpus_compile_times(limit: int | None, reps: int) -> dict[str, Any]:
     """localllm's compile time on the project's corpora: ``grammar/realworld`` (schemas nobody
     here wrote) and ``grammar/corpus`` (one entry per construct), best of ``reps`` per schema."""
@@ -353,13 +417,28 @@ def main() -> int:
     parser.add_argument(
         "--make-sample", type=Path, metavar="MIRROR", help="build the sample from a jsonschemabench checkout"
     )
+    parser.add_argument(
+        "--relax-coverage",
+        type=Path,
+        metavar="MIRROR",
+        help="the relaxed grammar on every schema of a jsonschemabench checkout (localllm only)",
+    )
     parser.add_argument("--per-subset", type=int, default=12)
     parser.add_argument("--seed", type=int, default=23)
     args = parser.parse_args()
     if args.make_sample:
         make_sample(args.make_sample, args.per_subset, args.seed)
         return 0
-    entries = [json.loads(line) for line in SAMPLE.read_text().splitlines()]
+    if args.relax_coverage:
+        commit, names = _mirror_files(args.relax_coverage)
+        coverage = relax_coverage([_mirror_entry(args.relax_coverage, name) for name in names])
+        out = args.json or results_path("relax_coverage", smoke=False)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        source = SOURCE.format(commit=commit[:8])
+        out.write_text(json.dumps({**provenance(smoke=False), "source": source, **coverage}, indent=2) + "\n")
+        print(f"wrote {out}")
+        return 0
+    entries = sample = [json.loads(line) for line in SAMPLE.read_text().splitlines()]
     if args.smoke:
         seen: dict[str, int] = defaultdict(int)
         kept = []
@@ -376,9 +455,10 @@ def main() -> int:
         f"localllm compile time on the corpora ({corpus['compiled']}/{corpus['schemas']} compiled, best of "
         f"{corpus['reps']}): p50 {corpus['p50_ms']:.2f} ms, p95 {corpus['p95_ms']:.2f} ms"
     )
+    coverage = relax_coverage(sample)  # the whole sample in a smoke run too: few of its first schemas are refused
     out = args.json or results_path("grammar", smoke=args.smoke)
     out.parent.mkdir(parents=True, exist_ok=True)
-    doc = {**provenance(smoke=args.smoke), "engines": summary, "corpus_compile": corpus}
+    doc = {**provenance(smoke=args.smoke), "engines": summary, "corpus_compile": corpus, "relax": coverage}
     out.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"wrote {out}")
     return 0
