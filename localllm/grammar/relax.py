@@ -10,7 +10,7 @@ for the compiler's documented narrowings), and validation, which checks the full
 decides the dropped keywords. Without this a single ``uniqueItems`` over strings left a whole
 answer unconstrained.
 
-The objects a refusal names are found as the compiler reads the path (:func:`_trails`): an
+The objects a refusal names are found as the compiler reads the path (:func:`_ends`): an
 object merged with its ``allOf`` components and its ``$ref``'s target, and "[i]" as any branch
 of its ``anyOf``/``oneOf`` or of the compiler's rewrites (``then``/``else``,
 ``dependentSchemas``). The keyword goes from every object found holding it. What is dropped
@@ -63,8 +63,8 @@ SECONDS = 5.0
 #: at most this many ways down a path (and objects merged into one) are followed
 MAX_TRAILS = 64
 _OBJECTS = frozenset({"object"})
-#: schema objects down a path, each with the keyword taken from it (the last with None)
-_Way = list[tuple[dict[str, Any], str | None]]
+#: the last step down a path: the object and the keyword taken from it (None at the root)
+_Step = tuple[dict[str, Any], str] | None
 _NAMED = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies"})
 _LISTED = frozenset({"allOf", "anyOf", "oneOf", "prefixItems", "items", "extends"})
 _SINGLE = frozenset(
@@ -130,10 +130,9 @@ def _drop(doc: dict[str, Any], refusal: Refusal) -> bool:
     facts = _Facts(None if moved else doc, _knows_const(doc))
     key = refusal.construct
     holders: dict[int, dict[str, Any]] = {}
-    for trail in _trails(doc, tokens, facts.refs):
-        node, way = trail[-1][0], trail[:-1]
-        if key not in node and way and way[-1][1] == key:  # "$.oneOf[1]": the branch, not the keyword's holder
-            node = way[-1][0]
+    for end, last in _ends(doc, tokens, facts.refs):
+        # "$.oneOf[1]": the branch, not the keyword's holder
+        node = last[0] if key not in end and last is not None and last[1] == key else end
         if key in node:
             holders[id(node)] = node
     if not holders or key in NOT_DROPPED or key not in keywords.ASSERTING:
@@ -262,46 +261,47 @@ def _knows_const(doc: dict[str, Any]) -> bool:
     return not (isinstance(dialect, str) and ("draft-03" in dialect or "draft-04" in dialect))
 
 
-def _trails(doc: dict[str, Any], tokens: list[str | int], refs: dict[str, Any] | None) -> list[_Way]:
-    """Every way down ``tokens`` through the document's schema objects: each object on it with
-    the keyword taken from it (the last with None). An object is read as the compiler reads
-    it, merged with its ``allOf`` components and the target of its ``$ref`` (looked up in
-    ``refs``, when given), and theirs in turn: the compiler names a merged object by the path
-    of the object holding them. At most MAX_TRAILS ways, and as many steps as MAX_TRAILS
-    squared: what is found is dropped, the rest refused again."""
-    done: list[_Way] = []
-    todo: list[tuple[dict[str, Any], int, _Way]] = [(doc, 0, [])]
+def _ends(
+    doc: dict[str, Any], tokens: list[str | int], refs: dict[str, Any] | None
+) -> list[tuple[dict[str, Any], _Step]]:
+    """The schema objects ``tokens`` leads to, each with the last step to it. An object is
+    read as the compiler reads it, merged with its ``allOf`` components and the target of its
+    ``$ref`` (looked up in ``refs``, when given), and theirs in turn: the compiler names a
+    merged object by the path of the object holding them. At most MAX_TRAILS objects, and as
+    many steps as MAX_TRAILS squared: what is found is dropped, the rest refused again."""
+    done: list[tuple[dict[str, Any], _Step]] = []
+    todo: list[tuple[dict[str, Any], int, _Step]] = [(doc, 0, None)]
     budget = MAX_TRAILS * MAX_TRAILS
     while todo and len(done) < MAX_TRAILS and budget > 0:
         start, i, before = todo.pop()
-        for node, way in _views(start, before, refs):
+        for node, last in _views(start, before, refs):
             budget -= 1
             if i == len(tokens):
-                done.append([*way, (node, None)])
+                done.append((node, last))
                 continue
             todo.extend(
-                (child, after, way if keyword is None else [*way, (node, keyword)])
+                (child, after, last if keyword is None else (node, keyword))
                 for child, after, keyword in _steps(node, tokens, i)
             )
     return done
 
 
-def _views(node: dict[str, Any], way: _Way, refs: dict[str, Any] | None) -> Iterator[tuple[dict[str, Any], _Way]]:
-    """``node`` and the objects the compiler merges into it, each with the way to it."""
+def _views(node: dict[str, Any], last: _Step, refs: dict[str, Any] | None) -> Iterator[tuple[dict[str, Any], _Step]]:
+    """``node`` and the objects the compiler merges into it, each with the last step to it."""
     seen: set[int] = set()
-    todo = [(node, way)]
+    todo = [(node, last)]
     while todo and len(seen) < MAX_TRAILS:
-        obj, at = todo.pop()
+        obj, step = todo.pop()
         if id(obj) in seen:
             continue
         seen.add(id(obj))
-        yield obj, at
+        yield obj, step
         components = obj.get("allOf")
         if isinstance(components, list):
-            todo.extend((c, [*at, (obj, "allOf")]) for c in components if isinstance(c, dict))
+            todo.extend((c, (obj, "allOf")) for c in components if isinstance(c, dict))
         target = _target(obj["$ref"], refs) if refs is not None and isinstance(obj.get("$ref"), str) else None
         if isinstance(target, dict):
-            todo.append((target, [*at, (obj, "$ref")]))
+            todo.append((target, (obj, "$ref")))
 
 
 def _steps(node: dict[str, Any], tokens: list[str | int], i: int) -> list[tuple[dict[str, Any], int, str | None]]:
