@@ -42,7 +42,7 @@ from localllm.grammar.automaton import Branch
 from localllm.grammar.bounded import written
 from localllm.grammar.formats import format_checker
 from localllm.grammar.meta import meta_error
-from localllm.grammar.paths import child_path, pointer_tokens
+from localllm.grammar.paths import child_path, pointer_tokens, resolve_pointer
 from localllm.grammar.pattern import MAX_STATES, PatternTooCostly, search, unsupported_reason
 
 MAX_DEPTH = 64
@@ -1279,18 +1279,10 @@ class _Compiler:
             return self.root, "$"
         if not fragment.startswith("#/"):
             raise _Refuse(path, "$ref", f'"$ref": {_q(ref)} is not a local "#/..." reference')
-        target: Any = self.root
-        target_path = "$"
-        for token in pointer_tokens(fragment[1:]):
-            if isinstance(target, dict) and token in target:
-                target = target[token]
-                target_path = child(target_path, token)
-            elif isinstance(target, list) and token.isdigit() and int(token) < len(target):
-                target = target[int(token)]
-                target_path = child(target_path, int(token))
-            else:
-                raise _Refuse(path, "$ref", f'"$ref": {_q(ref)} does not resolve in this document')
-        return target, target_path
+        found = resolve_pointer(self.root, fragment[1:])
+        if found is None:
+            raise _Refuse(path, "$ref", f'"$ref": {_q(ref)} does not resolve in this document')
+        return found
 
     # ------------------------------------------------------------------ literals
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 from urllib.parse import unquote
 
-__all__ = ["child_path", "parse_path", "pointer_tokens"]
+__all__ = ["child_path", "parse_path", "pointer_tokens", "resolve_pointer"]
 
 _IDENT = re.compile(r"^[A-Za-z_$][A-Za-z0-9_$-]*$")
 
@@ -51,3 +52,17 @@ def parse_path(path: str) -> list[str | int]:
 def pointer_tokens(pointer: str) -> list[str]:
     """A URI fragment's JSON pointer (``/$defs/a~1b%20c``) as its tokens (``["$defs", "a/b c"]``)."""
     return [unquote(t).replace("~1", "/").replace("~0", "~") for t in pointer.split("/")[1:]]
+
+
+def resolve_pointer(doc: Any, pointer: str) -> tuple[Any, str] | None:
+    """What a URI fragment's JSON pointer names in ``doc``, with its JSON path (``$`` for
+    ``""``); None when it names nothing there."""
+    node, path = doc, "$"
+    for token in pointer_tokens(pointer):
+        if isinstance(node, dict) and token in node:
+            node, path = node[token], child_path(path, token)
+        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
+            node, path = node[int(token)], child_path(path, int(token))
+        else:
+            return None
+    return node, path

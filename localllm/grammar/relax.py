@@ -43,7 +43,7 @@ from typing import Any
 
 from localllm.grammar import keywords
 from localllm.grammar.compile import CompiledGrammar, Refusal, compile_schema
-from localllm.grammar.paths import parse_path, pointer_tokens
+from localllm.grammar.paths import parse_path, resolve_pointer
 
 __all__ = ["Relaxed", "relax"]
 
@@ -242,17 +242,8 @@ def _apart(a: _Stated, b: _Stated) -> bool:
 
 def _target(ref: str, doc: dict[str, Any]) -> Any:
     """The schema a ``#/...`` ref names in ``doc`` (None for any other ref)."""
-    if not ref.startswith("#"):
-        return None
-    node: Any = doc
-    for token in pointer_tokens(ref[1:]):
-        if isinstance(node, dict) and token in node:
-            node = node[token]
-        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
-            node = node[int(token)]
-        else:
-            return None
-    return node
+    found = resolve_pointer(doc, ref[1:]) if ref.startswith("#") else None
+    return None if found is None else found[0]
 
 
 def _knows_const(doc: dict[str, Any]) -> bool:

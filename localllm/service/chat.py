@@ -914,10 +914,10 @@ def prepare(
             body.pop("response_format", None)
             body["grammar"] = compiled.grammar
             prepared.structured = "compiled"
-        elif strict and _converter_errors(schema):
+        elif (unenforced := _converter_errors(schema)) and strict:
             # neither localllm's compiler nor llama.cpp's converter enforces it
             raise _refusal(compiled, prepared.schema_param)
-        elif _converter_errors(schema) and (relaxed := relax(schema, open_objects=OPEN_OBJECTS)) is not None:
+        elif unenforced and (relaxed := relax(schema, open_objects=OPEN_OBJECTS)) is not None:
             # the schema without the keywords neither enforces, where that only widens it:
             # the rest constrained, those validated
             body.pop("response_format", None)
