@@ -15,7 +15,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urldefrag, urlparse
+from urllib.parse import unquote, urldefrag, urlparse
 
 from localllm._fs import TEXT_LIMIT, read_capped
 from localllm.errors import AgentError, ErrorKind, SchemaError, truncate_detail
@@ -125,7 +125,7 @@ def _resolve_pointer(doc: Any, fragment: str) -> Any:
         return _MISSING  # anchors are not supported
     node = doc
     for raw in fragment[1:].split("/"):
-        part = raw.replace("~1", "/").replace("~0", "~")
+        part = unquote(raw).replace("~1", "/").replace("~0", "~")  # a URI fragment: %20 first
         if isinstance(node, dict) and part in node:
             node = node[part]
         elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
@@ -176,7 +176,7 @@ def ref_problems(schema_path: Path, root: Path) -> list[str]:
                         "use a path relative to the schema file inside the config directory"
                     )
                     continue
-                target = (path.parent / url).resolve()
+                target = (path.parent / unquote(url)).resolve()
                 if not target.is_relative_to(root):
                     problems.append(f"{where}: {pointer}: $ref {ref!r} points outside the config directory {root}")
                     continue
@@ -223,7 +223,7 @@ class SchemaSet:
             parsed = urlparse(uri)
             if parsed.scheme != "file":
                 raise NoSuchResource(ref=uri)  # type: ignore[call-arg]
-            target = Path(parsed.path).resolve()
+            target = Path(unquote(parsed.path)).resolve()  # as_uri() wrote a space as %20
             if not target.is_relative_to(root):
                 raise NoSuchResource(ref=uri)  # type: ignore[call-arg]
             return Resource.from_contents(self.load(target), default_specification=dialect)

@@ -959,6 +959,33 @@ def test_ref_to_a_plain_schema_file_uses_the_referring_dialect(config: Config, t
     assert info.value.kind is ErrorKind.SCHEMA_INVALID and info.value.detail.startswith("$.p: maxLength")
 
 
+@pytest.mark.parametrize("ref", ["my%20part.json", "defs.json#/$defs/a%20part", "defs.json#/$defs/a part"])
+def test_a_config_in_a_directory_with_a_space_resolves_its_file_refs(tmp_path: Path, ref: str) -> None:
+    # A file URI percent-encodes the space in "My Configs/"; the ref's own %20 is a space too
+    # (RFC 3986, and RFC 6901 section 6 for the fragment). Before, the load check refused the
+    # %20 fragment and every validation of a cross-file ref in such a directory failed.
+    root = tmp_path / "My Configs"
+    (root / "schemas").mkdir(parents=True)
+    part = {"type": "string", "maxLength": 3}
+    (root / "schemas" / "my part.json").write_text(json.dumps(part))
+    (root / "schemas" / "defs.json").write_text(json.dumps({"$defs": {"a part": part}}))
+    whole = {"type": "object", "properties": {"p": {"$ref": ref}}, "required": ["p"]}
+    (root / "schemas" / "whole.json").write_text(json.dumps(whole))
+    (root / "app.yaml").write_text(
+        "agent_plugins:\n  agent.other: {plugin: builtin.inprocess}\n"
+        "gates:\n  g: {invoke: host.agent.extract, agent: agent.other, with: {prompt: p, schema: schemas/whole.json}}\n"
+    )
+    answers = iter([{"p": "abc"}, {"p": "abcd"}])
+    with Runtime(load_config(root / "app.yaml")) as rt:
+        rt.register_inprocess("agent.other", lambda _: next(answers))
+        assert rt.call("extract", agent="agent.other", prompt="p", schema="schemas/whole.json").submission == {
+            "p": "abc"
+        }
+        with pytest.raises(AgentError) as info:
+            rt.call("extract", agent="agent.other", prompt="p", schema="schemas/whole.json")
+    assert info.value.kind is ErrorKind.SCHEMA_INVALID and info.value.detail.startswith("$.p: maxLength")
+
+
 # -- errors are data ---------------------------------------------------------------------------
 
 
