@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -186,7 +187,7 @@ def test_probe_returns_merged_output_and_exit_code(tmp_path: Path) -> None:
 
 def test_a_hanging_probe_respects_the_deadline(tmp_path: Path) -> None:
     pidfile = tmp_path / "pids"
-    probe = _script(tmp_path / "p", f"echo partial\necho $$ > {pidfile}\nsleep 60\n")
+    probe = _script(tmp_path / "p", f"echo partial\necho $$ > {shlex.quote(str(pidfile))}\nsleep 60\n")
     started = time.monotonic()
     result = _process.run_probe([str(probe)], timeout=0.5)
     assert time.monotonic() - started < 2.0
@@ -197,7 +198,7 @@ def test_a_hanging_probe_respects_the_deadline(tmp_path: Path) -> None:
 
 def test_a_probe_is_over_when_it_exits_even_if_a_descendant_holds_the_pipe(tmp_path: Path) -> None:
     pidfile = tmp_path / "pids"
-    probe = _script(tmp_path / "p", f"(sleep 60; echo never) &\necho $! > {pidfile}\necho version 1\nexit 0\n")
+    probe = _script(tmp_path / "p", f"(sleep 60; echo never) &\necho $! > {shlex.quote(str(pidfile))}\necho version 1\nexit 0\n")
     started = time.monotonic()
     result = _process.run_probe([str(probe)], timeout=10)
     assert time.monotonic() - started < 5.0
@@ -209,8 +210,8 @@ def test_a_probe_leaves_no_helper_that_left_its_group(tmp_path: Path) -> None:
     pidfile = tmp_path / "pids"
     probe = _script(
         tmp_path / "p",
-        f"setsid sh -c 'echo $$ > {pidfile}; exec sleep 60' &\n"
-        f'until grep -qx "$!" {pidfile} 2>/dev/null; do sleep 0.01; done\necho version 1\nexit 0\n',
+        f"setsid sh -c 'echo $$ > \"$1\"; exec sleep 60' sh {shlex.quote(str(pidfile))} &\n"
+        f'until grep -qx "$!" {shlex.quote(str(pidfile))} 2>/dev/null; do sleep 0.01; done\necho version 1\nexit 0\n',
     )
     result = _process.run_probe([str(probe)], timeout=10)
     assert result.returncode == 0 and "version 1" in result.output

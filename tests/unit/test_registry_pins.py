@@ -46,7 +46,7 @@ def index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     where = tmp_path / "index"
     where.mkdir()
     monkeypatch.setenv("PIP_NO_INDEX", "1")
-    monkeypatch.setenv("PIP_FIND_LINKS", str(where))
+    monkeypatch.setenv("PIP_FIND_LINKS", where.as_uri())  # pip splits a plain path at spaces
     return where
 
 

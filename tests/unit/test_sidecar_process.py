@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -71,8 +72,8 @@ def _setsid_wrapper(tmp_path: Path, pidfile: Path) -> Path:
     wrapper.write_text(
         textwrap.dedent(f"""\
         #!/bin/sh
-        setsid sh -c 'echo $$ >> {pidfile}; exec sleep 300' &
-        until grep -qx "$!" {pidfile} 2>/dev/null; do sleep 0.01; done
+        setsid sh -c 'echo $$ >> "$1"; exec sleep 300' sh {shlex.quote(str(pidfile))} &
+        until grep -qx "$!" {shlex.quote(str(pidfile))} 2>/dev/null; do sleep 0.01; done
         exec "{sys.executable}" "{FAKE}" "$@"
     """)
     )

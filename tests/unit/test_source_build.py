@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -239,7 +240,7 @@ def test_a_build_step_past_its_timeout_is_stopped_with_everything_it_started(tmp
 
     pidfile = tmp_path / "pids"
     step = tmp_path / "make"
-    step.write_text(f"#!/bin/sh\nsleep 60 &\necho $! > {pidfile}\nsleep 60\n")
+    step.write_text(f"#!/bin/sh\nsleep 60 &\necho $! > {shlex.quote(str(pidfile))}\nsleep 60\n")
     step.chmod(0o755)
     log_path = tmp_path / "build.log"
     with pytest.raises(BuildError, match="timed out"):
