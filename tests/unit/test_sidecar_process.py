@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import shlex
+import signal
 import subprocess
 import sys
 import textwrap
