@@ -198,7 +198,9 @@ def test_a_hanging_probe_respects_the_deadline(tmp_path: Path) -> None:
 
 def test_a_probe_is_over_when_it_exits_even_if_a_descendant_holds_the_pipe(tmp_path: Path) -> None:
     pidfile = tmp_path / "pids"
-    probe = _script(tmp_path / "p", f"(sleep 60; echo never) &\necho $! > {shlex.quote(str(pidfile))}\necho version 1\nexit 0\n")
+    probe = _script(
+        tmp_path / "p", f"(sleep 60; echo never) &\necho $! > {shlex.quote(str(pidfile))}\necho version 1\nexit 0\n"
+    )
     started = time.monotonic()
     result = _process.run_probe([str(probe)], timeout=10)
     assert time.monotonic() - started < 5.0
