@@ -231,8 +231,11 @@ def _check_schemas(draft: Draft) -> None:
         ):
             continue
         from localllm.grammar import format_violation, unenforced
+        from localllm.schema import bundle_file_refs
 
-        for violation in unenforced(schema, compiled=decl.grammar is True):
+        # the grammar is compiled from what the agent is sent: the file refs made local
+        bundled = bundle_file_refs(gate.schema_path, draft.ctx.base_dir, read_schema_file)
+        for violation in unenforced(bundled, compiled=decl.grammar is True):
             draft.problems.add(
                 key,
                 format_violation(violation, gate.agent, str(gate.schema_path)),

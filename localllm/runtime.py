@@ -483,7 +483,8 @@ class Runtime:
             rendered,
             state=state_path or verb,
             hard=hard,
-            schema=schema_doc,
+            # a schema file's refs to other files made local: no agent can read the config's files
+            schema=self.schemas.bundled(schema_path) if schema_path is not None else schema_doc,
             world=world,
             with_={**with_, "args": args},
         )

@@ -9,10 +9,12 @@ JSON path of the offending value and the failed constraint.
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urldefrag, urlparse
@@ -102,20 +104,28 @@ def read_schema_file(path: Path) -> dict[str, Any]:
 _SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "dependentSchemas", "patternProperties"})
 
 
-def _iter_refs(node: Any, pointer: str = "$", *, names: bool = False) -> Iterator[tuple[str, str]]:
-    """Yield (json-path, ref) for every ``$ref`` string in ``node`` (``names``: ``node`` maps
-    names to subschemas, so a property *named* ``enum`` is a subschema, not data)."""
+def _schema_nodes(node: Any, pointer: str = "$", *, names: bool = False) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Yield (json-path, object) for every object in a schema position of ``node``
+    (``names``: ``node`` maps names to subschemas, so a property *named* ``enum`` is a
+    subschema, not data; ``const``/``enum``/``default``/``examples`` hold data)."""
     if isinstance(node, dict):
-        ref = node.get("$ref")
-        if isinstance(ref, str) and not names:
-            yield pointer, ref
+        if not names:
+            yield pointer, node
         for key in sorted(node):
             if not names and key in ("const", "enum", "default", "examples"):
                 continue  # data, not subschemas
-            yield from _iter_refs(node[key], f"{pointer}.{key}", names=not names and key in _SCHEMA_MAPS)
+            yield from _schema_nodes(node[key], f"{pointer}.{key}", names=not names and key in _SCHEMA_MAPS)
     elif isinstance(node, list):
         for i, item in enumerate(node):
-            yield from _iter_refs(item, f"{pointer}[{i}]")
+            yield from _schema_nodes(item, f"{pointer}[{i}]")
+
+
+def _iter_refs(node: Any) -> Iterator[tuple[str, str]]:
+    """Yield (json-path, ref) for every ``$ref`` string in a schema position of ``node``."""
+    for pointer, schema in _schema_nodes(node):
+        ref = schema.get("$ref")
+        if isinstance(ref, str):
+            yield pointer, ref
 
 
 def _resolve_pointer(doc: Any, fragment: str) -> Any:
@@ -192,6 +202,93 @@ def ref_problems(schema_path: Path, root: Path) -> list[str]:
     return problems
 
 
+#: keywords that give a schema a base URI or a name of its own: a file holding one is not
+#: copied into another document (its refs would resolve against something else there)
+_IDENTITY_KEYS = frozenset({"$id", "$anchor", "$dynamicAnchor", "$dynamicRef", "$recursiveAnchor", "$recursiveRef"})
+
+
+class _NotBundled(Exception):
+    pass
+
+
+def bundle_file_refs(path: Path, root: Path, load: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
+    """The schema at ``path`` as one self-contained document: every file it reaches through
+    ``$ref`` copied under its ``$defs`` (keyed by the file's path relative to ``path``'s
+    directory, ``..`` left out and ``/`` read as ``.``: ``"common.json"``, ``"shared.ids.json"``)
+    and every file ref pointed there (``common.json#/$defs/x`` →
+    ``#/$defs/common.json/$defs/x``), so that a plugin, a remote
+    model or the grammar compiler, none of which can read the config's files, sees what the
+    files say. Validation keeps reading the files themselves.
+
+    The document as loaded when it has no file ref, or when one cannot be made local
+    exactly: an ``$id`` or anchor in any file (refs there resolve against it), a file in
+    another dialect (``$schema``), a fragment that is not a JSON pointer, or a ref the load
+    check refuses (remote, outside ``root``, unreadable) — the load check names those.
+    """
+    doc = load(path)
+    if not any(urldefrag(ref)[0] for _, ref in _iter_refs(doc)):
+        return doc
+    try:
+        return _bundled(path, root.resolve(), doc, load)
+    except (_NotBundled, SchemaError, RecursionError, OSError):
+        return doc
+
+
+def _bundled(path: Path, root: Path, doc: dict[str, Any], load: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
+    import copy
+
+    path = path.resolve()
+    out = copy.deepcopy(doc)
+    defs = out.setdefault("$defs", {})
+    if not isinstance(defs, dict):
+        raise _NotBundled
+    dialect = doc.get("$schema")
+    keys: dict[Path, str] = {path: ""}
+    pending: list[tuple[Path, dict[str, Any]]] = [(path, out)]
+
+    def key_of(target: Path) -> str:
+        if target not in keys:
+            if not target.is_relative_to(root):
+                raise _NotBundled
+            other = copy.deepcopy(load(target))
+            if other.get("$schema", dialect) != dialect:
+                raise _NotBundled
+            other.pop("$schema", None)
+            # a key any JSON-pointer reader takes literally (llama.cpp's converter does not
+            # unescape ~1 or %20): "../shared/people.json" -> "shared.people.json"
+            parts = [p for p in Path(os.path.relpath(target, path.parent)).parts if p != ".."]
+            name = base = re.sub(r"[^A-Za-z0-9._-]+", "_", ".".join(parts))
+            for n in itertools.count(2):
+                if name not in defs:
+                    break
+                name = f"{base}-{n}"
+            keys[target], defs[name] = name, other
+            pending.append((target, other))
+        return keys[target]
+
+    while pending:
+        here, node = pending.pop()
+        # the objects listed before any ref is rewritten: files copied into $defs meanwhile
+        # are walked on their own, with their own base
+        for _, schema in list(_schema_nodes(node)):
+            if _IDENTITY_KEYS & schema.keys():
+                raise _NotBundled
+            ref = schema.get("$ref")
+            if not isinstance(ref, str):
+                continue
+            url, fragment = urldefrag(ref)
+            if fragment and not fragment.startswith("/"):
+                raise _NotBundled  # an anchor
+            if url and (urlparse(url).scheme or url.startswith("/")):
+                raise _NotBundled
+            key = key_of((here.parent / unquote(url)).resolve()) if url else keys[here]
+            if key:
+                schema["$ref"] = f"#/$defs/{key}{fragment}"
+            elif url:
+                schema["$ref"] = f"#{fragment}"
+    return out
+
+
 class SchemaSet:
     """Schemas of one config, loaded and compiled once, with file refs rooted at ``root``."""
 
@@ -199,6 +296,7 @@ class SchemaSet:
         self.root = root.resolve()
         self._lock = threading.Lock()
         self._docs: dict[Path, dict[str, Any]] = {}
+        self._bundles: dict[Path, dict[str, Any]] = {}
         self._validators: dict[str, Any] = {}
 
     def load(self, path: Path) -> dict[str, Any]:
@@ -210,6 +308,15 @@ class SchemaSet:
                 doc = read_schema_file(full)
                 self._docs[full] = doc
             return doc
+
+    def bundled(self, path: Path) -> dict[str, Any]:
+        """The schema at ``path`` with its file refs made local (:func:`bundle_file_refs`):
+        what an agent is sent. Validation reads :meth:`load`'s document and the files."""
+        full = (self.root / path).resolve() if not path.is_absolute() else path.resolve()
+        found = self._bundles.get(full)
+        if found is None:
+            found = self._bundles.setdefault(full, bundle_file_refs(full, self.root, self.load))
+        return found
 
     def _registry(self, dialect: Any) -> Any:
         """A registry serving files under the root; a file without ``$schema`` (the common
