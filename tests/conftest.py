@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
@@ -17,6 +19,26 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Every test's ``tmp_path`` has a space in it (``/tmp/localllm tests-…/``), as a user's
+    config or cache directory may (``~/My Configs``, macOS's ``Application Support``): a
+    path that reaches a shell, a file URI or pip unquoted fails a test. The controller picks
+    the directory; xdist's workers get a subdirectory each. Removed when the run passes."""
+    if config.option.basetemp or hasattr(config, "workerinput"):
+        return
+    config.option.basetemp = tempfile.mkdtemp(prefix="localllm tests-")
+    config.stash[_SPACED_BASETEMP] = config.option.basetemp
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    made = session.config.stash.get(_SPACED_BASETEMP, None)
+    if made and exitstatus == 0:
+        shutil.rmtree(made, ignore_errors=True)
+
+
+_SPACED_BASETEMP = pytest.StashKey[str]()
 
 
 @pytest.fixture(autouse=True)

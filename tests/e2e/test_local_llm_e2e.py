@@ -57,6 +57,26 @@ def test_decide_gate_is_schema_valid_and_grammar_constrained(demo: Path, tmp_pat
     assert sidecar_pids() == []  # the sidecar is stopped with the runtime
 
 
+def test_a_decide_schema_split_over_files_gets_the_compiled_grammar(demo: Path) -> None:
+    """The demo's triage schema with its queue and priority in a file of shared definitions, in
+    a directory with a space: the agent is sent one document and the real server decodes under
+    the compiled grammar (before: refused at load as outside the grammar subset)."""
+    schemas = demo.parent / "schemas"
+    triage = json.loads((schemas / "triage.json").read_text())
+    shared = {"$defs": {"queue": triage["properties"]["queue"], "priority": triage["properties"]["priority"]}}
+    (demo.parent / "shared defs").mkdir()
+    (demo.parent / "shared defs" / "ticket fields.json").write_text(json.dumps(shared))
+    triage["properties"]["queue"] = {"$ref": "../shared%20defs/ticket%20fields.json#/$defs/queue"}
+    triage["properties"]["priority"] = {"$ref": "../shared%20defs/ticket%20fields.json#/$defs/priority"}
+    (schemas / "triage.json").write_text(json.dumps(triage))
+    assert main(["check", str(demo)]) == 0
+    with Runtime(load_config(demo)) as rt:
+        result = rt.run_gate("triage", {"ticket": "I was charged twice this month."})
+    assert result.agent == "agent.local" and result.meta["grammar_source"] == "compiled"
+    assert result.submission["queue"] in ("billing", "bug", "feature", "other")
+    assert 1 <= result.submission["priority"] <= 5
+
+
 def test_check_rejects_out_of_subset_gate_naming_the_construct(demo: Path, capsys: pytest.CaptureFixture[str]) -> None:
     schema = demo.parent / "schemas" / "tags.json"
     schema.write_text(

@@ -3,9 +3,7 @@ loopback host of schemas that counts who asks."""
 
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -16,26 +14,6 @@ import pytest
 from tests.unit.agents_fixtures.helpers import McpHttpServer
 
 FAKE_LLAMA_SERVER = Path(__file__).resolve().parent / "fakes" / "fake_llama_server.py"
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    """Every test's ``tmp_path`` has a space in it (``/tmp/localllm unit-…/``), as a user's
-    config or cache directory may (``~/My Configs``, macOS's ``Application Support``): a
-    path that reaches a shell, a file URI or pip unquoted fails a test. The controller picks
-    the directory; xdist's workers get a subdirectory each. Removed when the run passes."""
-    if config.option.basetemp or hasattr(config, "workerinput"):
-        return
-    config.option.basetemp = tempfile.mkdtemp(prefix="localllm unit-")
-    config.stash[_SPACED_BASETEMP] = config.option.basetemp
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    made = session.config.stash.get(_SPACED_BASETEMP, None)
-    if made and exitstatus == 0:
-        shutil.rmtree(made, ignore_errors=True)
-
-
-_SPACED_BASETEMP = pytest.StashKey[str]()
 
 
 @pytest.fixture(autouse=True)
