@@ -55,6 +55,8 @@ _JSON_FIXES = (
         "Expecting value",
         "a value is missing there: remove a trailing comma, a comment (JSON has none), or change 'text' to \"text\"",
     ),
+    # Python 3.13's decoder names a trailing comma itself (3.12 and before: "Expecting ...")
+    ("Illegal trailing comma", "remove the trailing comma before the closing bracket"),
     ("Expecting ',' delimiter", "add the comma between the two items (or close the bracket before)"),
     ("Expecting ':' delimiter", "put a colon between the key and its value"),
     ("Unterminated string", "close the string with a double quote"),

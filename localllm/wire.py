@@ -29,6 +29,23 @@ __all__ = [
 VERBS = ("ask", "decide", "extract", "task", "converse")
 
 
+def nesting(value: Any, limit: int) -> int:
+    """How deep a JSON value nests (a scalar: 1), without recursion; stops counting past
+    ``limit`` (a 10,000-deep input costs no more than a ``limit``-deep one)."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if depth > limit:
+            return depth
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
+    return deepest
+
+
 def finite_float(value: Any) -> float | None:
     """``value`` as a float when it is a JSON number a float holds: not a bool, not inf or
     nan, and an int within the float range (``10**400`` parses from JSON text, and

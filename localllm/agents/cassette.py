@@ -97,7 +97,7 @@ from localllm.errors import AgentError, ConfigError, ErrorKind, ProblemList, tru
 from localllm.grammar.pattern import PatternTooCostly, search_group, unsupported_reason
 from localllm.trace.callid import cassette_call_key, derive_call_id
 from localllm.trace.rules import MAX_DEPTH
-from localllm.wire import VERBS, AskRequest, AskResponse, Transcript, bad_sub_event_payload
+from localllm.wire import VERBS, AskRequest, AskResponse, Transcript, bad_sub_event_payload, nesting
 
 __all__ = [
     "CASSETTE_KIND",
@@ -343,11 +343,16 @@ def resolve_includes(text: str, base: Path) -> str:
             raise ValueError(f"!include {rel!r}: cannot read {target.name}: {exc}") from exc
         if rel.lower().endswith(".json"):
             try:
-                inlined = go_json(_sorted_keys(json.loads(raw)))
-            except RecursionError:  # decoding it or walking what was decoded
+                value = json.loads(raw)
+            except RecursionError:
                 raise ValueError(f"!include {rel!r}: the JSON nests too deeply") from None
             except ValueError as exc:
                 raise ValueError(f"!include {rel!r}: parse JSON: {exc}") from exc
+            # a response a trace can hold (trace.rules.MAX_DEPTH); checked before anything
+            # walks it, so the verdict does not depend on the interpreter's recursion limit
+            if nesting(value, MAX_DEPTH) > MAX_DEPTH:
+                raise ValueError(f"!include {rel!r}: the JSON nests too deeply (more than {MAX_DEPTH} levels)")
+            inlined = go_json(_sorted_keys(value))
         else:
             inlined = go_json(raw)
         size += len(inlined)

@@ -44,6 +44,7 @@ from localllm.grammar.formats import format_checker
 from localllm.grammar.meta import meta_error
 from localllm.grammar.paths import child_path, pointer_tokens, resolve_pointer
 from localllm.grammar.pattern import MAX_STATES, PatternTooCostly, search, unsupported_reason
+from localllm.wire import nesting
 
 MAX_DEPTH = 64
 #: steps (schemas negated) all partial negations of one schema may take together
@@ -272,7 +273,7 @@ def compile_schema(
     raises for any JSON-like input.
     """
     try:
-        depth = _nesting(schema)
+        depth = nesting(schema, 4 * MAX_DEPTH)
         if depth > 4 * MAX_DEPTH:
             raise _Refuse("$", "depth", f"the schema nests {depth} levels deep (at most {4 * MAX_DEPTH})")
         # every validator refuses such a schema (nested repeats multiply past the linear
@@ -298,7 +299,7 @@ def meta_problem(schema: Any, *, formats: bool = True) -> tuple[str, str] | None
 
     ``formats=False`` lets a ``format`` of the meta-schema pass (an ECMA-only ``pattern`` such
     as ``(?<x>a)`` that Python's ``re`` cannot compile: a call reports it when it checks one)."""
-    if _nesting(schema) > 4 * MAX_DEPTH:
+    if nesting(schema, 4 * MAX_DEPTH) > 4 * MAX_DEPTH:
         return "$", f"it nests more than {4 * MAX_DEPTH} levels deep"
     if isinstance(schema, dict) and "$schema" in schema and not isinstance(schema["$schema"], str):
         return "$", '"$schema" must be a URI string'
@@ -427,22 +428,6 @@ def validator_class(schema: Any) -> Any:
         # an unknown $schema: jsonschema warns and uses its latest draft, as we do
         warnings.simplefilter("ignore", DeprecationWarning)
         return bounded_validator(jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator))
-
-
-def _nesting(value: Any) -> int:
-    """How deep ``value`` nests, without recursion (a 10,000-deep input is fine)."""
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        deepest = max(deepest, depth)
-        if depth > 4 * MAX_DEPTH:
-            return depth
-        if isinstance(node, dict):
-            stack.extend((v, depth + 1) for v in node.values())
-        elif isinstance(node, list):
-            stack.extend((v, depth + 1) for v in node)
-    return deepest
 
 
 def child(path: str, key: str | int) -> str:

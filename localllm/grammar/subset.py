@@ -94,9 +94,10 @@ def check_subset(schema: Mapping[str, Any] | Any, *, where: str = "") -> list[Vi
 
     ``where`` optionally labels the schema (e.g. its file); messages then start with it.
     """
-    from localllm.grammar.compile import MAX_DEPTH, _nesting, schema_problem
+    from localllm.grammar.compile import MAX_DEPTH, schema_problem
+    from localllm.wire import nesting
 
-    depth = _nesting(schema)
+    depth = nesting(schema, 4 * MAX_DEPTH)
     checker = _Checker(schema)
     if depth > 4 * MAX_DEPTH:
         checker.error(

@@ -48,6 +48,7 @@ from localllm.managed.server import GRAMMAR_HEADER
 from localllm.service import chat, completion
 from localllm.service.guard import Guard
 from localllm.service.pool import ModelPool, PoolBusy, UnknownServedModel
+from localllm.wire import nesting
 
 if TYPE_CHECKING:
     from localllm.managed.upstream import Target
@@ -214,22 +215,6 @@ def _stream_usage(tail: bytes) -> tuple[Any, Any]:
             except ValueError:
                 continue
     return None, None
-
-
-def _nesting(value: Any, limit: int) -> int:
-    """How deep ``value`` nests (stops counting past ``limit``), without recursion."""
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        deepest = max(deepest, depth)
-        if depth > limit:
-            return depth
-        if isinstance(node, dict):
-            stack.extend((v, depth + 1) for v in node.values())
-        elif isinstance(node, list):
-            stack.extend((v, depth + 1) for v in node)
-    return deepest
 
 
 class ClientGone(Exception):
@@ -576,7 +561,7 @@ class ServiceApp:
         except ValueError as exc:
             raise _Reply(400, _error(f"the body is not valid JSON: {exc}", "invalid_request_error")) from None
         else:
-            too_deep = _nesting(data, limits.max_depth) > limits.max_depth
+            too_deep = nesting(data, limits.max_depth) > limits.max_depth
         if too_deep:
             raise _Reply(
                 400,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import subprocess
@@ -355,6 +356,8 @@ def test_a_nan_vector_is_refused_and_never_stored(tmp_path: Path) -> None:
         _search(tmp_path, PoisonFake(16))  # before: stored for good, and search lost hits
     embedded, hits = _search(tmp_path, CountingFake())
     assert embedded > 0 and hits  # what a later good run embeds is not shadowed by a stored NaN
-    with sqlite3.connect(next((tmp_path / "store").rglob("*.sqlite"))) as conn:
+    with contextlib.closing(
+        sqlite3.connect(next((tmp_path / "store").rglob("*.sqlite")))
+    ) as conn:  # `with conn` only commits
         blobs = [row[0] for row in conn.execute("SELECT vector FROM vectors")]
     assert blobs and all(np.isfinite(np.frombuffer(b, dtype="<f4")).all() for b in blobs)
