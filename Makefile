@@ -6,7 +6,7 @@ MODEL  ?= qwen2.5-1.5b-instruct
 E2E    := $(HOME)/.cache/localllm-e2e
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: install lint unit unit-slow e2e test bench bench-smoke bench-peers demo fetch-llama-server fetch-models e2e-models e2e-interop e2e-endpoints clean
+.PHONY: install lint unit unit-slow unit-newest e2e test bench bench-smoke bench-peers demo fetch-llama-server fetch-models e2e-models e2e-interop e2e-endpoints clean
 
 install: $(VENV)/.installed
 
@@ -32,6 +32,25 @@ unit: install
 
 unit-slow: install
 	$(BIN)/pytest tests/unit -q -m slow -n $(UNIT_WORKERS) --dist loadfile
+
+# The unit suite again on the newest Python, beside the project's own (3.11, the oldest it
+# supports): what the standard library changes between versions (json's messages, sqlite3's
+# warnings, re) fails here first. Its own venv beside the project's; the interpreter found as
+# $(NEWEST_PYTHON) on PATH (`make unit-newest NEWEST_PYTHON=/path/to/python3.13`). Without one,
+# the run says so and goes on: a fresh machine may have only one Python.
+NEWEST_PYTHON ?= python3.13
+NEWEST_VENV   := $(VENV)-newest
+unit-newest: install
+	@if ! command -v $(NEWEST_PYTHON) >/dev/null 2>&1; then \
+		echo "unit-newest: $(NEWEST_PYTHON) not found: the unit suite ran on $$($(BIN)/python --version) only"; \
+	else \
+		set -e; \
+		[ -x $(NEWEST_VENV)/bin/python ] || $(NEWEST_PYTHON) -m venv $(NEWEST_VENV); \
+		$(NEWEST_VENV)/bin/python -m pip install -q --upgrade pip; \
+		$(NEWEST_VENV)/bin/python -m pip install -q -e '.[dev]'; \
+		$(NEWEST_VENV)/bin/python --version; \
+		$(NEWEST_VENV)/bin/pytest tests/unit -q -m "not slow" -n $(UNIT_WORKERS) --dist loadfile; \
+	fi
 
 # The prebuilt pin when it is reachable (or already cached); otherwise `fetch server` says
 # so and builds the pinned llama.cpp source once (13-20 min on 2 cores, with an ETA) into
@@ -113,7 +132,7 @@ $(LLAMA_INDEX_VENV)/.installed:
 e2e: install fetch-llama-server e2e-models e2e-interop e2e-endpoints
 	$(BIN)/pytest tests/e2e -q -p no:cacheprovider --durations=15
 
-test: lint unit unit-slow e2e bench-smoke
+test: lint unit unit-slow unit-newest e2e bench-smoke
 
 # Peers of tests/bench/bench_grammar.py that cannot sit in the project venv, each in its own venv
 # in the user cache, driven as a subprocess. XGrammar's wheel declares torch (a CUDA build of
@@ -149,4 +168,4 @@ demo: install fetch-llama-server
 	$(BIN)/python examples/demo/run_demo.py
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .demo
+	rm -rf $(VENV) $(NEWEST_VENV) .mypy_cache .ruff_cache .pytest_cache .demo

@@ -44,7 +44,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
@@ -127,7 +127,7 @@ def render_prompt(
 
 
 def _rfc3339(moment: datetime) -> str:
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f") + "000Z"
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f") + "000Z"
 
 
 def config_secrets(config: Config) -> list[str]:
@@ -681,7 +681,7 @@ class Runtime:
             verb=verb,
             prompt=prompt,
             call_id=derive_call_id(self.config.app_id, live_call_key(self.turn, state, seq)),
-            deadline=_rfc3339(datetime.now(timezone.utc) + timedelta(seconds=hard)),
+            deadline=_rfc3339(datetime.now(UTC) + timedelta(seconds=hard)),
             schema=schema,
             world=world,
             with_=with_,

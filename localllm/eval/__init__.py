@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -115,7 +115,7 @@ def evaluate(
 
         kept, repeated = load_examples(found.examples.cases, found.examples.input)
         examples = (len(kept), [e.line for e in repeated])
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     stamp = now.strftime("%Y%m%dT%H%M%S%fZ")
     target = (out_dir or default_out_dir(config)) / gate
     try:

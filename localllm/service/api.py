@@ -522,7 +522,7 @@ class ServiceApp:
 
         try:
             status, headers, content = await asyncio.wait_for(read(), _SLOTS_WAIT)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             await req.respond(
                 504,
                 _error(
@@ -546,7 +546,7 @@ class ServiceApp:
             raise _Reply(413, _error(f"request body must be at most {limits.max_body} bytes", "invalid_request_error"))
         try:
             raw = await asyncio.wait_for(self._read_body(req), limits.body_timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise _Reply(
                 408,
                 _error(f"the request body did not arrive within {limits.body_timeout:g} s", "invalid_request_error"),

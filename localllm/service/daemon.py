@@ -20,7 +20,7 @@ import signal
 import socket
 import threading
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -255,7 +255,7 @@ class Service:
             _write_run_file(self.token_path, self.token + "\n")
             self._token_written = True
             token_file = str(self.token_path)
-        self.started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self.started = datetime.now(UTC).isoformat(timespec="seconds")
         found = discovery.Discovery(
             pid=os.getpid(),
             host=self.options.host,
