@@ -289,11 +289,15 @@ def test_include_is_resolved_relative_to_the_cassette(tmp_path: Path) -> None:
 
 def test_hostile_includes_are_config_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "deep.json").write_text("[" * 980 + "]" * 980)  # json decodes it; a walk over it cannot
+    # deeper than a trace holds, shallow enough for any walk: before, a "YAML syntax error"
+    # at a column of the line the include was pasted into (3.13 gave that for deep.json too)
+    (tmp_path / "mid.json").write_text("[" * 150 + "]" * 150)
     (tmp_path / "page.txt").write_text("x" * 300_000)
     monkeypatch.setattr(cassette_module, "DATA_LIMIT", 1 << 20)
     head = "kind: host_cassette\napp_id: a\nepisodes:\n  - id: e1\n    match: {}\n    agent:\n"
     for body, fragment in (
-        ("      response: !include deep.json\n", "nests too deeply"),
+        ("      response: !include deep.json\n", "!include 'deep.json': the JSON nests too deeply"),
+        ("      response: !include mid.json\n", "!include 'mid.json': the JSON nests too deeply"),
         # one file included again and again: the whole is bounded as one cassette is
         ("".join(f"      k{i}: !include page.txt\n" for i in range(5)) + "      response: '1'\n", "grows past 1 MiB"),
     ):
