@@ -36,16 +36,18 @@ unit-slow: install
 # The unit suite again on the newest Python, beside the project's own (3.11, the oldest it
 # supports): what the standard library changes between versions (json's messages, sqlite3's
 # warnings, re) fails here first. Its own venv beside the project's; the interpreter found as
-# $(NEWEST_PYTHON) on PATH (`make unit-newest NEWEST_PYTHON=/path/to/python3.13`). Without one,
+# $(NEWEST_PYTHON) on PATH or under pyenv's versions (`make unit-newest NEWEST_PYTHON=/path/to/python3.13`). Without one,
 # the run says so and goes on: a fresh machine may have only one Python.
 NEWEST_PYTHON ?= python3.13
 NEWEST_VENV   := $(VENV)-newest
 unit-newest: install
-	@if ! command -v $(NEWEST_PYTHON) >/dev/null 2>&1; then \
+	@py=$(NEWEST_PYTHON); \
+	$$py -c pass >/dev/null 2>&1 || py=$$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/$(NEWEST_PYTHON:python%=%)*/bin/python 2>/dev/null | tail -1); \
+	if [ -z "$$py" ] || ! $$py -c pass >/dev/null 2>&1; then \
 		echo "unit-newest: $(NEWEST_PYTHON) not found: the unit suite ran on $$($(BIN)/python --version) only"; \
 	else \
-		set -e; \
-		[ -x $(NEWEST_VENV)/bin/python ] || $(NEWEST_PYTHON) -m venv $(NEWEST_VENV); \
+		set -ex; \
+		[ -x $(NEWEST_VENV)/bin/python ] || $$py -m venv $(NEWEST_VENV); \
 		$(NEWEST_VENV)/bin/python -m pip install -q --upgrade pip; \
 		$(NEWEST_VENV)/bin/python -m pip install -q -e '.[dev]'; \
 		$(NEWEST_VENV)/bin/python --version; \
