@@ -1457,6 +1457,8 @@ class _Compiler:
             raise _Refuse(path, "allOf", '"allOf" must be a non-empty array')
         merged: dict[str, Any] = {k: v for k, v in node.items() if k != "allOf"}
         seen: set[str] = set()
+        if "if" in self.vocabulary:
+            comps = _switch(node, comps)
         for comp in self.flatten(comps, path, depth, frozenset(bare), seen):
             merged = self.merge(merged, comp, path)
         return merged, frozenset(bare) | frozenset(seen)
@@ -3625,6 +3627,95 @@ def _disjoint_patterns(a: str, b: str) -> bool:
         return False
     n = min(len(pa), len(pb))
     return pa[:n] != pb[:n]
+
+
+def _switch(node: dict[str, Any], comps: list[Any]) -> list[Any]:
+    """``comps`` with its ``if``/``then``/``else`` components keyed on one property's string
+    ``const`` (``if: {properties: {kind: {const: "a"}}}, then: …``, one per value) as one
+    ``anyOf`` with a branch per value, one for any other value and one for the property
+    absent: the same values. Distributed one by one, n such components give 2^n
+    alternatives (each ``if`` or its negation), which past six pass every budget, though at
+    most one ``if`` can hold. Only where the schema admits objects alone (every branch is an
+    object: on any other value the ``if``s hold, or fail, all together), and only for
+    components holding nothing else."""
+    group: dict[int, tuple[str, bool, bool]] = {}  # index -> (const, if requires the key, if typed)
+    key: str | None = None
+    for i, comp in enumerate(comps):
+        found = _switch_case(comp)
+        if found is not None and found[0] == (key or found[0]):
+            key = found[0]
+            group[i] = found[1:]
+    values = [value for value, _, _ in group.values()]
+    if key is None or len(group) < 2 or len(set(values)) < len(values) or len({c[1:] for c in group.values()}) > 1:
+        return comps
+    _, requires, typed = next(iter(group.values()))
+    thens = {i: comps[i].get("then", True) for i in group}
+    elses = {i: comps[i].get("else", True) for i in group}
+    # a value that is not an object: every "if" holds (untyped) or fails (typed) at once
+    rest = [node, *(c for i, c in enumerate(comps) if i not in group)]
+    if not any(map(_objects_only, rest)) and (typed or not any(map(_objects_only, thens.values()))):
+        return comps
+
+    def branch(head: dict[str, Any], parts: list[Any]) -> dict[str, Any]:
+        parts = [p for p in parts if p is not True and p != {}]
+        return {"type": "object", **head, **({"allOf": parts} if parts else {})}
+
+    # the key holds one if's value: that if holds, every other fails
+    others = {i: [elses[j] for j in group if j != i] for i in group}
+    branches = [
+        branch({"properties": {key: {"const": value}}, "required": [key]}, [thens[i], *others[i]])
+        for i, (value, _, _) in group.items()
+    ]
+    props = node.get("properties")
+    declared = props.get(key) if isinstance(props, dict) else None
+    if not (isinstance(declared, dict) and set() < _string_literals(declared) <= set(values)):
+        branches.append(branch({"properties": {key: {"not": {"enum": values}}}, "required": [key]}, [*elses.values()]))
+    required = node.get("required")
+    if not (isinstance(required, list) and key in required):
+        # the key absent: an "if" that requires it fails (else), one that does not holds (then)
+        branches.append(branch({"properties": {key: False}}, [*(elses if requires else thens).values()]))
+    first = min(group)
+    return [{"anyOf": branches} if i == first else c for i, c in enumerate(comps) if i not in group or i == first]
+
+
+_SWITCH_IF = frozenset({"properties", "required", "type"})
+
+
+def _objects_only(node: Any) -> bool:
+    return isinstance(node, dict) and node.get("type") in ("object", ["object"])
+
+
+def _switch_case(comp: Any) -> tuple[str, str, bool, bool] | None:
+    """(property, string, whether the if requires it, whether it says ``type: "object"``) of a
+    component ``{if: {properties: {property: {const: string}}, [required: [property]], [type:
+    object]}, then: …, else: …}`` holding no other assertion, else None."""
+    if not isinstance(comp, dict) or {k for k in comp if keywords.asserts(comp, k)} != {"if"}:
+        return None
+    cond = comp["if"]
+    if not isinstance(cond, dict) or {k for k in cond if keywords.asserts(cond, k)} - _SWITCH_IF:
+        return None
+    props = cond.get("properties")
+    if not isinstance(props, dict) or len(props) != 1 or cond.get("type", "object") != "object":
+        return None
+    ((name, inner),) = props.items()
+    required = cond.get("required", [])
+    if required not in ([], [name]) or not isinstance(inner, dict) or inner.get("type", "string") != "string":
+        return None
+    if {k for k in inner if keywords.asserts(inner, k)} - {"const", "enum", "type"}:
+        return None
+    literals = _string_literals(inner)
+    if len(literals) != 1 or ("const" in inner and "enum" in inner):
+        return None
+    return name, next(iter(literals)), bool(required), "type" in cond
+
+
+def _string_literals(node: dict[str, Any]) -> set[str]:
+    """The strings ``node``'s const or enum allow, when it allows only strings by them (else
+    an empty set)."""
+    values = [node["const"]] if "const" in node else node.get("enum")
+    if not isinstance(values, list) or not values or not all(isinstance(v, str) for v in values):
+        return set()
+    return set(values)
 
 
 def _both(a: Any, b: Any) -> Any:
