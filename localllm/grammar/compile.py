@@ -32,7 +32,7 @@ import itertools
 import json
 import math
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -1458,7 +1458,15 @@ class _Compiler:
         merged: dict[str, Any] = {k: v for k, v in node.items() if k != "allOf"}
         seen: set[str] = set()
         if "if" in self.vocabulary:
-            comps = _switch(node, comps)
+
+            def objects_only(schema: Any) -> bool:
+                try:
+                    kinds = self.kinds(self.flat(schema, path))
+                except _Refuse:
+                    return False
+                return kinds is not None and kinds <= {"object"}
+
+            comps = _switch(node, comps, objects_only)
         for comp in self.flatten(comps, path, depth, frozenset(bare), seen):
             merged = self.merge(merged, comp, path)
         return merged, frozenset(bare) | frozenset(seen)
@@ -3629,15 +3637,16 @@ def _disjoint_patterns(a: str, b: str) -> bool:
     return pa[:n] != pb[:n]
 
 
-def _switch(node: dict[str, Any], comps: list[Any]) -> list[Any]:
+def _switch(node: dict[str, Any], comps: list[Any], objects_only: Callable[[Any], bool]) -> list[Any]:
     """``comps`` with its ``if``/``then``/``else`` components keyed on one property's string
     ``const`` (``if: {properties: {kind: {const: "a"}}}, then: …``, one per value) as one
     ``anyOf`` with a branch per value, one for any other value and one for the property
     absent: the same values. Distributed one by one, n such components give 2^n
     alternatives (each ``if`` or its negation), which past six pass every budget, though at
-    most one ``if`` can hold. Only where the schema admits objects alone (every branch is an
-    object: on any other value the ``if``s hold, or fail, all together), and only for
-    components holding nothing else."""
+    most one ``if`` can hold. Only where the schema admits objects alone (``objects_only`` of
+    the node or a component other than these, refs followed; every branch is an object: on any
+    other value the ``if``s hold, or fail, all together), and only for components holding
+    nothing else."""
     group: dict[int, tuple[str, bool, bool]] = {}  # index -> (const, if requires the key, if typed)
     key: str | None = None
     for i, comp in enumerate(comps):
@@ -3653,7 +3662,7 @@ def _switch(node: dict[str, Any], comps: list[Any]) -> list[Any]:
     elses = {i: comps[i].get("else", True) for i in group}
     # a value that is not an object: every "if" holds (untyped) or fails (typed) at once
     rest = [node, *(c for i, c in enumerate(comps) if i not in group)]
-    if not any(map(_objects_only, rest)) and (typed or not any(map(_objects_only, thens.values()))):
+    if not any(map(objects_only, rest)) and (typed or not any(map(objects_only, thens.values()))):
         return comps
 
     def branch(head: dict[str, Any], parts: list[Any]) -> dict[str, Any]:
@@ -3679,10 +3688,6 @@ def _switch(node: dict[str, Any], comps: list[Any]) -> list[Any]:
 
 
 _SWITCH_IF = frozenset({"properties", "required", "type"})
-
-
-def _objects_only(node: Any) -> bool:
-    return isinstance(node, dict) and node.get("type") in ("object", ["object"])
 
 
 def _switch_case(comp: Any) -> tuple[str, str, bool, bool] | None:

@@ -145,3 +145,21 @@ def test_a_component_that_is_not_a_plain_case_leaves_the_chain_distributed(chang
     values = candidates(3)
     rng.shuffle(values)
     assert [v for v in values if grammar.matches(json.dumps(v, separators=(",", ":"))) is not check.is_valid(v)] == []
+
+
+def test_the_object_type_may_come_from_a_referenced_component() -> None:
+    # v2ray's v4-config: `allOf: [{$ref: base}, {if: {type: object, …}, then: …}, …]`, the
+    # node itself untyped; a non-object fails the ref, so every branch may be an object
+    schema = chain(8, node_typed=False, if_typed=True, node_required=False)
+    schema["$defs"] = {"base": {"type": "object"}}
+    schema["allOf"].insert(0, {"$ref": "#/$defs/base"})
+    compiled = compile_schema(schema)
+    assert compiled.exact, compiled.refusals  # before: more than 64 alternatives
+    grammar = Grammar.parse(compiled.grammar or "")
+    check = validator(schema)
+    values = candidates(8)
+    assert [v for v in values if grammar.matches(json.dumps(v, separators=(",", ":"))) is not check.is_valid(v)] == []
+    assert invalid_walks(schema, compiled, 100, seed=8) == []
+    # the same ref to a schema that admits strings too leaves the chain distributed (refused)
+    schema["$defs"]["base"] = {"type": ["object", "string"]}
+    assert not compile_schema(schema).exact
