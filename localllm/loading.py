@@ -11,6 +11,7 @@ sits above it *and* above :mod:`localllm.schema`, :mod:`localllm.grammar` and
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -197,15 +198,17 @@ def _check_schemas(draft: Draft) -> None:
     """Each static gate schema parses, its ``$ref``s stay inside, and a ``decide`` gate on a
     ``grammar: true`` local model stays inside the llama.cpp grammar subset."""
     from localllm.errors import SchemaError
-    from localllm.schema import read_schema_file, ref_problems
+    from localllm.schema import bundle_file_refs, read_schema_file, ref_problems
 
+    # each file read once, however many gates and checks (refs, bundle) reach it; read-only
+    read = functools.cache(read_schema_file)
     for gate in draft.gates.values():
         if gate.schema_path is None:
             continue
         key = f"gates.{gate.name}.with.schema"
         try:
-            schema = read_schema_file(gate.schema_path)
-            issues = ref_problems(gate.schema_path, draft.ctx.base_dir)
+            schema = read(gate.schema_path)
+            issues = ref_problems(gate.schema_path, draft.ctx.base_dir, read)
         except SchemaError as exc:
             draft.problems.add(key, str(exc))
             continue
@@ -231,10 +234,9 @@ def _check_schemas(draft: Draft) -> None:
         ):
             continue
         from localllm.grammar import format_violation, unenforced
-        from localllm.schema import bundle_file_refs
 
         # the grammar is compiled from what the agent is sent: the file refs made local
-        bundled = bundle_file_refs(gate.schema_path, draft.ctx.base_dir, read_schema_file)
+        bundled = bundle_file_refs(gate.schema_path, draft.ctx.base_dir, read)
         for violation in unenforced(bundled, compiled=decl.grammar is True):
             draft.problems.add(
                 key,

@@ -147,7 +147,7 @@ def _resolve_pointer(doc: Any, fragment: str) -> Any:
     return node
 
 
-def ref_problems(schema_path: Path, root: Path) -> list[str]:
+def ref_problems(schema_path: Path, root: Path, read: Callable[[Path], dict[str, Any]] = read_schema_file) -> list[str]:
     """Every unresolvable or out-of-tree ``$ref`` reachable from ``schema_path``.
 
     Returns messages like ``$.properties.a: $ref "../x.json" points outside <root>``;
@@ -161,7 +161,7 @@ def ref_problems(schema_path: Path, root: Path) -> list[str]:
         """The parsed file (each read once); ``_MISSING`` after recording why not."""
         if path not in docs:
             try:
-                docs[path] = read_schema_file(path)
+                docs[path] = read(path)
             except SchemaError as exc:
                 problems.append(str(exc))
                 docs[path] = _MISSING

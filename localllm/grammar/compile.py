@@ -3717,10 +3717,8 @@ def _switch_case(comp: Any) -> tuple[str, str, bool, bool] | None:
 def _string_literals(node: dict[str, Any]) -> set[str]:
     """The strings ``node``'s const or enum allow, when it allows only strings by them (else
     an empty set)."""
-    values = [node["const"]] if "const" in node else node.get("enum")
-    if not isinstance(values, list) or not values or not all(isinstance(v, str) for v in values):
-        return set()
-    return set(values)
+    values = _literal_values(node) or []
+    return set(values) if all(isinstance(v, str) for v in values) else set()
 
 
 def _both(a: Any, b: Any) -> Any:
