@@ -206,8 +206,15 @@ def _check_schemas(draft: Draft) -> None:
         if gate.schema_path is None:
             continue
         key = f"gates.{gate.name}.with.schema"
+        from localllm.grammar.compile import meta_problem
+
         try:
-            schema = read(gate.schema_path)
+            # the meta-schema first: the ref check reads $id and $ref as the meta-schema types them
+            invalid = meta_problem(read(gate.schema_path), formats=False)
+            if invalid is not None:  # before: `check` said ok and the call raised jsonschema's own error
+                where, reason = invalid
+                draft.problems.add(key, f"{gate.schema_path}: not a valid JSON Schema at {where}: {reason}")
+                continue
             issues = ref_problems(gate.schema_path, draft.ctx.base_dir, read)
         except SchemaError as exc:
             draft.problems.add(key, str(exc))
@@ -217,13 +224,6 @@ def _check_schemas(draft: Draft) -> None:
             continue
         for issue in issues:
             draft.problems.add(key, issue)
-        from localllm.grammar.compile import meta_problem
-
-        invalid = meta_problem(schema, formats=False)
-        if invalid is not None:  # before: `check` said ok and the call raised jsonschema's own error
-            where, reason = invalid
-            draft.problems.add(key, f"{gate.schema_path}: not a valid JSON Schema at {where}: {reason}")
-            continue
         decl = draft.agents.get(gate.agent)
         if (
             issues

@@ -1,8 +1,9 @@
 """JSON Schema loading (file ``$ref``s rooted at the config directory) and validation.
 
 Schemas are loaded and compiled once per ``SchemaSet`` (one per Config). File ``$ref``s
-resolve relative to the referring schema's file and must stay inside the root directory;
-an absolute, remote or escaping ref is a load-time problem (:func:`ref_problems`), never a
+resolve relative to the referring schema's file (or the enclosing ``$id``, as validation
+resolves them) and must stay inside the root directory; a remote ref no schema in the
+document declares, or an escaping one, is a load-time problem (:func:`ref_problems`), never a
 call-time surprise. Validation failures become ``AgentError(schema_invalid)`` with the
 JSON path of the offending value and the failed constraint.
 """
@@ -17,7 +18,7 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urldefrag, urlparse
+from urllib.parse import unquote, urldefrag, urljoin, urlparse, urlsplit
 
 from localllm._fs import TEXT_LIMIT, read_capped
 from localllm.errors import AgentError, ErrorKind, SchemaError, truncate_detail
@@ -106,20 +107,32 @@ def read_schema_file(path: Path) -> dict[str, Any]:
 _SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "dependentSchemas", "patternProperties"})
 
 
-def _schema_nodes(node: Any, pointer: str = "$", *, names: bool = False) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Yield (json-path, object) for every object in a schema position of ``node``
+def _schema_nodes(node: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Yield (json-path, object) for every object in a schema position of ``node``."""
+    for pointer, schema, _ in _scoped_nodes(node, "", None):
+        yield pointer, schema
+
+
+def _scoped_nodes(
+    node: Any, base: str, id_of: Callable[[Any], str | None] | None, pointer: str = "$", names: bool = False
+) -> Iterator[tuple[str, dict[str, Any], str]]:
+    """Yield (json-path, object, base URI) for every object in a schema position of ``node``
     (``names``: ``node`` maps names to subschemas, so a property *named* ``enum`` is a
-    subschema, not data; ``const``/``enum``/``default``/``examples`` hold data)."""
+    subschema, not data; ``const``/``enum``/``default``/``examples`` hold data). ``id_of``, a
+    dialect's reading of ``$id`` (draft 4: ``id``), moves the base as validation does."""
     if isinstance(node, dict):
         if not names:
-            yield pointer, node
+            found = id_of(node) if id_of is not None else None
+            if found:
+                base = urldefrag(urljoin(base, found))[0]
+            yield pointer, node, base
         for key in sorted(node):
             if not names and key in ("const", "enum", "default", "examples"):
                 continue  # data, not subschemas
-            yield from _schema_nodes(node[key], f"{pointer}.{key}", names=not names and key in _SCHEMA_MAPS)
+            yield from _scoped_nodes(node[key], base, id_of, f"{pointer}.{key}", not names and key in _SCHEMA_MAPS)
     elif isinstance(node, list):
         for i, item in enumerate(node):
-            yield from _schema_nodes(item, f"{pointer}[{i}]")
+            yield from _scoped_nodes(item, base, id_of, f"{pointer}[{i}]")
 
 
 def _iter_refs(node: Any) -> Iterator[tuple[str, str]]:
@@ -128,6 +141,31 @@ def _iter_refs(node: Any) -> Iterator[tuple[str, str]]:
         ref = schema.get("$ref")
         if isinstance(ref, str):
             yield pointer, ref
+
+
+def _not_a_uri(value: str) -> str | None:
+    """Why ``value`` is not a URI reference a ref or ``$id`` can hold (``None``: it is one)."""
+    if "\x00" in unquote(value):
+        return "it holds a NUL character"
+    try:
+        urlsplit(value)
+    except ValueError as exc:  # "http://[x": Invalid IPv6 URL
+        return str(exc)
+    return None
+
+
+def _uri_problems(doc: Any, where: object, id_key: str = "$id") -> list[str]:
+    """Each ``$ref``, ``$id`` (``id_key``: draft 4 spells it ``id``) or anchor of ``doc`` that
+    is not a string URI reference (resolving through it would raise), named in ``where``."""
+    found = []
+    for pointer, node in _schema_nodes(doc):
+        for key in (id_key, "$ref", "$dynamicRef", "$anchor", "$dynamicAnchor"):
+            if key in node:
+                value = node[key]
+                bad = _not_a_uri(value) if isinstance(value, str) else f"not a string: {value!r}"
+                if bad:
+                    found.append(f"{where}: {pointer}.{key}: {bad}; a {key} must be a URI reference")
+    return found
 
 
 def _resolve_pointer(doc: Any, fragment: str) -> Any:
@@ -177,7 +215,15 @@ def ref_problems(schema_path: Path, root: Path, read: Callable[[Path], dict[str,
         doc = load(path)
         if doc is _MISSING:
             continue
+        if any(_IDENTITY_KEYS & node.keys() or isinstance(node.get("id"), str) for _, node in _schema_nodes(doc)):
+            # an $id moves the base refs resolve against and an anchor names a schema: resolve
+            # as validation does (referencing, whose import the plain case does without)
+            return _resolved_ref_problems(schema_path.resolve(), root, read)
         where = path.relative_to(root) if path.is_relative_to(root) else path
+        bad = _uri_problems(doc, where)
+        if bad:
+            problems.extend(bad)
+            continue
         for pointer, ref in _iter_refs(doc):
             url, fragment = urldefrag(ref)
             target_doc = doc
@@ -209,6 +255,105 @@ def ref_problems(schema_path: Path, root: Path, read: Callable[[Path], dict[str,
 _IDENTITY_KEYS = frozenset({"$id", "$anchor", "$dynamicAnchor", "$dynamicRef", "$recursiveAnchor", "$recursiveRef"})
 
 
+def _resolved_ref_problems(schema_path: Path, root: Path, read: Callable[[Path], dict[str, Any]]) -> list[str]:
+    """:func:`ref_problems` for documents with an ``$id`` or anchor: each ref looked up as
+    validation looks it up (from the base its enclosing ``$id``s give, embedded resources and
+    anchors found, files read through the same rules as :meth:`SchemaSet._registry`)."""
+    from referencing import Registry, Resource, Specification
+    from referencing.exceptions import NoSuchResource, Unresolvable
+    from referencing.jsonschema import DRAFT202012, specification_with
+
+    problems: list[str] = []
+    reached: list[Path] = [schema_path]
+    dialect: Specification[Any] = DRAFT202012
+    try:
+        dialect = specification_with(str(read(schema_path).get("$schema", "")), default=DRAFT202012)
+    except SchemaError as exc:
+        return [str(exc)]
+
+    # each file reached, in its dialect (a file without $schema: the root's); None: unreadable,
+    # or an $id that is no URI
+    resources: dict[Path, tuple[Resource[Any], Specification[Any]] | None] = {}
+
+    def retrieve(uri: str) -> Resource[Any]:
+        parsed = urlparse(uri)
+        target = Path(unquote(parsed.path)).resolve()
+        if parsed.scheme != "file" or not target.is_relative_to(root) or not target.is_file():
+            raise NoSuchResource(ref=uri)  # type: ignore[call-arg]
+        if target not in resources:
+            resources[target] = resource_of(target)
+            reached.append(target)  # its own refs are checked in turn
+        found = resources[target]
+        if found is None:
+            raise NoSuchResource(ref=uri)  # type: ignore[call-arg]
+        return found[0]
+
+    def resource_of(path: Path) -> tuple[Resource[Any], Specification[Any]] | None:
+        try:
+            contents = read(path)
+        except SchemaError as exc:
+            problems.append(str(exc))
+            return None
+        spec = specification_with(str(contents.get("$schema", "")), default=dialect)
+        where = path.relative_to(root) if path.is_relative_to(root) else path
+        id_key = "id" if spec.id_of({"id": "x"}) else "$id"  # draft 4 spells it "id"
+        bad = _uri_problems(contents, where, id_key)
+        problems.extend(bad)
+        return None if bad else (spec.create_resource(contents), spec)
+
+    resources[schema_path] = resource_of(schema_path)
+    for path in reached:  # grows as lookups reach other files
+        found = resources[path]
+        if found is None:
+            continue
+        resource, spec = found
+        registry = Registry(retrieve=retrieve).with_resource(path.as_uri(), resource).crawl()  # type: ignore[call-arg]
+        where = path.relative_to(root) if path.is_relative_to(root) else path
+        for pointer, schema, base in _scoped_nodes(resource.contents, path.as_uri(), spec.id_of):
+            ref = schema.get("$ref")
+            if not isinstance(ref, str):
+                continue
+            resolver = registry.resolver(base_uri=base)
+            try:
+                resolver.lookup(ref)
+                continue
+            except Unresolvable:
+                pass
+            url = urldefrag(ref)[0]
+            target_uri = urldefrag(urljoin(base, url))[0]
+            parsed = urlparse(target_uri)
+            target = Path(unquote(parsed.path)).resolve()
+            if not url or _found(resolver, target_uri):
+                problems.append(f"{where}: {pointer}: $ref {ref!r} does not resolve")
+            elif parsed.scheme == "file" and not target.is_relative_to(root):
+                problems.append(f"{where}: {pointer}: $ref {ref!r} points outside the config directory {root}")
+            elif parsed.scheme == "file" and not target.is_file():
+                problems.append(f"{where}: {pointer}: $ref {ref!r}: file {target} not found")
+            elif parsed.scheme != "file" and not urlparse(url).scheme:
+                problems.append(
+                    f"{where}: {pointer}: $ref {ref!r} resolves against the $id {base!r} to {target_uri!r}, "
+                    "which no schema here declares; drop that $id (refs then resolve against the file) "
+                    "or give the ref's target that $id"
+                )
+            elif parsed.scheme != "file":
+                problems.append(
+                    f"{where}: {pointer}: $ref {ref!r} is absolute or remote and no schema here declares it "
+                    "as its $id; use a path relative to the schema file inside the config directory"
+                )
+            # else: the file is unreadable or has a bad $id, recorded by retrieve
+    return problems
+
+
+def _found(resolver: Any, uri: str) -> bool:
+    from referencing.exceptions import Unresolvable
+
+    try:
+        resolver.lookup(uri)
+    except Unresolvable:
+        return False
+    return True
+
+
 class _NotBundled(Exception):
     pass
 
@@ -232,7 +377,7 @@ def bundle_file_refs(path: Path, root: Path, load: Callable[[Path], dict[str, An
         return doc
     try:
         return _bundled(path, root.resolve(), doc, load)
-    except (_NotBundled, SchemaError, RecursionError, OSError):
+    except (_NotBundled, SchemaError, RecursionError, OSError, ValueError):  # ValueError: a ref no URI
         return doc
 
 
@@ -245,6 +390,8 @@ def _bundled(path: Path, root: Path, doc: dict[str, Any], load: Callable[[Path],
     if not isinstance(defs, dict):
         raise _NotBundled
     dialect = doc.get("$schema")
+    # draft 3 and 4 spell $id "id"
+    identity = _IDENTITY_KEYS | {"id"} if re.search(r"draft-0[34]/", str(dialect)) else _IDENTITY_KEYS
     keys: dict[Path, str] = {path: ""}
     pending: list[tuple[Path, dict[str, Any]]] = [(path, out)]
 
@@ -273,7 +420,7 @@ def _bundled(path: Path, root: Path, doc: dict[str, Any], load: Callable[[Path],
         # the objects listed before any ref is rewritten: files copied into $defs meanwhile
         # are walked on their own, with their own base
         for _, schema in list(_schema_nodes(node)):
-            if _IDENTITY_KEYS & schema.keys():
+            if identity & schema.keys():
                 raise _NotBundled
             ref = schema.get("$ref")
             if not isinstance(ref, str):
@@ -357,11 +504,19 @@ class SchemaSet:
         invalid = meta_problem(schema, formats=False)
         if invalid is not None:  # jsonschema would raise its own AttributeError/TypeError mid-validation
             raise SchemaError(f"{base}: not a valid JSON Schema at {invalid[0]}: {invalid[1]}", hint="fix the schema")
-        doc = dict(schema)
-        doc.setdefault("$id", base.resolve().as_uri())
         from localllm.grammar.bounded import bounded_validator
 
-        cls = bounded_validator(validator_for(doc))  # patterns, uniqueItems, multipleOf bounded
+        cls = bounded_validator(validator_for(schema))  # patterns, uniqueItems, multipleOf bounded
+        # the file is the document's retrieval URI: its base, or what a relative $id resolves
+        # against (draft 4 reads "id"; a fragment-only draft-7 "$id" is an anchor, left alone)
+        doc, id_key = dict(schema), "id" if cls.ID_OF({"id": "x"}) else "$id"
+        for problem in _uri_problems(schema, base, id_key):  # resolving through it would raise ValueError
+            raise SchemaError(problem)
+        own = doc.get(id_key)
+        if not isinstance(own, str):
+            doc[id_key] = base.resolve().as_uri()
+        elif urldefrag(own)[0]:
+            doc[id_key] = urljoin(base.resolve().as_uri(), own)
         from referencing.jsonschema import specification_with
 
         dialect = specification_with(str(cls.META_SCHEMA.get("$schema") or cls.META_SCHEMA.get("$id")))
