@@ -10,6 +10,7 @@ JSON path of the offending value and the failed constraint.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -123,8 +124,8 @@ def _scoped_nodes(
     if isinstance(node, dict):
         if not names:
             found = id_of(node) if id_of is not None else None
-            if found:
-                base = urldefrag(urljoin(base, found))[0]
+            if isinstance(found, str):
+                base = urljoin(base, found.rstrip("#"))  # as referencing's Resolver.in_subresource
             yield pointer, node, base
         for key in sorted(node):
             if not names and key in ("const", "enum", "default", "examples"):
@@ -215,15 +216,14 @@ def ref_problems(schema_path: Path, root: Path, read: Callable[[Path], dict[str,
         doc = load(path)
         if doc is _MISSING:
             continue
-        if any(_IDENTITY_KEYS & node.keys() or isinstance(node.get("id"), str) for _, node in _schema_nodes(doc)):
-            # an $id moves the base refs resolve against and an anchor names a schema: resolve
-            # as validation does (referencing, whose import the plain case does without)
-            return _resolved_ref_problems(schema_path.resolve(), root, read)
         where = path.relative_to(root) if path.is_relative_to(root) else path
         bad = _uri_problems(doc, where)
         if bad:
             problems.extend(bad)
             continue
+        if any(_needs_registry(node) for _, node in _schema_nodes(doc)):
+            # resolve as validation does (referencing, whose import the plain case does without)
+            return _resolved_ref_problems(schema_path.resolve(), root, read)
         for pointer, ref in _iter_refs(doc):
             url, fragment = urldefrag(ref)
             target_doc = doc
@@ -255,6 +255,18 @@ def ref_problems(schema_path: Path, root: Path, read: Callable[[Path], dict[str,
 _IDENTITY_KEYS = frozenset({"$id", "$anchor", "$dynamicAnchor", "$dynamicRef", "$recursiveAnchor", "$recursiveRef"})
 
 
+def _needs_registry(node: dict[str, Any]) -> bool:
+    """Does resolving refs in ``node``'s document take more than files and pointers: an
+    ``$id`` (draft 4: ``id``) moving the base, an anchor, or an absolute ref (which may name
+    an embedded resource or a meta-schema validation knows)?"""
+    ref = node.get("$ref")
+    return bool(
+        _IDENTITY_KEYS & node.keys()
+        or isinstance(node.get("id"), str)
+        or (isinstance(ref, str) and urlsplit(ref).scheme)
+    )
+
+
 def _resolved_ref_problems(schema_path: Path, root: Path, read: Callable[[Path], dict[str, Any]]) -> list[str]:
     """:func:`ref_problems` for documents with an ``$id`` or anchor: each ref looked up as
     validation looks it up (from the base its enclosing ``$id``s give, embedded resources and
@@ -262,6 +274,11 @@ def _resolved_ref_problems(schema_path: Path, root: Path, read: Callable[[Path],
     from referencing import Registry, Resource, Specification
     from referencing.exceptions import NoSuchResource, Unresolvable
     from referencing.jsonschema import DRAFT202012, specification_with
+
+    from localllm import _jsonschema
+
+    _jsonschema.prepare()  # before jsonschema's first import: see localllm/_jsonschema.py
+    from jsonschema_specifications import REGISTRY as SPECIFICATIONS
 
     problems: list[str] = []
     reached: list[Path] = [schema_path]
@@ -307,7 +324,12 @@ def _resolved_ref_problems(schema_path: Path, root: Path, read: Callable[[Path],
         if found is None:
             continue
         resource, spec = found
-        registry = Registry(retrieve=retrieve).with_resource(path.as_uri(), resource).crawl()  # type: ignore[call-arg]
+        # the meta-schemas too: validation resolves a ref to one offline
+        registry = SPECIFICATIONS.combine(Registry(retrieve=retrieve)).with_resource(path.as_uri(), resource)  # type: ignore[call-arg]
+        with contextlib.suppress(TypeError, AttributeError):
+            # a subschema malformed for its dialect (a draft-4 `false`, a draft-7 `dependencies`
+            # array) trips referencing's crawl; lookups then crawl only as far as validation does
+            registry = registry.crawl()
         where = path.relative_to(root) if path.is_relative_to(root) else path
         for pointer, schema, base in _scoped_nodes(resource.contents, path.as_uri(), spec.id_of):
             ref = schema.get("$ref")
@@ -319,6 +341,12 @@ def _resolved_ref_problems(schema_path: Path, root: Path, read: Callable[[Path],
                 continue
             except Unresolvable:
                 pass
+            except (TypeError, AttributeError) as exc:  # see the crawl above: validation would fail the same way
+                problems.append(
+                    f"{where}: {pointer}: $ref {ref!r} cannot be looked up: a subschema of the document is "
+                    f"malformed for its dialect ({exc})"
+                )
+                continue
             url = urldefrag(ref)[0]
             target_uri = urldefrag(urljoin(base, url))[0]
             parsed = urlparse(target_uri)
@@ -438,6 +466,13 @@ def _bundled(path: Path, root: Path, doc: dict[str, Any], load: Callable[[Path],
     return out
 
 
+def _error_order(error: Any) -> tuple[list[tuple[int, int, str]], str]:
+    """Sort key of a validation error: by instance path, then keyword. An error of a ``false``
+    schema has no keyword (``None``, which does not compare with a string)."""
+    path = [(0, p, "") if isinstance(p, int) else (1, 0, str(p)) for p in error.absolute_path]
+    return path, error.validator or ""
+
+
 class SchemaSet:
     """Schemas of one config, loaded and compiled once, with file refs rooted at ``root``."""
 
@@ -550,7 +585,7 @@ class SchemaSet:
 
         validator = self.validator(schema, base=base)
         try:
-            errors = sorted(validator.iter_errors(value), key=lambda e: (list(e.absolute_path), e.validator))
+            errors = sorted(validator.iter_errors(value), key=_error_order)
         except re.error as exc:  # an ECMA-only pattern (named groups, inline flags) Python cannot compile
             detail = f"the schema's pattern cannot be checked ({exc}); rewrite it without ECMA-only syntax"
             raise AgentError(ErrorKind.SCHEMA_INVALID, detail) from exc
@@ -569,7 +604,9 @@ class SchemaSet:
             first = errors[0]
             path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first.absolute_path)
             got = "null" if value is None and not first.absolute_path else None
-            detail = f"{path}: {first.validator} constraint failed: {first.message}"
+            detail = (
+                f"{path}: {first.validator or 'false'} constraint failed: {first.message}"  # None: a `false` schema
+            )
             if got:
                 detail = f"{path}: submission is JSON null: {first.message}"
             if len(errors) > 1:

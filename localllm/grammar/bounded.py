@@ -159,7 +159,28 @@ def bounded_validator(cls: Any) -> Any:
     validator.__name__ = validator.__qualname__ = cls.__name__  # the same draft (callers read its name)
     validator._UNBOUNDED = cls.VALIDATORS
     validator.__init__ = _no_retrieval(validator.__init__)
+    validator.descend = _false_with_path(validator.descend)
     return validator
+
+
+def _false_with_path(descend: Any) -> Any:
+    """``descend`` whose error for a ``false`` subschema carries the path it was given:
+    jsonschema's returns that error before adding it, so an answer failing
+    ``properties: {b: false}`` at ``b`` was reported at ``$`` (jsonschema 4.26)."""
+
+    @functools.wraps(descend)
+    def wrapper(
+        self: Any, instance: Any, schema: Any, *, path: Any = None, schema_path: Any = None, resolver: Any = None
+    ) -> Any:
+        for error in descend(self, instance, schema, path=path, schema_path=schema_path, resolver=resolver):
+            if schema is False:
+                if path is not None:
+                    error.path.appendleft(path)
+                if schema_path is not None:
+                    error.schema_path.appendleft(schema_path)
+            yield error
+
+    return wrapper
 
 
 def _no_retrieval(init: Any) -> Any:

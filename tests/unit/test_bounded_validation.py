@@ -177,3 +177,42 @@ def test_a_remote_ref_is_never_fetched_by_any_validator(schema_host: SchemaHost,
     ):
         found = unresolvable_ref(dangling)
         assert found is not None and found[0] in ("$.items.$ref", "$.$ref"), dangling
+
+
+@pytest.mark.parametrize(
+    ("schema", "answer", "where"),
+    [
+        ({"properties": {"b": False}}, {"b": 1}, "$.b"),
+        ({"properties": {"a": {"properties": {"b": False}}}}, {"a": {"b": 2}}, "$.a.b"),
+        ({"prefixItems": [True, False]}, [1, 2], "$[1]"),
+        ({"patternProperties": {"^x": False}}, {"x": 1}, "$.x"),
+        ({"items": {"properties": {"k": False}}}, [{}, {"k": 0}], "$[1].k"),
+        ({"dependentSchemas": {"a": {"properties": {"b": False}}}}, {"a": 1, "b": 2}, "$.b"),
+    ],
+)
+def test_an_answer_failing_a_false_subschema_is_named_at_its_path(
+    tmp_path: Path, schema: dict[str, Any], answer: Any, where: str
+) -> None:
+    """jsonschema (4.26) gives a ``false`` subschema's error without the path it descended
+    into: every one of these was reported at ``$``."""
+    with pytest.raises(AgentError) as info:
+        SchemaSet(tmp_path).validate(json.dumps(answer), schema)
+    assert info.value.kind is ErrorKind.SCHEMA_INVALID
+    assert info.value.detail.startswith(f"{where}: false constraint failed")
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"required": ["a"], "allOf": [False]},
+        {"type": "object", "required": ["a"], "properties": {"b": False}},
+        {"anyOf": [{"required": ["a"]}], "not": {}, "allOf": [False]},
+    ],
+)
+def test_a_false_subschema_beside_another_failing_keyword_is_a_verdict(tmp_path: Path, schema: dict[str, Any]) -> None:
+    """Two errors at one path, one of them a ``false`` schema's (no keyword: ``None``) could
+    not be sorted: a ``TypeError`` came out of validation (JSON Schema Store's semgrep schema)."""
+    with pytest.raises(AgentError) as info:
+        SchemaSet(tmp_path).validate('{"b": 1}', schema)
+    assert info.value.kind is ErrorKind.SCHEMA_INVALID
+    assert "more)" in info.value.detail

@@ -68,6 +68,39 @@ RESOLVABLE: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
         {},
     ),
     (
+        "a draft-4 id in a scheme urljoin does not know",  # refused before: the base lost its "//"
+        _obj(
+            {"$ref": "#/definitions/n"},
+            **{"$schema": D4, "id": "classpath:///schemas/gate.json#", "definitions": {"n": INT}},
+        ),
+        {},
+    ),
+    (
+        "a ref into a meta-schema",  # refused before ("absolute or remote"): validation has them built in
+        _obj({"$ref": "http://json-schema.org/draft-07/schema#/definitions/nonNegativeInteger"}),
+        {},
+    ),
+    (
+        "a draft-4 resource holding a boolean schema, in a draft-7 document",  # crawl: TypeError
+        _obj(
+            {"$ref": "#/definitions/n"},
+            **{
+                "$schema": D7,
+                "$id": "gate.json",
+                "definitions": {"n": INT, "old": {"$schema": D4, "properties": {"x": True}}},
+            },
+        ),
+        {},
+    ),
+    (
+        "draft-7 dependencies mixing a schema and a property list",  # crawl: AttributeError
+        _obj(
+            {"$ref": "#/definitions/n"},
+            **{"$schema": D7, "$id": "gate.json", "definitions": {"n": INT}, "dependencies": {"a": {}, "c": ["a"]}},
+        ),
+        {},
+    ),
+    (
         "draft 6 with a file ref",
         _obj({"$ref": "common.json#/definitions/n"}, **{"$schema": D6}),
         {"common.json": {"definitions": {"n": INT}}},
@@ -264,3 +297,17 @@ def test_check_names_a_ref_that_is_no_uri(tmp_path: Path) -> None:
     assert [(p.key, "$.properties.a.$ref: Invalid IPv6 URL" in p.message) for p in info.value.problems] == [
         ("gates.g.with.schema", True)
     ]
+
+
+def test_an_anchor_behind_a_subschema_referencing_cannot_crawl_is_named(tmp_path: Path) -> None:
+    """Looking up an anchor crawls the document; where referencing's crawl trips over a
+    subschema (a draft-7 ``dependencies`` mixing a schema and a property list), validation
+    cannot resolve the ref either: a load problem, not a ``TypeError``/``AttributeError``."""
+    gate = _obj({"$ref": "#n"}, **{"$schema": D7, "definitions": {"n": {"$id": "#n", **INT}}})
+    root, path = _tree(tmp_path, gate, {})
+    assert ref_problems(path, root) == []
+    gate["dependencies"] = {"a": {}, "c": ["a"]}
+    root, path = _tree(tmp_path / "tripped", gate, {})
+    found = ref_problems(path, root)
+    assert len(found) == 1
+    assert found[0].startswith("gate.json: $.properties.a: $ref '#n' cannot be looked up")
