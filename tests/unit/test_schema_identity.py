@@ -311,3 +311,21 @@ def test_an_anchor_behind_a_subschema_referencing_cannot_crawl_is_named(tmp_path
     found = ref_problems(path, root)
     assert len(found) == 1
     assert found[0].startswith("gate.json: $.properties.a: $ref '#n' cannot be looked up")
+
+
+REFS_SAMPLE = Path(__file__).parents[1] / "bench" / "data" / "jsonschemabench_refs.jsonl"
+
+
+@pytest.mark.parametrize(
+    "entry", [json.loads(line) for line in REFS_SAMPLE.read_text().splitlines()], ids=lambda e: e["id"]
+)
+def test_public_schemas_with_ids_and_anchors_load_and_give_their_labelled_verdicts(
+    tmp_path: Path, entry: dict[str, Any]
+) -> None:
+    """Schemas from JSON Schema Store and GitHub (JSONSchemaBench) that the load check refused,
+    misread, or that made validation raise: each now loads and gives every labelled instance
+    its label."""
+    root, path = _tree(tmp_path, entry["schema"], {})
+    assert ref_problems(path, root) == []
+    verdicts = [_verdict(root, path, test["data"]) for test in entry["tests"]]
+    assert verdicts == ["valid" if test["valid"] else "invalid" for test in entry["tests"]]
