@@ -119,9 +119,9 @@ _CHECKED_FORMATS = frozenset(
 )
 #: formats whose grammar admits only part of what the format allows (sound, narrower)
 _NARROWED_FORMATS = {
-    "hostname": "lowercase, at most 4 labels of at most 32 characters",
-    "email": "ASCII local part of at most 32 characters [A-Za-z0-9._+-] at a narrowed hostname",
-    "idn-email": "ASCII local part of at most 32 characters [A-Za-z0-9._+-] at a narrowed hostname",
+    "hostname": "lowercase, at most 4 labels of at most 32 characters, none with -- in its 3rd and 4th places",
+    "email": "ASCII local part of at most 3 dot-separated runs of at most 10 [A-Za-z0-9_+-] at a narrowed hostname",
+    "idn-email": "ASCII local part of at most 3 dot-separated runs of at most 10 [A-Za-z0-9_+-] at a narrowed hostname",
     "uri": "https, http, ftp or file://host/path only (at most 4 path segments, no query or fragment)",
     "uri-reference": "https, http, ftp or file://host/path only (at most 4 path segments, no query or fragment)",
     "iri": "https, http, ftp or file://host/path only (ASCII, at most 4 path segments, no query or fragment)",
@@ -182,9 +182,15 @@ _PRIMITIVES = {
     "uuid": 'hex{8} "-" hex{4} "-" hex{4} "-" hex{4} "-" hex{12}',
     "octet": '"25" [0-5] | "2" [0-4] [0-9] | "1" [0-9] [0-9] | [1-9] [0-9] | [0-9]',
     "ipv4": 'octet "." octet "." octet "." octet',
-    "label": "[a-z0-9] ( [a-z0-9-]{0,30} [a-z0-9] )?",
+    # 1 to 32 characters, no "--" in the 3rd and 4th places (an IDNA A-label's "xn--", or a
+    # reserved label: the hostname format refuses both unless a valid A-label)
+    "label": (
+        '[a-z0-9] ( [a-z0-9] | [a-z0-9-] [a-z0-9] | [a-z0-9-] ( [a-z0-9] | "-" ) [a-z0-9] '
+        '| [a-z0-9-] ( [a-z0-9] [a-z0-9-] | "-" [a-z0-9] ) [a-z0-9-]{0,27} [a-z0-9] )?'
+    ),
     "hostname": 'label ( "." label ){0,3}',
-    "email": '[A-Za-z0-9._+-]{1,32} "@" hostname',
+    # RFC 5321's dot-atoms: no dot first, last or twice
+    "email": '[A-Za-z0-9_+-]{1,10} ( "." [A-Za-z0-9_+-]{1,10} ){0,2} "@" hostname',
     "idn-email": "email",
     "uri": '( "https" | "http" | "ftp" | "file" ) "://" hostname ( "/" [A-Za-z0-9._~-]{0,20} ){0,4}',
     "uri-reference": "uri",

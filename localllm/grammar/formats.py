@@ -91,8 +91,10 @@ def _iri_checker(rule: str) -> Any:
 
 @functools.lru_cache(maxsize=16)
 def format_checker(cls: Any) -> Any:
-    """``cls.FORMAT_CHECKER`` (the draft's formats) with the IRI formats checked fast and
-    ``regex`` checked without a raw exception or a warning."""
+    """``cls.FORMAT_CHECKER`` (the draft's formats) with the IRI formats checked fast,
+    ``regex`` checked without a raw exception or a warning, and the formats whose checking
+    libraries admit what the JSON-Schema-Test-Suite calls invalid (or refuse what it calls
+    valid) checked here, as their RFCs' grammars say (:data:`_STRICT`)."""
     from localllm import _jsonschema
 
     _jsonschema.prepare()  # before jsonschema's first import: see localllm/_jsonschema.py
@@ -102,8 +104,17 @@ def format_checker(cls: Any) -> Any:
     checker.checkers = dict(cls.FORMAT_CHECKER.checkers)
     if "regex" in checker.checkers:
         checker.checkers["regex"] = (_is_regex, ())
-    if "uri-template" in checker.checkers:
-        checker.checkers["uri-template"] = (_uri_template(checker.checkers["uri-template"][0]), ())
+    strict = dict(_STRICT)
+    if "idn-hostname" not in checker.checkers:  # drafts 4 and 6 know no IDNA: RFC 1123 alone
+        strict["hostname"] = functools.partial(_is_hostname, idna_aware=False)
+    for name, check in strict.items():
+        if name in checker.checkers:  # only the formats this draft has
+            checker.checkers[name] = (_strings_only(check), ())
+    if "idn-hostname" in checker.checkers:
+        idn_hostname = _idn_hostname(_verdict(checker.checkers["idn-hostname"]))
+        checker.checkers["idn-hostname"] = (_strings_only(idn_hostname), ())
+        if "idn-email" in checker.checkers:
+            checker.checkers["idn-email"] = (_strings_only(_idn_email(idn_hostname)), ())
     try:
         import rfc3986_validator  # noqa: F401
     except ImportError:
@@ -111,7 +122,252 @@ def format_checker(cls: Any) -> Any:
     for name, rule in (("iri", "URI"), ("iri-reference", "URI_reference")):
         if name in checker.checkers:
             checker.checkers[name] = (_iri_checker(rule), ())
+    for name in ("uri", "uri-reference", "iri", "iri-reference"):
+        if name in checker.checkers:
+            checker.checkers[name] = (_strings_only(_uri_host_checked(_verdict(checker.checkers[name]))), ())
     return checker
+
+
+def _verdict(entry: tuple[Any, Any]) -> Any:
+    """A jsonschema checker entry (function, the exceptions that mean "no") as a predicate."""
+    check, raises = entry
+
+    def verdict(text: str) -> bool:
+        try:
+            return bool(check(text))
+        except raises:
+            return False
+
+    return verdict
+
+
+def _strings_only(check: Any) -> Any:
+    """A format constrains strings only: any other value passes."""
+
+    def checked(instance: object) -> bool:
+        return not isinstance(instance, str) or bool(check(instance))
+
+    return checked
+
+
+# RFC 3339 §5.6 (the T and Z in either case, as its note allows; a leap second only where
+# UTC reads 23:59)
+_TIME = re.compile(
+    r"([01][0-9]|2[0-3]):([0-5][0-9]):([0-5][0-9]|60)(?:\.[0-9]+)?(?:[Zz]|([+-])([01][0-9]|2[0-3]):([0-5][0-9]))"
+)
+_DATE = re.compile(r"([0-9]{4})-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])")
+
+
+def _is_time(text: str) -> bool:
+    found = _TIME.fullmatch(text)
+    if found is None:
+        return False
+    hour, minute, second, sign, off_hour, off_minute = found.groups()
+    if second != "60":
+        return True
+    offset = (int(off_hour) * 60 + int(off_minute)) * (1 if sign == "+" else -1) if sign else 0
+    return (int(hour) * 60 + int(minute) - offset) % 1440 == 23 * 60 + 59
+
+
+def _is_date(text: str) -> bool:
+    found = _DATE.fullmatch(text)
+    if found is None:
+        return False
+    year, month, day = (int(part) for part in found.groups())
+    leap = year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
+    return day <= (31, 29 if leap else 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)[month - 1]
+
+
+def _is_date_time(text: str) -> bool:
+    return text[10:11] in ("T", "t") and _is_date(text[:10]) and _is_time(text[11:])
+
+
+# RFC 3339 appendix A: whole numbers, each part followed only by the next smaller ones
+_DURATION = re.compile(
+    r"P(?:(?:[0-9]+D|[0-9]+M(?:[0-9]+D)?|[0-9]+Y(?:[0-9]+M(?:[0-9]+D)?)?)(?:T(?:[0-9]+S|[0-9]+M(?:[0-9]+S)?"
+    r"|[0-9]+H(?:[0-9]+M(?:[0-9]+S)?)?))?|T(?:[0-9]+S|[0-9]+M(?:[0-9]+S)?|[0-9]+H(?:[0-9]+M(?:[0-9]+S)?)?)|[0-9]+W)"
+)
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+# RFC 6901 after a non-negative integer, or "#" (draft-handrews-relative-json-pointer)
+_RELATIVE_POINTER = re.compile(r"(?:0|[1-9][0-9]*)(?:#|(?:/(?:[^/~]|~[01])*)*)")
+_LDH_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+def _is_hostname(text: str, *, idna_aware: bool = True) -> bool:
+    """RFC 1123 labels, no trailing dot; ``idna_aware`` (draft 7 on): a label with ``--`` in
+    its 3rd and 4th places must be a valid IDNA A-label (RFC 5890 §2.3.1, RFC 5891 §4.2.3.1)."""
+    if not text or len(text) > 253 or not text.isascii():
+        return False
+    for label in text.split("."):
+        if _LDH_LABEL.fullmatch(label) is None:
+            return False
+        if idna_aware and label[2:4] == "--" and not _is_a_label(label):
+            return False
+    return True
+
+
+def _is_a_label(label: str) -> bool:
+    try:
+        import idna
+
+        idna.decode(label.lower())
+    except ImportError:
+        return label[:4].lower() == "xn--"
+    except (UnicodeError, ValueError):  # idna.IDNAError is a UnicodeError
+        return False
+    return True
+
+
+# RFC 5321 §4.1.2 (RFC 6531 §3.3 adds any non-ASCII character to atext and qtext)
+_ATEXT = "A-Za-z0-9!#$%&'*+/=?^_`{|}~-"
+_LOCAL = re.compile(rf"[{_ATEXT}]+(?:\.[{_ATEXT}]+)*|\"(?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\[\x20-\x7e])*\"")
+_IDN_LOCAL = re.compile(
+    rf"[\x80-\U0010ffff{_ATEXT}]+(?:\.[\x80-\U0010ffff{_ATEXT}]+)*"  # _ATEXT ends with "-": last
+    r'|"(?:[\x20\x21\x23-\x5b\x5d-\x7e\x80-\U0010ffff]|\\[\x20-\x7e\x80-\U0010ffff])*"'
+)
+
+
+def _address_literal(domain: str) -> bool | None:
+    """An RFC 5321 address literal's verdict (``[1.2.3.4]``, ``[IPv6:::1]``); None when
+    ``domain`` is not one."""
+    if not (domain.startswith("[") and domain.endswith("]")):
+        return None
+    import ipaddress
+
+    inner = domain[1:-1]
+    try:
+        if inner[:5].lower() == "ipv6:":
+            ipaddress.IPv6Address(inner[5:])
+        else:
+            ipaddress.IPv4Address(inner)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_email(text: str) -> bool:
+    local, at, domain = text.rpartition("@")
+    if not at or len(local.encode()) > 64 or _LOCAL.fullmatch(local) is None:
+        return False
+    literal = _address_literal(domain)
+    return literal if literal is not None else _is_hostname(domain)
+
+
+def _idn_email(idn_hostname: Any) -> Any:
+    import unicodedata
+
+    def is_idn_email(text: str) -> bool:
+        local, at, domain = text.rpartition("@")
+        if not at or _IDN_LOCAL.fullmatch(local) is None:
+            return False
+        literal = _address_literal(domain)
+        # the test suite holds a domain not in NFC valid here, though not as an idn-hostname
+        return literal if literal is not None else bool(idn_hostname(unicodedata.normalize("NFC", domain)))
+
+    return is_idn_email
+
+
+_DOTS = ".\u3002\uff0e\uff61"  # the label separators of IDNA2008 (RFC 3490 §3.1)
+
+
+def _idn_hostname(check: Any) -> Any:
+    """idna's verdict, and: no trailing dot (any of the four), and in a Bidi domain name
+    (one with a right-to-left or Arabic-number character) every label meets the Bidi Rule
+    (RFC 5893 §2), not only the right-to-left ones, as idna checks."""
+
+    def is_idn_hostname(text: str) -> bool:
+        if not text or text[-1] in _DOTS or not check(text):
+            return False
+        import unicodedata
+
+        import idna
+
+        labels = re.split(f"[{_DOTS}]", text)
+        try:
+            labels = [idna.decode(label) if label[:4].lower() == "xn--" else label for label in labels]
+            if any(unicodedata.bidirectional(ch) in ("R", "AL", "AN") for label in labels for ch in label):
+                for label in labels:
+                    idna.check_bidi(label, check_ltr=True)
+        except (UnicodeError, ValueError):
+            return False
+        return True
+
+    return is_idn_hostname
+
+
+#: what a URI's authority is up to its host: the IP literal, if the host is one
+_IP_LITERAL = re.compile(r"(?:[A-Za-z][A-Za-z0-9+.-]*:)?//(?:[^/?#@\[\]]*@)?\[([^\]]*)\]")
+_IP_FUTURE = re.compile(r"[vV][0-9A-Fa-f]+\.[A-Za-z0-9._~!$&'()*+,;=:-]+")
+
+
+def _uri_host_checked(check: Any) -> Any:
+    """``check`` (rfc3986-validator's, or the IRI checker on it), and: no control character,
+    space or DEL anywhere (its regexes read ``$`` as "end, or before a final newline"); an
+    IPv6 literal read as the ``ipv6`` format reads one (no leading zero in an embedded IPv4
+    part); an IPvFuture's ``v`` in either case (RFC 3986 §3.2.2)."""
+
+    def checked(text: str) -> bool:
+        if any(ord(ch) < 0x21 or ord(ch) == 0x7F for ch in text):
+            return False
+        found = _IP_LITERAL.match(text)
+        if found is not None:
+            inner = found.group(1)
+            if _IP_FUTURE.fullmatch(inner):
+                text = text[: found.start(1)] + "v" + text[found.start(1) + 1 :]
+            else:
+                import ipaddress
+
+                try:
+                    ipaddress.IPv6Address(inner)
+                except ValueError:
+                    return False
+        return bool(check(text))
+
+    return checked
+
+
+_VARCHAR = "(?:[A-Za-z0-9_]|%[0-9A-Fa-f]{2})"
+_VARSPEC = rf"{_VARCHAR}+(?:\.{_VARCHAR}+)*(?::[1-9][0-9]{{0,3}}|\*)?"
+_EXPRESSION = re.compile(rf"[+#./;?&=,!@|]?{_VARSPEC}(?:,{_VARSPEC})*")
+# RFC 6570 §2.1 literals, the apostrophe included (as the JSON-Schema-Test-Suite reads it)
+_LITERAL = frozenset(chr(c) for c in (0x21, 0x23, 0x24, *range(0x26, 0x3C), 0x3D, *range(0x3F, 0x5C), 0x5D, 0x5F))
+_LITERAL |= frozenset(chr(c) for c in (*range(0x61, 0x7B), 0x7E))
+_HEX2 = re.compile(r"[0-9A-Fa-f]{2}")
+
+
+def _is_uri_template(text: str) -> bool:
+    """RFC 6570 §2 (level 4): literals, percent-encodings and ``{…}`` expressions, in one pass."""
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if ch == "{":
+            end = text.find("}", i)
+            if end < 0 or _EXPRESSION.fullmatch(text, i + 1, end) is None:
+                return False
+            i = end + 1
+        elif ch == "%":
+            if _HEX2.fullmatch(text, i + 1, i + 3) is None:
+                return False
+            i += 3
+        elif ch in _LITERAL or (ord(ch) >= 0x80 and _ucschar(ord(ch), in_query=True)):  # ucschar, iprivate
+            i += 1
+        else:
+            return False
+    return True
+
+
+#: the formats checked here instead of by a library, as their RFCs' grammars say (all ASCII)
+_STRICT: dict[str, Any] = {
+    "date": _is_date,
+    "time": _is_time,
+    "date-time": _is_date_time,
+    "duration": _DURATION.fullmatch,
+    "email": _is_email,
+    "hostname": _is_hostname,
+    "uuid": _UUID.fullmatch,
+    "relative-json-pointer": _RELATIVE_POINTER.fullmatch,
+    "uri-template": _is_uri_template,
+}
 
 
 def _is_regex(instance: object) -> bool:
@@ -124,15 +380,6 @@ def _is_regex(instance: object) -> bool:
         except (re.error, RecursionError, OverflowError, MemoryError):
             return False
     return True
-
-
-def _uri_template(check: Any) -> Any:
-    def is_uri_template(instance: object) -> bool:
-        if isinstance(instance, str) and "{" in instance[instance.rfind("}") + 1 :]:
-            return False  # an expression never closed
-        return bool(check(instance))
-
-    return is_uri_template
 
 
 def missing_formats(cls: Any) -> list[str]:
