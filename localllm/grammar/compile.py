@@ -43,7 +43,16 @@ from localllm.grammar.bounded import written
 from localllm.grammar.formats import format_checker
 from localllm.grammar.meta import meta_error
 from localllm.grammar.paths import child_path, pointer_tokens, resolve_pointer
-from localllm.grammar.pattern import MAX_STATES, PatternTooCostly, search, unsupported_reason
+from localllm.grammar.pattern import (
+    ECMA_DIGIT,
+    ECMA_LINE_TERMINATORS,
+    ECMA_SPACE,
+    ECMA_WORD,
+    MAX_STATES,
+    PatternTooCostly,
+    search,
+    unsupported_reason,
+)
 from localllm.wire import nesting
 
 MAX_DEPTH = 64
@@ -2490,11 +2499,10 @@ class _Compiler:
     def branches(self, pattern: str, path: str, *, exact: bool = False) -> list[Branch]:
         """``pattern``'s top-level alternatives as (anchored at the start, at the end, body).
 
-        The bodies match a subset of what ``re`` finds (Unicode classes read as ASCII, ``$``
-        at the very end only); ``^``/``$`` inside a body stay in it as ("bol",)/("eol",), which
-        only :meth:`product`'s automata read. ``exact`` (for a complement, where fewer would be more) reads
-        ``$`` as ``re`` does — the body may end with one newline — and refuses what the
-        tree cannot hold exactly (Unicode classes, ``$`` beside ``\\Z``)."""
+        The bodies match exactly what the validator finds (the pattern read as ECMA-262 reads
+        it: :class:`_RegexParser`); ``^``/``$`` inside a body stay in it as ("bol",)/("eol",),
+        which only :meth:`product`'s automata read. ``exact`` (for a complement, where fewer
+        would be more) refuses those inner anchors."""
         try:
             re.compile(pattern)
         except (re.error, OverflowError, RecursionError) as exc:
@@ -2504,10 +2512,6 @@ class _Compiler:
             tree = parser.parse()
         except _RegexUnsupported as exc:
             raise _Refuse(path, "pattern", f"pattern {_q(pattern)} {exc}") from None
-        if exact and (parser.narrowed or len(parser.ends) > 1):
-            why = "\\d, \\w or \\s (Unicode classes)" if parser.narrowed else "both $ and \\Z"
-            raise _Refuse(path, "not", f"the negation of pattern {_q(pattern)} is not compiled: it uses {why}")
-        newline = exact and parser.ends == {"$"}
         out: list[Branch] = []
         for branch in tree[1] if tree[0] == "alt" else [tree]:
             items = list(branch[1]) if branch[0] == "cat" else [branch]
@@ -2521,8 +2525,6 @@ class _Compiler:
             if exact and _has_anchor(body):
                 why = f"the negation of pattern {_q(pattern)} is not compiled: it has ^ or $ inside"
                 raise _Refuse(path, "not", why)
-            if end and newline:
-                body = ("cat", [*items, ("rep", ("set", [(0x0A, 0x0A)]), 0, 1)])
             out.append((start, end, body))
         return out
 
@@ -3524,9 +3526,7 @@ def _literal_searches(pattern: str) -> tuple[_Search, ...] | None:
         literal = _pattern_literal(body)
         if not literal or "\n" in literal or len(literal) > MAX_AVOIDED:
             return None
-        out.append((literal, head, tail))
-        if tail:  # Python's "$" also matches before a final newline
-            out.append((literal + "\n", head, True))
+        out.append((literal, head, tail))  # "$": the very end, as ECMA-262 reads it
     return tuple(out)
 
 
@@ -3768,10 +3768,9 @@ _asserts = keywords.asserts
 # ---------------------------------------------------------------------------- regular expressions
 
 _MAX_CP = 0x10FFFF
-_DIGITS = [(0x30, 0x39)]
-_WORD = [(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)]
-_SPACE = [(0x09, 0x0D), (0x1C, 0x20)]
-_ASCII = [(0, 0x7F)]
+# a JSON Schema pattern is an ECMA-262 regex: its classes, as the validator reads them
+_DIGITS, _WORD, _SPACE = list(ECMA_DIGIT), list(ECMA_WORD), list(ECMA_SPACE)
+_LINE_TERMINATORS = list(ECMA_LINE_TERMINATORS)
 _JSON_ESCAPES = {0x22: '\\"', 0x5C: "\\\\", 0x08: "\\b", 0x0C: "\\f", 0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t"}
 # what may appear raw inside a JSON string: no quote, backslash, control, DEL or surrogate
 _RAW_OK = [(0x20, 0x21), (0x23, 0x5B), (0x5D, 0x7E), (0x80, 0xD7FF), (0xE000, _MAX_CP)]
@@ -3937,21 +3936,17 @@ def _regex_lengths(node: tuple[Any, ...]) -> tuple[int, int | None]:
 
 
 class _RegexParser:
-    """Python ``re`` syntax (what jsonschema's pattern check uses) → a small AST.
+    """Python ``re`` syntax (what the validator parses) → a small AST, read as ECMA-262 reads
+    it, as the validator does (``localllm.grammar.pattern``): ``\\d`` and ``\\w`` ASCII,
+    ``\\s`` ECMA's white space and line terminators, ``.`` no line terminator, ``$`` the very end.
 
     Nodes: ("set", ranges) one character; ("cat", [..]); ("alt", [..]); ("rep", n, lo, hi);
-    ("bol",), ("eol",). Classes that depend on Unicode tables (\\d \\w \\s) are read as their
-    ASCII part; their negations are limited to ASCII, so the grammar never admits a
-    character the validator's regex rejects.
+    ("bol",), ("eol",).
     """
 
     def __init__(self, pattern: str) -> None:
         self.s = pattern
         self.pos = 0
-        #: a Unicode class was read as its ASCII part (the tree then matches fewer strings)
-        self.narrowed = False
-        #: the end anchors written: "$" (also before a final newline) and/or "\\Z"
-        self.ends: set[str] = set()
 
     def parse(self) -> tuple[Any, ...]:
         node = self.alternation(0)
@@ -4022,12 +4017,11 @@ class _RegexParser:
             return node
         if c == "[":
             return ("set", self.char_class())
-        if c == ".":
-            return ("set", _complement([(0x0A, 0x0A)], [(0, _MAX_CP)]))
+        if c == ".":  # ECMA-262: no line terminator
+            return ("set", _complement(_LINE_TERMINATORS, [(0, _MAX_CP)]))
         if c == "^":
             return ("bol",)
         if c == "$":
-            self.ends.add("$")
             return ("eol",)
         if c == "\\":
             return self.escape(in_class=False)
@@ -4040,13 +4034,11 @@ class _RegexParser:
             raise _RegexUnsupported("ends with a backslash")
         c = self.s[self.pos]
         self.pos += 1
-        classes = {"d": _DIGITS, "w": _WORD, "s": _SPACE}
-        if c.lower() in classes:
-            self.narrowed = True
+        classes = {"d": _DIGITS, "w": _WORD, "s": _SPACE}  # ECMA-262's: ASCII \d and \w
         if c in classes:
             return ("set", classes[c])
         if c.lower() in classes:
-            return ("set", _complement(classes[c.lower()], _ASCII))
+            return ("set", _complement(classes[c.lower()], [(0, _MAX_CP)]))
         simple = {"n": 0x0A, "t": 0x09, "r": 0x0D, "f": 0x0C, "v": 0x0B, "a": 0x07}
         if c in simple:
             return ("set", [(simple[c], simple[c])])
@@ -4065,7 +4057,6 @@ class _RegexParser:
         if c == "A" and not in_class:
             return ("bol",)
         if c == "Z" and not in_class:
-            self.ends.add("\\Z")
             return ("eol",)
         if c in "01234567" and (c == "0" or in_class or self.octal_at(self.pos, 2)):
             # an octal escape as Python's re reads it: \0 plus up to two octal digits, inside a
@@ -4092,7 +4083,6 @@ class _RegexParser:
         if negate:
             self.pos += 1
         ranges: list[tuple[int, int]] = []
-        unicode_dependent = False
         first = True
         while True:
             if self.pos >= len(self.s):
@@ -4109,7 +4099,6 @@ class _RegexParser:
                 esc = self.s[self.pos] if self.pos < len(self.s) else ""
                 node = self.escape(in_class=True)
                 if esc.lower() in "dws":
-                    unicode_dependent = True
                     ranges.extend(node[1])
                     continue
                 lo = node[1][0][0] if len(node[1]) == 1 and node[1][0][0] == node[1][0][1] else None
@@ -4135,5 +4124,5 @@ class _RegexParser:
             else:
                 ranges.append((lo, lo))
         if negate:
-            return _complement(ranges, _ASCII if unicode_dependent else [(0, _MAX_CP)])
+            return _complement(ranges, [(0, _MAX_CP)])
         return automaton.normalize(ranges)

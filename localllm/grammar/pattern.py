@@ -49,11 +49,16 @@ else:
     from re import _compiler, _constants, _parser
 
 __all__ = [
+    "ECMA_DIGIT",
+    "ECMA_LINE_TERMINATORS",
+    "ECMA_SPACE",
+    "ECMA_WORD",
     "MAX_STATES",
     "WORK_BASE",
     "WORK_PER_CHAR",
     "PatternTooCostly",
     "PatternUnsupported",
+    "ecma_regex",
     "search",
     "search_group",
     "unsupported_reason",
@@ -195,15 +200,70 @@ def _build(
     return _Matcher(nfa, cacheable=not builder.looks)
 
 
+_MAX = 0x10FFFF
+# ECMA-262's classes, as code point ranges (the grammar compiler reads patterns with them too)
+ECMA_DIGIT: tuple[tuple[int, int], ...] = ((0x30, 0x39),)
+ECMA_WORD: tuple[tuple[int, int], ...] = ((0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A))
+#: WhiteSpace (§12.2) and LineTerminator (§12.3): what \s reads
+ECMA_SPACE: tuple[tuple[int, int], ...] = ((0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0), (0x1680, 0x1680))
+ECMA_SPACE += ((0x2000, 0x200A), (0x2028, 0x2029), (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000))
+ECMA_SPACE += ((0xFEFF, 0xFEFF),)
+#: what . does not read
+ECMA_LINE_TERMINATORS: tuple[tuple[int, int], ...] = ((0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029))
+
+
+def _complement(ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+    out, low = [], 0
+    for lo, hi in ranges:
+        if lo > low:
+            out.append((low, lo - 1))
+        low = hi + 1
+    return (*out, (low, _MAX)) if low <= _MAX else tuple(out)
+
+
+def _ecma_ranges(category: Any) -> tuple[tuple[int, int], ...] | None:
+    c = _constants
+    table = {
+        c.CATEGORY_DIGIT: ECMA_DIGIT,
+        c.CATEGORY_WORD: ECMA_WORD,
+        c.CATEGORY_SPACE: ECMA_SPACE,
+        c.CATEGORY_NOT_DIGIT: _complement(ECMA_DIGIT),
+        c.CATEGORY_NOT_WORD: _complement(ECMA_WORD),
+        c.CATEGORY_NOT_SPACE: _complement(ECMA_SPACE),
+    }
+    return table.get(category)
+
+
+def _ecma(op: Any, av: Any, flags: int) -> tuple[Any, Any]:
+    """A one-character item as ECMA-262 reads it (a JSON Schema ``pattern`` is an ECMA-262
+    regex, §6.4): ``\\d``, ``\\w`` and ``\b``'s word ASCII; ``\\s`` ECMA's white space and line
+    terminators (U+FEFF, U+00A0, ... but not U+001C-U+001F or U+0085, which ``re`` adds);
+    ``.`` no line terminator (``\r``, U+2028 and U+2029 too)."""
+    c = _constants
+    if op is c.ANY and not flags & _constants.SRE_FLAG_DOTALL:
+        return c.IN, [(c.NEGATE, None), *((c.RANGE, r) for r in ECMA_LINE_TERMINATORS)]
+    if op is c.IN and any(kind is c.CATEGORY for kind, _ in av):
+        items: list[tuple[Any, Any]] = []
+        for kind, value in av:
+            ranges = _ecma_ranges(value) if kind is c.CATEGORY else None
+            if ranges is None:
+                items.append((kind, value))
+            else:
+                items.extend((c.RANGE, r) for r in ranges)
+        return c.IN, items
+    return op, av
+
+
 def _one_char(op: Any, av: Any, flags: int) -> Callable[[str], Any]:
-    """A matcher for one character, compiled by ``re`` itself from this one parse item."""
+    """A matcher for one character, compiled by ``re`` itself from this one parse item (read
+    as ECMA-262 reads it: :func:`_ecma`)."""
     state = _parser.State()
     state.flags = flags
-    return _compiler.compile(_parser.SubPattern(state, [(op, av)]), flags).fullmatch
+    return _compiler.compile(_parser.SubPattern(state, [_ecma(op, av, flags)]), flags).fullmatch
 
 
 def _word(flags: int) -> Callable[[str], Any]:
-    return re.compile(r"\w", flags & _ASCII).fullmatch
+    return re.compile(r"\w", re.ASCII).fullmatch  # ECMA-262's word characters, whatever the flags
 
 
 def _assertion(code: Any, flags: int) -> tuple[str, Any]:
@@ -213,8 +273,8 @@ def _assertion(code: Any, flags: int) -> tuple[str, Any]:
         return ("bol" if flags & _MULTILINE else "bos", None)
     if code is at.AT_BEGINNING_STRING:
         return ("bos", None)
-    if code is at.AT_END:
-        return ("eol" if flags & _MULTILINE else "eoz", None)
+    if code is at.AT_END:  # ECMA-262's $: the very end (re's also before a final newline)
+        return ("eol" if flags & _MULTILINE else "eos", None)
     if code is at.AT_END_STRING:
         return ("eos", None)
     if code is at.AT_BOUNDARY:
@@ -237,8 +297,8 @@ def _holds(assertion: tuple[str, Any], text: str, i: int) -> bool:
         return i == n or (i == n - 1 and text[i] == "\n")
     if name == "eol":
         return i == n or text[i] == "\n"
-    if n == 0:  # \b and \B both fail in an empty text, as in re
-        return False
+    if n == 0:  # no word character: no boundary (re fails \B there too; ECMA-262 does not)
+        return name == "B"
     before = i > 0 and word(text[i - 1]) is not None
     after = i < n and word(text[i]) is not None
     return (before != after) == (name == "b")
@@ -435,18 +495,67 @@ def _compiled(pattern: str) -> _Matcher:
         raise PatternUnsupported("it nests groups too deeply") from None
 
 
+# \b and \B over ECMA-262's (ASCII) word characters, whatever the flags
+_BOUNDARY = r"(?-i:(?<=[A-Za-z0-9_])(?![A-Za-z0-9_])|(?<![A-Za-z0-9_])(?=[A-Za-z0-9_]))"
+_NOT_BOUNDARY = r"(?-i:(?<=[A-Za-z0-9_])(?=[A-Za-z0-9_])|(?<![A-Za-z0-9_])(?![A-Za-z0-9_]))"
+
+
+def _ecma_items(items: Any, flags: int) -> list[tuple[Any, Any]]:
+    """``re``'s parse items rewritten to mean what ECMA-262 reads (:func:`_ecma`; ``$`` the
+    very end; ``\\b`` and ``\\B`` over ASCII word characters)."""
+    c = _constants
+    out: list[tuple[Any, Any]] = []
+    for op, av in items:
+        item = (op, av)
+        if op in _CHAR_OPS:
+            item = _ecma(op, av, flags)
+        elif op is c.AT and av is c.AT_END and not flags & _MULTILINE:
+            item = (op, c.AT_END_STRING)
+        elif op is c.AT and av in (c.AT_BOUNDARY, c.AT_NON_BOUNDARY):
+            item = (c.SUBPATTERN, (None, 0, 0, _parser.parse(_BOUNDARY if av is c.AT_BOUNDARY else _NOT_BOUNDARY)))
+        elif op is c.SUBPATTERN:
+            _, add, remove, body = av
+            body.data = _ecma_items(body, (flags | add) & ~remove)
+        elif op is c.BRANCH:
+            for branch in av[1]:
+                branch.data = _ecma_items(branch, flags)
+        elif op in _REPEATS or op is getattr(c, "POSSESSIVE_REPEAT", None):
+            av[2].data = _ecma_items(av[2], flags)
+        elif op in (c.ASSERT, c.ASSERT_NOT):
+            av[1].data = _ecma_items(av[1], flags)
+        elif op is getattr(c, "ATOMIC_GROUP", None):
+            av.data = _ecma_items(av, flags)
+        elif op is c.GROUPREF_EXISTS:
+            for body in av[1:]:
+                if body is not None:
+                    body.data = _ecma_items(body, flags)
+        out.append(item)
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def ecma_regex(pattern: str) -> re.Pattern[str]:
+    """``pattern`` compiled by ``re`` (backtracking) as ECMA-262 reads it, as :func:`search`
+    does: for the constructs :func:`search` has no linear-time match for (``fallback``)."""
+    tree = _parser.parse(pattern, 0)
+    tree.data = _ecma_items(tree, tree.state.flags)
+    return _compiler.compile(tree, tree.state.flags)
+
+
 def search(pattern: str, text: str, *, fallback: bool = False) -> bool:
-    """``re.search(pattern, text) is not None``, in O(len(text) × pattern size) time.
+    """Does ``pattern`` (read as ECMA-262 reads it: :func:`_ecma`) match somewhere in
+    ``text``? In O(len(text) × pattern size) time.
 
     Raises ``re.error`` when ``re`` cannot parse ``pattern`` and :class:`PatternUnsupported`
     for a construct with no linear-time match (see :func:`unsupported_reason`) — unless
-    ``fallback``, for callers whose schemas were checked already: then ``re`` decides those."""
+    ``fallback``, for callers whose schemas were checked already: then ``re`` decides those
+    (:func:`ecma_regex`)."""
     try:
         return _compiled(pattern).run(text)
     except PatternUnsupported:
         if not fallback:
             raise
-        return re.search(pattern, text) is not None
+        return ecma_regex(pattern).search(text) is not None
 
 
 @functools.lru_cache(maxsize=64)
@@ -474,7 +583,7 @@ def search_group(pattern: str, text: str, number: int = 1, *, fallback: bool = F
     except PatternUnsupported:
         if not fallback:
             raise
-        found = re.search(pattern, text) if search(pattern, text, fallback=True) else None
+        found = ecma_regex(pattern).search(text) if search(pattern, text, fallback=True) else None
         return found.group(number) if found is not None else None
     bounds = matcher.capture(text, [WORK_BASE + WORK_PER_CHAR * len(text)])
     if bounds is None or bounds[1] < 0:

@@ -229,8 +229,8 @@ def test_disjoint_one_of_compiles_and_overlapping_one_of_is_refused() -> None:
     # overlapping, a branch a pattern: the other without the strings it finds
     g = grammar_of({"oneOf": [{"type": "string"}, {"type": "string", "pattern": "^[ab]"}]})
     assert g.matches('"c"') and g.matches('""') and not g.matches('"a"') and not g.matches('"bc"')
-    # overlapping and a branch has no negation here (a pattern with a Unicode class): refused
-    refused = compile_schema({"oneOf": [{"type": "string"}, {"type": "string", "pattern": "^\\d"}]})
+    # overlapping and a branch has no negation here (a pattern with an anchor inside): refused
+    refused = compile_schema({"oneOf": [{"type": "string"}, {"type": "string", "pattern": "a(b|$)"}]})
     assert not refused.exact and refused.refusals[0].construct == "oneOf"
 
 
@@ -302,7 +302,7 @@ def test_all_of_is_merged() -> None:
 @pytest.mark.parametrize(
     ("schema", "construct"),
     [
-        ({"not": {"type": "string", "pattern": "^\\d"}}, "not"),
+        ({"not": {"type": "string", "pattern": "a(b|$)"}}, "not"),
         ({"type": "array", "uniqueItems": True}, "uniqueItems"),
         ({"type": "integer", "multipleOf": 3, "minimum": 5}, "multipleOf"),
         ({"$ref": "https://example.com/x.json"}, "$ref"),

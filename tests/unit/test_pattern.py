@@ -1,10 +1,12 @@
-"""Answer validation matches ``pattern`` in linear time with ``re``'s verdicts (localllm.grammar.pattern).
+"""Answer validation matches ``pattern`` in linear time with ``re``'s verdicts on the pattern
+read as ECMA-262 reads it (localllm.grammar.pattern).
 
 Python's ``re`` backtracks exponentially on ``^(a+)+$`` against a near miss and holds the
 GIL meanwhile: one answer froze a whole process. These tests compare every verdict with
-``re`` (random patterns, the schema corpora's patterns, every character class over sampled
-code points) and run the hostile cases in a child process with a deadline, so a regression
-fails instead of hanging the suite.
+``re`` running the ECMA reading of the pattern (``ecma_regex``: random patterns, the schema
+corpora's patterns, every character class over sampled code points), hold that reading to
+ECMA-262's (the JSON-Schema-Test-Suite's regex tests, and facts), and run the hostile cases in
+a child process with a deadline, so a regression fails instead of hanging the suite.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,7 @@ from localllm.grammar.pattern import (
     MAX_STATES,
     PatternTooCostly,
     PatternUnsupported,
+    ecma_regex,
     search,
     search_group,
     unsupported_reason,
@@ -63,7 +67,7 @@ def test_random_patterns_give_re_s_verdicts() -> None:
         if rng.random() < 0.1:
             pattern = "(?i:" + re.sub(r"\(\?[a-z]+\)", "", pattern) + ")"  # scoped flags
         try:
-            compiled = re.compile(pattern)
+            compiled = ecma_regex(pattern)
         except re.error:
             continue
         for _ in range(5):
@@ -83,7 +87,7 @@ def test_random_patterns_give_re_s_groups() -> None:
     for _ in range(3000):
         pattern = rng.choice(_FLAGS) + _random_pattern(rng)
         try:
-            compiled = re.compile(pattern)
+            compiled = ecma_regex(pattern)
         except re.error:
             continue
         for number in range(1, min(compiled.groups, 3) + 1):
@@ -117,7 +121,7 @@ def test_random_patterns_give_re_s_groups() -> None:
     ],
 )
 def test_groups_match_re(pattern: str, text: str, expected: str | None) -> None:
-    found = re.search(pattern, text)
+    found = ecma_regex(pattern).search(text)
     assert (found.group(1) if found else None) == expected
     assert search_group(pattern, text) == expected
 
@@ -126,7 +130,7 @@ def test_groups_match_re(pattern: str, text: str, expected: str | None) -> None:
 def test_a_group_with_no_linear_answer_is_refused(pattern: str) -> None:
     with pytest.raises(PatternUnsupported):
         search_group(pattern, "aa")
-    found = re.search(pattern, "aa")  # with fallback, re's answer (taken on a text known to match)
+    found = ecma_regex(pattern).search("aa")  # with fallback, re's answer (taken on a text known to match)
     assert search_group(pattern, "aa", fallback=True) == (found.group(1) if found else None)
     with pytest.raises(IndexError):
         search_group("(a)", "a", 2)
@@ -181,7 +185,7 @@ def test_the_corpora_s_patterns_give_re_s_verdicts_and_none_is_refused() -> None
     compared = 0
     for pattern in sorted(patterns):
         try:
-            compiled = re.compile(pattern)
+            compiled = ecma_regex(pattern)
         except re.error:  # ECMA-only syntax: the validator reports it (schema_invalid), not us
             continue
         assert unsupported_reason(pattern) is None, pattern
@@ -193,13 +197,47 @@ def test_the_corpora_s_patterns_give_re_s_verdicts_and_none_is_refused() -> None
     assert compared > 4000
 
 
-@pytest.mark.parametrize("item", [r"\d", r"\w", r"\s", r"\D", r"\W", r"\S", ".", r"[^\W\d]", r"\b."])
+_CLASSES = [r"\d", r"\w", r"\s", r"\D", r"\W", r"\S", ".", r"[^\W\d]", r"\b."]
+_SAMPLED = [*range(0, 0x250), *range(0x250, 0x110000, 251)]
+_SAMPLED += [0x1C, 0x1F, 0x85, 0xA0, 0x130, 0x131, 0x17F, 0x212A, 0x660, 0x1680, 0x2007, 0x2028, 0x3000, 0xFEFF]
+_SAMPLED += [0x10400, 0x1D7CE]
+# ECMA-262 §12.2 WhiteSpace and §12.3 LineTerminator: what its \s reads
+_ECMA_SPACE = {0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x20, 0xA0, 0x1680, *range(0x2000, 0x200B), 0x2028, 0x2029}
+_ECMA_SPACE |= {0x202F, 0x205F, 0x3000, 0xFEFF}
+_ASCII_WORD = {ord(c) for c in "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_"}
+_ECMA_CLASS: dict[str, Callable[[int], bool]] = {
+    r"\d": lambda cp: 0x30 <= cp <= 0x39,
+    r"\w": lambda cp: cp in _ASCII_WORD,
+    r"\s": lambda cp: cp in _ECMA_SPACE,
+    r"\D": lambda cp: not 0x30 <= cp <= 0x39,
+    r"\W": lambda cp: cp not in _ASCII_WORD,
+    r"\S": lambda cp: cp not in _ECMA_SPACE,
+    ".": lambda cp: cp not in (0x0A, 0x0D, 0x2028, 0x2029),
+    r"[^\W\d]": lambda cp: cp in _ASCII_WORD and not 0x30 <= cp <= 0x39,
+    r"\b.": lambda cp: cp in _ASCII_WORD,
+}
+
+
+@pytest.mark.parametrize("item", _CLASSES)
+@pytest.mark.parametrize("flags", ["", "(?a)", "(?s)"])
+def test_character_classes_read_as_ecma_262_does(item: str, flags: str) -> None:
+    """``\\d``, ``\\w``, ``\\b`` ASCII, ``\\s`` ECMA's spaces (U+FEFF, not U+001C or U+0085 as
+    ``re`` has it), ``.`` no line terminator: every verdict was ``re``'s before (a Bengali
+    digit a ``\\d``, ``é`` a ``\\w``, ``ab\\n`` a match of ``^ab$``)."""
+    pattern = f"{flags}^{item}$"
+    for cp in _SAMPLED:
+        if 0xD800 <= cp <= 0xDFFF:
+            continue
+        expected = True if item == "." and flags == "(?s)" else _ECMA_CLASS[item](cp)
+        assert search(pattern, chr(cp)) == expected, (pattern, hex(cp))
+
+
+@pytest.mark.parametrize("item", _CLASSES)
 @pytest.mark.parametrize("flags", ["", "(?a)", "(?i)", "(?s)"])
 def test_character_classes_match_re_over_sampled_code_points(item: str, flags: str) -> None:
     pattern = f"{flags}^{item}$"
-    compiled = re.compile(pattern)
-    special = [0x1C, 0x1F, 0x85, 0xA0, 0x130, 0x131, 0x17F, 0x212A, 0x660, 0x2028, 0x3000, 0x10400, 0x1D7CE]
-    for cp in [*range(0, 0x250), *range(0x250, 0x110000, 251), *special]:
+    compiled = ecma_regex(pattern)
+    for cp in _SAMPLED:
         if 0xD800 <= cp <= 0xDFFF:
             continue
         text = chr(cp)
@@ -209,21 +247,26 @@ def test_character_classes_match_re_over_sampled_code_points(item: str, flags: s
 @pytest.mark.parametrize(
     ("pattern", "text", "expected"),
     [
-        ("^ab$", "ab\n", True),  # $ also before a final newline
+        ("^ab$", "ab\n", False),  # ECMA-262's $ is the very end (re's also before a final newline)
         (r"^ab\Z", "ab\n", False),
-        (r"\b", "", False),  # neither \b nor \B matches an empty text
-        (r"\B", "", False),
+        (r"\b", "", False),  # no word character, no boundary
+        (r"\B", "", True),  # ECMA-262 (re fails \B in an empty text)
         ("(?m)^b$", "a\nb\nc", True),
         (r"(?<=\ba)b", "ab", True),
         (r"(?<!a)b", "ab", False),
         ("(?=.*[A-Z])(?=.*\\d).{8,}", "abcdefgH1", True),
         ("(?i)straße", "STRASSE", False),
         ("(?i)ǅ", "ǆ", True),
+        (r"^\d+$", "৪২", False),  # Bengali digits: ECMA's \d is ASCII
+        (r"^\w+$", "école", False),
+        (r"^\s$", "\ufeff", True),
+        (r"^.$", "\r", False),
     ],
 )
-def test_edge_cases_match_re(pattern: str, text: str, expected: bool) -> None:
-    assert (re.search(pattern, text) is not None) is expected  # the premise
+def test_edge_cases_match_ecma(pattern: str, text: str, expected: bool) -> None:
+    assert (ecma_regex(pattern).search(text) is not None) is expected  # the premise
     assert search(pattern, text) is expected
+    assert search(pattern, text, fallback=True) is expected
 
 
 # -- linear time ---------------------------------------------------------------------------
