@@ -3,12 +3,13 @@
 Every answer localllm validates goes through :func:`bounded_validator` (by way of
 ``localllm.grammar.compile.validator_class`` and ``localllm.schema.SchemaSet``). It is
 jsonschema's own class for the draft, with three keyword families swapped, messages
-unchanged (verdicts too, but for ``multipleOf``'s, below):
+unchanged (verdicts too, but for ``multipleOf``'s and the regexes', below):
 
 * **regexes** (``pattern``, ``patternProperties``, ``additionalProperties``,
   ``unevaluatedProperties``, ``propertyNames``): ``re.search`` backtracks exponentially on
   ``^(a+)+$`` and a near-miss answer, holding the GIL; here :func:`localllm.grammar.pattern.search`
-  matches in linear time;
+  matches in linear time, reading the pattern as ECMA-262 does (JSON Schema's dialect: ASCII
+  ``\\d`` and ``\\w``, ``$`` the very end), where ``re`` reads Python's;
 * **uniqueItems**: jsonschema compares unhashable items pairwise, 43 s for 5,000 objects;
   here each item gets a hashable key with JSON's equality (``1 == 1.0``, ``true != 1``, key
   order ignored), linear time;
@@ -17,7 +18,7 @@ unchanged (verdicts too, but for ``multipleOf``'s, below):
   example has it (4.02 is a multiple of 0.01). jsonschema divides in binary floating point
   and calls 0.07, 1.11, 19.99, 600.03 not multiples of 0.01 (python-jsonschema issues #185,
   #679, #1099, #1234), so a price the model wrote right failed validation and escalated; and
-  a 400-digit integer raised a bare ``OverflowError``. This is the one verdict changed.
+  a 400-digit integer raised a bare ``OverflowError``.
 
 And its default registry retrieves nothing (:func:`_no_retrieval`): jsonschema's fetches a
 remote ``$ref`` with urllib.

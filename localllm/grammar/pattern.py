@@ -1,20 +1,23 @@
-"""``re.search(pattern, text)`` for JSON Schema ``pattern``s, in time linear in ``text``.
+"""JSON Schema ``pattern`` search, as ECMA-262 reads the pattern, in time linear in the text.
 
 Python's ``re`` backtracks: ``^(a+)+$`` against ``"a" * 30 + "b"`` runs for minutes,
 ``^\\d*\\d*\\d*$`` is cubic, and ``a*b`` is quadratic in a search. ``re`` holds the GIL
 while it runs, so no deadline fires and a whole process (a service's event loop too)
 freezes on one answer a model chose. Answer validation therefore matches patterns here:
 
-* the pattern is parsed by ``re``'s own parser, so the language is exactly ``re``'s
-  (escapes, classes, ``\\d``/``\\w``/``\\s`` as Unicode, inline and scoped flags);
+* the pattern is parsed by ``re``'s own parser (what it cannot parse, such as ECMA-only
+  ``\\p{L}``, raises ``re.error``), and read as ECMA-262 reads it, JSON Schema's dialect
+  (:func:`_ecma`): ``\\d``, ``\\w`` and ``\\b``'s word characters ASCII, ``\\s`` ECMA's
+  white space and line terminators, ``.`` no line terminator, ``$`` the very end (``re``
+  reads the classes as Unicode and ``$`` also before a final newline); Python-only syntax
+  (inline flags, ``\\Z``) as ``re`` reads it;
 * each one-character item (a literal, a class, ``.``) is tested by a one-item ``re``
-  pattern compiled with the item's flags, so character semantics are ``re``'s too;
+  pattern compiled with the item's flags;
 * the structure (sequences, alternatives, repeats, groups) becomes a Thompson NFA that is
   run as a set of states, one step per character (cached as a lazy DFA), so the time is
   O(len(text) × NFA size) whatever the pattern: there is no backtracking to explode;
-* anchors and ``\\b``/``\\B`` are checked as ``re`` checks them (``$`` also before a final
-  newline; ``\\b`` never matches in an empty text); lookaheads and lookbehinds run as
-  anchored sub-searches, memoised per position (at worst quadratic, never exponential).
+* anchors are checked as ECMA-262 checks them; lookaheads and lookbehinds run as anchored
+  sub-searches, memoised per position (at worst quadratic, never exponential).
 
 Linear in the text is still text × pattern: one search may take :data:`WORK_BASE` +
 :data:`WORK_PER_CHAR` × len(text) NFA steps (cache hits are free), then raises
@@ -23,8 +26,8 @@ Linear in the text is still text × pattern: one search may take :data:`WORK_BAS
 What has no linear-time equivalent — backreferences, conditionals ``(?(1)…)``, atomic groups
 and possessive repeats (Python-only syntax) — and patterns whose counted repeats expand past
 :data:`MAX_STATES` raise :class:`PatternUnsupported`; :func:`unsupported_reason` says which,
-so schema checks refuse them up front (``localllm.grammar.compile.schema_problem``).
-A pattern ``re`` cannot parse raises ``re.error``, as ``re.search`` does.
+so schema checks refuse them up front (``localllm.grammar.compile.schema_problem``); with
+``fallback``, :func:`ecma_regex` (``re`` on the same ECMA reading) decides them.
 
 :func:`search_group` gives ``re.search(pattern, text).group(n)`` in linear time too (a Pike
 VM: the NFA's threads in ``re``'s order of preference, each carrying the group's bounds).
