@@ -88,7 +88,7 @@ class Matcher:
         from localllm.grammar.pattern import PatternTooCostly, search
 
         try:
-            return search(self.value, got, fallback=True)  # a backreference: re decides, as written
+            return search(self.value, got, fallback=True)  # read as a schema's pattern (ECMA-262)
         except PatternTooCostly:
             return False
 
