@@ -144,6 +144,11 @@ def _iter_refs(node: Any) -> Iterator[tuple[str, str]]:
             yield pointer, ref
 
 
+def _shown(path: Path, root: Path) -> Path:
+    """``path`` as problems name it: relative to the config directory when inside it."""
+    return path.relative_to(root) if path.is_relative_to(root) else path
+
+
 def _not_a_uri(value: str) -> str | None:
     """Why ``value`` is not a URI reference a ref or ``$id`` can hold (``None``: it is one)."""
     if "\x00" in unquote(value):
@@ -216,7 +221,7 @@ def ref_problems(schema_path: Path, root: Path, read: Callable[[Path], dict[str,
         doc = load(path)
         if doc is _MISSING:
             continue
-        where = path.relative_to(root) if path.is_relative_to(root) else path
+        where = _shown(path, root)
         bad = _uri_problems(doc, where)
         if bad:
             problems.extend(bad)
@@ -312,7 +317,7 @@ def _resolved_ref_problems(schema_path: Path, root: Path, read: Callable[[Path],
             problems.append(str(exc))
             return None
         spec = specification_with(str(contents.get("$schema", "")), default=dialect)
-        where = path.relative_to(root) if path.is_relative_to(root) else path
+        where = _shown(path, root)
         id_key = "id" if spec.id_of({"id": "x"}) else "$id"  # draft 4 spells it "id"
         bad = _uri_problems(contents, where, id_key)
         problems.extend(bad)
@@ -330,7 +335,7 @@ def _resolved_ref_problems(schema_path: Path, root: Path, read: Callable[[Path],
             # a subschema malformed for its dialect (a draft-4 `false`, a draft-7 `dependencies`
             # array) trips referencing's crawl; lookups then crawl only as far as validation does
             registry = registry.crawl()
-        where = path.relative_to(root) if path.is_relative_to(root) else path
+        where = _shown(path, root)
         for pointer, schema, base in _scoped_nodes(resource.contents, path.as_uri(), spec.id_of):
             ref = schema.get("$ref")
             if not isinstance(ref, str):
@@ -545,8 +550,8 @@ class SchemaSet:
         # the file is the document's retrieval URI: its base, or what a relative $id resolves
         # against (draft 4 reads "id"; a fragment-only draft-7 "$id" is an anchor, left alone)
         doc, id_key = dict(schema), "id" if cls.ID_OF({"id": "x"}) else "$id"
-        for problem in _uri_problems(schema, base, id_key):  # resolving through it would raise ValueError
-            raise SchemaError(problem)
+        if problems := _uri_problems(schema, base, id_key):  # resolving through it would raise ValueError
+            raise SchemaError(problems[0])
         own = doc.get(id_key)
         if not isinstance(own, str):
             doc[id_key] = base.resolve().as_uri()

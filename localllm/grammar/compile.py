@@ -724,7 +724,7 @@ class _Compiler:
         self.root_id = root.get("$id") or root.get("id") if isinstance(root, dict) else None
         self.failures = _validation_failures()
         if isinstance(root, dict):
-            self.root = _local_refs(root, "id" if self.draft == 4 else "$id")
+            self.root = _local_refs(root, "id" if self.draft == 4 else "$id", legacy=self.draft <= 7)
 
     def valid(self, schema: Any, value: Any, path: str, construct: str) -> bool:
         """Does ``value`` validate against ``schema`` (a subschema of the root)? A schema the
@@ -2959,11 +2959,40 @@ _BASE = "https://localllm.invalid/root.json"
 DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
 
 
-def _local_refs(root: dict[str, Any], id_key: str) -> dict[str, Any]:
+#: keywords whose value is a subschema or a list of them, and those whose value maps names to
+#: subschemas: where an ``$id`` or ``$anchor`` names a resource (not inside an unknown keyword)
+_APPLICATORS = frozenset(
+    {
+        "additionalItems",
+        "additionalProperties",
+        "allOf",
+        "anyOf",
+        "contains",
+        "contentSchema",
+        "else",
+        "if",
+        "items",
+        "not",
+        "oneOf",
+        "prefixItems",
+        "propertyNames",
+        "then",
+        "unevaluatedItems",
+        "unevaluatedProperties",
+    }
+)
+_APPLICATOR_MAPS = frozenset(
+    {"$defs", "definitions", "dependencies", "dependentSchemas", "patternProperties", "properties"}
+)
+
+
+def _local_refs(root: dict[str, Any], id_key: str, *, legacy: bool = False) -> dict[str, Any]:
     """``root`` with every ``$ref`` that names a resource of this document (a nested ``$id``,
     an ``$anchor``, a draft-7 ``"$id": "#name"``) rewritten as a ``#/...`` pointer from the
     root, and those ``$id``/``$anchor`` keys dropped; the structure (so every JSON path) is
-    unchanged. Refs to other documents are left as they are (refused when followed)."""
+    unchanged. Refs to other documents are left as they are (refused when followed). As the
+    validator reads them: an ``$id`` inside an unknown keyword names nothing, and before
+    2019-09 (``legacy``) an ``$id`` beside a ``$ref`` is ignored with every other sibling."""
     from urllib.parse import quote, urldefrag, urljoin
 
     def has_ids(node: Any, top: bool) -> bool:
@@ -2994,7 +3023,7 @@ def _local_refs(root: dict[str, Any], id_key: str) -> dict[str, Any]:
         if not isinstance(node, dict):
             return
         ident = node.get(id_key)
-        if isinstance(ident, str) and pointer and not ("$ref" in node and id_key == "id"):
+        if isinstance(ident, str) and pointer and not ("$ref" in node and legacy):
             joined = urljoin(base, ident)
             doc, frag = urldefrag(joined)
             if ident.startswith("#"):
@@ -3008,8 +3037,11 @@ def _local_refs(root: dict[str, Any], id_key: str) -> dict[str, Any]:
             anchors[(base, node["$anchor"])] = pointer
         bases[id(node)] = base
         for k, v in node.items():
-            if k not in DATA_KEYWORDS:
+            if k in _APPLICATORS:
                 index(v, base, [*pointer, k])
+            elif k in _APPLICATOR_MAPS and isinstance(v, dict):
+                for name, sub in v.items():
+                    index(sub, base, [*pointer, k, name])
 
     index(root, root_base, [])
 

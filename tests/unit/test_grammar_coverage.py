@@ -278,6 +278,36 @@ def test_still_refused_with_the_construct(schema: Any, construct: str) -> None:
             [[True, False]],
             [[1]],
         ),
+        (  # JSON-Schema-Test-Suite unknownKeyword.json: an $id inside an unknown keyword names
+            # nothing (the grammar took the integer one: 1 admitted)
+            {
+                "$schema": "http://json-schema.org/draft-07/schema#",
+                "definitions": {
+                    "id_in_unknown": {"not": {"array_of_schemas": [{"$id": "https://h/my.json", "type": "null"}]}},
+                    "real_id_in_schema": {"$id": "https://h/my.json", "type": "string"},
+                    "id_in_unknown1": {
+                        "not": {"object_of_schemas": {"foo": {"$id": "https://h/my.json", "type": "integer"}}}
+                    },
+                },
+                "anyOf": [{"$ref": "https://h/my.json"}],
+            },
+            ["a string"],
+            [1, None],
+        ),
+        (  # JSON-Schema-Test-Suite draft 7 ref.json: before 2019-09 an $id beside a $ref is
+            # ignored, so "foo.json" resolves against the root's base (the grammar took the string one)
+            {
+                "$schema": "http://json-schema.org/draft-07/schema#",
+                "$id": "http://h/sibling_id/base/",
+                "definitions": {
+                    "foo": {"$id": "http://h/sibling_id/foo.json", "type": "string"},
+                    "base_foo": {"$id": "foo.json", "type": "number"},
+                },
+                "allOf": [{"$id": "http://h/sibling_id/", "$ref": "foo.json"}],
+            },
+            [1],
+            ["a"],
+        ),
     ],
 )
 def test_same_document_ids_and_anchors_resolve(schema: Any, admits: list[Any], rejects: list[Any]) -> None:
