@@ -81,7 +81,30 @@ def _linear_functions() -> dict[Any, Any]:
                 if isinstance(value, types.FunctionType) and value in copies
             }
         )
+    legacy = spaces["jsonschema._legacy_keywords"]
+    if "find_evaluated_property_keys_by_schema" in legacy:  # draft 2019-09's unevaluatedProperties
+        legacy["find_evaluated_property_keys_by_schema"] = _additional_evaluated(
+            legacy["find_evaluated_property_keys_by_schema"]
+        )
     return copies
+
+
+def _additional_evaluated(find: Any) -> Any:
+    """Draft 2019-09's evaluated property names, with what ``additionalProperties`` evaluates
+    when it is a schema: every name no ``properties`` or ``patternProperties`` entry takes.
+    jsonschema 4.26 takes the subschema's own keywords (``type``, ...) for property names there,
+    so an additional property an ``unevaluatedProperties: false`` beside it should let through
+    was refused (the JSON-Schema-Test-Suite's "unevaluatedProperties with adjacent non-bool
+    additionalProperties"), an answer the compiled grammar admits."""
+
+    def evaluated(validator: Any, instance: Any, schema: Any) -> Any:
+        if not (isinstance(schema, dict) and isinstance(schema.get("additionalProperties"), dict)):
+            return find(validator, instance, schema)
+        keys = find(validator, instance, {k: v for k, v in schema.items() if k != "additionalProperties"})
+        declared, patterns = schema.get("properties", {}), schema.get("patternProperties", {})
+        return keys + [name for name in instance if name not in declared and not any(search(p, name) for p in patterns)]
+
+    return evaluated
 
 
 def _key(value: Any) -> Any:

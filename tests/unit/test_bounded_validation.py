@@ -216,3 +216,26 @@ def test_a_false_subschema_beside_another_failing_keyword_is_a_verdict(tmp_path:
         SchemaSet(tmp_path).validate('{"b": 1}', schema)
     assert info.value.kind is ErrorKind.SCHEMA_INVALID
     assert "more)" in info.value.detail
+
+
+@pytest.mark.parametrize(("answer", "valid"), [({"foo": "a", "bar": "b"}, True), ({"foo": "a", "bar": 1}, False)])
+def test_2019_09_unevaluated_properties_counts_what_additional_properties_evaluated(
+    tmp_path: Path, answer: Any, valid: bool
+) -> None:
+    """The JSON-Schema-Test-Suite's "unevaluatedProperties with adjacent non-bool
+    additionalProperties" (draft 2019-09): jsonschema 4.26 refused the valid answer, which the
+    compiled grammar admits."""
+    schema = {
+        "$schema": "https://json-schema.org/draft/2019-09/schema",
+        "type": "object",
+        "properties": {"foo": {"type": "string"}},
+        "additionalProperties": {"type": "string"},
+        "unevaluatedProperties": False,
+    }
+    if valid:
+        assert SchemaSet(tmp_path).validate(json.dumps(answer), schema) == answer
+    else:
+        with pytest.raises(AgentError) as info:
+            SchemaSet(tmp_path).validate(json.dumps(answer), schema)
+        assert info.value.kind is ErrorKind.SCHEMA_INVALID
+    assert (_violation(schema, answer) is None) is valid  # the service's validator
