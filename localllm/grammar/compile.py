@@ -2981,9 +2981,7 @@ _APPLICATORS = frozenset(
         "unevaluatedProperties",
     }
 )
-_APPLICATOR_MAPS = frozenset(
-    {"$defs", "definitions", "dependencies", "dependentSchemas", "patternProperties", "properties"}
-)
+_APPLICATOR_MAPS = _SCHEMA_MAPS | {"dependencies"}  # draft 7's maps a name to a schema or a list
 
 
 def _local_refs(root: dict[str, Any], id_key: str, *, legacy: bool = False) -> dict[str, Any]:

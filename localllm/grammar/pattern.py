@@ -84,7 +84,6 @@ for _name, _what in (("ATOMIC_GROUP", "an atomic group (?>…)"), ("POSSESSIVE_R
     if hasattr(_constants, _name):
         _UNSUPPORTED[getattr(_constants, _name)] = _what
 _MULTILINE = _constants.SRE_FLAG_MULTILINE
-_ASCII = _constants.SRE_FLAG_ASCII
 
 # one state of the NFA: what it does, and where it goes (a _SPLIT's exits in re's order of
 # preference); built for a group (search_group), _SAVE records the position as the group's
@@ -224,31 +223,29 @@ def _complement(ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], .
     return (*out, (low, _MAX)) if low <= _MAX else tuple(out)
 
 
-def _ecma_ranges(category: Any) -> tuple[tuple[int, int], ...] | None:
-    c = _constants
-    table = {
-        c.CATEGORY_DIGIT: ECMA_DIGIT,
-        c.CATEGORY_WORD: ECMA_WORD,
-        c.CATEGORY_SPACE: ECMA_SPACE,
-        c.CATEGORY_NOT_DIGIT: _complement(ECMA_DIGIT),
-        c.CATEGORY_NOT_WORD: _complement(ECMA_WORD),
-        c.CATEGORY_NOT_SPACE: _complement(ECMA_SPACE),
-    }
-    return table.get(category)
+#: re's class categories (\d, \D, ...) → ECMA-262's ranges
+_ECMA_CATEGORIES = {
+    _constants.CATEGORY_DIGIT: ECMA_DIGIT,
+    _constants.CATEGORY_WORD: ECMA_WORD,
+    _constants.CATEGORY_SPACE: ECMA_SPACE,
+    _constants.CATEGORY_NOT_DIGIT: _complement(ECMA_DIGIT),
+    _constants.CATEGORY_NOT_WORD: _complement(ECMA_WORD),
+    _constants.CATEGORY_NOT_SPACE: _complement(ECMA_SPACE),
+}
 
 
 def _ecma(op: Any, av: Any, flags: int) -> tuple[Any, Any]:
     """A one-character item as ECMA-262 reads it (a JSON Schema ``pattern`` is an ECMA-262
-    regex, §6.4): ``\\d``, ``\\w`` and ``\b``'s word ASCII; ``\\s`` ECMA's white space and line
+    regex, §6.4): ``\\d``, ``\\w`` and ``\\b``'s word ASCII; ``\\s`` ECMA's white space and line
     terminators (U+FEFF, U+00A0, ... but not U+001C-U+001F or U+0085, which ``re`` adds);
-    ``.`` no line terminator (``\r``, U+2028 and U+2029 too)."""
+    ``.`` no line terminator (``\\r``, U+2028 and U+2029 too)."""
     c = _constants
     if op is c.ANY and not flags & _constants.SRE_FLAG_DOTALL:
         return c.IN, [(c.NEGATE, None), *((c.RANGE, r) for r in ECMA_LINE_TERMINATORS)]
     if op is c.IN and any(kind is c.CATEGORY for kind, _ in av):
         items: list[tuple[Any, Any]] = []
         for kind, value in av:
-            ranges = _ecma_ranges(value) if kind is c.CATEGORY else None
+            ranges = _ECMA_CATEGORIES.get(value) if kind is c.CATEGORY else None
             if ranges is None:
                 items.append((kind, value))
             else:
@@ -265,8 +262,8 @@ def _one_char(op: Any, av: Any, flags: int) -> Callable[[str], Any]:
     return _compiler.compile(_parser.SubPattern(state, [_ecma(op, av, flags)]), flags).fullmatch
 
 
-def _word(flags: int) -> Callable[[str], Any]:
-    return re.compile(r"\w", re.ASCII).fullmatch  # ECMA-262's word characters, whatever the flags
+#: ECMA-262's word characters (what \b and \B look at), whatever the flags
+_WORD_CHAR = re.compile(r"\w", re.ASCII).fullmatch
 
 
 def _assertion(code: Any, flags: int) -> tuple[str, Any]:
@@ -281,9 +278,9 @@ def _assertion(code: Any, flags: int) -> tuple[str, Any]:
     if code is at.AT_END_STRING:
         return ("eos", None)
     if code is at.AT_BOUNDARY:
-        return ("b", _word(flags))
+        return ("b", _WORD_CHAR)
     if code is at.AT_NON_BOUNDARY:
-        return ("B", _word(flags))
+        return ("B", _WORD_CHAR)
     raise PatternUnsupported(f"it uses the anchor {code}")
 
 
@@ -296,8 +293,6 @@ def _holds(assertion: tuple[str, Any], text: str, i: int) -> bool:
         return i == 0 or text[i - 1] == "\n"
     if name == "eos":
         return i == n
-    if name == "eoz":
-        return i == n or (i == n - 1 and text[i] == "\n")
     if name == "eol":
         return i == n or text[i] == "\n"
     if n == 0:  # no word character: no boundary (re fails \B there too; ECMA-262 does not)
