@@ -424,7 +424,15 @@ def _bundled(path: Path, root: Path, doc: dict[str, Any], load: Callable[[Path],
         raise _NotBundled
     dialect = doc.get("$schema")
     # draft 3 and 4 spell $id "id"
-    identity = _IDENTITY_KEYS | {"id"} if re.search(r"draft-0[34]/", str(dialect)) else _IDENTITY_KEYS
+    id_key = "id" if re.search(r"draft-0[34]/", str(dialect)) else "$id"
+    identity = _IDENTITY_KEYS | {id_key}
+
+    def own_id(node: dict[str, Any], here: Path) -> bool:
+        """Does the document's ``$id`` name its own file (``"$id": "gate.json"`` in gate.json)?
+        Then it moves no base: refs resolve against the file either way."""
+        value = node.get(id_key)
+        return isinstance(value, str) and urldefrag(urljoin(here.as_uri(), value))[0] == here.as_uri()
+
     keys: dict[Path, str] = {path: ""}
     pending: list[tuple[Path, dict[str, Any]]] = [(path, out)]
 
@@ -436,6 +444,8 @@ def _bundled(path: Path, root: Path, doc: dict[str, Any], load: Callable[[Path],
             if other.get("$schema", dialect) != dialect:
                 raise _NotBundled
             other.pop("$schema", None)
+            if own_id(other, target):  # copied under $defs, it would make a new base there
+                other.pop(id_key)
             # a key any JSON-pointer reader takes literally (llama.cpp's converter does not
             # unescape ~1 or %20): "../shared/people.json" -> "shared.people.json"
             parts = [p for p in Path(os.path.relpath(target, path.parent)).parts if p != ".."]
@@ -453,7 +463,7 @@ def _bundled(path: Path, root: Path, doc: dict[str, Any], load: Callable[[Path],
         # the objects listed before any ref is rewritten: files copied into $defs meanwhile
         # are walked on their own, with their own base
         for _, schema in list(_schema_nodes(node)):
-            if identity & schema.keys():
+            if identity & schema.keys() - ({id_key} if schema is out and own_id(out, path) else set()):
                 raise _NotBundled
             ref = schema.get("$ref")
             if not isinstance(ref, str):

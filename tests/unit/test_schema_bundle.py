@@ -185,3 +185,24 @@ def test_a_decide_gate_on_a_local_grammar_may_split_its_schema_over_files(tree: 
     with pytest.raises(ConfigError) as info:
         load_config(tree / "app.yaml")
     assert '"uniqueItems"' in str(info.value) and "gates.g.with.schema" in str(info.value)
+
+
+def test_an_id_naming_its_own_file_does_not_stop_the_bundle(tree: Path) -> None:
+    """``"$id": "ticket.json"`` in ticket.json (and ``teams.json`` in teams.json) moves no base:
+    the bundle is made as without it (before: the document was sent with its file refs, which
+    no agent can resolve, and a decide gate on a local grammar was refused at load), and a copied
+    file's own ``$id`` is dropped (under ``$defs`` it would make a new base)."""
+    ticket, teams = tree / "schemas" / "ticket.json", tree / "shared" / "teams.json"
+    _write(ticket, {**json.loads(ticket.read_text()), "$id": "ticket.json"})
+    _write(teams, {**json.loads(teams.read_text()), "$id": "teams.json"})
+    schemas = SchemaSet(tree)
+    bundled = schemas.bundled(ticket)
+    assert not _file_refs(bundled)
+    assert "$id" not in bundled["$defs"]["shared.teams.json"]
+    standalone = jsonschema.Draft202012Validator(bundled)
+    assert [standalone.is_valid(v) for v in VALUES] == [_admits(schemas, ticket, v) for v in VALUES]
+    assert [_admits(schemas, ticket, v) for v in VALUES] == [True, True] + [False] * 7
+    assert compile_schema(bundled).exact
+    # an $id naming another file still leaves the document as it is
+    _write(ticket, {**json.loads(ticket.read_text()), "$id": "elsewhere/ticket.json"})
+    assert bundle_file_refs(ticket, tree, read_schema_file) == read_schema_file(ticket)
