@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["WORK", "Branch", "Dfa", "TooLarge", "intersect", "intersection", "normalize"]
+__all__ = ["WORK", "Branch", "Dfa", "TooLarge", "complement", "intersect", "intersection", "normalize"]
 
 #: NFA states built and visited while determinising, by default (about a second of work)
 WORK = 2_000_000
@@ -145,6 +145,25 @@ class _Nfa:
         if not self.anchored_end or not any(self.asserts["eol"][q] for q in states):
             return states
         return self.closure(states, work, "eol")
+
+
+def complement(
+    ranges: Iterable[tuple[int, int]], universe: Iterable[tuple[int, int]] = ((0, 0x10FFFF),)
+) -> list[tuple[int, int]]:
+    """The code points of ``universe`` (all of Unicode by default) not in ``ranges``."""
+    inside = normalize(ranges)
+    out = []
+    for ulo, uhi in universe:
+        cur = ulo
+        for lo, hi in inside:
+            if hi < cur or lo > uhi:
+                continue
+            if lo > cur:
+                out.append((cur, lo - 1))
+            cur = max(cur, hi + 1)
+        if cur <= uhi:
+            out.append((cur, uhi))
+    return normalize(out)
 
 
 def normalize(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -3798,9 +3798,6 @@ _asserts = keywords.asserts
 # ---------------------------------------------------------------------------- regular expressions
 
 _MAX_CP = 0x10FFFF
-# a JSON Schema pattern is an ECMA-262 regex: its classes, as the validator reads them
-_DIGITS, _WORD, _SPACE = list(ECMA_DIGIT), list(ECMA_WORD), list(ECMA_SPACE)
-_LINE_TERMINATORS = list(ECMA_LINE_TERMINATORS)
 _JSON_ESCAPES = {0x22: '\\"', 0x5C: "\\\\", 0x08: "\\b", 0x0C: "\\f", 0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t"}
 # what may appear raw inside a JSON string: no quote, backslash, control, DEL or surrogate
 _RAW_OK = [(0x20, 0x21), (0x23, 0x5B), (0x5D, 0x7E), (0x80, 0xD7FF), (0xE000, _MAX_CP)]
@@ -3811,21 +3808,6 @@ _JSON_UNIVERSE = ((0, 0xD7FF), (0xE000, _MAX_CP))
 
 class _RegexUnsupported(Exception):
     pass
-
-
-def _complement(a: list[tuple[int, int]], universe: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out = []
-    for ulo, uhi in universe:
-        cur = ulo
-        for lo, hi in automaton.normalize(a):
-            if hi < cur or lo > uhi:
-                continue
-            if lo > cur:
-                out.append((cur, lo - 1))
-            cur = max(cur, hi + 1)
-        if cur <= uhi:
-            out.append((cur, uhi))
-    return automaton.normalize(out)
 
 
 def _json_char_set(ranges: list[tuple[int, int]]) -> str:
@@ -3844,7 +3826,7 @@ def _json_char_set_of(ranges: tuple[tuple[int, int], ...]) -> str:
             parts.append(gbnf_literal(esc))
     # other control characters only as \u00XX escapes, and DEL as \u007f: JSON allows it raw,
     # but like llama.cpp's converter the grammar never writes it raw (the "char" rule neither)
-    controls = _complement([(cp, cp) for cp in _JSON_ESCAPES], [(0, 0x1F), (0x7F, 0x7F)])
+    controls = automaton.complement([(cp, cp) for cp in _JSON_ESCAPES], [(0, 0x1F), (0x7F, 0x7F)])
     for lo, hi in automaton.intersect(list(ranges), controls):
         for cp in range(lo, hi + 1):
             parts.append(gbnf_literal(f"\\u{cp:04x}"))
@@ -4048,7 +4030,7 @@ class _RegexParser:
         if c == "[":
             return ("set", self.char_class())
         if c == ".":  # ECMA-262: no line terminator
-            return ("set", _complement(_LINE_TERMINATORS, [(0, _MAX_CP)]))
+            return ("set", automaton.complement(ECMA_LINE_TERMINATORS))
         if c == "^":
             return ("bol",)
         if c == "$":
@@ -4064,11 +4046,12 @@ class _RegexParser:
             raise _RegexUnsupported("ends with a backslash")
         c = self.s[self.pos]
         self.pos += 1
-        classes = {"d": _DIGITS, "w": _WORD, "s": _SPACE}  # ECMA-262's: ASCII \d and \w
+        # a JSON Schema pattern is an ECMA-262 regex: its classes, as the validator reads them
+        classes = {"d": ECMA_DIGIT, "w": ECMA_WORD, "s": ECMA_SPACE}
         if c in classes:
-            return ("set", classes[c])
+            return ("set", list(classes[c]))
         if c.lower() in classes:
-            return ("set", _complement(classes[c.lower()], [(0, _MAX_CP)]))
+            return ("set", automaton.complement(classes[c.lower()]))
         simple = {"n": 0x0A, "t": 0x09, "r": 0x0D, "f": 0x0C, "v": 0x0B, "a": 0x07}
         if c in simple:
             return ("set", [(simple[c], simple[c])])
@@ -4154,5 +4137,5 @@ class _RegexParser:
             else:
                 ranges.append((lo, lo))
         if negate:
-            return _complement(ranges, [(0, _MAX_CP)])
+            return automaton.complement(ranges)
         return automaton.normalize(ranges)

@@ -202,7 +202,6 @@ def _build(
     return _Matcher(nfa, cacheable=not builder.looks)
 
 
-_MAX = 0x10FFFF
 # ECMA-262's classes, as code point ranges (the grammar compiler reads patterns with them too)
 ECMA_DIGIT: tuple[tuple[int, int], ...] = ((0x30, 0x39),)
 ECMA_WORD: tuple[tuple[int, int], ...] = ((0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A))
@@ -215,12 +214,14 @@ ECMA_LINE_TERMINATORS: tuple[tuple[int, int], ...] = ((0x0A, 0x0A), (0x0D, 0x0D)
 
 
 def _complement(ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+    """The code points not in ``ranges`` (sorted, disjoint); a leaf module's own, where the
+    grammar compiler uses ``automaton.complement``."""
     out, low = [], 0
     for lo, hi in ranges:
         if lo > low:
             out.append((low, lo - 1))
         low = hi + 1
-    return (*out, (low, _MAX)) if low <= _MAX else tuple(out)
+    return (*out, (low, 0x10FFFF)) if low <= 0x10FFFF else tuple(out)
 
 
 #: re's class categories (\d, \D, ...) → ECMA-262's ranges
