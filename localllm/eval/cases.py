@@ -180,10 +180,13 @@ def _matcher(raw: Any, key: str, problems: ProblemList) -> Matcher | None:
             return None
         return Matcher("number", value, float(tolerance))
     if kind == "regex":
+        from localllm.grammar.pattern import check
+
         try:
-            re.compile(value)
-        except (re.error, TypeError) as exc:
-            problems.add(f"{key}.regex", f"is not a regular expression: {exc}", "write a Python re pattern")
+            check(value)
+        except (re.error, TypeError, RecursionError) as exc:
+            hint = "write a JSON Schema (ECMA-262) pattern"
+            problems.add(f"{key}.regex", f"is not a regular expression: {exc}", hint)
             return None
     if kind == "any_valid" and value is not True:
         problems.add(f"{key}.any_valid", "must be true", 'write {"any_valid": true}')

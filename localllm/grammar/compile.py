@@ -50,6 +50,7 @@ from localllm.grammar.pattern import (
     ECMA_WORD,
     MAX_STATES,
     PatternTooCostly,
+    python_pattern,
     search,
     unsupported_reason,
 )
@@ -325,7 +326,8 @@ def meta_problem(schema: Any, *, formats: bool = True) -> tuple[str, str] | None
             where = "$"
             for p in exc.absolute_path:
                 where = child(where, p)
-            return where, exc.message
+            cause = f" ({exc.cause})" if exc.validator == "format" and exc.cause is not None else ""
+            return where, exc.message + cause
     except _validation_failures() as exc:
         return "$", f"the validator cannot read it ({type(exc).__name__})"
     return None
@@ -1727,7 +1729,7 @@ class _Compiler:
         joined = "\\A" + "".join(f"(?=[\\s\\S]*?(?:{p}))" for p in parts)
         for regex in (*parts, joined):
             try:
-                re.compile(regex)
+                re.compile(python_pattern(regex))
             except (re.error, OverflowError, RecursionError) as exc:
                 why = f'allOf components give "pattern" {_q(a)} and {_q(b)}, and no one regex for both compiles: {exc}'
                 raise _Refuse(path, "pattern", why) from None
@@ -1743,8 +1745,7 @@ class _Compiler:
         no tree here."""
         negation = f"\\A(?![\\s\\S]*?(?:{pattern}))"
         try:
-            re.compile(pattern)
-            re.compile(negation)
+            re.compile(python_pattern(negation))
             self.branches(pattern, "$", exact=True)
         except (re.error, OverflowError, RecursionError, _Refuse):
             return None
@@ -2504,10 +2505,11 @@ class _Compiler:
         which only :meth:`product`'s automata read. ``exact`` (for a complement, where fewer
         would be more) refuses those inner anchors."""
         try:
-            re.compile(pattern)
+            source = python_pattern(pattern)
+            re.compile(source)
         except (re.error, OverflowError, RecursionError) as exc:
             raise _Refuse(path, "pattern", f"pattern {_q(pattern)} is not a valid regex: {exc}") from None
-        parser = _RegexParser(pattern)
+        parser = _RegexParser(source)
         try:
             tree = parser.parse()
         except _RegexUnsupported as exc:
@@ -3948,7 +3950,8 @@ def _regex_lengths(node: tuple[Any, ...]) -> tuple[int, int | None]:
 
 
 class _RegexParser:
-    """Python ``re`` syntax (what the validator parses) → a small AST, read as ECMA-262 reads
+    """Python ``re`` syntax (what the validator parses, after :func:`python_pattern` has
+    rewritten ECMA-262's ``\\cX`` and ``\\p{…}``) → a small AST, read as ECMA-262 reads
     it, as the validator does (``localllm.grammar.pattern``): ``\\d`` and ``\\w`` ASCII,
     ``\\s`` ECMA's white space and line terminators, ``.`` no line terminator, ``$`` the very end.
 

@@ -26,7 +26,9 @@ import warnings
 from typing import Any
 from urllib.parse import quote
 
-__all__ = ["ASSERTED", "format_checker", "missing_formats"]
+from localllm.grammar.pattern import check as check_regex
+
+__all__ = ["ASSERTED", "format_checker", "meta_format_checker", "missing_formats"]
 
 #: every format a validator built by :func:`format_checker` asserts (the README lists them)
 ASSERTED = (
@@ -106,7 +108,7 @@ def format_checker(cls: Any) -> Any:
     checker = jsonschema.FormatChecker([])
     checker.checkers = dict(cls.FORMAT_CHECKER.checkers)
     if "regex" in checker.checkers:
-        checker.checkers["regex"] = (_is_regex, ())
+        checker.checkers["regex"] = (_is_regex, (re.error,))
     strict = dict(_STRICT)
     if "idn-hostname" not in checker.checkers:  # drafts 4 and 6 know no IDNA: RFC 1123 alone
         strict["hostname"] = functools.partial(_is_hostname, idna_aware=False)
@@ -374,15 +376,34 @@ _STRICT: dict[str, Any] = {
 
 
 def _is_regex(instance: object) -> bool:
+    """True, or ``re.error`` (jsonschema keeps it as the error's cause) naming why ``instance``
+    is not a pattern :mod:`localllm.grammar.pattern` reads (ECMA-262's ``\\cX``, ``\\p{…}``,
+    named groups and variable-width lookbehinds included)."""
     if not isinstance(instance, str):
         return True
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            re.compile(instance)
-        except (re.error, RecursionError, OverflowError, MemoryError):
-            return False
+            check_regex(instance)
+        except (RecursionError, OverflowError, MemoryError) as exc:
+            raise re.error(f"it cannot be compiled ({type(exc).__name__})") from None
     return True
+
+
+@functools.lru_cache(maxsize=16)
+def meta_format_checker(cls: Any) -> Any:
+    """``cls.FORMAT_CHECKER`` with ``regex`` read as :func:`format_checker` reads it: what a
+    schema's own keywords are checked with against its meta-schema."""
+    from localllm import _jsonschema
+
+    _jsonschema.prepare()  # before jsonschema's first import: see localllm/_jsonschema.py
+    import jsonschema
+
+    checker = jsonschema.FormatChecker([])
+    checker.checkers = dict(cls.FORMAT_CHECKER.checkers)
+    if "regex" in checker.checkers:
+        checker.checkers["regex"] = (_is_regex, (re.error,))
+    return checker
 
 
 def missing_formats(cls: Any) -> list[str]:

@@ -18,6 +18,8 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
+from localllm.grammar.formats import meta_format_checker
+
 __all__ = ["meta_error"]
 
 _MAPS = frozenset({"properties", "$defs", "definitions", "patternProperties", "dependentSchemas"})
@@ -54,7 +56,7 @@ def _validator(cls: Any) -> Any:
     if not isinstance(meta.get("allOf"), list) or not all(
         isinstance(c, dict) and isinstance(c.get("$ref"), str) for c in meta["allOf"]
     ):
-        return cls(meta, format_checker=cls.FORMAT_CHECKER)
+        return cls(meta, format_checker=meta_format_checker(cls))
     from localllm import _jsonschema
 
     _jsonschema.prepare()  # before jsonschema's first import: see localllm/_jsonschema.py
@@ -71,7 +73,7 @@ def _validator(cls: Any) -> Any:
     for key, value in meta.items():  # the meta-schema's own keyword order
         flat.update({"allOf": comps} if key == "allOf" else _static({key: value}))
     flat["$defs"] = {**defs, **flat.get("$defs", {})}
-    return cls(flat, format_checker=cls.FORMAT_CHECKER)
+    return cls(flat, format_checker=meta_format_checker(cls))
 
 
 #: verdicts of the latest schemas checked: a service client sends the same response_format
@@ -118,7 +120,7 @@ def _meta_error(cls: Any, schema: Any) -> Any:
     except Exception:
         pass
     try:
-        cls.check_schema(schema)
+        cls.check_schema(schema, format_checker=meta_format_checker(cls))
     except jsonschema.exceptions.SchemaError as exc:
         return exc
     return None

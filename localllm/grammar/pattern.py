@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import functools
 import re
+import unicodedata
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -61,7 +62,9 @@ __all__ = [
     "WORK_PER_CHAR",
     "PatternTooCostly",
     "PatternUnsupported",
+    "check",
     "ecma_regex",
+    "python_pattern",
     "search",
     "search_group",
     "unsupported_reason",
@@ -222,6 +225,212 @@ def _complement(ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], .
             out.append((low, lo - 1))
         low = hi + 1
     return (*out, (low, 0x10FFFF)) if low <= 0x10FFFF else tuple(out)
+
+
+#: General_Category values (§22.2.2.9, Unicode's PropertyValueAliases): every alias → the
+#: one- or two-letter categories it stands for
+_GC_ALIASES = {
+    "L Letter": "Lu Ll Lt Lm Lo",
+    "LC Cased_Letter": "Lu Ll Lt",
+    "Lu Uppercase_Letter": "Lu",
+    "Ll Lowercase_Letter": "Ll",
+    "Lt Titlecase_Letter": "Lt",
+    "Lm Modifier_Letter": "Lm",
+    "Lo Other_Letter": "Lo",
+    "M Mark Combining_Mark": "Mn Mc Me",
+    "Mn Nonspacing_Mark": "Mn",
+    "Mc Spacing_Mark": "Mc",
+    "Me Enclosing_Mark": "Me",
+    "N Number": "Nd Nl No",
+    "Nd Decimal_Number digit": "Nd",
+    "Nl Letter_Number": "Nl",
+    "No Other_Number": "No",
+    "P Punctuation punct": "Pc Pd Ps Pe Pi Pf Po",
+    "Pc Connector_Punctuation": "Pc",
+    "Pd Dash_Punctuation": "Pd",
+    "Ps Open_Punctuation": "Ps",
+    "Pe Close_Punctuation": "Pe",
+    "Pi Initial_Punctuation": "Pi",
+    "Pf Final_Punctuation": "Pf",
+    "Po Other_Punctuation": "Po",
+    "S Symbol": "Sm Sc Sk So",
+    "Sm Math_Symbol": "Sm",
+    "Sc Currency_Symbol": "Sc",
+    "Sk Modifier_Symbol": "Sk",
+    "So Other_Symbol": "So",
+    "Z Separator": "Zs Zl Zp",
+    "Zs Space_Separator": "Zs",
+    "Zl Line_Separator": "Zl",
+    "Zp Paragraph_Separator": "Zp",
+    "C Other": "Cc Cf Cs Co Cn",
+    "Cc Control cntrl": "Cc",
+    "Cf Format": "Cf",
+    "Cs Surrogate": "Cs",
+    "Co Private_Use": "Co",
+    "Cn Unassigned": "Cn",
+}
+_GENERAL_CATEGORIES = {alias: tuple(cats.split()) for names, cats in _GC_ALIASES.items() for alias in names.split()}
+#: the binary properties (§22.2.2.9, table 67) answered here besides the categories
+_BINARY = {"Any": "Any", "ASCII": "ASCII", "Assigned": "Assigned", "ASCII_Hex_Digit": "AHex", "AHex": "AHex"}
+_SUPPORTED = "General_Category values (L, Lu, Letter, Nd, …) and Any, ASCII, Assigned, ASCII_Hex_Digit"
+
+
+@functools.cache
+def _category_ranges() -> dict[str, tuple[tuple[int, int], ...]]:
+    """Each two-letter General_Category → its code points as ranges, by this Python's
+    ``unicodedata`` (one pass over every code point, the first time a pattern asks)."""
+    found: dict[str, list[tuple[int, int]]] = {}
+    category, start = unicodedata.category, 0
+    current = category(chr(0))
+    for cp in range(1, 0x110000):
+        cat = category(chr(cp))
+        if cat != current:
+            found.setdefault(current, []).append((start, cp - 1))
+            current, start = cat, cp
+    found.setdefault(current, []).append((start, 0x10FFFF))
+    return {cat: tuple(ranges) for cat, ranges in found.items()}
+
+
+def _merged(ranges: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(hi, out[-1][1]))
+        else:
+            out.append((lo, hi))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=128)
+def property_ranges(name: str) -> tuple[tuple[int, int], ...]:
+    """The code points ``\\p{name}`` reads (ECMA-262 with the ``u`` flag): a General_Category
+    (``L``, ``Letter``, ``gc=Lu``, ``General_Category=Nd``) or one of a few binary properties.
+    Raises ``re.error`` for a name this module does not answer (scripts among them)."""
+    key, _, value = name.partition("=")
+    if value and key in ("General_Category", "gc"):
+        cats = _GENERAL_CATEGORIES.get(value)
+    elif value:
+        raise re.error(f"the Unicode property \\p{{{name}}} is not supported here (only {_SUPPORTED})")
+    else:
+        cats = _GENERAL_CATEGORIES.get(name)
+    if cats is not None:
+        table = _category_ranges()
+        return _merged([r for cat in cats for r in table.get(cat, ())])
+    binary = _BINARY.get(name)
+    if binary == "Any":
+        return ((0, 0x10FFFF),)
+    if binary == "ASCII":
+        return ((0, 0x7F),)
+    if binary == "AHex":
+        return ((0x30, 0x39), (0x41, 0x46), (0x61, 0x66))
+    if binary == "Assigned":
+        return _complement(_category_ranges()["Cn"])
+    raise re.error(f"the Unicode property \\p{{{name}}} is not supported here (only {_SUPPORTED})")
+
+
+def _class_text(ranges: tuple[tuple[int, int], ...]) -> str:
+    """Ranges as the inside of an ``re`` class, every code point escaped."""
+
+    def one(cp: int) -> str:
+        return f"\\x{cp:02x}" if cp < 0x100 else f"\\u{cp:04x}" if cp < 0x10000 else f"\\U{cp:08x}"
+
+    return "".join(one(lo) if lo == hi else f"{one(lo)}-{one(hi)}" for lo, hi in ranges)
+
+
+def _escape_at(pattern: str, i: int) -> tuple[str, int, tuple[tuple[int, int], ...] | None]:
+    """The escape at ``pattern[i]`` (a backslash): (its text as ``re`` should read it, the index
+    after it, the ranges of a property class or None). ECMA-262's ``\\cX`` becomes ``\\xNN``,
+    ``\\p{…}``/``\\P{…}`` their ranges and ``\\k<name>`` ``(?P=name)``; any other escape is
+    kept as written."""
+    c = pattern[i + 1] if i + 1 < len(pattern) else ""
+    if c == "c":
+        letter = pattern[i + 2] if i + 2 < len(pattern) else ""
+        if not ("a" <= letter <= "z" or "A" <= letter <= "Z"):
+            raise re.error("\\c must be followed by a letter (ECMA-262's control escape)", pattern, i)
+        return f"\\x{ord(letter) % 32:02x}", i + 3, None
+    if c in ("p", "P"):
+        end = pattern.find("}", i + 3)
+        if not pattern.startswith("{", i + 2) or end < 0:
+            raise re.error(f"\\{c} must be followed by {{property}} (ECMA-262's property escape)", pattern, i)
+        ranges = property_ranges(pattern[i + 3 : end])
+        return "", end + 1, ranges if c == "p" else _complement(ranges)
+    if c == "k" and pattern.startswith("<", i + 2) and (end := pattern.find(">", i + 3)) > 0:
+        return f"(?P={pattern[i + 3 : end]})", end + 1, None
+    return pattern[i : i + 2], i + 2, None
+
+
+#: what :func:`python_pattern` rewrites starts with one of these; a pattern without any is kept
+_ECMA_ONLY = ("\\c", "\\p", "\\P", "\\k<", "(?<", "[]", "[^]")
+
+
+@functools.lru_cache(maxsize=512)
+def python_pattern(pattern: str) -> str:
+    """``pattern`` with ECMA-262's syntax that Python's ``re`` lacks or reads otherwise
+    rewritten into what ``re`` parses as ECMA-262 means it: ``\\cX`` (a control character),
+    ``\\p{…}``/``\\P{…}`` (Unicode properties: :func:`property_ranges`) as classes, a named
+    group ``(?<name>…)`` and its backreference ``\\k<name>`` as ``re`` writes them, the empty
+    class ``[]`` (nothing) and ``[^]`` (any character). Every other part is kept as written
+    (``re`` reads it as :func:`search` says). Raises ``re.error`` for a malformed escape, an
+    unknown property, or a property class as a range's end (``[\\p{L}-z]``, an error in
+    ECMA-262 too)."""
+    if not any(syntax in pattern for syntax in _ECMA_ONLY):
+        return pattern
+    out: list[str] = []
+    i, n = 0, len(pattern)
+    while i < n:
+        ch = pattern[i]
+        if ch == "\\":
+            text, i, ranges = _escape_at(pattern, i)
+            out.append(text if ranges is None else f"[{_class_text(ranges)}]")
+        elif pattern.startswith(("[]", "[^]"), i):
+            out.append("(?!)" if pattern[i + 1] == "]" else "[\\s\\S]")
+            i += 2 if pattern[i + 1] == "]" else 3
+        elif ch == "[":
+            i = _rewrite_class(pattern, i, out)
+        elif pattern.startswith("(?<", i) and not pattern.startswith(("(?<=", "(?<!"), i):
+            out.append("(?P<")
+            i += 3
+        else:
+            out.append(ch)
+            i += 1
+    return "".join(out)
+
+
+def _rewrite_class(pattern: str, i: int, out: list[str]) -> int:
+    """Copy the class starting at ``pattern[i]`` (``[``) into ``out``, a property escape as
+    its ranges; the index after its ``]``. Items are read as ``re`` reads them (a ``]`` first
+    is a literal, a ``-`` after a single item and before anything but ``]`` makes a range);
+    an unterminated class is copied as is, for ``re`` to report."""
+    n = len(pattern)
+    out.append("[")
+    i += 1
+    if i < n and pattern[i] == "^":
+        out.append("^")
+        i += 1
+    first = True
+    starts = False  # the previous item is one character that a "-" would start a range from
+    ends = False  # the previous item is a range's "-": this one ends the range
+    while i < n and (pattern[i] != "]" or first):
+        first = False
+        if pattern[i] == "\\":
+            text, nxt, ranges = _escape_at(pattern, i)
+            starts_range = pattern[nxt : nxt + 1] == "-" and pattern[nxt + 1 : nxt + 2] not in ("]", "")
+            if ranges is not None and (ends or starts_range):
+                raise re.error("a Unicode property class cannot be a range's end", pattern, i)
+            out.append(text if ranges is None else _class_text(ranges))
+            i, single = nxt, ranges is None
+        else:
+            out.append(pattern[i])
+            single = True
+            if pattern[i] == "-" and starts and pattern[i + 1 : i + 2] not in ("]", ""):
+                i, starts, ends = i + 1, False, True
+                continue
+            i += 1
+        starts, ends = single and not ends, False
+    if i < n:
+        out.append("]")
+        i += 1
+    return i
 
 
 #: re's class categories (\d, \D, ...) → ECMA-262's ranges
@@ -487,7 +696,7 @@ def _spend(work: list[int], steps: int, text: str) -> None:
 
 @functools.lru_cache(maxsize=512)
 def _compiled(pattern: str) -> _Matcher:
-    tree = _parser.parse(pattern, 0)  # re.error for what re cannot parse, as re.search raises
+    tree = _parser.parse(python_pattern(pattern), 0)  # re.error for what re cannot parse, as re.search raises
     try:
         return _build(tree, tree.state.flags, [MAX_STATES], {})
     except RecursionError:
@@ -536,9 +745,20 @@ def _ecma_items(items: Any, flags: int) -> list[tuple[Any, Any]]:
 def ecma_regex(pattern: str) -> re.Pattern[str]:
     """``pattern`` compiled by ``re`` (backtracking) as ECMA-262 reads it, as :func:`search`
     does: for the constructs :func:`search` has no linear-time match for (``fallback``)."""
-    tree = _parser.parse(pattern, 0)
+    tree = _parser.parse(python_pattern(pattern), 0)
     tree.data = _ecma_items(tree, tree.state.flags)
     return _compiler.compile(tree, tree.state.flags)
+
+
+def check(pattern: str) -> None:
+    """Raise ``re.error`` (naming why) when :func:`search` cannot read ``pattern`` even with
+    ``fallback``: what ``re`` cannot parse, or a construct with no linear-time match that
+    ``re`` cannot compile either. A variable-width lookbehind (ES2018) is read here though
+    ``re`` compiles none."""
+    try:
+        _compiled(pattern)
+    except PatternUnsupported:
+        ecma_regex(pattern)
 
 
 def search(pattern: str, text: str, *, fallback: bool = False) -> bool:
@@ -559,7 +779,7 @@ def search(pattern: str, text: str, *, fallback: bool = False) -> bool:
 
 @functools.lru_cache(maxsize=64)
 def _capturing(pattern: str, number: int) -> _Matcher:
-    tree = _parser.parse(pattern, 0)
+    tree = _parser.parse(python_pattern(pattern), 0)
     if not 0 < number < tree.state.groups:
         raise IndexError("no such group")
     try:

@@ -42,6 +42,7 @@ from typing import Any, Literal
 from localllm.grammar import keywords
 from localllm.grammar.paths import child_path
 from localllm.grammar.pattern import PatternTooCostly, search
+from localllm.grammar.pattern import check as check_regex
 
 Severity = Literal["error", "warning"]
 
@@ -879,7 +880,7 @@ class _Checker:
         problem = pattern_problem(pattern)
         if problem is None:
             try:
-                re.compile(pattern)
+                check_regex(pattern)
             except re.error as exc:
                 problem = f"is not a valid regular expression ({exc})"
         if problem is not None:

@@ -9,15 +9,18 @@ import jsonschema
 import pytest
 
 from localllm.grammar.compile import validator_class
+from localllm.grammar.formats import meta_format_checker
 from localllm.grammar.meta import _validator, meta_error
 from tests.unit.grammar_fuzz import mutations
 from tests.unit.grammar_harness import corpus, realworld
 
 
 def slow_verdict(schema: Any) -> str:
+    """``check_schema``'s verdict, patterns read as localllm reads them (ECMA-262's named groups,
+    ``\\p{…}``, ...: :func:`localllm.grammar.formats.meta_format_checker`)."""
     cls = validator_class(schema)
     try:
-        cls.check_schema(schema)
+        cls.check_schema(schema, format_checker=meta_format_checker(cls))
     except jsonschema.exceptions.SchemaError as exc:
         return f"invalid {list(exc.absolute_path)} {exc.message}"
     except Exception as exc:

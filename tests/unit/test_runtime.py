@@ -548,16 +548,22 @@ def test_hostile_plugin_text_never_breaks_the_trace(config: Config, tmp_path: Pa
 
 
 def test_formats_are_asserted_and_ecma_patterns_do_not_crash(config: Config) -> None:
-    answers = iter([{"when": "not a date"}, {"when": "2026-11-29"}, {"code": "x"}])
+    answers = iter([{"when": "not a date"}, {"when": "2026-11-29"}, {"code": "x"}, {"code": "a"}, {"code": "ab"}])
     with Runtime(config) as rt:
         rt.register_inprocess("agent.other", lambda _: next(answers))
         schema = {"type": "object", "properties": {"when": {"type": "string", "format": "date"}}}
         with pytest.raises(AgentError, match=r"\$\.when: format constraint failed"):
             rt.call("extract", agent="agent.other", prompt="p", schema=schema)
         assert rt.call("extract", agent="agent.other", prompt="p", schema=schema).submission == {"when": "2026-11-29"}
+        # an ECMA-262 named group (re writes (?P<x>…)) is read as ECMA-262 means it
         ecma = {"type": "object", "properties": {"code": {"type": "string", "pattern": "^(?<x>a)$"}}}
-        with pytest.raises(AgentError) as info:
+        with pytest.raises(AgentError, match=r"\$\.code: pattern constraint failed"):
             rt.call("extract", agent="agent.other", prompt="p", schema=ecma)
+        assert rt.call("extract", agent="agent.other", prompt="p", schema=ecma).submission == {"code": "a"}
+        # a Unicode script property, not answered here: named, not raised from re
+        behind = {"type": "object", "properties": {"code": {"type": "string", "pattern": "^\\p{Script=Greek}$"}}}
+        with pytest.raises(AgentError) as info:
+            rt.call("extract", agent="agent.other", prompt="p", schema=behind)
     assert info.value.kind is ErrorKind.SCHEMA_INVALID and "cannot be checked" in info.value.detail
 
 
