@@ -379,6 +379,27 @@ def test_counted_properties_and_items_walk_valid_through_the_engine(llama: Engin
         assert found.distinct >= 10  # the walks reach more than one count
 
 
+#: ECMA-262's property and control escapes, compiled into classes of hundreds of ranges
+#: (astral ones too): walked through the engine and judged by the validator's own reading
+PROPERTIES = {
+    "capitalised word": {"type": "string", "pattern": r"^\p{Lu}\p{Ll}{1,8}$"},
+    "letters but a": {"type": "string", "pattern": r"^[^\P{L}a]{1,6}$"},
+    "digits then a non-number": {"type": "string", "pattern": r"^\p{Nd}{2}-\P{N}$"},
+    "a control escape": {"type": "string", "pattern": r"^[\cA-\cZ]x$"},
+}
+
+
+@pytest.mark.parametrize("name", PROPERTIES)
+def test_unicode_property_classes_walk_valid_through_the_engine(llama: Engine, name: str) -> None:
+    schema = PROPERTIES[name]
+    entries = grammars(name, schema)
+    assert entries, compile_schema(schema).refusals
+    for entry in entries:
+        found = walk_check(llama, entry.id, schema, entry.grammar, walks=WALKS, seed=_seed(entry.id))
+        assert found.mismatches == [] and found.invalid == [], found.mismatches + found.invalid[:20]
+        assert found.distinct >= 10
+
+
 # ---------------------------------------------------------------------------- the checks can fail
 
 DIGIT = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 3, "maximum": 7}}, "required": ["n"]}
