@@ -20,8 +20,8 @@ provably disjoint becomes each branch without the others; ``not``,
 of positive schemas (:meth:`_Compiler.negate`); ``const``/``enum`` keep the values that
 validate against the whole schema object. Malformed schemas and constructs without a
 grammar here (``unevaluated*`` beside anyOf/oneOf/not/if, ``uniqueItems`` over an open domain,
-``multipleOf`` with a decimal step and no two bounds, negations of patterns with Unicode
-classes and of formats, refs to other documents …) are refused, never raised. Narrowings beyond the
+``multipleOf`` with a decimal step whose digits are above 32 and no two bounds, negations of
+patterns with lookaround or inner anchors and of formats, refs to other documents …) are refused, never raised. Narrowings beyond the
 documented defaults are listed in :attr:`CompiledGrammar.notes`.
 """
 
@@ -995,7 +995,7 @@ class _Compiler:
         ``dependentSchemas`` and ``dependencies`` rewritten into ``allOf``/``anyOf`` of positive
         schemas (the same values, or fewer with a note), or None when it has none of them."""
         present = [k for k in _REWRITTEN if k in node]
-        if "not" in present and _not_an_integer(node):
+        if "not" in present and (_not_an_integer(node) or _excluded_steps(node) is not None):
             present.remove("not")  # no positive schema says it: gen_number writes it
         if not present:
             return None
@@ -1157,6 +1157,9 @@ class _Compiler:
                     return False if _count(value) else None
                 return {"type": kind, other: int(value) + step}
             return {"type": kind, **(self.strict_bound(other, value) if key in _EXCL else {other: value})}
+        if key in ("multipleOf", "divisibleBy"):
+            # the numbers that are no multiple: no positive keyword says it, a kept "not" does
+            return {"type": "number", "not": {key: value}} if _num(value) and value > 0 else None
         if key == "pattern" and isinstance(value, str):
             searches = _literal_searches(value)
             avoid = None if searches is None else _avoiding(searches)
@@ -2636,6 +2639,9 @@ class _Compiler:
         not_integer = _not_an_integer(node)
         if not_integer and integer:
             raise _Unsatisfiable(path, "not", "an integer type beside a negated integer type admits no value")
+        excluded = _excluded_steps(node)
+        if excluded is not None:
+            return self.gen_non_multiples(node, path, excluded, integer=integer)
         for key in ("multipleOf", "divisibleBy"):
             if key in node:
                 step = node[key]
@@ -2726,8 +2732,57 @@ class _Compiler:
             point = '".0"'
         return self.unbounded_multiples(exact, lo, hi, path, key, point=point, integer=integer)
 
+    def gen_non_multiples(self, node: dict[str, Any], path: str, excluded: list[Any], *, integer: bool) -> str:
+        """Numbers that are no multiple of any ``excluded`` step (a kept ``"not"`` of
+        ``multipleOf``, or of an ``anyOf`` of them), multiples of the node's own step if it has
+        one: integer steps only. Between two bounds with at most MAX_BRANCHES*4 candidates, each
+        listed and kept when the validator accepts it; else the integers whose remainder modulo
+        the steps' least common multiple (at most MAX_STEP) is one the steps allow, as
+        :meth:`unbounded_multiples` writes them. A number type adds the non-integers (never a
+        multiple of an integer step) when the node has no step of its own."""
+        key = next((k for k in ("multipleOf", "divisibleBy") if k in node), None)
+        step = node[key] if key is not None else 1
+        steps = [step, *excluded]
+        if not all(_num(v) and v > 0 and Fraction(str(v)).denominator == 1 for v in steps):
+            raise _Refuse(path, "not", '"not" of "multipleOf" is compiled for integer steps only')
+        step, excluded = int(step), [int(Fraction(str(v))) for v in excluded]
+        if any(step % k == 0 for k in excluded):
+            raise _Unsatisfiable(path, "not", f"every multiple of {step} is a multiple of a step the \"not\" excludes")
+        lo = self.bound(node, path, "minimum", "exclusiveMinimum")
+        hi = self.bound(node, path, "maximum", "exclusiveMaximum")
+        fractions = [] if integer or key is not None else self.fractions(lo, hi, path, whole=False)
+        if lo is not None and hi is not None:
+            first, last = math.ceil(lo.value / step), math.floor(hi.value / step)
+            first += lo.exclusive and first * step == lo.value
+            last -= hi.exclusive and last * step == hi.value
+            if last - first + 1 <= 4 * MAX_BRANCHES:
+                texts = (self.valid_multiple(node, Fraction(n * step), path, "not") for n in range(first, last + 1))
+                kept = [gbnf_literal(t) for t in texts if t is not None] + fractions
+                if not kept:
+                    raise _Unsatisfiable(path, "not", "no number between the bounds is left by the \"not\"")
+                return self.rule(f"{path}-number", _alt(kept))
+        modulus = math.lcm(step, *excluded)
+        if modulus > MAX_STEP:
+            raise _Refuse(
+                path, "not", f'"not" of "multipleOf" needs one rule per remainder of {modulus}, above {MAX_STEP}'
+            )
+        residues = frozenset(r for r in range(modulus) if r % step == 0 and all(r % k for k in excluded))
+        whole = self.unbounded_multiples(
+            Fraction(modulus), lo, hi, path, "not", point="", integer=True, residues=residues
+        )
+        return self.rule(f"{path}-number", _alt([whole, *fractions])) if fractions else whole
+
     def unbounded_multiples(
-        self, step: Fraction, lo: _Bound | None, hi: _Bound | None, path: str, key: str, *, point: str, integer: bool
+        self,
+        step: Fraction,
+        lo: _Bound | None,
+        hi: _Bound | None,
+        path: str,
+        key: str,
+        *,
+        point: str,
+        integer: bool,
+        residues: frozenset[int] = frozenset({0}),
     ) -> str:
         """The multiples of ``step`` (``a / 10**k``, ``k`` 0 for an integer step) without two
         bounds that list them, written ``i`` or ``i.f`` with at most ``k`` fraction digits:
@@ -2737,7 +2792,9 @@ class _Compiler:
         15 in all for a decimal one (so the float a validator parses is the decimal written,
         and :mod:`localllm.grammar.bounded` decides ``multipleOf`` on it exactly). Bounds:
         none, or ones that only say "not negative" / "positive" (or the mirror), or beyond the
-        magnitudes written; else refused. ``a`` above MAX_STEP is refused."""
+        magnitudes written; else refused. ``a`` above MAX_STEP is refused. ``residues`` (an
+        integer ``step`` only): the remainders modulo ``step`` the integers written leave
+        (:meth:`gen_non_multiples`); the multiples by default."""
         k = 0
         while (step * 10**k).denominator != 1:
             k += 1
@@ -2756,6 +2813,8 @@ class _Compiler:
         whole = 15 - k if k else MAX_INT_DIGITS - 1 if point else MAX_INT_DIGITS  # integer digits at most
         top = Fraction(10) ** whole  # every magnitude written is below it
         least = Fraction(float(step)) if k else step  # the smallest positive multiple as the validator reads it
+        if residues != {0}:
+            least = Fraction(min(r or a for r in residues))  # the smallest positive value written
         positive = _all_beyond(lo, hi, least, top)
         negative = _all_beyond(_mirror(hi), _mirror(lo), least, top)
         if positive is None or negative is None:
@@ -2765,7 +2824,7 @@ class _Compiler:
                 f'"{key}": {shown} with a bound other than 0 (or ±{shown}) is compiled only between two bounds '
                 f"listing at most {4 * MAX_BRANCHES} values",
             )
-        zero = (lo is None or lo.value < 0 or (lo.value == 0 and not lo.exclusive)) and (
+        zero = 0 in residues and (lo is None or lo.value < 0 or (lo.value == 0 and not lo.exclusive)) and (
             hi is None or hi.value > 0 or (hi.value == 0 and not hi.exclusive)
         )
         states: dict[tuple[str, int, int, bool], str | None] = {}
@@ -2791,7 +2850,7 @@ class _Compiler:
                 if fraction is not None:
                     alts.append(f'"." {fraction}'.strip())
             scale = 10 ** (k - n) if phase == "frac" else 10**k
-            ends = nonzero and (rem * scale) % a == 0 and (phase == "int" or n > 0)
+            ends = nonzero and (rem * scale) % a in residues and (phase == "int" or n > 0)
             if not alts:
                 expr = "" if ends else None
             else:
@@ -3317,6 +3376,24 @@ def _counts(node: dict[str, Any], path: str, low: str, high: str) -> tuple[int, 
     if hi_i is not None and lo_i > hi_i:
         raise _Unsatisfiable(path, low, f"{low} exceeds {high}")
     return lo_i, hi_i
+
+
+def _excluded_steps(node: dict[str, Any]) -> list[Any] | None:
+    """The steps of a number type's ``"not": {"multipleOf": k}`` (or of an ``anyOf`` of such
+    schemas, two negations merged in ``allOf``), or None. No positive keyword says "no multiple
+    of k", so it is kept, not rewritten, and :meth:`_Compiler.gen_non_multiples` writes it."""
+    neg = node.get("not")
+    types = _type_set(node.get("type"))
+    if not isinstance(neg, dict) or types is None or not types or not set(types) <= {"number", "integer"}:
+        return None
+    parts = neg["anyOf"] if [k for k in neg if _asserts(neg, k)] == ["anyOf"] else [neg]
+    steps = []
+    for part in parts if isinstance(parts, list) else []:
+        keys = [k for k in part if _asserts(part, k)] if isinstance(part, dict) else None
+        if keys not in (["multipleOf"], ["divisibleBy"]):
+            return None
+        steps.append(part[keys[0]])
+    return steps or None
 
 
 def _not_an_integer(node: dict[str, Any]) -> bool:

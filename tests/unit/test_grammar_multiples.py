@@ -184,3 +184,59 @@ def test_what_stays_refused_names_multiple_of(schema: dict[str, Any]) -> None:
     compiled = compile_schema(schema)
     assert compiled.grammar is None
     assert [r.construct for r in compiled.refusals] == ["multipleOf"]
+
+
+# -- "not" of multipleOf: the numbers left, a remainder set or a listed range ---------------
+HAZELCAST_GROUP_SIZE = {  # JSONSchemaBench JsonSchemaStore/hazelcast-config-5.3: an odd CP group size
+    "anyOf": [{"const": 0}, {"type": "integer", "minimum": 3, "maximum": 7, "not": {"multipleOf": 2}}]
+}
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        HAZELCAST_GROUP_SIZE,
+        {"type": "integer", "not": {"multipleOf": 2}},
+        {"type": "integer", "minimum": 1, "not": {"multipleOf": 8}},
+        {"type": "integer", "exclusiveMaximum": 0, "not": {"multipleOf": 5}},
+        {"type": "integer", "multipleOf": 3, "not": {"multipleOf": 2}},
+        {"type": "integer", "allOf": [{"not": {"multipleOf": 2}}, {"not": {"multipleOf": 3}}]},  # lcm 6
+        {"type": "integer", "minimum": -50, "maximum": 150, "not": {"multipleOf": 7}},  # listed
+        {"type": "number", "not": {"multipleOf": 3}},
+        {"not": {"multipleOf": 2}},  # JSON-Schema-Test-Suite's not/multipleOf shape: numbers only
+        {"$schema": "http://json-schema.org/draft-04/schema#", "type": "number", "not": {"multipleOf": 4}},
+    ],
+)
+def test_not_multiple_of_an_integer_step_compiles_exactly_on_integers(schema: dict[str, Any]) -> None:
+    compiled = compile_schema(schema)
+    assert compiled.grammar is not None, compiled.refusals
+    assert invalid_walks(schema, compiled, 300) == []
+    assert _agrees_on_integers(schema) == []
+
+
+def test_a_number_type_beside_not_multiple_of_keeps_its_fractions() -> None:
+    g = grammar_of({"type": "number", "not": {"multipleOf": 2}})
+    assert g.matches("1.5") and g.matches("-0.25") and g.matches("3")
+    assert not g.matches("2.0") and not g.matches("4") and not g.matches('"x"')
+    integers = grammar_of({"type": "integer", "minimum": 3, "maximum": 7, "not": {"multipleOf": 2}})
+    assert [n for n in range(0, 10) if integers.matches(str(n))] == [3, 5, 7]
+    assert not integers.matches("3.5")
+
+
+@pytest.mark.parametrize(
+    ("schema", "construct", "unsatisfiable"),
+    [
+        ({"type": "integer", "not": {"multipleOf": 1.5}}, "not", False),  # a decimal step
+        ({"type": "integer", "not": {"multipleOf": 64}}, "not", False),  # 64 remainders, above MAX_STEP
+        ({"type": "integer", "allOf": [{"not": {"multipleOf": 6}}, {"not": {"multipleOf": 7}}]}, "not", False),
+        ({"type": "integer", "multipleOf": 4, "not": {"multipleOf": 2}}, "not", True),
+        ({"type": "integer", "minimum": 4, "maximum": 4, "not": {"multipleOf": 2}}, "not", True),
+    ],
+)
+def test_not_multiple_of_what_stays_refused_says_why(
+    schema: dict[str, Any], construct: str, unsatisfiable: bool
+) -> None:
+    compiled = compile_schema(schema)
+    assert compiled.grammar is None
+    assert [r.construct for r in compiled.refusals] == [construct]
+    assert compiled.unsatisfiable is unsatisfiable
