@@ -21,8 +21,9 @@ of positive schemas (:meth:`_Compiler.negate`); ``const``/``enum`` keep the valu
 validate against the whole schema object. Malformed schemas and constructs without a
 grammar here (``unevaluated*`` beside anyOf/oneOf/not/if, ``uniqueItems`` over an open domain,
 ``multipleOf`` with a decimal step whose digits are above 32 and no two bounds, negations of
-patterns with lookaround or inner anchors and of formats, refs to other documents …) are refused, never raised. Narrowings beyond the
-documented defaults are listed in :attr:`CompiledGrammar.notes`.
+patterns with lookaround or inner anchors and of formats, refs to other documents …) are
+refused, never raised. Narrowings beyond the documented defaults are listed in
+:attr:`CompiledGrammar.notes`.
 """
 
 from __future__ import annotations
