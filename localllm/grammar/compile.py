@@ -2748,7 +2748,7 @@ class _Compiler:
             raise _Refuse(path, "not", '"not" of "multipleOf" is compiled for integer steps only')
         step, excluded = int(step), [int(Fraction(str(v))) for v in excluded]
         if any(step % k == 0 for k in excluded):
-            raise _Unsatisfiable(path, "not", f"every multiple of {step} is a multiple of a step the \"not\" excludes")
+            raise _Unsatisfiable(path, "not", f'every multiple of {step} is a multiple of a step the "not" excludes')
         lo = self.bound(node, path, "minimum", "exclusiveMinimum")
         hi = self.bound(node, path, "maximum", "exclusiveMaximum")
         fractions = [] if integer or key is not None else self.fractions(lo, hi, path, whole=False)
@@ -2760,7 +2760,7 @@ class _Compiler:
                 texts = (self.valid_multiple(node, Fraction(n * step), path, "not") for n in range(first, last + 1))
                 kept = [gbnf_literal(t) for t in texts if t is not None] + fractions
                 if not kept:
-                    raise _Unsatisfiable(path, "not", "no number between the bounds is left by the \"not\"")
+                    raise _Unsatisfiable(path, "not", 'no number between the bounds is left by the "not"')
                 return self.rule(f"{path}-number", _alt(kept))
         modulus = math.lcm(step, *excluded)
         if modulus > MAX_STEP:
@@ -2825,8 +2825,10 @@ class _Compiler:
                 f'"{key}": {shown} with a bound other than 0 (or ±{shown}) is compiled only between two bounds '
                 f"listing at most {4 * MAX_BRANCHES} values",
             )
-        zero = 0 in residues and (lo is None or lo.value < 0 or (lo.value == 0 and not lo.exclusive)) and (
-            hi is None or hi.value > 0 or (hi.value == 0 and not hi.exclusive)
+        zero = (
+            0 in residues
+            and (lo is None or lo.value < 0 or (lo.value == 0 and not lo.exclusive))
+            and (hi is None or hi.value > 0 or (hi.value == 0 and not hi.exclusive))
         )
         states: dict[tuple[str, int, int, bool], str | None] = {}
 
