@@ -5,8 +5,10 @@ Python's ``re`` backtracks: ``^(a+)+$`` against ``"a" * 30 + "b"`` runs for minu
 while it runs, so no deadline fires and a whole process (a service's event loop too)
 freezes on one answer a model chose. Answer validation therefore matches patterns here:
 
-* the pattern is parsed by ``re``'s own parser (what it cannot parse, such as ECMA-only
-  ``\\p{L}``, raises ``re.error``), and read as ECMA-262 reads it, JSON Schema's dialect
+* ECMA-262's syntax that ``re`` lacks (``\\cX``, ``\\p{L}``, ``(?<name>…)``, ``[^]``, ...) is
+  first rewritten into what ``re`` parses (:func:`python_pattern`); the pattern is then parsed
+  by ``re``'s own parser (what it cannot parse raises ``re.error``), and read as ECMA-262
+  reads it, JSON Schema's dialect
   (:func:`_ecma`): ``\\d``, ``\\w`` and ``\\b``'s word characters ASCII, ``\\s`` ECMA's
   white space and line terminators, ``.`` no line terminator, ``$`` the very end (``re``
   reads the classes as Unicode and ``$`` also before a final newline); Python-only syntax
@@ -24,10 +26,11 @@ Linear in the text is still text × pattern: one search may take :data:`WORK_BAS
 :class:`PatternTooCostly` — callers fail the answer rather than run for minutes.
 
 What has no linear-time equivalent — backreferences, conditionals ``(?(1)…)``, atomic groups
-and possessive repeats (Python-only syntax) — and patterns whose counted repeats expand past
-:data:`MAX_STATES` raise :class:`PatternUnsupported`; :func:`unsupported_reason` says which,
-so schema checks refuse them up front (``localllm.grammar.compile.schema_problem``); with
-``fallback``, :func:`ecma_regex` (``re`` on the same ECMA reading) decides them.
+and possessive repeats (Python-only syntax), variable-width lookbehinds — and patterns whose
+counted repeats expand past :data:`MAX_STATES` raise :class:`PatternUnsupported`;
+:func:`unsupported_reason` says which, so schema checks refuse them up front
+(``localllm.grammar.compile.schema_problem``); with ``fallback``, :func:`ecma_regex` (``re``
+on the same ECMA reading) decides them (``re`` compiles no variable-width lookbehind either).
 
 :func:`search_group` gives ``re.search(pattern, text).group(n)`` in linear time too (a Pike
 VM: the NFA's threads in ``re``'s order of preference, each carrying the group's bounds).
@@ -181,9 +184,12 @@ class _Builder:
             return nfa.add(_AT, [follow], _assertion(av, flags))
         if op in (_constants.ASSERT, _constants.ASSERT_NOT):
             direction, body = av
+            low, high = body.getwidth()
+            if direction < 0 and low != high:  # re's parser leaves that check to its compiler
+                raise PatternUnsupported("it has a variable-width lookbehind")
             sub = _build(body, flags, nfa.budget, self.chars)
             self.looks = True
-            width = body.getwidth()[0] if direction < 0 else 0
+            width = low if direction < 0 else 0
             return nfa.add(_LOOK, [follow], (sub, op is _constants.ASSERT_NOT, width))
         raise PatternUnsupported(f"it uses {_UNSUPPORTED.get(op, op)}")
 
@@ -753,8 +759,7 @@ def ecma_regex(pattern: str) -> re.Pattern[str]:
 def check(pattern: str) -> None:
     """Raise ``re.error`` (naming why) when :func:`search` cannot read ``pattern`` even with
     ``fallback``: what ``re`` cannot parse, or a construct with no linear-time match that
-    ``re`` cannot compile either. A variable-width lookbehind (ES2018) is read here though
-    ``re`` compiles none."""
+    ``re`` cannot compile either (a variable-width lookbehind, ES2018)."""
     try:
         _compiled(pattern)
     except PatternUnsupported:
