@@ -3382,20 +3382,23 @@ def _counts(node: dict[str, Any], path: str, low: str, high: str) -> tuple[int, 
 
 
 def _excluded_steps(node: dict[str, Any]) -> list[Any] | None:
-    """The steps of a number type's ``"not": {"multipleOf": k}`` (or of an ``anyOf`` of such
-    schemas, two negations merged in ``allOf``), or None. No positive keyword says "no multiple
-    of k", so it is kept, not rewritten, and :meth:`_Compiler.gen_non_multiples` writes it."""
-    neg = node.get("not")
+    """The steps of a number type's ``"not": {"multipleOf": k}`` (or of ``anyOf``s of such
+    schemas, as negations merged in ``allOf`` nest them), or None. No positive keyword says "no
+    multiple of k", so it is kept, not rewritten, and :meth:`_Compiler.gen_non_multiples` writes it."""
     types = _type_set(node.get("type"))
-    if not isinstance(neg, dict) or types is None or not types or not set(types) <= {"number", "integer"}:
+    if types is None or not types or not set(types) <= {"number", "integer"}:
         return None
-    parts = neg["anyOf"] if [k for k in neg if _asserts(neg, k)] == ["anyOf"] else [neg]
-    steps = []
-    for part in parts if isinstance(parts, list) else []:
+    steps: list[Any] = []
+    stack = [node.get("not")]
+    while stack:
+        part = stack.pop()
         keys = [k for k in part if _asserts(part, k)] if isinstance(part, dict) else None
-        if keys not in (["multipleOf"], ["divisibleBy"]):
+        if keys == ["anyOf"] and isinstance(part["anyOf"], list):
+            stack.extend(part["anyOf"])
+        elif keys in (["multipleOf"], ["divisibleBy"]):
+            steps.append(part[keys[0]])
+        else:
             return None
-        steps.append(part[keys[0]])
     return steps or None
 
 

@@ -240,3 +240,35 @@ def test_not_multiple_of_what_stays_refused_says_why(
     assert compiled.grammar is None
     assert [r.construct for r in compiled.refusals] == [construct]
     assert compiled.unsatisfiable is unsatisfiable
+
+
+#: JSONSchemaBench Handwritten allany6 ("result must be mof 420 and the range is negative"):
+#: negations merged across allOf components nest their anyOfs; read one level deep, the
+#: rewrite went round until "allOf nested deeper than 64"
+ALLANY6 = {
+    "type": "number",
+    "allOf": [
+        {"minimum": -4000},
+        {"maximum": -3000},
+        {"minimum": -10000},
+        {"maximum": -2000},
+        {"$ref": "#/definitions/any1"},
+        {"$ref": "#/definitions/any2"},
+        {"$ref": "#/definitions/any3"},
+        {"not": {"multipleOf": 8}},
+    ],
+    "definitions": {
+        "any1": {"anyOf": [{"multipleOf": 33}, {"multipleOf": 12}, {"multipleOf": 77}]},
+        "any2": {"anyOf": [{"allOf": [{"not": {"multipleOf": 6}}, {"not": {"multipleOf": 7}}]}, {"multipleOf": 35}]},
+        "any3": {"anyOf": [{"not": {"multipleOf": 11}}, {"multipleOf": 7}]},
+    },
+}
+
+
+def test_negations_merged_into_nested_any_ofs_compile_exactly() -> None:
+    compiled = compile_schema(ALLANY6)
+    assert compiled.grammar is not None, compiled.refusals
+    assert invalid_walks(ALLANY6, compiled, 200) == []
+    assert _agrees_on_integers(ALLANY6, -4500, -2500) == []
+    g = grammar_of(ALLANY6)
+    assert [n for n in range(-4500, -2500) if g.matches(str(n))] == [-3850, -3780, -3465]
