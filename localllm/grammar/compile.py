@@ -3392,7 +3392,9 @@ def _excluded_steps(node: dict[str, Any]) -> list[Any] | None:
     stack = [node.get("not")]
     while stack:
         part = stack.pop()
-        keys = [k for k in part if _asserts(part, k)] if isinstance(part, dict) else None
+        if not isinstance(part, dict):
+            return None
+        keys = [k for k in part if _asserts(part, k)]
         if keys == ["anyOf"] and isinstance(part["anyOf"], list):
             stack.extend(part["anyOf"])
         elif keys in (["multipleOf"], ["divisibleBy"]):
