@@ -1159,8 +1159,10 @@ class _Compiler:
                 return {"type": kind, other: int(value) + step}
             return {"type": kind, **(self.strict_bound(other, value) if key in _EXCL else {other: value})}
         if key in ("multipleOf", "divisibleBy"):
-            # the numbers that are no multiple: no positive keyword says it, a kept "not" does
-            return {"type": "number", "not": {key: value}} if _num(value) and value > 0 else None
+            # the numbers that are no multiple of an integer step: no positive keyword says it,
+            # a kept "not" does (gen_non_multiples); a decimal step's have no grammar here
+            whole = _num(value) and value > 0 and Fraction(str(value)).denominator == 1
+            return {"type": "number", "not": {key: value}} if whole else None
         if key == "pattern" and isinstance(value, str):
             searches = _literal_searches(value)
             avoid = None if searches is None else _avoiding(searches)
