@@ -19,18 +19,20 @@ freezes on one answer a model chose. Answer validation therefore matches pattern
   run as a set of states, one step per character (cached as a lazy DFA), so the time is
   O(len(text) × NFA size) whatever the pattern: there is no backtracking to explode;
 * anchors are checked as ECMA-262 checks them; lookaheads and lookbehinds run as anchored
-  sub-searches, memoised per position (at worst quadratic, never exponential).
+  sub-searches (a variable-width lookbehind's body built right to left and run over the
+  reversed text), memoised per position (at worst quadratic, never exponential).
 
 Linear in the text is still text × pattern: one search may take :data:`WORK_BASE` +
 :data:`WORK_PER_CHAR` × len(text) NFA steps (cache hits are free), then raises
 :class:`PatternTooCostly` — callers fail the answer rather than run for minutes.
 
 What has no linear-time equivalent — backreferences, conditionals ``(?(1)…)``, atomic groups
-and possessive repeats (Python-only syntax), variable-width lookbehinds — and patterns whose
-counted repeats expand past :data:`MAX_STATES` raise :class:`PatternUnsupported`;
-:func:`unsupported_reason` says which, so schema checks refuse them up front
-(``localllm.grammar.compile.schema_problem``); with ``fallback``, :func:`ecma_regex` (``re``
-on the same ECMA reading) decides them (``re`` compiles no variable-width lookbehind either).
+and possessive repeats (Python-only syntax), a lookaround inside a variable-width lookbehind —
+and patterns whose counted repeats expand past :data:`MAX_STATES` raise
+:class:`PatternUnsupported`; :func:`unsupported_reason` says which, so schema checks refuse
+them up front (``localllm.grammar.compile.schema_problem``); with ``fallback``,
+:func:`ecma_regex` (``re`` on the same ECMA reading) decides them. A variable-width lookbehind
+(ES2018), which ``re`` cannot compile, runs its body backwards over the reversed text.
 
 :func:`search_group` gives ``re.search(pattern, text).group(n)`` in linear time too (a Pike
 VM: the NFA's threads in ``re``'s order of preference, each carrying the group's bounds).
@@ -130,16 +132,22 @@ class _Builder:
     """``re``'s parse tree → NFA states, built back to front (each item knows what follows it)."""
 
     def __init__(
-        self, nfa: _Nfa, chars: dict[tuple[Any, str, int], Callable[[str], Any]], capture: int | None = None
+        self,
+        nfa: _Nfa,
+        chars: dict[tuple[Any, str, int], Callable[[str], Any]],
+        capture: int | None = None,
+        *,
+        backwards: bool = False,
     ) -> None:
         self.nfa = nfa
+        self.backwards = backwards  # read the text right to left (a variable-width lookbehind)
         self.looks = False
         self.chars = chars  # one compiled matcher per distinct item and flags (repeats unroll copies)
         self.capture = capture  # the group whose bounds _SAVE states record, if any
         self.saved = False
 
     def sequence(self, items: Any, flags: int, follow: int) -> int:
-        for op, av in reversed(list(items)):
+        for op, av in list(items) if self.backwards else reversed(list(items)):
             follow = self.item(op, av, flags, follow)
         return follow
 
@@ -181,15 +189,21 @@ class _Builder:
                 tail = self.sequence(body, flags, tail)
             return tail
         if op is _constants.AT:
-            return nfa.add(_AT, [follow], _assertion(av, flags))
+            name, word = _assertion(av, flags)
+            if self.backwards:  # the start of the text is the end of the reversed one
+                name = {"bos": "eos", "eos": "bos", "bol": "eol", "eol": "bol"}.get(name, name)
+            return nfa.add(_AT, [follow], (name, word))
         if op in (_constants.ASSERT, _constants.ASSERT_NOT):
+            if self.backwards:
+                raise PatternUnsupported("it has a lookaround inside a variable-width lookbehind")
             direction, body = av
             low, high = body.getwidth()
-            if direction < 0 and low != high:  # re's parser leaves that check to its compiler
-                raise PatternUnsupported("it has a variable-width lookbehind")
-            sub = _build(body, flags, nfa.budget, self.chars)
+            # a fixed-width lookbehind is a search anchored its width back; a variable-width one
+            # (ES2018; re's compiler refuses it) reads the reversed text from here, right to left
+            backwards = direction < 0 and low != high
+            sub = _build(body, flags, nfa.budget, self.chars, backwards=backwards)
             self.looks = True
-            width = low if direction < 0 else 0
+            width = None if backwards else low if direction < 0 else 0
             return nfa.add(_LOOK, [follow], (sub, op is _constants.ASSERT_NOT, width))
         raise PatternUnsupported(f"it uses {_UNSUPPORTED.get(op, op)}")
 
@@ -200,10 +214,12 @@ def _build(
     budget: list[int],
     chars: dict[tuple[Any, str, int], Callable[[str], Any]],
     capture: int | None = None,
+    *,
+    backwards: bool = False,
 ) -> _Matcher:
     nfa = _Nfa(budget)
     start = nfa.add(_SPLIT, [])
-    builder = _Builder(nfa, chars, capture)
+    builder = _Builder(nfa, chars, capture, backwards=backwards)
     nfa.accept = nfa.add(_MATCH, [])
     nfa.out[start] = [builder.sequence(tree, flags, nfa.accept)]
     if capture is not None and not builder.saved:
@@ -537,6 +553,7 @@ class _Matcher:
         self.closures: dict[tuple[frozenset[int], tuple[bool, ...]], frozenset[int]] = {}
         self.steps: tuple[dict[tuple[frozenset[int], str], frozenset[int]], ...] = ({}, {})  # [anchored]
         self.held = 0  # NFA states in the cached sets
+        self.reversed_text = ("", "")  # the last text a variable-width lookbehind read, reversed
 
     def remember(self, cache: dict[Any, frozenset[int]], key: Any, result: frozenset[int]) -> None:
         if self.held + len(result) > _CACHE_LIMIT:
@@ -592,8 +609,14 @@ class _Matcher:
         key = (s, i)
         if key not in looks:
             sub, negate, width = self.nfa.test[s]
-            start = i - width
-            found = start >= 0 and sub.run(text, start, anchored=True, work=work)
+            if width is None:  # variable-width lookbehind: its reversed body, leftwards from i
+                reversed_text = self.reversed_text
+                if reversed_text[0] is not text:
+                    reversed_text = self.reversed_text = (text, text[::-1])
+                found = sub.run(reversed_text[1], len(text) - i, anchored=True, work=work)
+            else:
+                start = i - width
+                found = start >= 0 and sub.run(text, start, anchored=True, work=work)
             looks[key] = found != negate
         return looks[key]
 
@@ -759,7 +782,7 @@ def ecma_regex(pattern: str) -> re.Pattern[str]:
 def check(pattern: str) -> None:
     """Raise ``re.error`` (naming why) when :func:`search` cannot read ``pattern`` even with
     ``fallback``: what ``re`` cannot parse, or a construct with no linear-time match that
-    ``re`` cannot compile either (a variable-width lookbehind, ES2018)."""
+    ``re`` cannot compile either (a lookaround inside a variable-width lookbehind)."""
     try:
         _compiled(pattern)
     except PatternUnsupported:

@@ -448,8 +448,7 @@ _SUITE_DRAFTS = {
     "draft2020-12": _DRAFTS["2020-12"],
 }
 #: the suite's `format: regex` instances answered otherwise on purpose (README, Structured
-#: output): Python-only syntax is read as `re` reads it (schemas in the wild use inline flags);
-#: a lookbehind must have one width
+#: output): Python-only syntax is read as `re` reads it (schemas in the wild use inline flags)
 _REGEX_FORMAT_DEVIATIONS = {
     "when used as a pattern",  # "\\a": re's bell
     "Python named group (?P<name>...) is not ECMA 262",
@@ -457,7 +456,6 @@ _REGEX_FORMAT_DEVIATIONS = {
     "inline comment group (?#...) is not ECMA 262",
     "a single global inline flag (?i)",
     "multiple global inline flags (?ims)",
-    "a variable-width lookbehind (ES2018)",  # refused: see the test below
 }
 
 
@@ -474,8 +472,8 @@ def _regex_suite(draft: str) -> Iterator[dict[str, Any]]:
 def test_the_json_schema_test_suite_s_regex_tests_give_its_verdicts(tmp_path: Path, draft: str) -> None:
     """Every instance of the suite's `pattern`, `patternProperties`, `ecmascript-regex`,
     `non-bmp-regex` and `format: regex` tests, on the answer path and the service's: the 18
-    per draft that use `\\cC` or `\\p{…}` failed (`re` cannot parse either), and 4 `format: regex`
-    ones (ECMA's named groups, `\\k<name>`, `[]`, `[^]`)."""
+    per draft that use `\\cC` or `\\p{…}` failed (`re` cannot parse either), and 5 `format: regex`
+    ones (ECMA's named groups, `\\k<name>`, `[]`, `[^]`, a variable-width lookbehind)."""
     wrong, seen = set(), 0
     for group in _regex_suite(draft):
         for test in group["tests"]:
@@ -563,13 +561,57 @@ def test_escapes_that_only_look_like_ecma_s_are_kept() -> None:
     assert search(r"^[--/]+$", "-./") and search(r"^[a-c-\p{Nd}]+$", "b-৪")  # a "-" after a range is one
 
 
-@pytest.mark.parametrize("pattern", [r"(?<=a+)b", r"(?<=^a{1,3})b", r"(?<!x[0-9]*)y"])
-def test_a_variable_width_lookbehind_is_refused_not_misread(pattern: str) -> None:
-    """The linear matcher reads a lookbehind at its one width: at the least width it answered
-    `(?<=^a{1,3})b` no on "aaab" and `(?<!x[0-9]*)y` yes on "x12y"."""
-    with pytest.raises(PatternUnsupported, match="variable-width lookbehind"):
-        search(pattern, "aaab")
+@pytest.mark.parametrize(
+    ("pattern", "text", "expected"),
+    [
+        (r"(?<=a+)b", "aab", True),
+        (r"(?<=a+)b", "cb", False),
+        (r"(?<=^a{1,3})b", "aaab", True),  # read at its least width this said no
+        (r"(?<=^a{1,3})b", "aaaab", False),
+        (r"(?<!x[0-9]*)y", "x12y", False),  # and this yes
+        (r"(?<!x[0-9]*)y", "12y", True),
+        (r"(?<=\bfo+)x", "a fooox", True),
+        (r"(?<=\bfo+)x", "afooox", False),
+        (r"(?m)(?<=^a*)b", "x\naab", True),
+        (r"(?m)(?<=^a*)b", "xa\naxb", False),
+        (r"(?<=(?:ab|c)+)d$", "ababcd", True),
+    ],
+)
+def test_a_variable_width_lookbehind_is_read_right_to_left(pattern: str, text: str, expected: bool) -> None:
+    """ES2018's variable-width lookbehinds, which `re` cannot compile: the body is built
+    backwards and run over the reversed text (anchors swapped, \\b the same both ways)."""
+    assert search(pattern, text) is expected
+    check(pattern)
+    assert schema_problem({"type": "string", "pattern": pattern}) is None
+
+
+def _anchor_free(rng: random.Random, depth: int = 0) -> str:
+    atom = rng.choice(
+        ["a", "b", ".", "[ab]", r"\d", "(?:ab|1)"] + ([] if depth > 1 else ["(" + _anchor_free(rng, depth + 1) + ")"])
+    )
+    return "".join(atom + rng.choice(["", "*", "+", "?", "{1,3}", "{0,2}"]) for _ in range(rng.randint(1, 3)))
+
+
+def test_variable_width_lookbehinds_match_a_brute_force_search() -> None:
+    """Against every split of the text: ``(?<=B)c`` matches where some ``text[j:i]`` is a whole
+    match of B before a ``c`` at i (B without anchors, so a slice reads as the text does)."""
+    rng = random.Random(11)
+    tried = 0
+    for _ in range(400):
+        body = _anchor_free(rng)
+        whole = ecma_regex(body)
+        for _ in range(5):
+            text = "".join(rng.choice("ab1c") for _ in range(rng.randint(0, 9)))
+            ends = [i for i, ch in enumerate(text) if ch == "c"]
+            behind = [any(whole.fullmatch(text, j, i) for j in range(i + 1)) for i in ends]
+            tried += 1
+            assert search(f"(?<={body})c", text) is any(behind), (body, text)
+            assert search(f"(?<!{body})c", text) is (not all(behind)), (body, text)
+    assert tried == 2000
+
+
+def test_a_lookaround_inside_a_variable_width_lookbehind_is_refused() -> None:
+    with pytest.raises(PatternUnsupported, match="inside a variable-width lookbehind"):
+        search(r"(?<=a+(?!x))c", "aac")
     with pytest.raises(re.error):
-        check(pattern)
-    problem = schema_problem({"type": "string", "pattern": pattern})
-    assert problem is not None and problem[0] == "$.pattern" and "fixed-width" in problem[1], problem
+        check(r"(?<=a+(?!x))c")
