@@ -23,7 +23,7 @@ freezes on one answer a model chose. Answer validation therefore matches pattern
   reversed text), memoised per position (at worst quadratic, never exponential).
 
 Linear in the text is still text × pattern: one search may take :data:`WORK_BASE` +
-:data:`WORK_PER_CHAR` × len(text) NFA steps (cache hits are free), then raises
+:data:`WORK_PER_CHAR` × len(text) NFA steps (a cached step costs one), then raises
 :class:`PatternTooCostly` — callers fail the answer rather than run for minutes.
 
 What has no linear-time equivalent — backreferences, conditionals ``(?(1)…)``, atomic groups
@@ -77,7 +77,7 @@ __all__ = [
 
 MAX_STATES = 20_000  # NFA states a pattern may expand to (each counted repeat is unrolled)
 _CACHE_LIMIT = 500_000  # NFA states held in one pattern's lazy-DFA cache before it is flushed
-#: NFA steps one search may take (cache hits are free): a base plus a share per character. A
+#: NFA steps one search may take (a cached step costs one): a base plus a share per character. A
 #: 20,000-state repeat searched without an anchor costs its size per character until the
 #: cache holds its states; beyond this the check fails (:class:`PatternTooCostly`) instead
 #: of running for minutes
@@ -651,6 +651,12 @@ class _Matcher:
                 break
             c = text[i]
             cached = steps.get((closed, c))
+            if cached is not None:
+                # a cached step costs one unit: a lookaround's sub-search at every position
+                # reads up to the whole text each time, all of it from the cache (quadratic)
+                work[0] -= 1
+                if work[0] < 0:
+                    _spend(work, 0, text)
             states = cached if cached is not None else self.step(closed, c, anchored, text, work)
             if not states:
                 return False

@@ -311,6 +311,27 @@ def test_a_huge_repeat_searched_unanchored_in_a_long_text_stops_at_its_work_boun
     assert [r.construct for r in refusals] == ["patternProperties"] and "cannot be checked" in refusals[0].message
 
 
+@pytest.mark.parametrize("pattern", [r"(?=[ab]*x)c", r"(?<=x[ab]*)c"])
+def test_a_lookaround_at_every_position_of_a_long_text_stops_at_its_work_bound(pattern: str) -> None:
+    """Unanchored, a lookaround's sub-search runs at every position and reads on to the end (or
+    back to the start) each time, all of it from the DFA cache, whose steps cost nothing: 8,000
+    characters took 6.8 s and 50,000 minutes. A cached step costs one now."""
+    verdict = in_child(
+        f"""
+        import json
+        from localllm.grammar.pattern import PatternTooCostly, search
+        try:
+            print(json.dumps(search({pattern!r}, "ab" * 25_000 + "c")))
+        except PatternTooCostly:
+            print(json.dumps("too costly"))
+        """,
+        timeout=30,
+    )
+    assert verdict == "too costly"
+    assert search(pattern, "ab" * 50 + "c") is False  # a short text is still decided
+    assert search(pattern.replace("c", "[abc]"), "abxa") is True
+
+
 _KEYWORD_SCHEMAS: dict[str, tuple[dict[str, Any], Any]] = {
     "pattern": ({"pattern": EVIL}, NEAR_MISS),
     "patternProperties": ({"patternProperties": {EVIL: {"type": "integer"}}}, {NEAR_MISS: 1, "aa": "x"}),
