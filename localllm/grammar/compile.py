@@ -2699,16 +2699,7 @@ class _Compiler:
         if not _num(step) or step <= 0:
             raise _Refuse(path, key, f'"{key}" must be a positive number')
         exact = Fraction(str(step)) if isinstance(step, float) else Fraction(step)
-        listed = None
-        if lo is not None and hi is not None:
-            first = math.ceil(lo.value / exact)
-            last = math.floor(hi.value / exact)
-            if lo.exclusive and first * exact == lo.value:
-                first += 1
-            if hi.exclusive and last * exact == hi.value:
-                last -= 1
-            if last - first + 1 <= 4 * MAX_BRANCHES:
-                listed = range(first, last + 1)
+        listed = _multiples_between(lo, hi, exact)
         if listed is not None:
             kept = []
             for n in listed:
@@ -2754,16 +2745,13 @@ class _Compiler:
         lo = self.bound(node, path, "minimum", "exclusiveMinimum")
         hi = self.bound(node, path, "maximum", "exclusiveMaximum")
         fractions = [] if integer or key is not None else self.fractions(lo, hi, path, whole=False)
-        if lo is not None and hi is not None:
-            first, last = math.ceil(lo.value / step), math.floor(hi.value / step)
-            first += lo.exclusive and first * step == lo.value
-            last -= hi.exclusive and last * step == hi.value
-            if last - first + 1 <= 4 * MAX_BRANCHES:
-                texts = (self.valid_multiple(node, Fraction(n * step), path, "not") for n in range(first, last + 1))
-                kept = [gbnf_literal(t) for t in texts if t is not None] + fractions
-                if not kept:
-                    raise _Unsatisfiable(path, "not", 'no number between the bounds is left by the "not"')
-                return self.rule(f"{path}-number", _alt(kept))
+        listed = _multiples_between(lo, hi, Fraction(step))
+        if listed is not None:
+            texts = (self.valid_multiple(node, Fraction(n * step), path, "not") for n in listed)
+            kept = [gbnf_literal(t) for t in texts if t is not None] + fractions
+            if not kept:
+                raise _Unsatisfiable(path, "not", 'no number between the bounds is left by the "not"')
+            return self.rule(f"{path}-number", _alt(kept))
         modulus = math.lcm(step, *excluded)
         if modulus > MAX_STEP:
             raise _Refuse(
@@ -3322,6 +3310,17 @@ def _format_tree(fmt: str) -> tuple[Any, ...]:
 def _mirror(b: _Bound | None) -> _Bound | None:
     """``b`` for the negated values (a lower bound of -x read as an upper bound of x)."""
     return None if b is None else _Bound(-b.value, b.exclusive)
+
+
+def _multiples_between(lo: _Bound | None, hi: _Bound | None, step: Fraction) -> range | None:
+    """The ``n`` whose ``n * step`` lies between two bounds, when there are two and at most
+    MAX_BRANCHES*4 such multiples (few enough to list one by one); else None."""
+    if lo is None or hi is None:
+        return None
+    first, last = math.ceil(lo.value / step), math.floor(hi.value / step)
+    first += lo.exclusive and first * step == lo.value
+    last -= hi.exclusive and last * step == hi.value
+    return range(first, last + 1) if last - first + 1 <= 4 * MAX_BRANCHES else None
 
 
 def _all_beyond(lo: _Bound | None, hi: _Bound | None, step: Fraction, top: Fraction) -> bool | None:

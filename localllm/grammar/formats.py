@@ -106,9 +106,7 @@ def format_checker(cls: Any) -> Any:
     import jsonschema
 
     checker = jsonschema.FormatChecker([])
-    checker.checkers = dict(cls.FORMAT_CHECKER.checkers)
-    if "regex" in checker.checkers:
-        checker.checkers["regex"] = (_is_regex, (re.error,))
+    checker.checkers = dict(meta_format_checker(cls).checkers)  # regex read as patterns are
     strict = dict(_STRICT)
     if "idn-hostname" not in checker.checkers:  # drafts 4 and 6 know no IDNA: RFC 1123 alone
         strict["hostname"] = functools.partial(_is_hostname, idna_aware=False)

@@ -368,17 +368,6 @@ COUNTED = {
 }
 
 
-@pytest.mark.parametrize("name", COUNTED)
-def test_counted_properties_and_items_walk_valid_through_the_engine(llama: Engine, name: str) -> None:
-    schema = COUNTED[name]
-    entries = grammars(name, schema)
-    assert entries, compile_schema(schema).refusals
-    for entry in entries:
-        found = walk_check(llama, entry.id, schema, entry.grammar, walks=WALKS, seed=_seed(entry.id))
-        assert found.mismatches == [] and found.invalid == [], found.mismatches + found.invalid[:20]
-        assert found.distinct >= 10  # the walks reach more than one count
-
-
 #: ECMA-262's property and control escapes, compiled into classes of hundreds of ranges
 #: (astral ones too): walked through the engine and judged by the validator's own reading
 PROPERTIES = {
@@ -389,15 +378,15 @@ PROPERTIES = {
 }
 
 
-@pytest.mark.parametrize("name", PROPERTIES)
-def test_unicode_property_classes_walk_valid_through_the_engine(llama: Engine, name: str) -> None:
-    schema = PROPERTIES[name]
+@pytest.mark.parametrize("name", [*COUNTED, *PROPERTIES])
+def test_counted_and_unicode_class_schemas_walk_valid_through_the_engine(llama: Engine, name: str) -> None:
+    schema = {**COUNTED, **PROPERTIES}[name]
     entries = grammars(name, schema)
     assert entries, compile_schema(schema).refusals
     for entry in entries:
         found = walk_check(llama, entry.id, schema, entry.grammar, walks=WALKS, seed=_seed(entry.id))
         assert found.mismatches == [] and found.invalid == [], found.mismatches + found.invalid[:20]
-        assert found.distinct >= 10
+        assert found.distinct >= 10  # the walks reach more than one count, more than one character
 
 
 # ---------------------------------------------------------------------------- the checks can fail

@@ -28,6 +28,20 @@ def validator(schema: Any) -> Any:
     return cls(schema, format_checker=format_checker(cls))
 
 
+def both_paths(root: Path, schema: Any, data: Any) -> tuple[bool, bool]:
+    """Is ``data`` valid on the answer path (``SchemaSet.validate``) and on the service's?"""
+    from localllm.errors import AgentError
+    from localllm.schema import SchemaSet
+    from localllm.service.chat import _violation
+
+    try:
+        SchemaSet(root).validate(json.dumps(data), schema)
+        answer_path = True
+    except AgentError:
+        answer_path = False
+    return answer_path, _violation(schema, data) is None
+
+
 def grammar_of(schema: Any, **kw: Any) -> Grammar:
     """The schema's compiled grammar, parsed (the test fails on a refusal)."""
     compiled = compile_schema(schema, **kw)
