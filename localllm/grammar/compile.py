@@ -117,17 +117,15 @@ _FORMATS = (
     "iri-reference",
     "uri-template",
     "duration",
+    "ipv6",
+    "idn-hostname",
+    "json-pointer",
+    "relative-json-pointer",
+    "regex",
 )
-_CHECKED_FORMATS = frozenset(
-    {
-        "ipv6",
-        "idn-hostname",
-        "json-pointer",
-        "relative-json-pointer",
-        "regex",
-        "color",
-    }
-)
+#: formats whose grammar is written over the decoded characters (a regex's one backslash is two
+#: characters of JSON text): always compiled through ``product``, which writes them as JSON
+_DECODED_FORMATS = frozenset({"regex"})
 #: formats whose grammar admits only part of what the format allows (sound, narrower)
 _NARROWED_FORMATS = {
     "hostname": "lowercase, at most 4 labels of at most 32 characters, none with -- in its 3rd and 4th places",
@@ -139,9 +137,18 @@ _NARROWED_FORMATS = {
     "iri-reference": "https, http, ftp or file://host/path only (ASCII, at most 4 path segments, no query or fragment)",
     "uri-template": "https://host/path only, each of at most 4 path segments a literal or one {variable}",
     "duration": "RFC 3339's form (P1Y2M3DT4H5M6S, P2W), whole numbers of at most 4 digits",
+    "idn-hostname": "ASCII only, as the hostname format is generated",
+    "json-pointer": "reference tokens of printable ASCII but quote and backslash",
+    "relative-json-pointer": (
+        "a prefix of at most 4 digits, then reference tokens of printable ASCII but quote and backslash"
+    ),
+    "regex": (
+        "literals, ., escapes, [classes] with a-z A-Z 0-9 ranges, groups nested at most 2 deep, "
+        "alternation, the quantifiers * + ? {n} {n,} {n,mm} (lazy too), ^ and $"
+    ),
 }
-#: (shortest, longest) string each format grammar generates
-_FORMAT_LENGTHS: dict[str, tuple[int, int]] = {
+#: (shortest, longest) string each format grammar generates (None: no longest)
+_FORMAT_LENGTHS: dict[str, tuple[int, int | None]] = {
     "date": (10, 10),
     "time": (9, 24),
     "date-time": (20, 35),
@@ -156,6 +163,11 @@ _FORMAT_LENGTHS: dict[str, tuple[int, int]] = {
     "iri-reference": (7, 223),
     "uri-template": (9, 223),
     "duration": (3, 32),
+    "ipv6": (2, 45),
+    "idn-hostname": (1, 131),
+    "json-pointer": (0, None),
+    "relative-json-pointer": (1, None),
+    "regex": (0, None),
 }
 
 _PRIMITIVES = {
@@ -213,6 +225,41 @@ _PRIMITIVES = {
     "duration": '"P" ( dur-date | dur-time | dur-n "W" )',
     "dur-date": '( dur-n "D" | dur-n "M" ( dur-n "D" )? | dur-n "Y" ( dur-n "M" ( dur-n "D" )? )? ) dur-time?',
     "dur-time": '"T" ( dur-n "S" | dur-n "M" ( dur-n "S" )? | dur-n "H" ( dur-n "M" ( dur-n "S" )? )? )',
+    # RFC 3986's IPv6address: what ipaddress.IPv6Address reads (the format refuses a zone)
+    "h16": "hex{1,4}",
+    "ls32": 'h16 ":" h16 | ipv4',
+    "ipv6": (
+        '( h16 ":" ){6} ls32 | "::" ( h16 ":" ){5} ls32 | h16? "::" ( h16 ":" ){4} ls32 '
+        '| ( h16 ( ":" h16 )? )? "::" ( h16 ":" ){3} ls32 | ( h16 ( ":" h16 ){0,2} )? "::" ( h16 ":" ){2} ls32 '
+        '| ( h16 ( ":" h16 ){0,3} )? "::" h16 ":" ls32 | ( h16 ( ":" h16 ){0,4} )? "::" ls32 '
+        '| ( h16 ( ":" h16 ){0,5} )? "::" h16 | ( h16 ( ":" h16 ){0,6} )? "::"'
+    ),
+    "idn-hostname": "hostname",
+    # RFC 6901: reference tokens after "/", a "~" written "~0" and a "/" "~1"
+    "ptr-char": r'[ !#-.0-\x5B\x5D-}] | "~" [01]',
+    "json-pointer": '( "/" ptr-char* )*',
+    "relative-json-pointer": '( "0" | [1-9] [0-9]{0,3} ) ( "#" | json-pointer )',
+    # format "regex", over the decoded characters (_DECODED_FORMATS): groups nest 2 deep, so
+    # that the rules are not recursive and the product's automaton reads them
+    "re-lit": "[A-Za-z0-9 _,:;@#%&'=<>!/~-]",
+    "re-esc": r'"\\" [dDwWsSnrt.\\/()\x5B\x5D{}*+?|^$-]',
+    "re-class-item": r'[A-Za-z0-9 _,:;@#%=<>!/.] | "a-z" | "A-Z" | "0-9" | "\\" [dDwWsS.\\\x5D-]',
+    "re-class": '"[" "^"? re-class-item+ "-"? "]"',
+    # {n,m} needs n <= m: a one-digit n with a two-digit m, or both one digit, m at least n
+    "re-quant": (
+        '( [*+?] | "{" ( [0-9] ( "," ( [1-9] [0-9] )? )? | "0," [0-9] | "1," [1-9] | "2," [2-9] | "3," [3-9] '
+        '| "4," [4-9] | "5," [5-9] | "6," [6-9] | "7," [7-9] | "8," [89] | "9,9" ) "}" ) "?"?'
+    ),
+    "re-atom0": 're-lit | "." | re-esc | re-class',
+    # an anchor or a word boundary is never quantified (a quantifier after one is an error)
+    "re-piece0": 're-atom0 re-quant? | "^" | "$" | "\\\\" [bB]',
+    "re-alt0": 're-piece0* ( "|" re-piece0* )*',
+    "re-atom1": 're-atom0 | "(" "?:"? re-alt0 ")"',
+    "re-piece1": 're-atom1 re-quant? | "^" | "$" | "\\\\" [bB]',
+    "re-alt1": 're-piece1* ( "|" re-piece1* )*',
+    "re-atom2": 're-atom0 | "(" "?:"? re-alt1 ")"',
+    "re-piece2": 're-atom2 re-quant? | "^" | "$" | "\\\\" [bB]',
+    "regex": 're-piece2* ( "|" re-piece2* )*',
 }
 _PRIMITIVE_DEPS = {
     "char": ("hex-cp",),
@@ -237,6 +284,22 @@ _PRIMITIVE_DEPS = {
     "duration": ("dur-n", "dur-date", "dur-time"),
     "dur-date": ("dur-n", "dur-time"),
     "dur-time": ("dur-n",),
+    "h16": ("hex",),
+    "ls32": ("h16", "ipv4"),
+    "ipv6": ("h16", "ls32"),
+    "idn-hostname": ("hostname",),
+    "json-pointer": ("ptr-char",),
+    "relative-json-pointer": ("json-pointer",),
+    "re-class": ("re-class-item",),
+    "re-atom0": ("re-lit", "re-esc", "re-class"),
+    "re-piece0": ("re-atom0", "re-quant"),
+    "re-alt0": ("re-piece0",),
+    "re-atom1": ("re-atom0", "re-alt0"),
+    "re-piece1": ("re-atom1", "re-quant"),
+    "re-alt1": ("re-piece1",),
+    "re-atom2": ("re-atom0", "re-alt1"),
+    "re-piece2": ("re-atom2", "re-quant"),
+    "regex": ("re-piece2",),
 }
 
 
@@ -2459,14 +2522,15 @@ class _Compiler:
             if fmt in _NARROWED_FORMATS:
                 self.notes.append(f'{path}: "format": {_q(fmt)} is generated narrowed: {_NARROWED_FORMATS[fmt]}')
             flo, fhi = _FORMAT_LENGTHS[fmt]
-            if pattern is None and lo <= flo and (hi is None or hi >= fhi):
+            within = lo <= flo and (hi is None or (fhi is not None and hi >= fhi))
+            if pattern is None and within and fmt not in _DECODED_FORMATS:
                 return f'"\\"" {self.primitive(fmt)} "\\""'
             # a pattern or length bounds beside it: the product of the format's automaton and the patterns'
             if pattern is not None and not isinstance(pattern, str):
                 raise _Refuse(path, "pattern", '"pattern" must be a string')
             patterns = () if pattern is None else self.intersected.get(pattern, (pattern,))
             return self.product(patterns, path, lo, hi, fmt=fmt)
-        if isinstance(fmt, str) and fmt in _CHECKED_FORMATS:
+        if isinstance(fmt, str) and fmt in self.validator.format_checker.checkers:
             raise _Refuse(path, "format", f'"format": {_q(fmt)} has no grammar here')
         if pattern is not None:
             if not isinstance(pattern, str):
@@ -2595,16 +2659,19 @@ class _Compiler:
         if lo or hi is not None:
             shown += f" (length {lo}..{'' if hi is None else hi})"
         try:
-            dfa = automaton.intersection(
-                branches,
-                _JSON_UNIVERSE,
-                lo=lo,
-                hi=hi,
-                limit=MAX_PRODUCT_STATES,
-                nfa_limit=MAX_STATES,
-                work=self.automaton_work,
-                negated=negated,
-            )
+            if fmt is not None and not patterns:
+                dfa = _format_dfa(fmt, lo, hi)
+            else:
+                dfa = automaton.intersection(
+                    branches,
+                    _JSON_UNIVERSE,
+                    lo=lo,
+                    hi=hi,
+                    limit=MAX_PRODUCT_STATES,
+                    nfa_limit=MAX_STATES,
+                    work=self.automaton_work,
+                    negated=negated,
+                )
         except automaton.TooLarge as exc:
             construct = "pattern" if patterns else "maxLength" if hi is not None else "minLength"
             raise _Refuse(path, construct, f"{'pattern ' * bool(patterns)}{shown} is not compiled: {exc}") from None
@@ -3305,6 +3372,16 @@ def _format_tree(fmt: str) -> tuple[Any, ...]:
         raise ValueError(f"format {fmt!r}: {kind} is not read as a regex tree")
 
     return tree(rules["root"])
+
+
+@functools.lru_cache(maxsize=64)
+def _format_dfa(fmt: str, lo: int, hi: int | None) -> automaton.Dfa | None:
+    """``fmt``'s strings ``lo``..``hi`` long, as a DFA: the same for every schema (a regex
+    format's determinisation alone takes ~80 ms), so made once per process."""
+    tree = _format_tree(fmt)
+    return automaton.intersection(
+        [[(True, True, tree)]], _JSON_UNIVERSE, lo=lo, hi=hi, limit=MAX_PRODUCT_STATES, nfa_limit=MAX_STATES
+    )
 
 
 def _mirror(b: _Bound | None) -> _Bound | None:

@@ -193,7 +193,7 @@ def test_compile_explain_lists_every_refusal_with_a_hint(tmp_path: Path, capsys:
         "type": "object",
         "properties": {
             "a": {"type": "string", "pattern": "^(?=a)a$"},
-            "b": {"type": "string", "format": "ipv6"},
+            "b": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
             "c": {"type": "integer", "minimum": 1},
         },
     }
@@ -206,7 +206,7 @@ def test_compile_explain_lists_every_refusal_with_a_hint(tmp_path: Path, capsys:
     assert result["grammar"] is None
     assert [(r["path"], r["construct"]) for r in result["refusals"]] == [
         ("$.properties.a", "pattern"),
-        ("$.properties.b", "format"),
+        ("$.properties.b", "uniqueItems"),
     ]
     assert all(r["hint"] for r in result["refusals"])
 

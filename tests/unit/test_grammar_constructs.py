@@ -542,6 +542,130 @@ def test_duration_is_generated_in_rfc_3339_form_and_valid(draft: str) -> None:
     assert not any(check.is_valid(t) for t in invalid)
 
 
+D7 = "http://json-schema.org/draft-07/schema#"
+
+
+# ---------------------------------------------------------------------------- ipv6, pointers, regex
+
+
+def _ipv6_candidates(rng: random.Random, n: int) -> list[str]:
+    """Near-misses and hits: 1..10 parts of 0..5 hex digits (a "g" now and then), an IPv4
+    tail or an empty part here and there, one ":" doubled."""
+
+    def part() -> str:
+        r = rng.random()
+        if r < 0.08:
+            return ""
+        if r < 0.15:
+            return ".".join(
+                rng.choice(["0", "1", "9", "10", "255", "256", "01"]) for _ in range(rng.choice([3, 4, 4, 5]))
+            )
+        return "".join(rng.choice("0123456789abcdefABCDEFg") for _ in range(rng.choice([1, 1, 2, 3, 4, 4, 5])))
+
+    out = []
+    for _ in range(n):
+        text = ":".join(part() for _ in range(rng.randint(1, 10)))
+        out.append(text.replace(":", "::", 1) if rng.random() < 0.3 else text)
+    return out
+
+
+@pytest.mark.parametrize("draft", [D4, D2020])
+def test_ipv6_is_compiled_exactly(draft: str) -> None:
+    """Refused before ("has no grammar here"; 13 JSONSchemaBench schemas, Snowplow's host
+    among them). RFC 3986's IPv6address is what ``ipaddress.IPv6Address`` reads: the grammar
+    admits exactly the candidates the format check accepts, compressed forms and IPv4 tails
+    included."""
+    schema = {"$schema": draft, "type": "string", "format": "ipv6"}
+    compiled = compile_schema(schema)
+    assert compiled.grammar is not None, compiled.refusals
+    assert not any("ipv6" in n for n in compiled.notes)  # exact: not narrowed
+    grammar, check = Grammar.parse(compiled.grammar), validator(schema)
+    candidates = _ipv6_candidates(random.Random(7), 6000)
+    candidates += ["::", "::1", "1::", "::ffff:10.0.0.1", "1:2:3:4:5:6:7:8", "1:2:3:4:5:6:7::", "fe80::1%eth0"]
+    disagree = [t for t in candidates if grammar.matches(json.dumps(t)) != check.is_valid(t)]
+    assert sum(map(check.is_valid, candidates)) > 300
+    assert disagree == []
+    assert invalid_walks(schema, compiled, 500) == []
+
+
+def test_ipv6_with_a_pattern_beside_it_is_their_product() -> None:
+    schema = {"type": "string", "format": "ipv6", "pattern": "^fe80:", "maxLength": 12}
+    grammar = grammar_of(schema)
+    assert grammar.matches('"fe80::1"') and not grammar.matches('"fe81::1"') and not grammar.matches('"fe80::1:2:3:4"')
+    assert invalid_walks(schema, compile_schema(schema), 500) == []
+
+
+@pytest.mark.parametrize("draft", [D7, D2020])
+@pytest.mark.parametrize(
+    ("fmt", "admitted", "invalid"),
+    [
+        ("json-pointer", ["", "/", "/a/0", "/a~1b/~0", "/ x/{}"], ["a", "/~", "/~2", "/a~"]),
+        ("relative-json-pointer", ["0", "0#", "1/a", "12/a~1b"], ["", "#", "01", "/a", "-1", "1~"]),
+        ("idn-hostname", ["example.com", "a-b.c1"], ["-x", "a..b", "xn--x"]),
+    ],
+)
+def test_pointers_and_idn_hostnames_compile_narrowed(
+    draft: str, fmt: str, admitted: list[str], invalid: list[str]
+) -> None:
+    """Refused before; generated narrowed now (printable ASCII tokens; ASCII hostnames)."""
+    schema = {"$schema": draft, "type": "string", "format": fmt}
+    compiled = compile_schema(schema)
+    assert compiled.grammar is not None, compiled.refusals
+    assert any(fmt in n for n in compiled.notes)
+    grammar, check = Grammar.parse(compiled.grammar), validator(schema)
+    assert [t for t in admitted + invalid if check.is_valid(t)] == admitted
+    assert [t for t in admitted + invalid if grammar.matches(json.dumps(t))] == admitted
+    assert invalid_walks(schema, compiled, 1000) == []
+
+
+COMMON_REGEXES = [
+    "^[a-zA-Z0-9_-]+$",
+    r"\d{3}-\d{4}",
+    r"^https?://",
+    r"(foo|bar)\.txt$",
+    r"^\bword\b",
+    r"[^\s]+",
+    r"^v?\d+(\.\d+){0,2}$",
+    r"^(?:[a-z]{2,5}|\*)$",
+    "",
+]
+
+
+@pytest.mark.parametrize("draft", [D4, D2020])
+def test_regex_format_is_generated_as_patterns_that_compile(draft: str) -> None:
+    """Refused before (17 JSONSchemaBench schemas: appveyor's commit message filter, renovate's
+    extractVersion, ...). The grammar writes a narrowed regex language over the decoded
+    characters (a backslash is two characters of JSON text); every walk is a pattern the
+    format check reads, and the everyday patterns are admitted."""
+    schema = {"$schema": draft, "type": "string", "format": "regex"}
+    compiled = compile_schema(schema)
+    assert compiled.grammar is not None, compiled.refusals
+    assert any("regex" in n for n in compiled.notes)
+    grammar = Grammar.parse(compiled.grammar)
+    assert [r for r in COMMON_REGEXES if not grammar.matches(json.dumps(r))] == []
+    # quantified anchors or boundaries, a reversed count, an open class or group: not patterns
+    for bad in ["^*", r"\b+", "a{3,2}", "[a-", "(a", "a**", "[]"]:
+        assert not grammar.matches(json.dumps(bad)), bad
+    assert invalid_walks(schema, compiled, 3000) == []
+
+
+def test_regex_format_beside_a_pattern_is_their_product() -> None:
+    # Github_hard o90970 (GitLab CI's job coverage): a regex between slashes
+    schema = {"type": "string", "format": "regex", "pattern": "^/.+/$"}
+    grammar = grammar_of(schema)
+    assert grammar.matches(json.dumps(r"/\d+\.\d+%/")) and not grammar.matches(json.dumps(r"\d+"))
+    assert invalid_walks(schema, compile_schema(schema), 1000) == []
+
+
+@pytest.mark.parametrize("draft", [D4, D7, D2020])
+def test_a_format_the_draft_does_not_assert_is_an_annotation(draft: str) -> None:
+    """``color`` (asserted by draft 3 alone, whose schemas are not compiled) was refused as a
+    format with no grammar (7 JSONSchemaBench schemas, all draft 4): it constrains nothing."""
+    schema = {"$schema": draft, "type": "string", "format": "color"}
+    grammar = grammar_of(schema)
+    assert grammar.matches('"#ff0000"') and grammar.matches('"not a colour"')
+
+
 def test_uri_admits_the_common_schemes() -> None:
     # MCPspec ListRootsResult: a root's uri "must start with file://"
     schema = {"type": "object", "properties": {"uri": {"type": "string", "format": "uri"}}, "required": ["uri"]}
