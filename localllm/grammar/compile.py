@@ -398,7 +398,6 @@ def meta_problem(schema: Any, *, formats: bool = True) -> tuple[str, str] | None
 
 
 _SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "dependentSchemas", "patternProperties"})
-_SCHEMA_DATA = frozenset({"enum", "const", "default", "examples"})
 
 
 def _slow_pattern(schema: Any) -> tuple[str, str] | None:
@@ -425,7 +424,7 @@ def _slow_pattern(schema: Any) -> tuple[str, str] | None:
             continue
         for key, value in node.items():
             here = child(path, key)
-            if key in _SCHEMA_DATA:
+            if key in DATA_KEYWORDS:
                 continue
             if key == "pattern" and isinstance(value, str) and (reason := why(value)):
                 return here, reason
@@ -909,7 +908,7 @@ class _Compiler:
         if path != "$" and any(
             # the root's own id, carried into merged or distributed copies of the root, is no nesting
             isinstance(node.get(k), str) and not node[k].startswith("#") and node[k] != self.root_id
-            for k in ("$id", "id" if self.draft == 4 else "$id")
+            for k in (("id",) if self.draft == 4 else ("$id",))  # draft 4 reads no "$id"
         ):
             raise _Refuse(path, "$id", "a nested $id changes how refs resolve; not compiled")
         if "$ref" in node and self.draft >= 2019 and ("unevaluatedProperties" in node or "unevaluatedItems" in node):
@@ -3124,7 +3123,14 @@ def _local_refs(root: dict[str, Any], id_key: str, *, legacy: bool = False) -> d
             return True
         if isinstance(ref, str) and ref != "#" and not ref.startswith("#/"):
             return True
-        return any(has_ids(v, False) for k, v in node.items() if k not in DATA_KEYWORDS)
+        # a map's keys are names (a property may be called "default"), its values schemas
+        return any(
+            any(has_ids(sub, False) for sub in v.values())
+            if k in _APPLICATOR_MAPS and isinstance(v, dict)
+            else has_ids(v, False)
+            for k, v in node.items()
+            if k not in DATA_KEYWORDS
+        )
 
     if not has_ids(root, True):
         return root
@@ -3189,6 +3195,8 @@ def _local_refs(root: dict[str, Any], id_key: str, *, legacy: bool = False) -> d
                 else:
                     target = anchors.get((doc, frag))
                 out[k] = v if target is None else "#" + "".join("/" + escape(t) for t in target)
+            elif k in _APPLICATOR_MAPS and isinstance(v, dict):
+                out[k] = {name: rewrite(sub, False) for name, sub in v.items()}
             else:
                 out[k] = rewrite(v, False)
         return out

@@ -308,6 +308,44 @@ def test_still_refused_with_the_construct(schema: Any, construct: str) -> None:
             [1],
             ["a"],
         ),
+        (  # a property named "default" (or "enum", "const", "examples") is a schema, not data:
+            # its nested $id was left in place and refused ("a nested $id changes how refs
+            # resolve"; JSONSchemaBench Github_ultra o76156), its refs not followed
+            {
+                "$schema": "http://json-schema.org/draft-07/schema#",
+                "$id": "https://h/root.json",
+                "type": "object",
+                "properties": {
+                    "default": {
+                        "$id": "d.json",
+                        "type": "object",
+                        "properties": {"n": {"$ref": "#/definitions/n"}},
+                        "definitions": {"n": {"type": "integer"}},
+                    },
+                    "enum": {"$ref": "d.json"},
+                },
+                "definitions": {"n": {"type": "string"}},
+                "required": ["default", "enum"],
+            },
+            [{"default": {"n": 1}, "enum": {}}],
+            [{"default": {"n": "1"}, "enum": {}}, {"default": {}, "enum": {"n": "x"}}],
+        ),
+        (  # draft 4 reads "id", never "$id": nine JSONSchemaBench schemas (JSON Schema Store's
+            # base and cryproj, Github_medium o46413) were refused for a keyword it ignores
+            {
+                "$schema": "http://json-schema.org/draft-04/schema#",
+                "definitions": {"a": {"type": "integer"}},
+                "properties": {
+                    "x": {
+                        "$id": "http://other.example/x.json",
+                        "definitions": {"a": {"type": "string"}},
+                        "properties": {"y": {"$ref": "#/definitions/a"}},
+                    }
+                },
+            },
+            [{"x": {"y": 1}}],
+            [{"x": {"y": "s"}}],
+        ),
     ],
 )
 def test_same_document_ids_and_anchors_resolve(schema: Any, admits: list[Any], rejects: list[Any]) -> None:
