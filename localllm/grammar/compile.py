@@ -95,6 +95,8 @@ MAX_INT_DIGITS = 16
 #: FRACTION_INT_CAP + 1 (15 significant digits in all: the parsed float orders like the decimal)
 FRACTION_DIGITS = 6
 FRACTION_INT_CAP = 10**9 - 1
+#: the steps 0.1 .. 0.000001 (decimals_between writes their multiples between any two bounds)
+_POWERS_OF_TEN = frozenset(10**k for k in range(1, FRACTION_DIGITS + 1))
 
 _TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
 
@@ -2790,7 +2792,35 @@ class _Compiler:
             # there (a float's remainder is exact), written so, at most 15 digits before the
             # point so the float parsed is the integer written (10^15 < 2^53)
             point = '".0"'
+        tenth = exact.numerator == 1 and exact.denominator in _POWERS_OF_TEN
+        if tenth and not point and (lo is not None or hi is not None):
+            try:
+                return self.unbounded_multiples(exact, lo, hi, path, key, point=point, integer=integer)
+            except _Refuse:  # a bound other than 0 / ±step: 0.01 from 0.01 up to 99999999999999.98
+                return self.decimals_between(lo, hi, exact, path, key)
         return self.unbounded_multiples(exact, lo, hi, path, key, point=point, integer=integer)
+
+    def decimals_between(self, lo: _Bound | None, hi: _Bound | None, step: Fraction, path: str, key: str) -> str:
+        """The multiples of ``step``, 10^-k (amounts of money: 0.01), between bounds other than
+        0 and ±step: the integers between them and the numbers with 1 to k decimals between
+        them, an integer part below 10^(15-k) (15 significant digits: the float parsed is the
+        decimal written, so the bounded validator decides the step and the bounds on it exactly);
+        a bound beyond that magnitude bounds nothing written."""
+        k = len(str(step.denominator)) - 1
+        top = 10 ** (15 - k)
+        shown = _decimal_text(step)
+        ilo = -(top - 1) if lo is None or lo.value <= -top else _int_at_least(lo)
+        ihi = top - 1 if hi is None or hi.value >= top else _int_at_most(hi)
+        parts = [integer_range(ilo, ihi)] if ilo <= ihi else []
+        near_lo, near_hi = (None if b is None or abs(b.value) >= top else b for b in (lo, hi))
+        parts.extend(self.fractions(near_lo, near_hi, path, places=k, cap=top - 1))
+        if not parts:
+            raise _Unsatisfiable(path, key, f"no multiple of {shown} lies between the bounds")
+        self.notes.append(
+            f"{path}: multiples of {shown} are written with at most {k} decimal{'s' * (k > 1)}, "
+            f"below 10^{15 - k} and with no exponent"
+        )
+        return self.rule(f"{path}-multiple", _alt(parts))
 
     def gen_non_multiples(self, node: dict[str, Any], path: str, excluded: list[Any], *, integer: bool) -> str:
         """Numbers that are no multiple of any ``excluded`` step (a kept ``"not"`` of
@@ -2985,11 +3015,21 @@ class _Compiler:
             )
         return self.rule(f"{path}-non-integer", _alt(parts))
 
-    def fractions(self, lo: _Bound | None, hi: _Bound | None, path: str, *, whole: bool = True) -> list[str]:
-        """Numbers written with a fraction part ``k.ddd`` (|k| < 10^9, 1-6 fraction digits: at
-        most 15 significant digits, so the float a validator parses orders exactly like the
-        decimal against a bound of at most 15 significant digits), exactly within the bounds;
-        ``whole=False`` leaves out those whose fraction digits are all 0 (``2.0``)."""
+    def fractions(
+        self,
+        lo: _Bound | None,
+        hi: _Bound | None,
+        path: str,
+        *,
+        whole: bool = True,
+        places: int = FRACTION_DIGITS,
+        cap: int = FRACTION_INT_CAP,
+    ) -> list[str]:
+        """Numbers written with a fraction part ``k.ddd`` (|k| <= ``cap``, 10^9 - 1, and 1 to
+        ``places``, 6, fraction digits: at most 15 significant digits, so the float a validator
+        parses orders exactly like the decimal against a bound of at most 15 significant
+        digits), exactly within the bounds; ``whole=False`` leaves out those whose fraction
+        digits are all 0 (``2.0``)."""
         dlo = None if lo is None else _decimal_bound(lo)
         dhi = None if hi is None else _decimal_bound(hi)
         if (lo is not None and dlo is None) or (hi is not None and dhi is None):
@@ -3002,22 +3042,21 @@ class _Compiler:
         # non-negative: magnitude in [max(lo, 0), hi]
         if dhi is None or dhi.value >= 0:
             low = dlo if dlo is not None and dlo.value >= 0 else _Bound(Fraction(0), False)
-            expr = self.magnitudes(low, dhi, whole=whole)
+            expr = self.magnitudes(low, dhi, whole=whole, places=places, cap=cap)
             if expr:
                 parts.append(expr)
         # negative: -m with m in [max(-hi, 0), -lo]
         if dlo is None or dlo.value < 0:
             low = _Bound(-dhi.value, dhi.exclusive) if dhi is not None and dhi.value <= 0 else _Bound(Fraction(0), True)
             high = None if dlo is None else _Bound(-dlo.value, dlo.exclusive)
-            expr = self.magnitudes(low, high, whole=whole)
+            expr = self.magnitudes(low, high, whole=whole, places=places, cap=cap)
             if expr:
                 parts.append(f'"-" {expr}' if _is_atom(expr) else f'"-" ( {expr} )')
         return parts
 
-    def magnitudes(self, lo: _Bound, hi: _Bound | None, *, whole: bool = True) -> str | None:
-        """``I.ddd`` (0 <= I < 10^9, 1-6 fraction digits) with lo <= value <= hi (strict where
-        exclusive); ``whole=False``: a digit other than 0 among the ddd."""
-        cap = FRACTION_INT_CAP
+    def magnitudes(self, lo: _Bound, hi: _Bound | None, *, whole: bool, places: int, cap: int) -> str | None:
+        """``I.ddd`` (0 <= I <= ``cap``, 1 to ``places`` fraction digits) with lo <= value <= hi
+        (strict where exclusive); ``whole=False``: a digit other than 0 among the ddd."""
         i_lo = math.floor(lo.value)
         lo_digits = _fraction_digits(lo.value - i_lo)
         if hi is None or hi.value >= cap + 1:
@@ -3027,7 +3066,7 @@ class _Compiler:
             hi_digits, hi_strict = _fraction_digits(hi.value - i_hi), hi.exclusive
         if i_lo > i_hi:
             return None
-        frac = _FractionDigits(FRACTION_DIGITS, self.rule)
+        frac = _FractionDigits(places, self.rule)
 
         def digits(low: str | None, low_strict: bool, high: str | None, high_strict: bool) -> str | None:
             if not whole and not low:

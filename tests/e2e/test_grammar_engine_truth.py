@@ -392,9 +392,17 @@ FORMATS = {
 }
 
 
-@pytest.mark.parametrize("name", [*COUNTED, *PROPERTIES, *FORMATS])
-def test_counted_and_unicode_class_schemas_walk_valid_through_the_engine(llama: Engine, name: str) -> None:
-    schema = {**COUNTED, **PROPERTIES, **FORMATS}[name]
+#: steps of 10^-k beside bounds other than 0 (amounts of money), compiled since session 29
+MONEY = {
+    "cents from 0.01": {"type": "number", "multipleOf": 0.01, "minimum": 0.01},
+    "tenths in (-2.5, 1000]": {"type": "number", "multipleOf": 0.1, "exclusiveMinimum": -2.5, "maximum": 1000},
+}
+NEW = {**COUNTED, **PROPERTIES, **FORMATS, **MONEY}
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_constructs_no_corpus_holds_walk_valid_through_the_engine(llama: Engine, name: str) -> None:
+    schema = NEW[name]
     entries = grammars(name, schema)
     assert entries, compile_schema(schema).refusals
     for entry in entries:

@@ -129,6 +129,13 @@ def _valid(check: Any, text: str) -> bool:
         {"type": "integer", "multipleOf": 0.5},  # every integer
         {"type": "integer", "multipleOf": 2.5, "minimum": 0},  # the multiples of 5
         {"allOf": [{"multipleOf": 0.25}, {"multipleOf": 0.1}]},  # merged: 0.5
+        # a step of 10^-k beside any bounds (refused before: "a bound other than 0"): the
+        # bounded numbers with at most k decimals (JSONSchemaBench Github_easy o46379's amount)
+        {"type": "number", "multipleOf": 0.01, "minimum": 5},
+        {"type": "number", "multipleOf": 0.01, "exclusiveMinimum": 0.01},
+        {"type": "number", "multipleOf": 0.1, "exclusiveMinimum": -2.5, "maximum": 1000},
+        {"type": "number", "multipleOf": 0.001, "maximum": 5},
+        {"type": "number", "multipleOf": 0.01, "minimum": -99999999999999.98, "maximum": 99999999999999.98},
     ],
 )
 def test_decimal_steps_without_two_bounds_admit_only_valid_multiples(schema: dict[str, Any]) -> None:
@@ -173,7 +180,7 @@ def test_prices_the_validator_refused_are_multiples_now() -> None:
 @pytest.mark.parametrize(
     "schema",
     [
-        {"type": "number", "multipleOf": 0.01, "minimum": 5},  # a bound off 0: neither listed nor "not negative"
+        {"type": "number", "multipleOf": 0.25, "minimum": 5},  # a bound off 0: neither listed nor "not negative"
         {"type": "number", "multipleOf": 0.75},  # digits 75 above MAX_STEP
         {"type": "integer", "multipleOf": 4, "minimum": 5},
         {"type": "integer", "multipleOf": MAX_STEP + 1},
