@@ -95,8 +95,6 @@ MAX_INT_DIGITS = 16
 #: FRACTION_INT_CAP + 1 (15 significant digits in all: the parsed float orders like the decimal)
 FRACTION_DIGITS = 6
 FRACTION_INT_CAP = 10**9 - 1
-#: the steps 0.1 .. 0.000001 (decimals_between writes their multiples between any two bounds)
-_POWERS_OF_TEN = frozenset(10**k for k in range(1, FRACTION_DIGITS + 1))
 
 _TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
 
@@ -2759,8 +2757,9 @@ class _Compiler:
         """Multiples of ``step``. Between two bounds with at most MAX_BRANCHES*4 of them: each
         multiple listed, kept only when the validator accepts it. An integer step up to
         MAX_STEP otherwise: the integers it divides (divisibility is regular: one rule per
-        remainder and digit count), when the bounds only say "not negative" / "positive" (or the
-        mirror); a decimal step likewise: :meth:`unbounded_multiples`. Else refused."""
+        remainder and digit count), beside any bounds; a decimal step likewise when the bounds
+        only say "not negative" / "positive" (or the mirror), or it is 10^-k:
+        :meth:`unbounded_multiples`. Else refused."""
         step = node[key]
         lo = self.bound(node, path, "minimum", "exclusiveMinimum")
         hi = self.bound(node, path, "maximum", "exclusiveMaximum")
@@ -2792,13 +2791,92 @@ class _Compiler:
             # there (a float's remainder is exact), written so, at most 15 digits before the
             # point so the float parsed is the integer written (10^15 < 2^53)
             point = '".0"'
-        tenth = exact.numerator == 1 and exact.denominator in _POWERS_OF_TEN
-        if tenth and not point and (lo is not None or hi is not None):
-            try:
-                return self.unbounded_multiples(exact, lo, hi, path, key, point=point, integer=integer)
-            except _Refuse:  # a bound other than 0 / ±step: 0.01 from 0.01 up to 99999999999999.98
-                return self.decimals_between(lo, hi, exact, path, key)
         return self.unbounded_multiples(exact, lo, hi, path, key, point=point, integer=integer)
+
+    def multiples_within(
+        self,
+        a: int,
+        lo: _Bound | None,
+        hi: _Bound | None,
+        path: str,
+        key: str,
+        *,
+        residues: frozenset[int],
+        integer: bool,
+    ) -> str:
+        """The integers between the bounds (either may be absent) whose remainder modulo ``a``
+        is in ``residues``: per digit count, a walk over the digits that keeps the remainder
+        and, while the digits so far equal a bound's, the bound's digits still to compare (one
+        rule per state; digits that lead to the same state share a class). Without an upper
+        bound at most MAX_INT_DIGITS digits."""
+        ilo = None if lo is None else _int_at_least(lo)
+        ihi = None if hi is None else _int_at_most(hi)
+        for b, name in ((ilo, "minimum"), (ihi, "maximum")):
+            if b is not None and len(str(abs(b))) > MAX_BOUND_DIGITS:
+                raise _Refuse(path, name, "bound too large to compile")
+        memo: dict[tuple[int, int, str | None, str | None, bool, frozenset[int]], str | None] = {}
+
+        def walk(
+            left: int, rem: int, low: str | None, high: str | None, *, lead: bool, mods: frozenset[int]
+        ) -> str | None:
+            """``left`` digits still to write after digits leaving ``rem``; ``low``/``high``: a
+            bound's digits still to match (None: the digits so far already differ from it)."""
+            state = (left, rem, low, high, lead, mods)
+            if state not in memo:
+                memo[state] = None  # no cycles: left shrinks
+                if not left:
+                    memo[state] = '""' if rem in mods else None
+                    return memo[state]
+                targets: dict[tuple[int, str | None, str | None], list[int]] = {}
+                for d in range(1 if lead else 0, 10):
+                    if (low is not None and d < int(low[0])) or (high is not None and d > int(high[0])):
+                        continue
+                    nlow = low[1:] if low is not None and d == int(low[0]) else None
+                    nhigh = high[1:] if high is not None and d == int(high[0]) else None
+                    targets.setdefault(((10 * rem + d) % a, nlow, nhigh), []).append(d)
+                alts = []
+                for (target, nlow, nhigh), ds in targets.items():
+                    nxt = walk(left - 1, target, nlow, nhigh, lead=False, mods=mods)
+                    if nxt is not None:
+                        digit = gbnf_class([(ord(str(d)), ord(str(d))) for d in ds])
+                        alts.append(digit if nxt == '""' else f"{digit} {nxt}")
+                memo[state] = self.rule(f"{path}-mult", _alt(alts)) if alts else None
+            return memo[state]
+
+        def magnitudes(least: int, most: int | None, mods: frozenset[int]) -> str | None:
+            longest = MAX_INT_DIGITS if most is None else len(str(most))
+            parts = [
+                walk(
+                    n,
+                    0,
+                    str(least) if n == len(str(least)) else None,
+                    str(most) if n == longest and most is not None else None,
+                    lead=n > 1,
+                    mods=mods,
+                )
+                for n in range(len(str(least)), longest + 1)
+                if most is None or least <= most
+            ]
+            found = [part for part in parts if part is not None]
+            return _alt(found) if found else None
+
+        parts = []
+        if ihi is None or ihi >= 0:
+            found = magnitudes(max(ilo, 0) if ilo is not None else 0, ihi, residues)
+            if found is not None:
+                parts.append(found)
+        if ilo is None or ilo < 0:
+            mirrored = frozenset((-r) % a for r in residues)
+            found = magnitudes(
+                max(-ihi, 1) if ihi is not None and ihi < 0 else 1, None if ilo is None else -ilo, mirrored
+            )
+            if found is not None:
+                parts.append(f'"-" {found}' if _is_atom(found) else f'"-" ( {found} )')
+        if not parts:
+            raise _Unsatisfiable(path, key, f"no multiple of {a} lies between the bounds")
+        if not integer:
+            self.notes.append(f"{path}: multiples of {a} are written as integers")
+        return self.rule(f"{path}-multiple", _alt(parts))
 
     def decimals_between(self, lo: _Bound | None, hi: _Bound | None, step: Fraction, path: str, key: str) -> str:
         """The multiples of ``step``, 10^-k (amounts of money: 0.01), between bounds other than
@@ -2879,7 +2957,8 @@ class _Compiler:
         15 in all for a decimal one (so the float a validator parses is the decimal written,
         and :mod:`localllm.grammar.bounded` decides ``multipleOf`` on it exactly). Bounds:
         none, or ones that only say "not negative" / "positive" (or the mirror), or beyond the
-        magnitudes written; else refused. ``a`` above MAX_STEP is refused. ``residues`` (an
+        magnitudes written; other bounds go to :meth:`multiples_within` (an integer step) or
+        :meth:`decimals_between` (10^-k), else refused. ``a`` above MAX_STEP is refused. ``residues`` (an
         integer ``step`` only): the remainders modulo ``step`` the integers written leave
         (:meth:`gen_non_multiples`); the multiples by default."""
         k = 0
@@ -2904,6 +2983,12 @@ class _Compiler:
             least = Fraction(min(r or a for r in residues))  # the smallest positive value written
         positive = _all_beyond(lo, hi, least, top)
         negative = _all_beyond(_mirror(hi), _mirror(lo), least, top)
+        if (positive is None or negative is None) and not point:
+            # a bound other than 0 / ±step: 0.01 from 0.01 up to 99999999999999.98, 16 from 16 on
+            if not k:
+                return self.multiples_within(a, lo, hi, path, key, residues=residues, integer=integer)
+            if a == 1:
+                return self.decimals_between(lo, hi, step, path, key)
         if positive is None or negative is None:
             raise _Refuse(
                 path,
