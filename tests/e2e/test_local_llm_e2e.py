@@ -98,16 +98,18 @@ def test_check_rejects_out_of_subset_gate_naming_the_construct(demo: Path, capsy
 def test_forced_validation_failure_falls_back_to_claude(
     demo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Number bounds are outside what the grammar enforces: the answer fails validation.
+    """A step the grammar does not enforce: the answer fails validation.
 
-    minimum + multipleOf, so that copying a number out of the schema statement fails too.
+    A decimal step whose digits (75) are above 32 is refused and relaxed away (the bound stays
+    in the grammar); minimum + multipleOf, so that copying a number out of the schema statement
+    fails too. (An integer step beside a minimum, 7 from 10000.5 until session 29, compiles now.)
     """
     claude = install(tmp_path / "bin")
     monkeypatch.setenv("LOCALLLM_CLAUDE_BIN", str(claude))
-    monkeypatch.setenv("FAKE_CLAUDE_RESULT", '{"amount": 10003}')
+    monkeypatch.setenv("FAKE_CLAUDE_RESULT", '{"amount": 10001.25}')
     schema = {
         "type": "object",
-        "properties": {"amount": {"type": "number", "minimum": 10000.5, "multipleOf": 7}},
+        "properties": {"amount": {"type": "number", "minimum": 10000.6, "multipleOf": 0.75}},
         "required": ["amount"],
     }
     trace = tmp_path / "trace.jsonl"
@@ -119,7 +121,7 @@ def test_forced_validation_failure_falls_back_to_claude(
             prompt="How many apples are in a bag of 7 apples? Answer with the number 7.",
         )
     assert result.agent == "agent.claude"
-    assert result.submission == {"amount": 10003}
+    assert result.submission == {"amount": 10001.25}
     assert result.meta["fallback_of"] == "agent.local"
     events = read_trace(trace).events
     assert [e.kind for e in events] == ["agent.call.start", "agent.call.complete"]
