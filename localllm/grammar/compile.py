@@ -2757,9 +2757,8 @@ class _Compiler:
         """Multiples of ``step``. Between two bounds with at most MAX_BRANCHES*4 of them: each
         multiple listed, kept only when the validator accepts it. An integer step up to
         MAX_STEP otherwise: the integers it divides (divisibility is regular: one rule per
-        remainder and digit count), beside any bounds; a decimal step likewise when the bounds
-        only say "not negative" / "positive" (or the mirror), or it is 10^-k:
-        :meth:`unbounded_multiples`. Else refused."""
+        remainder and digit count), beside any bounds; a decimal step ``a / 10^k`` with ``a``
+        up to MAX_STEP likewise: :meth:`unbounded_multiples`. Else refused."""
         step = node[key]
         lo = self.bound(node, path, "minimum", "exclusiveMinimum")
         hi = self.bound(node, path, "maximum", "exclusiveMaximum")
@@ -2795,109 +2794,108 @@ class _Compiler:
 
     def multiples_within(
         self,
-        a: int,
         lo: _Bound | None,
         hi: _Bound | None,
         path: str,
         key: str,
         *,
+        a: int,
+        k: int,
         residues: frozenset[int],
         integer: bool,
     ) -> str:
-        """The integers between the bounds (either may be absent) whose remainder modulo ``a``
-        is in ``residues``: per digit count, a walk over the digits that keeps the remainder
-        and, while the digits so far equal a bound's, the bound's digits still to compare (one
-        rule per state; digits that lead to the same state share a class). Without an upper
-        bound at most MAX_INT_DIGITS digits."""
-        ilo = None if lo is None else _int_at_least(lo)
-        ihi = None if hi is None else _int_at_most(hi)
-        for b, name in ((ilo, "minimum"), (ihi, "maximum")):
-            if b is not None and len(str(abs(b))) > MAX_BOUND_DIGITS:
-                raise _Refuse(path, name, "bound too large to compile")
-        memo: dict[tuple[int, int, str | None, str | None, bool, frozenset[int]], str | None] = {}
+        """The numbers ``n / 10^k`` between the bounds (either may be absent) whose ``n``
+        leaves a remainder modulo ``a`` in ``residues`` (the multiples of ``a / 10^k`` by
+        default: 16 from 16 on, 0.01 from 0.01 on), written with at most ``k`` decimals
+        (trailing zeros optional) and an integer part below 10^(15-k) (MAX_INT_DIGITS digits
+        for an integer step): 15 digits, so the float parsed is the decimal written. Per count
+        of integer digits, a walk over the digits of ``n`` that keeps its remainder and, while
+        the digits so far equal a bound's, the bound's digits still to compare (one rule per
+        state; digits leading to the same state share a class); the fraction may end early when
+        the digits it leaves out, all 0, keep the remainder and the lower bound. A bound beyond
+        the magnitudes written bounds nothing written."""
+        scale = 10**k
+        width = 15 - k if k else MAX_INT_DIGITS
+        cap = 10**width * scale - 1  # the largest n written
+        low_n = -cap if lo is None else max(-cap, _int_at_least(_Bound(lo.value * scale, lo.exclusive)))
+        high_n = cap if hi is None else min(cap, _int_at_most(_Bound(hi.value * scale, hi.exclusive)))
+        memo: dict[tuple[bool, int, int, str | None, str | None, bool, frozenset[int]], str | None] = {}
 
         def walk(
-            left: int, rem: int, low: str | None, high: str | None, *, lead: bool, mods: frozenset[int]
+            fraction: bool, left: int, rem: int, low: str | None, high: str | None, *, first: bool, mods: frozenset[int]
         ) -> str | None:
-            """``left`` digits still to write after digits leaving ``rem``; ``low``/``high``: a
-            bound's digits still to match (None: the digits so far already differ from it)."""
-            state = (left, rem, low, high, lead, mods)
-            if state not in memo:
-                memo[state] = None  # no cycles: left shrinks
-                if not left:
-                    memo[state] = '""' if rem in mods else None
-                    return memo[state]
+            """What may follow digits leaving ``rem``, ``left`` integer digits (or fraction
+            digits) still to write; ``low``/``high``: a bound's digits still to match (None: the
+            digits so far already differ from it). ``first``: the integer's first digit (1-9
+            unless it is the only one), or the fraction's (it may not end before one)."""
+            state = (fraction, left, rem, low, high, first, mods)
+            if state in memo:
+                return memo[state]
+            memo[state] = None  # no cycles: left shrinks, the integer part before the fraction
+            alts = []
+            if not fraction and not left:  # the integer part is written
+                if (rem * scale) % a in mods and (low is None or not low.strip("0")):
+                    alts.append('""')
+                if k and (tail := walk(True, k, rem, low, high, first=True, mods=mods)) is not None:
+                    alts.append(f'"." {tail}')
+            else:
+                if fraction and not first and (rem * 10**left) % a in mods and (low is None or not low.strip("0")):
+                    alts.append('""')  # the digits left out are 0
                 targets: dict[tuple[int, str | None, str | None], list[int]] = {}
-                for d in range(1 if lead else 0, 10):
+                for d in range(1 if first and not fraction and left > 1 else 0, 10 if left else 0):
                     if (low is not None and d < int(low[0])) or (high is not None and d > int(high[0])):
                         continue
                     nlow = low[1:] if low is not None and d == int(low[0]) else None
                     nhigh = high[1:] if high is not None and d == int(high[0]) else None
                     targets.setdefault(((10 * rem + d) % a, nlow, nhigh), []).append(d)
-                alts = []
                 for (target, nlow, nhigh), ds in targets.items():
-                    nxt = walk(left - 1, target, nlow, nhigh, lead=False, mods=mods)
+                    nxt = walk(fraction, left - 1, target, nlow, nhigh, first=False, mods=mods)
                     if nxt is not None:
                         digit = gbnf_class([(ord(str(d)), ord(str(d))) for d in ds])
                         alts.append(digit if nxt == '""' else f"{digit} {nxt}")
-                memo[state] = self.rule(f"{path}-mult", _alt(alts)) if alts else None
+            found = _alt(alts) if alts else None
+            memo[state] = found if found in (None, '""') else self.rule(f"{path}-mult", found)
             return memo[state]
 
-        def magnitudes(least: int, most: int | None, mods: frozenset[int]) -> str | None:
-            longest = MAX_INT_DIGITS if most is None else len(str(most))
-            parts = [
+        def digits(n: int) -> str:
+            """``n``'s integer part, then its ``k`` fraction digits."""
+            return str(n // scale) + str(n % scale).zfill(k) if k else str(n)
+
+        def magnitudes(least: int, most: int, mods: frozenset[int]) -> str | None:
+            if least > most:
+                return None
+            shortest, longest = len(str(least // scale)), len(str(most // scale))
+            found = [
                 walk(
+                    False,
                     n,
                     0,
-                    str(least) if n == len(str(least)) else None,
-                    str(most) if n == longest and most is not None else None,
-                    lead=n > 1,
+                    digits(least) if n == shortest else None,
+                    digits(most) if n == longest else None,
+                    first=True,
                     mods=mods,
                 )
-                for n in range(len(str(least)), longest + 1)
-                if most is None or least <= most
+                for n in range(shortest, longest + 1)
             ]
-            found = [part for part in parts if part is not None]
-            return _alt(found) if found else None
+            kept = [part for part in found if part is not None]
+            return _alt(kept) if kept else None
 
         parts = []
-        if ihi is None or ihi >= 0:
-            found = magnitudes(max(ilo, 0) if ilo is not None else 0, ihi, residues)
-            if found is not None:
-                parts.append(found)
-        if ilo is None or ilo < 0:
-            mirrored = frozenset((-r) % a for r in residues)
-            found = magnitudes(
-                max(-ihi, 1) if ihi is not None and ihi < 0 else 1, None if ilo is None else -ilo, mirrored
-            )
-            if found is not None:
-                parts.append(f'"-" {found}' if _is_atom(found) else f'"-" ( {found} )')
-        if not parts:
-            raise _Unsatisfiable(path, key, f"no multiple of {a} lies between the bounds")
-        if not integer:
-            self.notes.append(f"{path}: multiples of {a} are written as integers")
-        return self.rule(f"{path}-multiple", _alt(parts))
-
-    def decimals_between(self, lo: _Bound | None, hi: _Bound | None, step: Fraction, path: str, key: str) -> str:
-        """The multiples of ``step``, 10^-k (amounts of money: 0.01), between bounds other than
-        0 and ±step: the integers between them and the numbers with 1 to k decimals between
-        them, an integer part below 10^(15-k) (15 significant digits: the float parsed is the
-        decimal written, so the bounded validator decides the step and the bounds on it exactly);
-        a bound beyond that magnitude bounds nothing written."""
-        k = len(str(step.denominator)) - 1
-        top = 10 ** (15 - k)
-        shown = _decimal_text(step)
-        ilo = -(top - 1) if lo is None or lo.value <= -top else _int_at_least(lo)
-        ihi = top - 1 if hi is None or hi.value >= top else _int_at_most(hi)
-        parts = [integer_range(ilo, ihi)] if ilo <= ihi else []
-        near_lo, near_hi = (None if b is None or abs(b.value) >= top else b for b in (lo, hi))
-        parts.extend(self.fractions(near_lo, near_hi, path, places=k, cap=top - 1))
+        if high_n >= 0 and (found := magnitudes(max(low_n, 0), high_n, residues)) is not None:
+            parts.append(found)
+        mirrored = frozenset((-r) % a for r in residues)
+        if low_n < 0 and (found := magnitudes(max(-high_n, 1), -low_n, mirrored)) is not None:
+            parts.append(f'"-" {found}' if _is_atom(found) else f'"-" ( {found} )')
+        shown = _decimal_text(Fraction(a, scale))
         if not parts:
             raise _Unsatisfiable(path, key, f"no multiple of {shown} lies between the bounds")
-        self.notes.append(
-            f"{path}: multiples of {shown} are written with at most {k} decimal{'s' * (k > 1)}, "
-            f"below 10^{15 - k} and with no exponent"
-        )
+        if k:
+            self.notes.append(
+                f"{path}: multiples of {shown} are written with at most {k} decimal{'s' * (k > 1)}, "
+                f"below 10^{width} and with no exponent"
+            )
+        elif not integer:
+            self.notes.append(f"{path}: multiples of {shown} are written as integers")
         return self.rule(f"{path}-multiple", _alt(parts))
 
     def gen_non_multiples(self, node: dict[str, Any], path: str, excluded: list[Any], *, integer: bool) -> str:
@@ -2957,8 +2955,8 @@ class _Compiler:
         15 in all for a decimal one (so the float a validator parses is the decimal written,
         and :mod:`localllm.grammar.bounded` decides ``multipleOf`` on it exactly). Bounds:
         none, or ones that only say "not negative" / "positive" (or the mirror), or beyond the
-        magnitudes written; other bounds go to :meth:`multiples_within` (an integer step) or
-        :meth:`decimals_between` (10^-k), else refused. ``a`` above MAX_STEP is refused. ``residues`` (an
+        magnitudes written; other bounds go to :meth:`multiples_within`. ``a`` above MAX_STEP
+        is refused. ``residues`` (an
         integer ``step`` only): the remainders modulo ``step`` the integers written leave
         (:meth:`gen_non_multiples`); the multiples by default."""
         k = 0
@@ -2985,10 +2983,7 @@ class _Compiler:
         negative = _all_beyond(_mirror(hi), _mirror(lo), least, top)
         if (positive is None or negative is None) and not point:
             # a bound other than 0 / ±step: 0.01 from 0.01 up to 99999999999999.98, 16 from 16 on
-            if not k:
-                return self.multiples_within(a, lo, hi, path, key, residues=residues, integer=integer)
-            if a == 1:
-                return self.decimals_between(lo, hi, step, path, key)
+            return self.multiples_within(lo, hi, path, key, a=a, k=k, residues=residues, integer=integer)
         if positive is None or negative is None:
             raise _Refuse(
                 path,
@@ -3100,21 +3095,11 @@ class _Compiler:
             )
         return self.rule(f"{path}-non-integer", _alt(parts))
 
-    def fractions(
-        self,
-        lo: _Bound | None,
-        hi: _Bound | None,
-        path: str,
-        *,
-        whole: bool = True,
-        places: int = FRACTION_DIGITS,
-        cap: int = FRACTION_INT_CAP,
-    ) -> list[str]:
-        """Numbers written with a fraction part ``k.ddd`` (|k| <= ``cap``, 10^9 - 1, and 1 to
-        ``places``, 6, fraction digits: at most 15 significant digits, so the float a validator
-        parses orders exactly like the decimal against a bound of at most 15 significant
-        digits), exactly within the bounds; ``whole=False`` leaves out those whose fraction
-        digits are all 0 (``2.0``)."""
+    def fractions(self, lo: _Bound | None, hi: _Bound | None, path: str, *, whole: bool = True) -> list[str]:
+        """Numbers written with a fraction part ``k.ddd`` (|k| < 10^9, 1-6 fraction digits: at
+        most 15 significant digits, so the float a validator parses orders exactly like the
+        decimal against a bound of at most 15 significant digits), exactly within the bounds;
+        ``whole=False`` leaves out those whose fraction digits are all 0 (``2.0``)."""
         dlo = None if lo is None else _decimal_bound(lo)
         dhi = None if hi is None else _decimal_bound(hi)
         if (lo is not None and dlo is None) or (hi is not None and dhi is None):
@@ -3127,21 +3112,22 @@ class _Compiler:
         # non-negative: magnitude in [max(lo, 0), hi]
         if dhi is None or dhi.value >= 0:
             low = dlo if dlo is not None and dlo.value >= 0 else _Bound(Fraction(0), False)
-            expr = self.magnitudes(low, dhi, whole=whole, places=places, cap=cap)
+            expr = self.magnitudes(low, dhi, whole=whole)
             if expr:
                 parts.append(expr)
         # negative: -m with m in [max(-hi, 0), -lo]
         if dlo is None or dlo.value < 0:
             low = _Bound(-dhi.value, dhi.exclusive) if dhi is not None and dhi.value <= 0 else _Bound(Fraction(0), True)
             high = None if dlo is None else _Bound(-dlo.value, dlo.exclusive)
-            expr = self.magnitudes(low, high, whole=whole, places=places, cap=cap)
+            expr = self.magnitudes(low, high, whole=whole)
             if expr:
                 parts.append(f'"-" {expr}' if _is_atom(expr) else f'"-" ( {expr} )')
         return parts
 
-    def magnitudes(self, lo: _Bound, hi: _Bound | None, *, whole: bool, places: int, cap: int) -> str | None:
-        """``I.ddd`` (0 <= I <= ``cap``, 1 to ``places`` fraction digits) with lo <= value <= hi
-        (strict where exclusive); ``whole=False``: a digit other than 0 among the ddd."""
+    def magnitudes(self, lo: _Bound, hi: _Bound | None, *, whole: bool = True) -> str | None:
+        """``I.ddd`` (0 <= I < 10^9, 1-6 fraction digits) with lo <= value <= hi (strict where
+        exclusive); ``whole=False``: a digit other than 0 among the ddd."""
+        cap = FRACTION_INT_CAP
         i_lo = math.floor(lo.value)
         lo_digits = _fraction_digits(lo.value - i_lo)
         if hi is None or hi.value >= cap + 1:
@@ -3151,7 +3137,7 @@ class _Compiler:
             hi_digits, hi_strict = _fraction_digits(hi.value - i_hi), hi.exclusive
         if i_lo > i_hi:
             return None
-        frac = _FractionDigits(places, self.rule)
+        frac = _FractionDigits(FRACTION_DIGITS, self.rule)
 
         def digits(low: str | None, low_strict: bool, high: str | None, high_strict: bool) -> str | None:
             if not whole and not low:

@@ -392,11 +392,12 @@ FORMATS = {
 }
 
 
-#: steps beside bounds other than 0, compiled since session 29: 10^-k (amounts of money), and
-#: integer steps, whose digit walk keeps a bound's digits while the digits so far equal it
+#: steps beside bounds other than 0, compiled since session 29 (0.01: amounts of money; 0.25;
+#: 16): a digit walk that keeps a bound's digits while the digits so far equal it
 STEPS = {
     "cents from 0.01": {"type": "number", "multipleOf": 0.01, "minimum": 0.01},
     "tenths in (-2.5, 1000]": {"type": "number", "multipleOf": 0.1, "exclusiveMinimum": -2.5, "maximum": 1000},
+    "quarters in [0, 100]": {"type": "number", "minimum": 0, "maximum": 100, "multipleOf": 0.25},
     "sixteens in [0, 4096]": {"type": "integer", "minimum": 0, "maximum": 4096, "multipleOf": 16},
     "tens below 100": {"type": "number", "exclusiveMaximum": 100, "multipleOf": 10},
     "odd threes from -1000": {"type": "integer", "multipleOf": 3, "minimum": -1000, "not": {"multipleOf": 2}},

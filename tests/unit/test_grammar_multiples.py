@@ -157,6 +157,11 @@ def _valid(check: Any, text: str) -> bool:
         {"type": "number", "multipleOf": 0.1, "exclusiveMinimum": -2.5, "maximum": 1000},
         {"type": "number", "multipleOf": 0.001, "maximum": 5},
         {"type": "number", "multipleOf": 0.01, "minimum": -99999999999999.98, "maximum": 99999999999999.98},
+        # any step a / 10^k (a up to 32) beside any bounds: Github_medium o74461's skill value
+        {"maximum": 100, "minimum": 0, "multipleOf": 0.25, "type": "number"},
+        {"type": "number", "multipleOf": 0.25, "minimum": 5},
+        {"type": "number", "multipleOf": 0.05, "exclusiveMinimum": -3.3, "maximum": 120.5},
+        {"type": "number", "multipleOf": 1.5, "exclusiveMaximum": 7.5},
     ],
 )
 def test_decimal_steps_without_two_bounds_admit_only_valid_multiples(schema: dict[str, Any]) -> None:
@@ -201,7 +206,7 @@ def test_prices_the_validator_refused_are_multiples_now() -> None:
 @pytest.mark.parametrize(
     "schema",
     [
-        {"type": "number", "multipleOf": 0.25, "minimum": 5},  # a bound off 0: neither listed nor "not negative"
+        {"type": "number", "multipleOf": 0.75, "minimum": 5},  # digits above 32 and a bound off 0
         {"type": "number", "multipleOf": 0.75},  # digits 75 above MAX_STEP
         {"type": "integer", "multipleOf": MAX_STEP + 1},
         {"type": "integer", "multipleOf": 0.123456789},  # JSON-Schema-Test-Suite group 3: integers step 123456789
