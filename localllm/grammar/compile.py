@@ -261,46 +261,14 @@ _PRIMITIVES = {
     "re-piece2": 're-atom2 re-quant? | "^" | "$" | "\\\\" [bB]',
     "regex": 're-piece2* ( "|" re-piece2* )*',
 }
-_PRIMITIVE_DEPS = {
-    "char": ("hex-cp",),
-    "string": ("char",),
-    "value": ("object", "array", "string", "number", "boolean", "null"),
-    "object": ("string", "value"),
-    "array": ("value",),
-    "leap-year": ("leap-yy",),
-    "date": ("year", "month-day", "leap-year"),
-    "time": ("hh",),
-    "date-time": ("date", "time"),
-    "uuid": ("hex",),
-    "ipv4": ("octet",),
-    "hostname": ("label",),
-    "email": ("hostname",),
-    "idn-email": ("email",),
-    "uri": ("hostname",),
-    "uri-reference": ("uri",),
-    "iri": ("uri",),
-    "iri-reference": ("uri",),
-    "uri-template": ("hostname",),
-    "duration": ("dur-n", "dur-date", "dur-time"),
-    "dur-date": ("dur-n", "dur-time"),
-    "dur-time": ("dur-n",),
-    "h16": ("hex",),
-    "ls32": ("h16", "ipv4"),
-    "ipv6": ("h16", "ls32"),
-    "idn-hostname": ("hostname",),
-    "json-pointer": ("ptr-char",),
-    "relative-json-pointer": ("json-pointer",),
-    "re-class": ("re-class-item",),
-    "re-atom0": ("re-lit", "re-esc", "re-class"),
-    "re-piece0": ("re-atom0", "re-quant"),
-    "re-alt0": ("re-piece0",),
-    "re-atom1": ("re-atom0", "re-alt0"),
-    "re-piece1": ("re-atom1", "re-quant"),
-    "re-alt1": ("re-piece1",),
-    "re-atom2": ("re-atom0", "re-alt1"),
-    "re-piece2": ("re-atom2", "re-quant"),
-    "regex": ("re-piece2",),
-}
+
+
+@functools.cache
+def _primitive_deps(name: str) -> tuple[str, ...]:
+    """The primitives ``name``'s rule refers to (read off its body: the names outside its
+    quoted literals and character classes)."""
+    body = re.sub(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]', " ", _PRIMITIVES[name])
+    return tuple(n for n in dict.fromkeys(re.findall(r"[a-z][a-z0-9-]*", body)) if n in _PRIMITIVES and n != name)
 
 
 @dataclass(frozen=True)
@@ -865,7 +833,7 @@ class _Compiler:
     def primitive(self, name: str) -> str:
         if name not in self.rules:
             self.rules[name] = _PRIMITIVES[name]
-            for dep in _PRIMITIVE_DEPS.get(name, ()):
+            for dep in _primitive_deps(name):
                 self.primitive(dep)
         return name
 
@@ -3470,7 +3438,7 @@ def _format_tree(fmt: str) -> tuple[Any, ...]:
         name = todo.pop()
         if name not in names:
             names.append(name)
-            todo.extend(_PRIMITIVE_DEPS.get(name, ()))
+            todo.extend(_primitive_deps(name))
     rules = Grammar.parse("\n".join([f"root ::= {fmt}", *(f"{n} ::= {_PRIMITIVES[n]}" for n in names)])).rules
 
     def tree(node: tuple[Any, ...]) -> tuple[Any, ...]:
