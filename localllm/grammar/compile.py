@@ -1446,8 +1446,9 @@ class _Compiler:
         if ka == {"object"}:
             pa: dict[str, Any] = a["properties"] if isinstance(a.get("properties"), dict) else {}
             pb: dict[str, Any] = b["properties"] if isinstance(b.get("properties"), dict) else {}
-            for name in _required(a):
-                # every value for a has the name: b forbids it, or their schemas for it exclude
+            for name in dict.fromkeys([*_required(a), *_required(rest or {})]):
+                # every value for a has the name (a or its siblings require it): b forbids it,
+                # or their schemas for it exclude
                 if _forbids(b, name):
                     return True
                 if name in pa and name in pb and self.excludes(self.flat(pa[name], "$"), self.flat(pb[name], "$")):

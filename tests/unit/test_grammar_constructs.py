@@ -164,6 +164,42 @@ def test_one_of_told_apart_by_a_key_the_other_forbids_through_its_patterns() -> 
     assert not grammar.matches('{"a":"x"}')
 
 
+# Github_hard o17529 (reduced): Symfony asserts, told apart by "assert", which the items' own
+# "required" (a sibling of the oneOf, not in any branch) makes present in every value
+ASSERTS = {
+    "type": "array",
+    "items": {
+        "required": ["assert"],
+        "oneOf": [
+            {"properties": {"assert": {"enum": [name]}, "message": {"type": "string"}, **extra}}
+            for name, extra in [
+                ("NotBlank", {}),
+                ("Blank", {}),
+                ("Type", {"type": {"enum": ["array", "bool", "int"]}}),
+                ("Email", {"strict": {"type": "boolean"}}),
+                ("Length", {"min": {"type": "integer"}, "max": {"type": "integer"}}),
+                ("Regex", {"pattern": {"type": "string"}}),
+                ("Uuid", {}),
+                ("Range", {"min": {"type": ["integer", "string"]}}),
+            ]
+        ],
+    },
+}
+
+
+def test_one_of_told_apart_by_a_name_the_siblings_require() -> None:
+    compiled = compile_schema(ASSERTS)
+    assert compiled.grammar is not None, compiled.refusals
+    assert compiled.notes == []  # disjoint as they are: nothing left out
+    assert invalid_walks(ASSERTS, compiled, 300) == []
+    grammar = Grammar.parse(compiled.grammar)
+    assert grammar.matches('[{"assert":"NotBlank","message":"m"},{"assert":"Length","min":1,"x":[]}]')
+    assert grammar.matches('[{"assert":"Range","min":"a"}]')
+    assert not grammar.matches('[{"message":"m"}]')  # every branch matches it: invalid
+    assert not grammar.matches('["NotBlank"]')  # a string matches every branch too
+    assert not grammar.matches('[{"assert":"Length","min":"a"}]')  # no branch
+
+
 # Github_hard o3895 (reduced): Solidity type names, one pattern per family, no two matching one name
 SOLIDITY = {
     "oneOf": [
