@@ -166,22 +166,23 @@ def test_one_of_told_apart_by_a_key_the_other_forbids_through_its_patterns() -> 
 
 # Github_hard o17529 (reduced): Symfony asserts, told apart by "assert", which the items' own
 # "required" (a sibling of the oneOf, not in any branch) makes present in every value
+_ASSERT_EXTRAS: list[tuple[str, dict[str, Any]]] = [
+    ("NotBlank", {}),
+    ("Blank", {}),
+    ("Type", {"type": {"enum": ["array", "bool", "int"]}}),
+    ("Email", {"strict": {"type": "boolean"}}),
+    ("Length", {"min": {"type": "integer"}, "max": {"type": "integer"}}),
+    ("Regex", {"pattern": {"type": "string"}}),
+    ("Uuid", {}),
+    ("Range", {"min": {"type": ["integer", "string"]}}),
+]
 ASSERTS = {
     "type": "array",
     "items": {
         "required": ["assert"],
         "oneOf": [
             {"properties": {"assert": {"enum": [name]}, "message": {"type": "string"}, **extra}}
-            for name, extra in [
-                ("NotBlank", {}),
-                ("Blank", {}),
-                ("Type", {"type": {"enum": ["array", "bool", "int"]}}),
-                ("Email", {"strict": {"type": "boolean"}}),
-                ("Length", {"min": {"type": "integer"}, "max": {"type": "integer"}}),
-                ("Regex", {"pattern": {"type": "string"}}),
-                ("Uuid", {}),
-                ("Range", {"min": {"type": ["integer", "string"]}}),
-            ]
+            for name, extra in _ASSERT_EXTRAS
         ],
     },
 }
