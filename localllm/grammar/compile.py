@@ -41,7 +41,7 @@ from typing import Any
 from localllm.grammar import automaton, keywords
 from localllm.grammar.automaton import Branch
 from localllm.grammar.bounded import written
-from localllm.grammar.formats import format_checker
+from localllm.grammar.formats import SUPERSETS, format_checker
 from localllm.grammar.meta import meta_error
 from localllm.grammar.paths import child_path, pointer_tokens, resolve_pointer
 from localllm.grammar.pattern import (
@@ -1201,6 +1201,17 @@ class _Compiler:
                 return {"type": "string", "pattern": avoid}
             negation = self.complement(value)
             return None if negation is None else {"type": "string", "pattern": negation}
+        if key == "format" and isinstance(value, str):
+            if value not in self.validator.format_checker.checkers:
+                return False  # an annotation in this draft: it rejects nothing
+            superset, exact = SUPERSETS.get(value, (None, False))
+            if superset is None or not (exact or partial) or (negation := self.complement(superset)) is None:
+                return None
+            if not exact:
+                self.negated_partly(
+                    path, f'"format": {_q(value)}', f"negated here as the strings {_q(superset)} does not match"
+                )
+            return {"type": "string", "pattern": negation}
         if key == "required" and isinstance(value, list):
             names = [n for n in value if isinstance(n, str)]
             return {"anyOf": [{"type": "object", "properties": {n: False}} for n in names]} if names else False
@@ -1249,12 +1260,11 @@ class _Compiler:
             return False
         return False
 
-    def negated_partly(self, path: str, what: str) -> None:
-        """A partial negation (:meth:`negate`) left out what ``what`` alone rejects: noted."""
+    def negated_partly(self, path: str, what: str, why: str = "no negation here") -> None:
+        """A partial negation (:meth:`negate`) left out (some of) what ``what`` alone rejects: noted."""
         self.partial_negations += 1
         self.notes.append(
-            f"{path}: of the values this schema rejects, those rejected only by {what} are not generated "
-            "(no negation here)"
+            f"{path}: of the values this schema rejects, those rejected only by {what} are not generated ({why})"
         )
 
     def negate_literals(self, values: list[Any], path: str) -> Any:
@@ -1441,8 +1451,10 @@ class _Compiler:
         ka, kb = self.kinds(a) or _generated_kinds({**(rest or {}), **a}), self.kinds(b)
         if ka is not None and kb is not None and not ka & kb:
             return True
-        if ka == {"string"} and isinstance(a.get("pattern"), str) and isinstance(b.get("pattern"), str):
-            return self.no_string_matches_both(a["pattern"], b["pattern"])
+        if ka == {"string"}:
+            # a's strings match its pattern and its format's superset; b's valid ones, b's
+            mine, theirs = self.string_patterns(a, generated=True), self.string_patterns(b)
+            return any(self.no_string_matches_both(p, q) for p in mine for q in theirs)
         if ka == {"object"}:
             pa: dict[str, Any] = a["properties"] if isinstance(a.get("properties"), dict) else {}
             pb: dict[str, Any] = b["properties"] if isinstance(b.get("properties"), dict) else {}
@@ -1463,6 +1475,16 @@ class _Compiler:
                 ):
                     return True
         return False
+
+    def string_patterns(self, node: dict[str, Any], *, generated: bool = False) -> list[str]:
+        """Patterns every string valid against ``node`` matches (``generated``: every string
+        generated for it): its own, and its format's superset (:data:`SUPERSETS`) when the
+        format is checked here (or, generated, when its grammar writes it)."""
+        out = [node["pattern"]] if isinstance(node.get("pattern"), str) else []
+        fmt = node.get("format")
+        if fmt in SUPERSETS and (fmt in _FORMATS if generated else fmt in self.validator.format_checker.checkers):
+            out.append(SUPERSETS[fmt][0])
+        return out
 
     def no_string_matches_both(self, a: str, b: str) -> bool:
         """True when ``re`` finds both patterns in no string: their exact readings' product

@@ -28,7 +28,7 @@ from urllib.parse import quote
 
 from localllm.grammar.pattern import check as check_regex
 
-__all__ = ["ASSERTED", "format_checker", "meta_format_checker", "missing_formats"]
+__all__ = ["ASSERTED", "SUPERSETS", "format_checker", "meta_format_checker", "missing_formats"]
 
 #: every format a validator built by :func:`format_checker` asserts (the README lists them)
 ASSERTED = (
@@ -52,6 +52,33 @@ ASSERTED = (
     "relative-json-pointer",
     "regex",
 )
+
+
+_OCTET = "(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+#: a pattern (ECMA-262) that every string a format's check accepts matches, in every draft, and
+#: whether it matches only those (exact). What tells a format's strings from another's, and
+#: what the grammar compiler negates a format with: exact, or (noted) the strings outside a
+#: superset, fewer than the format rejects. tests/unit/test_grammar_formats.py holds each to
+#: the JSON-Schema-Test-Suite's instances, and the exact ones to a sweep of near-misses.
+SUPERSETS: dict[str, tuple[str, bool]] = {
+    "date": ("^[0-9]{4}-[0-9]{2}-[0-9]{2}$", False),
+    "time": ("^[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\\.[0-9]+)?(?:[Zz]|[+-][0-9]{2}:[0-9]{2})$", False),
+    "date-time": (
+        "^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(?:\\.[0-9]+)?(?:[Zz]|[+-][0-9]{2}:[0-9]{2})$",
+        False,
+    ),
+    "duration": ("^P[0-9YMWDTHS]+$", False),
+    "uuid": ("^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$", True),
+    "ipv4": (f"^(?:{_OCTET}\\.){{3}}{_OCTET}$", True),
+    "ipv6": ("^[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*$", False),
+    "hostname": ("^[A-Za-z0-9-]+(?:\\.[A-Za-z0-9-]+)*$", False),
+    "email": ("@", False),
+    "idn-email": ("@", False),
+    "uri": ("^[A-Za-z][A-Za-z0-9+.-]*:", False),
+    "iri": ("^[A-Za-z][A-Za-z0-9+.-]*:", False),
+    "json-pointer": ("^(?:/[\\s\\S]*)?$", False),
+    "relative-json-pointer": ("^[0-9]", False),
+}
 
 
 def _ucschar(cp: int, in_query: bool) -> bool:

@@ -22,6 +22,7 @@ from localllm.grammar.walk import Grammar
 from tests.unit.grammar_harness import Runaway, grammar_of, invalid_walks, leaks, validator
 
 D4 = "http://json-schema.org/draft-04/schema#"
+D7 = "http://json-schema.org/draft-07/schema#"
 
 
 # ---------------------------------------------------------------------------- oneOf told apart
@@ -199,6 +200,57 @@ def test_one_of_told_apart_by_a_name_the_siblings_require() -> None:
     assert not grammar.matches('[{"message":"m"}]')  # every branch matches it: invalid
     assert not grammar.matches('["NotBlank"]')  # a string matches every branch too
     assert not grammar.matches('[{"assert":"Length","min":"a"}]')  # no branch
+
+
+# Github_hard o21780 (and o4237, o61027, Github_medium o51161, ...): a host as a name or an address
+HOST = {"type": "string", "oneOf": [{"format": "hostname"}, {"format": "ipv4"}, {"format": "ipv6"}]}
+
+
+def test_one_of_of_formats_told_apart_by_their_supersets_and_negations() -> None:
+    compiled = compile_schema(HOST)
+    assert compiled.grammar is not None, compiled.refusals
+    # ipv4 is negated exactly; hostname and ipv6 as the strings outside their supersets
+    negated = [n.split(":")[0] for n in compiled.notes if "negated here as" in n]
+    assert negated == ["$.oneOf[0]", "$.oneOf[2]"]
+    assert invalid_walks(HOST, compiled, 1000) == []
+    grammar, check = Grammar.parse(compiled.grammar), validator(HOST)
+    hosts = ["example.com", "10.0.0.256", "1.2.3", "::1", "fe80::1:2", "1.2.3.4", "a:b", "-x", "::ffff:1.2.3.4"]
+    assert [h for h in hosts if grammar.matches(json.dumps(h))] == [h for h in hosts if check.is_valid(h)]
+    assert [h for h in hosts if not check.is_valid(h)] == ["1.2.3.4", "a:b", "-x"]  # 1.2.3.4 is a hostname too
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        # Github_medium o58478: a registry as a URI or a host name (a URI has a scheme and a colon)
+        {"type": "string", "oneOf": [{"format": "uri"}, {"format": "hostname"}]},
+        {"type": "string", "oneOf": [{"format": "ipv4"}, {"format": "ipv6"}, {"format": "email"}]},
+        {"oneOf": [{"type": "string", "format": "date"}, {"type": "string", "format": "date-time"}]},
+    ],
+)
+def test_one_of_of_formats_no_string_holds_two_of(schema: dict[str, Any]) -> None:
+    compiled = compile_schema(schema)
+    assert compiled.grammar is not None, compiled.refusals
+    assert [n for n in compiled.notes if "rejects" in n] == []  # disjoint as they are
+    assert invalid_walks(schema, compiled, 500) == []
+
+
+def test_a_format_is_negated_exactly_where_its_superset_is_exact_and_an_annotation_rejects_nothing() -> None:
+    schema = {"type": "string", "maxLength": 20, "not": {"format": "ipv4"}}
+    compiled = compile_schema(schema)
+    assert compiled.grammar is not None and compiled.notes == [], compiled.refusals
+    assert invalid_walks(schema, compiled, 500) == []
+    grammar = Grammar.parse(compiled.grammar)
+    assert [grammar.matches(json.dumps(t)) for t in ["1.2.3.4", "1.2.3.04", "x", "256.1.1.1"]] == [
+        False,
+        True,
+        True,
+        True,
+    ]
+    # only where the superset is exact: the strings outside hostname's are fewer than not-a-hostname's
+    assert compile_schema({"type": "string", "not": {"format": "hostname"}}).grammar is None
+    # "color" is no format draft 7 asserts: negating it leaves no value
+    assert compile_schema({"$schema": D7, "type": "string", "not": {"format": "color"}}).unsatisfiable
 
 
 # Github_hard o3895 (reduced): Solidity type names, one pattern per family, no two matching one name
@@ -577,9 +629,6 @@ def test_duration_is_generated_in_rfc_3339_form_and_valid(draft: str) -> None:
     assert [t for t in admitted + narrowed if check.is_valid(t)] == admitted + narrowed
     assert [t for t in admitted + narrowed + invalid if grammar.matches(json.dumps(t))] == admitted
     assert not any(check.is_valid(t) for t in invalid)
-
-
-D7 = "http://json-schema.org/draft-07/schema#"
 
 
 # ---------------------------------------------------------------------------- ipv6, pointers, regex

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,8 @@ import pytest
 
 from localllm.errors import AgentError, ErrorKind
 from localllm.grammar.compile import compile_schema
-from localllm.grammar.formats import ASSERTED, format_checker, missing_formats
+from localllm.grammar.formats import ASSERTED, SUPERSETS, format_checker, missing_formats
+from localllm.grammar.pattern import search
 from localllm.grammar.walk import Grammar
 from localllm.schema import SchemaSet
 from tests.conftest import REPO, in_child
@@ -195,3 +197,54 @@ def test_no_format_grammar_writes_an_instance_the_test_suite_calls_invalid(draft
                     admitted.append((group["format"], test["description"], test["data"]))
     assert tried > 150
     assert admitted == []
+
+
+def _strings(draft: str, valid: bool) -> Iterator[tuple[str, str]]:
+    for group in _suite(draft):
+        for test in group["tests"]:
+            if test["valid"] is valid and isinstance(test["data"], str):
+                yield group["format"], test["data"]
+
+
+@pytest.mark.parametrize("draft", DRAFTS)
+def test_every_string_the_suite_calls_valid_matches_its_format_s_superset(draft: str) -> None:
+    """SUPERSETS tell formats apart and negate them: each must hold every valid string (and
+    an exact one no invalid string)."""
+    missed = [(f, s) for f, s in _strings(draft, True) if f in SUPERSETS and not search(SUPERSETS[f][0], s)]
+    held = [
+        (f, s) for f, s in _strings(draft, False) if SUPERSETS.get(f, ("", False))[1] and search(SUPERSETS[f][0], s)
+    ]
+    assert sum(f in SUPERSETS for f, _ in _strings(draft, True)) > 40
+    assert (missed, held) == ([], [])
+
+
+@pytest.mark.parametrize("fmt", sorted(set(SUPERSETS) & set(ASSERTED)))
+def test_every_string_a_format_grammar_writes_matches_its_superset(fmt: str) -> None:
+    for draft in ("http://json-schema.org/draft-04/schema#", "https://json-schema.org/draft/2020-12/schema"):
+        compiled = compile_schema({"$schema": draft, "type": "string", "format": fmt})
+        if compiled.grammar is None:  # not a format of draft 4
+            continue
+        grammar, rng = Grammar.parse(compiled.grammar), random.Random(7)
+        texts = [json.loads(grammar.sample(rng)) for _ in range(300)]
+        assert [t for t in texts if not search(SUPERSETS[fmt][0], t)] == []
+
+
+@pytest.mark.parametrize(
+    "draft", ["http://json-schema.org/draft-04/schema#", "https://json-schema.org/draft/2020-12/schema"]
+)
+def test_the_exact_supersets_decide_near_misses_as_the_checks_do(draft: str) -> None:
+    check = format_checker(jsonschema.validators.validator_for({"$schema": draft}))
+    octets = ["0", "00", "01", "1", "9", "10", "99", "100", "199", "200", "249", "250", "255", "256", "300", "1000"]
+    octets += ["\u0663", "-1", " 1", "1 ", "0x1", ""]
+    rng = random.Random(11)
+    texts = [".".join(rng.choice(octets) for _ in range(rng.choice([3, 4, 4, 4, 5]))) for _ in range(4000)]
+    texts += [t + "\n" for t in texts[:200]]
+    hexes = "0123456789abcdefABCDEFg-"
+    texts += ["-".join("".join(rng.choice(hexes) for _ in range(n)) for n in (8, 4, 4, 4, 12)) for _ in range(2000)]
+    texts += [t[:-1] for t in texts[-300:]] + [f"{{{t}}}" for t in texts[-300:]]
+    wrong = []
+    for fmt, (superset, exact) in SUPERSETS.items():
+        if exact and fmt in check.checkers:
+            wrong += [(fmt, t) for t in texts if search(superset, t) != check.conforms(t, fmt)]
+    assert sum(check.conforms(t, "ipv4") for t in texts) > 100
+    assert wrong == []
