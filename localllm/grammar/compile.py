@@ -1403,17 +1403,44 @@ class _Compiler:
         except _Refuse as first:
             if self.overlapping:
                 return alts
+            saved, notes, partial, left = self.save(), len(self.notes), self.partial_negations, self.negations_left
             negs = [self.negate(a, child(child(path, "oneOf"), i), depth + 1, True) for i, a in enumerate(alts)]
-            if any(n is None for n in negs):
-                raise first from None
             width = [len(n["anyOf"]) if isinstance(n, dict) and isinstance(n.get("anyOf"), list) else 1 for n in negs]
-            if any(math.prod(w for j, w in enumerate(width) if j != i) > MAX_BRANCHES for i in range(len(negs))):
-                raise first from None
+            if any(n is None for n in negs) or any(
+                math.prod(w for j, w in enumerate(width) if j != i) > MAX_BRANCHES for i in range(len(negs))
+            ):
+                self.restore(saved)
+                del self.notes[notes:]
+                self.partial_negations, self.negations_left = partial, left
+                told = self.discriminated(alts, rest, path)
+                if told is None:
+                    raise first from None
+                return told
             out = []
             for i, a in enumerate(alts):
                 others = [n for j, n in enumerate(negs) if j != i and n is not True]
                 out.append({"allOf": [a, *others]} if others else a)
             return out
+
+    def discriminated(self, alts: list[Any], rest: dict[str, Any], path: str) -> list[Any] | None:
+        """``oneOf`` branches told apart by a property each declares with values no other
+        branch's admits (``{"kind": {"const": "a"}}``, ...) but none requires: generated with
+        it present (fewer values, noted), each value then matches its own branch alone. None
+        when no declared property does that."""
+        targets = [self.flat(a, path) for a in alts]
+        if not all(isinstance(t, dict) and isinstance(t.get("properties"), dict) for t in targets):
+            return None
+        for name in targets[0]["properties"]:
+            if not all(name in t["properties"] for t in targets[1:]):
+                continue
+            try:
+                self.check_disjoint(alts, {**rest, "required": [*_required(rest), name]}, path)
+            except _Refuse:
+                continue
+            self.partial_negations += 1  # no value left would be no proof the schema has none
+            self.notes.append(f"{path}: oneOf branches are generated with {_q(name)}, which tells them apart")
+            return [{"allOf": [{"required": [name]}, a]} for a in alts]
+        return None
 
     def check_disjoint(self, alts: list[Any], rest: dict[str, Any], path: str) -> None:
         targets = [self.flat(a, path) for a in alts]

@@ -202,6 +202,49 @@ def test_one_of_told_apart_by_a_name_the_siblings_require() -> None:
     assert not grammar.matches('[{"assert":"Length","min":"a"}]')  # no branch
 
 
+# Github_medium o35868 (reduced): an address per country; no branch requires "country", so an
+# address without one matches them all, and negating six branches of three properties each
+# would take 3^6 alternatives
+ADDRESS = {
+    "type": "object",
+    "oneOf": [
+        {
+            "properties": {
+                "country": {"type": "string", "enum": [country]},
+                "state": {"type": "string", "enum": states},
+                "postalCode": {"type": "string", "maxLength": 10},
+            }
+        }
+        for country, states in [
+            ("BRA", ["AC", "AL", "SP"]),
+            ("ITA", ["AG", "AL", "MI"]),
+            ("MEX", ["AG", "BC", "CM"]),
+            ("USA", ["AL", "CA", "NY"]),
+            ("CAN", ["AB", "BC", "ON"]),
+            ("ARG", ["B", "C", "K"]),
+            ("CHL", ["AI", "AN", "AP"]),
+        ]
+    ],
+}
+
+
+def test_one_of_told_apart_by_a_property_no_branch_requires_is_generated_with_it() -> None:
+    compiled = compile_schema(ADDRESS)
+    assert compiled.grammar is not None, compiled.refusals
+    assert [n for n in compiled.notes if "tells them apart" in n] == [
+        '$: oneOf branches are generated with "country", which tells them apart'
+    ]
+    assert invalid_walks(ADDRESS, compiled, 500) == []
+    grammar, check = Grammar.parse(compiled.grammar), validator(ADDRESS)
+    assert grammar.matches('{"country":"BRA","state":"SP","postalCode":"01000"}')
+    assert grammar.matches('{"country":"ITA","state":"AL"}')
+    assert not grammar.matches('{"country":"BRA","state":"MI"}') and not check.is_valid(
+        {"country": "BRA", "state": "MI"}
+    )
+    # valid (only Brazil has the state SP), not generated: no country
+    assert check.is_valid({"state": "SP"}) and not grammar.matches('{"state":"SP"}')
+
+
 # Github_hard o21780 (and o4237, o61027, Github_medium o51161, ...): a host as a name or an address
 HOST = {"type": "string", "oneOf": [{"format": "hostname"}, {"format": "ipv4"}, {"format": "ipv6"}]}
 
