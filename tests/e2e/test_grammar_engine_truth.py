@@ -402,7 +402,44 @@ STEPS = {
     "tens below 100": {"type": "number", "exclusiveMaximum": 100, "multipleOf": 10},
     "odd threes from -1000": {"type": "integer", "multipleOf": 3, "minimum": -1000, "not": {"multipleOf": 2}},
 }
-NEW = {**COUNTED, **PROPERTIES, **FORMATS, **STEPS}
+
+#: oneOf told apart since session 30: by a name the oneOf's siblings require, by formats'
+#: supersets and negations (the product of hostname with IPv4's complement), by a property no
+#: branch requires (generated with it present)
+ONE_OF = {
+    "host name or address": {
+        "type": "string",
+        "oneOf": [{"format": "hostname"}, {"format": "ipv4"}, {"format": "ipv6"}],
+    },
+    "not an ipv4 within 20": {"type": "string", "maxLength": 20, "not": {"format": "ipv4"}},
+    "asserts by name": {
+        "required": ["assert"],
+        "oneOf": [
+            {"properties": {"assert": {"enum": [name]}, "min": {"type": kind}}}
+            for name, kind in [("Length", "integer"), ("Range", "string"), ("Blank", "null")]
+        ],
+    },
+    "address per country": {
+        "type": "object",
+        "oneOf": [
+            {
+                "properties": {
+                    "country": {"const": country},
+                    "state": {"enum": states},
+                    "postalCode": {"type": "string", "maxLength": 10},
+                }
+            }
+            for country, states in [
+                ("BRA", ["AC", "SP"]),
+                ("ITA", ["AL", "MI"]),
+                ("USA", ["AL", "NY"]),
+                ("MEX", ["AG", "BC"]),
+                ("CAN", ["AB", "BC"]),
+            ]
+        ],
+    },
+}
+NEW = {**COUNTED, **PROPERTIES, **FORMATS, **STEPS, **ONE_OF}
 
 
 @pytest.mark.parametrize("name", NEW)
