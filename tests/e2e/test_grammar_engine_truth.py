@@ -406,7 +406,7 @@ STEPS = {
 #: oneOf told apart since session 30: by a name the oneOf's siblings require, by formats'
 #: supersets and negations (the product of hostname with IPv4's complement), by a property no
 #: branch requires (generated with it present)
-ONE_OF = {
+ONE_OF: dict[str, dict[str, Any]] = {
     "host name or address": {
         "type": "string",
         "oneOf": [{"format": "hostname"}, {"format": "ipv4"}, {"format": "ipv6"}],
