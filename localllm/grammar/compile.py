@@ -2907,13 +2907,7 @@ class _Compiler:
         shown = _decimal_text(Fraction(a, scale))
         if not parts:
             raise _Unsatisfiable(path, key, f"no multiple of {shown} lies between the bounds")
-        if k:
-            self.notes.append(
-                f"{path}: multiples of {shown} are written with at most {k} decimal{'s' * (k > 1)}, "
-                f"below 10^{width} and with no exponent"
-            )
-        elif not integer:
-            self.notes.append(f"{path}: multiples of {shown} are written as integers")
+        self.note_multiples(path, shown, k, width, integer=integer)
         return self.rule(f"{path}-multiple", _alt(parts))
 
     def gen_non_multiples(self, node: dict[str, Any], path: str, excluded: list[Any], *, integer: bool) -> str:
@@ -3062,6 +3056,12 @@ class _Compiler:
         if point:
             self.notes.append(f"{path}: multiples of {shown} are written as integers with .0 (at most 15 digits)")
             return self.rule(f"{path}-multiple", f"( {' | '.join(parts)} ) {point}")
+        self.note_multiples(path, shown, k, whole, integer=integer)
+        return self.rule(f"{path}-multiple", " | ".join(parts))
+
+    def note_multiples(self, path: str, shown: str, k: int, whole: int, *, integer: bool) -> None:
+        """How multiples of ``shown`` are written: at most ``k`` decimals below 10^``whole``,
+        or (a number type, k = 0) as integers."""
         if k:
             self.notes.append(
                 f"{path}: multiples of {shown} are written with at most {k} decimal{'s' * (k > 1)}, "
@@ -3069,7 +3069,6 @@ class _Compiler:
             )
         elif not integer:
             self.notes.append(f"{path}: multiples of {shown} are written as integers")
-        return self.rule(f"{path}-multiple", " | ".join(parts))
 
     def valid_multiple(self, schema: Any, value: Fraction, path: str, key: str) -> str | None:
         """``value`` written as a JSON number ``schema`` accepts (checked by the validator), or
