@@ -2690,8 +2690,16 @@ class _Compiler:
                     negated=negated,
                 )
         except automaton.TooLarge as exc:
-            construct = "pattern" if patterns else "maxLength" if hi is not None else "minLength"
-            raise _Refuse(path, construct, f"{'pattern ' * bool(patterns)}{shown} is not compiled: {exc}") from None
+            # the length bounds are what is refused when the patterns alone compile (a word
+            # count beside maxLength: words × characters states), as beside a format alone;
+            # the relaxed grammar then drops them and keeps the patterns
+            why = f"{'pattern ' * bool(patterns)}{shown} is not compiled: {exc}"
+            bounded = bool(lo) or hi is not None
+            if patterns and not (bounded and self.unbounded_product(branches, negated)):
+                raise _Refuse(path, "pattern", why) from None
+            if patterns:
+                why += "; without the length bounds it compiles"
+            raise _Refuse(path, "maxLength" if hi is not None else "minLength", why) from None
         if dfa is None:
             raise _Unsatisfiable(path, "pattern", f"no string matches {shown}")
         self.products += 1
@@ -2700,6 +2708,21 @@ class _Compiler:
             alts = [f"{_json_char_set(list(ranges))} {names[t]}" for ranges, t in moves]
             self.rules[name] = " | ".join([*alts, '""'] if accepting else alts)
         return self.rule(f"{path}-pattern", f'"\\"" {names[0]} "\\""')
+
+    def unbounded_product(self, branches: list[list[Branch]], negated: list[bool]) -> bool:
+        """Do the patterns' automata intersect within :data:`MAX_PRODUCT_STATES` without length bounds?"""
+        try:
+            automaton.intersection(
+                branches,
+                _JSON_UNIVERSE,
+                limit=MAX_PRODUCT_STATES,
+                nfa_limit=MAX_STATES,
+                work=self.automaton_work,
+                negated=negated,
+            )
+        except automaton.TooLarge:
+            return False
+        return True
 
     def regex_expr(self, node: tuple[Any, ...]) -> str:
         kind = node[0]
