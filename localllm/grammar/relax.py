@@ -17,7 +17,9 @@ of its ``anyOf``/``oneOf`` or of the compiler's rewrites (``then``/``else``,
 must not be evaluated, through any chain of subschemas and refs, by ``not``, ``if``,
 ``contains``, ``unevaluated*`` or a ``oneOf`` whose branches may overlap (a wider subschema
 there can reject more: a wider branch can match beside another); a ``oneOf`` whose branches
-stay apart (:meth:`_Facts.disjoint`) still picks exactly one.
+stay apart (:meth:`_Facts.disjoint`) still picks exactly one. Where such a keyword is what
+holds a refusal back, it is widened itself, the outermost first (:func:`_loosen`): the
+overlapping ``oneOf`` read as an ``anyOf``, the ``not``/``if``/``contains`` gone.
 
 Nothing is relaxed (:func:`relax` returns None) when the compiler finds that no value meets
 the schema, or the relaxed one (which admits more): there is no answer to constrain. Nor when
@@ -39,7 +41,7 @@ import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from localllm.grammar import keywords
 from localllm.grammar.compile import CompiledGrammar, Refusal, compile_schema
@@ -108,23 +110,59 @@ def _relaxed(text: str, space: bool, open_objects: bool, seconds: float) -> Rela
         # a relaxed schema no value meets: the schema itself admits none (nothing to answer)
         if compiled.unsatisfiable or not compiled.refusals or time.monotonic() > deadline:
             return None
-        if not _drop(doc, compiled.refusals[0]):
+        refusal = compiled.refusals[0]
+        outcome = _drop(doc, refusal)
+        if outcome == "held":
+            # under a keyword that may reject more for a wider subschema: that keyword goes
+            # (outermost first), and the refusal is tried again on the next compile
+            loosened = _loosen(doc, refusal)
+            if loosened is None:
+                return None
+            dropped.append(loosened)
+        elif outcome == "dropped":
+            dropped.append(refusal)
+        else:
             return None
-        dropped.append(compiled.refusals[0])
         compiled = compile_schema(doc, space=space, open_objects=open_objects)
         if compiled.exact:
             return Relaxed(doc, compiled, tuple(dropped))
     return None
 
 
-def _drop(doc: dict[str, Any], refusal: Refusal) -> bool:
+def _drop(doc: dict[str, Any], refusal: Refusal) -> Literal["dropped", "held", "kept"]:
     """Drop ``refusal.construct`` from the schema objects its path names (or, for a refusal
     pointing into one of a keyword's subschemas, from the object holding that keyword),
-    when that only widens ``doc``."""
+    when that only widens ``doc``: "dropped". "held" (``doc`` left as it was) when it would
+    but for a keyword above that may reject more for a wider subschema (:func:`_loosen`);
+    "kept" when it cannot go (the caller then drops ``doc``)."""
+    found = _holders(doc, refusal)
+    if found is None:
+        return "kept"
+    holders, facts = found
+    kept = {i: list(node.items()) for i, node in holders.items()}
+    for node in holders.values():
+        for k in (refusal.construct, "then", "else") if refusal.construct == "if" else (refusal.construct,):
+            node.pop(k, None)
+    # no keyword whose result may shrink when its subschema grows may reach what was
+    # widened, but a oneOf whose branches still stay apart: a wider branch's insides keep it apart
+    below = _below_not_monotone(doc, facts)
+    if below is None:
+        return "kept"
+    if below & holders.keys():
+        for i, node in holders.items():  # as it was, keys in their order, for _loosen
+            node.clear()
+            node.update(kept[i])
+        return "held"
+    return "dropped"
+
+
+def _holders(doc: dict[str, Any], refusal: Refusal) -> tuple[dict[int, dict[str, Any]], _Facts] | None:
+    """The objects holding ``refusal.construct`` that its path names, by id, and the
+    document's facts; None when there are none or the keyword is not one to drop."""
     try:
         tokens = parse_path(refusal.path)
     except ValueError:
-        return False
+        return None
     # refs are looked up only where no $id moves them
     moved = any(isinstance(o.get("$id", o.get("id")), str) for o in _objects(doc) if o is not doc)
     facts = _Facts(None if moved else doc, _knows_const(doc))
@@ -136,26 +174,86 @@ def _drop(doc: dict[str, Any], refusal: Refusal) -> bool:
         if key in node:
             holders[id(node)] = node
     if not holders or key in NOT_DROPPED or key not in keywords.ASSERTING:
-        return False
-    for node in holders.values():
-        for k in (key, "then", "else") if key == "if" else (key,):
-            node.pop(k, None)
-    # (the caller drops the document when this is False) no keyword whose result may shrink
-    # when its subschema grows may reach what was widened, but a oneOf whose branches still
-    # stay apart: a wider branch's insides keep it apart
+        return None
+    return holders, facts
+
+
+def _loosen(doc: dict[str, Any], refusal: Refusal) -> Refusal | None:
+    """Widen the outermost keyword of NOT_MONOTONE that reaches what ``refusal`` names (one
+    that no such keyword reaches in turn, so the whole document widens): a ``oneOf`` whose
+    branches may overlap is read as an ``anyOf`` (every value that matches exactly one branch
+    matches one), a ``not``, ``if`` (with its ``then``/``else``) or ``contains`` goes. The
+    refused keyword is then free to go on the next compile. Returns what was widened, as a
+    refusal naming it; None when nothing can be."""
+    found = _holders(doc, refusal)
+    if found is None:
+        return None
+    holders, facts = found
     below = _below_not_monotone(doc, facts)
-    return below is not None and not below & holders.keys()
+    if below is None:
+        return None
+    for obj, path in _positions(doc):
+        if id(obj) in below:
+            continue
+        for key in sorted(NOT_MONOTONE & obj.keys()):
+            if key == "oneOf" and facts.disjoint(obj[key]):
+                continue
+            reached = _reached([obj[key]], facts)
+            if reached is None:
+                return None
+            if not reached & holders.keys():
+                continue
+            if key == "oneOf":
+                branches = obj.pop("oneOf")
+                if "anyOf" in obj:
+                    obj["allOf"] = [*obj.get("allOf", []), {"anyOf": branches}]
+                else:
+                    obj["anyOf"] = branches
+                how = 'read as "anyOf"'
+            else:
+                for k in (key, "then", "else") if key == "if" else (key,):
+                    obj.pop(k, None)
+                how = "dropped"
+            why = f'{path}: "{key}" {how}, so that {refusal.path} "{refusal.construct}" can go: {refusal.message}'
+            return Refusal(path, key, why)
+    return None
+
+
+def _positions(doc: dict[str, Any]) -> Iterator[tuple[dict[str, Any], str]]:
+    """The schema objects in ``doc`` (not values: an ``enum``'s, a ``properties`` map) with
+    their paths, in document order."""
+    stack: list[tuple[dict[str, Any], str]] = [(doc, "$")]
+    while stack:
+        obj, path = stack.pop()
+        yield obj, path
+        children: list[tuple[dict[str, Any], str]] = []
+        for k, v in obj.items():
+            if k in _NAMED and isinstance(v, dict):
+                children += [(sub, f"{path}.{k}.{name}") for name, sub in v.items() if isinstance(sub, dict)]
+            elif k in _LISTED and isinstance(v, list):
+                children += [(sub, f"{path}.{k}[{i}]") for i, sub in enumerate(v) if isinstance(sub, dict)]
+            elif k in _SINGLE and isinstance(v, dict):
+                children.append((v, f"{path}.{k}"))
+        stack.extend(reversed(children))
 
 
 def _below_not_monotone(doc: dict[str, Any], facts: _Facts) -> set[int] | None:
     """The ids of the objects a keyword of NOT_MONOTONE evaluates (but a ``oneOf`` whose
     branches stay apart), its refs followed; None when a ref there cannot be followed."""
-    stack: list[Any] = [
-        obj[k]
-        for obj in _objects(doc)
-        for k in NOT_MONOTONE & obj.keys()
-        if not (k == "oneOf" and facts.disjoint(obj[k]))
-    ]
+    return _reached(
+        [
+            obj[k]
+            for obj in _objects(doc)
+            for k in NOT_MONOTONE & obj.keys()
+            if not (k == "oneOf" and facts.disjoint(obj[k]))
+        ],
+        facts,
+    )
+
+
+def _reached(stack: list[Any], facts: _Facts) -> set[int] | None:
+    """The ids of the objects in ``stack`` and under them, refs followed; None when a ref
+    there cannot be followed."""
     seen: set[int] = set()
     while stack:
         item = stack.pop()

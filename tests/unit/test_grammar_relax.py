@@ -114,10 +114,12 @@ def test_every_refused_real_world_schema_relaxes_to_a_superset_that_walks_valid(
         assert invalid_walks(relaxed.schema, relaxed.compiled, 100) == [], sid
     # the JSON Schema Store schemas with unique strings (winget's manifest drops ten), the test
     # suite's uniqueItems, minProperties in a dependentSchemas (named "$[2]" by the compiler's
-    # rewrite) and multipleOf 123456789, llama.cpp's lookahead; of the other 12, 7 are
-    # invalid, 3 admit no value, 1 has unevaluatedProperties, and o35866's pattern is the
-    # compiler's own, for a "not" of an enum
+    # rewrite) and multipleOf 123456789, llama.cpp's lookahead, o35866 (its oneOf of
+    # addresses per country read as an anyOf: what was refused was the pattern the compiler
+    # wrote to tell the branches apart); of the other 11, 7 are invalid, 3 admit no value, 1
+    # has unevaluatedProperties
     assert relaxed_ids == [
+        "jsb/Github_easy/o35866",
         "jsb/JsonSchemaStore/schema-catalog",
         "jsb/JsonSchemaStore/drupal-breakpoints",
         "jsb/JsonSchemaStore/csscomb",
@@ -257,20 +259,6 @@ def test_relaxed(name: str, schema: Any, dropped: list[tuple[str, str]]) -> None
 @pytest.mark.parametrize(
     ("name", "schema"),
     [
-        # a wider branch could match beside the other: fewer values pass the oneOf
-        # arrays on both branches: the wider one matches beside the other
-        ("under a oneOf whose branches share a type", {"oneOf": [{"type": "array", "maxItems": 1}, TAGS]}),
-        (
-            "a ref from under a oneOf whose branches overlap reaches it through another ref",
-            {
-                "$defs": {"t": TAGS, "u": {"type": "object", "properties": {"t": {"$ref": "#/$defs/t"}}}},
-                "properties": {"a": {"$ref": "#/$defs/t"}, "b": {"oneOf": [{"$ref": "#/$defs/u"}, {"type": "object"}]}},
-            },
-        ),
-        (
-            "a ref from under not could reach it",
-            {"$defs": {"t": TAGS}, "properties": {"a": {"$ref": "#/$defs/t"}, "b": {"not": {"$ref": "#/$defs/t"}}}},
-        ),
         (
             "unevaluatedProperties anywhere",
             {"type": "object", "properties": {"t": TAGS}, "unevaluatedProperties": False},
@@ -290,6 +278,71 @@ def test_relaxed(name: str, schema: Any, dropped: list[tuple[str, str]]) -> None
 )
 def test_not_relaxed(name: str, schema: Any) -> None:
     assert relax(schema) is None, name
+
+
+@pytest.mark.parametrize(
+    ("name", "schema", "dropped"),
+    [
+        # a wider branch could match beside the other (arrays on both): fewer values would pass
+        # the oneOf, so it is read as an anyOf first, which no wider branch narrows
+        (
+            "under a oneOf whose branches share a type",
+            {"oneOf": [{"type": "array", "maxItems": 1}, TAGS]},
+            [("$", "oneOf"), ("$[1]", "uniqueItems")],
+        ),
+        (
+            "a ref from under a oneOf whose branches overlap reaches it through another ref",
+            {
+                "$defs": {"t": TAGS, "u": {"type": "object", "properties": {"t": {"$ref": "#/$defs/t"}}}},
+                "properties": {"a": {"$ref": "#/$defs/t"}, "b": {"oneOf": [{"$ref": "#/$defs/u"}, {"type": "object"}]}},
+            },
+            [("$.properties.b", "oneOf"), ("$.$defs.t", "uniqueItems")],
+        ),
+        # a wider subschema under "not" rejects more: the not goes
+        (
+            "a ref from under not could reach it",
+            {"$defs": {"t": TAGS}, "properties": {"a": {"$ref": "#/$defs/t"}, "b": {"not": {"$ref": "#/$defs/t"}}}},
+            [("$.properties.b", "not"), ("$.$defs.t", "uniqueItems")],
+        ),
+        # the outermost first: the not above the oneOf (a wider oneOf under it could reject more)
+        (
+            "a oneOf under a not",
+            {"properties": {"a": {"not": {"oneOf": [TAGS, {"type": "array", "maxItems": 1}]}}}},
+            [("$.properties.a", "not")],
+        ),
+        (
+            "an if and its then and else",
+            {"if": {"properties": {"t": TAGS}}, "then": {"required": ["a"]}, "else": {"required": ["b"]}},
+            [("$", "if")],
+        ),
+        (
+            "a ref from under contains",
+            {
+                "$defs": {"t": TAGS},
+                "properties": {"a": {"$ref": "#/$defs/t"}, "b": {"type": "array", "contains": {"$ref": "#/$defs/t"}}},
+            },
+            [("$.properties.b", "contains"), ("$.$defs.t", "uniqueItems")],
+        ),
+        # an anyOf beside the oneOf: the branches go into an allOf component of their own
+        (
+            "a oneOf beside an anyOf",
+            {"anyOf": [{"type": "array"}, {"type": "string"}], "oneOf": [TAGS, {"type": "array", "maxItems": 1}]},
+            [("$", "oneOf"), ("$[0]", "uniqueItems")],
+        ),
+    ],
+)
+def test_a_keyword_that_may_reject_more_for_a_wider_subschema_is_loosened_first(
+    name: str, schema: dict[str, Any], dropped: list[tuple[str, str]]
+) -> None:
+    assert _dropped(schema) == dropped, name
+    relaxed = relax(schema)
+    assert relaxed is not None and invalid_walks(relaxed.schema, relaxed.compiled, 200) == []
+    # wider, never narrower: every value the schema admits, the relaxed schema admits
+    rng = random.Random(3)
+    check, wider = validator(schema), validator(relaxed.schema)
+    values = [[], ["a"], ["a", "a"], ["a", "b", "c"], [1], "x", {}, {"a": 1}, {"t": ["a", "a"], "a": 1}, {"b": 2}]
+    values += [[rng.choice("ab") for _ in range(rng.randint(0, 3))] for _ in range(50)]
+    assert [v for v in values if check.is_valid(v) and not wider.is_valid(v)] == [], name
 
 
 def _union(cat: Any, *others: Any, **top: Any) -> dict[str, Any]:
@@ -346,10 +399,21 @@ def test_a_refusal_under_a_oneOf_is_dropped_only_while_its_branches_stay_apart(
     # the twins differ in one thing, and the refusal is where the relaxing decides it: in $defs
     for schema in (apart, overlapping):
         assert compile_schema(schema).refusals[0].path.startswith("$.$defs.c"), name
-    assert _dropped(apart) == [(compile_schema(apart).refusals[0].path, "uniqueItems")], name
-    assert relax(overlapping) is None, name
+    refused = compile_schema(apart).refusals[0].path
+    assert _dropped(apart) == [(refused, "uniqueItems")], name
     relaxed = relax(apart)
     assert relaxed is not None and invalid_walks(relaxed.schema, relaxed.compiled, 100) == []
+    # branches that may overlap: the oneOf is read as an anyOf first (a wider branch could
+    # match beside another), then the refusal goes; with an $id below the root, whose refs
+    # are not followed, nothing is relaxed
+    if "$id" in json.dumps(overlapping):
+        assert relax(overlapping) is None, name
+        return
+    union = "$" if "oneOf" in overlapping else "$.properties.b"
+    assert _dropped(overlapping) == [(union, "oneOf"), (refused, "uniqueItems")], name
+    wider = relax(overlapping)
+    assert wider is not None and "oneOf" not in json.dumps(wider.schema)
+    assert invalid_walks(wider.schema, wider.compiled, 100) == []
 
 
 def test_a_relaxed_grammar_admits_the_valid_answers_the_exact_one_would() -> None:
@@ -490,7 +554,11 @@ def test_a_relaxed_schema_admits_every_value_the_schema_does() -> None:
         relaxed_count += 1
         assert _narrowed(schema, relaxed.schema, rng) == [], (schema, relaxed.dropped)
         assert invalid_walks(relaxed.schema, relaxed.compiled, 10, seed=relaxed_count) == []
-    assert relaxed_count >= 60  # ~1 in 4 of these relax; the rest keep a refusal under not/oneOf/if
+    # 129 of these 300 relax (105 before session 31, when a refusal under a not or an
+    # overlapping oneOf was not relaxed: now that keyword is widened first); of the rest, 80
+    # compile exactly, 60 admit no value, and ~30 are refused at a path where the relaxing
+    # finds no object holding the keyword
+    assert relaxed_count >= 120, relaxed_count
 
 
 def test_the_superset_check_catches_a_keyword_dropped_under_not() -> None:
