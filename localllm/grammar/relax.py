@@ -18,8 +18,9 @@ must not be evaluated, through any chain of subschemas and refs, by ``not``, ``i
 ``contains``, ``unevaluated*`` or a ``oneOf`` whose branches may overlap (a wider subschema
 there can reject more: a wider branch can match beside another); a ``oneOf`` whose branches
 stay apart (:meth:`_Facts.disjoint`) still picks exactly one. Where such a keyword is what
-holds a refusal back, it is widened itself, the outermost first (:func:`_loosen`): the
-overlapping ``oneOf`` read as an ``anyOf``, the ``not``/``if``/``contains`` gone.
+holds a refusal back (or the refusal is of what the compiler wrote for it), it is widened
+itself, the outermost first (:func:`_loosen`): the overlapping ``oneOf`` read as an
+``anyOf``, the ``not``/``if``/``contains`` gone.
 
 Nothing is relaxed (:func:`relax` returns None) when the compiler finds that no value meets
 the schema, or the relaxed one (which admits more): there is no answer to constrain. Nor when
@@ -41,7 +42,7 @@ import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from localllm.grammar import keywords
 from localllm.grammar.compile import CompiledGrammar, Refusal, compile_schema
@@ -111,33 +112,29 @@ def _relaxed(text: str, space: bool, open_objects: bool, seconds: float) -> Rela
         if compiled.unsatisfiable or not compiled.refusals or time.monotonic() > deadline:
             return None
         refusal = compiled.refusals[0]
-        outcome = _drop(doc, refusal)
-        if outcome == "held":
-            # under a keyword that may reject more for a wider subschema: that keyword goes
-            # (outermost first), and the refusal is tried again on the next compile
+        if _drop(doc, refusal):
+            dropped.append(refusal)
+        else:
+            # held back by a keyword that may reject more for a wider subschema, or refused
+            # in what the compiler wrote for one: that keyword is widened (outermost first),
+            # and the refusal is tried again on the next compile
             loosened = _loosen(doc, refusal)
             if loosened is None:
                 return None
             dropped.append(loosened)
-        elif outcome == "dropped":
-            dropped.append(refusal)
-        else:
-            return None
         compiled = compile_schema(doc, space=space, open_objects=open_objects)
         if compiled.exact:
             return Relaxed(doc, compiled, tuple(dropped))
     return None
 
 
-def _drop(doc: dict[str, Any], refusal: Refusal) -> Literal["dropped", "held", "kept"]:
+def _drop(doc: dict[str, Any], refusal: Refusal) -> bool:
     """Drop ``refusal.construct`` from the schema objects its path names (or, for a refusal
     pointing into one of a keyword's subschemas, from the object holding that keyword),
-    when that only widens ``doc``: "dropped". "held" (``doc`` left as it was) when it would
-    but for a keyword above that may reject more for a wider subschema (:func:`_loosen`);
-    "kept" when it cannot go (the caller then drops ``doc``)."""
+    when that only widens ``doc``; else leave ``doc`` as it was and return False."""
     found = _holders(doc, refusal)
     if found is None:
-        return "kept"
+        return False
     holders, facts = found
     kept = {i: list(node.items()) for i, node in holders.items()}
     for node in holders.values():
@@ -146,19 +143,35 @@ def _drop(doc: dict[str, Any], refusal: Refusal) -> Literal["dropped", "held", "
     # no keyword whose result may shrink when its subschema grows may reach what was
     # widened, but a oneOf whose branches still stay apart: a wider branch's insides keep it apart
     below = _below_not_monotone(doc, facts)
-    if below is None:
-        return "kept"
-    if below & holders.keys():
-        for i, node in holders.items():  # as it was, keys in their order, for _loosen
-            node.clear()
-            node.update(kept[i])
-        return "held"
-    return "dropped"
+    if below is not None and not below & holders.keys():
+        return True
+    for i, node in holders.items():  # as it was, keys in their order
+        node.clear()
+        node.update(kept[i])
+    return False
 
 
 def _holders(doc: dict[str, Any], refusal: Refusal) -> tuple[dict[int, dict[str, Any]], _Facts] | None:
     """The objects holding ``refusal.construct`` that its path names, by id, and the
     document's facts; None when there are none or the keyword is not one to drop."""
+    named = _named(doc, refusal)
+    if named is None:
+        return None
+    key = refusal.construct
+    holders: dict[int, dict[str, Any]] = {}
+    for end, last in named[0]:
+        # "$.oneOf[1]": the branch, not the keyword's holder
+        node = last[0] if key not in end and last is not None and last[1] == key else end
+        if key in node:
+            holders[id(node)] = node
+    if not holders or key in NOT_DROPPED or key not in keywords.ASSERTING:
+        return None
+    return holders, named[1]
+
+
+def _named(doc: dict[str, Any], refusal: Refusal) -> tuple[list[tuple[dict[str, Any], _Step]], _Facts] | None:
+    """The objects ``refusal``'s path names (:func:`_ends`) and the document's facts; None
+    when the path cannot be read."""
     try:
         tokens = parse_path(refusal.path)
     except ValueError:
@@ -166,31 +179,27 @@ def _holders(doc: dict[str, Any], refusal: Refusal) -> tuple[dict[int, dict[str,
     # refs are looked up only where no $id moves them
     moved = any(isinstance(o.get("$id", o.get("id")), str) for o in _objects(doc) if o is not doc)
     facts = _Facts(None if moved else doc, _knows_const(doc))
-    key = refusal.construct
-    holders: dict[int, dict[str, Any]] = {}
-    for end, last in _ends(doc, tokens, facts.refs):
-        # "$.oneOf[1]": the branch, not the keyword's holder
-        node = last[0] if key not in end and last is not None and last[1] == key else end
-        if key in node:
-            holders[id(node)] = node
-    if not holders or key in NOT_DROPPED or key not in keywords.ASSERTING:
-        return None
-    return holders, facts
+    return _ends(doc, tokens, facts.refs), facts
 
 
 def _loosen(doc: dict[str, Any], refusal: Refusal) -> Refusal | None:
-    """Widen the outermost keyword of NOT_MONOTONE that reaches what ``refusal`` names (one
+    """Widen the outermost keyword of NOT_MONOTONE that holds back what ``refusal`` names (one
     that no such keyword reaches in turn, so the whole document widens): a ``oneOf`` whose
     branches may overlap is read as an ``anyOf`` (every value that matches exactly one branch
-    matches one), a ``not``, ``if`` (with its ``then``/``else``) or ``contains`` goes. The
-    refused keyword is then free to go on the next compile. Returns what was widened, as a
-    refusal naming it; None when nothing can be."""
-    found = _holders(doc, refusal)
-    if found is None:
+    matches one), a ``not``, ``if`` (with its ``then``/``else``) or ``contains`` goes. What it
+    holds back: the objects holding the refused keyword, or when none does (the compiler
+    refuses what it wrote for such a keyword: alternatives it multiplied, a pattern telling
+    ``oneOf`` branches apart) the objects the path names, a keyword of theirs too. The refusal
+    is tried again on the next compile. Returns what was widened, as a refusal naming it;
+    None when nothing can be."""
+    named = _named(doc, refusal)
+    if named is None:
         return None
-    holders, facts = found
+    found = _holders(doc, refusal)
+    targets = found[0] if found is not None else {id(end): end for end, _ in named[0]}
+    facts = named[1]
     below = _below_not_monotone(doc, facts)
-    if below is None:
+    if below is None or not targets:
         return None
     for obj, path in _positions(doc):
         if id(obj) in below:
@@ -198,11 +207,12 @@ def _loosen(doc: dict[str, Any], refusal: Refusal) -> Refusal | None:
         for key in sorted(NOT_MONOTONE & obj.keys()):
             if key == "oneOf" and facts.disjoint(obj[key]):
                 continue
-            reached = _reached([obj[key]], facts)
-            if reached is None:
-                return None
-            if not reached & holders.keys():
-                continue
+            if id(obj) not in targets:
+                reached = _reached([obj[key]], facts)
+                if reached is None:
+                    return None
+                if not reached & targets.keys():
+                    continue
             if key == "oneOf":
                 branches = obj.pop("oneOf")
                 if "anyOf" in obj:
@@ -214,8 +224,7 @@ def _loosen(doc: dict[str, Any], refusal: Refusal) -> Refusal | None:
                 for k in (key, "then", "else") if key == "if" else (key,):
                     obj.pop(k, None)
                 how = "dropped"
-            why = f'{path}: "{key}" {how}, so that {refusal.path} "{refusal.construct}" can go: {refusal.message}'
-            return Refusal(path, key, why)
+            return Refusal(path, key, f'{path}: "{key}" {how}, for {refusal.message}')
     return None
 
 
