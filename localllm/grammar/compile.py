@@ -530,18 +530,26 @@ def _repeat(expr: str, lo: int, hi: int | None) -> str:
 
 
 _ATOM = re.compile(r'^(?:[A-Za-z0-9-]+|"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\])$')
+#: what a GBNF expression's parentheses are read among: literals and classes (whose "(" and
+#: ")" are characters, not groups) and the parentheses themselves
+_GROUPING = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|[()]')
 
 
 def _is_atom(expr: str) -> bool:
+    """Is ``expr`` one rule name, literal, class or parenthesised group (so a repeat suffix
+    applies to all of it)?"""
     if _ATOM.match(expr):
         return True
-    if expr.startswith("(") and expr.endswith(")"):
-        depth = 0
-        for i, c in enumerate(expr):
-            depth += (c == "(") - (c == ")")
-            if depth == 0 and i < len(expr) - 1:
-                return False
-        return True
+    if not (expr.startswith("(") and expr.endswith(")")):
+        return False
+    depth = 0
+    for token in _GROUPING.finditer(expr):
+        if token.group() == "(":
+            depth += 1
+        elif token.group() == ")":
+            depth -= 1
+            if depth == 0:  # the first group closes: at the end, or it is one of several
+                return token.end() == len(expr)
     return False
 
 
@@ -839,7 +847,7 @@ class _Compiler:
 
     def rule(self, hint: str, body: str) -> str:
         """A named rule for ``body`` (one rule per distinct body)."""
-        if _is_atom(body) and not body.startswith("("):
+        if not body.startswith("(") and _is_atom(body):
             return body
         known = self.bodies.get(body)
         if known:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from localllm.grammar import compile as compile_module
 from localllm.grammar.compile import CompiledGrammar, Refusal, compile_schema, integer_range
 from localllm.grammar.walk import Grammar, GrammarSyntaxError
 from tests.conftest import in_child
@@ -412,3 +413,24 @@ def test_an_object_of_many_properties_compiles_in_linear_time() -> None:
         timeout=60,
     )
     assert refused == ["size"]
+
+
+@pytest.mark.parametrize(
+    ("expr", "atom"),
+    [
+        # a "(" or ")" inside a literal or a class is a character, not a group: read as one,
+        # two groups looked like one, and a repeat suffix would apply to the last only
+        ('( "\\"((\\"" ) ( "x" )', False),
+        ("( [(] ) ( a )", False),
+        ('( "\\"((\\"" | "\\"(x\\"" )', True),
+        ("( [)] x )", True),
+        ("( a ( b ) )", True),
+        ("( a ) ( b )", False),
+        ('"(" ( x )', False),
+        ("( a ) b", False),
+        ("rule-name", True),
+        ('"lit"', True),
+    ],
+)
+def test_a_group_is_read_past_the_parentheses_inside_literals_and_classes(expr: str, atom: bool) -> None:
+    assert compile_module._is_atom(expr) is atom
