@@ -901,6 +901,17 @@ class _Compiler:
                 raise _Refuse(path, key, f'"{key}" has no exact grammar equivalent')
         if "const" in node or "enum" in node:
             return self.literals(node, path)
+        components = node.get("allOf")
+        if (
+            isinstance(components, list)
+            and len(components) == 1
+            and isinstance(components[0], dict)
+            and [k for k in node if _asserts(node, k)] == ["allOf"]
+        ):
+            # {"allOf": [S]} is S (pydantic's and many hand-written schemas' way to describe a
+            # ref): read as S, a ref in it stays a ref, so a recursive one is a recursive rule
+            # rather than a merge unrolled level by level (a menu's "children": refused at 64)
+            return self.gen(components[0], path, depth + 1, bare)
         rewritten = self.rewrite(node, path, depth)
         if rewritten is not None:
             return self.gen(rewritten, path, depth + 1, bare)

@@ -966,3 +966,43 @@ def test_a_schema_unsatisfiable_beside_a_one_of_told_apart_partially_says_so() -
     compiled = compile_schema(schema)
     assert compiled.grammar is None
     assert [(r.path, r.construct) for r in compiled.refusals] == [("$.properties.y", "type")]
+
+
+#: a hierarchical menu as Github_medium o13136 writes it: "children" items are the item
+#: itself, by a ref wrapped in a one-component allOf
+MENU: dict[str, Any] = {
+    "$schema": "http://json-schema.org/draft-04/schema#",
+    "definitions": {
+        "menuItem": {
+            "type": "object",
+            "properties": {
+                "label": {"type": "string"},
+                "url": {"type": "string", "minLength": 1},
+                "children": {"type": "array", "items": {"allOf": [{"$ref": "#/definitions/menuItem"}]}},
+            },
+            "additionalProperties": False,
+            "required": ["label", "url"],
+        }
+    },
+    "type": "object",
+    "properties": {"main": {"type": "array", "items": {"$ref": "#/definitions/menuItem"}}},
+    "required": ["main"],
+}
+
+
+def test_a_recursive_ref_inside_a_one_component_allOf_is_a_recursive_rule() -> None:
+    # the component was merged into a new object at every level, so the recursion was
+    # unrolled until it was refused past 64 levels; {"allOf": [S]} is S, and the ref stays one
+    compiled = compile_schema(MENU)
+    assert compiled.exact, compiled.refusals
+    assert invalid_walks(MENU, compiled, 300) == []
+    g = Grammar.parse(compiled.grammar or "")
+    leaf = {"label": "c", "url": "/c"}
+    deep: dict[str, Any] = leaf
+    for depth in range(20):  # deeper than the unrolling reached (64 schema levels: ~12 items)
+        deep = {"label": f"l{depth}", "url": "/", "children": [deep, leaf]}
+    for value in ({"main": []}, {"main": [leaf]}, {"main": [deep]}):
+        assert validator(MENU).is_valid(value)
+        assert g.matches(json.dumps(value, separators=(",", ":")))
+    for bad in ({"main": [{"label": "a", "url": "/", "children": [{"label": "b"}]}]}, {"main": [{**leaf, "x": 1}]}):
+        assert not g.matches(json.dumps(bad, separators=(",", ":")))
