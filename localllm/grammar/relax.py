@@ -132,10 +132,11 @@ def _drop(doc: dict[str, Any], refusal: Refusal) -> bool:
     """Drop ``refusal.construct`` from the schema objects its path names (or, for a refusal
     pointing into one of a keyword's subschemas, from the object holding that keyword),
     when that only widens ``doc``; else leave ``doc`` as it was and return False."""
-    found = _holders(doc, refusal)
-    if found is None:
+    named = _named(doc, refusal)
+    holders = None if named is None else _holders(named[0], refusal.construct)
+    if named is None or holders is None:
         return False
-    holders, facts = found
+    facts = named[1]
     kept = {i: list(node.items()) for i, node in holders.items()}
     for node in holders.values():
         for k in (refusal.construct, "then", "else") if refusal.construct == "if" else (refusal.construct,):
@@ -151,22 +152,18 @@ def _drop(doc: dict[str, Any], refusal: Refusal) -> bool:
     return False
 
 
-def _holders(doc: dict[str, Any], refusal: Refusal) -> tuple[dict[int, dict[str, Any]], _Facts] | None:
-    """The objects holding ``refusal.construct`` that its path names, by id, and the
-    document's facts; None when there are none or the keyword is not one to drop."""
-    named = _named(doc, refusal)
-    if named is None:
-        return None
-    key = refusal.construct
+def _holders(ends: list[tuple[dict[str, Any], _Step]], key: str) -> dict[int, dict[str, Any]] | None:
+    """Of the objects a refusal's path names (:func:`_named`), those holding ``key``, by id;
+    None when there are none or the keyword is not one to drop."""
     holders: dict[int, dict[str, Any]] = {}
-    for end, last in named[0]:
+    for end, last in ends:
         # "$.oneOf[1]": the branch, not the keyword's holder
         node = last[0] if key not in end and last is not None and last[1] == key else end
         if key in node:
             holders[id(node)] = node
     if not holders or key in NOT_DROPPED or key not in keywords.ASSERTING:
         return None
-    return holders, named[1]
+    return holders
 
 
 def _named(doc: dict[str, Any], refusal: Refusal) -> tuple[list[tuple[dict[str, Any], _Step]], _Facts] | None:
@@ -195,9 +192,8 @@ def _loosen(doc: dict[str, Any], refusal: Refusal) -> Refusal | None:
     named = _named(doc, refusal)
     if named is None:
         return None
-    found = _holders(doc, refusal)
-    targets = found[0] if found is not None else {id(end): end for end, _ in named[0]}
-    facts = named[1]
+    ends, facts = named
+    targets = _holders(ends, refusal.construct) or {id(end): end for end, _ in ends}
     below = _below_not_monotone(doc, facts)
     if below is None or not targets:
         return None
