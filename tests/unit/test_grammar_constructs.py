@@ -1001,7 +1001,8 @@ def test_a_recursive_ref_inside_a_one_component_allOf_is_a_recursive_rule() -> N
     deep: dict[str, Any] = leaf
     for depth in range(20):  # deeper than the unrolling reached (64 schema levels: ~12 items)
         deep = {"label": f"l{depth}", "url": "/", "children": [deep, leaf]}
-    for value in ({"main": []}, {"main": [leaf]}, {"main": [deep]}):
+    answers: list[dict[str, Any]] = [{"main": []}, {"main": [leaf]}, {"main": [deep]}]
+    for value in answers:
         assert validator(MENU).is_valid(value)
         assert g.matches(json.dumps(value, separators=(",", ":")))
     for bad in ({"main": [{"label": "a", "url": "/", "children": [{"label": "b"}]}]}, {"main": [{**leaf, "x": 1}]}):
