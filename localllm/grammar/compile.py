@@ -2698,16 +2698,7 @@ class _Compiler:
             if fmt is not None and not patterns:
                 dfa = _format_dfa(fmt, lo, hi)
             else:
-                dfa = automaton.intersection(
-                    branches,
-                    _JSON_UNIVERSE,
-                    lo=lo,
-                    hi=hi,
-                    limit=MAX_PRODUCT_STATES,
-                    nfa_limit=MAX_STATES,
-                    work=self.automaton_work,
-                    negated=negated,
-                )
+                dfa = self.intersect(branches, negated, lo, hi)
         except automaton.TooLarge as exc:
             # the length bounds are what is refused when the patterns alone compile (a word
             # count beside maxLength: words × characters states), as beside a format alone;
@@ -2728,17 +2719,26 @@ class _Compiler:
             self.rules[name] = " | ".join([*alts, '""'] if accepting else alts)
         return self.rule(f"{path}-pattern", f'"\\"" {names[0]} "\\""')
 
+    def intersect(
+        self, branches: list[list[Branch]], negated: list[bool], lo: int = 0, hi: int | None = None
+    ) -> automaton.Dfa | None:
+        """The patterns' product automaton over JSON string characters, ``lo``..``hi`` long
+        (None: no string); raises :class:`automaton.TooLarge` past :data:`MAX_PRODUCT_STATES`."""
+        return automaton.intersection(
+            branches,
+            _JSON_UNIVERSE,
+            lo=lo,
+            hi=hi,
+            limit=MAX_PRODUCT_STATES,
+            nfa_limit=MAX_STATES,
+            work=self.automaton_work,
+            negated=negated,
+        )
+
     def unbounded_product(self, branches: list[list[Branch]], negated: list[bool]) -> bool:
         """Do the patterns' automata intersect within :data:`MAX_PRODUCT_STATES` without length bounds?"""
         try:
-            automaton.intersection(
-                branches,
-                _JSON_UNIVERSE,
-                limit=MAX_PRODUCT_STATES,
-                nfa_limit=MAX_STATES,
-                work=self.automaton_work,
-                negated=negated,
-            )
+            self.intersect(branches, negated)
         except automaton.TooLarge:
             return False
         return True
