@@ -116,7 +116,6 @@ class LocalLLMAgent(Agent):
         self._client: Any = None
         self._subset_cache: dict[str, bool] = {}
         self._pinned_meta: dict[str, Any] | None = None
-        self._grammar_cache: dict[str, str | None] = {}
         self._choice_cache: dict[str, bool] = {}
         #: the endpoint answered 400 to ``logprobs``: confidence is unavailable from it
         self._logprobs_refused = False
@@ -279,18 +278,14 @@ class LocalLLMAgent(Agent):
             return structured.fields(style, schema), "server", style
         server = structured.fields("json_schema", schema)
         mode: Any = self.decl.grammar
-        key = json.dumps(schema, sort_keys=True)  # both caches' key, built once per request
         if mode != "server":  # "server": llama.cpp's own converter, never the compiled grammar
-            if key not in self._grammar_cache:
-                from localllm.grammar import compile_schema
+            from localllm.grammar.compile import compile_shared
 
-                self._grammar_cache[key] = compile_schema(
-                    schema, space=not self.decl.compact, open_objects=self.decl.open_objects
-                ).grammar
-            compiled = self._grammar_cache[key]
-            if compiled is not None:
-                return {"grammar": compiled}, "compiled", "grammar"
-        if self._in_subset(key, schema):
+            # kept by the schema's JSON in its declared order: the order the grammar generates
+            compiled = compile_shared(schema, space=not self.decl.compact, open_objects=self.decl.open_objects)
+            if compiled.grammar is not None:
+                return {"grammar": compiled.grammar}, "compiled", "grammar"
+        if self._in_subset(json.dumps(schema, sort_keys=True), schema):
             return server, "server", "json_schema"
         if mode != "server" and (relaxed := self._relaxed(schema)) is not None:
             return {"grammar": relaxed.compiled.grammar}, "relaxed", "grammar"

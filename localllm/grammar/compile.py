@@ -42,6 +42,7 @@ from localllm.grammar import automaton, keywords
 from localllm.grammar.automaton import Branch
 from localllm.grammar.bounded import written
 from localllm.grammar.formats import SUPERSETS, format_checker
+from localllm.grammar.kept import Kept
 from localllm.grammar.meta import meta_error
 from localllm.grammar.paths import child_path, pointer_tokens, resolve_pointer
 from localllm.grammar.pattern import (
@@ -299,6 +300,9 @@ class CompiledGrammar:
         return self.grammar is not None
 
 
+_TOO_DEEP = Refusal("$", "depth", "$: the schema nests too deeply to compile")
+
+
 class _Refuse(Exception):
     def __init__(self, path: str, construct: str, why: str) -> None:
         super().__init__(why)
@@ -333,7 +337,37 @@ def compile_schema(
     except _Refuse as exc:
         return CompiledGrammar(None, [exc.refusal], unsatisfiable=isinstance(exc, _Unsatisfiable))
     except RecursionError:
-        return CompiledGrammar(None, [Refusal("$", "depth", "$: the schema nests too deeply to compile")])
+        return CompiledGrammar(None, [_TOO_DEEP])
+
+
+def compile_shared(schema: Any, *, space: bool = False, open_objects: bool = True) -> CompiledGrammar:
+    """:func:`compile_schema` for a schema given again and again: clients of the service send
+    the same ``response_format`` and tools with every request, and a large schema takes
+    seconds to compile. The latest results are kept (:data:`_COMPILED`) by the schema's JSON
+    text (key order included: it is the declared order); a result is shared: do not change it."""
+    try:
+        text = json.dumps(schema, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):  # not JSON: compiled (refused) as it is
+        return compile_schema(schema, space=space, open_objects=open_objects)
+    return compile_text(text, space, open_objects)
+
+
+def compile_text(text: str, space: bool, open_objects: bool) -> CompiledGrammar:
+    """:func:`compile_shared` of the schema whose JSON ``text`` is."""
+
+    def compiled() -> CompiledGrammar:
+        try:
+            schema = json.loads(text)
+        except RecursionError:
+            return CompiledGrammar(None, [_TOO_DEEP])
+        return compile_schema(schema, space=space, open_objects=open_objects)
+
+    return _COMPILED.get((text, space, open_objects), compiled, lambda c: len(text) + len(c.grammar or ""))
+
+
+#: :func:`compile_text`'s latest results: 64, and 32 Mi characters of schema text and
+#: grammar in all (a request's schemas are at most 256 KiB, a grammar 2 M characters)
+_COMPILED: Kept[CompiledGrammar] = Kept(64, 32 << 20)
 
 
 def schema_problem(schema: Any) -> tuple[str, str] | None:

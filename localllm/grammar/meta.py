@@ -14,11 +14,10 @@ document already and are used as they are.
 from __future__ import annotations
 
 import functools
-import threading
-from collections import OrderedDict
 from typing import Any
 
 from localllm.grammar.formats import meta_format_checker
+from localllm.grammar.kept import Kept
 
 __all__ = ["meta_error"]
 
@@ -77,11 +76,9 @@ def _validator(cls: Any) -> Any:
 
 
 #: verdicts of the latest schemas checked: a service client sends the same response_format
-#: with every request, and a request's schema is checked, then compiled (which checks it)
-_VERDICTS: OrderedDict[tuple[Any, str], Any] = OrderedDict()
-_VERDICTS_KEPT = 64
-_VERDICTS_BYTES = 4 << 20  # the keys (schema reprs) kept, in all: a larger schema's verdict is not kept
-_VERDICTS_LOCK = threading.Lock()
+#: with every request, and a request's schema is checked, then compiled (which checks it);
+#: 4 Mi characters of keys (schema reprs) in all: a larger schema's verdict is not kept
+_VERDICTS: Kept[Any] = Kept(64, 4 << 20)
 
 
 def meta_error(cls: Any, schema: Any) -> Any:
@@ -92,20 +89,10 @@ def meta_error(cls: Any, schema: Any) -> Any:
     verdicts of the latest schemas are kept, keyed by their ``repr`` (which tells a tuple
     from a list, ``1`` from ``1.0`` and ``True``, and keeps key order)."""
     try:
-        key = (cls, repr(schema))
+        text = repr(schema)
     except (RecursionError, ValueError):  # deeper than repr goes; an int too long to print
         return _meta_error(cls, schema)
-    with _VERDICTS_LOCK:
-        if key in _VERDICTS:
-            _VERDICTS.move_to_end(key)
-            return _VERDICTS[key]
-    verdict = _meta_error(cls, schema)
-    if len(key[1]) <= _VERDICTS_BYTES:
-        with _VERDICTS_LOCK:
-            _VERDICTS[key] = verdict
-            while len(_VERDICTS) > _VERDICTS_KEPT or sum(len(text) for _, text in _VERDICTS) > _VERDICTS_BYTES:
-                _VERDICTS.popitem(last=False)
-    return verdict
+    return _VERDICTS.get((cls, text), lambda: _meta_error(cls, schema), lambda _: len(text))
 
 
 def _meta_error(cls: Any, schema: Any) -> Any:

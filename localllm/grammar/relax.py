@@ -36,7 +36,6 @@ depends on the keywords dropped); or past MAX_DROPS keywords or SECONDS of compi
 
 from __future__ import annotations
 
-import functools
 import itertools
 import json
 import time
@@ -45,7 +44,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from localllm.grammar import keywords
-from localllm.grammar.compile import CompiledGrammar, Refusal, compile_schema
+from localllm.grammar.compile import CompiledGrammar, Refusal, compile_schema, compile_text
+from localllm.grammar.kept import Kept
 from localllm.grammar.paths import parse_path, resolve_pointer
 
 __all__ = ["Relaxed", "relax"]
@@ -88,22 +88,30 @@ class Relaxed:
 def relax(schema: Any, *, space: bool = False, open_objects: bool = True, seconds: float = SECONDS) -> Relaxed | None:
     """The relaxed schema and its grammar, or None when a refusal cannot be dropped safely,
     past MAX_DROPS keywords or ``seconds`` of compiling (or when ``schema`` compiles exactly:
-    nothing to relax). The last 64 answers are kept (a service request compiles its schema
-    each time); the result is shared: do not change it."""
+    nothing to relax). The latest answers are kept (:data:`_RELAXED`: a service client sends
+    its schema with every request); the result is shared: do not change it."""
     if not isinstance(schema, dict):
         return None
     try:
         text = json.dumps(schema, allow_nan=False)  # key order kept: it is the declared order
     except (TypeError, ValueError, RecursionError):
         return None
-    return _relaxed(text, space, open_objects, seconds)
+    return _RELAXED.get(
+        (text, space, open_objects, seconds),
+        lambda: _relaxed(text, space, open_objects, seconds),
+        # the key's text, and the relaxed schema (a document of that text) and its grammar
+        lambda r: len(text) if r is None else 2 * len(text) + len(r.compiled.grammar or ""),
+    )
 
 
-@functools.lru_cache(maxsize=64)
+#: :func:`relax`'s latest answers: 64, and 32 Mi characters in all
+_RELAXED: Kept[Relaxed | None] = Kept(64, 32 << 20)
+
+
 def _relaxed(text: str, space: bool, open_objects: bool, seconds: float) -> Relaxed | None:
     doc = json.loads(text)
     deadline = time.monotonic() + seconds
-    compiled = compile_schema(doc, space=space, open_objects=open_objects)
+    compiled = compile_text(text, space, open_objects)  # the caller's compile of it, if it was shared
     if compiled.exact or _has(doc, {"unevaluatedProperties", "unevaluatedItems"}):
         return None
     dropped: list[Refusal] = []

@@ -576,7 +576,7 @@ def _check_schema_bytes(body: dict[str, Any]) -> None:
 
 
 def _tools(raw: Any) -> dict[str, Tool]:
-    from localllm.grammar import compile_schema
+    from localllm.grammar.compile import compile_shared
     from localllm.grammar.relax import relax
 
     if not isinstance(raw, list) or not raw:
@@ -598,7 +598,7 @@ def _tools(raw: Any) -> dict[str, Tool]:
         strict = fn.get("strict", False)
         if not isinstance(strict, bool):
             raise BadRequest(f"tools[{i}].function.strict must be true or false", f"tools[{i}].function.strict")
-        compiled = compile_schema(params, open_objects=OPEN_OBJECTS)
+        compiled = compile_shared(params, open_objects=OPEN_OBJECTS)
         if not compiled.exact and strict:
             raise _refusal(compiled, f"tools[{i}].function.parameters")
         relaxed = None if compiled.exact else relax(params, open_objects=OPEN_OBJECTS)
@@ -830,7 +830,7 @@ def prepare(
 ) -> Prepared:
     """The upstream body and the answer's handling for one chat request (BadRequest: 400);
     ``parallel``: the model's slots (``n`` is capped to them)."""
-    from localllm.grammar import compile_schema
+    from localllm.grammar.compile import compile_shared
     from localllm.grammar.relax import relax
 
     body = dict(data)
@@ -891,7 +891,7 @@ def prepare(
         # its own (strict or not), the service's own (a non-empty string) here
         shape = {} if reply is not None and kind != "text" else reply
         prepared.envelope = answer_schema(chosen, parallel=parallel, reply=shape, envelope=True)
-        compiled = compile_schema(target, open_objects=OPEN_OBJECTS)
+        compiled = compile_shared(target, open_objects=OPEN_OBJECTS)
         if not compiled.exact:  # a reply schema the compiler refuses, or tools together
             raise _refusal(compiled, prepared.schema_param if kind != "text" else "tools")
         body.pop("response_format", None)
@@ -909,7 +909,7 @@ def prepare(
     if kind in ("json_object", "json_schema"):
         if "grammar" in body:
             raise BadRequest(f"give either {prepared.schema_param.split('.')[0]} or grammar, not both", "grammar")
-        compiled = compile_schema(schema if isinstance(schema, (dict, bool)) else {}, open_objects=OPEN_OBJECTS)
+        compiled = compile_shared(schema if isinstance(schema, (dict, bool)) else {}, open_objects=OPEN_OBJECTS)
         if compiled.exact:
             body.pop("response_format", None)
             body["grammar"] = compiled.grammar

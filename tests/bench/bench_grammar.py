@@ -23,7 +23,9 @@ localllm's own compile time on the project's corpora (``grammar/realworld`` and
 (``localllm.grammar.relax``) on the schemas the compiler refuses: how many relax, how many of
 their shipped valid instances the relaxed schema keeps (must be all), how many relaxed
 grammars walk invalid (must be none) — on the sample, or with ``--relax-coverage MIRROR`` on
-every schema of ``maskbench/data`` (localllm only, no timing).
+every schema of ``maskbench/data`` (localllm only, no timing). And the service's preparation
+of a request carrying one of the 10 schemas slowest to compile: first, sent again, and again compiled
+again (how it was before the compile was kept).
 The sample (``tests/bench/data/jsonschemabench_sample.jsonl``) is built by ``--make-sample
 MIRROR``: from ``maskbench/data`` of guidance-ai/jsonschemabench (schemas with their shipped
 valid/invalid tests), per subset the first N by sha256(seed + name), excluding schemas in
@@ -415,6 +417,57 @@ def corpus_compile_times(limit: int | None, reps: int) -> dict[str, Any]:
     }
 
 
+def service_prepare(entries: list[dict[str, Any]], n: int) -> dict[str, Any]:
+    """The service's preparation of a chat request whose ``response_format`` (strict: false)
+    is one of the ``n`` schemas here slowest to compile (the sample's and the realworld
+    corpus's), the way clients send it: the first request, the same request again (the
+    compile kept), and again with the kept compiles cleared first (the relaxed grammar still
+    kept: how a request sent again was prepared before ``compile_shared``). Per schema: the
+    three times and what structured the answer (compiled, relaxed, converter)."""
+    from localllm.grammar import compile as compile_module
+    from localllm.grammar import relax as relax_module
+    from localllm.service import chat
+
+    candidates = [e["schema"] for e in entries] + [schema for _, schema in realworld()]
+    took: list[tuple[float, int]] = []
+    for i, schema in enumerate(candidates):
+        start = time.perf_counter()
+        compile_schema(schema, open_objects=chat.OPEN_OBJECTS)
+        took.append((time.perf_counter() - start, i))
+    schemas = [candidates[i] for _, i in sorted(took, reverse=True)[:n] if isinstance(candidates[i], dict)]
+
+    def prepared(schema: dict[str, Any]) -> tuple[float, str]:
+        rf = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
+        body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "response_format": rf}
+        start = time.perf_counter()
+        try:
+            how = chat.prepare(body, "m").structured
+        except chat.BadRequest as exc:
+            how = f"400 {exc.param}"
+        return time.perf_counter() - start, how
+
+    rows: list[dict[str, Any]] = []
+    for schema in schemas:
+        compile_module._COMPILED.clear()
+        relax_module._RELAXED.clear()
+        first, how = prepared(schema)
+        again = min(prepared(schema)[0] for _ in range(3))
+        recompiled = []
+        for _ in range(3):
+            compile_module._COMPILED.clear()
+            recompiled.append(prepared(schema)[0])
+        rows.append({"bytes": len(json.dumps(schema)), "structured": how, "first_s": first, "again_s": again})
+        rows[-1]["again_recompiled_s"] = min(recompiled)
+    compile_module._COMPILED.clear()
+    return {
+        "schemas": len(rows),
+        "first_s": round(sum(r["first_s"] for r in rows), 3),
+        "again_s": round(sum(r["again_s"] for r in rows), 4),
+        "again_recompiled_s": round(sum(r["again_recompiled_s"] for r in rows), 3),
+        "rows": rows,
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="two schemas per subset: a quick check that it runs")
@@ -465,9 +518,16 @@ def main() -> int:
         f"{corpus['reps']}): p50 {corpus['p50_ms']:.2f} ms, p95 {corpus['p95_ms']:.2f} ms"
     )
     coverage = relax_coverage(sample)  # the whole sample in a smoke run too: few of its first schemas are refused
+    served = service_prepare(sample, 2 if args.smoke else 10)
+    print(
+        f"the service preparing a request with one of the {served['schemas']} schemas slowest to compile (summed): "
+        f"first {served['first_s']:.2f} s, sent again {1000 * served['again_s']:.1f} ms "
+        f"(compiled again: {served['again_recompiled_s']:.2f} s)"
+    )
     out = args.json or results_path("grammar", smoke=args.smoke)
     out.parent.mkdir(parents=True, exist_ok=True)
     doc = {**provenance(smoke=args.smoke), "engines": summary, "corpus_compile": corpus, "relax": coverage}
+    doc["service_prepare"] = served
     out.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"wrote {out}")
     return 0

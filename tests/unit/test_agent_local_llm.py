@@ -463,6 +463,26 @@ def test_grammar_server_mode_never_relaxes(tmp_path: Path, server_bin: Path) -> 
     assert (fields, source) == ({}, "none")
 
 
+def test_schemas_in_another_key_order_get_their_own_grammar(tmp_path: Path, server_bin: Path) -> None:
+    # the grammar was kept by the schema's JSON with its keys sorted: a verb asking for its
+    # "reason" first got the grammar of the schema asked before, in that one's order (past
+    # ANY_ORDER properties the grammar generates them in the declared order)
+    from localllm.grammar.compile import ANY_ORDER
+    from localllm.grammar.walk import Grammar
+
+    names = ["reason", *(f"p{i}" for i in range(ANY_ORDER)), "answer"]
+    orders = [names[::-1], names]  # the answer first, then the reason first
+    schemas = [
+        {"type": "object", "properties": {n: {"type": "boolean"} for n in order}, "required": sorted(names)}
+        for order in orders
+    ]
+    with Runtime(managed_config(tmp_path, server_bin)) as rt:
+        agent = rt.agent("agent.local")
+        grammars = [Grammar.parse(agent.constraint(s)[0]["grammar"]) for s in schemas]  # type: ignore[attr-defined]
+    answers = ["{" + ",".join(f'"{n}":true' for n in order) + "}" for order in orders]
+    assert [g.matches(a) for g in grammars for a in answers] == [True, False, False, True]
+
+
 def test_grammar_server_mode_uses_the_converter(tmp_path: Path, server_bin: Path) -> None:
     config = managed_config(tmp_path, server_bin)
     with Runtime(config) as rt:

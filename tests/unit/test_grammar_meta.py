@@ -79,10 +79,10 @@ def test_kept_verdicts_tell_apart_what_json_would_not() -> None:
 
 def test_kept_verdicts_stay_within_their_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
     from localllm.grammar import meta
+    from localllm.grammar.kept import Kept
 
-    monkeypatch.setattr(meta, "_VERDICTS_BYTES", 10_000)
+    monkeypatch.setattr(meta, "_VERDICTS", Kept(64, 10_000))
     cls = validator_class({})
     for i in range(60):
         assert meta_error(cls, {"type": "object", "properties": {f"p{j}": {} for j in range(i * 4)}}) is None
-    held = sum(len(text) for _, text in meta._VERDICTS)
-    assert held <= 10_000 and len(meta._VERDICTS) > 1
+    assert meta._VERDICTS.held <= 10_000 and len(meta._VERDICTS) > 1

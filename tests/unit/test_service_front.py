@@ -1009,6 +1009,59 @@ def test_strict_schema_the_converter_enforces_goes_to_the_converter(
         assert chat(http, "chat", response_format=fmt(schema)).status_code == 502  # validation caught it
 
 
+@pytest.mark.parametrize(
+    ("asked", "structured"),
+    [
+        ({"response_format": fmt(SCHEMA)}, "compiled"),
+        ({"response_format": fmt(TAGGED, strict=False)}, "relaxed"),  # unique strings: relaxed
+        ({"tools": [WEATHER, {"type": "function", "function": {"name": "tag", "parameters": TAGGED}}]}, "compiled"),
+    ],
+)
+def test_a_schema_sent_again_is_not_compiled_again(
+    monkeypatch: pytest.MonkeyPatch, asked: dict[str, Any], structured: str
+) -> None:
+    # clients send the same response_format and tools with every request; a 56 KB GitHub
+    # schema took 6.6 s to compile each time (and twice the first time, relax compiling it
+    # again, past its budget: the converter instead of the relaxed grammar)
+    from localllm.grammar import compile as compile_module
+    from localllm.service.chat import prepare
+
+    compiled: list[str] = []
+    real = compile_module._Compiler.run
+
+    def run(self: Any) -> Any:
+        compiled.append(json.dumps([self.root, self.comma, self.open_objects]))
+        return real(self)
+
+    monkeypatch.setattr(compile_module._Compiler, "run", run)
+    marker = {"description": f"{time.time_ns()}"}  # a schema no earlier test compiled
+    asked = json.loads(json.dumps(asked))  # the marker added to copies only
+    for schema in [asked.get("response_format", {}).get("json_schema", {}).get("schema")] + [
+        t["function"]["parameters"] for t in asked.get("tools", [])
+    ]:
+        if schema is not None:
+            schema.update(marker)
+    body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], **asked}
+    first = prepare(json.loads(json.dumps(body)), "chat")
+    once = list(compiled)
+    again = prepare(json.loads(json.dumps(body)), "chat")  # equal, not the same objects
+    assert first.structured == again.structured == structured and again.body == first.body
+    assert len(once) == len(set(once))  # no schema compiled twice on the first request either
+    assert compiled == once  # and nothing compiled on the second
+
+
+def test_compile_shared_tells_schemas_apart_by_key_order() -> None:
+    from localllm.grammar.compile import compile_schema, compile_shared
+
+    forward = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}}
+    backward = {"type": "object", "properties": {"b": {"type": "string"}, "a": {"type": "integer"}}}
+    grammars = [compile_shared(s, open_objects=False).grammar for s in (forward, backward, dict(forward))]
+    assert grammars[0] != grammars[1]  # the declared order is the generated order
+    assert grammars == [compile_schema(s, open_objects=False).grammar for s in (forward, backward, forward)]
+    assert compile_shared(forward, open_objects=True).grammar == compile_schema(forward).grammar
+    assert compile_shared(forward, space=True).grammar == compile_schema(forward, space=True).grammar
+
+
 def test_tool_choice_auto_grammar_refuses_an_empty_reply() -> None:
     # CI (stop 27): gemma answered {"content": ""} under auto, a reply that says nothing
     from localllm.grammar.walk import Grammar

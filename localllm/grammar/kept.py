@@ -1,0 +1,58 @@
+"""The latest results of the grammar package's costly steps, kept by the schema's text.
+
+A service client sends the same ``response_format`` and tools with every request; checking,
+compiling and relaxing a large schema takes seconds. :class:`Kept` keeps the latest results
+within a count and a size in characters (a hostile client sending ever new large schemas
+holds at most that much), thread-safe: the service prepares requests on worker threads.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
+
+V = TypeVar("V")
+
+
+class Kept(Generic[V]):
+    """At most ``count`` results and ``chars`` characters of them in all (an entry's size is
+    its ``size``: its key's text and what it holds); an entry larger than that alone is not
+    kept. A result computed by two threads at once is kept once; both get an equal one."""
+
+    def __init__(self, count: int, chars: int) -> None:
+        self.count, self.chars = count, chars
+        self._entries: OrderedDict[Hashable, tuple[V, int]] = OrderedDict()
+        self._held = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, make: Callable[[], V], size: Callable[[V], int]) -> V:
+        with self._lock:
+            if key in self._entries:
+                self._entries.move_to_end(key)
+                return self._entries[key][0]
+        value = make()
+        chars = size(value)
+        if chars > self.chars:
+            return value
+        with self._lock:
+            if key not in self._entries:
+                self._entries[key] = (value, chars)
+                self._held += chars
+            while len(self._entries) > self.count or self._held > self.chars:
+                self._held -= self._entries.popitem(last=False)[1][1]
+        return value
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def held(self) -> int:
+        """The characters the kept entries count for."""
+        return self._held
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._held = 0
