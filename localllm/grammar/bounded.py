@@ -21,7 +21,8 @@ unchanged (verdicts too, but for ``multipleOf``'s and the regexes', below):
   a 400-digit integer raised a bare ``OverflowError``.
 
 And its default registry retrieves nothing (:func:`_no_retrieval`): jsonschema's fetches a
-remote ``$ref`` with urllib.
+remote ``$ref`` with urllib; and ``additionalProperties`` reports its errors in the answer's
+order (:func:`in_instance_order`), not in a set's, which changed from process to process.
 
 The regex keywords are jsonschema's own functions, copied to run in a copy of their module's
 namespace where ``re`` is :class:`_LinearRe`; jsonschema itself is left untouched.
@@ -39,7 +40,7 @@ from typing import Any
 
 from localllm.grammar.pattern import search
 
-__all__ = ["bounded_validator", "written"]
+__all__ = ["bounded_validator", "in_instance_order", "written"]
 
 # jsonschema's modules whose keyword functions call ``re.search`` (directly or through each other)
 _KEYWORD_MODULES = ("jsonschema._utils", "jsonschema._keywords", "jsonschema._legacy_keywords")
@@ -179,12 +180,30 @@ def bounded_validator(cls: Any) -> Any:
     for key, fn in (("uniqueItems", _unique_items), ("multipleOf", _multiple_of)):
         if key in keywords:
             keywords[key] = fn
+    if "additionalProperties" in keywords:
+        keywords["additionalProperties"] = in_instance_order(keywords["additionalProperties"])
     validator = jsonschema.validators.extend(cls, keywords)
     validator.__name__ = validator.__qualname__ = cls.__name__  # the same draft (callers read its name)
     validator._UNBOUNDED = cls.VALIDATORS
     validator.__init__ = _no_retrieval(validator.__init__)
     validator.descend = _false_with_path(validator.descend)
     return validator
+
+
+def in_instance_order(keyword: Any) -> Any:
+    """``keyword`` (jsonschema's ``additionalProperties``) with its errors in the order of the
+    instance's names. jsonschema 4.26 goes through the extra names as a set, and ``str``
+    hashes are salted per process: which of two errors came first, the one a refusal, a 400
+    or a trace names, changed from one run to the next."""
+
+    def ordered(validator: Any, value: Any, instance: Any, schema: Any) -> list[Any]:
+        errors = list(keyword(validator, value, instance, schema) or ())
+        if len(errors) > 1 and isinstance(instance, dict):
+            place = {name: i for i, name in enumerate(instance)}
+            errors.sort(key=lambda e: place.get(e.path[0], -1) if e.path else -1)
+        return errors
+
+    return ordered
 
 
 def _false_with_path(descend: Any) -> Any:

@@ -106,8 +106,24 @@ def _meta_error(cls: Any, schema: Any) -> Any:
             return None
     except Exception:
         pass
-    try:
-        cls.check_schema(schema, format_checker=meta_format_checker(cls))
-    except jsonschema.exceptions.SchemaError as exc:
-        return exc
-    return None
+    error = next(iter(_checker(cls).iter_errors(schema)), None)
+    return None if error is None else jsonschema.exceptions.SchemaError.create_from(error)
+
+
+@functools.lru_cache(maxsize=8)
+def _checker(cls: Any) -> Any:
+    """What ``cls.check_schema`` validates with (the meta-schema's own validator class), its
+    ``additionalProperties`` errors in the schema's order: check_schema raises the first
+    error, and which one that was changed from one process to the next."""
+    from localllm import _jsonschema
+
+    _jsonschema.prepare()  # before jsonschema's first import: see localllm/_jsonschema.py
+    import jsonschema
+
+    from localllm.grammar.bounded import in_instance_order
+
+    meta = jsonschema.validators.validator_for(cls.META_SCHEMA, default=cls)
+    ordered = in_instance_order(meta.VALIDATORS["additionalProperties"])
+    return jsonschema.validators.extend(meta, {"additionalProperties": ordered})(
+        cls.META_SCHEMA, format_checker=meta_format_checker(cls)
+    )
