@@ -54,7 +54,7 @@ from localllm.calibrate import score_of
 from localllm.config import DEFAULT_TIMEOUT, MAX_TIMEOUT, VERBS, AgentDecl, Config, InprocessDecl
 from localllm.errors import AgentError, CallError, ErrorKind, LocalLLMError, SchemaError
 from localllm.redact import Redactor
-from localllm.schema import SchemaSet, loads_json, unreadable
+from localllm.schema import SchemaSet, json_problem, loads_json, unreadable
 from localllm.trace.callid import cassette_call_key, derive_call_id, live_call_key
 from localllm.wire import AskRequest, AskResponse, CallResult, Transcript, bad_sub_event_payload
 
@@ -808,7 +808,16 @@ class Runtime:
         if schema is None:
             return None, None
         if isinstance(schema, Mapping):
-            return dict(schema), None
+            doc = dict(schema)
+            if (problem := json_problem(doc)) is not None:
+                # before: a bare TypeError from json.dumps (a key 1 beside a key "a", an object())
+                where, why = problem
+                raise CallError(
+                    f"the call's schema is not JSON data at {where}: {why}",
+                    key="schema",
+                    hint="a schema is JSON: objects with string keys, arrays, strings, finite numbers, booleans, null",
+                )
+            return doc, None
         path = Path(schema)
         full = path if path.is_absolute() else (self.config.base_dir / path)
         try:

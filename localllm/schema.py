@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import math
 import os
 import re
 import threading
@@ -106,6 +107,29 @@ def read_schema_file(path: Path) -> dict[str, Any]:
 
 
 _SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "dependentSchemas", "patternProperties"})
+
+
+def json_problem(value: Any) -> tuple[str, str] | None:
+    """Where ``value`` is not JSON data, and why, in document order: a key that is not a
+    string, a number JSON has not (NaN, an infinity), a value of another type. None when it
+    is JSON (a tuple is read as a list, as ``json`` reads it)."""
+    from localllm.grammar.paths import child_path
+
+    stack: list[tuple[str, Any]] = [("$", value)]
+    while stack:
+        path, node = stack.pop()
+        if isinstance(node, dict):
+            for key in node:
+                if not isinstance(key, str):
+                    return path, f"the key {key!r} is not a string ({type(key).__name__})"
+            stack.extend((child_path(path, k), v) for k, v in reversed(node.items()))
+        elif isinstance(node, (list, tuple)):
+            stack.extend((child_path(path, i), v) for i, v in reversed(list(enumerate(node))))
+        elif isinstance(node, float) and not math.isfinite(node):
+            return path, f"{node!r} is no JSON number"
+        elif node is not None and not isinstance(node, (str, int, float)):
+            return path, f"{type(node).__name__} is no JSON type"
+    return None
 
 
 def _schema_nodes(node: Any) -> Iterator[tuple[str, dict[str, Any]]]:

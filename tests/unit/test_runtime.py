@@ -68,6 +68,33 @@ def test_call_validates_and_returns(config: Config) -> None:
     assert result.call_id == derive_call_id("my-app", "1:decide:0")
 
 
+@pytest.mark.parametrize(
+    ("schema", "where"),
+    [
+        ({"type": "object", "properties": {1: {"type": "string"}, "a": {}}}, "$.properties"),  # a YAML key 1
+        ({"type": "object", "properties": {"a": {"const": object()}}}, "$.properties.a.const"),
+        ({"type": "number", "maximum": float("inf")}, "$.maximum"),
+        ({"enum": [1, ("x", {"b": float("nan")})]}, "$.enum[1][1].b"),
+    ],
+)
+def test_a_call_schema_that_is_not_json_is_a_call_error_naming_where(
+    config: Config, schema: dict[str, Any], where: str
+) -> None:
+    # before: a bare TypeError from json.dumps (sort_keys meeting 1 and "a"; an object()),
+    # or an infinity taken into the grammar and the validator
+    asked: list[AskRequest] = []
+
+    def agent(request: AskRequest) -> dict[str, Any]:
+        asked.append(request)
+        return good(request)
+
+    with Runtime(config) as rt:
+        rt.register_inprocess("agent.local", agent)
+        with pytest.raises(CallError) as info:
+            rt.call("decide", agent="agent.local", prompt="p", schema=schema)
+    assert info.value.key == "schema" and f"at {where}:" in str(info.value) and asked == []
+
+
 def test_call_ids_are_deterministic_per_state_and_seq(config: Config) -> None:
     ids = []
     for _ in range(2):
