@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from localllm.grammar import keywords
-from localllm.grammar.compile import CompiledGrammar, Refusal, compile_schema, compile_text
+from localllm.grammar.compile import CompiledGrammar, Refusal, compile_schema, compile_text, validator_class
 from localllm.grammar.kept import Kept
 from localllm.grammar.paths import parse_path, resolve_pointer
 
@@ -181,8 +181,10 @@ def _named(doc: dict[str, Any], refusal: Refusal) -> tuple[list[tuple[dict[str, 
         tokens = parse_path(refusal.path)
     except ValueError:
         return None
-    # refs are looked up only where no $id moves them
-    moved = any(isinstance(o.get("$id", o.get("id")), str) for o in _objects(doc) if o is not doc)
+    # refs are looked up only where no $id moves them: the draft's own identifier keyword (draft
+    # 4's "id" is a property name or an example's field to 2019-09), in schema objects only
+    key = "id" if validator_class(doc).__name__ in ("Draft3Validator", "Draft4Validator") else "$id"
+    moved = any(isinstance(o.get(key), str) for o, _ in _positions(doc) if o is not doc)
     facts = _Facts(None if moved else doc, _knows_const(doc))
     return _ends(doc, tokens, facts.refs), facts
 
