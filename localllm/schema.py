@@ -110,9 +110,9 @@ _SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "dependentSchema
 
 
 def json_problem(value: Any) -> tuple[str, str] | None:
-    """Where ``value`` is not JSON data, and why, in document order: a key that is not a
-    string, a number JSON has not (NaN, an infinity), a value of another type. None when it
-    is JSON (a tuple is read as a list, as ``json`` reads it)."""
+    """Where ``value`` is not JSON data, and why (an object's keys before what they hold, else
+    in document order): a key that is not a string, a number JSON has not (NaN, an infinity),
+    a value of another type. None when it is JSON (a tuple is read as a list, as ``json`` does)."""
     from localllm.grammar.paths import child_path
 
     stack: list[tuple[str, Any]] = [("$", value)]
