@@ -183,7 +183,7 @@ def _named(doc: dict[str, Any], refusal: Refusal) -> tuple[list[tuple[dict[str, 
         return None
     # refs are looked up only where no $id moves them: the draft's own identifier keyword (draft
     # 4's "id" is a property name or an example's field to 2019-09), in schema objects only
-    key = "id" if validator_class(doc).__name__ in ("Draft3Validator", "Draft4Validator") else "$id"
+    key = "id" if validator_class(doc).ID_OF({"id": "x"}) else "$id"
     moved = any(isinstance(o.get(key), str) for o, _ in _positions(doc) if o is not doc)
     facts = _Facts(None if moved else doc, _knows_const(doc))
     return _ends(doc, tokens, facts.refs), facts

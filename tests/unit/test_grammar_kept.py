@@ -3,20 +3,29 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import Any
 
 from localllm.grammar.kept import Kept
+
+
+def _getter(kept: Kept[str], made: list[Any], value: Callable[[Any], str]) -> Callable[[Any], str]:
+    """``kept.get`` of a key, its value ``value(key)``, each key made noted in ``made``."""
+
+    def get(key: Any) -> str:
+        def make() -> str:
+            made.append(key)
+            return value(key)
+
+        return kept.get(key, make, len)
+
+    return get
 
 
 def test_a_kept_result_is_made_once_and_the_oldest_goes_past_the_count() -> None:
     made: list[str] = []
     kept: Kept[str] = Kept(3, 1_000)
-
-    def get(key: str) -> str:
-        def make() -> str:
-            made.append(key)
-            return key.upper()
-
-        return kept.get(key, make, len)
+    get = _getter(kept, made, str.upper)
 
     assert [get(k) for k in "abcab"] == ["A", "B", "C", "A", "B"] and made == ["a", "b", "c"]
     get("d")  # four: the least recently used (c) goes
@@ -27,13 +36,7 @@ def test_a_kept_result_is_made_once_and_the_oldest_goes_past_the_count() -> None
 def test_kept_results_stay_within_their_characters() -> None:
     made: list[int] = []
     kept: Kept[str] = Kept(64, 10)
-
-    def get(n: int) -> str:
-        def make() -> str:
-            made.append(n)
-            return "x" * n
-
-        return kept.get(n, make, len)
+    get = _getter(kept, made, lambda n: "x" * n)
 
     get(4), get(4), get(5)
     assert made == [4, 5] and (len(kept), kept.held) == (2, 9)
