@@ -41,7 +41,7 @@ import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from localllm.errors import LocalLLMError
 from localllm.managed.server import GRAMMAR_HEADER
@@ -89,6 +89,7 @@ _SHOWN = 200  # characters of a request path a log line shows
 _ROLE_OF = {"/v1/chat/completions": "chat", "/v1/completions": "chat", "/v1/embeddings": "embedding"}
 #: the routes whose bodies are prepared (checked, capped) by a module of their own
 _GENERATING = ("/v1/chat/completions", "/v1/completions")
+_T = TypeVar("_T")
 _TAIL = 16 * 1024  # bytes of a stream kept to read its final usage
 _READ = 900.0  # the most a non-streamed upstream answer may take
 _SLOTS_WAIT = 10.0  # the most GET /localllm/slots/{id} waits for llama-server
@@ -299,6 +300,7 @@ class ServiceApp:
     _executor: ThreadPoolExecutor = field(init=False)
     _leases: ThreadPoolExecutor = field(init=False)
     _releases: ThreadPoolExecutor = field(init=False)
+    _preparing: ThreadPoolExecutor = field(init=False)
     _inflight: int = 0
     _acquiring: int = 0  # pool.acquire calls running (a client that left still has its own)
     #: upstream base URL → how many connections to keep open to it (its slots + 1)
@@ -316,6 +318,9 @@ class ServiceApp:
         self._leases = ThreadPoolExecutor(self.limits.max_queue, thread_name_prefix="localllm-lease")
         self._releases = ThreadPoolExecutor(2, thread_name_prefix="localllm-release")
         self._executor = ThreadPoolExecutor(16, thread_name_prefix="localllm-pool")
+        # Preparing a request may compile its schemas (seconds for a new large one): a thread
+        # each too (at most max_queue are in flight), so none queues behind another's compile
+        self._preparing = ThreadPoolExecutor(self.limits.max_queue, thread_name_prefix="localllm-prepare")
 
     # ------------------------------------------------------------------ plumbing
 
@@ -342,7 +347,7 @@ class ServiceApp:
             self._control = None
 
     def close(self) -> None:
-        for executor in (self._leases, self._executor, self._releases):
+        for executor in (self._leases, self._executor, self._releases, self._preparing):
             executor.shutdown(wait=False, cancel_futures=True)
 
     def authorized(self, header: str | None, api_key: str | None) -> bool:
@@ -624,6 +629,31 @@ class ServiceApp:
                     param="model",
                 ),
             )
+        busy = max(self._inflight, self._acquiring)
+        if busy >= self.limits.max_queue:
+            raise _Reply(
+                503,
+                _error(
+                    f"the service has {busy} requests in flight (its queue holds {self.limits.max_queue}); retry",
+                    "server_error",
+                    "queue_full",
+                ),
+                {"retry-after": str(self.limits.retry_after)},
+            )
+        self._inflight += 1  # from here: a request being prepared is in flight too
+        try:
+            prepared, keep_alive, data, raw = await self._watched(req, self._prepared(path, data, raw, model, spec))
+            work = self._leased(req, model, path, raw, prepared, keep_alive, data)
+            status, tokens = await self._watched(req, work)
+        finally:
+            self._inflight -= 1
+        self._log(req, model, status, tokens)
+        return model
+
+    async def _prepared(
+        self, path: str, data: dict[str, Any], raw: bytes, model: str, spec: Any
+    ) -> tuple[chat.Prepared | None, float | None, dict[str, Any], bytes]:
+        """The request as sent upstream: (prepared, keep_alive, data, raw)."""
         prepared: chat.Prepared | None = None
         keep_alive: float | None = None
         try:
@@ -638,9 +668,11 @@ class ServiceApp:
                     parallel=spec.parallel if spec is not None else None,
                 )
                 if any(data.get(k) is not None for k in (*chat.SCHEMA_KEYS, "grammar")):
-                    # compiling and checking schemas takes CPU time (up to a second or two):
-                    # off the event loop, which serves every other client meanwhile
-                    prepared = await asyncio.to_thread(prepare)
+                    # checking and compiling a new schema takes CPU time (seconds for a large
+                    # one): a thread of its own, off the event loop, which serves every other
+                    # client meanwhile; a schema sent before is kept compiled, so its request
+                    # never waits behind another client's compile
+                    prepared = await asyncio.get_running_loop().run_in_executor(self._preparing, prepare)
                 else:
                     prepared = prepare()
                 keep_alive = prepared.keep_alive
@@ -658,29 +690,9 @@ class ServiceApp:
                     data, raw = sent, json.dumps(sent).encode()
         except chat.BadRequest as exc:
             raise _Reply(400, exc.to_json()) from None
-        busy = max(self._inflight, self._acquiring)
-        if busy >= self.limits.max_queue:
-            raise _Reply(
-                503,
-                _error(
-                    f"the service has {busy} requests in flight (its queue holds {self.limits.max_queue}); retry",
-                    "server_error",
-                    "queue_full",
-                ),
-                {"retry-after": str(self.limits.retry_after)},
-            )
-        self._inflight += 1
-        try:
-            work = self._leased(req, model, path, raw, prepared, keep_alive, data)
-            status, tokens = await self._watched(req, work)
-        finally:
-            self._inflight -= 1
-        self._log(req, model, status, tokens)
-        return model
+        return prepared, keep_alive, data, raw
 
-    async def _watched(
-        self, req: _Request, work: Awaitable[tuple[int, tuple[Any, Any]]]
-    ) -> tuple[int, tuple[Any, Any]]:
+    async def _watched(self, req: _Request, work: Awaitable[_T]) -> _T:
         """Run ``work`` while watching for the client leaving; if it leaves, cancel ``work``."""
         task = asyncio.ensure_future(work)
         watch = asyncio.ensure_future(req.receive())

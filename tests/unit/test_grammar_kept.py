@@ -48,18 +48,67 @@ def test_kept_results_stay_within_their_characters() -> None:
     assert (len(kept), kept.held) == (0, 0)
 
 
-def test_threads_making_the_same_result_keep_it_once() -> None:
+def test_threads_asking_for_the_same_result_while_it_is_made_wait_for_it() -> None:
+    # a client sends its schema with every request, several at once on its first use: the
+    # schema is compiled once, not once per request side by side (six 5 s compiles of one
+    # schema took 52 s together, the GIL shared between them)
     kept: Kept[list[int]] = Kept(8, 100)
-    both = threading.Barrier(2)
+    inside, release = threading.Event(), threading.Event()
+    made: list[int] = []
     got: list[list[int]] = []
 
     def make() -> list[int]:
-        both.wait(5)  # both threads are inside make before either keeps its result
+        made.append(1)
+        inside.set()
+        release.wait(5)
         return [1, 2]
 
-    threads = [threading.Thread(target=lambda: got.append(kept.get("k", make, len))) for _ in range(2)]
-    for t in threads:
+    first = threading.Thread(target=lambda: got.append(kept.get("k", make, len)))
+    first.start()
+    assert inside.wait(5)
+    others = [threading.Thread(target=lambda: got.append(kept.get("k", make, len))) for _ in range(3)]
+    for t in others:
         t.start()
-    for t in threads:
-        t.join()
-    assert got == [[1, 2], [1, 2]] and (len(kept), kept.held) == (1, 2)
+    release.set()
+    for t in (first, *others):
+        t.join(5)
+    assert made == [1] and len(got) == 4 and all(g is got[0] for g in got) and (len(kept), kept.held) == (1, 2)
+
+
+def test_a_failed_make_fails_its_waiters_and_keeps_nothing() -> None:
+    kept: Kept[str] = Kept(8, 100)
+    inside, release = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def make() -> str:
+        inside.set()
+        release.wait(5)
+        raise RecursionError("too deep")
+
+    def get() -> None:
+        try:
+            kept.get("k", make, len)
+        except RecursionError as exc:
+            errors.append(exc)
+
+    first = threading.Thread(target=get)
+    first.start()
+    assert inside.wait(5)
+    second = threading.Thread(target=get)
+    second.start()
+    release.set()
+    first.join(5)
+    second.join(5)
+    assert len(errors) == 2 and len(kept) == 0
+    assert kept.get("k", lambda: "made again", len) == "made again"
+
+
+def test_a_make_asking_for_its_own_key_makes_it_again_instead_of_waiting_for_itself() -> None:
+    kept: Kept[str] = Kept(8, 100)
+    depth: list[int] = []
+
+    def make() -> str:
+        depth.append(1)
+        return "inner" if len(depth) > 1 else kept.get("k", make, len) + "+outer"
+
+    assert kept.get("k", make, len) == "inner+outer" and len(depth) == 2

@@ -1050,6 +1050,130 @@ def test_a_schema_sent_again_is_not_compiled_again(
     assert compiled == once  # and nothing compiled on the second
 
 
+class Held:
+    """Compiles of schemas whose description starts with ``held`` wait for :meth:`release`
+    (a large schema's compile takes seconds); each one entered is noted in ``entered``."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from localllm.grammar import compile as compile_module
+
+        self.tag = f"held {time.time_ns()}"  # schemas no earlier test compiled
+        self.entered: list[str] = []
+        self._release = threading.Event()
+        real = compile_module.compile_schema
+
+        def compile_schema(schema: Any, **options: Any) -> Any:
+            note = schema.get("description", "") if isinstance(schema, dict) else ""
+            if note.startswith(self.tag):
+                self.entered.append(note)
+                self._release.wait(30)
+            return real(schema, **options)
+
+        monkeypatch.setattr(compile_module, "compile_schema", compile_schema)
+
+    def schema(self, name: str = "") -> dict[str, Any]:
+        return {**SCHEMA, "description": f"{self.tag} {name}"}
+
+    def release(self) -> None:
+        self._release.set()
+
+
+@pytest.fixture
+def held(monkeypatch: pytest.MonkeyPatch) -> Iterator[Held]:
+    made = Held(monkeypatch)
+    yield made
+    made.release()
+
+
+def _post_in_thread(service: Any, body: dict[str, Any], got: list[Any], timeout: float = 30.0) -> threading.Thread:
+    def post() -> None:
+        with client(service) as http:
+            http.timeout = httpx.Timeout(timeout)
+            try:
+                got.append(http.post("/v1/chat/completions", json=body).status_code)
+            except httpx.TimeoutException as exc:
+                got.append(type(exc).__name__)
+
+    thread = threading.Thread(target=post)
+    thread.start()
+    return thread
+
+
+def test_a_schema_sent_before_does_not_wait_behind_other_clients_compiles(make_service: Factory, held: Held) -> None:
+    # each new schema's compile held a thread of asyncio's default pool (min(32, cores + 4)
+    # threads); six clients sending new large schemas held them all, and a request whose
+    # schema was compiled long ago waited 50 s behind them
+    service = make_service()
+    kept = {"model": "chat", "messages": MESSAGES, "response_format": fmt(SCHEMA)}
+    with client(service) as http:
+        assert http.post("/v1/chat/completions", json=kept).status_code == 200  # compiled and kept
+        got: list[Any] = []
+        slow = [_post_in_thread(service, {**kept, "response_format": fmt(held.schema(str(i)))}, got) for i in range(33)]
+        eventually(lambda: len(held.entered) == 33, within=10)
+        http.timeout = httpx.Timeout(10.0)
+        assert http.post("/v1/chat/completions", json=kept).status_code == 200
+        assert got == []  # the 33 are still compiling
+        held.release()
+        for t in slow:
+            t.join()
+    assert got == [200] * 33 and len(held.entered) == 33
+
+
+def test_requests_sending_one_new_schema_at_once_compile_it_once(make_service: Factory, held: Held) -> None:
+    service = make_service()
+    body = {"model": "chat", "messages": MESSAGES, "response_format": fmt(held.schema())}
+    with client(service) as http:
+        got: list[Any] = []
+        threads = [_post_in_thread(service, body, got) for _ in range(6)]
+
+        def in_flight() -> float:
+            line = next(
+                x for x in http.get("/metrics").text.splitlines() if x.startswith("localllm_requests_in_flight")
+            )
+            return float(line.split()[-1])
+
+        assert eventually(lambda: in_flight() == 6, within=10)  # all six arrived, waiting for one compile
+        held.release()
+        for t in threads:
+            t.join()
+    assert got == [200] * 6 and len(held.entered) == 1
+
+
+def test_requests_being_prepared_count_in_the_queue(make_service: Factory, held: Held) -> None:
+    service = make_service(limits=FrontLimits(max_queue=1))
+    with client(service) as http:
+        assert chat(http, "chat").status_code == 200  # loaded
+        got: list[Any] = []
+        first = _post_in_thread(
+            service, {"model": "chat", "messages": MESSAGES, "response_format": fmt(held.schema())}, got
+        )
+        assert eventually(lambda: held.entered)
+        second = chat(http, "chat")
+        held.release()
+        first.join()
+    assert second.status_code == 503 and second.json()["error"]["code"] == "queue_full" and got == [200]
+
+
+def test_a_client_leaving_while_its_schema_compiles_is_not_answered_upstream(
+    make_service: Factory, held: Held, env: dict[str, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    service = make_service()
+    body = {"model": "chat", "messages": MESSAGES, "response_format": fmt(held.schema())}
+    with client(service) as http:
+        assert chat(http, "chat").status_code == 200  # loaded
+    before = len(upstream_chats(env))
+    with caplog.at_level(logging.INFO, logger="localllm.service"):
+        got: list[Any] = []
+        _post_in_thread(service, body, got, timeout=1.0).join()
+        assert got == ["ReadTimeout"]
+        # noticed while the compile still runs (it cannot be stopped; its result is kept)
+        assert eventually(lambda: [r for r in caplog.records if "status=499" in r.getMessage()], within=10)
+        held.release()
+        with client(service) as http:  # the same schema again: compiled, kept, answered
+            assert http.post("/v1/chat/completions", json=body).status_code == 200
+    assert len(held.entered) == 1 and len(upstream_chats(env)) == before + 1
+
+
 def test_compile_shared_tells_schemas_apart_by_key_order() -> None:
     from localllm.grammar.compile import compile_schema, compile_shared
 
