@@ -642,7 +642,7 @@ class ServiceApp:
             )
         self._inflight += 1  # from here: a request being prepared is in flight too
         try:
-            prepared, keep_alive, data, raw = await self._watched(req, self._prepared(path, data, raw, model, spec))
+            prepared, keep_alive, data, raw = await self._prepared(req, path, data, raw, model, spec)
             work = self._leased(req, model, path, raw, prepared, keep_alive, data)
             status, tokens = await self._watched(req, work)
         finally:
@@ -650,8 +650,8 @@ class ServiceApp:
         self._log(req, model, status, tokens)
         return model
 
-    async def _prepared(
-        self, path: str, data: dict[str, Any], raw: bytes, model: str, spec: Any
+    async def _prepared(  # noqa: PLR0917
+        self, req: _Request, path: str, data: dict[str, Any], raw: bytes, model: str, spec: Any
     ) -> tuple[chat.Prepared | None, float | None, dict[str, Any], bytes]:
         """The request as sent upstream: (prepared, keep_alive, data, raw)."""
         prepared: chat.Prepared | None = None
@@ -671,8 +671,10 @@ class ServiceApp:
                     # checking and compiling a new schema takes CPU time (seconds for a large
                     # one): a thread of its own, off the event loop, which serves every other
                     # client meanwhile; a schema sent before is kept compiled, so its request
-                    # never waits behind another client's compile
-                    prepared = await asyncio.get_running_loop().run_in_executor(self._preparing, prepare)
+                    # never waits behind another client's compile. A client leaving meanwhile
+                    # is noticed (the compile goes on: its result is kept)
+                    preparing = asyncio.get_running_loop().run_in_executor(self._preparing, prepare)
+                    prepared = await self._watched(req, preparing)
                 else:
                     prepared = prepare()
                 keep_alive = prepared.keep_alive
