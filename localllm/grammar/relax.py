@@ -31,7 +31,7 @@ moves); when the keyword widens nothing by going (``properties``, ``patternPrope
 ``additionalProperties``/``additionalItems``; ``minContains`` defaults to 1; ``$id`` moves
 refs) or is a ref (refused when it does not resolve here, which the validator cannot check
 either); when the document has ``unevaluated*`` anywhere (which keys count as evaluated
-depends on the keywords dropped); or past MAX_DROPS keywords or SECONDS of compiling.
+depends on the keywords dropped); or past MAX_DROPS keywords or SECONDS of compiling (CPU time).
 """
 
 from __future__ import annotations
@@ -59,8 +59,10 @@ NOT_DROPPED = frozenset({"properties", "patternProperties", "items", "prefixItem
 #: at most this many keywords are dropped (each takes a compile: SARIF 2.1.0's schema needs
 #: 75, 3.6 s; winget's manifest 10, 3.4 s)
 MAX_DROPS = 128
-#: and the compiles take at most this long in all: a compile may take a second or two on its
-#: budgets, and a service request's schema should not cost many of them
+#: and the compiles take at most this much CPU time of the thread relaxing, in all: a compile
+#: may take a second or two on its budgets, and a service request's schema should not cost
+#: many of them. CPU time, not the clock: what relaxes does not depend on how loaded the
+#: machine is (other processes, other threads of the service compiling) but on the schema
 SECONDS = 5.0
 
 #: at most this many ways down a path (and objects merged into one) are followed
@@ -87,7 +89,7 @@ class Relaxed:
 
 def relax(schema: Any, *, space: bool = False, open_objects: bool = True, seconds: float = SECONDS) -> Relaxed | None:
     """The relaxed schema and its grammar, or None when a refusal cannot be dropped safely,
-    past MAX_DROPS keywords or ``seconds`` of compiling (or when ``schema`` compiles exactly:
+    past MAX_DROPS keywords or ``seconds`` of compiling (the thread's CPU time; or when ``schema`` compiles exactly:
     nothing to relax). The latest answers are kept (:data:`_RELAXED`: a service client sends
     its schema with every request); the result is shared: do not change it."""
     if not isinstance(schema, dict):
@@ -110,14 +112,14 @@ _RELAXED: Kept[Relaxed | None] = Kept(64, 32 << 20)
 
 def _relaxed(text: str, space: bool, open_objects: bool, seconds: float) -> Relaxed | None:
     doc = json.loads(text)
-    deadline = time.monotonic() + seconds
+    deadline = time.thread_time() + seconds
     compiled = compile_text(text, space, open_objects)  # the caller's compile of it, if it was shared
     if compiled.exact or _has(doc, {"unevaluatedProperties", "unevaluatedItems"}):
         return None
     dropped: list[Refusal] = []
     for _ in range(MAX_DROPS):
         # a relaxed schema no value meets: the schema itself admits none (nothing to answer)
-        if compiled.unsatisfiable or not compiled.refusals or time.monotonic() > deadline:
+        if compiled.unsatisfiable or not compiled.refusals or time.thread_time() > deadline:
             return None
         refusal = compiled.refusals[0]
         if _drop(doc, refusal):
