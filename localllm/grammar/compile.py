@@ -883,18 +883,20 @@ class _Compiler:
             raise _Refuse("$", "size", f"the grammar would be {len(text)} characters (at most {MAX_GRAMMAR_CHARS})")
         return CompiledGrammar(text, [], self.notes)
 
-    def save(self) -> tuple[int, int, int, int]:
-        """Where the rule tables stand, to undo a branch that turned out unsatisfiable.
+    def save(self) -> tuple[int, int, int, int, int]:
+        """Where the rule tables and the notes stand, to undo a branch that turned out
+        unsatisfiable (its notes would tell of something not generated).
 
         The tables only grow while a branch is built (a ``$ref``'s pending rule is filled in
         by the branch that added it), so undoing is dropping what came after; copying them
         for every property made an object of 100,000 properties quadratic."""
-        return len(self.rules), len(self.bodies), len(self.refs), len(self.renumbered)
+        return len(self.rules), len(self.bodies), len(self.refs), len(self.renumbered), len(self.notes)
 
-    def restore(self, saved: tuple[int, int, int, int]) -> None:
+    def restore(self, saved: tuple[int, int, int, int, int]) -> None:
         for table, size in zip((self.rules, self.bodies, self.refs), saved, strict=False):
             while len(table) > size:
                 table.popitem()  # the last added
+        del self.notes[saved[4] :]
         while len(self.renumbered) > saved[3]:
             base, before = self.renumbered.pop()
             if before is None:
@@ -1486,14 +1488,13 @@ class _Compiler:
         except _Refuse as first:
             if self.overlapping:
                 return alts
-            saved, notes, partial, left = self.save(), len(self.notes), self.partial_negations, self.negations_left
+            saved, partial, left = self.save(), self.partial_negations, self.negations_left
             negs = [self.negate(a, child(child(path, "oneOf"), i), depth + 1, True) for i, a in enumerate(alts)]
             width = [len(n["anyOf"]) if isinstance(n, dict) and isinstance(n.get("anyOf"), list) else 1 for n in negs]
             if any(n is None for n in negs) or any(
                 math.prod(w for j, w in enumerate(width) if j != i) > MAX_BRANCHES for i in range(len(negs))
             ):
                 self.restore(saved)
-                del self.notes[notes:]
                 self.partial_negations, self.negations_left = partial, left
                 told = self.discriminated(alts, rest, path)
                 if told is None:
@@ -1875,7 +1876,7 @@ class _Compiler:
                     return alternatives
                 self.trials -= 1
                 self.trial_chars -= len(key)
-                saved, notes = self.save(), len(self.notes)
+                saved = self.save()
                 self.admits[key] = True
                 try:
                     self.gen(alternative, path, 0, frozenset())
@@ -1885,7 +1886,6 @@ class _Compiler:
                     pass
                 finally:
                     self.restore(saved)
-                    del self.notes[notes:]
             if not self.admits[key]:
                 continue
             kept.append(alternative)
@@ -2180,7 +2180,6 @@ class _Compiler:
         exprs = []
         for key_schema, value_schema, vpath in pairs:
             saved = self.save()
-            notes = len(self.notes)
             try:
                 if key_schema is None:
                     key_expr = self.key_not_in(taken, path, *bounds)
@@ -2189,7 +2188,6 @@ class _Compiler:
                 value_expr = self.gen(value_schema, vpath, depth + 1, frozenset())
             except _Refuse:
                 self.restore(saved)
-                del self.notes[notes:]
                 continue
             exprs.append(self.rule(f"{path}-ext-kv", f"{key_expr} COLON {value_expr}"))
         if not exprs:
@@ -2649,7 +2647,7 @@ class _Compiler:
             if any(_has_anchor(body) for _, _, body in branches):
                 # ^/$ inside (`(/|$)`: a slash or the end): only an automaton reads them
                 return self.product((pattern,), path, lo, hi)
-            saved, notes = self.save(), len(self.notes)
+            saved = self.save()
             try:
                 expr, plo, phi = self.pattern(pattern, branches, path, lo, hi)
                 if plo < lo or (hi is not None and (phi is None or phi > hi)):
@@ -2663,7 +2661,6 @@ class _Compiler:
                     raise
                 # lengths the repeats cannot be cut to: the pattern's automaton counts them
                 self.restore(saved)
-                del self.notes[notes:]
                 return self.product((pattern,), path, lo, hi)
             return self.rule(f"{path}-pattern", f'"\\"" {expr} "\\""')
         if lo == 0 and hi is None:

@@ -488,3 +488,20 @@ def test_merging_tells_true_from_1_where_python_does_not() -> None:
     compiled = compile_schema({"allOf": [{"contains": {"const": True}}, {"contains": {"const": 1}}]})
     assert compiled.grammar is None and [r.construct for r in compiled.refusals] == ["contains"]
     assert compile_schema({"allOf": [{"contains": {"const": 1}}, {"contains": {"const": 1.0}}]}).exact
+
+
+def test_a_branch_left_out_as_unsatisfiable_leaves_no_note() -> None:
+    # the branch's email was noted as generated narrowed, then the branch was dropped (a
+    # required property no value meets): the note told of something the grammar does not hold
+    schema = {
+        "anyOf": [
+            {
+                "type": "object",
+                "properties": {"e": {"type": "string", "format": "email"}, "x": False},
+                "required": ["e", "x"],
+            },
+            {"type": "object", "properties": {"e": {"type": "string", "format": "uri"}}},
+        ]
+    }
+    compiled = compile_schema(schema)
+    assert compiled.exact and [note.split(":")[0] for note in compiled.notes] == ["$[1].properties.e"]
