@@ -106,7 +106,7 @@ def test_every_refused_real_world_schema_relaxes_to_a_superset_that_walks_valid(
     for sid, schema in realworld():
         if compile_schema(schema).exact:
             continue
-        relaxed = relax(schema, seconds=600)  # winget's ten compiles take 3-4 s alone, more under load
+        relaxed = relax(schema, seconds=600)  # winget's ten compiles take 3-4 s of CPU here, more on a slower machine
         if relaxed is None:
             continue
         relaxed_ids.append(sid)
