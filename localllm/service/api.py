@@ -52,6 +52,7 @@ from localllm.wire import nesting
 
 if TYPE_CHECKING:
     from localllm.managed.upstream import Target
+    from localllm.service.catalog import ModelSpec
     from localllm.service.upstream import Upstream
 
 __all__ = ["FrontLimits", "Metrics", "ServiceApp"]
@@ -651,7 +652,7 @@ class ServiceApp:
         return model
 
     async def _prepared(  # noqa: PLR0917
-        self, req: _Request, path: str, data: dict[str, Any], raw: bytes, model: str, spec: Any
+        self, req: _Request, path: str, data: dict[str, Any], raw: bytes, model: str, spec: ModelSpec | None
     ) -> tuple[chat.Prepared | None, float | None, dict[str, Any], bytes]:
         """The request as sent upstream: (prepared, keep_alive, data, raw)."""
         prepared: chat.Prepared | None = None
