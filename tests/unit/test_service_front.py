@@ -1063,8 +1063,8 @@ class Held:
         real = compile_module.compile_schema
 
         def compile_schema(schema: Any, **options: Any) -> Any:
-            note = schema.get("description", "") if isinstance(schema, dict) else ""
-            if note.startswith(self.tag):
+            note = schema.get("description") if isinstance(schema, dict) else None
+            if isinstance(note, str) and note.startswith(self.tag):
                 self.entered.append(note)
                 self._release.wait(30)
             return real(schema, **options)
