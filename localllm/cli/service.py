@@ -72,7 +72,7 @@ def _setup_serve(serve: argparse.ArgumentParser) -> None:
         type=int,
         default=256,
         metavar="N",
-        help="proxied requests in flight; beyond: 503 + Retry-After (256)",
+        help="proxied requests in flight, those being prepared included; beyond: 503 + Retry-After (256)",
     )
     limits.add_argument(
         "--max-connections", type=int, default=2048, metavar="N", help="open client connections; beyond: 503 (2048)"
