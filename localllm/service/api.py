@@ -304,6 +304,7 @@ class ServiceApp:
     _preparing: ThreadPoolExecutor = field(init=False)
     _inflight: int = 0
     _acquiring: int = 0  # pool.acquire calls running (a client that left still has its own)
+    _compiling: int = 0  # prepares running on their threads (a client that left still has its own)
     #: upstream base URL → how many connections to keep open to it (its slots + 1)
     _hosts: dict[str, int] = field(default_factory=dict)
     #: model id → its vocabulary size, asked of its llama-server once (the GGUF of an id is
@@ -630,7 +631,7 @@ class ServiceApp:
                     param="model",
                 ),
             )
-        busy = max(self._inflight, self._acquiring)
+        busy = max(self._inflight, self._acquiring, self._compiling)
         if busy >= self.limits.max_queue:
             raise _Reply(
                 503,
@@ -673,9 +674,16 @@ class ServiceApp:
                     # one): a thread of its own, off the event loop, which serves every other
                     # client meanwhile; a schema sent before is kept compiled, so its request
                     # never waits behind another client's compile. A client leaving meanwhile
-                    # is noticed (the compile goes on: its result is kept)
+                    # is noticed; the compile goes on (its result is kept) and counts in the
+                    # queue until it ends, so no prepare ever waits for a thread
                     preparing = asyncio.get_running_loop().run_in_executor(self._preparing, prepare)
-                    prepared = await self._watched(req, preparing)
+                    self._compiling += 1
+
+                    def ended(_: asyncio.Future[Any]) -> None:
+                        self._compiling -= 1
+
+                    preparing.add_done_callback(ended)
+                    prepared = await self._watched(req, asyncio.shield(preparing))
                 else:
                     prepared = prepare()
                 keep_alive = prepared.keep_alive

@@ -1174,6 +1174,23 @@ def test_a_client_leaving_while_its_schema_compiles_is_not_answered_upstream(
     assert len(held.entered) == 1 and len(upstream_chats(env)) == before + 1
 
 
+def test_a_compile_a_client_left_still_counts_in_the_queue(make_service: Factory, held: Held) -> None:
+    # a client sending new large schemas and leaving at once, again and again, left compiles
+    # running that nothing counted: past --max-queue of them, every request's prepare queued
+    # behind them (a schema compiled long ago waited as it did before each had a thread)
+    service = make_service(limits=FrontLimits(max_queue=1))
+    with client(service) as http:
+        assert chat(http, "chat").status_code == 200  # loaded
+        got: list[Any] = []
+        body = {"model": "chat", "messages": MESSAGES, "response_format": fmt(held.schema())}
+        _post_in_thread(service, body, got, timeout=1.0).join()
+        assert got == ["ReadTimeout"] and held.entered  # left; its compile runs on
+        refused = chat(http, "chat")
+        held.release()
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "queue_full"
+        assert eventually(lambda: chat(http, "chat").status_code == 200)  # the compile ended: room again
+
+
 def test_compile_shared_tells_schemas_apart_by_key_order() -> None:
     from localllm.grammar.compile import compile_schema, compile_shared
 
