@@ -25,7 +25,8 @@ their shipped valid instances the relaxed schema keeps (must be all), how many r
 grammars walk invalid (must be none) — on the sample, or with ``--relax-coverage MIRROR`` on
 every schema of ``maskbench/data`` (localllm only, no timing). And the service's preparation
 of a request carrying one of the 10 schemas slowest to compile: first, sent again, and again compiled
-again (how it was before the compile was kept).
+again (how it was before the compile was kept); and the slowest sent new by 6 clients at once,
+against one request alone (1.0x when they wait for one compile; each compiling it: 8.5x).
 The sample (``tests/bench/data/jsonschemabench_sample.jsonl``) is built by ``--make-sample
 MIRROR``: from ``maskbench/data`` of guidance-ai/jsonschemabench (schemas with their shipped
 valid/invalid tests), per subset the first N by sha256(seed + name), excluding schemas in
