@@ -58,7 +58,7 @@ class Kept(Generic[V]):
         chars = size(value)
         with self._lock:
             del self._making[key]
-            if chars <= self.chars and key not in self._entries:
+            if chars <= self.chars:  # no other thread kept it: they waited for this one
                 self._entries[key] = (value, chars)
                 self._held += chars
             while len(self._entries) > self.count or self._held > self.chars:

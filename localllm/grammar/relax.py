@@ -89,9 +89,10 @@ class Relaxed:
 
 def relax(schema: Any, *, space: bool = False, open_objects: bool = True, seconds: float = SECONDS) -> Relaxed | None:
     """The relaxed schema and its grammar, or None when a refusal cannot be dropped safely,
-    past MAX_DROPS keywords or ``seconds`` of compiling (the thread's CPU time; or when ``schema`` compiles exactly:
-    nothing to relax). The latest answers are kept (:data:`_RELAXED`: a service client sends
-    its schema with every request); the result is shared: do not change it."""
+    past MAX_DROPS keywords or ``seconds`` of compiling (the thread's CPU time), or when
+    ``schema`` compiles exactly (nothing to relax). The latest answers are kept
+    (:data:`_RELAXED`: a service client sends its schema with every request); the result is
+    shared: do not change it."""
     if not isinstance(schema, dict):
         return None
     try:
