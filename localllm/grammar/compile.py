@@ -88,6 +88,9 @@ MAX_COUNTED_RULES = 4_096
 #: states of the automaton for several patterns on one string (and their length bounds)
 MAX_PRODUCT_STATES = 1_000
 MAX_GRAMMAR_CHARS = 2_000_000
+#: llama.cpp's grammar parser refuses a repeat whose group made more than this many rules,
+#: times its count (``MAX_REPETITION_THRESHOLD``): such a group is made a rule of its own
+LLAMA_REPEAT_RULES = 2_000
 #: integer bounds with more digits than this are refused (grammar size grows with them)
 MAX_BOUND_DIGITS = 40
 #: the longest digit run an unbounded integer (or integer part of a number) is generated with
@@ -587,6 +590,56 @@ def _is_atom(expr: str) -> bool:
     return False
 
 
+#: a GBNF body's parts as llama.cpp's parser reads them: literals, classes, names, groups,
+#: alternatives and repeats (COMMA and COLON stand for literals until the grammar is written)
+_GBNF_PART = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|[A-Za-z0-9-]+|[()|*+?.]|\{(\d+)(,?)(\d*)\}')
+#: what the separators' placeholders are replaced in: literals and classes are read past
+_SEPARATOR = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|COLON|COMMA')
+_GBNF_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]')
+_GBNF_NAME = re.compile(r"[A-Za-z0-9-]+")
+
+
+def _llama_refused_group(body: str, seen: set[str]) -> tuple[int, int] | None:
+    """The span of the first group in ``body`` that llama.cpp's parser refuses to repeat, or
+    None. It counts the rules a group makes (itself, the groups in it, one per repeat
+    beyond the least count, one per name it has not met before: ``seen``) and refuses when
+    that times the repeat's largest count (its least when unbounded) passes
+    :data:`LLAMA_REPEAT_RULES`."""
+    made = 0
+    opened: list[tuple[int, int]] = []  # (where, rules made before) per open group
+    last: tuple[int, int, int] | None = None  # the last item: (start, end, rules it made)
+    met: set[str] = set()  # names first met in this body
+    for m in _GBNF_PART.finditer(body):
+        part = m.group()
+        if part == "(":
+            opened.append((m.start(), made))
+            made += 1
+            last = None
+        elif part == ")":
+            start, before = opened.pop()
+            last = (start, m.end(), made - before)
+        elif part[0] in "*+?{":
+            if last is None:
+                continue
+            lo, hi = {"*": (0, None), "+": (1, None), "?": (0, 1)}.get(part, (0, None))
+            if part[0] == "{":
+                lo = int(m.group(1))
+                hi = lo if not m.group(2) else (int(m.group(3)) if m.group(3) else None)
+            count = hi if hi else (lo or 1)
+            if max(1, last[2]) * count > LLAMA_REPEAT_RULES and body[last[0]] == "(":
+                return last[0], last[1]
+            made += 1 if hi is None else hi - lo
+            last = (last[0], last[1], max(1, last[2]) * count)
+        elif part == "|":
+            last = None
+        else:
+            if part[0] not in '"[' and part not in ("COMMA", "COLON") and part not in seen and part not in met:
+                met.add(part)
+                made += 1
+            last = (m.start(), m.end(), 1)
+    return None
+
+
 def _alt(parts: Sequence[str]) -> str:
     unique = list(dict.fromkeys(parts))
     if len(unique) == 1:
@@ -877,11 +930,37 @@ class _Compiler:
                 "so the schema itself may admit values: not compiled",
             ) from None
         self.rules = {"root": expr, **self.rules}
+        self.name_large_repeats()
         lines = [f"{name} ::= {body}" for name, body in self.rules.items()]
-        text = "\n".join(lines).replace("COLON", self.colon).replace("COMMA", self.comma) + "\n"
+        # the separators' placeholders, not a literal's text ("COMMAND", "COLONEL" are values)
+        separators = {"COLON": self.colon, "COMMA": self.comma}
+        text = _SEPARATOR.sub(lambda m: separators.get(m.group(), m.group()), "\n".join(lines)) + "\n"
         if len(text) > MAX_GRAMMAR_CHARS:
             raise _Refuse("$", "size", f"the grammar would be {len(text)} characters (at most {MAX_GRAMMAR_CHARS})")
         return CompiledGrammar(text, [], self.notes)
+
+    def name_large_repeats(self) -> None:
+        """Make a rule of each group llama.cpp's parser would refuse to repeat
+        (:func:`_llama_refused_group`), reading the rules in the order it does: ``( class{1,100}
+        class-2{1,100} ){0,11}`` ("at most 12 words of at most 100 characters") made 199
+        rules, 11 times over its 2,000, and the server refused the grammar the compiler
+        called exact. Grammars under the limit are left as they are, byte for byte."""
+        seen: set[str] = set()
+        names = list(self.rules)
+        i = 0
+        while i < len(names):
+            name = names[i]
+            seen.add(name)
+            body = self.rules[name]
+            while (span := _llama_refused_group(body, seen)) is not None:
+                start, end = span
+                named = self.rule("group", body[start + 1 : end - 1].strip())
+                if named not in names:
+                    names.append(named)
+                body = f"{body[:start]}{named}{body[end:]}"
+            self.rules[name] = body
+            seen.update(m.group() for m in _GBNF_NAME.finditer(_GBNF_QUOTED.sub(" ", body)))
+            i += 1
 
     def save(self) -> tuple[int, int, int, int, int]:
         """Where the rule tables and the notes stand, to undo a branch that turned out
@@ -2818,6 +2897,12 @@ class _Compiler:
             _, inner, lo, hi = node
             if lo > MAX_REPEAT or (hi is not None and hi > MAX_REPEAT):
                 raise _RegexUnsupported(f"repeats more than {MAX_REPEAT} times")
+            if hi is None and _regex_lengths(inner)[0] == 0:
+                # what may be empty, repeated without end: "X' ::= X X' |" in llama.cpp's
+                # parser, a left recursion it refuses (the pattern "(|\.\w+)*"); the same
+                # strings are the repeats of its non-empty part
+                starred = _starred(inner)
+                return '""' if starred is None else _repeat(self.regex_expr(starred), 0, None)
             return _repeat(self.regex_expr(inner), lo, hi)
         raise _RegexUnsupported("has an anchor where it cannot be compiled")
 
@@ -4324,6 +4409,21 @@ def _has_anchor(node: tuple[Any, ...]) -> bool:
     return False
 
 
+def _starred(node: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """A regex matching no empty string whose repeats (``*``) match what ``node``'s do
+    (None: ``node`` matches the empty string only). Under a repeat the empty string adds
+    nothing, a concatenation of parts that may all be empty repeats as their alternation
+    does (each part is such a concatenation with the others empty; the concatenation is a
+    sequence of its parts), and a repeat of a part repeats as the part does."""
+    kind = node[0]
+    if kind in ("bol", "eol") or _regex_lengths(node)[0] > 0:
+        return node
+    if kind == "rep":
+        return None if node[3] == 0 else _starred(node[1])
+    parts = [p for p in (_starred(n) for n in node[1]) if p is not None]  # "cat" or "alt"
+    return None if not parts else parts[0] if len(parts) == 1 else ("alt", parts)
+
+
 def _regex_lengths(node: tuple[Any, ...]) -> tuple[int, int | None]:
     kind = node[0]
     if kind == "set":
@@ -4346,6 +4446,33 @@ def _regex_lengths(node: tuple[Any, ...]) -> tuple[int, int | None]:
             return 0, 0
         return a * node[2], None if node[3] is None or b is None else b * node[3]
     return 0, 0
+
+
+def capped_pattern(pattern: str, cap: int) -> str | None:
+    """``pattern`` with every repeat allowed more than ``cap`` times (``*``, ``+``, ``{n,}``,
+    ``{n,m}``) allowed at most max(n, ``cap``) times, or None when none is (or the compiler
+    cannot read the pattern).
+
+    A string of at most ``cap`` characters that ``pattern`` matches, the capped pattern
+    matches too: a match repeats a part non-empty at most ``cap`` times, and empty only to
+    reach the least count n; so beside ``maxLength: cap`` it admits what ``pattern`` does,
+    and a run (a word the model never ends) stops at ``cap`` characters. The text is the
+    pattern as the validator reads it (:func:`python_pattern`), quantifiers rewritten."""
+    try:
+        source = python_pattern(pattern)
+        re.compile(source)
+        parser = _RegexParser(source)
+        parser.parse()
+    except (re.error, OverflowError, RecursionError, _RegexUnsupported):
+        return None
+    out: list[str] = []
+    last = 0
+    for start, end, lo, hi in parser.quantifiers:
+        top = max(lo, cap)
+        if hi is None or hi > top:
+            out += [source[last:start], f"{{{lo},{top}}}"]
+            last = end
+    return None if not out else "".join([*out, source[last:]])
 
 
 def _pattern_tree(pattern: str) -> tuple[Any, ...] | str:
@@ -4375,6 +4502,8 @@ class _RegexParser:
     def __init__(self, pattern: str) -> None:
         self.s = pattern
         self.pos = 0
+        #: every repeat read: (where its quantifier starts in the text, where it ends, lo, hi)
+        self.quantifiers: list[tuple[int, int, int, int | None]] = []
 
     def parse(self) -> tuple[Any, ...]:
         node = self.alternation(0)
@@ -4403,6 +4532,7 @@ class _RegexParser:
 
     def quantified(self, atom: tuple[Any, ...]) -> tuple[Any, ...]:
         while True:
+            start = self.pos
             c = self.peek()
             if c in ("*", "+", "?"):
                 lo, hi = {"*": (0, None), "+": (1, None), "?": (0, 1)}[c]
@@ -4421,6 +4551,7 @@ class _RegexParser:
                 self.pos += 1  # lazy: same language
             elif self.peek() == "+":
                 raise _RegexUnsupported("uses a possessive quantifier")
+            self.quantifiers.append((start, self.pos, lo, hi))
             atom = ("rep", atom, lo, hi)
 
     def atom(self, depth: int) -> tuple[Any, ...]:

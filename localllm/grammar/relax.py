@@ -8,7 +8,8 @@ holding it, and that object widens the whole schema when nothing that evaluates 
 more for a wider subschema. So every answer the schema admits stays open to the model (but
 for the compiler's documented narrowings), and validation, which checks the full schema,
 decides the dropped keywords. Without this a single ``uniqueItems`` over strings left a whole
-answer unconstrained.
+answer unconstrained. A ``maxLength`` dropped beside a ``pattern`` leaves the pattern's
+repeats capped at it, which still admits every string the two admit (:func:`_drop`).
 
 The objects a refusal names are found as the compiler reads the path (:func:`_ends`): an
 object merged with its ``allOf`` components and its ``$ref``'s target, and "[i]" as any branch
@@ -44,7 +45,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from localllm.grammar import keywords
-from localllm.grammar.compile import CompiledGrammar, Refusal, compile_schema, compile_text, validator_class
+from localllm.grammar.compile import (
+    CompiledGrammar,
+    Refusal,
+    capped_pattern,
+    compile_schema,
+    compile_text,
+    validator_class,
+)
 from localllm.grammar.kept import Kept
 from localllm.grammar.paths import parse_path, resolve_pointer
 
@@ -123,7 +131,8 @@ def _relaxed(text: str, space: bool, open_objects: bool, seconds: float) -> Rela
         if compiled.unsatisfiable or not compiled.refusals or time.thread_time() > deadline:
             return None
         refusal = compiled.refusals[0]
-        if _drop(doc, refusal):
+        capped = _drop(doc, refusal)
+        if capped is not None:
             dropped.append(refusal)
         else:
             # held back by a keyword that may reject more for a wider subschema, or refused
@@ -134,33 +143,65 @@ def _relaxed(text: str, space: bool, open_objects: bool, seconds: float) -> Rela
                 return None
             dropped.append(loosened)
         compiled = compile_schema(doc, space=space, open_objects=open_objects)
+        if (
+            capped
+            and compiled.refusals
+            and compiled.refusals[0].path == refusal.path
+            and compiled.refusals[0].construct == "pattern"
+        ):
+            # the capped pattern does not compile beside the string's other patterns (their
+            # product past the compiler's states): the pattern as it was, which did
+            for holder, pattern in capped:
+                holder["pattern"] = pattern
+            compiled = compile_schema(doc, space=space, open_objects=open_objects)
         if compiled.exact:
             return Relaxed(doc, compiled, tuple(dropped))
     return None
 
 
-def _drop(doc: dict[str, Any], refusal: Refusal) -> bool:
+def _drop(doc: dict[str, Any], refusal: Refusal) -> list[tuple[dict[str, Any], str]] | None:
     """Drop ``refusal.construct`` from the schema objects its path names (or, for a refusal
     pointing into one of a keyword's subschemas, from the object holding that keyword),
-    when that only widens ``doc``; else leave ``doc`` as it was and return False."""
+    when that only widens ``doc``; else leave ``doc`` as it was and return None.
+
+    A ``maxLength`` dropped beside a ``pattern`` (their product past the compiler's states:
+    "at most 12 words" in at most 100 characters) leaves the pattern's repeats capped at it
+    (:func:`capped_pattern`: what the pattern matches within the length, and no endless
+    word): returned are the objects whose pattern was capped, with the pattern as it was."""
     named = _named(doc, refusal)
     holders = None if named is None else _holders(named[0], refusal.construct)
     if named is None or holders is None:
-        return False
+        return None
     facts = named[1]
     kept = {i: list(node.items()) for i, node in holders.items()}
+    capped: list[tuple[dict[str, Any], str]] = []
     for node in holders.values():
+        if refusal.construct == "maxLength" and (was := _cap_repeats(node)) is not None:
+            capped.append((node, was))
         for k in (refusal.construct, "then", "else") if refusal.construct == "if" else (refusal.construct,):
             node.pop(k, None)
     # no keyword whose result may shrink when its subschema grows may reach what was
     # widened, but a oneOf whose branches still stay apart: a wider branch's insides keep it apart
     below = _below_not_monotone(doc, facts)
     if below is not None and not below & holders.keys():
-        return True
+        return capped
     for i, node in holders.items():  # as it was, keys in their order
         node.clear()
         node.update(kept[i])
-    return False
+    return None
+
+
+def _cap_repeats(node: dict[str, Any]) -> str | None:
+    """Cap the repeats of ``node``'s pattern at its ``maxLength``: the pattern as it was when
+    that changed it, else None."""
+    pattern, bound = node.get("pattern"), node.get("maxLength")
+    if not isinstance(pattern, str) or not isinstance(bound, int) or isinstance(bound, bool) or bound < 0:
+        return None
+    capped = capped_pattern(pattern, bound)
+    if capped is None or not compile_schema({"type": "string", "pattern": capped}).exact:
+        return None  # past the compiler's repeat count, or the validator's linear matcher
+    node["pattern"] = capped
+    return pattern
 
 
 def _holders(ends: list[tuple[dict[str, Any], _Step]], key: str) -> dict[int, dict[str, Any]] | None:

@@ -17,9 +17,11 @@ completion tokens and latency.
 A third schema, ``words`` (a summary of at most 12 words, ``maxLength`` 100, and a boolean),
 measures which keyword the relaxed grammar drops: their product is words × characters
 states, past the compiler's limit, so one of the two goes. Its arms: ``relaxed`` (today's:
-the ``maxLength`` goes, the word count stays in the grammar) and ``pattern dropped`` (what
-the relaxed grammar did before ``51aef70``: the schema without its pattern, compiled exactly,
-the word count left to validation), both on the ``grammar: true`` sidecar.
+the ``maxLength`` goes, the word count stays in the grammar, each run of the pattern capped at
+the 100 characters), ``runs uncapped`` (what the relaxed grammar did before the cap: the
+schema without its ``maxLength``, so one "word" may run on until ``max_tokens``) and
+``pattern dropped`` (what it did before ``51aef70``: the schema without its pattern, compiled
+exactly, the word count left to validation), all on the ``grammar: true`` sidecar.
 
 Prints one table per schema and writes ``tests/bench/results/relaxed.json``. Not a test: no asserts.
 """
@@ -93,15 +95,19 @@ SCHEMAS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def _without_pattern(schema: dict[str, Any]) -> dict[str, Any]:
-    summary = {k: v for k, v in schema["properties"]["summary"].items() if k != "pattern"}
+def _summary_without(schema: dict[str, Any], key: str) -> dict[str, Any]:
+    summary = {k: v for k, v in schema["properties"]["summary"].items() if k != key}
     return {**schema, "properties": {**schema["properties"], "summary": summary}}
 
 
 def arms(name: str, schema: dict[str, Any]) -> dict[str, tuple[str, dict[str, Any]]]:
     """Per arm of a schema: the sidecar (a key of MODES) and the schema sent."""
     if name == "words":
-        return {"relaxed": ("relaxed", schema), "pattern dropped": ("relaxed", _without_pattern(schema))}
+        return {
+            "relaxed": ("relaxed", schema),
+            "runs uncapped": ("relaxed", _summary_without(schema, "maxLength")),
+            "pattern dropped": ("relaxed", _summary_without(schema, "pattern")),
+        }
     return {"relaxed": ("relaxed", schema), "none": ("none", schema)}
 
 

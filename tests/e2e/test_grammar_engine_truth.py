@@ -42,6 +42,7 @@ from typing import Any
 import pytest
 
 from localllm.grammar.compile import compile_schema
+from localllm.grammar.relax import relax
 from localllm.grammar.walk import Grammar
 from tests.conftest import REPO
 from tests.e2e.grammar_engine import Engine, EngineError, EngineUnavailable, engine, llama_build
@@ -439,7 +440,49 @@ ONE_OF: dict[str, dict[str, Any]] = {
         ],
     },
 }
-NEW = {**COUNTED, **PROPERTIES, **FORMATS, **STEPS, **ONE_OF}
+#: "at most 12 words in 100 characters": the compiler refuses the product, and the relaxed
+#: schema keeps the word count with each run capped at the 100 (session 34): counted
+#: repeats inside a counted group
+WORDS = {"type": "string", "pattern": "^(?:\\S+\\s+){0,11}\\S+$", "maxLength": 100}
+_RELAXED_WORDS = relax(WORDS)
+RELAXED = {"relaxed word count": {} if _RELAXED_WORDS is None else _RELAXED_WORDS.schema}
+#: groups repeated past what llama.cpp's parser takes (the rules a group makes × its count
+#: over 2,000: "failed to parse grammar" until session 34), now made rules of their own
+LARGE_REPEATS = {
+    "300 labels of 1-10 letters": {"type": "string", "pattern": "^(?:[a-z]{1,10}-){0,300}$"},
+    "60 runs of 1-40 ab": {"type": "string", "pattern": "^(?:(?:ab){1,40}c){1,60}$"},
+    "a host name of 126 labels": {"type": "string", "pattern": "^(?:[a-z0-9-]{1,63}\\.){1,126}[a-z]{2,6}$"},
+}
+#: what may be empty, repeated without end: a left recursion llama.cpp refused ("left
+#: recursion detected", JSONSchemaBench o62947's id until session 34), now its non-empty part
+EMPTY_REPEATS = {
+    "dotted parts that may be empty": {"type": "string", "pattern": "^\\w+(|\\.[\\w,]+)*$"},
+    "optional letters repeated": {"type": "string", "pattern": "^(a?b?)+c$"},
+}
+#: values and names holding the separators' placeholder names ("COMMAND" became "\"","ND\"":
+#: JSON Schema Store's jreleaser, refused by llama.cpp until session 34)
+SEPARATOR_NAMES = {
+    "enum values like COMMAND": {
+        "type": "object",
+        "properties": {
+            "mode": {"enum": ["COMMAND", "COLONEL", "COMMA"]},
+            "COLON": {"const": "COMMAS"},
+            "n": {"type": "integer", "minimum": 0, "maximum": 9},
+        },
+        "required": ["mode"],
+    },
+}
+NEW = {
+    **COUNTED,
+    **PROPERTIES,
+    **FORMATS,
+    **STEPS,
+    **ONE_OF,
+    **RELAXED,
+    **LARGE_REPEATS,
+    **EMPTY_REPEATS,
+    **SEPARATOR_NAMES,
+}
 
 
 @pytest.mark.parametrize("name", NEW)
@@ -451,6 +494,15 @@ def test_constructs_no_corpus_holds_walk_valid_through_the_engine(llama: Engine,
         found = walk_check(llama, entry.id, schema, entry.grammar, walks=WALKS, seed=_seed(entry.id))
         assert found.mismatches == [] and found.invalid == [], found.mismatches + found.invalid[:20]
         assert found.distinct >= 10  # the walks reach more than one count, more than one character
+
+
+def test_the_relaxed_word_count_caps_each_run_in_the_engine(llama: Engine) -> None:
+    assert _RELAXED_WORDS is not None and _RELAXED_WORDS.compiled.grammar is not None
+    with llama.grammar(_RELAXED_WORDS.compiled.grammar) as g:
+        assert g.accepts(json.dumps("x" * 100)) and g.accepts(json.dumps(" ".join(["word"] * 12)))
+        assert g.accepts(json.dumps("x" * 100 + "\n" + "y" * 100))  # 201 characters: left to validation
+        for text in ("x" * 101, "x " + "y" * 101, "x" + " " * 101 + "y", " ".join(["word"] * 13)):
+            assert not g.accepts(json.dumps(text)), text
 
 
 # ---------------------------------------------------------------------------- the checks can fail

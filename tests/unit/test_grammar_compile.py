@@ -11,6 +11,7 @@ import pytest
 
 from localllm.grammar import compile as compile_module
 from localllm.grammar.compile import CompiledGrammar, Refusal, compile_schema, integer_range
+from localllm.grammar.pattern import search
 from localllm.grammar.walk import Grammar, GrammarSyntaxError
 from tests.conftest import in_child
 from tests.unit.grammar_harness import corpus, grammar_of, invalid_walks, realworld
@@ -505,3 +506,92 @@ def test_a_branch_left_out_as_unsatisfiable_leaves_no_note() -> None:
     }
     compiled = compile_schema(schema)
     assert compiled.exact and [note.split(":")[0] for note in compiled.notes] == ["$[1].properties.e"]
+
+
+# ---------------------------------------------------------------------------- llama.cpp's repeat limit
+
+
+@pytest.mark.parametrize(
+    ("body", "seen", "refused"),
+    [
+        # the group makes itself, 99 + 99 repeat rules: 199 × 11 is past 2,000; × 10 is not
+        ("( class{1,100} class-2{1,100} ){0,11} class{1,100}", {"class", "class-2"}, (0, 31)),
+        ("( class{1,100} class-2{1,100} ){0,10} class{1,100}", {"class", "class-2"}, None),
+        # a name first met in the group makes a rule too: 2 × 999 is under, 3 × 999 past
+        ("( COMMA value ){0,999}", set(), None),
+        ('"[" ( COMMA item other ){0,999} "]"', set(), (4, 24)),
+        ('"[" ( COMMA item other ){0,999} "]"', {"item", "other"}, None),
+        # the least count when unbounded; a repeated name or class makes no rule in itself
+        ("( [a-z]{1,10} [-] ){300,}", set(), (0, 19)),
+        ("x{0,1000} [a]{0,1000}", set(), None),
+    ],
+)
+def test_llamas_repeat_limit_is_counted_as_its_parser_counts(
+    body: str, seen: set[str], refused: tuple[int, int] | None
+) -> None:
+    assert compile_module._llama_refused_group(body, seen) == refused
+
+
+def test_a_group_repeated_past_llamas_limit_is_made_a_rule_of_its_own() -> None:
+    # "( [a-z]{1,10} [-] ){0,300}": 10 rules × 300, and the pinned llama-server refused the
+    # whole grammar ("failed to parse grammar"); now the group is a rule, repeated by name
+    schema = {"type": "string", "pattern": "^(?:[a-z]{1,10}-){0,300}$"}
+    compiled = compile_schema(schema)
+    assert compiled.exact and compiled.grammar is not None
+    rules = dict(line.split(" ::= ", 1) for line in compiled.grammar.splitlines())
+    assert rules["group"] == "[a-z]{1,10} [\\x2D]" and "group{0,300}" in rules["root"] + rules.get("pattern", "")
+    seen: set[str] = set()
+    for name, body in rules.items():  # as llama.cpp reads them, in order
+        seen.add(name)
+        assert compile_module._llama_refused_group(body, seen) is None, name
+        seen.update(compile_module._GBNF_NAME.findall(compile_module._GBNF_QUOTED.sub(" ", body)))
+    g = Grammar.parse(compiled.grammar)
+    assert g.matches(json.dumps("abcdefghij-" * 300)) and g.matches('""')
+    assert not g.matches(json.dumps("a-" * 301)) and not g.matches(json.dumps("abcdefghijk-"))
+    assert invalid_walks(schema, compiled, 100) == []
+
+
+@pytest.mark.parametrize(
+    ("pattern", "repeated"),
+    [
+        # JSONSchemaBench o62947's id: an alternative that is empty, repeated without end
+        ("^\\w+(|\\.[\\w,]+)*$", "( [\\x2E] [\\x2C0-9A-Z\\x5Fa-z]+ )*"),
+        ("^(a?b?)+$", "( [a] | [b] )*"),
+        ("^(?:x{0,3}|y){2,}$", "( [x] | [y] )*"),
+        ("^(a|)*c$", "[a]*"),
+    ],
+)
+def test_an_endless_repeat_of_what_may_be_empty_repeats_its_non_empty_part(pattern: str, repeated: str) -> None:
+    # "X' ::= X X' |" with X nullable is a left recursion: the pinned llama-server refused
+    # the whole grammar ("left recursion detected"); the same strings, without it
+    compiled = compile_schema({"type": "string", "pattern": pattern})
+    assert compiled.exact and compiled.grammar is not None and repeated in compiled.grammar
+    g = Grammar.parse(compiled.grammar)
+    rng = random.Random(pattern)
+    for _ in range(400):
+        text = "".join(rng.choice("abcxy.,_") for _ in range(rng.randint(0, 8)))
+        assert g.matches(json.dumps(text)) == bool(search(pattern, text)), text
+
+
+@pytest.mark.parametrize("space", [False, True])
+def test_literals_holding_the_separators_placeholder_names_are_kept(space: bool) -> None:
+    # the compiler writes "COMMA" and "COLON" for the separators until the grammar is done:
+    # JSON Schema Store's jreleaser enum "COMMAND" became "\"","ND\"" (llama-server refused
+    # the grammar; our interpreter could not parse it)
+    schema = {
+        "type": "object",
+        "properties": {
+            "mode": {"enum": ["COMMAND", "COLONEL", "SEMICOLON", "COMMA"]},
+            "COLON": {"const": "COMMAS"},
+        },
+        "required": ["mode", "COLON"],
+        "additionalProperties": False,
+    }
+    compiled = compile_schema(schema, space=space)
+    assert compiled.exact and compiled.grammar is not None
+    assert '"\\"COMMAND\\""' in compiled.grammar and '"\\"COLON\\""' in compiled.grammar
+    g = Grammar.parse(compiled.grammar)
+    for mode in ("COMMAND", "COLONEL", "SEMICOLON", "COMMA"):
+        assert g.matches(json.dumps({"mode": mode, "COLON": "COMMAS"}, separators=(",", ":"))), mode
+    assert not g.matches('{"mode":"COMMAN","COLON":"COMMAS"}')
+    assert invalid_walks(schema, compiled, 100) == []

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from localllm.grammar import relax as relax_module
-from localllm.grammar.compile import compile_schema
+from localllm.grammar.compile import capped_pattern, compile_schema
+from localllm.grammar.pattern import search
 from localllm.grammar.relax import relax
 from localllm.grammar.walk import Grammar
 from tests.unit.grammar_harness import invalid_walks, realworld, validator
@@ -99,6 +100,97 @@ def test_a_word_count_stays_in_the_grammar_when_its_length_bound_goes() -> None:
     for text in (" ".join(["word"] * 31), " lead", "trail ", ""):
         assert not g.matches(answer(text)), text
     assert invalid_walks(relaxed.schema, relaxed.compiled, 300) == []
+
+
+def test_a_word_count_beside_its_length_bound_caps_each_run_at_the_length() -> None:
+    # "at most 12 words in 100 characters" (bench_relaxed's words): the maxLength goes, and the
+    # pattern's repeats are capped at it. Before, the relaxed grammar let one "word" run on
+    # ("10000000…") until max_tokens cut the answer (4 of 32 tickets)
+    words = {"type": "string", "pattern": "^(?:\\S+\\s+){0,11}\\S+$", "maxLength": 100}
+    schema = {"type": "object", "properties": {"w": words}, "required": ["w"]}
+    relaxed = relax(schema)
+    assert relaxed is not None and [(r.path, r.construct) for r in relaxed.dropped] == [("$.properties.w", "maxLength")]
+    assert relaxed.schema["properties"]["w"] == {
+        "type": "string",
+        "pattern": "^(?:\\S{1,100}\\s{1,100}){0,11}\\S{1,100}$",
+    }
+    g = Grammar.parse(relaxed.compiled.grammar or "")
+
+    def answer(text: str) -> str:
+        return json.dumps({"w": text}, separators=(",", ":"))
+
+    assert g.matches(answer("x" * 100)) and g.matches(answer(" ".join(["word"] * 12)))
+    assert g.matches(answer("a" * 100 + " " + "b" * 100))  # 201 characters: left to validation
+    for text in ("x" * 101, "a " + "b" * 101, "a" + " " * 101 + "b", " ".join(["word"] * 13)):
+        assert not g.matches(answer(text)), text
+    # every string the schema admits, the relaxed one admits too
+    rng = random.Random(7)
+    check, wider = validator(schema), validator(relaxed.schema)
+    for _ in range(300):
+        runs = [rng.choice(["x", "é", "😀", "1"]) * rng.randint(1, 40) for _ in range(rng.randint(1, 13))]
+        text = "".join(run + rng.choice([" ", "\n", "  "]) for run in runs).rstrip()[: rng.randint(1, 101)]
+        value = {"w": text}
+        assert not check.is_valid(value) or wider.is_valid(value), text
+    assert invalid_walks(relaxed.schema, relaxed.compiled, 300) == []
+
+
+def test_a_capped_pattern_the_strings_other_patterns_refuse_beside_is_left_as_it_was() -> None:
+    # capped, the word count's product with the other pattern is past the compiler's states
+    # (words × characters again), though uncapped it compiles: the pattern stays uncapped
+    schema = {"type": "string", "pattern": "^(?:\\S+\\s+){0,11}\\S+$", "maxLength": 100}
+    schema["allOf"] = [{"pattern": "^[^x]*$"}]
+    relaxed = relax(schema)
+    assert relaxed is not None and [r.construct for r in relaxed.dropped] == ["maxLength"]
+    assert relaxed.schema == {"type": "string", "pattern": schema["pattern"], "allOf": [{"pattern": "^[^x]*$"}]}
+
+
+@pytest.mark.parametrize(
+    ("pattern", "cap", "capped"),
+    [
+        ("^a+b*$", 5, "^a{1,5}b{0,5}$"),
+        ("a*?b{2,}c{3,9}d{,}e{,4}f?", 5, "a{0,5}b{2,5}c{3,5}d{0,5}e{,4}f?"),
+        ("x{7,}", 5, "x{7,7}"),  # the least count stays
+        ("[+*]+(?:a|b)*", 3, "[+*]{1,3}(?:a|b){0,3}"),  # a class's "+" is no quantifier
+        ("a{2}b?", 5, None),  # nothing repeats past the cap
+        ("(?=a)a+", 5, None),  # the compiler does not read lookarounds
+    ],
+)
+def test_capped_pattern_rewrites_the_repeats_past_the_cap(pattern: str, cap: int, capped: str | None) -> None:
+    assert capped_pattern(pattern, cap) == capped
+
+
+def _random_regex(rng: random.Random, depth: int = 0) -> str:
+    parts = []
+    for _ in range(rng.randint(1, 3)):
+        r = rng.random()
+        atom = (
+            rng.choice(["a", "b", "[ab]", "\\s", "."])
+            if depth > 1 or r < 0.6
+            else f"(?:{_random_regex(rng, depth + 1)}{'|' + _random_regex(rng, depth + 1) if r < 0.8 else ''})"
+        )
+        parts.append(atom + rng.choice(["", "", "*", "+", "?", "{2,}", "{1,3}", "{,2}", "{0,9}", "+?"]))
+    return "".join(parts)
+
+
+def test_a_capped_pattern_matches_what_the_pattern_does_within_the_cap() -> None:
+    # within the cap the two agree; past it the capped one matches nothing the pattern does not
+    rng = random.Random(20261206)
+    changed = 0
+    for _ in range(400):
+        body = _random_regex(rng)
+        pattern = rng.choice(["^{}$", "^{}", "{}$", "{}"]).format(body)
+        cap = rng.randint(0, 6)
+        capped = capped_pattern(pattern, cap)
+        if capped is None:
+            continue
+        changed += 1
+        for _ in range(40):
+            text = "".join(rng.choice("ab \n") for _ in range(rng.randint(0, 9)))
+            if len(text) <= cap:
+                assert search(capped, text) == search(pattern, text), (pattern, capped, text)
+            else:
+                assert not search(capped, text) or search(pattern, text), (pattern, capped, text)
+    assert changed > 200, changed
 
 
 def test_every_refused_real_world_schema_relaxes_to_a_superset_that_walks_valid() -> None:
