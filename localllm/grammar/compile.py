@@ -527,8 +527,13 @@ def _q(value: Any) -> str:
 
 
 def gbnf_literal(text: str) -> str:
-    """``text`` as a GBNF string literal (every non-alphanumeric character escaped)."""
-    return '"' + "".join(_gbnf_char(c, in_class=False) for c in text) + '"'
+    """``text`` as a GBNF string literal (every non-alphanumeric character escaped; the "C"
+    of COMMA and COLON too, the separators' placeholders until the grammar is written: an
+    enum value "COMMAND" became ``"\\"","ND\\""``, a grammar no parser takes)."""
+    body = "".join(_gbnf_char(c, in_class=False) for c in text)
+    if "COMMA" in body or "COLON" in body:
+        body = body.replace("COMMA", "\\x43OMMA").replace("COLON", "\\x43OLON")
+    return f'"{body}"'
 
 
 def _gbnf_char(c: str, *, in_class: bool) -> str:
@@ -593,10 +598,35 @@ def _is_atom(expr: str) -> bool:
 #: a GBNF body's parts as llama.cpp's parser reads them: literals, classes, names, groups,
 #: alternatives and repeats (COMMA and COLON stand for literals until the grammar is written)
 _GBNF_PART = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|[A-Za-z0-9-]+|[()|*+?.]|\{(\d+)(,?)(\d*)\}')
-#: what the separators' placeholders are replaced in: literals and classes are read past
-_SEPARATOR = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|COLON|COMMA')
 _GBNF_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]')
 _GBNF_NAME = re.compile(r"[A-Za-z0-9-]+")
+
+
+def _gbnf_names(body: str) -> list[str]:
+    """The rule names a GBNF body refers to (and COMMA/COLON, the separators' placeholders)."""
+    return _GBNF_NAME.findall(_GBNF_QUOTED.sub(" ", body))
+
+
+_COUNTED = re.compile(r"(\)?)\{(\d+)(,?)(\d*)\}")
+
+
+def _llama_may_refuse(body: str) -> bool:
+    """Might llama.cpp refuse to repeat a group of ``body`` (:func:`_llama_refused_group`)?
+    False when an upper bound says no, without reading the body as its parser does: every
+    group, name (a space before it) and repeat made a rule in every group, times the largest
+    count a group is repeated."""
+    if "(" not in body:
+        return False
+    if "{" not in body:  # every count 1, and at most a rule per character
+        return len(body) > LLAMA_REPEAT_RULES
+    made = sum(body.count(c) for c in "( *+?") + 1
+    most = 1
+    for group, lo, comma, hi in _COUNTED.findall(body):
+        count = int(hi) if hi else int(lo)
+        made += (int(hi) - int(lo)) if hi else (0 if not comma else 1)
+        if group:
+            most = max(most, count)
+    return made * most > LLAMA_REPEAT_RULES
 
 
 def _llama_refused_group(body: str, seen: set[str]) -> tuple[int, int] | None:
@@ -932,9 +962,7 @@ class _Compiler:
         self.rules = {"root": expr, **self.rules}
         self.name_large_repeats()
         lines = [f"{name} ::= {body}" for name, body in self.rules.items()]
-        # the separators' placeholders, not a literal's text ("COMMAND", "COLONEL" are values)
-        separators = {"COLON": self.colon, "COMMA": self.comma}
-        text = _SEPARATOR.sub(lambda m: separators.get(m.group(), m.group()), "\n".join(lines)) + "\n"
+        text = "\n".join(lines).replace("COLON", self.colon).replace("COMMA", self.comma) + "\n"
         if len(text) > MAX_GRAMMAR_CHARS:
             raise _Refuse("$", "size", f"the grammar would be {len(text)} characters (at most {MAX_GRAMMAR_CHARS})")
         return CompiledGrammar(text, [], self.notes)
@@ -945,21 +973,26 @@ class _Compiler:
         class-2{1,100} ){0,11}`` ("at most 12 words of at most 100 characters") made 199
         rules, 11 times over its 2,000, and the server refused the grammar the compiler
         called exact. Grammars under the limit are left as they are, byte for byte."""
-        seen: set[str] = set()
+        seen: set[str] = set()  # the names llama.cpp has met before the rule it reads
         names = list(self.rules)
+        read = 0  # the rules whose names are in ``seen``
         i = 0
         while i < len(names):
-            name = names[i]
-            seen.add(name)
-            body = self.rules[name]
-            while (span := _llama_refused_group(body, seen)) is not None:
-                start, end = span
-                named = self.rule("group", body[start + 1 : end - 1].strip())
-                if named not in names:
-                    names.append(named)
-                body = f"{body[:start]}{named}{body[end:]}"
-            self.rules[name] = body
-            seen.update(m.group() for m in _GBNF_NAME.finditer(_GBNF_QUOTED.sub(" ", body)))
+            body = self.rules[names[i]]
+            if _llama_may_refuse(body):
+                for name in names[read:i]:
+                    seen.add(name)
+                    seen.update(_gbnf_names(self.rules[name]))
+                seen.add(names[i])
+                while (span := _llama_refused_group(body, seen)) is not None:
+                    start, end = span
+                    named = self.rule("group", body[start + 1 : end - 1].strip())
+                    if named not in names:
+                        names.append(named)
+                    body = f"{body[:start]}{named}{body[end:]}"
+                self.rules[names[i]] = body
+                seen.update(_gbnf_names(body))
+                read = i + 1
             i += 1
 
     def save(self) -> tuple[int, int, int, int, int]:

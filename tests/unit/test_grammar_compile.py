@@ -544,7 +544,7 @@ def test_a_group_repeated_past_llamas_limit_is_made_a_rule_of_its_own() -> None:
     for name, body in rules.items():  # as llama.cpp reads them, in order
         seen.add(name)
         assert compile_module._llama_refused_group(body, seen) is None, name
-        seen.update(compile_module._GBNF_NAME.findall(compile_module._GBNF_QUOTED.sub(" ", body)))
+        seen.update(compile_module._gbnf_names(body))
     g = Grammar.parse(compiled.grammar)
     assert g.matches(json.dumps("abcdefghij-" * 300)) and g.matches('""')
     assert not g.matches(json.dumps("a-" * 301)) and not g.matches(json.dumps("abcdefghijk-"))
@@ -589,7 +589,7 @@ def test_literals_holding_the_separators_placeholder_names_are_kept(space: bool)
     }
     compiled = compile_schema(schema, space=space)
     assert compiled.exact and compiled.grammar is not None
-    assert '"\\"COMMAND\\""' in compiled.grammar and '"\\"COLON\\""' in compiled.grammar
+    assert '"\\"\\x43OMMAND\\""' in compiled.grammar and '"\\"\\x43OLON\\""' in compiled.grammar  # "C" escaped
     g = Grammar.parse(compiled.grammar)
     for mode in ("COMMAND", "COLONEL", "SEMICOLON", "COMMA"):
         assert g.matches(json.dumps({"mode": mode, "COLON": "COMMAS"}, separators=(",", ":"))), mode
