@@ -607,6 +607,7 @@ def _gbnf_names(body: str) -> list[str]:
     return _GBNF_NAME.findall(_GBNF_QUOTED.sub(" ", body))
 
 
+#: a counted repeat, and whether it repeats a group
 _COUNTED = re.compile(r"(\)?)\{(\d+)(,?)(\d*)\}")
 
 
@@ -663,7 +664,7 @@ def _llama_refused_group(body: str, seen: set[str]) -> tuple[int, int] | None:
         elif part == "|":
             last = None
         else:
-            if part[0] not in '"[' and part not in ("COMMA", "COLON") and part not in seen and part not in met:
+            if part[0] not in '".[' and part not in ("COMMA", "COLON") and part not in seen and part not in met:
                 met.add(part)
                 made += 1
             last = (m.start(), m.end(), 1)
@@ -971,7 +972,7 @@ class _Compiler:
         """Make a rule of each group llama.cpp's parser would refuse to repeat
         (:func:`_llama_refused_group`), reading the rules in the order it does: ``( class{1,100}
         class-2{1,100} ){0,11}`` ("at most 12 words of at most 100 characters") made 199
-        rules, 11 times over its 2,000, and the server refused the grammar the compiler
+        rules, and 199 × 11 passes its 2,000: the server refused the grammar the compiler
         called exact. Grammars under the limit are left as they are, byte for byte."""
         seen: set[str] = set()  # the names llama.cpp has met before the rule it reads
         names = list(self.rules)

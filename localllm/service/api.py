@@ -800,7 +800,7 @@ class ServiceApp:
         finally:
             # not awaited: a cancelled request must still give its model back. Its own threads:
             # queued behind acquires, it would wait for the acquires waiting for it (load_wait)
-            self._releases.submit(self.pool.release, held)
+            self._releases.submit(self.pool.release, held, time.monotonic())
 
     async def _dispatch(  # noqa: PLR0917
         self,

@@ -166,8 +166,11 @@ class ModelPool:
         entry, target = self._acquire(model, wait)
         return Held(Lease(model=model, target=target, grammar_enforced=entry.backend.grammar_enforced), entry)
 
-    def release(self, held: Held) -> None:
-        self._release(held.entry)
+    def release(self, held: Held, ended: float | None = None) -> None:
+        """Give ``held`` back; ``ended``: when its request ended (``time.monotonic``), for a
+        release run later on another thread (the least recently used model is evicted first:
+        by when its requests ended, not by when their releases ran, in either order)."""
+        self._release(held.entry, ended=ended)
 
     def keep(self, model: str, seconds: float) -> None:
         """A request's ``keep_alive``: unload ``model`` after ``seconds`` idle from now on
@@ -253,13 +256,13 @@ class ModelPool:
         self._on_event("load", entry.spec.id)
         return target
 
-    def _release(self, entry: _Entry, *, served: bool = True) -> None:
+    def _release(self, entry: _Entry, *, served: bool = True, ended: float | None = None) -> None:
         stop = False
         with self._cond:
             entry.busy -= 1
             if served:
                 entry.served += 1
-            entry.last_used = time.monotonic()
+            entry.last_used = max(entry.last_used, time.monotonic() if ended is None else ended)
             if self._keep_alive(entry) == 0 and entry.busy == 0 and self._entries.get(entry.spec.id) is entry:
                 self._retire(entry)
                 stop = True

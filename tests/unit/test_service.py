@@ -294,6 +294,31 @@ def test_lru_idle_model_is_evicted_first(make_service: Factory, env: dict[str, P
     assert loaded == {"chat", "third"}  # "other" was the least recently used
 
 
+def test_lru_is_by_when_a_request_ended_not_when_its_release_ran(
+    make_service: Factory, env: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # releases run on threads of their own, in either order: under load "other"'s release ran
+    # after the later "chat" request's, stamped "other" the more recent, and "chat" was evicted
+    service = make_service(max_models=2)
+    pool = service.pool
+    assert pool is not None
+    release = pool.release
+
+    def late(held: Any, *rest: Any) -> None:
+        if held.lease.model == "other":
+            time.sleep(0.3)
+        release(held, *rest)
+
+    monkeypatch.setattr(pool, "release", late)
+    with client(service) as http:
+        for model in ("chat", "other", "chat"):
+            assert chat(http, model).status_code == 200
+        assert eventually(lambda: all(m["slots_busy"] == 0 for m in http.get("/localllm/ps").json()["models"]))
+        assert chat(http, "third").status_code == 200
+        loaded = {m["id"] for m in http.get("/localllm/ps").json()["models"]}
+    assert loaded == {"chat", "third"}
+
+
 def test_memory_budget_evicts(make_service: Factory, env: dict[str, Path]) -> None:
     service = make_service(memory_budget=1)  # any loaded server is over one byte
     with client(service) as http:
