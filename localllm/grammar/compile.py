@@ -598,13 +598,11 @@ def _is_atom(expr: str) -> bool:
 #: a GBNF body's parts as llama.cpp's parser reads them: literals, classes, names, groups,
 #: alternatives and repeats (COMMA and COLON stand for literals until the grammar is written)
 _GBNF_PART = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|[A-Za-z0-9-]+|[()|*+?.]|\{(\d+)(,?)(\d*)\}')
-_GBNF_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]')
-_GBNF_NAME = re.compile(r"[A-Za-z0-9-]+")
 
 
 def _gbnf_names(body: str) -> list[str]:
     """The rule names a GBNF body refers to (and COMMA/COLON, the separators' placeholders)."""
-    return _GBNF_NAME.findall(_GBNF_QUOTED.sub(" ", body))
+    return [p for p in (m.group() for m in _GBNF_PART.finditer(body)) if p[0].isalnum() or p[0] == "-"]
 
 
 #: a counted repeat, and whether it repeats a group
