@@ -56,6 +56,7 @@ from localllm.grammar.pattern import (
     search,
     unsupported_reason,
 )
+from localllm.grammar.walk import TOKEN, Grammar
 from localllm.wire import nesting
 
 MAX_DEPTH = 64
@@ -595,14 +596,16 @@ def _is_atom(expr: str) -> bool:
     return False
 
 
-#: a GBNF body's parts as llama.cpp's parser reads them: literals, classes, names, groups,
-#: alternatives and repeats (COMMA and COLON stand for literals until the grammar is written)
-_GBNF_PART = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|[A-Za-z0-9-]+|[()|*+?.]|\{(\d+)(,?)(\d*)\}')
+def _gbnf_parts(body: str) -> Iterator[tuple[str, str, int, int]]:
+    """A GBNF body's tokens as :mod:`localllm.grammar.walk` reads them: (kind, text, start, end)."""
+    for m in TOKEN.finditer(body):
+        kind = m.lastgroup or ""
+        yield kind, m.group(kind), m.start(kind), m.end(kind)
 
 
 def _gbnf_names(body: str) -> list[str]:
     """The rule names a GBNF body refers to (and COMMA/COLON, the separators' placeholders)."""
-    return [p for p in (m.group() for m in _GBNF_PART.finditer(body)) if p[0].isalnum() or p[0] == "-"]
+    return [text for kind, text, _, _ in _gbnf_parts(body) if kind == "name"]
 
 
 #: a counted repeat, and whether it repeats a group
@@ -638,22 +641,22 @@ def _llama_refused_group(body: str, seen: set[str]) -> tuple[int, int] | None:
     opened: list[tuple[int, int]] = []  # (where, rules made before) per open group
     last: tuple[int, int, int] | None = None  # the last item: (start, end, rules it made)
     met: set[str] = set()  # names first met in this body
-    for m in _GBNF_PART.finditer(body):
-        part = m.group()
+    for kind, part, start, end in _gbnf_parts(body):
         if part == "(":
-            opened.append((m.start(), made))
+            opened.append((start, made))
             made += 1
             last = None
         elif part == ")":
-            start, before = opened.pop()
-            last = (start, m.end(), made - before)
-        elif part[0] in "*+?{":
+            begun, before = opened.pop()
+            last = (begun, end, made - before)
+        elif kind == "rep" or part in ("*", "+", "?"):
             if last is None:
                 continue
             lo, hi = {"*": (0, None), "+": (1, None), "?": (0, 1)}.get(part, (0, None))
-            if part[0] == "{":
-                lo = int(m.group(1))
-                hi = lo if not m.group(2) else (int(m.group(3)) if m.group(3) else None)
+            if kind == "rep":
+                low, comma, high = part[1:-1].partition(",")
+                lo = int(low)
+                hi = lo if not comma else (int(high) if high else None)
             count = hi if hi else (lo or 1)
             if max(1, last[2]) * count > LLAMA_REPEAT_RULES and body[last[0]] == "(":
                 return last[0], last[1]
@@ -662,10 +665,10 @@ def _llama_refused_group(body: str, seen: set[str]) -> tuple[int, int] | None:
         elif part == "|":
             last = None
         else:
-            if part[0] not in '".[' and part not in ("COMMA", "COLON") and part not in seen and part not in met:
+            if kind == "name" and part not in ("COMMA", "COLON") and part not in seen and part not in met:
                 met.add(part)
                 made += 1
-            last = (m.start(), m.end(), 1)
+            last = (start, end, 1)
     return None
 
 
@@ -3698,7 +3701,6 @@ def _format_tree(fmt: str) -> tuple[Any, ...]:
     """``fmt``'s grammar (:data:`_PRIMITIVES`, its rules inlined: none is recursive) as the
     regex tree the automata read, so a pattern or length bounds beside a format intersect with
     exactly what the format's rule writes."""
-    from localllm.grammar.walk import Grammar
 
     names, todo = [], [fmt]
     while todo:

@@ -143,13 +143,15 @@ def _relaxed(text: str, space: bool, open_objects: bool, seconds: float) -> Rela
                 return None
             dropped.append(loosened)
         compiled = compile_schema(doc, space=space, open_objects=open_objects)
+        first = compiled.refusals[0] if compiled.refusals else None
         if (
             capped
-            and compiled.refusals
-            and compiled.refusals[0].path == refusal.path
-            and compiled.refusals[0].construct == "pattern"
+            and first
+            and first.construct == "pattern"
+            and first.path in (refusal.path, f"{refusal.path}.pattern")
         ):
-            # the capped pattern does not compile beside the string's other patterns (their
+            # the capped pattern does not compile (past the compiler's repeat count or the
+            # validator's linear matcher, or beside the string's other patterns, their
             # product past the compiler's states): the pattern as it was, which did
             for holder, pattern in capped:
                 holder["pattern"] = pattern
@@ -198,8 +200,8 @@ def _cap_repeats(node: dict[str, Any]) -> str | None:
     if not isinstance(pattern, str) or not isinstance(bound, int) or isinstance(bound, bool) or bound < 0:
         return None
     capped = capped_pattern(pattern, bound)
-    if capped is None or not compile_schema({"type": "string", "pattern": capped}).exact:
-        return None  # past the compiler's repeat count, or the validator's linear matcher
+    if capped is None:
+        return None
     node["pattern"] = capped
     return pattern
 

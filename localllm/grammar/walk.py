@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 Node = tuple[Any, ...]
-_TOKEN = re.compile(
+#: one GBNF token (after optional white space), its kind the group's name
+TOKEN = re.compile(
     r'\s*(?:(?P<def>::=)|(?P<name>[A-Za-z0-9-]+)|(?P<lit>"(?:[^"\\]|\\.)*")|(?P<cls>\[(?:[^\]\\]|\\.)*\])'
     r"|(?P<rep>\{\d+(?:,\d*)?\})|(?P<op>[()|*+?.])|(?P<comment>#[^\n]*))"
 )
@@ -98,7 +99,7 @@ class Grammar:
         tokens: list[tuple[str, str, int]] = []
         pos = 0
         while pos < len(text):
-            m = _TOKEN.match(text, pos)
+            m = TOKEN.match(text, pos)
             if not m or m.end() == pos:
                 if text[pos:].strip() == "":
                     break
