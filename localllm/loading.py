@@ -206,7 +206,7 @@ def _check_schemas(draft: Draft) -> None:
         if gate.schema_path is None:
             continue
         key = f"gates.{gate.name}.with.schema"
-        from localllm.grammar.compile import meta_problem
+        from localllm.grammar.compile import fan_out, meta_problem
 
         try:
             # the meta-schema first: the ref check reads $id and $ref as the meta-schema types them
@@ -214,6 +214,9 @@ def _check_schemas(draft: Draft) -> None:
             if invalid is not None:  # before: `check` said ok and the call raised jsonschema's own error
                 where, reason = invalid
                 draft.problems.add(key, f"{gate.schema_path}: not a valid JSON Schema at {where}: {reason}")
+                continue
+            if costly := fan_out(read(gate.schema_path)):  # no answer could be checked in time
+                draft.problems.add(key, f"{gate.schema_path}: at {costly[0]}: {costly[1]}")
                 continue
             issues = ref_problems(gate.schema_path, draft.ctx.base_dir, read)
         except SchemaError as exc:

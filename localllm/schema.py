@@ -573,11 +573,13 @@ class SchemaSet:
             cached = self._validators.get(key)
         if cached is not None:
             return cached
-        from localllm.grammar.compile import meta_problem
+        from localllm.grammar.compile import fan_out, meta_problem
 
         invalid = meta_problem(schema, formats=False)
         if invalid is not None:  # jsonschema would raise its own AttributeError/TypeError mid-validation
             raise SchemaError(f"{base}: not a valid JSON Schema at {invalid[0]}: {invalid[1]}", hint="fix the schema")
+        if costly := fan_out(schema):  # no answer could be checked in time
+            raise SchemaError(f"{base}: at {costly[0]}: {costly[1]}", hint="fix the schema")
         from localllm.grammar.bounded import bounded_validator
 
         cls = bounded_validator(validator_for(schema))  # patterns, uniqueItems, multipleOf bounded
@@ -620,6 +622,7 @@ class SchemaSet:
             ) from exc
         from referencing.exceptions import Unresolvable
 
+        from localllm.grammar.bounded import ValidationTooCostly
         from localllm.grammar.pattern import PatternTooCostly
 
         validator = self.validator(schema, base=base)
@@ -633,6 +636,8 @@ class SchemaSet:
             raise AgentError(ErrorKind.SCHEMA_INVALID, detail) from None
         except PatternTooCostly as exc:  # a huge repeat searched unanchored in a long answer
             raise AgentError(ErrorKind.SCHEMA_INVALID, f"a pattern of the schema cannot be checked: {exc}") from None
+        except ValidationTooCostly as exc:  # subschemas applied again and again (allOf/$ref fan-out)
+            raise AgentError(ErrorKind.SCHEMA_INVALID, f"the answer cannot be checked: {exc}") from None
         except Unresolvable as exc:  # the schema's fault, not the answer's
             where = base or "the schema"
             raise SchemaError(

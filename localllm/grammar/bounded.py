@@ -20,6 +20,15 @@ unchanged (verdicts too, but for ``multipleOf``'s and the regexes', below):
   #679, #1099, #1234), so a price the model wrote right failed validation and escalated; and
   a 400-digit integer raised a bare ``OverflowError``.
 
+And every check of one answer is **metered** (:class:`ValidationTooCostly`): each subschema
+applied to a value (jsonschema's ``iter_errors`` and ``descend``) spends one of
+:data:`CHECK_BASE` + :data:`CHECK_PER_VALUE` × the answer's JSON values. jsonschema applies every
+subschema it meets where it meets it, so 20 ``$defs`` that each ``allOf`` the next one twice
+(1.5 KB) apply 2^20 times to one string: 34 s for one answer, days at 30. The most any
+of JSONSchemaBench's 40,826 test instances (and the JSON-Schema-Test-Suite's) takes is 3,040
+applications, 37.5 a value. ``localllm.grammar.compile.schema_problem`` refuses a schema whose
+subschemas fan out that far in one place before any answer is checked.
+
 And its default registry retrieves nothing (:func:`_no_retrieval`): jsonschema's fetches a
 remote ``$ref`` with urllib; and ``additionalProperties`` reports its errors in the answer's
 order (:func:`in_instance_order`), not in a set's, which changed from process to process.
@@ -33,6 +42,7 @@ from __future__ import annotations
 import functools
 import importlib
 import re
+import threading
 import types
 from collections.abc import Iterator
 from fractions import Fraction
@@ -40,7 +50,16 @@ from typing import Any
 
 from localllm.grammar.pattern import search
 
-__all__ = ["bounded_validator", "in_instance_order", "written"]
+__all__ = ["CHECK_BASE", "CHECK_PER_VALUE", "ValidationTooCostly", "bounded_validator", "in_instance_order", "written"]
+
+#: subschema applications one check of an answer may spend: this many, plus
+#: :data:`CHECK_PER_VALUE` for each JSON value of the answer (~10 µs an application: ~2 s)
+CHECK_BASE, CHECK_PER_VALUE = 200_000, 500
+
+
+class ValidationTooCostly(ValueError):
+    """Checking one answer would apply the schema's subschemas more often than allowed."""
+
 
 # jsonschema's modules whose keyword functions call ``re.search`` (directly or through each other)
 _KEYWORD_MODULES = ("jsonschema._utils", "jsonschema._keywords", "jsonschema._legacy_keywords")
@@ -186,7 +205,8 @@ def bounded_validator(cls: Any) -> Any:
     validator.__name__ = validator.__qualname__ = cls.__name__  # the same draft (callers read its name)
     validator._UNBOUNDED = cls.VALIDATORS
     validator.__init__ = _no_retrieval(validator.__init__)
-    validator.descend = _false_with_path(validator.descend)
+    validator.descend = _metered_descend(validator.descend)
+    validator.iter_errors = _metered(validator.iter_errors)
     return validator
 
 
@@ -206,15 +226,21 @@ def in_instance_order(keyword: Any) -> Any:
     return ordered
 
 
-def _false_with_path(descend: Any) -> Any:
-    """``descend`` whose error for a ``false`` subschema carries the path it was given:
-    jsonschema's returns that error before adding it, so an answer failing
-    ``properties: {b: false}`` at ``b`` was reported at ``$`` (jsonschema 4.26)."""
+def _metered_descend(descend: Any) -> Any:
+    """``descend`` spending one application of the running check (:func:`_metered`), and whose
+    error for a ``false`` subschema carries the path it was given: jsonschema's returns that
+    error before adding it, so an answer failing ``properties: {b: false}`` at ``b`` was
+    reported at ``$`` (jsonschema 4.26)."""
 
     @functools.wraps(descend)
     def wrapper(
         self: Any, instance: Any, schema: Any, *, path: Any = None, schema_path: Any = None, resolver: Any = None
     ) -> Any:
+        left = _METER.left  # spent when the errors are first asked for, inside the check
+        if left is not None:
+            if left <= 0:
+                raise ValidationTooCostly(_TOO_COSTLY)
+            _METER.left = left - 1
         for error in descend(self, instance, schema, path=path, schema_path=schema_path, resolver=resolver):
             if schema is False:
                 if path is not None:
@@ -241,3 +267,65 @@ def _no_retrieval(init: Any) -> Any:
         init(self, *args, registry=registry, **kwargs)
 
     return __init__
+
+
+class _Meter(threading.local):
+    #: the applications the check running on this thread has left; None while none runs
+    left: int | None = None
+
+
+_METER = _Meter()
+_TOO_COSTLY = (
+    "checking the answer applies the schema's subschemas more than the allowed "
+    f"{CHECK_BASE:,} + {CHECK_PER_VALUE} per value times (allOf, anyOf, oneOf and $ref applying "
+    "the same subschemas again multiply the work); share or simplify those subschemas"
+)
+
+
+def _metered(iter_errors: Any) -> Any:
+    """``iter_errors`` spending one application of the check that is running; a call while
+    none runs starts a check, metered by :class:`_Check`."""
+
+    @functools.wraps(iter_errors)
+    def wrapper(self: Any, instance: Any, _schema: Any = None) -> Any:
+        left = _METER.left
+        if left is None:  # the schema itself is the check's first application
+            budget = CHECK_BASE + CHECK_PER_VALUE * _values(instance) - 1
+            return _Check(iter_errors(self, instance, _schema), budget)
+        if left <= 0:
+            raise ValidationTooCostly(_TOO_COSTLY)
+        _METER.left = left - 1
+        return iter_errors(self, instance, _schema)
+
+    return wrapper
+
+
+class _Check:
+    """The errors of one check, its budget on the thread only while it runs: a check left
+    half-read (``next(iter_errors(...))``) never charges the next one."""
+
+    def __init__(self, errors: Iterator[Any], budget: int) -> None:
+        self.errors, self.left = errors, budget
+
+    def __iter__(self) -> _Check:
+        return self
+
+    def __next__(self) -> Any:
+        _METER.left = self.left
+        try:
+            return next(self.errors)
+        finally:
+            self.left, _METER.left = _METER.left, None
+
+
+def _values(instance: Any) -> int:
+    """How many JSON values ``instance`` holds (itself and every member, at every depth)."""
+    count, stack = 0, [instance]
+    while stack:
+        value = stack.pop()
+        count += 1
+        if isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
+    return count

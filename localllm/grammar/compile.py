@@ -40,7 +40,7 @@ from typing import Any
 
 from localllm.grammar import automaton, keywords
 from localllm.grammar.automaton import Branch
-from localllm.grammar.bounded import written
+from localllm.grammar.bounded import CHECK_BASE, written
 from localllm.grammar.formats import SUPERSETS, format_checker
 from localllm.grammar.kept import Kept
 from localllm.grammar.meta import meta_error
@@ -375,9 +375,10 @@ _COMPILED: Kept[CompiledGrammar] = Kept(64, 32 << 20)
 
 
 def schema_problem(schema: Any) -> tuple[str, str] | None:
-    """Why ``schema`` is not a valid JSON Schema for its draft, or has a pattern that cannot be
-    checked in linear time — (JSON path, reason) — or None."""
-    return meta_problem(schema) or _slow_pattern(schema)
+    """Why ``schema`` is not a valid JSON Schema for its draft, has a pattern that cannot be
+    checked in linear time, or subschemas that apply to one value too often to check an answer
+    in time (:func:`fan_out`) — (JSON path, reason) — or None."""
+    return meta_problem(schema) or _slow_pattern(schema) or fan_out(schema)
 
 
 def meta_problem(schema: Any, *, formats: bool = True) -> tuple[str, str] | None:
@@ -441,6 +442,80 @@ def _slow_pattern(schema: Any) -> tuple[str, str] | None:
                     stack.append((sub, child(here, name)))
             else:
                 stack.append((value, here))
+    return None
+
+
+def fan_out(schema: Any) -> tuple[str, str] | None:
+    """The first subschema (as (JSON path, reason)) whose checking of one value may apply
+    subschemas to it more than :data:`~localllm.grammar.bounded.CHECK_BASE` times, or None.
+
+    jsonschema applies every subschema it meets in place (``allOf``, ``anyOf`` and ``oneOf``
+    against a wrong value, ``not``, ``if``/``then``/``else``, ``dependentSchemas``, ``$ref``)
+    each time it meets it: ``$defs`` that each ``allOf`` the next twice double the work at
+    each step. Counted as the metered validator counts (one per subschema applied, a
+    reference's target at each use), every branch taken; a reference outside ``#/…`` counts
+    one, a cycle (which jsonschema never finishes) one. Validation would stop such an answer at
+    its budget (:class:`~localllm.grammar.bounded.ValidationTooCostly`); this says so before
+    any answer is made."""
+    if not isinstance(schema, dict):
+        return None
+    draft = _DRAFTS.get(validator_class(schema).__name__, 2020)
+    legacy = draft <= 7  # a $ref's siblings are ignored
+    root = _local_refs(schema, "id" if draft == 4 else "$id", legacy=legacy)
+
+    def in_place(node: dict[str, Any]) -> Iterator[Any]:
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#"):
+            found = resolve_pointer(root, ref[1:])
+            yield True if found is None else found[0]
+            if legacy:
+                return
+        for key in ("allOf", "anyOf", "oneOf"):
+            if isinstance(node.get(key), list):
+                yield from node[key]
+        yield from (node[key] for key in ("not", "if", "then", "else") if key in node)
+        for key in ("dependentSchemas", "dependencies"):
+            if isinstance(node.get(key), dict):
+                yield from (sub for sub in node[key].values() if not isinstance(sub, list))
+
+    applied: dict[int, int] = {}
+
+    def count(top: dict[str, Any]) -> int:
+        stack: list[tuple[dict[str, Any], bool]] = [(top, False)]
+        open_: set[int] = set()  # on the path from ``top``: a subschema met again is a cycle
+        while stack:
+            node, done = stack.pop()
+            if done:
+                total = 1 + sum(applied.get(id(sub), 1) for sub in in_place(node))
+                applied[id(node)] = min(total, CHECK_BASE + 1)
+                open_.discard(id(node))
+            elif id(node) not in applied and id(node) not in open_:
+                open_.add(id(node))
+                stack.append((node, True))
+                stack.extend((sub, False) for sub in in_place(node) if isinstance(sub, dict))
+        return applied[id(top)]
+
+    stack: list[tuple[Any, str]] = [(root, "$")]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, list):
+            stack.extend((v, child(path, i)) for i, v in reversed(list(enumerate(node))))
+            continue
+        if not isinstance(node, dict):
+            continue
+        if count(node) > CHECK_BASE:
+            return path, (
+                f"its subschemas apply to one value more than {CHECK_BASE:,} times (allOf, anyOf, oneOf and $ref "
+                "applying the same subschemas again multiply each other), so a wrong answer could not be checked "
+                "in time; share the repeated subschemas or simplify them"
+            )
+        children: list[tuple[Any, str]] = []
+        for key, value in node.items():
+            if key in _APPLICATORS:
+                children.append((value, child(path, key)))
+            elif key in _APPLICATOR_MAPS and isinstance(value, dict):
+                children.extend((sub, child(child(path, key), name)) for name, sub in value.items())
+        stack.extend(reversed(children))
     return None
 
 
@@ -862,13 +937,7 @@ class _Compiler:
         if isinstance(root, dict) and "$schema" in root and not isinstance(root["$schema"], str):
             raise _Refuse("$", "$schema", f'"$schema" must be a URI string, got {_q(root["$schema"])}')
         cls = validator_class(root)
-        self.draft = {
-            "Draft3Validator": 3,
-            "Draft4Validator": 4,
-            "Draft6Validator": 6,
-            "Draft7Validator": 7,
-            "Draft201909Validator": 2019,
-        }.get(cls.__name__, 2020)
+        self.draft = _DRAFTS.get(cls.__name__, 2020)
         if self.draft == 3:
             raise _Refuse("$", "$schema", "draft 3 schemas are not compiled (their keywords differ)")
         exc = meta_error(cls, root)
@@ -3942,6 +4011,14 @@ def _canon(value: Any) -> str:
         return repr(value)
 
 
+#: the draft each jsonschema validator class reads (2020 for 2020-12 and anything newer)
+_DRAFTS = {
+    "Draft3Validator": 3,
+    "Draft4Validator": 4,
+    "Draft6Validator": 6,
+    "Draft7Validator": 7,
+    "Draft201909Validator": 2019,
+}
 _POSITIONAL_ITEMS = ("prefixItems", "items", "additionalItems")
 #: keywords rewritten into allOf/anyOf before generation
 _REWRITTEN = ("not", "if", "dependentRequired", "dependentSchemas", "dependencies")

@@ -980,6 +980,7 @@ def _validator(schema: Any) -> Any:
 def _violation(schema: Any, value: Any) -> str | None:
     from referencing.exceptions import Unresolvable
 
+    from localllm.grammar.bounded import ValidationTooCostly
     from localllm.grammar.pattern import PatternTooCostly
 
     try:
@@ -988,6 +989,8 @@ def _violation(schema: Any, value: Any) -> str | None:
         return "$: the answer nests too deeply to validate against this recursive schema"
     except PatternTooCostly as exc:  # a huge repeat searched unanchored in a long answer
         return f"$: a pattern of the schema cannot be checked: {exc}"
+    except ValidationTooCostly as exc:  # subschemas applied again and again (allOf/$ref fan-out)
+        return f"$: the answer cannot be checked: {exc}"
     except Unresolvable as exc:  # refused with the request (unresolvable_ref); never fetched
         return f"$: a $ref of the schema does not resolve: {getattr(exc, 'ref', exc)}"
     if error is None:

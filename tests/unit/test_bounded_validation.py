@@ -15,7 +15,10 @@ import jsonschema
 import pytest
 
 from localllm.errors import AgentError, ErrorKind, SchemaError
-from localllm.grammar.compile import validator_class
+from localllm.grammar import bounded
+from localllm.grammar import compile as compile_module
+from localllm.grammar.bounded import ValidationTooCostly
+from localllm.grammar.compile import fan_out, schema_problem, validator_class
 from localllm.schema import SchemaSet
 from localllm.service.chat import _violation
 from tests.conftest import in_child
@@ -239,3 +242,107 @@ def test_2019_09_unevaluated_properties_counts_what_additional_properties_evalua
             SchemaSet(tmp_path).validate(json.dumps(answer), schema)
         assert info.value.kind is ErrorKind.SCHEMA_INVALID
     assert (_violation(schema, answer) is None) is valid  # the service's validator
+
+
+# -- the check's budget (applications of subschemas) -------------------------------------------
+def _doubling(levels: int, leaf: Any = None) -> dict[str, Any]:
+    """$defs that each allOf the next twice: the leaf applies 2^levels times to one value."""
+    defs: dict[str, Any] = {f"d{i}": {"allOf": [{"$ref": f"#/$defs/d{i + 1}"}] * 2} for i in range(levels)}
+    defs[f"d{levels}"] = {"type": "string"} if leaf is None else leaf
+    return {"$defs": defs, "$ref": "#/$defs/d0"}
+
+
+def _budget(monkeypatch: pytest.MonkeyPatch, base: int, per_value: int = 0) -> None:
+    monkeypatch.setattr(bounded, "CHECK_BASE", base)
+    monkeypatch.setattr(bounded, "CHECK_PER_VALUE", per_value)
+
+
+@pytest.mark.parametrize("instance", ["a", ["a", {"b": 1}]])  # 1 and 4 JSON values
+def test_one_check_spends_its_budget_and_no_more(monkeypatch: pytest.MonkeyPatch, instance: Any) -> None:
+    _budget(monkeypatch, 10, 2)
+    budget = 10 + 2 * bounded._values(instance)
+    for applications in (budget, budget + 1):  # the schema, then each allOf entry
+        schema: dict[str, Any] = {"allOf": [{}] * (applications - 1)}
+        if applications > budget:
+            with pytest.raises(ValidationTooCostly):
+                validator_class(schema)(schema).is_valid(instance)
+        else:
+            assert validator_class(schema)(schema).is_valid(instance)
+
+
+def test_a_check_left_half_read_does_not_charge_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
+    _budget(monkeypatch, 9)
+    schema = {"allOf": [{"type": "integer"}] * 8}  # 9 applications, 8 errors
+    validator = validator_class(schema)(schema)
+    first = validator.iter_errors("a")
+    next(first)
+    assert len(list(validator.iter_errors("b"))) == 8  # its own 9, none spent by the first
+    assert len(list(first)) == 7
+
+
+@pytest.mark.parametrize(
+    ("schema", "instance"),
+    [
+        (_doubling(5), "a"),
+        ({"$defs": {"no": {"not": {}}}, "oneOf": [{"$ref": "#/$defs/no"}] * 3, "allOf": [{"$ref": "#/$defs/no"}]}, 1),
+        ({"anyOf": [{"type": "string"}, {"allOf": [{"minimum": 2}, {"$ref": "#/anyOf/0"}]}], "not": {}}, 1),
+        ({"dependentSchemas": {"a": {"allOf": [{}, {}]}, "b": {"not": {"type": "null"}}}}, {"a": 1, "b": 2}),
+    ],
+)
+def test_the_static_count_is_what_a_failing_check_spends(
+    monkeypatch: pytest.MonkeyPatch, schema: dict[str, Any], instance: Any
+) -> None:
+    """fan_out counts as the meter does: a schema refused up front at N applications is one whose
+    wrong answer the meter stops at N (no if/then/else here: the count takes both branches)."""
+    counted = next(n for n in range(1, 500) if _refused_at(monkeypatch, schema, n) is None)
+    assert _refused_at(monkeypatch, schema, counted - 1) is not None
+    _budget(monkeypatch, counted)
+    list(validator_class(schema)(schema).iter_errors(instance))
+    _budget(monkeypatch, counted - 1)
+    with pytest.raises(ValidationTooCostly):
+        list(validator_class(schema)(schema).iter_errors(instance))
+
+
+def _refused_at(monkeypatch: pytest.MonkeyPatch, schema: dict[str, Any], base: int) -> Any:
+    monkeypatch.setattr(compile_module, "CHECK_BASE", base)
+    return fan_out(schema)
+
+
+def test_subschemas_applied_again_and_again_are_refused_before_any_answer(tmp_path: Path) -> None:
+    schema = _doubling(24)  # 1.7 KB; 2^26 applications: minutes for one answer
+    assert schema_problem(schema) == ("$", fan_out(schema)[1])  # type: ignore[index]
+    nested = {"type": "object", "properties": {"x": {"type": "array", "items": {"$ref": "#/$defs/d0"}}}}
+    assert fan_out({**nested, "$defs": schema["$defs"]}) is not None
+    with pytest.raises(SchemaError):
+        SchemaSet(tmp_path).validate('"a"', schema)
+    # 4 × 2^levels - 2 applications: 131,070 pass, 262,142 do not
+    assert fan_out(_doubling(15)) is None and fan_out(_doubling(16)) is not None
+
+
+def test_subschemas_a_deep_answer_applies_again_and_again_stop_at_the_budget() -> None:
+    """Each level of the answer doubles the work (two allOf entries reach the same property):
+    no count of the schema alone sees it; the meter stops it (2^25 applications unmetered)."""
+    verdicts = in_child(
+        """
+        import json
+        from localllm.grammar.bounded import ValidationTooCostly
+        from localllm.grammar.compile import fan_out, validator_class
+        from localllm.service.chat import _violation
+        both = {"allOf": [{"properties": {"a": {"$ref": "#"}}}] * 2}
+        schema = {"anyOf": [{"type": "integer"}, both]}
+        deep = 1
+        for _ in range(24):
+            deep = {"a": deep}
+        try:
+            validator_class(schema)(schema).is_valid(deep)
+            stopped = False
+        except ValidationTooCostly:
+            stopped = True
+        shallow = validator_class(schema)(schema).is_valid({"a": {"a": 1}})
+        print(json.dumps([fan_out(schema), stopped, _violation(schema, deep), shallow]))
+        """,
+        timeout=60,
+    )
+    static, stopped, violation, shallow = verdicts
+    assert static is None and stopped and shallow
+    assert violation.startswith("$: the answer cannot be checked")

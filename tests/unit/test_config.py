@@ -302,6 +302,17 @@ def test_schema_ref_outside_and_absolute(tmp_path: Path) -> None:
     assert "$.properties.c: $ref 'common.json#/$defs/x' does not resolve" in found[2]
 
 
+def test_a_gate_schema_no_answer_could_be_checked_against_in_time(tmp_path: Path) -> None:
+    # 16 $defs that each allOf the next twice: 262,142 applications to check one wrong answer
+    defs = {f"d{i}": {"allOf": [{"$ref": f"#/$defs/d{i + 1}"}] * 2} for i in range(16)}
+    (tmp_path / "fan.json").write_text(json.dumps({"$defs": {**defs, "d16": {}}, "$ref": "#/$defs/d0"}))
+    text = gate_config(
+        tmp_path, "  g:\n    invoke: host.agent.ask\n    agent: agent.i\n    with: {prompt: hi, schema: fan.json}\n"
+    )
+    assert keys(tmp_path, text) == ["gates.g.with.schema"]
+    assert f"{tmp_path / 'fan.json'}: at $:" in problems(tmp_path, text)[0]
+
+
 def test_invalid_schema_json(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{nope")
     text = gate_config(
