@@ -461,7 +461,10 @@ def fan_out(schema: Any) -> tuple[str, str] | None:
         return None
     draft = _DRAFTS.get(validator_class(schema).__name__, 2020)
     legacy = draft <= 7  # a $ref's siblings are ignored
-    root = _local_refs(schema, "id" if draft == 4 else "$id", legacy=legacy)
+    try:
+        root = _local_refs(schema, "id" if draft == 4 else "$id", legacy=legacy)
+    except ValueError:  # an $id or $ref that is no URI (the checks that read them name it)
+        root = schema
 
     def in_place(node: dict[str, Any]) -> Iterator[Any]:
         ref = node.get("$ref")

@@ -346,3 +346,29 @@ def test_subschemas_a_deep_answer_applies_again_and_again_stop_at_the_budget() -
     static, stopped, violation, shallow = verdicts
     assert static is None and stopped and shallow
     assert violation.startswith("$: the answer cannot be checked")
+
+
+def test_a_subschema_naming_another_draft_is_bounded_too() -> None:
+    """jsonschema validates a subschema with the class its own ``$schema`` names: the plain
+    Draft7Validator, whose re.search backtracks (1.5 s at 24 characters, doubling with each)."""
+    verdicts = in_child(
+        """
+        import json
+        from localllm.grammar.compile import validator_class
+        from localllm.service.chat import _violation
+        draft7 = {"$schema": "http://json-schema.org/draft-07/schema#"}
+        schema = {"type": "object", "properties": {"x": {**draft7, "type": "string", "pattern": "^(a+)+$"}}}
+        validator = validator_class(schema)(schema)
+        nested = validator.evolve(schema=schema["properties"]["x"])
+        print(json.dumps([
+            type(nested).__name__,
+            hasattr(type(nested), "_UNBOUNDED"),
+            validator.is_valid({"x": "a" * 40 + "!"}),
+            validator.is_valid({"x": "a" * 40}),
+            _violation(schema, {"x": "a" * 40 + "!"}),
+        ]))
+        """,
+        timeout=30,
+    )
+    assert verdicts[:4] == ["Draft7Validator", True, False, True]
+    assert verdicts[4].startswith("$.x: ")
