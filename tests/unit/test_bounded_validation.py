@@ -430,3 +430,14 @@ def test_an_answer_missing_many_required_names_is_reported_in_bounded_time() -> 
     assert verdicts[0][1].startswith("$[0]: required constraint failed: 'p0' is a required property")
     assert verdicts[0][1].endswith("(and at least 100 more)")
     assert verdicts[1][1].startswith("the answer cannot be checked")
+
+
+def test_each_name_searched_with_each_pattern_is_a_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """5,000 patternProperties and an answer of 1,000 names: 5 M searches, 86 s before."""
+    schema: dict[str, Any] = {"patternProperties": {"^a": {}, "^b": {}, "^c": {}}}
+    instance = {"a1": 1, "b1": 2}  # the schema, 3 patterns × 2 names, a subschema for each name
+    _budget(monkeypatch, 9)
+    assert validator_class(schema)(schema).is_valid(instance)
+    _budget(monkeypatch, 8)
+    with pytest.raises(ValidationTooCostly):
+        validator_class(schema)(schema).is_valid(instance)
