@@ -62,6 +62,7 @@ __all__ = [
     "ECMA_LINE_TERMINATORS",
     "ECMA_SPACE",
     "ECMA_WORD",
+    "MAX_PROPERTY_RANGES",
     "MAX_STATES",
     "WORK_BASE",
     "WORK_PER_CHAR",
@@ -76,6 +77,10 @@ __all__ = [
 ]
 
 MAX_STATES = 20_000  # NFA states a pattern may expand to (each counted repeat is unrolled)
+#: ranges of code points a pattern's ``\p{…}``/``\P{…}`` classes may hold in all: each is
+#: written out for ``re`` to parse (``\p{L}`` is 648 ranges, 9,400 characters), so 3,000 of
+#: them (an 18 KB answer to ``format: regex``) took 37 s to check, 1,000 in a schema's pattern 9 s
+MAX_PROPERTY_RANGES = 20_000
 _CACHE_LIMIT = 500_000  # NFA states held in one pattern's lazy-DFA cache before it is flushed
 #: NFA steps one search may take (a cached step costs one): a base plus a share per character. A
 #: 20,000-state repeat searched without an anchor costs its size per character until the
@@ -383,6 +388,18 @@ def _escape_at(pattern: str, i: int) -> tuple[str, int, tuple[tuple[int, int], .
 
 #: what :func:`python_pattern` rewrites starts with one of these; a pattern without any is kept
 _ECMA_ONLY = ("\\c", "\\p", "\\P", "\\k<", "(?<", "[]", "[^]")
+#: a property escape (``\p{L}``, ``\P{Lu}``: group 1 the letter, 2 the name), or an escaped
+#: backslash (no group 1), read first so ``\\p{L}`` is no property
+_PROPERTY_ESCAPE = re.compile(r"\\\\|\\([pP])\{([^}]*)\}")
+
+
+def _ranges_held(name: str) -> int:
+    """How many ranges ``\\p{name}`` is written out as; 0 for a name that is no property (its
+    escape is reported where it is read)."""
+    try:
+        return len(property_ranges(name))
+    except re.error:
+        return 0
 
 
 @functools.lru_cache(maxsize=512)
@@ -397,6 +414,12 @@ def python_pattern(pattern: str) -> str:
     ECMA-262 too)."""
     if not any(syntax in pattern for syntax in _ECMA_ONLY):
         return pattern
+    held = sum(_ranges_held(m[2]) for m in _PROPERTY_ESCAPE.finditer(pattern) if m[1])
+    if held > MAX_PROPERTY_RANGES:
+        raise re.error(
+            f"its \\p{{…}} classes hold {held:,} ranges of code points, more than {MAX_PROPERTY_RANGES:,} "
+            "(each is written out in full): name each class once, e.g. [\\p{L}\\p{N}]+"
+        )
     out: list[str] = []
     i, n = 0, len(pattern)
     while i < n:
