@@ -25,7 +25,7 @@ unchanged but a long ``enum``'s (verdicts too, but for ``multipleOf``'s and the 
   a 400-digit integer raised a bare ``OverflowError``.
 
 And every check of one answer is **metered** (:class:`ValidationTooCostly`): each subschema
-applied to a value (jsonschema's ``iter_errors`` and ``descend``) spends one of
+applied to a value (jsonschema's ``iter_errors`` and ``descend``) is a step, one of
 :data:`CHECK_BASE` + :data:`CHECK_PER_VALUE` × the answer's JSON values. jsonschema applies every
 subschema it meets where it meets it, so 20 ``$defs`` that each ``allOf`` the next one twice
 (1.5 KB) apply 2^20 times to one string: 34 s for one answer, days at 30. The most any
@@ -73,7 +73,9 @@ CHECK_BASE, CHECK_PER_VALUE = 200_000, 100
 
 
 class ValidationTooCostly(ValueError):
-    """Checking one answer would apply the schema's subschemas more often than allowed."""
+    """Checking one answer would take more steps than :data:`CHECK_BASE` and
+    :data:`CHECK_PER_VALUE` allow (a step: a subschema applied, a missing required name's
+    error, a name searched with a ``patternProperties`` pattern)."""
 
 
 # jsonschema's modules whose keyword functions call ``re.search`` (directly or through each other)
@@ -292,7 +294,7 @@ def _bounded_evolve(evolve: Any, module: types.ModuleType) -> Any:
     """``evolve`` whose validator for a subschema is bounded too. jsonschema picks its class by
     the subschema's own ``$schema``: a nested ``"$schema": "…draft-07…"`` got the plain
     Draft7Validator, whose ``re.search`` took 1.5 s for ``^(a+)+$`` on 24 characters and a
-    near-miss, doubling with each one more (and no meter, no asserted formats' bounds).
+    near-miss, doubling with each one more (and no meter).
     ``module`` is ``jsonschema.validators``, whose namespace the copy runs in."""
 
     def validator_for(schema: Any, default: Any) -> Any:
@@ -304,7 +306,7 @@ def _bounded_evolve(evolve: Any, module: types.ModuleType) -> Any:
 
 
 def _metered_descend(descend: Any) -> Any:
-    """``descend`` spending one application of the running check (:func:`_metered`), and whose
+    """``descend`` spending one step of the running check (:func:`_metered`), and whose
     error for a ``false`` subschema carries the path it was given: jsonschema's returns that
     error before adding it, so an answer failing ``properties: {b: false}`` at ``b`` was
     reported at ``$`` (jsonschema 4.26)."""
@@ -343,7 +345,7 @@ def _no_retrieval(init: Any) -> Any:
 
 
 class _Meter(threading.local):
-    #: the applications the check running on this thread has left; None while none runs
+    #: the steps the check running on this thread has left; None while none runs
     left: int | None = None
 
 
@@ -390,8 +392,8 @@ def _charged_searches(keyword: Any) -> Any:
 
 
 def _metered(iter_errors: Any) -> Any:
-    """``iter_errors`` spending one application of the check that is running; a call while
-    none runs starts a check, metered by :class:`_Check`."""
+    """``iter_errors`` spending one step of the check that is running; a call while none runs
+    starts a check, metered by :class:`_Check`."""
 
     @functools.wraps(iter_errors)
     def wrapper(self: Any, instance: Any, _schema: Any = None) -> Any:
