@@ -28,6 +28,7 @@ refused, never raised. Narrowings beyond the documented defaults are listed in
 
 from __future__ import annotations
 
+import bisect
 import functools
 import itertools
 import json
@@ -2351,9 +2352,9 @@ class _Compiler:
                 key = {"allOf": [string, names_schema]}
             pairs.append((key, extra, child(path, "additionalProperties")))
         else:
-            for pat, pschema in patterns.items():
-                values = [pschema]
-                values += [o for other, o in patterns.items() if other != pat and not _disjoint_patterns(pat, other)]
+            schemas = list(patterns.values())
+            for (pat, pschema), others in zip(patterns.items(), _overlapping(list(patterns)), strict=True):
+                values = [pschema, *(schemas[j] for j in others)]
                 try:
                     values += [sub for name, sub, _ in declared if search(pat, name, fallback=True)]
                 except (re.error, PatternTooCostly):
@@ -4264,13 +4265,29 @@ def _literal_prefix(pattern: str) -> str | None:
     return "".join(out)
 
 
-def _disjoint_patterns(a: str, b: str) -> bool:
-    """True when no string matches both patterns (anchored, literal prefixes that diverge)."""
-    pa, pb = _literal_prefix(a), _literal_prefix(b)
-    if pa is None or pb is None:
-        return False
-    n = min(len(pa), len(pb))
-    return pa[:n] != pb[:n]
+def _overlapping(patterns: list[str]) -> list[list[int]]:
+    """For each pattern, the indices (in order) of the others a string may match along with it:
+    all but those whose literal prefixes (:func:`_literal_prefix`, both anchored) diverge. By
+    prefix, not pair by pair: 2,000 ``patternProperties`` took 9 s pairwise (a 60 KB schema)."""
+    prefixes = [_literal_prefix(p) for p in patterns]
+    unanchored = [i for i, p in enumerate(prefixes) if p is None]
+    by_prefix: dict[str, list[int]] = {}
+    for i, p in enumerate(prefixes):
+        if p is not None:
+            by_prefix.setdefault(p, []).append(i)
+    ordered = sorted(by_prefix)
+    out = []
+    for i, p in enumerate(prefixes):
+        if p is None:
+            out.append([j for j in range(len(patterns)) if j != i])
+            continue
+        found = [*unanchored, *(j for k in range(len(p) + 1) for j in by_prefix.get(p[:k], ()))]  # p's prefixes
+        at = bisect.bisect_right(ordered, p)  # then the prefixes p is a prefix of
+        while at < len(ordered) and ordered[at].startswith(p):
+            found += by_prefix[ordered[at]]
+            at += 1
+        out.append(sorted(set(found) - {i}))
+    return out
 
 
 def _switch(node: dict[str, Any], comps: list[Any], objects_only: Callable[[Any], bool]) -> list[Any]:

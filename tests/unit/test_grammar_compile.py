@@ -595,3 +595,40 @@ def test_literals_holding_the_separators_placeholder_names_are_kept(space: bool)
         assert g.matches(json.dumps({"mode": mode, "COLON": "COMMAS"}, separators=(",", ":"))), mode
     assert not g.matches('{"mode":"COMMAN","COLON":"COMMAS"}')
     assert invalid_walks(schema, compiled, 100) == []
+
+
+def test_overlapping_pattern_properties_are_those_whose_prefixes_do_not_diverge() -> None:
+    """The patterns a name may match along with each one, read by prefix: the same as pair by
+    pair (two anchored patterns whose literal prefixes diverge match no name together)."""
+    rng = random.Random(3)
+    parts = ["^", "^a", "^ab", "^b", "a", "^a|b", "^a*", "^ab?", "^[a]", "^abc$", "^a\\.", ""]
+
+    def pairwise(patterns: list[str]) -> list[list[int]]:
+        prefixes = [compile_module._literal_prefix(p) for p in patterns]
+
+        def overlap(a: str | None, b: str | None) -> bool:
+            return a is None or b is None or a[: len(b)] == b[: len(a)]
+
+        return [[j for j, q in enumerate(prefixes) if j != i and overlap(p, q)] for i, p in enumerate(prefixes)]
+
+    for _ in range(500):
+        patterns = list(dict.fromkeys(rng.choice(parts) + rng.choice(["", "x", "xy", "b"]) for _ in range(8)))
+        assert compile_module._overlapping(patterns) == pairwise(patterns), patterns
+
+
+def test_thousands_of_pattern_properties_compile_in_seconds() -> None:
+    """Each pattern was compared with each other (and its prefix read again each time): 3,000
+    took 11.6 s, 6,000 (190 KB, within a request's 256 KiB) ~50 s holding the GIL."""
+    grammar = in_child(
+        """
+        import json
+        from localllm.grammar.compile import compile_schema
+        patterns = {f"^k{i}$": {"type": "integer"} for i in range(6_000)}
+        compiled = compile_schema({"type": "object", "patternProperties": patterns, "additionalProperties": False})
+        print(json.dumps(compiled.grammar))
+        """,
+        timeout=30,
+    )
+    assert grammar is not None
+    parsed = Grammar.parse(grammar)
+    assert parsed.matches('{"k5999":1,"k1":2}') and not parsed.matches('{"k6000":1}')
