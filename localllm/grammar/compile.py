@@ -67,6 +67,9 @@ MAX_PARTIAL_NEGATIONS = 10_000
 #: larger maximum is lowered to this (sound: fewer answers), a larger minimum refused
 MAX_REPEAT = 1_000
 MAX_BRANCHES = 64
+#: patterns one string's schemas may join (each join is parsed whole, so n patterns parse in
+#: n² time: 128 take ~1.5 s, 400 took 17 s from a 7 KB schema)
+MAX_JOINED_PATTERNS = 128
 #: alternatives of multiplied-out allOf of anyOf one schema may generate on trial, to drop those
 #: that admit no value
 MAX_TRIALS = 1024
@@ -1640,6 +1643,8 @@ class _Compiler:
                 groups.append((key, alts))
         branches: list[Any] = [rest] if any(_asserts(rest, k) for k in rest) else [{}]
         for key, given in groups:
+            if len(branches) * len(given) > MAX_BRANCHES:  # before oneOf's pairwise proofs: 1,000 took 17 s
+                raise _Refuse(path, key, f"more than {MAX_BRANCHES} alternatives after distributing siblings")
             alts = self.exclusive(given, rest, path, depth) if key == "oneOf" else given
             combined = []
             for b in branches:
@@ -2085,6 +2090,9 @@ class _Compiler:
         the validator wherever the merged schema is checked — remembered with the patterns
         it joins, whose automata :meth:`product` intersects for the grammar."""
         parts = tuple(dict.fromkeys([*self.intersected.get(a, (a,)), *self.intersected.get(b, (b,))]))
+        if len(parts) > MAX_JOINED_PATTERNS:
+            why = f"allOf components give more than {MAX_JOINED_PATTERNS} patterns for one string"
+            raise _Refuse(path, "pattern", why)
         joined = "\\A" + "".join(f"(?=[\\s\\S]*?(?:{p}))" for p in parts)
         for regex in (*parts, joined):
             try:

@@ -632,3 +632,29 @@ def test_thousands_of_pattern_properties_compile_in_seconds() -> None:
     assert grammar is not None
     parsed = Grammar.parse(grammar)
     assert parsed.matches('{"k5999":1,"k1":2}') and not parsed.matches('{"k6000":1}')
+
+
+def test_schemas_past_the_branch_and_pattern_caps_are_refused_before_the_costly_work() -> None:
+    """A oneOf past 64 alternatives was refused only after proving each pair of its branches
+    disjoint (1,000 consts, 18 KB: 17 s); a string's joined patterns were parsed whole at each
+    join (400 under not/anyOf, 7 KB: 17 s)."""
+    refused = in_child(
+        """
+        import json
+        from localllm.grammar.compile import compile_schema
+        schemas = [
+            {"oneOf": [{"const": f"c{i}"} for i in range(2_000)]},
+            {"type": "string", "not": {"anyOf": [{"pattern": f"^x{i}"} for i in range(600)]}},
+        ]
+        out = []
+        for schema in schemas:
+            compiled = compile_schema(schema)
+            out.append([compiled.grammar, [(r.path, r.construct) for r in compiled.refusals]])
+        print(json.dumps(out))
+        """,
+        timeout=20,
+    )
+    assert refused == [[None, [["$", "oneOf"]]], [None, [["$", "pattern"]]]]
+    joined = compile_schema({"type": "string", "not": {"anyOf": [{"pattern": f"^x{i}"} for i in range(20)]}})
+    assert joined.grammar is not None
+    assert Grammar.parse(joined.grammar).matches('"y0"') and not Grammar.parse(joined.grammar).matches('"x19z"')
