@@ -425,6 +425,21 @@ def _slow_pattern(schema: Any) -> tuple[str, str] | None:
             "(a near-miss answer could stall validation); rewrite it without that"
         )
 
+    for node, path in _subschemas(schema):
+        for key, value in node.items():
+            if key == "pattern" and isinstance(value, str) and (reason := why(value)):
+                return child(path, key), reason
+            if key == "patternProperties" and isinstance(value, dict):
+                for name in value:
+                    if reason := why(name):
+                        return child(child(path, key), name), reason
+    return None
+
+
+def _subschemas(schema: Any) -> Iterator[tuple[dict[str, Any], str]]:
+    """Every object of ``schema`` that may be a subschema, with its JSON path, in document
+    order: the values of every keyword but those holding data (``const``, ``enum``, …), a
+    map's (``properties``, ``$defs``, …) by name, so a property called ``enum`` is one."""
     stack: list[tuple[Any, str]] = [(schema, "$")]
     while stack:
         node, path = stack.pop()
@@ -433,20 +448,16 @@ def _slow_pattern(schema: Any) -> tuple[str, str] | None:
             continue
         if not isinstance(node, dict):
             continue
+        yield node, path
+        children: list[tuple[Any, str]] = []
         for key, value in node.items():
-            here = child(path, key)
             if key in DATA_KEYWORDS:
                 continue
-            if key == "pattern" and isinstance(value, str) and (reason := why(value)):
-                return here, reason
             if key in _SCHEMA_MAPS and isinstance(value, dict):
-                for name, sub in value.items():
-                    if key == "patternProperties" and (reason := why(name)):
-                        return child(here, name), reason
-                    stack.append((sub, child(here, name)))
+                children.extend((sub, child(child(path, key), name)) for name, sub in value.items())
             else:
-                stack.append((value, here))
-    return None
+                children.append((value, child(path, key)))
+        stack.extend(reversed(children))
 
 
 def fan_out(schema: Any) -> tuple[str, str] | None:
@@ -502,27 +513,13 @@ def fan_out(schema: Any) -> tuple[str, str] | None:
                 stack.extend((sub, False) for sub in in_place(node) if isinstance(sub, dict))
         return applied[id(top)]
 
-    stack: list[tuple[Any, str]] = [(root, "$")]
-    while stack:
-        node, path = stack.pop()
-        if isinstance(node, list):
-            stack.extend((v, child(path, i)) for i, v in reversed(list(enumerate(node))))
-            continue
-        if not isinstance(node, dict):
-            continue
+    for node, path in _subschemas(root):
         if count(node) > CHECK_BASE:
             return path, (
                 f"its subschemas apply to one value more than {CHECK_BASE:,} times (allOf, anyOf, oneOf and $ref "
                 "applying the same subschemas again multiply each other), so a wrong answer could not be checked "
                 "in time; share the repeated subschemas or simplify them"
             )
-        children: list[tuple[Any, str]] = []
-        for key, value in node.items():
-            if key in _APPLICATORS:
-                children.append((value, child(path, key)))
-            elif key in _APPLICATOR_MAPS and isinstance(value, dict):
-                children.extend((sub, child(child(path, key), name)) for name, sub in value.items())
-        stack.extend(reversed(children))
     return None
 
 
