@@ -51,8 +51,10 @@ from localllm.grammar.pattern import (
     ECMA_LINE_TERMINATORS,
     ECMA_SPACE,
     ECMA_WORD,
+    MAX_SCHEMA_STATES,
     MAX_STATES,
     PatternTooCostly,
+    expanded_states,
     python_pattern,
     search,
     unsupported_reason,
@@ -414,11 +416,24 @@ _SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "dependentSchema
 def _slow_pattern(schema: Any) -> tuple[str, str] | None:
     """The first ``pattern`` (or ``patternProperties`` name) with no linear-time match, as
     (JSON path, reason): validation would fall back to ``re``, which can backtrack for
-    minutes on one near-miss answer (see :mod:`localllm.grammar.pattern`)."""
+    minutes on one near-miss answer (see :mod:`localllm.grammar.pattern`); or the first past
+    which the schema's patterns expand to more than :data:`MAX_SCHEMA_STATES` NFA states."""
+    counted: set[str] = set()
+    total = 0
 
     def why(pattern: str) -> str | None:
+        nonlocal total
         reason = unsupported_reason(pattern)
         if reason is None:
+            if pattern not in counted:
+                counted.add(pattern)
+                total += expanded_states(pattern)
+                if total > MAX_SCHEMA_STATES:
+                    return (
+                        f"the schema's patterns expand to more than {MAX_SCHEMA_STATES:,} NFA states in all "
+                        "(each counted repeat is written out, and each pattern is built before any answer is "
+                        "checked); write fewer counted repeats, or smaller ones"
+                    )
             return None
         return (
             f"the pattern {_q(pattern)} cannot be checked in time linear in the answer: {reason} "

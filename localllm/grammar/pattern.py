@@ -33,6 +33,10 @@ and patterns whose counted repeats expand past :data:`MAX_STATES` raise
 them up front (``localllm.grammar.compile.schema_problem``); with ``fallback``,
 :func:`ecma_regex` (``re`` on the same ECMA reading) decides them. A variable-width lookbehind
 (ES2018), which ``re`` cannot compile, runs its body backwards over the reversed text.
+Building an NFA costs ~2.5 µs a state, so a schema's distinct patterns may expand to
+:data:`MAX_SCHEMA_STATES` in all (``schema_problem`` again), and what is built (or why
+nothing could be) is kept by its states (:data:`_BUILT`): a schema's patterns stay built while
+its answers are checked.
 
 :func:`search_group` gives ``re.search(pattern, text).group(n)`` in linear time too (a Pike
 VM: the NFA's threads in ``re``'s order of preference, each carrying the group's bounds).
@@ -50,6 +54,8 @@ import unicodedata
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from localllm.grammar.kept import Kept
+
 if TYPE_CHECKING:  # typeshed types re's parser and compiler only under their old names
     import sre_compile as _compiler
     import sre_constants as _constants
@@ -63,6 +69,7 @@ __all__ = [
     "ECMA_SPACE",
     "ECMA_WORD",
     "MAX_PROPERTY_RANGES",
+    "MAX_SCHEMA_STATES",
     "MAX_STATES",
     "WORK_BASE",
     "WORK_PER_CHAR",
@@ -70,6 +77,7 @@ __all__ = [
     "PatternUnsupported",
     "check",
     "ecma_regex",
+    "expanded_states",
     "python_pattern",
     "search",
     "search_group",
@@ -77,6 +85,10 @@ __all__ = [
 ]
 
 MAX_STATES = 20_000  # NFA states a pattern may expand to (each counted repeat is unrolled)
+#: NFA states the distinct patterns of one schema may expand to in all (~2.5 µs a state to
+#: build; ``localllm.grammar.compile.schema_problem`` refuses more): 200 patterns ``a{19990}…``
+#: (10 KB) took 12 s to check; JSONSchemaBench's most is 16,162 (aerleon's definitions)
+MAX_SCHEMA_STATES = 100_000
 #: ranges of code points a pattern's ``\p{…}``/``\P{…}`` classes may hold in all: each is
 #: written out for ``re`` to parse (``\p{L}`` is 648 ranges, 9,400 characters), so 3,000 of
 #: them (an 18 KB answer to ``format: regex``) took 37 s to check, 1,000 in a schema's pattern 9 s
@@ -150,6 +162,10 @@ class _Builder:
         self.chars = chars  # one compiled matcher per distinct item and flags (repeats unroll copies)
         self.capture = capture  # the group whose bounds _SAVE states record, if any
         self.saved = False
+        # each item's key in ``chars`` by the item's id: a repeat unrolls the same item again
+        # and again, and the repr of a \p{L} class (648 ranges) took 0.15 ms each time: 13 s for
+        # ``\p{L}{20001}`` (the tree, and so every id, lives as long as the build)
+        self.keys: dict[tuple[Any, int, int], tuple[Any, str, int]] = {}
 
     def sequence(self, items: Any, flags: int, follow: int) -> int:
         for op, av in list(items) if self.backwards else reversed(list(items)):
@@ -159,7 +175,9 @@ class _Builder:
     def item(self, op: Any, av: Any, flags: int, follow: int) -> int:
         nfa = self.nfa
         if op in _CHAR_OPS:
-            key = (op, repr(av), flags)
+            key = self.keys.get((op, id(av), flags))
+            if key is None:
+                key = self.keys[op, id(av), flags] = (op, repr(av), flags)
             if key not in self.chars:
                 self.chars[key] = _one_char(op, av, flags)
             return nfa.add(_CHAR, [follow], self.chars[key])
@@ -568,6 +586,7 @@ class _Matcher:
     def __init__(self, nfa: _Nfa, *, cacheable: bool) -> None:
         self.nfa = nfa
         self.cacheable = cacheable
+        self.states = len(nfa.kind)  # with its lookarounds' (set by _built)
         self.asserts = sorted({t for k, t in zip(nfa.kind, nfa.test, strict=True) if k == _AT}, key=repr)
         # with only start/end anchors, every position but the first and the last two has one context
         self.middle = (
@@ -752,13 +771,44 @@ def _spend(work: list[int], steps: int, text: str) -> None:
         )
 
 
-@functools.lru_cache(maxsize=512)
-def _compiled(pattern: str) -> _Matcher:
+def _compiled(pattern: str, capture: int | None = None) -> _Matcher:
+    built = _built(pattern, capture)
+    if isinstance(built, str):
+        raise PatternUnsupported(built)
+    return built
+
+
+def _built(pattern: str, capture: int | None) -> _Matcher | str:
+    """The matcher of ``pattern`` (recording group ``capture``'s bounds), or why it has none:
+    kept too, as finding out may take a whole :data:`MAX_STATES` build (a pattern a config's
+    schema holds is searched with ``fallback`` again for every value it checks)."""
+    return _BUILT.get((pattern, capture), lambda: _build_matcher(pattern, capture), _weight)
+
+
+def _weight(built: _Matcher | str) -> int:
+    return 1 + (0 if isinstance(built, str) else built.states)
+
+
+#: :func:`_built`'s latest results, weighed in NFA states: all the patterns of four schemas at
+#: once (a schema's are at most :data:`MAX_SCHEMA_STATES`), so checking answers that visit
+#: more patterns than it once held no longer builds each again at every value (600 patterns
+#: of 150 states, kept by the 512 latest, took 15 s for a 385 KB answer)
+_BUILT: Kept[_Matcher | str] = Kept(8192, 4 * MAX_SCHEMA_STATES)
+
+
+def _build_matcher(pattern: str, capture: int | None) -> _Matcher | str:
     tree = _parser.parse(python_pattern(pattern), 0)  # re.error for what re cannot parse, as re.search raises
+    if capture is not None and not 0 < capture < tree.state.groups:
+        raise IndexError("no such group")
+    budget = [MAX_STATES]
     try:
-        return _build(tree, tree.state.flags, [MAX_STATES], {})
+        matcher = _build(tree, tree.state.flags, budget, {}, capture)
+    except PatternUnsupported as exc:
+        return str(exc)
     except RecursionError:
-        raise PatternUnsupported("it nests groups too deeply") from None
+        return "it nests groups too deeply"
+    matcher.states = MAX_STATES - budget[0]
+    return matcher
 
 
 # \b and \B over ECMA-262's (ASCII) word characters, whatever the flags
@@ -812,10 +862,11 @@ def check(pattern: str) -> None:
     """Raise ``re.error`` (naming why) when :func:`search` cannot read ``pattern`` even with
     ``fallback``: what ``re`` cannot parse, or a construct with no linear-time match that
     ``re`` cannot compile either (a lookaround inside a variable-width lookbehind)."""
-    try:
-        _compiled(pattern)
-    except PatternUnsupported:
+    try:  # re's compiler first: it writes no repeat out (the NFA of ``a{19999}`` is 50 ms)
         ecma_regex(pattern)
+    except re.error:
+        if isinstance(_built(pattern, None), str):  # nor has it a linear-time match: re's reason
+            raise
 
 
 def search(pattern: str, text: str, *, fallback: bool = False) -> bool:
@@ -834,17 +885,6 @@ def search(pattern: str, text: str, *, fallback: bool = False) -> bool:
         return ecma_regex(pattern).search(text) is not None
 
 
-@functools.lru_cache(maxsize=64)
-def _capturing(pattern: str, number: int) -> _Matcher:
-    tree = _parser.parse(python_pattern(pattern), 0)
-    if not 0 < number < tree.state.groups:
-        raise IndexError("no such group")
-    try:
-        return _build(tree, tree.state.flags, [MAX_STATES], {}, capture=number)
-    except RecursionError:
-        raise PatternUnsupported("it nests groups too deeply") from None
-
-
 def search_group(pattern: str, text: str, number: int = 1, *, fallback: bool = False) -> str | None:
     """``re.search(pattern, text)``'s ``group(number)`` (None when nothing matches or the group
     takes no part in the match), in O(len(text) × pattern size) time: the leftmost match,
@@ -855,7 +895,7 @@ def search_group(pattern: str, text: str, number: int = 1, *, fallback: bool = F
     With ``fallback``, ``re`` extracts what has no linear answer, but only from a text
     :func:`search` found to match: never the near miss where backtracking explodes."""
     try:
-        matcher = _capturing(pattern, number)
+        matcher = _compiled(pattern, number)
     except PatternUnsupported:
         if not fallback:
             raise
@@ -877,3 +917,14 @@ def unsupported_reason(pattern: str) -> str | None:
     except (re.error, RecursionError, OverflowError):
         return None
     return None
+
+
+def expanded_states(pattern: str) -> int:
+    """How many NFA states :func:`search` builds for ``pattern`` (each counted repeat written
+    out, its lookarounds' included), up to :data:`MAX_STATES`; 0 when it builds none (see
+    :func:`unsupported_reason`)."""
+    try:
+        built = _built(pattern, None)
+    except (re.error, RecursionError, OverflowError):
+        return 0
+    return 0 if isinstance(built, str) else built.states

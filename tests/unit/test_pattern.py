@@ -657,3 +657,108 @@ def test_property_classes_past_their_written_size_are_an_error_at_once() -> None
         timeout=20,
     )
     assert verdicts == [False, True]
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch, name: str) -> list[str]:
+    """Record each call of ``localllm.grammar.pattern``'s ``name`` (its first argument's type)."""
+    import builtins
+
+    from localllm.grammar import pattern
+
+    calls: list[str] = []
+    real = getattr(pattern, name, None) or getattr(builtins, name)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(type(args[0]).__name__)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pattern, name, counted, raising=False)
+    return calls
+
+
+def test_a_repeated_class_is_spelled_once_however_often_its_repeat_is_written_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The matchers are shared by each item's ``repr``: a ``\\p{L}`` class (648 ranges) was
+    spelled again for each of a repeat's copies, 13 s for ``\\p{L}{20001}`` (46 bytes) and 43 s
+    for two ``[\\p{L}\\p{N}\\p{M}]{19990}`` in one schema."""
+    spelled = _counting(monkeypatch, "repr")
+    assert search("^\\p{L}{500}[\\p{L}\\p{N}]{0,300}$", "é" * 700)
+    assert spelled.count("list") == 2  # each class once, not once per copy
+
+
+def test_a_pattern_without_a_linear_match_is_built_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Why a pattern has no NFA is kept like the NFA itself: finding out takes a whole
+    ``MAX_STATES`` build, and a config's schema (its patterns searched with ``fallback``) built
+    it again for every value it checked."""
+    builds = _counting(monkeypatch, "_build_matcher")
+    pattern = f"^b{{{MAX_STATES}}}x$"
+    reason = unsupported_reason(pattern)
+    assert reason is not None and "20,000 states" in reason
+    for _ in range(3):
+        assert unsupported_reason(pattern) == reason
+        assert search(pattern, "b", fallback=True) is False
+        with pytest.raises(PatternUnsupported):
+            search(pattern, "b")
+    assert len(builds) == 1
+
+
+def test_an_answer_to_format_regex_is_read_by_re_s_compiler_not_written_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``format: regex`` asks only whether the answer is a pattern: 200 strings ``b{19990}…``
+    took 12 s to check (each repeat written out as an NFA); re's compiler writes none out.
+    The NFA is built only for what re cannot compile (a variable-width lookbehind)."""
+    builds = _counting(monkeypatch, "_build_matcher")
+    for i in range(50):
+        check(f"c{{19990}}{i}")
+    assert builds == []
+    check("(?<=q+)c")  # re: "look-behind requires fixed-width pattern"; the NFA reads it
+    assert len(builds) == 1
+    with pytest.raises(re.error):
+        check("(?<=q+(?!x))c")  # nor has the NFA a reading: re's reason
+    with pytest.raises(re.error):
+        check("a{2,1}")
+
+
+def test_a_schema_s_patterns_may_expand_to_so_many_states_in_all() -> None:
+    """Each distinct pattern's NFA is built before any answer is checked (~2.5 µs a state):
+    200 patterns ``a{19990}…`` (10 KB) took 12 s; a schema's patterns may hold
+    ``MAX_SCHEMA_STATES`` in all (JSONSchemaBench's most: 16,162)."""
+    from localllm.grammar.pattern import MAX_SCHEMA_STATES, expanded_states
+
+    width = MAX_STATES - 10
+    assert expanded_states(f"a{{{width}}}0") == width + 3  # start, accept, the 0
+    fit = MAX_SCHEMA_STATES // (width + 3)
+
+    def schema(n: int, *, repeat: bool = False) -> dict[str, Any]:
+        names = [f"p{i}" for i in range(n)] + (["again"] if repeat else [])
+        pats = [f"a{{{width}}}{i}" for i in range(n)] + ([f"a{{{width}}}0"] if repeat else [])
+        return {
+            "type": "object",
+            "properties": {k: {"type": "string", "pattern": p} for k, p in zip(names, pats, strict=True)},
+        }
+
+    assert schema_problem(schema(fit, repeat=True)) is None  # a pattern given twice counts once
+    assert compile_schema(schema(fit)).refusals[0].construct == "pattern"  # refused for its repeat's size only
+    problem = schema_problem(schema(fit + 1))
+    assert problem is not None and problem[0] == f"$.properties.p{fit}.pattern"
+    assert f"more than {MAX_SCHEMA_STATES:,} NFA states" in problem[1]
+    refused = compile_schema(schema(fit + 1)).refusals[0]
+    assert (refused.path, refused.construct) == (f"$.properties.p{fit}.pattern", "pattern")
+
+
+def test_every_pattern_of_a_schema_stays_built_while_its_answers_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The NFAs are kept by their states, not by the 512 latest: 600 patterns of 150 states
+    were built again for every value of every answer, 15 s for one of 385 KB."""
+    n = 600
+    item = {
+        "type": "object",
+        "properties": {f"p{i}": {"type": "string", "pattern": f"^x|a{{150}}{i}"} for i in range(n)},
+    }
+    schema = {"type": "array", "items": item}
+    assert schema_problem(schema) is None
+    validator = validator_class(schema)(schema)
+    answer = [{f"p{i}": "x" for i in range(n)}] * 3
+    assert validator.is_valid(answer)  # builds each pattern not yet built
+    builds = _counting(monkeypatch, "_build_matcher")
+    assert validator.is_valid(answer)
+    assert builds == []
