@@ -31,7 +31,8 @@ subschema it meets where it meets it, so 20 ``$defs`` that each ``allOf`` the ne
 (1.5 KB) apply 2^20 times to one string: 34 s for one answer, days at 30. The most any
 of JSONSchemaBench's 40,826 test instances (and the JSON-Schema-Test-Suite's) takes is 3,094
 steps, 42.2 a value. A missing ``required`` name's error and a name searched with a
-``patternProperties`` pattern are steps too (each as many as the schema lists).
+``patternProperties`` pattern are steps too (each as many as the schema lists), and so are
+every 4 characters of an answer to ``format: regex`` that ``re``'s parser reads.
 ``localllm.grammar.compile.schema_problem`` refuses a schema whose subschemas fan out that far
 in one place before any answer is checked.
 
@@ -63,6 +64,7 @@ __all__ = [
     "ValidationTooCostly",
     "bounded_validator",
     "in_instance_order",
+    "spend",
     "written",
 ]
 
@@ -75,7 +77,8 @@ CHECK_BASE, CHECK_PER_VALUE = 200_000, 100
 class ValidationTooCostly(ValueError):
     """Checking one answer would take more steps than :data:`CHECK_BASE` and
     :data:`CHECK_PER_VALUE` allow (a step: a subschema applied, a missing required name's
-    error, a name searched with a ``patternProperties`` pattern)."""
+    error, a name searched with a ``patternProperties`` pattern, 4 characters of an answer to
+    ``format: regex`` read)."""
 
 
 # jsonschema's modules whose keyword functions call ``re.search`` (directly or through each other)
@@ -315,7 +318,7 @@ def _metered_descend(descend: Any) -> Any:
     def wrapper(
         self: Any, instance: Any, schema: Any, *, path: Any = None, schema_path: Any = None, resolver: Any = None
     ) -> Any:
-        _spend()  # when the errors are first asked for, inside the check
+        spend()  # when the errors are first asked for, inside the check
         for error in descend(self, instance, schema, path=path, schema_path=schema_path, resolver=resolver):
             if schema is False:
                 if path is not None:
@@ -352,12 +355,13 @@ class _Meter(threading.local):
 _METER = _Meter()
 _TOO_COSTLY = (
     f"checking the answer takes more than the allowed {CHECK_BASE:,} + {CHECK_PER_VALUE} per value steps "
-    "(a step: a subschema applied, a missing required name, a name searched with a pattern); "
+    "(a step: a subschema applied, a missing required name, a name searched with a pattern, "
+    "4 characters of an answer to format: regex read); "
     "allOf, anyOf, oneOf and $ref applying the same subschemas again multiply them: share or simplify those subschemas"
 )
 
 
-def _spend(steps: int = 1) -> None:
+def spend(steps: int = 1) -> None:
     """``steps`` of the check running on this thread (none runs: nothing to spend)."""
     left = _METER.left
     if left is not None:
@@ -372,7 +376,7 @@ def _charged(keyword: Any) -> Any:
 
     def charged(validator: Any, value: Any, instance: Any, schema: Any) -> Iterator[Any]:
         for error in keyword(validator, value, instance, schema) or ():
-            _spend()
+            spend()
             yield error
 
     return charged
@@ -385,7 +389,7 @@ def _charged_searches(keyword: Any) -> Any:
 
     def charged(validator: Any, patterns: Any, instance: Any, schema: Any) -> Iterator[Any]:
         if isinstance(patterns, dict) and isinstance(instance, dict):
-            _spend(len(patterns) * len(instance))
+            spend(len(patterns) * len(instance))
         yield from keyword(validator, patterns, instance, schema) or ()
 
     return charged

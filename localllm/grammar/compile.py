@@ -51,10 +51,12 @@ from localllm.grammar.pattern import (
     ECMA_LINE_TERMINATORS,
     ECMA_SPACE,
     ECMA_WORD,
+    MAX_SCHEMA_PROPERTY_RANGES,
     MAX_SCHEMA_STATES,
     MAX_STATES,
     PatternTooCostly,
     expanded_states,
+    property_ranges_held,
     python_pattern,
     search,
     unsupported_reason,
@@ -340,7 +342,7 @@ def compile_schema(
             raise _Refuse("$", "depth", f"the schema nests {depth} levels deep (at most {4 * MAX_DEPTH})")
         # every validator refuses such a schema (nested repeats multiply past the linear
         # matcher's states: "(a{1000}){1000}"), so no grammar may claim to enforce it
-        if (slow := _slow_pattern(schema)) is not None:
+        if (slow := _heavy_properties(schema) or _slow_pattern(schema)) is not None:
             raise _Refuse(slow[0], "pattern", slow[1])
         compiler = _Compiler(schema, space=space, open_objects=open_objects)
         return compiler.run()
@@ -381,10 +383,11 @@ _COMPILED: Kept[CompiledGrammar] = Kept(64, 32 << 20)
 
 
 def schema_problem(schema: Any) -> tuple[str, str] | None:
-    """Why ``schema`` is not a valid JSON Schema for its draft, has a pattern that cannot be
-    checked in linear time, or subschemas that apply to one value too often to check an answer
+    """Why ``schema`` is not a valid JSON Schema for its draft, has patterns that cannot be
+    checked in linear time or cost too much to read and build (:func:`_heavy_properties`,
+    :func:`_slow_pattern`), or subschemas that apply to one value too often to check an answer
     in time (:func:`fan_out`) — (JSON path, reason) — or None."""
-    return meta_problem(schema) or _slow_pattern(schema) or fan_out(schema)
+    return _heavy_properties(schema) or meta_problem(schema) or _slow_pattern(schema) or fan_out(schema)
 
 
 def meta_problem(schema: Any, *, formats: bool = True) -> tuple[str, str] | None:
@@ -417,38 +420,58 @@ def _slow_pattern(schema: Any) -> tuple[str, str] | None:
     """The first ``pattern`` (or ``patternProperties`` name) with no linear-time match, as
     (JSON path, reason): validation would fall back to ``re``, which can backtrack for
     minutes on one near-miss answer (see :mod:`localllm.grammar.pattern`); or the first past
-    which the schema's patterns expand to more than :data:`MAX_SCHEMA_STATES` NFA states."""
+    which the schema's distinct patterns expand to more than :data:`MAX_SCHEMA_STATES` NFA
+    states in all (each is built before any answer is checked)."""
     counted: set[str] = set()
-    total = 0
+    states = 0
+    for pattern, where in _patterns(schema):
+        if pattern in counted:
+            continue
+        counted.add(pattern)
+        if (reason := unsupported_reason(pattern)) is not None:
+            return where, (
+                f"the pattern {_q(pattern)} cannot be checked in time linear in the answer: {reason} "
+                "(a near-miss answer could stall validation); rewrite it without that"
+            )
+        states += expanded_states(pattern)
+        if states > MAX_SCHEMA_STATES:
+            return where, (
+                f"the schema's patterns expand to more than {MAX_SCHEMA_STATES:,} NFA states in all (each counted "
+                "repeat is written out, and each pattern is built before any answer is checked); write fewer "
+                "counted repeats, or smaller ones"
+            )
+    return None
 
-    def why(pattern: str) -> str | None:
-        nonlocal total
-        reason = unsupported_reason(pattern)
-        if reason is None:
-            if pattern not in counted:
-                counted.add(pattern)
-                total += expanded_states(pattern)
-                if total > MAX_SCHEMA_STATES:
-                    return (
-                        f"the schema's patterns expand to more than {MAX_SCHEMA_STATES:,} NFA states in all "
-                        "(each counted repeat is written out, and each pattern is built before any answer is "
-                        "checked); write fewer counted repeats, or smaller ones"
-                    )
-            return None
-        return (
-            f"the pattern {_q(pattern)} cannot be checked in time linear in the answer: {reason} "
-            "(a near-miss answer could stall validation); rewrite it without that"
-        )
 
+def _heavy_properties(schema: Any) -> tuple[str, str] | None:
+    """The first pattern past which the schema's distinct patterns hold more than
+    :data:`MAX_SCHEMA_PROPERTY_RANGES` ranges of ``\\p{…}`` classes, as (JSON path, reason):
+    counted from the text alone, before ``re`` parses any of them (checking the schema does)."""
+    counted: set[str] = set()
+    ranges = 0
+    for pattern, where in _patterns(schema):
+        if pattern not in counted:
+            counted.add(pattern)
+            ranges += property_ranges_held(pattern)
+            if ranges > MAX_SCHEMA_PROPERTY_RANGES:
+                return where, (
+                    f"the schema's patterns hold more than {MAX_SCHEMA_PROPERTY_RANGES:,} ranges of code points in "
+                    "their \\p{…} classes in all (each is written out in each pattern that names it: \\p{L} is "
+                    "648); name such classes in fewer distinct patterns"
+                )
+    return None
+
+
+def _patterns(schema: Any) -> Iterator[tuple[str, str]]:
+    """Every ``pattern`` and ``patternProperties`` name of ``schema``, with its JSON path, in
+    document order."""
     for node, path in _subschemas(schema):
         for key, value in node.items():
-            if key == "pattern" and isinstance(value, str) and (reason := why(value)):
-                return child(path, key), reason
+            if key == "pattern" and isinstance(value, str):
+                yield value, child(path, key)
             if key == "patternProperties" and isinstance(value, dict):
                 for name in value:
-                    if reason := why(name):
-                        return child(child(path, key), name), reason
-    return None
+                    yield name, child(child(path, key), name)
 
 
 def _subschemas(schema: Any) -> Iterator[tuple[dict[str, Any], str]]:

@@ -69,6 +69,7 @@ __all__ = [
     "ECMA_SPACE",
     "ECMA_WORD",
     "MAX_PROPERTY_RANGES",
+    "MAX_SCHEMA_PROPERTY_RANGES",
     "MAX_SCHEMA_STATES",
     "MAX_STATES",
     "WORK_BASE",
@@ -78,6 +79,7 @@ __all__ = [
     "check",
     "ecma_regex",
     "expanded_states",
+    "property_ranges_held",
     "python_pattern",
     "search",
     "search_group",
@@ -90,9 +92,12 @@ MAX_STATES = 20_000  # NFA states a pattern may expand to (each counted repeat i
 #: (10 KB) took 12 s to check; JSONSchemaBench's most is 16,162 (aerleon's definitions)
 MAX_SCHEMA_STATES = 100_000
 #: ranges of code points a pattern's ``\p{…}``/``\P{…}`` classes may hold in all: each is
-#: written out for ``re`` to parse (``\p{L}`` is 648 ranges, 9,400 characters), so 3,000 of
+#: written out for ``re`` to parse (``\p{L}`` is 648 ranges, 1,678 characters), so 3,000 of
 #: them (an 18 KB answer to ``format: regex``) took 37 s to check, 1,000 in a schema's pattern 9 s
 MAX_PROPERTY_RANGES = 20_000
+#: ... and the distinct patterns of one schema in all (~3 ms a ``\p{L}`` to check and build:
+#: 200 patterns ``^\p{L}{40}…$``, 11 KB, took 4 s to check, a 256 KiB schema of them minutes)
+MAX_SCHEMA_PROPERTY_RANGES = 100_000
 _CACHE_LIMIT = 500_000  # NFA states held in one pattern's lazy-DFA cache before it is flushed
 #: NFA steps one search may take (a cached step costs one): a base plus a share per character. A
 #: 20,000-state repeat searched without an anchor costs its size per character until the
@@ -179,7 +184,7 @@ class _Builder:
             if key is None:
                 key = self.keys[op, id(av), flags] = (op, repr(av), flags)
             if key not in self.chars:
-                self.chars[key] = _one_char(op, av, flags)
+                self.chars[key] = _CHARS.get(key, lambda: _one_char(op, av, flags), lambda _: len(key[1]))
             return nfa.add(_CHAR, [follow], self.chars[key])
         if op is _constants.SUBPATTERN:
             group, add, remove, body = av
@@ -373,13 +378,19 @@ def property_ranges(name: str) -> tuple[tuple[int, int], ...]:
     raise re.error(f"the Unicode property \\p{{{name}}} is not supported here (only {_SUPPORTED})")
 
 
+@functools.lru_cache(maxsize=256)
 def _class_text(ranges: tuple[tuple[int, int], ...]) -> str:
-    """Ranges as the inside of an ``re`` class, every code point escaped."""
+    """Ranges as the inside of an ``re`` class: ASCII letters and digits and every printable
+    code point past ASCII as themselves, the rest escaped. ``re`` reads a
+    character 5 times faster than an escape (``\\p{L}``: 0.8 ms, 3.9 written all escaped)."""
+    return "".join(_class_char(lo) if lo == hi else f"{_class_char(lo)}-{_class_char(hi)}" for lo, hi in ranges)
 
-    def one(cp: int) -> str:
-        return f"\\x{cp:02x}" if cp < 0x100 else f"\\u{cp:04x}" if cp < 0x10000 else f"\\U{cp:08x}"
 
-    return "".join(one(lo) if lo == hi else f"{one(lo)}-{one(hi)}" for lo, hi in ranges)
+def _class_char(cp: int) -> str:
+    c = chr(cp)
+    if c.isprintable() and (c.isalnum() or not c.isascii()):  # a surrogate is not printable
+        return c
+    return f"\\x{cp:02x}" if cp < 0x100 else f"\\u{cp:04x}" if cp < 0x10000 else f"\\U{cp:08x}"
 
 
 def _escape_at(pattern: str, i: int) -> tuple[str, int, tuple[tuple[int, int], ...] | None]:
@@ -411,6 +422,14 @@ _ECMA_ONLY = ("\\c", "\\p", "\\P", "\\k<", "(?<", "[]", "[^]")
 _PROPERTY_ESCAPE = re.compile(r"\\\\|\\([pP])\{([^}]*)\}")
 
 
+def property_ranges_held(pattern: str) -> int:
+    """How many ranges of code points ``pattern``'s ``\\p{…}``/``\\P{…}`` classes are written
+    out as, in all (each costs ``re``'s parser ~3 µs in each pattern it is written in)."""
+    if "\\p" not in pattern and "\\P" not in pattern:
+        return 0
+    return sum(_ranges_held(m[2]) for m in _PROPERTY_ESCAPE.finditer(pattern) if m[1])
+
+
 def _ranges_held(name: str) -> int:
     """How many ranges ``\\p{name}`` is written out as; 0 for a name that is no property (its
     escape is reported where it is read)."""
@@ -432,7 +451,7 @@ def python_pattern(pattern: str) -> str:
     ECMA-262 too)."""
     if not any(syntax in pattern for syntax in _ECMA_ONLY):
         return pattern
-    held = sum(_ranges_held(m[2]) for m in _PROPERTY_ESCAPE.finditer(pattern) if m[1])
+    held = property_ranges_held(pattern)
     if held > MAX_PROPERTY_RANGES:
         raise re.error(
             f"its \\p{{…}} classes hold {held:,} ranges of code points, more than {MAX_PROPERTY_RANGES:,} "
@@ -525,6 +544,11 @@ def _ecma(op: Any, av: Any, flags: int) -> tuple[Any, Any]:
                 items.extend((c.RANGE, r) for r in ranges)
         return c.IN, items
     return op, av
+
+
+#: the one-character matchers of every pattern, by item and flags: re's compiler takes ~7 ms
+#: for a class as large as ``\\p{L}``, which 200 patterns of one schema each hold
+_CHARS: Kept[Callable[[str], Any]] = Kept(4096, 16 << 20)
 
 
 def _one_char(op: Any, av: Any, flags: int) -> Callable[[str], Any]:
@@ -816,35 +840,36 @@ _BOUNDARY = r"(?-i:(?<=[A-Za-z0-9_])(?![A-Za-z0-9_])|(?<![A-Za-z0-9_])(?=[A-Za-z
 _NOT_BOUNDARY = r"(?-i:(?<=[A-Za-z0-9_])(?=[A-Za-z0-9_])|(?<![A-Za-z0-9_])(?![A-Za-z0-9_]))"
 
 
-def _ecma_items(items: Any, flags: int) -> list[tuple[Any, Any]]:
+def _ecma_items(items: Any, flags: int, *, one: tuple[Any, Any] | None = None) -> list[tuple[Any, Any]]:
     """``re``'s parse items rewritten to mean what ECMA-262 reads (:func:`_ecma`; ``$`` the
-    very end; ``\\b`` and ``\\B`` over ASCII word characters)."""
+    very end; ``\\b`` and ``\\B`` over ASCII word characters); with ``one``, every
+    one-character item replaced by it."""
     c = _constants
     out: list[tuple[Any, Any]] = []
     for op, av in items:
         item = (op, av)
         if op in _CHAR_OPS:
-            item = _ecma(op, av, flags)
+            item = _ecma(op, av, flags) if one is None else one
         elif op is c.AT and av is c.AT_END and not flags & _MULTILINE:
             item = (op, c.AT_END_STRING)
         elif op is c.AT and av in (c.AT_BOUNDARY, c.AT_NON_BOUNDARY):
             item = (c.SUBPATTERN, (None, 0, 0, _parser.parse(_BOUNDARY if av is c.AT_BOUNDARY else _NOT_BOUNDARY)))
         elif op is c.SUBPATTERN:
             _, add, remove, body = av
-            body.data = _ecma_items(body, (flags | add) & ~remove)
+            body.data = _ecma_items(body, (flags | add) & ~remove, one=one)
         elif op is c.BRANCH:
             for branch in av[1]:
-                branch.data = _ecma_items(branch, flags)
+                branch.data = _ecma_items(branch, flags, one=one)
         elif op in _REPEATS or op is getattr(c, "POSSESSIVE_REPEAT", None):
-            av[2].data = _ecma_items(av[2], flags)
+            av[2].data = _ecma_items(av[2], flags, one=one)
         elif op in (c.ASSERT, c.ASSERT_NOT):
-            av[1].data = _ecma_items(av[1], flags)
+            av[1].data = _ecma_items(av[1], flags, one=one)
         elif op is getattr(c, "ATOMIC_GROUP", None):
-            av.data = _ecma_items(av, flags)
+            av.data = _ecma_items(av, flags, one=one)
         elif op is c.GROUPREF_EXISTS:
             for body in av[1:]:
                 if body is not None:
-                    body.data = _ecma_items(body, flags)
+                    body.data = _ecma_items(body, flags, one=one)
         out.append(item)
     return out
 
@@ -858,12 +883,21 @@ def ecma_regex(pattern: str) -> re.Pattern[str]:
     return _compiler.compile(tree, tree.state.flags)
 
 
+def _re_compiles(pattern: str) -> None:
+    """Raise ``re.error`` when ``re`` cannot compile :func:`ecma_regex`'s reading of
+    ``pattern``: compiled with every one-character item an ``a``, as what one reads never
+    decides that, and re's compiler took ~7 ms for each class as large as ``\\p{L}``."""
+    tree = _parser.parse(python_pattern(pattern), 0)
+    tree.data = _ecma_items(tree, tree.state.flags, one=(_constants.LITERAL, ord("a")))
+    _compiler.compile(tree, tree.state.flags)
+
+
 def check(pattern: str) -> None:
     """Raise ``re.error`` (naming why) when :func:`search` cannot read ``pattern`` even with
     ``fallback``: what ``re`` cannot parse, or a construct with no linear-time match that
     ``re`` cannot compile either (a lookaround inside a variable-width lookbehind)."""
     try:  # re's compiler first: it writes no repeat out (the NFA of ``a{19999}`` is 50 ms)
-        ecma_regex(pattern)
+        _re_compiles(pattern)
     except re.error:
         if isinstance(_built(pattern, None), str):  # nor has it a linear-time match: re's reason
             raise

@@ -36,6 +36,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "localllm.calibrate",
             # re's semantics in linear time (standard library only): eval cases match with it
             "localllm.grammar.pattern",
+            # the latest results, kept within a count and a size (standard library only): the
+            # pattern matchers are kept with it
+            "localllm.grammar.kept",
         ),
     ),
     # the head start reads settings and spawns through _process; managed.server claims from it
