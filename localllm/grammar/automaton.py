@@ -287,7 +287,9 @@ def intersection(
             if not _covers(universe, a):
                 continue
             nexts = []
-            for (nfa, _), es, cover, neg, by_class, memo in zip(built, edges, covering, negate, read, closed, strict=True):
+            for (nfa, _), es, cover, neg, by_class, memo in zip(
+                built, edges, covering, negate, read, closed, strict=True
+            ):
                 classes = tuple(cover[span])
                 reached = by_class.get(classes)
                 if reached is None:
