@@ -340,7 +340,7 @@ def _grouped(nfa: _Nfa, states: frozenset[int]) -> list[tuple[Ranges, list[int]]
 def _covering(groups: Sequence[tuple[Ranges, list[int]]], cuts: Sequence[int]) -> list[list[int]]:
     """For each span between two of ``cuts`` (which hold both ends of every range), the
     classes of ``groups`` that read it, in order: one pass over each class's ranges and the
-    spans they cover, where looking each span up in each class took 12 lookups a span."""
+    spans they cover, instead of a lookup in every class for every span."""
     where = {cut: i for i, cut in enumerate(cuts)}
     covered: list[list[int]] = [[] for _ in range(len(cuts) - 1)]
     for i, (ranges, _) in enumerate(groups):
