@@ -457,7 +457,7 @@ def _heavy_properties(schema: Any) -> tuple[str, str] | None:
                 return where, (
                     f"the schema's patterns hold more than {MAX_SCHEMA_PROPERTY_RANGES:,} ranges of code points in "
                     "their \\p{…} classes in all (each is written out in each pattern that names it: \\p{L} is "
-                    "648); name such classes in fewer distinct patterns"
+                    "over 600); name such classes in fewer distinct patterns"
                 )
     return None
 
