@@ -422,12 +422,8 @@ def _slow_pattern(schema: Any) -> tuple[str, str] | None:
     minutes on one near-miss answer (see :mod:`localllm.grammar.pattern`); or the first past
     which the schema's distinct patterns expand to more than :data:`MAX_SCHEMA_STATES` NFA
     states in all (each is built before any answer is checked)."""
-    counted: set[str] = set()
     states = 0
     for pattern, where in _patterns(schema):
-        if pattern in counted:
-            continue
-        counted.add(pattern)
         if (reason := unsupported_reason(pattern)) is not None:
             return where, (
                 f"the pattern {_q(pattern)} cannot be checked in time linear in the answer: {reason} "
@@ -447,31 +443,34 @@ def _heavy_properties(schema: Any) -> tuple[str, str] | None:
     """The first pattern past which the schema's distinct patterns hold more than
     :data:`MAX_SCHEMA_PROPERTY_RANGES` ranges of ``\\p{…}`` classes, as (JSON path, reason):
     counted from the text alone, before ``re`` parses any of them (checking the schema does)."""
-    counted: set[str] = set()
     ranges = 0
     for pattern, where in _patterns(schema):
-        if pattern not in counted:
-            counted.add(pattern)
-            ranges += property_ranges_held(pattern)
-            if ranges > MAX_SCHEMA_PROPERTY_RANGES:
-                return where, (
-                    f"the schema's patterns hold more than {MAX_SCHEMA_PROPERTY_RANGES:,} ranges of code points in "
-                    "their \\p{…} classes in all (each is written out in each pattern that names it: \\p{L} is "
-                    "over 600); name such classes in fewer distinct patterns"
-                )
+        ranges += property_ranges_held(pattern)
+        if ranges > MAX_SCHEMA_PROPERTY_RANGES:
+            return where, (
+                f"the schema's patterns hold more than {MAX_SCHEMA_PROPERTY_RANGES:,} ranges of code points in "
+                "their \\p{…} classes in all (each is written out in each pattern that names it: \\p{L} is "
+                "over 600); name such classes in fewer distinct patterns"
+            )
     return None
 
 
 def _patterns(schema: Any) -> Iterator[tuple[str, str]]:
-    """Every ``pattern`` and ``patternProperties`` name of ``schema``, with its JSON path, in
-    document order."""
+    """Each distinct ``pattern`` and ``patternProperties`` name of ``schema`` where it first
+    stands, with its JSON path, in document order."""
+    seen: set[str] = set()
     for node, path in _subschemas(schema):
         for key, value in node.items():
             if key == "pattern" and isinstance(value, str):
-                yield value, child(path, key)
-            if key == "patternProperties" and isinstance(value, dict):
-                for name in value:
-                    yield name, child(child(path, key), name)
+                found = [(value, child(path, key))]
+            elif key == "patternProperties" and isinstance(value, dict):
+                found = [(name, child(child(path, key), name)) for name in value]
+            else:
+                continue
+            for pattern, where in found:
+                if pattern not in seen:
+                    seen.add(pattern)
+                    yield pattern, where
 
 
 def _subschemas(schema: Any) -> Iterator[tuple[dict[str, Any], str]]:

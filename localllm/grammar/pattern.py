@@ -156,7 +156,7 @@ class _Builder:
     def __init__(
         self,
         nfa: _Nfa,
-        chars: dict[tuple[Any, str, int], Callable[[str], Any]],
+        chars: dict[tuple[Any, int, int], Callable[[str], Any]],
         capture: int | None = None,
         *,
         backwards: bool = False,
@@ -164,13 +164,12 @@ class _Builder:
         self.nfa = nfa
         self.backwards = backwards  # read the text right to left (a variable-width lookbehind)
         self.looks = False
-        self.chars = chars  # one compiled matcher per distinct item and flags (repeats unroll copies)
+        # each item's matcher by the item's id and flags: a repeat unrolls the same item again
+        # and again, and spelling a \p{L} class (648 ranges) to find its matcher in _CHARS took
+        # 0.15 ms each time: 13 s for ``\p{L}{20001}`` (the tree, so every id, outlives the build)
+        self.chars = chars
         self.capture = capture  # the group whose bounds _SAVE states record, if any
         self.saved = False
-        # each item's key in ``chars`` by the item's id: a repeat unrolls the same item again
-        # and again, and the repr of a \p{L} class (648 ranges) took 0.15 ms each time: 13 s for
-        # ``\p{L}{20001}`` (the tree, and so every id, lives as long as the build)
-        self.keys: dict[tuple[Any, int, int], tuple[Any, str, int]] = {}
 
     def sequence(self, items: Any, flags: int, follow: int) -> int:
         for op, av in list(items) if self.backwards else reversed(list(items)):
@@ -180,11 +179,10 @@ class _Builder:
     def item(self, op: Any, av: Any, flags: int, follow: int) -> int:
         nfa = self.nfa
         if op in _CHAR_OPS:
-            key = self.keys.get((op, id(av), flags))
-            if key is None:
-                key = self.keys[op, id(av), flags] = (op, repr(av), flags)
+            key = (op, id(av), flags)
             if key not in self.chars:
-                self.chars[key] = _CHARS.get(key, lambda: _one_char(op, av, flags), lambda _: len(key[1]))
+                spelled = (op, repr(av), flags)
+                self.chars[key] = _CHARS.get(spelled, lambda: _one_char(op, av, flags), lambda _: len(spelled[1]))
             return nfa.add(_CHAR, [follow], self.chars[key])
         if op is _constants.SUBPATTERN:
             group, add, remove, body = av
@@ -240,7 +238,7 @@ def _build(
     tree: Any,
     flags: int,
     budget: list[int],
-    chars: dict[tuple[Any, str, int], Callable[[str], Any]],
+    chars: dict[tuple[Any, int, int], Callable[[str], Any]],
     capture: int | None = None,
     *,
     backwards: bool = False,
@@ -610,7 +608,6 @@ class _Matcher:
     def __init__(self, nfa: _Nfa, *, cacheable: bool) -> None:
         self.nfa = nfa
         self.cacheable = cacheable
-        self.states = len(nfa.kind)  # with its lookarounds' (set by _built)
         self.asserts = sorted({t for k, t in zip(nfa.kind, nfa.test, strict=True) if k == _AT}, key=repr)
         # with only start/end anchors, every position but the first and the last two has one context
         self.middle = (
@@ -620,6 +617,11 @@ class _Matcher:
         self.steps: tuple[dict[tuple[frozenset[int], str], frozenset[int]], ...] = ({}, {})  # [anchored]
         self.held = 0  # NFA states in the cached sets
         self.reversed_text = ("", "")  # the last text a variable-width lookbehind read, reversed
+
+    @property
+    def states(self) -> int:
+        """The NFA states built for the whole pattern, its lookarounds' included (they share one budget)."""
+        return MAX_STATES - self.nfa.budget[0]
 
     def remember(self, cache: dict[Any, frozenset[int]], key: Any, result: frozenset[int]) -> None:
         if self.held + len(result) > _CACHE_LIMIT:
@@ -824,15 +826,12 @@ def _build_matcher(pattern: str, capture: int | None) -> _Matcher | str:
     tree = _parser.parse(python_pattern(pattern), 0)  # re.error for what re cannot parse, as re.search raises
     if capture is not None and not 0 < capture < tree.state.groups:
         raise IndexError("no such group")
-    budget = [MAX_STATES]
     try:
-        matcher = _build(tree, tree.state.flags, budget, {}, capture)
+        return _build(tree, tree.state.flags, [MAX_STATES], {}, capture)
     except PatternUnsupported as exc:
         return str(exc)
     except RecursionError:
         return "it nests groups too deeply"
-    matcher.states = MAX_STATES - budget[0]
-    return matcher
 
 
 # \b and \B over ECMA-262's (ASCII) word characters, whatever the flags
