@@ -947,7 +947,10 @@ class _Compiler:
         self.suffixes: dict[str, int] = {}  # per rule-name base: the last number it took
         self.renumbered: list[tuple[str, int | None]] = []  # (base, its number before), for restore
         self.refs: dict[str, str] = {}
-        self.in_progress: set[str] = set()
+        #: the rules of refs kept through the restores of failed branches (:meth:`restore`),
+        #: and per note the ref whose rule it tells of (innermost; None while none is done)
+        self.kept: set[str] = set()
+        self.owners: list[str | None] = []
         self.order_rules = 0
         #: regexes made by negating a literal search pattern -> the literal (see _avoiding)
         self.avoided: dict[str, tuple[_Search, ...]] = {}
@@ -1072,12 +1075,31 @@ class _Compiler:
                 "so the schema itself may admit values: not compiled",
             ) from None
         self.rules = {"root": expr, **self.rules}
+        self.drop_unused()
         self.name_large_repeats()
         lines = [f"{name} ::= {body}" for name, body in self.rules.items()]
         text = "\n".join(lines).replace("COLON", self.colon).replace("COMMA", self.comma) + "\n"
         if len(text) > MAX_GRAMMAR_CHARS:
             raise _Refuse("$", "size", f"the grammar would be {len(text)} characters (at most {MAX_GRAMMAR_CHARS})")
         return CompiledGrammar(text, [], self.notes)
+
+    def drop_unused(self) -> None:
+        """The rules kept through failed branches (:meth:`restore`) that no rule used in the
+        end reaches left out, and the notes of those refs."""
+        if not self.kept:
+            return
+        used: set[str] = set()
+        todo = ["root"]
+        while todo:
+            name = todo.pop()
+            if name not in used and name in self.rules:
+                used.add(name)
+                todo += _gbnf_names(self.rules[name])
+        unused = self.kept - used  # some may be gone: a later restore found them not closed
+        for name in unused:
+            self.rules.pop(name, None)
+        self.owners += [None] * (len(self.notes) - len(self.owners))
+        self.notes = [n for n, o in zip(self.notes, self.owners, strict=True) if o not in unused]
 
     def name_large_repeats(self) -> None:
         """Make a rule of each group llama.cpp's parser would refuse to repeat
@@ -1116,17 +1138,56 @@ class _Compiler:
         for every property made an object of 100,000 properties quadratic."""
         return len(self.rules), len(self.bodies), len(self.refs), len(self.renumbered), len(self.notes)
 
-    def restore(self, saved: tuple[int, int, int, int, int]) -> None:
+    def restore(self, saved: tuple[int, int, int, int, int], *, keep: bool = True) -> None:
+        """Undo what came after ``saved``, but for the refs whose rules were generated in
+        full (:meth:`closed`): a ref's rule is the same wherever it is used, and generating it
+        again in each branch of nested alternatives doubled the work at every level (a 3 KB
+        schema: 3 s, each two more levels 4× that). ``keep=False`` for a trial, whose refs
+        were generated without the context's depth and left-recursion guards."""
+        kept = self.closed(saved) if keep else set()
         for table, size in zip((self.rules, self.bodies, self.refs), saved, strict=False):
+            held = []
             while len(table) > size:
-                table.popitem()  # the last added
-        del self.notes[saved[4] :]
+                key, value = table.popitem()  # the last added
+                if (key if table is self.rules else value) in kept:
+                    held.append((key, value))
+            table.update(reversed(held))
+        if kept:
+            self.kept |= kept
+            self.owners += [None] * (len(self.notes) - len(self.owners))
+        notes = [(n, o) for n, o in zip(self.notes[saved[4] :], self.owners[saved[4] :], strict=False) if o in kept]
+        del self.notes[saved[4] :], self.owners[saved[4] :]
+        self.notes += [n for n, _ in notes]
+        self.owners += [o for _, o in notes]
         while len(self.renumbered) > saved[3]:
             base, before = self.renumbered.pop()
             if before is None:
                 del self.suffixes[base]
             else:
                 self.suffixes[base] = before
+
+    def closed(self, saved: tuple[int, int, int, int, int]) -> set[str]:
+        """The rules added since ``saved`` that belong to refs generated in full: each such
+        ref's rule and the rules added since that it reaches, when none of them reaches a ref
+        still being generated (whose rule may yet be dropped)."""
+        added = set(itertools.islice(reversed(self.rules), len(self.rules) - saved[0]))
+        kept: set[str] = set()
+        for ref in itertools.islice(reversed(self.refs.values()), len(self.refs) - saved[2]):
+            reached: set[str] = set()
+            todo = [ref]
+            while todo:
+                name = todo.pop()
+                body = self.rules.get(name)
+                if body is None or name in reached or name in kept:
+                    continue
+                if body.startswith("@pending"):
+                    break
+                if name in added:
+                    reached.add(name)
+                    todo += _gbnf_names(body)
+            else:
+                kept |= reached
+        return kept
 
     def primitive(self, name: str) -> str:
         if name not in self.rules:
@@ -1625,7 +1686,11 @@ class _Compiler:
             return name
         name = self.rule(f"ref-{ref.split('/')[-1] or 'root'}", f"@pending {ref}")
         self.refs[ref] = name
+        notes = len(self.notes)
         self.rules[name] = self.gen(target, target_path, depth + 1, bare | {ref})
+        self.owners += [None] * (len(self.notes) - len(self.owners))
+        for i in range(notes, len(self.notes)):
+            self.owners[i] = self.owners[i] or name
         return name
 
     def resolve(self, ref: str, path: str) -> tuple[Any, str]:
@@ -2111,7 +2176,7 @@ class _Compiler:
                 except _Refuse:
                     pass
                 finally:
-                    self.restore(saved)
+                    self.restore(saved, keep=False)
             if not self.admits[key]:
                 continue
             kept.append(alternative)

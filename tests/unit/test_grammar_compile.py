@@ -14,7 +14,7 @@ from localllm.grammar.compile import CompiledGrammar, Refusal, compile_schema, i
 from localllm.grammar.pattern import search
 from localllm.grammar.walk import Grammar, GrammarSyntaxError
 from tests.conftest import in_child
-from tests.unit.grammar_harness import corpus, grammar_of, invalid_walks, realworld
+from tests.unit.grammar_harness import Runaway, corpus, grammar_of, invalid_walks, realworld
 
 WALKS = 200
 CORPUS = list(corpus())
@@ -506,6 +506,85 @@ def test_a_branch_left_out_as_unsatisfiable_leaves_no_note() -> None:
     }
     compiled = compile_schema(schema)
     assert compiled.exact and [note.split(":")[0] for note in compiled.notes] == ["$[1].properties.e"]
+
+
+def _levels(n: int, leaf: dict[str, Any]) -> dict[str, Any]:
+    """``n`` levels of alternatives over the level below, each with a first branch that turns
+    out to admit no value only after the level below is generated (a property false)."""
+    defs: dict[str, Any] = {"d0": leaf}
+    for i in range(n):
+        below = {"$ref": f"#/$defs/d{i}"}
+        defs[f"d{i + 1}"] = {
+            "anyOf": [
+                {"type": "object", "properties": {"x": below, "z": False}, "required": ["x", "z"]},
+                {"type": "object", "properties": {"y": below}, "required": ["y"], "additionalProperties": False},
+            ]
+        }
+    return {"$defs": defs, "$ref": f"#/$defs/d{n}"}
+
+
+def test_a_ref_generated_in_a_branch_that_fails_is_not_generated_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    # each level's first branch generated the level below, then failed and dropped it; the
+    # second generated it again: twice the work at every level (12 levels: 4,096 times, 3 s)
+    entered: list[str] = []
+    real = compile_module._Compiler.gen
+
+    def gen(self: Any, node: Any, path: str, depth: int, bare: frozenset[str]) -> str:
+        entered.append(path)
+        if len(entered) > 100_000:
+            raise Runaway
+        return real(self, node, path, depth, bare)
+
+    monkeypatch.setattr(compile_module._Compiler, "gen", gen)
+    leaf = {"type": "object", "properties": {"e": {"type": "string", "format": "email"}}, "required": ["e"]}
+    schema = _levels(12, leaf)
+    compiled = compile_schema(schema)
+    assert entered.count("$.$defs.d0") == 1 and entered.count("$.$defs.d11") == 1
+    # the note of the level generated once is there once; the grammar holds what the schema does
+    assert [note.split(":")[0] for note in compiled.notes] == ["$.$defs.d0.properties.e"]
+    assert invalid_walks(schema, compiled, 100) == []
+    grammar = Grammar.parse(compiled.grammar or "")
+    value: Any = {"e": "a@b.c"}
+    for _ in range(12):
+        value = {"y": value}
+    assert grammar.matches(json.dumps(value, separators=(",", ":")))
+    assert not grammar.matches(json.dumps({"x": value["y"], "z": 1}, separators=(",", ":")))
+
+
+def test_a_ref_kept_through_a_failed_branch_and_used_nowhere_else_leaves_no_rule_or_note() -> None:
+    leaf = {"type": "object", "properties": {"e": {"type": "string", "format": "email"}}, "required": ["e"]}
+    schema = {
+        "$defs": {"leaf": leaf},
+        "anyOf": [
+            {"type": "object", "properties": {"x": {"$ref": "#/$defs/leaf"}, "z": False}, "required": ["x", "z"]},
+            {"type": "string", "maxLength": 3},
+        ],
+    }
+    compiled = compile_schema(schema)
+    assert compiled.grammar is not None and compiled.notes == []
+    assert [line.split(" ::= ")[0] for line in compiled.grammar.splitlines() if "leaf" in line] == []
+    assert invalid_walks(schema, compiled, 50) == []
+
+
+def test_a_ref_that_reaches_one_still_being_generated_is_not_kept() -> None:
+    # "node" fails after its property generated "pair", whose rule names node's: node's rule
+    # is dropped, so pair's must go too, and the second branch generates it again
+    schema = {
+        "$defs": {
+            "node": {
+                "type": "object",
+                "properties": {"p": {"$ref": "#/$defs/pair"}, "z": False},
+                "required": ["p", "z"],
+            },
+            "pair": {"type": "array", "prefixItems": [{"$ref": "#/$defs/node"}, {"type": "integer"}], "items": False},
+        },
+        "anyOf": [{"$ref": "#/$defs/node"}, {"$ref": "#/$defs/pair"}],
+    }
+    compiled = compile_schema(schema)
+    assert compiled.exact
+    assert invalid_walks(schema, compiled, 50) == []
+    grammar = Grammar.parse(compiled.grammar or "")
+    assert [text for text in ("[]", "[{}]", '[{"p":[]}]', "1") if grammar.matches(text)] == ["[]"]
 
 
 # ---------------------------------------------------------------------------- llama.cpp's repeat limit
