@@ -97,6 +97,9 @@ MAX_COUNTED_RULES = 4_096
 #: states of the automaton for several patterns on one string (and their length bounds)
 MAX_PRODUCT_STATES = 1_000
 MAX_GRAMMAR_CHARS = 2_000_000
+#: what compiling one schema may do: each subschema generated and each allOf component
+#: merged costs its keywords and the entries of its arrays and objects (:func:`_weight`)
+MAX_COMPILE_WORK = 2_000_000
 #: llama.cpp's grammar parser refuses a repeat whose group made more than this many rules,
 #: times its count (``MAX_REPETITION_THRESHOLD``): such a group is made a rule of its own
 LLAMA_REPEAT_RULES = 2_000
@@ -977,6 +980,7 @@ class _Compiler:
         #: value; and the trials this schema may still run
         self.admits: dict[str, bool] = {}
         self.trials, self.trial_chars = MAX_TRIALS, MAX_TRIAL_CHARS
+        self.work = MAX_COMPILE_WORK
         self.notes: list[str] = []
         if isinstance(root, dict) and "$schema" in root and not isinstance(root["$schema"], str):
             raise _Refuse("$", "$schema", f'"$schema" must be a URI string, got {_q(root["$schema"])}')
@@ -1232,6 +1236,7 @@ class _Compiler:
         if not isinstance(node, dict):
             raise _Refuse(path, "schema", f"a schema must be an object or a boolean, got {_q(node)}")
         node = self.own(node)
+        self.spend(_weight(node), path)
         if path != "$" and any(
             # the root's own id, carried into merged or distributed copies of the root, is no nesting
             isinstance(node.get(k), str) and not node[k].startswith("#") and node[k] != self.root_id
@@ -1272,6 +1277,20 @@ class _Compiler:
         if ("anyOf" in node and _asserts(node, "anyOf")) or ("oneOf" in node and _asserts(node, "oneOf")):
             return self.alternatives(node, path, depth, bare)
         return self.typed(node, path, depth)
+
+    def spend(self, work: int, path: str) -> None:
+        """Take ``work`` from the compile's budget (:data:`MAX_COMPILE_WORK`); refused past it:
+        alternatives distributed over allOf components whose refs are merged in multiply at
+        each level (a 3 KB schema of 14 levels took 10 s, each level more twice that)."""
+        self.work -= work
+        if self.work < 0:
+            raise _Refuse(
+                path,
+                "size",
+                f"compiling the schema takes more than {MAX_COMPILE_WORK:,} steps (a step for each keyword "
+                "and entry of each subschema generated or allOf component merged): its alternatives and "
+                "allOf components multiply",
+            )
 
     def own(self, node: dict[str, Any]) -> dict[str, Any]:
         """``node`` without the keywords its draft does not have (draft 4's ``const`` and
@@ -1621,7 +1640,7 @@ class _Compiler:
         work budgets left; a refusal there is no proof."""
         wider = _Compiler(self.root, space=False, open_objects=self.open_objects)
         wider.overlapping = True
-        wider.automaton_work, wider.proof_work = self.automaton_work, self.proof_work
+        wider.automaton_work, wider.proof_work, wider.work = self.automaton_work, self.proof_work, self.work
         try:
             wider.gen(wider.root, "$", 0, frozenset())
         except _Unsatisfiable:
@@ -2002,6 +2021,7 @@ class _Compiler:
             yield comp
 
     def merge(self, a: dict[str, Any], b: dict[str, Any], path: str) -> dict[str, Any]:
+        self.spend(_weight(a) + _weight(b), path)
         out = dict(a)
         shape = ("properties", "additionalProperties", "patternProperties")
         if any(k in b for k in shape) and any(k in a for k in shape):
@@ -4089,6 +4109,16 @@ def _forbids(node: dict[str, Any], name: str) -> bool:
         return not any(search(p, name, fallback=True) for p in patterns)
     except (re.error, ValueError, TypeError, RecursionError, OverflowError):
         return False
+
+
+def _weight(node: dict[str, Any]) -> int:
+    """What generating or merging ``node`` costs the compile's budget: its keywords and the
+    entries of the arrays and objects they hold (properties, enum values, branches)."""
+    weight = 1 + len(node)
+    for value in node.values():
+        if isinstance(value, (list, dict)):
+            weight += len(value)
+    return weight
 
 
 def _literal_values(node: Any) -> list[Any] | None:

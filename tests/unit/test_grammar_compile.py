@@ -587,6 +587,57 @@ def test_a_ref_that_reaches_one_still_being_generated_is_not_kept() -> None:
     assert [text for text in ("[]", "[{}]", '[{"p":[]}]', "1") if grammar.matches(text)] == ["[]"]
 
 
+def _merged_levels(n: int) -> dict[str, Any]:
+    """``n`` levels of two alternatives, each merging the level below (an allOf with its ref)
+    with one more constraint: the merged subschemas double at every level."""
+    defs: dict[str, Any] = {"d0": {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(5)}}}
+    for i in range(n):
+        below = {"$ref": f"#/$defs/d{i}"}
+        defs[f"d{i + 1}"] = {
+            "anyOf": [
+                {"allOf": [below, {"required": [f"p{i % 5}"]}]},
+                {"allOf": [below, {"properties": {f"p{(i + 1) % 5}": {"maxLength": 9}}}]},
+            ]
+        }
+    return {"$defs": defs, "$ref": f"#/$defs/d{n}"}
+
+
+def test_a_compile_past_its_work_budget_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 14 such levels (3 KB) took 10 s, 20 levels hours: the budget stops them at a few seconds
+    monkeypatch.setattr(compile_module, "MAX_COMPILE_WORK", 50_000, raising=False)
+    generated = [0]
+    real = compile_module._Compiler.gen
+
+    def gen(self: Any, node: Any, path: str, depth: int, bare: frozenset[str]) -> str:
+        generated[0] += 1
+        if generated[0] > 100_000:
+            raise Runaway
+        return real(self, node, path, depth, bare)
+
+    monkeypatch.setattr(compile_module._Compiler, "gen", gen)
+    compiled = compile_schema(_merged_levels(20))
+    assert compiled.grammar is None and [r.construct for r in compiled.refusals] == ["size"]
+    assert compiled.refusals[0].path.startswith("$.$defs.d20[")
+    assert generated[0] < 10_000
+    # a schema that needs the whole budget compiles (exactly), one step less refuses it
+    spent = [0]
+    spend = compile_module._Compiler.spend
+
+    def counted(self: Any, work: int, path: str) -> None:
+        spent[0] += work
+        spend(self, work, path)
+
+    monkeypatch.setattr(compile_module._Compiler, "spend", counted)
+    small = _merged_levels(5)
+    monkeypatch.setattr(compile_module, "MAX_COMPILE_WORK", 10**9)
+    compile_schema(small)
+    needed = spent[0]
+    monkeypatch.setattr(compile_module, "MAX_COMPILE_WORK", needed)
+    assert invalid_walks(small, compile_schema(small), 50) == []
+    monkeypatch.setattr(compile_module, "MAX_COMPILE_WORK", needed - 1)
+    assert [r.construct for r in compile_schema(small).refusals] == ["size"]
+
+
 # ---------------------------------------------------------------------------- llama.cpp's repeat limit
 
 
