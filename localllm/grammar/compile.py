@@ -966,6 +966,10 @@ class _Compiler:
         self.automaton_work = [automaton.WORK, automaton.WORK]
         #: pairs of patterns no string matches both of, and what such proofs may still spend
         self.disjoint: dict[tuple[str, str], bool] = {}
+        #: excludes' verdicts on pairs of schema objects, and flat's objects (each with the
+        #: objects it was given, held so that their ids stay theirs)
+        self.excluded: dict[tuple[int, int], tuple[dict[str, Any], dict[str, Any], bool]] = {}
+        self.flats: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
         self.proof_work = [automaton.WORK // 4, automaton.WORK // 4]
         self.products = 0
         #: partial negations taken (:meth:`negate`): fewer values, noted; the steps they may
@@ -1847,7 +1851,7 @@ class _Compiler:
             )
         for i, a in enumerate(targets):
             for j, b in enumerate(targets):
-                if i != j and not self.excludes(a, b, rest):
+                if i != j and not self.excludes(a, b, rest, path):
                     raise _Refuse(
                         child(child(path, "oneOf"), j),
                         "oneOf",
@@ -1856,16 +1860,40 @@ class _Compiler:
                     )
 
     def flat(self, node: Any, path: str) -> Any:
+        """``node`` with its refs followed and without the keywords its draft does not have
+        (the same object for the same node, which :meth:`excludes` keeps its verdicts by)."""
         seen: set[str] = set()
         while isinstance(node, dict) and isinstance(node.get("$ref"), str) and node["$ref"] not in seen:
             seen.add(node["$ref"])
             node = self.resolve(node["$ref"], path)[0]
-        return self.own(node) if isinstance(node, dict) else node
+        if not isinstance(node, dict) or self.foreign.isdisjoint(node):
+            return node
+        held = self.flats.get(id(node))
+        if held is None or held[0] is not node:
+            held = self.flats[id(node)] = (node, self.own(node))
+        return held[1]
 
-    def excludes(self, a: Any, b: Any, rest: dict[str, Any] | None = None) -> bool:
-        """True when no value generated for ``a`` (beside ``rest``) is valid against ``b``."""
+    def excludes(self, a: Any, b: Any, rest: dict[str, Any] | None = None, path: str = "$") -> bool:
+        """True when no value generated for ``a`` (beside ``rest``) is valid against ``b``.
+        Without ``rest``, each pair's verdict is kept (by the objects, held): objects whose
+        required properties share schemas are a DAG, read as a tree it doubled at every level
+        (a 2 KB schema: 26 s); a pair met again while being decided (a recursive ref) is not
+        proven apart."""
         if not isinstance(a, dict) or not isinstance(b, dict):
             return False
+        if rest:
+            return self.excluding(a, b, rest, path)
+        held = self.excluded.get((id(a), id(b)))
+        if held is not None and held[0] is a and held[1] is b:
+            return held[2]
+        self.excluded[id(a), id(b)] = (a, b, False)
+        self.spend(1, path)
+        verdict = self.excluding(a, b, None, path)
+        self.excluded[id(a), id(b)] = (a, b, verdict)
+        return verdict
+
+    def excluding(self, a: dict[str, Any], b: dict[str, Any], rest: dict[str, Any] | None, path: str) -> bool:
+        """:meth:`excludes` decided."""
         lits = _literal_values(a)
         if lits is not None:
             return not self.admitted(b, lits, "$", "oneOf")
@@ -1884,7 +1912,11 @@ class _Compiler:
                 # or their schemas for it exclude
                 if _forbids(b, name):
                     return True
-                if name in pa and name in pb and self.excludes(self.flat(pa[name], "$"), self.flat(pb[name], "$")):
+                if (
+                    name in pa
+                    and name in pb
+                    and self.excludes(self.flat(pa[name], "$"), self.flat(pb[name], "$"), path=path)
+                ):
                     return True
             for name in _required(b):
                 # a value for a lacks the name (b rejects it) or has a's value for it
@@ -1892,7 +1924,7 @@ class _Compiler:
                     return True
                 if name in pa and (
                     pa[name] is False
-                    or (name in pb and self.excludes(self.flat(pa[name], "$"), self.flat(pb[name], "$")))
+                    or (name in pb and self.excludes(self.flat(pa[name], "$"), self.flat(pb[name], "$"), path=path))
                 ):
                     return True
         return False
