@@ -985,6 +985,7 @@ class _Compiler:
         self.admits: dict[str, bool] = {}
         self.trials, self.trial_chars = MAX_TRIALS, MAX_TRIAL_CHARS
         self.work = MAX_COMPILE_WORK
+        self.spent: _Refuse | None = None
         self.notes: list[str] = []
         if isinstance(root, dict) and "$schema" in root and not isinstance(root["$schema"], str):
             raise _Refuse("$", "$schema", f'"$schema" must be a URI string, got {_q(root["$schema"])}')
@@ -1072,6 +1073,8 @@ class _Compiler:
         try:
             expr = self.gen(self.root, "$", 0, frozenset())
         except _Unsatisfiable as exc:
+            if self.spent:
+                raise self.spent from None
             if not self.partial_negations or self.unsatisfiable_anyway():
                 raise
             # the values partial negations left out may be all the schema has
@@ -1082,6 +1085,8 @@ class _Compiler:
                 f"{why}; but only once overlapping oneOf branches were told apart by partial negations, "
                 "so the schema itself may admit values: not compiled",
             ) from None
+        if self.spent:
+            raise self.spent
         self.rules = {"root": expr, **self.rules}
         self.drop_unused()
         self.name_large_repeats()
@@ -1288,13 +1293,16 @@ class _Compiler:
         each level (a 3 KB schema of 14 levels took 10 s, each level more twice that)."""
         self.work -= work
         if self.work < 0:
-            raise _Refuse(
+            # kept: a refusal caught on the way (an extension pair left out) must not leave a
+            # grammar narrowed by the budget alone (:meth:`run` raises it at the end)
+            self.spent = self.spent or _Refuse(
                 path,
                 "size",
                 f"compiling the schema takes more than {MAX_COMPILE_WORK:,} steps (a step for each keyword "
                 "and entry of each subschema generated or allOf component merged): its alternatives and "
                 "allOf components multiply",
             )
+            raise self.spent
 
     def own(self, node: dict[str, Any]) -> dict[str, Any]:
         """``node`` without the keywords its draft does not have (draft 4's ``const`` and

@@ -638,6 +638,22 @@ def test_a_compile_past_its_work_budget_is_refused(monkeypatch: pytest.MonkeyPat
     assert [r.construct for r in compile_schema(small).refusals] == ["size"]
 
 
+def test_a_budget_run_out_where_a_refusal_is_caught_still_refuses_the_schema(monkeypatch: pytest.MonkeyPatch) -> None:
+    # an extension pair whose value is refused is left out (the object generated closed):
+    # the budget running out there left a grammar without the "^a" keys, and no word of it
+    monkeypatch.setattr(compile_module, "MAX_COMPILE_WORK", 50_000, raising=False)
+    levels = _merged_levels(20)
+    schema = {
+        "$defs": levels["$defs"],
+        "type": "object",
+        "properties": {"name": {"type": "string"}},
+        "patternProperties": {"^a": levels},
+        "additionalProperties": False,
+    }
+    compiled = compile_schema(schema)
+    assert compiled.grammar is None and [r.construct for r in compiled.refusals] == ["size"]
+
+
 def test_one_of_branches_sharing_schemas_are_told_apart_once_per_pair(monkeypatch: pytest.MonkeyPatch) -> None:
     # each level's object requires "p" and "q" of the level below: read as a tree, the pair of
     # branches was compared 4^n times (10 levels, 2 KB: 26 s)
