@@ -2222,6 +2222,9 @@ class _Compiler:
         kept: list[Any] = []
         for alternative in alternatives:
             key = _canon(alternative)
+            # written out for every use: a step of the budget for every 32 characters (an
+            # allOf of two 16-branch anyOfs merged into 300 properties: 16 s, within the steps)
+            self.spend(1 + len(key) // 32, path)
             if key not in self.admits:
                 if self.trials <= 0 or len(key) > self.trial_chars:
                     return alternatives

@@ -654,6 +654,27 @@ def test_a_budget_run_out_where_a_refusal_is_caught_still_refuses_the_schema(mon
     assert compiled.grammar is None and [r.construct for r in compiled.refusals] == ["size"]
 
 
+def test_alternatives_written_out_for_their_trials_are_steps_of_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    # an allOf of two anyOfs whose products mostly contradict each other, merged into each
+    # property: every property wrote all 144 products out again to look up their kept trial
+    # verdicts, uncounted (300 properties of 16-branch anyOfs: 16 s within the steps)
+    def branch(i: int, tag: str) -> dict[str, Any]:
+        names = {f"{tag}{i}_{j}": {"type": "string", "maxLength": j + 1} for j in range(4)}
+        return {"type": "object", "properties": {"t": {"const": i}, **names}, "required": ["t"]}
+
+    pair = {"allOf": [{"anyOf": [branch(i, "a") for i in range(12)]}, {"anyOf": [branch(i, "b") for i in range(12)]}]}
+    schema = {
+        "$defs": {"pair": pair},
+        "type": "object",
+        "properties": {f"p{j}": {"allOf": [{"$ref": "#/$defs/pair"}, {"minProperties": 1 + j % 3}]} for j in range(20)},
+    }
+    monkeypatch.setattr(compile_module, "MAX_COMPILE_WORK", 200_000, raising=False)
+    assert compile_schema(schema).exact
+    # the subschemas generated and merged take ~38,000 steps; the products written out ~47,000 more
+    monkeypatch.setattr(compile_module, "MAX_COMPILE_WORK", 60_000)
+    assert [r.construct for r in compile_schema(schema).refusals] == ["size"]
+
+
 def test_one_of_branches_sharing_schemas_are_told_apart_once_per_pair(monkeypatch: pytest.MonkeyPatch) -> None:
     # each level's object requires "p" and "q" of the level below: read as a tree, the pair of
     # branches was compared ~4^n times (10 levels, 2.6 KB: 26 s)
