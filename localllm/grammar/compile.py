@@ -98,7 +98,9 @@ MAX_COUNTED_RULES = 4_096
 MAX_PRODUCT_STATES = 1_000
 MAX_GRAMMAR_CHARS = 2_000_000
 #: what compiling one schema may do: each subschema generated and each allOf component
-#: merged costs its keywords and the entries of its arrays and objects (:func:`_weight`)
+#: merged costs its keywords and the entries of its arrays and objects (:func:`_weight`),
+#: each pair of branches compared a step, each alternative written out for its trial a step
+#: per 32 characters
 MAX_COMPILE_WORK = 2_000_000
 #: llama.cpp's grammar parser refuses a repeat whose group made more than this many rules,
 #: times its count (``MAX_REPETITION_THRESHOLD``): such a group is made a rule of its own
@@ -1290,7 +1292,7 @@ class _Compiler:
     def spend(self, work: int, path: str) -> None:
         """Take ``work`` from the compile's budget (:data:`MAX_COMPILE_WORK`); refused past it:
         alternatives distributed over allOf components whose refs are merged in multiply at
-        each level (a 3 KB schema of 14 levels took 10 s, each level more twice that)."""
+        each level (a 2.7 KB schema of 14 levels took 10 s, each level more twice that)."""
         self.work -= work
         if self.work < 0:
             # kept: a refusal caught on the way (an extension pair left out) must not leave a
@@ -1299,8 +1301,9 @@ class _Compiler:
                 path,
                 "size",
                 f"compiling the schema takes more than {MAX_COMPILE_WORK:,} steps (a step for each keyword "
-                "and entry of each subschema generated or allOf component merged): its alternatives and "
-                "allOf components multiply",
+                "and entry of each subschema generated or allOf component merged, each pair of branches "
+                "compared, each 32 characters of alternatives tried): its alternatives and allOf "
+                "components multiply",
             )
             raise self.spent
 
