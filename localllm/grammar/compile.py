@@ -953,7 +953,7 @@ class _Compiler:
         self.renumbered: list[tuple[str, int | None]] = []  # (base, its number before), for restore
         self.refs: dict[str, str] = {}
         #: the rules of refs kept through the restores of failed branches (:meth:`restore`),
-        #: and per note the ref whose rule it tells of (innermost; None while none is done)
+        #: and per note the ref whose rule it tells of (innermost; :meth:`owned`)
         self.kept: set[str] = set()
         self.owners: list[str | None] = []
         self.order_rules = 0
@@ -1113,8 +1113,7 @@ class _Compiler:
         unused = self.kept - used  # some may be gone: a later restore found them not closed
         for name in unused:
             self.rules.pop(name, None)
-        self.owners += [None] * (len(self.notes) - len(self.owners))
-        self.notes = [n for n, o in zip(self.notes, self.owners, strict=True) if o not in unused]
+        self.notes = [n for n, o in zip(self.notes, self.owned(), strict=True) if o not in unused]
 
     def name_large_repeats(self) -> None:
         """Make a rule of each group llama.cpp's parser would refuse to repeat
@@ -1167,10 +1166,9 @@ class _Compiler:
                 if (key if table is self.rules else value) in kept:
                     held.append((key, value))
             table.update(reversed(held))
-        if kept:
-            self.kept |= kept
-            self.owners += [None] * (len(self.notes) - len(self.owners))
-        notes = [(n, o) for n, o in zip(self.notes[saved[4] :], self.owners[saved[4] :], strict=False) if o in kept]
+        self.kept |= kept
+        owners = self.owned()
+        notes = [(n, o) for n, o in zip(self.notes[saved[4] :], owners[saved[4] :], strict=True) if o in kept]
         del self.notes[saved[4] :], self.owners[saved[4] :]
         self.notes += [n for n, _ in notes]
         self.owners += [o for _, o in notes]
@@ -1180,6 +1178,12 @@ class _Compiler:
                 del self.suffixes[base]
             else:
                 self.suffixes[base] = before
+
+    def owned(self) -> list[str | None]:
+        """Each note's ref (:meth:`ref` records it when the ref is done; None before), one
+        per note."""
+        self.owners += [None] * (len(self.notes) - len(self.owners))
+        return self.owners
 
     def closed(self, saved: tuple[int, int, int, int, int]) -> set[str]:
         """The rules added since ``saved`` that belong to refs generated in full: each such
@@ -1722,9 +1726,9 @@ class _Compiler:
         self.refs[ref] = name
         notes = len(self.notes)
         self.rules[name] = self.gen(target, target_path, depth + 1, bare | {ref})
-        self.owners += [None] * (len(self.notes) - len(self.owners))
-        for i in range(notes, len(self.notes)):
-            self.owners[i] = self.owners[i] or name
+        owners = self.owned()
+        for i in range(notes, len(owners)):
+            owners[i] = owners[i] or name
         return name
 
     def resolve(self, ref: str, path: str) -> tuple[Any, str]:
