@@ -1099,12 +1099,15 @@ class _Compiler:
         return CompiledGrammar(text, [], self.notes)
 
     def drop_unused(self) -> None:
-        """The rules kept through failed branches (:meth:`restore`) that no rule used in the
-        end reaches left out, and the notes of those refs."""
+        """The rules kept through failed branches (:meth:`restore`) that no other rule reaches
+        in the end left out, and the notes of those refs. Every other rule stays, used or not
+        (an object's property that its ``maxProperties`` leaves out keeps its rule), and so
+        does each kept rule one of them names: llama.cpp refuses a grammar naming a rule it
+        does not define, used or not."""
         if not self.kept:
             return
         used: set[str] = set()
-        todo = ["root"]
+        todo = ["root", *(name for name in self.rules if name not in self.kept)]
         while todo:
             name = todo.pop()
             if name not in used and name in self.rules:

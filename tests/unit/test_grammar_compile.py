@@ -566,6 +566,31 @@ def test_a_ref_kept_through_a_failed_branch_and_used_nowhere_else_leaves_no_rule
     assert invalid_walks(schema, compiled, 50) == []
 
 
+@pytest.mark.parametrize("open_objects", [True, False])
+def test_a_kept_ref_that_an_unused_rule_names_is_still_defined(open_objects: bool) -> None:
+    # "d" is generated in the failed branch of its dependentRequired rewrite (p1 absent, yet
+    # required) and kept; the branch that stands makes p3's rule (maxProperties 1 then leaves
+    # p3 out, so nothing uses it) with the kept ref-d: leaving ref-d out for being unreachable
+    # left "undefined rule ref-d", which llama.cpp refuses the whole grammar for
+    schema = {
+        "$defs": {
+            "d": {},
+            "o": {
+                "properties": {"p3": {"$ref": "#/$defs/d"}},
+                "required": ["p1"],
+                "maxProperties": 1,
+                "dependentRequired": {"p1": []},
+            },
+        },
+        "properties": {"p4": {"$ref": "#/$defs/o"}},
+    }
+    compiled = compile_schema(schema, open_objects=open_objects)
+    assert compiled.grammar is not None, compiled.refusals
+    grammar = Grammar.parse(compiled.grammar)  # every name defined
+    assert grammar.matches('{"p4":{"p1":1}}') and not grammar.matches('{"p4":{"p3":1}}')
+    assert invalid_walks(schema, compiled, 50) == []
+
+
 def test_a_ref_that_reaches_one_still_being_generated_is_not_kept() -> None:
     # "node" fails after its property generated "pair", whose rule names node's: node's rule
     # is dropped, so pair's must go too, and the second branch generates it again
