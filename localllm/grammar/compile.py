@@ -29,6 +29,7 @@ refused, never raised. Narrowings beyond the documented defaults are listed in
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import itertools
 import json
@@ -528,15 +529,7 @@ def fan_out(schema: Any) -> tuple[str, str] | None:
         if isinstance(ref, str) and ref.startswith("#"):
             found = resolve_pointer(root, ref[1:])
             yield True if found is None else found[0]
-            if legacy:
-                return
-        for key in ("allOf", "anyOf", "oneOf"):
-            if isinstance(node.get(key), list):
-                yield from node[key]
-        yield from (node[key] for key in ("not", "if", "then", "else") if key in node)
-        for key in ("dependentSchemas", "dependencies"):
-            if isinstance(node.get(key), dict):
-                yield from (sub for sub in node[key].values() if not isinstance(sub, list))
+        yield from _in_place(node, legacy=legacy)
 
     applied: dict[int, int] = {}
 
@@ -563,6 +556,21 @@ def fan_out(schema: Any) -> tuple[str, str] | None:
                 "in time; share the repeated subschemas or simplify them"
             )
     return None
+
+
+def _in_place(node: dict[str, Any], *, legacy: bool) -> Iterator[Any]:
+    """The subschemas ``node`` applies to the value it applies to (its ``$ref``'s target aside):
+    ``allOf``, ``anyOf``, ``oneOf``, ``not``, ``if``/``then``/``else``, ``dependentSchemas``
+    (and draft 7's schema ``dependencies``); none beside a ``$ref`` before 2019-09 (``legacy``)."""
+    if legacy and isinstance(node.get("$ref"), str):
+        return
+    for key in ("allOf", "anyOf", "oneOf"):
+        if isinstance(node.get(key), list):
+            yield from node[key]
+    yield from (node[key] for key in ("not", "if", "then", "else") if key in node)
+    for key in ("dependentSchemas", "dependencies"):
+        if isinstance(node.get(key), dict):
+            yield from (sub for sub in node[key].values() if not isinstance(sub, list))
 
 
 def unresolvable_ref(schema: Any) -> tuple[str, str] | None:
@@ -952,6 +960,9 @@ class _Compiler:
         self.suffixes: dict[str, int] = {}  # per rule-name base: the last number it took
         self.renumbered: list[tuple[str, int | None]] = []  # (base, its number before), for restore
         self.refs: dict[str, str] = {}
+        #: per ref target (in the root, so its id stays its): whether it reaches itself in
+        #: place (:meth:`recursive`)
+        self.cycles: dict[int, bool] = {}
         #: the rules of refs kept through the restores of failed branches (:meth:`restore`),
         #: and per note the ref whose rule it tells of (innermost; :meth:`owned`)
         self.kept: set[str] = set()
@@ -1720,7 +1731,7 @@ class _Compiler:
         if not isinstance(ref, str):
             raise _Refuse(path, "$ref", f'"$ref" must be a string, got {_q(ref)}')
         target, target_path = self.resolve(ref, path)
-        if ref in bare:
+        if ref in bare and self.recursive(ref, path):
             raise _Refuse(path, "$ref", f'"$ref": {_q(ref)} recurses without consuming input (left recursion)')
         name = self.refs.get(ref)
         if name is not None:
@@ -1733,6 +1744,35 @@ class _Compiler:
         for i in range(notes, len(owners)):
             owners[i] = owners[i] or name
         return name
+
+    def recursive(self, ref: str, path: str) -> bool:
+        """Whether ``ref``'s target reaches itself in place (through what applies to the same
+        value: :func:`_in_place`'s subschemas, refs followed). Only such a ref met again
+        without input consumed is left recursion; one that cannot was met again as a conjunct
+        of what is being generated (devinit's items: ``allOf: [runObject]`` beside ``anyOf:
+        [runObject]``; an allOf of a ref and an ``if`` whose ``then`` names it) and is generated
+        again: the conjunction is the same, and the ref's rule never depends on where it was met."""
+        target = self.resolve(ref, path)[0]
+        if id(target) not in self.cycles:
+            todo, reached, found = [target], {id(target)}, False
+            while todo and not found:
+                node = todo.pop()
+                self.spend(1, path)
+                if not isinstance(node, dict):
+                    continue
+                subs = list(_in_place(node, legacy=self.draft <= 7))
+                if isinstance(node.get("$ref"), str):
+                    with contextlib.suppress(_Refuse):  # refused where it is generated, if it is
+                        subs.insert(0, self.resolve(node["$ref"], path)[0])
+                for sub in subs:
+                    found = sub is target
+                    if found:
+                        break
+                    if isinstance(sub, dict) and id(sub) not in reached:
+                        reached.add(id(sub))
+                        todo.append(sub)
+            self.cycles[id(target)] = found
+        return self.cycles[id(target)]
 
     def resolve(self, ref: str, path: str) -> tuple[Any, str]:
         fragment = ref
@@ -2039,7 +2079,7 @@ class _Compiler:
                 ref = comp.pop("$ref")
                 if not isinstance(ref, str):
                     raise _Refuse(path, "$ref", '"$ref" must be a string')
-                if ref in chain:
+                if ref in chain and self.recursive(ref, path):
                     raise _Refuse(path, "$ref", f"allOf reaches {_q(ref)} again without consuming input")
                 target = self.resolve(ref, path)[0]
                 if self.draft <= 7:

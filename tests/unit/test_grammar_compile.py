@@ -745,6 +745,102 @@ def test_a_pair_of_recursive_branches_met_again_is_not_proven_apart() -> None:
     assert grammar.matches('{"p":{}}') and grammar.matches('{"k":2}') and not grammar.matches('{"p":{},"k":2}')
 
 
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/$defs/{name}"}
+
+
+# a ref met again where no input was consumed, but as a conjunct of what is being generated
+# (it cannot reach itself in place): refused as left recursion before, though the schema is
+# no recursion at all
+_CONJUNCTS = [
+    # JSON Schema Store's devinit: the same ref under allOf and anyOf of one subschema
+    (
+        {
+            "$defs": {
+                "run": {"type": "object", "properties": {"tool": {"enum": ["npm", "apt"]}}, "required": ["tool"]}
+            },
+            "type": "array",
+            "items": {"allOf": [_ref("run")], "anyOf": [_ref("run")]},
+        },
+        ['[{"tool":"npm"}]', "[]"],
+        ['[{"tool":"pip"}]', "[{}]"],
+    ),
+    # an allOf of a ref and an "if" whose "then" names it again
+    (
+        {
+            "$defs": {"s": {"type": "string", "maxLength": 3}, "c": {"if": {"minimum": 3}, "then": _ref("s")}},
+            "allOf": [_ref("c"), _ref("s")],
+        },
+        ['"abc"', '""'],
+        ['"abcd"', "7"],
+    ),
+    # an anyOf branch naming the ref its sibling allOf merged; the ref recursive only
+    # through what consumes input (CWL's CwlType: an array of CwlType)
+    (
+        {
+            "$defs": {"t": {"anyOf": [{"type": "string", "maxLength": 2}, {"type": "array", "items": _ref("t")}]}},
+            "allOf": [_ref("t"), {"anyOf": [_ref("t"), {"type": "null"}]}],
+        },
+        ['"ab"', '[["a"],[]]'],
+        ["null", '[["abc"]]', "1"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("schema", "valid", "invalid"), _CONJUNCTS)
+def test_a_ref_met_again_as_a_conjunct_is_generated_again(schema: Any, valid: list[str], invalid: list[str]) -> None:
+    compiled = compile_schema(schema)
+    assert compiled.grammar is not None, compiled.refusals
+    grammar = Grammar.parse(compiled.grammar)
+    assert [text for text in valid if not grammar.matches(text)] == []
+    assert [text for text in invalid if grammar.matches(text)] == []
+    assert invalid_walks(schema, compiled, 200) == []
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        # the ref reaches itself in place: through another ref, an allOf, an if's then
+        {"$defs": {"a": {"anyOf": [_ref("b"), {"type": "null"}]}, "b": {"allOf": [_ref("a")]}}, "$ref": "#/$defs/a"},
+        {"$defs": {"a": {"allOf": [{"if": {"type": "string"}, "then": _ref("a")}, {"maxLength": 2}]}}, **_ref("a")},
+        # through structure to another ref, then in place back
+        {
+            "$defs": {
+                "x": {"anyOf": [{"type": "array", "items": _ref("y")}, _ref("y")]},
+                "y": {"anyOf": [_ref("x"), {"type": "null"}]},
+            },
+            "allOf": [_ref("x"), {"anyOf": [_ref("x"), {"type": "null"}]}],
+        },
+    ],
+)
+def test_a_ref_that_reaches_itself_in_place_is_still_left_recursion(schema: Any) -> None:
+    compiled = compile_schema(schema)
+    assert compiled.grammar is None
+    assert [r.construct for r in compiled.refusals] == ["$ref"]
+
+
+def test_a_ref_generated_again_as_a_conjunct_keeps_one_rule_for_every_use() -> None:
+    # r's rule is first made where "a" is also required (a conjunct met again inside r); used
+    # under "other" where nothing else applies, it must still require all r requires
+    schema = {
+        "$defs": {
+            "need_a": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+            "r": {"allOf": [_ref("need_a"), {"properties": {"b": {"type": "integer"}}, "required": ["b"]}]},
+        },
+        "type": "object",
+        "properties": {
+            "first": {"allOf": [_ref("need_a"), {"anyOf": [_ref("r"), {"required": ["c"]}]}]},
+            "other": _ref("r"),
+        },
+    }
+    compiled = compile_schema(schema, open_objects=False)
+    assert compiled.grammar is not None, compiled.refusals
+    grammar = Grammar.parse(compiled.grammar)
+    assert grammar.matches('{"other":{"a":1,"b":2}}')
+    assert not grammar.matches('{"other":{"b":2}}') and not grammar.matches('{"first":{"b":2}}')
+    assert invalid_walks(schema, compiled, 200) == []
+
+
 # ---------------------------------------------------------------------------- llama.cpp's repeat limit
 
 
