@@ -1,4 +1,4 @@
-"""Seeded schema mutations for the grammar fuzz test: values from the corpora, bent out of shape."""
+"""Seeded schemas for the grammar fuzz tests: corpus values bent out of shape; random structural schemas."""
 
 from __future__ import annotations
 
