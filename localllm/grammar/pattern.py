@@ -415,6 +415,10 @@ def _escape_at(pattern: str, i: int) -> tuple[str, int, tuple[tuple[int, int], .
 
 #: what :func:`python_pattern` rewrites starts with one of these; a pattern without any is kept
 _ECMA_ONLY = ("\\c", "\\p", "\\P", "\\k<", "(?<", "[]", "[^]")
+#: what re reads in a class as a literal but warns of (see :func:`_rewrite_class`), and a
+#: pattern that may hold it: a second "[" after a "[", or a doubled operator
+_SET_SYNTAX = frozenset("[-&~|")
+_SET_WARNED = re.compile(r"\[.*(?:\[|--|&&|~~|\|\|)", re.DOTALL)
 #: a property escape (``\p{L}``, ``\P{Lu}``: group 1 the letter, 2 the name), or an escaped
 #: backslash (no group 1), read first so ``\\p{L}`` is no property
 _PROPERTY_ESCAPE = re.compile(r"\\\\|\\([pP])\{([^}]*)\}")
@@ -443,11 +447,13 @@ def python_pattern(pattern: str) -> str:
     rewritten into what ``re`` parses as ECMA-262 means it: ``\\cX`` (a control character),
     ``\\p{…}``/``\\P{…}`` (Unicode properties: :func:`property_ranges`) as classes, a named
     group ``(?<name>…)`` and its backreference ``\\k<name>`` as ``re`` writes them, the empty
-    class ``[]`` (nothing) and ``[^]`` (any character). Every other part is kept as written
+    class ``[]`` (nothing) and ``[^]`` (any character); in a class, a ``[`` and the ``-``,
+    ``&``, ``~`` and ``|`` not making a range escaped (``re`` warns of them as nested sets
+    and set operations; ECMA-262 reads each as itself). Every other part is kept as written
     (``re`` reads it as :func:`search` says). Raises ``re.error`` for a malformed escape, an
     unknown property, or a property class as a range's end (``[\\p{L}-z]``, an error in
     ECMA-262 too)."""
-    if not any(syntax in pattern for syntax in _ECMA_ONLY):
+    if not any(syntax in pattern for syntax in _ECMA_ONLY) and not _SET_WARNED.search(pattern):
         return pattern
     held = property_ranges_held(pattern)
     if held > MAX_PROPERTY_RANGES:
@@ -500,11 +506,15 @@ def _rewrite_class(pattern: str, i: int, out: list[str]) -> int:
             out.append(text if ranges is None else _class_text(ranges))
             i, single = nxt, ranges is None
         else:
-            out.append(pattern[i])
-            single = True
             if pattern[i] == "-" and starts and pattern[i + 1 : i + 2] not in ("]", ""):
+                out.append("-")  # a range's
                 i, starts, ends = i + 1, False, True
                 continue
+            # re warns of a "[" in a class, and of a doubled "-", "&", "~" or "|" (a nested set,
+            # a set operation: FutureWarning, one day perhaps read so); escaped, each is what
+            # ECMA-262 reads, the character itself
+            out.append("\\" + pattern[i] if pattern[i] in _SET_SYNTAX else pattern[i])
+            single = True
             i += 1
         starts, ends = single and not ends, False
     if i < n:
