@@ -1731,7 +1731,7 @@ class _Compiler:
         if not isinstance(ref, str):
             raise _Refuse(path, "$ref", f'"$ref" must be a string, got {_q(ref)}')
         target, target_path = self.resolve(ref, path)
-        if ref in bare and self.recursive(ref, path):
+        if ref in bare and self.recursive(target, path):
             raise _Refuse(path, "$ref", f'"$ref": {_q(ref)} recurses without consuming input (left recursion)')
         name = self.refs.get(ref)
         if name is not None:
@@ -1745,14 +1745,13 @@ class _Compiler:
             owners[i] = owners[i] or name
         return name
 
-    def recursive(self, ref: str, path: str) -> bool:
-        """Whether ``ref``'s target reaches itself in place (through what applies to the same
+    def recursive(self, target: Any, path: str) -> bool:
+        """Whether a ref's ``target`` reaches itself in place (through what applies to the same
         value: :func:`_in_place`'s subschemas, refs followed). Only such a ref met again
         without input consumed is left recursion; one that cannot was met again as a conjunct
         of what is being generated (devinit's items: ``allOf: [runObject]`` beside ``anyOf:
         [runObject]``; an allOf of a ref and an ``if`` whose ``then`` names it) and is generated
         again: the conjunction is the same, and the ref's rule never depends on where it was met."""
-        target = self.resolve(ref, path)[0]
         if id(target) not in self.cycles:
             todo, reached, found = [target], {id(target)}, False
             while todo and not found:
@@ -2079,9 +2078,9 @@ class _Compiler:
                 ref = comp.pop("$ref")
                 if not isinstance(ref, str):
                     raise _Refuse(path, "$ref", '"$ref" must be a string')
-                if ref in chain and self.recursive(ref, path):
-                    raise _Refuse(path, "$ref", f"allOf reaches {_q(ref)} again without consuming input")
                 target = self.resolve(ref, path)[0]
+                if ref in chain and self.recursive(target, path):
+                    raise _Refuse(path, "$ref", f"allOf reaches {_q(ref)} again without consuming input")
                 if self.draft <= 7:
                     comp.clear()
                 if ref not in seen:  # allOf is idempotent: the same target merged twice is merged once
