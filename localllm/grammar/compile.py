@@ -3262,19 +3262,19 @@ class _Compiler:
             return self.primitive("integer" if integer else "number")
         ilo = None if lo is None else _int_at_least(lo)
         ihi = None if hi is None else _int_at_most(hi)
+        empty = lo is not None and hi is not None and (lo.value, lo.exclusive or hi.exclusive) > (hi.value, False)
+        no_integer = ilo is not None and ihi is not None and ilo > ihi
+        if empty or (integer and no_integer):  # before any bound's size: 1e308 above 7 admits nothing
+            raise _Unsatisfiable(path, "minimum", f"no {'integer' if integer else 'number'} meets the bounds")
         for b in (ilo, ihi):
             if b is not None and len(str(abs(b))) > MAX_BOUND_DIGITS:
                 raise _Refuse(path, "minimum" if b == ilo else "maximum", "bound too large to compile")
         parts = []
-        if ilo is None or ihi is None or ilo <= ihi:
+        if not no_integer:
             parts.append(integer_range(ilo, ihi))
         if not integer:
             parts.extend(self.fractions(lo, hi, path))
-        empty = lo is not None and hi is not None and (lo.value, lo.exclusive or hi.exclusive) > (hi.value, False)
-        if not parts and (integer or empty):
-            # no value meets the bounds at all (a branch of a negated enum between two bounds)
-            raise _Unsatisfiable(path, "minimum", f"no {'integer' if integer else 'number'} meets the bounds")
-        if not parts:
+        if not parts:  # numbers between two integers, none with few enough decimals
             raise _Refuse(
                 path,
                 "minimum",

@@ -34,6 +34,7 @@ sorted order, and findings inside a ``$ref`` target are reported once, at the ta
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -77,6 +78,9 @@ class Violation:
     construct: str
     message: str
     severity: Severity = "error"
+    #: never to be sent to llama.cpp's converter, strict or not: it would make of it a grammar
+    #: llama-server's parser never finishes reading (memory without end)
+    runaway: bool = False
 
     def __str__(self) -> str:
         return self.message
@@ -703,6 +707,8 @@ class _Checker:
                 handled.add(exclusive)
         lower = next((k for k in ("minimum", "exclusiveMinimum") if k in node), None)
         upper = next((k for k in ("maximum", "exclusiveMaximum") if k in node), None)
+        if self.int64_bounds(node, path, lower, upper):
+            return frozenset(handled)
         if (lower is None) != (upper is None):
             key = lower or upper
             assert key is not None
@@ -723,6 +729,42 @@ class _Checker:
                     ),
                 )
         return frozenset(handled)
+
+    def int64_bounds(self, node: dict[str, Any], path: str, lower: str | None, upper: str | None) -> bool:
+        """The integer bounds as llama.cpp's converter reads them, as 64-bit integers: an error
+        for a bound it reads as another, a ``runaway`` one for bounds it makes a grammar of that
+        llama-server's parser never finishes reading. True when either was found."""
+        read = {
+            key: _int64_readings(node[key], key)
+            for key in (lower, upper)
+            if key is not None and not isinstance(node[key], bool) and isinstance(node[key], (int, float))
+        }
+        if not read:
+            return False
+        lows = read.get(lower or "", (_I64_MIN,))
+        highs = read.get(upper or "", (_I64_MAX,))
+        runaway = next((k for lo in lows for hi in highs if (k := _runaway(lower, lo, upper, hi))), None)
+        found = False
+        for key, readings in read.items():
+            value = node[key]
+            if key == runaway:
+                message = (
+                    f'{path}: "{key}": {_q(value)} {SUBSET}: llama.cpp writes the range it reads (64-bit integers) '
+                    "with a repeat whose minimum passes its maximum, which llama-server's grammar parser never "
+                    f"finishes reading (memory without end); give both bounds, each within ±{_INT64_BOUND:,}"
+                )
+                self.findings.append(Violation(path, key, message, runaway=True))
+            elif readings != (_exact_bound(value, key),):
+                self.error(
+                    path,
+                    key,
+                    f'{path}: "{key}": {_q(value)} {SUBSET}: llama.cpp reads it as a 64-bit integer, '
+                    f"{' or '.join(map(str, readings))}; keep bounds within ±{_INT64_BOUND:,}",
+                )
+            else:
+                continue
+            found = True
+        return found
 
     def visit_all_of(self, node: dict[str, Any], path: str) -> frozenset[str]:
         # The converter merges allOf components by hand: only object components' properties
@@ -965,6 +1007,84 @@ def _only_number_keywords(node: Mapping[str, Any], key: str) -> bool:
     if not isinstance(parts, list):
         return False
     return all(isinstance(p, dict) and all(k in keywords.NUMBER or not _asserts(p, k) for k in p) for p in parts)
+
+
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+#: bounds within this magnitude llama.cpp's converter reads as written and ranges both ways
+_INT64_BOUND = 2**63 - 2
+#: a one-sided integer range from this magnitude up may run away: llama.cpp writes the digits
+#: after the first of a bound of n digits as ``[0-9]{n - 1,15}`` and, one level down each digit,
+#: 14, 13, …: past 15 digits a repeat whose minimum passes its maximum (measured on the pinned
+#: server: 999,999,999,999,999 read; 9,999,999,999,999,999 and 10^16 ran away)
+_ONE_SIDED_SAFE = 10**15
+
+
+def _exact_bound(value: float, key: str) -> int | None:
+    """The integer bound ``key``: ``value`` stands for (None: not finite)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if key == "minimum":
+        return math.ceil(value)
+    if key == "maximum":
+        return math.floor(value)
+    return math.floor(value) + 1 if key == "exclusiveMinimum" else math.ceil(value) - 1
+
+
+def _int64_readings(value: float, key: str) -> tuple[int, ...]:
+    """How llama.cpp's converter reads the integer bound ``key``: ``value`` (``get_bound`` in
+    ``common/json-schema.cpp``): a JSON integer as an int64 (one from 2^63 to 2^64 - 1, stored
+    unsigned, wraps), any other number rounded as a double and cast; then 1 added or taken for
+    an exclusive bound, wrapping. Where C++ leaves the cast undefined, both readings machines
+    give: -2^63 (x86) and the nearest end of the range (ARM)."""
+    if isinstance(value, int) and _I64_MIN <= value < 2**64:
+        readings: tuple[int, ...] = (value - 2**64 if value > _I64_MAX else value,)
+    else:
+        try:
+            as_double = float(value)
+        except OverflowError:  # an integer past any double: JSON's parser refuses the request
+            as_double = math.copysign(math.inf, value)
+        if math.isnan(as_double):
+            readings = (_I64_MIN, 0)
+        else:
+            rounded = (
+                as_double
+                if math.isinf(as_double)
+                else math.ceil(as_double)
+                if key in ("minimum", "exclusiveMaximum")
+                else math.floor(as_double)
+            )
+            readings = (
+                (int(rounded),)
+                if _I64_MIN <= rounded <= _I64_MAX
+                else (_I64_MIN, _I64_MAX if rounded > 0 else _I64_MIN)
+            )
+    step = {"exclusiveMinimum": 1, "exclusiveMaximum": -1}.get(key, 0)
+    return tuple(dict.fromkeys((r + step - _I64_MIN) % 2**64 + _I64_MIN for r in readings))
+
+
+def _runaway(lower: str | None, lo: int, upper: str | None, hi: int) -> str | None:
+    """The bound whose range llama.cpp writes with a repeat its parser never finishes reading.
+
+    As its ``build_min_max_int`` branches: -2^63 as the minimum, 2^63 - 1 as the maximum mean
+    no bound (neither: a plain integer; a bound negated to -2^63, wrapping, neither too: an
+    error); a range of two negatives is built as the negated range, two bounds otherwise digit
+    by digit (safe); a minimum alone from 0 up digit by digit, fewer digits allowed at each
+    level (see ``_ONE_SIDED_SAFE``), below 0 as a range up to its negation (safe); a maximum
+    alone from 0 up as a range (safe), below 0 as a minimum alone of its negation.
+    """
+    has_min, has_max = lo != _I64_MIN, hi != _I64_MAX
+    if has_min and has_max:  # two negatives: negated, 1 - 2^63 becomes 2^63 - 1, no maximum
+        return lower if hi < 0 and lo == _I64_MIN + 1 and _neg(hi) >= _ONE_SIDED_SAFE else None
+    if has_min:
+        return lower if lo >= _ONE_SIDED_SAFE else None
+    if has_max and hi < 0:
+        return upper if _neg(hi) >= _ONE_SIDED_SAFE else None
+    return None
+
+
+def _neg(value: int) -> int:
+    """``-value`` as an int64 in C++ (wrapping: -(-2^63) is -2^63)."""
+    return (-value - _I64_MIN) % 2**64 + _I64_MIN
 
 
 def _one_sided_exact(bound: int, is_min: bool, exclusive: bool) -> bool:

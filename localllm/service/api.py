@@ -816,7 +816,7 @@ class ServiceApp:
         extra[STRUCTURED_HEADER] = prepared.structured
         if prepared.stream and not prepared.buffered:
             extra[VALIDATED_HEADER] = "false"
-            rewrite = completion.StreamLogprobs(prepared) if prepared.logprobs is not None else None
+            rewrite = completion.CompletionStream(prepared) if prepared.completion else None
             return await self._relay_stream(req, url, raw, extra, rewrite)
         return await self._chat(req, url, raw, prepared, extra)
 
@@ -942,10 +942,10 @@ class ServiceApp:
         url: str,
         raw: bytes,
         extra: Mapping[str, str],
-        rewrite: completion.StreamLogprobs | None = None,
+        rewrite: completion.CompletionStream | None = None,
     ) -> tuple[int, tuple[Any, Any]]:
-        """Relay llama-server's stream chunk by chunk (``rewrite``: its events' logprobs in
-        OpenAI's legacy shape, a /v1/completions stream's)."""
+        """Relay llama-server's stream chunk by chunk (``rewrite``: a /v1/completions stream's
+        events as OpenAI's clients read them, :class:`~localllm.service.completion.CompletionStream`)."""
         tail = b""
         reply = await self.client().request("POST", url, raw, self._upstream_headers(), limit=self._limit(url))
         if reply.status != 200:

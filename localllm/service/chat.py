@@ -316,7 +316,8 @@ def token_ids(prepared: Prepared) -> list[tuple[str, int]]:
     """The token ids a request names, each with its ``param``: its ``logit_bias`` ids
     (:func:`bias_token_ids`), then a completions prompt's (``prompt[j]``, in a batch ``prompt[i][j]``)."""
     ids = bias_token_ids(prepared.body)
-    batch = len(prepared.prompts) > 1 or isinstance(prepared.body.get("prompt", [None])[0], list)
+    given = prepared.body.get("prompt")  # a checked prompt: a string, or a non-empty array
+    batch = len(prepared.prompts) > 1 or (isinstance(given, list) and isinstance(given[0], list))
     for i, prompt in enumerate(prepared.prompts):
         if isinstance(prompt, list):
             where = f"prompt[{i}]" if batch else "prompt"
@@ -350,7 +351,7 @@ def _check_messages(messages: Any) -> None:
         if not isinstance(m, dict):
             raise BadRequest(f"messages[{i}] must be an object", f"messages[{i}]")
         role = m.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:  # a list or object is unhashable
             raise BadRequest(
                 f"messages[{i}].role must be one of {', '.join(sorted(ROLES))}, got {role!r}", f"messages[{i}].role"
             )
@@ -551,10 +552,30 @@ def _converter_errors(schema: Any) -> bool:
     return any(v.severity == "error" for v in check_subset(schema))
 
 
+def _refuse_runaway(schema: Any, compiled: Any, param: str) -> None:
+    from localllm.grammar import check_subset
+
+    runaway = next((v for v in check_subset(schema) if v.runaway), None)
+    if runaway is not None:
+        ours = f" ({compiled.refusals[0].message})" if compiled.refusals else ""
+        raise BadRequest(
+            f"Invalid schema for {param}: localllm cannot compile it exactly{ours}, and llama.cpp's converter "
+            f"must not have it: {runaway.message}",
+            param,
+            "unsupported_schema",
+        )
+
+
 def _refusal(compiled: Any, param: str) -> BadRequest:
     first = compiled.refusals[0] if compiled.refusals else None
     where = f" at {first.path} [{first.construct}]" if first is not None else ""
     why = f": {first.message}" if first is not None else ""
+    if compiled.unsatisfiable:  # no answer could pass: strict or not, no model is asked
+        return BadRequest(
+            f"Invalid schema for {param}{where}: no value is valid under it{why}. Widen or drop the construct.",
+            param,
+            "unsatisfiable_schema",
+        )
     return BadRequest(
         f"Invalid schema for {param}{where}: localllm cannot enforce it exactly{why}. "
         "Use strict: false to have it validated only, or drop the construct.",
@@ -599,7 +620,7 @@ def _tools(raw: Any) -> dict[str, Tool]:
         if not isinstance(strict, bool):
             raise BadRequest(f"tools[{i}].function.strict must be true or false", f"tools[{i}].function.strict")
         compiled = compile_shared(params, open_objects=OPEN_OBJECTS)
-        if not compiled.exact and strict:
+        if compiled.unsatisfiable or (not compiled.exact and strict):
             raise _refusal(compiled, f"tools[{i}].function.parameters")
         relaxed = None if compiled.exact else relax(params, open_objects=OPEN_OBJECTS)
         held = params if compiled.exact else relaxed.schema if relaxed is not None else None
@@ -910,6 +931,8 @@ def prepare(
         if "grammar" in body:
             raise BadRequest(f"give either {prepared.schema_param.split('.')[0]} or grammar, not both", "grammar")
         compiled = compile_shared(schema if isinstance(schema, (dict, bool)) else {}, open_objects=OPEN_OBJECTS)
+        if compiled.unsatisfiable:
+            raise _refusal(compiled, prepared.schema_param)
         if compiled.exact:
             body.pop("response_format", None)
             body["grammar"] = compiled.grammar
@@ -925,7 +948,9 @@ def prepare(
             prepared.structured = "relaxed"
         else:
             # llama.cpp's converter (strict: only when localllm's checker says it enforces the
-            # schema); the answer is validated either way
+            # schema); the answer is validated either way. Never a schema it would make a
+            # grammar of that llama-server never finishes reading
+            _refuse_runaway(schema, compiled, prepared.schema_param)
             prepared.structured = "converter"
             prepared.notes = [r.message for r in compiled.refusals]
             if kind == "json_object":

@@ -14,7 +14,9 @@ bounded, ``keep_alive`` taken out. Its own rules, each for what llama-server wou
 * ``logprobs`` is an integer 0–5 (OpenAI's): sent as llama-server's ``n_probs`` (at least 1,
   so that 0 still gets each token's own logprob) and the answer's logprobs rewritten into
   OpenAI's legacy shape (``tokens``, ``token_logprobs``, ``top_logprobs``, ``text_offset``),
-  in a stream event by event (:class:`StreamLogprobs`).
+  in a stream event by event (:class:`CompletionStream`).
+* A stream's ``data: null`` events are left out: the pinned llama-server starts the stream of
+  a batch with one, which the ``openai`` SDK yields as ``None`` (``chunk.choices`` fails).
 * ``echo: true``, ``best_of`` > 1 and a non-empty ``suffix`` are refused: this llama-server
   reads none of them (the answer would silently lack what was asked for).
 * Structured output and tools are the chat route's (it compiles and validates them):
@@ -38,7 +40,7 @@ from localllm.service.chat import (
     parse_keep_alive,
 )
 
-__all__ = ["CHAT_ONLY", "DEFAULT_MAX_TOKENS", "MAX_LOGPROBS", "MAX_PROMPTS", "StreamLogprobs", "finish", "prepare"]
+__all__ = ["CHAT_ONLY", "DEFAULT_MAX_TOKENS", "MAX_LOGPROBS", "MAX_PROMPTS", "CompletionStream", "finish", "prepare"]
 
 #: OpenAI's default for this API (the chat route's default is the service's ceiling)
 DEFAULT_MAX_TOKENS = 16
@@ -221,15 +223,16 @@ def _prompt_end(prepared: Prepared, index: Any, choices: int) -> int:
     return len(prompt) if isinstance(prompt, str) else 0
 
 
-class StreamLogprobs:
-    """A completions stream with each event's logprobs in OpenAI's legacy shape: events are
-    rewritten as their lines complete (llama-server sends ``data: {…}`` lines), the text
-    offsets carried on per choice."""
+class CompletionStream:
+    """A completions stream as OpenAI's clients read it: each event's logprobs (when asked
+    for) in OpenAI's legacy shape, the text offsets carried on per choice, and no ``data: null``
+    event. Events are rewritten as their lines complete (llama-server sends ``data: …`` lines)."""
 
     def __init__(self, prepared: Prepared) -> None:
         self.prepared = prepared
         self.pending = b""
         self.offsets: dict[int, int] = {}
+        self.dropped = False  # the last line was a dropped event's: its blank line goes too
         body_n = prepared.body.get("n", 1)
         self.choices = len(prepared.prompts) * (body_n if isinstance(body_n, int) else 1)
 
@@ -245,7 +248,13 @@ class StreamLogprobs:
         return self._line(rest) if rest else b""
 
     def _line(self, line: bytes) -> bytes:
-        if not line.startswith(b"data: {"):
+        dropped, self.dropped = self.dropped, False
+        if line.rstrip(b"\r\n") == b"data: null":
+            self.dropped = True
+            return b""
+        if dropped and not line.strip():
+            return b""
+        if self.prepared.logprobs is None or not line.startswith(b"data: {"):
             return line
         try:
             event = json.loads(line[6:])
@@ -254,7 +263,7 @@ class StreamLogprobs:
         choices = event.get("choices") if isinstance(event, dict) else None
         if not isinstance(choices, list):
             return line
-        top = self.prepared.logprobs if self.prepared.logprobs is not None else 0
+        top = self.prepared.logprobs
         for choice in choices:
             index = choice.get("index") if isinstance(choice, dict) else None
             if not isinstance(index, int) or choice.get("logprobs") is None:

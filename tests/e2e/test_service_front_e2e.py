@@ -317,7 +317,9 @@ def test_requests_llama_server_fails_on_are_400s_naming_the_parameter(serve: Cal
     retries twice), a 501, a 400 in llama-server's own shape, or vectors of another size than
     asked for."""
     served = serve()
-    unsat = {"type": "integer", "minimum": 5, "maximum": 1}  # the converter's grammar admits no value
+    # no value meets it (the converter's grammar admitted none: llama-server's 500 mid-answer); now
+    # refused before the model is asked
+    unsat = {"type": "integer", "minimum": 5, "maximum": 1}
     chats: list[tuple[dict[str, Any], str, str]] = [
         ({"messages": [{"role": "user", "content": "hi", "name": 5}]}, "messages[0].name", "invalid_request_error"),
         (
@@ -333,12 +335,12 @@ def test_requests_llama_server_fails_on_are_400s_naming_the_parameter(serve: Cal
         (
             {"messages": ASK, "max_tokens": 64, "response_format": _schema_format(unsat)},
             "response_format.json_schema.schema",
-            "unsupported_schema",
+            "unsatisfiable_schema",
         ),
         (
             {"messages": ASK, "max_tokens": 64, "extra_body": {"json_schema": unsat}},
             "json_schema",
-            "unsupported_schema",
+            "unsatisfiable_schema",
         ),
         (  # never fetched: a $ref that does not resolve inside the schema is refused with the request
             {"messages": ASK, "response_format": _schema_format({"$ref": "http://169.254.169.254/x"})},
@@ -353,6 +355,16 @@ def test_requests_llama_server_fails_on_are_400s_naming_the_parameter(serve: Cal
             },
             "grammar",
             "invalid_grammar",
+        ),
+        (  # a repeat whose minimum passes its maximum: the parser allocated without end
+            {"messages": ASK, "max_tokens": 2, "extra_body": {"grammar": 'root ::= "a"{1,0}'}},
+            "grammar",
+            "invalid_grammar",
+        ),
+        (  # not strict, not compiled, not relaxable: the converter would write [0-9]{16,15} (the same)
+            {"messages": ASK, "max_tokens": 2, "response_format": _schema_format(RUNAWAY, strict=False)},
+            "response_format.json_schema.schema",
+            "unsupported_schema",
         ),
         (
             {"messages": ASK, "extra_body": {"reasoning_format": "DeepSeek"}},
@@ -410,10 +422,19 @@ def test_requests_llama_server_fails_on_are_400s_naming_the_parameter(serve: Cal
             refused = http.post(path, json={"model": model, **body})
             assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.text
         assert http.post("/detokenize", json={"model": CHAT, "tokens": [2, 262143]}).status_code == 200
+        # an empty prompt: the service's own 500 (IndexError) before; llama-server answers it
+        assert http.post("/v1/completions", json={"model": CHAT, "prompt": "", "max_tokens": 2}).status_code == 200
 
 
-def _schema_format(schema: dict[str, Any]) -> Any:
-    return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+RUNAWAY = {
+    "type": "object",
+    "properties": {"n": {"type": "integer", "minimum": 9_999_999_999_999_999}, "m": {"$ref": "#/properties/m"}},
+}
+
+
+def _schema_format(schema: dict[str, Any], strict: bool | None = None) -> Any:
+    given = {"name": "answer", "schema": schema} | ({} if strict is None else {"strict": strict})
+    return {"type": "json_schema", "json_schema": given}
 
 
 # -- attacks -------------------------------------------------------------------------------------

@@ -99,6 +99,7 @@ def test_json_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
             "construct": "uniqueItems",
             "severity": "error",
             "message": '$.properties.t: unsupported construct "uniqueItems" is outside the llama.cpp grammar subset',
+            "runaway": False,
         }
     ]
 

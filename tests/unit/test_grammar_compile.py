@@ -991,3 +991,20 @@ def test_schemas_past_the_branch_and_pattern_caps_are_refused_before_the_costly_
     joined = compile_schema({"type": "string", "not": {"anyOf": [{"pattern": f"^x{i}"} for i in range(20)]}})
     assert joined.grammar is not None
     assert Grammar.parse(joined.grammar).matches('"y0"') and not Grammar.parse(joined.grammar).matches('"x19z"')
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "integer", "minimum": 1e308, "maximum": 7},
+        {"type": "number", "minimum": 10**400, "maximum": 7},
+        {"type": "integer", "minimum": -7, "exclusiveMaximum": -(10**40)},
+        {"type": "number", "exclusiveMinimum": 10**40, "maximum": 10**40},
+    ],
+)
+def test_bounds_no_value_meets_are_unsatisfiable_whatever_their_size(schema: dict[str, Any]) -> None:
+    # a bound too large to compile was refused first ("bound too large"): the schema read as one
+    # the compiler cannot express rather than one no value meets, so the service sent a strict
+    # request to llama.cpp's converter (which admitted 7: a 502) instead of its 400
+    compiled = compile_schema(schema)
+    assert compiled.unsatisfiable and [r.construct for r in compiled.refusals] == ["minimum"]

@@ -43,3 +43,28 @@ def test_size_and_type() -> None:
     )
     assert grammar_problem(5) == "must be a string of GBNF"
     assert grammar_problem('root ::= "\ud800"') is None  # a lone surrogate is llama-server's to refuse
+
+
+@pytest.mark.parametrize(
+    "repeat",
+    [
+        '"a"{1,0}',
+        '"a"{ 5 , 1 }',
+        "[0-9]{16,15}",
+        '("a" # one\n {10, # the most\n 9})',
+        '"a"{100,0099}',
+        '"a"{' + "9" * 5000 + ",1}",
+    ],
+)
+def test_a_repeat_whose_minimum_passes_its_maximum_is_refused(repeat: str) -> None:
+    # on the pinned llama-server "a"{1,0} took 3.5 GB in 10 s and grew on (measured in a child
+    # under RLIMIT_AS): its parser never ends such a repeat
+    problem = grammar_problem(f"root ::= {repeat}\n")
+    assert problem is not None and "minimum passes the maximum" in problem
+
+
+@pytest.mark.parametrize(
+    "fine", ['"a"{0,0}', '"a"{2,2}', '"a"{2,}', '"a"{3}', '"a"{0099,100}', '"{5,1}" [{5,1}]', 'x # {5,1}\nx ::= "a"']
+)
+def test_other_repeats_and_braces_in_literals_classes_and_comments_pass(fine: str) -> None:
+    assert grammar_problem(f"root ::= {fine}\n") is None

@@ -469,3 +469,55 @@ def test_invalid_values_the_server_rejects() -> None:
 def test_type_list_checks_each_type_once() -> None:
     schema = {"type": ["string", "null", "array"], "pattern": "\\d", "uniqueItems": True}
     assert findings(schema) == [("$", "pattern", "error"), ("$", "uniqueItems", "error")]
+
+
+@pytest.mark.parametrize(
+    ("bounds", "runaway"),
+    [
+        # measured on the pinned llama-server (its converter, then its grammar parser) in a child
+        # under RLIMIT_AS: each of these allocated 4.3-5 GB within 15 s and grew on
+        ({"minimum": 9_999_999_999_999_999}, "minimum"),  # [0-9]{16,15}
+        ({"maximum": -(10**16)}, "maximum"),
+        ({"minimum": 9_223_372_036_854_775_806}, "minimum"),
+        ({"exclusiveMaximum": -9_223_372_036_854_775_805}, "exclusiveMaximum"),  # read as 2 - 2^63
+        ({"minimum": 2**63, "maximum": 2**63 + 9}, "maximum"),  # both wrap: no minimum, a maximum near -2^63
+        ({"minimum": 1 - 2**63, "maximum": -(2**62)}, "minimum"),  # negated: 2^63 - 1, no maximum
+        ({"minimum": -(2**63), "maximum": -(2**62)}, "maximum"),  # -2^63: no minimum
+        # a cast C++ leaves undefined: -2^63 on x86 (the bound lost), 2^63 - 1 on ARM (a minimum
+        # alone of 19 digits: it would run away there)
+        ({"minimum": 1e30}, "minimum"),
+        # these the pinned server read and answered
+        ({"minimum": 999_999_999_999_999}, None),
+        ({"minimum": 10**17, "maximum": 10**18}, None),
+        ({"minimum": 2 - 2**63, "maximum": 2**63 - 2}, None),
+        ({"minimum": -(10**18), "maximum": 10**18}, None),
+        ({"minimum": -(2**63), "maximum": 2**63 - 1}, None),  # an int64 in an API's schema: no bound
+    ],
+)
+def test_integer_bounds_the_converter_runs_away_on_are_runaway_errors(
+    bounds: dict[str, float], runaway: str | None
+) -> None:
+    found = check_subset({"type": "integer", **bounds})
+    assert [v.construct for v in found if v.runaway] == ([runaway] if runaway else [])
+    assert all(v.severity == "error" for v in found if v.runaway)
+    if runaway is None:
+        assert not [v for v in found if v.severity == "error"]
+
+
+@pytest.mark.parametrize(
+    ("bounds", "key"),
+    [
+        ({"minimum": 2**63 + 5}, "minimum"),
+        ({"exclusiveMinimum": 2**63 - 1}, "exclusiveMinimum"),
+        # JSONSchemaBench (Github_medium o83275, Github_hard o19187, Snowplow sp_17): the pinned
+        # server answered "-" for each, under "minimum": 0
+        ({"minimum": 0, "maximum": 18446744073709551615}, "maximum"),
+        ({"minimum": 0, "maximum": 3.6893488147419103e19}, "maximum"),
+        ({"minimum": 0, "maximum": 9223372036854776000}, "maximum"),
+        ({"maximum": -1e30}, "maximum"),  # -2^63, negated to itself: the pinned server's 400
+    ],
+)
+def test_an_integer_bound_read_as_another_is_an_error(bounds: dict[str, float], key: str) -> None:
+    # 2^63 + 5 is stored unsigned and read as 5 - 2^63; 2^63 - 1 + 1 wraps to -2^63 (no minimum)
+    found = [(v.construct, v.severity, v.runaway) for v in check_subset({"type": "integer", **bounds})]
+    assert found == [(key, "error", False)]

@@ -201,6 +201,7 @@ def test_the_defaults_of_refused_fields_pass(make_service: Factory, env: dict[st
     ("prompt", "choices"),
     [
         ("one", 2),
+        ("", 2),  # was the service's own 500 (IndexError); llama-server answers it from the start of text
         (["one", "two"], 4),
         ([1, 2, 3], 2),  # token ids: one prompt
         ([[1, 2], [3]], 4),
@@ -264,6 +265,24 @@ def test_a_stream_is_relayed_as_llama_server_writes_it(make_service: Factory, en
     assert upstream(env)[0]["body"]["stream"] is True
 
 
+@pytest.mark.parametrize("logprobs", [None, 1])
+def test_a_batchs_stream_has_no_null_event_for_openais_client_to_yield(make_service: Factory, logprobs: Any) -> None:
+    import openai
+
+    service = make_service()
+    api = openai.OpenAI(base_url=f"{service.url}/v1", api_key=service.token, max_retries=0)
+    with client(service) as http:
+        body = {"model": "chat", "prompt": ["a", "b"], "stream": True, "logprobs": logprobs}
+        with http.stream("POST", "/v1/completions", json=body) as reply:
+            raw = b"".join(reply.iter_raw())
+    # the pinned llama-server starts a batch's stream with "data: null": the openai SDK yielded
+    # None first (a client's chunk.choices failed); the event and its blank line are left out
+    assert b"data: null" not in raw and raw.startswith(b"data: {") and b"\n\n\n" not in raw
+    chunks = list(api.completions.create(model="chat", prompt=["a", "b"], stream=True, logprobs=logprobs))
+    assert None not in chunks and {c.choices[0].index for c in chunks} == {0, 1}
+    api.close()
+
+
 def test_the_models_own_errors_are_relayed_as_on_the_chat_route(
     make_service: Factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -300,22 +319,22 @@ def test_a_streams_logprobs_are_rewritten_event_by_event(make_service: Factory, 
 
 
 def test_stream_logprobs_are_rewritten_whatever_the_chunk_boundaries() -> None:
-    from localllm.service.completion import StreamLogprobs, prepare
+    from localllm.service.completion import CompletionStream, prepare
 
     prepared = prepare({"prompt": "ab", "stream": True, "logprobs": 0}, "chat")
     entry = {"token": "x\u00e9", "logprob": -0.5, "top_logprobs": [{"token": "x\u00e9", "logprob": -0.5}]}
     event = {"choices": [{"text": "x\u00e9", "index": 0, "logprobs": {"content": [entry]}}]}
-    stream = (f"data: {json.dumps(event)}\n\n" * 2 + "data: [DONE]\n\n").encode()
-    whole = StreamLogprobs(prepared)
+    stream = ("data: null\n\n" + f"data: {json.dumps(event)}\n\n" * 2 + "data: [DONE]\n\n").encode()
+    whole = CompletionStream(prepared)
     expected = whole.feed(stream) + whole.flush()
-    split = StreamLogprobs(prepared)
+    split = CompletionStream(prepared)
     assert b"".join(split.feed(stream[i : i + 1]) for i in range(len(stream))) + split.flush() == expected
     rewritten = [json.loads(line[6:]) for line in expected.decode().splitlines() if line.startswith("data: {")]
     assert [e["choices"][0]["logprobs"] for e in rewritten] == [
         {"tokens": ["x\u00e9"], "token_logprobs": [-0.5], "top_logprobs": [{}], "text_offset": [2]},
         {"tokens": ["x\u00e9"], "token_logprobs": [-0.5], "top_logprobs": [{}], "text_offset": [4]},
     ]
-    assert expected.endswith(b"data: [DONE]\n\n")
+    assert expected.startswith(b"data: {") and expected.endswith(b"data: [DONE]\n\n")
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])

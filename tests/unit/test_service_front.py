@@ -497,11 +497,12 @@ def test_a_schema_is_prepared_off_the_event_loop(make_service: Factory, monkeypa
 def test_a_grammar_past_the_limits_is_a_400_and_one_within_them_is_sent_as_given(
     make_service: Factory, env: dict[str, Path]
 ) -> None:
-    # groups nested 30,000 deep crashed llama-server (tests/e2e/test_service_front_e2e.py)
+    # groups nested 30,000 deep crashed llama-server (tests/e2e/test_service_front_e2e.py); a
+    # repeat whose minimum passes its maximum ran it out of memory (localllm.grammar.limits)
     service = make_service()
     fine = 'root ::= "yes" | "no"'
     with client(service) as http:
-        for grammar in ("root ::= " + "(" * 30_000 + '"a"' + ")" * 30_000, 7):
+        for grammar in ("root ::= " + "(" * 30_000 + '"a"' + ")" * 30_000, 7, 'root ::= "a"{1,0}'):
             refused = chat(http, "chat", grammar=grammar)
             assert refused.status_code == 400, refused.text
             assert (refused.json()["error"]["code"], refused.json()["error"]["param"]) == ("invalid_grammar", "grammar")
@@ -587,6 +588,9 @@ def test_nan_and_overflowing_numbers_are_400s(make_service: Factory) -> None:
     ("message", "param", "code"),
     [
         ({"role": "user", "content": "hi", "name": 5}, "messages[0].name", "invalid_request_error"),
+        # a role that is an array or an object was the service's own 500 (TypeError: unhashable)
+        ({"role": ["user"], "content": "hi"}, "messages[0].role", "invalid_request_error"),
+        ({"role": {"user": 1}, "content": "hi"}, "messages[0].role", "invalid_request_error"),
         (
             {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {}}]},
             "messages[0].content[1]",
@@ -723,22 +727,86 @@ def _behave(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *responses: dict[st
 def test_a_schema_the_converter_fails_on_is_a_400_not_its_500(
     make_service: Factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # what the pinned llama-server answers mid-generation for {"type": "integer", "minimum": 5, "maximum": 1}
+    # what the pinned llama-server answers mid-generation when its converter's grammar admits no value
     empty_stack = {"status": 500, "message": "got exception: Unexpected empty grammar stack after accepting piece: x"}
     # the first answer goes to the grammar canary sent at every server start
-    _behave(tmp_path, monkeypatch, {}, empty_stack, {"status": 500, "message": "out of memory"}, empty_stack)
-    unsat = {"type": "integer", "minimum": 5, "maximum": 1}  # the compiler refuses it: the converter gets it
+    _behave(tmp_path, monkeypatch, {}, empty_stack, {"status": 500, "message": "out of memory"})
+    # the compiler refuses multipleOf 0.75 (digits past MAX_STEP): a strict request goes to the converter
+    refused_by_ours = {"type": "number", "multipleOf": 0.75}
     service = make_service()
     with client(service) as http:
-        refused = chat(http, "chat", response_format=fmt(unsat, strict=False))
-        other = chat(http, "chat", response_format=fmt(unsat, strict=False))
-        raw = chat(http, "chat", json_schema=unsat)
+        refused = chat(http, "chat", response_format=fmt(refused_by_ours))
+        other = chat(http, "chat", response_format=fmt(refused_by_ours))
     assert refused.status_code == 400, refused.text
     error = refused.json()["error"]
     assert (error["param"], error["code"]) == ("response_format.json_schema.schema", "unsupported_schema")
-    assert "empty grammar stack" in error["message"] and "$: no integer" in error["message"]
+    assert "empty grammar stack" in error["message"] and "multipleOf" in error["message"]
     assert other.status_code == 500  # not about the schema: relayed as it is
-    assert raw.status_code == 400 and raw.json()["error"]["param"] == "json_schema"
+
+
+@pytest.mark.parametrize(
+    "unsat",
+    [
+        {"type": "integer", "minimum": 5, "maximum": 1},
+        # bounds llama.cpp's converter reads as int64: -0.0 as 0 (its grammar admits no value), a
+        # bound past int64 not at all (its grammar admits 1, 10, …: a strict answer failed with a 502)
+        {"type": "integer", "minimum": 1, "maximum": -0.0},
+        {
+            "type": "object",
+            "properties": {"d": {"type": "integer", "minimum": 1, "maximum": -(2**70)}},
+            "required": ["d"],
+        },
+    ],
+)
+def test_a_schema_no_value_meets_is_a_400_before_any_model_is_asked(
+    make_service: Factory, env: dict[str, Path], unsat: dict[str, Any]
+) -> None:
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": unsat}}}}
+    tool["function"]["parameters"]["required"] = ["x"]  # type: ignore[index]
+    service = make_service()
+    with client(service) as http:
+        answers = {
+            "response_format.json_schema.schema": chat(http, "chat", response_format=fmt(unsat)),
+            "response_format.json_schema.schema ": chat(http, "chat", response_format=fmt(unsat, strict=False)),
+            "json_schema": chat(http, "chat", json_schema=unsat),
+            "tools[0].function.parameters": chat(http, "chat", tools=[tool]),
+        }
+    for param, answer in answers.items():
+        assert answer.status_code == 400, (param, answer.text)
+        error = answer.json()["error"]
+        assert (error["param"], error["code"]) == (param.strip(), "unsatisfiable_schema")
+    assert rows(env["spawn"], "start") == []  # no model loaded to find out
+
+
+@pytest.mark.parametrize(
+    "bound",
+    [
+        {"minimum": 9_999_999_999_999_999},  # one-sided, 16 digits: the converter writes [0-9]{16,15}
+        {"minimum": 2**63, "maximum": 2**63 + 9},  # past int64: read as -2^63 …
+        {"minimum": 1 - 2**63, "maximum": -(2**62)},  # negated to 2^63 - 1: one-sided again
+    ],
+)
+def test_a_schema_the_converter_would_run_llama_server_out_of_memory_with_never_reaches_it(
+    make_service: Factory, env: dict[str, Path], bound: dict[str, int]
+) -> None:
+    # not strict, refused by the compiler (a ref that recurses in place) and not relaxable: such a
+    # schema goes to llama.cpp's converter, and these bounds made the pinned llama-server allocate
+    # 4.6 GB in 15 s, and on (measured in a child under RLIMIT_AS)
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer", **bound}, "m": {"$ref": "#/properties/m"}},
+    }
+    service = make_service()
+    with client(service) as http:
+        refused = chat(http, "chat", response_format=fmt(schema, strict=False))
+        raw = chat(http, "chat", json_schema=schema)
+        fine = chat(http, "chat", response_format=fmt({**schema, "properties": {"n": {"type": "integer"}}}, False))
+    for answer, param in ((refused, "response_format.json_schema.schema"), (raw, "json_schema")):
+        assert answer.status_code == 400, answer.text
+        assert (answer.json()["error"]["param"], answer.json()["error"]["code"]) == (param, "unsupported_schema")
+        assert "out of memory" in answer.json()["error"]["message"] or "memory without end" in answer.text
+    assert fine.status_code == 200
+    assert len(upstream_chats(env)) == 1  # only the bounded one was sent
 
 
 def test_llama_cpp_json_schema_field_is_compiled_and_validated_like_response_format(

@@ -627,6 +627,8 @@ class Handler(BaseHTTPRequestHandler):
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                 self.wfile.flush()
 
+            if not single:
+                send("null")  # the pinned llama-server starts a batch's stream with this event
             for index in range(len(prompts) * n):
                 for piece in re.findall(r"\s*\S+", content) or [content]:
                     probs = {"content": token_logprobs(piece, {}, {"top_logprobs": n_probs})} if n_probs else None
@@ -634,7 +636,8 @@ class Handler(BaseHTTPRequestHandler):
                     send(json.dumps({**base, "choices": [choice]}))
                 done = {"text": "", "index": index, "logprobs": None, "finish_reason": "stop"}
                 send(json.dumps({**base, "choices": [done]}))
-            if (body.get("stream_options") or {}).get("include_usage"):
+            options = body.get("stream_options")
+            if isinstance(options, dict) and options.get("include_usage"):  # any other value: not read
                 usage = {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
                 send(json.dumps({**base, "choices": [], "usage": usage}))
             send("[DONE]")
