@@ -10,27 +10,43 @@ evaluates it against every candidate token. Measured on the pinned build (gemma-
   vocabulary for every token: 3,000 one-literal alternatives cost ~2.3 s per token on 2
   cores, and the server's other slots wait;
 - a repeat whose minimum passes its maximum (``"a"{1,0}``: 17 bytes) makes its parser
-  allocate without end: 3.5 GB in 10 s, and on until the OOM killer, the request waiting.
+  allocate without end: 3.5 GB in 10 s, and on until the OOM killer, the request waiting;
+- copies of one element that may match nothing, in a row (``"a"? "a"? …``, ``("a"?){n}``),
+  share a text in as many ways, each a parse stack: one token took 0.24 s with 40 in a row,
+  1.35 s with 80, 15-26 s with 160 (about the fourth power), the server's other slots
+  waiting (160 different optional elements: 64 ms a token).
 
-So :func:`grammar_problem` refuses such a repeat, bounds nesting and rules far below the
-crashes (with room for the 512 KiB thread stacks of other platforms) and the ``|``
-separators to 512 in all, a proxy for the alternatives live at one position (~0.4 s a token at most here: what such a
+So :func:`grammar_problem` refuses such a repeat and rows of more than 64 such copies
+(:func:`skips_in_a_row`), bounds nesting and rules far below the crashes (with room for the
+512 KiB thread stacks of other platforms) and the ``|`` separators to 512 in all, a proxy
+for the alternatives live at one position (~0.4 s a token at most here: what such a
 grammar costs is then what a long answer costs). llama.cpp's own JSON grammar has 20; a
 country list about 250.
-The scan is one linear pass (literals, classes and comments skipped), not a parse: what is
-malformed otherwise is llama-server's to report.
+The scan is one linear pass (literals, classes and comments skipped); the rows are counted
+on the parsed grammar (:mod:`localllm.grammar.walk`) once the scan passes: what it cannot
+parse is llama-server's to report.
 """
 
 from __future__ import annotations
 
 import re
+from typing import Any
 
-__all__ = ["MAX_ALTERNATIVES", "MAX_GRAMMAR_BYTES", "MAX_NESTING", "MAX_RULES", "grammar_problem"]
+__all__ = [
+    "MAX_ALTERNATIVES",
+    "MAX_GRAMMAR_BYTES",
+    "MAX_NESTING",
+    "MAX_RULES",
+    "MAX_SKIPS",
+    "grammar_problem",
+    "skips_in_a_row",
+]
 
 MAX_GRAMMAR_BYTES = 256 << 10
 MAX_NESTING = 256
 MAX_RULES = 16_384
 MAX_ALTERNATIVES = 512
+MAX_SKIPS = 64
 
 # what the scan counts; literals, classes and comments are matched whole so nothing in them counts
 _SYNTAX = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|#[^\n]*|::=|[()|]|\{(?:[^}#]|#[^\n]*)*\}')
@@ -73,4 +89,113 @@ def grammar_problem(text: object) -> str | None:
             f"separates {alternatives:,} alternatives with |: at most {MAX_ALTERNATIVES} (each one that can "
             "start at a position is checked against the whole vocabulary for every token)"
         )
+    skips = skips_in_a_row(text)
+    if skips > MAX_SKIPS:
+        return (
+            f"has more than {MAX_SKIPS} copies of one element that may match nothing in a row (each way to "
+            "share a text among them is one more parse stack llama-server checks for every token)"
+        )
     return None
+
+
+def skips_in_a_row(text: str) -> int:
+    """The most copies of one element that may match nothing the grammar has in a row (``"a"?
+    "a"? …``, ``("a"?){n}``, ``x x x`` for a rule ``x`` that may be empty), each copy counted
+    with those inside it: every way to share a text among the copies is one more parse stack
+    to llama-server. Different elements in a row (an object's optional properties, each its
+    own key) are not counted: their stacks part at the first character that differs (160 of
+    them cost 64 ms a token, against 20 ms). 0 when :mod:`localllm.grammar.walk` cannot parse
+    the text."""
+    from localllm.grammar.walk import Grammar, GrammarSyntaxError
+
+    try:
+        rules = Grammar.parse(text).rules
+    except (GrammarSyntaxError, ValueError, RecursionError):
+        return 0
+    try:
+        return _Rows(rules).most()
+    except RecursionError:  # groups nested past what the scan admits: never sent either way
+        return _Rows.CAP
+
+
+class _Rows:
+    """:func:`skips_in_a_row` over parsed rules (``walk`` nodes), counts capped past the limit."""
+
+    CAP = MAX_SKIPS + 1
+
+    def __init__(self, rules: dict[str, Any]) -> None:
+        self.rules = rules
+        self.empty: dict[str, bool] = dict.fromkeys(rules, False)
+        while True:  # which rules may match nothing: a fixed point
+            changed = [n for n, body in rules.items() if not self.empty[n] and self.nullable(body)]
+            if not changed:
+                break
+            self.empty.update(dict.fromkeys(changed, True))
+        self.memo: dict[str, int] = {}
+
+    def nullable(self, node: Any) -> bool:
+        kind = node[0]
+        if kind == "lit":
+            return bool(node[1] == "")
+        if kind in ("cls", "any"):
+            return False
+        if kind == "ref":
+            return self.empty.get(node[1], False)
+        if kind == "seq":
+            return all(self.nullable(e) for e in node[1])
+        if kind == "alt":
+            return any(self.nullable(o) for o in node[1])
+        return bool(node[2] == 0 or self.nullable(node[1]))  # rep
+
+    def most(self) -> int:
+        # each rule after the rules it names (a rule met again inside itself counts 0 there),
+        # without recursing from rule to rule: a chain of 16,384 rules is a client's to send
+        entered: set[str] = set()
+        for start in self.rules:
+            stack = [(start, False)]
+            while stack:
+                name, named_counted = stack.pop()
+                if named_counted:
+                    self.memo[name] = self.row(self.rules[name])
+                elif name not in entered:
+                    entered.add(name)
+                    stack.append((name, True))
+                    stack.extend((n, False) for n in _named(self.rules[name]) if n not in entered)
+        return max(self.memo.values(), default=0)
+
+    def row(self, node: Any) -> int:
+        """The longest row of copies in ``node``, a row of its own counting those inside it."""
+        kind = node[0]
+        if kind == "ref":
+            return self.memo.get(node[1], 0)  # its own row (0 while it is being counted)
+        if kind == "alt":
+            return max((self.row(o) for o in node[1]), default=0)
+        if kind == "rep":
+            inner, low, high = node[1], node[2], node[3]
+            copies = max(low, high or 1) if self.nullable(inner) else 1
+            return min(self.CAP, copies * max(self.row(inner), 1) if copies > 1 else self.row(inner))
+        if kind == "seq":
+            best, run, last = 0, 0, None
+            for element in node[1]:
+                inside = self.row(element)
+                if self.nullable(element):
+                    run = run + max(inside, 1) if element == last else max(inside, 1)
+                else:
+                    run = inside
+                best, last = min(self.CAP, max(best, run)), element
+            return best
+        return 0
+
+
+def _named(node: Any) -> list[str]:
+    """The rules a ``walk`` node names."""
+    found, stack = [], [node]
+    while stack:
+        kind, *rest = stack.pop()
+        if kind == "ref":
+            found.append(rest[0])
+        elif kind in ("seq", "alt"):
+            stack.extend(rest[0])
+        elif kind == "rep":
+            stack.append(rest[0])
+    return found

@@ -29,6 +29,7 @@ import openai
 import pydantic
 import pytest
 
+from localllm.grammar.limits import MAX_SKIPS
 from tests.e2e.test_service_e2e import CHAT, EMBED, Served, serve
 
 __all__ = ["serve"]  # the fixture
@@ -361,6 +362,11 @@ def test_requests_llama_server_fails_on_are_400s_naming_the_parameter(serve: Cal
             "grammar",
             "invalid_grammar",
         ),
+        (  # a row of 160 optional "a"s: 15-26 s for each token, the server's other slots waiting
+            {"messages": ASK, "max_tokens": 2, "extra_body": {"grammar": 'root ::= ("a"?){160}'}},
+            "grammar",
+            "invalid_grammar",
+        ),
         (  # not strict, not compiled, not relaxable: the converter would write [0-9]{16,15} (the same)
             {"messages": ASK, "max_tokens": 2, "response_format": _schema_format(RUNAWAY, strict=False)},
             "response_format.json_schema.schema",
@@ -399,6 +405,8 @@ def test_requests_llama_server_fails_on_are_400s_naming_the_parameter(serve: Cal
         # a grammar at every limit of localllm.grammar.limits parses and answers on the real server
         at_limits = "root ::= " + "(" * 256 + " | ".join(f'"a{i}"' for i in range(513)) + ")" * 256
         api.chat.completions.create(model=CHAT, messages=ASK, max_tokens=2, extra_body={"grammar": at_limits})
+        row = f'root ::= ("a"?){{{MAX_SKIPS}}} "b"'  # the longest row admitted: about 0.6 s a token here
+        api.chat.completions.create(model=CHAT, messages=ASK, max_tokens=2, extra_body={"grammar": row})
         # null is the default, for llama-server's reasoning_format too (its 500 before)
         api.chat.completions.create(
             model=CHAT, messages=ASK, max_tokens=2, n=None, extra_body={"reasoning_format": None}
