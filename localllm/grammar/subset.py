@@ -1045,19 +1045,10 @@ def _int64_readings(value: float, key: str) -> tuple[int, ...]:
             as_double = math.copysign(math.inf, value)
         if math.isnan(as_double):
             readings = (_I64_MIN, 0)
+        elif math.isinf(as_double) or not _I64_MIN <= as_double <= _I64_MAX:
+            readings = (_I64_MIN, _I64_MAX if as_double > 0 else _I64_MIN)
         else:
-            rounded = (
-                as_double
-                if math.isinf(as_double)
-                else math.ceil(as_double)
-                if key in ("minimum", "exclusiveMaximum")
-                else math.floor(as_double)
-            )
-            readings = (
-                (int(rounded),)
-                if _I64_MIN <= rounded <= _I64_MAX
-                else (_I64_MIN, _I64_MAX if rounded > 0 else _I64_MIN)
-            )
+            readings = (math.ceil(as_double) if key in ("minimum", "exclusiveMaximum") else math.floor(as_double),)
     step = {"exclusiveMinimum": 1, "exclusiveMaximum": -1}.get(key, 0)
     return tuple(dict.fromkeys((r + step - _I64_MIN) % 2**64 + _I64_MIN for r in readings))
 
