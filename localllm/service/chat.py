@@ -78,6 +78,9 @@ _RANGES: tuple[tuple[str, float, float, bool], ...] = (
     ("presence_penalty", -2.0, 2.0, False),
     ("repeat_penalty", 0.0, 10.0, False),
     ("repeat_last_n", -1, 1 << 20, True),
+    # llama.cpp's DRY sampler keeps a window of this many tokens per slot: 10^9 took 8 GB of the
+    # pinned server's memory, kept after the request; 2^31 - 1 past 9 GB
+    ("dry_penalty_last_n", -1, 1 << 20, True),
     ("seed", -(1 << 63), (1 << 64) - 1, True),
     ("max_tokens", 1, 1 << 31, True),
     ("max_completion_tokens", 1, 1 << 31, True),
@@ -86,6 +89,13 @@ _RANGES: tuple[tuple[str, float, float, bool], ...] = (
     ("n_probs", 0, 1 << 31, True),
     ("top_logprobs", 0, 1 << 31, True),
 )
+
+
+#: llama.cpp's DRY sampler matches each of a request's ``dry_sequence_breakers`` against the
+#: whole vocabulary when the request starts, the server's other slots waiting: on the pinned
+#: server 0.05-0.25 s a breaker (1,000 short ones: past 60 s); its own default has 4
+MAX_BREAKERS = 8
+MAX_BREAKER_CHARS = 32
 
 
 class BadRequest(Exception):
@@ -234,8 +244,9 @@ _REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")
 
 def check_numbers(body: dict[str, Any]) -> None:
     """Every number of ``_RANGES`` finite, of its type and in its range; booleans boolean;
-    ``logit_bias`` of a shape llama-server reads; llama-server's ``reasoning_format`` one it
-    knows (BadRequest naming the field). A null is the default: taken out of ``body``."""
+    ``logit_bias`` of a shape llama-server reads; ``dry_sequence_breakers`` bounded;
+    llama-server's ``reasoning_format`` one it knows (BadRequest naming the field). A null is
+    the default: taken out of ``body``."""
     for name, low, high, integer in _RANGES:
         if name not in body:
             continue
@@ -256,6 +267,17 @@ def check_numbers(body: dict[str, Any]) -> None:
             raise BadRequest(f"{name} must be true or false, got {body[name]!r}", name)
     if "logit_bias" in body:
         _check_logit_bias(body)
+    breakers = body.get("dry_sequence_breakers")
+    if breakers is not None and (
+        not isinstance(breakers, list)
+        or len(breakers) > MAX_BREAKERS
+        or not all(isinstance(b, str) and len(b) <= MAX_BREAKER_CHARS for b in breakers)
+    ):
+        raise BadRequest(
+            f"dry_sequence_breakers must be an array of at most {MAX_BREAKERS} strings of at most "
+            f"{MAX_BREAKER_CHARS} characters (llama-server matches each against its whole vocabulary)",
+            "dry_sequence_breakers",
+        )
     if "top_logprobs" in body and body.get("logprobs") is not True:  # OpenAI's rule; llama-server's 400 lacks param
         raise BadRequest("top_logprobs needs logprobs: true", "top_logprobs")
     if "reasoning_format" in body:  # llama-server's own: any other value, null too, is its 500

@@ -367,6 +367,16 @@ def test_requests_llama_server_fails_on_are_400s_naming_the_parameter(serve: Cal
             "grammar",
             "invalid_grammar",
         ),
+        (  # a DRY window of 10^9 tokens: 8 GB of the server's memory, kept after the request
+            {"messages": ASK, "max_tokens": 2, "extra_body": {"dry_multiplier": 1, "dry_penalty_last_n": 10**9}},
+            "dry_penalty_last_n",
+            "invalid_request_error",
+        ),
+        (  # 1,000 DRY breakers, each matched against the whole vocabulary: past 60 s, the slots waiting
+            {"messages": ASK, "max_tokens": 2, "extra_body": {"dry_sequence_breakers": [f"x{i}" for i in range(1000)]}},
+            "dry_sequence_breakers",
+            "invalid_request_error",
+        ),
         (  # not strict, not compiled, not relaxable: the converter would write [0-9]{16,15} (the same)
             {"messages": ASK, "max_tokens": 2, "response_format": _schema_format(RUNAWAY, strict=False)},
             "response_format.json_schema.schema",

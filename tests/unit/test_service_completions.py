@@ -170,6 +170,9 @@ def test_the_body_limit_holds(make_service: Factory) -> None:
         ({"seed": 1.5}, "seed", "invalid_request_error"),
         ({"keep_alive": "soon"}, "keep_alive", "invalid_request_error"),
         ({"grammar": "root ::= " + "(" * 30_000 + '"a"' + ")" * 30_000}, "grammar", "invalid_grammar"),
+        # the DRY sampler's: 8 GB of the pinned server kept; 1,000 breakers past 60 s
+        ({"dry_multiplier": 1, "dry_penalty_last_n": 10**9}, "dry_penalty_last_n", "invalid_request_error"),
+        ({"dry_sequence_breakers": [f"x{i}" for i in range(1000)]}, "dry_sequence_breakers", "invalid_request_error"),
     ],
 )
 def test_fields_llama_server_would_misread_or_ignore_are_400s_that_never_reach_it(

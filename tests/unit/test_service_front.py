@@ -23,7 +23,7 @@ from localllm.grammar.relax import relax
 from localllm.grammar.walk import Grammar
 from localllm.managed.server import CANARY_BODY
 from localllm.service.api import FrontLimits
-from localllm.service.chat import ChatLimits
+from localllm.service.chat import MAX_BREAKER_CHARS, MAX_BREAKERS, ChatLimits
 from localllm.service.guard import Guard
 from tests.unit.conftest import SchemaHost
 from tests.unit.test_agent_local_llm import TAGGED
@@ -492,6 +492,32 @@ def test_a_schema_is_prepared_off_the_event_loop(make_service: Factory, monkeypa
             release.set()
             worker.join()
     assert answered[0].status_code == 200, answered[0].text
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        # the pinned llama-server: 8 GB for a window of 10^9 tokens (kept after the request)
+        ({"dry_multiplier": 1, "dry_penalty_last_n": 10**9}, "dry_penalty_last_n"),
+        ({"dry_penalty_last_n": (1 << 20) + 1}, "dry_penalty_last_n"),
+        # each breaker matched against the whole vocabulary as the request starts: 1,000 past 60 s
+        ({"dry_sequence_breakers": [f"x{i}" for i in range(1000)]}, "dry_sequence_breakers"),
+        ({"dry_sequence_breakers": ["a" * (MAX_BREAKER_CHARS + 1)]}, "dry_sequence_breakers"),
+        ({"dry_sequence_breakers": "\n"}, "dry_sequence_breakers"),
+        ({"dry_sequence_breakers": [5]}, "dry_sequence_breakers"),
+    ],
+)
+def test_dry_sampler_options_that_cost_the_whole_server_are_400s(
+    make_service: Factory, env: dict[str, Path], extra: dict[str, Any], param: str
+) -> None:
+    service = make_service()
+    within = {"dry_multiplier": 1, "dry_penalty_last_n": 1 << 20, "dry_sequence_breakers": ["\n"] * MAX_BREAKERS}
+    with client(service) as http:
+        refused = chat(http, "chat", **extra)
+        fine = chat(http, "chat", **within)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.text
+    assert fine.status_code == 200
+    assert [body["dry_sequence_breakers"] for body in upstream_chats(env)] == [within["dry_sequence_breakers"]]
 
 
 def test_a_grammar_past_the_limits_is_a_400_and_one_within_them_is_sent_as_given(
