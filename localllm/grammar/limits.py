@@ -112,79 +112,103 @@ def skips_in_a_row(text: str) -> int:
         rules = Grammar.parse(text).rules
     except (GrammarSyntaxError, ValueError, RecursionError):
         return 0
-    try:
-        return _Rows(rules).most()
-    except RecursionError:  # groups nested past what the scan admits: never sent either way
-        return _Rows.CAP
+    return _rows(rules)
 
 
-class _Rows:
-    """:func:`skips_in_a_row` over parsed rules (``walk`` nodes), counts capped past the limit."""
+def _rows(rules: dict[str, Any]) -> int:
+    """:func:`skips_in_a_row` over parsed rules (``walk`` nodes), capped past the limit; no
+    recursion (groups nest 256 deep, rules chain 16,384 long)."""
+    cap = MAX_SKIPS + 1
+    orders = {name: _postorder(body) for name, body in rules.items()}
+    empty = dict.fromkeys(rules, False)  # which rules may match nothing: a fixed point
+    while True:
+        nullable = {k: v for name in rules for k, v in _nullable(orders[name], empty).items()}
+        changed = {name for name, body in rules.items() if nullable[id(body)] and not empty[name]}
+        if not changed:
+            break
+        empty.update(dict.fromkeys(changed, True))
+    # each rule after the rules it names (a rule met again inside itself counts 0 there)
+    counted: dict[str, int] = {}
+    entered: set[str] = set()
+    for start in rules:
+        stack = [(start, False)]
+        while stack:
+            name, named_counted = stack.pop()
+            if named_counted:
+                counted[name] = _row(orders[name], nullable, counted, cap)
+            elif name not in entered:
+                entered.add(name)
+                stack.append((name, True))
+                stack.extend((n, False) for n in _named(rules[name]) if n not in entered and n in rules)
+    return max(counted.values(), default=0)
 
-    CAP = MAX_SKIPS + 1
 
-    def __init__(self, rules: dict[str, Any]) -> None:
-        self.rules = rules
-        self.empty: dict[str, bool] = dict.fromkeys(rules, False)
-        while True:  # which rules may match nothing: a fixed point
-            changed = [n for n, body in rules.items() if not self.empty[n] and self.nullable(body)]
-            if not changed:
-                break
-            self.empty.update(dict.fromkeys(changed, True))
-        self.memo: dict[str, int] = {}
+def _postorder(node: Any) -> list[Any]:
+    """A ``walk`` node and those inside it, each after its own."""
+    out, stack = [], [(node, False)]
+    while stack:
+        item, inside_done = stack.pop()
+        if inside_done:
+            out.append(item)
+            continue
+        stack.append((item, True))
+        if item[0] in ("seq", "alt"):
+            stack.extend((child, False) for child in item[1])
+        elif item[0] == "rep":
+            stack.append((item[1], False))
+    return out
 
-    def nullable(self, node: Any) -> bool:
+
+def _nullable(order: list[Any], empty: dict[str, bool]) -> dict[int, bool]:
+    """Which nodes of ``order`` (a postorder) may match nothing, by ``id``."""
+    known: dict[int, bool] = {}
+    for node in order:
         kind = node[0]
         if kind == "lit":
-            return bool(node[1] == "")
-        if kind in ("cls", "any"):
-            return False
-        if kind == "ref":
-            return self.empty.get(node[1], False)
-        if kind == "seq":
-            return all(self.nullable(e) for e in node[1])
-        if kind == "alt":
-            return any(self.nullable(o) for o in node[1])
-        return bool(node[2] == 0 or self.nullable(node[1]))  # rep
+            known[id(node)] = node[1] == ""
+        elif kind == "ref":
+            known[id(node)] = empty.get(node[1], False)
+        elif kind == "seq":
+            known[id(node)] = all(known[id(e)] for e in node[1])
+        elif kind == "alt":
+            known[id(node)] = any(known[id(o)] for o in node[1])
+        elif kind == "rep":
+            known[id(node)] = node[2] == 0 or known[id(node[1])]
+        else:  # a class, any character
+            known[id(node)] = False
+    return known
 
-    def most(self) -> int:
-        # each rule after the rules it names (a rule met again inside itself counts 0 there),
-        # without recursing from rule to rule: a chain of 16,384 rules is a client's to send
-        entered: set[str] = set()
-        for start in self.rules:
-            stack = [(start, False)]
-            while stack:
-                name, named_counted = stack.pop()
-                if named_counted:
-                    self.memo[name] = self.row(self.rules[name])
-                elif name not in entered:
-                    entered.add(name)
-                    stack.append((name, True))
-                    stack.extend((n, False) for n in _named(self.rules[name]) if n not in entered)
-        return max(self.memo.values(), default=0)
 
-    def row(self, node: Any) -> int:
-        """The longest row of copies in ``node``, a row of its own counting those inside it."""
+def _row(order: list[Any], nullable: dict[int, bool], counted: dict[str, int], cap: int) -> int:
+    """The longest row of copies in the node ``order`` ends with, a row of its own counting
+    those inside it (``counted``: the rules' own, 0 for one being counted)."""
+    rows: dict[int, int] = {}
+    for node in order:
         kind = node[0]
         if kind == "ref":
-            return self.memo.get(node[1], 0)  # its own row (0 while it is being counted)
-        if kind == "alt":
-            return max((self.row(o) for o in node[1]), default=0)
-        if kind == "rep":
+            row = counted.get(node[1], 0)
+        elif kind == "alt":
+            row = max((rows[id(o)] for o in node[1]), default=0)
+        elif kind == "rep":
             inner, low, high = node[1], node[2], node[3]
-            copies = max(low, high or 1) if self.nullable(inner) else 1
-            return min(self.CAP, copies * max(self.row(inner), 1) if copies > 1 else self.row(inner))
-        if kind == "seq":
-            best, run, last = 0, 0, None
+            copies = max(low, high or 1) if nullable[id(inner)] else 1
+            row = copies * max(rows[id(inner)], 1) if copies > 1 else rows[id(inner)]
+        elif kind == "seq":
+            row = run = 0
+            last = None
             for element in node[1]:
-                inside = self.row(element)
-                if self.nullable(element):
-                    run = run + max(inside, 1) if element == last else max(inside, 1)
-                else:
+                inside = rows[id(element)]
+                if not nullable[id(element)]:
                     run = inside
-                best, last = min(self.CAP, max(best, run)), element
-            return best
-        return 0
+                elif element == last:  # one more copy
+                    run += max(inside, 1)
+                else:
+                    run = max(inside, 1)
+                row, last = max(row, run), element
+        else:
+            row = 0
+        rows[id(node)] = min(cap, row)
+    return rows[id(order[-1])] if order else 0
 
 
 def _named(node: Any) -> list[str]:

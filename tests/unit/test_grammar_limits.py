@@ -130,3 +130,12 @@ def test_no_grammar_the_compiler_writes_for_the_corpus_has_a_row() -> None:
 
     rows = [skips_in_a_row(g) for _, s in [*corpus(), *realworld()] if (g := compile_schema(s).grammar)]
     assert rows and max(rows) <= 1
+
+
+def test_rows_are_counted_at_every_depth_the_scan_admits() -> None:
+    # counted without recursion: a recursive count ran out of Python's stack 256 groups deep
+    # and read the grammar at every limit (the e2e test's) as a row past the limit
+    at_limits = "root ::= " + "(" * MAX_NESTING + " | ".join(f'"a{i}"' for i in range(513)) + ")" * MAX_NESTING
+    assert grammar_problem(at_limits) is None
+    deep_row = "root ::= " + "(" * MAX_NESTING + " ".join(['"a"?'] * (MAX_SKIPS + 1)) + ")" * MAX_NESTING
+    assert skips_in_a_row(deep_row) > MAX_SKIPS
