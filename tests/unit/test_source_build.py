@@ -279,16 +279,33 @@ def test_the_build_logs_numbered_stages_with_elapsed_time(fake_cmake: Path, sdis
 def test_a_long_build_step_reports_elapsed_time_and_cmake_percent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    beats = _beats_until(tmp_path, monkeypatch, "[ 42%] Building CXX object", "42%")
+    assert beats and all("elapsed" in b for b in beats)
+    assert "42%" in beats[-1]
+
+
+def _beats_until(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, line: str, seen: str) -> list[str]:
+    """The heartbeats of a build step that prints ``line``, then runs until a beat shows
+    ``seen`` (at most 30 s): on a loaded machine a fixed sleep ended before any beat had read
+    the line."""
+    done = tmp_path / "seen"
     step = tmp_path / "step"
     step.write_text(
-        f"#!{sys.executable}\nimport time\nprint('[ 42%] Building CXX object', flush=True)\ntime.sleep(1.2)\n"
+        f"#!{sys.executable}\nimport os, time\nprint({line!r}, flush=True)\n"
+        f"end = time.monotonic() + 30\nwhile not os.path.exists({str(done)!r}) and time.monotonic() < end:\n"
+        "    time.sleep(0.05)\n"
     )
     step.chmod(0o755)
     monkeypatch.setattr(sb, "_HEARTBEAT", 0.3)
     beats: list[str] = []
-    sb._run_logged([str(step)], tmp_path / "build.log", cwd=tmp_path, progress=beats.append)
-    assert beats and all("elapsed" in b for b in beats)
-    assert "42%" in beats[-1]
+
+    def beat(text: str) -> None:
+        beats.append(text)
+        if seen in text:
+            done.touch()
+
+    sb._run_logged([str(step)], tmp_path / "build.log", cwd=tmp_path, progress=beat)
+    return beats
 
 
 def test_the_heartbeat_extrapolates_an_eta_from_cmakes_percentage(
@@ -297,12 +314,7 @@ def test_the_heartbeat_extrapolates_an_eta_from_cmakes_percentage(
     assert sb._with_eta(", 25%", 60.0) == ", 25%, about 3m00s left"
     assert sb._with_eta(", 2%", 60.0) == ", 2%"  # too early to extrapolate
     assert sb._with_eta("", 60.0) == ""
-    step = tmp_path / "step"
-    step.write_text(f"#!{sys.executable}\nimport time\nprint('[ 50%] Building', flush=True)\ntime.sleep(1.2)\n")
-    step.chmod(0o755)
-    monkeypatch.setattr(sb, "_HEARTBEAT", 0.3)
-    beats: list[str] = []
-    sb._run_logged([str(step)], tmp_path / "build.log", cwd=tmp_path, progress=beats.append)
+    beats = _beats_until(tmp_path, monkeypatch, "[ 50%] Building", "left")
     assert "left" in beats[-1]
 
 
