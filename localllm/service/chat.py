@@ -568,16 +568,15 @@ def _response_format(rf: Any) -> tuple[str, Any, bool]:
     return "json_schema", schema, strict
 
 
-def _converter_errors(schema: Any) -> bool:
+def _converter_errors(schema: Any) -> list[Any]:
+    """What llama.cpp's converter would not enforce (``check_subset``'s errors)."""
     from localllm.grammar import check_subset
 
-    return any(v.severity == "error" for v in check_subset(schema))
+    return [v for v in check_subset(schema) if v.severity == "error"]
 
 
-def _refuse_runaway(schema: Any, compiled: Any, param: str) -> None:
-    from localllm.grammar import check_subset
-
-    runaway = next((v for v in check_subset(schema) if v.runaway), None)
+def _refuse_runaway(errors: list[Any], compiled: Any, param: str) -> None:
+    runaway = next((v for v in errors if v.runaway), None)
     if runaway is not None:
         ours = f" ({compiled.refusals[0].message})" if compiled.refusals else ""
         raise BadRequest(
@@ -972,7 +971,7 @@ def prepare(
             # llama.cpp's converter (strict: only when localllm's checker says it enforces the
             # schema); the answer is validated either way. Never a schema it would make a
             # grammar of that llama-server never finishes reading
-            _refuse_runaway(schema, compiled, prepared.schema_param)
+            _refuse_runaway(unenforced, compiled, prepared.schema_param)
             prepared.structured = "converter"
             prepared.notes = [r.message for r in compiled.refusals]
             if kind == "json_object":
