@@ -112,13 +112,14 @@ def test_a_row_of_copies_that_may_match_nothing_past_the_limit_is_refused(gramma
         'root ::= ("a" "b"?){100}\n',  # each copy starts with a character
         # different optional elements (an object's properties): 160 cost 64 ms a token, not 20 s
         "root ::= " + " ".join(f'("," "\\"k{i}\\":" [0-9])?' for i in range(160)) + "\n",
-        # a cycle, and a chain of rules as long as the rule limit allows
+        # a cycle, and a chain of 12,000 rules (about what the byte limit allows)
         'root ::= a\na ::= b "x"? "x"?\nb ::= a? "c"\n',
-        "".join(f"r{i}::=r{i + 1}\n" for i in range(MAX_RULES - 1)) + f'r{MAX_RULES - 1}::="a"?\n',
+        # (a fixed point reading every rule again for each found empty took 9 minutes on this one)
+        "root ::= r1\n" + "".join(f"r{i} ::= r{i + 1}\n" for i in range(1, 12_000)) + 'r12000 ::= "a"?\n',
     ],
 )
 def test_rows_within_the_limit_and_rows_of_different_elements_pass(grammar: str) -> None:
-    assert skips_in_a_row(grammar) <= MAX_SKIPS
+    assert 1 <= skips_in_a_row(grammar) <= MAX_SKIPS  # parsed and counted (0: not parsed)
     assert grammar_problem(grammar) is None
 
 
