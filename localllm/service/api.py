@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from localllm.errors import LocalLLMError
 from localllm.managed.server import GRAMMAR_HEADER
-from localllm.service import chat, completion
+from localllm.service import chat, completion, pieces
 from localllm.service.guard import Guard
 from localllm.service.pool import ModelPool, PoolBusy, UnknownServedModel
 from localllm.wire import nesting
@@ -195,6 +195,18 @@ def _error(message: str, kind: str, code: str | None = None, param: str | None =
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
+def _vocab_of(props: Any) -> tuple[pieces.Vocab, int] | None:
+    """The vocabulary (the GGUF at ``model_path``) and context per slot
+    (``default_generation_settings.n_ctx``) of a llama-server's ``GET /props`` answer."""
+    settings = props.get("default_generation_settings") if isinstance(props, dict) else None
+    n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
+    path = props.get("model_path") if isinstance(props, dict) else None
+    if not isinstance(n_ctx, int) or isinstance(n_ctx, bool) or n_ctx <= 0 or not isinstance(path, str):
+        return None
+    vocab = pieces.load(path)
+    return None if vocab is None else (vocab, n_ctx)
+
+
 def _usage(data: Any) -> tuple[Any, Any]:
     """(prompt, completion) tokens from an answer's ``usage`` (or llama-server's ``timings``)."""
     if not isinstance(data, dict):
@@ -311,6 +323,10 @@ class ServiceApp:
     #: fixed while the service runs): what a logit_bias token id is checked against. None:
     #: its server answered without one (not a llama-server), so ids are passed on unchecked
     _n_vocab: dict[str, int | None] = field(default_factory=dict)
+    #: model id → its vocabulary's special tokens and its context per slot (its llama-server's
+    #: GET /props: model_path, n_ctx), read once: what a request's texts are counted against
+    #: before llama-server tokenizes them (pieces.py). None: not a llama-server's GGUF
+    _vocabs: dict[str, tuple[pieces.Vocab, int] | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # An acquire blocks its thread while it waits for room or a load (up to load_wait).
@@ -771,6 +787,9 @@ class ServiceApp:
                 refused = chat.token_refusal(ids, await self._vocab_size(model, lease.target))
                 if refused is not None:
                     raise _Reply(400, refused.to_json())
+            refused = await self._text_refusal(model, lease.target, path, data)
+            if refused is not None:
+                raise _Reply(400, refused.to_json())
             target: Target | None = lease.target
             for attempt in (1, 2):
                 assert target is not None
@@ -875,6 +894,22 @@ class ServiceApp:
                 return None
             self._n_vocab[model] = chat.vocab_size(answer)
         return self._n_vocab[model]
+
+    async def _text_refusal(
+        self, model: str, target: Target, path: str, data: dict[str, Any]
+    ) -> chat.BadRequest | None:
+        """The 400 for texts past what ``model`` can read (:func:`pieces.refusal`), counted with
+        its vocabulary and context per slot, read once (None: its server does not say)."""
+        if model not in self._vocabs:
+            props = await self._upstream_json(target.url("/props"))
+            if props is None:
+                return None
+            self._vocabs[model] = await self._blocking(_vocab_of, props)
+        known = self._vocabs[model]
+        if known is None:
+            return None
+        refused: chat.BadRequest | None = await self._blocking(pieces.refusal, known[0], path, data, known[1])
+        return refused
 
     async def _upstream_json(self, url: str) -> Any:
         """``GET url`` of a llama-server, parsed; None when it cannot be had."""

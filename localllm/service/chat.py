@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "MAX_EMBEDDING_INPUTS",
     "ROLES",
     "BadRequest",
     "ChatLimits",
@@ -96,6 +97,13 @@ _RANGES: tuple[tuple[str, float, float, bool], ...] = (
 #: server 0.05-0.25 s a breaker (1,000 short ones: past 60 s); its own default has 4
 MAX_BREAKERS = 8
 MAX_BREAKER_CHARS = 32
+
+
+#: the inputs of one embeddings request (OpenAI's limit): llama-server embeds each as a task
+#: of its own and writes every vector into one answer; 40,000 one-letter inputs (160 KB) held
+#: the pinned server 100 s and 1.2 GB for a 309 MB answer, and the 16 MiB a body may be would
+#: take hours and past 100 GB
+MAX_EMBEDDING_INPUTS = 2048
 
 
 class BadRequest(Exception):
@@ -1188,13 +1196,19 @@ def check_embeddings(data: dict[str, Any]) -> None:
     """An embeddings request's ``input`` and ``dimensions`` as llama-server takes them (400 otherwise).
 
     ``input``: a string, or a non-empty array of strings, token ids, or arrays of those
-    (llama-server answers other shapes with a 500); ``dimensions``: absent or a positive integer;
+    (llama-server answers other shapes with a 500), at most :data:`MAX_EMBEDDING_INPUTS`
+    inputs; ``dimensions``: absent or a positive integer;
     ``encoding_format`` and llama-server's ``embd_normalize`` of the types it reads.
     """
     given = data["input"] if "input" in data else data.get("content")  # llama-server's own name
     if not isinstance(given, str) and not (isinstance(given, list) and given and all(map(_embedding_item, given))):
         raise BadRequest(
             "input must be a string, or a non-empty array of strings, token ids or arrays of them", "input"
+        )
+    count = 1 if isinstance(given, str) or any(isinstance(x, int) for x in given) else len(given)
+    if count > MAX_EMBEDDING_INPUTS:
+        raise BadRequest(
+            f"input holds {count} inputs; at most {MAX_EMBEDDING_INPUTS} in one request (OpenAI's limit)", "input"
         )
     dims = data.get("dimensions")
     if dims is not None and (isinstance(dims, bool) or not isinstance(dims, int) or dims < 1):

@@ -15,6 +15,7 @@ import asyncio
 import http.client
 import json
 import os
+import random
 import socket
 import threading
 import time
@@ -30,6 +31,7 @@ import pydantic
 import pytest
 
 from localllm.grammar.limits import MAX_SKIPS
+from localllm.service import pieces
 from tests.e2e.test_service_e2e import CHAT, EMBED, Served, serve
 
 __all__ = ["serve"]  # the fixture
@@ -442,6 +444,73 @@ def test_requests_llama_server_fails_on_are_400s_naming_the_parameter(serve: Cal
         assert http.post("/detokenize", json={"model": CHAT, "tokens": [2, 262143]}).status_code == 200
         # an empty prompt: the service's own 500 (IndexError) before; llama-server answers it
         assert http.post("/v1/completions", json={"model": CHAT, "prompt": "", "max_tokens": 2}).status_code == 200
+
+
+def test_texts_llama_cpp_splits_for_seconds_are_refused_at_once(
+    serve: Callable[..., Served], chat_gguf: Path, embed_gguf: Path
+) -> None:
+    """llama.cpp splits a text at each special token, walking its list of pieces from the head
+    at every split: 80 KB of ``"a\\n"`` in a message (80,000 pieces at gemma-3's newline token)
+    held the server 13 s before its "exceeds the context" 400, and 16 MiB would hold it for days.
+    The service counts the pieces with the model's own vocabulary first; the count is a lower
+    bound of llama-server's own on random texts of its special tokens, so a refused prompt could
+    never have fitted."""
+    served = serve()
+    with _http(served) as http:
+        for path, model, body, param, code in (
+            (
+                "/v1/chat/completions",
+                CHAT,
+                {"messages": [{"role": "user", "content": "a\n" * 40_000}]},
+                "messages",
+                "context_length_exceeded",
+            ),
+            ("/v1/completions", CHAT, {"prompt": "x<start_of_turn>" * 20_000}, "prompt", "context_length_exceeded"),
+            ("/tokenize", CHAT, {"content": "a\t" * 40_000}, "content", "too_many_special_tokens"),
+            ("/v1/embeddings", EMBED, {"input": "x[SEP]" * 40_000}, "input", "context_length_exceeded"),
+            # each input a task, every vector in one answer: 40,000 one-letter inputs took 100 s, 1.2 GB
+            ("/v1/embeddings", EMBED, {"input": ["a"] * 2049}, "input", "invalid_request_error"),
+        ):
+            refused = http.post(
+                path, json={"model": model, "max_tokens": 1, **body} if model == CHAT else {"model": model, **body}
+            )
+            assert refused.status_code == 400, refused.text
+            assert (refused.json()["error"]["param"], refused.json()["error"]["code"]) == (param, code)
+        # what fits is still answered, and the bound never passes llama-server's own count
+        vocab = pieces.load(chat_gguf)
+        assert vocab is not None and pieces.load(embed_gguf) is not None
+        rng = random.Random(11)
+        alphabet = [
+            "a",
+            "bc",
+            " ",
+            "  ",
+            "\n",
+            "\n\n",
+            "\t",
+            "<start_of_turn>",
+            "<end_of_turn>",
+            "<unused3>",
+            "<unused",
+            "[multimodal]",
+            "<",
+            "é",
+            "😀",
+            "x y",
+            "<eos>",
+            "    ",
+            "\r\n",
+        ]
+        for _ in range(150):
+            text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 80)))
+            counted = http.post("/tokenize", json={"model": CHAT, "content": text, "add_special": False})
+            assert counted.status_code == 200, counted.text
+            assert vocab.tokens([text], 10**9) <= len(counted.json()["tokens"]), repr(text)
+        fits = http.post(
+            "/v1/chat/completions",
+            json={"model": CHAT, "max_tokens": 2, "messages": [{"role": "user", "content": "a\n" * 300}]},
+        )
+        assert fits.status_code == 200, fits.text
 
 
 RUNAWAY = {

@@ -1,0 +1,201 @@
+"""Texts llama.cpp's tokenizer would spend quadratic time on, refused before it is asked.
+
+``localllm.service.pieces`` bounds a text's tokens from below with the model's own special
+tokens (read from its GGUF); the service refuses a prompt past the context per slot, and a
+text without a context past ``MAX_PIECES``. The real server and vocabulary are in
+``tests/e2e/test_service_front_e2e.py`` (the bound checked against llama-server's counts).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localllm.service import pieces
+from localllm.service.chat import MAX_EMBEDDING_INPUTS, BadRequest, check_embeddings
+from tests.unit.test_service import Factory, client, env, make_service, rows
+
+__all__ = ["env", "make_service"]  # fixtures used here
+
+NL = ["\n" * k for k in range(1, 5)]  # a vocabulary's newline runs, up to 4
+SPECIAL = ["<s>", "<start_of_turn>", *NL, "  "]
+NORMAL = ["a", "b", "hello", "▁world", "longest-normal-token"]
+
+
+def _string(text: str) -> bytes:
+    raw = text.encode()
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def vocab_gguf(path: Path, special: list[str] = SPECIAL, normal: list[str] = NORMAL) -> Path:
+    """A GGUF v3 header holding a vocabulary: ``special`` as control (``<``…) and user-defined
+    tokens, ``normal`` as normal ones, and no tensors."""
+    tokens = [*special, *normal]
+    types = [3 if t.startswith("<") else 4 for t in special] + [1] * len(normal)
+    body = _string("tokenizer.ggml.model") + struct.pack("<I", 8) + _string("llama")
+    body += _string("tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, len(tokens))
+    body += b"".join(_string(t) for t in tokens)
+    body += _string("tokenizer.ggml.token_type") + struct.pack("<IIQ", 9, 5, len(types))
+    body += b"".join(struct.pack("<i", t) for t in types)
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 3) + body)
+    return path
+
+
+@pytest.fixture
+def vocab(tmp_path: Path) -> pieces.Vocab:
+    found = pieces.load(vocab_gguf(tmp_path / "v.gguf"))
+    assert found is not None
+    return found
+
+
+@pytest.mark.parametrize(
+    ("text", "count"),
+    [
+        ("", 0),
+        ("hello world", 1),
+        ("a\n" * 10, 20),  # each newline a piece, each letter a stretch
+        ("\n" * 10, 3),  # runs read longest first: 4 + 4 + 2
+        ("x<start_of_turn>y<s>", 4),
+        ("a \n b", 3),  # a blank stretch may be stripped: not counted
+        ("  \n", 2),
+        ("<start_of_tur", 1),  # a near miss is text
+    ],
+)
+def test_pieces_are_the_special_tokens_and_the_stretches_between(vocab: pieces.Vocab, text: str, count: int) -> None:
+    assert vocab.pieces(text, 10**9) == count
+
+
+def test_the_count_stops_past_its_limit(vocab: pieces.Vocab) -> None:
+    assert 100 < vocab.pieces("a\n" * 1_000_000, 100) <= 102  # each letter and newline a piece
+
+
+def test_size_bounds_the_tokens_too(vocab: pieces.Vocab) -> None:
+    # no special token in the text: its bytes over the longest token's (20) bound it
+    assert vocab.longest == len("longest-normal-token")
+    assert vocab.tokens(["hello world" * 100], 10**9) == -(-1100 // 20)
+    assert vocab.tokens(["a\n" * 10, "b\n" * 10], 10**9, 2) == 18 + 18
+
+
+def test_load_reads_a_file_once_and_refuses_what_is_no_vocabulary(tmp_path: Path) -> None:
+    path = vocab_gguf(tmp_path / "v.gguf")
+    assert pieces.load(path) is pieces.load(path)
+    (tmp_path / "fake.gguf").write_bytes(b"GGUF chat")
+    assert pieces.load(tmp_path / "fake.gguf") is None
+    assert pieces.load(tmp_path / "missing.gguf") is None
+    vocab_gguf(path, special=[])
+    plain = pieces.load(path)
+    assert plain is not None and plain.special is None and plain.pieces("a\n" * 10, 10**9) == 1
+
+
+def _chat(*messages: tuple[str, str]) -> dict[str, Any]:
+    return {"messages": [{"role": role, "content": text} for role, text in messages]}
+
+
+@pytest.mark.parametrize(
+    ("route", "data", "param", "code"),
+    [
+        ("/v1/chat/completions", _chat(("user", "a\n" * 51 + "a")), "messages", "context_length_exceeded"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "a\n" * 60}]}]},
+            "messages",
+            "context_length_exceeded",
+        ),
+        (
+            "/v1/chat/completions",
+            _chat(("tool", "a\n" * 30), ("user", "b\n" * 30)),
+            "messages",
+            "context_length_exceeded",
+        ),
+        ("/v1/completions", {"prompt": ["ok", "a\n" * 60]}, "prompt", "context_length_exceeded"),
+        ("/v1/completions", {"prompt": [1, 2, "a\n" * 60]}, "prompt", "context_length_exceeded"),
+        ("/v1/embeddings", {"input": ["ok", "a\n" * 60]}, "input", "context_length_exceeded"),
+        ("/v1/embeddings", {"content": [[5, "a\n" * 60]]}, "content", "context_length_exceeded"),
+        ("/v1/embeddings", {"input": "hello" * 1000}, "input", "context_length_exceeded"),  # by size
+        ("/tokenize", {"content": "a\n" * (pieces.MAX_PIECES // 2 + 1)}, "content", "too_many_special_tokens"),
+        ("/tokenize", {"content": ["ok", 5, "a\n" * pieces.MAX_PIECES]}, "content", "too_many_special_tokens"),
+        (
+            "/v1/chat/completions",
+            {**_chat(("user", "hi")), "logit_bias": {"a\n" * pieces.MAX_PIECES: 1}},
+            "logit_bias",
+            "too_many_special_tokens",
+        ),
+        (
+            "/v1/completions",
+            {"prompt": "hi", "logit_bias": [["a\n" * pieces.MAX_PIECES, False]]},
+            "logit_bias",
+            "too_many_special_tokens",
+        ),
+    ],
+)
+def test_texts_past_their_bound_are_refused(
+    vocab: pieces.Vocab, route: str, data: dict[str, Any], param: str, code: str
+) -> None:
+    refused = pieces.refusal(vocab, route, data, 100)
+    assert refused is not None and (refused.param, refused.code) == (param, code)
+
+
+@pytest.mark.parametrize(
+    ("route", "data"),
+    [
+        ("/v1/chat/completions", _chat(("user", "a\n" * 51))),  # 101 pieces, 2 of which may join the template
+        # an assistant's text may lose its reasoning, a system message be left out: not counted
+        ("/v1/chat/completions", _chat(("system", "a\n" * 60), ("assistant", "a\n" * 60), ("user", "hi"))),
+        ("/v1/chat/completions", _chat(("user", "\n\n" + "a\n" * 50 + "  \n"))),  # templates trim a message
+        ("/v1/completions", {"prompt": ["a\n" * 50, "b\n" * 50]}),  # each prompt a task of its own
+        ("/v1/completions", {"prompt": [[1, 2], [3]]}),
+        ("/v1/embeddings", {"input": ["a\n" * 50] * 3}),
+        ("/tokenize", {"content": "a\n" * (pieces.MAX_PIECES // 2)}),  # no context: MAX_PIECES
+        ("/detokenize", {"tokens": [1, 2]}),
+        ("/v1/chat/completions", {**_chat(("user", "hi")), "logit_bias": {"15": 1, "-3": 2, "a\n" * 60: 1}}),
+    ],
+)
+def test_texts_within_their_bound_pass(vocab: pieces.Vocab, route: str, data: dict[str, Any]) -> None:
+    assert pieces.refusal(vocab, route, data, 100) is None
+
+
+def test_the_pieces_limit_is_the_context_when_that_is_more(vocab: pieces.Vocab) -> None:
+    data = {"content": "a\n" * pieces.MAX_PIECES}
+    assert pieces.refusal(vocab, "/tokenize", data, pieces.MAX_PIECES) is not None
+    assert pieces.refusal(vocab, "/tokenize", data, 2 * pieces.MAX_PIECES) is None
+
+
+@pytest.mark.parametrize(
+    ("given", "refused"),
+    [
+        (["x"] * MAX_EMBEDDING_INPUTS, False),
+        (["x"] * (MAX_EMBEDDING_INPUTS + 1), True),
+        ([[1]] * (MAX_EMBEDDING_INPUTS + 1), True),
+        ([1] * 10_000, False),  # token ids: one input
+        (["x", 1] * 5_000, False),  # mixed: one input
+    ],
+)
+def test_an_embeddings_request_holds_at_most_openais_inputs(given: list[Any], refused: bool) -> None:
+    if refused:
+        with pytest.raises(BadRequest) as caught:
+            check_embeddings({"input": given})
+        assert caught.value.param == "input"
+    else:
+        check_embeddings({"input": given})
+
+
+def test_the_service_refuses_a_prompt_past_the_context_before_llama_server_reads_it(
+    make_service: Factory, env: dict[str, Path]
+) -> None:
+    vocab_gguf(env["chat"])
+    service = make_service()
+    with client(service) as http:
+        fits = http.post("/v1/chat/completions", json={"model": "chat", **_chat(("user", "hello"))})
+        past = http.post("/v1/chat/completions", json={"model": "chat", **_chat(("user", "a\n" * 5000))})
+        tokenize = http.post("/tokenize", json={"model": "chat", "content": "a\n" * pieces.MAX_PIECES})
+        other = http.post("/v1/chat/completions", json={"model": "other", **_chat(("user", "a\n" * 5000))})
+    assert fits.status_code == 200, fits.text
+    assert past.status_code == 400 and past.json()["error"]["code"] == "context_length_exceeded", past.text
+    assert tokenize.status_code == 400 and tokenize.json()["error"]["param"] == "content", tokenize.text
+    assert other.status_code == 200, other.text  # a model whose file holds no vocabulary: passed on
+    long = [r["path"] for r in rows(env["requests"]) if json.dumps("a\n" * 100)[1:-1] in json.dumps(r["body"])]
+    assert long == ["/v1/chat/completions"]  # the other model's: llama-server read neither of the refused
