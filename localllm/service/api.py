@@ -787,7 +787,8 @@ class ServiceApp:
                 refused = chat.token_refusal(ids, await self._vocab_size(model, lease.target))
                 if refused is not None:
                     raise _Reply(400, refused.to_json())
-            refused = await self._text_refusal(model, lease.target, path, data)
+            sent = prepared.body if prepared is not None else data  # the tool prompt is the service's
+            refused = await self._text_refusal(model, lease.target, path, sent)
             if refused is not None:
                 raise _Reply(400, refused.to_json())
             target: Target | None = lease.target

@@ -153,12 +153,11 @@ def _prompts(given: Any) -> list[list[str]]:
 
 
 def _message_texts(messages: Any) -> list[str]:
-    """The texts of the user and tool messages, which every chat template renders whole (an
-    assistant's may lose its reasoning; a system message may be merged or left out), as
-    templates ``trim`` them."""
+    """The texts of every message but the assistant's (whose reasoning a template may leave
+    out), as templates ``trim`` them: the service's own tool prompt is the system message's."""
     texts: list[str] = []
     for message in messages if isinstance(messages, list) else []:
-        if not isinstance(message, dict) or message.get("role") not in ("user", "tool", "function"):
+        if not isinstance(message, dict) or message.get("role") == "assistant":
             continue
         content = message.get("content")
         parts = content if isinstance(content, list) else [content]

@@ -111,6 +111,7 @@ def _chat(*messages: tuple[str, str]) -> dict[str, Any]:
             "messages",
             "context_length_exceeded",
         ),
+        ("/v1/chat/completions", _chat(("system", "a\n" * 60), ("user", "hi")), "messages", "context_length_exceeded"),
         ("/v1/completions", {"prompt": ["ok", "a\n" * 60]}, "prompt", "context_length_exceeded"),
         ("/v1/completions", {"prompt": [1, 2, "a\n" * 60]}, "prompt", "context_length_exceeded"),
         ("/v1/embeddings", {"input": ["ok", "a\n" * 60]}, "input", "context_length_exceeded"),
@@ -143,8 +144,8 @@ def test_texts_past_their_bound_are_refused(
     ("route", "data"),
     [
         ("/v1/chat/completions", _chat(("user", "a\n" * 51))),  # 101 pieces, 2 of which may join the template
-        # an assistant's text may lose its reasoning, a system message be left out: not counted
-        ("/v1/chat/completions", _chat(("system", "a\n" * 60), ("assistant", "a\n" * 60), ("user", "hi"))),
+        # an assistant's text may lose its reasoning: not counted
+        ("/v1/chat/completions", _chat(("assistant", "a\n" * 60), ("user", "hi"))),
         ("/v1/chat/completions", _chat(("user", "\n\n" + "a\n" * 50 + "  \n"))),  # templates trim a message
         ("/v1/completions", {"prompt": ["a\n" * 50, "b\n" * 50]}),  # each prompt a task of its own
         ("/v1/completions", {"prompt": [[1, 2], [3]]}),
@@ -193,9 +194,13 @@ def test_the_service_refuses_a_prompt_past_the_context_before_llama_server_reads
         past = http.post("/v1/chat/completions", json={"model": "chat", **_chat(("user", "a\n" * 5000))})
         tokenize = http.post("/tokenize", json={"model": "chat", "content": "a\n" * pieces.MAX_PIECES})
         other = http.post("/v1/chat/completions", json={"model": "other", **_chat(("user", "a\n" * 5000))})
+        # a tool's description is rendered into the service's own tool prompt
+        tool = {"type": "function", "function": {"name": "f", "description": "a\n" * 5000, "parameters": {}}}
+        tools = http.post("/v1/chat/completions", json={"model": "chat", "tools": [tool], **_chat(("user", "hi"))})
     assert fits.status_code == 200, fits.text
     assert past.status_code == 400 and past.json()["error"]["code"] == "context_length_exceeded", past.text
     assert tokenize.status_code == 400 and tokenize.json()["error"]["param"] == "content", tokenize.text
+    assert tools.status_code == 400 and tools.json()["error"]["code"] == "context_length_exceeded", tools.text
     assert other.status_code == 200, other.text  # a model whose file holds no vocabulary: passed on
     long = [r["path"] for r in rows(env["requests"]) if json.dumps("a\n" * 100)[1:-1] in json.dumps(r["body"])]
     assert long == ["/v1/chat/completions"]  # the other model's: llama-server read neither of the refused
