@@ -40,6 +40,7 @@ from typing import Any
 
 __all__ = [
     "MAX_EMBEDDING_INPUTS",
+    "MAX_MESSAGES",
     "ROLES",
     "BadRequest",
     "ChatLimits",
@@ -99,6 +100,10 @@ MAX_BREAKERS = 8
 MAX_BREAKER_CHARS = 32
 
 
+#: the messages of one request (Azure OpenAI's limit): the template renders each with its role
+#: markers, which llama.cpp's tokenizer splits at (pieces.py): 40,000 empty messages (1.1 MB)
+#: held the pinned server 51 s before its "exceeds the context" 400
+MAX_MESSAGES = 2048
 #: the inputs of one embeddings request (OpenAI's limit): llama-server embeds each as a task
 #: of its own and writes every vector into one answer; 40,000 one-letter inputs (160 KB) held
 #: the pinned server 100 s and 1.2 GB for a 309 MB answer, and the 16 MiB a body may be would
@@ -377,6 +382,8 @@ def token_refusal(ids: list[tuple[str, int]], n_vocab: int | None) -> BadRequest
 def _check_messages(messages: Any) -> None:
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty array", "messages")
+    if len(messages) > MAX_MESSAGES:
+        raise BadRequest(f"messages holds {len(messages)} messages; at most {MAX_MESSAGES} in one request", "messages")
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise BadRequest(f"messages[{i}] must be an object", f"messages[{i}]")

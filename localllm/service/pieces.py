@@ -153,17 +153,19 @@ def _prompts(given: Any) -> list[list[str]]:
 
 
 def _message_texts(messages: Any) -> list[str]:
-    """The texts of every message but the assistant's (whose reasoning a template may leave
-    out), as templates ``trim`` them: the service's own tool prompt is the system message's."""
+    """The texts of the messages as templates render them: ``trim``-med, and an assistant's
+    only after its last ``</think>`` (reasoning templates leave an earlier turn's out)."""
     texts: list[str] = []
     for message in messages if isinstance(messages, list) else []:
-        if not isinstance(message, dict) or message.get("role") == "assistant":
+        if not isinstance(message, dict):
             continue
         content = message.get("content")
         parts = content if isinstance(content, list) else [content]
         for part in parts:
             text = part.get("text") if isinstance(part, dict) else part
             if isinstance(text, str):
+                if message.get("role") == "assistant":
+                    text = text.rpartition("</think>")[2]
                 texts.append(text.strip())
     return texts
 

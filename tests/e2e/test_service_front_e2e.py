@@ -468,6 +468,21 @@ def test_texts_llama_cpp_splits_for_seconds_are_refused_at_once(
             ("/v1/completions", CHAT, {"prompt": "x<start_of_turn>" * 20_000}, "prompt", "context_length_exceeded"),
             ("/tokenize", CHAT, {"content": "a\t" * 40_000}, "content", "too_many_special_tokens"),
             ("/v1/embeddings", EMBED, {"input": "x[SEP]" * 40_000}, "input", "context_length_exceeded"),
+            (
+                "/v1/chat/completions",
+                CHAT,
+                {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a\n" * 40_000}]},
+                "messages",
+                "context_length_exceeded",
+            ),
+            # each message rendered with its role markers: 40,000 empty ones took 51 s
+            (
+                "/v1/chat/completions",
+                CHAT,
+                {"messages": [{"role": "user", "content": ""}] * 2049},
+                "messages",
+                "invalid_request_error",
+            ),
             # each input a task, every vector in one answer: 40,000 one-letter inputs took 100 s, 1.2 GB
             ("/v1/embeddings", EMBED, {"input": ["a"] * 2049}, "input", "invalid_request_error"),
         ):

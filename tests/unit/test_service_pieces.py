@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from localllm.service import pieces
-from localllm.service.chat import MAX_EMBEDDING_INPUTS, BadRequest, check_embeddings
+from localllm.service.chat import MAX_EMBEDDING_INPUTS, MAX_MESSAGES, BadRequest, check_embeddings, prepare
 from tests.unit.test_service import Factory, client, env, make_service, rows
 
 __all__ = ["env", "make_service"]  # fixtures used here
@@ -112,6 +112,12 @@ def _chat(*messages: tuple[str, str]) -> dict[str, Any]:
             "context_length_exceeded",
         ),
         ("/v1/chat/completions", _chat(("system", "a\n" * 60), ("user", "hi")), "messages", "context_length_exceeded"),
+        (
+            "/v1/chat/completions",
+            _chat(("user", "hi"), ("assistant", "<think>x</think>" + "a\n" * 60)),
+            "messages",
+            "context_length_exceeded",
+        ),
         ("/v1/completions", {"prompt": ["ok", "a\n" * 60]}, "prompt", "context_length_exceeded"),
         ("/v1/completions", {"prompt": [1, 2, "a\n" * 60]}, "prompt", "context_length_exceeded"),
         ("/v1/embeddings", {"input": ["ok", "a\n" * 60]}, "input", "context_length_exceeded"),
@@ -144,8 +150,8 @@ def test_texts_past_their_bound_are_refused(
     ("route", "data"),
     [
         ("/v1/chat/completions", _chat(("user", "a\n" * 51))),  # 101 pieces, 2 of which may join the template
-        # an assistant's text may lose its reasoning: not counted
-        ("/v1/chat/completions", _chat(("assistant", "a\n" * 60), ("user", "hi"))),
+        # an earlier turn's reasoning may be left out by the template: not counted
+        ("/v1/chat/completions", _chat(("user", "hi"), ("assistant", "<think>" + "a\n" * 60 + "</think>ok"))),
         ("/v1/chat/completions", _chat(("user", "\n\n" + "a\n" * 50 + "  \n"))),  # templates trim a message
         ("/v1/completions", {"prompt": ["a\n" * 50, "b\n" * 50]}),  # each prompt a task of its own
         ("/v1/completions", {"prompt": [[1, 2], [3]]}),
@@ -204,3 +210,11 @@ def test_the_service_refuses_a_prompt_past_the_context_before_llama_server_reads
     assert other.status_code == 200, other.text  # a model whose file holds no vocabulary: passed on
     long = [r["path"] for r in rows(env["requests"]) if json.dumps("a\n" * 100)[1:-1] in json.dumps(r["body"])]
     assert long == ["/v1/chat/completions"]  # the other model's: llama-server read neither of the refused
+
+
+def test_a_request_holds_at_most_azure_openais_messages() -> None:
+    many = [{"role": "user", "content": ""}] * (MAX_MESSAGES + 1)
+    with pytest.raises(BadRequest) as caught:
+        prepare({"model": "m", "messages": many}, "m")
+    assert caught.value.param == "messages"
+    assert prepare({"model": "m", "messages": many[:MAX_MESSAGES]}, "m").body["messages"]
