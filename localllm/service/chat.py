@@ -104,6 +104,11 @@ MAX_BREAKER_CHARS = 32
 #: markers, which llama.cpp's tokenizer splits at (pieces.py): 40,000 empty messages (1.1 MB)
 #: held the pinned server 51 s before its "exceeds the context" 400
 MAX_MESSAGES = 2048
+#: llama-server's ``chat_template_kwargs``: switches, not content (see _check_template_kwargs)
+MAX_TEMPLATE_KWARGS = 16
+MAX_TEMPLATE_KWARG_CHARS = 256
+#: the variables llama.cpp gives a chat template, which a ``chat_template_kwargs`` entry would replace
+TEMPLATE_INPUTS = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
 #: the inputs of one embeddings request (OpenAI's limit): llama-server embeds each as a task
 #: of its own and writes every vector into one answer; 40,000 one-letter inputs (160 KB) held
 #: the pinned server 100 s and 1.2 GB for a 309 MB answer, and the 16 MiB a body may be would
@@ -433,6 +438,39 @@ def _check_tool_calls(calls: Any, role: str, param: str) -> None:
 #: where a surrogate can enter a parsed body: an escape ``\ud800``–``\udfff``, or the bytes
 #: ED A0–BF that ``json.loads`` decodes with ``surrogatepass``
 _SURROGATE_SOURCE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+
+
+def _check_template_kwargs(body: dict[str, Any]) -> None:
+    """llama-server's ``chat_template_kwargs``: variables set over the template's own, so
+    ``messages`` there replaced the checked messages (80 KB of them held the pinned server
+    10 s, past every bound here), and a list could be rendered whole. Switches are what
+    templates read there (``enable_thinking``): at most :data:`MAX_TEMPLATE_KWARGS` of
+    booleans, numbers or short strings, none named like the template's inputs."""
+    given = body.get("chat_template_kwargs")
+    if given is None:
+        body.pop("chat_template_kwargs", None)
+        return
+    if not isinstance(given, dict) or len(given) > MAX_TEMPLATE_KWARGS:
+        raise BadRequest(
+            f"chat_template_kwargs must be an object of at most {MAX_TEMPLATE_KWARGS} switches "
+            '(e.g. {"enable_thinking": false})',
+            "chat_template_kwargs",
+        )
+    for key, value in given.items():
+        param = f"chat_template_kwargs.{key}"
+        if key in TEMPLATE_INPUTS:
+            raise BadRequest(f"{param} would replace the template's own {key!r}: send it as the request's", param)
+        if not (
+            value is None
+            or isinstance(value, (bool, int))
+            or (isinstance(value, float) and math.isfinite(value))
+            or (isinstance(value, str) and len(value) <= MAX_TEMPLATE_KWARG_CHARS)
+        ):
+            raise BadRequest(
+                f"{param} must be a boolean, a number, null or a string of at most {MAX_TEMPLATE_KWARG_CHARS} "
+                f"characters, got {value!r:.40}",
+                param,
+            )
 
 
 def check_text(data: dict[str, Any], raw: bytes) -> None:
@@ -892,6 +930,7 @@ def prepare(
 
     body = dict(data)
     _check_messages(body.get("messages"))
+    _check_template_kwargs(body)
     check_numbers(body)
     _check_schema_bytes(body)
     check_grammar(body)

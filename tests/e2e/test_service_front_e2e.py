@@ -475,6 +475,17 @@ def test_texts_llama_cpp_splits_for_seconds_are_refused_at_once(
                 "messages",
                 "context_length_exceeded",
             ),
+            # llama-server sets these over the template's variables: the checked messages replaced (10 s)
+            (
+                "/v1/chat/completions",
+                CHAT,
+                {
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "chat_template_kwargs": {"messages": [{"role": "user", "content": "a\n" * 40_000}]},
+                },
+                "chat_template_kwargs.messages",
+                "invalid_request_error",
+            ),
             # each message rendered with its role markers: 40,000 empty ones took 51 s
             (
                 "/v1/chat/completions",
@@ -526,6 +537,9 @@ def test_texts_llama_cpp_splits_for_seconds_are_refused_at_once(
             json={"model": CHAT, "max_tokens": 2, "messages": [{"role": "user", "content": "a\n" * 300}]},
         )
         assert fits.status_code == 200, fits.text
+        switch = {"enable_thinking": False}
+        asked = {"model": CHAT, "max_tokens": 2, "messages": ASK, "chat_template_kwargs": switch}
+        assert http.post("/v1/chat/completions", json=asked).status_code == 200
 
 
 RUNAWAY = {

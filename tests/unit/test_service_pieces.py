@@ -218,3 +218,29 @@ def test_a_request_holds_at_most_azure_openais_messages() -> None:
         prepare({"model": "m", "messages": many}, "m")
     assert caught.value.param == "messages"
     assert prepare({"model": "m", "messages": many[:MAX_MESSAGES]}, "m").body["messages"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"messages": [{"role": "user", "content": "a\n" * 40_000}]}, "chat_template_kwargs.messages"),
+        ({"tools": "x"}, "chat_template_kwargs.tools"),
+        ({"documents": [{"text": "a\n" * 100}]}, "chat_template_kwargs.documents"),
+        ({"note": "x" * 257}, "chat_template_kwargs.note"),
+        ({f"k{i}": True for i in range(17)}, "chat_template_kwargs"),
+        ("enable_thinking", "chat_template_kwargs"),
+    ],
+)
+def test_template_kwargs_that_would_replace_or_fill_the_prompt_are_refused(kwargs: Any, param: str) -> None:
+    # llama-server sets them over the template's own variables: `messages` there replaced the
+    # checked messages (80 KB held the pinned server 10 s)
+    with pytest.raises(BadRequest) as caught:
+        prepare({"model": "m", **_chat(("user", "hi")), "chat_template_kwargs": kwargs}, "m")
+    assert caught.value.param == param
+
+
+def test_template_switches_pass() -> None:
+    switches = {"enable_thinking": False, "reasoning_effort": "low", "budget": 5, "x": None}
+    sent = prepare({"model": "m", **_chat(("user", "hi")), "chat_template_kwargs": switches}, "m").body
+    assert sent["chat_template_kwargs"] == switches
+    assert "chat_template_kwargs" not in prepare({**_chat(("user", "hi")), "chat_template_kwargs": None}, "m").body
