@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "INTERNAL_FIELDS",
     "MAX_EMBEDDING_INPUTS",
     "MAX_MESSAGES",
     "ROLES",
@@ -109,6 +110,19 @@ MAX_TEMPLATE_KWARGS = 16
 MAX_TEMPLATE_KWARG_CHARS = 256
 #: the variables llama.cpp gives a chat template, which a ``chat_template_kwargs`` entry would replace
 TEMPLATE_INPUTS = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
+#: the fields llama-server's chat layer sets from the template for its sampler and parser,
+#: which it takes from a request too where it set none (/v1/completions): ``chat_parser`` is a
+#: PEG parser whose rules name each other by index, unchecked, so 100 bytes of a rule naming
+#: itself overflowed the pinned server's stack (every model and request on it gone) and one
+#: naming a rule past the list read out of bounds; the tags and prompt are tokenized (pieces.py)
+INTERNAL_FIELDS = (
+    "chat_parser",
+    "chat_format",
+    "generation_prompt",
+    "reasoning_budget_start_tag",
+    "reasoning_budget_end_tags",
+    "reasoning_budget_end_tag",
+)
 #: the inputs of one embeddings request (OpenAI's limit): llama-server embeds each as a task
 #: of its own and writes every vector into one answer; 40,000 one-letter inputs (160 KB) held
 #: the pinned server 100 s and 1.2 GB for a 309 MB answer, and the 16 MiB a body may be would
@@ -261,10 +275,17 @@ _REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")
 
 
 def check_numbers(body: dict[str, Any]) -> None:
-    """Every number of ``_RANGES`` finite, of its type and in its range; booleans boolean;
+    """No field of llama-server's own (:data:`INTERNAL_FIELDS`); every number of ``_RANGES``
+    finite, of its type and in its range; booleans boolean;
     ``logit_bias`` of a shape llama-server reads; ``dry_sequence_breakers`` bounded;
     llama-server's ``reasoning_format`` one it knows (BadRequest naming the field). A null is
     the default: taken out of ``body``."""
+    internal = next((name for name in INTERNAL_FIELDS if name in body), None)
+    if internal is not None:
+        raise BadRequest(
+            f"{internal} is llama-server's own, set from the model's chat template; a request may not send it",
+            internal,
+        )
     for name, low, high, integer in _RANGES:
         if name not in body:
             continue

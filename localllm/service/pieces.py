@@ -15,7 +15,8 @@ token's. :func:`refusal` counts them with the model's own vocabulary (its GGUF, 
 * a prompt (chat messages, a completions prompt, an embeddings input) that holds more tokens
   than the model's context per slot can never be answered: it is refused at once, as
   llama-server refuses it after tokenizing (``context_length_exceeded``);
-* a text with no context to fit (``/tokenize`` ``content``, a ``logit_bias`` text) may hold
+* a text with no context to fit (``/tokenize`` ``content``, a ``logit_bias`` text, the lazy
+  grammar's ``preserved_tokens`` and trigger words, ``reasoning_budget_message``) may hold
   at most :data:`MAX_PIECES` pieces, or the context's worth when that is more
   (``too_many_special_tokens``).
 
@@ -170,13 +171,26 @@ def _message_texts(messages: Any) -> list[str]:
     return texts
 
 
-def _bias_texts(data: dict[str, Any]) -> list[str]:
-    given = data.get("logit_bias")
-    if isinstance(given, dict):
-        return [k for k in given if isinstance(k, str) and not k.lstrip("-").isdigit()]
-    if isinstance(given, list):
-        return [p[0] for p in given if isinstance(p, list) and p and isinstance(p[0], str)]
-    return []
+def _free_texts(data: dict[str, Any]) -> list[tuple[str, str]]:
+    """(param, text) of each text llama-server tokenizes beside the prompt: ``logit_bias``
+    texts, ``preserved_tokens``, lazy ``grammar_triggers`` words, ``reasoning_budget_message``."""
+    found: list[tuple[str, str]] = []
+    bias = data.get("logit_bias")
+    if isinstance(bias, dict):
+        found.extend(("logit_bias", k) for k in bias if isinstance(k, str) and not k.lstrip("-").isdigit())
+    elif isinstance(bias, list):
+        found.extend(("logit_bias", p[0]) for p in bias if isinstance(p, list) and p and isinstance(p[0], str))
+    preserved = data.get("preserved_tokens")
+    if isinstance(preserved, list):
+        found.extend(("preserved_tokens", t) for t in preserved if isinstance(t, str))
+    triggers = data.get("grammar_triggers")
+    if isinstance(triggers, list):
+        words = (t.get("value") if isinstance(t, dict) else t for t in triggers)
+        found.extend(("grammar_triggers", w) for w in words if isinstance(w, str))
+    message = data.get("reasoning_budget_message")
+    if isinstance(message, str):
+        found.append(("reasoning_budget_message", message))
+    return found
 
 
 def refusal(vocab: Vocab, route: str, data: dict[str, Any], n_ctx: int) -> BadRequest | None:
@@ -199,7 +213,7 @@ def refusal(vocab: Vocab, route: str, data: dict[str, Any], n_ctx: int) -> BadRe
                 param,
                 "context_length_exceeded",
             )
-    free = [("logit_bias", t) for t in _bias_texts(data)] if route.endswith("completions") else []
+    free = _free_texts(data) if route.endswith("completions") else []
     if route == "/tokenize":
         free.extend(("content", text) for texts in _prompts(data.get("content")) for text in texts)
     limit = max(MAX_PIECES, n_ctx)

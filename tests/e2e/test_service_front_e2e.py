@@ -486,6 +486,32 @@ def test_texts_llama_cpp_splits_for_seconds_are_refused_at_once(
                 "chat_template_kwargs.messages",
                 "invalid_request_error",
             ),
+            # a PEG parser for the answer whose rule names itself (100 bytes): the pinned server's
+            # stack overflowed, every model and request on it gone
+            (
+                "/v1/completions",
+                CHAT,
+                {
+                    "prompt": "hi",
+                    "chat_parser": json.dumps({"parsers": [{"type": "and", "child": 0}], "rules": {}, "root": 0}),
+                },
+                "chat_parser",
+                "invalid_request_error",
+            ),
+            (
+                "/v1/completions",
+                CHAT,
+                {"prompt": "hi", "reasoning_budget_start_tag": "a\n" * 20_000},
+                "reasoning_budget_start_tag",
+                "invalid_request_error",
+            ),
+            (
+                "/v1/completions",
+                CHAT,
+                {"prompt": "hi", "preserved_tokens": ["a\n" * 20_000]},
+                "preserved_tokens",
+                "too_many_special_tokens",
+            ),
             # each message rendered with its role markers: 40,000 empty ones took 51 s
             (
                 "/v1/chat/completions",

@@ -16,7 +16,15 @@ from typing import Any
 import pytest
 
 from localllm.service import pieces
-from localllm.service.chat import MAX_EMBEDDING_INPUTS, MAX_MESSAGES, BadRequest, check_embeddings, prepare
+from localllm.service.chat import (
+    INTERNAL_FIELDS,
+    MAX_EMBEDDING_INPUTS,
+    MAX_MESSAGES,
+    BadRequest,
+    check_embeddings,
+    prepare,
+)
+from localllm.service.completion import prepare as completion_prepare
 from tests.unit.test_service import Factory, client, env, make_service, rows
 
 __all__ = ["env", "make_service"]  # fixtures used here
@@ -244,3 +252,39 @@ def test_template_switches_pass() -> None:
     sent = prepare({"model": "m", **_chat(("user", "hi")), "chat_template_kwargs": switches}, "m").body
     assert sent["chat_template_kwargs"] == switches
     assert "chat_template_kwargs" not in prepare({**_chat(("user", "hi")), "chat_template_kwargs": None}, "m").body
+
+
+@pytest.mark.parametrize("field", INTERNAL_FIELDS)
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_llama_servers_own_fields_are_refused(field: str, route: str) -> None:
+    # chat_parser: a PEG parser whose rules name each other by unchecked index; one naming
+    # itself (100 bytes) overflowed the pinned server's stack
+    cycle = json.dumps({"parsers": [{"type": "and", "child": 0}], "rules": {}, "root": 0})
+    data = {"model": "m", field: cycle}
+    with pytest.raises(BadRequest) as caught:
+        if route == "chat":
+            prepare({**data, **_chat(("user", "hi"))}, "m")
+        else:
+            completion_prepare({**data, "prompt": "hi"}, "m")
+    assert caught.value.param == field
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"preserved_tokens": ["<s>", "a\n" * pieces.MAX_PIECES]}, "preserved_tokens"),
+        ({"grammar_triggers": [{"type": 0, "value": "a\n" * pieces.MAX_PIECES}]}, "grammar_triggers"),
+        ({"reasoning_budget_message": "a\n" * pieces.MAX_PIECES}, "reasoning_budget_message"),
+    ],
+)
+def test_texts_llama_server_tokenizes_beside_the_prompt_are_bounded(
+    vocab: pieces.Vocab, extra: dict[str, Any], param: str
+) -> None:
+    refused = pieces.refusal(vocab, "/v1/completions", {"prompt": "hi", **extra}, 100)
+    assert refused is not None and (refused.param, refused.code) == (param, "too_many_special_tokens")
+    lazy = {
+        "preserved_tokens": ["<s>"],
+        "grammar_triggers": [{"type": 0, "value": "<s>"}],
+        "reasoning_budget_message": "ok",
+    }
+    assert pieces.refusal(vocab, "/v1/completions", {"prompt": "hi", **lazy}, 100) is None
