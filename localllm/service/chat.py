@@ -123,6 +123,14 @@ INTERNAL_FIELDS = (
     "reasoning_budget_end_tags",
     "reasoning_budget_end_tag",
 )
+#: a lazy grammar's triggers (llama-server's ``grammar_triggers``): words only. Its other
+#: types crashed or stalled the pinned server: a pattern (2, 3) is matched against the text
+#: generated so far with std::regex at every token, on the loop every slot shares (``(a*)*b``
+#: over 30 forced ``a`` tokens: past 60 s, its other slots waiting); a type it does not know
+#: (7) took the server down; a token trigger (0) is a word of one token, which it makes of
+#: a word itself
+TRIGGER_WORD = 1
+MAX_TRIGGERS = 16
 #: the inputs of one embeddings request (OpenAI's limit): llama-server embeds each as a task
 #: of its own and writes every vector into one answer; 40,000 one-letter inputs (160 KB) held
 #: the pinned server 100 s and 1.2 GB for a 309 MB answer, and the 16 MiB a body may be would
@@ -548,13 +556,30 @@ def _check_parts(parts: list[Any], param: str) -> None:
 
 
 def check_grammar(body: dict[str, Any]) -> None:
-    """A client's own GBNF ``grammar``: bounded before the shared server parses it."""
+    """A client's own GBNF ``grammar``: bounded before the shared server parses it; a lazy
+    grammar's ``grammar_triggers`` words only (:data:`TRIGGER_WORD`)."""
     if body.get("grammar") is not None:
         from localllm.grammar.limits import grammar_problem
 
         problem = grammar_problem(body["grammar"])
         if problem is not None:
             raise BadRequest(f"grammar {problem}", "grammar", "invalid_grammar")
+    triggers = body.get("grammar_triggers")
+    if triggers is None:
+        body.pop("grammar_triggers", None)
+        return
+    if not isinstance(triggers, list) or len(triggers) > MAX_TRIGGERS:
+        raise BadRequest(f"grammar_triggers must be an array of at most {MAX_TRIGGERS} triggers", "grammar_triggers")
+    for i, trigger in enumerate(triggers):
+        kind = trigger.get("type") if isinstance(trigger, dict) else None
+        value = trigger.get("value") if isinstance(trigger, dict) else None
+        if isinstance(kind, bool) or kind != TRIGGER_WORD or not isinstance(value, str) or not value:
+            raise BadRequest(
+                f'grammar_triggers[{i}] must be a word trigger, {{"type": {TRIGGER_WORD}, "value": "…"}}: '
+                "llama-server matches a pattern trigger (types 2, 3) with std::regex, which backtracks "
+                "without end, and crashes on a type it does not know",
+                f"grammar_triggers[{i}]",
+            )
 
 
 def cap_costs(body: dict[str, Any], limits: ChatLimits, parallel: int | None, default_max: int | None = None) -> None:

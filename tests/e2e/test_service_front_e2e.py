@@ -512,6 +512,31 @@ def test_texts_llama_cpp_splits_for_seconds_are_refused_at_once(
                 "preserved_tokens",
                 "too_many_special_tokens",
             ),
+            # a pattern trigger is matched with std::regex at every token (past 60 s for 30); type 7: a crash
+            (
+                "/v1/completions",
+                CHAT,
+                {
+                    "prompt": "a",
+                    "grammar": 'root ::= "x"',
+                    "grammar_lazy": True,
+                    "grammar_triggers": [{"type": 2, "value": "(a*)*b"}],
+                },
+                "grammar_triggers[0]",
+                "invalid_request_error",
+            ),
+            (
+                "/v1/completions",
+                CHAT,
+                {
+                    "prompt": "a",
+                    "grammar": 'root ::= "x"',
+                    "grammar_lazy": True,
+                    "grammar_triggers": [{"type": 7, "value": "a"}],
+                },
+                "grammar_triggers[0]",
+                "invalid_request_error",
+            ),
             # each message rendered with its role markers: 40,000 empty ones took 51 s
             (
                 "/v1/chat/completions",
@@ -563,6 +588,13 @@ def test_texts_llama_cpp_splits_for_seconds_are_refused_at_once(
             json={"model": CHAT, "max_tokens": 2, "messages": [{"role": "user", "content": "a\n" * 300}]},
         )
         assert fits.status_code == 200, fits.text
+        lazy = {
+            "grammar": 'root ::= " 42"',
+            "grammar_lazy": True,
+            "grammar_triggers": [{"type": 1, "value": "answer is"}],
+        }
+        asked = {"model": CHAT, "max_tokens": 8, "prompt": "Say: the answer is", **lazy}
+        assert http.post("/v1/completions", json=asked).status_code == 200
         switch = {"enable_thinking": False}
         asked = {"model": CHAT, "max_tokens": 2, "messages": ASK, "chat_template_kwargs": switch}
         assert http.post("/v1/chat/completions", json=asked).status_code == 200

@@ -288,3 +288,35 @@ def test_texts_llama_server_tokenizes_beside_the_prompt_are_bounded(
         "reasoning_budget_message": "ok",
     }
     assert pieces.refusal(vocab, "/v1/completions", {"prompt": "hi", **lazy}, 100) is None
+
+
+@pytest.mark.parametrize(
+    ("triggers", "param"),
+    [
+        ([{"type": 2, "value": "(a*)*b"}], "grammar_triggers[0]"),  # std::regex backtracks without end
+        ([{"type": 1, "value": "ok"}, {"type": 3, "value": "(a|aa)+b"}], "grammar_triggers[1]"),
+        ([{"type": 7, "value": "a"}], "grammar_triggers[0]"),  # took the pinned server down
+        ([{"type": 0, "value": "a", "token": 5}], "grammar_triggers[0]"),
+        ([{"type": True, "value": "a"}], "grammar_triggers[0]"),
+        ([{"type": 1, "value": ""}], "grammar_triggers[0]"),
+        (["word"], "grammar_triggers[0]"),
+        ([{"type": 1, "value": "w"}] * 17, "grammar_triggers"),
+        ("word", "grammar_triggers"),
+    ],
+)
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_lazy_grammar_triggers_are_words(triggers: Any, param: str, route: str) -> None:
+    data = {"model": "m", "grammar": 'root ::= "x"', "grammar_lazy": True, "grammar_triggers": triggers}
+    with pytest.raises(BadRequest) as caught:
+        if route == "chat":
+            prepare({**data, **_chat(("user", "hi"))}, "m")
+        else:
+            completion_prepare({**data, "prompt": "hi"}, "m")
+    assert caught.value.param == param
+
+
+def test_word_triggers_pass() -> None:
+    words = [{"type": 1, "value": "answer is"}, {"type": 1, "value": "<eos>"}]
+    sent = completion_prepare({"prompt": "hi", "grammar_lazy": True, "grammar_triggers": words}, "m").body
+    assert sent["grammar_triggers"] == words
+    assert "grammar_triggers" not in completion_prepare({"prompt": "hi", "grammar_triggers": None}, "m").body
