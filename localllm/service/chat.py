@@ -108,6 +108,8 @@ MAX_MESSAGES = 2048
 #: llama-server's ``chat_template_kwargs``: switches, not content (see _check_template_kwargs)
 MAX_TEMPLATE_KWARGS = 16
 MAX_TEMPLATE_KWARG_CHARS = 256
+#: OpenAI's ``reasoning_effort`` values (llama.cpp renders the value in templates that read it)
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 #: the variables llama.cpp gives a chat template, which a ``chat_template_kwargs`` entry would replace
 TEMPLATE_INPUTS = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
 #: the fields llama-server's chat layer sets from the template for its sampler and parser,
@@ -475,6 +477,13 @@ def _check_template_kwargs(body: dict[str, Any]) -> None:
     10 s, past every bound here), and a list could be rendered whole. Switches are what
     templates read there (``enable_thinking``): at most :data:`MAX_TEMPLATE_KWARGS` of
     booleans, numbers or short strings, none named like the template's inputs."""
+    effort = body.get("reasoning_effort")
+    if effort is None:
+        body.pop("reasoning_effort", None)
+    elif effort not in REASONING_EFFORTS:  # llama.cpp sets it as one more template variable
+        raise BadRequest(
+            f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}, got {effort!r:.40}", "reasoning_effort"
+        )
     given = body.get("chat_template_kwargs")
     if given is None:
         body.pop("chat_template_kwargs", None)

@@ -247,6 +247,15 @@ def test_template_kwargs_that_would_replace_or_fill_the_prompt_are_refused(kwarg
     assert caught.value.param == param
 
 
+@pytest.mark.parametrize("effort", ["a\n" * 1000, 5, "HIGH"])
+def test_reasoning_effort_is_one_of_openais(effort: Any) -> None:
+    # llama.cpp sets it as a template variable, rendered by the templates that read it
+    with pytest.raises(BadRequest) as caught:
+        prepare({**_chat(("user", "hi")), "reasoning_effort": effort}, "m")
+    assert caught.value.param == "reasoning_effort"
+    assert prepare({**_chat(("user", "hi")), "reasoning_effort": "low"}, "m").body["reasoning_effort"] == "low"
+
+
 def test_template_switches_pass() -> None:
     switches = {"enable_thinking": False, "reasoning_effort": "low", "budget": 5, "x": None}
     sent = prepare({"model": "m", **_chat(("user", "hi")), "chat_template_kwargs": switches}, "m").body
