@@ -914,8 +914,11 @@ def _plain_messages(messages: list[dict[str, Any]], system: str | None) -> list[
     out: list[dict[str, Any]] = []
     results = False  # out[-1] is a user turn holding tool results
     answers: dict[str, str] = {}  # a call's id → what its result is shown as answering
-    for given in messages:
-        role = given["role"]
+    for message in messages:
+        role = message["role"]
+        # null is "absent" (OpenAI's reading): llama-server answers a null name, tool_call_id
+        # or reasoning_content with a 500 ("type must be string, but is null")
+        given = {k: v for k, v in message.items() if v is not None or k == "content"}
         m = {**given, "role": "system"} if role == "developer" else given
         if role == "assistant" and (m.get("tool_calls") or m.get("function_call")):
             calls = []

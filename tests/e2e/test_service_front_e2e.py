@@ -595,6 +595,12 @@ def test_texts_llama_cpp_splits_for_seconds_are_refused_at_once(
         }
         asked = {"model": CHAT, "max_tokens": 8, "prompt": "Say: the answer is", **lazy}
         assert http.post("/v1/completions", json=asked).status_code == 200
+        # a null message field is absent (llama-server's 500 before: "type must be string, but is null")
+        nulls = [{"role": "user", "content": "hi", "name": None, "tool_call_id": None, "reasoning_content": None}]
+        assert (
+            http.post("/v1/chat/completions", json={"model": CHAT, "max_tokens": 2, "messages": nulls}).status_code
+            == 200
+        )
         switch = {"enable_thinking": False}
         asked = {"model": CHAT, "max_tokens": 2, "messages": ASK, "chat_template_kwargs": switch}
         assert http.post("/v1/chat/completions", json=asked).status_code == 200

@@ -602,6 +602,16 @@ def test_null_options_are_the_defaults() -> None:
     assert (kept["n"], kept["reasoning_format"]) == (ChatLimits().max_n, "none")
 
 
+def test_null_message_fields_are_absent() -> None:
+    from localllm.service.chat import prepare
+
+    # llama-server answered each null with a 500 ("type must be string, but is null")
+    nulls = {"name": None, "tool_call_id": None, "reasoning_content": None, "tool_calls": None}
+    given = [{"role": "user", "content": "hi", **nulls}, {"role": "assistant", "content": None, **nulls}]
+    sent = prepare({"messages": [*given, {"role": "user", "content": "go"}]}, "chat").body["messages"]
+    assert [sorted(m) for m in sent] == [["content", "role"], ["content", "role"], ["content", "role"]]
+
+
 def test_nan_and_overflowing_numbers_are_400s(make_service: Factory) -> None:
     service = make_service()
     with client(service) as http:
