@@ -588,12 +588,14 @@ def test_texts_llama_cpp_splits_for_seconds_are_refused_at_once(
             json={"model": CHAT, "max_tokens": 2, "messages": [{"role": "user", "content": "a\n" * 300}]},
         )
         assert fits.status_code == 200, fits.text
+        # a word trigger is still taken (one the text never reaches: once the lazy grammar ends, the
+        # pinned server answers the next token with a 500, "empty grammar stack", its own)
         lazy = {
-            "grammar": 'root ::= " 42"',
+            "grammar": 'root ::= "x"',
             "grammar_lazy": True,
-            "grammar_triggers": [{"type": 1, "value": "answer is"}],
+            "grammar_triggers": [{"type": 1, "value": "zebra unicorn"}],
         }
-        asked = {"model": CHAT, "max_tokens": 8, "prompt": "Say: the answer is", **lazy}
+        asked = {"model": CHAT, "max_tokens": 8, "temperature": 0, "prompt": "Hello", **lazy}
         assert http.post("/v1/completions", json=asked).status_code == 200
         # a null message field is absent (llama-server's 500 before: "type must be string, but is null")
         nulls = [{"role": "user", "content": "hi", "name": None, "tool_call_id": None, "reasoning_content": None}]
