@@ -16,7 +16,8 @@ token's. :func:`refusal` counts them with the model's own vocabulary (its GGUF, 
   than the model's context per slot can never be answered: it is refused at once, as
   llama-server refuses it after tokenizing (``context_length_exceeded``);
 * a text with no context to fit (``/tokenize`` ``content``, a ``logit_bias`` text, the lazy
-  grammar's ``preserved_tokens`` and trigger words, ``reasoning_budget_message``) may hold
+  grammar's ``preserved_tokens`` and trigger words, ``reasoning_budget_message``; the message
+  texts some template may leave out, together) may hold
   at most :data:`MAX_PIECES` pieces, or the context's worth when that is more
   (``too_many_special_tokens``).
 
@@ -153,10 +154,13 @@ def _prompts(given: Any) -> list[list[str]]:
     ]
 
 
-def _message_texts(messages: Any) -> list[str]:
-    """The texts of the messages as templates render them: ``trim``-med, and an assistant's
-    only after its last ``</think>`` (reasoning templates leave an earlier turn's out)."""
-    texts: list[str] = []
+def _message_texts(messages: Any) -> tuple[list[str], list[str]]:
+    """The texts of the messages every template renders, as it renders them (``trim``-med; an
+    assistant's only after its last ``</think>``: reasoning templates leave an earlier turn's
+    out), and those some template may render: that reasoning, and every other string of a
+    message (``name``, ``reasoning_content``, …)."""
+    sure: list[str] = []
+    maybe: list[str] = []
     for message in messages if isinstance(messages, list) else []:
         if not isinstance(message, dict):
             continue
@@ -166,9 +170,11 @@ def _message_texts(messages: Any) -> list[str]:
             text = part.get("text") if isinstance(part, dict) else part
             if isinstance(text, str):
                 if message.get("role") == "assistant":
-                    text = text.rpartition("</think>")[2]
-                texts.append(text.strip())
-    return texts
+                    reasoning, _, text = text.rpartition("</think>")
+                    maybe.append(reasoning)
+                sure.append(text.strip())
+        maybe.extend(v for k, v in message.items() if isinstance(v, str) and k not in ("role", "content"))
+    return sure, maybe
 
 
 def _free_texts(data: dict[str, Any]) -> list[tuple[str, str]]:
@@ -198,8 +204,11 @@ def refusal(vocab: Vocab, route: str, data: dict[str, Any], n_ctx: int) -> BadRe
     than ``n_ctx`` (the model's context per slot) can, or more pieces than a text without a
     context may (:data:`MAX_PIECES`); None when every text is within its bound."""
     prompts: list[tuple[str, list[str], int]] = []
+    free: list[tuple[str, list[str]]] = []
     if route == "/v1/chat/completions":
-        prompts.append(("messages", _message_texts(data.get("messages")), _SLACK))
+        sure, maybe = _message_texts(data.get("messages"))
+        prompts.append(("messages", sure, _SLACK))
+        free.append(("messages", maybe))
     elif route in ("/v1/completions", "/v1/embeddings"):
         field = "prompt" if route == "/v1/completions" else ("input" if "input" in data else "content")
         prompts.extend((field, texts, 0) for texts in _prompts(data.get(field)))
@@ -213,12 +222,17 @@ def refusal(vocab: Vocab, route: str, data: dict[str, Any], n_ctx: int) -> BadRe
                 param,
                 "context_length_exceeded",
             )
-    free = _free_texts(data) if route.endswith("completions") else []
+    if route.endswith("completions"):
+        free.extend((param, [text]) for param, text in _free_texts(data))
     if route == "/tokenize":
-        free.extend(("content", text) for texts in _prompts(data.get("content")) for text in texts)
+        free.extend(("content", [text]) for texts in _prompts(data.get("content")) for text in texts)
     limit = max(MAX_PIECES, n_ctx)
-    for param, text in free:
-        found = vocab.pieces(text, limit)
+    for param, texts in free:
+        found = 0
+        for text in texts:
+            found += vocab.pieces(text, limit - found)
+            if found > limit:
+                break
         if found > limit:
             return BadRequest(
                 f"{param} holds more than {limit} pieces split at this model's special tokens "

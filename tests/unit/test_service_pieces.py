@@ -132,6 +132,25 @@ def _chat(*messages: tuple[str, str]) -> dict[str, Any]:
         ("/v1/embeddings", {"content": [[5, "a\n" * 60]]}, "content", "context_length_exceeded"),
         ("/v1/embeddings", {"input": "hello" * 1000}, "input", "context_length_exceeded"),  # by size
         ("/tokenize", {"content": "a\n" * (pieces.MAX_PIECES // 2 + 1)}, "content", "too_many_special_tokens"),
+        # what a template may render: a message's name, reasoning_content, an earlier turn's reasoning
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hi", "name": "a\n" * pieces.MAX_PIECES}]},
+            "messages",
+            "too_many_special_tokens",
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": [
+                    {"role": "assistant", "content": "ok", "reasoning_content": "a\n" * (pieces.MAX_PIECES // 4)},
+                    {"role": "assistant", "content": "<think>" + "a\n" * (pieces.MAX_PIECES // 4) + "</think>ok"},
+                    {"role": "user", "content": "hi", "name": "b\n" * 10},
+                ]
+            },
+            "messages",
+            "too_many_special_tokens",
+        ),
         ("/tokenize", {"content": ["ok", 5, "a\n" * pieces.MAX_PIECES]}, "content", "too_many_special_tokens"),
         (
             "/v1/chat/completions",
