@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from localllm.errors import LocalLLMError
+from localllm.managed import vocab
 from localllm.managed.server import GRAMMAR_HEADER
 from localllm.service import chat, completion, pieces
 from localllm.service.guard import Guard
@@ -195,18 +196,6 @@ def _error(message: str, kind: str, code: str | None = None, param: str | None =
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def _vocab_of(props: Any) -> tuple[pieces.Vocab, int] | None:
-    """The vocabulary (the GGUF at ``model_path``) and context per slot
-    (``default_generation_settings.n_ctx``) of a llama-server's ``GET /props`` answer."""
-    settings = props.get("default_generation_settings") if isinstance(props, dict) else None
-    n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
-    path = props.get("model_path") if isinstance(props, dict) else None
-    if not isinstance(n_ctx, int) or isinstance(n_ctx, bool) or n_ctx <= 0 or not isinstance(path, str):
-        return None
-    vocab = pieces.load(path)
-    return None if vocab is None else (vocab, n_ctx)
-
-
 def _usage(data: Any) -> tuple[Any, Any]:
     """(prompt, completion) tokens from an answer's ``usage`` (or llama-server's ``timings``)."""
     if not isinstance(data, dict):
@@ -326,7 +315,7 @@ class ServiceApp:
     #: model id → its vocabulary's special tokens and its context per slot (its llama-server's
     #: GET /props: model_path, n_ctx), read once: what a request's texts are counted against
     #: before llama-server tokenizes them (pieces.py). None: not a llama-server's GGUF
-    _vocabs: dict[str, tuple[pieces.Vocab, int] | None] = field(default_factory=dict)
+    _vocabs: dict[str, tuple[vocab.Vocab, int] | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # An acquire blocks its thread while it waits for room or a load (up to load_wait).
@@ -905,7 +894,7 @@ class ServiceApp:
             props = await self._upstream_json(target.url("/props"))
             if props is None:
                 return None
-            self._vocabs[model] = await self._blocking(_vocab_of, props)
+            self._vocabs[model] = await self._blocking(vocab.from_props, props)
         known = self._vocabs[model]
         if known is None:
             return None

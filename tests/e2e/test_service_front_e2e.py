@@ -31,7 +31,7 @@ import pydantic
 import pytest
 
 from localllm.grammar.limits import MAX_SKIPS
-from localllm.service import pieces
+from localllm.managed import vocab as vocabulary
 from tests.e2e.test_service_e2e import CHAT, EMBED, Served, serve
 
 __all__ = ["serve"]  # the fixture
@@ -554,8 +554,8 @@ def test_texts_llama_cpp_splits_for_seconds_are_refused_at_once(
             assert refused.status_code == 400, refused.text
             assert (refused.json()["error"]["param"], refused.json()["error"]["code"]) == (param, code)
         # what fits is still answered, and the bound never passes llama-server's own count
-        vocab = pieces.load(chat_gguf)
-        assert vocab is not None and pieces.load(embed_gguf) is not None
+        vocab = vocabulary.load(chat_gguf)
+        assert vocab is not None and vocabulary.load(embed_gguf) is not None
         rng = random.Random(11)
         alphabet = [
             "a",

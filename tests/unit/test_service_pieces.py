@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from localllm.managed import vocab as vocabulary
 from localllm.service import pieces
 from localllm.service.chat import (
     INTERNAL_FIELDS,
@@ -54,8 +55,8 @@ def vocab_gguf(path: Path, special: list[str] = SPECIAL, normal: list[str] = NOR
 
 
 @pytest.fixture
-def vocab(tmp_path: Path) -> pieces.Vocab:
-    found = pieces.load(vocab_gguf(tmp_path / "v.gguf"))
+def vocab(tmp_path: Path) -> vocabulary.Vocab:
+    found = vocabulary.load(vocab_gguf(tmp_path / "v.gguf"))
     assert found is not None
     return found
 
@@ -73,15 +74,17 @@ def vocab(tmp_path: Path) -> pieces.Vocab:
         ("<start_of_tur", 1),  # a near miss is text
     ],
 )
-def test_pieces_are_the_special_tokens_and_the_stretches_between(vocab: pieces.Vocab, text: str, count: int) -> None:
+def test_pieces_are_the_special_tokens_and_the_stretches_between(
+    vocab: vocabulary.Vocab, text: str, count: int
+) -> None:
     assert vocab.pieces(text, 10**9) == count
 
 
-def test_the_count_stops_past_its_limit(vocab: pieces.Vocab) -> None:
+def test_the_count_stops_past_its_limit(vocab: vocabulary.Vocab) -> None:
     assert 100 < vocab.pieces("a\n" * 1_000_000, 100) <= 102  # each letter and newline a piece
 
 
-def test_size_bounds_the_tokens_too(vocab: pieces.Vocab) -> None:
+def test_size_bounds_the_tokens_too(vocab: vocabulary.Vocab) -> None:
     # no special token in the text: its bytes over the longest token's (20) bound it
     assert vocab.longest == len("longest-normal-token")
     assert vocab.tokens(["hello world" * 100], 10**9) == -(-1100 // 20)
@@ -90,12 +93,12 @@ def test_size_bounds_the_tokens_too(vocab: pieces.Vocab) -> None:
 
 def test_load_reads_a_file_once_and_refuses_what_is_no_vocabulary(tmp_path: Path) -> None:
     path = vocab_gguf(tmp_path / "v.gguf")
-    assert pieces.load(path) is pieces.load(path)
+    assert vocabulary.load(path) is vocabulary.load(path)
     (tmp_path / "fake.gguf").write_bytes(b"GGUF chat")
-    assert pieces.load(tmp_path / "fake.gguf") is None
-    assert pieces.load(tmp_path / "missing.gguf") is None
+    assert vocabulary.load(tmp_path / "fake.gguf") is None
+    assert vocabulary.load(tmp_path / "missing.gguf") is None
     vocab_gguf(path, special=[])
-    plain = pieces.load(path)
+    plain = vocabulary.load(path)
     assert plain is not None and plain.special is None and plain.pieces("a\n" * 10, 10**9) == 1
 
 
@@ -167,7 +170,7 @@ def _chat(*messages: tuple[str, str]) -> dict[str, Any]:
     ],
 )
 def test_texts_past_their_bound_are_refused(
-    vocab: pieces.Vocab, route: str, data: dict[str, Any], param: str, code: str
+    vocab: vocabulary.Vocab, route: str, data: dict[str, Any], param: str, code: str
 ) -> None:
     refused = pieces.refusal(vocab, route, data, 100)
     assert refused is not None and (refused.param, refused.code) == (param, code)
@@ -188,11 +191,11 @@ def test_texts_past_their_bound_are_refused(
         ("/v1/chat/completions", {**_chat(("user", "hi")), "logit_bias": {"15": 1, "-3": 2, "a\n" * 60: 1}}),
     ],
 )
-def test_texts_within_their_bound_pass(vocab: pieces.Vocab, route: str, data: dict[str, Any]) -> None:
+def test_texts_within_their_bound_pass(vocab: vocabulary.Vocab, route: str, data: dict[str, Any]) -> None:
     assert pieces.refusal(vocab, route, data, 100) is None
 
 
-def test_the_pieces_limit_is_the_context_when_that_is_more(vocab: pieces.Vocab) -> None:
+def test_the_pieces_limit_is_the_context_when_that_is_more(vocab: vocabulary.Vocab) -> None:
     data = {"content": "a\n" * pieces.MAX_PIECES}
     assert pieces.refusal(vocab, "/tokenize", data, pieces.MAX_PIECES) is not None
     assert pieces.refusal(vocab, "/tokenize", data, 2 * pieces.MAX_PIECES) is None
@@ -306,7 +309,7 @@ def test_llama_servers_own_fields_are_refused(field: str, route: str) -> None:
     ],
 )
 def test_texts_llama_server_tokenizes_beside_the_prompt_are_bounded(
-    vocab: pieces.Vocab, extra: dict[str, Any], param: str
+    vocab: vocabulary.Vocab, extra: dict[str, Any], param: str
 ) -> None:
     refused = pieces.refusal(vocab, "/v1/completions", {"prompt": "hi", **extra}, 100)
     assert refused is not None and (refused.param, refused.code) == (param, "too_many_special_tokens")
