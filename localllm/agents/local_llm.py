@@ -62,6 +62,7 @@ from localllm.wire import AskRequest, AskResponse, Transcript
 if TYPE_CHECKING:
     from localllm.grammar.relax import Relaxed
     from localllm.managed.server import ManagedServer
+    from localllm.managed.vocab import Vocab
 
 _FENCE = re.compile(r"^\s*```(?:json)?\s*\n?(.*?)\n?\s*```\s*$", re.DOTALL)
 _CONNECT_TIMEOUT = 5.0
@@ -123,6 +124,8 @@ class LocalLLMAgent(Agent):
         self._starter: threading.Thread | None = None  # prepare(wait=False)'s thread, until base_url() joins it
         self._start_error: BaseException | None = None
         self._closed = False
+        #: own server's base URL → its vocabulary and context per slot (None: it does not say)
+        self._contexts: dict[str, tuple[Vocab, int] | None] = {}
 
     def _import_jsonschema(self) -> None:
         """compile_schema needs jsonschema inside ask(), on the runtime's worker thread, while
@@ -438,6 +441,7 @@ class LocalLLMAgent(Agent):
             negotiated, probed = self.styles.get(base, probe, compiles=self.decl.grammar is True)
             style = negotiated.style
         body, grammar, native, ran = self.build_body(request, style)
+        self._check_context(body, first, own_headers)
         started = time.monotonic()
         with self._one_at_a_time:  # reproducible: never batched with this agent's other calls
             reply = post(body)
@@ -521,6 +525,39 @@ class LocalLLMAgent(Agent):
         sent_model = answered[0].model or body["model"]
         transcript = self._transcript({**body, "model": sent_model}, content, usage, elapsed_ms)
         return AskResponse(submission=strip_fence(content), meta=meta, transcript=transcript)
+
+    def _check_context(self, body: dict[str, Any], target: Target, headers: dict[str, str]) -> None:
+        """A prompt past the context of the own server (its ``GET /props``, asked once) is a
+        ``transport_error`` before the server is asked: llama.cpp's tokenizer would spend time
+        growing with the square of its special-token pieces (80 KB of ``"a\\n"``: 13 s) before
+        refusing it (:mod:`localllm.managed.vocab`). A service or an endpoint checks its own."""
+        if target.route is not Route.SIDECAR:
+            return
+        import httpx
+
+        from localllm.managed import vocab
+
+        if target.base_url not in self._contexts:
+            try:
+                props = self._http().get(target.url("/props"), headers={**headers, **target.headers()}, timeout=5.0)
+                known = vocab.from_props(props.json()) if props.status_code == 200 else None
+            except (httpx.HTTPError, ValueError, RecursionError):  # a server that cannot say: not checked
+                known = None
+            self._contexts[target.base_url] = known
+        known = self._contexts[target.base_url]
+        if known is None:
+            return
+        texts, _ = vocab.message_texts(body.get("messages"))
+        found = known[0].tokens(texts, known[1], vocab.SLACK)
+        if found > known[1]:
+            raise AgentError(
+                ErrorKind.TRANSPORT_ERROR,
+                f"the prompt holds at least {found} tokens, past the context of {known[1]} tokens per slot "
+                f"of {self.decl.model}'s server (counted before it was asked)",
+                hint="shorten the prompt (or its args), or raise ctx_size",
+                alias=self.alias,
+                meta={"context": known[1], "prompt_tokens_at_least": found},
+            )
 
     def _grammar_enforced(self, reply: Any, target: Target) -> bool | None:
         if target.route is not Route.SERVICE:

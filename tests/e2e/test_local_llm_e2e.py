@@ -229,3 +229,15 @@ def test_endpoint_mode_fails_cleanly_without_key(
             rt.call("ask", agent="agent.remote", prompt="hi")
     assert "HTTP 401" in info.value.detail and "not-the-key" not in info.value.detail
     assert time.monotonic() - started < 30
+
+
+def test_a_prompt_past_the_context_is_refused_before_the_server_tokenizes_it(demo: Path) -> None:
+    """80 KB of ``"a\\n"`` (80,000 pieces at gemma-3's newline token) held the pinned server 13 s
+    before its "exceeds the context" 400; the agent counts them with the model's vocabulary first."""
+    with Runtime(load_config(demo)) as rt:
+        with pytest.raises(AgentError) as caught:
+            rt.call("ask", agent="agent.local", prompt="a\n" * 40_000, timeout=60)
+        fits = rt.call("ask", agent="agent.local", prompt="a\n" * 300 + "Say hi.", timeout=60)
+    assert caught.value.kind == ErrorKind.TRANSPORT_ERROR
+    assert caught.value.meta["prompt_tokens_at_least"] > caught.value.meta["context"]
+    assert fits.submission

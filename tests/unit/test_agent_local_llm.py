@@ -623,3 +623,22 @@ def test_extra_args_that_set_a_managed_flag_are_a_transport_error_not_a_value_er
         rt.call("ask", agent="agent.local", prompt="p")
     assert info.value.kind is ErrorKind.TRANSPORT_ERROR and isinstance(info.value.__cause__, ValueError)
     assert "--port" in info.value.detail and rows(logs["spawn"]) == []
+
+
+def test_a_prompt_past_the_own_servers_context_is_refused_before_it_is_asked(
+    tmp_path: Path, server_bin: Path, logs: dict[str, Path]
+) -> None:
+    # llama.cpp splits a prompt at each special token, walking its list of pieces from the head
+    # each time: 80 KB of "a\n" held the pinned server 13 s before its "exceeds the context" 400
+    from tests.unit.test_service_pieces import vocab_gguf
+
+    config = managed_config(tmp_path, server_bin)
+    vocab_gguf(tmp_path / "tiny.gguf")  # the fake serves its -m file: a vocabulary with "\n" special
+    with Runtime(config) as rt:
+        fits = rt.call("ask", agent="agent.local", prompt="a\n" * 200, timeout=30)
+        with pytest.raises(AgentError) as caught:
+            rt.call("ask", agent="agent.local", prompt="a\n" * 600, timeout=30)
+    assert fits.submission
+    assert caught.value.kind == "transport_error" and caught.value.meta["context"] == 512
+    assert caught.value.meta["prompt_tokens_at_least"] > 512
+    assert len(chat_requests(logs["requests"])) == 1  # the refused prompt never reached the server
