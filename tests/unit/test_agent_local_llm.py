@@ -639,6 +639,7 @@ def test_a_prompt_past_the_own_servers_context_is_refused_before_it_is_asked(
         with pytest.raises(AgentError) as caught:
             rt.call("ask", agent="agent.local", prompt="a\n" * 600, timeout=30)
     assert fits.submission
-    assert caught.value.kind == "transport_error" and caught.value.meta["context"] == 512
-    assert caught.value.meta["prompt_tokens_at_least"] > 512
+    meta = caught.value.meta or {}
+    assert caught.value.kind == "transport_error" and meta["context"] == 512
+    assert meta["prompt_tokens_at_least"] > 512
     assert len(chat_requests(logs["requests"])) == 1  # the refused prompt never reached the server
