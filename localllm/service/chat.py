@@ -476,11 +476,12 @@ def _check_template_kwargs(body: dict[str, Any]) -> None:
     ``messages`` there replaced the checked messages (80 KB of them held the pinned server
     10 s, past every bound here), and a list could be rendered whole. Switches are what
     templates read there (``enable_thinking``): at most :data:`MAX_TEMPLATE_KWARGS` of
-    booleans, numbers or short strings, none named like the template's inputs."""
+    booleans, numbers or short strings, none named like the template's inputs. OpenAI's
+    ``reasoning_effort``, which llama.cpp sets as one more variable: one of its values."""
     effort = body.get("reasoning_effort")
     if effort is None:
         body.pop("reasoning_effort", None)
-    elif effort not in REASONING_EFFORTS:  # llama.cpp sets it as one more template variable
+    elif effort not in REASONING_EFFORTS:
         raise BadRequest(
             f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}, got {effort!r:.40}", "reasoning_effort"
         )
