@@ -777,7 +777,7 @@ class ServiceApp:
                 if refused is not None:
                     raise _Reply(400, refused.to_json())
             sent = prepared.body if prepared is not None else data  # the tool prompt is the service's
-            refused = await self._text_refusal(model, lease.target, path, sent)
+            refused = await self._text_refusal(model, lease.target, path, sent, len(raw))
             if refused is not None:
                 raise _Reply(400, refused.to_json())
             target: Target | None = lease.target
@@ -886,10 +886,11 @@ class ServiceApp:
         return self._n_vocab[model]
 
     async def _text_refusal(
-        self, model: str, target: Target, path: str, data: dict[str, Any]
+        self, model: str, target: Target, path: str, data: dict[str, Any], size: int
     ) -> chat.BadRequest | None:
         """The 400 for texts past what ``model`` can read (:func:`pieces.refusal`), counted with
-        its vocabulary and context per slot, read once (None: its server does not say)."""
+        its vocabulary and context per slot, read once (None: its server does not say); on a
+        worker thread for a body past 64 KiB (16 MiB without a special token: 0.15 s)."""
         if model not in self._vocabs:
             props = await self._upstream_json(target.url("/props"))
             if props is None:
@@ -898,6 +899,8 @@ class ServiceApp:
         known = self._vocabs[model]
         if known is None:
             return None
+        if size <= 64 << 10:  # a few µs: cheaper than the hop to a thread
+            return pieces.refusal(known[0], path, data, known[1])
         refused: chat.BadRequest | None = await self._blocking(pieces.refusal, known[0], path, data, known[1])
         return refused
 
