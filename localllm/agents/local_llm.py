@@ -530,13 +530,17 @@ class LocalLLMAgent(Agent):
         """A prompt past the context of the own server (its ``GET /props``, asked once) is a
         ``transport_error`` before the server is asked: llama.cpp's tokenizer would spend time
         growing with the square of its special-token pieces (80 KB of ``"a\\n"``: 13 s) before
-        refusing it (:mod:`localllm.managed.vocab`). A service or an endpoint checks its own."""
+        refusing it (:mod:`localllm.managed.vocab`). A service or an endpoint checks its own; a
+        prompt within :data:`~localllm.managed.vocab.QUICK_BYTES` is not counted."""
         if target.route is not Route.SIDECAR:
             return
         import httpx
 
         from localllm.managed import vocab
 
+        texts, _ = vocab.message_texts(body.get("messages"))
+        if sum(len(t) for t in texts) <= vocab.QUICK_BYTES:  # characters: at most as many bytes
+            return
         if target.base_url not in self._contexts:
             try:
                 props = self._http().get(target.url("/props"), headers={**headers, **target.headers()}, timeout=5.0)
@@ -547,7 +551,6 @@ class LocalLLMAgent(Agent):
         known = self._contexts[target.base_url]
         if known is None:
             return
-        texts, _ = vocab.message_texts(body.get("messages"))
         found = known[0].tokens(texts, known[1], vocab.SLACK)
         if found > known[1]:
             raise AgentError(

@@ -890,7 +890,10 @@ class ServiceApp:
     ) -> chat.BadRequest | None:
         """The 400 for texts past what ``model`` can read (:func:`pieces.refusal`), counted with
         its vocabulary and context per slot, read once (None: its server does not say); on a
-        worker thread for a body past 64 KiB (16 MiB without a special token: 0.15 s)."""
+        worker thread for a body past 64 KiB (16 MiB without a special token: 0.15 s). A body
+        within :data:`vocab.QUICK_BYTES` is not counted."""
+        if size <= vocab.QUICK_BYTES:
+            return None
         if model not in self._vocabs:
             props = await self._upstream_json(target.url("/props"))
             if props is None:

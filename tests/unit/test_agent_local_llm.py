@@ -636,10 +636,13 @@ def test_a_prompt_past_the_own_servers_context_is_refused_before_it_is_asked(
     vocab_gguf(tmp_path / "tiny.gguf")  # the fake serves its -m file: a vocabulary with "\n" special
     with Runtime(config) as rt:
         fits = rt.call("ask", agent="agent.local", prompt="a\n" * 200, timeout=30)
+        # a prompt within QUICK_BYTES is not counted: no /props, no vocabulary read
+        assert [r["path"] for r in rows(logs["requests"]) if r["path"] == "/props"] == []
         with pytest.raises(AgentError) as caught:
-            rt.call("ask", agent="agent.local", prompt="a\n" * 600, timeout=30)
+            rt.call("ask", agent="agent.local", prompt="a\n" * 5000, timeout=30)  # past QUICK_BYTES
     assert fits.submission
     meta = caught.value.meta or {}
     assert caught.value.kind == "transport_error" and meta["context"] == 512
     assert meta["prompt_tokens_at_least"] > 512
     assert len(chat_requests(logs["requests"])) == 1  # the refused prompt never reached the server
+    assert [r["path"] for r in rows(logs["requests"]) if r["path"] == "/props"] == ["/props"]  # asked once
