@@ -59,6 +59,7 @@ __all__ = [
     "loads",
     "merge_stops",
     "prepare",
+    "prompt_parts",
     "sse_events",
     "token_ids",
     "token_refusal",
@@ -1297,6 +1298,19 @@ def finish(prepared: Prepared, answer: dict[str, Any]) -> tuple[dict[str, Any], 
 # -------------------------------------------------------------------------- embeddings
 
 
+def prompt_parts(given: Any) -> list[list[Any]]:
+    """The prompts llama-server makes of a completions ``prompt`` or an embeddings ``input``
+    (``tokenize_input_prompts``), each as its items: a string is one; an array holding a token
+    id is one (its strings and ids, tokenized in turn); any other array, one per item."""
+    if isinstance(given, str):
+        return [[given]]
+    if not isinstance(given, list):
+        return []
+    if any(isinstance(x, int) for x in given):
+        return [given]
+    return [[x] if isinstance(x, str) else x for x in given if isinstance(x, (str, list))]
+
+
 def check_embeddings(data: dict[str, Any]) -> None:
     """An embeddings request's ``input`` and ``dimensions`` as llama-server takes them (400 otherwise).
 
@@ -1310,7 +1324,7 @@ def check_embeddings(data: dict[str, Any]) -> None:
         raise BadRequest(
             "input must be a string, or a non-empty array of strings, token ids or arrays of them", "input"
         )
-    count = 1 if isinstance(given, str) or any(isinstance(x, int) for x in given) else len(given)
+    count = len(prompt_parts(given))
     if count > MAX_EMBEDDING_INPUTS:
         raise BadRequest(
             f"input holds {count} inputs; at most {MAX_EMBEDDING_INPUTS} in one request (OpenAI's limit)", "input"

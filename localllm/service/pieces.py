@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from localllm.managed.vocab import SLACK, Vocab, message_texts
-from localllm.service.chat import BadRequest
+from localllm.service.chat import BadRequest, prompt_parts
 
 __all__ = ["MAX_PIECES", "refusal"]
 
@@ -25,19 +25,9 @@ __all__ = ["MAX_PIECES", "refusal"]
 MAX_PIECES = 16_384
 
 
-def _prompts(given: Any) -> list[list[str]]:
-    """The texts of each prompt llama-server makes of a completions ``prompt`` or embeddings
-    ``input``: a string; an array of strings or arrays (one prompt each); an array holding a
-    token id (one prompt: its strings)."""
-    if isinstance(given, str):
-        return [[given]]
-    if not isinstance(given, list):
-        return []
-    if any(isinstance(x, int) for x in given):
-        return [[x for x in given if isinstance(x, str)]]
-    return [
-        [x] if isinstance(x, str) else [y for y in x if isinstance(y, str)] for x in given if isinstance(x, (str, list))
-    ]
+def _texts(given: Any) -> list[list[str]]:
+    """The texts of each prompt llama-server makes of ``given`` (:func:`chat.prompt_parts`)."""
+    return [[x for x in part if isinstance(x, str)] for part in prompt_parts(given)]
 
 
 def _free_texts(data: dict[str, Any]) -> list[tuple[str, str]]:
@@ -74,7 +64,7 @@ def refusal(vocab: Vocab, route: str, data: dict[str, Any], n_ctx: int) -> BadRe
         free.append(("messages", maybe))
     elif route in ("/v1/completions", "/v1/embeddings"):
         field = "prompt" if route == "/v1/completions" else ("input" if "input" in data else "content")
-        prompts.extend((field, texts, 0) for texts in _prompts(data.get(field)))
+        prompts.extend((field, texts, 0) for texts in _texts(data.get(field)))
     for param, texts, slack in prompts:
         found = vocab.tokens(texts, n_ctx, slack)
         if found > n_ctx:
@@ -88,7 +78,7 @@ def refusal(vocab: Vocab, route: str, data: dict[str, Any], n_ctx: int) -> BadRe
     if route.endswith("completions"):
         free.extend((param, [text]) for param, text in _free_texts(data))
     if route == "/tokenize":
-        free.extend(("content", [text]) for texts in _prompts(data.get("content")) for text in texts)
+        free.extend(("content", [text]) for texts in _texts(data.get("content")) for text in texts)
     limit = max(MAX_PIECES, n_ctx)
     for param, texts in free:
         found = 0

@@ -285,19 +285,23 @@ def test_template_switches_pass() -> None:
     assert "chat_template_kwargs" not in prepare({**_chat(("user", "hi")), "chat_template_kwargs": None}, "m").body
 
 
+def _refused(route: str, extra: dict[str, Any]) -> BadRequest:
+    """The 400 of a chat (or completions) request holding ``extra``."""
+    with pytest.raises(BadRequest) as caught:
+        if route == "chat":
+            prepare({"model": "m", **extra, **_chat(("user", "hi"))}, "m")
+        else:
+            completion_prepare({"model": "m", **extra, "prompt": "hi"}, "m")
+    return caught.value
+
+
 @pytest.mark.parametrize("field", INTERNAL_FIELDS)
 @pytest.mark.parametrize("route", ["chat", "completions"])
 def test_llama_servers_own_fields_are_refused(field: str, route: str) -> None:
     # chat_parser: a PEG parser whose rules name each other by unchecked index; one naming
     # itself (100 bytes) overflowed the pinned server's stack
     cycle = json.dumps({"parsers": [{"type": "and", "child": 0}], "rules": {}, "root": 0})
-    data = {"model": "m", field: cycle}
-    with pytest.raises(BadRequest) as caught:
-        if route == "chat":
-            prepare({**data, **_chat(("user", "hi"))}, "m")
-        else:
-            completion_prepare({**data, "prompt": "hi"}, "m")
-    assert caught.value.param == field
+    assert _refused(route, {field: cycle}).param == field
 
 
 @pytest.mark.parametrize(
@@ -337,13 +341,8 @@ def test_texts_llama_server_tokenizes_beside_the_prompt_are_bounded(
 )
 @pytest.mark.parametrize("route", ["chat", "completions"])
 def test_lazy_grammar_triggers_are_words(triggers: Any, param: str, route: str) -> None:
-    data = {"model": "m", "grammar": 'root ::= "x"', "grammar_lazy": True, "grammar_triggers": triggers}
-    with pytest.raises(BadRequest) as caught:
-        if route == "chat":
-            prepare({**data, **_chat(("user", "hi"))}, "m")
-        else:
-            completion_prepare({**data, "prompt": "hi"}, "m")
-    assert caught.value.param == param
+    data = {"grammar": 'root ::= "x"', "grammar_lazy": True, "grammar_triggers": triggers}
+    assert _refused(route, data).param == param
 
 
 def test_word_triggers_pass() -> None:
