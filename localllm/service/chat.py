@@ -40,6 +40,7 @@ from typing import Any
 
 __all__ = [
     "INTERNAL_FIELDS",
+    "MAX_CONTENT_PARTS",
     "MAX_EMBEDDING_INPUTS",
     "MAX_MESSAGES",
     "ROLES",
@@ -106,6 +107,11 @@ MAX_BREAKER_CHARS = 32
 #: markers, which llama.cpp's tokenizer splits at (pieces.py): 40,000 empty messages (1.1 MB)
 #: held the pinned server 51 s before its "exceeds the context" 400
 MAX_MESSAGES = 2048
+#: the content parts of one request's messages: llama-server joins a message's text parts with
+#: a newline (a special token llama.cpp's tokenizer splits at), so each part may be pieces more
+#: than its text alone, which pieces.py counts: 48,000 parts of ``"a"`` (1.5 MB, within the
+#: context by their bytes) held the pinned server 11.8 s before its "exceeds the context" 400
+MAX_CONTENT_PARTS = 2048
 #: llama-server's ``chat_template_kwargs``: switches, not content (see _check_template_kwargs)
 MAX_TEMPLATE_KWARGS = 16
 MAX_TEMPLATE_KWARG_CHARS = 256
@@ -421,6 +427,7 @@ def _check_messages(messages: Any) -> None:
         raise BadRequest("messages must be a non-empty array", "messages")
     if len(messages) > MAX_MESSAGES:
         raise BadRequest(f"messages holds {len(messages)} messages; at most {MAX_MESSAGES} in one request", "messages")
+    parts = 0
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise BadRequest(f"messages[{i}] must be an object", f"messages[{i}]")
@@ -433,6 +440,13 @@ def _check_messages(messages: Any) -> None:
         if content is not None and not isinstance(content, (str, list)):
             raise BadRequest(f"messages[{i}].content must be a string or an array of parts", f"messages[{i}].content")
         if isinstance(content, list):
+            parts += len(content)
+            if parts > MAX_CONTENT_PARTS:
+                raise BadRequest(
+                    f"messages up to messages[{i}] hold {parts} content parts; "
+                    f"at most {MAX_CONTENT_PARTS} in one request",
+                    f"messages[{i}].content",
+                )
             _check_parts(content, f"messages[{i}].content")
         # llama-server reads these as strings and answers any other type with a 500
         for key in ("name", "tool_call_id", "reasoning_content"):

@@ -545,6 +545,14 @@ def test_texts_llama_cpp_splits_for_seconds_are_refused_at_once(
                 "messages",
                 "invalid_request_error",
             ),
+            # parts joined with a newline the texts' count cannot see: 48,000 parts of "a" took 11.8 s
+            (
+                "/v1/chat/completions",
+                CHAT,
+                {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}] * 2049}]},
+                "messages[0].content",
+                "invalid_request_error",
+            ),
             # each input a task, every vector in one answer: 40,000 one-letter inputs took 100 s, 1.2 GB
             ("/v1/embeddings", EMBED, {"input": ["a"] * 2049}, "input", "invalid_request_error"),
         ):
@@ -586,6 +594,12 @@ def test_texts_llama_cpp_splits_for_seconds_are_refused_at_once(
         fits = http.post(
             "/v1/chat/completions",
             json={"model": CHAT, "max_tokens": 2, "messages": [{"role": "user", "content": "a\n" * 300}]},
+        )
+        assert fits.status_code == 200, fits.text
+        parts = [{"type": "text", "text": "a"}] * 300
+        fits = http.post(
+            "/v1/chat/completions",
+            json={"model": CHAT, "max_tokens": 2, "messages": [{"role": "user", "content": parts}]},
         )
         assert fits.status_code == 200, fits.text
         # a word trigger is still taken (one the text never reaches: once the lazy grammar ends, the

@@ -19,6 +19,7 @@ from localllm.managed import vocab as vocabulary
 from localllm.service import pieces
 from localllm.service.chat import (
     INTERNAL_FIELDS,
+    MAX_CONTENT_PARTS,
     MAX_EMBEDDING_INPUTS,
     MAX_MESSAGES,
     BadRequest,
@@ -248,6 +249,20 @@ def test_a_request_holds_at_most_azure_openais_messages() -> None:
         prepare({"model": "m", "messages": many}, "m")
     assert caught.value.param == "messages"
     assert prepare({"model": "m", "messages": many[:MAX_MESSAGES]}, "m").body["messages"]
+
+
+def test_a_request_holds_at_most_so_many_content_parts() -> None:
+    # llama-server joins text parts with a newline, a piece the texts' count cannot see: 48,000
+    # parts of "a" were 96,000 pieces (11.8 s) within the context by their bytes
+    part = {"type": "text", "text": "a"}
+    one = [{"role": "user", "content": [part] * (MAX_CONTENT_PARTS + 1)}]
+    spread = [{"role": "user", "content": [part] * 1000}, {"role": "assistant", "content": "b"}] * 3
+    for messages, param in ((one, "messages[0].content"), (spread, "messages[4].content")):
+        with pytest.raises(BadRequest) as caught:
+            prepare({"model": "m", "messages": messages}, "m")
+        assert caught.value.param == param
+    fits = [{"role": "user", "content": [part] * (MAX_CONTENT_PARTS // 2)}] * 2
+    assert [len(m["content"]) for m in prepare({"model": "m", "messages": fits}, "m").body["messages"]] == [1024] * 2
 
 
 @pytest.mark.parametrize(
