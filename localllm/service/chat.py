@@ -123,11 +123,15 @@ TEMPLATE_INPUTS = frozenset({"messages", "tools", "add_generation_prompt", "bos_
 #: which it takes from a request too where it set none (/v1/completions): ``chat_parser`` is a
 #: PEG parser whose rules name each other by index, unchecked, so 100 bytes of a rule naming
 #: itself overflowed the pinned server's stack (every model and request on it gone) and one
-#: naming a rule past the list read out of bounds; the tags and prompt are tokenized (pieces.py)
+#: naming a rule past the list read out of bounds; the tags, prompt and message delimiters are
+#: tokenized (pieces.py: one delimiter of 120 KB of ``"a\n"`` held the pinned server 7.6 s);
+#: ``grammar_type: "tool_calls"`` feeds the template's generation prompt to a client's grammar
 INTERNAL_FIELDS = (
     "chat_parser",
     "chat_format",
     "generation_prompt",
+    "grammar_type",
+    "message_delimiters",
     "reasoning_budget_start_tag",
     "reasoning_budget_end_tags",
     "reasoning_budget_end_tag",

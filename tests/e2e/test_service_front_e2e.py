@@ -508,6 +508,13 @@ def test_texts_llama_cpp_splits_for_seconds_are_refused_at_once(
             (
                 "/v1/completions",
                 CHAT,
+                {"prompt": "hi", "message_delimiters": [{"role": "user", "delimiter": "a\n" * 40_000}]},
+                "message_delimiters",
+                "invalid_request_error",
+            ),
+            (
+                "/v1/completions",
+                CHAT,
                 {"prompt": "hi", "preserved_tokens": ["a\n" * 20_000]},
                 "preserved_tokens",
                 "too_many_special_tokens",

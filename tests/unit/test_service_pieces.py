@@ -319,6 +319,15 @@ def test_llama_servers_own_fields_are_refused(field: str, route: str) -> None:
     assert _refused(route, {field: cycle}).param == field
 
 
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_message_delimiters_and_the_grammar_type_are_llama_servers_own(route: str) -> None:
+    # each delimiter tokenized (120 KB of "a\n": 7.6 s); "tool_calls" fed the template's
+    # generation prompt to the client's grammar (a 400 naming nothing)
+    delimiters = [{"role": "user", "delimiter": "a\n" * 40_000}]
+    assert _refused(route, {"message_delimiters": delimiters}).param == "message_delimiters"
+    assert _refused(route, {"grammar": 'root ::= "x"', "grammar_type": "tool_calls"}).param == "grammar_type"
+
+
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
