@@ -91,6 +91,7 @@ _RANGES: tuple[tuple[str, float, float, bool], ...] = (
     ("max_completion_tokens", 1, 1 << 31, True),
     ("n_predict", -1, 1 << 31, True),
     ("n", 1, 128, True),
+    ("n_cmpl", 1, 128, True),
     ("n_probs", 0, 1 << 31, True),
     ("top_logprobs", 0, 1 << 31, True),
 )
@@ -614,7 +615,8 @@ def check_grammar(body: dict[str, Any]) -> None:
 def cap_costs(body: dict[str, Any], limits: ChatLimits, parallel: int | None, default_max: int | None = None) -> None:
     """The cost caps (numbers checked): one ceiling for ``max_tokens`` (``default_max`` when
     not asked for, else the ceiling too), ``n_predict`` and ``max_completion_tokens`` folded in;
-    ``n`` capped at the ceiling and the model's slots (``parallel``); ``n_probs`` and
+    ``n`` capped at the ceiling and the model's slots (``parallel``), llama-server's own name
+    for it folded in (``n_cmpl``, which it reads before ``n``); ``n_probs`` and
     ``top_logprobs`` at theirs."""
     asked = [body[k] for k in ("max_tokens", "max_completion_tokens") if isinstance(body.get(k), int)]
     n_predict = body.pop("n_predict", None)
@@ -624,6 +626,8 @@ def cap_costs(body: dict[str, Any], limits: ChatLimits, parallel: int | None, de
     if not asked and default_max is not None:
         asked.append(default_max)
     body["max_tokens"] = min([*asked, limits.max_tokens])
+    if "n_cmpl" in body:  # past every cap of n before: 20 prompts × 4 choices where 20 were the most
+        body["n"] = body.pop("n_cmpl")
     if "n" in body:  # capped, never refused: llama-server refuses more choices than its slots
         body["n"] = min(body["n"], limits.max_n, parallel or limits.max_n)
     for name in ("n_probs", "top_logprobs"):

@@ -227,8 +227,10 @@ def test_a_batch_caps_n_so_its_choices_stay_within_the_ceiling(make_service: Fac
     with client(service) as http:
         answer = complete(http, prompt=["a"] * 7, n=2)  # 14 choices: within MAX_PROMPTS
         capped = complete(http, prompt=["a"] * 11, n=2)  # 22 asked
-    assert [len(a.json()["choices"]) for a in (answer, capped)] == [14, 11]
-    assert [r["body"]["n"] for r in upstream(env)] == [2, 1]
+        # llama-server's own name for n, which it reads first: 20 prompts × 2 slots went through
+        aliased = complete(http, prompt=["a"] * 20, n_cmpl=2, n=1)
+    assert [len(a.json()["choices"]) for a in (answer, capped, aliased)] == [14, 11, 20]
+    assert [(r["body"]["n"], "n_cmpl" in r["body"]) for r in upstream(env)] == [(2, False), (1, False), (1, False)]
 
 
 def test_logprobs_are_answered_in_openais_legacy_shape(
