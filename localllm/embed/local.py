@@ -48,6 +48,7 @@ from localllm.errors import (
     truncate_detail,
 )
 from localllm.managed.upstream import Target, Upstream
+from localllm.managed.vocab import MAX_TOKENIZE_BYTES
 from localllm.wire import finite_float
 
 if TYPE_CHECKING:
@@ -246,14 +247,17 @@ class LocalEmbedder:
         if bound <= limit:
             return text, bound
         head, tail = self._special_tokens()
-        ids = self.tokenize(text)
+        # a server (the service) tokenizes at most MAX_TOKENIZE_BYTES at once: far more tokens than
+        # any embedder takes, so a longer text is counted and cut by its head
+        clipped = bound - _SPECIAL_HEADROOM > MAX_TOKENIZE_BYTES
+        ids = self.tokenize(text.encode("utf-8")[:MAX_TOKENIZE_BYTES].decode("utf-8", "ignore") if clipped else text)
         total = len(head) + len(ids) + len(tail)
-        if total <= limit:
+        if total <= limit and not clipped:
             return text, total
         if self.on_too_long == "error":
             raise InputTooLong(
-                f"input {index} has {total} tokens; the model {self.model!r} takes at most {limit} "
-                f"(shorten it, or use on_too_long='truncate')"
+                f"input {index} has {'more than ' if clipped else ''}{total} tokens; the model {self.model!r} "
+                f"takes at most {limit} (shorten it, or use on_too_long='truncate')"
             )
         keep = max(limit - len(head) - len(tail), 0)
         self.truncated += 1

@@ -28,7 +28,7 @@ from typing import Any
 
 from localllm.managed.gguf import GGUFError, read_metadata
 
-__all__ = ["QUICK_BYTES", "SLACK", "Vocab", "from_props", "load", "message_texts"]
+__all__ = ["MAX_TOKENIZE_BYTES", "QUICK_BYTES", "SLACK", "Vocab", "from_props", "load", "message_texts"]
 
 #: GGUF token types llama.cpp splits a text at (unknown, control, user-defined)
 _SPECIAL_TYPES = frozenset({2, 3, 4})
@@ -37,6 +37,11 @@ SLACK = 2
 #: texts this small are not counted: llama.cpp's split of as many pieces takes ~0.13 s (8,192),
 #: less than reading a vocabulary (gemma-3's 262,144 tokens: 0.86 s, once per process)
 QUICK_BYTES = 8 << 10
+#: the most text one ``POST /tokenize`` is asked (UTF-8 bytes): llama-server builds its whole
+#: answer, every token a JSON value, before sending it: 15 MB of ``"ab "`` (5 million tokens)
+#: took the pinned server 10 s and 2 GB at the peak, 1 GB of it kept. A MiB holds far more
+#: tokens than any served context (8,192 of 128 bytes): 0.9 s and 140 MB with each piece
+MAX_TOKENIZE_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)

@@ -38,11 +38,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from localllm.managed.vocab import MAX_TOKENIZE_BYTES
+
 __all__ = [
     "INTERNAL_FIELDS",
     "MAX_CONTENT_PARTS",
     "MAX_EMBEDDING_INPUTS",
     "MAX_MESSAGES",
+    "MAX_TOKEN_IDS",
     "ROLES",
     "BadRequest",
     "ChatLimits",
@@ -150,6 +153,10 @@ MAX_TRIGGERS = 16
 #: the pinned server 100 s and 1.2 GB for a 309 MB answer, and the 16 MiB a body may be would
 #: take hours and past 100 GB
 MAX_EMBEDDING_INPUTS = 2048
+#: the token ids of one ``/detokenize`` request (or ``/tokenize`` ``content``): llama-server
+#: builds its answer whole (2 million of gemma-3's longest token, 48 bytes: a 92 MB text, 540 MB
+#: at the peak); 262,144: 0.2 s, 60 MB
+MAX_TOKEN_IDS = 1 << 18
 
 
 class BadRequest(Exception):
@@ -1376,6 +1383,14 @@ def check_tokens(path: str, data: dict[str, Any]) -> None:
         # a flat array of texts and ids is what _embedding_item accepts as one item
         if not isinstance(content, str) and not (isinstance(content, list) and content and _embedding_item(content)):
             raise BadRequest("content must be a string, or a non-empty array of strings and token ids", "content")
+        texts = [t for t in content if isinstance(t, str)] if isinstance(content, list) else [content]
+        size, ids = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts), len(content) - len(texts)
+        if size > MAX_TOKENIZE_BYTES or (isinstance(content, list) and ids > MAX_TOKEN_IDS):
+            raise BadRequest(
+                f"content holds {size:,} bytes of text and {ids:,} token ids; at most {MAX_TOKENIZE_BYTES:,} "
+                f"and {MAX_TOKEN_IDS:,} in one request (llama-server builds its whole answer first): send it in parts",
+                "content",
+            )
         negative = next((j for j, t in enumerate(content) if isinstance(t, int) and t < 0), None)
         if negative is not None:  # never a token id; with_pieces made it llama-server's 500
             raise BadRequest(f"content[{negative}] is a negative token id", f"content[{negative}]", "invalid_token")
@@ -1383,6 +1398,11 @@ def check_tokens(path: str, data: dict[str, Any]) -> None:
         tokens = data.get("tokens")
         if not isinstance(tokens, list) or not all(_token_id(t) for t in tokens):
             raise BadRequest("tokens must be an array of token ids (integers >= 0)", "tokens")
+        if len(tokens) > MAX_TOKEN_IDS:
+            raise BadRequest(
+                f"tokens holds {len(tokens):,} ids; at most {MAX_TOKEN_IDS:,} in one request: send them in parts",
+                "tokens",
+            )
 
 
 def vocab_refusal(tokens: list[Any], models: Any, field: str = "tokens") -> BadRequest | None:

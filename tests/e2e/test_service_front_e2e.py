@@ -560,6 +560,8 @@ def test_texts_llama_cpp_splits_for_seconds_are_refused_at_once(
                 "messages[0].content",
                 "invalid_request_error",
             ),
+            # llama-server builds its whole answer first: 15 MB of "ab " took 10 s and 2 GB
+            ("/tokenize", CHAT, {"content": "ab " * 400_000}, "content", "invalid_request_error"),
             # each input a task, every vector in one answer: 40,000 one-letter inputs took 100 s, 1.2 GB
             ("/v1/embeddings", EMBED, {"input": ["a"] * 2049}, "input", "invalid_request_error"),
         ):

@@ -21,6 +21,7 @@ from localllm.embed.local import LocalEmbedder, embedder_from_decl
 from localllm.embed.registry import ModelInfo, lookup
 from localllm.errors import DimensionMismatch, EmbedServerError, FetchError, InputTooLong
 from localllm.managed.server import ServerState
+from localllm.managed.vocab import MAX_TOKENIZE_BYTES
 from tests.conftest import pid_gone
 
 CLS, SEP = 101, 102
@@ -35,6 +36,7 @@ class FakeServer:
         self.ubatch = ubatch
         self.requests: list[dict[str, Any]] = []
         self.tokenize_calls = 0
+        self.tokenized_bytes: list[int] = []
         self.vocab: dict[str, int] = {}
         self.mutate: Callable[[dict[str, Any]], dict[str, Any]] | None = None
         self.status = 200
@@ -46,6 +48,7 @@ class FakeServer:
         body = json.loads(request.content)
         if request.url.path == "/tokenize":
             self.tokenize_calls += 1
+            self.tokenized_bytes.append(len(body["content"].encode()))
             ids = self.ids(body["content"])
             return httpx.Response(200, json={"tokens": [CLS, *ids, SEP] if body.get("add_special") else ids})
         assert request.url.path == "/v1/embeddings"
@@ -128,6 +131,20 @@ def test_long_input_rejected_when_asked() -> None:
     with pytest.raises(InputTooLong, match=r"input 1 has 33 tokens.*at most 10"):
         emb.embed(["ok", " ".join(["w"] * 30)], "document")
     assert server.requests == []  # nothing was sent, no 500 possible
+
+
+def test_a_text_past_what_a_server_tokenizes_at_once_is_counted_and_cut_by_its_head() -> None:
+    # the service refuses /tokenize past MAX_TOKENIZE_BYTES (llama-server built a 15 MB text's
+    # answer whole: 2 GB); far more tokens than any embedder takes remain in that head
+    server = FakeServer(ubatch=64)
+    emb = _embedder(server, model_info=_info(max_input_tokens=10, document_prefix=""))
+    huge = "é " * (MAX_TOKENIZE_BYTES // 3 + 1000)  # 3 bytes a word
+    emb.embed([huge], "document")
+    assert max(server.tokenized_bytes) <= MAX_TOKENIZE_BYTES
+    assert server.requests[0]["input"] == [[CLS, *server.ids("é " * 8), SEP]] and emb.truncated == 1
+    strict = _embedder(server, model_info=_info(max_input_tokens=10, document_prefix=""), on_too_long="error")
+    with pytest.raises(InputTooLong, match=r"input 0 has more than \d+ tokens.*at most 10"):
+        strict.embed([huge], "document")
 
 
 def test_text_over_the_byte_bound_but_within_tokens_is_sent_as_text() -> None:

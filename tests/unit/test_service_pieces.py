@@ -22,8 +22,10 @@ from localllm.service.chat import (
     MAX_CONTENT_PARTS,
     MAX_EMBEDDING_INPUTS,
     MAX_MESSAGES,
+    MAX_TOKEN_IDS,
     BadRequest,
     check_embeddings,
+    check_tokens,
     prepare,
 )
 from localllm.service.completion import prepare as completion_prepare
@@ -249,6 +251,24 @@ def test_a_request_holds_at_most_azure_openais_messages() -> None:
         prepare({"model": "m", "messages": many}, "m")
     assert caught.value.param == "messages"
     assert prepare({"model": "m", "messages": many[:MAX_MESSAGES]}, "m").body["messages"]
+
+
+@pytest.mark.parametrize(
+    ("path", "param", "fits", "past"),
+    [
+        # llama-server builds its whole answer: 15 MB of "ab " took 10 s and 2 GB at the peak
+        ("/tokenize", "content", "é" * (vocabulary.MAX_TOKENIZE_BYTES // 2), "ab " * 400_000),
+        ("/tokenize", "content", ["a" * 1000, 5] * 1000, ["é" * (1 << 19), "a", 5]),
+        ("/tokenize", "content", ["a", *[7] * MAX_TOKEN_IDS], [7] * (MAX_TOKEN_IDS + 1)),
+        # 2 million of gemma-3's longest token: a 92 MB text, 540 MB at the peak
+        ("/detokenize", "tokens", [80645] * MAX_TOKEN_IDS, [80645] * (MAX_TOKEN_IDS + 1)),
+    ],
+)
+def test_what_llama_server_answers_whole_is_bounded(path: str, param: str, fits: Any, past: Any) -> None:
+    check_tokens(path, {param: fits})
+    with pytest.raises(BadRequest) as caught:
+        check_tokens(path, {param: past})
+    assert caught.value.param == param
 
 
 def test_a_request_holds_at_most_so_many_content_parts() -> None:
