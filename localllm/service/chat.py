@@ -1383,9 +1383,10 @@ def check_tokens(path: str, data: dict[str, Any]) -> None:
         # a flat array of texts and ids is what _embedding_item accepts as one item
         if not isinstance(content, str) and not (isinstance(content, list) and content and _embedding_item(content)):
             raise BadRequest("content must be a string, or a non-empty array of strings and token ids", "content")
-        texts = [t for t in content if isinstance(t, str)] if isinstance(content, list) else [content]
-        size, ids = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts), len(content) - len(texts)
-        if size > MAX_TOKENIZE_BYTES or (isinstance(content, list) and ids > MAX_TOKEN_IDS):
+        items = content if isinstance(content, list) else [content]
+        size = sum(len(t.encode("utf-8", "surrogatepass")) for t in items if isinstance(t, str))
+        ids = sum(not isinstance(t, str) for t in items)
+        if size > MAX_TOKENIZE_BYTES or ids > MAX_TOKEN_IDS:
             raise BadRequest(
                 f"content holds {size:,} bytes of text and {ids:,} token ids; at most {MAX_TOKENIZE_BYTES:,} "
                 f"and {MAX_TOKEN_IDS:,} in one request (llama-server builds its whole answer first): send it in parts",

@@ -269,6 +269,8 @@ def test_what_llama_server_answers_whole_is_bounded(path: str, param: str, fits:
     with pytest.raises(BadRequest) as caught:
         check_tokens(path, {param: past})
     assert caught.value.param == param
+    if isinstance(past, str):  # a text holds no ids
+        assert f"{len(past.encode()):,} bytes of text and 0 token ids" in str(caught.value)
 
 
 def test_a_request_holds_at_most_so_many_content_parts() -> None:
