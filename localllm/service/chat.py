@@ -148,6 +148,28 @@ INTERNAL_FIELDS = (
 #: a word itself
 TRIGGER_WORD = 1
 MAX_TRIGGERS = 16
+#: llama-server's samplers, in the order of their letters (``samplers: "dkypsmtxiea"``)
+_SAMPLERS = (
+    "dry",
+    "top_k",
+    "typ_p",
+    "top_p",
+    "top_n_sigma",
+    "min_p",
+    "temperature",
+    "xtc",
+    "infill",
+    "penalties",
+    "adaptive_p",
+)
+_SAMPLER_LETTERS = dict(zip("dkypsmtxiea", _SAMPLERS, strict=True))
+#: each name llama-server reads in ``samplers`` → its sampler
+SAMPLER_NAMES = {
+    **{alias: n for n in _SAMPLERS for alias in (n, n.replace("_", "-"), n.replace("_", ""))},
+    "nucleus": "top_p",
+    "temp": "temperature",
+    "typ": "typ_p",
+}
 #: the inputs of one embeddings request (OpenAI's limit): llama-server embeds each as a task
 #: of its own and writes every vector into one answer; 40,000 one-letter inputs (160 KB) held
 #: the pinned server 100 s and 1.2 GB for a 309 MB answer, and the 16 MiB a body may be would
@@ -346,6 +368,8 @@ def check_numbers(body: dict[str, Any]) -> None:
             f"{MAX_BREAKER_CHARS} characters (llama-server matches each against its whole vocabulary)",
             "dry_sequence_breakers",
         )
+    if body.get("samplers") is not None:
+        _check_samplers(body["samplers"])
     if "top_logprobs" in body and body.get("logprobs") is not True:  # OpenAI's rule; llama-server's 400 lacks param
         raise BadRequest("top_logprobs needs logprobs: true", "top_logprobs")
     if "reasoning_format" in body:  # llama-server's own: any other value, null too, is its 500
@@ -355,6 +379,33 @@ def check_numbers(body: dict[str, Any]) -> None:
         elif given not in _REASONING_FORMATS:
             formats = ", ".join(_REASONING_FORMATS)
             raise BadRequest(f"reasoning_format must be one of {formats}, got {given!r:.40}", "reasoning_format")
+
+
+def _check_samplers(given: Any) -> None:
+    """llama-server's ``samplers`` (its chain, in order): a string of their letters or an array
+    of their names, each sampler at most once (:data:`SAMPLER_NAMES`). It builds the chain as
+    given, so a sampler named again runs again at every token, on the loop all slots share:
+    ``"t" * 10_000`` took the pinned server 1.1 s a token, ``"d" * 100`` (DRY, each matching its
+    breakers against the vocabulary) 10 s before the first. Never ``infill`` (/infill's own,
+    which compares each pair of candidates: ``"i"`` over gemma-3's 262,144 tokens held the
+    pinned server past 10 minutes for one token)."""
+    if not isinstance(given, (str, list)) or not all(isinstance(n, str) and len(n) <= 32 for n in given[:64]):
+        raise BadRequest("samplers must be a string of sampler letters or an array of sampler names", "samplers")
+    if len(given) > len(_SAMPLERS):
+        raise BadRequest(
+            f"samplers names {len(given)} samplers; llama-server has {len(_SAMPLERS)}: {', '.join(_SAMPLERS)}",
+            "samplers",
+        )
+    named = [_SAMPLER_LETTERS.get(n, n) if isinstance(given, str) else SAMPLER_NAMES.get(n.lower(), n) for n in given]
+    again = next((n for i, n in enumerate(named) if n in named[:i]), None)
+    if again is not None:
+        raise BadRequest(f"samplers may name each sampler once: {again!r:.40} is named again", "samplers")
+    if "infill" in named:
+        raise BadRequest(
+            "samplers may not name infill, the sampler of llama-server's /infill (not served here): it "
+            "compares every pair of the candidate tokens, past 10 minutes a token over a whole vocabulary",
+            "samplers",
+        )
 
 
 def _check_logit_bias(body: dict[str, Any]) -> None:

@@ -560,6 +560,10 @@ def test_texts_llama_cpp_splits_for_seconds_are_refused_at_once(
                 "messages[0].content",
                 "invalid_request_error",
             ),
+            # the chain as given, at every token: "t" * 10,000 took 1.1 s a token, "d" * 100 (DRY) 10 s
+            ("/v1/completions", CHAT, {"prompt": "hi", "samplers": "d" * 100}, "samplers", "invalid_request_error"),
+            # the infill sampler compares each pair of candidates: past 10 minutes for one token
+            ("/v1/completions", CHAT, {"prompt": "hi", "samplers": "i"}, "samplers", "invalid_request_error"),
             # llama-server builds its whole answer first: 15 MB of "ab " took 10 s and 2 GB
             ("/tokenize", CHAT, {"content": "ab " * 400_000}, "content", "invalid_request_error"),
             # each input a task, every vector in one answer: 40,000 one-letter inputs took 100 s, 1.2 GB
@@ -620,6 +624,9 @@ def test_texts_llama_cpp_splits_for_seconds_are_refused_at_once(
         }
         asked = {"model": CHAT, "max_tokens": 8, "temperature": 0, "prompt": "Hello", **lazy}
         assert http.post("/v1/completions", json=asked).status_code == 200
+        # every sampler once, in any order, still answers
+        chain = {"model": CHAT, "max_tokens": 2, "prompt": "Hello", "samplers": "dkypsmtxea"[::-1]}
+        assert http.post("/v1/completions", json=chain).status_code == 200
         # a null message field is absent (llama-server's 500 before: "type must be string, but is null")
         nulls = [{"role": "user", "content": "hi", "name": None, "tool_call_id": None, "reasoning_content": None}]
         assert (

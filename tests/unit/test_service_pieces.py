@@ -342,6 +342,22 @@ def test_llama_servers_own_fields_are_refused(field: str, route: str) -> None:
 
 
 @pytest.mark.parametrize("route", ["chat", "completions"])
+def test_each_sampler_is_named_once(route: str) -> None:
+    # llama-server runs the chain as given: "t" * 10,000 took it 1.1 s a token, "d" * 100 (DRY,
+    # each matching its breakers against the vocabulary) 10 s, every slot waiting
+    # infill compares each pair of candidates: "i" held the pinned server past 10 minutes for one token
+    for samplers in ("t" * 10_000, "dd", ["top_k", "Top-K"], ["temp", "temperature"], 5, ["top_k", 1], ["x" * 33]):
+        assert _refused(route, {"samplers": samplers}).param == "samplers", samplers
+    for samplers in ("i", "ki", ["top_k", "Infill"]):
+        assert "infill" in str(_refused(route, {"samplers": samplers})), samplers
+    for samplers in ("dkypsmtxea", ["penalties", "dry", "top_k", "nucleus", "temperature"], [], None):
+        if route == "chat":
+            prepare({"model": "m", "samplers": samplers, **_chat(("user", "hi"))}, "m")
+        else:
+            completion_prepare({"model": "m", "samplers": samplers, "prompt": "hi"}, "m")
+
+
+@pytest.mark.parametrize("route", ["chat", "completions"])
 def test_message_delimiters_and_the_grammar_type_are_llama_servers_own(route: str) -> None:
     # each delimiter tokenized (120 KB of "a\n": 7.6 s); "tool_calls" fed the template's
     # generation prompt to the client's grammar (a 400 naming nothing)
