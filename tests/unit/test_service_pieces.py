@@ -346,11 +346,13 @@ def test_each_sampler_is_named_once(route: str) -> None:
     # llama-server runs the chain as given: "t" * 10,000 took it 1.1 s a token, "d" * 100 (DRY,
     # each matching its breakers against the vocabulary) 10 s, every slot waiting
     # infill compares each pair of candidates: "i" held the pinned server past 10 minutes for one token
-    for samplers in ("t" * 10_000, "dd", ["top_k", "Top-K"], ["temp", "temperature"], 5, ["top_k", 1], ["x" * 33]):
+    refused: list[Any] = ["t" * 10_000, "dd", ["top_k", "Top-K"], ["temp", "temperature"], 5, ["top_k", 1], ["x" * 33]]
+    for samplers in refused:
         assert _refused(route, {"samplers": samplers}).param == "samplers", samplers
     for samplers in ("i", "ki", ["top_k", "Infill"]):
         assert "infill" in str(_refused(route, {"samplers": samplers})), samplers
-    for samplers in ("dkypsmtxea", ["penalties", "dry", "top_k", "nucleus", "temperature"], [], None):
+    taken: list[Any] = ["dkypsmtxea", ["penalties", "dry", "top_k", "nucleus", "temperature"], [], None]
+    for samplers in taken:
         if route == "chat":
             prepare({"model": "m", "samplers": samplers, **_chat(("user", "hi"))}, "m")
         else:
