@@ -164,7 +164,7 @@ _SAMPLERS = (
 )
 _SAMPLER_LETTERS = dict(zip("dkypsmtxiea", _SAMPLERS, strict=True))
 #: each name llama-server reads in ``samplers`` → its sampler
-SAMPLER_NAMES = {
+_SAMPLER_NAMES = {
     **{alias: n for n in _SAMPLERS for alias in (n, n.replace("_", "-"), n.replace("_", ""))},
     "nucleus": "top_p",
     "temp": "temperature",
@@ -383,7 +383,7 @@ def check_numbers(body: dict[str, Any]) -> None:
 
 def _check_samplers(given: Any) -> None:
     """llama-server's ``samplers`` (its chain, in order): a string of their letters or an array
-    of their names, each sampler at most once (:data:`SAMPLER_NAMES`). It builds the chain as
+    of their names, each sampler at most once (:data:`_SAMPLER_NAMES`). It builds the chain as
     given, so a sampler named again runs again at every token, on the loop all slots share:
     ``"t" * 10_000`` took the pinned server 1.1 s a token, ``"d" * 100`` (DRY, each matching its
     breakers against the vocabulary) 10 s before the first. Never ``infill`` (/infill's own,
@@ -396,7 +396,7 @@ def _check_samplers(given: Any) -> None:
             f"samplers names {len(given)} samplers; llama-server has {len(_SAMPLERS)}: {', '.join(_SAMPLERS)}",
             "samplers",
         )
-    named = [_SAMPLER_LETTERS.get(n, n) if isinstance(given, str) else SAMPLER_NAMES.get(n.lower(), n) for n in given]
+    named = [_SAMPLER_LETTERS.get(n, n) if isinstance(given, str) else _SAMPLER_NAMES.get(n.lower(), n) for n in given]
     again = next((n for i, n in enumerate(named) if n in named[:i]), None)
     if again is not None:
         raise BadRequest(f"samplers may name each sampler once: {again!r:.40} is named again", "samplers")
