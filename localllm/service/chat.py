@@ -44,7 +44,9 @@ __all__ = [
     "INTERNAL_FIELDS",
     "MAX_CONTENT_PARTS",
     "MAX_EMBEDDING_INPUTS",
+    "MAX_LOGIT_BIAS",
     "MAX_MESSAGES",
+    "MAX_PRESERVED_TOKENS",
     "MAX_TOKEN_IDS",
     "ROLES",
     "BadRequest",
@@ -148,6 +150,12 @@ INTERNAL_FIELDS = (
 #: a word itself
 TRIGGER_WORD = 1
 MAX_TRIGGERS = 16
+#: ``logit_bias`` entries (OpenAI takes 300): llama-server applies each at every token and
+#: tokenizes each text: a million tiny texts held it 24 s, a million ids 15 ns a token each
+MAX_LOGIT_BIAS = 4096
+#: ``preserved_tokens`` (each a token's text: a template sets a handful): llama-server tokenizes
+#: each; a million of ``"ab"`` held it 37 s
+MAX_PRESERVED_TOKENS = 64
 #: llama-server's samplers, in the order of their letters (``samplers: "dkypsmtxiea"``)
 _SAMPLERS = (
     "dry",
@@ -370,6 +378,15 @@ def check_numbers(body: dict[str, Any]) -> None:
         )
     if body.get("samplers") is not None:
         _check_samplers(body["samplers"])
+    preserved = body.get("preserved_tokens")
+    if preserved is not None and (
+        not isinstance(preserved, list)
+        or len(preserved) > MAX_PRESERVED_TOKENS
+        or not all(isinstance(t, str) for t in preserved)
+    ):
+        raise BadRequest(
+            f"preserved_tokens must be an array of at most {MAX_PRESERVED_TOKENS} token texts", "preserved_tokens"
+        )
     if "top_logprobs" in body and body.get("logprobs") is not True:  # OpenAI's rule; llama-server's 400 lacks param
         raise BadRequest("top_logprobs needs logprobs: true", "top_logprobs")
     if "reasoning_format" in body:  # llama-server's own: any other value, null too, is its 500
@@ -429,6 +446,8 @@ def _check_logit_bias(body: dict[str, Any]) -> None:
             entries.append((f"logit_bias[{i}]", pair[1]))
     else:
         raise BadRequest("logit_bias must be an object of token id → bias", "logit_bias")
+    if len(entries) > MAX_LOGIT_BIAS:
+        raise BadRequest(f"logit_bias holds {len(entries)} entries; at most {MAX_LOGIT_BIAS}", "logit_bias")
     for param, bias in entries:
         if bias is False:
             continue

@@ -5,9 +5,9 @@ hold a llama-server thread for days, and a client leaving stops none of it.
 * a prompt (chat messages, a completions prompt, an embeddings input) that holds more tokens
   than the model's context per slot can never be answered: it is refused at once, as
   llama-server refuses it after tokenizing (``context_length_exceeded``);
-* a text with no context to fit (``/tokenize`` ``content``, a ``logit_bias`` text, the lazy
-  grammar's ``preserved_tokens`` and trigger words, ``reasoning_budget_message``; the message
-  texts some template may leave out, together) may hold at most :data:`MAX_PIECES` pieces, or
+* the texts with no context to fit (``/tokenize`` ``content``, ``logit_bias`` texts, the lazy
+  grammar's ``preserved_tokens`` and trigger words, ``reasoning_budget_message``, the message
+  texts some template may leave out) may hold at most :data:`MAX_PIECES` pieces together, or
   the context's worth when that is more (``too_many_special_tokens``): llama.cpp's split of
   16,384 costs ~0.5 s.
 """
@@ -54,8 +54,8 @@ def _free_texts(data: dict[str, Any]) -> list[tuple[str, str]]:
 
 def refusal(vocab: Vocab, route: str, data: dict[str, Any], n_ctx: int) -> BadRequest | None:
     """The 400 for a request to ``route`` (a llama-server path) whose texts hold more tokens
-    than ``n_ctx`` (the model's context per slot) can, or more pieces than a text without a
-    context may (:data:`MAX_PIECES`); None when every text is within its bound."""
+    than ``n_ctx`` (the model's context per slot) can, or more pieces than the texts without a
+    context may hold together (:data:`MAX_PIECES`); None when every text is within its bound."""
     prompts: list[tuple[str, list[str], int]] = []
     free: list[tuple[str, list[str]]] = []
     if route == "/v1/chat/completions":
@@ -80,17 +80,16 @@ def refusal(vocab: Vocab, route: str, data: dict[str, Any], n_ctx: int) -> BadRe
     if route == "/tokenize":
         free.extend(("content", [text]) for texts in _texts(data.get("content")) for text in texts)
     limit = max(MAX_PIECES, n_ctx)
+    found = 0  # one budget for them all: 40 logit_bias texts of 16,000 pieces each took 15 s
     for param, texts in free:
-        found = 0
         for text in texts:
             found += vocab.pieces(text, limit - found)
             if found > limit:
-                break
-        if found > limit:
-            return BadRequest(
-                f"{param} holds more than {limit} pieces split at this model's special tokens "
-                "(llama.cpp's tokenizer takes time growing with their square)",
-                param,
-                "too_many_special_tokens",
-            )
+                return BadRequest(
+                    f"the texts llama-server tokenizes beside the prompt hold more than {limit} pieces split "
+                    f"at this model's special tokens, passed at {param} (llama.cpp's tokenizer takes time "
+                    "growing with their square)",
+                    param,
+                    "too_many_special_tokens",
+                )
     return None

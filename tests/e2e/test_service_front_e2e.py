@@ -519,6 +519,14 @@ def test_texts_llama_cpp_splits_for_seconds_are_refused_at_once(
                 "preserved_tokens",
                 "too_many_special_tokens",
             ),
+            # each within the bound alone, together past it: 40 such texts took 15 s
+            (
+                "/v1/completions",
+                CHAT,
+                {"prompt": "hi", "logit_bias": [["a\n" * 6000 + str(i), 1] for i in range(3)]},
+                "logit_bias",
+                "too_many_special_tokens",
+            ),
             # a pattern trigger is matched with std::regex at every token (past 60 s for 30); type 7: a crash
             (
                 "/v1/completions",

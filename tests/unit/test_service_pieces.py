@@ -21,7 +21,9 @@ from localllm.service.chat import (
     INTERNAL_FIELDS,
     MAX_CONTENT_PARTS,
     MAX_EMBEDDING_INPUTS,
+    MAX_LOGIT_BIAS,
     MAX_MESSAGES,
+    MAX_PRESERVED_TOKENS,
     MAX_TOKEN_IDS,
     BadRequest,
     check_embeddings,
@@ -387,6 +389,41 @@ def test_texts_llama_server_tokenizes_beside_the_prompt_are_bounded(
         "reasoning_budget_message": "ok",
     }
     assert pieces.refusal(vocab, "/v1/completions", {"prompt": "hi", **lazy}, 100) is None
+
+
+def test_the_texts_beside_the_prompt_share_one_budget(vocab: vocabulary.Vocab) -> None:
+    # each within the bound alone: 40 logit_bias texts of 16,000 pieces took the pinned server 15 s
+    third = "a\n" * (pieces.MAX_PIECES // 6 + 1)
+    for extra, param in (
+        ({"logit_bias": [[third + str(i), 1] for i in range(3)]}, "logit_bias"),
+        ({"preserved_tokens": [third, third], "reasoning_budget_message": third}, "reasoning_budget_message"),
+    ):
+        refused = pieces.refusal(vocab, "/v1/completions", {"prompt": "hi", **extra}, 100)
+        assert refused is not None and (refused.param, refused.code) == (param, "too_many_special_tokens")
+    two = {"logit_bias": [[third + str(i), 1] for i in range(2)]}
+    assert pieces.refusal(vocab, "/v1/completions", {"prompt": "hi", **two}, 100) is None
+
+
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_logit_bias_and_preserved_tokens_are_counted(route: str) -> None:
+    # llama-server applies each bias at every token and tokenizes each text: a million tiny
+    # texts took 24 s; a million preserved_tokens 37 s
+    for extra, param in (
+        ({"logit_bias": {str(i): 1 for i in range(MAX_LOGIT_BIAS + 1)}}, "logit_bias"),
+        ({"logit_bias": [["ab", 1]] * (MAX_LOGIT_BIAS + 1)}, "logit_bias"),
+        ({"preserved_tokens": ["ab"] * (MAX_PRESERVED_TOKENS + 1)}, "preserved_tokens"),
+        ({"preserved_tokens": [1]}, "preserved_tokens"),
+        ({"preserved_tokens": "ab"}, "preserved_tokens"),
+    ):
+        assert _refused(route, extra).param == param
+    fits: dict[str, Any] = {
+        "logit_bias": [["ab", 1]] * MAX_LOGIT_BIAS,
+        "preserved_tokens": ["ab"] * MAX_PRESERVED_TOKENS,
+    }
+    if route == "chat":
+        prepare({"model": "m", **fits, **_chat(("user", "hi"))}, "m")
+    else:
+        completion_prepare({"model": "m", **fits, "prompt": "hi"}, "m")
 
 
 @pytest.mark.parametrize(
