@@ -405,7 +405,7 @@ def _check_samplers(given: Any) -> None:
     ``"t" * 10_000`` took the pinned server 1.1 s a token, ``"d" * 100`` (DRY, each matching its
     breakers against the vocabulary) 10 s before the first. Never ``infill`` (/infill's own,
     which compares each pair of candidates: ``"i"`` over gemma-3's 262,144 tokens held the
-    pinned server past 10 minutes for one token)."""
+    pinned server past 590 s for one token)."""
     if not isinstance(given, (str, list)) or not all(isinstance(n, str) and len(n) <= 32 for n in given[:64]):
         raise BadRequest("samplers must be a string of sampler letters or an array of sampler names", "samplers")
     if len(given) > len(_SAMPLERS):
@@ -420,7 +420,7 @@ def _check_samplers(given: Any) -> None:
     if "infill" in named:
         raise BadRequest(
             "samplers may not name infill, the sampler of llama-server's /infill (not served here): it "
-            "compares every pair of the candidate tokens, past 10 minutes a token over a whole vocabulary",
+            "compares every pair of the candidate tokens, past 590 s a token over a whole vocabulary",
             "samplers",
         )
 

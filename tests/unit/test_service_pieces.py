@@ -347,7 +347,7 @@ def test_llama_servers_own_fields_are_refused(field: str, route: str) -> None:
 def test_each_sampler_is_named_once(route: str) -> None:
     # llama-server runs the chain as given: "t" * 10,000 took it 1.1 s a token, "d" * 100 (DRY,
     # each matching its breakers against the vocabulary) 10 s, every slot waiting
-    # infill compares each pair of candidates: "i" held the pinned server past 10 minutes for one token
+    # infill compares each pair of candidates: "i" held the pinned server past 590 s for one token
     refused: list[Any] = ["t" * 10_000, "dd", ["top_k", "Top-K"], ["temp", "temperature"], 5, ["top_k", 1], ["x" * 33]]
     for samplers in refused:
         assert _refused(route, {"samplers": samplers}).param == "samplers", samplers
