@@ -243,14 +243,15 @@ class LocalEmbedder:
     def _fit(self, index: int, text: str) -> tuple[str | list[int], int]:
         """The input to send for ``text`` and its token cost (exact or an upper bound)."""
         limit = self.max_input_tokens
-        bound = len(text.encode("utf-8")) + _SPECIAL_HEADROOM
+        raw = text.encode("utf-8")
+        bound = len(raw) + _SPECIAL_HEADROOM
         if bound <= limit:
             return text, bound
         head, tail = self._special_tokens()
         # a server (the service) tokenizes at most MAX_TOKENIZE_BYTES at once: far more tokens than
         # any embedder takes, so a longer text is counted and cut by its head
-        clipped = bound - _SPECIAL_HEADROOM > MAX_TOKENIZE_BYTES
-        ids = self.tokenize(text.encode("utf-8")[:MAX_TOKENIZE_BYTES].decode("utf-8", "ignore") if clipped else text)
+        clipped = len(raw) > MAX_TOKENIZE_BYTES
+        ids = self.tokenize(raw[:MAX_TOKENIZE_BYTES].decode("utf-8", "ignore") if clipped else text)
         total = len(head) + len(ids) + len(tail)
         if total <= limit and not clipped:
             return text, total

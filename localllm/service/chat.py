@@ -365,28 +365,16 @@ def check_numbers(body: dict[str, Any]) -> None:
             raise BadRequest(f"{name} must be true or false, got {body[name]!r}", name)
     if "logit_bias" in body:
         _check_logit_bias(body)
-    breakers = body.get("dry_sequence_breakers")
-    if breakers is not None and (
-        not isinstance(breakers, list)
-        or len(breakers) > MAX_BREAKERS
-        or not all(isinstance(b, str) and len(b) <= MAX_BREAKER_CHARS for b in breakers)
-    ):
-        raise BadRequest(
-            f"dry_sequence_breakers must be an array of at most {MAX_BREAKERS} strings of at most "
-            f"{MAX_BREAKER_CHARS} characters (llama-server matches each against its whole vocabulary)",
-            "dry_sequence_breakers",
-        )
+    _check_strings(
+        body,
+        "dry_sequence_breakers",
+        MAX_BREAKERS,
+        "llama-server matches each against its whole vocabulary",
+        MAX_BREAKER_CHARS,
+    )
+    _check_strings(body, "preserved_tokens", MAX_PRESERVED_TOKENS, "each a token's text, tokenized by llama-server")
     if body.get("samplers") is not None:
         _check_samplers(body["samplers"])
-    preserved = body.get("preserved_tokens")
-    if preserved is not None and (
-        not isinstance(preserved, list)
-        or len(preserved) > MAX_PRESERVED_TOKENS
-        or not all(isinstance(t, str) for t in preserved)
-    ):
-        raise BadRequest(
-            f"preserved_tokens must be an array of at most {MAX_PRESERVED_TOKENS} token texts", "preserved_tokens"
-        )
     if "top_logprobs" in body and body.get("logprobs") is not True:  # OpenAI's rule; llama-server's 400 lacks param
         raise BadRequest("top_logprobs needs logprobs: true", "top_logprobs")
     if "reasoning_format" in body:  # llama-server's own: any other value, null too, is its 500
@@ -398,6 +386,18 @@ def check_numbers(body: dict[str, Any]) -> None:
             raise BadRequest(f"reasoning_format must be one of {formats}, got {given!r:.40}", "reasoning_format")
 
 
+def _check_strings(body: dict[str, Any], name: str, most: int, why: str, chars: int | None = None) -> None:
+    """``body[name]``, when given, an array of at most ``most`` strings (of at most ``chars``)."""
+    given = body.get(name)
+    if given is not None and (
+        not isinstance(given, list)
+        or len(given) > most
+        or not all(isinstance(t, str) and (chars is None or len(t) <= chars) for t in given)
+    ):
+        longest = f" of at most {chars} characters" if chars is not None else ""
+        raise BadRequest(f"{name} must be an array of at most {most} strings{longest} ({why})", name)
+
+
 def _check_samplers(given: Any) -> None:
     """llama-server's ``samplers`` (its chain, in order): a string of their letters or an array
     of their names, each sampler at most once (:data:`_SAMPLER_NAMES`). It builds the chain as
@@ -406,13 +406,16 @@ def _check_samplers(given: Any) -> None:
     breakers against the vocabulary) 10 s before the first. Never ``infill`` (/infill's own,
     which compares each pair of candidates: ``"i"`` over gemma-3's 262,144 tokens held the
     pinned server past 590 s for one token)."""
-    if not isinstance(given, (str, list)) or not all(isinstance(n, str) and len(n) <= 32 for n in given[:64]):
-        raise BadRequest("samplers must be a string of sampler letters or an array of sampler names", "samplers")
+    shape = "samplers must be a string of sampler letters or an array of sampler names"
+    if not isinstance(given, (str, list)):
+        raise BadRequest(shape, "samplers")
     if len(given) > len(_SAMPLERS):
         raise BadRequest(
             f"samplers names {len(given)} samplers; llama-server has {len(_SAMPLERS)}: {', '.join(_SAMPLERS)}",
             "samplers",
         )
+    if not all(isinstance(n, str) and len(n) <= 32 for n in given):
+        raise BadRequest(shape, "samplers")
     named = [_SAMPLER_LETTERS.get(n, n) if isinstance(given, str) else _SAMPLER_NAMES.get(n.lower(), n) for n in given]
     again = next((n for i, n in enumerate(named) if n in named[:i]), None)
     if again is not None:
