@@ -56,6 +56,7 @@ __all__ = [
     "bias_token_ids",
     "cap_costs",
     "check_embeddings",
+    "check_ends",
     "check_grammar",
     "check_numbers",
     "check_tokens",
@@ -86,11 +87,12 @@ _RANGES: tuple[tuple[str, float, float, bool], ...] = (
     ("top_k", 0, 1000, True),
     ("frequency_penalty", -2.0, 2.0, False),
     ("presence_penalty", -2.0, 2.0, False),
-    ("repeat_penalty", 0.0, 10.0, False),
-    ("repeat_last_n", -1, 1 << 20, True),
+    ("repeat_penalty", 0.0, 10.0, False),  # and never 0 (check_numbers)
+    # the pinned llama-server's own floor is 0 for both (-1 was its 400 without param)
+    ("repeat_last_n", 0, 1 << 20, True),
     # llama.cpp's DRY sampler keeps a window of this many tokens per slot: 10^9 took 8 GB of the
     # pinned server's memory, kept after the request; 2^31 - 1 past 9 GB
-    ("dry_penalty_last_n", -1, 1 << 20, True),
+    ("dry_penalty_last_n", 0, 1 << 20, True),
     ("seed", -(1 << 63), (1 << 64) - 1, True),
     ("max_tokens", 1, 1 << 31, True),
     ("max_completion_tokens", 1, 1 << 31, True),
@@ -360,7 +362,9 @@ def check_numbers(body: dict[str, Any]) -> None:
             raise BadRequest(f"{name} must be between {low:g} and {high:g}, got {value!r}", name)
         if integer:
             body[name] = int(value)
-    for name in ("stream", "logprobs", "parallel_tool_calls"):
+    if body.get("repeat_penalty") == 0:  # llama-server divides by it: its 400 without param
+        raise BadRequest("repeat_penalty must be above 0 (1 turns it off), got 0", "repeat_penalty")
+    for name in ("stream", "logprobs", "parallel_tool_calls", "ignore_eos", "continue_final_message"):
         if name in body and body[name] is not None and not isinstance(body[name], bool):
             raise BadRequest(f"{name} must be true or false, got {body[name]!r}", name)
     if "logit_bias" in body:
@@ -689,6 +693,26 @@ def check_grammar(body: dict[str, Any]) -> None:
                 "llama-server matches a pattern trigger (types 2, 3) with std::regex, which backtracks "
                 "without end, and crashes on a type it does not know",
                 f"grammar_triggers[{i}]",
+            )
+
+
+def check_ends(body: dict[str, Any], param: str) -> None:
+    """Nothing that keeps a grammar's answer from ending (``param``: what set the grammar).
+    Its last step is the end-of-generation token, which ``ignore_eos`` makes llama-server
+    generate past: the pinned server failed each such request with a 500 ("Unexpected empty
+    grammar stack") once the answer was done, or ran on to ``max_tokens``. A continued
+    message (``continue_final_message``) is the message's text with the grammar's value after
+    it: never the schema's."""
+    for name in ("ignore_eos", "continue_final_message"):
+        if body.get(name) is True:
+            raise BadRequest(
+                f"{name} cannot be used with {param}: the answer is generated under a grammar that "
+                + (
+                    "ends it with the end-of-generation token, which ignore_eos forbids"
+                    if name == "ignore_eos"
+                    else "writes a whole new value after the message it would continue"
+                ),
+                name,
             )
 
 
@@ -1133,6 +1157,12 @@ def prepare(
         raise BadRequest("tool_choice needs tools", "tool_choice")
     for key in ("tools", "tool_choice", "parallel_tool_calls"):
         body.pop(key, None)
+    if mode != "none":
+        check_ends(body, "functions" if prepared.legacy else "tools")
+    elif kind != "text":
+        check_ends(body, prepared.schema_param.split(".")[0])
+    elif body.get("grammar") is not None:
+        check_ends(body, "grammar")
     body["messages"] = _plain_messages(body["messages"], None)
 
     if mode != "none":
@@ -1311,6 +1341,17 @@ def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return value
 
 
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
+def _cutter(body: dict[str, Any]) -> str:
+    """What ended an answer llama-server reports as ``length``: max_tokens, or a limit of its own
+    the request set (a time after the first token, a line's indent)."""
+    own = [name for name in ("t_max_predict_ms", "n_indent") if _positive(body.get(name))]
+    return " or ".join(["max_tokens", *(f"the request's {name}" for name in own)])
+
+
 def finish(prepared: Prepared, answer: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     """(the answer for the client, validated); :class:`Invalid` when a strict guarantee broke."""
     answer["model"] = prepared.model
@@ -1335,7 +1376,7 @@ def finish(prepared: Prepared, answer: dict[str, Any]) -> tuple[dict[str, Any], 
         except (ValueError, RecursionError):  # RecursionError: ~1,000 tokens of "[" are enough
             value = _NO_JSON
         if value is _NO_JSON:
-            cut = " (cut off by max_tokens)" if reason == "length" else ""
+            cut = f" (cut off by {_cutter(prepared.body)})" if reason == "length" else ""
             if reason == "stop" and prepared.stops:  # the grammar was not done: a stop string fired in it
                 cut = (
                     f" (cut off by one of the request's stop strings {prepared.stops!r:.80}, which the answer contains)"

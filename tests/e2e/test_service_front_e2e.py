@@ -389,6 +389,25 @@ def test_requests_llama_server_fails_on_are_400s_naming_the_parameter(serve: Cal
             "reasoning_format",
             "invalid_request_error",
         ),
+        (  # llama-server's 400 without param ("penalty_repeat must be finite and greater than 0")
+            {"messages": ASK, "extra_body": {"repeat_penalty": 0, "repeat_last_n": 64}},
+            "repeat_penalty",
+            "invalid_request_error",
+        ),
+        (  # generated past the grammar's end: llama-server's 500 "Unexpected empty grammar stack"
+            {"messages": ASK, "response_format": _schema_format(WEATHER_PARAMS), "extra_body": {"ignore_eos": True}},
+            "ignore_eos",
+            "invalid_request_error",
+        ),
+        (  # the message's text and then the grammar's whole value: never the schema's (a 502)
+            {
+                "messages": [*ASK, {"role": "assistant", "content": '{"city": "Os'}],
+                "response_format": _schema_format(WEATHER_PARAMS),
+                "extra_body": {"continue_final_message": True, "add_generation_prompt": False},
+            },
+            "continue_final_message",
+            "invalid_request_error",
+        ),
     ]
     with served.client() as api:
         for kwargs, param, code in chats:
@@ -444,6 +463,12 @@ def test_requests_llama_server_fails_on_are_400s_naming_the_parameter(serve: Cal
         assert http.post("/detokenize", json={"model": CHAT, "tokens": [2, 262143]}).status_code == 200
         # an empty prompt: the service's own 500 (IndexError) before; llama-server answers it
         assert http.post("/v1/completions", json={"model": CHAT, "prompt": "", "max_tokens": 2}).status_code == 200
+        # a client's grammar with ignore_eos: llama-server's 500 once the grammar is done
+        ended = {"model": CHAT, "prompt": "x", "max_tokens": 8, "grammar": 'root ::= "ab"'}
+        refused = http.post("/v1/completions", json={**ended, "ignore_eos": True})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "ignore_eos", refused.text
+        assert http.post("/v1/completions", json=ended).json()["choices"][0]["text"] == "ab"
+        assert http.post("/v1/completions", json={**ended, "grammar": None, "ignore_eos": True}).status_code == 200
 
 
 def test_texts_llama_cpp_splits_for_seconds_are_refused_at_once(

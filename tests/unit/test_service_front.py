@@ -583,6 +583,12 @@ def test_a_schema_whose_ref_does_not_resolve_is_a_400_and_nothing_is_fetched(
         # llama-server's 400 without param, after loading the model
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"top_logprobs": 0, "logprobs": False}, "top_logprobs"),
+        # the pinned llama-server's 400s without param: penalty_repeat "greater than 0", a
+        # window's "0 <= value"
+        ({"repeat_penalty": 0}, "repeat_penalty"),
+        ({"repeat_last_n": -1}, "repeat_last_n"),
+        ({"dry_penalty_last_n": -1}, "dry_penalty_last_n"),
+        ({"ignore_eos": "yes"}, "ignore_eos"),
     ],
 )
 def test_bad_fields_are_400s(make_service: Factory, extra: dict[str, Any], param: str) -> None:
@@ -1942,3 +1948,57 @@ def test_the_openai_client_does_not_resend_an_answer_that_broke_a_strict_guarant
         )
     assert caught.value.status_code == 502 and caught.value.code == "structured_output_invalid"
     assert len(upstream_chats(env)) == 1  # the SDK's retries, if any, are over once it raises
+
+
+@pytest.mark.parametrize("name", ["ignore_eos", "continue_final_message"])
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"response_format": fmt(SCHEMA)}, "response_format"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"json_schema": SCHEMA}, "json_schema"),
+        ({"tools": [WEATHER], "tool_choice": "required"}, "tools"),
+        ({"tools": [WEATHER]}, "tools"),
+        ({"functions": [WEATHER["function"]], "function_call": {"name": "get_weather"}}, "functions"),
+        ({"grammar": 'root ::= "yes"'}, "grammar"),
+    ],
+)
+def test_nothing_keeps_a_grammars_answer_from_ending(name: str, extra: dict[str, Any], param: str) -> None:
+    # ignore_eos: the pinned llama-server generated past the grammar's end (a 500, "Unexpected
+    # empty grammar stack"); a continued message is its text and then the grammar's whole value
+    from localllm.service.chat import BadRequest, prepare
+    from localllm.service.completion import prepare as completion_prepare
+
+    asked = {"model": "chat", "messages": MESSAGES, **extra}
+    with pytest.raises(BadRequest) as caught:
+        prepare({**asked, name: True}, "chat")
+    assert caught.value.param == name and f"with {param}:" in str(caught.value)
+    assert prepare({**asked, name: False}, "chat").body[name] is False
+    assert prepare({"model": "chat", "messages": MESSAGES, name: True}, "chat").body[name] is True  # nothing to end
+    with pytest.raises(BadRequest) as typed:
+        prepare({"model": "chat", "messages": MESSAGES, name: "yes"}, "chat")
+    assert typed.value.param == name
+    if param == "grammar":
+        with pytest.raises(BadRequest) as completion:
+            completion_prepare({"prompt": "hi", name: True, **extra}, "chat")
+        assert completion.value.param == name
+        assert completion_prepare({"prompt": "hi", name: True}, "chat").body[name] is True
+
+
+@pytest.mark.parametrize(
+    ("extra", "cause"),
+    [
+        ({}, "(cut off by max_tokens)"),
+        ({"t_max_predict_ms": 50}, "(cut off by max_tokens or the request's t_max_predict_ms)"),
+        ({"t_max_predict_ms": -1, "n_indent": 2}, "(cut off by max_tokens or the request's n_indent)"),
+    ],
+)
+def test_a_cut_answer_names_what_may_have_cut_it(extra: dict[str, Any], cause: str) -> None:
+    # llama-server reports each of its own limits as "length"; the message named max_tokens alone
+    from localllm.service.chat import Invalid, finish, prepare
+
+    asked = {"model": "chat", "messages": MESSAGES, "response_format": fmt(SCHEMA, strict=True), **extra}
+    message = {"role": "assistant", "content": '{"city": "Os'}
+    with pytest.raises(Invalid) as caught:
+        finish(prepare(asked, "chat"), {"choices": [{"index": 0, "message": message, "finish_reason": "length"}]})
+    assert str(caught.value).endswith(cause)
