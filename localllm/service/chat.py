@@ -1461,8 +1461,14 @@ def check_embeddings(data: dict[str, Any]) -> None:
     (llama-server answers other shapes with a 500), at most :data:`MAX_EMBEDDING_INPUTS`
     inputs; ``dimensions``: absent or a positive integer;
     ``encoding_format`` and llama-server's ``embd_normalize`` of the types it reads.
+    llama-server's own name for ``input``, ``content``, is sent as ``input``: given ``content``,
+    it answers in its own shape (no ``data``), whose vectors no ``dimensions`` check could read.
     """
-    given = data["input"] if "input" in data else data.get("content")  # llama-server's own name
+    if "content" in data:
+        if "input" in data:
+            raise BadRequest("give either input or content (llama-server's name for it), not both", "content")
+        data["input"] = data.pop("content")
+    given = data.get("input")
     if not isinstance(given, str) and not (isinstance(given, list) and given and all(map(_embedding_item, given))):
         raise BadRequest(
             "input must be a string, or a non-empty array of strings, token ids or arrays of them", "input"

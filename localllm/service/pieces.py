@@ -63,7 +63,7 @@ def refusal(vocab: Vocab, route: str, data: dict[str, Any], n_ctx: int) -> BadRe
         prompts.append(("messages", sure, SLACK))
         free.extend(("messages", text) for text in maybe)
     elif route in ("/v1/completions", "/v1/embeddings"):
-        field = "prompt" if route == "/v1/completions" else ("input" if "input" in data else "content")
+        field = "prompt" if route == "/v1/completions" else "input"  # content: sent as input (chat.check_embeddings)
         prompts.extend((field, texts, 0) for texts in _texts(data.get(field)))
     for param, texts, slack in prompts:
         found = vocab.tokens(texts, n_ctx, slack)

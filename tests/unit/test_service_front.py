@@ -890,6 +890,7 @@ def test_llama_cpp_json_schema_field_is_compiled_and_validated_like_response_for
         ({"input": "x", "encoding_format": "FLOAT"}, "encoding_format", "invalid_request_error"),
         ({"input": "x", "embd_normalize": "2"}, "embd_normalize", "invalid_request_error"),
         ({"input": "x", "embd_normalize": -2}, "embd_normalize", "invalid_request_error"),
+        ({"input": "x", "content": "y"}, "content", "invalid_request_error"),
     ],
 )
 def test_embedding_inputs_and_dimensions_llama_server_cannot_honour_are_400s(
@@ -909,6 +910,9 @@ def test_embedding_inputs_and_dimensions_llama_server_cannot_honour_are_400s(
         {"input": "x", "dimensions": 384},
         {"input": "x", "dimensions": None, "encoding_format": None, "embd_normalize": None, "user": None},
         {"input": "x", "embd_normalize": 2},
+        # llama-server's own name: sent as input, which it answers in OpenAI's shape (given
+        # content, in its own, whose vectors no dimensions check could read)
+        {"content": ["a", "b"], "dimensions": 384},
     ],
 )
 def test_embedding_shapes_llama_server_takes_pass(
@@ -921,6 +925,8 @@ def test_embedding_shapes_llama_server_takes_pass(
         )
     assert answer.status_code == 200, answer.text
     asked = {"model": "all-minilm-l6-v2-f16", "encoding_format": "base64", **extra}
+    if "content" in asked:
+        asked["input"] = asked.pop("content")
     (sent,) = [r["body"] for r in rows(env["requests"]) if r["path"] == "/v1/embeddings"]
     assert sent == {k: v for k, v in asked.items() if v is not None}  # null is the default: not sent
 

@@ -137,7 +137,7 @@ def _chat(*messages: tuple[str, str]) -> dict[str, Any]:
         ("/v1/completions", {"prompt": ["ok", "a\n" * 60]}, "prompt", "context_length_exceeded"),
         ("/v1/completions", {"prompt": [1, 2, "a\n" * 60]}, "prompt", "context_length_exceeded"),
         ("/v1/embeddings", {"input": ["ok", "a\n" * 60]}, "input", "context_length_exceeded"),
-        ("/v1/embeddings", {"content": [[5, "a\n" * 60]]}, "content", "context_length_exceeded"),
+        ("/v1/embeddings", {"input": [[5, "a\n" * 60]]}, "input", "context_length_exceeded"),
         ("/v1/embeddings", {"input": "hello" * 1000}, "input", "context_length_exceeded"),  # by size
         ("/tokenize", {"content": "a\n" * (pieces.MAX_PIECES // 2 + 1)}, "content", "too_many_special_tokens"),
         # what a template may render: a message's name, reasoning_content, an earlier turn's reasoning
