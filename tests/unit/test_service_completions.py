@@ -173,6 +173,8 @@ def test_the_body_limit_holds(make_service: Factory) -> None:
         # the DRY sampler's: 8 GB of the pinned server kept; 1,000 breakers past 60 s
         ({"dry_multiplier": 1, "dry_penalty_last_n": 10**9}, "dry_penalty_last_n", "invalid_request_error"),
         ({"dry_sequence_breakers": [f"x{i}" for i in range(1000)]}, "dry_sequence_breakers", "invalid_request_error"),
+        # llama-server's probabilities after its samplers (prob, top_probs): each logprob was null
+        ({"logprobs": 2, "post_sampling_probs": True}, "post_sampling_probs", "invalid_request_error"),
     ],
 )
 def test_fields_llama_server_would_misread_or_ignore_are_400s_that_never_reach_it(
@@ -377,3 +379,6 @@ def test_logprobs_and_client_n_probs_are_capped_at_the_services_ceiling() -> Non
     assert prepare({"prompt": "x", "logprobs": 5}, "chat", limits=low).body["n_probs"] == 2
     assert prepare({"prompt": "x", "n_probs": 50}, "chat", limits=low).body["n_probs"] == 2
     assert prepare({"prompt": "x", "logprobs": 3}, "chat").body["n_probs"] == 3
+    # without logprobs, llama-server's own n_probs and post_sampling_probs pass as it reads them
+    sent = prepare({"prompt": "x", "n_probs": 2, "post_sampling_probs": True}, "chat").body
+    assert (sent["n_probs"], sent["post_sampling_probs"]) == (2, True)
