@@ -32,18 +32,23 @@ VERBS = ("ask", "decide", "extract", "task", "converse")
 def nesting(value: Any, limit: int) -> int:
     """How deep a JSON value nests (a scalar: 1), without recursion; stops counting past
     ``limit`` (a 10,000-deep input costs no more than a ``limit``-deep one)."""
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        deepest = max(deepest, depth)
+    # level by level, keeping only containers: a scalar's depth is its container's + 1, so an
+    # array of 8 million numbers costs one pass over it, not a stack entry each (3.4 s)
+    if not isinstance(value, (dict, list)):
+        return 1
+    level: list[Any] = [value]
+    depth = 1
+    while any(level):  # an empty container is falsy: nothing below it
+        depth += 1
         if depth > limit:
             return depth
-        if isinstance(node, dict):
-            stack.extend((v, depth + 1) for v in node.values())
-        elif isinstance(node, list):
-            stack.extend((v, depth + 1) for v in node)
-    return deepest
+        below: list[Any] = []
+        for node in level:
+            below += [v for v in (node.values() if isinstance(node, dict) else node) if isinstance(v, (dict, list))]
+        if not below:
+            break
+        level = below
+    return depth
 
 
 def finite_float(value: Any) -> float | None:

@@ -58,6 +58,7 @@ __all__ = [
     "check_embeddings",
     "check_ends",
     "check_grammar",
+    "check_items",
     "check_numbers",
     "check_tokens",
     "converter_failure",
@@ -185,9 +186,10 @@ _SAMPLER_NAMES = {
 #: the pinned server 100 s and 1.2 GB for a 309 MB answer, and the 16 MiB a body may be would
 #: take hours and past 100 GB
 MAX_EMBEDDING_INPUTS = 2048
-#: the token ids of one ``/detokenize`` request (or ``/tokenize`` ``content``): llama-server
-#: builds its answer whole (2 million of gemma-3's longest token, 48 bytes: a 92 MB text, 540 MB
-#: at the peak); 262,144: 0.2 s, 60 MB
+#: the token ids (and texts) of one request's prompts, inputs or ``/tokenize`` ``content``, and
+#: of one ``/detokenize`` (see check_items): llama-server builds a ``/detokenize`` answer whole
+#: (2 million of gemma-3's longest token, 48 bytes: a 92 MB text, 540 MB at the peak); 262,144:
+#: 0.2 s, 60 MB
 MAX_TOKEN_IDS = 1 << 18
 
 
@@ -1454,6 +1456,25 @@ def prompt_parts(given: Any) -> list[list[Any]]:
     return [[x] if isinstance(x, str) else x for x in given if isinstance(x, (str, list))]
 
 
+def check_items(given: Any, param: str) -> None:
+    """At most :data:`MAX_TOKEN_IDS` items (token ids or texts) in ``given``, an array, and the
+    arrays in it, counted before anything reads each item: 16 MiB of token ids is 8 million,
+    and every pass over them in Python (type checks, vocabulary checks, JSON nesting) held the
+    service's event loop, every client waiting: 8.5 s for one request. llama-server refuses a
+    prompt past its context anyway, after 6 s of its own reading it."""
+    if not isinstance(given, list):
+        return
+    count = len(given)
+    if count <= MAX_TOKEN_IDS:
+        count = sum(len(x) if isinstance(x, list) else 1 for x in given)
+    if count > MAX_TOKEN_IDS:
+        raise BadRequest(
+            f"{param} holds {count:,} token ids and texts; at most {MAX_TOKEN_IDS:,} in one request: send it in parts",
+            param,
+            "too_many_tokens",
+        )
+
+
 def check_embeddings(data: dict[str, Any]) -> None:
     """An embeddings request's ``input`` and ``dimensions`` as llama-server takes them (400 otherwise).
 
@@ -1469,6 +1490,7 @@ def check_embeddings(data: dict[str, Any]) -> None:
             raise BadRequest("give either input or content (llama-server's name for it), not both", "content")
         data["input"] = data.pop("content")
     given = data.get("input")
+    check_items(given, "input")
     if not isinstance(given, str) and not (isinstance(given, list) and given and all(map(_embedding_item, given))):
         raise BadRequest(
             "input must be a string, or a non-empty array of strings, token ids or arrays of them", "input"
@@ -1500,16 +1522,16 @@ def check_tokens(path: str, data: dict[str, Any]) -> None:
     ``/detokenize`` ``tokens`` (token ids): other shapes are 400s here, 500s there."""
     if path == "/tokenize":
         content = data.get("content")
+        check_items(content, "content")
         # a flat array of texts and ids is what _embedding_item accepts as one item
         if not isinstance(content, str) and not (isinstance(content, list) and content and _embedding_item(content)):
             raise BadRequest("content must be a string, or a non-empty array of strings and token ids", "content")
         items = content if isinstance(content, list) else [content]
         size = sum(len(t.encode("utf-8", "surrogatepass")) for t in items if isinstance(t, str))
-        ids = sum(not isinstance(t, str) for t in items)
-        if size > MAX_TOKENIZE_BYTES or ids > MAX_TOKEN_IDS:
+        if size > MAX_TOKENIZE_BYTES:
             raise BadRequest(
-                f"content holds {size:,} bytes of text and {ids:,} token ids; at most {MAX_TOKENIZE_BYTES:,} "
-                f"and {MAX_TOKEN_IDS:,} in one request (llama-server builds its whole answer first): send it in parts",
+                f"content holds {size:,} bytes of text; at most {MAX_TOKENIZE_BYTES:,} in one request "
+                "(llama-server builds its whole answer first): send it in parts",
                 "content",
             )
         negative = next((j for j, t in enumerate(content) if isinstance(t, int) and t < 0), None)
@@ -1517,13 +1539,9 @@ def check_tokens(path: str, data: dict[str, Any]) -> None:
             raise BadRequest(f"content[{negative}] is a negative token id", f"content[{negative}]", "invalid_token")
     elif path == "/detokenize":
         tokens = data.get("tokens")
+        check_items(tokens, "tokens")
         if not isinstance(tokens, list) or not all(_token_id(t) for t in tokens):
             raise BadRequest("tokens must be an array of token ids (integers >= 0)", "tokens")
-        if len(tokens) > MAX_TOKEN_IDS:
-            raise BadRequest(
-                f"tokens holds {len(tokens):,} ids; at most {MAX_TOKEN_IDS:,} in one request: send them in parts",
-                "tokens",
-            )
 
 
 def vocab_refusal(tokens: list[Any], models: Any, field: str = "tokens") -> BadRequest | None:

@@ -36,6 +36,7 @@ from localllm.service.chat import (
     cap_costs,
     check_ends,
     check_grammar,
+    check_items,
     check_numbers,
     merge_stops,
     parse_keep_alive,
@@ -90,6 +91,7 @@ def _refuse_chat_only(body: dict[str, Any]) -> None:
 def _prompts(prompt: Any) -> list[Any]:
     """The prompts of ``prompt`` (one, or a batch), each a string or a list of token ids."""
     shapes = "a string, an array of strings, an array of token ids or an array of arrays of token ids"
+    check_items(prompt, "prompt")
     if isinstance(prompt, str):
         return [prompt]
     if not isinstance(prompt, list) or not prompt:

@@ -9,10 +9,13 @@ text without a context past ``MAX_PIECES``. The real server and vocabulary are i
 from __future__ import annotations
 
 import json
+import random
 import struct
+import threading
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from localllm.managed import vocab as vocabulary
@@ -31,6 +34,7 @@ from localllm.service.chat import (
     prepare,
 )
 from localllm.service.completion import prepare as completion_prepare
+from localllm.wire import nesting
 from tests.unit.test_service import Factory, client, env, make_service, rows
 
 __all__ = ["env", "make_service"]  # fixtures used here
@@ -261,7 +265,7 @@ def test_a_request_holds_at_most_azure_openais_messages() -> None:
         # llama-server builds its whole answer: 15 MB of "ab " took 10 s and 2 GB at the peak
         ("/tokenize", "content", "é" * (vocabulary.MAX_TOKENIZE_BYTES // 2), "ab " * 400_000),
         ("/tokenize", "content", ["a" * 1000, 5] * 1000, ["é" * (1 << 19), "a", 5]),
-        ("/tokenize", "content", ["a", *[7] * MAX_TOKEN_IDS], [7] * (MAX_TOKEN_IDS + 1)),
+        ("/tokenize", "content", ["a", *[7] * (MAX_TOKEN_IDS - 1)], ["a", *[7] * MAX_TOKEN_IDS]),
         # 2 million of gemma-3's longest token: a 92 MB text, 540 MB at the peak
         ("/detokenize", "tokens", [80645] * MAX_TOKEN_IDS, [80645] * (MAX_TOKEN_IDS + 1)),
     ],
@@ -272,7 +276,7 @@ def test_what_llama_server_answers_whole_is_bounded(path: str, param: str, fits:
         check_tokens(path, {param: past})
     assert caught.value.param == param
     if isinstance(past, str):  # a text holds no ids
-        assert f"{len(past.encode()):,} bytes of text and 0 token ids" in str(caught.value)
+        assert f"{len(past.encode()):,} bytes of text;" in str(caught.value)
 
 
 def test_a_request_holds_at_most_so_many_content_parts() -> None:
@@ -451,3 +455,92 @@ def test_word_triggers_pass() -> None:
     sent = completion_prepare({"prompt": "hi", "grammar_lazy": True, "grammar_triggers": words}, "m").body
     assert sent["grammar_triggers"] == words
     assert "grammar_triggers" not in completion_prepare({"prompt": "hi", "grammar_triggers": None}, "m").body
+
+
+@pytest.mark.parametrize(
+    ("route", "data", "param"),
+    [
+        ("completions", {"prompt": [2] * (MAX_TOKEN_IDS + 1)}, "prompt"),
+        ("completions", {"prompt": [[2] * (MAX_TOKEN_IDS // 2)] * 3}, "prompt"),  # a batch, together
+        ("embeddings", {"input": [101] * (MAX_TOKEN_IDS + 1)}, "input"),
+        ("embeddings", {"input": [[101] * 1000] * 300}, "input"),
+        ("embeddings", {"content": ["a"] * (MAX_TOKEN_IDS + 1)}, "input"),  # texts count too
+    ],
+)
+def test_a_request_holds_at_most_so_many_token_ids(route: str, data: dict[str, Any], param: str) -> None:
+    # 16 MiB of token ids is 8 million: every pass over them in Python held the service's event
+    # loop (8.5 s for one request), and llama-server refused the prompt after 6 s of its own
+    with pytest.raises(BadRequest) as caught:
+        if route == "completions":
+            completion_prepare({"model": "m", **data}, "m")
+        else:
+            check_embeddings(data)
+    assert (caught.value.param, caught.value.code) == (param, "too_many_tokens")
+    completion_prepare({"model": "m", "prompt": [2] * MAX_TOKEN_IDS}, "m")
+    check_embeddings({"input": [[101] * 1000] * (MAX_TOKEN_IDS // 1000)})
+
+
+def _depth(value: Any) -> int:
+    """How deep a JSON value nests, by the definition (a scalar 1, a container 1 + its deepest item)."""
+    items = list(value.values()) if isinstance(value, dict) else value if isinstance(value, list) else None
+    return 1 if items is None else 1 + max(map(_depth, items), default=0)
+
+
+def test_nesting_counts_as_the_definition_does() -> None:
+    # level by level over containers only (an array of 8 million numbers: 3.4 s -> 0.56 s)
+    rng = random.Random(7)
+
+    def value(level: int) -> Any:
+        roll = rng.random()
+        if level > 9 or roll < 0.3:
+            return rng.choice([1, "a", None, [], {}])
+        if roll < 0.65:
+            return [value(level + 1) for _ in range(rng.randint(0, 3))]
+        return {str(i): value(level + 1) for i in range(rng.randint(0, 3))}
+
+    for _ in range(3000):
+        found = value(0)
+        assert nesting(found, 256) == _depth(found), found
+        assert nesting(found, 3) == _depth(found) or (nesting(found, 3) > 3 and _depth(found) > 3), found
+    deep: Any = 1
+    for _ in range(10_000):
+        deep = [deep]
+    assert nesting(deep, 256) == 257  # stops counting past the limit
+
+
+@pytest.mark.parametrize("slowed", ["_parse", "prepare"])
+def test_a_large_body_is_read_and_prepared_off_the_event_loop(
+    make_service: Factory, monkeypatch: pytest.MonkeyPatch, slowed: str
+) -> None:
+    # 16 MiB of token ids held the loop 8.5 s: /health, and every other client, waited
+    from localllm.service import api, completion
+
+    service = make_service()
+    owner, name = (api, "_parse") if slowed == "_parse" else (completion, "prepare")
+    real = getattr(owner, name)
+    started, answered = threading.Event(), threading.Event()
+    waited: list[bool] = []
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        if slowed == "prepare" or len(args[0]) > api._OFF_LOOP_BYTES:
+            started.set()
+            waited.append(answered.wait(10))  # set once the service has answered /health meanwhile
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, slow)
+    big = {"model": "chat", "prompt": "word " * 250_000, "max_tokens": 1}  # 1.25 MB
+    replies: list[httpx.Response] = []
+
+    def send() -> None:
+        with client(service) as http:
+            replies.append(http.post("/v1/completions", json=big))
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    assert started.wait(10)
+    with client(service) as http:
+        assert http.get("/health").status_code == 200
+    answered.set()
+    sender.join()
+    assert waited == [True]
+    assert replies[0].status_code == 200, replies[0].text
