@@ -447,8 +447,8 @@ def test_requests_llama_server_fails_on_are_400s_naming_the_parameter(serve: Cal
         # content, llama-server answers in its own: a list without data, 8 dimensions passing unread)
         named = http.post("/v1/embeddings", json={"model": EMBED, "content": "x"})
         assert len(named.json()["data"][0]["embedding"]) == 384, named.text
-        shorter = http.post("/v1/embeddings", json={"model": EMBED, "content": "x", "dimensions": 8})
-        assert shorter.status_code == 400 and shorter.json()["error"]["code"] == "unsupported_dimensions"
+        cut = http.post("/v1/embeddings", json={"model": EMBED, "content": "x", "dimensions": 8})
+        assert cut.status_code == 400 and cut.json()["error"]["code"] == "unsupported_dimensions"
         # null is the default (llama-server's type error, a 500, before)
         nulls = {"encoding_format": None, "embd_normalize": None}
         assert http.post("/v1/embeddings", json={"model": EMBED, "input": "x", **nulls}).status_code == 200
