@@ -705,17 +705,17 @@ def check_ends(body: dict[str, Any], param: str) -> None:
     grammar stack") once the answer was done, or ran on to ``max_tokens``. A continued
     message (``continue_final_message``) is the message's text with the grammar's value after
     it: never the schema's."""
-    for name in ("ignore_eos", "continue_final_message"):
+    for name, why in _ENDLESS.items():
         if body.get(name) is True:
             raise BadRequest(
-                f"{name} cannot be used with {param}: the answer is generated under a grammar that "
-                + (
-                    "ends it with the end-of-generation token, which ignore_eos forbids"
-                    if name == "ignore_eos"
-                    else "writes a whole new value after the message it would continue"
-                ),
-                name,
+                f"{name} cannot be used with {param}: the answer is generated under a grammar that {why}", name
             )
+
+
+_ENDLESS = {
+    "ignore_eos": "ends it with the end-of-generation token, which ignore_eos forbids",
+    "continue_final_message": "writes a whole new value after the message it would continue",
+}
 
 
 def cap_costs(body: dict[str, Any], limits: ChatLimits, parallel: int | None, default_max: int | None = None) -> None:

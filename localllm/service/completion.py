@@ -64,6 +64,7 @@ CHAT_ONLY = (
     "functions",
     "function_call",
     "top_logprobs",
+    "continue_final_message",
 )
 
 

@@ -156,6 +156,7 @@ def test_the_body_limit_holds(make_service: Factory) -> None:
         ({"functions": [{"name": "f"}]}, "functions", "unsupported_parameter"),
         ({"messages": [{"role": "user", "content": "hi"}]}, "messages", "unsupported_parameter"),
         ({"top_logprobs": 2}, "top_logprobs", "unsupported_parameter"),
+        ({"continue_final_message": True}, "continue_final_message", "unsupported_parameter"),  # no message here
         # the chat route's checks, shared
         ({"temperature": 5}, "temperature", "invalid_request_error"),
         ({"top_p": -1}, "top_p", "invalid_request_error"),
