@@ -945,7 +945,7 @@ class ServiceApp:
         except ValueError:
             answer = None
         if status != 200 or not isinstance(answer, dict):
-            refused = chat.converter_failure(prepared, status, answer)
+            refused = chat.converter_failure(prepared, status, answer) or chat.ended_failure(prepared, status, answer)
             if refused is not None:
                 await req.respond(400, refused.to_json(), headers=extra)
                 return 400, (None, None)

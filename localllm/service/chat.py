@@ -56,13 +56,13 @@ __all__ = [
     "bias_token_ids",
     "cap_costs",
     "check_embeddings",
-    "check_ends",
     "check_grammar",
     "check_items",
     "check_numbers",
     "check_tokens",
     "converter_failure",
     "dimensions_refusal",
+    "ended_failure",
     "finish",
     "loads",
     "merge_stops",
@@ -698,13 +698,14 @@ def check_grammar(body: dict[str, Any]) -> None:
             )
 
 
-def check_ends(body: dict[str, Any], param: str) -> None:
-    """Nothing that keeps a grammar's answer from ending (``param``: what set the grammar).
-    Its last step is the end-of-generation token, which ``ignore_eos`` makes llama-server
-    generate past: the pinned server failed each such request with a 500 ("Unexpected empty
-    grammar stack") once the answer was done, or ran on to ``max_tokens``. A continued
-    message (``continue_final_message``) is the message's text with the grammar's value after
-    it: never the schema's."""
+def _check_ends(body: dict[str, Any], param: str) -> None:
+    """Nothing that keeps the answer of a grammar the service compiled (``param``: what set
+    it) from ending. Its last step is the end-of-generation token, which ``ignore_eos`` makes
+    llama-server generate past: the pinned server failed each such request with a 500
+    ("Unexpected empty grammar stack") once the answer was done, or ran on to ``max_tokens``.
+    A continued message (``continue_final_message``) is the message's text with the grammar's
+    value after it: never the schema's. A request's own ``grammar`` may go on without end
+    (``root ::= [a-z ]+``), so beside it both pass (see :func:`ended_failure`)."""
     for name, why in _ENDLESS.items():
         if body.get(name) is True:
             raise BadRequest(
@@ -1160,11 +1161,9 @@ def prepare(
     for key in ("tools", "tool_choice", "parallel_tool_calls"):
         body.pop(key, None)
     if mode != "none":
-        check_ends(body, "functions" if prepared.legacy else "tools")
+        _check_ends(body, "functions" if prepared.legacy else "tools")
     elif kind != "text":
-        check_ends(body, prepared.schema_param.split(".")[0])
-    elif body.get("grammar") is not None:
-        check_ends(body, "grammar")
+        _check_ends(body, prepared.schema_param.split(".")[0])
     body["messages"] = _plain_messages(body["messages"], None)
 
     if mode != "none":
@@ -1260,6 +1259,23 @@ def converter_failure(prepared: Prepared, status: int, answer: Any) -> BadReques
         f"failed on it: {message}. Fix the schema (a schema no value meets is a common cause).",
         param,
         "unsupported_schema",
+    )
+
+
+def ended_failure(prepared: Prepared, status: int, answer: Any) -> BadRequest | None:
+    """The 400 for a request's own grammar that ended under ``ignore_eos``: llama-server cannot
+    go on and fails the request with a 500 ("Unexpected empty grammar stack"), which clients
+    retry and which names nothing."""
+    if status != 500 or prepared.body.get("ignore_eos") is not True or prepared.structured != "none":
+        return None
+    error = answer.get("error") if isinstance(answer, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    if not isinstance(message, str) or "empty grammar stack" not in message:
+        return None
+    return BadRequest(
+        f"the request's grammar ended, and ignore_eos forbids the end of generation, so llama-server "
+        f"could not go on ({message}): drop ignore_eos, or give a grammar that never ends",
+        "ignore_eos",
     )
 
 

@@ -34,7 +34,6 @@ from localllm.service.chat import (
     ChatLimits,
     Prepared,
     cap_costs,
-    check_ends,
     check_grammar,
     check_items,
     check_numbers,
@@ -179,8 +178,6 @@ def prepare(
     logprobs = _logprobs(body)
     check_numbers(body)
     check_grammar(body)
-    if body.get("grammar") is not None:
-        check_ends(body, "grammar")
     keep_alive = parse_keep_alive(body.pop("keep_alive")) if "keep_alive" in body else None
     cap_costs(body, limits, parallel, DEFAULT_MAX_TOKENS)
     if "n" in body and len(prompts) > 1:  # the choices of a batch: prompts × n

@@ -467,7 +467,8 @@ def test_requests_llama_server_fails_on_are_400s_naming_the_parameter(serve: Cal
         assert http.post("/detokenize", json={"model": CHAT, "tokens": [2, 262143]}).status_code == 200
         # an empty prompt: the service's own 500 (IndexError) before; llama-server answers it
         assert http.post("/v1/completions", json={"model": CHAT, "prompt": "", "max_tokens": 2}).status_code == 200
-        # a client's grammar with ignore_eos: llama-server's 500 once the grammar is done
+        # a client's grammar that ends, with ignore_eos: llama-server's 500 once the grammar is done,
+        # answered as a 400 naming ignore_eos (a grammar without end goes on: the slot test below)
         ended = {"model": CHAT, "prompt": "x", "max_tokens": 8, "grammar": 'root ::= "ab"'}
         refused = http.post("/v1/completions", json={**ended, "ignore_eos": True})
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "ignore_eos", refused.text

@@ -1966,30 +1966,44 @@ def test_the_openai_client_does_not_resend_an_answer_that_broke_a_strict_guarant
         ({"tools": [WEATHER], "tool_choice": "required"}, "tools"),
         ({"tools": [WEATHER]}, "tools"),
         ({"functions": [WEATHER["function"]], "function_call": {"name": "get_weather"}}, "functions"),
-        ({"grammar": 'root ::= "yes"'}, "grammar"),
     ],
 )
-def test_nothing_keeps_a_grammars_answer_from_ending(name: str, extra: dict[str, Any], param: str) -> None:
+def test_nothing_keeps_a_compiled_grammars_answer_from_ending(name: str, extra: dict[str, Any], param: str) -> None:
     # ignore_eos: the pinned llama-server generated past the grammar's end (a 500, "Unexpected
     # empty grammar stack"); a continued message is its text and then the grammar's whole value
     from localllm.service.chat import BadRequest, prepare
-    from localllm.service.completion import prepare as completion_prepare
 
     asked = {"model": "chat", "messages": MESSAGES, **extra}
     with pytest.raises(BadRequest) as caught:
         prepare({**asked, name: True}, "chat")
     assert caught.value.param == name and f"with {param}:" in str(caught.value)
     assert prepare({**asked, name: False}, "chat").body[name] is False
-    assert prepare({"model": "chat", "messages": MESSAGES, name: True}, "chat").body[name] is True  # nothing to end
+    for free in ({}, {"grammar": "root ::= [a-z ]+"}):  # nothing to end; a client's grammar may never end
+        assert prepare({"model": "chat", "messages": MESSAGES, name: True, **free}, "chat").body[name] is True
     with pytest.raises(BadRequest) as typed:
         prepare({"model": "chat", "messages": MESSAGES, name: "yes"}, "chat")
     assert typed.value.param == name
-    if param == "grammar":
-        with pytest.raises(BadRequest) as completion:
-            completion_prepare({"prompt": "hi", name: True, **extra}, "chat")
-        assert completion.value.param == name
-        if name == "ignore_eos":  # continue_final_message is the chat route's alone: refused there
-            assert completion_prepare({"prompt": "hi", name: True}, "chat").body[name] is True
+
+
+@pytest.mark.parametrize(
+    ("extra", "status", "message", "refused"),
+    [
+        ({"ignore_eos": True}, 500, "got exception: Unexpected empty grammar stack after accepting piece: x", True),
+        ({}, 500, "got exception: Unexpected empty grammar stack after accepting piece: x", False),
+        ({"ignore_eos": True}, 500, "something else", False),
+        ({"ignore_eos": True}, 400, "Unexpected empty grammar stack", False),
+    ],
+)
+def test_a_clients_grammar_that_ends_under_ignore_eos_is_a_400_naming_it(
+    extra: dict[str, Any], status: int, message: str, refused: bool
+) -> None:
+    # llama-server cannot go on past a grammar's end: its 500 named nothing, and clients retry a 500
+    from localllm.service.chat import ended_failure
+    from localllm.service.completion import prepare as completion_prepare
+
+    prepared = completion_prepare({"prompt": "hi", "grammar": 'root ::= "ab"', **extra}, "chat")
+    found = ended_failure(prepared, status, {"error": {"code": status, "message": message}})
+    assert (found.param if found is not None else None) == ("ignore_eos" if refused else None)
 
 
 @pytest.mark.parametrize(
