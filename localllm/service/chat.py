@@ -1501,20 +1501,19 @@ def check_embeddings(data: dict[str, Any]) -> None:
     llama-server's own name for ``input``, ``content``, is sent as ``input``: given ``content``,
     it answers in its own shape (no ``data``), whose vectors no ``dimensions`` check could read.
     """
-    if "content" in data:
+    name = "content" if "content" in data else "input"  # the errors name the field the client sent
+    if name == "content":
         if "input" in data:
             raise BadRequest("give either input or content (llama-server's name for it), not both", "content")
         data["input"] = data.pop("content")
     given = data.get("input")
-    check_items(given, "input")
+    check_items(given, name)
     if not isinstance(given, str) and not (isinstance(given, list) and given and all(map(_embedding_item, given))):
-        raise BadRequest(
-            "input must be a string, or a non-empty array of strings, token ids or arrays of them", "input"
-        )
+        raise BadRequest(f"{name} must be a string, or a non-empty array of strings, token ids or arrays of them", name)
     count = len(prompt_parts(given))
     if count > MAX_EMBEDDING_INPUTS:
         raise BadRequest(
-            f"input holds {count} inputs; at most {MAX_EMBEDDING_INPUTS} in one request (OpenAI's limit)", "input"
+            f"{name} holds {count} inputs; at most {MAX_EMBEDDING_INPUTS} in one request (OpenAI's limit)", name
         )
     dims = data.get("dimensions")
     if dims is not None and (isinstance(dims, bool) or not isinstance(dims, int) or dims < 1):

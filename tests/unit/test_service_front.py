@@ -891,6 +891,7 @@ def test_llama_cpp_json_schema_field_is_compiled_and_validated_like_response_for
         ({"input": "x", "embd_normalize": "2"}, "embd_normalize", "invalid_request_error"),
         ({"input": "x", "embd_normalize": -2}, "embd_normalize", "invalid_request_error"),
         ({"input": "x", "content": "y"}, "content", "invalid_request_error"),
+        ({"content": 5}, "content", "invalid_request_error"),  # the field the client sent
     ],
 )
 def test_embedding_inputs_and_dimensions_llama_server_cannot_honour_are_400s(

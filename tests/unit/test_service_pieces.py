@@ -464,7 +464,7 @@ def test_word_triggers_pass() -> None:
         ("completions", {"prompt": [[2] * (MAX_TOKEN_IDS // 2)] * 3}, "prompt"),  # a batch, together
         ("embeddings", {"input": [101] * (MAX_TOKEN_IDS + 1)}, "input"),
         ("embeddings", {"input": [[101] * 1000] * 300}, "input"),
-        ("embeddings", {"content": ["a"] * (MAX_TOKEN_IDS + 1)}, "input"),  # texts count too
+        ("embeddings", {"content": ["a"] * (MAX_TOKEN_IDS + 1)}, "content"),  # texts count too; the field sent
     ],
 )
 def test_a_request_holds_at_most_so_many_token_ids(route: str, data: dict[str, Any], param: str) -> None:
