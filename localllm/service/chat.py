@@ -88,7 +88,7 @@ _RANGES: tuple[tuple[str, float, float, bool], ...] = (
     ("top_k", 0, 1000, True),
     ("frequency_penalty", -2.0, 2.0, False),
     ("presence_penalty", -2.0, 2.0, False),
-    ("repeat_penalty", 0.0, 10.0, False),  # and never 0 (check_numbers)
+    ("repeat_penalty", 0.0, 10.0, False),  # above 0 (_ABOVE_LOW): llama-server divides by it
     # the pinned llama-server's own floor is 0 for both (-1 was its 400 without param)
     ("repeat_last_n", 0, 1 << 20, True),
     # llama.cpp's DRY sampler keeps a window of this many tokens per slot: 10^9 took 8 GB of the
@@ -103,6 +103,8 @@ _RANGES: tuple[tuple[str, float, float, bool], ...] = (
     ("n_probs", 0, 1 << 31, True),
     ("top_logprobs", 0, 1 << 31, True),
 )
+#: the ranges whose low end is out (the pinned llama-server's 400 without param for it)
+_ABOVE_LOW = frozenset({"repeat_penalty"})
 
 
 #: llama.cpp's DRY sampler matches each of a request's ``dry_sequence_breakers`` against the
@@ -360,12 +362,12 @@ def check_numbers(body: dict[str, Any]) -> None:
             raise BadRequest(f"{name} must be a number, got {value!r}", name)
         if integer and not (isinstance(value, int) or float(value).is_integer()):
             raise BadRequest(f"{name} must be an integer, got {value!r}", name)
-        if not low <= value <= high:
-            raise BadRequest(f"{name} must be between {low:g} and {high:g}, got {value!r}", name)
+        above = name in _ABOVE_LOW
+        if not low <= value <= high or (above and value == low):
+            span = f"above {low:g} and at most {high:g}" if above else f"between {low:g} and {high:g}"
+            raise BadRequest(f"{name} must be {span}, got {value!r}", name)
         if integer:
             body[name] = int(value)
-    if body.get("repeat_penalty") == 0:  # llama-server divides by it: its 400 without param
-        raise BadRequest("repeat_penalty must be above 0 (1 turns it off), got 0", "repeat_penalty")
     for name in ("stream", "logprobs", "parallel_tool_calls", "ignore_eos", "continue_final_message"):
         if name in body and body[name] is not None and not isinstance(body[name], bool):
             raise BadRequest(f"{name} must be true or false, got {body[name]!r}", name)
@@ -1240,6 +1242,13 @@ def prepare(
 _CONVERTER_FAILED = re.compile(r"grammar|json schema|parser", re.IGNORECASE)
 
 
+def _upstream_message(answer: Any) -> str | None:
+    """The message of llama-server's error answer (``{"error": {"message": …}}``), if it has one."""
+    error = answer.get("error") if isinstance(answer, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    return message if isinstance(message, str) else None
+
+
 def converter_failure(prepared: Prepared, status: int, answer: Any) -> BadRequest | None:
     """The 400 for a schema llama.cpp's converter failed on, after localllm's compiler refused it.
 
@@ -1248,9 +1257,8 @@ def converter_failure(prepared: Prepared, status: int, answer: Any) -> BadReques
     """
     if prepared.structured != "converter" or status == 200:
         return None
-    error = answer.get("error") if isinstance(answer, dict) else None
-    message = error.get("message") if isinstance(error, dict) else None
-    if not isinstance(message, str) or not _CONVERTER_FAILED.search(message):
+    message = _upstream_message(answer)
+    if message is None or not _CONVERTER_FAILED.search(message):
         return None
     ours = f" ({prepared.notes[0]})" if prepared.notes else ""
     param = prepared.schema_param
@@ -1268,9 +1276,8 @@ def ended_failure(prepared: Prepared, status: int, answer: Any) -> BadRequest | 
     retry and which names nothing."""
     if status != 500 or prepared.body.get("ignore_eos") is not True or prepared.structured != "none":
         return None
-    error = answer.get("error") if isinstance(answer, dict) else None
-    message = error.get("message") if isinstance(error, dict) else None
-    if not isinstance(message, str) or "empty grammar stack" not in message:
+    message = _upstream_message(answer)
+    if message is None or "empty grammar stack" not in message:
         return None
     return BadRequest(
         f"the request's grammar ended, and ignore_eos forbids the end of generation, so llama-server "

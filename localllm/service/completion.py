@@ -182,15 +182,15 @@ def prepare(
     cap_costs(body, limits, parallel, DEFAULT_MAX_TOKENS)
     if "n" in body and len(prompts) > 1:  # the choices of a batch: prompts × n
         body["n"] = max(1, min(body["n"], MAX_PROMPTS // len(prompts)))
-    if logprobs is not None and body.get("post_sampling_probs") is True:
-        # llama-server then gives each token's probability after its samplers (prob, top_probs),
-        # which OpenAI's legacy shape has no place for: each logprob was null
-        raise BadRequest(
-            "post_sampling_probs cannot be used with logprobs here: OpenAI's legacy logprobs are the model's "
-            "log-probabilities, not llama-server's probabilities after its samplers",
-            "post_sampling_probs",
-        )
     if logprobs is not None:
+        if body.get("post_sampling_probs") is True:
+            # llama-server then gives each token's probability after its samplers (prob,
+            # top_probs), which OpenAI's legacy shape has no place for: each logprob was null
+            raise BadRequest(
+                "post_sampling_probs cannot be used with logprobs here: OpenAI's legacy logprobs are the "
+                "model's log-probabilities, not llama-server's probabilities after its samplers",
+                "post_sampling_probs",
+            )
         # llama-server's n_probs 0 leaves out every logprob; OpenAI's 0 still gives each token's own.
         # Capped as on chat, at ChatLimits.max_logprobs (20 by default: above OpenAI's 5)
         logprobs = min(logprobs, limits.max_logprobs)
