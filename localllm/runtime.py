@@ -422,7 +422,20 @@ class Runtime:
         seconds (default: the agent's ``timeout``). Nothing but a LocalLLMError leaves a
         call; every error text and trace payload has the config's secrets redacted.
         """
-        given: dict[str, Any] = {"prompt": prompt, "args": dict(args or {})}
+        if not isinstance(prompt, str):
+            raise CallError(
+                f"prompt must be text (str), got {type(prompt).__name__}",
+                key="prompt",
+                hint="pass the prompt's text, e.g. Path(file).read_text()",
+            )
+        if schema is not None and not isinstance(schema, (Mapping, str, Path)):
+            raise CallError(
+                f"schema must be a schema object, a path or None, got {type(schema).__name__}",
+                key="schema",
+                hint="pass a dict, or a path relative to the config file",
+            )
+        args, world = json_mapping("args", args), json_mapping("world", world)
+        given: dict[str, Any] = {"prompt": prompt, "args": args}
         if isinstance(schema, (str, Path)):
             given["schema"] = str(schema)
         return self._call(
@@ -733,8 +746,7 @@ class Runtime:
             choice = self._selection(name)
             agent = choice.alias if choice is not None else gate.agent
             selected_by = choice.selected_by if choice is not None else None
-        given = dict(args or {})
-        world = dict(world or {})
+        given, world = json_mapping("args", args), json_mapping("world", world)
         merged: dict[str, Any] = {}
         for key, value in gate.args.items():
             merged[key] = (
@@ -1007,6 +1019,29 @@ class Runtime:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def json_mapping(name: str, value: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A call's ``args`` or ``world`` as a dict, or a CallError: they reach every agent and the
+    trace as JSON (before, a list was a bare ValueError, and a key ``1`` beside ``"1"`` became
+    one key in the trace, the other answer's input lost)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise CallError(
+            f"the call's {name} must be a mapping of names to values, got {type(value).__name__}",
+            key=name,
+            hint=f'e.g. {name}={{"ticket": "The app crashes on save"}}',
+        )
+    doc = dict(value)
+    if (problem := json_problem(doc)) is not None:
+        where, why = problem
+        raise CallError(
+            f"the call's {name} are not JSON data at {where}: {why}",
+            key=name,
+            hint="give JSON: mappings with string keys, lists, strings, finite numbers, booleans, None",
+        )
+    return doc
 
 
 def _foreign(exc: Exception) -> AgentError:

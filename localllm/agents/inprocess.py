@@ -13,9 +13,10 @@ from localllm.wire import AskRequest, AskResponse
 class InprocessAgent(Agent):
     """Calls ``fn(request)``; a non-AskResponse return value becomes the submission.
 
-    An exception other than AgentError raised by ``fn`` is reported as ``plugin_crash``
-    (the in-process equivalent of a crashed plugin). A hung ``fn`` cannot be interrupted:
-    the runtime abandons its (daemon) worker thread at the hard deadline.
+    An exception other than AgentError raised by ``fn`` (``SystemExit`` and
+    ``KeyboardInterrupt`` included) is reported as ``plugin_crash`` (the in-process equivalent
+    of a crashed plugin). A hung ``fn`` cannot be interrupted: the runtime abandons its
+    (daemon) worker thread at the hard deadline.
     """
 
     plugin = "builtin.inprocess"
@@ -30,7 +31,10 @@ class InprocessAgent(Agent):
             result = self._fn(request)
         except AgentError:
             raise
-        except Exception as exc:  # the boundary where a plugin's own bug becomes plugin_crash
+        except (Exception, KeyboardInterrupt, SystemExit) as exc:
+            # the boundary where a plugin's own bug becomes plugin_crash; fn runs on the call's
+            # worker thread, where no signal lands, so a KeyboardInterrupt or SystemExit is its
+            # own raise (before, re-raised in the caller: sys.exit() in fn ended the program)
             raise AgentError(ErrorKind.PLUGIN_CRASH, f"raised {type(exc).__name__}: {exc}", alias=self.alias) from exc
         return result if isinstance(result, AskResponse) else AskResponse.of(result)
 

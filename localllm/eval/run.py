@@ -64,13 +64,16 @@ def workers_for(config: Config, alias: str) -> int:
 
 
 def check_cases(config: Config, gate_name: str, cases: Sequence[Case], cases_path: Path) -> None:
-    """Every case renders the gate's prompt and args (else one ConfigError naming each line)."""
-    from localllm.runtime import render_prompt
+    """Every case's args and world are JSON and render the gate's prompt and args (else one
+    ConfigError naming each line)."""
+    from localllm.runtime import json_mapping, render_prompt
 
     gate = config.gates[gate_name]
     problems: list[ConfigProblem] = []
     for case in cases:
         try:
+            json_mapping("args", case.args)  # NaN and Infinity are json.loads' own, not JSON's
+            json_mapping("world", case.world)
             for key, value in gate.args.items():
                 if isinstance(value, str):
                     render_prompt(value, case.args, case.world, source=f"gates.{gate_name}.with.args.{key}")

@@ -292,6 +292,20 @@ def test_a_case_missing_a_template_value_is_named_before_anything_runs(app: Path
     assert not (app / "out" / "triage").exists() or not list((app / "out" / "triage").glob("*.json"))
 
 
+def test_a_case_whose_args_hold_nan_is_named_before_anything_runs(app: Path) -> None:
+    # json.loads reads NaN and Infinity, which are no JSON: before, each such case ran (NaN in
+    # the trace as null); now every Runtime call refuses them, and the cases file names them
+    config = load_config(app / "app.yaml")
+    bad = app / "bad.jsonl"
+    bad.write_text(
+        '{"args": {"ticket": "t", "n": NaN}, "expect": {}}\n{"args": {"ticket": "u"}, "world": {"w": -Infinity}, "expect": {}}\n'
+    )
+    with pytest.raises(ConfigError) as caught:
+        evaluate(config, "triage", cases_path=bad, prepare=prepare, out_dir=app / "out")
+    assert [p.key for p in caught.value.problems] == ["line 1.args", "line 2.world"]
+    assert not (app / "out" / "triage").exists() or not list((app / "out" / "triage").glob("*.json"))
+
+
 # --------------------------------------------------------------------------- the report
 
 

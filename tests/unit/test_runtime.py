@@ -95,6 +95,61 @@ def test_a_call_schema_that_is_not_json_is_a_call_error_naming_where(
     assert info.value.key == "schema" and f"at {where}:" in str(info.value) and asked == []
 
 
+@pytest.mark.parametrize(
+    ("given", "key", "where"),
+    [
+        ({"args": ["a"]}, "args", None),  # before: a bare ValueError from dict(["a"])
+        ({"world": "abc"}, "world", None),
+        # before: the trace kept one of the two keys (json.dumps makes 1 "1"), the agent saw both
+        ({"args": {1: "a", "1": "b"}}, "args", "$"),
+        ({"args": {"item": "x", "n": float("nan")}}, "args", "$.n"),  # before: null in the trace
+        ({"args": {"item": {"when": object()}}}, "args", "$.item.when"),
+        ({"world": {"user": b"bytes"}}, "world", "$.user"),
+        ({"prompt": None}, "prompt", None),  # before: a bare TypeError from the template's regex
+        ({"prompt": b"p"}, "prompt", None),
+        ({"schema": 5}, "schema", None),  # before: a bare TypeError from Path(5)
+    ],
+)
+def test_call_inputs_that_are_not_json_are_call_errors_before_any_agent(
+    config: Config, given: dict[str, Any], key: str, where: str | None
+) -> None:
+    asked: list[AskRequest] = []
+
+    def agent(request: AskRequest) -> dict[str, Any]:
+        asked.append(request)
+        return good(request)
+
+    with Runtime(config) as rt:
+        rt.register_inprocess("agent.local", agent)
+        with pytest.raises(CallError) as info:
+            rt.call("decide", **{"agent": "agent.local", "prompt": "p", "schema": SCHEMA, **given})
+        if key in ("args", "world"):  # a gate's prompt and schema are its own
+            with pytest.raises(CallError) as gated:
+                rt.run_gate("judge", **{"args": {"thing": "t"}, "world": {"user": "u"}, **given})
+            assert gated.value.key == key
+    assert info.value.key == key and asked == []
+    if where is not None:
+        assert f"not JSON data at {where}:" in str(info.value)
+
+
+@pytest.mark.parametrize("raised", [SystemExit(3), KeyboardInterrupt()])
+def test_an_inprocess_agent_raising_system_exit_is_a_plugin_crash_on_record(
+    config: Config, tmp_path: Path, raised: BaseException
+) -> None:
+    # before: re-raised in the caller (sys.exit() in the agent ended the program) and the call
+    # left nothing in the trace
+    def agent(_: AskRequest) -> dict[str, Any]:
+        raise raised
+
+    with Runtime(config, trace=tmp_path / "t.jsonl") as rt:
+        rt.register_inprocess("agent.other", agent)
+        with pytest.raises(AgentError) as info:
+            rt.call("decide", agent="agent.other", prompt="p", schema=SCHEMA)
+    assert info.value.kind is ErrorKind.PLUGIN_CRASH and type(raised).__name__ in info.value.detail
+    kinds = [e.kind for e in read_trace(tmp_path / "t.jsonl").events]
+    assert kinds == ["agent.call.start", "agent.call.error"]
+
+
 def test_call_ids_are_deterministic_per_state_and_seq(config: Config) -> None:
     ids = []
     for _ in range(2):
