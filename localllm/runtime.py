@@ -56,7 +56,7 @@ from localllm.errors import AgentError, CallError, ErrorKind, LocalLLMError, Sch
 from localllm.redact import Redactor
 from localllm.schema import SchemaSet, json_problem, loads_json, unreadable
 from localllm.trace.callid import cassette_call_key, derive_call_id, live_call_key
-from localllm.wire import AskRequest, AskResponse, CallResult, Transcript, bad_sub_event_payload
+from localllm.wire import AskRequest, AskResponse, CallResult, Transcript, bad_sub_event_payload, text_problem
 
 if TYPE_CHECKING:
     from localllm.embed.embedder import Embedder
@@ -427,6 +427,10 @@ class Runtime:
                 f"prompt must be text (str), got {type(prompt).__name__}",
                 key="prompt",
                 hint="pass the prompt's text, e.g. Path(file).read_text()",
+            )
+        if (why := text_problem(prompt)) is not None:
+            raise CallError(
+                f"the prompt {why}", key="prompt", hint="pass UTF-8 text (decode bytes with their own encoding)"
             )
         if schema is not None and not isinstance(schema, (Mapping, str, Path)):
             raise CallError(
@@ -1039,7 +1043,7 @@ def json_mapping(name: str, value: Mapping[str, Any] | None) -> dict[str, Any]:
         raise CallError(
             f"the call's {name} are not JSON data at {where}: {why}",
             key=name,
-            hint="give JSON: mappings with string keys, lists, strings, finite numbers, booleans, None",
+            hint="give JSON: mappings with string keys, lists, UTF-8 strings, finite numbers, booleans, None",
         )
     return doc
 

@@ -24,6 +24,7 @@ from urllib.parse import unquote, urldefrag, urljoin, urlparse, urlsplit
 
 from localllm._fs import TEXT_LIMIT, read_capped
 from localllm.errors import AgentError, ErrorKind, SchemaError, truncate_detail
+from localllm.wire import text_problem
 
 _MISSING = object()
 #: the errors of one answer read (:meth:`SchemaSet.validate` reports the first, and how many more)
@@ -114,7 +115,8 @@ _SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "dependentSchema
 def json_problem(value: Any) -> tuple[str, str] | None:
     """Where ``value`` is not JSON data, and why (an object's keys before what they hold, else
     in document order): a key that is not a string, a number JSON has not (NaN, an infinity),
-    a value of another type. None when it is JSON (a tuple is read as a list, as ``json`` does)."""
+    text that is no UTF-8 (:func:`text_problem`), a value of another type. None when it is
+    JSON (a tuple is read as a list, as ``json`` does)."""
     from localllm.grammar.paths import child_path
 
     stack: list[tuple[str, Any]] = [("$", value)]
@@ -124,12 +126,17 @@ def json_problem(value: Any) -> tuple[str, str] | None:
             for key in node:
                 if not isinstance(key, str):
                     return path, f"the key {key!r} is not a string ({type(key).__name__})"
+                if (why := text_problem(key)) is not None:
+                    return path, f"the key {key!r} {why}"
             stack.extend((child_path(path, k), v) for k, v in reversed(node.items()))
         elif isinstance(node, (list, tuple)):
             stack.extend((child_path(path, i), v) for i, v in reversed(list(enumerate(node))))
+        elif isinstance(node, str):
+            if (why := text_problem(node)) is not None:
+                return path, f"the text {why}"
         elif isinstance(node, float) and not math.isfinite(node):
             return path, f"{node!r} is no JSON number"
-        elif node is not None and not isinstance(node, (str, int, float)):
+        elif node is not None and not isinstance(node, (int, float)):
             return path, f"{type(node).__name__} is no JSON type"
     return None
 

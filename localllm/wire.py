@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,7 @@ __all__ = [
     "Transcript",
     "bad_sub_event_payload",
     "finite_float",
+    "text_problem",
 ]
 
 VERBS = ("ask", "decide", "extract", "task", "converse")
@@ -62,6 +64,18 @@ def finite_float(value: Any) -> float | None:
     except OverflowError:
         return None
     return number if math.isfinite(number) else None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def text_problem(text: str) -> str | None:
+    """Why ``text`` cannot be sent as UTF-8, or None: a lone surrogate, which is what Python
+    makes of bytes that are not UTF-8 (a command line or a file in another encoding)."""
+    found = _SURROGATE.search(text)
+    if found is None:
+        return None
+    return f"holds a lone surrogate U+{ord(found.group()):04X} at character {found.start()}, which is no UTF-8 text"
 
 
 @dataclass(frozen=True)

@@ -128,6 +128,10 @@ class SearchReport:
 
 def expand_globs(patterns: Sequence[str], base_dir: Path) -> tuple[list[Path], list[str]]:
     """Files matched by ``patterns`` (sorted, de-duplicated) and the patterns matching none."""
+    if isinstance(patterns, str):  # its characters as patterns: "/" walked the whole file system
+        raise TypeError(f"patterns is a sequence of glob patterns, not one string: pass [{patterns!r}]")
+    if not all(isinstance(p, str) for p in patterns):
+        raise TypeError("patterns must be glob pattern strings")
     found: dict[Path, None] = {}
     unmatched: list[str] = []
     for pattern in patterns:
@@ -348,8 +352,9 @@ def search(
     import numpy as np
 
     from localllm.embed.embedder import embed_rows
-    from localllm.embed.index import Index, top_positions
+    from localllm.embed.index import Index, check_top, top_positions
 
+    check_top(top_k, min_score)  # before the corpus is read and embedded
     c = chunking or Chunking()
     corpus = load_corpus(patterns, base_dir, c)
     # the query first: an unknown model's dims are then known before the store is keyed

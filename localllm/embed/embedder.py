@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from localllm.embed.registry import Role
+from localllm.errors import EmbedError
+from localllm.wire import text_problem
 
 if TYPE_CHECKING:
     import numpy as np
@@ -50,6 +52,20 @@ class Embedder(Protocol):
     def embed(self, texts: Sequence[str], role: Role) -> NDArray[np.float32]:
         """Embed ``texts`` as ``role`` ("query" or "document"); shape ``(len(texts), dims)``."""
         ...
+
+
+def check_texts(texts: Sequence[str]) -> None:
+    """What ``embed()`` takes: a sequence of str (TypeError otherwise: one string would be
+    embedded as its characters), each of it UTF-8 text (EmbedError naming the text: a lone
+    surrogate, Python's reading of bytes that are not UTF-8, failed the request's encoding
+    as "a bug in localllm" in `localllm route`, `search` and `embed`)."""
+    if isinstance(texts, str):
+        raise TypeError("embed() takes a sequence of texts, not one string")
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"embed() takes texts (str): text {i} is {type(text).__name__}")
+        if (why := text_problem(text)) is not None:
+            raise EmbedError(f"text {i} to embed {why}", hint="pass UTF-8 text: decode bytes with their own encoding")
 
 
 def embed_rows(embedder: Embedder, texts: Sequence[str], role: Role) -> NDArray[np.float32]:
@@ -139,8 +155,7 @@ class FakeEmbedder:
     def embed(self, texts: Sequence[str], role: Role) -> NDArray[np.float32]:
         import numpy as np
 
-        if isinstance(texts, str):
-            raise TypeError("embed() takes a sequence of texts, not one string")
+        check_texts(texts)
         prefix = self._identity.query_prefix if role == "query" else self._identity.document_prefix
         self.calls += 1
         self.texts_embedded += len(texts)

@@ -133,13 +133,21 @@ def _unit_rows(arr: NDArray[np.generic]) -> NDArray[np.float32]:
     return out
 
 
+def check_top(top_k: int, min_score: float) -> None:
+    """ValueError unless ``top_k`` is an integer ≥ 1 and ``min_score`` a number (before: a
+    ``top_k`` of 2.5 or NaN was numpy's "Partition index must be integer", after the corpus
+    was read and embedded)."""
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise ValueError(f"top_k must be an integer of at least 1, got {top_k!r}")
+    # NaN: every score compares false, so no hit, and no error said why
+    if isinstance(min_score, bool) or not isinstance(min_score, (int, float)) or math.isnan(min_score):
+        raise ValueError(f"min_score must be a number, got {min_score!r}")
+
+
 def top_positions(scores: NDArray[np.float32], top_k: int, min_score: float = 0.0) -> list[int]:
     """Positions of the ``top_k`` largest ``scores`` that are ≥ ``min_score``, best first, ties
     by lower position first."""
-    if top_k < 1:
-        raise ValueError(f"top_k must be at least 1, got {top_k}")
-    if math.isnan(min_score):  # NaN: every score compares false, so no hit, and no error said why
-        raise ValueError("min_score must be a number, got nan")
+    check_top(top_k, min_score)
     if scores.shape[0] == 0:
         return []
     return [i for i in _top_positions(scores, top_k) if scores[i] >= min_score]

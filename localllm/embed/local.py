@@ -37,7 +37,7 @@ import httpx
 from localllm import _http
 from localllm._http import map_httpx_errors
 from localllm._upstream import REDIRECT_HINT, read_error, redirected
-from localllm.embed.embedder import EmbedderIdentity
+from localllm.embed.embedder import EmbedderIdentity, check_texts
 from localllm.embed.registry import ROLES, ModelInfo, Role, default_model, lookup
 from localllm.errors import (
     DimensionMismatch,
@@ -188,8 +188,7 @@ class LocalEmbedder:
         """Embed ``texts`` as ``role``; float32 ``(len(texts), dims)``, unit rows, input order."""
         import numpy as np
 
-        if isinstance(texts, str):
-            raise TypeError("embed() takes a sequence of texts, not one string")
+        check_texts(texts)
         if role not in ROLES:
             raise ValueError(f"role must be 'query' or 'document', not {role!r}")
         prefix = self.info.prefix(role)

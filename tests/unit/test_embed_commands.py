@@ -77,6 +77,24 @@ def test_embed_json_through_a_managed_sidecar(
     assert doc["dims"] == 384 and doc["model"] == "all-minilm-l6-v2" and len(doc["vectors"]) == 1
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["route", "\udcff refund"],  # bytes 0xff on the command line, as Python decodes them
+        ["search", "--embedder", "docs", "--corpus", "*.yaml", "--", "\udcff reset"],
+        ["embed", "--embedder", "docs", "ok", "\udcfe"],
+    ],
+)
+def test_text_that_is_no_utf8_is_an_error_naming_it_not_a_bug(
+    tmp_path: Path, endpoint: str, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    # before: "UnicodeEncodeError ... this is a bug in localllm" (the request's JSON encoding)
+    cfg = _config(tmp_path, endpoint)
+    assert main([argv[0], "--config", str(cfg), *argv[1:]]) == 1
+    err = capsys.readouterr().err
+    assert "lone surrogate U+DCF" in err and "to embed" in err and "bug in localllm" not in err
+
+
 def test_search_prints_score_path_chunk_and_reuses_the_store(
     tmp_path: Path, endpoint: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

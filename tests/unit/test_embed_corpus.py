@@ -7,6 +7,7 @@ import glob
 import os
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -110,6 +111,44 @@ def test_search_ranks_the_matching_chunk_first_with_defaults(tmp_path: Path) -> 
 def test_search_over_nothing_is_empty(tmp_path: Path) -> None:
     report = search("q", FakeEmbedder(8), ["missing/**"], base_dir=tmp_path, store=False)
     assert report.hits == () and report.unmatched == ("missing/**",)
+
+
+@pytest.mark.parametrize(
+    ("given", "error"),
+    [
+        # one string: its characters were the patterns, and "/" walked the whole file system
+        ({"patterns": "notes/*.md"}, TypeError),
+        ({"patterns": [Path("notes")]}, TypeError),
+        ({"top_k": 2.5}, ValueError),  # before: numpy's "Partition index must be integer", after embedding
+        ({"top_k": float("nan")}, ValueError),
+        ({"top_k": True}, ValueError),
+        ({"top_k": 0}, ValueError),
+        ({"min_score": "0.3"}, ValueError),  # before: math.isnan's TypeError, after embedding
+        ({"min_score": float("nan")}, ValueError),
+    ],
+)
+def test_search_arguments_are_checked_before_anything_is_read(
+    tmp_path: Path, given: dict[str, object], error: type[Exception]
+) -> None:
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.md").write_text("alpha\n")
+    embedder = FakeEmbedder(8)
+    kwargs: dict[str, Any] = {"base_dir": tmp_path, "store": False, **given}
+    patterns = kwargs.pop("patterns", ["notes/*.md"])
+    with pytest.raises(error):
+        search("alpha", embedder, patterns, **kwargs)
+    assert embedder.calls == 0
+
+
+@pytest.mark.parametrize(
+    ("texts", "error"),
+    [("one text", TypeError), (["a", 5], TypeError), (["a", None], TypeError), (["a", "b \ud800"], EmbedError)],
+)
+def test_embed_takes_utf8_texts(texts: Any, error: type[Exception]) -> None:
+    embedder = FakeEmbedder(8)
+    with pytest.raises(error) as info:
+        embedder.embed(texts, "query")
+    assert embedder.calls == 0 and ("text 1" in str(info.value) or isinstance(texts, str))
 
 
 def test_search_reports_embedding_progress_in_small_steps(tmp_path: Path) -> None:

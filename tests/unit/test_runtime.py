@@ -105,6 +105,11 @@ def test_a_call_schema_that_is_not_json_is_a_call_error_naming_where(
         ({"args": {"item": "x", "n": float("nan")}}, "args", "$.n"),  # before: null in the trace
         ({"args": {"item": {"when": object()}}}, "args", "$.item.when"),
         ({"world": {"user": b"bytes"}}, "world", "$.user"),
+        # bytes that are not UTF-8 (a command line's --arg), as Python decodes them: before, the
+        # local model's request failed to encode, reported as "cannot start llama-server"
+        ({"args": {"item": "x \udcff"}}, "args", "$.item"),
+        ({"world": {"\udcfe": "u"}}, "world", "$"),
+        ({"prompt": "p \udcff"}, "prompt", None),
         ({"prompt": None}, "prompt", None),  # before: a bare TypeError from the template's regex
         ({"prompt": b"p"}, "prompt", None),
         ({"schema": 5}, "schema", None),  # before: a bare TypeError from Path(5)
