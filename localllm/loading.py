@@ -31,6 +31,8 @@ def load_config(path: str | os.PathLike[str], *, parsed: Callable[[Draft], None]
     checks still all run, and their problems still fail the load (the caller then stops
     what it started).
     """
+    if not isinstance(path, (str, os.PathLike)):  # before: pathlib's TypeError
+        raise TypeError(f"load_config takes the config file's path, got {type(path).__name__}")
     draft = parse(Path(path))
     if parsed is not None and not draft.problems.items:
         parsed(draft)

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from localllm.agents.base import Agent
 from localllm.calibrate import score_of
 from localllm.config import DEFAULT_TIMEOUT, MAX_TIMEOUT, VERBS, AgentDecl, Config, InprocessDecl
-from localllm.errors import AgentError, CallError, ErrorKind, LocalLLMError, SchemaError
+from localllm.errors import AgentError, CallError, ErrorKind, LocalLLMError, SchemaError, TraceWriteRejected
 from localllm.redact import Redactor
 from localllm.schema import SchemaSet, json_problem, loads_json, unreadable
 from localllm.trace.callid import cassette_call_key, derive_call_id, live_call_key
@@ -192,6 +192,10 @@ class Runtime:
         trace_wait: float = 0.0,
         examples_leave_one_out: bool = False,
     ) -> None:
+        if not isinstance(config, Config):  # before: AttributeError 'str' object has no attribute 'base_dir'
+            raise TypeError(
+                f"Runtime takes a Config, got {type(config).__name__}: Runtime(localllm.load_config('localllm.yaml'))"
+            )
         self.config = config
         #: eval: an example whose text is the question's is not used (not answered from its own label)
         self.examples_leave_one_out = examples_leave_one_out
@@ -220,8 +224,10 @@ class Runtime:
             if isinstance(trace, (str, Path)):
                 self.trace = TraceWriter.open(Path(trace), wait=trace_wait)
                 self._owns_trace = True
-            else:
+            elif isinstance(trace, TraceWriter):
                 self.trace = trace
+            else:
+                raise TypeError(f"trace must be a path or a TraceWriter, got {type(trace).__name__}")
             self._recorder = TraceRecorder(self.trace, redact=self.redact, base_dir=config.base_dir)
         self.turn = turn if turn is not None else (self._recorder.next_turn() if self._recorder else 1)
 
@@ -239,6 +245,8 @@ class Runtime:
         ``fn`` returns an AskResponse, or any JSON value (wrapped as the submission).
         ``local_model=True`` makes its schema_invalid answers fall back to agent.claude.
         """
+        if not callable(fn):  # before: accepted, and every call a plugin_crash
+            raise TypeError(f"register_inprocess({alias!r}, fn): fn must be callable, got {type(fn).__name__}")
         decl = self.config.agents.get(alias)
         if not isinstance(decl, InprocessDecl):
             raise CallError(
@@ -256,6 +264,8 @@ class Runtime:
         agent answers as ``alias`` (its errors name it, a cassette matches ``handler`` to it)."""
         from localllm.agents.cassette import CassetteAgent
 
+        if not isinstance(agent, Agent):  # before: AttributeError, or a call's bare one later
+            raise TypeError(f"register_agent({alias!r}, agent): agent must be an Agent, got {type(agent).__name__}")
         if isinstance(agent, CassetteAgent):  # its call_ids derive from its app_id
             agent.check_app_id(self.config.app_id, config=str(self.config.path))
         agent.alias = alias
@@ -438,6 +448,10 @@ class Runtime:
                 key="schema",
                 hint="pass a dict, or a path relative to the config file",
             )
+        if state_path is not None:
+            _check_state_path(state_path)
+        if selected_by is not None and not isinstance(selected_by, Mapping):
+            raise CallError(f"selected_by must be a mapping, got {type(selected_by).__name__}", key="selected_by")
         args, world = json_mapping("args", args), json_mapping("world", world)
         given: dict[str, Any] = {"prompt": prompt, "args": args}
         if isinstance(schema, (str, Path)):
@@ -1023,6 +1037,19 @@ class Runtime:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def _check_state_path(state_path: object) -> None:
+    """A CallError unless ``state_path`` can be every event's ``state_path`` (before: the agent
+    was asked, then the trace refused the call's events)."""
+    from localllm.trace.rules import check_string
+
+    if not isinstance(state_path, str):
+        raise CallError(f"state_path must be text (str), got {type(state_path).__name__}", key="state_path")
+    try:
+        check_string(state_path, "state_path")
+    except TraceWriteRejected as exc:
+        raise CallError(f"the call's state_path cannot be traced: {exc}", key="state_path") from None
 
 
 def json_mapping(name: str, value: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -137,6 +137,47 @@ def test_call_inputs_that_are_not_json_are_call_errors_before_any_agent(
         assert f"not JSON data at {where}:" in str(info.value)
 
 
+def test_the_python_api_names_a_wrong_type(config: Config, tmp_path: Path) -> None:
+    # before: AttributeError / pathlib's TypeError from inside, or (a callable that is not) accepted
+    with pytest.raises(TypeError, match="takes the config file's path, got NoneType"):
+        load_config(None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="Runtime takes a Config, got str"):
+        Runtime(str(tmp_path / "app.yaml"))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="trace must be a path or a TraceWriter, got int"):
+        Runtime(config, trace=5)  # type: ignore[arg-type]
+    with Runtime(config) as rt:
+        with pytest.raises(TypeError, match="fn must be callable, got dict"):
+            rt.register_inprocess("agent.local", {"verdict": "yes"})  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="agent must be an Agent, got object"):
+            rt.register_agent("agent.local", object())  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("given", "key"),
+    [
+        ({"state_path": 5}, "state_path"),  # before: the agent was asked, then the trace refused the events
+        ({"state_path": "a\x00b"}, "state_path"),
+        ({"state_path": "a\r\nb"}, "state_path"),
+        ({"selected_by": ["x"]}, "selected_by"),  # before: a bare TypeError from dict()
+    ],
+)
+def test_a_call_s_state_path_and_selected_by_are_checked_before_any_agent(
+    config: Config, tmp_path: Path, given: dict[str, Any], key: str
+) -> None:
+    asked: list[AskRequest] = []
+
+    def agent(request: AskRequest) -> dict[str, Any]:
+        asked.append(request)
+        return good(request)
+
+    with Runtime(config, trace=tmp_path / "t.jsonl") as rt:
+        rt.register_inprocess("agent.local", agent)
+        with pytest.raises(CallError) as info:
+            rt.call("decide", agent="agent.local", prompt="p", schema=SCHEMA, **given)
+    assert info.value.key == key and asked == []
+    assert read_trace(tmp_path / "t.jsonl").events == ()
+
+
 @pytest.mark.parametrize("raised", [SystemExit(3), KeyboardInterrupt()])
 def test_an_inprocess_agent_raising_system_exit_is_a_plugin_crash_on_record(
     config: Config, tmp_path: Path, raised: BaseException
