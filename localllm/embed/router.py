@@ -140,6 +140,11 @@ class Router:
             source = bars[2] if confident is None and margin is None else "given+" + bars[2]
             confident = bars[0] if confident is None else confident
             margin = bars[1] if margin is None else margin
+        from localllm.config import Intent
+
+        # a mapping (config.intents) iterates its names: before, AttributeError 'str' … 'name'
+        if isinstance(intents, (str, dict)) or not all(isinstance(i, Intent) for i in intents):
+            raise TypeError(f"intents is a list of Intent, e.g. list(config.intents.values()); got {intents!r:.80}")
         if not intents:
             raise EmbedError("the router needs at least one intent under intents:")
         if not 0.0 <= margin <= 1.0 or not -1.0 <= confident <= 1.0:
@@ -173,6 +178,8 @@ class Router:
 
     def apply(self, calibration: Calibration) -> None:
         """Use ``calibration``'s bars from now on."""
+        if not isinstance(calibration, Calibration):
+            raise TypeError(f"apply takes a Calibration (calibrate(router, ...)), got {type(calibration).__name__}")
         self.confident, self.margin, self.source = calibration.confident, calibration.margin, "calibrated"
 
     def needs_decide(self, verdict: Verdict) -> bool:

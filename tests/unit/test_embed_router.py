@@ -159,3 +159,13 @@ def test_router_needs_intents_and_examples() -> None:
         Router([], FakeEmbedder(8))
     with pytest.raises(EmbedError, match="no examples"):
         Router([Intent("x", ())], FakeEmbedder(8))
+
+
+def test_router_names_a_wrong_type() -> None:
+    # before: AttributeError "'str' object has no attribute 'name'" for config.intents (a mapping)
+    intents = {"a": Intent("a", ("x",)), "b": Intent("b", ("y",))}
+    with pytest.raises(TypeError, match=r"list\(config.intents.values\(\)\)"):
+        Router(intents, FakeEmbedder(8))  # type: ignore[arg-type]
+    router = Router(list(intents.values()), FakeEmbedder(8))
+    with pytest.raises(TypeError, match="takes a Calibration"):
+        router.apply(None)  # type: ignore[arg-type]
