@@ -8,7 +8,7 @@ Values are read at call time (not import time) so tests can patch the environmen
 | LOCALLLM_CONFIG_DIR | user config dir with `pins.json` (default: platformdirs, e.g. ~/.config/localllm) |
 | LOCALLLM_CONFIG | the config a command uses without `-c` when the current directory has no `localllm.yaml` |
 | LOCALLLM_MIRROR | directories or base URLs tried before pinned URLs (comma-separated) |
-| LOCALLLM_OFFLINE | 1/true: never open a socket for artifacts |
+| LOCALLLM_OFFLINE | 1/true/yes/on: never open a socket for artifacts (0/false/no/off or unset: off; else an error) |
 | LOCALLLM_CLAUDE_BIN | the claude executable (default: `claude` on PATH) |
 | LOCALLLM_SERVER_BIN | a llama-server to use instead of the cached one |
 | LOCALLLM_DEBUG | 1/true: the CLI prints tracebacks |
@@ -21,6 +21,7 @@ import os
 from pathlib import Path
 
 _TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"", "0", "false", "no", "off"}
 
 
 def _flag(name: str) -> bool:
@@ -68,7 +69,18 @@ def mirrors() -> list[str]:
 
 
 def offline() -> bool:
-    return _flag("LOCALLLM_OFFLINE")
+    """``LOCALLLM_OFFLINE``; a value that is neither on nor off is a FetchError, never "off"
+    (before, ``LOCALLLM_OFFLINE=enabled`` on an air-gapped machine opened sockets)."""
+    raw = os.environ.get("LOCALLLM_OFFLINE", "")
+    value = raw.strip().lower()
+    if value in _TRUE or value in _FALSE:
+        return value in _TRUE
+    from localllm.errors import FetchError
+
+    raise FetchError(
+        f"LOCALLLM_OFFLINE={raw!r} is neither on ({', '.join(sorted(_TRUE))}) nor off (0, false, no, off)",
+        hint="set LOCALLLM_OFFLINE=1 to never open a socket for artifacts, or unset it",
+    )
 
 
 def claude_bin() -> str | None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from localllm import settings
+from localllm.errors import FetchError
 from localllm.managed import platforms
 from localllm.managed.cache import CacheLayout
 from localllm.managed.fetch import shown_url
@@ -83,7 +84,7 @@ def report(pins: Pins, layout: CacheLayout) -> dict[str, Any]:
         "settings": {
             "cache_dir": str(layout.root),
             "mirrors": [shown_url(mirror) for mirror in settings.mirrors()],  # a password masked
-            "offline": settings.offline(),
+            "offline": _offline(),
             "server_bin": settings.server_bin(),
         },
         "server": None
@@ -106,3 +107,11 @@ def _template_warning(model_id: str) -> str | None:
     from localllm.managed.gguf import template_warning
 
     return template_warning(model_id, base_dir=Path.cwd())
+
+
+def _offline() -> bool | str:
+    """``LOCALLLM_OFFLINE`` as doctor shows it: on, off, or why it is neither."""
+    try:
+        return settings.offline()
+    except FetchError as exc:
+        return f"invalid: {exc}"

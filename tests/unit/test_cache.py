@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from localllm import cli
+from localllm import cli, settings
+from localllm.errors import FetchError
 from localllm.managed import cache_layout, ensure_model, platforms
 from localllm.managed.cache import MARKER, write_marker
 from localllm.managed.pins import load_pins
@@ -165,6 +166,25 @@ def test_doctor_reports_platform_toolchain_and_pins(capsys: pytest.CaptureFixtur
         assert data["glibc"] and data["libstdcxx"]["highest"].startswith("GLIBCXX_3.4.")
     code, out, _ = _run(capsys, "doctor")
     assert code == 0 and "platform" in out and "GLIBCXX_3.4." in out and "cmake" in out
+
+
+@pytest.mark.parametrize(("value", "offline"), [("1", True), (" ON ", True), ("off", False), ("", False), ("0", False)])
+def test_offline_reads_on_and_off(monkeypatch: pytest.MonkeyPatch, value: str, offline: bool) -> None:
+    monkeypatch.setenv("LOCALLLM_OFFLINE", value)
+    assert settings.offline() is offline
+
+
+def test_an_offline_value_neither_on_nor_off_is_an_error_never_off(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # before: read as off, so an air-gapped machine's LOCALLLM_OFFLINE=enabled opened sockets
+    monkeypatch.setenv("LOCALLLM_OFFLINE", "enabled")
+    with pytest.raises(FetchError, match="LOCALLLM_OFFLINE='enabled' is neither on"):
+        settings.offline()
+    code, _, err = _run(capsys, "fetch", "model", "gemma-3-270m")
+    assert code == 1 and "LOCALLLM_OFFLINE='enabled'" in err and "bug in localllm" not in err
+    code, out, _ = _run(capsys, "doctor", "--json")  # doctor shows it, and goes on
+    assert code == 0 and json.loads(out)["settings"]["offline"].startswith("invalid: LOCALLLM_OFFLINE='enabled'")
 
 
 def test_prune_and_rm_never_follow_a_symlinked_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
