@@ -27,7 +27,9 @@ def _setup(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--agents", metavar="A,B", help="candidate aliases, comma-separated (default: the gate's agent)"
     )
-    parser.add_argument("--repeat", type=int, default=1, metavar="N", help="ask each case N times (reproducibility)")
+    parser.add_argument(
+        "--repeat", type=int, default=1, metavar="N", help="ask each case N times (reproducibility; at most 100)"
+    )
     parser.add_argument("--cases", type=path_arg, metavar="F", help="cases JSONL (default: evals/GATE/cases.jsonl)")
     parser.add_argument(
         "--out",
@@ -45,7 +47,7 @@ def _setup(parser: argparse.ArgumentParser) -> None:
         "--workers",
         type=int,
         metavar="N",
-        help="concurrent calls per agent (default: a local model's parallel slots, else 1)",
+        help="concurrent calls per agent, at most 256 (default: a local model's parallel slots, else 1)",
     )
     parser.add_argument(
         "--fail-under",
@@ -82,12 +84,12 @@ def _cassettes(pairs: list[str] | None) -> dict[str, Path]:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from localllm.eval import default_cases_path, evaluate, load_cases
+    from localllm.eval import MAX_REPEAT, MAX_WORKERS, default_cases_path, evaluate, load_cases
     from localllm.eval.cases import distinct_cases
 
-    check_range("--repeat", args.repeat, low=1, default=1)
+    check_range("--repeat", args.repeat, low=1, high=MAX_REPEAT, default=1)
     if args.workers is not None:
-        check_range("--workers", args.workers, low=1)
+        check_range("--workers", args.workers, low=1, high=MAX_WORKERS)
     if args.fail_under is not None:
         check_range("--fail-under", args.fail_under, low=0.0, high=1.0)
     check_range("--holdout", args.holdout, low=0.0, high=1.0, low_open=True, high_open=True, default=0.5)

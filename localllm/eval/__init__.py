@@ -25,7 +25,24 @@ if TYPE_CHECKING:
     from localllm.config import Config
     from localllm.runtime import Runtime
 
-__all__ = ["Case", "EvalResult", "Expect", "Matcher", "default_cases_path", "default_out_dir", "evaluate", "load_cases"]
+__all__ = [
+    "MAX_REPEAT",
+    "MAX_WORKERS",
+    "Case",
+    "EvalResult",
+    "Expect",
+    "Matcher",
+    "default_cases_path",
+    "default_out_dir",
+    "evaluate",
+    "load_cases",
+]
+
+#: ``--repeat`` at most: each (case, repeat) is a job held in memory, and the report keeps every
+#: call (before, ``--repeat 99999999999`` grew the process by 300 MB/s before one call was made)
+MAX_REPEAT = 100
+#: ``--workers`` at most: a thread each (before, 100,000 on a large cases file: as many threads)
+MAX_WORKERS = 256
 
 
 @dataclass(frozen=True)
@@ -99,8 +116,10 @@ def evaluate(
             )
     if not 0.0 < holdout < 1.0:
         raise CallError(f"holdout must be between 0 and 1, got {holdout}", key="holdout", value=str(holdout))
-    if repeat < 1:
-        raise CallError(f"repeat must be at least 1, got {repeat}", key="repeat", value=str(repeat))
+    if not 1 <= repeat <= MAX_REPEAT:
+        raise CallError(f"repeat must be 1 to {MAX_REPEAT}, got {repeat}", key="repeat", value=str(repeat))
+    if workers is not None and not 1 <= workers <= MAX_WORKERS:
+        raise CallError(f"workers must be 1 to {MAX_WORKERS}, got {workers}", key="workers", value=str(workers))
     if cases_path is None:
         # a gate with examples and no cases file of its own is measured on its examples (leave-one-out)
         cases_path = default_cases_path(config, gate)

@@ -17,7 +17,7 @@ import yaml
 
 from localllm.cli import main
 from localllm.config import Config
-from localllm.errors import AgentError, ConfigError, ProblemList
+from localllm.errors import AgentError, CallError, ConfigError, ProblemList
 from localllm.eval import evaluate, load_cases
 from localllm.eval.cases import parse_expect
 from localllm.loading import load_config
@@ -648,6 +648,19 @@ def test_cli_eval_prints_the_table_and_fails_under_the_bar(
     doc = json.loads(capsys.readouterr().out)
     assert doc["agents"]["agent.small"]["errors"] == {"schema_invalid": 1}
     assert main(["eval", "triage", "-c", str(app / "app.yaml"), "--repeat", "0"]) == 2
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--repeat", "101"), ("--repeat", "99999999999"), ("--workers", "257")])
+def test_cli_eval_bounds_repeat_and_workers(
+    app: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str
+) -> None:
+    # before: --repeat 99999999999 built every (case, repeat) job first, 300 MB/s until killed
+    assert main(["eval", "triage", "-c", str(app / "app.yaml"), flag, value]) == 2
+    assert f"{flag} {value} is out of range" in capsys.readouterr().err
+    key = flag.removeprefix("--")
+    with pytest.raises(CallError) as info:
+        evaluate(load_config(app / "app.yaml"), "triage", prepare=prepare, **{key: int(value)})
+    assert info.value.key == key
 
 
 def test_cli_eval_says_which_lines_repeat_a_case(
