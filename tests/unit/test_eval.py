@@ -658,8 +658,9 @@ def test_cli_eval_bounds_repeat_and_workers(
     assert main(["eval", "triage", "-c", str(app / "app.yaml"), flag, value]) == 2
     assert f"{flag} {value} is out of range" in capsys.readouterr().err
     key = flag.removeprefix("--")
+    kwargs: dict[str, Any] = {key: int(value)}
     with pytest.raises(CallError) as info:
-        evaluate(load_config(app / "app.yaml"), "triage", prepare=prepare, **{key: int(value)})
+        evaluate(load_config(app / "app.yaml"), "triage", prepare=prepare, **kwargs)
     assert info.value.key == key
 
 
