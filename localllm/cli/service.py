@@ -40,7 +40,11 @@ def _setup_serve(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--max-models", type=int, metavar="N", help="at most N models loaded (LRU idle one unloads)")
     serve.add_argument("--memory-budget", metavar="GiB", help="keep loaded models within this RSS (e.g. 6 or 512MiB)")
     serve.add_argument(
-        "--parallel", type=int, default=None, metavar="N", help="slots of a pinned chat model's server (default 4)"
+        "--parallel",
+        type=int,
+        default=None,
+        metavar="N",
+        help="slots of a pinned chat model's server, 1-256 (default 4)",
     )
     auth = serve.add_mutually_exclusive_group()
     auth.add_argument("--api-key-env", metavar="NAME", help="take the bearer token from this variable")
@@ -75,7 +79,11 @@ def _setup_serve(serve: argparse.ArgumentParser) -> None:
         help="proxied requests in flight, those being prepared included; beyond: 503 + Retry-After (256)",
     )
     limits.add_argument(
-        "--max-connections", type=int, default=2048, metavar="N", help="open client connections; beyond: 503 (2048)"
+        "--max-connections",
+        type=int,
+        default=2048,  # service.api.DEFAULT_CONNECTIONS
+        metavar="N",
+        help="open client connections; beyond: 503 (2048, fewer under a lower open-files hard limit)",
     )
     limits.add_argument(
         "--header-timeout",
@@ -114,8 +122,13 @@ SETUP = {"serve": _setup_serve, "ps": _setup_ps, "stop": _setup_stop}
 
 
 def _options(args: argparse.Namespace) -> Any:
+    import resource
+
     from localllm import settings
+    from localllm.config.decls import MAX_PARALLEL
+    from localllm.service.api import DEFAULT_CONNECTIONS
     from localllm.service.daemon import DEFAULT_PORT, ServeOptions, is_loopback, parse_duration, parse_size
+    from localllm.service.front import FD_RESERVE
 
     try:
         keep_alive = parse_duration(args.keep_alive)
@@ -124,8 +137,8 @@ def _options(args: argparse.Namespace) -> Any:
         raise UsageError(str(exc)) from exc
     if args.max_models is not None:
         check_range("--max-models", args.max_models, low=1)
-    if args.parallel is not None:
-        check_range("--parallel", args.parallel, low=1, default=4)
+    if args.parallel is not None:  # before: any number; 100,000 made every model's load abort (a 503 each)
+        check_range("--parallel", args.parallel, low=1, high=MAX_PARALLEL, default=4)
     check_range("--port", args.port, low=0, high=65535, default=f"{DEFAULT_PORT}; 0 = any free port")
     for origin in args.allow_origin:
         if origin.strip() != "*" and not _ORIGIN.fullmatch(origin.strip().rstrip("/")):
@@ -141,12 +154,15 @@ def _options(args: argparse.Namespace) -> Any:
             )
     if args.no_auth and not is_loopback(args.host):
         raise UsageError(f"--no-auth cannot be used with --host {args.host}: a non-loopback address needs a token")
-    for flag, value in (
-        ("--max-tokens", args.max_tokens),
-        ("--max-queue", args.max_queue),
-        ("--max-connections", args.max_connections),
-    ):
+    for flag, value in (("--max-tokens", args.max_tokens), ("--max-queue", args.max_queue)):
         check_range(flag, value, low=1)
+    # a connection is an open file, and the service keeps FD_RESERVE for itself: past the hard
+    # limit, the bound promised a 503 that accept() could not give (EMFILE)
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    most = None if hard == resource.RLIM_INFINITY else max(1, hard - FD_RESERVE)
+    if args.max_connections == DEFAULT_CONNECTIONS and most is not None:  # the default, lowered to fit
+        args.max_connections = min(DEFAULT_CONNECTIONS, most)
+    check_range("--max-connections", args.max_connections, low=1, high=most, default=DEFAULT_CONNECTIONS)
     for flag, seconds in (("--header-timeout", args.header_timeout), ("--idle-timeout", args.idle_timeout)):
         # inf reached the front, which rounds it (OverflowError)
         check_range(flag, seconds, low=0.0, high=86_400.0, low_open=True, high_open=True, unit="seconds")

@@ -32,6 +32,8 @@ MANAGED_FLAGS = frozenset(
 #: ... and for an embedding server, the flags the model registry decides
 EMBEDDING_FLAGS = frozenset({"--embeddings", "--embedding", "--pooling", "-ub", "--ubatch-size", "-b", "--batch-size"})
 #: router bars: route when the best intent scores ≥ confident and leads by ≥ margin
+#: a llama-server's slots at most (llama.cpp's LLAMA_MAX_SEQ: past it the server aborts at load)
+MAX_PARALLEL = 256
 ROUTER_CONFIDENT = 0.82
 ROUTER_MARGIN = 0.08
 #: the decide tier's extra alternative (the input matches none of the intents), and the
@@ -218,7 +220,7 @@ class LocalLLMDecl(AgentDecl):
     server_bin: str | None = setting(
         None, "a llama-server to use instead of the cached one (relative to the config)", check="executable"
     )
-    parallel: int = setting(4, "--parallel N slots", low=1, high=256)
+    parallel: int = setting(4, "--parallel N slots", low=1, high=MAX_PARALLEL)
     ctx_size: int = setting(2048, "context tokens per slot; the server gets ctx_size × parallel", low=64, high=1 << 20)
     max_tokens: int = setting(512, "answer length cap", low=1, high=1 << 20)
     temperature: float | None = setting(
@@ -285,7 +287,7 @@ class EmbedderDecl:
     )
     port: int | None = setting(None, "default: a free port", low=1, high=65535)
     server_bin: str | None = setting(None, "a llama-server to use instead of the cached one", check="executable")
-    parallel: int = setting(1, "--parallel N slots", low=1, high=256)
+    parallel: int = setting(1, "--parallel N slots", low=1, high=MAX_PARALLEL)
     health_timeout: float = setting(180.0, "seconds for /health to turn 200", check="positive")
     extra_args: tuple[str, ...] = setting((), "extra llama-server flags")
     threads: int | None = setting(None, "default: llama.cpp sizes its threads to the machine", low=1, high=1024)

@@ -117,6 +117,10 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
+#: ``--max-connections`` unless given (fewer when the open-files hard limit cannot hold it)
+DEFAULT_CONNECTIONS = 2048
+
+
 @dataclass(frozen=True)
 class FrontLimits:
     """The front's bounds (``localllm serve`` flags)."""
@@ -125,7 +129,7 @@ class FrontLimits:
     max_depth: int = 256  # JSON nesting of a request body
     max_queue: int = 256  # proxied requests in flight; beyond: 503 + Retry-After
     retry_after: int = 1
-    max_connections: int = 2048
+    max_connections: int = DEFAULT_CONNECTIONS
     header_timeout: float = 10.0  # a request's line and headers must arrive within this
     body_timeout: float = 60.0  # and its body within this
     idle_timeout: float = 15.0  # a keep-alive connection idle this long is closed

@@ -95,6 +95,10 @@ def _protocol_class(limits: FrontLimits) -> type[Any]:
     return BoundedH11
 
 
+#: open files the service keeps beside its client connections (its upstreams, logs, models)
+FD_RESERVE = 256
+
+
 def _raise_fd_limit(wanted: int) -> None:
     """Lift the soft open-files limit towards ``wanted`` (the hard limit is the ceiling)."""
     with contextlib.suppress(ValueError, OSError):
@@ -130,7 +134,7 @@ class Front:
 
     def __init__(self, app: ServiceApp, sock: socket.socket) -> None:
         self.app = app
-        _raise_fd_limit(app.limits.max_connections + 256)
+        _raise_fd_limit(app.limits.max_connections + FD_RESERVE)
         self.sock = sock
         self.port: int = sock.getsockname()[1]
         self._server: Any = None

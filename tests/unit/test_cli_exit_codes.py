@@ -154,8 +154,11 @@ RANGES: list[tuple[str, list[str], str]] = [
     ("call --timeout -1", [*CALL, "--prompt", "x", "--timeout", "-1"], "(0, 604800]"),
     ("call --timeout nan", [*CALL, "--prompt", "x", "--timeout", "nan"], "(0, 604800]"),
     ("call --timeout 1e9", [*CALL, "--prompt", "x", "--timeout", "1e9"], "(0, 604800]"),
-    ("eval --repeat 0", [*EVAL, "--repeat", "0"], "at least 1"),
-    ("eval --workers 0", [*EVAL, "--workers", "0"], "at least 1"),
+    ("eval --repeat 0", [*EVAL, "--repeat", "0"], "[1, 100]"),
+    # a typo's 99999999999 built every job before the first call (300 MB/s until killed)
+    ("eval --repeat 101", [*EVAL, "--repeat", "101"], "[1, 100]"),
+    ("eval --workers 0", [*EVAL, "--workers", "0"], "[1, 256]"),
+    ("eval --workers 257", [*EVAL, "--workers", "257"], "[1, 256]"),
     ("eval --fail-under 2", [*EVAL, "--fail-under", "2"], "[0, 1]"),
     ("eval --holdout 1", [*EVAL, "--holdout", "1"], "(0, 1)"),
     ("eval --holdout nan", [*EVAL, "--holdout", "nan"], "(0, 1)"),
@@ -163,10 +166,14 @@ RANGES: list[tuple[str, list[str], str]] = [
     ("serve --port 99999", ["serve", "--port", "99999"], "[0, 65535]"),
     ("serve --port -1", ["serve", "--port", "-1"], "[0, 65535]"),
     ("serve --max-models 0", ["serve", "--max-models", "0"], "at least 1"),
-    ("serve --parallel 0", ["serve", "--parallel", "0"], "at least 1"),
+    ("serve --parallel 0", ["serve", "--parallel", "0"], "[1, 256]"),
+    # llama.cpp's LLAMA_MAX_SEQ: before, 100,000 slots made every model's load abort (a 503 each)
+    ("serve --parallel 257", ["serve", "--parallel", "257"], "[1, 256]"),
     ("serve --max-tokens 0", ["serve", "--max-tokens", "0"], "at least 1"),
     ("serve --max-queue 0", ["serve", "--max-queue", "0"], "at least 1"),
-    ("serve --max-connections 0", ["serve", "--max-connections", "0"], "at least 1"),
+    ("serve --max-connections 0", ["serve", "--max-connections", "0"], "[1, "),
+    # past the open-files hard limit: the promised 503 could not be given (accept() failed)
+    ("serve --max-connections 1e11", ["serve", "--max-connections", "99999999999"], "[1, "),
     ("serve --header-timeout inf", ["serve", "--header-timeout", "inf"], "(0, 86400)"),
     ("serve --idle-timeout 0", ["serve", "--idle-timeout", "0"], "(0, 86400)"),
 ]
