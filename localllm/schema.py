@@ -106,6 +106,14 @@ def read_schema_file(path: Path) -> dict[str, Any]:
         raise SchemaError(f"{path}: not valid JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise SchemaError(f"{path}: a schema must be a JSON object, got {type(data).__name__}")
+    # json.loads' own extensions, which no other reader of the file takes: NaN and Infinity (a
+    # `maximum: NaN` bounded nothing), and a "\ud800" escape, which no UTF-8 answer holds (its
+    # grammar failed the request's encoding, "cannot start llama-server")
+    if (problem := json_problem(data)) is not None:
+        where, why = problem
+        raise SchemaError(
+            f"{path}: not JSON data at {where}: {why}", hint="write finite numbers and text without lone surrogates"
+        )
     return data
 
 

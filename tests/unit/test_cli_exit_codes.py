@@ -40,6 +40,10 @@ BAD = {
     "missing.md": None,
     "badjson.json": "{not json",
     "list.json": "[1, 2]",
+    # json.loads reads both; no other reader does: a `maximum: NaN` bounded nothing, and the
+    # lone surrogate's grammar failed the request's encoding ("cannot start llama-server")
+    "nan.json": '{"type": "number", "maximum": NaN}',
+    "surrogate.json": '{"enum": ["a\\ud800b", "c"]}',
     "badschema.json": json.dumps({"type": "object", "properties": [1]}),
     "bad.yaml": "agent_plugins: [\n",
     "badplugin.yaml": "agent_plugins:\n  agent.x: {plugin: builtin.nope}\n",
@@ -183,6 +187,8 @@ for sub in ("check", "compile"):
         (f"grammar {sub} directory", ["grammar", sub, "dir"], 2, "dir", "err"),
         (f"grammar {sub} bad JSON", ["grammar", sub, "badjson.json"], 2, "badjson.json", "err"),
         (f"grammar {sub} not an object", ["grammar", sub, "list.json"], 2, "list.json", "err"),
+        (f"grammar {sub} NaN", ["grammar", sub, "nan.json"], 2, "$.maximum: nan is no JSON number", "err"),
+        (f"grammar {sub} lone surrogate", ["grammar", sub, "surrogate.json"], 2, "$.enum[0]: the text", "err"),
         # a JSON Schema the validators refuse is the command's verdict: refused
         (f"grammar {sub} invalid schema", ["grammar", sub, "badschema.json"], 1, "$.properties", "out"),
     ]
