@@ -432,26 +432,7 @@ class Runtime:
         seconds (default: the agent's ``timeout``). Nothing but a LocalLLMError leaves a
         call; every error text and trace payload has the config's secrets redacted.
         """
-        if not isinstance(prompt, str):
-            raise CallError(
-                f"prompt must be text (str), got {type(prompt).__name__}",
-                key="prompt",
-                hint="pass the prompt's text, e.g. Path(file).read_text()",
-            )
-        if (why := text_problem(prompt)) is not None:
-            raise CallError(
-                f"the prompt {why}", key="prompt", hint="pass UTF-8 text (decode bytes with their own encoding)"
-            )
-        if schema is not None and not isinstance(schema, (Mapping, str, Path)):
-            raise CallError(
-                f"schema must be a schema object, a path or None, got {type(schema).__name__}",
-                key="schema",
-                hint="pass a dict, or a path relative to the config file",
-            )
-        if state_path is not None:
-            _check_state_path(state_path)
-        if selected_by is not None and not isinstance(selected_by, Mapping):
-            raise CallError(f"selected_by must be a mapping, got {type(selected_by).__name__}", key="selected_by")
+        _check_call(prompt, schema, state_path, selected_by)
         args, world = json_mapping("args", args), json_mapping("world", world)
         given: dict[str, Any] = {"prompt": prompt, "args": args}
         if isinstance(schema, (str, Path)):
@@ -1039,17 +1020,37 @@ class Runtime:
         self.close()
 
 
-def _check_state_path(state_path: object) -> None:
-    """A CallError unless ``state_path`` can be every event's ``state_path`` (before: the agent
-    was asked, then the trace refused the call's events)."""
-    from localllm.trace.rules import check_string
+def _check_call(prompt: object, schema: object, state_path: object, selected_by: object) -> None:
+    """A CallError for :meth:`Runtime.call` arguments no agent can be asked with, before any is
+    (before: a bare TypeError from the template's regex or from ``Path(5)``; a ``state_path`` the
+    trace refused after the agent had answered)."""
+    if not isinstance(prompt, str):
+        raise CallError(
+            f"prompt must be text (str), got {type(prompt).__name__}",
+            key="prompt",
+            hint="pass the prompt's text, e.g. Path(file).read_text()",
+        )
+    if (why := text_problem(prompt)) is not None:
+        raise CallError(
+            f"the prompt {why}", key="prompt", hint="pass UTF-8 text (decode bytes with their own encoding)"
+        )
+    if schema is not None and not isinstance(schema, (Mapping, str, Path)):
+        raise CallError(
+            f"schema must be a schema object, a path or None, got {type(schema).__name__}",
+            key="schema",
+            hint="pass a dict, or a path relative to the config file",
+        )
+    if state_path is not None:
+        from localllm.trace.rules import check_string
 
-    if not isinstance(state_path, str):
-        raise CallError(f"state_path must be text (str), got {type(state_path).__name__}", key="state_path")
-    try:
-        check_string(state_path, "state_path")
-    except TraceWriteRejected as exc:
-        raise CallError(f"the call's state_path cannot be traced: {exc}", key="state_path") from None
+        if not isinstance(state_path, str):
+            raise CallError(f"state_path must be text (str), got {type(state_path).__name__}", key="state_path")
+        try:
+            check_string(state_path, "state_path")
+        except TraceWriteRejected as exc:
+            raise CallError(f"the call's state_path cannot be traced: {exc}", key="state_path") from None
+    if selected_by is not None and not isinstance(selected_by, Mapping):
+        raise CallError(f"selected_by must be a mapping, got {type(selected_by).__name__}", key="selected_by")
 
 
 def json_mapping(name: str, value: Mapping[str, Any] | None) -> dict[str, Any]:

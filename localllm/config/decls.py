@@ -31,9 +31,9 @@ MANAGED_FLAGS = frozenset(
 )
 #: ... and for an embedding server, the flags the model registry decides
 EMBEDDING_FLAGS = frozenset({"--embeddings", "--embedding", "--pooling", "-ub", "--ubatch-size", "-b", "--batch-size"})
-#: router bars: route when the best intent scores ≥ confident and leads by ≥ margin
 #: a llama-server's slots at most (llama.cpp's LLAMA_MAX_SEQ: past it the server aborts at load)
 MAX_PARALLEL = 256
+#: router bars: route when the best intent scores ≥ confident and leads by ≥ margin
 ROUTER_CONFIDENT = 0.82
 ROUTER_MARGIN = 0.08
 #: the decide tier's extra alternative (the input matches none of the intents), and the

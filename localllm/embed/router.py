@@ -36,7 +36,7 @@ input as one turn of a trace, writing ``turn.start`` before the decide tier's
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -129,8 +129,12 @@ class Router:
     ) -> None:
         import numpy as np
 
+        from localllm.config import Intent
         from localllm.embed.embedder import embed_rows
 
+        # a mapping (config.intents) iterates its names: before, AttributeError 'str' … 'name'
+        if isinstance(intents, (str, Mapping)) or not all(isinstance(i, Intent) for i in intents):
+            raise TypeError(f"intents is a list of Intent, e.g. list(config.intents.values()); got {intents!r:.80}")
         if confident is None or margin is None:  # the embedding model's measured bars, else the defaults
             from localllm.embed.registry import lookup
 
@@ -140,11 +144,6 @@ class Router:
             source = bars[2] if confident is None and margin is None else "given+" + bars[2]
             confident = bars[0] if confident is None else confident
             margin = bars[1] if margin is None else margin
-        from localllm.config import Intent
-
-        # a mapping (config.intents) iterates its names: before, AttributeError 'str' … 'name'
-        if isinstance(intents, (str, dict)) or not all(isinstance(i, Intent) for i in intents):
-            raise TypeError(f"intents is a list of Intent, e.g. list(config.intents.values()); got {intents!r:.80}")
         if not intents:
             raise EmbedError("the router needs at least one intent under intents:")
         if not 0.0 <= margin <= 1.0 or not -1.0 <= confident <= 1.0:
