@@ -54,9 +54,17 @@ from localllm.calibrate import score_of
 from localllm.config import DEFAULT_TIMEOUT, MAX_TIMEOUT, VERBS, AgentDecl, Config, InprocessDecl
 from localllm.errors import AgentError, CallError, ErrorKind, LocalLLMError, SchemaError, TraceWriteRejected
 from localllm.redact import Redactor
-from localllm.schema import SchemaSet, json_problem, loads_json, unreadable
+from localllm.schema import SchemaSet, json_problem, unreadable
 from localllm.trace.callid import cassette_call_key, derive_call_id, live_call_key
-from localllm.wire import AskRequest, AskResponse, CallResult, Transcript, bad_sub_event_payload, text_problem
+from localllm.wire import (
+    AskRequest,
+    AskResponse,
+    CallResult,
+    Transcript,
+    bad_sub_event_payload,
+    loads_json,
+    text_problem,
+)
 
 if TYPE_CHECKING:
     from localllm.embed.embedder import Embedder

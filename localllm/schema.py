@@ -24,25 +24,11 @@ from urllib.parse import unquote, urldefrag, urljoin, urlparse, urlsplit
 
 from localllm._fs import TEXT_LIMIT, read_capped
 from localllm.errors import AgentError, ErrorKind, SchemaError, truncate_detail
-from localllm.wire import text_problem
+from localllm.wire import loads_json, text_problem
 
 _MISSING = object()
 #: the errors of one answer read (:meth:`SchemaSet.validate` reports the first, and how many more)
 MAX_ERRORS = 100
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number (RFC 8259 has no NaN or Infinity)")
-
-
-def loads_json(text: str) -> Any:
-    """``json.loads`` that refuses ``NaN``/``Infinity``/``-Infinity`` (Python accepts them;
-    JSON, the trace and every other reader do not), and nesting deeper than Python's decoder
-    goes as a ``ValueError`` like any other malformed text, not a ``RecursionError``."""
-    try:
-        return json.loads(text, parse_constant=_no_constant)
-    except RecursionError:
-        raise ValueError("nested too deeply for the JSON decoder") from None
 
 
 def unreadable(path: Path, exc: Exception) -> SchemaError:

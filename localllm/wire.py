@@ -25,6 +25,7 @@ __all__ = [
     "Transcript",
     "bad_sub_event_payload",
     "finite_float",
+    "loads_json",
     "text_problem",
 ]
 
@@ -64,6 +65,20 @@ def finite_float(value: Any) -> float | None:
     except OverflowError:
         return None
     return number if math.isfinite(number) else None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number (RFC 8259 has no NaN or Infinity)")
+
+
+def loads_json(text: str) -> Any:
+    """``json.loads`` that refuses ``NaN``/``Infinity``/``-Infinity`` (Python accepts them;
+    JSON, the trace and every other reader do not), and nesting deeper than Python's decoder
+    goes as a ``ValueError`` like any other malformed text, not a ``RecursionError``."""
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("nested too deeply for the JSON decoder") from None
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

@@ -19,7 +19,7 @@ from localllm.cli import main
 from localllm.config import Config
 from localllm.errors import AgentError, CallError, ConfigError, ProblemList
 from localllm.eval import evaluate, load_cases
-from localllm.eval.cases import parse_expect
+from localllm.eval.cases import Case, parse_expect
 from localllm.loading import load_config
 from localllm.runtime import Runtime
 from localllm.trace import derive_call_id, read_trace
@@ -292,17 +292,27 @@ def test_a_case_missing_a_template_value_is_named_before_anything_runs(app: Path
     assert not (app / "out" / "triage").exists() or not list((app / "out" / "triage").glob("*.json"))
 
 
-def test_a_case_whose_args_hold_nan_is_named_before_anything_runs(app: Path) -> None:
+def test_a_case_holding_nan_is_named_before_anything_runs(app: Path) -> None:
     # json.loads reads NaN and Infinity, which are no JSON: before, each such case ran (NaN in
-    # the trace as null); now every Runtime call refuses them, and the cases file names them
+    # the trace as null), and an expected NaN matched no answer, silently
     config = load_config(app / "app.yaml")
     bad = app / "bad.jsonl"
     bad.write_text(
-        '{"args": {"ticket": "t", "n": NaN}, "expect": {}}\n{"args": {"ticket": "u"}, "world": {"w": -Infinity}, "expect": {}}\n'
+        '{"args": {"ticket": "t", "n": NaN}, "expect": {}}\n'
+        '{"args": {"ticket": "u"}, "world": {"w": -Infinity}, "expect": {}}\n'
+        '{"args": {"ticket": "v"}, "expect": {"queue": NaN}}\n'
     )
     with pytest.raises(ConfigError) as caught:
         evaluate(config, "triage", cases_path=bad, prepare=prepare, out_dir=app / "out")
-    assert [p.key for p in caught.value.problems] == ["line 1.args", "line 2.world"]
+    assert [p.key for p in caught.value.problems] == ["line 1", "line 2", "line 3"]
+    assert all("is not a JSON number" in p.message for p in caught.value.problems)
+    # cases made in Python are checked as every Runtime call's args are
+    expect = parse_expect({}, "line 1.expect", ProblemList(bad))
+    assert expect is not None
+    made = [Case("c1", {"ticket": "t", "n": float("nan")}, expect)]
+    with pytest.raises(ConfigError) as caught:
+        evaluate(config, "triage", cases=made, prepare=prepare, out_dir=app / "out")
+    assert [p.key for p in caught.value.problems] == ["line 0.args"]
     assert not (app / "out" / "triage").exists() or not list((app / "out" / "triage").glob("*.json"))
 
 
