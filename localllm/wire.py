@@ -26,6 +26,7 @@ __all__ = [
     "bad_sub_event_payload",
     "finite_float",
     "loads_json",
+    "no_constant",
     "text_problem",
 ]
 
@@ -67,7 +68,8 @@ def finite_float(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _no_constant(name: str) -> Any:
+def no_constant(name: str) -> Any:
+    """``json.loads(text, parse_constant=no_constant)`` refuses NaN and Infinity by name."""
     raise ValueError(f"{name} is not a JSON number (RFC 8259 has no NaN or Infinity)")
 
 
@@ -76,7 +78,7 @@ def loads_json(text: str) -> Any:
     JSON, the trace and every other reader do not), and nesting deeper than Python's decoder
     goes as a ``ValueError`` like any other malformed text, not a ``RecursionError``."""
     try:
-        return json.loads(text, parse_constant=_no_constant)
+        return json.loads(text, parse_constant=no_constant)
     except RecursionError:
         raise ValueError("nested too deeply for the JSON decoder") from None
 

@@ -97,7 +97,7 @@ from localllm.errors import AgentError, ConfigError, ErrorKind, ProblemList, tru
 from localllm.grammar.pattern import PatternTooCostly, search_group, unsupported_reason
 from localllm.trace.callid import cassette_call_key, derive_call_id
 from localllm.trace.rules import MAX_DEPTH
-from localllm.wire import VERBS, AskRequest, AskResponse, Transcript, bad_sub_event_payload, nesting
+from localllm.wire import VERBS, AskRequest, AskResponse, Transcript, bad_sub_event_payload, nesting, no_constant
 
 __all__ = [
     "CASSETTE_KIND",
@@ -342,8 +342,8 @@ def resolve_includes(text: str, base: Path) -> str:
         except (OSError, UnicodeDecodeError) as exc:
             raise ValueError(f"!include {rel!r}: cannot read {target.name}: {exc}") from exc
         if rel.lower().endswith(".json"):
-            try:
-                value = json.loads(raw)
+            try:  # NaN and Infinity refused by name (before: the encoder's "Out of range float values")
+                value = json.loads(raw, parse_constant=no_constant)
             except RecursionError:
                 raise ValueError(f"!include {rel!r}: the JSON nests too deeply") from None
             except ValueError as exc:

@@ -293,11 +293,14 @@ def test_hostile_includes_are_config_errors(tmp_path: Path, monkeypatch: pytest.
     # at a column of the line the include was pasted into (3.13 gave that for deep.json too)
     (tmp_path / "mid.json").write_text("[" * 150 + "]" * 150)
     (tmp_path / "page.txt").write_text("x" * 300_000)
+    (tmp_path / "nan.json").write_text('{"verdict": NaN}')  # json.loads reads it; no JSON reader does
     monkeypatch.setattr(cassette_module, "DATA_LIMIT", 1 << 20)
     head = "kind: host_cassette\napp_id: a\nepisodes:\n  - id: e1\n    match: {}\n    agent:\n"
     for body, fragment in (
         ("      response: !include deep.json\n", "!include 'deep.json': the JSON nests too deeply"),
         ("      response: !include mid.json\n", "!include 'mid.json': the JSON nests too deeply"),
+        # before: the encoder's "Out of range float values are not JSON compliant", naming no file
+        ("      response: !include nan.json\n", "!include 'nan.json': parse JSON: NaN is not a JSON number"),
         # one file included again and again: the whole is bounded as one cassette is
         ("".join(f"      k{i}: !include page.txt\n" for i in range(5)) + "      response: '1'\n", "grows past 1 MiB"),
     ):
