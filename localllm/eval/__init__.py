@@ -102,6 +102,8 @@ def evaluate(
         )
     from localllm.selection import TIER
 
+    if isinstance(agents, str):  # its characters as aliases: 'agent "a" is not declared'
+        raise TypeError(f"agents is a list of aliases, not one string: pass [{agents!r}]")
     tier = found.examples is not None and found.examples.answer
     aliases = list(agents or ([TIER] if tier else []) + [found.agent])
     for alias in aliases:

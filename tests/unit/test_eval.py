@@ -660,6 +660,12 @@ def test_cli_eval_prints_the_table_and_fails_under_the_bar(
     assert main(["eval", "triage", "-c", str(app / "app.yaml"), "--repeat", "0"]) == 2
 
 
+def test_evaluate_names_one_string_given_for_its_agents(app: Path) -> None:
+    # before: each character an alias, 'agent "a" is not declared'
+    with pytest.raises(TypeError, match=r"pass \['agent.local'\]"):
+        evaluate(load_config(app / "app.yaml"), "triage", agents="agent.local", prepare=prepare)
+
+
 @pytest.mark.parametrize(("flag", "value"), [("--repeat", "101"), ("--repeat", "99999999999"), ("--workers", "257")])
 def test_cli_eval_bounds_repeat_and_workers(
     app: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str
