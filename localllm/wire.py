@@ -16,6 +16,7 @@ from typing import Any
 from localllm.errors import AgentError, ErrorKind
 
 __all__ = [
+    "LONE_SURROGATE",
     "VERBS",
     "AgentError",
     "AskRequest",
@@ -83,13 +84,14 @@ def loads_json(text: str) -> Any:
         raise ValueError("nested too deeply for the JSON decoder") from None
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
+#: a lone surrogate: what Python makes of bytes that are not UTF-8 (no UTF-8 text holds one)
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def text_problem(text: str) -> str | None:
     """Why ``text`` cannot be sent as UTF-8, or None: a lone surrogate, which is what Python
     makes of bytes that are not UTF-8 (a command line or a file in another encoding)."""
-    found = _SURROGATE.search(text)
+    found = LONE_SURROGATE.search(text)
     if found is None:
         return None
     return f"holds a lone surrogate U+{ord(found.group()):04X} at character {found.start()}, which is no UTF-8 text"

@@ -72,7 +72,8 @@ def check_cases(config: Config, gate_name: str, cases: Sequence[Case], cases_pat
     problems: list[ConfigProblem] = []
     for case in cases:
         try:
-            json_mapping("args", case.args)  # NaN and Infinity are json.loads' own, not JSON's
+            # cases made in Python (a file's NaN and lone surrogates are refused as it loads)
+            json_mapping("args", case.args)
             json_mapping("world", case.world)
             for key, value in gate.args.items():
                 if isinstance(value, str):

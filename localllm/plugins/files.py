@@ -24,6 +24,7 @@ from typing import Any
 
 from localllm.plugins.containment import resolves_within
 from localllm.plugins.diagnostics import Diagnostic, json_pointer, origin_of
+from localllm.wire import LONE_SURROGATE
 
 #: larger plugin files are refused rather than read into memory
 MAX_FILE_BYTES = 4 * 1024 * 1024
@@ -33,7 +34,6 @@ MAX_YAML_DEPTH = 64
 MAX_YAML_NODES = 100_000
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -176,7 +176,7 @@ def parse_json(text: str, path: Path, *, section: str, rule: str, clause: str = 
 
 def utf8_name(name: str) -> bool:
     """False for a file name the OS gave as undecodable bytes (``os.fsdecode`` surrogates)."""
-    return _SURROGATE.search(name) is None
+    return LONE_SURROGATE.search(name) is None
 
 
 def surrogate_pointer(value: Any) -> tuple[str | int, ...] | None:
@@ -188,11 +188,11 @@ def surrogate_pointer(value: Any) -> tuple[str | int, ...] | None:
     while stack:
         where, item = stack.pop()
         if isinstance(item, str):
-            if _SURROGATE.search(item):
+            if LONE_SURROGATE.search(item):
                 return where
         elif isinstance(item, dict):
             for key, sub in item.items():
-                if isinstance(key, str) and _SURROGATE.search(key):
+                if isinstance(key, str) and LONE_SURROGATE.search(key):
                     return (*where, key)
                 stack.append(((*where, key if isinstance(key, (str, int)) else str(key)), sub))
         elif isinstance(item, list):

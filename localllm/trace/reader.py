@@ -56,6 +56,7 @@ from localllm.errors import TraceCorrupted
 from localllm.trace import rules
 from localllm.trace.event import HEADER_KIND, SCHEMA_VERSION, Event, go_float, is_rfc3339_utc
 from localllm.trace.sidecars import name_problem, sidecar_refs
+from localllm.wire import LONE_SURROGATE
 
 __all__ = [
     "BOM",
@@ -73,7 +74,6 @@ BOM = b"\xef\xbb\xbf"
 _REQUIRED = ("turn", "seq", "ts", "kind", "payload")
 _INT63 = 2**63
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -200,7 +200,7 @@ def _surrogate_in(obj: dict[str, Any]) -> str | None:
     while stack:
         path, value = stack.pop()
         if isinstance(value, str):
-            if _SURROGATE.search(value):
+            if LONE_SURROGATE.search(value):
                 return path
         elif isinstance(value, dict):
             stack += [(rules.field_path(path, k), v) for k, v in value.items()]
