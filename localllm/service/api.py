@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from localllm.errors import LocalLLMError
 from localllm.managed import vocab
 from localllm.managed.server import GRAMMAR_HEADER
-from localllm.service import chat, completion, pieces
+from localllm.service import chat, completion, pieces, responses
 from localllm.service.guard import Guard
 from localllm.service.pool import ModelPool, PoolBusy, UnknownServedModel
 from localllm.wire import nesting
@@ -73,7 +73,11 @@ _PROXIED = {
     "/detokenize": "/detokenize",
 }
 #: the routes a request is counted under in /metrics; any other path counts as ``other``
-_ROUTES = frozenset({"/health", "/v1/models", "/metrics", "/localllm/ps", "/localllm/stop", *_PROXIED})
+_ROUTES = frozenset(
+    {"/health", "/v1/models", "/metrics", "/localllm/ps", "/localllm/stop", *_PROXIED, *responses.ROUTES}
+)
+#: the routes that take a POST
+_POSTED = frozenset({*_PROXIED, *responses.ROUTES, "/localllm/stop"})
 _ROUTE_PREFIXES = ("/v1/models/", "/localllm/slots/")
 #: a CORS preflight's answer to an allowed Origin
 _PREFLIGHT = {
@@ -297,6 +301,37 @@ class _Request:
 
 
 @dataclass
+class _ResponsesRequest(_Request):
+    """A ``POST /v1/responses``, served by the chat route: its chat answer is sent as a Response
+    (or the Responses stream's events), its errors naming the fields the client sent."""
+
+    #: the client's Responses body, once read; where each chat message came from
+    asked: dict[str, Any] | None = None
+    where: list[list[str]] = field(default_factory=list)
+
+    async def respond(
+        self,
+        status: int,
+        payload: Any,
+        content_type: str = "application/json",
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        if self.asked is not None and isinstance(payload, dict):
+            if status == 200 and "choices" in payload:
+                done = responses.response(self.asked, payload)
+                if self.asked.get("stream") is True:
+                    await self.start(200, "text/event-stream", {**(headers or {}), "cache-control": "no-cache"})
+                    for event in responses.events(done):
+                        await self.send({"type": "http.response.body", "body": event, "more_body": True})
+                    await self.end()
+                    return
+                payload = done
+            elif "error" in payload:
+                payload = responses.rename(payload, self.where)
+        await super().respond(status, payload, content_type, headers)
+
+
+@dataclass
 class ServiceApp:
     """The ASGI application: what the routes need — the pool, the secrets, how to list and stop."""
 
@@ -441,7 +476,8 @@ class ServiceApp:
             name = key.decode("latin-1")
             if name not in headers:  # the first of a repeated header counts
                 headers[name] = value.decode("latin-1")
-        req = _Request(scope, receive, send, time.monotonic(), headers)
+        kind = _ResponsesRequest if scope["path"] in responses.ROUTES else _Request
+        req = kind(scope, receive, send, time.monotonic(), headers)
         model: str | None = None
         try:
             model = await self._handle(req)
@@ -511,14 +547,25 @@ class ServiceApp:
             raise _Reply(
                 405,
                 _error(f"{req.method} is not allowed here", "invalid_request_error", "method_not_allowed"),
-                {"allow": "POST" if path in _PROXIED or path == "/localllm/stop" else "GET, HEAD"},
+                {"allow": "POST" if path in _POSTED else "GET, HEAD"},
             )
         data, raw = await self._json_body(req)
         if path == "/localllm/stop":
             return await self._stop(req, data)
         if path in _PROXIED:
             return await self._proxy(req, _PROXIED[path], data, raw)
+        if isinstance(req, _ResponsesRequest):
+            return await self._responses(req, data)
         raise _Reply(404, _error(f"no route {path}", "invalid_request_error", "not_found"))
+
+    async def _responses(self, req: _ResponsesRequest, data: dict[str, Any]) -> str | None:
+        """``POST /v1/responses`` as the chat request it means (:mod:`~localllm.service.responses`)."""
+        try:
+            body, req.where = responses.to_chat(data)
+        except chat.BadRequest as exc:
+            raise _Reply(400, exc.to_json()) from None
+        req.asked = data
+        return await self._proxy(req, "/v1/chat/completions", body, json.dumps(body).encode())
 
     async def _get(self, req: _Request, path: str) -> None:
         if path == "/v1/models":
