@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from localllm.service.chat import BadRequest
+from localllm.service.chat import MAX_MESSAGES, BadRequest
 
 __all__ = ["ROUTES", "events", "rename", "response", "to_chat"]
 
@@ -144,6 +144,8 @@ def _messages(data: dict[str, Any], where: list[list[str]]) -> list[dict[str, An
         return out
     if not isinstance(given, list) or (not given and not out):
         raise _problem("input must be a string or a non-empty array of input items", "input")
+    if len(given) > MAX_MESSAGES:
+        raise _problem(f"input holds {len(given)} items; at most {MAX_MESSAGES} in one request", "input")
     calls = False  # out[-1] is an assistant turn made of function_call items
     for i, item in enumerate(given):
         at = f"input[{i}]"
@@ -441,8 +443,9 @@ def events(done: dict[str, Any]) -> list[bytes]:
     def emit(kind: str, **fields: Any) -> None:
         out.append({"type": kind, "sequence_number": len(out), **fields})
 
-    emit("response.created", response={**done, "status": "in_progress", "output": [], "usage": None})
-    emit("response.in_progress", response={**done, "status": "in_progress", "output": [], "usage": None})
+    started = {**done, "status": "in_progress", "incomplete_details": None, "output": [], "usage": None}
+    emit("response.created", response=started)
+    emit("response.in_progress", response=started)
     for index, item in enumerate(done["output"]):
         at = {"item_id": item["id"], "output_index": index}
         if item["type"] == "message":

@@ -86,6 +86,7 @@ def test_format_tools_and_choices_map_to_the_chat_fields() -> None:
         ({"prompt": {"id": "pmpt_1"}}, "prompt"),
         ({"seed": 1}, "seed"),
         ({"input": None}, "input"),
+        ({"input": [{"role": "user", "content": "a"}] * 2049}, "input"),
         ({"input": []}, "input"),
         ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0]"),
@@ -114,6 +115,15 @@ def test_what_cannot_be_served_is_a_400_naming_the_field(given: dict[str, Any], 
     with pytest.raises(chat.BadRequest) as caught:
         to_chat({"model": "m", "input": "hi", **given})
     assert caught.value.param == param
+
+
+def test_a_lone_surrogate_is_named_where_the_client_sent_it() -> None:
+    body, where = to_chat(
+        {"model": "m", "input": [{"role": "user", "content": "a"}, {"role": "user", "content": "\udcff"}]}
+    )
+    with pytest.raises(chat.BadRequest) as caught:
+        chat.check_text(body, json.dumps(body).encode())
+    assert rename(caught.value.to_json(), where)["error"]["param"] == "input[1].content"
 
 
 def test_background_false_and_null_stateful_fields_are_served() -> None:
@@ -212,6 +222,7 @@ def test_answers_and_streams_are_what_the_openai_sdk_reads(
     read = [_EVENT.validate_python(json.loads(e.split(b"data: ", 1)[1])) for e in sent]
     assert [e.sequence_number for e in read] == list(range(len(read)))
     assert read[0].type == "response.created" and read[-1].type == f"response.{parsed.status}"
+    assert read[0].response.status == "in_progress" and read[0].response.incomplete_details is None
     text = "".join(e.delta for e in read if e.type == "response.output_text.delta")
     arguments = [e.delta for e in read if e.type == "response.function_call_arguments.delta"]
     assert text == (message["content"] if "message" in kinds else "")
