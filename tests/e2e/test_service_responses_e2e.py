@@ -181,3 +181,45 @@ def test_pydantic_ai_and_langchain_over_responses(serve: Callable[..., Served]) 
                 "Ticket: my invoice is wrong. Classify it."
             )
             assert isinstance(ticket, Ticket), method
+
+
+def test_openai_agents_sdk_tool_and_typed_output(serve: Callable[..., Served]) -> None:
+    """The OpenAI Agents SDK, which speaks the Responses API by default: a function tool it
+    runs itself, and a typed final output, streamed too."""
+    from agents import Agent, ModelSettings, OpenAIResponsesModel, RunConfig, Runner, function_tool
+
+    served = serve()
+    ran: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """Current weather of a city."""
+        ran.append(city)
+        return f"sunny in {city}"
+
+    async def ask() -> tuple[Any, Any, Any]:
+        async with openai.AsyncOpenAI(base_url=served.found.url + "/v1", api_key=served.token, max_retries=0) as api:
+            model = OpenAIResponsesModel(CHAT, openai_client=api)
+            settings = ModelSettings(max_tokens=128, temperature=0, parallel_tool_calls=False)
+            # tracing off: the SDK would otherwise export each run to api.openai.com
+            config = RunConfig(tracing_disabled=True)
+            weather = Agent(
+                name="weather",
+                model=model,
+                tools=[get_weather],
+                tool_use_behavior="stop_on_first_tool",
+                model_settings=ModelSettings(
+                    max_tokens=128, temperature=0, tool_choice="required", parallel_tool_calls=False
+                ),
+            )
+            triage = Agent(name="triage", model=model, output_type=Ticket, model_settings=settings)
+            called = await Runner.run(weather, "What is the weather in Paris?", run_config=config)
+            typed = await Runner.run(triage, "Ticket: my invoice is wrong. Classify it.", run_config=config)
+            streamed = Runner.run_streamed(triage, "Ticket: the app crashes at login. Classify it.", run_config=config)
+            async for _ in streamed.stream_events():
+                pass
+            return called, typed, streamed
+
+    called, typed, streamed = asyncio.run(ask())
+    assert len(ran) == 1 and called.final_output == f"sunny in {ran[0]}"
+    assert isinstance(typed.final_output, Ticket) and isinstance(streamed.final_output, Ticket)
