@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from localllm.errors import LocalLLMError
 from localllm.managed import vocab
 from localllm.managed.server import GRAMMAR_HEADER
-from localllm.service import chat, completion, pieces, responses
+from localllm.service import chat, completion, messages, pieces, responses
 from localllm.service.guard import Guard
 from localllm.service.pool import ModelPool, PoolBusy, UnknownServedModel
 from localllm.wire import nesting
@@ -74,10 +74,19 @@ _PROXIED = {
 }
 #: the routes a request is counted under in /metrics; any other path counts as ``other``
 _ROUTES = frozenset(
-    {"/health", "/v1/models", "/metrics", "/localllm/ps", "/localllm/stop", *_PROXIED, *responses.ROUTES}
+    {
+        "/health",
+        "/v1/models",
+        "/metrics",
+        "/localllm/ps",
+        "/localllm/stop",
+        *_PROXIED,
+        *responses.ROUTES,
+        *messages.ROUTES,
+    }
 )
 #: the routes that take a POST
-_POSTED = frozenset({*_PROXIED, *responses.ROUTES, "/localllm/stop"})
+_POSTED = frozenset({*_PROXIED, *responses.ROUTES, *messages.ROUTES, "/localllm/stop"})
 _ROUTE_PREFIXES = ("/v1/models/", "/localllm/slots/")
 #: a CORS preflight's answer to an allowed Origin
 _PREFLIGHT = {
@@ -300,12 +309,22 @@ class _Request:
         await self.send({"type": "http.response.body", "body": body})
 
 
-@dataclass
-class _ResponsesRequest(_Request):
-    """A ``POST /v1/responses``, served by the chat route: its chat answer is sent as a Response
-    (or the Responses stream's events), its errors naming the fields the client sent."""
+#: the routes that speak another API than chat, and the module that reads each as chat
+_DIALECTS: dict[str, Any] = {
+    **dict.fromkeys(responses.ROUTES, responses),
+    **dict.fromkeys(messages.ROUTES, messages),
+}
 
-    #: the client's Responses body, once read; where each chat message came from
+
+@dataclass
+class _Translated(_Request):
+    """A request to a route that speaks another API (OpenAI's Responses, Anthropic's
+    Messages), served by the chat route: its chat answer is sent in that API's shape (or as
+    its stream's events), every error naming the fields the client sent, in its shape."""
+
+    #: the module that reads and writes this API (:mod:`~localllm.service.responses`, …)
+    dialect: Any = None
+    #: the client's body, once read as chat; where each chat message came from
     asked: dict[str, Any] | None = None
     where: list[list[str]] = field(default_factory=list)
 
@@ -316,18 +335,21 @@ class _ResponsesRequest(_Request):
         content_type: str = "application/json",
         headers: Mapping[str, str] | None = None,
     ) -> None:
-        if self.asked is not None and isinstance(payload, dict):
-            if status == 200 and "choices" in payload:
-                done = responses.response(self.asked, payload)
+        if status >= 400 and isinstance(payload, bytes):
+            with contextlib.suppress(ValueError):  # llama-server's own error, relayed
+                payload = json.loads(payload)
+        if isinstance(payload, dict):
+            if self.asked is not None and status == 200 and "choices" in payload:
+                done = self.dialect.answer(self.asked, payload)
                 if self.asked.get("stream") is True:
                     await self.start(200, "text/event-stream", {**(headers or {}), "cache-control": "no-cache"})
-                    for event in responses.events(done):
+                    for event in self.dialect.events(done):
                         await self.send({"type": "http.response.body", "body": event, "more_body": True})
                     await self.end()
                     return
                 payload = done
-            elif "error" in payload:
-                payload = responses.rename(payload, self.where)
+            elif isinstance(payload.get("error"), dict):
+                payload = self.dialect.error(payload, self.where, status)
         await super().respond(status, payload, content_type, headers)
 
 
@@ -476,8 +498,12 @@ class ServiceApp:
             name = key.decode("latin-1")
             if name not in headers:  # the first of a repeated header counts
                 headers[name] = value.decode("latin-1")
-        kind = _ResponsesRequest if scope["path"] in responses.ROUTES else _Request
-        req = kind(scope, receive, send, time.monotonic(), headers)
+        dialect = _DIALECTS.get(scope["path"])
+        req: _Request = (
+            _Translated(scope, receive, send, time.monotonic(), headers, dialect=dialect)
+            if dialect is not None
+            else _Request(scope, receive, send, time.monotonic(), headers)
+        )
         model: str | None = None
         try:
             model = await self._handle(req)
@@ -554,14 +580,14 @@ class ServiceApp:
             return await self._stop(req, data)
         if path in _PROXIED:
             return await self._proxy(req, _PROXIED[path], data, raw)
-        if isinstance(req, _ResponsesRequest):
-            return await self._responses(req, data)
+        if isinstance(req, _Translated):
+            return await self._translated(req, data)
         raise _Reply(404, _error(f"no route {path}", "invalid_request_error", "not_found"))
 
-    async def _responses(self, req: _ResponsesRequest, data: dict[str, Any]) -> str | None:
-        """``POST /v1/responses`` as the chat request it means (:mod:`~localllm.service.responses`)."""
+    async def _translated(self, req: _Translated, data: dict[str, Any]) -> str | None:
+        """``POST /v1/responses`` or ``/v1/messages`` as the chat request it means."""
         try:
-            body, req.where = responses.to_chat(data)
+            body, req.where = req.dialect.to_chat(data)
         except chat.BadRequest as exc:
             raise _Reply(400, exc.to_json()) from None
         req.asked = data

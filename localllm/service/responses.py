@@ -36,14 +36,13 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
 import time
-from collections.abc import Callable
 from typing import Any
 
 from localllm.service.chat import MAX_MESSAGES, BadRequest
+from localllm.service.dialects import Renames, Where, item_id, rename
 
-__all__ = ["ROUTES", "events", "rename", "response", "to_chat"]
+__all__ = ["ROUTES", "answer", "error", "events", "to_chat"]
 
 #: the paths served here (the openai SDK's base URL ends in /v1; some clients leave it out)
 ROUTES = ("/v1/responses", "/responses")
@@ -125,7 +124,7 @@ def _text_parts(content: Any, param: str) -> str | list[dict[str, Any]]:
     return parts
 
 
-def _messages(data: dict[str, Any], where: list[list[str]]) -> list[dict[str, Any]]:
+def _messages(data: dict[str, Any], where: Where) -> list[dict[str, Any]]:
     """``instructions`` and ``input`` as chat messages; ``where[k]`` names message k's sources
     (an assistant turn made of function_call items: one per call)."""
     out: list[dict[str, Any]] = []
@@ -275,7 +274,7 @@ def _format(text: Any) -> dict[str, Any] | None:
     return {"type": "json_schema", "json_schema": spec}
 
 
-def to_chat(data: dict[str, Any]) -> tuple[dict[str, Any], list[list[str]]]:
+def to_chat(data: dict[str, Any]) -> tuple[dict[str, Any], Where]:
     """The chat body a Responses body means, and where each of its messages came from (for
     :func:`rename`); :class:`BadRequest` for what cannot be served."""
     for key, value in data.items():
@@ -285,7 +284,7 @@ def to_chat(data: dict[str, Any]) -> tuple[dict[str, Any], list[list[str]]]:
             raise _problem(f"{key} is not a Responses API field served here", key, "unsupported_parameter")
     if data.get("stream") not in (None, True, False):
         raise _problem("stream must be true or false", "stream")
-    where: list[list[str]] = []
+    where: Where = []
     body: dict[str, Any] = {"model": data.get("model"), "messages": _messages(data, where), "stream": False}
     for key in ("temperature", "top_p", "keep_alive", "parallel_tool_calls"):
         if data.get(key) is not None:
@@ -312,42 +311,19 @@ def to_chat(data: dict[str, Any]) -> tuple[dict[str, Any], list[list[str]]]:
 
 
 #: a chat request's parameter paths and the Responses fields they came from
-_RENAMES: tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...] = (
+_RENAMES: Renames = (
     (re.compile(r"response_format\.json_schema\b"), "text.format"),
     (re.compile(r"response_format\b"), "text.format"),
     (re.compile(r"\bmax_tokens\b"), "max_output_tokens"),
     (re.compile(r"(tools\[\d+\])\.function\b"), lambda m: m.group(1)),
 )
-_MESSAGE = re.compile(r"\bmessages\[(\d+)\]((?:\.tool_calls\[\d+\])?)")
 
 
-def rename(error: dict[str, Any], where: list[list[str]]) -> dict[str, Any]:
+def error(payload: dict[str, Any], where: Where, status: int) -> dict[str, Any]:
     """A chat route's error naming what the client sent: ``messages[2]`` → ``input[1]``,
-    ``response_format.json_schema.schema`` → ``text.format.schema``, and so on."""
-    body = error.get("error")
-    if not isinstance(body, dict):
-        return error
-
-    def source(m: re.Match[str]) -> str:
-        k = int(m.group(1))
-        if k >= len(where):
-            return m.group(0)
-        call = re.fullmatch(r"\.tool_calls\[(\d+)\]", m.group(2))
-        j = int(call.group(1)) if call else 0
-        return where[k][j] if j < len(where[k]) else where[k][0]
-
-    for key in ("message", "param"):
-        value = body.get(key)
-        if isinstance(value, str):
-            value = _MESSAGE.sub(source, value)
-            for pattern, replacement in _RENAMES:
-                value = pattern.sub(replacement, value)
-            body[key] = value
-    return error
-
-
-def _item_id(prefix: str) -> str:
-    return f"{prefix}_{secrets.token_hex(12)}"
+    ``response_format.json_schema.schema`` → ``text.format.schema``, and so on (in OpenAI's
+    shape whatever the ``status``: the signature is the Messages route's too)."""
+    return rename(payload, where, _RENAMES)
 
 
 def _output(choice: dict[str, Any]) -> list[dict[str, Any]]:
@@ -359,7 +335,7 @@ def _output(choice: dict[str, Any]) -> list[dict[str, Any]]:
         items.append(
             {
                 "type": "reasoning",
-                "id": _item_id("rs"),
+                "id": item_id("rs"),
                 "summary": [],
                 "content": [{"type": "reasoning_text", "text": thought}],
                 "status": status,
@@ -372,7 +348,7 @@ def _output(choice: dict[str, Any]) -> list[dict[str, Any]]:
         items.append(
             {
                 "type": "message",
-                "id": _item_id("msg"),
+                "id": item_id("msg"),
                 "status": status,
                 "role": "assistant",
                 "content": [part],
@@ -383,7 +359,7 @@ def _output(choice: dict[str, Any]) -> list[dict[str, Any]]:
         items.append(
             {
                 "type": "function_call",
-                "id": _item_id("fc"),
+                "id": item_id("fc"),
                 "call_id": call.get("id"),
                 "name": fn.get("name"),
                 "arguments": fn.get("arguments"),
@@ -393,26 +369,26 @@ def _output(choice: dict[str, Any]) -> list[dict[str, Any]]:
     return items
 
 
-def response(data: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
-    """The Response for a Responses body ``data`` whose chat answer is ``answer``."""
-    choices = answer.get("choices") or [{}]
+def answer(data: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
+    """The Response for a Responses body ``data`` whose chat answer is ``reply``."""
+    choices = reply.get("choices") or [{}]
     choice = choices[0] if isinstance(choices[0], dict) else {}
     cut = choice.get("finish_reason") == "length"
-    usage = answer.get("usage") or {}
+    usage = reply.get("usage") or {}
     given_in = usage.get("prompt_tokens") or 0
     given_out = usage.get("completion_tokens") or 0
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
     text: dict[str, Any] = data["text"] if isinstance(data.get("text"), dict) else {}
     return {
-        "id": _item_id("resp"),
+        "id": item_id("resp"),
         "object": "response",
-        "created_at": answer.get("created") or int(time.time()),
+        "created_at": reply.get("created") or int(time.time()),
         "status": "incomplete" if cut else "completed",
         "error": None,
         "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
         "instructions": data.get("instructions"),
         "max_output_tokens": data.get("max_output_tokens"),
-        "model": answer.get("model") or data.get("model"),
+        "model": reply.get("model") or data.get("model"),
         "output": _output(choice),
         "parallel_tool_calls": data.get("parallel_tool_calls") is not False,
         "previous_response_id": None,

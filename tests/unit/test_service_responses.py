@@ -11,7 +11,7 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 
 from localllm.service import chat
-from localllm.service.responses import events, rename, response, to_chat
+from localllm.service.responses import answer, error, events, to_chat
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOL = {"type": "function", "name": "get_weather", "parameters": WEATHER}
@@ -123,7 +123,7 @@ def test_a_lone_surrogate_is_named_where_the_client_sent_it() -> None:
     )
     with pytest.raises(chat.BadRequest) as caught:
         chat.check_text(body, json.dumps(body).encode())
-    assert rename(caught.value.to_json(), where)["error"]["param"] == "input[1].content"
+    assert error(caught.value.to_json(), where, 400)["error"]["param"] == "input[1].content"
 
 
 def test_background_false_and_null_stateful_fields_are_served() -> None:
@@ -146,8 +146,8 @@ def test_chat_errors_name_the_fields_the_client_sent() -> None:
     body, where = to_chat(asked)
     with pytest.raises(chat.BadRequest) as caught:
         chat.prepare(body, "m")
-    error = rename(caught.value.to_json(), where)["error"]
-    assert error["param"] == "tools[1].parameters" and "function" not in error["message"]
+    refused = error(caught.value.to_json(), where, 400)["error"]
+    assert refused["param"] == "tools[1].parameters" and "function" not in refused["message"]
     for given, expected in [
         ("messages[2].tool_calls[1].function", "input[2].function"),
         ("messages[1].content", "input[0].content"),
@@ -156,7 +156,7 @@ def test_chat_errors_name_the_fields_the_client_sent() -> None:
         ("max_tokens", "max_output_tokens"),
         ("messages[9]", "messages[9]"),
     ]:
-        renamed = rename({"error": {"message": f"{given} is wrong", "param": given}}, where)["error"]
+        renamed = error({"error": {"message": f"{given} is wrong", "param": given}}, where, 400)["error"]
         assert (renamed["param"], renamed["message"]) == (expected, f"{expected} is wrong")
 
 
@@ -204,7 +204,7 @@ def test_answers_and_streams_are_what_the_openai_sdk_reads(
     message: dict[str, Any], reason: str, kinds: list[str]
 ) -> None:
     asked = {"model": "m", "input": "hi", "tools": [TOOL], "max_output_tokens": 3}
-    done = response(asked, _answer(message, reason))
+    done = answer(asked, _answer(message, reason))
     parsed = Response.model_validate(done)  # the SDK's own model: every field it requires, typed
     assert [item.type for item in parsed.output] == kinds
     assert parsed.status == ("incomplete" if reason == "length" else "completed")
@@ -232,6 +232,6 @@ def test_answers_and_streams_are_what_the_openai_sdk_reads(
 
 def test_logprobs_are_carried_into_the_output_text() -> None:
     logprobs = {"content": [{"token": "hi", "logprob": -0.1, "bytes": [104, 105], "top_logprobs": []}]}
-    done = response({"model": "m", "input": "x", "top_logprobs": 0}, _answer({"content": "hi"}, logprobs=logprobs))
+    done = answer({"model": "m", "input": "x", "top_logprobs": 0}, _answer({"content": "hi"}, logprobs=logprobs))
     item: Any = Response.model_validate(done).output[0]
     assert item.content[0].logprobs[0].token == "hi"
