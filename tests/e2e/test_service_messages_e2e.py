@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import anthropic
 import jsonschema
@@ -29,9 +29,12 @@ WEATHER: Any = {
 ASK: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
-class Decide(pydantic.BaseModel):
-    route: str = pydantic.Field(max_length=20)
-    confident: bool
+class Routed(pydantic.BaseModel):
+    # no maxLength: the anthropic SDK's schema transform (and pydantic-ai's) moves it into the
+    # description (Anthropic's strict-schema limits): gemma-3-270m then wrote one string to
+    # max_tokens, or one past the pydantic model's own bound
+    queue: Literal["billing", "support", "bugs"]
+    urgent: bool
 
 
 def _client(served: Served, key: str | None = None) -> anthropic.Anthropic:
@@ -69,19 +72,21 @@ def test_anthropic_messages_text_parse_stream_and_tools(serve: Callable[..., Ser
             model=CHAT,
             max_tokens=64,
             messages=[{"role": "user", "content": "Ticket: my invoice is wrong. Route it."}],
-            output_format=Decide,
+            output_format=Routed,
+            extra_body={"temperature": 0},
         )
-        assert isinstance(parsed.parsed_output, Decide)
+        assert isinstance(parsed.parsed_output, Routed)
 
         with client.messages.stream(
             model=CHAT,
             max_tokens=64,
             messages=[{"role": "user", "content": "Ticket: my invoice is wrong. Route it."}],
-            output_format=Decide,
+            output_format=Routed,
+            extra_body={"temperature": 0},
         ) as stream:
             text = "".join(stream.text_stream)
             final = stream.get_final_message()
-        assert isinstance(final.parsed_output, Decide) and Decide.model_validate_json(text) == final.parsed_output
+        assert isinstance(final.parsed_output, Routed) and Routed.model_validate_json(text) == final.parsed_output
 
         # a client tool, then its result sent back in a tool_result block
         called = client.messages.create(
@@ -115,7 +120,8 @@ def test_anthropic_messages_text_parse_stream_and_tools(serve: Callable[..., Ser
             max_tokens=128,
             messages=ASK,
             tools=[WEATHER],
-            tool_choice={"type": "tool", "name": "get_weather"},
+            tool_choice={"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True},
+            extra_body={"temperature": 0},
         ) as stream:
             final_call = stream.get_final_message()
         streamed: list[Any] = [b for b in final_call.content if b.type == "tool_use"]
@@ -153,3 +159,34 @@ def test_messages_errors_are_anthropic_shaped_and_name_the_field(serve: Callable
         stranger.messages.create(model=CHAT, max_tokens=16, messages=ASK)
     denied: Any = refused.value.body
     assert denied["error"]["type"] == "authentication_error"
+
+
+def test_pydantic_ai_anthropic_model_typed_output(serve: Callable[..., Served]) -> None:
+    """pydantic-ai's ``AnthropicModel`` over ``/v1/messages``: its tool output (the default) and
+    its native output (``output_config.format``, which its profile for an unknown model leaves off)."""
+    import asyncio
+
+    from pydantic_ai import Agent, NativeOutput
+    from pydantic_ai.models.anthropic import AnthropicModel
+    from pydantic_ai.providers.anthropic import AnthropicProvider
+
+    served = serve()
+
+    async def ask() -> list[Any]:
+        async with anthropic.AsyncAnthropic(base_url=served.found.url, api_key=served.token, max_retries=0) as api:
+            # a model pydantic-ai does not know: its profile says what the service supports
+            model = AnthropicModel(
+                CHAT, provider=AnthropicProvider(anthropic_client=api), profile={"supports_json_schema_output": True}
+            )
+            results = []
+            for output in (Routed, NativeOutput(Routed)):
+                agent = Agent(model, output_type=output, retries=0)
+                results.append(
+                    await agent.run(
+                        "Ticket: my invoice is wrong. Classify it.",
+                        model_settings={"max_tokens": 128, "temperature": 0, "parallel_tool_calls": False},
+                    )
+                )
+            return results
+
+    assert all(isinstance(r.output, Routed) for r in asyncio.run(ask()))

@@ -59,12 +59,20 @@ def test_openai_responses_text_parse_stream_and_tools(serve: Callable[..., Serve
     jsonschema.validate(json.loads(raw.parse().output_text), DECIDE)
 
     parsed = client.responses.parse(
-        model=CHAT, input="Ticket: my invoice is wrong. Route it.", text_format=Decide, max_output_tokens=64
+        model=CHAT,
+        input="Ticket: my invoice is wrong. Route it.",
+        text_format=Decide,
+        max_output_tokens=64,
+        temperature=0,
     )
     assert isinstance(parsed.output_parsed, Decide)
 
     with client.responses.stream(
-        model=CHAT, input="Ticket: my invoice is wrong. Route it.", text_format=Decide, max_output_tokens=64
+        model=CHAT,
+        input="Ticket: my invoice is wrong. Route it.",
+        text_format=Decide,
+        max_output_tokens=64,
+        temperature=0,
     ) as stream:
         kinds = [event.type for event in stream]
         final = stream.get_final_response()
@@ -106,6 +114,7 @@ def test_openai_responses_text_parse_stream_and_tools(serve: Callable[..., Serve
             tool_choice="required",
             parallel_tool_calls=False,
             max_output_tokens=128,
+            temperature=0,
             stream=True,
         )
     )
