@@ -1,0 +1,149 @@
+"""``POST /v1/responses`` and ``/v1/messages`` through the service, against fake llama-server
+processes: each is the chat route underneath (its grammar, its validation, its headers), its
+answers, streams and every error in its own API's shape."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.unit.test_service import Factory, client, env, make_service
+from tests.unit.test_service_front import SCHEMA, _behave, upstream_chats
+
+__all__ = ["env", "make_service"]  # fixtures used here
+
+TEXT_FORMAT = {"format": {"type": "json_schema", "name": "answer", "schema": SCHEMA, "strict": True}}
+OUTPUT_CONFIG = {"format": {"type": "json_schema", "schema": SCHEMA}}
+
+
+def _events(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+
+
+def test_both_routes_compile_the_schema_and_answer_in_their_shape(make_service: Factory, env: dict[str, Path]) -> None:
+    service = make_service()
+    with client(service) as http:
+        response = http.post(
+            "/v1/responses", json={"model": "chat", "instructions": "Be brief.", "input": "hi", "text": TEXT_FORMAT}
+        )
+        message = http.post(
+            "/v1/messages",
+            json={
+                "model": "chat",
+                "max_tokens": 64,
+                "messages": [{"role": "user", "content": "hi"}],
+                "output_config": OUTPUT_CONFIG,
+            },
+        )
+    for reply in (response, message):
+        assert reply.status_code == 200, reply.text
+        assert (reply.headers["x-localllm-structured"], reply.headers["x-localllm-validated"]) == ("compiled", "true")
+    value = json.loads(response.json()["output"][0]["content"][0]["text"])
+    assert set(value) == {"city", "days"} and response.json()["object"] == "response"
+    assert set(json.loads(message.json()["content"][0]["text"])) == {"city", "days"}
+    assert message.json()["type"] == "message" and message.json()["stop_reason"] == "end_turn"
+    sent = upstream_chats(env)
+    assert [m["role"] for m in sent[0]["messages"]] == ["system", "user"] and sent[0]["grammar"].startswith("root ::=")
+    assert sent[1]["max_tokens"] == 64 and "response_format" not in sent[1] and "grammar" in sent[1]
+
+
+def test_both_routes_stream_their_own_events(make_service: Factory) -> None:
+    service = make_service()
+    with client(service) as http:
+        response = http.post(
+            "/v1/responses", json={"model": "chat", "input": "hi", "text": TEXT_FORMAT, "stream": True}
+        )
+        body = {"model": "chat", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        message = http.post("/v1/messages", json={**body, "output_config": OUTPUT_CONFIG})
+    assert response.headers["content-type"].startswith("text/event-stream")
+    kinds = [e["type"] for e in _events(response.text)]
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    deltas = "".join(e["delta"] for e in _events(response.text) if e["type"] == "response.output_text.delta")
+    assert set(json.loads(deltas)) == {"city", "days"}
+    read = _events(message.text)
+    assert [e["type"] for e in read] == [
+        "message_start",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
+    assert set(json.loads(read[2]["delta"]["text"])) == {"city", "days"}
+
+
+def test_messages_errors_are_anthropic_shaped_from_every_layer(
+    make_service: Factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the canary's answer, then llama-server's own 400 (relayed as bytes), then a good one
+    _behave(tmp_path, monkeypatch, {}, {"status": 400, "message": "the prompt is too long"}, {"content": "hello"})
+    service = make_service()
+    ask = {"model": "chat", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
+    with client(service, token=None) as stranger:
+        unauthorized = stranger.post("/v1/messages", json=ask)
+    with client(service) as http:
+        relayed = http.post("/v1/messages", json=ask)
+        keyed = http.post("/v1/messages", json=ask, headers={"Authorization": "", "x-api-key": service.token or ""})
+        refused = http.post(
+            "/v1/messages", json={**ask, "messages": [{"role": "user", "content": [{"type": "image"}]}]}
+        )
+        missing = http.post("/v1/messages", json={**ask, "model": "nope"})
+        openai_shaped = http.post("/v1/responses", json={"model": "chat", "input": "hi", "previous_response_id": "r"})
+    assert unauthorized.status_code == 401
+    assert unauthorized.json() == {
+        "type": "error",
+        "error": {
+            "type": "authentication_error",
+            "message": "missing or wrong bearer token",
+            "code": "invalid_api_key",
+        },
+    }
+    assert relayed.status_code == 400 and relayed.json()["type"] == "error"
+    assert "too long" in relayed.json()["error"]["message"]
+    assert keyed.status_code == 200 and keyed.json()["content"] == [{"type": "text", "text": "hello"}]
+    assert refused.json()["error"]["param"] == "messages[0].content[0]"
+    assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
+    assert openai_shaped.status_code == 400
+    assert openai_shaped.json()["error"]["param"] == "previous_response_id"
+
+
+def test_a_strict_answer_that_fails_is_a_502_the_sdks_do_not_retry(
+    make_service: Factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_LLAMA_CONTENT", '{"city": "Paris"}')  # the model ignores the grammar
+    service = make_service()
+    with client(service) as http:
+        response = http.post("/v1/responses", json={"model": "chat", "input": "hi", "text": TEXT_FORMAT})
+        message = http.post(
+            "/v1/messages",
+            json={
+                "model": "chat",
+                "max_tokens": 16,
+                "messages": [{"role": "user", "content": "hi"}],
+                "output_config": OUTPUT_CONFIG,
+            },
+        )
+    for reply in (response, message):
+        assert reply.status_code == 502 and reply.headers["x-should-retry"] == "false"
+    assert response.json()["error"]["code"] == "structured_output_invalid"
+    assert (
+        message.json()["error"]["type"] == "api_error"
+        and message.json()["error"]["code"] == "structured_output_invalid"
+    )
+
+
+def test_routes_count_in_metrics_and_take_only_post(make_service: Factory) -> None:
+    service = make_service()
+    with client(service) as http:
+        http.post("/v1/responses", json={"model": "chat", "input": "hi"})
+        http.post(
+            "/v1/messages", json={"model": "chat", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+        )
+        put = http.put("/v1/messages")
+        metrics = http.get("/metrics").text
+    assert put.status_code == 405 and put.headers["allow"] == "POST"
+    assert put.json()["type"] == "error"  # the Messages route's errors are Anthropic's, a 405 too
+    assert 'path="/v1/responses",status="200"' in metrics and 'path="/v1/messages",status="200"' in metrics
