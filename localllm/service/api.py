@@ -47,6 +47,7 @@ from localllm.errors import LocalLLMError
 from localllm.managed import vocab
 from localllm.managed.server import GRAMMAR_HEADER
 from localllm.service import chat, completion, messages, pieces, responses
+from localllm.service.dialects import Dialect, Where
 from localllm.service.guard import Guard
 from localllm.service.pool import ModelPool, PoolBusy, UnknownServedModel
 from localllm.wire import nesting
@@ -310,7 +311,7 @@ class _Request:
 
 
 #: the routes that speak another API than chat, and the module that reads each as chat
-_DIALECTS: dict[str, Any] = {
+_DIALECTS: dict[str, Dialect] = {
     **dict.fromkeys(responses.ROUTES, responses),
     **dict.fromkeys(messages.ROUTES, messages),
 }
@@ -323,7 +324,7 @@ class _Translated(_Request):
     its stream's events), every error naming the fields the client sent, in its shape."""
 
     #: the module that reads and writes this API (:mod:`~localllm.service.responses`, …)
-    dialect: Any = None
+    dialect: Dialect = responses
     #: the client's body, once read as chat; where each chat message came from
     asked: dict[str, Any] | None = None
     where: list[list[str]] = field(default_factory=list)
@@ -498,7 +499,7 @@ class ServiceApp:
             name = key.decode("latin-1")
             if name not in headers:  # the first of a repeated header counts
                 headers[name] = value.decode("latin-1")
-        dialect = _DIALECTS.get(scope["path"])
+        dialect = _DIALECTS.get(str(scope["path"]))
         req: _Request = (
             _Translated(scope, receive, send, time.monotonic(), headers, dialect=dialect)
             if dialect is not None
@@ -581,17 +582,24 @@ class ServiceApp:
         if path in _PROXIED:
             return await self._proxy(req, _PROXIED[path], data, raw)
         if isinstance(req, _Translated):
-            return await self._translated(req, data)
+            return await self._translated(req, data, raw)
         raise _Reply(404, _error(f"no route {path}", "invalid_request_error", "not_found"))
 
-    async def _translated(self, req: _Translated, data: dict[str, Any]) -> str | None:
+    async def _translated(self, req: _Translated, data: dict[str, Any], raw: bytes) -> str | None:
         """``POST /v1/responses`` or ``/v1/messages`` as the chat request it means."""
+
+        def translate() -> tuple[dict[str, Any], Where, bytes]:
+            body, where = req.dialect.to_chat(data)
+            return body, where, json.dumps(body).encode()
+
         try:
-            body, req.where = req.dialect.to_chat(data)
+            # off the event loop for a large body, as a chat body is read: 16 MiB of tool_use
+            # input numbers took 0.5 s to turn into chat
+            body, req.where, sent = await self._off_loop(translate) if len(raw) > _OFF_LOOP_BYTES else translate()
         except chat.BadRequest as exc:
             raise _Reply(400, exc.to_json()) from None
         req.asked = data
-        return await self._proxy(req, "/v1/chat/completions", body, json.dumps(body).encode())
+        return await self._proxy(req, "/v1/chat/completions", body, sent)
 
     async def _get(self, req: _Request, path: str) -> None:
         if path == "/v1/models":

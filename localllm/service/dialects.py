@@ -11,15 +11,35 @@ from __future__ import annotations
 import re
 import secrets
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["Renames", "Where", "item_id", "rename"]
+__all__ = ["Dialect", "Renames", "Where", "item_id", "rename"]
 
 #: for each chat message, where it came from in the client's request; for an assistant turn
 #: of tool calls, one entry per call (the message's own source is the first)
 Where = list[list[str]]
 #: chat parameter paths (patterns) and what to write instead
 Renames = tuple[tuple[re.Pattern[str], str | Callable[[re.Match[str]], str]], ...]
+
+
+class Dialect(Protocol):
+    """What a module serving another API provides (:mod:`~localllm.service.responses`,
+    :mod:`~localllm.service.messages`)."""
+
+    ROUTES: tuple[str, ...]
+
+    def to_chat(self, data: dict[str, Any]) -> tuple[dict[str, Any], Where]:
+        """The chat body ``data`` means, and where its messages came from (BadRequest: 400)."""
+
+    def answer(self, data: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
+        """The answer to ``data`` in this API's shape, from the chat answer ``reply``."""
+
+    def events(self, done: dict[str, Any]) -> list[bytes]:
+        """A finished answer as this API's stream of server-sent events."""
+
+    def error(self, payload: dict[str, Any], where: Where, status: int) -> dict[str, Any]:
+        """A chat route's error (OpenAI's shape) in this API's shape, naming what was sent."""
+
 
 _MESSAGE = re.compile(r"\bmessages\[(\d+)\]((?:\.tool_calls\[\d+\])?)")
 _CALL = re.compile(r"\.tool_calls\[(\d+)\]")

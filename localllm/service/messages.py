@@ -45,7 +45,7 @@ from localllm.service.dialects import Renames, Where, item_id, rename
 
 __all__ = ["ROUTES", "answer", "error", "events", "to_chat"]
 
-ROUTES = ("/v1/messages",)
+ROUTES: tuple[str, ...] = ("/v1/messages",)
 
 _READ = frozenset(
     {

@@ -45,7 +45,7 @@ from localllm.service.dialects import Renames, Where, item_id, rename
 __all__ = ["ROUTES", "answer", "error", "events", "to_chat"]
 
 #: the paths served here (the openai SDK's base URL ends in /v1; some clients leave it out)
-ROUTES = ("/v1/responses", "/responses")
+ROUTES: tuple[str, ...] = ("/v1/responses", "/responses")
 
 _LOGPROBS = "message.output_text.logprobs"
 #: fields read, and those accepted without effect: no billing, no store, no cache key, no

@@ -5,11 +5,13 @@ answers, streams and every error in its own API's shape."""
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from localllm.service import messages
 from tests.unit.test_service import Factory, client, env, make_service
 from tests.unit.test_service_front import SCHEMA, _behave, upstream_chats
 
@@ -147,3 +149,26 @@ def test_routes_count_in_metrics_and_take_only_post(make_service: Factory) -> No
     assert put.status_code == 405 and put.headers["allow"] == "POST"
     assert put.json()["type"] == "error"  # the Messages route's errors are Anthropic's, a 405 too
     assert 'path="/v1/responses",status="200"' in metrics and 'path="/v1/messages",status="200"' in metrics
+
+
+def test_a_large_body_is_turned_into_chat_off_the_event_loop(
+    make_service: Factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A body past 1 MiB is read as chat on a worker thread, as a chat body is read: 16 MiB of
+    tool_use input numbers took 0.5 s to turn into chat, every other client waiting."""
+    threads: list[str] = []
+    real = messages.to_chat
+
+    def spy(data: dict[str, Any]) -> Any:
+        threads.append(threading.current_thread().name)
+        return real(data)
+
+    monkeypatch.setattr(messages, "to_chat", spy)
+    service = make_service()
+    used = {"type": "tool_use", "id": "t", "name": "f", "input": {"x": [2] * 600_000}}
+    turns = [{"role": "assistant", "content": [used]}, {"role": "user", "content": "hi"}]
+    with client(service) as http:
+        small = http.post("/v1/messages", json={"model": "chat", "max_tokens": 8, "messages": turns[1:]})
+        large = http.post("/v1/messages", json={"model": "chat", "max_tokens": 8, "messages": turns})
+    assert small.status_code == 200 and large.status_code in (200, 400), large.text
+    assert threads[0] != threads[1] and threads[1].startswith("localllm-prepare")
