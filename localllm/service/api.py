@@ -41,7 +41,7 @@ import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from localllm.errors import LocalLLMError
 from localllm.managed import vocab
@@ -341,14 +341,11 @@ class _Translated(_Request):
                 payload = json.loads(payload)
         if isinstance(payload, dict):
             if self.asked is not None and status == 200 and "choices" in payload:
-                done = self.dialect.answer(self.asked, payload)
-                if self.asked.get("stream") is True:
+                if self.asked.get("stream") is True:  # an answer generated whole, sent as that API's stream
                     await self.start(200, "text/event-stream", {**(headers or {}), "cache-control": "no-cache"})
-                    for event in self.dialect.events(done):
-                        await self.send({"type": "http.response.body", "body": event, "more_body": True})
-                    await self.end()
+                    await self.end(self.dialect.stream(self.asked).finish(payload))
                     return
-                payload = done
+                payload = self.dialect.answer(self.asked, payload)
             elif isinstance(payload.get("error"), dict):
                 payload = self.dialect.error(payload, self.where, status)
         await super().respond(status, payload, content_type, headers)
@@ -926,7 +923,11 @@ class ServiceApp:
         extra[STRUCTURED_HEADER] = prepared.structured
         if prepared.stream and not prepared.buffered:
             extra[VALIDATED_HEADER] = "false"
-            rewrite = completion.CompletionStream(prepared) if prepared.completion else None
+            rewrite: _Rewrite | None = None
+            if prepared.completion:
+                rewrite = completion.CompletionStream(prepared)
+            elif isinstance(req, _Translated) and req.asked is not None:
+                rewrite = req.dialect.stream(req.asked)
             return await self._relay_stream(req, url, raw, extra, rewrite)
         return await self._chat(req, url, raw, prepared, extra)
 
@@ -1059,7 +1060,7 @@ class ServiceApp:
             )
             return 502, tokens
         extra[VALIDATED_HEADER] = "true" if validated else "false"
-        if prepared.stream:
+        if prepared.stream and not isinstance(req, _Translated):  # a translated one streams in its own API's shape
             await req.start(200, "text/event-stream", {**extra, "cache-control": "no-cache"})
             for event in chat.sse_events(prepared, answer):
                 await req.send({"type": "http.response.body", "body": event, "more_body": True})
@@ -1074,12 +1075,20 @@ class ServiceApp:
         url: str,
         raw: bytes,
         extra: Mapping[str, str],
-        rewrite: completion.CompletionStream | None = None,
+        rewrite: _Rewrite | None = None,
     ) -> tuple[int, tuple[Any, Any]]:
         """Relay llama-server's stream chunk by chunk (``rewrite``: a /v1/completions stream's
-        events as OpenAI's clients read them, :class:`~localllm.service.completion.CompletionStream`)."""
+        events as OpenAI's clients read them, :class:`~localllm.service.completion.CompletionStream`;
+        a translated route's, :class:`~localllm.service.dialects.ChatStream`)."""
         tail = b""
         reply = await self.client().request("POST", url, raw, self._upstream_headers(), limit=self._limit(url))
+        if reply.status != 200 and isinstance(req, _Translated):
+            try:  # an error before the stream began: in the translated API's shape
+                content = await asyncio.wait_for(reply.read(), _READ)
+            finally:
+                reply.close()
+            await req.respond(reply.status, content, headers=extra)
+            return reply.status, (None, None)
         if reply.status != 200:
             rewrite = None  # an error in llama-server's JSON, relayed as it is
         try:
@@ -1090,11 +1099,11 @@ class ServiceApp:
             )
             try:
                 async for given in reply.chunks():
+                    tail = (tail + given)[-_TAIL:]  # llama-server's own events: their usage
                     chunk = rewrite.feed(given) if rewrite is not None else given
                     if not chunk:
                         continue
                     await req.send({"type": "http.response.body", "body": chunk, "more_body": True})
-                    tail = (tail + chunk)[-_TAIL:]
                 rest = rewrite.flush() if rewrite is not None else b""
                 if rest:
                     await req.send({"type": "http.response.body", "body": rest, "more_body": True})
@@ -1106,6 +1115,14 @@ class ServiceApp:
             return reply.status, _stream_usage(tail)
         finally:
             reply.close()  # a client that left: the upstream connection closes, the generation stops
+
+
+class _Rewrite(Protocol):
+    """A stream rewriter: llama-server's stream in, what the client reads out."""
+
+    def feed(self, chunk: bytes) -> bytes: ...
+
+    def flush(self) -> bytes: ...
 
 
 class _Abort(Exception):

@@ -8,12 +8,14 @@ message came from (:data:`Where`), so that a chat error names what the client se
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, Protocol
 
-__all__ = ["Dialect", "Renames", "Where", "item_id", "rename"]
+__all__ = ["ChatStream", "Dialect", "Renames", "Where", "item_id", "rename", "sse"]
 
 #: for each chat message, where it came from in the client's request; for an assistant turn
 #: of tool calls, one entry per call (the message's own source is the first)
@@ -34,8 +36,8 @@ class Dialect(Protocol):
     def answer(self, data: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
         """The answer to ``data`` in this API's shape, from the chat answer ``reply``."""
 
-    def events(self, done: dict[str, Any]) -> list[bytes]:
-        """A finished answer as this API's stream of server-sent events."""
+    def stream(self, data: dict[str, Any]) -> ChatStream:
+        """This API's stream for the request ``data`` (live, or given the whole answer)."""
 
     def error(self, payload: dict[str, Any], where: Where, status: int) -> dict[str, Any]:
         """A chat route's error (OpenAI's shape) in this API's shape, naming what was sent."""
@@ -73,3 +75,93 @@ def rename(error: dict[str, Any], where: Where, renames: Renames) -> dict[str, A
 def item_id(prefix: str) -> str:
     """A fresh id such as ``resp_…`` or ``msg_…``."""
     return f"{prefix}_{secrets.token_hex(12)}"
+
+
+def sse(event: dict[str, Any]) -> bytes:
+    """One server-sent event named by its ``type``."""
+    return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
+
+
+class ChatStream(ABC):
+    """A chat completions stream (llama-server's ``data: …`` lines) read as it arrives and
+    written in another API's events: each reasoning and text delta as it comes
+    (:meth:`thinking`, :meth:`delta`), then the whole answer (:meth:`finish`, also what an
+    answer generated whole is sent as). ``feed``/``flush`` as the service's stream rewriters."""
+
+    def __init__(self) -> None:
+        self.pending = b""
+        self.text: list[str] = []
+        self.thought: list[str] = []
+        self.reason: Any = None
+        self.usage: Any = None
+        self.ended = False
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The events for the complete lines that have arrived; the rest kept for later."""
+        data = self.pending + chunk
+        cut = data.rfind(b"\n") + 1
+        self.pending = data[cut:]
+        return b"".join(self._line(line) for line in data[:cut].splitlines())
+
+    def flush(self) -> bytes:
+        """What is left, and the end when the stream had none (no ``[DONE]``)."""
+        rest, self.pending = self.pending, b""
+        out = self._line(rest) if rest.strip() else b""
+        return out + (b"" if self.ended else self._end())
+
+    def _line(self, line: bytes) -> bytes:
+        line = line.strip()
+        if self.ended or not line.startswith(b"data:"):
+            return b""
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            return self._end()
+        try:
+            event = json.loads(payload)
+        except ValueError:
+            return b""
+        if not isinstance(event, dict):
+            return b""
+        if isinstance(event.get("error"), dict):  # llama-server's error after the stream began
+            self.ended = True
+            return self.failed(event["error"])
+        if isinstance(event.get("usage"), dict):
+            self.usage = event["usage"]
+        out = b""
+        for choice in event.get("choices") or []:
+            delta = choice.get("delta") if isinstance(choice, dict) else None
+            if not isinstance(delta, dict):
+                continue
+            if isinstance(thought := delta.get("reasoning_content"), str) and thought:
+                self.thought.append(thought)
+                out += self.thinking(thought)
+            if isinstance(text := delta.get("content"), str) and text:
+                self.text.append(text)
+                out += self.delta(text)
+            if choice.get("finish_reason") is not None:
+                self.reason = choice["finish_reason"]
+        return out
+
+    def _end(self) -> bytes:
+        self.ended = True
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.text)}
+        if self.thought:
+            message["reasoning_content"] = "".join(self.thought)
+        reply = {"choices": [{"index": 0, "message": message, "finish_reason": self.reason}], "usage": self.usage}
+        return self.finish(reply)
+
+    @abstractmethod
+    def thinking(self, text: str) -> bytes:
+        """The events for a piece of the model's reasoning."""
+
+    @abstractmethod
+    def delta(self, text: str) -> bytes:
+        """The events for a piece of the answer's text."""
+
+    @abstractmethod
+    def failed(self, error: dict[str, Any]) -> bytes:
+        """The events for llama-server's error after the stream began."""
+
+    @abstractmethod
+    def finish(self, reply: dict[str, Any]) -> bytes:
+        """The events that end the stream, given the whole chat answer ``reply``."""

@@ -41,9 +41,9 @@ import re
 from typing import Any
 
 from localllm.service.chat import MAX_MESSAGES, BadRequest
-from localllm.service.dialects import Renames, Where, item_id, rename
+from localllm.service.dialects import ChatStream, Renames, Where, item_id, rename, sse
 
-__all__ = ["ROUTES", "answer", "error", "events", "to_chat"]
+__all__ = ["ROUTES", "Stream", "answer", "error", "stream", "to_chat"]
 
 ROUTES: tuple[str, ...] = ("/v1/messages",)
 
@@ -262,7 +262,9 @@ def to_chat(data: dict[str, Any]) -> tuple[dict[str, Any], Where]:
         where.append(["system"])
     for i, message in enumerate(given):
         _turn(message, f"messages[{i}]", out, where)
-    body: dict[str, Any] = {"model": data.get("model"), "messages": out, "stream": False}
+    body: dict[str, Any] = {"model": data.get("model"), "messages": out}
+    if data.get("stream") is True:  # text streams as it comes; structured output and tools whole
+        body.update(stream=True, stream_options={"include_usage": True})
     for key in ("max_tokens", "temperature", "top_p", "top_k", "keep_alive"):
         if data.get(key) is not None:
             body[key] = data[key]
@@ -352,33 +354,78 @@ def answer(data: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def events(done: dict[str, Any]) -> list[bytes]:
-    """A finished Message as the Messages stream's server-sent events, in the order the
-    ``anthropic`` SDK's accumulator builds it."""
-    out: list[dict[str, Any]] = [
-        {
-            "type": "message_start",
-            "message": {**done, "content": [], "stop_reason": None, "usage": {**done["usage"], "output_tokens": 0}},
-        }
-    ]
-    for index, block in enumerate(done["content"]):
-        if block["type"] == "text":
-            start, delta = {**block, "text": ""}, {"type": "text_delta", "text": block["text"]}
-        elif block["type"] == "tool_use":
-            start = {**block, "input": {}}
-            delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}
-        else:
-            start = {**block, "thinking": ""}
-            delta = {"type": "thinking_delta", "thinking": block["thinking"]}
-        out.append({"type": "content_block_start", "index": index, "content_block": start})
-        out.append({"type": "content_block_delta", "index": index, "delta": delta})
-        out.append({"type": "content_block_stop", "index": index})
-    out.append(
-        {
-            "type": "message_delta",
-            "delta": {"stop_reason": done["stop_reason"], "stop_sequence": None},
-            "usage": {"output_tokens": done["usage"]["output_tokens"]},
-        }
-    )
-    out.append({"type": "message_stop"})
-    return [f"event: {e['type']}\ndata: {json.dumps(e, ensure_ascii=False)}\n\n".encode() for e in out]
+class Stream(ChatStream):
+    """The Messages stream's events: the text (and thinking) as the chat stream's deltas
+    arrive, each block closed and the rest of the answer (tool calls) sent whole at the end
+    (:meth:`finish`, also all that an answer generated whole is sent as)."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        super().__init__()
+        self.data = data
+        self.shell = answer(data, {})  # the id and the model
+        self.begun = False
+        self.blocks = 0  # blocks opened so far
+        self.open: str | None = None  # the type of the block still open
+
+    def _begin(self) -> bytes:
+        if self.begun:
+            return b""
+        self.begun = True
+        usage = {**self.shell["usage"], "input_tokens": 0, "output_tokens": 0}
+        started = {**self.shell, "content": [], "stop_reason": None, "usage": usage}
+        return sse({"type": "message_start", "message": started})
+
+    def _stop(self) -> bytes:
+        if self.open is None:
+            return b""
+        self.open = None
+        return sse({"type": "content_block_stop", "index": self.blocks - 1})
+
+    def _block(self, block: dict[str, Any], delta: dict[str, Any]) -> bytes:
+        """Open ``block`` (its content empty) unless a block of its type is open; then ``delta``."""
+        out = self._begin()
+        if self.open != block["type"]:
+            out += self._stop()
+            out += sse({"type": "content_block_start", "index": self.blocks, "content_block": block})
+            self.blocks += 1
+            self.open = block["type"]
+        return out + sse({"type": "content_block_delta", "index": self.blocks - 1, "delta": delta})
+
+    def thinking(self, text: str) -> bytes:
+        block = {"type": "thinking", "thinking": "", "signature": ""}
+        return self._block(block, {"type": "thinking_delta", "thinking": text})
+
+    def delta(self, text: str) -> bytes:
+        return self._block({"type": "text", "text": ""}, {"type": "text_delta", "text": text})
+
+    def failed(self, error: dict[str, Any]) -> bytes:
+        message = str(error.get("message") or "the model's server failed")
+        return self._begin() + sse({"type": "error", "error": {"type": "api_error", "message": message}})
+
+    def finish(self, reply: dict[str, Any]) -> bytes:
+        done = {**answer(self.data, reply), "id": self.shell["id"]}
+        out = self._begin() + self._stop()
+        for block in done["content"][self.blocks :]:  # what was not streamed: sent whole
+            if block["type"] == "text":
+                start, delta = {**block, "text": ""}, {"type": "text_delta", "text": block["text"]}
+            elif block["type"] == "tool_use":
+                start = {**block, "input": {}}
+                delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}
+            else:
+                start = {**block, "thinking": ""}
+                delta = {"type": "thinking_delta", "thinking": block["thinking"]}
+            out += self._block(start, delta) + self._stop()
+        usage = {"input_tokens": done["usage"]["input_tokens"], "output_tokens": done["usage"]["output_tokens"]}
+        out += sse(
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": done["stop_reason"], "stop_sequence": None},
+                "usage": usage,
+            }
+        )
+        return out + sse({"type": "message_stop"})
+
+
+def stream(data: dict[str, Any]) -> Stream:
+    """The Messages stream for the request ``data``."""
+    return Stream(data)

@@ -34,15 +34,14 @@ structured stream: the events a client's accumulator reads (``response.created``
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from typing import Any
 
 from localllm.service.chat import MAX_MESSAGES, BadRequest
-from localllm.service.dialects import Renames, Where, item_id, rename
+from localllm.service.dialects import ChatStream, Renames, Where, item_id, rename, sse
 
-__all__ = ["ROUTES", "answer", "error", "events", "to_chat"]
+__all__ = ["ROUTES", "Stream", "answer", "error", "stream", "to_chat"]
 
 #: the paths served here (the openai SDK's base URL ends in /v1; some clients leave it out)
 ROUTES: tuple[str, ...] = ("/v1/responses", "/responses")
@@ -285,7 +284,9 @@ def to_chat(data: dict[str, Any]) -> tuple[dict[str, Any], Where]:
     if data.get("stream") not in (None, True, False):
         raise _problem("stream must be true or false", "stream")
     where: Where = []
-    body: dict[str, Any] = {"model": data.get("model"), "messages": _messages(data, where), "stream": False}
+    body: dict[str, Any] = {"model": data.get("model"), "messages": _messages(data, where)}
+    if data.get("stream") is True:  # text streams as it comes; structured output and tools whole
+        body.update(stream=True, stream_options={"include_usage": True})
     for key in ("temperature", "top_p", "keep_alive", "parallel_tool_calls"):
         if data.get(key) is not None:
             body[key] = data[key]
@@ -411,38 +412,131 @@ def answer(data: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def events(done: dict[str, Any]) -> list[bytes]:
-    """A finished Response as the Responses stream's server-sent events, in the order a
-    client's accumulator builds it: created, each item added, its content, done, completed."""
-    out: list[dict[str, Any]] = []
+class Stream(ChatStream):
+    """The Responses stream's events: the text (and reasoning) as the chat stream's deltas
+    arrive, each item closed and the rest of the answer (function calls) sent whole at the end
+    (:meth:`finish`, also all that an answer generated whole is sent as)."""
 
-    def emit(kind: str, **fields: Any) -> None:
-        out.append({"type": kind, "sequence_number": len(out), **fields})
+    def __init__(self, data: dict[str, Any]) -> None:
+        super().__init__()
+        self.data = data
+        self.shell = answer(data, {})  # the id, the time and the request's settings
+        self.seq = 0
+        self.begun = False
+        self.items: list[dict[str, Any]] = []  # the items opened so far (the last may be open)
 
-    started = {**done, "status": "in_progress", "incomplete_details": None, "output": [], "usage": None}
-    emit("response.created", response=started)
-    emit("response.in_progress", response=started)
-    for index, item in enumerate(done["output"]):
-        at = {"item_id": item["id"], "output_index": index}
-        if item["type"] == "message":
-            emit(
-                "response.output_item.added", output_index=index, item={**item, "status": "in_progress", "content": []}
-            )
-            for c, part in enumerate(item["content"]):
-                emit("response.content_part.added", **at, content_index=c, part={**part, "text": "", "logprobs": []})
-                emit("response.output_text.delta", **at, content_index=c, delta=part["text"], logprobs=part["logprobs"])
-                emit("response.output_text.done", **at, content_index=c, text=part["text"], logprobs=part["logprobs"])
-                emit("response.content_part.done", **at, content_index=c, part=part)
-        elif item["type"] == "function_call":
-            emit(
-                "response.output_item.added",
-                output_index=index,
-                item={**item, "status": "in_progress", "arguments": ""},
-            )
-            emit("response.function_call_arguments.delta", **at, delta=item["arguments"])
-            emit("response.function_call_arguments.done", **at, name=item["name"], arguments=item["arguments"])
+    def _event(self, kind: str, **fields: Any) -> bytes:
+        self.seq += 1
+        return sse({"type": kind, "sequence_number": self.seq - 1, **fields})
+
+    def _begin(self) -> bytes:
+        if self.begun:
+            return b""
+        self.begun = True
+        started = {**self.shell, "status": "in_progress", "incomplete_details": None, "output": [], "usage": None}
+        return self._event("response.created", response=started) + self._event("response.in_progress", response=started)
+
+    def _open(self, kind: str) -> bytes:
+        """Open an item of ``kind`` (``message`` or ``reasoning``), closing the one before."""
+        out = self._begin()
+        if self.items and self.items[-1]["type"] == "reasoning":
+            thought = "".join(self.thought)
+            reasoning = {
+                **self.items[-1],
+                "content": [{"type": "reasoning_text", "text": thought}],
+                "status": "completed",
+            }
+            out += self._close(len(self.items) - 1, reasoning)
+        index = len(self.items)
+        if kind == "message":
+            item = {
+                "type": "message",
+                "id": item_id("msg"),
+                "status": "in_progress",
+                "role": "assistant",
+                "content": [],
+            }
+            part: dict[str, Any] = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
         else:
-            emit("response.output_item.added", output_index=index, item=item)
-        emit("response.output_item.done", output_index=index, item=item)
-    emit("response.completed" if done["status"] == "completed" else "response.incomplete", response=done)
-    return [f"event: {e['type']}\ndata: {json.dumps(e, ensure_ascii=False)}\n\n".encode() for e in out]
+            item = {"type": "reasoning", "id": item_id("rs"), "summary": [], "content": [], "status": "in_progress"}
+            part = {"type": "reasoning_text", "text": ""}
+        self.items.append(item)
+        at = {"item_id": item["id"], "output_index": index, "content_index": 0}
+        return (
+            out
+            + self._event("response.output_item.added", output_index=index, item=item)
+            + self._event("response.content_part.added", **at, part=part)
+        )
+
+    def thinking(self, text: str) -> bytes:
+        out = b"" if self.items and self.items[-1]["type"] == "reasoning" else self._open("reasoning")
+        at = {"item_id": self.items[-1]["id"], "output_index": len(self.items) - 1, "content_index": 0}
+        return out + self._event("response.reasoning_text.delta", **at, delta=text)
+
+    def delta(self, text: str) -> bytes:
+        out = b"" if self.items and self.items[-1]["type"] == "message" else self._open("message")
+        at = {"item_id": self.items[-1]["id"], "output_index": len(self.items) - 1, "content_index": 0}
+        return out + self._event("response.output_text.delta", **at, delta=text, logprobs=[])
+
+    def _close(self, index: int, item: dict[str, Any]) -> bytes:
+        """The events that end the open item ``index``, now whole as ``item``."""
+        at = {"item_id": item["id"], "output_index": index, "content_index": 0}
+        out = b""
+        if item["type"] == "message":
+            part = item["content"][0]
+            out += self._event("response.output_text.done", **at, text=part["text"], logprobs=part["logprobs"])
+            out += self._event("response.content_part.done", **at, part=part)
+        elif item["type"] == "reasoning":
+            part = item["content"][0]
+            out += self._event("response.reasoning_text.done", **at, text=part["text"])
+            out += self._event("response.content_part.done", **at, part=part)
+        return out + self._event("response.output_item.done", output_index=index, item=item)
+
+    def _whole(self, index: int, item: dict[str, Any]) -> bytes:
+        """An item sent whole: opened, its content in one delta, closed."""
+        at = {"item_id": item["id"], "output_index": index}
+        if item["type"] == "function_call":
+            added = {**item, "status": "in_progress", "arguments": ""}
+            return (
+                self._event("response.output_item.added", output_index=index, item=added)
+                + self._event("response.function_call_arguments.delta", **at, delta=item["arguments"])
+                + self._event(
+                    "response.function_call_arguments.done", **at, name=item["name"], arguments=item["arguments"]
+                )
+                + self._event("response.output_item.done", output_index=index, item=item)
+            )
+        kind = "output_text" if item["type"] == "message" else "reasoning_text"
+        part = item["content"][0]
+        empty = {**part, "text": ""} if kind == "reasoning_text" else {**part, "text": "", "logprobs": []}
+        added = {**item, "status": "in_progress", "content": []}
+        out = self._event("response.output_item.added", output_index=index, item=added)
+        out += self._event("response.content_part.added", **at, content_index=0, part=empty)
+        if kind == "output_text":
+            out += self._event(
+                "response.output_text.delta", **at, content_index=0, delta=part["text"], logprobs=part["logprobs"]
+            )
+        else:
+            out += self._event("response.reasoning_text.delta", **at, content_index=0, delta=part["text"])
+        return out + self._close(index, item)
+
+    def failed(self, error: dict[str, Any]) -> bytes:
+        message = str(error.get("message") or "the model's server failed")
+        return self._begin() + self._event("error", code="upstream_error", message=message, param=None)
+
+    def finish(self, reply: dict[str, Any]) -> bytes:
+        done = {**answer(self.data, reply), "id": self.shell["id"], "created_at": self.shell["created_at"]}
+        streamed = len(self.items)
+        for item, opened in zip(done["output"], self.items, strict=False):
+            item["id"] = opened["id"]
+        out = self._begin()
+        for index, item in enumerate(done["output"]):
+            if index < streamed - 1:
+                continue  # closed when the next began
+            out += self._close(index, item) if index == streamed - 1 else self._whole(index, item)
+        kind = "response.completed" if done["status"] == "completed" else "response.incomplete"
+        return out + self._event(kind, response=done)
+
+
+def stream(data: dict[str, Any]) -> Stream:
+    """The Responses stream for the request ``data``."""
+    return Stream(data)

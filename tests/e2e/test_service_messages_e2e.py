@@ -53,6 +53,13 @@ def test_anthropic_messages_text_parse_stream_and_tools(serve: Callable[..., Ser
         assert plain.type == "message" and plain.model == CHAT and plain.content[0].type == "text"
         assert plain.content[0].text.strip() and plain.usage.output_tokens > 0
         assert plain.stop_reason in ("end_turn", "max_tokens")
+        # plain text streams as llama-server generates it: one delta a token, not one at the end
+        with client.messages.stream(
+            model=CHAT, max_tokens=24, messages=[{"role": "user", "content": "Count to five."}]
+        ) as live:
+            pieces = list(live.text_stream)
+            whole: Any = live.get_final_message()
+        assert len(pieces) > 1 and "".join(pieces) == whole.content[0].text
 
         # output_config.format: compiled into the grammar and validated, as on the chat route
         raw = client.messages.with_raw_response.create(

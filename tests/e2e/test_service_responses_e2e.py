@@ -44,6 +44,11 @@ def test_openai_responses_text_parse_stream_and_tools(serve: Callable[..., Serve
     assert plain.object == "response" and plain.model == CHAT
     assert plain.output_text.strip() and plain.usage is not None and plain.usage.output_tokens > 0
     assert plain.output[0].type == "message"
+    # plain text streams as llama-server generates it: one delta a token, not one at the end
+    live = list(client.responses.create(model=CHAT, input="Count to five.", max_output_tokens=24, stream=True))
+    pieces = [e.delta for e in live if e.type == "response.output_text.delta"]
+    assert len(pieces) > 1 and live[-1].type in ("response.completed", "response.incomplete")
+    assert "".join(pieces) == live[-1].response.output_text
 
     # text.format: compiled into the grammar, the answer validated, as on the chat route
     raw = client.responses.with_raw_response.create(

@@ -172,3 +172,26 @@ def test_a_large_body_is_turned_into_chat_off_the_event_loop(
         large = http.post("/v1/messages", json={"model": "chat", "max_tokens": 8, "messages": turns})
     assert small.status_code == 200 and large.status_code in (200, 400), large.text
     assert threads[0] != threads[1] and threads[1].startswith("localllm-prepare")
+
+
+def test_text_streams_live_and_an_error_before_it_is_in_the_routes_shape(
+    make_service: Factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the canary's answer, llama-server's 400 for the first stream, then answers
+    _behave(tmp_path, monkeypatch, {}, {"status": 400, "message": "the prompt is too long"}, {"content": "hello there"})
+    service = make_service()
+    ask = {"model": "chat", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    with client(service) as http:
+        refused = http.post("/v1/messages", json=ask)
+        message = http.post("/v1/messages", json=ask)
+        response = http.post("/v1/responses", json={"model": "chat", "input": "hi", "stream": True})
+    assert refused.status_code == 400 and refused.json()["type"] == "error"
+    assert message.headers["x-localllm-validated"] == "false"  # streamed as it came: nothing to validate
+    read = _events(message.text)
+    texts = [e["delta"]["text"] for e in read if e["type"] == "content_block_delta"]
+    assert "".join(texts) == "hello there" and read[-1]["type"] == "message_stop"
+    assert read[-2]["usage"]["output_tokens"] > 0
+    kinds = [e["type"] for e in _events(response.text)]
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
+    deltas = [e["delta"] for e in _events(response.text) if e["type"] == "response.output_text.delta"]
+    assert "".join(deltas) == "hello there"

@@ -8,10 +8,11 @@ from typing import Any
 
 import pydantic
 import pytest
+from anthropic.lib.streaming._messages import accumulate_event
 from anthropic.types import Message, RawMessageStreamEvent
 
 from localllm.service import chat
-from localllm.service.messages import answer, error, events, to_chat
+from localllm.service.messages import answer, error, stream, to_chat
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOL = {"name": "get_weather", "description": "Weather of a city", "input_schema": WEATHER}
@@ -60,7 +61,7 @@ def test_turns_become_one_chat_conversation() -> None:
         ("t2", {"city": "Rome"}),
     ]
     assert body["messages"][4] == {"role": "tool", "tool_call_id": "t2", "content": "Error: no"}
-    assert body["stop"] == ["\n\n"] and body["top_k"] == 5 and body["max_tokens"] == 40 and body["stream"] is False
+    assert body["stop"] == ["\n\n"] and body["top_k"] == 5 and body["max_tokens"] == 40 and "stream" not in body
     assert where == [
         ["system"],
         ["messages[0]"],
@@ -209,6 +210,19 @@ def _reply(message: dict[str, Any], reason: str) -> dict[str, Any]:
 _EVENT: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(RawMessageStreamEvent)
 
 
+def _read(sent: bytes) -> tuple[list[Any], Any]:
+    """Server-sent events as the SDK's own event models, and the Message the SDK's own
+    accumulator builds of them."""
+    lines = [e for e in sent.split(b"\n\n") if e]
+    read = [_EVENT.validate_python(json.loads(e.split(b"data: ", 1)[1])) for e in lines]
+    assert [e.split(b"\n", 1)[0][7:].decode() for e in lines] == [e.type for e in read]
+    built: Any = None
+    buffers: dict[int, bytes] = {}
+    for event in read:
+        built = accumulate_event(event=event, current_snapshot=built, json_bufs=buffers)
+    return read, built
+
+
 @pytest.mark.parametrize(
     ("message", "reason", "kinds", "stop"),
     [
@@ -247,9 +261,9 @@ def test_answers_and_streams_are_what_the_anthropic_sdk_reads(
     uses = [(b.id, b.input) for b in blocks if b.type == "tool_use"]
     assert uses == [(c["id"], json.loads(c["function"]["arguments"])) for c in message.get("tool_calls", [])]
 
-    sent = events(done)
-    assert all(e.startswith(b"event: ") and e.endswith(b"\n\n") for e in sent)
-    read: list[Any] = [_EVENT.validate_python(json.loads(e.split(b"data: ", 1)[1])) for e in sent]
+    read, built = _read(stream({"model": "m", "max_tokens": 3, "messages": ASK}).finish(_reply(message, reason)))
+    assert built.stop_reason == stop
+    assert [b.model_dump(exclude={"parsed_output"}) for b in built.content] == [b.model_dump() for b in parsed.content]
     assert [e.type for e in read[:1] + read[-2:]] == ["message_start", "message_delta", "message_stop"]
     assert read[0].message.content == [] and read[-2].delta.stop_reason == stop
     text = "".join(e.delta.text for e in read if e.type == "content_block_delta" and e.delta.type == "text_delta")
@@ -261,3 +275,47 @@ def test_answers_and_streams_are_what_the_anthropic_sdk_reads(
     ]
     assert given == [json.loads(c["function"]["arguments"]) for c in message.get("tool_calls", [])]
     assert [e.content_block.type for e in read if e.type == "content_block_start"] == kinds
+
+
+def _chunks(*deltas: dict[str, Any], reason: str = "stop") -> bytes:
+    """A chat stream as llama-server sends it: a role delta, the deltas, the finish, the usage, [DONE]."""
+    base = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    events = [
+        {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": None}, "finish_reason": None}]}
+    ]
+    events += [{**base, "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
+    events.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": reason}]})
+    events.append({**base, "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": len(deltas)}})
+    return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize("size", [1, 7, 10_000])
+def test_a_text_stream_is_sent_as_its_deltas_arrive(size: int) -> None:
+    live = stream({"model": "m", "max_tokens": 9, "messages": ASK, "stream": True})
+    given = _chunks(
+        {"reasoning_content": "Think"},
+        {"reasoning_content": "ing."},
+        {"content": "Hel"},
+        {"content": "lo"},
+        reason="length",
+    )
+    pieces = [live.feed(given[i : i + size]) for i in range(0, len(given), size)]
+    read, built = _read(b"".join(pieces) + live.flush())
+    if size == 1:  # the first delta went out before the stream ended
+        first = next(i for i, p in enumerate(pieces) if b"text_delta" in p)
+        assert first < len(pieces) - 20
+    texts = [e.delta.text for e in read if e.type == "content_block_delta" and e.delta.type == "text_delta"]
+    assert texts == ["Hel", "lo"]
+    assert [b.type for b in built.content] == ["thinking", "text"]
+    assert (built.content[0].thinking, built.content[1].text) == ("Thinking.", "Hello")
+    assert built.stop_reason == "max_tokens" and built.usage.output_tokens == 4
+
+
+def test_an_error_in_the_stream_ends_it_with_an_error_event() -> None:
+    live = stream({"model": "m", "max_tokens": 9, "messages": ASK, "stream": True})
+    sent = live.feed(
+        b'data: {"choices": [{"index": 0, "delta": {"content": "a"}}]}\n\ndata: {"error": {"message": "boom"}}\n\n'
+    )
+    sent += live.flush()
+    kinds = [json.loads(e.split(b"data: ", 1)[1])["type"] for e in sent.split(b"\n\n") if e]
+    assert kinds[-1] == "error" and "message_stop" not in kinds

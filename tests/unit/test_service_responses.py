@@ -8,10 +8,12 @@ from typing import Any
 
 import pydantic
 import pytest
+from openai import omit
+from openai.lib.streaming.responses._responses import ResponseStreamState
 from openai.types.responses import Response, ResponseStreamEvent
 
 from localllm.service import chat
-from localllm.service.responses import answer, error, events, to_chat
+from localllm.service.responses import answer, error, stream, to_chat
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOL = {"type": "function", "name": "get_weather", "parameters": WEATHER}
@@ -41,7 +43,7 @@ def test_items_become_one_chat_conversation() -> None:
     assert calls[1]["function"] == {"name": "get_weather", "arguments": '{"city":"Rome"}'}
     assert body["messages"][3] == {"role": "tool", "tool_call_id": "c1", "content": "sunny"}
     assert body["messages"][1]["content"] == [{"type": "text", "text": "Weather in Paris and Rome?"}]
-    assert body["max_tokens"] == 40 and body["temperature"] == 0.2 and body["stream"] is False
+    assert body["max_tokens"] == 40 and body["temperature"] == 0.2 and "stream" not in body
     assert where == [["instructions"], ["input[0]"], ["input[1]", "input[3]"], ["input[4]"], ["input[5]"], ["input[6]"]]
 
 
@@ -67,7 +69,8 @@ def test_format_tools_and_choices_map_to_the_chat_fields() -> None:
     }
     assert [t["function"]["name"] for t in body["tools"]] == ["other"] and body["tool_choice"] == "required"
     assert body["tools"][0]["function"]["strict"] is False
-    assert body["logprobs"] is True and body["top_logprobs"] == 2 and body["stream"] is False
+    assert body["logprobs"] is True and body["top_logprobs"] == 2 and body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True}  # the stream's usage, for its last event
     named, _ = to_chat(
         {"model": "m", "input": "hi", "tools": [TOOL], "tool_choice": {"type": "function", "name": "get_weather"}}
     )
@@ -171,7 +174,21 @@ def _answer(message: dict[str, Any], reason: str = "stop", **choice: Any) -> dic
     }
 
 
-_EVENT = pydantic.TypeAdapter(ResponseStreamEvent)
+_EVENT: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(ResponseStreamEvent)
+
+
+def _read(sent: bytes) -> list[Any]:
+    """Server-sent events as the SDK's own event models, checked for order and numbering,
+    and accumulated by the SDK's own stream state (which refuses a response whose id changes)."""
+    lines = [e for e in sent.split(b"\n\n") if e]
+    assert all(e.startswith(b"event: ") for e in lines)
+    read = [_EVENT.validate_python(json.loads(e.split(b"data: ", 1)[1])) for e in lines]
+    assert [e.sequence_number for e in read] == list(range(len(read)))
+    assert [e.split(b"\n", 1)[0][7:].decode() for e in lines] == [e.type for e in read]
+    state: Any = ResponseStreamState(input_tools=omit, text_format=omit)
+    for event in read:
+        state.handle_event(event)
+    return read
 
 
 @pytest.mark.parametrize(
@@ -217,10 +234,7 @@ def test_answers_and_streams_are_what_the_openai_sdk_reads(
             (c["id"], c["function"]["arguments"]) for c in message["tool_calls"]
         ]
 
-    sent = events(done)
-    assert all(e.startswith(b"event: ") and e.endswith(b"\n\n") for e in sent)
-    read = [_EVENT.validate_python(json.loads(e.split(b"data: ", 1)[1])) for e in sent]
-    assert [e.sequence_number for e in read] == list(range(len(read)))
+    read = _read(stream(asked).finish(_answer(message, reason)))  # an answer generated whole, streamed
     assert read[0].type == "response.created" and read[-1].type == f"response.{parsed.status}"
     assert read[0].response.status == "in_progress" and read[0].response.incomplete_details is None
     text = "".join(e.delta for e in read if e.type == "response.output_text.delta")
@@ -235,3 +249,51 @@ def test_logprobs_are_carried_into_the_output_text() -> None:
     done = answer({"model": "m", "input": "x", "top_logprobs": 0}, _answer({"content": "hi"}, logprobs=logprobs))
     item: Any = Response.model_validate(done).output[0]
     assert item.content[0].logprobs[0].token == "hi"
+
+
+def _chunks(*deltas: dict[str, Any], reason: str = "stop") -> bytes:
+    """A chat stream as llama-server sends it: a role delta, the deltas, the finish, the usage, [DONE]."""
+    base = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    events = [
+        {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": None}, "finish_reason": None}]}
+    ]
+    events += [{**base, "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
+    events.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": reason}]})
+    events.append({**base, "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": len(deltas)}})
+    return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize("size", [1, 7, 10_000])
+def test_a_text_stream_is_sent_as_its_deltas_arrive(size: int) -> None:
+    live = stream({"model": "m", "input": "hi", "stream": True})
+    given = _chunks(
+        {"reasoning_content": "Think"},
+        {"reasoning_content": "ing."},
+        {"content": "Hel"},
+        {"content": "lo"},
+        reason="length",
+    )
+    pieces = [live.feed(given[i : i + size]) for i in range(0, len(given), size)]
+    sent = b"".join(pieces) + live.flush()
+    read = _read(sent)
+    if size == 1:  # the first delta went out before the stream ended
+        first = next(i for i, p in enumerate(pieces) if b"output_text.delta" in p)
+        assert first < len(pieces) - 20
+    assert [e.delta for e in read if e.type == "response.output_text.delta"] == ["Hel", "lo"]
+    assert [e.delta for e in read if e.type == "response.reasoning_text.delta"] == ["Think", "ing."]
+    done = read[-1].response
+    assert read[-1].type == "response.incomplete" and done.output_text == "Hello"
+    assert [i.type for i in done.output] == ["reasoning", "message"]
+    added = [e.item.id for e in read if e.type == "response.output_item.added"]
+    assert added == [e.item.id for e in read if e.type == "response.output_item.done"] == [i.id for i in done.output]
+    assert done.usage.input_tokens == 5 and read[0].response.id == done.id
+
+
+def test_an_error_in_the_stream_ends_it_with_an_error_event() -> None:
+    live = stream({"model": "m", "input": "hi", "stream": True})
+    sent = live.feed(
+        b'data: {"choices": [{"index": 0, "delta": {"content": "a"}}]}\n\ndata: {"error": {"message": "boom"}}\n\n'
+    )
+    sent += live.flush()
+    kinds = [json.loads(e.split(b"data: ", 1)[1])["type"] for e in sent.split(b"\n\n") if e]
+    assert kinds[-1] == "error" and "response.completed" not in kinds
