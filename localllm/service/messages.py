@@ -3,7 +3,7 @@
 A Messages request is read as the chat request it means (:func:`to_chat`), prepared, compiled,
 sent and validated exactly as ``POST /v1/chat/completions`` is, and the chat answer written
 back as a Message (:func:`answer`) or, when ``stream`` is true, as the Messages stream's
-events (:func:`events`); every error is in Anthropic's shape (:func:`error`). So
+events (:class:`Stream`); every error is in Anthropic's shape (:func:`error`). So
 ``output_config.format`` (a JSON Schema, what the ``anthropic`` SDK's ``messages.parse``
 sends) and ``tools`` are compiled into the grammar and every answer validated, with the chat
 route's ``X-Localllm-Structured`` / ``X-Localllm-Validated`` headers. The ``anthropic``
@@ -27,10 +27,12 @@ What maps to what:
   named here. ``metadata``, ``service_tier``, ``cache_control``, ``thinking``, ``speed``,
   ``inference_geo`` and ``output_config.effort`` are accepted without effect.
 
-A stream is sent once the answer is complete and validated, as the chat route sends a
-structured stream: ``message_start``, each block's ``content_block_start`` / one delta /
-``content_block_stop``, ``message_delta`` (the stop reason, the output tokens),
-``message_stop``. The stop reason is ``end_turn``, ``max_tokens`` or ``tool_use``: llama-server
+A stream of text is rewritten event by event from llama-server's chat stream
+(:class:`Stream`): each thinking and text delta as it comes. With ``output_config.format``
+or tools the answer is generated whole and validated first, as the chat route streams
+structured output, then sent as the same events: ``message_start``, each block's
+``content_block_start`` / one delta / ``content_block_stop``, ``message_delta`` (the stop
+reason, the output tokens), ``message_stop``. The stop reason is ``end_turn``, ``max_tokens`` or ``tool_use``: llama-server
 does not say which stop string ended an answer, so ``stop_sequence`` is never named.
 """
 

@@ -3,7 +3,7 @@
 A Responses request is read as the chat request it means (:func:`to_chat`), prepared, compiled,
 sent and validated exactly as ``POST /v1/chat/completions`` is (:mod:`localllm.service.chat`),
 and the chat answer is written back as a Response (:func:`response`) or, when ``stream`` is
-true, as the Responses stream's events (:func:`events`). So ``text.format`` (a JSON Schema)
+true, as the Responses stream's events (:class:`Stream`). So ``text.format`` (a JSON Schema)
 and function ``tools`` are compiled into the grammar and every answer validated, as on the
 chat route, with the same ``X-Localllm-Structured`` / ``X-Localllm-Validated`` headers.
 
@@ -27,9 +27,11 @@ What maps to what:
   audio), and any field not named here. Nothing is stored: ``store`` is accepted and read
   as false, and ``GET /v1/responses/{id}`` has no route.
 
-A stream is sent once the answer is complete and validated, as the chat route sends a
-structured stream: the events a client's accumulator reads (``response.created`` …
-``response.output_text.delta`` … ``response.completed``), each text in one delta.
+A stream of text is rewritten event by event from llama-server's chat stream
+(:class:`Stream`): each reasoning and text delta as it comes. With ``text.format`` or tools
+the answer is generated whole and validated first, as the chat route streams structured
+output, then sent as the same events (``response.created`` … ``response.output_text.delta``
+… ``response.completed``), each text and each call's arguments in one delta.
 """
 
 from __future__ import annotations
