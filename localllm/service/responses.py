@@ -2,7 +2,7 @@
 
 A Responses request is read as the chat request it means (:func:`to_chat`), prepared, compiled,
 sent and validated exactly as ``POST /v1/chat/completions`` is (:mod:`localllm.service.chat`),
-and the chat answer is written back as a Response (:func:`response`) or, when ``stream`` is
+and the chat answer is written back as a Response (:func:`answer`) or, when ``stream`` is
 true, as the Responses stream's events (:class:`Stream`). So ``text.format`` (a JSON Schema)
 and function ``tools`` are compiled into the grammar and every answer validated, as on the
 chat route, with the same ``X-Localllm-Structured`` / ``X-Localllm-Validated`` headers.
