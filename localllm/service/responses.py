@@ -94,6 +94,8 @@ _STATEFUL = {
     "context_management": "this service keeps no context between requests: leave context_management out",
 }
 _ROLES = ("user", "system", "developer", "assistant")
+#: the content parts a served model reads, and the field holding each one's text
+_TEXT_FIELDS = {"input_text": "text", "output_text": "text", "refusal": "refusal"}
 
 
 def _problem(message: str, param: str, code: str = "invalid_request_error") -> BadRequest:
@@ -110,7 +112,7 @@ def _text_parts(content: Any, param: str) -> str | list[dict[str, Any]]:
     for j, part in enumerate(content):
         at = f"{param}[{j}]"
         kind = part.get("type") if isinstance(part, dict) else None
-        field = {"input_text": "text", "output_text": "text", "refusal": "refusal"}.get(kind) if kind else None
+        field = _TEXT_FIELDS.get(kind) if isinstance(kind, str) else None  # a list is no key
         if field is None:
             what = f"an {kind!r} part" if isinstance(kind, str) else "not a typed part"
             raise _problem(
@@ -277,7 +279,7 @@ def _format(text: Any) -> dict[str, Any] | None:
 
 def to_chat(data: dict[str, Any]) -> tuple[dict[str, Any], Where]:
     """The chat body a Responses body means, and where each of its messages came from (for
-    :func:`rename`); :class:`BadRequest` for what cannot be served."""
+    :func:`error`); :class:`BadRequest` for what cannot be served."""
     for key, value in data.items():
         if key in _STATEFUL and value not in (None, False):
             raise _problem(f"{key} is not served here: {_STATEFUL[key]}", key, "unsupported_parameter")
