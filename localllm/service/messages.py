@@ -32,8 +32,9 @@ A stream of text is rewritten event by event from llama-server's chat stream
 or tools the answer is generated whole and validated first, as the chat route streams
 structured output, then sent as the same events: ``message_start``, each block's
 ``content_block_start`` / one delta / ``content_block_stop``, ``message_delta`` (the stop
-reason, the output tokens), ``message_stop``. The stop reason is ``end_turn``, ``max_tokens`` or ``tool_use``: llama-server
-does not say which stop string ended an answer, so ``stop_sequence`` is never named.
+reason, the output tokens), ``message_stop``. The stop reason is ``end_turn``,
+``max_tokens`` or ``tool_use``: llama-server does not say which stop string ended an answer,
+so ``stop_sequence`` is never named.
 """
 
 from __future__ import annotations
