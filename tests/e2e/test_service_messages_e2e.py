@@ -197,3 +197,25 @@ def test_pydantic_ai_anthropic_model_typed_output(serve: Callable[..., Served]) 
             return results
 
     assert all(isinstance(r.output, Routed) for r in asyncio.run(ask()))
+
+
+def test_langchain_chat_anthropic_structured_output(serve: Callable[..., Served]) -> None:
+    """LangChain's ``ChatAnthropic`` over ``/v1/messages``: ``with_structured_output`` by tool
+    calling (its default) and by ``json_schema`` (``output_config.format``), and a stream."""
+    from langchain_anthropic import ChatAnthropic
+
+    served = serve()
+    llm = ChatAnthropic(  # type: ignore[call-arg]
+        model=CHAT,
+        base_url=served.found.url,
+        api_key=pydantic.SecretStr(served.token or ""),
+        max_tokens=128,
+        temperature=0,
+        max_retries=0,
+        timeout=120,
+    )
+    for method in ("function_calling", "json_schema"):
+        routed = llm.with_structured_output(Routed, method=method).invoke("Ticket: my invoice is wrong. Classify it.")
+        assert isinstance(routed, Routed), method
+    pieces = [chunk.content for chunk in llm.stream("Count to five.")]
+    assert len(pieces) > 1
