@@ -94,6 +94,7 @@ class ChatStream(ABC):
         self.thought: list[str] = []
         self.reason: Any = None
         self.usage: Any = None
+        self.logprobs: list[Any] = []  # each token's, when the request asked for them
         self.ended = False
 
     def feed(self, chunk: bytes) -> bytes:
@@ -135,9 +136,13 @@ class ChatStream(ABC):
             if isinstance(thought := delta.get("reasoning_content"), str) and thought:
                 self.thought.append(thought)
                 out += self.thinking(thought)
+            given = choice.get("logprobs")
+            tokens = given.get("content") if isinstance(given, dict) else None
+            tokens = tokens if isinstance(tokens, list) else []
+            self.logprobs += tokens
             if isinstance(text := delta.get("content"), str) and text:
                 self.text.append(text)
-                out += self.delta(text)
+                out += self.delta(text, tokens)
             if choice.get("finish_reason") is not None:
                 self.reason = choice["finish_reason"]
         return out
@@ -147,16 +152,18 @@ class ChatStream(ABC):
         message: dict[str, Any] = {"role": "assistant", "content": "".join(self.text)}
         if self.thought:
             message["reasoning_content"] = "".join(self.thought)
-        reply = {"choices": [{"index": 0, "message": message, "finish_reason": self.reason}], "usage": self.usage}
-        return self.finish(reply)
+        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": self.reason}
+        if self.logprobs:
+            choice["logprobs"] = {"content": self.logprobs}
+        return self.finish({"choices": [choice], "usage": self.usage})
 
     @abstractmethod
     def thinking(self, text: str) -> bytes:
         """The events for a piece of the model's reasoning."""
 
     @abstractmethod
-    def delta(self, text: str) -> bytes:
-        """The events for a piece of the answer's text."""
+    def delta(self, text: str, logprobs: list[Any]) -> bytes:
+        """The events for a piece of the answer's text (and its tokens' logprobs, when asked for)."""
 
     @abstractmethod
     def failed(self, error: dict[str, Any]) -> bytes:

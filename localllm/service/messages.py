@@ -398,7 +398,7 @@ class Stream(ChatStream):
         block = {"type": "thinking", "thinking": "", "signature": ""}
         return self._block(block, {"type": "thinking_delta", "thinking": text})
 
-    def delta(self, text: str) -> bytes:
+    def delta(self, text: str, logprobs: list[Any]) -> bytes:  # Anthropic's API has no logprobs
         return self._block({"type": "text", "text": ""}, {"type": "text_delta", "text": text})
 
     def failed(self, error: dict[str, Any]) -> bytes:

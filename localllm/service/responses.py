@@ -477,10 +477,10 @@ class Stream(ChatStream):
         at = {"item_id": self.items[-1]["id"], "output_index": len(self.items) - 1, "content_index": 0}
         return out + self._event("response.reasoning_text.delta", **at, delta=text)
 
-    def delta(self, text: str) -> bytes:
+    def delta(self, text: str, logprobs: list[Any]) -> bytes:
         out = b"" if self.items and self.items[-1]["type"] == "message" else self._open("message")
         at = {"item_id": self.items[-1]["id"], "output_index": len(self.items) - 1, "content_index": 0}
-        return out + self._event("response.output_text.delta", **at, delta=text, logprobs=[])
+        return out + self._event("response.output_text.delta", **at, delta=text, logprobs=logprobs)
 
     def _close(self, index: int, item: dict[str, Any]) -> bytes:
         """The events that end the open item ``index``, now whole as ``item``."""

@@ -301,3 +301,23 @@ def test_an_error_in_the_stream_ends_it_with_an_error_event() -> None:
     sent += live.flush()
     kinds = [json.loads(e.split(b"data: ", 1)[1])["type"] for e in sent.split(b"\n\n") if e]
     assert kinds[-1] == "error" and "response.completed" not in kinds
+
+
+def test_a_text_stream_carries_the_logprobs_asked_for() -> None:
+    def token(text: str) -> dict[str, Any]:
+        return {"id": 1, "token": text, "bytes": list(text.encode()), "logprob": -0.5, "top_logprobs": []}
+
+    body, _ = to_chat({"model": "m", "input": "hi", "stream": True, "top_logprobs": 1})
+    assert body["logprobs"] is True and body["stream"] is True  # llama-server streams them per chunk
+    base = {"object": "chat.completion.chunk", "created": 1, "model": "m"}
+    chunks = [
+        {**base, "choices": [{"index": 0, "delta": {"content": t}, "logprobs": {"content": [token(t)]}}]}
+        for t in ("Hel", "lo")
+    ]
+    chunks.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    live = stream({"model": "m", "input": "hi", "stream": True, "top_logprobs": 1})
+    given = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+    read = _read(live.feed(given) + live.flush())
+    assert [[p.token for p in e.logprobs] for e in read if e.type == "response.output_text.delta"] == [["Hel"], ["lo"]]
+    final: Any = read[-1].response.output[0].content[0]
+    assert [p.token for p in final.logprobs] == ["Hel", "lo"]
