@@ -49,6 +49,11 @@ def test_openai_responses_text_parse_stream_and_tools(serve: Callable[..., Serve
     pieces = [e.delta for e in live if e.type == "response.output_text.delta"]
     assert len(pieces) > 1 and live[-1].type in ("response.completed", "response.incomplete")
     assert "".join(pieces) == live[-1].response.output_text
+    probed = list(
+        client.responses.create(model=CHAT, input="Say hi.", max_output_tokens=8, top_logprobs=2, stream=True)
+    )
+    tokens = [e.logprobs for e in probed if e.type == "response.output_text.delta"]
+    assert tokens and all(t and len(t[0].top_logprobs or []) == 2 for t in tokens)
 
     # text.format: compiled into the grammar, the answer validated, as on the chat route
     raw = client.responses.with_raw_response.create(
