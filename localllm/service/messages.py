@@ -271,8 +271,11 @@ def to_chat(data: dict[str, Any]) -> tuple[dict[str, Any], Where]:
     for key in ("max_tokens", "temperature", "top_p", "top_k", "keep_alive"):
         if data.get(key) is not None:
             body[key] = data[key]
-    if data.get("stop_sequences") is not None:
-        body["stop"] = data["stop_sequences"]
+    stops = data.get("stop_sequences")
+    if stops is not None:
+        if not isinstance(stops, list) or not all(isinstance(x, str) for x in stops):
+            raise _problem("stop_sequences must be an array of strings", "stop_sequences")
+        body["stop"] = stops
     if data.get("output_config") is not None and (fmt := _format(data["output_config"])) is not None:
         body["response_format"] = fmt
     if data.get("tools"):
@@ -290,8 +293,6 @@ _RENAMES: Renames = (
     (re.compile(r"response_format\b"), "output_config.format"),
     (re.compile(r"(tools\[\d+\])\.function\.parameters\b"), lambda m: m.group(1) + ".input_schema"),
     (re.compile(r"(tools\[\d+\])\.function\b"), lambda m: m.group(1)),
-    (re.compile(r"\bstop\b(?!_)"), "stop_sequences"),
-    (re.compile(r"\bparallel_tool_calls\b"), "tool_choice.disable_parallel_tool_use"),
 )
 
 

@@ -160,6 +160,8 @@ def test_format_tools_and_choices_map_to_the_chat_fields() -> None:
         ({"mcp_servers": []}, "mcp_servers"),
         ({"container": "c"}, "container"),
         ({"stream": "yes"}, "stream"),
+        ({"stop_sequences": "\n"}, "stop_sequences"),
+        ({"stop_sequences": [1]}, "stop_sequences"),
     ],
 )
 def test_what_cannot_be_served_is_a_400_naming_the_field(given: dict[str, Any], param: str) -> None:
@@ -193,7 +195,7 @@ def test_errors_are_anthropic_shaped_and_name_the_fields_sent() -> None:
         assert error({"error": {"message": "x", "type": "t"}}, [], status)["error"]["type"] == kind
     for given, expected in [
         ("response_format.json_schema.schema.x", "output_config.format.schema.x"),
-        ("stop", "stop_sequences"),
+        ("the request's stop strings", "the request's stop strings"),
         ("messages[0].content", "messages[0].content"),
     ]:
         renamed = error({"error": {"message": f"{given} is wrong", "param": given}}, where, 400)["error"]
