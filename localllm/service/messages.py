@@ -203,9 +203,14 @@ def _tools(given: Any) -> list[dict[str, Any]]:
                 f"tools[{i}].type",
                 "unsupported_parameter",
             )
-        if "input_schema" not in tool:
-            raise _problem(f"tools[{i}].input_schema is required", f"tools[{i}].input_schema")
-        fn = {"name": tool.get("name"), "parameters": tool["input_schema"], "strict": tool.get("strict") is True}
+        schema = tool.get("input_schema")
+        if not isinstance(schema, dict) or schema.get("type") != "object":
+            # a tool_use block's input is an object: the arguments of any other schema had no place
+            raise _problem(
+                f'tools[{i}].input_schema is required: an object schema ({{"type": "object", …}})',
+                f"tools[{i}].input_schema",
+            )
+        fn = {"name": tool.get("name"), "parameters": schema, "strict": tool.get("strict") is True}
         if tool.get("description") is not None:
             fn["description"] = tool["description"]
         tools.append({"type": "function", "function": fn})

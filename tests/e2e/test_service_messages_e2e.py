@@ -143,6 +143,15 @@ def test_messages_errors_are_anthropic_shaped_and_name_the_field(serve: Callable
     cases: list[tuple[dict[str, Any], str]] = [
         ({"messages": [{"role": "user", "content": [image]}]}, "messages[0].content[0]"),
         ({"messages": ASK, "tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0].type"),
+        (
+            {
+                "messages": ASK,
+                "tools": [
+                    {**WEATHER, "input_schema": {"type": "object", "properties": {"n": unsat}, "required": ["n"]}}
+                ],
+            },
+            "tools[0].input_schema",
+        ),
         ({"messages": ASK, "tools": [{**WEATHER, "input_schema": unsat}]}, "tools[0].input_schema"),
         (
             {"messages": ASK, "output_config": {"format": {"type": "json_schema", "schema": unsat}}},

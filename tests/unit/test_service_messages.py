@@ -17,6 +17,7 @@ from localllm.service.messages import answer, error, stream, to_chat
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOL = {"name": "get_weather", "description": "Weather of a city", "input_schema": WEATHER}
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
+UNSAT = {"type": "integer", "minimum": 5, "maximum": 1}  # no value is valid
 
 
 def test_turns_become_one_chat_conversation() -> None:
@@ -152,6 +153,8 @@ def test_format_tools_and_choices_map_to_the_chat_fields() -> None:
         ({"tools": [TOOL], "tool_choice": {"type": ["any"]}}, "tool_choice"),
         ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0].type"),
         ({"tools": [{"name": "x"}]}, "tools[0].input_schema"),
+        ({"tools": [{"name": "x", "input_schema": {"type": "string"}}]}, "tools[0].input_schema"),
+        ({"tools": [{"name": "x", "input_schema": {"properties": {}}}]}, "tools[0].input_schema"),
         ({"tools": [TOOL], "tool_choice": {"type": "required"}}, "tool_choice"),
         ({"tools": [TOOL], "tool_choice": {"type": "tool"}}, "tool_choice.name"),
         ({"tool_choice": {"type": "any"}}, "tool_choice"),
@@ -176,7 +179,7 @@ def test_errors_are_anthropic_shaped_and_name_the_fields_sent() -> None:
             "model": "m",
             "max_tokens": 10,
             "messages": ASK,
-            "tools": [TOOL, {**TOOL, "name": "bad", "input_schema": {"type": "integer", "minimum": 5, "maximum": 1}}],
+            "tools": [TOOL, {**TOOL, "name": "bad", "input_schema": {**WEATHER, "properties": {"city": UNSAT}}}],
         }
     )
     with pytest.raises(chat.BadRequest) as caught:
