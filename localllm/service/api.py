@@ -309,6 +309,20 @@ class _Request:
         self.completed = True
         await self.send({"type": "http.response.body", "body": body})
 
+    async def answer(self, prepared: chat.Prepared, reply: dict[str, Any], headers: dict[str, str]) -> None:
+        """A chat answer generated whole: the body, or (``stream``) its server-sent events."""
+        if not prepared.stream:
+            await self.respond(200, reply, headers=headers)
+            return
+        await self.start(200, "text/event-stream", {**headers, "cache-control": "no-cache"})
+        for event in chat.sse_events(prepared, reply):
+            await self.send({"type": "http.response.body", "body": event, "more_body": True})
+        await self.end()
+
+    def rewriter(self, prepared: chat.Prepared) -> _Rewrite | None:
+        """What llama-server's stream is rewritten by on its way to this client (None: relayed as it is)."""
+        return completion.CompletionStream(prepared) if prepared.completion else None
+
 
 #: the routes that speak another API than chat, and the module that reads each as chat
 _DIALECTS: dict[str, Dialect] = {
@@ -326,7 +340,7 @@ class _Translated(_Request):
     #: the module that reads and writes this API (:mod:`~localllm.service.responses`, …)
     dialect: Dialect = responses
     #: the client's body, once read as chat; where each chat message came from
-    asked: dict[str, Any] | None = None
+    asked: dict[str, Any] = field(default_factory=dict)
     where: list[list[str]] = field(default_factory=list)
 
     async def respond(
@@ -336,19 +350,23 @@ class _Translated(_Request):
         content_type: str = "application/json",
         headers: Mapping[str, str] | None = None,
     ) -> None:
+        """Any error in this API's shape (llama-server's own too), naming what the client sent."""
         if status >= 400 and isinstance(payload, bytes):
-            with contextlib.suppress(ValueError):  # llama-server's own error, relayed
+            with contextlib.suppress(ValueError):
                 payload = json.loads(payload)
-        if isinstance(payload, dict):
-            if self.asked is not None and status == 200 and "choices" in payload:
-                if self.asked.get("stream") is True:  # an answer generated whole, sent as that API's stream
-                    await self.start(200, "text/event-stream", {**(headers or {}), "cache-control": "no-cache"})
-                    await self.end(self.dialect.stream(self.asked).finish(payload))
-                    return
-                payload = self.dialect.answer(self.asked, payload)
-            elif isinstance(payload.get("error"), dict):
-                payload = self.dialect.error(payload, self.where, status)
+        if status >= 400 and isinstance(payload, dict) and isinstance(payload.get("error"), dict):
+            payload = self.dialect.error(payload, self.where, status)
         await super().respond(status, payload, content_type, headers)
+
+    async def answer(self, prepared: chat.Prepared, reply: dict[str, Any], headers: dict[str, str]) -> None:
+        if not prepared.stream:
+            await self.respond(200, self.dialect.answer(self.asked, reply), headers=headers)
+            return
+        await self.start(200, "text/event-stream", {**headers, "cache-control": "no-cache"})
+        await self.end(self.dialect.stream(self.asked).finish(reply))
+
+    def rewriter(self, prepared: chat.Prepared) -> _Rewrite | None:  # every stream of it: its API's events
+        return self.dialect.stream(self.asked)
 
 
 @dataclass
@@ -923,12 +941,7 @@ class ServiceApp:
         extra[STRUCTURED_HEADER] = prepared.structured
         if prepared.stream and not prepared.buffered:
             extra[VALIDATED_HEADER] = "false"
-            rewrite: _Rewrite | None = None
-            if prepared.completion:
-                rewrite = completion.CompletionStream(prepared)
-            elif isinstance(req, _Translated) and req.asked is not None:
-                rewrite = req.dialect.stream(req.asked)
-            return await self._relay_stream(req, url, raw, extra, rewrite)
+            return await self._relay_stream(req, url, raw, extra, req.rewriter(prepared))
         return await self._chat(req, url, raw, prepared, extra)
 
     def _limit(self, url: str) -> int:
@@ -1060,13 +1073,7 @@ class ServiceApp:
             )
             return 502, tokens
         extra[VALIDATED_HEADER] = "true" if validated else "false"
-        if prepared.stream and not isinstance(req, _Translated):  # a translated one streams in its own API's shape
-            await req.start(200, "text/event-stream", {**extra, "cache-control": "no-cache"})
-            for event in chat.sse_events(prepared, answer):
-                await req.send({"type": "http.response.body", "body": event, "more_body": True})
-            await req.end()
-        else:
-            await req.respond(200, answer, headers=extra)
+        await req.answer(prepared, answer, extra)  # a translated route writes it in its own API's shape
         return 200, tokens
 
     async def _relay_stream(
@@ -1082,15 +1089,13 @@ class ServiceApp:
         a translated route's, :class:`~localllm.service.dialects.ChatStream`)."""
         tail = b""
         reply = await self.client().request("POST", url, raw, self._upstream_headers(), limit=self._limit(url))
-        if reply.status != 200 and isinstance(req, _Translated):
-            try:  # an error before the stream began: in the translated API's shape
+        if reply.status != 200:
+            try:  # an error before the stream began, in llama-server's JSON: answered as an error
                 content = await asyncio.wait_for(reply.read(), _READ)
             finally:
                 reply.close()
-            await req.respond(reply.status, content, headers=extra)
+            await req.respond(reply.status, content, reply.headers.get("content-type", "application/json"), extra)
             return reply.status, (None, None)
-        if reply.status != 200:
-            rewrite = None  # an error in llama-server's JSON, relayed as it is
         try:
             await req.start(
                 reply.status,

@@ -88,7 +88,10 @@ class ChatStream(ABC):
     (:meth:`thinking`, :meth:`delta`), then the whole answer (:meth:`finish`, also what an
     answer generated whole is sent as). ``feed``/``flush`` as the service's stream rewriters."""
 
-    def __init__(self) -> None:
+    def __init__(self, data: dict[str, Any], shell: dict[str, Any]) -> None:
+        self.data = data  # the client's request
+        self.shell = shell  # its answer before any word: the id, the time, the request's settings
+        self.begun = False
         self.pending = b""
         self.text: list[str] = []
         self.thought: list[str] = []
@@ -156,6 +159,17 @@ class ChatStream(ABC):
         if self.logprobs:
             choice["logprobs"] = {"content": self.logprobs}
         return self.finish({"choices": [choice], "usage": self.usage})
+
+    def _begin(self) -> bytes:
+        """The events that open the stream, once (before its first delta, error or end)."""
+        if self.begun:
+            return b""
+        self.begun = True
+        return self.started()
+
+    @abstractmethod
+    def started(self) -> bytes:
+        """The events that open this API's stream."""
 
     @abstractmethod
     def thinking(self, text: str) -> bytes:

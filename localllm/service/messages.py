@@ -369,17 +369,11 @@ class Stream(ChatStream):
     (:meth:`finish`, also all that an answer generated whole is sent as)."""
 
     def __init__(self, data: dict[str, Any]) -> None:
-        super().__init__()
-        self.data = data
-        self.shell = answer(data, {})  # the id and the model
-        self.begun = False
+        super().__init__(data, answer(data, {}))
         self.blocks = 0  # blocks opened so far
         self.open: str | None = None  # the type of the block still open
 
-    def _begin(self) -> bytes:
-        if self.begun:
-            return b""
-        self.begun = True
+    def started(self) -> bytes:
         usage = {**self.shell["usage"], "input_tokens": 0, "output_tokens": 0}
         started = {**self.shell, "content": [], "stop_reason": None, "usage": usage}
         return sse({"type": "message_start", "message": started})

@@ -422,21 +422,15 @@ class Stream(ChatStream):
     (:meth:`finish`, also all that an answer generated whole is sent as)."""
 
     def __init__(self, data: dict[str, Any]) -> None:
-        super().__init__()
-        self.data = data
-        self.shell = answer(data, {})  # the id, the time and the request's settings
+        super().__init__(data, answer(data, {}))
         self.seq = 0
-        self.begun = False
         self.items: list[dict[str, Any]] = []  # the items opened so far (the last may be open)
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         self.seq += 1
         return sse({"type": kind, "sequence_number": self.seq - 1, **fields})
 
-    def _begin(self) -> bytes:
-        if self.begun:
-            return b""
-        self.begun = True
+    def started(self) -> bytes:
         started = {**self.shell, "status": "in_progress", "incomplete_details": None, "output": [], "usage": None}
         return self._event("response.created", response=started) + self._event("response.in_progress", response=started)
 

@@ -243,10 +243,11 @@ def _openai_surface(client: Any) -> None:
 
 
 # -- three more libraries --------------------------------------------------------------------
-def test_langchain_with_structured_output(serve: Callable[..., Served]) -> None:
+def langchain_tickets(served: Served, **options: Any) -> None:
+    """LangChain's ``ChatOpenAI.with_structured_output`` (``function_calling`` and
+    ``json_schema``) answers a ``Ticket``; ``options`` such as ``use_responses_api=True``."""
     from langchain_openai import ChatOpenAI
 
-    served = serve()
     # our own HTTP client, closed when done: langchain's default one is cached for the process
     # and leaves its keep-alive socket to interpreter exit (a ResourceWarning in CI's log)
     with httpx.Client(trust_env=False, timeout=120) as http_client:
@@ -259,12 +260,17 @@ def test_langchain_with_structured_output(serve: Callable[..., Served]) -> None:
             timeout=120,
             max_retries=0,
             http_client=http_client,
+            **options,
         )
         for method in ("function_calling", "json_schema"):
             ticket = llm.with_structured_output(Ticket, method=method).invoke(
                 "Ticket: my invoice is wrong. Classify it."
             )
             assert isinstance(ticket, Ticket), method
+
+
+def test_langchain_with_structured_output(serve: Callable[..., Served]) -> None:
+    langchain_tickets(serve())
 
 
 def test_pydantic_ai_default_output(serve: Callable[..., Served]) -> None:

@@ -9,14 +9,13 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-import httpx
 import jsonschema
 import openai
 import pydantic
 import pytest
 
 from tests.e2e.test_service_e2e import CHAT, DECIDE, EMBED, Served, serve
-from tests.e2e.test_service_front_e2e import WEATHER_PARAMS, Ticket
+from tests.e2e.test_service_front_e2e import WEATHER_PARAMS, Ticket, langchain_tickets
 
 __all__ = ["serve"]
 
@@ -92,15 +91,16 @@ def test_openai_responses_text_parse_stream_and_tools(serve: Callable[..., Serve
 
     # a function tool, then its result sent back as a function_call_output item
     ask: list[Any] = [{"role": "user", "content": "What is the weather in Paris?"}]
-    called = client.responses.create(
-        model=CHAT,
-        input=ask,
-        tools=[WEATHER],
-        tool_choice="required",
-        parallel_tool_calls=False,
-        max_output_tokens=128,
-        temperature=0,
-    )
+    forced: Any = {
+        "model": CHAT,
+        "input": ask,
+        "tools": [WEATHER],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "max_output_tokens": 128,
+        "temperature": 0,
+    }
+    called = client.responses.create(**forced)
     calls: list[Any] = [item for item in called.output if item.type == "function_call"]
     assert calls and {c.name for c in calls} == {"get_weather"}
     jsonschema.validate(json.loads(calls[0].arguments), WEATHER_PARAMS)
@@ -116,18 +116,7 @@ def test_openai_responses_text_parse_stream_and_tools(serve: Callable[..., Serve
     )
     assert answered.output_text.strip()
 
-    streamed = list(
-        client.responses.create(
-            model=CHAT,
-            input=ask,
-            tools=[WEATHER],
-            tool_choice="required",
-            parallel_tool_calls=False,
-            max_output_tokens=128,
-            temperature=0,
-            stream=True,
-        )
-    )
+    streamed = list(client.responses.create(**forced, stream=True))
     done = [e for e in streamed if e.type == "response.function_call_arguments.done"]
     assert done and streamed[-1].type == "response.completed"
     jsonschema.validate(json.loads(done[0].arguments), WEATHER_PARAMS)
@@ -165,7 +154,6 @@ def test_responses_refusals_name_the_field_sent(serve: Callable[..., Served]) ->
 
 
 def test_pydantic_ai_and_langchain_over_responses(serve: Callable[..., Served]) -> None:
-    from langchain_openai import ChatOpenAI
     from pydantic_ai import Agent
     from pydantic_ai.models.openai import OpenAIResponsesModel
     from pydantic_ai.providers.openai import OpenAIProvider
@@ -183,23 +171,7 @@ def test_pydantic_ai_and_langchain_over_responses(serve: Callable[..., Served]) 
 
     assert isinstance(asyncio.run(ask()).output, Ticket)
 
-    with httpx.Client(trust_env=False, timeout=120) as http_client:
-        llm = ChatOpenAI(  # type: ignore[call-arg]
-            model=CHAT,
-            base_url=served.found.url + "/v1",
-            api_key=pydantic.SecretStr(served.token or ""),
-            max_tokens=128,
-            temperature=0,
-            timeout=120,
-            max_retries=0,
-            http_client=http_client,
-            use_responses_api=True,
-        )
-        for method in ("function_calling", "json_schema"):
-            ticket = llm.with_structured_output(Ticket, method=method).invoke(
-                "Ticket: my invoice is wrong. Classify it."
-            )
-            assert isinstance(ticket, Ticket), method
+    langchain_tickets(served, use_responses_api=True)
 
 
 def test_openai_agents_sdk_tool_and_typed_output(serve: Callable[..., Served]) -> None:

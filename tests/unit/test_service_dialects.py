@@ -21,6 +21,55 @@ TEXT_FORMAT = {"format": {"type": "json_schema", "name": "answer", "schema": SCH
 OUTPUT_CONFIG = {"format": {"type": "json_schema", "schema": SCHEMA}}
 
 
+# -- chat answers and streams as llama-server sends them, shared by the two routes' unit tests --
+#: an assistant message with two calls, as the chat route answers it
+TWO_CALLS: dict[str, Any] = {
+    "content": None,
+    "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}},
+        {"id": "call_2", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Rome"}'}},
+    ],
+}
+
+
+def chat_reply(message: dict[str, Any], reason: str = "stop", **choice: Any) -> dict[str, Any]:
+    """A chat answer (7 prompt tokens, 3 completion tokens) of one choice holding ``message``."""
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1_700_000_000,
+        "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", **message}, "finish_reason": reason, **choice}],
+        "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10},
+    }
+
+
+def chat_chunks(*deltas: dict[str, Any], reason: str = "stop") -> bytes:
+    """A chat stream as llama-server sends it: a role delta, the deltas, the finish, the usage, [DONE]."""
+    base = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    events = [
+        {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": None}, "finish_reason": None}]}
+    ]
+    events += [{**base, "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
+    events.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": reason}]})
+    events.append({**base, "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": len(deltas)}})
+    return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+
+
+#: reasoning, then text, cut by max_tokens: what the live-stream tests feed in pieces
+THINK_THEN_TEXT = chat_chunks(
+    {"reasoning_content": "Think"},
+    {"reasoning_content": "ing."},
+    {"content": "Hel"},
+    {"content": "lo"},
+    reason="length",
+)
+
+
+#: a Messages request to the fake chat model (with max_tokens as the tests need)
+HI = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+
+
 def _events(text: str) -> list[dict[str, Any]]:
     return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
 
@@ -34,9 +83,8 @@ def test_both_routes_compile_the_schema_and_answer_in_their_shape(make_service: 
         message = http.post(
             "/v1/messages",
             json={
-                "model": "chat",
+                **HI,
                 "max_tokens": 64,
-                "messages": [{"role": "user", "content": "hi"}],
                 "output_config": OUTPUT_CONFIG,
             },
         )
@@ -58,7 +106,7 @@ def test_both_routes_stream_their_own_events(make_service: Factory) -> None:
         response = http.post(
             "/v1/responses", json={"model": "chat", "input": "hi", "text": TEXT_FORMAT, "stream": True}
         )
-        body = {"model": "chat", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        body = {**HI, "max_tokens": 64, "stream": True}
         message = http.post("/v1/messages", json={**body, "output_config": OUTPUT_CONFIG})
     assert response.headers["content-type"].startswith("text/event-stream")
     kinds = [e["type"] for e in _events(response.text)]
@@ -83,7 +131,7 @@ def test_messages_errors_are_anthropic_shaped_from_every_layer(
     # the canary's answer, then llama-server's own 400 (relayed as bytes), then a good one
     _behave(tmp_path, monkeypatch, {}, {"status": 400, "message": "the prompt is too long"}, {"content": "hello"})
     service = make_service()
-    ask = {"model": "chat", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
+    ask = {**HI, "max_tokens": 16}
     with client(service, token=None) as stranger:
         unauthorized = stranger.post("/v1/messages", json=ask)
     with client(service) as http:
@@ -122,9 +170,8 @@ def test_a_strict_answer_that_fails_is_a_502_the_sdks_do_not_retry(
         message = http.post(
             "/v1/messages",
             json={
-                "model": "chat",
+                **HI,
                 "max_tokens": 16,
-                "messages": [{"role": "user", "content": "hi"}],
                 "output_config": OUTPUT_CONFIG,
             },
         )
@@ -141,9 +188,7 @@ def test_routes_count_in_metrics_and_take_only_post(make_service: Factory) -> No
     service = make_service()
     with client(service) as http:
         http.post("/v1/responses", json={"model": "chat", "input": "hi"})
-        http.post(
-            "/v1/messages", json={"model": "chat", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
-        )
+        http.post("/v1/messages", json={**HI, "max_tokens": 8})
         put = http.put("/v1/messages")
         metrics = http.get("/metrics").text
     assert put.status_code == 405 and put.headers["allow"] == "POST"
@@ -180,7 +225,7 @@ def test_text_streams_live_and_an_error_before_it_is_in_the_routes_shape(
     # the canary's answer, llama-server's 400 for the first stream, then answers
     _behave(tmp_path, monkeypatch, {}, {"status": 400, "message": "the prompt is too long"}, {"content": "hello there"})
     service = make_service()
-    ask = {"model": "chat", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    ask = {**HI, "max_tokens": 16, "stream": True}
     with client(service) as http:
         refused = http.post("/v1/messages", json=ask)
         message = http.post("/v1/messages", json=ask)

@@ -13,6 +13,7 @@ from anthropic.types import Message, RawMessageStreamEvent
 
 from localllm.service import chat
 from localllm.service.messages import answer, error, stream, to_chat
+from tests.unit.test_service_dialects import THINK_THEN_TEXT, TWO_CALLS, chat_reply
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOL = {"name": "get_weather", "description": "Weather of a city", "input_schema": WEATHER}
@@ -205,17 +206,6 @@ def test_errors_are_anthropic_shaped_and_name_the_fields_sent() -> None:
         assert (renamed["param"], renamed["message"]) == (expected, f"{expected} is wrong")
 
 
-def _reply(message: dict[str, Any], reason: str) -> dict[str, Any]:
-    return {
-        "id": "chatcmpl-1",
-        "object": "chat.completion",
-        "created": 1_700_000_000,
-        "model": "m",
-        "choices": [{"index": 0, "message": {"role": "assistant", **message}, "finish_reason": reason}],
-        "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10},
-    }
-
-
 _EVENT: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(RawMessageStreamEvent)
 
 
@@ -238,21 +228,7 @@ def _read(sent: bytes) -> tuple[list[Any], Any]:
         ({"content": '{"city": "Paris"}'}, "stop", ["text"], "end_turn"),
         ({"content": "Sunny and", "reasoning_content": "think"}, "length", ["thinking", "text"], "max_tokens"),
         (
-            {
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": "call_1",
-                        "type": "function",
-                        "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
-                    },
-                    {
-                        "id": "call_2",
-                        "type": "function",
-                        "function": {"name": "get_weather", "arguments": '{"city":"Rome"}'},
-                    },
-                ],
-            },
+            TWO_CALLS,
             "tool_calls",
             ["tool_use", "tool_use"],
             "tool_use",
@@ -262,7 +238,7 @@ def _read(sent: bytes) -> tuple[list[Any], Any]:
 def test_answers_and_streams_are_what_the_anthropic_sdk_reads(
     message: dict[str, Any], reason: str, kinds: list[str], stop: str
 ) -> None:
-    done = answer({"model": "m", "max_tokens": 3, "messages": ASK}, _reply(message, reason))
+    done = answer({"model": "m", "max_tokens": 3, "messages": ASK}, chat_reply(message, reason))
     parsed = Message.model_validate(done)  # the SDK's own model: every field it requires, typed
     assert [b.type for b in parsed.content] == kinds and parsed.stop_reason == stop
     assert (parsed.usage.input_tokens, parsed.usage.output_tokens) == (7, 3)
@@ -270,7 +246,7 @@ def test_answers_and_streams_are_what_the_anthropic_sdk_reads(
     uses = [(b.id, b.input) for b in blocks if b.type == "tool_use"]
     assert uses == [(c["id"], json.loads(c["function"]["arguments"])) for c in message.get("tool_calls", [])]
 
-    read, built = _read(stream({"model": "m", "max_tokens": 3, "messages": ASK}).finish(_reply(message, reason)))
+    read, built = _read(stream({"model": "m", "max_tokens": 3, "messages": ASK}).finish(chat_reply(message, reason)))
     assert built.stop_reason == stop
     assert [b.model_dump(exclude={"parsed_output"}) for b in built.content] == [b.model_dump() for b in parsed.content]
     assert [e.type for e in read[:1] + read[-2:]] == ["message_start", "message_delta", "message_stop"]
@@ -286,28 +262,10 @@ def test_answers_and_streams_are_what_the_anthropic_sdk_reads(
     assert [e.content_block.type for e in read if e.type == "content_block_start"] == kinds
 
 
-def _chunks(*deltas: dict[str, Any], reason: str = "stop") -> bytes:
-    """A chat stream as llama-server sends it: a role delta, the deltas, the finish, the usage, [DONE]."""
-    base = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
-    events = [
-        {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": None}, "finish_reason": None}]}
-    ]
-    events += [{**base, "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
-    events.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": reason}]})
-    events.append({**base, "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": len(deltas)}})
-    return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
-
-
 @pytest.mark.parametrize("size", [1, 7, 10_000])
 def test_a_text_stream_is_sent_as_its_deltas_arrive(size: int) -> None:
     live = stream({"model": "m", "max_tokens": 9, "messages": ASK, "stream": True})
-    given = _chunks(
-        {"reasoning_content": "Think"},
-        {"reasoning_content": "ing."},
-        {"content": "Hel"},
-        {"content": "lo"},
-        reason="length",
-    )
+    given = THINK_THEN_TEXT
     pieces = [live.feed(given[i : i + size]) for i in range(0, len(given), size)]
     read, built = _read(b"".join(pieces) + live.flush())
     if size == 1:  # the first delta went out before the stream ended

@@ -14,6 +14,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 
 from localllm.service import chat
 from localllm.service.responses import answer, error, stream, to_chat
+from tests.unit.test_service_dialects import THINK_THEN_TEXT, TWO_CALLS, chat_reply
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOL = {"type": "function", "name": "get_weather", "parameters": WEATHER}
@@ -167,17 +168,6 @@ def test_chat_errors_name_the_fields_the_client_sent() -> None:
         assert (renamed["param"], renamed["message"]) == (expected, f"{expected} is wrong")
 
 
-def _answer(message: dict[str, Any], reason: str = "stop", **choice: Any) -> dict[str, Any]:
-    return {
-        "id": "chatcmpl-1",
-        "object": "chat.completion",
-        "created": 1_700_000_000,
-        "model": "m",
-        "choices": [{"index": 0, "message": {"role": "assistant", **message}, "finish_reason": reason, **choice}],
-        "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10},
-    }
-
-
 _EVENT: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(ResponseStreamEvent)
 
 
@@ -201,21 +191,7 @@ def _read(sent: bytes) -> list[Any]:
         ({"content": '{"city": "Paris"}'}, "stop", ["message"]),
         ({"content": "Sunny and warm", "reasoning_content": "think"}, "length", ["reasoning", "message"]),
         (
-            {
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": "call_1",
-                        "type": "function",
-                        "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
-                    },
-                    {
-                        "id": "call_2",
-                        "type": "function",
-                        "function": {"name": "get_weather", "arguments": '{"city":"Rome"}'},
-                    },
-                ],
-            },
+            TWO_CALLS,
             "tool_calls",
             ["function_call", "function_call"],
         ),
@@ -225,7 +201,7 @@ def test_answers_and_streams_are_what_the_openai_sdk_reads(
     message: dict[str, Any], reason: str, kinds: list[str]
 ) -> None:
     asked = {"model": "m", "input": "hi", "tools": [TOOL], "max_output_tokens": 3}
-    done = answer(asked, _answer(message, reason))
+    done = answer(asked, chat_reply(message, reason))
     parsed = Response.model_validate(done)  # the SDK's own model: every field it requires, typed
     assert [item.type for item in parsed.output] == kinds
     assert parsed.status == ("incomplete" if reason == "length" else "completed")
@@ -238,7 +214,7 @@ def test_answers_and_streams_are_what_the_openai_sdk_reads(
             (c["id"], c["function"]["arguments"]) for c in message["tool_calls"]
         ]
 
-    read = _read(stream(asked).finish(_answer(message, reason)))  # an answer generated whole, streamed
+    read = _read(stream(asked).finish(chat_reply(message, reason)))  # an answer generated whole, streamed
     assert read[0].type == "response.created" and read[-1].type == f"response.{parsed.status}"
     assert read[0].response.status == "in_progress" and read[0].response.incomplete_details is None
     text = "".join(e.delta for e in read if e.type == "response.output_text.delta")
@@ -250,33 +226,15 @@ def test_answers_and_streams_are_what_the_openai_sdk_reads(
 
 def test_logprobs_are_carried_into_the_output_text() -> None:
     logprobs = {"content": [{"token": "hi", "logprob": -0.1, "bytes": [104, 105], "top_logprobs": []}]}
-    done = answer({"model": "m", "input": "x", "top_logprobs": 0}, _answer({"content": "hi"}, logprobs=logprobs))
+    done = answer({"model": "m", "input": "x", "top_logprobs": 0}, chat_reply({"content": "hi"}, logprobs=logprobs))
     item: Any = Response.model_validate(done).output[0]
     assert item.content[0].logprobs[0].token == "hi"
-
-
-def _chunks(*deltas: dict[str, Any], reason: str = "stop") -> bytes:
-    """A chat stream as llama-server sends it: a role delta, the deltas, the finish, the usage, [DONE]."""
-    base = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
-    events = [
-        {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": None}, "finish_reason": None}]}
-    ]
-    events += [{**base, "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
-    events.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": reason}]})
-    events.append({**base, "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": len(deltas)}})
-    return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
 
 
 @pytest.mark.parametrize("size", [1, 7, 10_000])
 def test_a_text_stream_is_sent_as_its_deltas_arrive(size: int) -> None:
     live = stream({"model": "m", "input": "hi", "stream": True})
-    given = _chunks(
-        {"reasoning_content": "Think"},
-        {"reasoning_content": "ing."},
-        {"content": "Hel"},
-        {"content": "lo"},
-        reason="length",
-    )
+    given = THINK_THEN_TEXT
     pieces = [live.feed(given[i : i + size]) for i in range(0, len(given), size)]
     sent = b"".join(pieces) + live.flush()
     read = _read(sent)
